@@ -1,0 +1,123 @@
+"""``hutch-server``: parse the command line, resolve the Config, set up logging, run the node.
+
+This module owns the command-line surface of the server and its error contract: a bad flag
+or a bad setting prints exactly one line to stderr and exits 2 (``hutch-server: error: …``
+for flags, ``hutch-server: <message>`` for configuration). Everything after that (listeners,
+signals, a port already in use) belongs to ``hutch.runtime.node.run_node``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from hutch import __version__
+from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
+
+PROG = "hutch-server"
+LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+
+_LOGGING_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "none": logging.CRITICAL + 10,
+}
+assert set(_LOGGING_LEVELS) == set(LOG_LEVELS)
+
+
+class _UsageError(Exception):
+    """Raised instead of argparse's print-usage-and-exit, so main() can print one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(" ".join(message.split()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Run a hutch node (an AMQP 0-9-1 broker with RabbitMQ's model).",
+        epilog="Flags beat HUTCH_* environment variables, which beat the config file. "
+        "See docs/configuration.md.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="RabbitMQ-style config file (env HUTCH_CONFIG)")
+    parser.add_argument(
+        "--data-dir", metavar="DIR", help="data directory (env HUTCH_DATA_DIR; default ./var)"
+    )
+    parser.add_argument(
+        "--amqp-port", metavar="N", type=int, help="AMQP listener port (env HUTCH_AMQP_PORT; default 5672)"
+    )
+    parser.add_argument(
+        "--management-port",
+        metavar="N",
+        type=int,
+        help="management HTTP port (env HUTCH_MANAGEMENT_PORT; default 15672)",
+    )
+    parser.add_argument(
+        "--node-name", metavar="NAME", help="node name (env HUTCH_NODE_NAME; default hutch@<short hostname>)"
+    )
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        help=f"one of {', '.join(LOG_LEVELS)} (env HUTCH_LOG_LEVEL; default info)",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    return parser
+
+
+def configure_logging(level_name: str) -> None:
+    """Root logging to stderr with the house format, at the configured level."""
+    level = _LOGGING_LEVELS[level_name]
+    logging.basicConfig(format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger().setLevel(level)
+
+
+def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> Config:
+    """Parse flags and resolve the Config. Raises _UsageError, ConfigError or SystemExit(0)
+    (for --help and --version)."""
+    args = build_parser().parse_args(argv)
+    flags = {
+        "config": args.config,
+        "data_dir": args.data_dir,
+        "amqp_port": args.amqp_port,
+        "management_port": args.management_port,
+        "node_name": args.node_name,
+        "log_level": args.log_level,
+    }
+    return load_config(flags, dict(os.environ) if environ is None else environ)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = resolve_config(argv)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help / --version already printed their output
+        return exc.code if isinstance(exc.code, int) else 0
+
+    configure_logging(config.log_level)
+    logging.getLogger("hutch.server").info(
+        "starting node %s (config file: %s, data dir: %s)",
+        config.node_name,
+        config.config_file or "none",
+        config.data_dir,
+    )
+    from hutch.runtime.node import run_node
+
+    return run_node(config)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,411 @@
+"""Node configuration: the one ``Config`` object, resolved once at start-up.
+
+This module owns the settings a node starts with, their RabbitMQ defaults, the parser for
+RabbitMQ-style ("new style", sysctl-like) configuration files, and the resolution order:
+
+    command-line flag  >  HUTCH_* environment variable  >  config file  >  built-in default
+
+Environment variables carry the same few settings as the flags (a flag given by the
+environment), so they sit just under the flags. Every value from every source is validated
+with the same rules; an error is a ``ConfigError`` whose one-line message names where the
+value came from (``file:line``, the variable or the flag), the key and what is allowed.
+
+Stdlib only. The only IO is reading the config file in ``load_config``; ``parse_config_text``
+is pure. See docs/configuration.md for every key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import platform
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ENV_VARS",
+    "FLAGS",
+    "LOG_LEVELS",
+    "Config",
+    "ConfigError",
+    "default_node_name",
+    "load_config",
+    "parse_config_text",
+    "parse_information_unit",
+]
+
+MiB = 1024 * 1024
+MAX_MESSAGE_SIZE_LIMIT = 512 * MiB  # RabbitMQ's hard cap
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "none")
+
+
+class ConfigError(Exception):
+    """A configuration problem; ``str(exc)`` is one line fit to print as is."""
+
+
+def default_node_name(hostname: str | None = None) -> str:
+    """``hutch@<short hostname>``, like RabbitMQ's ``rabbit@<short hostname>``."""
+    host = (hostname if hostname is not None else platform.node()).split(".", 1)[0]
+    return f"hutch@{host or 'localhost'}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a node needs to start. Defaults are RabbitMQ's.
+
+    Invariant (when built by ``load_config``): every field is validated; ``cluster_name`` is
+    never empty (it defaults to ``node_name``). Built directly (tests), values are trusted,
+    so e.g. port 0 (pick a free port) is allowed.
+    """
+
+    amqp_host: str = "0.0.0.0"
+    amqp_port: int = 5672
+    management_host: str = "0.0.0.0"
+    management_port: int = 15672
+    data_dir: str = "./var"
+    node_name: str = field(default_factory=default_node_name)
+    cluster_name: str = ""
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    max_message_size: int = 16 * MiB
+    handshake_timeout_ms: int = 10_000
+    consumer_timeout_ms: int = 1_800_000
+    default_user: str = "guest"
+    default_pass: str = field(default="guest", repr=False)
+    default_vhost: str = "/"
+    loopback_users: tuple[str, ...] = ("guest",)
+    log_level: str = "info"
+    vm_memory_high_watermark: float = 0.4
+    disk_free_limit_bytes: int = 50_000_000
+    collect_statistics_interval_ms: int = 5000
+    config_file: str | None = None
+    raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
+    """The config file's ``key = value`` pairs exactly as written (last one wins)."""
+
+    def __post_init__(self) -> None:
+        if not self.cluster_name:
+            object.__setattr__(self, "cluster_name", self.node_name)
+
+
+# --------------------------------------------------------------------------------------------
+# Value parsers. Each takes the text and returns {field: value}, or raises _BadValue(expected).
+
+
+class _BadValue(Exception):
+    def __init__(self, expected: str) -> None:
+        super().__init__(expected)
+        self.expected = expected
+
+
+_Parser = Callable[[str], dict[str, Any]]
+
+
+def _int_in(text: str, low: int, high: int, expected: str | None = None) -> int:
+    expected = expected or f"an integer between {low} and {high}"
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise _BadValue(expected)
+    value = int(text)
+    if not low <= value <= high:
+        raise _BadValue(expected)
+    return value
+
+
+def _int_field(name: str, low: int, high: int) -> _Parser:
+    return lambda text: {name: _int_in(text, low, high)}
+
+
+def _parse_frame_max(text: str) -> dict[str, Any]:
+    expected = "0 (no limit) or an integer between 4096 and 2147483647"
+    value = _int_in(text, 0, 2**31 - 1, expected)
+    if 0 < value < 4096:
+        raise _BadValue(expected)
+    return {"frame_max": value}
+
+
+def _host(text: str) -> str:
+    """An IP address (brackets allowed around IPv6) or a host name; no spaces."""
+    host = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
+        return host
+    raise _BadValue("an IP address or host name")
+
+
+def _parse_listener(text: str) -> dict[str, Any]:
+    expected = "a port (1-65535) or host:port, e.g. 5672, 127.0.0.1:5672 or [::1]:5672"
+    if re.fullmatch(r"\d+", text):
+        return {"amqp_port": _int_in(text, 1, 65535, expected)}
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise _BadValue(expected)
+    try:
+        return {"amqp_host": _host(host), "amqp_port": _int_in(port, 1, 65535, expected)}
+    except _BadValue:
+        raise _BadValue(expected) from None
+
+
+def _host_field(name: str) -> _Parser:
+    return lambda text: {name: _host(text)}
+
+
+def _nonempty_field(name: str) -> _Parser:
+    def parse(text: str) -> dict[str, Any]:
+        if not text:
+            raise _BadValue("a non-empty string")
+        return {name: text}
+
+    return parse
+
+
+def _parse_node_name(text: str) -> dict[str, Any]:
+    if not re.fullmatch(r"[^\s@]+(@[^\s@]+)?", text):
+        raise _BadValue("a name like 'hutch' or 'hutch@host' (no spaces, at most one '@')")
+    return {"node_name": text}
+
+
+def _parse_log_level(text: str) -> dict[str, Any]:
+    if text.lower() not in LOG_LEVELS:
+        raise _BadValue("one of " + ", ".join(LOG_LEVELS))
+    return {"log_level": text.lower()}
+
+
+def _parse_watermark(text: str) -> dict[str, Any]:
+    expected = "a fraction of RAM between 0.0 and 1.0, e.g. 0.4"
+    try:
+        value = float(text)
+    except ValueError:
+        raise _BadValue(expected) from None
+    if not 0.0 <= value <= 1.0:
+        raise _BadValue(expected)
+    return {"vm_memory_high_watermark": value}
+
+
+_UNIT_MULTIPLIERS = {
+    "": 1,
+    "k": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}  # fmt: skip
+
+
+def parse_information_unit(text: str) -> int:
+    """Bytes from RabbitMQ's information units: ``50000000``, ``500kB``, ``50MB``, ``1GB``
+    (powers of 1000) or ``512k``, ``512KiB``, ``2M``, ``2GiB`` (powers of 1024).
+    Case-insensitive. ValueError if malformed."""
+    match = re.fullmatch(r"(\d+)\s*([A-Za-z]*)", text.strip())
+    if not match or match.group(2).lower() not in _UNIT_MULTIPLIERS:
+        raise ValueError(f"invalid information unit {text!r}")
+    return int(match.group(1)) * _UNIT_MULTIPLIERS[match.group(2).lower()]
+
+
+def _parse_disk_free_limit(text: str) -> dict[str, Any]:
+    try:
+        return {"disk_free_limit_bytes": parse_information_unit(text)}
+    except ValueError:
+        raise _BadValue(
+            "a size in bytes, optionally with a unit: kB, MB, GB (x1000) or k, KiB, MiB, GiB (x1024)"
+        ) from None
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() == "true":
+        return True
+    if text.lower() == "false":
+        return False
+    raise _BadValue("true or false")
+
+
+# Config-file keys. loopback_users.<name> and loopback_users are handled in parse_config_text.
+_FILE_KEYS: dict[str, _Parser] = {
+    "listeners.tcp.default": _parse_listener,
+    "management.tcp.port": _int_field("management_port", 1, 65535),
+    "management.tcp.ip": _host_field("management_host"),
+    "frame_max": _parse_frame_max,
+    "channel_max": _int_field("channel_max", 0, 65535),
+    "heartbeat": _int_field("heartbeat_s", 0, 65535),
+    "max_message_size": _int_field("max_message_size", 1, MAX_MESSAGE_SIZE_LIMIT),
+    "handshake_timeout": _int_field("handshake_timeout_ms", 1, 2**31 - 1),
+    "consumer_timeout": _int_field("consumer_timeout_ms", 1, 2**53),
+    "default_user": _nonempty_field("default_user"),
+    "default_pass": _nonempty_field("default_pass"),
+    "default_vhost": _nonempty_field("default_vhost"),
+    "log.console.level": _parse_log_level,
+    "vm_memory_high_watermark.relative": _parse_watermark,
+    "disk_free_limit.absolute": _parse_disk_free_limit,
+    "collect_statistics_interval": _int_field("collect_statistics_interval_ms", 1, 2**31 - 1),
+    "cluster_name": _nonempty_field("cluster_name"),
+    "node_name": _parse_node_name,
+    "data_dir": _nonempty_field("data_dir"),
+}
+
+# Settings that can also come from a flag or an environment variable (setting -> flag, setting
+# -> variable, setting -> parser). "config" names the file itself.
+FLAGS: dict[str, str] = {
+    "config": "--config",
+    "data_dir": "--data-dir",
+    "amqp_port": "--amqp-port",
+    "management_port": "--management-port",
+    "node_name": "--node-name",
+    "log_level": "--log-level",
+}
+ENV_VARS: dict[str, str] = {
+    "config": "HUTCH_CONFIG",
+    "data_dir": "HUTCH_DATA_DIR",
+    "amqp_port": "HUTCH_AMQP_PORT",
+    "management_port": "HUTCH_MANAGEMENT_PORT",
+    "node_name": "HUTCH_NODE_NAME",
+    "log_level": "HUTCH_LOG_LEVEL",
+}
+_OVERRIDE_PARSERS: dict[str, _Parser] = {
+    "config": _nonempty_field("config_file"),
+    "data_dir": _nonempty_field("data_dir"),
+    "amqp_port": _int_field("amqp_port", 1, 65535),
+    "management_port": _int_field("management_port", 1, 65535),
+    "node_name": _parse_node_name,
+    "log_level": _parse_log_level,
+}
+
+_LOOPBACK_PREFIX = "loopback_users."
+
+
+# --------------------------------------------------------------------------------------------
+# The file
+
+
+def _known_keys_hint(key: str) -> str:
+    close = difflib.get_close_matches(key, [*_FILE_KEYS, "loopback_users", _LOOPBACK_PREFIX + "<user>"], n=1)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return "; see docs/configuration.md for the known keys"
+
+
+def _show(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def parse_config_text(text: str, source: str = "<config>") -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse a RabbitMQ-style config file.
+
+    Returns ``(settings, raw)``: ``settings`` maps Config field names to validated values;
+    ``raw`` maps each key to its text as written. Lines are ``key = value``; blank lines and
+    lines starting with ``#`` are ignored; a value runs to the end of the line (no inline
+    comments, so passwords may contain ``#``); the last occurrence of a key wins.
+    ``loopback_users.<user> = true|false`` adds or removes a user from the loopback-only
+    list, applied in file order to the default ``guest``; ``loopback_users = none`` empties
+    it. Raises ConfigError naming ``source:line``.
+    """
+    settings: dict[str, Any] = {}
+    raw: dict[str, str] = {}
+    loopback = list(Config.loopback_users)
+    loopback_touched = False
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        where = f"{source}:{line_no}"
+        key, sep, value = stripped.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ConfigError(f"{where}: expected 'key = value', got {_show(stripped)}")
+        raw[key] = value
+        try:
+            if key == "loopback_users":
+                if value.lower() != "none":
+                    raise _BadValue("none (or use loopback_users.<user> = true|false)")
+                loopback, loopback_touched = [], True
+            elif key.startswith(_LOOPBACK_PREFIX) and len(key) > len(_LOOPBACK_PREFIX):
+                user = key[len(_LOOPBACK_PREFIX) :]
+                loopback = [u for u in loopback if u != user]
+                if _parse_bool(value):
+                    loopback.append(user)
+                loopback_touched = True
+            elif key in _FILE_KEYS:
+                settings.update(_FILE_KEYS[key](value))
+            else:
+                raise ConfigError(f"{where}: unknown key {_show(key)}{_known_keys_hint(key)}")
+        except _BadValue as bad:
+            hint = " (inline comments are not supported)" if "#" in value else ""
+            raise ConfigError(
+                f"{where}: invalid value {_show(value)} for {_show(key)}: expected {bad.expected}{hint}"
+            ) from None
+    if loopback_touched:
+        settings["loopback_users"] = tuple(loopback)
+    return settings, raw
+
+
+def _read_config_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config file {_show(path)}: not UTF-8 ({exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {_show(path)}: {exc.strerror or exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution
+
+
+def _override(setting: str, value: object, origin: str) -> dict[str, Any]:
+    text = str(value).strip()
+    try:
+        return _OVERRIDE_PARSERS[setting](text)
+    except _BadValue as bad:
+        raise ConfigError(f"{origin}: invalid value {_show(text)}: expected {bad.expected}") from None
+
+
+def load_config(
+    argv_values: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    hostname: str | None = None,
+) -> Config:
+    """Resolve the node's Config: flag > environment variable > config file > default.
+
+    ``argv_values`` maps setting names (keys of ``FLAGS``: config, data_dir, amqp_port,
+    management_port, node_name, log_level) to flag values; None means "not given".
+    ``environ`` is the process environment (pass ``os.environ``); an empty variable counts
+    as unset. The file comes from ``--config`` or ``HUTCH_CONFIG``; without either no file
+    is read. ``hostname`` replaces the machine's name in the default node name (tests).
+    Raises ConfigError with a one-line message.
+    """
+    argv_values = argv_values or {}
+    environ = environ if environ is not None else {}
+    unknown = set(argv_values) - set(FLAGS)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(sorted(unknown))}: expected one of {', '.join(FLAGS)}"
+        )
+
+    env_layer: dict[str, Any] = {}
+    flag_layer: dict[str, Any] = {}
+    for setting in FLAGS:
+        env_value = environ.get(ENV_VARS[setting])
+        if env_value is not None and env_value.strip():
+            env_layer.update(_override(setting, env_value, ENV_VARS[setting]))
+        flag_value = argv_values.get(setting)
+        if flag_value is not None:
+            flag_layer.update(_override(setting, flag_value, FLAGS[setting]))
+
+    config_file = flag_layer.get("config_file", env_layer.get("config_file"))
+    file_layer: dict[str, Any] = {}
+    raw: dict[str, str] = {}
+    if config_file is not None:
+        file_layer, raw = parse_config_text(_read_config_file(config_file), source=config_file)
+
+    merged: dict[str, Any] = {**file_layer, **env_layer, **flag_layer}
+    merged["config_file"] = config_file
+    merged["raw"] = raw
+    node_name = merged.get("node_name") or default_node_name(hostname)
+    if "@" not in node_name:
+        node_name = f"{node_name}@{default_node_name(hostname).split('@', 1)[1]}"
+    merged["node_name"] = node_name
+    return Config(**merged)

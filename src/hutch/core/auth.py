@@ -1,0 +1,680 @@
+"""Users, password hashing, virtual hosts and permissions: the internal auth backend.
+
+This module owns:
+
+* password hashing (``hash_password`` / ``verify_password``) with scrypt and a bounded
+  cache of successful verifications;
+* the ``AuthStore``: users, virtual hosts and per-(user, vhost) permissions, with the
+  RabbitMQ rules for who may open which vhost and touch which resource;
+* the small pure helpers the AMQP handshake needs: SASL PLAIN and AMQPLAIN decoding, the
+  loopback test for the ``loopback_users`` rule, and RabbitMQ's refusal texts.
+
+Rules (RabbitMQ's, see docs/access-control.md):
+
+* A user may open a vhost only if it has a permission entry for it (even ``"" "" ""``).
+* A permission is three regular expressions (configure, write, read) searched, unanchored,
+  in the resource name. The empty expression matches nothing.
+* For permission checks the default exchange (name ``""``) is called ``amq.default``.
+* Empty passwords never authenticate.
+
+Stdlib only, no IO, no clocks. ``verify_password`` costs ~40-50 ms of CPU the first time a
+(password, hash) pair is seen; the runtime should call ``AuthStore.authenticate`` from an
+executor thread, which is why the cache is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+__all__ = [
+    "DEFAULT_EXCHANGE_RESOURCE",
+    "FULL_PERMISSION",
+    "SCRYPT_N",
+    "AuthError",
+    "AuthStore",
+    "NoSuchUser",
+    "NoSuchVhost",
+    "Permission",
+    "PermissionKind",
+    "User",
+    "UserExists",
+    "UserPermission",
+    "Vhost",
+    "VhostExists",
+    "clear_verify_cache",
+    "hash_password",
+    "is_loopback_address",
+    "loopback_refused",
+    "parse_amqplain",
+    "parse_plain",
+    "resource_access_refused_text",
+    "vhost_access_refused_text",
+    "validate_password_hash",
+    "verify_password",
+]
+
+# --------------------------------------------------------------------------------------------
+# Password hashing
+
+SCRYPT_N = 2**14
+"""scrypt CPU/memory cost used for new hashes (16 MiB, ~40-50 ms). Tests pass a smaller ``n``."""
+SCRYPT_R = 8
+SCRYPT_P = 1
+SALT_BYTES = 16
+KEY_BYTES = 32
+_SCHEME = "scrypt"
+
+# Bounds on parameters read back from a stored hash, so that a corrupt or hostile definitions
+# file cannot make one login allocate gigabytes or spin for minutes.
+_MAX_N = 2**20
+_MAX_R = 32
+_MAX_P = 16
+
+VERIFY_CACHE_MAX_ENTRIES = 1024
+"""Bound on the successful-verification cache (one entry per distinct (hash, password))."""
+
+
+def _b64encode(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, dklen: int) -> bytes:
+    # OpenSSL refuses unless maxmem covers 128*r*(n + p + 2) bytes; give it exactly that plus slack.
+    maxmem = 128 * r * (n + p + 2) + 1024 * 1024
+    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, dklen=dklen, maxmem=maxmem)
+
+
+def hash_password(password: str, *, n: int = SCRYPT_N) -> str:
+    """Hash ``password`` with scrypt and a fresh 16-byte salt.
+
+    Returns the self-describing form ``"scrypt$<n>$<r>$<p>$<salt b64>$<hash b64>"``, so the
+    cost can be raised later without breaking stored hashes. ``n`` exists for tests; the
+    broker always uses the default ``SCRYPT_N`` (2**14).
+    """
+    if n < 2 or n & (n - 1) or n > _MAX_N:
+        raise ValueError(f"scrypt n must be a power of two between 2 and {_MAX_N}, got {n}")
+    salt = secrets.token_bytes(SALT_BYTES)
+    key = _scrypt(password, salt, n, SCRYPT_R, SCRYPT_P, KEY_BYTES)
+    return f"{_SCHEME}${n}${SCRYPT_R}${SCRYPT_P}${_b64encode(salt)}${_b64encode(key)}"
+
+
+class _ParsedHash(NamedTuple):
+    n: int
+    r: int
+    p: int
+    salt: bytes
+    key: bytes
+
+
+def _parse_stored(stored: str) -> _ParsedHash:
+    """Split a stored hash into its parts; ValueError if it is not one ``hash_password`` makes."""
+    parts = stored.split("$")
+    if len(parts) != 6 or parts[0] != _SCHEME:
+        raise ValueError("password hash is not in the form 'scrypt$N$r$p$salt$hash'")
+    try:
+        n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+        salt = base64.b64decode(parts[4], validate=True)
+        key = base64.b64decode(parts[5], validate=True)
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError(f"malformed scrypt password hash: {exc}") from None
+    if n < 2 or n & (n - 1) or n > _MAX_N or not 1 <= r <= _MAX_R or not 1 <= p <= _MAX_P:
+        raise ValueError(f"scrypt parameters out of range in password hash: n={n} r={r} p={p}")
+    if not salt or not 16 <= len(key) <= 64:
+        raise ValueError("malformed scrypt password hash: bad salt or key length")
+    return _ParsedHash(n, r, p, salt, key)
+
+
+def validate_password_hash(stored: str) -> None:
+    """Raise ValueError unless ``stored`` is a well-formed hash (used when loading definitions)."""
+    _parse_stored(stored)
+
+
+# Cache of successful verifications. Key: HMAC-SHA256 under a per-process random secret of
+# (stored hash, password). Value: None (presence is the fact). Insertion order = LRU order.
+_verify_cache: OrderedDict[bytes, None] = OrderedDict()
+_verify_cache_lock = threading.Lock()
+_verify_cache_secret = secrets.token_bytes(32)
+
+
+def _cache_key(password: str, stored: str) -> bytes:
+    message = stored.encode("utf-8") + b"\x00" + password.encode("utf-8")
+    return hmac.new(_verify_cache_secret, message, hashlib.sha256).digest()
+
+
+def clear_verify_cache() -> None:
+    """Forget every cached verification (tests; or after bulk credential changes)."""
+    with _verify_cache_lock:
+        _verify_cache.clear()
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """True if ``password`` hashes to ``stored``. Malformed ``stored`` verifies nothing.
+
+    The scrypt comparison uses ``hmac.compare_digest`` (constant time).
+
+    Successful verifications are cached (LRU, ``VERIFY_CACHE_MAX_ENTRIES`` entries), so a
+    thousand connections logging in as the same user pay the ~50 ms scrypt cost once, not a
+    thousand times. Why this is safe:
+
+    * Only *successes* are cached. A wrong guess always pays the full scrypt cost, so the
+      cache does not speed up online guessing at all.
+    * The key covers the stored hash, whose salt is fresh on every password change, so
+      changing or clearing a password makes every old entry unreachable (they age out).
+    * The key is an HMAC under a random per-process secret, not a bare hash of the password:
+      the cache holds nothing an offline attacker could brute-force faster than the stored
+      scrypt hashes themselves, and it is never persisted. (Anyone who can read this
+      process's memory can read the plaintext passwords of arriving logins anyway.)
+    * It is bounded, so unique passwords cannot grow it without limit.
+    """
+    key = _cache_key(password, stored)
+    with _verify_cache_lock:
+        if key in _verify_cache:
+            _verify_cache.move_to_end(key)
+            return True
+    try:
+        parsed = _parse_stored(stored)
+    except ValueError:
+        return False
+    candidate = _scrypt(password, parsed.salt, parsed.n, parsed.r, parsed.p, len(parsed.key))
+    if not hmac.compare_digest(candidate, parsed.key):
+        return False
+    with _verify_cache_lock:
+        _verify_cache[key] = None
+        _verify_cache.move_to_end(key)
+        while len(_verify_cache) > VERIFY_CACHE_MAX_ENTRIES:
+            _verify_cache.popitem(last=False)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+
+PermissionKind = Literal["configure", "write", "read"]
+_PERMISSION_KINDS: tuple[PermissionKind, ...] = ("configure", "write", "read")
+
+DEFAULT_EXCHANGE_RESOURCE = "amq.default"
+"""Name the default exchange ("") goes by in permission checks, as in RabbitMQ."""
+
+
+@dataclass
+class User:
+    """An internal user. Invariant: ``password_hash`` is None or a valid ``hash_password`` output;
+    None means the user cannot log in with a password."""
+
+    name: str
+    password_hash: str | None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Vhost:
+    name: str
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    default_queue_type: str = "classic"
+
+
+def _compile_permission(kind: str, pattern: str) -> re.Pattern[str] | None:
+    if pattern == "":
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid {kind} permission regex '{pattern}': {exc}") from None
+
+
+@dataclass(frozen=True)
+class Permission:
+    """Three regular expressions over resource names (RabbitMQ semantics).
+
+    A name is allowed when the expression is found anywhere in it (``re.search``, unanchored:
+    write ``^name$`` to match exactly). ``""`` matches nothing; ``.*`` matches everything.
+    Invalid expressions raise ValueError at construction.
+    """
+
+    configure: str
+    write: str
+    read: str
+    _compiled: tuple[re.Pattern[str] | None, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        compiled = tuple(_compile_permission(k, getattr(self, k)) for k in _PERMISSION_KINDS)
+        object.__setattr__(self, "_compiled", compiled)
+
+    def allows(self, kind: PermissionKind, resource_name: str) -> bool:
+        try:
+            pattern = self._compiled[_PERMISSION_KINDS.index(kind)]
+        except ValueError:
+            raise ValueError(f"unknown permission kind '{kind}': expected configure, write or read") from None
+        return pattern is not None and pattern.search(resource_name) is not None
+
+    def to_dict(self) -> dict[str, str]:
+        return {"configure": self.configure, "write": self.write, "read": self.read}
+
+
+FULL_PERMISSION = ".*"
+
+
+class UserPermission(NamedTuple):
+    user: str
+    vhost: str
+    permission: Permission
+
+
+# --------------------------------------------------------------------------------------------
+# Errors (texts follow rabbitmqctl's)
+
+
+class AuthError(Exception):
+    """Base of the user/vhost management errors."""
+
+
+class NoSuchUser(AuthError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f'User "{name}" does not exist')
+        self.name = name
+
+
+class UserExists(AuthError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f'User "{name}" already exists')
+        self.name = name
+
+
+class NoSuchVhost(AuthError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f'Virtual host "{name}" does not exist')
+        self.name = name
+
+
+class VhostExists(AuthError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f'Virtual host "{name}" already exists')
+        self.name = name
+
+
+def vhost_access_refused_text(user: str, vhost: str) -> str:
+    """Text of the 530 NOT_ALLOWED sent when ``can_access_vhost`` is false."""
+    return f"access to vhost '{vhost}' refused for user '{user}'"
+
+
+def resource_access_refused_text(
+    user: str, vhost: str, kind: PermissionKind, resource_type: str, resource_name: str
+) -> str:
+    """Text of the 403 ACCESS_REFUSED sent when ``check`` is false, e.g.
+    "configure access to queue 'q' in vhost '/' refused for user 'bob'"."""
+    if resource_type == "exchange" and resource_name == "":
+        resource_name = DEFAULT_EXCHANGE_RESOURCE
+    return f"{kind} access to {resource_type} '{resource_name}' in vhost '{vhost}' refused for user '{user}'"
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+
+
+def _check_name(what: str, name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty string")
+
+
+class AuthStore:
+    """Users, vhosts and permissions held in memory; ``to_dict``/``from_dict`` for persistence.
+
+    Invariants: every permission key (user, vhost) names an existing user and vhost
+    (deleting either deletes its permissions); user and vhost names are non-empty.
+    Not thread-safe for mutation: mutate from one thread (the event loop); ``authenticate``
+    only reads, so it may run in an executor thread.
+    """
+
+    def __init__(self, *, scrypt_n: int = SCRYPT_N) -> None:
+        self._scrypt_n = scrypt_n
+        self._users: dict[str, User] = {}
+        self._vhosts: dict[str, Vhost] = {}
+        self._permissions: dict[tuple[str, str], Permission] = {}
+        self._dummy_hash: str | None = None
+
+    # -- bootstrap --------------------------------------------------------------------------
+
+    def bootstrap(
+        self, default_user: str = "guest", default_pass: str = "guest", default_vhost: str = "/"
+    ) -> None:
+        """First-boot state: the default vhost, the default user tagged ``administrator``
+        with ``.* .* .*`` on it. Existing entries are kept (safe to call on every boot of an
+        empty store, harmless on a populated one)."""
+        if not self.has_vhost(default_vhost):
+            self.add_vhost(default_vhost, description="Default virtual host")
+        if default_user not in self._users:
+            self.add_user(default_user, default_pass, tags=("administrator",))
+            self.set_permissions(
+                default_user, default_vhost, FULL_PERMISSION, FULL_PERMISSION, FULL_PERMISSION
+            )
+
+    # -- users ------------------------------------------------------------------------------
+
+    def add_user(
+        self,
+        name: str,
+        password: str | None,
+        tags: Iterable[str] = (),
+        *,
+        password_hash: str | None = None,
+    ) -> User:
+        """Create a user. ``password`` None or "" means no password login (RabbitMQ refuses
+        blank passwords anyway). ``password_hash`` imports an existing hash instead."""
+        _check_name("user", name)
+        if name in self._users:
+            raise UserExists(name)
+        if password_hash is not None:
+            validate_password_hash(password_hash)
+            stored: str | None = password_hash
+        else:
+            stored = self._hash(password)
+        user = User(name=name, password_hash=stored, tags=list(tags))
+        self._users[name] = user
+        return user
+
+    def delete_user(self, name: str) -> None:
+        """Delete a user and all its permissions. NoSuchUser if absent."""
+        self._require_user(name)
+        del self._users[name]
+        for key in [k for k in self._permissions if k[0] == name]:
+            del self._permissions[key]
+
+    def change_password(self, name: str, password: str | None) -> None:
+        self._require_user(name).password_hash = self._hash(password)
+
+    def clear_password(self, name: str) -> None:
+        self._require_user(name).password_hash = None
+
+    def set_user_tags(self, name: str, tags: Iterable[str]) -> None:
+        self._require_user(name).tags = list(tags)
+
+    def list_users(self) -> list[User]:
+        return sorted(self._users.values(), key=lambda u: u.name)
+
+    def get_user(self, name: str) -> User | None:
+        return self._users.get(name)
+
+    def authenticate(self, name: str, password: str) -> User | None:
+        """The user if ``password`` is right, else None (unknown user, no password, blank or
+        wrong password). An unknown user still pays one scrypt so timing does not reveal
+        which user names exist."""
+        user = self._users.get(name)
+        if user is None or user.password_hash is None:
+            verify_password(password, self._timing_dummy())
+            return None
+        if password == "":
+            return None
+        return user if verify_password(password, user.password_hash) else None
+
+    # -- vhosts -----------------------------------------------------------------------------
+
+    def add_vhost(
+        self,
+        name: str,
+        description: str = "",
+        tags: Iterable[str] = (),
+        default_queue_type: str = "classic",
+    ) -> Vhost:
+        _check_name("vhost", name)
+        if name in self._vhosts:
+            raise VhostExists(name)
+        vhost = Vhost(
+            name=name, description=description, tags=list(tags), default_queue_type=default_queue_type
+        )
+        self._vhosts[name] = vhost
+        return vhost
+
+    def delete_vhost(self, name: str) -> None:
+        """Delete a vhost and every permission on it. NoSuchVhost if absent."""
+        self._require_vhost(name)
+        del self._vhosts[name]
+        for key in [k for k in self._permissions if k[1] == name]:
+            del self._permissions[key]
+
+    def list_vhosts(self) -> list[Vhost]:
+        return sorted(self._vhosts.values(), key=lambda v: v.name)
+
+    def get_vhost(self, name: str) -> Vhost | None:
+        return self._vhosts.get(name)
+
+    def has_vhost(self, name: str) -> bool:
+        return name in self._vhosts
+
+    # -- permissions ------------------------------------------------------------------------
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> Permission:
+        """Replace the user's permissions on the vhost. ValueError on an invalid regex."""
+        self._require_user(user)
+        self._require_vhost(vhost)
+        permission = Permission(configure, write, read)
+        self._permissions[(user, vhost)] = permission
+        return permission
+
+    def clear_permissions(self, user: str, vhost: str) -> None:
+        """Remove the entry (idempotent once user and vhost exist)."""
+        self._require_user(user)
+        self._require_vhost(vhost)
+        self._permissions.pop((user, vhost), None)
+
+    def get_permissions(self, user: str, vhost: str) -> Permission | None:
+        return self._permissions.get((user, vhost))
+
+    def list_permissions(self, vhost: str | None = None, user: str | None = None) -> list[UserPermission]:
+        """Entries filtered by vhost and/or user, sorted by (user, vhost)."""
+        return [
+            UserPermission(u, v, p)
+            for (u, v), p in sorted(self._permissions.items())
+            if (vhost is None or v == vhost) and (user is None or u == user)
+        ]
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool:
+        """True if the user has any permission entry on the vhost (RabbitMQ's rule)."""
+        return (user, vhost) in self._permissions and vhost in self._vhosts
+
+    def check(
+        self,
+        user: str,
+        vhost: str,
+        kind: PermissionKind,
+        resource_name: str,
+        resource_type: str = "exchange",
+    ) -> bool:
+        """May ``user`` do ``kind`` on the named resource in ``vhost``?
+
+        An exchange named ``""`` (the default exchange) is checked as ``amq.default``.
+        No entry for (user, vhost) means no.
+        """
+        permission = self._permissions.get((user, vhost))
+        if permission is None:
+            return False
+        if resource_name == "" and resource_type == "exchange":
+            resource_name = DEFAULT_EXCHANGE_RESOURCE
+        return permission.allows(kind, resource_name)
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able snapshot, shaped like a RabbitMQ definitions export."""
+        return {
+            "version": 1,
+            "users": [
+                {"name": u.name, "password_hash": u.password_hash, "tags": list(u.tags)}
+                for u in self.list_users()
+            ],
+            "vhosts": [
+                {
+                    "name": v.name,
+                    "description": v.description,
+                    "tags": list(v.tags),
+                    "default_queue_type": v.default_queue_type,
+                }
+                for v in self.list_vhosts()
+            ],
+            "permissions": [
+                {"user": e.user, "vhost": e.vhost, **e.permission.to_dict()} for e in self.list_permissions()
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, scrypt_n: int = SCRYPT_N) -> AuthStore:
+        """Rebuild a store from ``to_dict`` output. ValueError (or an AuthError) if it is
+        inconsistent: a bad hash or regex, a duplicate, a permission naming a missing user."""
+        store = cls(scrypt_n=scrypt_n)
+        try:
+            for v in data.get("vhosts", []):
+                store.add_vhost(
+                    v["name"],
+                    description=v.get("description", ""),
+                    tags=v.get("tags", []),
+                    default_queue_type=v.get("default_queue_type", "classic"),
+                )
+            for u in data.get("users", []):
+                store.add_user(u["name"], None, tags=u.get("tags", []), password_hash=u.get("password_hash"))
+            for p in data.get("permissions", []):
+                store.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed auth definitions: {exc!r}") from None
+        return store
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _hash(self, password: str | None) -> str | None:
+        if password is None or password == "":
+            return None
+        return hash_password(password, n=self._scrypt_n)
+
+    def _timing_dummy(self) -> str:
+        if self._dummy_hash is None:
+            self._dummy_hash = hash_password(secrets.token_urlsafe(16), n=self._scrypt_n)
+        return self._dummy_hash
+
+    def _require_user(self, name: str) -> User:
+        user = self._users.get(name)
+        if user is None:
+            raise NoSuchUser(name)
+        return user
+
+    def _require_vhost(self, name: str) -> Vhost:
+        vhost = self._vhosts.get(name)
+        if vhost is None:
+            raise NoSuchVhost(name)
+        return vhost
+
+
+# --------------------------------------------------------------------------------------------
+# Loopback rule
+
+
+def is_loopback_address(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped ::ffff:127.x.y.z. Accepts ``[::1]`` and a
+    ``%zone`` suffix. Anything that is not an IP address (including "localhost") is False:
+    this judges socket peer addresses, never names."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.split("%", 1)[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def loopback_refused(user: str, peer_host: str, loopback_users: Iterable[str]) -> bool:
+    """True if ``user`` may log in only from loopback and ``peer_host`` is not loopback."""
+    return user in set(loopback_users) and not is_loopback_address(peer_host)
+
+
+# --------------------------------------------------------------------------------------------
+# SASL responses
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not valid UTF-8") from None
+
+
+def parse_plain(response: bytes) -> tuple[str, str]:
+    """Decode a SASL PLAIN response ``authzid NUL authcid NUL passwd`` into (user, password).
+
+    The authorization identity is ignored (clients send it empty). ValueError unless there are
+    exactly two NULs and both fields are UTF-8.
+    """
+    parts = bytes(response).split(b"\x00")
+    if len(parts) != 3:
+        raise ValueError("PLAIN response must be 'authzid\\0user\\0password'")
+    return _utf8(parts[1], "PLAIN user name"), _utf8(parts[2], "PLAIN password")
+
+
+# Payload sizes of the fixed-width AMQP field types (RabbitMQ/errata letters), so that entries
+# other than LOGIN and PASSWORD can be skipped. 'S', 'x', 'F', 'A' carry a uint32 length.
+_FIXED_FIELD_SIZES = {
+    b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4,
+    b"l": 8, b"L": 8, b"f": 4, b"d": 8, b"D": 5, b"T": 8, b"V": 0,
+}  # fmt: skip
+_LENGTH_PREFIXED = frozenset((b"S", b"x", b"F", b"A"))
+
+
+def _iter_field_table(data: bytes) -> Iterator[tuple[str, bytes, bytes]]:
+    """Yield (key, type letter, raw value) from a field table body (no length prefix)."""
+    view = memoryview(data)
+    offset, end = 0, len(view)
+    while offset < end:
+        key_len = view[offset]
+        offset += 1
+        if offset + key_len > end:
+            raise ValueError("AMQPLAIN response truncated in a field name")
+        key = _utf8(bytes(view[offset : offset + key_len]), "AMQPLAIN field name")
+        offset += key_len
+        if offset >= end:
+            raise ValueError(f"AMQPLAIN response truncated after field name '{key}'")
+        type_letter = bytes(view[offset : offset + 1])
+        offset += 1
+        if type_letter in _LENGTH_PREFIXED:
+            if offset + 4 > end:
+                raise ValueError(f"AMQPLAIN response truncated in field '{key}'")
+            (size,) = struct.unpack_from(">I", view, offset)
+            offset += 4
+        elif type_letter in _FIXED_FIELD_SIZES:
+            size = _FIXED_FIELD_SIZES[type_letter]
+        else:
+            raise ValueError(f"AMQPLAIN field '{key}' has unknown type {type_letter!r}")
+        if offset + size > end:
+            raise ValueError(f"AMQPLAIN response truncated in field '{key}'")
+        yield key, type_letter, bytes(view[offset : offset + size])
+        offset += size
+
+
+def parse_amqplain(response: bytes) -> tuple[str, str]:
+    """Decode an AMQPLAIN response into (user, password).
+
+    The response is an AMQP field table *without* its 4-byte length prefix. LOGIN and
+    PASSWORD must be present as longstr ('S') or byte array ('x') values; other entries are
+    skipped. ValueError on anything else.
+    """
+    found: dict[str, str] = {}
+    for key, type_letter, raw in _iter_field_table(bytes(response)):
+        if key in ("LOGIN", "PASSWORD"):
+            if type_letter not in (b"S", b"x"):
+                raise ValueError(f"AMQPLAIN field '{key}' must be a longstr, got type {type_letter!r}")
+            found[key] = _utf8(raw, f"AMQPLAIN {key}")
+    if "LOGIN" not in found or "PASSWORD" not in found:
+        raise ValueError("AMQPLAIN response is missing the LOGIN or PASSWORD field")
+    return found["LOGIN"], found["PASSWORD"]

@@ -1,0 +1,174 @@
+"""The queue-type interface every queue implementation (classic now, quorum and stream later) offers.
+
+Owns: `Consumer` (a subscription as the queue sees it), `QueueEntry` (a message as a queue holds it),
+`Deliverer` (what a queue calls to hand a message to a consumer: the channel implements it) and
+`Queue`, the abstract base the channel programs against. The channel never asks which type a queue
+is; the queue never touches a socket.
+
+Rules:
+- A queue delivers by calling `consumer.channel.deliver(consumer, queue, entry)` synchronously; the
+  channel records the delivery (unless no-ack) and encodes frames into its connection's write buffer.
+- A consumer can take a message when its own prefetch and its channel's global prefetch allow it.
+  When capacity frees up the channel calls `queue.deliver_pending()`.
+- Settlement (`ack`, `requeue`, `discard`) always names the entries the queue handed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .message import Message
+
+
+class Deliverer(Protocol):
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None: ...
+
+    def can_take(self) -> bool: ...
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
+
+
+class QueueEntry:
+    """A message in a queue. `seq` orders entries; requeued entries go back to their seq position."""
+
+    __slots__ = ("seq", "msg", "redelivered", "delivery_count", "enqueued_at_ms", "expires_at_ms")
+
+    def __init__(self, seq: int, msg: Message, enqueued_at_ms: int = 0) -> None:
+        self.seq = seq
+        self.msg = msg
+        self.redelivered = False
+        self.delivery_count = 0
+        self.enqueued_at_ms = enqueued_at_ms
+        self.expires_at_ms = 0
+
+    def __repr__(self) -> str:
+        return f"<QueueEntry {self.seq} {self.msg!r}{' redelivered' if self.redelivered else ''}>"
+
+
+class Consumer:
+    """A subscription. Invariant: `unacked` counts this consumer's deliveries not yet settled."""
+
+    __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "priority",
+                 "arguments", "delivered", "frame_prefix")
+
+    def __init__(self, tag: str, channel: Deliverer, queue: Queue, no_ack: bool, exclusive: bool,
+                 prefetch: int, priority: int = 0, arguments: dict[str, Any] | None = None) -> None:
+        self.tag = tag
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.priority = priority
+        self.arguments = arguments or {}
+        self.delivered = 0
+        # the encoded start of this consumer's basic.deliver payload (class, method, consumer tag)
+        self.frame_prefix = b"\x00\x3c\x00\x3c" + bytes((len(tag.encode()),)) + tag.encode()
+
+    def can_take(self) -> bool:
+        if self.no_ack:
+            return self.channel.can_take()
+        return (not self.prefetch or self.unacked < self.prefetch) and self.channel.can_take()
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.tag} on {self.queue.name}>"
+
+
+class Queue:
+    """Abstract base of queue types. Subclasses implement the message and consumer operations."""
+
+    queue_type: str = "abstract"
+
+    def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
+                 auto_delete: bool, arguments: dict[str, Any]) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.deleted = False
+        self.had_consumers = False
+        # statistics, read by management
+        self.stat_published = 0
+        self.stat_delivered = 0
+        self.stat_acked = 0
+        self.stat_redelivered = 0
+        self.stat_get = 0
+
+    @property
+    def exclusive(self) -> bool:
+        return self.exclusive_owner is not None
+
+    # -- messages ------------------------------------------------------------------------------
+    def publish(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+        raise NotImplementedError
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        raise NotImplementedError
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        raise NotImplementedError
+
+    def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
+        raise NotImplementedError
+
+    def purge(self) -> int:
+        raise NotImplementedError
+
+    def deliver_pending(self) -> None:
+        raise NotImplementedError
+
+    # -- consumers -----------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        raise NotImplementedError
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        raise NotImplementedError
+
+    def consumers(self) -> list[Consumer]:
+        raise NotImplementedError
+
+    # -- counts --------------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        """Messages ready for delivery."""
+        raise NotImplementedError
+
+    @property
+    def unacked_count(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers())
+
+    @property
+    def message_bytes(self) -> int:
+        return 0
+
+    def delete(self) -> int:
+        """Mark deleted, drop messages; returns the number of ready messages dropped."""
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vhost": self.vhost,
+            "durable": self.durable,
+            "auto_delete": self.auto_delete,
+            "exclusive": self.exclusive,
+            "arguments": self.arguments,
+            "type": self.queue_type,
+            "messages": self.message_count + self.unacked_count,
+            "messages_ready": self.message_count,
+            "messages_unacknowledged": self.unacked_count,
+            "consumers": self.consumer_count,
+            "message_bytes": self.message_bytes,
+        }

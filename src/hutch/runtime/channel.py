@@ -1,0 +1,639 @@
+"""An AMQP channel on the server side: method handlers, content assembly, deliveries and settlement.
+
+Owns: one channel's consumers, its unacknowledged deliveries (delivery tag -> queue entry), prefetch
+limits, publisher-confirm sequence, transaction buffer, and the assembly of basic.publish content.
+
+Rules:
+- Handlers raise `ChannelError` (the connection closes just this channel) or `ConnectionError_`.
+- Deliveries are encoded straight into the connection's write buffer; nothing awaits.
+- Confirms: every publish gets the next sequence number; messages are confirmed when routed (queues are
+  in memory), and acks are coalesced into one `multiple` ack per flush of the connection.
+- Unacked deliveries are requeued (redelivered=true) when the channel closes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hutch.amqp import spec
+from hutch.amqp.errors import (
+    ACCESS_REFUSED,
+    NO_ROUTE,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    UNEXPECTED_FRAME,
+    ChannelError,
+    ConnectionError_,
+    FrameError,
+)
+from hutch.amqp.frames import append_body
+from hutch.core.message import Message
+from hutch.core.queue_type import Consumer, Queue, QueueEntry
+
+from .declarations import DeclarationsMixin
+
+if TYPE_CHECKING:
+    from .connection import AMQPConnection
+
+_FRAME_HDR = struct.Struct(">BHI")
+_TAG_REDELIVERED = struct.Struct(">QB")
+_GET_OK_TAIL = struct.Struct(">I")
+_CONTENT_HDR = struct.Struct(">HHQ")
+_DELIVER_SMALL_BODY = 4096
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
+
+
+class _Unacked:
+    __slots__ = ("queue", "entry", "consumer")
+
+    def __init__(self, queue: Queue | None, entry: QueueEntry, consumer: Consumer | None) -> None:
+        self.queue = queue
+        self.entry = entry
+        self.consumer = consumer
+
+
+class ServerChannel(DeclarationsMixin):
+    OPEN = 1
+    CLOSING = 2
+
+    def __init__(self, conn: AMQPConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.node = conn.node
+        self.vhost = conn.vhost_obj
+        self.user = conn.user_name
+        self.state = self.OPEN
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: OrderedDict[int, _Unacked] = OrderedDict()
+        self.next_tag = 1
+        self.prefetch_count = 0
+        self.global_prefetch = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirm_pending = 0  # highest seq confirmed but not yet acked on the wire
+        self.confirm_sent = 0
+        self.tx = False
+        self.tx_ops: list[tuple[str, Any]] = []
+        self.last_queue_name: str | None = None
+        self.reply_token: str | None = None
+        self.reply_consumer: Consumer | None = None
+        # content assembly of the publish in progress
+        self._pub: spec.Method | None = None
+        self._pub_props: spec.BasicProperties | None = None
+        self._pub_props_raw = b""
+        self._body: list[bytes] = []
+        self._body_remaining = 0
+        # statistics
+        self.stat_publish = 0
+        self.stat_deliver = 0
+        self.stat_ack = 0
+        self.stat_redeliver = 0
+        self._perm_cache: dict[tuple[str, str, str], bool] = {}
+        self._perm_epoch = self.node.perm_epoch
+        self._handlers: dict[int, Callable[[Any], None]] = {
+            spec.Channel.Flow.INDEX: self._channel_flow,
+            spec.Exchange.Declare.INDEX: self._exchange_declare,
+            spec.Exchange.Delete.INDEX: self._exchange_delete,
+            spec.Exchange.Bind.INDEX: self._exchange_bind,
+            spec.Exchange.Unbind.INDEX: self._exchange_unbind,
+            spec.Queue.Declare.INDEX: self._queue_declare,
+            spec.Queue.Bind.INDEX: self._queue_bind,
+            spec.Queue.Unbind.INDEX: self._queue_unbind,
+            spec.Queue.Purge.INDEX: self._queue_purge,
+            spec.Queue.Delete.INDEX: self._queue_delete,
+            spec.Basic.Qos.INDEX: self._basic_qos,
+            spec.Basic.Consume.INDEX: self._basic_consume,
+            spec.Basic.Cancel.INDEX: self._basic_cancel,
+            spec.Basic.Publish.INDEX: self._basic_publish,
+            spec.Basic.Get.INDEX: self._basic_get,
+            spec.Basic.Ack.INDEX: self._basic_ack,
+            spec.Basic.Reject.INDEX: self._basic_reject,
+            spec.Basic.Nack.INDEX: self._basic_nack,
+            spec.Basic.RecoverAsync.INDEX: self._basic_recover_async,
+            spec.Basic.Recover.INDEX: self._basic_recover,
+            spec.Confirm.Select.INDEX: self._confirm_select,
+            spec.Tx.Select.INDEX: self._tx_select,
+            spec.Tx.Commit.INDEX: self._tx_commit,
+            spec.Tx.Rollback.INDEX: self._tx_rollback,
+        }
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def send(self, method: spec.Method) -> None:
+        self.conn.send_method(self.number, method)
+
+    def handle_method(self, method: spec.Method) -> None:
+        if self._pub is not None:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME,
+                "expected content header for class 60, got non content header frame instead",
+                method.CLASS_ID, method.METHOD_ID)
+        handler = self._handlers.get(method.INDEX)
+        if handler is None:
+            raise ConnectionError_(
+                UNEXPECTED_FRAME if method.CLASS_ID in spec.CLASS_NAMES else NOT_IMPLEMENTED,
+                f"unexpected method {method.NAME} on channel {self.number}",
+                method.CLASS_ID, method.METHOD_ID)
+        try:
+            handler(method)
+        except (ChannelError, ConnectionError_) as exc:
+            if not exc.class_id:
+                exc.class_id, exc.method_id = method.CLASS_ID, method.METHOD_ID
+            raise
+
+    def can_take(self) -> bool:
+        if self.state != self.OPEN or self.conn.write_paused:
+            return False
+        return not self.global_prefetch or len(self.unacked) < self.global_prefetch
+
+    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
+        epoch = self.node.perm_epoch
+        if epoch != self._perm_epoch:
+            self._perm_cache.clear()
+            self._perm_epoch = epoch
+        key = (kind, resource_type, name)
+        allowed = self._perm_cache.get(key)
+        if allowed is None:
+            allowed = self.node.auth.check(self.user, self.vhost.name, kind, name, resource_type)
+            self._perm_cache[key] = allowed
+        if not allowed:
+            from hutch.core.auth import resource_access_refused_text
+
+            raise ChannelError(ACCESS_REFUSED, resource_access_refused_text(
+                self.user, self.vhost.name, kind, resource_type, name))  # type: ignore[arg-type]
+
+    # -- channel class -------------------------------------------------------------------------
+    def _channel_flow(self, m: Any) -> None:
+        if not m.active:
+            raise ConnectionError_(NOT_IMPLEMENTED, "active=false")
+        self.send(spec.Channel.FlowOk(active=True))
+
+    # -- publishing ----------------------------------------------------------------------------
+    def _basic_publish(self, m: Any) -> None:
+        if m.immediate:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self._pub = m
+
+    def handle_header(self, payload: bytes) -> None:
+        if self._pub is None or self._pub_props is not None:
+            raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content header frame")
+        if len(payload) < 14:
+            raise FrameError("content header frame too short")
+        class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload, 0)
+        if class_id != 60:
+            raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {class_id} not allowed")
+        props = spec.BasicProperties.decode(payload, 12)
+        max_size = self.node.config.max_message_size
+        if body_size > max_size:
+            self._pub = None
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"message size {body_size} is larger than configured max size {max_size}",
+                               60, 40)
+        self._pub_props = props
+        self._pub_props_raw = payload[12:]
+        if body_size == 0:
+            self._complete_publish(b"")
+        else:
+            self._body_remaining = body_size
+
+    def handle_body(self, payload: bytes) -> None:
+        if self._pub_props is None:
+            raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content body frame")
+        self._body_remaining -= len(payload)
+        if self._body_remaining < 0:
+            raise FrameError("content body larger than declared in its header")
+        if self._body_remaining == 0:
+            if self._body:
+                self._body.append(payload)
+                body = b"".join(self._body)
+                self._body = []
+            else:
+                body = payload
+            self._complete_publish(body)
+        else:
+            self._body.append(payload)
+
+    def _complete_publish(self, body: bytes) -> None:
+        m = self._pub
+        props = self._pub_props
+        props_raw = self._pub_props_raw
+        self._pub = None
+        self._pub_props = None
+        assert m is not None and props is not None
+        if self.confirm:
+            self.publish_seq += 1
+        self.stat_publish += 1
+        x = self.vhost.exchanges.get(m.exchange)
+        if x is None:
+            raise ChannelError(NOT_FOUND, f"no exchange '{m.exchange}' in vhost '{self.vhost.name}'", 60, 40)
+        self.check_permission("write", "exchange", m.exchange)
+        if x.internal:
+            raise ChannelError(ACCESS_REFUSED,
+                               f"cannot publish to internal exchange '{m.exchange}' in vhost "
+                               f"'{self.vhost.name}'", 60, 40)
+        if props.user_id is not None and props.user_id != self.user:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"user_id property set to '{props.user_id}' but authenticated user was "
+                               f"'{self.user}'", 60, 40)
+        if props.expiration is not None:
+            _check_expiration(props.expiration)
+        routing_keys = [m.routing_key]
+        headers = props.headers
+        if headers and ("CC" in headers or "BCC" in headers):
+            routing_keys, props, props_raw = _sender_selected(m.routing_key, props, props_raw)
+        if props.reply_to == REPLY_TO_QUEUE:
+            props, props_raw = self._rewrite_reply_to(props)
+        msg = Message(m.exchange, m.routing_key, props, body, props_raw)
+        if self.tx:
+            self.tx_ops.append(("publish", (x, routing_keys, msg, m.mandatory)))
+            return
+        self._route_and_enqueue(x, routing_keys, msg, m.mandatory)
+        if self.confirm:
+            self.confirm_pending = self.publish_seq
+            self.conn.want_flush(self)
+
+    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> None:
+        if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
+            if self.node.deliver_direct_reply(routing_keys[0][len(REPLY_TO_PREFIX):], msg):
+                return
+            queues: list[Queue] = []
+        else:
+            queues = self.vhost.route(x, routing_keys, msg.properties.headers)
+        if queues:
+            for q in queues:
+                q.publish(msg)
+        elif mandatory:
+            self._send_return(NO_ROUTE, "NO_ROUTE", msg)
+
+    def _send_return(self, code: int, text: str, msg: Message) -> None:
+        method = spec.Basic.Return(reply_code=code, reply_text=text, exchange=msg.exchange,
+                                   routing_key=msg.routing_key)
+        self.conn.send_method(self.number, method)
+        self._write_content(msg)
+
+    def _write_content(self, msg: Message) -> None:
+        out = self.conn.out
+        ch = self.number
+        hp = msg.header_payload
+        out.append(_FRAME_HDR.pack(2, ch, len(hp)) + hp + b"\xce")
+        append_body(out, ch, msg.body, self.conn.frame_max)
+        self.conn.want_write()
+
+    def _rewrite_reply_to(self, props: spec.BasicProperties) -> tuple[spec.BasicProperties, bytes]:
+        if self.reply_consumer is None:
+            raise ChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+        props = props.copy()
+        props.reply_to = REPLY_TO_PREFIX + self._ensure_reply_token()
+        return props, props.encode()
+
+    def _ensure_reply_token(self) -> str:
+        if self.reply_token is None:
+            self.reply_token = secrets.token_urlsafe(18)
+            self.node.reply_channels[self.reply_token] = self
+        return self.reply_token
+
+    def flush_confirms(self) -> None:
+        """Send one ack covering every publish confirmed since the last flush."""
+        upto = self.confirm_pending
+        if upto > self.confirm_sent and self.state == self.OPEN:
+            multiple = upto - self.confirm_sent > 1
+            self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
+            self.confirm_sent = upto
+
+    # -- delivering ----------------------------------------------------------------------------
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if not consumer.no_ack:
+            self.unacked[tag] = _Unacked(queue, entry, consumer)
+        msg = entry.msg
+        self.stat_deliver += 1
+        if entry.redelivered:
+            self.stat_redeliver += 1
+        self._write_delivery(consumer.frame_prefix, tag, entry.redelivered, msg)
+
+    def _write_delivery(self, prefix: bytes, tag: int, redelivered: bool, msg: Message) -> None:
+        ch = self.number
+        tail = msg.route_tail
+        hp = msg.header_payload
+        body = msg.body
+        head = b"".join((
+            _FRAME_HDR.pack(1, ch, len(prefix) + 9 + len(tail)), prefix,
+            _TAG_REDELIVERED.pack(tag, redelivered), tail, b"\xce",
+            _FRAME_HDR.pack(2, ch, len(hp)), hp, b"\xce",
+        ))
+        conn = self.conn
+        size = len(body)
+        if 0 < size <= _DELIVER_SMALL_BODY:
+            conn.out.append(head + _FRAME_HDR.pack(3, ch, size) + body + b"\xce")
+        else:
+            conn.out.append(head)
+            append_body(conn.out, ch, body, conn.frame_max)
+        conn.want_write()
+
+    def deliver_direct_reply(self, msg: Message) -> bool:
+        consumer = self.reply_consumer
+        if consumer is None or self.state != self.OPEN:
+            return False
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        self.stat_deliver += 1
+        self._write_delivery(consumer.frame_prefix, tag, False, msg)
+        return True
+
+    def _basic_get(self, m: Any) -> None:
+        q = self._queue_for(m.queue)
+        self.check_permission("read", "queue", q.name)
+        self.vhost.check_exclusive(q, self.conn)
+        entry = q.get(self, m.no_ack)
+        if entry is None:
+            self.send(spec.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if not m.no_ack:
+            self.unacked[tag] = _Unacked(q, entry, None)
+        msg = entry.msg
+        payload = b"".join((b"\x00\x3c\x00\x47", _TAG_REDELIVERED.pack(tag, entry.redelivered),
+                            msg.route_tail, _GET_OK_TAIL.pack(q.message_count)))
+        self.conn.send_raw_method(self.number, payload)
+        self._write_content(msg)
+
+    # -- settlement ----------------------------------------------------------------------------
+    def _collect(self, tag: int, multiple: bool) -> list[_Unacked]:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                items = list(unacked.values())
+                unacked.clear()
+                return items
+            if tag not in unacked:
+                raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+            items = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                items.append(unacked.popitem(last=False)[1])
+            return items
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+        return [item]
+
+    def _basic_ack(self, m: Any) -> None:
+        if self.tx:
+            self._collect_check(m.delivery_tag, m.multiple)
+            self.tx_ops.append(("ack", (m.delivery_tag, m.multiple)))
+            return
+        self._settle(self._collect(m.delivery_tag, m.multiple), "ack")
+
+    def _basic_reject(self, m: Any) -> None:
+        if self.tx:
+            self._collect_check(m.delivery_tag, False)
+            self.tx_ops.append(("reject", (m.delivery_tag, False, m.requeue)))
+            return
+        self._settle(self._collect(m.delivery_tag, False), "requeue" if m.requeue else "discard")
+
+    def _basic_nack(self, m: Any) -> None:
+        if self.tx:
+            self._collect_check(m.delivery_tag, m.multiple)
+            self.tx_ops.append(("reject", (m.delivery_tag, m.multiple, m.requeue)))
+            return
+        self._settle(self._collect(m.delivery_tag, m.multiple), "requeue" if m.requeue else "discard")
+
+    def _collect_check(self, tag: int, multiple: bool) -> None:
+        if (tag or not multiple) and tag not in self.unacked:
+            raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
+
+    def _settle(self, items: list[_Unacked], action: str) -> None:
+        if not items:
+            return
+        self.stat_ack += len(items) if action == "ack" else 0
+        by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        for item in items:
+            consumer = item.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+            q = item.queue
+            if q is None:
+                continue
+            group = by_queue.get(id(q))
+            if group is None:
+                by_queue[id(q)] = (q, [item.entry])
+            else:
+                group[1].append(item.entry)
+        for q, entries in by_queue.values():
+            if action == "ack":
+                q.ack(entries)
+            elif action == "requeue":
+                q.requeue(entries)
+            else:
+                q.discard(entries)
+        self._resume_consumers()
+
+    def _resume_consumers(self) -> None:
+        if not self.consumers:
+            return
+        seen: set[int] = set()
+        for c in list(self.consumers.values()):
+            q = c.queue
+            if id(q) not in seen:
+                seen.add(id(q))
+                q.deliver_pending()
+
+    def _basic_recover_async(self, m: Any) -> None:
+        if not m.requeue:
+            raise ConnectionError_(NOT_IMPLEMENTED, "requeue=false")
+        self._settle(self._collect(0, True), "requeue")
+
+    def _basic_recover(self, m: Any) -> None:
+        self._basic_recover_async(m)
+        self.send(spec.Basic.RecoverOk())
+
+    # -- qos, consumers --------------------------------------------------------------------------
+    def _basic_qos(self, m: Any) -> None:
+        if m.prefetch_size:
+            raise ConnectionError_(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch_count = m.prefetch_count
+        self.send(spec.Basic.QosOk())
+        self._resume_consumers()
+
+    def _basic_consume(self, m: Any) -> None:
+        if m.queue == REPLY_TO_QUEUE:
+            self._consume_reply_to(m)
+            return
+        q = self._queue_for(m.queue)
+        self.check_permission("read", "queue", q.name)
+        self.vhost.check_exclusive(q, self.conn)
+        tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.consumers:
+            raise ConnectionError_(530, f"attempt to reuse consumer tag '{tag}'")
+        existing = q.consumers()
+        if existing and (m.exclusive or any(c.exclusive for c in existing)):
+            raise ChannelError(ACCESS_REFUSED,
+                               f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
+        priority = _consumer_priority(m.arguments)
+        consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, self.prefetch_count, priority,
+                            m.arguments)
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.send(spec.Basic.ConsumeOk(consumer_tag=tag))
+        q.add_consumer(consumer)
+
+    def _consume_reply_to(self, m: Any) -> None:
+        if not m.no_ack:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge")
+        if self.reply_consumer is not None:
+            raise ChannelError(PRECONDITION_FAILED, "reply consumer already set")
+        tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        self.reply_consumer = Consumer(tag, self, _NO_QUEUE, True, False, 0)
+        self._ensure_reply_token()
+        if not m.nowait:
+            self.send(spec.Basic.ConsumeOk(consumer_tag=tag))
+
+    def _basic_cancel(self, m: Any) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            self._detach_consumer(consumer)
+        elif self.reply_consumer is not None and self.reply_consumer.tag == m.consumer_tag:
+            self.reply_consumer = None
+        if not m.nowait:
+            self.send(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    def _detach_consumer(self, consumer: Consumer) -> None:
+        q = consumer.queue
+        q.remove_consumer(consumer)
+        if q.auto_delete and not q.consumer_count and not q.deleted:
+            self.node.delete_queue(self.vhost, q)
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.state == self.OPEN and self.conn.capabilities.get("consumer_cancel_notify"):
+            self.send(spec.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    # -- confirm and tx ------------------------------------------------------------------------
+    def _confirm_select(self, m: Any) -> None:
+        if self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not m.nowait:
+            self.send(spec.Confirm.SelectOk())
+
+    def _tx_select(self, m: Any) -> None:
+        if self.confirm:
+            raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.tx = True
+        self.send(spec.Tx.SelectOk())
+
+    def _tx_commit(self, m: Any) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        ops, self.tx_ops = self.tx_ops, []
+        for kind, args in ops:
+            if kind == "publish":
+                x, routing_keys, msg, mandatory = args
+                if x.name in self.vhost.exchanges or x.name == "":
+                    self._route_and_enqueue(x, routing_keys, msg, mandatory)
+            elif kind == "ack":
+                tag, multiple = args
+                self._settle(self._collect(tag, multiple), "ack")
+            else:
+                tag, multiple, requeue = args
+                self._settle(self._collect(tag, multiple), "requeue" if requeue else "discard")
+        self.send(spec.Tx.CommitOk())
+
+    def _tx_rollback(self, m: Any) -> None:
+        if not self.tx:
+            raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
+        self.tx_ops = []
+        self.send(spec.Tx.RollbackOk())
+
+    # -- teardown ------------------------------------------------------------------------------
+    def close_internal(self) -> None:
+        """Release everything the channel holds: consumers first, then requeue unacked deliveries."""
+        self.state = self.CLOSING
+        self._pub = None
+        self._pub_props = None
+        self._body = []
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            self._detach_consumer(consumer)
+        self.reply_consumer = None
+        if self.reply_token is not None:
+            self.node.reply_channels.pop(self.reply_token, None)
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        for item in items:
+            if item.queue is not None:
+                by_queue.setdefault(id(item.queue), (item.queue, []))[1].append(item.entry)
+        for q, entries in by_queue.values():
+            q.requeue(entries)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "user": self.user,
+            "vhost": self.vhost.name,
+            "consumer_count": len(self.consumers),
+            "messages_unacknowledged": len(self.unacked),
+            "prefetch_count": self.prefetch_count,
+            "global_prefetch_count": self.global_prefetch,
+            "confirm": self.confirm,
+            "transactional": self.tx,
+            "state": "running" if self.state == self.OPEN else "closing",
+        }
+
+
+class _NoQueue(Queue):
+    """Stand-in queue of the Direct Reply-To pseudo-consumer."""
+
+    def __init__(self) -> None:
+        super().__init__("", REPLY_TO_QUEUE, False, None, False, {})
+
+
+_NO_QUEUE = _NoQueue()
+
+
+def _consumer_priority(arguments: dict[str, Any] | None) -> int:
+    if not arguments or "x-priority" not in arguments:
+        return 0
+    value = arguments["x-priority"]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ChannelError(PRECONDITION_FAILED,
+                           f"invalid arg 'x-priority' for consumer: {value!r} is not an integer")
+    return value
+
+
+def _check_expiration(expiration: str) -> None:
+    if not expiration.isdigit() or int(expiration) >= 2**32:
+        raise ChannelError(PRECONDITION_FAILED, f"invalid expiration '{expiration}'", 60, 40)
+
+
+def _sender_selected(routing_key: str, props: spec.BasicProperties,
+                     props_raw: bytes) -> tuple[list[str], spec.BasicProperties, bytes]:
+    """CC and BCC headers add routing keys; BCC is removed before the message is stored."""
+    headers = props.headers or {}
+    keys = [routing_key]
+    for name in ("CC", "BCC"):
+        value = headers.get(name)
+        if isinstance(value, list):
+            keys.extend(k for k in value if isinstance(k, str))
+        elif value is not None:
+            raise ChannelError(PRECONDITION_FAILED, f"invalid {name} header: expected an array", 60, 40)
+    if "BCC" in headers:
+        props = props.copy()
+        props.headers = {k: v for k, v in headers.items() if k != "BCC"}
+        props_raw = props.encode()
+    return keys, props, props_raw

@@ -1,0 +1,508 @@
+"""One AMQP client connection: an `asyncio.Protocol` around the sans-I/O frame reader.
+
+Owns: the socket, the connection handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
+tune/tune-ok negotiation, open), heartbeats both ways, channel multiplexing, the close handshakes, and
+the write buffer that every channel of this connection encodes into.
+
+Rules (uvicorn/asyncpg style hot path):
+- `data_received` feeds the frame reader and dispatches every complete frame synchronously; no task or
+  coroutine per frame. Output is collected in `out` and written once per batch (`flush`).
+- A `ChannelError` closes only its channel; a `ConnectionError_` sends connection.close and then
+  ignores everything but close/close-ok. Nothing a client sends can raise out of `data_received`.
+- Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+from typing import TYPE_CHECKING, Any
+
+from hutch import __version__
+from hutch.amqp import spec
+from hutch.amqp.errors import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    UNEXPECTED_FRAME,
+    AMQPError,
+    ChannelError,
+    ConnectionError_,
+    FrameError,
+)
+from hutch.amqp.frames import HEARTBEAT_FRAME, FrameReader, method_frame, method_frame_raw
+from hutch.core.auth import (
+    is_loopback_address,
+    parse_amqplain,
+    parse_plain,
+    vhost_access_refused_text,
+)
+
+from .channel import ServerChannel
+
+if TYPE_CHECKING:
+    from hutch.core.vhost import VirtualHost
+
+    from .node import Node
+
+log = logging.getLogger("hutch.connection")
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For details see the broker "
+                 "logfile.")
+
+
+class State:
+    HEADER = 0
+    START = 1
+    AUTHENTICATING = 2
+    TUNE = 3
+    OPEN_WAIT = 4
+    OPEN = 5
+    CLOSING = 6
+    CLOSED = 7
+
+
+class AMQPConnection(asyncio.Protocol):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        cfg = node.config
+        self.state = State.HEADER
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(max(cfg.frame_max, spec.FRAME_MIN_SIZE) if cfg.frame_max else 0)
+        self._header_buf = b""
+        self.out: list[bytes] = []
+        self.channels: dict[int, ServerChannel] = {}
+        self.closing_channels: set[int] = set()
+        self.channel_max = cfg.channel_max or 65535
+        self.frame_max = cfg.frame_max
+        self.heartbeat_s = cfg.heartbeat_s
+        self.user_name = ""
+        self.vhost_obj: VirtualHost | None = None  # type: ignore[assignment]
+        self.capabilities: dict[str, Any] = {}
+        self.client_properties: dict[str, Any] = {}
+        self.peer = ("", 0)
+        self.name = ""
+        self.write_paused = False
+        self._suspended = False
+        self._in_receive = False
+        self._flush_scheduled = False
+        self._confirm_channels: set[ServerChannel] = set()
+        self._loop = asyncio.get_event_loop()
+        self._last_recv = 0.0
+        self._last_sent = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+        self.connected_at_ms = 0
+        self.recv_oct = 0
+        self.send_oct = 0
+        self.auth_mechanism = ""
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.peer = (str(peer[0]), int(peer[1]))
+        sock = transport.get_extra_info("sockname") or ("?", 0)
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
+        now = self._loop.time()
+        self._last_recv = self._last_sent = now
+        self.connected_at_ms = int(self.node.wall_ms())
+        self.node.connections.add(self)
+        timeout_s = self.node.config.handshake_timeout_ms / 1000
+        self._timer = self._loop.call_later(timeout_s, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = State.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+        self._release_all()
+        self.node.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for ch in list(self.channels.values()):
+            ch._resume_consumers()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = self._loop.time()
+        self.recv_oct += len(data)
+        if self.state == State.HEADER:
+            data = self._protocol_header(data)
+            if not data:
+                return
+        self.reader.feed(data)
+        self._in_receive = True
+        try:
+            self._process_frames()
+        finally:
+            self._in_receive = False
+        self.flush()
+
+    # -- frame processing ------------------------------------------------------------------------
+    def _process_frames(self) -> None:
+        try:
+            for ftype, channel, payload in self.reader.frames():
+                if self.state == State.CLOSING:
+                    self._frame_while_closing(ftype, channel, payload)
+                elif ftype == spec.FRAME_METHOD:
+                    self._method_frame(channel, payload)
+                elif ftype == spec.FRAME_BODY or ftype == spec.FRAME_HEADER:
+                    ch = self.channels.get(channel)
+                    if ch is None:
+                        if channel not in self.closing_channels:
+                            raise ConnectionError_(UNEXPECTED_FRAME,
+                                                   f"content frame on channel {channel} which is not open")
+                        continue
+                    try:
+                        if ftype == spec.FRAME_BODY:
+                            ch.handle_body(payload)
+                        else:
+                            ch.handle_header(payload)
+                    except ChannelError as exc:
+                        self._channel_error(channel, exc)
+                elif channel != 0:
+                    raise FrameError("heartbeat frame on a non-zero channel")
+                if self._suspended or self.state == State.CLOSED:
+                    return
+        except ConnectionError_ as exc:
+            self.close_with_error(exc)
+        except Exception as exc:  # a bug must not take the node down
+            log.exception("internal error on connection %s", self.name)
+            self.close_with_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc}"))
+
+    def _method_frame(self, channel: int, payload: bytes) -> None:
+        method = spec.decode_method(payload)
+        if channel == 0:
+            self._connection_method(method)
+            return
+        if self.state != State.OPEN:
+            raise ConnectionError_(UNEXPECTED_FRAME, f"method {method.NAME} before connection.open",
+                                   method.CLASS_ID, method.METHOD_ID)
+        ch = self.channels.get(channel)
+        if ch is None:
+            self._no_such_channel(channel, method)
+            return
+        try:
+            ch.handle_method(method)
+        except ChannelError as exc:
+            self._channel_error(channel, exc)
+
+    def _no_such_channel(self, channel: int, method: spec.Method) -> None:
+        if channel in self.closing_channels:
+            if isinstance(method, spec.Channel.CloseOk):
+                self.closing_channels.discard(channel)
+            elif isinstance(method, spec.Channel.Close):
+                self.send_method(channel, spec.Channel.CloseOk())
+            return
+        if isinstance(method, spec.Channel.Open):
+            if channel > self.channel_max:
+                raise ConnectionError_(NOT_ALLOWED, f"channel_max ({self.channel_max}) reached",
+                                       20, 10)
+            self.channels[channel] = ServerChannel(self, channel)
+            self.send_method(channel, spec.Channel.OpenOk())
+            return
+        raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}",
+                               method.CLASS_ID, method.METHOD_ID)
+
+    def _channel_error(self, channel: int, exc: AMQPError) -> None:
+        ch = self.channels.pop(channel, None)
+        if ch is None:
+            return
+        ch.close_internal()
+        self.closing_channels.add(channel)
+        self.send_method(channel, spec.Channel.Close(reply_code=exc.code, reply_text=exc.reply_text,
+                                                     class_id=exc.class_id, method_id=exc.method_id))
+
+    def _frame_while_closing(self, ftype: int, channel: int, payload: bytes) -> None:
+        if ftype != spec.FRAME_METHOD or channel != 0:
+            return
+        try:
+            method = spec.decode_method(payload)
+        except AMQPError:
+            return
+        if isinstance(method, spec.Connection.CloseOk):
+            self._abort()
+        elif isinstance(method, spec.Connection.Close):
+            self.send_method(0, spec.Connection.CloseOk())
+            self.flush()
+            self._abort()
+
+    # -- handshake -------------------------------------------------------------------------------
+    def _protocol_header(self, data: bytes) -> bytes:
+        buf = self._header_buf + data
+        if len(buf) < 8 and spec.PROTOCOL_HEADER.startswith(buf):
+            self._header_buf = buf
+            return b""
+        if buf[:8] != spec.PROTOCOL_HEADER:
+            self.transport.write(spec.PROTOCOL_HEADER)  # type: ignore[union-attr]
+            self._abort()
+            return b""
+        self._header_buf = b""
+        self.state = State.START
+        self.send_method(0, spec.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties=self.node.server_properties(),
+            mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
+        self.flush()
+        return buf[8:]
+
+    def _connection_method(self, m: spec.Method) -> None:
+        state = self.state
+        if isinstance(m, spec.Connection.StartOk) and state == State.START:
+            self._start_ok(m)
+        elif isinstance(m, spec.Connection.TuneOk) and state == State.TUNE:
+            self._tune_ok(m)
+        elif isinstance(m, spec.Connection.Open) and state == State.OPEN_WAIT:
+            self._open(m)
+        elif isinstance(m, spec.Connection.Close):
+            self._release_all()
+            self.send_method(0, spec.Connection.CloseOk())
+            self.flush()
+            self._abort()
+        elif isinstance(m, spec.Connection.CloseOk):
+            self._abort()
+        elif isinstance(m, spec.Connection.UpdateSecret) and state == State.OPEN:
+            self._update_secret(m)
+        elif isinstance(m, (spec.Connection.Blocked, spec.Connection.Unblocked)):
+            pass  # clients may send these; they mean nothing to a server
+        else:
+            raise ConnectionError_(COMMAND_INVALID if state == State.OPEN else UNEXPECTED_FRAME,
+                                   f"unexpected method {m.NAME} on channel 0", m.CLASS_ID, m.METHOD_ID)
+
+    def _start_ok(self, m: Any) -> None:
+        self.client_properties = m.client_properties or {}
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        mechanism = m.mechanism
+        try:
+            if mechanism == "PLAIN":
+                user, password = parse_plain(m.response)
+            elif mechanism == "AMQPLAIN":
+                user, password = parse_amqplain(m.response)
+            else:
+                raise ConnectionError_(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'",
+                                       10, 11)
+        except ValueError:
+            self._refuse_login(mechanism, "malformed response")
+            return
+        self.auth_mechanism = mechanism
+        cfg = self.node.config
+        if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
+            self._refuse(ACCESS_REFUSED, f"User '{user}' can only connect via localhost")
+            return
+        self.state = State.AUTHENTICATING
+        self._suspended = True
+        fut = self._loop.run_in_executor(None, self.node.auth.authenticate, user, password)
+        fut.add_done_callback(lambda f: self._auth_done(f, user, mechanism))
+
+    def _auth_done(self, fut: asyncio.Future[Any], user: str, mechanism: str) -> None:
+        if self.state != State.AUTHENTICATING:
+            return
+        self._suspended = False
+        if fut.exception() is not None or fut.result() is None:
+            self._refuse_login(mechanism, f"user '{user}' - invalid credentials")
+            return
+        self.user_name = user
+        self.state = State.TUNE
+        cfg = self.node.config
+        self.send_method(0, spec.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max,
+                                                 heartbeat=cfg.heartbeat_s))
+        self._in_receive = True
+        try:
+            self._process_frames()
+        finally:
+            self._in_receive = False
+        self.flush()
+
+    def _refuse_login(self, mechanism: str, detail: str) -> None:
+        log.warning("connection %s: login refused: %s", self.name, detail)
+        self._refuse(ACCESS_REFUSED, LOGIN_REFUSED.format(mechanism))
+
+    def _refuse(self, code: int, text: str) -> None:
+        if self.capabilities.get("authentication_failure_close"):
+            self.close_with_error(ConnectionError_(code, text, 10, 11))
+        else:
+            self._abort()
+
+    def _tune_ok(self, m: Any) -> None:
+        cfg = self.node.config
+        for field, minimum, server_value, client_value in (
+            ("frame_max", spec.FRAME_MIN_SIZE, cfg.frame_max, m.frame_max),
+            ("channel_max", 1, cfg.channel_max, m.channel_max),
+        ):
+            if client_value and client_value < minimum:
+                raise ConnectionError_(NOT_ALLOWED, f"negotiated {field} = {client_value} is lower than "
+                                       f"the minimum allowed value ({minimum})", 10, 31)
+            if server_value and (client_value == 0 or client_value > server_value):
+                raise ConnectionError_(NOT_ALLOWED, f"negotiated {field} = {client_value} is higher than "
+                                       f"the maximum allowed value ({server_value})", 10, 31)
+        self.frame_max = m.frame_max
+        self.reader.frame_max = m.frame_max
+        self.channel_max = m.channel_max or 65535
+        self.heartbeat_s = m.heartbeat
+        self.state = State.OPEN_WAIT
+
+    def _open(self, m: Any) -> None:
+        vhost_name = m.virtual_host
+        vhost = self.node.vhosts.get(vhost_name)
+        if vhost is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
+        if not self.node.auth.can_access_vhost(self.user_name, vhost_name):
+            raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost_name),
+                                   10, 40)
+        self.vhost_obj = vhost
+        self.state = State.OPEN
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat_s:
+            self._timer = self._loop.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
+        self.send_method(0, spec.Connection.OpenOk())
+        if self.node.alarms and self.capabilities.get("connection.blocked"):
+            self.send_method(0, spec.Connection.Blocked(reason=", ".join(sorted(self.node.alarms))))
+
+    def _update_secret(self, m: Any) -> None:
+        secret = m.new_secret.decode("utf-8", "replace")
+        user = self.node.auth.authenticate(self.user_name, secret)
+        if user is None:
+            raise ConnectionError_(NOT_ALLOWED, "update secret refused: invalid credentials", 10, 70)
+        self.send_method(0, spec.Connection.UpdateSecretOk())
+
+    # -- timers ----------------------------------------------------------------------------------
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state < State.OPEN:
+            log.warning("connection %s: handshake timeout", self.name)
+            self._abort()
+
+    def _heartbeat_tick(self) -> None:
+        if self.state != State.OPEN:
+            return
+        now = self._loop.time()
+        interval = self.heartbeat_s / 2
+        if now - self._last_recv > self.heartbeat_s * 2:
+            log.warning("connection %s: missed heartbeats from client, timeout: %ss", self.name,
+                        self.heartbeat_s)
+            self._abort()
+            return
+        if now - self._last_sent >= interval * 0.9:
+            self.out.append(HEARTBEAT_FRAME)
+            self.flush()
+        self._timer = self._loop.call_later(interval, self._heartbeat_tick)
+
+    # -- output ----------------------------------------------------------------------------------
+    def send_method(self, channel: int, method: spec.Method) -> None:
+        self.out.append(method_frame(channel, method))
+        self.want_write()
+
+    def send_raw_method(self, channel: int, payload: bytes) -> None:
+        self.out.append(method_frame_raw(channel, payload))
+        self.want_write()
+
+    def want_write(self) -> None:
+        if not self._flush_scheduled and not self._in_receive:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def want_flush(self, channel: ServerChannel) -> None:
+        self._confirm_channels.add(channel)
+        self.want_write()
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._confirm_channels:
+            for ch in self._confirm_channels:
+                ch.flush_confirms()
+            self._confirm_channels.clear()
+        out = self.out
+        if not out or self.transport is None or self.state == State.CLOSED:
+            out.clear()
+            return
+        data = b"".join(out) if len(out) > 1 else out[0]
+        out.clear()
+        self.send_oct += len(data)
+        self._last_sent = self._loop.time()
+        self.transport.write(data)
+
+    # -- closing ---------------------------------------------------------------------------------
+    def close_with_error(self, exc: AMQPError) -> None:
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        log.info("closing connection %s: %s %s", self.name, exc.code, exc.text)
+        self._release_all()
+        self.out.clear()
+        self.state = State.OPEN  # let send_method write
+        self.send_method(0, spec.Connection.Close(reply_code=exc.code, reply_text=exc.reply_text,
+                                                  class_id=exc.class_id, method_id=exc.method_id))
+        self.flush()
+        self.state = State.CLOSING
+        self._close_timer = self._loop.call_later(3.0, self._abort)
+
+    def close_forced(self, reason: str = "shutdown") -> None:
+        self.close_with_error(ConnectionError_(
+            CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'"))
+
+    def send_blocked(self, reason: str) -> None:
+        if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
+            self.send_method(0, spec.Connection.Blocked(reason=reason))
+
+    def send_unblocked(self) -> None:
+        if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
+            self.send_method(0, spec.Connection.Unblocked())
+
+    def _abort(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self._release_all()
+
+    def _release_all(self) -> None:
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for ch in channels:
+            ch.close_internal()
+        self.node.release_exclusive(self)
+
+    def info(self) -> dict[str, Any]:
+        props = self.client_properties
+        return {
+            "name": self.name,
+            "user": self.user_name,
+            "vhost": self.vhost_obj.name if self.vhost_obj else "",
+            "peer_host": self.peer[0],
+            "peer_port": self.peer[1],
+            "channels": len(self.channels),
+            "frame_max": self.frame_max,
+            "channel_max": self.channel_max,
+            "timeout": self.heartbeat_s,
+            "state": "running" if self.state == State.OPEN else "closing",
+            "protocol": "AMQP 0-9-1",
+            "auth_mechanism": self.auth_mechanism,
+            "client_properties": {k: v for k, v in props.items() if isinstance(v, (str, int, dict))},
+            "recv_oct": self.recv_oct,
+            "send_oct": self.send_oct,
+            "connected_at": self.connected_at_ms,
+        }
+
+
+__all__ = ["AMQPConnection", "CAPABILITIES", "platform", "__version__"]
