@@ -1,0 +1,105 @@
+"""Shared fixtures: a real `hutch-server` process on free ports.
+
+`hutch_server` (session scope) starts one node for the whole run; `fresh_server` (function scope)
+starts a node for tests that need a clean or specially configured broker. Both give a `ServerInfo`
+with the ports and data directory. Tests never use 5672/15672.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerInfo:
+    amqp_port: int
+    management_port: int
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def mgmt_url(self) -> str:
+        return f"http://127.0.0.1:{self.management_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        return self.proc.returncode
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"hutch-server exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"hutch-server did not listen on {port}:\n{log_path.read_text()}")
+
+
+def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
+                 config_text: str | None = None) -> ServerInfo:
+    amqp_port, mgmt_port = free_port(), free_port()
+    data_dir = tmp / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = tmp / "server.log"
+    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp_port),
+            "--management-port", str(mgmt_port), "--data-dir", str(data_dir), "--node-name", "test@localhost"]
+    if config_text is not None:
+        cfg = tmp / "hutch.conf"
+        cfg.write_text(config_text)
+        args += ["--config", str(cfg)]
+    args += list(extra_args)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    full_env.update(env or {})
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    _wait_port(amqp_port, proc, log_path)
+    return ServerInfo(amqp_port, mgmt_port, data_dir, proc, log_path, env or {})
+
+
+@pytest.fixture(scope="session")
+def hutch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("hutch"))
+    yield info
+    info.stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path)
+    yield info
+    info.stop()
