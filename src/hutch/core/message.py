@@ -4,6 +4,9 @@ Owns: `Message`, an immutable published message: the exchange and routing key it
 its encoded content-header payload (kept exactly as the publisher sent it, so delivery never re-encodes
 properties), its decoded properties (decoded once, on publish), and its body.
 
+Properties are decoded lazily: a message whose header carries no property the broker must read on
+publish (headers, expiration, user-id, reply-to) is never decoded at all.
+
 Invariant: `header_payload` is the content-header frame payload that matches `properties` and `body`
 (class id, weight, body size, property flags and list); `route_tail` is the encoded
 exchange + routing-key suffix of basic.deliver/basic.get-ok/basic.return. Both are built once.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from hutch.amqp.spec import BasicProperties
+from hutch.amqp.spec import FLAG_DELIVERY_MODE, BasicProperties
 
 _HEADER_PREFIX = struct.Struct(">HHQ")
 
@@ -25,46 +28,51 @@ def encode_shortstr(value: str) -> bytes:
 
 
 class Message:
-    __slots__ = ("exchange", "routing_key", "properties", "body", "header_payload", "route_tail",
-                 "persistent", "size", "__weakref__")
+    __slots__ = ("exchange", "routing_key", "_properties", "properties_raw", "body", "header_payload",
+                 "route_tail", "size", "__weakref__")
 
     exchange: str
     routing_key: str
-    properties: BasicProperties
     body: bytes
     header_payload: bytes
     route_tail: bytes
-    persistent: bool
     size: int
 
-    def __init__(self, exchange: str, routing_key: str, properties: BasicProperties, body: bytes,
-                 properties_raw: bytes | None = None) -> None:
+    def __init__(self, exchange: str, routing_key: str, properties: BasicProperties | None, body: bytes,
+                 properties_raw: bytes | None = None, route_tail: bytes | None = None) -> None:
+        """`properties` may be None when `properties_raw` is given: they are decoded on first use."""
         self.exchange = exchange
         self.routing_key = routing_key
-        self.properties = properties
+        self._properties = properties
         self.body = body
         if properties_raw is None:
+            assert properties is not None
             properties_raw = properties.encode()
+        self.properties_raw = properties_raw
         self.header_payload = _HEADER_PREFIX.pack(60, 0, len(body)) + properties_raw
-        self.route_tail = encode_shortstr(exchange) + encode_shortstr(routing_key)
-        self.persistent = properties.delivery_mode == 2
+        self.route_tail = route_tail or encode_shortstr(exchange) + encode_shortstr(routing_key)
         self.size = len(body)
+
+    @property
+    def properties(self) -> BasicProperties:
+        props = self._properties
+        if props is None:
+            props = self._properties = BasicProperties.decode(self.properties_raw, 0)
+        return props
+
+    @property
+    def persistent(self) -> bool:
+        raw = self.properties_raw
+        if not (raw[0] << 8 | raw[1]) & FLAG_DELIVERY_MODE:
+            return False
+        return self.properties.delivery_mode == 2
 
     def with_properties(self, properties: BasicProperties) -> Message:
         """A copy with other properties (re-encoded), e.g. with BCC removed or x-death added."""
         return Message(self.exchange, self.routing_key, properties, self.body)
 
     def with_route(self, exchange: str, routing_key: str) -> Message:
-        msg = Message.__new__(Message)
-        msg.exchange = exchange
-        msg.routing_key = routing_key
-        msg.properties = self.properties
-        msg.body = self.body
-        msg.header_payload = self.header_payload
-        msg.route_tail = encode_shortstr(exchange) + encode_shortstr(routing_key)
-        msg.persistent = self.persistent
-        msg.size = self.size
-        return msg
+        return Message(exchange, routing_key, self._properties, self.body, self.properties_raw)
 
     @property
     def headers(self) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp import spec
 from hutch.amqp.errors import (
     ACCESS_REFUSED,
+    CHANNEL_ERROR,
     NO_ROUTE,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -32,7 +33,7 @@ from hutch.amqp.errors import (
     FrameError,
 )
 from hutch.amqp.frames import append_body
-from hutch.core.message import Message
+from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 
 from .declarations import DeclarationsMixin
@@ -45,6 +46,7 @@ _TAG_REDELIVERED = struct.Struct(">QB")
 _GET_OK_TAIL = struct.Struct(">I")
 _CONTENT_HDR = struct.Struct(">HHQ")
 _DELIVER_SMALL_BODY = 4096
+_FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -84,9 +86,10 @@ class ServerChannel(DeclarationsMixin):
         self.reply_token: str | None = None
         self.reply_consumer: Consumer | None = None
         # content assembly of the publish in progress
-        self._pub: spec.Method | None = None
+        self._pub: tuple[str, str, int, bytes] | None = None  # exchange, routing key, mandatory, tail
         self._pub_props: spec.BasicProperties | None = None
-        self._pub_props_raw = b""
+        self._pub_props_raw: bytes | None = None
+        self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
         # statistics
@@ -97,6 +100,9 @@ class ServerChannel(DeclarationsMixin):
         self._perm_cache: dict[tuple[str, str, str], bool] = {}
         self._perm_epoch = self.node.perm_epoch
         self._handlers: dict[int, Callable[[Any], None]] = {
+            spec.Channel.Open.INDEX: self._channel_open,
+            spec.Channel.Close.INDEX: self._channel_close,
+            spec.Channel.CloseOk.INDEX: self._channel_close_ok,
             spec.Channel.Flow.INDEX: self._channel_flow,
             spec.Exchange.Declare.INDEX: self._exchange_declare,
             spec.Exchange.Delete.INDEX: self._exchange_delete,
@@ -168,6 +174,17 @@ class ServerChannel(DeclarationsMixin):
                 self.user, self.vhost.name, kind, resource_type, name))  # type: ignore[arg-type]
 
     # -- channel class -------------------------------------------------------------------------
+    def _channel_open(self, m: Any) -> None:
+        raise ConnectionError_(CHANNEL_ERROR, f"second 'channel.open' seen on channel {self.number}")
+
+    def _channel_close(self, m: Any) -> None:
+        self.conn.channels.pop(self.number, None)
+        self.close_internal()
+        self.send(spec.Channel.CloseOk())
+
+    def _channel_close_ok(self, m: Any) -> None:
+        pass  # we never close an open channel without removing it first; nothing to do
+
     def _channel_flow(self, m: Any) -> None:
         if not m.active:
             raise ConnectionError_(NOT_IMPLEMENTED, "active=false")
@@ -177,17 +194,41 @@ class ServerChannel(DeclarationsMixin):
     def _basic_publish(self, m: Any) -> None:
         if m.immediate:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        self._pub = m
+        tail = encode_shortstr(m.exchange) + encode_shortstr(m.routing_key)
+        self._pub = (m.exchange, m.routing_key, m.mandatory, tail)
+
+    def fast_publish(self, payload: bytes) -> bool:
+        """basic.publish decoded in place (the hot path); False if the generic decoder must judge it.
+
+        The exchange and routing-key short strings of a publish are laid out exactly as the tail of
+        basic.deliver, so the slice is kept as the message's `route_tail`.
+        """
+        if self._pub is not None:
+            return False
+        try:
+            ex_end = 7 + payload[6]
+            rk_end = ex_end + 1 + payload[ex_end]
+            bits = payload[rk_end]
+            exchange = payload[7:ex_end].decode()
+            routing_key = payload[ex_end + 1 : rk_end].decode()
+        except (IndexError, UnicodeDecodeError):
+            return False
+        if bits & 2:
+            raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self._pub = (exchange, routing_key, bits & 1, payload[6:rk_end])
+        return True
 
     def handle_header(self, payload: bytes) -> None:
-        if self._pub is None or self._pub_props is not None:
+        if self._pub is None or self._pub_props_raw is not None:
             raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content header frame")
         if len(payload) < 14:
             raise FrameError("content header frame too short")
         class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload, 0)
         if class_id != 60:
             raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {class_id} not allowed")
-        props = spec.BasicProperties.decode(payload, 12)
+        props_raw = payload[12:]
+        # decoding validates the property list; the common empty list needs neither
+        props = None if props_raw == b"\x00\x00" else spec.BasicProperties.decode(props_raw, 0)
         max_size = self.node.config.max_message_size
         if body_size > max_size:
             self._pub = None
@@ -195,14 +236,14 @@ class ServerChannel(DeclarationsMixin):
                                f"message size {body_size} is larger than configured max size {max_size}",
                                60, 40)
         self._pub_props = props
-        self._pub_props_raw = payload[12:]
+        self._pub_props_raw = props_raw
         if body_size == 0:
             self._complete_publish(b"")
         else:
             self._body_remaining = body_size
 
     def handle_body(self, payload: bytes) -> None:
-        if self._pub_props is None:
+        if self._pub_props_raw is None:
             raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content body frame")
         self._body_remaining -= len(payload)
         if self._body_remaining < 0:
@@ -219,40 +260,46 @@ class ServerChannel(DeclarationsMixin):
             self._body.append(payload)
 
     def _complete_publish(self, body: bytes) -> None:
-        m = self._pub
+        pub = self._pub
         props = self._pub_props
         props_raw = self._pub_props_raw
         self._pub = None
         self._pub_props = None
-        assert m is not None and props is not None
+        self._pub_props_raw = None
+        assert pub is not None and props_raw is not None
+        exchange, routing_key, mandatory, route_tail = pub
         if self.confirm:
             self.publish_seq += 1
         self.stat_publish += 1
-        x = self.vhost.exchanges.get(m.exchange)
+        x = self.vhost.exchanges.get(exchange)
         if x is None:
-            raise ChannelError(NOT_FOUND, f"no exchange '{m.exchange}' in vhost '{self.vhost.name}'", 60, 40)
-        self.check_permission("write", "exchange", m.exchange)
-        if x.internal:
-            raise ChannelError(ACCESS_REFUSED,
-                               f"cannot publish to internal exchange '{m.exchange}' in vhost "
-                               f"'{self.vhost.name}'", 60, 40)
-        if props.user_id is not None and props.user_id != self.user:
-            raise ChannelError(PRECONDITION_FAILED,
-                               f"user_id property set to '{props.user_id}' but authenticated user was "
-                               f"'{self.user}'", 60, 40)
-        if props.expiration is not None:
-            _check_expiration(props.expiration)
-        routing_keys = [m.routing_key]
-        headers = props.headers
-        if headers and ("CC" in headers or "BCC" in headers):
-            routing_keys, props, props_raw = _sender_selected(m.routing_key, props, props_raw)
-        if props.reply_to == REPLY_TO_QUEUE:
-            props, props_raw = self._rewrite_reply_to(props)
-        msg = Message(m.exchange, m.routing_key, props, body, props_raw)
+            raise ChannelError(NOT_FOUND, f"no exchange '{exchange}' in vhost '{self.vhost.name}'", 60, 40)
+        if self._write_checked is not x:
+            self.check_permission("write", "exchange", exchange)
+            if x.internal:
+                raise ChannelError(ACCESS_REFUSED,
+                                   f"cannot publish to internal exchange '{exchange}' in vhost "
+                                   f"'{self.vhost.name}'", 60, 40)
+            if self._perm_epoch == self.node.perm_epoch:
+                self._write_checked = x
+        routing_keys = [routing_key]
+        if props is not None:
+            if props.user_id is not None and props.user_id != self.user:
+                raise ChannelError(PRECONDITION_FAILED,
+                                   f"user_id property set to '{props.user_id}' but authenticated user was "
+                                   f"'{self.user}'", 60, 40)
+            if props.expiration is not None:
+                _check_expiration(props.expiration)
+            headers = props.headers
+            if headers and ("CC" in headers or "BCC" in headers):
+                routing_keys, props, props_raw = _sender_selected(routing_key, props, props_raw)
+            if props.reply_to == REPLY_TO_QUEUE:
+                props, props_raw = self._rewrite_reply_to(props)
+        msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
         if self.tx:
-            self.tx_ops.append(("publish", (x, routing_keys, msg, m.mandatory)))
+            self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory)))
             return
-        self._route_and_enqueue(x, routing_keys, msg, m.mandatory)
+        self._route_and_enqueue(x, routing_keys, msg, mandatory)
         if self.confirm:
             self.confirm_pending = self.publish_seq
             self.conn.want_flush(self)
@@ -263,7 +310,9 @@ class ServerChannel(DeclarationsMixin):
                 return
             queues: list[Queue] = []
         else:
-            queues = self.vhost.route(x, routing_keys, msg.properties.headers)
+            raw = msg.properties_raw
+            headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
+            queues = self.vhost.route(x, routing_keys, headers)
         if queues:
             for q in queues:
                 q.publish(msg)
@@ -561,9 +610,12 @@ class ServerChannel(DeclarationsMixin):
     # -- teardown ------------------------------------------------------------------------------
     def close_internal(self) -> None:
         """Release everything the channel holds: consumers first, then requeue unacked deliveries."""
+        if self.state == self.OPEN:
+            self.node.channel_closed(self)
         self.state = self.CLOSING
         self._pub = None
         self._pub_props = None
+        self._pub_props_raw = None
         self._body = []
         consumers = list(self.consumers.values())
         self.consumers.clear()

@@ -67,6 +67,9 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
                  "logfile.")
 
 
+_PUBLISH_ID = b"\x00\x3c\x00\x28"
+
+
 class State:
     HEADER = 0
     START = 1
@@ -166,6 +169,10 @@ class AMQPConnection(asyncio.Protocol):
                 if self.state == State.CLOSING:
                     self._frame_while_closing(ftype, channel, payload)
                 elif ftype == spec.FRAME_METHOD:
+                    if payload[:4] == _PUBLISH_ID and self.state == State.OPEN:
+                        ch = self.channels.get(channel)
+                        if ch is not None and ch.fast_publish(payload):
+                            continue
                     self._method_frame(channel, payload)
                 elif ftype == spec.FRAME_BODY or ftype == spec.FRAME_HEADER:
                     ch = self.channels.get(channel)

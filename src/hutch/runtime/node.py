@@ -59,6 +59,9 @@ class Node:
         self.server: asyncio.base_events.Server | None = None
         self.amqp_port = 0
         self.management_port = 0
+        # stat_* counters of channels that have closed, so node-wide totals (the management overview)
+        # do not drop when a channel goes. Invariant: only ever grows.
+        self.closed_channel_stats: dict[str, int] = {}
 
     @staticmethod
     def wall_ms() -> float:
@@ -94,6 +97,13 @@ class Node:
             for q in list(vhost.queues.values()):
                 self.delete_queue(vhost, q)
         self.permissions_changed()
+
+    def channel_closed(self, ch: ServerChannel) -> None:
+        """Fold a closing channel's stat_* counters into `closed_channel_stats` (called once)."""
+        stats = self.closed_channel_stats
+        for key, value in vars(ch).items():
+            if key.startswith("stat_") and isinstance(value, int):
+                stats[key] = stats.get(key, 0) + value
 
     def close_user_connections(self, user: str, reason: str) -> None:
         for conn in list(self.connections):
