@@ -97,6 +97,7 @@ class ServerChannel(DeclarationsMixin):
         self.stat_deliver = 0
         self.stat_ack = 0
         self.stat_redeliver = 0
+        self._oldest: tuple[int, float] | None = None
         self._perm_cache: dict[tuple[str, str, str], bool] = {}
         self._perm_epoch = self.node.perm_epoch
         self._handlers: dict[int, Callable[[Any], None]] = {
@@ -632,6 +633,21 @@ class ServerChannel(DeclarationsMixin):
                 by_queue.setdefault(id(item.queue), (item.queue, []))[1].append(item.entry)
         for q, entries in by_queue.values():
             q.requeue(entries)
+
+    def consumer_timed_out(self, now: float, timeout_s: float) -> bool:
+        """True when the oldest unacked delivery has been seen unacked for `timeout_s`.
+
+        The node calls this on a coarse tick; the oldest delivery tag and the time it was first seen
+        oldest are remembered, so deliveries cost nothing extra and the precision is one tick.
+        """
+        if not self.unacked:
+            self._oldest = None
+            return False
+        first = next(iter(self.unacked))
+        if self._oldest is None or self._oldest[0] != first:
+            self._oldest = (first, now)
+            return False
+        return now - self._oldest[1] >= timeout_s
 
     def info(self) -> dict[str, Any]:
         return {

@@ -28,6 +28,7 @@ from hutch.amqp.errors import (
     CONNECTION_FORCED,
     INTERNAL_ERROR,
     NOT_ALLOWED,
+    PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
     AMQPError,
     ChannelError,
@@ -397,6 +398,16 @@ class AMQPConnection(asyncio.Protocol):
         self.send_method(0, spec.Connection.UpdateSecretOk())
 
     # -- timers ----------------------------------------------------------------------------------
+    def check_consumer_timeouts(self, now: float, timeout_ms: int) -> None:
+        for number, ch in list(self.channels.items()):
+            if ch.consumer_timed_out(now, timeout_ms / 1000):
+                self._channel_error(number, ChannelError(
+                    PRECONDITION_FAILED,
+                    f"delivery acknowledgement on channel {number} timed out. Timeout value used: "
+                    f"{timeout_ms} ms. This timeout value can be configured, see consumers doc guide to "
+                    "learn more"))
+                self.flush()
+
     def _handshake_timeout(self) -> None:
         self._timer = None
         if self.state < State.OPEN:

@@ -59,6 +59,7 @@ class Node:
         self.server: asyncio.base_events.Server | None = None
         self.amqp_port = 0
         self.management_port = 0
+        self._tick_handle: asyncio.TimerHandle | None = None
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
@@ -172,8 +173,26 @@ class Node:
         sock = self.server.sockets[0]
         self.amqp_port = sock.getsockname()[1]
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
+        self._schedule_tick()
+
+    def _tick_interval_s(self) -> float:
+        return min(max(self.config.consumer_timeout_ms / 10_000, 0.1), 30.0)
+
+    def _schedule_tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tick_handle = loop.call_later(self._tick_interval_s(), self._tick)
+
+    def _tick(self) -> None:
+        """Coarse periodic housekeeping: consumer timeouts."""
+        now = asyncio.get_running_loop().time()
+        timeout_ms = self.config.consumer_timeout_ms
+        for conn in list(self.connections):
+            conn.check_consumer_timeouts(now, timeout_ms)
+        self._schedule_tick()
 
     async def stop(self) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):
