@@ -100,35 +100,6 @@ class ServerChannel(DeclarationsMixin):
         self._oldest: tuple[int, float] | None = None
         self._perm_cache: dict[tuple[str, str, str], bool] = {}
         self._perm_epoch = self.node.perm_epoch
-        self._handlers: dict[int, Callable[[Any], None]] = {
-            spec.Channel.Open.INDEX: self._channel_open,
-            spec.Channel.Close.INDEX: self._channel_close,
-            spec.Channel.CloseOk.INDEX: self._channel_close_ok,
-            spec.Channel.Flow.INDEX: self._channel_flow,
-            spec.Exchange.Declare.INDEX: self._exchange_declare,
-            spec.Exchange.Delete.INDEX: self._exchange_delete,
-            spec.Exchange.Bind.INDEX: self._exchange_bind,
-            spec.Exchange.Unbind.INDEX: self._exchange_unbind,
-            spec.Queue.Declare.INDEX: self._queue_declare,
-            spec.Queue.Bind.INDEX: self._queue_bind,
-            spec.Queue.Unbind.INDEX: self._queue_unbind,
-            spec.Queue.Purge.INDEX: self._queue_purge,
-            spec.Queue.Delete.INDEX: self._queue_delete,
-            spec.Basic.Qos.INDEX: self._basic_qos,
-            spec.Basic.Consume.INDEX: self._basic_consume,
-            spec.Basic.Cancel.INDEX: self._basic_cancel,
-            spec.Basic.Publish.INDEX: self._basic_publish,
-            spec.Basic.Get.INDEX: self._basic_get,
-            spec.Basic.Ack.INDEX: self._basic_ack,
-            spec.Basic.Reject.INDEX: self._basic_reject,
-            spec.Basic.Nack.INDEX: self._basic_nack,
-            spec.Basic.RecoverAsync.INDEX: self._basic_recover_async,
-            spec.Basic.Recover.INDEX: self._basic_recover,
-            spec.Confirm.Select.INDEX: self._confirm_select,
-            spec.Tx.Select.INDEX: self._tx_select,
-            spec.Tx.Commit.INDEX: self._tx_commit,
-            spec.Tx.Rollback.INDEX: self._tx_rollback,
-        }
 
     # -- plumbing ------------------------------------------------------------------------------
     def send(self, method: spec.Method) -> None:
@@ -140,14 +111,14 @@ class ServerChannel(DeclarationsMixin):
                 UNEXPECTED_FRAME,
                 "expected content header for class 60, got non content header frame instead",
                 method.CLASS_ID, method.METHOD_ID)
-        handler = self._handlers.get(method.INDEX)
+        handler = _HANDLERS.get(method.INDEX)
         if handler is None:
             raise ConnectionError_(
                 UNEXPECTED_FRAME if method.CLASS_ID in spec.CLASS_NAMES else NOT_IMPLEMENTED,
                 f"unexpected method {method.NAME} on channel {self.number}",
                 method.CLASS_ID, method.METHOD_ID)
         try:
-            handler(method)
+            handler(self, method)
         except (ChannelError, ConnectionError_) as exc:
             if not exc.class_id:
                 exc.class_id, exc.method_id = method.CLASS_ID, method.METHOD_ID
@@ -662,6 +633,37 @@ class ServerChannel(DeclarationsMixin):
             "transactional": self.tx,
             "state": "running" if self.state == self.OPEN else "closing",
         }
+
+
+_HANDLERS: dict[int, Callable[[ServerChannel, Any], None]] = {
+    spec.Channel.Open.INDEX: ServerChannel._channel_open,
+    spec.Channel.Close.INDEX: ServerChannel._channel_close,
+    spec.Channel.CloseOk.INDEX: ServerChannel._channel_close_ok,
+    spec.Channel.Flow.INDEX: ServerChannel._channel_flow,
+    spec.Exchange.Declare.INDEX: ServerChannel._exchange_declare,
+    spec.Exchange.Delete.INDEX: ServerChannel._exchange_delete,
+    spec.Exchange.Bind.INDEX: ServerChannel._exchange_bind,
+    spec.Exchange.Unbind.INDEX: ServerChannel._exchange_unbind,
+    spec.Queue.Declare.INDEX: ServerChannel._queue_declare,
+    spec.Queue.Bind.INDEX: ServerChannel._queue_bind,
+    spec.Queue.Unbind.INDEX: ServerChannel._queue_unbind,
+    spec.Queue.Purge.INDEX: ServerChannel._queue_purge,
+    spec.Queue.Delete.INDEX: ServerChannel._queue_delete,
+    spec.Basic.Qos.INDEX: ServerChannel._basic_qos,
+    spec.Basic.Consume.INDEX: ServerChannel._basic_consume,
+    spec.Basic.Cancel.INDEX: ServerChannel._basic_cancel,
+    spec.Basic.Publish.INDEX: ServerChannel._basic_publish,
+    spec.Basic.Get.INDEX: ServerChannel._basic_get,
+    spec.Basic.Ack.INDEX: ServerChannel._basic_ack,
+    spec.Basic.Reject.INDEX: ServerChannel._basic_reject,
+    spec.Basic.Nack.INDEX: ServerChannel._basic_nack,
+    spec.Basic.RecoverAsync.INDEX: ServerChannel._basic_recover_async,
+    spec.Basic.Recover.INDEX: ServerChannel._basic_recover,
+    spec.Confirm.Select.INDEX: ServerChannel._confirm_select,
+    spec.Tx.Select.INDEX: ServerChannel._tx_select,
+    spec.Tx.Commit.INDEX: ServerChannel._tx_commit,
+    spec.Tx.Rollback.INDEX: ServerChannel._tx_rollback,
+}
 
 
 class _NoQueue(Queue):
