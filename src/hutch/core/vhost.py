@@ -26,11 +26,13 @@ from hutch.core.queue_type import Queue
 from hutch.core.routing import (
     Binding,
     Exchange,
+    InvalidBinding,
     UnknownExchangeType,
     exchange_dest,
     make_router,
     queue_dest,
     route,
+    validate_binding,
 )
 
 BUILTIN_EXCHANGES = (
@@ -103,9 +105,7 @@ class VirtualHost:
         try:
             make_router(type_)
         except UnknownExchangeType:
-            raise ChannelError(PRECONDITION_FAILED,
-                               f"invalid exchange type '{type_}' for {rs('exchange', name, self.name)}"
-                               ) from None
+            raise ChannelError(PRECONDITION_FAILED, f"unknown exchange type '{type_}'") from None
         x = Exchange(vhost=self.name, name=name, type=type_, durable=durable, auto_delete=auto_delete,
                      internal=internal, arguments=dict(arguments))
         self.exchanges[name] = x
@@ -162,18 +162,21 @@ class VirtualHost:
 
     def check_exclusive(self, q: Queue, owner: object) -> None:
         if q.exclusive_owner is not None and q.exclusive_owner is not owner:
-            raise ChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked {rs('queue', q.name, self.name)}. It could be "
-                "originally declared on another connection or the exclusive property value does not "
-                "match that of the original declaration.",
-            )
+            raise self._locked(q)
+
+    def _locked(self, q: Queue) -> ChannelError:
+        return ChannelError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked {rs('queue', q.name, self.name)}. It could be "
+            "originally declared on another connection or the exclusive property value does not "
+            "match that of the original declaration.",
+        )
 
     def check_queue_equivalence(self, q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
                                 arguments: dict[str, Any], owner: object) -> None:
         self.check_exclusive(q, owner)
         if q.exclusive != exclusive:
-            self.check_exclusive(q, object())
+            raise self._locked(q)
         for arg, received, current in (("durable", durable, q.durable),
                                        ("auto_delete", auto_delete, q.auto_delete)):
             if received != current:
@@ -209,6 +212,10 @@ class VirtualHost:
         if source.name == "":
             raise ChannelError(ACCESS_REFUSED,
                                "operation not permitted on the default exchange")
+        try:
+            validate_binding(source.type, arguments)
+        except InvalidBinding as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
         return source.router.add(Binding(source.name, destination, routing_key, dict(arguments)))
 
     def unbind(self, source: Exchange, destination: tuple[str, str], routing_key: str,
