@@ -6,6 +6,7 @@ RabbitMQ (and pika, the Java client, amqplib) use, which differ from the 0-9-1 s
     t bool    b int8     B uint8    s int16    u uint16   I int32    i uint32
     l int64   f float32  d float64  D decimal  S longstr  x bytes    A array
     T timestamp (uint64 seconds)    F table    V void
+    (also decoded: L int64 - signed, as RabbitMQ reads it, despite the spec's "unsigned")
 
 Python mapping: `S` decodes to `str` when it is valid UTF-8, else to `bytes`; `x` to `bytes`; `D` to
 `decimal.Decimal`; `T` to `Timestamp` (an int subclass, so it re-encodes as `T`); `V` to None.
@@ -15,6 +16,8 @@ list/tuple→A, None→V.
 
 Rule: every decode error raises `FrameError` (501 FRAME_ERROR, as RabbitMQ reports undecodable frames) - never IndexError or struct.error -
 so that hostile input closes the connection with the protocol's code and nothing else.
+Invariant: tables and arrays nest at most `MAX_NESTING_DEPTH` levels deep; deeper input is a 501, not a
+RecursionError (a 131072-byte frame could otherwise nest ~26,000 arrays and exhaust Python's stack).
 """
 
 from __future__ import annotations
@@ -61,11 +64,17 @@ _INT_FORMATS = {
     "I": struct.Struct(">i"),
     "i": struct.Struct(">I"),
     "l": struct.Struct(">q"),
-    "L": struct.Struct(">Q"),
+    # RabbitMQ reads 'L' as *signed* 64-bit, like 'l' (rabbit_binary_parser; rabbitmq-server#1093),
+    # and so does pamqp; reading it unsigned would turn a client's -1 into 2**64 - 1.
+    "L": struct.Struct(">q"),
 }
 _F = struct.Struct(">f")
 _D = struct.Struct(">d")
 _DEC = struct.Struct(">Bi")
+
+# Real clients nest 3 levels at most (x-death: array of tables of arrays). 100 levels cost ~300 Python
+# frames to decode, far below the default recursion limit of 1000.
+MAX_NESTING_DEPTH = 100
 
 
 def _bad(text: str) -> FrameError:
@@ -74,6 +83,10 @@ def _bad(text: str) -> FrameError:
 
 def decode_table(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any], int]:
     """Decode a length-prefixed field table at `offset`; return (table, new offset)."""
+    return _decode_table(buf, offset, 0)
+
+
+def _decode_table(buf: bytes | memoryview, offset: int, depth: int) -> tuple[dict[str, Any], int]:
     try:
         (length,) = _I.unpack_from(buf, offset)
     except struct.error:
@@ -93,14 +106,16 @@ def decode_table(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any], 
             key = bytes(buf[offset:kend]).decode("utf-8")
         except UnicodeDecodeError:
             raise _bad("field table key is not valid UTF-8") from None
-        value, offset = _decode_value(buf, kend, end)
+        value, offset = _decode_value(buf, kend, end, depth)
         result[key] = value
     if offset != end:
         raise _bad("field table overruns its length")
     return result, offset
 
 
-def _decode_array(buf: bytes | memoryview, offset: int, limit: int) -> tuple[list[Any], int]:
+def _decode_array(buf: bytes | memoryview, offset: int, limit: int, depth: int) -> tuple[list[Any], int]:
+    if depth > MAX_NESTING_DEPTH:
+        raise _bad("field array nested too deeply")
     if offset + 4 > limit:
         raise _bad("truncated field array length")
     (length,) = _I.unpack_from(buf, offset)
@@ -110,14 +125,14 @@ def _decode_array(buf: bytes | memoryview, offset: int, limit: int) -> tuple[lis
         raise _bad("field array longer than its container")
     items: list[Any] = []
     while offset < end:
-        value, offset = _decode_value(buf, offset, end)
+        value, offset = _decode_value(buf, offset, end, depth)
         items.append(value)
     if offset != end:
         raise _bad("field array overruns its length")
     return items, offset
 
 
-def _decode_value(buf: bytes | memoryview, offset: int, limit: int) -> tuple[Any, int]:
+def _decode_value(buf: bytes | memoryview, offset: int, limit: int, depth: int) -> tuple[Any, int]:
     if offset >= limit:
         raise _bad("truncated field value")
     kind = chr(buf[offset])
@@ -146,9 +161,9 @@ def _decode_value(buf: bytes | memoryview, offset: int, limit: int) -> tuple[Any
                 raise _bad("truncated integer")
             return fmt.unpack_from(buf, offset)[0], offset + fmt.size
         if kind == "F":
-            return _decode_nested_table(buf, offset, limit)
+            return _decode_nested_table(buf, offset, limit, depth + 1)
         if kind == "A":
-            return _decode_array(buf, offset, limit)
+            return _decode_array(buf, offset, limit, depth + 1)
         if kind == "V":
             return None, offset
         if kind == "T":
@@ -173,13 +188,16 @@ def _decode_value(buf: bytes | memoryview, offset: int, limit: int) -> tuple[Any
     raise _bad(f"unknown field value type {kind!r}")
 
 
-def _decode_nested_table(buf: bytes | memoryview, offset: int, limit: int) -> tuple[dict[str, Any], int]:
+def _decode_nested_table(buf: bytes | memoryview, offset: int, limit: int,
+                         depth: int) -> tuple[dict[str, Any], int]:
+    if depth > MAX_NESTING_DEPTH:
+        raise _bad("field table nested too deeply")
     if offset + 4 > limit:
         raise _bad("truncated nested table")
     (length,) = _I.unpack_from(buf, offset)
     if offset + 4 + length > limit:
         raise _bad("nested table overruns its container")
-    return decode_table(buf, offset)
+    return _decode_table(buf, offset, depth)
 
 
 def encode_table(table: dict[str, Any] | None) -> bytes:
