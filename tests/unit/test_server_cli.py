@@ -23,9 +23,13 @@ def fake_run_node(monkeypatch):
     """Install a fake hutch.runtime.node whose run_node records its Config."""
     seen: list[Config] = []
 
-    def run_node(config: Config) -> int:
+    def run_node(config: Config, services=()) -> int:
         seen.append(config)
+        services_seen.extend(services)
         return 0
+
+    services_seen: list[object] = []
+    run_node.services = services_seen  # type: ignore[attr-defined]
 
     module = types.ModuleType("hutch.runtime.node")
     module.run_node = run_node  # type: ignore[attr-defined]
@@ -54,6 +58,9 @@ def test_flags_reach_run_node(fake_run_node, tmp_path):
     assert config.node_name == "n1@h"
     assert config.log_level == "warning"
     assert logging.getLogger().level == logging.WARNING
+    from hutch.mgmt import start_management
+
+    assert sys.modules["hutch.runtime.node"].run_node.services == [start_management]
 
 
 def test_env_is_read(fake_run_node, monkeypatch):
@@ -63,7 +70,7 @@ def test_env_is_read(fake_run_node, monkeypatch):
 
 
 def test_run_node_exit_code_is_returned(fake_run_node, monkeypatch):
-    monkeypatch.setattr(sys.modules["hutch.runtime.node"], "run_node", lambda config: 3)
+    monkeypatch.setattr(sys.modules["hutch.runtime.node"], "run_node", lambda config, services=(): 3)
     assert server.main([]) == 3
 
 

@@ -3,7 +3,8 @@
 This module owns the command-line surface of the server and its error contract: a bad flag
 or a bad setting prints exactly one line to stderr and exits 2 (``hutch-server: error: …``
 for flags, ``hutch-server: <message>`` for configuration). Everything after that (listeners,
-signals, a port already in use) belongs to ``hutch.runtime.node.run_node``.
+signals, a port already in use) belongs to ``hutch.runtime.node.run_node``, which also starts the
+management HTTP API (``hutch.mgmt.start_management``) as a service.
 """
 
 from __future__ import annotations
@@ -114,9 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.config_file or "none",
         config.data_dir,
     )
+    from hutch.mgmt import start_management
     from hutch.runtime.node import run_node
 
-    return run_node(config)
+    return run_node(config, services=[start_management])
 
 
 if __name__ == "__main__":

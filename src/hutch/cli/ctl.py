@@ -1,0 +1,669 @@
+"""``hutchctl``: manage a running node through its management HTTP API, rabbitmqctl-style.
+
+This module owns the command-line surface of hutchctl (rabbitmqctl's command names and argument
+orders), the HTTP client it uses (stdlib ``urllib``: no event loop, fast start), the table and
+JSON output formats, and the error contract:
+
+* a bad flag, a missing argument or an unknown column: one line ``hutchctl: error: …``, exit 2;
+* the node cannot be reached: one line ``hutchctl: cannot reach node at URL: <reason>``, exit 69
+  (EX_UNAVAILABLE, as rabbitmqctl);
+* the node refused the request: one line ``hutchctl: <reason>``, exit 1 (e.g. ``User "x" does
+  not exist``, with rabbitmqctl's wording);
+* the reply was not what a hutch node sends: one line, exit 70 (EX_SOFTWARE).
+
+Each command is a function ``(client, args) -> Output``; listing commands are declared as
+``ListSpec`` tables (API path, column extractors, default columns). See docs/hutchctl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import socket
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+from hutch import __version__
+
+PROG = "hutchctl"
+EX_OK = 0
+EX_REFUSED = 1
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 15672
+DEFAULT_TIMEOUT_S = 60.0
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """Bad command line: one line, exit 2."""
+
+
+class Unreachable(Exception):
+    """No HTTP exchange with the node was possible: exit 69."""
+
+
+class Refused(Exception):
+    """The node answered with an error (or a command's precondition failed): exit 1."""
+
+
+class BadReply(Exception):
+    """The node's reply could not be understood: exit 70."""
+
+
+class ApiFailure(Exception):
+    """An HTTP error status from the node, with RabbitMQ's error body."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(f"{status} {error}: {reason}")
+        self.status = status
+        self.error = error
+        self.reason = reason
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(" ".join(message.split()))
+
+
+# -- the HTTP client --------------------------------------------------------------------------------
+
+
+def seg(value: str) -> str:
+    """One percent-encoded path segment ("/" becomes %2F)."""
+    return quote(value, safe="")
+
+
+class Client:
+    """A tiny synchronous client of the management API."""
+
+    def __init__(self, host: str, port: int, username: str, password: str, timeout_s: float) -> None:
+        self.base_url = f"http://{host}:{port}"
+        token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+        self._auth = f"Basic {token}"
+        self.timeout_s = timeout_s
+        self.username = username
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Send one request; return the decoded JSON reply (None when empty). Raises ApiFailure
+        for an HTTP error status, Unreachable when the node cannot be reached."""
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        req.add_header("Authorization", self._auth)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise self._failure(exc) from None
+        except urllib.error.URLError as exc:
+            raise Unreachable(_reason_text(exc.reason)) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise Unreachable(_reason_text(exc)) from None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise BadReply(f"the node at {self.base_url} sent a reply that is not JSON") from None
+
+    def _failure(self, exc: urllib.error.HTTPError) -> ApiFailure:
+        try:
+            body = json.loads(exc.read() or b"{}")
+        except (ValueError, OSError):
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        return ApiFailure(exc.code, str(body.get("error", exc.reason)), str(body.get("reason", exc.reason)))
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.get(path)
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def _reason_text(reason: object) -> str:
+    if isinstance(reason, socket.timeout | TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """Rows of a listing command, with the columns asked for."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class Output:
+    banner: str | None = None
+    table: Table | None = None
+    document: Any = None  # printed as JSON in json mode, as "key: value" lines in table mode
+    lines: list[str] = field(default_factory=list)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(value) + "]"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def render_table(table: Table, headers: bool = True) -> str:
+    rows = [[_cell(v) for v in row] for row in table.rows]
+    if headers:
+        rows.insert(0, list(table.columns))
+    if not rows:
+        return ""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(table.columns))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def emit(out: Output, args: argparse.Namespace) -> None:
+    as_json = args.formatter == "json"
+    if out.banner and not args.quiet and not as_json:
+        print(out.banner)
+    if out.table is not None:
+        if as_json:
+            items = [dict(zip(out.table.columns, row, strict=True)) for row in out.table.rows]
+            print(json.dumps(items, indent=2, ensure_ascii=False))
+        else:
+            sys.stdout.write(render_table(out.table, headers=not args.no_table_headers))
+    elif out.document is not None:
+        if as_json:
+            print(json.dumps(out.document, indent=2, ensure_ascii=False))
+        else:
+            for line in out.lines:
+                print(line)
+    sys.stdout.flush()
+
+
+# -- listing commands -------------------------------------------------------------------------------
+
+
+def _field(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda item: item.get(name)
+
+
+def _nested(*path: str) -> Callable[[dict[str, Any]], Any]:
+    def get(item: dict[str, Any]) -> Any:
+        value: Any = item
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    return get
+
+
+def _fields(*names: str) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    return {name: _field(name) for name in names}
+
+
+@dataclass(frozen=True)
+class ListSpec:
+    path: Callable[[argparse.Namespace], str]
+    columns: dict[str, Callable[[dict[str, Any]], Any]]
+    default: tuple[str, ...]
+    banner: Callable[[argparse.Namespace], str]
+    takes_columns: bool = True
+    not_found: Callable[[argparse.Namespace], str] | None = None
+
+
+LISTS: dict[str, ListSpec] = {
+    "list_users": ListSpec(
+        path=lambda a: "/api/users",
+        columns=_fields("name", "tags") | {"user": _field("name")},
+        default=("user", "tags"),
+        banner=lambda a: "Listing users ...",
+        takes_columns=False,
+    ),
+    "list_vhosts": ListSpec(
+        path=lambda a: "/api/vhosts",
+        columns=_fields("name", "description", "tags", "default_queue_type", "tracing", "messages",
+                        "messages_ready", "messages_unacknowledged", "recv_oct", "send_oct"),
+        default=("name",),
+        banner=lambda a: "Listing vhosts ...",
+    ),
+    "list_permissions": ListSpec(
+        path=lambda a: f"/api/vhosts/{seg(a.vhost)}/permissions",
+        columns=_fields("user", "vhost", "configure", "write", "read"),
+        default=("user", "configure", "write", "read"),
+        banner=lambda a: f'Listing permissions for vhost "{a.vhost}" ...',
+        takes_columns=False,
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_user_permissions": ListSpec(
+        path=lambda a: f"/api/users/{seg(a.user)}/permissions",
+        columns=_fields("vhost", "user", "configure", "write", "read"),
+        default=("vhost", "configure", "write", "read"),
+        banner=lambda a: f'Listing permissions for user "{a.user}" ...',
+        takes_columns=False,
+        not_found=lambda a: f'User "{a.user}" does not exist',
+    ),
+    "list_queues": ListSpec(
+        path=lambda a: f"/api/queues/{seg(a.vhost)}",
+        columns=_fields("name", "messages", "messages_ready", "messages_unacknowledged", "consumers",
+                        "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
+                        "state", "consumer_utilisation"),
+        default=("name", "messages"),
+        banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_exchanges": ListSpec(
+        path=lambda a: f"/api/exchanges/{seg(a.vhost)}",
+        columns=_fields("name", "type", "durable", "auto_delete", "internal", "arguments", "vhost", "policy"),
+        default=("name", "type"),
+        banner=lambda a: f"Listing exchanges for vhost {a.vhost} ...",
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_bindings": ListSpec(
+        path=lambda a: f"/api/bindings/{seg(a.vhost)}",
+        columns={
+            "source_name": _field("source"),
+            "source_kind": lambda item: "exchange",
+            "destination_name": _field("destination"),
+            "destination_kind": _field("destination_type"),
+            "routing_key": _field("routing_key"),
+            "arguments": _field("arguments"),
+            "vhost": _field("vhost"),
+            "properties_key": _field("properties_key"),
+        },
+        default=("source_name", "source_kind", "destination_name", "destination_kind", "routing_key",
+                 "arguments"),
+        banner=lambda a: f"Listing bindings for vhost {a.vhost}...",
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_connections": ListSpec(
+        path=lambda a: "/api/connections",
+        columns=_fields("name", "user", "vhost", "peer_host", "peer_port", "host", "port", "state",
+                        "channels", "protocol", "auth_mechanism", "frame_max", "channel_max", "timeout",
+                        "recv_oct", "send_oct", "connected_at", "client_properties", "ssl", "type",
+                        "user_provided_name", "node"),
+        default=("user", "peer_host", "peer_port", "state"),
+        banner=lambda a: "Listing connections ...",
+    ),
+    "list_channels": ListSpec(
+        path=lambda a: "/api/channels",
+        columns=_fields("name", "number", "user", "vhost", "consumer_count", "messages_unacknowledged",
+                        "prefetch_count", "global_prefetch_count", "confirm", "transactional", "state",
+                        "node") | {"connection": _nested("connection_details", "name")},
+        default=("name", "user", "consumer_count", "messages_unacknowledged"),
+        banner=lambda a: "Listing channels ...",
+    ),
+    "list_consumers": ListSpec(
+        path=lambda a: f"/api/consumers/{seg(a.vhost)}",
+        columns={
+            "queue_name": _nested("queue", "name"),
+            "channel_name": _nested("channel_details", "name"),
+            "connection_name": _nested("channel_details", "connection_name"),
+            "consumer_tag": _field("consumer_tag"),
+            "ack_required": _field("ack_required"),
+            "prefetch_count": _field("prefetch_count"),
+            "active": _field("active"),
+            "activity_status": _field("activity_status"),
+            "exclusive": _field("exclusive"),
+            "priority": _field("priority"),
+            "arguments": _field("arguments"),
+            "user": _nested("channel_details", "user"),
+        },
+        default=("queue_name", "channel_name", "consumer_tag", "ack_required", "prefetch_count", "active",
+                 "arguments"),
+        banner=lambda a: f"Listing consumers in vhost {a.vhost} ...",
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+}
+
+
+def _columns(command: str, spec: ListSpec, requested: Sequence[str]) -> list[str]:
+    columns = [c for item in requested for c in item.split(",") if c]
+    if not columns:
+        return list(spec.default)
+    unknown = [c for c in columns if c not in spec.columns]
+    if unknown:
+        raise UsageError(f"invalid column '{unknown[0]}' for {command}; valid columns: "
+                         f"{', '.join(spec.columns)}")
+    return columns
+
+
+def run_list(command: str, client: Client, args: argparse.Namespace) -> Output:
+    spec = LISTS[command]
+    columns = _columns(command, spec, getattr(args, "columns", []) or [])
+    try:
+        items = client.get(spec.path(args))
+    except ApiFailure as exc:
+        if exc.status == 404 and spec.not_found is not None:
+            raise Refused(spec.not_found(args)) from None
+        raise
+    if not isinstance(items, list):
+        raise BadReply(f"unexpected reply to GET {spec.path(args)}")
+    rows = [[spec.columns[c](item) for c in columns] for item in items]
+    return Output(banner=spec.banner(args), table=Table(columns, rows))
+
+
+# -- changing commands ------------------------------------------------------------------------------
+
+
+def _user(client: Client, name: str) -> dict[str, Any]:
+    try:
+        return client.get(f"/api/users/{seg(name)}")
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'User "{name}" does not exist') from None
+        raise
+
+
+def _require_vhost(client: Client, name: str) -> None:
+    if not client.exists(f"/api/vhosts/{seg(name)}"):
+        raise Refused(f'Virtual host "{name}" does not exist')
+
+
+def cmd_add_user(client: Client, args: argparse.Namespace) -> Output:
+    if client.exists(f"/api/users/{seg(args.user)}"):
+        raise Refused(f'User "{args.user}" already exists')
+    client.request("PUT", f"/api/users/{seg(args.user)}", {"password": args.new_password, "tags": ""})
+    return Output(banner=f'Adding user "{args.user}" ...')
+
+
+def cmd_delete_user(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/users/{seg(args.user)}")
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'User "{args.user}" does not exist') from None
+        raise
+    return Output(banner=f'Deleting user "{args.user}" ...')
+
+
+def cmd_change_password(client: Client, args: argparse.Namespace) -> Output:
+    user = _user(client, args.user)
+    client.request("PUT", f"/api/users/{seg(args.user)}", {"password": args.new_password, "tags": user.get("tags", [])})
+    return Output(banner=f'Changing password for user "{args.user}" ...')
+
+
+def cmd_set_user_tags(client: Client, args: argparse.Namespace) -> Output:
+    user = _user(client, args.user)
+    tags = [t for item in args.tags for t in item.split(",") if t]
+    client.request("PUT", f"/api/users/{seg(args.user)}",
+                   {"password_hash": user.get("password_hash", ""), "tags": tags})
+    return Output(banner=f'Setting tags for user "{args.user}" to [{", ".join(tags)}] ...')
+
+
+def cmd_add_vhost(client: Client, args: argparse.Namespace) -> Output:
+    if client.exists(f"/api/vhosts/{seg(args.name)}"):
+        raise Refused(f'Virtual host "{args.name}" already exists')
+    body: dict[str, Any] = {"description": args.description or "", "tags": args.tags or ""}
+    if args.default_queue_type:
+        body["default_queue_type"] = args.default_queue_type
+    client.request("PUT", f"/api/vhosts/{seg(args.name)}", body)
+    # The HTTP API grants the creator full permissions on a new vhost; rabbitmqctl add_vhost does not.
+    try:
+        client.request("DELETE", f"/api/permissions/{seg(args.name)}/{seg(client.username)}")
+    except ApiFailure as exc:
+        if exc.status != 404:
+            raise
+    return Output(banner=f'Adding vhost "{args.name}" ...')
+
+
+def cmd_delete_vhost(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/vhosts/{seg(args.name)}")
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'Virtual host "{args.name}" does not exist') from None
+        raise
+    return Output(banner=f'Deleting vhost "{args.name}" ...')
+
+
+def cmd_set_permissions(client: Client, args: argparse.Namespace) -> Output:
+    path = f"/api/permissions/{seg(args.vhost)}/{seg(args.user)}"
+    try:
+        client.request("PUT", path, {"configure": args.conf, "write": args.write, "read": args.read})
+    except ApiFailure as exc:
+        if exc.status == 400 and exc.reason == "vhost_or_user_not_found":
+            _user(client, args.user)
+            _require_vhost(client, args.vhost)
+        raise
+    return Output(banner=f'Setting permissions for user "{args.user}" in vhost "{args.vhost}" ...')
+
+
+def cmd_clear_permissions(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/permissions/{seg(args.vhost)}/{seg(args.user)}")
+    except ApiFailure as exc:
+        if exc.status != 404:
+            raise
+        _user(client, args.user)
+        _require_vhost(client, args.vhost)  # both exist: there was nothing to clear, which is fine
+    return Output(banner=f'Clearing permissions for user "{args.user}" in vhost "{args.vhost}" ...')
+
+
+def _mib(value: Any) -> str:
+    return f"{value / 1048576:.1f} MiB" if isinstance(value, (int, float)) else "?"
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> Output:
+    overview = client.get("/api/overview")
+    if not isinstance(overview, dict):
+        raise BadReply("unexpected reply to GET /api/overview")
+    node = client.get(f"/api/nodes/{seg(str(overview.get('node', '')))}")
+    if not isinstance(node, dict):
+        raise BadReply("unexpected reply to GET /api/nodes")
+    totals = overview.get("object_totals", {})
+    queued = overview.get("queue_totals", {})
+    alarms = [name for name, on in (("memory", node.get("mem_alarm")), ("disk", node.get("disk_free_alarm"))) if on]
+    listeners = ", ".join(f"{item.get('protocol')} {item.get('ip_address')}:{item.get('port')}"
+                          for item in overview.get("listeners", []))
+    lines = [
+        f"Node: {overview.get('node')}",
+        f"Cluster name: {overview.get('cluster_name')}",
+        f"Product: {overview.get('product_name')} {overview.get('product_version')}",
+        f"Uptime (seconds): {int(node.get('uptime', 0)) // 1000}",
+        f"Memory used: {_mib(node.get('mem_used'))} (high watermark {_mib(node.get('mem_limit'))})",
+        f"File descriptors: {node.get('fd_used')} of {node.get('fd_total')}",
+        f"Connections: {totals.get('connections')}, channels: {totals.get('channels')}, "
+        f"queues: {totals.get('queues')}, consumers: {totals.get('consumers')}",
+        f"Messages: {queued.get('messages')} (ready {queued.get('messages_ready')}, "
+        f"unacknowledged {queued.get('messages_unacknowledged')})",
+        f"Alarms: {', '.join(alarms) if alarms else '(none)'}",
+        f"Listeners: {listeners}",
+    ]
+    return Output(banner=f"Status of node {overview.get('node')} ...",
+                  document={"overview": overview, "node": node}, lines=lines)
+
+
+Command = Callable[[Client, argparse.Namespace], Output]
+COMMANDS: dict[str, Command] = {
+    "add_user": cmd_add_user,
+    "delete_user": cmd_delete_user,
+    "change_password": cmd_change_password,
+    "set_user_tags": cmd_set_user_tags,
+    "add_vhost": cmd_add_vhost,
+    "delete_vhost": cmd_delete_vhost,
+    "set_permissions": cmd_set_permissions,
+    "clear_permissions": cmd_clear_permissions,
+    "status": cmd_status,
+}
+for _name in LISTS:
+    COMMANDS[_name] = lambda client, args, _n=_name: run_list(_n, client, args)
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def _add_global_options(parser: argparse.ArgumentParser, in_subcommand: bool) -> None:
+    """The options every command takes. In sub-parsers their default is SUPPRESS, so that an option
+    given before the command is not reset by the sub-parser (rabbitmqctl takes them anywhere)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if in_subcommand else value
+
+    group = parser.add_argument_group("connection and output options")
+    group.add_argument("--host", default=default(DEFAULT_HOST), help="node host (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=default(None),
+                       help="management HTTP port (env HUTCH_MANAGEMENT_PORT; default 15672)")
+    group.add_argument("--username", default=default(None), help="user name (env HUTCH_USER; default guest)")
+    group.add_argument("--password", default=default(None),
+                       help="password (env HUTCH_PASSWORD; default guest)")
+    group.add_argument("-p", "--vhost", default=default("/"), help="virtual host (default /)")
+    group.add_argument("--formatter", choices=("table", "json"), default=default("table"),
+                       help="output format (default table)")
+    group.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                       help="no informational banner lines")
+    group.add_argument("--no-table-headers", action="store_true", default=default(False),
+                       help="table output without the header row")
+    group.add_argument("-t", "--timeout", type=float, default=default(DEFAULT_TIMEOUT_S), metavar="SECONDS",
+                       help="request timeout (default 60)")
+
+
+_COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
+    "add_user": ("create a user", [("user", {"metavar": "NAME"}), ("new_password", {"metavar": "PASSWORD"})]),
+    "delete_user": ("delete a user and close its connections", [("user", {"metavar": "NAME"})]),
+    "change_password": ("change a user's password",
+                        [("user", {"metavar": "NAME"}), ("new_password", {"metavar": "PASSWORD"})]),
+    "set_user_tags": ("replace a user's tags",
+                      [("user", {"metavar": "NAME"}), ("tags", {"metavar": "TAG", "nargs": "*"})]),
+    "list_users": ("list users and their tags", []),
+    "add_vhost": ("create a virtual host", [("name", {"metavar": "NAME"})]),
+    "delete_vhost": ("delete a virtual host and everything in it", [("name", {"metavar": "NAME"})]),
+    "list_vhosts": ("list virtual hosts", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "set_permissions": ("set a user's permissions in a vhost (-p)",
+                        [("user", {"metavar": "USER"}), ("conf", {"metavar": "CONF"}),
+                         ("write", {"metavar": "WRITE"}), ("read", {"metavar": "READ"})]),
+    "clear_permissions": ("remove a user's permissions in a vhost (-p)", [("user", {"metavar": "USER"})]),
+    "list_permissions": ("list the permissions in a vhost (-p)", []),
+    "list_user_permissions": ("list a user's permissions in every vhost", [("user", {"metavar": "USER"})]),
+    "list_queues": ("list the queues of a vhost (-p)", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_exchanges": ("list the exchanges of a vhost (-p)",
+                       [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_bindings": ("list the bindings of a vhost (-p)", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_connections": ("list AMQP connections", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_channels": ("list AMQP channels", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_consumers": ("list the consumers of a vhost (-p)",
+                       [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "status": ("show the node's status", []),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Manage a running hutch node through its management HTTP API (rabbitmqctl's commands).",
+        epilog="Exit codes: 0 ok, 1 the node refused, 2 bad usage, 69 node unreachable, 70 bad reply. "
+        "See docs/hutchctl.md.",
+    )
+    _add_global_options(parser, in_subcommand=False)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (help_text, positionals) in _COMMAND_ARGS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        for dest, kwargs in positionals:
+            cmd.add_argument(dest, **kwargs)
+        if name == "add_vhost":
+            cmd.add_argument("--description", default="", help="description of the vhost")
+            cmd.add_argument("--tags", default="", help="comma-separated vhost tags")
+            cmd.add_argument("--default-queue-type", default=None, help="default queue type (classic)")
+        _add_global_options(cmd, in_subcommand=True)
+    return parser
+
+
+def resolve_args(argv: Sequence[str] | None, environ: dict[str, str]) -> argparse.Namespace:
+    """Parse the command line and fill credentials and port from the environment."""
+    args = build_parser().parse_args(argv)
+    if args.port is None:
+        text = environ.get("HUTCH_MANAGEMENT_PORT", "")
+        if text:
+            if not text.isdigit():
+                raise UsageError(f"HUTCH_MANAGEMENT_PORT: expected a port number, got '{text}'")
+            args.port = int(text)
+        else:
+            args.port = DEFAULT_PORT
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"argument --port: expected a port between 1 and 65535, got {args.port}")
+    if args.timeout <= 0:
+        raise UsageError("argument -t/--timeout: expected a positive number of seconds")
+    if args.username is None:
+        args.username = environ.get("HUTCH_USER") or "guest"
+    if args.password is None:
+        args.password = environ.get("HUTCH_PASSWORD") or "guest"
+    return args
+
+
+def _refusal_text(exc: ApiFailure, client: Client) -> str:
+    if exc.status == 401 and exc.error == "not_authorized":
+        return f"authentication failed for user '{client.username}'"
+    if exc.status == 401:
+        return f"access refused for user '{client.username}': {exc.reason}"
+    if exc.status == 404:
+        return "not found"
+    return exc.reason
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = resolve_args(argv, dict(os.environ))
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except SystemExit as exc:  # --help / --version printed their output
+        return exc.code if isinstance(exc.code, int) else EX_OK
+    client = Client(args.host, args.port, args.username, args.password, args.timeout)
+    try:
+        out = COMMANDS[args.command](client, args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except Unreachable as exc:
+        print(f"{PROG}: cannot reach node at {client.base_url}: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except Refused as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EX_REFUSED
+    except ApiFailure as exc:
+        print(f"{PROG}: {_refusal_text(exc, client)}", file=sys.stderr)
+        return EX_REFUSED
+    except BadReply as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EX_SOFTWARE
+    emit(out, args)
+    return EX_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

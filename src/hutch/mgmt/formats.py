@@ -1,0 +1,260 @@
+"""JSON shapes of the management API: one function per object kind, RabbitMQ's field names.
+
+Owns: the mapping from runtime and core objects (queues, exchanges, bindings, connections,
+channels, consumers, users, vhosts, permissions) to the JSON objects RabbitMQ's HTTP API returns,
+and `jsonable`, which makes AMQP field-table values (bytes, Decimal, timestamps) JSON-safe.
+Pure: reads objects, never changes them.
+
+Rules:
+- Field names and value types are RabbitMQ's, so existing clients (rabbitmqadmin, monitoring
+  scripts, client libraries' admin helpers) read them unchanged. Fields RabbitMQ derives from
+  Erlang internals (pids, reductions, garbage collection) are left out rather than invented.
+- Message counters are cumulative counts since the object was created (`message_stats`); rates
+  (`*_details`) appear only where the sampler in http.py computes them (the overview).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from hutch.core.auth import User, UserPermission, Vhost
+    from hutch.core.queue_type import Consumer, Queue
+    from hutch.core.routing import Binding, Exchange
+    from hutch.runtime.channel import ServerChannel
+    from hutch.runtime.connection import AMQPConnection
+
+HASHING_ALGORITHM = "hutch_password_hashing_scrypt"
+DEFAULT_EXCHANGE_URL_NAME = "amq.default"
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-encodable copy of an AMQP value (field tables, arrays, client properties)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, _dt.datetime):
+        return int(value.timestamp())
+    return str(value)
+
+
+# -- queues, exchanges, bindings --------------------------------------------------------------------
+
+
+def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
+    out = dict(q.info())
+    out["arguments"] = jsonable(q.arguments)
+    consumers = int(out.get("consumers", 0))
+    out.update({
+        "node": node_name,
+        "state": "running",
+        "policy": None,
+        "effective_policy_definition": {},
+        "exclusive_consumer_tag": None,
+        "consumer_capacity": 1.0 if consumers else 0.0,
+        "consumer_utilisation": 1.0 if consumers else 0.0,
+        "message_bytes_ready": out.get("message_bytes", 0),
+        "message_stats": {
+            "publish": q.stat_published,
+            "deliver": q.stat_delivered,
+            "deliver_get": q.stat_delivered + q.stat_get,
+            "get": q.stat_get,
+            "ack": q.stat_acked,
+            "redeliver": q.stat_redelivered,
+        },
+    })
+    owner = q.exclusive_owner
+    if owner is not None and hasattr(owner, "peer"):
+        out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
+                                    "peer_port": owner.peer[1]}
+    return out
+
+
+def exchange_json(x: Exchange) -> dict[str, Any]:
+    return {
+        "name": x.name,
+        "vhost": x.vhost,
+        "type": x.type,
+        "durable": x.durable,
+        "auto_delete": x.auto_delete,
+        "internal": x.internal,
+        "arguments": jsonable(x.arguments),
+        "policy": None,
+    }
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    """RabbitMQ's binding id: the URL-quoted routing key ("~" if empty), plus "~<hash>" of the
+    arguments if there are any. Used in binding URLs; the hash is hutch's own."""
+    key = quote(routing_key, safe="") if routing_key else "~"
+    if not arguments:
+        return key
+    digest = hashlib.sha1(json.dumps(jsonable(arguments), sort_keys=True).encode()).digest()
+    return f"{key}~{base64.urlsafe_b64encode(digest[:12]).decode().rstrip('=')}"
+
+
+def binding_json(vhost: str, b: Binding) -> dict[str, Any]:
+    kind, name = b.destination
+    return {
+        "source": b.source,
+        "vhost": vhost,
+        "destination": name,
+        "destination_type": kind,
+        "routing_key": b.routing_key,
+        "arguments": jsonable(b.arguments),
+        "properties_key": properties_key(b.routing_key, b.arguments),
+    }
+
+
+def default_binding_json(vhost: str, queue_name: str) -> dict[str, Any]:
+    """The implicit binding of every queue to the default exchange, which RabbitMQ lists."""
+    return {
+        "source": "",
+        "vhost": vhost,
+        "destination": queue_name,
+        "destination_type": "queue",
+        "routing_key": queue_name,
+        "arguments": {},
+        "properties_key": properties_key(queue_name, {}),
+    }
+
+
+# -- connections, channels, consumers ---------------------------------------------------------------
+
+
+def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
+    out = dict(conn.info())
+    props = jsonable(out.get("client_properties") or {})
+    out["client_properties"] = props
+    host, port = "", 0
+    transport = conn.transport
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    if sock:
+        host, port = str(sock[0]), int(sock[1])
+    out.update({
+        "node": node_name,
+        "host": host,
+        "port": port,
+        "ssl": False,
+        "type": "network",
+        "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
+    })
+    return out
+
+
+def channel_name(ch: ServerChannel) -> str:
+    return f"{ch.conn.name} ({ch.number})"
+
+
+def channel_stats(ch: ServerChannel) -> dict[str, int]:
+    """The channel's stat_* counters by RabbitMQ's message_stats names."""
+    stats = {key[5:]: value for key, value in vars(ch).items()
+             if key.startswith("stat_") and isinstance(value, int)}
+    stats.setdefault("deliver", 0)
+    stats["deliver_get"] = stats["deliver"] + stats.get("get", 0)
+    return stats
+
+
+def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
+    out = dict(ch.info())
+    conn = ch.conn
+    out.update({
+        "name": channel_name(ch),
+        "node": node_name,
+        "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
+        "message_stats": channel_stats(ch),
+    })
+    return out
+
+
+def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout_ms: int) -> dict[str, Any]:
+    conn = ch.conn
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
+        "channel_details": {
+            "name": channel_name(ch),
+            "number": ch.number,
+            "connection_name": conn.name,
+            "peer_host": conn.peer[0],
+            "peer_port": conn.peer[1],
+            "user": ch.user,
+            "node": node_name,
+        },
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "priority": consumer.priority,
+        "arguments": jsonable(consumer.arguments),
+        "active": True,
+        "activity_status": "up",
+        "consumer_timeout": timeout_ms,
+    }
+
+
+# -- users, vhosts, permissions ---------------------------------------------------------------------
+
+
+def user_json(user: User) -> dict[str, Any]:
+    return {
+        "name": user.name,
+        "password_hash": user.password_hash or "",
+        "hashing_algorithm": HASHING_ALGORITHM,
+        "tags": list(user.tags),
+        "limits": {},
+    }
+
+
+def vhost_json(v: Vhost, node_name: str, totals: dict[str, int]) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "description": v.description,
+        "tags": list(v.tags),
+        "default_queue_type": v.default_queue_type,
+        "metadata": {"description": v.description, "tags": list(v.tags),
+                     "default_queue_type": v.default_queue_type},
+        "tracing": False,
+        "cluster_state": {node_name: "running"},
+        **totals,
+    }
+
+
+def permission_json(entry: UserPermission) -> dict[str, Any]:
+    return {"user": entry.user, "vhost": entry.vhost, **entry.permission.to_dict()}
+
+
+__all__ = [
+    "DEFAULT_EXCHANGE_URL_NAME",
+    "HASHING_ALGORITHM",
+    "binding_json",
+    "channel_json",
+    "channel_name",
+    "channel_stats",
+    "connection_json",
+    "consumer_json",
+    "default_binding_json",
+    "exchange_json",
+    "jsonable",
+    "permission_json",
+    "properties_key",
+    "queue_json",
+    "user_json",
+    "vhost_json",
+]

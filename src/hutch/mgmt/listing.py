@@ -1,0 +1,171 @@
+"""Sorting, filtering, pagination and column selection of API replies (RabbitMQ's query parameters).
+
+Owns: `list_reply` and `one_reply`, which turn the plain JSON-able objects the service layer returns
+into what a list or object endpoint answers, given the request's query parameters. Pure.
+
+Rules (RabbitMQ's `rabbit_mgmt_util`):
+- Lists are sorted by `vhost` then `name` (missing fields sort as 0, before everything).
+  `sort=FIELD` (dotted for nested fields, e.g. `message_stats.publish`) becomes the primary key;
+  `sort_reverse=true` reverses the result. Values compare in Erlang term order: numbers, then
+  atoms (true/false/null), then objects, then lists, then strings.
+- Pagination is on when `page` is given: `page_size` defaults to 100 and is at most 500. The
+  reply is then an object (`items`, `item_count`, `filtered_count`, `total_count`, `page`,
+  `page_size`, `page_count`). `name` filters items by a case-insensitive substring of their
+  `name`, or by a case-insensitive regular expression with `use_regex=true`; as in RabbitMQ the
+  filter applies only to paginated requests.
+- `columns=a,b.c` keeps only those fields (dotted paths select nested fields) of each item, or
+  of the object an object endpoint returns.
+- Invalid parameters are 400s with RabbitMQ's error names and texts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import ApiError
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500
+DEFAULT_SORT = ("vhost", "name")
+
+Query = Mapping[str, str]
+
+
+def list_reply(items: Sequence[dict[str, Any]], query: Query,
+               default_sort: Sequence[str] = DEFAULT_SORT) -> Any:
+    """Sort, filter, paginate and select columns of a list endpoint's items."""
+    pagination = _pagination(query)
+    ordered = sort_items(items, default_sort, query.get("sort") or None, query.get("sort_reverse") == "true")
+    columns = _columns(query)
+    if pagination is None:
+        return [select_columns(item, columns) for item in ordered]
+    page, page_size, name, use_regex = pagination
+    filtered = _filter_by_name(ordered, name, use_regex)
+    offset = (page - 1) * page_size
+    if page > 1 and offset >= len(filtered):
+        raise ApiError(400, "page_out_of_range",
+                       f"Page out of range, page: {page} page size: {page_size}, len: {len(filtered)}")
+    selected = filtered[offset:offset + page_size]
+    return {
+        "filtered_count": len(filtered),
+        "item_count": len(selected),
+        "items": [select_columns(item, columns) for item in selected],
+        "page": page,
+        "page_count": (len(filtered) + page_size - 1) // page_size,
+        "page_size": page_size,
+        "total_count": len(items),
+    }
+
+
+def one_reply(obj: Any, query: Query) -> Any:
+    """An object endpoint's reply: only `columns` applies."""
+    return select_columns(obj, _columns(query))
+
+
+# -- sorting ----------------------------------------------------------------------------------------
+
+
+def sort_items(items: Sequence[dict[str, Any]], default_sort: Sequence[str], sort: str | None,
+               reverse: bool) -> list[dict[str, Any]]:
+    keys = list(default_sort) if sort is None else [sort] + [k for k in default_sort if k != sort]
+    paths = [key.split(".") for key in keys]
+    ordered = sorted(items, key=lambda item: [_term_order(_dotted(item, path)) for path in paths])
+    if reverse:
+        ordered.reverse()
+    return ordered
+
+
+def _dotted(item: Any, path: list[str]) -> Any:
+    value = item
+    for part in path:
+        if not isinstance(value, dict):
+            return 0
+        value = value.get(part, 0)
+    return value
+
+
+def _term_order(value: Any) -> tuple[int, Any]:
+    """A sort key that orders mixed values the way Erlang orders terms."""
+    if value is None or isinstance(value, bool):
+        return (1, str(value))
+    if isinstance(value, (int, float)):
+        return (0, value)
+    if isinstance(value, dict):
+        return (2, sorted((str(k), repr(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (3, [repr(v) for v in value])
+    return (4, str(value))
+
+
+# -- pagination -------------------------------------------------------------------------------------
+
+
+def _int_param(query: Query, key: str) -> int | None:
+    text = query.get(key)
+    if text is None:
+        return None
+    if not re.fullmatch(r"[+-]?\d+", text.strip()):
+        raise ApiError(400, "bad_request", "Pagination parameters are invalid")
+    return int(text)
+
+
+def _pagination(query: Query) -> tuple[int, int, str | None, bool] | None:
+    page = _int_param(query, "page")
+    page_size = _int_param(query, "page_size")
+    if page is None:
+        return None
+    size = DEFAULT_PAGE_SIZE if page_size is None else page_size
+    if page < 1 or not 1 <= size <= MAX_PAGE_SIZE:
+        raise ApiError(400, "invalid_pagination_parameters",
+                       f"Invalid pagination parameters: page number {page}, page size "
+                       f"{'undefined' if page_size is None else page_size}")
+    name = query.get("name") or None
+    return page, size, name, query.get("use_regex") == "true"
+
+
+def _filter_by_name(items: list[dict[str, Any]], name: str | None, use_regex: bool) -> list[dict[str, Any]]:
+    if not name:
+        return items
+    if use_regex:
+        try:
+            pattern = re.compile(name, re.IGNORECASE)
+        except re.error as exc:
+            raise ApiError(400, "bad_request", f"invalid regular expression '{name}': {exc}") from None
+        return [i for i in items if isinstance(i.get("name"), str) and pattern.search(i["name"])]
+    needle = name.lower()
+    return [i for i in items if isinstance(i.get("name"), str) and needle in i["name"].lower()]
+
+
+# -- columns ----------------------------------------------------------------------------------------
+
+
+def _columns(query: Query) -> list[list[str]] | None:
+    text = query.get("columns")
+    if text is None:
+        return None
+    return [[part for part in column.split(".") if part] for column in text.split(",") if column.strip()]
+
+
+def select_columns(obj: Any, columns: list[list[str]] | None) -> Any:
+    """Keep the fields named by `columns` (each a dotted path split in parts); None keeps all."""
+    if columns is None:
+        return obj
+    if isinstance(obj, list):
+        return [select_columns(item, columns) for item in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        wanted = [col for col in columns if col and col[0] == key]
+        if not wanted:
+            continue
+        if any(len(col) == 1 for col in wanted):
+            out[key] = value
+        else:
+            out[key] = select_columns(value, [col[1:] for col in wanted])
+    return out
+
+
+__all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "list_reply", "one_reply", "select_columns", "sort_items"]

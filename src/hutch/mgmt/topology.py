@@ -1,0 +1,233 @@
+"""Service layer: queues, exchanges and bindings, as the management API and hutchctl see them.
+
+Owns: listing, showing, declaring, deleting and purging queues and exchanges, and listing
+bindings, on behalf of an authenticated `Principal`. Functions return JSON-able data (or whether
+a PUT created something) and raise `ApiError`. No IO, no awaiting.
+
+Rules (RabbitMQ's HTTP semantics):
+- Reading needs the vhost to be visible to the caller (see access.py); changing needs the
+  caller's AMQP permissions, as if the caller had opened a channel: configure to declare or
+  delete, read to purge, and write on an alternate or dead-letter exchange named in arguments.
+- The default exchange is called `amq.default` in URLs and `""` in replies.
+- A PUT body's `durable` and `auto_delete` default to false and `arguments` to {}, as the AMQP
+  method's fields do; `exclusive` cannot be set over HTTP (there is no connection to own it).
+- Declaring something that exists with other properties is a 400 with the AMQP error text;
+  an AMQP ACCESS_REFUSED is 401 "Access refused.".
+- Lists include every queue's implicit binding to the default exchange, as RabbitMQ's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from hutch.amqp.errors import AMQPError
+
+from . import formats
+from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
+from .errors import access_refused, bad_request, from_amqp, not_found
+
+if TYPE_CHECKING:
+    from hutch.core.queue_type import Queue
+    from hutch.core.vhost import VirtualHost
+    from hutch.runtime.node import Node
+
+MAX_NAME_BYTES = 255
+
+
+def _vhosts(node: Node, p: Principal, vhost: str | None) -> Iterable[VirtualHost]:
+    """The vhost named (checked readable), or every vhost visible to the caller."""
+    if vhost is not None:
+        return [vhost_for_read(node, p, vhost)]
+    return [node.vhosts[name] for name in visible_vhosts(node, p) if name in node.vhosts]
+
+
+def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    raise bad_request(f"{key} must be true or false")
+
+
+def _arguments(body: dict[str, Any]) -> dict[str, Any]:
+    value = body.get("arguments")
+    if value is None or value == "" or value == []:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("arguments must be a JSON object")
+    return value
+
+
+def _body(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("not_json")
+    return body
+
+
+def _check_name(kind: str, name: str) -> None:
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise bad_request(f"{kind} name is longer than {MAX_NAME_BYTES} bytes")
+
+
+def exchange_name(url_name: str) -> str:
+    """The exchange a URL names: "amq.default" is the default exchange ""."""
+    return "" if url_name == formats.DEFAULT_EXCHANGE_URL_NAME else url_name
+
+
+# -- queues -----------------------------------------------------------------------------------------
+
+
+def list_queues(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [formats.queue_json(q, node.name) for v in _vhosts(node, p, vhost) for q in v.queues.values()]
+
+
+def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
+    q = vhost_for_read(node, p, vhost).queues.get(name)
+    if q is None:
+        raise not_found()
+    return q
+
+
+def get_queue(node: Node, p: Principal, vhost: str, name: str) -> dict[str, Any]:
+    return formats.queue_json(_queue(node, p, vhost, name), node.name)
+
+
+def put_queue(node: Node, p: Principal, vhost: str, name: str, body: Any) -> bool:
+    """Declare a queue; True if it was created, False if an equivalent one existed."""
+    v = vhost_for_write(node, p, vhost)
+    body = _body(body)
+    durable = _bool(body, "durable")
+    auto_delete = _bool(body, "auto_delete")
+    arguments = _arguments(body)
+    _check_name("queue", name)
+    if name.startswith("amq."):
+        raise access_refused()
+    require_amqp(node, p, vhost, "configure", "queue", name)
+    dlx = arguments.get("x-dead-letter-exchange")
+    if isinstance(dlx, str):
+        require_amqp(node, p, vhost, "write", "exchange", dlx)
+        require_amqp(node, p, vhost, "read", "queue", name)
+    created = name not in v.queues
+    try:
+        node.declare_queue(v, name, durable, False, auto_delete, arguments, None)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+    return created
+
+
+def delete_queue(node: Node, p: Principal, vhost: str, name: str, if_unused: bool = False,
+                 if_empty: bool = False) -> None:
+    v = vhost_for_write(node, p, vhost)
+    q = v.queues.get(name)
+    if q is None:
+        raise not_found()
+    require_amqp(node, p, vhost, "configure", "queue", name)
+    if if_unused and q.consumer_count:
+        raise bad_request(f"queue '{name}' in vhost '{vhost}' in use")
+    if if_empty and q.message_count:
+        raise bad_request(f"queue '{name}' in vhost '{vhost}' is not empty")
+    node.delete_queue(v, q)
+
+
+def purge_queue(node: Node, p: Principal, vhost: str, name: str) -> int:
+    """Drop the queue's ready messages; returns how many."""
+    v = vhost_for_write(node, p, vhost)
+    q = v.queues.get(name)
+    if q is None:
+        raise not_found()
+    require_amqp(node, p, vhost, "read", "queue", name)
+    return q.purge()
+
+
+# -- exchanges --------------------------------------------------------------------------------------
+
+
+def list_exchanges(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [formats.exchange_json(x) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
+
+
+def get_exchange(node: Node, p: Principal, vhost: str, url_name: str) -> dict[str, Any]:
+    x = vhost_for_read(node, p, vhost).exchanges.get(exchange_name(url_name))
+    if x is None:
+        raise not_found()
+    return formats.exchange_json(x)
+
+
+def put_exchange(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> bool:
+    """Declare an exchange; True if it was created."""
+    v = vhost_for_write(node, p, vhost)
+    body = _body(body)
+    name = exchange_name(url_name)
+    type_ = body.get("type", "direct")
+    if not isinstance(type_, str) or not type_:
+        raise bad_request("type must be a non-empty string")
+    durable = _bool(body, "durable")
+    auto_delete = _bool(body, "auto_delete")
+    internal = _bool(body, "internal")
+    arguments = _arguments(body)
+    _check_name("exchange", name)
+    if name == "" or name.startswith("amq."):
+        raise access_refused()
+    require_amqp(node, p, vhost, "configure", "exchange", name)
+    alternate = arguments.get("alternate-exchange")
+    if alternate is not None:
+        if not isinstance(alternate, str):
+            raise bad_request(f"invalid arg 'alternate-exchange' for exchange '{name}' in vhost '{vhost}'")
+        require_amqp(node, p, vhost, "write", "exchange", alternate)
+    created = name not in v.exchanges
+    try:
+        node.declare_exchange(v, name, type_, durable, auto_delete, internal, arguments)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+    return created
+
+
+def delete_exchange(node: Node, p: Principal, vhost: str, url_name: str, if_unused: bool = False) -> None:
+    v = vhost_for_write(node, p, vhost)
+    name = exchange_name(url_name)
+    if name not in v.exchanges:
+        raise not_found()
+    if name == "" or name.startswith("amq."):
+        raise access_refused()
+    require_amqp(node, p, vhost, "configure", "exchange", name)
+    try:
+        node.delete_exchange(v, name, if_unused)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+
+
+# -- bindings ---------------------------------------------------------------------------------------
+
+
+def _bindings(v: VirtualHost) -> list[dict[str, Any]]:
+    out = [formats.default_binding_json(v.name, qname) for qname in v.queues]
+    out.extend(formats.binding_json(v.name, b) for b in v.bindings())
+    return out
+
+
+def list_bindings(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [b for v in _vhosts(node, p, vhost) for b in _bindings(v)]
+
+
+def queue_bindings(node: Node, p: Principal, vhost: str, name: str) -> list[dict[str, Any]]:
+    _queue(node, p, vhost, name)
+    v = node.vhosts[vhost]
+    return [b for b in _bindings(v) if b["destination_type"] == "queue" and b["destination"] == name]
+
+
+__all__ = [
+    "delete_exchange",
+    "delete_queue",
+    "exchange_name",
+    "get_exchange",
+    "get_queue",
+    "list_bindings",
+    "list_exchanges",
+    "list_queues",
+    "purge_queue",
+    "put_exchange",
+    "put_queue",
+    "queue_bindings",
+]

@@ -1,0 +1,278 @@
+"""Service layer: users, virtual hosts and permissions, as the management API and hutchctl see them.
+
+Owns: reading and changing the node's `AuthStore` and vhost table on behalf of an authenticated
+`Principal`, with RabbitMQ's HTTP semantics (what a PUT body may hold, what a missing key means,
+which status each outcome gets). Functions take the node, the caller and plain values, return
+JSON-able data (or whether a PUT created something), and raise `ApiError`. No IO, no awaiting.
+
+Rules:
+- Every change calls `node.permissions_changed()` so channels drop their cached permission checks.
+- Creating a vhost gives its creator `.* .* .*` on it (RabbitMQ's HTTP API does the same).
+- Deleting a user closes its connections; deleting a vhost closes the connections on it and
+  deletes its queues (`Node.delete_vhost`).
+- PUT /api/users/{name} follows RabbitMQ: `password` or `password_hash` (not both; neither, or
+  `password_hash: ""`, means the user cannot log in with a password); `tags` is a comma-separated
+  string or a list, missing means no tags.
+- Definitions live in memory only for now (persistence is a later issue).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hutch.core.auth import (
+    FULL_PERMISSION,
+    AuthError,
+    NoSuchUser,
+    NoSuchVhost,
+    Permission,
+    validate_password_hash,
+)
+
+from . import formats
+from .access import Principal, parse_tags, require_admin, visible_vhosts
+from .errors import bad_request, not_authorised, not_found
+
+if TYPE_CHECKING:
+    from hutch.runtime.node import Node
+
+USER_DELETED_REASON = "user '{}' was deleted"
+
+
+def _body(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("not_json")
+    return body
+
+
+def _string(body: dict[str, Any], key: str, default: str | None = None) -> str | None:
+    value = body.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"{key} must be a string")
+    return value
+
+
+def _tags(body: dict[str, Any], key: str = "tags") -> list[str]:
+    try:
+        return parse_tags(body.get(key))
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+
+
+# -- users ------------------------------------------------------------------------------------------
+
+
+def list_users(node: Node, p: Principal) -> list[dict[str, Any]]:
+    require_admin(p)
+    return [formats.user_json(u) for u in node.auth.list_users()]
+
+
+def get_user(node: Node, p: Principal, name: str) -> dict[str, Any]:
+    require_admin(p)
+    user = node.auth.get_user(name)
+    if user is None:
+        raise not_found()
+    return formats.user_json(user)
+
+
+def put_user(node: Node, p: Principal, name: str, body: Any) -> bool:
+    """Create or update a user; True if created."""
+    require_admin(p)
+    body = _body(body)
+    password = _string(body, "password")
+    password_hash = _string(body, "password_hash")
+    if password is not None and password_hash is not None:
+        raise bad_request("both_password_and_password_hash_are_provided")
+    tags = _tags(body)
+    if password_hash:
+        try:
+            validate_password_hash(password_hash)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+    auth = node.auth
+    user = auth.get_user(name)
+    if user is None:
+        auth.add_user(name, password, tags, password_hash=password_hash or None)
+        created = True
+    else:
+        if password is not None:
+            auth.change_password(name, password)
+        elif password_hash:
+            user.password_hash = password_hash  # validated above
+        else:
+            auth.clear_password(name)
+        auth.set_user_tags(name, tags)
+        created = False
+    node.permissions_changed()
+    return created
+
+
+def delete_user(node: Node, p: Principal, name: str) -> None:
+    require_admin(p)
+    try:
+        node.auth.delete_user(name)
+    except NoSuchUser:
+        raise not_found() from None
+    node.permissions_changed()
+    node.close_user_connections(name, USER_DELETED_REASON.format(name))
+
+
+def user_permissions(node: Node, p: Principal, name: str) -> list[dict[str, Any]]:
+    require_admin(p)
+    if node.auth.get_user(name) is None:
+        raise not_found()
+    return [formats.permission_json(e) for e in node.auth.list_permissions(user=name)]
+
+
+def whoami(p: Principal) -> dict[str, Any]:
+    return {"name": p.name, "tags": list(p.tags)}
+
+
+# -- vhosts -----------------------------------------------------------------------------------------
+
+
+def _vhost_totals(node: Node, name: str) -> dict[str, int]:
+    vhost = node.vhosts.get(name)
+    ready = unacked = 0
+    if vhost is not None:
+        for q in vhost.queues.values():
+            ready += q.message_count
+            unacked += q.unacked_count
+    recv = send = 0
+    for conn in node.connections:
+        if conn.vhost_obj is not None and conn.vhost_obj is vhost:
+            recv += conn.recv_oct
+            send += conn.send_oct
+    return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
+            "recv_oct": recv, "send_oct": send}
+
+
+def list_vhosts(node: Node, p: Principal) -> list[dict[str, Any]]:
+    visible = set(visible_vhosts(node, p))
+    return [formats.vhost_json(v, node.name, _vhost_totals(node, v.name))
+            for v in node.auth.list_vhosts() if v.name in visible]
+
+
+def get_vhost(node: Node, p: Principal, name: str) -> dict[str, Any]:
+    v = node.auth.get_vhost(name)
+    if v is None:
+        raise not_found()
+    if name not in visible_vhosts(node, p):
+        raise not_authorised("User not authorised to access virtual host")
+    return formats.vhost_json(v, node.name, _vhost_totals(node, name))
+
+
+def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
+    """Create or update a vhost; True if created. `description` and `tags` are replaced. Like
+    RabbitMQ, the user who creates a vhost gets full permissions on it."""
+    from hutch.runtime.node import SUPPORTED_QUEUE_TYPES
+
+    require_admin(p)
+    body = _body(body)
+    description = _string(body, "description", "") or ""
+    tags = _tags(body)
+    queue_type = _string(body, "default_queue_type")
+    if queue_type is not None and queue_type not in SUPPORTED_QUEUE_TYPES:
+        raise bad_request(f"default_queue_type '{queue_type}' is not supported by this node "
+                          f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+    auth = node.auth
+    created = auth.get_vhost(name) is None
+    if created:
+        node.add_vhost(name, description=description, tags=tags)
+        if auth.get_user(p.name) is not None:  # RabbitMQ's maybe_grant_full_permissions
+            auth.set_permissions(p.name, name, FULL_PERMISSION, FULL_PERMISSION, FULL_PERMISSION)
+    v = auth.get_vhost(name)
+    assert v is not None
+    v.description = description
+    v.tags = tags
+    if queue_type is not None:
+        v.default_queue_type = queue_type
+    node.permissions_changed()
+    return created
+
+
+def delete_vhost(node: Node, p: Principal, name: str) -> None:
+    require_admin(p)
+    if node.auth.get_vhost(name) is None:
+        raise not_found()
+    node.delete_vhost(name)
+
+
+def vhost_permissions(node: Node, p: Principal, name: str) -> list[dict[str, Any]]:
+    require_admin(p)
+    if node.auth.get_vhost(name) is None:
+        raise not_found()
+    return [formats.permission_json(e) for e in node.auth.list_permissions(vhost=name)]
+
+
+# -- permissions ------------------------------------------------------------------------------------
+
+
+def list_permissions(node: Node, p: Principal) -> list[dict[str, Any]]:
+    require_admin(p)
+    return [formats.permission_json(e) for e in node.auth.list_permissions()]
+
+
+def get_permission(node: Node, p: Principal, vhost: str, user: str) -> dict[str, Any]:
+    require_admin(p)
+    entries = node.auth.list_permissions(vhost=vhost, user=user)
+    if not entries:
+        raise not_found()
+    return formats.permission_json(entries[0])
+
+
+def put_permission(node: Node, p: Principal, vhost: str, user: str, body: Any) -> bool:
+    """Set a user's configure/write/read expressions on a vhost; True if there were none before."""
+    require_admin(p)
+    auth = node.auth
+    if auth.get_user(user) is None or auth.get_vhost(vhost) is None:
+        raise bad_request("vhost_or_user_not_found")
+    body = _body(body)
+    missing = [k for k in ("configure", "write", "read") if body.get(k) is None]
+    if missing:
+        raise bad_request("[" + ",".join(f"{{key_missing,{k}}}" for k in missing) + "]")
+    values = [body[k] for k in ("configure", "write", "read")]
+    if not all(isinstance(v, str) for v in values):
+        raise bad_request("configure, write and read must be strings")
+    try:
+        Permission(*values)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    created = auth.get_permissions(user, vhost) is None
+    try:
+        auth.set_permissions(user, vhost, *values)
+    except AuthError as exc:
+        raise bad_request(str(exc)) from None
+    node.permissions_changed()
+    return created
+
+
+def delete_permission(node: Node, p: Principal, vhost: str, user: str) -> None:
+    require_admin(p)
+    auth = node.auth
+    if auth.get_permissions(user, vhost) is None:
+        raise not_found()
+    try:
+        auth.clear_permissions(user, vhost)
+    except (NoSuchUser, NoSuchVhost):
+        raise not_found() from None
+    node.permissions_changed()
+
+
+__all__ = [
+    "delete_permission",
+    "delete_user",
+    "delete_vhost",
+    "get_permission",
+    "get_user",
+    "get_vhost",
+    "list_permissions",
+    "list_users",
+    "list_vhosts",
+    "put_permission",
+    "put_user",
+    "put_vhost",
+    "user_permissions",
+    "vhost_permissions",
+    "whoami",
+]
