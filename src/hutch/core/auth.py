@@ -34,9 +34,12 @@ import secrets
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
+
+from hutch.amqp.errors import FrameError
+from hutch.amqp.table import decode_table
 
 __all__ = [
     "DEFAULT_EXCHANGE_RESOURCE",
@@ -623,58 +626,26 @@ def parse_plain(response: bytes) -> tuple[str, str]:
     return _utf8(parts[1], "PLAIN user name"), _utf8(parts[2], "PLAIN password")
 
 
-# Payload sizes of the fixed-width AMQP field types (RabbitMQ/errata letters), so that entries
-# other than LOGIN and PASSWORD can be skipped. 'S', 'x', 'F', 'A' carry a uint32 length.
-_FIXED_FIELD_SIZES = {
-    b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4,
-    b"l": 8, b"L": 8, b"f": 4, b"d": 8, b"D": 5, b"T": 8, b"V": 0,
-}  # fmt: skip
-_LENGTH_PREFIXED = frozenset((b"S", b"x", b"F", b"A"))
-
-
-def _iter_field_table(data: bytes) -> Iterator[tuple[str, bytes, bytes]]:
-    """Yield (key, type letter, raw value) from a field table body (no length prefix)."""
-    view = memoryview(data)
-    offset, end = 0, len(view)
-    while offset < end:
-        key_len = view[offset]
-        offset += 1
-        if offset + key_len > end:
-            raise ValueError("AMQPLAIN response truncated in a field name")
-        key = _utf8(bytes(view[offset : offset + key_len]), "AMQPLAIN field name")
-        offset += key_len
-        if offset >= end:
-            raise ValueError(f"AMQPLAIN response truncated after field name '{key}'")
-        type_letter = bytes(view[offset : offset + 1])
-        offset += 1
-        if type_letter in _LENGTH_PREFIXED:
-            if offset + 4 > end:
-                raise ValueError(f"AMQPLAIN response truncated in field '{key}'")
-            (size,) = struct.unpack_from(">I", view, offset)
-            offset += 4
-        elif type_letter in _FIXED_FIELD_SIZES:
-            size = _FIXED_FIELD_SIZES[type_letter]
-        else:
-            raise ValueError(f"AMQPLAIN field '{key}' has unknown type {type_letter!r}")
-        if offset + size > end:
-            raise ValueError(f"AMQPLAIN response truncated in field '{key}'")
-        yield key, type_letter, bytes(view[offset : offset + size])
-        offset += size
-
-
 def parse_amqplain(response: bytes) -> tuple[str, str]:
     """Decode an AMQPLAIN response into (user, password).
 
-    The response is an AMQP field table *without* its 4-byte length prefix. LOGIN and
-    PASSWORD must be present as longstr ('S') or byte array ('x') values; other entries are
-    skipped. ValueError on anything else.
+    The response is an AMQP field table *without* its 4-byte length prefix, decoded with the
+    protocol's own table codec. LOGIN and PASSWORD must be present as longstr ('S') or byte array
+    ('x') values; other entries are ignored. ValueError on anything else.
     """
+    raw = bytes(response)
+    try:
+        table, _ = decode_table(struct.pack(">I", len(raw)) + raw, 0)
+    except FrameError as exc:
+        raise ValueError(f"malformed AMQPLAIN response: {exc}") from None
     found: dict[str, str] = {}
-    for key, type_letter, raw in _iter_field_table(bytes(response)):
-        if key in ("LOGIN", "PASSWORD"):
-            if type_letter not in (b"S", b"x"):
-                raise ValueError(f"AMQPLAIN field '{key}' must be a longstr, got type {type_letter!r}")
-            found[key] = _utf8(raw, f"AMQPLAIN {key}")
-    if "LOGIN" not in found or "PASSWORD" not in found:
-        raise ValueError("AMQPLAIN response is missing the LOGIN or PASSWORD field")
+    for key in ("LOGIN", "PASSWORD"):
+        value = table.get(key)
+        if value is None:
+            raise ValueError("AMQPLAIN response is missing the LOGIN or PASSWORD field")
+        if isinstance(value, bytes):
+            value = _utf8(value, f"AMQPLAIN {key}")
+        if not isinstance(value, str):
+            raise ValueError(f"AMQPLAIN field '{key}' must be a longstr, got {type(value).__name__}")
+        found[key] = value
     return found["LOGIN"], found["PASSWORD"]
