@@ -94,14 +94,18 @@ class VirtualHost:
 
     def declare_exchange(self, name: str, type_: str, durable: bool, auto_delete: bool, internal: bool,
                          arguments: dict[str, Any]) -> tuple[Exchange, bool]:
-        """Declare (non-passive); returns (exchange, created)."""
-        if name.startswith("amq."):
-            raise ChannelError(ACCESS_REFUSED,
-                               f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        """Declare (non-passive); returns (exchange, created).
+
+        Like RabbitMQ, an existing exchange (amq.* included) is only checked for equivalence, so
+        `exchange.declare("amq.topic", "topic", durable=True)` succeeds; the reserved prefix is
+        refused only when the declare would create the exchange."""
         existing = self.exchanges.get(name)
         if existing is not None:
             self._check_exchange_equivalence(existing, type_, durable, auto_delete, internal, arguments)
             return existing, False
+        if name.startswith("amq."):
+            raise ChannelError(ACCESS_REFUSED,
+                               f"exchange name '{name}' contains reserved prefix 'amq.*'")
         try:
             make_router(type_)
         except UnknownExchangeType:
