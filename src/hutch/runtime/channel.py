@@ -269,7 +269,11 @@ class ServerChannel(DeclarationsMixin):
                 props, props_raw = self._rewrite_reply_to(props)
         msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
         if self.tx:
-            self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory)))
+            # RabbitMQ routes a transactional publish now and enqueues at commit, so the queues do
+            # not depend on exchanges or bindings changing in between; None: Direct Reply-To
+            queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)
+                      else self.vhost.route(x, routing_keys, msg.properties.headers))
+            self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
         self._route_and_enqueue(x, routing_keys, msg, mandatory)
         if self.confirm:
@@ -562,9 +566,15 @@ class ServerChannel(DeclarationsMixin):
         ops, self.tx_ops = self.tx_ops, []
         for kind, args in ops:
             if kind == "publish":
-                x, routing_keys, msg, mandatory = args
-                if x.name in self.vhost.exchanges or x.name == "":
+                x, routing_keys, msg, mandatory, queues = args
+                if queues is None:
                     self._route_and_enqueue(x, routing_keys, msg, mandatory)
+                    continue
+                queues = [q for q in queues if not q.deleted]
+                for q in queues:
+                    q.publish(msg)
+                if not queues and mandatory:
+                    self._send_return(NO_ROUTE, "NO_ROUTE", msg)
             elif kind == "ack":
                 tag, multiple = args
                 self._settle(self._collect(tag, multiple), "ack")

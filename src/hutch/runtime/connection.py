@@ -317,7 +317,8 @@ class AMQPConnection(asyncio.Protocol):
         self.auth_mechanism = mechanism
         cfg = self.node.config
         if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
-            self._refuse(ACCESS_REFUSED, f"User '{user}' can only connect via localhost")
+            # like RabbitMQ: the reason goes to the log, the client gets the generic refusal
+            self._refuse_login(mechanism, f"user '{user}' can only connect via localhost")
             return
         self.state = State.AUTHENTICATING
         self._suspended = True

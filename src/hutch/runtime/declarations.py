@@ -40,12 +40,11 @@ class DeclarationsMixin:
     # -- exchanges -----------------------------------------------------------------------------
     def _exchange_declare(self, m: Any) -> None:
         name = m.exchange
+        if name == "":  # passive too, as RabbitMQ does
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         if m.passive:
-            if name:
-                self.vhost.lookup_exchange(name)
+            self.vhost.lookup_exchange(name)
         else:
-            if name == "":
-                raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
             self.check_permission("configure", "exchange", name)
             args = m.arguments or {}
             ae = args.get("alternate-exchange")
@@ -53,7 +52,9 @@ class DeclarationsMixin:
                 if not isinstance(ae, str):
                     raise ChannelError(PRECONDITION_FAILED,
                                        f"invalid arg 'alternate-exchange' for {rs('exchange', name, self.vhost.name)}")
-                self.check_permission("write", "exchange", ae)
+                if name not in self.vhost.exchanges:  # as RabbitMQ: read on it, write on the AE
+                    self.check_permission("read", "exchange", name)
+                    self.check_permission("write", "exchange", ae)
             self.node.declare_exchange(self.vhost, name, m.type, m.durable, m.auto_delete, m.internal, args)
         if not m.nowait:
             self.send(spec.Exchange.DeclareOk())
@@ -104,6 +105,9 @@ class DeclarationsMixin:
     def _queue_declare(self, m: Any) -> None:
         vhost = self.vhost
         name = m.queue
+        if name.startswith("amq.rabbitmq.reply-to"):
+            self._declare_reply_to(name, m.nowait)
+            return
         if m.passive:
             q = self._queue_for(name)
             vhost.check_exclusive(q, self.conn)
@@ -115,14 +119,25 @@ class DeclarationsMixin:
             self.check_permission("configure", "queue", name)
             args = m.arguments or {}
             dlx = args.get("x-dead-letter-exchange")
-            if isinstance(dlx, str):
-                self.check_permission("write", "exchange", dlx)
+            if isinstance(dlx, str) and name not in vhost.queues:  # as RabbitMQ: on creation only
                 self.check_permission("read", "queue", name)
+                self.check_permission("write", "exchange", dlx)
             q = self.node.declare_queue(vhost, name, m.durable, m.exclusive, m.auto_delete, args, self.conn)
         self.last_queue_name = q.name
         if not m.nowait:
             self.send(spec.Queue.DeclareOk(queue=q.name, message_count=q.message_count,
                                            consumer_count=q.consumer_count))
+
+    def _declare_reply_to(self, name: str, nowait: bool) -> None:
+        """Direct Reply-To pseudo queues, as RabbitMQ answers them: declaring (passively or not)
+        "amq.rabbitmq.reply-to" is always OK with one consumer (clients such as faststream do it
+        before consuming); "amq.rabbitmq.reply-to.<token>" is OK while the requester's channel lives."""
+        if name != "amq.rabbitmq.reply-to":
+            token = name[len("amq.rabbitmq.reply-to."):] if name[21:22] == "." else None
+            if token is None or token not in self.node.reply_channels:
+                raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
+        if not nowait:
+            self.send(spec.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))
 
     def _queue_bind(self, m: Any) -> None:
         q, x = self._binding_ends(m)
@@ -169,7 +184,7 @@ class DeclarationsMixin:
             if m.if_unused and q.consumer_count:
                 raise ChannelError(PRECONDITION_FAILED, f"{rs('queue', q.name, vhost.name)} in use")
             if m.if_empty and q.message_count:
-                raise ChannelError(PRECONDITION_FAILED, f"{rs('queue', q.name, vhost.name)} is not empty")
+                raise ChannelError(PRECONDITION_FAILED, f"{rs('queue', q.name, vhost.name)} not empty")
             count = self.node.delete_queue(vhost, q)
         if not m.nowait:
             self.send(spec.Queue.DeleteOk(message_count=count))
