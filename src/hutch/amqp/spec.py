@@ -18,7 +18,7 @@ import struct
 from typing import Any, ClassVar
 
 from .errors import COMMAND_INVALID, ConnectionError_, FrameError
-from .table import decode_table, encode_table
+from .table import decode_table, encode_table, remove_table_key
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
@@ -498,3 +498,17 @@ class BasicProperties:
 
 
 EMPTY_PROPERTIES_RAW = b"\x00\x00"
+
+
+def remove_header(properties_raw: bytes, key: str) -> bytes:
+    """The encoded property list with one key removed from its headers table, all else byte-exact."""
+    flags = (properties_raw[0] << 8) | properties_raw[1]
+    if not flags & FLAG_HEADERS:
+        return properties_raw
+    offset = 2
+    for name in ("content_type", "content_encoding"):
+        if flags & _PROP_FLAG[name]:
+            offset += 1 + properties_raw[offset]
+    (length,) = struct.unpack_from(">I", properties_raw, offset)
+    end = offset + 4 + length
+    return properties_raw[:offset] + remove_table_key(properties_raw, offset, key) + properties_raw[end:]

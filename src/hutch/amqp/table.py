@@ -113,6 +113,28 @@ def _decode_table(buf: bytes | memoryview, offset: int, depth: int) -> tuple[dic
     return result, offset
 
 
+def remove_table_key(buf: bytes, offset: int, key: str) -> bytes:
+    """Copy of the length-prefixed table at `offset` without `key`, every other entry byte for byte.
+
+    Used where the broker must drop one header (BCC) and forward the rest exactly as the publisher
+    encoded them: re-encoding decoded values would change integer type letters. Raises FrameError.
+    """
+    (length,) = _I.unpack_from(buf, offset)
+    pos = offset + 4
+    end = pos + length
+    target = key.encode("utf-8")
+    kept: list[bytes] = []
+    while pos < end:
+        entry_start = pos
+        klen = buf[pos]
+        name = bytes(buf[pos + 1 : pos + 1 + klen])
+        _value, pos = _decode_value(buf, pos + 1 + klen, end, 1)
+        if name != target:
+            kept.append(bytes(buf[entry_start:pos]))
+    body = b"".join(kept)
+    return _I.pack(len(body)) + body
+
+
 def _decode_array(buf: bytes | memoryview, offset: int, limit: int, depth: int) -> tuple[list[Any], int]:
     if depth > MAX_NESTING_DEPTH:
         raise _bad("field array nested too deeply")

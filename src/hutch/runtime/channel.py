@@ -715,5 +715,5 @@ def _sender_selected(routing_key: str, props: spec.BasicProperties,
     if "BCC" in headers:
         props = props.copy()
         props.headers = {k: v for k, v in headers.items() if k != "BCC"}
-        props_raw = props.encode()
+        props_raw = spec.remove_header(props_raw, "BCC")
     return keys, props, props_raw
