@@ -47,6 +47,15 @@ _GET_OK_TAIL = struct.Struct(">I")
 _CONTENT_HDR = struct.Struct(">HHQ")
 _DELIVER_SMALL_BODY = 4096
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
+_FIXED_PROP_FLAGS = spec.FLAG_DELIVERY_MODE | spec.FLAG_PRIORITY | spec.FLAG_TIMESTAMP
+_VARIABLE_PROPS = 0xFFFF & ~_FIXED_PROP_FLAGS
+
+# encoded length of a property list that holds only fixed-size properties, by its flags
+_FIXED_PROPS_LEN = {
+    flags: 2 + (1 if flags & spec.FLAG_DELIVERY_MODE else 0) + (1 if flags & spec.FLAG_PRIORITY else 0)
+    + (8 if flags & spec.FLAG_TIMESTAMP else 0)
+    for flags in range(0x10000) if not flags & _VARIABLE_PROPS
+}
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -199,8 +208,14 @@ class ServerChannel(DeclarationsMixin):
         if class_id != 60:
             raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {class_id} not allowed")
         props_raw = payload[12:]
-        # decoding validates the property list; the common empty list needs neither
-        props = None if props_raw == b"\x00\x00" else spec.BasicProperties.decode(props_raw, 0)
+        # Decoding validates the property list. Lists made only of fixed-size properties (none,
+        # delivery-mode, priority, timestamp: what most publishers send) are validated by their length
+        # alone and decoded later, only if something asks for them.
+        flags = (props_raw[0] << 8) | props_raw[1]
+        if flags & _VARIABLE_PROPS or len(props_raw) != _FIXED_PROPS_LEN[flags]:
+            props = spec.BasicProperties.decode(props_raw, 0)
+        else:
+            props = None
         max_size = self.node.config.max_message_size
         if body_size > max_size:
             self._pub = None
