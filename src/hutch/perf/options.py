@@ -1,0 +1,268 @@
+"""Command-line options and AMQP URIs for hutch-perf.
+
+Owns: `parse_args(argv) -> PerfOptions`, `parse_uri(text) -> AmqpUri` and `parse_queue_args`.
+Rule: pure functions; every bad input raises `UsageError` with a one-line message (the CLI prints it and
+exits 2). Options are resolved once here into a frozen object; nothing downstream re-reads argv.
+The option letters are PerfTest's wherever PerfTest has one (`-x -y -s -c -A -a -q -f -u -e -t -k -z -r
+-C`), so a PerfTest command line mostly works as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+from urllib.parse import parse_qs, unquote, urlsplit
+
+DEFAULT_URI = "amqp://guest:guest@127.0.0.1:5672/%2F"
+TIMESTAMP_BYTES = 8  # the send timestamp every message body starts with
+FLAGS = ("persistent", "mandatory")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+MAX_SHORTSTR = 255
+
+
+class UsageError(Exception):
+    """A bad command line or URI: one line of text, exit status 2."""
+
+
+@dataclass(frozen=True)
+class AmqpUri:
+    """A parsed `amqp://user:pass@host:port/vhost?heartbeat=s&frame_max=n&connection_timeout=s`."""
+
+    host: str = "127.0.0.1"
+    port: int = 5672
+    username: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    heartbeat_s: int = 0
+    frame_max_bytes: int = 0  # 0: take the server's proposal
+    connect_timeout_s: float = 10.0
+
+    def display(self) -> str:
+        """The URI with the password hidden, for messages."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        vhost = "%2F" if self.vhost == "/" else self.vhost
+        return f"amqp://{self.username}@{host}:{self.port}/{vhost}"
+
+
+def parse_uri(text: str) -> AmqpUri:
+    """Parse an AMQP URI (the RabbitMQ URI spec; `amqps` is not supported)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"bad URI {text!r}: {exc}") from None
+    if parts.scheme == "amqps":
+        raise UsageError("amqps:// (TLS) is not supported by hutch-perf; use amqp://")
+    if parts.scheme != "amqp":
+        raise UsageError(f"bad URI {text!r}: the scheme must be amqp://")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if "/" in path:
+        raise UsageError(f"bad URI {text!r}: the virtual host must be one path segment (write / as %2F)")
+    vhost = unquote(path) if path else "/"
+    query: dict[str, Any] = {}
+    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
+        value = values[-1]
+        if key in ("heartbeat", "frame_max"):
+            if not value.isdigit():
+                raise UsageError(f"bad URI {text!r}: {key} must be a non-negative integer")
+            query["heartbeat_s" if key == "heartbeat" else "frame_max_bytes"] = int(value)
+        elif key == "connection_timeout":
+            try:
+                query["connect_timeout_s"] = float(value) / 1000.0  # milliseconds, as in pika/Java
+            except ValueError:
+                raise UsageError(f"bad URI {text!r}: connection_timeout must be a number") from None
+        else:
+            raise UsageError(f"bad URI {text!r}: unsupported query parameter {key!r}")
+    if query.get("frame_max_bytes", 0) and query["frame_max_bytes"] < 4096:
+        raise UsageError(f"bad URI {text!r}: frame_max must be 0 or at least 4096")
+    if query.get("heartbeat_s", 0) > 65535:
+        raise UsageError(f"bad URI {text!r}: heartbeat must be at most 65535")
+    return AmqpUri(
+        host=parts.hostname or "127.0.0.1",
+        port=port if port is not None else 5672,
+        username=unquote(parts.username) if parts.username is not None else "guest",
+        password=unquote(parts.password) if parts.password is not None else "guest",
+        vhost=vhost,
+        **query,
+    )
+
+
+_INT = re.compile(r"-?\d+\Z")
+
+
+def parse_queue_args(text: str) -> dict[str, Any]:
+    """`k=v,k=v` -> dict. Integers become ints, true/false become booleans, the rest stays a string."""
+    args: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        value = value.strip()
+        if not sep or not key:
+            raise UsageError(f"bad --queue-args item {item!r}: expected key=value")
+        if _INT.match(value):
+            args[key] = int(value)
+        elif value.lower() in ("true", "false"):
+            args[key] = value.lower() == "true"
+        else:
+            args[key] = value
+    return args
+
+
+@dataclass(frozen=True)
+class PerfOptions:
+    """Everything a run needs, validated. Invariant: `multi_ack_every <= qos` when both are set."""
+
+    uri: AmqpUri = field(default_factory=AmqpUri)
+    uri_text: str = DEFAULT_URI
+    producers: int = 1
+    consumers: int = 1
+    size_bytes: int = 12
+    confirm_window: int = 0
+    multi_ack_every: int = 0
+    autoack: bool = False
+    qos: int = 0
+    persistent: bool = False
+    mandatory: bool = False
+    queue_args: dict[str, Any] = field(default_factory=dict)
+    quorum: bool = False
+    queue: str | None = None  # None: a run-private queue hutch-perf-<pid>, deleted at the end
+    exchange: str = ""
+    exchange_type: str = "direct"
+    routing_key: str | None = None
+    time_s: float = 0.0  # 0: until Ctrl-C or -C is done
+    rate: float = 0.0  # msg/s per producer, 0: unlimited
+    pmessages: int = 0  # per producer, 0: unlimited
+    json: bool = False
+    run_id: str | None = None
+    processes: int = 0  # max OS processes per role, 0: number of CPUs
+
+    def queue_name(self, pid: int) -> str:
+        return self.queue if self.queue is not None else f"hutch-perf-{pid}"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="hutch-perf",
+        description="Load generator for AMQP 0-9-1 brokers (PerfTest-style). Producers and consumers "
+        "run in separate OS processes; one line of rates and latencies is printed per second.",
+    )
+    a = p.add_argument
+    a("--uri", default=DEFAULT_URI, help="AMQP URI (default: %(default)s)")
+    a("-x", "--producers", type=_nonneg_int, default=1, help="producer count (default 1)")
+    a("-y", "--consumers", type=_nonneg_int, default=1, help="consumer count (default 1)")
+    a("-s", "--size", type=_nonneg_int, default=12, help="message body size in bytes (default 12, min 8)")
+    a("-c", "--confirm", type=_nonneg_int, default=0, metavar="N",
+      help="publisher confirms with at most N unconfirmed messages per producer (0: no confirms)")
+    a("-A", "--multi-ack-every", type=_nonneg_int, default=0, metavar="N",
+      help="ack with multiple=true every N messages (0: ack each message)")
+    a("-a", "--autoack", action="store_true", help="consume with no-ack")
+    a("-q", "--qos", type=_nonneg_int, default=0, metavar="N", help="consumer prefetch count (0: unlimited)")
+    a("-f", "--flag", action="append", default=[], metavar="FLAG",
+      help="message flag, repeatable: persistent (delivery_mode 2), mandatory")
+    a("--queue-args", default=None, metavar="K=V,...", help="queue arguments, e.g. x-max-length=1000")
+    a("--quorum-queue", action="store_true", help="declare a durable quorum queue")
+    a("-u", "--queue", default=None, help="queue name (default: hutch-perf-<pid>, deleted at the end)")
+    a("-e", "--exchange", default="", help="exchange to publish to (default: the default exchange)")
+    a("-t", "--type", default="direct", dest="exchange_type", choices=EXCHANGE_TYPES,
+      help="exchange type if the exchange must be declared (default direct)")
+    a("-k", "--routing-key", default=None, help="routing key (default: the queue name)")
+    a("-z", "--time", type=_nonneg_float, default=0.0, metavar="SECONDS", help="run time (default: until Ctrl-C)")
+    a("-r", "--rate", type=_nonneg_float, default=0.0, metavar="N",
+      help="publishing rate limit per producer in msg/s (0: unlimited)")
+    a("-C", "--pmessages", type=_nonneg_int, default=0, metavar="N", help="messages per producer, then stop")
+    a("--json", action="store_true", help="print a JSON summary line on stdout (per-second lines go to stderr)")
+    a("--id", default=None, dest="run_id", help="label printed on every line")
+    a("--processes", type=_nonneg_int, default=0, metavar="N",
+      help="max OS processes per role (default: number of CPUs)")
+    return p
+
+
+def parse_args(argv: list[str]) -> PerfOptions:
+    """Parse and validate; raises UsageError (bad input) or SystemExit(0) for --help."""
+    ns = build_parser().parse_args(argv)
+    uri = parse_uri(ns.uri)
+    for flag in ns.flag:
+        if flag not in FLAGS:
+            raise UsageError(f"unknown flag -f {flag!r} (known: {', '.join(FLAGS)})")
+    if ns.producers == 0 and ns.consumers == 0:
+        raise UsageError("nothing to do: --producers and --consumers are both 0")
+    if ns.size < TIMESTAMP_BYTES:
+        raise UsageError(f"--size must be at least {TIMESTAMP_BYTES} bytes (the body carries a send timestamp)")
+    if ns.qos > 65535:
+        raise UsageError("--qos must be at most 65535")
+    if ns.autoack and ns.multi_ack_every:
+        raise UsageError("--multi-ack-every and --autoack exclude each other")
+    if ns.qos and ns.multi_ack_every > ns.qos:
+        raise UsageError(f"--multi-ack-every {ns.multi_ack_every} exceeds --qos {ns.qos}: consumers would stall")
+    if ns.confirm > 2**31:
+        raise UsageError("--confirm window is too large")
+    queue_args = parse_queue_args(ns.queue_args) if ns.queue_args is not None else {}
+    if ns.quorum_queue:
+        if queue_args.get("x-queue-type", "quorum") != "quorum":
+            raise UsageError("--quorum-queue contradicts x-queue-type in --queue-args")
+        queue_args["x-queue-type"] = "quorum"
+    for name, value in (("--queue", ns.queue), ("--exchange", ns.exchange), ("--routing-key", ns.routing_key)):
+        if value is not None and len(value.encode("utf-8")) > MAX_SHORTSTR:
+            raise UsageError(f"{name} is longer than {MAX_SHORTSTR} bytes")
+    if ns.queue == "":
+        raise UsageError("--queue must not be empty")
+    return PerfOptions(
+        uri=uri,
+        uri_text=ns.uri,
+        producers=ns.producers,
+        consumers=ns.consumers,
+        size_bytes=ns.size,
+        confirm_window=ns.confirm,
+        multi_ack_every=ns.multi_ack_every,
+        autoack=ns.autoack,
+        qos=ns.qos,
+        persistent="persistent" in ns.flag,
+        mandatory="mandatory" in ns.flag,
+        queue_args=queue_args,
+        quorum=queue_args.get("x-queue-type") == "quorum",
+        queue=ns.queue,
+        exchange=ns.exchange,
+        exchange_type=ns.exchange_type,
+        routing_key=ns.routing_key,
+        time_s=ns.time,
+        rate=ns.rate,
+        pmessages=ns.pmessages,
+        json=ns.json,
+        run_id=ns.run_id,
+        processes=ns.processes,
+    )
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
