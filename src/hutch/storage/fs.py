@@ -1,0 +1,219 @@
+"""The file-system interface of the storage package, and its real (os-level) implementation.
+
+Owns the only code in hutch that calls ``os.open``/``os.write``/``os.fdatasync`` on data files. Everything
+else in ``hutch.storage`` (records, the segmented log, snapshots, and later the queue index, the message
+store and the Raft WAL) talks to a :class:`FileSystem`, so that tests can swap in
+:class:`~hutch.storage.memfs.MemoryFS` (crashes, torn writes) or :class:`~hutch.storage.memfs.FaultyFS`
+(bit flips, ENOSPC, EIO) and run the same code deterministically.
+
+The durability contract every implementation follows (and MemoryFS enforces in its crash model):
+
+* Bytes written through a :class:`FileHandle` are visible to reads at once, but durable only after
+  ``handle.sync()`` (fdatasync) returns.
+* Creating, renaming and deleting a file are durable only after ``fsync_dir`` of its directory returns.
+  A crash keeps some prefix of the unsynced directory operations, in order.
+* ``truncate`` is durable when it returns (it syncs the file itself); it is used only by recovery.
+* Files are append-only: there is no write-at-offset. In-place changes are made by writing a new file and
+  renaming it over the old one.
+
+Every ``OSError`` leaves as :class:`~hutch.storage.errors.StorageError` (``NoSpaceError`` for ENOSPC).
+Implementations are safe to call from several threads at once, but a single :class:`FileHandle` is used by
+one thread at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Protocol
+
+from hutch.storage.errors import StorageError
+
+Bytes = bytes | bytearray | memoryview
+
+
+class FileHandle(Protocol):
+    """A file opened for appending. Owned by one thread at a time."""
+
+    path: str
+
+    def write(self, data: Bytes) -> None:
+        """Append all of ``data`` at the end of the file, or raise (some prefix may have been written)."""
+
+    def sync(self) -> None:
+        """fdatasync: make every byte written so far durable. A failure leaves durability unknown."""
+
+    def close(self) -> None:
+        """Release the handle. Does not sync."""
+
+
+class FileSystem(Protocol):
+    """Operations on files and directories; paths are ``/``-separated strings."""
+
+    def open_append(self, path: str) -> FileHandle:
+        """Open ``path`` for appending, creating it (empty) if missing."""
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes from ``offset`` (to the end if ``None``); shorter at end of file."""
+
+    def size(self, path: str) -> int:
+        """Current size in bytes (written, not necessarily synced)."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names (not paths) of the entries of a directory, sorted."""
+
+    def delete(self, path: str) -> None:
+        """Remove a file. Durable after ``fsync_dir`` of its directory."""
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace ``dst`` by ``src``. Durable after ``fsync_dir`` of the directory."""
+
+    def truncate(self, path: str, size: int) -> None:
+        """Cut the file to ``size`` bytes and sync it. Durable when it returns."""
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the creations, renames and deletions in directory ``path`` durable."""
+
+    def make_dirs(self, path: str) -> None:
+        """Create a directory and its parents if missing (durably)."""
+
+    def free_space(self, path: str) -> int:
+        """Bytes available to this process on the file system holding ``path``."""
+
+
+@contextlib.contextmanager
+def os_errors(op: str, path: str) -> Iterator[None]:
+    """Translate ``OSError`` raised inside the block into :class:`StorageError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError.from_os_error(op, path, exc) from exc
+
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync; fsync is a superset
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+class RealFileHandle:
+    """An ``os.open(O_WRONLY | O_APPEND | O_CREAT)`` descriptor."""
+
+    __slots__ = ("path", "_fd")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with os_errors("open", path):
+            self._fd: int = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o644)
+
+    def write(self, data: Bytes) -> None:
+        view = memoryview(data).cast("B")
+        with os_errors("write", self.path):
+            while view:
+                # os.write may write less than asked (signals, quotas); loop until all is written.
+                written = os.write(self._fd, view)
+                view = view[written:]
+
+    def sync(self) -> None:
+        with os_errors("fdatasync", self.path):
+            _fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            with os_errors("close", self.path):
+                os.close(fd)
+
+
+class RealFS:
+    """The operating system's file system."""
+
+    def open_append(self, path: str) -> RealFileHandle:
+        return RealFileHandle(path)
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        with os_errors("read", path):
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                if length is None:
+                    length = max(0, os.fstat(fd).st_size - offset)
+                chunks: list[bytes] = []
+                while length > 0:
+                    chunk = os.pread(fd, length, offset)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    offset += len(chunk)
+                    length -= len(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
+
+    def size(self, path: str) -> int:
+        with os_errors("stat", path):
+            return os.stat(path).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        with os_errors("listdir", path):
+            return sorted(os.listdir(path))
+
+    def delete(self, path: str) -> None:
+        with os_errors("unlink", path):
+            os.unlink(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        with os_errors("rename", src):
+            os.replace(src, dst)
+
+    def truncate(self, path: str, size: int) -> None:
+        with os_errors("truncate", path):
+            fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
+            try:
+                os.ftruncate(fd, size)
+                os.fsync(fd)  # fsync, not fdatasync: the size change is metadata
+            finally:
+                os.close(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        with os_errors("fsync_dir", path):
+            fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def make_dirs(self, path: str) -> None:
+        path = os.path.abspath(path)
+        missing: list[str] = []
+        probe = path
+        while not os.path.isdir(probe):
+            missing.append(probe)
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+        with os_errors("mkdir", path):
+            os.makedirs(path, exist_ok=True)
+        # A new directory entry is durable only once its parent directory is synced.
+        for created in reversed(missing):
+            self.fsync_dir(os.path.dirname(created))
+
+    def free_space(self, path: str) -> int:
+        with os_errors("statvfs", path):
+            st = os.statvfs(path)
+            return st.f_bavail * st.f_frsize
+
+    # Test hook (not part of FileSystem): XOR one stored byte in place, modelling media corruption.
+    def poke(self, path: str, offset: int, xor: int = 0x01) -> None:
+        with os_errors("poke", path), open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            if not byte:
+                raise StorageError("poke", path, None, f"offset {offset} is past the end")
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ xor]))
