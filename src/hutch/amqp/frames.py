@@ -6,8 +6,7 @@ frame-end octet and frame type; and the encoders that build method, content and 
 splitting bodies by frame_max.
 
 Rules: no sockets, no asyncio, no clocks. A `FrameReader` never raises anything but `AMQPError`
-subclasses. The buffer is a bytearray consumed with an offset and compacted once per `feed`, so a
-batch of small frames costs one copy, not one per frame.
+subclasses. The buffer is consumed with an offset and rebuilt once per `feed`.
 """
 
 from __future__ import annotations
@@ -32,29 +31,31 @@ _CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body si
 _BODY_HDR = struct.Struct(">BHI")
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
-_VALID_TYPES = (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT)
+_VALID_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
 
 
 class FrameReader:
     """Incremental frame parser.
 
     `feed(data)` appends bytes; iterating `frames()` yields `(frame_type, channel, payload)` for every
-    complete frame, where payload is a `bytes` copy. Invariant: `_buf[_pos:]` holds the bytes not yet
-    consumed.
+    complete frame, where payload is `bytes`. Invariant: `_buf[_pos:]` holds the bytes not yet consumed.
+    The buffer is an immutable `bytes` object, so a payload is one slice (one copy); `feed` copies only
+    the unconsumed remainder (a partial frame) in front of the new data.
     """
 
     __slots__ = ("_buf", "_pos", "frame_max")
 
     def __init__(self, frame_max: int) -> None:
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
         self.frame_max = frame_max
 
     def feed(self, data: bytes) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        if self._pos < len(self._buf):
+            self._buf = self._buf[self._pos :] + data
+        else:
+            self._buf = bytes(data)
+        self._pos = 0
 
     @property
     def buffered(self) -> int:
@@ -63,28 +64,31 @@ class FrameReader:
     def frames(self) -> Iterator[tuple[int, int, bytes]]:
         buf = self._buf
         unpack = _HDR.unpack_from
-        frame_max = self.frame_max
-        while True:
-            pos = self._pos
-            avail = len(buf) - pos
-            if avail < 7:
-                return
+        limit = self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
+        n = len(buf)
+        pos = self._pos
+        while n - pos >= 7:
             ftype, channel, size = unpack(buf, pos)
             if ftype not in _VALID_TYPES:
                 raise FrameError(f"unknown frame type {ftype}")
-            if frame_max and size + FRAME_OVERHEAD > frame_max:
+            if size > limit:
                 raise FrameError(
-                    f"frame size {size + FRAME_OVERHEAD} larger than negotiated maximum {frame_max}",
+                    f"frame size {size + FRAME_OVERHEAD} larger than negotiated maximum {self.frame_max}",
                     FRAME_ERROR,
                 )
             end = pos + 7 + size
-            if end + 1 > len(buf):
+            if end >= n:
                 return
             if buf[end] != FRAME_END:
                 raise FrameError(f"bad frame end marker {buf[end]:#x}")
-            payload = bytes(buf[pos + 7 : end])
-            self._pos = end + 1
+            payload = buf[pos + 7 : end]
+            pos = end + 1
+            self._pos = pos
             yield ftype, channel, payload
+            if self._buf is not buf:  # fed while this iterator was suspended: continue on the new buffer
+                buf = self._buf
+                n = len(buf)
+                pos = self._pos
 
 
 def method_frame(channel: int, method: Method) -> bytes:

@@ -92,6 +92,8 @@ class Queue:
         self.arguments = arguments
         self.deleted = False
         self.had_consumers = False
+        # publishing connections paused by flow control until this queue drains (see deliver_pending)
+        self.flow_waiters: set[Any] = set()
         # statistics, read by management
         self.stat_published = 0
         self.stat_delivered = 0
@@ -124,6 +126,18 @@ class Queue:
 
     def deliver_pending(self) -> None:
         raise NotImplementedError
+
+    def needs_flow_control(self) -> bool:
+        """True when publishers to this queue should be held back (see the classic queue)."""
+        return False
+
+    def release_flow(self) -> None:
+        """Let every publishing connection held back by this queue read again."""
+        if self.flow_waiters:
+            waiters = list(self.flow_waiters)
+            self.flow_waiters.clear()
+            for conn in waiters:
+                conn.flow_unblock(self)
 
     # -- consumers -----------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:

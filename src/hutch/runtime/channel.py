@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")
+_ACK_ARGS = struct.Struct(">QB")
 _GET_OK_TAIL = struct.Struct(">I")
 _CONTENT_HDR = struct.Struct(">HHQ")
 _DELIVER_SMALL_BODY = 4096
@@ -307,6 +308,8 @@ class ServerChannel(DeclarationsMixin):
         if queues:
             for q in queues:
                 q.publish(msg)
+                if q.needs_flow_control():
+                    self.conn.flow_block(q)
         elif mandatory:
             self._send_return(NO_ROUTE, "NO_ROUTE", msg)
 
@@ -425,6 +428,14 @@ class ServerChannel(DeclarationsMixin):
         if item is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
         return [item]
+
+    def fast_ack(self, payload: bytes) -> bool:
+        """basic.ack decoded in place; False when the generic path must handle it (tx, odd length)."""
+        if self.tx or self._pub is not None or len(payload) != 13:
+            return False
+        tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+        self._settle(self._collect(tag, bits & 1 == 1), "ack")
+        return True
 
     def _basic_ack(self, m: Any) -> None:
         if self.tx:

@@ -68,7 +68,12 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
                  "logfile.")
 
 
+WRITE_BUFFER_HIGH = 1024 * 1024
+WRITE_BUFFER_LOW = 256 * 1024
+READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iteration
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
+_ACK_ID = b"\x00\x3c\x00\x50"
+_FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
 
 
 class State:
@@ -103,6 +108,11 @@ class AMQPConnection(asyncio.Protocol):
         self.peer = ("", 0)
         self.name = ""
         self.write_paused = False
+        self.flow_blocked = False
+        self._flow_queues: set[Any] = set()
+        self._read_holds: set[str] = set()
+        self._read_this_turn = 0
+        self._turn_scheduled = False
         self._suspended = False
         self._in_receive = False
         self._flush_scheduled = False
@@ -120,6 +130,8 @@ class AMQPConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # deliveries are encoded in batches; let a batch sit in the buffer before pausing deliveries
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.peer = (str(peer[0]), int(peer[1]))
         sock = transport.get_extra_info("sockname") or ("?", 0)
@@ -148,9 +160,52 @@ class AMQPConnection(asyncio.Protocol):
         for ch in list(self.channels.values()):
             ch._resume_consumers()
 
+    # -- flow control ----------------------------------------------------------------------------
+    def _hold_reading(self, reason: str) -> None:
+        if not self._read_holds and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._read_holds.add(reason)
+
+    def _release_reading(self, reason: str) -> None:
+        if reason in self._read_holds:
+            self._read_holds.discard(reason)
+            if not self._read_holds and self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def flow_block(self, queue: Any) -> None:
+        """A queue this connection publishes to is backed up behind a consumer that cannot keep up:
+        stop reading this socket (after the current batch) until the queue says it has drained."""
+        queue.flow_waiters.add(self)
+        self._flow_queues.add(queue)
+        self.flow_blocked = True
+        self._hold_reading("flow")
+
+    def flow_unblock(self, queue: Any) -> None:
+        self._flow_queues.discard(queue)
+        if self.flow_blocked and not self._flow_queues:
+            self.flow_blocked = False
+            self._release_reading("flow")
+
+    def _spend_read_budget(self, nbytes: int) -> None:
+        """Fairness between connections: after READ_BUDGET bytes in one loop iteration a connection
+        stops reading until the next iteration, so one fast publisher cannot starve the acks and
+        deliveries of everyone else (libuv otherwise keeps reading a busy socket many times)."""
+        self._read_this_turn += nbytes
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._next_turn)
+        if self._read_this_turn >= READ_BUDGET:
+            self._hold_reading("budget")
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        self._read_this_turn = 0
+        self._release_reading("budget")
+
     def data_received(self, data: bytes) -> None:
         self._last_recv = self._loop.time()
         self.recv_oct += len(data)
+        self._spend_read_budget(len(data))
         if self.state == State.HEADER:
             data = self._protocol_header(data)
             if not data:
@@ -170,10 +225,17 @@ class AMQPConnection(asyncio.Protocol):
                 if self.state == State.CLOSING:
                     self._frame_while_closing(ftype, channel, payload)
                 elif ftype == spec.FRAME_METHOD:
-                    if payload[:4] == _PUBLISH_ID and self.state == State.OPEN:
+                    prefix = payload[:4]
+                    if prefix in _FAST_IDS and self.state == State.OPEN:
                         ch = self.channels.get(channel)
-                        if ch is not None and ch.fast_publish(payload):
-                            continue
+                        if ch is not None:
+                            try:
+                                if (ch.fast_publish(payload) if prefix == _PUBLISH_ID
+                                        else ch.fast_ack(payload)):
+                                    continue
+                            except ChannelError as exc:
+                                self._channel_error(channel, exc)
+                                continue
                     self._method_frame(channel, payload)
                 elif ftype == spec.FRAME_BODY or ftype == spec.FRAME_HEADER:
                     ch = self.channels.get(channel)
@@ -496,6 +558,9 @@ class AMQPConnection(asyncio.Protocol):
         self._release_all()
 
     def _release_all(self) -> None:
+        for queue in self._flow_queues:
+            queue.flow_waiters.discard(self)
+        self._flow_queues.clear()
         channels = list(self.channels.values())
         self.channels.clear()
         for ch in channels:
@@ -514,7 +579,7 @@ class AMQPConnection(asyncio.Protocol):
             "frame_max": self.frame_max,
             "channel_max": self.channel_max,
             "timeout": self.heartbeat_s,
-            "state": "running" if self.state == State.OPEN else "closing",
+            "state": ("flow" if self.flow_blocked else "running") if self.state == State.OPEN else "closing",
             "protocol": "AMQP 0-9-1",
             "auth_mechanism": self.auth_mechanism,
             "client_properties": {k: v for k, v in props.items() if isinstance(v, (str, int, dict))},

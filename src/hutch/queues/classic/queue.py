@@ -21,6 +21,9 @@ from typing import Any
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 
+FLOW_HIGH = 1000  # ready messages behind a socket-blocked consumer before publishers are paused
+FLOW_LOW = 500  # publishers resume below this
+
 
 class ClassicQueue(Queue):
     queue_type = "classic"
@@ -68,6 +71,26 @@ class ClassicQueue(Queue):
                 consumer.channel.deliver(consumer, self, entry)
         finally:
             self._delivering = False
+        if self.flow_waiters and (len(self._ready) <= FLOW_LOW or not self._consumer_blocked_by_socket()):
+            self.release_flow()
+
+    def needs_flow_control(self) -> bool:
+        """Credit-flow's effect in one thread: a backlog behind a consumer whose socket is full.
+
+        RabbitMQ's credit flow blocks a publisher when the queue cannot hand messages on as fast as
+        they arrive. Here that happens when a consumer that could take messages is held back only by
+        its connection's full write buffer; then publishers are paused rather than letting the backlog
+        (and latency) grow without bound. A backlog behind consumers that are merely at their prefetch,
+        or with no consumers at all, does not block publishers, as in RabbitMQ.
+        """
+        return len(self._ready) > FLOW_HIGH and self._consumer_blocked_by_socket()
+
+    def _consumer_blocked_by_socket(self) -> bool:
+        for _prio, group in self._groups:
+            for c in group:
+                if c.channel.conn.write_paused and (not c.prefetch or c.unacked < c.prefetch):
+                    return True
+        return False
 
     def _next_consumer(self) -> Consumer | None:
         for _prio, group in self._groups:
@@ -135,6 +158,7 @@ class ClassicQueue(Queue):
         n = len(self._ready)
         self._ready.clear()
         self._ready_bytes = 0
+        self.release_flow()
         return n
 
     # -- consumers -----------------------------------------------------------------------------
@@ -157,6 +181,8 @@ class ClassicQueue(Queue):
                 self._consumer_count -= 1
                 if not group:
                     del self._groups[i]
+                if not self._consumer_count:
+                    self.release_flow()
                 return
 
     def consumers(self) -> list[Consumer]:
@@ -185,6 +211,7 @@ class ClassicQueue(Queue):
         self._ready_bytes = 0
         self._groups.clear()
         self._consumer_count = 0
+        self.release_flow()
         return n
 
 
