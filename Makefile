@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow lint clean
+.PHONY: setup run test test-slow lint clean bench-spark
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,14 +22,17 @@ run: $(STAMP)
 	$(VENV)/bin/hutch-server
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests examples benchmarks
+
+bench-spark: $(STAMP)
+	$(PY) -m hutch.spark.bench --messages 200000 --repeat 3 --per-trigger 20000 --compare-pika
 
 clean:
 	rm -rf $(VENV) var build src/*.egg-info

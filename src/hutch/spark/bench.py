@@ -1,0 +1,263 @@
+"""Benchmark of the Spark connector: messages per second hutch -> Spark and Spark -> hutch.
+
+    python -m hutch.spark.bench --messages 200000 --size 100
+
+Owns: the benchmark that docs/spark.md records. It starts a hutch node on free ports (or uses --uri)
+and a local Spark session (`--master`, default local[2]), then measures, with `--size`-byte bodies:
+
+- broker baselines without Spark: publishing with confirms, and consuming, with the connector's client;
+- hutch -> memory sink and hutch -> Parquet: a streaming query with Trigger.AvailableNow over a queue
+  prefilled with --messages messages, timed from start() to termination, with Spark's per-trigger
+  durations (`latestOffset` is the driver-side reader: consuming and building Arrow batches;
+  `addBatch` is Spark running the batch; the rest is planning and checkpointing);
+- DataFrame -> hutch: `df.write.format("hutch")` of --messages rows, timed end to end (every message
+  confirmed);
+- the Arrow conversion alone (deliveries -> record batch), per message.
+
+Each figure is the best of --repeat runs. Nothing here is imported by the connector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hutch.amqp.spec import BasicProperties
+
+from .client import AmqpClient, Delivery
+from .options import parse_uri
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_node(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port, mgmt = _free_port(), _free_port()
+    log = open(work / "hutch.log", "wb")  # noqa: SIM115 - lives as long as the node
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(port),
+                             "--management-port", str(mgmt), "--data-dir", str(work / "data"),
+                             "--node-name", "bench@localhost"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("hutch did not start")
+
+
+def declare(uri: str, queue: str) -> None:
+    with AmqpClient(parse_uri(uri)).connect() as c:
+        c.declare_queue(queue)
+        c.purge_queue(queue)
+
+
+def prefill(uri: str, queue: str, n: int, size: int) -> float:
+    """Publish n messages with confirms (at most 10,000 unconfirmed); returns messages/s."""
+    body = b"x" * size
+    with AmqpClient(parse_uri(uri)).connect() as c:
+        c.confirm_select()
+        prefix = c.publish_frame_prefix("", queue, False)
+        props = BasicProperties(delivery_mode=2).encode()
+        t = time.perf_counter()
+        sent = 0
+        while sent < n:
+            k = min(1000, n - sent)
+            frames: list[bytes] = []
+            for _ in range(k):
+                frames.append(prefix)
+                frames.extend(c.content(props, body))
+            c.wait_confirms(10_000 - k, 60)
+            c.send_publishes(frames, k)
+            sent += k
+        c.wait_confirms(0, 60)
+        return n / (time.perf_counter() - t)
+
+
+def consume_rate(uri: str, queue: str, n: int) -> float:
+    with AmqpClient(parse_uri(uri)).connect() as c:
+        c.consume(queue, 20_000)
+        t = time.perf_counter()
+        got = 0
+        while got < n:
+            chunk = c.take(10_000, 5.0)
+            if not chunk:
+                break
+            got += len(chunk)
+            c.ack(chunk[-1].delivery_tag)
+        return got / (time.perf_counter() - t)
+
+
+def pika_rates(uri: str, queue: str, n: int, size: int) -> tuple[float, float]:
+    """The same baselines with pika's BlockingConnection (publish waits for each confirm; consume with
+    prefetch 20000 and one multiple ack per 10000), for the client comparison in docs/spark.md."""
+    import pika
+
+    body = b"x" * size
+    conn = pika.BlockingConnection(pika.URLParameters(uri))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    k = min(n, 20_000)
+    t = time.perf_counter()
+    for _ in range(k):
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    pub = k / (time.perf_counter() - t)
+    prefill(uri, queue, n - k, size)
+    ch.basic_qos(prefetch_count=20_000)
+    got = [0]
+
+    def on_message(channel: Any, method: Any, _props: Any, _body: bytes) -> None:
+        got[0] += 1
+        if got[0] % 10_000 == 0 or got[0] == n:
+            channel.basic_ack(method.delivery_tag, multiple=True)
+
+    ch.basic_consume(queue, on_message)
+    t = time.perf_counter()
+    while got[0] < n:
+        conn.process_data_events(0.1)
+    con = n / (time.perf_counter() - t)
+    conn.close()
+    return pub, con
+
+
+def arrow_rate(n: int, size: int) -> float:
+    from .schema import to_record_batch
+
+    raw = BasicProperties(delivery_mode=2).encode()
+    ds = [Delivery(i + 1, False, "", "q", raw, b"x" * size, 1_700_000_000_000_000) for i in range(n)]
+    t = time.perf_counter()
+    for lo in range(0, n, 10_000):
+        to_record_batch(ds[lo:lo + 10_000], "q", True)
+    return n / (time.perf_counter() - t)
+
+
+def _durations(progress: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for p in progress:
+        for key, ms in (p.get("durationMs") or {}).items():
+            out[key] = out.get(key, 0.0) + ms / 1000
+    return out
+
+
+def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int
+                ) -> tuple[float, dict[str, float], int]:
+    ck = work / f"ck-{sink}-{time.monotonic_ns()}"
+    df = (spark.readStream.format("hutch").option("uri", uri).option("queue", queue)
+          .option("maxMessagesPerTrigger", str(per_trigger)).option("prefetch", str(min(65535, 2 * per_trigger)))
+          .load())
+    w = df.writeStream.option("checkpointLocation", str(ck)).trigger(availableNow=True)
+    if sink == "memory":
+        w = w.format("memory").queryName(f"bench_{time.monotonic_ns()}")
+    else:
+        w = w.format("parquet").option("path", str(work / f"out-{time.monotonic_ns()}"))
+    t = time.perf_counter()
+    q = w.start()
+    q.awaitTermination()
+    took = time.perf_counter() - t
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    return rows / took, _durations(q.recentProgress), len([p for p in q.recentProgress if p["numInputRows"]])
+
+
+def write_rate(spark: Any, uri: str, queue: str, n: int, size: int) -> float:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, n, numPartitions=2).select(
+        F.rpad(F.col("id").cast("string"), size, "x").alias("value")).cache()
+    df.count()
+    t = time.perf_counter()
+    df.write.format("hutch").mode("append").option("uri", uri).option("routing_key", queue).save()
+    took = time.perf_counter() - t
+    df.unpersist()
+    return n / took
+
+
+def _best(repeat: int, run: Callable[[], Any]) -> Any:
+    results = [run() for _ in range(repeat)]
+    return max(results, key=lambda r: r[0] if isinstance(r, tuple) else r)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--uri", help="an existing broker (default: start a hutch node on free ports)")
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=100, help="body bytes")
+    ap.add_argument("--per-trigger", type=int, default=20_000, help="maxMessagesPerTrigger")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
+    ap.add_argument("--compare-pika", action="store_true", help="also measure pika's BlockingConnection")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hutch-spark-bench-"))
+    node = None
+    uri = args.uri
+    if uri is None:
+        node, uri = start_node(work)
+    n, size = args.messages, args.size
+    try:
+        from pyspark.sql import SparkSession
+
+        from . import HutchDataSource
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = (SparkSession.builder.master(args.master).appName("hutch-spark-bench")
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2"))
+        for setting in args.conf:
+            key, _, value = setting.partition("=")
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(HutchDataSource)
+        q = "bench"
+        declare(uri, q)
+        print(f"# hutch Spark connector benchmark: {n} messages of {size} bytes, {args.master}, "
+              f"maxMessagesPerTrigger={args.per_trigger}, best of {args.repeat}"
+              + (f", {' '.join(args.conf)}" if args.conf else ""))
+        print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+              f"PySpark {spark.version}")
+        print(f"arrow conversion (deliveries -> record batch): {arrow_rate(min(n, 100_000), size):,.0f} msg/s")
+        pub = _best(args.repeat, lambda: (declare(uri, q), prefill(uri, q, n, size))[1])
+        con = consume_rate(uri, q, n)
+        print(f"broker only, connector client: publish+confirm {pub:,.0f} msg/s, consume+ack {con:,.0f} msg/s")
+        if args.compare_pika:
+            declare(uri, q)
+            ppub, pcon = pika_rates(uri, q, n, size)
+            print(f"broker only, pika BlockingConnection: publish+confirm {ppub:,.0f} msg/s, "
+                  f"consume+ack {pcon:,.0f} msg/s")
+        for sink in ("memory", "parquet"):
+            def one(sink: str = sink) -> tuple[float, dict[str, float], int]:
+                declare(uri, q)
+                prefill(uri, q, n, size)
+                return stream_rate(spark, uri, q, n, sink, work, args.per_trigger)
+            rate, durations, batches = _best(args.repeat, one)
+            parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
+            print(f"hutch -> {sink} sink: {rate:,.0f} msg/s ({batches} batches; {parts})")
+        declare(uri, q)
+        wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
+        print(f"DataFrame -> hutch (2 partitions, confirms): {wr:,.0f} msg/s")
+        spark.stop()
+    finally:
+        if node is not None:
+            node.terminate()
+            node.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The `hutch` PySpark data source: the entry point Spark instantiates.
+
+Owns: `HutchDataSource` (`name()` is "hutch") and `register(spark)`.
+
+Rules: the data source object is created by Spark in a Python process from the options the user gave;
+it resolves and checks them (`hutch.spark.options`) and hands the resolved, picklable options to the
+reader or writer it creates. It opens no connection itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from .options import HutchOptionError, read_options, write_options
+from .schema import READ_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from .sink import HutchStreamWriter, HutchWriter
+    from .source import HutchBatchReader, HutchStreamReader
+
+
+class HutchDataSource(DataSource):
+    """Read from and write to a hutch (or any AMQP 0-9-1) broker. Register it with
+    `spark.dataSource.register(HutchDataSource)`, then use `format("hutch")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hutch"
+
+    def schema(self) -> StructType:
+        # Spark calls schema() for reads only (at load()), so a bad read option fails right there.
+        read_options(self.options)
+        return READ_SCHEMA
+
+    def _check_read_schema(self, schema: StructType) -> None:
+        if schema != READ_SCHEMA:
+            raise HutchOptionError(
+                "hutch source: the schema of a hutch read is fixed; remove .schema(...) "
+                f"(expected {READ_SCHEMA.simpleString()}, got {schema.simpleString()})")
+
+    def reader(self, schema: StructType) -> HutchBatchReader:
+        from .source import HutchBatchReader
+
+        self._check_read_schema(schema)
+        return HutchBatchReader(read_options(self.options))
+
+    def simpleStreamReader(self, schema: StructType) -> HutchStreamReader:
+        from .source import HutchStreamReader
+
+        self._check_read_schema(schema)
+        return HutchStreamReader(read_options(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> HutchWriter:
+        from .sink import HutchWriter, check_write_schema
+
+        _refuse_overwrite(overwrite)
+        opts = write_options(self.options)
+        check_write_schema(schema, opts)
+        return HutchWriter(opts)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> HutchStreamWriter:
+        from .sink import HutchStreamWriter, check_write_schema
+
+        _refuse_overwrite(overwrite)
+        opts = write_options(self.options)
+        check_write_schema(schema, opts)
+        return HutchStreamWriter(opts)
+
+
+def _refuse_overwrite(overwrite: bool) -> None:
+    if overwrite:
+        raise HutchOptionError("hutch sink: a broker cannot be overwritten; use mode('append') "
+                               "(or outputMode('append') for a stream)")
+
+
+def register(spark: SparkSession) -> None:
+    """`spark.dataSource.register(HutchDataSource)`."""
+    spark.dataSource.register(HutchDataSource)
+
+
+__all__: list[Any] = ["HutchDataSource", "register"]

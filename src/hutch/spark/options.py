@@ -1,0 +1,264 @@
+"""Options of the `hutch` Spark data source: parsing, defaults, bounds and the errors users see.
+
+Owns: `AmqpUri` and `parse_uri`, `ReadOptions` (streaming and batch reads), `WriteOptions` (batch and
+streaming writes), and `HutchOptionError`.
+
+Rules:
+- Everything is resolved once, on the driver, when the source or sink is created (`DataSource.schema`,
+  `reader`, `writer`, ...), so a bad option fails the query at start with a message that names the
+  option, the value and what is allowed. The resolved objects are plain, picklable dataclasses.
+- Option names are case-insensitive (Spark lower-cases them); unknown names are an error, so that a
+  typo (`maxMessagesPerTriger`) is not silently ignored.
+- No pyspark import here: this module is usable (and tested) without Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+AMQP_PORT = 5672
+PREFETCH_MAX = 65535  # basic.qos prefetch-count is a 16-bit field
+
+
+class HutchOptionError(ValueError):
+    """A data source option is missing or invalid; the text says which and why."""
+
+
+@dataclass(frozen=True)
+class AmqpUri:
+    """A parsed `amqp://user:pass@host:port/vhost?heartbeat=s&connection_timeout=ms&frame_max=n`."""
+
+    host: str = "127.0.0.1"
+    port: int = AMQP_PORT
+    username: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    heartbeat_s: int = 60
+    frame_max_bytes: int = 0  # 0: take the server's proposal
+    connect_timeout_s: float = 10.0
+
+    def display(self) -> str:
+        """The URI with the password left out, for messages and logs."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        vhost = "%2F" if self.vhost == "/" else self.vhost
+        return f"amqp://{self.username}@{host}:{self.port}/{vhost}"
+
+
+def parse_uri(text: str) -> AmqpUri:
+    """Parse an AMQP URI as RabbitMQ clients do (`amqps` is not supported). Raises HutchOptionError."""
+    shown = _hide_password(text)
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: {exc}") from None
+    if parts.scheme == "amqps":
+        raise HutchOptionError("option 'uri': amqps:// (TLS) is not supported by the hutch connector yet; "
+                               "use amqp://")
+    if parts.scheme != "amqp":
+        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: it must start with amqp:// "
+                               "(e.g. amqp://guest:guest@localhost:5672/%2F)")
+    if not parts.hostname:
+        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: no host")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if "/" in path:
+        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: the virtual host must be one path "
+                               "segment (write the default vhost / as %2F)")
+    fields: dict[str, int | float] = {}
+    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
+        value = values[-1]
+        if key in ("heartbeat", "frame_max"):
+            if not value.isdigit():
+                raise HutchOptionError(f"option 'uri': {key} must be a non-negative integer, got {value!r}")
+            fields["heartbeat_s" if key == "heartbeat" else "frame_max_bytes"] = int(value)
+        elif key == "connection_timeout":
+            if not value.isdigit() or int(value) == 0:
+                raise HutchOptionError("option 'uri': connection_timeout must be a positive number of "
+                                       f"milliseconds, got {value!r}")
+            fields["connect_timeout_s"] = int(value) / 1000.0
+        else:
+            raise HutchOptionError(f"option 'uri': unsupported query parameter {key!r} "
+                                   "(allowed: heartbeat, connection_timeout, frame_max)")
+    if 0 < int(fields.get("frame_max_bytes", 0)) < 4096:
+        raise HutchOptionError("option 'uri': frame_max must be 0 or at least 4096")
+    if int(fields.get("heartbeat_s", 0)) > 65535:
+        raise HutchOptionError("option 'uri': heartbeat must be at most 65535 seconds")
+    return AmqpUri(
+        host=parts.hostname,
+        port=port if port is not None else AMQP_PORT,
+        username=unquote(parts.username) if parts.username is not None else "guest",
+        password=unquote(parts.password) if parts.password is not None else "guest",
+        vhost=unquote(path) if path else "/",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _hide_password(text: str) -> str:
+    try:
+        parts = urlsplit(text)
+        if parts.password is None:
+            return text
+        return text.replace(f":{parts.password}@", ":***@", 1)
+    except ValueError:
+        return text
+
+
+# -- reading -----------------------------------------------------------------------------------------
+
+ACK_MODES = ("afterPartition", "none")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Resolved options of `spark.read` / `spark.readStream` with `format("hutch")`."""
+
+    uri: AmqpUri
+    queue: str
+    prefetch: int = 20_000
+    max_messages_per_trigger: int = 10_000  # streaming: most messages in one micro-batch
+    poll_timeout_ms: int = 100  # how long a read waits for messages to arrive
+    include_headers: bool = True
+    max_messages: int = 100_000  # batch: most messages one spark.read drains
+    num_partitions: int = 0  # batch: 0 = ceil(messages / prefetch)
+    ack_mode: str = "afterPartition"  # batch: when a read task acknowledges
+
+
+_READ_KEYS = {
+    "uri": "uri", "queue": "queue", "prefetch": "prefetch",
+    "maxmessagespertrigger": "maxMessagesPerTrigger", "polltimeoutms": "pollTimeoutMs",
+    "includeheaders": "includeHeaders", "maxmessages": "maxMessages", "numpartitions": "numPartitions",
+    "ackmode": "ackMode",
+}
+_WRITE_KEYS = {
+    "uri": "uri", "exchange": "exchange", "routing_key": "routing_key", "mandatory": "mandatory",
+    "deliverymode": "deliveryMode", "maxunconfirmed": "maxUnconfirmed",
+    "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId",
+}
+# Keys Spark itself may put in the options map; never ours to judge.
+_SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): v for k, v in options.items()}
+
+
+def _check_known(opts: dict[str, str], known: dict[str, str], what: str) -> None:
+    unknown = sorted(k for k in opts if k not in known and k not in _SPARK_KEYS)
+    if unknown:
+        allowed = ", ".join(sorted(known.values(), key=str.lower))
+        raise HutchOptionError(f"unknown option(s) for a hutch {what}: {', '.join(unknown)} "
+                               f"(allowed: {allowed})")
+
+
+def _int(opts: dict[str, str], key: str, name: str, default: int, low: int, high: int) -> int:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise HutchOptionError(f"option '{name}' must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise HutchOptionError(f"option '{name}' must be between {low} and {high}, got {value}")
+    return value
+
+
+def _bool(opts: dict[str, str], key: str, name: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise HutchOptionError(f"option '{name}' must be true or false, got {raw!r}")
+
+
+def _uri(opts: dict[str, str]) -> AmqpUri:
+    raw = opts.get("uri")
+    if raw is None or not str(raw).strip():
+        raise HutchOptionError("option 'uri' is required, e.g. .option('uri', "
+                               "'amqp://guest:guest@localhost:5672/%2F')")
+    return parse_uri(str(raw).strip())
+
+
+def read_options(options: Mapping[str, str]) -> ReadOptions:
+    """Resolve and check the options of a read (batch or streaming). Raises HutchOptionError."""
+    opts = _lower(options)
+    _check_known(opts, _READ_KEYS, "source")
+    uri = _uri(opts)
+    queue = opts.get("queue")
+    if queue is None or not str(queue):
+        raise HutchOptionError("option 'queue' is required: the name of the queue to consume from")
+    if len(str(queue).encode()) > 255:
+        raise HutchOptionError("option 'queue': a queue name is at most 255 bytes")
+    prefetch = _int(opts, "prefetch", "prefetch", ReadOptions.prefetch, 1, PREFETCH_MAX)
+    max_per_trigger = _int(opts, "maxmessagespertrigger", "maxMessagesPerTrigger",
+                           min(ReadOptions.max_messages_per_trigger, prefetch), 1, PREFETCH_MAX)
+    if max_per_trigger > prefetch:
+        raise HutchOptionError(
+            f"option 'maxMessagesPerTrigger' ({max_per_trigger}) must not exceed 'prefetch' ({prefetch}): "
+            "a micro-batch's messages stay unacknowledged until Spark commits it, and the broker sends at "
+            "most 'prefetch' unacknowledged messages")
+    ack_mode = opts.get("ackmode", ReadOptions.ack_mode)
+    by_lower = {m.lower(): m for m in ACK_MODES}
+    if str(ack_mode).lower() not in by_lower:
+        raise HutchOptionError(f"option 'ackMode' must be one of {', '.join(ACK_MODES)}, got {ack_mode!r}")
+    return ReadOptions(
+        uri=uri,
+        queue=str(queue),
+        prefetch=prefetch,
+        max_messages_per_trigger=max_per_trigger,
+        poll_timeout_ms=_int(opts, "polltimeoutms", "pollTimeoutMs", ReadOptions.poll_timeout_ms, 1, 600_000),
+        include_headers=_bool(opts, "includeheaders", "includeHeaders", ReadOptions.include_headers),
+        max_messages=_int(opts, "maxmessages", "maxMessages", ReadOptions.max_messages, 0, 2**31 - 1),
+        num_partitions=_int(opts, "numpartitions", "numPartitions", ReadOptions.num_partitions, 0, 10_000),
+        ack_mode=by_lower[str(ack_mode).lower()],
+    )
+
+
+# -- writing -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Resolved options of `df.write` / `df.writeStream` with `format("hutch")`."""
+
+    uri: AmqpUri
+    exchange: str | None = None  # overrides the `exchange` column
+    routing_key: str | None = None  # overrides the `routing_key` column
+    mandatory: bool = True  # an unroutable message fails the task
+    delivery_mode: int = 2  # 2 = persistent (kept across restarts once hutch persists messages)
+    max_unconfirmed: int = 10_000  # bound on published-but-unconfirmed messages per task
+    confirm_timeout_ms: int = 60_000  # how long a task waits for its confirms
+    write_id: str | None = None  # batch writes: the "query" part of message ids (default: random)
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Resolve and check the options of a write (batch or streaming). Raises HutchOptionError."""
+    opts = _lower(options)
+    _check_known(opts, _WRITE_KEYS, "sink")
+    uri = _uri(opts)
+    exchange = opts.get("exchange")
+    routing_key = opts.get("routing_key")
+    for name, value in (("exchange", exchange), ("routing_key", routing_key)):
+        if value is not None and len(str(value).encode()) > 255:
+            raise HutchOptionError(f"option '{name}' is at most 255 bytes")
+    write_id = opts.get("writeid")
+    if write_id is not None and (not str(write_id) or ":" in str(write_id)):
+        raise HutchOptionError("option 'writeId' must be a non-empty string without ':'")
+    return WriteOptions(
+        uri=uri,
+        exchange=None if exchange is None else str(exchange),
+        routing_key=None if routing_key is None else str(routing_key),
+        mandatory=_bool(opts, "mandatory", "mandatory", WriteOptions.mandatory),
+        delivery_mode=_int(opts, "deliverymode", "deliveryMode", WriteOptions.delivery_mode, 1, 2),
+        max_unconfirmed=_int(opts, "maxunconfirmed", "maxUnconfirmed", WriteOptions.max_unconfirmed,
+                             1, 1_000_000),
+        confirm_timeout_ms=_int(opts, "confirmtimeoutms", "confirmTimeoutMs",
+                                WriteOptions.confirm_timeout_ms, 1, 3_600_000),
+        write_id=None if write_id is None else str(write_id),
+    )

@@ -1,0 +1,71 @@
+"""Fixtures of the Spark suite.
+
+`spark` is one local Spark session (`local[2]`) for the whole run, with the hutch data source
+registered; Spark starts in ~10 s, so every test shares it. It *fails* (never skips) when Java or
+PySpark is missing, so CI cannot go green without running these tests. `server` is the session-wide
+hutch process from tests/conftest.py; tests use unique queue names. `broker` is a pika connection to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conftest import ServerInfo  # tests/conftest.py (tests/ is on sys.path)
+
+from .helpers import Broker
+
+
+def _require_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if shutil.which("java") is None and not (java_home and os.path.exists(os.path.join(java_home, "bin", "java"))):
+        pytest.fail("the Spark tests need Java 17+: `java` is not on PATH and JAVA_HOME is not set. Install a "
+                    "JRE (e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME.", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    _require_java()
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        pytest.fail("the Spark tests need PySpark 4.2+ and pyarrow: pip install -e '.[test,spark]'",
+                    pytrace=False)
+    from hutch.spark import HutchDataSource
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("hutch-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(HutchDataSource)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def server(hutch_server: ServerInfo) -> ServerInfo:
+    return hutch_server
+
+
+@pytest.fixture
+def broker(server: ServerInfo) -> Iterator[Broker]:
+    b = Broker(server.amqp_port)
+    yield b
+    b.close()

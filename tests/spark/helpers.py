@@ -1,0 +1,171 @@
+"""Helpers of the Spark suite: unique names, publishing and inspecting queues with pika, waiting, and
+`Proxy`, a TCP relay between Spark and hutch that the tests cut to make "the broker" go away (or go
+silent) while the real broker stays up and requeues what the lost connections held.
+
+Rules: every wait has a deadline; nothing here talks to ports 5672/15672.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pika
+
+_counter = itertools.count(1)
+
+
+def unique(prefix: str = "sq") -> str:
+    return f"{prefix}-{os.getpid()}-{next(_counter)}-{time.monotonic_ns() % 1_000_000}"
+
+
+def amqp_uri(port: int, **query: Any) -> str:
+    qs = "&".join(f"{k}={v}" for k, v in query.items())
+    return f"amqp://guest:guest@127.0.0.1:{port}/%2F" + (f"?{qs}" if qs else "")
+
+
+class Broker:
+    """A pika connection to the test broker, for setting up and inspecting queues."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, "/", pika.PlainCredentials("guest", "guest"), connection_attempts=3,
+            socket_timeout=10, blocked_connection_timeout=60))
+        self.ch = self.conn.channel()
+        self.ch.confirm_delivery()
+
+    def declare(self, queue: str | None = None) -> str:
+        queue = queue or unique()
+        self.ch.queue_declare(queue, durable=True)
+        return queue
+
+    def publish(self, queue: str, n: int, start: int = 0, body_size: int = 0,
+                properties: Callable[[int], pika.BasicProperties] | None = None) -> list[str]:
+        """Publish n messages with bodies `m<i>` (padded to body_size) and message_id = str(i); returns
+        the bodies as text."""
+        bodies = []
+        for i in range(start, start + n):
+            body = f"m{i:07d}".ljust(body_size, ".")
+            props = properties(i) if properties else pika.BasicProperties(message_id=str(i), delivery_mode=2)
+            self.ch.basic_publish("", queue, body.encode(), props)
+            bodies.append(body)
+        return bodies
+
+    def ready(self, queue: str) -> int:
+        return int(self.ch.queue_declare(queue, passive=True).method.message_count)
+
+    def get_all(self, queue: str, limit: int = 100_000) -> list[tuple[Any, Any, bytes]]:
+        """basic.get (auto-ack) until the queue is empty."""
+        out = []
+        while len(out) < limit:
+            method, props, body = self.ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            out.append((method, props, body))
+        return out
+
+    def close(self) -> None:
+        if self.conn.is_open:
+            self.conn.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+class Proxy:
+    """Relays 127.0.0.1:<port> to the broker. `cut()` drops every relayed connection (as a broker that
+    went away would) and refuses new ones until `restore()`; `blackhole()` stops relaying bytes without
+    closing anything (a silent network)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._up = True
+        self._silent = False
+        self._stopped = False
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self._up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, upstream))
+            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
+
+    def _relay(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while True:
+                readable, _, _ = select.select([a, b], [], [], 0.2)
+                if self._silent:
+                    continue
+                for s in readable:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def connections(self) -> int:
+        with self._lock:
+            return sum(1 for a, _ in self._pairs if a.fileno() >= 0)
+
+    def cut(self) -> None:
+        self._up = False
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for a, b in pairs:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def blackhole(self) -> None:
+        self._silent = True
+
+    def restore(self) -> None:
+        self._up = True
+        self._silent = False
+
+    def close(self) -> None:
+        self._stopped = True
+        self.cut()
+        self.listener.close()
