@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import platform
 import signal
@@ -233,8 +234,26 @@ async def serve(config: Config, services: Sequence[Service] = ()) -> int:
     return 0
 
 
+GC_THRESHOLDS = (100_000, 20, 10)
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a broker's allocation pattern.
+
+    Each message allocates a few small objects that live for milliseconds (until acked) and form no
+    cycles. With CPython's default gen-0 threshold (700) those objects are scanned and promoted many
+    times while in flight; with 100,000 most of them are freed by reference counting before any
+    collection sees them. Measured: +10% end-to-end throughput (docs/BENCHMARKS.md), the same as with
+    the collector disabled. Objects alive at start-up are frozen out of future collections.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_node(config: Config, services: Sequence[Service] = ()) -> int:
     """Run a node until SIGTERM/SIGINT; returns the process exit code."""
+    tune_gc()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep the node usable without it

@@ -43,10 +43,15 @@ class ClassicQueue(Queue):
     # -- messages ------------------------------------------------------------------------------
     def publish(self, msg: Message) -> None:
         self._seq += 1
-        self._ready.append(QueueEntry(self._seq, msg))
+        ready = self._ready
+        # A backlog means the last delivery attempt found no consumer able to take a message, and
+        # every event that frees one (ack, qos, resumed socket, new consumer, requeue) calls
+        # deliver_pending itself: nothing to try here.
+        backlog = bool(ready)
+        ready.append(QueueEntry(self._seq, msg))
         self._ready_bytes += msg.size
         self.stat_published += 1
-        if self._consumer_count:
+        if self._consumer_count and not backlog:
             self.deliver_pending()
 
     def deliver_pending(self) -> None:
@@ -83,7 +88,8 @@ class ClassicQueue(Queue):
         (and latency) grow without bound. A backlog behind consumers that are merely at their prefetch,
         or with no consumers at all, does not block publishers, as in RabbitMQ.
         """
-        return len(self._ready) > FLOW_HIGH and self._consumer_blocked_by_socket()
+        # sampled every 64th message: the consumer scan is not free and flow is a coarse signal
+        return len(self._ready) > FLOW_HIGH and not self._seq & 63 and self._consumer_blocked_by_socket()
 
     def _consumer_blocked_by_socket(self) -> bool:
         for _prio, group in self._groups:
