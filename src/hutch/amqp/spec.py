@@ -469,32 +469,48 @@ class BasicProperties:
     @classmethod
     def decode(cls, buf: bytes | memoryview, offset: int) -> BasicProperties:
         """Decode flags + property list starting at `offset`. Raises FrameError."""
-        props = cls.__new__(cls)
-        try:
-            flags = (buf[offset] << 8) | buf[offset + 1]
-            offset += 2
-            if flags & 1:
-                raise FrameError("property flags continuation is not supported for class basic")
-            for i, (name, kind) in enumerate(PROPERTY_FIELDS):
-                if not flags & (1 << (15 - i)):
-                    setattr(props, name, None)
-                    continue
-                if kind == "shortstr":
-                    value, offset = _sstr(buf, offset)
-                elif kind == "table":
-                    value, offset = decode_table(buf, offset)
-                elif kind == "octet":
-                    value = buf[offset]
-                    offset += 1
-                else:
-                    (value,) = struct.unpack_from(">Q", buf, offset)
-                    offset += 8
-                setattr(props, name, value)
-        except (IndexError, struct.error):
-            raise FrameError("cannot decode content header properties") from None
-        if offset > len(buf):
-            raise FrameError("content header properties overrun the frame")
-        return props
+        return _decode_properties(buf, offset)
+
+
+def _gen_properties_decoder() -> Any:
+    """Straight-line decoder generated from PROPERTY_FIELDS (no per-field loop or setattr by name)."""
+    lines = [
+        "def decode(buf, o):",
+        "    props = _new(_cls)",
+        "    try:",
+        "        flags = (buf[o] << 8) | buf[o + 1]",
+        "        o += 2",
+        "        if flags & 1:",
+        "            raise FrameError('property flags continuation is not supported for class basic')",
+    ]
+    for i, (name, kind) in enumerate(PROPERTY_FIELDS):
+        bit = 1 << (15 - i)
+        lines.append(f"        if flags & {bit}:")
+        if kind == "shortstr":
+            lines.append(f"            props.{name}, o = _sstr(buf, o)")
+        elif kind == "table":
+            lines.append(f"            props.{name}, o = _dtable(buf, o)")
+        elif kind == "octet":
+            lines.append(f"            props.{name} = buf[o]")
+            lines.append("            o += 1")
+        else:
+            lines.append(f"            props.{name} = _unpack('>Q', buf, o)[0]")
+            lines.append("            o += 8")
+        lines.append("        else:")
+        lines.append(f"            props.{name} = None")
+    lines += [
+        "    except (IndexError, struct.error):",
+        "        raise FrameError('cannot decode content header properties') from None",
+        "    if o > len(buf):",
+        "        raise FrameError('content header properties overrun the frame')",
+        "    return props",
+    ]
+    ns = dict(_NAMESPACE, _new=object.__new__, _cls=BasicProperties)
+    exec("\n".join(lines), ns)  # noqa: S102 - generated from the PROPERTY_FIELDS table
+    return ns["decode"]
+
+
+_decode_properties = _gen_properties_decoder()
 
 
 EMPTY_PROPERTIES_RAW = b"\x00\x00"

@@ -17,7 +17,7 @@ import platform
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
@@ -29,8 +29,10 @@ from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
 from hutch.queues.classic.queue import ClassicQueue
+from hutch.storage.errors import StorageError
 
 from .connection import CAPABILITIES, AMQPConnection
+from .definitions import DefinitionStore, pack_arguments, unpack_arguments
 
 if TYPE_CHECKING:
     from .channel import ServerChannel
@@ -44,12 +46,17 @@ SUPPORTED_QUEUE_TYPES = ("classic",)
 
 
 class Node:
-    def __init__(self, config: Config, auth: AuthStore | None = None) -> None:
+    def __init__(self, config: Config, auth: AuthStore | None = None,
+                 store: DefinitionStore | None = None) -> None:
         self.config = config
         self.name = config.node_name
+        self.store = store
+        self._replaying = False
+        saved_ops = store.load() if store is not None else []
         if auth is None:
             auth = AuthStore()
-            auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
+            if not saved_ops:
+                auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.connections: set[AMQPConnection] = set()
@@ -61,6 +68,8 @@ class Node:
         self.amqp_port = 0
         self.management_port = 0
         self._tick_handle: asyncio.TimerHandle | None = None
+        if store is not None:
+            self._restore(saved_ops)
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
@@ -80,9 +89,105 @@ class Node:
             "version": __version__,
         }
 
+    # -- durable definitions ---------------------------------------------------------------------
+    def _record(self, op: dict[str, Any]) -> None:
+        if self.store is not None and not self._replaying:
+            self.store.append(op)
+
+    def _restore(self, ops: list[dict[str, Any]]) -> None:
+        """Replay saved definitions through the same methods that made them, then compact."""
+        assert self.store is not None
+        self._replaying = True
+        try:
+            for op in ops:
+                try:
+                    self._apply(op)
+                except (ChannelError, KeyError, ValueError) as exc:
+                    log.warning("skipping saved definition %s: %s", op.get("op"), exc)
+        finally:
+            self._replaying = False
+        self.store.compact(self._state_ops())
+        log.info("definitions restored: %d vhosts, %d queues, %d exchanges", len(self.vhosts),
+                 sum(len(v.queues) for v in self.vhosts.values()),
+                 sum(len(v.exchanges) for v in self.vhosts.values()))
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        kind = op["op"]
+        if kind == "auth":
+            self.auth = AuthStore.from_dict(op["auth"])
+            names = {v.name for v in self.auth.list_vhosts()}
+            for name in list(self.vhosts):
+                if name not in names:
+                    del self.vhosts[name]
+            for name in names:
+                self.vhosts.setdefault(name, VirtualHost(name))
+            self.perm_epoch += 1
+            return
+        vhost = self.vhosts[op["vhost"]]
+        if kind == "exchange.declare":
+            self.declare_exchange(vhost, op["name"], op["type"], True, op["auto_delete"], op["internal"],
+                                  unpack_arguments(op["arguments"]))
+        elif kind == "exchange.delete":
+            self.delete_exchange(vhost, op["name"], False)
+        elif kind == "queue.declare":
+            self.declare_queue(vhost, op["name"], True, False, op["auto_delete"],
+                               unpack_arguments(op["arguments"]), None)
+        elif kind == "queue.delete":
+            q = vhost.queues.get(op["name"])
+            if q is not None:
+                self.delete_queue(vhost, q)
+        elif kind in ("bind", "unbind"):
+            source = vhost.lookup_exchange(op["source"])
+            method = self.bind if kind == "bind" else self.unbind
+            method(vhost, source, (op["dest_kind"], op["dest"]), op["routing_key"],
+                   unpack_arguments(op["arguments"]))
+        else:
+            raise ValueError(f"unknown operation {kind!r}")
+
+    def _state_ops(self) -> Iterator[dict[str, Any]]:
+        """The durable state as operations that rebuild it: auth, then exchanges, queues, bindings."""
+        yield {"op": "auth", "auth": self.auth.to_dict()}
+        for vhost in self.vhosts.values():
+            for x in vhost.exchanges.values():
+                if x.durable and x.name and not x.name.startswith("amq."):
+                    yield self._exchange_op(vhost, x)
+            for q in vhost.queues.values():
+                if _is_durable_queue(q):
+                    yield {"op": "queue.declare", "vhost": vhost.name, "name": q.name,
+                           "auto_delete": q.auto_delete, "arguments": pack_arguments(q.arguments)}
+            for x in vhost.exchanges.values():
+                if not x.durable:
+                    continue
+                for b in x.router.bindings():
+                    if self._durable_destination(vhost, b.destination):
+                        yield self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
+
+    @staticmethod
+    def _exchange_op(vhost: VirtualHost, x: Exchange) -> dict[str, Any]:
+        return {"op": "exchange.declare", "vhost": vhost.name, "name": x.name, "type": x.type,
+                "auto_delete": x.auto_delete, "internal": x.internal,
+                "arguments": pack_arguments(x.arguments)}
+
+    @staticmethod
+    def _binding_op(kind: str, vhost: VirtualHost, source: Exchange, destination: tuple[str, str],
+                    routing_key: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"op": kind, "vhost": vhost.name, "source": source.name, "dest_kind": destination[0],
+                "dest": destination[1], "routing_key": routing_key, "arguments": pack_arguments(arguments)}
+
+    @staticmethod
+    def _durable_destination(vhost: VirtualHost, destination: tuple[str, str]) -> bool:
+        kind, name = destination
+        if kind == "queue":
+            q = vhost.queues.get(name)
+            return q is not None and _is_durable_queue(q)
+        x = vhost.exchanges.get(name)
+        return x is not None and x.durable
+
     # -- access control changes ------------------------------------------------------------------
     def permissions_changed(self) -> None:
+        """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
+        self._record({"op": "auth", "auth": self.auth.to_dict()})
 
     def add_vhost(self, name: str, description: str = "", tags: Sequence[str] = ()) -> None:
         self.auth.add_vhost(name, description=description, tags=list(tags))
@@ -115,19 +220,31 @@ class Node:
     # -- topology ----------------------------------------------------------------------------------
     def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,
                          internal: bool, arguments: dict[str, Any]) -> Exchange:
-        x, _created = vhost.declare_exchange(name, type_, durable, auto_delete, internal, arguments)
+        x, created = vhost.declare_exchange(name, type_, durable, auto_delete, internal, arguments)
+        if created and durable:
+            self._record(self._exchange_op(vhost, x))
         return x
 
     def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool:
-        return vhost.delete_exchange(name, if_unused)
+        x = vhost.exchanges.get(name)
+        deleted = vhost.delete_exchange(name, if_unused)
+        if deleted and x is not None and x.durable:
+            self._record({"op": "exchange.delete", "vhost": vhost.name, "name": name})
+        return deleted
 
     def bind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
              arguments: dict[str, Any]) -> bool:
-        return vhost.bind(source, destination, routing_key, arguments)
+        added = vhost.bind(source, destination, routing_key, arguments)
+        if added and source.durable and self._durable_destination(vhost, destination):
+            self._record(self._binding_op("bind", vhost, source, destination, routing_key, arguments))
+        return added
 
     def unbind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
                arguments: dict[str, Any]) -> bool:
-        return vhost.unbind(source, destination, routing_key, arguments)
+        removed = vhost.unbind(source, destination, routing_key, arguments)
+        if removed and source.durable and self._durable_destination(vhost, destination):
+            self._record(self._binding_op("unbind", vhost, source, destination, routing_key, arguments))
+        return removed
 
     def declare_queue(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
                       arguments: dict[str, Any], owner: object) -> Queue:
@@ -143,11 +260,17 @@ class Node:
                                f"{', '.join(SUPPORTED_QUEUE_TYPES)})")
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         vhost.add_queue(q)
+        if _is_durable_queue(q):
+            self._record({"op": "queue.declare", "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
+                          "arguments": pack_arguments(arguments)})
         return q
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:
         consumers = q.consumers()
+        durable = _is_durable_queue(q) and vhost.queues.get(q.name) is q
         count = vhost.delete_queue(q)
+        if durable:
+            self._record({"op": "queue.delete", "vhost": vhost.name, "name": q.name})
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)
         return count
@@ -203,8 +326,17 @@ class Node:
             conn._abort()
 
 
+def _is_durable_queue(q: Queue) -> bool:
+    return q.durable and q.exclusive_owner is None
+
+
 async def serve(config: Config, services: Sequence[Service] = ()) -> int:
-    node = Node(config)
+    try:
+        store = DefinitionStore(config.data_dir) if config.data_dir else None
+        node = Node(config, store=store)
+    except (StorageError, ValueError) as exc:
+        print(f"hutch-server: cannot load definitions from {config.data_dir}: {exc}", file=sys.stderr)
+        return 1
     try:
         await node.start()
     except OSError as exc:

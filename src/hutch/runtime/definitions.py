@@ -1,0 +1,84 @@
+"""Durable definitions: the users, vhosts, permissions, durable exchanges, durable queues and the
+bindings between durable objects that survive a restart of the node.
+
+Owns: the on-disk form of definitions under `<data_dir>/definitions/`: a snapshot file (the whole
+state as a list of operations, plus the log sequence number it covers) and a segmented log of the
+operations made since. Both come from `hutch.storage` (checksummed, fsynced, torn tail tolerated).
+
+Rules:
+- Every definition change that must survive a restart is appended to the log and fdatasync'd before
+  the node replies to the client (one fdatasync, about 50 µs here, per change; definitions change
+  rarely compared with messages).
+- Operations are replayed through the same node methods that made them, so cascades (bindings removed
+  with their queue, auto-delete exchanges) happen again exactly as they did.
+- At start-up, after replay, the state is written as a new snapshot and the log before it is dropped.
+- Record format: msgpack maps; x-arguments are kept as AMQP-encoded field tables (byte for byte, so
+  every field type survives).
+- Messages are not stored here (the message store is a later issue).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+
+from hutch.amqp.table import decode_table, encode_table
+from hutch.storage.fs import FileSystem, RealFS
+from hutch.storage.log import SegmentedLog
+from hutch.storage.snapshot import read_snapshot, write_snapshot
+
+SNAPSHOT_KIND = 1
+FORMAT_VERSION = 1
+
+
+def pack_arguments(arguments: dict[str, Any] | None) -> bytes:
+    return encode_table(arguments or {})
+
+
+def unpack_arguments(raw: bytes) -> dict[str, Any]:
+    return decode_table(raw, 0)[0]
+
+
+class DefinitionStore:
+    """The definitions files of one node. Not thread-safe; used from the event loop thread."""
+
+    def __init__(self, data_dir: str, fs: FileSystem | None = None) -> None:
+        self.fs = fs or RealFS()
+        self.directory = os.path.join(data_dir, "definitions")
+        self.fs.make_dirs(self.directory)
+        self.snapshot_path = os.path.join(self.directory, "snapshot")
+        self.log = SegmentedLog.open(self.fs, os.path.join(self.directory, "log"))
+        self.covered_seq = 0
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every operation to replay, oldest first: the snapshot's, then the log's after it."""
+        ops: list[dict[str, Any]] = []
+        payload = read_snapshot(self.fs, self.snapshot_path, kind=SNAPSHOT_KIND)
+        if payload is not None:
+            doc = msgpack.unpackb(payload, raw=False)
+            if doc.get("version") != FORMAT_VERSION:
+                raise ValueError(f"definitions snapshot has unknown format version {doc.get('version')!r}")
+            self.covered_seq = int(doc["covered_seq"])
+            ops.extend(doc["ops"])
+        for _seq, entry in self.log.read_from(self.covered_seq + 1):
+            ops.append(msgpack.unpackb(entry, raw=False))
+        return ops
+
+    def append(self, op: dict[str, Any]) -> None:
+        """Make one operation durable (appended and fdatasync'd) before returning."""
+        self.log.append([msgpack.packb(op, use_bin_type=True)])
+        self.log.sync()
+
+    def compact(self, ops: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> None:
+        """Write `ops` (the whole current state) as the snapshot and drop the log it covers."""
+        covered = self.log.last_seq
+        doc = {"version": FORMAT_VERSION, "covered_seq": covered, "ops": list(ops)}
+        write_snapshot(self.fs, self.snapshot_path, msgpack.packb(doc, use_bin_type=True), kind=SNAPSHOT_KIND)
+        self.covered_seq = covered
+        self.log.truncate_before(covered + 1)
+
+    def close(self) -> None:
+        self.log.close()
