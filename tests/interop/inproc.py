@@ -21,7 +21,8 @@ T = TypeVar("T")
 
 
 class InProcNode:
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, monitor_resources: bool = True, **config: Any) -> None:
+        self.monitor_resources = monitor_resources
         config.setdefault("amqp_host", "127.0.0.1")
         config.setdefault("amqp_port", 0)
         config.setdefault("management_port", 0)
@@ -39,7 +40,7 @@ class InProcNode:
             # a cheap scrypt cost: these tests log in many times; the hashing itself is unit-tested
             auth = AuthStore(scrypt_n=16)
             auth.bootstrap(self.config.default_user, self.config.default_pass, self.config.default_vhost)
-            node = Node(self.config, auth=auth)
+            node = Node(self.config, auth=auth, monitor_resources=self.monitor_resources)
             await node.start()
             return node
 

@@ -259,6 +259,11 @@ class ServerChannel(DeclarationsMixin):
         if self.confirm:
             self.publish_seq += 1
         self.stat_publish += 1
+        conn = self.conn
+        if not conn.has_published:
+            conn.has_published = True
+        if self.node.alarms and not conn.alarm_blocked:
+            conn.block_for_alarm()  # this message is taken; the socket is not read again until clear
         x = self.vhost.exchanges.get(exchange)
         if x is None:
             raise ChannelError(NOT_FOUND, f"no exchange '{exchange}' in vhost '{self.vhost.name}'", 60, 40)

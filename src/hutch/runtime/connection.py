@@ -109,6 +109,8 @@ class AMQPConnection(asyncio.Protocol):
         self.name = ""
         self.write_paused = False
         self.flow_blocked = False
+        self.has_published = False
+        self.alarm_blocked = False
         self._flow_queues: set[Any] = set()
         self._read_holds: set[str] = set()
         self._read_this_turn = 0
@@ -450,8 +452,6 @@ class AMQPConnection(asyncio.Protocol):
         if self.heartbeat_s:
             self._timer = self._loop.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
         self.send_method(0, spec.Connection.OpenOk())
-        if self.node.alarms and self.capabilities.get("connection.blocked"):
-            self.send_method(0, spec.Connection.Blocked(reason=", ".join(sorted(self.node.alarms))))
 
     def _update_secret(self, m: Any) -> None:
         secret = m.new_secret.decode("utf-8", "replace")
@@ -544,11 +544,27 @@ class AMQPConnection(asyncio.Protocol):
         self.close_with_error(ConnectionError_(
             CONNECTION_FORCED, f"broker forced connection closure with reason '{reason}'"))
 
-    def send_blocked(self, reason: str) -> None:
-        if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
+    # -- resource alarms -------------------------------------------------------------------------
+    def alarm_raised(self) -> None:
+        """An alarm went off: a connection that has published is blocked now; one that has not is
+        'blocking' and gets blocked by its first publish (RabbitMQ's rule: consumers keep going)."""
+        if self.has_published:
+            self.block_for_alarm()
+
+    def block_for_alarm(self) -> None:
+        if self.alarm_blocked or self.state != State.OPEN:
+            return
+        self.alarm_blocked = True
+        self._hold_reading("alarm")
+        if self.capabilities.get("connection.blocked"):
+            reason = " & ".join(f"low on {a}" for a in sorted(self.node.alarms))
             self.send_method(0, spec.Connection.Blocked(reason=reason))
 
-    def send_unblocked(self) -> None:
+    def alarm_cleared(self) -> None:
+        if not self.alarm_blocked:
+            return
+        self.alarm_blocked = False
+        self._release_reading("alarm")
         if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
             self.send_method(0, spec.Connection.Unblocked())
 
@@ -567,6 +583,15 @@ class AMQPConnection(asyncio.Protocol):
             ch.close_internal()
         self.node.release_exclusive(self)
 
+    def _state_name(self) -> str:
+        if self.state != State.OPEN:
+            return "closing" if self.state >= State.CLOSING else "starting"
+        if self.alarm_blocked:
+            return "blocked"
+        if self.node.alarms:
+            return "blocking"
+        return "flow" if self.flow_blocked else "running"
+
     def info(self) -> dict[str, Any]:
         props = self.client_properties
         return {
@@ -579,7 +604,7 @@ class AMQPConnection(asyncio.Protocol):
             "frame_max": self.frame_max,
             "channel_max": self.channel_max,
             "timeout": self.heartbeat_s,
-            "state": ("flow" if self.flow_blocked else "running") if self.state == State.OPEN else "closing",
+            "state": self._state_name(),
             "protocol": "AMQP 0-9-1",
             "auth_mechanism": self.auth_mechanism,
             "client_properties": {k: v for k, v in props.items() if isinstance(v, (str, int, dict))},

@@ -31,6 +31,7 @@ from hutch.core.vhost import VirtualHost, rs
 from hutch.queues.classic.queue import ClassicQueue
 from hutch.storage.errors import StorageError
 
+from .alarms import ResourceMonitor
 from .connection import CAPABILITIES, AMQPConnection
 from .definitions import DefinitionStore, pack_arguments, unpack_arguments
 
@@ -47,7 +48,7 @@ SUPPORTED_QUEUE_TYPES = ("classic",)
 
 class Node:
     def __init__(self, config: Config, auth: AuthStore | None = None,
-                 store: DefinitionStore | None = None) -> None:
+                 store: DefinitionStore | None = None, monitor_resources: bool = True) -> None:
         self.config = config
         self.name = config.node_name
         self.store = store
@@ -68,6 +69,8 @@ class Node:
         self.amqp_port = 0
         self.management_port = 0
         self._tick_handle: asyncio.TimerHandle | None = None
+        self.monitor_resources = monitor_resources
+        self.monitor: ResourceMonitor | None = None
         if store is not None:
             self._restore(saved_ops)
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
@@ -212,6 +215,22 @@ class Node:
             if key.startswith("stat_") and isinstance(value, int):
                 stats[key] = stats.get(key, 0) + value
 
+    # -- resource alarms ---------------------------------------------------------------------------
+    def set_alarm(self, name: str) -> None:
+        """Raise an alarm: publishing connections are blocked (consumers keep going)."""
+        first = not self.alarms
+        self.alarms.add(name)
+        if first:
+            for conn in list(self.connections):
+                conn.alarm_raised()
+
+    def clear_alarm(self, name: str) -> None:
+        """Clear an alarm; connections are unblocked only when no alarm remains."""
+        self.alarms.discard(name)
+        if not self.alarms:
+            for conn in list(self.connections):
+                conn.alarm_cleared()
+
     def close_user_connections(self, user: str, reason: str) -> None:
         for conn in list(self.connections):
             if conn.user_name == user:
@@ -298,6 +317,9 @@ class Node:
         self.amqp_port = sock.getsockname()[1]
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
         self._schedule_tick()
+        if self.monitor_resources:
+            self.monitor = ResourceMonitor(self)
+            self.monitor.start()
 
     def _tick_interval_s(self) -> float:
         return min(max(self.config.consumer_timeout_ms / 10_000, 0.1), 30.0)
@@ -315,6 +337,8 @@ class Node:
         self._schedule_tick()
 
     async def stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         if self.server is not None:

@@ -1,0 +1,117 @@
+"""Resource alarms (seed 003): the memory high watermark and the free-disk limit.
+
+Owns: measuring the node's resident memory and the free space of its data directory on a timer, and
+raising or clearing the node's "memory" and "disk" alarms. What an alarm does to connections (publishers
+are blocked, consumers keep going) is the node's and the connection's business.
+
+Rules (RabbitMQ's, seed 003):
+- Memory alarm while RSS > vm_memory_high_watermark (relative to total RAM; default 0.4). Checked every
+  second (reading /proc/self/statm is cheap).
+- Disk alarm while free space on the data directory's file system < disk_free_limit (default 50 MB).
+  Checked every 10 s, and more often as free space approaches the limit: every second below 2x the
+  limit, ten times a second below 1.1x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("hutch.alarms")
+
+MEMORY_CHECK_S = 1.0
+DISK_CHECK_S = 10.0
+
+
+def total_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 8 * 1024**3
+
+
+def resident_memory_bytes() -> int:
+    """The process's resident set size (VmRSS)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover - no procfs
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def disk_check_interval_s(free: int, limit: int) -> float:
+    """Check more often as free space approaches the limit, as RabbitMQ does."""
+    if free < limit * 1.1:
+        return 0.1
+    if free < limit * 2:
+        return 1.0
+    return DISK_CHECK_S
+
+
+def _existing_dir(path: str) -> str:
+    """The data directory, or its nearest existing parent (free space is per file system)."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+class ResourceMonitor:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        cfg = node.config
+        self.memory_limit_bytes = int(total_memory_bytes() * cfg.vm_memory_high_watermark)
+        self.disk_limit_bytes = cfg.disk_free_limit_bytes
+        self.data_dir = cfg.data_dir
+        self.memory_used_bytes = 0
+        self.disk_free_bytes = 0
+        self._handles: list[asyncio.TimerHandle] = []
+
+    def start(self) -> None:
+        self._check_memory()
+        self._check_disk()
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.cancel()
+        self._handles.clear()
+
+    def _later(self, delay_s: float, fn: object) -> None:
+        loop = asyncio.get_running_loop()
+        self._handles = [h for h in self._handles if not h.cancelled()]
+        self._handles.append(loop.call_later(delay_s, fn))  # type: ignore[arg-type]
+
+    def _check_memory(self) -> None:
+        self.memory_used_bytes = resident_memory_bytes()
+        over = self.memory_used_bytes > self.memory_limit_bytes
+        self._update("memory", over, f"memory used {self.memory_used_bytes} bytes, watermark "
+                                     f"{self.memory_limit_bytes} bytes")
+        self._later(MEMORY_CHECK_S, self._check_memory)
+
+    def _check_disk(self) -> None:
+        try:
+            self.disk_free_bytes = shutil.disk_usage(_existing_dir(self.data_dir)).free
+        except OSError as exc:
+            log.warning("cannot check free disk space of %s: %s", self.data_dir, exc)
+            self._later(DISK_CHECK_S, self._check_disk)
+            return
+        under = self.disk_free_bytes < self.disk_limit_bytes
+        self._update("disk", under, f"free disk space {self.disk_free_bytes} bytes, limit "
+                                    f"{self.disk_limit_bytes} bytes")
+        self._later(disk_check_interval_s(self.disk_free_bytes, self.disk_limit_bytes), self._check_disk)
+
+    def _update(self, name: str, raised: bool, detail: str) -> None:
+        if raised and name not in self.node.alarms:
+            log.warning("%s resource limit alarm set on node %s: %s", name, self.node.name, detail)
+            self.node.set_alarm(name)
+        elif not raised and name in self.node.alarms:
+            log.warning("%s resource limit alarm cleared on node %s: %s", name, self.node.name, detail)
+            self.node.clear_alarm(name)
