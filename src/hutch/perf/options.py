@@ -14,7 +14,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from hutch.amqp import uri as amqp_uri
+from hutch.amqp.uri import AmqpUri
 
 DEFAULT_URI = "amqp://guest:guest@127.0.0.1:5672/%2F"
 TIMESTAMP_BYTES = 8  # the send timestamp every message body starts with
@@ -27,67 +29,12 @@ class UsageError(Exception):
     """A bad command line or URI: one line of text, exit status 2."""
 
 
-@dataclass(frozen=True)
-class AmqpUri:
-    """A parsed `amqp://user:pass@host:port/vhost?heartbeat=s&frame_max=n&connection_timeout=s`."""
-
-    host: str = "127.0.0.1"
-    port: int = 5672
-    username: str = "guest"
-    password: str = "guest"
-    vhost: str = "/"
-    heartbeat_s: int = 0
-    frame_max_bytes: int = 0  # 0: take the server's proposal
-    connect_timeout_s: float = 10.0
-
-    def display(self) -> str:
-        """The URI with the password hidden, for messages."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        vhost = "%2F" if self.vhost == "/" else self.vhost
-        return f"amqp://{self.username}@{host}:{self.port}/{vhost}"
-
-
 def parse_uri(text: str) -> AmqpUri:
-    """Parse an AMQP URI (the RabbitMQ URI spec; `amqps` is not supported)."""
+    """Parse an AMQP URI (heartbeat 0 unless given). Raises UsageError."""
     try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as exc:
-        raise UsageError(f"bad URI {text!r}: {exc}") from None
-    if parts.scheme == "amqps":
-        raise UsageError("amqps:// (TLS) is not supported by hutch-perf; use amqp://")
-    if parts.scheme != "amqp":
-        raise UsageError(f"bad URI {text!r}: the scheme must be amqp://")
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if "/" in path:
-        raise UsageError(f"bad URI {text!r}: the virtual host must be one path segment (write / as %2F)")
-    vhost = unquote(path) if path else "/"
-    query: dict[str, Any] = {}
-    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
-        value = values[-1]
-        if key in ("heartbeat", "frame_max"):
-            if not value.isdigit():
-                raise UsageError(f"bad URI {text!r}: {key} must be a non-negative integer")
-            query["heartbeat_s" if key == "heartbeat" else "frame_max_bytes"] = int(value)
-        elif key == "connection_timeout":
-            try:
-                query["connect_timeout_s"] = float(value) / 1000.0  # milliseconds, as in pika/Java
-            except ValueError:
-                raise UsageError(f"bad URI {text!r}: connection_timeout must be a number") from None
-        else:
-            raise UsageError(f"bad URI {text!r}: unsupported query parameter {key!r}")
-    if query.get("frame_max_bytes", 0) and query["frame_max_bytes"] < 4096:
-        raise UsageError(f"bad URI {text!r}: frame_max must be 0 or at least 4096")
-    if query.get("heartbeat_s", 0) > 65535:
-        raise UsageError(f"bad URI {text!r}: heartbeat must be at most 65535")
-    return AmqpUri(
-        host=parts.hostname or "127.0.0.1",
-        port=port if port is not None else 5672,
-        username=unquote(parts.username) if parts.username is not None else "guest",
-        password=unquote(parts.password) if parts.password is not None else "guest",
-        vhost=vhost,
-        **query,
-    )
+        return amqp_uri.parse_uri(text)
+    except amqp_uri.UriError as exc:
+        raise UsageError(str(exc)) from None
 
 
 _INT = re.compile(r"-?\d+\Z")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
 
-AMQP_PORT = 5672
+from hutch.amqp import uri as amqp_uri
+from hutch.amqp.uri import AmqpUri
+
 PREFETCH_MAX = 65535  # basic.qos prefetch-count is a 16-bit field
 
 
@@ -26,83 +27,12 @@ class HutchOptionError(ValueError):
     """A data source option is missing or invalid; the text says which and why."""
 
 
-@dataclass(frozen=True)
-class AmqpUri:
-    """A parsed `amqp://user:pass@host:port/vhost?heartbeat=s&connection_timeout=ms&frame_max=n`."""
-
-    host: str = "127.0.0.1"
-    port: int = AMQP_PORT
-    username: str = "guest"
-    password: str = "guest"
-    vhost: str = "/"
-    heartbeat_s: int = 60
-    frame_max_bytes: int = 0  # 0: take the server's proposal
-    connect_timeout_s: float = 10.0
-
-    def display(self) -> str:
-        """The URI with the password left out, for messages and logs."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        vhost = "%2F" if self.vhost == "/" else self.vhost
-        return f"amqp://{self.username}@{host}:{self.port}/{vhost}"
-
-
 def parse_uri(text: str) -> AmqpUri:
-    """Parse an AMQP URI as RabbitMQ clients do (`amqps` is not supported). Raises HutchOptionError."""
-    shown = _hide_password(text)
+    """Parse an AMQP URI as RabbitMQ clients do (heartbeat 60 s unless given). Raises HutchOptionError."""
     try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as exc:
-        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: {exc}") from None
-    if parts.scheme == "amqps":
-        raise HutchOptionError("option 'uri': amqps:// (TLS) is not supported by the hutch connector yet; "
-                               "use amqp://")
-    if parts.scheme != "amqp":
-        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: it must start with amqp:// "
-                               "(e.g. amqp://guest:guest@localhost:5672/%2F)")
-    if not parts.hostname:
-        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: no host")
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if "/" in path:
-        raise HutchOptionError(f"option 'uri': bad URI {shown!r}: the virtual host must be one path "
-                               "segment (write the default vhost / as %2F)")
-    fields: dict[str, int | float] = {}
-    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
-        value = values[-1]
-        if key in ("heartbeat", "frame_max"):
-            if not value.isdigit():
-                raise HutchOptionError(f"option 'uri': {key} must be a non-negative integer, got {value!r}")
-            fields["heartbeat_s" if key == "heartbeat" else "frame_max_bytes"] = int(value)
-        elif key == "connection_timeout":
-            if not value.isdigit() or int(value) == 0:
-                raise HutchOptionError("option 'uri': connection_timeout must be a positive number of "
-                                       f"milliseconds, got {value!r}")
-            fields["connect_timeout_s"] = int(value) / 1000.0
-        else:
-            raise HutchOptionError(f"option 'uri': unsupported query parameter {key!r} "
-                                   "(allowed: heartbeat, connection_timeout, frame_max)")
-    if 0 < int(fields.get("frame_max_bytes", 0)) < 4096:
-        raise HutchOptionError("option 'uri': frame_max must be 0 or at least 4096")
-    if int(fields.get("heartbeat_s", 0)) > 65535:
-        raise HutchOptionError("option 'uri': heartbeat must be at most 65535 seconds")
-    return AmqpUri(
-        host=parts.hostname,
-        port=port if port is not None else AMQP_PORT,
-        username=unquote(parts.username) if parts.username is not None else "guest",
-        password=unquote(parts.password) if parts.password is not None else "guest",
-        vhost=unquote(path) if path else "/",
-        **fields,  # type: ignore[arg-type]
-    )
-
-
-def _hide_password(text: str) -> str:
-    try:
-        parts = urlsplit(text)
-        if parts.password is None:
-            return text
-        return text.replace(f":{parts.password}@", ":***@", 1)
-    except ValueError:
-        return text
+        return amqp_uri.parse_uri(text, heartbeat_s=60, require_host=True)
+    except amqp_uri.UriError as exc:
+        raise HutchOptionError(f"option 'uri': {exc}") from None
 
 
 # -- reading -----------------------------------------------------------------------------------------
