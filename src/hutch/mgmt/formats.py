@@ -15,18 +15,16 @@ Rules:
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import hashlib
-import json
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+
+from hutch.core.routing import Binding, queue_dest
 
 if TYPE_CHECKING:
     from hutch.core.auth import User, UserPermission, Vhost
     from hutch.core.queue_type import Consumer, Queue
-    from hutch.core.routing import Binding, Exchange
+    from hutch.core.routing import Exchange
     from hutch.runtime.channel import ServerChannel
     from hutch.runtime.connection import AMQPConnection
 
@@ -100,16 +98,6 @@ def exchange_json(x: Exchange) -> dict[str, Any]:
     }
 
 
-def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
-    """RabbitMQ's binding id: the URL-quoted routing key ("~" if empty), plus "~<hash>" of the
-    arguments if there are any. Used in binding URLs; the hash is hutch's own."""
-    key = quote(routing_key, safe="") if routing_key else "~"
-    if not arguments:
-        return key
-    digest = hashlib.sha1(json.dumps(jsonable(arguments), sort_keys=True).encode()).digest()
-    return f"{key}~{base64.urlsafe_b64encode(digest[:12]).decode().rstrip('=')}"
-
-
 def binding_json(vhost: str, b: Binding) -> dict[str, Any]:
     kind, name = b.destination
     return {
@@ -119,7 +107,7 @@ def binding_json(vhost: str, b: Binding) -> dict[str, Any]:
         "destination_type": kind,
         "routing_key": b.routing_key,
         "arguments": jsonable(b.arguments),
-        "properties_key": properties_key(b.routing_key, b.arguments),
+        "properties_key": b.properties_key,
     }
 
 
@@ -132,7 +120,7 @@ def default_binding_json(vhost: str, queue_name: str) -> dict[str, Any]:
         "destination_type": "queue",
         "routing_key": queue_name,
         "arguments": {},
-        "properties_key": properties_key(queue_name, {}),
+        "properties_key": Binding("", queue_dest(queue_name), queue_name, {}).properties_key,
     }
 
 
@@ -253,7 +241,6 @@ __all__ = [
     "exchange_json",
     "jsonable",
     "permission_json",
-    "properties_key",
     "queue_json",
     "user_json",
     "vhost_json",
