@@ -59,8 +59,8 @@ def parse_uri(text: str, *, heartbeat_s: int = 0, require_host: bool = False) ->
     if parts.scheme == "amqps":
         raise UriError("amqps:// (TLS) is not supported yet; use amqp://")
     if parts.scheme != "amqp":
-        raise UriError(f"bad URI {shown!r}: unsupported scheme {parts.scheme!r}, it must start with amqp:// "
-                       "(e.g. amqp://guest:guest@localhost:5672/%2F)")
+        raise UriError(f"bad URI {shown!r}: it must start with amqp:// (unsupported scheme "
+                       f"{parts.scheme!r}; e.g. amqp://guest:guest@localhost:5672/%2F)")
     if require_host and not parts.hostname:
         raise UriError(f"bad URI {shown!r}: no host")
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
