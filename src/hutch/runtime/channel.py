@@ -6,8 +6,10 @@ limits, publisher-confirm sequence, transaction buffer, and the assembly of basi
 Rules:
 - Handlers raise `ChannelError` (the connection closes just this channel) or `ConnectionError_`.
 - Deliveries are encoded straight into the connection's write buffer; nothing awaits.
-- Confirms: every publish gets the next sequence number; messages are confirmed when routed (queues are
-  in memory), and acks are coalesced into one `multiple` ack per flush of the connection.
+- Confirms: every publish gets the next sequence number. A message that was journalled (persistent, routed
+  to a durable queue) is confirmed only once the journal has synced its ENQ records; others when routed.
+  Confirms are sent in publish order: the longest prefix of `confirm_waiting` whose journal seq is synced
+  is acked, coalesced into one `multiple` ack per flush of the connection.
 - Unacked deliveries are requeued (redelivered=true) when the channel closes.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +92,8 @@ class ServerChannel(DeclarationsMixin):
         self.publish_seq = 0
         self.confirm_pending = 0  # highest seq confirmed but not yet acked on the wire
         self.confirm_sent = 0
+        # (publish seq, journal seq it waits for or 0), in publish order; empty in the common case
+        self.confirm_waiting: deque[tuple[int, int]] = deque()
         self.tx = False
         self.tx_ops: list[tuple[str, Any]] = []
         self.last_queue_name: str | None = None
@@ -296,10 +300,20 @@ class ServerChannel(DeclarationsMixin):
                       else self.vhost.route(x, routing_keys, msg.properties.headers))
             self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
+        if not self.confirm:
+            self._route_and_enqueue(x, routing_keys, msg, mandatory)
+            return
+        journal = self.node.journal
+        before = journal.last_seq if journal is not None else 0
         self._route_and_enqueue(x, routing_keys, msg, mandatory)
-        if self.confirm:
+        need = journal.last_seq if journal is not None and journal.last_seq != before else 0
+        if need or self.confirm_waiting:
+            self.confirm_waiting.append((self.publish_seq, need))
+            if need:
+                self.node.journal_waiters.add(self)
+        else:
             self.confirm_pending = self.publish_seq
-            self.conn.want_flush(self)
+        self.conn.want_flush(self)
 
     def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> None:
         if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
@@ -347,11 +361,28 @@ class ServerChannel(DeclarationsMixin):
 
     def flush_confirms(self) -> None:
         """Send one ack covering every publish confirmed since the last flush."""
+        waiting = self.confirm_waiting
+        nack_upto = 0
+        if waiting:
+            journal = self.node.journal
+            assert journal is not None
+            self.confirm_pending = confirmable_prefix(waiting, journal.synced_seq, self.confirm_pending)
+            if waiting and journal.failed is not None:
+                # the journal failed: what waits for it will never be durable; nack it after the acks
+                nack_upto = waiting[-1][0]
+                waiting.clear()
+            if not waiting:
+                self.node.journal_waiters.discard(self)
         upto = self.confirm_pending
         if upto > self.confirm_sent and self.state == self.OPEN:
             multiple = upto - self.confirm_sent > 1
             self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
             self.confirm_sent = upto
+        if nack_upto:
+            if self.state == self.OPEN:
+                self.conn.send_method(self.number, spec.Basic.Nack(
+                    delivery_tag=nack_upto, multiple=nack_upto - self.confirm_sent > 1))
+            self.confirm_pending = self.confirm_sent = nack_upto
 
     # -- delivering ----------------------------------------------------------------------------
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
@@ -635,6 +666,7 @@ class ServerChannel(DeclarationsMixin):
         for consumer in consumers:
             self._detach_consumer(consumer)
         self.reply_consumer = None
+        self.node.journal_waiters.discard(self)
         if self.reply_token is not None:
             self.node.reply_channels.pop(self.reply_token, None)
         items = list(self.unacked.values())
@@ -748,3 +780,11 @@ def _sender_selected(routing_key: str, props: spec.BasicProperties,
         props.headers = {k: v for k, v in headers.items() if k != "BCC"}
         props_raw = spec.remove_header(props_raw, "BCC")
     return keys, props, props_raw
+
+
+def confirmable_prefix(waiting: deque[tuple[int, int]], synced: int, confirmed: int) -> int:
+    """Pop the longest prefix of `waiting` whose journal seqs are <= `synced`; the highest publish seq
+    confirmable now (`confirmed` if none)."""
+    while waiting and waiting[0][1] <= synced:
+        confirmed = waiting.popleft()[0]
+    return confirmed

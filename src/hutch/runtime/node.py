@@ -34,6 +34,7 @@ from hutch.storage.errors import StorageError
 from .alarms import ResourceMonitor
 from .connection import CAPABILITIES, AMQPConnection
 from .definitions import DefinitionStore, pack_arguments, unpack_arguments
+from .journal import MessageJournal
 
 if TYPE_CHECKING:
     from .channel import ServerChannel
@@ -48,10 +49,14 @@ SUPPORTED_QUEUE_TYPES = ("classic",)
 
 class Node:
     def __init__(self, config: Config, auth: AuthStore | None = None,
-                 store: DefinitionStore | None = None, monitor_resources: bool = True) -> None:
+                 store: DefinitionStore | None = None, monitor_resources: bool = True,
+                 journal: MessageJournal | None = None) -> None:
         self.config = config
         self.name = config.node_name
         self.store = store
+        self.journal = journal
+        # channels with publisher confirms waiting for the journal to sync
+        self.journal_waiters: set[ServerChannel] = set()
         self._replaying = False
         saved_ops = store.load() if store is not None else []
         if auth is None:
@@ -73,6 +78,8 @@ class Node:
         self.monitor: ResourceMonitor | None = None
         if store is not None:
             self._restore(saved_ops)
+        if journal is not None:
+            self._recover_messages(journal)
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
@@ -186,6 +193,35 @@ class Node:
         x = vhost.exchanges.get(name)
         return x is not None and x.durable
 
+    # -- persistent messages -----------------------------------------------------------------------
+    def _recover_messages(self, journal: MessageJournal) -> None:
+        """Put the journal's live messages back into their durable queues, then compact the journal."""
+        def keep(vhost_name: str, queue_name: str) -> bool:
+            vhost = self.vhosts.get(vhost_name)
+            q = vhost.queues.get(queue_name) if vhost is not None else None
+            return isinstance(q, ClassicQueue) and _is_durable_queue(q)
+
+        live = journal.recover(keep)
+        total = 0
+        for (vhost_name, queue_name), msgs in live.items():
+            q = self.vhosts[vhost_name].queues[queue_name]
+            assert isinstance(q, ClassicQueue)
+            for seq, (exchange, routing_key, properties_raw, body) in msgs.items():
+                jseq = journal.enqueue_recovered(vhost_name, queue_name, seq, exchange, routing_key,
+                                                 properties_raw, body)
+                q.recover(seq, Message(exchange, routing_key, None, body, properties_raw), jseq)
+                total += 1
+        journal.finish_recovery()
+        for vhost in self.vhosts.values():
+            for q in vhost.queues.values():
+                if isinstance(q, ClassicQueue) and _is_durable_queue(q):
+                    q.journal = journal
+        log.info("messages recovered: %d in %d queues", total, len(live))
+
+    def _journal_synced(self, synced: int) -> None:
+        for ch in self.journal_waiters:
+            ch.conn.want_flush(ch)
+
     # -- access control changes ------------------------------------------------------------------
     def permissions_changed(self) -> None:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
@@ -280,6 +316,8 @@ class Node:
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         vhost.add_queue(q)
         if _is_durable_queue(q):
+            if self.journal is not None and not self._replaying:
+                q.journal = self.journal
             self._record({"op": "queue.declare", "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
                           "arguments": pack_arguments(arguments)})
         return q
@@ -317,6 +355,8 @@ class Node:
         self.amqp_port = sock.getsockname()[1]
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
         self._schedule_tick()
+        if self.journal is not None:
+            self.journal.start(loop, self._journal_synced)
         if self.monitor_resources:
             self.monitor = ResourceMonitor(self)
             self.monitor.start()
@@ -348,6 +388,8 @@ class Node:
         await asyncio.sleep(0.05)
         for conn in list(self.connections):
             conn._abort()
+        if self.journal is not None:
+            await self.journal.close()
 
 
 def _is_durable_queue(q: Queue) -> bool:
@@ -357,9 +399,11 @@ def _is_durable_queue(q: Queue) -> bool:
 async def serve(config: Config, services: Sequence[Service] = ()) -> int:
     try:
         store = DefinitionStore(config.data_dir) if config.data_dir else None
-        node = Node(config, store=store)
+        journal = MessageJournal(config.data_dir) if config.data_dir else None
+        node = Node(config, store=store, journal=journal)
     except (StorageError, ValueError) as exc:
-        print(f"hutch-server: cannot load definitions from {config.data_dir}: {exc}", file=sys.stderr)
+        print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",
+              file=sys.stderr)
         return 1
     try:
         await node.start()

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
+
+if TYPE_CHECKING:
+    from hutch.runtime.journal import MessageJournal
 
 FLOW_HIGH = 1000  # ready messages behind a socket-blocked consumer before publishers are paused
 FLOW_LOW = 500  # publishers resume below this
@@ -27,6 +30,9 @@ FLOW_LOW = 500  # publishers resume below this
 
 class ClassicQueue(Queue):
     queue_type = "classic"
+    # set by the node on durable, non-exclusive queues when messages are persisted: persistent messages
+    # are journalled on publish and settled in the journal on ack/discard/purge/delete
+    journal: MessageJournal | None = None
 
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
@@ -48,7 +54,11 @@ class ClassicQueue(Queue):
         # every event that frees one (ack, qos, resumed socket, new consumer, requeue) calls
         # deliver_pending itself: nothing to try here.
         backlog = bool(ready)
-        ready.append(QueueEntry(self._seq, msg))
+        entry = QueueEntry(self._seq, msg)
+        journal = self.journal
+        if journal is not None and msg.persistent:
+            entry.jseq = journal.enqueue(self.vhost, self.name, self._seq, msg)
+        ready.append(entry)
         self._ready_bytes += msg.size
         self.stat_published += 1
         if self._consumer_count and not backlog:
@@ -124,15 +134,40 @@ class ClassicQueue(Queue):
         self.stat_get += 1
         return entry
 
+    def recover(self, seq: int, msg: Message, jseq: int) -> None:
+        """Put back a message recovered from the journal at start-up (marked redelivered)."""
+        entry = QueueEntry(seq, msg)
+        entry.jseq = jseq
+        entry.redelivered = True
+        self._ready.append(entry)
+        self._ready_bytes += msg.size
+        if seq > self._seq:
+            self._seq = seq
+
     def ack(self, entries: Iterable[QueueEntry]) -> None:
-        n = 0
-        for _ in entries:
-            n += 1
+        if self.journal is not None:
+            items = entries if isinstance(entries, list) else list(entries)
+            journalled = [e for e in items if e.jseq]
+            if journalled:
+                self._settle_journal(journalled)
+            n = len(items)
+        else:
+            n = 0
+            for _ in entries:
+                n += 1
         self._unacked -= n
         self.stat_acked += n
 
+    def _settle_journal(self, entries: list[QueueEntry]) -> None:
+        journal = self.journal
+        assert journal is not None
+        journal.settle(self.vhost, self.name, [e.seq for e in entries], [e.jseq for e in entries],
+                       write=not self.deleted)
+        for e in entries:
+            e.jseq = 0
+
     def settled_one(self) -> None:
-        """Fast path for one acknowledged entry."""
+        """Fast path for one acknowledged entry (not journalled)."""
         self._unacked -= 1
         self.stat_acked += 1
 
@@ -142,6 +177,8 @@ class ClassicQueue(Queue):
             return
         self._unacked -= len(items)
         if self.deleted:
+            if self.journal is not None:
+                self.journal.forget([e.jseq for e in items if e.jseq])
             return
         ready = self._ready
         for entry in items:  # highest seq first, so each appendleft keeps order
@@ -157,11 +194,19 @@ class ClassicQueue(Queue):
         self.deliver_pending()
 
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
-        n = sum(1 for _ in entries)
-        self._unacked -= n
+        items = list(entries)
+        self._unacked -= len(items)
+        if self.journal is not None:
+            journalled = [e for e in items if e.jseq]
+            if journalled:
+                self._settle_journal(journalled)
 
     def purge(self) -> int:
         n = len(self._ready)
+        if self.journal is not None:
+            journalled = [e for e in self._ready if e.jseq]
+            if journalled:
+                self._settle_journal(journalled)
         self._ready.clear()
         self._ready_bytes = 0
         self.release_flow()
@@ -212,6 +257,9 @@ class ClassicQueue(Queue):
 
     def delete(self) -> int:
         n = len(self._ready)
+        if self.journal is not None and not self.deleted:
+            self.journal.delete(self.vhost, self.name)
+            self.journal.forget([e.jseq for e in self._ready if e.jseq])
         self.deleted = True
         self._ready.clear()
         self._ready_bytes = 0
