@@ -304,9 +304,9 @@ class ServerChannel(DeclarationsMixin):
             self._route_and_enqueue(x, routing_keys, msg, mandatory)
             return
         journal = self.node.journal
-        before = journal.last_seq if journal is not None else 0
+        before = journal.last_enqueued if journal is not None else 0
         self._route_and_enqueue(x, routing_keys, msg, mandatory)
-        need = journal.last_seq if journal is not None and journal.last_seq != before else 0
+        need = journal.last_enqueued if journal is not None and journal.last_enqueued != before else 0
         if need or self.confirm_waiting:
             self.confirm_waiting.append((self.publish_seq, need))
             if need:

@@ -73,6 +73,7 @@ class MessageJournal:
     """Not thread-safe except for `SyncJob.run`, which runs in the executor."""
 
     def __init__(self, data_dir: str, fs: FileSystem | None = None) -> None:
+        self.last_enqueued = 0
         self.fs = fs or RealFS()
         self.directory = os.path.join(data_dir, "messages")
         self.fs.make_dirs(self.directory)
@@ -152,9 +153,12 @@ class MessageJournal:
         return jseq
 
     def enqueue(self, vhost: str, queue: str, seq: int, msg: Any) -> int:
-        """Append an ENQ for `msg` (a Message); returns its journal seq."""
-        return self._append_enq(vhost, queue, seq, msg.exchange, msg.routing_key, msg.properties_raw,
+        """Append an ENQ for `msg` (a Message); returns its journal seq, also kept in `last_enqueued`
+        (a plain attribute, so a publishing channel can tell cheaply whether its message was journalled)."""
+        jseq = self._append_enq(vhost, queue, seq, msg.exchange, msg.routing_key, msg.properties_raw,
                                 msg.body)
+        self.last_enqueued = jseq
+        return jseq
 
     def settle(self, vhost: str, queue: str, seqs: list[int], jseqs: list[int], write: bool = True) -> None:
         """Entries `seqs` (journal seqs `jseqs`) are gone: acked, discarded or purged."""
