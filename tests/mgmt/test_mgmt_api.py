@@ -384,4 +384,4 @@ def test_management_port_in_use_is_one_line_error(tmp_path):
              str(port), "--data-dir", str(tmp_path), "--log-level", "none"],
             capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
-    assert proc.stderr == "hutch-server: cannot start: address already in use\n"
+    assert proc.stderr == f"hutch-server: cannot listen for management HTTP on port {port}: address already in use\n"

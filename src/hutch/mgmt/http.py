@@ -448,8 +448,9 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     site = web.TCPSite(runner, cfg.management_host or None, cfg.management_port, reuse_address=True)
     try:
         await site.start()
-    except OSError:
+    except OSError as exc:
         await runner.cleanup()
+        exc.hutch_listener = f"management HTTP on port {cfg.management_port}"  # type: ignore[attr-defined]
         raise
     addresses = runner.addresses
     node.management_port = int(addresses[0][1]) if addresses else cfg.management_port

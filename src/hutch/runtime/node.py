@@ -417,7 +417,9 @@ async def serve(config: Config, services: Sequence[Service] = ()) -> int:
             stoppers.append(await service(node))
     except OSError as exc:
         msg = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
-        print(f"hutch-server: cannot start: {msg}", file=sys.stderr)
+        what = getattr(exc, "hutch_listener", None)
+        print(f"hutch-server: cannot listen for {what}: {msg}" if what else f"hutch-server: cannot start: {msg}",
+              file=sys.stderr)
         await node.stop()
         return 1
     stop = asyncio.Event()
