@@ -80,6 +80,10 @@ class Config:
     log_level: str = "info"
     vm_memory_high_watermark: float = 0.4
     disk_free_limit_bytes: int = 50_000_000
+    # RabbitMQ's alternatives: an absolute memory watermark (bytes) and a disk limit relative to RAM;
+    # 0 means "not set", and when set they take the place of the relative/absolute default
+    vm_memory_high_watermark_bytes: int = 0
+    disk_free_limit_relative: float = 0.0
     collect_statistics_interval_ms: int = 5000
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
@@ -183,7 +187,7 @@ def _parse_watermark(text: str) -> dict[str, Any]:
         raise _BadValue(expected) from None
     if not 0.0 <= value <= 1.0:
         raise _BadValue(expected)
-    return {"vm_memory_high_watermark": value}
+    return {"vm_memory_high_watermark": value, "vm_memory_high_watermark_bytes": 0}  # the last key wins
 
 
 _UNIT_MULTIPLIERS = {
@@ -205,9 +209,31 @@ def parse_information_unit(text: str) -> int:
     return int(match.group(1)) * _UNIT_MULTIPLIERS[match.group(2).lower()]
 
 
+def _parse_watermark_absolute(text: str) -> dict[str, Any]:
+    try:
+        value = parse_information_unit(text)
+    except ValueError:
+        raise _BadValue("a memory size in bytes, optionally with a unit: kB, MB, GB (x1000) or "
+                        "k, KiB, MiB, GiB (x1024)") from None
+    if value <= 0:
+        raise _BadValue("a memory size greater than 0")
+    return {"vm_memory_high_watermark_bytes": value}  # takes the place of .relative
+
+
+def _parse_disk_free_relative(text: str) -> dict[str, Any]:
+    expected = "a ratio of total RAM between 0.0 and 100.0, e.g. 1.5"
+    try:
+        value = float(text)
+    except ValueError:
+        raise _BadValue(expected) from None
+    if not 0.0 <= value <= 100.0:
+        raise _BadValue(expected)
+    return {"disk_free_limit_relative": value}
+
+
 def _parse_disk_free_limit(text: str) -> dict[str, Any]:
     try:
-        return {"disk_free_limit_bytes": parse_information_unit(text)}
+        return {"disk_free_limit_bytes": parse_information_unit(text), "disk_free_limit_relative": 0.0}
     except ValueError:
         raise _BadValue(
             "a size in bytes, optionally with a unit: kB, MB, GB (x1000) or k, KiB, MiB, GiB (x1024)"
@@ -239,6 +265,8 @@ _FILE_KEYS: dict[str, _Parser] = {
     "log.console.level": _parse_log_level,
     "vm_memory_high_watermark.relative": _parse_watermark,
     "disk_free_limit.absolute": _parse_disk_free_limit,
+    "vm_memory_high_watermark.absolute": _parse_watermark_absolute,
+    "disk_free_limit.relative": _parse_disk_free_relative,
     "collect_statistics_interval": _int_field("collect_statistics_interval_ms", 1, 2**31 - 1),
     "cluster_name": _nonempty_field("cluster_name"),
     "node_name": _parse_node_name,

@@ -34,8 +34,9 @@ def connection_states(server: ServerInfo) -> list[str]:
 
 @pytest.mark.parametrize(("config", "reason"), [
     ("vm_memory_high_watermark.relative = 0.0001\n", "low on memory"),
+    ("vm_memory_high_watermark.absolute = 1MB\n", "low on memory"),
     ("disk_free_limit.absolute = 1000TB\n", "low on disk"),
-], ids=["memory", "disk"])
+], ids=["memory", "memory-absolute", "disk"])
 def test_alarm_blocks_publishers_not_consumers(tmp_path: Path, config: str, reason: str) -> None:
     server = start_server(tmp_path, config_text=config)
     try:

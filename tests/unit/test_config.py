@@ -337,3 +337,23 @@ def test_bad_flag_reported_before_file_is_read(tmp_path):
 def test_unknown_argv_key():
     with pytest.raises(ConfigError, match="unknown setting"):
         load_config({"frame_max": 1}, {})
+
+
+def test_absolute_memory_watermark_and_relative_disk_limit() -> None:
+    settings, _raw = parse_config_text(
+        "vm_memory_high_watermark.relative = 0.5\nvm_memory_high_watermark.absolute = 2GB\n"
+        "disk_free_limit.absolute = 1GB\ndisk_free_limit.relative = 1.5\n", "t.conf")
+    assert settings["vm_memory_high_watermark_bytes"] == 2_000_000_000
+    assert settings["disk_free_limit_relative"] == 1.5
+    # the last key wins, as with RabbitMQ's config schema
+    settings, _raw = parse_config_text(
+        "vm_memory_high_watermark.absolute = 2GB\nvm_memory_high_watermark.relative = 0.5\n", "t.conf")
+    assert settings["vm_memory_high_watermark_bytes"] == 0
+    assert settings["vm_memory_high_watermark"] == 0.5
+
+
+def test_bad_absolute_watermark_and_relative_disk_limit() -> None:
+    with pytest.raises(ConfigError, match="vm_memory_high_watermark.absolute"):
+        parse_config_text("vm_memory_high_watermark.absolute = lots\n", "t.conf")
+    with pytest.raises(ConfigError, match="disk_free_limit.relative"):
+        parse_config_text("disk_free_limit.relative = -1\n", "t.conf")

@@ -5,9 +5,10 @@ raising or clearing the node's "memory" and "disk" alarms. What an alarm does to
 are blocked, consumers keep going) is the node's and the connection's business.
 
 Rules (RabbitMQ's, seed 003):
-- Memory alarm while RSS > vm_memory_high_watermark (relative to total RAM; default 0.4). Checked every
-  second (reading /proc/self/statm is cheap).
-- Disk alarm while free space on the data directory's file system < disk_free_limit (default 50 MB).
+- Memory alarm while RSS > vm_memory_high_watermark (relative to total RAM, default 0.4, or `.absolute`
+  in bytes). Checked every second (reading /proc/self/statm is cheap).
+- Disk alarm while free space on the data directory's file system < disk_free_limit (`.absolute`,
+  default 50 MB, or `.relative` to total RAM).
   Checked every 10 s, and more often as free space approaches the limit: every second below 2x the
   limit, ten times a second below 1.1x.
 """
@@ -68,8 +69,11 @@ class ResourceMonitor:
     def __init__(self, node: Node) -> None:
         self.node = node
         cfg = node.config
-        self.memory_limit_bytes = int(total_memory_bytes() * cfg.vm_memory_high_watermark)
-        self.disk_limit_bytes = cfg.disk_free_limit_bytes
+        total = total_memory_bytes()
+        self.memory_limit_bytes = (cfg.vm_memory_high_watermark_bytes
+                                   or int(total * cfg.vm_memory_high_watermark))
+        self.disk_limit_bytes = (int(total * cfg.disk_free_limit_relative) if cfg.disk_free_limit_relative
+                                 else cfg.disk_free_limit_bytes)
         self.data_dir = cfg.data_dir
         self.memory_used_bytes = 0
         self.disk_free_bytes = 0
