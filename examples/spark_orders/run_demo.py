@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,28 +35,11 @@ from orders import (
 )
 from pipeline import spark_session, start
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hutch.spark.bench import start_node
 
 
 def start_hutch(work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port, mgmt = _free_port(), _free_port()
-    log = open(work / "hutch.log", "wb")  # noqa: SIM115 - lives as long as the node
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(port),
-                             "--management-port", str(mgmt), "--data-dir", str(work / "hutch-data"),
-                             "--node-name", "orders-demo@localhost"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"hutch did not start, see {work / 'hutch.log'}")
+    return start_node(work, node_name="orders-demo@localhost", data_dir_name="hutch-data")
 
 
 def ready(uri: str, queue: str) -> int:

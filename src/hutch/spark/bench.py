@@ -44,12 +44,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_node(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_node(work: Path, node_name: str = "bench@localhost",
+               data_dir_name: str = "data") -> tuple[subprocess.Popen[bytes], str]:
+    """Start a hutch node on free ports with its data and log under `work`; returns (process, AMQP URI)."""
     port, mgmt = _free_port(), _free_port()
     log = open(work / "hutch.log", "wb")  # noqa: SIM115 - lives as long as the node
     proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(port),
-                             "--management-port", str(mgmt), "--data-dir", str(work / "data"),
-                             "--node-name", "bench@localhost"], stdout=log, stderr=subprocess.STDOUT)
+                             "--management-port", str(mgmt), "--data-dir", str(work / data_dir_name),
+                             "--node-name", node_name], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -58,7 +60,7 @@ def start_node(work: Path) -> tuple[subprocess.Popen[bytes], str]:
         except OSError:
             time.sleep(0.1)
     proc.kill()
-    raise SystemExit("hutch did not start")
+    raise SystemExit(f"hutch did not start, see {work / 'hutch.log'}")
 
 
 def declare(uri: str, queue: str) -> None:
