@@ -84,6 +84,13 @@ class Config:
     # 0 means "not set", and when set they take the place of the relative/absolute default
     vm_memory_high_watermark_bytes: int = 0
     disk_free_limit_relative: float = 0.0
+    vm_memory_high_watermark_paging_ratio: float = 0.5
+    # classic queue storage (seed 002): messages below this serialized size live in the queue index,
+    # larger ones in the vhost's message store; store files roll over at the limit; index segments
+    # hold a fixed number of entries
+    queue_index_embed_msgs_below: int = 4096
+    msg_store_file_size_limit: int = 16 * MiB
+    queue_index_segment_entries: int = 16384
     collect_statistics_interval_ms: int = 5000
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
@@ -220,6 +227,28 @@ def _parse_watermark_absolute(text: str) -> dict[str, Any]:
     return {"vm_memory_high_watermark_bytes": value}  # takes the place of .relative
 
 
+def _parse_paging_ratio(text: str) -> dict[str, Any]:
+    expected = "a fraction of the memory high watermark between 0.0 and 1.0, e.g. 0.5"
+    try:
+        value = float(text)
+    except ValueError:
+        raise _BadValue(expected) from None
+    if not 0.0 <= value <= 1.0:
+        raise _BadValue(expected)
+    return {"vm_memory_high_watermark_paging_ratio": value}
+
+
+def _parse_store_file_size(text: str) -> dict[str, Any]:
+    expected = "a size between 64kB and 2GiB, optionally with a unit: kB, MB (x1000) or KiB, MiB (x1024)"
+    try:
+        value = parse_information_unit(text)
+    except ValueError:
+        raise _BadValue(expected) from None
+    if not 65536 <= value <= 2 * 1024**3:
+        raise _BadValue(expected)
+    return {"msg_store_file_size_limit": value}
+
+
 def _parse_disk_free_relative(text: str) -> dict[str, Any]:
     expected = "a ratio of total RAM between 0.0 and 100.0, e.g. 1.5"
     try:
@@ -267,6 +296,10 @@ _FILE_KEYS: dict[str, _Parser] = {
     "disk_free_limit.absolute": _parse_disk_free_limit,
     "vm_memory_high_watermark.absolute": _parse_watermark_absolute,
     "disk_free_limit.relative": _parse_disk_free_relative,
+    "vm_memory_high_watermark_paging_ratio": _parse_paging_ratio,
+    "queue_index_embed_msgs_below": _int_field("queue_index_embed_msgs_below", 0, MAX_MESSAGE_SIZE_LIMIT),
+    "msg_store_file_size_limit": _parse_store_file_size,
+    "queue_index_segment_entries": _int_field("queue_index_segment_entries", 16, 1_048_576),
     "collect_statistics_interval": _int_field("collect_statistics_interval_ms", 1, 2**31 - 1),
     "cluster_name": _nonempty_field("cluster_name"),
     "node_name": _parse_node_name,

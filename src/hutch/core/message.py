@@ -29,7 +29,7 @@ def encode_shortstr(value: str) -> bytes:
 
 class Message:
     __slots__ = ("exchange", "routing_key", "_properties", "properties_raw", "body", "header_payload",
-                 "route_tail", "size", "__weakref__")
+                 "route_tail", "size", "store_id", "__weakref__")
 
     exchange: str
     routing_key: str
@@ -37,6 +37,7 @@ class Message:
     header_payload: bytes
     route_tail: bytes
     size: int
+    store_id: int  # the id of this message in its vhost's message store, 0 when not stored there
 
     def __init__(self, exchange: str, routing_key: str, properties: BasicProperties | None, body: bytes,
                  properties_raw: bytes | None = None, route_tail: bytes | None = None) -> None:
@@ -52,6 +53,7 @@ class Message:
         self.header_payload = _HEADER_PREFIX.pack(60, 0, len(body)) + properties_raw
         self.route_tail = route_tail or encode_shortstr(exchange) + encode_shortstr(routing_key)
         self.size = len(body)
+        self.store_id = 0
 
     @property
     def properties(self) -> BasicProperties:

@@ -33,9 +33,9 @@ class Deliverer(Protocol):
 class QueueEntry:
     """A message in a queue. `seq` orders entries; requeued entries go back to their seq position."""
 
-    # jseq: the message journal seq of this entry's ENQ record, 0 when not journalled (transient message
-    # or non-durable queue)
-    __slots__ = ("seq", "msg", "redelivered", "delivery_count", "enqueued_at_ms", "expires_at_ms", "jseq")
+    # on_disk: the entry is in its queue's index (persistent message of a durable queue, or paged out),
+    # so settling it writes an ACK there
+    __slots__ = ("seq", "msg", "redelivered", "delivery_count", "enqueued_at_ms", "expires_at_ms", "on_disk")
 
     def __init__(self, seq: int, msg: Message, enqueued_at_ms: int = 0) -> None:
         self.seq = seq
@@ -44,7 +44,7 @@ class QueueEntry:
         self.delivery_count = 0
         self.enqueued_at_ms = enqueued_at_ms
         self.expires_at_ms = 0
-        self.jseq = 0
+        self.on_disk = False
 
     def __repr__(self) -> str:
         return f"<QueueEntry {self.seq} {self.msg!r}{' redelivered' if self.redelivered else ''}>"

@@ -25,6 +25,7 @@ from hutch.amqp import spec
 from hutch.amqp.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
+    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -94,6 +95,8 @@ class ServerChannel(DeclarationsMixin):
         self.confirm_sent = 0
         # (publish seq, journal seq it waits for or 0), in publish order; empty in the common case
         self.confirm_waiting: deque[tuple[int, int]] = deque()
+        # storage counts that pending tx.commit-oks wait for (tx.commit with persistent messages)
+        self.tx_commits: deque[int] = deque()
         self.tx = False
         self.tx_ops: list[tuple[str, Any]] = []
         self.last_queue_name: str | None = None
@@ -303,14 +306,14 @@ class ServerChannel(DeclarationsMixin):
         if not self.confirm:
             self._route_and_enqueue(x, routing_keys, msg, mandatory)
             return
-        journal = self.node.journal
-        before = journal.last_enqueued if journal is not None else 0
+        storage = self.node.persistence
+        before = storage.last_enqueued if storage is not None else 0
         self._route_and_enqueue(x, routing_keys, msg, mandatory)
-        need = journal.last_enqueued if journal is not None and journal.last_enqueued != before else 0
+        need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
         if need or self.confirm_waiting:
             self.confirm_waiting.append((self.publish_seq, need))
             if need:
-                self.node.journal_waiters.add(self)
+                self.node.sync_waiters.add(self)
         else:
             self.confirm_pending = self.publish_seq
         self.conn.want_flush(self)
@@ -363,16 +366,18 @@ class ServerChannel(DeclarationsMixin):
         """Send one ack covering every publish confirmed since the last flush."""
         waiting = self.confirm_waiting
         nack_upto = 0
+        if self.tx_commits:
+            self._send_commit_oks()
         if waiting:
-            journal = self.node.journal
-            assert journal is not None
-            self.confirm_pending = confirmable_prefix(waiting, journal.synced_seq, self.confirm_pending)
-            if waiting and journal.failed is not None:
-                # the journal failed: what waits for it will never be durable; nack it after the acks
+            storage = self.node.persistence
+            assert storage is not None
+            self.confirm_pending = confirmable_prefix(waiting, storage.synced_seq, self.confirm_pending)
+            if waiting and storage.failed is not None:
+                # storage failed: what waits for it will never be durable; nack it after the acks
                 nack_upto = waiting[-1][0]
                 waiting.clear()
-            if not waiting:
-                self.node.journal_waiters.discard(self)
+            if not waiting and not self.tx_commits:
+                self.node.sync_waiters.discard(self)
         upto = self.confirm_pending
         if upto > self.confirm_sent and self.state == self.OPEN:
             multiple = upto - self.confirm_sent > 1
@@ -626,6 +631,8 @@ class ServerChannel(DeclarationsMixin):
         if not self.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         ops, self.tx_ops = self.tx_ops, []
+        storage = self.node.persistence
+        before = storage.last_enqueued if storage is not None else 0
         for kind, args in ops:
             if kind == "publish":
                 x, routing_keys, msg, mandatory, queues = args
@@ -643,7 +650,28 @@ class ServerChannel(DeclarationsMixin):
             else:
                 tag, multiple, requeue = args
                 self._settle(self._collect(tag, multiple), "requeue" if requeue else "discard")
-        self.send(spec.Tx.CommitOk())
+        storage = self.node.persistence
+        if storage is None or (storage.last_enqueued == before and not self.tx_commits):
+            self.send(spec.Tx.CommitOk())
+            return
+        # persistent messages were enqueued: commit-ok means they are on disk, like a confirm
+        self.tx_commits.append(storage.last_enqueued)
+        self.node.sync_waiters.add(self)
+        self.conn.want_flush(self)
+
+    def _send_commit_oks(self) -> None:
+        storage = self.node.persistence
+        assert storage is not None
+        commits = self.tx_commits
+        while commits and (commits[0] <= storage.synced_seq or storage.failed is not None):
+            commits.popleft()
+            if storage.failed is not None:
+                # the commit cannot be made durable: RabbitMQ closes the connection with 541 here
+                self.conn.close_with_error(ConnectionError_(INTERNAL_ERROR,
+                                                            f"message storage failed: "
+                                                            f"{storage.failed}"))
+                return
+            self.send(spec.Tx.CommitOk())
 
     def _tx_rollback(self, m: Any) -> None:
         if not self.tx:
@@ -666,7 +694,7 @@ class ServerChannel(DeclarationsMixin):
         for consumer in consumers:
             self._detach_consumer(consumer)
         self.reply_consumer = None
-        self.node.journal_waiters.discard(self)
+        self.node.sync_waiters.discard(self)
         if self.reply_token is not None:
             self.node.reply_channels.pop(self.reply_token, None)
         items = list(self.unacked.values())

@@ -13,6 +13,7 @@ import asyncio
 import errno
 import gc
 import logging
+import os
 import platform
 import signal
 import sys
@@ -34,7 +35,7 @@ from hutch.storage.errors import StorageError
 from .alarms import ResourceMonitor
 from .connection import CAPABILITIES, AMQPConnection
 from .definitions import DefinitionStore, pack_arguments, unpack_arguments
-from .journal import MessageJournal
+from .persistence import Persistence
 
 if TYPE_CHECKING:
     from .channel import ServerChannel
@@ -50,14 +51,15 @@ SUPPORTED_QUEUE_TYPES = ("classic",)
 class Node:
     def __init__(self, config: Config, auth: AuthStore | None = None,
                  store: DefinitionStore | None = None, monitor_resources: bool = True,
-                 journal: MessageJournal | None = None) -> None:
+                 persistence: Persistence | None = None) -> None:
         self.config = config
         self.name = config.node_name
         self.store = store
-        self.journal = journal
-        # channels with publisher confirms waiting for the journal to sync
-        self.journal_waiters: set[ServerChannel] = set()
+        self.persistence = persistence
+        # channels with publisher confirms (or a tx.commit) waiting for message storage to sync
+        self.sync_waiters: set[ServerChannel] = set()
         self._replaying = False
+        self._transient_ids = 0
         saved_ops = store.load() if store is not None else []
         if auth is None:
             auth = AuthStore()
@@ -78,8 +80,8 @@ class Node:
         self.monitor: ResourceMonitor | None = None
         if store is not None:
             self._restore(saved_ops)
-        if journal is not None:
-            self._recover_messages(journal)
+        if persistence is not None:
+            self._recover_messages(persistence)
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
@@ -194,32 +196,60 @@ class Node:
         return x is not None and x.durable
 
     # -- persistent messages -----------------------------------------------------------------------
-    def _recover_messages(self, journal: MessageJournal) -> None:
-        """Put the journal's live messages back into their durable queues, then compact the journal."""
-        def keep(vhost_name: str, queue_name: str) -> bool:
-            vhost = self.vhosts.get(vhost_name)
-            q = vhost.queues.get(queue_name) if vhost is not None else None
-            return isinstance(q, ClassicQueue) and _is_durable_queue(q)
-
-        live = journal.recover(keep)
-        total = 0
-        for (vhost_name, queue_name), msgs in live.items():
-            q = self.vhosts[vhost_name].queues[queue_name]
-            assert isinstance(q, ClassicQueue)
-            for seq, (exchange, routing_key, properties_raw, body) in msgs.items():
-                jseq = journal.enqueue_recovered(vhost_name, queue_name, seq, exchange, routing_key,
-                                                 properties_raw, body)
-                q.recover(seq, Message(exchange, routing_key, None, body, properties_raw), jseq)
-                total += 1
-        journal.finish_recovery()
+    def _recover_messages(self, persistence: Persistence) -> None:
+        """Recover the index of every durable queue and the reference counts of the message stores;
+        delete what belongs to queues that no longer exist."""
+        keep: set[str] = set()
+        refs_by_vhost: dict[str, dict[int, int]] = {}
+        recovered: list[tuple[ClassicQueue, Any]] = []
         for vhost in self.vhosts.values():
             for q in vhost.queues.values():
-                if isinstance(q, ClassicQueue) and _is_durable_queue(q):
-                    q.journal = journal
-        log.info("messages recovered: %d in %d queues", total, len(live))
+                if not (isinstance(q, ClassicQueue) and _is_durable_queue(q)):
+                    continue
+                index = persistence.index(vhost.name, q.name)
+                found = index.recover()
+                for path in found.torn_tails:
+                    log.warning("queue index %s: dropped an incomplete write at its end", path)
+                store = persistence.store(vhost.name)
+                missing = [seq for seq, store_id in found.refs.items() if not store.contains(store_id)]
+                if missing:
+                    log.warning("queue '%s' in vhost '%s': %d messages were never fully written (not "
+                                "confirmed); dropped", q.name, vhost.name, len(missing))
+                    index.ack(missing)
+                    found.live -= len(missing)
+                    for seq in missing:
+                        del found.refs[seq]
+                refs = refs_by_vhost.setdefault(vhost.name, {})
+                for store_id in found.refs.values():
+                    refs[store_id] = refs.get(store_id, 0) + 1
+                keep.add(os.path.basename(index.directory))
+                self._attach_storage(vhost, q, index)
+                recovered.append((q, found))
+        removed = persistence.remove_orphans(keep)
+        persistence.set_store_refs(refs_by_vhost)
+        total = 0
+        for q, found in recovered:
+            q.recover_index(found)
+            total += found.live
+        persistence.sink.sync_now()
+        log.info("messages recovered: %d in %d durable queues (%d stale queue directories removed)",
+                 total, len(recovered), removed)
 
-    def _journal_synced(self, synced: int) -> None:
-        for ch in self.journal_waiters:
+    def _attach_storage(self, vhost: VirtualHost, q: ClassicQueue, index: Any = None) -> None:
+        """Give a classic queue its index: durable queues always, others only when they page."""
+        persistence = self.persistence
+        if persistence is None:
+            return
+        if _is_durable_queue(q):
+            q.index = index if index is not None else persistence.index(vhost.name, q.name)
+            q.persist = True
+        else:
+            self._transient_ids += 1
+            unique = f"transient-{self._transient_ids}"
+            q.index_factory = lambda: persistence.index(vhost.name, q.name, unique)
+
+    def _storage_synced(self, synced: int) -> None:
+        for ch in self.sync_waiters:
             ch.conn.want_flush(ch)
 
     # -- access control changes ------------------------------------------------------------------
@@ -315,9 +345,9 @@ class Node:
                                f"{', '.join(SUPPORTED_QUEUE_TYPES)})")
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         vhost.add_queue(q)
+        if not self._replaying:
+            self._attach_storage(vhost, q)
         if _is_durable_queue(q):
-            if self.journal is not None and not self._replaying:
-                q.journal = self.journal
             self._record({"op": "queue.declare", "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
                           "arguments": pack_arguments(arguments)})
         return q
@@ -355,8 +385,8 @@ class Node:
         self.amqp_port = sock.getsockname()[1]
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
         self._schedule_tick()
-        if self.journal is not None:
-            self.journal.start(loop, self._journal_synced)
+        if self.persistence is not None:
+            self.persistence.start(loop, self._storage_synced)
         if self.monitor_resources:
             self.monitor = ResourceMonitor(self)
             self.monitor.start()
@@ -388,8 +418,12 @@ class Node:
         await asyncio.sleep(0.05)
         for conn in list(self.connections):
             conn._abort()
-        if self.journal is not None:
-            await self.journal.close()
+        if self.persistence is not None:
+            for vhost in self.vhosts.values():
+                for q in vhost.queues.values():
+                    if isinstance(q, ClassicQueue):
+                        q.close_storage()
+            await self.persistence.close()
 
 
 def _is_durable_queue(q: Queue) -> bool:
@@ -399,8 +433,11 @@ def _is_durable_queue(q: Queue) -> bool:
 async def serve(config: Config, services: Sequence[Service] = ()) -> int:
     try:
         store = DefinitionStore(config.data_dir) if config.data_dir else None
-        journal = MessageJournal(config.data_dir) if config.data_dir else None
-        node = Node(config, store=store, journal=journal)
+        persistence = Persistence(config.data_dir, embed_below=config.queue_index_embed_msgs_below,
+                                  segment_entries=config.queue_index_segment_entries,
+                                  store_file_size_limit=config.msg_store_file_size_limit) \
+            if config.data_dir else None
+        node = Node(config, store=store, persistence=persistence)
     except (StorageError, ValueError) as exc:
         print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",
               file=sys.stderr)

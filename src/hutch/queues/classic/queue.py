@@ -1,7 +1,7 @@
-"""The classic queue: an in-memory FIFO with round-robin delivery over consumers.
+"""The classic queue: a FIFO with round-robin delivery over consumers, paged to its index on disk.
 
 Owns: the ready messages of one classic queue (ordered by a per-queue sequence number), the count of
-messages delivered but not settled, and the consumer rota.
+messages delivered but not settled, the consumer rota, and which ready messages sit in RAM.
 
 Rules:
 - FIFO: messages are delivered in publish order; a requeued message goes back to its original
@@ -10,59 +10,176 @@ Rules:
   message wins; within a group, round robin. A consumer is able when under its prefetch and its
   channel's global prefetch.
 - Invariant: `_unacked` == number of entries handed out with manual ack and not yet settled.
+- Storage (seed 004's alpha/delta idea with two states): ready messages are either in RAM (`_ready`, the
+  head of the queue) or only on disk in the queue index (`_delta` messages: every live entry with a seq
+  >= `_delta_from`). A queue with an index pages when RAM holds `ram_limit` messages or `ram_bytes_limit`
+  bytes of bodies: later publishes go straight to the index, and `_refill` reads the next segment back
+  when RAM runs dry. Under memory pressure `page_out` moves the RAM tail (never-delivered messages only)
+  to disk, transient ones included. Invariant: every seq in the delta is above every delivered seq.
+- Persistent messages of durable queues (`persist`) are written to the index on publish and settled there
+  (ACK) on ack, reject and purge; their confirms wait for the group commit (runtime/persistence.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 
 if TYPE_CHECKING:
-    from hutch.runtime.journal import MessageJournal
+    from hutch.storage.queue_index import IndexRecovery, QueueIndex
+
+log = logging.getLogger("hutch.queue")
 
 FLOW_HIGH = 1000  # ready messages behind a socket-blocked consumer before publishers are paused
 FLOW_LOW = 500  # publishers resume below this
+RAM_LIMIT = 16384  # ready messages kept in RAM before a queue pages to its index (one index segment)
+RAM_BYTES_LIMIT = 64 * 1024 * 1024  # message bodies kept in RAM before paging
+PRESSURE_RAM_LIMIT = 256  # what a queue keeps in RAM while the node is over its paging threshold
 
 
 class ClassicQueue(Queue):
     queue_type = "classic"
-    # set by the node on durable, non-exclusive queues when messages are persisted: persistent messages
-    # are journalled on publish and settled in the journal on ack/discard/purge/delete
-    journal: MessageJournal | None = None
+    ram_limit = RAM_LIMIT  # class-wide; the node lowers it under memory pressure
+    ram_bytes_limit = RAM_BYTES_LIMIT
 
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
         self._ready: deque[QueueEntry] = deque()
-        self._ready_bytes = 0
+        self._ready_bytes = 0  # bodies of the messages in `_ready`
         self._unacked = 0
         self._seq = 0
         # priority groups, highest first: [(priority, deque of consumers)]
         self._groups: list[tuple[int, deque[Consumer]]] = []
         self._consumer_count = 0
         self._delivering = False
+        # -- storage: set by the node when it has a data directory
+        self.index: QueueIndex | None = None
+        self.index_factory: Callable[[], QueueIndex] | None = None  # for queues that index only to page
+        self.persist = False  # durable queue on a node with storage: persistent messages go to the index
+        self._delta = 0  # ready messages only on disk: every live index entry with seq >= _delta_from
+        self._delta_from = 0
+        self._delta_bytes = 0
+        self._max_delivered = 0  # highest seq ever handed out (delivery or get)
+        self._recovered_delivered = 0  # recovered seqs up to this one were delivered before the restart
 
     # -- messages ------------------------------------------------------------------------------
     def publish(self, msg: Message) -> None:
         self._seq += 1
+        seq = self._seq
         ready = self._ready
         # A backlog means the last delivery attempt found no consumer able to take a message, and
         # every event that frees one (ack, qos, resumed socket, new consumer, requeue) calls
         # deliver_pending itself: nothing to try here.
         backlog = bool(ready)
-        entry = QueueEntry(self._seq, msg)
-        journal = self.journal
-        if journal is not None and msg.persistent:
-            entry.jseq = journal.enqueue(self.vhost, self.name, self._seq, msg)
+        self.stat_published += 1
+        if self._delta or (len(ready) >= self.ram_limit or self._ready_bytes >= self.ram_bytes_limit) \
+                and self._can_page():
+            index = self._get_index()
+            index.publish(seq, self.persist and msg.persistent, msg.exchange, msg.routing_key,
+                          msg.properties_raw, msg.body, msg)
+            if not self._delta:
+                self._delta_from = seq
+            self._delta += 1
+            self._delta_bytes += msg.size
+            return
+        entry = QueueEntry(seq, msg)
+        if self.persist and msg.persistent:
+            index = self.index
+            assert index is not None
+            index.publish(seq, True, msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg)
+            entry.on_disk = True
         ready.append(entry)
         self._ready_bytes += msg.size
-        self.stat_published += 1
         if self._consumer_count and not backlog:
             self.deliver_pending()
+
+    def _can_page(self) -> bool:
+        return self.index is not None or self.index_factory is not None
+
+    def _get_index(self) -> QueueIndex:
+        index = self.index
+        if index is None:
+            assert self.index_factory is not None
+            index = self.index = self.index_factory()
+        return index
+
+    def _refill(self) -> None:
+        """Read paged-out messages back into RAM, a segment at a time, up to the RAM limit."""
+        index = self.index
+        assert index is not None
+        ready = self._ready
+        target = max(self.ram_limit, 1)
+        recovered_delivered = self._recovered_delivered
+        while self._delta and len(ready) < target:
+            msgs, next_seq = index.read_from(self._delta_from)
+            size = 0
+            for seq, _persistent, exchange, routing_key, props, body, store_id in msgs:
+                msg = Message(exchange, routing_key, None, body, props)
+                msg.store_id = store_id
+                entry = QueueEntry(seq, msg)
+                entry.on_disk = True
+                if seq <= recovered_delivered:
+                    entry.redelivered = True
+                ready.append(entry)
+                size += msg.size
+            self._ready_bytes += size
+            self._delta -= len(msgs)
+            self._delta_bytes -= size
+            self._delta_from = next_seq
+            if next_seq > index.max_seq and self._delta:
+                log.error("queue '%s' in vhost '%s': %d paged-out messages missing from its index",
+                          self.name, self.vhost, self._delta)
+                self._delta = 0
+        if not self._delta:
+            self._delta_bytes = 0
+
+    def page_out(self, keep: int) -> int:
+        """Move ready messages beyond the first `keep` (never delivered ones only) from RAM to disk."""
+        if not self._can_page():
+            return 0
+        ready = self._ready
+        moved: list[QueueEntry] = []
+        floor = self._max_delivered
+        while len(ready) > keep and ready[-1].seq > floor and not ready[-1].redelivered:
+            moved.append(ready.pop())
+        if not moved:
+            return 0
+        index = self._get_index()
+        size = 0
+        for entry in reversed(moved):
+            msg = entry.msg
+            if not entry.on_disk:
+                index.publish(entry.seq, False, msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg)
+            size += msg.size
+        self._ready_bytes -= size
+        self._delta_bytes += size
+        self._delta += len(moved)
+        self._delta_from = moved[-1].seq
+        return len(moved)
+
+    def close_storage(self) -> None:
+        """Node shutdown: write what the index should remember (the delivered watermark)."""
+        if self.index is not None:
+            self.index.mark_delivered(self._max_delivered)
+            self.index.close()
+
+    def recover_index(self, found: IndexRecovery) -> None:
+        """Start from what the index held at start-up: every live message is paged out, the first segment
+        is read back now. Messages delivered before the restart come back marked redelivered."""
+        self._seq = found.max_seq
+        self._max_delivered = 0
+        self._recovered_delivered = found.delivered_upto
+        if found.live:
+            self._delta = found.live
+            self._delta_from = found.first_live_seq
+            self._delta_bytes = found.live_bytes
+            self._refill()
 
     def deliver_pending(self) -> None:
         if self._delivering or self.deleted:
@@ -71,12 +188,18 @@ class ClassicQueue(Queue):
         try:
             ready = self._ready
             groups = self._groups
-            while ready and groups:
+            while groups:
+                if not ready:
+                    if not self._delta:
+                        break
+                    self._refill()
                 consumer = self._next_consumer()
                 if consumer is None:
                     break
                 entry = ready.popleft()
                 self._ready_bytes -= entry.msg.size
+                if entry.seq > self._max_delivered:
+                    self._max_delivered = entry.seq
                 entry.delivery_count += 1
                 if not consumer.no_ack:
                     self._unacked += 1
@@ -86,7 +209,7 @@ class ClassicQueue(Queue):
                 consumer.channel.deliver(consumer, self, entry)
         finally:
             self._delivering = False
-        if self.flow_waiters and (len(self._ready) <= FLOW_LOW or not self._consumer_blocked_by_socket()):
+        if self.flow_waiters and (len(self._ready) + self._delta <= FLOW_LOW or not self._consumer_blocked_by_socket()):
             self.release_flow()
 
     def needs_flow_control(self) -> bool:
@@ -99,7 +222,7 @@ class ClassicQueue(Queue):
         or with no consumers at all, does not block publishers, as in RabbitMQ.
         """
         # sampled every 64th message: the consumer scan is not free and flow is a coarse signal
-        return len(self._ready) > FLOW_HIGH and not self._seq & 63 and self._consumer_blocked_by_socket()
+        return len(self._ready) + self._delta > FLOW_HIGH and not self._seq & 63 and self._consumer_blocked_by_socket()
 
     def _consumer_blocked_by_socket(self) -> bool:
         for _prio, group in self._groups:
@@ -125,31 +248,23 @@ class ClassicQueue(Queue):
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
         if not self._ready:
-            return None
+            if not self._delta:
+                return None
+            self._refill()
         entry = self._ready.popleft()
         self._ready_bytes -= entry.msg.size
+        if entry.seq > self._max_delivered:
+            self._max_delivered = entry.seq
         entry.delivery_count += 1
         if not no_ack:
             self._unacked += 1
         self.stat_get += 1
         return entry
 
-    def recover(self, seq: int, msg: Message, jseq: int) -> None:
-        """Put back a message recovered from the journal at start-up (marked redelivered)."""
-        entry = QueueEntry(seq, msg)
-        entry.jseq = jseq
-        entry.redelivered = True
-        self._ready.append(entry)
-        self._ready_bytes += msg.size
-        if seq > self._seq:
-            self._seq = seq
-
     def ack(self, entries: Iterable[QueueEntry]) -> None:
-        if self.journal is not None:
+        if self.index is not None:
             items = entries if isinstance(entries, list) else list(entries)
-            journalled = [e for e in items if e.jseq]
-            if journalled:
-                self._settle_journal(journalled)
+            self._settle_on_disk(items)
             n = len(items)
         else:
             n = 0
@@ -158,18 +273,15 @@ class ClassicQueue(Queue):
         self._unacked -= n
         self.stat_acked += n
 
-    def _settle_journal(self, entries: list[QueueEntry]) -> None:
-        journal = self.journal
-        assert journal is not None
-        journal.settle(self.vhost, self.name, [e.seq for e in entries], [e.jseq for e in entries],
-                       write=not self.deleted)
-        for e in entries:
-            e.jseq = 0
-
-    def settled_one(self) -> None:
-        """Fast path for one acknowledged entry (not journalled)."""
-        self._unacked -= 1
-        self.stat_acked += 1
+    def _settle_on_disk(self, entries: list[QueueEntry]) -> None:
+        index = self.index
+        assert index is not None
+        seqs = [e.seq for e in entries if e.on_disk]
+        if seqs:
+            index.mark_delivered(self._max_delivered)
+            index.ack(seqs)
+            for e in entries:
+                e.on_disk = False
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         items = sorted(entries, key=_seq_of, reverse=True)
@@ -177,9 +289,11 @@ class ClassicQueue(Queue):
             return
         self._unacked -= len(items)
         if self.deleted:
-            if self.journal is not None:
-                self.journal.forget([e.jseq for e in items if e.jseq])
             return
+        if self.index is not None:
+            # remember across a restart that these were delivered
+            self.index.mark_delivered(self._max_delivered)
+            self.index.flush_delivered()
         ready = self._ready
         for entry in items:  # highest seq first, so each appendleft keeps order
             entry.redelivered = True
@@ -196,19 +310,18 @@ class ClassicQueue(Queue):
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         items = list(entries)
         self._unacked -= len(items)
-        if self.journal is not None:
-            journalled = [e for e in items if e.jseq]
-            if journalled:
-                self._settle_journal(journalled)
+        if self.index is not None:
+            self._settle_on_disk(items)
 
     def purge(self) -> int:
-        n = len(self._ready)
-        if self.journal is not None:
-            journalled = [e for e in self._ready if e.jseq]
-            if journalled:
-                self._settle_journal(journalled)
+        n = len(self._ready) + self._delta
+        if self.index is not None:
+            self._settle_on_disk(list(self._ready))
+            if self._delta:
+                self.index.ack_from(self._delta_from)
         self._ready.clear()
         self._ready_bytes = 0
+        self._delta = self._delta_bytes = 0
         self.release_flow()
         return n
 
@@ -245,7 +358,15 @@ class ClassicQueue(Queue):
 
     @property
     def message_count(self) -> int:
+        return len(self._ready) + self._delta
+
+    @property
+    def messages_ram(self) -> int:
         return len(self._ready)
+
+    @property
+    def messages_paged_out(self) -> int:
+        return self._delta
 
     @property
     def unacked_count(self) -> int:
@@ -253,16 +374,16 @@ class ClassicQueue(Queue):
 
     @property
     def message_bytes(self) -> int:
-        return self._ready_bytes
+        return self._ready_bytes + self._delta_bytes
 
     def delete(self) -> int:
-        n = len(self._ready)
-        if self.journal is not None and not self.deleted:
-            self.journal.delete(self.vhost, self.name)
-            self.journal.forget([e.jseq for e in self._ready if e.jseq])
+        n = len(self._ready) + self._delta
+        if self.index is not None and not self.deleted:
+            self.index.delete()
         self.deleted = True
         self._ready.clear()
         self._ready_bytes = 0
+        self._delta = self._delta_bytes = 0
         self._groups.clear()
         self._consumer_count = 0
         self.release_flow()

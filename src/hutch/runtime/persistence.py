@@ -1,0 +1,308 @@
+"""Message persistence on one node: the group-commit driver, the message stores and the queue indexes.
+
+Owns: `GroupCommit`, the SyncSink every queue index and message store writes through (one flush of every
+touched file per batch on the loop thread, then one executor job that fdatasyncs them all), and
+`Persistence`, which places the files under the data directory (`<data_dir>/queues/<id>/` per queue,
+`<data_dir>/msg_stores/<id>/` per vhost), creates indexes and stores with the configured knobs, and
+recovers them at start.
+
+Rules:
+- A batch starts with `call_soon` after the first touch, so everything written in the same loop
+  iteration (and while a sync job runs) shares one fdatasync per file. At most one job is in flight.
+- `last_enqueued` counts durable touches (persistent messages); `synced_seq` is the count covered by the
+  last completed job. A publisher confirm waits until `synced_seq` reaches the count its message made
+  (channel.py). Store files are synced before index files, so an index entry that survives a crash
+  points to a stored message whenever its confirm was sent.
+- File handles are closed only between jobs (never under an fdatasync in flight); deletions happen at once
+  (an unlinked file being synced is harmless).
+- A failed write with no space left is retried every second (nothing is confirmed meanwhile); any other
+  storage failure stops confirming: waiting publishers get basic.nack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import weakref
+from collections.abc import Callable
+
+from hutch.storage.appendfile import AppendFile
+from hutch.storage.errors import NoSpaceError, StorageError
+from hutch.storage.fs import FileSystem, RealFS
+from hutch.storage.msg_store import DEFAULT_FILE_SIZE_LIMIT, MessageStore
+from hutch.storage.queue_index import DEFAULT_EMBED_BELOW, DEFAULT_SEGMENT_ENTRIES, QueueIndex
+
+log = logging.getLogger("hutch.persistence")
+
+
+class GroupCommit:
+    """The node's SyncSink. Loop thread only, except `_run`, which runs in the default executor."""
+
+    def __init__(self) -> None:
+        self.last_enqueued = 0
+        self.synced_seq = 0
+        self.failed: Exception | None = None
+        self.syncs = 0  # completed jobs that synced at least one file (tests and the benchmark)
+        self.fsyncs = 0  # fdatasync calls made
+        self.on_synced: Callable[[int], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._touched: dict[AppendFile, None] = {}
+        self._callbacks: list[Callable[[], None]] = []
+        self._to_close: list[AppendFile] = []
+        self._all: weakref.WeakSet[AppendFile] = weakref.WeakSet()
+        self._scheduled = False
+        self._busy = False
+
+    # -- SyncSink ----------------------------------------------------------------------------------
+    def touch(self, file: AppendFile, durable: bool) -> None:
+        self._touched[file] = None
+        if durable:
+            self.last_enqueued += 1
+        if not self._scheduled:
+            self._schedule()
+
+    def retire(self, file: AppendFile, delete: bool) -> None:
+        self._touched.pop(file, None)
+        if delete:
+            try:
+                if file.fs.exists(file.path):
+                    file.fs.delete(file.path)
+            except StorageError as exc:
+                log.warning("cannot delete %s: %s", file.path, exc)
+        file.closed = True
+        if self._busy:
+            self._to_close.append(file)
+        else:
+            _close_quietly(file)
+
+    def after_sync(self, fn: Callable[[], None]) -> None:
+        self._callbacks.append(fn)
+        if not self._scheduled:
+            self._schedule()
+
+    # -- the driver ----------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None]) -> None:
+        self._loop = loop
+        self.on_synced = on_synced
+        if self._touched or self._callbacks:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._loop is None or self._busy or self.failed is not None:
+            return
+        self._scheduled = True
+        self._loop.call_soon(self._start_job)
+
+    def _flush_touched(self) -> list[AppendFile]:
+        files = list(self._touched)
+        self._touched.clear()
+        written: list[AppendFile] = []
+        for i, f in enumerate(files):
+            if f.closed:
+                continue
+            try:
+                f.flush()
+            except StorageError:
+                for g in files[i:]:  # keep what was not written for the next try
+                    self._touched[g] = None
+                raise
+            self._all.add(f)
+            if f.needs_sync:
+                written.append(f)
+        written.sort(key=_sync_order)
+        return written
+
+    def _start_job(self) -> None:
+        self._scheduled = False
+        if self._busy or self.failed is not None or self._loop is None:
+            return
+        try:
+            files = self._flush_touched()
+        except NoSpaceError as exc:
+            log.error("message storage: %s; retrying in 1 s", exc)
+            self._scheduled = True
+            self._loop.call_later(1.0, self._start_job)
+            return
+        except StorageError as exc:
+            self._fail(exc)
+            return
+        target = self.last_enqueued
+        callbacks, self._callbacks = self._callbacks, []
+        if not files:
+            self._finish(target, callbacks)
+            return
+        for f in files:
+            f.needs_sync = False  # a flush while the job runs sets it again (and touches the file)
+        self._busy = True
+        self._scheduled = True  # touches while the job runs join the next batch, started on completion
+        fut = self._loop.run_in_executor(None, _sync_files, files)
+        fut.add_done_callback(lambda f: self._job_done(f, target, callbacks, len(files)))
+
+    def _job_done(self, fut: asyncio.Future[None], target: int, callbacks: list[Callable[[], None]],
+                  nfiles: int) -> None:
+        self._busy = False
+        self._scheduled = False
+        for f in self._to_close:
+            _close_quietly(f)
+        self._to_close.clear()
+        exc = fut.exception()
+        if exc is not None:
+            self._fail(exc)
+            return
+        self.syncs += 1
+        self.fsyncs += nfiles
+        self._finish(target, callbacks)
+        if self._touched or self._callbacks:
+            self._schedule()
+
+    def _finish(self, target: int, callbacks: list[Callable[[], None]]) -> None:
+        if target > self.synced_seq:
+            self.synced_seq = target
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a cleanup callback must not stop confirms
+                log.exception("message storage: post-sync step failed")
+        if self.on_synced is not None:
+            self.on_synced(self.synced_seq)
+
+    def _fail(self, exc: BaseException) -> None:
+        log.error("message storage failed: %s; persistent messages are no longer confirmed", exc)
+        self.failed = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        if self.on_synced is not None:
+            self.on_synced(0)  # channels waiting for confirms nack them
+
+    def sync_now(self) -> None:
+        """Flush and sync everything synchronously (start-up and shutdown)."""
+        for f in self._flush_touched():
+            f.sync()
+            f.needs_sync = False
+            self.fsyncs += 1
+        self.synced_seq = self.last_enqueued
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+    async def close(self) -> None:
+        """Finish the job in flight, sync what is pending, close every file."""
+        while self._busy:
+            await asyncio.sleep(0.005)
+        self._loop = None
+        if self.failed is None:
+            try:
+                self.sync_now()
+            except StorageError as exc:
+                log.error("message storage: final sync failed: %s", exc)
+        for f in list(self._all):
+            _close_quietly(f)
+
+
+def _sync_order(f: AppendFile) -> int:
+    return f.rtype  # message store files (0x21) before queue index files (0x31)
+
+
+def _sync_files(files: list[AppendFile]) -> None:
+    for f in files:
+        if f.closed:
+            continue  # retired meanwhile (its queue was deleted): nothing to make durable
+        try:
+            f.sync()
+        except StorageError:
+            if not f.closed:
+                raise
+
+
+def _close_quietly(f: AppendFile) -> None:
+    try:
+        f.close()
+    except StorageError as exc:
+        log.warning("cannot close %s: %s", f.path, exc)
+
+
+def resource_dir(*parts: str) -> str:
+    """A stable, file-system-safe directory name for a vhost or a (vhost, queue) pair."""
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+class Persistence:
+    """Where queue indexes and message stores live, with the knobs from the config."""
+
+    def __init__(self, data_dir: str, fs: FileSystem | None = None, *,
+                 embed_below: int = DEFAULT_EMBED_BELOW, segment_entries: int = DEFAULT_SEGMENT_ENTRIES,
+                 store_file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT) -> None:
+        self.fs = fs or RealFS()
+        self.data_dir = data_dir
+        self.sink = GroupCommit()
+        self.embed_below = embed_below
+        self.segment_entries = segment_entries
+        self.store_file_size_limit = store_file_size_limit
+        self.queues_dir = os.path.join(data_dir, "queues")
+        self.stores_dir = os.path.join(data_dir, "msg_stores")
+        self.fs.make_dirs(self.queues_dir)
+        self.fs.make_dirs(self.stores_dir)
+        self.stores: dict[str, MessageStore] = {}
+        self._recovered_refs: dict[str, dict[int, int]] = {}
+
+    # the confirm interface the channels use
+    @property
+    def last_enqueued(self) -> int:
+        return self.sink.last_enqueued
+
+    @property
+    def synced_seq(self) -> int:
+        return self.sink.synced_seq
+
+    @property
+    def failed(self) -> Exception | None:
+        return self.sink.failed
+
+    def store(self, vhost: str) -> MessageStore:
+        store = self.stores.get(vhost)
+        if store is None:
+            directory = os.path.join(self.stores_dir, resource_dir(vhost))
+            self.fs.make_dirs(directory)
+            store = MessageStore(self.fs, directory, self.sink, file_size_limit=self.store_file_size_limit)
+            store.recover()
+            self.stores[vhost] = store
+        return store
+
+    def queue_dir(self, vhost: str, queue: str, unique: str = "") -> str:
+        name = resource_dir(vhost, queue, unique) if unique else resource_dir(vhost, queue)
+        return os.path.join(self.queues_dir, name)
+
+    def index(self, vhost: str, queue: str, unique: str = "") -> QueueIndex:
+        """The index of a queue (call `recover` on it before writing when the queue is durable).
+        `unique` tells apart the directories of non-durable queues, which never outlive the process."""
+        return QueueIndex(self.fs, self.queue_dir(vhost, queue, unique), self.sink, store=self.store(vhost),
+                          segment_entries=self.segment_entries, embed_below=self.embed_below)
+
+    def remove_orphans(self, keep: set[str]) -> int:
+        """Delete queue directories not in `keep` (queues deleted or transient before the restart)."""
+        removed = 0
+        for name in self.fs.list_dir(self.queues_dir):
+            if name in keep:
+                continue
+            path = os.path.join(self.queues_dir, name)
+            for f in self.fs.list_dir(path):
+                self.fs.delete(os.path.join(path, f))
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+            removed += 1
+        return removed
+
+    def set_store_refs(self, refs_by_vhost: dict[str, dict[int, int]]) -> None:
+        """After every durable queue's index was recovered: the store reference counts they hold."""
+        for vhost, store in self.stores.items():
+            store.set_refs(refs_by_vhost.get(vhost, {}))
+
+    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None]) -> None:
+        self.sink.start(loop, on_synced)
+
+    async def close(self) -> None:
+        await self.sink.close()
+        for store in self.stores.values():
+            store.close()

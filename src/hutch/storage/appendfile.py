@@ -1,0 +1,185 @@
+"""Append-only files written in batches: the unit the queue index and the message store are made of.
+
+Owns: one file, the entries appended to it since the last flush (kept in memory), and its sizes. Entries
+are buffered by `add`; `flush` writes everything buffered as **one** framed record (records.py: length,
+crc32, type), so a file is a sequence of checksummed batch records and a crash can tear at most the last
+one. `sync` (fdatasync) may run in another thread; every other method belongs to the owner's thread.
+
+Entry framing inside a batch record's payload: ``u32 length`` then the entry bytes. `add` returns the
+file offset at which the entry's bytes will sit once flushed, so a reader can later fetch one entry with a
+single positioned read (the message store does; it checks its own per-entry checksum).
+
+Rules:
+- `size` counts flushed bytes only; `pending_bytes` the buffered entries (framing included).
+- A file's directory entry is synced with its first fdatasync (a new file is durable only then).
+- `needs_sync` is set by `add(..., durable=True)` and by every flush (data written but not yet known to be
+  on disk); the group-commit driver clears it when it syncs the file.
+- A failed write is rolled back: the file is truncated to its last good size and the batch stays
+  buffered, so ENOSPC never leaves half a record behind.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from hutch.storage import records
+from hutch.storage.errors import StorageError
+from hutch.storage.fs import FileHandle, FileSystem
+
+ENTRY_LEN = struct.Struct("<I")
+
+
+class AppendFile:
+    __slots__ = ("fs", "path", "rtype", "handle", "_buffer", "pending_bytes", "size", "needs_sync",
+                 "durable_pending", "closed", "_new_entry", "__weakref__")
+
+    def __init__(self, fs: FileSystem, path: str, rtype: int, size: int = 0) -> None:
+        self.fs = fs
+        self.path = path
+        self.rtype = rtype
+        self.handle: FileHandle | None = None
+        self._buffer: list[bytes] = []
+        self.pending_bytes = 0
+        self.size = size  # flushed bytes (a record boundary)
+        self.needs_sync = False  # written (or to be written) data not yet fdatasync'd
+        self.durable_pending = False  # buffered entries include one somebody waits to see synced
+        self.closed = False
+        self._new_entry = False  # the file was created: its directory entry needs a sync too
+
+    def add(self, entry: bytes, durable: bool = False) -> int:
+        """Buffer one entry; returns the offset its bytes will have in the file."""
+        offset = self.size + records.HEADER_BYTES + self.pending_bytes + 4
+        self._buffer.append(ENTRY_LEN.pack(len(entry)))
+        self._buffer.append(entry)
+        self.pending_bytes += 4 + len(entry)
+        if durable:
+            self.durable_pending = True
+        return offset
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._buffer)
+
+    def buffered_entry(self, offset: int, length: int) -> bytes | None:
+        """An entry still in the buffer (by the offset `add` returned), or None if already flushed."""
+        if offset < self.size:
+            return None
+        pos = self.size + records.HEADER_BYTES
+        for i in range(0, len(self._buffer), 2):
+            entry = self._buffer[i + 1]
+            pos += 4
+            if pos == offset:
+                return entry[:length]
+            pos += len(entry)
+        return None
+
+    def flush(self) -> bool:
+        """Write the buffered entries as one record. Returns True when something was written."""
+        if not self._buffer:
+            return False
+        if self.closed:
+            raise StorageError("write", self.path, detail="file already closed")
+        if self.handle is None:
+            if self.size == 0 and not self.fs.exists(self.path):
+                self._new_entry = True
+            self.handle = self.fs.open_append(self.path)
+        parts = records.encode_parts(self.rtype, self._buffer)
+        data = b"".join(parts)
+        try:
+            self.handle.write(data)
+        except StorageError:
+            self._roll_back()
+            raise
+        self.size += len(data)
+        self._buffer = []
+        self.pending_bytes = 0
+        self.needs_sync = True
+        self.durable_pending = False
+        return True
+
+    def _roll_back(self) -> None:
+        try:
+            self.fs.truncate(self.path, self.size)
+        except StorageError:
+            pass
+
+    def sync(self) -> None:
+        """fdatasync what was flushed (thread-safe with respect to the owner's later flushes)."""
+        handle = self.handle
+        if handle is not None:
+            handle.sync()
+            if self._new_entry:
+                self.fs.fsync_dir(os.path.dirname(self.path))
+                self._new_entry = False
+
+    def close(self) -> None:
+        self.closed = True
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.close()
+
+
+def iter_entries(payload: memoryview) -> Iterator[memoryview]:
+    """The entries of one batch record's payload, in order."""
+    pos = 0
+    end = len(payload)
+    unpack = ENTRY_LEN.unpack_from
+    while pos < end:
+        (length,) = unpack(payload, pos)
+        pos += 4
+        if pos + length > end:
+            raise ValueError(f"entry of {length} bytes runs past the end of its batch record")
+        yield payload[pos:pos + length]
+        pos += length
+
+
+class SyncSink(Protocol):
+    """Where writers report files to flush and sync: the node's group-commit driver (runtime) or
+    `ManualSink` (tests, offline tools)."""
+
+    def touch(self, file: AppendFile, durable: bool) -> None:
+        """`file` has buffered entries; `durable`: a confirm waits for them to reach the disk."""
+
+    def retire(self, file: AppendFile, delete: bool) -> None:
+        """Close `file` (and delete it when `delete`) once no sync job still uses it."""
+
+    def after_sync(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once everything touched so far is flushed and synced."""
+
+
+class ManualSink:
+    """A synchronous SyncSink: nothing happens until `commit()` flushes and syncs every touched file."""
+
+    def __init__(self) -> None:
+        self.touched: dict[AppendFile, None] = {}
+        self.callbacks: list[Callable[[], None]] = []
+        self.commits = 0
+
+    def touch(self, file: AppendFile, durable: bool) -> None:
+        self.touched[file] = None
+
+    def retire(self, file: AppendFile, delete: bool) -> None:
+        self.touched.pop(file, None)
+        file.close()
+        if delete and file.fs.exists(file.path):
+            file.fs.delete(file.path)
+
+    def after_sync(self, fn: Callable[[], None]) -> None:
+        self.callbacks.append(fn)
+
+    def commit(self) -> None:
+        files = list(self.touched)
+        self.touched.clear()
+        for f in files:
+            f.flush()
+        for f in files:
+            if f.needs_sync:
+                f.sync()
+                f.needs_sync = False
+        self.commits += 1
+        callbacks, self.callbacks = self.callbacks, []
+        for fn in callbacks:
+            fn()

@@ -1,0 +1,390 @@
+"""The classic queue index: one queue's messages on disk, in segment files of a fixed number of entries.
+
+Owns: the directory of one queue (`<segno>.qix` files), which segment a seq belongs to, the live-entry
+count of every segment, the store references (seq -> message store id) of the queue's large messages, and
+the delivered watermark. The queue decides *what* goes to disk and when; this module decides *how*.
+
+Layout: segment `n` holds the entries of seqs ``[n * E, (n + 1) * E)`` (E = `segment_entries`, 16384 by
+default as in RabbitMQ). A segment file is a sequence of batch records (appendfile.py: one checksummed
+record per flush); each entry of a batch starts with a type byte:
+
+- ``PUB``  ``<BQBBBI`` type, seq, flags, len(exchange), len(routing key), len(properties), then exchange,
+  routing key, encoded content properties and body: a message embedded in the index (its serialized size,
+  body + properties, is below `queue_index_embed_msgs_below`).
+- ``REF``  ``<BQBQI`` type, seq, flags, message store id, size: a larger message, written once to the
+  vhost's message store (msg_store.py) however many queues it reaches.
+- ``ACK``  type then ``u64`` seqs: those entries are gone (acked, rejected, purged).
+- ``DLV``  ``<BQ`` type, seq: every seq up to this one has been delivered at least once (so it is
+  marked redelivered after a restart).
+
+Rules:
+- flags bit 0 = persistent. Persistent entries are written with ``durable=True`` (their confirm waits for
+  the group commit); transient ones are in the index only because the queue paged them out, and entries
+  written before the last restart that are not persistent are dead.
+- A segment file is deleted once it holds no live entry and no more seqs can land in it.
+- Recovery reads every segment: live = PUB/REF minus ACK (minus dead transients); a torn tail of a
+  segment is truncated away, damage in the middle raises CorruptRecord (docs/storage.md).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hutch.storage import records
+from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries
+from hutch.storage.errors import CorruptRecord
+from hutch.storage.fs import FileSystem
+
+if TYPE_CHECKING:
+    from hutch.storage.msg_store import MessageStore
+
+INDEX_RECORD_TYPE = 0x31
+DEFAULT_SEGMENT_ENTRIES = 16384
+DEFAULT_EMBED_BELOW = 4096
+SUFFIX = ".qix"
+
+PUB = 1
+REF = 2
+ACK = 3
+DLV = 4
+
+PERSISTENT = 1
+
+PUB_HEAD = struct.Struct("<BQBBBI")
+REF_HEAD = struct.Struct("<BQBQI")
+DLV_ENTRY = struct.Struct("<BQ")
+MSG_HEAD = struct.Struct("<BBI")  # a stored message: len(exchange), len(routing key), len(properties)
+_TYPES = frozenset({INDEX_RECORD_TYPE})
+
+# (seq, persistent, exchange, routing_key, properties_raw, body, store_id)
+IndexedMessage = tuple[int, bool, str, str, bytes, bytes, int]
+
+
+def encode_message(exchange: str, routing_key: str, properties_raw: bytes, body: bytes) -> bytes:
+    """A message as the message store keeps it."""
+    ex = exchange.encode()
+    rk = routing_key.encode()
+    return b"".join((MSG_HEAD.pack(len(ex), len(rk), len(properties_raw)), ex, rk, properties_raw, body))
+
+
+def decode_message(data: bytes | memoryview) -> tuple[str, str, bytes, bytes]:
+    exlen, rklen, plen = MSG_HEAD.unpack_from(data, 0)
+    pos = MSG_HEAD.size
+    exchange = bytes(data[pos:pos + exlen]).decode()
+    pos += exlen
+    routing_key = bytes(data[pos:pos + rklen]).decode()
+    pos += rklen
+    props = bytes(data[pos:pos + plen])
+    return exchange, routing_key, props, bytes(data[pos + plen:])
+
+
+def segment_name(segno: int) -> str:
+    return f"{segno:08d}{SUFFIX}"
+
+
+@dataclass
+class IndexRecovery:
+    """What `QueueIndex.recover` found."""
+
+    live: int = 0  # live persistent entries
+    live_bytes: int = 0  # their body bytes
+    first_live_seq: int = 0  # 0 when none
+    max_seq: int = 0  # highest seq ever written (new seqs continue after it)
+    delivered_upto: int = 0
+    refs: dict[int, int] = field(default_factory=dict)  # seq -> store id of live REF entries
+    torn_tails: list[str] = field(default_factory=list)
+
+
+class QueueIndex:
+    """Not thread-safe: belongs to the loop thread (the sink syncs files from its executor)."""
+
+    def __init__(self, fs: FileSystem, directory: str, sink: SyncSink, *,
+                 store: MessageStore | None = None, segment_entries: int = DEFAULT_SEGMENT_ENTRIES,
+                 embed_below: int = DEFAULT_EMBED_BELOW) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.sink = sink
+        self.store = store
+        self.segment_entries = segment_entries
+        self.embed_below = embed_below
+        self._files: dict[int, AppendFile] = {}
+        self._live: dict[int, int] = {}  # segno -> live entries (written, not acked)
+        self.refs: dict[int, int] = {}  # seq -> store id
+        self.boot_seq = 0  # entries at or below it come from before the last restart
+        self.max_seq = 0
+        self.delivered_upto = 0
+        self._delivered_written = 0
+        self._scan_max = 0
+        self.deleted = False
+        self.fs.make_dirs(directory)
+
+    # -- writing --------------------------------------------------------------------------------------
+    def _file(self, segno: int) -> AppendFile:
+        f = self._files.get(segno)
+        if f is None:
+            path = os.path.join(self.directory, segment_name(segno))
+            size = self.fs.size(path) if self.fs.exists(path) else 0
+            f = self._files[segno] = AppendFile(self.fs, path, INDEX_RECORD_TYPE, size)
+        return f
+
+    def publish(self, seq: int, persistent: bool, exchange: str, routing_key: str, properties_raw: bytes,
+                body: bytes, msg: object | None = None) -> None:
+        """Write one message. `durable`: persistent (its confirm waits for the sync). `msg`: the Message,
+        whose `store_id` lets a large message routed to several queues be stored once."""
+        segno = seq // self.segment_entries
+        f = self._file(segno)
+        flags = PERSISTENT if persistent else 0
+        size = len(body) + len(properties_raw)
+        store = self.store
+        if size < self.embed_below or store is None:
+            ex = exchange.encode()
+            rk = routing_key.encode()
+            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, len(ex), len(rk), len(properties_raw)), ex, rk,
+                            properties_raw, body)), persistent)
+        else:
+            store_id = getattr(msg, "store_id", 0) if msg is not None else 0
+            if store_id and store.contains(store_id):
+                store.incref(store_id)
+            else:
+                store_id = store.write(encode_message(exchange, routing_key, properties_raw, body),
+                                       durable=persistent)
+                if msg is not None:
+                    msg.store_id = store_id  # type: ignore[attr-defined]
+            self.refs[seq] = store_id
+            f.add(REF_HEAD.pack(REF, seq, flags, store_id, size), persistent)
+        live = self._live
+        live[segno] = live.get(segno, 0) + 1
+        if seq > self.max_seq:
+            self.max_seq = seq
+        self.sink.touch(f, persistent)
+
+    def ack(self, seqs: list[int]) -> None:
+        """These entries are gone. Writes the delivered watermark too when it moved."""
+        if self.deleted or not seqs:
+            return
+        E = self.segment_entries
+        by_seg: dict[int, list[int]] = {}
+        for s in seqs:
+            by_seg.setdefault(s // E, []).append(s)
+        refs = self.refs
+        store = self.store
+        if refs and store is not None:
+            for s in seqs:
+                store_id = refs.pop(s, 0)
+                if store_id:
+                    store.decref(store_id)
+        self._write_delivered()
+        for segno, group in by_seg.items():
+            self._ack_segment(segno, group)
+
+    def _ack_segment(self, segno: int, group: list[int]) -> None:
+        f = self._file(segno)
+        f.add(b"\x03" + array("Q", group).tobytes())
+        n = self._live.get(segno, 0) - len(group)
+        if n > 0:
+            self._live[segno] = n
+            self.sink.touch(f, False)
+            return
+        self._live.pop(segno, None)
+        if (segno + 1) * self.segment_entries <= self.max_seq + 1 or segno * self.segment_entries > self.max_seq:
+            self._drop_segment(segno)
+        else:
+            self.sink.touch(f, False)
+
+    def _drop_segment(self, segno: int) -> None:
+        f = self._files.pop(segno, None)
+        if f is None:
+            f = AppendFile(self.fs, os.path.join(self.directory, segment_name(segno)), INDEX_RECORD_TYPE)
+        self.sink.retire(f, True)
+
+    def mark_delivered(self, seq: int) -> None:
+        """Every seq up to `seq` has been delivered (written with the next acks, or on close)."""
+        if seq > self.delivered_upto:
+            self.delivered_upto = seq
+
+    def _write_delivered(self) -> None:
+        upto = self.delivered_upto
+        if upto > self._delivered_written:
+            self._delivered_written = upto
+            f = self._file(upto // self.segment_entries)
+            f.add(DLV_ENTRY.pack(DLV, upto))
+            self.sink.touch(f, False)
+
+    def flush_delivered(self) -> None:
+        if not self.deleted:
+            self._write_delivered()
+
+    # -- reading --------------------------------------------------------------------------------------
+    def _scan_segment(self, segno: int) -> tuple[dict[int, tuple[int, int, memoryview]], int, bool]:
+        """Live entries of one segment {seq: (type, flags, entry)} in file order, the highest DLV seen,
+        and whether a torn tail was truncated away. `_scan_max` is left at the highest seq written."""
+        f = self._files.get(segno)
+        if f is not None and f.dirty:
+            f.flush()
+            self.sink.touch(f, False)  # flushed data gets synced with the next batch
+        path = os.path.join(self.directory, segment_name(segno))
+        if not self.fs.exists(path):
+            return {}, 0, False
+        data = self.fs.read(path)
+        result = records.scan(data, file=path, types=_TYPES)
+        torn = result.torn_tail is not None
+        if torn:
+            self.fs.truncate(path, result.valid_length)
+            if f is not None:
+                f.size = result.valid_length
+        entries: dict[int, tuple[int, int, memoryview]] = {}
+        delivered = 0
+        boot = self.boot_seq
+        top = 0
+        for rec in result.records:
+            for entry in iter_entries(rec.payload):
+                kind = entry[0]
+                if kind in (PUB, REF):
+                    seq = int.from_bytes(entry[1:9], "little")
+                    if seq > top:
+                        top = seq
+                    flags = entry[9]
+                    if seq <= boot and not flags & PERSISTENT:
+                        continue  # a transient message from before the restart
+                    entries[seq] = (kind, flags, entry)
+                elif kind == ACK:
+                    for seq in array("Q", bytes(entry[1:])):
+                        entries.pop(seq, None)
+                elif kind == DLV:
+                    seq = DLV_ENTRY.unpack(entry)[1]
+                    if seq > delivered:
+                        delivered = seq
+                else:
+                    raise CorruptRecord(path, rec.offset, f"unknown queue index entry type {kind}")
+        self._scan_max = top
+        return entries, delivered, torn
+
+    def read_from(self, seq: int) -> tuple[list[IndexedMessage], int]:
+        """Live messages of the segment holding `seq`, from `seq` on, in seq order, and the first seq of
+        the next segment."""
+        segno = seq // self.segment_entries
+        entries, _dlv, _torn = self._scan_segment(segno)
+        out: list[IndexedMessage] = []
+        store = self.store
+        for s in sorted(k for k in entries if k >= seq):
+            kind, flags, entry = entries[s]
+            if kind == PUB:
+                _t, _s, _f, exlen, rklen, plen = PUB_HEAD.unpack_from(entry, 0)
+                pos = PUB_HEAD.size
+                exchange = bytes(entry[pos:pos + exlen]).decode()
+                pos += exlen
+                routing_key = bytes(entry[pos:pos + rklen]).decode()
+                pos += rklen
+                props = bytes(entry[pos:pos + plen])
+                out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, bytes(entry[pos + plen:]),
+                            0))
+            else:
+                store_id = REF_HEAD.unpack_from(entry, 0)[3]
+                assert store is not None, "queue index holds store references but has no store"
+                exchange, routing_key, props, body = decode_message(store.read(store_id))
+                out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, body, store_id))
+        return out, (segno + 1) * self.segment_entries
+
+    def ack_from(self, seq: int) -> int:
+        """Ack every live entry at or after `seq` (a purge of the paged-out part of a queue)."""
+        n = 0
+        for segno in list(self.live_segments_from(seq)):
+            entries, _dlv, _torn = self._scan_segment(segno)
+            seqs = [s for s in entries if s >= seq]
+            if seqs:
+                self.ack(seqs)
+                n += len(seqs)
+        return n
+
+    def segments(self) -> list[int]:
+        """Segment numbers present on disk or open, ascending."""
+        nums = set(self._files)
+        for name in self.fs.list_dir(self.directory):
+            if name.endswith(SUFFIX) and name[:-len(SUFFIX)].isdigit():
+                nums.add(int(name[:-len(SUFFIX)]))
+        return sorted(nums)
+
+    def live_segments_from(self, seq: int) -> Iterator[int]:
+        """Segments that may hold live entries at or after `seq`."""
+        first = seq // self.segment_entries
+        for segno in sorted(self._live):
+            if segno >= first:
+                yield segno
+
+    # -- recovery -------------------------------------------------------------------------------------
+    def recover(self) -> IndexRecovery:
+        """Read every segment (before anything is written): live persistent entries and their refs."""
+        found = IndexRecovery()
+        max_seq = 0
+        for segno in self.segments():
+            path = os.path.join(self.directory, segment_name(segno))
+            self.boot_seq = 1 << 62  # every entry predates this start: only persistent ones live
+            entries, delivered, torn = self._scan_segment(segno)
+            if torn:
+                found.torn_tails.append(path)
+            if delivered > found.delivered_upto:
+                found.delivered_upto = delivered
+            max_seq = max(max_seq, self._scan_max)
+            if entries:
+                self._live[segno] = len(entries)
+                found.live += len(entries)
+                low = min(entries)
+                if not found.first_live_seq or low < found.first_live_seq:
+                    found.first_live_seq = low
+                for s, (kind, _flags, entry) in entries.items():
+                    if kind == REF:
+                        ref = REF_HEAD.unpack_from(entry, 0)
+                        found.refs[s] = ref[3]
+                        found.live_bytes += ref[4]
+                    else:
+                        head = PUB_HEAD.unpack_from(entry, 0)
+                        found.live_bytes += len(entry) - PUB_HEAD.size - head[3] - head[4] - head[5]
+            else:
+                # nothing live: the file can go; new seqs start above every seq it held (max_seq)
+                self.fs.delete(path)
+        found.max_seq = max(max_seq, found.delivered_upto)
+        self.boot_seq = found.max_seq
+        self.max_seq = found.max_seq
+        self.refs = dict(found.refs)
+        self.delivered_upto = self._delivered_written = found.delivered_upto
+        return found
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def delete(self) -> None:
+        """The queue is deleted: drop every file and store reference, then the directory."""
+        if self.deleted:
+            return
+        self.deleted = True
+        store = self.store
+        if store is not None:
+            for store_id in self.refs.values():
+                store.decref(store_id)
+        self.refs.clear()
+        for segno in self.segments():
+            self._drop_segment(segno)  # unlinked now; handles close between sync jobs
+        self._files.clear()
+        self._live.clear()
+        try:
+            for name in self.fs.list_dir(self.directory):
+                self.fs.delete(os.path.join(self.directory, name))
+            os.rmdir(self.directory)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Write the delivered watermark; files are flushed, synced and closed by the sink's owner."""
+        if not self.deleted:
+            self._write_delivered()
+
+    def open_files(self) -> list[AppendFile]:
+        return list(self._files.values())
+
+    @property
+    def live_count(self) -> int:
+        return sum(self._live.values())
+
