@@ -7,6 +7,9 @@ are blocked, consumers keep going) is the node's and the connection's business.
 Rules (RabbitMQ's, seed 003):
 - Memory alarm while RSS > vm_memory_high_watermark (relative to total RAM, default 0.4, or `.absolute`
   in bytes). Checked every second (reading /proc/self/statm is cheap).
+- Paging (seed 004) while RSS > watermark x vm_memory_high_watermark_paging_ratio (default 0.5): the
+  node tells its queues to keep only a small working set in RAM and page the rest, transient messages
+  included, to disk (Node.set_memory_pressure).
 - Disk alarm while free space on the data directory's file system < disk_free_limit (`.absolute`,
   default 50 MB, or `.relative` to total RAM).
   Checked every 10 s, and more often as free space approaches the limit: every second below 2x the
@@ -74,6 +77,8 @@ class ResourceMonitor:
                                    or int(total * cfg.vm_memory_high_watermark))
         self.disk_limit_bytes = (int(total * cfg.disk_free_limit_relative) if cfg.disk_free_limit_relative
                                  else cfg.disk_free_limit_bytes)
+        self.paging_limit_bytes = int(self.memory_limit_bytes * cfg.vm_memory_high_watermark_paging_ratio)
+        self.paging = False
         self.data_dir = cfg.data_dir
         self.memory_used_bytes = 0
         self.disk_free_bytes = 0
@@ -96,6 +101,14 @@ class ResourceMonitor:
     def _check_memory(self) -> None:
         self.memory_used_bytes = resident_memory_bytes()
         over = self.memory_used_bytes > self.memory_limit_bytes
+        paging = self.memory_used_bytes > self.paging_limit_bytes
+        if paging != self.paging:
+            self.paging = paging
+            log.warning("memory paging %s on node %s: memory used %d bytes, paging threshold %d bytes",
+                        "started" if paging else "stopped", self.node.name, self.memory_used_bytes,
+                        self.paging_limit_bytes)
+        if paging or self.node.memory_pressure:
+            self.node.set_memory_pressure(paging)
         self._update("memory", over, f"memory used {self.memory_used_bytes} bytes, watermark "
                                      f"{self.memory_limit_bytes} bytes")
         self._later(MEMORY_CHECK_S, self._check_memory)

@@ -29,7 +29,13 @@ from hutch.core.message import Message
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
-from hutch.queues.classic.queue import ClassicQueue
+from hutch.queues.classic.queue import (
+    PRESSURE_RAM_BYTES_LIMIT,
+    PRESSURE_RAM_LIMIT,
+    RAM_BYTES_LIMIT,
+    RAM_LIMIT,
+    ClassicQueue,
+)
 from hutch.storage.errors import StorageError
 
 from .alarms import ResourceMonitor
@@ -70,6 +76,7 @@ class Node:
         self.connections: set[AMQPConnection] = set()
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
+        self.memory_pressure = False  # over the paging threshold: queues keep a small working set in RAM
         self.perm_epoch = 0
         self.started_at = time.time()
         self.server: asyncio.base_events.Server | None = None
@@ -247,6 +254,22 @@ class Node:
             self._transient_ids += 1
             unique = f"transient-{self._transient_ids}"
             q.index_factory = lambda: persistence.index(vhost.name, q.name, unique)
+
+    def set_memory_pressure(self, on: bool) -> None:
+        """Over (or back under) the paging threshold: shrink (or restore) what queues keep in RAM, and
+        page out what they hold beyond it now. Called on every memory check while paging."""
+        self.memory_pressure = on
+        ClassicQueue.ram_limit = PRESSURE_RAM_LIMIT if on else RAM_LIMIT
+        ClassicQueue.ram_bytes_limit = PRESSURE_RAM_BYTES_LIMIT if on else RAM_BYTES_LIMIT
+        if not on:
+            return
+        paged = 0
+        for vhost in self.vhosts.values():
+            for q in vhost.queues.values():
+                if isinstance(q, ClassicQueue):
+                    paged += q.page_out(PRESSURE_RAM_LIMIT)
+        if paged:
+            log.info("memory pressure: %d messages paged out to disk", paged)
 
     def _storage_synced(self, synced: int) -> None:
         for ch in self.sync_waiters:

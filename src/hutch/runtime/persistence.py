@@ -285,12 +285,12 @@ class Persistence:
             if name in keep:
                 continue
             path = os.path.join(self.queues_dir, name)
-            for f in self.fs.list_dir(path):
-                self.fs.delete(os.path.join(path, f))
             try:
-                os.rmdir(path)
-            except OSError:
-                pass
+                for f in self.fs.list_dir(path):
+                    self.fs.delete(os.path.join(path, f))
+                self.fs.remove_dir(path)
+            except StorageError as exc:
+                log.warning("cannot remove stale queue directory %s: %s", path, exc)
             removed += 1
         return removed
 

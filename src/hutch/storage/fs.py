@@ -74,6 +74,9 @@ class FileSystem(Protocol):
     def truncate(self, path: str, size: int) -> None:
         """Cut the file to ``size`` bytes and sync it. Durable when it returns."""
 
+    def remove_dir(self, path: str) -> None:
+        """Remove an empty directory."""
+
     def fsync_dir(self, path: str) -> None:
         """Make the creations, renames and deletions in directory ``path`` durable."""
 
@@ -178,6 +181,10 @@ class RealFS:
                 os.fsync(fd)  # fsync, not fdatasync: the size change is metadata
             finally:
                 os.close(fd)
+
+    def remove_dir(self, path: str) -> None:
+        with os_errors("rmdir", path):
+            os.rmdir(path)
 
     def fsync_dir(self, path: str) -> None:
         with os_errors("fsync_dir", path):

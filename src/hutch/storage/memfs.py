@@ -194,6 +194,16 @@ class MemoryFS:
             self._pending = keep
             self.stats.dir_syncs += 1
 
+    def remove_dir(self, path: str) -> None:
+        path = _norm(path)
+        with self._lock:
+            if path not in self._dirs:
+                raise StorageError("rmdir", path, errno.ENOENT)
+            if any(posixpath.dirname(p) == path for p in self._live) or \
+                    any(posixpath.dirname(d) == path for d in self._dirs if d != path):
+                raise StorageError("rmdir", path, errno.ENOTEMPTY)
+            self._dirs.discard(path)
+
     def make_dirs(self, path: str) -> None:
         path = _norm(path)
         with self._lock:
@@ -394,6 +404,9 @@ class FaultyFS:
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
         self.stats.dir_syncs += 1
+
+    def remove_dir(self, path: str) -> None:
+        self.inner.remove_dir(path)
 
     def make_dirs(self, path: str) -> None:
         self.inner.make_dirs(path)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from hutch.storage import records
 from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries
-from hutch.storage.errors import CorruptRecord
+from hutch.storage.errors import CorruptRecord, StorageError
 from hutch.storage.fs import FileSystem
 
 if TYPE_CHECKING:
@@ -372,8 +372,8 @@ class QueueIndex:
         try:
             for name in self.fs.list_dir(self.directory):
                 self.fs.delete(os.path.join(self.directory, name))
-            os.rmdir(self.directory)
-        except OSError:
+            self.fs.remove_dir(self.directory)
+        except StorageError:
             pass
 
     def close(self) -> None:

@@ -40,6 +40,7 @@ FLOW_LOW = 500  # publishers resume below this
 RAM_LIMIT = 16384  # ready messages kept in RAM before a queue pages to its index (one index segment)
 RAM_BYTES_LIMIT = 64 * 1024 * 1024  # message bodies kept in RAM before paging
 PRESSURE_RAM_LIMIT = 256  # what a queue keeps in RAM while the node is over its paging threshold
+PRESSURE_RAM_BYTES_LIMIT = 1024 * 1024
 
 
 class ClassicQueue(Queue):
@@ -118,6 +119,10 @@ class ClassicQueue(Queue):
         recovered_delivered = self._recovered_delivered
         while self._delta and len(ready) < target:
             msgs, next_seq = index.read_from(self._delta_from)
+            room = target - len(ready)
+            if len(msgs) > room:  # take what fits; the rest stays on disk
+                msgs = msgs[:room]
+                next_seq = msgs[-1][0] + 1
             size = 0
             for seq, _persistent, exchange, routing_key, props, body, store_id in msgs:
                 msg = Message(exchange, routing_key, None, body, props)
