@@ -170,6 +170,15 @@ class Queue:
     def message_bytes(self) -> int:
         return 0
 
+    @property
+    def messages_ram(self) -> int:
+        """Ready messages whose bodies are in RAM (the rest are paged out to disk)."""
+        return self.message_count
+
+    @property
+    def messages_paged_out(self) -> int:
+        return 0
+
     def delete(self) -> int:
         """Mark deleted, drop messages; returns the number of ready messages dropped."""
         raise NotImplementedError
@@ -188,4 +197,6 @@ class Queue:
             "messages_unacknowledged": self.unacked_count,
             "consumers": self.consumer_count,
             "message_bytes": self.message_bytes,
+            "messages_ram": self.messages_ram,
+            "messages_paged_out": self.messages_paged_out,
         }

@@ -197,6 +197,7 @@ def node_info(node: Node, now_ms: float) -> dict[str, Any]:
     except OSError:
         disk_free = 0
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
+    storage = node.persistence
     return {
         "name": node.name,
         "type": "disc",
@@ -210,6 +211,11 @@ def node_info(node: Node, now_ms: float) -> dict[str, Any]:
         "mem_used": _rss_bytes(),
         "mem_limit": int(_physical_memory() * cfg.vm_memory_high_watermark),
         "mem_alarm": "memory" in node.alarms,
+        "mem_paging": node.memory_pressure,
+        # message storage: group-commit batches that synced and fdatasync calls made (RabbitMQ's
+        # io_sync_count counts fsyncs too)
+        "io_sync_count": storage.sink.fsyncs if storage is not None else 0,
+        "io_sync_batch_count": storage.sink.syncs if storage is not None else 0,
         "disk_free": disk_free,
         "disk_free_limit": cfg.disk_free_limit_bytes,
         "disk_free_alarm": "disk" in node.alarms,
