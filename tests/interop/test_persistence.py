@@ -6,6 +6,7 @@ survives kill -9 (confirms mean fdatasync'd). Plus a unit test of the confirm pr
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -164,15 +165,15 @@ def _consumer(server: ServerInfo, acked: list[int], stop: threading.Event) -> No
         pass
 
 
-def test_crash_loop_keeps_confirmed_unacked_messages(tmp_path: Path) -> None:
-    rng = random.Random(4)
+def _crash_loop(tmp_path: Path, rounds: int, seed: int) -> None:
+    rng = random.Random(seed)
     server = start_server(tmp_path)
     next_id = 0
     try:
         conn = connect(server)
         conn.channel().queue_declare("crash", durable=True)
         conn.close()
-        for _ in range(4):
+        for _ in range(rounds):
             confirmed: list[int] = []
             acked: list[int] = []
             stop = threading.Event()
@@ -197,6 +198,18 @@ def test_crash_loop_keeps_confirmed_unacked_messages(tmp_path: Path) -> None:
             next_id += len(confirmed) + 1
     finally:
         server.stop()
+
+
+def test_crash_loop_keeps_confirmed_unacked_messages(tmp_path: Path) -> None:
+    """Bounded and seeded in `make test`; `make test-crash` runs a long one."""
+    _crash_loop(tmp_path, rounds=4, seed=4)
+
+
+@pytest.mark.slow
+def test_crash_loop_long(tmp_path: Path) -> None:
+    rounds = int(os.environ.get("HUTCH_CRASH_ROUNDS", "40"))
+    seed = int(os.environ.get("HUTCH_CRASH_SEED", "7"))
+    _crash_loop(tmp_path, rounds=rounds, seed=seed)
 
 
 # -- unit tests ------------------------------------------------------------------------------------
