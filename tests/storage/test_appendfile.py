@@ -1,0 +1,144 @@
+"""Batch-framed append files and the node's group-commit driver: batching, ENOSPC, EIO, deferred close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hutch.runtime.persistence import GroupCommit
+from hutch.storage import records
+from hutch.storage.appendfile import AppendFile, iter_entries
+from hutch.storage.errors import NoSpaceError
+from hutch.storage.memfs import FaultyFS, MemoryFS
+
+PATH = "/d/f.x"
+
+
+def entries_of(fs: MemoryFS | FaultyFS, path: str = PATH) -> list[bytes]:
+    result = records.scan(fs.read(path), file=path)
+    assert result.torn_tail is None
+    return [bytes(e) for r in result.records for e in iter_entries(r.payload)]
+
+
+def test_one_record_per_flush_and_offsets_point_at_entries() -> None:
+    fs = MemoryFS()
+    fs.make_dirs("/d")
+    f = AppendFile(fs, PATH, 0x41)
+    offsets = [f.add(b"a" * n) for n in (1, 5, 9)]
+    assert f.buffered_entry(offsets[1], 5) == b"aaaaa"
+    f.flush()
+    more = f.add(b"tail")
+    f.flush()
+    assert len(records.scan(fs.read(PATH)).records) == 2
+    assert entries_of(fs) == [b"a", b"aaaaa", b"a" * 9, b"tail"]
+    for off, n in zip([*offsets, more], (1, 5, 9, 4), strict=True):
+        assert len(fs.read(PATH, off, n)) == n
+    assert fs.read(PATH, more, 4) == b"tail"
+
+
+def test_a_new_file_survives_a_crash_once_synced() -> None:
+    fs = MemoryFS()
+    fs.make_dirs("/d")
+    f = AppendFile(fs, PATH, 0x41)
+    f.add(b"x")
+    f.flush()
+    f.sync()
+    fs.crash()
+    assert entries_of(fs) == [b"x"]  # the directory entry was synced with the data
+
+
+def test_enospc_rolls_back_the_partial_record_and_keeps_the_batch() -> None:
+    fs = FaultyFS(MemoryFS())
+    fs.make_dirs("/d")
+    f = AppendFile(fs, PATH, 0x41)
+    f.add(b"first")
+    f.flush()
+    f.add(b"second" * 100)
+    fs.write_budget_bytes = 50  # a short write, then ENOSPC
+    with pytest.raises(NoSpaceError):
+        f.flush()
+    assert entries_of(fs) == [b"first"]  # no half record left behind
+    fs.write_budget_bytes = None
+    f.flush()
+    assert entries_of(fs) == [b"first", b"second" * 100]
+
+
+def _run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_group_commit_batches_every_touch_of_an_iteration_into_one_sync() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        synced: list[int] = []
+        gc.start(asyncio.get_running_loop(), synced.append)
+        files = [AppendFile(fs, f"/d/{i}", 0x31 if i else 0x21) for i in range(3)]
+        for i in range(300):
+            f = files[i % 3]
+            f.add(b"m")
+            gc.touch(f, durable=True)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if gc.synced_seq == 300:
+                break
+        assert gc.synced_seq == 300 and synced[-1] == 300
+        assert gc.syncs == 1 and gc.fsyncs == 3
+        assert fs.stats.syncs == 3
+        await gc.close()
+    _run(main())
+
+
+def test_group_commit_retries_after_enospc_and_fails_on_eio() -> None:
+    async def main() -> None:
+        fs = FaultyFS(MemoryFS())
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        synced: list[int] = []
+        gc.start(asyncio.get_running_loop(), synced.append)
+        f = AppendFile(fs, "/d/a", 0x31)
+        fs.write_budget_bytes = 0
+        f.add(b"m")
+        gc.touch(f, durable=True)
+        await asyncio.sleep(0.1)
+        assert gc.synced_seq == 0 and gc.failed is None  # waiting for space, nothing confirmed
+        fs.write_budget_bytes = None
+        for _ in range(30):
+            await asyncio.sleep(0.1)
+            if gc.synced_seq == 1:
+                break
+        assert gc.synced_seq == 1
+        fs.fail_next_syncs = 1
+        f.add(b"n")
+        gc.touch(f, durable=True)
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if gc.failed is not None:
+                break
+        assert gc.failed is not None and synced[-1] == 0  # channels are told to nack
+        await gc.close()
+    _run(main())
+
+
+def test_retired_files_close_only_after_the_sync_in_flight() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        gc.start(asyncio.get_running_loop(), lambda _s: None)
+        f = AppendFile(fs, "/d/a", 0x31)
+        f.add(b"m")
+        gc.touch(f, durable=True)
+        await asyncio.sleep(0)  # the job starts (flush on the loop, fdatasync in the executor)
+        gc.retire(f, delete=True)
+        assert not fs.exists("/d/a")
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if gc.synced_seq == 1:
+                break
+        assert gc.synced_seq == 1 and gc.failed is None
+        assert f.handle is None
+        await gc.close()
+    _run(main())
