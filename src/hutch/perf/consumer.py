@@ -12,12 +12,18 @@ Acks: with `ack_every` N > 1, one Basic.Ack(multiple=true) per N messages; with 
 per message (still one write per read). On `stop()` the messages received since the last ack are acked
 with one multiple ack. Auto-ack consumers send nothing.
 
+Limit (`-D`): the `limit`-th delivery is the last one counted: it is acked at once (after the acks of
+its read, in order), the consumer is cancelled (Basic.Cancel nowait, same write) and is done. Deliveries
+after it (already prefetched, or in flight before the cancel) are neither counted nor acked: a
+Basic.Nack(multiple, requeue) at the end of each read gives them back, so other consumers get them.
+
 Invariant: `_remaining` is the number of body bytes still due for the delivery in progress (0 between
 deliveries); `_unacked` counts deliveries received since the last ack (< ack_every).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections.abc import Callable
@@ -43,6 +49,7 @@ class ConsumePlan:
     qos: int = 0
     autoack: bool = False
     multi_ack_every: int = 0  # 0 or 1: ack each message
+    limit: int = 0  # deliveries to receive, then done (0: unlimited)
 
     @property
     def ack_every(self) -> int:
@@ -61,19 +68,24 @@ class Consumer(AmqpClient):
     """One connection, one channel, one consumer on `plan.queue`."""
 
     def __init__(self, uri: AmqpUri, plan: ConsumePlan, histogram: LatencyHistogram,
-                 on_error: Callable[[AmqpClosed], None] | None = None) -> None:
+                 on_error: Callable[[AmqpClosed], None] | None = None,
+                 on_done: Callable[[], None] | None = None) -> None:
         super().__init__(uri)
         self.plan = plan
         self.histogram = histogram
         self.received = 0
         self.consumer_tag = ""
         self.stopped = False
+        self.done = False
+        self._limit = plan.limit
         self._on_error = on_error
+        self._on_done = on_done
         self._ack_every = plan.ack_every
         self._ack_prefix, self._ack_suffix = ack_frame_parts(self._ack_every > 1)
         self._multi_prefix, self._multi_suffix = ack_frame_parts(True)
         self._now = 0
         self._tag = 0
+        self._requeue_tag = 0  # highest delivery tag past the limit, to give back at the end of the read
         self._last_acked = 0
         self._body_size = 0
         self._remaining = 0
@@ -87,7 +99,11 @@ class Consumer(AmqpClient):
             await self.call(CHANNEL, spec.Basic.Qos(prefetch_count=self.plan.qos), spec.Basic.QosOk)
         # registered before Consume: deliveries may follow ConsumeOk in the same read
         self.fast_methods[spec.Basic.Deliver.INDEX] = self._on_deliver
-        ok = await self.call(CHANNEL, spec.Basic.Consume(queue=self.plan.queue, no_ack=self.plan.autoack),
+        # with a limit the tag is chosen here: the limit may be reached in the read that brings ConsumeOk
+        tag = f"hutch-perf-{os.getpid()}-{id(self):x}" if self._limit else ""
+        self.consumer_tag = tag
+        ok = await self.call(CHANNEL, spec.Basic.Consume(queue=self.plan.queue, consumer_tag=tag,
+                                                         no_ack=self.plan.autoack),
                              spec.Basic.ConsumeOk)
         self.consumer_tag = ok.consumer_tag
 
@@ -100,9 +116,14 @@ class Consumer(AmqpClient):
             if self._latencies:
                 self.histogram.record_many(self._latencies)
                 self._latencies.clear()
-            if self._out and self.transport is not None:
-                self.transport.write(b"".join(self._out))
-                self._out.clear()
+        if self._requeue_tag:
+            if not self.plan.autoack:
+                self._out.append(method_frame(CHANNEL, spec.Basic.Nack(delivery_tag=self._requeue_tag,
+                                                                       multiple=True, requeue=True)))
+            self._requeue_tag = 0
+        if self._out and self.transport is not None:
+            self.transport.write(b"".join(self._out))
+            self._out.clear()
 
     def _on_deliver(self, buf: bytes, start: int, end: int) -> None:
         # payload: class, method (4), consumer tag (shortstr), delivery tag (8), ...
@@ -117,7 +138,7 @@ class Consumer(AmqpClient):
 
     def on_body(self, buf: bytes, start: int, end: int) -> None:
         remaining = self._remaining
-        if remaining == self._body_size and end - start >= TIMESTAMP_BYTES:
+        if remaining == self._body_size and end - start >= TIMESTAMP_BYTES and not self.done:
             latency = self._now - _Q.unpack_from(buf, start)[0]
             self._latencies.append(latency if latency > 0 else 0)
         remaining -= end - start
@@ -127,6 +148,9 @@ class Consumer(AmqpClient):
             self._delivered()
 
     def _delivered(self) -> None:
+        if self.done:  # past the limit: not counted, given back at the end of the read
+            self._requeue_tag = self._tag
+            return
         self.received += 1
         if self._ack_every:
             self._unacked += 1
@@ -134,6 +158,18 @@ class Consumer(AmqpClient):
                 self._out.append(self._ack_prefix + _Q.pack(self._tag) + self._ack_suffix)
                 self._last_acked = self._tag
                 self._unacked = 0
+        if self._limit and self.received >= self._limit:
+            self._reach_limit()
+
+    def _reach_limit(self) -> None:
+        self.done = True
+        if self._unacked:  # queued behind this read's earlier acks: a multiple ack never precedes them
+            self._out.append(self._multi_prefix + _Q.pack(self._tag) + self._multi_suffix)
+            self._last_acked = self._tag
+            self._unacked = 0
+        self._out.append(method_frame(CHANNEL, spec.Basic.Cancel(consumer_tag=self.consumer_tag, nowait=True)))
+        if self._on_done is not None:
+            self._on_done()
 
     def stop(self) -> None:
         """Stop counting; ack what was received since the last ack."""

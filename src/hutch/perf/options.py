@@ -4,7 +4,7 @@ Owns: `parse_args(argv) -> PerfOptions`, `parse_uri(text) -> AmqpUri` and `parse
 Rule: pure functions; every bad input raises `UsageError` with a one-line message (the CLI prints it and
 exits 2). Options are resolved once here into a frozen object; nothing downstream re-reads argv.
 The option letters are PerfTest's wherever PerfTest has one (`-x -y -s -c -A -a -q -f -u -e -t -k -z -r
--C`), so a PerfTest command line mostly works as is.
+-C -D`), so a PerfTest command line mostly works as is.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class PerfOptions:
     time_s: float = 0.0  # 0: until Ctrl-C or -C is done
     rate: float = 0.0  # msg/s per producer, 0: unlimited
     pmessages: int = 0  # per producer, 0: unlimited
+    cmessages: int = 0  # per consumer, 0: unlimited
     json: bool = False
     run_id: str | None = None
     processes: int = 0  # max OS processes per role, 0: number of CPUs
@@ -136,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="message flag, repeatable: persistent (delivery_mode 2), mandatory")
     a("--queue-args", default=None, metavar="K=V,...", help="queue arguments, e.g. x-max-length=1000")
     a("--quorum-queue", action="store_true", help="declare a durable quorum queue")
-    a("-u", "--queue", default=None, help="queue name (default: hutch-perf-<pid>, deleted at the end)")
+    a("-u", "--queue", default=None,
+      help="queue name (default: hutch-perf-<pid>, deleted at the end); a named queue is kept, and one that "
+      "exists (e.g. declared durable beforehand) is used as it is unless --queue-args asks for properties")
     a("-e", "--exchange", default="", help="exchange to publish to (default: the default exchange)")
     a("-t", "--type", default="direct", dest="exchange_type", choices=EXCHANGE_TYPES,
       help="exchange type if the exchange must be declared (default direct)")
@@ -145,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-r", "--rate", type=_nonneg_float, default=0.0, metavar="N",
       help="publishing rate limit per producer in msg/s (0: unlimited)")
     a("-C", "--pmessages", type=_nonneg_int, default=0, metavar="N", help="messages per producer, then stop")
+    a("-D", "--cmessages", type=_nonneg_int, default=0, metavar="N",
+      help="messages per consumer, then stop; the run ends when all producers and consumers are done "
+      "(a producer without -C is never done)")
     a("--json", action="store_true", help="print a JSON summary line on stdout (per-second lines go to stderr)")
     a("--id", default=None, dest="run_id", help="label printed on every line")
     a("--processes", type=_nonneg_int, default=0, metavar="N",
@@ -202,6 +208,7 @@ def parse_args(argv: list[str]) -> PerfOptions:
         time_s=ns.time,
         rate=ns.rate,
         pmessages=ns.pmessages,
+        cmessages=ns.cmessages,
         json=ns.json,
         run_id=ns.run_id,
         processes=ns.processes,

@@ -23,7 +23,9 @@ NS = 1_000_000_000
 
 
 class Totals(NamedTuple):
-    """A worker's counters since "go" (cumulative); last_activity_ns is a CLOCK_MONOTONIC instant."""
+    """A worker's counters since "go" (cumulative); last_activity_ns is a CLOCK_MONOTONIC instant.
+    producers_done and consumers_done count clients that reached their -C / -D limit (ever: a consumer
+    may reach it on a backlog before "go")."""
 
     sent: int = 0
     confirmed: int = 0
@@ -31,10 +33,12 @@ class Totals(NamedTuple):
     returned: int = 0
     received: int = 0
     producers_done: int = 0
+    consumers_done: int = 0
     last_activity_ns: int = 0
 
     def minus(self, base: Totals) -> Totals:
-        return Totals(*(a - b for a, b in zip(self[:6], base[:6], strict=True)), self.last_activity_ns)
+        """The message counters since `base`; the done counts and last_activity_ns as they are."""
+        return Totals(*(a - b for a, b in zip(self[:5], base[:5], strict=True)), *self[5:])
 
 
 def _us(ns: int) -> int:
@@ -121,7 +125,7 @@ class Collector:
         if not self.latest:
             return Totals()
         fields = list(zip(*self.latest.values(), strict=True))
-        return Totals(*(sum(f) for f in fields[:6]), max(fields[6], default=0))
+        return Totals(*(sum(f) for f in fields[:7]), max(fields[7], default=0))
 
     def on_tick(self, worker: int, tick: int, t_ns: int, totals: Totals, wire: WireHistogram) -> list[str]:
         self.latest[worker] = totals

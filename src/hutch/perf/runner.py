@@ -2,16 +2,18 @@
 
 Owns: `run(options, out, err) -> exit status`.
 
-Sequence: declare the queue (and exchange/binding) on a short-lived connection of its own; spawn the
+Sequence: declare the queue (and exchange/binding) on a short-lived connection of its own (a queue named
+with `--queue` that exists is used as it is: checked with a passive declare, so a durable queue declared
+beforehand works; `--queue-args` makes it a real declare, and the broker checks them); spawn the
 worker processes ('spawn' start method: a clean interpreter, no inherited event loop or sockets); wait
 until every worker is connected and consuming; send "go" with a start instant 100 ms ahead so that
 all producers start together; then only read the pipes and print. The parent does no AMQP work during
 the measured time, so it takes no CPU from the clients or the broker beyond one wake-up per report.
 
 End of a run: at `--time` the workers stop themselves on their own clock (the last tick); with
-`--pmessages` the parent stops everyone once all producers are done and the consumers have received
-what was routed (or have received nothing new for DRAIN_STALL_S); Ctrl-C stops everyone at once.
-Finally the queue (unless `--queue` named it) and an exchange hutch-perf declared are deleted.
+`--pmessages` and/or `--cmessages` the parent stops everyone once all producers and all consumers are
+done (see `Run.check_counts`); Ctrl-C stops everyone at once. Finally the queue (unless `--queue` named
+it) and an exchange hutch-perf declared are deleted.
 
 Process layout: producers are spread over at most `--processes` (default: CPU count) producer
 processes, consumers likewise; a process never mixes roles, so a slow consumer loop never delays
@@ -95,16 +97,13 @@ async def declare_topology(opts: PerfOptions, queue: str, routing_key: str) -> T
     try:
         await client.open_channel(1)
         named = opts.queue is not None
-        declare = spec.Queue.Declare(queue=queue, durable=opts.quorum, auto_delete=False,
-                                     arguments=opts.queue_args or None)
-        try:
+        # a named queue that exists is used as it is (durable or not), unless the command line asked for
+        # specific properties: then it is declared, and a broker's 406 is the answer
+        if not (named and not opts.queue_args
+                and await _exists(client, spec.Queue.Declare(queue=queue, passive=True), spec.Queue.DeclareOk)):
+            declare = spec.Queue.Declare(queue=queue, durable=opts.quorum, auto_delete=False,
+                                         arguments=opts.queue_args or None)
             await client.call(1, declare, spec.Queue.DeclareOk)
-        except AmqpClosed as exc:
-            # a named queue that exists with other properties is used as it is, unless the command
-            # line asked for specific ones (then the broker's 406 is the answer)
-            if not (named and exc.code == 406 and not opts.queue_args):
-                raise
-            await client.open_channel(1)
         topology = Topology(queue, routing_key, delete_queue=not named, delete_exchange=False)
         if opts.exchange:
             try:
@@ -151,7 +150,7 @@ def make_tasks(opts: PerfOptions, topology: Topology) -> list[WorkerTask]:
                           mandatory=opts.mandatory, persistent=opts.persistent,
                           confirm_window=opts.confirm_window, rate=opts.rate, limit=opts.pmessages)
     consume = ConsumePlan(queue=topology.queue, qos=opts.qos, autoack=opts.autoack,
-                          multi_ack_every=opts.multi_ack_every)
+                          multi_ack_every=opts.multi_ack_every, limit=opts.cmessages)
     tasks = [WorkerTask("producer", n, opts.uri, publish=publish) for n in split(opts.producers, per_role)]
     tasks += [WorkerTask("consumer", n, opts.uri, consume=consume) for n in split(opts.consumers, per_role)]
     return tasks
@@ -176,6 +175,11 @@ class Run:
         self.drain_received = -1
         self.drain_since_ns = 0
         self.next_poll_ns = 0
+
+    @property
+    def counted(self) -> bool:
+        """The run ends on message counts (-C / -D), not only on time."""
+        return bool(self.opts.pmessages or self.opts.cmessages)
 
     def spawn(self) -> None:
         for i, task in enumerate(self.tasks):
@@ -247,15 +251,25 @@ class Run:
                     self.drop(i)
                     self.fail(f"{self.tasks[i].role} process {i} exited unexpectedly (exit code {code})")
 
-    def check_pmessages(self) -> None:
-        """With -C: stop once producers are done and consumers have drained what was routed."""
-        if not self.opts.pmessages or self.stop_ns or not self.start_ns:
+    def check_counts(self) -> None:
+        """With -C and/or -D: stop once all producers and all consumers are done.
+
+        Producers are done when there are none, or with -C when each sent and settled its N (without
+        -C they are never done). Consumers are done when there are none; with -D when each received
+        its N; without -D once the producers are done and the consumers have received what was routed
+        (or have received nothing new for DRAIN_STALL_S)."""
+        opts = self.opts
+        if not (opts.pmessages or opts.cmessages) or self.stop_ns or not self.start_ns:
             return
         totals = self.collector.totals
-        if totals.producers_done < self.opts.producers:
+        if opts.producers and (not opts.pmessages or totals.producers_done < opts.producers):
             return
-        if self.opts.consumers == 0:
+        if opts.consumers == 0:
             self.stop()
+            return
+        if opts.cmessages:
+            if totals.consumers_done >= opts.consumers:
+                self.stop()
             return
         now = _clock_ns()
         if totals.received >= totals.sent - totals.returned:
@@ -265,7 +279,12 @@ class Run:
             self.drain_since_ns = now
         elif now - self.drain_since_ns > DRAIN_STALL_S * NS:
             self.stop()
-        if not self.stop_ns and now >= self.next_poll_ns:
+        if not self.stop_ns:
+            self.poll_consumers()
+
+    def poll_consumers(self) -> None:
+        now = _clock_ns()
+        if now >= self.next_poll_ns:
             self.next_poll_ns = now + int(POLL_INTERVAL_S * NS)
             self.broadcast(("poll",), role="consumer")
 
@@ -289,8 +308,8 @@ class Run:
         while self.pipes:
             if self.interrupted:
                 self.stop()
-            self.pump(POLL_INTERVAL_S if self.opts.pmessages else 0.2)
-            self.check_pmessages()
+            self.pump(POLL_INTERVAL_S if self.counted else 0.2)
+            self.check_counts()
             if self.stop_ns and not shutdown_deadline:
                 shutdown_deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
             if shutdown_deadline and time.monotonic() > shutdown_deadline:
@@ -309,7 +328,7 @@ class Run:
             return 0.0
         if not self.stop_ns:
             return self.opts.time_s
-        if self.opts.pmessages and not self.interrupted and self.error is None:
+        if self.counted and not self.interrupted and self.error is None:
             end = self.collector.totals.last_activity_ns or self.stop_ns
             return max(0.0, (min(end, self.stop_ns) - self.start_ns) / NS)
         return max(0.0, (self.stop_ns - self.start_ns) / NS)
@@ -355,4 +374,5 @@ def _config(opts: PerfOptions, topology: Topology) -> dict[str, Any]:
         "size_bytes": opts.size_bytes, "confirm_window": opts.confirm_window, "qos": opts.qos,
         "multi_ack_every": opts.multi_ack_every, "autoack": opts.autoack, "persistent": opts.persistent,
         "queue": topology.queue, "quorum": opts.quorum, "rate_limit": opts.rate,
+        "pmessages": opts.pmessages, "cmessages": opts.cmessages,
     }

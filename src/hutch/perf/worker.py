@@ -9,7 +9,8 @@ Conversation with the parent (pickled tuples over a `multiprocessing` pipe):
     worker -> parent: ("ready",)                        clients connected and set up
     parent -> worker: ("go", start_ns, stop_ns)         start at start_ns; stop at stop_ns (0: never)
     worker -> parent: ("tick", k, t_ns, totals, hist)   at start_ns + k s (and at stop_ns, last)
-    worker -> parent: ("progress", totals)              a producer finished (-C), or a reply to poll
+    worker -> parent: ("progress", totals)              a producer (-C) or consumer (-D) finished, or a
+                                                        reply to poll
     parent -> worker: ("poll",) | ("stop",)
     worker -> parent: ("final", totals, hist)           after a stop from the parent
     worker -> parent: ("error", text)                   a connection failed: the run is over
@@ -79,9 +80,10 @@ class Worker:
         task = self.task
         if task.role == "producer":
             assert task.publish is not None
-            return Producer(task.uri, task.publish, on_done=self.on_producer_done, on_error=self.on_error)
+            return Producer(task.uri, task.publish, on_done=self.on_client_done, on_error=self.on_error)
         assert task.consume is not None
-        return Consumer(task.uri, task.consume, self.histogram, on_error=self.on_error)
+        return Consumer(task.uri, task.consume, self.histogram, on_error=self.on_error,
+                        on_done=self.on_client_done)
 
     async def run(self) -> None:
         self.loop.add_reader(self.pipe.fileno(), self.on_pipe)
@@ -113,12 +115,19 @@ class Worker:
     def start(self, start_ns: int, stop_ns: int) -> None:
         self.start_ns = start_ns
         self.stop_ns = stop_ns
-        self.baseline = self.totals(raw=True)
-        self.histogram.reset()  # deliveries before "go" (a backlog in a named queue) are not counted
+        self.take_baseline()
         delay_s = max(0.0, (start_ns - _clock_ns()) / NS)
+        # deliveries before the start instant (a backlog in a named queue) are not counted: the run's
+        # duration starts there
+        self.loop.call_later(delay_s, self.take_baseline)
         for producer in self.producers:
             self.loop.call_later(delay_s, self.start_producer, producer)
         self.schedule_tick()
+
+    def take_baseline(self) -> None:
+        if not self.stopped and self.tick == 0:
+            self.baseline = self.totals(raw=True)
+            self.histogram.reset()
 
     def start_producer(self, producer: Producer) -> None:
         if not self.stopped:  # a stop may arrive between "go" and the start instant
@@ -148,7 +157,7 @@ class Worker:
         total = Totals(
             sum(p.sent for p in ps), sum(p.confirmed for p in ps), sum(p.nacked for p in ps),
             sum(p.returned for p in ps), sum(c.received for c in cs), sum(p.done for p in ps),
-            max((c.last_activity_ns for c in self.clients), default=0),
+            sum(c.done for c in cs), max((c.last_activity_ns for c in self.clients), default=0),
         )
         return total if raw else total.minus(self.baseline)
 
@@ -194,7 +203,7 @@ class Worker:
                 self.send(("final", self.totals(), self.take_histogram()))
             self.finish()
 
-    def on_producer_done(self) -> None:
+    def on_client_done(self) -> None:
         self.send(("progress", self.totals()))
 
     def on_error(self, exc: AmqpClosed) -> None:

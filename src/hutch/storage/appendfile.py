@@ -63,6 +63,10 @@ class AppendFile:
     def dirty(self) -> bool:
         return bool(self._buffer)
 
+    def buffered_entries(self) -> list[bytes]:
+        """The entries not flushed yet, in order (readers parse them after the file's records)."""
+        return self._buffer[1::2]
+
     def buffered_entry(self, offset: int, length: int) -> bytes | None:
         """An entry still in the buffer (by the offset `add` returned), or None if already flushed."""
         if offset < self.size:

@@ -224,25 +224,30 @@ class QueueIndex:
         """Live entries of one segment {seq: (type, flags, entry)} in file order, the highest DLV seen,
         and whether a torn tail was truncated away. `_scan_max` is left at the highest seq written."""
         f = self._files.get(segno)
-        if f is not None and f.dirty:
-            f.flush()
-            self.sink.touch(f, False)  # flushed data gets synced with the next batch
         path = os.path.join(self.directory, segment_name(segno))
-        if not self.fs.exists(path):
+        # what is still buffered is parsed after the file's records, without flushing it early (a flush
+        # ahead of the group commit could leave an unsynced record before a synced one)
+        pending = [memoryview(e) for e in f.buffered_entries()] if f is not None else []
+        if self.fs.exists(path):
+            data = self.fs.read(path)
+            result = records.scan(data, file=path, types=_TYPES)
+            batches = [iter_entries(rec.payload) for rec in result.records]
+            torn = result.torn_tail is not None
+            if torn:
+                self.fs.truncate(path, result.valid_length)
+                if f is not None:
+                    f.size = result.valid_length
+        elif not pending:
             return {}, 0, False
-        data = self.fs.read(path)
-        result = records.scan(data, file=path, types=_TYPES)
-        torn = result.torn_tail is not None
-        if torn:
-            self.fs.truncate(path, result.valid_length)
-            if f is not None:
-                f.size = result.valid_length
+        else:
+            batches, torn = [], False
+        batches.append(iter(pending))
         entries: dict[int, tuple[int, int, memoryview]] = {}
         delivered = 0
         boot = self.boot_seq
         top = 0
-        for rec in result.records:
-            for entry in iter_entries(rec.payload):
+        for batch in batches:
+            for entry in batch:
                 kind = entry[0]
                 if kind in (PUB, REF):
                     seq = int.from_bytes(entry[1:9], "little")
@@ -260,7 +265,7 @@ class QueueIndex:
                     if seq > delivered:
                         delivered = seq
                 else:
-                    raise CorruptRecord(path, rec.offset, f"unknown queue index entry type {kind}")
+                    raise CorruptRecord(path, 0, f"unknown queue index entry type {kind}")
         self._scan_max = top
         return entries, delivered, torn
 
