@@ -357,3 +357,27 @@ def test_bad_absolute_watermark_and_relative_disk_limit() -> None:
         parse_config_text("vm_memory_high_watermark.absolute = lots\n", "t.conf")
     with pytest.raises(ConfigError, match="disk_free_limit.relative"):
         parse_config_text("disk_free_limit.relative = -1\n", "t.conf")
+
+
+def test_storage_knobs() -> None:
+    settings, _raw = parse_config_text(
+        "vm_memory_high_watermark_paging_ratio = 0.25\nqueue_index_embed_msgs_below = 1024\n"
+        "msg_store_file_size_limit = 4MiB\nqueue_index_segment_entries = 4096\n", "t.conf")
+    assert settings["vm_memory_high_watermark_paging_ratio"] == 0.25
+    assert settings["queue_index_embed_msgs_below"] == 1024
+    assert settings["msg_store_file_size_limit"] == 4 * 1024 * 1024
+    assert settings["queue_index_segment_entries"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("vm_memory_high_watermark_paging_ratio = 2", "expected a fraction of the memory high watermark"),
+        ("queue_index_embed_msgs_below = -1", "expected an integer between 0 and 536870912"),
+        ("msg_store_file_size_limit = 1kB", "expected a size between 64kB and 2GiB"),
+        ("queue_index_segment_entries = 3", "expected an integer between 16 and 1048576"),
+    ],
+)
+def test_bad_storage_knobs(line: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config_text(line + "\n", "t.conf")
