@@ -20,9 +20,22 @@ def make(fs: MemoryFS, sink: ManualSink | None = None, entries: int = 16) -> tup
     return QueueIndex(fs, DIR, sink, segment_entries=entries), sink
 
 
+class Msg:
+    """The fields of hutch.core.message.Message the index reads."""
+
+    def __init__(self, exchange: str, routing_key: str, properties_raw: bytes, body: bytes) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties_raw = properties_raw
+        self.body = body
+        ex, rk = exchange.encode(), routing_key.encode()
+        self.route_tail = bytes((len(ex),)) + ex + bytes((len(rk),)) + rk
+        self.store_id = 0
+
+
 def publish(index: QueueIndex, seqs: range | list[int], persistent: bool = True) -> None:
     for s in seqs:
-        index.publish(s, persistent, "ex", f"rk{s}", PROPS, f"body{s}".encode())
+        index.publish(s, persistent, Msg("ex", f"rk{s}", PROPS, f"body{s}".encode()))
 
 
 def bodies(index: QueueIndex, start: int = 1) -> list[bytes]:

@@ -20,6 +20,7 @@ from typing import Any
 from hutch.amqp.spec import FLAG_DELIVERY_MODE, BasicProperties
 
 _HEADER_PREFIX = struct.Struct(">HHQ")
+_FLAGS_BEFORE_DELIVERY_MODE = 0xE000  # content-type, content-encoding, headers precede delivery-mode
 
 
 def encode_shortstr(value: str) -> bytes:
@@ -65,8 +66,11 @@ class Message:
     @property
     def persistent(self) -> bool:
         raw = self.properties_raw
-        if not (raw[0] << 8 | raw[1]) & FLAG_DELIVERY_MODE:
+        flags = raw[0] << 8 | raw[1]
+        if not flags & FLAG_DELIVERY_MODE:
             return False
+        if not flags & _FLAGS_BEFORE_DELIVERY_MODE:
+            return raw[2] == 2  # delivery-mode is the first property present: no decoding needed
         return self.properties.delivery_mode == 2
 
     def with_properties(self, properties: BasicProperties) -> Message:

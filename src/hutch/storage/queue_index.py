@@ -8,9 +8,9 @@ Layout: segment `n` holds the entries of seqs ``[n * E, (n + 1) * E)`` (E = `seg
 default as in RabbitMQ). A segment file is a sequence of batch records (appendfile.py: one checksummed
 record per flush); each entry of a batch starts with a type byte:
 
-- ``PUB``  ``<BQBBBI`` type, seq, flags, len(exchange), len(routing key), len(properties), then exchange,
-  routing key, encoded content properties and body: a message embedded in the index (its serialized size,
-  body + properties, is below `queue_index_embed_msgs_below`).
+- ``PUB``  ``<BQBI`` type, seq, flags, len(properties), then exchange and routing key as AMQP short strings
+  (length byte + UTF-8), the encoded content properties and the body: a message embedded in the index (its
+  serialized size, body + properties, is below `queue_index_embed_msgs_below`).
 - ``REF``  ``<BQBQI`` type, seq, flags, message store id, size: a larger message, written once to the
   vhost's message store (msg_store.py) however many queues it reaches.
 - ``ACK``  type then ``u64`` seqs: those entries are gone (acked, rejected, purged).
@@ -33,7 +33,7 @@ import struct
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hutch.storage import records
 from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries
@@ -55,11 +55,22 @@ DLV = 4
 
 PERSISTENT = 1
 
-PUB_HEAD = struct.Struct("<BQBBBI")
+PUB_HEAD = struct.Struct("<BQBI")
 REF_HEAD = struct.Struct("<BQBQI")
 DLV_ENTRY = struct.Struct("<BQ")
 MSG_HEAD = struct.Struct("<BBI")  # a stored message: len(exchange), len(routing key), len(properties)
 _TYPES = frozenset({INDEX_RECORD_TYPE})
+
+class StorableMessage(Protocol):
+    """What the index needs of a message (hutch.core.message.Message has it)."""
+
+    exchange: str
+    routing_key: str
+    properties_raw: bytes
+    body: bytes
+    route_tail: bytes  # exchange and routing key as AMQP short strings
+    store_id: int  # set by the index when the message goes to the store
+
 
 # (seq, persistent, exchange, routing_key, properties_raw, body, store_id)
 IndexedMessage = tuple[int, bool, str, str, bytes, bytes, int]
@@ -132,31 +143,27 @@ class QueueIndex:
             f = self._files[segno] = AppendFile(self.fs, path, INDEX_RECORD_TYPE, size)
         return f
 
-    def publish(self, seq: int, persistent: bool, exchange: str, routing_key: str, properties_raw: bytes,
-                body: bytes, msg: object | None = None) -> None:
-        """Write one message. `durable`: persistent (its confirm waits for the sync). `msg`: the Message,
-        whose `store_id` lets a large message routed to several queues be stored once."""
+    def publish(self, seq: int, persistent: bool, msg: StorableMessage) -> None:
+        """Write one message. `persistent`: its confirm waits for the sync, and it survives a restart.
+        A large message already in the store (`msg.store_id`, set by the first queue that stored it) gets
+        one more reference instead of a second copy."""
         segno = seq // self.segment_entries
-        f = self._file(segno)
+        f = self._files.get(segno) or self._file(segno)
         flags = PERSISTENT if persistent else 0
-        size = len(body) + len(properties_raw)
+        props = msg.properties_raw
+        body = msg.body
         store = self.store
-        if size < self.embed_below or store is None:
-            ex = exchange.encode()
-            rk = routing_key.encode()
-            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, len(ex), len(rk), len(properties_raw)), ex, rk,
-                            properties_raw, body)), persistent)
+        if len(body) + len(props) < self.embed_below or store is None:
+            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, len(props)), msg.route_tail, props, body)), persistent)
         else:
-            store_id = getattr(msg, "store_id", 0) if msg is not None else 0
+            store_id = msg.store_id
             if store_id and store.contains(store_id):
                 store.incref(store_id)
             else:
-                store_id = store.write(encode_message(exchange, routing_key, properties_raw, body),
-                                       durable=persistent)
-                if msg is not None:
-                    msg.store_id = store_id  # type: ignore[attr-defined]
+                store_id = msg.store_id = store.write(
+                    encode_message(msg.exchange, msg.routing_key, props, body), durable=persistent)
             self.refs[seq] = store_id
-            f.add(REF_HEAD.pack(REF, seq, flags, store_id, size), persistent)
+            f.add(REF_HEAD.pack(REF, seq, flags, store_id, len(body) + len(props)), persistent)
         live = self._live
         live[segno] = live.get(segno, 0) + 1
         if seq > self.max_seq:
@@ -279,12 +286,14 @@ class QueueIndex:
         for s in sorted(k for k in entries if k >= seq):
             kind, flags, entry = entries[s]
             if kind == PUB:
-                _t, _s, _f, exlen, rklen, plen = PUB_HEAD.unpack_from(entry, 0)
+                plen = PUB_HEAD.unpack_from(entry, 0)[3]
                 pos = PUB_HEAD.size
-                exchange = bytes(entry[pos:pos + exlen]).decode()
-                pos += exlen
-                routing_key = bytes(entry[pos:pos + rklen]).decode()
-                pos += rklen
+                exlen = entry[pos]
+                exchange = bytes(entry[pos + 1:pos + 1 + exlen]).decode()
+                pos += 1 + exlen
+                rklen = entry[pos]
+                routing_key = bytes(entry[pos + 1:pos + 1 + rklen]).decode()
+                pos += 1 + rklen
                 props = bytes(entry[pos:pos + plen])
                 out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, bytes(entry[pos + plen:]),
                             0))
@@ -347,8 +356,10 @@ class QueueIndex:
                         found.refs[s] = ref[3]
                         found.live_bytes += ref[4]
                     else:
-                        head = PUB_HEAD.unpack_from(entry, 0)
-                        found.live_bytes += len(entry) - PUB_HEAD.size - head[3] - head[4] - head[5]
+                        exlen = entry[PUB_HEAD.size]
+                        rklen = entry[PUB_HEAD.size + 1 + exlen]
+                        found.live_bytes += (len(entry) - PUB_HEAD.size - 2 - exlen - rklen
+                                             - PUB_HEAD.unpack_from(entry, 0)[3])
             else:
                 # nothing live: the file can go; new seqs start above every seq it held (max_seq)
                 self.fs.delete(path)

@@ -82,8 +82,7 @@ class ClassicQueue(Queue):
         if self._delta or (len(ready) >= self.ram_limit or self._ready_bytes >= self.ram_bytes_limit) \
                 and self._can_page():
             index = self._get_index()
-            index.publish(seq, self.persist and msg.persistent, msg.exchange, msg.routing_key,
-                          msg.properties_raw, msg.body, msg)
+            index.publish(seq, self.persist and msg.persistent, msg)
             if not self._delta:
                 self._delta_from = seq
             self._delta += 1
@@ -93,7 +92,7 @@ class ClassicQueue(Queue):
         if self.persist and msg.persistent:
             index = self.index
             assert index is not None
-            index.publish(seq, True, msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg)
+            index.publish(seq, True, msg)
             entry.on_disk = True
         ready.append(entry)
         self._ready_bytes += msg.size
@@ -160,7 +159,7 @@ class ClassicQueue(Queue):
         for entry in reversed(moved):
             msg = entry.msg
             if not entry.on_disk:
-                index.publish(entry.seq, False, msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg)
+                index.publish(entry.seq, False, msg)
             size += msg.size
         self._ready_bytes -= size
         self._delta_bytes += size
