@@ -120,11 +120,16 @@ def _index_entry_problem(entry: memoryview) -> str:
     if n == 0:
         return "empty index entry"
     kind = entry[0]
-    if kind == PUB:
-        if n < PUB_HEAD.size:
+    if kind == PUB:  # head, exchange and routing key as short strings, properties, body
+        pos = PUB_HEAD.size
+        if n < pos + 2:
             return f"PUB entry of {n} bytes is shorter than its header"
-        _t, _seq, _flags, exlen, rklen, plen = PUB_HEAD.unpack_from(entry, 0)
-        if PUB_HEAD.size + exlen + rklen + plen > n:
+        plen = PUB_HEAD.unpack_from(entry, 0)[-1]
+        pos += 1 + entry[pos]  # exchange
+        if pos >= n:
+            return "PUB entry's exchange runs past its end"
+        pos += 1 + entry[pos]  # routing key
+        if pos + plen > n:
             return "PUB entry's fields run past its end"
         return ""
     if kind == REF:
@@ -275,12 +280,12 @@ def walk(fs: RealFS, data_dir: str, kind: Kind) -> Iterator[DirReport]:
     base = os.path.join(data_dir, kind.directory)
     if not os.path.isdir(base):
         return
-    for name in sorted(os.listdir(base)):
+    for name in fs.list_dir(base):
         directory = os.path.join(base, name)
         if not os.path.isdir(directory) or ASIDE_MARK in name:
             continue
         report = DirReport(directory, kind)
-        for file in sorted(os.listdir(directory)):
+        for file in fs.list_dir(directory):
             if kind.is_file(file):
                 report.files.append(verify_file(fs, os.path.join(directory, file), kind))
             elif ASIDE_MARK in file:
