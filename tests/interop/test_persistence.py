@@ -90,6 +90,37 @@ def test_persistent_messages_survive_restart(tmp_path: Path, sig: int) -> None:
         server.stop()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["graceful", "kill9"])
+def test_small_and_large_messages_interleave_across_restart(tmp_path: Path, sig: int) -> None:
+    """Embedded (small) and message-store (large) messages keep their order and flags across a restart."""
+    server = start_server(tmp_path)
+
+    def body(i: int) -> bytes:
+        return f"m{i}:".encode() + (b"L" * 6000 if i % 2 else b"s")
+
+    try:
+        conn = connect(server)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("mixed", durable=True)
+        for i in range(12):
+            ch.basic_publish("", "mixed", body(i), PERSISTENT)
+        tags = [ch.basic_get("mixed")[0].delivery_tag for _ in range(4)]  # 0..3 delivered
+        ch.basic_ack(tags[0])
+        ch.basic_ack(tags[1])  # 0 and 1 acked; 2 and 3 delivered, not acked
+        conn.close()
+        server = restart(server, tmp_path, sig)
+        got = drain(server, "mixed")
+        assert [b for b, _r in got] == [body(i) for i in range(2, 12)]
+        assert [r for _b, r in got] == [True, True] + [False] * 8
+        server = restart(server, tmp_path, sig)
+        assert drain(server, "mixed") == []
+        stores = list((tmp_path / "data" / "msg_stores").rglob("*.rdq"))
+        assert sum(f.stat().st_size for f in stores) < 6000  # the acked large messages were collected
+    finally:
+        server.stop()
+
+
 def test_confirmed_messages_survive_kill9_and_large_messages(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     big = bytes(random.Random(1).getrandbits(8) for _ in range(1 << 10)) * 1024  # 1 MiB

@@ -6,17 +6,17 @@ import asyncio
 
 import pytest
 
-from hutch.runtime.persistence import GroupCommit
+from hutch.runtime.persistence import FLOW_BATCH_BYTES, GroupCommit
 from hutch.storage import records
-from hutch.storage.appendfile import AppendFile, iter_entries
-from hutch.storage.errors import NoSpaceError
+from hutch.storage.appendfile import AppendFile, iter_entries, scan_file
+from hutch.storage.errors import CorruptRecord, NoSpaceError
 from hutch.storage.memfs import FaultyFS, MemoryFS
 
 PATH = "/d/f.x"
 
 
 def entries_of(fs: MemoryFS | FaultyFS, path: str = PATH) -> list[bytes]:
-    result = records.scan(fs.read(path), file=path)
+    _seed, result = scan_file(fs.read(path), path, 0x41)
     assert result.torn_tail is None
     return [bytes(e) for r in result.records for e in iter_entries(r.payload)]
 
@@ -30,11 +30,33 @@ def test_one_record_per_flush_and_offsets_point_at_entries() -> None:
     f.flush()
     more = f.add(b"tail")
     f.flush()
-    assert len(records.scan(fs.read(PATH)).records) == 2
+    assert len(scan_file(fs.read(PATH), PATH, 0x41)[1].records) == 2
     assert entries_of(fs) == [b"a", b"aaaaa", b"a" * 9, b"tail"]
     for off, n in zip([*offsets, more], (1, 5, 9, 4), strict=True):
         assert len(fs.read(PATH, off, n)) == n
     assert fs.read(PATH, more, 4) == b"tail"
+
+
+def test_a_record_forged_inside_an_entry_is_not_taken_for_one_of_the_file() -> None:
+    """A client controls message bodies: a body holding a well-formed record must not turn a torn last
+    write into "damage in the middle" (refusing to start) nor be resurrected by salvage."""
+    fs = MemoryFS()
+    fs.make_dirs("/d")
+    f = AppendFile(fs, PATH, 0x41)
+    f.add(b"first")
+    f.flush()
+    forged = records.encode(0x41, b"\x05\x00\x00\x00evil!")  # valid without the file's seed
+    f.add(b"x" * 10 + forged + b"y" * 10)
+    f.flush()
+    data = fs.read(PATH)
+    torn = data[:len(data) - 5]  # the last write torn: the forged record inside it is whole
+    _seed, result = scan_file(torn, PATH, 0x41)
+    assert result.torn_tail is not None  # a torn tail, not CorruptRecord
+    assert [bytes(e) for r in result.records for e in iter_entries(r.payload)] == [b"first"]
+    with pytest.raises(CorruptRecord):  # what an unseeded checksum would conclude: damage in the middle
+        records.scan(torn, start=21, types=frozenset({0x41}), seed=0)
+    salvaged = records.salvage(torn, start=21, types=frozenset({0x41}), seed=f.seed)
+    assert len(salvaged.records) == 1
 
 
 def test_a_new_file_survives_a_crash_once_synced() -> None:
@@ -140,5 +162,30 @@ def test_retired_files_close_only_after_the_sync_in_flight() -> None:
                 break
         assert gc.synced_seq == 1 and gc.failed is None
         assert f.handle is None
+        await gc.close()
+    _run(main())
+
+
+def test_a_batch_bigger_than_the_flow_bound_marks_storage_congested_until_one_is_not() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        drained: list[bool] = []
+        gc.on_drained = lambda: drained.append(True)
+        gc.start(asyncio.get_running_loop(), lambda _s: None)
+        f = AppendFile(fs, "/d/a", 0x31)
+        for _ in range(FLOW_BATCH_BYTES // 65536 + 1):
+            f.add(b"x" * 65536)
+        gc.touch(f, durable=True)
+        await asyncio.sleep(0)
+        assert gc.congested and not drained
+        f.add(b"small")
+        gc.touch(f, durable=True)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if gc.synced_seq == 2:
+                break
+        assert not gc.congested and drained == [True]
         await gc.close()
     _run(main())

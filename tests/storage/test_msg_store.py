@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hutch.storage import records
-from hutch.storage.appendfile import ManualSink
+from hutch.storage.appendfile import FILE_HEADER_BYTES, ManualSink, read_seed, scan_file
 from hutch.storage.errors import CorruptRecord
 from hutch.storage.memfs import MemoryFS
-from hutch.storage.msg_store import ENTRY_HEAD, MessageStore, file_name
+from hutch.storage.msg_store import ENTRY_HEAD, STORE_RECORD_TYPE, MessageStore, file_name
 
 DIR = "/data/store"
 LIMIT = 4096
@@ -21,6 +21,11 @@ LIMIT = 4096
 
 def path(number: int) -> str:
     return f"{DIR}/{file_name(number)}"
+
+
+def scan_store_file(data: bytes) -> records.ScanResult:
+    """The records of a store file after its header (read with the file's seed)."""
+    return scan_file(data, path(1), STORE_RECORD_TYPE)[1]
 
 
 def body(n: int, size: int = 100) -> bytes:
@@ -83,7 +88,7 @@ def test_read_is_one_positioned_read_of_the_entry() -> None:
     sink.commit()
     fs.reads.clear()
     assert store.read(msg) == body(1, 1000)
-    assert fs.reads == [(path(1), records.HEADER_BYTES + 4, ENTRY_HEAD.size + 1000)]
+    assert fs.reads == [(path(1), FILE_HEADER_BYTES + records.HEADER_BYTES + 4, ENTRY_HEAD.size + 1000)]
 
 
 def test_entry_offsets_match_the_file_layout() -> None:
@@ -94,7 +99,10 @@ def test_entry_offsets_match_the_file_layout() -> None:
     c = store.write(b"gamma")
     sink.commit()
     data = fs.read(path(1))
-    scanned = records.scan(data)
+    assert read_seed(data) is not None  # the file starts with its header
+    scanned = scan_store_file(data)
+    assert scanned.torn_tail is None and scanned.valid_length == len(data)
+    assert scanned.records[0].offset == FILE_HEADER_BYTES
     assert [len(r.payload) for r in scanned.records] == [4 + 12 + 5, 2 * 4 + 2 * 12 + 4 + 5]
     for msg, payload in ((a, b"alpha"), (b, b"beta"), (c, b"gamma")):
         assert payload in data
@@ -428,11 +436,29 @@ def test_damage_in_the_middle_of_a_file_fails_recovery() -> None:
     store.write(body(2, 200))
     sink.commit()
     store.close()
-    fs.poke(path(1), 50)
+    inside_first = FILE_HEADER_BYTES + records.HEADER_BYTES + 50  # in the first record's payload
+    fs.poke(path(1), inside_first)
     with pytest.raises(CorruptRecord) as err:
         open_store(fs)
-    assert (err.value.file, err.value.offset) == (path(1), 0)
-    fs.poke(path(1), 50)  # repaired
+    assert (err.value.file, err.value.offset) == (path(1), FILE_HEADER_BYTES)
+    fs.poke(path(1), inside_first)  # repaired
+    store, _ = open_store(fs, refs={a: 1})
+    assert store.read(a) == body(1, 200)
+
+
+def test_damage_in_the_file_header_fails_recovery() -> None:
+    """The header holds the seed every record's checksum starts from: without it nothing in the file can
+    be verified, so a damaged header is damage (never a torn tail that would drop the file's messages)."""
+    fs, store, sink = new_store()
+    a = store.write(body(1, 200))
+    sink.commit()
+    store.close()
+    for offset in range(FILE_HEADER_BYTES):
+        fs.poke(path(1), offset)
+        with pytest.raises(CorruptRecord, match="bad file header") as err:
+            open_store(fs)
+        assert (err.value.file, err.value.offset) == (path(1), 0)
+        fs.poke(path(1), offset)  # repaired
     store, _ = open_store(fs, refs={a: 1})
     assert store.read(a) == body(1, 200)
 
@@ -442,7 +468,7 @@ def test_damaged_entry_is_never_read_as_a_message() -> None:
     a = store.write(body(1, 200))
     b = store.write(body(2, 200))
     sink.commit()
-    offset_b = records.HEADER_BYTES + 4 + ENTRY_HEAD.size + 200 + 4
+    offset_b = FILE_HEADER_BYTES + records.HEADER_BYTES + 4 + ENTRY_HEAD.size + 200 + 4
     fs.poke(path(1), offset_b + ENTRY_HEAD.size + 17)  # a byte of b's payload
     assert store.read(a) == body(1, 200)
     with pytest.raises(CorruptRecord) as err:
@@ -461,7 +487,7 @@ def test_every_single_byte_flip_is_caught_or_harmless() -> None:
         expected[store.write(body(n, 20))] = body(n, 20)
         sink.commit()
     image = fs.read(path(1))
-    last_record = records.scan(image).records[-1].offset
+    last_record = scan_store_file(image).records[-1].offset
     for offset in range(len(image)):
         damaged = bytearray(image)
         damaged[offset] ^= 0x40
@@ -473,7 +499,10 @@ def test_every_single_byte_flip_is_caught_or_harmless() -> None:
             reader.recover()
         except CorruptRecord as exc:
             assert offset < last_record and exc.file == path(1)
+            if offset < FILE_HEADER_BYTES:  # the seed is lost: nothing in the file can be verified
+                assert (exc.offset, exc.reason) == (0, "bad file header")
             continue
+        assert offset >= FILE_HEADER_BYTES, "a damaged file header must be caught"
         # A flip in the last record looks like a torn write: that record is dropped and reported.
         assert (offset >= last_record) == bool(reader.recovery.torn_tails)
         reader.set_refs(dict.fromkeys(expected, 1))

@@ -13,7 +13,14 @@ from hutch.amqp.spec import BasicProperties
 from hutch.cli import storage as cli
 from hutch.core.message import Message
 from hutch.storage import records
-from hutch.storage.appendfile import ENTRY_LEN, ManualSink, iter_entries
+from hutch.storage.appendfile import (
+    ENTRY_LEN,
+    FILE_HEADER_BYTES,
+    ManualSink,
+    iter_entries,
+    read_seed,
+    scan_file,
+)
 from hutch.storage.errors import CorruptRecord
 from hutch.storage.fs import RealFS
 from hutch.storage.msg_store import ENTRY_HEAD, STORE_RECORD_TYPE, MessageStore, parse_file_name
@@ -50,15 +57,29 @@ def only(directory: Path, suffix: str) -> Path:
     return path
 
 
+def seed_of(path: Path) -> int:
+    seed = read_seed(path.read_bytes())
+    assert seed is not None, f"{path} has no valid file header"
+    return seed
+
+
+def file_records(path: Path) -> list[records.Record]:
+    """The records of a .qix or .rdq file after its header, checked with the file's seed; no torn tail."""
+    rtype = STORE_RECORD_TYPE if path.name.endswith(".rdq") else INDEX_RECORD_TYPE
+    _seed, result = scan_file(path.read_bytes(), str(path), rtype)
+    assert result.torn_tail is None
+    return result.records
+
+
 def flip_in_record(path: Path, which: int, fix_crc: bool = False, at: float = 0.5) -> records.Record:
-    """XOR one byte `at` (a fraction) into record `which`'s payload; with `fix_crc` re-frame the record so
-    that only an entry's own checksum can tell."""
+    """XOR one byte `at` (a fraction) into record `which`'s payload; with `fix_crc` re-frame the record (with
+    the file's seed) so that only an entry's own checksum can tell."""
+    rec = file_records(path)[which]
     raw = bytearray(path.read_bytes())
-    rec = records.scan(bytes(raw)).records[which]
     body = rec.offset + records.HEADER_BYTES
     raw[body + int(len(rec.payload) * at)] ^= 0xFF
     if fix_crc:
-        raw[rec.offset:rec.end] = records.encode(rec.type, bytes(raw[body:rec.end]))
+        raw[rec.offset:rec.end] = records.encode(rec.type, bytes(raw[body:rec.end]), seed_of(path))
     path.write_bytes(bytes(raw))
     return rec
 
@@ -84,7 +105,7 @@ def test_torn_tail_is_reported_but_not_damage(tmp_path: Path, capsys: pytest.Cap
     build(tmp_path)
     qix = only(tmp_path / QUEUE, ".qix")
     with open(qix, "ab") as f:
-        f.write(records.encode(INDEX_RECORD_TYPE, b"\x04\x00\x00\x00abcd")[:-3])  # an unfinished write
+        f.write(records.encode(INDEX_RECORD_TYPE, b"\x04\x00\x00\x00abcd", seed_of(qix))[:-3])  # unfinished
     assert cli.main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"{QUEUE}/{qix.name}: torn tail (harmless: an unfinished write), 14 bytes" in out
@@ -97,7 +118,7 @@ def test_torn_tail_is_reported_but_not_damage(tmp_path: Path, capsys: pytest.Cap
 def test_damaged_index_record_is_salvaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build(tmp_path)
     qix = only(tmp_path / QUEUE, ".qix")
-    before = records.scan(qix.read_bytes()).records
+    before = file_records(qix)
     lost = flip_in_record(qix, 1)
     assert cli.main(["check", str(tmp_path)]) == 1
     out = capsys.readouterr().out
@@ -111,7 +132,8 @@ def test_damaged_index_record_is_salvaged(tmp_path: Path, capsys: pytest.Capture
     assert "bring back messages acknowledged" in out
     aside = [p for p in (tmp_path / QUEUE).iterdir() if ".damaged-" in p.name]
     assert len(aside) == 1 and aside[0].name.startswith(qix.name + ".damaged-")
-    after = records.scan(qix.read_bytes()).records
+    assert seed_of(qix) == seed_of(aside[0])  # rewritten with the same header and seed
+    after = file_records(qix)
     assert [bytes(r.payload) for r in after] == [bytes(r.payload) for i, r in enumerate(before) if i != 1]
 
     assert cli.main(["check", str(tmp_path)]) == 0
@@ -138,7 +160,7 @@ def test_a_store_entry_with_a_bad_checksum_is_never_served_and_salvage_drops_onl
     assert cli.main(["salvage", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "rebuilt with 4 records (7 messages)" in out and "lost messages 6;" in out
-    new = records.scan(rdq.read_bytes()).records
+    new = file_records(rdq)
     assert len(new) == 4
     entries = [bytes(e) for e in iter_entries(new[2].payload)]
     assert len(entries) == 1 and ENTRY_HEAD.unpack_from(entries[0])[0] == 5
@@ -168,7 +190,7 @@ def test_damaged_store_record_is_salvaged(tmp_path: Path, capsys: pytest.Capture
     assert f"lost bytes [{lost.offset}:{lost.end}]" in capsys.readouterr().out
     store, _index = recover(tmp_path)
     assert sorted(i for i in range(1, 9) if store.contains(i)) == [3, 4, 5, 6, 7, 8]
-    assert all(r.type == STORE_RECORD_TYPE for r in records.scan(rdq.read_bytes()).records)
+    assert [r.type for r in file_records(rdq)] == [STORE_RECORD_TYPE] * 3
 
 
 def test_names_moved_aside_are_not_storage_files() -> None:
@@ -193,7 +215,7 @@ def test_an_index_entry_of_unknown_kind_in_a_valid_record_is_damage(tmp_path: Pa
     qix = only(tmp_path / QUEUE, ".qix")
     bogus = b"\x09" + bytes(8)
     with open(qix, "ab") as f:  # checksummed, but the node cannot read it (unknown entry type)
-        f.write(records.encode(INDEX_RECORD_TYPE, ENTRY_LEN.pack(len(bogus)) + bogus))
+        f.write(records.encode(INDEX_RECORD_TYPE, ENTRY_LEN.pack(len(bogus)) + bogus, seed_of(qix)))
     with pytest.raises(CorruptRecord):
         recover(tmp_path)[1].recover()
     assert cli.main(["check", str(tmp_path)]) == 1
@@ -201,3 +223,62 @@ def test_an_index_entry_of_unknown_kind_in_a_valid_record_is_damage(tmp_path: Pa
     assert cli.main(["salvage", str(tmp_path)]) == 0
     assert "rebuilt with 4 records (20 entries)" in capsys.readouterr().out
     assert recover(tmp_path)[1].recover().live == 20
+
+
+def test_a_record_without_the_file_seed_is_damage_not_a_record(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A well-formed record framed without the file's seed (as one inside a message body would be) never
+    passes for a record of the file: followed by a valid record it is damage, and salvage does not keep it."""
+    build(tmp_path, sessions=1)
+    qix = only(tmp_path / QUEUE, ".qix")
+    bogus = b"\x09" + bytes(8)
+    unseeded = records.encode(INDEX_RECORD_TYPE, ENTRY_LEN.pack(len(bogus)) + bogus)
+    valid = records.encode(INDEX_RECORD_TYPE, b"", seed_of(qix))  # a record of the file (no entries)
+    with open(qix, "ab") as f:
+        f.write(unseeded + valid)
+    assert cli.main(["check", str(tmp_path)]) == 1
+    assert "checksum mismatch" in capsys.readouterr().out
+    assert cli.main(["salvage", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert len(file_records(qix)) == 2
+    assert recover(tmp_path)[1].recover().live == 5
+
+
+@pytest.mark.parametrize("which", ["index", "store"])
+@pytest.mark.parametrize("offset", [0, 4, 8, 12, 20])  # its length, crc, type, magic and seed
+def test_a_damaged_file_header_loses_the_file_and_salvage_replaces_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str, offset: int) -> None:
+    """Without its header a file's seed is lost and none of its records can be verified: `check` reports the
+    whole file damaged, the node refuses to start, and salvage keeps the file aside and starts it afresh."""
+    build(tmp_path)
+    path = only(tmp_path / (QUEUE if which == "index" else STORE), ".qix" if which == "index" else ".rdq")
+    raw = bytearray(path.read_bytes())
+    size = len(raw)
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+    assert cli.main(["check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path.name}: DAMAGED; bad records at bytes [0:{size}] (bad file header" in out
+    assert "0 records and 0" in out
+    with pytest.raises(CorruptRecord, match="bad file header") as err:
+        recover(tmp_path)[1].recover()
+    assert (err.value.file, err.value.offset) == (str(path), 0)
+
+    assert cli.main(["salvage", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"rebuilt with 0 records (0 {'entries' if which == 'index' else 'messages'}); lost bytes [0:{size}]" in out
+    (aside,) = [p for p in path.parent.iterdir() if ".damaged-" in p.name]
+    assert aside.name.startswith(path.name + ".damaged-") and aside.read_bytes() == bytes(raw)
+    assert len(path.read_bytes()) == FILE_HEADER_BYTES and seed_of(path)  # a fresh, empty file
+    assert file_records(path) == []
+    assert cli.main(["check", str(tmp_path)]) == 0
+    capsys.readouterr()
+
+    store, index = recover(tmp_path)
+    found = index.recover()
+    if which == "index":
+        assert found.live == 0
+    else:  # every message of the store is lost; the node drops the queue entries naming them
+        assert found.live == 20 and not any(store.contains(i) for i in range(1, 9))
+        assert sorted(found.refs.values()) == list(range(1, 9))

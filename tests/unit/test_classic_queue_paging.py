@@ -206,6 +206,16 @@ def test_purge_and_delete_clear_the_paged_part() -> None:
     assert not env.fs.exists("/data/queues/q")
 
 
+def test_a_congested_store_pauses_publishers_of_durable_queues_only() -> None:
+    env = Env(ram_limit=10)
+    transient = Env(durable=False, ram_limit=10)
+    env.q.publish(msg(1))
+    assert not env.q.needs_flow_control()
+    env.sink.congested = transient.sink.congested = True
+    assert env.q.needs_flow_control()
+    assert not transient.q.needs_flow_control()
+
+
 class PagingMachine(RuleBasedStateMachine):
     """Order and conservation with paging, page-out, requeue and restarts."""
 

@@ -16,6 +16,7 @@ import pytest
 from hutch.amqp import spec
 from hutch.amqp.frames import FrameReader, content_frames, method_frame
 from hutch.cli.perf import main
+from hutch.perf import runner
 from hutch.perf.consumer import ConsumePlan, Consumer, ack_frame_parts
 from hutch.perf.histogram import (
     MAX_VALUE,
@@ -26,9 +27,9 @@ from hutch.perf.histogram import (
 )
 from hutch.perf.options import AmqpUri, UsageError, parse_args, parse_queue_args, parse_uri
 from hutch.perf.producer import ConfirmTracker, Producer, PublishPlan, encode_publish
-from hutch.perf.protocol import AmqpClient
+from hutch.perf.protocol import AmqpClient, AmqpClosed
 from hutch.perf.report import Collector, Totals, interval_line
-from hutch.perf.runner import split
+from hutch.perf.runner import Run, Topology, make_tasks, split
 
 # -- options ------------------------------------------------------------------------------------------
 
@@ -54,6 +55,27 @@ def test_all_options():
     assert o.queue_args == {"x-max-length": 10, "x-overflow": "reject-publish"}
     assert (o.queue, o.exchange, o.exchange_type, o.routing_key) == ("q1", "ex", "fanout", "rk")
     assert (o.time_s, o.rate, o.pmessages, o.json, o.run_id, o.processes) == (7.5, 250.0, 1000, True, "run1", 2)
+
+
+def test_cmessages_option():
+    assert parse_args([]).cmessages == 0
+    assert parse_args(["-D", "500"]).cmessages == 500
+    o = parse_args(["--cmessages", "7", "-x", "0", "-y", "2"])
+    assert (o.cmessages, o.producers, o.consumers, o.pmessages) == (7, 0, 2, 0)
+    assert parse_args(["-x", "1", "-y", "0", "-C", "3"]).consumers == 0
+    with pytest.raises(UsageError, match="non-negative"):
+        parse_args(["-D", "-1"])
+    with pytest.raises(UsageError, match="-D/--cmessages"):
+        parse_args(["-D", "many"])
+
+
+def test_make_tasks_without_producers_passes_the_consumer_limit():
+    o = parse_args(["-x", "0", "-y", "3", "-D", "10", "-u", "q", "--processes", "2"])
+    tasks = make_tasks(o, Topology("q", "q", delete_queue=False, delete_exchange=False))
+    assert [(t.role, t.count) for t in tasks] == [("consumer", 2), ("consumer", 1)]
+    assert all(t.consume is not None and t.consume.limit == 10 and t.consume.queue == "q" for t in tasks)
+    tasks = make_tasks(parse_args(["-y", "0", "-C", "5"]), Topology("q", "q", True, False))
+    assert [(t.role, t.count) for t in tasks] == [("producer", 1)]
 
 
 def test_quorum_queue_sets_the_type_argument():
@@ -392,6 +414,74 @@ def test_consumer_counts_acks_and_measures_latency(chunk):
     _run(body)
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 13])
+def test_consumer_limit_counts_n_acks_cancels_and_gives_back_the_rest(chunk):
+    async def body():
+        done = []
+        consumer = Consumer(AmqpUri(), ConsumePlan(queue="q", multi_ack_every=10, limit=15), LatencyHistogram(),
+                            on_done=lambda: done.append(1))
+        transport = FakeTransport()
+        consumer.connection_made(transport)
+        transport.written.clear()
+        consumer.fast_methods[spec.Basic.Deliver.INDEX] = consumer._on_deliver
+        consumer.consumer_tag = "ctag-1"
+        data = _deliveries(range(1, 21))
+        pieces = [data] if chunk is None else [data[i:i + chunk] for i in range(0, len(data), chunk)]
+        for piece in pieces:
+            consumer.data_received(piece)
+        assert consumer.received == 15 and consumer.done and done == [1]
+        assert consumer.histogram.total == 15
+        methods = transport.methods()
+        # in order: the regular ack, the last counted one, the cancel, then the rest given back
+        assert methods[:3] == [spec.Basic.Ack(delivery_tag=10, multiple=True),
+                               spec.Basic.Ack(delivery_tag=15, multiple=True),
+                               spec.Basic.Cancel(consumer_tag="ctag-1", nowait=True)]
+        assert methods[3:] and all(isinstance(m, spec.Basic.Nack) and m.multiple and m.requeue
+                                   for m in methods[3:])
+        assert methods[-1].delivery_tag == 20
+        consumer.data_received(_deliveries([21]))  # in flight before the cancel: given back too
+        assert transport.methods() == [spec.Basic.Nack(delivery_tag=21, multiple=True, requeue=True)]
+        consumer.stop()  # nothing left to ack
+        assert transport.written == [] and consumer.received == 15 and done == [1]
+    _run(body)
+
+
+def test_consumer_limit_on_a_multiple_of_the_ack_batch_and_with_single_acks():
+    async def body():
+        consumer, transport = _consumer(ConsumePlan(queue="q", multi_ack_every=5, limit=10))
+        consumer.data_received(_deliveries(range(1, 11)))
+        methods = transport.methods()
+        assert methods[:2] == [spec.Basic.Ack(delivery_tag=5, multiple=True),
+                               spec.Basic.Ack(delivery_tag=10, multiple=True)]
+        assert isinstance(methods[2], spec.Basic.Cancel) and len(methods) == 3
+        consumer, transport = _consumer(ConsumePlan(queue="q", limit=2))
+        consumer.data_received(_deliveries([1, 2, 3]))
+        assert [type(m).__name__ for m in transport.methods()] == ["BasicAck", "BasicAck", "BasicCancel", "BasicNack"]
+        assert consumer.received == 2
+    _run(body)
+
+
+def test_consumer_limit_chooses_its_tag_before_consuming():
+    async def body():
+        consumer = Consumer(AmqpUri(), ConsumePlan(queue="q", limit=1), LatencyHistogram())
+        sent = []
+
+        async def call(channel, method, *replies):
+            sent.append(method)
+            if isinstance(method, spec.Basic.Consume):
+                return spec.Basic.ConsumeOk(consumer_tag=method.consumer_tag)
+            return None
+
+        async def open_channel(channel=1):
+            return None
+
+        consumer.call, consumer.open_channel = call, open_channel
+        await consumer.setup()
+        (consume,) = sent
+        assert consume.consumer_tag.startswith("hutch-perf-") and consumer.consumer_tag == consume.consumer_tag
+    _run(body)
+
+
 def test_consumer_bodies_split_over_frames_and_autoack():
     async def body():
         consumer, transport = _consumer(ConsumePlan(queue="q", autoack=True), frame_max=4096)
@@ -535,6 +625,110 @@ def test_interval_line_format():
     line = interval_line("x", 3.0, {"sent": 1.4, "confirmed": 2, "returned": 0, "received": 9.6}, [1, 2, 3, 4, 5])
     assert line == ("id: x, time: 3.000s, sent: 1 msg/s, confirmed: 2 msg/s, returned: 0 msg/s, "
                     "received: 10 msg/s, min/median/75th/95th/99th consumer latency: 1/2/3/4/5 µs")
+
+
+def test_totals_minus_keeps_the_done_counts():
+    now = Totals(sent=10, confirmed=9, nacked=1, returned=2, received=8, producers_done=1, consumers_done=1,
+                 last_activity_ns=99)
+    base = Totals(sent=4, confirmed=3, nacked=1, returned=1, received=5, producers_done=0, consumers_done=1,
+                  last_activity_ns=50)
+    assert now.minus(base) == Totals(6, 6, 0, 1, 3, 1, 1, 99)
+    c = Collector([0, 1])
+    c.on_progress(0, Totals(received=3, consumers_done=1, last_activity_ns=7))
+    c.on_progress(1, Totals(sent=2, producers_done=1, consumers_done=0, last_activity_ns=9))
+    assert c.totals == Totals(sent=2, received=3, producers_done=1, consumers_done=1, last_activity_ns=9)
+
+
+def _counted_run(argv: list[str]) -> Run:
+    opts = parse_args(["--processes", "1", *argv])
+    run_ = Run(opts, make_tasks(opts, Topology("q", "q", False, False)), lines=None)
+    run_.start_ns = 1
+    return run_
+
+
+@pytest.mark.parametrize("argv, reports, stops", [
+    # drain only: the consumers' -D decides
+    (["-x", "0", "-y", "1", "-D", "10"], [Totals(received=9)], False),
+    (["-x", "0", "-y", "1", "-D", "10"], [Totals(received=10, consumers_done=1)], True),
+    (["-x", "0", "-y", "2", "-D", "10"], [Totals(received=15, consumers_done=1)], False),
+    # publish only: the producers' -C decides
+    (["-x", "1", "-y", "0", "-C", "5"], [Totals(sent=5)], False),
+    (["-x", "1", "-y", "0", "-C", "5"], [Totals(sent=5, confirmed=5, producers_done=1)], True),
+    # both limits: both must be done
+    (["-C", "5", "-D", "5"], [Totals(sent=5, producers_done=1), Totals(received=4)], False),
+    (["-C", "5", "-D", "5"], [Totals(sent=5), Totals(received=5, consumers_done=1)], False),
+    (["-C", "5", "-D", "5"], [Totals(sent=5, producers_done=1), Totals(received=5, consumers_done=1)], True),
+    # -D with unlimited producers: producers are never done
+    (["-D", "5"], [Totals(sent=100), Totals(received=5, consumers_done=1)], False),
+    # -C alone: consumers done once they received what was sent
+    (["-C", "5"], [Totals(sent=5, producers_done=1), Totals(received=5)], True),
+])
+def test_run_ends_when_all_producers_and_consumers_are_done(argv, reports, stops):
+    run_ = _counted_run(argv)
+    for i, totals in enumerate(reports):
+        run_.collector.on_progress(i, totals)
+    run_.check_counts()
+    assert bool(run_.stop_ns) == stops
+
+
+class _FakeTopologyClient:
+    """Answers declares like a broker holding `queues`; records what was asked."""
+
+    def __init__(self, queues: dict[str, bool]) -> None:
+        self.queues = queues  # name -> durable
+        self.calls: list[spec.Method] = []
+
+    async def open_channel(self, channel: int = 1) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def call(self, channel, method, *replies):
+        self.calls.append(method)
+        if isinstance(method, spec.Queue.Declare):
+            if method.passive:
+                if method.queue not in self.queues:
+                    raise AmqpClosed("404 NOT_FOUND", 404)
+            elif self.queues.get(method.queue, method.durable) != method.durable:
+                raise AmqpClosed("406 PRECONDITION_FAILED - inequivalent arg 'durable'", 406)
+            else:
+                self.queues[method.queue] = method.durable
+            return spec.Queue.DeclareOk(queue=method.queue, message_count=0, consumer_count=0)
+        return None
+
+
+@pytest.mark.parametrize("argv, queues, declares, delete", [
+    # a durable queue declared beforehand: one passive declare, used as it is, kept
+    (["-u", "perf-durable"], {"perf-durable": True}, [("perf-durable", True, None)], False),
+    (["-u", "fresh"], {}, [("fresh", True, None), ("fresh", False, False)], False),
+    (["--queue-args", "x-max-length=5", "-u", "q"], {}, [("q", False, False)], False),
+    ([], {}, [("hutch-perf-7", False, False)], True),
+])
+def test_declare_topology_uses_an_existing_named_queue_as_is(argv, queues, declares, delete, monkeypatch):
+    fake = _FakeTopologyClient(queues)
+
+    async def connect(uri, factory):
+        return fake
+
+    monkeypatch.setattr(runner, "connect", connect)
+    opts = parse_args(argv)
+    topology = asyncio.run(runner.declare_topology(opts, opts.queue_name(7), "rk"))
+    got = [(m.queue, m.passive, None if m.passive else m.durable) for m in fake.calls]
+    assert got == declares
+    assert topology.delete_queue == delete and topology.queue == opts.queue_name(7)
+
+
+def test_declare_topology_with_queue_args_reports_a_406(monkeypatch):
+    fake = _FakeTopologyClient({"perf-durable": True})
+
+    async def connect(uri, factory):
+        return fake
+
+    monkeypatch.setattr(runner, "connect", connect)
+    opts = parse_args(["-u", "perf-durable", "--queue-args", "x-max-length=5"])
+    with pytest.raises(AmqpClosed, match="406"):
+        asyncio.run(runner.declare_topology(opts, "perf-durable", "perf-durable"))
 
 
 @pytest.mark.parametrize("total, groups, expected", [

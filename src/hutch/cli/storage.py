@@ -29,6 +29,8 @@ and names the file and offset. `check` never writes.
   replaced atomically, so the file name never goes missing) and rewritten with only the records that
   verify, each re-framed with the same record type and unchanged payload bytes; in a ``.rdq`` record, the
   entries whose own crc32 fails are dropped and the record is re-framed with the surviving entries.
+  A file whose header is damaged has lost the seed its records' checksums start from: nothing in it can
+  be verified, so all of it is reported lost and it is replaced by an empty file with a new header.
 
 Nothing is deleted. Neither the node nor this tool reads a copy moved aside (their names do not match
 the storage file patterns); delete them once you no longer need them. What was lost is printed as byte
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import secrets
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +63,7 @@ import msgpack
 
 from hutch.runtime.persistence import resource_dir
 from hutch.storage import records
-from hutch.storage.appendfile import ENTRY_LEN
+from hutch.storage.appendfile import ENTRY_LEN, FILE_HEADER_BYTES, file_header, read_seed
 from hutch.storage.errors import CorruptRecord, CorruptSnapshot, StorageError
 from hutch.storage.fs import RealFS
 from hutch.storage.log import SegmentedLog, parse_segment_name
@@ -166,7 +169,7 @@ def _framed_entries(payload: memoryview) -> Iterator[tuple[int, memoryview]]:
         pos += length
 
 
-INDEX = Kind(QUEUES_DIR, INDEX_RECORD_TYPE, records.DEFAULT_MAX_PAYLOAD_BYTES, "segment file", "entries",
+INDEX = Kind(QUEUES_DIR, INDEX_RECORD_TYPE, STORE_MAX_PAYLOAD_BYTES, "segment file", "entries",
              _is_segment_name, _index_entry_problem)
 STORE = Kind(STORES_DIR, STORE_RECORD_TYPE, STORE_MAX_PAYLOAD_BYTES, "store file", "messages", _is_store_name,
              _store_entry_problem)
@@ -183,6 +186,7 @@ class FileReport:
     bad_entries: list[tuple[int, int, str]] = field(default_factory=list)  # [start, end) and why
     kept: list[bytes] = field(default_factory=list)  # re-framed records that verify, in file order
     lost_ids: list[int] = field(default_factory=list)  # store: messages whose entry fails its crc
+    seed: int = 0  # the file's checksum seed (from its header)
 
     @property
     def is_damaged(self) -> bool:
@@ -194,16 +198,27 @@ def verify_file(fs: RealFS, path: str, kind: Kind) -> FileReport:
     data = fs.read(path)
     report = FileReport(path, kind)
     types = frozenset({kind.rtype})
+    seed = read_seed(data)
+    report.seed = seed or 0
+    if seed is None:
+        # no whole header: a file torn right after it was created (harmless) or a damaged header
+        if len(data) < FILE_HEADER_BYTES + records.HEADER_BYTES:
+            report.torn = records.TornTail(0, "incomplete file header", len(data))
+        else:
+            report.damaged.append((0, len(data), "bad file header (its checksum seed is lost)"))
+        return report
     try:
-        scanned = records.scan(data, file=path, max_payload_bytes=kind.max_payload_bytes, types=types)
+        scanned = records.scan(data, file=path, start=FILE_HEADER_BYTES, max_payload_bytes=kind.max_payload_bytes,
+                               types=types, seed=seed)
         found = scanned.records
         report.torn = scanned.torn_tail
     except CorruptRecord:
-        salvaged = records.salvage(data, max_payload_bytes=kind.max_payload_bytes, types=types)
+        salvaged = records.salvage(data, max_payload_bytes=kind.max_payload_bytes, types=types,
+                                   start=FILE_HEADER_BYTES, seed=seed)
         found = salvaged.records
         view = memoryview(data)
         for start, end in salvaged.damaged:
-            reason = records.check_at(view, start, kind.max_payload_bytes, types)[0] or "damaged"
+            reason = records.check_at(view, start, kind.max_payload_bytes, types, seed)[0] or "damaged"
             report.damaged.append((start, end, reason))
     for rec in found:
         body = rec.offset + records.HEADER_BYTES
@@ -229,7 +244,7 @@ def verify_file(fs: RealFS, path: str, kind: Kind) -> FileReport:
             payload = b"".join(ENTRY_LEN.pack(len(e)) + bytes(e) for e in good)
         else:
             continue
-        report.kept.append(records.encode(kind.rtype, payload))
+        report.kept.append(records.encode(kind.rtype, payload, seed))
     report.damaged.sort()
     return report
 
@@ -438,7 +453,10 @@ def _salvage_logs(fs: RealFS, data_dir: str, stamp: str) -> int:
 def rewrite_file(fs: RealFS, report: FileReport, stamp: str) -> str:
     """Replace a damaged file by its verified records; the damaged one is kept as `<file>.damaged-<stamp>`.
     The file's name always exists: the damaged bytes are hard-linked aside, then the new file renamed over.
-    Returns the path of the copy kept aside."""
+    A file whose header was damaged (its seed lost, nothing kept) is replaced by an empty file with a new
+    header. Returns the path of the copy kept aside."""
+    assert report.seed or not report.kept, "records kept from a file whose seed is lost"
+    seed = report.seed or secrets.randbits(32) | 1  # a new file's seed, as AppendFile makes one
     path = report.path
     directory = os.path.dirname(path)
     tmp = path + TMP_SUFFIX
@@ -447,7 +465,7 @@ def rewrite_file(fs: RealFS, report: FileReport, stamp: str) -> str:
         fs.delete(tmp)
     handle = fs.open_append(tmp)
     try:
-        handle.write(b"".join(report.kept))
+        handle.write(file_header(seed) + b"".join(report.kept))
         handle.sync()
     finally:
         handle.close()

@@ -50,6 +50,7 @@ class ConsumePlan:
     autoack: bool = False
     multi_ack_every: int = 0  # 0 or 1: ack each message
     limit: int = 0  # deliveries to receive, then done (0: unlimited)
+    consume_at_start: bool = False  # Basic.Consume at the start instant, not in setup (a drain run)
 
     @property
     def ack_every(self) -> int:
@@ -97,6 +98,10 @@ class Consumer(AmqpClient):
         await self.open_channel(CHANNEL)
         if self.plan.qos:
             await self.call(CHANNEL, spec.Basic.Qos(prefetch_count=self.plan.qos), spec.Basic.QosOk)
+        if not self.plan.consume_at_start:
+            await self.consume()
+
+    async def consume(self) -> None:
         # registered before Consume: deliveries may follow ConsumeOk in the same read
         self.fast_methods[spec.Basic.Deliver.INDEX] = self._on_deliver
         # with a limit the tag is chosen here: the limit may be reached in the read that brings ConsumeOk

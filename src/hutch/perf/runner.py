@@ -7,7 +7,8 @@ with `--queue` that exists is used as it is: checked with a passive declare, so 
 beforehand works; `--queue-args` makes it a real declare, and the broker checks them); spawn the
 worker processes ('spawn' start method: a clean interpreter, no inherited event loop or sockets); wait
 until every worker is connected and consuming; send "go" with a start instant 100 ms ahead so that
-all producers start together; then only read the pipes and print. The parent does no AMQP work during
+all producers start together (in a run without producers, a drain of a backlog, the consumers subscribe
+at that instant instead, so that the drain is measured from its first delivery); then only read the pipes and print. The parent does no AMQP work during
 the measured time, so it takes no CPU from the clients or the broker beyond one wake-up per report.
 
 End of a run: at `--time` the workers stop themselves on their own clock (the last tick); with
@@ -150,7 +151,8 @@ def make_tasks(opts: PerfOptions, topology: Topology) -> list[WorkerTask]:
                           mandatory=opts.mandatory, persistent=opts.persistent,
                           confirm_window=opts.confirm_window, rate=opts.rate, limit=opts.pmessages)
     consume = ConsumePlan(queue=topology.queue, qos=opts.qos, autoack=opts.autoack,
-                          multi_ack_every=opts.multi_ack_every, limit=opts.cmessages)
+                          multi_ack_every=opts.multi_ack_every, limit=opts.cmessages,
+                          consume_at_start=opts.producers == 0)
     tasks = [WorkerTask("producer", n, opts.uri, publish=publish) for n in split(opts.producers, per_role)]
     tasks += [WorkerTask("consumer", n, opts.uri, consume=consume) for n in split(opts.consumers, per_role)]
     return tasks

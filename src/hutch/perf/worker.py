@@ -67,6 +67,7 @@ class Worker:
         self.stop_ns = 0
         self.tick = 0
         self.stopped = False
+        self.pending: set[asyncio.Task[None]] = set()
 
     @property
     def clients(self) -> list[AmqpClient]:
@@ -122,7 +123,22 @@ class Worker:
         self.loop.call_later(delay_s, self.take_baseline)
         for producer in self.producers:
             self.loop.call_later(delay_s, self.start_producer, producer)
+        for consumer in self.consumers:
+            if consumer.plan.consume_at_start:
+                self.loop.call_later(delay_s, self.start_consumer, consumer)
         self.schedule_tick()
+
+    def start_consumer(self, consumer: Consumer) -> None:
+        if not self.stopped:
+            task = self.loop.create_task(self.consume(consumer))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+
+    async def consume(self, consumer: Consumer) -> None:
+        try:
+            await consumer.consume()
+        except AmqpClosed as exc:
+            self.on_error(exc)
 
     def take_baseline(self) -> None:
         if not self.stopped and self.tick == 0:

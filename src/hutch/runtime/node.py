@@ -222,10 +222,11 @@ class Node:
                 if missing:
                     log.warning("queue '%s' in vhost '%s': %d messages were never fully written (not "
                                 "confirmed); dropped", q.name, vhost.name, len(missing))
-                    index.ack(missing)
-                    found.live -= len(missing)
                     for seq in missing:
                         del found.refs[seq]
+                        index.refs.pop(seq, None)  # nothing to release in the store
+                    index.ack(missing)
+                    found.live -= len(missing)
                 refs = refs_by_vhost.setdefault(vhost.name, {})
                 for store_id in found.refs.values():
                     refs[store_id] = refs.get(store_id, 0) + 1
@@ -270,6 +271,13 @@ class Node:
                     paged += q.page_out(PRESSURE_RAM_LIMIT)
         if paged:
             log.info("memory pressure: %d messages paged out to disk", paged)
+
+    def _storage_drained(self) -> None:
+        """The group commit caught up: publishers paused because the disk was behind may read again."""
+        for vhost in self.vhosts.values():
+            for q in vhost.queues.values():
+                if q.flow_waiters:
+                    q.release_flow()
 
     def _storage_synced(self, synced: int) -> None:
         for ch in self.sync_waiters:
@@ -409,6 +417,7 @@ class Node:
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
         self._schedule_tick()
         if self.persistence is not None:
+            self.persistence.sink.on_drained = self._storage_drained
             self.persistence.start(loop, self._storage_synced)
         if self.monitor_resources:
             self.monitor = ResourceMonitor(self)

@@ -15,6 +15,10 @@ Rules:
   points to a stored message whenever its confirm was sent.
 - File handles are closed only between jobs (never under an fdatasync in flight); deletions happen at once
   (an unlinked file being synced is harmless).
+- Flow control, the last link of the chain (seed 003): when one batch has to write more than
+  `FLOW_BATCH_BYTES` (the disk is slower than what arrives while it syncs), `congested` is set; durable
+  queues then ask their publishers' connections to stop reading (ClassicQueue.needs_flow_control), and a
+  batch back under the bound clears it and lets them read again (`on_drained`).
 - A failed write with no space left is retried every second (nothing is confirmed meanwhile); any other
   storage failure stops confirming: waiting publishers get basic.nack.
 """
@@ -36,6 +40,8 @@ from hutch.storage.queue_index import DEFAULT_EMBED_BELOW, DEFAULT_SEGMENT_ENTRI
 
 log = logging.getLogger("hutch.persistence")
 
+FLOW_BATCH_BYTES = 16 * 1024 * 1024  # a batch bigger than this means the disk is not keeping up
+
 
 class GroupCommit:
     """The node's SyncSink. Loop thread only, except `_run`, which runs in the default executor."""
@@ -47,6 +53,8 @@ class GroupCommit:
         self.syncs = 0  # completed jobs that synced at least one file (tests and the benchmark)
         self.fsyncs = 0  # fdatasync calls made
         self.on_synced: Callable[[int], None] | None = None
+        self.on_drained: Callable[[], None] | None = None  # congestion is over: release paused publishers
+        self.congested = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._touched: dict[AppendFile, None] = {}
         self._callbacks: list[Callable[[], None]] = []
@@ -99,9 +107,11 @@ class GroupCommit:
         files = list(self._touched)
         self._touched.clear()
         written: list[AppendFile] = []
+        batch_bytes = 0
         for i, f in enumerate(files):
             if f.closed:
                 continue
+            batch_bytes += f.pending_bytes
             try:
                 f.flush()
             except StorageError:
@@ -112,6 +122,13 @@ class GroupCommit:
             if f.needs_sync:
                 written.append(f)
         written.sort(key=_sync_order)
+        congested = batch_bytes > FLOW_BATCH_BYTES
+        if congested != self.congested:
+            self.congested = congested
+            if congested:
+                log.info("message storage is behind (%d bytes in one batch): publishers are paused", batch_bytes)
+            elif self.on_drained is not None:
+                self.on_drained()
         return written
 
     def _start_job(self) -> None:
@@ -138,15 +155,25 @@ class GroupCommit:
         self._busy = True
         self._scheduled = True  # touches while the job runs join the next batch, started on completion
         fut = self._loop.run_in_executor(None, _sync_files, files)
-        fut.add_done_callback(lambda f: self._job_done(f, target, callbacks, len(files)))
+        fut.add_done_callback(lambda fut: self._job_done(fut, target, callbacks, files))
 
     def _job_done(self, fut: asyncio.Future[None], target: int, callbacks: list[Callable[[], None]],
-                  nfiles: int) -> None:
+                  files: list[AppendFile]) -> None:
         self._busy = False
         self._scheduled = False
+        nfiles = len(files)
         for f in self._to_close:
             _close_quietly(f)
         self._to_close.clear()
+        touched = self._touched
+        for f in files:
+            # a file not written again meanwhile gives its descriptor back: a queue with a deep backlog
+            # has hundreds of segment files, and only the ones being written or acked need one open
+            if not (f in touched or f.dirty or f.needs_sync or f.closed):
+                try:
+                    f.release_handle()
+                except StorageError as exc:
+                    log.warning("cannot close %s: %s", f.path, exc)
         exc = fut.exception()
         if exc is not None:
             self._fail(exc)
@@ -286,9 +313,14 @@ class Persistence:
                 continue
             path = os.path.join(self.queues_dir, name)
             try:
+                kept = 0
                 for f in self.fs.list_dir(path):
+                    if ".damaged-" in f:
+                        kept += 1  # a copy hutch-storage salvage set aside: never delete it
+                        continue
                     self.fs.delete(os.path.join(path, f))
-                self.fs.remove_dir(path)
+                if not kept:
+                    self.fs.remove_dir(path)
             except StorageError as exc:
                 log.warning("cannot remove stale queue directory %s: %s", path, exc)
             removed += 1

@@ -5,6 +5,12 @@ are buffered by `add`; `flush` writes everything buffered as **one** framed reco
 crc32, type), so a file is a sequence of checksummed batch records and a crash can tear at most the last
 one. `sync` (fdatasync) may run in another thread; every other method belongs to the owner's thread.
 
+File header: a new file starts with one plain record of type `FILE_HEADER_TYPE` whose payload is
+``b"HUTCHAF1"`` + a random ``u32`` seed; every later record's crc32 starts from that seed (records.py).
+Entries carry client bytes (message bodies); without the seed a body could hold a well-formed record that
+recovery would take as evidence of damage in the middle of the file (refusing to start after an ordinary
+torn write) or that salvage would resurrect. With it, a forged record must guess 32 random bits.
+
 Entry framing inside a batch record's payload: ``u32 length`` then the entry bytes. `add` returns the
 file offset at which the entry's bytes will sit once flushed, so a reader can later fetch one entry with a
 single positioned read (the message store does; it checks its own per-entry checksum).
@@ -21,22 +27,59 @@ Rules:
 from __future__ import annotations
 
 import os
+import secrets
 import struct
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from hutch.storage import records
-from hutch.storage.errors import StorageError
+from hutch.storage.errors import CorruptRecord, StorageError
 from hutch.storage.fs import FileHandle, FileSystem
 
 ENTRY_LEN = struct.Struct("<I")
+FILE_HEADER_TYPE = 0x7E
+FILE_MAGIC = b"HUTCHAF1"
+FILE_HEADER_BYTES = records.HEADER_BYTES + len(FILE_MAGIC) + 4
+MAX_RECORD_PAYLOAD_BYTES = 0xFFFFFFFF  # a batch may be as large as the u32 length field allows
+
+
+def file_header(seed: int) -> bytes:
+    return records.encode(FILE_HEADER_TYPE, FILE_MAGIC + seed.to_bytes(4, "little"))
+
+
+def read_seed(data: bytes | memoryview) -> int | None:
+    """The seed in a file's header, or None when the header is missing or not whole (a file torn right
+    after it was created holds nothing else)."""
+    view = memoryview(data)
+    if len(view) < FILE_HEADER_BYTES:
+        return None
+    problem, rtype, length = records.check_at(view, 0, 64, frozenset({FILE_HEADER_TYPE}))
+    if problem or length != len(FILE_MAGIC) + 4 or bytes(view[9:17]) != FILE_MAGIC:
+        return None
+    return int.from_bytes(view[17:21], "little")
+
+
+def scan_file(data: bytes, path: str, rtype: int) -> tuple[int, records.ScanResult]:
+    """(seed, records after the header) of a whole append file. A missing or torn header with nothing
+    valid after it is a torn file (empty, truncate to 0); a bad header followed by data is damage."""
+    seed = read_seed(data)
+    if seed is None:
+        if not data:
+            return 0, records.ScanResult([], 0)
+        if len(data) < FILE_HEADER_BYTES + records.HEADER_BYTES:
+            return 0, records.ScanResult([], 0, records.TornTail(0, "incomplete file header", len(data)))
+        raise CorruptRecord(path, 0, "bad file header")
+    result = records.scan(data, file=path, start=FILE_HEADER_BYTES, max_payload_bytes=MAX_RECORD_PAYLOAD_BYTES,
+                          types=frozenset({rtype}), seed=seed)
+    return seed, result
 
 
 class AppendFile:
     __slots__ = ("fs", "path", "rtype", "handle", "_buffer", "pending_bytes", "size", "needs_sync",
-                 "durable_pending", "closed", "_new_entry", "__weakref__")
+                 "durable_pending", "closed", "_new_entry", "seed", "_header", "__weakref__")
 
-    def __init__(self, fs: FileSystem, path: str, rtype: int, size: int = 0) -> None:
+    def __init__(self, fs: FileSystem, path: str, rtype: int, size: int = 0, seed: int = 0) -> None:
+        """A new file (`size` 0) gets a fresh seed and header; an existing one needs its `seed`."""
         self.fs = fs
         self.path = path
         self.rtype = rtype
@@ -48,10 +91,16 @@ class AppendFile:
         self.durable_pending = False  # buffered entries include one somebody waits to see synced
         self.closed = False
         self._new_entry = False  # the file was created: its directory entry needs a sync too
+        if size == 0:
+            seed = secrets.randbits(32) | 1
+            self._header = file_header(seed)  # written with the first flush
+        else:
+            self._header = b""
+        self.seed = seed
 
     def add(self, entry: bytes, durable: bool = False) -> int:
         """Buffer one entry; returns the offset its bytes will have in the file."""
-        offset = self.size + records.HEADER_BYTES + self.pending_bytes + 4
+        offset = self.size + len(self._header) + records.HEADER_BYTES + self.pending_bytes + 4
         self._buffer.append(ENTRY_LEN.pack(len(entry)))
         self._buffer.append(entry)
         self.pending_bytes += 4 + len(entry)
@@ -71,7 +120,7 @@ class AppendFile:
         """An entry still in the buffer (by the offset `add` returned), or None if already flushed."""
         if offset < self.size:
             return None
-        pos = self.size + records.HEADER_BYTES
+        pos = self.size + len(self._header) + records.HEADER_BYTES
         for i in range(0, len(self._buffer), 2):
             entry = self._buffer[i + 1]
             pos += 4
@@ -90,14 +139,15 @@ class AppendFile:
             if self.size == 0 and not self.fs.exists(self.path):
                 self._new_entry = True
             self.handle = self.fs.open_append(self.path)
-        parts = records.encode_parts(self.rtype, self._buffer)
-        data = b"".join(parts)
+        parts = records.encode_parts(self.rtype, self._buffer, self.seed)
+        data = self._header + b"".join(parts)
         try:
             self.handle.write(data)
         except StorageError:
             self._roll_back()
             raise
         self.size += len(data)
+        self._header = b""
         self._buffer = []
         self.pending_bytes = 0
         self.needs_sync = True
@@ -118,6 +168,12 @@ class AppendFile:
             if self._new_entry:
                 self.fs.fsync_dir(os.path.dirname(self.path))
                 self._new_entry = False
+
+    def release_handle(self) -> None:
+        """Close the descriptor of an idle file (flushed and synced); the next flush opens it again."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.close()
 
     def close(self) -> None:
         self.closed = True
@@ -144,6 +200,8 @@ class SyncSink(Protocol):
     """Where writers report files to flush and sync: the node's group-commit driver (runtime) or
     `ManualSink` (tests, offline tools)."""
 
+    congested: bool  # the disk is behind what arrives: writers' publishers should pause
+
     def touch(self, file: AppendFile, durable: bool) -> None:
         """`file` has buffered entries; `durable`: a confirm waits for them to reach the disk."""
 
@@ -161,6 +219,7 @@ class ManualSink:
         self.touched: dict[AppendFile, None] = {}
         self.callbacks: list[Callable[[], None]] = []
         self.commits = 0
+        self.congested = False
 
     def touch(self, file: AppendFile, durable: bool) -> None:
         self.touched[file] = None

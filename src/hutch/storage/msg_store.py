@@ -49,7 +49,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from hutch.storage import records
-from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries
+from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries, scan_file
 from hutch.storage.errors import CorruptRecord, StorageError
 from hutch.storage.fs import FileSystem
 
@@ -183,8 +183,7 @@ class MessageStore:
         return report
 
     def _scan_file(self, path: str) -> records.ScanResult:
-        result = records.scan(self.fs.read(path), file=path, max_payload_bytes=MAX_RECORD_PAYLOAD_BYTES,
-                              types=_TYPES)
+        _seed, result = scan_file(self.fs.read(path), path, STORE_RECORD_TYPE)
         torn = result.torn_tail
         if torn is not None:
             log.warning("message store %s: torn tail at offset %d (%s), %d bytes dropped", path, torn.offset,
@@ -361,7 +360,7 @@ class MessageStore:
         f.state = _COMPACTING
         try:
             data = self.fs.read(f.path, 0, f.flushed_size)
-            result = records.scan(data, file=f.path, max_payload_bytes=MAX_RECORD_PAYLOAD_BYTES, types=_TYPES)
+            _seed, result = scan_file(data, f.path, STORE_RECORD_TYPE)
             if result.torn_tail is not None:  # bytes this store flushed earlier must be whole
                 raise CorruptRecord(f.path, result.torn_tail.offset, result.torn_tail.reason)
             moves: list[tuple[list[int], bytes]] = []

@@ -28,6 +28,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from array import array
@@ -35,13 +36,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from hutch.storage import records
-from hutch.storage.appendfile import AppendFile, SyncSink, iter_entries
+from hutch.storage.appendfile import (
+    FILE_HEADER_BYTES,
+    AppendFile,
+    SyncSink,
+    iter_entries,
+    read_seed,
+    scan_file,
+)
 from hutch.storage.errors import CorruptRecord, StorageError
 from hutch.storage.fs import FileSystem
 
 if TYPE_CHECKING:
     from hutch.storage.msg_store import MessageStore
+
+log = logging.getLogger("hutch.queue_index")
 
 INDEX_RECORD_TYPE = 0x31
 DEFAULT_SEGMENT_ENTRIES = 16384
@@ -59,7 +68,6 @@ PUB_HEAD = struct.Struct("<BQBI")
 REF_HEAD = struct.Struct("<BQBQI")
 DLV_ENTRY = struct.Struct("<BQ")
 MSG_HEAD = struct.Struct("<BBI")  # a stored message: len(exchange), len(routing key), len(properties)
-_TYPES = frozenset({INDEX_RECORD_TYPE})
 
 class StorableMessage(Protocol):
     """What the index needs of a message (hutch.core.message.Message has it)."""
@@ -131,6 +139,7 @@ class QueueIndex:
         self.delivered_upto = 0
         self._delivered_written = 0
         self._scan_max = 0
+        self.lost_on_read = 0  # entries dropped by read_from because their message could not be read
         self.deleted = False
         self.fs.make_dirs(directory)
 
@@ -140,7 +149,13 @@ class QueueIndex:
         if f is None:
             path = os.path.join(self.directory, segment_name(segno))
             size = self.fs.size(path) if self.fs.exists(path) else 0
-            f = self._files[segno] = AppendFile(self.fs, path, INDEX_RECORD_TYPE, size)
+            seed = read_seed(self.fs.read(path, 0, FILE_HEADER_BYTES)) if size else None
+            if size and seed is None:
+                if size >= FILE_HEADER_BYTES:
+                    raise CorruptRecord(path, 0, "bad file header")
+                self.fs.truncate(path, 0)  # nothing but a torn header: start the file again
+                size = 0
+            f = self._files[segno] = AppendFile(self.fs, path, INDEX_RECORD_TYPE, size, seed or 0)
         return f
 
     def publish(self, seq: int, persistent: bool, msg: StorableMessage) -> None:
@@ -236,8 +251,7 @@ class QueueIndex:
         # ahead of the group commit could leave an unsynced record before a synced one)
         pending = [memoryview(e) for e in f.buffered_entries()] if f is not None else []
         if self.fs.exists(path):
-            data = self.fs.read(path)
-            result = records.scan(data, file=path, types=_TYPES)
+            _seed, result = scan_file(self.fs.read(path), path, INDEX_RECORD_TYPE)
             batches = [iter_entries(rec.payload) for rec in result.records]
             torn = result.torn_tail is not None
             if torn:
@@ -253,26 +267,29 @@ class QueueIndex:
         delivered = 0
         boot = self.boot_seq
         top = 0
-        for batch in batches:
-            for entry in batch:
-                kind = entry[0]
-                if kind in (PUB, REF):
-                    seq = int.from_bytes(entry[1:9], "little")
-                    if seq > top:
-                        top = seq
-                    flags = entry[9]
-                    if seq <= boot and not flags & PERSISTENT:
-                        continue  # a transient message from before the restart
-                    entries[seq] = (kind, flags, entry)
-                elif kind == ACK:
-                    for seq in array("Q", bytes(entry[1:])):
-                        entries.pop(seq, None)
-                elif kind == DLV:
-                    seq = DLV_ENTRY.unpack(entry)[1]
-                    if seq > delivered:
-                        delivered = seq
-                else:
-                    raise CorruptRecord(path, 0, f"unknown queue index entry type {kind}")
+        try:
+            for batch in batches:
+                for entry in batch:
+                    kind = entry[0]
+                    if kind in (PUB, REF):
+                        seq = int.from_bytes(entry[1:9], "little")
+                        if seq > top:
+                            top = seq
+                        flags = entry[9]
+                        if seq <= boot and not flags & PERSISTENT:
+                            continue  # a transient message from before the restart
+                        entries[seq] = (kind, flags, entry)
+                    elif kind == ACK:
+                        for seq in array("Q", bytes(entry[1:])):
+                            entries.pop(seq, None)
+                    elif kind == DLV:
+                        seq = DLV_ENTRY.unpack(entry)[1]
+                        if seq > delivered:
+                            delivered = seq
+                    else:
+                        raise CorruptRecord(path, 0, f"unknown queue index entry type {kind}")
+        except (ValueError, IndexError, struct.error) as exc:
+            raise CorruptRecord(path, 0, f"malformed queue index entry: {exc}") from exc
         self._scan_max = top
         return entries, delivered, torn
 
@@ -282,6 +299,7 @@ class QueueIndex:
         segno = seq // self.segment_entries
         entries, _dlv, _torn = self._scan_segment(segno)
         out: list[IndexedMessage] = []
+        lost: list[int] = []
         store = self.store
         for s in sorted(k for k in entries if k >= seq):
             kind, flags, entry = entries[s]
@@ -300,8 +318,22 @@ class QueueIndex:
             else:
                 store_id = REF_HEAD.unpack_from(entry, 0)[3]
                 assert store is not None, "queue index holds store references but has no store"
-                exchange, routing_key, props, body = decode_message(store.read(store_id))
+                try:
+                    exchange, routing_key, props, body = decode_message(store.read(store_id))
+                except (StorageError, KeyError) as exc:
+                    # never serve what does not verify: report it and drop the entry
+                    log.error("queue index %s: message %d (store id %d) cannot be read and is dropped: %s",
+                              self.directory, s, store_id, exc)
+                    lost.append(s)
+                    continue
                 out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, body, store_id))
+        if lost:
+            self.lost_on_read += len(lost)
+            for s in lost:
+                store_id = self.refs.pop(s, 0)
+                if store_id and store is not None and store.contains(store_id):
+                    store.decref(store_id)
+            self.ack(lost)
         return out, (segno + 1) * self.segment_entries
 
     def ack_from(self, seq: int) -> int:

@@ -48,24 +48,30 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 _TYPE_CRC = tuple(zlib.crc32(bytes((t,))) for t in range(256))
 
 
-def checksum(rtype: int, payload: Bytes) -> int:
-    """The crc stored in a record's header: zlib.crc32 over the type byte followed by the payload."""
-    return zlib.crc32(payload, _TYPE_CRC[rtype])
+def _type_crc(rtype: int, seed: int) -> int:
+    return _TYPE_CRC[rtype] if not seed else zlib.crc32(bytes((rtype,)), seed)
 
 
-def encode(rtype: int, payload: Bytes) -> bytes:
+def checksum(rtype: int, payload: Bytes, seed: int = 0) -> int:
+    """The crc stored in a record's header: zlib.crc32 over the type byte followed by the payload, started
+    from `seed` (0 for plain files; a per-file random value for files whose payloads carry client bytes,
+    so that a record embedded in a message body can never pass for a record of the file)."""
+    return zlib.crc32(payload, _type_crc(rtype, seed))
+
+
+def encode(rtype: int, payload: Bytes, seed: int = 0) -> bytes:
     """One framed record."""
     _check_type(rtype)
-    return HEADER.pack(len(payload), checksum(rtype, payload), rtype) + payload
+    return HEADER.pack(len(payload), checksum(rtype, payload, seed), rtype) + payload
 
 
-def encode_parts(rtype: int, parts: Sequence[Bytes]) -> list[Bytes]:
+def encode_parts(rtype: int, parts: Sequence[Bytes], seed: int = 0) -> list[Bytes]:
     """One framed record whose payload is the concatenation of ``parts``: ``[header, *parts]``.
 
     Avoids joining large payloads just to checksum them; write the list with one ``b"".join``/writev.
     """
     _check_type(rtype)
-    crc = _TYPE_CRC[rtype]
+    crc = _type_crc(rtype, seed)
     length = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
@@ -114,7 +120,7 @@ class SalvageResult:
 
 
 def check_at(data: memoryview, offset: int, max_payload_bytes: int,
-             types: frozenset[int] | None) -> tuple[str, int, int]:
+             types: frozenset[int] | None, seed: int = 0) -> tuple[str, int, int]:
     """Check the record at ``offset``: ``(problem, type, payload_length)``; problem is "" when valid."""
     end = len(data)
     if end - offset < HEADER_BYTES:
@@ -127,13 +133,13 @@ def check_at(data: memoryview, offset: int, max_payload_bytes: int,
     start = offset + HEADER_BYTES
     if start + length > end:
         return f"payload of {length} bytes runs past the end of the file", rtype, length
-    if zlib.crc32(data[start:start + length], _TYPE_CRC[rtype]) != crc:
+    if zlib.crc32(data[start:start + length], _type_crc(rtype, seed)) != crc:
         return "checksum mismatch", rtype, length
     return "", rtype, length
 
 
 def find_valid_record(data: Bytes, start: int, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                      types: frozenset[int] | None = None) -> int | None:
+                      types: frozenset[int] | None = None, seed: int = 0) -> int | None:
     """The offset of the first valid record starting at or after ``start``, or None."""
     view = memoryview(data).cast("B")
     last = len(view) - HEADER_BYTES
@@ -143,7 +149,7 @@ def find_valid_record(data: Bytes, start: int, *, max_payload_bytes: int = DEFAU
         length, _crc, rtype = unpack(view, offset)
         if rtype == 0 or length > max_payload_bytes or offset + HEADER_BYTES + length > len(view):
             continue
-        if not check_at(view, offset, max_payload_bytes, types)[0]:
+        if not check_at(view, offset, max_payload_bytes, types, seed)[0]:
             return offset
     return None
 
@@ -166,7 +172,8 @@ def _candidates(view: memoryview, start: int, last: int, types: frozenset[int] |
 
 
 def scan(data: Bytes, *, file: str = "<buffer>", start: int = 0,
-         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, types: frozenset[int] | None = None) -> ScanResult:
+         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, types: frozenset[int] | None = None,
+         seed: int = 0) -> ScanResult:
     """Every record from ``start`` to the end; a torn tail is reported, damage in the middle raises.
 
     ``types``: the record types the caller writes; any other type counts as damage. Raises
@@ -177,9 +184,10 @@ def scan(data: Bytes, *, file: str = "<buffer>", start: int = 0,
     offset = start
     end = len(view)
     while offset < end:
-        problem, rtype, length = check_at(view, offset, max_payload_bytes, types)
+        problem, rtype, length = check_at(view, offset, max_payload_bytes, types, seed)
         if problem:
-            if find_valid_record(view, offset + 1, max_payload_bytes=max_payload_bytes, types=types) is not None:
+            if find_valid_record(view, offset + 1, max_payload_bytes=max_payload_bytes, types=types,
+                                 seed=seed) is not None:
                 raise CorruptRecord(file, offset, problem)
             return ScanResult(records, offset, TornTail(offset, problem, end - offset))
         body = offset + HEADER_BYTES
@@ -189,7 +197,7 @@ def scan(data: Bytes, *, file: str = "<buffer>", start: int = 0,
 
 
 def salvage(data: Bytes, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-            types: frozenset[int] | None = None, start: int = 0) -> SalvageResult:
+            types: frozenset[int] | None = None, start: int = 0, seed: int = 0) -> SalvageResult:
     """Offline recovery: every valid record, scanning past damaged ranges instead of raising.
 
     A record found by scanning inside a damaged range could in principle be payload bytes that happen to
@@ -199,13 +207,13 @@ def salvage(data: Bytes, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     result = SalvageResult([])
     offset = start
     while offset < len(view):
-        problem, rtype, length = check_at(view, offset, max_payload_bytes, types)
+        problem, rtype, length = check_at(view, offset, max_payload_bytes, types, seed)
         if not problem:
             body = offset + HEADER_BYTES
             result.records.append(Record(offset, rtype, view[body:body + length]))
             offset = body + length
             continue
-        resume = find_valid_record(view, offset + 1, max_payload_bytes=max_payload_bytes, types=types)
+        resume = find_valid_record(view, offset + 1, max_payload_bytes=max_payload_bytes, types=types, seed=seed)
         result.damaged.append((offset, len(view) if resume is None else resume))
         if resume is None:
             break

@@ -117,7 +117,9 @@ class ClassicQueue(Queue):
         target = max(self.ram_limit, 1)
         recovered_delivered = self._recovered_delivered
         while self._delta and len(ready) < target:
+            lost_before = index.lost_on_read
             msgs, next_seq = index.read_from(self._delta_from)
+            self._delta -= index.lost_on_read - lost_before  # unreadable entries were dropped (logged)
             room = target - len(ready)
             if len(msgs) > room:  # take what fits; the rest stays on disk
                 msgs = msgs[:room]
@@ -223,8 +225,12 @@ class ClassicQueue(Queue):
         they arrive. Here that happens when a consumer that could take messages is held back only by
         its connection's full write buffer; then publishers are paused rather than letting the backlog
         (and latency) grow without bound. A backlog behind consumers that are merely at their prefetch,
-        or with no consumers at all, does not block publishers, as in RabbitMQ.
+        or with no consumers at all, does not block publishers, as in RabbitMQ. The last link is the
+        store: while the node's group commit is behind the disk (`congested`), publishers to durable
+        queues are paused too.
         """
+        if self.persist and self.index.sink.congested:  # type: ignore[union-attr]
+            return True  # the disk is behind: the store is the link of the chain that is full
         # sampled every 64th message: the consumer scan is not free and flow is a coarse signal
         return len(self._ready) + self._delta > FLOW_HIGH and not self._seq & 63 and self._consumer_blocked_by_socket()
 
