@@ -88,6 +88,7 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     _wait_port(amqp_port, proc, log_path)
+    _wait_port(mgmt_port, proc, log_path)  # management starts after the AMQP listener
     return ServerInfo(amqp_port, mgmt_port, data_dir, proc, log_path, env or {})
 
 
