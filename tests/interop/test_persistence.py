@@ -41,7 +41,21 @@ def drain(server: ServerInfo, queue: str, ack: bool = True) -> list[tuple[bytes,
         if ack:
             ch.basic_ack(method.delivery_tag)
     conn.close()
+    if ack:
+        storage_barrier(server)
     return out
+
+
+def storage_barrier(server: ServerInfo) -> None:
+    """Return once everything the node wrote before is on disk: a confirmed persistent publish waits for
+    the group commit that also carries the earlier writes (acks, and the requeues of a closed
+    connection, have no reply of their own). Without it a kill -9 may legitimately lose them."""
+    conn = connect(server)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("barrier", durable=True)
+    ch.basic_publish("", "barrier", b"-", PERSISTENT)
+    conn.close()
 
 
 def restart(server: ServerInfo, tmp_path: Path, sig: int) -> ServerInfo:
@@ -73,6 +87,7 @@ def test_persistent_messages_survive_restart(tmp_path: Path, sig: int) -> None:
         for _ in range(2):
             assert ch.basic_get("durable")[0] is not None
         conn.close()
+        storage_barrier(server)
         server = restart(server, tmp_path, sig)
         got = drain(server, "durable")
         assert [b for b, _r in got] == [f"p{i}".encode() for i in range(5, 20)]
@@ -109,6 +124,7 @@ def test_small_and_large_messages_interleave_across_restart(tmp_path: Path, sig:
         ch.basic_ack(tags[0])
         ch.basic_ack(tags[1])  # 0 and 1 acked; 2 and 3 delivered, not acked
         conn.close()
+        storage_barrier(server)
         server = restart(server, tmp_path, sig)
         got = drain(server, "mixed")
         assert [b for b, _r in got] == [body(i) for i in range(2, 12)]
