@@ -74,6 +74,9 @@ def test_make_tasks_without_producers_passes_the_consumer_limit():
     tasks = make_tasks(o, Topology("q", "q", delete_queue=False, delete_exchange=False))
     assert [(t.role, t.count) for t in tasks] == [("consumer", 2), ("consumer", 1)]
     assert all(t.consume is not None and t.consume.limit == 10 and t.consume.queue == "q" for t in tasks)
+    assert all(t.consume is not None and t.consume.consume_at_start for t in tasks)  # a drain: from "go"
+    (_, consumer_task) = make_tasks(parse_args(["-D", "10"]), Topology("q", "q", True, False))
+    assert consumer_task.consume is not None and not consumer_task.consume.consume_at_start
     tasks = make_tasks(parse_args(["-y", "0", "-C", "5"]), Topology("q", "q", True, False))
     assert [(t.role, t.count) for t in tasks] == [("producer", 1)]
 

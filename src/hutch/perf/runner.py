@@ -8,8 +8,9 @@ beforehand works; `--queue-args` makes it a real declare, and the broker checks 
 worker processes ('spawn' start method: a clean interpreter, no inherited event loop or sockets); wait
 until every worker is connected and consuming; send "go" with a start instant 100 ms ahead so that
 all producers start together (in a run without producers, a drain of a backlog, the consumers subscribe
-at that instant instead, so that the drain is measured from its first delivery); then only read the pipes and print. The parent does no AMQP work during
-the measured time, so it takes no CPU from the clients or the broker beyond one wake-up per report.
+at that instant instead, so that the drain is measured from its first delivery); then only read the
+pipes and print. The parent does no AMQP work during the measured time, so it takes no CPU from the
+clients or the broker beyond one wake-up per report.
 
 End of a run: at `--time` the workers stop themselves on their own clock (the last tick); with
 `--pmessages` and/or `--cmessages` the parent stops everyone once all producers and all consumers are
