@@ -91,6 +91,9 @@ class Config:
     queue_index_embed_msgs_below: int = 4096
     msg_store_file_size_limit: int = 16 * MiB
     queue_index_segment_entries: int = 16384
+    # ready messages a classic queue keeps in RAM before it pages to disk (a hutch key; RabbitMQ 3.10
+    # keeps them all until memory pressure)
+    classic_queue_ram_limit: int = 131072
     collect_statistics_interval_ms: int = 5000
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
@@ -300,6 +303,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "queue_index_embed_msgs_below": _int_field("queue_index_embed_msgs_below", 0, MAX_MESSAGE_SIZE_LIMIT),
     "msg_store_file_size_limit": _parse_store_file_size,
     "queue_index_segment_entries": _int_field("queue_index_segment_entries", 16, 1_048_576),
+    "classic_queue_ram_limit": _int_field("classic_queue_ram_limit", 1, 2**31 - 1),
     "collect_statistics_interval": _int_field("collect_statistics_interval_ms", 1, 2**31 - 1),
     "cluster_name": _nonempty_field("cluster_name"),
     "node_name": _parse_node_name,

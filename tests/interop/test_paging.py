@@ -17,7 +17,8 @@ import pika
 from conftest import ServerInfo, start_server
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-RAM_LIMIT = 16384  # hutch.queues.classic.queue.RAM_LIMIT
+RAM_LIMIT = 5000  # classic_queue_ram_limit in the tests' config (the default is 131072)
+CONFIG = f"classic_queue_ram_limit = {RAM_LIMIT}\n"
 
 
 def api(server: ServerInfo, path: str) -> Any:
@@ -67,7 +68,7 @@ def consume_all(server: ServerInfo, queue: str, n: int) -> list[int]:
 
 def test_a_durable_backlog_pages_to_disk_and_survives_kill9_in_order(tmp_path: Path) -> None:
     n = RAM_LIMIT + 4000
-    server = start_server(tmp_path, config_text="queue_index_segment_entries = 1024\n")
+    server = start_server(tmp_path, config_text=CONFIG + "queue_index_segment_entries = 1024\n")
     try:
         publish_many(server, "backlog", n, True, PERSISTENT)
         info = queue_info(server, "backlog")
@@ -76,7 +77,7 @@ def test_a_durable_backlog_pages_to_disk_and_survives_kill9_in_order(tmp_path: P
         segments = list((tmp_path / "data" / "queues").rglob("*.qix"))
         assert len(segments) >= n // 1024
         server.stop(signal.SIGKILL)
-        server = start_server(tmp_path, config_text="queue_index_segment_entries = 1024\n")
+        server = start_server(tmp_path, config_text=CONFIG + "queue_index_segment_entries = 1024\n")
         assert queue_info(server, "backlog")["messages"] == n
         assert consume_all(server, "backlog", n) == list(range(n))
         assert queue_info(server, "backlog")["messages"] == 0
@@ -86,7 +87,7 @@ def test_a_durable_backlog_pages_to_disk_and_survives_kill9_in_order(tmp_path: P
 
 def test_a_transient_backlog_pages_too_and_leaves_nothing_behind(tmp_path: Path) -> None:
     n = RAM_LIMIT + 3000
-    server = start_server(tmp_path)
+    server = start_server(tmp_path, config_text=CONFIG)
     try:
         publish_many(server, "transient-backlog", n, False, None)
         info = queue_info(server, "transient-backlog")

@@ -33,7 +33,6 @@ from hutch.queues.classic.queue import (
     PRESSURE_RAM_BYTES_LIMIT,
     PRESSURE_RAM_LIMIT,
     RAM_BYTES_LIMIT,
-    RAM_LIMIT,
     ClassicQueue,
 )
 from hutch.storage.errors import StorageError
@@ -77,6 +76,7 @@ class Node:
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
         self.memory_pressure = False  # over the paging threshold: queues keep a small working set in RAM
+        ClassicQueue.ram_limit = config.classic_queue_ram_limit  # class-wide, like the pressure limits
         self.perm_epoch = 0
         self.started_at = time.time()
         self.server: asyncio.base_events.Server | None = None
@@ -260,7 +260,7 @@ class Node:
         """Over (or back under) the paging threshold: shrink (or restore) what queues keep in RAM, and
         page out what they hold beyond it now. Called on every memory check while paging."""
         self.memory_pressure = on
-        ClassicQueue.ram_limit = PRESSURE_RAM_LIMIT if on else RAM_LIMIT
+        ClassicQueue.ram_limit = PRESSURE_RAM_LIMIT if on else self.config.classic_queue_ram_limit
         ClassicQueue.ram_bytes_limit = PRESSURE_RAM_BYTES_LIMIT if on else RAM_BYTES_LIMIT
         if not on:
             return
