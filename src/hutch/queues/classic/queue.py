@@ -74,16 +74,15 @@ class ClassicQueue(Queue):
 
     # -- messages ------------------------------------------------------------------------------
     def publish(self, msg: Message) -> None:
-        self._seq += 1
-        seq = self._seq
+        seq = self._seq = self._seq + 1
         ready = self._ready
         # A backlog means the last delivery attempt found no consumer able to take a message, and
         # every event that frees one (ack, qos, resumed socket, new consumer, requeue) calls
         # deliver_pending itself: nothing to try here.
-        backlog = bool(ready)
+        backlog = len(ready)
         self.stat_published += 1
-        if self._delta or (len(ready) >= self.ram_limit or self._ready_bytes >= self.ram_bytes_limit) \
-                and self._can_page():
+        if (backlog >= self.ram_limit or self._delta or self._ready_bytes >= self.ram_bytes_limit) \
+                and (self._delta or self._can_page()):
             index = self._get_index()
             index.publish(seq, self.persist and msg.persistent, msg)
             if not self._delta:
@@ -237,8 +236,9 @@ class ClassicQueue(Queue):
         """
         if self.persist and self.index.sink.congested:  # type: ignore[union-attr]
             return True  # the disk is behind: the store is the link of the chain that is full
-        # sampled every 64th message: the consumer scan is not free and flow is a coarse signal
-        return len(self._ready) + self._delta > FLOW_HIGH and not self._seq & 63 and self._consumer_blocked_by_socket()
+        if self._seq & 63:
+            return False  # sampled every 64th message: the consumer scan is not free, flow is coarse
+        return len(self._ready) + self._delta > FLOW_HIGH and self._consumer_blocked_by_socket()
 
     def _consumer_blocked_by_socket(self) -> bool:
         for _prio, group in self._groups:
