@@ -131,6 +131,8 @@ def test_list_commands_table_and_json(mgmt):
         assert rows(ok(s, "-q", "list_queues", "name,messages"))[0] == ["name", "messages"]
         as_json = json.loads(ok(s, "--formatter", "json", "list_queues", "name", "messages_unacknowledged"))
         assert {"name": q, "messages_unacknowledged": 2} in as_json
+        paging = json.loads(ok(s, "--formatter", "json", "list_queues", "name", "messages_ram", "messages_paged_out"))
+        assert {"name": q, "messages_ram": 0, "messages_paged_out": 0} in paging
 
         exchanges = rows(ok(s, "-q", "list_exchanges"))
         assert exchanges[0] == ["name", "type"] and [x, "fanout"] in exchanges and ["direct"] in exchanges

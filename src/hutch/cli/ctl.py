@@ -280,7 +280,7 @@ LISTS: dict[str, ListSpec] = {
         path=lambda a: f"/api/queues/{seg(a.vhost)}",
         columns=_fields("name", "messages", "messages_ready", "messages_unacknowledged", "consumers",
                         "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
-                        "state", "consumer_utilisation"),
+                        "state", "consumer_utilisation", "messages_ram", "messages_paged_out"),
         default=("name", "messages"),
         banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
@@ -494,7 +494,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> Output:
         f"Cluster name: {overview.get('cluster_name')}",
         f"Product: {overview.get('product_name')} {overview.get('product_version')}",
         f"Uptime (seconds): {int(node.get('uptime', 0)) // 1000}",
-        f"Memory used: {_mib(node.get('mem_used'))} (high watermark {_mib(node.get('mem_limit'))})",
+        f"Memory used: {_mib(node.get('mem_used'))} (high watermark {_mib(node.get('mem_limit'))})"
+        + (", paging queues to disk" if node.get("mem_paging") else ""),
         f"File descriptors: {node.get('fd_used')} of {node.get('fd_total')}",
         f"Connections: {totals.get('connections')}, channels: {totals.get('channels')}, "
         f"queues: {totals.get('queues')}, consumers: {totals.get('consumers')}",
