@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .queue_settings import QueueSettings, settings_from_arguments
+
 if TYPE_CHECKING:
     from .message import Message
 
@@ -95,6 +97,8 @@ class Queue:
         self.arguments = arguments
         self.deleted = False
         self.had_consumers = False
+        # what x-arguments and policies add up to; replaced by apply_settings when a policy changes
+        self.settings: QueueSettings = settings_from_arguments(arguments)
         # publishing connections paused by flow control until this queue drains (see deliver_pending)
         self.flow_waiters: set[Any] = set()
         # statistics, read by management
@@ -107,6 +111,10 @@ class Queue:
     @property
     def exclusive(self) -> bool:
         return self.exclusive_owner is not None
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """New effective settings (a policy was set, changed or cleared): they take effect at once."""
+        self.settings = settings
 
     # -- messages ------------------------------------------------------------------------------
     def publish(self, msg: Message) -> None:
