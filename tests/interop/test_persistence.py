@@ -268,3 +268,19 @@ def test_confirm_prefix_rule() -> None:
     assert list(waiting) == [(5, 9)]
     assert confirmable_prefix(waiting, 9, 4) == 5
     assert not waiting
+
+
+def test_a_durable_priority_queue_comes_back_in_priority_order(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        conn = connect(server)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("prio", durable=True, arguments={"x-max-priority": 3})
+        for body, prio in [(b"l1", 0), (b"h1", 3), (b"m1", 1), (b"h2", 3), (b"l2", 0)]:
+            ch.basic_publish("", "prio", body, pika.BasicProperties(delivery_mode=2, priority=prio))
+        conn.close()
+        server = restart(server, tmp_path, signal.SIGKILL)
+        assert [b for b, _r in drain(server, "prio")] == [b"h1", b"h2", b"m1", b"l1", b"l2"]
+    finally:
+        server.stop()

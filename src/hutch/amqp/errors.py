@@ -67,8 +67,13 @@ class AMQPError(Exception):
 
     @property
     def reply_text(self) -> str:
-        """The reply text RabbitMQ sends: the code's name, a dash, then the detail."""
-        return f"{REPLY_NAMES.get(self.code, 'ERROR')} - {self.text}"
+        """The reply text RabbitMQ sends: the code's name, a dash, then the detail, cut to the 255 bytes a
+        short string holds (as RabbitMQ does; a longer text could not be encoded at all)."""
+        text = f"{REPLY_NAMES.get(self.code, 'ERROR')} - {self.text}"
+        raw = text.encode()
+        if len(raw) <= 255:
+            return text
+        return raw[:252].decode(errors="ignore") + "..."
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code}, {self.text!r}, {self.class_id}, {self.method_id})"

@@ -245,6 +245,8 @@ class ListSpec:
     not_found: Callable[[argparse.Namespace], str] | None = None
 
 
+POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+
 LISTS: dict[str, ListSpec] = {
     "list_users": ListSpec(
         path=lambda a: "/api/users",
@@ -280,9 +282,26 @@ LISTS: dict[str, ListSpec] = {
         path=lambda a: f"/api/queues/{seg(a.vhost)}",
         columns=_fields("name", "messages", "messages_ready", "messages_unacknowledged", "consumers",
                         "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
-                        "state", "consumer_utilisation", "messages_ram", "messages_paged_out"),
+                        "state", "consumer_utilisation", "messages_ram", "messages_paged_out", "policy",
+                        "operator_policy", "effective_policy_definition"),
         default=("name", "messages"),
         banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_policies": ListSpec(
+        path=lambda a: f"/api/policies/{seg(a.vhost)}",
+        columns=_fields(*POLICY_COLUMNS),
+        default=POLICY_COLUMNS,
+        banner=lambda a: f'Listing policies for vhost "{a.vhost}" ...',
+        takes_columns=False,
+        not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
+    ),
+    "list_operator_policies": ListSpec(
+        path=lambda a: f"/api/operator-policies/{seg(a.vhost)}",
+        columns=_fields(*POLICY_COLUMNS),
+        default=POLICY_COLUMNS,
+        banner=lambda a: f'Listing operator policy overrides for vhost "{a.vhost}" ...',
+        takes_columns=False,
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
     ),
     "list_exchanges": ListSpec(
@@ -473,6 +492,40 @@ def cmd_clear_permissions(client: Client, args: argparse.Namespace) -> Output:
     return Output(banner=f'Clearing permissions for user "{args.user}" in vhost "{args.vhost}" ...')
 
 
+def _policy_path(args: argparse.Namespace, operator: bool) -> str:
+    return f"/api/{'operator-policies' if operator else 'policies'}/{seg(args.vhost)}/{seg(args.name)}"
+
+
+def _set_policy(client: Client, args: argparse.Namespace, operator: bool) -> Output:
+    try:
+        definition = json.loads(args.definition)
+    except ValueError as exc:
+        raise Refused(f"Could not parse JSON document: {exc}") from None
+    body = {"pattern": args.pattern, "definition": definition, "priority": args.priority,
+            "apply-to": args.apply_to}
+    try:
+        client.request("PUT", _policy_path(args, operator), body)
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'Virtual host "{args.vhost}" does not exist') from None
+        raise
+    what = "operator policy override" if operator else "policy"
+    return Output(banner=f'Setting {what} "{args.name}" for pattern "{args.pattern}" to "{args.definition}" '
+                         f'with priority "{args.priority}" for vhost "{args.vhost}" ...')
+
+
+def _clear_policy(client: Client, args: argparse.Namespace, operator: bool) -> Output:
+    try:
+        client.request("DELETE", _policy_path(args, operator))
+    except ApiFailure as exc:
+        if exc.status != 404:
+            raise
+        _require_vhost(client, args.vhost)
+        raise Refused("Parameter does not exist") from None  # rabbitmqctl's wording
+    what = "operator policy" if operator else "policy"
+    return Output(banner=f'Clearing {what} "{args.name}" on vhost "{args.vhost}" ...')
+
+
 def _mib(value: Any) -> str:
     return f"{value / 1048576:.1f} MiB" if isinstance(value, (int, float)) else "?"
 
@@ -518,6 +571,10 @@ COMMANDS: dict[str, Command] = {
     "delete_vhost": cmd_delete_vhost,
     "set_permissions": cmd_set_permissions,
     "clear_permissions": cmd_clear_permissions,
+    "set_policy": lambda client, args: _set_policy(client, args, operator=False),
+    "clear_policy": lambda client, args: _clear_policy(client, args, operator=False),
+    "set_operator_policy": lambda client, args: _set_policy(client, args, operator=True),
+    "clear_operator_policy": lambda client, args: _clear_policy(client, args, operator=True),
     "status": cmd_status,
 }
 for _name in LISTS:
@@ -552,6 +609,11 @@ def _add_global_options(parser: argparse.ArgumentParser, in_subcommand: bool) ->
                        help="request timeout (default 60)")
 
 
+_POLICY_ARGS: list[tuple[str, dict[str, Any]]] = [
+    ("name", {"metavar": "NAME"}), ("pattern", {"metavar": "PATTERN"}),
+    ("definition", {"metavar": "DEFINITION", "help": "JSON object, e.g. '{\"max-length\": 1000}'"}),
+]
+
 _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "add_user": ("create a user", [("user", {"metavar": "NAME"}), ("new_password", {"metavar": "PASSWORD"})]),
     "delete_user": ("delete a user and close its connections", [("user", {"metavar": "NAME"})]),
@@ -569,6 +631,12 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "clear_permissions": ("remove a user's permissions in a vhost (-p)", [("user", {"metavar": "USER"})]),
     "list_permissions": ("list the permissions in a vhost (-p)", []),
     "list_user_permissions": ("list a user's permissions in every vhost", [("user", {"metavar": "USER"})]),
+    "set_policy": ("set a policy in a vhost (-p)", _POLICY_ARGS),
+    "clear_policy": ("remove a policy from a vhost (-p)", [("name", {"metavar": "NAME"})]),
+    "list_policies": ("list the policies of a vhost (-p)", []),
+    "set_operator_policy": ("set an operator policy in a vhost (-p)", _POLICY_ARGS),
+    "clear_operator_policy": ("remove an operator policy from a vhost (-p)", [("name", {"metavar": "NAME"})]),
+    "list_operator_policies": ("list the operator policies of a vhost (-p)", []),
     "list_queues": ("list the queues of a vhost (-p)", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "list_exchanges": ("list the exchanges of a vhost (-p)",
                        [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
@@ -600,6 +668,10 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--description", default="", help="description of the vhost")
             cmd.add_argument("--tags", default="", help="comma-separated vhost tags")
             cmd.add_argument("--default-queue-type", default=None, help="default queue type (classic)")
+        if name in ("set_policy", "set_operator_policy"):
+            cmd.add_argument("--priority", type=int, default=0, help="priority (default 0; highest wins)")
+            cmd.add_argument("--apply-to", default="all",
+                             help="queues, classic_queues, quorum_queues, streams, exchanges or all (default all)")
         _add_global_options(cmd, in_subcommand=True)
     return parser
 

@@ -77,6 +77,23 @@ class Message:
         """A copy with other properties (re-encoded), e.g. with BCC removed or x-death added."""
         return Message(self.exchange, self.routing_key, properties, self.body)
 
+    def with_header(self, name: str, value: Any) -> Message:
+        """A copy with one header set (re-encoded), e.g. x-delivery-count on a redelivery."""
+        props = self.properties.copy()
+        headers = dict(props.headers or {})
+        headers[name] = value
+        props.headers = headers
+        return self.with_properties(props)
+
+    @property
+    def expiration_ms(self) -> int | None:
+        """The per-message TTL (the `expiration` property, validated at publish), or None."""
+        raw = self.properties_raw
+        if not raw[0] & 0x01:  # expiration is flag bit 8 (0x0100): the low bit of the first flag byte
+            return None
+        expiration = self.properties.expiration
+        return int(expiration) if expiration is not None and expiration.isdigit() else None
+
     def with_route(self, exchange: str, routing_key: str) -> Message:
         return Message(exchange, routing_key, self._properties, self.body, self.properties_raw)
 

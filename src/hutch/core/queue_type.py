@@ -37,7 +37,9 @@ class QueueEntry:
 
     # on_disk: the entry is in its queue's index (persistent message of a durable queue, or paged out),
     # so settling it writes an ACK there
-    __slots__ = ("seq", "msg", "redelivered", "delivery_count", "enqueued_at_ms", "expires_at_ms", "on_disk")
+    # returns: failed deliveries (requeued by reject/nack or a lost consumer): x-delivery-count, delivery-limit
+    __slots__ = ("seq", "msg", "redelivered", "delivery_count", "enqueued_at_ms", "expires_at_ms", "on_disk",
+                 "returns")
 
     def __init__(self, seq: int, msg: Message, enqueued_at_ms: int = 0) -> None:
         self.seq = seq
@@ -47,6 +49,7 @@ class QueueEntry:
         self.enqueued_at_ms = enqueued_at_ms
         self.expires_at_ms = 0
         self.on_disk = False
+        self.returns = 0
 
     def __repr__(self) -> str:
         return f"<QueueEntry {self.seq} {self.msg!r}{' redelivered' if self.redelivered else ''}>"

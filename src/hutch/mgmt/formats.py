@@ -1,8 +1,8 @@
 """JSON shapes of the management API: one function per object kind, RabbitMQ's field names.
 
 Owns: the mapping from runtime and core objects (queues, exchanges, bindings, connections,
-channels, consumers, users, vhosts, permissions) to the JSON objects RabbitMQ's HTTP API returns,
-and `jsonable`, which makes AMQP field-table values (bytes, Decimal, timestamps) JSON-safe.
+channels, consumers, users, vhosts, permissions, policies) to the JSON objects RabbitMQ's HTTP API
+returns, and `jsonable`, which makes AMQP field-table values (bytes, Decimal, timestamps) JSON-safe.
 Pure: reads objects, never changes them.
 
 Rules:
@@ -23,6 +23,7 @@ from hutch.core.routing import Binding, queue_dest
 
 if TYPE_CHECKING:
     from hutch.core.auth import User, UserPermission, Vhost
+    from hutch.core.policy import Policy
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
     from hutch.runtime.channel import ServerChannel
@@ -63,8 +64,9 @@ def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
     out.update({
         "node": node_name,
         "state": "running",
-        "policy": None,
-        "effective_policy_definition": {},
+        "policy": q.settings.policy,
+        "operator_policy": q.settings.operator_policy,
+        "effective_policy_definition": jsonable(q.settings.effective_policy_definition),
         "exclusive_consumer_tag": None,
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
@@ -94,7 +96,7 @@ def exchange_json(x: Exchange) -> dict[str, Any]:
         "auto_delete": x.auto_delete,
         "internal": x.internal,
         "arguments": jsonable(x.arguments),
-        "policy": None,
+        "policy": x.policy,
     }
 
 
@@ -228,6 +230,11 @@ def permission_json(entry: UserPermission) -> dict[str, Any]:
     return {"user": entry.user, "vhost": entry.vhost, **entry.permission.to_dict()}
 
 
+def policy_json(policy: Policy) -> dict[str, Any]:
+    """A policy or operator policy: vhost, name, pattern, apply-to, definition, priority."""
+    return policy.to_dict()
+
+
 __all__ = [
     "DEFAULT_EXCHANGE_URL_NAME",
     "HASHING_ALGORITHM",
@@ -241,6 +248,7 @@ __all__ = [
     "exchange_json",
     "jsonable",
     "permission_json",
+    "policy_json",
     "queue_json",
     "user_json",
     "vhost_json",

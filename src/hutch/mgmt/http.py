@@ -4,7 +4,7 @@ Owns: `start_management` (the node service: listener up, rate sampler started, a
 returned), the aiohttp application, HTTP basic authentication against the node's `AuthStore`,
 JSON bodies in and out, and the table of routes. Every route is a thin handler: it picks path
 parameters, query and body out of a `Call` and hands them to a service function
-(users/topology/clients/system), then shapes the reply with `listing`.
+(users/topology/clients/system/policies), then shapes the reply with `listing`.
 
 Rules:
 - Every /api route needs HTTP basic auth. The scrypt check (~40 ms on a cache miss) runs in the
@@ -31,7 +31,7 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import clients, listing, system, topology, users
+from . import clients, listing, policies, system, topology, users
 from .access import Principal
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
 
@@ -85,6 +85,7 @@ def created(was_created: bool) -> Status:
 Handler = Callable[[Call], Any]
 BINDING_SORT = ("vhost", "source", "destination_type", "destination", "routing_key")
 CONSUMER_SORT = ("queue.vhost", "queue.name", "consumer_tag")
+POLICY_SORT = ("priority", "vhost", "name")  # RabbitMQ sorts policy lists by priority
 ROUTES: list[tuple[str, str, Handler]] = []
 
 
@@ -282,6 +283,45 @@ def _bindings(c: Call) -> Any:
 def _vhost_bindings(c: Call) -> Any:
     return listing.list_reply(topology.list_bindings(c.node, c.principal, c.params["vhost"]), c.query,
                               BINDING_SORT)
+
+
+# -- routes: policies and operator policies ---------------------------------------------------------
+
+
+def _policy_routes(prefix: str, operator: bool) -> None:
+    """GET list (all, one vhost) and GET/PUT/DELETE one, under /api/policies or /api/operator-policies."""
+
+    def list_all(c: Call) -> Any:
+        return listing.list_reply(policies.list_policies(c.node, c.principal, None, operator), c.query,
+                                  POLICY_SORT)
+
+    def list_vhost(c: Call) -> Any:
+        found = policies.list_policies(c.node, c.principal, c.params["vhost"], operator)
+        return listing.list_reply(found, c.query, POLICY_SORT)
+
+    def get_one(c: Call) -> Any:
+        found = policies.get_policy(c.node, c.principal, c.params["vhost"], c.params["name"], operator)
+        return listing.one_reply(found, c.query)
+
+    def put_one(c: Call) -> Any:
+        return created(policies.put_policy(c.node, c.principal, c.params["vhost"], c.params["name"], c.body,
+                                           operator))
+
+    def delete_one(c: Call) -> Any:
+        policies.delete_policy(c.node, c.principal, c.params["vhost"], c.params["name"], operator)
+        return NO_CONTENT
+
+    kind = "operator_policy" if operator else "policy"
+    for method, path, fn in (("GET", prefix, list_all), ("GET", prefix + "/{vhost}", list_vhost),
+                             ("GET", prefix + "/{vhost}/{name}", get_one),
+                             ("PUT", prefix + "/{vhost}/{name}", put_one),
+                             ("DELETE", prefix + "/{vhost}/{name}", delete_one)):
+        fn.__name__ = f"_{method.lower()}_{kind}_{fn.__name__}"
+        route(method, path)(fn)
+
+
+_policy_routes("/api/policies", operator=False)
+_policy_routes("/api/operator-policies", operator=True)
 
 
 # -- routes: connections, channels, consumers -------------------------------------------------------

@@ -308,7 +308,10 @@ class ServerChannel(DeclarationsMixin):
             return
         storage = self.node.persistence
         before = storage.last_enqueued if storage is not None else 0
-        self._route_and_enqueue(x, routing_keys, msg, mandatory)
+        if self._route_and_enqueue(x, routing_keys, msg, mandatory):
+            self.confirm_waiting.append((self.publish_seq, NACK))  # a queue refused it (overflow)
+            self.conn.want_flush(self)
+            return
         need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
         if need or self.confirm_waiting:
             self.confirm_waiting.append((self.publish_seq, need))
@@ -318,22 +321,26 @@ class ServerChannel(DeclarationsMixin):
             self.confirm_pending = self.publish_seq
         self.conn.want_flush(self)
 
-    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> None:
+    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> bool:
+        """Route and enqueue; True when a queue refused the message (reject-publish overflow)."""
         if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
             if self.node.deliver_direct_reply(routing_keys[0][len(REPLY_TO_PREFIX):], msg):
-                return
+                return False
             queues: list[Queue] = []
         else:
             raw = msg.properties_raw
             headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
             queues = self.vhost.route(x, routing_keys, headers)
+        rejected = False
         if queues:
             for q in queues:
-                q.publish(msg)
+                if q.publish(msg) is False:
+                    rejected = True
                 if q.needs_flow_control():
                     self.conn.flow_block(q)
         elif mandatory:
             self._send_return(NO_ROUTE, "NO_ROUTE", msg)
+        return rejected
 
     def _send_return(self, code: int, text: str, msg: Message) -> None:
         method = spec.Basic.Return(reply_code=code, reply_text=text, exchange=msg.exchange,
@@ -370,24 +377,39 @@ class ServerChannel(DeclarationsMixin):
             self._send_commit_oks()
         if waiting:
             storage = self.node.persistence
-            assert storage is not None
-            self.confirm_pending = confirmable_prefix(waiting, storage.synced_seq, self.confirm_pending)
+            synced = storage.synced_seq if storage is not None else 0
+            while True:
+                self.confirm_pending = confirmable_prefix(waiting, synced, self.confirm_pending)
+                if not waiting or waiting[0][1] != NACK:
+                    break
+                # a refused publish: ack what precedes it, then nack it (never both for one message)
+                tag = waiting.popleft()[0]
+                self._send_acks()
+                if self.state == self.OPEN:
+                    self.conn.send_method(self.number, spec.Basic.Nack(delivery_tag=tag, multiple=False))
+                self.confirm_pending = self.confirm_sent = tag
+            if storage is None:
+                waiting.clear()
+                return self._send_acks()
             if waiting and storage.failed is not None:
                 # storage failed: what waits for it will never be durable; nack it after the acks
                 nack_upto = waiting[-1][0]
                 waiting.clear()
             if not waiting and not self.tx_commits:
                 self.node.sync_waiters.discard(self)
-        upto = self.confirm_pending
-        if upto > self.confirm_sent and self.state == self.OPEN:
-            multiple = upto - self.confirm_sent > 1
-            self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
-            self.confirm_sent = upto
+        self._send_acks()
         if nack_upto:
             if self.state == self.OPEN:
                 self.conn.send_method(self.number, spec.Basic.Nack(
                     delivery_tag=nack_upto, multiple=nack_upto - self.confirm_sent > 1))
             self.confirm_pending = self.confirm_sent = nack_upto
+
+    def _send_acks(self) -> None:
+        upto = self.confirm_pending
+        if upto > self.confirm_sent and self.state == self.OPEN:
+            multiple = upto - self.confirm_sent > 1
+            self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
+            self.confirm_sent = upto
 
     # -- delivering ----------------------------------------------------------------------------
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
@@ -706,20 +728,24 @@ class ServerChannel(DeclarationsMixin):
         for q, entries in by_queue.values():
             q.requeue(entries)
 
-    def consumer_timed_out(self, now: float, timeout_s: float) -> bool:
-        """True when the oldest unacked delivery has been seen unacked for `timeout_s`.
+    def consumer_timed_out(self, now: float, timeout_s: float) -> float:
+        """The timeout (s) the oldest unacked delivery has exceeded, or 0.
 
         The node calls this on a coarse tick; the oldest delivery tag and the time it was first seen
-        oldest are remembered, so deliveries cost nothing extra and the precision is one tick.
+        oldest are remembered, so deliveries cost nothing extra and the precision is one tick. The
+        queue's own timeout (x-consumer-timeout) takes the place of the node's when set.
         """
         if not self.unacked:
             self._oldest = None
-            return False
+            return 0.0
         first = next(iter(self.unacked))
         if self._oldest is None or self._oldest[0] != first:
             self._oldest = (first, now)
-            return False
-        return now - self._oldest[1] >= timeout_s
+            return 0.0
+        q = self.unacked[first].queue
+        own = q.settings.consumer_timeout if q is not None else None
+        limit = own / 1000 if own is not None else timeout_s
+        return limit if now - self._oldest[1] >= limit else 0.0
 
     def info(self) -> dict[str, Any]:
         return {
@@ -810,9 +836,12 @@ def _sender_selected(routing_key: str, props: spec.BasicProperties,
     return keys, props, props_raw
 
 
+NACK = -1  # in confirm_waiting: this publish was refused by a queue and gets a basic.nack
+
+
 def confirmable_prefix(waiting: deque[tuple[int, int]], synced: int, confirmed: int) -> int:
-    """Pop the longest prefix of `waiting` whose journal seqs are <= `synced`; the highest publish seq
-    confirmable now (`confirmed` if none)."""
-    while waiting and waiting[0][1] <= synced:
+    """Pop the longest prefix of `waiting` whose storage counts are <= `synced` (stopping at a NACK);
+    the highest publish seq confirmable now (`confirmed` if none)."""
+    while waiting and 0 <= waiting[0][1] <= synced:
         confirmed = waiting.popleft()[0]
     return confirmed

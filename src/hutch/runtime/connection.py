@@ -463,11 +463,12 @@ class AMQPConnection(asyncio.Protocol):
     # -- timers ----------------------------------------------------------------------------------
     def check_consumer_timeouts(self, now: float, timeout_ms: int) -> None:
         for number, ch in list(self.channels.items()):
-            if ch.consumer_timed_out(now, timeout_ms / 1000):
+            used = ch.consumer_timed_out(now, timeout_ms / 1000)
+            if used:
                 self._channel_error(number, ChannelError(
                     PRECONDITION_FAILED,
                     f"delivery acknowledgement on channel {number} timed out. Timeout value used: "
-                    f"{timeout_ms} ms. This timeout value can be configured, see consumers doc guide to "
+                    f"{round(used * 1000)} ms. This timeout value can be configured, see consumers doc guide to "
                     "learn more"))
                 self.flush()
 

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 from hutch import __version__
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError, ConnectionError_
 from hutch.config import Config
+from hutch.core.arguments import validate_queue_arguments
 from hutch.core.auth import AuthStore
 from hutch.core.message import Message
+from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
@@ -37,6 +39,7 @@ from hutch.queues.classic.queue import (
 )
 from hutch.storage.errors import StorageError
 
+from . import policies, queue_features
 from .alarms import ResourceMonitor
 from .connection import CAPABILITIES, AMQPConnection
 from .definitions import DefinitionStore, pack_arguments, unpack_arguments
@@ -72,11 +75,14 @@ class Node:
                 auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
+        self.policies = PolicyStore()  # policies and operator policies (runtime/policies.py)
         self.connections: set[AMQPConnection] = set()
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
         self.memory_pressure = False  # over the paging threshold: queues keep a small working set in RAM
         ClassicQueue.ram_limit = config.classic_queue_ram_limit  # class-wide, like the pressure limits
+        ClassicQueue.clock = staticmethod(queue_features.wall_ms)
+        self.queue_timers = queue_features.QueueTimers(self)
         self.perm_epoch = 0
         self.started_at = time.time()
         self.server: asyncio.base_events.Server | None = None
@@ -155,6 +161,8 @@ class Node:
             q = vhost.queues.get(op["name"])
             if q is not None:
                 self.delete_queue(vhost, q)
+        elif kind in policies.OP_KINDS:
+            policies.apply_op(self, op)
         elif kind in ("bind", "unbind"):
             source = vhost.lookup_exchange(op["source"])
             method = self.bind if kind == "bind" else self.unbind
@@ -166,6 +174,7 @@ class Node:
     def _state_ops(self) -> Iterator[dict[str, Any]]:
         """The durable state as operations that rebuild it: auth, then exchanges, queues, bindings."""
         yield {"op": "auth", "auth": self.auth.to_dict()}
+        yield from policies.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
                 if x.durable and x.name and not x.name.startswith("amq."):
@@ -295,6 +304,7 @@ class Node:
         self.permissions_changed()
 
     def delete_vhost(self, name: str) -> None:
+        policies.forget_vhost(self, name)
         self.auth.delete_vhost(name)
         vhost = self.vhosts.pop(name, None)
         for conn in list(self.connections):
@@ -337,6 +347,8 @@ class Node:
     def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,
                          internal: bool, arguments: dict[str, Any]) -> Exchange:
         x, created = vhost.declare_exchange(name, type_, durable, auto_delete, internal, arguments)
+        if created:
+            policies.apply_to_exchange(self, x)
         if created and durable:
             self._record(self._exchange_op(vhost, x))
         return x
@@ -367,6 +379,8 @@ class Node:
         existing = vhost.queues.get(name)
         if existing is not None:
             vhost.check_queue_equivalence(existing, durable, exclusive, auto_delete, arguments, owner)
+            if isinstance(existing, ClassicQueue):
+                existing.touch(queue_features.wall_ms())  # a redeclare is a use (x-expires)
             return existing
         qtype = arguments.get("x-queue-type", "classic")
         if qtype not in SUPPORTED_QUEUE_TYPES:
@@ -374,16 +388,24 @@ class Node:
                                f"invalid arg 'x-queue-type' for {rs('queue', name, vhost.name)}: "
                                f"'{qtype}' is not supported by this node (supported: "
                                f"{', '.join(SUPPORTED_QUEUE_TYPES)})")
+        if not self._replaying:  # as RabbitMQ, recovery does not re-validate what was once accepted
+            validate_queue_arguments(name, vhost.name, qtype, arguments)
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         vhost.add_queue(q)
+        policies.apply_to_queue(self, q)
         if not self._replaying:
             self._attach_storage(vhost, q)
+        queue_features.attach(self, q)
+        if q.settings.consumer_timeout is not None:
+            self._ensure_tick()
         if _is_durable_queue(q):
             self._record({"op": "queue.declare", "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
                           "arguments": pack_arguments(arguments)})
         return q
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:
+        if isinstance(q, ClassicQueue):
+            self.queue_timers.cancel(q)
         consumers = q.consumers()
         durable = _is_durable_queue(q) and vhost.queues.get(q.name) is q
         count = vhost.delete_queue(q)
@@ -416,6 +438,10 @@ class Node:
         self.amqp_port = sock.getsockname()[1]
         log.info("AMQP listener started on %s:%d", host or "0.0.0.0", self.amqp_port)
         self._schedule_tick()
+        for vhost in self.vhosts.values():  # deadlines of recovered queues (TTLs, x-expires)
+            for q in vhost.queues.values():
+                if isinstance(q, ClassicQueue) and (deadline := q.next_deadline()):
+                    self.queue_timers.request(q, deadline)
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
             self.persistence.start(loop, self._storage_synced)
@@ -424,7 +450,23 @@ class Node:
             self.monitor.start()
 
     def _tick_interval_s(self) -> float:
-        return min(max(self.config.consumer_timeout_ms / 10_000, 0.1), 30.0)
+        timeout_ms = self.config.consumer_timeout_ms
+        for vhost in self.vhosts.values():  # queues with their own x-consumer-timeout
+            for q in vhost.queues.values():
+                own = q.settings.consumer_timeout
+                if own is not None and own < timeout_ms:
+                    timeout_ms = own
+        return min(max(timeout_ms / 10_000, 0.1), 30.0)
+
+    def _ensure_tick(self) -> None:
+        """A queue with a short x-consumer-timeout appeared: tick at least as often as it needs."""
+        handle = self._tick_handle
+        if handle is None:
+            return
+        loop = asyncio.get_running_loop()
+        if handle.when() > loop.time() + self._tick_interval_s():
+            handle.cancel()
+            self._schedule_tick()
 
     def _schedule_tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -443,6 +485,7 @@ class Node:
             self.monitor.stop()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        self.queue_timers.cancel_all()
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):

@@ -8,10 +8,11 @@ Layout: segment `n` holds the entries of seqs ``[n * E, (n + 1) * E)`` (E = `seg
 default as in RabbitMQ). A segment file is a sequence of batch records (appendfile.py: one checksummed
 record per flush); each entry of a batch starts with a type byte:
 
-- ``PUB``  ``<BQBI`` type, seq, flags, len(properties), then exchange and routing key as AMQP short strings
+- ``PUB``  ``<BQBQI`` type, seq, flags, expiry (wall-clock ms, 0 = never), len(properties), then exchange
+  and routing key as AMQP short strings
   (length byte + UTF-8), the encoded content properties and the body: a message embedded in the index (its
   serialized size, body + properties, is below `queue_index_embed_msgs_below`).
-- ``REF``  ``<BQBQI`` type, seq, flags, message store id, size: a larger message, written once to the
+- ``REF``  ``<BQBQQI`` type, seq, flags, expiry, message store id, size: a larger message, written once to the
   vhost's message store (msg_store.py) however many queues it reaches.
 - ``ACK``  type then ``u64`` seqs: those entries are gone (acked, rejected, purged).
 - ``DLV``  ``<BQ`` type, seq: every seq up to this one has been delivered at least once (so it is
@@ -64,8 +65,8 @@ DLV = 4
 
 PERSISTENT = 1
 
-PUB_HEAD = struct.Struct("<BQBI")
-REF_HEAD = struct.Struct("<BQBQI")
+PUB_HEAD = struct.Struct("<BQBQI")  # type, seq, flags, expires_at_ms (0: never), len(properties)
+REF_HEAD = struct.Struct("<BQBQQI")  # type, seq, flags, expires_at_ms, store id, size
 DLV_ENTRY = struct.Struct("<BQ")
 MSG_HEAD = struct.Struct("<BBI")  # a stored message: len(exchange), len(routing key), len(properties)
 
@@ -80,8 +81,8 @@ class StorableMessage(Protocol):
     store_id: int  # set by the index when the message goes to the store
 
 
-# (seq, persistent, exchange, routing_key, properties_raw, body, store_id)
-IndexedMessage = tuple[int, bool, str, str, bytes, bytes, int]
+# (seq, persistent, exchange, routing_key, properties_raw, body, store_id, expires_at_ms)
+IndexedMessage = tuple[int, bool, str, str, bytes, bytes, int, int]
 
 
 def encode_message(exchange: str, routing_key: str, properties_raw: bytes, body: bytes) -> bytes:
@@ -158,7 +159,7 @@ class QueueIndex:
             f = self._files[segno] = AppendFile(self.fs, path, INDEX_RECORD_TYPE, size, seed or 0)
         return f
 
-    def publish(self, seq: int, persistent: bool, msg: StorableMessage) -> None:
+    def publish(self, seq: int, persistent: bool, msg: StorableMessage, expires_at_ms: int = 0) -> None:
         """Write one message. `persistent`: its confirm waits for the sync, and it survives a restart.
         A large message already in the store (`msg.store_id`, set by the first queue that stored it) gets
         one more reference instead of a second copy."""
@@ -169,7 +170,8 @@ class QueueIndex:
         body = msg.body
         store = self.store
         if len(body) + len(props) < self.embed_below or store is None:
-            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, len(props)), msg.route_tail, props, body)), persistent)
+            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, expires_at_ms, len(props)), msg.route_tail, props, body)),
+                  persistent)
         else:
             store_id = msg.store_id
             if store_id and store.contains(store_id):
@@ -178,7 +180,7 @@ class QueueIndex:
                 store_id = msg.store_id = store.write(
                     encode_message(msg.exchange, msg.routing_key, props, body), durable=persistent)
             self.refs[seq] = store_id
-            f.add(REF_HEAD.pack(REF, seq, flags, store_id, len(body) + len(props)), persistent)
+            f.add(REF_HEAD.pack(REF, seq, flags, expires_at_ms, store_id, len(body) + len(props)), persistent)
         live = self._live
         live[segno] = live.get(segno, 0) + 1
         if seq > self.max_seq:
@@ -304,7 +306,7 @@ class QueueIndex:
         for s in sorted(k for k in entries if k >= seq):
             kind, flags, entry = entries[s]
             if kind == PUB:
-                plen = PUB_HEAD.unpack_from(entry, 0)[3]
+                _t, _s, _f, expires_at, plen = PUB_HEAD.unpack_from(entry, 0)
                 pos = PUB_HEAD.size
                 exlen = entry[pos]
                 exchange = bytes(entry[pos + 1:pos + 1 + exlen]).decode()
@@ -314,9 +316,9 @@ class QueueIndex:
                 pos += 1 + rklen
                 props = bytes(entry[pos:pos + plen])
                 out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, bytes(entry[pos + plen:]),
-                            0))
+                            0, expires_at))
             else:
-                store_id = REF_HEAD.unpack_from(entry, 0)[3]
+                _t, _s, _f, expires_at, store_id, _size = REF_HEAD.unpack_from(entry, 0)
                 assert store is not None, "queue index holds store references but has no store"
                 try:
                     exchange, routing_key, props, body = decode_message(store.read(store_id))
@@ -326,7 +328,7 @@ class QueueIndex:
                               self.directory, s, store_id, exc)
                     lost.append(s)
                     continue
-                out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, body, store_id))
+                out.append((s, bool(flags & PERSISTENT), exchange, routing_key, props, body, store_id, expires_at))
         if lost:
             self.lost_on_read += len(lost)
             for s in lost:
@@ -385,13 +387,13 @@ class QueueIndex:
                 for s, (kind, _flags, entry) in entries.items():
                     if kind == REF:
                         ref = REF_HEAD.unpack_from(entry, 0)
-                        found.refs[s] = ref[3]
-                        found.live_bytes += ref[4]
+                        found.refs[s] = ref[4]
+                        found.live_bytes += ref[5]
                     else:
                         exlen = entry[PUB_HEAD.size]
                         rklen = entry[PUB_HEAD.size + 1 + exlen]
                         found.live_bytes += (len(entry) - PUB_HEAD.size - 2 - exlen - rklen
-                                             - PUB_HEAD.unpack_from(entry, 0)[3])
+                                             - PUB_HEAD.unpack_from(entry, 0)[4])
             else:
                 # nothing live: the file can go; new seqs start above every seq it held (max_seq)
                 self.fs.delete(path)

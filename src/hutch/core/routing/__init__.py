@@ -72,7 +72,8 @@ def validate_binding(exchange_type: str, arguments: Mapping[str, Any] | None) ->
 class Exchange:
     """An exchange and its bindings (in `router`, built from `type`).
 
-    `alternate_exchange` starts from arguments["alternate-exchange"]; a policy may overwrite it.
+    `alternate_exchange` starts from arguments["alternate-exchange"]; a policy may set it when that
+    argument is absent (runtime/policies.py), and `policy` names the policy that applies, if any.
     """
 
     vhost: str
@@ -84,9 +85,11 @@ class Exchange:
     arguments: dict[str, Any] = field(default_factory=dict)
     router: Router = field(init=False, repr=False)
     alternate_exchange: str | None = field(init=False)
+    policy: str | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.router = make_router(self.type)
+        self.policy = None
         alternate = self.arguments.get("alternate-exchange")
         self.alternate_exchange = alternate if isinstance(alternate, str) else None
 

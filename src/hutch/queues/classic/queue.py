@@ -18,6 +18,16 @@ Rules:
   to disk, transient ones included. Invariant: every seq in the delta is above every delivered seq.
 - Persistent messages of durable queues (`persist`) are written to the index on publish and settled there
   (ACK) on ack, reject and purge; their confirms wait for the group commit (runtime/persistence.py).
+- Features (issue 5), read from `self.settings` (x-arguments + policies, core/queue_settings.py):
+  message TTL (queue and per message; the earliest of the two, checked at the head and by a timer the
+  runtime runs through `timer`, so expired messages go without a consumer), max-length / max-length-bytes
+  with drop-head (oldest ready messages go), reject-publish (publish returns False: the channel nacks) and
+  reject-publish-dlx, delivery-limit (failed deliveries counted per message, `x-delivery-count` on
+  redelivery, past the limit the message goes), single active consumer, and queue TTL (`on_timer` says
+  when an unused queue should be deleted). Messages that go are handed to `dead_letterer` with their
+  reason (expired, maxlen, delivery_limit, rejected) when a dead-letter exchange is set, else dropped.
+- Time comes from `ClassicQueue.clock` (wall-clock ms, set by the runtime), so expiry survives paging and
+  restarts (the expiry is stored in the index entry).
 """
 
 from __future__ import annotations
@@ -28,7 +38,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.message import Message
+from hutch.core.queue_settings import QueueSettings
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
+
+from .priority import PriorityReady
 
 if TYPE_CHECKING:
     from hutch.storage.queue_index import IndexRecovery, QueueIndex
@@ -46,15 +59,22 @@ PRESSURE_RAM_LIMIT = 256  # what a queue keeps in RAM while the node is over its
 PRESSURE_RAM_BYTES_LIMIT = 1024 * 1024
 
 
+def _no_clock() -> int:
+    return 0
+
+
 class ClassicQueue(Queue):
     queue_type = "classic"
     ram_limit = RAM_LIMIT  # class-wide; the node lowers it under memory pressure
     ram_bytes_limit = RAM_BYTES_LIMIT
+    clock: Callable[[], int] = staticmethod(_no_clock)  # wall-clock ms; the runtime sets it
 
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
         self._ready: deque[QueueEntry] = deque()
+        if self.settings.max_priority:  # x-max-priority: one FIFO per level (priority.py), never paged
+            self._ready = PriorityReady(self.settings.max_priority)  # type: ignore[assignment]
         self._ready_bytes = 0  # bodies of the messages in `_ready`
         self._unacked = 0
         self._seq = 0
@@ -71,9 +91,36 @@ class ClassicQueue(Queue):
         self._delta_bytes = 0
         self._max_delivered = 0  # highest seq ever handed out (delivery or get)
         self._recovered_delivered = 0  # recovered seqs up to this one were delivered before the restart
+        # -- features: hooks set by the runtime
+        self.dead_letterer: Callable[[ClassicQueue, list[Message], str], None] | None = None
+        self.timer: Callable[[ClassicQueue, int], None] | None = None  # call on_timer at this wall ms
+        self._has_ttl = False  # some message carried an expiry (checked at the head from then on)
+        self._now_hint = 0  # the clock reading of the publish in progress
+        self._last_used = 0  # wall ms of the last use (x-expires)
+        self._sac: list[Consumer] = []  # consumers in registration order (single active consumer)
+        self.stat_dead_lettered = 0
+        self.stat_dropped = 0
+        self.stat_rejected = 0
 
     # -- messages ------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> None:
+    def publish(self, msg: Message) -> bool:
+        """Enqueue; False when the queue refused it (reject-publish overflow: the publisher gets a nack)."""
+        st = self.settings
+        expires_at = ttl = 0
+        if st.message_ttl is not None or msg.properties_raw[0] & 0x01:
+            ttl = st.message_ttl
+            per_message = msg.expiration_ms
+            if per_message is not None and (ttl is None or per_message < ttl):
+                ttl = per_message
+            if ttl is not None:
+                now = self._now_hint = self.clock()  # the delivery attempt below sees the same time
+                expires_at = now + ttl
+        if (st.max_length is not None or st.max_length_bytes is not None) and st.overflow != "drop-head" \
+                and self._full_for(msg, st):
+            self.stat_rejected += 1
+            if st.overflow == "reject-publish-dlx":
+                self._dead_letter([msg], "maxlen")
+            return False
         seq = self._seq = self._seq + 1
         ready = self._ready
         # A backlog means the last delivery attempt found no consumer able to take a message, and
@@ -84,24 +131,137 @@ class ClassicQueue(Queue):
         if (backlog >= self.ram_limit or self._delta or self._ready_bytes >= self.ram_bytes_limit) \
                 and (self._delta or self._can_page()):
             index = self._get_index()
-            index.publish(seq, self.persist and msg.persistent, msg)
+            index.publish(seq, self.persist and msg.persistent, msg, expires_at)
             if not self._delta:
                 self._delta_from = seq
             self._delta += 1
             self._delta_bytes += msg.size
+        else:
+            entry = QueueEntry(seq, msg)
+            if self.persist and msg.persistent:
+                index = self.index
+                assert index is not None
+                index.publish(seq, True, msg, expires_at)
+                entry.on_disk = True
+            if expires_at:
+                entry.expires_at_ms = expires_at
+            ready.append(entry)
+            self._ready_bytes += msg.size
+            if self._consumer_count and not backlog:
+                self.deliver_pending()
+        self._now_hint = 0
+        if expires_at:
+            self._has_ttl = True
+            if ttl == 0:
+                self.expire_due(self.clock())  # TTL 0: delivered at once or not at all
+            elif self.timer is not None and not backlog:
+                # only a new head needs a timer: later messages are looked at when the head's fires
+                self.timer(self, expires_at)
+        if st.max_length is not None or st.max_length_bytes is not None:
+            self._drop_over_limit(st)
+        return True
+
+    def _full_for(self, msg: Message, st: QueueSettings) -> bool:
+        if st.max_length is not None and self.message_count >= st.max_length:
+            return True
+        return st.max_length_bytes is not None and self.message_bytes + msg.size > st.max_length_bytes
+
+    def _over_limit(self, st: QueueSettings) -> bool:
+        if st.max_length is not None and self.message_count > st.max_length:
+            return True
+        return st.max_length_bytes is not None and self.message_bytes > st.max_length_bytes
+
+    def _drop_over_limit(self, st: QueueSettings) -> None:
+        """drop-head: the oldest ready messages go until the queue is within its limits."""
+        if st.overflow != "drop-head":
             return
-        entry = QueueEntry(seq, msg)
-        if self.persist and msg.persistent:
-            index = self.index
-            assert index is not None
-            index.publish(seq, True, msg)
-            entry.on_disk = True
-        ready.append(entry)
-        self._ready_bytes += msg.size
-        if self._consumer_count and not backlog:
-            self.deliver_pending()
+        dropped: list[QueueEntry] = []
+        while self._over_limit(st) and (self._ready or self._delta):
+            dropped.append(self._pop_head())
+        if dropped:
+            self._remove_dead(dropped, "maxlen")
+
+    def _pop_head(self) -> QueueEntry:
+        if not self._ready:
+            self._refill()
+        entry = self._ready.popleft()
+        self._ready_bytes -= entry.msg.size
+        return entry
+
+    def _remove_dead(self, entries: list[QueueEntry], reason: str) -> None:
+        """Entries leave the queue for good (expired, over the limit, past the delivery limit, rejected):
+        settled on disk, then dead-lettered when the queue has a dead-letter exchange."""
+        if self.index is not None:
+            self._settle_on_disk(entries)
+        self._dead_letter([e.msg for e in entries], reason)
+
+    def _dead_letter(self, msgs: list[Message], reason: str) -> None:
+        if self.settings.dead_letter_exchange is not None and self.dead_letterer is not None:
+            self.stat_dead_lettered += len(msgs)
+            self.dead_letterer(self, msgs, reason)
+        else:
+            self.stat_dropped += len(msgs)
+
+    def expire_due(self, now: int) -> int:
+        """Expired messages at the head go (dead-lettered 'expired'); returns how many."""
+        if not self._has_ttl:
+            return 0
+        expired: list[QueueEntry] = []
+        ready = self._ready
+        while True:
+            if not ready:
+                if not self._delta:
+                    break
+                self._refill()
+            head = ready[0]
+            if not head.expires_at_ms or head.expires_at_ms > now:
+                break
+            expired.append(self._pop_head())
+        if expired:
+            self._remove_dead(expired, "expired")
+        return len(expired)
+
+    def next_deadline(self) -> int:
+        """The wall ms at which `on_timer` has something to do, or 0."""
+        deadline = 0
+        if self._has_ttl and self._ready and self._ready[0].expires_at_ms:
+            deadline = self._ready[0].expires_at_ms
+        expires = self.settings.expires
+        if expires is not None and not self._consumer_count:
+            at = self._last_used + expires
+            deadline = at if not deadline or at < deadline else deadline
+        return deadline
+
+    def on_timer(self, now: int) -> bool:
+        """Run what is due; True when the queue has been unused for its x-expires and must be deleted."""
+        self.expire_due(now)
+        expires = self.settings.expires
+        if expires is not None and not self._consumer_count and now - self._last_used >= expires:
+            return True
+        deadline = self.next_deadline()
+        if deadline and self.timer is not None:
+            self.timer(self, deadline)
+        return False
+
+    def touch(self, now: int) -> None:
+        """The queue was used (declared, got from, consumed): restart its x-expires countdown."""
+        self._last_used = now
+        if self.settings.expires is not None and self.timer is not None:
+            self.timer(self, now + self.settings.expires)
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """A policy changed: limits apply at once (drop-head), TTLs to messages published from now on,
+        and timers are re-armed."""
+        self.settings = settings
+        if settings.max_length is not None or settings.max_length_bytes is not None:
+            self._drop_over_limit(settings)
+        deadline = self.next_deadline()
+        if deadline and self.timer is not None:
+            self.timer(self, deadline)
 
     def _can_page(self) -> bool:
+        if isinstance(self._ready, PriorityReady):
+            return False  # a paged-out message could not overtake lower levels in RAM
         return self.index is not None or self.index_factory is not None
 
     def _get_index(self) -> QueueIndex:
@@ -129,11 +289,14 @@ class ClassicQueue(Queue):
                 msgs = msgs[:room]
                 next_seq = msgs[-1][0] + 1
             size = 0
-            for seq, _persistent, exchange, routing_key, props, body, store_id in msgs:
+            for seq, _persistent, exchange, routing_key, props, body, store_id, expires_at in msgs:
                 msg = Message(exchange, routing_key, None, body, props)
                 msg.store_id = store_id
                 entry = QueueEntry(seq, msg)
                 entry.on_disk = True
+                if expires_at:
+                    entry.expires_at_ms = expires_at
+                    self._has_ttl = True
                 if seq <= recovered_delivered:
                     entry.redelivered = True
                 ready.append(entry)
@@ -166,7 +329,7 @@ class ClassicQueue(Queue):
         for entry in reversed(moved):
             msg = entry.msg
             if not entry.on_disk:
-                index.publish(entry.seq, False, msg)
+                index.publish(entry.seq, False, msg, entry.expires_at_ms)
             size += msg.size
         self._ready_bytes -= size
         self._delta_bytes += size
@@ -191,6 +354,13 @@ class ClassicQueue(Queue):
             self._delta_from = found.first_live_seq
             self._delta_bytes = found.live_bytes
             self._refill()
+            if isinstance(self._ready, PriorityReady):
+                while self._delta:  # priority order needs every message in RAM
+                    before = self._delta
+                    self.ram_limit = max(self.ram_limit, len(self._ready) + self._delta)
+                    self._refill()
+                    if self._delta == before:
+                        break
 
     def deliver_pending(self) -> None:
         if self._delivering or self.deleted:
@@ -199,6 +369,9 @@ class ClassicQueue(Queue):
         try:
             ready = self._ready
             groups = self._groups
+            now = (self._now_hint or self.clock()) if self._has_ttl else 0
+            expired: list[QueueEntry] = []
+            limit = self.settings.delivery_limit
             while groups:
                 if not ready:
                     if not self._delta:
@@ -209,8 +382,13 @@ class ClassicQueue(Queue):
                     break
                 entry = ready.popleft()
                 self._ready_bytes -= entry.msg.size
+                if now and entry.expires_at_ms and entry.expires_at_ms < now:  # strictly: TTL 0 can go out
+                    expired.append(entry)
+                    continue
                 if entry.seq > self._max_delivered:
                     self._max_delivered = entry.seq
+                if limit is not None and entry.returns:
+                    entry.msg = entry.msg.with_header("x-delivery-count", entry.returns)
                 entry.delivery_count += 1
                 if not consumer.no_ack:
                     self._unacked += 1
@@ -218,6 +396,8 @@ class ClassicQueue(Queue):
                 self.stat_delivered += 1
                 consumer.delivered += 1
                 consumer.channel.deliver(consumer, self, entry)
+            if expired:
+                self._remove_dead(expired, "expired")
         finally:
             self._delivering = False
         if self.flow_waiters and (len(self._ready) + self._delta <= FLOW_LOW or not self._consumer_blocked_by_socket()):
@@ -248,6 +428,9 @@ class ClassicQueue(Queue):
         return False
 
     def _next_consumer(self) -> Consumer | None:
+        if self._sac:
+            active = self._sac[0]
+            return active if active.can_take() else None
         for _prio, group in self._groups:
             n = len(group)
             if n == 1:
@@ -263,6 +446,10 @@ class ClassicQueue(Queue):
         return None
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+        if self._has_ttl:
+            self.expire_due(self.clock())
+        if self.settings.expires is not None:
+            self.touch(self.clock())
         if not self._ready:
             if not self._delta:
                 return None
@@ -271,6 +458,8 @@ class ClassicQueue(Queue):
         self._ready_bytes -= entry.msg.size
         if entry.seq > self._max_delivered:
             self._max_delivered = entry.seq
+        if self.settings.delivery_limit is not None and entry.returns:
+            entry.msg = entry.msg.with_header("x-delivery-count", entry.returns)
         entry.delivery_count += 1
         if not no_ack:
             self._unacked += 1
@@ -306,6 +495,16 @@ class ClassicQueue(Queue):
         self._unacked -= len(items)
         if self.deleted:
             return
+        limit = self.settings.delivery_limit
+        for entry in items:
+            entry.returns += 1  # a failed delivery (reject/nack with requeue, or its consumer went)
+        if limit is not None:
+            over = [e for e in items if e.returns > limit]
+            if over:
+                items = [e for e in items if e.returns <= limit]
+                self._remove_dead(sorted(over, key=_seq_of), "delivery_limit")
+                if not items:
+                    return
         if self.index is not None:
             # remember across a restart that these were delivered
             self.index.mark_delivered(self._max_delivered)
@@ -315,7 +514,9 @@ class ClassicQueue(Queue):
             entry.redelivered = True
             self._ready_bytes += entry.msg.size
             self.stat_redelivered += 1
-            if not ready or entry.seq < ready[0].seq:
+            if isinstance(ready, PriorityReady):
+                ready.insert_by_seq(entry)
+            elif not ready or entry.seq < ready[0].seq:
                 ready.appendleft(entry)
             elif entry.seq > ready[-1].seq:
                 ready.append(entry)
@@ -326,7 +527,9 @@ class ClassicQueue(Queue):
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         items = list(entries)
         self._unacked -= len(items)
-        if self.index is not None:
+        if not self.deleted:
+            self._remove_dead(items, "rejected")
+        elif self.index is not None:
             self._settle_on_disk(items)
 
     def purge(self) -> int:
@@ -344,6 +547,8 @@ class ClassicQueue(Queue):
     # -- consumers -----------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.had_consumers = True
+        if self.settings.single_active_consumer:
+            self._sac.append(consumer)
         for prio, group in self._groups:
             if prio == consumer.priority:
                 group.append(consumer)
@@ -361,9 +566,20 @@ class ClassicQueue(Queue):
                 self._consumer_count -= 1
                 if not group:
                     del self._groups[i]
+                if consumer in self._sac:
+                    self._sac.remove(consumer)
+                    if self._sac:
+                        self.deliver_pending()  # the next consumer in line becomes the active one
                 if not self._consumer_count:
                     self.release_flow()
+                    if self.settings.expires is not None:
+                        self.touch(self.clock())
                 return
+
+    @property
+    def active_consumer(self) -> Consumer | None:
+        """With single active consumer: the one that gets the messages."""
+        return self._sac[0] if self._sac else None
 
     def consumers(self) -> list[Consumer]:
         return [c for _p, g in self._groups for c in g]

@@ -1,0 +1,129 @@
+"""Policies on a running node: setting and clearing them, applying them to queues and exchanges, and
+saving them with the durable definitions.
+
+Owns: the node-side operations on `Node.policies` (a `hutch.core.policy.PolicyStore`): `set_policy`,
+`clear_policy`, `forget_vhost`, the hooks `Node` calls when it creates a queue or an exchange, and the
+definition-log operations (`policy.set`, `policy.clear`, `operator_policy.set`, `operator_policy.clear`)
+with their replay (`apply_op`) and their place in a snapshot (`state_ops`).
+
+Rules:
+- A change takes effect at once: every queue of the vhost gets `Queue.apply_settings` with its new
+  effective settings (only when they changed), every exchange its policy name and alternate exchange.
+  The work is O(objects in the vhost x policies in the vhost) regex searches, on the event loop;
+  policy changes are rare administrative operations.
+- A change is recorded (fdatasync'd) before the caller replies, like every durable definition. The
+  policy document is stored as JSON text, so any JSON number survives (msgpack caps integers at 64 bits).
+- Deleting a vhost records a clear for each of its policies first, so a replay that later re-creates
+  a vhost of the same name does not resurrect them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from hutch.core.policy import Policy, effective_settings, exchange_alternate
+
+if TYPE_CHECKING:
+    from hutch.core.queue_type import Queue
+    from hutch.core.routing import Exchange
+    from hutch.core.vhost import VirtualHost
+
+    from .node import Node
+
+SET_OPS = {"policy.set": False, "operator_policy.set": True}  # op kind -> operator
+CLEAR_OPS = {"policy.clear": False, "operator_policy.clear": True}
+OP_KINDS = frozenset(SET_OPS) | frozenset(CLEAR_OPS)
+
+
+def _prefix(operator: bool) -> str:
+    return "operator_policy" if operator else "policy"
+
+
+def set_policy(node: Node, policy: Policy, operator: bool = False) -> bool:
+    """Add or replace a (validated) policy, record it, apply it; True if it is new. Setting a policy
+    identical to the current one changes nothing (RabbitMQ's {old, Term})."""
+    store = node.policies
+    if store.get(policy.vhost, policy.name, operator) == policy:
+        return False
+    created = store.set(policy, operator)
+    node._record({"op": f"{_prefix(operator)}.set", "vhost": policy.vhost, "name": policy.name,
+                  "policy": json.dumps(policy.to_dict())})
+    vhost = node.vhosts.get(policy.vhost)
+    if vhost is not None:
+        refresh_vhost(node, vhost)
+    return created
+
+
+def clear_policy(node: Node, vhost_name: str, name: str, operator: bool = False) -> bool:
+    """Remove a policy, record it, re-apply what is left; False if there was no such policy."""
+    if node.policies.clear(vhost_name, name, operator) is None:
+        return False
+    node._record({"op": f"{_prefix(operator)}.clear", "vhost": vhost_name, "name": name})
+    vhost = node.vhosts.get(vhost_name)
+    if vhost is not None:
+        refresh_vhost(node, vhost)
+    return True
+
+
+def forget_vhost(node: Node, vhost_name: str) -> None:
+    """The vhost is about to be deleted: clear its policies (recorded while the vhost still exists)."""
+    store = node.policies
+    for operator in (False, True):
+        for p in store.list(vhost_name, operator):
+            store.clear(vhost_name, p.name, operator)
+            node._record({"op": f"{_prefix(operator)}.clear", "vhost": vhost_name, "name": p.name})
+
+
+# -- applying ---------------------------------------------------------------------------------------
+
+
+def apply_to_queue(node: Node, q: Queue) -> None:
+    """Give a queue the settings its x-arguments and matching policies add up to (if they changed)."""
+    policy, operator_policy = node.policies.match_queue(q.vhost, q.name, q.queue_type)
+    settings = effective_settings(q.arguments, policy, operator_policy)
+    if settings != q.settings:
+        q.apply_settings(settings)
+
+
+def apply_to_exchange(node: Node, x: Exchange) -> None:
+    """Give an exchange its policy name and the alternate exchange (its argument wins)."""
+    policy, _operator_policy = node.policies.match_exchange(x.vhost, x.name)
+    x.policy = policy.name if policy is not None else None
+    x.alternate_exchange = exchange_alternate(x.arguments, policy)
+
+
+def refresh_vhost(node: Node, vhost: VirtualHost) -> None:
+    """Re-apply the policies of a vhost to every queue and exchange in it."""
+    for q in list(vhost.queues.values()):
+        apply_to_queue(node, q)
+    for x in vhost.exchanges.values():
+        apply_to_exchange(node, x)
+
+
+# -- durable definitions ----------------------------------------------------------------------------
+
+
+def apply_op(node: Node, op: dict[str, Any]) -> None:
+    """Replay one saved operation (Node._apply has checked that op["vhost"] exists)."""
+    kind = op["op"]
+    if kind in SET_OPS:
+        operator = SET_OPS[kind]
+        set_policy(node, Policy.from_dict(json.loads(op["policy"]), operator=operator), operator)
+    elif kind in CLEAR_OPS:
+        clear_policy(node, op["vhost"], op["name"], CLEAR_OPS[kind])
+    else:
+        raise ValueError(f"unknown policy operation {kind!r}")
+
+
+def state_ops(node: Node) -> Iterator[dict[str, Any]]:
+    """Every policy of an existing vhost as the operation that sets it (regular ones first)."""
+    for operator, p in node.policies:
+        if p.vhost in node.vhosts:
+            yield {"op": f"{_prefix(operator)}.set", "vhost": p.vhost, "name": p.name,
+                   "policy": json.dumps(p.to_dict())}
+
+
+__all__ = ["OP_KINDS", "apply_op", "apply_to_exchange", "apply_to_queue", "clear_policy", "forget_vhost",
+           "refresh_vhost", "set_policy", "state_ops"]
