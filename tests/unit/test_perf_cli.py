@@ -738,3 +738,17 @@ def test_declare_topology_with_queue_args_reports_a_406(monkeypatch):
     (1, 4, [1]), (5, 2, [3, 2]), (4, 4, [1, 1, 1, 1]), (0, 3, []), (7, 1, [7])])
 def test_split_clients_over_processes(total, groups, expected):
     assert split(total, groups) == expected
+
+
+def test_priorities_option_encodes_one_publish_per_priority() -> None:
+    opts = parse_args(["--priorities", "10", "--queue-args", "x-max-priority=10"])
+    assert opts.priorities == 10
+    plan = PublishPlan(exchange="", routing_key="q", size_bytes=16, priorities=3)
+    frames = []
+    for p in range(3):
+        prefix, suffix = encode_publish(plan, 131072, priority=p)
+        reader = FrameReader(131072)
+        reader.feed(prefix + b"\x00" * 8 + suffix)
+        frames.append(list(reader.frames()))
+    priorities = [spec.BasicProperties.decode(bytes(f[1][2][12:]), 0).priority for f in frames]
+    assert priorities == [0, 1, 2]

@@ -73,6 +73,7 @@ class PerfOptions:
     qos: int = 0
     persistent: bool = False
     mandatory: bool = False
+    priorities: int = 0
     queue_args: dict[str, Any] = field(default_factory=dict)
     quorum: bool = False
     queue: str | None = None  # None: a run-private queue hutch-perf-<pid>, deleted at the end
@@ -136,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("-f", "--flag", action="append", default=[], metavar="FLAG",
       help="message flag, repeatable: persistent (delivery_mode 2), mandatory")
     a("--queue-args", default=None, metavar="K=V,...", help="queue arguments, e.g. x-max-length=1000")
+    a("--priorities", type=_nonneg_int, default=0, metavar="N",
+      help="publish with message priorities 0..N-1 in turn (for x-max-priority queues; 0: no priority)")
     a("--quorum-queue", action="store_true", help="declare a durable quorum queue")
     a("-u", "--queue", default=None,
       help="queue name (default: hutch-perf-<pid>, deleted at the end); a named queue is kept, and one that "
@@ -199,6 +202,7 @@ def parse_args(argv: list[str]) -> PerfOptions:
         qos=ns.qos,
         persistent="persistent" in ns.flag,
         mandatory="mandatory" in ns.flag,
+        priorities=ns.priorities,
         queue_args=queue_args,
         quorum=queue_args.get("x-queue-type") == "quorum",
         queue=ns.queue,

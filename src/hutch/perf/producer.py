@@ -57,13 +57,15 @@ class PublishPlan:
     confirm_window: int = 0
     rate: float = 0.0
     limit: int = 0
+    priorities: int = 0  # > 0: messages carry priorities 0..priorities-1 in turn (priority queues)
 
 
-def encode_publish(plan: PublishPlan, frame_max: int, channel: int = CHANNEL) -> tuple[bytes, bytes]:
+def encode_publish(plan: PublishPlan, frame_max: int, channel: int = CHANNEL,
+                   priority: int | None = None) -> tuple[bytes, bytes]:
     """The publish as (prefix, suffix): the 8 bytes between them are the body's first 8 bytes."""
     method = method_frame(channel, spec.Basic.Publish(exchange=plan.exchange, routing_key=plan.routing_key,
                                                       mandatory=plan.mandatory))
-    props = spec.BasicProperties(delivery_mode=2 if plan.persistent else 1)
+    props = spec.BasicProperties(delivery_mode=2 if plan.persistent else 1, priority=priority)
     parts = content_frames(channel, CLASS_BASIC, props.encode(), bytes(plan.size_bytes), frame_max)
     # parts: header frame (header, properties, end), then (body header, body, end) per body frame
     whole = method + b"".join(parts)
@@ -133,6 +135,7 @@ class Producer(AmqpClient):
         self._confirms = ConfirmTracker()
         self._prefix = b""
         self._suffix = b""
+        self._variants: list[tuple[bytes, bytes]] = []
         self._batch_max = 1
         self._pump_scheduled = False
         self._tokens = 0.0
@@ -149,6 +152,9 @@ class Producer(AmqpClient):
             self.fast_methods[spec.Basic.Nack.INDEX] = self._on_nack
             await self.call(CHANNEL, spec.Confirm.Select(), spec.Confirm.SelectOk)
         self._prefix, self._suffix = encode_publish(self.plan, self.frame_max)
+        # with priorities: one encoded publish per priority, sent in turn
+        self._variants = [encode_publish(self.plan, self.frame_max, priority=p)
+                          for p in range(self.plan.priorities)]
         message_bytes = len(self._prefix) + _TS.size + len(self._suffix)
         self._batch_max = max(1, min(MAX_BATCH_MESSAGES, BATCH_BYTES // message_bytes))
 
@@ -199,7 +205,14 @@ class Producer(AmqpClient):
         if n <= 0:
             return
         now = _clock(_MONOTONIC)
-        self.transport.write(b"".join([self._prefix, _TS.pack(now), self._suffix] * n))
+        if self._variants:
+            ts = _TS.pack(now)
+            variants = self._variants
+            k = len(variants)
+            self.transport.write(b"".join(b"".join((variants[i % k][0], ts, variants[i % k][1]))
+                                          for i in range(self.sent, self.sent + n)))
+        else:
+            self.transport.write(b"".join([self._prefix, _TS.pack(now), self._suffix] * n))
         self.sent += n
         self.last_activity_ns = now
         if self._rate:

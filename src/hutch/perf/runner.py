@@ -150,7 +150,8 @@ def make_tasks(opts: PerfOptions, topology: Topology) -> list[WorkerTask]:
     per_role = opts.processes or cpu_count()
     publish = PublishPlan(exchange=opts.exchange, routing_key=topology.routing_key, size_bytes=opts.size_bytes,
                           mandatory=opts.mandatory, persistent=opts.persistent,
-                          confirm_window=opts.confirm_window, rate=opts.rate, limit=opts.pmessages)
+                          confirm_window=opts.confirm_window, rate=opts.rate, limit=opts.pmessages,
+                          priorities=opts.priorities)
     consume = ConsumePlan(queue=topology.queue, qos=opts.qos, autoack=opts.autoack,
                           multi_ack_every=opts.multi_ack_every, limit=opts.cmessages,
                           consume_at_start=opts.producers == 0)
