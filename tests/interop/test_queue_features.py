@@ -260,3 +260,19 @@ def test_priority_requeue_goes_back_to_its_place_in_its_level(ch: Any) -> None:
     assert body == b"hi1"
     ch.basic_nack(method.delivery_tag, requeue=True)
     assert [b for b, _h in get_all(ch, q)] == [b"hi1", b"hi2", b"low1", b"low2"]
+
+
+def test_a_client_supplied_x_death_is_not_taken_for_death_history(ch: Any) -> None:
+    """RabbitMQ 4.x: the broker's own death history counts, not an x-death header a client publishes."""
+    dlx, dead = dlx_pair(ch)
+    q = name("forged")
+    ch.queue_declare(q, arguments={"x-dead-letter-exchange": dlx})
+    forged = [{"count": 41, "reason": "rejected", "queue": q, "exchange": "", "routing-keys": [q]}]
+    ch.basic_publish("", q, b"m", pika.BasicProperties(headers={"x-death": forged, "app": "kept"}))
+    method, props, _b = ch.basic_get(q)
+    assert props.headers["x-death"][0]["count"] == 41  # delivered as the client sent it
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    _m, props, _b = ch.basic_get(dead, auto_ack=True)
+    deaths = props.headers["x-death"]
+    assert len(deaths) == 1 and deaths[0]["count"] == 1 and deaths[0]["reason"] == "rejected"
+    assert props.headers["x-first-death-queue"] == q and props.headers["app"] == "kept"

@@ -453,3 +453,15 @@ def test_pamqp_reads_the_headers_table() -> None:
     [entry] = table["x-death"]
     assert entry["count"] == 1 and entry["routing-keys"] == ["rk", "cc1"]
     assert entry["time"] == datetime.fromtimestamp(NOW, tz=UTC)  # pamqp reads 'T' as a datetime
+
+
+def test_history_false_starts_the_death_history_afresh() -> None:
+    from hutch.amqp.spec import BasicProperties
+    from hutch.core.deadletter import dead_letter as _dl
+    from hutch.core.message import Message as _M
+
+    forged = [{"count": 7, "reason": "expired", "queue": "q", "exchange": "", "routing-keys": ["q"]}]
+    msg = _M("", "q", BasicProperties(headers={"x-death": forged}), b"x")
+    new, _keys = _dl(msg, queue="q", reason="expired", now_s=1, dlx="dlx", dlrk=None, history=False)
+    deaths = new.properties.headers["x-death"]
+    assert len(deaths) == 1 and deaths[0]["count"] == 1

@@ -29,14 +29,15 @@ mc.erl (`record_death/3`, `update_death/2`, `is_cycle_v2/2`) and mc_amqpl.erl (`
 
 Where hutch differs from RabbitMQ 4.x, and why:
 - RabbitMQ 4.x keeps the death history in message-container annotations, so it never reads an x-death
-  header a client published (4.0.1 release notes, "AMQP 0.9.1 x-death header"). A hutch `Message` carries
-  only its wire properties (and that is what the message store persists), so the x-death header *is* the
-  history: a well-formed x-death is merged, as RabbitMQ 3.12 and 3.13.3+ did (rabbitmq-server#11339). A client that republishes a
-  dead-lettered message with its headers therefore sees the counts continue (3.12 behaviour) where
-  RabbitMQ 4.x would start again at 1. An x-death that is not an array is ignored and replaced (3.12's
-  "Resetting header" branch, rabbitmq-server#767; 4.x ignores any client value); array items that are not
-  tables with string `queue` and `reason` are dropped; of two items with the same (queue, reason) the
-  first (most recent) is kept.
+  header a client published (4.0.1 release notes, "AMQP 0.9.1 x-death header"). hutch does the same with
+  `history=False`: the channel marks a message a client published with an x-death header
+  (`Message.foreign_deaths`), and its first dead-lettering starts a fresh history (the client's header is
+  replaced). Later deaths of the dead-lettered copy merge into the broker's own x-death, which travels
+  in the message's properties (that is what the message store persists). The mark lives in RAM: a message
+  paged out or recovered after a restart counts its client x-death as history (RabbitMQ 3.12's
+  behaviour). A malformed x-death is ignored and replaced (3.12's "Resetting header" branch,
+  rabbitmq-server#767); array items that are not tables with string `queue` and `reason` are dropped; of
+  two items with the same (queue, reason) the first (most recent) is kept.
 - Consequently the routing keys recorded by a *second* death are the copy's routing key plus its CC
   header, where RabbitMQ 4.x records the keys of the previous dead-lettering (its routing-keys
   annotation); they differ only when a dead-letter routing key was used on a message with CC.
@@ -93,12 +94,13 @@ class Death:
 
 
 def dead_letter(msg: Message, *, queue: str, reason: str, now_s: int, dlx: str,
-                dlrk: str | None) -> tuple[Message, list[str]]:
+                dlrk: str | None, history: bool = True) -> tuple[Message, list[str]]:
     """The message to publish to `dlx` and the routing keys to route it with.
 
     `queue` is the name of the queue the message dies in, `reason` one of REASONS, `now_s` the time of
     death in seconds since the epoch, `dlrk` the queue's dead-letter routing key (None when unset).
-    Raises ValueError for an unknown reason.
+    Raises ValueError for an unknown reason. `history=False`: the x-death the message carries was set by
+    a client, not by this broker (RabbitMQ 4.x ignores those): the new history starts from this death.
     """
     if reason not in REASONS:
         raise ValueError(f"unknown dead-letter reason {reason!r}")
@@ -107,7 +109,7 @@ def dead_letter(msg: Message, *, queue: str, reason: str, now_s: int, dlx: str,
     original_keys = _routing_keys(msg.routing_key, headers)
     routing_keys = [dlrk] if dlrk is not None else original_keys
 
-    prior = read_deaths(headers, now_s)
+    prior = read_deaths(headers, now_s) if history else []
     match = next((d for d in prior if d.queue == queue and d.reason == reason), None)
     if match is not None:
         death = replace(match, count=min(match.count + 1, _MAX_COUNT))

@@ -30,7 +30,7 @@ def encode_shortstr(value: str) -> bytes:
 
 class Message:
     __slots__ = ("exchange", "routing_key", "_properties", "properties_raw", "body", "header_payload",
-                 "route_tail", "size", "store_id", "__weakref__")
+                 "route_tail", "size", "store_id", "foreign_deaths", "__weakref__")
 
     exchange: str
     routing_key: str
@@ -39,6 +39,7 @@ class Message:
     route_tail: bytes
     size: int
     store_id: int  # the id of this message in its vhost's message store, 0 when not stored there
+    foreign_deaths: bool  # a client published it with an x-death header (ignored when dead-lettering)
 
     def __init__(self, exchange: str, routing_key: str, properties: BasicProperties | None, body: bytes,
                  properties_raw: bytes | None = None, route_tail: bytes | None = None) -> None:
@@ -55,6 +56,7 @@ class Message:
         self.route_tail = route_tail or encode_shortstr(exchange) + encode_shortstr(routing_key)
         self.size = len(body)
         self.store_id = 0
+        self.foreign_deaths = False
 
     @property
     def properties(self) -> BasicProperties:

@@ -296,6 +296,8 @@ class ServerChannel(DeclarationsMixin):
             if props.reply_to == REPLY_TO_QUEUE:
                 props, props_raw = self._rewrite_reply_to(props)
         msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
+        if props is not None and props.headers and "x-death" in props.headers:
+            msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
         if self.tx:
             # RabbitMQ routes a transactional publish now and enqueues at commit, so the queues do
             # not depend on exchanges or bindings changing in between; None: Direct Reply-To

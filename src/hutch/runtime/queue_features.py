@@ -98,7 +98,7 @@ def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -
     now_s = int(time.time())
     for msg in msgs:
         new, keys = make_dead_letter(msg, queue=q.name, reason=reason, now_s=now_s, dlx=dlx_name,
-                                     dlrk=settings.dead_letter_routing_key)
+                                     dlrk=settings.dead_letter_routing_key, history=not msg.foreign_deaths)
         for target in vhost.route(x, keys, new.properties.headers):
             if is_cycle(new, target.name):
                 continue
