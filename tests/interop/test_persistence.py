@@ -284,3 +284,31 @@ def test_a_durable_priority_queue_comes_back_in_priority_order(tmp_path: Path) -
         assert [b for b, _r in drain(server, "prio")] == [b"h1", b"h2", b"m1", b"l1", b"l2"]
     finally:
         server.stop()
+
+
+def test_failed_delivery_counts_survive_a_restart(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    try:
+        conn = connect(server)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("poison", durable=True, arguments={"x-delivery-limit": 3})
+        ch.basic_publish("", "poison", b"p", PERSISTENT)
+        for _ in range(2):
+            method, _props, _body = ch.basic_get("poison")
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        conn.close()
+        storage_barrier(server)
+        server = restart(server, tmp_path, signal.SIGKILL)
+        conn = connect(server)
+        ch = conn.channel()
+        method, props, _body = ch.basic_get("poison")
+        assert props.headers["x-delivery-count"] == 2
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        method, props, _body = ch.basic_get("poison")
+        assert props.headers["x-delivery-count"] == 3
+        ch.basic_nack(method.delivery_tag, requeue=True)  # the fourth failure: past the limit
+        assert ch.basic_get("poison")[0] is None
+        conn.close()
+    finally:
+        server.stop()

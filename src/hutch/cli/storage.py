@@ -69,7 +69,18 @@ from hutch.storage.fs import RealFS
 from hutch.storage.log import SegmentedLog, parse_segment_name
 from hutch.storage.msg_store import ENTRY_HEAD, STORE_RECORD_TYPE, parse_file_name
 from hutch.storage.msg_store import MAX_RECORD_PAYLOAD_BYTES as STORE_MAX_PAYLOAD_BYTES
-from hutch.storage.queue_index import ACK, DLV, DLV_ENTRY, INDEX_RECORD_TYPE, PUB, PUB_HEAD, REF, REF_HEAD
+from hutch.storage.queue_index import (
+    ACK,
+    DLV,
+    DLV_ENTRY,
+    INDEX_RECORD_TYPE,
+    PUB,
+    PUB_HEAD,
+    REF,
+    REF_HEAD,
+    RET,
+    RET_ENTRY,
+)
 from hutch.storage.queue_index import SUFFIX as INDEX_SUFFIX
 from hutch.storage.salvage import LogSalvage, salvage_log
 from hutch.storage.snapshot import read_snapshot
@@ -141,6 +152,8 @@ def _index_entry_problem(entry: memoryview) -> str:
         return "" if (n - 1) % 8 == 0 else f"ACK entry of {n} bytes is not a list of u64 seqs"
     if kind == DLV:
         return "" if n == DLV_ENTRY.size else f"DLV entry of {n} bytes, not {DLV_ENTRY.size}"
+    if kind == RET:
+        return "" if n == RET_ENTRY.size else f"RET entry of {n} bytes, not {RET_ENTRY.size}"
     return f"unknown queue index entry type {kind}"
 
 

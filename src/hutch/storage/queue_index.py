@@ -15,6 +15,8 @@ record per flush); each entry of a batch starts with a type byte:
 - ``REF``  ``<BQBQQI`` type, seq, flags, expiry, message store id, size: a larger message, written once to the
   vhost's message store (msg_store.py) however many queues it reaches.
 - ``ACK``  type then ``u64`` seqs: those entries are gone (acked, rejected, purged).
+- ``RET``  ``<BQI`` type, seq, count: the message has failed this many deliveries (delivery-limit queues:
+  the count survives paging and restarts).
 - ``DLV``  ``<BQ`` type, seq: every seq up to this one has been delivered at least once (so it is
   marked redelivered after a restart).
 
@@ -62,12 +64,14 @@ PUB = 1
 REF = 2
 ACK = 3
 DLV = 4
+RET = 5
 
 PERSISTENT = 1
 
 PUB_HEAD = struct.Struct("<BQBQI")  # type, seq, flags, expires_at_ms (0: never), len(properties)
 REF_HEAD = struct.Struct("<BQBQQI")  # type, seq, flags, expires_at_ms, store id, size
 DLV_ENTRY = struct.Struct("<BQ")
+RET_ENTRY = struct.Struct("<BQI")
 MSG_HEAD = struct.Struct("<BBI")  # a stored message: len(exchange), len(routing key), len(properties)
 
 class StorableMessage(Protocol):
@@ -141,6 +145,8 @@ class QueueIndex:
         self._delivered_written = 0
         self._scan_max = 0
         self.lost_on_read = 0  # entries dropped by read_from because their message could not be read
+        self.last_returns: dict[int, int] = {}  # seq -> failed deliveries, of the last read_from
+        self._scan_returns: dict[int, int] = {}
         self.deleted = False
         self.fs.make_dirs(directory)
 
@@ -226,6 +232,14 @@ class QueueIndex:
             f = AppendFile(self.fs, os.path.join(self.directory, segment_name(segno)), INDEX_RECORD_TYPE)
         self.sink.retire(f, True)
 
+    def record_returns(self, seq: int, count: int) -> None:
+        """The message at `seq` has failed `count` deliveries (written only for delivery-limit queues)."""
+        if self.deleted:
+            return
+        f = self._file(seq // self.segment_entries)
+        f.add(RET_ENTRY.pack(RET, seq, min(count, 0xFFFFFFFF)))
+        self.sink.touch(f, False)
+
     def mark_delivered(self, seq: int) -> None:
         """Every seq up to `seq` has been delivered (written with the next acks, or on close)."""
         if seq > self.delivered_upto:
@@ -266,6 +280,7 @@ class QueueIndex:
             batches, torn = [], False
         batches.append(iter(pending))
         entries: dict[int, tuple[int, int, memoryview]] = {}
+        returns: dict[int, int] = {}
         delivered = 0
         boot = self.boot_seq
         top = 0
@@ -288,11 +303,15 @@ class QueueIndex:
                         seq = DLV_ENTRY.unpack(entry)[1]
                         if seq > delivered:
                             delivered = seq
+                    elif kind == RET:
+                        _t, seq, count = RET_ENTRY.unpack(entry)
+                        returns[seq] = count
                     else:
                         raise CorruptRecord(path, 0, f"unknown queue index entry type {kind}")
         except (ValueError, IndexError, struct.error) as exc:
             raise CorruptRecord(path, 0, f"malformed queue index entry: {exc}") from exc
         self._scan_max = top
+        self._scan_returns = {seq: n for seq, n in returns.items() if seq in entries}
         return entries, delivered, torn
 
     def read_from(self, seq: int) -> tuple[list[IndexedMessage], int]:
@@ -300,6 +319,7 @@ class QueueIndex:
         the next segment."""
         segno = seq // self.segment_entries
         entries, _dlv, _torn = self._scan_segment(segno)
+        self.last_returns = self._scan_returns
         out: list[IndexedMessage] = []
         lost: list[int] = []
         store = self.store

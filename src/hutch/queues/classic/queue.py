@@ -289,11 +289,14 @@ class ClassicQueue(Queue):
                 msgs = msgs[:room]
                 next_seq = msgs[-1][0] + 1
             size = 0
+            returns = index.last_returns
             for seq, _persistent, exchange, routing_key, props, body, store_id, expires_at in msgs:
                 msg = Message(exchange, routing_key, None, body, props)
                 msg.store_id = store_id
                 entry = QueueEntry(seq, msg)
                 entry.on_disk = True
+                if returns:
+                    entry.returns = returns.get(seq, 0)
                 if expires_at:
                     entry.expires_at_ms = expires_at
                     self._has_ttl = True
@@ -505,6 +508,10 @@ class ClassicQueue(Queue):
                 self._remove_dead(sorted(over, key=_seq_of), "delivery_limit")
                 if not items:
                     return
+            if self.index is not None:  # the count survives paging and restarts
+                for e in items:
+                    if e.on_disk:
+                        self.index.record_returns(e.seq, e.returns)
         if self.index is not None:
             # remember across a restart that these were delivered
             self.index.mark_delivered(self._max_delivered)
