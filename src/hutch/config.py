@@ -95,6 +95,9 @@ class Config:
     # keeps them all until memory pressure)
     classic_queue_ram_limit: int = 131072
     collect_statistics_interval_ms: int = 5000
+    # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
+    # listeners accept clients; when set, a fresh node does not create the default user and vhost
+    load_definitions: str | None = None
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -308,6 +311,8 @@ _FILE_KEYS: dict[str, _Parser] = {
     "cluster_name": _nonempty_field("cluster_name"),
     "node_name": _parse_node_name,
     "data_dir": _nonempty_field("data_dir"),
+    "load_definitions": _nonempty_field("load_definitions"),
+    "management.load_definitions": _nonempty_field("load_definitions"),  # RabbitMQ's older key
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting

@@ -3,7 +3,9 @@
 This module owns:
 
 * password hashing (``hash_password`` / ``verify_password``) with scrypt and a bounded
-  cache of successful verifications;
+  cache of successful verifications; RabbitMQ's salted SHA-256/SHA-512/MD5 hashes are
+  accepted as imported (``import_password_hash`` / ``export_password_hash``) so that users
+  moved from RabbitMQ keep their passwords;
 * the ``AuthStore``: users, virtual hosts and per-(user, vhost) permissions, with the
   RabbitMQ rules for who may open which vhost and touch which resource;
 * the small pure helpers the AMQP handshake needs: SASL PLAIN and AMQPLAIN decoding, the
@@ -44,6 +46,8 @@ from hutch.amqp.table import decode_table
 __all__ = [
     "DEFAULT_EXCHANGE_RESOURCE",
     "FULL_PERMISSION",
+    "HUTCH_HASHING_ALGORITHM",
+    "RABBIT_HASHING_ALGORITHMS",
     "SCRYPT_N",
     "AuthError",
     "AuthStore",
@@ -57,7 +61,9 @@ __all__ = [
     "Vhost",
     "VhostExists",
     "clear_verify_cache",
+    "export_password_hash",
     "hash_password",
+    "import_password_hash",
     "is_loopback_address",
     "loopback_refused",
     "parse_amqplain",
@@ -140,8 +146,91 @@ def _parse_stored(stored: str) -> _ParsedHash:
 
 
 def validate_password_hash(stored: str) -> None:
-    """Raise ValueError unless ``stored`` is a well-formed hash (used when loading definitions)."""
-    _parse_stored(stored)
+    """Raise ValueError unless ``stored`` is a well-formed hash (used when loading definitions):
+    hutch's scrypt form, or an imported RabbitMQ hash (``<algorithm>$<base64>``)."""
+    if _is_rabbit_hash(stored):
+        _parse_rabbit(stored)
+    else:
+        _parse_stored(stored)
+
+
+# RabbitMQ's hashes (rabbit_password): base64(salt + H(salt + password)) with a 4-byte random salt,
+# H named by the user's `hashing_algorithm`. Stored as "<algorithm>$<base64>" (base64 has no "$", and
+# scrypt hashes start "scrypt$", so the forms cannot be confused); export gives back exactly what
+# was imported. They are fast hashes: a user keeps one only until its password is next set.
+HUTCH_HASHING_ALGORITHM = "hutch_password_hashing_scrypt"
+RABBIT_HASHING_ALGORITHMS = {
+    "rabbit_password_hashing_sha256": "sha256",
+    "rabbit_password_hashing_sha512": "sha512",
+    "rabbit_password_hashing_md5": "md5",
+}
+RABBIT_SALT_BYTES = 4
+
+
+def _is_rabbit_hash(stored: str) -> bool:
+    return stored.partition("$")[0] in RABBIT_HASHING_ALGORITHMS
+
+
+def _rabbit_digest(algorithm: str, data: bytes) -> bytes:
+    name = RABBIT_HASHING_ALGORITHMS[algorithm]
+    return hashlib.new(name, data, usedforsecurity=name != "md5").digest()
+
+
+def _parse_rabbit(stored: str) -> tuple[str, bytes, bytes]:
+    """(algorithm, salt, digest) of a stored RabbitMQ hash; ValueError if malformed."""
+    algorithm, _, encoded = stored.partition("$")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (ValueError, binascii.Error):
+        raise ValueError(f"password hash of {algorithm} is not valid base64") from None
+    expected = RABBIT_SALT_BYTES + len(_rabbit_digest(algorithm, b""))
+    if len(raw) != expected:
+        raise ValueError(f"password hash of {algorithm} must decode to {expected} bytes "
+                         f"(4-byte salt + digest), got {len(raw)}")
+    return algorithm, raw[:RABBIT_SALT_BYTES], raw[RABBIT_SALT_BYTES:]
+
+
+def import_password_hash(password_hash: str, hashing_algorithm: str) -> str | None:
+    """The stored form of a user's ``password_hash`` and ``hashing_algorithm`` as a definitions
+    export gives them: ``""`` is "no password" (None); hutch's scrypt hashes are kept as they are;
+    RabbitMQ's ``rabbit_password_hashing_sha256``/``_sha512``/``_md5`` hashes (base64 of a 4-byte salt
+    and H(salt + password)) become ``<algorithm>$<base64>``. ValueError if malformed or unknown."""
+    if password_hash == "":
+        return None
+    if hashing_algorithm == HUTCH_HASHING_ALGORITHM:
+        _parse_stored(password_hash)
+        return password_hash
+    if hashing_algorithm in RABBIT_HASHING_ALGORITHMS:
+        stored = f"{hashing_algorithm}${password_hash}"
+        _parse_rabbit(stored)
+        return stored
+    known = ", ".join([HUTCH_HASHING_ALGORITHM, *RABBIT_HASHING_ALGORITHMS])
+    raise ValueError(f"unsupported hashing_algorithm '{hashing_algorithm}' (supported: {known})")
+
+
+def export_password_hash(stored: str | None) -> tuple[str, str]:
+    """(password_hash, hashing_algorithm) of a stored hash, as a definitions export shows them: the
+    inverse of ``import_password_hash``. No password is ``("", HUTCH_HASHING_ALGORITHM)``."""
+    if stored is None:
+        return "", HUTCH_HASHING_ALGORITHM
+    if _is_rabbit_hash(stored):
+        algorithm, _, encoded = stored.partition("$")
+        return encoded, algorithm
+    return stored, HUTCH_HASHING_ALGORITHM
+
+
+def _check_password(password: str, stored: str) -> bool:
+    """The uncached check: scrypt, or an imported RabbitMQ hash. Malformed ``stored`` is False."""
+    try:
+        if _is_rabbit_hash(stored):
+            algorithm, salt, digest = _parse_rabbit(stored)
+            candidate = _rabbit_digest(algorithm, salt + password.encode("utf-8"))
+            return hmac.compare_digest(candidate, digest)
+        parsed = _parse_stored(stored)
+    except ValueError:
+        return False
+    candidate = _scrypt(password, parsed.salt, parsed.n, parsed.r, parsed.p, len(parsed.key))
+    return hmac.compare_digest(candidate, parsed.key)
 
 
 # Cache of successful verifications. Key: HMAC-SHA256 under a per-process random secret of
@@ -165,7 +254,8 @@ def clear_verify_cache() -> None:
 def verify_password(password: str, stored: str) -> bool:
     """True if ``password`` hashes to ``stored``. Malformed ``stored`` verifies nothing.
 
-    The scrypt comparison uses ``hmac.compare_digest`` (constant time).
+    ``stored`` is a scrypt hash or an imported RabbitMQ one (see ``import_password_hash``). The
+    comparison uses ``hmac.compare_digest`` (constant time).
 
     Successful verifications are cached (LRU, ``VERIFY_CACHE_MAX_ENTRIES`` entries), so a
     thousand connections logging in as the same user pay the ~50 ms scrypt cost once, not a
@@ -186,12 +276,7 @@ def verify_password(password: str, stored: str) -> bool:
         if key in _verify_cache:
             _verify_cache.move_to_end(key)
             return True
-    try:
-        parsed = _parse_stored(stored)
-    except ValueError:
-        return False
-    candidate = _scrypt(password, parsed.salt, parsed.n, parsed.r, parsed.p, len(parsed.key))
-    if not hmac.compare_digest(candidate, parsed.key):
+    if not _check_password(password, stored):
         return False
     with _verify_cache_lock:
         _verify_cache[key] = None
@@ -213,8 +298,9 @@ DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 
 @dataclass
 class User:
-    """An internal user. Invariant: ``password_hash`` is None or a valid ``hash_password`` output;
-    None means the user cannot log in with a password."""
+    """An internal user. Invariant: ``password_hash`` is None, a ``hash_password`` output or an
+    imported RabbitMQ hash (``validate_password_hash`` accepts it); None means the user cannot log
+    in with a password."""
 
     name: str
     password_hash: str | None
@@ -400,6 +486,13 @@ class AuthStore:
 
     def clear_password(self, name: str) -> None:
         self._require_user(name).password_hash = None
+
+    def set_password_hash(self, name: str, password_hash: str | None) -> None:
+        """Replace the stored hash (None: no password login); ValueError if it is malformed."""
+        user = self._require_user(name)
+        if password_hash is not None:
+            validate_password_hash(password_hash)
+        user.password_hash = password_hash
 
     def set_user_tags(self, name: str, tags: Iterable[str]) -> None:
         self._require_user(name).tags = list(tags)

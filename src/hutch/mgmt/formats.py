@@ -19,6 +19,7 @@ import datetime as _dt
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
 
 if TYPE_CHECKING:
@@ -203,10 +204,11 @@ def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout
 
 
 def user_json(user: User) -> dict[str, Any]:
+    password_hash, algorithm = export_password_hash(user.password_hash)
     return {
         "name": user.name,
-        "password_hash": user.password_hash or "",
-        "hashing_algorithm": HASHING_ALGORITHM,
+        "password_hash": password_hash,
+        "hashing_algorithm": algorithm,
         "tags": list(user.tags),
         "limits": {},
     }

@@ -14,6 +14,8 @@ Rules:
   204 when it replaced one; DELETE answers 204. Errors are `{"error": ..., "reason": ...}`.
 - Path segments are percent-decoded by aiohttp, so "/" as a vhost is written `%2F`.
 - Adding an endpoint = one service function + one `@route` handler here.
+- /metrics and /metrics/per-object (Prometheus text, prometheus.py) need no authentication, as
+  with RabbitMQ's rabbitmq_prometheus plugin.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import clients, listing, policies, system, topology, users
+from . import clients, definitions, listing, policies, prometheus, system, topology, users
 from .access import Principal
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
 
@@ -46,6 +48,7 @@ MAX_BODY_BYTES = 20_000_000  # RabbitMQ's default max HTTP body size (management
 SHUTDOWN_TIMEOUT_S = 2.0
 NODE_KEY = web.AppKey("node", object)
 SAMPLER_KEY = web.AppKey("sampler", system.RateSampler)
+SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
 
 
 # -- calls and replies ------------------------------------------------------------------------------
@@ -359,6 +362,50 @@ def _vhost_consumers(c: Call) -> Any:
                               CONSUMER_SORT)
 
 
+# -- routes: definitions ----------------------------------------------------------------------------
+# Raw aiohttp handlers rather than `@route` ones: an upload may be multipart/form-data (the management
+# UI's `file` field), the UI's download link passes its credentials as ?auth=, ?download= names the
+# file, and plaintext passwords of an upload are hashed in the executor, off the event loop.
+
+
+async def _definitions(request: web.Request) -> web.StreamResponse:
+    """GET (and HEAD) and POST /api/definitions and /api/definitions/{vhost} (definitions.py)."""
+    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    vhost = request.match_info.get("vhost")
+    auth = request.query.get("auth")
+    if auth and "Authorization" not in request.headers:  # RabbitMQ's is_authorized_qs
+        request = request.clone(headers={**request.headers, "Authorization": "Basic " + auth})
+    try:
+        principal = await _authenticate(request, node)
+        if request.method == "POST":
+            definitions.check_import(node, principal, vhost)
+            doc = definitions.parse_document(await _definitions_payload(request))
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
+            definitions.import_definitions(node, principal, prepared, vhost)
+            return web.Response(status=204, headers={"Cache-Control": "no-cache"})
+        reply = definitions.export(node, principal, vhost)
+    except definitions.NotJson:
+        return _error_response(bad_request("failed_to_parse_json"))
+    except ApiError as exc:
+        return _error_response(exc)
+    filename = "".join(ch for ch in request.query.get("download", "") if ch.isprintable())
+    return _json_response(reply, headers={"Content-Disposition": f"attachment; filename={filename}"}
+                          if filename else None)
+
+
+async def _definitions_payload(request: web.Request) -> bytes | str:
+    """The uploaded document: the `file` field of a multipart/form-data body, else the whole body."""
+    if request.content_type != "multipart/form-data":
+        return await request.read()
+    field = (await request.post()).get("file")
+    if isinstance(field, web.FileField):
+        return field.file.read()
+    if isinstance(field, str):
+        return field
+    raise definitions.NotJson("no 'file' field in the form")
+
+
 # -- plumbing ---------------------------------------------------------------------------------------
 
 
@@ -460,16 +507,40 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json_response({"error": "internal_server_error", "reason": str(exc)}, 500)
 
 
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    """Prometheus: /metrics (aggregated) and /metrics/per-object. No authentication, as RabbitMQ's
+    plugin by default; built on the loop (it reads the node), compressed off it by aiohttp."""
+    registry = request.match_info.get("registry", "default")
+    if registry not in prometheus.REGISTRIES:
+        return web.Response(status=404, text="Unknown Registry")
+    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    scrapes = request.app[SCRAPES_KEY]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    body = prometheus.render(node, registry, node.wall_ms(), scrapes).encode()
+    scrapes.observe(registry, loop.time() - started, len(body))
+    response = web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        response.enable_compression(web.ContentCoding.gzip)
+    return response
+
+
 def build_app(node: Node, sampler: system.RateSampler | None = None) -> web.Application:
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app[NODE_KEY] = node
     if sampler is not None:
         app[SAMPLER_KEY] = sampler
+    app[SCRAPES_KEY] = prometheus.ScrapeStats()
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics/{registry}", _metrics)
     for method, path, fn in ROUTES:
         if method == "GET":
             app.router.add_get(path, _adapt(fn))  # and HEAD
         else:
             app.router.add_route(method, path, _adapt(fn))
+    for path in ("/api/definitions", "/api/definitions/{vhost}"):
+        app.router.add_get(path, _definitions)  # and HEAD
+        app.router.add_post(path, _definitions)
     return app
 
 

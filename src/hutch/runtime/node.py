@@ -71,7 +71,7 @@ class Node:
         saved_ops = store.load() if store is not None else []
         if auth is None:
             auth = AuthStore()
-            if not saved_ops:
+            if not saved_ops and not config.load_definitions:  # RabbitMQ seeds no default user then
                 auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
@@ -517,6 +517,16 @@ async def serve(config: Config, services: Sequence[Service] = ()) -> int:
         print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",
               file=sys.stderr)
         return 1
+    if config.load_definitions:  # after recovery, before the listeners accept clients
+        # the import is the management service layer's (hutch.mgmt.definitions), shared with the HTTP API
+        from hutch.mgmt.definitions import DefinitionsError, load_definitions_file
+
+        try:
+            load_definitions_file(node, config.load_definitions)
+        except DefinitionsError as exc:
+            print(f"hutch-server: cannot load definitions from {config.load_definitions}: {exc}",
+                  file=sys.stderr)
+            return 1
     try:
         await node.start()
     except OSError as exc:

@@ -1,0 +1,380 @@
+"""Prometheus metrics: the text exposition format (0.0.4) with the rabbitmq_prometheus plugin's names.
+
+Owns: `render` (the body of GET /metrics and /metrics/per-object), the catalogue of metric families
+(name, type, HELP text: RabbitMQ's, from its plugin's collectors, for every family that keeps a
+RabbitMQ name), label escaping, and `ScrapeStats` (the plugin's telemetry_scrape_* summaries). Pure:
+reads the node, never changes it, does no IO of its own (node figures come from `system.node_info`).
+
+Rules:
+- A family keeps its RabbitMQ name only when hutch has a source with the same meaning; counters
+  hutch keeps with a different cut (deliveries not split by acknowledgement mode, queue counters
+  without an exchange) get a `hutch_` name instead. RabbitMQ families with no hutch source are left
+  out rather than reported as zero; docs/metrics.md lists them.
+- Registry "default" (/metrics) is aggregated: every per-object family is one unlabelled sample, the
+  sum over objects (0 when there are none), as the plugin does. Registry "per-object" gives one sample
+  per queue (labels vhost, queue), channel (channel) or connection (channel: the plugin labels
+  connection metrics with the connection process under the label name `channel`, and so does hutch,
+  with the connection's name as value).
+- rabbitmq_global_* counters never go down: they add the counters of closed channels
+  (`Node.closed_channel_stats`). The aggregated channel_* and queue_* counters are sums over live
+  objects and drop when one goes, as in RabbitMQ.
+- Cost: one pass over queues, channels and connections; label text is built once per object. 10,000
+  queues render in well under a second (benchmarks/prometheus_render.py).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hutch import __version__
+
+from . import formats, system
+
+if TYPE_CHECKING:
+    from hutch.runtime.node import Node
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+REGISTRIES = {"default": "aggregated", "per-object": "per-object"}  # registry -> rabbitmq_endpoint
+GAUGE, COUNTER, UNTYPED, SUMMARY = "gauge", "counter", "untyped", "summary"
+PROTOCOL = "amqp091"
+
+
+def escape_label(value: str) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _labels(pairs: Iterable[tuple[str, str]]) -> str:
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    kind: str
+    help: str
+
+    @property
+    def header(self) -> str:
+        return f"# TYPE {self.name} {self.kind}\n# HELP {self.name} {_escape_help(self.help)}\n"
+
+
+def _f(name: str, kind: str, help_: str) -> Family:
+    return Family(name, kind, help_)
+
+
+# -- the catalogue ----------------------------------------------------------------------------------
+# RabbitMQ's HELP texts are copied verbatim from deps/rabbitmq_prometheus (core, global, alarm and
+# process collectors, the HTTP handler) so a `# HELP` diff against a RabbitMQ node is empty.
+
+NODE = (  # node_coarse_metrics, node_metrics, node_persister_metrics (the parts hutch has)
+    _f("rabbitmq_process_open_fds", GAUGE, "Open file descriptors"),
+    _f("rabbitmq_process_resident_memory_bytes", GAUGE, "Memory used in bytes"),
+    _f("rabbitmq_disk_space_available_bytes", GAUGE, "Disk space available in bytes"),
+    _f("rabbitmq_process_max_fds", GAUGE, "Open file descriptors limit"),
+    _f("rabbitmq_resident_memory_limit_bytes", GAUGE, "Memory high watermark in bytes"),
+    _f("rabbitmq_disk_space_available_limit_bytes", GAUGE, "Free disk space low watermark in bytes"),
+    _f("rabbitmq_erlang_uptime_seconds", GAUGE, "Node uptime"),
+    _f("rabbitmq_io_sync_ops_total", COUNTER, "Total number of I/O sync operations"),
+)
+QUEUE = (  # queue_coarse_metrics, queue_metrics; labels vhost, queue
+    _f("rabbitmq_queue_messages_ready", GAUGE, "Messages ready to be delivered to consumers"),
+    _f("rabbitmq_queue_messages_unacked", GAUGE, "Messages delivered to consumers but not yet acknowledged"),
+    _f("rabbitmq_queue_messages", GAUGE, "Sum of ready and unacknowledged messages - total queue depth"),
+    _f("rabbitmq_queue_consumers", GAUGE, "Consumers on a queue"),
+    _f("rabbitmq_queue_messages_ram", GAUGE, "Ready and unacknowledged messages stored in memory"),
+    _f("rabbitmq_queue_messages_ready_ram", GAUGE, "Ready messages stored in memory"),
+    _f("rabbitmq_queue_messages_unacked_ram", GAUGE, "Unacknowledged messages stored in memory"),
+    _f("rabbitmq_queue_messages_ready_bytes", GAUGE, "Size in bytes of ready messages"),
+)
+CHANNEL = (  # channel_metrics; label channel
+    _f("rabbitmq_channel_consumers", GAUGE, "Consumers on a channel"),
+    _f("rabbitmq_channel_messages_unacked", GAUGE, "Delivered but not yet acknowledged messages"),
+    _f("rabbitmq_channel_messages_unconfirmed", GAUGE, "Published but not yet confirmed messages"),
+    _f("rabbitmq_channel_messages_uncommitted", GAUGE,
+       "Messages received in a transaction but not yet committed"),
+    _f("rabbitmq_consumer_prefetch", GAUGE, "Limit of unacknowledged messages for each consumer"),
+    _f("rabbitmq_channel_prefetch", GAUGE, "Deprecated and will be removed in a future version"),
+)
+CHANNEL_COUNTERS = (  # channel_exchange_metrics, channel_queue_metrics; labels channel, vhost
+    _f("rabbitmq_channel_messages_published_total", COUNTER,
+       "Total number of messages published into an exchange on a channel"),
+    _f("rabbitmq_channel_messages_confirmed_total", COUNTER,
+       "Total number of messages published into an exchange and confirmed on the channel"),
+    _f("rabbitmq_channel_messages_redelivered_total", COUNTER, "Total number of messages redelivered to consumers"),
+    _f("rabbitmq_channel_messages_acked_total", COUNTER, "Total number of messages acknowledged by consumers"),
+)
+CONNECTION = (  # connection_coarse_metrics, connection_metrics; label channel (sic, see the docstring)
+    _f("rabbitmq_connection_incoming_bytes_total", COUNTER, "Total number of bytes received on a connection"),
+    _f("rabbitmq_connection_outgoing_bytes_total", COUNTER, "Total number of bytes sent on a connection"),
+    _f("rabbitmq_connection_channels", GAUGE, "Channels on a connection"),
+)
+QUEUE_DELIVERY = (  # queue_delivery_metrics; labels vhost, queue
+    _f("rabbitmq_queue_messages_redelivered_total", COUNTER,
+       "Total number of messages redelivered from a queue to consumers"),
+    _f("rabbitmq_queue_messages_acked_total", COUNTER,
+       "Total number of messages acknowledged by consumers on a queue"),
+)
+TOTALS = (
+    _f("rabbitmq_connections", GAUGE, "Connections currently open"),
+    _f("rabbitmq_channels", GAUGE, "Channels currently open"),
+    _f("rabbitmq_consumers", GAUGE, "Consumers currently connected"),
+    _f("rabbitmq_queues", GAUGE, "Queues available"),
+)
+QUEUE_INFO = _f("rabbitmq_queue_info", GAUGE, "A metric with a constant '1' value and labels that provide some queue details")
+BUILD_INFO = _f("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info")
+IDENTITY_INFO = _f("rabbitmq_identity_info", UNTYPED, "RabbitMQ node & cluster identity info")
+GLOBAL = (  # rabbit_global_counters; label protocol (and queue_type for the per-queue-type ones)
+    _f("rabbitmq_global_messages_received_total", COUNTER, "Total number of messages received from publishers"),
+    _f("rabbitmq_global_publishers", GAUGE, "Current number of publishers"),
+    _f("rabbitmq_global_consumers", GAUGE, "Current number of consumers"),
+    _f("rabbitmq_global_messages_delivered_total", COUNTER, "Total number of messages delivered to consumers"),
+    _f("rabbitmq_global_messages_redelivered_total", COUNTER, "Total number of messages redelivered to consumers"),
+    _f("rabbitmq_global_messages_acknowledged_total", COUNTER,
+       "Total number of messages acknowledged by consumers"),
+)
+ALARMS = (
+    _f("rabbitmq_alarms_free_disk_space_watermark", UNTYPED,
+       "is 1 if free disk space watermark alarm is in effect"),
+    _f("rabbitmq_alarms_memory_used_watermark", UNTYPED, "is 1 if VM memory watermark alarm is in effect"),
+)
+PROCESS_START = _f("process_start_time_seconds", GAUGE, "Start time of the process since unix epoch in seconds.")
+SCRAPE = (
+    _f("telemetry_scrape_duration_seconds", SUMMARY, "Scrape duration"),
+    _f("telemetry_scrape_size_bytes", SUMMARY, "Scrape size, not encoded"),
+)
+HUTCH_NODE = (
+    _f("hutch_storage_fdatasyncs_total", COUNTER, "Total number of fdatasync calls made by message storage"),
+    _f("hutch_storage_sync_batches_total", COUNTER,
+       "Total number of group commits of message storage that synced at least one file"),
+    _f("hutch_memory_paging", GAUGE,
+       "is 1 while memory use is over the paging threshold and queues page messages out to disk"),
+)
+HUTCH_QUEUE = (  # labels vhost, queue
+    _f("hutch_queue_messages_paged_out", GAUGE, "Ready messages paged out to disk (bodies not in memory)"),
+    _f("hutch_queue_messages_published_total", COUNTER, "Total number of messages enqueued into a queue"),
+    _f("hutch_queue_messages_delivered_total", COUNTER,
+       "Total number of messages delivered from a queue to consumers, in either acknowledgement mode"),
+    _f("hutch_queue_get_total", COUNTER,
+       "Total number of messages fetched from a queue with basic.get, in either acknowledgement mode"),
+    _f("hutch_queue_messages_dead_lettered_total", COUNTER,
+       "Total number of messages a queue dead-lettered (expired, maxlen, rejected, delivery limit)"),
+    _f("hutch_queue_messages_dropped_total", COUNTER,
+       "Total number of messages that left a queue for a dead-letter reason and were discarded "
+       "because the queue has no dead-letter exchange"),
+    _f("hutch_queue_messages_rejected_total", COUNTER,
+       "Total number of publishes a full queue refused (overflow reject-publish or reject-publish-dlx)"),
+)
+HUTCH_CHANNEL = (  # labels channel, vhost
+    _f("hutch_channel_messages_delivered_total", COUNTER,
+       "Total number of messages delivered to consumers on a channel, in either acknowledgement mode"),
+)
+
+
+# column positions in the rows built by _queue_rows and _channel_rows (row layout = family order)
+_Q_CONSUMERS = 3
+_Q_HUTCH = len(QUEUE) + len(QUEUE_DELIVERY)
+_CH_PUBLISH = len(CHANNEL)
+_CH_REDELIVER = _CH_PUBLISH + 2
+_CH_ACK = _CH_PUBLISH + 3
+_CH_DELIVER = len(CHANNEL) + len(CHANNEL_COUNTERS)
+
+
+def families() -> list[Family]:
+    """Every family `render` can emit, in output order (docs and tests)."""
+    return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CONNECTION, *QUEUE_DELIVERY, *TOTALS, QUEUE_INFO,
+            BUILD_INFO, IDENTITY_INFO, *GLOBAL, *ALARMS, PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE,
+            *HUTCH_CHANNEL]
+
+
+# -- scrape telemetry -------------------------------------------------------------------------------
+
+
+class ScrapeStats:
+    """The plugin's telemetry_scrape_* summaries: count and sum per registry. A scrape is observed
+    after its body is built, so a body reports the scrapes before it (as in RabbitMQ)."""
+
+    def __init__(self) -> None:
+        self.by_registry: dict[str, list[float]] = {}  # registry -> [count, seconds, bytes]
+
+    def observe(self, registry: str, duration_s: float, size_bytes: int) -> None:
+        entry = self.by_registry.setdefault(registry, [0, 0.0, 0])
+        entry[0] += 1
+        entry[1] += duration_s
+        entry[2] += size_bytes
+
+
+# -- rendering --------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(int(value))
+
+
+class _Text:
+    """The body under construction: a list of strings joined once at the end."""
+
+    def __init__(self, per_object: bool) -> None:
+        self.per_object = per_object
+        self.parts: list[str] = []
+
+    def one(self, family: Family, value: Any, labels: str = "") -> None:
+        self.parts.append(f"{family.header}{family.name}{labels} {_num(value)}\n")
+
+    def columns(self, fams: Sequence[Family], labels: list[str], rows: list[tuple[int, ...]],
+                offset: int = 0) -> None:
+        """Family i takes column offset+i of every row: one sample per object (labels[j] is the
+        label text of row j, ending in a space), or their sum when aggregated."""
+        parts = self.parts
+        for i, fam in enumerate(fams):
+            col = offset + i
+            parts.append(fam.header)
+            name = fam.name
+            if self.per_object:
+                parts.extend([f"{name}{lbl}{row[col]}\n" for lbl, row in zip(labels, rows, strict=True)])
+            else:
+                parts.append(f"{name} {sum(row[col] for row in rows)}\n")
+
+
+def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int, ...]], list[str]]:
+    """One row per queue: the columns of QUEUE, QUEUE_DELIVERY and HUTCH_QUEUE in that order, with
+    each queue's label text and its rabbitmq_queue_info sample."""
+    labels: list[str] = []
+    rows: list[tuple[int, ...]] = []
+    infos: list[str] = []
+    for vhost in node.vhosts.values():
+        v = escape_label(vhost.name)
+        for q in vhost.queues.values():
+            ready = q.message_count
+            unacked = q.unacked_count
+            ram = q.messages_ram
+            rows.append((
+                ready, unacked, ready + unacked, q.consumer_count, ram + unacked, ram, unacked,
+                q.message_bytes,
+                q.stat_redelivered, q.stat_acked,
+                q.messages_paged_out, q.stat_published, q.stat_delivered, q.stat_get,
+                getattr(q, "stat_dead_lettered", 0), getattr(q, "stat_dropped", 0), getattr(q, "stat_rejected", 0),
+            ))
+            if per_object:
+                lbl = f'{{vhost="{v}",queue="{escape_label(q.name)}"'
+                labels.append(lbl + "} ")
+                infos.append(f'{QUEUE_INFO.name}{lbl},queue_type="rabbit_{q.queue_type}_queue",'
+                             f'membership="leader"}} 1\n')
+    return labels, rows, infos
+
+
+def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], list[tuple[int, ...]]]:
+    """One row per live channel: the columns of CHANNEL, CHANNEL_COUNTERS and HUTCH_CHANNEL."""
+    by_channel: list[str] = []
+    by_channel_vhost: list[str] = []
+    rows: list[tuple[int, ...]] = []
+    for conn in node.connections:
+        for ch in conn.channels.values():
+            unconfirmed = ch.publish_seq - ch.confirm_sent if ch.confirm else 0
+            uncommitted = sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0
+            rows.append((
+                len(ch.consumers), len(ch.unacked), unconfirmed, uncommitted, ch.prefetch_count,
+                ch.global_prefetch,
+                ch.stat_publish, ch.confirm_sent, ch.stat_redeliver, ch.stat_ack,
+                ch.stat_deliver,
+            ))
+            if per_object:
+                name = f'{{channel="{escape_label(formats.channel_name(ch))}"'
+                by_channel.append(name + "} ")
+                vhost = ch.vhost.name if ch.vhost is not None else ""
+                by_channel_vhost.append(f'{name},vhost="{escape_label(vhost)}"}} ')
+    return by_channel, by_channel_vhost, rows
+
+
+def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consumers: int) -> None:
+    closed = node.closed_channel_stats
+    proto = f'{{protocol="{PROTOCOL}"}}'
+    proto_type = f'{{protocol="{PROTOCOL}",queue_type="rabbit_classic_queue"}}'
+    received, publishers, consumers_now, delivered, redelivered, acked = GLOBAL
+
+    def total(stat: str, col: int) -> int:
+        return closed.get(stat, 0) + sum(r[col] for r in channel_rows)
+
+    out.one(received, total("stat_publish", _CH_PUBLISH), proto)
+    out.one(publishers, sum(1 for r in channel_rows if r[_CH_PUBLISH]), proto)  # channels that published
+    out.one(consumers_now, consumers, proto)
+    out.one(delivered, total("stat_deliver", _CH_DELIVER), proto_type)
+    out.one(redelivered, total("stat_redeliver", _CH_REDELIVER), proto_type)
+    out.one(acked, total("stat_ack", _CH_ACK), proto_type)
+
+
+def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None = None) -> str:
+    """The exposition text of `registry` ("default": aggregated, "per-object")."""
+    endpoint = REGISTRIES[registry]
+    per_object = endpoint == "per-object"
+    out = _Text(per_object)
+    info = system.node_info(node, now_ms)
+    storage = node.persistence
+    fsyncs = storage.sink.fsyncs if storage is not None else 0
+    for fam, value in zip(NODE, (info["fd_used"], info["mem_used"], info["disk_free"], info["fd_total"],
+                                 info["mem_limit"], info["disk_free_limit"], info["uptime"] / 1000, fsyncs),
+                          strict=True):
+        out.one(fam, value)
+
+    q_labels, q_rows, q_infos = _queue_rows(node, per_object)
+    out.columns(QUEUE, q_labels, q_rows)
+    ch_labels, chv_labels, ch_rows = _channel_rows(node, per_object)
+    out.columns(CHANNEL, ch_labels, ch_rows)
+    out.columns(CHANNEL_COUNTERS, chv_labels, ch_rows, offset=_CH_PUBLISH)
+    conn_labels: list[str] = []
+    conn_rows: list[tuple[int, ...]] = []
+    for conn in node.connections:
+        conn_rows.append((conn.recv_oct, conn.send_oct, len(conn.channels)))
+        if per_object:
+            conn_labels.append(f'{{channel="{escape_label(conn.name)}"}} ')
+    out.columns(CONNECTION, conn_labels, conn_rows)
+    out.columns(QUEUE_DELIVERY, q_labels, q_rows, offset=len(QUEUE))
+
+    consumers = sum(r[_Q_CONSUMERS] for r in q_rows)
+    for fam, value in zip(TOTALS, (len(node.connections), len(ch_rows), consumers, len(q_rows)), strict=True):
+        out.one(fam, value)
+    if per_object:
+        out.parts.append(QUEUE_INFO.header)
+        out.parts.extend(q_infos)
+    out.one(BUILD_INFO, 1, _labels((
+        ("product_name", "hutch"), ("product_version", __version__), ("rabbitmq_version", __version__),
+        ("prometheus_plugin_version", __version__), ("prometheus_client_version", __version__),
+        ("python_version", platform.python_version()))))
+    out.one(IDENTITY_INFO, 1, _labels((
+        ("rabbitmq_node", node.name), ("rabbitmq_cluster", node.config.cluster_name),
+        ("rabbitmq_endpoint", endpoint))))
+
+    _global(out, node, ch_rows, consumers)
+    out.one(ALARMS[0], int("disk" in node.alarms))
+    out.one(ALARMS[1], int("memory" in node.alarms))
+    out.one(PROCESS_START, int(node.started_at))
+    _scrape_telemetry(out, registry, scrapes)
+
+    syncs = storage.sink.syncs if storage is not None else 0
+    for fam, value in zip(HUTCH_NODE, (fsyncs, syncs, int(node.memory_pressure)), strict=True):
+        out.one(fam, value)
+    out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)
+    out.columns(HUTCH_CHANNEL, chv_labels, ch_rows, offset=_CH_DELIVER)
+    return "".join(out.parts)
+
+
+def _scrape_telemetry(out: _Text, registry: str, scrapes: ScrapeStats | None) -> None:
+    count, seconds, size = (scrapes.by_registry.get(registry) if scrapes is not None else None) or (0, 0.0, 0)
+    labels = _labels((("registry", registry), ("content_type", CONTENT_TYPE)))
+    duration, size_bytes = SCRAPE
+    out.parts.append(f"{duration.header}{duration.name}_count{labels} {int(count)}\n"
+                     f"{duration.name}_sum{labels} {float(seconds)!r}\n")
+    out.parts.append(f"{size_bytes.header}{size_bytes.name}_count{labels} {int(count)}\n"
+                     f"{size_bytes.name}_sum{labels} {int(size)}\n")
+
+
+__all__ = ["CONTENT_TYPE", "REGISTRIES", "Family", "ScrapeStats", "escape_label", "families", "render"]
