@@ -44,7 +44,11 @@ def publish_many(server: ServerInfo, queue: str, n: int, durable: bool, props: p
     for i in range(n):
         body = str(i).encode()
         ch.basic_publish("", queue, body + b"." * max(0, size - len(body)), props)
-    ch.confirm_delivery()  # a round trip: everything before it has been routed
+    # a confirmed persistent publish: everything before it has been routed and written, and what was
+    # persistent is on disk (its group commit carries the earlier writes), so a kill -9 may follow
+    ch.confirm_delivery()
+    ch.queue_declare("barrier", durable=True)
+    ch.basic_publish("", "barrier", b"-", PERSISTENT)
     conn.close()
 
 
