@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow test-crash lint clean bench-spark
+.PHONY: setup run test test-slow test-crash test-sim lint clean bench-spark
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test-slow: $(STAMP)
 # the kill -9 crash loop, long: HUTCH_CRASH_ROUNDS (default 40) and HUTCH_CRASH_SEED pick the run
 test-crash: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/interop/test_persistence.py -k crash_loop_long
+
+# the Raft simulation, long: thousands of seeds (a failing seed prints `python -m tests.sim.replay N`)
+test-sim: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/sim
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks

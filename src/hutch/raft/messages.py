@@ -8,8 +8,8 @@ out, so the driver (and the simulator) may keep references without copying.
 Rules:
 - Index 0 / term 0 is the empty log. The first real entry has index 1.
 - `NONE` (0) is "no node": node ids are positive integers.
-- Messages whose `term` is 0 are local (HUP, BEAT, CHECK_QUORUM, SNAP_STATUS, UNREACHABLE): they never
-  travel on the wire and the driver never sees them in `Ready.messages`.
+- Every `Message` is a wire message. Local events (election or heartbeat timeout, snapshot status,
+  unreachable peer) are method calls on `RawNode`, not messages, so the hot path allocates nothing for them.
 """
 
 from __future__ import annotations
@@ -128,13 +128,6 @@ EMPTY_SNAPSHOT = Snapshot()
 
 
 class MessageType(enum.IntEnum):
-    # local messages: never sent on the wire
-    HUP = 0  # election timeout elapsed: start a (pre-)campaign
-    BEAT = 1  # heartbeat timeout elapsed on the leader
-    CHECK_QUORUM = 2  # leader: step down unless a quorum was active in the last election timeout
-    SNAP_STATUS = 3  # driver reports whether sending a snapshot worked (reject=True: failed)
-    UNREACHABLE = 4  # driver reports that a peer could not be reached
-    # wire messages
     APP = 10  # AppendEntries: index/log_term = entry preceding `entries`; commit = leader commit
     APP_RESP = 11  # index = last index matched (or rejected index; reject_hint/log_term = hint)
     VOTE = 12  # RequestVote: index/log_term = candidate's last entry
@@ -145,11 +138,6 @@ class MessageType(enum.IntEnum):
     HEARTBEAT = 17  # commit = min(leader commit, follower match): never commits past what it holds
     HEARTBEAT_RESP = 18
     TIMEOUT_NOW = 19  # leader transfer: campaign now, skipping pre-vote and the leader lease
-
-
-LOCAL_MESSAGES = frozenset(
-    {MessageType.HUP, MessageType.BEAT, MessageType.CHECK_QUORUM, MessageType.SNAP_STATUS, MessageType.UNREACHABLE}
-)
 
 
 class CampaignType(enum.IntEnum):

@@ -9,6 +9,7 @@ sends the messages of that `Ready`. This module owns:
   (the write-ahead log of issue 6 item 3): `set_hard_state`, `append` (truncating a conflicting suffix),
   `apply_snapshot` (replacing the whole log), `create_snapshot` + `compact` (log compaction driven by
   the application).
+- `bootstrap_entries`: how a new group's founding configuration is written (as log entries).
 
 Invariant (MemoryStorage): `self._ents[0]` is a dummy entry whose index/term are those of the latest
 snapshot (0/0 for an empty log); real entries follow at consecutive indexes.
@@ -18,7 +19,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .messages import EMPTY_HARD_STATE, ConfState, Entry, HardState, Snapshot, SnapshotMeta
+from .messages import (
+    EMPTY_HARD_STATE,
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Snapshot,
+    SnapshotMeta,
+)
 
 
 class StorageError(Exception):
@@ -67,13 +78,36 @@ def limit_size(ents: list[Entry], max_bytes: int) -> list[Entry]:
     return ents
 
 
-class MemoryStorage:
-    """Storage held in memory. Conf state of a fresh group is given at construction (bootstrap)."""
+def bootstrap_entries(voters: tuple[int, ...] | list[int]) -> tuple[list[Entry], HardState]:
+    """The log and hard state every *founding* member of a new group persists before starting.
 
-    def __init__(self, conf_state: ConfState | None = None) -> None:
+    The initial configuration is a sequence of committed ADD_NODE entries (term 1), not a snapshot at
+    index 0: a server added later learns the founding configuration by replication like any other entry.
+    (Giving it to members out of band would leave later joiners with an empty base configuration.)
+    A joining node starts with empty storage and waits to be contacted.
+    """
+    ents = [
+        Entry(1, i + 1, EntryType.CONF_CHANGE, ConfChange(ConfChangeType.ADD_NODE, v).encode())
+        for i, v in enumerate(sorted(voters))
+    ]
+    return ents, HardState(term=1, vote=0, commit=len(ents))
+
+
+class MemoryStorage:
+    """Storage held in memory; `MemoryStorage.bootstrap(voters)` for a founding member of a new group."""
+
+    def __init__(self) -> None:
         self.hard_state: HardState = EMPTY_HARD_STATE
-        self._snapshot = Snapshot(SnapshotMeta(0, 0, conf_state or ConfState()))
+        self._snapshot = Snapshot(SnapshotMeta(0, 0, ConfState()))
         self._ents: list[Entry] = [Entry(0, 0)]
+
+    @classmethod
+    def bootstrap(cls, voters: tuple[int, ...] | list[int]) -> MemoryStorage:
+        st = cls()
+        ents, hs = bootstrap_entries(voters)
+        st.append(ents)
+        st.set_hard_state(hs)
+        return st
 
     # -- reads (the Storage protocol) ------------------------------------------------------------
 
@@ -148,7 +182,7 @@ class MemoryStorage:
         offset = self._ents[0].index
         if compact_index <= offset:
             return
-        if compact_index > self.last_index():
-            raise UnavailableError(compact_index)
+        if compact_index > self._snapshot.index:
+            raise StorageError(f"compact({compact_index}) past the snapshot at {self._snapshot.index}")
         i = compact_index - offset
         self._ents = [Entry(self._ents[i].term, self._ents[i].index)] + self._ents[i + 1 :]

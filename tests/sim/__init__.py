@@ -1,0 +1,1 @@
+"""Seeded, deterministic simulation of the Raft core (see docs/raft.md, "How it is proven")."""
