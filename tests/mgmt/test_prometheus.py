@@ -70,6 +70,13 @@ RABBITMQ: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rabbitmq_channels": ("gauge", "Channels currently open", ()),
     "rabbitmq_consumers": ("gauge", "Consumers currently connected", ()),
     "rabbitmq_queues": ("gauge", "Queues available", ()),
+    "rabbitmq_connections_opened_total": ("counter", "Total number of connections opened", ()),
+    "rabbitmq_connections_closed_total": ("counter", "Total number of connections closed or terminated", ()),
+    "rabbitmq_channels_opened_total": ("counter", "Total number of channels opened", ()),
+    "rabbitmq_channels_closed_total": ("counter", "Total number of channels closed", ()),
+    "rabbitmq_queues_declared_total": ("counter", "Total number of queues declared", ()),
+    "rabbitmq_queues_created_total": ("counter", "Total number of queues created", ()),
+    "rabbitmq_queues_deleted_total": ("counter", "Total number of queues deleted", ()),
     "rabbitmq_queue_info": ("gauge", "A metric with a constant '1' value and labels that provide some queue details",
                             ("vhost", "queue", "queue_type", "membership")),
     "rabbitmq_build_info": ("untyped", "RabbitMQ & Erlang/OTP version info",
@@ -409,3 +416,25 @@ def test_ten_thousand_queues_render_well_under_a_second(queue_class_state: Any):
             assert value(fams, "rabbitmq_queue_messages_ready", queue="q-9999") == 1
         else:
             assert value(fams, "rabbitmq_queue_messages_ready") == 10_000
+
+
+def test_churn_counters_count_connections_channels_and_queues(mgmt: ServerInfo):
+    before = scrape(mgmt)
+    conn = pika.BlockingConnection(pika.ConnectionParameters(port=mgmt.amqp_port))
+    ch = conn.channel()
+    ch.queue_declare("churn-q")
+    ch.queue_declare("churn-q")  # a redeclare: declared, not created
+    ch.queue_delete("churn-q")
+    ch.close()
+    conn.close()
+    time.sleep(0.2)
+    after = scrape(mgmt)
+
+    def delta(name: str) -> float:
+        return value(after, name) - value(before, name)
+
+    assert delta("rabbitmq_connections_opened_total") >= 1
+    assert delta("rabbitmq_connections_closed_total") >= 1
+    assert delta("rabbitmq_channels_opened_total") >= 1 and delta("rabbitmq_channels_closed_total") >= 1
+    assert delta("rabbitmq_queues_declared_total") >= 2
+    assert delta("rabbitmq_queues_created_total") >= 1 and delta("rabbitmq_queues_deleted_total") >= 1

@@ -128,6 +128,17 @@ TOTALS = (
     _f("rabbitmq_consumers", GAUGE, "Consumers currently connected"),
     _f("rabbitmq_queues", GAUGE, "Queues available"),
 )
+CHURN = (  # connection_churn_metrics; Node.churn
+    _f("rabbitmq_connections_opened_total", COUNTER, "Total number of connections opened"),
+    _f("rabbitmq_connections_closed_total", COUNTER, "Total number of connections closed or terminated"),
+    _f("rabbitmq_channels_opened_total", COUNTER, "Total number of channels opened"),
+    _f("rabbitmq_channels_closed_total", COUNTER, "Total number of channels closed"),
+    _f("rabbitmq_queues_declared_total", COUNTER, "Total number of queues declared"),
+    _f("rabbitmq_queues_created_total", COUNTER, "Total number of queues created"),
+    _f("rabbitmq_queues_deleted_total", COUNTER, "Total number of queues deleted"),
+)
+CHURN_KEYS = ("connections_opened", "connections_closed", "channels_opened", "channels_closed",
+              "queues_declared", "queues_created", "queues_deleted")
 QUEUE_INFO = _f("rabbitmq_queue_info", GAUGE, "A metric with a constant '1' value and labels that provide some queue details")
 BUILD_INFO = _f("rabbitmq_build_info", UNTYPED, "RabbitMQ & Erlang/OTP version info")
 IDENTITY_INFO = _f("rabbitmq_identity_info", UNTYPED, "RabbitMQ node & cluster identity info")
@@ -189,7 +200,7 @@ _CH_DELIVER = len(CHANNEL) + len(CHANNEL_COUNTERS)
 
 def families() -> list[Family]:
     """Every family `render` can emit, in output order (docs and tests)."""
-    return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CONNECTION, *QUEUE_DELIVERY, *TOTALS, QUEUE_INFO,
+    return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CONNECTION, *QUEUE_DELIVERY, *TOTALS, *CHURN, QUEUE_INFO,
             BUILD_INFO, IDENTITY_INFO, *GLOBAL, *ALARMS, PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE,
             *HUTCH_CHANNEL]
 
@@ -342,6 +353,8 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
     consumers = sum(r[_Q_CONSUMERS] for r in q_rows)
     for fam, value in zip(TOTALS, (len(node.connections), len(ch_rows), consumers, len(q_rows)), strict=True):
         out.one(fam, value)
+    for fam, key in zip(CHURN, CHURN_KEYS, strict=True):
+        out.one(fam, node.churn[key])
     if per_object:
         out.parts.append(QUEUE_INFO.header)
         out.parts.extend(q_infos)

@@ -142,6 +142,7 @@ class AMQPConnection(asyncio.Protocol):
         self._last_recv = self._last_sent = now
         self.connected_at_ms = int(self.node.wall_ms())
         self.node.connections.add(self)
+        self.node.churn["connections_opened"] += 1
         timeout_s = self.node.config.handshake_timeout_ms / 1000
         self._timer = self._loop.call_later(timeout_s, self._handshake_timeout)
 
@@ -152,7 +153,9 @@ class AMQPConnection(asyncio.Protocol):
         if self._close_timer is not None:
             self._close_timer.cancel()
         self._release_all()
-        self.node.connections.discard(self)
+        if self in self.node.connections:
+            self.node.connections.discard(self)
+            self.node.churn["connections_closed"] += 1
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -292,6 +295,7 @@ class AMQPConnection(asyncio.Protocol):
                 raise ConnectionError_(NOT_ALLOWED, f"channel_max ({self.channel_max}) reached",
                                        20, 10)
             self.channels[channel] = ServerChannel(self, channel)
+            self.node.churn["channels_opened"] += 1
             self.send_method(channel, spec.Channel.OpenOk())
             return
         raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}",

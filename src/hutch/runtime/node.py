@@ -80,6 +80,9 @@ class Node:
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
         self.memory_pressure = False  # over the paging threshold: queues keep a small working set in RAM
+        # churn counters (Prometheus rabbitmq_*_opened/closed/declared/created/deleted_total); never decrease
+        self.churn = dict.fromkeys(("connections_opened", "connections_closed", "channels_opened",
+                                    "channels_closed", "queues_declared", "queues_created", "queues_deleted"), 0)
         ClassicQueue.ram_limit = config.classic_queue_ram_limit  # class-wide, like the pressure limits
         ClassicQueue.clock = staticmethod(queue_features.wall_ms)
         self.queue_timers = queue_features.QueueTimers(self)
@@ -317,6 +320,7 @@ class Node:
 
     def channel_closed(self, ch: ServerChannel) -> None:
         """Fold a closing channel's stat_* counters into `closed_channel_stats` (called once)."""
+        self.churn["channels_closed"] += 1
         stats = self.closed_channel_stats
         for key, value in vars(ch).items():
             if key.startswith("stat_") and isinstance(value, int):
@@ -376,6 +380,7 @@ class Node:
 
     def declare_queue(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
                       arguments: dict[str, Any], owner: object) -> Queue:
+        self.churn["queues_declared"] += 1
         existing = vhost.queues.get(name)
         if existing is not None:
             vhost.check_queue_equivalence(existing, durable, exclusive, auto_delete, arguments, owner)
@@ -392,6 +397,7 @@ class Node:
             validate_queue_arguments(name, vhost.name, qtype, arguments)
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         vhost.add_queue(q)
+        self.churn["queues_created"] += 1
         policies.apply_to_queue(self, q)
         if not self._replaying:
             self._attach_storage(vhost, q)
@@ -404,6 +410,8 @@ class Node:
         return q
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:
+        if vhost.queues.get(q.name) is q:
+            self.churn["queues_deleted"] += 1
         if isinstance(q, ClassicQueue):
             self.queue_timers.cancel(q)
         consumers = q.consumers()
