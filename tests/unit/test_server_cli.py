@@ -23,7 +23,7 @@ def fake_run_node(monkeypatch):
     """Install a fake hutch.runtime.node whose run_node records its Config."""
     seen: list[Config] = []
 
-    def run_node(config: Config, services=()) -> int:
+    def run_node(config: Config, services=(), prepare=None) -> int:
         seen.append(config)
         services_seen.extend(services)
         return 0
@@ -70,7 +70,7 @@ def test_env_is_read(fake_run_node, monkeypatch):
 
 
 def test_run_node_exit_code_is_returned(fake_run_node, monkeypatch):
-    monkeypatch.setattr(sys.modules["hutch.runtime.node"], "run_node", lambda config, services=(): 3)
+    monkeypatch.setattr(sys.modules["hutch.runtime.node"], "run_node", lambda config, services=(), prepare=None: 3)
     assert server.main([]) == 3
 
 

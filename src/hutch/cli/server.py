@@ -116,9 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.data_dir,
     )
     from hutch.mgmt import start_management
+    from hutch.mgmt.definitions import boot_definitions
     from hutch.runtime.node import run_node
 
-    return run_node(config, services=[start_management])
+    return run_node(config, services=[start_management], prepare=boot_definitions)
 
 
 if __name__ == "__main__":

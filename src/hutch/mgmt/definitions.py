@@ -704,3 +704,15 @@ __all__ = [
     "plan_import",
     "prepare",
 ]
+
+
+def boot_definitions(node: Node) -> str | None:
+    """`load_definitions` at start-up (hutch-server passes this to run_node): None, or a one-line error."""
+    path = node.config.load_definitions
+    if not path:
+        return None
+    try:
+        load_definitions_file(node, path)
+    except DefinitionsError as exc:
+        return f"cannot load definitions from {path}: {exc}"
+    return None

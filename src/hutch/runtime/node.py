@@ -513,7 +513,11 @@ def _is_durable_queue(q: Queue) -> bool:
     return q.durable and q.exclusive_owner is None
 
 
-async def serve(config: Config, services: Sequence[Service] = ()) -> int:
+async def serve(config: Config, services: Sequence[Service] = (),
+                prepare: Callable[[Node], str | None] | None = None) -> int:
+    """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
+    passes the management layer's definitions import for `load_definitions`); a returned text is a
+    one-line start-up error."""
     try:
         store = DefinitionStore(config.data_dir) if config.data_dir else None
         persistence = Persistence(config.data_dir, embed_below=config.queue_index_embed_msgs_below,
@@ -525,15 +529,10 @@ async def serve(config: Config, services: Sequence[Service] = ()) -> int:
         print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",
               file=sys.stderr)
         return 1
-    if config.load_definitions:  # after recovery, before the listeners accept clients
-        # the import is the management service layer's (hutch.mgmt.definitions), shared with the HTTP API
-        from hutch.mgmt.definitions import DefinitionsError, load_definitions_file
-
-        try:
-            load_definitions_file(node, config.load_definitions)
-        except DefinitionsError as exc:
-            print(f"hutch-server: cannot load definitions from {config.load_definitions}: {exc}",
-                  file=sys.stderr)
+    if prepare is not None:
+        problem = prepare(node)
+        if problem:
+            print(f"hutch-server: {problem}", file=sys.stderr)
             return 1
     try:
         await node.start()
@@ -583,14 +582,15 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run_node(config: Config, services: Sequence[Service] = ()) -> int:
+def run_node(config: Config, services: Sequence[Service] = (),
+             prepare: Callable[[Node], str | None] | None = None) -> int:
     """Run a node until SIGTERM/SIGINT; returns the process exit code."""
     tune_gc()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep the node usable without it
-        return asyncio.run(serve(config, services))
-    return uvloop.run(serve(config, services))
+        return asyncio.run(serve(config, services, prepare))
+    return uvloop.run(serve(config, services, prepare))
 
 
 __all__ = ["Node", "run_node", "serve", "ConnectionError_"]
