@@ -130,6 +130,16 @@ def _int_in(text: str, low: int, high: int, expected: str | None = None) -> int:
     return value
 
 
+def _float_in(text: str, low: float, high: float, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _BadValue(expected) from None
+    if not low <= value <= high:
+        raise _BadValue(expected)
+    return value
+
+
 def _int_field(name: str, low: int, high: int) -> _Parser:
     return lambda text: {name: _int_in(text, low, high)}
 
@@ -193,13 +203,7 @@ def _parse_log_level(text: str) -> dict[str, Any]:
 
 
 def _parse_watermark(text: str) -> dict[str, Any]:
-    expected = "a fraction of RAM between 0.0 and 1.0, e.g. 0.4"
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadValue(expected) from None
-    if not 0.0 <= value <= 1.0:
-        raise _BadValue(expected)
+    value = _float_in(text, 0.0, 1.0, "a fraction of RAM between 0.0 and 1.0, e.g. 0.4")
     return {"vm_memory_high_watermark": value, "vm_memory_high_watermark_bytes": 0}  # the last key wins
 
 
@@ -234,13 +238,7 @@ def _parse_watermark_absolute(text: str) -> dict[str, Any]:
 
 
 def _parse_paging_ratio(text: str) -> dict[str, Any]:
-    expected = "a fraction of the memory high watermark between 0.0 and 1.0, e.g. 0.5"
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadValue(expected) from None
-    if not 0.0 <= value <= 1.0:
-        raise _BadValue(expected)
+    value = _float_in(text, 0.0, 1.0, "a fraction of the memory high watermark between 0.0 and 1.0, e.g. 0.5")
     return {"vm_memory_high_watermark_paging_ratio": value}
 
 
@@ -256,13 +254,7 @@ def _parse_store_file_size(text: str) -> dict[str, Any]:
 
 
 def _parse_disk_free_relative(text: str) -> dict[str, Any]:
-    expected = "a ratio of total RAM between 0.0 and 100.0, e.g. 1.5"
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadValue(expected) from None
-    if not 0.0 <= value <= 100.0:
-        raise _BadValue(expected)
+    value = _float_in(text, 0.0, 100.0, "a ratio of total RAM between 0.0 and 100.0, e.g. 1.5")
     return {"disk_free_limit_relative": value}
 
 

@@ -26,6 +26,19 @@ from hutch.amqp.table import encode_table
 _counter = itertools.count(1)
 
 
+def storage_barrier(amqp_port: int) -> None:
+    """Return once everything the node wrote before is on disk: a confirmed persistent publish waits for
+    the group commit that also carries the earlier writes (publishes without confirms, acks, and the
+    requeues of a closed connection have no reply of their own). Without it a kill -9 may legitimately
+    lose them. Leaves one message in the durable queue "barrier"."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters(port=amqp_port, heartbeat=0))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("barrier", durable=True)
+    ch.basic_publish("", "barrier", b"-", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
 def unique(prefix: str = "q") -> str:
     """A name no other test (or earlier run against the same session server) uses."""
     return f"{prefix}-{os.getpid()}-{next(_counter)}-{time.monotonic_ns() % 1_000_000}"

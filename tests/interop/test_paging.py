@@ -17,6 +17,8 @@ import pika
 from conftest import ServerInfo, start_server
 from hutch.runtime.persistence import resource_dir
 
+from .helpers import storage_barrier
+
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 RAM_LIMIT = 5000  # classic_queue_ram_limit in the tests' config (the default is 131072)
 CONFIG = f"classic_queue_ram_limit = {RAM_LIMIT}\n"
@@ -45,12 +47,8 @@ def publish_many(server: ServerInfo, queue: str, n: int, durable: bool, props: p
     for i in range(n):
         body = str(i).encode()
         ch.basic_publish("", queue, body + b"." * max(0, size - len(body)), props)
-    # a confirmed persistent publish: everything before it has been routed and written, and what was
-    # persistent is on disk (its group commit carries the earlier writes), so a kill -9 may follow
-    ch.confirm_delivery()
-    ch.queue_declare("barrier", durable=True)
-    ch.basic_publish("", "barrier", b"-", PERSISTENT)
     conn.close()
+    storage_barrier(server.amqp_port)  # so a kill -9 may follow
 
 
 def consume_all(server: ServerInfo, queue: str, n: int) -> list[int]:

@@ -20,6 +20,8 @@ import pytest
 from conftest import ServerInfo, start_server
 from hutch.runtime.channel import confirmable_prefix
 
+from . import helpers
+
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
 
@@ -47,15 +49,7 @@ def drain(server: ServerInfo, queue: str, ack: bool = True) -> list[tuple[bytes,
 
 
 def storage_barrier(server: ServerInfo) -> None:
-    """Return once everything the node wrote before is on disk: a confirmed persistent publish waits for
-    the group commit that also carries the earlier writes (acks, and the requeues of a closed
-    connection, have no reply of their own). Without it a kill -9 may legitimately lose them."""
-    conn = connect(server)
-    ch = conn.channel()
-    ch.confirm_delivery()
-    ch.queue_declare("barrier", durable=True)
-    ch.basic_publish("", "barrier", b"-", PERSISTENT)
-    conn.close()
+    helpers.storage_barrier(server.amqp_port)
 
 
 def restart(server: ServerInfo, tmp_path: Path, sig: int) -> ServerInfo:

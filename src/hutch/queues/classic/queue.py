@@ -453,12 +453,9 @@ class ClassicQueue(Queue):
             self.expire_due(self.clock())
         if self.settings.expires is not None:
             self.touch(self.clock())
-        if not self._ready:
-            if not self._delta:
-                return None
-            self._refill()
-        entry = self._ready.popleft()
-        self._ready_bytes -= entry.msg.size
+        if not self._ready and not self._delta:
+            return None
+        entry = self._pop_head()
         if entry.seq > self._max_delivered:
             self._max_delivered = entry.seq
         if self.settings.delivery_limit is not None and entry.returns:
