@@ -206,3 +206,15 @@ def test_recovery_matches_a_model(ops: list[tuple[str, int]], seed: int) -> None
             committed_live = set(got)
             pending_acks.clear()
             next_seq = max(next_seq, found.max_seq + 1)
+
+
+def test_deleting_a_queue_keeps_copies_salvage_set_aside() -> None:
+    fs = MemoryFS()
+    index, sink = make(fs)
+    publish(index, range(1, 4))
+    sink.commit()
+    aside = f"{DIR}/{segment_name(0)}.damaged-20261122T000000Z"
+    fs.open_append(aside).write(b"kept")
+    index.delete()
+    sink.commit()
+    assert fs.list_dir(DIR) == [aside.rsplit("/", 1)[1]]

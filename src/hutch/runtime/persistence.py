@@ -36,7 +36,12 @@ from hutch.storage.appendfile import AppendFile
 from hutch.storage.errors import NoSpaceError, StorageError
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.msg_store import DEFAULT_FILE_SIZE_LIMIT, MessageStore
-from hutch.storage.queue_index import DEFAULT_EMBED_BELOW, DEFAULT_SEGMENT_ENTRIES, QueueIndex
+from hutch.storage.queue_index import (
+    DEFAULT_EMBED_BELOW,
+    DEFAULT_SEGMENT_ENTRIES,
+    QueueIndex,
+    remove_queue_directory,
+)
 
 log = logging.getLogger("hutch.persistence")
 
@@ -313,14 +318,7 @@ class Persistence:
                 continue
             path = os.path.join(self.queues_dir, name)
             try:
-                kept = 0
-                for f in self.fs.list_dir(path):
-                    if ".damaged-" in f:
-                        kept += 1  # a copy hutch-storage salvage set aside: never delete it
-                        continue
-                    self.fs.delete(os.path.join(path, f))
-                if not kept:
-                    self.fs.remove_dir(path)
+                remove_queue_directory(self.fs, path)
             except StorageError as exc:
                 log.warning("cannot remove stale queue directory %s: %s", path, exc)
             removed += 1

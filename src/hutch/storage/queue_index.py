@@ -107,6 +107,21 @@ def decode_message(data: bytes | memoryview) -> tuple[str, str, bytes, bytes]:
     return exchange, routing_key, props, bytes(data[pos + plen:])
 
 
+def remove_queue_directory(fs: FileSystem, directory: str) -> bool:
+    """Delete a queue's directory and its files, except copies `hutch-storage salvage` set aside
+    (`.damaged-` in the name), which are never deleted; the directory stays while one is there.
+    Returns whether the directory is gone."""
+    kept = False
+    for name in fs.list_dir(directory):
+        if ".damaged-" in name:
+            kept = True
+            continue
+        fs.delete(os.path.join(directory, name))
+    if not kept:
+        fs.remove_dir(directory)
+    return not kept
+
+
 def segment_name(segno: int) -> str:
     return f"{segno:08d}{SUFFIX}"
 
@@ -440,9 +455,7 @@ class QueueIndex:
         self._files.clear()
         self._live.clear()
         try:
-            for name in self.fs.list_dir(self.directory):
-                self.fs.delete(os.path.join(self.directory, name))
-            self.fs.remove_dir(self.directory)
+            remove_queue_directory(self.fs, self.directory)
         except StorageError:
             pass
 
