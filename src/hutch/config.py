@@ -98,6 +98,16 @@ class Config:
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
     # listeners accept clients; when set, a fresh node does not create the default user and vhost
     load_definitions: str | None = None
+    # clustering (docs/clustering.md): a node is clustered when it has a cluster port. `cluster_join`
+    # (NODE@HOST:PORT) is a seed node a new node joins through on its first start.
+    cluster_port: int | None = None
+    cluster_host: str = "0.0.0.0"
+    cluster_advertise_host: str = ""  # the host other nodes dial; default 127.0.0.1
+    cluster_join: str | None = None
+    cluster_secret: str = field(default="", repr=False)
+    cluster_secret_file: str | None = None
+    cluster_metadata_timeout_ms: int = 30_000  # RabbitMQ's Khepri command timeout
+    cluster_tick_ms: int = 100  # one Raft tick; elections after 10-20 ticks
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -194,6 +204,12 @@ def _parse_node_name(text: str) -> dict[str, Any]:
     if not re.fullmatch(r"[^\s@]+(@[^\s@]+)?", text):
         raise _BadValue("a name like 'hutch' or 'hutch@host' (no spaces, at most one '@')")
     return {"node_name": text}
+
+
+def _parse_join(text: str) -> dict[str, Any]:
+    if not re.fullmatch(r"[^\s@]+@\[?[A-Za-z0-9.:-]+\]?:\d{1,5}", text):
+        raise _BadValue("a seed node as NODE@HOST:PORT, e.g. n1@127.0.0.1:25672")
+    return {"cluster_join": text}
 
 
 def _parse_log_level(text: str) -> dict[str, Any]:
@@ -305,6 +321,13 @@ _FILE_KEYS: dict[str, _Parser] = {
     "data_dir": _nonempty_field("data_dir"),
     "load_definitions": _nonempty_field("load_definitions"),
     "management.load_definitions": _nonempty_field("load_definitions"),  # RabbitMQ's older key
+    "cluster.listener.port": _int_field("cluster_port", 0, 65535),
+    "cluster.listener.ip": _host_field("cluster_host"),
+    "cluster.advertise_host": _host_field("cluster_advertise_host"),
+    "cluster.join": _parse_join,
+    "cluster.secret_file": _nonempty_field("cluster_secret_file"),
+    "cluster.metadata_timeout": _int_field("cluster_metadata_timeout_ms", 100, 2**31 - 1),
+    "cluster.tick_interval": _int_field("cluster_tick_ms", 5, 10_000),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting
@@ -316,6 +339,9 @@ FLAGS: dict[str, str] = {
     "management_port": "--management-port",
     "node_name": "--node-name",
     "log_level": "--log-level",
+    "cluster_port": "--cluster-port",
+    "cluster_join": "--join",
+    "cluster_secret_file": "--cluster-secret-file",
 }
 ENV_VARS: dict[str, str] = {
     "config": "HUTCH_CONFIG",
@@ -324,6 +350,10 @@ ENV_VARS: dict[str, str] = {
     "management_port": "HUTCH_MANAGEMENT_PORT",
     "node_name": "HUTCH_NODE_NAME",
     "log_level": "HUTCH_LOG_LEVEL",
+    "cluster_port": "HUTCH_CLUSTER_PORT",
+    "cluster_join": "HUTCH_CLUSTER_JOIN",
+    "cluster_secret_file": "HUTCH_CLUSTER_SECRET_FILE",
+    "cluster_secret": "HUTCH_CLUSTER_SECRET",
 }
 _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
@@ -332,6 +362,10 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "management_port": _int_field("management_port", 1, 65535),
     "node_name": _parse_node_name,
     "log_level": _parse_log_level,
+    "cluster_port": _int_field("cluster_port", 0, 65535),
+    "cluster_join": _parse_join,
+    "cluster_secret_file": _nonempty_field("cluster_secret_file"),
+    "cluster_secret": _nonempty_field("cluster_secret"),
 }
 
 _LOOPBACK_PREFIX = "loopback_users."
@@ -449,10 +483,11 @@ def load_config(
 
     env_layer: dict[str, Any] = {}
     flag_layer: dict[str, Any] = {}
-    for setting in FLAGS:
-        env_value = environ.get(ENV_VARS[setting])
+    for setting, variable in ENV_VARS.items():  # a superset of FLAGS (the secret has no flag)
+        env_value = environ.get(variable)
         if env_value is not None and env_value.strip():
-            env_layer.update(_override(setting, env_value, ENV_VARS[setting]))
+            env_layer.update(_override(setting, env_value, variable))
+    for setting in FLAGS:
         flag_value = argv_values.get(setting)
         if flag_value is not None:
             flag_layer.update(_override(setting, flag_value, FLAGS[setting]))

@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help=f"one of {', '.join(LOG_LEVELS)} (env HUTCH_LOG_LEVEL; default info)",
     )
+    parser.add_argument(
+        "--cluster-port", metavar="N", type=int,
+        help="inter-node port; makes this node clustered (env HUTCH_CLUSTER_PORT; see docs/clustering.md)",
+    )
+    parser.add_argument(
+        "--join", metavar="NODE@HOST:PORT",
+        help="on first start, join the cluster of this seed node (env HUTCH_CLUSTER_JOIN)",
+    )
+    parser.add_argument(
+        "--cluster-secret-file", metavar="FILE",
+        help="shared secret of the cluster (env HUTCH_CLUSTER_SECRET_FILE; default <data-dir>/.hutch.secret)",
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return parser
 
@@ -92,6 +104,9 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "management_port": args.management_port,
         "node_name": args.node_name,
         "log_level": args.log_level,
+        "cluster_port": args.cluster_port,
+        "cluster_join": args.join,
+        "cluster_secret_file": args.cluster_secret_file,
     }
     return load_config(flags, dict(os.environ) if environ is None else environ)
 

@@ -44,6 +44,7 @@ from hutch.core.auth import (
 )
 
 from .channel import ServerChannel
+from .cluster_errors import CLUSTER_METHODS, ClusterUnavailable, cluster_timeout_text
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
@@ -116,6 +117,7 @@ class AMQPConnection(asyncio.Protocol):
         self._read_this_turn = 0
         self._turn_scheduled = False
         self._suspended = False
+        self._cluster_task: asyncio.Task[None] | None = None
         self._in_receive = False
         self._flush_scheduled = False
         self._confirm_channels: set[ServerChannel] = set()
@@ -216,6 +218,8 @@ class AMQPConnection(asyncio.Protocol):
             if not data:
                 return
         self.reader.feed(data)
+        if self._suspended:  # waiting for the cluster or an authentication check: frames stay queued
+            return
         self._in_receive = True
         try:
             self._process_frames()
@@ -278,10 +282,62 @@ class AMQPConnection(asyncio.Protocol):
         if ch is None:
             self._no_such_channel(channel, method)
             return
+        if self.node.cluster is not None and (method.CLASS_ID, method.METHOD_ID) in CLUSTER_METHODS:
+            self._suspend_for_cluster(ch, channel, method)
+            return
         try:
             ch.handle_method(method)
         except ChannelError as exc:
             self._channel_error(channel, exc)
+
+    # -- clustered topology methods ----------------------------------------------------------------
+    def _suspend_for_cluster(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
+        """A topology method on a clustered node: stop reading this connection, bring the metadata up
+        to date (read barrier), run the method, and send its reply once the change is committed."""
+        self._suspended = True
+        self._hold_reading("cluster")
+        task = self._loop.create_task(self._clustered_method(ch, channel, method))
+        self._cluster_task = task
+
+    async def _clustered_method(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
+        cluster = self.node.cluster
+        assert cluster is not None
+        try:
+            try:
+                await cluster.barrier()
+                if self.state != State.OPEN or self.channels.get(channel) is not ch:
+                    return
+                mark = len(self.out)
+                try:
+                    ch.handle_method(method)
+                except ChannelError as exc:
+                    self._channel_error(channel, exc)
+                if cluster.has_unreplicated:
+                    held = self.out[mark:]  # the reply waits for the commit
+                    del self.out[mark:]
+                    await cluster.wait_replicated()
+                    await cluster.sync_peers()
+                    if self.state == State.OPEN:
+                        self.out.extend(held)
+            except ClusterUnavailable:
+                self.close_with_error(ConnectionError_(INTERNAL_ERROR, cluster_timeout_text(method, ch),
+                                                       method.CLASS_ID, method.METHOD_ID))
+        except ConnectionError_ as exc:
+            self.close_with_error(exc)
+        except Exception as exc:  # a bug must not take the node down
+            log.exception("internal error on connection %s", self.name)
+            self.close_with_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc}"))
+        finally:
+            self._cluster_task = None
+            self._suspended = False
+            self._release_reading("cluster")
+            if self.state == State.OPEN:
+                self._in_receive = True
+                try:
+                    self._process_frames()
+                finally:
+                    self._in_receive = False
+            self.flush()
 
     def _no_such_channel(self, channel: int, method: spec.Method) -> None:
         if channel in self.closing_channels:

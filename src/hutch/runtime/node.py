@@ -47,6 +47,7 @@ from .persistence import Persistence
 
 if TYPE_CHECKING:
     from .channel import ServerChannel
+    from .cluster import ClusterService
 
 log = logging.getLogger("hutch.node")
 
@@ -59,7 +60,7 @@ SUPPORTED_QUEUE_TYPES = ("classic",)
 class Node:
     def __init__(self, config: Config, auth: AuthStore | None = None,
                  store: DefinitionStore | None = None, monitor_resources: bool = True,
-                 persistence: Persistence | None = None) -> None:
+                 persistence: Persistence | None = None, recover: bool = True) -> None:
         self.config = config
         self.name = config.node_name
         self.store = store
@@ -94,9 +95,12 @@ class Node:
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources
         self.monitor: ResourceMonitor | None = None
+        # clustering (runtime/cluster.py): set by `serve` for a clustered node before it starts
+        self.cluster: ClusterService | None = None
+        self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
         if store is not None:
             self._restore(saved_ops)
-        if persistence is not None:
+        if persistence is not None and recover:
             self._recover_messages(persistence)
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
@@ -119,8 +123,66 @@ class Node:
 
     # -- durable definitions ---------------------------------------------------------------------
     def _record(self, op: dict[str, Any]) -> None:
-        if self.store is not None and not self._replaying:
+        if self._replaying:
+            return
+        if self.cluster is not None:  # the metadata Raft group is the durable record of a clustered node
+            self.cluster.replicate(op)
+        elif self.store is not None:
             self.store.append(op)
+
+    # -- the metadata machine's target (cluster/metadata.py) --------------------------------------------
+    def apply_op(self, op: dict[str, Any]) -> None:
+        """Apply a definition change another node made (or this node made before a restart)."""
+        self._replaying = True
+        try:
+            self._apply(op)
+        finally:
+            self._replaying = False
+
+    def state_ops(self) -> list[dict[str, Any]]:
+        return list(self._state_ops())
+
+    def reset_to(self, ops: list[dict[str, Any]]) -> None:
+        """Make the durable definitions exactly `ops` (a metadata snapshot): drop what they do not
+        name, then apply them (an identical declaration is a no-op)."""
+        wanted = {(op["op"], op.get("vhost"), op.get("name")) for op in ops}
+        keep_bindings = {self._binding_key(op) for op in ops if op["op"] == "bind"}
+        self._replaying = True
+        try:
+            for vhost in list(self.vhosts.values()):
+                for x in list(vhost.exchanges.values()):
+                    if not x.durable:
+                        continue
+                    for b in list(x.router.bindings()):
+                        op = self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
+                        if self._durable_destination(vhost, b.destination) and \
+                                self._binding_key(op) not in keep_bindings:
+                            self.unbind(vhost, x, b.destination, b.routing_key, b.arguments)
+                for q in list(vhost.queues.values()):
+                    if _is_durable_queue(q) and ("queue.declare", vhost.name, q.name) not in wanted:
+                        self.delete_queue(vhost, q)
+                for name, x in list(vhost.exchanges.items()):
+                    if x.durable and name and not name.startswith("amq.") and \
+                            ("exchange.declare", vhost.name, name) not in wanted:
+                        self.delete_exchange(vhost, name, False)
+            for operator, p in list(self.policies):
+                policies.clear_policy(self, p.vhost, p.name, operator)
+        finally:
+            self._replaying = False
+        for op in ops:
+            try:
+                self.apply_op(op)
+            except (ChannelError, KeyError, ValueError) as exc:
+                log.warning("metadata snapshot: cannot apply %s: %s", op.get("op"), exc)
+
+    @staticmethod
+    def _binding_key(op: dict[str, Any]) -> tuple[Any, ...]:
+        return (op["vhost"], op["source"], op["dest_kind"], op["dest"], op["routing_key"],
+                repr(op["arguments"]))
+
+    def members_changed(self) -> None:
+        if self.cluster is not None:
+            self.cluster.members_changed()
 
     def _restore(self, ops: list[dict[str, Any]]) -> None:
         """Replay saved definitions through the same methods that made them, then compact."""
@@ -509,6 +571,11 @@ class Node:
             await self.persistence.close()
 
 
+def _has_cluster_identity(config: Config) -> bool:
+    """Has this data directory been part of a cluster (runtime/cluster.py's identity file)?"""
+    return bool(config.data_dir) and os.path.exists(os.path.join(config.data_dir, "cluster", "node.json"))
+
+
 def _is_durable_queue(q: Queue) -> bool:
     return q.durable and q.exclusive_owner is None
 
@@ -518,17 +585,42 @@ async def serve(config: Config, services: Sequence[Service] = (),
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
     one-line start-up error."""
+    clustered = config.cluster_port is not None
     try:
-        store = DefinitionStore(config.data_dir) if config.data_dir else None
+        # A clustered node's definitions come from the metadata Raft group; the local definitions
+        # store only seeds the cluster a node founds (its first start as a clustered node).
+        use_store = bool(config.data_dir) and not (clustered and (_has_cluster_identity(config)
+                                                                  or config.cluster_join))
+        store = DefinitionStore(config.data_dir) if use_store else None
         persistence = Persistence(config.data_dir, embed_below=config.queue_index_embed_msgs_below,
                                   segment_entries=config.queue_index_segment_entries,
                                   store_file_size_limit=config.msg_store_file_size_limit) \
             if config.data_dir else None
-        node = Node(config, store=store, persistence=persistence)
-    except (StorageError, ValueError) as exc:
+        node = Node(config, store=store, persistence=persistence, recover=not clustered)
+        cluster = None
+        if clustered:
+            from .cluster import ClusterService, load_secret
+            cluster = ClusterService(node, load_secret(config))
+    except (StorageError, ValueError, OSError) as exc:
         print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",
               file=sys.stderr)
         return 1
+    if cluster is not None:
+        node.cluster = cluster
+        try:
+            await cluster.start()
+        except OSError as exc:
+            msg = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            print(f"hutch-server: cannot listen for inter-node traffic on port {config.cluster_port}: {msg}",
+                  file=sys.stderr)
+            await cluster.stop()
+            return 1
+        except ValueError as exc:
+            print(f"hutch-server: {exc}", file=sys.stderr)
+            await cluster.stop()
+            return 1
+        if persistence is not None:
+            node._recover_messages(persistence)
     if prepare is not None:
         problem = prepare(node)
         if problem:
@@ -561,6 +653,8 @@ async def serve(config: Config, services: Sequence[Service] = (),
     for stopper in reversed(stoppers):
         await stopper()
     await node.stop()
+    if cluster is not None:
+        await cluster.stop()
     log.info("node %s stopped", node.name)
     return 0
 

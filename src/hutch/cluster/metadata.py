@@ -1,0 +1,144 @@
+"""The replicated metadata machine: what every node of a cluster applies from the metadata Raft group.
+
+Owns: the command format of the metadata group, the cluster member table (name -> raft id and
+inter-node address), and the snapshot format. The definitions themselves (vhosts, users,
+permissions, exchanges, queues, bindings, policies) belong to the node: the machine hands their
+operations to a `MetadataTarget` (the runtime's Node), in commit order, on every node.
+
+Rules:
+- A log entry is a msgpack map {"ops": [op, ...]}: one proposal carries every operation a node made in
+  one event-loop iteration (a definitions import is one entry, not thousands).
+- An operation is the node's own definition record ({"op": "queue.declare", ...}, see runtime/node.py)
+  stamped with "inc": the incarnation (random per process start) of the node that made it. A node
+  applies a change to its own state before proposing it (the change was validated against a state
+  that a read barrier had just brought up to date), so it skips operations carrying its own current
+  incarnation; every other node, and the same node after a restart, applies them.
+- Cluster operations ("cluster.join", "cluster.leave") change the member table; "noop" changes nothing
+  (read barriers). Unknown operations are logged and skipped, never fatal: a newer node's command must
+  not stop an older one from applying the log.
+- Applying is deterministic given the log: no clock, no randomness, no IO here.
+- Invariant: `members` maps every node name to a distinct raft id; raft ids are never reused (the
+  next id is one more than the highest ever given, kept in the snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+log = logging.getLogger("hutch.cluster.metadata")
+
+METADATA_GROUP = 1  # the raft group id of the metadata group; quorum queues use ids above it
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    raft_id: int
+    host: str
+    port: int
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.raft_id, self.host, self.port]
+
+    @classmethod
+    def from_list(cls, v: list[Any]) -> Member:
+        return cls(str(v[0]), int(v[1]), str(v[2]), int(v[3]))
+
+
+class MetadataTarget(Protocol):
+    def apply_op(self, op: dict[str, Any]) -> None: ...  # raises on an operation that cannot apply
+
+    def state_ops(self) -> list[dict[str, Any]]: ...
+
+    def reset_to(self, ops: list[dict[str, Any]]) -> None: ...
+
+    def members_changed(self) -> None: ...
+
+
+def encode_ops(ops: list[dict[str, Any]]) -> bytes:
+    return msgpack.packb({"ops": ops}, use_bin_type=True)
+
+
+def decode_ops(data: bytes) -> list[dict[str, Any]]:
+    doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    return list(doc["ops"])
+
+
+class MetadataMachine:
+    """The state machine of the metadata group (the `StateMachine` protocol of runtime/raft_driver.py)."""
+
+    def __init__(self, target: MetadataTarget, incarnation: str) -> None:
+        self.target = target
+        self.incarnation = incarnation
+        self.members: dict[str, Member] = {}
+        self.next_raft_id = 1
+        self.voters: tuple[int, ...] = ()
+        self.applied_index = 0
+        self.failed_ops = 0  # operations that could not apply on this node (logged)
+        self.on_applied: Callable[[int], None] | None = None  # after each entry (the runtime's waiters)
+
+    # -- the member table ------------------------------------------------------------------------------
+    def member_by_id(self, raft_id: int) -> Member | None:
+        for m in self.members.values():
+            if m.raft_id == raft_id:
+                return m
+        return None
+
+    def _join(self, op: dict[str, Any]) -> int:
+        name = op["name"]
+        existing = self.members.get(name)
+        raft_id = existing.raft_id if existing is not None else int(op.get("raft_id") or self.next_raft_id)
+        self.members[name] = Member(name, raft_id, op["host"], int(op["port"]))
+        self.next_raft_id = max(self.next_raft_id, raft_id + 1)
+        return raft_id
+
+    # -- StateMachine ----------------------------------------------------------------------------------
+    def apply(self, index: int, data: bytes) -> int:
+        """Apply one entry; returns its index (the proposer waits for this node to reach it)."""
+        self.applied_index = index
+        changed_members = False
+        for op in decode_ops(data):
+            kind = op.get("op")
+            if kind == "noop":
+                continue
+            if kind == "cluster.join":
+                self._join(op)
+                changed_members = True
+                continue
+            if kind == "cluster.leave":
+                self.members.pop(op["name"], None)
+                changed_members = True
+                continue
+            if op.get("inc") == self.incarnation:
+                continue  # made here, by this process: already applied before it was proposed
+            try:
+                self.target.apply_op(op)
+            except Exception as exc:  # a definition that does not apply here must not stop the log
+                self.failed_ops += 1
+                log.warning("metadata entry %d: cannot apply %s: %s", index, kind, exc)
+        if changed_members:
+            self.target.members_changed()
+        if self.on_applied is not None:
+            self.on_applied(index)
+        return index
+
+    def snapshot(self) -> bytes:
+        return msgpack.packb({"members": [m.to_list() for m in self.members.values()],
+                              "next_raft_id": self.next_raft_id,
+                              "ops": self.target.state_ops()}, use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        self.members = {m.name: m for m in (Member.from_list(v) for v in doc["members"])}
+        self.next_raft_id = int(doc["next_raft_id"])
+        self.target.reset_to(list(doc["ops"]))
+        self.target.members_changed()
+
+    def on_membership(self, voters: tuple[int, ...]) -> None:
+        self.voters = tuple(voters)
+        self.target.members_changed()

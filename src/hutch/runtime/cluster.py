@@ -1,0 +1,490 @@
+"""The cluster service of a node: inter-node transport, the Raft driver, the metadata group, joining.
+
+Owns: the node's cluster identity (`<data_dir>/cluster/node.json`: name and raft id), the shared
+secret, starting the transport and the Raft driver, the metadata Raft group (cluster/metadata.py), the
+boot sequence of a clustered node, proposals of metadata changes (batched per loop iteration and
+forwarded to the leader), read barriers, joining and forgetting nodes, and the inter-node requests
+other subsystems register (`handlers`).
+
+Rules:
+- Boot: open the metadata group from disk (or bootstrap a new one-node cluster, or join one through a
+  seed node), then wait for a read barrier (a no-op committed and applied here), so this node's
+  definitions are as new as the cluster's before it recovers messages and accepts clients.
+- A metadata change is made on the node that received it after a barrier, then proposed; the client
+  gets its reply once the proposal is committed (docs/clustering.md, "Consistency").
+- With no majority, barriers and proposals time out after `cluster_metadata_timeout_ms`; callers turn
+  that into RabbitMQ's error: "... because the operation timed out" (541 INTERNAL_ERROR).
+- Raft messages travel as {"t": "r", "p": payload}; requests as {"t": kind, ...} through `call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
+
+from .cluster_errors import ClusterUnavailable
+from .raft_driver import NotLeader, ProposalTimeout, RaftDriver
+from .transport import PeerUnavailable, RemoteError, Transport
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("hutch.cluster")
+
+IDENTITY_FILE = "node.json"
+SECRET_FILE = ".hutch.secret"
+RETRY_S = 0.05
+
+
+def parse_seed(text: str) -> tuple[str, str, int]:
+    """'n1@127.0.0.1:25672' -> ('n1', '127.0.0.1', 25672). ValueError with a one-line reason."""
+    name, sep, address = text.rpartition("@")
+    host, colon, port = address.rpartition(":")
+    if not sep or not name or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected NODE@HOST:PORT (e.g. n1@127.0.0.1:25672), got {text!r}")
+    return name, host.strip("[]"), int(port)
+
+
+def load_secret(config: Any) -> bytes:
+    """The shared secret: config `cluster_secret` (or env HUTCH_CLUSTER_SECRET), else the file
+    `cluster_secret_file`, else `<data_dir>/.hutch.secret`, created (mode 0600) on first use."""
+    if config.cluster_secret:
+        return config.cluster_secret.encode()
+    path = config.cluster_secret_file or os.path.join(config.data_dir, SECRET_FILE)
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+        log.info("created cluster secret file %s (copy it to every node of the cluster)", path)
+    with open(path) as f:
+        secret = f.read().strip()
+    if not secret:
+        raise ValueError(f"cluster secret file {path} is empty")
+    return secret.encode()
+
+
+class ClusterService:
+    def __init__(self, node: Node, secret: bytes) -> None:
+        cfg = node.config
+        self.node = node
+        self.name = node.name
+        self.config = cfg
+        self.directory = os.path.join(cfg.data_dir, "cluster")
+        self.incarnation = secrets.token_hex(8)
+        self.machine = MetadataMachine(node, self.incarnation)
+        self.machine.on_applied = self._applied
+        self.timeout_s = cfg.cluster_metadata_timeout_ms / 1000
+        self.advertise_host = cfg.cluster_advertise_host or "127.0.0.1"
+        self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
+                                   on_message=self._on_message, on_request=self._on_request,
+                                   on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down)
+        self.raft_id = 0
+        self.driver: RaftDriver | None = None
+        self.group: Any = None
+        self.peers: dict[str, Member] = {}  # every other member we know of, by name
+        self._pending_ops: list[dict[str, Any]] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._inflight: list[asyncio.Future[None]] = []  # proposals not yet committed, oldest first
+        self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._join_lock = asyncio.Lock()
+        self.handlers: dict[str, Callable[[str, dict[str, Any]], Any | Awaitable[Any]]] = {
+            "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
+            "status": self._handle_status, "sync": self._handle_sync,
+        }
+
+    # -- identity ----------------------------------------------------------------------------------------
+    def _identity_path(self) -> str:
+        return os.path.join(self.directory, IDENTITY_FILE)
+
+    def _load_identity(self) -> int:
+        path = self._identity_path()
+        if not os.path.exists(path):
+            return 0
+        with open(path) as f:
+            doc = json.load(f)
+        if doc["name"] != self.name:
+            raise ValueError(f"data directory belongs to cluster node {doc['name']!r}, not {self.name!r}")
+        return int(doc["raft_id"])
+
+    def _save_identity(self, raft_id: int) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = self._identity_path() + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"name": self.name, "raft_id": raft_id}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._identity_path())
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @property
+    def is_new(self) -> bool:
+        return not os.path.exists(self._identity_path())
+
+    # -- boot ----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.transport.start()
+        raft_id = self._load_identity()
+        seed = self.config.cluster_join
+        joined: dict[str, Any] | None = None
+        if raft_id == 0 and seed:
+            joined = await self._join_through(seed)
+            raft_id = int(joined["raft_id"])
+        elif raft_id == 0:
+            raft_id = 1
+        self.raft_id = raft_id
+        self.driver = RaftDriver(raft_id, os.path.join(self.directory, "raft"), self._send_raft,
+                                 tick_s=self.config.cluster_tick_ms / 1000)
+        await self.driver.start()
+        bootstrap = raft_id == 1 and joined is None and METADATA_GROUP not in self.driver.groups_on_disk()
+        self.group = self.driver.open_group(METADATA_GROUP, self.machine,
+                                            bootstrap_voters=[1] if bootstrap else None)
+        self.group.on_leader_change = self._leader_changed
+        if joined is not None:
+            self._save_identity(raft_id)
+            for v in joined["members"]:
+                self._learn(Member.from_list(v))
+        if bootstrap:
+            self._save_identity(raft_id)
+            self.group.campaign()
+            # the founding entry: this node as the first member, and the definitions it starts with
+            ops = [{"op": "cluster.join", "name": self.name, "raft_id": 1, "host": self.advertise_host,
+                    "port": self.transport.port}]
+            ops += [dict(op, inc=self.incarnation) for op in self.node.state_ops()]
+            await self._propose_until_done(ops)
+            log.info("cluster %s founded by %s (cluster port %d)", self.config.cluster_name, self.name,
+                     self.transport.port)
+        elif len(self.machine.voters) == 1 and self.machine.voters[0] == raft_id:
+            self.group.campaign()
+        await self._boot_barrier()
+
+    async def _boot_barrier(self) -> None:
+        waited = 0.0
+        while True:
+            try:
+                await self.barrier(timeout=5.0)
+                return
+            except ClusterUnavailable:
+                waited += 5.0
+                log.warning("waiting for a majority of the cluster's metadata members (%d of %d reachable) "
+                            "for %.0f s", 1 + len(self.transport.connected_peers()),
+                            max(1, len(self.machine.voters)), waited)
+
+    async def stop(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        if self.driver is not None:
+            await self.driver.stop()
+        await self.transport.stop()
+
+    async def _join_through(self, seed: str) -> dict[str, Any]:
+        name, host, port = parse_seed(seed)
+        if name == self.name:
+            raise ValueError(f"cannot join through {seed}: that is this node's own name")
+        self.transport.set_peer(name, host, port)
+        request = {"t": "join", "name": self.name, "host": self.advertise_host, "port": self.transport.port}
+        deadline = asyncio.get_running_loop().time() + max(30.0, self.timeout_s)
+        while True:
+            try:
+                reply = await self.transport.call(name, request, timeout=self.timeout_s)
+                log.info("joined the cluster through %s as raft member %d", seed, reply["raft_id"])
+                return reply
+            except (TimeoutError, PeerUnavailable, RemoteError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ValueError(f"cannot join the cluster through {seed}: {exc or type(exc).__name__}") \
+                        from None
+                await asyncio.sleep(0.5)
+
+    # -- members and the transport --------------------------------------------------------------------------
+    def _learn(self, m: Member) -> None:
+        if m.name == self.name:
+            return
+        old = self.peers.get(m.name)
+        self.peers[m.name] = m
+        if old is None or (old.host, old.port) != (m.host, m.port):
+            self.transport.set_peer(m.name, m.host, m.port)
+
+    def members_changed(self) -> None:
+        """The member table or the voters changed (called by the node for the metadata machine)."""
+        for m in self.machine.members.values():
+            self._learn(m)
+        for name in [n for n in self.peers if n not in self.machine.members]:
+            if self.machine.members:  # a snapshot not yet applied must not drop what the join told us
+                del self.peers[name]
+                self.transport.remove_peer(name)
+
+    def _name_of(self, raft_id: int) -> str | None:
+        for m in self.peers.values():
+            if m.raft_id == raft_id:
+                return m.name
+        return None
+
+    def _raft_id_of(self, name: str) -> int:
+        m = self.peers.get(name) or self.machine.members.get(name)
+        return m.raft_id if m is not None else 0
+
+    def _send_raft(self, raft_id: int, payload: Any) -> None:
+        name = self._name_of(raft_id)
+        if name is not None:
+            self.transport.send(name, {"t": "r", "p": payload})
+
+    def _on_message(self, peer: str, obj: Any) -> None:
+        if obj.get("t") == "r" and self.driver is not None:
+            raft_id = self._raft_id_of(peer)
+            if raft_id:
+                self.driver.receive(raft_id, obj["p"])
+
+    def _on_request(self, peer: str, obj: Any) -> Any:
+        handler = self.handlers.get(obj.get("t"))
+        if handler is None:
+            raise ValueError(f"unknown inter-node request {obj.get('t')!r}")
+        return handler(peer, obj)
+
+    def _on_peer_up(self, peer: str) -> None:
+        raft_id = self._raft_id_of(peer)
+        if raft_id and self.driver is not None:
+            self.driver.peer_up(raft_id)
+        log.info("cluster peer %s is up", peer)
+        for hook in self.node.cluster_peer_hooks:
+            hook(peer, True)
+
+    def _on_peer_down(self, peer: str) -> None:
+        raft_id = self._raft_id_of(peer)
+        if raft_id and self.driver is not None:
+            self.driver.peer_down(raft_id)
+        log.warning("cluster peer %s is down or unreachable", peer)
+        for hook in self.node.cluster_peer_hooks:
+            hook(peer, False)
+
+    def _leader_changed(self, leader: int) -> None:
+        name = self.name if leader == self.raft_id else self._name_of(leader)
+        log.info("metadata leader is now %s", name or "unknown")
+
+    # -- proposals ------------------------------------------------------------------------------------------
+    def replicate(self, op: dict[str, Any]) -> None:
+        """Queue a change this node just made; it is proposed at the end of this loop iteration."""
+        self._pending_ops.append(dict(op, inc=self.incarnation))
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_ops)
+
+    def _flush_ops(self) -> None:
+        self._flush_handle = None
+        ops, self._pending_ops = self._pending_ops, []
+        if not ops:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight.append(fut)
+        task = asyncio.ensure_future(self._propose_until_done(ops))
+
+        def done(t: asyncio.Task[int]) -> None:
+            self._inflight.remove(fut)
+            if t.cancelled():
+                fut.cancel()
+            elif t.exception() is not None:
+                exc = t.exception()
+                log.error("metadata change not committed (%d operations: %s); will retry: %s", len(ops),
+                          ", ".join(sorted({o.get("op", "?") for o in ops})), exc)
+                fut.set_exception(ClusterUnavailable(str(exc)))
+                self._retry_later(ops)
+            else:
+                fut.set_result(None)
+            if not fut.done():
+                fut.cancel()
+            fut.exception() if not fut.cancelled() else None  # consumed: nobody may be waiting
+
+        task.add_done_callback(done)
+
+    def _retry_later(self, ops: list[dict[str, Any]]) -> None:
+        """A change made here that did not commit stays a change to make: it is proposed again (with
+        the same incarnation) until it commits, so the cluster converges on what this node did."""
+        async def again() -> None:
+            await self._propose_until_done(ops, timeout=None)
+        asyncio.ensure_future(again())
+
+    async def wait_replicated(self) -> None:
+        """Until every change this node made so far is committed (ClusterUnavailable on timeout)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_ops()
+        for fut in list(self._inflight):
+            await asyncio.shield(fut)
+
+    async def sync_peers(self, timeout: float = 1.0) -> None:
+        """Wait (briefly) until every connected member has applied what this node has: a client that
+        declares on this node and then publishes through another finds what it declared there."""
+        index = self.machine.applied_index
+        peers = self.transport.connected_peers()
+        if not peers:
+            return
+        calls = [self.transport.call(p, {"t": "sync", "index": index}, timeout=timeout) for p in peers]
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    async def _handle_sync(self, peer: str, obj: dict[str, Any]) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            await self._wait_applied(int(obj["index"]), loop.time() + 1.0)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def has_unreplicated(self) -> bool:
+        return bool(self._pending_ops or self._inflight)
+
+    async def barrier(self, timeout: float | None = None) -> None:
+        """A read barrier: a no-op committed through the leader and applied here, so every change
+        committed before this call is in this node's state."""
+        await self._propose_until_done([{"op": "noop"}], timeout=self.timeout_s if timeout is None else timeout)
+
+    async def _propose_until_done(self, ops: list[dict[str, Any]], timeout: float | None = -1.0) -> int:
+        """Propose through whichever node leads; wait until applied here. Returns the entry's index."""
+        loop = asyncio.get_running_loop()
+        limit = self.timeout_s if timeout == -1.0 else timeout
+        deadline = None if limit is None else loop.time() + limit
+        data = encode_ops(ops)
+        delay = RETRY_S
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise ClusterUnavailable("no majority of the cluster's metadata members answered in time")
+            step = min(remaining, self.timeout_s) if remaining is not None else self.timeout_s
+            try:
+                index = await self._propose_once(data, step)
+                await self._wait_applied(index, deadline)
+                return index
+            except (TimeoutError, NotLeader, PeerUnavailable, ProposalTimeout, RemoteError) as exc:
+                log.debug("proposal retry: %r", exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _propose_once(self, data: bytes, timeout: float) -> int:
+        assert self.group is not None
+        if self.group.is_leader:
+            return int(await self.group.propose(data, timeout=timeout))
+        leader = self._name_of(self.group.leader)
+        if leader is None:
+            raise NotLeader(0)
+        return int(await self.transport.call(leader, {"t": "propose", "d": data}, timeout=timeout))
+
+    def _applied(self, index: int) -> None:
+        if not self._apply_waiters:
+            return
+        keep = []
+        for want, fut in self._apply_waiters:
+            if want <= index:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((want, fut))
+        self._apply_waiters = keep
+
+    async def _wait_applied(self, index: int, deadline: float | None) -> None:
+        if self.machine.applied_index >= index:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((index, fut))
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(fut, None if deadline is None else max(0.0, deadline - loop.time()))
+
+    # -- requests from peers -------------------------------------------------------------------------------
+    async def _handle_propose(self, peer: str, obj: dict[str, Any]) -> int:
+        if not self.group.is_leader:
+            raise NotLeader(self.group.leader)
+        return int(await self.group.propose(obj["d"], timeout=self.timeout_s))
+
+    async def _handle_join(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+        if not self.group.is_leader:
+            leader = self._name_of(self.group.leader)
+            if leader is None:
+                raise ValueError("no metadata leader at the moment; retry")
+            return await self.transport.call(leader, obj, timeout=self.timeout_s * 2)
+        async with self._join_lock:
+            name = obj["name"]
+            await self._propose_until_done([{"op": "cluster.join", "name": name, "host": obj["host"],
+                                             "port": int(obj["port"])}])
+            member = self.machine.members[name]
+            self._learn(member)
+            if member.raft_id not in self.machine.voters:
+                await self.group.add_voter(member.raft_id, timeout=self.timeout_s)
+            log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
+            return {"raft_id": member.raft_id,
+                    "members": [m.to_list() for m in self.machine.members.values()]}
+
+    async def _handle_leave(self, peer: str, obj: dict[str, Any]) -> str:
+        return await self.forget(obj["name"])
+
+    def _handle_status(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.local_status()
+
+    # -- operations (hutchctl, the HTTP API) -------------------------------------------------------------
+    async def forget(self, name: str) -> str:
+        """Remove a stopped node from the cluster (run on any remaining node)."""
+        if name == self.name:
+            raise ValueError("a node cannot forget itself; run forget_cluster_node on another member")
+        if name not in self.machine.members:
+            raise LookupError(f"node {name!r} is not a member of this cluster")
+        if self.transport.connected(name):
+            raise ValueError(f"node {name!r} is running; stop it before forgetting it")
+        if not self.group.is_leader:
+            leader = self._name_of(self.group.leader)
+            if leader is None:
+                raise ClusterUnavailable("no metadata leader at the moment")
+            return await self.transport.call(leader, {"t": "leave", "name": name}, timeout=self.timeout_s * 2)
+        async with self._join_lock:
+            raft_id = self.machine.members[name].raft_id
+            if raft_id in self.machine.voters:
+                await self.group.remove_voter(raft_id, timeout=self.timeout_s)
+            await self._propose_until_done([{"op": "cluster.leave", "name": name}])
+        log.info("node %s was removed from the cluster", name)
+        return name
+
+    async def join(self, seed: str) -> None:
+        """`hutchctl join_cluster`: only a fresh one-node cluster may join another (it is reset first)."""
+        others = [m for m in self.machine.members if m != self.name]
+        if others:
+            raise ValueError(f"node {self.name} is already clustered with {', '.join(sorted(others))}")
+        raise ValueError("a running node cannot change clusters; start it with --join "
+                         f"{seed} and an empty data directory (as RabbitMQ's reset + join_cluster)")
+
+    def local_status(self) -> dict[str, Any]:
+        return {"name": self.name, "alarms": sorted(self.node.alarms), "running": True,
+                "raft_id": self.raft_id}
+
+    async def status(self) -> dict[str, Any]:
+        members = sorted(self.machine.members.values(), key=lambda m: m.raft_id)
+        running = [self.name] + sorted(self.transport.connected_peers())
+        alarms: list[dict[str, Any]] = [{"node": self.name, "alarms": sorted(self.node.alarms)}]
+        calls = {p: asyncio.ensure_future(self.transport.call(p, {"t": "status"}, timeout=2.0))
+                 for p in running[1:]}
+        for peer, fut in calls.items():
+            try:
+                alarms.append({"node": peer, "alarms": (await fut)["alarms"]})
+            except Exception:  # noqa: BLE001 - a peer that stopped answering is reported as not running
+                running.remove(peer)
+        group = self.group.status() if self.group is not None else {}
+        leader = self._name_of(group.get("leader", 0)) if group.get("leader") != self.raft_id else self.name
+        unreachable = [m.name for m in members if m.name not in running]
+        return {
+            "cluster_name": self.config.cluster_name,
+            "disk_nodes": [m.name for m in members],
+            "running_nodes": running,
+            "members": [{"name": m.name, "raft_id": m.raft_id, "address": f"{m.host}:{m.port}",
+                         "voter": m.raft_id in self.machine.voters, "running": m.name in running}
+                        for m in members],
+            "partitions": [{"node": self.name, "unreachable": unreachable}] if unreachable else [],
+            "alarms": alarms,
+            "metadata": {"leader": leader, "term": group.get("term"), "commit": group.get("commit"),
+                         "applied": self.machine.applied_index},
+        }
+
