@@ -33,7 +33,7 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import clients, definitions, listing, policies, prometheus, system, topology, users
+from . import clients, definitions, listing, policies, prometheus, system, topology, ui, users
 from .access import Principal
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
 
@@ -541,6 +541,7 @@ def build_app(node: Node, sampler: system.RateSampler | None = None) -> web.Appl
     for path in ("/api/definitions", "/api/definitions/{vhost}"):
         app.router.add_get(path, _definitions)  # and HEAD
         app.router.add_post(path, _definitions)
+    ui.add_routes(app)  # the web UI: / and /ui/{file} (ui.py)
     return app
 
 
