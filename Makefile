@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow test-crash test-sim lint clean bench-spark
+.PHONY: setup run test test-slow test-crash test-sim lint clean bench-spark browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,29 @@ run: $(STAMP)
 	mkdir -p $(HUTCH_DATA_DIR)
 	$(VENV)/bin/hutch-server
 
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# What the browser tests (tests/browser/test_ui.py) need: Debian's chromium (installed when missing and we
+# are root with apt-get) and playwright-core (`npm ci` when node_modules is missing or older than the lock
+# file). Never fails: without these the browser tests skip and say why.
+BROWSER_DIR := tests/browser
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser-deps: installing chromium (apt-get)"; \
+	  $(APT_INSTALL) >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && $(APT_INSTALL) >/dev/null 2>&1; } || \
+	  echo "browser-deps: could not install chromium; the browser tests will be skipped"; \
+	fi
+	@if [ ! -d $(BROWSER_DIR)/node_modules ] || [ $(BROWSER_DIR)/package-lock.json -nt $(BROWSER_DIR)/node_modules ]; then \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "browser-deps: npm ci in $(BROWSER_DIR)"; \
+	    (cd $(BROWSER_DIR) && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 && touch node_modules) || \
+	    echo "browser-deps: npm ci failed; the browser tests will be skipped"; \
+	  else echo "browser-deps: no npm; the browser tests will be skipped"; fi; \
+	fi
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

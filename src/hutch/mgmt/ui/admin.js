@@ -64,15 +64,13 @@ export function usersPage() {
   const password = input({type: 'password', autocomplete: 'new-password'});
   const again = input({type: 'password', autocomplete: 'new-password'});
   const tags = input({placeholder: 'e.g. administrator'});
-  const tagButtons = h('div', {class: 'kv-suggest'}, h('span', {}, 'Set:'), TAGS.map(([t, help]) =>
-    h('button', {type: 'button', class: 'link', title: help, onclick: () => { tags.value = t; }}, t)),
-  h('button', {type: 'button', class: 'link', title: 'no tags: the user can use AMQP but not this UI',
-    onclick: () => { tags.value = ''; }}, 'none'));
+  const tagList = h('dl', {class: 'tag-list'}, [...TAGS, ['', 'no tags: AMQP only, no access to this UI']].map(([t, help]) => [
+    h('dt', {}, h('button', {type: 'button', class: 'link', onclick: () => { tags.value = t; }}, t || 'none')),
+    h('dd', {}, help)]));
   const form = actionForm({
     label: 'Add or update a user', submit: 'Add / update user',
     fields: [h('div', {class: 'row'}, field('Username', name), field('Password', password),
-      field('Password (again)', again)), field('Tags', tags, 'Comma-separated. ' +
-      TAGS.map(([t, help]) => `${t}: ${help}`).join('; ') + '.'), tagButtons],
+      field('Password (again)', again), field('Tags', tags, 'Comma-separated; click one below to set it.')), tagList],
     async action() {
       if (!name.value) throw new Error('Give a username.');
       if (password.value !== again.value) throw new Error('The two passwords differ.');
@@ -190,7 +188,8 @@ const APPLY_TO = [['all', 'Exchanges and queues'], ['queues', 'Queues'], ['class
 
 function policyTable(kind, path, vhost) {
   const table = new DataTable({
-    noun: kind === 'operator' ? 'operator policy' : 'policy', sort: 'priority', reverse: true,
+    noun: kind === 'operator' ? 'operator policy' : 'policy', plural: kind === 'operator' ? 'operator policies' : 'policies',
+    sort: 'priority', reverse: true,
     load: clientList(() => GET(vhost ? `${path}/${encodeURIComponent(vhost)}` : path), ['name', 'pattern']),
     columns: [
       {label: 'Name', key: 'name'},
@@ -210,7 +209,7 @@ export function policiesPage(ctx) {
   const operator = hasTag('administrator');
   const userPolicies = policyTable('user', '/api/policies', ctx.vhost);
   const operatorPolicies = operator ? policyTable('operator', '/api/operator-policies', ctx.vhost) : null;
-  const kind = select([['/api/policies', 'Policy'], ['/api/operator-policies', 'Operator policy (overrides users\' policies)']]);
+  const kind = select([['/api/policies', 'Policy'], ['/api/operator-policies', 'Operator policy']]);
   const vh = vhostSelect(ctx.vhost || '/');
   const name = input();
   const pattern = input({placeholder: 'e.g. ^orders\\.'});
@@ -219,7 +218,7 @@ export function policiesPage(ctx) {
   const definition = new KeyValueEditor({legend: 'Definition', suggestions: POLICY_KEYS});
   const form = actionForm({
     label: 'Add or update a policy', submit: 'Add / update policy',
-    fields: [h('div', {class: 'row'}, operator ? field('Kind', kind) : null, field('Virtual host', vh), field('Name', name),
+    fields: [h('div', {class: 'row'}, operator ? field('Kind', kind, 'Operator policies cap what users\' policies set.') : null, field('Virtual host', vh), field('Name', name),
       field('Pattern', pattern, 'A regular expression matched against queue and exchange names.'),
       field('Apply to', applyTo), field('Priority', priority)), definition.el],
     async action() {

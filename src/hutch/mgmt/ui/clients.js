@@ -57,12 +57,12 @@ export function connectionsPage(ctx) {
       {label: 'User', key: 'user'},
       {label: 'State', key: 'state', render: (c) => stateBadge(c.state)},
       {label: 'Client', key: 'client_properties.product', render: client},
-      {label: 'Protocol', key: 'protocol'},
+      {label: 'Protocol', key: 'protocol', nowrap: true},
       {label: 'Channels', key: 'channels', num: true},
       {label: 'Heartbeat', key: 'timeout', num: true, render: (c) => (c.timeout ? `${c.timeout} s` : 'off')},
       {label: 'From client', key: 'recv_oct', num: true, render: (c) => traffic(c, 'recv')},
       {label: 'To client', key: 'send_oct', num: true, render: (c) => traffic(c, 'send')},
-      {label: 'Connected', key: 'connected_at', render: (c) => dateTime(c.connected_at)},
+      {label: 'Connected', key: 'connected_at', nowrap: true, render: (c) => dateTime(c.connected_at)},
       ...(admin ? [{label: 'Action', sort: false, render: (c) =>
         h('button', {type: 'button', class: 'secondary small', onclick: () => close(c)}, 'Close')}] : []),
     ],
@@ -90,7 +90,7 @@ export function channelsPage(ctx) {
     noun: 'channel', sort: 'name',
     load: vhostList('/api/channels', vhost),
     columns: [
-      {label: 'Channel', key: 'name'},
+      {label: 'Channel', key: 'name', nowrap: true},
       ...(vhost ? [] : [{label: 'Virtual host', key: 'vhost'}]),
       {label: 'User', key: 'user'},
       {label: 'Mode', sort: false, render: mode, title: 'C: confirm mode, T: transactional'},

@@ -99,6 +99,7 @@ export function toast(text, kind = 'ok') {
   const box = document.getElementById('toasts');
   const el = h('div', {class: `toast ${kind}`}, text);
   box.append(el);
+  while (box.children.length > 3) box.firstChild.remove();
   setTimeout(() => el.remove(), kind === 'error' ? 9000 : 4000);
 }
 

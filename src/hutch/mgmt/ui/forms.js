@@ -2,10 +2,10 @@
 // a key/value editor for arguments, headers and policy definitions, and a virtual host picker.
 
 import {GET} from './api.js';
-import {fill, h, select, setOptions, toast, uid} from './dom.js';
+import {fill, h, select, setOptions, uid} from './dom.js';
 
 /**
- * A form that runs `action()` on submit. The outcome is shown under the button (and as a toast):
+ * A form that runs `action()` on submit. The outcome is shown under the button (a live region):
  * `action` returns a success message (or nothing), or throws (an ApiError is shown as it is).
  */
 export function actionForm({label, fields, submit, action, className, danger = false}) {
@@ -22,7 +22,6 @@ export function actionForm({label, fields, submit, action, className, danger = f
       const message = await action(form);
       outcome.className = 'outcome ok';
       outcome.textContent = message || 'Done.';
-      toast(message || 'Done.');
     } catch (exc) {
       outcome.className = 'outcome error';
       outcome.textContent = exc.describe ? exc.describe() : String(exc.message || exc);

@@ -20,10 +20,16 @@ function diskCell(n) {
 
 export function nodesPage() {
   const body = h('tbody');
-  const columns = ['Name', 'Uptime', 'Memory', 'Disk free', 'File descriptors', 'Sockets', 'Processes',
-    'Cores', 'Alarms'];
-  const el = h('div', {class: 'table-scroll'}, h('table', {class: 'data nodes', 'aria-label': 'Nodes'},
-    h('thead', {}, h('tr', {}, columns.map((c) => h('th', {scope: 'col'}, c)))), body));
+  const columns = [['Name'], ['Uptime'], ['Memory', 'resident memory of the node process, of its high watermark'],
+    ['Disk free', 'free space where the node keeps its data, and the limit below which publishers are blocked'],
+    ['File descriptors', 'open files and sockets, of the process limit'], ['Sockets', 'client connections'],
+    ['Threads', 'operating-system threads of the node process, of the limit (proc_used / proc_total)'],
+    ['Cores'], ['Alarms', 'resource alarms: while one is raised, publishing connections are blocked']];
+  const el = h('div', {class: 'panel'}, h('div', {class: 'table-scroll'}, h('table', {class: 'data nodes', 'aria-label': 'Nodes'},
+    h('thead', {}, h('tr', {}, columns.map(([c, help]) => h('th', {scope: 'col', title: help}, c)))), body)),
+  h('p', {class: 'hint'}, 'Memory is the resident memory of the node\'s process; when it passes the high watermark, ' +
+    'or free disk space falls below its limit, an alarm blocks publishers until it clears. ' +
+    'Hover a column heading for what it counts.'));
 
   async function refresh() {
     const nodes = await GET('/api/nodes');

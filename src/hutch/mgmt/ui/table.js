@@ -75,18 +75,19 @@ function clientPage(all, state, filterKeys) {
 
 /**
  * A table.
- *   columns: [{label, key?, sort?: field|false, num?: bool, render?: (row) => node|string, title?}]
+ *   columns: [{label, key?, sort?: field|false, num?: bool, nowrap?: bool, render?: (row) => node|string, title?}]
  *   load: serverList(...) or clientList(...)
- *   noun: 'queue' (for "3 queues"), empty: text when there are no rows
+ *   noun: 'queue', plural ('queues' by default): "3 queues"; empty: text when there are no rows
  *   filter: false to hide the filter box; pageSize: initial page size
  */
 export class DataTable {
-  constructor({columns, load, noun = 'item', empty, filter = true, pageSize = 20, sort, reverse = false,
+  constructor({columns, load, noun = 'item', plural, empty, filter = true, pageSize = 20, sort, reverse = false,
     label, rowClass}) {
     this.columns = columns;
     this.load = load;
     this.noun = noun;
-    this.empty = empty || `No ${noun}s.`;
+    this.plural = plural || `${noun}s`;
+    this.empty = empty || `No ${this.plural}.`;
     this.rowClass = rowClass;
     this.state = {page: 1, pageSize, filter: '', regex: false, sort: sort || '', reverse};
     this.tbody = h('tbody');
@@ -114,7 +115,7 @@ export class DataTable {
     const size = select(PAGE_SIZES.map((n) => [String(n), String(n)]), {id: sizeId, value: String(pageSize),
       onchange: (e) => { this.state.pageSize = Number(e.target.value); this.state.page = 1; this.refresh(); }});
     controls.push(h('span', {class: 'spacer'}), this.count, h('label', {for: sizeId}, 'Per page'), size);
-    this.table = h('table', {class: 'data', 'aria-label': label || `${noun}s`},
+    this.table = h('table', {class: 'data', 'aria-label': label || this.plural},
       h('thead', {}, this.headRow), this.tbody);
     this.el = h('div', {class: 'datatable'}, h('div', {class: 'table-controls'}, controls), this.error,
       h('div', {class: 'table-scroll'}, this.table), this.pager);
@@ -168,15 +169,15 @@ export class DataTable {
     const rows = items.map((row) => h('tr', {class: this.rowClass ? this.rowClass(row) : null},
       this.columns.map((c, i) => {
         const content = c.render ? c.render(row) : (c.num ? num(get(row, c.key)) : get(row, c.key));
-        const attrs = {class: c.num ? 'num' : null};
+        const attrs = {class: [c.num ? 'num' : null, c.nowrap ? 'nowrap' : null]};
         return i === 0 ? h('th', {scope: 'row', ...attrs}, content) : h('td', attrs, content);
       })));
     if (!rows.length) {
       rows.push(h('tr', {}, h('td', {colspan: this.columns.length, class: 'empty'},
-        total ? `No ${this.noun}s match the filter.` : this.empty)));
+        total ? `No ${this.plural} match the filter.` : this.empty)));
     }
     fill(this.tbody, rows);
-    const plural = (n) => `${num(n)} ${this.noun}${n === 1 ? '' : 's'}`;
+    const plural = (n) => `${num(n)} ${n === 1 ? this.noun : this.plural}`;
     this.count.textContent = filtered === total ? plural(total) : `${plural(filtered)} of ${num(total)}`;
     const s = this.state;
     const go = (page) => { s.page = page; this.refresh(); };
