@@ -115,7 +115,8 @@ function showFrame() {
   fill(top(),
     h('a', {class: 'brand', href: '#/overview'}, h('span', {class: 'logo', 'aria-hidden': 'true'}), 'hutch'),
     h('nav', {class: 'nav', 'aria-label': 'Main'}, h('ul', {}, NAV.filter(([k]) => navVisible(k)).map(([key, label, href]) =>
-      h('li', {}, h('a', {href, dataset: {nav: key}}, label))))),
+      h('li', {}, h('a', {href: key === 'admin' && !hasTag('administrator') ? '#/policies' : href, dataset: {nav: key}},
+        label))))),
     h('div', {class: 'session'},
       h('label', {for: vhost.id}, 'Virtual host'), vhost,
       h('label', {for: refresh.id}, 'Refresh'), refresh,
