@@ -232,6 +232,45 @@ try {
     }
   });
 
+  await step('a monitoring user sees no admin pages', async () => {
+    await page.getByRole('button', {name: 'Log out'}).click();
+    await expectText(page.getByRole('alert'), 'You have logged out');
+    await page.getByLabel('Username').fill('ui-user');
+    await page.getByLabel('Password').fill('ui-secret');
+    await page.getByRole('button', {name: 'Log in'}).click();
+    const nav = page.getByRole('navigation', {name: 'Main'});
+    await nav.getByRole('link', {name: 'Nodes'}).waitFor();
+    if (await nav.getByRole('link', {name: 'Admin'}).count()) throw new Error('Admin is offered to a monitoring user');
+    await expectText(page.locator('.session .who'), 'ui-user');
+  });
+
+  await step('formatting and rate helpers', async () => {
+    const result = await page.evaluate(async () => {
+      const fmt = await import('/ui/fmt.js');
+      const series = await import('/ui/series.js');
+      const tracker = new series.RateTracker(['publish']);
+      tracker.rates({publish: 100}, 1000);
+      const points = series.pointsFromSamples({messages: [{sample: 5, timestamp: 2000}, {sample: 3, timestamp: 1000}]},
+        {publish: [{sample: 30, timestamp: 2000}, {sample: 10, timestamp: 1000}]});
+      return {
+        rates: [fmt.rate(0), fmt.rate(12.34), fmt.rate(1234.5), fmt.rate(undefined)],
+        sizes: [fmt.bytes(512), fmt.bytes(1536), fmt.bytes(3 * 1024 ** 3)],
+        durations: [fmt.duration(9000), fmt.duration(252000), fmt.duration(90061000)],
+        delta: tracker.rates({publish: 150}, 3000).publish,
+        given: tracker.rates({publish: 0, publish_details: {rate: 7.5}}, 4000).publish,
+        points,
+      };
+    });
+    const expected = {
+      rates: ['0/s', '12.3/s', '1,235/s', '—'], sizes: ['512 B', '1.5 KiB', '3 GiB'], durations: ['9s', '4m 12s', '1d 1h'],
+      delta: 25, given: 7.5,
+      points: [{t: 1000, values: {messages: 3}}, {t: 2000, values: {messages: 5, publish: 20}}],
+    };
+    if (JSON.stringify(result) !== JSON.stringify(expected)) {
+      throw new Error(`got ${JSON.stringify(result)}, expected ${JSON.stringify(expected)}`);
+    }
+  });
+
   if (pageErrors.length) {
     current = 'no script errors';
     throw new Error(pageErrors.join('\n'));

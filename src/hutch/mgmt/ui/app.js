@@ -53,7 +53,7 @@ function showLogin(message) {
   top().hidden = true;
   document.title = 'Log in - hutch';
   const user = h('input', {type: 'text', id: uid('user'), name: 'username', autocomplete: 'username', required: true,
-    autofocus: true, spellcheck: 'false'});
+    spellcheck: 'false'});
   const password = h('input', {type: 'password', id: uid('pw'), name: 'password', autocomplete: 'current-password'});
   const error = h('p', {class: 'notice error', role: 'alert', hidden: !message}, message || '');
   const button = h('button', {type: 'submit', class: 'primary'}, 'Log in');
