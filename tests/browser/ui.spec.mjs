@@ -106,8 +106,8 @@ try {
       return lengths && rates && lengths.messages > 0 && rates.publish > 0;
     }, null, {timeout: 20000});
     const before = {lengths: await chartState('Queued messages'), rates: await chartState('Message rates')};
-    await page.waitForFunction((n) => Number(document.querySelector('figure.chart').dataset.points) >= n + 2,
-      before.lengths.points, {timeout: 15000});
+    await page.waitForFunction((n) => Number(document.querySelector('figure.chart').dataset.points) >= n + 4,
+      before.lengths.points, {timeout: 20000});
     const after = {lengths: await chartState('Queued messages'), rates: await chartState('Message rates')};
     if (after.lengths.latest.messages === before.lengths.latest.messages) throw new Error('queued messages did not change');
     if (after.lengths.pixels === before.lengths.pixels) throw new Error('the queued messages chart was not redrawn');

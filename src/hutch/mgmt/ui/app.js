@@ -109,8 +109,7 @@ function showFrame() {
   });
   const logout = h('button', {type: 'button', class: 'secondary small', onclick: () => {
     signOut();
-    location.hash = '#/overview';
-    showLogin('You have logged out.');
+    showLogin('You have logged out.');  // the address stays: logging in again returns to this page
   }}, 'Log out');
   fill(top(),
     h('a', {class: 'brand', href: '#/overview'}, h('span', {class: 'logo', 'aria-hidden': 'true'}), 'hutch'),

@@ -54,7 +54,7 @@ function axisLabel(value) {
 
 export class LineChart {
   /**
-   * series: [{key, label, color?}]; kind: 'rate' (per second) or 'count'.
+   * series: [{key, label, color?, dash?}]; kind: 'rate' (per second) or 'count'.
    * The element carries data-points (samples drawn) and data-latest (JSON), for tests and tools.
    */
   constructor({title, series, kind = 'count', history, height = 180}) {
@@ -84,10 +84,10 @@ export class LineChart {
     this.el.dataset.points = String(points.length);
     this.el.dataset.latest = JSON.stringify(latest);
     fill(this.legend, this.series.map((s) => h('li', {},
-      h('span', {class: 'swatch', 'aria-hidden': 'true', dataset: {color: s.color}}),
+      h('span', {class: ['swatch', s.dash ? 'dashed' : null], 'aria-hidden': 'true', dataset: {color: s.color}}),
       h('span', {class: 'label'}, s.label),
       h('span', {class: 'value'}, this.format(latest[s.key])))));
-    for (const sw of this.legend.querySelectorAll('.swatch')) sw.style.background = sw.dataset.color;
+    for (const sw of this.legend.querySelectorAll('.swatch')) sw.style.color = sw.dataset.color;
     this.canvas.setAttribute('aria-label', `${this.title}: ` + this.series
       .map((s) => `${s.label} ${this.format(latest[s.key])}`).join(', '));
     this.paint(points);
@@ -161,6 +161,7 @@ export class LineChart {
     g.lineJoin = 'round';
     for (const s of this.series) {
       g.strokeStyle = s.color;
+      g.setLineDash(s.dash || []);  // dashed series stay visible where they overlap a solid one
       g.beginPath();
       let drawing = false;
       let prevT = null;

@@ -4,6 +4,7 @@
 import {DELETE, hasTag, p} from './api.js';
 import {badge, confirmDialog, h, toast} from './dom.js';
 import {bytes, dateTime, get, num, rate, statRate} from './fmt.js';
+import {withCounterRates} from './series.js';
 import {DataTable, vhostList} from './table.js';
 
 const STATE_HELP = {
@@ -29,9 +30,10 @@ function client(c) {
   return product ? [product, platform] : h('span', {class: 'muted'}, 'unknown');
 }
 
+/** Bytes per second (once known) over the total since the connection opened. */
 function traffic(c, which) {
   const r = get(c, `${which}_oct_details.rate`);
-  return typeof r === 'number' ? bytes(r) + '/s' : bytes(c[which + '_oct']);
+  return [typeof r === 'number' ? bytes(r) + '/s' : '—', h('div', {class: 'muted small'}, bytes(c[which + '_oct']) + ' total')];
 }
 
 export function connectionsPage(ctx) {
@@ -49,7 +51,7 @@ export function connectionsPage(ctx) {
   const admin = hasTag('administrator');
   const table = new DataTable({
     noun: 'connection', sort: 'name',
-    load: vhostList('/api/connections', vhost),
+    load: withCounterRates(vhostList('/api/connections', vhost), (c) => c.name, ['recv_oct', 'send_oct']),
     columns: [
       {label: 'Name', key: 'name', render: (c) => [c.name,
         c.user_provided_name ? h('div', {class: 'muted small'}, c.user_provided_name) : null]},
@@ -88,7 +90,8 @@ export function channelsPage(ctx) {
   const vhost = ctx.vhost;
   const table = new DataTable({
     noun: 'channel', sort: 'name',
-    load: vhostList('/api/channels', vhost),
+    load: withCounterRates(vhostList('/api/channels', vhost), (ch) => ch.name,
+      ['message_stats.publish', 'message_stats.deliver_get', 'message_stats.ack']),
     columns: [
       {label: 'Channel', key: 'name', nowrap: true},
       ...(vhost ? [] : [{label: 'Virtual host', key: 'vhost'}]),

@@ -23,6 +23,12 @@ export function features(obj) {
   return h('span', {class: 'features'}, out);
 }
 
+/** What the feature badges mean, under a table that shows them. */
+export function featuresKey(...extra) {
+  return h('p', {class: 'hint key'}, 'Features: D durable, T transient, AD auto-delete, Excl exclusive, ',
+    ...extra, 'Args has arguments (hover a badge for them); a blue name is the policy in effect.');
+}
+
 /** A policy name (and operator policy) as badges. */
 export function policyBadges(obj) {
   return h('span', {class: 'features'}, obj.policy ? badge(obj.policy, 'info', 'policy') : null,

@@ -3,7 +3,7 @@
 
 import {DELETE, GET, p, PUT} from './api.js';
 import {
-  bindForm, bindingsTable, DEFAULT_EXCHANGE, exchangeHref, exchangeLabel, features, keyValues, policyBadges,
+  bindForm, bindingsTable, DEFAULT_EXCHANGE, exchangeHref, exchangeLabel, features, featuresKey, keyValues, policyBadges,
   publishForm, vhostBindings,
 } from './common.js';
 import {checkbox, confirmDialog, facts, field, fill, h, link, section, select, setOptions, toast} from './dom.js';
@@ -55,7 +55,8 @@ export function exchangesPage(ctx) {
       return `Exchange '${created}' added to virtual host '${vh.value}'.`;
     },
   });
-  const el = h('div', {}, table.el, h('details', {class: 'panel add'}, h('summary', {}, 'Add a new exchange'), form));
+  const el = h('div', {}, table.el, featuresKey('I internal, '),
+    h('details', {class: 'panel add'}, h('summary', {}, 'Add a new exchange'), form));
   return {title: 'Exchanges', nav: 'exchanges', el, refresh: () => table.refresh(), vhostScoped: true};
 }
 

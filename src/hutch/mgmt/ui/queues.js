@@ -4,12 +4,12 @@
 import {DELETE, GET, p, POST, PUT} from './api.js';
 import {History, LineChart} from './chart.js';
 import {
-  bindForm, bindingsTable, exchangeLabel, features, keyValues, policyBadges, publishForm, queueHref,
+  bindForm, bindingsTable, exchangeLabel, features, featuresKey, keyValues, policyBadges, publishForm, queueHref,
 } from './common.js';
 import {badge, checkbox, confirmDialog, facts, field, fill, h, link, section, select, toast} from './dom.js';
 import {bytes, num, rate, statRate, value} from './fmt.js';
 import {actionForm, input, KeyValueEditor, vhostSelect} from './forms.js';
-import {HISTORY_QUERY, LENGTH_SERIES, RATE_SERIES, RateTracker, seedHistories} from './series.js';
+import {HISTORY_QUERY, LENGTH_SERIES, RATE_SERIES, RateTracker, seedHistories, withCounterRates} from './series.js';
 import {clientList, DataTable, serverList} from './table.js';
 
 const QUEUE_ARGUMENTS = [
@@ -60,7 +60,8 @@ export function queuesPage(ctx) {
     {label: 'Node / leader', key: 'leader', render: placement, title: 'node of a classic queue; leader (+ other members) of a quorum queue'},
   ];
   const table = new DataTable({noun: 'queue', columns, sort: 'name',
-    load: serverList(vhost ? p`/api/queues/${vhost}` : '/api/queues')});
+    load: withCounterRates(serverList(vhost ? p`/api/queues/${vhost}` : '/api/queues'), (q) => `${q.vhost}\n${q.name}`,
+      ['message_stats.publish', 'message_stats.deliver_get', 'message_stats.ack'])});
 
   const vh = vhostSelect(vhost || '/');
   const name = input({required: true});
@@ -90,7 +91,7 @@ export function queuesPage(ctx) {
       return `Queue '${created}' added to virtual host '${vh.value}'.`;
     },
   });
-  const el = h('div', {}, table.el, h('details', {class: 'panel add'}, h('summary', {}, 'Add a new queue'), form));
+  const el = h('div', {}, table.el, featuresKey(), h('details', {class: 'panel add'}, h('summary', {}, 'Add a new queue'), form));
   return {title: 'Queues', nav: 'queues', el, refresh: () => table.refresh(), vhostScoped: true};
 }
 

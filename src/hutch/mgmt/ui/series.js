@@ -62,14 +62,14 @@ export const RATE_SERIES = [
   {key: 'publish', label: 'Publish'},
   {key: 'deliver', label: 'Deliver'},
   {key: 'get', label: 'Get'},
-  {key: 'ack', label: 'Acknowledge'},
+  {key: 'ack', label: 'Acknowledge', dash: [6, 3]},
   {key: 'redeliver', label: 'Redeliver'},
 ];
 
 export const LENGTH_SERIES = [
   {key: 'messages_ready', label: 'Ready'},
   {key: 'messages_unacknowledged', label: 'Unacked'},
-  {key: 'messages', label: 'Total'},
+  {key: 'messages', label: 'Total', dash: [6, 3]},
 ];
 
 /** Seed `lengths` and `rates` histories from an object carrying RabbitMQ's samples, if it has any. */
@@ -82,4 +82,36 @@ export function seedHistories(lengths, rates, lengthsObj, statsObj) {
   const ratePoints = pointsFromSamples({}, counters);
   if (lengthPoints.length) lengths.seed(lengthPoints);
   if (ratePoints.length) rates.seed(ratePoints);
+}
+
+/**
+ * Wrap a DataTable load function so that items lacking `<counter>_details.rate` get one computed from
+ * the change of the counter since the previous load (a server that gives per-object counters but no
+ * rates). `counters` are dotted paths such as 'message_stats.publish'; `keyOf(item)` identifies an item.
+ */
+export function withCounterRates(load, keyOf, counters) {
+  const previous = new Map();
+  return async (state) => {
+    const result = await load(state);
+    const now = Date.now();
+    for (const item of result.items) {
+      const key = keyOf(item);
+      const seen = {};
+      const before = previous.get(key);
+      for (const path of counters) {
+        const value = get(item, path);
+        if (typeof value !== 'number') continue;
+        seen[path] = value;
+        const dot = path.lastIndexOf('.');
+        const parent = dot < 0 ? item : get(item, path.slice(0, dot));
+        const detailsKey = path.slice(dot + 1) + '_details';
+        if (!parent || (parent[detailsKey] && typeof parent[detailsKey].rate === 'number')) continue;
+        if (before && typeof before.values[path] === 'number' && now > before.t) {
+          parent[detailsKey] = {rate: Math.max(0, (value - before.values[path]) / ((now - before.t) / 1000))};
+        }
+      }
+      previous.set(key, {t: now, values: seen});
+    }
+    return result;
+  };
 }
