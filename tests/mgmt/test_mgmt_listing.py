@@ -7,7 +7,6 @@ import pytest
 from hutch.mgmt.access import Principal, parse_tags
 from hutch.mgmt.errors import ApiError, from_amqp
 from hutch.mgmt.listing import list_reply, one_reply
-from hutch.mgmt.system import RateSampler
 
 ITEMS = [
     {"name": "b", "vhost": "/", "messages": 3, "stats": {"n": 2}},
@@ -93,10 +92,3 @@ def test_amqp_errors_map_to_rabbitmq_http_replies():
     assert from_amqp(ChannelError(404, "no queue 'q'")).status == 404
     assert from_amqp(ChannelError(406, "inequivalent arg")).body() == {"error": "bad_request",
                                                                        "reason": "inequivalent arg"}
-
-
-def test_rate_sampler():
-    sampler = RateSampler()
-    sampler.sample(10.0, {"publish": 0})
-    sampler.sample(12.0, {"publish": 10})
-    assert sampler.with_details({"publish": 10}) == {"publish": 10, "publish_details": {"rate": 5.0}}

@@ -5,7 +5,8 @@ behalf of an authenticated `Principal`. Returns JSON-able data, raises `ApiError
 
 Rules (RabbitMQ's):
 - Monitors and administrators see every connection and channel; other users only their own.
-  Consumers are listed per vhost, for the vhosts the caller can see.
+  Consumers are listed per vhost, for the vhosts the caller can see. Lists of one vhost's connections
+  or channels need the vhost to be visible (404 when it does not exist).
 - Closing a connection is for administrators and for the connection's own user. The client gets
   connection.close 320 CONNECTION_FORCED with the reason as text (default
   "Closed via management plugin", or the request's `X-Reason` header).
@@ -18,12 +19,16 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
 
 from . import formats
+from . import stats as _stats
 from .access import Principal, may_close_user_object, may_see_user_object, vhost_for_read, visible_vhosts
 from .errors import not_authorised, not_found
 
 if TYPE_CHECKING:
+    from hutch.runtime.channel import ServerChannel
     from hutch.runtime.connection import AMQPConnection
     from hutch.runtime.node import Node
+
+    from .stats import StatsView
 
 DEFAULT_CLOSE_REASON = "Closed via management plugin"
 
@@ -32,8 +37,29 @@ def _visible_connections(node: Node, p: Principal) -> list[AMQPConnection]:
     return [c for c in node.connections if may_see_user_object(p, c.user_name)]
 
 
-def list_connections(node: Node, p: Principal) -> list[dict[str, Any]]:
-    return [formats.connection_json(c, node.name) for c in _visible_connections(node, p)]
+def list_connections(node: Node, p: Principal, vhost: str | None = None,
+                     stats: StatsView | None = None) -> list[dict[str, Any]]:
+    conns = _visible_connections(node, p)
+    if vhost is not None:
+        vhost_for_read(node, p, vhost)
+        conns = [c for c in conns if c.vhost_obj is not None and c.vhost_obj.name == vhost]
+    return [formats.connection_json(c, node.name, stats) for c in conns]
+
+
+def user_connections(node: Node, p: Principal, user: str, stats: StatsView | None = None
+                     ) -> list[dict[str, Any]]:
+    """GET /api/connections/username/{user}: monitors, or the user itself."""
+    if not may_see_user_object(p, user):
+        raise not_authorised("User not authorised to access object")
+    return [formats.connection_json(c, node.name, stats) for c in node.connections if c.user_name == user]
+
+
+def close_user_connections(node: Node, p: Principal, user: str, reason: str | None = None) -> None:
+    """DELETE /api/connections/username/{user}: administrators, or the user itself."""
+    if not may_close_user_object(p, user):
+        raise not_authorised("User not authorised to access object")
+    for conn in [c for c in node.connections if c.user_name == user]:
+        conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason or DEFAULT_CLOSE_REASON))
 
 
 def _connection(node: Node, name: str) -> AMQPConnection:
@@ -43,11 +69,21 @@ def _connection(node: Node, name: str) -> AMQPConnection:
     raise not_found()
 
 
-def get_connection(node: Node, p: Principal, name: str) -> dict[str, Any]:
+def _visible_connection(node: Node, p: Principal, name: str) -> AMQPConnection:
     conn = _connection(node, name)
     if not may_see_user_object(p, conn.user_name):
         raise not_authorised("User not authorised to access object")
-    return formats.connection_json(conn, node.name)
+    return conn
+
+
+def get_connection(node: Node, p: Principal, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+    return formats.connection_json(_visible_connection(node, p, name), node.name, stats)
+
+
+def connection_channels(node: Node, p: Principal, name: str, stats: StatsView | None = None
+                        ) -> list[dict[str, Any]]:
+    conn = _visible_connection(node, p, name)
+    return [formats.channel_json(ch, node.name, stats) for ch in list(conn.channels.values())]
 
 
 def close_connection(node: Node, p: Principal, name: str, reason: str | None = None) -> None:
@@ -57,9 +93,39 @@ def close_connection(node: Node, p: Principal, name: str, reason: str | None = N
     conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason or DEFAULT_CLOSE_REASON))
 
 
-def list_channels(node: Node, p: Principal) -> list[dict[str, Any]]:
-    return [formats.channel_json(ch, node.name)
-            for conn in _visible_connections(node, p) for ch in list(conn.channels.values())]
+def list_channels(node: Node, p: Principal, vhost: str | None = None,
+                  stats: StatsView | None = None) -> list[dict[str, Any]]:
+    conns = _visible_connections(node, p)
+    if vhost is not None:
+        vhost_for_read(node, p, vhost)
+        conns = [c for c in conns if c.vhost_obj is not None and c.vhost_obj.name == vhost]
+    return [formats.channel_json(ch, node.name, stats) for conn in conns for ch in list(conn.channels.values())]
+
+
+def _channel(node: Node, name: str) -> ServerChannel:
+    for conn in node.connections:
+        if name.startswith(conn.name):
+            for ch in list(conn.channels.values()):
+                if formats.channel_name(ch) == name:
+                    return ch
+    raise not_found()
+
+
+def get_channel(node: Node, p: Principal, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+    """GET /api/channels/{name}: the channel, its consumers and its publishes per exchange."""
+    ch = _channel(node, name)
+    if not may_see_user_object(p, ch.user):
+        raise not_authorised("User not authorised to access object")
+    out = formats.channel_json(ch, node.name, stats)
+    timeout_ms = node.config.consumer_timeout_ms
+    out["consumer_details"] = [formats.consumer_json(c, ch, node.name, timeout_ms)
+                               for c in list(ch.consumers.values())]
+    publishes = []
+    for x, (published, _routed) in _stats.exchange_counts(ch).items():
+        if ch.vhost is not None and ch.vhost.exchanges.get(x.name) is x:
+            publishes.append({"exchange": {"name": x.name, "vhost": x.vhost}, "stats": {"publish": published}})
+    out["publishes"] = publishes
+    return out
 
 
 def list_consumers(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
@@ -82,8 +148,12 @@ def list_consumers(node: Node, p: Principal, vhost: str | None = None) -> list[d
 __all__ = [
     "DEFAULT_CLOSE_REASON",
     "close_connection",
+    "close_user_connections",
+    "connection_channels",
+    "get_channel",
     "get_connection",
     "list_channels",
     "list_connections",
     "list_consumers",
+    "user_connections",
 ]

@@ -9,8 +9,9 @@ Rules:
 - Field names and value types are RabbitMQ's, so existing clients (rabbitmqadmin, monitoring
   scripts, client libraries' admin helpers) read them unchanged. Fields RabbitMQ derives from
   Erlang internals (pids, reductions, garbage collection) are left out rather than invented.
-- Message counters are cumulative counts since the object was created (`message_stats`); rates
-  (`*_details`) appear only where the sampler in http.py computes them (the overview).
+- Message counters are cumulative counts since the object was created (`message_stats`); given a
+  `StatsView` (stats.py), each counter and queue length gets RabbitMQ's `<name>_details` (rate, and
+  samples for a range).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
 
+from . import stats as _stats
+
 if TYPE_CHECKING:
     from hutch.core.auth import User, UserPermission, Vhost
     from hutch.core.policy import Policy
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
     from hutch.core.routing import Exchange
     from hutch.runtime.channel import ServerChannel
     from hutch.runtime.connection import AMQPConnection
+
+    from .stats import StatsView
 
 HASHING_ALGORITHM = "hutch_password_hashing_scrypt"
 DEFAULT_EXCHANGE_URL_NAME = "amq.default"
@@ -58,7 +63,7 @@ def jsonable(value: Any) -> Any:
 # -- queues, exchanges, bindings --------------------------------------------------------------------
 
 
-def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
+def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict[str, Any]:
     out = dict(q.info())
     out["arguments"] = jsonable(q.arguments)
     consumers = int(out.get("consumers", 0))
@@ -72,15 +77,12 @@ def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "message_bytes_ready": out.get("message_bytes", 0),
-        "message_stats": {
-            "publish": q.stat_published,
-            "deliver": q.stat_delivered,
-            "deliver_get": q.stat_delivered + q.stat_get,
-            "get": q.stat_get,
-            "ack": q.stat_acked,
-            "redeliver": q.stat_redelivered,
-        },
     })
+    if stats is not None:
+        stats.queue(q, out)
+    else:
+        values = _stats.queue_values(q)
+        out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in _stats.QUEUE_MSG_STATS}
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "peer"):
         out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
@@ -88,8 +90,8 @@ def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
     return out
 
 
-def exchange_json(x: Exchange) -> dict[str, Any]:
-    return {
+def exchange_json(x: Exchange, stats: StatsView | None = None) -> dict[str, Any]:
+    out = {
         "name": x.name,
         "vhost": x.vhost,
         "type": x.type,
@@ -99,6 +101,9 @@ def exchange_json(x: Exchange) -> dict[str, Any]:
         "arguments": jsonable(x.arguments),
         "policy": x.policy,
     }
+    if stats is not None:
+        out["message_stats"] = stats.exchange(x)
+    return out
 
 
 def binding_json(vhost: str, b: Binding) -> dict[str, Any]:
@@ -130,7 +135,7 @@ def default_binding_json(vhost: str, queue_name: str) -> dict[str, Any]:
 # -- connections, channels, consumers ---------------------------------------------------------------
 
 
-def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
+def connection_json(conn: AMQPConnection, node_name: str, stats: StatsView | None = None) -> dict[str, Any]:
     out = dict(conn.info())
     props = jsonable(out.get("client_properties") or {})
     out["client_properties"] = props
@@ -147,6 +152,8 @@ def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
         "type": "network",
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
     })
+    if stats is not None:
+        stats.connection(conn, out)
     return out
 
 
@@ -155,22 +162,19 @@ def channel_name(ch: ServerChannel) -> str:
 
 
 def channel_stats(ch: ServerChannel) -> dict[str, int]:
-    """The channel's stat_* counters by RabbitMQ's message_stats names."""
-    stats = {key[5:]: value for key, value in vars(ch).items()
-             if key.startswith("stat_") and isinstance(value, int)}
-    stats.setdefault("deliver", 0)
-    stats["deliver_get"] = stats["deliver"] + stats.get("get", 0)
-    return stats
+    """The channel's counters by RabbitMQ's message_stats names (`deliver`: manual acknowledgement)."""
+    values = _stats.channel_values(ch)
+    return {name: sum(values[i] for i in idx) for name, idx in _stats.MSG_STATS}
 
 
-def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
+def channel_json(ch: ServerChannel, node_name: str, stats: StatsView | None = None) -> dict[str, Any]:
     out = dict(ch.info())
     conn = ch.conn
     out.update({
         "name": channel_name(ch),
         "node": node_name,
         "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
-        "message_stats": channel_stats(ch),
+        "message_stats": stats.channel(ch) if stats is not None else channel_stats(ch),
     })
     return out
 

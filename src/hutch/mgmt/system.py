@@ -1,21 +1,25 @@
-"""Service layer: the node as a whole (overview, nodes, aliveness test) and message-rate sampling.
+"""Service layer: the node as a whole (overview, nodes, cluster name, aliveness test).
 
-Owns: `overview` and `node_info` (RabbitMQ's GET /api/overview and /api/nodes shapes), the
-`aliveness_test`, `message_totals` (node-wide message counters) and `RateSampler`, which turns two
-samples of those counters into per-second rates. Reads process figures (RSS, file descriptors)
-from /proc and `resource` where the platform has them; everything else is pure.
+Owns: `overview` and `node_info` (RabbitMQ's GET /api/overview and /api/nodes shapes), the cluster
+name (GET/PUT /api/cluster-name), the `aliveness_test`, `message_totals` (node-wide message counters)
+and `node_figures` (the process figures the statistics collector samples). Reads process figures (RSS,
+file descriptors) from /proc and `resource` where the platform has them; everything else is pure.
 
 Rules:
 - `message_stats` counters are the channels' stat_* counters: those of live channels plus
-  `Node.closed_channel_stats` for the channels that have closed, so totals never go down.
-  `get` comes from the queues (basic.get is counted there). Non-monitors see only the counters
-  of live channels in their vhosts (RabbitMQ narrows overview figures the same way).
-- Rates (`*_details.rate`, messages per second) are computed by `RateSampler` from samples the
-  HTTP service takes every `collect_statistics_interval` ms; they are 0.0 until two samples exist.
+  `Node.closed_channel_stats` for the channels that have closed, so totals never go down. Non-monitors
+  see the sum over the vhosts they can see, from the collector (RabbitMQ narrows overview figures the
+  same way).
+- Rates and samples (`*_details`) come from stats.py; without a collector (hutchctl's tests build the
+  app without one) the counters are plain numbers.
+- The cluster name is the node's `cluster_name` (config, default the node name); PUT changes it for
+  the running node (AMQP server properties included) but not the config file, so a restart brings
+  back the configured one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import resource
@@ -29,23 +33,25 @@ from hutch.amqp.spec import BasicProperties
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
 
-from . import formats
+from . import stats as _stats
 from .access import (
     Principal,
     may_see_user_object,
+    require_admin,
     require_amqp,
     require_monitor,
     vhost_for_write,
     visible_vhosts,
 )
-from .errors import from_amqp, not_found
+from .errors import bad_request, from_amqp, not_found
 
 if TYPE_CHECKING:
     from hutch.runtime.node import Node
 
+    from .stats import StatsView
+
 ALIVENESS_QUEUE = "aliveness-test"
 ALIVENESS_BODY = b"test_message"
-STAT_NAMES = ("publish", "deliver", "deliver_get", "get", "ack", "redeliver")
 _EXCHANGE_TYPE_DESCRIPTIONS = {
     "direct": "AMQP direct exchange, as per the AMQP specification",
     "fanout": "AMQP fanout exchange, as per the AMQP specification",
@@ -58,50 +64,29 @@ UNLIMITED_PROCESSES = 1 << 20  # reported as proc_total when RLIMIT_NPROC is unl
 # -- message counters -------------------------------------------------------------------------------
 
 
-def message_totals(node: Node, p: Principal | None = None) -> dict[str, int]:
-    """Node-wide message counters (or, for a non-monitor `p`, those of its live visible channels)."""
-    everything = p is None or p.is_monitor
-    totals: dict[str, int] = {}
-    if everything:
-        for key, value in node.closed_channel_stats.items():
-            name = key[5:]
-            totals[name] = totals.get(name, 0) + value
-    names = set(node.vhosts) if everything else set(visible_vhosts(node, p))  # type: ignore[arg-type]
+def node_message_values(node: Node) -> tuple[int, ...]:
+    """Node-wide message counters in stats.CHANNEL_FIELDS order: closed channels plus live ones."""
+    total = _stats.closed_values(node.closed_channel_stats)
     for conn in node.connections:
-        if conn.vhost_obj is None or conn.vhost_obj.name not in names:
-            continue
         for ch in list(conn.channels.values()):
-            for name, value in formats.channel_stats(ch).items():
-                if name != "deliver_get":
-                    totals[name] = totals.get(name, 0) + value
-    gets = sum(q.stat_get for name in names for q in node.vhosts[name].queues.values())
-    totals["get"] = totals.get("get", 0) + gets
-    for name in STAT_NAMES:
-        totals.setdefault(name, 0)
-    totals["deliver_get"] = totals["deliver"] + totals["get"]
-    return totals
+            total = _stats.add(total, _stats.channel_values(ch))
+    return total
 
 
-class RateSampler:
-    """Per-second rates between the last two samples of `message_totals`. Time comes in as seconds."""
-
-    def __init__(self) -> None:
-        self._last: tuple[float, dict[str, int]] | None = None
-        self.rates: dict[str, float] = {}
-
-    def sample(self, now_s: float, totals: dict[str, int]) -> None:
-        if self._last is not None:
-            then_s, before = self._last
-            elapsed = now_s - then_s
-            if elapsed > 0:
-                self.rates = {k: max(0.0, (v - before.get(k, 0)) / elapsed) for k, v in totals.items()}
-        self._last = (now_s, dict(totals))
-
-    def with_details(self, totals: dict[str, int]) -> dict[str, Any]:
-        out: dict[str, Any] = dict(totals)
-        for key in totals:
-            out[f"{key}_details"] = {"rate": round(self.rates.get(key, 0.0), 1)}
-        return out
+def message_totals(node: Node, p: Principal | None = None) -> dict[str, int]:
+    """Node-wide message counters (or, for a non-monitor `p`, those of the live channels in its vhosts),
+    by RabbitMQ's message_stats names."""
+    if p is None or p.is_monitor:
+        values = node_message_values(node)
+    else:
+        names = set(visible_vhosts(node, p))
+        values = _stats.ZERO_CHANNEL
+        for conn in node.connections:
+            if conn.vhost_obj is None or conn.vhost_obj.name not in names:
+                continue
+            for ch in list(conn.channels.values()):
+                values = _stats.add(values, _stats.channel_values(ch))
+    return {name: sum(values[i] for i in idx) for name, idx in _stats.MSG_STATS}
 
 
 # -- overview ---------------------------------------------------------------------------------------
@@ -122,21 +107,20 @@ def _listeners(node: Node) -> list[dict[str, Any]]:
     ]
 
 
-def overview(node: Node, p: Principal, sampler: RateSampler | None = None) -> dict[str, Any]:
+def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[str, Any]:
     names = visible_vhosts(node, p)
     queues = [q for name in names for q in node.vhosts[name].queues.values()]
     conns = [c for c in node.connections if may_see_user_object(p, c.user_name)]
     channels = [ch for c in conns for ch in list(c.channels.values())]
     ready = sum(q.message_count for q in queues)
     unacked = sum(q.unacked_count for q in queues)
-    totals = message_totals(node, p)
-    stats = sampler.with_details(totals) if sampler is not None and p.is_monitor else totals
-    return {
+    out: dict[str, Any] = {
         "management_version": __version__,
         "product_name": "hutch",
         "product_version": __version__,
         "python_version": platform.python_version(),
         "rates_mode": "basic",
+        "sample_retention_policies": _stats.sample_retention_policies(),
         "node": node.name,
         "cluster_name": node.config.cluster_name,
         "exchange_types": _exchange_types(),
@@ -150,11 +134,35 @@ def overview(node: Node, p: Principal, sampler: RateSampler | None = None) -> di
             "queues": len(queues),
             "consumers": sum(q.consumer_count for q in queues),
         },
-        "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
-                         "messages_unacknowledged": unacked},
-        "message_stats": stats,
         "statistics_db_event_queue": 0,
     }
+    churn = [node.churn[k] for k in _stats.CHURN_KEYS]
+    if stats is not None:
+        out.update(stats.overview(None if p.is_monitor else names, node_message_values(node),
+                                  (ready, unacked), churn))
+    else:
+        out["message_stats"] = message_totals(node, p)
+        out["queue_totals"] = {"messages": ready + unacked, "messages_ready": ready,
+                               "messages_unacknowledged": unacked}
+        out["churn_rates"] = {name: churn[idx[0]] for name, idx in _stats.CHURN}
+    return out
+
+
+# -- cluster name -----------------------------------------------------------------------------------
+
+
+def get_cluster_name(node: Node) -> dict[str, Any]:
+    return {"name": node.config.cluster_name}
+
+
+def put_cluster_name(node: Node, p: Principal, body: Any) -> None:
+    """PUT /api/cluster-name {"name": ...}: administrators only (RabbitMQ's rule)."""
+    require_admin(p)
+    name = body.get("name") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise bad_request("[{key_missing,name}]" if not isinstance(body, dict) or "name" not in body
+                          else "name must be a non-empty string")
+    node.config = dataclasses.replace(node.config, cluster_name=name)
 
 
 # -- nodes ------------------------------------------------------------------------------------------
@@ -190,15 +198,26 @@ def _physical_memory() -> int:
         return 0
 
 
-def node_info(node: Node, now_ms: float) -> dict[str, Any]:
-    cfg = node.config
+def _disk_free(node: Node) -> int:
     try:
-        disk_free = shutil.disk_usage(cfg.data_dir).free
+        return shutil.disk_usage(node.config.data_dir).free
     except OSError:
-        disk_free = 0
+        return 0
+
+
+def node_figures(node: Node) -> tuple[int, ...]:
+    """The figures the collector samples, in stats.NODE_FIELDS order."""
+    storage = node.persistence
+    return (_rss_bytes(), _fd_used(), len(node.connections), threading.active_count(), _disk_free(node),
+            storage.sink.fsyncs if storage is not None else 0)
+
+
+def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict[str, Any]:
+    cfg = node.config
+    disk_free = _disk_free(node)
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
     storage = node.persistence
-    return {
+    out = {
         "name": node.name,
         "type": "disc",
         "running": True,
@@ -236,18 +255,21 @@ def node_info(node: Node, now_ms: float) -> dict[str, Any]:
         "db_dir": cfg.data_dir,
         "log_files": ["<stderr>"],
     }
+    if stats is not None:
+        stats.node(tuple(out[k] for k in _stats.NODE_FIELDS), out)
+    return out
 
 
-def list_nodes(node: Node, p: Principal, now_ms: float) -> list[dict[str, Any]]:
+def list_nodes(node: Node, p: Principal, now_ms: float, stats: StatsView | None = None) -> list[dict[str, Any]]:
     require_monitor(p)
-    return [node_info(node, now_ms)]
+    return [node_info(node, now_ms, stats)]
 
 
-def get_node(node: Node, p: Principal, name: str, now_ms: float) -> dict[str, Any]:
+def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsView | None = None) -> dict[str, Any]:
     require_monitor(p)
     if name != node.name:
         raise not_found()
-    return node_info(node, now_ms)
+    return node_info(node, now_ms, stats)
 
 
 # -- aliveness --------------------------------------------------------------------------------------
@@ -273,11 +295,14 @@ def aliveness_test(node: Node, p: Principal, vhost: str) -> dict[str, Any]:
 
 __all__ = [
     "ALIVENESS_QUEUE",
-    "RateSampler",
     "aliveness_test",
+    "get_cluster_name",
     "get_node",
     "list_nodes",
     "message_totals",
+    "node_figures",
     "node_info",
+    "node_message_values",
     "overview",
+    "put_cluster_name",
 ]

@@ -14,14 +14,21 @@ Rules (RabbitMQ's HTTP semantics):
 - Declaring something that exists with other properties is a 400 with the AMQP error text;
   an AMQP ACCESS_REFUSED is 401 "Access refused.".
 - Lists include every queue's implicit binding to the default exchange, as RabbitMQ's do.
+- Bindings made or removed over HTTP need what queue.bind/exchange.bind need over AMQP: write on the
+  destination, read on the source. One binding is named by RabbitMQ's `properties_key`: the quoted
+  routing key (`~` when empty), plus `~` and a hash of the arguments when there are arguments.
+- Binding lists of a named exchange or queue answer 404 when it does not exist (RabbitMQ answers an
+  empty list); so does a binding that does not exist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, unquote_plus
 
 from hutch.amqp.errors import AMQPError
+from hutch.core.routing import arguments_hash, exchange_dest, queue_dest
 
 from . import formats
 from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
@@ -29,8 +36,11 @@ from .errors import access_refused, bad_request, from_amqp, not_found
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
+    from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.node import Node
+
+    from .stats import StatsView
 
 MAX_NAME_BYTES = 255
 
@@ -79,8 +89,9 @@ def exchange_name(url_name: str) -> str:
 # -- queues -----------------------------------------------------------------------------------------
 
 
-def list_queues(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
-    return [formats.queue_json(q, node.name) for v in _vhosts(node, p, vhost) for q in v.queues.values()]
+def list_queues(node: Node, p: Principal, vhost: str | None = None,
+                stats: StatsView | None = None) -> list[dict[str, Any]]:
+    return [formats.queue_json(q, node.name, stats) for v in _vhosts(node, p, vhost) for q in v.queues.values()]
 
 
 def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
@@ -90,8 +101,13 @@ def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
     return q
 
 
-def get_queue(node: Node, p: Principal, vhost: str, name: str) -> dict[str, Any]:
-    return formats.queue_json(_queue(node, p, vhost, name), node.name)
+def get_queue(node: Node, p: Principal, vhost: str, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+    q = _queue(node, p, vhost, name)
+    out = formats.queue_json(q, node.name, stats)
+    out["consumer_details"] = [
+        formats.consumer_json(c, c.channel, node.name, node.config.consumer_timeout_ms)  # type: ignore[arg-type]
+        for c in q.consumers() if hasattr(c.channel, "conn")]
+    return out
 
 
 def put_queue(node: Node, p: Principal, vhost: str, name: str, body: Any) -> bool:
@@ -144,15 +160,21 @@ def purge_queue(node: Node, p: Principal, vhost: str, name: str) -> int:
 # -- exchanges --------------------------------------------------------------------------------------
 
 
-def list_exchanges(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
-    return [formats.exchange_json(x) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
+def list_exchanges(node: Node, p: Principal, vhost: str | None = None,
+                   stats: StatsView | None = None) -> list[dict[str, Any]]:
+    return [formats.exchange_json(x, stats) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
 
 
-def get_exchange(node: Node, p: Principal, vhost: str, url_name: str) -> dict[str, Any]:
+def _exchange(node: Node, p: Principal, vhost: str, url_name: str) -> Exchange:
     x = vhost_for_read(node, p, vhost).exchanges.get(exchange_name(url_name))
     if x is None:
         raise not_found()
-    return formats.exchange_json(x)
+    return x
+
+
+def get_exchange(node: Node, p: Principal, vhost: str, url_name: str, stats: StatsView | None = None
+                 ) -> dict[str, Any]:
+    return formats.exchange_json(_exchange(node, p, vhost, url_name), stats)
 
 
 def put_exchange(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> bool:
@@ -217,8 +239,128 @@ def queue_bindings(node: Node, p: Principal, vhost: str, name: str) -> list[dict
     return [b for b in _bindings(v) if b["destination_type"] == "queue" and b["destination"] == name]
 
 
+def exchange_bindings(node: Node, p: Principal, vhost: str, url_name: str, side: str) -> list[dict[str, Any]]:
+    """GET /api/exchanges/{vhost}/{name}/bindings/source (`side` "source": bindings from the exchange)
+    or /destination (bindings to it)."""
+    x = _exchange(node, p, vhost, url_name)
+    v = node.vhosts[vhost]
+    if side == "source":
+        return [b for b in _bindings(v) if b["source"] == x.name]
+    return [b for b in _bindings(v) if b["destination_type"] == "exchange" and b["destination"] == x.name]
+
+
+DESTINATION_TYPES = {"q": "queue", "e": "exchange"}
+
+
+def _binding_ends(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str,
+                  write: bool = False) -> tuple[VirtualHost, Exchange, tuple[str, str]]:
+    """The vhost, source exchange and destination a bindings URL names; 404 when one is missing."""
+    v = vhost_for_write(node, p, vhost) if write else vhost_for_read(node, p, vhost)
+    kind = DESTINATION_TYPES.get(dtype)
+    if kind is None:
+        raise not_found()
+    source = v.exchanges.get(exchange_name(source_url))
+    if source is None:
+        raise not_found()
+    if kind == "queue":
+        if dest not in v.queues:
+            raise not_found()
+        return v, source, queue_dest(dest)
+    if exchange_name(dest) not in v.exchanges:
+        raise not_found()
+    return v, source, exchange_dest(exchange_name(dest))
+
+
+def bindings_between(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str
+                     ) -> list[dict[str, Any]]:
+    """GET /api/bindings/{vhost}/e/{source}/q|e/{destination}."""
+    v, source, (kind, name) = _binding_ends(node, p, vhost, source_url, dtype, dest)
+    return [b for b in _bindings(v) if b["source"] == source.name and b["destination_type"] == kind
+            and b["destination"] == name]
+
+
+def _require_bind_permissions(node: Node, p: Principal, vhost: str, source: str,
+                              destination: tuple[str, str]) -> None:
+    kind, name = destination
+    require_amqp(node, p, vhost, "write", kind, name)
+    require_amqp(node, p, vhost, "read", "exchange", source)
+
+
+def create_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str, body: Any
+                   ) -> str:
+    """POST /api/bindings/{vhost}/e/{source}/q|e/{destination}: bind as queue.bind/exchange.bind would;
+    returns the new binding's properties_key (the last segment of its URL)."""
+    v, source, destination = _binding_ends(node, p, vhost, source_url, dtype, dest, write=True)
+    body = _body(body)
+    routing_key = body.get("routing_key", "")
+    if routing_key is None:
+        routing_key = ""
+    if not isinstance(routing_key, str):
+        raise bad_request("routing_key must be a string")
+    arguments = _arguments(body)
+    _require_bind_permissions(node, p, vhost, source.name, destination)
+    try:
+        if destination[0] == "queue":
+            v.check_exclusive(v.queues[destination[1]], None)
+        node.bind(v, source, destination, routing_key, arguments)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+    for b in source.router.bindings():
+        if b.destination == destination and b.routing_key == routing_key and b.arguments == arguments:
+            return b.properties_key
+    return ""  # pragma: no cover - the binding was just added
+
+
+def binding_location(path: str, properties_key: str) -> str:
+    """The Location of a new binding, relative to the POST's path as RabbitMQ's relativise makes it:
+    the last segment of the path, then the properties key (percent-encoded)."""
+    return path.rstrip("/").rsplit("/", 1)[-1] + "/" + quote(properties_key, safe="")
+
+
+def _find_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str, props: str,
+                  write: bool = False) -> tuple[VirtualHost, Exchange, Any]:
+    v, source, destination = _binding_ends(node, p, vhost, source_url, dtype, dest, write)
+    if props == "~":
+        parts = [""]
+    else:
+        parts = props.split("~")
+    if len(parts) > 2:
+        raise bad_request(f"too_many_tokens: {props}")
+    routing_key = unquote_plus(parts[0])
+    args_hash = unquote(parts[1]) if len(parts) == 2 else None
+    for b in source.router.bindings():
+        if b.destination != destination or b.routing_key != routing_key:
+            continue
+        if (args_hash is None and not b.arguments) or (
+                args_hash is not None and b.arguments and arguments_hash(b.arguments) == args_hash):
+            return v, source, b
+    raise not_found()
+
+
+def get_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str, props: str
+                ) -> dict[str, Any]:
+    v, _source, b = _find_binding(node, p, vhost, source_url, dtype, dest, props)
+    return formats.binding_json(v.name, b)
+
+
+def delete_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str,
+                   props: str) -> None:
+    v, source, b = _find_binding(node, p, vhost, source_url, dtype, dest, props, write=True)
+    _require_bind_permissions(node, p, vhost, source.name, b.destination)
+    try:
+        node.unbind(v, source, b.destination, b.routing_key, b.arguments)
+    except AMQPError as exc:
+        raise from_amqp(exc) from None
+
+
 __all__ = [
+    "binding_location",
+    "bindings_between",
+    "create_binding",
+    "delete_binding",
     "delete_exchange",
+    "exchange_bindings",
+    "get_binding",
     "delete_queue",
     "exchange_name",
     "get_exchange",

@@ -13,11 +13,15 @@ Rules:
 - PUT /api/users/{name} follows RabbitMQ: `password` or `password_hash` (not both; neither, or
   `password_hash: ""`, means the user cannot log in with a password); `tags` is a comma-separated
   string or a list, missing means no tags.
-- Definitions live in memory only for now (persistence is a later issue).
+- Topic permissions (`/api/topic-permissions`, administrators only) are kept in
+  `Node.topic_permissions`, which the channel checks when a user publishes to a topic exchange
+  (RabbitMQ's write check; the read check, on binding, is not made). They are not saved: a restart
+  forgets them. Deleting the user or the vhost deletes them, as in RabbitMQ.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import (
@@ -35,6 +39,8 @@ from .errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
     from hutch.runtime.node import Node
+
+    from .stats import StatsView
 
 USER_DELETED_REASON = "user '{}' was deleted"
 
@@ -113,6 +119,8 @@ def delete_user(node: Node, p: Principal, name: str) -> None:
         node.auth.delete_user(name)
     except NoSuchUser:
         raise not_found() from None
+    for key in [k for k in node.topic_permissions if k[1] == name]:
+        del node.topic_permissions[key]
     node.permissions_changed()
     node.close_user_connections(name, USER_DELETED_REASON.format(name))
 
@@ -131,6 +139,14 @@ def whoami(p: Principal) -> dict[str, Any]:
 # -- vhosts -----------------------------------------------------------------------------------------
 
 
+def _vhost_json(node: Node, v: Any, stats: StatsView | None) -> dict[str, Any]:
+    totals = _vhost_totals(node, v.name)
+    out = formats.vhost_json(v, node.name, totals)
+    if stats is not None:
+        stats.vhost(v.name, (totals["messages_ready"], totals["messages_unacknowledged"]), out)
+    return out
+
+
 def _vhost_totals(node: Node, name: str) -> dict[str, int]:
     vhost = node.vhosts.get(name)
     ready = unacked = 0
@@ -147,19 +163,18 @@ def _vhost_totals(node: Node, name: str) -> dict[str, int]:
             "recv_oct": recv, "send_oct": send}
 
 
-def list_vhosts(node: Node, p: Principal) -> list[dict[str, Any]]:
+def list_vhosts(node: Node, p: Principal, stats: StatsView | None = None) -> list[dict[str, Any]]:
     visible = set(visible_vhosts(node, p))
-    return [formats.vhost_json(v, node.name, _vhost_totals(node, v.name))
-            for v in node.auth.list_vhosts() if v.name in visible]
+    return [_vhost_json(node, v, stats) for v in node.auth.list_vhosts() if v.name in visible]
 
 
-def get_vhost(node: Node, p: Principal, name: str) -> dict[str, Any]:
+def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = None) -> dict[str, Any]:
     v = node.auth.get_vhost(name)
     if v is None:
         raise not_found()
     if name not in visible_vhosts(node, p):
         raise not_authorised("User not authorised to access virtual host")
-    return formats.vhost_json(v, node.name, _vhost_totals(node, name))
+    return _vhost_json(node, v, stats)
 
 
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
@@ -195,6 +210,8 @@ def delete_vhost(node: Node, p: Principal, name: str) -> None:
     require_admin(p)
     if node.auth.get_vhost(name) is None:
         raise not_found()
+    for key in [k for k in node.topic_permissions if k[0] == name]:
+        del node.topic_permissions[key]
     node.delete_vhost(name)
 
 
@@ -259,8 +276,83 @@ def delete_permission(node: Node, p: Principal, vhost: str, user: str) -> None:
     node.permissions_changed()
 
 
+# -- topic permissions ------------------------------------------------------------------------------
+
+
+def _topic_entries(node: Node, vhost: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
+    out = []
+    for (v, u), by_exchange in node.topic_permissions.items():
+        if (vhost is None or v == vhost) and (user is None or u == user):
+            out.extend({"user": u, "vhost": v, "exchange": x, "write": w, "read": r}
+                       for x, (w, r) in by_exchange.items())
+    return out
+
+
+def list_topic_permissions(node: Node, p: Principal, vhost: str | None = None, user: str | None = None
+                           ) -> list[dict[str, Any]]:
+    """GET /api/topic-permissions, /api/users/{user}/topic-permissions, /api/vhosts/{vhost}/topic-permissions."""
+    require_admin(p)
+    if user is not None and node.auth.get_user(user) is None:
+        raise not_found()
+    if vhost is not None and node.auth.get_vhost(vhost) is None:
+        raise not_found()
+    return _topic_entries(node, vhost, user)
+
+
+def get_topic_permission(node: Node, p: Principal, vhost: str, user: str, exchange: str | None = None
+                         ) -> list[dict[str, Any]]:
+    """GET /api/topic-permissions/{vhost}/{user}[/{exchange}]: a list (one entry per exchange); 404 if none."""
+    require_admin(p)
+    found = [e for e in _topic_entries(node, vhost, user) if exchange is None or e["exchange"] == exchange]
+    if not found:
+        raise not_found()
+    return found
+
+
+def put_topic_permission(node: Node, p: Principal, vhost: str, user: str, body: Any) -> bool:
+    """Set the user's write/read expressions for one exchange; True when the user had none on the vhost."""
+    require_admin(p)
+    auth = node.auth
+    if auth.get_user(user) is None or auth.get_vhost(vhost) is None:
+        raise bad_request("vhost_or_user_not_found")
+    body = _body(body)
+    missing = [k for k in ("exchange", "write", "read") if body.get(k) is None]
+    if missing:
+        raise bad_request("[" + ",".join(f"{{key_missing,{k}}}" for k in missing) + "]")
+    exchange, write, read = body["exchange"], body["write"], body["read"]
+    if not all(isinstance(v, str) for v in (exchange, write, read)):
+        raise bad_request("exchange, write and read must be strings")
+    for pattern in (write, read):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise bad_request(f"invalid regular expression '{pattern}': {exc}") from None
+    key = (vhost, user)
+    created = key not in node.topic_permissions
+    node.topic_permissions.setdefault(key, {})[exchange] = (write, read)
+    return created
+
+
+def delete_topic_permission(node: Node, p: Principal, vhost: str, user: str, exchange: str | None = None) -> None:
+    require_admin(p)
+    key = (vhost, user)
+    by_exchange = node.topic_permissions.get(key)
+    if not by_exchange or (exchange is not None and exchange not in by_exchange):
+        raise not_found()
+    if exchange is None:
+        del node.topic_permissions[key]
+        return
+    del by_exchange[exchange]
+    if not by_exchange:
+        del node.topic_permissions[key]
+
+
 __all__ = [
     "delete_permission",
+    "delete_topic_permission",
+    "get_topic_permission",
+    "list_topic_permissions",
+    "put_topic_permission",
     "delete_user",
     "delete_vhost",
     "get_permission",

@@ -114,6 +114,20 @@ class ServerChannel(DeclarationsMixin):
         self.stat_deliver = 0
         self.stat_ack = 0
         self.stat_redeliver = 0
+        self.stat_publish_confirm = 0  # publishes received in confirm mode
+        self.stat_confirm = 0  # publishes acked to the publisher (basic.ack)
+        self.stat_routed = 0  # enqueues of routed publishes: a message routed to three queues counts 3
+        self.stat_return_unroutable = 0
+        self.stat_drop_unroutable = 0
+        self.stat_deliver_no_ack = 0  # the part of stat_deliver that went to no-ack consumers
+        self.stat_get = 0  # basic.get-ok with manual acknowledgement
+        self.stat_get_no_ack = 0
+        self.stat_get_empty = 0
+        # publishes and enqueues per exchange (management), credited when the exchange changes: see
+        # _switch_exchange. Invariant: x_base is (stat_publish, stat_routed) when x_current began.
+        self.x_counts: dict[Any, list[int]] = {}
+        self.x_current: Any = None
+        self.x_base = (0, 0)
         self._oldest: tuple[int, float] | None = None
         self._perm_cache: dict[tuple[str, str, str], bool] = {}
         self._perm_epoch = self.node.perm_epoch
@@ -265,6 +279,7 @@ class ServerChannel(DeclarationsMixin):
         exchange, routing_key, mandatory, route_tail = pub
         if self.confirm:
             self.publish_seq += 1
+            self.stat_publish_confirm += 1
         self.stat_publish += 1
         conn = self.conn
         if not conn.has_published:
@@ -275,6 +290,8 @@ class ServerChannel(DeclarationsMixin):
         if x is None:
             raise ChannelError(NOT_FOUND, f"no exchange '{exchange}' in vhost '{self.vhost.name}'", 60, 40)
         if self._write_checked is not x:
+            if x is not self.x_current:
+                _switch_exchange(self, x)
             self.check_permission("write", "exchange", exchange)
             if x.internal:
                 raise ChannelError(ACCESS_REFUSED,
@@ -295,6 +312,8 @@ class ServerChannel(DeclarationsMixin):
                 routing_keys, props, props_raw = _sender_selected(routing_key, props, props_raw)
             if props.reply_to == REPLY_TO_QUEUE:
                 props, props_raw = self._rewrite_reply_to(props)
+        if x.type == "topic" and self.node.topic_permissions:
+            _check_topic_write(self, exchange, routing_keys)
         msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
         if props is not None and props.headers and "x-death" in props.headers:
             msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
@@ -335,13 +354,17 @@ class ServerChannel(DeclarationsMixin):
             queues = self.vhost.route(x, routing_keys, headers)
         rejected = False
         if queues:
+            self.stat_routed += len(queues)
             for q in queues:
                 if q.publish(msg) is False:
                     rejected = True
                 if q.needs_flow_control():
                     self.conn.flow_block(q)
         elif mandatory:
+            self.stat_return_unroutable += 1
             self._send_return(NO_ROUTE, "NO_ROUTE", msg)
+        else:
+            self.stat_drop_unroutable += 1
         return rejected
 
     def _send_return(self, code: int, text: str, msg: Message) -> None:
@@ -411,6 +434,7 @@ class ServerChannel(DeclarationsMixin):
         if upto > self.confirm_sent and self.state == self.OPEN:
             multiple = upto - self.confirm_sent > 1
             self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
+            self.stat_confirm += upto - self.confirm_sent
             self.confirm_sent = upto
 
     # -- delivering ----------------------------------------------------------------------------
@@ -419,6 +443,8 @@ class ServerChannel(DeclarationsMixin):
         self.next_tag = tag + 1
         if not consumer.no_ack:
             self.unacked[tag] = _Unacked(queue, entry, consumer)
+        else:
+            self.stat_deliver_no_ack += 1
         msg = entry.msg
         self.stat_deliver += 1
         if entry.redelivered:
@@ -451,6 +477,7 @@ class ServerChannel(DeclarationsMixin):
         tag = self.next_tag
         self.next_tag = tag + 1
         self.stat_deliver += 1
+        self.stat_deliver_no_ack += 1
         self._write_delivery(consumer.frame_prefix, tag, False, msg)
         return True
 
@@ -460,12 +487,18 @@ class ServerChannel(DeclarationsMixin):
         self.vhost.check_exclusive(q, self.conn)
         entry = q.get(self, m.no_ack)
         if entry is None:
+            self.stat_get_empty += 1
             self.send(spec.Basic.GetEmpty())
             return
         tag = self.next_tag
         self.next_tag = tag + 1
         if not m.no_ack:
             self.unacked[tag] = _Unacked(q, entry, None)
+            self.stat_get += 1
+        else:
+            self.stat_get_no_ack += 1
+        if entry.redelivered:
+            self.stat_redeliver += 1
         msg = entry.msg
         payload = b"".join((b"\x00\x3c\x00\x47", _TAG_REDELIVERED.pack(tag, entry.redelivered),
                             msg.route_tail, _GET_OK_TAIL.pack(q.message_count)))
@@ -666,8 +699,12 @@ class ServerChannel(DeclarationsMixin):
                 queues = [q for q in queues if not q.deleted]
                 for q in queues:
                     q.publish(msg)
+                self.stat_routed += len(queues)
                 if not queues and mandatory:
+                    self.stat_return_unroutable += 1
                     self._send_return(NO_ROUTE, "NO_ROUTE", msg)
+                elif not queues:
+                    self.stat_drop_unroutable += 1
             elif kind == "ack":
                 tag, multiple = args
                 self._settle(self._collect(tag, multiple), "ack")
@@ -813,6 +850,41 @@ def _consumer_priority(arguments: dict[str, Any] | None) -> int:
         raise ChannelError(PRECONDITION_FAILED,
                            f"invalid arg 'x-priority' for consumer: {value!r} is not an integer")
     return value
+
+
+def _switch_exchange(ch: ServerChannel, x: Any) -> None:
+    """The channel publishes to another exchange than before: credit the publishes and enqueues since
+    the last switch to the exchange they went to (management's per-exchange publish_in/publish_out).
+    Runs on a change of exchange only, so the per-exchange counts cost nothing per message. The publish
+    being handled is already in stat_publish and not yet routed: it belongs to `x`."""
+    current = ch.x_current
+    published = ch.stat_publish - 1
+    if current is not None:
+        base_published, base_routed = ch.x_base
+        counts = ch.x_counts.get(current)
+        if counts is None:
+            counts = ch.x_counts[current] = [0, 0]
+        counts[0] += published - base_published
+        counts[1] += ch.stat_routed - base_routed
+    ch.x_current = x
+    ch.x_base = (published, ch.stat_routed)
+
+
+def _check_topic_write(ch: ServerChannel, exchange: str, routing_keys: list[str]) -> None:
+    """RabbitMQ's topic authorisation of a publish to a topic exchange: the user's topic permission for
+    the exchange (if any) must match every routing key; {username} and {vhost} are expanded."""
+    import re
+
+    perms = ch.node.topic_permissions.get((ch.vhost.name, ch.user))
+    entry = perms.get(exchange) if perms else None
+    if entry is None:
+        return
+    vhost = ch.vhost.name
+    pattern = (entry[0] or "^$").replace("{username}", ch.user).replace("{vhost}", vhost)
+    for key in routing_keys:
+        if re.search(pattern, key) is None:
+            raise ChannelError(ACCESS_REFUSED, f"write access to topic '{key}' in exchange '{exchange}' in vhost "
+                                               f"'{vhost}' refused for user '{ch.user}'", 60, 40)
 
 
 def _check_expiration(expiration: str) -> None:

@@ -105,6 +105,9 @@ class Node:
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
+        # topic permissions, set through the management API (mgmt/users.py): (vhost, user) ->
+        # {exchange: (write regex, read regex)}; the channel checks write on publishes to topic exchanges
+        self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
 
     @staticmethod
     def wall_ms() -> float:
