@@ -37,7 +37,7 @@ export function overviewPage() {
       hasTag('administrator', 'monitoring') ? GET('/api/nodes').catch(() => null) : null]);
     const now = Date.now();
     if (!store.seeded) {
-      seedHistories(store.lengths, store.rates, o.queue_totals, o.message_stats);
+      seedHistories(store.lengths, store.rates, o.queue_totals, o.message_stats, now);
       store.seeded = true;
     }
     store.lengths.push(now, {...o.queue_totals});

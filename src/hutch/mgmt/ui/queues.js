@@ -213,7 +213,7 @@ export function queuePage(ctx, [vhost, name]) {
     const q = await GET(p`/api/queues/${vhost}/${name}` + (seeded ? '' : '?' + HISTORY_QUERY));
     const now = Date.now();
     if (!seeded) {
-      seedHistories(lengths, rates, q, q.message_stats);
+      seedHistories(lengths, rates, q, q.message_stats, now);
       seeded = true;
     }
     lengths.push(now, {messages: q.messages, messages_ready: q.messages_ready,

@@ -73,15 +73,18 @@ export const LENGTH_SERIES = [
 ];
 
 /** Seed `lengths` and `rates` histories from an object carrying RabbitMQ's samples, if it has any. */
-export function seedHistories(lengths, rates, lengthsObj, statsObj) {
+export function seedHistories(lengths, rates, lengthsObj, statsObj, now = Date.now()) {
   const gauges = {};
   for (const s of LENGTH_SERIES) gauges[s.key] = get(lengthsObj, `${s.key}_details.samples`);
   const counters = {};
   for (const s of RATE_SERIES) counters[s.key] = get(statsObj, `${s.key}_details.samples`);
   const lengthPoints = pointsFromSamples(gauges, {});
   const ratePoints = pointsFromSamples({}, counters);
-  if (lengthPoints.length) lengths.seed(lengthPoints);
-  if (ratePoints.length) rates.seed(ratePoints);
+  // The samples carry the server's clock; the browser's may differ. The newest sample is "now".
+  const newest = Math.max(...lengthPoints.concat(ratePoints).map((pt) => pt.t));
+  const shift = (points) => points.map((pt) => ({t: pt.t + (now - newest) - 1, values: pt.values}));
+  if (lengthPoints.length) lengths.seed(shift(lengthPoints));
+  if (ratePoints.length) rates.seed(shift(ratePoints));
 }
 
 /**
