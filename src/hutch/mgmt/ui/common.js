@@ -1,6 +1,6 @@
 // Pieces several pages share: feature badges, the publish-message form, bindings tables.
 
-import {DELETE, GET, p, POST} from './api.js';
+import {DELETE, p, POST} from './api.js';
 import {badge, confirmDialog, field, h, link, select, toast} from './dom.js';
 import {value} from './fmt.js';
 import {actionForm, input, KeyValueEditor} from './forms.js';
@@ -69,7 +69,7 @@ const PROPERTY_SUGGESTIONS = [
  * Publish a message: POST /api/exchanges/{vhost}/{exchange}/publish. With `queue`, the message goes
  * to that queue through the default exchange (the routing key is the queue name).
  */
-export function publishForm(vhost, {exchange = DEFAULT_EXCHANGE, queue = null} = {}) {
+export function publishForm(vhost, {exchange = DEFAULT_EXCHANGE, queue = null, onDone = () => {}} = {}) {
   const routingKey = input({value: queue || '', readonly: queue !== null});
   const mode = select([['2', '2 - Persistent'], ['1', '1 - Non-persistent']]);
   const headers = new KeyValueEditor({legend: 'Headers', keyLabel: 'Header', valueLabel: 'Value'});
@@ -94,6 +94,7 @@ export function publishForm(vhost, {exchange = DEFAULT_EXCHANGE, queue = null} =
       const reply = await POST(p`/api/exchanges/${vhost}/${exchange}/publish`, {
         properties, routing_key: routingKey.value, payload: payload.value, payload_encoding: encoding.value,
       });
+      onDone();
       if (reply && reply.routed === false) return 'Message published, but not routed to any queue.';
       return queue !== null ? 'Message published.' : 'Message published and routed.';
     },
@@ -154,9 +155,4 @@ export function bindForm({vhost, queue = null, exchange = null, onChange}) {
       return 'Binding added.';
     },
   });
-}
-
-/** Fetch the bindings of a vhost and keep those matching `test`. */
-export function vhostBindings(vhost, test) {
-  return async () => (await GET(p`/api/bindings/${vhost}`)).filter(test);
 }

@@ -4,7 +4,7 @@
 import {DELETE, GET, p, PUT} from './api.js';
 import {
   bindForm, bindingsTable, DEFAULT_EXCHANGE, exchangeHref, exchangeLabel, features, featuresKey, keyValues, policyBadges,
-  publishForm, vhostBindings,
+  publishForm,
 } from './common.js';
 import {checkbox, confirmDialog, facts, field, fill, h, link, section, select, setOptions, toast} from './dom.js';
 import {rate, statRate} from './fmt.js';
@@ -63,11 +63,10 @@ export function exchangesPage(ctx) {
 export function exchangePage(ctx, [vhost, name]) {
   const isDefault = name === DEFAULT_EXCHANGE || name === '';
   const summary = h('div');
-  const sourceName = isDefault ? '' : name;
   const outgoing = bindingsTable({vhost, showSource: false, onChange: () => outgoing.refresh(),
-    load: vhostBindings(vhost, (b) => b.source === sourceName)});
+    load: () => GET(p`/api/exchanges/${vhost}/${name}/bindings/source`)});
   const incoming = bindingsTable({vhost, onChange: () => incoming.refresh(),
-    load: vhostBindings(vhost, (b) => b.destination_type === 'exchange' && b.destination === name)});
+    load: () => GET(p`/api/exchanges/${vhost}/${name}/bindings/destination`)});
 
   async function remove() {
     if (!(await confirmDialog(`Delete exchange '${name}'? Its bindings are removed too.`, 'Delete'))) return;

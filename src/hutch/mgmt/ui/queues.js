@@ -122,7 +122,7 @@ function messageCard(m, i) {
     h('pre', {class: 'payload'}, value(m.payload)));
 }
 
-function getForm(vhost, name, results) {
+function getForm(vhost, name, results, onDone) {
   const ackmode = select(ACK_MODES);
   const encoding = select([['auto', 'Auto: string if it is text, else base64'], ['base64', 'Base64']]);
   const count = input({type: 'number', min: 1, value: '1', inputmode: 'numeric'});
@@ -139,6 +139,7 @@ function getForm(vhost, name, results) {
         {count: n, ackmode: ackmode.value, encoding: encoding.value, truncate: 50000});
       const list = Array.isArray(got) ? got : [];
       fill(results, list.length ? list.map(messageCard) : h('p', {class: 'muted'}, 'Queue is empty.'));
+      onDone();
       return list.length ? `Got ${list.length} message${list.length === 1 ? '' : 's'}.` : 'Queue is empty.';
     },
   });
@@ -171,12 +172,15 @@ export function queuePage(ctx, [vhost, name]) {
   const ifUnused = checkbox('Only if it has no consumers');
   const ifEmpty = checkbox('Only if it is empty');
 
+  // after an action, show its effect without waiting for the next tick
+  const refreshSoon = () => { refresh().catch(() => {}); };
+
   async function purge() {
     if (!(await confirmDialog(`Purge queue '${name}'? Its ready messages are deleted.`, 'Purge'))) return;
     try {
       await DELETE(p`/api/queues/${vhost}/${name}/contents`);
       toast(`Queue '${name}' purged.`);
-      refresh().catch(() => {});
+      refreshSoon();
     } catch (exc) {
       toast(exc.describe(), 'error');
     }
@@ -201,8 +205,8 @@ export function queuePage(ctx, [vhost, name]) {
       h('details', {class: 'add'}, h('summary', {}, 'Add binding to this queue'),
         bindForm({vhost, queue: name, onChange: () => bindings.refresh()}))),
     h('div', {class: 'columns'},
-      section('Publish message', publishForm(vhost, {queue: name})),
-      section('Get messages', getForm(vhost, name, results), results)),
+      section('Publish message', publishForm(vhost, {queue: name, onDone: refreshSoon})),
+      section('Get messages', getForm(vhost, name, results, refreshSoon), results)),
     section('Purge and delete',
       h('div', {class: 'danger-zone'},
         h('div', {}, h('p', {}, 'Purging removes every ready message; unacknowledged ones stay.'),
