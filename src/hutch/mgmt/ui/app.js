@@ -94,14 +94,15 @@ function navVisible(key) {
 
 function showFrame() {
   const s = session();
-  const vhost = select([['', 'All virtual hosts']], {id: 'vhost-scope', value: sessionStorage.getItem(VHOST_KEY) || ''});
+  const vhost = select([['', 'All virtual hosts']], {id: 'vhost-scope', value: sessionStorage.getItem(VHOST_KEY) || '',
+    title: 'Show the objects of this virtual host only'});
   vhostNames().then((names) => setOptions(vhost, [['', 'All virtual hosts'], ...names.map((n) => [n, n])],
     sessionStorage.getItem(VHOST_KEY) || '')).catch(() => {});
   vhost.addEventListener('change', () => {
     sessionStorage.setItem(VHOST_KEY, vhost.value);
     if (state.page && state.page.vhostScoped) route();
   });
-  const refresh = select(REFRESH_CHOICES, {id: 'refresh-every', value: String(state.refreshMs)});
+  const refresh = select(REFRESH_CHOICES, {id: 'refresh-every', value: String(state.refreshMs), title: 'How often pages refresh'});
   refresh.addEventListener('change', () => {
     state.refreshMs = Number(refresh.value);
     localStorage.setItem(REFRESH_KEY, refresh.value);
