@@ -14,8 +14,8 @@ function alarms(n) {
 
 function diskCell(n) {
   const low = n.disk_free_alarm;
-  return h('span', {class: 'usage'}, h('span', {class: low ? 'bad-text' : null}, bytes(n.disk_free)),
-    h('span', {class: 'muted'}, ` limit ${bytes(n.disk_free_limit)}`));
+  return [h('span', {class: low ? 'bad-text' : null}, bytes(n.disk_free)),
+    h('div', {class: 'muted small'}, `limit ${bytes(n.disk_free_limit)}`)];
 }
 
 export function nodesPage() {
