@@ -58,6 +58,26 @@ RABBITMQ: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "Total number of messages redelivered to consumers", ("channel", "vhost", "queue")),
     "rabbitmq_channel_messages_acked_total": (
         "counter", "Total number of messages acknowledged by consumers", ("channel", "vhost", "queue")),
+    "rabbitmq_channel_messages_unroutable_returned_total": (
+        "counter", "Total number of messages published as mandatory into an exchange and returned to the publisher "
+        "as unroutable", ("channel", "vhost", "exchange")),
+    "rabbitmq_channel_messages_unroutable_dropped_total": (
+        "counter", "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+        ("channel", "vhost", "exchange")),
+    "rabbitmq_channel_get_ack_total": (
+        "counter", "Total number of messages fetched with basic.get in manual acknowledgement mode",
+        ("channel", "vhost", "queue")),
+    "rabbitmq_channel_get_total": (
+        "counter", "Total number of messages fetched with basic.get in automatic acknowledgement mode",
+        ("channel", "vhost", "queue")),
+    "rabbitmq_channel_messages_delivered_ack_total": (
+        "counter", "Total number of messages delivered to consumers in manual acknowledgement mode",
+        ("channel", "vhost", "queue")),
+    "rabbitmq_channel_messages_delivered_total": (
+        "counter", "Total number of messages delivered to consumers in automatic acknowledgement mode",
+        ("channel", "vhost", "queue")),
+    "rabbitmq_channel_get_empty_total": (
+        "counter", "Total number of times basic.get operations fetched no message", ("channel", "vhost", "queue")),
     "rabbitmq_connection_incoming_bytes_total": (
         "counter", "Total number of bytes received on a connection", ("channel",)),
     "rabbitmq_connection_outgoing_bytes_total": ("counter", "Total number of bytes sent on a connection", ("channel",)),
@@ -95,6 +115,32 @@ RABBITMQ: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "Total number of messages redelivered to consumers", ("protocol", "queue_type")),
     "rabbitmq_global_messages_acknowledged_total": (
         "counter", "Total number of messages acknowledged by consumers", ("protocol", "queue_type")),
+    "rabbitmq_global_messages_received_confirm_total": (
+        "counter", "Total number of messages received from publishers expecting confirmations", ("protocol",)),
+    "rabbitmq_global_messages_routed_total": (
+        "counter", "Total number of messages routed to queues or streams", ("protocol",)),
+    "rabbitmq_global_messages_unroutable_dropped_total": (
+        "counter", "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+        ("protocol",)),
+    "rabbitmq_global_messages_unroutable_returned_total": (
+        "counter", "Total number of messages published as mandatory into an exchange and returned to the publisher "
+        "as unroutable", ("protocol",)),
+    "rabbitmq_global_messages_confirmed_total": (
+        "counter", "Total number of messages confirmed to publishers", ("protocol",)),
+    "rabbitmq_global_messages_delivered_consume_manual_ack_total": (
+        "counter", "Total number of messages delivered to consumers using basic.consume with manual acknowledgment",
+        ("protocol", "queue_type")),
+    "rabbitmq_global_messages_delivered_consume_auto_ack_total": (
+        "counter", "Total number of messages delivered to consumers using basic.consume with automatic "
+        "acknowledgment", ("protocol", "queue_type")),
+    "rabbitmq_global_messages_delivered_get_manual_ack_total": (
+        "counter", "Total number of messages delivered to consumers using basic.get with manual acknowledgment",
+        ("protocol", "queue_type")),
+    "rabbitmq_global_messages_delivered_get_auto_ack_total": (
+        "counter", "Total number of messages delivered to consumers using basic.get with automatic acknowledgment",
+        ("protocol", "queue_type")),
+    "rabbitmq_global_messages_get_empty_total": (
+        "counter", "Total number of times basic.get operations fetched no message", ("protocol", "queue_type")),
     "rabbitmq_alarms_free_disk_space_watermark": (
         "untyped", "is 1 if free disk space watermark alarm is in effect", ()),
     "rabbitmq_alarms_memory_used_watermark": ("untyped", "is 1 if VM memory watermark alarm is in effect", ()),
@@ -108,6 +154,13 @@ LABEL_GAPS: dict[str, tuple[set[str], set[str]]] = {
     "rabbitmq_channel_messages_confirmed_total": ({"exchange"}, set()),
     "rabbitmq_channel_messages_redelivered_total": ({"queue"}, set()),
     "rabbitmq_channel_messages_acked_total": ({"queue"}, set()),
+    "rabbitmq_channel_messages_unroutable_returned_total": ({"exchange"}, set()),
+    "rabbitmq_channel_messages_unroutable_dropped_total": ({"exchange"}, set()),
+    "rabbitmq_channel_get_ack_total": ({"queue"}, set()),
+    "rabbitmq_channel_get_total": ({"queue"}, set()),
+    "rabbitmq_channel_messages_delivered_ack_total": ({"queue"}, set()),
+    "rabbitmq_channel_messages_delivered_total": ({"queue"}, set()),
+    "rabbitmq_channel_get_empty_total": ({"queue"}, set()),
     "rabbitmq_build_info": ({"erlang_version"}, {"python_version"}),
     "rabbitmq_identity_info": ({"rabbitmq_cluster_permanent_id"}, set()),
 }
@@ -438,3 +491,62 @@ def test_churn_counters_count_connections_channels_and_queues(mgmt: ServerInfo):
     assert delta("rabbitmq_channels_opened_total") >= 1 and delta("rabbitmq_channels_closed_total") >= 1
     assert delta("rabbitmq_queues_declared_total") >= 2
     assert delta("rabbitmq_queues_created_total") >= 1 and delta("rabbitmq_queues_deleted_total") >= 1
+
+
+def test_confirm_route_unroutable_and_ack_mode_counters(mgmt: ServerInfo):
+    """The global counters RabbitMQ splits by outcome and acknowledgement mode, and their per-channel
+    families: confirms, routed enqueues, unroutable returned/dropped, consume and get by ack mode, empty gets."""
+    api = Api(mgmt.mgmt_url)
+    q, fan = unique("prom-ack"), unique("prom-fan")
+    client = unique("prom-acks")
+    before = scrape(mgmt)
+    conn = named_connection(mgmt, client)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(q, auto_delete=False)
+        ch.exchange_declare(fan, "fanout", auto_delete=True)
+        ch.queue_bind(q, fan)
+        ch.basic_publish("", q, b"1")
+        ch.basic_publish(fan, "", b"2")
+        ch.basic_publish("amq.direct", unique("nowhere"), b"3")  # dropped
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("amq.direct", unique("nowhere"), b"4", mandatory=True)  # returned
+        m1 = ch.basic_get(q, auto_ack=True)
+        m2 = ch.basic_get(q, auto_ack=False)
+        assert m1[0] is not None and m2[0] is not None
+        ch.basic_ack(m2[0].delivery_tag)
+        assert ch.basic_get(q)[0] is None  # empty
+        ch.basic_publish("", q, b"5")
+        got: list[bytes] = []
+        ch.basic_consume(q, lambda c, m, p, b: got.append(b), auto_ack=True)
+        while not got:
+            conn.process_data_events(time_limit=0.1)
+        chan = connection_name(api, client) + " (1)"
+        fams = scrape(mgmt, True)
+        for name, expected in (("rabbitmq_channel_messages_published_total", 5),
+                               ("rabbitmq_channel_messages_confirmed_total", 5),
+                               ("rabbitmq_channel_messages_unroutable_dropped_total", 1),
+                               ("rabbitmq_channel_messages_unroutable_returned_total", 1),
+                               ("rabbitmq_channel_get_total", 1), ("rabbitmq_channel_get_ack_total", 1),
+                               ("rabbitmq_channel_get_empty_total", 1),
+                               ("rabbitmq_channel_messages_delivered_total", 1),
+                               ("rabbitmq_channel_messages_delivered_ack_total", 0)):
+            assert value(fams, name, channel=chan) == expected, name
+    finally:
+        conn.close()
+    after = scrape(mgmt)
+    for name, delta in (("rabbitmq_global_messages_received_total", 5),
+                        ("rabbitmq_global_messages_received_confirm_total", 5),
+                        ("rabbitmq_global_messages_confirmed_total", 5),
+                        ("rabbitmq_global_messages_routed_total", 3),
+                        ("rabbitmq_global_messages_unroutable_dropped_total", 1),
+                        ("rabbitmq_global_messages_unroutable_returned_total", 1),
+                        ("rabbitmq_global_messages_delivered_get_auto_ack_total", 1),
+                        ("rabbitmq_global_messages_delivered_get_manual_ack_total", 1),
+                        ("rabbitmq_global_messages_get_empty_total", 1),
+                        ("rabbitmq_global_messages_delivered_consume_auto_ack_total", 1),
+                        ("rabbitmq_global_messages_delivered_total", 3)):
+        # the session node is shared: other tests may add to the totals, never take away
+        assert value(after, name) - value(before, name) >= delta, name
+    Api(mgmt.mgmt_url).delete(f"/api/queues/%2F/{seg(q)}")

@@ -7,8 +7,8 @@ reads the node, never changes it, does no IO of its own (node figures come from 
 
 Rules:
 - A family keeps its RabbitMQ name only when hutch has a source with the same meaning; counters
-  hutch keeps with a different cut (deliveries not split by acknowledgement mode, queue counters
-  without an exchange) get a `hutch_` name instead. RabbitMQ families with no hutch source are left
+  hutch keeps with a different cut (per-queue deliveries not split by acknowledgement mode, queue
+  counters without an exchange) get a `hutch_` name instead. RabbitMQ families with no hutch source are left
   out rather than reported as zero; docs/metrics.md lists them.
 - Registry "default" (/metrics) is aggregated: every per-object family is one unlabelled sample, the
   sum over objects (0 when there are none), as the plugin does. Registry "per-object" gives one sample
@@ -187,6 +187,48 @@ HUTCH_CHANNEL = (  # labels channel, vhost
     _f("hutch_channel_messages_delivered_total", COUNTER,
        "Total number of messages delivered to consumers on a channel, in either acknowledgement mode"),
 )
+CHANNEL_MORE = (  # channel_exchange_metrics and channel_queue_metrics, without the exchange/queue label
+    _f("rabbitmq_channel_messages_unroutable_returned_total", COUNTER,
+       "Total number of messages published as mandatory into an exchange and returned to the publisher as "
+       "unroutable"),
+    _f("rabbitmq_channel_messages_unroutable_dropped_total", COUNTER,
+       "Total number of messages published as non-mandatory into an exchange and dropped as unroutable"),
+    _f("rabbitmq_channel_get_ack_total", COUNTER,
+       "Total number of messages fetched with basic.get in manual acknowledgement mode"),
+    _f("rabbitmq_channel_get_total", COUNTER,
+       "Total number of messages fetched with basic.get in automatic acknowledgement mode"),
+    _f("rabbitmq_channel_messages_delivered_ack_total", COUNTER,
+       "Total number of messages delivered to consumers in manual acknowledgement mode"),
+    _f("rabbitmq_channel_messages_delivered_total", COUNTER,
+       "Total number of messages delivered to consumers in automatic acknowledgement mode"),
+    _f("rabbitmq_channel_get_empty_total", COUNTER, "Total number of times basic.get operations fetched no message"),
+)
+GLOBAL_MORE = (  # rabbit_global_counters; label protocol
+    _f("rabbitmq_global_messages_received_confirm_total", COUNTER,
+       "Total number of messages received from publishers expecting confirmations"),
+    _f("rabbitmq_global_messages_routed_total", COUNTER, "Total number of messages routed to queues or streams"),
+    _f("rabbitmq_global_messages_unroutable_dropped_total", COUNTER,
+       "Total number of messages published as non-mandatory into an exchange and dropped as unroutable"),
+    _f("rabbitmq_global_messages_unroutable_returned_total", COUNTER,
+       "Total number of messages published as mandatory into an exchange and returned to the publisher as "
+       "unroutable"),
+    _f("rabbitmq_global_messages_confirmed_total", COUNTER, "Total number of messages confirmed to publishers"),
+)
+GLOBAL_BY_QUEUE_TYPE = (  # rabbit_global_counters; labels protocol, queue_type
+    _f("rabbitmq_global_messages_delivered_consume_manual_ack_total", COUNTER,
+       "Total number of messages delivered to consumers using basic.consume with manual acknowledgment"),
+    _f("rabbitmq_global_messages_delivered_consume_auto_ack_total", COUNTER,
+       "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment"),
+    _f("rabbitmq_global_messages_delivered_get_manual_ack_total", COUNTER,
+       "Total number of messages delivered to consumers using basic.get with manual acknowledgment"),
+    _f("rabbitmq_global_messages_delivered_get_auto_ack_total", COUNTER,
+       "Total number of messages delivered to consumers using basic.get with automatic acknowledgment"),
+    _f("rabbitmq_global_messages_get_empty_total", COUNTER,
+       "Total number of times basic.get operations fetched no message"),
+)
+# the channel attributes behind CHANNEL_MORE, and the global sums they feed
+CHANNEL_MORE_STATS = ("stat_return_unroutable", "stat_drop_unroutable", "stat_get", "stat_get_no_ack",
+                      "stat_deliver", "stat_deliver_no_ack", "stat_get_empty")
 
 
 # column positions in the rows built by _queue_rows and _channel_rows (row layout = family order)
@@ -196,13 +238,16 @@ _CH_PUBLISH = len(CHANNEL)
 _CH_REDELIVER = _CH_PUBLISH + 2
 _CH_ACK = _CH_PUBLISH + 3
 _CH_DELIVER = len(CHANNEL) + len(CHANNEL_COUNTERS)
+_CH_MORE = _CH_DELIVER + len(HUTCH_CHANNEL)
+_CH_PUBLISH_CONFIRM = _CH_MORE + len(CHANNEL_MORE)
+_CH_ROUTED = _CH_PUBLISH_CONFIRM + 1
 
 
 def families() -> list[Family]:
     """Every family `render` can emit, in output order (docs and tests)."""
-    return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CONNECTION, *QUEUE_DELIVERY, *TOTALS, *CHURN, QUEUE_INFO,
-            BUILD_INFO, IDENTITY_INFO, *GLOBAL, *ALARMS, PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE,
-            *HUTCH_CHANNEL]
+    return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CHANNEL_MORE, *CONNECTION, *QUEUE_DELIVERY, *TOTALS,
+            *CHURN, QUEUE_INFO, BUILD_INFO, IDENTITY_INFO, *GLOBAL, *GLOBAL_MORE, *GLOBAL_BY_QUEUE_TYPE, *ALARMS,
+            PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE, *HUTCH_CHANNEL]
 
 
 # -- scrape telemetry -------------------------------------------------------------------------------
@@ -284,7 +329,8 @@ def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int
 
 
 def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], list[tuple[int, ...]]]:
-    """One row per live channel: the columns of CHANNEL, CHANNEL_COUNTERS and HUTCH_CHANNEL."""
+    """One row per live channel: the columns of CHANNEL, CHANNEL_COUNTERS, HUTCH_CHANNEL and CHANNEL_MORE,
+    then publishes in confirm mode and routed enqueues (for the global counters)."""
     by_channel: list[str] = []
     by_channel_vhost: list[str] = []
     rows: list[tuple[int, ...]] = []
@@ -295,8 +341,11 @@ def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], l
             rows.append((
                 len(ch.consumers), len(ch.unacked), unconfirmed, uncommitted, ch.prefetch_count,
                 ch.global_prefetch,
-                ch.stat_publish, ch.confirm_sent, ch.stat_redeliver, ch.stat_ack,
+                ch.stat_publish, ch.stat_confirm, ch.stat_redeliver, ch.stat_ack,
                 ch.stat_deliver,
+                ch.stat_return_unroutable, ch.stat_drop_unroutable, ch.stat_get, ch.stat_get_no_ack,
+                ch.stat_deliver - ch.stat_deliver_no_ack, ch.stat_deliver_no_ack, ch.stat_get_empty,
+                ch.stat_publish_confirm, ch.stat_routed,
             ))
             if per_object:
                 name = f'{{channel="{escape_label(formats.channel_name(ch))}"'
@@ -315,12 +364,27 @@ def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consume
     def total(stat: str, col: int) -> int:
         return closed.get(stat, 0) + sum(r[col] for r in channel_rows)
 
+    more = _CH_MORE
+    gets = total("stat_get", more + 2) + total("stat_get_no_ack", more + 3)
     out.one(received, total("stat_publish", _CH_PUBLISH), proto)
     out.one(publishers, sum(1 for r in channel_rows if r[_CH_PUBLISH]), proto)  # channels that published
     out.one(consumers_now, consumers, proto)
-    out.one(delivered, total("stat_deliver", _CH_DELIVER), proto_type)
+    out.one(delivered, total("stat_deliver", _CH_DELIVER) + gets, proto_type)  # consumes and gets, as RabbitMQ
     out.one(redelivered, total("stat_redeliver", _CH_REDELIVER), proto_type)
     out.one(acked, total("stat_ack", _CH_ACK), proto_type)
+    confirm_received, routed, dropped, returned, confirmed = GLOBAL_MORE
+    out.one(confirm_received, total("stat_publish_confirm", _CH_PUBLISH_CONFIRM), proto)
+    out.one(routed, total("stat_routed", _CH_ROUTED), proto)
+    out.one(dropped, total("stat_drop_unroutable", more + 1), proto)
+    out.one(returned, total("stat_return_unroutable", more), proto)
+    out.one(confirmed, total("stat_confirm", _CH_PUBLISH + 1), proto)
+    manual, auto, get_manual, get_auto, get_empty = GLOBAL_BY_QUEUE_TYPE
+    auto_acked = total("stat_deliver_no_ack", more + 5)
+    out.one(manual, total("stat_deliver", _CH_DELIVER) - auto_acked, proto_type)
+    out.one(auto, auto_acked, proto_type)
+    out.one(get_manual, total("stat_get", more + 2), proto_type)
+    out.one(get_auto, total("stat_get_no_ack", more + 3), proto_type)
+    out.one(get_empty, total("stat_get_empty", more + 6), proto_type)
 
 
 def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None = None) -> str:
@@ -341,6 +405,7 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
     ch_labels, chv_labels, ch_rows = _channel_rows(node, per_object)
     out.columns(CHANNEL, ch_labels, ch_rows)
     out.columns(CHANNEL_COUNTERS, chv_labels, ch_rows, offset=_CH_PUBLISH)
+    out.columns(CHANNEL_MORE, chv_labels, ch_rows, offset=_CH_MORE)
     conn_labels: list[str] = []
     conn_rows: list[tuple[int, ...]] = []
     for conn in node.connections:
