@@ -89,7 +89,10 @@ async def _definitions_payload(request: web.Request) -> bytes | str:
     """The uploaded document: the `file` field of a multipart/form-data body, else the whole body."""
     if request.content_type != "multipart/form-data":
         return await request.read()
-    field = (await request.post()).get("file")
+    try:
+        field = (await request.post()).get("file")
+    except (ValueError, AssertionError) as exc:  # e.g. multipart/form-data without a boundary
+        raise definitions.NotJson(f"not a multipart/form-data body: {exc}") from None
     if isinstance(field, web.FileField):
         return field.file.read()
     if isinstance(field, str):
