@@ -490,8 +490,10 @@ def bad_documents(name: str) -> list[tuple[Any, str]]:
         ({"permissions": [{"user": u, "vhost": "/", **FULL}]}, f"user '{u}' does not exist"),
         ({"permissions": [{"user": "guest", "vhost": "/", "configure": "(", "write": "", "read": ""}]},
          "invalid configure permission regex"),
-        ({"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": ".*",
-                                 "read": ".*"}]}, "topic permissions are not supported by hutch"),
+        ({"topic_permissions": [{"user": u, "vhost": "/", "exchange": "amq.topic", "write": ".*",
+                                 "read": ".*"}]}, f"user '{u}' does not exist"),
+        ({"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": "(",
+                                 "read": ".*"}]}, "invalid regular expression '('"),
         ({"parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
                           "value": {"max-queues": 1}}]}, "component 'vhost-limits' is not supported by hutch"),
         ({"policies": [{"vhost": "/", "name": name, "pattern": ".*", "definition": {"ha-mode": "all"}}]},
@@ -753,3 +755,14 @@ def test_rabbitmqadmin_export_and_import(fresh_mgmt: ServerInfo, fresh_api: Api,
     assert result.returncode == 1
     assert "virtual host 'nope' does not exist" in result.stderr
 
+
+
+def test_topic_permissions_round_trip(fresh_api: Api):
+    api = fresh_api
+    body = {"exchange": "amq.topic", "write": "^a\\.", "read": ".*"}
+    assert api.put("/api/topic-permissions/%2F/guest", body).status == 201
+    doc = api.ok("/api/definitions")
+    assert doc["topic_permissions"] == [{"user": "guest", "vhost": "/", **body}]
+    assert api.delete("/api/topic-permissions/%2F/guest").status == 204
+    assert api.call("POST", "/api/definitions", doc).status == 204
+    assert api.ok("/api/topic-permissions") == [{"user": "guest", "vhost": "/", **body}]

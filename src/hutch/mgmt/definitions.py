@@ -12,13 +12,13 @@ boot-time import. No aiohttp, no awaiting.
 Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checked against 3.10.8):
 - Administrators only (401 "Not administrator user").
 - Export: users (name, password_hash, hashing_algorithm, tags as a list, limits), vhosts (name,
-  limits, metadata), permissions, topic_permissions (always empty), parameters (operator policies, as
+  limits, metadata), permissions, topic_permissions (Node.topic_permissions), parameters (operator policies, as
   component "operator_policy"), global_parameters (empty), policies, and, as RabbitMQ does, every
   non-exclusive queue, every exchange but the default and `amq.*` ones, and every binding whose
   source is not the default exchange and whose destination is exported (or is an exchange): durable
   or not. The per-vhost form is `rabbit_version`, parameters, policies, queues, exchanges, bindings,
   with `vhost` dropped from queues, exchanges and bindings.
-- Import, whole node: users, vhosts, permissions, (topic permissions), operator policies, policies,
+- Import, whole node: users, vhosts, permissions, topic permissions, operator policies, policies,
   exchanges, queues, bindings. Users, vhosts, permissions and policies are created or updated (a user
   given neither password nor password_hash loses its password, as in RabbitMQ); an exchange or queue
   that exists is kept as it is, without an equivalence check; names starting `amq.` and the default
@@ -28,7 +28,7 @@ Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checke
 - All or nothing: the whole document is checked before anything changes, and the changes are made in
   one go on the event loop, so a document with an error changes nothing (400 with the reason).
   RabbitMQ applies category by category and keeps what it did before the error.
-- What hutch cannot honour is refused, not dropped: topic permissions, runtime parameters other than
+- What hutch cannot honour is refused, not dropped: runtime parameters other than
   operator policies, user and vhost limits, queue types other than classic, unknown exchange types,
   unknown policy keys. Global parameters (RabbitMQ's cluster id and name) are ignored.
 - Passwords: `hashing_algorithm` may be hutch's scrypt or RabbitMQ's sha256/sha512/md5
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -169,7 +170,9 @@ def export_definitions(node: Node, p: Principal) -> dict[str, Any]:
                                  "default_queue_type": v.default_queue_type}}
                    for v in auth.list_vhosts()],
         "permissions": [formats.permission_json(e) for e in auth.list_permissions()],
-        "topic_permissions": [],
+        "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": w, "read": r}
+                              for (v, u), by_exchange in sorted(node.topic_permissions.items())
+                              for x, (w, r) in sorted(by_exchange.items())],
         "parameters": [_operator_policy_parameter(x) for x in node.policies.list(operator=True)],
         "global_parameters": [],
         "policies": [formats.policy_json(x) for x in node.policies.list()],
@@ -301,6 +304,7 @@ class Plan:
     users: list[_User] = field(default_factory=list)
     vhosts: list[_Vhost] = field(default_factory=list)
     permissions: list[_Permission] = field(default_factory=list)
+    topic_permissions: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # user, vhost, x, w, r
     policies: list[tuple[Policy, bool]] = field(default_factory=list)  # (policy, operator)
     exchanges: list[_Exchange] = field(default_factory=list)
     queues: list[_Queue] = field(default_factory=list)
@@ -469,6 +473,25 @@ class _Planner:
             raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.permissions.append(_Permission(user, vhost, *values))
 
+    def topic_permission(self, i: int, item: dict[str, Any]) -> None:
+        where = f"topic_permissions[{i}]"
+        user = _string(item, "user", where)
+        vhost = _string(item, "vhost", where)
+        where = f"topic permission of user '{user}' on vhost '{vhost}'"
+        if user not in self.users:
+            raise DefinitionsError(f"{where}: user '{user}' does not exist and the definitions do not "
+                                   "create it")
+        if vhost not in self.vhosts:
+            raise DefinitionsError(f"{where}: virtual host '{vhost}' does not exist and the definitions "
+                                   "do not create it")
+        exchange, write, read = (_string(item, k, where, empty=True) for k in ("exchange", "write", "read"))
+        for pattern in (write, read):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise DefinitionsError(f"{where}: invalid regular expression '{pattern}': {exc}") from None
+        self.plan.topic_permissions.append((user, vhost, exchange, write, read))
+
     def policy(self, vhost: str, name: str, body: dict[str, Any], operator: bool) -> None:
         kind = "operator policy" if operator else "policy"
         try:
@@ -576,8 +599,8 @@ def plan_import(node: Node, prepared: Prepared, vhost: str | None = None) -> Pla
             planner.vhost(i, item)
         for i, item in enumerate(_items(doc, "permissions")):
             planner.permission(i, item)
-        if _items(doc, "topic_permissions"):
-            raise DefinitionsError("topic permissions are not supported by hutch")
+        for i, item in enumerate(_items(doc, "topic_permissions")):
+            planner.topic_permission(i, item)
         ignored = [str(p.get("name")) for p in _items(doc, "global_parameters")]
         if ignored:
             planner.plan.skipped.append(f"global parameters {', '.join(ignored)}: hutch has none")
@@ -621,6 +644,8 @@ def _apply_auth(node: Node, plan: Plan, acting_user: str | None) -> None:
             record.default_queue_type = v.default_queue_type
     for p in plan.permissions:
         auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+    for user, vhost, exchange, write, read in plan.topic_permissions:
+        node.topic_permissions.setdefault((vhost, user), {})[exchange] = (write, read)
     if plan.users or plan.vhosts or plan.permissions:
         node.permissions_changed()  # drops cached permission checks and records the auth state
 
