@@ -207,8 +207,8 @@ def _parse_node_name(text: str) -> dict[str, Any]:
 
 
 def _parse_join(text: str) -> dict[str, Any]:
-    if not re.fullmatch(r"[^\s@]+@\[?[A-Za-z0-9.:-]+\]?:\d{1,5}", text):
-        raise _BadValue("a seed node as NODE@HOST:PORT, e.g. n1@127.0.0.1:25672")
+    if not re.fullmatch(r"[^\s@]+(@[^\s@]+)?@\[?[A-Za-z0-9.:-]+\]?:\d{1,5}", text):
+        raise _BadValue("a seed node as NODE@HOST:PORT, e.g. n1@127.0.0.1:25672 or n1@db1@10.0.0.5:25672")
     return {"cluster_join": text}
 
 

@@ -561,6 +561,42 @@ def cmd_status(client: Client, args: argparse.Namespace) -> Output:
                   document={"overview": overview, "node": node}, lines=lines)
 
 
+def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
+    doc = client.get("/api/cluster-status")
+    if not isinstance(doc, dict):
+        raise BadReply("unexpected reply to GET /api/cluster-status")
+    meta = doc.get("metadata", {})
+    lines = [f"Cluster name: {doc.get('cluster_name')}", "", "Members"]
+    for m in doc.get("members", []):
+        state = "running" if m.get("running") else "not running"
+        role = "voter" if m.get("voter") else "joining"
+        lines.append(f"  {m.get('name')}  {m.get('address')}  raft id {m.get('raft_id')}  {state}, {role}")
+    lines += ["", "Running nodes", *[f"  {n}" for n in doc.get("running_nodes", [])], "", "Network partitions"]
+    parts = doc.get("partitions", [])
+    lines += [f"  {p.get('node')} cannot reach {', '.join(p.get('unreachable', []))}" for p in parts] or ["  (none)"]
+    lines += ["", "Alarms"]
+    alarms = [f"  {a.get('node')}: {', '.join(a.get('alarms'))}" for a in doc.get("alarms", []) if a.get("alarms")]
+    lines += alarms or ["  (none)"]
+    lines += ["", f"Metadata: leader {meta.get('leader')}, term {meta.get('term')}, "
+                  f"commit index {meta.get('commit')}, applied here {meta.get('applied')}"]
+    return Output(banner="Cluster status of node ...", document=doc, lines=lines)
+
+
+def cmd_join_cluster(client: Client, args: argparse.Namespace) -> Output:
+    client.request("POST", "/api/cluster-join", {"node": args.node})
+    return Output(banner=f"Clustering node with {args.node} ...")
+
+
+def cmd_forget_cluster_node(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/cluster-nodes/{seg(args.node)}")
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f"Node {args.node} is not a member of this cluster") from None
+        raise
+    return Output(banner=f"Removing node {args.node} from the cluster")
+
+
 Command = Callable[[Client, argparse.Namespace], Output]
 COMMANDS: dict[str, Command] = {
     "add_user": cmd_add_user,
@@ -576,6 +612,9 @@ COMMANDS: dict[str, Command] = {
     "set_operator_policy": lambda client, args: _set_policy(client, args, operator=True),
     "clear_operator_policy": lambda client, args: _clear_policy(client, args, operator=True),
     "status": cmd_status,
+    "cluster_status": cmd_cluster_status,
+    "join_cluster": cmd_join_cluster,
+    "forget_cluster_node": cmd_forget_cluster_node,
 }
 for _name in LISTS:
     COMMANDS[_name] = lambda client, args, _n=_name: run_list(_n, client, args)
@@ -646,6 +685,10 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "list_consumers": ("list the consumers of a vhost (-p)",
                        [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "status": ("show the node's status", []),
+    "cluster_status": ("show the cluster's members, running nodes, partitions and alarms", []),
+    "join_cluster": ("make this (lone) node join the cluster of NODE@HOST:PORT; drops its own definitions",
+                     [("node", {"metavar": "NODE@HOST:PORT"})]),
+    "forget_cluster_node": ("remove a stopped node from the cluster", [("node", {"metavar": "NODE"})]),
 }
 
 

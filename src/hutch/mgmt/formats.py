@@ -67,9 +67,10 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
     out = dict(q.info())
     out["arguments"] = jsonable(q.arguments)
     consumers = int(out.get("consumers", 0))
+    home = getattr(q, "home", None)  # a queue on another node of the cluster (runtime/remote_queue.py)
     out.update({
-        "node": node_name,
-        "state": "running",
+        "node": home or node_name,
+        "state": "running" if home is None or q.link.up(home) else "down",  # type: ignore[attr-defined]
         "policy": q.settings.policy,
         "operator_policy": q.settings.operator_policy,
         "effective_policy_definition": jsonable(q.settings.effective_policy_definition),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,7 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import definitions, openapi, prometheus, routes, stats, system, ui
+from . import cluster, definitions, openapi, prometheus, routes, stats, system, ui
 from .access import Principal
 from .calls import NO_CONTENT, ROUTES, Call, Handler, Reply, Route, Status, route
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
@@ -51,6 +52,28 @@ SHUTDOWN_TIMEOUT_S = 2.0
 NODE_KEY = web.AppKey("node", object)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
+
+
+# -- routes: cluster (cluster.py; hutch extensions) -------------------------------------------------
+
+
+@route("GET", "/api/cluster-status", "Cluster members and their state (hutch)", tag="cluster", reply="Any",
+       codes=(400, 503))
+async def _cluster_status(c: Call) -> Any:
+    return await cluster.status(c.node, c.principal)
+
+
+@route("POST", "/api/cluster-join", "Join the cluster of a seed node: {\"node\": \"NODE@HOST:PORT\"} (hutch)",
+       tag="cluster", body="Any", reply="Any", codes=(400, 503))
+async def _cluster_join(c: Call) -> Any:
+    return await cluster.join(c.node, c.principal, c.body)
+
+
+@route("DELETE", "/api/cluster-nodes/{node}", "Remove a node from the cluster (hutch)", tag="cluster",
+       codes=(204, 400, 404, 503))
+async def _cluster_forget(c: Call) -> Any:
+    await cluster.forget(c.node, c.principal, c.params["node"])
+    return NO_CONTENT
 
 
 # -- routes: definitions ----------------------------------------------------------------------------
@@ -174,7 +197,12 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
                 if collector is not None else None
             call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
                         view, now_ms, request.path)
-            result = fn(call)
+            if node.cluster is None:
+                result = fn(call)
+            else:
+                result = await _clustered(node, request.method, fn, call)
+            if inspect.isawaitable(result):
+                result = await result
         except ApiError as exc:
             return _error_response(exc)
         if isinstance(result, Status):
@@ -185,6 +213,27 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
     handle.__name__ = fn.__name__
     return handle
+
+
+async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
+    """On a clustered node a change first waits for a read barrier (the newest definitions), and its
+    reply for the commit of what it changed (503 when the metadata store has no majority)."""
+    from hutch.runtime.cluster_errors import ClusterUnavailable
+    cluster = node.cluster
+    assert cluster is not None
+    try:
+        if method != "GET":
+            await cluster.barrier()
+        result = fn(call)
+        if inspect.isawaitable(result):
+            result = await result
+        if cluster.has_unreplicated:
+            await cluster.wait_replicated()
+            await cluster.sync_peers()
+    except ClusterUnavailable as exc:
+        raise ApiError(503, "service_unavailable",
+                       f"the cluster's metadata store did not answer in time: {exc}") from None
+    return result
 
 
 @web.middleware

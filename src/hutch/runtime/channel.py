@@ -95,6 +95,9 @@ class ServerChannel(DeclarationsMixin):
         self.confirm_sent = 0
         # (publish seq, journal seq it waits for or 0), in publish order; empty in the common case
         self.confirm_waiting: deque[tuple[int, int]] = deque()
+        # publishes routed to queues on other nodes (clustered): publish seq -> (first, last) publish id of
+        # the node's queue link; their confirm_waiting entries hold REMOTE - local storage count
+        self.remote_wait: dict[int, tuple[int, int]] = {}
         # storage counts that pending tx.commit-oks wait for (tx.commit with persistent messages)
         self.tx_commits: deque[int] = deque()
         self.tx = False
@@ -329,11 +332,19 @@ class ServerChannel(DeclarationsMixin):
             return
         storage = self.node.persistence
         before = storage.last_enqueued if storage is not None else 0
+        cluster = self.node.cluster
+        remote_before = cluster.link.last_publish_id if cluster is not None else 0
         if self._route_and_enqueue(x, routing_keys, msg, mandatory):
             self.confirm_waiting.append((self.publish_seq, NACK))  # a queue refused it (overflow)
             self.conn.want_flush(self)
             return
         need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
+        if cluster is not None and cluster.link.last_publish_id != remote_before:
+            self.remote_wait[self.publish_seq] = (remote_before + 1, cluster.link.last_publish_id)
+            self.confirm_waiting.append((self.publish_seq, REMOTE - need))
+            self.node.sync_waiters.add(self)
+            self.conn.want_flush(self)
+            return
         if need or self.confirm_waiting:
             self.confirm_waiting.append((self.publish_seq, need))
             if need:
@@ -405,6 +416,8 @@ class ServerChannel(DeclarationsMixin):
             synced = storage.synced_seq if storage is not None else 0
             while True:
                 self.confirm_pending = confirmable_prefix(waiting, synced, self.confirm_pending)
+                if waiting and waiting[0][1] <= REMOTE and self._remote_settled(waiting):
+                    continue
                 if not waiting or waiting[0][1] != NACK:
                     break
                 # a refused publish: ack what precedes it, then nack it (never both for one message)
@@ -428,6 +441,21 @@ class ServerChannel(DeclarationsMixin):
                 self.conn.send_method(self.number, spec.Basic.Nack(
                     delivery_tag=nack_upto, multiple=nack_upto - self.confirm_sent > 1))
             self.confirm_pending = self.confirm_sent = nack_upto
+
+    def _remote_settled(self, waiting: deque[tuple[int, int]]) -> bool:
+        """The head waits for other nodes: if they have all answered, turn it into a local wait (or a
+        NACK) and say True; False while an answer is missing."""
+        seq, need = waiting[0]
+        lo, hi = self.remote_wait[seq]
+        assert self.node.cluster is not None
+        link = self.node.cluster.link
+        state = link.confirmed(lo, hi)
+        if state == 0:
+            return False
+        del self.remote_wait[seq]
+        link.forget_confirms(lo, hi)
+        waiting[0] = (seq, NACK if state < 0 else REMOTE - need)
+        return True
 
     def _send_acks(self) -> None:
         upto = self.confirm_pending
@@ -661,7 +689,7 @@ class ServerChannel(DeclarationsMixin):
     def _detach_consumer(self, consumer: Consumer) -> None:
         q = consumer.queue
         q.remove_consumer(consumer)
-        if q.auto_delete and not q.consumer_count and not q.deleted:
+        if q.auto_delete and not q.consumer_count and not q.deleted and not q.remote:  # home node decides
             self.node.delete_queue(self.vhost, q)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
@@ -911,6 +939,9 @@ def _sender_selected(routing_key: str, props: spec.BasicProperties,
 
 
 NACK = -1  # in confirm_waiting: this publish was refused by a queue and gets a basic.nack
+
+
+REMOTE = -2  # confirm_waiting: REMOTE - n waits for other nodes, then for local storage count n
 
 
 def confirmable_prefix(waiting: deque[tuple[int, int]], synced: int, confirmed: int) -> int:

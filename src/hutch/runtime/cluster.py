@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,12 +44,16 @@ SECRET_FILE = ".hutch.secret"
 RETRY_S = 0.05
 
 
-def parse_seed(text: str) -> tuple[str, str, int]:
-    """'n1@127.0.0.1:25672' -> ('n1', '127.0.0.1', 25672). ValueError with a one-line reason."""
+def parse_seed(text: str, local_name: str = "") -> tuple[str, str, int]:
+    """'n1@db1@10.0.0.5:25672' -> ('n1@db1', '10.0.0.5', 25672). A short node name ('n1@127.0.0.1:25672')
+    takes the host part of `local_name`, as node names do (config: 'n1' is 'n1@<this host>').
+    ValueError with a one-line reason."""
     name, sep, address = text.rpartition("@")
     host, colon, port = address.rpartition(":")
     if not sep or not name or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected NODE@HOST:PORT (e.g. n1@127.0.0.1:25672), got {text!r}")
+    if "@" not in name and "@" in local_name:
+        name = f"{name}@{local_name.split('@', 1)[1]}"
     return name, host.strip("[]"), int(port)
 
 
@@ -99,6 +104,8 @@ class ClusterService:
             "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
             "status": self._handle_status, "sync": self._handle_sync,
         }
+        from .remote_queue import QueueLink
+        self.link = QueueLink(node, self)
 
     # -- identity ----------------------------------------------------------------------------------------
     def _identity_path(self) -> str:
@@ -155,6 +162,10 @@ class ClusterService:
             self._save_identity(raft_id)
             for v in joined["members"]:
                 self._learn(Member.from_list(v))
+        if seed and not bootstrap and raft_id not in self.machine.voters:
+            # ready to take the leader's log: now become a voter (a restart between the two steps of a
+            # join comes here again; both steps are idempotent)
+            await self._join_through(seed, promote=True)
         if bootstrap:
             self._save_identity(raft_id)
             self.group.campaign()
@@ -168,6 +179,14 @@ class ClusterService:
         elif len(self.machine.voters) == 1 and self.machine.voters[0] == raft_id:
             self.group.campaign()
         await self._boot_barrier()
+        self.link.start_stats()
+        if self.node.stale_transient:  # this node's transient queues did not survive its restart
+            for vhost, name in self.node.stale_transient:
+                self.replicate({"op": "queue.delete", "vhost": vhost, "name": name})
+            log.info("removing %d transient queues of this node's previous run from the cluster",
+                     len(self.node.stale_transient))
+            self.node.stale_transient.clear()
+            await self.wait_replicated()
 
     async def _boot_barrier(self) -> None:
         waited = 0.0
@@ -182,23 +201,29 @@ class ClusterService:
                             max(1, len(self.machine.voters)), waited)
 
     async def stop(self) -> None:
+        self.link.stop_stats()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         if self.driver is not None:
             await self.driver.stop()
         await self.transport.stop()
 
-    async def _join_through(self, seed: str) -> dict[str, Any]:
-        name, host, port = parse_seed(seed)
+    async def _join_through(self, seed: str, promote: bool = False) -> dict[str, Any]:
+        """Join in two steps: register (the leader records this node and gives it a raft id), then,
+        once this node's Raft group is open to receive the log, promote (the leader adds it as a voter;
+        the change commits only with this node's acknowledgement, so it must be listening first)."""
+        name, host, port = parse_seed(seed, self.name)
         if name == self.name:
             raise ValueError(f"cannot join through {seed}: that is this node's own name")
         self.transport.set_peer(name, host, port)
-        request = {"t": "join", "name": self.name, "host": self.advertise_host, "port": self.transport.port}
+        request = {"t": "join", "name": self.name, "host": self.advertise_host, "port": self.transport.port,
+                   "promote": promote}
         deadline = asyncio.get_running_loop().time() + max(30.0, self.timeout_s)
         while True:
             try:
                 reply = await self.transport.call(name, request, timeout=self.timeout_s)
-                log.info("joined the cluster through %s as raft member %d", seed, reply["raft_id"])
+                if promote:
+                    log.info("joined the cluster through %s as raft member %d", seed, reply["raft_id"])
                 return reply
             except (TimeoutError, PeerUnavailable, RemoteError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
@@ -240,10 +265,12 @@ class ClusterService:
             self.transport.send(name, {"t": "r", "p": payload})
 
     def _on_message(self, peer: str, obj: Any) -> None:
-        if obj.get("t") == "r" and self.driver is not None:
+        if obj.get("t") == "r":
             raft_id = self._raft_id_of(peer)
-            if raft_id:
+            if raft_id and self.driver is not None:
                 self.driver.receive(raft_id, obj["p"])
+        elif not self.link.on_message(peer, obj):
+            log.warning("unknown inter-node message %r from %s", obj.get("t"), peer)
 
     def _on_request(self, peer: str, obj: Any) -> Any:
         handler = self.handlers.get(obj.get("t"))
@@ -415,9 +442,9 @@ class ClusterService:
                                              "port": int(obj["port"])}])
             member = self.machine.members[name]
             self._learn(member)
-            if member.raft_id not in self.machine.voters:
+            if obj.get("promote") and member.raft_id not in self.machine.voters:
                 await self.group.add_voter(member.raft_id, timeout=self.timeout_s)
-            log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
+                log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
             return {"raft_id": member.raft_id,
                     "members": [m.to_list() for m in self.machine.members.values()]}
 
@@ -450,12 +477,32 @@ class ClusterService:
         return name
 
     async def join(self, seed: str) -> None:
-        """`hutchctl join_cluster`: only a fresh one-node cluster may join another (it is reset first)."""
+        """`hutchctl join_cluster`: a node alone in its own cluster joins another one. As RabbitMQ's
+        reset + join_cluster, it first drops its own definitions (and the messages of its queues)."""
         others = [m for m in self.machine.members if m != self.name]
         if others:
-            raise ValueError(f"node {self.name} is already clustered with {', '.join(sorted(others))}")
-        raise ValueError("a running node cannot change clusters; start it with --join "
-                         f"{seed} and an empty data directory (as RabbitMQ's reset + join_cluster)")
+            raise ValueError(f"node {self.name} is already clustered with {', '.join(sorted(others))}; "
+                             "forget it there first")
+        name, _host, _port = parse_seed(seed, self.name)
+        reply = await self._join_through(seed)
+        log.warning("joining the cluster of %s: this node's own definitions and messages are dropped", name)
+        assert self.driver is not None
+        await self.driver.stop()
+        shutil.rmtree(os.path.join(self.directory, "raft"), ignore_errors=True)
+        self.node.reset_to([])
+        self.machine = MetadataMachine(self.node, self.incarnation)
+        self.machine.on_applied = self._applied
+        self.raft_id = int(reply["raft_id"])
+        self._save_identity(self.raft_id)
+        self.driver = RaftDriver(self.raft_id, os.path.join(self.directory, "raft"), self._send_raft,
+                                 tick_s=self.config.cluster_tick_ms / 1000)
+        await self.driver.start()
+        self.group = self.driver.open_group(METADATA_GROUP, self.machine, bootstrap_voters=None)
+        self.group.on_leader_change = self._leader_changed
+        for v in reply["members"]:
+            self._learn(Member.from_list(v))
+        await self._join_through(seed, promote=True)
+        await self.barrier()
 
     def local_status(self) -> dict[str, Any]:
         return {"name": self.name, "alarms": sorted(self.node.alarms), "running": True,

@@ -282,9 +282,11 @@ class AMQPConnection(asyncio.Protocol):
         if ch is None:
             self._no_such_channel(channel, method)
             return
-        if self.node.cluster is not None and (method.CLASS_ID, method.METHOD_ID) in CLUSTER_METHODS:
-            self._suspend_for_cluster(ch, channel, method)
-            return
+        if self.node.cluster is not None:
+            key = (method.CLASS_ID, method.METHOD_ID)
+            if key in CLUSTER_METHODS or (key in REMOTE_QUEUE_METHODS and _remote_target(ch, method)):
+                self._suspend_for_cluster(ch, channel, method)
+                return
         try:
             ch.handle_method(method)
         except ChannelError as exc:
@@ -304,9 +306,19 @@ class AMQPConnection(asyncio.Protocol):
         assert cluster is not None
         try:
             try:
-                await cluster.barrier()
+                if (method.CLASS_ID, method.METHOD_ID) in CLUSTER_METHODS:
+                    await cluster.barrier()
                 if self.state != State.OPEN or self.channels.get(channel) is not ch:
                     return
+                remote = _remote_target(ch, method)
+                if remote is not None and not isinstance(method, (spec.Queue.Bind, spec.Queue.Unbind)):
+                    try:
+                        await remote.prepare(method)
+                    except ChannelError as exc:
+                        self._channel_error(channel, exc)
+                        return
+                    if self.state != State.OPEN or self.channels.get(channel) is not ch:
+                        return
                 mark = len(self.out)
                 try:
                     ch.handle_method(method)
@@ -676,3 +688,21 @@ class AMQPConnection(asyncio.Protocol):
 
 
 __all__ = ["AMQPConnection", "CAPABILITIES", "platform", "__version__"]
+
+
+# basic.get, queue.purge, basic.consume: asynchronous first when the queue lives on another node
+REMOTE_QUEUE_METHODS = frozenset({(60, 70), (50, 30), (60, 20)})
+
+
+def _remote_target(ch: ServerChannel, method: spec.Method) -> Any:
+    """The queue a method names, if it lives on another node (a RemoteQueue), else None."""
+    name = getattr(method, "queue", None)
+    if name is None:
+        return None
+    if name == "":
+        name = ch.last_queue_name
+        if name is None:
+            return None
+    vhost = ch.vhost
+    q = vhost.queues.get(name) if vhost is not None else None
+    return q if q is not None and q.remote else None

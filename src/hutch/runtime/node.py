@@ -98,6 +98,8 @@ class Node:
         # clustering (runtime/cluster.py): set by `serve` for a clustered node before it starts
         self.cluster: ClusterService | None = None
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
+        self.sync_hooks: list[Callable[[int], None]] = []  # after each group commit: the synced count
+        self.stale_transient: list[tuple[str, str]] = []  # (vhost, queue) this node's, gone with a restart
         if store is not None:
             self._restore(saved_ops)
         if persistence is not None and recover:
@@ -154,18 +156,19 @@ class Node:
         try:
             for vhost in list(self.vhosts.values()):
                 for x in list(vhost.exchanges.values()):
-                    if not x.durable:
+                    if not (x.durable or self.cluster is not None):
                         continue
                     for b in list(x.router.bindings()):
                         op = self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
-                        if self._durable_destination(vhost, b.destination) and \
+                        if (self.cluster is not None or self._durable_destination(vhost, b.destination)) and \
                                 self._binding_key(op) not in keep_bindings:
                             self.unbind(vhost, x, b.destination, b.routing_key, b.arguments)
                 for q in list(vhost.queues.values()):
-                    if _is_durable_queue(q) and ("queue.declare", vhost.name, q.name) not in wanted:
+                    if (_is_durable_queue(q) or self.cluster is not None) and \
+                            ("queue.declare", vhost.name, q.name) not in wanted:
                         self.delete_queue(vhost, q)
                 for name, x in list(vhost.exchanges.items()):
-                    if x.durable and name and not name.startswith("amq.") and \
+                    if (x.durable or self.cluster is not None) and name and not name.startswith("amq.") and \
                             ("exchange.declare", vhost.name, name) not in wanted:
                         self.delete_exchange(vhost, name, False)
             for operator, p in list(self.policies):
@@ -218,13 +221,20 @@ class Node:
             return
         vhost = self.vhosts[op["vhost"]]
         if kind == "exchange.declare":
-            self.declare_exchange(vhost, op["name"], op["type"], True, op["auto_delete"], op["internal"],
-                                  unpack_arguments(op["arguments"]))
+            self.declare_exchange(vhost, op["name"], op["type"], op.get("durable", True), op["auto_delete"],
+                                  op["internal"], unpack_arguments(op["arguments"]))
         elif kind == "exchange.delete":
             self.delete_exchange(vhost, op["name"], False)
         elif kind == "queue.declare":
-            self.declare_queue(vhost, op["name"], True, False, op["auto_delete"],
-                               unpack_arguments(op["arguments"]), None)
+            home = op.get("node", self.name)
+            durable = op.get("durable", True)
+            if home != self.name and self.cluster is not None:
+                self._declare_remote_queue(vhost, home, op)
+            elif not durable:  # this node's transient queue: it did not survive the restart
+                self.stale_transient.append((vhost.name, op["name"]))
+            else:
+                self.declare_queue(vhost, op["name"], True, False, op["auto_delete"],
+                                   unpack_arguments(op["arguments"]), None)
         elif kind == "queue.delete":
             q = vhost.queues.get(op["name"])
             if q is not None:
@@ -240,29 +250,50 @@ class Node:
             raise ValueError(f"unknown operation {kind!r}")
 
     def _state_ops(self) -> Iterator[dict[str, Any]]:
-        """The durable state as operations that rebuild it: auth, then exchanges, queues, bindings."""
+        """The durable state as operations that rebuild it: auth, then exchanges, queues, bindings.
+        A clustered node's metadata holds transient objects too (other nodes route to them)."""
+        everything = self.cluster is not None
         yield {"op": "auth", "auth": self.auth.to_dict()}
         yield from policies.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
-                if x.durable and x.name and not x.name.startswith("amq."):
+                if (x.durable or everything) and x.name and not x.name.startswith("amq."):
                     yield self._exchange_op(vhost, x)
             for q in vhost.queues.values():
-                if _is_durable_queue(q):
-                    yield {"op": "queue.declare", "vhost": vhost.name, "name": q.name,
-                           "auto_delete": q.auto_delete, "arguments": pack_arguments(q.arguments)}
+                if _is_durable_queue(q) or everything:
+                    yield self._queue_op(vhost, q)
             for x in vhost.exchanges.values():
-                if not x.durable:
+                if not (x.durable or everything):
                     continue
                 for b in x.router.bindings():
-                    if self._durable_destination(vhost, b.destination):
+                    if everything or self._durable_destination(vhost, b.destination):
                         yield self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
+
+    def _queue_op(self, vhost: VirtualHost, q: Queue) -> dict[str, Any]:
+        return {"op": "queue.declare", "vhost": vhost.name, "name": q.name, "auto_delete": q.auto_delete,
+                "arguments": pack_arguments(q.arguments), "node": getattr(q, "home", self.name),
+                "durable": q.durable, "exclusive": q.exclusive}
+
+    def _declare_remote_queue(self, vhost: VirtualHost, home: str, op: dict[str, Any]) -> None:
+        from .remote_queue import RemoteQueue
+        assert self.cluster is not None
+        existing = vhost.queues.get(op["name"])
+        if existing is not None:
+            if getattr(existing, "home", None) == home:
+                return
+            log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
+                        op["name"], vhost.name, home, home)
+            self.delete_queue(vhost, existing)
+        q = RemoteQueue(self.cluster.link, home, vhost.name, op["name"], op.get("durable", True),
+                        op.get("exclusive", False), op["auto_delete"], unpack_arguments(op["arguments"]))
+        vhost.add_queue(q)
+        policies.apply_to_queue(self, q)
 
     @staticmethod
     def _exchange_op(vhost: VirtualHost, x: Exchange) -> dict[str, Any]:
         return {"op": "exchange.declare", "vhost": vhost.name, "name": x.name, "type": x.type,
                 "auto_delete": x.auto_delete, "internal": x.internal,
-                "arguments": pack_arguments(x.arguments)}
+                "arguments": pack_arguments(x.arguments), "durable": x.durable}
 
     @staticmethod
     def _binding_op(kind: str, vhost: VirtualHost, source: Exchange, destination: tuple[str, str],
@@ -359,6 +390,8 @@ class Node:
     def _storage_synced(self, synced: int) -> None:
         for ch in self.sync_waiters:
             ch.conn.want_flush(ch)
+        for hook in self.sync_hooks:
+            hook(synced)
 
     # -- access control changes ------------------------------------------------------------------
     def permissions_changed(self) -> None:
@@ -418,28 +451,28 @@ class Node:
         x, created = vhost.declare_exchange(name, type_, durable, auto_delete, internal, arguments)
         if created:
             policies.apply_to_exchange(self, x)
-        if created and durable:
+        if created and (durable or self.cluster is not None):
             self._record(self._exchange_op(vhost, x))
         return x
 
     def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool:
         x = vhost.exchanges.get(name)
         deleted = vhost.delete_exchange(name, if_unused)
-        if deleted and x is not None and x.durable:
+        if deleted and x is not None and (x.durable or self.cluster is not None):
             self._record({"op": "exchange.delete", "vhost": vhost.name, "name": name})
         return deleted
 
     def bind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
              arguments: dict[str, Any]) -> bool:
         added = vhost.bind(source, destination, routing_key, arguments)
-        if added and source.durable and self._durable_destination(vhost, destination):
+        if added and (self.cluster is not None or source.durable and self._durable_destination(vhost, destination)):
             self._record(self._binding_op("bind", vhost, source, destination, routing_key, arguments))
         return added
 
     def unbind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
                arguments: dict[str, Any]) -> bool:
         removed = vhost.unbind(source, destination, routing_key, arguments)
-        if removed and source.durable and self._durable_destination(vhost, destination):
+        if removed and (self.cluster is not None or source.durable and self._durable_destination(vhost, destination)):
             self._record(self._binding_op("unbind", vhost, source, destination, routing_key, arguments))
         return removed
 
@@ -469,9 +502,8 @@ class Node:
         queue_features.attach(self, q)
         if q.settings.consumer_timeout is not None:
             self._ensure_tick()
-        if _is_durable_queue(q):
-            self._record({"op": "queue.declare", "vhost": vhost.name, "name": name, "auto_delete": auto_delete,
-                          "arguments": pack_arguments(arguments)})
+        if _is_durable_queue(q) or self.cluster is not None:
+            self._record(self._queue_op(vhost, q))
         return q
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:
@@ -480,7 +512,7 @@ class Node:
         if isinstance(q, ClassicQueue):
             self.queue_timers.cancel(q)
         consumers = q.consumers()
-        durable = _is_durable_queue(q) and vhost.queues.get(q.name) is q
+        durable = (_is_durable_queue(q) or self.cluster is not None) and vhost.queues.get(q.name) is q
         count = vhost.delete_queue(q)
         if durable:
             self._record({"op": "queue.delete", "vhost": vhost.name, "name": q.name})

@@ -1,0 +1,63 @@
+"""Cluster operations over HTTP: what `hutchctl cluster_status`, `join_cluster` and
+`forget_cluster_node` call (hutch extensions; RabbitMQ does these through its CLI's Erlang distribution).
+
+Owns: `GET /api/cluster-status`, `POST /api/cluster-join` {"node": "n1@host:port"} and
+`DELETE /api/cluster-nodes/{node}`. Administrator only. A node that is not clustered answers 400 with
+a reason; a timeout of the metadata store (no majority) is 503.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .access import Principal, require_admin
+from .errors import ApiError, bad_request, not_found_because
+
+if TYPE_CHECKING:
+    from hutch.runtime.node import Node
+
+
+def _cluster(node: Node) -> Any:
+    if node.cluster is None:
+        raise bad_request("this node is not clustered (start it with --cluster-port; see docs/clustering.md)")
+    return node.cluster
+
+
+def _unavailable(exc: Exception) -> ApiError:
+    return ApiError(503, "service_unavailable", f"the cluster's metadata store did not answer: {exc}")
+
+
+async def status(node: Node, p: Principal) -> dict[str, Any]:
+    require_admin(p)
+    return await _cluster(node).status()
+
+
+async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
+    require_admin(p)
+    cluster = _cluster(node)
+    if not isinstance(body, dict) or not isinstance(body.get("node"), str):
+        raise bad_request('expected {"node": "NODE@HOST:PORT"}')
+    from hutch.runtime.cluster import parse_seed
+    from hutch.runtime.cluster_errors import ClusterUnavailable
+    try:
+        parse_seed(body["node"])
+        await cluster.join(body["node"])
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except ClusterUnavailable as exc:
+        raise _unavailable(exc) from None
+    return await cluster.status()
+
+
+async def forget(node: Node, p: Principal, name: str) -> None:
+    require_admin(p)
+    cluster = _cluster(node)
+    from hutch.runtime.cluster_errors import ClusterUnavailable
+    try:
+        await cluster.forget(name)
+    except LookupError as exc:
+        raise not_found_because(str(exc).strip("'\"")) from None
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except ClusterUnavailable as exc:
+        raise _unavailable(exc) from None

@@ -1,0 +1,202 @@
+"""Multi-process clusters of real hutch nodes on loopback, for tests.
+
+`Cluster.start(tmp, n)` starts node n1 (which founds the cluster) and joins n2..nN through it, every
+node a `hutch-server` process with its own data directory and free ports. Nodes can be stopped,
+killed (-9), paused (SIGSTOP) and restarted on the same ports and data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from base64 import b64encode
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ServerInfo, _wait_port, free_port
+
+SECRET = "test-cluster-secret"
+FAST = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\n"
+
+
+@dataclass
+class Node:
+    name: str
+    directory: Path
+    amqp_port: int
+    management_port: int
+    cluster_port: int
+    join: str | None
+    secret: str = SECRET
+    config_text: str = FAST
+    proc: subprocess.Popen[bytes] | None = None
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name}@localhost"
+
+    @property
+    def seed(self) -> str:
+        return f"{self.full_name}@127.0.0.1:{self.cluster_port}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def info(self) -> ServerInfo:
+        assert self.proc is not None
+        return ServerInfo(self.amqp_port, self.management_port, self.directory / "data", self.proc, self.logs[-1])
+
+    def start(self, wait: bool = True) -> Node:
+        data = self.directory / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        cfg = self.directory / "hutch.conf"
+        cfg.write_text(self.config_text)
+        log_path = self.directory / f"server-{len(self.logs)}.log"
+        self.logs.append(log_path)
+        args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(self.amqp_port),
+                "--management-port", str(self.management_port), "--data-dir", str(data),
+                "--node-name", self.full_name, "--cluster-port", str(self.cluster_port), "--config", str(cfg)]
+        if self.join:
+            args += ["--join", self.join]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        env["HUTCH_CLUSTER_SECRET"] = self.secret
+        with open(log_path, "wb") as f:
+            self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 40.0) -> None:
+        assert self.proc is not None
+        _wait_port(self.amqp_port, self.proc, self.logs[-1], timeout)
+        _wait_port(self.management_port, self.proc, self.logs[-1], timeout)
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if sig == signal.SIGTERM:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    # -- the HTTP API ----------------------------------------------------------------------------------
+    def api(self, method: str, path: str, body: Any = None, user: str = "guest", password: str = "guest",
+            timeout: float = 20.0) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.management_port}{path}", data=data, method=method)
+        req.add_header("Authorization", "Basic " + b64encode(f"{user}:{password}".encode()).decode())
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            return exc.code, json.loads(raw) if raw else None
+
+    def ctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        return subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--port", str(self.management_port), *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.nodes: list[Node] = []
+
+    def add(self, name: str | None = None, join: bool = True, start: bool = True, **kw: Any) -> Node:
+        name = name or f"n{len(self.nodes) + 1}"
+        seed = self.nodes[0].seed if join and self.nodes else None
+        node = Node(name, self.tmp / name, free_port(), free_port(), free_port(), seed, **kw)
+        self.nodes.append(node)
+        if start:
+            node.start()
+        return node
+
+    @classmethod
+    def start(cls, tmp: Path, n: int) -> Cluster:
+        c = cls(tmp)
+        for _ in range(n):
+            c.add()
+        return c
+
+    def __getitem__(self, i: int) -> Node:
+        return self.nodes[i]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def status(self, via: Node | None = None) -> dict[str, Any]:
+        node = via or next(n for n in self.nodes if n.running())
+        code, doc = node.api("GET", "/api/cluster-status")
+        assert code == 200, doc
+        return doc
+
+    def wait_running(self, expected: set[str], via: Node | None = None, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        doc: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            doc = self.status(via)
+            if {short(n) for n in doc["running_nodes"]} == expected:
+                return doc
+            time.sleep(0.2)
+        raise AssertionError(f"running nodes {doc.get('running_nodes')} != {sorted(expected)}")
+
+
+def short(name: str) -> str:
+    """'n1@localhost' -> 'n1'."""
+    return name.split("@", 1)[0]
+
+
+def member_names(doc: dict[str, Any]) -> list[str]:
+    return [short(m["name"]) for m in doc["members"]]
+
+
+def eventually(check: Any, timeout: float = 15.0, interval: float = 0.1) -> Any:
+    """Call `check` until it returns a truthy value without raising; return that value."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            last = exc
+        time.sleep(interval)
+    if last is not None:
+        raise last
+    raise AssertionError("condition not met in time")

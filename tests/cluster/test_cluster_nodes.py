@@ -1,0 +1,214 @@
+"""Real hutch nodes forming clusters on loopback, used with pika: metadata replicated through Raft,
+transparent routing to queues on other nodes, nodes killed, paused, restarted, joined and forgotten."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from .nodes import Cluster, Node, eventually, member_names
+
+
+def connect(node: Node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0&blocked_connection_timeout=30"))
+
+
+def queue_exists(node: Node, name: str) -> bool:
+    conn = connect(node)
+    try:
+        conn.channel().queue_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return False
+        raise
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster.start(tmp_path_factory.mktemp("cluster3"), 3)
+    yield c
+    c.stop()
+
+
+def test_three_nodes_form_a_cluster(three: Cluster) -> None:
+    doc = three.wait_running({"n1", "n2", "n3"})
+    assert member_names(doc) == ["n1", "n2", "n3"]
+    assert all(m["voter"] for m in doc["members"])
+    assert doc["partitions"] == []
+    out = three[1].ctl("cluster_status")
+    assert out.returncode == 0, out.stderr
+    assert "n1" in out.stdout and "n3" in out.stdout and "Network partitions" in out.stdout
+
+
+def test_declare_on_one_node_use_from_another(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    c1 = connect(n1)
+    ch1 = c1.channel()
+    ch1.exchange_declare("orders", "topic", durable=True)
+    ch1.queue_declare("orders.eu", durable=True)
+    ch1.queue_bind("orders.eu", "orders", "eu.#")
+    # publish through n2 (the queue lives on n1), with confirms
+    c2 = connect(n2)
+    ch2 = c2.channel()
+    ch2.confirm_delivery()
+    for i in range(20):
+        ch2.basic_publish("orders", f"eu.{i}", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2),
+                          mandatory=True)
+    # count and get through n3
+    c3 = connect(n3)
+    ch3 = c3.channel()
+    ok = ch3.queue_declare("orders.eu", passive=True)
+    assert ok.method.message_count == 20
+    method, props, body = ch3.basic_get("orders.eu", auto_ack=False)
+    assert body == b"m0" and method.routing_key == "eu.0"
+    ch3.basic_ack(method.delivery_tag)
+    # consume through n2
+    got: list[bytes] = []
+    for method, _props, body in ch2.consume("orders.eu", inactivity_timeout=5):
+        if method is None:
+            break
+        got.append(body)
+        ch2.basic_ack(method.delivery_tag)
+        if len(got) == 19:
+            break
+    ch2.cancel()
+    assert got == [f"m{i}".encode() for i in range(1, 20)]
+    assert ch1.queue_declare("orders.eu", passive=True).method.message_count == 0
+    for c in (c1, c2, c3):
+        c.close()
+
+
+def test_users_vhosts_and_policies_are_replicated(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    assert n2.api("PUT", "/api/vhosts/shop")[0] in (201, 204)
+    assert n2.api("PUT", "/api/users/alice", {"password": "s3cret", "tags": ""})[0] in (201, 204)
+    assert n2.api("PUT", "/api/permissions/shop/alice", {"configure": ".*", "write": ".*", "read": ".*"})[0] \
+        in (201, 204)
+    out = n3.ctl("set_policy", "-p", "shop", "cap", "^capped$", '{"max-length": 2}')
+    assert out.returncode == 0, out.stderr
+    # alice logs in on n3 and declares in the new vhost; the policy set on n3 applies on n1
+    params = pika.ConnectionParameters("127.0.0.1", n3.amqp_port, "shop", pika.PlainCredentials("alice", "s3cret"))
+    conn = pika.BlockingConnection(params)
+    ch = conn.channel()
+    ch.queue_declare("capped", durable=True)
+    for i in range(5):
+        ch.basic_publish("", "capped", str(i).encode())
+    conn.close()
+    code, q = n1.api("GET", "/api/queues/shop/capped")
+    assert code == 200 and q["policy"] == "cap"
+    assert eventually(lambda: n1.api("GET", "/api/queues/shop/capped")[1]["messages"] == 2)
+    out = n1.ctl("list_policies", "-p", "shop")
+    assert "cap" in out.stdout
+
+
+def test_a_minority_down_changes_still_commit_and_the_node_catches_up(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    n3.kill()
+    conn = connect(n1)
+    conn.channel().queue_declare("made-while-n3-down", durable=True)
+    conn.close()
+    assert queue_exists(n2, "made-while-n3-down")
+    n3.start()
+    three.wait_running({"n1", "n2", "n3"})
+    assert queue_exists(n3, "made-while-n3-down")
+
+
+def test_home_node_down_makes_its_queues_unavailable_then_back_with_messages(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    conn = connect(n2)
+    ch = conn.channel()
+    ch.queue_declare("homed-on-n2", durable=True)
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", "homed-on-n2", f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    n2.kill()
+    three.wait_running({"n1", "n3"}, via=n1)
+    conn = connect(n1)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().queue_declare("homed-on-n2", passive=True)
+    assert info.value.reply_code == 404
+    assert "home node 'n2@localhost'" in info.value.reply_text and "down or inaccessible" in info.value.reply_text
+    conn.close()
+    n2.start()
+    three.wait_running({"n1", "n2", "n3"}, via=n1)
+    conn = connect(n3)
+    ch = conn.channel()
+    assert ch.queue_declare("homed-on-n2", passive=True).method.message_count == 3
+    bodies = [ch.basic_get("homed-on-n2", auto_ack=True)[2] for _ in range(3)]
+    assert bodies == [b"p0", b"p1", b"p2"]
+    conn.close()
+
+
+def test_no_majority_refuses_changes_with_a_clear_error(tmp_path: Path) -> None:
+    c = Cluster.start(tmp_path, 3)
+    try:
+        c[1].kill()
+        c[2].kill()
+        conn = connect(c[0])
+        ch = conn.channel()
+        started = time.monotonic()
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            ch.queue_declare("needs-a-majority", durable=True)
+        assert info.value.reply_code == 541
+        assert info.value.reply_text == ("INTERNAL_ERROR - failed to declare queue 'needs-a-majority' in vhost '/' because the "
+                                         "operation timed out")
+        assert time.monotonic() - started < 15
+        # and nothing was half-made: once a majority is back the queue does not exist
+        c[1].start()
+        assert not queue_exists(c[0], "needs-a-majority")
+        code, doc = c[0].api("PUT", "/api/queues/%2F/after-majority", {"durable": True})
+        assert code in (201, 204), doc
+    finally:
+        c.stop()
+
+
+def test_paused_node_is_seen_down_and_comes_back(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    n3.pause()
+    try:
+        three.wait_running({"n1", "n2"}, via=n1, timeout=20)
+        conn = connect(n1)
+        conn.channel().exchange_declare("while-paused", "fanout", durable=True)
+        conn.close()
+    finally:
+        n3.resume()
+    three.wait_running({"n1", "n2", "n3"}, via=n1, timeout=20)
+    conn = connect(n3)
+    eventually(lambda: conn.channel().exchange_declare("while-paused", "fanout", passive=True))
+    conn.close()
+
+
+def test_wrong_secret_is_refused_with_a_log_line(three: Cluster) -> None:
+    intruder = three.add("intruder", start=False, secret="not-the-secret")
+    intruder.start(wait=False)
+    eventually(lambda: "cluster secret mismatch" in three[0].log(), timeout=20)
+    assert "intruder" not in member_names(three.status(three[1]))
+    intruder.stop()
+    three.nodes.remove(intruder)
+    assert "intruder" not in member_names(three.status(three[0]))
+
+
+def test_join_and_forget_a_node(three: Cluster) -> None:
+    lone = three.add("n4", join=False)  # a cluster of its own
+    out = lone.ctl("join_cluster", three[0].seed)
+    assert out.returncode == 0, out.stdout + out.stderr
+    three.wait_running({"n1", "n2", "n3", "n4"}, via=three[0])
+    assert queue_exists(lone, "orders.eu")  # it sees the cluster's definitions
+    lone.stop()
+    three.wait_running({"n1", "n2", "n3"}, via=three[0])
+    out = three[1].ctl("forget_cluster_node", lone.full_name)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert member_names(three.status(three[0])) == ["n1", "n2", "n3"]
+    out = three[0].ctl("forget_cluster_node", three[1].full_name)
+    assert out.returncode == 1 and "running" in out.stderr
+    three.nodes.remove(lone)
