@@ -22,7 +22,7 @@ from typing import Any
 from tests.conftest import ServerInfo, _wait_port, free_port
 
 SECRET = "test-cluster-secret"
-FAST = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\n"
+FAST = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\ncluster.fault_injection = true\n"
 
 
 @dataclass
@@ -125,6 +125,14 @@ class Node:
             raw = exc.read()
             return exc.code, json.loads(raw) if raw else None
 
+    def block(self, *others: Node) -> None:
+        code, doc = self.api("POST", "/api/cluster-faults", {"block": [o.full_name for o in others]})
+        assert code == 200, doc
+
+    def unblock(self, *others: Node) -> None:
+        code, doc = self.api("POST", "/api/cluster-faults", {"unblock": [o.full_name for o in others]})
+        assert code == 200, doc
+
     def ctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
         return subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--port", str(self.management_port), *args],
@@ -158,6 +166,18 @@ class Cluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def partition(self, side: list[Node], other: list[Node]) -> None:
+        """Cut every link between the two sides (each node drops the other side's traffic)."""
+        for a in side:
+            a.block(*other)
+        for b in other:
+            b.block(*side)
+
+    def heal(self) -> None:
+        for a in self.nodes:
+            if a.running():
+                a.unblock(*[b for b in self.nodes if b is not a])
 
     def status(self, via: Node | None = None) -> dict[str, Any]:
         node = via or next(n for n in self.nodes if n.running())

@@ -212,3 +212,52 @@ def test_join_and_forget_a_node(three: Cluster) -> None:
     out = three[0].ctl("forget_cluster_node", three[1].full_name)
     assert out.returncode == 1 and "running" in out.stderr
     three.nodes.remove(lone)
+
+
+def test_partition_minority_side_refuses_majority_side_goes_on_then_heals(tmp_path: Path) -> None:
+    c = Cluster.start(tmp_path, 3)
+    n1, n2, n3 = c.nodes
+    try:
+        c.partition([n1], [n2, n3])
+        c.wait_running({"n2", "n3"}, via=n2)
+        conn = connect(n2)
+        conn.channel().queue_declare("majority-side", durable=True)  # n2 and n3 elect a leader and commit
+        conn.close()
+        conn = connect(n1)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            conn.channel().queue_declare("minority-side", durable=True)
+        assert info.value.reply_code == 541
+        code, _doc = n1.api("PUT", "/api/vhosts/minority-vhost")
+        assert code == 503
+        c.heal()
+        c.wait_running({"n1", "n2", "n3"}, via=n1)
+        assert eventually(lambda: queue_exists(n1, "majority-side"))
+        assert not queue_exists(n3, "minority-side")
+        assert n3.api("GET", "/api/vhosts/minority-vhost")[0] == 404
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_five_nodes_survive_two_failures_including_the_leader(tmp_path: Path) -> None:
+    c = Cluster.start(tmp_path, 5)
+    try:
+        c.wait_running({"n1", "n2", "n3", "n4", "n5"})
+        leader = c.status()["metadata"]["leader"].split("@")[0]
+        by_name = {n.name: n for n in c.nodes}
+        by_name[leader].kill()
+        survivors = [n for n in c.nodes if n.name != leader]
+        conn = connect(survivors[0])
+        conn.channel().queue_declare("after-leader-died", durable=True)
+        conn.close()
+        survivors[1].kill()
+        conn = connect(survivors[2])
+        conn.channel().exchange_declare("after-two-died", "direct", durable=True)
+        conn.close()
+        for n in (by_name[leader], survivors[1]):
+            n.start()
+        c.wait_running({"n1", "n2", "n3", "n4", "n5"}, via=survivors[3])
+        for n in c.nodes:
+            assert queue_exists(n, "after-leader-died")
+    finally:
+        c.stop()

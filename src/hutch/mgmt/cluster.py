@@ -2,7 +2,9 @@
 `forget_cluster_node` call (hutch extensions; RabbitMQ does these through its CLI's Erlang distribution).
 
 Owns: `GET /api/cluster-status`, `POST /api/cluster-join` {"node": "n1@host:port"} and
-`DELETE /api/cluster-nodes/{node}`. Administrator only. A node that is not clustered answers 400 with
+`DELETE /api/cluster-nodes/{node}`, and, only when the node runs with `cluster.fault_injection = true`
+(tests), `POST /api/cluster-faults` {"block": [node, ...], "unblock": [...]}, which cuts (or restores)
+the inter-node link to those nodes as a network partition would. Administrator only. A node that is not clustered answers 400 with
 a reason; a timeout of the metadata store (no majority) is 503.
 """
 
@@ -61,3 +63,17 @@ async def forget(node: Node, p: Principal, name: str) -> None:
         raise bad_request(str(exc)) from None
     except ClusterUnavailable as exc:
         raise _unavailable(exc) from None
+
+
+def faults(node: Node, p: Principal, body: Any) -> dict[str, Any]:
+    require_admin(p)
+    cluster = _cluster(node)
+    if not node.config.cluster_fault_injection:
+        raise not_found_because("fault injection is off (cluster.fault_injection = true enables it)")
+    if not isinstance(body, dict):
+        raise bad_request('expected {"block": [NODE, ...], "unblock": [NODE, ...]}')
+    for name in body.get("block", []):
+        cluster.transport.block(str(name))
+    for name in body.get("unblock", []):
+        cluster.transport.unblock(str(name))
+    return {"connected": sorted(cluster.transport.connected_peers())}
