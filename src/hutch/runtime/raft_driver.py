@@ -60,7 +60,7 @@ from hutch.raft import (
     bootstrap_entries,
 )
 from hutch.storage.fs import FileSystem, RealFS
-from hutch.storage.raft_log import RaftLogOptions, RaftLogStore, RaftSyncJob
+from hutch.storage.raft_log import DiskStorage, RaftLogOptions, RaftLogStore, RaftSyncJob
 
 from .raft_group import Group, GroupClosed, NotLeader, ProposalLost, ProposalTimeout, StateMachine
 
@@ -136,7 +136,7 @@ class RaftDriver:
         self._loop = asyncio.get_running_loop()
         self._store = await self._loop.run_in_executor(None, RaftLogStore.open, self._fs, self.data_dir,
                                                        self._log_options)
-        self._on_disk = set(self._store.groups())
+        self._on_disk = {gid for gid in self._store.groups() if _has_state(self._store.group(gid))}
         self._running = True
 
     async def stop(self, *, crash: bool = False) -> None:
@@ -191,8 +191,7 @@ class RaftDriver:
         st = self._store.group(gid)
         snap = st.snapshot()
         hs = st.hard_state
-        exists = st.last_index() > 0 or hs.term > 0 or snap.index > 0
-        if not exists and bootstrap_voters:
+        if not _has_state(st) and bootstrap_voters:
             voters = tuple(sorted(set(bootstrap_voters)))
             if self.raft_id not in voters:
                 raise ValueError(f"a founding member must be a voter: {self.raft_id} not in {voters}")
@@ -259,7 +258,12 @@ class RaftDriver:
         self._schedule()
 
     def peer_down(self, raft_id: int) -> None:
-        """The transport lost `raft_id`: its followers wake up (to elect), its leaders stop waiting for it."""
+        """The transport lost `raft_id`: its followers wake up (to elect), its leaders stop waiting for it.
+
+        The transport's failure detector stands in for the fixed part of the election timeout: a follower
+        of `raft_id` campaigns after the randomized part only (0..election_tick-1 ticks). Safe even if the
+        leader is in fact alive: followers that still hear from it are in its lease and ignore the
+        pre-vote, so nothing is disrupted."""
         self._down.add(raft_id)
         for g in self._groups.values():
             r = g.raw.raft
@@ -267,6 +271,7 @@ class RaftDriver:
                 if raft_id in r.prs.progress:
                     g.raw.report_unreachable(raft_id)
             elif r.lead == raft_id:
+                r.election_elapsed = max(r.election_elapsed, r.election_timeout)
                 self._wake(g)
 
     def peer_up(self, raft_id: int) -> None:
@@ -342,9 +347,12 @@ class RaftDriver:
         g._quiesced = True
         self._ticking.pop(g.gid, None)
         r = g.raw.raft
-        for v in r.prs.voters:
-            if v != r.id:
-                self._batch(v).add_quiesce(g.gid, r.term, r.log.committed)
+        committed = r.log.committed
+        for v, pr in r.prs.progress.items():
+            if v != r.id and v not in self._down:
+                # Like a heartbeat's, the commit index is capped at what the follower is known to hold: a
+                # follower may hold a deposed leader's uncommitted entries at higher indexes.
+                self._batch(v).add_quiesce(g.gid, r.term, min(pr.match, committed))
         self._schedule()
 
     def _after_quiet_step(self, g: Group, m: Message, notice: bool) -> None:
@@ -525,3 +533,8 @@ class RaftDriver:
             self._timer = None
         for g in self._groups.values():
             g._fail_waiters(GroupClosed(f"raft driver {self.raft_id} failed: {exc!r}"))
+
+
+def _has_state(st: DiskStorage) -> bool:
+    """Whether a group's storage holds anything (a group merely looked up is created empty)."""
+    return st.last_index() > 0 or st.hard_state.term > 0 or st.snapshot().index > 0

@@ -208,22 +208,21 @@ class Group:
     def _apply(self, rd: Ready) -> int:
         """Apply `rd`'s snapshot and committed entries (after they are durable); returns the NORMAL entries
         applied. Resolves the proposers waiting here."""
-        g = self
         commits = 0
-        machine = g.machine
+        machine = self.machine
         if rd.snapshot is not None:
             snap = rd.snapshot
             machine.restore(snap.data)
-            g._applied = g._snapshot_index = snap.index
-            g._conf = snap.meta.conf_state
-            machine.on_membership(g._conf.voters)
-            for index in [i for i in g._waiters if i <= snap.index]:
-                _, fut = g._waiters.pop(index)
+            self._applied = self._snapshot_index = snap.index
+            self._conf = snap.meta.conf_state
+            machine.on_membership(self._conf.voters)
+            for index in [i for i in self._waiters if i <= snap.index]:
+                _, fut = self._waiters.pop(index)
                 if not fut.done():
-                    fut.set_exception(ProposalTimeout(f"group {g.gid}: entry {index} was replaced by a "
+                    fut.set_exception(ProposalTimeout(f"group {self.gid}: entry {index} was replaced by a "
                                                       "snapshot; outcome unknown"))
         for e in rd.committed_entries:
-            if e.index <= g._applied:
+            if e.index <= self._applied:
                 continue
             result: Any = None
             error: BaseException | None = None
@@ -233,36 +232,35 @@ class Group:
                     try:
                         result = machine.apply(e.index, e.data)
                     except Exception as exc:
-                        log.exception("group %d: apply of entry %d failed", g.gid, e.index)
+                        log.exception("group %d: apply of entry %d failed", self.gid, e.index)
                         error = exc
             else:
-                g._conf = ConfChange.decode(e.data).apply_to(g._conf)
-                machine.on_membership(g._conf.voters)
-            g._applied = e.index
-            if g._waiters:
-                g._resolve(e, result, error)
+                self._conf = ConfChange.decode(e.data).apply_to(self._conf)
+                machine.on_membership(self._conf.voters)
+            self._applied = e.index
+            if self._waiters:
+                self._resolve(e, result, error)
         return commits
 
     def _resolve(self, e: Entry, result: Any, error: BaseException | None) -> None:
-        g = self
-        waiter = g._waiters.pop(e.index, None)
+        waiter = self._waiters.pop(e.index, None)
         if waiter is not None:
             term, fut = waiter
             if not fut.done():
                 if term != e.term:
-                    fut.set_exception(ProposalLost(g.raw.raft.lead, f"group {g.gid}: entry {e.index} overwritten"))
+                    fut.set_exception(ProposalLost(self.raw.raft.lead, f"group {self.gid}: entry {e.index} overwritten"))
                 elif error is not None:
                     fut.set_exception(error)
                 else:
                     fut.set_result(result)
-        if g._waiters and e.term > g._min_waiter_term:
+        if self._waiters and e.term > self._min_waiter_term:
             # Terms never decrease along a log: every waiter of an older term is at an index whose entry
             # will have at least e.term, so none of them can be applied any more.
-            for index in [i for i, (t, _) in g._waiters.items() if t < e.term]:
-                _, fut = g._waiters.pop(index)
+            for index in [i for i, (t, _) in self._waiters.items() if t < e.term]:
+                _, fut = self._waiters.pop(index)
                 if not fut.done():
-                    fut.set_exception(ProposalLost(g.raw.raft.lead, f"group {g.gid}: entry {index} overwritten"))
-            g._min_waiter_term = min((t for t, _ in g._waiters.values()), default=0)
+                    fut.set_exception(ProposalLost(self.raw.raft.lead, f"group {self.gid}: entry {index} overwritten"))
+            self._min_waiter_term = min((t for t, _ in self._waiters.values()), default=0)
 
     def _fail_waiters(self, exc: BaseException) -> None:
         waiting = [fut for _, fut in self._proposals] + [fut for _, fut in self._waiters.values()]
