@@ -188,6 +188,51 @@ def test_paused_node_is_seen_down_and_comes_back(three: Cluster) -> None:
     conn.close()
 
 
+def test_deliveries_held_by_a_dead_consumer_node_go_back_to_the_queue(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    conn = connect(n1)
+    ch = conn.channel()
+    ch.queue_declare("work", durable=True)
+    for i in range(10):
+        ch.basic_publish("", "work", f"w{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    # a consumer through n3 takes 5 (prefetch) and never acks; then n3 dies
+    c3 = connect(n3)
+    ch3 = c3.channel()
+    ch3.basic_qos(prefetch_count=5)
+    taken: list[bytes] = []
+    ch3.basic_consume("work", lambda _ch, _m, _p, body: taken.append(body))
+    deadline = time.monotonic() + 10
+    while len(taken) < 5 and time.monotonic() < deadline:
+        c3.process_data_events(0.1)
+    assert taken == [f"w{i}".encode() for i in range(5)]
+    assert eventually(lambda: ch.queue_declare("work", passive=True).method.message_count == 5)
+    n3.kill()
+    assert eventually(lambda: ch.queue_declare("work", passive=True).method.message_count == 10)
+    method, _props, body = ch.basic_get("work", auto_ack=True)
+    assert body == b"w0" and method.redelivered
+    conn.close()
+    n3.start()
+    three.wait_running({"n1", "n2", "n3"}, via=n1)
+
+
+def test_publish_to_a_queue_whose_home_is_down_is_nacked(three: Cluster) -> None:
+    n1, n2, n3 = three.nodes
+    conn = connect(n3)
+    ch = conn.channel()
+    ch.queue_declare("homed-on-n3", durable=True)
+    conn.close()
+    n3.kill()
+    three.wait_running({"n1", "n2"}, via=n1)
+    conn = connect(n1)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", "homed-on-n3", b"lost", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    n3.start()
+    three.wait_running({"n1", "n2", "n3"}, via=n1)
+
+
 def test_wrong_secret_is_refused_with_a_log_line(three: Cluster) -> None:
     intruder = three.add("intruder", start=False, secret="not-the-secret")
     intruder.start(wait=False)
@@ -238,7 +283,6 @@ def test_partition_minority_side_refuses_majority_side_goes_on_then_heals(tmp_pa
         c.stop()
 
 
-@pytest.mark.slow
 def test_five_nodes_survive_two_failures_including_the_leader(tmp_path: Path) -> None:
     c = Cluster.start(tmp_path, 5)
     try:
