@@ -484,3 +484,45 @@ def test_a_flush_failing_at_its_commit_point_poisons_the_store() -> None:
     fs.rename = real_rename  # type: ignore[method-assign]
     fs.crash()
     assert open_store(fs).group(1).entries(1, 4, 1 << 30) == ents(1, 3)
+
+
+def test_delete_group_removes_it_for_good_and_a_crash_before_the_sync_keeps_it() -> None:
+    fs = MemoryFS()
+    store = RaftLogStore.open(fs, "/r")
+    for gid in (7, 8):
+        store.append(gid, [Entry(1, 1, EntryType.NORMAL, b"x")])
+        store.create_snapshot(gid, 1, ConfState((1,)), b"state")
+    store.sync()
+    store.delete_group(7)
+    assert store.groups() == [8]
+    assert fs.exists("/r/g7")  # not before the DELETE record is durable
+    store.sync()
+    assert not fs.exists("/r/g7")
+    again = RaftLogStore.open(fs, "/r")
+    assert again.groups() == [8]
+    assert again.snapshot_of(7).index == 0
+
+
+def test_a_crash_between_the_delete_record_and_the_directory_removal_finishes_at_open() -> None:
+    fs = MemoryFS()
+    store = RaftLogStore.open(fs, "/r")
+    store.append(7, [Entry(1, 1, EntryType.NORMAL, b"x")])
+    store.create_snapshot(7, 1, ConfState((1,)), b"state")
+    store.sync()
+    store.delete_group(7)
+    store.wal.sync()  # the record is durable but _after_sync never ran (a crash right here)
+    fs.crash()
+    again = RaftLogStore.open(fs, "/r")
+    assert again.groups() == []
+    assert not fs.exists("/r/g7")
+
+
+def test_a_crash_before_the_delete_record_is_synced_keeps_the_group() -> None:
+    fs = MemoryFS()
+    store = RaftLogStore.open(fs, "/r")
+    store.append(7, [Entry(1, 1, EntryType.NORMAL, b"x")])
+    store.sync()
+    store.delete_group(7)
+    fs.crash()
+    again = RaftLogStore.open(fs, "/r")
+    assert again.groups() == [7]

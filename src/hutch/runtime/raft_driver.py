@@ -218,10 +218,8 @@ class RaftDriver:
 
     def close_group(self, gid: int, *, delete: bool = False) -> None:
         """Stop hosting `gid` (its waiting proposals fail with GroupClosed). `delete` also removes its
-        storage, which needs `RaftLogStore.delete_group` (not in the store yet: NotImplementedError)."""
-        delete_group = getattr(self._store, "delete_group", None) if delete else None
-        if delete and delete_group is None:
-            raise NotImplementedError("deleting a group's storage needs RaftLogStore.delete_group")
+        storage (`RaftLogStore.delete_group`: gone once the next group commit has synced the record)."""
+        delete_group = self._store.delete_group if delete else None
         g = self._groups.pop(gid, None)
         if g is None:
             return

@@ -11,7 +11,7 @@ Owns the on-disk layout under one root directory and its crash-safety protocol:
 
 - `RaftWal`: the WAL record codec and replay rule on top of `SegmentedLog`. One WAL entry per call:
   (kind, group, payload) with kind ENTRIES / HARD_STATE / RESET (a snapshot installed: the log restarts
-  after it) / COMPACT. Later entries at the same (group, index) replace earlier ones and everything after.
+  after it) / COMPACT / DELETE (the group is gone; group ids are never reused). Later entries at the same (group, index) replace earlier ones and everything after.
 - `RaftLogStore`: the node-wide store. Writes go to the WAL and to in-memory tables (`GroupState.mem`);
   `sync()` (or `begin_sync()` + `run()` + `complete()`) is one fdatasync for all groups. When the WAL passes
   `wal_max_size_bytes`, `flush()` moves every group's in-memory entries into segment files, syncs them,
@@ -56,6 +56,7 @@ ENTRIES = 1
 HARD_STATE = 2
 RESET = 3  # a snapshot (index, term) was installed: the group's log is replaced by it
 COMPACT = 4  # entries up to index (whose term is given) were discarded
+DELETE = 5  # the group was deleted (its directory goes once this record is durable)
 
 _HEAD = struct.Struct("<BQ")  # kind, group
 _ENTRY = struct.Struct("<QQBI")  # term, index, type, data length
@@ -182,6 +183,7 @@ class RaftWal:
     def __init__(self, log: SegmentedLog) -> None:
         self.log = log
         self.bytes_appended = 0  # payload bytes in this generation (what counts against wal_max_size_bytes)
+        self.deleted: set[int] = set()  # groups a replayed DELETE record removed
 
     @classmethod
     def open(cls, fs: FileSystem, directory: str, options: LogOptions | None = None) -> RaftWal:
@@ -204,6 +206,9 @@ class RaftWal:
     def compact(self, group: int, index: int, term: int) -> int:
         return self._add(_HEAD.pack(COMPACT, group) + _POINT.pack(index, term))
 
+    def delete(self, group: int) -> int:
+        return self._add(_HEAD.pack(DELETE, group))
+
     def begin_sync(self) -> SyncJob | None:
         return self.log.begin_sync()
 
@@ -216,6 +221,11 @@ class RaftWal:
             self.bytes_appended += len(payload)
             try:
                 kind, gid = _HEAD.unpack_from(payload)
+                if kind == DELETE:
+                    groups.pop(gid, None)
+                    self.deleted.add(gid)
+                    continue
+                self.deleted.discard(gid)
                 g = groups.get(gid)
                 if g is None:
                     g = groups[gid] = GroupState(gid)
@@ -276,6 +286,7 @@ class RaftLogStore:
         self._groups = groups
         self._snapshots = snapshots
         self._deferred: list[tuple[int, str]] = []  # (wal seq, path): delete once seq is synced
+        self._deleted_dirs: list[tuple[int, str]] = []  # (wal seq, group directory): remove once synced
         self._cache: dict[int, tuple[str, list[Entry]]] = {}  # group -> last decoded segment
         self.flushes = 0
         self._failed: BaseException | None = None  # a flush failed at its commit point: reopen the store
@@ -302,6 +313,10 @@ class RaftLogStore:
                 cls._remove_tree(fs, f"{root}/{name}")
         wal = RaftWal.open(fs, _wal_dir(root, gen), options.wal)
         wal.replay(groups)
+        for gid in wal.deleted:  # deleted, but the crash came before its directory was removed
+            if gid not in groups and fs.exists(_group_dir(root, gid)):
+                cls._remove_tree(fs, _group_dir(root, gid))
+        names = fs.list_dir(root)
         snapshots: dict[int, Snapshot] = {}
         gids = set(groups) | {int(n[1:]) for n in names if n.startswith("g") and n[1:].isdigit()}
         for gid in sorted(gids):
@@ -385,6 +400,18 @@ class RaftLogStore:
     def snapshot_of(self, group: int) -> Snapshot:
         return self._snapshots.get(group) or Snapshot(SnapshotMeta(0, 0, ConfState()))
 
+    def delete_group(self, group: int) -> None:
+        """Delete a group for good: a DELETE record now; its directory (segments and snapshot) goes once
+        that record is synced (a crash in between is finished by `open`). Group ids are never reused."""
+        self._check()
+        seq = self.wal.delete(group)
+        self._groups.pop(group, None)
+        self._snapshots.pop(group, None)
+        self._cache.pop(group, None)
+        directory = _group_dir(self.root, group)
+        self._deferred = [(q, path) for q, path in self._deferred if not path.startswith(directory + "/")]
+        self._deleted_dirs.append((seq, directory))
+
     # -- writes (memory + WAL; durable after the next sync) --------------------------------------------
     def append(self, group: int, ents: list[Entry] | tuple[Entry, ...]) -> None:
         self._check()
@@ -463,6 +490,11 @@ class RaftLogStore:
         return self.wal.log.synced_seq
 
     def _after_sync(self, synced: int) -> None:
+        if self._deleted_dirs:
+            for _seq, directory in [d for d in self._deleted_dirs if d[0] <= synced]:
+                if self.fs.exists(directory):
+                    self._remove_tree(self.fs, directory)
+            self._deleted_dirs = [d for d in self._deleted_dirs if d[0] > synced]
         keep = []
         touched: set[str] = set()
         for seq, path in self._deferred:
@@ -491,6 +523,7 @@ class RaftLogStore:
         """
         self._check()
         self.wal.sync()
+        self._after_sync(self.wal.log.synced_seq)  # deleted groups' directories go before the MANIFEST
         new_gen = self.gen + 1
         n = self.options.segment_max_entries
         plans: dict[int, tuple[list[SegmentRef], list[SegmentRef]]] = {}  # group -> (new refs, replaced)
