@@ -150,6 +150,12 @@ def test_binding_create_get_delete_by_properties_key(api: Api):
     assert api.get(base + "/k~AAAAAA").status == 404
     assert api.get(base + "/a~b~c").status == 400
 
+    slashed = unique("a/b")
+    declare(api, queue=slashed)
+    located = post(api, f"/api/bindings/%2F/e/{seg(x)}/q/{seg(slashed)}", {"routing_key": "r/s"})
+    assert located.headers["Location"] == f"{seg(slashed)}/" + seg("r%2Fs")
+    assert api.ok(f"/api/bindings/%2F/e/{seg(x)}/q/{seg(slashed)}/{seg('r%2Fs')}")["destination"] == slashed
+
     x2 = unique("bx2")
     declare(api, exchange=x2)
     e2e = post(api, f"/api/bindings/%2F/e/{seg(x)}/e/{seg(x2)}", {"routing_key": "r"})
@@ -485,3 +491,36 @@ def test_collector_survives_churn(api: Api, mgmt):
         time.sleep(0.05)
     assert api.get("/api/channels").status == 200
     assert api.get("/api/queues?msg_rates_age=60&msg_rates_incr=5").status == 200
+
+
+# -- every list endpoint sorts, filters, paginates and selects columns -----------------------------
+
+def _list_routes() -> list[str]:
+    from hutch.mgmt.calls import ROUTES
+
+    fill = {"vhost": "%2F", "user": "guest", "username": "guest", "name": "amq.direct"}
+    paths = []
+    for r in ROUTES:
+        if r.method != "GET" or not r.listing:
+            continue
+        path = r.path
+        for key, value in fill.items():
+            if key == "name" and not path.startswith("/api/exchanges/"):
+                continue
+            path = path.replace("{" + key + "}", value)
+        if "{" not in path:
+            paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("path", _list_routes())
+def test_every_list_endpoint_takes_the_listing_parameters(api: Api, path: str):
+    assert isinstance(api.ok(path), list), path
+    page = api.ok(path + "?page=1&page_size=2&sort=name&sort_reverse=true&columns=name,vhost")
+    assert set(page) == {"items", "item_count", "filtered_count", "total_count", "page", "page_size", "page_count"}
+    assert page["page"] == 1 and page["page_size"] == 2 and page["item_count"] <= 2
+    assert all(set(item) <= {"name", "vhost"} for item in page["items"])
+    regex = api.ok(path + "?page=1&name=%5Ezzz-no-such&use_regex=true")
+    assert regex["filtered_count"] == 0 and regex["items"] == []
+    assert api.get(path + "?page=0").body["error"] == "invalid_pagination_parameters"
+    assert api.get(path + "?page=1&page_size=501").status == 400

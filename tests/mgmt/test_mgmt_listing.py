@@ -92,3 +92,27 @@ def test_amqp_errors_map_to_rabbitmq_http_replies():
     assert from_amqp(ChannelError(404, "no queue 'q'")).status == 404
     assert from_amqp(ChannelError(406, "inequivalent arg")).body() == {"error": "bad_request",
                                                                        "reason": "inequivalent arg"}
+
+
+def test_paged_reply_formats_only_the_page_and_answers_as_list_reply():
+    from hutch.mgmt.listing import paged_reply
+
+    objects = [(f"q{i % 7}-{i}", "/" if i % 2 else "v", i % 5) for i in range(40)]
+    formatted: list[str] = []
+
+    def light(o):
+        return {"name": o[0], "vhost": o[1], "messages": o[2]}
+
+    def full(o):
+        formatted.append(o[0])
+        return {**light(o), "message_stats": {"publish": o[2] * 10}}
+
+    for query in ({"page": "2", "page_size": "5"}, {"page": "1", "sort": "messages", "sort_reverse": "true"},
+                  {"page": "1", "name": "q3", "columns": "name"}, {"page": "1", "name": "^q[12]-", "use_regex": "true"},
+                  {"page": "1", "sort": "message_stats.publish"}, {}):
+        formatted.clear()
+        expected = list_reply([full(o) for o in objects], query)
+        formatted.clear()
+        assert paged_reply(objects, query, light, full) == expected, query
+        cheap = "page" in query and query.get("sort", "name") in ("name", "messages")
+        assert len(formatted) == (expected["item_count"] if cheap else len(objects)), query

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import clients, health, listing, messages, policies, system, topology, users
+from . import clients, formats, health, listing, messages, policies, system, topology, users
 from .calls import NO_CONTENT, Call, Reply, Status, created, route
 from .errors import bad_request
 
@@ -328,13 +328,29 @@ def _delete_topic_permission_exchange(c: Call) -> Any:
 
 @route("GET", "/api/queues", "Queues the caller can see", tag=QUEUES, reply="Queue[]", listing=True)
 def _queues(c: Call) -> Any:
-    return _list(c, topology.list_queues(c.node, c.principal, None, c.stats))
+    return _queue_list(c, None)
+
+
+def _queue_list(c: Call, vhost: str | None) -> Any:
+    def full(q: Any) -> dict[str, Any]:
+        return formats.queue_json(q, c.node.name, c.stats)
+
+    return listing.paged_reply(topology.queue_objects(c.node, c.principal, vhost), c.query, topology.queue_light,
+                               full)
+
+
+def _exchange_list(c: Call, vhost: str | None) -> Any:
+    def full(x: Any) -> dict[str, Any]:
+        return formats.exchange_json(x, c.stats)
+
+    return listing.paged_reply(topology.exchange_objects(c.node, c.principal, vhost), c.query,
+                               topology.exchange_light, full)
 
 
 @route("GET", "/api/queues/{vhost}", "Queues of a virtual host", tag=QUEUES, reply="Queue[]", listing=True,
        codes=(404,))
 def _vhost_queues(c: Call) -> Any:
-    return _list(c, topology.list_queues(c.node, c.principal, c.params["vhost"], c.stats))
+    return _queue_list(c, c.params["vhost"])
 
 
 @route("GET", "/api/queues/{vhost}/{name}", "One queue, with its consumers", tag=QUEUES, reply="Queue",
@@ -380,13 +396,13 @@ def _queue_get(c: Call) -> Any:
 
 @route("GET", "/api/exchanges", "Exchanges the caller can see", tag=EXCHANGES, reply="Exchange[]", listing=True)
 def _exchanges(c: Call) -> Any:
-    return _list(c, topology.list_exchanges(c.node, c.principal, None, c.stats))
+    return _exchange_list(c, None)
 
 
 @route("GET", "/api/exchanges/{vhost}", "Exchanges of a virtual host", tag=EXCHANGES, reply="Exchange[]",
        listing=True, codes=(404,))
 def _vhost_exchanges(c: Call) -> Any:
-    return _list(c, topology.list_exchanges(c.node, c.principal, c.params["vhost"], c.stats))
+    return _exchange_list(c, c.params["vhost"])
 
 
 @route("GET", "/api/exchanges/{vhost}/{name}", "One exchange (the default exchange is amq.default)",
@@ -456,7 +472,7 @@ def _binding_routes(dtype: str, kind: str) -> None:
         p = c.params
         key = topology.create_binding(c.node, c.principal, p["vhost"], p["source"], dtype, p["destination"],
                                       c.body)
-        return Status(201, {"Location": topology.binding_location(c.path, key)})
+        return Status(201, {"Location": topology.binding_location(p["destination"], key)})
 
     def get_one(c: Call) -> Any:
         p = c.params

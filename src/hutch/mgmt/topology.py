@@ -89,6 +89,27 @@ def exchange_name(url_name: str) -> str:
 # -- queues -----------------------------------------------------------------------------------------
 
 
+def queue_objects(node: Node, p: Principal, vhost: str | None = None) -> list[Queue]:
+    return [q for v in _vhosts(node, p, vhost) for q in v.queues.values()]
+
+
+def queue_light(q: Queue) -> dict[str, Any]:
+    """The fields a paginated queue list may sort on without formatting every queue (listing.paged_reply)."""
+    ready, unacked = q.message_count, q.unacked_count
+    return {"name": q.name, "vhost": q.vhost, "durable": q.durable, "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive, "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked, "consumers": q.consumer_count}
+
+
+def exchange_objects(node: Node, p: Principal, vhost: str | None = None) -> list[Exchange]:
+    return [x for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
+
+
+def exchange_light(x: Exchange) -> dict[str, Any]:
+    return {"name": x.name, "vhost": x.vhost, "type": x.type, "durable": x.durable, "auto_delete": x.auto_delete,
+            "internal": x.internal}
+
+
 def list_queues(node: Node, p: Principal, vhost: str | None = None,
                 stats: StatsView | None = None) -> list[dict[str, Any]]:
     return [formats.queue_json(q, node.name, stats) for v in _vhosts(node, p, vhost) for q in v.queues.values()]
@@ -311,10 +332,10 @@ def create_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype:
     return ""  # pragma: no cover - the binding was just added
 
 
-def binding_location(path: str, properties_key: str) -> str:
-    """The Location of a new binding, relative to the POST's path as RabbitMQ's relativise makes it:
-    the last segment of the path, then the properties key (percent-encoded)."""
-    return path.rstrip("/").rsplit("/", 1)[-1] + "/" + quote(properties_key, safe="")
+def binding_location(destination: str, properties_key: str) -> str:
+    """The Location of a new binding, relative to the POST's URL (.../{destination}) as RabbitMQ's
+    relativise makes it: the destination's segment, then the properties key, percent-encoded."""
+    return quote(destination, safe="") + "/" + quote(properties_key, safe="")
 
 
 def _find_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype: str, dest: str, props: str,
@@ -355,6 +376,10 @@ def delete_binding(node: Node, p: Principal, vhost: str, source_url: str, dtype:
 
 __all__ = [
     "binding_location",
+    "exchange_light",
+    "exchange_objects",
+    "queue_light",
+    "queue_objects",
     "bindings_between",
     "create_binding",
     "delete_binding",
