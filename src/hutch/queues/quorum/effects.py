@@ -173,13 +173,16 @@ class Out:
             batch.append(delivery)
 
     def finish(self) -> list[Effect]:
-        effects: list[Effect] = list(self.status)
+        effects: list[Effect] = self.status
         if self.confirms:
-            effects.extend(Confirm(p, tuple(s)) for p, s in self.confirms.items())
+            for p, s in self.confirms.items():
+                effects.append(Confirm(p, tuple(s)))
         if self.rejects:
-            effects.extend(Reject(p, tuple(s)) for p, s in self.rejects.items())
+            for p, s in self.rejects.items():
+                effects.append(Reject(p, tuple(s)))
         if self.deliveries:
-            effects.extend(Deliver(k, tuple(d)) for k, d in self.deliveries.items())
+            for k, d in self.deliveries.items():
+                effects.append(Deliver(k, tuple(d)))
         if self.dlx:
             effects.append(DlxDeliver(tuple(self.dlx)))
         if self.dead:

@@ -378,8 +378,10 @@ _HANDLERS: dict[type, Callable[[Meta, Any, QueueState, Out], Any]] = {
 
 # -- after every command --------------------------------------------------------------------------------
 def _after(meta: Meta, st: QueueState, out: Out) -> None:
-    _checkout(meta, st, out)
-    _expire_heads(meta, st, out)
+    if st.consumers.prios and (st.messages.n or st.returns):
+        _checkout(meta, st, out)
+    if st.returns or st.messages.may_expire:
+        _expire_heads(meta, st, out)
     cfg = st.config
     if cfg.has_limits and cfg.overflow == "drop-head":
         _drop_head(st, cfg, out)
@@ -408,7 +410,7 @@ def _take_next(st: QueueState, meta: Meta, out: Out) -> Record | None:
             continue
         return rec
     messages = st.messages
-    while messages:
+    while messages.n:
         rec = messages.popleft()
         st.ready_bytes -= rec[1]
         if rec[2] and rec[2] <= now and rec[0] != meta.index:
@@ -432,8 +434,6 @@ def _hand_out(st: QueueState, c: Consumer, idx: int, size: int, expires_at: int,
 def _checkout(meta: Meta, st: QueueState, out: Out) -> None:
     """Deliver ready messages to consumers with credit."""
     cs = st.consumers
-    if not cs.prios or not (st.returns or st.messages):
-        return
     live = st.live
     while True:
         c = cs.next()
@@ -463,7 +463,7 @@ def _expire_heads(meta: Meta, st: QueueState, out: Out) -> None:
         st.ready_bytes -= size
         dl.dead_letter(st, out, _EXPIRED, idx, size)
     messages = st.messages
-    while messages:
+    while messages.n:
         exp = messages.head_expiry()
         if not exp or exp > now:
             break

@@ -38,7 +38,7 @@ class MsgQueue:
     """A FIFO of records in parallel arrays. Invariant: `_head` <= len(arrays); entries before `_head`
     were consumed; `_exp` is None or as long as `_idx`."""
 
-    __slots__ = ("_idx", "_size", "_exp", "_head", "_counts")
+    __slots__ = ("_idx", "_size", "_exp", "_head", "_counts", "n")
 
     def __init__(self) -> None:
         self._idx = array("q")
@@ -46,12 +46,18 @@ class MsgQueue:
         self._exp: array[int] | None = None
         self._head = 0
         self._counts: dict[int, int] = {}  # raft_index -> delivery count, only counts > 0
+        self.n = 0  # records in the queue; hot paths test it rather than call __len__
 
     def __len__(self) -> int:
-        return len(self._idx) - self._head
+        return self.n
 
     def __bool__(self) -> bool:
-        return len(self._idx) > self._head
+        return self.n > 0
+
+    @property
+    def may_expire(self) -> bool:
+        """Some record in the queue may have an expiry."""
+        return self._exp is not None
 
     def append(self, raft_index: int, size: int, expires_at: int = 0, count: int = 0) -> None:
         self._idx.append(raft_index)
@@ -64,6 +70,7 @@ class MsgQueue:
             exp.append(expires_at)
         if count:
             self._counts[raft_index] = count
+        self.n += 1
 
     def head_index(self) -> int:
         return self._idx[self._head]
@@ -80,6 +87,7 @@ class MsgQueue:
         exp = self._exp
         expires_at = 0 if exp is None else exp[head]
         count = self._counts.pop(idx, 0) if self._counts else 0
+        self.n -= 1
         head += 1
         n = len(self._idx)
         if head == n:
@@ -99,6 +107,7 @@ class MsgQueue:
         self._size = array("I")
         self._exp = None
         self._head = 0
+        self.n = 0
 
     def clear(self) -> list[int]:
         """Remove everything; the raft indexes removed, in queue order."""
@@ -134,6 +143,7 @@ class MsgQueue:
         q._size = _from_le("I", size_b)  # type: ignore[arg-type]
         q._exp = None if exp_b is None else _from_le("q", exp_b)  # type: ignore[arg-type]
         q._counts = {k: v for k, v in counts}  # type: ignore[attr-defined]
+        q.n = len(q._idx)
         return q
 
     def nbytes(self) -> int:
