@@ -95,9 +95,12 @@ def test_amqp_errors_map_to_rabbitmq_http_replies():
 
 
 def test_paged_reply_formats_only_the_page_and_answers_as_list_reply():
+    from collections import namedtuple
+
     from hutch.mgmt.listing import paged_reply
 
-    objects = [(f"q{i % 7}-{i}", "/" if i % 2 else "v", i % 5) for i in range(40)]
+    obj = namedtuple("obj", "name vhost messages")  # queues and exchanges have name and vhost attributes
+    objects = [obj(f"q{i % 7}-{i}", "/" if i % 2 else "v", i % 5) for i in range(40)]
     formatted: list[str] = []
 
     def light(o):

@@ -2,14 +2,19 @@
 
 Layout (see docs/management.md):
 
-* ``http`` - the aiohttp application, authentication, the route table of thin handlers, and
-  ``start_management``, the node service plug-in;
-* ``users``, ``topology``, ``clients``, ``system`` - the service layer: plain functions over the
-  ``Node`` that do the work of each endpoint and raise ``ApiError``;
-* ``access`` (tags and permissions), ``listing`` (sort, filter, paginate, columns), ``formats``
-  (RabbitMQ's JSON shapes) and ``errors``.
+* ``http`` - the aiohttp application, authentication, the raw handlers (definitions, /metrics,
+  /api/openapi.json) and ``start_management``, the node service plug-in (listener + statistics
+  collector);
+* ``routes`` - the route table of thin handlers; ``calls`` - ``Call``, ``Status``, ``Route``;
+* ``users``, ``topology``, ``messages``, ``clients``, ``policies``, ``health``, ``definitions``,
+  ``system`` - the service layer: plain functions over the ``Node`` that do the work of each endpoint
+  and raise ``ApiError``;
+* ``stats`` (the statistics collector: rates and samples), ``access`` (tags and permissions),
+  ``listing`` (sort, filter, paginate, columns), ``formats`` (RabbitMQ's JSON shapes), ``openapi``
+  (the OpenAPI document, generated from the route table), ``prometheus`` (/metrics) and ``errors``.
 
-Dependency rule: the service layer never imports aiohttp; ``http`` is the only module that does.
+Dependency rule: the service layer never imports aiohttp; ``http`` (and ``ui``) are the only modules
+that do.
 """
 
 from .http import start_management

@@ -73,11 +73,14 @@ def paged_reply(objects: Sequence[T], query: Query, light: Callable[[T], dict[st
     sort = query.get("sort") or None
     if pagination is None or not objects:
         return list_reply([full(o) for o in objects], query, default_sort)
-    sample = light(objects[0])
     keys = list(default_sort) if sort is None else [sort, *default_sort]
-    if any(key not in sample for key in keys):
-        return list_reply([full(o) for o in objects], query, default_sort)
-    lights = [light(o) for o in objects]
+    if set(keys) <= _NAME_KEYS:  # the default order: strings read straight off the objects
+        lights = [{"vhost": o.vhost, "name": o.name} for o in objects]  # type: ignore[attr-defined]
+    else:
+        sample = light(objects[0])
+        if any(key not in sample for key in keys):
+            return list_reply([full(o) for o in objects], query, default_sort)
+        lights = [light(o) for o in objects]
     for i, item in enumerate(lights):
         item[_INDEX] = i
     ordered = sort_items(lights, default_sort, sort, query.get("sort_reverse") == "true")
@@ -101,6 +104,7 @@ def paged_reply(objects: Sequence[T], query: Query, light: Callable[[T], dict[st
 
 
 _INDEX = "\x00index"  # the position of a light item's object (not a JSON field name anyone sends)
+_NAME_KEYS = {"vhost", "name"}  # attributes of queues and exchanges, always strings
 
 
 def one_reply(obj: Any, query: Query) -> Any:
@@ -117,7 +121,11 @@ def sort_items(items: Sequence[dict[str, Any]], default_sort: Sequence[str], sor
     paths = [key.split(".") for key in keys]
     if all(len(path) == 1 for path in paths):  # top-level fields: no path walking (the common case)
         names = [path[0] for path in paths]
-        ordered = sorted(items, key=lambda item: [_term_order(item.get(n, 0)) for n in names])
+        if all(type(item.get(n)) is str for item in items[:1] for n in names) and \
+                all(type(item.get(n)) is str for item in items for n in names):
+            ordered = sorted(items, key=lambda item: [item[n] for n in names])  # strings: plain order
+        else:
+            ordered = sorted(items, key=lambda item: [_term_order(item.get(n, 0)) for n in names])
     else:
         ordered = sorted(items, key=lambda item: [_term_order(_dotted(item, path)) for path in paths])
     if reverse:

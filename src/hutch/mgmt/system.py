@@ -109,11 +109,15 @@ def _listeners(node: Node) -> list[dict[str, Any]]:
 
 def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[str, Any]:
     names = visible_vhosts(node, p)
-    queues = [q for name in names for q in node.vhosts[name].queues.values()]
     conns = [c for c in node.connections if may_see_user_object(p, c.user_name)]
-    channels = [ch for c in conns for ch in list(c.channels.values())]
-    ready = sum(q.message_count for q in queues)
-    unacked = sum(q.unacked_count for q in queues)
+    channels = sum(len(c.channels) for c in conns)
+    queues = ready = unacked = consumers = 0
+    for name in names:  # one pass: with 10,000 queues this is most of the overview's cost
+        for q in node.vhosts[name].queues.values():
+            queues += 1
+            ready += q.message_count
+            unacked += q.unacked_count
+            consumers += q.consumer_count
     out: dict[str, Any] = {
         "management_version": __version__,
         "product_name": "hutch",
@@ -129,10 +133,10 @@ def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[s
                       "port": str(node.management_port or node.config.management_port)}],
         "object_totals": {
             "connections": len(conns),
-            "channels": len(channels),
+            "channels": channels,
             "exchanges": sum(len(node.vhosts[name].exchanges) for name in names),
-            "queues": len(queues),
-            "consumers": sum(q.consumer_count for q in queues),
+            "queues": queues,
+            "consumers": consumers,
         },
         "statistics_db_event_queue": 0,
     }
