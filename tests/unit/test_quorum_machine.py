@@ -450,6 +450,15 @@ def test_expired_returned_message_is_not_redelivered() -> None:
     assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (m,))]
 
 
+def test_a_requeued_message_past_its_expiry_is_not_delivered_again() -> None:
+    q = Q(message_ttl_ms=50)
+    ids = q.pub(2)
+    q.do(make_checkout("c", 1))
+    q.now += 60
+    q.do(make_requeue("c", ids[0], b"body"))
+    assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (ids[1], q.index))]
+
+
 def test_queue_ttl_emits_delete_when_unused_for_that_long() -> None:
     q = Q(expires_ms=1000)
     q.do(make_touch())

@@ -153,7 +153,7 @@ class CheckoutReply:
 class Out:
     """The effects of one apply, gathered by kind and flattened in a fixed order by `finish`."""
 
-    __slots__ = ("status", "confirms", "rejects", "deliveries", "dlx", "dead", "dropped", "cursor")
+    __slots__ = ("status", "confirms", "rejects", "deliveries", "dlx", "dead", "dropped", "cursor", "fresh")
 
     def __init__(self) -> None:
         self.status: list[Effect] = []
@@ -164,6 +164,7 @@ class Out:
         self.dead: dict[str, list[int]] = {}
         self.dropped: dict[str, list[int]] = {}
         self.cursor: int | None = None
+        self.fresh = 0  # raft index of the message this apply's enqueue added (not expired by its delivery)
 
     def deliver(self, key: ConsumerKey, delivery: Delivery) -> None:
         batch = self.deliveries.get(key)

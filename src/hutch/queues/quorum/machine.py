@@ -143,6 +143,7 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState, out: Out) -> str:
         # 0 means "never expires": an expiry that lands on 0 (time 0 + TTL 0) is made -1, already past
         expires_at = meta.system_time_ms + ttl or -1
     st.messages.append(idx, size, expires_at)
+    out.fresh = idx
     st.ready_bytes += size
     st.live.add(idx)
     if pub is not None:
@@ -401,11 +402,12 @@ def _after(meta: Meta, st: QueueState, out: Out) -> None:
 def _take_next(st: QueueState, meta: Meta, out: Out) -> Record | None:
     """The next ready message to hand out (returns first), dead-lettering expired heads on the way."""
     now = meta.system_time_ms
+    fresh = out.fresh
     returns = st.returns
     while returns:
         rec = returns.popleft()
         st.ready_bytes -= rec[1]
-        if rec[2] and rec[2] <= now and rec[0] != meta.index:
+        if rec[2] and rec[2] <= now and rec[0] != fresh:
             dl.dead_letter(st, out, _EXPIRED, rec[0], rec[1])
             continue
         return rec
@@ -413,7 +415,7 @@ def _take_next(st: QueueState, meta: Meta, out: Out) -> Record | None:
     while messages.n:
         rec = messages.popleft()
         st.ready_bytes -= rec[1]
-        if rec[2] and rec[2] <= now and rec[0] != meta.index:
+        if rec[2] and rec[2] <= now and rec[0] != fresh:
             dl.dead_letter(st, out, _EXPIRED, rec[0], rec[1])
             continue
         return rec
