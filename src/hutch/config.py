@@ -109,6 +109,7 @@ class Config:
     cluster_metadata_timeout_ms: int = 30_000  # RabbitMQ's Khepri command timeout
     cluster_tick_ms: int = 100  # one Raft tick; elections after 10-20 ticks
     cluster_fault_injection: bool = False  # tests: POST /api/cluster-faults may cut this node off
+    quorum_cluster_size: int = 3  # members of a new quorum queue (capped by the cluster's size)
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -330,6 +331,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "cluster.metadata_timeout": _int_field("cluster_metadata_timeout_ms", 100, 2**31 - 1),
     "cluster.tick_interval": _int_field("cluster_tick_ms", 5, 10_000),
     "cluster.fault_injection": lambda text: {"cluster_fault_injection": _parse_bool(text)},
+    "quorum_cluster_size": _int_field("quorum_cluster_size", 1, 1000),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting

@@ -249,7 +249,7 @@ QUEUE_TYPE_ARGUMENTS: dict[str, frozenset[str]] = {
         "x-stream-filter-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
     }),
 }
-SUPPORTED_QUEUE_TYPES = ("classic",)  # the types validate_queue_arguments accepts (node.py creates)
+SUPPORTED_QUEUE_TYPES = ("classic", "quorum")  # the types validate_queue_arguments accepts (node.py creates)
 KNOWN_QUEUE_ARGUMENTS = frozenset().union(*QUEUE_TYPE_ARGUMENTS.values())
 
 # basic.consume: rabbit_amqqueue:consume_args/0 and the `consumer_arguments` capabilities. x-priority is

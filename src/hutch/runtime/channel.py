@@ -651,6 +651,9 @@ class ServerChannel(DeclarationsMixin):
         q = self._queue_for(m.queue)
         self.check_permission("read", "queue", q.name)
         self.vhost.check_exclusive(q, self.conn)
+        if self.global_prefetch and q.queue_type == "quorum":  # seed 000; a connection error, as RabbitMQ
+            raise ConnectionError_(NOT_IMPLEMENTED, f"queue '{q.name}' in vhost '{self.vhost.name}' does not "
+                                                    "support global qos", 60, 20)
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.consumers:
             raise ConnectionError_(530, f"attempt to reuse consumer tag '{tag}'")

@@ -104,8 +104,13 @@ class ClusterService:
             "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
             "status": self._handle_status, "sync": self._handle_sync,
         }
+        from .quorum_queue import QuorumService
         from .remote_queue import QueueLink
         self.link = QueueLink(node, self)
+        self.quorum = QuorumService(node, self)
+        # awaited after this node's changes commit, before the client's reply (e.g. a new quorum
+        # queue's first election): zero-argument callables returning awaitables
+        self.post_commit: list[Callable[[], Awaitable[Any]]] = []
 
     # -- identity ----------------------------------------------------------------------------------------
     def _identity_path(self) -> str:
@@ -202,6 +207,7 @@ class ClusterService:
 
     async def stop(self) -> None:
         self.link.stop_stats()
+        self.quorum.stop()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         if self.driver is not None:
@@ -269,7 +275,7 @@ class ClusterService:
             raft_id = self._raft_id_of(peer)
             if raft_id and self.driver is not None:
                 self.driver.receive(raft_id, obj["p"])
-        elif not self.link.on_message(peer, obj):
+        elif not self.link.on_message(peer, obj) and not self.quorum.on_message(peer, obj):
             log.warning("unknown inter-node message %r from %s", obj.get("t"), peer)
 
     def _on_request(self, peer: str, obj: Any) -> Any:
@@ -346,6 +352,31 @@ class ClusterService:
             self._flush_ops()
         for fut in list(self._inflight):
             await asyncio.shield(fut)
+        hooks, self.post_commit = self.post_commit, []
+        for hook in hooks:
+            try:
+                await asyncio.wait_for(hook(), self.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - the change itself is committed; report and go on
+                log.warning("after a metadata change: %r", exc)
+
+    def choose_members(self, size: int) -> list[str]:
+        """This node plus up to size-1 others, running ones first, at random."""
+        import random
+        others = [m for m in self.machine.members if m != self.name]
+        running = [m for m in others if self.transport.connected(m)]
+        random.shuffle(running)
+        rest = [m for m in others if m not in running]
+        random.shuffle(rest)
+        return [self.name, *(running + rest)[:max(0, size - 1)]]
+
+    def raft_id_of(self, name: str) -> int:
+        if name == self.name:
+            return self.raft_id
+        m = self.machine.members.get(name)
+        return m.raft_id if m is not None else self._raft_id_of(name)
+
+    def name_of(self, raft_id: int) -> str | None:
+        return self.name if raft_id == self.raft_id else self._name_of(raft_id)
 
     async def sync_peers(self, timeout: float = 1.0) -> None:
         """Wait (briefly) until every connected member has applied what this node has: a client that

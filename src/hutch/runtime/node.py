@@ -228,7 +228,9 @@ class Node:
         elif kind == "queue.declare":
             home = op.get("node", self.name)
             durable = op.get("durable", True)
-            if home != self.name and self.cluster is not None:
+            if op.get("type") == "quorum" and self.cluster is not None:
+                self._apply_quorum_queue(vhost, op)
+            elif home != self.name and self.cluster is not None:
                 self._declare_remote_queue(vhost, home, op)
             elif not durable:  # this node's transient queue: it did not survive the restart
                 self.stale_transient.append((vhost.name, op["name"]))
@@ -270,9 +272,26 @@ class Node:
                         yield self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
 
     def _queue_op(self, vhost: VirtualHost, q: Queue) -> dict[str, Any]:
-        return {"op": "queue.declare", "vhost": vhost.name, "name": q.name, "auto_delete": q.auto_delete,
-                "arguments": pack_arguments(q.arguments), "node": getattr(q, "home", self.name),
-                "durable": q.durable, "exclusive": q.exclusive}
+        op = {"op": "queue.declare", "vhost": vhost.name, "name": q.name, "auto_delete": q.auto_delete,
+              "arguments": pack_arguments(q.arguments), "node": getattr(q, "home", self.name),
+              "durable": q.durable, "exclusive": q.exclusive}
+        if q.queue_type == "quorum":
+            op.update(type="quorum", gid=q.gid, members=list(q.members))  # type: ignore[attr-defined]
+        return op
+
+    def _apply_quorum_queue(self, vhost: VirtualHost, op: dict[str, Any]) -> None:
+        from .quorum_queue import QuorumQueue
+        assert self.cluster is not None
+        existing = vhost.queues.get(op["name"])
+        if existing is not None:
+            if getattr(existing, "gid", None) == op["gid"]:
+                return
+            self.delete_queue(vhost, existing)
+        q = QuorumQueue(self.cluster.quorum, vhost.name, op["name"], unpack_arguments(op["arguments"]),
+                        int(op["gid"]), list(op["members"]))
+        vhost.add_queue(q)
+        policies.apply_to_queue(self, q)
+        self.cluster.quorum.attach(q, campaign=False)
 
     def _declare_remote_queue(self, vhost: VirtualHost, home: str, op: dict[str, Any]) -> None:
         from .remote_queue import RemoteQueue
@@ -486,6 +505,8 @@ class Node:
                 existing.touch(queue_features.wall_ms())  # a redeclare is a use (x-expires)
             return existing
         qtype = arguments.get("x-queue-type", "classic")
+        if qtype == "quorum":
+            return self._declare_quorum(vhost, name, durable, exclusive, auto_delete, arguments)
         if qtype not in SUPPORTED_QUEUE_TYPES:
             raise ChannelError(PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for {rs('queue', name, vhost.name)}: "
@@ -504,6 +525,36 @@ class Node:
             self._ensure_tick()
         if _is_durable_queue(q) or self.cluster is not None:
             self._record(self._queue_op(vhost, q))
+        return q
+
+    def _declare_quorum(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool,
+                        auto_delete: bool, arguments: dict[str, Any]) -> Queue:
+        """A new quorum queue (runtime/quorum_queue.py): checked as RabbitMQ does, members chosen, its
+        Raft group opened here; the other members open theirs when they apply the metadata record."""
+        what = rs("queue", name, vhost.name)
+        for bad, prop in ((not durable, "non-durable"), (exclusive, "exclusive-owner"),
+                          (auto_delete, "auto-delete"), (name.startswith("amq.gen-"), "server-named")):
+            if bad:
+                raise ChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {what}", 50, 10)
+        if self.cluster is None:
+            raise ChannelError(PRECONDITION_FAILED,
+                               f"invalid arg 'x-queue-type' for {what}: quorum queues need a clustered node "
+                               "(start hutch with --cluster-port; see docs/clustering.md)", 50, 10)
+        validate_queue_arguments(name, vhost.name, "quorum", arguments)
+        if arguments.get("x-overflow") == "reject-publish-dlx":
+            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
+                               "'reject-publish-dlx' is not supported by quorum queues", 50, 10)
+        size = int(arguments.get("x-quorum-initial-group-size") or self.config.quorum_cluster_size)
+        members = self.cluster.choose_members(size)
+        from .quorum_queue import QuorumQueue, QuorumService
+        svc = self.cluster.quorum
+        q = QuorumQueue(svc, vhost.name, name, dict(arguments), QuorumService.new_gid(), members)
+        vhost.add_queue(q)
+        self.churn["queues_created"] += 1
+        policies.apply_to_queue(self, q)
+        svc.attach(q, campaign=False)
+        self.cluster.post_commit.append(lambda: svc.elect(q))
+        self._record(self._queue_op(vhost, q))
         return q
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:

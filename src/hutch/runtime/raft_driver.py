@@ -27,9 +27,11 @@ Rules (docs/raft.md, "The driver"):
   leader with nothing to do and messages of its leader that leave a quiesced follower caught up;
   `peer_down(x)` wakes the followers whose leader is x (so they can elect), `peer_up(x)` the leaders of
   groups x belongs to (so they catch it up).
-- Snapshots: every `snapshot_every` applied entries the machine's snapshot goes to the store
-  (`create_snapshot`, synced when written) and the log is compacted to `snapshot_every // 2` entries
-  below it (slightly lagging followers still catch up from the log). A lagging follower gets the store's
+- Snapshots: every `snapshot_every` applied entries (or the machine's `snapshot_interval()`, if it
+  has one and it is longer) the machine's snapshot goes to the store (`create_snapshot`, synced when
+  written) and the log is compacted to `snapshot_every // 2` entries below it (slightly lagging
+  followers still catch up from the log), never past a machine's `release_cursor()` (the first index
+  it still needs, e.g. a quorum queue's oldest live message). A lagging follower gets the store's
   latest snapshot from the core; the receiver installs it (`apply_snapshot`) and `restore`s its machine.
 - Proposals resolve on THIS node when their entry is applied: with `apply`'s return value; with
   `ProposalLost` (a `NotLeader`) when another term's entry was applied at or before its index (it was
@@ -478,7 +480,11 @@ class RaftDriver:
             self.commits += g._apply(rd)
             if rd.snapshot is not None:
                 self.snapshots_restored += 1
-            if self.snapshot_every and g._applied - g._snapshot_index >= self.snapshot_every:
+            every = self.snapshot_every
+            interval = getattr(g.machine, "snapshot_interval", None)  # machines whose snapshots grow
+            if interval is not None and every:
+                every = max(every, interval())
+            if every and g._applied - g._snapshot_index >= every:
                 self._take_snapshot(g)
         g.raw.advance(rd)
         if g.raw.has_ready():
@@ -498,6 +504,9 @@ class RaftDriver:
         g._snapshot_index = index
         self.snapshots_taken += 1
         keep_from = index - self.snapshot_every // 2
+        cursor = getattr(g.machine, "release_cursor", None)  # entries from it on are still needed
+        if cursor is not None:
+            keep_from = min(keep_from, cursor() - 1)
         st = self._store.group(g.gid)
         if keep_from >= st.first_index():
             self._store.compact(g.gid, keep_from)
