@@ -260,7 +260,7 @@ def test_known_arguments_cover_every_type() -> None:
 
 def test_unsupported_queue_type() -> None:
     exc = refusal({"x-queue-type": "stream"}, queue_type="stream")
-    assert exc.text == PREFIX.format(arg="x-queue-type") + "'stream' is not one of classic"
+    assert exc.text == PREFIX.format(arg="x-queue-type") + "'stream' is not one of classic, quorum"
 
 
 # -- the error text ---------------------------------------------------------------------------------------
