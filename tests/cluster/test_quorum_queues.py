@@ -1,0 +1,167 @@
+"""Quorum queues on a real 3-node cluster, used with pika (issue 7; docs/quorum-queues.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pika
+import pika.exceptions
+import pytest
+
+from .nodes import Cluster, Node, eventually
+
+QQ = {"x-queue-type": "quorum"}
+
+
+def connect(node: Node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster.start(tmp_path_factory.mktemp("qq"), 3)
+    yield c
+    c.stop()
+
+
+@pytest.mark.parametrize(("kwargs", "arguments", "text"), [
+    ({"durable": False}, {}, "invalid property 'non-durable' for queue 'q-bad' in vhost '/'"),
+    ({"durable": True, "exclusive": True}, {}, "invalid property 'exclusive-owner' for queue 'q-bad' in vhost '/'"),
+    ({"durable": True, "auto_delete": True}, {}, "invalid property 'auto-delete' for queue 'q-bad' in vhost '/'"),
+    ({"durable": True}, {"x-max-priority": 10}, "x-max-priority"),
+    ({"durable": True}, {"x-overflow": "reject-publish-dlx"}, "reject-publish-dlx"),
+])
+def test_declare_refusals(cluster: Cluster, kwargs: dict, arguments: dict, text: str) -> None:
+    conn = connect(cluster[0])
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().queue_declare("q-bad", arguments={**QQ, **arguments}, **kwargs)
+    assert info.value.reply_code == 406
+    assert text in info.value.reply_text
+    conn.close()
+
+
+def test_publish_confirm_consume_get_across_nodes(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    c1 = connect(n1)
+    c1.channel().queue_declare("orders-qq", durable=True, arguments=QQ)
+    code, info = n2.api("GET", "/api/queues/%2F/orders-qq")
+    assert code == 200 and info["type"] == "quorum"
+    assert sorted(m.split("@")[0] for m in info["members"]) == ["n1", "n2", "n3"]
+    assert info["leader"].startswith("n1@")  # client-local leader locator
+    c2 = connect(n2)
+    ch2 = c2.channel()
+    ch2.confirm_delivery()
+    for i in range(50):
+        ch2.basic_publish("", "orders-qq", f"o{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    c3 = connect(n3)
+    ch3 = c3.channel()
+    assert ch3.queue_declare("orders-qq", durable=True, arguments=QQ).method.message_count == 50
+    method, _p, body = ch3.basic_get("orders-qq")
+    assert body == b"o0"
+    ch3.basic_nack(method.delivery_tag, requeue=True)  # a failed delivery; no limit: to the back
+    got = []
+    for method, props, body in ch3.consume("orders-qq", inactivity_timeout=5):
+        if method is None:
+            break
+        got.append((body, method.redelivered, (props.headers or {}).get("x-delivery-count")))
+        ch3.basic_ack(method.delivery_tag)
+        if len(got) == 50:
+            break
+    ch3.cancel()
+    assert [b for b, _r, _c in got] == [f"o{i}".encode() for i in range(1, 50)] + [b"o0"]
+    assert got[-1][1:] == (True, 1)
+    for c in (c1, c2, c3):
+        c.close()
+
+
+def test_global_qos_consume_is_refused(cluster: Cluster) -> None:
+    conn = connect(cluster[1])
+    ch = conn.channel()
+    ch.queue_declare("global-qos-qq", durable=True, arguments=QQ)
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+        ch.basic_consume("global-qos-qq", lambda *a: None)
+        conn.process_data_events(1)
+    assert info.value.reply_code == 540
+    assert "does not support global qos" in info.value.reply_text
+
+
+def test_delivery_limit_dead_letters_the_poison_message(cluster: Cluster) -> None:
+    conn = connect(cluster[0])
+    ch = conn.channel()
+    ch.queue_declare("poison-dlq", durable=True)
+    ch.queue_declare("poison-qq", durable=True, arguments={**QQ, "x-delivery-limit": 2,
+                                                         "x-dead-letter-exchange": "",
+                                                         "x-dead-letter-routing-key": "poison-dlq"})
+    ch.confirm_delivery()
+    ch.basic_publish("", "poison-qq", b"poison", pika.BasicProperties(delivery_mode=2))
+    counts = []
+    # reject with requeue until the limit is passed
+    for _ in range(3):
+        method, props, _body = eventually(lambda: _get(ch, "poison-qq"), timeout=10)
+        counts.append((props.headers or {}).get("x-delivery-count"))
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    assert counts == [None, 1, 2]
+    method, props, body = eventually(lambda: _get(ch, "poison-dlq"), timeout=10)
+    assert body == b"poison"
+    assert props.headers["x-death"][0]["reason"] == "delivery_limit"
+    conn.close()
+
+
+def _get(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> tuple | None:
+    method, props, body = ch.basic_get(queue)
+    return (method, props, body) if method is not None else None
+
+
+def test_leader_killed_confirmed_messages_survive_and_consumers_go_on(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    conn = connect(n2)
+    ch = conn.channel()
+    ch.queue_declare("failover-qq", durable=True, arguments=QQ)
+    ch.confirm_delivery()
+    for i in range(100):
+        ch.basic_publish("", "failover-qq", f"f{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    leader = n2  # client-local
+    code, info = n1.api("GET", "/api/queues/%2F/failover-qq")
+    assert info["leader"].startswith("n2@")
+    leader.kill()
+    cluster.wait_running({"n1", "n3"}, via=n1)
+
+    def new_leader() -> bool:
+        return n1.api("GET", "/api/queues/%2F/failover-qq")[1]["leader"] not in (None, leader.full_name)
+
+    eventually(new_leader, timeout=15)
+    conn = connect(n3)
+    ch = conn.channel()
+    bodies = []
+    for method, _props, body in ch.consume("failover-qq", inactivity_timeout=5):
+        if method is None:
+            break
+        bodies.append(body)
+        ch.basic_ack(method.delivery_tag)
+        if len(bodies) == 100:
+            break
+    ch.cancel()
+    assert bodies == [f"f{i}".encode() for i in range(100)]
+    conn.close()
+    leader.start()
+    cluster.wait_running({"n1", "n2", "n3"}, via=n1)
+
+
+def test_message_ttl_and_reject_publish(cluster: Cluster) -> None:
+    conn = connect(cluster[2])
+    ch = conn.channel()
+    ch.queue_declare("ttl-qq", durable=True, arguments={**QQ, "x-message-ttl": 200})
+    ch.confirm_delivery()
+    ch.basic_publish("", "ttl-qq", b"short-lived")
+    time.sleep(0.5)
+    assert eventually(lambda: ch.queue_declare("ttl-qq", durable=True, arguments={**QQ, "x-message-ttl": 200})
+                      .method.message_count == 0, timeout=10)
+    ch.queue_declare("full-qq", durable=True, arguments={**QQ, "x-max-length": 2, "x-overflow": "reject-publish"})
+    ch.basic_publish("", "full-qq", b"1")
+    ch.basic_publish("", "full-qq", b"2")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", "full-qq", b"3")
+    conn.close()
