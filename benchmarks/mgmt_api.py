@@ -15,6 +15,9 @@ scrape    Broker throughput with the management API idle vs. with a scraper that
           /api/queues?page=1 and /metrics every second (as a monitoring system and the web UI would).
           Starts its own hutch-server (ports 5699/15699 by default) and runs hutch-perf against it,
           alternating idle and scraped runs. The issue's bound: under 5% of throughput.
+scrape-cpu  The broker's own CPU time per second without AMQP load, idle vs. scraped (as in `scrape`),
+          read from /proc for the server process: the scraper's cost in event-loop time, HTTP,
+          authentication and garbage collection included, undisturbed by other work on the machine.
 counters  Broker throughput of this tree vs. a baseline tree (--baseline-src, e.g. a `git archive` of the
           commit before the message counters were added), alternating, with the API idle: the cost of
           the counters on the message path.
@@ -23,6 +26,7 @@ Usage: python benchmarks/mgmt_api.py listing --amqp-port 5699 --mgmt-port 15699 
        python benchmarks/mgmt_api.py tick [--queues 10000]
        python benchmarks/mgmt_api.py cycle [--queues 10000] [--repeat 5]
        python benchmarks/mgmt_api.py scrape [--runs 3] [--seconds 15] [--queues 0]
+       python benchmarks/mgmt_api.py scrape-cpu [--seconds 15] [--queues 10000]
        python benchmarks/mgmt_api.py counters --baseline-src BASE/src [--this-src NEW/src] [--runs 3] [--seconds 15]
 """
 
@@ -274,6 +278,38 @@ def scrape_cost(runs: int, seconds: int, queues: int, amqp_port: int, mgmt_port:
         server.stop()
 
 
+def scrape_cpu(seconds: int, queues: int, amqp_port: int, mgmt_port: int) -> None:
+    """The broker's CPU time per second with no AMQP load, management idle vs. scraped every second:
+    what the scraping itself costs the event loop, including HTTP, authentication and garbage
+    collection, measured on the server process and so undisturbed by other work on the machine."""
+    server = Server(amqp_port, mgmt_port)
+    try:
+        declare_queues(amqp_port, queues)
+        time.sleep(6)  # one collector sample of the queues
+        results = []
+        for scraped in (False, True, False, True):
+            latencies: list[float] = []
+            stop = threading.Event()
+            thread = threading.Thread(target=scraper, args=(mgmt_port, stop, latencies), daemon=True)
+            before = server.cpu_s()
+            if scraped:
+                thread.start()
+            time.sleep(seconds)
+            stop.set()
+            if scraped:
+                thread.join()
+            used = server.cpu_s() - before
+            results.append((scraped, used / seconds))
+            print(f"{'scraped every second' if scraped else 'idle':>22}: {used / seconds * 1000:6.1f} ms of broker CPU "
+                  f"per second" + (f" (GET median {statistics.median(latencies) * 1000:.1f} ms)" if latencies else ""))
+        idle = statistics.mean(r for s, r in results if not s)
+        busy = statistics.mean(r for s, r in results if s)
+        print(f"scraping costs {(busy - idle) * 1000:.1f} ms of CPU per second = {(busy - idle) * 100:.1f} % of the "
+              f"broker's one event loop ({queues} extra queues)")
+    finally:
+        server.stop()
+
+
 def counter_cost(baseline_src: str, this_src: str | None, runs: int, seconds: int, amqp_port: int,
                  mgmt_port: int) -> None:
     base: list[dict] = []
@@ -292,7 +328,7 @@ def counter_cost(baseline_src: str, this_src: str | None, runs: int, seconds: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("listing", "tick", "cycle", "scrape", "counters"))
+    parser.add_argument("mode", choices=("listing", "tick", "cycle", "scrape", "scrape-cpu", "counters"))
     parser.add_argument("--amqp-port", type=int, default=5699)
     parser.add_argument("--mgmt-port", type=int, default=15699)
     parser.add_argument("--queues", type=int, default=None, help="queues (listing, tick: 10000; scrape: 0)")
@@ -308,6 +344,8 @@ def main() -> None:
         tick(args.queues or 10_000, max(args.repeat, 2))
     elif args.mode == "cycle":
         cycle(10_000 if args.queues is None else args.queues, max(args.repeat, 1))
+    elif args.mode == "scrape-cpu":
+        scrape_cpu(args.seconds, 10_000 if args.queues is None else args.queues, args.amqp_port, args.mgmt_port)
     elif args.mode == "scrape":
         scrape_cost(args.runs, args.seconds, args.queues or 0, args.amqp_port, args.mgmt_port)
     else:

@@ -74,24 +74,32 @@ def paged_reply(objects: Sequence[T], query: Query, light: Callable[[T], dict[st
     if pagination is None or not objects:
         return list_reply([full(o) for o in objects], query, default_sort)
     keys = list(default_sort) if sort is None else [sort, *default_sort]
-    if set(keys) <= _NAME_KEYS:  # the default order: strings read straight off the objects
-        lights = [{"vhost": o.vhost, "name": o.name} for o in objects]  # type: ignore[attr-defined]
+    page, page_size, name, use_regex = pagination
+    reverse = query.get("sort_reverse") == "true"
+    if set(keys) <= _NAME_KEYS:  # the default order: strings read straight off the objects, no dicts
+        names = [k for k in dict.fromkeys(keys)]
+        chosen: list[Any] = sorted(objects, key=lambda o: [getattr(o, k) for k in names])
+        if reverse:
+            chosen.reverse()
+        if name:
+            keep = _name_matcher(name, use_regex)
+            chosen = [o for o in chosen if keep(o.name)]  # type: ignore[attr-defined]
     else:
         sample = light(objects[0])
         if any(key not in sample for key in keys):
             return list_reply([full(o) for o in objects], query, default_sort)
         lights = [light(o) for o in objects]
-    for i, item in enumerate(lights):
-        item[_INDEX] = i
-    ordered = sort_items(lights, default_sort, sort, query.get("sort_reverse") == "true")
-    page, page_size, name, use_regex = pagination
-    filtered = _filter_by_name(ordered, name, use_regex)
+        for i, item in enumerate(lights):
+            item[_INDEX] = i
+        ordered = sort_items(lights, default_sort, sort, reverse)
+        chosen = [objects[item[_INDEX]] for item in _filter_by_name(ordered, name, use_regex)]
+    filtered = chosen
     offset = (page - 1) * page_size
     if page > 1 and offset >= len(filtered):
         raise ApiError(400, "page_out_of_range",
                        f"Page out of range, page: {page} page size: {page_size}, len: {len(filtered)}")
     columns = _columns(query)
-    selected = [full(objects[item[_INDEX]]) for item in filtered[offset:offset + page_size]]
+    selected = [full(o) for o in filtered[offset:offset + page_size]]
     return {
         "filtered_count": len(filtered),
         "item_count": len(selected),
@@ -183,17 +191,23 @@ def _pagination(query: Query) -> tuple[int, int, str | None, bool] | None:
     return page, size, name, query.get("use_regex") == "true"
 
 
-def _filter_by_name(items: list[dict[str, Any]], name: str | None, use_regex: bool) -> list[dict[str, Any]]:
-    if not name:
-        return items
+def _name_matcher(name: str, use_regex: bool) -> Callable[[Any], bool]:
+    """RabbitMQ's name filter: a case-insensitive substring, or regular expression with use_regex."""
     if use_regex:
         try:
             pattern = re.compile(name, re.IGNORECASE)
         except re.error as exc:
             raise ApiError(400, "bad_request", f"invalid regular expression '{name}': {exc}") from None
-        return [i for i in items if isinstance(i.get("name"), str) and pattern.search(i["name"])]
+        return lambda value: isinstance(value, str) and pattern.search(value) is not None
     needle = name.lower()
-    return [i for i in items if isinstance(i.get("name"), str) and needle in i["name"].lower()]
+    return lambda value: isinstance(value, str) and needle in value.lower()
+
+
+def _filter_by_name(items: list[dict[str, Any]], name: str | None, use_regex: bool) -> list[dict[str, Any]]:
+    if not name:
+        return items
+    keep = _name_matcher(name, use_regex)
+    return [i for i in items if keep(i.get("name"))]
 
 
 # -- columns ----------------------------------------------------------------------------------------

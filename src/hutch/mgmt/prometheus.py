@@ -282,6 +282,7 @@ class _Text:
     def __init__(self, per_object: bool) -> None:
         self.per_object = per_object
         self.parts: list[str] = []
+        self._sums: tuple[list[tuple[int, ...]], list[int]] | None = None  # (rows, their column sums)
 
     def one(self, family: Family, value: Any, labels: str = "") -> None:
         self.parts.append(f"{family.header}{family.name}{labels} {_num(value)}\n")
@@ -291,6 +292,12 @@ class _Text:
         """Family i takes column offset+i of every row: one sample per object (labels[j] is the
         label text of row j, ending in a space), or their sum when aggregated."""
         parts = self.parts
+        totals: list[int] = []
+        if not self.per_object and rows:  # column sums of all rows in one transposition (in C), once per rows
+            cached = self._sums
+            if cached is None or cached[0] is not rows:
+                cached = self._sums = (rows, [sum(column) for column in zip(*rows, strict=True)])
+            totals = cached[1]
         for i, fam in enumerate(fams):
             col = offset + i
             parts.append(fam.header)
@@ -298,7 +305,7 @@ class _Text:
             if self.per_object:
                 parts.extend([f"{name}{lbl}{row[col]}\n" for lbl, row in zip(labels, rows, strict=True)])
             else:
-                parts.append(f"{name} {sum(row[col] for row in rows)}\n")
+                parts.append(f"{name} {totals[col] if totals else 0}\n")
 
 
 def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int, ...]], list[str]]:
