@@ -45,6 +45,9 @@ def test_publish_confirm_consume_get_across_nodes(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes
     c1 = connect(n1)
     c1.channel().queue_declare("orders-qq", durable=True, arguments=QQ)
+    code, nodes = n3.api("GET", "/api/nodes")
+    assert code == 200 and sorted(n["name"].split("@")[0] for n in nodes if n["running"]) == ["n1", "n2", "n3"]
+    assert all("mem_used" in n for n in nodes)
     code, info = n2.api("GET", "/api/queues/%2F/orders-qq")
     assert code == 200 and info["type"] == "quorum"
     assert sorted(m.split("@")[0] for m in info["members"]) == ["n1", "n2", "n3"]
@@ -126,8 +129,13 @@ def test_leader_killed_confirmed_messages_survive_and_consumers_go_on(cluster: C
     leader = n2  # client-local
     code, info = n1.api("GET", "/api/queues/%2F/failover-qq")
     assert info["leader"].startswith("n2@")
+    assert n1.api("GET", "/api/health/checks/node-is-quorum-critical")[0] == 200
     leader.kill()
     cluster.wait_running({"n1", "n3"}, via=n1)
+    code, doc = n1.api("GET", "/api/health/checks/node-is-quorum-critical")
+    assert code == 503 and {"name": "failover-qq", "virtual_host": "/", "type": "quorum"} in doc["queues"]
+    nodes = {n["name"].split("@")[0]: n["running"] for n in n1.api("GET", "/api/nodes")[1]}
+    assert nodes == {"n1": True, "n2": False, "n3": True}
 
     def new_leader() -> bool:
         return n1.api("GET", "/api/queues/%2F/failover-qq")[1]["leader"] not in (None, leader.full_name)

@@ -552,8 +552,12 @@ class _Planner:
         auto_delete = _bool(item, "auto_delete", where)
         arguments = _arguments(item, where)
         _check_name_length(name, where)
+        queue_type = arguments.get("x-queue-type", "classic")
+        if queue_type == "quorum" and getattr(self.node, "cluster", None) is None:
+            raise DefinitionsError(f"{where}: quorum queues need a clustered node (start hutch with "
+                                   "--cluster-port; see docs/clustering.md)")
         try:
-            validate_queue_arguments(name, vhost, arguments.get("x-queue-type", "classic"), arguments)
+            validate_queue_arguments(name, vhost, queue_type, arguments)
         except AMQPError as exc:
             raise DefinitionsError(exc.text) from None
         self.queues.add((vhost, name))

@@ -6,8 +6,9 @@ returns `(status, body)`: 200 `{"status": "ok", ...}` or 503 `{"status": "failed
 with RabbitMQ's reasons and extra fields (`alarms`, `missing`, `ports`, `protocols`, `queues`).
 
 Rules (rabbit_mgmt_wm_health_check_*): any management user may call them. A port that is not an
-integer is a 400 `Invalid port`. hutch has classic queues only, so no queue can lose its quorum:
-`node-is-quorum-critical` is ok (with `reason: "single node cluster"` on an unclustered node, as RabbitMQ).
+integer is a 400 `Invalid port`. `node-is-quorum-critical` fails when stopping this node would leave
+one of its quorum queues without a majority of members online (ok with `reason: "single node cluster"`
+on an unclustered node, as RabbitMQ).
 """
 
 from __future__ import annotations
@@ -79,8 +80,24 @@ def protocol_listener(node: Node, protocols_text: str) -> Result:
 
 
 def node_is_quorum_critical(node: Node) -> Result:
-    if getattr(node, "cluster", None) is None:
+    """Would stopping this node leave a quorum queue (or the metadata store) without a majority of its
+    members online? (rabbit_quorum_queue:list_with_minimum_quorum)"""
+    cluster = getattr(node, "cluster", None)
+    if cluster is None:
         return _ok(reason="single node cluster")
+    online = {node.name, *cluster.transport.connected_peers()}
+    critical = []
+    for vhost in node.vhosts.values():
+        for q in vhost.queues.values():
+            members = getattr(q, "members", None)
+            if q.queue_type != "quorum" or not members or node.name not in members:
+                continue
+            up = sum(1 for m in members if m in online)
+            if len(members) > 1 and up - 1 < len(members) // 2 + 1:
+                critical.append({"name": q.name, "virtual_host": vhost.name, "type": "quorum"})
+    if critical:
+        return _failed("There are quorum queues that would lose their quorum if the target node is shut down",
+                       queues=critical)
     return _ok()
 
 

@@ -327,6 +327,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     loop = asyncio.get_running_loop()
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
+    system.serve_node_info(node)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.management_host or None, cfg.management_port, reuse_address=True)

@@ -276,6 +276,47 @@ def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsVie
     return node_info(node, now_ms, stats)
 
 
+# -- the other nodes of a cluster -------------------------------------------------------------------
+
+
+def serve_node_info(node: Node) -> None:
+    """Let the other nodes of a cluster ask this one for its `node_info` (GET /api/nodes there)."""
+    if node.cluster is not None:
+        node.cluster.handlers["node_info"] = lambda _peer, _obj: node_info(node, node.wall_ms())
+
+
+async def _member_info(node: Node, name: str) -> dict[str, Any]:
+    cluster = node.cluster
+    assert cluster is not None
+    if cluster.transport.connected(name):
+        try:
+            return await cluster.transport.call(name, {"t": "node_info"}, timeout=2.0)
+        except Exception:  # noqa: BLE001 - a node that does not answer is shown as not running
+            pass
+    return {"name": name, "type": "disc", "running": False}
+
+
+async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
+                             stats: StatsView | None = None) -> list[dict[str, Any]]:
+    """Every member of the cluster (this node's figures, the others' as they report them)."""
+    require_monitor(p)
+    own = node_info(node, now_ms, stats)
+    if node.cluster is None:
+        return [own]
+    others = [m for m in node.cluster.machine.members if m != node.name]
+    return [own, *[await _member_info(node, m) for m in others]]
+
+
+async def get_cluster_node(node: Node, p: Principal, name: str, now_ms: float,
+                           stats: StatsView | None = None) -> dict[str, Any]:
+    require_monitor(p)
+    if name == node.name:
+        return node_info(node, now_ms, stats)
+    if node.cluster is None or name not in node.cluster.machine.members:
+        raise not_found()
+    return await _member_info(node, name)
+
+
 # -- aliveness --------------------------------------------------------------------------------------
 
 
