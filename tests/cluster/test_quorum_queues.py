@@ -52,6 +52,10 @@ def test_publish_confirm_consume_get_across_nodes(cluster: Cluster) -> None:
     assert code == 200 and info["type"] == "quorum"
     assert sorted(m.split("@")[0] for m in info["members"]) == ["n1", "n2", "n3"]
     assert info["leader"].startswith("n1@")  # client-local leader locator
+    out = n3.ctl("list_queues", "name", "type", "leader", "members")
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("orders-qq"))
+    assert "quorum" in row and "n1@localhost" in row and "n3@localhost" in row
     c2 = connect(n2)
     ch2 = c2.channel()
     ch2.confirm_delivery()
