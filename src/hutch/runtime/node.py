@@ -241,6 +241,10 @@ class Node:
             q = vhost.queues.get(op["name"])
             if q is not None:
                 self.delete_queue(vhost, q)
+        elif kind == "queue.members":
+            q = vhost.queues.get(op["name"])
+            if q is not None and q.queue_type == "quorum" and self.cluster is not None:
+                self.cluster.quorum.members_changed(q, list(op["members"]))  # type: ignore[arg-type]
         elif kind in policies.OP_KINDS:
             policies.apply_op(self, op)
         elif kind in ("bind", "unbind"):
@@ -278,6 +282,13 @@ class Node:
         if q.queue_type == "quorum":
             op.update(type="quorum", gid=q.gid, members=list(q.members))  # type: ignore[attr-defined]
         return op
+
+    def set_queue_members(self, vhost: VirtualHost, q: Queue, members: list[str]) -> None:
+        """A quorum queue's member list changed (hutch-queues add_member/delete_member): applied here and
+        recorded, so every node applies it (members open or delete their replica)."""
+        assert self.cluster is not None
+        self.cluster.quorum.members_changed(q, members)  # type: ignore[arg-type]
+        self._record({"op": "queue.members", "vhost": vhost.name, "name": q.name, "members": list(members)})
 
     def _apply_quorum_queue(self, vhost: VirtualHost, op: dict[str, Any]) -> None:
         from .quorum_queue import QuorumQueue

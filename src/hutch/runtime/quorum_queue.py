@@ -269,7 +269,8 @@ class QuorumService:
         self.queues: dict[int, QuorumQueue] = {}
         self.publisher_id = (node.name, cluster.incarnation)
         self._tick: asyncio.TimerHandle | None = None
-        cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info})
+        cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
+                                 "qq.member": self._h_member})
         node.cluster_peer_hooks.append(self._peer_changed)
 
     # -- groups ----------------------------------------------------------------------------------------
@@ -277,16 +278,17 @@ class QuorumService:
     def new_gid() -> int:
         return secrets.randbits(62) + 2  # 0 and 1 are not quorum queues (1 is the metadata group)
 
-    def attach(self, q: QuorumQueue, campaign: bool) -> None:
-        """Open the queue's Raft group if this node is a member (from disk after a restart)."""
+    def attach(self, q: QuorumQueue, campaign: bool, joining: bool = False) -> None:
+        """Open the queue's Raft group if this node is a member (from disk after a restart). A member
+        added later (`joining`) opens it empty and gets the log or a snapshot from the leader."""
         self.queues[q.gid] = q
-        if self.name not in q.members:
+        if self.name not in q.members or q.replica is not None:
             return
         driver = self.cluster.driver
         assert driver is not None
         replica = QuorumReplica(q, q.config())
         voters = [self.cluster.raft_id_of(m) for m in q.members]
-        group = driver.open_group(q.gid, replica, bootstrap_voters=[v for v in voters if v])
+        group = driver.open_group(q.gid, replica, bootstrap_voters=None if joining else [v for v in voters if v])
         replica.group = group
         q.replica = replica
         group.on_leader_change = lambda lead, q=q: self._leader_changed(q, lead)
@@ -305,6 +307,84 @@ class QuorumService:
         deadline = loop.time() + CALL_TIMEOUT_S
         while loop.time() < deadline and self.leader_name(q) is None:
             await asyncio.sleep(0.01)
+
+    # -- membership (hutch-queues add_member / delete_member / grow / shrink) ------------------------------
+    def members_changed(self, q: QuorumQueue, members: list[str]) -> None:
+        """The metadata says the queue's members are now `members` (every node applies this)."""
+        added = self.name in members and self.name not in q.members
+        removed = self.name in q.members and self.name not in members
+        q.members = list(members)
+        if added:
+            self.attach(q, campaign=False, joining=True)
+        elif removed and q.replica is not None and self.cluster.driver is not None:
+            self.cluster.driver.close_group(q.gid, delete=True)
+            q.replica = None
+
+    async def add_member(self, q: QuorumQueue, name: str) -> None:
+        """Add `name` as a member: it opens the group empty (metadata), then the leader adds it as a
+        voter; it catches up from the log or a snapshot. Needs a quorum (ProposalTimeout otherwise)."""
+        if name not in self.cluster.machine.members:
+            raise LookupError(f"node {name!r} is not a member of this cluster")
+        if name in q.members:
+            raise ValueError(f"node {name!r} is already a member of {rs('queue', q.name, q.vhost)}")
+        await self._on_leader(q, {"t": "qq.member", "g": q.gid, "add": name})
+
+    async def delete_member(self, q: QuorumQueue, name: str) -> None:
+        if name not in q.members:
+            raise LookupError(f"node {name!r} is not a member of {rs('queue', q.name, q.vhost)}")
+        if len(q.members) == 1:
+            raise ValueError(f"cannot remove the last member of {rs('queue', q.name, q.vhost)}")
+        await self._on_leader(q, {"t": "qq.member", "g": q.gid, "delete": name})
+
+    async def _on_leader(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
+        if self.is_leader(q):
+            return await self._h_member(self.name, obj)
+        target = self._target(q)
+        if target is None:
+            raise ValueError(f"{rs('queue', q.name, q.vhost)} has no leader (no majority of its members)")
+        return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S * 4)
+
+    async def _h_member(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        assert q.replica is not None
+        group = q.replica.group
+        vhost = self.node.vhosts[q.vhost]
+        if obj.get("add"):
+            name = obj["add"]
+            if name not in q.members:
+                self.node.set_queue_members(vhost, q, [*q.members, name])
+                await self.cluster.wait_replicated()
+                await self.cluster.sync_peers()
+            await group.add_voter(self.cluster.raft_id_of(name), timeout=CALL_TIMEOUT_S * 2)
+        else:
+            name = obj["delete"]
+            await group.remove_voter(self.cluster.raft_id_of(name), timeout=CALL_TIMEOUT_S * 2)
+            if name in q.members:
+                self.node.set_queue_members(vhost, q, [m for m in q.members if m != name])
+                await self.cluster.wait_replicated()
+        return True
+
+    def status(self, q: QuorumQueue) -> list[dict[str, Any]]:
+        """quorum_status: per member, its Raft role, term and log indexes as this node knows them."""
+        rows: list[dict[str, Any]] = []
+        st = q.replica.group.status() if q.replica is not None else {}
+        progress = st.get("progress") or {}
+        for m in q.members:
+            raft_id = self.cluster.raft_id_of(m)
+            row: dict[str, Any] = {"node": m, "raft_id": raft_id,
+                                   "online": m == self.name or self.transport.connected(m)}
+            if m == self.name and st:
+                row.update(role=st.get("role"), term=st.get("term"), commit_index=st.get("commit"),
+                           last_applied=st.get("applied"), first_index=st.get("first_index"),
+                           last_index=st.get("last_index"))
+            elif raft_id in progress:
+                pr = progress[raft_id]
+                row.update(role="follower", match_index=pr.get("match") if isinstance(pr, dict) else None)
+            rows.append(row)
+        return rows
 
     def forget(self, q: QuorumQueue) -> None:
         self.queues.pop(q.gid, None)
