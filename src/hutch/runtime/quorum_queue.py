@@ -57,6 +57,7 @@ log = logging.getLogger("hutch.quorum")
 
 CALL_TIMEOUT_S = 5.0
 MAX_PENDING = 10_000
+CONFIRM_TIMEOUT_S = 15.0  # a publish not confirmed by then is nacked (its fate is unknown to us)
 TICK_S = 1.0
 SNAPSHOT_FLOOR = 8192
 
@@ -268,6 +269,7 @@ class QuorumService:
         self.ids = itertools.count(1)
         self.queues: dict[int, QuorumQueue] = {}
         self.publisher_id = (node.name, cluster.incarnation)
+        self.sent_at: dict[int, float] = {}  # publish id -> when sent, until confirmed (see _on_tick)
         self._tick: asyncio.TimerHandle | None = None
         cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
                                  "qq.member": self._h_member})
@@ -282,6 +284,7 @@ class QuorumService:
         """Open the queue's Raft group if this node is a member (from disk after a restart). A member
         added later (`joining`) opens it empty and gets the log or a snapshot from the leader."""
         self.queues[q.gid] = q
+        self._start_tick()
         if self.name not in q.members or q.replica is not None:
             return
         driver = self.cluster.driver
@@ -294,6 +297,8 @@ class QuorumService:
         group.on_leader_change = lambda lead, q=q: self._leader_changed(q, lead)
         if campaign:
             group.campaign()
+
+    def _start_tick(self) -> None:
         if self._tick is None:
             self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
 
@@ -403,11 +408,15 @@ class QuorumService:
             return None
         return self.name if lead == self.cluster.raft_id else self.cluster.name_of(lead)
 
-    def _target(self, q: QuorumQueue) -> str | None:
-        """Where a command for `q` goes from here: its leader (a member knows it), else any member."""
+    def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None:
+        """Where a command for `q` goes from here: its leader when this node knows it and reaches it;
+        else (a non-member, or a member that has no reachable leader) any reachable member — except for
+        a command another node forwarded here, which only goes on to the leader (no forwarding loops)."""
         lead = self.leader_name(q)
-        if lead is not None:
+        if lead is not None and (lead == self.name or self.transport.connected(lead)):
             return lead
+        if forwarded or q.replica is not None:
+            return None  # a member buffers until it knows a leader (q.pending)
         for m in q.members:
             if m != self.name and self.transport.connected(m):
                 return m
@@ -420,7 +429,7 @@ class QuorumService:
     def propose(self, q: QuorumQueue, cmd: qc.Command) -> None:
         self.propose_raw(q, qc.encode(cmd, now_ms()))
 
-    def propose_raw(self, q: QuorumQueue, data: bytes) -> bool:
+    def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False) -> bool:
         if self.is_leader(q):
             assert q.replica is not None
             try:
@@ -429,7 +438,7 @@ class QuorumService:
                 return False
             fut.add_done_callback(_ignore_result)
             return True
-        target = self._target(q)
+        target = self._target(q, forwarded)
         if target is None or target == self.name:
             if q.replica is not None and len(q.pending) < MAX_PENDING:
                 q.pending.append(data)  # no leader yet (an election is running): sent when there is one
@@ -456,6 +465,7 @@ class QuorumService:
             link.confirm_nacked.add(pid)
             return
         link.confirm_pending[pid] = target
+        self.sent_at[pid] = time.monotonic()
 
     def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None:
         ch = consumer.channel
@@ -529,7 +539,7 @@ class QuorumService:
             q = self.queues.get(int(obj["g"]))
             if q is not None:
                 _t, cmd = qc.decode(obj["c"])
-                self.propose_raw(q, qc.encode(cmd, now_ms()))  # re-stamped with this node's clock
+                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
         elif kind == "qq.d":
             q = self.queues.get(int(obj["g"]))
             if q is not None:
@@ -662,6 +672,15 @@ class QuorumService:
 
     def _on_tick(self) -> None:
         self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
+        if self.sent_at:  # publishes whose command was lost on the way (a leader died): nack, not hang
+            pending = self.cluster.link.confirm_pending
+            limit = time.monotonic() - CONFIRM_TIMEOUT_S
+            late = [pid for pid, t in self.sent_at.items() if t < limit and pid in pending]
+            self.sent_at = {pid: t for pid, t in self.sent_at.items() if pid in pending and t >= limit}
+            if late:
+                log.warning("%d quorum queue publishes not confirmed in %.0f s: nacked", len(late),
+                            CONFIRM_TIMEOUT_S)
+                self.cluster.link._on_confirms([], late)
         now = now_ms()
         for q in self.queues.values():
             if self.is_leader(q):
