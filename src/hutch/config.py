@@ -110,6 +110,7 @@ class Config:
     cluster_tick_ms: int = 100  # one Raft tick; elections after 10-20 ticks
     cluster_fault_injection: bool = False  # tests: POST /api/cluster-faults may cut this node off
     quorum_cluster_size: int = 3  # members of a new quorum queue (capped by the cluster's size)
+    dead_letter_worker_consumer_prefetch: int = 32  # at-least-once dead-lettering of quorum queues
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -332,6 +333,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "cluster.tick_interval": _int_field("cluster_tick_ms", 5, 10_000),
     "cluster.fault_injection": lambda text: {"cluster_fault_injection": _parse_bool(text)},
     "quorum_cluster_size": _int_field("quorum_cluster_size", 1, 1000),
+    "dead_letter_worker_consumer_prefetch": _int_field("dead_letter_worker_consumer_prefetch", 1, 65535),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting

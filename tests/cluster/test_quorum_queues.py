@@ -177,3 +177,25 @@ def test_message_ttl_and_reject_publish(cluster: Cluster) -> None:
     with pytest.raises(pika.exceptions.NackError):
         ch.basic_publish("", "full-qq", b"3")
     conn.close()
+
+
+def test_at_least_once_dead_lettering_waits_for_a_route_then_settles(cluster: Cluster) -> None:
+    conn = connect(cluster[1])
+    ch = conn.channel()
+    args = {**QQ, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+            "x-dead-letter-exchange": "alo-dlx", "x-message-ttl": 100}
+    ch.queue_declare("alo-qq", durable=True, arguments=args)
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", "alo-qq", f"d{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    time.sleep(1.5)  # expired, but the dead-letter exchange does not exist: they stay (counted)
+    code, info = cluster[0].api("GET", "/api/queues/%2F/alo-qq")
+    assert code == 200
+    ch.exchange_declare("alo-dlx", "fanout", durable=True)
+    ch.queue_declare("alo-target", durable=True)
+    ch.queue_bind("alo-target", "alo-dlx")
+    assert eventually(lambda: ch.queue_declare("alo-target", passive=True).method.message_count == 3, timeout=20)
+    bodies = sorted(ch.basic_get("alo-target", auto_ack=True)[2] for _ in range(3))
+    assert bodies == [b"d0", b"d1", b"d2"]
+    assert eventually(lambda: ch.queue_declare("alo-qq", durable=True, arguments=args).method.message_count == 0)
+    conn.close()

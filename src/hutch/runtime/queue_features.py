@@ -84,22 +84,30 @@ def attach(node: Node, q: ClassicQueue) -> None:
     q.touch(wall_ms())
 
 
-def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -> None:
+def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -> list[bool]:
+    """Republish `msgs` to the queue's dead-letter exchange; per message, whether it reached at least
+    one queue and no queue refused it (what at-least-once dead-lettering settles on)."""
     settings = q.settings
     dlx_name = settings.dead_letter_exchange
     vhost = node.vhosts.get(q.vhost)
     if dlx_name is None or vhost is None:
-        return
+        return [False] * len(msgs)
     x = vhost.exchanges.get(dlx_name)
     if x is None:
         log.warning("queue '%s' in vhost '%s': dead-letter exchange '%s' does not exist; %d message(s) dropped",
                     q.name, q.vhost, dlx_name, len(msgs))
-        return
+        return [False] * len(msgs)
     now_s = int(time.time())
+    out = []
     for msg in msgs:
         new, keys = make_dead_letter(msg, queue=q.name, reason=reason, now_s=now_s, dlx=dlx_name,
                                      dlrk=settings.dead_letter_routing_key, history=not msg.foreign_deaths)
+        routed, refused = False, False
         for target in vhost.route(x, keys, new.properties.headers):
             if is_cycle(new, target.name):
                 continue
-            target.publish(new)
+            routed = True
+            if target.publish(new) is False:
+                refused = True
+        out.append(routed and not refused)
+    return out

@@ -126,6 +126,8 @@ class QuorumQueue(Queue):
         self._prepared_purge = 0
         self._last_config: QuorumConfig | None = None
         self.pending: list[bytes] = []  # commands waiting for a leader to be known (bounded)
+        self.dlx_running = False  # at-least-once dead-lettering in force (the leader runs the worker)
+        self.dlx_busy = False  # a republish batch is waiting for its confirms
 
     # -- where commands go ---------------------------------------------------------------------------
     @property
@@ -627,9 +629,53 @@ class QuorumService:
                 if vhost is not None and vhost.queues.get(q.name) is q:
                     log.info("quorum queue '%s' in vhost '%s' unused for its x-expires: deleted", q.name, q.vhost)
                     self.node.delete_queue(vhost, q)
-            elif t is qe.DlxWorker and eff.running:
-                log.warning("quorum queue '%s': at-least-once dead-lettering is not run yet; dead letters "
-                            "stay in the queue", q.name)
+            elif t is qe.DlxWorker:
+                q.dlx_running = eff.running
+                if eff.running:
+                    self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
+            elif t is qe.DlxDeliver:
+                asyncio.ensure_future(self._dlx_republish(q, eff.messages))
+
+    async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
+        """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with confirms
+        (the targets' storage sync, or the other nodes' acks) and settle only what was confirmed; the
+        rest stays in the queue's dead-letter area and is handed out again (retry on the next tick)."""
+        from .queue_features import dead_letter
+        q.dlx_busy = True
+        try:
+            storage = self.node.persistence
+            link = self.cluster.link
+            before = storage.last_enqueued if storage is not None else 0
+            remote_before = link.last_publish_id
+            ok_ids = []
+            for msg_id, raft_index, reason in messages:
+                payload = self.read_payload(q, raft_index)
+                if payload is None:
+                    continue
+                msg = decode_message(msgpack.unpackb(payload, raw=False))
+                if dead_letter(self.node, q, [msg], reason)[0]:  # type: ignore[arg-type]
+                    ok_ids.append(msg_id)
+            need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
+            lo, hi = remote_before + 1, link.last_publish_id
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + CONFIRM_TIMEOUT_S
+            while loop.time() < deadline:
+                local_ok = storage is None or storage.synced_seq >= need
+                remote = link.confirmed(lo, hi) if hi >= lo else 1
+                if remote < 0:
+                    ok_ids = []  # some target refused: settle nothing of this batch, retry it
+                    break
+                if local_ok and remote == 1:
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                ok_ids = []
+            if hi >= lo:
+                link.forget_confirms(lo, hi)
+            if ok_ids and self.is_leader(q):
+                self.propose(q, qc.make_dlx_settle(ok_ids))
+        finally:
+            q.dlx_busy = False
 
     def _dead_letter(self, q: QuorumQueue, reason: str, raft_indexes: tuple[int, ...]) -> None:
         from .queue_features import dead_letter
@@ -683,6 +729,9 @@ class QuorumService:
                 self.cluster.link._on_confirms([], late)
         now = now_ms()
         for q in self.queues.values():
+            if self.is_leader(q) and q.dlx_running and not q.dlx_busy and q.replica is not None \
+                    and q.replica.machine.state.dlx_count():
+                self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             if self.is_leader(q):
                 cfg = q.replica.machine.state.config if q.replica is not None else None
                 if cfg is not None and (cfg.message_ttl_ms is not None or cfg.expires_ms is not None
