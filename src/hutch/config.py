@@ -111,6 +111,9 @@ class Config:
     cluster_fault_injection: bool = False  # tests: POST /api/cluster-faults may cut this node off
     quorum_cluster_size: int = 3  # members of a new quorum queue (capped by the cluster's size)
     dead_letter_worker_consumer_prefetch: int = 32  # at-least-once dead-lettering of quorum queues
+    raft_wal_max_size_bytes: int = 512 * MiB  # raft.wal_max_size_bytes: the shared WAL is flushed past it
+    raft_segment_max_entries: int = 4096  # raft.segment_max_entries (at most 65535)
+    quorum_commands_soft_limit: int = 32  # accepted for compatibility (hutch has no per-channel command cap)
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -334,6 +337,9 @@ _FILE_KEYS: dict[str, _Parser] = {
     "cluster.fault_injection": lambda text: {"cluster_fault_injection": _parse_bool(text)},
     "quorum_cluster_size": _int_field("quorum_cluster_size", 1, 1000),
     "dead_letter_worker_consumer_prefetch": _int_field("dead_letter_worker_consumer_prefetch", 1, 65535),
+    "raft.wal_max_size_bytes": _int_field("raft_wal_max_size_bytes", 65536, 2**40),
+    "raft.segment_max_entries": _int_field("raft_segment_max_entries", 1, 65535),
+    "quorum_commands_soft_limit": _int_field("quorum_commands_soft_limit", 1, 2**31 - 1),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting

@@ -381,3 +381,28 @@ def test_storage_knobs() -> None:
 def test_bad_storage_knobs(line: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config_text(line + "\n", "t.conf")
+
+
+def test_cluster_and_quorum_keys() -> None:
+    from hutch.config import parse_config_text
+
+    settings, _raw = parse_config_text(
+        "cluster.listener.port = 25672\ncluster.join = n1@127.0.0.1:25672\ncluster.metadata_timeout = 5000\n"
+        "cluster.fault_injection = true\nquorum_cluster_size = 5\ndead_letter_worker_consumer_prefetch = 64\n"
+        "raft.wal_max_size_bytes = 1048576\nraft.segment_max_entries = 1000\nquorum_commands_soft_limit = 10\n")
+    assert settings == {"cluster_port": 25672, "cluster_join": "n1@127.0.0.1:25672",
+                        "cluster_metadata_timeout_ms": 5000, "cluster_fault_injection": True,
+                        "quorum_cluster_size": 5, "dead_letter_worker_consumer_prefetch": 64,
+                        "raft_wal_max_size_bytes": 1048576, "raft_segment_max_entries": 1000,
+                        "quorum_commands_soft_limit": 10}
+
+
+def test_bad_join_and_segment_values_are_one_line_errors() -> None:
+    import pytest as _pytest
+
+    from hutch.config import ConfigError, parse_config_text
+
+    with _pytest.raises(ConfigError, match="expected a seed node as NODE@HOST:PORT"):
+        parse_config_text("cluster.join = n1\n")
+    with _pytest.raises(ConfigError, match="raft.segment_max_entries"):
+        parse_config_text("raft.segment_max_entries = 70000\n")

@@ -144,6 +144,11 @@ class ClusterService:
     def is_new(self) -> bool:
         return not os.path.exists(self._identity_path())
 
+    def _log_options(self) -> Any:
+        from hutch.storage.raft_log import RaftLogOptions
+        return RaftLogOptions(wal_max_size_bytes=self.config.raft_wal_max_size_bytes,
+                              segment_max_entries=self.config.raft_segment_max_entries)
+
     # -- boot ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
         await self.transport.start()
@@ -157,7 +162,8 @@ class ClusterService:
             raft_id = 1
         self.raft_id = raft_id
         self.driver = RaftDriver(raft_id, os.path.join(self.directory, "raft"), self._send_raft,
-                                 tick_s=self.config.cluster_tick_ms / 1000)
+                                 tick_s=self.config.cluster_tick_ms / 1000,
+                                 log_options=self._log_options())
         await self.driver.start()
         bootstrap = raft_id == 1 and joined is None and METADATA_GROUP not in self.driver.groups_on_disk()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine,
@@ -526,7 +532,8 @@ class ClusterService:
         self.raft_id = int(reply["raft_id"])
         self._save_identity(self.raft_id)
         self.driver = RaftDriver(self.raft_id, os.path.join(self.directory, "raft"), self._send_raft,
-                                 tick_s=self.config.cluster_tick_ms / 1000)
+                                 tick_s=self.config.cluster_tick_ms / 1000,
+                                 log_options=self._log_options())
         await self.driver.start()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine, bootstrap_voters=None)
         self.group.on_leader_change = self._leader_changed
