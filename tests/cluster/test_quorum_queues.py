@@ -199,3 +199,30 @@ def test_at_least_once_dead_lettering_waits_for_a_route_then_settles(cluster: Cl
     assert bodies == [b"d0", b"d1", b"d2"]
     assert eventually(lambda: ch.queue_declare("alo-qq", durable=True, arguments=args).method.message_count == 0)
     conn.close()
+
+
+def test_publishes_held_while_the_leader_is_unreachable_are_resent_and_enqueued_once(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    conn = connect(n1)
+    conn.channel().queue_declare("resend-qq", durable=True, arguments=QQ)  # leader n1
+    conn.close()
+    n3.block(n1)
+    n1.block(n3)
+    try:
+        conn = connect(n3)
+        ch = conn.channel()
+        for i in range(5):
+            ch.basic_publish("", "resend-qq", f"r{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        time.sleep(4.5)  # past RESEND_S: each was sent (held) more than once
+    finally:
+        n3.unblock(n1)
+        n1.unblock(n3)
+    check = connect(n2)
+    ch2 = check.channel()
+    assert eventually(lambda: ch2.queue_declare("resend-qq", passive=True).method.message_count == 5, timeout=15)
+    time.sleep(1.0)
+    assert ch2.queue_declare("resend-qq", passive=True).method.message_count == 5
+    bodies = [ch2.basic_get("resend-qq", auto_ack=True)[2] for _ in range(5)]
+    assert sorted(bodies) == [f"r{i}".encode() for i in range(5)]
+    check.close()
+    conn.close()

@@ -116,6 +116,29 @@ def test_resend_of_an_applied_seq_is_confirmed_again_but_not_enqueued_twice() ->
     assert q.st.ready_count() == 2
 
 
+def test_a_seq_overtaken_on_the_way_is_enqueued_when_it_arrives_and_deduplicated_after() -> None:
+    q = Q()
+    q.do(make_enqueue("p1", 1, 10))
+    q.do(make_enqueue("p1", 4, 10))  # 2 and 3 were lost with a leader, or are still on the way
+    assert q.reply == OK
+    assert q.do(make_enqueue("p1", 3, 10)) == [Confirm("p1", (3,))]
+    assert q.reply == OK  # a resend filling the gap: new
+    q.do(make_enqueue("p1", 2, 10))
+    assert q.reply == OK
+    for seq in (1, 2, 3, 4):
+        q.do(make_enqueue("p1", seq, 10))
+        assert q.reply == DUPLICATE
+    assert q.st.ready_count() == 4
+    assert q.st.publishers["p1"].missing == []
+
+
+def test_the_gap_record_survives_a_snapshot() -> None:
+    q = Q()
+    q.do(make_enqueue("p1", 3, 10))  # 1 and 2 not seen yet
+    restored = QueueState.restore(q.st.snapshot())
+    assert restored.publishers["p1"].missing == [[1, 2]]
+
+
 def test_untracked_enqueue_gets_no_confirm_and_no_dedup() -> None:
     q = Q()
     assert q.do(make_enqueue(None, 0, 10)) == []

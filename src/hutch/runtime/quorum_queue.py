@@ -16,8 +16,9 @@ Rules:
   payload): the machine keeps no body and neither does this module, except the payloads of live
   messages that came inside an installed snapshot (their entries are not in this node's log).
 - Publisher confirms: a publish is acked once its enqueue is applied at the leader (committed: on a
-  majority's disk). A publisher is (node, incarnation); its seq is the node's queue-link publish id, so a
-  resend after a leader change is deduplicated by the machine.
+  majority's disk). A publisher is (node, incarnation) with a seq per queue; an enqueue is kept until
+  confirmed and sent again when its route may have gone (a node down, or no confirm in RESEND_S): the
+  machine applies each seq once whatever order they arrive in, so a resend is never enqueued twice.
 - Consumers are keyed (node, consumer id); their node settles by msg id (the raft index of the
   message's entry). When a node goes down, the leader proposes `down` for it: its consumers' unacked
   messages return to the queue (counted as failed deliveries); when it comes back, its channels' live
@@ -57,7 +58,9 @@ log = logging.getLogger("hutch.quorum")
 
 CALL_TIMEOUT_S = 5.0
 MAX_PENDING = 10_000
-CONFIRM_TIMEOUT_S = 15.0  # a publish not confirmed by then is nacked (its fate is unknown to us)
+CONFIRM_TIMEOUT_S = 30.0  # a publish not confirmed by then is nacked (its fate is unknown to us)
+RESEND_S = 3.0  # an enqueue not confirmed by then is sent again (deduplicated by the machine)
+QUORUM_TARGET = "\x00quorum"  # confirm_pending's route for quorum publishes (resent, never nacked by a peer)
 TICK_S = 1.0
 SNAPSHOT_FLOOR = 8192
 
@@ -126,6 +129,8 @@ class QuorumQueue(Queue):
         self._prepared_purge = 0
         self._last_config: QuorumConfig | None = None
         self.pending: list[bytes] = []  # commands waiting for a leader to be known (bounded)
+        self.next_seq = 0  # this node's publish seq for this queue (the machine deduplicates by it)
+        self.unconfirmed: dict[int, list[Any]] = {}  # seq -> [link publish id, entry bytes, last sent]
         self.dlx_running = False  # at-least-once dead-lettering in force (the leader runs the worker)
         self.dlx_busy = False  # a republish batch is waiting for its confirms
 
@@ -271,7 +276,6 @@ class QuorumService:
         self.ids = itertools.count(1)
         self.queues: dict[int, QuorumQueue] = {}
         self.publisher_id = (node.name, cluster.incarnation)
-        self.sent_at: dict[int, float] = {}  # publish id -> when sent, until confirmed (see _on_tick)
         self._tick: asyncio.TimerHandle | None = None
         cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
                                  "qq.member": self._h_member})
@@ -450,6 +454,9 @@ class QuorumService:
         return self.transport.send(target, {"t": "qq.cmd", "g": q.gid, "c": data})
 
     def publish(self, q: QuorumQueue, msg: Message) -> None:
+        """Propose an enqueue (seq: this node's next for the queue). It is kept until confirmed and sent
+        again if its route went down or it is not confirmed in RESEND_S: the machine applies a seq once,
+        whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice."""
         link = self.cluster.link
         pid = next(link._ids)
         link.last_publish_id = pid
@@ -460,14 +467,36 @@ class QuorumService:
                 ttl = max(0, int(props.expiration))
             except ValueError:
                 ttl = None
+        q.next_seq += 1
         payload = msgpack.packb(encode_message(msg), use_bin_type=True)
-        cmd = qc.make_enqueue(self.publisher_id, pid, msg.size, ttl, payload)
-        target = self.name if self.is_leader(q) else self._target(q)
-        if target is None or not self.propose_raw(q, qc.encode(cmd, now_ms())):
-            link.confirm_nacked.add(pid)
-            return
-        link.confirm_pending[pid] = target
-        self.sent_at[pid] = time.monotonic()
+        data = qc.encode(qc.make_enqueue(self.publisher_id, q.next_seq, msg.size, ttl, payload), now_ms())
+        link.confirm_pending[pid] = QUORUM_TARGET
+        q.unconfirmed[q.next_seq] = [pid, data, time.monotonic()]
+        self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
+
+    def _confirmed(self, q: QuorumQueue, seqs: Iterable[int], ok: bool) -> None:
+        pids = []
+        for seq in seqs:
+            item = q.unconfirmed.pop(seq, None)
+            if item is not None:
+                pids.append(item[0])
+        if pids:
+            self.cluster.link._on_confirms(pids, []) if ok else self.cluster.link._on_confirms([], pids)
+
+    def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
+        limit = time.monotonic() - older_than_s
+        give_up = time.monotonic() - CONFIRM_TIMEOUT_S
+        late = []
+        for seq, item in list(q.unconfirmed.items()):
+            if item[2] < give_up:
+                late.append(seq)
+            elif item[2] < limit:
+                item[2] = time.monotonic()
+                self.propose_raw(q, item[1])
+        if late:
+            log.warning("quorum queue '%s': %d publishes not confirmed in %.0f s: nacked", q.name, len(late),
+                        CONFIRM_TIMEOUT_S)
+            self._confirmed(q, late, False)
 
     def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None:
         ch = consumer.channel
@@ -546,6 +575,10 @@ class QuorumService:
             q = self.queues.get(int(obj["g"]))
             if q is not None:
                 self._deliver_here(q, int(obj["k"]), obj["m"])
+        elif kind == "qq.c":
+            q = self.queues.get(int(obj["g"]))
+            if q is not None and obj["i"] == self.cluster.incarnation:
+                self._confirmed(q, obj["s"], bool(obj["ok"]))
         elif kind == "qq.x":
             q = self.queues.get(int(obj["g"]))
             c = q.local.pop(int(obj["k"]), None) if q is not None else None
@@ -599,7 +632,6 @@ class QuorumService:
 
     # -- the leader's effects --------------------------------------------------------------------------
     def run_effects(self, q: QuorumQueue, effects: list[qe.Effect]) -> None:
-        link = self.cluster.link
         for eff in effects:
             t = type(eff)
             if t is qe.Deliver:
@@ -614,14 +646,13 @@ class QuorumService:
                 else:
                     self.transport.send(node, {"t": "qq.d", "g": q.gid, "k": cid, "m": msgs})
             elif t is qe.Confirm or t is qe.Reject:
-                node = eff.publisher_id[0]
-                kind = "qa" if t is qe.Confirm else "qn"
+                node, incarnation = eff.publisher_id
                 if node == self.name:
-                    if eff.publisher_id[1] == self.cluster.incarnation:
-                        link._on_confirms(list(eff.seqs), []) if t is qe.Confirm else \
-                            link._on_confirms([], list(eff.seqs))
+                    if incarnation == self.cluster.incarnation:
+                        self._confirmed(q, eff.seqs, t is qe.Confirm)
                 else:
-                    self.transport.send(node, {"t": kind, "ids": list(eff.seqs)})
+                    self.transport.send(node, {"t": "qq.c", "g": q.gid, "i": incarnation, "s": list(eff.seqs),
+                                               "ok": t is qe.Confirm})
             elif t is qe.DeadLetter:
                 self._dead_letter(q, eff.reason, eff.raft_indexes)
             elif t is qe.DeleteQueue:
@@ -688,10 +719,14 @@ class QuorumService:
             dead_letter(self.node, q, msgs, reason)  # type: ignore[arg-type]
 
     def _leader_changed(self, q: QuorumQueue, lead: int) -> None:
-        if q.pending and lead:
-            pending, q.pending = q.pending, []
-            for data in pending:
-                self.propose_raw(q, data)
+        if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
+            for cid, c in list(q.local.items()):
+                if c.arguments.get("x-cancel-on-ha-failover") is True:
+                    del q.local[cid]
+                    q.pending.append(qc.encode(qc.make_cancel(self.key(cid)), now_ms()))  # for the next leader
+                    c.channel.consumer_cancelled_by_broker(c)
+        if lead:
+            self._flush_pending(q)
         if q.replica is None or not q.replica.group.is_leader:
             return
         log.info("quorum queue '%s' in vhost '%s': leader is now %s", q.name, q.vhost, self.name)
@@ -709,24 +744,27 @@ class QuorumService:
             if not up:
                 if self.is_leader(q):
                     self.propose(q, qc.make_down(peer, "noconnection"))
-                pending = [pid for pid, target in self.cluster.link.confirm_pending.items() if target == peer]
-                if pending:
-                    self.cluster.link._on_confirms([], pending)
-            elif q.local and peer in q.members:
-                for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
-                    self.checkout(q, cid, c)
+                if q.unconfirmed:
+                    self._resend(q, 0.0)  # their route may have gone with that node
+            else:
+                self._flush_pending(q)
+                if q.local and peer in q.members:
+                    for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
+                        self.checkout(q, cid, c)
+
+    def _flush_pending(self, q: QuorumQueue) -> None:
+        if q.pending and self._target(q) is not None:
+            pending, q.pending = q.pending, []
+            for data in pending:
+                self.propose_raw(q, data)
 
     def _on_tick(self) -> None:
         self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
-        if self.sent_at:  # publishes whose command was lost on the way (a leader died): nack, not hang
-            pending = self.cluster.link.confirm_pending
-            limit = time.monotonic() - CONFIRM_TIMEOUT_S
-            late = [pid for pid, t in self.sent_at.items() if t < limit and pid in pending]
-            self.sent_at = {pid: t for pid, t in self.sent_at.items() if pid in pending and t >= limit}
-            if late:
-                log.warning("%d quorum queue publishes not confirmed in %.0f s: nacked", len(late),
-                            CONFIRM_TIMEOUT_S)
-                self.cluster.link._on_confirms([], late)
+        for q in self.queues.values():
+            if q.pending:
+                self._flush_pending(q)
+            if q.unconfirmed:
+                self._resend(q, RESEND_S)
         now = now_ms()
         for q in self.queues.values():
             if self.is_leader(q) and q.dlx_running and not q.dlx_busy and q.replica is not None \
@@ -742,6 +780,16 @@ class QuorumService:
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
+
+    def transfer_leader(self, q: QuorumQueue, name: str) -> None:
+        """Hand the leadership of `q` to its member `name` (hutch-queues rebalance); on the leader only.
+        Raft finishes the transfer once `name` is caught up, or abandons it after an election timeout."""
+        if not self.is_leader(q):
+            raise ValueError(f"node {self.name!r} does not lead {rs('queue', q.name, q.vhost)}")
+        if name not in q.members:
+            raise LookupError(f"node {name!r} is not a member of {rs('queue', q.name, q.vhost)}")
+        assert q.replica is not None
+        q.replica.group.transfer_leader(self.cluster.raft_id_of(name))
 
 
 def _ignore_result(fut: asyncio.Future[Any]) -> None:

@@ -121,12 +121,18 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState, out: Out) -> str:
         pub.last_seen_ms = meta.system_time_ms
         seq = cmd.seq
         if seq <= pub.last_seq:
-            if pub.was_rejected(seq):
+            if pub.take_missing(seq):
+                pass  # overtaken on the way (a resend after a leader change): new, not a duplicate
+            elif pub.was_rejected(seq):
                 out.rejects.setdefault(pid, []).append(seq)
                 return REJECTED
-            out.confirms.setdefault(pid, []).append(seq)
-            return DUPLICATE
-        pub.last_seq = seq
+            else:
+                out.confirms.setdefault(pid, []).append(seq)
+                return DUPLICATE
+        else:
+            if seq > pub.last_seq + 1:
+                pub.add_missing(pub.last_seq + 1, seq - 1)
+            pub.last_seq = seq
     cfg = st.config
     size = cmd.size_bytes
     if cfg.overflow == "reject-publish" and _would_overflow(st, cfg, size):

@@ -33,18 +33,36 @@ from .messages import LiveIndexes, MsgQueue, Record
 
 SNAPSHOT_VERSION = 1
 MAX_REJECT_RANGES = 16
+MAX_MISSING_RANGES = 64
 PUBLISHER_IDLE_MS = 3_600_000  # a publisher silent this long is forgotten (no resend is that late)
 RELEASE_CURSOR_STEP = 2048  # announce the release cursor when it moved this many entries
 
 
 class Publisher:
-    __slots__ = ("last_seq", "node", "last_seen_ms", "rejected")
+    __slots__ = ("last_seq", "node", "last_seen_ms", "rejected", "missing")
 
     def __init__(self, node: str = "", last_seq: int = 0, last_seen_ms: int = 0) -> None:
         self.last_seq = last_seq
         self.node = node
         self.last_seen_ms = last_seen_ms
         self.rejected: list[list[int]] = []  # [first, last] seq ranges refused, oldest first
+        # [first, last] seq ranges below last_seq never applied (a command lost or overtaken on the way,
+        # e.g. with a leader change): a later arrival of one of them is new, not a duplicate
+        self.missing: list[list[int]] = []
+
+    def take_missing(self, seq: int) -> bool:
+        """If `seq` is in a gap, remove it from the gap and say True."""
+        for i, (lo, hi) in enumerate(self.missing):
+            if lo <= seq <= hi:
+                parts = [r for r in ([lo, seq - 1], [seq + 1, hi]) if r[0] <= r[1]]
+                self.missing[i:i + 1] = parts
+                return True
+        return False
+
+    def add_missing(self, lo: int, hi: int) -> None:
+        self.missing.append([lo, hi])
+        if len(self.missing) > MAX_MISSING_RANGES:
+            del self.missing[0]  # so old a gap is given up: a seq in it counts as a duplicate
 
     def was_rejected(self, seq: int) -> bool:
         return any(lo <= seq <= hi for lo, hi in self.rejected)
@@ -144,7 +162,8 @@ class QueueState:
             self.ready_bytes,
             self.consumers.to_wire(),
             self.dlx.to_wire(),
-            [[pid, p.last_seq, p.node, p.last_seen_ms, p.rejected] for pid, p in self.publishers.items()],
+            [[pid, p.last_seq, p.node, p.last_seen_ms, p.rejected, p.missing]
+             for pid, p in self.publishers.items()],
             self.last_active_ms,
             self.last_cursor,
             self.rejecting,
@@ -165,9 +184,10 @@ class QueueState:
         st.ready_bytes = ready_bytes
         st.consumers = Consumers.from_wire(list(consumers))
         st.dlx = DlxState.from_wire(list(dlx))
-        for pid, last_seq, node, last_seen_ms, rejected in publishers:
+        for pid, last_seq, node, last_seen_ms, rejected, *more in publishers:
             p = st.publishers[pid] = Publisher(node, last_seq, last_seen_ms)
             p.rejected = [list(r) for r in rejected]
+            p.missing = [list(r) for r in more[0]] if more else []
         st.last_active_ms = last_active_ms
         st.last_cursor = last_cursor
         st.rejecting = rejecting
