@@ -25,6 +25,9 @@ Rules (RabbitMQ's rabbit_policy / rabbit_policies; docs/policies.md explains eac
   the key or value (one line, RabbitMQ's wording after "Validation failed: "). Ranges are RabbitMQ's,
   with the upper bounds the same x-arguments have (core/arguments.py): message-ttl and expires at most
   10 years in ms (RabbitMQ's check_expiry), the other integers at most 2^63-1.
+- Classic queue mirroring (`MIRRORING_KEYS`: ha-mode, ha-params, ...) is refused, in policies and operator
+  policies alike, with a text naming quorum queues as the replacement (RabbitMQ 4.0 removed mirroring;
+  docs/quorum-queues.md, "Operations").
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ OPERATOR_POLICY_KEYS = frozenset({"message-ttl", "expires", "max-length", "max-l
                                   "delivery-limit", "overflow"})
 
 
+# classic queue mirroring, removed in RabbitMQ 4.0: refused with the replacement named, not as unknown keys
+MIRRORING_KEYS = ("ha-mode", "ha-params", "ha-sync-mode", "ha-promote-on-shutdown", "ha-promote-on-failure",
+                  "ha-sync-batch-size")
+
+
 class PolicyError(ValueError):
     """An invalid policy: the text is the reason given to the client (one line)."""
 
@@ -146,10 +154,15 @@ def validate_definition(definition: Any, operator: bool = False) -> dict[str, An
         raise PolicyError(f"Validation failed: definition must be a dictionary: {_format(definition)}")
     if not definition:
         raise PolicyError("Validation failed: no policy provided")
+    kind = "operator policy" if operator else "policy"
+    mirroring = [key for key in definition if key in MIRRORING_KEYS]
+    if mirroring:  # RabbitMQ 4.x's text, and what to do instead
+        raise PolicyError(f"Validation failed: {_format(mirroring)} are not recognised {kind} settings: classic "
+                          "queue mirroring was removed; use quorum queues (x-queue-type: quorum) for replicated "
+                          "queues; see hutch-queues migrate_mirrored")
     allowed = OPERATOR_POLICY_KEYS if operator else POLICY_KEYS.keys()
     unknown = [key for key in definition if key not in allowed]
     if unknown:
-        kind = "operator policy" if operator else "policy"
         raise PolicyError(f"Validation failed: {_format(unknown)} are not recognised {kind} settings")
     for key, value in definition.items():
         error = POLICY_KEYS[key](value)
@@ -343,6 +356,7 @@ class PolicyStore:
 __all__ = [
     "APPLY_TO",
     "EXCHANGE",
+    "MIRRORING_KEYS",
     "NUMERIC_KEYS",
     "OPERATOR_POLICY",
     "OPERATOR_POLICY_KEYS",
