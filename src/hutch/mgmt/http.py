@@ -35,7 +35,7 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import cluster, definitions, openapi, prometheus, routes, stats, system, ui
+from . import cluster, definitions, openapi, prometheus, quorum_routes, routes, stats, system, ui
 from .access import Principal
 from .calls import NO_CONTENT, ROUTES, Call, Handler, Reply, Route, Status, route
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
@@ -328,6 +328,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
     system.serve_node_info(node)
+    quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.management_host or None, cfg.management_port, reuse_address=True)
