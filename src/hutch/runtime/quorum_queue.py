@@ -47,7 +47,7 @@ from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.config import QuorumConfig
 from hutch.queues.quorum.machine import QuorumMachine
 
-from .raft_group import GroupClosed
+from .raft_group import GroupClosed, NotLeader
 from .remote_queue import decode_message, encode_message
 
 if TYPE_CHECKING:
@@ -441,6 +441,11 @@ class QuorumService:
             try:
                 fut = q.replica.group.propose_nowait(data)
             except GroupClosed:  # the node is stopping (or the queue was deleted)
+                return False
+            except NotLeader:  # a leadership transfer is under way: sent once the new leader is known
+                if len(q.pending) < MAX_PENDING:
+                    q.pending.append(data)
+                    return True
                 return False
             fut.add_done_callback(_ignore_result)
             return True
