@@ -335,9 +335,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--rate", type=int, default=0,
+                        help="scrape, counters: limit the publisher to N msg/s (hutch-perf -r): a broker that is "
+                             "not saturated makes the same batches in both variants, so CPU per message compares "
+                             "code cost")
     parser.add_argument("--baseline-src", help="counters: the src/ directory of the baseline tree")
     parser.add_argument("--this-src", help="counters: the src/ directory of the tree to compare (default: installed)")
     args = parser.parse_args()
+    if args.rate:
+        PERF_ARGS.extend(["-r", str(args.rate)])
     if args.mode == "listing":
         listing(args.amqp_port, args.mgmt_port, args.queues or 10_000, args.repeat)
     elif args.mode == "tick":
