@@ -524,3 +524,33 @@ def test_every_list_endpoint_takes_the_listing_parameters(api: Api, path: str):
     assert regex["filtered_count"] == 0 and regex["items"] == []
     assert api.get(path + "?page=0").body["error"] == "invalid_pagination_parameters"
     assert api.get(path + "?page=1&page_size=501").status == 400
+
+
+def test_topic_permissions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json as _json
+    import urllib.request
+    from base64 import b64encode
+
+    from tests.conftest import start_server
+
+    def call(info, method, path, body=None):  # type: ignore[no-untyped-def]
+        req = urllib.request.Request(info.mgmt_url + path, method=method,
+                                     data=None if body is None else _json.dumps(body).encode())
+        req.add_header("Authorization", "Basic " + b64encode(b"guest:guest").decode())
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, _json.loads(raw) if raw else None
+
+    info = start_server(tmp_path)
+    try:
+        assert call(info, "PUT", "/api/topic-permissions/%2F/guest",
+                    {"exchange": "amq.topic", "write": "^a", "read": ".*"})[0] in (201, 204)
+    finally:
+        info.stop()
+    info = start_server(tmp_path)
+    try:
+        code, doc = call(info, "GET", "/api/topic-permissions/%2F/guest")
+        assert code == 200 and doc[0]["exchange"] == "amq.topic" and doc[0]["write"] == "^a"
+    finally:
+        info.stop()

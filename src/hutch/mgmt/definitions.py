@@ -650,6 +650,8 @@ def _apply_auth(node: Node, plan: Plan, acting_user: str | None) -> None:
         auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     for user, vhost, exchange, write, read in plan.topic_permissions:
         node.topic_permissions.setdefault((vhost, user), {})[exchange] = (write, read)
+    if plan.topic_permissions:
+        node.topic_permissions_changed()
     if plan.users or plan.vhosts or plan.permissions:
         node.permissions_changed()  # drops cached permission checks and records the auth state
 

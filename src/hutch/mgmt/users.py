@@ -119,8 +119,11 @@ def delete_user(node: Node, p: Principal, name: str) -> None:
         node.auth.delete_user(name)
     except NoSuchUser:
         raise not_found() from None
-    for key in [k for k in node.topic_permissions if k[1] == name]:
+    gone = [k for k in node.topic_permissions if k[1] == name]
+    for key in gone:
         del node.topic_permissions[key]
+    if gone:
+        node.topic_permissions_changed()
     node.permissions_changed()
     node.close_user_connections(name, USER_DELETED_REASON.format(name))
 
@@ -210,8 +213,11 @@ def delete_vhost(node: Node, p: Principal, name: str) -> None:
     require_admin(p)
     if node.auth.get_vhost(name) is None:
         raise not_found()
-    for key in [k for k in node.topic_permissions if k[0] == name]:
+    gone = [k for k in node.topic_permissions if k[0] == name]
+    for key in gone:
         del node.topic_permissions[key]
+    if gone:
+        node.topic_permissions_changed()
     node.delete_vhost(name)
 
 
@@ -330,6 +336,7 @@ def put_topic_permission(node: Node, p: Principal, vhost: str, user: str, body: 
     key = (vhost, user)
     created = key not in node.topic_permissions
     node.topic_permissions.setdefault(key, {})[exchange] = (write, read)
+    node.topic_permissions_changed()
     return created
 
 
@@ -341,10 +348,11 @@ def delete_topic_permission(node: Node, p: Principal, vhost: str, user: str, exc
         raise not_found()
     if exchange is None:
         del node.topic_permissions[key]
-        return
-    del by_exchange[exchange]
-    if not by_exchange:
-        del node.topic_permissions[key]
+    else:
+        del by_exchange[exchange]
+        if not by_exchange:
+            del node.topic_permissions[key]
+    node.topic_permissions_changed()
 
 
 __all__ = [

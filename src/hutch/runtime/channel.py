@@ -292,7 +292,7 @@ class ServerChannel(DeclarationsMixin):
         x = self.vhost.exchanges.get(exchange)
         if x is None:
             raise ChannelError(NOT_FOUND, f"no exchange '{exchange}' in vhost '{self.vhost.name}'", 60, 40)
-        if self._write_checked is not x:
+        if self._write_checked is not x or self._perm_epoch != self.node.perm_epoch:
             if x is not self.x_current:
                 _switch_exchange(self, x)
             self.check_permission("write", "exchange", exchange)

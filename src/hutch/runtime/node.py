@@ -77,6 +77,9 @@ class Node:
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/policies.py)
+        # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
+        # channel checks write on publishes to topic exchanges; saved and replicated like permissions
+        self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self.connections: set[AMQPConnection] = set()
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
@@ -107,9 +110,6 @@ class Node:
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
         self.closed_channel_stats: dict[str, int] = {}
-        # topic permissions, set through the management API (mgmt/users.py): (vhost, user) ->
-        # {exchange: (write regex, read regex)}; the channel checks write on publishes to topic exchanges
-        self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
 
     @staticmethod
     def wall_ms() -> float:
@@ -219,6 +219,12 @@ class Node:
                 self.vhosts.setdefault(name, VirtualHost(name))
             self.perm_epoch += 1
             return
+        if kind == "topic_permissions":
+            self.topic_permissions = {}
+            for v, u, x, w, r in op["table"]:
+                self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
+            self.perm_epoch += 1
+            return
         vhost = self.vhosts[op["vhost"]]
         if kind == "exchange.declare":
             self.declare_exchange(vhost, op["name"], op["type"], op.get("durable", True), op["auto_delete"],
@@ -260,6 +266,8 @@ class Node:
         A clustered node's metadata holds transient objects too (other nodes route to them)."""
         everything = self.cluster is not None
         yield {"op": "auth", "auth": self.auth.to_dict()}
+        if self.topic_permissions:
+            yield self._topic_permissions_op()
         yield from policies.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
@@ -428,6 +436,16 @@ class Node:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
         self._record({"op": "auth", "auth": self.auth.to_dict()})
+
+    def topic_permissions_changed(self) -> None:
+        """Topic permissions changed (mgmt/users.py): drop cached checks and save them."""
+        self.perm_epoch += 1
+        self._record(self._topic_permissions_op())
+
+    def _topic_permissions_op(self) -> dict[str, Any]:
+        return {"op": "topic_permissions",
+                "table": [[v, u, x, w, r] for (v, u), by_x in sorted(self.topic_permissions.items())
+                          for x, (w, r) in sorted(by_x.items())]}
 
     def add_vhost(self, name: str, description: str = "", tags: Sequence[str] = ()) -> None:
         self.auth.add_vhost(name, description=description, tags=list(tags))
