@@ -164,6 +164,23 @@ def test_permission_changes_apply_to_open_channels(node):
         node.set_permissions(USER, "/")
 
 
+def test_narrowed_write_permission_applies_to_the_exchange_a_channel_keeps_publishing_to(node):
+    node.set_permissions(USER, "/")
+    conn = _connect(node)
+    try:
+        ch = conn.channel()
+        ch.basic_publish("amq.topic", "k", b"1")  # allowed, and remembered by the channel
+        ch.basic_publish("amq.topic", "k", b"2")
+        node.set_permissions(USER, "/", write="^$")
+        with refused(403):
+            ch.basic_publish("amq.topic", "k", b"3")
+            ch.basic_qos(prefetch_count=1)  # a synchronous call reports the channel's close
+    finally:
+        if conn.is_open:
+            conn.close()
+        node.set_permissions(USER, "/")
+
+
 def test_user_without_vhost_permissions_is_refused_530(node):
     node.call(lambda: node.node.auth.add_user("no-perms", "pw"))
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as info:
