@@ -526,7 +526,7 @@ def test_every_list_endpoint_takes_the_listing_parameters(api: Api, path: str):
     assert api.get(path + "?page=1&page_size=501").status == 400
 
 
-def test_topic_permissions_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_topic_permissions_and_the_cluster_name_survive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json as _json
     import urllib.request
     from base64 import b64encode
@@ -546,11 +546,13 @@ def test_topic_permissions_survive_a_restart(tmp_path) -> None:  # type: ignore[
     try:
         assert call(info, "PUT", "/api/topic-permissions/%2F/guest",
                     {"exchange": "amq.topic", "write": "^a", "read": ".*"})[0] in (201, 204)
+        assert call(info, "PUT", "/api/cluster-name", {"name": "renamed"})[0] == 204
     finally:
         info.stop()
     info = start_server(tmp_path)
     try:
         code, doc = call(info, "GET", "/api/topic-permissions/%2F/guest")
         assert code == 200 and doc[0]["exchange"] == "amq.topic" and doc[0]["write"] == "^a"
+        assert call(info, "GET", "/api/cluster-name")[1] == {"name": "renamed"}
     finally:
         info.stop()

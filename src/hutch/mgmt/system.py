@@ -13,13 +13,12 @@ Rules:
 - Rates and samples (`*_details`) come from stats.py; without a collector (hutchctl's tests build the
   app without one) the counters are plain numbers.
 - The cluster name is the node's `cluster_name` (config, default the node name); PUT changes it for
-  the running node (AMQP server properties included) but not the config file, so a restart brings
-  back the configured one.
+  the running node (AMQP server properties included), saved with the definitions (replicated in a
+  cluster), so it outlives a restart, as RabbitMQ's runtime parameter does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import resource
@@ -166,7 +165,7 @@ def put_cluster_name(node: Node, p: Principal, body: Any) -> None:
     if not isinstance(name, str) or not name:
         raise bad_request("[{key_missing,name}]" if not isinstance(body, dict) or "name" not in body
                           else "name must be a non-empty string")
-    node.config = dataclasses.replace(node.config, cluster_name=name)
+    node.set_cluster_name(name)
 
 
 # -- nodes ------------------------------------------------------------------------------------------

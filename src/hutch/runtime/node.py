@@ -10,6 +10,7 @@ so that this layer does not import them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import gc
 import logging
@@ -80,6 +81,7 @@ class Node:
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self.cluster_name_set = False  # set through the API (saved), not only from the config
         self.connections: set[AMQPConnection] = set()
         self.reply_channels: dict[str, ServerChannel] = {}
         self.alarms: set[str] = set()
@@ -219,6 +221,9 @@ class Node:
                 self.vhosts.setdefault(name, VirtualHost(name))
             self.perm_epoch += 1
             return
+        if kind == "cluster_name":
+            self.set_cluster_name(op["name"])
+            return
         if kind == "topic_permissions":
             self.topic_permissions = {}
             for v, u, x, w, r in op["table"]:
@@ -268,6 +273,8 @@ class Node:
         yield {"op": "auth", "auth": self.auth.to_dict()}
         if self.topic_permissions:
             yield self._topic_permissions_op()
+        if self.cluster_name_set:
+            yield {"op": "cluster_name", "name": self.config.cluster_name}
         yield from policies.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
@@ -436,6 +443,12 @@ class Node:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
         self._record({"op": "auth", "auth": self.auth.to_dict()})
+
+    def set_cluster_name(self, name: str) -> None:
+        """PUT /api/cluster-name: the running node's name for its cluster, saved (and replicated)."""
+        self.config = dataclasses.replace(self.config, cluster_name=name)
+        self.cluster_name_set = True
+        self._record({"op": "cluster_name", "name": name})
 
     def topic_permissions_changed(self) -> None:
         """Topic permissions changed (mgmt/users.py): drop cached checks and save them."""
