@@ -276,6 +276,9 @@ class QuorumService:
         self.ids = itertools.count(1)
         self.queues: dict[int, QuorumQueue] = {}
         self.publisher_id = (node.name, cluster.incarnation)
+        self._acks: list[int] = []  # link publish ids confirmed this loop turn
+        self._nacks: list[int] = []
+        self._confirms_scheduled = False
         self._tick: asyncio.TimerHandle | None = None
         cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
                                  "qq.member": self._h_member})
@@ -439,7 +442,7 @@ class QuorumService:
         if self.is_leader(q):
             assert q.replica is not None
             try:
-                fut = q.replica.group.propose_nowait(data)
+                q.replica.group.propose_fire(data)
             except GroupClosed:  # the node is stopping (or the queue was deleted)
                 return False
             except NotLeader:  # a leadership transfer is under way: sent once the new leader is known
@@ -447,7 +450,6 @@ class QuorumService:
                     q.pending.append(data)
                     return True
                 return False
-            fut.add_done_callback(_ignore_result)
             return True
         target = self._target(q, forwarded)
         if target is None or target == self.name:
@@ -480,13 +482,20 @@ class QuorumService:
         self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
 
     def _confirmed(self, q: QuorumQueue, seqs: Iterable[int], ok: bool) -> None:
-        pids = []
+        out = self._acks if ok else self._nacks
         for seq in seqs:
             item = q.unconfirmed.pop(seq, None)
             if item is not None:
-                pids.append(item[0])
-        if pids:
-            self.cluster.link._on_confirms(pids, []) if ok else self.cluster.link._on_confirms([], pids)
+                out.append(item[0])
+        if out and not self._confirms_scheduled:  # one pass over the waiting channels per loop turn
+            self._confirms_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_confirms)
+
+    def _flush_confirms(self) -> None:
+        self._confirms_scheduled = False
+        acks, self._acks = self._acks, []
+        nacks, self._nacks = self._nacks, []
+        self.cluster.link._on_confirms(acks, nacks)
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
         limit = time.monotonic() - older_than_s
@@ -620,6 +629,11 @@ class QuorumService:
             return q.replica.side_payloads[raft_index]
         driver = self.cluster.driver
         assert driver is not None
+        mem = driver._store.state(q.gid).mem  # entries not yet flushed to segment files: in RAM anyway
+        if mem and mem[0].index <= raft_index <= mem[-1].index:
+            e = mem[raft_index - mem[0].index]
+            if e.index == raft_index:
+                return bytes(qc.payload_of(e.data))
         try:
             entries = driver._store.group(q.gid).entries(raft_index, raft_index + 1, 1 << 62)
         except Exception:  # noqa: BLE001 - compacted or unavailable: reported below
@@ -795,8 +809,3 @@ class QuorumService:
             raise LookupError(f"node {name!r} is not a member of {rs('queue', q.name, q.vhost)}")
         assert q.replica is not None
         q.replica.group.transfer_leader(self.cluster.raft_id_of(name))
-
-
-def _ignore_result(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # consumed: a failed proposal is retried by whoever waits for its effect

@@ -103,7 +103,8 @@ class Group:
         self._snapshot_index = applied
         self._waiters: dict[int, Waiter] = {}  # entry index -> proposer, until applied here
         self._min_waiter_term = 0  # Invariant: <= the term of every waiter (0 when there is none)
-        self._proposals: list[tuple[bytes, asyncio.Future[Any]]] = []  # until the next cycle proposes them
+        # until the next cycle proposes them; no future for a `propose_fire`
+        self._proposals: list[tuple[bytes, asyncio.Future[Any] | None]] = []
         self._quiesced = False
         self._closed = False
         self._lead = raw.raft.lead  # as last reported to on_leader_change
@@ -126,6 +127,21 @@ class Group:
         d._wake(self)
         d._schedule()
         return fut
+
+    def propose_fire(self, data: bytes) -> None:
+        """`propose_nowait` for a caller that learns the outcome otherwise (a quorum queue's effects):
+        no future, no waiter (the hot path of enqueue/settle). Raises as `propose_nowait` does."""
+        d = self._driver
+        d._check_open(self)
+        r = self.raw.raft
+        if r.state is not _LEADER:
+            raise NotLeader(r.lead)
+        if r.lead_transferee:
+            raise NotLeader(r.lead_transferee, "leadership transfer in progress")
+        self._proposals.append((data, None))
+        d._proposing[self.gid] = self
+        d._wake(self)
+        d._schedule()
 
     async def propose(self, data: bytes, timeout: float = 5.0) -> Any:
         fut = self.propose_nowait(data)
@@ -190,19 +206,21 @@ class Group:
     def _propose_pending(self) -> int:
         """Hand the batched proposals to the core (one append); returns how many were proposed."""
         props, self._proposals = self._proposals, []
-        live = [(data, fut) for data, fut in props if not fut.done()]
+        live = [(data, fut) for data, fut in props if fut is None or not fut.done()]
         if not live or self._closed:
             return 0
         try:
             last = self.raw.propose_batch([data for data, _ in live])
         except ProposalDroppedError as exc:
             for _, fut in live:
-                fut.set_exception(NotLeader(exc.leader, str(exc)))
+                if fut is not None:
+                    fut.set_exception(NotLeader(exc.leader, str(exc)))
             return 0
         term = self.raw.raft.term
         first = last - len(live) + 1
         for i, (_, fut) in enumerate(live):
-            self._add_waiter(first + i, term, fut)
+            if fut is not None:
+                self._add_waiter(first + i, term, fut)
         return len(live)
 
     def _apply(self, rd: Ready) -> int:
@@ -263,7 +281,8 @@ class Group:
             self._min_waiter_term = min((t for t, _ in self._waiters.values()), default=0)
 
     def _fail_waiters(self, exc: BaseException) -> None:
-        waiting = [fut for _, fut in self._proposals] + [fut for _, fut in self._waiters.values()]
+        waiting = [fut for _, fut in self._proposals if fut is not None] + \
+            [fut for _, fut in self._waiters.values()]
         self._proposals = []
         self._waiters = {}
         self._min_waiter_term = 0
