@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow test-crash test-sim lint clean bench-spark browser-deps
+.PHONY: setup run test test-slow test-crash test-sim jepsen lint clean bench-spark browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ test-crash: $(STAMP)
 # the Raft simulation, long: thousands of seeds (a failing seed prints `python -m tests.sim.replay N`)
 test-sim: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/sim
+
+# the Jepsen-style quorum queue test, long (tests/cluster/test_jepsen.py): 3 and 5 nodes, HUTCH_JEPSEN_SEEDS
+# (default 1-4; "1-8" or "3,7,11") and HUTCH_JEPSEN_SECONDS per run (default 60); figures in artifacts/ if present
+jepsen: $(STAMP)
+	$(PY) -m pytest -q -s -p no:cacheprovider -m slow tests/cluster/test_jepsen.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks
