@@ -273,7 +273,9 @@ class QuorumService:
         self.cluster = cluster
         self.name = node.name
         self.transport = cluster.transport
-        self.ids = itertools.count(1)
+        # consumer ids: unique across this node's incarnations, so a new consumer never takes over the
+        # key (and the checked-out messages and credit) of one that died with a previous process
+        self.ids = itertools.count((secrets.randbits(31) << 20) + 1)
         self.queues: dict[int, QuorumQueue] = {}
         self.publisher_id = (node.name, cluster.incarnation)
         self._acks: list[int] = []  # link publish ids confirmed this loop turn
@@ -604,7 +606,13 @@ class QuorumService:
 
     def _deliver_here(self, q: QuorumQueue, cid: int, msgs: list[list[Any]]) -> None:
         consumer = q.local.get(cid)
-        if consumer is None:  # cancelled meanwhile: the cancel command returns them
+        if consumer is None:  # cancelled, or its channel closed, meanwhile (or a consumer of a previous
+            # incarnation of this node): stop it and give the messages back (a cancel keeps them)
+            key = self.key(cid)
+            self.propose(q, qc.make_cancel(key))
+            ids = [int(m[0]) for m in msgs]
+            if ids:
+                self.propose(q, qc.make_return(key, ids))
             return
         for msg_id, payload, redelivered, count in msgs:
             entry = QueueEntry(int(msg_id), self.message(payload, count))
