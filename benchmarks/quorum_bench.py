@@ -446,17 +446,26 @@ def cmd_throughput(args: argparse.Namespace) -> None:
 
 # -- fsyncs ---------------------------------------------------------------------------------------------
 
-def count_syncs(perf_data: Path, pids: set[int]) -> tuple[Counter[int], Counter[str]]:
-    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid,event"], capture_output=True,
+def count_syncs(perf_data: Path, pids: set[int]) -> tuple[Counter[int], Counter[str], list[float]]:
+    """fsync/fdatasync calls per broker pid and per call, and each call's duration (enter -> exit, ms)."""
+    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid,tid,time,event"], capture_output=True,
                          text=True, check=True).stdout
     per_pid: Counter[int] = Counter()
     per_call: Counter[str] = Counter()
+    entered: dict[int, float] = {}
+    durations: list[float] = []
     for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) in pids:
+        parts = line.replace("/", " ").split()  # "pid/tid time: event:"
+        if len(parts) < 4 or not parts[0].isdigit() or int(parts[0]) not in pids:
+            continue
+        tid, at, event = int(parts[1]), float(parts[2].rstrip(":")), parts[3].rstrip(":").split(":")[-1]
+        if event.startswith("sys_enter_"):
             per_pid[int(parts[0])] += 1
-            per_call[parts[1].rstrip(":").split(":")[-1]] += 1
-    return per_pid, per_call
+            per_call[event] += 1
+            entered[tid] = at
+        elif tid in entered:
+            durations.append(1000 * (at - entered.pop(tid)))
+    return per_pid, per_call, sorted(durations)
 
 
 def cmd_fsyncs(args: argparse.Namespace) -> None:
@@ -466,7 +475,8 @@ def cmd_fsyncs(args: argparse.Namespace) -> None:
             wait_idle()
             data = Path(args.base) / f"perf-{c.kind}.data"
             rec = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "syscalls:sys_enter_fdatasync",
-                                    "-e", "syscalls:sys_enter_fsync", "-o", str(data)],
+                                    "-e", "syscalls:sys_enter_fsync", "-e", "syscalls:sys_exit_fdatasync",
+                                    "-e", "syscalls:sys_exit_fsync", "-o", str(data)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
             label = f"fsync-{c.kind}-{args.nodes}n"
@@ -474,13 +484,15 @@ def cmd_fsyncs(args: argparse.Namespace) -> None:
                            sample=(5.0, args.seconds - 2.0))
             rec.send_signal(signal.SIGINT)
             rec.wait(30)
-            per_pid, per_call = count_syncs(data, set(c.pids()))
+            per_pid, per_call, took = count_syncs(data, set(c.pids()))
             data.unlink(missing_ok=True)
             confirmed = run["result"]["confirmed"]
             total = sum(per_pid.values())
             emit({"kind": "fsyncs", "broker": c.kind, "nodes": args.nodes, "size": size, "confirmed": confirmed,
                   "confirm_rate": run["result"]["confirm_rate"], "fsyncs": total,
                   "per_node": [per_pid.get(p, 0) for p in c.pids()], "by_call": dict(per_call),
+                  "sync_ms": {"p50": round(took[len(took) // 2], 2), "p99": round(took[int(len(took) * 0.99)], 2),
+                              "mean": round(sum(took) / len(took), 2)} if took else None,
                   "fsyncs_per_1000": round(1000 * total / max(confirmed, 1), 2),
                   "leader_fsyncs_per_1000": round(1000 * per_pid.get(c.pid(0), 0) / max(confirmed, 1), 2),
                   "command": run["command"], "cpu": run["cpu"]})
