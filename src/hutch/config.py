@@ -110,10 +110,11 @@ class Config:
     cluster_tick_ms: int = 100  # one Raft tick; elections after 10-20 ticks
     cluster_fault_injection: bool = False  # tests: POST /api/cluster-faults may cut this node off
     quorum_cluster_size: int = 3  # members of a new quorum queue (capped by the cluster's size)
+    queue_leader_locator: str = "client-local"  # where a new quorum queue's leader goes: or "balanced"
     dead_letter_worker_consumer_prefetch: int = 32  # at-least-once dead-lettering of quorum queues
     raft_wal_max_size_bytes: int = 512 * MiB  # raft.wal_max_size_bytes: the shared WAL is flushed past it
     raft_segment_max_entries: int = 4096  # raft.segment_max_entries (at most 65535)
-    quorum_commands_soft_limit: int = 32  # accepted for compatibility (hutch has no per-channel command cap)
+    quorum_commands_soft_limit: int = 32  # enqueue entries in flight to one quorum queue before flow
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -195,6 +196,15 @@ def _parse_listener(text: str) -> dict[str, Any]:
 
 def _host_field(name: str) -> _Parser:
     return lambda text: {name: _host(text)}
+
+
+def _choice_field(name: str, choices: tuple[str, ...]) -> _Parser:
+    def parse(text: str) -> dict[str, Any]:
+        if text not in choices:
+            raise _BadValue("one of " + ", ".join(choices))
+        return {name: text}
+
+    return parse
 
 
 def _nonempty_field(name: str) -> _Parser:
@@ -336,6 +346,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "cluster.tick_interval": _int_field("cluster_tick_ms", 5, 10_000),
     "cluster.fault_injection": lambda text: {"cluster_fault_injection": _parse_bool(text)},
     "quorum_cluster_size": _int_field("quorum_cluster_size", 1, 1000),
+    "queue_leader_locator": _choice_field("queue_leader_locator", ("client-local", "balanced")),
     "dead_letter_worker_consumer_prefetch": _int_field("dead_letter_worker_consumer_prefetch", 1, 65535),
     "raft.wal_max_size_bytes": _int_field("raft_wal_max_size_bytes", 65536, 2**40),
     "raft.segment_max_entries": _int_field("raft_segment_max_entries", 1, 65535),

@@ -273,6 +273,44 @@ def test_migrate_mirrored(cluster: Cluster) -> None:
     conn.close()
 
 
+def test_cancel_on_ha_failover_for_a_consumer_on_a_node_that_is_not_a_member(cluster: Cluster) -> None:
+    """The leader changes (here: the leader is removed from a queue of two members); a consumer with
+    x-cancel-on-ha-failover on the third node, which has no replica to see that, is cancelled too."""
+    n1 = cluster.nodes[0]
+    c1 = connect(n1)
+    c1.channel().queue_declare("outside-qq", durable=True, arguments={**QQ, "x-quorum-initial-group-size": 2})
+    members = queue_info(n1, "outside-qq")["members"]
+    assert queue_info(n1, "outside-qq")["leader"] == n1.full_name
+    outsider = next(n for n in cluster.nodes if n.full_name not in members)
+    other = next(n for n in cluster.nodes if n.full_name in members and n is not n1)
+    conn = connect(outsider)
+    flagged_ch, plain_ch = conn.channel(), conn.channel()
+    cancelled: list[str] = []
+    got: list[bytes] = []
+    flagged_ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    plain_ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    flagged = flagged_ch.basic_consume("outside-qq", lambda *a: None, arguments={"x-cancel-on-ha-failover": True})
+    plain_ch.basic_consume("outside-qq", lambda c, m, p, body: (got.append(body), c.basic_ack(m.delivery_tag)))
+    conn.process_data_events(0.5)
+    out = hq(other, "delete_member", "outside-qq", "n1")
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 15
+    while flagged not in cancelled and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert cancelled == [flagged]
+    assert queue_info(other, "outside-qq")["leader"] == other.full_name
+    ch1 = c1.channel()
+    ch1.confirm_delivery()
+    ch1.basic_publish("", "outside-qq", b"after the change", PERSISTENT)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert got == [b"after the change"] and cancelled == [flagged]
+    conn.close()
+    ch1.queue_delete("outside-qq")
+    c1.close()
+
+
 # -- failover (kills n1: keep last) -----------------------------------------------------------------
 
 

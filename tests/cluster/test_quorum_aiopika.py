@@ -2,8 +2,8 @@
 
 The pika tests (test_quorum_queues.py) cover the same features through a blocking client; these go through
 aio-pika's asyncio consumers, its publisher confirms (a nack raises `DeliveryError`) and its connection
-errors. The failover test kills a node and restarts it, so it comes last. One test is a strict xfail for a
-known broker bug (basic.cancel-ok is sent before the cancel is committed): remove the mark once it is fixed.
+errors. The failover test kills a node and restarts it, so it comes last. One test found a bug, now fixed:
+basic.cancel-ok was sent before the cancel was committed.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ async def test_single_active_consumer_takes_over_on_cancel(cluster: Cluster) -> 
 
         await within(qa.cancel(tag_a))
 
-        async def cancel_applied() -> bool:  # see the xfail test below: cancel-ok comes before this
+        async def cancel_applied() -> bool:  # the API's view (cancel-ok already waited for the commit)
             return (await queue_info(n1, name)).get("consumers") == 1
 
         await until(cancel_applied, what="the cancel applied at the leader")
@@ -399,13 +399,7 @@ async def test_message_ttl_and_max_length_reject_publish(cluster: Cluster) -> No
         await within(conn.close())
 
 
-# a known bug: basic.cancel-ok comes before the cancel is committed ------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "broker bug: basic.cancel-ok on a quorum queue is sent before the cancel is committed "
-    "(QuorumQueue.remove_consumer proposes make_cancel fire-and-forget, Channel._basic_cancel replies at once); "
-    "a message published after cancel-ok can still be checked out to the cancelled consumer, whose node "
-    "returns it (QuorumService._deliver_here), so it arrives redelivered with x-delivery-count 1, behind "
-    "later messages when there is no delivery limit, and counted against x-delivery-limit"))
+# basic.cancel-ok comes once the cancel is committed ---------------------------------------------------------
 async def test_message_published_after_cancel_ok_is_not_charged_to_the_cancelled_consumer(
         cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes

@@ -226,3 +226,86 @@ def test_publishes_held_while_the_leader_is_unreachable_are_resent_and_enqueued_
     assert sorted(bodies) == [f"r{i}".encode() for i in range(5)]
     check.close()
     conn.close()
+
+
+def _leaders(node: Node) -> dict[str, str]:
+    code, queues = node.api("GET", "/api/queues")
+    assert code == 200
+    return {q["name"]: q.get("leader") for q in queues if q.get("type") == "quorum"}
+
+
+def test_balanced_leader_locator_spreads_leaders_and_client_local_keeps_them_here(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    conn = connect(n1)
+    ch = conn.channel()
+    for i in range(2):  # client-local (the default): the leader is the node the client is connected to
+        ch.queue_declare(f"loc-local-{i}", durable=True, arguments=QQ)
+    before = _leaders(n1)
+    counts = {n.full_name: 0 for n in cluster.nodes}
+    for lead in before.values():
+        if lead in counts:
+            counts[lead] += 1
+    assert all(before[f"loc-local-{i}"] == n1.full_name for i in range(2))
+    new = [f"loc-bal-{i}" for i in range(6)]
+    for name in new:  # the argument; each goes to a running node that leads the fewest
+        ch.queue_declare(name, durable=True, arguments={**QQ, "x-queue-leader-locator": "balanced"})
+        lead = _leaders(n1)[name]
+        assert counts[lead] == min(counts.values()), (name, lead, counts)
+        counts[lead] += 1
+    assert len({_leaders(n1)[name] for name in new}) >= 2
+    # a policy wins over the argument (RabbitMQ's rule): balanced here although the argument says local
+    code, _ = n2.api("PUT", "/api/policies/%2F/bal-pol", {"pattern": "^loc-pol-", "apply-to": "queues",
+                                                          "definition": {"queue-leader-locator": "balanced"}})
+    assert code in (201, 204)
+    try:
+        leads = []
+        for i in range(3):
+            ch.queue_declare(f"loc-pol-{i}", durable=True,
+                             arguments={**QQ, "x-queue-leader-locator": "client-local"})
+            leads.append(_leaders(n1)[f"loc-pol-{i}"])
+        assert len(set(leads)) >= 2, leads
+        # members always include the node the client is connected to
+        for i in range(3):
+            code, info = n3.api("GET", f"/api/queues/%2F/loc-pol-{i}")
+            assert code == 200 and n1.full_name in info["members"] and info["leader"] in info["members"]
+    finally:
+        n2.api("DELETE", "/api/policies/%2F/bal-pol")
+    for name in [*new, "loc-local-0", "loc-local-1", "loc-pol-0", "loc-pol-1", "loc-pol-2"]:
+        ch.queue_delete(name)
+    conn.close()
+
+
+def _conn_states(node: Node) -> list[str]:
+    code, conns = node.api("GET", "/api/connections")
+    assert code == 200
+    return [c.get("state") for c in conns]
+
+
+def test_credit_flow_holds_a_publisher_while_its_commands_are_not_confirmed(cluster: Cluster) -> None:
+    """quorum_commands_soft_limit (32 enqueue entries in flight from a node): with no majority, a publisher
+    (no confirms) goes into flow and its socket is no longer read; once the majority is back, every
+    publish is enqueued and the connection runs again."""
+    n1, n2, n3 = cluster.nodes
+    setup = connect(n1)
+    setup.channel().queue_declare("flow-qq", durable=True, arguments=QQ)
+    conn = connect(n2)
+    ch = conn.channel()
+    n1.pause()
+    n3.pause()
+    sent = 0
+    try:
+        for _ in range(80):  # one publish per server loop turn: one entry each
+            ch.basic_publish("", "flow-qq", b"f%d" % sent)
+            sent += 1
+            conn.process_data_events(0.01)
+        eventually(lambda: "flow" in _conn_states(n2), timeout=10)
+    finally:
+        n1.resume()
+        n3.resume()
+    eventually(lambda: "flow" not in _conn_states(n2), timeout=30)
+    count = eventually(lambda: (ch.queue_declare("flow-qq", durable=True, arguments=QQ).method.message_count
+                                == sent) or None, timeout=30)
+    assert count
+    ch.queue_delete("flow-qq")
+    conn.close()
+    setup.close()

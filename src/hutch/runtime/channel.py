@@ -416,7 +416,7 @@ class ServerChannel(DeclarationsMixin):
             synced = storage.synced_seq if storage is not None else 0
             while True:
                 self.confirm_pending = confirmable_prefix(waiting, synced, self.confirm_pending)
-                if waiting and waiting[0][1] <= REMOTE and self._remote_settled(waiting):
+                if waiting and waiting[0][1] <= REMOTE and self._remote_settled(waiting, synced):
                     continue
                 if not waiting or waiting[0][1] != NACK:
                     break
@@ -442,20 +442,42 @@ class ServerChannel(DeclarationsMixin):
                     delivery_tag=nack_upto, multiple=nack_upto - self.confirm_sent > 1))
             self.confirm_pending = self.confirm_sent = nack_upto
 
-    def _remote_settled(self, waiting: deque[tuple[int, int]]) -> bool:
-        """The head waits for other nodes: if they have all answered, turn it into a local wait (or a
-        NACK) and say True; False while an answer is missing."""
-        seq, need = waiting[0]
-        lo, hi = self.remote_wait[seq]
+    def _remote_settled(self, waiting: deque[tuple[int, int]], synced: int) -> bool:
+        """The head waits for other nodes (or quorum queues): while they have all answered, turn it
+        into a local wait (or a NACK), confirming at once what local storage has synced; True if the
+        head changed, False while its answer is missing."""
         assert self.node.cluster is not None
         link = self.node.cluster.link
-        state = link.confirmed(lo, hi)
-        if state == 0:
-            return False
-        del self.remote_wait[seq]
-        link.forget_confirms(lo, hi)
-        waiting[0] = (seq, NACK if state < 0 else REMOTE - need)
-        return True
+        pending, nacked = link.confirm_pending, link.confirm_nacked
+        remote_wait = self.remote_wait
+        progressed = False
+        while waiting:
+            seq, need = waiting[0]
+            if need > REMOTE:
+                break
+            lo, hi = remote_wait[seq]
+            if lo == hi:  # one queue: the common case, without the range walk
+                if lo in pending:
+                    break
+                state = -1 if lo in nacked else 1
+            else:
+                state = link.confirmed(lo, hi)
+                if state == 0:
+                    break
+            del remote_wait[seq]
+            if nacked:
+                link.forget_confirms(lo, hi)
+            progressed = True
+            local = REMOTE - need
+            if state < 0:
+                waiting[0] = (seq, NACK)
+                break
+            if local > synced:
+                waiting[0] = (seq, local)
+                break
+            waiting.popleft()
+            self.confirm_pending = seq
+        return progressed
 
     def _send_acks(self) -> None:
         upto = self.confirm_pending

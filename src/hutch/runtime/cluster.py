@@ -365,15 +365,19 @@ class ClusterService:
             except Exception as exc:  # noqa: BLE001 - the change itself is committed; report and go on
                 log.warning("after a metadata change: %r", exc)
 
-    def choose_members(self, size: int) -> list[str]:
-        """This node plus up to size-1 others, running ones first, at random."""
+    def choose_members(self, size: int, leader: str | None = None) -> list[str]:
+        """`leader` (default: this node) first, then this node, then others up to `size`, running ones
+        first, at random. A quorum queue's first member is the node its leader locator chose."""
         import random
-        others = [m for m in self.machine.members if m != self.name]
+        first = [leader or self.name]
+        if self.name not in first:
+            first.append(self.name)
+        others = [m for m in self.machine.members if m not in first]
         running = [m for m in others if self.transport.connected(m)]
         random.shuffle(running)
         rest = [m for m in others if m not in running]
         random.shuffle(rest)
-        return [self.name, *(running + rest)[:max(0, size - 1)]]
+        return [*first, *(running + rest)][:max(size, len(first))]
 
     def raft_id_of(self, name: str) -> int:
         if name == self.name:

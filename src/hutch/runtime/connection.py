@@ -690,12 +690,18 @@ class AMQPConnection(asyncio.Protocol):
 __all__ = ["AMQPConnection", "CAPABILITIES", "platform", "__version__"]
 
 
-# basic.get, queue.purge, basic.consume: asynchronous first when the queue lives on another node
-REMOTE_QUEUE_METHODS = frozenset({(60, 70), (50, 30), (60, 20)})
+# basic.get, queue.purge, basic.consume: asynchronous first when the queue lives on another node;
+# basic.cancel of a quorum queue's consumer: cancel-ok once the cancel is committed
+REMOTE_QUEUE_METHODS = frozenset({(60, 70), (50, 30), (60, 20), (60, 30)})
 
 
 def _remote_target(ch: ServerChannel, method: spec.Method) -> Any:
-    """The queue a method names, if it lives on another node (a RemoteQueue), else None."""
+    """The queue a method names, if it lives on another node (a RemoteQueue), else None. For
+    basic.cancel: the queue of the consumer, if it is a quorum queue."""
+    if isinstance(method, spec.Basic.Cancel):
+        consumer = ch.consumers.get(method.consumer_tag)
+        q = consumer.queue if consumer is not None else None
+        return q if q is not None and q.queue_type == "quorum" and q.remote else None
     name = getattr(method, "queue", None)
     if name is None:
         return None

@@ -587,13 +587,14 @@ class Node:
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
                                "'reject-publish-dlx' is not supported by quorum queues", 50, 10)
         size = int(arguments.get("x-quorum-initial-group-size") or self.config.quorum_cluster_size)
-        members = self.cluster.choose_members(size)
-        from .quorum_queue import QuorumQueue, QuorumService
+        from .quorum_queue import QuorumQueue, QuorumService, leader_locator
         svc = self.cluster.quorum
-        q = QuorumQueue(svc, vhost.name, name, dict(arguments), QuorumService.new_gid(), members)
+        q = QuorumQueue(svc, vhost.name, name, dict(arguments), QuorumService.new_gid(), [self.name])
         vhost.add_queue(q)
         self.churn["queues_created"] += 1
         policies.apply_to_queue(self, q)
+        locator = leader_locator(q.settings.effective_policy_definition, arguments, self.config.queue_leader_locator)
+        q.members = self.cluster.choose_members(size, svc.choose_leader(locator) if size > 1 else self.name)
         svc.attach(q, campaign=False)
         self.cluster.post_commit.append(lambda: svc.elect(q))
         self._record(self._queue_op(vhost, q))

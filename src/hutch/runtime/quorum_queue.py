@@ -46,9 +46,10 @@ from hutch.queues.quorum import commands as qc
 from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.config import QuorumConfig
 from hutch.queues.quorum.machine import QuorumMachine
+from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
 
 from .raft_group import GroupClosed, NotLeader
-from .remote_queue import decode_message, encode_message
+from .remote_queue import decode_message, pack_message
 
 if TYPE_CHECKING:
     from .cluster import ClusterService
@@ -62,11 +63,40 @@ CONFIRM_TIMEOUT_S = 30.0  # a publish not confirmed by then is nacked (its fate 
 RESEND_S = 3.0  # an enqueue not confirmed by then is sent again (deduplicated by the machine)
 QUORUM_TARGET = "\x00quorum"  # confirm_pending's route for quorum publishes (resent, never nacked by a peer)
 TICK_S = 1.0
-SNAPSHOT_FLOOR = 8192
+SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at least
+SNAPSHOT_MIN_ENTRIES = 64
+MSG_CACHE_MAX = 16_384  # the leader's own just-published messages kept for their first local delivery
+_POS_MASK = (1 << SHIFT) - 1
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+BALANCED_MAX_QUEUES = 1000  # with more quorum queues, "balanced" picks a random node (RabbitMQ's rule)
+_BALANCED = frozenset({"balanced", "random", "least-leaders", "min-masters"})  # the last three: 3.x names
+
+
+def leader_locator(policy: dict[str, Any], arguments: dict[str, Any], default: str) -> str:
+    """"client-local" or "balanced" for a new quorum queue: the policy's `queue-leader-locator` (then
+    `queue-master-locator`), else the `x-queue-leader-locator` (then `x-queue-master-locator`) argument,
+    else the node's `queue_leader_locator` (a policy wins over an argument, as in RabbitMQ)."""
+    for value in (policy.get("queue-leader-locator"), policy.get("queue-master-locator"),
+                  arguments.get("x-queue-leader-locator"), arguments.get("x-queue-master-locator"), default):
+        if value:
+            return "balanced" if value in _BALANCED else "client-local"
+    return "client-local"
+
+
+def _ttl_of(msg: Message) -> int | None:
+    """The message's own TTL (the expiration property, ms), if it has a valid one."""
+    expiration = msg.properties.expiration
+    if expiration is None:
+        return None
+    try:
+        return max(0, int(expiration))
+    except ValueError:
+        return None
 
 
 class QuorumReplica:
@@ -75,11 +105,22 @@ class QuorumReplica:
     def __init__(self, queue: QuorumQueue, config: QuorumConfig) -> None:
         self.queue = queue
         self.machine = QuorumMachine(config, effects_sink=self._effects)
-        self.side_payloads: dict[int, bytes] = {}  # bodies of live messages from an installed snapshot
+        self.side_payloads: dict[int, bytes] = {}  # msg id -> body of a live message from an installed snapshot
         self.group: Any = None
+        self.entries = 0  # entries applied, and the commands they carried (a batch: one per message)
+        self.commands = 0
 
     def apply(self, index: int, data: bytes) -> Any:
-        return self.machine.apply(index, data)
+        system_time_ms, cmd = qc.decode(data)
+        self.entries += 1
+        if type(cmd) is qc.EnqueueBatch:
+            self.commands += len(cmd.sizes)
+            q = self.queue
+            if q.inflight and cmd.publisher_id == q.svc.publisher_id and self.group.is_leader:
+                q.cache_batch(index, cmd)
+        else:
+            self.commands += 1
+        return self.machine.apply_command(index, system_time_ms, cmd)
 
     def _effects(self, effects: list[qe.Effect]) -> None:
         if self.group is not None and self.group.is_leader:
@@ -98,7 +139,7 @@ class QuorumReplica:
         state, pays = msgpack.unpackb(data, raw=False)
         self.machine.restore(state)
         first = self.queue.svc.first_log_index(self.queue)
-        self.side_payloads = {int(i): bytes(p) for i, p in pays if int(i) < first}
+        self.side_payloads = {int(i): bytes(p) for i, p in pays if int(i) >> SHIFT < first}
 
     def on_membership(self, voters: tuple[int, ...]) -> None:
         self.queue.voters = tuple(voters)
@@ -107,7 +148,12 @@ class QuorumReplica:
         return self.machine.state.release_cursor()
 
     def snapshot_interval(self) -> int:
-        return max(SNAPSHOT_FLOOR, 2 * self.machine.state.message_count())
+        """Entries between snapshots: about max(SNAPSHOT_FLOOR, 2 x live messages) commands. A snapshot
+        costs O(live messages) (it carries their bodies), so this amortises it; counting commands, not
+        entries, bounds the log kept in RAM and on disk whatever the batch size."""
+        per_entry = self.commands / self.entries if self.entries else 1.0
+        target = max(SNAPSHOT_FLOOR, 2 * self.machine.state.message_count())
+        return max(SNAPSHOT_MIN_ENTRIES, int(target / max(per_entry, 1.0)))
 
 
 class QuorumQueue(Queue):
@@ -130,7 +176,16 @@ class QuorumQueue(Queue):
         self._last_config: QuorumConfig | None = None
         self.pending: list[bytes] = []  # commands waiting for a leader to be known (bounded)
         self.next_seq = 0  # this node's publish seq for this queue (the machine deduplicates by it)
-        self.unconfirmed: dict[int, list[Any]] = {}  # seq -> [link publish id, entry bytes, last sent]
+        # seq -> [link publish id, entry bytes (of its batch, b"" until proposed), last sent, message, seq,
+        #         [publishes of its entry not confirmed yet] (None until proposed)]
+        self.unconfirmed: dict[int, list[Any]] = {}
+        self.batch: list[list[Any]] = []  # this loop turn's publishes (`unconfirmed` items), not proposed
+        # credit flow: enqueue entries proposed from this node and not wholly confirmed; past the soft
+        # limit (quorum_commands_soft_limit) the connections publishing here stop being read
+        self.open_entries = 0
+        self.soft_limit = svc.node.config.quorum_commands_soft_limit
+        self.msg_cache: dict[int, Message] = {}  # leader: msg id -> own message, until its first delivery
+        self.inflight: dict[int, list[Message]] = {}  # leader: first seq of a batch proposed -> its messages
         self.dlx_running = False  # at-least-once dead-lettering in force (the leader runs the worker)
         self.dlx_busy = False  # a republish batch is waiting for its confirms
 
@@ -149,6 +204,18 @@ class QuorumQueue(Queue):
             self._last_config = config
             self.svc.propose(self, qc.make_update_config(config))
 
+    def cache_batch(self, index: int, cmd: qc.EnqueueBatch) -> None:
+        """The leader applies a batch this node proposed: keep its messages for their first delivery to
+        a consumer here, so that they are not decoded back from the log."""
+        msgs = self.inflight.pop(cmd.first_seq, None)
+        if msgs is None or len(msgs) != len(cmd.sizes):
+            return
+        cache = self.msg_cache
+        base = index << SHIFT
+        cache.update(zip(range(base, base + len(msgs)), msgs, strict=True))
+        while len(cache) > MSG_CACHE_MAX:  # a message never delivered here (expired, purged...): oldest out
+            del cache[next(iter(cache))]
+
     # -- preparing channel methods --------------------------------------------------------------------
     async def prepare(self, method: spec.Method) -> None:
         if isinstance(method, spec.Basic.Get):
@@ -166,6 +233,8 @@ class QuorumQueue(Queue):
             self._prepared_purge = int(await self.svc.call(self, {"t": "qq.purge", "g": self.gid}))
         elif isinstance(method, spec.Basic.Consume):
             return
+        elif isinstance(method, spec.Basic.Cancel):
+            await self.cancel_committed(method.consumer_tag)
         else:
             self._counts = tuple(await self.svc.call(self, {"t": "qq.info", "g": self.gid}))  # type: ignore
 
@@ -174,6 +243,9 @@ class QuorumQueue(Queue):
         self.stat_published += 1
         self.svc.publish(self, msg)
         return None
+
+    def needs_flow_control(self) -> bool:
+        return self.open_entries > self.soft_limit
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
@@ -214,6 +286,19 @@ class QuorumQueue(Queue):
         cid = next(self.svc.ids)
         self.local[cid] = consumer
         self.svc.checkout(self, cid, consumer)
+
+    async def cancel_committed(self, tag: str) -> None:
+        """basic.cancel: cancel this node's consumer `tag` and wait (up to CALL_TIMEOUT_S) until the leader
+        has applied it, so that nothing published after cancel-ok is checked out to it (RabbitMQ's
+        cancel is a synchronous Raft command too). Without a leader in time the cancel stays proposed."""
+        for cid, c in list(self.local.items()):
+            if c.tag == tag:
+                del self.local[cid]
+                try:
+                    await self.svc.call(self, {"t": "qq.cancel", "g": self.gid, "k": list(self.svc.key(cid))})
+                except Exception:  # noqa: BLE001 - no leader in time, or it changed: proposed again below
+                    self.svc.propose(self, qc.make_cancel(self.svc.key(cid)))  # goes when there is a leader
+                return
 
     def remove_consumer(self, consumer: Consumer) -> None:
         for cid, c in list(self.local.items()):
@@ -281,9 +366,11 @@ class QuorumService:
         self._acks: list[int] = []  # link publish ids confirmed this loop turn
         self._nacks: list[int] = []
         self._confirms_scheduled = False
+        self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
+        self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
         self._tick: asyncio.TimerHandle | None = None
         cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
-                                 "qq.member": self._h_member})
+                                 "qq.member": self._h_member, "qq.cancel": self._h_cancel})
         node.cluster_peer_hooks.append(self._peer_changed)
 
     # -- groups ----------------------------------------------------------------------------------------
@@ -313,9 +400,28 @@ class QuorumService:
         if self._tick is None:
             self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
 
+    def choose_leader(self, locator: str) -> str:
+        """The node a new quorum queue's leader goes to: this one (client-local), or (balanced) the
+        running node that leads the fewest quorum queues (this one among equals), or a random running
+        node once there are BALANCED_MAX_QUEUES quorum queues or more."""
+        if locator != "balanced":
+            return self.name
+        import random
+        running = [self.name, *sorted(m for m in self.cluster.machine.members
+                                      if m != self.name and self.transport.connected(m))]
+        if len(self.queues) >= BALANCED_MAX_QUEUES:
+            return random.choice(running)
+        leads = dict.fromkeys(running, 0)
+        for q in self.queues.values():
+            lead = self.leader_name(q) or (q.members[0] if q.members else None)  # else: the locator's choice
+            if lead in leads:
+                leads[lead] += 1
+        return min(running, key=lambda m: leads[m])
+
     async def elect(self, q: QuorumQueue) -> None:
         """After the declaration committed (and the other members opened the group): the declaring
-        node campaigns (leader locator client-local) and waits, briefly, for a leader."""
+        node campaigns and waits, briefly, for a leader; when the leader locator chose another member
+        (the first one), it then hands the leadership over to it."""
         await self.cluster.sync_peers()
         if q.replica is not None and not q.replica.group.leader:
             q.replica.group.campaign()
@@ -323,6 +429,16 @@ class QuorumService:
         deadline = loop.time() + CALL_TIMEOUT_S
         while loop.time() < deadline and self.leader_name(q) is None:
             await asyncio.sleep(0.01)
+        target = q.members[0] if q.members else self.name
+        if target != self.name and self.is_leader(q) and self.transport.connected(target):
+            try:
+                self.transfer_leader(q, target)
+            except (ValueError, LookupError) as exc:
+                log.warning("quorum queue '%s': leader locator: %s", q.name, exc)
+                return
+            deadline = loop.time() + CALL_TIMEOUT_S
+            while loop.time() < deadline and self.leader_name(q) != target:
+                await asyncio.sleep(0.01)
 
     # -- membership (hutch-queues add_member / delete_member / grow / shrink) ------------------------------
     def members_changed(self, q: QuorumQueue, members: list[str]) -> None:
@@ -404,6 +520,7 @@ class QuorumService:
 
     def forget(self, q: QuorumQueue) -> None:
         self.queues.pop(q.gid, None)
+        q.release_flow()
         if q.replica is not None and self.cluster.driver is not None:
             self.cluster.driver.close_group(q.gid, delete=True)
             q.replica = None
@@ -441,6 +558,8 @@ class QuorumService:
         self.propose_raw(q, qc.encode(cmd, now_ms()))
 
     def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False) -> bool:
+        if q.batch:
+            self.flush_batch(q)
         if self.is_leader(q):
             assert q.replica is not None
             try:
@@ -463,32 +582,73 @@ class QuorumService:
         return self.transport.send(target, {"t": "qq.cmd", "g": q.gid, "c": data})
 
     def publish(self, q: QuorumQueue, msg: Message) -> None:
-        """Propose an enqueue (seq: this node's next for the queue). It is kept until confirmed and sent
+        """Enqueue `msg` with this node's next seq for the queue. The publishes of one loop turn go in
+        one EnqueueBatch entry per BATCH_MAX (`_flush_batches`). Each is kept until confirmed and sent
         again if its route went down or it is not confirmed in RESEND_S: the machine applies a seq once,
         whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice."""
         link = self.cluster.link
-        pid = next(link._ids)
-        link.last_publish_id = pid
-        props = msg.properties
-        ttl = None
-        if props.expiration is not None:
-            try:
-                ttl = max(0, int(props.expiration))
-            except ValueError:
-                ttl = None
-        q.next_seq += 1
-        payload = msgpack.packb(encode_message(msg), use_bin_type=True)
-        data = qc.encode(qc.make_enqueue(self.publisher_id, q.next_seq, msg.size, ttl, payload), now_ms())
+        pid = link.last_publish_id = next(link._ids)
         link.confirm_pending[pid] = QUORUM_TARGET
-        q.unconfirmed[q.next_seq] = [pid, data, time.monotonic()]
-        self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
+        seq = q.next_seq = q.next_seq + 1
+        item = [pid, b"", 0.0, msg, seq, None]
+        q.unconfirmed[seq] = item
+        batch = q.batch
+        if not batch:
+            self._batching.append(q)
+            if len(self._batching) == 1:
+                asyncio.get_running_loop().call_soon(self._flush_batches)
+        batch.append(item)
+
+    def _flush_batches(self) -> None:
+        queues, self._batching = self._batching, []
+        for q in queues:
+            self.flush_batch(q)
+
+    def flush_batch(self, q: QuorumQueue) -> None:
+        """Propose the publishes `q` gathered (before any other command of the queue from this node, so a
+        channel's publish and its next basic.get, say, reach the queue in that order)."""
+        batch, q.batch = q.batch, []
+        if not batch:
+            return
+        now, sent_at = now_ms(), time.monotonic()
+        for start in range(0, len(batch), BATCH_MAX):
+            chunk = batch[start:start + BATCH_MAX]
+            msgs = [item[3] for item in chunk]
+            payloads = [pack_message(m) for m in msgs]
+            ttls = None
+            for m in msgs:
+                if m.properties_raw[0] & 0x01:  # expiration present (property flag bit 8)
+                    ttls = tuple(_ttl_of(m) for m in msgs)
+                    break
+            data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0][4], tuple([m.size for m in msgs]), ttls,
+                                             tuple([len(p) for p in payloads]), b"".join(payloads)), now)
+            left = [len(chunk)]  # publishes of this entry not confirmed yet
+            q.open_entries += 1
+            for item in chunk:
+                item[1] = data
+                item[2] = sent_at
+                item[5] = left
+            if q.local and self.is_leader(q):  # for the first delivery here (cache_batch)
+                inflight = q.inflight
+                inflight[chunk[0][4]] = msgs
+                if len(inflight) > MSG_CACHE_MAX // 64:  # batches never applied (lost with a leader change)
+                    del inflight[next(iter(inflight))]
+            self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
 
     def _confirmed(self, q: QuorumQueue, seqs: Iterable[int], ok: bool) -> None:
         out = self._acks if ok else self._nacks
+        pop = q.unconfirmed.pop
         for seq in seqs:
-            item = q.unconfirmed.pop(seq, None)
+            item = pop(seq, None)
             if item is not None:
                 out.append(item[0])
+                left = item[5]
+                if left is not None:
+                    left[0] -= 1
+                    if not left[0]:
+                        q.open_entries -= 1
+        if q.flow_waiters and q.open_entries <= q.soft_limit:
+            q.release_flow()
         if out and not self._confirms_scheduled:  # one pass over the waiting channels per loop turn
             self._confirms_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_confirms)
@@ -500,15 +660,21 @@ class QuorumService:
         self.cluster.link._on_confirms(acks, nacks)
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
+        """Propose again, in seq order, the entries of the publishes not confirmed for `older_than_s`
+        (an entry once, however many of its publishes are waiting)."""
+        self.flush_batch(q)
         limit = time.monotonic() - older_than_s
         give_up = time.monotonic() - CONFIRM_TIMEOUT_S
         late = []
+        sent: set[int] = set()
         for seq, item in list(q.unconfirmed.items()):
             if item[2] < give_up:
                 late.append(seq)
-            elif item[2] < limit:
+            elif item[2] < limit and item[1]:
                 item[2] = time.monotonic()
-                self.propose_raw(q, item[1])
+                if id(item[1]) not in sent:
+                    sent.add(id(item[1]))
+                    self.propose_raw(q, item[1])
         if late:
             log.warning("quorum queue '%s': %d publishes not confirmed in %.0f s: nacked", q.name, len(late),
                         CONFIRM_TIMEOUT_S)
@@ -523,6 +689,7 @@ class QuorumService:
     async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
         """A request the leader answers (basic.get, purge, counts); from any node."""
         from .transport import PeerUnavailable, RemoteError
+        self.flush_batch(q)
         if self.is_leader(q):
             return await self.cluster.handlers[obj["t"]](self.name, obj)
         target = self._target(q)
@@ -564,6 +731,17 @@ class QuorumService:
             out["m"] = [msg_id, self.read_payload(q, raft_index), redelivered, count]
         return out
 
+    async def _h_cancel(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        assert q.replica is not None
+        node, cid = obj["k"]
+        await q.replica.group.propose(qc.encode(qc.make_cancel((str(node), int(cid))), now_ms()),
+                                      timeout=CALL_TIMEOUT_S)
+        return True
+
     async def _h_purge(self, peer: str, obj: dict[str, Any]) -> Any:
         q = self._queue(obj["g"])
         forwarded = await self._forward_or(q, obj)
@@ -595,6 +773,10 @@ class QuorumService:
             q = self.queues.get(int(obj["g"]))
             if q is not None and obj["i"] == self.cluster.incarnation:
                 self._confirmed(q, obj["s"], bool(obj["ok"]))
+        elif kind == "qq.lc":  # a new leader, told to a node with consumers that is not a member
+            q = self.queues.get(int(obj["g"]))
+            if q is not None and q.replica is None:
+                self._cancel_on_failover(q)
         elif kind == "qq.x":
             q = self.queues.get(int(obj["g"]))
             c = q.local.pop(int(obj["k"]), None) if q is not None else None
@@ -615,7 +797,7 @@ class QuorumService:
                 self.propose(q, qc.make_return(key, ids))
             return
         for msg_id, payload, redelivered, count in msgs:
-            entry = QueueEntry(int(msg_id), self.message(payload, count))
+            entry = QueueEntry(msg_id, payload if type(payload) is Message else self.message(payload, count))
             entry.redelivered = bool(redelivered)
             if not consumer.no_ack:
                 consumer.unacked += 1
@@ -623,6 +805,33 @@ class QuorumService:
             consumer.delivered += 1
             q.stat_delivered += 1
             consumer.channel.deliver(consumer, q, entry)
+
+    def _deliver_local(self, q: QuorumQueue, cid: int, deliveries: tuple[qe.Delivery, ...]) -> None:
+        """The leader's deliveries to a consumer on this node: a message published here and not
+        delivered yet comes from `msg_cache` as it was published, the others are read from the log."""
+        consumer = q.local[cid]
+        deliver = consumer.channel.deliver
+        cache = q.msg_cache
+        manual = not consumer.no_ack
+        owner_of = q.owner_of
+        n = 0
+        for msg_id, ref, redelivered, count in deliveries:
+            msg = cache.pop(msg_id, None) if cache else None
+            if msg is None or count:
+                payload = self.read_payload(q, ref)
+                if payload is None:
+                    continue
+                msg = self.message(payload, count)
+            entry = QueueEntry(msg_id, msg)
+            if redelivered:
+                entry.redelivered = True
+            if manual:
+                consumer.unacked += 1
+                owner_of[msg_id] = cid
+            n += 1
+            deliver(consumer, q, entry)
+        consumer.delivered += n
+        q.stat_delivered += n
 
     @staticmethod
     def message(payload: bytes, count: int) -> Message:
@@ -632,25 +841,36 @@ class QuorumService:
         return msg
 
     # -- bodies ----------------------------------------------------------------------------------------
-    def read_payload(self, q: QuorumQueue, raft_index: int) -> bytes | None:
-        if q.replica is not None and raft_index in q.replica.side_payloads:
-            return q.replica.side_payloads[raft_index]
+    def read_payload(self, q: QuorumQueue, msg_id: int) -> bytes | None:
+        """The stored bytes of message `msg_id`: from the log entry at `msg_id >> SHIFT` (position
+        `msg_id & _POS_MASK` in it), or from the installed snapshot for a message below this node's log."""
+        if q.replica is not None and msg_id in q.replica.side_payloads:
+            return q.replica.side_payloads[msg_id]
+        raft_index, pos = msg_id >> SHIFT, msg_id & _POS_MASK
+        gid, idx, payloads = self._entry
+        if gid != q.gid or idx != raft_index:
+            data = self._entry_data(q, raft_index)
+            if data is None:
+                log.error("quorum queue '%s': the body at raft index %d is not in this node's log", q.name,
+                          raft_index)
+                return None
+            payloads = qc.payloads_of(data)
+            self._entry = (q.gid, raft_index, payloads)
+        return bytes(payloads[pos]) if pos < len(payloads) else None
+
+    def _entry_data(self, q: QuorumQueue, raft_index: int) -> bytes | None:
         driver = self.cluster.driver
         assert driver is not None
         mem = driver._store.state(q.gid).mem  # entries not yet flushed to segment files: in RAM anyway
         if mem and mem[0].index <= raft_index <= mem[-1].index:
             e = mem[raft_index - mem[0].index]
             if e.index == raft_index:
-                return bytes(qc.payload_of(e.data))
+                return e.data
         try:
             entries = driver._store.group(q.gid).entries(raft_index, raft_index + 1, 1 << 62)
-        except Exception:  # noqa: BLE001 - compacted or unavailable: reported below
-            entries = []
-        if not entries:
-            log.error("quorum queue '%s': the body at raft index %d is not in this node's log", q.name,
-                      raft_index)
+        except Exception:  # noqa: BLE001 - compacted or unavailable: reported by the caller
             return None
-        return bytes(qc.payload_of(entries[0].data))
+        return entries[0].data if entries else None
 
     def first_log_index(self, q: QuorumQueue) -> int:
         driver = self.cluster.driver
@@ -663,13 +883,19 @@ class QuorumService:
             t = type(eff)
             if t is qe.Deliver:
                 node, cid = eff.consumer_key
+                if node == self.name and cid in q.local:
+                    self._deliver_local(q, cid, eff.messages)
+                    continue
                 msgs = []
-                for msg_id, raft_index, redelivered, count in eff.messages:
-                    payload = self.read_payload(q, raft_index)
+                cache = q.msg_cache
+                for msg_id, ref, redelivered, count in eff.messages:
+                    if cache:
+                        cache.pop(msg_id, None)
+                    payload = self.read_payload(q, ref)
                     if payload is not None:
                         msgs.append([msg_id, payload, redelivered, count])
                 if node == self.name:
-                    self._deliver_here(q, cid, msgs)
+                    self._deliver_here(q, cid, msgs)  # a consumer gone meanwhile: gives them back
                 else:
                     self.transport.send(node, {"t": "qq.d", "g": q.gid, "k": cid, "m": msgs})
             elif t is qe.Confirm or t is qe.Reject:
@@ -745,18 +971,28 @@ class QuorumService:
         if msgs:
             dead_letter(self.node, q, msgs, reason)  # type: ignore[arg-type]
 
+    def _cancel_on_failover(self, q: QuorumQueue) -> None:
+        """The leader changed: this node's consumers with x-cancel-on-ha-failover get basic.cancel."""
+        for cid, c in list(q.local.items()):
+            if c.arguments.get("x-cancel-on-ha-failover") is True:
+                del q.local[cid]
+                self.propose(q, qc.make_cancel(self.key(cid)))  # buffered for the next leader if none
+                c.channel.consumer_cancelled_by_broker(c)
+
     def _leader_changed(self, q: QuorumQueue, lead: int) -> None:
+        q.msg_cache.clear()
+        q.inflight.clear()
+        self._entry = (0, 0, [])
         if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
-            for cid, c in list(q.local.items()):
-                if c.arguments.get("x-cancel-on-ha-failover") is True:
-                    del q.local[cid]
-                    q.pending.append(qc.encode(qc.make_cancel(self.key(cid)), now_ms()))  # for the next leader
-                    c.channel.consumer_cancelled_by_broker(c)
+            self._cancel_on_failover(q)
         if lead:
             self._flush_pending(q)
         if q.replica is None or not q.replica.group.is_leader:
             return
         log.info("quorum queue '%s' in vhost '%s': leader is now %s", q.name, q.vhost, self.name)
+        consumer_nodes = {c.node for c in q.replica.machine.state.consumers.by_key.values()}
+        for node in sorted(consumer_nodes - set(q.members) - {self.name, ""}):
+            self.transport.send(node, {"t": "qq.lc", "g": q.gid})  # non-members see no leader change
         q._last_config = None
         q.apply_settings(q.settings)
         effects = q.replica.machine.leader_effects()

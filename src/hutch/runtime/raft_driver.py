@@ -28,9 +28,10 @@ Rules (docs/raft.md, "The driver"):
   `peer_down(x)` wakes the followers whose leader is x (so they can elect), `peer_up(x)` the leaders of
   groups x belongs to (so they catch it up).
 - Snapshots: every `snapshot_every` applied entries (or the machine's `snapshot_interval()`, if it
-  has one and it is longer) the machine's snapshot goes to the store (`create_snapshot`, synced when
-  written) and the log is compacted to `snapshot_every // 2` entries below it (slightly lagging
-  followers still catch up from the log), never past a machine's `release_cursor()` (the first index
+  has one: a quorum queue's entries carry batches of messages, so it counts messages, not entries) the
+  machine's snapshot goes to the store (`create_snapshot`, synced when written) and the log is compacted
+  to half an interval below it (slightly lagging followers still catch up from the log), never past a
+  machine's `release_cursor()` (the first index
   it still needs, e.g. a quorum queue's oldest live message). A lagging follower gets the store's
   latest snapshot from the core; the receiver installs it (`apply_snapshot`) and `restore`s its machine.
 - Proposals resolve on THIS node when their entry is applied: with `apply`'s return value; with
@@ -481,11 +482,11 @@ class RaftDriver:
             if rd.snapshot is not None:
                 self.snapshots_restored += 1
             every = self.snapshot_every
-            interval = getattr(g.machine, "snapshot_interval", None)  # machines whose snapshots grow
+            interval = getattr(g.machine, "snapshot_interval", None)  # machines with their own measure
             if interval is not None and every:
-                every = max(every, interval())
+                every = interval()
             if every and g._applied - g._snapshot_index >= every:
-                self._take_snapshot(g)
+                self._take_snapshot(g, every)
         g.raw.advance(rd)
         if g.raw.has_ready():
             self._dirty[gid] = g
@@ -498,12 +499,12 @@ class RaftDriver:
                 except Exception:
                     log.exception("group %d: on_leader_change failed", gid)
 
-    def _take_snapshot(self, g: Group) -> None:
+    def _take_snapshot(self, g: Group, every: int) -> None:
         index = g._applied
         self._store.create_snapshot(g.gid, index, g._conf, g.machine.snapshot())
         g._snapshot_index = index
         self.snapshots_taken += 1
-        keep_from = index - self.snapshot_every // 2
+        keep_from = index - min(self.snapshot_every, every) // 2
         cursor = getattr(g.machine, "release_cursor", None)  # entries from it on are still needed
         if cursor is not None:
             keep_from = min(keep_from, cursor() - 1)

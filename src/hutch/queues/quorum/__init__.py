@@ -21,6 +21,7 @@ from .commands import (
     make_dlx_settle,
     make_down,
     make_enqueue,
+    make_enqueue_batch,
     make_purge,
     make_register_publisher,
     make_requeue,
@@ -31,6 +32,7 @@ from .commands import (
     make_unregister_publisher,
     make_update_config,
     payload_of,
+    payloads_of,
 )
 from .config import QuorumConfig
 from .effects import (
@@ -59,7 +61,8 @@ __all__ = [
     "DeadLetter", "DeleteQueue", "Deliver", "DequeueReply", "DlxDeliver", "DlxWorker", "Dropped", "Meta",
     "OverflowStatus", "QueueState", "QuorumConfig", "QuorumMachine", "Reject", "ReleaseCursor", "apply",
     "decode", "encode", "leader_effects", "make_cancel", "make_checkout", "make_credit", "make_dequeue",
-    "make_discard", "make_dlx_checkout", "make_dlx_settle", "make_down", "make_enqueue", "make_purge",
+    "make_discard", "make_dlx_checkout", "make_dlx_settle", "make_down", "make_enqueue", "make_enqueue_batch",
+    "make_purge",
     "make_register_publisher", "make_requeue", "make_return", "make_settle", "make_tick", "make_touch",
-    "make_unregister_publisher", "make_update_config", "payload_of",
+    "make_unregister_publisher", "make_update_config", "payload_of", "payloads_of",
 ]

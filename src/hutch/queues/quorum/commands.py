@@ -3,14 +3,15 @@
 Owns: one NamedTuple per command, the `make_*` constructors that check their arguments (a bad command
 must never reach the log: every replica would have to fail on it), `encode` (command + the leader's
 time -> the bytes of one raft entry), `decode` (the inverse) and `payload_of` (the message bytes an
-enqueue or requeue entry carries, for the runtime to read a body back from the log).
+enqueue or requeue entry carries, for the runtime to read a body back from the log) and `payloads_of`
+(every message of an entry, batches included).
 
 Entry layout (version 1):
 
     version:u8 | header_len:u32 big-endian | msgpack([system_time_ms, opcode, field...]) | payload
 
-Only Enqueue and Requeue have a payload: the message as the runtime stores it (properties, routing
-information and body, opaque here). It sits after the header so that `decode` never copies it: the
+Only Enqueue, Requeue and EnqueueBatch have a payload: the message (a batch: the messages back to back)
+as the runtime stores it (properties, routing information and body, opaque here). It sits after the header so that `decode` never copies it: the
 machine sees a memoryview and keeps nothing of it. Consumer keys and publisher ids are str, int or
 tuples of those (msgpack arrays decode back to tuples, so they stay hashable).
 
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from .config import QuorumConfig
+from .messages import BATCH_MAX
 
 VERSION = 1
 _HEAD = struct.Struct(">BI")
@@ -46,6 +48,19 @@ class Enqueue(NamedTuple):
     seq: int  # the publisher's sequence number (>= 1), 0 when untracked
     size_bytes: int  # body size: what max-length-bytes counts
     ttl_ms: int | None  # the message's own TTL (expiration property); None: only the queue's applies
+    payload: bytes | memoryview = b""
+
+
+class EnqueueBatch(NamedTuple):
+    """Up to BATCH_MAX publishes of one publisher, seqs first_seq, first_seq + 1, ... in one entry: the
+    message at position i has body size sizes[i], TTL ttls[i] (ttls None: none has one) and its bytes
+    are payload[sum(lens[:i]):sum(lens[:i + 1])]."""
+
+    publisher_id: Any
+    first_seq: int
+    sizes: tuple[int, ...]
+    ttls: tuple[int | None, ...] | None
+    lens: tuple[int, ...]
     payload: bytes | memoryview = b""
 
 
@@ -134,7 +149,7 @@ class DlxSettle(NamedTuple):
     msg_ids: tuple[int, ...]
 
 
-Command = (Enqueue | RegisterPublisher | UnregisterPublisher | Checkout | Cancel | Settle | Return | Discard
+Command = (Enqueue | EnqueueBatch | RegisterPublisher | UnregisterPublisher | Checkout | Cancel | Settle | Return | Discard
            | Requeue | Credit | Down | Dequeue | Purge | Touch | Tick | UpdateConfig | DlxCheckout | DlxSettle)
 
 DOWN_REASONS = ("down", "noconnection")
@@ -175,6 +190,36 @@ def make_enqueue(publisher_id: Any, seq: int, size_bytes: int, ttl_ms: int | Non
     if ttl_ms is not None:
         _int("ttl_ms", ttl_ms)
     return Enqueue(publisher_id, seq, size_bytes, ttl_ms, payload)
+
+
+def make_enqueue_batch(publisher_id: Any, first_seq: int, sizes: Any, ttls: Any, lens: Any,
+                       payload: bytes) -> EnqueueBatch:
+    """Publish len(sizes) messages (1..BATCH_MAX) of one publisher in one entry: seqs from `first_seq`.
+    `payload` is the messages' bytes back to back, `lens` their lengths; `ttls` None when no message has
+    a TTL of its own. `publisher_id` None: untracked (first_seq ignored)."""
+    sizes, lens = tuple(sizes), tuple(lens)
+    n = len(sizes)
+    if not 1 <= n <= BATCH_MAX:
+        raise CommandError(f"a batch holds 1 to {BATCH_MAX} messages, not {n}")
+    if len(lens) != n or (ttls is not None and len(ttls) != n):
+        raise CommandError("sizes, ttls and lens must be as long as each other")
+    if publisher_id is not None:
+        _key("publisher_id", publisher_id)
+        _int("first_seq", first_seq, 1)
+    else:
+        first_seq = 0
+    for v in sizes:
+        _int("size_bytes", v, 0, _MAX_U32)
+    for v in lens:
+        _int("payload length", v, 0, _MAX_U32)
+    if sum(lens) != len(payload):
+        raise CommandError(f"payload is {len(payload)} bytes, lens say {sum(lens)}")
+    if ttls is not None:
+        ttls = tuple(ttls)
+        for v in ttls:
+            if v is not None:
+                _int("ttl_ms", v)
+    return EnqueueBatch(publisher_id, first_seq, sizes, ttls, lens, payload)
 
 
 def make_register_publisher(publisher_id: Any, node: str = "") -> RegisterPublisher:
@@ -270,9 +315,10 @@ def make_dlx_settle(msg_ids: Any) -> DlxSettle:
 # -- codec ---------------------------------------------------------------------------------------------
 _CLASSES: tuple[type, ...] = (Enqueue, RegisterPublisher, UnregisterPublisher, Checkout, Cancel, Settle,
                               Return, Discard, Requeue, Credit, Down, Dequeue, Purge, Touch, Tick,
-                              UpdateConfig, DlxCheckout, DlxSettle)
+                              UpdateConfig, DlxCheckout, DlxSettle, EnqueueBatch)
 _OPCODES: dict[type, int] = {cls: op for op, cls in enumerate(_CLASSES)}
-_WITH_PAYLOAD = frozenset({_OPCODES[Enqueue], _OPCODES[Requeue]})
+_BATCH = _OPCODES[EnqueueBatch]
+_WITH_PAYLOAD = frozenset({_OPCODES[Enqueue], _OPCODES[Requeue], _BATCH})
 _UPDATE_CONFIG = _OPCODES[UpdateConfig]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -316,3 +362,18 @@ def payload_of(data: bytes | memoryview) -> memoryview:
     """The payload (the message bytes) of an Enqueue or Requeue entry, without copying."""
     _version, length = _HEAD.unpack_from(data, 0)
     return memoryview(data)[_HEAD.size + length:]
+
+
+def payloads_of(data: bytes | memoryview) -> list[memoryview]:
+    """The message bytes of an Enqueue, Requeue or EnqueueBatch entry, by position, without copying.
+    Raises CommandError for an entry of another kind."""
+    _t, cmd = decode(data)
+    if type(cmd) is EnqueueBatch:
+        view, out, at = cmd.payload, [], 0
+        for n in cmd.lens:
+            out.append(view[at:at + n])
+            at += n
+        return out
+    if type(cmd) is Enqueue or type(cmd) is Requeue:
+        return [cmd.payload]  # type: ignore[list-item]
+    raise CommandError(f"a {type(cmd).__name__} entry carries no message")

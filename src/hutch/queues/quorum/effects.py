@@ -4,8 +4,9 @@ Owns: the effect dataclasses (frozen, slotted), the reply values, and `Out`, the
 fills and turns into its effect list.
 
 Rules:
-- Effects name messages by raft index: the runtime reads a body back from the log entry at that index
-  (`commands.payload_of`). The machine never holds a body.
+- Effects name messages by message id, which says where the body is in the log: the entry at raft
+  index `msg_id >> SHIFT`, position `msg_id & (2**SHIFT - 1)` in it (messages.py); the runtime reads
+  the body back from there (`commands.payloads_of`). The machine never holds a body.
 - Every effect is safe to repeat after a leader change: deliveries carry stable message ids (the raft
   index of the message's current log entry), so a runtime that re-sends a `Deliver` drops the ids the
   consumer's channel already has; confirms and rejects are idempotent per (publisher, seq); the status
@@ -25,7 +26,7 @@ from typing import Any
 ConsumerKey = Any  # str | int | tuple of those: chosen by the runtime, msgpack-able and hashable
 PublisherId = Any  # likewise
 
-# (msg_id, raft_index, redelivered, delivery_count): msg_id == raft_index of the message's log entry;
+# (msg_id, body_ref, redelivered, delivery_count): body_ref == msg_id, the body's place in the log;
 # delivery_count is the number of failed deliveries so far (`x-delivery-count` when redelivered)
 Delivery = tuple[int, int, bool, int]
 
@@ -164,7 +165,8 @@ class Out:
         self.dead: dict[str, list[int]] = {}
         self.dropped: dict[str, list[int]] = {}
         self.cursor: int | None = None
-        self.fresh = 0  # raft index of the message this apply's enqueue added (not expired by its delivery)
+        self.fresh = 1 << 62  # the smallest message id this apply's enqueue added (those are not expired
+        # by the delivery this apply makes: a TTL-0 message goes to a consumer that can take it at once)
 
     def deliver(self, key: ConsumerKey, delivery: Delivery) -> None:
         batch = self.deliveries.get(key)

@@ -1,36 +1,45 @@
 """The per-message records of a quorum queue and the structures that hold them, tuned for RAM.
 
-Owns: `MsgQueue` (the ready FIFO), `LiveIndexes` (which raft indexes still hold a live message, hence
-the release cursor) and the record layout every other module uses.
+Owns: `MsgQueue` (the ready FIFO), `LiveIndexes` (how many live messages each raft entry still holds,
+hence the release cursor), the message-id layout (`SHIFT`, `BATCH_MAX`) and the record layout every
+other module uses.
 
-A message is never held here, only its record: `(raft_index, size_bytes, expires_at_ms, delivery_count)`
-(Record). `raft_index` is the index of the log entry that carries the body (enqueue or requeue) and also
-the message id; `expires_at_ms` is 0 when the message never expires; `delivery_count` counts failed
-deliveries (returns, lost consumers).
+A message is never held here, only its record: `(msg_id, size_bytes, expires_at_ms, delivery_count)`
+(Record). The message id says where the body is: `(raft index << SHIFT) | position`, the entry that
+carries the body (an enqueue, a requeue, or an enqueue batch of up to BATCH_MAX messages) and the
+message's position in it; ids grow with the log. `expires_at_ms` is 0 when the message never expires;
+`delivery_count` counts failed deliveries (returns, lost consumers).
 
 Rules:
-- `MsgQueue` keeps parallel `array`s (raft index 8 bytes, size 4 bytes; expiry 8 bytes only once some
+- `MsgQueue` keeps parallel `array`s (message id 8 bytes, size 4 bytes; expiry 8 bytes only once some
   message in the queue expires) consumed from a head offset, and a sparse dict of the delivery counts
   that are not 0 (messages returned to the back). `append` and `popleft` are O(1) amortised: the consumed
   prefix is cut off when it is at least half of the arrays. Sizes are < 2**32 (commands check it).
-- `LiveIndexes` is one byte per raft index from the release cursor to the last live message: 1 for an
-  index holding a live message (ready, checked out or an unsettled at-least-once dead letter), else 0.
-  Every new live index is the current (largest) raft index, so adds append; `smallest` scans forward
-  from the previous smallest with `bytearray.find` (C speed), each byte at most once, and the scanned
-  prefix is cut off when it is at least half of the map. Its size is thus bounded by the log the runtime
-  cannot truncate anyway (one byte per entry versus the entry itself on disk).
+- `LiveIndexes` is one byte per raft index from the release cursor to the last live message: the number
+  of live messages (ready, checked out or an unsettled at-least-once dead letter) whose body is in that
+  entry (<= BATCH_MAX). Every new live message is in the current (largest) entry, so adds append;
+  `smallest` scans forward from the previous smallest with a compiled regex (C speed), each byte at most
+  once, and the scanned prefix is cut off when it is at least half of the map. Its size is thus bounded
+  by the log the runtime cannot truncate anyway (one byte per entry versus the entry itself on disk).
 - Invariant: `LiveIndexes.count` == the number of live messages of the queue.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from array import array
 from collections.abc import Iterator
 
-Record = tuple[int, int, int, int]  # (raft_index, size_bytes, expires_at_ms or 0, delivery_count)
+Record = tuple[int, int, int, int]  # (msg_id, size_bytes, expires_at_ms or 0, delivery_count)
 
 _COMPACT_MIN = 4096  # consumed entries before cutting the head off is worth a copy
+_NONZERO = re.compile(rb"[^\x00]")
+
+# A message id is its body's place in the log: (raft index of the entry << SHIFT) | position in the
+# entry. An enqueue or requeue entry carries one message (position 0), an enqueue batch up to BATCH_MAX.
+SHIFT = 8
+BATCH_MAX = 255
 _LITTLE = sys.byteorder == "little"
 
 
@@ -71,6 +80,29 @@ class MsgQueue:
         if count:
             self._counts[raft_index] = count
         self.n += 1
+
+    @property
+    def plain(self) -> bool:
+        """No record has an expiry or a delivery count: `take` may be used."""
+        return self._exp is None and not self._counts
+
+    def take(self, n: int) -> tuple[list[int], list[int]]:
+        """Pop the `n` (<= len) oldest records of a `plain` queue at once: their ids and sizes."""
+        head = self._head
+        end = head + n
+        ids = self._idx[head:end].tolist()
+        sizes = self._size[head:end].tolist()
+        self.n -= n
+        total = len(self._idx)
+        if end == total:
+            self._clear()
+        elif end >= _COMPACT_MIN and end * 2 >= total:
+            del self._idx[:end]
+            del self._size[:end]
+            self._head = 0
+        else:
+            self._head = end
+        return ids, sizes
 
     def head_index(self) -> int:
         return self._idx[self._head]
@@ -170,8 +202,9 @@ def _from_le(typecode: str, data: bytes) -> array[int]:
 
 
 class LiveIndexes:
-    """One flag byte per raft index from `_base`. Invariant: every live index is >= `_base` and its flag
-    is 1; `_low` <= the offset of the smallest live index."""
+    """How many live messages each raft entry holds, from `_base`. Invariant: every live message's entry
+    is >= `_base`; `_counts[i - _base]` is the number of live messages at entry `i` (at most
+    BATCH_MAX: one byte); `_low` <= the offset of the smallest entry holding a live message."""
 
     __slots__ = ("_flags", "_base", "_low", "count")
 
@@ -181,36 +214,50 @@ class LiveIndexes:
         self._low = 0
         self.count = 0
 
-    def add(self, raft_index: int) -> None:
-        """Mark a new live index; it must be larger than every index added before."""
+    def add(self, msg_id: int) -> None:
+        """A new live message; its entry (`msg_id >> SHIFT`) must be at or after every entry added before."""
+        raft_index = msg_id >> SHIFT
         flags = self._flags
         if not flags:
             self._base = raft_index
             self._low = 0
             flags.append(1)
         else:
-            gap = raft_index - self._base - len(flags)
-            if gap:
-                flags.extend(bytes(gap))
-            flags.append(1)
+            off = raft_index - self._base
+            n = len(flags)
+            if off < n:
+                flags[off] += 1
+            else:
+                if off > n:
+                    flags.extend(bytes(off - n))
+                flags.append(1)
         self.count += 1
 
-    def discard(self, raft_index: int) -> None:
-        self._flags[raft_index - self._base] = 0
+    def discard(self, msg_id: int) -> None:
+        self._flags[(msg_id >> SHIFT) - self._base] -= 1
         self.count -= 1
 
-    def __contains__(self, raft_index: int) -> bool:
+    def discard_many(self, msg_ids: list[int]) -> None:
+        flags, base = self._flags, self._base
+        for msg_id in msg_ids:
+            flags[(msg_id >> SHIFT) - base] -= 1
+        self.count -= len(msg_ids)
+
+    def holds(self, raft_index: int) -> int:
+        """The number of live messages whose body is in the entry at `raft_index`."""
         off = raft_index - self._base
-        return 0 <= off < len(self._flags) and self._flags[off] == 1
+        return self._flags[off] if 0 <= off < len(self._flags) else 0
 
     def smallest(self) -> int | None:
-        """The smallest live raft index, or None when nothing is live."""
+        """The smallest raft index holding a live message, or None when nothing is live."""
         if not self.count:
             if self._flags:
                 self._flags = bytearray()
             return None
         flags = self._flags
-        pos = flags.find(1, self._low)
+        m = _NONZERO.search(flags, self._low)
+        assert m is not None  # count > 0
+        pos = m.start()
         if pos >= _COMPACT_MIN and pos * 2 >= len(flags):
             del flags[:pos]
             self._base += pos
