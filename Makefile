@@ -17,9 +17,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# a cluster of one (inter-node port 25672, as RabbitMQ's), so that quorum queues work; HUTCH_CLUSTER_PORT=
+# (empty) starts a node that is not clustered
 run: $(STAMP)
 	mkdir -p $(HUTCH_DATA_DIR)
-	$(VENV)/bin/hutch-server
+	HUTCH_CLUSTER_PORT=$${HUTCH_CLUSTER_PORT-25672} $(VENV)/bin/hutch-server
 
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
