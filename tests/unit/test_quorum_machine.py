@@ -2,13 +2,19 @@
 
 Each test names the seed-000 / rabbit_fifo behaviour it checks. `Q` applies commands at consecutive
 raft indexes with a settable leader time, the way the Raft driver would.
+
+Message ids are `(raft index << SHIFT) | position` (messages.py): `m(i)` is the id of the message of a
+plain enqueue or requeue at raft index i, `m(i, p)` the one at position p of an enqueue batch at i.
+The release cursor is a raft index.
 """
 
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgpack
 import pytest
 
 from hutch.core.queue_settings import QueueSettings
@@ -47,6 +53,7 @@ from hutch.queues.quorum import (
     make_dlx_settle,
     make_down,
     make_enqueue,
+    make_enqueue_batch,
     make_purge,
     make_register_publisher,
     make_requeue,
@@ -57,13 +64,26 @@ from hutch.queues.quorum import (
     make_unregister_publisher,
     make_update_config,
     payload_of,
+    payloads_of,
 )
+from hutch.queues.quorum.commands import EnqueueBatch
 from hutch.queues.quorum.consumers import UNLIMITED_PREFETCH
+from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
 from hutch.queues.quorum.state import PUBLISHER_IDLE_MS
 
 DLX = {"dead_letter_exchange": "dlx"}
 AT_LEAST_ONCE = {"dead_letter_exchange": "dlx", "dead_letter_strategy": "at-least-once",
                  "overflow": "reject-publish"}
+
+
+def m(raft_index: int, position: int = 0) -> int:
+    """The message id of the message at `position` of the entry at `raft_index`."""
+    return (raft_index << SHIFT) | position
+
+
+def entry(msg_id: int) -> int:
+    """The raft index of the entry carrying a message's body."""
+    return msg_id >> SHIFT
 
 
 class Q:
@@ -82,12 +102,20 @@ class Q:
         return self.effects
 
     def pub(self, n: int = 1, size: int = 10, ttl: int | None = None, publisher: Any = None) -> list[int]:
-        """Enqueue n messages; their raft indexes (= msg ids)."""
+        """Enqueue n messages, one entry each; their msg ids."""
         ids = []
         for _ in range(n):
             self.do(make_enqueue(publisher, self.index + 1 if publisher else 0, size, ttl))
-            ids.append(self.index)
+            ids.append(m(self.index))
         return ids
+
+    def batch(self, sizes: Sequence[int], publisher: Any = None, first_seq: int = 1,
+              ttls: Sequence[int | None] | None = None) -> list[int]:
+        """Enqueue len(sizes) messages in one EnqueueBatch entry (message p's payload: the byte p); the
+        msg ids of its positions, whether or not each was enqueued."""
+        n = len(sizes)
+        self.do(make_enqueue_batch(publisher, first_seq, sizes, ttls, [1] * n, bytes(range(n))))
+        return [m(self.index, p) for p in range(n)]
 
     def of(self, kind: type) -> list[Any]:
         return [e for e in self.effects if isinstance(e, kind)]
@@ -102,7 +130,7 @@ def test_enqueue_is_confirmed_once_applied_and_keeps_only_a_record() -> None:
     assert q.do(make_enqueue("p1", 1, 100, payload=b"x" * 100)) == [Confirm("p1", (1,))]
     assert q.reply == OK
     assert q.st.ready_count() == 1 and q.st.ready_bytes == 100
-    assert list(q.st.messages.records()) == [(1, 100, 0, 0)]  # (raft index, size, expiry, count): no body
+    assert list(q.st.messages.records()) == [(m(1), 100, 0, 0)]  # (msg id, size, expiry, count): no body
 
 
 def test_resend_of_an_applied_seq_is_confirmed_again_but_not_enqueued_twice() -> None:
@@ -280,22 +308,22 @@ def test_with_delivery_limit_a_returned_message_is_delivered_first() -> None:
 @pytest.mark.parametrize("dlx", [True, False])
 def test_past_the_delivery_limit_a_message_is_dead_lettered_or_dropped(dlx: bool) -> None:
     q = Q(delivery_limit=1, **(DLX if dlx else {}))
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
-    q.do(make_return("c", [m]))
-    assert q.of(Deliver)[0].messages == ((m, m, True, 1),)
-    q.do(make_return("c", [m]))
+    q.do(make_return("c", [msg]))
+    assert q.of(Deliver)[0].messages == ((msg, msg, True, 1),)
+    q.do(make_return("c", [msg]))
     kind = DeadLetter if dlx else Dropped
-    assert q.of(kind) == [kind("delivery_limit", (m,))]
+    assert q.of(kind) == [kind("delivery_limit", (msg,))]
     assert q.st.message_count() == 0
 
 
 def test_delivery_limit_zero_kills_a_message_on_its_first_return() -> None:
     q = Q(delivery_limit=0)
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
-    q.do(make_return("c", [m]))
-    assert q.of(Dropped) == [Dropped("delivery_limit", (m,))]
+    q.do(make_return("c", [msg]))
+    assert q.of(Dropped) == [Dropped("delivery_limit", (msg,))]
 
 
 def test_consumer_down_returns_unacked_messages_as_failed_deliveries() -> None:
@@ -324,12 +352,12 @@ def test_requeue_moves_the_message_to_a_new_entry_so_the_old_can_be_truncated() 
     q = Q()
     ids = q.pub(2)
     q.do(make_checkout("c", 1))
-    assert q.st.release_cursor() == ids[0]
+    assert q.st.release_cursor() == entry(ids[0])
     q.do(make_requeue("c", ids[0], b"body"))
-    new = q.index
+    new = m(q.index)
     assert q.delivered() == [ids[1]]
     assert q.st.ready_indexes() == [new]
-    assert q.st.release_cursor() == ids[1]
+    assert q.st.release_cursor() == entry(ids[1])
     q.do(make_settle("c", [ids[1]]))
     assert q.of(Deliver)[0].messages == ((new, new, True, 1),)
 
@@ -337,21 +365,21 @@ def test_requeue_moves_the_message_to_a_new_entry_so_the_old_can_be_truncated() 
 @pytest.mark.parametrize("dlx", [True, False])
 def test_discard_dead_letters_rejected_or_drops(dlx: bool) -> None:
     q = Q(**(DLX if dlx else {}))
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
-    q.do(make_discard("c", [m]))
+    q.do(make_discard("c", [msg]))
     kind = DeadLetter if dlx else Dropped
-    assert q.of(kind) == [kind("rejected", (m,))]
+    assert q.of(kind) == [kind("rejected", (msg,))]
     assert q.st.message_count() == 0
 
 
 def test_settlements_from_unknown_consumers_or_ids_are_ignored() -> None:
     q = Q()
-    (m,) = q.pub(1)
-    assert q.do(make_settle("nobody", [m])) == []
+    (msg,) = q.pub(1)
+    assert q.do(make_settle("nobody", [msg])) == []
     q.do(make_checkout("c", 1))
-    q.do(make_return("c", [m + 100]))
-    q.do(make_discard("other", [m]))
+    q.do(make_return("c", [msg + 100, m(100)]))  # no message at that position / at that entry
+    q.do(make_discard("other", [msg]))
     assert q.st.unacked_count() == 1
 
 
@@ -368,7 +396,7 @@ def test_single_active_consumer_one_active_the_rest_wait() -> None:
     q.do(make_cancel("a"))  # the waiting consumer with the highest priority takes over
     assert q.of(ConsumerStatus) == [ConsumerStatus("c", True)]
     q.pub(1)
-    assert q.delivered() == [q.index] and q.of(Deliver)[0].consumer_key == "c"
+    assert q.delivered() == [m(q.index)] and q.of(Deliver)[0].consumer_key == "c"
     q.do(make_down("a"))  # a's unacked messages go to the active consumer
     assert q.delivered("c") == ids
 
@@ -457,20 +485,20 @@ def test_a_message_expires_at_exactly_its_ttl_even_behind_the_head() -> None:
 
 def test_ttl_zero_is_delivered_to_a_ready_consumer_else_expires_at_once() -> None:
     q = Q(message_ttl_ms=0)
-    (m,) = q.pub(1)
-    assert q.of(Dropped) == [Dropped("expired", (m,))]
+    (msg,) = q.pub(1)
+    assert q.of(Dropped) == [Dropped("expired", (msg,))]
     q.do(make_checkout("c", 10))
-    (m,) = q.pub(1)
-    assert q.delivered() == [m]
+    (msg,) = q.pub(1)
+    assert q.delivered() == [msg]
 
 
 def test_expired_returned_message_is_not_redelivered() -> None:
     q = Q(message_ttl_ms=50, delivery_limit=10)
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
     q.now += 60
-    q.do(make_return("c", [m]))
-    assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (m,))]
+    q.do(make_return("c", [msg]))
+    assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (msg,))]
 
 
 def test_a_requeued_message_past_its_expiry_is_not_delivered_again() -> None:
@@ -479,7 +507,7 @@ def test_a_requeued_message_past_its_expiry_is_not_delivered_again() -> None:
     q.do(make_checkout("c", 1))
     q.now += 60
     q.do(make_requeue("c", ids[0], b"body"))
-    assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (ids[1], q.index))]
+    assert q.delivered() == [] and q.of(Dropped) == [Dropped("expired", (ids[1], m(q.index)))]
 
 
 def test_queue_ttl_emits_delete_when_unused_for_that_long() -> None:
@@ -584,7 +612,7 @@ def test_at_least_once_keeps_dead_letters_until_the_worker_settles_them() -> Non
     q.do(make_checkout("c", 10))
     q.do(make_discard("c", ids))
     assert q.of(DeadLetter) == [] and q.st.dlx_count() == 3 and q.st.message_count() == 3
-    assert q.st.release_cursor() == ids[0]
+    assert q.st.release_cursor() == entry(ids[0])
     q.do(make_dlx_checkout(2))
     assert q.of(DlxDeliver) == [DlxDeliver(((ids[0], ids[0], "rejected"), (ids[1], ids[1], "rejected")))]
     q.do(make_dlx_settle([ids[0]]))
@@ -617,10 +645,10 @@ def test_new_dlx_worker_gets_back_what_the_old_one_did_not_settle() -> None:
 
 def test_at_least_once_needs_reject_publish_else_at_most_once() -> None:
     q = Q(dead_letter_exchange="dlx", dead_letter_strategy="at-least-once", delivery_limit=0)
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
-    q.do(make_return("c", [m]))
-    assert q.of(DeadLetter) == [DeadLetter("delivery_limit", (m,))] and q.st.dlx_count() == 0
+    q.do(make_return("c", [msg]))
+    assert q.of(DeadLetter) == [DeadLetter("delivery_limit", (msg,))] and q.st.dlx_count() == 0
 
 
 def test_switching_away_from_at_least_once_deletes_unconfirmed_dead_letters() -> None:
@@ -664,9 +692,9 @@ def test_release_cursor_is_the_oldest_live_entry_or_the_current_index() -> None:
     assert q.st.release_cursor() == 0
     ids = q.pub(3)
     q.do(make_checkout("c", 10))
-    assert q.st.release_cursor() == ids[0]
+    assert q.st.release_cursor() == entry(ids[0]) == 1
     q.do(make_settle("c", [ids[1], ids[2]]))
-    assert q.st.release_cursor() == ids[0]  # a stuck unacked message holds the log
+    assert q.st.release_cursor() == entry(ids[0])  # a stuck unacked message holds the log
     q.do(make_settle("c", [ids[0]]))
     assert q.st.release_cursor() == q.index
     assert q.of(ReleaseCursor) == [ReleaseCursor(q.index)]
@@ -682,9 +710,9 @@ def test_release_cursor_survives_a_long_gap() -> None:
     (stuck,) = q.pub(1)
     q.do(make_checkout("c", 0))
     for _ in range(10_000):
-        (m,) = q.pub(1)
-        q.do(make_settle("c", [m]))
-    assert q.st.release_cursor() == stuck
+        (msg,) = q.pub(1)
+        q.do(make_settle("c", [msg]))
+    assert q.st.release_cursor() == entry(stuck)
     q.do(make_settle("c", [stuck]))
     assert q.st.release_cursor() == q.index
     assert q.st.live.nbytes() < 200  # the map was cut down
@@ -694,12 +722,12 @@ def test_release_cursor_survives_a_long_gap() -> None:
 def test_leader_effects_redeliver_checked_out_messages_with_stable_ids() -> None:
     q = Q(max_length=1, overflow="reject-publish", **{"dead_letter_exchange": "dlx",
                                                      "dead_letter_strategy": "at-least-once"})
-    (m,) = q.pub(1)
+    (msg,) = q.pub(1)
     q.do(make_checkout("c", 1))
-    q.do(make_return("c", [m]))
+    q.do(make_return("c", [msg]))
     effects = leader_effects(q.st)
-    assert effects[0] == Deliver("c", ((m, m, True, 1),))
-    assert DlxWorker(True) in effects and ReleaseCursor(m) in effects
+    assert effects[0] == Deliver("c", ((msg, msg, True, 1),))
+    assert DlxWorker(True) in effects and ReleaseCursor(entry(msg)) in effects
 
 
 def _all_commands() -> list[Any]:
@@ -711,6 +739,9 @@ def _all_commands() -> list[Any]:
         make_credit("c", 5), make_down("n1", "noconnection"), make_dequeue("g", True, "n", "ch"),
         make_purge(), make_touch(), make_tick(123), make_update_config(QuorumConfig(**AT_LEAST_ONCE)),
         make_dlx_checkout(), make_dlx_settle([9]),
+        make_enqueue_batch("p", 3, [10, 0, 7], [None, 0, 500], [2, 0, 3], b"abxyz"),
+        make_enqueue_batch(None, 0, [1], None, [0], b""),
+        make_enqueue_batch(("n", 7), 9, [1, 2], None, [1, 1], b"ab"),
     ]
 
 
@@ -728,6 +759,65 @@ def test_codec_payload_is_not_copied_and_readable_by_the_runtime() -> None:
     _t, cmd = decode(data)
     assert isinstance(cmd.payload, memoryview) and cmd.payload.obj is data
     assert len(encode(make_settle("c", [1]))) < 16
+
+
+def test_codec_opcodes_are_never_reused() -> None:
+    """The opcode is in every log entry: a new command takes the next one, the old ones keep theirs."""
+    ops = {}
+    for cmd in _all_commands():
+        data = encode(cmd)
+        length = int.from_bytes(data[1:5], "big")
+        ops[type(cmd).__name__] = msgpack.unpackb(data[5:5 + length])[1]
+    assert ops == {"Enqueue": 0, "RegisterPublisher": 1, "UnregisterPublisher": 2, "Checkout": 3,
+                   "Cancel": 4, "Settle": 5, "Return": 6, "Discard": 7, "Requeue": 8, "Credit": 9, "Down": 10,
+                   "Dequeue": 11, "Purge": 12, "Touch": 13, "Tick": 14, "UpdateConfig": 15, "DlxCheckout": 16,
+                   "DlxSettle": 17, "EnqueueBatch": 18}
+
+
+def test_codec_batch_round_trip_and_payloads_of_slices_without_copying() -> None:
+    cmd = make_enqueue_batch("p", 7, [100, 0, 5], [None, 0, 30], [3, 0, 5], b"abcdefgh")
+    assert type(cmd) is EnqueueBatch and cmd.sizes == (100, 0, 5) and cmd.ttls == (None, 0, 30)
+    data = encode(cmd, 5)
+    t, back = decode(data)
+    assert t == 5 and back == cmd and isinstance(back.payload, memoryview) and back.payload.obj is data
+    parts = payloads_of(data)
+    assert [bytes(p) for p in parts] == [b"abc", b"", b"defgh"]
+    assert all(isinstance(p, memoryview) and p.obj is data for p in parts)
+    untracked = encode(make_enqueue_batch(None, 0, [1, 2], None, [2, 2], b"wxyz"))
+    assert [bytes(p) for p in payloads_of(untracked)] == [b"wx", b"yz"]
+    assert [bytes(p) for p in payloads_of(encode(make_enqueue("p", 1, 4, None, b"body")))] == [b"body"]
+    assert [bytes(p) for p in payloads_of(encode(make_requeue("c", m(3, 2), b"again")))] == [b"again"]
+    with pytest.raises(CommandError):
+        payloads_of(encode(make_settle("c", [1])))
+
+
+def test_make_enqueue_batch_refuses_bad_batches() -> None:
+    ok = make_enqueue_batch("p", 1, [1] * BATCH_MAX, None, [1] * BATCH_MAX, bytes(BATCH_MAX))
+    assert len(ok.sizes) == BATCH_MAX
+    assert make_enqueue_batch(None, 0, [1], None, [1], b"x").first_seq == 0  # untracked: seq ignored
+    assert make_enqueue_batch("p", 1, [1, 1], [None, None], [1, 1], b"xy").ttls == (None, None)
+    for bad in (lambda: make_enqueue_batch("p", 1, [], None, [], b""),  # no message
+                lambda: make_enqueue_batch("p", 1, [1] * (BATCH_MAX + 1), None, [1] * (BATCH_MAX + 1),
+                                           bytes(BATCH_MAX + 1)),  # too many
+                lambda: make_enqueue_batch("p", 1, [1, 1], None, [2], b"xy"),  # lens shorter than sizes
+                lambda: make_enqueue_batch("p", 1, [1], None, [1, 0], b"x"),  # lens longer
+                lambda: make_enqueue_batch("p", 1, [1, 1], [5], [1, 1], b"xy"),  # ttls shorter
+                lambda: make_enqueue_batch("p", 1, [1, 1], [5, 5, 5], [1, 1], b"xy"),  # ttls longer
+                lambda: make_enqueue_batch("p", 1, [1, 1], None, [1, 1], b"xyz"),  # lens sum 2, payload 3
+                lambda: make_enqueue_batch("p", 1, [1, 1], None, [2, 2], b"xyz"),  # lens sum 4, payload 3
+                lambda: make_enqueue_batch("p", 0, [1], None, [1], b"x"),  # seqs start at 1
+                lambda: make_enqueue_batch("p", -3, [1], None, [1], b"x"),
+                lambda: make_enqueue_batch("p", True, [1], None, [1], b"x"),
+                lambda: make_enqueue_batch("p", 1.0, [1], None, [1], b"x"),
+                lambda: make_enqueue_batch("p", "1", [1], None, [1], b"x"),
+                lambda: make_enqueue_batch("p", 1, [-1], None, [1], b"x"),  # sizes
+                lambda: make_enqueue_batch("p", 1, [2**32], None, [1], b"x"),
+                lambda: make_enqueue_batch("p", 1, [1], None, [-1], b""),  # lens
+                lambda: make_enqueue_batch("p", 1, [1], [-1], [1], b"x"),  # ttls
+                lambda: make_enqueue_batch("p", 1, [1], ["5"], [1], b"x"),
+                lambda: make_enqueue_batch(["list"], 1, [1], None, [1], b"x")):  # publisher id
+        with pytest.raises(CommandError):
+            bad()
 
 
 def test_codec_refuses_unknown_versions_and_garbage() -> None:
@@ -752,15 +842,15 @@ def test_constructors_refuse_bad_arguments() -> None:
 
 def test_quorum_machine_is_a_raft_state_machine() -> None:
     seen: list[Any] = []
-    m = QuorumMachine(QuorumConfig(), effects_sink=seen.extend)
-    assert m.apply(1, encode(make_enqueue("p", 1, 5, None, b"hello"), 1000)) == OK
+    machine = QuorumMachine(QuorumConfig(), effects_sink=seen.extend)
+    assert machine.apply(1, encode(make_enqueue("p", 1, 5, None, b"hello"), 1000)) == OK
     assert seen == [Confirm("p", (1,))]
-    assert isinstance(m.apply(2, encode(make_checkout("c", 1), 1001)), CheckoutReply)
-    snap = m.snapshot()
+    assert isinstance(machine.apply(2, encode(make_checkout("c", 1), 1001)), CheckoutReply)
+    snap = machine.snapshot()
     other = QuorumMachine()
     other.restore(snap)
-    assert other.snapshot() == snap and other.state.checked_out("c") == [1]
-    assert other.leader_effects()[0] == Deliver("c", ((1, 1, False, 0),))
+    assert other.snapshot() == snap and other.state.checked_out("c") == [m(1)]
+    assert other.leader_effects()[0] == Deliver("c", ((m(1), m(1), False, 0),))
 
 
 def test_config_from_settings_reads_quorum_only_keys() -> None:
@@ -799,3 +889,366 @@ def test_memory_per_queued_message_is_within_budget() -> None:
     used = sum(s.size_diff for s in after.compare_to(before, "filename"))
     assert st.ready_count() == 100_000
     assert used / 100_000 <= 64, used / 100_000
+
+
+# -- enqueue batches -----------------------------------------------------------------------------------
+def test_batch_ids_are_entry_and_position_and_fifo_holds_across_batches_and_single_enqueues() -> None:
+    q = Q()
+    (a,) = q.pub(1)
+    b = q.batch([1, 2, 3])
+    assert q.reply == 3 and q.effects == []  # untracked: no confirms
+    (c,) = q.pub(1)
+    d = q.batch([4, 5])
+    assert (a, b, c, d) == (m(1), [m(2), m(2) + 1, m(2) + 2], m(3), [m(4), m(4) + 1])
+    assert m(1) < m(2) + 2 < m(3) < m(4)  # ids grow with the log, positions included
+    assert list(q.st.messages.records()) == [(a, 10, 0, 0), (b[0], 1, 0, 0), (b[1], 2, 0, 0), (b[2], 3, 0, 0),
+                                             (c, 10, 0, 0), (d[0], 4, 0, 0), (d[1], 5, 0, 0)]
+    assert q.st.ready_bytes == 35 and q.st.message_count() == 7
+    assert [q.st.live.holds(i) for i in range(6)] == [0, 1, 3, 1, 2, 0]
+    q.do(make_dequeue("g", True))
+    assert q.reply == DequeueReply((a, a, False, 0), 6)
+    q.do(make_checkout("c", 3))
+    assert q.delivered() == b and q.of(Deliver)[0].messages[1] == (b[1], b[1], False, 0)
+    q.do(make_return("c", [b[1]]))  # no delivery limit: to the back, keeping its id
+    assert q.delivered() == [c]
+    q.do(make_settle("c", [b[0], b[2]]))
+    assert q.delivered() == d
+    q.do(make_settle("c", [c]))
+    assert q.of(Deliver) == [Deliver("c", ((b[1], b[1], True, 1),))]
+
+
+def test_batch_of_batch_max_messages_fills_one_entry() -> None:
+    q = Q()
+    ids = q.batch([1] * BATCH_MAX)
+    (after,) = q.pub(1)
+    assert ids == list(range(m(1), m(1) + BATCH_MAX)) and ids[-1] < after == m(2)
+    assert q.st.live.holds(1) == BATCH_MAX and q.st.live.holds(2) == 1
+    q.do(make_checkout("c", 0))
+    assert q.delivered() == ids + [after]
+    q.do(make_settle("c", ids[:-1]))
+    assert q.st.live.holds(1) == 1 and q.st.release_cursor() == 1
+    q.do(make_settle("c", ids[-1:]))
+    assert q.st.live.holds(1) == 0 and q.st.release_cursor() == 2
+
+
+def test_batch_confirms_every_seq_in_one_confirm_effect() -> None:
+    q = Q()
+    assert q.batch([10] * 5, "p", first_seq=1) and q.effects == [Confirm("p", (1, 2, 3, 4, 5))]
+    assert q.reply == 5 and q.st.publishers["p"].last_seq == 5
+    q.do(make_enqueue("p", 6, 10))
+    assert q.reply == OK
+    q.do(make_enqueue("p", 3, 10))
+    assert q.reply == DUPLICATE
+    q.do(make_checkout("c", 2))
+    q.batch([10, 10, 10], "p", first_seq=7)  # delivered in the same apply: the confirm still comes first
+    assert q.effects == [Confirm("p", (7, 8, 9))]
+    assert q.st.ready_count() == 7
+
+
+def test_resend_of_a_whole_batch_after_part_of_it_was_applied() -> None:
+    q = Q()
+    # batch 1..6 went to a leader that applied seqs 1 and 2, and 5 arrived ahead of 3 and 4
+    q.do(make_enqueue("p", 1, 10))
+    q.do(make_enqueue("p", 2, 10))
+    q.do(make_enqueue("p", 5, 10))
+    assert q.st.publishers["p"].missing == [[3, 4]]
+    ids = q.batch([1, 2, 3, 4, 5, 6], "p", first_seq=1)  # the whole batch resent after the leader change
+    assert q.effects == [Confirm("p", (1, 2, 3, 4, 5, 6))]  # duplicates confirmed again, with the rest
+    assert q.reply == 3  # 3, 4 (the gap) and 6 (new)
+    assert q.st.ready_indexes() == [m(1), m(2), m(3), ids[2], ids[3], ids[5]]
+    assert [r[1] for r in q.st.messages.records()] == [10, 10, 10, 3, 4, 6]
+    assert q.st.publishers["p"].missing == [] and q.st.publishers["p"].last_seq == 6
+    assert q.st.live.holds(4) == 3
+    q.batch([1, 2, 3, 4, 5, 6], "p", first_seq=1)  # and again: every seq a duplicate
+    assert q.effects == [Confirm("p", (1, 2, 3, 4, 5, 6))] and q.reply == 0
+    assert q.st.ready_count() == 6 and q.st.live.holds(q.index) == 0
+    q.batch([1, 2, 3], "p", first_seq=5)  # overlapping the end: 5 and 6 duplicates, 7 new
+    assert q.effects == [Confirm("p", (5, 6, 7))] and q.reply == 1
+    assert q.st.ready_indexes()[-1] == m(q.index, 2)
+
+
+def test_batch_starting_past_the_last_seq_records_the_gap_and_a_later_batch_fills_it() -> None:
+    q = Q()
+    q.batch([1, 1], "p", first_seq=1)
+    q.batch([1, 1], "p", first_seq=6)  # 3, 4, 5 not seen yet
+    assert q.st.publishers["p"].missing == [[3, 5]]
+    q.batch([1, 1, 1, 1, 1], "p", first_seq=3)  # 3..5 overtaken: new; 6, 7 duplicates
+    assert q.effects == [Confirm("p", (3, 4, 5, 6, 7))] and q.reply == 3
+    assert q.st.publishers["p"].missing == [] and q.st.ready_count() == 7
+    assert q.st.ready_indexes()[-3:] == [m(3), m(3, 1), m(3, 2)]
+
+
+def test_reject_publish_reached_in_the_middle_of_a_batch_rejects_exactly_the_rest() -> None:
+    q = Q(max_length=3, overflow="reject-publish")
+    q.do(make_enqueue("p", 1, 10))
+    ids = q.batch([10] * 5, "p", first_seq=2)
+    assert q.of(Confirm) == [Confirm("p", (2, 3))] and q.of(Reject) == [Reject("p", (4, 5, 6))]
+    assert q.of(OverflowStatus) == [OverflowStatus(True)] and q.reply == 2
+    assert q.st.ready_indexes() == [m(1), ids[0], ids[1]] and q.st.live.holds(2) == 2
+    assert q.do(make_enqueue("p", 5, 10)) == [Reject("p", (5,))] and q.reply == REJECTED  # refused again
+    q.do(make_checkout("c", 10))  # room again
+    assert q.st.ready_count() == 0
+    q.batch([10] * 5, "p", first_seq=2)  # a resend of the batch: still never both acked and nacked
+    assert q.of(Confirm) == [Confirm("p", (2, 3))] and q.of(Reject) == [Reject("p", (4, 5, 6))]
+    assert q.reply == 0 and q.delivered() == []
+    q.batch([10, 10], "p", first_seq=7)
+    assert q.of(Confirm) == [Confirm("p", (7, 8))] and q.reply == 2
+
+
+def test_reject_publish_by_bytes_is_decided_per_message_of_a_batch() -> None:
+    q = Q(max_length_bytes=25, overflow="reject-publish")
+    ids = q.batch([10, 10, 10, 5, 1], "p", first_seq=1)
+    assert q.of(Confirm) == [Confirm("p", (1, 2, 4))] and q.of(Reject) == [Reject("p", (3, 5))]
+    assert q.st.ready_indexes() == [ids[0], ids[1], ids[3]] and q.st.ready_bytes == 25
+    assert q.st.publishers["p"].rejected == [[3, 3], [5, 5]]
+
+
+def test_untracked_batch_rejected_in_part_is_silent_and_counts_what_it_enqueued() -> None:
+    q = Q(max_length=2, overflow="reject-publish")
+    ids = q.batch([1, 1, 1, 1])
+    assert q.reply == 2 and q.effects == [OverflowStatus(True)]
+    assert q.st.ready_indexes() == ids[:2] and not q.st.publishers
+
+
+def test_per_message_ttl_within_a_batch() -> None:
+    q = Q(message_ttl_ms=1000)
+    q.batch([1, 1, 1], ttls=[None, 10, 5000])  # the smaller of the queue's and the message's TTL
+    assert [r[2] for r in q.st.messages.records()] == [q.now + 1000, q.now + 10, q.now + 1000]
+    q = Q()
+    q.batch([1, 1], ttls=None)
+    assert not q.st.messages.may_expire
+    ids = q.batch([1, 1, 1, 1], ttls=[10, None, 5, None])
+    assert [r[2] for r in q.st.messages.records()] == [0, 0, q.now + 10, 0, q.now + 5, 0]
+    q.do(make_dequeue("g", True))
+    q.do(make_dequeue("g", True))
+    q.now += 10
+    q.do(make_tick(q.now))
+    assert q.of(Dropped) == [Dropped("expired", (ids[0],))]  # the head only
+    q.do(make_checkout("c", 10))
+    assert q.delivered() == [ids[1], ids[3]] and q.of(Dropped) == [Dropped("expired", (ids[2],))]
+
+
+def test_ttl_zero_messages_of_a_batch_go_to_a_consumer_with_credit_else_expire() -> None:
+    q = Q(**DLX)
+    ids = q.batch([1, 1, 1], ttls=[0, 0, 0])
+    assert q.of(DeadLetter) == [DeadLetter("expired", tuple(ids))] and q.st.message_count() == 0
+    q.do(make_checkout("c", 2))
+    ids = q.batch([1, 1, 1, 1], ttls=[0, None, 0, 0])
+    assert q.delivered() == ids[:2]
+    assert q.of(DeadLetter) == [DeadLetter("expired", tuple(ids[2:]))]
+    q = Q(message_ttl_ms=0)
+    q.do(make_checkout("c", 3))
+    ids = q.batch([1] * 5)
+    assert q.delivered() == ids[:3] and q.of(Dropped) == [Dropped("expired", tuple(ids[3:]))]
+
+
+def test_release_cursor_stays_at_a_batch_until_every_message_of_it_is_settled() -> None:
+    q = Q(release_step=1)
+    ids = q.batch([1, 1, 1])
+    assert q.of(ReleaseCursor) == [ReleaseCursor(1)]
+    (single,) = q.pub(1)
+    q.do(make_checkout("c", 10))
+    q.do(make_settle("c", [ids[0], ids[2]]))
+    assert q.st.release_cursor() == 1 and q.of(ReleaseCursor) == [] and q.st.live.holds(1) == 1
+    q.do(make_settle("c", [ids[1]]))
+    assert q.st.release_cursor() == entry(single) == 2 and q.of(ReleaseCursor) == [ReleaseCursor(2)]
+    q.do(make_settle("c", [single]))
+    assert q.st.release_cursor() == q.index and q.of(ReleaseCursor) == [ReleaseCursor(q.index)]
+
+
+def test_release_cursor_survives_a_long_gap_of_batches() -> None:
+    q = Q()
+    ids = q.batch([1, 1])
+    q.do(make_checkout("c", 0))
+    q.do(make_settle("c", ids[:1]))
+    for _ in range(6_000):
+        q.do(make_settle("c", q.batch([1, 1, 1])))
+    assert q.st.release_cursor() == 1 and q.st.live.holds(1) == 1 and q.st.live.count == 1
+    q.batch([1] * 4)
+    assert q.st.live.holds(q.index) == 4 and q.st.release_cursor() == 1
+    q.do(make_settle("c", ids[1:]))
+    assert q.st.release_cursor() == q.index - 1 and q.st.live.count == 4
+    assert q.st.live.nbytes() < 200  # the map was cut down
+
+
+def test_a_requeue_of_a_batchs_last_live_message_releases_the_batchs_entry() -> None:
+    q = Q()
+    ids = q.batch([1, 1, 1])
+    q.do(make_checkout("c", 10))
+    q.do(make_settle("c", ids[:2]))
+    assert q.st.release_cursor() == 1
+    q.do(make_requeue("c", ids[2], b"\x02"))
+    assert q.st.release_cursor() == q.index and q.st.live.holds(1) == 0 and q.st.live.holds(q.index) == 1
+    assert q.delivered() == [m(q.index)]
+
+
+def test_at_least_once_dead_letters_of_a_batch_hold_its_entry_until_settled() -> None:
+    q = Q(**AT_LEAST_ONCE)
+    ids = q.batch([1, 1, 1])
+    q.do(make_checkout("c", 10))
+    q.do(make_discard("c", ids))
+    q.do(make_dlx_checkout(32))
+    assert q.of(DlxDeliver) == [DlxDeliver(tuple((i, i, "rejected") for i in ids))]
+    q.do(make_dlx_settle(ids[1:]))
+    assert q.st.release_cursor() == 1 and q.st.message_count() == 1
+    q.do(make_dlx_settle(ids[:1]))
+    assert q.st.release_cursor() == q.index and q.st.message_count() == 0
+
+
+def _live_counts(st: QueueState) -> dict[int, int]:
+    entries = [entry(i) for i in st.live_indexes()]
+    return {i: st.live.holds(i) for i in range(entries[0] - 1, entries[-1] + 2)} if entries else {}
+
+
+def test_snapshot_with_batches_restores_an_equal_state_and_live_counts() -> None:
+    q = Q(delivery_limit=3, message_ttl_ms=10_000, **AT_LEAST_ONCE)
+    first = q.batch([1, 2, 3, 4], "p", ttls=[None, 50, None, 20_000])
+    q.do(make_enqueue("p", 5, 1))
+    single = m(q.index)
+    second = q.batch([5, 6, 7], "p", first_seq=10)
+    q.do(make_checkout("c", 3, priority=2))
+    q.do(make_checkout(("x", 1), 2))
+    q.do(make_settle("c", [first[0]]))
+    q.do(make_return("c", [first[2]]))
+    q.do(make_discard(("x", 1), [first[3]]))
+    q.do(make_dlx_checkout(1))
+    q.do(make_requeue("c", first[1], b"\x01"))
+    q.do(make_purge())
+    assert q.st.message_count() > 0 and q.st.live.holds(1) > 0 and second
+    snap = q.st.snapshot()
+    back = QueueState.restore(snap)
+    assert back.snapshot() == snap
+    assert back.live_indexes() == q.st.live_indexes() and back.release_cursor() == q.st.release_cursor()
+    assert back.live.count == q.st.live.count and _live_counts(back) == _live_counts(q.st)
+    assert back.publishers["p"].missing == [[6, 9]]
+    # and both go on alike: a replica restored from the snapshot follows the same log
+    replica = Q()
+    replica.st, replica.index, replica.now = back, q.index, q.now
+    for cmd in (make_settle("c", [single]),
+                make_enqueue_batch("p", 6, [1, 1, 1], [0, None, 0], [0, 0, 0], b""),  # in the gap
+                make_tick(q.now + 60), make_dlx_settle([first[3]]), make_checkout("c", 10)):
+        assert replica.do(cmd) == q.do(cmd) and replica.reply == q.reply
+        assert replica.st.snapshot() == q.st.snapshot() and _live_counts(replica.st) == _live_counts(q.st)
+
+
+def test_quorum_machine_apply_command_equals_apply_of_the_encoded_entry() -> None:
+    seen_a: list[Any] = []
+    seen_b: list[Any] = []
+    a = QuorumMachine(QuorumConfig(max_length=4, overflow="reject-publish"), effects_sink=seen_a.extend)
+    b = QuorumMachine(QuorumConfig(max_length=4, overflow="reject-publish"), effects_sink=seen_b.extend)
+    cmds = [make_enqueue_batch("p", 1, [1, 2, 3], [None, 5, None], [1, 1, 1], b"abc"), make_checkout("c", 2),
+            make_enqueue_batch("p", 2, [1] * 5, None, [0] * 5, b""), make_enqueue("p", 7, 1),
+            make_settle("c", [m(1), m(1, 1)]), make_enqueue_batch(None, 0, [9], None, [2], b"zz"),
+            make_tick(99)]
+    replies = []
+    for i, cmd in enumerate(cmds, 1):
+        replies.append(a.apply_command(i, 10 * i, cmd))
+        assert replies[-1] == b.apply(i, encode(cmd, 10 * i))
+        assert seen_a == seen_b
+        assert a.snapshot() == b.snapshot()
+    assert replies[0] == 3 and replies[2] == 3 and replies[3] == OK and replies[5] == 1
+    assert seen_a[:2] == [Confirm("p", (1, 2, 3)),
+                          Deliver("c", ((m(1), m(1), False, 0), (m(1, 2), m(1, 2), False, 0)))]
+    assert Dropped("expired", (m(1, 1),)) in seen_a  # TTL 5 from time 10, checked out at 20
+    assert a.state.ready_indexes() == [m(3, 3), m(3, 4), m(4), m(6)]
+
+
+# -- a batch is applied as its messages' enqueues one by one would be ----------------------------------
+def _setup(*cmds: Any) -> Callable[[Q], None]:
+    def run(q: Q) -> None:
+        for cmd in cmds:
+            q.do(cmd)
+    return run
+
+
+def _outcome(config: dict[str, Any], setup: Callable[[Q], None], publisher: Any, first_seq: int,
+             sizes: list[int], ttls: list[int | None] | None, as_batch: bool) -> dict[str, Any]:
+    """What became of these publishes, as one batch or one enqueue each, the new messages named by their
+    position (the messages of `setup` by their id)."""
+    q = Q(**config)
+    setup(q)
+    base = q.index + 1
+    effects: list[Any] = []
+    if as_batch:
+        q.batch(sizes, publisher, first_seq, ttls)
+        effects += q.effects
+        enqueued = q.reply
+    else:
+        enqueued = 0
+        for p, size in enumerate(sizes):
+            ttl = None if ttls is None else ttls[p]
+            q.do(make_enqueue(publisher, first_seq + p if publisher else 0, size, ttl))
+            effects += q.effects
+            enqueued += q.reply == OK
+
+    def name(msg_id: int) -> tuple[str, int]:
+        if entry(msg_id) < base:
+            return "old", msg_id
+        return "new", msg_id - m(base) if as_batch else entry(msg_id) - base
+
+    deliveries: dict[Any, list[Any]] = {}
+    for e in effects:
+        if isinstance(e, Deliver):
+            deliveries.setdefault(e.consumer_key, []).extend((name(i), r, n) for i, _ref, r, n in e.messages)
+    pub = q.st.publishers.get(publisher)
+    return {
+        "enqueued": enqueued,
+        "confirmed": [s for e in effects if isinstance(e, Confirm) for s in e.seqs],
+        "rejected": [s for e in effects if isinstance(e, Reject) for s in e.seqs],
+        "deliveries": deliveries,
+        "dead": sorted((type(e).__name__, e.reason, name(i)) for e in effects
+                       if isinstance(e, DeadLetter | Dropped) for i in e.raft_indexes),
+        "ready": [(name(i), size, exp, n)
+                  for i, size, exp, n in list(q.st.returns) + list(q.st.messages.records())],
+        "checked_out": {k: [name(i) for i in q.st.checked_out(k)] for k in q.st.consumers.by_key},
+        "dlx": [name(i) for i in q.st.dlx.indexes()],
+        "publisher": None if pub is None else (pub.last_seq, pub.missing, pub.rejected),
+        "counts": (q.st.ready_bytes, q.st.live.count, q.st.rejecting, q.st.consumers.unacked),
+    }
+
+
+_EQUIVALENT = {
+    "dedup-and-gap": ({}, _setup(make_enqueue("p", 1, 1), make_enqueue("p", 2, 1), make_enqueue("p", 5, 1)),
+                      "p", 1, [1, 2, 3, 4, 5, 6], None),
+    "reject-publish-length": ({"max_length": 3, "overflow": "reject-publish"},
+                              _setup(make_enqueue("p", 1, 1)), "p", 2, [1] * 5, None),
+    "reject-publish-bytes": ({"max_length_bytes": 25, "overflow": "reject-publish"}, _setup(),
+                             "p", 1, [10, 10, 10, 5, 1], None),
+    "rejected-resend": ({"max_length": 1, "overflow": "reject-publish"},
+                        _setup(make_enqueue("p", 1, 1), make_enqueue("p", 2, 1), make_enqueue("p", 3, 1),
+                               make_checkout("c", 10)), "p", 1, [1, 1, 1, 1], None),
+    "untracked-rejected": ({"max_length": 2, "overflow": "reject-publish", **DLX}, _setup(),
+                           None, 0, [1] * 4, None),
+    "at-least-once-limit": ({"max_length": 3, **AT_LEAST_ONCE, "delivery_limit": 0},
+                            _setup(make_enqueue("p", 1, 1), make_checkout("c", 1), make_return("c", [m(1)]),
+                                   make_cancel("c")),
+                            "p", 2, [1] * 4, None),
+    "ttls-no-consumer": ({"message_ttl_ms": 1000}, _setup(), "p", 1, [1] * 6, [10, 0, None, 0, 5000, 0]),
+    "ttls-expiring-heads": (DLX, _setup(), "p", 1, [1] * 5, [0, 0, None, 0, 7]),
+    "ttl-zero-some-credit": (DLX, _setup(make_checkout("c", 2)), None, 0, [1] * 4, [0, 0, 0, 0]),
+    "ttl-zero-expired-head-first": ({}, _setup(make_checkout("c", 1), make_enqueue(None, 0, 1, 0)),
+                                    "p", 1, [1, 1], [0, None]),
+    "drop-head-with-consumer": ({"max_length": 1, **DLX}, _setup(make_checkout("c", 1)),
+                                "p", 1, [1] * 4, None),
+    "drop-head-bytes": ({"max_length_bytes": 12}, _setup(make_enqueue(None, 0, 5)),
+                        None, 0, [4, 4, 4, 4], None),
+    "round-robin": ({}, _setup(make_checkout("a", 2), make_checkout("b", 2)), "p", 1, [1] * 5, None),
+    "sac": ({"single_active_consumer": True}, _setup(make_checkout("a", 2), make_checkout("b", 9)),
+            "p", 1, [1] * 3, None),
+}
+
+
+@pytest.mark.parametrize("case", list(_EQUIVALENT))
+def test_a_batch_is_applied_as_one_enqueue_per_message_would_be(case: str) -> None:
+    config, setup, publisher, first_seq, sizes, ttls = _EQUIVALENT[case]
+    batch = _outcome(config, setup, publisher, first_seq, sizes, ttls, as_batch=True)
+    singles = _outcome(config, setup, publisher, first_seq, sizes, ttls, as_batch=False)
+    assert batch == singles
+
+
+def test_reject_publish_with_a_consumer_taking_messages_accepts_a_batch_as_single_enqueues_would() -> None:
+    config = {"max_length": 1, "overflow": "reject-publish"}
+    setup = _setup(make_checkout("c", 10))
+    singles = _outcome(config, setup, "p", 1, [1, 1, 1], None, as_batch=False)
+    assert singles["confirmed"] == [1, 2, 3] and singles["rejected"] == []
+    assert _outcome(config, setup, "p", 1, [1, 1, 1], None, as_batch=True) == singles

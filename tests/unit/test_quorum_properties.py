@@ -2,8 +2,15 @@
 
 - conservation: every enqueued message ends exactly once — delivered and settled, dropped (with a
   reason), dead-lettered (with a reason), purged — or is still in the queue (ready, unacked, or an
-  at-least-once dead letter), and the state's live raft indexes are exactly the messages not ended;
+  at-least-once dead letter), and the state's live message ids are exactly the messages not ended;
+  the live-index map counts them per raft entry and the release cursor is the oldest one's entry;
+- enqueue batches: each seq is deduplicated, gap-tracked and refused by reject-publish as its own
+  enqueue would be (predicted exactly while no consumer can take a message during the batch), all the
+  seqs of a batch confirmed in one Confirm and refused in one Reject, the reply is the number enqueued;
 - a publish is never both confirmed and rejected;
+- FIFO of first deliveries: over all consumers and basic.gets, messages delivered for the first time
+  come in enqueue order (message id order);
+- single active consumer: at most one consumer is active, and only it gets deliveries;
 - replicas agree: the same commands give the same replies, effects and snapshot bytes on a replica fed
   command objects and on one fed encoded log entries through `QuorumMachine`;
 - snapshot + restore, then replay, equals full replay (replies, effects and snapshots);
@@ -12,6 +19,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import given, settings
@@ -44,6 +52,7 @@ from hutch.queues.quorum import (
     make_dlx_settle,
     make_down,
     make_enqueue,
+    make_enqueue_batch,
     make_purge,
     make_requeue,
     make_return,
@@ -52,6 +61,8 @@ from hutch.queues.quorum import (
     make_touch,
     make_update_config,
 )
+from hutch.queues.quorum.consumers import Status
+from hutch.queues.quorum.messages import SHIFT
 
 CONSUMERS = [("ch1", "a"), ("ch1", "b"), ("ch2", "c")]
 GETTERS = [("ch1", ""), ("ch2", "")]
@@ -80,8 +91,10 @@ class QuorumProperties(RuleBasedStateMachine):
         self.index = 0
         self.now = 1_000
         self.seqs = {p: 0 for p in PUBLISHERS}
+        self.gaps: dict[Any, set[int]] = {p: set() for p in PUBLISHERS}  # seqs skipped, not yet sent
         self.auto_ack: dict[Any, bool] = {}
-        # the fate model: logical message = the raft index of its first enqueue
+        self.last_first = -1  # the msg id of the last first delivery (FIFO)
+        # the fate model: logical message = the msg id of its first enqueue
         self.logical: dict[int, int] = {}  # current msg id -> logical message, for messages not ended
         self.ended: dict[int, str] = {}  # logical message -> how it ended
         self.held: dict[int, Any] = {}  # msg id -> consumer key holding it unsettled
@@ -101,8 +114,26 @@ class QuorumProperties(RuleBasedStateMachine):
         if self.c is not None:
             _s, reply_c, effects_c = apply(meta, cmd, self.c)
             assert reply_c == reply and effects_c == effects
+        self.check_fifo(reply, effects)
         self.absorb(effects)
         return reply, effects
+
+    def check_fifo(self, reply: Any, effects: list[Any]) -> None:
+        """FIFO of first deliveries (delivery count 0): a basic.get's message, then each consumer's
+        Deliver in order, all after the first deliveries of earlier commands (the effects group one
+        command's deliveries by consumer, so their interleaving between consumers is not visible)."""
+        got = [reply.message] if isinstance(reply, DequeueReply) and reply.message is not None else []
+        batches = [e.messages for e in effects if isinstance(e, Deliver)]
+        for msg_id, body_ref, redelivered, count in [*got, *(d for b in batches for d in b)]:
+            assert msg_id == body_ref and redelivered == (count > 0)
+        if got and not got[0][3]:  # taken before this command's deliveries
+            assert got[0][0] > self.last_first, "first deliveries out of enqueue order"
+            self.last_first = got[0][0]
+        firsts = [[d[0] for d in b if not d[3]] for b in batches]
+        for mine in firsts:
+            assert mine == sorted(mine) and all(i > self.last_first for i in mine), \
+                "first deliveries out of enqueue order"
+        self.last_first = max([self.last_first, *(i for mine in firsts for i in mine)])
 
     def end(self, msg_id: int, how: str) -> None:
         logical = self.logical.pop(msg_id)
@@ -114,8 +145,10 @@ class QuorumProperties(RuleBasedStateMachine):
     def absorb(self, effects: list[Any]) -> None:
         for e in effects:
             if isinstance(e, Deliver):
-                for msg_id, raft_index, redelivered, count in e.messages:
-                    assert msg_id == raft_index and redelivered == (count > 0)
+                if self.a.config.single_active_consumer:
+                    c = self.a.consumers.get(e.consumer_key)
+                    assert c is not None and c.status == Status.ACTIVE
+                for msg_id, _ref, _redelivered, _count in e.messages:
                     assert msg_id in self.logical and msg_id not in self.held
                     if self.auto_ack[e.consumer_key]:
                         self.end(msg_id, "settled")
@@ -155,7 +188,7 @@ class QuorumProperties(RuleBasedStateMachine):
         else:
             seq = 0
         seen = (publisher, seq) in self.confirmed | self.rejected
-        new = self.index + 1
+        new = (self.index + 1) << SHIFT
         self.logical[new] = new  # known before the apply: its own command may deliver or drop it
         reply, effects = self.run(make_enqueue(publisher, seq, size, ttl))
         if reply != OK:
@@ -168,6 +201,83 @@ class QuorumProperties(RuleBasedStateMachine):
         else:
             assert reply in (OK, REJECTED)
             assert not [e for e in effects if isinstance(e, Confirm | Reject)]
+
+    @rule(publisher=st.sampled_from(PUBLISHERS), sizes=st.lists(st.integers(0, 12), min_size=1, max_size=20),
+          ttls=st.one_of(st.none(), st.lists(st.one_of(st.none(), st.integers(0, 60)), min_size=1,
+                                              max_size=4)),
+          start=st.sampled_from(["next", "next", "resend", "skip", "fill"]), back=st.integers(1, 20))
+    def enqueue_batch(self, publisher: Any, sizes: list[int], ttls: list[int | None] | None, start: str,
+                      back: int) -> None:
+        """One EnqueueBatch: the next seqs, or a resend reaching `back` seqs into those already applied,
+        or starting past a few seqs never sent (a gap), or a resend filling a gap."""
+        n = len(sizes)
+        ttls = None if ttls is None else [ttls[p % len(ttls)] for p in range(n)]  # a pattern, repeated
+        ids = [((self.index + 1) << SHIFT) | p for p in range(n)]
+        kinds = ["new"] * n
+        first, last = 0, self.seqs[publisher]
+        if publisher is not None:
+            gaps = self.gaps[publisher]
+            first = last + 1
+            if start == "resend":
+                first = max(1, last - back + 1)
+            elif start == "skip":
+                first = last + 1 + back % 4
+            elif start == "fill" and gaps:
+                first = sorted(gaps)[back % len(gaps)]
+            pub = self.a.publishers.get(publisher)
+            for p in range(n):
+                seq = first + p
+                if seq in gaps:
+                    if pub is None or not any(lo <= seq <= hi for lo, hi in pub.missing):
+                        return  # the machine gave the gap up (a bounded record): not what this checks
+                elif seq <= last:
+                    if (publisher, seq) in self.confirmed:
+                        kinds[p] = "duplicate"
+                    else:
+                        assert (publisher, seq) in self.rejected
+                        if pub is None or not pub.was_rejected(seq):
+                            return  # the machine forgot this refusal (a bounded record)
+                        kinds[p] = "refused"
+            gaps.update(range(last + 1, first))
+            gaps.difference_update(range(first, first + n))
+            self.seqs[publisher] = max(last, first + n - 1)
+        # reject-publish, predicted while no consumer can take a message during the batch (then the
+        # batch and one enqueue per message agree): each new message against the ready + dlx counts
+        cfg, a = self.a.config, self.a
+        predict = not a.consumers.prios
+        count, nbytes = a.ready_count() + a.dlx.count, a.ready_bytes + a.dlx.bytes
+        expected = []
+        for p, size in enumerate(sizes):
+            if kinds[p] == "new":
+                if cfg.overflow == "reject-publish" and (
+                        (cfg.max_length is not None and count >= cfg.max_length)
+                        or (cfg.max_length_bytes is not None and nbytes + size > cfg.max_length_bytes)):
+                    continue
+                count += 1
+                nbytes += size
+                expected.append(ids[p])
+        for i in ids:
+            self.logical[i] = i  # known before the apply: its own command may deliver or drop them
+        reply, effects = self.run(make_enqueue_batch(publisher, first, sizes, ttls, sizes, bytes(sum(sizes))))
+        live = set(self.a.live_indexes())
+        enqueued = [i for i in ids if i in live or i in self.ended]
+        for i in ids:
+            if i not in enqueued:
+                assert self.logical.pop(i) == i
+        assert reply == len(enqueued)
+        assert not [i for i, kind in zip(ids, kinds, strict=True) if kind != "new" and i in enqueued]
+        if predict:
+            assert enqueued == expected
+        confirms = [e for e in effects if isinstance(e, Confirm)]
+        rejects = [e for e in effects if isinstance(e, Reject)]
+        if publisher is None:
+            assert not confirms and not rejects
+            return
+        confirmed = [first + p for p in range(n) if kinds[p] == "duplicate" or ids[p] in enqueued]
+        refused = [first + p for p in range(n) if first + p not in confirmed]
+        assert confirms == ([Confirm(publisher, tuple(confirmed))] if confirmed else [])
+        assert rejects == ([Reject(publisher, tuple(refused))] if refused else [])
+        assert not [p for p in range(n) if kinds[p] == "refused" and first + p in confirmed]
 
     @rule(key=st.sampled_from(CONSUMERS), prefetch=st.integers(0, 3), auto_ack=st.booleans(),
           priority=st.integers(0, 2))
@@ -191,7 +301,7 @@ class QuorumProperties(RuleBasedStateMachine):
             old = data.draw(st.sampled_from(mine))
             del self.held[old]
             logical = self.logical.pop(old)
-            self.logical[self.index + 1] = logical  # the message lives on at the requeue's entry
+            self.logical[(self.index + 1) << SHIFT] = logical  # the message lives on at the requeue's entry
             self.run(make_requeue(key, old, b"body"))
             return
         ids = data.draw(st.lists(st.sampled_from(mine + [10**6]), min_size=1, max_size=4, unique=True))
@@ -266,7 +376,10 @@ class QuorumProperties(RuleBasedStateMachine):
         assert len(set(self.logical.values())) == len(self.logical)
         assert not set(self.logical.values()) & set(self.ended)
         assert self.a.live.count == len(live)
-        assert self.a.release_cursor() == (live[0] if live else self.index)
+        per_entry = Counter(i >> SHIFT for i in live)
+        entries = range(self.index + 2)
+        assert [self.a.live.holds(i) for i in entries] == [per_entry[i] for i in entries]
+        assert self.a.release_cursor() == (live[0] >> SHIFT if live else self.index)
 
     @invariant()
     def holders_match(self) -> None:
@@ -283,6 +396,9 @@ class QuorumProperties(RuleBasedStateMachine):
             if not c.auto_ack and c.status <= 1:
                 assert c.credit == c.limit - len(c.checked_out)
             assert c.in_service == (c.status == 0 and c.credit > 0)
+        if self.a.config.single_active_consumer:
+            active = [k for k, c in cs.by_key.items() if c.status == Status.ACTIVE]
+            assert active == ([cs.active_key] if cs.active_key is not None else [])
 
     @invariant()
     def no_idle_credit_while_messages_wait(self) -> None:
@@ -299,7 +415,13 @@ class QuorumProperties(RuleBasedStateMachine):
         assert self.b.snapshot() == snap
         if self.c is not None:
             assert self.c.snapshot() == snap
-        assert QueueState.restore(snap).snapshot() == snap
+        restored = QueueState.restore(snap)
+        assert restored.snapshot() == snap
+        # the live-index map is not in the snapshot: each replica's own (restored: rebuilt) must agree
+        counts = [self.a.live.holds(i) for i in range(self.index + 2)]
+        for other in (self.b.state, restored) if self.c is None else (self.b.state, restored, self.c):
+            assert other.live.count == self.a.live.count and other.release_cursor() == self.a.release_cursor()
+            assert [other.live.holds(i) for i in range(self.index + 2)] == counts
 
 
 QuorumProperties.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
@@ -307,8 +429,11 @@ TestQuorumProperties = QuorumProperties.TestCase
 
 
 @settings(max_examples=100, deadline=None)
-@given(prefetch=st.integers(1, 5), steps=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=80))
-def test_single_consumer_without_returns_gets_fifo_order(prefetch: int, steps: list[tuple[bool, int]]) -> None:
+@given(prefetch=st.integers(1, 5),
+       steps=st.lists(st.tuples(st.booleans(), st.integers(0, 4), st.integers(0, 4)), max_size=80))
+def test_single_consumer_without_returns_gets_fifo_order(prefetch: int,
+                                                         steps: list[tuple[bool, int, int]]) -> None:
+    """Publishes are one enqueue (batch 0) or a batch of that many messages."""
     state = QueueState()
     index = 0
     enqueued: list[int] = []
@@ -324,10 +449,13 @@ def test_single_consumer_without_returns_gets_fifo_order(prefetch: int, steps: l
                 held.extend(m[0] for m in e.messages)
 
     run(make_checkout("c", prefetch))
-    for publish, pick in steps:
-        if publish or not held:
+    for publish, pick, batch in steps:
+        if (publish or not held) and not batch:
             run(make_enqueue(None, 0, 1))
-            enqueued.append(index)
+            enqueued.append(index << SHIFT)
+        elif publish or not held:
+            run(make_enqueue_batch(None, 0, [1] * batch, None, [0] * batch, b""))
+            enqueued.extend((index << SHIFT) | p for p in range(batch))
         else:
             run(make_settle("c", [held.pop(pick % len(held))]))
     assert delivered == enqueued[: len(delivered)]

@@ -37,6 +37,7 @@ from .messages import BATCH_MAX
 VERSION = 1
 _HEAD = struct.Struct(">BI")
 _MAX_U32 = 2**32 - 1
+_MAX_SEQ = 2**63 - 1
 
 
 class CommandError(ValueError):
@@ -183,7 +184,7 @@ def make_enqueue(publisher_id: Any, seq: int, size_bytes: int, ttl_ms: int | Non
     """Publish one message. `publisher_id` None: untracked (no confirm, no deduplication, seq ignored)."""
     if publisher_id is not None:
         _key("publisher_id", publisher_id)
-        _int("seq", seq, 1)
+        _int("seq", seq, 1, _MAX_SEQ)
     else:
         seq = 0
     _int("size_bytes", size_bytes, 0, _MAX_U32)
@@ -205,7 +206,7 @@ def make_enqueue_batch(publisher_id: Any, first_seq: int, sizes: Any, ttls: Any,
         raise CommandError("sizes, ttls and lens must be as long as each other")
     if publisher_id is not None:
         _key("publisher_id", publisher_id)
-        _int("first_seq", first_seq, 1)
+        _int("first_seq", first_seq, 1, _MAX_SEQ - n + 1)
     else:
         first_seq = 0
     for v in sizes:

@@ -138,11 +138,16 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
         pub.last_seen_ms = meta.system_time_ms
     seq = cmd.first_seq
     ttls = cmd.ttls
+    cfg = st.config
+    # reject-publish counts ready messages: deliver between the messages, as separate enqueues would
+    interleave = cfg.has_limits and cfg.overflow == "reject-publish"
     enqueued = 0
     for pos, size in enumerate(cmd.sizes):
         if _enqueue_one(meta, st, out, pid, pub, seq + pos if pub is not None else 0, size,
                         None if ttls is None else ttls[pos], base | pos) is OK:
             enqueued += 1
+            if interleave and st.consumers.prios:
+                _checkout(meta, st, out)
     return enqueued
 
 
