@@ -35,6 +35,7 @@ class Node:
     join: str | None
     secret: str = SECRET
     config_text: str = FAST
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (HUTCH_* ones pass too)
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -69,6 +70,7 @@ class Node:
             args += ["--join", self.join]
         env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
         env["HUTCH_CLUSTER_SECRET"] = self.secret
+        env.update(self.env)
         with open(log_path, "wb") as f:
             self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
         if wait:

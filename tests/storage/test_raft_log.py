@@ -8,6 +8,7 @@ completed sync (the WAL is a prefix; snapshot files are durable at once).
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -526,3 +527,46 @@ def test_a_crash_before_the_delete_record_is_synced_keeps_the_group() -> None:
     fs.crash()
     again = RaftLogStore.open(fs, "/r")
     assert again.groups() == [7]
+
+def test_the_sync_journal_fault_hook_records_durable_lengths_only_when_enabled(tmp_path, monkeypatch) -> None:
+    """HUTCH_FAULT_SYNC_JOURNAL (tests/cluster/test_quorum_storage_faults.py's power cut): off, the store's
+    file system is not wrapped; on, each file's last journaled length is what was fsynced."""
+    from hutch.storage.fs import RealFS
+    from hutch.storage.raft_log import FAULT_SYNC_JOURNAL_ENV, SyncJournalFS
+
+    def journaled() -> dict[str, int]:
+        durable: dict[str, int] = {}
+        for line in journal.read_text().splitlines():
+            length, path = line.split(" ", 1)
+            durable[path] = int(length)
+        return durable
+
+    monkeypatch.delenv(FAULT_SYNC_JOURNAL_ENV, raising=False)
+    fs = RealFS()
+    plain = RaftLogStore.open(fs, str(tmp_path / "plain"), SMALL)
+    assert plain.fs is fs
+    plain.close()
+    journal = tmp_path / "journal"
+    monkeypatch.setenv(FAULT_SYNC_JOURNAL_ENV, str(journal))
+    root = tmp_path / "raft"
+    store = RaftLogStore.open(fs, str(root), SMALL)
+    assert isinstance(store.fs, SyncJournalFS)
+    g = store.group(1)
+    g.append(ents(1, 3))
+    store.sync()
+    g.append(ents(4, 6))
+    store.flush()  # syncs the WAL, writes and syncs segment files, replaces the MANIFEST (a rename)
+    g.append(ents(7, 7))
+    store.sync()
+    files = sorted(str(p) for p in root.rglob("*") if p.is_file())
+    assert any(f.endswith(".rseg") for f in files) and str(root / "MANIFEST") in files
+    durable = journaled()
+    assert {f: durable.get(f) for f in files} == {f: os.path.getsize(f) for f in files}  # all synced
+    handle = store.fs.open_append(str(root / "extra"))
+    handle.write(b"abc")
+    assert journaled()[str(root / "extra")] == 0  # created, nothing durable yet
+    handle.sync()
+    handle.write(b"de")  # never synced
+    assert journaled()[str(root / "extra")] == 3
+    handle.close()
+    store.close()

@@ -26,7 +26,9 @@ pure, stdlib-only package).
 from __future__ import annotations
 
 import json
+import os
 import struct
+import threading
 from dataclasses import dataclass, field
 
 from hutch.raft.messages import (
@@ -41,7 +43,7 @@ from hutch.raft.messages import (
 from hutch.raft.storage import CompactedError, StorageError, UnavailableError, limit_size
 from hutch.storage import appendfile, snapshot
 from hutch.storage.errors import CorruptRecord
-from hutch.storage.fs import FileSystem
+from hutch.storage.fs import Bytes, FileHandle, FileSystem
 from hutch.storage.log import LogOptions, SegmentedLog, SyncJob
 
 MANIFEST = "MANIFEST"
@@ -50,6 +52,7 @@ SNAPSHOT_KIND = 0x53  # 'S'
 SEGMENT_RECORD_TYPE = 0x31
 SEGMENT_SUFFIX = ".rseg"
 MAX_SEGMENT_ENTRIES = 65535
+FAULT_SYNC_JOURNAL_ENV = "HUTCH_FAULT_SYNC_JOURNAL"  # test-only: see SyncJournalFS
 
 # WAL record kinds
 ENTRIES = 1
@@ -295,6 +298,9 @@ class RaftLogStore:
     @classmethod
     def open(cls, fs: FileSystem, root: str, options: RaftLogOptions | None = None) -> RaftLogStore:
         options = options or RaftLogOptions()
+        journal = os.environ.get(FAULT_SYNC_JOURNAL_ENV)  # read once: unset, the store's fs is untouched
+        if journal:
+            fs = SyncJournalFS(fs, journal)
         fs.make_dirs(root)
         raw = snapshot.read_snapshot(fs, f"{root}/{MANIFEST}", kind=MANIFEST_KIND)
         gen = 0
@@ -700,3 +706,103 @@ class DiskStorage:
 
     def compact(self, compact_index: int) -> None:
         self.store.compact(self.group_id, compact_index)
+
+
+# -- test-only fault hook -----------------------------------------------------------------------------------
+class SyncJournalFS:
+    """A FileSystem wrapper that journals, for each file, the length known durable: the fault tests' power
+    cut (tests/cluster/test_quorum_storage_faults.py). Installed by `RaftLogStore.open` only when the
+    environment variable HUTCH_FAULT_SYNC_JOURNAL names a journal file; otherwise nothing is wrapped.
+
+    It appends `<length> <absolute path>\n` to the journal (O_APPEND, one write per line, never synced:
+    a kill -9 keeps it, and the test reads it only after a kill): `0` before a file is created, the file's
+    size before each fdatasync once that fdatasync returned, the new size after a `truncate` (which syncs),
+    and for a rename the destination's durable length before the rename is made (the larger of the
+    source's and the destination's: the store renames only synced files, so both are whole). A simulated
+    power cut truncates every file of the store to the last length journaled for it. Not modelled:
+    directory entries (creations, renames and deletions count as durable at once) and out-of-order page
+    persistence (the record framing makes a torn write of either kind the same; docs/storage.md).
+    """
+
+    def __init__(self, inner: FileSystem, journal: str) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._durable: dict[str, int] = {}
+        self._fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def record(self, path: str, length: int) -> None:
+        path = os.path.abspath(path)
+        with self._lock:
+            self._durable[path] = length
+            os.write(self._fd, f"{length} {path}\n".encode())
+
+    def _durable_length(self, path: str) -> int:
+        with self._lock:
+            known = self._durable.get(os.path.abspath(path))
+        if known is not None:
+            return known
+        return self.inner.size(path) if self.inner.exists(path) else 0  # as found at open: durable
+
+    def open_append(self, path: str) -> FileHandle:
+        if not self.inner.exists(path):
+            self.record(path, 0)
+        return _JournaledHandle(self, self.inner.open_append(path))
+
+    def truncate(self, path: str, size: int) -> None:
+        self.inner.truncate(path, size)
+        self.record(path, size)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.record(dst, max(self._durable_length(src), self._durable_length(dst)))
+        self.inner.rename(src, dst)
+        with self._lock:
+            self._durable.pop(os.path.abspath(src), None)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+        with self._lock:
+            self._durable.pop(os.path.abspath(path), None)
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self.inner.read(path, offset, length)
+
+    def size(self, path: str) -> int:
+        return self.inner.size(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        return self.inner.list_dir(path)
+
+    def remove_dir(self, path: str) -> None:
+        self.inner.remove_dir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self.inner.fsync_dir(path)
+
+    def make_dirs(self, path: str) -> None:
+        self.inner.make_dirs(path)
+
+    def free_space(self, path: str) -> int:
+        return self.inner.free_space(path)
+
+
+class _JournaledHandle:
+    __slots__ = ("path", "_fs", "_inner")
+
+    def __init__(self, fs: SyncJournalFS, inner: FileHandle) -> None:
+        self.path = inner.path
+        self._fs = fs
+        self._inner = inner
+
+    def write(self, data: Bytes) -> None:
+        self._inner.write(data)
+
+    def sync(self) -> None:
+        length = self._fs.inner.size(self.path)  # one writer per file: all of it is durable once synced
+        self._inner.sync()
+        self._fs.record(self.path, length)
+
+    def close(self) -> None:
+        self._inner.close()
