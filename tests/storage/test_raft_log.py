@@ -528,6 +528,8 @@ def test_a_crash_before_the_delete_record_is_synced_keeps_the_group() -> None:
     again = RaftLogStore.open(fs, "/r")
     assert again.groups() == [7]
 
+
+
 def test_the_sync_journal_fault_hook_records_durable_lengths_only_when_enabled(tmp_path, monkeypatch) -> None:
     """HUTCH_FAULT_SYNC_JOURNAL (tests/cluster/test_quorum_storage_faults.py's power cut): off, the store's
     file system is not wrapped; on, each file's last journaled length is what was fsynced."""
@@ -570,3 +572,40 @@ def test_the_sync_journal_fault_hook_records_durable_lengths_only_when_enabled(t
     assert journaled()[str(root / "extra")] == 3
     handle.close()
     store.close()
+
+
+def test_segments_are_closed_by_bytes_too_and_a_top_up_drops_what_was_compacted() -> None:
+    """Entries may be large batches: a segment is closed at segment_max_bytes as well as at
+    segment_max_entries, and topping up the partial last segment leaves out the entries compacted
+    since, so a long-lived group with few, big entries does not carry its whole history in one file."""
+    fs = MemoryFS()
+    options = RaftLogOptions(wal_max_size_bytes=1 << 30, segment_max_entries=100, segment_max_bytes=3000,
+                             wal=SMALL.wal)
+    store = open_store(fs, options)
+    g = store.group(1)
+    big = [Entry(1, i, EntryType.NORMAL, bytes([i]) * 1000) for i in range(1, 8)]
+    g.append(big)
+    store.sync()
+    store.flush()
+    refs = store.state(1).segments
+    assert [(r.first, r.last) for r in refs] == [(1, 3), (4, 6), (7, 7)]  # 3 x ~1 kB, not 100 entries
+    g.create_snapshot(7, ConfState((1,)), b"s")
+    g.compact(6)
+    g.append([Entry(1, 8, EntryType.NORMAL, b"x" * 10)])
+    store.sync()
+    store.flush()  # tops up 7..7 with 8
+    refs = store.state(1).segments
+    assert [(r.first, r.last) for r in refs] == [(7, 8)]
+    g.create_snapshot(8, ConfState((1,)), b"s2")
+    g.compact(7)
+    g.append([Entry(1, 9, EntryType.NORMAL, b"y" * 10)])
+    store.sync()
+    store.flush()  # the top-up leaves entry 7 (compacted) out of the new file
+    refs = store.state(1).segments
+    assert [(r.first, r.last) for r in refs] == [(8, 9)]
+    names = [n for n in fs.list_dir(f"{ROOT}/g1") if n.endswith(".rseg")]
+    assert len(names) == 1 and fs.size(f"{ROOT}/g1/{names[0]}") < 200
+    fs.crash()
+    g2 = open_store(fs, options).group(1)
+    assert (g2.first_index(), g2.last_index()) == (8, 9)
+    assert [e.data for e in g2.entries(8, 10, 1 << 30)] == [b"x" * 10, b"y" * 10]

@@ -7,6 +7,7 @@ Owns the on-disk layout under one root directory and its crash-safety protocol:
                                   per group, the hard state, compaction point and segment files
     root/wal-<gen>/               a SegmentedLog (group commit, checksummed batches, torn tail tolerated)
     root/g<group>/<first>-<gen>.rseg   segment files: appendfile.py files of <= segment_max_entries entries
+                                  and (but for a single entry) about segment_max_bytes
     root/g<group>/snapshot        the group's latest Raft snapshot (snapshot.py: checksummed, synced)
 
 - `RaftWal`: the WAL record codec and replay rule on top of `SegmentedLog`. One WAL entry per call:
@@ -72,6 +73,7 @@ _SNAP_HEAD = struct.Struct("<QQI")  # index, term, voter count
 class RaftLogOptions:
     wal_max_size_bytes: int = 512 * 1024 * 1024
     segment_max_entries: int = 4096
+    segment_max_bytes: int = 4 * 1024 * 1024  # a segment is also closed past this (entries can be batches)
     wal: LogOptions = field(default_factory=LogOptions)
 
     def __post_init__(self) -> None:
@@ -540,15 +542,27 @@ class RaftLogStore:
             self.fs.make_dirs(directory)
             pending = list(g.mem)
             replaced: list[SegmentRef] = []
+            max_bytes = self.options.segment_max_bytes
             if g.segments and g.segments[-1].last - g.segments[-1].first + 1 < n:
-                last = g.segments[-1]  # top up the partial last segment: rewrite it whole
-                old = [e for e in _read_segment(self.fs, f"{directory}/{last.name}")
-                       if last.first <= e.index <= last.last]
-                pending = old + pending
-                replaced.append(last)
+                last = g.segments[-1]
+                path = f"{directory}/{last.name}"
+                if self.fs.size(path) < max_bytes:  # top up the partial last segment: rewrite it, less
+                    # what was compacted away meanwhile (else it would carry dead entries forever)
+                    first = max(last.first, g.offset_index + 1)
+                    old = [e for e in _read_segment(self.fs, path) if first <= e.index <= last.last]
+                    pending = old + pending
+                    replaced.append(last)
             new_refs = []
-            for i in range(0, len(pending), n):
-                chunk = pending[i:i + n]
+            chunks: list[list[Entry]] = []
+            i = 0
+            while i < len(pending):  # at most n entries and (but for one entry) max_bytes per segment
+                j, size = i, 0
+                while j < len(pending) and j - i < n and (j == i or size < max_bytes):
+                    size += _ENTRY.size + len(pending[j].data)
+                    j += 1
+                chunks.append(pending[i:j])
+                i = j
+            for chunk in chunks:
                 name = f"{chunk[0].index:020d}-{new_gen:08d}{SEGMENT_SUFFIX}"
                 f = appendfile.AppendFile(self.fs, f"{directory}/{name}", SEGMENT_RECORD_TYPE)
                 if self.fs.exists(f.path):
