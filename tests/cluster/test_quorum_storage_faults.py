@@ -471,10 +471,6 @@ def test_storage_faults_soak(tmp_path: Path, quiet_pika: None, nodes: int, fault
     run_scenario(tmp_path, nodes=nodes, fault=fault, victims=victims, rounds=12, seed=seed)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime bug, found by this file's drain: the quorum machine gives a no-ack consumer `prefetch` "
-    "credit (2000 when prefetch is 0) and only the Credit command renews it, which "
-    "runtime/quorum_queue.py never proposes; AMQP 0-9-1 ignores prefetch for no-ack consumers"))
 @pytest.mark.timeout(60)
 def test_no_ack_consumer_of_a_quorum_queue_gets_every_message(tmp_path: Path) -> None:
     cluster = start_cluster(tmp_path, 1, journal=False)

@@ -185,6 +185,7 @@ class QuorumQueue(Queue):
         self.open_entries = 0
         self.soft_limit = svc.node.config.quorum_commands_soft_limit
         self.msg_cache: dict[int, Message] = {}  # leader: msg id -> own message, until its first delivery
+        self.owed_credit: dict[int, int] = {}  # auto-ack consumer id -> credit held while its socket is full
         self.inflight: dict[int, list[Message]] = {}  # leader: first seq of a batch proposed -> its messages
         self.dlx_running = False  # at-least-once dead-lettering in force (the leader runs the worker)
         self.dlx_busy = False  # a republish batch is waiting for its confirms
@@ -278,7 +279,15 @@ class QuorumQueue(Queue):
         return count
 
     def deliver_pending(self) -> None:
-        pass  # the leader delivers (prefetch credit is the machine's)
+        """A consumer's connection takes writes again: the credit its auto-ack consumers are owed."""
+        if self.owed_credit:
+            for cid, n in list(self.owed_credit.items()):
+                c = self.local.get(cid)
+                if c is None:
+                    del self.owed_credit[cid]
+                elif not c.channel.conn.write_paused:
+                    del self.owed_credit[cid]
+                    self.svc.propose(self, qc.make_credit(self.svc.key(cid), n))
 
     # -- consumers -----------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -805,6 +814,8 @@ class QuorumService:
             consumer.delivered += 1
             q.stat_delivered += 1
             consumer.channel.deliver(consumer, q, entry)
+        if consumer.no_ack and msgs:
+            self._credit(q, cid, consumer, len(msgs))
 
     def _deliver_local(self, q: QuorumQueue, cid: int, deliveries: tuple[qe.Delivery, ...]) -> None:
         """The leader's deliveries to a consumer on this node: a message published here and not
@@ -832,6 +843,16 @@ class QuorumService:
             deliver(consumer, q, entry)
         consumer.delivered += n
         q.stat_delivered += n
+        if not manual and n:
+            self._credit(q, cid, consumer, n)
+
+    def _credit(self, q: QuorumQueue, cid: int, consumer: Consumer, n: int) -> None:
+        """An auto-ack consumer spends the machine's credit per delivery: give back what its channel has
+        written out, now, or once the connection's socket takes writes again (`deliver_pending`)."""
+        if consumer.channel.conn.write_paused:
+            q.owed_credit[cid] = q.owed_credit.get(cid, 0) + n
+        else:
+            self.propose(q, qc.make_credit(self.key(cid), n))
 
     @staticmethod
     def message(payload: bytes, count: int) -> Message:
