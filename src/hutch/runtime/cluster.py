@@ -104,7 +104,7 @@ class ClusterService:
             "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
             "status": self._handle_status, "sync": self._handle_sync,
         }
-        from .quorum_queue import QuorumService
+        from .quorum_service import QuorumService
         from .remote_queue import QueueLink
         self.link = QueueLink(node, self)
         self.quorum = QuorumService(node, self)

@@ -587,7 +587,8 @@ class Node:
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
                                "'reject-publish-dlx' is not supported by quorum queues", 50, 10)
         size = int(arguments.get("x-quorum-initial-group-size") or self.config.quorum_cluster_size)
-        from .quorum_queue import QuorumQueue, QuorumService, leader_locator
+        from .quorum_queue import QuorumQueue, leader_locator
+        from .quorum_service import QuorumService
         svc = self.cluster.quorum
         q = QuorumQueue(svc, vhost.name, name, dict(arguments), QuorumService.new_gid(), [self.name])
         vhost.add_queue(q)

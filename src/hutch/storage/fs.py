@@ -101,6 +101,50 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
+class DelegatingFS:
+    """A FileSystem that passes every call to `inner`: the base of wrappers that change a few of them
+    (memfs.FaultyFS injects faults, raft_log.SyncJournalFS journals durable lengths)."""
+
+    def __init__(self, inner: FileSystem) -> None:
+        self.inner = inner
+
+    def open_append(self, path: str) -> FileHandle:
+        return self.inner.open_append(path)
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self.inner.read(path, offset, length)
+
+    def size(self, path: str) -> int:
+        return self.inner.size(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def list_dir(self, path: str) -> list[str]:
+        return self.inner.list_dir(path)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def truncate(self, path: str, size: int) -> None:
+        self.inner.truncate(path, size)
+
+    def remove_dir(self, path: str) -> None:
+        self.inner.remove_dir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self.inner.fsync_dir(path)
+
+    def make_dirs(self, path: str) -> None:
+        self.inner.make_dirs(path)
+
+    def free_space(self, path: str) -> int:
+        return self.inner.free_space(path)
+
+
 class RealFileHandle:
     """An ``os.open(O_WRONLY | O_APPEND | O_CREAT)`` descriptor."""
 

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass
 
 from hutch.storage.errors import NoSpaceError, StorageError
-from hutch.storage.fs import Bytes, FileHandle, FileSystem
+from hutch.storage.fs import Bytes, DelegatingFS, FileHandle, FileSystem
 
 
 class _Inode:
@@ -333,7 +333,7 @@ class _FaultyHandle:
         self._inner.close()
 
 
-class FaultyFS:
+class FaultyFS(DelegatingFS):
     """Wraps a FileSystem and injects seeded faults. Fault knobs are plain attributes; change them any time.
 
     * ``read_bit_flip_rate``: probability that one ``read`` returns data with one random bit flipped.
@@ -344,7 +344,7 @@ class FaultyFS:
     def __init__(self, inner: FileSystem, seed: int = 0, *, read_bit_flip_rate: float = 0.0,
                  write_budget_bytes: int | None = None, sync_eio_rate: float = 0.0,
                  fail_next_syncs: int = 0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.read_bit_flip_rate = read_bit_flip_rate
@@ -383,33 +383,9 @@ class FaultyFS:
         poke(path, bit // 8, 1 << (bit % 8))
         return bit
 
-    def size(self, path: str) -> int:
-        return self.inner.size(path)
-
-    def exists(self, path: str) -> bool:
-        return self.inner.exists(path)
-
-    def list_dir(self, path: str) -> list[str]:
-        return self.inner.list_dir(path)
-
-    def delete(self, path: str) -> None:
-        self.inner.delete(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self.inner.rename(src, dst)
-
-    def truncate(self, path: str, size: int) -> None:
-        self.inner.truncate(path, size)
-
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
         self.stats.dir_syncs += 1
-
-    def remove_dir(self, path: str) -> None:
-        self.inner.remove_dir(path)
-
-    def make_dirs(self, path: str) -> None:
-        self.inner.make_dirs(path)
 
     def free_space(self, path: str) -> int:
         free = self.inner.free_space(path)

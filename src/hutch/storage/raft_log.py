@@ -44,7 +44,7 @@ from hutch.raft.messages import (
 from hutch.raft.storage import CompactedError, StorageError, UnavailableError, limit_size
 from hutch.storage import appendfile, snapshot
 from hutch.storage.errors import CorruptRecord
-from hutch.storage.fs import Bytes, FileHandle, FileSystem
+from hutch.storage.fs import Bytes, DelegatingFS, FileHandle, FileSystem
 from hutch.storage.log import LogOptions, SegmentedLog, SyncJob
 
 MANIFEST = "MANIFEST"
@@ -723,7 +723,7 @@ class DiskStorage:
 
 
 # -- test-only fault hook -----------------------------------------------------------------------------------
-class SyncJournalFS:
+class SyncJournalFS(DelegatingFS):
     """A FileSystem wrapper that journals, for each file, the length known durable: the fault tests' power
     cut (tests/cluster/test_quorum_storage_faults.py). Installed by `RaftLogStore.open` only when the
     environment variable HUTCH_FAULT_SYNC_JOURNAL names a journal file; otherwise nothing is wrapped.
@@ -739,7 +739,7 @@ class SyncJournalFS:
     """
 
     def __init__(self, inner: FileSystem, journal: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._lock = threading.Lock()
         self._durable: dict[str, int] = {}
         self._fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -777,29 +777,6 @@ class SyncJournalFS:
         with self._lock:
             self._durable.pop(os.path.abspath(path), None)
 
-    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        return self.inner.read(path, offset, length)
-
-    def size(self, path: str) -> int:
-        return self.inner.size(path)
-
-    def exists(self, path: str) -> bool:
-        return self.inner.exists(path)
-
-    def list_dir(self, path: str) -> list[str]:
-        return self.inner.list_dir(path)
-
-    def remove_dir(self, path: str) -> None:
-        self.inner.remove_dir(path)
-
-    def fsync_dir(self, path: str) -> None:
-        self.inner.fsync_dir(path)
-
-    def make_dirs(self, path: str) -> None:
-        self.inner.make_dirs(path)
-
-    def free_space(self, path: str) -> int:
-        return self.inner.free_space(path)
 
 
 class _JournaledHandle:

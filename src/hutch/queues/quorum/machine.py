@@ -112,17 +112,22 @@ def apply(meta: Meta, command: Command, state: QueueState) -> Applied:
 
 
 # -- messages in ----------------------------------------------------------------------------------------
+def _publisher(meta: Meta, st: QueueState, pid: Any) -> Publisher | None:
+    """The dedup record of a tracked publisher (made on its first enqueue), seen now; None: untracked."""
+    if pid is None:
+        return None
+    pub = st.publishers.get(pid)
+    if pub is None:
+        pub = st.publishers[pid] = Publisher()
+    pub.last_seen_ms = meta.system_time_ms
+    return pub
+
+
 def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState, out: Out) -> str:
     idx = meta.index << SHIFT
     out.fresh = idx
     pid = cmd.publisher_id
-    pub = None
-    if pid is not None:
-        pub = st.publishers.get(pid)
-        if pub is None:
-            pub = st.publishers[pid] = Publisher()
-        pub.last_seen_ms = meta.system_time_ms
-    return _enqueue_one(meta, st, out, pid, pub, cmd.seq, cmd.size_bytes, cmd.ttl_ms, idx)
+    return _enqueue_one(meta, st, out, pid, _publisher(meta, st, pid), cmd.seq, cmd.size_bytes, cmd.ttl_ms, idx)
 
 
 def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> int:
@@ -130,12 +135,7 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
     base = meta.index << SHIFT
     out.fresh = base
     pid = cmd.publisher_id
-    pub = None
-    if pid is not None:
-        pub = st.publishers.get(pid)
-        if pub is None:
-            pub = st.publishers[pid] = Publisher()
-        pub.last_seen_ms = meta.system_time_ms
+    pub = _publisher(meta, st, pid)
     seq = cmd.first_seq
     ttls = cmd.ttls
     cfg = st.config

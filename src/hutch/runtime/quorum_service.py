@@ -1,0 +1,642 @@
+"""Quorum queues at run time, the node's side: `QuorumService`.
+
+Owns what a node does for all its quorum queues: opening their Raft groups (`attach`), proposing
+commands (at the leader, or forwarded to it; publishes batched per loop turn), publisher confirms and
+resends, the leader's effects (deliveries, confirms, dead letters, queue TTL, the at-least-once
+dead-letter worker), reading bodies back from the log, the requests other nodes send to a leader
+(basic.get, purge, counts, cancel) and the inter-node messages of quorum queues (`qq.*`), and the
+periodic tick. Leader placement and membership are in quorum_members.py (inherited); the queue object
+and the Raft state machine are in quorum_queue.py, whose docstring has the rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from hutch.amqp.errors import NOT_FOUND, ChannelError
+from hutch.core.message import Message
+from hutch.core.queue_type import Consumer, QueueEntry
+from hutch.core.vhost import rs
+from hutch.queues.quorum import commands as qc
+from hutch.queues.quorum import effects as qe
+from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
+
+from .quorum_members import QuorumMembership
+from .quorum_queue import (
+    CALL_TIMEOUT_S,
+    CONFIRM_TIMEOUT_S,
+    MAX_PENDING,
+    MSG_CACHE_MAX,
+    QUORUM_TARGET,
+    RESEND_S,
+    TICK_S,
+    QuorumQueue,
+    QuorumReplica,
+    _ttl_of,
+    log,
+    now_ms,
+)
+from .raft_group import GroupClosed, NotLeader
+from .remote_queue import decode_message, pack_message
+
+if TYPE_CHECKING:
+    from .cluster import ClusterService
+    from .node import Node
+
+_POS_MASK = (1 << SHIFT) - 1
+
+
+class QuorumService(QuorumMembership):
+    """The quorum queues of one node: effects, forwarding, timers. Created by the cluster service."""
+
+    def __init__(self, node: Node, cluster: ClusterService) -> None:
+        self.node = node
+        self.cluster = cluster
+        self.name = node.name
+        self.transport = cluster.transport
+        # consumer ids: unique across this node's incarnations, so a new consumer never takes over the
+        # key (and the checked-out messages and credit) of one that died with a previous process
+        self.ids = itertools.count((secrets.randbits(31) << 20) + 1)
+        self.queues: dict[int, QuorumQueue] = {}
+        self.publisher_id = (node.name, cluster.incarnation)
+        self._acks: list[int] = []  # link publish ids confirmed this loop turn
+        self._nacks: list[int] = []
+        self._confirms_scheduled = False
+        self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
+        self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
+        self._tick: asyncio.TimerHandle | None = None
+        cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
+                                 "qq.member": self._h_member, "qq.cancel": self._h_cancel})
+        node.cluster_peer_hooks.append(self._peer_changed)
+
+    # -- groups ----------------------------------------------------------------------------------------
+    @staticmethod
+    def new_gid() -> int:
+        return secrets.randbits(62) + 2  # 0 and 1 are not quorum queues (1 is the metadata group)
+
+    def attach(self, q: QuorumQueue, campaign: bool, joining: bool = False) -> None:
+        """Open the queue's Raft group if this node is a member (from disk after a restart). A member
+        added later (`joining`) opens it empty and gets the log or a snapshot from the leader."""
+        self.queues[q.gid] = q
+        self._start_tick()
+        if self.name not in q.members or q.replica is not None:
+            return
+        driver = self.cluster.driver
+        assert driver is not None
+        replica = QuorumReplica(q, q.config())
+        voters = [self.cluster.raft_id_of(m) for m in q.members]
+        group = driver.open_group(q.gid, replica, bootstrap_voters=None if joining else [v for v in voters if v])
+        replica.group = group
+        q.replica = replica
+        group.on_leader_change = lambda lead, q=q: self._leader_changed(q, lead)
+        if campaign:
+            group.campaign()
+
+    def _start_tick(self) -> None:
+        if self._tick is None:
+            self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
+
+    def forget(self, q: QuorumQueue) -> None:
+        self.queues.pop(q.gid, None)
+        q.release_flow()
+        if q.replica is not None and self.cluster.driver is not None:
+            self.cluster.driver.close_group(q.gid, delete=True)
+            q.replica = None
+
+    def is_leader(self, q: QuorumQueue) -> bool:
+        return q.replica is not None and q.replica.group is not None and q.replica.group.is_leader
+
+    def leader_name(self, q: QuorumQueue) -> str | None:
+        if q.replica is None or q.replica.group is None:
+            return None
+        lead = q.replica.group.leader
+        if not lead:
+            return None
+        return self.name if lead == self.cluster.raft_id else self.cluster.name_of(lead)
+
+    def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None:
+        """Where a command for `q` goes from here: its leader when this node knows it and reaches it;
+        else (a non-member, or a member that has no reachable leader) any reachable member — except for
+        a command another node forwarded here, which only goes on to the leader (no forwarding loops)."""
+        lead = self.leader_name(q)
+        if lead is not None and (lead == self.name or self.transport.connected(lead)):
+            return lead
+        if forwarded or q.replica is not None:
+            return None  # a member buffers until it knows a leader (q.pending)
+        for m in q.members:
+            if m != self.name and self.transport.connected(m):
+                return m
+        return None
+
+    def key(self, cid: int) -> tuple[str, int]:
+        return (self.name, cid)
+
+    # -- proposing -------------------------------------------------------------------------------------
+    def propose(self, q: QuorumQueue, cmd: qc.Command) -> None:
+        self.propose_raw(q, qc.encode(cmd, now_ms()))
+
+    def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False) -> bool:
+        if q.batch:
+            self.flush_batch(q)
+        if self.is_leader(q):
+            assert q.replica is not None
+            try:
+                q.replica.group.propose_fire(data)
+            except GroupClosed:  # the node is stopping (or the queue was deleted)
+                return False
+            except NotLeader:  # a leadership transfer is under way: sent once the new leader is known
+                if len(q.pending) < MAX_PENDING:
+                    q.pending.append(data)
+                    return True
+                return False
+            return True
+        target = self._target(q, forwarded)
+        if target is None or target == self.name:
+            if q.replica is not None and len(q.pending) < MAX_PENDING:
+                q.pending.append(data)  # no leader yet (an election is running): sent when there is one
+                return True
+            log.warning("quorum queue '%s': no leader reachable; command dropped", q.name)
+            return False
+        return self.transport.send(target, {"t": "qq.cmd", "g": q.gid, "c": data})
+
+    def publish(self, q: QuorumQueue, msg: Message) -> None:
+        """Enqueue `msg` with this node's next seq for the queue. The publishes of one loop turn go in
+        one EnqueueBatch entry per BATCH_MAX (`_flush_batches`). Each is kept until confirmed and sent
+        again if its route went down or it is not confirmed in RESEND_S: the machine applies a seq once,
+        whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice."""
+        link = self.cluster.link
+        pid = link.last_publish_id = next(link._ids)
+        link.confirm_pending[pid] = QUORUM_TARGET
+        seq = q.next_seq = q.next_seq + 1
+        item = [pid, b"", 0.0, msg, seq, None]
+        q.unconfirmed[seq] = item
+        batch = q.batch
+        if not batch:
+            self._batching.append(q)
+            if len(self._batching) == 1:
+                asyncio.get_running_loop().call_soon(self._flush_batches)
+        batch.append(item)
+
+    def _flush_batches(self) -> None:
+        queues, self._batching = self._batching, []
+        for q in queues:
+            self.flush_batch(q)
+
+    def flush_batch(self, q: QuorumQueue) -> None:
+        """Propose the publishes `q` gathered (before any other command of the queue from this node, so a
+        channel's publish and its next basic.get, say, reach the queue in that order)."""
+        batch, q.batch = q.batch, []
+        if not batch:
+            return
+        now, sent_at = now_ms(), time.monotonic()
+        for start in range(0, len(batch), BATCH_MAX):
+            chunk = batch[start:start + BATCH_MAX]
+            msgs = [item[3] for item in chunk]
+            payloads = [pack_message(m) for m in msgs]
+            ttls = None
+            for m in msgs:
+                if m.properties_raw[0] & 0x01:  # expiration present (property flag bit 8)
+                    ttls = tuple(_ttl_of(m) for m in msgs)
+                    break
+            data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0][4], tuple([m.size for m in msgs]), ttls,
+                                             tuple([len(p) for p in payloads]), b"".join(payloads)), now)
+            left = [len(chunk)]  # publishes of this entry not confirmed yet
+            q.open_entries += 1
+            for item in chunk:
+                item[1] = data
+                item[2] = sent_at
+                item[5] = left
+            if q.local and self.is_leader(q):  # for the first delivery here (cache_batch)
+                inflight = q.inflight
+                inflight[chunk[0][4]] = msgs
+                if len(inflight) > MSG_CACHE_MAX // 64:  # batches never applied (lost with a leader change)
+                    del inflight[next(iter(inflight))]
+            self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
+
+    def _confirmed(self, q: QuorumQueue, seqs: Iterable[int], ok: bool) -> None:
+        out = self._acks if ok else self._nacks
+        pop = q.unconfirmed.pop
+        for seq in seqs:
+            item = pop(seq, None)
+            if item is not None:
+                out.append(item[0])
+                left = item[5]
+                if left is not None:
+                    left[0] -= 1
+                    if not left[0]:
+                        q.open_entries -= 1
+        if q.flow_waiters and q.open_entries <= q.soft_limit:
+            q.release_flow()
+        if out and not self._confirms_scheduled:  # one pass over the waiting channels per loop turn
+            self._confirms_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_confirms)
+
+    def _flush_confirms(self) -> None:
+        self._confirms_scheduled = False
+        acks, self._acks = self._acks, []
+        nacks, self._nacks = self._nacks, []
+        self.cluster.link._on_confirms(acks, nacks)
+
+    def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
+        """Propose again, in seq order, the entries of the publishes not confirmed for `older_than_s`
+        (an entry once, however many of its publishes are waiting)."""
+        self.flush_batch(q)
+        limit = time.monotonic() - older_than_s
+        give_up = time.monotonic() - CONFIRM_TIMEOUT_S
+        late = []
+        sent: set[int] = set()
+        for seq, item in list(q.unconfirmed.items()):
+            if item[2] < give_up:
+                late.append(seq)
+            elif item[2] < limit and item[1]:
+                item[2] = time.monotonic()
+                if id(item[1]) not in sent:
+                    sent.add(id(item[1]))
+                    self.propose_raw(q, item[1])
+        if late:
+            log.warning("quorum queue '%s': %d publishes not confirmed in %.0f s: nacked", q.name, len(late),
+                        CONFIRM_TIMEOUT_S)
+            self._confirmed(q, late, False)
+
+    def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None:
+        ch = consumer.channel
+        channel_id = f"{self.name}/{id(ch)}"
+        self.propose(q, qc.make_checkout(self.key(cid), consumer.prefetch, consumer.no_ack, consumer.priority,
+                                         consumer.tag, self.name, channel_id))
+
+    async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
+        """A request the leader answers (basic.get, purge, counts); from any node."""
+        from .transport import PeerUnavailable, RemoteError
+        self.flush_batch(q)
+        if self.is_leader(q):
+            return await self.cluster.handlers[obj["t"]](self.name, obj)
+        target = self._target(q)
+        if target is None:
+            raise ChannelError(NOT_FOUND, f"{rs('queue', q.name, q.vhost)} has no leader at the moment (no "
+                                          "majority of its members is reachable)")
+        try:
+            return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S)
+        except (PeerUnavailable, TimeoutError, RemoteError) as exc:
+            raise ChannelError(NOT_FOUND, f"{rs('queue', q.name, q.vhost)} is unavailable: {exc}") from exc
+
+    # -- requests at the leader ------------------------------------------------------------------------
+    def _queue(self, gid: int) -> QuorumQueue:
+        q = self.queues.get(int(gid))
+        if q is None:
+            raise LookupError("404 no such quorum queue")
+        return q
+
+    async def _forward_or(self, q: QuorumQueue, obj: dict[str, Any]) -> Any | None:
+        if self.is_leader(q):
+            return None
+        target = self._target(q)
+        if target is None or target == self.name:
+            raise LookupError(f"404 {rs('queue', q.name, q.vhost)} has no leader at the moment")
+        return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S)
+
+    async def _h_get(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        assert q.replica is not None
+        node = obj.get("n", peer)
+        cmd = qc.make_dequeue((node, 0), bool(obj["na"]), node, f"{node}/get")
+        reply = await q.replica.group.propose(qc.encode(cmd, now_ms()), timeout=CALL_TIMEOUT_S)
+        out: dict[str, Any] = {"r": reply.ready, "m": None}
+        if reply.message is not None:
+            msg_id, raft_index, redelivered, count = reply.message
+            out["m"] = [msg_id, self.read_payload(q, raft_index), redelivered, count]
+        return out
+
+    async def _h_cancel(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        assert q.replica is not None
+        node, cid = obj["k"]
+        await q.replica.group.propose(qc.encode(qc.make_cancel((str(node), int(cid))), now_ms()),
+                                      timeout=CALL_TIMEOUT_S)
+        return True
+
+    async def _h_purge(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        assert q.replica is not None
+        return int(await q.replica.group.propose(qc.encode(qc.make_purge(), now_ms()), timeout=CALL_TIMEOUT_S))
+
+    async def _h_info(self, peer: str, obj: dict[str, Any]) -> Any:
+        q = self._queue(obj["g"])
+        forwarded = await self._forward_or(q, obj)
+        if forwarded is not None:
+            return forwarded
+        return list(q._state_counts())
+
+    # -- messages between nodes ------------------------------------------------------------------------
+    def on_message(self, peer: str, obj: dict[str, Any]) -> bool:
+        kind = obj.get("t")
+        if kind == "qq.cmd":
+            q = self.queues.get(int(obj["g"]))
+            if q is not None:
+                _t, cmd = qc.decode(obj["c"])
+                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
+        elif kind == "qq.d":
+            q = self.queues.get(int(obj["g"]))
+            if q is not None:
+                self._deliver_here(q, int(obj["k"]), obj["m"])
+        elif kind == "qq.c":
+            q = self.queues.get(int(obj["g"]))
+            if q is not None and obj["i"] == self.cluster.incarnation:
+                self._confirmed(q, obj["s"], bool(obj["ok"]))
+        elif kind == "qq.lc":  # a new leader, told to a node with consumers that is not a member
+            q = self.queues.get(int(obj["g"]))
+            if q is not None and q.replica is None:
+                self._cancel_on_failover(q)
+        elif kind == "qq.x":
+            q = self.queues.get(int(obj["g"]))
+            c = q.local.pop(int(obj["k"]), None) if q is not None else None
+            if c is not None:
+                c.channel.consumer_cancelled_by_broker(c)
+        else:
+            return False
+        return True
+
+    def _deliver_here(self, q: QuorumQueue, cid: int, msgs: list[list[Any]]) -> None:
+        consumer = q.local.get(cid)
+        if consumer is None:  # cancelled, or its channel closed, meanwhile (or a consumer of a previous
+            # incarnation of this node): stop it and give the messages back (a cancel keeps them)
+            key = self.key(cid)
+            self.propose(q, qc.make_cancel(key))
+            ids = [int(m[0]) for m in msgs]
+            if ids:
+                self.propose(q, qc.make_return(key, ids))
+            return
+        for msg_id, payload, redelivered, count in msgs:
+            entry = QueueEntry(msg_id, payload if type(payload) is Message else self.message(payload, count))
+            entry.redelivered = bool(redelivered)
+            if not consumer.no_ack:
+                consumer.unacked += 1
+                q.owner_of[int(msg_id)] = cid
+            consumer.delivered += 1
+            q.stat_delivered += 1
+            consumer.channel.deliver(consumer, q, entry)
+        if consumer.no_ack and msgs:
+            self._credit(q, cid, consumer, len(msgs))
+
+    def _deliver_local(self, q: QuorumQueue, cid: int, deliveries: tuple[qe.Delivery, ...]) -> None:
+        """The leader's deliveries to a consumer on this node: a message published here and not
+        delivered yet comes from `msg_cache` as it was published, the others are read from the log."""
+        consumer = q.local[cid]
+        deliver = consumer.channel.deliver
+        cache = q.msg_cache
+        manual = not consumer.no_ack
+        owner_of = q.owner_of
+        n = 0
+        for msg_id, ref, redelivered, count in deliveries:
+            msg = cache.pop(msg_id, None) if cache else None
+            if msg is None or count:
+                payload = self.read_payload(q, ref)
+                if payload is None:
+                    continue
+                msg = self.message(payload, count)
+            entry = QueueEntry(msg_id, msg)
+            if redelivered:
+                entry.redelivered = True
+            if manual:
+                consumer.unacked += 1
+                owner_of[msg_id] = cid
+            n += 1
+            deliver(consumer, q, entry)
+        consumer.delivered += n
+        q.stat_delivered += n
+        if not manual and n:
+            self._credit(q, cid, consumer, n)
+
+    def _credit(self, q: QuorumQueue, cid: int, consumer: Consumer, n: int) -> None:
+        """An auto-ack consumer spends the machine's credit per delivery: give back what its channel has
+        written out, now, or once the connection's socket takes writes again (`deliver_pending`)."""
+        if consumer.channel.conn.write_paused:
+            q.owed_credit[cid] = q.owed_credit.get(cid, 0) + n
+        else:
+            self.propose(q, qc.make_credit(self.key(cid), n))
+
+    @staticmethod
+    def message(payload: bytes, count: int) -> Message:
+        msg = decode_message(msgpack.unpackb(payload, raw=False))
+        if count:
+            msg = msg.with_header("x-delivery-count", count)
+        return msg
+
+    # -- bodies ----------------------------------------------------------------------------------------
+    def read_payload(self, q: QuorumQueue, msg_id: int) -> bytes | None:
+        """The stored bytes of message `msg_id`: from the log entry at `msg_id >> SHIFT` (position
+        `msg_id & _POS_MASK` in it), or from the installed snapshot for a message below this node's log."""
+        if q.replica is not None and msg_id in q.replica.side_payloads:
+            return q.replica.side_payloads[msg_id]
+        raft_index, pos = msg_id >> SHIFT, msg_id & _POS_MASK
+        gid, idx, payloads = self._entry
+        if gid != q.gid or idx != raft_index:
+            data = self._entry_data(q, raft_index)
+            if data is None:
+                log.error("quorum queue '%s': the body at raft index %d is not in this node's log", q.name,
+                          raft_index)
+                return None
+            payloads = qc.payloads_of(data)
+            self._entry = (q.gid, raft_index, payloads)
+        return bytes(payloads[pos]) if pos < len(payloads) else None
+
+    def _entry_data(self, q: QuorumQueue, raft_index: int) -> bytes | None:
+        driver = self.cluster.driver
+        assert driver is not None
+        mem = driver._store.state(q.gid).mem  # entries not yet flushed to segment files: in RAM anyway
+        if mem and mem[0].index <= raft_index <= mem[-1].index:
+            e = mem[raft_index - mem[0].index]
+            if e.index == raft_index:
+                return e.data
+        try:
+            entries = driver._store.group(q.gid).entries(raft_index, raft_index + 1, 1 << 62)
+        except Exception:  # noqa: BLE001 - compacted or unavailable: reported by the caller
+            return None
+        return entries[0].data if entries else None
+
+    def first_log_index(self, q: QuorumQueue) -> int:
+        driver = self.cluster.driver
+        assert driver is not None
+        return driver._store.group(q.gid).first_index()
+
+    # -- the leader's effects --------------------------------------------------------------------------
+    def run_effects(self, q: QuorumQueue, effects: list[qe.Effect]) -> None:
+        for eff in effects:
+            t = type(eff)
+            if t is qe.Deliver:
+                node, cid = eff.consumer_key
+                if node == self.name and cid in q.local:
+                    self._deliver_local(q, cid, eff.messages)
+                    continue
+                msgs = []
+                cache = q.msg_cache
+                for msg_id, ref, redelivered, count in eff.messages:
+                    if cache:
+                        cache.pop(msg_id, None)
+                    payload = self.read_payload(q, ref)
+                    if payload is not None:
+                        msgs.append([msg_id, payload, redelivered, count])
+                if node == self.name:
+                    self._deliver_here(q, cid, msgs)  # a consumer gone meanwhile: gives them back
+                else:
+                    self.transport.send(node, {"t": "qq.d", "g": q.gid, "k": cid, "m": msgs})
+            elif t is qe.Confirm or t is qe.Reject:
+                node, incarnation = eff.publisher_id
+                if node == self.name:
+                    if incarnation == self.cluster.incarnation:
+                        self._confirmed(q, eff.seqs, t is qe.Confirm)
+                else:
+                    self.transport.send(node, {"t": "qq.c", "g": q.gid, "i": incarnation, "s": list(eff.seqs),
+                                               "ok": t is qe.Confirm})
+            elif t is qe.DeadLetter:
+                self._dead_letter(q, eff.reason, eff.raft_indexes)
+            elif t is qe.DeleteQueue:
+                vhost = self.node.vhosts.get(q.vhost)
+                if vhost is not None and vhost.queues.get(q.name) is q:
+                    log.info("quorum queue '%s' in vhost '%s' unused for its x-expires: deleted", q.name, q.vhost)
+                    self.node.delete_queue(vhost, q)
+            elif t is qe.DlxWorker:
+                q.dlx_running = eff.running
+                if eff.running:
+                    self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
+            elif t is qe.DlxDeliver:
+                asyncio.ensure_future(self._dlx_republish(q, eff.messages))
+
+    async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
+        """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with confirms
+        (the targets' storage sync, or the other nodes' acks) and settle only what was confirmed; the
+        rest stays in the queue's dead-letter area and is handed out again (retry on the next tick)."""
+        from .queue_features import dead_letter
+        q.dlx_busy = True
+        try:
+            storage = self.node.persistence
+            link = self.cluster.link
+            before = storage.last_enqueued if storage is not None else 0
+            remote_before = link.last_publish_id
+            ok_ids = []
+            for msg_id, raft_index, reason in messages:
+                payload = self.read_payload(q, raft_index)
+                if payload is None:
+                    continue
+                msg = decode_message(msgpack.unpackb(payload, raw=False))
+                if dead_letter(self.node, q, [msg], reason)[0]:  # type: ignore[arg-type]
+                    ok_ids.append(msg_id)
+            need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
+            lo, hi = remote_before + 1, link.last_publish_id
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + CONFIRM_TIMEOUT_S
+            while loop.time() < deadline:
+                local_ok = storage is None or storage.synced_seq >= need
+                remote = link.confirmed(lo, hi) if hi >= lo else 1
+                if remote < 0:
+                    ok_ids = []  # some target refused: settle nothing of this batch, retry it
+                    break
+                if local_ok and remote == 1:
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                ok_ids = []
+            if hi >= lo:
+                link.forget_confirms(lo, hi)
+            if ok_ids and self.is_leader(q):
+                self.propose(q, qc.make_dlx_settle(ok_ids))
+        finally:
+            q.dlx_busy = False
+
+    def _dead_letter(self, q: QuorumQueue, reason: str, raft_indexes: tuple[int, ...]) -> None:
+        from .queue_features import dead_letter
+        msgs = []
+        for idx in raft_indexes:
+            payload = self.read_payload(q, idx)
+            if payload is not None:
+                msgs.append(decode_message(msgpack.unpackb(payload, raw=False)))
+        if msgs:
+            dead_letter(self.node, q, msgs, reason)  # type: ignore[arg-type]
+
+    def _cancel_on_failover(self, q: QuorumQueue) -> None:
+        """The leader changed: this node's consumers with x-cancel-on-ha-failover get basic.cancel."""
+        for cid, c in list(q.local.items()):
+            if c.arguments.get("x-cancel-on-ha-failover") is True:
+                del q.local[cid]
+                self.propose(q, qc.make_cancel(self.key(cid)))  # buffered for the next leader if none
+                c.channel.consumer_cancelled_by_broker(c)
+
+    def _leader_changed(self, q: QuorumQueue, lead: int) -> None:
+        q.msg_cache.clear()
+        q.inflight.clear()
+        self._entry = (0, 0, [])
+        if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
+            self._cancel_on_failover(q)
+        if lead:
+            self._flush_pending(q)
+        if q.replica is None or not q.replica.group.is_leader:
+            return
+        log.info("quorum queue '%s' in vhost '%s': leader is now %s", q.name, q.vhost, self.name)
+        consumer_nodes = {c.node for c in q.replica.machine.state.consumers.by_key.values()}
+        for node in sorted(consumer_nodes - set(q.members) - {self.name, ""}):
+            self.transport.send(node, {"t": "qq.lc", "g": q.gid})  # non-members see no leader change
+        q._last_config = None
+        q.apply_settings(q.settings)
+        effects = q.replica.machine.leader_effects()
+        if effects:
+            self.run_effects(q, effects)
+        for m in q.members:
+            if m != self.name and not self.transport.connected(m):
+                self.propose(q, qc.make_down(m, "noconnection"))
+
+    def _peer_changed(self, peer: str, up: bool) -> None:
+        for q in list(self.queues.values()):
+            if not up:
+                if self.is_leader(q):
+                    self.propose(q, qc.make_down(peer, "noconnection"))
+                if q.unconfirmed:
+                    self._resend(q, 0.0)  # their route may have gone with that node
+            else:
+                self._flush_pending(q)
+                if q.local and peer in q.members:
+                    for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
+                        self.checkout(q, cid, c)
+
+    def _flush_pending(self, q: QuorumQueue) -> None:
+        if q.pending and self._target(q) is not None:
+            pending, q.pending = q.pending, []
+            for data in pending:
+                self.propose_raw(q, data)
+
+    def _on_tick(self) -> None:
+        self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
+        for q in self.queues.values():
+            if q.pending:
+                self._flush_pending(q)
+            if q.unconfirmed:
+                self._resend(q, RESEND_S)
+        now = now_ms()
+        for q in self.queues.values():
+            if self.is_leader(q) and q.dlx_running and not q.dlx_busy and q.replica is not None \
+                    and q.replica.machine.state.dlx_count():
+                self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
+            if self.is_leader(q):
+                cfg = q.replica.machine.state.config if q.replica is not None else None
+                if cfg is not None and (cfg.message_ttl_ms is not None or cfg.expires_ms is not None
+                                        or q.replica.machine.state.message_count()):
+                    self.propose(q, qc.make_tick(now))
+
+    def stop(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
