@@ -61,7 +61,7 @@ from .jepsen import (
     queue_info,
     stable_port,
 )
-from .nodes import FAST, Cluster, Node
+from .nodes import FAST, Cluster, Node, eventually
 
 QUEUE = "storage-faults-qq"
 # A small WAL (the minimum) and small segments: the store flushes every few hundred messages, so faults
@@ -491,5 +491,36 @@ def test_no_ack_consumer_of_a_quorum_queue_gets_every_message(tmp_path: Path) ->
                 break
         _close(conn)
         assert got == 30
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_torn_wal_tail_is_reported_in_the_log_at_start(tmp_path: Path) -> None:
+    """Recovery drops an incomplete write at the WAL's end, and the node says so (docs/storage.md)."""
+    cluster = start_cluster(tmp_path, 1, journal=False)
+    try:
+        node = cluster[0]
+        conn = pika.BlockingConnection(params(node, heartbeat=0))
+        ch = conn.channel()
+        ch.queue_declare("torn-qq", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.confirm_delivery()
+        for i in range(50):
+            ch.basic_publish("", "torn-qq", f"t{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        _close(conn)
+        node.kill()
+        tail = wal_tail(node)
+        assert tail is not None
+        with open(tail, "ab") as f:
+            f.write(b"\x00\x00\x01\x00" + bytes(range(40)))  # a record header and part of its payload
+        restart([node])
+        assert "a torn write at its end was dropped at recovery" in node.log()
+        conn = pika.BlockingConnection(params(node, heartbeat=0))
+
+        def count() -> int:  # the queue has a leader again once its group has elected one
+            return conn.channel().queue_declare("torn-qq", passive=True).method.message_count
+
+        assert eventually(count, timeout=20) == 50
+        _close(conn)
     finally:
         cluster.stop()

@@ -139,6 +139,15 @@ class RaftDriver:
         self._loop = asyncio.get_running_loop()
         self._store = await self._loop.run_in_executor(None, RaftLogStore.open, self._fs, self.data_dir,
                                                        self._log_options)
+        report = self._store.wal.log.recovery  # what recovery repaired (docs/storage.md: log it at start)
+        if report.torn_tail is not None:
+            tail = report.torn_tail
+            log.warning("raft log %s: a torn write at its end was dropped at recovery (%d bytes from offset %d: "
+                        "%s); it was never synced, so nothing confirmed was in it", report.torn_segment,
+                        tail.dropped_bytes, tail.offset, tail.reason)
+        if report.ignored_files:
+            log.warning("raft log: unexpected files left alone in the WAL directory: %s",
+                        ", ".join(report.ignored_files))
         self._on_disk = {gid for gid in self._store.groups() if _has_state(self._store.group(gid))}
         self._running = True
 
