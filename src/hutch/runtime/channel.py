@@ -448,7 +448,6 @@ class ServerChannel(DeclarationsMixin):
         head changed, False while its answer is missing."""
         assert self.node.cluster is not None
         link = self.node.cluster.link
-        pending, nacked = link.confirm_pending, link.confirm_nacked
         remote_wait = self.remote_wait
         progressed = False
         while waiting:
@@ -456,17 +455,11 @@ class ServerChannel(DeclarationsMixin):
             if need > REMOTE:
                 break
             lo, hi = remote_wait[seq]
-            if lo == hi:  # one queue: the common case, without the range walk
-                if lo in pending:
-                    break
-                state = -1 if lo in nacked else 1
-            else:
-                state = link.confirmed(lo, hi)
-                if state == 0:
-                    break
+            state = link.confirmed(lo, hi)
+            if state == 0:
+                break
             del remote_wait[seq]
-            if nacked:
-                link.forget_confirms(lo, hi)
+            link.forget_confirms(lo, hi)
             progressed = True
             local = REMOTE - need
             if state < 0:

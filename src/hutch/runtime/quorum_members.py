@@ -37,23 +37,13 @@ class QuorumMembership:
     transport: Transport
     queues: dict[int, QuorumQueue]
 
-    def is_leader(self, q: QuorumQueue) -> bool:  # QuorumService's
-        raise NotImplementedError
-
-    def leader_name(self, q: QuorumQueue) -> str | None:  # QuorumService's
-        raise NotImplementedError
-
-    def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None:  # QuorumService's
-        raise NotImplementedError
-
-    def attach(self, q: QuorumQueue, campaign: bool, joining: bool = False) -> None:  # QuorumService's
-        raise NotImplementedError
-
-    async def _forward_or(self, q: QuorumQueue, obj: dict[str, Any]) -> Any | None:  # QuorumService's
-        raise NotImplementedError
-
-    def _queue(self, gid: int) -> QuorumQueue:  # QuorumService's
-        raise NotImplementedError
+    if TYPE_CHECKING:  # QuorumService's, which inherits this class
+        def is_leader(self, q: QuorumQueue) -> bool: ...
+        def leader_name(self, q: QuorumQueue) -> str | None: ...
+        def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None: ...
+        def attach(self, q: QuorumQueue, campaign: bool, joining: bool = False) -> None: ...
+        async def _forward_or(self, q: QuorumQueue, obj: dict[str, Any]) -> Any | None: ...
+        def _queue(self, gid: int) -> QuorumQueue: ...
 
     def choose_leader(self, locator: str) -> str:
         """The node a new quorum queue's leader goes to: this one (client-local), or (balanced) the

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -381,27 +381,17 @@ class QuorumService(QuorumMembership):
             if ids:
                 self.propose(q, qc.make_return(key, ids))
             return
-        for msg_id, payload, redelivered, count in msgs:
-            entry = QueueEntry(msg_id, payload if type(payload) is Message else self.message(payload, count))
-            entry.redelivered = bool(redelivered)
-            if not consumer.no_ack:
-                consumer.unacked += 1
-                q.owner_of[int(msg_id)] = cid
-            consumer.delivered += 1
-            q.stat_delivered += 1
-            consumer.channel.deliver(consumer, q, entry)
-        if consumer.no_ack and msgs:
-            self._credit(q, cid, consumer, len(msgs))
+        self._deliver_to(q, cid, consumer, [(int(msg_id), self.message(payload, count), bool(redelivered))
+                                            for msg_id, payload, redelivered, count in msgs])
 
     def _deliver_local(self, q: QuorumQueue, cid: int, deliveries: tuple[qe.Delivery, ...]) -> None:
         """The leader's deliveries to a consumer on this node: a message published here and not
         delivered yet comes from `msg_cache` as it was published, the others are read from the log."""
-        consumer = q.local[cid]
-        deliver = consumer.channel.deliver
+        self._deliver_to(q, cid, q.local[cid], self._local_messages(q, deliveries))
+
+    def _local_messages(self, q: QuorumQueue,
+                        deliveries: tuple[qe.Delivery, ...]) -> Iterator[tuple[int, Message, bool]]:
         cache = q.msg_cache
-        manual = not consumer.no_ack
-        owner_of = q.owner_of
-        n = 0
         for msg_id, ref, redelivered, count in deliveries:
             msg = cache.pop(msg_id, None) if cache else None
             if msg is None or count:
@@ -409,6 +399,17 @@ class QuorumService(QuorumMembership):
                 if payload is None:
                     continue
                 msg = self.message(payload, count)
+            yield msg_id, msg, redelivered
+
+    def _deliver_to(self, q: QuorumQueue, cid: int, consumer: Consumer,
+                    msgs: Iterable[tuple[int, Message, bool]]) -> None:
+        """basic.deliver of (msg id, message, redelivered) to this node's consumer `cid`; an auto-ack
+        consumer gets its credit back for them (`_credit`)."""
+        deliver = consumer.channel.deliver
+        manual = not consumer.no_ack
+        owner_of = q.owner_of
+        n = 0
+        for msg_id, msg, redelivered in msgs:
             entry = QueueEntry(msg_id, msg)
             if redelivered:
                 entry.redelivered = True

@@ -284,6 +284,8 @@ class QueueLink:
         """For publish ids lo..hi: 1 all confirmed, 0 some still pending, -1 some refused."""
         nacked = self.confirm_nacked
         pending = self.confirm_pending
+        if lo == hi:  # one queue: the common case, without the range walk
+            return 0 if lo in pending else -1 if lo in nacked else 1
         result = 1
         for pid in range(lo, hi + 1):
             if pid in pending:

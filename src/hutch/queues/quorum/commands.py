@@ -11,8 +11,8 @@ Entry layout (version 1):
     version:u8 | header_len:u32 big-endian | msgpack([system_time_ms, opcode, field...]) | payload
 
 Only Enqueue, Requeue and EnqueueBatch have a payload: the message (a batch: the messages back to back)
-as the runtime stores it (properties, routing information and body, opaque here). It sits after the header so that `decode` never copies it: the
-machine sees a memoryview and keeps nothing of it. Consumer keys and publisher ids are str, int or
+as the runtime stores it (properties, routing information and body, opaque here). It sits after the
+header so that `decode` never copies it: the machine sees a memoryview and keeps nothing of it. Consumer keys and publisher ids are str, int or
 tuples of those (msgpack arrays decode back to tuples, so they stay hashable).
 
 Rules:
@@ -150,8 +150,8 @@ class DlxSettle(NamedTuple):
     msg_ids: tuple[int, ...]
 
 
-Command = (Enqueue | EnqueueBatch | RegisterPublisher | UnregisterPublisher | Checkout | Cancel | Settle | Return | Discard
-           | Requeue | Credit | Down | Dequeue | Purge | Touch | Tick | UpdateConfig | DlxCheckout | DlxSettle)
+Command = (Enqueue | EnqueueBatch | RegisterPublisher | UnregisterPublisher | Checkout | Cancel | Settle
+           | Return | Discard | Requeue | Credit | Down | Dequeue | Purge | Touch | Tick | UpdateConfig | DlxCheckout | DlxSettle)
 
 DOWN_REASONS = ("down", "noconnection")
 DLX_PREFETCH_DEFAULT = 32  # dead_letter_worker_consumer_prefetch (seed 000)

@@ -93,15 +93,7 @@ class MsgQueue:
         ids = self._idx[head:end].tolist()
         sizes = self._size[head:end].tolist()
         self.n -= n
-        total = len(self._idx)
-        if end == total:
-            self._clear()
-        elif end >= _COMPACT_MIN and end * 2 >= total:
-            del self._idx[:end]
-            del self._size[:end]
-            self._head = 0
-        else:
-            self._head = end
+        self._consumed_to(end)
         return ids, sizes
 
     def head_index(self) -> int:
@@ -120,19 +112,22 @@ class MsgQueue:
         expires_at = 0 if exp is None else exp[head]
         count = self._counts.pop(idx, 0) if self._counts else 0
         self.n -= 1
-        head += 1
+        self._consumed_to(head + 1)
+        return idx, size, expires_at, count
+
+    def _consumed_to(self, head: int) -> None:
+        """Everything before `head` was taken: clear, cut the consumed prefix off, or move the head."""
         n = len(self._idx)
         if head == n:
             self._clear()
         elif head >= _COMPACT_MIN and head * 2 >= n:
             del self._idx[:head]
             del self._size[:head]
-            if exp is not None:
-                del exp[:head]
+            if self._exp is not None:
+                del self._exp[:head]
             self._head = 0
         else:
             self._head = head
-        return idx, size, expires_at, count
 
     def _clear(self) -> None:
         self._idx = array("q")
