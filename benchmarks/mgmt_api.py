@@ -99,7 +99,7 @@ def tick(queues: int, repeat: int) -> None:
     from hutch.config import Config
     from hutch.core.message import Message
     from hutch.mgmt import stats, system
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
@@ -129,7 +129,7 @@ def cycle(queues: int, repeat: int) -> None:
     from hutch.core.message import Message
     from hutch.mgmt import formats, listing, prometheus, stats, system, topology
     from hutch.mgmt.access import Principal
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]

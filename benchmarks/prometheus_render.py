@@ -21,7 +21,7 @@ from hutch.amqp.spec import BasicProperties
 from hutch.config import Config
 from hutch.core.message import Message
 from hutch.mgmt import prometheus
-from hutch.runtime.node import Node
+from hutch.runtime.broker.node import Node
 
 
 def build_node(queues: int) -> Node:

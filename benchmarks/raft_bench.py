@@ -1,4 +1,4 @@
-"""In-process benchmark of the Raft driver (runtime/raft_driver.py): 3 drivers, one process, real disk.
+"""In-process benchmark of the Raft driver (runtime/clustering/raft_driver.py): 3 drivers, one process, real disk.
 
 Three `RaftDriver`s run in one event loop (uvloop if installed), connected by a loopback network that
 msgpack-encodes every payload and delivers it with `call_soon`; each driver has its own data directory
@@ -38,7 +38,7 @@ from typing import Any
 
 import msgpack
 
-from hutch.runtime.raft_driver import Group, NotLeader, ProposalTimeout, RaftDriver
+from hutch.runtime.clustering.raft_driver import Group, NotLeader, ProposalTimeout, RaftDriver
 from hutch.storage.fs import RealFileHandle, RealFS
 
 

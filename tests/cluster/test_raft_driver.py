@@ -1,4 +1,4 @@
-"""The Raft driver (runtime/raft_driver.py): several drivers in one event loop over an in-test network.
+"""The Raft driver (runtime/clustering/raft_driver.py): several drivers in one event loop over an in-test network.
 
 Each driver has its own data directory (real files); the network msgpack-encodes every payload, delivers
 it with `call_soon`, and has partition / drop hooks that also report `peer_down` / `peer_up` the way the
@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from hutch.runtime.raft_driver import (
+from hutch.runtime.clustering.raft_driver import (
     Group,
     NotLeader,
     ProposalLost,

@@ -1,4 +1,4 @@
-"""hutch.runtime.transport on real loopback sockets (port 0): several Transports in one event loop.
+"""hutch.runtime.clustering.transport on real loopback sockets (port 0): several Transports in one event loop.
 
 Timings are scaled down (heartbeat 50 ms, peer timeout 500 ms) and every wait polls a condition with a
 deadline, so the tests are quick and do not depend on the machine's speed.
@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from hutch.cluster import wire
-from hutch.runtime.transport import ConnState, PeerUnavailable, RemoteError, Transport
+from hutch.runtime.clustering.transport import ConnState, PeerUnavailable, RemoteError, Transport
 
 SECRET = b"the-cluster-cookie-0123456789"
 HB = 0.05

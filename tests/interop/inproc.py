@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore
-from hutch.runtime.node import Node
+from hutch.runtime.broker.node import Node
 
 T = TypeVar("T")
 

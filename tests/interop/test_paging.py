@@ -15,7 +15,7 @@ from typing import Any
 import pika
 
 from conftest import ServerInfo, start_server
-from hutch.runtime.persistence import resource_dir
+from hutch.runtime.queue_types.classic.persistence import resource_dir
 
 from .helpers import storage_barrier
 

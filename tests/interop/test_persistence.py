@@ -18,7 +18,7 @@ import pika
 import pytest
 
 from conftest import ServerInfo, start_server
-from hutch.runtime.channel import confirmable_prefix
+from hutch.runtime.session.channel import confirmable_prefix
 
 from . import helpers
 

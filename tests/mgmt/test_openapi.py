@@ -31,7 +31,7 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 
 def test_every_served_route_is_described():
     from hutch.config import Config
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     app = http.build_app(Node(Config(data_dir=""), monitor_resources=False))
     served = set()

@@ -450,7 +450,7 @@ def test_ten_thousand_queues_render_well_under_a_second(queue_class_state: Any):
     from hutch.config import Config
     from hutch.core.message import Message
     from hutch.mgmt import prometheus
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]

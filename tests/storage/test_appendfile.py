@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from hutch.runtime.persistence import FLOW_BATCH_BYTES, GroupCommit
+from hutch.runtime.queue_types.classic.persistence import FLOW_BATCH_BYTES, GroupCommit
 from hutch.storage import records
 from hutch.storage.appendfile import AppendFile, iter_entries, scan_file
 from hutch.storage.errors import CorruptRecord, NoSpaceError

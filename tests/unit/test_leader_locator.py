@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hutch.config import ConfigError, load_config, parse_config_text
-from hutch.runtime.quorum_queue import leader_locator
+from hutch.runtime.queue_types.quorum.queue import leader_locator
 
 
 @pytest.mark.parametrize(("policy", "arguments", "default", "expected"), [

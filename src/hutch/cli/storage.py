@@ -61,7 +61,7 @@ from typing import NoReturn
 
 import msgpack
 
-from hutch.runtime.persistence import resource_dir
+from hutch.runtime.queue_types.classic.persistence import resource_dir
 from hutch.storage import records
 from hutch.storage.appendfile import ENTRY_LEN, FILE_HEADER_BYTES, file_header, read_seed
 from hutch.storage.errors import CorruptRecord, CorruptSnapshot, StorageError

@@ -8,7 +8,7 @@ operations to a `MetadataTarget` (the runtime's Node), in commit order, on every
 Rules:
 - A log entry is a msgpack map {"ops": [op, ...]}: one proposal carries every operation a node made in
   one event-loop iteration (a definitions import is one entry, not thousands).
-- An operation is the node's own definition record ({"op": "queue.declare", ...}, see runtime/node.py)
+- An operation is the node's own definition record ({"op": "queue.declare", ...}, see runtime/broker/node.py)
   stamped with "inc": the incarnation (random per process start) of the node that made it. A node
   applies a change to its own state before proposing it (the change was validated against a state
   that a read barrier had just brought up to date), so it skips operations carrying its own current
@@ -70,7 +70,7 @@ def decode_ops(data: bytes) -> list[dict[str, Any]]:
 
 
 class MetadataMachine:
-    """The state machine of the metadata group (the `StateMachine` protocol of runtime/raft_driver.py)."""
+    """The state machine of the metadata group (the `StateMachine` protocol of runtime/clustering/raft_driver.py)."""
 
     def __init__(self, target: MetadataTarget, incarnation: str) -> None:
         self.target = target

@@ -1,6 +1,6 @@
 """Raft messages on the wire: compact msgpack-able values for `hutch.raft.Message` and the per-peer batch.
 
-This module owns the format of everything one node's Raft driver sends another (runtime/raft_driver.py):
+This module owns the format of everything one node's Raft driver sends another (runtime/clustering/raft_driver.py):
 
 - `encode_message(m)` / `decode_message(v)`: one `Message` as a flat list
   `[type, to, sender, term, log_term, index, commit, reject, reject_hint, campaign, entries, snapshot]`

@@ -5,7 +5,7 @@ Owns: `Policy` (one validated policy: vhost, name, pattern, definition, priority
 operator policy of a node, by vhost, with matching and a JSON-able form for persistence), and the
 pure functions that turn a queue's x-arguments plus its policy and operator policy into the
 `QueueSettings` it runs with (`effective_settings`), and an exchange's policy into its alternate
-exchange (`exchange_alternate`). No IO, no clocks; the runtime (runtime/policies.py) applies results.
+exchange (`exchange_alternate`). No IO, no clocks; the runtime (runtime/broker/policies.py) applies results.
 
 Rules (RabbitMQ's rabbit_policy / rabbit_policies; docs/policies.md explains each):
 - A policy matches a queue or exchange of its vhost whose name its pattern finds anywhere

@@ -25,7 +25,7 @@ from .errors import access_refused, not_authorised, not_found
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 ADMINISTRATOR = "administrator"
 MONITORING = "monitoring"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .access import Principal
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     from .stats import StatsView
 

@@ -24,9 +24,9 @@ from .access import Principal, may_close_user_object, may_see_user_object, vhost
 from .errors import not_authorised, not_found
 
 if TYPE_CHECKING:
-    from hutch.runtime.channel import ServerChannel
-    from hutch.runtime.connection import AMQPConnection
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.session.channel import ServerChannel
+    from hutch.runtime.session.connection import AMQPConnection
 
     from .stats import StatsView
 

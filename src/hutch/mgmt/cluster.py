@@ -16,7 +16,7 @@ from .access import Principal, require_admin
 from .errors import ApiError, bad_request, not_found_because
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 
 def _cluster(node: Node) -> Any:
@@ -39,8 +39,8 @@ async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
     cluster = _cluster(node)
     if not isinstance(body, dict) or not isinstance(body.get("node"), str):
         raise bad_request('expected {"node": "NODE@HOST:PORT"}')
-    from hutch.runtime.cluster import parse_seed
-    from hutch.runtime.cluster_errors import ClusterUnavailable
+    from hutch.runtime.clustering.service import parse_seed
+    from hutch.runtime.errors import ClusterUnavailable
     try:
         parse_seed(body["node"])
         await cluster.join(body["node"])
@@ -54,7 +54,7 @@ async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
 async def forget(node: Node, p: Principal, name: str) -> None:
     require_admin(p)
     cluster = _cluster(node)
-    from hutch.runtime.cluster_errors import ClusterUnavailable
+    from hutch.runtime.errors import ClusterUnavailable
     try:
         await cluster.forget(name)
     except LookupError as exc:

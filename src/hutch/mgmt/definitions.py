@@ -58,7 +58,7 @@ from hutch.core.auth import (
 from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
-from hutch.runtime import policies as runtime_policies
+from hutch.runtime.broker import policies as runtime_policies
 
 from . import formats
 from .access import Principal, parse_tags, require_admin
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
     from hutch.core.routing import Binding, Exchange
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.mgmt.definitions")
 

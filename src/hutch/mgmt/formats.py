@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from hutch.core.policy import Policy
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
-    from hutch.runtime.channel import ServerChannel
-    from hutch.runtime.connection import AMQPConnection
+    from hutch.runtime.session.channel import ServerChannel
+    from hutch.runtime.session.connection import AMQPConnection
 
     from .stats import StatsView
 
@@ -67,7 +67,7 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
     out = dict(q.info())
     out["arguments"] = jsonable(q.arguments)
     consumers = int(out.get("consumers", 0))
-    home = getattr(q, "home", None)  # a queue on another node of the cluster (runtime/remote_queue.py)
+    home = getattr(q, "home", None)  # a queue on another node of the cluster (runtime/queue_types/remote.py)
     out.update({
         "node": home or node_name,
         "state": "running" if home is None or q.link.up(home) else "down",  # type: ignore[attr-defined]

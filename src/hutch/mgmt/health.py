@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import bad_request
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 FAILED = 503
 # protocol names a caller may use -> the listener protocol they mean (RabbitMQ's normalize_protocol)

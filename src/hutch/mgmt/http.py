@@ -43,7 +43,7 @@ from .errors import ApiError, bad_request, not_authenticated, not_authorised
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.mgmt")
 
@@ -229,7 +229,7 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
     """On a clustered node a change first waits for a read barrier (the newest definitions), and its
     reply for the commit of what it changed (503 when the metadata store has no majority)."""
-    from hutch.runtime.cluster_errors import ClusterUnavailable
+    from hutch.runtime.errors import ClusterUnavailable
     cluster = node.cluster
     assert cluster is not None
     try:
@@ -322,7 +322,7 @@ def build_app(node: Node, collector: stats.Collector | None = None) -> web.Appli
 async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     """Start the management listener on `management_host:management_port`; set
     `node.management_port` to the bound port. Raises OSError (e.g. port in use), which
-    `hutch.runtime.node.serve` reports in one line."""
+    `hutch.runtime.broker.node.serve` reports in one line."""
     cfg = node.config
     loop = asyncio.get_running_loop()
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)

@@ -39,7 +39,7 @@ from .topology import exchange_name
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import QueueEntry
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")

@@ -3,7 +3,7 @@
 Owns: listing, showing, setting and clearing policies (`/api/policies`) and operator policies
 (`/api/operator-policies`) on behalf of an authenticated `Principal`. Functions return JSON-able data
 (or whether a PUT created something) and raise `ApiError`. No IO, no awaiting; the node-side work
-(recording, applying to queues and exchanges) is `hutch.runtime.policies`.
+(recording, applying to queues and exchanges) is `hutch.runtime.broker.policies`.
 
 Rules (RabbitMQ's rabbit_mgmt_wm_policies / _policy / _operator_policy):
 - Lists: any management user; administrators see every vhost's policies, others those of their
@@ -22,14 +22,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.policy import PolicyError, make_policy
-from hutch.runtime import policies as runtime_policies
+from hutch.runtime.broker import policies as runtime_policies
 
 from . import formats
 from .access import Principal, login_vhosts, require_admin
 from .errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 
 def _may_list(node: Node, p: Principal, vhost: str | None, operator: bool) -> list[str] | None:

@@ -34,7 +34,7 @@ from hutch import __version__
 from . import formats, system
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 REGISTRIES = {"default": "aggregated", "per-object": "per-object"}  # registry -> rabbitmq_endpoint

@@ -36,8 +36,8 @@ from .access import Principal, require_admin
 from .errors import ApiError, bad_request, not_found, not_found_because
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
-    from hutch.runtime.quorum_queue import QuorumQueue
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 
 PEER_TIMEOUT_S = 2.0
 TRANSFER_WAIT_S = 5.0
@@ -222,9 +222,9 @@ def _need_quorum(node: Node, q: QuorumQueue, after: list[str]) -> None:
 
 def _runtime_error(exc: Exception, what: str) -> ApiError | None:
     """The API error for what the runtime (here or on the leader) raised; None: not ours to map."""
-    from hutch.runtime.cluster_errors import ClusterUnavailable
-    from hutch.runtime.raft_group import GroupClosed, NotLeader, ProposalTimeout
-    from hutch.runtime.transport import PeerUnavailable, RemoteError
+    from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader, ProposalTimeout
+    from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
+    from hutch.runtime.errors import ClusterUnavailable
     kind = exc.remote_type if isinstance(exc, RemoteError) else type(exc).__name__
     text = str(exc).strip("'\"")
     if isinstance(exc, LookupError) or kind in ("LookupError", "KeyError"):

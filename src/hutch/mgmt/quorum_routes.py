@@ -14,7 +14,7 @@ from . import quorum
 from .calls import NO_CONTENT, Call, route
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
 TAG = "quorum-queues"
 

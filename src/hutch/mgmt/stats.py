@@ -37,9 +37,9 @@ from .errors import bad_request
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
-    from hutch.runtime.channel import ServerChannel
-    from hutch.runtime.connection import AMQPConnection
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.session.channel import ServerChannel
+    from hutch.runtime.session.connection import AMQPConnection
 
 RETENTION_S = 600
 GLOBAL_RETENTION_S = 3600

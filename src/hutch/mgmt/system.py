@@ -45,7 +45,7 @@ from .access import (
 from .errors import bad_request, from_amqp, not_found
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     from .stats import StatsView
 

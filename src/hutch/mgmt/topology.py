@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     from .stats import StatsView
 

@@ -38,7 +38,7 @@ from .access import Principal, parse_tags, require_admin, visible_vhosts
 from .errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
-    from hutch.runtime.node import Node
+    from hutch.runtime.broker.node import Node
 
     from .stats import StatsView
 
@@ -183,7 +183,7 @@ def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = Non
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
     """Create or update a vhost; True if created. `description` and `tags` are replaced. Like
     RabbitMQ, the user who creates a vhost gets full permissions on it."""
-    from hutch.runtime.node import SUPPORTED_QUEUE_TYPES
+    from hutch.runtime.broker.node import SUPPORTED_QUEUE_TYPES
 
     require_admin(p)
     body = _body(body)

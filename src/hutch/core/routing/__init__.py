@@ -73,7 +73,7 @@ class Exchange:
     """An exchange and its bindings (in `router`, built from `type`).
 
     `alternate_exchange` starts from arguments["alternate-exchange"]; a policy may set it when that
-    argument is absent (runtime/policies.py), and `policy` names the policy that applies, if any.
+    argument is absent (runtime/broker/policies.py), and `policy` names the policy that applies, if any.
     """
 
     vhost: str

@@ -17,7 +17,7 @@ Rules:
   when RAM runs dry. Under memory pressure `page_out` moves the RAM tail (never-delivered messages only)
   to disk, transient ones included. Invariant: every seq in the delta is above every delivered seq.
 - Persistent messages of durable queues (`persist`) are written to the index on publish and settled there
-  (ACK) on ack, reject and purge; their confirms wait for the group commit (runtime/persistence.py).
+  (ACK) on ack, reject and purge; their confirms wait for the group commit (runtime/queue_types/classic/persistence.py).
 - Features (issue 5), read from `self.settings` (x-arguments + policies, core/queue_settings.py):
   message TTL (queue and per message; the earliest of the two, checked at the head and by a timer the
   runtime runs through `timer`, so expired messages go without a consumer), max-length / max-length-bytes

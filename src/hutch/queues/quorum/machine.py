@@ -2,7 +2,7 @@
 
 Owns: the transition function (one handler per command), the delivery loop, expiry, length limits,
 the release cursor, `leader_effects` (what a new leader re-issues) and `QuorumMachine`, the adapter to
-the Raft driver's `StateMachine` protocol (runtime/raft_group.py). Modelled on RabbitMQ's rabbit_fifo.
+the Raft driver's `StateMachine` protocol (runtime/clustering/raft_group.py). Modelled on RabbitMQ's rabbit_fifo.
 
 Rules:
 - Pure and deterministic: no IO, no clock, no randomness. Time is `meta.system_time_ms`, the leader's
@@ -596,7 +596,7 @@ def leader_effects(st: QueueState) -> list[Effect]:
 
 # -- the Raft driver's StateMachine ---------------------------------------------------------------------
 class QuorumMachine:
-    """One replica of a quorum queue behind the Raft driver (runtime/raft_group.py `StateMachine`).
+    """One replica of a quorum queue behind the Raft driver (runtime/clustering/raft_group.py `StateMachine`).
 
     `apply(index, data)` decodes the entry, applies it, hands the effects to `effects_sink` (the runtime
     executes them only while this replica leads) and returns the reply for the local proposer. The term

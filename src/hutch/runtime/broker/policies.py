@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
-
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 SET_OPS = {"policy.set": False, "operator_policy.set": True}  # op kind -> operator
 CLEAR_OPS = {"policy.clear": False, "operator_policy.clear": True}

@@ -25,7 +25,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.alarms")
 

@@ -27,9 +27,9 @@ from hutch.core.vhost import rs
 from hutch.queues.quorum import commands as qc
 from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
-
-from .quorum_members import QuorumMembership
-from .quorum_queue import (
+from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader
+from hutch.runtime.queue_types.quorum.members import QuorumMembership
+from hutch.runtime.queue_types.quorum.queue import (
     CALL_TIMEOUT_S,
     CONFIRM_TIMEOUT_S,
     MAX_PENDING,
@@ -43,12 +43,11 @@ from .quorum_queue import (
     log,
     now_ms,
 )
-from .raft_group import GroupClosed, NotLeader
-from .remote_queue import decode_message, pack_message
+from hutch.runtime.queue_types.remote import decode_message, pack_message
 
 if TYPE_CHECKING:
-    from .cluster import ClusterService
-    from .node import Node
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.clustering.service import ClusterService
 
 _POS_MASK = (1 << SHIFT) - 1
 
@@ -273,7 +272,7 @@ class QuorumService(QuorumMembership):
 
     async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
         """A request the leader answers (basic.get, purge, counts); from any node."""
-        from .transport import PeerUnavailable, RemoteError
+        from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
         self.flush_batch(q)
         if self.is_leader(q):
             return await self.cluster.handlers[obj["t"]](self.name, obj)
@@ -522,7 +521,7 @@ class QuorumService(QuorumMembership):
         """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with confirms
         (the targets' storage sync, or the other nodes' acks) and settle only what was confirmed; the
         rest stays in the queue's dead-letter area and is handed out again (retry on the next tick)."""
-        from .queue_features import dead_letter
+        from hutch.runtime.queue_types.classic.features import dead_letter
         q.dlx_busy = True
         try:
             storage = self.node.persistence
@@ -560,7 +559,7 @@ class QuorumService(QuorumMembership):
             q.dlx_busy = False
 
     def _dead_letter(self, q: QuorumQueue, reason: str, raft_indexes: tuple[int, ...]) -> None:
-        from .queue_features import dead_letter
+        from hutch.runtime.queue_types.classic.features import dead_letter
         msgs = []
         for idx in raft_indexes:
             payload = self.read_payload(q, idx)

@@ -37,7 +37,7 @@ from hutch.raft import (
 )
 
 if TYPE_CHECKING:
-    from .raft_driver import RaftDriver
+    from hutch.runtime.clustering.raft_driver import RaftDriver
 
 log = logging.getLogger("hutch.raft")
 

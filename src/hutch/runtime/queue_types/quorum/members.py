@@ -19,13 +19,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.vhost import rs
-
-from .quorum_queue import BALANCED_MAX_QUEUES, CALL_TIMEOUT_S, QuorumQueue, log
+from hutch.runtime.queue_types.quorum.queue import BALANCED_MAX_QUEUES, CALL_TIMEOUT_S, QuorumQueue, log
 
 if TYPE_CHECKING:
-    from .cluster import ClusterService
-    from .node import Node
-    from .transport import Transport
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.clustering.service import ClusterService
+    from hutch.runtime.clustering.transport import Transport
 
 
 class QuorumMembership:

@@ -38,11 +38,10 @@ from hutch.amqp.errors import (
 from hutch.amqp.frames import append_body
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
-
-from .declarations import DeclarationsMixin
+from hutch.runtime.session.declarations import DeclarationsMixin
 
 if TYPE_CHECKING:
-    from .connection import AMQPConnection
+    from hutch.runtime.session.connection import AMQPConnection
 
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")

@@ -29,13 +29,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
-
-from .cluster_errors import ClusterUnavailable
-from .raft_driver import NotLeader, ProposalTimeout, RaftDriver
-from .transport import PeerUnavailable, RemoteError, Transport
+from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
+from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
+from hutch.runtime.errors import ClusterUnavailable
 
 if TYPE_CHECKING:
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.cluster")
 
@@ -104,8 +103,8 @@ class ClusterService:
             "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
             "status": self._handle_status, "sync": self._handle_sync,
         }
-        from .quorum_service import QuorumService
-        from .remote_queue import QueueLink
+        from hutch.runtime.queue_types.quorum.service import QuorumService
+        from hutch.runtime.queue_types.remote import QueueLink
         self.link = QueueLink(node, self)
         self.quorum = QuorumService(node, self)
         # awaited after this node's changes commit, before the client's reply (e.g. a new quorum

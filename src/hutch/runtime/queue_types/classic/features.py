@@ -27,7 +27,7 @@ from hutch.core.message import Message
 from hutch.queues.classic.queue import ClassicQueue
 
 if TYPE_CHECKING:
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.queue_features")
 

@@ -62,10 +62,16 @@ from hutch.raft import (
     StateType,
     bootstrap_entries,
 )
+from hutch.runtime.clustering.raft_group import (
+    Group,
+    GroupClosed,
+    NotLeader,
+    ProposalLost,
+    ProposalTimeout,
+    StateMachine,
+)
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.raft_log import DiskStorage, RaftLogOptions, RaftLogStore, RaftSyncJob
-
-from .raft_group import Group, GroupClosed, NotLeader, ProposalLost, ProposalTimeout, StateMachine
 
 __all__ = ["Group", "GroupClosed", "NotLeader", "ProposalLost", "ProposalTimeout", "RaftDriver", "StateMachine"]
 

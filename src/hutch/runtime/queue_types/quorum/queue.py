@@ -45,7 +45,7 @@ from hutch.queues.quorum.machine import QuorumMachine
 from hutch.queues.quorum.messages import SHIFT
 
 if TYPE_CHECKING:
-    from .quorum_service import QuorumService
+    from hutch.runtime.queue_types.quorum.service import QuorumService
 
 log = logging.getLogger("hutch.quorum")
 

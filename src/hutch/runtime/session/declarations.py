@@ -18,9 +18,8 @@ from hutch.core.vhost import rs
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
-
-    from .connection import AMQPConnection
-    from .node import Node
+    from hutch.runtime.broker.node import Node
+    from hutch.runtime.session.connection import AMQPConnection
 
 SUPPORTED_QUEUE_TYPES = ("classic",)
 

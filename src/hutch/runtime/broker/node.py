@@ -38,17 +38,17 @@ from hutch.queues.classic.queue import (
     RAM_BYTES_LIMIT,
     ClassicQueue,
 )
+from hutch.runtime.broker import policies
+from hutch.runtime.broker.alarms import ResourceMonitor
+from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
+from hutch.runtime.queue_types.classic import features as queue_features
+from hutch.runtime.queue_types.classic.persistence import Persistence
+from hutch.runtime.session.connection import CAPABILITIES, AMQPConnection
 from hutch.storage.errors import StorageError
 
-from . import policies, queue_features
-from .alarms import ResourceMonitor
-from .connection import CAPABILITIES, AMQPConnection
-from .definitions import DefinitionStore, pack_arguments, unpack_arguments
-from .persistence import Persistence
-
 if TYPE_CHECKING:
-    from .channel import ServerChannel
-    from .cluster import ClusterService
+    from hutch.runtime.clustering.service import ClusterService
+    from hutch.runtime.session.channel import ServerChannel
 
 log = logging.getLogger("hutch.node")
 
@@ -77,7 +77,7 @@ class Node:
                 auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
-        self.policies = PolicyStore()  # policies and operator policies (runtime/policies.py)
+        self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
@@ -100,7 +100,7 @@ class Node:
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources
         self.monitor: ResourceMonitor | None = None
-        # clustering (runtime/cluster.py): set by `serve` for a clustered node before it starts
+        # clustering (runtime/clustering/service.py): set by `serve` for a clustered node before it starts
         self.cluster: ClusterService | None = None
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
         self.sync_hooks: list[Callable[[int], None]] = []  # after each group commit: the synced count
@@ -306,7 +306,7 @@ class Node:
         self._record({"op": "queue.members", "vhost": vhost.name, "name": q.name, "members": list(members)})
 
     def _apply_quorum_queue(self, vhost: VirtualHost, op: dict[str, Any]) -> None:
-        from .quorum_queue import QuorumQueue
+        from hutch.runtime.queue_types.quorum.queue import QuorumQueue
         assert self.cluster is not None
         existing = vhost.queues.get(op["name"])
         if existing is not None:
@@ -320,7 +320,7 @@ class Node:
         self.cluster.quorum.attach(q, campaign=False)
 
     def _declare_remote_queue(self, vhost: VirtualHost, home: str, op: dict[str, Any]) -> None:
-        from .remote_queue import RemoteQueue
+        from hutch.runtime.queue_types.remote import RemoteQueue
         assert self.cluster is not None
         existing = vhost.queues.get(op["name"])
         if existing is not None:
@@ -571,7 +571,7 @@ class Node:
 
     def _declare_quorum(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool,
                         auto_delete: bool, arguments: dict[str, Any]) -> Queue:
-        """A new quorum queue (runtime/quorum_queue.py): checked as RabbitMQ does, members chosen, its
+        """A new quorum queue (runtime/queue_types/quorum/queue.py): checked as RabbitMQ does, members chosen, its
         Raft group opened here; the other members open theirs when they apply the metadata record."""
         what = rs("queue", name, vhost.name)
         for bad, prop in ((not durable, "non-durable"), (exclusive, "exclusive-owner"),
@@ -587,8 +587,8 @@ class Node:
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
                                "'reject-publish-dlx' is not supported by quorum queues", 50, 10)
         size = int(arguments.get("x-quorum-initial-group-size") or self.config.quorum_cluster_size)
-        from .quorum_queue import QuorumQueue, leader_locator
-        from .quorum_service import QuorumService
+        from hutch.runtime.queue_types.quorum.queue import QuorumQueue, leader_locator
+        from hutch.runtime.queue_types.quorum.service import QuorumService
         svc = self.cluster.quorum
         q = QuorumQueue(svc, vhost.name, name, dict(arguments), QuorumService.new_gid(), [self.name])
         vhost.add_queue(q)
@@ -702,7 +702,7 @@ class Node:
 
 
 def _has_cluster_identity(config: Config) -> bool:
-    """Has this data directory been part of a cluster (runtime/cluster.py's identity file)?"""
+    """Has this data directory been part of a cluster (runtime/clustering/service.py's identity file)?"""
     return bool(config.data_dir) and os.path.exists(os.path.join(config.data_dir, "cluster", "node.json"))
 
 
@@ -729,7 +729,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
         node = Node(config, store=store, persistence=persistence, recover=not clustered)
         cluster = None
         if clustered:
-            from .cluster import ClusterService, load_secret
+            from hutch.runtime.clustering.service import ClusterService, load_secret
             cluster = ClusterService(node, load_secret(config))
     except (StorageError, ValueError, OSError) as exc:
         print(f"hutch-server: cannot load definitions or messages from {config.data_dir}: {exc}",

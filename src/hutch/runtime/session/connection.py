@@ -42,14 +42,12 @@ from hutch.core.auth import (
     parse_plain,
     vhost_access_refused_text,
 )
-
-from .channel import ServerChannel
-from .cluster_errors import CLUSTER_METHODS, ClusterUnavailable, cluster_timeout_text
+from hutch.runtime.errors import CLUSTER_METHODS, ClusterUnavailable, cluster_timeout_text
+from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
-
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.connection")
 

@@ -38,7 +38,7 @@ from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 from hutch.core.vhost import rs
 
 if TYPE_CHECKING:
-    from .node import Node
+    from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.cluster.queues")
 
@@ -254,7 +254,7 @@ class QueueLink:
         return self.transport.connected(peer)
 
     async def request(self, peer: str, obj: dict[str, Any]) -> Any:
-        from .transport import PeerUnavailable, RemoteError
+        from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
         try:
             return await self.transport.call(peer, obj, timeout=PREPARE_TIMEOUT_S)
         except (PeerUnavailable, TimeoutError) as exc:
