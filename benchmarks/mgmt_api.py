@@ -99,9 +99,9 @@ def tick(queues: int, repeat: int) -> None:
     from hutch.config import Config
     from hutch.core.message import Message
     from hutch.mgmt import stats, system
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.app import build_node
 
-    node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
+    node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
     for i in range(queues):
         q = node.declare_queue(vhost, f"bench.{i:06d}", False, False, False, {}, None)
@@ -129,9 +129,9 @@ def cycle(queues: int, repeat: int) -> None:
     from hutch.core.message import Message
     from hutch.mgmt import formats, listing, prometheus, stats, system, topology
     from hutch.mgmt.access import Principal
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.app import build_node
 
-    node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
+    node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
     for i in range(queues):
         q = node.declare_queue(vhost, f"bench.{i:06d}", False, False, False, {}, None)

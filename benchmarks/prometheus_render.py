@@ -21,11 +21,12 @@ from hutch.amqp.spec import BasicProperties
 from hutch.config import Config
 from hutch.core.message import Message
 from hutch.mgmt import prometheus
+from hutch.runtime import app
 from hutch.runtime.broker.node import Node
 
 
 def build_node(queues: int) -> Node:
-    node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
+    node = app.build_node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
     for i in range(queues):
         q = node.declare_queue(vhost, f"orders.eu-west.{i:06d}", False, False, False, {}, None)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore
+from hutch.runtime.app import build_node, start_node, stop_node
 from hutch.runtime.broker.node import Node
 
 T = TypeVar("T")
@@ -31,6 +32,7 @@ class InProcNode:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="hutch-inproc", daemon=True)
         self.node: Node | None = None
+        self.server: asyncio.base_events.Server | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> InProcNode:
@@ -40,8 +42,8 @@ class InProcNode:
             # a cheap scrypt cost: these tests log in many times; the hashing itself is unit-tested
             auth = AuthStore(scrypt_n=16)
             auth.bootstrap(self.config.default_user, self.config.default_pass, self.config.default_vhost)
-            node = Node(self.config, auth=auth, monitor_resources=self.monitor_resources)
-            await node.start()
+            node = build_node(self.config, auth=auth, monitor_resources=self.monitor_resources)
+            self.server = await start_node(node)
             return node
 
         self.node = asyncio.run_coroutine_threadsafe(boot(), self.loop).result(10)
@@ -49,9 +51,9 @@ class InProcNode:
 
     def stop(self) -> None:
         if self.node is not None:
-            asyncio.run_coroutine_threadsafe(self.node.stop(), self.loop).result(10)
-            if self.node.server is not None:
-                asyncio.run_coroutine_threadsafe(self.node.server.wait_closed(), self.loop).result(10)
+            asyncio.run_coroutine_threadsafe(stop_node(self.node, self.server), self.loop).result(10)
+            if self.server is not None:
+                asyncio.run_coroutine_threadsafe(self.server.wait_closed(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()

@@ -31,9 +31,9 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 
 def test_every_served_route_is_described():
     from hutch.config import Config
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.app import build_node
 
-    app = http.build_app(Node(Config(data_dir=""), monitor_resources=False))
+    app = http.build_app(build_node(Config(data_dir=""), monitor_resources=False))
     served = set()
     for resource in app.router.resources():
         path = resource.canonical

@@ -450,9 +450,9 @@ def test_ten_thousand_queues_render_well_under_a_second(queue_class_state: Any):
     from hutch.config import Config
     from hutch.core.message import Message
     from hutch.mgmt import prometheus
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.app import build_node
 
-    node = Node(Config(node_name="bench@localhost"), monitor_resources=False)
+    node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
     for i in range(10_000):
         q = node.declare_queue(vhost, f"q-{i}", False, False, False, {}, None)

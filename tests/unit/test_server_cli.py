@@ -20,7 +20,7 @@ from hutch.config import Config
 
 @pytest.fixture
 def fake_run_node(monkeypatch):
-    """Install a fake hutch.runtime.broker.node whose run_node records its Config."""
+    """Install a fake hutch.runtime.app whose run_node records its Config."""
     seen: list[Config] = []
 
     def run_node(config: Config, services=(), prepare=None) -> int:
@@ -31,9 +31,9 @@ def fake_run_node(monkeypatch):
     services_seen: list[object] = []
     run_node.services = services_seen  # type: ignore[attr-defined]
 
-    module = types.ModuleType("hutch.runtime.broker.node")
+    module = types.ModuleType("hutch.runtime.app")
     module.run_node = run_node  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hutch.runtime.broker.node", module)
+    monkeypatch.setitem(sys.modules, "hutch.runtime.app", module)
     for name in list(os.environ):
         if name.startswith("HUTCH_"):
             monkeypatch.delenv(name)
@@ -60,7 +60,7 @@ def test_flags_reach_run_node(fake_run_node, tmp_path):
     assert logging.getLogger().level == logging.WARNING
     from hutch.mgmt import start_management
 
-    assert sys.modules["hutch.runtime.broker.node"].run_node.services == [start_management]
+    assert sys.modules["hutch.runtime.app"].run_node.services == [start_management]
 
 
 def test_env_is_read(fake_run_node, monkeypatch):
@@ -70,7 +70,7 @@ def test_env_is_read(fake_run_node, monkeypatch):
 
 
 def test_run_node_exit_code_is_returned(fake_run_node, monkeypatch):
-    monkeypatch.setattr(sys.modules["hutch.runtime.broker.node"], "run_node", lambda config, services=(), prepare=None: 3)
+    monkeypatch.setattr(sys.modules["hutch.runtime.app"], "run_node", lambda config, services=(), prepare=None: 3)
     assert server.main([]) == 3
 
 

@@ -3,7 +3,7 @@
 This module owns the command-line surface of the server and its error contract: a bad flag
 or a bad setting prints exactly one line to stderr and exits 2 (``hutch-server: error: …``
 for flags, ``hutch-server: <message>`` for configuration). Everything after that (listeners,
-signals, a port already in use) belongs to ``hutch.runtime.broker.node.run_node``, which also starts the
+signals, a port already in use) belongs to ``hutch.runtime.app.run_node``, which also starts the
 management HTTP API (``hutch.mgmt.start_management``) as a service.
 """
 
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from hutch.mgmt import start_management
     from hutch.mgmt.definitions import boot_definitions
-    from hutch.runtime.broker.node import run_node
+    from hutch.runtime.app import run_node
 
     return run_node(config, services=[start_management], prepare=boot_definitions)
 

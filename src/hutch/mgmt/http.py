@@ -322,7 +322,7 @@ def build_app(node: Node, collector: stats.Collector | None = None) -> web.Appli
 async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     """Start the management listener on `management_host:management_port`; set
     `node.management_port` to the bound port. Raises OSError (e.g. port in use), which
-    `hutch.runtime.broker.node.serve` reports in one line."""
+    `hutch.runtime.app.serve` reports in one line."""
     cfg = node.config
     loop = asyncio.get_running_loop()
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)

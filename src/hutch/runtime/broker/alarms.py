@@ -22,10 +22,25 @@ import asyncio
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from hutch.runtime.broker.node import Node
+    from hutch.config import Config
+
+
+class AlarmTarget(Protocol):
+    """What the monitor asks of the node (`broker/node.py`)."""
+
+    name: str
+    config: Config
+    alarms: set[str]
+    memory_pressure: bool
+
+    def set_alarm(self, name: str) -> None: ...
+
+    def clear_alarm(self, name: str) -> None: ...
+
+    def set_memory_pressure(self, on: bool) -> None: ...
 
 log = logging.getLogger("hutch.alarms")
 
@@ -69,7 +84,7 @@ def _existing_dir(path: str) -> str:
 
 
 class ResourceMonitor:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: AlarmTarget) -> None:
         self.node = node
         cfg = node.config
         total = total_memory_bytes()

@@ -21,15 +21,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.core.policy import Policy, effective_settings, exchange_alternate
 
 if TYPE_CHECKING:
+    from hutch.core.policy import PolicyStore
     from hutch.core.queue_type import Queue
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.node import Node
+
+
+
+class PolicyHost(Protocol):
+    """What policies need of the node (`broker/node.py`): its vhosts, policy store and definitions log."""
+
+    vhosts: dict[str, VirtualHost]
+    policies: PolicyStore
+
+    def _record(self, op: dict[str, Any]) -> None: ...
+
 
 SET_OPS = {"policy.set": False, "operator_policy.set": True}  # op kind -> operator
 CLEAR_OPS = {"policy.clear": False, "operator_policy.clear": True}
@@ -40,7 +51,7 @@ def _prefix(operator: bool) -> str:
     return "operator_policy" if operator else "policy"
 
 
-def set_policy(node: Node, policy: Policy, operator: bool = False) -> bool:
+def set_policy(node: PolicyHost, policy: Policy, operator: bool = False) -> bool:
     """Add or replace a (validated) policy, record it, apply it; True if it is new. Setting a policy
     identical to the current one changes nothing (RabbitMQ's {old, Term})."""
     store = node.policies
@@ -55,7 +66,7 @@ def set_policy(node: Node, policy: Policy, operator: bool = False) -> bool:
     return created
 
 
-def clear_policy(node: Node, vhost_name: str, name: str, operator: bool = False) -> bool:
+def clear_policy(node: PolicyHost, vhost_name: str, name: str, operator: bool = False) -> bool:
     """Remove a policy, record it, re-apply what is left; False if there was no such policy."""
     if node.policies.clear(vhost_name, name, operator) is None:
         return False
@@ -66,7 +77,7 @@ def clear_policy(node: Node, vhost_name: str, name: str, operator: bool = False)
     return True
 
 
-def forget_vhost(node: Node, vhost_name: str) -> None:
+def forget_vhost(node: PolicyHost, vhost_name: str) -> None:
     """The vhost is about to be deleted: clear its policies (recorded while the vhost still exists)."""
     store = node.policies
     for operator in (False, True):
@@ -78,7 +89,7 @@ def forget_vhost(node: Node, vhost_name: str) -> None:
 # -- applying ---------------------------------------------------------------------------------------
 
 
-def apply_to_queue(node: Node, q: Queue) -> None:
+def apply_to_queue(node: PolicyHost, q: Queue) -> None:
     """Give a queue the settings its x-arguments and matching policies add up to (if they changed)."""
     policy, operator_policy = node.policies.match_queue(q.vhost, q.name, q.queue_type)
     settings = effective_settings(q.arguments, policy, operator_policy)
@@ -86,14 +97,14 @@ def apply_to_queue(node: Node, q: Queue) -> None:
         q.apply_settings(settings)
 
 
-def apply_to_exchange(node: Node, x: Exchange) -> None:
+def apply_to_exchange(node: PolicyHost, x: Exchange) -> None:
     """Give an exchange its policy name and the alternate exchange (its argument wins)."""
     policy, _operator_policy = node.policies.match_exchange(x.vhost, x.name)
     x.policy = policy.name if policy is not None else None
     x.alternate_exchange = exchange_alternate(x.arguments, policy)
 
 
-def refresh_vhost(node: Node, vhost: VirtualHost) -> None:
+def refresh_vhost(node: PolicyHost, vhost: VirtualHost) -> None:
     """Re-apply the policies of a vhost to every queue and exchange in it."""
     for q in list(vhost.queues.values()):
         apply_to_queue(node, q)
@@ -104,7 +115,7 @@ def refresh_vhost(node: Node, vhost: VirtualHost) -> None:
 # -- durable definitions ----------------------------------------------------------------------------
 
 
-def apply_op(node: Node, op: dict[str, Any]) -> None:
+def apply_op(node: PolicyHost, op: dict[str, Any]) -> None:
     """Replay one saved operation (Node._apply has checked that op["vhost"] exists)."""
     kind = op["op"]
     if kind in SET_OPS:
@@ -116,7 +127,7 @@ def apply_op(node: Node, op: dict[str, Any]) -> None:
         raise ValueError(f"unknown policy operation {kind!r}")
 
 
-def state_ops(node: Node) -> Iterator[dict[str, Any]]:
+def state_ops(node: PolicyHost) -> Iterator[dict[str, Any]]:
     """Every policy of an existing vhost as the operation that sets it (regular ones first)."""
     for operator, p in node.policies:
         if p.vhost in node.vhosts:

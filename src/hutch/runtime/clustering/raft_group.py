@@ -37,13 +37,28 @@ from hutch.raft import (
 )
 
 if TYPE_CHECKING:
-    from hutch.runtime.clustering.raft_driver import RaftDriver
+    import asyncio
 
 log = logging.getLogger("hutch.raft")
 
 _LEADER = StateType.LEADER
 _ROLE = {StateType.FOLLOWER: "follower", StateType.PRE_CANDIDATE: "pre_candidate",
          StateType.CANDIDATE: "candidate", StateType.LEADER: "leader"}
+
+
+class GroupHost(Protocol):
+    """What a `Group` asks of the driver that hosts it (raft_driver.py's `RaftDriver`)."""
+
+    _loop: asyncio.AbstractEventLoop
+    _proposing: dict[int, Group]
+
+    def _check_open(self, g: Group) -> None: ...
+
+    def _mark(self, g: Group) -> None: ...
+
+    def _schedule(self) -> None: ...
+
+    def _wake(self, g: Group) -> None: ...
 
 
 class StateMachine(Protocol):
@@ -91,7 +106,7 @@ Waiter = tuple[int, "asyncio.Future[Any]"]  # (term the entry was proposed in, f
 class Group:
     """One Raft group hosted by a `RaftDriver` (made by `RaftDriver.open_group`)."""
 
-    def __init__(self, driver: RaftDriver, gid: int, machine: StateMachine, raw: RawNode,
+    def __init__(self, driver: GroupHost, gid: int, machine: StateMachine, raw: RawNode,
                  conf: ConfState, applied: int) -> None:
         self.gid = gid
         self.on_leader_change: Callable[[int], None] | None = None

@@ -26,15 +26,14 @@ import os
 import secrets
 import shutil
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
 from hutch.runtime.errors import ClusterUnavailable
-
-if TYPE_CHECKING:
-    from hutch.runtime.broker.node import Node
+from hutch.runtime.ports import ClusterNodePort, ClusterSubsystem
+from hutch.storage.raft_log import RaftLogOptions
 
 log = logging.getLogger("hutch.cluster")
 
@@ -76,7 +75,7 @@ def load_secret(config: Any) -> bytes:
 
 
 class ClusterService:
-    def __init__(self, node: Node, secret: bytes) -> None:
+    def __init__(self, node: ClusterNodePort, secret: bytes) -> None:
         cfg = node.config
         self.node = node
         self.name = node.name
@@ -103,13 +102,20 @@ class ClusterService:
             "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
             "status": self._handle_status, "sync": self._handle_sync,
         }
-        from hutch.runtime.queue_types.quorum.service import QuorumService
-        from hutch.runtime.queue_types.remote import QueueLink
-        self.link = QueueLink(node, self)
-        self.quorum = QuorumService(node, self)
+        # parts of the node that speak over the transport (the queue types' services), registered by
+        # runtime/app.py; `link` (classic queues on other nodes) and `quorum` (quorum queues) are also
+        # reachable by name for the management layer and for each other
+        self.subsystems: list[ClusterSubsystem] = []
+        self.link: Any = None
+        self.quorum: Any = None
         # awaited after this node's changes commit, before the client's reply (e.g. a new quorum
         # queue's first election): zero-argument callables returning awaitables
         self.post_commit: list[Callable[[], Awaitable[Any]]] = []
+
+    def register(self, subsystem: ClusterSubsystem) -> None:
+        """A part of the node that speaks over the transport: it is offered every inter-node message
+        no other subsystem took, told when the boot is done, and stopped with the service."""
+        self.subsystems.append(subsystem)
 
     # -- identity ----------------------------------------------------------------------------------------
     def _identity_path(self) -> str:
@@ -144,7 +150,6 @@ class ClusterService:
         return not os.path.exists(self._identity_path())
 
     def _log_options(self) -> Any:
-        from hutch.storage.raft_log import RaftLogOptions
         return RaftLogOptions(wal_max_size_bytes=self.config.raft_wal_max_size_bytes,
                               segment_max_entries=self.config.raft_segment_max_entries)
 
@@ -189,7 +194,8 @@ class ClusterService:
         elif len(self.machine.voters) == 1 and self.machine.voters[0] == raft_id:
             self.group.campaign()
         await self._boot_barrier()
-        self.link.start_stats()
+        for sub in self.subsystems:
+            sub.booted()
         if self.node.stale_transient:  # this node's transient queues did not survive its restart
             for vhost, name in self.node.stale_transient:
                 self.replicate({"op": "queue.delete", "vhost": vhost, "name": name})
@@ -211,8 +217,8 @@ class ClusterService:
                             max(1, len(self.machine.voters)), waited)
 
     async def stop(self) -> None:
-        self.link.stop_stats()
-        self.quorum.stop()
+        for sub in self.subsystems:
+            sub.stop()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         if self.driver is not None:
@@ -280,7 +286,7 @@ class ClusterService:
             raft_id = self._raft_id_of(peer)
             if raft_id and self.driver is not None:
                 self.driver.receive(raft_id, obj["p"])
-        elif not self.link.on_message(peer, obj) and not self.quorum.on_message(peer, obj):
+        elif not any(sub.on_message(peer, obj) for sub in self.subsystems):
             log.warning("unknown inter-node message %r from %s", obj.get("t"), peer)
 
     def _on_request(self, peer: str, obj: Any) -> Any:

@@ -30,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import logging
@@ -169,7 +170,7 @@ class _Conn(asyncio.Protocol):
         return None  # close
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.owner._closing.discard(self)
+        self.owner._closed_after_close(self)
         why = f"connection lost ({exc})" if exc else "connection closed by the peer"
         self.owner._conn_closed(self, why, abort=False)
 
@@ -286,6 +287,7 @@ class Transport:
         self._peers: dict[str, _Peer] = {}
         self._conns: set[_Conn] = set()  # every connection not yet CLOSED
         self._closing: set[_Conn] = set()  # closed with close(): flushing, connection_lost not seen yet
+        self._all_closed: asyncio.Future[None] | None = None  # stop() waits on it for `_closing` to empty
         self._blocked: set[str] = set()
         self._delays: dict[str, float] = {}
         self._dirty: list[_Peer] = []
@@ -306,6 +308,12 @@ class Transport:
         for peer in self._peers.values():
             self._maybe_dial(peer)
         log.info("node %r listening for inter-node connections on %s:%d", self.node_name, self.host, self.port)
+
+    def _closed_after_close(self, conn: _Conn) -> None:
+        self._closing.discard(conn)
+        done = self._all_closed
+        if not self._closing and done is not None and not done.done():
+            done.set_result(None)
 
     async def stop(self) -> None:
         """Close the listener and every connection (peers still up get `on_peer_down`); calls pending
@@ -332,9 +340,11 @@ class Transport:
         self._fail_calls(None, "the transport stopped")
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        deadline = self._loop.time() + 1.0
-        while self._closing and self._loop.time() < deadline:  # let close() flush, then give up
-            await asyncio.sleep(0.01)
+        if self._closing:  # let close() flush (connection_lost says when), then give up after 1 s
+            self._all_closed = self._loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._all_closed), 1.0)
+            self._all_closed = None
         for conn in list(self._closing):
             if conn.transport is not None:
                 conn.transport.abort()

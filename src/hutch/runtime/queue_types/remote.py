@@ -36,6 +36,7 @@ from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 from hutch.core.vhost import rs
+from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -254,7 +255,6 @@ class QueueLink:
         return self.transport.connected(peer)
 
     async def request(self, peer: str, obj: dict[str, Any]) -> Any:
-        from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
         try:
             return await self.transport.call(peer, obj, timeout=PREPARE_TIMEOUT_S)
         except (PeerUnavailable, TimeoutError) as exc:
@@ -478,6 +478,12 @@ class QueueLink:
         return None if q is None else [q.message_count, q.unacked_count, q.consumer_count]
 
     # -- queue counts for other nodes' listings -----------------------------------------------------------
+    def booted(self) -> None:
+        self.start_stats()
+
+    def stop(self) -> None:
+        self.stop_stats()
+
     def start_stats(self) -> None:
         self._stats_handle = asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._push_stats)
 

@@ -36,12 +36,13 @@ from hutch.amqp.errors import (
     FrameError,
 )
 from hutch.amqp.frames import append_body
+from hutch.core.auth import resource_access_refused_text
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 from hutch.runtime.session.declarations import DeclarationsMixin
 
 if TYPE_CHECKING:
-    from hutch.runtime.session.connection import AMQPConnection
+    from hutch.runtime.ports import SessionConnection
 
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")
@@ -72,11 +73,17 @@ class _Unacked:
         self.consumer = consumer
 
 
+# the channel's message counters (management API and Prometheus read them by these names)
+STAT_COUNTERS = ("stat_publish", "stat_deliver", "stat_ack", "stat_redeliver", "stat_publish_confirm",
+                 "stat_confirm", "stat_routed", "stat_return_unroutable", "stat_drop_unroutable",
+                 "stat_deliver_no_ack", "stat_get", "stat_get_no_ack", "stat_get_empty")
+
+
 class ServerChannel(DeclarationsMixin):
     OPEN = 1
     CLOSING = 2
 
-    def __init__(self, conn: AMQPConnection, number: int) -> None:
+    def __init__(self, conn: SessionConnection, number: int) -> None:
         self.conn = conn
         self.number = number
         self.node = conn.node
@@ -173,7 +180,6 @@ class ServerChannel(DeclarationsMixin):
             allowed = self.node.auth.check(self.user, self.vhost.name, kind, name, resource_type)
             self._perm_cache[key] = allowed
         if not allowed:
-            from hutch.core.auth import resource_access_refused_text
 
             raise ChannelError(ACCESS_REFUSED, resource_access_refused_text(
                 self.user, self.vhost.name, kind, resource_type, name))  # type: ignore[arg-type]
@@ -708,6 +714,14 @@ class ServerChannel(DeclarationsMixin):
         q.remove_consumer(consumer)
         if q.auto_delete and not q.consumer_count and not q.deleted and not q.remote:  # home node decides
             self.node.delete_queue(self.vhost, q)
+
+    def storage_synced(self) -> None:
+        """The message store synced: confirms (or a tx.commit) waiting on it may go out."""
+        self.conn.want_flush(self)
+
+    def stats(self) -> dict[str, int]:
+        """The `stat_*` counters, by name (folded into the node's totals when the channel closes)."""
+        return {name: getattr(self, name) for name in STAT_COUNTERS}
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         if self.consumers.pop(consumer.tag, None) is None:

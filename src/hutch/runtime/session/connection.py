@@ -46,8 +46,9 @@ from hutch.runtime.errors import CLUSTER_METHODS, ClusterUnavailable, cluster_ti
 from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
+    from hutch.config import Config
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import BrokerPort
 
 log = logging.getLogger("hutch.connection")
 
@@ -62,6 +63,21 @@ CAPABILITIES = {
     "per_consumer_qos": True,
     "direct_reply_to": True,
 }
+
+
+
+def server_properties(config: Config) -> dict[str, Any]:
+    """connection.start's server-properties."""
+    return {
+        "capabilities": dict(CAPABILITIES),
+        "cluster_name": config.cluster_name,
+        "copyright": "Copyright (c) the hutch authors",
+        "information": "Licensed under the Apache License 2.0. Website: https://github.com/hutch-broker",
+        "platform": f"Python {platform.python_version()}",
+        "product": "hutch",
+        "version": __version__,
+    }
+
 
 LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For details see the broker "
                  "logfile.")
@@ -87,7 +103,7 @@ class State:
 
 
 class AMQPConnection(asyncio.Protocol):
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: BrokerPort) -> None:
         self.node = node
         cfg = node.config
         self.state = State.HEADER
@@ -404,7 +420,7 @@ class AMQPConnection(asyncio.Protocol):
         self.state = State.START
         self.send_method(0, spec.Connection.Start(
             version_major=0, version_minor=9,
-            server_properties=self.node.server_properties(),
+            server_properties=server_properties(self.node.config),
             mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
         self.flush()
         return buf[8:]
@@ -638,6 +654,10 @@ class AMQPConnection(asyncio.Protocol):
         self._release_reading("alarm")
         if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
             self.send_method(0, spec.Connection.Unblocked())
+
+    def abort(self) -> None:
+        """Close the socket now (the node's shutdown, after its grace period)."""
+        self._abort()
 
     def _abort(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -18,16 +18,14 @@ from hutch.core.vhost import rs
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.node import Node
-    from hutch.runtime.session.connection import AMQPConnection
+    from hutch.runtime.ports import BrokerPort, SessionConnection
 
-SUPPORTED_QUEUE_TYPES = ("classic",)
 
 
 class DeclarationsMixin:
     vhost: VirtualHost
-    conn: AMQPConnection
-    node: Node
+    conn: SessionConnection
+    node: BrokerPort
     last_queue_name: str | None
 
     def send(self, method: spec.Method) -> None:  # provided by the channel

@@ -1,7 +1,7 @@
 """The runtime side of queue features: clocks, timers and dead-letter routing for classic queues.
 
 Owns: `QueueTimers` (one loop timer per queue, armed at the earliest deadline a queue asks for: the
-expiry of its head message or its x-expires), the wall clock queues read (`ClassicQueue.clock`), and
+expiry of its head message or its x-expires, read from the runtime's clock), and
 `dead_letter`, which republishes what a queue drops to its dead-letter exchange (core/deadletter.py builds
 the message and its x-death header; routing and the cycle check happen here).
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from hutch.core.deadletter import dead_letter as make_dead_letter
@@ -28,19 +27,17 @@ from hutch.queues.classic.queue import ClassicQueue
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import Clock
 
 log = logging.getLogger("hutch.queue_features")
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class QueueTimers:
     """One timer per queue, at the earliest deadline it asked for."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, clock: Clock) -> None:
         self.node = node
+        self.clock = clock
         self._handles: dict[ClassicQueue, tuple[int, asyncio.TimerHandle]] = {}
 
     def request(self, q: ClassicQueue, at_ms: int) -> None:
@@ -53,14 +50,14 @@ class QueueTimers:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # start-up (recovery) before the loop runs: armed again on first use
             return
-        delay = max(0.0, (at_ms - wall_ms()) / 1000)
+        delay = max(0.0, (at_ms - self.clock.wall_ms()) / 1000)
         self._handles[q] = (at_ms, loop.call_later(delay, self._fire, q))
 
     def _fire(self, q: ClassicQueue) -> None:
         self._handles.pop(q, None)
         if q.deleted:
             return
-        if q.on_timer(wall_ms()):
+        if q.on_timer(self.clock.wall_ms()):
             vhost = self.node.vhosts.get(q.vhost)
             if vhost is not None and vhost.queues.get(q.name) is q:
                 log.info("queue '%s' in vhost '%s' expired (x-expires): deleted", q.name, q.vhost)
@@ -77,11 +74,11 @@ class QueueTimers:
         self._handles.clear()
 
 
-def attach(node: Node, q: ClassicQueue) -> None:
+def attach(node: Node, timers: QueueTimers, q: ClassicQueue) -> None:
     """Wire a classic queue to the runtime: timers, dead-lettering, and its first use (x-expires)."""
-    q.timer = node.queue_timers.request
+    q.timer = timers.request
     q.dead_letterer = lambda queue, msgs, reason: dead_letter(node, queue, msgs, reason)
-    q.touch(wall_ms())
+    q.touch(timers.clock.wall_ms())
 
 
 def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -> list[bool]:
@@ -97,7 +94,7 @@ def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -
         log.warning("queue '%s' in vhost '%s': dead-letter exchange '%s' does not exist; %d message(s) dropped",
                     q.name, q.vhost, dlx_name, len(msgs))
         return [False] * len(msgs)
-    now_s = int(time.time())
+    now_s = node.clock.wall_ms() // 1000
     out = []
     for msg in msgs:
         new, keys = make_dead_letter(msg, queue=q.name, reason=reason, now_s=now_s, dlx=dlx_name,

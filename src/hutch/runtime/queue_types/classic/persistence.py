@@ -67,6 +67,7 @@ class GroupCommit:
         self._all: weakref.WeakSet[AppendFile] = weakref.WeakSet()
         self._scheduled = False
         self._busy = False
+        self._job: asyncio.Future[None] | None = None  # the fsync job in flight
 
     # -- SyncSink ----------------------------------------------------------------------------------
     def touch(self, file: AppendFile, durable: bool) -> None:
@@ -159,12 +160,13 @@ class GroupCommit:
             f.needs_sync = False  # a flush while the job runs sets it again (and touches the file)
         self._busy = True
         self._scheduled = True  # touches while the job runs join the next batch, started on completion
-        fut = self._loop.run_in_executor(None, _sync_files, files)
+        self._job = fut = self._loop.run_in_executor(None, _sync_files, files)
         fut.add_done_callback(lambda fut: self._job_done(fut, target, callbacks, files))
 
     def _job_done(self, fut: asyncio.Future[None], target: int, callbacks: list[Callable[[], None]],
                   files: list[AppendFile]) -> None:
         self._busy = False
+        self._job = None
         self._scheduled = False
         nfiles = len(files)
         for f in self._to_close:
@@ -219,8 +221,8 @@ class GroupCommit:
 
     async def close(self) -> None:
         """Finish the job in flight, sync what is pending, close every file."""
-        while self._busy:
-            await asyncio.sleep(0.005)
+        while self._busy and self._job is not None:  # the job's future says when it is done (its
+            await asyncio.wait([self._job])            # completion may start the next batch's job)
         self._loop = None
         if self.failed is None:
             try:

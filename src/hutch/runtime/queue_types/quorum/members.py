@@ -16,6 +16,8 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.vhost import rs
@@ -35,6 +37,7 @@ class QuorumMembership:
     cluster: ClusterService
     transport: Transport
     queues: dict[int, QuorumQueue]
+    _leader_waiters: dict[int, list[asyncio.Future[None]]]  # gid -> woken at its next leader change
 
     if TYPE_CHECKING:  # QuorumService's, which inherits this class
         def is_leader(self, q: QuorumQueue) -> bool: ...
@@ -69,10 +72,7 @@ class QuorumMembership:
         await self.cluster.sync_peers()
         if q.replica is not None and not q.replica.group.leader:
             q.replica.group.campaign()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + CALL_TIMEOUT_S
-        while loop.time() < deadline and self.leader_name(q) is None:
-            await asyncio.sleep(0.01)
+        await self.wait_for_leader(q, lambda: self.leader_name(q) is not None, CALL_TIMEOUT_S)
         target = q.members[0] if q.members else self.name
         if target != self.name and self.is_leader(q) and self.transport.connected(target):
             try:
@@ -80,9 +80,21 @@ class QuorumMembership:
             except (ValueError, LookupError) as exc:
                 log.warning("quorum queue '%s': leader locator: %s", q.name, exc)
                 return
-            deadline = loop.time() + CALL_TIMEOUT_S
-            while loop.time() < deadline and self.leader_name(q) != target:
-                await asyncio.sleep(0.01)
+            await self.wait_for_leader(q, lambda: self.leader_name(q) == target, CALL_TIMEOUT_S)
+
+    async def wait_for_leader(self, q: QuorumQueue, ready: Callable[[], bool], timeout: float) -> None:
+        """Until `ready()` (a condition on the queue's leader) holds, or `timeout` s: woken by each
+        leader change of the queue's group (`_leader_changed`), not by polling."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            fut: asyncio.Future[None] = loop.create_future()
+            self._leader_waiters.setdefault(q.gid, []).append(fut)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(fut, remaining)
 
     # -- membership (hutch-queues add_member / delete_member / grow / shrink) ------------------------------
     def members_changed(self, q: QuorumQueue, members: list[str]) -> None:

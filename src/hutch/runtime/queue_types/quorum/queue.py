@@ -29,9 +29,8 @@ Rules:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -43,11 +42,43 @@ from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.config import QuorumConfig
 from hutch.queues.quorum.machine import QuorumMachine
 from hutch.queues.quorum.messages import SHIFT
-
-if TYPE_CHECKING:
-    from hutch.runtime.queue_types.quorum.service import QuorumService
+from hutch.runtime.clock import SYSTEM_CLOCK
 
 log = logging.getLogger("hutch.quorum")
+
+
+class QuorumHost(Protocol):
+    """What a quorum queue asks of the node's quorum service (service.py's `QuorumService`)."""
+
+    name: str
+    node: Any
+    transport: Any
+    ids: Any
+    publisher_id: tuple[str, str]
+
+    async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any: ...
+
+    def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None: ...
+
+    def forget(self, q: QuorumQueue) -> None: ...
+
+    def is_leader(self, q: QuorumQueue) -> bool: ...
+
+    def key(self, cid: int) -> tuple[str, int]: ...
+
+    def leader_name(self, q: QuorumQueue) -> str | None: ...
+
+    def message(self, payload: bytes, count: int) -> Message: ...
+
+    def propose(self, q: QuorumQueue, cmd: qc.Command) -> None: ...
+
+    def publish(self, q: QuorumQueue, msg: Message) -> None: ...
+
+    def first_log_index(self, q: QuorumQueue) -> int: ...
+
+    def read_payload(self, q: QuorumQueue, msg_id: int) -> bytes | None: ...
+
+    def run_effects(self, q: QuorumQueue, effects: list[qe.Effect]) -> None: ...
 
 CALL_TIMEOUT_S = 5.0
 MAX_PENDING = 10_000
@@ -60,8 +91,7 @@ SNAPSHOT_MIN_ENTRIES = 64
 MSG_CACHE_MAX = 16_384  # the leader's own just-published messages kept for their first local delivery
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+now_ms = SYSTEM_CLOCK.wall_ms  # the leader's stamp on commands (meta's time); the runtime's one clock
 
 
 BALANCED_MAX_QUEUES = 1000  # with more quorum queues, "balanced" picks a random node (RabbitMQ's rule)
@@ -151,7 +181,7 @@ class QuorumQueue(Queue):
     queue_type = "quorum"
     remote = True  # basic.get, purge and counts are prepared asynchronously (connection.py)
 
-    def __init__(self, svc: QuorumService, vhost: str, name: str, arguments: dict[str, Any], gid: int,
+    def __init__(self, svc: QuorumHost, vhost: str, name: str, arguments: dict[str, Any], gid: int,
                  members: list[str]) -> None:
         super().__init__(vhost, name, True, None, False, arguments)
         self.svc = svc

@@ -28,6 +28,8 @@ from hutch.queues.quorum import commands as qc
 from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
 from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader
+from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
+from hutch.runtime.queue_types.classic.features import dead_letter
 from hutch.runtime.queue_types.quorum.members import QuorumMembership
 from hutch.runtime.queue_types.quorum.queue import (
     CALL_TIMEOUT_S,
@@ -64,6 +66,7 @@ class QuorumService(QuorumMembership):
         # key (and the checked-out messages and credit) of one that died with a previous process
         self.ids = itertools.count((secrets.randbits(31) << 20) + 1)
         self.queues: dict[int, QuorumQueue] = {}
+        self._leader_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self.publisher_id = (node.name, cluster.incarnation)
         self._acks: list[int] = []  # link publish ids confirmed this loop turn
         self._nacks: list[int] = []
@@ -272,7 +275,6 @@ class QuorumService(QuorumMembership):
 
     async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
         """A request the leader answers (basic.get, purge, counts); from any node."""
-        from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
         self.flush_batch(q)
         if self.is_leader(q):
             return await self.cluster.handlers[obj["t"]](self.name, obj)
@@ -521,7 +523,6 @@ class QuorumService(QuorumMembership):
         """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with confirms
         (the targets' storage sync, or the other nodes' acks) and settle only what was confirmed; the
         rest stays in the queue's dead-letter area and is handed out again (retry on the next tick)."""
-        from hutch.runtime.queue_types.classic.features import dead_letter
         q.dlx_busy = True
         try:
             storage = self.node.persistence
@@ -559,7 +560,6 @@ class QuorumService(QuorumMembership):
             q.dlx_busy = False
 
     def _dead_letter(self, q: QuorumQueue, reason: str, raft_indexes: tuple[int, ...]) -> None:
-        from hutch.runtime.queue_types.classic.features import dead_letter
         msgs = []
         for idx in raft_indexes:
             payload = self.read_payload(q, idx)
@@ -577,6 +577,9 @@ class QuorumService(QuorumMembership):
                 c.channel.consumer_cancelled_by_broker(c)
 
     def _leader_changed(self, q: QuorumQueue, lead: int) -> None:
+        for fut in self._leader_waiters.pop(q.gid, ()):
+            if not fut.done():
+                fut.set_result(None)
         q.msg_cache.clear()
         q.inflight.clear()
         self._entry = (0, 0, [])
@@ -635,6 +638,9 @@ class QuorumService(QuorumMembership):
                 if cfg is not None and (cfg.message_ttl_ms is not None or cfg.expires_ms is not None
                                         or q.replica.machine.state.message_count()):
                     self.propose(q, qc.make_tick(now))
+
+    def booted(self) -> None:
+        pass
 
     def stop(self) -> None:
         if self._tick is not None:

@@ -1,0 +1,253 @@
+"""Ports: the small interfaces the runtime's layers depend on instead of each other's classes.
+
+Owns: the `Protocol`s that cross a layer boundary inside `hutch.runtime`. The layers and their rules
+(checked by tests/unit/test_layers.py, which scans imports with `ast`, `TYPE_CHECKING` blocks and
+function-local imports included):
+
+    app.py (composition root) ─┬─> session/ ──────> ports, errors, clock
+                               ├─> queue_types/ ──> clustering/, broker/ (as ports), ports
+                               ├─> clustering/ ───> ports, errors
+                               └─> broker/ ───────> ports, errors, clock
+
+- `session/` (the AMQP connection and channel) never imports `broker.node`, `clustering/` or
+  `queue_types/`: it talks to the broker through `BrokerPort` and to the cluster through `MetadataPort`.
+- `broker/` (node state, topology, policies, alarms, the definitions log) never imports `session/`,
+  `queue_types/` or `clustering/`: connections are `ConnectionPort`s, channels `ChannelPort`s, queue types
+  `QueueTypePort`s registered by the composition root, and the cluster a `MetadataPort`.
+- `clustering/` never imports the node or `queue_types/`: queue types register their inter-node handlers.
+- `queue_types/` never imports `session/`.
+
+A third queue type (streams) is one more `QueueTypePort` registered in `app.py`; nothing in `broker/`
+or `session/` changes for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hutch.config import Config
+    from hutch.core.auth import AuthStore
+    from hutch.core.message import Message
+    from hutch.core.queue_type import Consumer, Queue
+    from hutch.core.routing import Exchange
+    from hutch.core.vhost import VirtualHost
+
+
+class Clock(Protocol):
+    """The runtime's clock (runtime/clock.py)."""
+
+    def wall_ms(self) -> int: ...
+
+    def wall_s(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+
+class ChannelPort(Protocol):
+    """What the broker asks of an open AMQP channel."""
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
+
+    def deliver_direct_reply(self, msg: Message) -> bool: ...
+
+    def storage_synced(self) -> None:
+        """The message store's group commit reached the disk (confirms waiting on it may go)."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """The channel's message counters (`stat_*`), folded into node totals when it closes."""
+        ...
+
+
+class ConnectionPort(Protocol):
+    """What the broker asks of a client connection."""
+
+    user_name: str
+    vhost_obj: VirtualHost | None
+
+    def close_forced(self, reason: str) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def alarm_raised(self) -> None: ...
+
+    def alarm_cleared(self) -> None: ...
+
+    def check_consumer_timeouts(self, now: float, timeout_ms: int) -> None: ...
+
+
+class ClusterSubsystem(Protocol):
+    """A part of a node that speaks over the cluster transport (queue types register these)."""
+
+    def on_message(self, peer: str, obj: dict[str, Any]) -> bool:
+        """Handle an inter-node message if it is this subsystem's (True), else False."""
+        ...
+
+    def booted(self) -> None:
+        """The node's cluster boot finished (its metadata is as new as the cluster's)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class MetadataPort(Protocol):
+    """How definition changes are replicated, and how a session waits for the cluster.
+
+    On a clustered node this is the cluster service (runtime/clustering/service.py); a plain node has
+    none (`node.cluster is None`) and writes its definitions log itself."""
+
+    post_commit: list[Callable[[], Awaitable[Any]]]
+
+    @property
+    def has_unreplicated(self) -> bool: ...
+
+    def replicate(self, op: dict[str, Any]) -> None: ...
+
+    def members_changed(self) -> None: ...
+
+    async def barrier(self, timeout: float | None = None) -> None: ...
+
+    async def wait_replicated(self) -> None: ...
+
+    async def sync_peers(self) -> None: ...
+
+
+class ClusterNodePort(Protocol):
+    """What the cluster service asks of the node: its identity and definitions (the metadata machine's
+    target, cluster/metadata.py), its alarms (shown to peers) and hooks for peers going up or down."""
+
+    config: Config
+    name: str
+    alarms: set[str]
+    stale_transient: list[tuple[str, str]]
+    cluster_peer_hooks: list[Callable[[str, bool], None]]
+
+    def apply_op(self, op: dict[str, Any]) -> None: ...
+
+    def state_ops(self) -> list[dict[str, Any]]: ...
+
+    def reset_to(self, ops: list[dict[str, Any]]) -> None: ...
+
+    def members_changed(self) -> None: ...
+
+
+class QueueTypePort(Protocol):
+    """A queue type as the broker sees it (classic, remote, quorum; streams next).
+
+    The broker keeps topology and records; a queue type makes, restores and tears down its queues."""
+
+    name: str
+    declarable: bool  # a client may name it in x-queue-type (remote stand-ins are not)
+
+    def owns(self, q: Queue) -> bool: ...
+
+    def declare(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
+                arguments: dict[str, Any], owner: object) -> Queue:
+        """Make a new queue: validated as this type requires, added with `Node.add_queue`, attached."""
+        ...
+
+    def restore(self, vhost: VirtualHost, op: dict[str, Any]) -> bool:
+        """Apply a `queue.declare` or `queue.members` record if it is this type's (True), else False."""
+        ...
+
+    def record_fields(self, q: Queue) -> dict[str, Any]:
+        """What this type adds to a queue's `queue.declare` record."""
+        ...
+
+    def redeclared(self, q: Queue) -> None:
+        """An equivalent declare of an existing queue (a use: renews x-expires)."""
+        ...
+
+    def deleted(self, q: Queue) -> None: ...
+
+    def memory_pressure(self, on: bool) -> None: ...
+
+    def recover(self) -> None:
+        """After definitions are known: recover stored messages."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class SessionConnection(Protocol):
+    """What a channel asks of its connection (session/connection.py's `AMQPConnection`): where it
+    writes its frames, and the connection-wide state it shares."""
+
+    node: BrokerPort
+    user_name: str
+    vhost_obj: VirtualHost | None
+    frame_max: int
+    out: list[bytes]
+    capabilities: dict[str, Any]
+    channels: dict[int, Any]
+    write_paused: bool
+    alarm_blocked: bool
+    has_published: bool
+
+    def send_method(self, channel: int, method: Any) -> None: ...
+
+    def send_raw_method(self, channel: int, payload: bytes) -> None: ...
+
+    def want_write(self) -> None: ...
+
+    def want_flush(self, channel: Any) -> None: ...
+
+    def close_with_error(self, exc: Exception) -> None: ...
+
+    def flow_block(self, queue: Any) -> None: ...
+
+    def block_for_alarm(self) -> None: ...
+
+
+class BrokerPort(Protocol):
+    """What an AMQP session (connection and channel) may ask of the broker."""
+
+    config: Config
+    auth: AuthStore
+    name: str
+    vhosts: dict[str, VirtualHost]
+    alarms: set[str]
+    perm_epoch: int
+    churn: dict[str, int]
+    connections: set[Any]
+    reply_channels: dict[str, Any]
+    sync_waiters: set[Any]
+    topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]]
+    cluster: MetadataPort | None
+    persistence: Any
+    clock: Clock
+
+    def wall_ms(self) -> float: ...
+
+    def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,
+                         internal: bool, arguments: dict[str, Any]) -> Exchange: ...
+
+    def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool: ...
+
+    def bind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
+             arguments: dict[str, Any]) -> bool: ...
+
+    def unbind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
+               arguments: dict[str, Any]) -> bool: ...
+
+    def declare_queue(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
+                      arguments: dict[str, Any], owner: object) -> Queue: ...
+
+    def delete_queue(self, vhost: VirtualHost, q: Queue) -> int: ...
+
+    def release_exclusive(self, conn: ConnectionPort) -> None: ...
+
+    def deliver_direct_reply(self, token: str, msg: Message) -> bool: ...
+
+    def channel_closed(self, ch: ChannelPort) -> None: ...
+
+
+def queues_of(vhosts: Iterable[VirtualHost]) -> Iterable[tuple[VirtualHost, Queue]]:
+    """Every (vhost, queue) pair, for queue types that sweep their queues."""
+    for vhost in vhosts:
+        for q in vhost.queues.values():
+            yield vhost, q

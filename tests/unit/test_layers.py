@@ -1,0 +1,150 @@
+"""The runtime's layering, enforced by reading imports (docs/architecture.md, runtime/ports.py).
+
+Every `import`/`from ... import` in `src/hutch` is read with `ast`, including those under
+`if TYPE_CHECKING:` and inside functions. The rules:
+- the pure packages (amqp, core, queues, raft, storage, cluster) never import runtime, mgmt or cli;
+- in the runtime: `session/` never imports the broker's node, `clustering/`, `queue_types/` or `app`;
+  `broker/` never imports `session/`, `queue_types/`, `clustering/` or `app`; `clustering/` never imports
+  `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/` or `app`;
+- only `cli/server.py` imports `runtime/app.py` (the composition root);
+- no function-local import of a hutch module in the runtime (none dodges a cycle);
+- the runtime's module graph (every import, TYPE_CHECKING ones too) has no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PURE = ("amqp", "core", "queues", "raft", "storage", "cluster")
+
+FORBIDDEN = {
+    "hutch.runtime.session": ("hutch.runtime.broker.node", "hutch.runtime.clustering",
+                              "hutch.runtime.queue_types", "hutch.runtime.app"),
+    "hutch.runtime.broker": ("hutch.runtime.session", "hutch.runtime.queue_types",
+                             "hutch.runtime.clustering", "hutch.runtime.app"),
+    "hutch.runtime.clustering": ("hutch.runtime.broker", "hutch.runtime.queue_types",
+                                 "hutch.runtime.session", "hutch.runtime.app"),
+    "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, whether the import is inside a function) for every import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            local = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (child.level - 1)]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                found.append((mod, in_function))
+                # `from package import module` imports the module too
+                found.extend((f"{mod}.{alias.name}", in_function) for alias in child.names)
+            visit(child, local)
+
+    visit(tree, False)
+    return found
+
+
+def all_files() -> list[Path]:
+    return sorted((SRC / "hutch").rglob("*.py"))
+
+
+MODULES = {module_name(p) for p in all_files()}
+
+
+def resolve(name: str) -> str | None:
+    """The hutch module an imported name refers to (a `from m import symbol` names m)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_pure_packages_never_import_the_shell():
+    bad = []
+    for path in all_files():
+        me = module_name(path)
+        if me.count(".") < 1 or me.split(".")[1] not in PURE:
+            continue
+        for name, _local in imports(path):
+            if name.startswith(("hutch.runtime", "hutch.mgmt", "hutch.cli")):
+                bad.append(f"{me} imports {name}")
+    assert bad == []
+
+
+def test_runtime_layers_import_only_downwards():
+    bad = []
+    for path in (SRC / "hutch" / "runtime").rglob("*.py"):
+        me = module_name(path)
+        for layer, forbidden in FORBIDDEN.items():
+            if me == layer or me.startswith(layer + "."):
+                for name, _local in imports(path):
+                    if name.startswith(forbidden):
+                        bad.append(f"{me} imports {name}")
+    assert bad == []
+
+
+def test_only_the_server_cli_imports_the_composition_root():
+    users = {module_name(p) for p in all_files()
+             if any(resolve(name) == "hutch.runtime.app" for name, _ in imports(p))}
+    assert users - {"hutch.runtime.app"} == {"hutch.cli.server"}
+
+
+def test_no_function_local_hutch_imports_in_the_runtime():
+    bad = [f"{module_name(p)} imports {name} inside a function"
+           for p in (SRC / "hutch" / "runtime").rglob("*.py")
+           for name, local in imports(p) if local and name.startswith("hutch")]
+    assert bad == []
+
+
+def runtime_cycles() -> list[str]:
+    graph: dict[str, set[str]] = {}
+    for path in (SRC / "hutch" / "runtime").rglob("*.py"):
+        me = module_name(path)
+        graph[me] = {target for name, _ in imports(path)
+                     if (target := resolve(name)) and target.startswith("hutch.runtime") and target != me
+                     and path.name != "__init__.py"}
+    # a package's __init__ is not an edge target worth reporting
+    cycles = []
+    state: dict[str, int] = {}
+
+    def dfs(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                dfs(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            dfs(node, [])
+    return cycles
+
+
+def test_the_runtime_has_no_import_cycle():
+    assert runtime_cycles() == []
