@@ -29,6 +29,7 @@ from hutch.amqp.errors import (
     INTERNAL_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
+    RESOURCE_ERROR,
     UNEXPECTED_FRAME,
     AMQPError,
     ChannelError,
@@ -70,6 +71,11 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
 WRITE_BUFFER_HIGH = 1024 * 1024
 WRITE_BUFFER_LOW = 256 * 1024
 READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iteration
+# RabbitMQ's reader accepts frames up to 8 bytes longer than frame_max (rabbit_reader's
+# FRAME_SIZE_FUDGE): several clients put frame_max payload bytes in a body frame
+FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
+# unfinished bodies a connection may hold, in units of max_message_size, when not configured
+UNFINISHED_BODIES_MESSAGES = 4
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
 _ACK_ID = b"\x00\x3c\x00\x50"
 _FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
@@ -92,7 +98,8 @@ class AMQPConnection(asyncio.Protocol):
         cfg = node.config
         self.state = State.HEADER
         self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader(max(cfg.frame_max, spec.FRAME_MIN_SIZE) if cfg.frame_max else 0)
+        self.reader = FrameReader(max(cfg.frame_max, spec.FRAME_MIN_SIZE) if cfg.frame_max else 0,
+                                  tolerance=FRAME_SIZE_TOLERANCE)
         self._header_buf = b""
         self.out: list[bytes] = []
         self.channels: dict[int, ServerChannel] = {}
@@ -128,6 +135,11 @@ class AMQPConnection(asyncio.Protocol):
         self.recv_oct = 0
         self.send_oct = 0
         self.auth_mechanism = ""
+        # bytes of message bodies whose last frame has not arrived yet, over all channels, and the cap
+        self.unfinished_body_bytes = 0
+        self.unfinished_body_limit = max(
+            cfg.max_unfinished_body_bytes or UNFINISHED_BODIES_MESSAGES * cfg.max_message_size,
+            cfg.max_message_size)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -217,6 +229,10 @@ class AMQPConnection(asyncio.Protocol):
                 return
         self.reader.feed(data)
         if self._suspended:  # waiting for the cluster or an authentication check: frames stay queued
+            if self.state == State.AUTHENTICATING and self.reader.buffered > self._pre_auth_limit():
+                log.warning("connection %s: %d bytes sent while the login was pending, closing",
+                            self.name, self.reader.buffered)
+                self._abort()
             return
         self._in_receive = True
         try:
@@ -357,9 +373,12 @@ class AMQPConnection(asyncio.Protocol):
                 self.send_method(channel, spec.Channel.CloseOk())
             return
         if isinstance(method, spec.Channel.Open):
-            if channel > self.channel_max:
-                raise ConnectionError_(NOT_ALLOWED, f"channel_max ({self.channel_max}) reached",
-                                       20, 10)
+            # RabbitMQ limits the count of open channels (a channel closed by the server counts until
+            # its close-ok), not their numbers: any number up to 65535 is fine
+            opened = len(self.channels) + len(self.closing_channels)
+            if self.channel_max and opened >= self.channel_max:
+                raise ConnectionError_(NOT_ALLOWED, f"number of channels opened ({opened}) has reached "
+                                       f"the negotiated channel_max ({self.channel_max})")
             self.channels[channel] = ServerChannel(self, channel)
             self.node.churn["channels_opened"] += 1
             self.send_method(channel, spec.Channel.OpenOk())
@@ -456,6 +475,7 @@ class AMQPConnection(asyncio.Protocol):
             return
         self.state = State.AUTHENTICATING
         self._suspended = True
+        self._hold_reading("auth")  # nothing past start-ok is read before the login completes
         fut = self._loop.run_in_executor(None, self.node.auth.authenticate, user, password)
         fut.add_done_callback(lambda f: self._auth_done(f, user, mechanism))
 
@@ -463,6 +483,7 @@ class AMQPConnection(asyncio.Protocol):
         if self.state != State.AUTHENTICATING:
             return
         self._suspended = False
+        self._release_reading("auth")
         if fut.exception() is not None or fut.result() is None:
             self._refuse_login(mechanism, f"user '{user}' - invalid credentials")
             return
@@ -477,6 +498,10 @@ class AMQPConnection(asyncio.Protocol):
         finally:
             self._in_receive = False
         self.flush()
+
+    def _pre_auth_limit(self) -> int:
+        """Bytes a client may have sent past its start-ok while the login is pending: one frame."""
+        return (self.reader.frame_max or spec.FRAME_MIN_SIZE) + FRAME_SIZE_TOLERANCE
 
     def _refuse_login(self, mechanism: str, detail: str) -> None:
         log.warning("connection %s: login refused: %s", self.name, detail)
@@ -630,6 +655,15 @@ class AMQPConnection(asyncio.Protocol):
         if self.capabilities.get("connection.blocked"):
             reason = " & ".join(f"low on {a}" for a in sorted(self.node.alarms))
             self.send_method(0, spec.Connection.Blocked(reason=reason))
+
+    def hold_unfinished_body(self, nbytes: int) -> None:
+        """A channel keeps `nbytes` more of a body whose last frame has not arrived: refuse past the cap
+        (issue 15: partial bodies on many channels must not grow the node without bound)."""
+        self.unfinished_body_bytes += nbytes
+        if self.unfinished_body_bytes > self.unfinished_body_limit:
+            raise ConnectionError_(RESOURCE_ERROR, (
+                f"unfinished message bodies on this connection hold {self.unfinished_body_bytes} bytes, "
+                f"more than the limit of {self.unfinished_body_limit} (max_unfinished_body_bytes)"))
 
     def alarm_cleared(self) -> None:
         if not self.alarm_blocked:
