@@ -44,6 +44,7 @@ from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, un
 from hutch.runtime.queue_types.classic import features as queue_features
 from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.runtime.session.connection import CAPABILITIES, AMQPConnection
+from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -632,7 +633,7 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config
         host = cfg.amqp_host or None
-        self.server = await loop.create_server(lambda: AMQPConnection(self), host=host, port=cfg.amqp_port,
+        self.server = await loop.create_server(lambda: AMQPProtocol(self), host=host, port=cfg.amqp_port,
                                                backlog=1024, reuse_address=True)
         sock = self.server.sockets[0]
         self.amqp_port = sock.getsockname()[1]
