@@ -22,7 +22,9 @@ from pamqp.body import ContentBody
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore
+from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
+from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.runtime.session.connection import AMQPConnection
 from hutch.runtime.session.ports import MethodGate
 
@@ -89,6 +91,7 @@ class ManualClock:
         self._soon.append(callback)
 
     def run_soon(self) -> None:
+        """Run the call_soon callbacks (and those they schedule) until none is left."""
         while self._soon:
             batch, self._soon = self._soon, []
             for callback in batch:
@@ -105,13 +108,27 @@ class ManualClock:
         self.now = end
 
 
-def make_node(data_dir: str, **config: Any) -> Node:
-    """A broker node as `serve()` builds one (configuration, auth store, vhosts), with no listener."""
+def make_node(data_dir: str, durable: bool = False, **config: Any) -> Node:
+    """A broker node as `serve()` builds one (configuration, auth store, vhosts), with no listener.
+    `durable`: with its definitions store and message storage in `data_dir`, the group commit started
+    on the running loop as `Node.start` starts it (call `close_node` at the end)."""
     config.setdefault("node_name", "memory@localhost")
     cfg = Config(data_dir=data_dir, **config)
     auth = AuthStore(scrypt_n=16)  # a cheap hash: the login itself is tested elsewhere
     auth.bootstrap(cfg.default_user, cfg.default_pass, cfg.default_vhost)
-    return Node(cfg, auth=auth, monitor_resources=False)
+    if not durable:
+        return Node(cfg, auth=auth, monitor_resources=False)
+    persistence = Persistence(data_dir)
+    node = Node(cfg, auth=auth, store=DefinitionStore(data_dir), persistence=persistence,
+                monitor_resources=False)
+    persistence.sink.on_drained = node._storage_drained
+    persistence.start(asyncio.get_running_loop(), node._storage_synced)
+    return node
+
+
+async def close_node(node: Node) -> None:
+    if node.persistence is not None:
+        await node.persistence.close()
 
 
 class SessionPair:
@@ -165,9 +182,13 @@ class SessionPair:
         return out
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-        """Let the event loop run (the login check's executor) until `predicate` holds."""
+        """Let the event loop run (the login check's executor, the group commit) and the manual clock's
+        call_soon work until `predicate` holds."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate():
+        while True:
+            self.clock.run_soon()
+            if predicate():
+                return
             assert asyncio.get_running_loop().time() < deadline, "condition not reached"
             await asyncio.sleep(0.001)
 

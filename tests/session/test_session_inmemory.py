@@ -21,7 +21,7 @@ from pamqp.heartbeat import Heartbeat
 
 from hutch.runtime.broker.node import Node
 
-from .memory import SessionPair, make_node
+from .memory import SessionPair, close_node, make_node
 
 pytestmark = pytest.mark.asyncio
 
@@ -228,6 +228,27 @@ async def test_confirms_are_folded_into_one_multiple_ack(node: Node) -> None:
     pair.feed(pair.publish(1, "confirmed", b"fourth"))
     (ch, ack), = pair.received()
     assert (ack.delivery_tag, ack.multiple) == (4, False)
+
+
+async def test_persistent_publishes_are_confirmed_after_the_group_commit(tmp_path: Path) -> None:
+    node = make_node(str(tmp_path / "durable"), durable=True)
+    try:
+        pair = await opened(node)
+        pair.open_channel(1)
+        pair.send(1, commands.Queue.Declare(queue="kept", durable=True), commands.Confirm.Select())
+        assert types(pair.received()) == [(1, commands.Queue.DeclareOk), (1, commands.Confirm.SelectOk)]
+        persistent = commands.Basic.Properties(delivery_mode=2)
+        pair.feed(b"".join(pair.publish(1, "kept", b"p%d" % i, properties=persistent) for i in range(3)))
+        assert node.persistence is not None
+        # the fsync runs in an executor and reports back on the loop, which has not run yet
+        assert node.persistence.synced_seq < node.persistence.last_enqueued
+        assert pair.received() == []  # nothing is confirmed before its fsync
+        await pair.until(lambda: bool(pair.transport.written[pair._read:]))
+        (ch, ack), = pair.received()
+        assert isinstance(ack, commands.Basic.Ack) and (ack.delivery_tag, ack.multiple) == (3, True)
+        assert node.persistence.synced_seq >= node.persistence.last_enqueued
+    finally:
+        await close_node(node)
 
 
 # -- flow control ------------------------------------------------------------------------------------
