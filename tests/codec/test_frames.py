@@ -157,6 +157,40 @@ def test_feeding_while_an_iterator_is_suspended() -> None:
     assert first + list(iterator) == EXPECTED + [parse(NEXT)]
 
 
+
+def test_a_large_frame_fed_in_small_pieces_is_not_copied_per_feed() -> None:
+    """Issue 15 finding 14: the partial frame moves once into a bytearray that later feeds extend in
+    place; the reader never rebuilds the whole buffer per feed (which made a slow frame quadratic)."""
+    body = bytes(range(256)) * 512  # 128 KiB
+    raw = WIRE + frame(spec.FRAME_BODY, 3, body)
+    reader = FrameReader(0)
+    reader.feed(raw[: len(WIRE) + 10])
+    assert drain(reader) == EXPECTED
+    reader.feed(raw[len(WIRE) + 10 : len(WIRE) + 20])  # the 10 bytes left over move once
+    held = reader._buf
+    assert isinstance(held, bytearray) and len(held) == 20
+    for i in range(len(WIRE) + 20, len(raw) - 1, 1000):
+        reader.feed(raw[i : min(i + 1000, len(raw) - 1)])
+        assert reader._buf is held  # appended in place
+        assert drain(reader) == []
+    reader.feed(raw[-1:])
+    assert drain(reader) == [(spec.FRAME_BODY, 3, body)]
+    reader.feed(raw[:5])
+    reader.feed(raw[5:])
+    frames = drain(reader)
+    assert frames[-1] == (spec.FRAME_BODY, 3, body) and all(type(p) is bytes for _, _, p in frames)
+
+
+def test_consumed_front_of_the_bytearray_is_dropped() -> None:
+    one = method_frame(1, spec.Basic.Ack(delivery_tag=1))
+    reader = FrameReader(FRAME_MAX)
+    reader.feed(one[:3])
+    reader.feed(one[3:] + one * 50 + one[:3])  # complete frames followed by a partial one
+    assert len(drain(reader)) == 51
+    reader.feed(one[3:])
+    assert len(reader._buf) == len(one)  # the consumed front went with the feed
+    assert drain(reader) == [parse(one)]
+
 @ci_settings(max_examples=200)
 @given(st.lists(st.integers(0, len(WIRE)), max_size=40), st.booleans())
 def test_any_chunking_gives_the_same_frames(cuts: list[int], drain_every_time: bool) -> None:
@@ -255,6 +289,18 @@ def test_a_protocol_header_mid_stream_is_501() -> None:
     reader.feed(spec.PROTOCOL_HEADER)
     assert_501(reader)
 
+
+
+@pytest.mark.parametrize("frame_max", [4096, FRAME_MAX])
+def test_tolerance_accepts_exactly_that_many_bytes_over(frame_max: int) -> None:
+    """RabbitMQ's rule (rabbit_reader's FRAME_SIZE_FUDGE = 8): a payload of up to frame_max bytes."""
+    raw = frame(spec.FRAME_BODY, 1, b"b" * frame_max)
+    reader = FrameReader(frame_max, tolerance=8)
+    reader.feed(raw)
+    assert drain(reader) == [parse(raw)]
+    reader.feed(struct.pack(">BHI", spec.FRAME_BODY, 1, frame_max + 1))
+    err = assert_501(reader)
+    assert err.text == f"frame size {frame_max + 9} larger than negotiated maximum {frame_max}"
 
 # ---------------------------------------------------------------------------------------------------
 # Bodies split by frame_max, and reassembled

@@ -120,13 +120,14 @@ def test_second_channel_open_is_504(server):
         assert (close.class_id, close.method_id) == (20, 10)
 
 
-def test_channel_above_channel_max_is_530(server):
+def test_channel_numbers_above_channel_max_are_allowed(server):
+    """channel_max limits the count of open channels, not their numbers (RabbitMQ; issue 16)."""
     with RawClient(server.amqp_port) as raw:
         raw.handshake()
         raw.open_channel(2047)
-        raw.send_method(2048, spec.Channel.Open())
-        close = raw.expect_connection_close(530)
-        assert close.reply_text.startswith("NOT_ALLOWED")
+        raw.open_channel(2048)
+        raw.open_channel(65535)
+        raw.rpc(65535, spec.Queue.Declare(queue="", exclusive=True), spec.Queue.DeclareOk)
 
 
 def test_method_on_unopened_channel_is_504(server):

@@ -6,7 +6,8 @@ frame-end octet and frame type; and the encoders that build method, content and 
 splitting bodies by frame_max.
 
 Rules: no sockets, no asyncio, no clocks. A `FrameReader` never raises anything but `AMQPError`
-subclasses. The buffer is consumed with an offset and rebuilt once per `feed`.
+subclasses. The buffer is consumed with an offset; bytes received are copied at most once more
+than the payload slices themselves (see `FrameReader`).
 """
 
 from __future__ import annotations
@@ -39,34 +40,52 @@ class FrameReader:
 
     `feed(data)` appends bytes; iterating `frames()` yields `(frame_type, channel, payload)` for every
     complete frame, where payload is `bytes`. Invariant: `_buf[_pos:]` holds the bytes not yet consumed.
-    The buffer is an immutable `bytes` object, so a payload is one slice (one copy); `feed` copies only
-    the unconsumed remainder (a partial frame) in front of the new data.
+
+    Buffering: while nothing is left over, a fed `bytes` object becomes the buffer as it is (no copy),
+    and each payload is one slice of it. A partial frame left over is moved once into a `bytearray`
+    that later feeds are appended to (amortised O(len(data)), never a copy of the whole buffer per
+    feed); the consumed front of that bytearray is dropped only when it is at least half of it.
+
+    `tolerance` (bytes) lets a frame be that much longer than `frame_max` before it is refused:
+    RabbitMQ's reader accepts frames up to 8 bytes over (`?FRAME_SIZE_FUDGE` in rabbit_reader),
+    because several clients fill a frame with `frame_max` payload bytes.
     """
 
-    __slots__ = ("_buf", "_pos", "frame_max")
+    __slots__ = ("_buf", "_pos", "frame_max", "tolerance")
 
-    def __init__(self, frame_max: int) -> None:
-        self._buf = b""
+    def __init__(self, frame_max: int, tolerance: int = 0) -> None:
+        self._buf: bytes | bytearray = b""
         self._pos = 0
         self.frame_max = frame_max
+        self.tolerance = tolerance
 
     def feed(self, data: bytes) -> None:
-        if self._pos < len(self._buf):
-            self._buf = self._buf[self._pos :] + data
-        else:
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):  # nothing left over: take the new bytes as they are
             self._buf = bytes(data)
-        self._pos = 0
+            self._pos = 0
+        elif isinstance(buf, bytearray):
+            if pos and pos * 2 >= len(buf):
+                del buf[:pos]  # CPython moves the start pointer; the remainder is not copied each feed
+                self._pos = 0
+            buf += data
+        else:  # a partial frame left in an immutable buffer: copy it once into a growable one
+            grown = bytearray(memoryview(buf)[pos:])
+            grown += data
+            self._buf = grown
+            self._pos = 0
 
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
     def frames(self) -> Iterator[tuple[int, int, bytes]]:
-        buf = self._buf
         unpack = _HDR.unpack_from
-        limit = self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
+        buf = self._buf
         n = len(buf)
         pos = self._pos
+        limit = self._limit()
         while n - pos >= 7:
             ftype, channel, size = unpack(buf, pos)
             if ftype not in _VALID_TYPES:
@@ -81,14 +100,18 @@ class FrameReader:
                 return
             if buf[end] != FRAME_END:
                 raise FrameError(f"bad frame end marker {buf[end]:#x}")
-            payload = buf[pos + 7 : end]
-            pos = end + 1
-            self._pos = pos
+            payload = buf[pos + 7 : end] if type(buf) is bytes else bytes(memoryview(buf)[pos + 7 : end])
+            self._pos = end + 1
             yield ftype, channel, payload
-            if self._buf is not buf:  # fed while this iterator was suspended: continue on the new buffer
-                buf = self._buf
-                n = len(buf)
-                pos = self._pos
+            # the reader may have been fed (and compacted) while this iterator was suspended
+            buf = self._buf
+            n = len(buf)
+            pos = self._pos
+            limit = self._limit()  # a tune-ok may have set frame_max
+
+    def _limit(self) -> int:
+        """The largest payload size accepted."""
+        return self.frame_max - FRAME_OVERHEAD + self.tolerance if self.frame_max else 0xFFFFFFFF
 
 
 def method_frame(channel: int, method: Method) -> bytes:

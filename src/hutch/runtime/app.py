@@ -36,7 +36,7 @@ from hutch.runtime.queue_types.quorum.queue_type import QuorumQueueType
 from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
-from hutch.runtime.session.connection import AMQPConnection
+from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.storage.errors import StorageError
 
 log = logging.getLogger("hutch.node")
@@ -80,7 +80,7 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     loop = asyncio.get_running_loop()
     cfg = node.config
     host = cfg.amqp_host or None
-    server = await loop.create_server(lambda: AMQPConnection(node), host=host, port=cfg.amqp_port,
+    server = await loop.create_server(lambda: AMQPProtocol(node), host=host, port=cfg.amqp_port,
                                       backlog=1024, reuse_address=True)
     node.server = server
     node.amqp_port = server.sockets[0].getsockname()[1]

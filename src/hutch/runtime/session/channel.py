@@ -118,6 +118,7 @@ class ServerChannel(DeclarationsMixin):
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
+        self._body_held = 0  # bytes in _body, counted in conn.unfinished_body_bytes
         # statistics
         self.stat_publish = 0
         self.stat_deliver = 0
@@ -254,6 +255,12 @@ class ServerChannel(DeclarationsMixin):
                                60, 40)
         self._pub_props = props
         self._pub_props_raw = props_raw
+        conn = self.conn
+        conn.has_published = True
+        if self.node.alarms and not conn.alarm_blocked:
+            # RabbitMQ blocks the reader on a content frame: a message whose body is still arriving is
+            # held like a new one (what is already read is processed; the socket is not read again)
+            conn.block_for_alarm()
         if body_size == 0:
             self._complete_publish(b"")
         else:
@@ -269,12 +276,19 @@ class ServerChannel(DeclarationsMixin):
             if self._body:
                 self._body.append(payload)
                 body = b"".join(self._body)
-                self._body = []
+                self._drop_body()
             else:
                 body = payload
             self._complete_publish(body)
         else:
             self._body.append(payload)
+            self._body_held += len(payload)
+            self.conn.hold_unfinished_body(len(payload))
+
+    def _drop_body(self) -> None:
+        self._body = []
+        self.conn.unfinished_body_bytes -= self._body_held
+        self._body_held = 0
 
     def _complete_publish(self, body: bytes) -> None:
         pub = self._pub
@@ -289,11 +303,6 @@ class ServerChannel(DeclarationsMixin):
             self.publish_seq += 1
             self.stat_publish_confirm += 1
         self.stat_publish += 1
-        conn = self.conn
-        if not conn.has_published:
-            conn.has_published = True
-        if self.node.alarms and not conn.alarm_blocked:
-            conn.block_for_alarm()  # this message is taken; the socket is not read again until clear
         x = self.vhost.exchanges.get(exchange)
         if x is None:
             raise ChannelError(NOT_FOUND, f"no exchange '{exchange}' in vhost '{self.vhost.name}'", 60, 40)
@@ -808,7 +817,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub = None
         self._pub_props = None
         self._pub_props_raw = None
-        self._body = []
+        self._drop_body()
         consumers = list(self.consumers.values())
         self.consumers.clear()
         for consumer in consumers:

@@ -1,14 +1,19 @@
-"""One AMQP client connection: an `asyncio.Protocol` around the sans-I/O frame reader.
+"""One AMQP client connection as a state machine: bytes in (`receive_data`), frames out (to a `Transport`).
 
-Owns: the socket, the connection handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
+Owns: the connection handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
 tune/tune-ok negotiation, open), heartbeats both ways, channel multiplexing, the close handshakes, and
 the write buffer that every channel of this connection encodes into.
 
+The socket, the asyncio loop and the cluster are ports (runtime/session/ports.py): the connection writes
+to a `Transport`, takes time and timers from a `Clock`, and asks a `MethodGate` what a method must
+wait for. `runtime/session/protocol.py` adapts it to an asyncio socket; tests drive it in memory
+(tests/session/memory.py).
+
 Rules (uvicorn/asyncpg style hot path):
-- `data_received` feeds the frame reader and dispatches every complete frame synchronously; no task or
+- `receive_data` feeds the frame reader and dispatches every complete frame synchronously; no task or
   coroutine per frame. Output is collected in `out` and written once per batch (`flush`).
 - A `ChannelError` closes only its channel; a `ConnectionError_` sends connection.close and then
-  ignores everything but close/close-ok. Nothing a client sends can raise out of `data_received`.
+  ignores everything but close/close-ok. Nothing a client sends can raise out of `receive_data`.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
 """
 
@@ -29,6 +34,7 @@ from hutch.amqp.errors import (
     INTERNAL_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
+    RESOURCE_ERROR,
     UNEXPECTED_FRAME,
     AMQPError,
     ChannelError,
@@ -42,13 +48,14 @@ from hutch.core.auth import (
     parse_plain,
     vhost_access_refused_text,
 )
-from hutch.runtime.errors import CLUSTER_METHODS, ClusterUnavailable, cluster_timeout_text
+from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
     from hutch.config import Config
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.ports import BrokerPort
+    from hutch.runtime.session.ports import Clock, MethodGate, TimerHandle, Transport
 
 log = logging.getLogger("hutch.connection")
 
@@ -83,9 +90,11 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
                  "logfile.")
 
 
-WRITE_BUFFER_HIGH = 1024 * 1024
-WRITE_BUFFER_LOW = 256 * 1024
-READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iteration
+# RabbitMQ's reader accepts frames up to 8 bytes longer than frame_max (rabbit_reader's
+# FRAME_SIZE_FUDGE): several clients put frame_max payload bytes in a body frame
+FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
+# unfinished bodies a connection may hold, in units of max_message_size, when not configured
+UNFINISHED_BODIES_MESSAGES = 4
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
 _ACK_ID = b"\x00\x3c\x00\x50"
 _FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
@@ -102,13 +111,22 @@ class State:
     CLOSED = 7
 
 
-class AMQPConnection(asyncio.Protocol):
-    def __init__(self, node: BrokerPort) -> None:
+class AMQPConnection:
+    """The server side of one AMQP 0-9-1 connection, without IO of its own.
+
+    Driven by: `connection_made(transport, peer, sockname)`, `receive_data(bytes)`, `pause_writing()` /
+    `resume_writing()` (the transport's write buffer), `connection_lost()`, and the callbacks it
+    registers on its `Clock`. Output goes to `transport.write` in batches (`flush`)."""
+
+    def __init__(self, node: BrokerPort, clock: Clock, gate: MethodGate | None = None) -> None:
         self.node = node
+        self.clock = clock
+        self.gate = gate
         cfg = node.config
         self.state = State.HEADER
-        self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader(max(cfg.frame_max, spec.FRAME_MIN_SIZE) if cfg.frame_max else 0)
+        self.transport: Transport | None = None
+        self.reader = FrameReader(max(cfg.frame_max, spec.FRAME_MIN_SIZE) if cfg.frame_max else 0,
+                                  tolerance=FRAME_SIZE_TOLERANCE)
         self._header_buf = b""
         self.out: list[bytes] = []
         self.channels: dict[int, ServerChannel] = {}
@@ -128,41 +146,40 @@ class AMQPConnection(asyncio.Protocol):
         self.alarm_blocked = False
         self._flow_queues: set[Any] = set()
         self._read_holds: set[str] = set()
-        self._read_this_turn = 0
-        self._turn_scheduled = False
         self._suspended = False
         self._cluster_task: asyncio.Task[None] | None = None
         self._in_receive = False
         self._flush_scheduled = False
         self._confirm_channels: set[ServerChannel] = set()
-        self._loop = asyncio.get_event_loop()
+        self._loop = asyncio.get_event_loop()  # the login check's executor and the gated methods' tasks
         self._last_recv = 0.0
         self._last_sent = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._close_timer: asyncio.TimerHandle | None = None
+        self._timer: TimerHandle | None = None
+        self._close_timer: TimerHandle | None = None
         self.connected_at_ms = 0
         self.recv_oct = 0
         self.send_oct = 0
         self.auth_mechanism = ""
+        # bytes of message bodies whose last frame has not arrived yet, over all channels, and the cap
+        self.unfinished_body_bytes = 0
+        self.unfinished_body_limit = max(
+            cfg.max_unfinished_body_bytes or UNFINISHED_BODIES_MESSAGES * cfg.max_message_size,
+            cfg.max_message_size)
 
-    # -- asyncio.Protocol ------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        # deliveries are encoded in batches; let a batch sit in the buffer before pausing deliveries
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)  # type: ignore[attr-defined]
-        peer = transport.get_extra_info("peername") or ("?", 0)
+    # -- driven by the transport's owner -----------------------------------------------------------
+    def connection_made(self, transport: Transport, peer: tuple[str, int], sockname: tuple[str, int]) -> None:
+        self.transport = transport
         self.peer = (str(peer[0]), int(peer[1]))
-        sock = transport.get_extra_info("sockname") or ("?", 0)
-        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sock[0]}:{sock[1]}"
-        now = self._loop.time()
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {sockname[0]}:{sockname[1]}"
+        now = self.clock.time()
         self._last_recv = self._last_sent = now
         self.connected_at_ms = int(self.node.wall_ms())
         self.node.connections.add(self)
         self.node.churn["connections_opened"] += 1
         timeout_s = self.node.config.handshake_timeout_ms / 1000
-        self._timer = self._loop.call_later(timeout_s, self._handshake_timeout)
+        self._timer = self.clock.call_later(timeout_s, self._handshake_timeout)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self) -> None:
         self.state = State.CLOSED
         if self._timer is not None:
             self._timer.cancel()
@@ -182,12 +199,14 @@ class AMQPConnection(asyncio.Protocol):
             ch._resume_consumers()
 
     # -- flow control ----------------------------------------------------------------------------
-    def _hold_reading(self, reason: str) -> None:
+    def hold_reading(self, reason: str) -> None:
+        """Stop reading input until every reason given is released (flow, alarm, login, cluster, and
+        the asyncio adapter's per-iteration read budget)."""
         if not self._read_holds and self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
         self._read_holds.add(reason)
 
-    def _release_reading(self, reason: str) -> None:
+    def release_reading(self, reason: str) -> None:
         if reason in self._read_holds:
             self._read_holds.discard(reason)
             if not self._read_holds and self.transport is not None and not self.transport.is_closing():
@@ -199,40 +218,29 @@ class AMQPConnection(asyncio.Protocol):
         queue.flow_waiters.add(self)
         self._flow_queues.add(queue)
         self.flow_blocked = True
-        self._hold_reading("flow")
+        self.hold_reading("flow")
 
     def flow_unblock(self, queue: Any) -> None:
         self._flow_queues.discard(queue)
         if self.flow_blocked and not self._flow_queues:
             self.flow_blocked = False
-            self._release_reading("flow")
+            self.release_reading("flow")
 
-    def _spend_read_budget(self, nbytes: int) -> None:
-        """Fairness between connections: after READ_BUDGET bytes in one loop iteration a connection
-        stops reading until the next iteration, so one fast publisher cannot starve the acks and
-        deliveries of everyone else (libuv otherwise keeps reading a busy socket many times)."""
-        self._read_this_turn += nbytes
-        if not self._turn_scheduled:
-            self._turn_scheduled = True
-            self._loop.call_soon(self._next_turn)
-        if self._read_this_turn >= READ_BUDGET:
-            self._hold_reading("budget")
-
-    def _next_turn(self) -> None:
-        self._turn_scheduled = False
-        self._read_this_turn = 0
-        self._release_reading("budget")
-
-    def data_received(self, data: bytes) -> None:
-        self._last_recv = self._loop.time()
+    def receive_data(self, data: bytes) -> None:
+        """Bytes from the client: every complete frame is handled before this returns (unless the
+        connection is suspended: a login or a gated method pending), and the output is flushed."""
+        self._last_recv = self.clock.time()
         self.recv_oct += len(data)
-        self._spend_read_budget(len(data))
         if self.state == State.HEADER:
             data = self._protocol_header(data)
             if not data:
                 return
         self.reader.feed(data)
         if self._suspended:  # waiting for the cluster or an authentication check: frames stay queued
+            if self.state == State.AUTHENTICATING and self.reader.buffered > self._pre_auth_limit():
+                log.warning("connection %s: %d bytes sent while the login was pending, closing",
+                            self.name, self.reader.buffered)
+                self._abort()
             return
         self._in_receive = True
         try:
@@ -296,53 +304,48 @@ class AMQPConnection(asyncio.Protocol):
         if ch is None:
             self._no_such_channel(channel, method)
             return
-        if self.node.cluster is not None:
-            key = (method.CLASS_ID, method.METHOD_ID)
-            if key in CLUSTER_METHODS or (key in REMOTE_QUEUE_METHODS and _remote_target(ch, method)):
-                self._suspend_for_cluster(ch, channel, method)
-                return
+        if self.gate is not None and self.gate.wants(ch, method):
+            self._suspend_for_gate(ch, channel, method)
+            return
         try:
             ch.handle_method(method)
         except ChannelError as exc:
             self._channel_error(channel, exc)
 
-    # -- clustered topology methods ----------------------------------------------------------------
-    def _suspend_for_cluster(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
-        """A topology method on a clustered node: stop reading this connection, bring the metadata up
-        to date (read barrier), run the method, and send its reply once the change is committed."""
+    # -- methods that wait for the cluster (the MethodGate port) -------------------------------------
+    def _suspend_for_gate(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
+        """A method the gate wants (a topology method on a clustered node, a queue on another node):
+        stop reading this connection, let the gate bring the node up to date, run the method, and
+        send its reply once the gate says the change is committed."""
         self._suspended = True
-        self._hold_reading("cluster")
-        task = self._loop.create_task(self._clustered_method(ch, channel, method))
+        self.hold_reading("cluster")
+        task = self._loop.create_task(self._gated_method(ch, channel, method))
         self._cluster_task = task
 
-    async def _clustered_method(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
-        cluster = self.node.cluster
-        assert cluster is not None
+    async def _gated_method(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:
+        gate = self.gate
+        assert gate is not None
         try:
             try:
-                if (method.CLASS_ID, method.METHOD_ID) in CLUSTER_METHODS:
-                    await cluster.barrier()
+                await gate.barrier(method)
                 if self.state != State.OPEN or self.channels.get(channel) is not ch:
                     return
-                remote = _remote_target(ch, method)
-                if remote is not None and not isinstance(method, (spec.Queue.Bind, spec.Queue.Unbind)):
-                    try:
-                        await remote.prepare(method)
-                    except ChannelError as exc:
-                        self._channel_error(channel, exc)
-                        return
-                    if self.state != State.OPEN or self.channels.get(channel) is not ch:
-                        return
+                try:
+                    await gate.prepare(ch, method)
+                except ChannelError as exc:
+                    self._channel_error(channel, exc)
+                    return
+                if self.state != State.OPEN or self.channels.get(channel) is not ch:
+                    return
                 mark = len(self.out)
                 try:
                     ch.handle_method(method)
                 except ChannelError as exc:
                     self._channel_error(channel, exc)
-                if cluster.has_unreplicated:
+                if gate.holds_replies():
                     held = self.out[mark:]  # the reply waits for the commit
                     del self.out[mark:]
-                    await cluster.wait_replicated()
-                    await cluster.sync_peers()
+                    await gate.after()
                     if self.state == State.OPEN:
                         self.out.extend(held)
             except ClusterUnavailable:
@@ -356,7 +359,7 @@ class AMQPConnection(asyncio.Protocol):
         finally:
             self._cluster_task = None
             self._suspended = False
-            self._release_reading("cluster")
+            self.release_reading("cluster")
             if self.state == State.OPEN:
                 self._in_receive = True
                 try:
@@ -373,9 +376,12 @@ class AMQPConnection(asyncio.Protocol):
                 self.send_method(channel, spec.Channel.CloseOk())
             return
         if isinstance(method, spec.Channel.Open):
-            if channel > self.channel_max:
-                raise ConnectionError_(NOT_ALLOWED, f"channel_max ({self.channel_max}) reached",
-                                       20, 10)
+            # RabbitMQ limits the count of open channels (a channel closed by the server counts until
+            # its close-ok), not their numbers: any number up to 65535 is fine
+            opened = len(self.channels) + len(self.closing_channels)
+            if self.channel_max and opened >= self.channel_max:
+                raise ConnectionError_(NOT_ALLOWED, f"number of channels opened ({opened}) has reached "
+                                       f"the negotiated channel_max ({self.channel_max})")
             self.channels[channel] = ServerChannel(self, channel)
             self.node.churn["channels_opened"] += 1
             self.send_method(channel, spec.Channel.OpenOk())
@@ -472,6 +478,7 @@ class AMQPConnection(asyncio.Protocol):
             return
         self.state = State.AUTHENTICATING
         self._suspended = True
+        self.hold_reading("auth")  # nothing past start-ok is read before the login completes
         fut = self._loop.run_in_executor(None, self.node.auth.authenticate, user, password)
         fut.add_done_callback(lambda f: self._auth_done(f, user, mechanism))
 
@@ -479,6 +486,7 @@ class AMQPConnection(asyncio.Protocol):
         if self.state != State.AUTHENTICATING:
             return
         self._suspended = False
+        self.release_reading("auth")
         if fut.exception() is not None or fut.result() is None:
             self._refuse_login(mechanism, f"user '{user}' - invalid credentials")
             return
@@ -493,6 +501,10 @@ class AMQPConnection(asyncio.Protocol):
         finally:
             self._in_receive = False
         self.flush()
+
+    def _pre_auth_limit(self) -> int:
+        """Bytes a client may have sent past its start-ok while the login is pending: one frame."""
+        return (self.reader.frame_max or spec.FRAME_MIN_SIZE) + FRAME_SIZE_TOLERANCE
 
     def _refuse_login(self, mechanism: str, detail: str) -> None:
         log.warning("connection %s: login refused: %s", self.name, detail)
@@ -536,7 +548,7 @@ class AMQPConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         if self.heartbeat_s:
-            self._timer = self._loop.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
+            self._timer = self.clock.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
         self.send_method(0, spec.Connection.OpenOk())
 
     def _update_secret(self, m: Any) -> None:
@@ -567,7 +579,7 @@ class AMQPConnection(asyncio.Protocol):
     def _heartbeat_tick(self) -> None:
         if self.state != State.OPEN:
             return
-        now = self._loop.time()
+        now = self.clock.time()
         interval = self.heartbeat_s / 2
         if now - self._last_recv > self.heartbeat_s * 2:
             log.warning("connection %s: missed heartbeats from client, timeout: %ss", self.name,
@@ -577,7 +589,7 @@ class AMQPConnection(asyncio.Protocol):
         if now - self._last_sent >= interval * 0.9:
             self.out.append(HEARTBEAT_FRAME)
             self.flush()
-        self._timer = self._loop.call_later(interval, self._heartbeat_tick)
+        self._timer = self.clock.call_later(interval, self._heartbeat_tick)
 
     # -- output ----------------------------------------------------------------------------------
     def send_method(self, channel: int, method: spec.Method) -> None:
@@ -591,7 +603,7 @@ class AMQPConnection(asyncio.Protocol):
     def want_write(self) -> None:
         if not self._flush_scheduled and not self._in_receive:
             self._flush_scheduled = True
-            self._loop.call_soon(self.flush)
+            self.clock.call_soon(self.flush)
 
     def want_flush(self, channel: ServerChannel) -> None:
         self._confirm_channels.add(channel)
@@ -610,7 +622,7 @@ class AMQPConnection(asyncio.Protocol):
         data = b"".join(out) if len(out) > 1 else out[0]
         out.clear()
         self.send_oct += len(data)
-        self._last_sent = self._loop.time()
+        self._last_sent = self.clock.time()
         self.transport.write(data)
 
     # -- closing ---------------------------------------------------------------------------------
@@ -625,7 +637,7 @@ class AMQPConnection(asyncio.Protocol):
                                                   class_id=exc.class_id, method_id=exc.method_id))
         self.flush()
         self.state = State.CLOSING
-        self._close_timer = self._loop.call_later(3.0, self._abort)
+        self._close_timer = self.clock.call_later(3.0, self._abort)
 
     def close_forced(self, reason: str = "shutdown") -> None:
         self.close_with_error(ConnectionError_(
@@ -642,16 +654,25 @@ class AMQPConnection(asyncio.Protocol):
         if self.alarm_blocked or self.state != State.OPEN:
             return
         self.alarm_blocked = True
-        self._hold_reading("alarm")
+        self.hold_reading("alarm")
         if self.capabilities.get("connection.blocked"):
             reason = " & ".join(f"low on {a}" for a in sorted(self.node.alarms))
             self.send_method(0, spec.Connection.Blocked(reason=reason))
+
+    def hold_unfinished_body(self, nbytes: int) -> None:
+        """A channel keeps `nbytes` more of a body whose last frame has not arrived: refuse past the cap
+        (issue 15: partial bodies on many channels must not grow the node without bound)."""
+        self.unfinished_body_bytes += nbytes
+        if self.unfinished_body_bytes > self.unfinished_body_limit:
+            raise ConnectionError_(RESOURCE_ERROR, (
+                f"unfinished message bodies on this connection hold {self.unfinished_body_bytes} bytes, "
+                f"more than the limit of {self.unfinished_body_limit} (max_unfinished_body_bytes)"))
 
     def alarm_cleared(self) -> None:
         if not self.alarm_blocked:
             return
         self.alarm_blocked = False
-        self._release_reading("alarm")
+        self.release_reading("alarm")
         if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
             self.send_method(0, spec.Connection.Unblocked())
 
@@ -707,26 +728,3 @@ class AMQPConnection(asyncio.Protocol):
 
 __all__ = ["AMQPConnection", "CAPABILITIES", "platform", "__version__"]
 
-
-# basic.get, queue.purge, basic.consume: asynchronous first when the queue lives on another node;
-# basic.cancel of a quorum queue's consumer: cancel-ok once the cancel is committed
-REMOTE_QUEUE_METHODS = frozenset({(60, 70), (50, 30), (60, 20), (60, 30)})
-
-
-def _remote_target(ch: ServerChannel, method: spec.Method) -> Any:
-    """The queue a method names, if it lives on another node (a RemoteQueue), else None. For
-    basic.cancel: the queue of the consumer, if it is a quorum queue."""
-    if isinstance(method, spec.Basic.Cancel):
-        consumer = ch.consumers.get(method.consumer_tag)
-        q = consumer.queue if consumer is not None else None
-        return q if q is not None and q.queue_type == "quorum" and q.remote else None
-    name = getattr(method, "queue", None)
-    if name is None:
-        return None
-    if name == "":
-        name = ch.last_queue_name
-        if name is None:
-            return None
-    vhost = ch.vhost
-    q = vhost.queues.get(name) if vhost is not None else None
-    return q if q is not None and q.remote else None

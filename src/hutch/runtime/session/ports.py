@@ -1,0 +1,68 @@
+"""The ports of the AMQP session: what a connection is given instead of a socket, a loop and a cluster.
+
+Owns three small `Protocol`s and nothing else:
+- `Transport`: where a connection writes its bytes and the switch for its input (an asyncio transport
+  satisfies it; so does `MemoryTransport` in tests/session/memory.py);
+- `Clock`: the time and the timers a connection uses (heartbeats, the handshake timeout, the close
+  grace period, the deferred flush); an asyncio loop satisfies it, and tests drive a manual one;
+- `MethodGate`: what a method must wait for before it runs and before its reply may leave (a
+  clustered node's read barrier, a queue on another node, the commit of a replicated change).
+
+Rules: no imports from hutch; these are shapes, not implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Transport(Protocol):
+    """The output side of a connection (bytes out) and its input switch (pause/resume reading)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Monotonic time in seconds and callbacks later or soon (asyncio's loop has this shape)."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> TimerHandle: ...
+
+    def call_soon(self, callback: Callable[[], object]) -> Any: ...
+
+
+class MethodGate(Protocol):
+    """Waiting for the world outside the node before a channel method runs and before its reply leaves.
+
+    `wants` is asked for every method on an open channel and must be cheap. For a method it wants, the
+    connection stops reading and awaits `barrier` (the node's view is brought up to date), then, if
+    the channel is still there, `prepare` (answers fetched from another node; may raise
+    `ChannelError`), runs the method, and, when `holds_replies()` then says so, keeps the method's
+    output back until `after` returns (the change is committed). `barrier` and `after` raise
+    `hutch.runtime.errors.ClusterUnavailable` when the answer cannot come in time."""
+
+    def wants(self, channel: Any, method: Any) -> bool: ...
+
+    async def barrier(self, method: Any) -> None: ...
+
+    async def prepare(self, channel: Any, method: Any) -> None: ...
+
+    def holds_replies(self) -> bool: ...
+
+    async def after(self) -> None: ...

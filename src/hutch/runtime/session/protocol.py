@@ -1,0 +1,71 @@
+"""The asyncio adapter of an AMQP connection: socket callbacks in, `AMQPConnection` calls out.
+
+Owns: what only a socket on an event loop has. The transport's write-buffer limits (a batch of
+deliveries may sit in the buffer before deliveries to that consumer pause), the fairness rule between
+connections (a per-iteration read budget), and the wiring of one connection to its ports: the
+transport itself as the `Transport`, the event loop as the `Clock`, the node's `ClusterGate` as the
+`MethodGate`. All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, cast
+
+from hutch.runtime.session.cluster_gate import ClusterGate
+from hutch.runtime.session.connection import AMQPConnection
+
+if TYPE_CHECKING:
+    from hutch.runtime.ports import BrokerPort
+
+WRITE_BUFFER_HIGH = 1024 * 1024
+WRITE_BUFFER_LOW = 256 * 1024
+READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iteration
+
+
+class AMQPProtocol(asyncio.Protocol):
+    """One accepted socket. `conn` is the connection state machine the node and management see."""
+
+    def __init__(self, node: BrokerPort) -> None:
+        self.loop = asyncio.get_event_loop()
+        self.conn = AMQPConnection(node, self.loop, ClusterGate(node))
+        self._read_this_turn = 0
+        self._turn_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport (asyncio's or uvloop's, which is not an asyncio.Transport subclass)
+        stream = cast(asyncio.Transport, transport)
+        # deliveries are encoded in batches; let a batch sit in the buffer before pausing deliveries
+        stream.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        peer = stream.get_extra_info("peername") or ("?", 0)
+        sock = stream.get_extra_info("sockname") or ("?", 0)
+        self.conn.connection_made(stream, peer, sock)
+
+    def data_received(self, data: bytes) -> None:
+        self._spend_read_budget(len(data))
+        self.conn.receive_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.connection_lost()
+
+    def pause_writing(self) -> None:
+        self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.conn.resume_writing()
+
+    def _spend_read_budget(self, nbytes: int) -> None:
+        """Fairness between connections: after READ_BUDGET bytes in one loop iteration a connection
+        stops reading until the next iteration, so one fast publisher cannot starve the acks and
+        deliveries of everyone else (libuv otherwise keeps reading a busy socket many times)."""
+        self._read_this_turn += nbytes
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._next_turn)
+        if self._read_this_turn >= READ_BUDGET:
+            self.conn.hold_reading("budget")
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        self._read_this_turn = 0
+        self.conn.release_reading("budget")

@@ -1,0 +1,1 @@
+"""In-memory tests of the AMQP session (no sockets): see memory.py."""
