@@ -134,7 +134,7 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
     except definitions.NotJson:
         return _error_response(bad_request("failed_to_parse_json"))
     except ApiError as exc:
-        return _error_response(exc)
+        return _close_if_unread(request, _error_response(exc))
     filename = "".join(ch for ch in request.query.get("download", "") if ch.isprintable())
     return _json_response(reply, headers={"Content-Disposition": f"attachment; filename={filename}"}
                           if filename else None)
@@ -247,7 +247,7 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
             if inspect.isawaitable(result):
                 result = await result
         except ApiError as exc:
-            return _error_response(exc)
+            return _close_if_unread(request, _error_response(exc))
         if isinstance(result, Status):
             return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
         if isinstance(result, Reply):
