@@ -50,7 +50,7 @@ def _server(tmp_path: Path, config: str | None = None) -> Iterator[ServerInfo]:
 @pytest.fixture
 def limited(tmp_path: Path) -> Iterator[ServerInfo]:
     """A node with short listener timeouts, a small connection cap and a small body limit."""
-    yield from _server(tmp_path, "management.tcp.request_timeout = 1000\n"
+    yield from _server(tmp_path, "management.tcp.request_timeout = 3000\n"
                                  "management.tcp.idle_timeout = 1000\n"
                                  "management.tcp.inactivity_timeout = 4000\n"
                                  "management.tcp.max_connections = 20\n"
@@ -106,7 +106,7 @@ def test_listing_regex_runs_in_linear_time_and_the_node_keeps_answering(fresh_mg
     finally:
         pings.stop()
     assert pings.count > 5
-    assert pings.longest < 1.0, f"AMQP round trips stalled for {pings.longest:.1f} s"
+    assert pings.longest < 2.0, f"AMQP round trips stalled for {pings.longest:.1f} s"  # old code: 25 s
     # matching still works, case-insensitively as RabbitMQ's
     reply = requests.get(fresh_mgmt.mgmt_url + f"/api/queues/{seg(vhost)}", auth=GUEST, timeout=10,
                          params={"page": "1", "use_regex": "true", "name": "^X{13}$"})
@@ -205,18 +205,18 @@ def _get_ok(info: ServerInfo) -> bool:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count descriptors")
 def test_silent_sockets_are_closed_and_the_cap_holds(limited: ServerInfo):
     assert _get_ok(limited)
-    time.sleep(1.5)  # the check's own keep-alive connection is gone
+    time.sleep(0.5)  # the check's own connection is gone
     baseline = _open_fds(limited)
     silent = [socket.create_connection(("127.0.0.1", limited.management_port)) for _ in range(20)]
     try:
         assert wait_for(lambda: _open_fds(limited) >= baseline + 20, timeout=3)
         extra = [socket.create_connection(("127.0.0.1", limited.management_port)) for _ in range(10)]
-        assert all(_closed_by_peer(s, 0.5) for s in extra), "connections past the cap are closed at once"
+        assert all(_closed_by_peer(s, 2.0) for s in extra), "connections past the cap are closed at once"
         for s in extra:
             s.close()
         assert not _get_ok(limited), "a 21st connection is refused while 20 are open"
-        # the request timeout (1 s) closes the silent ones and releases their descriptors
-        assert all(_closed_by_peer(s, 3.0) for s in silent)
+        # the request timeout (3 s) closes the silent ones and releases their descriptors
+        assert all(_closed_by_peer(s, 6.0) for s in silent)
         assert wait_for(lambda: _open_fds(limited) <= baseline + 2, timeout=3), (_open_fds(limited), baseline)
         assert _get_ok(limited)
     finally:
@@ -230,7 +230,7 @@ def test_dripped_headers_and_stalled_bodies_time_out(limited: ServerInfo):
     drip.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")
     started = time.monotonic()
     closed = False
-    while time.monotonic() - started < 5:
+    while time.monotonic() - started < 8:
         try:
             drip.sendall(b"X")  # a header that never ends, one byte every 0.2 s
         except OSError:
@@ -239,7 +239,7 @@ def test_dripped_headers_and_stalled_bodies_time_out(limited: ServerInfo):
         time.sleep(0.2)
     closed = closed or _closed_by_peer(drip, 0.5)
     drip.close()
-    assert closed and time.monotonic() - started < 4.5, "the request timeout (1 s) ends a dripped head"
+    assert closed and time.monotonic() - started < 7, "the request timeout (3 s) ends a dripped head"
     stall = socket.create_connection(("127.0.0.1", limited.management_port))
     token = base64.b64encode(b"guest:guest").decode()
     stall.sendall(f"PUT /api/queues/%2F/{unique('stall')} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}"
