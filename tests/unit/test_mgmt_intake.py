@@ -60,6 +60,8 @@ def test_limit_and_strings() -> None:
     ("http://[::1]:15672", "[::1]:15672", "http", True),
     ("https://broker.example", "broker.example", "http", True),  # a TLS proxy in front: Host has no port
     ("http://127.0.0.1:8080", "127.0.0.1:15672", "http", False),
+    ("http://127.0.0.1:8080", "127.0.0.1", "http", False),  # another service of the host, port 80 here
+    ("http://broker.example", "broker.example", "http", True),
     ("http://evil.example", "127.0.0.1:15672", "http", False),
     ("http://127.0.0.1.evil.example:15672", "127.0.0.1:15672", "http", False),
     ("null", "127.0.0.1:15672", "http", False),

@@ -71,8 +71,9 @@ def _host_port(netloc: str, scheme: str) -> tuple[str, int | None]:
 
 
 def same_origin(origin: str, host_header: str, scheme: str) -> bool:
-    """Whether `Origin` names the listener the client addressed (`Host`). A `Host` without a port
-    (a reverse proxy in front) matches the origin's host on any port."""
+    """Whether `Origin` names the listener the client addressed (`Host`). A `Host` without a port (a
+    reverse proxy in front, perhaps terminating TLS) matches an origin of that host on its scheme's
+    default port, http or https."""
     try:
         parts = urlsplit(origin)
         origin_port = parts.port if parts.port is not None else _DEFAULT_PORTS.get(parts.scheme)
@@ -84,7 +85,9 @@ def same_origin(origin: str, host_header: str, scheme: str) -> bool:
     host, port = _host_port(host_header, scheme)
     if host != origin_host:
         return False
-    return ":" not in host_header.rsplit("]", 1)[-1] or port == origin_port
+    if ":" not in host_header.rsplit("]", 1)[-1]:  # no port: a proxy in front, or the scheme's default
+        return origin_port == _DEFAULT_PORTS[parts.scheme]
+    return port == origin_port
 
 
 def check_browser_rules(request: web.BaseRequest, allow_multipart: bool = False) -> None:
