@@ -98,6 +98,17 @@ class Config:
     # keeps them all until memory pressure)
     classic_queue_ram_limit: int = 131072
     collect_statistics_interval_ms: int = 5000
+    # the management listener (docs/security.md): the time a connection has to send a whole request head
+    # (from its opening or the end of the previous response), the longest pause while a request body
+    # arrives, the longest silence of any connection, the open connections at once (None: 1024, or a
+    # quarter of the descriptor limit when that is lower), the largest request body, and whether
+    # /metrics gives per-object metrics (and /metrics/per-object needs no login)
+    management_request_timeout_ms: int = 60_000
+    management_idle_timeout_ms: int = 60_000
+    management_inactivity_timeout_ms: int = 300_000
+    management_max_connections: int | None = None
+    management_max_body_bytes: int = 20 * MiB
+    prometheus_return_per_object_metrics: bool = False
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
     # listeners accept clients; when set, a fresh node does not create the default user and vhost
     load_definitions: str | None = None
@@ -315,6 +326,13 @@ _FILE_KEYS: dict[str, _Parser] = {
     "listeners.tcp.default": _parse_listener,
     "management.tcp.port": _int_field("management_port", 1, 65535),
     "management.tcp.ip": _host_field("management_host"),
+    "management.tcp.request_timeout": _int_field("management_request_timeout_ms", 100, 2**31 - 1),
+    "management.tcp.idle_timeout": _int_field("management_idle_timeout_ms", 100, 2**31 - 1),
+    "management.tcp.inactivity_timeout": _int_field("management_inactivity_timeout_ms", 100, 2**31 - 1),
+    "management.tcp.max_connections": _int_field("management_max_connections", 1, 1_000_000),
+    "management.http.max_body_size": _int_field("management_max_body_bytes", 1, 2**31 - 1),
+    "prometheus.return_per_object_metrics":
+        lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
     "frame_max": _parse_frame_max,
     "channel_max": _int_field("channel_max", 0, 65535),
     "heartbeat": _int_field("heartbeat_s", 0, 65535),

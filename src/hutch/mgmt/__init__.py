@@ -11,10 +11,12 @@ Layout (see docs/management.md):
   and raise ``ApiError``;
 * ``stats`` (the statistics collector: rates and samples), ``access`` (tags and permissions),
   ``listing`` (sort, filter, paginate, columns), ``formats`` (RabbitMQ's JSON shapes), ``openapi``
-  (the OpenAPI document, generated from the route table), ``prometheus`` (/metrics) and ``errors``.
+  (the OpenAPI document, generated from the route table), ``prometheus`` (/metrics) and ``errors``;
+* ``intake`` (browser rules, bounded bodies), ``jsontext`` (JSON with a nesting limit) and ``listener``
+  (the connection cap, timeouts and quiet client errors of the socket): docs/security.md.
 
-Dependency rule: the service layer never imports aiohttp; ``http`` (and ``ui``) are the only modules
-that do.
+Dependency rule: the service layer never imports aiohttp; ``http``, ``ui``, ``intake`` and ``listener``
+are the only modules that do.
 """
 
 from .http import start_management

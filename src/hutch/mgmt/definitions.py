@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +54,7 @@ from hutch.core.auth import (
     hash_password,
     import_password_hash,
 )
+from hutch.core.patterns import PatternError, check_pattern
 from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
@@ -63,6 +63,7 @@ from hutch.runtime.broker import policies as runtime_policies
 from . import formats
 from .access import Principal, parse_tags, require_admin
 from .errors import bad_request, not_found_because
+from .jsontext import loads_bounded
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
@@ -210,8 +211,8 @@ def parse_document(payload: bytes | str) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        doc = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        doc = loads_bounded(text)
+    except (ValueError, UnicodeDecodeError) as exc:  # JsonTooDeep is a ValueError
         raise NotJson(f"not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise NotJson(f"not a JSON object but a JSON {type(doc).__name__}")
@@ -487,9 +488,9 @@ class _Planner:
         exchange, write, read = (_string(item, k, where, empty=True) for k in ("exchange", "write", "read"))
         for pattern in (write, read):
             try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise DefinitionsError(f"{where}: invalid regular expression '{pattern}': {exc}") from None
+                check_pattern(pattern)  # RE2 (hutch.core.patterns): what the broker will match with
+            except PatternError as exc:
+                raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.topic_permissions.append((user, vhost, exchange, write, read))
 
     def policy(self, vhost: str, name: str, body: dict[str, Any], operator: bool) -> None:

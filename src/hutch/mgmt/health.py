@@ -9,13 +9,15 @@ Rules (rabbit_mgmt_wm_health_check_*): any management user may call them. A port
 integer is a 400 `Invalid port`. `node-is-quorum-critical` fails when stopping this node would leave
 one of its quorum queues without a majority of members online (ok with `reason: "single node cluster"`
 on an unclustered node, as RabbitMQ).
+The deprecated `/api/healthchecks/node[/][{node}]` is a no-op in RabbitMQ 4.x: `{"status": "ok"}` for
+this node or any cluster member, 404 for a name that is not a member.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import bad_request
+from .errors import bad_request, not_found
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -42,6 +44,14 @@ def alarms(node: Node, local: bool = False) -> Result:
     found = [{"node": node.name, "resource": resource} for resource in sorted(node.alarms)]
     return _failed("There are alarms in effect on the node" if local else
                    "There are alarms in effect in the cluster", alarms=found)
+
+
+def deprecated_node_check(node: Node, name: str | None = None) -> dict[str, str]:
+    """GET /api/healthchecks/node[/{node}]: ok (a no-op, as RabbitMQ 4.x); 404 for a non-member."""
+    if name is not None and name != node.name and (node.cluster is None
+                                                   or name not in node.cluster.machine.members):
+        raise not_found()
+    return {"status": "ok"}
 
 
 def virtual_hosts(node: Node) -> Result:

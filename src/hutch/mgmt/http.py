@@ -7,15 +7,22 @@ aiohttp handler. Raw handlers here serve what is not a JSON `Route`: the definit
 Prometheus /metrics, and /api/openapi.json.
 
 Rules:
-- Every /api route needs HTTP basic auth. The scrypt check (~40 ms on a cache miss) runs in the
-  default executor so the event loop never stalls; successful checks are cached by the store.
+- Every /api route needs HTTP basic auth, from the `Authorization` header only (never the query
+  string). The scrypt check (~40 ms on a cache miss) runs in the default executor so the event loop
+  never stalls; successful checks are cached by the store.
+- Browser rules, body and JSON limits (intake.py): a state-changing request with a foreign `Origin` is
+  403, a body that is not `application/json` 415 (multipart/form-data too for the definitions upload),
+  a body over `management.http.max_body_size` 413, JSON nested too deep 400. The listener's
+  connection cap and timeouts are listener.py's.
 - The `loopback_users` rule applies as on AMQP: such a user may log in only from loopback.
 - Replies are JSON with `cache-control: no-cache`. PUT answers 201 when it created the object and
   204 when it replaced one; DELETE answers 204. Errors are `{"error": ..., "reason": ...}`.
 - Path segments are percent-decoded by aiohttp, so "/" as a vhost is written `%2F`.
 - Adding an endpoint = one service function + one `@route` handler in routes.py.
-- /metrics and /metrics/per-object (Prometheus text, prometheus.py) need no authentication, as
-  with RabbitMQ's rabbitmq_prometheus plugin.
+- /metrics (Prometheus text, prometheus.py, aggregated) needs no authentication, as with RabbitMQ's
+  rabbitmq_prometheus plugin. /metrics/per-object names every vhost, queue and connection: it needs
+  the login of a `monitoring` or `administrator` user, unless `prometheus.return_per_object_metrics =
+  true`, which makes /metrics per-object too and opens both (the operator chose to publish them).
 - The statistics collector (stats.py) samples every `collect_statistics_interval` ms on the event loop;
   a request's range parameters (`lengths_age`, ...) are parsed into the `StatsView` of its `Call`.
 """
@@ -31,12 +38,25 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import web, web_protocol
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hutch.core.auth import is_loopback_address
 
-from . import cluster, definitions, openapi, prometheus, quorum_routes, routes, stats, system, ui
-from .access import Principal
+from . import (
+    cluster,
+    definitions,
+    intake,
+    listener,
+    openapi,
+    prometheus,
+    quorum_routes,
+    routes,
+    stats,
+    system,
+    ui,
+)
+from .access import Principal, require_monitor
 from .calls import NO_CONTENT, ROUTES, Call, Handler, Reply, Route, Status, route
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
 
@@ -47,9 +67,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hutch.mgmt")
 
-MAX_BODY_BYTES = 20_000_000  # RabbitMQ's default max HTTP body size (management.http.max_body_size)
 SHUTDOWN_TIMEOUT_S = 2.0
 NODE_KEY = web.AppKey("node", object)
+LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
 
@@ -88,24 +108,25 @@ NO_BARRIER: set[Any] = {_cluster_join, _cluster_forget, _cluster_faults}
 
 
 # -- routes: definitions ----------------------------------------------------------------------------
-# Raw aiohttp handlers rather than `@route` ones: an upload may be multipart/form-data (the management
-# UI's `file` field), the UI's download link passes its credentials as ?auth=, ?download= names the
-# file, and plaintext passwords of an upload are hashed in the executor, off the event loop.
+# Raw aiohttp handlers rather than `@route` ones: an upload may be multipart/form-data (an HTML form's
+# `file` field), ?download= names the file, and plaintext passwords of an upload are hashed in the
+# executor, off the event loop. RabbitMQ's ?auth= (credentials in the query string, for its UI's
+# download link) is not accepted: a query string ends up in logs and browser history, and it let any
+# web page post definitions as guest (issue 15).
 
 
 async def _definitions(request: web.Request) -> web.StreamResponse:
     """GET (and HEAD) and POST /api/definitions and /api/definitions/{vhost} (definitions.py)."""
     node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
     vhost = request.match_info.get("vhost")
-    auth = request.query.get("auth")
-    if auth and "Authorization" not in request.headers:  # RabbitMQ's is_authorized_qs
-        request = request.clone(headers={**request.headers, "Authorization": "Basic " + auth})
     try:
         principal = await _authenticate(request, node)
         if request.method == "POST":
             definitions.check_import(node, principal, vhost)
-            doc = definitions.parse_document(await _definitions_payload(request))
+            payload = await _definitions_payload(request)
             loop = asyncio.get_running_loop()
+            doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
+                if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
             prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
             definitions.import_definitions(node, principal, prepared, vhost)
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
@@ -113,25 +134,25 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
     except definitions.NotJson:
         return _error_response(bad_request("failed_to_parse_json"))
     except ApiError as exc:
-        return _error_response(exc)
+        return _close_if_unread(request, _error_response(exc))
     filename = "".join(ch for ch in request.query.get("download", "") if ch.isprintable())
     return _json_response(reply, headers={"Content-Disposition": f"attachment; filename={filename}"}
                           if filename else None)
 
 
-async def _definitions_payload(request: web.Request) -> bytes | str:
-    """The uploaded document: the `file` field of a multipart/form-data body, else the whole body."""
-    if request.content_type != "multipart/form-data":
-        return await request.read()
+async def _definitions_payload(request: web.Request) -> bytes:
+    """The uploaded document: the `file` field of a multipart/form-data body, else the whole body;
+    both under the body limits (intake.py)."""
+    limits = request.app[LIMITS_KEY]
+    if request.content_type != intake.MULTIPART_TYPE:
+        return await intake.read_body(request, limits)
     try:
-        field = (await request.post()).get("file")
+        field = await intake.read_form_file(request, limits)
     except (ValueError, AssertionError) as exc:  # e.g. multipart/form-data without a boundary
         raise definitions.NotJson(f"not a multipart/form-data body: {exc}") from None
-    if isinstance(field, web.FileField):
-        return field.file.read()
-    if isinstance(field, str):
-        return field
-    raise definitions.NotJson("no 'file' field in the form")
+    if field is None:
+        raise definitions.NotJson("no 'file' field in the form")
+    return field
 
 
 # -- plumbing ---------------------------------------------------------------------------------------
@@ -150,13 +171,16 @@ def _error_response(exc: ApiError) -> web.Response:
     return _json_response(exc.body(), exc.status, exc.headers)
 
 
-def _decode_body(raw: bytes) -> Any:
-    """RabbitMQ's rules: empty or null is {}; anything but a JSON object is a 400."""
+async def _decode_body(raw: bytes) -> Any:
+    """RabbitMQ's rules: empty or null is {}; anything but a JSON object is a 400 (so is JSON nested
+    deeper than intake.MAX_JSON_DEPTH)."""
     text = raw.strip()
     if text in (b"", b"null", b"undefined"):
         return {}
     try:
-        value = json.loads(text)
+        value = await intake.decode_json(text)
+    except intake.JsonTooDeep as exc:
+        raise bad_request(str(exc)) from None
     except (ValueError, UnicodeDecodeError):
         raise bad_request("not_json") from None
     if isinstance(value, str):
@@ -165,6 +189,13 @@ def _decode_body(raw: bytes) -> Any:
     if not isinstance(value, dict):
         raise bad_request("not_json")
     return value
+
+
+def _shown(user_name: str) -> str:
+    """A user name as a log shows it: quoted and escaped (no newline can forge a line), at most 64
+    characters."""
+    text = user_name if len(user_name) <= 64 else user_name[:64] + "..."
+    return repr(text)
 
 
 def _credentials(header: str) -> tuple[str, str]:
@@ -186,7 +217,7 @@ async def _authenticate(request: web.Request, node: Node) -> Principal:
     loop = asyncio.get_running_loop()
     user = await loop.run_in_executor(None, node.auth.authenticate, user_name, password)
     if user is None:
-        log.warning("HTTP access denied: user '%s' - invalid credentials", user_name)
+        log.warning("HTTP access denied: user %s - invalid credentials", _shown(user_name))
         raise not_authenticated()
     if user.name in node.config.loopback_users and not is_loopback_address(request.remote or ""):
         raise not_authorised("User can only log in via localhost")
@@ -201,7 +232,8 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
         node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
         try:
             principal = await _authenticate(request, node)
-            body = _decode_body(await request.read()) if request.method in ("PUT", "POST") else None
+            body = await _decode_body(await intake.read_body(request, request.app[LIMITS_KEY])) \
+                if request.method in ("PUT", "POST") else None
             now_ms = node.wall_ms()
             collector = request.app.get(COLLECTOR_KEY)
             view = stats.StatsView(collector, stats.parse_ranges(request.query, now_ms)) \
@@ -215,7 +247,7 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
             if inspect.isawaitable(result):
                 result = await result
         except ApiError as exc:
-            return _error_response(exc)
+            return _close_if_unread(request, _error_response(exc))
         if isinstance(result, Status):
             return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
         if isinstance(result, Reply):
@@ -250,16 +282,26 @@ async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
 @web.middleware
 async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                   ) -> web.StreamResponse:
-    """Unknown paths and methods, oversized bodies and bugs, as JSON errors."""
+    """Unknown paths and methods, refused requests, oversized or broken bodies and bugs, as JSON errors.
+    Only a bug (a 500) logs a traceback: a client's broken request is one DEBUG line."""
     try:
+        if request.match_info.http_exception is None:  # a route matched: the browser rules (intake.py)
+            intake.check_browser_rules(request, allow_multipart=request.path.startswith("/api/definitions"))
         return await handler(request)
+    except ApiError as exc:
+        return _close_if_unread(request, _error_response(exc))
+    except (web_protocol.RequestPayloadError, HttpProcessingError) as exc:  # e.g. a bad chunk
+        log.debug("management API: malformed request body on %s %s: %s", request.method, request.path,
+                  type(exc).__name__)
+        return _close_if_unread(request, _json_response(
+            {"error": "bad_request", "reason": "malformed request body"}, 400))
     except web.HTTPMethodNotAllowed:
         return _json_response({"error": "method_not_allowed", "reason": "Method Not Allowed"}, 405)
     except web.HTTPNotFound:
         return _json_response({"error": "Object Not Found", "reason": "Not Found"}, 404)
     except web.HTTPRequestEntityTooLarge:
-        return _json_response({"error": "bad_request", "reason": "Exceeded HTTP request body size limit"},
-                              413)
+        return _close_if_unread(request, _json_response(
+            {"error": "bad_request", "reason": "Exceeded HTTP request body size limit"}, 413))
     except web.HTTPException:
         raise
     except Exception as exc:  # a bug must answer 500, not drop the connection
@@ -267,17 +309,34 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json_response({"error": "internal_server_error", "reason": str(exc)}, 500)
 
 
+def _close_if_unread(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """A reply sent before the body was read (413, 415, 403...) closes the connection: the rest of the
+    body is not waited for."""
+    if request.body_exists and not request.content.is_eof():
+        response.force_close()
+    return response
+
+
 async def _metrics(request: web.Request) -> web.StreamResponse:
-    """Prometheus: /metrics (aggregated) and /metrics/per-object. No authentication, as RabbitMQ's
-    plugin by default; built on the loop (it reads the node), compressed off it by aiohttp."""
+    """Prometheus: /metrics (aggregated, no authentication, as RabbitMQ's plugin) and /metrics/per-object
+    (a monitoring user's login, unless prometheus.return_per_object_metrics); built on the loop (it
+    reads the node), compressed off it by aiohttp."""
     registry = request.match_info.get("registry", "default")
     if registry not in prometheus.REGISTRIES:
         return web.Response(status=404, text="Unknown Registry")
     node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    rendered = registry
+    if node.config.prometheus_return_per_object_metrics:
+        rendered = "per-object"  # /metrics too, as RabbitMQ with return_per_object_metrics
+    elif registry == "per-object":
+        try:
+            require_monitor(await _authenticate(request, node))
+        except ApiError as exc:
+            return _error_response(exc)
     scrapes = request.app[SCRAPES_KEY]
     loop = asyncio.get_running_loop()
     started = loop.time()
-    body = prometheus.render(node, registry, node.wall_ms(), scrapes).encode()
+    body = prometheus.render(node, rendered, node.wall_ms(), scrapes).encode()
     scrapes.observe(registry, loop.time() - started, len(body))
     response = web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
     if "gzip" in request.headers.get("Accept-Encoding", "").lower():
@@ -296,8 +355,11 @@ async def _openapi(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(node: Node, collector: stats.Collector | None = None) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    cfg = node.config
+    limits = intake.BodyLimits(cfg.management_max_body_bytes, cfg.management_idle_timeout_ms / 1000)
+    app = web.Application(middlewares=[_errors], client_max_size=limits.max_bytes)
     app[NODE_KEY] = node
+    app[LIMITS_KEY] = limits
     if collector is not None:
         app[COLLECTOR_KEY] = collector
     app[SCRAPES_KEY] = prometheus.ScrapeStats()
@@ -329,9 +391,11 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     collector = stats.Collector(interval_ms)
     system.serve_node_info(node)
     quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
-    runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    limits = listener.ListenerLimits.from_config(cfg)
+    runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                           **listener.handler_args(limits))
     await runner.setup()
-    site = web.TCPSite(runner, cfg.management_host or None, cfg.management_port, reuse_address=True)
+    site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
     try:
         await site.start()
     except OSError as exc:
@@ -340,7 +404,8 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
         raise
     addresses = runner.addresses
     node.management_port = int(addresses[0][1]) if addresses else cfg.management_port
-    log.info("management HTTP API started on %s:%d", cfg.management_host or "0.0.0.0", node.management_port)
+    log.info("management HTTP API started on %s:%d (at most %d connections)", cfg.management_host or "0.0.0.0",
+             node.management_port, limits.max_connections)
 
     interval_s = interval_ms / 1000
     timer: list[asyncio.TimerHandle] = []

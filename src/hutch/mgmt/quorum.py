@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 
 from .access import Principal, require_admin
@@ -85,16 +85,16 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
     return q  # type: ignore[return-value]
 
 
-def _pattern(body: dict[str, Any], key: str) -> re.Pattern[str]:
+def _pattern(body: dict[str, Any], key: str) -> UserPattern:
     text = body.get(key, ".*")
     if text is None:
         text = ".*"
     if not isinstance(text, str):
         raise bad_request(f"{key} must be a string (a regular expression)")
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise bad_request(f"{key}: '{text}' is not a valid regular expression: {exc}") from None
+        return compile_pattern(text)  # RE2: linear-time matching on the event loop
+    except PatternError as exc:
+        raise bad_request(f"{key}: {exc}") from None
 
 
 def _matching(node: Node, body: dict[str, Any]) -> list[QuorumQueue]:
@@ -102,10 +102,10 @@ def _matching(node: Node, body: dict[str, Any]) -> list[QuorumQueue]:
     vhost_re, queue_re = _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern")
     out = []
     for vname in sorted(node.vhosts):
-        if vhost_re.search(vname) is None:
+        if not vhost_re.search(vname):
             continue
         for qname, q in sorted(node.vhosts[vname].queues.items()):
-            if q.queue_type == "quorum" and queue_re.search(qname) is not None:
+            if q.queue_type == "quorum" and queue_re.search(qname):
                 out.append(q)
     return out  # type: ignore[return-value]
 

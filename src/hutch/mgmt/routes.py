@@ -140,10 +140,22 @@ def _health_in_service(c: Call) -> Any:
     return _health(health.is_in_service(c.node))
 
 
-@route("GET", "/api/healthchecks/node", "Deprecated node health check", tag=HEALTH, reply="HealthStatus",
-       codes=(503,))
+@route("GET", "/api/healthchecks/node", "Deprecated node health check: always ok, as RabbitMQ 4.x",
+       tag=HEALTH, reply="HealthStatus")
 def _healthchecks_node(c: Call) -> Any:
-    return _health(health.alarms(c.node, local=True))
+    return health.deprecated_node_check(c.node)
+
+
+@route("GET", "/api/healthchecks/node/", "Deprecated node health check (with the trailing slash): always ok",
+       tag=HEALTH, reply="HealthStatus")
+def _healthchecks_node_slash(c: Call) -> Any:
+    return health.deprecated_node_check(c.node)
+
+
+@route("GET", "/api/healthchecks/node/{node}", "Deprecated health check of a cluster member: always ok, 404 "
+       "for a node that is not a member", tag=HEALTH, reply="HealthStatus", codes=(404,))
+def _healthchecks_named_node(c: Call) -> Any:
+    return health.deprecated_node_check(c.node, c.params["node"])
 
 
 # -- users ------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ Rules:
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import (
@@ -32,6 +31,7 @@ from hutch.core.auth import (
     Permission,
     validate_password_hash,
 )
+from hutch.core.patterns import PatternError, check_pattern
 
 from . import formats
 from .access import Principal, parse_tags, require_admin, visible_vhosts
@@ -330,9 +330,9 @@ def put_topic_permission(node: Node, p: Principal, vhost: str, user: str, body: 
         raise bad_request("exchange, write and read must be strings")
     for pattern in (write, read):
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise bad_request(f"invalid regular expression '{pattern}': {exc}") from None
+            check_pattern(pattern)  # RE2 (hutch.core.patterns): what the broker will match with
+        except PatternError as exc:
+            raise bad_request(str(exc)) from None
     key = (vhost, user)
     created = key not in node.topic_permissions
     node.topic_permissions.setdefault(key, {})[exchange] = (write, read)
