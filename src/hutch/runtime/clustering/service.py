@@ -3,8 +3,9 @@
 Owns: the node's cluster identity (`<data_dir>/cluster/node.json`: name and raft id), the shared
 secret, starting the transport and the Raft driver, the metadata Raft group (cluster/metadata.py), the
 boot sequence of a clustered node, proposals of metadata changes (batched per loop iteration and
-forwarded to the leader), read barriers, joining and forgetting nodes, and the inter-node requests
-other subsystems register (`handlers`).
+forwarded to the leader), read barriers, joining and forgetting nodes, and the node's end of the inter-node
+messages: `send`/`call` of records (`hutch.cluster.messages`, one codec) and the dispatch table other
+subsystems register their handlers in (`register`).
 
 Rules:
 - Boot: open the metadata group from disk (or bootstrap a new one-node cluster, or join one through a
@@ -14,12 +15,16 @@ Rules:
   gets its reply once the proposal is committed (docs/clustering.md, "Consistency").
 - With no majority, barriers and proposals time out after `cluster_metadata_timeout_ms`; callers turn
   that into RabbitMQ's error: "... because the operation timed out" (541 INTERNAL_ERROR).
-- Raft messages travel as {"t": "r", "p": payload}; requests as {"t": kind, ...} through `call`.
+- Every message between nodes is a record of `hutch.cluster.messages`, encoded once by its codec; Raft
+  batches are `RaftMessage` (decoded on a fast path), everything else goes through the registry. A message
+  that is unknown or malformed is logged and dropped (a request gets an error reply); it never closes the
+  connection or stops the others in its batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -28,6 +33,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from hutch.cluster import messages as cm
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
@@ -99,10 +105,12 @@ class ClusterService:
         self._inflight: list[asyncio.Future[None]] = []  # proposals not yet committed, oldest first
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._join_lock = asyncio.Lock()
-        self.handlers: dict[str, Callable[[str, dict[str, Any]], Any | Awaitable[Any]]] = {
-            "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
-            "status": self._handle_status, "sync": self._handle_sync,
-        }
+        self.registry = cm.Registry()  # the handlers of inter-node messages and requests, by record kind
+        self.register(cm.Join, self._handle_join)
+        self.register(cm.Propose, self._handle_propose)
+        self.register(cm.Leave, self._handle_leave)
+        self.register(cm.Status, self._handle_status)
+        self.register(cm.Sync, self._handle_sync)
         from hutch.runtime.queue_types.quorum.service import QuorumService
         from hutch.runtime.queue_types.remote import QueueLink
         self.link = QueueLink(node, self)
@@ -153,10 +161,10 @@ class ClusterService:
         await self.transport.start()
         raft_id = self._load_identity()
         seed = self.config.cluster_join
-        joined: dict[str, Any] | None = None
+        joined: cm.JoinReply | None = None
         if raft_id == 0 and seed:
             joined = await self._join_through(seed)
-            raft_id = int(joined["raft_id"])
+            raft_id = joined.raft_id
         elif raft_id == 0:
             raft_id = 1
         self.raft_id = raft_id
@@ -170,7 +178,7 @@ class ClusterService:
         self.group.on_leader_change = self._leader_changed
         if joined is not None:
             self._save_identity(raft_id)
-            for v in joined["members"]:
+            for v in joined.members:
                 self._learn(Member.from_list(v))
         if seed and not bootstrap and raft_id not in self.machine.voters:
             # ready to take the leader's log: now become a voter (a restart between the two steps of a
@@ -219,7 +227,7 @@ class ClusterService:
             await self.driver.stop()
         await self.transport.stop()
 
-    async def _join_through(self, seed: str, promote: bool = False) -> dict[str, Any]:
+    async def _join_through(self, seed: str, promote: bool = False) -> cm.JoinReply:
         """Join in two steps: register (the leader records this node and gives it a raft id), then,
         once this node's Raft group is open to receive the log, promote (the leader adds it as a voter;
         the change commits only with this node's acknowledgement, so it must be listening first)."""
@@ -227,14 +235,13 @@ class ClusterService:
         if name == self.name:
             raise ValueError(f"cannot join through {seed}: that is this node's own name")
         self.transport.set_peer(name, host, port)
-        request = {"t": "join", "name": self.name, "host": self.advertise_host, "port": self.transport.port,
-                   "promote": promote}
+        request = cm.Join(self.name, self.advertise_host, self.transport.port, promote)
         deadline = asyncio.get_running_loop().time() + max(30.0, self.timeout_s)
         while True:
             try:
-                reply = await self.transport.call(name, request, timeout=self.timeout_s)
+                reply = await self.call(name, request, timeout=self.timeout_s)
                 if promote:
-                    log.info("joined the cluster through %s as raft member %d", seed, reply["raft_id"])
+                    log.info("joined the cluster through %s as raft member %d", seed, reply.raft_id)
                 return reply
             except (TimeoutError, PeerUnavailable, RemoteError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
@@ -273,21 +280,49 @@ class ClusterService:
     def _send_raft(self, raft_id: int, payload: Any) -> None:
         name = self._name_of(raft_id)
         if name is not None:
-            self.transport.send(name, {"t": "r", "p": payload})
+            self.transport.send_packed(name, cm.encode(cm.RaftMessage(payload)))
+
+    # -- inter-node messages ---------------------------------------------------------------------------------
+    def register(self, kind: type[cm.R], handler: Callable[[str, cm.R], Any]) -> None:
+        """Handle inter-node messages (or requests) of record `kind` with `handler(peer, record)`; a request's
+        handler returns the reply (a record, a plain value, or an awaitable of either)."""
+        self.registry.register(kind, handler)
+
+    def send(self, peer: str, record: Any) -> bool:
+        """Queue a message record for `peer`; False (dropped) when it is not connected or its buffers are full."""
+        return self.transport.send_packed(peer, cm.encode(record))
+
+    async def call(self, peer: str, request: Any, timeout: float = 5.0) -> Any:
+        """Send a request record and await its reply (the request's `REPLY` record, or a plain value)."""
+        value = await self.transport.call_packed(peer, cm.encode(request), timeout=timeout)
+        return cm.reply_from_wire(request, value)
+
+    def handle_here(self, request: Any) -> Any:
+        """Run this node's own handler of `request`, as if this node had sent it to itself."""
+        return self.registry.handle_record(self.name, request)
 
     def _on_message(self, peer: str, obj: Any) -> None:
-        if obj.get("t") == "r":
-            raft_id = self._raft_id_of(peer)
-            if raft_id and self.driver is not None:
-                self.driver.receive(raft_id, obj["p"])
-        elif not self.link.on_message(peer, obj) and not self.quorum.on_message(peer, obj):
-            log.warning("unknown inter-node message %r from %s", obj.get("t"), peer)
+        try:
+            record = cm.from_wire(obj)
+            if type(record) is cm.RaftMessage:
+                raft_id = self._raft_id_of(peer)
+                if raft_id and self.driver is not None:
+                    self.driver.receive(raft_id, record.payload)
+                return
+            self.registry.handle_record(peer, record)
+        except cm.MessageError as exc:
+            log.warning("dropped an inter-node message from %s: %s", peer, exc)
 
     def _on_request(self, peer: str, obj: Any) -> Any:
-        handler = self.handlers.get(obj.get("t"))
-        if handler is None:
-            raise ValueError(f"unknown inter-node request {obj.get('t')!r}")
-        return handler(peer, obj)
+        result = self.registry.handle(peer, obj)  # MessageError: an error reply, the connection stays
+        if inspect.isawaitable(result):
+            return self._reply_when_done(result)
+        return cm.to_wire(result) if cm.is_record(result) else result
+
+    @staticmethod
+    async def _reply_when_done(result: Awaitable[Any]) -> Any:
+        value = await result
+        return cm.to_wire(value) if cm.is_record(value) else value
 
     def _on_peer_up(self, peer: str) -> None:
         raft_id = self._raft_id_of(peer)
@@ -394,13 +429,13 @@ class ClusterService:
         peers = self.transport.connected_peers()
         if not peers:
             return
-        calls = [self.transport.call(p, {"t": "sync", "index": index}, timeout=timeout) for p in peers]
+        calls = [self.call(p, cm.Sync(index), timeout=timeout) for p in peers]
         await asyncio.gather(*calls, return_exceptions=True)
 
-    async def _handle_sync(self, peer: str, obj: dict[str, Any]) -> bool:
+    async def _handle_sync(self, peer: str, req: cm.Sync) -> bool:
         loop = asyncio.get_running_loop()
         try:
-            await self._wait_applied(int(obj["index"]), loop.time() + 1.0)
+            await self._wait_applied(req.index, loop.time() + 1.0)
         except TimeoutError:
             return False
         return True
@@ -442,7 +477,7 @@ class ClusterService:
         leader = self._name_of(self.group.leader)
         if leader is None:
             raise NotLeader(0)
-        return int(await self.transport.call(leader, {"t": "propose", "d": data}, timeout=timeout))
+        return int(await self.call(leader, cm.Propose(data), timeout=timeout))
 
     def _applied(self, index: int) -> None:
         if not self._apply_waiters:
@@ -465,33 +500,32 @@ class ClusterService:
         await asyncio.wait_for(fut, None if deadline is None else max(0.0, deadline - loop.time()))
 
     # -- requests from peers -------------------------------------------------------------------------------
-    async def _handle_propose(self, peer: str, obj: dict[str, Any]) -> int:
+    async def _handle_propose(self, peer: str, req: cm.Propose) -> int:
         if not self.group.is_leader:
             raise NotLeader(self.group.leader)
-        return int(await self.group.propose(obj["d"], timeout=self.timeout_s))
+        return int(await self.group.propose(req.data, timeout=self.timeout_s))
 
-    async def _handle_join(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+    async def _handle_join(self, peer: str, req: cm.Join) -> cm.JoinReply:
         if not self.group.is_leader:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ValueError("no metadata leader at the moment; retry")
-            return await self.transport.call(leader, obj, timeout=self.timeout_s * 2)
+            return await self.call(leader, req, timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
         async with self._join_lock:
-            name = obj["name"]
-            await self._propose_until_done([{"op": "cluster.join", "name": name, "host": obj["host"],
-                                             "port": int(obj["port"])}])
+            name = req.name
+            await self._propose_until_done([{"op": "cluster.join", "name": name, "host": req.host,
+                                             "port": req.port}])
             member = self.machine.members[name]
             self._learn(member)
-            if obj.get("promote") and member.raft_id not in self.machine.voters:
+            if req.promote and member.raft_id not in self.machine.voters:
                 await self.group.add_voter(member.raft_id, timeout=self.timeout_s)
                 log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
-            return {"raft_id": member.raft_id,
-                    "members": [m.to_list() for m in self.machine.members.values()]}
+            return cm.JoinReply(member.raft_id, [m.to_list() for m in self.machine.members.values()])
 
-    async def _handle_leave(self, peer: str, obj: dict[str, Any]) -> str:
-        return await self.forget(obj["name"])
+    async def _handle_leave(self, peer: str, req: cm.Leave) -> str:
+        return await self.forget(req.name)
 
-    def _handle_status(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def _handle_status(self, peer: str, req: cm.Status) -> cm.NodeStatus:
         return self.local_status()
 
     # -- operations (hutchctl, the HTTP API) -------------------------------------------------------------
@@ -507,7 +541,7 @@ class ClusterService:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ClusterUnavailable("no metadata leader at the moment")
-            return await self.transport.call(leader, {"t": "leave", "name": name}, timeout=self.timeout_s * 2)
+            return await self.call(leader, cm.Leave(name), timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
         async with self._join_lock:
             raft_id = self.machine.members[name].raft_id
             if raft_id in self.machine.voters:
@@ -532,7 +566,7 @@ class ClusterService:
         self.node.reset_to([])
         self.machine = MetadataMachine(self.node, self.incarnation)
         self.machine.on_applied = self._applied
-        self.raft_id = int(reply["raft_id"])
+        self.raft_id = reply.raft_id
         self._save_identity(self.raft_id)
         self.driver = RaftDriver(self.raft_id, os.path.join(self.directory, "raft"), self._send_raft,
                                  tick_s=self.config.cluster_tick_ms / 1000,
@@ -540,24 +574,22 @@ class ClusterService:
         await self.driver.start()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine, bootstrap_voters=None)
         self.group.on_leader_change = self._leader_changed
-        for v in reply["members"]:
+        for v in reply.members:
             self._learn(Member.from_list(v))
         await self._join_through(seed, promote=True)
         await self.barrier()
 
-    def local_status(self) -> dict[str, Any]:
-        return {"name": self.name, "alarms": sorted(self.node.alarms), "running": True,
-                "raft_id": self.raft_id}
+    def local_status(self) -> cm.NodeStatus:
+        return cm.NodeStatus(self.name, sorted(self.node.alarms), True, self.raft_id)
 
     async def status(self) -> dict[str, Any]:
         members = sorted(self.machine.members.values(), key=lambda m: m.raft_id)
         running = [self.name] + sorted(self.transport.connected_peers())
         alarms: list[dict[str, Any]] = [{"node": self.name, "alarms": sorted(self.node.alarms)}]
-        calls = {p: asyncio.ensure_future(self.transport.call(p, {"t": "status"}, timeout=2.0))
-                 for p in running[1:]}
+        calls = {p: asyncio.ensure_future(self.call(p, cm.Status(), timeout=2.0)) for p in running[1:]}
         for peer, fut in calls.items():
             try:
-                alarms.append({"node": peer, "alarms": (await fut)["alarms"]})
+                alarms.append({"node": peer, "alarms": list((await fut).alarms)})
             except Exception:  # noqa: BLE001 - a peer that stopped answering is reported as not running
                 running.remove(peer)
         group = self.group.status() if self.group is not None else {}
