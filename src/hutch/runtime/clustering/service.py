@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.cluster import messages as cm
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
+from hutch.core import definition_ops as ops_
+from hutch.core.definition_ops import DefinitionOp
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
 from hutch.runtime.errors import ClusterUnavailable
@@ -100,7 +102,7 @@ class ClusterService:
         self.driver: RaftDriver | None = None
         self.group: Any = None
         self.peers: dict[str, Member] = {}  # every other member we know of, by name
-        self._pending_ops: list[dict[str, Any]] = []
+        self._pending_ops: list[DefinitionOp] = []
         self._flush_handle: asyncio.Handle | None = None
         self._inflight: list[asyncio.Future[None]] = []  # proposals not yet committed, oldest first
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -188,9 +190,8 @@ class ClusterService:
             self._save_identity(raft_id)
             self.group.campaign()
             # the founding entry: this node as the first member, and the definitions it starts with
-            ops = [{"op": "cluster.join", "name": self.name, "raft_id": 1, "host": self.advertise_host,
-                    "port": self.transport.port}]
-            ops += [dict(op, inc=self.incarnation) for op in self.node.state_ops()]
+            ops: list[DefinitionOp] = [ops_.ClusterJoin(self.name, self.advertise_host, self.transport.port, 1)]
+            ops += self.node.state_ops()
             await self._propose_until_done(ops)
             log.info("cluster %s founded by %s (cluster port %d)", self.config.cluster_name, self.name,
                      self.transport.port)
@@ -200,7 +201,7 @@ class ClusterService:
         self.link.start_stats()
         if self.node.stale_transient:  # this node's transient queues did not survive its restart
             for vhost, name in self.node.stale_transient:
-                self.replicate({"op": "queue.delete", "vhost": vhost, "name": name})
+                self.replicate(ops_.DeleteQueue(vhost, name))
             log.info("removing %d transient queues of this node's previous run from the cluster",
                      len(self.node.stale_transient))
             self.node.stale_transient.clear()
@@ -345,9 +346,9 @@ class ClusterService:
         log.info("metadata leader is now %s", name or "unknown")
 
     # -- proposals ------------------------------------------------------------------------------------------
-    def replicate(self, op: dict[str, Any]) -> None:
+    def replicate(self, op: DefinitionOp) -> None:
         """Queue a change this node just made; it is proposed at the end of this loop iteration."""
-        self._pending_ops.append(dict(op, inc=self.incarnation))
+        self._pending_ops.append(op)
         if self._flush_handle is None:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_ops)
 
@@ -367,7 +368,7 @@ class ClusterService:
             elif t.exception() is not None:
                 exc = t.exception()
                 log.error("metadata change not committed (%d operations: %s); will retry: %s", len(ops),
-                          ", ".join(sorted({o.get("op", "?") for o in ops})), exc)
+                          ", ".join(sorted({ops_.kind_of(o) for o in ops})), exc)
                 fut.set_exception(ClusterUnavailable(str(exc)))
                 self._retry_later(ops)
             else:
@@ -378,7 +379,7 @@ class ClusterService:
 
         task.add_done_callback(done)
 
-    def _retry_later(self, ops: list[dict[str, Any]]) -> None:
+    def _retry_later(self, ops: list[DefinitionOp]) -> None:
         """A change made here that did not commit stays a change to make: it is proposed again (with
         the same incarnation) until it commits, so the cluster converges on what this node did."""
         async def again() -> None:
@@ -447,14 +448,14 @@ class ClusterService:
     async def barrier(self, timeout: float | None = None) -> None:
         """A read barrier: a no-op committed through the leader and applied here, so every change
         committed before this call is in this node's state."""
-        await self._propose_until_done([{"op": "noop"}], timeout=self.timeout_s if timeout is None else timeout)
+        await self._propose_until_done([ops_.Noop()], timeout=self.timeout_s if timeout is None else timeout)
 
-    async def _propose_until_done(self, ops: list[dict[str, Any]], timeout: float | None = -1.0) -> int:
+    async def _propose_until_done(self, ops: list[DefinitionOp], timeout: float | None = -1.0) -> int:
         """Propose through whichever node leads; wait until applied here. Returns the entry's index."""
         loop = asyncio.get_running_loop()
         limit = self.timeout_s if timeout == -1.0 else timeout
         deadline = None if limit is None else loop.time() + limit
-        data = encode_ops(ops)
+        data = encode_ops(ops, self.incarnation)  # stamped: this process applied them before proposing
         delay = RETRY_S
         while True:
             remaining = None if deadline is None else deadline - loop.time()
@@ -513,8 +514,7 @@ class ClusterService:
             return await self.call(leader, req, timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
         async with self._join_lock:
             name = req.name
-            await self._propose_until_done([{"op": "cluster.join", "name": name, "host": req.host,
-                                             "port": req.port}])
+            await self._propose_until_done([ops_.ClusterJoin(name, req.host, req.port)])
             member = self.machine.members[name]
             self._learn(member)
             if req.promote and member.raft_id not in self.machine.voters:
@@ -546,7 +546,7 @@ class ClusterService:
             raft_id = self.machine.members[name].raft_id
             if raft_id in self.machine.voters:
                 await self.group.remove_voter(raft_id, timeout=self.timeout_s)
-            await self._propose_until_done([{"op": "cluster.leave", "name": name}])
+            await self._propose_until_done([ops_.ClusterLeave(name)])
         log.info("node %s was removed from the cluster", name)
         return name
 
