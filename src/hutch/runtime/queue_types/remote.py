@@ -51,7 +51,8 @@ _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def pack_message(msg: Message) -> bytes:
-    """`msgpack(message_to_wire(msg))`: a message as a quorum queue stores it (bytes-like fields are packed as they are)."""
+    """`msgpack(message_to_wire(msg))`: a message as a quorum queue stores it (bytes-like fields packed as
+    they are, no copies)."""
     return _pack((msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg.route_tail,
                   msg.foreign_deaths))
 
