@@ -3,6 +3,7 @@ transparent routing to queues on other nodes, nodes killed, paused, restarted, j
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from .nodes import Cluster, Node, eventually, member_names
+from hutch.cluster import messages as cm
+from hutch.runtime.clustering.transport import RemoteError, Transport
+
+from .nodes import SECRET, Cluster, Node, eventually, member_names
 
 
 def connect(node: Node) -> pika.BlockingConnection:
@@ -241,6 +245,45 @@ def test_wrong_secret_is_refused_with_a_log_line(three: Cluster) -> None:
     intruder.stop()
     three.nodes.remove(intruder)
     assert "intruder" not in member_names(three.status(three[0]))
+
+
+def test_unknown_and_malformed_inter_node_messages_are_logged_and_dropped(three: Cluster) -> None:
+    """A peer that knows the secret sends what no record decodes: the node logs each message, answers a
+    bad request with an error, and the connection and the node carry on (a good request is answered)."""
+    n1 = three[0]
+
+    async def probe() -> tuple[str, cm.NodeStatus]:
+        t = Transport("probe@127.0.0.1", SECRET.encode(), on_message=lambda _peer, _obj: None)
+        await t.start()
+        try:
+            t.set_peer(n1.full_name, "127.0.0.1", n1.cluster_port)
+            for _ in range(200):
+                if t.connected(n1.full_name):
+                    break
+                await asyncio.sleep(0.05)
+            assert t.send(n1.full_name, [999, "who knows"])
+            assert t.send(n1.full_name, [cm.RemoteCancel.TAG, "not an id"])
+            assert t.send(n1.full_name, {"t": "qp", "v": "/", "q": "q"})  # the dict form of old
+            try:
+                await t.call(n1.full_name, [cm.QueueInfo.TAG, "/"], timeout=5.0)
+                error = ""
+            except RemoteError as exc:
+                error = str(exc)
+            status = cm.reply_from_wire(cm.Status(), await t.call(n1.full_name, list(cm.to_wire(cm.Status()))))
+            assert t.connected(n1.full_name)
+            return error, status
+        finally:
+            await t.stop()
+
+    error, status = asyncio.run(probe())
+    assert error == "malformed inter-node message QueueInfo: expected 2 fields, got 1"
+    assert status.name == n1.full_name and status.running
+    eventually(lambda: "malformed inter-node message RemoteCancel: field 'consumer_id' is str 'not an id'"
+               in n1.log(), timeout=10)
+    log = n1.log()
+    assert "dropped an inter-node message from probe@127.0.0.1: unknown inter-node message kind 999" in log
+    assert "an inter-node message must be a non-empty array, got {'t': 'qp'" in log
+    assert "on_message failed" not in log  # the old path: a traceback per message
 
 
 def test_join_and_forget_a_node(three: Cluster) -> None:

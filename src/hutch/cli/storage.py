@@ -61,6 +61,7 @@ from typing import NoReturn
 
 import msgpack
 
+from hutch.core.definition_ops import DeclareQueue, from_stored
 from hutch.runtime.queue_types.classic.persistence import resource_dir
 from hutch.storage import records
 from hutch.storage.appendfile import ENTRY_LEN, FILE_HEADER_BYTES, file_header, read_seed
@@ -358,9 +359,10 @@ def labels(fs: RealFS, data_dir: str) -> dict[str, str]:
         if os.path.isdir(log_dir):
             ops.extend(msgpack.unpackb(e, raw=False) for seq, e in salvage_log(fs, log_dir).entries if seq > covered)
         found: dict[str, str] = {}
-        for op in ops:
-            if op.get("op") == "queue.declare":
-                vhost, queue = str(op["vhost"]), str(op["name"])
+        for item in ops:
+            op = from_stored(item) if isinstance(item, dict) and item.get("op") == DeclareQueue.KIND else None
+            if isinstance(op, DeclareQueue):
+                vhost, queue = op.vhost, op.name
                 found[resource_dir(vhost, queue)] = f"queue {queue!r} in vhost {vhost!r}"
                 found[resource_dir(vhost)] = f"vhost {vhost!r}"
         return found

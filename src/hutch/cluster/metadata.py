@@ -8,14 +8,15 @@ operations to a `MetadataTarget` (the runtime's Node), in commit order, on every
 Rules:
 - A log entry is a msgpack map {"ops": [op, ...]}: one proposal carries every operation a node made in
   one event-loop iteration (a definitions import is one entry, not thousands).
-- An operation is the node's own definition record ({"op": "queue.declare", ...}, see runtime/broker/node.py)
-  stamped with "inc": the incarnation (random per process start) of the node that made it. A node
+- An operation is a record of core/definition_ops.py (the node's own definition operations), stored in its
+  map form (`to_stored`: {"op": "queue.declare", ...}) and stamped with "inc": the incarnation (random per
+  process start) of the node that made it. A node
   applies a change to its own state before proposing it (the change was validated against a state
   that a read barrier had just brought up to date), so it skips operations carrying its own current
   incarnation; every other node, and the same node after a restart, applies them.
-- Cluster operations ("cluster.join", "cluster.leave") change the member table; "noop" changes nothing
-  (read barriers). Unknown operations are logged and skipped, never fatal: a newer node's command must
-  not stop an older one from applying the log.
+- Cluster operations (`ClusterJoin`, `ClusterLeave`) change the member table; `Noop` changes nothing
+  (read barriers). Unknown or malformed operations are logged and skipped, never fatal: a newer node's
+  command must not stop an older one from applying the log.
 - Applying is deterministic given the log: no clock, no randomness, no IO here.
 - Invariant: `members` maps every node name to a distinct raft id; raft ids are never reused (the
   next id is one more than the highest ever given, kept in the snapshot).
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
+
+from hutch.core import definition_ops as ops_
+from hutch.core.definition_ops import DefinitionOp
 
 log = logging.getLogger("hutch.cluster.metadata")
 
@@ -51,22 +55,39 @@ class Member:
 
 
 class MetadataTarget(Protocol):
-    def apply_op(self, op: dict[str, Any]) -> None: ...  # raises on an operation that cannot apply
+    def apply_op(self, op: DefinitionOp) -> None: ...  # raises on an operation that cannot apply
 
-    def state_ops(self) -> list[dict[str, Any]]: ...
+    def state_ops(self) -> list[DefinitionOp]: ...
 
-    def reset_to(self, ops: list[dict[str, Any]]) -> None: ...
+    def reset_to(self, ops: list[DefinitionOp]) -> None: ...
 
     def members_changed(self) -> None: ...
 
 
-def encode_ops(ops: list[dict[str, Any]]) -> bytes:
-    return msgpack.packb({"ops": ops}, use_bin_type=True)
+def encode_ops(ops: list[DefinitionOp], incarnation: str | None = None) -> bytes:
+    """One entry of the metadata group: `ops` in their stored form, each stamped with `incarnation`."""
+    stored = [ops_.to_stored(op) for op in ops]
+    if incarnation is not None:
+        for item in stored:
+            item["inc"] = incarnation
+    return msgpack.packb({"ops": stored}, use_bin_type=True)
 
 
-def decode_ops(data: bytes) -> list[dict[str, Any]]:
+def decode_ops(data: bytes, index: int = 0) -> list[tuple[str | None, DefinitionOp]]:
+    """The (incarnation, operation) pairs of an entry; an operation this version cannot read is logged and
+    left out."""
     doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    return list(doc["ops"])
+    return [(item.get("inc") if isinstance(item, dict) else None, op) for item, op in _decoded(doc["ops"], index)]
+
+
+def _decoded(items: list[Any], index: int) -> list[tuple[Any, DefinitionOp]]:
+    out = []
+    for item in items:
+        try:
+            out.append((item, ops_.from_stored(item)))
+        except ops_.DefinitionOpError as exc:
+            log.warning("metadata entry %d: skipping an operation: %s", index, exc)
+    return out
 
 
 class MetadataMachine:
@@ -89,11 +110,11 @@ class MetadataMachine:
                 return m
         return None
 
-    def _join(self, op: dict[str, Any]) -> int:
-        name = op["name"]
+    def _join(self, op: ops_.ClusterJoin) -> int:
+        name = op.name
         existing = self.members.get(name)
-        raft_id = existing.raft_id if existing is not None else int(op.get("raft_id") or self.next_raft_id)
-        self.members[name] = Member(name, raft_id, op["host"], int(op["port"]))
+        raft_id = existing.raft_id if existing is not None else (op.raft_id or self.next_raft_id)
+        self.members[name] = Member(name, raft_id, op.host, op.port)
         self.next_raft_id = max(self.next_raft_id, raft_id + 1)
         return raft_id
 
@@ -102,25 +123,24 @@ class MetadataMachine:
         """Apply one entry; returns its index (the proposer waits for this node to reach it)."""
         self.applied_index = index
         changed_members = False
-        for op in decode_ops(data):
-            kind = op.get("op")
-            if kind == "noop":
+        for incarnation, op in decode_ops(data, index):
+            if type(op) is ops_.Noop:
                 continue
-            if kind == "cluster.join":
+            if type(op) is ops_.ClusterJoin:
                 self._join(op)
                 changed_members = True
                 continue
-            if kind == "cluster.leave":
-                self.members.pop(op["name"], None)
+            if type(op) is ops_.ClusterLeave:
+                self.members.pop(op.name, None)
                 changed_members = True
                 continue
-            if op.get("inc") == self.incarnation:
+            if incarnation == self.incarnation:
                 continue  # made here, by this process: already applied before it was proposed
             try:
                 self.target.apply_op(op)
             except Exception as exc:  # a definition that does not apply here must not stop the log
                 self.failed_ops += 1
-                log.warning("metadata entry %d: cannot apply %s: %s", index, kind, exc)
+                log.warning("metadata entry %d: cannot apply %s: %s", index, ops_.kind_of(op), exc)
         if changed_members:
             self.target.members_changed()
         if self.on_applied is not None:
@@ -130,13 +150,13 @@ class MetadataMachine:
     def snapshot(self) -> bytes:
         return msgpack.packb({"members": [m.to_list() for m in self.members.values()],
                               "next_raft_id": self.next_raft_id,
-                              "ops": self.target.state_ops()}, use_bin_type=True)
+                              "ops": [ops_.to_stored(op) for op in self.target.state_ops()]}, use_bin_type=True)
 
     def restore(self, data: bytes) -> None:
         doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
         self.members = {m.name: m for m in (Member.from_list(v) for v in doc["members"])}
         self.next_raft_id = int(doc["next_raft_id"])
-        self.target.reset_to(list(doc["ops"]))
+        self.target.reset_to([op for _item, op in _decoded(doc["ops"], 0)])
         self.target.members_changed()
 
     def on_membership(self, voters: tuple[int, ...]) -> None:

@@ -247,8 +247,18 @@ def pack_message(obj: Any) -> bytes:
     return _MESSAGE_PREFIX + _packer.pack(obj)
 
 
+def pack_message_raw(payload: bytes) -> bytes:
+    """A MESSAGE entry around `payload`, a value already msgpack-encoded (`hutch.cluster.messages.encode`)."""
+    return _MESSAGE_PREFIX + payload
+
+
 def pack_request(request_id: int, obj: Any) -> bytes:
     return _REQUEST_PREFIX + _packer.pack(request_id) + _packer.pack(obj)
+
+
+def pack_request_raw(request_id: int, payload: bytes) -> bytes:
+    """A REQUEST entry around `payload`, a value already msgpack-encoded."""
+    return _REQUEST_PREFIX + _packer.pack(request_id) + payload
 
 
 def pack_reply(request_id: int, obj: Any) -> bytes:

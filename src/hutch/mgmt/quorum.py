@@ -29,6 +29,7 @@ import asyncio
 import math
 from typing import TYPE_CHECKING, Any
 
+from hutch.cluster import messages as cm
 from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 
@@ -146,11 +147,12 @@ async def _view_of(node: Node, q: QuorumQueue, member: str) -> dict[str, Any] | 
     """`member`'s view of `q`'s group; None when it cannot be asked."""
     if member == node.name:
         return local_view(node, q.gid)
-    transport = node.cluster.transport  # type: ignore[union-attr]
-    if not transport.connected(member):
+    cluster = node.cluster
+    assert cluster is not None
+    if not cluster.transport.connected(member):
         return None
     try:
-        return await transport.call(member, {"t": "qq.mgmt.local", "g": q.gid}, timeout=PEER_TIMEOUT_S)
+        return await cluster.call(member, cm.QuorumLocalView(q.gid), timeout=PEER_TIMEOUT_S)  # type: ignore[no-any-return]
     except Exception:  # noqa: BLE001 - a member that does not answer is shown as unreachable
         return None
 
@@ -372,8 +374,7 @@ async def _transfer(node: Node, q: QuorumQueue, lead: str, to: str) -> str | Non
         if lead == node.name:
             cluster.quorum.transfer_leader(q, to)
         else:
-            await cluster.transport.call(lead, {"t": "qq.mgmt.transfer", "g": q.gid, "to": to},
-                                         timeout=PEER_TIMEOUT_S)
+            await cluster.call(lead, cm.QuorumTransfer(q.gid, to), timeout=PEER_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - reported per queue
         return str(exc).strip("'\"") or type(exc).__name__
     loop = asyncio.get_running_loop()
@@ -429,21 +430,21 @@ async def rebalance(node: Node, p: Principal, body: Any) -> dict[str, Any]:
 # -- the other nodes' side ------------------------------------------------------------------------------
 
 
-def _transfer_here(node: Node, obj: dict[str, Any]) -> bool:
+def _transfer_here(node: Node, req: cm.QuorumTransfer) -> bool:
     cluster = node.cluster
     assert cluster is not None
-    q = cluster.quorum.queues.get(int(obj["g"]))
+    q = cluster.quorum.queues.get(req.gid)
     if q is None:
         raise LookupError("no such quorum queue on this node")
-    cluster.quorum.transfer_leader(q, str(obj["to"]))
+    cluster.quorum.transfer_leader(q, req.to)
     return True
 
 
 def serve(node: Node) -> None:
     """Let the other nodes of a cluster ask this one about its quorum queue replicas (clustered only)."""
     if node.cluster is not None:
-        node.cluster.handlers["qq.mgmt.local"] = lambda _peer, obj: local_view(node, int(obj["g"]))
-        node.cluster.handlers["qq.mgmt.transfer"] = lambda _peer, obj: _transfer_here(node, obj)
+        node.cluster.register(cm.QuorumLocalView, lambda _peer, req: local_view(node, req.gid))
+        node.cluster.register(cm.QuorumTransfer, lambda _peer, req: _transfer_here(node, req))
 
 
 __all__ = ["add_member", "delete_member", "grow", "local_view", "plan_moves", "quorum_status", "rebalance",

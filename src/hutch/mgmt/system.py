@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.amqp.spec import BasicProperties
+from hutch.cluster import messages as cm
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
 
@@ -281,7 +282,7 @@ def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsVie
 def serve_node_info(node: Node) -> None:
     """Let the other nodes of a cluster ask this one for its `node_info` (GET /api/nodes there)."""
     if node.cluster is not None:
-        node.cluster.handlers["node_info"] = lambda _peer, _obj: node_info(node, node.wall_ms())
+        node.cluster.register(cm.NodeInfo, lambda _peer, _req: node_info(node, node.wall_ms()))
 
 
 async def _member_info(node: Node, name: str) -> dict[str, Any]:
@@ -289,7 +290,7 @@ async def _member_info(node: Node, name: str) -> dict[str, Any]:
     assert cluster is not None
     if cluster.transport.connected(name):
         try:
-            return await cluster.transport.call(name, {"t": "node_info"}, timeout=2.0)
+            return await cluster.call(name, cm.NodeInfo(), timeout=2.0)  # type: ignore[no-any-return]
         except Exception:  # noqa: BLE001 - a node that does not answer is shown as not running
             pass
     return {"name": name, "type": "disc", "running": False}

@@ -67,8 +67,8 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     link = QueueLink(node, cluster)
     quorum = QuorumService(node, cluster)
     cluster.link, cluster.quorum = link, quorum
-    cluster.register(link)
-    cluster.register(quorum)
+    cluster.add_subsystem(link)
+    cluster.add_subsystem(quorum)
     node.cluster = cluster
     node.queue_types = [QuorumQueueType(node, cluster, quorum), RemoteQueueType(node, link),
                         *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]

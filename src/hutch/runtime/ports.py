@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from hutch.config import Config
     from hutch.core.auth import AuthStore
+    from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
     from hutch.core.message import Message
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
@@ -79,11 +80,8 @@ class ConnectionPort(Protocol):
 
 
 class ClusterSubsystem(Protocol):
-    """A part of a node that speaks over the cluster transport (queue types register these)."""
-
-    def on_message(self, peer: str, obj: dict[str, Any]) -> bool:
-        """Handle an inter-node message if it is this subsystem's (True), else False."""
-        ...
+    """A part of a node that speaks over the cluster transport (queue types' services): it registers
+    its inter-node message handlers with the cluster service's typed registry."""
 
     def booted(self) -> None:
         """The node's cluster boot finished (its metadata is as new as the cluster's)."""
@@ -103,7 +101,7 @@ class MetadataPort(Protocol):
     @property
     def has_unreplicated(self) -> bool: ...
 
-    def replicate(self, op: dict[str, Any]) -> None: ...
+    def replicate(self, op: DefinitionOp) -> None: ...
 
     def members_changed(self) -> None: ...
 
@@ -124,11 +122,11 @@ class ClusterNodePort(Protocol):
     stale_transient: list[tuple[str, str]]
     cluster_peer_hooks: list[Callable[[str, bool], None]]
 
-    def apply_op(self, op: dict[str, Any]) -> None: ...
+    def apply_op(self, op: DefinitionOp) -> None: ...
 
-    def state_ops(self) -> list[dict[str, Any]]: ...
+    def state_ops(self) -> list[DefinitionOp]: ...
 
-    def reset_to(self, ops: list[dict[str, Any]]) -> None: ...
+    def reset_to(self, ops: list[DefinitionOp]) -> None: ...
 
     def members_changed(self) -> None: ...
 
@@ -148,7 +146,7 @@ class QueueTypePort(Protocol):
         """Make a new queue: validated as this type requires, added with `Node.add_queue`, attached."""
         ...
 
-    def restore(self, vhost: VirtualHost, op: dict[str, Any]) -> bool:
+    def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         """Apply a `queue.declare` or `queue.members` record if it is this type's (True), else False."""
         ...
 

@@ -12,23 +12,29 @@ Rules:
 - Operations are replayed through the same node methods that made them, so cascades (bindings removed
   with their queue, auto-delete exchanges) happen again exactly as they did.
 - At start-up, after replay, the state is written as a new snapshot and the log before it is dropped.
-- Record format: msgpack maps; x-arguments are kept as AMQP-encoded field tables (byte for byte, so
-  every field type survives).
+- Record format: each operation is a record of core/definition_ops.py, stored as its map
+  (`to_stored`: msgpack maps with an "op" key, the same form every earlier version wrote, so old data
+  directories load); x-arguments are kept as AMQP-encoded field tables (byte for byte, so every field
+  type survives). A stored operation this version cannot read is logged and skipped, not fatal.
 - Messages are not stored here (the message store is a later issue).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
 
 from hutch.amqp.table import decode_table, encode_table
+from hutch.core.definition_ops import DefinitionOp, DefinitionOpError, from_stored, to_stored
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.log import SegmentedLog
 from hutch.storage.snapshot import read_snapshot, write_snapshot
+
+log = logging.getLogger("hutch.definitions")
 
 SNAPSHOT_KIND = 1
 FORMAT_VERSION = 1
@@ -53,29 +59,35 @@ class DefinitionStore:
         self.log = SegmentedLog.open(self.fs, os.path.join(self.directory, "log"))
         self.covered_seq = 0
 
-    def load(self) -> list[dict[str, Any]]:
+    def load(self) -> list[DefinitionOp]:
         """Every operation to replay, oldest first: the snapshot's, then the log's after it."""
-        ops: list[dict[str, Any]] = []
+        stored: list[Any] = []
         payload = read_snapshot(self.fs, self.snapshot_path, kind=SNAPSHOT_KIND)
         if payload is not None:
             doc = msgpack.unpackb(payload, raw=False)
             if doc.get("version") != FORMAT_VERSION:
                 raise ValueError(f"definitions snapshot has unknown format version {doc.get('version')!r}")
             self.covered_seq = int(doc["covered_seq"])
-            ops.extend(doc["ops"])
+            stored.extend(doc["ops"])
         for _seq, entry in self.log.read_from(self.covered_seq + 1):
-            ops.append(msgpack.unpackb(entry, raw=False))
+            stored.append(msgpack.unpackb(entry, raw=False))
+        ops: list[DefinitionOp] = []
+        for item in stored:
+            try:
+                ops.append(from_stored(item))
+            except DefinitionOpError as exc:
+                log.warning("skipping saved definition: %s", exc)
         return ops
 
-    def append(self, op: dict[str, Any]) -> None:
+    def append(self, op: DefinitionOp) -> None:
         """Make one operation durable (appended and fdatasync'd) before returning."""
-        self.log.append([msgpack.packb(op, use_bin_type=True)])
+        self.log.append([msgpack.packb(to_stored(op), use_bin_type=True)])
         self.log.sync()
 
-    def compact(self, ops: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> None:
+    def compact(self, ops: Iterable[DefinitionOp]) -> None:
         """Write `ops` (the whole current state) as the snapshot and drop the log it covers."""
         covered = self.log.last_seq
-        doc = {"version": FORMAT_VERSION, "covered_seq": covered, "ops": list(ops)}
+        doc = {"version": FORMAT_VERSION, "covered_seq": covered, "ops": [to_stored(op) for op in ops]}
         write_snapshot(self.fs, self.snapshot_path, msgpack.packb(doc, use_bin_type=True), kind=SNAPSHOT_KIND)
         self.covered_seq = covered
         self.log.truncate_before(covered + 1)

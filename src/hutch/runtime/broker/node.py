@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.config import Config
+from hutch.core import definition_ops as ops_
 from hutch.core.auth import AuthStore
+from hutch.core.definition_ops import DefinitionOp
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
@@ -58,6 +60,14 @@ class Node:
         # channels with publisher confirms (or a tx.commit) waiting for message storage to sync
         self.sync_waiters: set[ChannelPort] = set()
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
+        self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
+            ops_.SetAuth: self._apply_auth, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
+            ops_.SetTopicPermissions: self._apply_topic_permissions,
+            ops_.DeclareExchange: self._apply_declare_exchange, ops_.DeleteExchange: self._apply_delete_exchange,
+            ops_.DeclareQueue: self._apply_queue_record, ops_.DeleteQueue: self._apply_delete_queue,
+            ops_.SetQueueMembers: self._apply_queue_record, ops_.Bind: self._apply_binding,
+            ops_.Unbind: self._apply_binding, ops_.SetPolicy: self._apply_policy, ops_.ClearPolicy: self._apply_policy,
+        })
         self._saved_ops = store.load() if store is not None else []
         if auth is None:
             auth = AuthStore()
@@ -137,7 +147,7 @@ class Node:
             t.recover()
 
     # -- durable definitions ---------------------------------------------------------------------
-    def _record(self, op: dict[str, Any]) -> None:
+    def _record(self, op: DefinitionOp) -> None:
         if self.replaying:
             return
         if self.cluster is not None:  # the metadata Raft group is the durable record of a clustered node
@@ -146,7 +156,7 @@ class Node:
             self.store.append(op)
 
     # -- the metadata machine's target (cluster/metadata.py) --------------------------------------------
-    def apply_op(self, op: dict[str, Any]) -> None:
+    def apply_op(self, op: DefinitionOp) -> None:
         """Apply a definition change another node made (or this node made before a restart)."""
         self.replaying = True
         try:
@@ -154,14 +164,15 @@ class Node:
         finally:
             self.replaying = False
 
-    def state_ops(self) -> list[dict[str, Any]]:
+    def state_ops(self) -> list[DefinitionOp]:
         return list(self._state_ops())
 
-    def reset_to(self, ops: list[dict[str, Any]]) -> None:
+    def reset_to(self, ops: list[DefinitionOp]) -> None:
         """Make the durable definitions exactly `ops` (a metadata snapshot): drop what they do not
         name, then apply them (an identical declaration is a no-op)."""
-        wanted = {(op["op"], op.get("vhost"), op.get("name")) for op in ops}
-        keep_bindings = {self._binding_key(op) for op in ops if op["op"] == "bind"}
+        wanted = {(type(op), op.vhost, op.name) for op in ops
+                  if isinstance(op, ops_.DeclareQueue | ops_.DeclareExchange)}
+        keep_bindings = {self._binding_key(op) for op in ops if isinstance(op, ops_.Bind)}
         self.replaying = True
         try:
             for vhost in list(self.vhosts.values()):
@@ -169,17 +180,17 @@ class Node:
                     if not (x.durable or self.cluster is not None):
                         continue
                     for b in list(x.router.bindings()):
-                        op = self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
+                        op = self._binding_op(ops_.Bind, vhost, x, b.destination, b.routing_key, b.arguments)
                         if (self.cluster is not None or self._durable_destination(vhost, b.destination)) and \
                                 self._binding_key(op) not in keep_bindings:
                             self.unbind(vhost, x, b.destination, b.routing_key, b.arguments)
                 for q in list(vhost.queues.values()):
                     if (is_durable_queue(q) or self.cluster is not None) and \
-                            ("queue.declare", vhost.name, q.name) not in wanted:
+                            (ops_.DeclareQueue, vhost.name, q.name) not in wanted:
                         self.delete_queue(vhost, q)
                 for name, x in list(vhost.exchanges.items()):
                     if (x.durable or self.cluster is not None) and name and not name.startswith("amq.") and \
-                            ("exchange.declare", vhost.name, name) not in wanted:
+                            (ops_.DeclareExchange, vhost.name, name) not in wanted:
                         self.delete_exchange(vhost, name, False)
             for operator, p in list(self.policies):
                 policies.clear_policy(self, p.vhost, p.name, operator)
@@ -189,18 +200,17 @@ class Node:
             try:
                 self.apply_op(op)
             except (ChannelError, KeyError, ValueError) as exc:
-                log.warning("metadata snapshot: cannot apply %s: %s", op.get("op"), exc)
+                log.warning("metadata snapshot: cannot apply %s: %s", ops_.kind_of(op), exc)
 
     @staticmethod
-    def _binding_key(op: dict[str, Any]) -> tuple[Any, ...]:
-        return (op["vhost"], op["source"], op["dest_kind"], op["dest"], op["routing_key"],
-                repr(op["arguments"]))
+    def _binding_key(op: ops_.Bind) -> tuple[Any, ...]:
+        return (op.vhost, op.source, op.dest_kind, op.dest, op.routing_key, bytes(op.arguments))
 
     def members_changed(self) -> None:
         if self.cluster is not None:
             self.cluster.members_changed()
 
-    def _restore(self, ops: list[dict[str, Any]]) -> None:
+    def _restore(self, ops: list[DefinitionOp]) -> None:
         """Replay saved definitions through the same methods that made them, then compact."""
         assert self.store is not None
         self.replaying = True
@@ -209,7 +219,7 @@ class Node:
                 try:
                     self._apply(op)
                 except (ChannelError, KeyError, ValueError) as exc:
-                    log.warning("skipping saved definition %s: %s", op.get("op"), exc)
+                    log.warning("skipping saved definition %s: %s", ops_.kind_of(op), exc)
         finally:
             self.replaying = False
         self.store.compact(self._state_ops())
@@ -217,58 +227,63 @@ class Node:
                  sum(len(v.queues) for v in self.vhosts.values()),
                  sum(len(v.exchanges) for v in self.vhosts.values()))
 
-    def _apply(self, op: dict[str, Any]) -> None:
-        kind = op["op"]
-        if kind == "auth":
-            self.auth = AuthStore.from_dict(op["auth"])
-            names = {v.name for v in self.auth.list_vhosts()}
-            for name in list(self.vhosts):
-                if name not in names:
-                    del self.vhosts[name]
-            for name in names:
-                self.vhosts.setdefault(name, VirtualHost(name))
-            self.perm_epoch += 1
-            return
-        if kind == "cluster_name":
-            self.set_cluster_name(op["name"])
-            return
-        if kind == "topic_permissions":
-            self.topic_permissions = {}
-            for v, u, x, w, r in op["table"]:
-                self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
-            self.perm_epoch += 1
-            return
-        vhost = self.vhosts[op["vhost"]]
-        if kind == "exchange.declare":
-            self.declare_exchange(vhost, op["name"], op["type"], op.get("durable", True), op["auto_delete"],
-                                  op["internal"], unpack_arguments(op["arguments"]))
-        elif kind == "exchange.delete":
-            self.delete_exchange(vhost, op["name"], False)
-        elif kind in ("queue.declare", "queue.members"):
-            self._apply_queue_record(vhost, op)
-        elif kind == "queue.delete":
-            q = vhost.queues.get(op["name"])
-            if q is not None:
-                self.delete_queue(vhost, q)
-        elif kind in policies.OP_KINDS:
-            policies.apply_op(self, op)
-        elif kind in ("bind", "unbind"):
-            source = vhost.lookup_exchange(op["source"])
-            method = self.bind if kind == "bind" else self.unbind
-            method(vhost, source, (op["dest_kind"], op["dest"]), op["routing_key"],
-                   unpack_arguments(op["arguments"]))
-        else:
-            raise ValueError(f"unknown operation {kind!r}")
+    # -- applying definition operations (the handlers of the dispatch table `_apply`) ---------------------
+    def _apply_auth(self, op: ops_.SetAuth) -> None:
+        self.auth = AuthStore.from_dict(op.auth)
+        names = {v.name for v in self.auth.list_vhosts()}
+        for name in list(self.vhosts):
+            if name not in names:
+                del self.vhosts[name]
+        for name in names:
+            self.vhosts.setdefault(name, VirtualHost(name))
+        self.perm_epoch += 1
 
-    def _state_ops(self) -> Iterator[dict[str, Any]]:
+    def _apply_topic_permissions(self, op: ops_.SetTopicPermissions) -> None:
+        self.topic_permissions = {}
+        for v, u, x, w, r in op.table:
+            self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
+        self.perm_epoch += 1
+
+    def _apply_declare_exchange(self, op: ops_.DeclareExchange) -> None:
+        self.declare_exchange(self.vhosts[op.vhost], op.name, op.type, op.durable, op.auto_delete, op.internal,
+                              unpack_arguments(op.arguments))
+
+    def _apply_delete_exchange(self, op: ops_.DeleteExchange) -> None:
+        self.delete_exchange(self.vhosts[op.vhost], op.name, False)
+
+    def _apply_queue_record(self, op: ops_.DeclareQueue | ops_.SetQueueMembers) -> None:
+        """A queue's declaration or members: the first queue type that takes the record applies it."""
+        vhost = self.vhosts[op.vhost]
+        for t in self.queue_types:
+            if t.restore(vhost, op):
+                return
+
+    def _apply_delete_queue(self, op: ops_.DeleteQueue) -> None:
+        vhost = self.vhosts[op.vhost]
+        q = vhost.queues.get(op.name)
+        if q is not None:
+            self.delete_queue(vhost, q)
+
+    def _apply_policy(self, op: ops_.SetPolicy | ops_.ClearPolicy) -> None:
+        if op.vhost not in self.vhosts:
+            raise KeyError(op.vhost)
+        policies.apply_op(self, op)
+
+    def _apply_binding(self, op: ops_.Bind | ops_.Unbind) -> None:
+        vhost = self.vhosts[op.vhost]
+        source = vhost.lookup_exchange(op.source)
+        method = self.bind if isinstance(op, ops_.Bind) else self.unbind
+        method(vhost, source, (op.dest_kind, op.dest), op.routing_key, unpack_arguments(op.arguments))
+
+    def _state_ops(self) -> Iterator[DefinitionOp]:
         """The durable state as operations that rebuild it: auth, then exchanges, queues, bindings.
         A clustered node's metadata holds transient objects too (other nodes route to them)."""
         everything = self.cluster is not None
-        yield {"op": "auth", "auth": self.auth.to_dict()}
+        yield ops_.SetAuth(self.auth.to_dict())
         if self.topic_permissions:
             yield self._topic_permissions_op()
         if self.cluster_name_set:
-            yield {"op": "cluster_name", "name": self.config.cluster_name}
+            yield ops_.SetClusterName(self.config.cluster_name)
         yield from policies.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
@@ -282,39 +297,30 @@ class Node:
                     continue
                 for b in x.router.bindings():
                     if everything or self._durable_destination(vhost, b.destination):
-                        yield self._binding_op("bind", vhost, x, b.destination, b.routing_key, b.arguments)
+                        yield self._binding_op(ops_.Bind, vhost, x, b.destination, b.routing_key, b.arguments)
 
-    def _apply_queue_record(self, vhost: VirtualHost, op: dict[str, Any]) -> None:
-        """A `queue.declare` or `queue.members` record: the first queue type that takes it applies it."""
-        for t in self.queue_types:
-            if t.restore(vhost, op):
-                return
-
-    def _queue_op(self, vhost: VirtualHost, q: Queue) -> dict[str, Any]:
-        op = {"op": "queue.declare", "vhost": vhost.name, "name": q.name, "auto_delete": q.auto_delete,
-              "arguments": pack_arguments(q.arguments), "node": self.name,
-              "durable": q.durable, "exclusive": q.exclusive}
-        op.update(self.queue_type_of(q).record_fields(q))
-        return op
+    def _queue_op(self, vhost: VirtualHost, q: Queue) -> ops_.DeclareQueue:
+        op = ops_.DeclareQueue(vhost.name, q.name, q.auto_delete, pack_arguments(q.arguments), self.name,
+                               q.durable, q.exclusive)
+        return dataclasses.replace(op, **self.queue_type_of(q).record_fields(q))
 
     def set_queue_members(self, vhost: VirtualHost, q: Queue, members: list[str]) -> None:
         """A quorum queue's member list changed (hutch-queues add_member/delete_member): applied here and
         recorded, so every node applies it (members open or delete their replica)."""
-        op = {"op": "queue.members", "vhost": vhost.name, "name": q.name, "members": list(members)}
-        self._apply_queue_record(vhost, op)
+        op = ops_.SetQueueMembers(vhost.name, q.name, list(members))
+        self._apply_queue_record(op)
         self._record(op)
 
     @staticmethod
-    def _exchange_op(vhost: VirtualHost, x: Exchange) -> dict[str, Any]:
-        return {"op": "exchange.declare", "vhost": vhost.name, "name": x.name, "type": x.type,
-                "auto_delete": x.auto_delete, "internal": x.internal,
-                "arguments": pack_arguments(x.arguments), "durable": x.durable}
+    def _exchange_op(vhost: VirtualHost, x: Exchange) -> ops_.DeclareExchange:
+        return ops_.DeclareExchange(vhost.name, x.name, x.type, x.auto_delete, x.internal, pack_arguments(x.arguments),
+                                    x.durable)
 
     @staticmethod
-    def _binding_op(kind: str, vhost: VirtualHost, source: Exchange, destination: tuple[str, str],
-                    routing_key: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return {"op": kind, "vhost": vhost.name, "source": source.name, "dest_kind": destination[0],
-                "dest": destination[1], "routing_key": routing_key, "arguments": pack_arguments(arguments)}
+    def _binding_op(kind: type[ops_.Bind | ops_.Unbind], vhost: VirtualHost, source: Exchange,
+                    destination: tuple[str, str], routing_key: str,
+                    arguments: dict[str, Any]) -> ops_.Bind | ops_.Unbind:
+        return kind(vhost.name, source.name, destination[0], destination[1], routing_key, pack_arguments(arguments))
 
     @staticmethod
     def _durable_destination(vhost: VirtualHost, destination: tuple[str, str]) -> bool:
@@ -344,23 +350,22 @@ class Node:
     def permissions_changed(self) -> None:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
-        self._record({"op": "auth", "auth": self.auth.to_dict()})
+        self._record(ops_.SetAuth(self.auth.to_dict()))
 
     def set_cluster_name(self, name: str) -> None:
         """PUT /api/cluster-name: the running node's name for its cluster, saved (and replicated)."""
         self.config = dataclasses.replace(self.config, cluster_name=name)
         self.cluster_name_set = True
-        self._record({"op": "cluster_name", "name": name})
+        self._record(ops_.SetClusterName(name))
 
     def topic_permissions_changed(self) -> None:
         """Topic permissions changed (mgmt/users.py): drop cached checks and save them."""
         self.perm_epoch += 1
         self._record(self._topic_permissions_op())
 
-    def _topic_permissions_op(self) -> dict[str, Any]:
-        return {"op": "topic_permissions",
-                "table": [[v, u, x, w, r] for (v, u), by_x in sorted(self.topic_permissions.items())
-                          for x, (w, r) in sorted(by_x.items())]}
+    def _topic_permissions_op(self) -> ops_.SetTopicPermissions:
+        return ops_.SetTopicPermissions([[v, u, x, w, r] for (v, u), by_x in sorted(self.topic_permissions.items())
+                                         for x, (w, r) in sorted(by_x.items())])
 
     def add_vhost(self, name: str, description: str = "", tags: Sequence[str] = ()) -> None:
         self.auth.add_vhost(name, description=description, tags=list(tags))
@@ -421,21 +426,21 @@ class Node:
         x = vhost.exchanges.get(name)
         deleted = vhost.delete_exchange(name, if_unused)
         if deleted and x is not None and (x.durable or self.cluster is not None):
-            self._record({"op": "exchange.delete", "vhost": vhost.name, "name": name})
+            self._record(ops_.DeleteExchange(vhost.name, name))
         return deleted
 
     def bind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
              arguments: dict[str, Any]) -> bool:
         added = vhost.bind(source, destination, routing_key, arguments)
         if added and (self.cluster is not None or source.durable and self._durable_destination(vhost, destination)):
-            self._record(self._binding_op("bind", vhost, source, destination, routing_key, arguments))
+            self._record(self._binding_op(ops_.Bind, vhost, source, destination, routing_key, arguments))
         return added
 
     def unbind(self, vhost: VirtualHost, source: Exchange, destination: tuple[str, str], routing_key: str,
                arguments: dict[str, Any]) -> bool:
         removed = vhost.unbind(source, destination, routing_key, arguments)
         if removed and (self.cluster is not None or source.durable and self._durable_destination(vhost, destination)):
-            self._record(self._binding_op("unbind", vhost, source, destination, routing_key, arguments))
+            self._record(self._binding_op(ops_.Unbind, vhost, source, destination, routing_key, arguments))
         return removed
 
     def declare_queue(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
@@ -469,7 +474,7 @@ class Node:
         durable = (is_durable_queue(q) or self.cluster is not None) and vhost.queues.get(q.name) is q
         count = vhost.delete_queue(q)
         if durable:
-            self._record({"op": "queue.delete", "vhost": vhost.name, "name": q.name})
+            self._record(ops_.DeleteQueue(vhost.name, q.name))
         for consumer in consumers:
             consumer.channel.consumer_cancelled_by_broker(consumer)
         return count

@@ -3,7 +3,7 @@ saving them with the durable definitions.
 
 Owns: the node-side operations on `Node.policies` (a `hutch.core.policy.PolicyStore`): `set_policy`,
 `clear_policy`, `forget_vhost`, the hooks `Node` calls when it creates a queue or an exchange, and the
-definition-log operations (`policy.set`, `policy.clear`, `operator_policy.set`, `operator_policy.clear`)
+definition-log operations (`SetPolicy`, `ClearPolicy` of core/definition_ops.py, regular or operator)
 with their replay (`apply_op`) and their place in a snapshot (`state_ops`).
 
 Rules:
@@ -23,6 +23,7 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hutch.core.definition_ops import ClearPolicy, SetPolicy
 from hutch.core.policy import Policy, effective_settings, exchange_alternate
 
 if TYPE_CHECKING:
@@ -42,14 +43,6 @@ class PolicyHost(Protocol):
     def _record(self, op: dict[str, Any]) -> None: ...
 
 
-SET_OPS = {"policy.set": False, "operator_policy.set": True}  # op kind -> operator
-CLEAR_OPS = {"policy.clear": False, "operator_policy.clear": True}
-OP_KINDS = frozenset(SET_OPS) | frozenset(CLEAR_OPS)
-
-
-def _prefix(operator: bool) -> str:
-    return "operator_policy" if operator else "policy"
-
 
 def set_policy(node: PolicyHost, policy: Policy, operator: bool = False) -> bool:
     """Add or replace a (validated) policy, record it, apply it; True if it is new. Setting a policy
@@ -58,8 +51,7 @@ def set_policy(node: PolicyHost, policy: Policy, operator: bool = False) -> bool
     if store.get(policy.vhost, policy.name, operator) == policy:
         return False
     created = store.set(policy, operator)
-    node._record({"op": f"{_prefix(operator)}.set", "vhost": policy.vhost, "name": policy.name,
-                  "policy": json.dumps(policy.to_dict())})
+    node._record(SetPolicy(policy.vhost, policy.name, json.dumps(policy.to_dict()), operator))
     vhost = node.vhosts.get(policy.vhost)
     if vhost is not None:
         refresh_vhost(node, vhost)
@@ -70,7 +62,7 @@ def clear_policy(node: PolicyHost, vhost_name: str, name: str, operator: bool = 
     """Remove a policy, record it, re-apply what is left; False if there was no such policy."""
     if node.policies.clear(vhost_name, name, operator) is None:
         return False
-    node._record({"op": f"{_prefix(operator)}.clear", "vhost": vhost_name, "name": name})
+    node._record(ClearPolicy(vhost_name, name, operator))
     vhost = node.vhosts.get(vhost_name)
     if vhost is not None:
         refresh_vhost(node, vhost)
@@ -83,7 +75,7 @@ def forget_vhost(node: PolicyHost, vhost_name: str) -> None:
     for operator in (False, True):
         for p in store.list(vhost_name, operator):
             store.clear(vhost_name, p.name, operator)
-            node._record({"op": f"{_prefix(operator)}.clear", "vhost": vhost_name, "name": p.name})
+            node._record(ClearPolicy(vhost_name, p.name, operator))
 
 
 # -- applying ---------------------------------------------------------------------------------------
@@ -115,25 +107,20 @@ def refresh_vhost(node: PolicyHost, vhost: VirtualHost) -> None:
 # -- durable definitions ----------------------------------------------------------------------------
 
 
-def apply_op(node: PolicyHost, op: dict[str, Any]) -> None:
-    """Replay one saved operation (Node._apply has checked that op["vhost"] exists)."""
-    kind = op["op"]
-    if kind in SET_OPS:
-        operator = SET_OPS[kind]
-        set_policy(node, Policy.from_dict(json.loads(op["policy"]), operator=operator), operator)
-    elif kind in CLEAR_OPS:
-        clear_policy(node, op["vhost"], op["name"], CLEAR_OPS[kind])
+def apply_op(node: PolicyHost, op: SetPolicy | ClearPolicy) -> None:
+    """Replay one saved operation (the node has checked that its vhost exists)."""
+    if isinstance(op, SetPolicy):
+        set_policy(node, Policy.from_dict(json.loads(op.policy), operator=op.operator), op.operator)
     else:
-        raise ValueError(f"unknown policy operation {kind!r}")
+        clear_policy(node, op.vhost, op.name, op.operator)
 
 
-def state_ops(node: PolicyHost) -> Iterator[dict[str, Any]]:
+def state_ops(node: PolicyHost) -> Iterator[SetPolicy]:
     """Every policy of an existing vhost as the operation that sets it (regular ones first)."""
     for operator, p in node.policies:
         if p.vhost in node.vhosts:
-            yield {"op": f"{_prefix(operator)}.set", "vhost": p.vhost, "name": p.name,
-                   "policy": json.dumps(p.to_dict())}
+            yield SetPolicy(p.vhost, p.name, json.dumps(p.to_dict()), operator)
 
 
-__all__ = ["OP_KINDS", "apply_op", "apply_to_exchange", "apply_to_queue", "clear_policy", "forget_vhost",
+__all__ = ["apply_op", "apply_to_exchange", "apply_to_queue", "clear_policy", "forget_vhost",
            "refresh_vhost", "set_policy", "state_ops"]

@@ -3,8 +3,9 @@
 Owns: the node's cluster identity (`<data_dir>/cluster/node.json`: name and raft id), the shared
 secret, starting the transport and the Raft driver, the metadata Raft group (cluster/metadata.py), the
 boot sequence of a clustered node, proposals of metadata changes (batched per loop iteration and
-forwarded to the leader), read barriers, joining and forgetting nodes, and the inter-node requests
-other subsystems register (`handlers`).
+forwarded to the leader), read barriers, joining and forgetting nodes, and the node's end of the inter-node
+messages: `send`/`call` of records (`hutch.cluster.messages`, one codec) and the dispatch table other
+subsystems register their handlers in (`register`).
 
 Rules:
 - Boot: open the metadata group from disk (or bootstrap a new one-node cluster, or join one through a
@@ -14,12 +15,16 @@ Rules:
   gets its reply once the proposal is committed (docs/clustering.md, "Consistency").
 - With no majority, barriers and proposals time out after `cluster_metadata_timeout_ms`; callers turn
   that into RabbitMQ's error: "... because the operation timed out" (541 INTERNAL_ERROR).
-- Raft messages travel as {"t": "r", "p": payload}; requests as {"t": kind, ...} through `call`.
+- Every message between nodes is a record of `hutch.cluster.messages`, encoded once by its codec; Raft
+  batches are `RaftMessage` (decoded on a fast path), everything else goes through the registry. A message
+  that is unknown or malformed is logged and dropped (a request gets an error reply); it never closes the
+  connection or stops the others in its batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -28,7 +33,10 @@ import shutil
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hutch.cluster import messages as cm
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
+from hutch.core import definition_ops as ops_
+from hutch.core.definition_ops import DefinitionOp
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
 from hutch.runtime.errors import ClusterUnavailable
@@ -93,15 +101,17 @@ class ClusterService:
         self.driver: RaftDriver | None = None
         self.group: Any = None
         self.peers: dict[str, Member] = {}  # every other member we know of, by name
-        self._pending_ops: list[dict[str, Any]] = []
+        self._pending_ops: list[DefinitionOp] = []
         self._flush_handle: asyncio.Handle | None = None
         self._inflight: list[asyncio.Future[None]] = []  # proposals not yet committed, oldest first
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._join_lock = asyncio.Lock()
-        self.handlers: dict[str, Callable[[str, dict[str, Any]], Any | Awaitable[Any]]] = {
-            "join": self._handle_join, "propose": self._handle_propose, "leave": self._handle_leave,
-            "status": self._handle_status, "sync": self._handle_sync,
-        }
+        self.registry = cm.Registry()  # the handlers of inter-node messages and requests, by record kind
+        self.register(cm.Join, self._handle_join)
+        self.register(cm.Propose, self._handle_propose)
+        self.register(cm.Leave, self._handle_leave)
+        self.register(cm.Status, self._handle_status)
+        self.register(cm.Sync, self._handle_sync)
         # parts of the node that speak over the transport (the queue types' services), registered by
         # runtime/app.py; `link` (classic queues on other nodes) and `quorum` (quorum queues) are also
         # reachable by name for the management layer and for each other
@@ -112,9 +122,9 @@ class ClusterService:
         # queue's first election): zero-argument callables returning awaitables
         self.post_commit: list[Callable[[], Awaitable[Any]]] = []
 
-    def register(self, subsystem: ClusterSubsystem) -> None:
-        """A part of the node that speaks over the transport: it is offered every inter-node message
-        no other subsystem took, told when the boot is done, and stopped with the service."""
+    def add_subsystem(self, subsystem: ClusterSubsystem) -> None:
+        """A part of the node that speaks over the transport (it registers its message handlers with
+        `register`): told when the boot is done, and stopped with the service."""
         self.subsystems.append(subsystem)
 
     # -- identity ----------------------------------------------------------------------------------------
@@ -158,10 +168,10 @@ class ClusterService:
         await self.transport.start()
         raft_id = self._load_identity()
         seed = self.config.cluster_join
-        joined: dict[str, Any] | None = None
+        joined: cm.JoinReply | None = None
         if raft_id == 0 and seed:
             joined = await self._join_through(seed)
-            raft_id = int(joined["raft_id"])
+            raft_id = joined.raft_id
         elif raft_id == 0:
             raft_id = 1
         self.raft_id = raft_id
@@ -175,7 +185,7 @@ class ClusterService:
         self.group.on_leader_change = self._leader_changed
         if joined is not None:
             self._save_identity(raft_id)
-            for v in joined["members"]:
+            for v in joined.members:
                 self._learn(Member.from_list(v))
         if seed and not bootstrap and raft_id not in self.machine.voters:
             # ready to take the leader's log: now become a voter (a restart between the two steps of a
@@ -185,9 +195,8 @@ class ClusterService:
             self._save_identity(raft_id)
             self.group.campaign()
             # the founding entry: this node as the first member, and the definitions it starts with
-            ops = [{"op": "cluster.join", "name": self.name, "raft_id": 1, "host": self.advertise_host,
-                    "port": self.transport.port}]
-            ops += [dict(op, inc=self.incarnation) for op in self.node.state_ops()]
+            ops: list[DefinitionOp] = [ops_.ClusterJoin(self.name, self.advertise_host, self.transport.port, 1)]
+            ops += self.node.state_ops()
             await self._propose_until_done(ops)
             log.info("cluster %s founded by %s (cluster port %d)", self.config.cluster_name, self.name,
                      self.transport.port)
@@ -198,7 +207,7 @@ class ClusterService:
             sub.booted()
         if self.node.stale_transient:  # this node's transient queues did not survive its restart
             for vhost, name in self.node.stale_transient:
-                self.replicate({"op": "queue.delete", "vhost": vhost, "name": name})
+                self.replicate(ops_.DeleteQueue(vhost, name))
             log.info("removing %d transient queues of this node's previous run from the cluster",
                      len(self.node.stale_transient))
             self.node.stale_transient.clear()
@@ -225,7 +234,7 @@ class ClusterService:
             await self.driver.stop()
         await self.transport.stop()
 
-    async def _join_through(self, seed: str, promote: bool = False) -> dict[str, Any]:
+    async def _join_through(self, seed: str, promote: bool = False) -> cm.JoinReply:
         """Join in two steps: register (the leader records this node and gives it a raft id), then,
         once this node's Raft group is open to receive the log, promote (the leader adds it as a voter;
         the change commits only with this node's acknowledgement, so it must be listening first)."""
@@ -233,14 +242,13 @@ class ClusterService:
         if name == self.name:
             raise ValueError(f"cannot join through {seed}: that is this node's own name")
         self.transport.set_peer(name, host, port)
-        request = {"t": "join", "name": self.name, "host": self.advertise_host, "port": self.transport.port,
-                   "promote": promote}
+        request = cm.Join(self.name, self.advertise_host, self.transport.port, promote)
         deadline = asyncio.get_running_loop().time() + max(30.0, self.timeout_s)
         while True:
             try:
-                reply = await self.transport.call(name, request, timeout=self.timeout_s)
+                reply = await self.call(name, request, timeout=self.timeout_s)
                 if promote:
-                    log.info("joined the cluster through %s as raft member %d", seed, reply["raft_id"])
+                    log.info("joined the cluster through %s as raft member %d", seed, reply.raft_id)
                 return reply
             except (TimeoutError, PeerUnavailable, RemoteError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
@@ -279,21 +287,49 @@ class ClusterService:
     def _send_raft(self, raft_id: int, payload: Any) -> None:
         name = self._name_of(raft_id)
         if name is not None:
-            self.transport.send(name, {"t": "r", "p": payload})
+            self.transport.send_packed(name, cm.encode(cm.RaftMessage(payload)))
+
+    # -- inter-node messages ---------------------------------------------------------------------------------
+    def register(self, kind: type[cm.R], handler: Callable[[str, cm.R], Any]) -> None:
+        """Handle inter-node messages (or requests) of record `kind` with `handler(peer, record)`; a request's
+        handler returns the reply (a record, a plain value, or an awaitable of either)."""
+        self.registry.register(kind, handler)
+
+    def send(self, peer: str, record: Any) -> bool:
+        """Queue a message record for `peer`; False (dropped) when it is not connected or its buffers are full."""
+        return self.transport.send_packed(peer, cm.encode(record))
+
+    async def call(self, peer: str, request: Any, timeout: float = 5.0) -> Any:
+        """Send a request record and await its reply (the request's `REPLY` record, or a plain value)."""
+        value = await self.transport.call_packed(peer, cm.encode(request), timeout=timeout)
+        return cm.reply_from_wire(request, value)
+
+    def handle_here(self, request: Any) -> Any:
+        """Run this node's own handler of `request`, as if this node had sent it to itself."""
+        return self.registry.handle_record(self.name, request)
 
     def _on_message(self, peer: str, obj: Any) -> None:
-        if obj.get("t") == "r":
-            raft_id = self._raft_id_of(peer)
-            if raft_id and self.driver is not None:
-                self.driver.receive(raft_id, obj["p"])
-        elif not any(sub.on_message(peer, obj) for sub in self.subsystems):
-            log.warning("unknown inter-node message %r from %s", obj.get("t"), peer)
+        try:
+            record = cm.from_wire(obj)
+            if type(record) is cm.RaftMessage:
+                raft_id = self._raft_id_of(peer)
+                if raft_id and self.driver is not None:
+                    self.driver.receive(raft_id, record.payload)
+                return
+            self.registry.handle_record(peer, record)
+        except cm.MessageError as exc:
+            log.warning("dropped an inter-node message from %s: %s", peer, exc)
 
     def _on_request(self, peer: str, obj: Any) -> Any:
-        handler = self.handlers.get(obj.get("t"))
-        if handler is None:
-            raise ValueError(f"unknown inter-node request {obj.get('t')!r}")
-        return handler(peer, obj)
+        result = self.registry.handle(peer, obj)  # MessageError: an error reply, the connection stays
+        if inspect.isawaitable(result):
+            return self._reply_when_done(result)
+        return cm.to_wire(result) if cm.is_record(result) else result
+
+    @staticmethod
+    async def _reply_when_done(result: Awaitable[Any]) -> Any:
+        value = await result
+        return cm.to_wire(value) if cm.is_record(value) else value
 
     def _on_peer_up(self, peer: str) -> None:
         raft_id = self._raft_id_of(peer)
@@ -316,9 +352,9 @@ class ClusterService:
         log.info("metadata leader is now %s", name or "unknown")
 
     # -- proposals ------------------------------------------------------------------------------------------
-    def replicate(self, op: dict[str, Any]) -> None:
+    def replicate(self, op: DefinitionOp) -> None:
         """Queue a change this node just made; it is proposed at the end of this loop iteration."""
-        self._pending_ops.append(dict(op, inc=self.incarnation))
+        self._pending_ops.append(op)
         if self._flush_handle is None:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_ops)
 
@@ -338,7 +374,7 @@ class ClusterService:
             elif t.exception() is not None:
                 exc = t.exception()
                 log.error("metadata change not committed (%d operations: %s); will retry: %s", len(ops),
-                          ", ".join(sorted({o.get("op", "?") for o in ops})), exc)
+                          ", ".join(sorted({ops_.kind_of(o) for o in ops})), exc)
                 fut.set_exception(ClusterUnavailable(str(exc)))
                 self._retry_later(ops)
             else:
@@ -349,7 +385,7 @@ class ClusterService:
 
         task.add_done_callback(done)
 
-    def _retry_later(self, ops: list[dict[str, Any]]) -> None:
+    def _retry_later(self, ops: list[DefinitionOp]) -> None:
         """A change made here that did not commit stays a change to make: it is proposed again (with
         the same incarnation) until it commits, so the cluster converges on what this node did."""
         async def again() -> None:
@@ -400,13 +436,13 @@ class ClusterService:
         peers = self.transport.connected_peers()
         if not peers:
             return
-        calls = [self.transport.call(p, {"t": "sync", "index": index}, timeout=timeout) for p in peers]
+        calls = [self.call(p, cm.Sync(index), timeout=timeout) for p in peers]
         await asyncio.gather(*calls, return_exceptions=True)
 
-    async def _handle_sync(self, peer: str, obj: dict[str, Any]) -> bool:
+    async def _handle_sync(self, peer: str, req: cm.Sync) -> bool:
         loop = asyncio.get_running_loop()
         try:
-            await self._wait_applied(int(obj["index"]), loop.time() + 1.0)
+            await self._wait_applied(req.index, loop.time() + 1.0)
         except TimeoutError:
             return False
         return True
@@ -418,14 +454,14 @@ class ClusterService:
     async def barrier(self, timeout: float | None = None) -> None:
         """A read barrier: a no-op committed through the leader and applied here, so every change
         committed before this call is in this node's state."""
-        await self._propose_until_done([{"op": "noop"}], timeout=self.timeout_s if timeout is None else timeout)
+        await self._propose_until_done([ops_.Noop()], timeout=self.timeout_s if timeout is None else timeout)
 
-    async def _propose_until_done(self, ops: list[dict[str, Any]], timeout: float | None = -1.0) -> int:
+    async def _propose_until_done(self, ops: list[DefinitionOp], timeout: float | None = -1.0) -> int:
         """Propose through whichever node leads; wait until applied here. Returns the entry's index."""
         loop = asyncio.get_running_loop()
         limit = self.timeout_s if timeout == -1.0 else timeout
         deadline = None if limit is None else loop.time() + limit
-        data = encode_ops(ops)
+        data = encode_ops(ops, self.incarnation)  # stamped: this process applied them before proposing
         delay = RETRY_S
         while True:
             remaining = None if deadline is None else deadline - loop.time()
@@ -448,7 +484,7 @@ class ClusterService:
         leader = self._name_of(self.group.leader)
         if leader is None:
             raise NotLeader(0)
-        return int(await self.transport.call(leader, {"t": "propose", "d": data}, timeout=timeout))
+        return int(await self.call(leader, cm.Propose(data), timeout=timeout))
 
     def _applied(self, index: int) -> None:
         if not self._apply_waiters:
@@ -471,33 +507,31 @@ class ClusterService:
         await asyncio.wait_for(fut, None if deadline is None else max(0.0, deadline - loop.time()))
 
     # -- requests from peers -------------------------------------------------------------------------------
-    async def _handle_propose(self, peer: str, obj: dict[str, Any]) -> int:
+    async def _handle_propose(self, peer: str, req: cm.Propose) -> int:
         if not self.group.is_leader:
             raise NotLeader(self.group.leader)
-        return int(await self.group.propose(obj["d"], timeout=self.timeout_s))
+        return int(await self.group.propose(req.data, timeout=self.timeout_s))
 
-    async def _handle_join(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+    async def _handle_join(self, peer: str, req: cm.Join) -> cm.JoinReply:
         if not self.group.is_leader:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ValueError("no metadata leader at the moment; retry")
-            return await self.transport.call(leader, obj, timeout=self.timeout_s * 2)
+            return await self.call(leader, req, timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
         async with self._join_lock:
-            name = obj["name"]
-            await self._propose_until_done([{"op": "cluster.join", "name": name, "host": obj["host"],
-                                             "port": int(obj["port"])}])
+            name = req.name
+            await self._propose_until_done([ops_.ClusterJoin(name, req.host, req.port)])
             member = self.machine.members[name]
             self._learn(member)
-            if obj.get("promote") and member.raft_id not in self.machine.voters:
+            if req.promote and member.raft_id not in self.machine.voters:
                 await self.group.add_voter(member.raft_id, timeout=self.timeout_s)
                 log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
-            return {"raft_id": member.raft_id,
-                    "members": [m.to_list() for m in self.machine.members.values()]}
+            return cm.JoinReply(member.raft_id, [m.to_list() for m in self.machine.members.values()])
 
-    async def _handle_leave(self, peer: str, obj: dict[str, Any]) -> str:
-        return await self.forget(obj["name"])
+    async def _handle_leave(self, peer: str, req: cm.Leave) -> str:
+        return await self.forget(req.name)
 
-    def _handle_status(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def _handle_status(self, peer: str, req: cm.Status) -> cm.NodeStatus:
         return self.local_status()
 
     # -- operations (hutchctl, the HTTP API) -------------------------------------------------------------
@@ -513,12 +547,12 @@ class ClusterService:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ClusterUnavailable("no metadata leader at the moment")
-            return await self.transport.call(leader, {"t": "leave", "name": name}, timeout=self.timeout_s * 2)
+            return await self.call(leader, cm.Leave(name), timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
         async with self._join_lock:
             raft_id = self.machine.members[name].raft_id
             if raft_id in self.machine.voters:
                 await self.group.remove_voter(raft_id, timeout=self.timeout_s)
-            await self._propose_until_done([{"op": "cluster.leave", "name": name}])
+            await self._propose_until_done([ops_.ClusterLeave(name)])
         log.info("node %s was removed from the cluster", name)
         return name
 
@@ -538,7 +572,7 @@ class ClusterService:
         self.node.reset_to([])
         self.machine = MetadataMachine(self.node, self.incarnation)
         self.machine.on_applied = self._applied
-        self.raft_id = int(reply["raft_id"])
+        self.raft_id = reply.raft_id
         self._save_identity(self.raft_id)
         self.driver = RaftDriver(self.raft_id, os.path.join(self.directory, "raft"), self._send_raft,
                                  tick_s=self.config.cluster_tick_ms / 1000,
@@ -546,24 +580,22 @@ class ClusterService:
         await self.driver.start()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine, bootstrap_voters=None)
         self.group.on_leader_change = self._leader_changed
-        for v in reply["members"]:
+        for v in reply.members:
             self._learn(Member.from_list(v))
         await self._join_through(seed, promote=True)
         await self.barrier()
 
-    def local_status(self) -> dict[str, Any]:
-        return {"name": self.name, "alarms": sorted(self.node.alarms), "running": True,
-                "raft_id": self.raft_id}
+    def local_status(self) -> cm.NodeStatus:
+        return cm.NodeStatus(self.name, sorted(self.node.alarms), True, self.raft_id)
 
     async def status(self) -> dict[str, Any]:
         members = sorted(self.machine.members.values(), key=lambda m: m.raft_id)
         running = [self.name] + sorted(self.transport.connected_peers())
         alarms: list[dict[str, Any]] = [{"node": self.name, "alarms": sorted(self.node.alarms)}]
-        calls = {p: asyncio.ensure_future(self.transport.call(p, {"t": "status"}, timeout=2.0))
-                 for p in running[1:]}
+        calls = {p: asyncio.ensure_future(self.call(p, cm.Status(), timeout=2.0)) for p in running[1:]}
         for peer, fut in calls.items():
             try:
-                alarms.append({"node": peer, "alarms": (await fut)["alarms"]})
+                alarms.append({"node": peer, "alarms": list((await fut).alarms)})
             except Exception:  # noqa: BLE001 - a peer that stopped answering is reported as not running
                 running.remove(peer)
         group = self.group.status() if self.group is not None else {}

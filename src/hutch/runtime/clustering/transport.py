@@ -63,8 +63,10 @@ from hutch.cluster.wire import (
     encode_refused,
     pack_error,
     pack_message,
+    pack_message_raw,
     pack_reply,
     pack_request,
+    pack_request_raw,
 )
 
 log = logging.getLogger("hutch.transport")
@@ -428,13 +430,28 @@ class Transport:
             return False
         return self._enqueue(peer, peer.conn, entry)
 
+    def send_packed(self, name: str, payload: bytes) -> bool:
+        """`send` of a value already msgpack-encoded (the cluster's message records are encoded once by
+        their codec, `hutch.cluster.messages`); the peer receives the decoded value."""
+        peer = self._peers.get(name)
+        if peer is None or peer.conn is None:
+            return False
+        return self._enqueue(peer, peer.conn, pack_message_raw(payload))
+
     async def call(self, name: str, obj: Any, timeout: float = 5.0) -> Any:
+        return await self._call(name, lambda request_id: pack_request(request_id, obj), timeout)
+
+    async def call_packed(self, name: str, payload: bytes, timeout: float = 5.0) -> Any:
+        """`call` with a request already msgpack-encoded (see `send_packed`)."""
+        return await self._call(name, lambda request_id: pack_request_raw(request_id, payload), timeout)
+
+    async def _call(self, name: str, make_entry: Callable[[int], bytes], timeout: float) -> Any:
         peer = self._peers.get(name)
         if peer is None or peer.conn is None:
             raise PeerUnavailable(f"node {name!r} is not connected")
         request_id = self._next_request_id
         self._next_request_id += 1
-        entry = pack_request(request_id, obj)
+        entry = make_entry(request_id)
         if not self._enqueue(peer, peer.conn, entry):
             raise PeerUnavailable(f"node {name!r}: outgoing buffer full")
         fut: asyncio.Future[Any] = self._loop.create_future()

@@ -33,6 +33,7 @@ import msgpack
 
 from hutch.amqp import spec
 from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
+from hutch.cluster import messages as cm
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 from hutch.core.vhost import rs
@@ -47,24 +48,19 @@ PREPARE_TIMEOUT_S = 5.0
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
 
-def encode_message(msg: Message) -> list[Any]:
-    return [msg.exchange, msg.routing_key, bytes(msg.properties_raw), bytes(msg.body), bytes(msg.route_tail),
-            msg.foreign_deaths]
-
-
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def pack_message(msg: Message) -> bytes:
-    """`msgpack(encode_message(msg))`, without the copies (bytes-like fields are packed as they are)."""
+    """`msgpack(message_to_wire(msg))`: a message as a quorum queue stores it (bytes-like fields packed as
+    they are, no copies)."""
     return _pack((msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg.route_tail,
                   msg.foreign_deaths))
 
 
 def decode_message(v: list[Any]) -> Message:
-    msg = Message(v[0], v[1], None, v[3], v[2], v[4])
-    msg.foreign_deaths = bool(v[5])
-    return msg
+    """The message `pack_message` packed, once unpacked (a quorum queue's stored payload)."""
+    return cm.message_from_wire(v)
 
 
 def home_down_error(q: Queue, home: str) -> ChannelError:
@@ -97,19 +93,18 @@ class RemoteQueue(Queue):
         if not link.up(self.home):
             raise home_down_error(self, self.home)
         if isinstance(method, spec.Basic.Get):
-            reply = await link.request(self.home, {"t": "qget", "v": self.vhost, "q": self.name,
-                                                   "na": bool(method.no_ack)})
-            self._set_counts(reply["c"])
-            e = reply.get("e")
+            reply = await link.request(self.home, cm.QueueGet(self.vhost, self.name, bool(method.no_ack)))
+            self._set_counts(reply.counts)
+            e = reply.entry
             if e is not None:
-                entry = QueueEntry(int(e[0]), decode_message(e[1]))
+                entry = QueueEntry(int(e[0]), cm.message_from_wire(e[1]))
                 entry.redelivered = bool(e[2])
                 self._prepared_get = entry
         elif isinstance(method, spec.Queue.Purge):
-            reply = await link.request(self.home, {"t": "qpurge", "v": self.vhost, "q": self.name})
+            reply = await link.request(self.home, cm.QueuePurge(self.vhost, self.name))
             self._prepared_purge = int(reply)
         else:
-            reply = await link.request(self.home, {"t": "qinfo", "v": self.vhost, "q": self.name})
+            reply = await link.request(self.home, cm.QueueInfo(self.vhost, self.name))
             self._set_counts(reply)
 
     def _set_counts(self, counts: list[int] | None) -> None:
@@ -129,13 +124,13 @@ class RemoteQueue(Queue):
         return entry
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:
-        self.link.settle(self, "qk", entries)
+        self.link.settle(self, cm.Outcome.ACK, entries)
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
-        self.link.settle(self, "qr", entries)
+        self.link.settle(self, cm.Outcome.REQUEUE, entries)
 
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
-        self.link.settle(self, "qx", entries, reason)
+        self.link.settle(self, cm.Outcome.DISCARD, entries, reason)
 
     def purge(self) -> int:
         count, self._prepared_purge = self._prepared_purge, 0
@@ -158,6 +153,17 @@ class RemoteQueue(Queue):
 
     def consumers(self) -> list[Consumer]:
         return list(self._consumers.values())
+
+    def consumer_ended(self, cid: int) -> None:
+        """The home node ended consumer `cid` (its queue went): basic.cancel to the client."""
+        consumer = self._consumers.pop(cid, None)
+        if consumer is not None:
+            consumer.channel.consumer_cancelled_by_broker(consumer)
+
+    def set_stats(self, row: list[Any]) -> None:
+        """The counts the home node reported: ready, unacked, consumers, bytes, then the stat_* counters."""
+        (self._ready, self._unacked, self._consumer_count, self._bytes, self.stat_published, self.stat_delivered,
+         self.stat_acked, self.stat_redelivered, self.stat_get) = (int(x) for x in row)
 
     def home_down(self) -> None:
         """The home node went away: cancel this node's consumers (basic.cancel to clients)."""
@@ -234,6 +240,7 @@ class QueueLink:
         self.cluster = cluster
         self.transport = cluster.transport
         self._ids = itertools.count(1)
+        self._send = cluster.send
         # origin side
         self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}
         self.confirm_pending: dict[int, str] = {}  # publish id -> home node, until acked or nacked
@@ -243,22 +250,27 @@ class QueueLink:
         self.out_entries: dict[str, dict[int, tuple[Queue, QueueEntry, Consumer | None]]] = {}
         self.remote_consumers: dict[tuple[str, int], Consumer] = {}
         self._confirm_backlog: list[tuple[str, int, int]] = []  # (peer, publish id, storage count to sync)
-        self._acks_out: dict[tuple[str, str], list[int]] = {}  # (peer, "qa"|"qn") -> ids, sent once per turn
+        self._acks_out: dict[tuple[str, bool], list[int]] = {}  # (peer, confirmed) -> ids, sent once per turn
         self._acks_scheduled = False
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
-        cluster.handlers.update({"qget": self._h_get, "qpurge": self._h_purge, "qinfo": self._h_info})
+        for kind, handler in ((cm.QueueGet, self._h_get), (cm.QueuePurge, self._h_purge), (cm.QueueInfo, self._h_info),
+                              (cm.RemotePublish, self._on_publish), (cm.RemoteDeliver, self._on_delivery),
+                              (cm.RemoteSettle, self._on_settle), (cm.RemoteConfirm, self._on_confirm),
+                              (cm.RemoteConsume, self._on_consume), (cm.RemoteCancel, self._on_cancel),
+                              (cm.QueueStats, self._on_stats), (cm.RemoteConsumerEnded, self._on_consumer_ended)):
+            cluster.register(kind, handler)
         node.cluster_peer_hooks.append(self._peer_changed)
         node.sync_hooks.append(self._storage_synced)
 
     def up(self, peer: str) -> bool:
         return self.transport.connected(peer)
 
-    async def request(self, peer: str, obj: dict[str, Any]) -> Any:
+    async def request(self, peer: str, req: cm.QueueGet | cm.QueuePurge | cm.QueueInfo) -> Any:
         try:
-            return await self.transport.call(peer, obj, timeout=PREPARE_TIMEOUT_S)
+            return await self.cluster.call(peer, req, timeout=PREPARE_TIMEOUT_S)
         except (PeerUnavailable, TimeoutError) as exc:
-            raise ChannelError(NOT_FOUND, f"home node '{peer}' of {rs('queue', obj['q'], obj['v'])} is down "
+            raise ChannelError(NOT_FOUND, f"home node '{peer}' of {rs('queue', req.queue, req.vhost)} is down "
                                           "or inaccessible") from exc
         except RemoteError as exc:
             text = str(exc)
@@ -273,8 +285,7 @@ class QueueLink:
     def publish(self, q: RemoteQueue, msg: Message) -> bool | None:
         pid = next(self._ids)
         self.last_publish_id = pid
-        if not self.transport.send(q.home, {"t": "qp", "v": q.vhost, "q": q.name, "m": encode_message(msg),
-                                            "i": pid}):
+        if not self._send(q.home, cm.RemotePublish(q.vhost, q.name, pid, msg)):
             self.confirm_nacked.add(pid)  # home node down: the message is lost, tell a confirming publisher
             return None
         self.confirm_pending[pid] = q.home
@@ -294,50 +305,62 @@ class QueueLink:
                 result = -1
         return result
 
+    def open_publish(self, home: str) -> int:
+        """A new publish id whose confirm waits for `home` (a quorum queue's publish: `settle_confirms`)."""
+        pid = self.last_publish_id = next(self._ids)
+        self.confirm_pending[pid] = home
+        return pid
+
     def forget_confirms(self, lo: int, hi: int) -> None:
         nacked = self.confirm_nacked
         if nacked:
             for pid in range(lo, hi + 1):
                 nacked.discard(pid)
 
-    def settle(self, q: RemoteQueue, kind: str, entries: Iterable[QueueEntry], reason: str = "") -> None:
+    def settle(self, q: RemoteQueue, outcome: cm.Outcome, entries: Iterable[QueueEntry], reason: str = "") -> None:
         ids = [e.seq for e in entries]
         if ids:
-            self.transport.send(q.home, {"t": kind, "ids": ids, "r": reason})
+            self._send(q.home, cm.RemoteSettle(int(outcome), ids, reason))
 
     def add_consumer(self, q: RemoteQueue, consumer: Consumer) -> int:
         cid = next(self._ids)
         self.consumers[cid] = (q, consumer)
-        self.transport.send(q.home, {"t": "qc", "v": q.vhost, "q": q.name, "cid": cid, "tag": consumer.tag,
-                                     "na": consumer.no_ack, "ex": consumer.exclusive, "pf": consumer.prefetch,
-                                     "pr": consumer.priority})
+        self._send(q.home, cm.RemoteConsume(q.vhost, q.name, cid, consumer.tag, bool(consumer.no_ack),
+                                            bool(consumer.exclusive), int(consumer.prefetch), int(consumer.priority)))
         return cid
 
     def cancel_consumer(self, q: RemoteQueue, cid: int) -> None:
         self.consumers.pop(cid, None)
-        self.transport.send(q.home, {"t": "qcc", "cid": cid})
+        self._send(q.home, cm.RemoteCancel(cid))
 
     def forget_consumer(self, consumer: Consumer) -> None:
         for cid, (_q, c) in list(self.consumers.items()):
             if c is consumer:
                 del self.consumers[cid]
 
-    def _on_delivery(self, obj: dict[str, Any]) -> None:
-        found = self.consumers.get(obj["cid"])
+    def _on_delivery(self, peer: str, d: cm.RemoteDeliver) -> None:
+        found = self.consumers.get(d.consumer_id)
         if found is None:  # cancelled meanwhile: give it back
-            if not obj.get("na"):
-                self.transport.send(obj["from"], {"t": "qr", "ids": [obj["d"]], "r": ""})
+            if not d.no_ack:
+                self._send(peer, cm.RemoteSettle(cm.Outcome.REQUEUE, [d.delivery_id], ""))
             return
         q, consumer = found
-        entry = QueueEntry(int(obj["d"]), decode_message(obj["m"]))
-        entry.redelivered = bool(obj["rd"])
+        entry = QueueEntry(d.delivery_id, d.message)
+        entry.redelivered = d.redelivered
         if not consumer.no_ack:
             consumer.unacked += 1
         consumer.delivered += 1
         q.stat_delivered += 1
         consumer.channel.deliver(consumer, q, entry)
 
-    def _on_confirms(self, acks: list[int], nacks: list[int]) -> None:
+    def _on_confirm(self, peer: str, c: cm.RemoteConfirm) -> None:
+        if c.ok:
+            self.settle_confirms(c.publish_ids, [])
+        else:
+            self.settle_confirms([], c.publish_ids)
+
+    def settle_confirms(self, acks: list[int], nacks: list[int]) -> None:
+        """Publishes confirmed (`acks`) or refused (`nacks`) by their queue: the waiting channels re-check."""
         for pid in acks:
             self.confirm_pending.pop(pid, None)
         for pid in nacks:
@@ -352,8 +375,8 @@ class QueueLink:
         q = v.queues.get(name) if v is not None else None
         return None if q is None or getattr(q, "remote", False) else q
 
-    def _confirm_out(self, peer: str, kind: str, pid: int) -> None:
-        self._acks_out.setdefault((peer, kind), []).append(pid)
+    def _confirm_out(self, peer: str, ok: bool, pid: int) -> None:
+        self._acks_out.setdefault((peer, ok), []).append(pid)
         if not self._acks_scheduled:
             self._acks_scheduled = True
             asyncio.get_running_loop().call_soon(self._send_confirms)
@@ -361,26 +384,26 @@ class QueueLink:
     def _send_confirms(self) -> None:
         self._acks_scheduled = False
         out, self._acks_out = self._acks_out, {}
-        for (peer, kind), ids in out.items():
-            self.transport.send(peer, {"t": kind, "ids": ids})
+        for (peer, ok), ids in out.items():
+            self._send(peer, cm.RemoteConfirm(ok, ids))
 
-    def _on_publishes(self, peer: str, obj: dict[str, Any]) -> None:
-        q = self._lookup(obj["v"], obj["q"])
-        pid = obj["i"]
+    def _on_publish(self, peer: str, p: cm.RemotePublish) -> None:
+        q = self._lookup(p.vhost, p.queue)
+        pid = p.publish_id
         if q is None:
-            self._confirm_out(peer, "qn", pid)
+            self._confirm_out(peer, False, pid)
             return
         storage = self.node.persistence
         before = storage.last_enqueued if storage is not None else 0
-        refused = q.publish(decode_message(obj["m"])) is False
+        refused = q.publish(p.message) is False
         if refused:
-            self._confirm_out(peer, "qn", pid)
+            self._confirm_out(peer, False, pid)
             return
         need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
         if need and storage is not None and need > storage.synced_seq:
             self._confirm_backlog.append((peer, pid, need))
         else:
-            self._confirm_out(peer, "qa", pid)
+            self._confirm_out(peer, True, pid)
 
     def _storage_synced(self, synced: int) -> None:
         if not self._confirm_backlog:
@@ -395,18 +418,25 @@ class QueueLink:
         self._confirm_backlog = keep
         for peer, ids in by_peer.items():
             for pid in ids:
-                self._confirm_out(peer, "qa", pid)
+                self._confirm_out(peer, True, pid)
 
-    def _on_consume(self, peer: str, obj: dict[str, Any]) -> None:
-        q = self._lookup(obj["v"], obj["q"])
+    def _on_consume(self, peer: str, c: cm.RemoteConsume) -> None:
+        q = self._lookup(c.vhost, c.queue)
         if q is None:
-            self.transport.send(peer, {"t": "qe", "cid": obj["cid"]})
+            self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
             return
-        deliverer = _RemoteDeliverer(self, peer, int(obj["cid"]))
-        consumer = Consumer(obj["tag"], deliverer, q, bool(obj["na"]), bool(obj["ex"]), int(obj["pf"]),
-                            int(obj["pr"]))
-        self.remote_consumers[(peer, int(obj["cid"]))] = consumer
+        deliverer = _RemoteDeliverer(self, peer, c.consumer_id)
+        consumer = Consumer(c.tag, deliverer, q, c.no_ack, c.exclusive, c.prefetch, c.priority)
+        self.remote_consumers[(peer, c.consumer_id)] = consumer
         q.add_consumer(consumer)
+
+    def _on_cancel(self, peer: str, c: cm.RemoteCancel) -> None:
+        self.drop_remote_consumer(peer, c.consumer_id)
+
+    def _on_consumer_ended(self, peer: str, e: cm.RemoteConsumerEnded) -> None:
+        found = self.consumers.pop(e.consumer_id, None)
+        if found is not None:
+            found[0].consumer_ended(e.consumer_id)
 
     def drop_remote_consumer(self, peer: str, cid: int, notify: bool = False) -> None:
         consumer = self.remote_consumers.pop((peer, cid), None)
@@ -414,7 +444,7 @@ class QueueLink:
             return
         q = consumer.queue
         if notify:
-            self.transport.send(peer, {"t": "qe", "cid": cid})
+            self._send(peer, cm.RemoteConsumerEnded(cid))
         else:
             q.remove_consumer(consumer)
             if q.auto_delete and not q.consumer_count and not q.deleted:
@@ -426,10 +456,10 @@ class QueueLink:
         did = next(self._ids)
         if not consumer.no_ack:
             self.out_entries.setdefault(d.peer, {})[did] = (queue, entry, consumer)
-        self.transport.send(d.peer, {"t": "qd", "cid": d.cid, "d": did, "m": encode_message(entry.msg),
-                                     "rd": entry.redelivered, "na": consumer.no_ack})
+        self._send(d.peer, cm.RemoteDeliver(d.cid, did, entry.msg, bool(entry.redelivered), bool(consumer.no_ack)))
 
-    def _on_settle(self, peer: str, kind: str, ids: list[int], reason: str) -> None:
+    def _on_settle(self, peer: str, s: cm.RemoteSettle) -> None:
+        outcome, ids, reason = s.outcome, s.delivery_ids, s.reason
         table = self.out_entries.get(peer)
         if not table:
             return
@@ -445,36 +475,36 @@ class QueueLink:
         for q, entries in by_queue.values():
             if q.deleted:
                 continue
-            if kind == "qk":
+            if outcome == cm.Outcome.ACK:
                 q.ack(entries)
-            elif kind == "qr":
+            elif outcome == cm.Outcome.REQUEUE:
                 q.requeue(entries)
             else:
                 q.discard(entries, reason or "rejected")
             q.deliver_pending()
 
-    def _h_get(self, peer: str, obj: dict[str, Any]) -> dict[str, Any]:
-        q = self._lookup(obj["v"], obj["q"])
+    def _h_get(self, peer: str, req: cm.QueueGet) -> cm.QueueGetReply:
+        q = self._lookup(req.vhost, req.queue)
         if q is None:
-            raise LookupError(f"404 no {rs('queue', obj['q'], obj['v'])}")
-        no_ack = bool(obj["na"])
+            raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
+        no_ack = req.no_ack
         entry = q.get(_RemoteDeliverer(self, peer, 0), no_ack)
-        reply: dict[str, Any] = {"c": [q.message_count, q.unacked_count, q.consumer_count]}
+        wire_entry = None
         if entry is not None:
             did = next(self._ids)
             if not no_ack:
                 self.out_entries.setdefault(peer, {})[did] = (q, entry, None)
-            reply["e"] = [did, encode_message(entry.msg), entry.redelivered]
-        return reply
+            wire_entry = [did, cm.message_to_wire(entry.msg), bool(entry.redelivered)]
+        return cm.QueueGetReply([q.message_count, q.unacked_count, q.consumer_count], wire_entry)
 
-    def _h_purge(self, peer: str, obj: dict[str, Any]) -> int:
-        q = self._lookup(obj["v"], obj["q"])
+    def _h_purge(self, peer: str, req: cm.QueuePurge) -> int:
+        q = self._lookup(req.vhost, req.queue)
         if q is None:
-            raise LookupError(f"404 no {rs('queue', obj['q'], obj['v'])}")
+            raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
         return q.purge()
 
-    def _h_info(self, peer: str, obj: dict[str, Any]) -> list[int] | None:
-        q = self._lookup(obj["v"], obj["q"])
+    def _h_info(self, peer: str, req: cm.QueueInfo) -> list[int] | None:
+        q = self._lookup(req.vhost, req.queue)
         return None if q is None else [q.message_count, q.unacked_count, q.consumer_count]
 
     # -- queue counts for other nodes' listings -----------------------------------------------------------
@@ -510,48 +540,17 @@ class QueueLink:
                     changed.append([vhost.name, q.name, *row])
         if changed:
             for peer in self.transport.connected_peers():
-                self.transport.send(peer, {"t": "qs", "s": changed})
+                self._send(peer, cm.QueueStats(changed))
 
-    def _on_stats(self, rows: list[list[Any]]) -> None:
+    def _on_stats(self, peer: str, stats: cm.QueueStats) -> None:
         vhosts = self.node.vhosts
-        for row in rows:
+        for row in stats.rows:
             v = vhosts.get(row[0])
             q = v.queues.get(row[1]) if v is not None else None
             if isinstance(q, RemoteQueue):
-                (q._ready, q._unacked, q._consumer_count, q._bytes, q.stat_published, q.stat_delivered,
-                 q.stat_acked, q.stat_redelivered, q.stat_get) = (int(x) for x in row[2:11])
+                q.set_stats(row[2:11])
 
-    # -- messages and liveness ---------------------------------------------------------------------------
-    def on_message(self, peer: str, obj: dict[str, Any]) -> bool:
-        """Handle a queue-protocol message; False if `obj` is not one."""
-        kind = obj.get("t")
-        if kind == "qp":
-            self._on_publishes(peer, obj)
-        elif kind == "qd":
-            obj["from"] = peer
-            self._on_delivery(obj)
-        elif kind in ("qk", "qr", "qx"):
-            self._on_settle(peer, kind, obj["ids"], obj.get("r", ""))
-        elif kind == "qa":
-            self._on_confirms(obj["ids"], [])
-        elif kind == "qn":
-            self._on_confirms([], obj["ids"])
-        elif kind == "qc":
-            self._on_consume(peer, obj)
-        elif kind == "qcc":
-            self.drop_remote_consumer(peer, int(obj["cid"]))
-        elif kind == "qs":
-            self._on_stats(obj["s"])
-        elif kind == "qe":
-            found = self.consumers.pop(int(obj["cid"]), None)
-            if found is not None:
-                q, consumer = found
-                q._consumers.pop(int(obj["cid"]), None)
-                consumer.channel.consumer_cancelled_by_broker(consumer)
-        else:
-            return False
-        return True
-
+    # -- liveness ------------------------------------------------------------------------------------
     def _peer_changed(self, peer: str, up: bool) -> None:
         if up:
             self._stats_sent.clear()  # the next push tells everyone everything
@@ -559,7 +558,7 @@ class QueueLink:
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
         nacks = [pid for pid, home in self.confirm_pending.items() if home == peer]
         if nacks:
-            self._on_confirms([], nacks)
+            self.settle_confirms([], nacks)
         for vhost in self.node.vhosts.values():
             for q in vhost.queues.values():
                 if isinstance(q, RemoteQueue) and q.home == peer:

@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
+from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
 
@@ -40,22 +41,21 @@ class RemoteQueueType:
                 arguments: dict[str, Any], owner: object) -> Queue:
         raise ChannelError(PRECONDITION_FAILED, "remote queues are declared on their home node")
 
-    def restore(self, vhost: VirtualHost, op: dict[str, Any]) -> bool:
-        if op["op"] != "queue.declare":
+    def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
+        if not isinstance(op, DeclareQueue):
             return False
-        home = op.get("node", self.node.name)
+        home = op.node or self.node.name
         if home == self.node.name:
             return False
-        existing = vhost.queues.get(op["name"])
+        existing = vhost.queues.get(op.name)
         if existing is not None:
             if getattr(existing, "home", None) == home:
                 return True
             log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
-                        op["name"], vhost.name, home, home)
+                        op.name, vhost.name, home, home)
             self.node.delete_queue(vhost, existing)
-        q = RemoteQueue(self.link, home, vhost.name, op["name"], op.get("durable", True),
-                        op.get("exclusive", False), op["auto_delete"],
-                        self.node.unpack_arguments(op["arguments"]))
+        q = RemoteQueue(self.link, home, vhost.name, op.name, op.durable, op.exclusive, op.auto_delete,
+                        self.node.unpack_arguments(op.arguments))
         self.node.add_queue(vhost, q, count=False)
         return True
 

@@ -21,6 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.arguments import validate_queue_arguments
+from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.queues.classic.queue import (
     PRESSURE_RAM_BYTES_LIMIT,
@@ -71,14 +72,14 @@ class ClassicQueueType:
         features.attach(self.node, self.timers, q)
         return q
 
-    def restore(self, vhost: VirtualHost, op: dict[str, Any]) -> bool:
-        if op["op"] != "queue.declare":
+    def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
+        if not isinstance(op, DeclareQueue):
             return False
-        if op.get("durable", True):
-            self.node.declare_queue(vhost, op["name"], True, False, op["auto_delete"],
-                                    self.node.unpack_arguments(op["arguments"]), None)
+        if op.durable:
+            self.node.declare_queue(vhost, op.name, True, False, op.auto_delete,
+                                    self.node.unpack_arguments(op.arguments), None)
         else:  # this node's transient queue: it did not survive the restart
-            self.node.stale_transient.append((vhost.name, op["name"]))
+            self.node.stale_transient.append((vhost.name, op.name))
         return True
 
     def record_fields(self, q: Queue) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hutch.cluster import messages as cm
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import BALANCED_MAX_QUEUES, CALL_TIMEOUT_S, QuorumQueue, log
 
@@ -44,7 +45,7 @@ class QuorumMembership:
         def leader_name(self, q: QuorumQueue) -> str | None: ...
         def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None: ...
         def attach(self, q: QuorumQueue, campaign: bool, joining: bool = False) -> None: ...
-        async def _forward_or(self, q: QuorumQueue, obj: dict[str, Any]) -> Any | None: ...
+        async def _forward_or(self, q: QuorumQueue, req: Any) -> Any | None: ...
         def _queue(self, gid: int) -> QuorumQueue: ...
 
     def choose_leader(self, locator: str) -> str:
@@ -115,40 +116,39 @@ class QuorumMembership:
             raise LookupError(f"node {name!r} is not a member of this cluster")
         if name in q.members:
             raise ValueError(f"node {name!r} is already a member of {rs('queue', q.name, q.vhost)}")
-        await self._on_leader(q, {"t": "qq.member", "g": q.gid, "add": name})
+        await self._on_leader(q, cm.QuorumMember(q.gid, name, True))
 
     async def delete_member(self, q: QuorumQueue, name: str) -> None:
         if name not in q.members:
             raise LookupError(f"node {name!r} is not a member of {rs('queue', q.name, q.vhost)}")
         if len(q.members) == 1:
             raise ValueError(f"cannot remove the last member of {rs('queue', q.name, q.vhost)}")
-        await self._on_leader(q, {"t": "qq.member", "g": q.gid, "delete": name})
+        await self._on_leader(q, cm.QuorumMember(q.gid, name, False))
 
-    async def _on_leader(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
+    async def _on_leader(self, q: QuorumQueue, req: cm.QuorumMember) -> Any:
         if self.is_leader(q):
-            return await self._h_member(self.name, obj)
+            return await self._h_member(self.name, req)
         target = self._target(q)
         if target is None:
             raise ValueError(f"{rs('queue', q.name, q.vhost)} has no leader (no majority of its members)")
-        return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S * 4)
+        return await self.cluster.call(target, req, timeout=CALL_TIMEOUT_S * 4)
 
-    async def _h_member(self, peer: str, obj: dict[str, Any]) -> Any:
-        q = self._queue(obj["g"])
-        forwarded = await self._forward_or(q, obj)
+    async def _h_member(self, peer: str, req: cm.QuorumMember) -> Any:
+        q = self._queue(req.gid)
+        forwarded = await self._forward_or(q, req)
         if forwarded is not None:
             return forwarded
         assert q.replica is not None
         group = q.replica.group
         vhost = self.node.vhosts[q.vhost]
-        if obj.get("add"):
-            name = obj["add"]
+        name = req.node
+        if req.add:
             if name not in q.members:
                 self.node.set_queue_members(vhost, q, [*q.members, name])
                 await self.cluster.wait_replicated()
                 await self.cluster.sync_peers()
             await group.add_voter(self.cluster.raft_id_of(name), timeout=CALL_TIMEOUT_S * 2)
         else:
-            name = obj["delete"]
             await group.remove_voter(self.cluster.raft_id_of(name), timeout=CALL_TIMEOUT_S * 2)
             if name in q.members:
                 self.node.set_queue_members(vhost, q, [m for m in q.members if m != name])

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import msgpack
 
 from hutch.amqp import spec
+from hutch.cluster import messages as cm
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
 from hutch.queues.quorum import commands as qc
@@ -241,24 +242,23 @@ class QuorumQueue(Queue):
     # -- preparing channel methods --------------------------------------------------------------------
     async def prepare(self, method: spec.Method) -> None:
         if isinstance(method, spec.Basic.Get):
-            reply = await self.svc.call(self, {"t": "qq.get", "g": self.gid, "na": bool(method.no_ack),
-                                                "n": self.svc.name})
-            self._counts = (int(reply["r"]), *self._counts[1:])
-            if reply.get("m") is not None:
-                msg_id, payload, redelivered, count = reply["m"]
+            reply = await self.svc.call(self, cm.QuorumGet(self.gid, bool(method.no_ack), self.svc.name))
+            self._counts = (reply.ready, *self._counts[1:])
+            if reply.message is not None:
+                msg_id, payload, redelivered, count = reply.message
                 entry = QueueEntry(int(msg_id), self.svc.message(payload, count))
                 entry.redelivered = bool(redelivered)
                 if not method.no_ack:
                     self.owner_of[int(msg_id)] = 0
                 self._prepared_get = entry
         elif isinstance(method, spec.Queue.Purge):
-            self._prepared_purge = int(await self.svc.call(self, {"t": "qq.purge", "g": self.gid}))
+            self._prepared_purge = int(await self.svc.call(self, cm.QuorumPurge(self.gid)))
         elif isinstance(method, spec.Basic.Consume):
             return
         elif isinstance(method, spec.Basic.Cancel):
             await self.cancel_committed(method.consumer_tag)
         else:
-            self._counts = tuple(await self.svc.call(self, {"t": "qq.info", "g": self.gid}))  # type: ignore
+            self._counts = tuple(await self.svc.call(self, cm.QuorumInfo(self.gid)))  # type: ignore
 
     # -- messages ------------------------------------------------------------------------------------
     def publish(self, msg: Message) -> bool | None:
@@ -325,7 +325,7 @@ class QuorumQueue(Queue):
             if c.tag == tag:
                 del self.local[cid]
                 try:
-                    await self.svc.call(self, {"t": "qq.cancel", "g": self.gid, "k": list(self.svc.key(cid))})
+                    await self.svc.call(self, cm.QuorumCancel(self.gid, *self.svc.key(cid)))
                 except Exception:  # noqa: BLE001 - no leader in time, or it changed: proposed again below
                     self.svc.propose(self, qc.make_cancel(self.svc.key(cid)))  # goes when there is a leader
                 return

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.core.arguments import validate_queue_arguments
+from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue, leader_locator
@@ -69,24 +70,26 @@ class QuorumQueueType:
         cluster.post_commit.append(lambda: svc.elect(q))
         return q
 
-    def restore(self, vhost: VirtualHost, op: dict[str, Any]) -> bool:
+    def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if self.service is None:
             return False
-        if op["op"] == "queue.members":
-            q = vhost.queues.get(op["name"])
+        if isinstance(op, SetQueueMembers):
+            q = vhost.queues.get(op.name)
             if not isinstance(q, QuorumQueue):
                 return False
-            self.service.members_changed(q, list(op["members"]))
+            self.service.members_changed(q, list(op.members))
             return True
-        if op.get("type") != "quorum":
+        if op.type != "quorum":
             return False
-        existing = vhost.queues.get(op["name"])
+        if op.gid is None or op.members is None:
+            raise ValueError(f"quorum queue '{op.name}' declared without its group id or members")
+        existing = vhost.queues.get(op.name)
         if existing is not None:
-            if getattr(existing, "gid", None) == op["gid"]:
+            if getattr(existing, "gid", None) == op.gid:
                 return True
             self.node.delete_queue(vhost, existing)
-        q = QuorumQueue(self.service, vhost.name, op["name"], self.node.unpack_arguments(op["arguments"]),
-                        int(op["gid"]), list(op["members"]))
+        q = QuorumQueue(self.service, vhost.name, op.name, self.node.unpack_arguments(op.arguments),
+                        op.gid, list(op.members))
         self.node.add_queue(vhost, q, count=False)
         self.service.attach(q, campaign=False)
         return True

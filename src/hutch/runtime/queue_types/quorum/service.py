@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from hutch.amqp.errors import NOT_FOUND, ChannelError
+from hutch.cluster import messages as cm
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, QueueEntry
 from hutch.core.vhost import rs
@@ -74,8 +75,12 @@ class QuorumService(QuorumMembership):
         self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
         self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
         self._tick: asyncio.TimerHandle | None = None
-        cluster.handlers.update({"qq.get": self._h_get, "qq.purge": self._h_purge, "qq.info": self._h_info,
-                                 "qq.member": self._h_member, "qq.cancel": self._h_cancel})
+        for kind, handler in ((cm.QuorumGet, self._h_get), (cm.QuorumPurge, self._h_purge),
+                              (cm.QuorumInfo, self._h_info), (cm.QuorumMember, self._h_member),
+                              (cm.QuorumCancel, self._h_cancel), (cm.QuorumCommand, self._on_command),
+                              (cm.QuorumDeliver, self._on_deliver), (cm.QuorumConfirm, self._on_confirm),
+                              (cm.QuorumLeaderChanged, self._on_leader_changed)):
+            cluster.register(kind, handler)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     # -- groups ----------------------------------------------------------------------------------------
@@ -166,16 +171,14 @@ class QuorumService(QuorumMembership):
                 return True
             log.warning("quorum queue '%s': no leader reachable; command dropped", q.name)
             return False
-        return self.transport.send(target, {"t": "qq.cmd", "g": q.gid, "c": data})
+        return self.cluster.send(target, cm.QuorumCommand(q.gid, data))
 
     def publish(self, q: QuorumQueue, msg: Message) -> None:
         """Enqueue `msg` with this node's next seq for the queue. The publishes of one loop turn go in
         one EnqueueBatch entry per BATCH_MAX (`_flush_batches`). Each is kept until confirmed and sent
         again if its route went down or it is not confirmed in RESEND_S: the machine applies a seq once,
         whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice."""
-        link = self.cluster.link
-        pid = link.last_publish_id = next(link._ids)
-        link.confirm_pending[pid] = QUORUM_TARGET
+        pid = self.cluster.link.open_publish(QUORUM_TARGET)
         seq = q.next_seq = q.next_seq + 1
         item = [pid, b"", 0.0, msg, seq, None]
         q.unconfirmed[seq] = item
@@ -244,7 +247,7 @@ class QuorumService(QuorumMembership):
         self._confirms_scheduled = False
         acks, self._acks = self._acks, []
         nacks, self._nacks = self._nacks, []
-        self.cluster.link._on_confirms(acks, nacks)
+        self.cluster.link.settle_confirms(acks, nacks)
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
         """Propose again, in seq order, the entries of the publishes not confirmed for `older_than_s`
@@ -273,17 +276,17 @@ class QuorumService(QuorumMembership):
         self.propose(q, qc.make_checkout(self.key(cid), consumer.prefetch, consumer.no_ack, consumer.priority,
                                          consumer.tag, self.name, channel_id))
 
-    async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any:
+    async def call(self, q: QuorumQueue, req: Any) -> Any:
         """A request the leader answers (basic.get, purge, counts); from any node."""
         self.flush_batch(q)
         if self.is_leader(q):
-            return await self.cluster.handlers[obj["t"]](self.name, obj)
+            return await self.cluster.handle_here(req)
         target = self._target(q)
         if target is None:
             raise ChannelError(NOT_FOUND, f"{rs('queue', q.name, q.vhost)} has no leader at the moment (no "
                                           "majority of its members is reachable)")
         try:
-            return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S)
+            return await self.cluster.call(target, req, timeout=CALL_TIMEOUT_S)
         except (PeerUnavailable, TimeoutError, RemoteError) as exc:
             raise ChannelError(NOT_FOUND, f"{rs('queue', q.name, q.vhost)} is unavailable: {exc}") from exc
 
@@ -294,83 +297,75 @@ class QuorumService(QuorumMembership):
             raise LookupError("404 no such quorum queue")
         return q
 
-    async def _forward_or(self, q: QuorumQueue, obj: dict[str, Any]) -> Any | None:
+    async def _forward_or(self, q: QuorumQueue, req: Any) -> Any | None:
         if self.is_leader(q):
             return None
         target = self._target(q)
         if target is None or target == self.name:
             raise LookupError(f"404 {rs('queue', q.name, q.vhost)} has no leader at the moment")
-        return await self.transport.call(target, obj, timeout=CALL_TIMEOUT_S)
+        return await self.cluster.call(target, req, timeout=CALL_TIMEOUT_S)
 
-    async def _h_get(self, peer: str, obj: dict[str, Any]) -> Any:
-        q = self._queue(obj["g"])
-        forwarded = await self._forward_or(q, obj)
+    async def _h_get(self, peer: str, req: cm.QuorumGet) -> cm.QuorumGetReply:
+        q = self._queue(req.gid)
+        forwarded = await self._forward_or(q, req)
         if forwarded is not None:
-            return forwarded
+            return forwarded  # type: ignore[no-any-return]
         assert q.replica is not None
-        node = obj.get("n", peer)
-        cmd = qc.make_dequeue((node, 0), bool(obj["na"]), node, f"{node}/get")
+        node = req.node
+        cmd = qc.make_dequeue((node, 0), req.no_ack, node, f"{node}/get")
         reply = await q.replica.group.propose(qc.encode(cmd, now_ms()), timeout=CALL_TIMEOUT_S)
-        out: dict[str, Any] = {"r": reply.ready, "m": None}
+        message = None
         if reply.message is not None:
             msg_id, raft_index, redelivered, count = reply.message
-            out["m"] = [msg_id, self.read_payload(q, raft_index), redelivered, count]
-        return out
+            message = [msg_id, self.read_payload(q, raft_index), redelivered, count]
+        return cm.QuorumGetReply(int(reply.ready), message)
 
-    async def _h_cancel(self, peer: str, obj: dict[str, Any]) -> Any:
-        q = self._queue(obj["g"])
-        forwarded = await self._forward_or(q, obj)
+    async def _h_cancel(self, peer: str, req: cm.QuorumCancel) -> Any:
+        q = self._queue(req.gid)
+        forwarded = await self._forward_or(q, req)
         if forwarded is not None:
             return forwarded
         assert q.replica is not None
-        node, cid = obj["k"]
-        await q.replica.group.propose(qc.encode(qc.make_cancel((str(node), int(cid))), now_ms()),
+        await q.replica.group.propose(qc.encode(qc.make_cancel((req.node, req.consumer_id)), now_ms()),
                                       timeout=CALL_TIMEOUT_S)
         return True
 
-    async def _h_purge(self, peer: str, obj: dict[str, Any]) -> Any:
-        q = self._queue(obj["g"])
-        forwarded = await self._forward_or(q, obj)
+    async def _h_purge(self, peer: str, req: cm.QuorumPurge) -> Any:
+        q = self._queue(req.gid)
+        forwarded = await self._forward_or(q, req)
         if forwarded is not None:
             return forwarded
         assert q.replica is not None
         return int(await q.replica.group.propose(qc.encode(qc.make_purge(), now_ms()), timeout=CALL_TIMEOUT_S))
 
-    async def _h_info(self, peer: str, obj: dict[str, Any]) -> Any:
-        q = self._queue(obj["g"])
-        forwarded = await self._forward_or(q, obj)
+    async def _h_info(self, peer: str, req: cm.QuorumInfo) -> Any:
+        q = self._queue(req.gid)
+        forwarded = await self._forward_or(q, req)
         if forwarded is not None:
             return forwarded
         return list(q._state_counts())
 
     # -- messages between nodes ------------------------------------------------------------------------
-    def on_message(self, peer: str, obj: dict[str, Any]) -> bool:
-        kind = obj.get("t")
-        if kind == "qq.cmd":
-            q = self.queues.get(int(obj["g"]))
-            if q is not None:
-                _t, cmd = qc.decode(obj["c"])
-                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
-        elif kind == "qq.d":
-            q = self.queues.get(int(obj["g"]))
-            if q is not None:
-                self._deliver_here(q, int(obj["k"]), obj["m"])
-        elif kind == "qq.c":
-            q = self.queues.get(int(obj["g"]))
-            if q is not None and obj["i"] == self.cluster.incarnation:
-                self._confirmed(q, obj["s"], bool(obj["ok"]))
-        elif kind == "qq.lc":  # a new leader, told to a node with consumers that is not a member
-            q = self.queues.get(int(obj["g"]))
-            if q is not None and q.replica is None:
-                self._cancel_on_failover(q)
-        elif kind == "qq.x":
-            q = self.queues.get(int(obj["g"]))
-            c = q.local.pop(int(obj["k"]), None) if q is not None else None
-            if c is not None:
-                c.channel.consumer_cancelled_by_broker(c)
-        else:
-            return False
-        return True
+    def _on_command(self, peer: str, m: cm.QuorumCommand) -> None:
+        q = self.queues.get(m.gid)
+        if q is not None:
+            _t, cmd = qc.decode(m.command)
+            self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
+
+    def _on_deliver(self, peer: str, m: cm.QuorumDeliver) -> None:
+        q = self.queues.get(m.gid)
+        if q is not None:
+            self._deliver_here(q, m.consumer_id, m.messages)
+
+    def _on_confirm(self, peer: str, m: cm.QuorumConfirm) -> None:
+        q = self.queues.get(m.gid)
+        if q is not None and m.incarnation == self.cluster.incarnation:
+            self._confirmed(q, m.seqs, m.ok)
+
+    def _on_leader_changed(self, peer: str, m: cm.QuorumLeaderChanged) -> None:
+        q = self.queues.get(m.gid)  # a new leader, told to a node with consumers that is not a member
+        if q is not None and q.replica is None:
+            self._cancel_on_failover(q)
 
     def _deliver_here(self, q: QuorumQueue, cid: int, msgs: list[list[Any]]) -> None:
         consumer = q.local.get(cid)
@@ -496,15 +491,14 @@ class QuorumService(QuorumMembership):
                 if node == self.name:
                     self._deliver_here(q, cid, msgs)  # a consumer gone meanwhile: gives them back
                 else:
-                    self.transport.send(node, {"t": "qq.d", "g": q.gid, "k": cid, "m": msgs})
+                    self.cluster.send(node, cm.QuorumDeliver(q.gid, cid, msgs))
             elif t is qe.Confirm or t is qe.Reject:
                 node, incarnation = eff.publisher_id
                 if node == self.name:
                     if incarnation == self.cluster.incarnation:
                         self._confirmed(q, eff.seqs, t is qe.Confirm)
                 else:
-                    self.transport.send(node, {"t": "qq.c", "g": q.gid, "i": incarnation, "s": list(eff.seqs),
-                                               "ok": t is qe.Confirm})
+                    self.cluster.send(node, cm.QuorumConfirm(q.gid, incarnation, list(eff.seqs), t is qe.Confirm))
             elif t is qe.DeadLetter:
                 self._dead_letter(q, eff.reason, eff.raft_indexes)
             elif t is qe.DeleteQueue:
@@ -592,7 +586,7 @@ class QuorumService(QuorumMembership):
         log.info("quorum queue '%s' in vhost '%s': leader is now %s", q.name, q.vhost, self.name)
         consumer_nodes = {c.node for c in q.replica.machine.state.consumers.by_key.values()}
         for node in sorted(consumer_nodes - set(q.members) - {self.name, ""}):
-            self.transport.send(node, {"t": "qq.lc", "g": q.gid})  # non-members see no leader change
+            self.cluster.send(node, cm.QuorumLeaderChanged(q.gid))  # non-members see no leader change
         q._last_config = None
         q.apply_settings(q.settings)
         effects = q.replica.machine.leader_effects()

@@ -1,0 +1,536 @@
+"""Every message one node sends another after the handshake, as a typed record, with one codec and one
+dispatch table.
+
+Owns:
+- The records: one `NamedTuple` per message kind (Raft traffic, transparent routing of classic queues,
+  quorum queues, cluster membership and operations), each with a small integer `TAG`. A request (sent
+  with the transport's `call`) names the record its reply is decoded into in `REPLY` (None: the reply is
+  a plain msgpack value, documented on the request).
+- The codec: `to_wire(record)` -> `[TAG, field, ...]` (a positional msgpack array; a `Message` field is
+  the array `[exchange, routing_key, properties_raw, body, route_tail, foreign_deaths]`), `from_wire(value)`
+  -> record, and `encode(record) -> bytes` / `decode(bytes) -> record` (msgpack underneath). The
+  transport's batch decoder unpacks a whole frame at once, so the runtime receives wire values and calls
+  `from_wire`; `encode`/`decode` are the same codec on bytes.
+- The dispatch table: `Registry.register(Kind, handler)` (one handler per kind, a second registration is
+  a bug and raises) and `Registry.handle(peer, value)`, which decodes and calls the handler.
+
+Rules:
+- Pure: no asyncio, no sockets, no clock. `from_wire` raises only `MessageError` subclasses: `UnknownMessage`
+  for a tag no record has (or a kind no handler is registered for), `MalformedMessage` for the wrong number
+  of fields or a field of the wrong type, with the kind's name and the field in the text. The runtime logs
+  them and carries on; nothing a peer sends makes it raise anything else.
+- Field types are checked one level deep (an `int` field holds an int, a `list` field a list); the elements
+  of list fields are the handler's to check (they are converted with `int()`/`str()` where used).
+- Records are `NamedTuple`s rather than frozen dataclasses because they are built once per message on the
+  hot paths (publish, deliver, confirm, Raft): constructing one costs about 0.11 µs against 0.36 µs for a
+  frozen slotted dataclass of the same fields (CPython 3.11, this machine), and a tuple packs as the
+  msgpack array it is on the wire. They are immutable and typed; compare them by kind and fields.
+- The wire format may change between versions; a mixed-version cluster is not supported (the handshake's
+  protocol version guards it).
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+import msgpack
+
+from hutch.core.message import Message
+
+
+class MessageError(ValueError):
+    """A value received from a peer is not a message this node understands."""
+
+
+class UnknownMessage(MessageError):
+    """No record has this tag, or no handler is registered for this kind on this node."""
+
+
+class MalformedMessage(MessageError):
+    """A known kind with the wrong number of fields or a field of the wrong type."""
+
+
+# -- the records ----------------------------------------------------------------------------------------
+# Tags: 1-9 Raft and the metadata group, 10-29 transparent routing (queue_types/remote.py), 30-49 quorum
+# queues (queue_types/quorum/), 50-59 operations (mgmt). A reply record has a tag of its own.
+
+
+class RaftMessage(NamedTuple):
+    """The Raft driver's batch for one peer (`hutch.cluster.raft_wire.PeerBatch`, already a wire value)."""
+
+    payload: list[Any]
+    TAG = 1
+
+
+class JoinReply(NamedTuple):
+    raft_id: int
+    members: list[list[Any]]  # Member.to_list() of every member
+    TAG = 2
+
+
+class Join(NamedTuple):
+    """Register a node with the metadata leader (`promote`: make the registered node a voter)."""
+
+    name: str
+    host: str
+    port: int
+    promote: bool
+    TAG = 3
+    REPLY = JoinReply
+
+
+class Propose(NamedTuple):
+    """Propose an encoded metadata entry at the leader. Reply: its Raft index (int)."""
+
+    data: bytes
+    TAG = 4
+    REPLY = None
+
+
+class Leave(NamedTuple):
+    """Forget a stopped member (at the metadata leader). Reply: the node's name (str)."""
+
+    name: str
+    TAG = 5
+    REPLY = None
+
+
+class NodeStatus(NamedTuple):
+    name: str
+    alarms: list[str]
+    running: bool
+    raft_id: int
+    TAG = 6
+
+
+class Status(NamedTuple):
+    """A member's own status (cluster_status)."""
+
+    TAG = 7
+    REPLY = NodeStatus
+
+
+class Sync(NamedTuple):
+    """Wait (briefly) until the metadata is applied up to `index`. Reply: True if it is (bool)."""
+
+    index: int
+    TAG = 8
+    REPLY = None
+
+
+class RemotePublish(NamedTuple):
+    """A publish to a queue whose home is the receiving node; answered by `RemoteConfirm`."""
+
+    vhost: str
+    queue: str
+    publish_id: int
+    message: Message
+    TAG = 10
+
+
+class RemoteConfirm(NamedTuple):
+    """The home node's answer to publishes: enqueued (and synced when it had to be), or refused."""
+
+    ok: bool
+    publish_ids: list[int]
+    TAG = 11
+
+
+class RemoteDeliver(NamedTuple):
+    """A delivery from a queue's home node to the node of its consumer."""
+
+    consumer_id: int
+    delivery_id: int
+    message: Message
+    redelivered: bool
+    no_ack: bool
+    TAG = 12
+
+
+class Outcome(enum.IntEnum):
+    ACK = 0
+    REQUEUE = 1
+    DISCARD = 2
+
+
+class RemoteSettle(NamedTuple):
+    """The consumer's node settles deliveries of the home node (ack, requeue, or reject/nack)."""
+
+    outcome: int  # an Outcome
+    delivery_ids: list[int]
+    reason: str  # dead-letter reason of a discard ("" otherwise)
+    TAG = 13
+
+
+class RemoteConsume(NamedTuple):
+    """basic.consume on a queue of the receiving node, for a consumer on the sender."""
+
+    vhost: str
+    queue: str
+    consumer_id: int
+    tag: str
+    no_ack: bool
+    exclusive: bool
+    prefetch: int
+    priority: int
+    TAG = 14
+
+
+class RemoteCancel(NamedTuple):
+    """The consumer's node cancelled consumer `consumer_id`."""
+
+    consumer_id: int
+    TAG = 15
+
+
+class RemoteConsumerEnded(NamedTuple):
+    """The home node ended consumer `consumer_id` (queue gone or deleted): basic.cancel to the client."""
+
+    consumer_id: int
+    TAG = 16
+
+
+class QueueStats(NamedTuple):
+    """Counts of the sender's queues that changed: rows [vhost, queue, ready, unacked, consumers, bytes,
+    published, delivered, acked, redelivered, get]."""
+
+    rows: list[list[Any]]
+    TAG = 17
+
+
+class QueueGetReply(NamedTuple):
+    counts: list[int]  # ready, unacked, consumers
+    entry: list[Any] | None  # [delivery id, Message wire value, redelivered], or None when empty
+    TAG = 18
+
+
+class QueueGet(NamedTuple):
+    """basic.get at the home node."""
+
+    vhost: str
+    queue: str
+    no_ack: bool
+    TAG = 19
+    REPLY = QueueGetReply
+
+
+class QueuePurge(NamedTuple):
+    """queue.purge at the home node. Reply: the count purged (int)."""
+
+    vhost: str
+    queue: str
+    TAG = 20
+    REPLY = None
+
+
+class QueueInfo(NamedTuple):
+    """The counts of a queue at its home node. Reply: [ready, unacked, consumers], or None if no queue."""
+
+    vhost: str
+    queue: str
+    TAG = 21
+    REPLY = None
+
+
+class QuorumCommand(NamedTuple):
+    """An encoded quorum-queue command (queues/quorum/commands.py) forwarded to the group's leader."""
+
+    gid: int
+    command: bytes
+    TAG = 30
+
+
+class QuorumDeliver(NamedTuple):
+    """The leader's deliveries to a consumer on the receiving node: [msg id, payload, redelivered, count]."""
+
+    gid: int
+    consumer_id: int
+    messages: list[list[Any]]
+    TAG = 31
+
+
+class QuorumConfirm(NamedTuple):
+    """The leader's confirms (`ok`) or rejections of a publisher's seqs; `incarnation` is the publisher's."""
+
+    gid: int
+    incarnation: str
+    seqs: list[int]
+    ok: bool
+    TAG = 32
+
+
+class QuorumLeaderChanged(NamedTuple):
+    """A new leader, told to a node with consumers that is not a member (it sees no leader change)."""
+
+    gid: int
+    TAG = 33
+
+
+class QuorumGetReply(NamedTuple):
+    ready: int
+    message: list[Any] | None  # [msg id, payload, redelivered, delivery count], or None when empty
+    TAG = 34
+
+
+class QuorumGet(NamedTuple):
+    """basic.get at the leader, for a getter on `node`."""
+
+    gid: int
+    no_ack: bool
+    node: str
+    TAG = 35
+    REPLY = QuorumGetReply
+
+
+class QuorumPurge(NamedTuple):
+    """queue.purge at the leader. Reply: the count purged (int)."""
+
+    gid: int
+    TAG = 36
+    REPLY = None
+
+
+class QuorumInfo(NamedTuple):
+    """The leader's counts. Reply: [ready, unacked, consumers, bytes, ...] (QuorumQueue._state_counts)."""
+
+    gid: int
+    TAG = 37
+    REPLY = None
+
+
+class QuorumMember(NamedTuple):
+    """Add (`add`) or remove member `node` at the leader. Reply: True (bool)."""
+
+    gid: int
+    node: str
+    add: bool
+    TAG = 38
+    REPLY = None
+
+
+class QuorumCancel(NamedTuple):
+    """Cancel consumer (`node`, `consumer_id`) at the leader, committed before the reply. Reply: True."""
+
+    gid: int
+    node: str
+    consumer_id: int
+    TAG = 39
+    REPLY = None
+
+
+class QuorumLocalView(NamedTuple):
+    """A member's own view of a quorum queue's group (mgmt/quorum.py). Reply: a JSON-able dict."""
+
+    gid: int
+    TAG = 50
+    REPLY = None
+
+
+class QuorumTransfer(NamedTuple):
+    """Hand the leadership of a quorum queue to member `to` (at the leader). Reply: True."""
+
+    gid: int
+    to: str
+    TAG = 51
+    REPLY = None
+
+
+class NodeInfo(NamedTuple):
+    """A node's `node_info` (GET /api/nodes on another node). Reply: a JSON-able dict."""
+
+    TAG = 52
+    REPLY = None
+
+
+RECORDS: tuple[type, ...] = (
+    RaftMessage, JoinReply, Join, Propose, Leave, NodeStatus, Status, Sync,
+    RemotePublish, RemoteConfirm, RemoteDeliver, RemoteSettle, RemoteConsume, RemoteCancel, RemoteConsumerEnded,
+    QueueStats, QueueGetReply, QueueGet, QueuePurge, QueueInfo,
+    QuorumCommand, QuorumDeliver, QuorumConfirm, QuorumLeaderChanged, QuorumGetReply, QuorumGet, QuorumPurge,
+    QuorumInfo, QuorumMember, QuorumCancel, QuorumLocalView, QuorumTransfer, NodeInfo,
+)
+"""Every record kind that travels between nodes."""
+
+# -- Message fields --------------------------------------------------------------------------------------
+
+
+def message_to_wire(msg: Message) -> tuple[Any, ...]:
+    """A message as it travels: bytes-like fields are packed as they are (no copies)."""
+    return (msg.exchange, msg.routing_key, msg.properties_raw, msg.body, msg.route_tail, msg.foreign_deaths)
+
+
+def message_from_wire(v: Any) -> Message:
+    if type(v) is not list or len(v) != 6 or type(v[0]) is not str or type(v[1]) is not str \
+            or type(v[2]) is not bytes or type(v[3]) is not bytes or type(v[4]) is not bytes:
+        raise MalformedMessage(f"a message must be [exchange, routing_key, properties, body, route_tail, "
+                               f"foreign_deaths], got {_short(v)}")
+    msg = Message(v[0], v[1], None, v[3], v[2], v[4])
+    if v[5]:
+        msg.foreign_deaths = True
+    return msg
+
+
+# -- the codec -------------------------------------------------------------------------------------------
+
+_CHECKS: dict[Any, str] = {
+    int: "type({x}) is int", str: "type({x}) is str", bytes: "type({x}) is bytes",
+    bool: "type({x}) is bool", list: "type({x}) is list",
+}
+
+
+def _check_of(annotation: Any, x: str) -> str | None:
+    """The check expression of one field (None: anything goes), from its annotation."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(annotation)
+        parts = [f"{x} is None" if a is type(None) else _check_of(a, x) for a in args]
+        return None if None in parts else "(" + " or ".join(p for p in parts if p) + ")"
+    base = origin or annotation
+    if base is Any:
+        return None
+    return _CHECKS[base].format(x=x)
+
+
+def _compile(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[Any]], Any]]:
+    """The encoder (record -> wire value) and decoder (wire value -> record) of one record kind, generated
+    from its fields, like dataclasses generates __init__ (a per-field loop costs several times more)."""
+    hints = typing.get_type_hints(cls)
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    tag = cls.TAG  # type: ignore[attr-defined]
+    names = [f"a{i}" for i in range(len(fields))]
+    enc = [f"_mw(r[{i}])" if hints[f] is Message else f"r[{i}]" for i, f in enumerate(fields)]
+    env: dict[str, Any] = {"_mw": message_to_wire, "_mr": message_from_wire, "_new": tuple.__new__, "_cls": cls,
+                           "_bad": _bad, "_n": len(fields) + 1}
+    lines = [f"def encode(r):\n    return ({tag}, {''.join(e + ', ' for e in enc)})",
+             "def decode(v):",
+             "    if len(v) != _n:",
+             "        raise _bad(_cls, v, None)"]
+    if names:
+        lines.append(f"    _, {', '.join(names)} = v")
+    for name, f in zip(names, fields, strict=True):
+        if hints[f] is Message:
+            lines.append(f"    {name} = _mr({name})")
+            continue
+        check = _check_of(hints[f], name)
+        if check is not None:
+            lines.append(f"    if not {check}:\n        raise _bad(_cls, v, {f!r})")
+    lines.append(f"    return _new(_cls, ({''.join(n + ', ' for n in names)}))")
+    exec("\n".join(lines), env)  # noqa: S102 - code generated from our own record definitions only
+    return env["encode"], env["decode"]
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _bad(cls: type, v: Any, field: str | None) -> MalformedMessage:
+    if field is None:
+        return MalformedMessage(f"malformed inter-node message {cls.__name__}: expected "
+                                f"{len(cls._fields)} fields, got {len(v) - 1}")  # type: ignore[attr-defined]
+    i = cls._fields.index(field) + 1  # type: ignore[attr-defined]
+    return MalformedMessage(f"malformed inter-node message {cls.__name__}: field {field!r} is "
+                            f"{type(v[i]).__name__} {_short(v[i])}")
+
+
+_ENCODERS: dict[type, Callable[[Any], Any]] = {}
+_DECODERS: dict[int, Callable[[list[Any]], Any]] = {}
+for _cls in RECORDS:
+    if _cls.TAG in _DECODERS:  # type: ignore[attr-defined]
+        raise AssertionError(f"two records with tag {_cls.TAG}")  # type: ignore[attr-defined]
+    _ENCODERS[_cls], _DECODERS[_cls.TAG] = _compile(_cls)  # type: ignore[attr-defined]
+del _cls
+
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def is_record(value: Any) -> bool:
+    return type(value) in _ENCODERS
+
+
+def to_wire(record: Any) -> tuple[Any, ...]:
+    """The msgpack-able value of a record: `(TAG, field, ...)`."""
+    try:
+        return _ENCODERS[type(record)](record)  # type: ignore[no-any-return]
+    except KeyError:
+        raise TypeError(f"not an inter-node message record: {type(record).__name__}") from None
+
+
+def from_wire(value: Any) -> Any:
+    """The record a received wire value holds; `MessageError` if it holds none."""
+    if type(value) is not list or not value:
+        raise MalformedMessage(f"an inter-node message must be a non-empty array, got {_short(value)}")
+    tag = value[0]
+    decoder = _DECODERS.get(tag) if type(tag) is int else None
+    if decoder is None:
+        raise UnknownMessage(f"unknown inter-node message kind {_short(value[0])}")
+    return decoder(value)
+
+
+def encode(record: Any) -> bytes:
+    return _pack(to_wire(record))  # type: ignore[no-any-return]
+
+
+def decode(data: bytes | memoryview) -> Any:
+    try:
+        value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises ValueError subclasses, TypeError, ...
+        raise MalformedMessage(f"undecodable inter-node message ({type(exc).__name__}: {exc})") from None
+    return from_wire(value)
+
+
+def reply_from_wire(request: Any, value: Any) -> Any:
+    """The reply to `request` as its `REPLY` record, or the plain value for a request without one."""
+    kind = type(request).REPLY
+    if kind is None:
+        return value
+    record = from_wire(value)
+    if type(record) is not kind:
+        raise MalformedMessage(f"reply to {type(request).__name__} is {type(record).__name__}, not {kind.__name__}")
+    return record
+
+
+# -- the dispatch table ----------------------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+class Registry:
+    """One handler per record kind; `handle` decodes a wire value and calls its kind's handler with
+    (peer, record). A handler of a request returns the reply (a record, a plain value, or an awaitable)."""
+
+    __slots__ = ("_handlers",)
+
+    def __init__(self) -> None:
+        self._handlers: dict[type, Callable[[str, Any], Any]] = {}
+
+    def register(self, kind: type[R], handler: Callable[[str, R], Any]) -> None:
+        if kind not in _ENCODERS:
+            raise TypeError(f"not an inter-node message record: {kind.__name__}")
+        if kind in self._handlers:
+            raise ValueError(f"a handler for {kind.__name__} is already registered")
+        self._handlers[kind] = handler
+
+    def registered(self, kind: type) -> bool:
+        return kind in self._handlers
+
+    def handle(self, peer: str, value: Any) -> Any:
+        """Decode `value` and call its handler; `MessageError` for an unknown or malformed message."""
+        return self.handle_record(peer, from_wire(value))
+
+    def handle_record(self, peer: str, record: Any) -> Any:
+        handler = self._handlers.get(type(record))
+        if handler is None:
+            raise UnknownMessage(f"no handler for inter-node message {type(record).__name__} on this node")
+        return handler(peer, record)
+
+
+__all__ = [
+    "RECORDS", "MalformedMessage", "MessageError", "Outcome", "Registry", "UnknownMessage", "decode", "encode",
+    "from_wire", "is_record", "message_from_wire", "message_to_wire", "reply_from_wire", "to_wire",
+    *(cls.__name__ for cls in RECORDS),
+]

@@ -1,0 +1,173 @@
+"""The inter-node message records and their codec (hutch.cluster.messages): every kind round-trips through
+`encode`/`decode` and through the transport's path (`to_wire`, a msgpack frame, `from_wire`); unknown and
+malformed values raise `MessageError` subclasses only; the registry dispatches by kind."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hutch.cluster import messages as cm
+from hutch.cluster import wire
+from hutch.core.message import Message
+
+# -- strategies ------------------------------------------------------------------------------------------
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=20),
+                     st.binary(max_size=20))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> Message:
+    msg = Message(draw(st.text(max_size=30)), draw(st.text(max_size=30)), None, draw(st.binary(max_size=200)),
+                  draw(st.binary(max_size=30)), draw(st.binary(min_size=1, max_size=30)))
+    msg.foreign_deaths = draw(st.booleans())
+    return msg
+
+
+def _strategy(annotation: Any) -> st.SearchStrategy[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        return st.one_of(*(_strategy(a) for a in typing.get_args(annotation)))
+    base = origin or annotation
+    return {
+        int: st.integers(-(2**63), 2**64 - 1), str: st.text(max_size=30), bytes: st.binary(max_size=100),
+        bool: st.booleans(), list: st.lists(_values, max_size=5), type(None): st.none(), Any: _values,
+        Message: messages(),
+    }[base]
+
+
+def records(cls: type) -> st.SearchStrategy[Any]:
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, *(_strategy(hints[f]) for f in cls._fields))  # type: ignore[attr-defined]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as records: Message fields compared by what travels."""
+    if type(a) is not type(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, Message):
+            if cm.message_to_wire(x) != cm.message_to_wire(y) or bytes(x.body) != bytes(y.body):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+# -- round trips -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_kind_round_trips_through_the_codec(cls: type, data: st.DataObject) -> None:
+    record = data.draw(records(cls))
+    assert same(cm.decode(cm.encode(record)), record)
+
+
+@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_every_kind_round_trips_through_a_transport_batch(cls: type, data: st.DataObject) -> None:
+    """As the transport carries it: packed into a MESSAGE entry, a batch frame, decoded with the frame."""
+    record = data.draw(records(cls))
+    frame = wire.encode_batch([wire.pack_message_raw(cm.encode(record))])
+    (batch,) = wire.FrameDecoder(1 << 20).feed(frame)
+    kind, value = batch[0]
+    assert kind == wire.MESSAGE
+    assert same(cm.from_wire(value), record)
+
+
+def test_tags_are_distinct_and_every_kind_is_listed() -> None:
+    tags = [cls.TAG for cls in cm.RECORDS]  # type: ignore[attr-defined]
+    assert len(set(tags)) == len(tags)
+    records_in_module = {v for v in vars(cm).values() if isinstance(v, type) and issubclass(v, tuple)
+                         and hasattr(v, "TAG")}
+    assert records_in_module == set(cm.RECORDS)
+
+
+def test_a_request_reply_is_decoded_into_its_reply_record() -> None:
+    reply = cm.QueueGetReply([1, 0, 2], None)
+    value = msgpack.unpackb(msgpack.packb(cm.to_wire(reply)), raw=False)
+    assert cm.reply_from_wire(cm.QueueGet("/", "q", False), value) == reply
+    assert cm.reply_from_wire(cm.QueuePurge("/", "q"), 5) == 5  # a request without a reply record
+    with pytest.raises(cm.MalformedMessage, match="reply to QueueGet is QuorumGetReply"):
+        cm.reply_from_wire(cm.QueueGet("/", "q", False), list(cm.to_wire(cm.QuorumGetReply(1, None))))
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "error", "text"), [
+    ([999, 1], cm.UnknownMessage, "unknown inter-node message kind 999"),
+    (["qp", 1], cm.UnknownMessage, "unknown inter-node message kind 'qp'"),
+    ({"t": "qp"}, cm.MalformedMessage, "must be a non-empty array"),
+    ([], cm.MalformedMessage, "must be a non-empty array"),
+    (None, cm.MalformedMessage, "must be a non-empty array"),
+    ([cm.RemoteCancel.TAG], cm.MalformedMessage, "RemoteCancel: expected 1 fields, got 0"),
+    ([cm.RemoteCancel.TAG, 1, 2], cm.MalformedMessage, "RemoteCancel: expected 1 fields, got 2"),
+    ([cm.RemoteCancel.TAG, "1"], cm.MalformedMessage, "RemoteCancel: field 'consumer_id' is str '1'"),
+    ([cm.RemoteConfirm.TAG, 1, [1]], cm.MalformedMessage, "RemoteConfirm: field 'ok' is int 1"),
+    ([cm.RemotePublish.TAG, "/", "q", 1, ["x", "rk"]], cm.MalformedMessage, "a message must be"),
+    ([cm.RemotePublish.TAG, "/", "q", 1, ["x", "rk", "props", b"", b"", False]], cm.MalformedMessage,
+     "a message must be"),
+    ([cm.QueueGetReply.TAG, [0, 0, 0], 5], cm.MalformedMessage, "field 'entry' is int 5"),
+    ([cm.RaftMessage.TAG, b"x"], cm.MalformedMessage, "RaftMessage: field 'payload' is bytes"),
+])
+def test_unknown_and_malformed_values_raise_a_message_error(value: Any, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        cm.from_wire(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_values)
+def test_from_wire_raises_only_message_errors(value: Any) -> None:
+    try:
+        cm.from_wire(value)
+    except cm.MessageError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(tag=st.sampled_from([cls.TAG for cls in cm.RECORDS]), fields=st.lists(_values, max_size=9))
+def test_a_known_tag_with_arbitrary_fields_raises_only_message_errors(tag: int, fields: list[Any]) -> None:
+    try:
+        cm.from_wire([tag, *fields])
+    except cm.MessageError:
+        pass
+
+
+def test_undecodable_bytes_are_a_malformed_message() -> None:
+    with pytest.raises(cm.MalformedMessage, match="undecodable"):
+        cm.decode(b"\xc1")
+
+
+def test_encoding_a_value_that_is_not_a_record_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="not an inter-node message record: dict"):
+        cm.encode({"t": "qp"})
+
+
+# -- the registry ----------------------------------------------------------------------------------------
+
+
+def test_the_registry_dispatches_by_kind_and_refuses_unknown_ones() -> None:
+    registry = cm.Registry()
+    seen: list[tuple[str, Any]] = []
+    registry.register(cm.RemoteCancel, lambda peer, rec: seen.append((peer, rec)))
+    registry.register(cm.QueuePurge, lambda _peer, rec: 7)
+    registry.handle("n2", list(cm.to_wire(cm.RemoteCancel(5))))
+    assert seen == [("n2", cm.RemoteCancel(5))]
+    assert registry.handle_record("n1", cm.QueuePurge("/", "q")) == 7
+    with pytest.raises(cm.UnknownMessage, match="no handler for inter-node message RemoteConsumerEnded"):
+        registry.handle("n2", list(cm.to_wire(cm.RemoteConsumerEnded(5))))
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(cm.RemoteCancel, lambda _peer, _rec: None)
+    with pytest.raises(TypeError, match="not an inter-node message record"):
+        registry.register(dict, lambda _peer, _rec: None)  # type: ignore[arg-type]
