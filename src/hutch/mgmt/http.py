@@ -35,7 +35,18 @@ from aiohttp import web
 
 from hutch.core.auth import is_loopback_address
 
-from . import cluster, definitions, openapi, prometheus, quorum_routes, routes, stats, system, ui
+from . import (
+    cluster,
+    definitions,
+    limits_routes,
+    openapi,
+    prometheus,
+    quorum_routes,
+    routes,
+    stats,
+    system,
+    ui,
+)
 from .access import Principal
 from .calls import NO_CONTENT, ROUTES, Call, Handler, Reply, Route, Status, route
 from .errors import ApiError, bad_request, not_authenticated, not_authorised
@@ -363,4 +374,5 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     return stop
 
 
-__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "route", "routes", "start_management"]
+__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "route", "routes",
+           "start_management"]

@@ -27,6 +27,7 @@ from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError, ConnectionError
 from hutch.config import Config
 from hutch.core.arguments import validate_queue_arguments
 from hutch.core.auth import AuthStore
+from hutch.core.limits import LimitStore
 from hutch.core.message import Message
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
@@ -38,7 +39,7 @@ from hutch.queues.classic.queue import (
     RAM_BYTES_LIMIT,
     ClassicQueue,
 )
-from hutch.runtime.broker import policies
+from hutch.runtime.broker import limits, policies
 from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
 from hutch.runtime.queue_types.classic import features as queue_features
@@ -78,6 +79,7 @@ class Node:
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
+        self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
@@ -175,6 +177,7 @@ class Node:
                         self.delete_exchange(vhost, name, False)
             for operator, p in list(self.policies):
                 policies.clear_policy(self, p.vhost, p.name, operator)
+            self.limits = LimitStore()  # the snapshot's operations set them again
         finally:
             self._replaying = False
         for op in ops:
@@ -220,6 +223,7 @@ class Node:
             for name in names:
                 self.vhosts.setdefault(name, VirtualHost(name))
             self.perm_epoch += 1
+            limits.prune(self)
             return
         if kind == "cluster_name":
             self.set_cluster_name(op["name"])
@@ -229,6 +233,9 @@ class Node:
             for v, u, x, w, r in op["table"]:
                 self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
             self.perm_epoch += 1
+            return
+        if kind in limits.OP_KINDS:
+            limits.apply_op(self, op)
             return
         vhost = self.vhosts[op["vhost"]]
         if kind == "exchange.declare":
@@ -276,6 +283,7 @@ class Node:
         if self.cluster_name_set:
             yield {"op": "cluster_name", "name": self.config.cluster_name}
         yield from policies.state_ops(self)
+        yield from limits.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
                 if (x.durable or everything) and x.name and not x.name.startswith("amq."):
@@ -442,6 +450,7 @@ class Node:
     def permissions_changed(self) -> None:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
+        limits.prune(self)
         self._record({"op": "auth", "auth": self.auth.to_dict()})
 
     def set_cluster_name(self, name: str) -> None:
@@ -501,6 +510,14 @@ class Node:
             for conn in list(self.connections):
                 conn.alarm_cleared()
 
+    def check_connection_limits(self, vhost: str, user: str) -> None:
+        """connection.open: ConnectionError_ 530 past the vhost's or the user's max-connections."""
+        limits.check_connection(self, vhost, user)
+
+    def check_channel_limit(self, conn: AMQPConnection) -> None:
+        """channel.open: ConnectionError_ 530 past the user's max-channels."""
+        limits.check_channel(self, conn)
+
     def close_user_connections(self, user: str, reason: str) -> None:
         for conn in list(self.connections):
             if conn.user_name == user:
@@ -546,6 +563,8 @@ class Node:
             if isinstance(existing, ClassicQueue):
                 existing.touch(queue_features.wall_ms())  # a redeclare is a use (x-expires)
             return existing
+        if not self._replaying:  # a queue that exists stays when a limit is lowered
+            limits.check_queue(self, vhost.name, name, len(vhost.queues))
         qtype = arguments.get("x-queue-type", "classic")
         if qtype == "quorum":
             return self._declare_quorum(vhost, name, durable, exclusive, auto_delete, arguments)

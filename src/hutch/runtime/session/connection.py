@@ -360,6 +360,7 @@ class AMQPConnection(asyncio.Protocol):
             if channel > self.channel_max:
                 raise ConnectionError_(NOT_ALLOWED, f"channel_max ({self.channel_max}) reached",
                                        20, 10)
+            self.node.check_channel_limit(self)
             self.channels[channel] = ServerChannel(self, channel)
             self.node.churn["channels_opened"] += 1
             self.send_method(channel, spec.Channel.OpenOk())
@@ -511,6 +512,7 @@ class AMQPConnection(asyncio.Protocol):
         vhost = self.node.vhosts.get(vhost_name)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
+        self.node.check_connection_limits(vhost_name, self.user_name)  # before access, as rabbit_reader
         if not self.node.auth.can_access_vhost(self.user_name, vhost_name):
             raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost_name),
                                    10, 40)
