@@ -615,8 +615,8 @@ class _Planner:
         _check_name_length(name, where)
         queue_type = arguments.get("x-queue-type", "classic")
         if queue_type == "quorum" and getattr(self.node, "cluster", None) is None:
-            raise DefinitionsError(f"{where}: quorum queues need a clustered node (start hutch with "
-                                   "--cluster-port; see docs/clustering.md)")
+            raise DefinitionsError(f"{where}: quorum queues need a clustered node (this node "
+                                   "was started with --no-cluster; see docs/clustering.md)")
         try:
             validate_queue_arguments(name, vhost, queue_type, arguments)
         except AMQPError as exc:

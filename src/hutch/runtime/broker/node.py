@@ -325,7 +325,9 @@ class Node:
                         int(op["gid"]), list(op["members"]))
         vhost.add_queue(q)
         policies.apply_to_queue(self, q)
-        self.cluster.quorum.attach(q, campaign=False)
+        # a one-member queue of this node (every quorum queue of a cluster of one) has no one to wait
+        # for: it elects itself now rather than after an election timeout (after a restart, too)
+        self.cluster.quorum.attach(q, campaign=list(op["members"]) == [self.name])
 
     def _declare_remote_queue(self, vhost: VirtualHost, home: str, op: dict[str, Any]) -> None:
         from hutch.runtime.queue_types.remote import RemoteQueue
@@ -600,7 +602,7 @@ class Node:
         if self.cluster is None:
             raise ChannelError(PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for {what}: quorum queues need a clustered node "
-                               "(start hutch with --cluster-port; see docs/clustering.md)", 50, 10)
+                               "(this node was started with --no-cluster; see docs/clustering.md)", 50, 10)
         validate_queue_arguments(name, vhost.name, "quorum", arguments)
         if arguments.get("x-overflow") == "reject-publish-dlx":
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
@@ -734,7 +736,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
     one-line start-up error."""
-    clustered = config.cluster_port is not None
+    clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
         # A clustered node's definitions come from the metadata Raft group; the local definitions
         # store only seeds the cluster a node founds (its first start as a clustered node).
@@ -760,7 +762,8 @@ async def serve(config: Config, services: Sequence[Service] = (),
             await cluster.start()
         except OSError as exc:
             msg = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
-            print(f"hutch-server: cannot listen for inter-node traffic on port {config.cluster_port}: {msg}",
+            print(f"hutch-server: cannot listen for inter-node traffic on port {config.cluster_port}: {msg} "
+                  "(another node on this machine? give each its own --cluster-port, or start with --no-cluster)",
                   file=sys.stderr)
             await cluster.stop()
             return 1
