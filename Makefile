@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# a cluster of one (inter-node port 25672, as RabbitMQ's), so that quorum queues work; HUTCH_CLUSTER_PORT=
-# (empty) starts a node that is not clustered
+# hutch-server alone is a cluster of one (inter-node port 25672, as RabbitMQ's), so quorum queues work;
+# HUTCH_CLUSTER_PORT=N moves the inter-node port, HUTCH_CLUSTER_PORT= (set but empty) starts a node that is
+# not clustered (hutch-server --no-cluster)
 run: $(STAMP)
 	mkdir -p $(HUTCH_DATA_DIR)
-	HUTCH_CLUSTER_PORT=$${HUTCH_CLUSTER_PORT-25672} $(VENV)/bin/hutch-server
+	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
+	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks

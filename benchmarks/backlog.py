@@ -202,7 +202,7 @@ class HutchBroker(Broker):
         log.flush()
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "hutch-server"), "--data-dir", str(self.data_dir), "--amqp-port", str(self.port),
-             "--management-port", str(self.mgmt_port)],
+             "--management-port", str(self.mgmt_port), "--no-cluster"],  # as the recorded figures ran
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         log.close()
         self.pid = self.proc.pid

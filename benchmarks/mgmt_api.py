@@ -182,7 +182,7 @@ class Server:
             env["PYTHONPATH"] = src
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hutch.cli.server", "--data-dir", self.data_dir, "--amqp-port", str(amqp_port),
-             "--management-port", str(mgmt_port), "--log-level", "warning"], env=env)
+             "--management-port", str(mgmt_port), "--log-level", "warning", "--no-cluster"], env=env)
         deadline = time.monotonic() + 20
         while True:
             try:

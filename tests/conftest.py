@@ -71,7 +71,11 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path, timeout
 
 
 def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
-                 config_text: str | None = None) -> ServerInfo:
+                 config_text: str | None = None, cluster: bool | None = False) -> ServerInfo:
+    """A hutch-server on free ports. A lone node is a cluster of one by default, on port 25672, which
+    parallel test servers must not share: `cluster=False` (the default here) starts it with
+    --no-cluster, `cluster=True` as a cluster of one on a free inter-node port, `cluster=None` with
+    neither flag (the caller's `extra_args` or `env` say what it needs)."""
     amqp_port, mgmt_port = free_port(), free_port()
     data_dir = tmp / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +86,10 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
         cfg = tmp / "hutch.conf"
         cfg.write_text(config_text)
         args += ["--config", str(cfg)]
+    if cluster is True:
+        args += ["--cluster-port", str(free_port())]
+    elif cluster is False:
+        args.append("--no-cluster")
     args += list(extra_args)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     full_env.update(env or {})

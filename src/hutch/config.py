@@ -112,9 +112,12 @@ class Config:
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
     # listeners accept clients; when set, a fresh node does not create the default user and vhost
     load_definitions: str | None = None
-    # clustering (docs/clustering.md): a node is clustered when it has a cluster port. `cluster_join`
-    # (NODE@HOST:PORT) is a seed node a new node joins through on its first start.
-    cluster_port: int | None = None
+    # clustering (docs/clustering.md): a node is a cluster (of one, until others join) unless clustering is
+    # turned off (`--no-cluster`, `cluster.enabled = false`), as a RabbitMQ node always is; the
+    # inter-node port is RabbitMQ's 25672. `cluster_join` (NODE@HOST:PORT) is a seed node a new node
+    # joins through on its first start.
+    cluster_enabled: bool = True
+    cluster_port: int = 25672
     cluster_host: str = "0.0.0.0"
     cluster_advertise_host: str = ""  # the host other nodes dial; default 127.0.0.1
     cluster_join: str | None = None
@@ -321,6 +324,10 @@ def _parse_bool(text: str) -> bool:
     raise _BadValue("true or false")
 
 
+def _parse_cluster_enabled(text: str) -> dict[str, Any]:
+    return {"cluster_enabled": _parse_bool(text)}
+
+
 # Config-file keys. loopback_users.<name> and loopback_users are handled in parse_config_text.
 _FILE_KEYS: dict[str, _Parser] = {
     "listeners.tcp.default": _parse_listener,
@@ -359,6 +366,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "data_dir": _nonempty_field("data_dir"),
     "load_definitions": _nonempty_field("load_definitions"),
     "management.load_definitions": _nonempty_field("load_definitions"),  # RabbitMQ's older key
+    "cluster.enabled": _parse_cluster_enabled,
     "cluster.listener.port": _int_field("cluster_port", 0, 65535),
     "cluster.listener.ip": _host_field("cluster_host"),
     "cluster.advertise_host": _host_field("cluster_advertise_host"),
@@ -387,6 +395,7 @@ FLAGS: dict[str, str] = {
     "cluster_port": "--cluster-port",
     "cluster_join": "--join",
     "cluster_secret_file": "--cluster-secret-file",
+    "cluster_enabled": "--no-cluster",  # the flag's value is "false"
 }
 ENV_VARS: dict[str, str] = {
     "config": "HUTCH_CONFIG",
@@ -399,6 +408,7 @@ ENV_VARS: dict[str, str] = {
     "cluster_join": "HUTCH_CLUSTER_JOIN",
     "cluster_secret_file": "HUTCH_CLUSTER_SECRET_FILE",
     "cluster_secret": "HUTCH_CLUSTER_SECRET",
+    "cluster_enabled": "HUTCH_CLUSTER_ENABLED",
 }
 _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
@@ -411,6 +421,7 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "cluster_join": _parse_join,
     "cluster_secret_file": _nonempty_field("cluster_secret_file"),
     "cluster_secret": _nonempty_field("cluster_secret"),
+    "cluster_enabled": _parse_cluster_enabled,
 }
 
 _LOOPBACK_PREFIX = "loopback_users."
@@ -550,4 +561,7 @@ def load_config(
     if "@" not in node_name:
         node_name = f"{node_name}@{default_node_name(hostname).split('@', 1)[1]}"
     merged["node_name"] = node_name
+    if merged.get("cluster_join") and merged.get("cluster_enabled") is False:
+        raise ConfigError("--join (cluster.join) asks to join a cluster, but clustering is turned off "
+                          "(--no-cluster, HUTCH_CLUSTER_ENABLED or cluster.enabled = false)")
     return Config(**merged)

@@ -483,8 +483,8 @@ def bad_documents(name: str) -> list[tuple[Any, str]]:
                      "hashing_algorithm": "rabbit_password_hashing_sha256"}]}, "not valid base64"),
         ({"users": [{"name": u, "password_hash": "abc", "tags": "",
                      "hashing_algorithm": "rabbit_password_hashing_bcrypt"}]}, "unsupported hashing_algorithm"),
-        ({"users": [{"name": u, "password": "x", "tags": "", "limits": {"max-connections": 1}}]},
-         "limits are not supported by hutch"),
+        ({"users": [{"name": u, "password": "x", "tags": "", "limits": {"max-connections": "1"}}]},
+         f"user '{u}': max-connections should be a number, actually was <<\"1\">>"),  # limits: issue 16
         ({"vhosts": [{"name": v, "metadata": {"default_queue_type": "stream"}}]},
          "default_queue_type 'stream' is not supported"),
         ({"permissions": [{"user": u, "vhost": "/", **FULL}]}, f"user '{u}' does not exist"),
@@ -495,7 +495,9 @@ def bad_documents(name: str) -> list[tuple[Any, str]]:
         ({"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": "(",
                                  "read": ".*"}]}, "invalid regular expression '('"),
         ({"parameters": [{"vhost": "/", "component": "vhost-limits", "name": "limits",
-                          "value": {"max-queues": 1}}]}, "component 'vhost-limits' is not supported by hutch"),
+                          "value": {"max-widgets": 1}}]}, 'Unrecognised terms [{<<"max-widgets">>,1}] in limits'),
+        ({"parameters": [{"vhost": "/", "component": "federation-upstream", "name": "up", "value": {}}]},
+         "component 'federation-upstream' is not supported by hutch"),
         ({"policies": [{"vhost": "/", "name": name, "pattern": ".*", "definition": {"ha-mode": "all"}}]},
          'Validation failed: ["ha-mode"] are not recognised policy settings'),
         ({"queues": [{**queue, "vhost": v}]}, f"virtual host '{v}' does not exist and the definitions do not"),
@@ -683,7 +685,7 @@ def run_server(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess[
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(free_port()), "--management-port",
             str(free_port()), "--data-dir", str(tmp_path / "data"), "--config", str(config),
-            "--log-level", "error"]
+            "--log-level", "error", "--no-cluster"]
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=30)
 
 

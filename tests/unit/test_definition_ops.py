@@ -103,6 +103,8 @@ OLD_FORMS: list[tuple[dict[str, Any], Any]] = [
      d.ClusterJoin("n2@h", "127.0.0.1", 25682)),
     ({"op": "cluster.leave", "name": "n2@h"}, d.ClusterLeave("n2@h")),
     ({"op": "noop"}, d.Noop()),
+    ({"op": "vhost_limits.set", "vhost": "/", "limits": {"max-queues": 3}}, d.SetVhostLimits("/", {"max-queues": 3})),
+    ({"op": "user_limits.set", "user": "u", "limits": {"max-channels": 2}}, d.SetUserLimits("u", {"max-channels": 2})),
 ]
 
 

@@ -160,3 +160,26 @@ def test_module_entry_point_bad_flag_subprocess():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == ["hutch-server: error: argument --amqp-port: invalid int value: 'x'"]
+
+
+def test_a_lone_node_is_a_cluster_of_one_unless_told_otherwise(fake_run_node, monkeypatch, tmp_path):
+    """Issue 16: as a RabbitMQ node, hutch-server alone is a cluster (of one) on inter-node port 25672;
+    --no-cluster, HUTCH_CLUSTER_ENABLED=false or cluster.enabled = false turn clustering off."""
+    assert server.main([]) == 0
+    assert (fake_run_node[-1].cluster_enabled, fake_run_node[-1].cluster_port) == (True, 25672)
+    assert server.main(["--no-cluster"]) == 0
+    assert fake_run_node[-1].cluster_enabled is False
+    monkeypatch.setenv("HUTCH_CLUSTER_ENABLED", "false")
+    assert server.main([]) == 0
+    assert fake_run_node[-1].cluster_enabled is False
+    monkeypatch.delenv("HUTCH_CLUSTER_ENABLED")
+    conf = tmp_path / "hutch.conf"
+    conf.write_text("cluster.enabled = false\n", encoding="utf-8")
+    assert server.main(["--config", str(conf)]) == 0
+    assert fake_run_node[-1].cluster_enabled is False
+
+
+def test_join_without_clustering_is_a_one_line_error(fake_run_node, capsys):
+    assert server.main(["--no-cluster", "--join", "n1@127.0.0.1:25672"]) == 2
+    assert capsys.readouterr().err.startswith("hutch-server: --join (cluster.join) asks to join a cluster, but "
+                                              "clustering is turned off")

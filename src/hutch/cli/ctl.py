@@ -527,6 +527,95 @@ def _clear_policy(client: Client, args: argparse.Namespace, operator: bool) -> O
     return Output(banner=f'Clearing {what} "{args.name}" on vhost "{args.vhost}" ...')
 
 
+def _limits_document(text: str, user: bool) -> dict[str, int]:
+    """The JSON document of set_vhost_limits/set_user_limits, checked as the node checks it."""
+    from hutch.core import limits  # stdlib-only; imported here to keep hutchctl's start fast
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise Refused(f"Could not parse JSON document: {exc}") from None
+    try:
+        return limits.validate_user_limits(doc) if user else limits.validate_vhost_limits(doc)
+    except limits.LimitError as exc:
+        raise Refused(str(exc)) from None
+
+
+def _vhost_limits_path(vhost: str) -> str:
+    return f"/api/parameters/vhost-limits/{seg(vhost)}/limits"
+
+
+def cmd_set_vhost_limits(client: Client, args: argparse.Namespace) -> Output:
+    """Replace the vhost's limits with the document (rabbitmqctl's set_vhost_limits)."""
+    doc = _limits_document(args.definition, user=False)
+    try:
+        client.request("PUT", _vhost_limits_path(args.vhost), {"value": doc})
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'Virtual host "{args.vhost}" does not exist') from None
+        raise
+    return Output(banner=f'Setting vhost limits to "{args.definition}" for vhost "{args.vhost}" ...')
+
+
+def cmd_clear_vhost_limits(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", _vhost_limits_path(args.vhost))
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'Virtual host "{args.vhost}" does not exist') from None
+        raise
+    return Output(banner=f'Clearing vhost "{args.vhost}" limits ...')
+
+
+def cmd_set_user_limits(client: Client, args: argparse.Namespace) -> Output:
+    """Merge the document into the user's limits (rabbitmqctl's set_user_limits): one PUT per limit,
+    after the whole document has been checked."""
+    doc = _limits_document(args.definition, user=True)
+    _user(client, args.user)
+    for name, value in doc.items():
+        client.request("PUT", f"/api/user-limits/{seg(args.user)}/{seg(name)}", {"value": value})
+    return Output(banner=f'Setting user limits to "{args.definition}" for user "{args.user}" ...')
+
+
+def cmd_clear_user_limits(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/user-limits/{seg(args.user)}/{seg(args.limit)}")
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'User "{args.user}" does not exist') from None
+        raise
+    what = "all limits" if args.limit == "all" else f'"{args.limit}" limit'
+    return Output(banner=f'Clearing {what} for user "{args.user}" ...')
+
+
+def _limits_listing(client: Client, path: str, key: str, banner: str, missing: str) -> Output:
+    try:
+        items = client.get(path)
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(missing) from None
+        raise
+    if not isinstance(items, list):
+        raise BadReply(f"unexpected reply to GET {path}")
+    rows = [[item.get(key), item.get("value")] for item in items]
+    return Output(banner=banner, table=Table([key, "limits"], rows))
+
+
+def cmd_list_vhost_limits(client: Client, args: argparse.Namespace) -> Output:
+    if args.glob:
+        return _limits_listing(client, "/api/vhost-limits", "vhost", "Listing limits for all vhosts ...", "")
+    return _limits_listing(client, f"/api/vhost-limits/{seg(args.vhost)}", "vhost",
+                           f'Listing limits for vhost "{args.vhost}" ...',
+                           f'Virtual host "{args.vhost}" does not exist')
+
+
+def cmd_list_user_limits(client: Client, args: argparse.Namespace) -> Output:
+    if args.glob or not args.user:
+        return _limits_listing(client, "/api/user-limits", "user", "Listing limits for all users ...", "")
+    return _limits_listing(client, f"/api/user-limits/{seg(args.user)}", "user",
+                           f'Listing limits for user "{args.user}" ...', f'User "{args.user}" does not exist')
+
+
 def _mib(value: Any) -> str:
     return f"{value / 1048576:.1f} MiB" if isinstance(value, (int, float)) else "?"
 
@@ -612,6 +701,12 @@ COMMANDS: dict[str, Command] = {
     "clear_policy": lambda client, args: _clear_policy(client, args, operator=False),
     "set_operator_policy": lambda client, args: _set_policy(client, args, operator=True),
     "clear_operator_policy": lambda client, args: _clear_policy(client, args, operator=True),
+    "set_vhost_limits": cmd_set_vhost_limits,
+    "clear_vhost_limits": cmd_clear_vhost_limits,
+    "list_vhost_limits": cmd_list_vhost_limits,
+    "set_user_limits": cmd_set_user_limits,
+    "clear_user_limits": cmd_clear_user_limits,
+    "list_user_limits": cmd_list_user_limits,
     "status": cmd_status,
     "cluster_status": cmd_cluster_status,
     "join_cluster": cmd_join_cluster,
@@ -677,6 +772,16 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "set_operator_policy": ("set an operator policy in a vhost (-p)", _POLICY_ARGS),
     "clear_operator_policy": ("remove an operator policy from a vhost (-p)", [("name", {"metavar": "NAME"})]),
     "list_operator_policies": ("list the operator policies of a vhost (-p)", []),
+    "set_vhost_limits": ("replace the limits of a vhost (-p): max-connections, max-queues",
+                         [("definition", {"metavar": "DEFINITION", "help": "JSON, e.g. '{\"max-connections\": 256}'"})]),
+    "clear_vhost_limits": ("remove every limit of a vhost (-p)", []),
+    "list_vhost_limits": ("list the limits of a vhost (-p), or of all with --global", []),
+    "set_user_limits": ("set limits of a user: max-connections, max-channels",
+                        [("user", {"metavar": "USER"}),
+                         ("definition", {"metavar": "DEFINITION", "help": "JSON, e.g. '{\"max-channels\": 64}'"})]),
+    "clear_user_limits": ("remove one limit of a user, or all",
+                          [("user", {"metavar": "USER"}), ("limit", {"metavar": "LIMIT|all"})]),
+    "list_user_limits": ("list the limits of a user (--user), or of all users", []),
     "list_queues": ("list the queues of a vhost (-p)", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "list_exchanges": ("list the exchanges of a vhost (-p)",
                        [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
@@ -712,6 +817,10 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--description", default="", help="description of the vhost")
             cmd.add_argument("--tags", default="", help="comma-separated vhost tags")
             cmd.add_argument("--default-queue-type", default=None, help="default queue type (classic)")
+        if name in ("list_vhost_limits", "list_user_limits"):
+            cmd.add_argument("--global", dest="glob", action="store_true", help="every vhost or user")
+        if name == "list_user_limits":
+            cmd.add_argument("--user", default=None, help="the user whose limits to list")
         if name in ("set_policy", "set_operator_policy"):
             cmd.add_argument("--priority", type=int, default=0, help="priority (default 0; highest wins)")
             cmd.add_argument("--apply-to", default="all",

@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cluster-port", metavar="N", type=int,
-        help="inter-node port; makes this node clustered (env HUTCH_CLUSTER_PORT; see docs/clustering.md)",
+        help="inter-node port (env HUTCH_CLUSTER_PORT; default 25672; see docs/clustering.md)",
+    )
+    parser.add_argument(
+        "--no-cluster", action="store_true",
+        help="not a cluster, not even of one: no inter-node port, no quorum queues (env HUTCH_CLUSTER_ENABLED=false)",
     )
     parser.add_argument(
         "--join", metavar="NODE@HOST:PORT",
@@ -107,6 +111,7 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "cluster_port": args.cluster_port,
         "cluster_join": args.join,
         "cluster_secret_file": args.cluster_secret_file,
+        "cluster_enabled": "false" if args.no_cluster else None,
     }
     return load_config(flags, dict(os.environ) if environ is None else environ)
 

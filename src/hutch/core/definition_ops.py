@@ -162,6 +162,24 @@ class ClearPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class SetVhostLimits:
+    """A vhost's whole limits document (`max-connections`, `max-queues`); empty: no limits."""
+
+    KIND: ClassVar[str] = "vhost_limits.set"
+    vhost: str
+    limits: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserLimits:
+    """A user's whole limits document (`max-connections`, `max-channels`); empty: no limits."""
+
+    KIND: ClassVar[str] = "user_limits.set"
+    user: str
+    limits: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterJoin:
     """The metadata group's member table: a node joined (`raft_id` None: the next free id)."""
 
@@ -190,7 +208,8 @@ DefinitionOp = (SetAuth | SetClusterName | SetTopicPermissions | DeclareExchange
                 | ClusterLeave | Noop)
 
 NODE_OPS: tuple[type, ...] = (SetAuth, SetClusterName, SetTopicPermissions, DeclareExchange, DeleteExchange,
-                              DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind, SetPolicy, ClearPolicy)
+                              DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind, SetPolicy, ClearPolicy,
+                              SetVhostLimits, SetUserLimits)
 """The kinds a node applies to its definitions (the rest belong to the metadata group)."""
 CLUSTER_OPS: tuple[type, ...] = (ClusterJoin, ClusterLeave, Noop)
 ALL_OPS: tuple[type, ...] = NODE_OPS + CLUSTER_OPS
@@ -309,6 +328,6 @@ class Dispatch:
 __all__ = [
     "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
     "DeclareQueue", "DefinitionOp", "DefinitionOpError", "DeleteExchange", "DeleteQueue", "Dispatch", "MalformedOp",
-    "Noop", "SetAuth", "SetClusterName", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "Unbind",
+    "Noop", "SetAuth", "SetClusterName", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
     "UnknownOp", "from_stored", "kind_of", "to_stored",
 ]

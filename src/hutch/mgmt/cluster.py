@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def _cluster(node: Node) -> Any:
     if node.cluster is None:
-        raise bad_request("this node is not clustered (start it with --cluster-port; see docs/clustering.md)")
+        raise bad_request("this node is not clustered (it was started with --no-cluster; see docs/clustering.md)")
     return node.cluster
 
 

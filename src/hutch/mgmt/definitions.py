@@ -13,13 +13,16 @@ Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checke
 - Administrators only (401 "Not administrator user").
 - Export: users (name, password_hash, hashing_algorithm, tags as a list, limits), vhosts (name,
   limits, metadata), permissions, topic_permissions (Node.topic_permissions), parameters (operator policies, as
-  component "operator_policy"), global_parameters (empty), policies, and, as RabbitMQ does, every
+  component "operator_policy", and vhost limits, as component "vhost-limits" named "limits", as RabbitMQ 4.x
+  writes both), global_parameters (empty), policies, and, as RabbitMQ does, every
   non-exclusive queue, every exchange but the default and `amq.*` ones, and every binding whose
   source is not the default exchange and whose destination is exported (or is an exchange): durable
   or not. The per-vhost form is `rabbit_version`, parameters, policies, queues, exchanges, bindings,
   with `vhost` dropped from queues, exchanges and bindings.
-- Import, whole node: users, vhosts, permissions, topic permissions, operator policies, policies,
-  exchanges, queues, bindings. Users, vhosts, permissions and policies are created or updated (a user
+- Import, whole node: users (with their limits, merged into a user's own), vhosts, permissions, topic
+  permissions, vhost limits (the vhost-limits parameter; also a vhost object's `limits`, which RabbitMQ's
+  import ignores), operator policies, policies, exchanges, queues, bindings. Queues that would take a
+  vhost past its max-queues refuse the document (RabbitMQ's "Adding N queue(s) ... Import aborted!"). Users, vhosts, permissions and policies are created or updated (a user
   given neither password nor password_hash loses its password, as in RabbitMQ); an exchange or queue
   that exists is kept as it is, without an equivalence check; names starting `amq.` and the default
   exchange are skipped. A new vhost gives the importing user `.* .* .*` (the document's permissions,
@@ -28,8 +31,9 @@ Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checke
 - All or nothing: the whole document is checked before anything changes, and the changes are made in
   one go on the event loop, so a document with an error changes nothing (400 with the reason).
   RabbitMQ applies category by category and keeps what it did before the error.
-- What hutch cannot honour is refused, not dropped: runtime parameters other than
-  operator policies, user and vhost limits, queue types other than classic, unknown exchange types,
+- What hutch cannot honour is refused, not dropped: runtime parameters other than operator policies
+  and vhost limits, unknown limit names, queue types other than classic and quorum (quorum queues
+  only on a clustered node, which a lone `hutch-server` is by default), unknown exchange types,
   unknown policy keys. Global parameters (RabbitMQ's cluster id and name) are ignored.
 - Passwords: `hashing_algorithm` may be hutch's scrypt or RabbitMQ's sha256/sha512/md5
   (hutch.core.auth.import_password_hash); without it, RabbitMQ's default applies (md5 for exports of
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
+from hutch.core import limits as core_limits
 from hutch.core.arguments import SUPPORTED_QUEUE_TYPES, validate_queue_arguments
 from hutch.core.auth import (
     FULL_PERMISSION,
@@ -58,6 +63,7 @@ from hutch.core.patterns import PatternError, check_pattern
 from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
+from hutch.runtime.broker import limits as runtime_limits
 from hutch.runtime.broker import policies as runtime_policies
 
 from . import formats
@@ -76,6 +82,7 @@ log = logging.getLogger("hutch.mgmt.definitions")
 PRODUCT_NAME = "hutch"
 MAX_NAME_BYTES = 255
 OPERATOR_POLICY_COMPONENT = "operator_policy"
+VHOST_LIMITS_COMPONENT = "vhost-limits"  # RabbitMQ keeps vhost limits as this runtime parameter
 # RabbitMQ versions whose exports carry MD5 hashes without naming the algorithm (rabbit_auth_backend_internal)
 MD5_VERSIONS = ("3.0.", "3.1.", "3.2.", "3.3.", "3.4.", "3.5.")
 RABBIT_DEFAULT_HASHING = "rabbit_password_hashing_sha256"
@@ -142,10 +149,22 @@ def _operator_policy_parameter(p: Policy) -> dict[str, Any]:
     return {"value": value, "vhost": p.vhost, "component": OPERATOR_POLICY_COMPONENT, "name": p.name}
 
 
-def _user_json(name: str, stored: str | None, tags: list[str]) -> dict[str, Any]:
+def _vhost_limits_parameter(vhost: str, limits: dict[str, int]) -> dict[str, Any]:
+    """A vhost's limits as RabbitMQ exports them: the runtime parameter vhost-limits/limits."""
+    return {"value": limits, "vhost": vhost, "component": VHOST_LIMITS_COMPONENT, "name": "limits"}
+
+
+def _parameters(node: Node, vhost: str | None = None) -> list[dict[str, Any]]:
+    found = [_operator_policy_parameter(x) for x in node.policies.list(vhost, operator=True)]
+    found += [_vhost_limits_parameter(v, limits) for v, limits in node.limits.iter_vhosts()
+              if vhost is None or v == vhost]
+    return found
+
+
+def _user_json(name: str, stored: str | None, tags: list[str], limits: dict[str, int]) -> dict[str, Any]:
     password_hash, algorithm = export_password_hash(stored)
     return {"name": name, "password_hash": password_hash, "hashing_algorithm": algorithm,
-            "tags": list(tags), "limits": {}}
+            "tags": list(tags), "limits": limits}
 
 
 def export_definitions(node: Node, p: Principal) -> dict[str, Any]:
@@ -165,8 +184,8 @@ def export_definitions(node: Node, p: Principal) -> dict[str, Any]:
         "rabbitmq_version": __version__,
         "product_name": PRODUCT_NAME,
         "product_version": __version__,
-        "users": [_user_json(u.name, u.password_hash, u.tags) for u in auth.list_users()],
-        "vhosts": [{"name": v.name, "limits": {},
+        "users": [_user_json(u.name, u.password_hash, u.tags, node.limits.user(u.name)) for u in auth.list_users()],
+        "vhosts": [{"name": v.name, "limits": node.limits.vhost(v.name),
                     "metadata": {"description": v.description, "tags": list(v.tags),
                                  "default_queue_type": v.default_queue_type}}
                    for v in auth.list_vhosts()],
@@ -174,7 +193,7 @@ def export_definitions(node: Node, p: Principal) -> dict[str, Any]:
         "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": w, "read": r}
                               for (v, u), by_exchange in sorted(node.topic_permissions.items())
                               for x, (w, r) in sorted(by_exchange.items())],
-        "parameters": [_operator_policy_parameter(x) for x in node.policies.list(operator=True)],
+        "parameters": _parameters(node),
         "global_parameters": [],
         "policies": [formats.policy_json(x) for x in node.policies.list()],
         "queues": queues,
@@ -194,7 +213,7 @@ def export_vhost_definitions(node: Node, p: Principal, vhost: str) -> dict[str, 
         del item["vhost"]
     return {
         "rabbit_version": __version__,
-        "parameters": [_operator_policy_parameter(x) for x in node.policies.list(vhost, operator=True)],
+        "parameters": _parameters(node, vhost),
         "policies": [formats.policy_json(x) for x in node.policies.list(vhost)],
         "queues": queues,
         "exchanges": exchanges,
@@ -248,6 +267,7 @@ class _User:
     name: str
     password_hash: str | None
     tags: list[str]
+    limits: dict[str, int]  # merged into the user's limits (RabbitMQ's update_limits(add, ...))
 
 
 @dataclass(frozen=True)
@@ -256,6 +276,7 @@ class _Vhost:
     description: str | None
     tags: list[str] | None
     default_queue_type: str | None
+    limits: dict[str, int] | None  # the vhost object's "limits" (RabbitMQ's own import ignores them)
 
 
 @dataclass(frozen=True)
@@ -307,6 +328,7 @@ class Plan:
     permissions: list[_Permission] = field(default_factory=list)
     topic_permissions: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # user, vhost, x, w, r
     policies: list[tuple[Policy, bool]] = field(default_factory=list)  # (policy, operator)
+    vhost_limits: dict[str, dict[str, int]] = field(default_factory=dict)  # vhost -> its whole limits
     exchanges: list[_Exchange] = field(default_factory=list)
     queues: list[_Queue] = field(default_factory=list)
     bindings: list[_Binding] = field(default_factory=list)
@@ -367,9 +389,16 @@ def _tags(value: Any, where: str) -> list[str]:
         raise DefinitionsError(f"{where}: {exc}") from None
 
 
-def _no_limits(item: dict[str, Any], where: str) -> None:
-    if item.get("limits") not in (None, {}, []):
-        raise DefinitionsError(f"{where}: limits are not supported by hutch")
+def _limits(item: dict[str, Any], where: str, user: bool) -> dict[str, int] | None:
+    """The `limits` of a user or vhost object, checked; None when absent or empty."""
+    doc = item.get("limits")
+    if doc is None:
+        return None
+    try:
+        found = core_limits.validate_user_limits(doc) if user else core_limits.validate_vhost_limits(doc)
+    except core_limits.LimitError as exc:
+        raise DefinitionsError(f"{where}: {exc}") from None
+    return found or None
 
 
 def _check_name_length(name: str, where: str) -> None:
@@ -419,7 +448,7 @@ class _Planner:
             tags = ["administrator"] if item["administrator"] in (True, "true") else []
         else:
             raise DefinitionsError(f"{where}: tags_not_present")
-        _no_limits(item, where)
+        user_limits = _limits(item, where, user=True) or {}
         stored: str | None = None
         if item.get("password") is not None:
             password = _string(item, "password", where, empty=True)
@@ -433,7 +462,7 @@ class _Planner:
             except ValueError as exc:
                 raise DefinitionsError(f"{where}: {exc}") from None
         self.users.add(name)
-        self.plan.users.append(_User(name, stored, tags))
+        self.plan.users.append(_User(name, stored, tags, user_limits))
 
     def vhost(self, i: int, item: dict[str, Any]) -> None:
         name = _string(item, "name", f"vhosts[{i}]")
@@ -450,11 +479,13 @@ class _Planner:
         if queue_type is not None and queue_type not in SUPPORTED_QUEUE_TYPES:
             raise DefinitionsError(f"{where}: default_queue_type '{queue_type}' is not supported by this node "
                                    f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
-        _no_limits(item, where)
+        vhost_limits = _limits(item, where, user=False)
         if name not in self.vhosts:  # a new vhost comes with the default and amq.* exchanges
             self.exchange_types.update({(name, x): type_ for x, type_ in BUILTIN_EXCHANGES})
         self.vhosts.add(name)
-        self.plan.vhosts.append(_Vhost(name, description, tags, queue_type))
+        self.plan.vhosts.append(_Vhost(name, description, tags, queue_type, vhost_limits))
+        if vhost_limits is not None:
+            self.plan.vhost_limits[name] = vhost_limits
 
     def permission(self, i: int, item: dict[str, Any]) -> None:
         where = f"permissions[{i}]"
@@ -507,13 +538,43 @@ class _Planner:
         name = _string(item, "name", where)
         vhost = self.vhost_of(item, where)
         component = item.get("component")
+        if component == VHOST_LIMITS_COMPONENT:
+            self.vhost_limits_parameter(vhost, name, item.get("value"))
+            return
         if component != OPERATOR_POLICY_COMPONENT:
             raise DefinitionsError(f"runtime parameter '{name}' in vhost '{vhost}': component '{component}' "
-                                   f"is not supported by hutch (only '{OPERATOR_POLICY_COMPONENT}' is)")
+                                   f"is not supported by hutch (only '{OPERATOR_POLICY_COMPONENT}' and "
+                                   f"'{VHOST_LIMITS_COMPONENT}' are)")
         value = item.get("value")
         if not isinstance(value, dict):
             raise DefinitionsError(f"operator policy '{name}' in vhost '{vhost}': 'value' must be a JSON object")
         self.policy(vhost, name, value, operator=True)
+
+    def vhost_limits_parameter(self, vhost: str, name: str, value: Any) -> None:
+        """RabbitMQ's vhost-limits parameter (always named `limits`): the vhost's whole limits."""
+        where = f"limits of vhost '{vhost}'"
+        if name != "limits":
+            raise DefinitionsError(f"{where}: a '{VHOST_LIMITS_COMPONENT}' parameter must be named 'limits', "
+                                   f"not '{name}'")
+        try:
+            self.plan.vhost_limits[vhost] = core_limits.validate_vhost_limits(value)
+        except core_limits.LimitError as exc:
+            raise DefinitionsError(f"{where}: {exc}") from None
+
+    def check_queue_limits(self) -> None:
+        """Refuse a document whose queues would take a vhost past its max-queues (the limit the import
+        leaves in force), as rabbit_definitions' validate_limits does."""
+        adding: dict[str, int] = {}
+        for q in self.plan.queues:
+            adding[q.vhost] = adding.get(q.vhost, 0) + 1
+        for vhost, count in sorted(adding.items()):
+            limits = self.plan.vhost_limits.get(vhost)
+            if limits is None:
+                limits = self.node.limits.vhost(vhost)
+            limit = core_limits.effective(limits, "max-queues")
+            existing = len(self.node.vhosts[vhost].queues) if vhost in self.node.vhosts else 0
+            if limit is not None and existing + count > limit:
+                raise DefinitionsError(core_limits.import_refused(vhost, count, limit, existing))
 
     def exchange(self, i: int, item: dict[str, Any]) -> None:
         name = _string(item, "name", f"exchanges[{i}]", empty=True)
@@ -555,8 +616,8 @@ class _Planner:
         _check_name_length(name, where)
         queue_type = arguments.get("x-queue-type", "classic")
         if queue_type == "quorum" and getattr(self.node, "cluster", None) is None:
-            raise DefinitionsError(f"{where}: quorum queues need a clustered node (start hutch with "
-                                   "--cluster-port; see docs/clustering.md)")
+            raise DefinitionsError(f"{where}: quorum queues need a clustered node (this node "
+                                   "was started with --no-cluster; see docs/clustering.md)")
         try:
             validate_queue_arguments(name, vhost, queue_type, arguments)
         except AMQPError as exc:
@@ -620,6 +681,7 @@ def plan_import(node: Node, prepared: Prepared, vhost: str | None = None) -> Pla
         planner.queue(i, item)
     for i, item in enumerate(_items(doc, "bindings")):
         planner.binding(i, item)
+    planner.check_queue_limits()
     return planner.plan
 
 
@@ -655,6 +717,11 @@ def _apply_auth(node: Node, plan: Plan, acting_user: str | None) -> None:
         node.topic_permissions_changed()
     if plan.users or plan.vhosts or plan.permissions:
         node.permissions_changed()  # drops cached permission checks and records the auth state
+    for u in plan.users:
+        if u.limits:
+            runtime_limits.set_user_limits(node, u.name, node.limits.user(u.name) | u.limits)
+    for vhost, limits in plan.vhost_limits.items():
+        runtime_limits.set_vhost_limits(node, vhost, limits)
 
 
 def apply_plan(node: Node, plan: Plan, acting_user: str | None = None) -> None:

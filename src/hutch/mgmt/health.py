@@ -8,7 +8,7 @@ with RabbitMQ's reasons and extra fields (`alarms`, `missing`, `ports`, `protoco
 Rules (rabbit_mgmt_wm_health_check_*): any management user may call them. A port that is not an
 integer is a 400 `Invalid port`. `node-is-quorum-critical` fails when stopping this node would leave
 one of its quorum queues without a majority of members online (ok with `reason: "single node cluster"`
-on an unclustered node, as RabbitMQ).
+on a node that is alone, clustered or not, as RabbitMQ's is_single_node_cluster).
 The deprecated `/api/healthchecks/node[/][{node}]` is a no-op in RabbitMQ 4.x: `{"status": "ok"}` for
 this node or any cluster member, 404 for a name that is not a member.
 """
@@ -93,7 +93,7 @@ def node_is_quorum_critical(node: Node) -> Result:
     """Would stopping this node leave a quorum queue (or the metadata store) without a majority of its
     members online? (rabbit_quorum_queue:list_with_minimum_quorum)"""
     cluster = getattr(node, "cluster", None)
-    if cluster is None:
+    if cluster is None or len(cluster.machine.members) <= 1:
         return _ok(reason="single node cluster")
     online = {node.name, *cluster.transport.connected_peers()}
     critical = []

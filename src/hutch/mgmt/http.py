@@ -47,6 +47,7 @@ from . import (
     cluster,
     definitions,
     intake,
+    limits_routes,
     listener,
     openapi,
     prometheus,
@@ -428,4 +429,5 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     return stop
 
 
-__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "route", "routes", "start_management"]
+__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "route", "routes",
+           "start_management"]

@@ -51,8 +51,8 @@ STRATEGIES = ("all", "even")
 
 def _cluster(node: Node) -> Any:
     if node.cluster is None:
-        raise bad_request("this node is not clustered: quorum queues need a cluster (start it with "
-                          "--cluster-port; see docs/clustering.md)")
+        raise bad_request("this node is not clustered: quorum queues need a cluster (it was started "
+                          "with --no-cluster; see docs/clustering.md)")
     return node.cluster
 
 

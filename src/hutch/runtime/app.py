@@ -115,7 +115,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
     one-line start-up error."""
-    clustered = config.cluster_port is not None
+    clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
         # A clustered node's definitions come from the metadata Raft group; the local definitions
         # store only seeds the cluster a node founds (its first start as a clustered node).
@@ -139,7 +139,8 @@ async def serve(config: Config, services: Sequence[Service] = (),
             await cluster.start()
         except OSError as exc:
             print(f"hutch-server: cannot listen for inter-node traffic on port {config.cluster_port}: "
-                  f"{_listen_error(exc)}", file=sys.stderr)
+                  f"{_listen_error(exc)} (another node on this machine? give each its own --cluster-port, "
+                  "or start with --no-cluster)", file=sys.stderr)
             await cluster.stop()
             return 1
         except ValueError as exc:

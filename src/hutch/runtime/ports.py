@@ -243,6 +243,14 @@ class BrokerPort(Protocol):
 
     def channel_closed(self, ch: ChannelPort) -> None: ...
 
+    def check_connection_limits(self, vhost: str, user: str) -> None:
+        """connection.open: raises the connection error RabbitMQ gives past a vhost or user limit."""
+        ...
+
+    def check_channel_limit(self, conn: SessionConnection) -> None:
+        """channel.open: raises the connection error RabbitMQ gives past the user's max-channels."""
+        ...
+
 
 def queues_of(vhosts: Iterable[VirtualHost]) -> Iterable[tuple[VirtualHost, Queue]]:
     """Every (vhost, queue) pair, for queue types that sweep their queues."""

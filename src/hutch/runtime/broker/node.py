@@ -29,15 +29,23 @@ from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core.auth import AuthStore
 from hutch.core.definition_ops import DefinitionOp
+from hutch.core.limits import LimitStore
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
-from hutch.runtime.broker import policies
+from hutch.runtime.broker import limits, policies
 from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
 from hutch.runtime.clock import SYSTEM_CLOCK
-from hutch.runtime.ports import ChannelPort, Clock, ConnectionPort, MetadataPort, QueueTypePort
+from hutch.runtime.ports import (
+    ChannelPort,
+    Clock,
+    ConnectionPort,
+    MetadataPort,
+    QueueTypePort,
+    SessionConnection,
+)
 
 if TYPE_CHECKING:
     from hutch.core.message import Message
@@ -67,6 +75,8 @@ class Node:
             ops_.DeclareQueue: self._apply_queue_record, ops_.DeleteQueue: self._apply_delete_queue,
             ops_.SetQueueMembers: self._apply_queue_record, ops_.Bind: self._apply_binding,
             ops_.Unbind: self._apply_binding, ops_.SetPolicy: self._apply_policy, ops_.ClearPolicy: self._apply_policy,
+            ops_.SetVhostLimits: lambda op: limits.apply_op(self, op),
+            ops_.SetUserLimits: lambda op: limits.apply_op(self, op),
         })
         self._saved_ops = store.load() if store is not None else []
         if auth is None:
@@ -76,6 +86,7 @@ class Node:
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
+        self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
@@ -194,6 +205,7 @@ class Node:
                         self.delete_exchange(vhost, name, False)
             for operator, p in list(self.policies):
                 policies.clear_policy(self, p.vhost, p.name, operator)
+            self.limits = LimitStore()  # the snapshot's operations set them again
         finally:
             self.replaying = False
         for op in ops:
@@ -237,6 +249,7 @@ class Node:
         for name in names:
             self.vhosts.setdefault(name, VirtualHost(name))
         self.perm_epoch += 1
+        limits.prune(self)
 
     def _apply_topic_permissions(self, op: ops_.SetTopicPermissions) -> None:
         self.topic_permissions = {}
@@ -285,6 +298,7 @@ class Node:
         if self.cluster_name_set:
             yield ops_.SetClusterName(self.config.cluster_name)
         yield from policies.state_ops(self)
+        yield from limits.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
                 if (x.durable or everything) and x.name and not x.name.startswith("amq."):
@@ -350,6 +364,7 @@ class Node:
     def permissions_changed(self) -> None:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
+        limits.prune(self)
         self._record(ops_.SetAuth(self.auth.to_dict()))
 
     def set_cluster_name(self, name: str) -> None:
@@ -407,6 +422,14 @@ class Node:
             for conn in list(self.connections):
                 conn.alarm_cleared()
 
+    def check_connection_limits(self, vhost: str, user: str) -> None:
+        """connection.open: ConnectionError_ 530 past the vhost's or the user's max-connections."""
+        limits.check_connection(self, vhost, user)
+
+    def check_channel_limit(self, conn: SessionConnection) -> None:
+        """channel.open: ConnectionError_ 530 past the user's max-channels."""
+        limits.check_channel(self, conn)
+
     def close_user_connections(self, user: str, reason: str) -> None:
         for conn in list(self.connections):
             if conn.user_name == user:
@@ -451,6 +474,8 @@ class Node:
             vhost.check_queue_equivalence(existing, durable, exclusive, auto_delete, arguments, owner)
             self.queue_type_of(existing).redeclared(existing)
             return existing
+        if not self.replaying:  # a queue that exists stays when a limit is lowered
+            limits.check_queue(self, vhost.name, name, len(vhost.queues))
         qtype = arguments.get("x-queue-type", "classic")
         queue_type = self.queue_type(qtype)
         if queue_type is None:

@@ -382,6 +382,7 @@ class AMQPConnection:
             if self.channel_max and opened >= self.channel_max:
                 raise ConnectionError_(NOT_ALLOWED, f"number of channels opened ({opened}) has reached "
                                        f"the negotiated channel_max ({self.channel_max})")
+            self.node.check_channel_limit(self)
             self.channels[channel] = ServerChannel(self, channel)
             self.node.churn["channels_opened"] += 1
             self.send_method(channel, spec.Channel.OpenOk())
@@ -539,6 +540,7 @@ class AMQPConnection:
         vhost = self.node.vhosts.get(vhost_name)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
+        self.node.check_connection_limits(vhost_name, self.user_name)  # before access, as rabbit_reader
         if not self.node.auth.can_access_vhost(self.user_name, vhost_name):
             raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost_name),
                                    10, 40)

@@ -55,7 +55,7 @@ class QuorumQueueType:
         if svc is None or cluster is None:
             raise ChannelError(PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for {what}: quorum queues need a clustered node "
-                               "(start hutch with --cluster-port; see docs/clustering.md)", 50, 10)
+                               "(this node was started with --no-cluster; see docs/clustering.md)", 50, 10)
         validate_queue_arguments(name, vhost.name, "quorum", arguments)
         if arguments.get("x-overflow") == "reject-publish-dlx":
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-overflow' for {what}: "
@@ -91,7 +91,9 @@ class QuorumQueueType:
         q = QuorumQueue(self.service, vhost.name, op.name, self.node.unpack_arguments(op.arguments),
                         op.gid, list(op.members))
         self.node.add_queue(vhost, q, count=False)
-        self.service.attach(q, campaign=False)
+        # a one-member queue of this node (every quorum queue of a cluster of one) has no one to wait
+        # for: it elects itself now rather than after an election timeout (after a restart, too)
+        self.service.attach(q, campaign=list(op.members) == [self.node.name])
         return True
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
