@@ -31,7 +31,6 @@ import binascii
 import hashlib
 import hmac
 import ipaddress
-import re
 import secrets
 import struct
 import threading
@@ -42,6 +41,8 @@ from typing import Any, Literal, NamedTuple
 
 from hutch.amqp.errors import FrameError
 from hutch.amqp.table import decode_table
+
+from .patterns import PatternError, UserPattern, compile_pattern, compile_stored
 
 __all__ = [
     "DEFAULT_EXCHANGE_RESOURCE",
@@ -68,6 +69,7 @@ __all__ = [
     "loopback_refused",
     "parse_amqplain",
     "parse_plain",
+    "topic_permission_allows",
     "resource_access_refused_text",
     "vhost_access_refused_text",
     "validate_password_hash",
@@ -315,31 +317,34 @@ class Vhost:
     default_queue_type: str = "classic"
 
 
-def _compile_permission(kind: str, pattern: str) -> re.Pattern[str] | None:
+def _compile_permission(kind: str, pattern: str, stored: bool) -> UserPattern | None:
     if pattern == "":
         return None
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid {kind} permission regex '{pattern}': {exc}") from None
+        return compile_stored(pattern, f"{kind} permission regex") if stored else compile_pattern(pattern)
+    except PatternError as exc:
+        raise ValueError(f"invalid {kind} permission regex '{pattern}': {exc.reason}") from None
 
 
 @dataclass(frozen=True)
 class Permission:
     """Three regular expressions over resource names (RabbitMQ semantics).
 
-    A name is allowed when the expression is found anywhere in it (``re.search``, unanchored:
+    A name is allowed when the expression is found anywhere in it (a search, unanchored:
     write ``^name$`` to match exactly). ``""`` matches nothing; ``.*`` matches everything.
-    Invalid expressions raise ValueError at construction.
+    The expressions are RE2 (``hutch.core.patterns``: linear time in the name). An expression RE2
+    refuses raises ValueError at construction, unless ``stored`` (it was accepted before: loaded
+    from the definitions log or replicated metadata), when it is logged and matches nothing.
     """
 
     configure: str
     write: str
     read: str
-    _compiled: tuple[re.Pattern[str] | None, ...] = field(init=False, repr=False, compare=False)
+    stored: bool = field(default=False, repr=False, compare=False)
+    _compiled: tuple[UserPattern | None, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        compiled = tuple(_compile_permission(k, getattr(self, k)) for k in _PERMISSION_KINDS)
+        compiled = tuple(_compile_permission(k, getattr(self, k), self.stored) for k in _PERMISSION_KINDS)
         object.__setattr__(self, "_compiled", compiled)
 
     def allows(self, kind: PermissionKind, resource_name: str) -> bool:
@@ -347,13 +352,25 @@ class Permission:
             pattern = self._compiled[_PERMISSION_KINDS.index(kind)]
         except ValueError:
             raise ValueError(f"unknown permission kind '{kind}': expected configure, write or read") from None
-        return pattern is not None and pattern.search(resource_name) is not None
+        return pattern is not None and pattern.search(resource_name)
 
     def to_dict(self) -> dict[str, str]:
         return {"configure": self.configure, "write": self.write, "read": self.read}
 
 
 FULL_PERMISSION = ".*"
+
+
+def topic_permission_allows(pattern: str, user: str, vhost: str, routing_key: str) -> bool:
+    """RabbitMQ's topic authorisation of one routing key (check_topic_access): ``""`` means ``^$``,
+    ``{username}`` and ``{vhost}`` are expanded, then the pattern is searched in the key. RE2, so
+    linear in the key; compiled patterns are cached (core/patterns.py). An expanded pattern RE2
+    refuses (patterns are checked when set, but a user name can make one) allows nothing."""
+    expanded = (pattern or "^$").replace("{username}", user).replace("{vhost}", vhost)
+    try:
+        return compile_pattern(expanded).search(routing_key)
+    except PatternError:
+        return False
 
 
 class UserPermission(NamedTuple):
@@ -551,11 +568,13 @@ class AuthStore:
 
     # -- permissions ------------------------------------------------------------------------
 
-    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> Permission:
-        """Replace the user's permissions on the vhost. ValueError on an invalid regex."""
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str, *,
+                        stored: bool = False) -> Permission:
+        """Replace the user's permissions on the vhost. ValueError on an invalid regex (unless
+        ``stored``: see ``Permission``)."""
         self._require_user(user)
         self._require_vhost(vhost)
-        permission = Permission(configure, write, read)
+        permission = Permission(configure, write, read, stored=stored)
         self._permissions[(user, vhost)] = permission
         return permission
 
@@ -627,7 +646,8 @@ class AuthStore:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, scrypt_n: int = SCRYPT_N) -> AuthStore:
         """Rebuild a store from ``to_dict`` output. ValueError (or an AuthError) if it is
-        inconsistent: a bad hash or regex, a duplicate, a permission naming a missing user."""
+        inconsistent: a bad hash, a duplicate, a permission naming a missing user. A stored regex
+        RE2 refuses is logged and matches nothing (``Permission``), so a node always starts."""
         store = cls(scrypt_n=scrypt_n)
         try:
             for v in data.get("vhosts", []):
@@ -640,7 +660,7 @@ class AuthStore:
             for u in data.get("users", []):
                 store.add_user(u["name"], None, tags=u.get("tags", []), password_hash=u.get("password_hash"))
             for p in data.get("permissions", []):
-                store.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
+                store.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"], stored=True)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed auth definitions: {exc!r}") from None
         return store

@@ -29,6 +29,7 @@ from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core.auth import AuthStore
 from hutch.core.definition_ops import DefinitionOp
+from hutch.core.patterns import PatternError, compile_stored
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
@@ -242,6 +243,11 @@ class Node:
         self.topic_permissions = {}
         for v, u, x, w, r in op.table:
             self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
+            for pattern in (w, r):  # a stored pattern RE2 refuses: warned here, allows nothing
+                try:
+                    compile_stored(pattern, f"topic permission of user '{u}' on exchange '{x}' in vhost '{v}'")
+                except PatternError as exc:
+                    log.warning("topic permission of user '%s' in vhost '%s': %s; it allows nothing", u, v, exc)
         self.perm_epoch += 1
 
     def _apply_declare_exchange(self, op: ops_.DeclareExchange) -> None:
