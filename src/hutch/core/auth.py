@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_EXCHANGE_RESOURCE",
     "FULL_PERMISSION",
     "HUTCH_HASHING_ALGORITHM",
+    "LoginCheck",
     "RABBIT_HASHING_ALGORITHMS",
     "SCRYPT_N",
     "AuthError",
@@ -65,6 +66,7 @@ __all__ = [
     "export_password_hash",
     "hash_password",
     "import_password_hash",
+    "is_cached",
     "is_loopback_address",
     "loopback_refused",
     "parse_amqplain",
@@ -92,6 +94,8 @@ _SCHEME = "scrypt"
 _MAX_N = 2**20
 _MAX_R = 32
 _MAX_P = 16
+
+_DUMMY_SALT = secrets.token_bytes(SALT_BYTES)  # for the scrypt a refusal pays (AuthStore._pay_scrypt)
 
 VERIFY_CACHE_MAX_ENTRIES = 1024
 """Bound on the successful-verification cache (one entry per distinct (hash, password))."""
@@ -247,6 +251,16 @@ def _cache_key(password: str, stored: str) -> bytes:
     return hmac.new(_verify_cache_secret, message, hashlib.sha256).digest()
 
 
+def is_cached(password: str, stored: str) -> bool:
+    """Has ``password`` verified against ``stored`` before (and is it still cached)? One HMAC."""
+    key = _cache_key(password, stored)
+    with _verify_cache_lock:
+        if key in _verify_cache:
+            _verify_cache.move_to_end(key)
+            return True
+    return False
+
+
 def clear_verify_cache() -> None:
     """Forget every cached verification (tests; or after bulk credential changes)."""
     with _verify_cache_lock:
@@ -273,13 +287,11 @@ def verify_password(password: str, stored: str) -> bool:
       process's memory can read the plaintext passwords of arriving logins anyway.)
     * It is bounded, so unique passwords cannot grow it without limit.
     """
-    key = _cache_key(password, stored)
-    with _verify_cache_lock:
-        if key in _verify_cache:
-            _verify_cache.move_to_end(key)
-            return True
+    if is_cached(password, stored):
+        return True
     if not _check_password(password, stored):
         return False
+    key = _cache_key(password, stored)
     with _verify_cache_lock:
         _verify_cache[key] = None
         _verify_cache.move_to_end(key)
@@ -373,6 +385,16 @@ def topic_permission_allows(pattern: str, user: str, vhost: str, routing_key: st
         return False
 
 
+class LoginCheck(NamedTuple):
+    """What ``AuthStore.check_login`` found: the user (None: refused), and for a user whose stored
+    hash is an imported RabbitMQ one, the scrypt hash that should replace it (``rehash``), valid
+    while the stored hash is still ``previous_hash``."""
+
+    user: User | None
+    previous_hash: str | None = None
+    rehash: str | None = None
+
+
 class UserPermission(NamedTuple):
     user: str
     vhost: str
@@ -449,7 +471,6 @@ class AuthStore:
         self._users: dict[str, User] = {}
         self._vhosts: dict[str, Vhost] = {}
         self._permissions: dict[tuple[str, str], Permission] = {}
-        self._dummy_hash: str | None = None
 
     # -- bootstrap --------------------------------------------------------------------------
 
@@ -522,15 +543,49 @@ class AuthStore:
 
     def authenticate(self, name: str, password: str) -> User | None:
         """The user if ``password`` is right, else None (unknown user, no password, blank or
-        wrong password). An unknown user still pays one scrypt so timing does not reveal
-        which user names exist."""
+        wrong password). ``check_login`` without the re-hash; see there for the cost."""
+        return self.check_login(name, password).user
+
+    def authenticate_cached(self, name: str, password: str) -> User | None:
+        """The user if this (user, password) verified before and is still in the verification
+        cache, else None ("not known here": call ``check_login``). Costs one HMAC, no scrypt: the
+        runtime answers it on the event loop, so cached logins never wait behind failed ones."""
         user = self._users.get(name)
-        if user is None or user.password_hash is None:
-            verify_password(password, self._timing_dummy())
+        if user is None or user.password_hash is None or password == "":
             return None
-        if password == "":
-            return None
-        return user if verify_password(password, user.password_hash) else None
+        return user if is_cached(password, user.password_hash) else None
+
+    def check_login(self, name: str, password: str) -> LoginCheck:
+        """The full check, ~40-50 ms of scrypt (call it from an executor thread).
+
+        Every refusal costs what a wrong password costs, so timing tells nothing about which
+        user names exist or how a password is stored: an unknown user, a user without a
+        password, a blank password, and a wrong password against an imported RabbitMQ hash (a
+        fast hash) each pay one scrypt at this store's cost. A right password against an
+        imported RabbitMQ hash returns the scrypt hash that replaces it (``LoginCheck.rehash``;
+        the runtime stores it with ``upgrade_password_hash``), which costs the same scrypt.
+        """
+        user = self._users.get(name)
+        stored = user.password_hash if user is not None else None
+        if user is None or stored is None or password == "":
+            self._pay_scrypt(password)
+            return LoginCheck(None)
+        if not _is_rabbit_hash(stored):
+            return LoginCheck(user if verify_password(password, stored) else None)
+        if not verify_password(password, stored):
+            self._pay_scrypt(password)
+            return LoginCheck(None)
+        return LoginCheck(user, previous_hash=stored, rehash=hash_password(password, n=self._scrypt_n))
+
+    def upgrade_password_hash(self, name: str, previous_hash: str, new_hash: str) -> bool:
+        """Replace a user's hash by ``new_hash`` if it is still ``previous_hash`` (a password change
+        since the login wins); True if replaced. Runs on the event loop, which owns mutation."""
+        user = self._users.get(name)
+        if user is None or user.password_hash != previous_hash:
+            return False
+        validate_password_hash(new_hash)
+        user.password_hash = new_hash
+        return True
 
     # -- vhosts -----------------------------------------------------------------------------
 
@@ -672,10 +727,9 @@ class AuthStore:
             return None
         return hash_password(password, n=self._scrypt_n)
 
-    def _timing_dummy(self) -> str:
-        if self._dummy_hash is None:
-            self._dummy_hash = hash_password(secrets.token_urlsafe(16), n=self._scrypt_n)
-        return self._dummy_hash
+    def _pay_scrypt(self, password: str) -> None:
+        """Spend exactly what verifying a hash of this store's cost spends, and discard it."""
+        _scrypt(password, _DUMMY_SALT, self._scrypt_n, SCRYPT_R, SCRYPT_P, KEY_BYTES)
 
     def _require_user(self, name: str) -> User:
         user = self._users.get(name)

@@ -37,6 +37,7 @@ from hutch.core.vhost import VirtualHost, rs
 from hutch.runtime.broker import policies
 from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
+from hutch.runtime.broker.logins import LoginGate
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.ports import ChannelPort, Clock, ConnectionPort, MetadataPort, QueueTypePort
 
@@ -100,6 +101,7 @@ class Node:
         self.monitor: ResourceMonitor | None = None
         # clustering (runtime/clustering/service.py): set by runtime/app.py for a clustered node
         self.cluster: MetadataPort | None = None
+        self.logins = LoginGate(self)  # password checks: off the loop, bounded (runtime/broker/logins.py)
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
         self.sync_hooks: list[Callable[[int], None]] = []  # after each group commit: the synced count
         self.stale_transient: list[tuple[str, str]] = []  # (vhost, queue) this node's, gone with a restart
@@ -548,6 +550,7 @@ class Node:
         await asyncio.sleep(0.05)  # a grace period for the connection.close frames to reach clients
         for conn in list(self.connections):
             conn.abort()
+        self.logins.close()
         for t in self.queue_types:
             await t.stop()
 

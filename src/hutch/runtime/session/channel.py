@@ -36,7 +36,7 @@ from hutch.amqp.errors import (
     FrameError,
 )
 from hutch.amqp.frames import append_body
-from hutch.core.auth import resource_access_refused_text
+from hutch.core.auth import resource_access_refused_text, topic_permission_allows
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 from hutch.runtime.session.declarations import DeclarationsMixin
@@ -941,8 +941,6 @@ def _switch_exchange(ch: ServerChannel, x: Any) -> None:
 def _check_topic_write(ch: ServerChannel, exchange: str, routing_keys: list[str]) -> None:
     """RabbitMQ's topic authorisation of a publish to a topic exchange: the user's topic permission for
     the exchange (if any) must match every routing key; {username} and {vhost} are expanded."""
-    from hutch.core.auth import topic_permission_allows
-
     perms = ch.node.topic_permissions.get((ch.vhost.name, ch.user))
     entry = perms.get(exchange) if perms else None
     if entry is None:
