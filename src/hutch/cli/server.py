@@ -104,6 +104,19 @@ def configure_logging(level_name: str) -> None:
             handler.addFilter(SafeArgsFilter())
 
 
+def _warn_if_data_dir_open(data_dir: str) -> None:
+    """An existing data directory that group or others may enter is kept as it is, with a warning
+    (hutch creates its own 0700; changing an operator's directory is not its call)."""
+    try:
+        mode = os.stat(data_dir).st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o077:
+        logging.getLogger("hutch.server").warning(
+            "data directory %s is accessible by group or others (mode %04o); it holds message bodies and "
+            "password hashes: chmod 700 it", data_dir, mode)
+
+
 def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> Config:
     """Parse flags and resolve the Config. Raises _UsageError, ConfigError or SystemExit(0)
     (for --help and --version)."""
@@ -136,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
 
     configure_logging(config.log_level)
+    _warn_if_data_dir_open(config.data_dir)
     logging.getLogger("hutch.server").info(
         "starting node %s (config file: %s, data dir: %s)",
         config.node_name,
