@@ -19,9 +19,11 @@ Rules (RabbitMQ's, see docs/access-control.md):
 * For permission checks the default exchange (name ``""``) is called ``amq.default``.
 * Empty passwords never authenticate.
 
-Stdlib only, no IO, no clocks. ``verify_password`` costs ~40-50 ms of CPU the first time a
-(password, hash) pair is seen; the runtime should call ``AuthStore.authenticate`` from an
-executor thread, which is why the cache is guarded by a lock.
+No IO, no clocks. ``check_login`` costs ~40-50 ms of scrypt on a cache miss, for every refusal as for
+a success (so timing reveals nothing); the runtime answers cached logins with ``authenticate_cached``
+(one HMAC) on the event loop and runs ``check_login`` in its own bounded pool
+(runtime/broker/logins.py), which is why the cache is guarded by a lock. Permission regexes are RE2
+(core/patterns.py).
 """
 
 from __future__ import annotations
