@@ -492,3 +492,12 @@ def test_topic_permission_allows_expands_and_searches():
     assert auth.topic_permission_allows("", "bob", "/", "")
     assert not auth.topic_permission_allows("", "bob", "/", "x")
     assert not auth.topic_permission_allows("{username}", "(a)\\1", "/", "aa")  # expands to what RE2 refuses
+
+
+def test_put_user_body_is_hashed_before_the_loop_sees_it():
+    from hutch.mgmt.users import hash_plain_password
+
+    body = hash_plain_password({"password": "pw", "tags": "management"})
+    assert set(body) == {"password_hash", "tags"} and auth.verify_password("pw", body["password_hash"])
+    for untouched in ({"password": "", "tags": ""}, {"password": "a", "password_hash": "b"}, {"tags": ""}, "x"):
+        assert hash_plain_password(untouched) is untouched
