@@ -76,7 +76,10 @@ def _safe_arg(arg: Any) -> Any:
         return _escaped(arg, MAX_LOGGED_ARG_CHARS)
     if arg is None or isinstance(arg, int | float):
         return arg
-    return _escaped(str(arg), MAX_LOGGED_ARG_CHARS)
+    text = str(arg)
+    if len(text) <= MAX_LOGGED_ARG_CHARS and text.isprintable():
+        return arg  # harmless: keep the object, so a `%r` still shows its repr
+    return _escaped(text, MAX_LOGGED_ARG_CHARS)
 
 
 class SafeArgsFilter(logging.Filter):
