@@ -132,6 +132,13 @@ class Config:
     raft_wal_max_size_bytes: int = 512 * MiB  # raft.wal_max_size_bytes: the shared WAL is flushed past it
     raft_segment_max_entries: int = 4096  # raft.segment_max_entries (at most 65535)
     quorum_commands_soft_limit: int = 32  # enqueue entries in flight to one quorum queue before flow
+    # password checks (runtime/broker/logins.py, docs/security.md): threads that run scrypt (0: half the CPUs,
+    # at least 1), and how many uncached logins may wait for one, in all and per source address
+    auth_hash_threads: int = 0
+    auth_max_pending_logins: int = 64
+    auth_max_pending_logins_per_source: int = 8
+    # a cluster secret file that group or others may read is refused unless this is set (then warned)
+    cluster_secret_file_insecure_ok: bool = False
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -381,6 +388,10 @@ _FILE_KEYS: dict[str, _Parser] = {
     "raft.wal_max_size_bytes": _int_field("raft_wal_max_size_bytes", 65536, 2**40),
     "raft.segment_max_entries": _int_field("raft_segment_max_entries", 1, 65535),
     "quorum_commands_soft_limit": _int_field("quorum_commands_soft_limit", 1, 2**31 - 1),
+    "auth.hash_threads": _int_field("auth_hash_threads", 0, 64),
+    "auth.max_pending_logins": _int_field("auth_max_pending_logins", 1, 1_000_000),
+    "auth.max_pending_logins_per_source": _int_field("auth_max_pending_logins_per_source", 1, 1_000_000),
+    "cluster.secret_file_insecure_ok": lambda text: {"cluster_secret_file_insecure_ok": _parse_bool(text)},
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting
@@ -396,6 +407,7 @@ FLAGS: dict[str, str] = {
     "cluster_join": "--join",
     "cluster_secret_file": "--cluster-secret-file",
     "cluster_enabled": "--no-cluster",  # the flag's value is "false"
+    "cluster_secret_file_insecure_ok": "--allow-insecure-secret-file",
 }
 ENV_VARS: dict[str, str] = {
     "config": "HUTCH_CONFIG",
@@ -409,6 +421,7 @@ ENV_VARS: dict[str, str] = {
     "cluster_secret_file": "HUTCH_CLUSTER_SECRET_FILE",
     "cluster_secret": "HUTCH_CLUSTER_SECRET",
     "cluster_enabled": "HUTCH_CLUSTER_ENABLED",
+    "cluster_secret_file_insecure_ok": "HUTCH_ALLOW_INSECURE_SECRET_FILE",
 }
 _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
@@ -422,6 +435,7 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "cluster_secret_file": _nonempty_field("cluster_secret_file"),
     "cluster_secret": _nonempty_field("cluster_secret"),
     "cluster_enabled": _parse_cluster_enabled,
+    "cluster_secret_file_insecure_ok": lambda text: {"cluster_secret_file_insecure_ok": _parse_bool(text)},
 }
 
 _LOOPBACK_PREFIX = "loopback_users."

@@ -96,8 +96,12 @@ def _resource_name(names: dict[str, str], key: str) -> str:
 
 
 def _deny_only(name: str) -> str:
-    """A permission regex that allows everything except exactly `name` (amq.default for "")."""
-    return f"^(?!{re.escape(name or 'amq.default')}$).*"
+    """A permission regex that allows everything except exactly `name` (amq.default for ""). Without
+    lookahead, which RE2 (the engine of permission regexes) does not have: a name differs from `name`
+    at some position, or is a proper prefix of it, or is longer."""
+    name = name or "amq.default"
+    differs = [f"{re.escape(name[:i])}(?:[^{re.escape(name[i])}]|$)" for i in range(len(name))]
+    return "^(?:" + "|".join([*differs, re.escape(name) + "."]) + ")"
 
 
 def _cases() -> list[Any]:

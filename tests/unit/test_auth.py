@@ -464,3 +464,40 @@ def test_parse_amqplain_matches_py_amqp_encoding():
 def test_parse_amqplain_malformed(body):
     with pytest.raises(ValueError):
         parse_amqplain(body)
+
+
+# -- RE2 permission patterns (issue 15, finding 6) ------------------------------------------------------
+
+
+def test_permission_regex_re2_refuses_is_value_error():
+    with pytest.raises(ValueError, match="invalid read permission regex '\\(a\\)\\\\1'"):
+        Permission(".*", ".*", "(a)\\1")
+
+
+def test_stored_permission_regex_re2_refuses_allows_nothing(store, caplog):
+    store.add_user("bob", "pw")
+    store.set_permissions("bob", "/", ".*", ".*", ".*")
+    data = store.to_dict()
+    next(p for p in data["permissions"] if p["user"] == "bob").update(configure="^(?!amq\\.)")
+    with caplog.at_level("WARNING", logger="hutch.patterns"):
+        again = AuthStore.from_dict(data, scrypt_n=CHEAP_N)
+    assert "configure permission regex" in caplog.text and "matches nothing" in caplog.text
+    assert not again.check("bob", "/", "configure", "orders", "queue")
+    assert again.check("bob", "/", "write", "orders", "queue")
+
+
+def test_topic_permission_allows_expands_and_searches():
+    assert auth.topic_permission_allows("^{username}\\.", "bob", "/", "bob.x")
+    assert not auth.topic_permission_allows("^{username}\\.", "bob", "/", "alice.x")
+    assert auth.topic_permission_allows("", "bob", "/", "")
+    assert not auth.topic_permission_allows("", "bob", "/", "x")
+    assert not auth.topic_permission_allows("{username}", "(a)\\1", "/", "aa")  # expands to what RE2 refuses
+
+
+def test_put_user_body_is_hashed_before_the_loop_sees_it():
+    from hutch.mgmt.users import hash_plain_password
+
+    body = hash_plain_password({"password": "pw", "tags": "management"})
+    assert set(body) == {"password_hash", "tags"} and auth.verify_password("pw", body["password_hash"])
+    for untouched in ({"password": "", "tags": ""}, {"password": "a", "password_hash": "b"}, {"tags": ""}, "x"):
+        assert hash_plain_password(untouched) is untouched

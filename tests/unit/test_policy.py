@@ -316,3 +316,26 @@ def test_lowering_an_operator_limit_never_raises_the_result(arguments, policy, l
         capped_high = effective_settings(arguments, policy, make_policy("/", "o", ".*", {key: high}, operator=True))
         assert getattr(capped_low, fld) <= getattr(capped_high, fld)
         assert getattr(capped_low, fld) <= low
+
+
+# -- RE2 patterns (issue 15, finding 6) -----------------------------------------------------------------
+
+
+def test_pattern_re2_refuses_is_a_validation_error() -> None:
+    with pytest.raises(PolicyError, match=r'"\^\(\?!amq\\\\\.\)" is not a valid regular expression: .*\(\?!'):
+        pol(pattern="^(?!amq\\.)")
+
+
+def test_stored_pattern_re2_refuses_matches_nothing_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    doc = pol(pattern="x").to_dict() | {"pattern": "^(?!amq\\.)"}
+    with caplog.at_level("WARNING", logger="hutch.patterns"):
+        stored = Policy.from_dict(doc)
+    assert not stored.matches(QUEUE, "orders") and not stored.matches(QUEUE, "amq.x")
+    assert "pattern of policy 'p' in vhost '/'" in caplog.text and "matches nothing" in caplog.text
+    store = PolicyStore.from_dict({"policies": [doc], "operator_policies": []})
+    assert store.match_queue("/", "orders") == (None, None)
+
+
+def test_stored_pattern_no_engine_accepts_is_still_refused() -> None:
+    with pytest.raises(PolicyError, match="is not a valid regular expression"):
+        Policy.from_dict(pol(pattern="x").to_dict() | {"pattern": "("})

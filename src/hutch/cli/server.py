@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from hutch import __version__
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
+from hutch.core.logsafe import SafeArgsFilter
 
 PROG = "hutch-server"
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
@@ -86,15 +87,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster-secret-file", metavar="FILE",
         help="shared secret of the cluster (env HUTCH_CLUSTER_SECRET_FILE; default <data-dir>/.hutch.secret)",
     )
+    parser.add_argument(
+        "--allow-insecure-secret-file", action="store_true", default=None,
+        help="start even if the cluster secret file is readable by group or others (warned; "
+        "config cluster.secret_file_insecure_ok)",
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return parser
 
 
 def configure_logging(level_name: str) -> None:
-    """Root logging to stderr with the house format, at the configured level."""
+    """Root logging to stderr with the house format, at the configured level; every argument of a
+    record is escaped and capped (`SafeArgsFilter`: user names, queue names and client texts)."""
     level = _LOGGING_LEVELS[level_name]
     logging.basicConfig(format=LOG_FORMAT, stream=sys.stderr)
-    logging.getLogger().setLevel(level)
+    root = logging.getLogger()
+    root.setLevel(level)
+    for handler in root.handlers:  # user strings in log arguments: escaped and capped (core/logsafe.py)
+        if not any(isinstance(f, SafeArgsFilter) for f in handler.filters):
+            handler.addFilter(SafeArgsFilter())
+
+
+def _warn_if_data_dir_open(data_dir: str) -> None:
+    """An existing data directory that group or others may enter is kept as it is, with a warning
+    (hutch creates its own 0700; changing an operator's directory is not its call)."""
+    try:
+        mode = os.stat(data_dir).st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o077:
+        logging.getLogger("hutch.server").warning(
+            "data directory %s is accessible by group or others (mode %04o); it holds message bodies and "
+            "password hashes: chmod 700 it", data_dir, mode)
 
 
 def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> Config:
@@ -112,6 +136,7 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "cluster_join": args.join,
         "cluster_secret_file": args.cluster_secret_file,
         "cluster_enabled": "false" if args.no_cluster else None,
+        "cluster_secret_file_insecure_ok": "true" if args.allow_insecure_secret_file else None,
     }
     return load_config(flags, dict(os.environ) if environ is None else environ)
 
@@ -129,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
 
     configure_logging(config.log_level)
+    _warn_if_data_dir_open(config.data_dir)
     logging.getLogger("hutch.server").info(
         "starting node %s (config file: %s, data dir: %s)",
         config.node_name,

@@ -19,9 +19,11 @@ Rules (RabbitMQ's, see docs/access-control.md):
 * For permission checks the default exchange (name ``""``) is called ``amq.default``.
 * Empty passwords never authenticate.
 
-Stdlib only, no IO, no clocks. ``verify_password`` costs ~40-50 ms of CPU the first time a
-(password, hash) pair is seen; the runtime should call ``AuthStore.authenticate`` from an
-executor thread, which is why the cache is guarded by a lock.
+No IO, no clocks. ``check_login`` costs ~40-50 ms of scrypt on a cache miss, for every refusal as for
+a success (so timing reveals nothing); the runtime answers cached logins with ``authenticate_cached``
+(one HMAC) on the event loop and runs ``check_login`` in its own bounded pool
+(runtime/broker/logins.py), which is why the cache is guarded by a lock. Permission regexes are RE2
+(core/patterns.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import binascii
 import hashlib
 import hmac
 import ipaddress
-import re
 import secrets
 import struct
 import threading
@@ -43,10 +44,13 @@ from typing import Any, Literal, NamedTuple
 from hutch.amqp.errors import FrameError
 from hutch.amqp.table import decode_table
 
+from .patterns import PatternError, UserPattern, compile_pattern, compile_stored
+
 __all__ = [
     "DEFAULT_EXCHANGE_RESOURCE",
     "FULL_PERMISSION",
     "HUTCH_HASHING_ALGORITHM",
+    "LoginCheck",
     "RABBIT_HASHING_ALGORITHMS",
     "SCRYPT_N",
     "AuthError",
@@ -64,10 +68,12 @@ __all__ = [
     "export_password_hash",
     "hash_password",
     "import_password_hash",
+    "is_cached",
     "is_loopback_address",
     "loopback_refused",
     "parse_amqplain",
     "parse_plain",
+    "topic_permission_allows",
     "resource_access_refused_text",
     "vhost_access_refused_text",
     "validate_password_hash",
@@ -90,6 +96,8 @@ _SCHEME = "scrypt"
 _MAX_N = 2**20
 _MAX_R = 32
 _MAX_P = 16
+
+_DUMMY_SALT = secrets.token_bytes(SALT_BYTES)  # for the scrypt a refusal pays (AuthStore._pay_scrypt)
 
 VERIFY_CACHE_MAX_ENTRIES = 1024
 """Bound on the successful-verification cache (one entry per distinct (hash, password))."""
@@ -245,6 +253,16 @@ def _cache_key(password: str, stored: str) -> bytes:
     return hmac.new(_verify_cache_secret, message, hashlib.sha256).digest()
 
 
+def is_cached(password: str, stored: str) -> bool:
+    """Has ``password`` verified against ``stored`` before (and is it still cached)? One HMAC."""
+    key = _cache_key(password, stored)
+    with _verify_cache_lock:
+        if key in _verify_cache:
+            _verify_cache.move_to_end(key)
+            return True
+    return False
+
+
 def clear_verify_cache() -> None:
     """Forget every cached verification (tests; or after bulk credential changes)."""
     with _verify_cache_lock:
@@ -271,13 +289,11 @@ def verify_password(password: str, stored: str) -> bool:
       process's memory can read the plaintext passwords of arriving logins anyway.)
     * It is bounded, so unique passwords cannot grow it without limit.
     """
-    key = _cache_key(password, stored)
-    with _verify_cache_lock:
-        if key in _verify_cache:
-            _verify_cache.move_to_end(key)
-            return True
+    if is_cached(password, stored):
+        return True
     if not _check_password(password, stored):
         return False
+    key = _cache_key(password, stored)
     with _verify_cache_lock:
         _verify_cache[key] = None
         _verify_cache.move_to_end(key)
@@ -315,31 +331,34 @@ class Vhost:
     default_queue_type: str = "classic"
 
 
-def _compile_permission(kind: str, pattern: str) -> re.Pattern[str] | None:
+def _compile_permission(kind: str, pattern: str, stored: bool) -> UserPattern | None:
     if pattern == "":
         return None
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid {kind} permission regex '{pattern}': {exc}") from None
+        return compile_stored(pattern, f"{kind} permission regex") if stored else compile_pattern(pattern)
+    except PatternError as exc:
+        raise ValueError(f"invalid {kind} permission regex '{pattern}': {exc.reason}") from None
 
 
 @dataclass(frozen=True)
 class Permission:
     """Three regular expressions over resource names (RabbitMQ semantics).
 
-    A name is allowed when the expression is found anywhere in it (``re.search``, unanchored:
+    A name is allowed when the expression is found anywhere in it (a search, unanchored:
     write ``^name$`` to match exactly). ``""`` matches nothing; ``.*`` matches everything.
-    Invalid expressions raise ValueError at construction.
+    The expressions are RE2 (``hutch.core.patterns``: linear time in the name). An expression RE2
+    refuses raises ValueError at construction, unless ``stored`` (it was accepted before: loaded
+    from the definitions log or replicated metadata), when it is logged and matches nothing.
     """
 
     configure: str
     write: str
     read: str
-    _compiled: tuple[re.Pattern[str] | None, ...] = field(init=False, repr=False, compare=False)
+    stored: bool = field(default=False, repr=False, compare=False)
+    _compiled: tuple[UserPattern | None, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        compiled = tuple(_compile_permission(k, getattr(self, k)) for k in _PERMISSION_KINDS)
+        compiled = tuple(_compile_permission(k, getattr(self, k), self.stored) for k in _PERMISSION_KINDS)
         object.__setattr__(self, "_compiled", compiled)
 
     def allows(self, kind: PermissionKind, resource_name: str) -> bool:
@@ -347,13 +366,35 @@ class Permission:
             pattern = self._compiled[_PERMISSION_KINDS.index(kind)]
         except ValueError:
             raise ValueError(f"unknown permission kind '{kind}': expected configure, write or read") from None
-        return pattern is not None and pattern.search(resource_name) is not None
+        return pattern is not None and pattern.search(resource_name)
 
     def to_dict(self) -> dict[str, str]:
         return {"configure": self.configure, "write": self.write, "read": self.read}
 
 
 FULL_PERMISSION = ".*"
+
+
+def topic_permission_allows(pattern: str, user: str, vhost: str, routing_key: str) -> bool:
+    """RabbitMQ's topic authorisation of one routing key (check_topic_access): ``""`` means ``^$``,
+    ``{username}`` and ``{vhost}`` are expanded, then the pattern is searched in the key. RE2, so
+    linear in the key; compiled patterns are cached (core/patterns.py). An expanded pattern RE2
+    refuses (patterns are checked when set, but a user name can make one) allows nothing."""
+    expanded = (pattern or "^$").replace("{username}", user).replace("{vhost}", vhost)
+    try:
+        return compile_pattern(expanded).search(routing_key)
+    except PatternError:
+        return False
+
+
+class LoginCheck(NamedTuple):
+    """What ``AuthStore.check_login`` found: the user (None: refused), and for a user whose stored
+    hash is an imported RabbitMQ one, the scrypt hash that should replace it (``rehash``), valid
+    while the stored hash is still ``previous_hash``."""
+
+    user: User | None
+    previous_hash: str | None = None
+    rehash: str | None = None
 
 
 class UserPermission(NamedTuple):
@@ -432,7 +473,6 @@ class AuthStore:
         self._users: dict[str, User] = {}
         self._vhosts: dict[str, Vhost] = {}
         self._permissions: dict[tuple[str, str], Permission] = {}
-        self._dummy_hash: str | None = None
 
     # -- bootstrap --------------------------------------------------------------------------
 
@@ -505,15 +545,49 @@ class AuthStore:
 
     def authenticate(self, name: str, password: str) -> User | None:
         """The user if ``password`` is right, else None (unknown user, no password, blank or
-        wrong password). An unknown user still pays one scrypt so timing does not reveal
-        which user names exist."""
+        wrong password). ``check_login`` without the re-hash; see there for the cost."""
+        return self.check_login(name, password).user
+
+    def authenticate_cached(self, name: str, password: str) -> User | None:
+        """The user if this (user, password) verified before and is still in the verification
+        cache, else None ("not known here": call ``check_login``). Costs one HMAC, no scrypt: the
+        runtime answers it on the event loop, so cached logins never wait behind failed ones."""
         user = self._users.get(name)
-        if user is None or user.password_hash is None:
-            verify_password(password, self._timing_dummy())
+        if user is None or user.password_hash is None or password == "":
             return None
-        if password == "":
-            return None
-        return user if verify_password(password, user.password_hash) else None
+        return user if is_cached(password, user.password_hash) else None
+
+    def check_login(self, name: str, password: str) -> LoginCheck:
+        """The full check, ~40-50 ms of scrypt (call it from an executor thread).
+
+        Every refusal costs what a wrong password costs, so timing tells nothing about which
+        user names exist or how a password is stored: an unknown user, a user without a
+        password, a blank password, and a wrong password against an imported RabbitMQ hash (a
+        fast hash) each pay one scrypt at this store's cost. A right password against an
+        imported RabbitMQ hash returns the scrypt hash that replaces it (``LoginCheck.rehash``;
+        the runtime stores it with ``upgrade_password_hash``), which costs the same scrypt.
+        """
+        user = self._users.get(name)
+        stored = user.password_hash if user is not None else None
+        if user is None or stored is None or password == "":
+            self._pay_scrypt(password)
+            return LoginCheck(None)
+        if not _is_rabbit_hash(stored):
+            return LoginCheck(user if verify_password(password, stored) else None)
+        if not verify_password(password, stored):
+            self._pay_scrypt(password)
+            return LoginCheck(None)
+        return LoginCheck(user, previous_hash=stored, rehash=hash_password(password, n=self._scrypt_n))
+
+    def upgrade_password_hash(self, name: str, previous_hash: str, new_hash: str) -> bool:
+        """Replace a user's hash by ``new_hash`` if it is still ``previous_hash`` (a password change
+        since the login wins); True if replaced. Runs on the event loop, which owns mutation."""
+        user = self._users.get(name)
+        if user is None or user.password_hash != previous_hash:
+            return False
+        validate_password_hash(new_hash)
+        user.password_hash = new_hash
+        return True
 
     # -- vhosts -----------------------------------------------------------------------------
 
@@ -551,11 +625,13 @@ class AuthStore:
 
     # -- permissions ------------------------------------------------------------------------
 
-    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> Permission:
-        """Replace the user's permissions on the vhost. ValueError on an invalid regex."""
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str, *,
+                        stored: bool = False) -> Permission:
+        """Replace the user's permissions on the vhost. ValueError on an invalid regex (unless
+        ``stored``: see ``Permission``)."""
         self._require_user(user)
         self._require_vhost(vhost)
-        permission = Permission(configure, write, read)
+        permission = Permission(configure, write, read, stored=stored)
         self._permissions[(user, vhost)] = permission
         return permission
 
@@ -627,7 +703,8 @@ class AuthStore:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, scrypt_n: int = SCRYPT_N) -> AuthStore:
         """Rebuild a store from ``to_dict`` output. ValueError (or an AuthError) if it is
-        inconsistent: a bad hash or regex, a duplicate, a permission naming a missing user."""
+        inconsistent: a bad hash, a duplicate, a permission naming a missing user. A stored regex
+        RE2 refuses is logged and matches nothing (``Permission``), so a node always starts."""
         store = cls(scrypt_n=scrypt_n)
         try:
             for v in data.get("vhosts", []):
@@ -640,7 +717,7 @@ class AuthStore:
             for u in data.get("users", []):
                 store.add_user(u["name"], None, tags=u.get("tags", []), password_hash=u.get("password_hash"))
             for p in data.get("permissions", []):
-                store.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"])
+                store.set_permissions(p["user"], p["vhost"], p["configure"], p["write"], p["read"], stored=True)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed auth definitions: {exc!r}") from None
         return store
@@ -652,10 +729,9 @@ class AuthStore:
             return None
         return hash_password(password, n=self._scrypt_n)
 
-    def _timing_dummy(self) -> str:
-        if self._dummy_hash is None:
-            self._dummy_hash = hash_password(secrets.token_urlsafe(16), n=self._scrypt_n)
-        return self._dummy_hash
+    def _pay_scrypt(self, password: str) -> None:
+        """Spend exactly what verifying a hash of this store's cost spends, and discard it."""
+        _scrypt(password, _DUMMY_SALT, self._scrypt_n, SCRYPT_R, SCRYPT_P, KEY_BYTES)
 
     def _require_user(self, name: str) -> User:
         user = self._users.get(name)

@@ -9,8 +9,11 @@ exchange (`exchange_alternate`). No IO, no clocks; the runtime (runtime/broker/p
 
 Rules (RabbitMQ's rabbit_policy / rabbit_policies; docs/policies.md explains each):
 - A policy matches a queue or exchange of its vhost whose name its pattern finds anywhere
-  (`re.search`, as Erlang's `re:run`: anchor with `^`/`$`), when `apply-to` fits: `all`, `queues`,
-  `exchanges`, or one queue type (`classic_queues`, `quorum_queues`, `streams`).
+  (a search, as Erlang's `re:run`: anchor with `^`/`$`), when `apply-to` fits: `all`, `queues`,
+  `exchanges`, or one queue type (`classic_queues`, `quorum_queues`, `streams`). Patterns are RE2
+  (core/patterns.py: linear time, so a policymaker's pattern cannot stall the node on a declare); one
+  RE2 refuses is a validation error when set, and matches nothing (with a warning) when it was
+  stored before (`from_dict`: the definitions log, replicated metadata).
 - At most one policy and one operator policy apply to an object: the matching one with the highest
   priority. Equal priorities: RabbitMQ leaves the choice undefined; hutch takes the smallest name, so
   the choice is stable across restarts.
@@ -33,12 +36,12 @@ Rules (RabbitMQ's rabbit_policy / rabbit_policies; docs/policies.md explains eac
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .arguments import INT64_MAX, MAX_EXPIRY_MS
+from .patterns import PatternError, UserPattern, accepted_before, compile_pattern, compile_stored
 from .queue_settings import POLICY_FIELDS, QueueSettings, settings_from_arguments
 
 POLICY = "policy"
@@ -121,10 +124,15 @@ class Policy:
     definition: dict[str, Any]
     priority: int | float = 0
     apply_to: str = "all"
-    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    stored: bool = field(default=False, repr=False, compare=False)
+    regex: UserPattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "regex", re.compile(self.pattern))
+        if self.stored:  # the pattern was accepted before: never refuse it now (a node must start)
+            regex = compile_stored(self.pattern, f"pattern of policy '{self.name}' in vhost '{self.vhost}'")
+        else:
+            regex = compile_pattern(self.pattern)
+        object.__setattr__(self, "regex", regex)
 
     def applies_to(self, kind: str, queue_type: str = "classic") -> bool:
         apply_to = self.apply_to
@@ -135,7 +143,7 @@ class Policy:
         return apply_to == "queues" or apply_to == QUEUE_TYPE_APPLY_TO.get(queue_type)
 
     def matches(self, kind: str, name: str, queue_type: str = "classic") -> bool:
-        return self.applies_to(kind, queue_type) and self.regex.search(name) is not None
+        return self.applies_to(kind, queue_type) and self.regex.search(name)
 
     def to_dict(self) -> dict[str, Any]:
         """RabbitMQ's JSON shape of a policy (GET /api/policies)."""
@@ -144,8 +152,10 @@ class Policy:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], operator: bool = False) -> Policy:
+        """A stored policy (the definitions log, replicated metadata): validated as `make_policy`
+        does, except that a pattern RE2 refuses matches nothing (logged) instead of being refused."""
         return make_policy(doc["vhost"], doc["name"], doc["pattern"], doc["definition"],
-                           doc.get("priority", 0), doc.get("apply-to", "all"), operator=operator)
+                           doc.get("priority", 0), doc.get("apply-to", "all"), operator=operator, stored=True)
 
 
 def validate_definition(definition: Any, operator: bool = False) -> dict[str, Any]:
@@ -172,8 +182,9 @@ def validate_definition(definition: Any, operator: bool = False) -> dict[str, An
 
 
 def make_policy(vhost: str, name: str, pattern: Any, definition: Any, priority: Any = 0,
-                apply_to: Any = "all", operator: bool = False) -> Policy:
-    """A validated Policy; raises PolicyError (RabbitMQ's checks: rabbit_policy:policy_validation)."""
+                apply_to: Any = "all", operator: bool = False, stored: bool = False) -> Policy:
+    """A validated Policy; raises PolicyError (RabbitMQ's checks: rabbit_policy:policy_validation).
+    `stored`: the policy was accepted before (see `Policy.from_dict`); its pattern is not refused."""
     if priority is None:
         priority = 0
     if isinstance(priority, bool) or not isinstance(priority, int | float):
@@ -181,16 +192,17 @@ def make_policy(vhost: str, name: str, pattern: Any, definition: Any, priority: 
     if not isinstance(pattern, str):
         raise PolicyError(f"Validation failed: pattern should be a string, actually was {_format(pattern)}")
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise PolicyError(f"Validation failed: {_format(pattern)} is not a valid regular expression: "
-                          f"{exc}") from None
+        compile_pattern(pattern)
+    except PatternError as exc:
+        if not (stored and accepted_before(pattern)):  # a stored one compiles to "matches nothing"
+            raise PolicyError(f"Validation failed: {_format(pattern)} is not a valid regular expression: "
+                              f"{exc.reason}") from None
     if apply_to is None:
         apply_to = "all"
     if apply_to not in APPLY_TO:
         raise PolicyError(f"Validation failed: apply-to '{apply_to}' unrecognised; should be one of: "
                           "'queues', 'classic_queues', 'quorum_queues', 'streams', 'exchanges', or 'all'")
-    return Policy(vhost, name, pattern, validate_definition(definition, operator), priority, apply_to)
+    return Policy(vhost, name, pattern, validate_definition(definition, operator), priority, apply_to, stored)
 
 
 def select(policies: Iterable[Policy], kind: str, name: str, queue_type: str = "classic") -> Policy | None:

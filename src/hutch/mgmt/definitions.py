@@ -59,7 +59,7 @@ from hutch.core.auth import (
     hash_password,
     import_password_hash,
 )
-from hutch.core.patterns import PatternError, check_pattern
+from hutch.core.patterns import PatternError, check_pattern, compile_stored
 from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
@@ -333,6 +333,8 @@ class Plan:
     queues: list[_Queue] = field(default_factory=list)
     bindings: list[_Binding] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # why each skipped item was skipped (logged)
+    # a boot-time file's patterns RE2 refuses match nothing (logged) instead of failing the start
+    stored_patterns: bool = False
 
     def summary(self) -> str:
         counts = (("users", self.users), ("vhosts", self.vhosts), ("permissions", self.permissions),
@@ -417,11 +419,11 @@ def _default_hashing(password_hash: str, version: Any) -> str:
 class _Planner:
     """Builds a Plan, tracking what will exist once the earlier categories are applied."""
 
-    def __init__(self, node: Node, prepared: Prepared, scope: str | None) -> None:
+    def __init__(self, node: Node, prepared: Prepared, scope: str | None, stored_patterns: bool = False) -> None:
         self.node = node
         self.prepared = prepared
         self.scope = scope
-        self.plan = Plan()
+        self.plan = Plan(stored_patterns=stored_patterns)
         self.users = {u.name for u in node.auth.list_users()}
         self.vhosts = set(node.vhosts)
         self.exchange_types = {(v.name, x.name): x.type for v in node.vhosts.values()
@@ -500,7 +502,7 @@ class _Planner:
                                    "do not create it")
         values = [_string(item, k, where, empty=True) for k in ("configure", "write", "read")]
         try:
-            Permission(*values)
+            Permission(*values, stored=self.plan.stored_patterns)
         except ValueError as exc:
             raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.permissions.append(_Permission(user, vhost, *values))
@@ -519,7 +521,10 @@ class _Planner:
         exchange, write, read = (_string(item, k, where, empty=True) for k in ("exchange", "write", "read"))
         for pattern in (write, read):
             try:
-                check_pattern(pattern)  # RE2 (hutch.core.patterns): what the broker will match with
+                if self.plan.stored_patterns:
+                    compile_stored(pattern, f"{where}: pattern")
+                else:
+                    check_pattern(pattern)
             except PatternError as exc:
                 raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.topic_permissions.append((user, vhost, exchange, write, read))
@@ -528,7 +533,7 @@ class _Planner:
         kind = "operator policy" if operator else "policy"
         try:
             policy = make_policy(vhost, name, body.get("pattern"), body.get("definition"), body.get("priority"),
-                                 body.get("apply-to"), operator=operator)
+                                 body.get("apply-to"), operator=operator, stored=self.plan.stored_patterns)
         except PolicyError as exc:
             raise DefinitionsError(f"{kind} '{name}' in vhost '{vhost}': {exc}") from None
         self.plan.policies.append((policy, operator))
@@ -652,11 +657,12 @@ class _Planner:
         self.plan.bindings.append(_Binding(vhost, source, kind, destination, routing_key, arguments))
 
 
-def plan_import(node: Node, prepared: Prepared, vhost: str | None = None) -> Plan:
+def plan_import(node: Node, prepared: Prepared, vhost: str | None = None, *, stored_patterns: bool = False) -> Plan:
     """Check a document against the node and list what importing it does; DefinitionsError if any
-    part cannot be imported. `vhost` given: RabbitMQ's per-vhost import into that (existing) vhost."""
+    part cannot be imported. `vhost` given: RabbitMQ's per-vhost import into that (existing) vhost.
+    `stored_patterns` (the boot-time file): a pattern RE2 refuses matches nothing, with a warning."""
     doc = prepared.doc
-    planner = _Planner(node, prepared, vhost)
+    planner = _Planner(node, prepared, vhost, stored_patterns)
     if vhost is None:
         version = doc.get("rabbitmq_version", doc.get("rabbit_version"))
         for i, item in enumerate(_items(doc, "users")):
@@ -710,7 +716,7 @@ def _apply_auth(node: Node, plan: Plan, acting_user: str | None) -> None:
         if v.default_queue_type is not None:
             record.default_queue_type = v.default_queue_type
     for p in plan.permissions:
-        auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+        auth.set_permissions(p.user, p.vhost, p.configure, p.write, p.read, stored=plan.stored_patterns)
     for user, vhost, exchange, write, read in plan.topic_permissions:
         node.topic_permissions.setdefault((vhost, user), {})[exchange] = (write, read)
     if plan.topic_permissions:
@@ -780,7 +786,7 @@ def load_definitions_file(node: Node, path: str) -> str:
             payload = handle.read()
     except OSError as exc:
         raise DefinitionsError(exc.strerror or str(exc)) from None
-    plan = plan_import(node, prepare(parse_document(payload)))
+    plan = plan_import(node, prepare(parse_document(payload)), stored_patterns=True)
     apply_plan(node, plan)
     summary = plan.summary()
     log.info("definitions loaded from %s: %s", path, summary)

@@ -215,10 +215,11 @@ def _credentials(header: str) -> tuple[str, str]:
 
 async def _authenticate(request: web.Request, node: Node) -> Principal:
     user_name, password = _credentials(request.headers.get("Authorization", ""))
-    loop = asyncio.get_running_loop()
-    user = await loop.run_in_executor(None, node.auth.authenticate, user_name, password)
+    # off the loop and bounded; a cached login is answered without the hashing pool (runtime/broker/logins.py)
+    outcome = await node.logins.check(user_name, password, request.remote or "")
+    user = outcome.user
     if user is None:
-        log.warning("HTTP access denied: user %s - invalid credentials", _shown(user_name))
+        log.warning("HTTP access denied: user %s - %s", _shown(user_name), outcome.reason)
         raise not_authenticated()
     if user.name in node.config.loopback_users and not is_loopback_address(request.remote or ""):
         raise not_authorised("User can only log in via localhost")

@@ -194,8 +194,8 @@ def _user(c: Call) -> Any:
 
 
 @route("PUT", "/api/users/{user}", "Create or update a user", tag=USERS, body="UserBody", codes=(*CHANGED, 400))
-def _put_user(c: Call) -> Any:
-    return created(users.put_user(c.node, c.principal, c.params["user"], c.body))
+async def _put_user(c: Call) -> Any:
+    return created(await users.put_user_off_loop(c.node, c.principal, c.params["user"], c.body))
 
 
 @route("DELETE", "/api/users/{user}", "Delete a user (closes its connections)", tag=USERS, codes=(204, 404))

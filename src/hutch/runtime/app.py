@@ -38,6 +38,7 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.storage.errors import StorageError
+from hutch.storage.fs import DATA_UMASK
 
 log = logging.getLogger("hutch.node")
 
@@ -117,6 +118,11 @@ async def serve(config: Config, services: Sequence[Service] = (),
     one-line start-up error."""
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
+        secret = load_secret(config) if clustered else None  # refused if others can read it: one line
+    except (ValueError, OSError) as exc:
+        print(f"hutch-server: {exc}", file=sys.stderr)
+        return 1
+    try:
         # A clustered node's definitions come from the metadata Raft group; the local definitions
         # store only seeds the cluster a node founds (its first start as a clustered node).
         use_store = bool(config.data_dir) and not (clustered and (_has_cluster_identity(config)
@@ -127,7 +133,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
                                   store_file_size_limit=config.msg_store_file_size_limit) \
             if config.data_dir else None
         node = build_node(config, store=store, persistence=persistence)
-        cluster = cluster_node(node, load_secret(config)) if clustered else None
+        cluster = cluster_node(node, secret) if secret is not None else None
         if cluster is None:
             node.recover_messages()
     except (StorageError, ValueError, OSError) as exc:
@@ -205,7 +211,9 @@ def tune_gc() -> None:
 
 def run_node(config: Config, services: Sequence[Service] = (),
              prepare: Callable[[Node], str | None] | None = None) -> int:
-    """Run a node until SIGTERM/SIGINT; returns the process exit code."""
+    """Run a node until SIGTERM/SIGINT; returns the process exit code. Sets the process umask to
+    DATA_UMASK first: data at rest (bodies, password hashes) is readable by the node's user only."""
+    os.umask(DATA_UMASK)
     tune_gc()
     try:
         import uvloop

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
+    from hutch.runtime.broker.logins import LoginGate
 
 
 class Clock(Protocol):
@@ -218,6 +219,7 @@ class BrokerPort(Protocol):
     cluster: MetadataPort | None
     persistence: Any
     clock: Clock
+    logins: LoginGate  # every password check (runtime/broker/logins.py)
 
     def wall_ms(self) -> float: ...
 

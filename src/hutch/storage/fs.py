@@ -17,6 +17,10 @@ The durability contract every implementation follows (and MemoryFS enforces in i
   renaming it over the old one.
 
 Every ``OSError`` leaves as :class:`~hutch.storage.errors.StorageError` (``NoSpaceError`` for ENOSPC).
+
+Data at rest holds message bodies and password hashes: :class:`RealFS` creates files ``0600``
+(``FILE_MODE``, then narrowed further by the umask) and directories ``0700`` (``DIR_MODE``, set
+explicitly, whatever the umask), so only the node's own user can read them (docs/security.md).
 Implementations are safe to call from several threads at once, but a single :class:`FileHandle` is used by
 one thread at a time.
 """
@@ -31,6 +35,14 @@ from typing import Protocol
 from hutch.storage.errors import StorageError
 
 Bytes = bytes | bytearray | memoryview
+
+FILE_MODE = 0o600
+"""Mode of every data file RealFS creates: the node's user only."""
+DIR_MODE = 0o700
+"""Mode of every directory RealFS creates."""
+DATA_UMASK = 0o077
+"""The node process's umask (set by ``run_node`` in runtime/app.py), whatever its caller's: every file it creates,
+through RealFS or not (the cluster identity, the secret), is 0600 and every directory 0700."""
 
 
 class FileHandle(Protocol):
@@ -153,7 +165,7 @@ class RealFileHandle:
     def __init__(self, path: str) -> None:
         self.path = path
         with os_errors("open", path):
-            self._fd: int = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o644)
+            self._fd: int = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, FILE_MODE)
 
     def write(self, data: Bytes) -> None:
         view = memoryview(data).cast("B")
@@ -249,7 +261,9 @@ class RealFS:
                 break
             probe = parent
         with os_errors("mkdir", path):
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+            for created in missing:  # makedirs gives the mode to the leaf only, and umask applies
+                os.chmod(created, DIR_MODE)
         # A new directory entry is durable only once its parent directory is synced.
         for created in reversed(missing):
             self.fsync_dir(os.path.dirname(created))

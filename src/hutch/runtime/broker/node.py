@@ -30,6 +30,7 @@ from hutch.core import definition_ops as ops_
 from hutch.core.auth import AuthStore
 from hutch.core.definition_ops import DefinitionOp
 from hutch.core.limits import LimitStore
+from hutch.core.patterns import PatternError, compile_stored
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
@@ -37,6 +38,7 @@ from hutch.core.vhost import VirtualHost, rs
 from hutch.runtime.broker import limits, policies
 from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
+from hutch.runtime.broker.logins import LoginGate
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.ports import (
     ChannelPort,
@@ -110,6 +112,7 @@ class Node:
         self.monitor: ResourceMonitor | None = None
         # clustering (runtime/clustering/service.py): set by runtime/app.py for a clustered node
         self.cluster: MetadataPort | None = None
+        self.logins = LoginGate(self)  # password checks: off the loop, bounded (runtime/broker/logins.py)
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
         self.sync_hooks: list[Callable[[int], None]] = []  # after each group commit: the synced count
         self.stale_transient: list[tuple[str, str]] = []  # (vhost, queue) this node's, gone with a restart
@@ -255,6 +258,11 @@ class Node:
         self.topic_permissions = {}
         for v, u, x, w, r in op.table:
             self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
+            for pattern in (w, r):  # a stored pattern RE2 refuses: warned here, allows nothing
+                try:
+                    compile_stored(pattern, f"topic permission of user '{u}' on exchange '{x}' in vhost '{v}'")
+                except PatternError as exc:
+                    log.warning("topic permission of user '%s' in vhost '%s': %s; it allows nothing", u, v, exc)
         self.perm_epoch += 1
 
     def _apply_declare_exchange(self, op: ops_.DeclareExchange) -> None:
@@ -567,6 +575,7 @@ class Node:
         await asyncio.sleep(0.05)  # a grace period for the connection.close frames to reach clients
         for conn in list(self.connections):
             conn.abort()
+        self.logins.close()
         for t in self.queue_types:
             await t.stop()
 

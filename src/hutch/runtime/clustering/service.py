@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,7 +66,8 @@ def parse_seed(text: str, local_name: str = "") -> tuple[str, str, int]:
 
 def load_secret(config: Any) -> bytes:
     """The shared secret: config `cluster_secret` (or env HUTCH_CLUSTER_SECRET), else the file
-    `cluster_secret_file`, else `<data_dir>/.hutch.secret`, created (mode 0600) on first use."""
+    `cluster_secret_file`, else `<data_dir>/.hutch.secret`, created (mode 0600) on first use. A
+    file group or others may read is refused unless allowed (`_check_secret_mode`)."""
     if config.cluster_secret:
         return config.cluster_secret.encode()
     path = config.cluster_secret_file or os.path.join(config.data_dir, SECRET_FILE)
@@ -75,11 +77,26 @@ def load_secret(config: Any) -> bytes:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32))
         log.info("created cluster secret file %s (copy it to every node of the cluster)", path)
+    _check_secret_mode(path, getattr(config, "cluster_secret_file_insecure_ok", False))
     with open(path) as f:
         secret = f.read().strip()
     if not secret:
         raise ValueError(f"cluster secret file {path} is empty")
     return secret.encode()
+
+
+def _check_secret_mode(path: str, insecure_ok: bool) -> None:
+    """A secret file that group or others may read is refused (ValueError, one line), unless the
+    operator allowed it (`--allow-insecure-secret-file`, `cluster.secret_file_insecure_ok`): then
+    a warning. Whoever reads the secret can join the cluster and read every replicated message."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if not mode & 0o077:
+        return
+    if not insecure_ok:
+        raise ValueError(f"cluster secret file {path} is accessible by group or others (mode {mode:04o}); "
+                         f"run chmod 600 {path}, or start with --allow-insecure-secret-file")
+    log.warning("cluster secret file %s is accessible by group or others (mode %04o); allowed by "
+                "cluster.secret_file_insecure_ok", path, mode)
 
 
 class ClusterService:

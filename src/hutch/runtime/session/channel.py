@@ -36,7 +36,7 @@ from hutch.amqp.errors import (
     FrameError,
 )
 from hutch.amqp.frames import append_body
-from hutch.core.auth import resource_access_refused_text
+from hutch.core.auth import resource_access_refused_text, topic_permission_allows
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 from hutch.runtime.session.declarations import DeclarationsMixin
@@ -941,16 +941,13 @@ def _switch_exchange(ch: ServerChannel, x: Any) -> None:
 def _check_topic_write(ch: ServerChannel, exchange: str, routing_keys: list[str]) -> None:
     """RabbitMQ's topic authorisation of a publish to a topic exchange: the user's topic permission for
     the exchange (if any) must match every routing key; {username} and {vhost} are expanded."""
-    import re
-
     perms = ch.node.topic_permissions.get((ch.vhost.name, ch.user))
     entry = perms.get(exchange) if perms else None
     if entry is None:
         return
     vhost = ch.vhost.name
-    pattern = (entry[0] or "^$").replace("{username}", ch.user).replace("{vhost}", vhost)
     for key in routing_keys:
-        if re.search(pattern, key) is None:
+        if not topic_permission_allows(entry[0], ch.user, vhost, key):
             raise ChannelError(ACCESS_REFUSED, f"write access to topic '{key}' in exchange '{exchange}' in vhost "
                                                f"'{vhost}' refused for user '{ch.user}'", 60, 40)
 

@@ -48,12 +48,14 @@ from hutch.core.auth import (
     parse_plain,
     vhost_access_refused_text,
 )
+from hutch.core.logsafe import safe
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
     from hutch.config import Config
     from hutch.core.vhost import VirtualHost
+    from hutch.runtime.broker.logins import LoginOutcome
     from hutch.runtime.ports import BrokerPort
     from hutch.runtime.session.ports import Clock, MethodGate, TimerHandle, Transport
 
@@ -475,21 +477,24 @@ class AMQPConnection:
         cfg = self.node.config
         if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
             # like RabbitMQ: the reason goes to the log, the client gets the generic refusal
-            self._refuse_login(mechanism, f"user '{user}' can only connect via localhost")
+            self._refuse_login(mechanism, f"user '{safe(user)}' can only connect via localhost")
             return
         self.state = State.AUTHENTICATING
         self._suspended = True
         self.hold_reading("auth")  # nothing past start-ok is read before the login completes
-        fut = self._loop.run_in_executor(None, self.node.auth.authenticate, user, password)
+        # off the loop and bounded; a cached login is answered without the hashing pool (runtime/broker/logins.py)
+        fut = asyncio.ensure_future(self.node.logins.check(user, password, self.peer[0]))
         fut.add_done_callback(lambda f: self._auth_done(f, user, mechanism))
 
-    def _auth_done(self, fut: asyncio.Future[Any], user: str, mechanism: str) -> None:
+    def _auth_done(self, fut: asyncio.Future[LoginOutcome], user: str, mechanism: str) -> None:
         if self.state != State.AUTHENTICATING:
             return
         self._suspended = False
         self.release_reading("auth")
-        if fut.exception() is not None or fut.result() is None:
-            self._refuse_login(mechanism, f"user '{user}' - invalid credentials")
+        outcome = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        if outcome is None or outcome.user is None:
+            reason = outcome.reason if outcome is not None else "internal error"
+            self._refuse_login(mechanism, f"user '{safe(user)}' - {reason}")
             return
         self.user_name = user
         self.state = State.TUNE
@@ -554,11 +559,15 @@ class AMQPConnection:
         self.send_method(0, spec.Connection.OpenOk())
 
     def _update_secret(self, m: Any) -> None:
-        secret = m.new_secret.decode("utf-8", "replace")
-        user = self.node.auth.authenticate(self.user_name, secret)
-        if user is None:
-            raise ConnectionError_(NOT_ALLOWED, "update secret refused: invalid credentials", 10, 70)
+        """RabbitMQ 4.x with its internal backend: the backend's state cannot expire, so the new secret
+        is not checked and the user stays as it is (rabbit_access_control:update_state); vhost access is
+        checked again (530 if it was revoked), then update-secret-ok. No scrypt, nothing on the loop."""
+        vhost = self.vhost_obj.name if self.vhost_obj is not None else ""
+        if not self.node.auth.can_access_vhost(self.user_name, vhost):
+            raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost), 10, 70)
         self.send_method(0, spec.Connection.UpdateSecretOk())
+        log.info("connection %s: user '%s' updated secret, reason: %s", self.name, safe(self.user_name),
+                 safe(m.reason))
 
     # -- timers ----------------------------------------------------------------------------------
     def check_consumer_timeouts(self, now: float, timeout_ms: int) -> None:
@@ -631,7 +640,7 @@ class AMQPConnection:
     def close_with_error(self, exc: AMQPError) -> None:
         if self.state in (State.CLOSING, State.CLOSED):
             return
-        log.info("closing connection %s: %s %s", self.name, exc.code, exc.text)
+        log.info("closing connection %s: %s %s", self.name, exc.code, safe(exc.text))
         self._release_all()
         self.out.clear()
         self.state = State.OPEN  # let send_method write

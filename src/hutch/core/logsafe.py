@@ -1,0 +1,100 @@
+"""Strings that clients control, made safe to put in a log line.
+
+Owns: `safe` (one user string for a log line: control and line-separator characters escaped, length
+capped at `MAX_LOGGED_CHARS` with a marker; call sites that log a name use it) and `SafeArgsFilter` (a
+`logging.Filter` on `hutch-server`'s log handler that escapes every argument of every record it emits
+and caps it at `MAX_LOGGED_ARG_CHARS`: the net under call sites that pass a user string as it is).
+
+Why: user names, vhost, queue and exchange names, client properties and AMQP reply texts reach the
+log. Verbatim, a name with a newline forges a log entry of its own and a 100 KB user name makes a
+100 KB line. Rules:
+- Every character that is not printable (`str.isprintable`: C0/C1 controls, DEL, U+2028/U+2029 line
+  and paragraph separators, other separators but the space) is written as `\\n`, `\\r`, `\\t`, `\\xNN`,
+  `\\uNNNN` or `\\UNNNNNNNN`. `safe` also doubles a backslash, so its text is unambiguous; the filter
+  does not (so it leaves `safe`'s output as it is).
+- A string longer than the cap keeps its first characters followed by `...[truncated, N chars]`: a
+  log line carrying user strings stays bounded.
+- The filter touches strings and objects whose text is not ours (exceptions; not numbers); the format
+  string itself is code, but one built with an f-string is escaped too (not truncated).
+Stdlib only, no IO.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+MAX_LOGGED_CHARS = 256
+"""Longest user string a log line carries (RabbitMQ's names are at most 255 bytes)."""
+MAX_LOGGED_ARG_CHARS = 4096
+"""Longest argument the filter lets through (a whole detail text, an exception's text)."""
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(ch: str, backslash: bool = True) -> str:
+    if ch == "\\":
+        return "\\\\" if backslash else ch
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def safe(value: object, limit: int = MAX_LOGGED_CHARS) -> str:
+    """`value` as text for one log line: escaped and at most `limit` characters plus a marker."""
+    text = value if isinstance(value, str) else str(value)
+    size = len(text)
+    if size <= limit and text.isprintable() and "\\" not in text:
+        return text  # the common case: nothing to do
+    head = text[:limit] if size > limit else text
+    escaped = "".join(_escape_char(ch) for ch in head)
+    if size > limit:
+        escaped += f"...[truncated, {size} chars]"
+    return escaped
+
+
+def _escaped(text: str, limit: int) -> str:
+    """The filter's escape: non-printable characters only (idempotent on `safe`'s output), capped."""
+    size = len(text)
+    if size <= limit and text.isprintable():
+        return text
+    head = text[:limit] if size > limit else text
+    escaped = "".join(_escape_char(ch, backslash=False) for ch in head)
+    return escaped + (f"...[truncated, {size} chars]" if size > limit else "")
+
+
+def _safe_arg(arg: Any) -> Any:
+    if isinstance(arg, str):
+        return _escaped(arg, MAX_LOGGED_ARG_CHARS)
+    if arg is None or isinstance(arg, int | float):
+        return arg
+    text = str(arg)
+    if len(text) <= MAX_LOGGED_ARG_CHARS and text.isprintable():
+        return arg  # harmless: keep the object, so a `%r` still shows its repr
+    return _escaped(text, MAX_LOGGED_ARG_CHARS)
+
+
+class SafeArgsFilter(logging.Filter):
+    """Escapes and caps every argument of a record (see the module rules); never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and args:
+            record.args = tuple(_safe_arg(a) for a in args)
+        elif isinstance(args, dict) and args:
+            record.args = {k: _safe_arg(v) for k, v in args.items()}
+        msg = record.msg
+        if isinstance(msg, str) and not msg.isprintable():
+            record.msg = "".join(_escape_char(ch, backslash=False) for ch in msg)
+        return True
+
+
+__all__ = ["MAX_LOGGED_ARG_CHARS", "MAX_LOGGED_CHARS", "SafeArgsFilter", "safe"]

@@ -1,0 +1,98 @@
+"""runtime/broker/logins.py: the login gate's bounds and its cache bypass, driven on an event loop with
+a password check that blocks until the test releases it (no sockets, no timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from hutch.config import Config
+from hutch.core.auth import AuthStore, LoginCheck, hash_password, import_password_hash
+from hutch.runtime.broker.logins import TOO_MANY_PENDING, LoginGate
+
+CHEAP_N = 2**4
+
+
+class _Node(SimpleNamespace):
+    def permissions_changed(self) -> None:
+        self.recorded += 1
+
+
+def _gate(**config: Any) -> tuple[LoginGate, _Node, threading.Event]:
+    auth = AuthStore(scrypt_n=CHEAP_N)
+    auth.bootstrap("guest", "guest")
+    node = _Node(config=Config(**config), auth=auth, recorded=0)
+    release = threading.Event()
+    real = auth.check_login
+
+    def blocking(name: str, password: str) -> LoginCheck:
+        release.wait(10)
+        return real(name, password)
+
+    auth.check_login = blocking  # type: ignore[method-assign]
+    return LoginGate(node), node, release
+
+
+def test_bounds_per_source_and_overall_refuse_at_once_and_cache_bypasses():
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
+                                    auth_max_pending_logins_per_source=2)
+        node.auth.authenticate_cached("guest", "guest")  # nothing cached yet
+        a1 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.1"))
+        a2 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.1"))
+        b1 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.2"))
+        await asyncio.sleep(0.05)
+        assert gate.pending == 3
+        assert (await gate.check("guest", "bad", "10.0.0.1")).reason == TOO_MANY_PENDING  # per source
+        assert (await gate.check("guest", "guest", "10.0.0.3")).reason == TOO_MANY_PENDING  # overall
+        release.set()
+        assert [(await f).reason for f in (a1, a2, b1)] == ["invalid credentials"] * 3
+        assert gate.pending == 0
+        assert (await gate.check("guest", "guest", "10.0.0.3")).user is not None  # now cached
+        release.clear()
+        blockers = [asyncio.ensure_future(gate.check("guest", "bad", f"10.0.1.{i}")) for i in range(3)]
+        await asyncio.sleep(0.05)
+        assert gate.pending == 3
+        cached = await gate.check("guest", "guest", "10.0.0.3")  # full pool: still answered at once
+        assert cached.user is not None and cached.user.name == "guest"
+        release.set()
+        await asyncio.gather(*blockers)
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def _rabbit_sha256(password: str) -> str:
+    salt = b"\x01\x02\x03\x04"
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def test_imported_hash_is_replaced_once_and_recorded():
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1)
+        release.set()
+        node.auth.add_user("imp", None, password_hash=import_password_hash(_rabbit_sha256("pw"),
+                                                                             "rabbit_password_hashing_sha256"))
+        stored = node.auth.get_user("imp").password_hash
+        assert (await gate.check("imp", "wrong", "10.0.0.1")).user is None
+        assert node.auth.get_user("imp").password_hash == stored and node.recorded == 0
+        assert (await gate.check("imp", "pw", "10.0.0.1")).user is not None
+        assert node.auth.get_user("imp").password_hash.startswith("scrypt$") and node.recorded == 1
+        assert (await gate.check("imp", "pw", "10.0.0.1")).user is not None  # cached now; no second re-hash
+        assert node.recorded == 1
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_upgrade_loses_to_a_password_change():
+    auth = AuthStore(scrypt_n=CHEAP_N)
+    auth.add_user("u", None, password_hash=hash_password("x", n=CHEAP_N))
+    previous = auth.get_user("u").password_hash
+    auth.change_password("u", "changed")
+    assert not auth.upgrade_password_hash("u", previous, hash_password("x", n=CHEAP_N))
+    assert auth.authenticate("u", "changed") is not None

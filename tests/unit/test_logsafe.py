@@ -1,0 +1,54 @@
+"""hutch.core.logsafe: user strings escaped and capped for one log line (issue 15, finding 11)."""
+
+from __future__ import annotations
+
+import logging
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hutch.core.logsafe import MAX_LOGGED_ARG_CHARS, MAX_LOGGED_CHARS, SafeArgsFilter, safe
+
+
+def test_plain_names_are_unchanged():
+    assert safe("orders.eu-1") == "orders.eu-1"
+    assert safe("événement") == "événement"
+
+
+def test_controls_and_line_separators_are_escaped():
+    assert safe("a\nb\r\tc\x00d\x7fe\u2028f\\") == "a\\nb\\r\\tc\\x00d\\x7fe\\u2028f\\\\"
+
+
+def test_long_strings_are_truncated_with_a_marker():
+    text = safe("x" * 100_000)
+    assert text == "x" * MAX_LOGGED_CHARS + "...[truncated, 100000 chars]"
+
+
+@given(st.text(max_size=600))
+def test_never_a_line_break_and_bounded(text):
+    out = safe(text)
+    assert len(out.splitlines()) <= 1
+    assert len(out) <= 10 * MAX_LOGGED_CHARS + 40
+
+
+def _record(msg, *args):
+    return logging.LogRecord("t", logging.INFO, __file__, 1, msg, args, None)
+
+
+def test_filter_escapes_every_argument_and_leaves_safe_output_alone():
+    record = _record("user '%s' %s %d", "a\nb", ValueError("x\ny"), 5)
+    assert SafeArgsFilter().filter(record)
+    assert record.getMessage() == "user 'a\\nb' x\\ny 5"
+    already = safe("back\\slash\n")
+    record = _record("%s", already)
+    SafeArgsFilter().filter(record)
+    assert record.getMessage() == already
+
+
+def test_filter_caps_arguments_and_escapes_fstring_messages():
+    record = _record("%s", "y" * (MAX_LOGGED_ARG_CHARS + 10))
+    SafeArgsFilter().filter(record)
+    assert record.getMessage().endswith(f"...[truncated, {MAX_LOGGED_ARG_CHARS + 10} chars]")
+    record = _record("built\nwith an f-string")
+    SafeArgsFilter().filter(record)
+    assert record.getMessage() == "built\\nwith an f-string"
