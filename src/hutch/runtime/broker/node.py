@@ -38,6 +38,7 @@ from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.ports import ChannelPort, Clock, ConnectionPort, MetadataPort, QueueTypePort
+from hutch.runtime.tls import NodeTls
 
 if TYPE_CHECKING:
     from hutch.core.message import Message
@@ -94,6 +95,9 @@ class Node:
         self.server: Any = None  # the AMQP listener (an asyncio Server), set by runtime/app.py
         self.amqp_port = 0  # the AMQP listener's port, once it listens (runtime/app.py)
         self.management_port = 0
+        self.amqps_port = 0  # the TLS listeners' ports, once bound (runtime/tls.py, mgmt/http.py)
+        self.management_ssl_port = 0
+        self.tls = NodeTls(config)  # TLS contexts of every listener, and certificate reloads
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources
         self.monitor: ResourceMonitor | None = None
