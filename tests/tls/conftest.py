@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import ServerInfo, _wait_port, free_port, start_server
 from tests.tls.pki import Pki, make_pki
 

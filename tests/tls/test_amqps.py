@@ -17,7 +17,6 @@ import pika.exceptions
 import pytest
 import requests
 from pamqp import commands, frame
-
 from tests.tls.conftest import TlsNode, start_tls_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,9 +94,8 @@ def test_a_client_certificate_from_another_ca_is_refused_by_the_node(tls_node: T
     stranger = tls_node.other.issue("mallory")
     ctx = tls_node.pki.client_context()
     ctx.load_cert_chain(*map(str, stranger))
-    with pytest.raises(pika.exceptions.AMQPConnectionError):
-        with pika.BlockingConnection(params(tls_node, ctx)) as conn:
-            conn.channel()
+    with pytest.raises(pika.exceptions.AMQPConnectionError), pika.BlockingConnection(params(tls_node, ctx)) as conn:
+        conn.channel()
 
 
 def test_plain_amqp_on_the_tls_port_is_closed_without_a_traceback(tls_node: TlsNode) -> None:
@@ -166,8 +164,8 @@ def test_external_with_the_common_name_and_fail_if_no_peer_cert(tmp_path) -> Non
         with pika.BlockingConnection(params(node, ctx, credentials=pika.credentials.ExternalCredentials())) as conn:
             conn.channel().queue_declare("", exclusive=True)
             assert [c["user"] for c in api(node, "GET", "/api/connections").json()] == ["robot"]
-        with pytest.raises(pika.exceptions.AMQPConnectionError):  # no client certificate at all: refused
-            with pika.BlockingConnection(params(node, node.pki.client_context())) as conn:
-                conn.channel()
+        no_cert = params(node, node.pki.client_context())
+        with pytest.raises(pika.exceptions.AMQPConnectionError), pika.BlockingConnection(no_cert) as conn:
+            conn.channel()  # no client certificate at all: refused
     finally:
         node.info.stop()

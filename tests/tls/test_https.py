@@ -18,7 +18,6 @@ import time
 import aiohttp
 import pytest
 import requests
-
 from tests.tls.conftest import TlsNode, start_tls_node
 from tests.tls.pki import make_pki
 
@@ -56,10 +55,10 @@ def test_requests_over_https(tls_node: TlsNode) -> None:
 async def test_aiohttp_over_https(tls_node: TlsNode) -> None:
     ctx = tls_node.pki.client_context()
     token = base64.b64encode(b"guest:guest").decode()
-    async with aiohttp.ClientSession(headers={"Authorization": f"Basic {token}"}) as session:
-        async with session.get(tls_node.https_url + "/api/whoami", ssl=ctx) as reply:
-            assert reply.status == 200
-            assert (await reply.json())["name"] == "guest"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Basic {token}"}) as session, \
+            session.get(tls_node.https_url + "/api/whoami", ssl=ctx) as reply:
+        assert reply.status == 200
+        assert (await reply.json())["name"] == "guest"
 
 
 def test_https_with_a_wrong_ca_and_plain_http_on_the_https_port_are_refused(tls_node: TlsNode) -> None:
