@@ -45,6 +45,8 @@ def test_requests_over_https(tls_node: TlsNode) -> None:
     reply = requests.get(tls_node.https_url + "/api/overview", auth=GUEST, verify=str(tls_node.pki.cacertfile),
                          timeout=10)
     assert reply.status_code == 200 and reply.json()["node"] == "test@localhost"
+    listeners = {(x["protocol"], x["port"]) for x in reply.json()["listeners"]}
+    assert {("amqp/ssl", tls_node.amqps_port), ("https", tls_node.https_port)} <= listeners
     checks = requests.get(tls_node.https_url + "/api/health/checks/protocol-listener/amqps,https", auth=GUEST,
                           verify=str(tls_node.pki.cacertfile), timeout=10)
     assert checks.status_code == 200, checks.text
