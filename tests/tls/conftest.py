@@ -34,7 +34,8 @@ def start_tls_node(tmp: Path, extra_config: str = "", *, https: bool = True,
     amqps_port, https_port = free_port(), free_port()
     config = pki.section("ssl_options.", fail_if_no_peer_cert=fail_if_no_peer_cert) + MECHANISMS + extra_config
     if https:
-        config += f"management.ssl.port = {https_port}\n" + pki.section("management.ssl.")
+        config += f"management.ssl.port = {https_port}\n" + pki.section("management.ssl.",
+                                                                         fail_if_no_peer_cert=fail_if_no_peer_cert)
     info = start_server(tmp / "node", "--amqps-port", str(amqps_port), config_text=config)
     _wait_port(amqps_port, info.proc, info.log_path)
     if https:

@@ -156,7 +156,7 @@ def test_external_without_a_client_certificate_is_not_offered(tls_node: TlsNode)
 
 
 def test_external_with_the_common_name_and_fail_if_no_peer_cert(tmp_path) -> None:
-    node = start_tls_node(tmp_path, "ssl_cert_login_from = common_name\n", https=False, fail_if_no_peer_cert=True)
+    node = start_tls_node(tmp_path, "ssl_cert_login_from = common_name\n", fail_if_no_peer_cert=True)
     try:
         assert api(node, "PUT", "/api/users/robot", {"password_hash": "", "tags": ""}).ok
         assert api(node, "PUT", "/api/permissions/%2F/robot", {"configure": ".*", "write": ".*", "read": ".*"}).ok
@@ -167,5 +167,12 @@ def test_external_with_the_common_name_and_fail_if_no_peer_cert(tmp_path) -> Non
         no_cert = params(node, node.pki.client_context())
         with pytest.raises(pika.exceptions.AMQPConnectionError), pika.BlockingConnection(no_cert) as conn:
             conn.channel()  # no client certificate at all: refused
+        cert = node.pki.issue("web-client")
+        with pytest.raises(requests.exceptions.ConnectionError):  # HTTPS too (management.ssl.fail_if_no_peer_cert)
+            requests.get(node.https_url + "/api/whoami", auth=("guest", "guest"), verify=str(node.pki.cacertfile),
+                         timeout=10)
+        with_cert = requests.get(node.https_url + "/api/whoami", auth=("guest", "guest"), timeout=10,
+                                 verify=str(node.pki.cacertfile), cert=(str(cert[0]), str(cert[1])))
+        assert with_cert.status_code == 200
     finally:
         node.info.stop()

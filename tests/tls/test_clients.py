@@ -78,7 +78,7 @@ def test_hutch_perf_over_amqps(tls_node: TlsNode) -> None:
     base = [sys.executable, "-m", "hutch.cli.perf", "--uri",
             f"amqps://guest:guest@localhost:{tls_node.amqps_port}/%2F", "--json"]
     proc = subprocess.run([*base, "--cacert", str(tls_node.pki.cacertfile), "-x", "1", "-y", "1", "-s", "64",
-                           "-c", "100", "-q", "100", "-C", "2000", "-z", "30", "--processes", "1"],
+                           "-c", "100", "-q", "100", "-C", "2000", "-D", "2000", "-z", "60", "--processes", "1"],
                           capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
