@@ -98,8 +98,11 @@ class TlsSocket:
 
     def sendall(self, data: bytes) -> None:
         with self._send_lock:
-            with self._tls_lock:
-                self._tls.write(data)
+            view = memoryview(data)
+            while view:  # a memory BIO takes everything at once; the loop only guards a partial write
+                with self._tls_lock:
+                    written = self._tls.write(view)
+                view = view[written:]
             self._flush()
 
     # -- the plain socket's calls ------------------------------------------------------------------
