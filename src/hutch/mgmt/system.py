@@ -104,10 +104,10 @@ def _listeners(node: Node) -> list[dict[str, Any]]:
     if cfg.management_tcp:
         out.append({"node": node.name, "protocol": "http", "ip_address": cfg.management_host or "0.0.0.0",
                     "port": node.management_port or cfg.management_port})
-    if getattr(node, "amqps_port", 0):  # the TLS listeners (runtime/tls.py, RabbitMQ's protocol names)
+    if node.amqps_port:  # the TLS listeners (runtime/tls.py, RabbitMQ's protocol names)
         out.append({"node": node.name, "protocol": "amqp/ssl", "ip_address": cfg.amqps_host or "0.0.0.0",
                     "port": node.amqps_port})
-    if getattr(node, "management_ssl_port", 0):
+    if node.management_ssl_port:
         out.append({"node": node.name, "protocol": "https", "ip_address": cfg.management_ssl_host or "0.0.0.0",
                     "port": node.management_ssl_port})
     return out
