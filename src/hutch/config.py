@@ -51,6 +51,34 @@ def default_node_name(hostname: str | None = None) -> str:
     return f"hutch@{host or 'localhost'}"
 
 
+TLS_VERIFY = ("verify_none", "verify_peer")
+TLS_VERSIONS = ("tlsv1.2", "tlsv1.3")
+CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")
+CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
+AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """One listener's TLS settings, RabbitMQ's ``ssl_options.*`` (also ``management.ssl.*`` and
+    ``cluster.ssl.*``). ``versions`` and ``ciphers`` are empty for "the TLS library's defaults"
+    (TLS 1.2 and 1.3). Invariant (from ``load_config``): a section that is used has a certfile and
+    a keyfile, and ``verify_peer`` has a cacertfile."""
+
+    cacertfile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    password: str | None = field(default=None, repr=False)
+    verify: str = "verify_none"
+    fail_if_no_peer_cert: bool = False
+    versions: tuple[str, ...] = ()
+    ciphers: tuple[str, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.certfile or self.keyfile or self.cacertfile)
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything a node needs to start. Defaults are RabbitMQ's.
@@ -139,6 +167,26 @@ class Config:
     auth_max_pending_logins_per_source: int = 8
     # a cluster secret file that group or others may read is refused unless this is set (then warned)
     cluster_secret_file_insecure_ok: bool = False
+    # TLS (docs/security.md): the AMQP-over-TLS listener (`listeners.ssl.default`, off by default) and
+    # `ssl_options.*`; HTTPS for the management API (`management.ssl.*`); TLS between cluster nodes
+    # (`cluster.ssl.*`, both sides verify the other's certificate). `management_tcp` is False when only
+    # an HTTPS management listener was asked for (as RabbitMQ: then there is no plain HTTP listener).
+    amqps_host: str = "0.0.0.0"
+    amqps_port: int | None = None
+    ssl_options: TlsOptions = field(default_factory=TlsOptions)
+    management_ssl_host: str = "0.0.0.0"
+    management_ssl_port: int | None = None
+    management_ssl: TlsOptions = field(default_factory=TlsOptions)
+    management_tcp: bool = True
+    cluster_ssl: TlsOptions = field(default_factory=TlsOptions)
+    # SASL mechanisms offered to AMQP clients, in order (`auth_mechanisms.N`); EXTERNAL only on TLS
+    # connections with a verified client certificate, whose user name comes from `ssl_cert_login_*`
+    auth_mechanisms: tuple[str, ...] = ("PLAIN", "AMQPLAIN")
+    ssl_cert_login_from: str = "distinguished_name"
+    ssl_cert_login_san_type: str = "dns"
+    ssl_cert_login_san_index: int = 0
+    # how often certificate and key files are checked for changes (0: only on SIGHUP); a hutch key
+    ssl_cert_reload_interval_ms: int = 10_000
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -205,17 +253,25 @@ def _host(text: str) -> str:
     raise _BadValue("an IP address or host name")
 
 
-def _parse_listener(text: str) -> dict[str, Any]:
-    expected = "a port (1-65535) or host:port, e.g. 5672, 127.0.0.1:5672 or [::1]:5672"
-    if re.fullmatch(r"\d+", text):
-        return {"amqp_port": _int_in(text, 1, 65535, expected)}
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise _BadValue(expected)
-    try:
-        return {"amqp_host": _host(host), "amqp_port": _int_in(port, 1, 65535, expected)}
-    except _BadValue:
-        raise _BadValue(expected) from None
+def _listener(host_field: str, port_field: str, example_port: int) -> _Parser:
+    expected = (f"a port (1-65535) or host:port, e.g. {example_port}, 127.0.0.1:{example_port} "
+                f"or [::1]:{example_port}")
+
+    def parse(text: str) -> dict[str, Any]:
+        if re.fullmatch(r"\d+", text):
+            return {port_field: _int_in(text, 1, 65535, expected)}
+        host, sep, port = text.rpartition(":")
+        if not sep or not host:
+            raise _BadValue(expected)
+        try:
+            return {host_field: _host(host), port_field: _int_in(port, 1, 65535, expected)}
+        except _BadValue:
+            raise _BadValue(expected) from None
+
+    return parse
+
+
+_parse_listener = _listener("amqp_host", "amqp_port", 5672)
 
 
 def _host_field(name: str) -> _Parser:
@@ -333,6 +389,94 @@ def _parse_bool(text: str) -> bool:
 
 def _parse_cluster_enabled(text: str) -> dict[str, Any]:
     return {"cluster_enabled": _parse_bool(text)}
+# TLS sections: `<prefix>.<option>` -> the TlsOptions field of the Config field named here.
+_TLS_SECTIONS = {"ssl_options.": "ssl_options", "management.ssl.": "management_ssl", "cluster.ssl.": "cluster_ssl"}
+# options every section takes, and the numbered lists (`versions.1 = tlsv1.3`)
+_TLS_OPTIONS = ("cacertfile", "certfile", "keyfile", "password", "verify", "fail_if_no_peer_cert")
+_TLS_LISTS = ("versions", "ciphers")
+# the cluster always verifies both sides: these do not apply to it
+_CLUSTER_FIXED = ("verify", "fail_if_no_peer_cert")
+# numbered list keys outside the TLS sections: prefix -> Config field
+_LIST_KEYS = {"auth_mechanisms": "auth_mechanisms"}
+
+
+def _tls_option(option: str, text: str) -> Any:
+    """The value of one TLS option (not a list), validated."""
+    if option in ("cacertfile", "certfile", "keyfile", "password"):
+        if not text:
+            raise _BadValue("a non-empty string" if option == "password" else "a file path")
+        return text
+    if option == "verify":
+        if text not in TLS_VERIFY:
+            raise _BadValue("one of " + ", ".join(TLS_VERIFY))
+        return text
+    assert option == "fail_if_no_peer_cert", option
+    return _parse_bool(text)
+
+
+def _list_item(name: str, text: str) -> str:
+    if name == "versions":
+        if text.lower() not in TLS_VERSIONS:
+            raise _BadValue("one of " + ", ".join(TLS_VERSIONS) + " (older TLS versions are not offered)")
+        return text.lower()
+    if name == "auth_mechanisms":
+        if text not in AUTH_MECHANISMS:
+            raise _BadValue("one of " + ", ".join(AUTH_MECHANISMS))
+        return text
+    if not re.fullmatch(r"[A-Za-z0-9_+\-.:@=]+", text):  # an OpenSSL cipher (suite) name
+        raise _BadValue("an OpenSSL cipher suite name, e.g. ECDHE-RSA-AES256-GCM-SHA384")
+    return text
+
+
+class _Sections:
+    """Accumulates TLS sections and numbered lists while a file is parsed (the last line of a key wins;
+    list items are ordered by their number)."""
+
+    def __init__(self) -> None:
+        self.tls: dict[str, dict[str, Any]] = {}
+        self.lists: dict[tuple[str, str], dict[int, str]] = {}
+
+    def take(self, key: str, value: str) -> bool:
+        """Handle `key` if it belongs to a TLS section or a numbered list; False if it does not."""
+        for prefix, target in _TLS_SECTIONS.items():
+            if key.startswith(prefix) and key[len(prefix):] not in ("port", "ip"):
+                self._tls_key(target, key[len(prefix):], value)
+                return True
+        name, _, number = key.rpartition(".")
+        if name in _LIST_KEYS and number.isdigit():
+            self.lists.setdefault(("", name), {})[int(number)] = _list_item(name, value)
+            return True
+        return False
+
+    def _tls_key(self, target: str, option: str, value: str) -> None:
+        fields = self.tls.setdefault(target, {})
+        name, _, number = option.partition(".")
+        if target == "cluster_ssl" and name in _CLUSTER_FIXED:
+            raise _UnknownKey("(the cluster always verifies both peers' certificates against cluster.ssl.cacertfile)")
+        if name in _TLS_LISTS and number.isdigit():
+            self.lists.setdefault((target, name), {})[int(number)] = _list_item(name, value)
+        elif option in _TLS_OPTIONS:
+            fields[option] = _tls_option(option, value)
+        else:
+            raise _UnknownKey(f"(a TLS section takes {', '.join(_TLS_OPTIONS)}, versions.N and ciphers.N)")
+
+    def settings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for (target, name), items in self.lists.items():
+            values = tuple(items[n] for n in sorted(items))
+            if target:
+                self.tls.setdefault(target, {})[name] = values
+            else:
+                out[_LIST_KEYS[name]] = values
+        for target, fields in self.tls.items():
+            out[target] = TlsOptions(**fields)
+        return out
+
+
+class _UnknownKey(Exception):
+    def __init__(self, hint: str) -> None:
+        super().__init__(hint)
+        self.hint = hint
 
 
 # Config-file keys. loopback_users.<name> and loopback_users are handled in parse_config_text.
@@ -347,6 +491,13 @@ _FILE_KEYS: dict[str, _Parser] = {
     "management.http.max_body_size": _int_field("management_max_body_bytes", 1, 2**31 - 1),
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
+    "listeners.ssl.default": _listener("amqps_host", "amqps_port", 5671),
+    "management.ssl.port": _int_field("management_ssl_port", 1, 65535),
+    "management.ssl.ip": _host_field("management_ssl_host"),
+    "ssl_cert_login_from": _choice_field("ssl_cert_login_from", CERT_LOGIN_FROM),
+    "ssl_cert_login_san_type": _choice_field("ssl_cert_login_san_type", CERT_LOGIN_SAN_TYPES),
+    "ssl_cert_login_san_index": _int_field("ssl_cert_login_san_index", 0, 1000),
+    "ssl_cert_reload_interval": _int_field("ssl_cert_reload_interval_ms", 0, 2**31 - 1),
     "frame_max": _parse_frame_max,
     "channel_max": _int_field("channel_max", 0, 65535),
     "heartbeat": _int_field("heartbeat_s", 0, 65535),
@@ -400,6 +551,7 @@ FLAGS: dict[str, str] = {
     "config": "--config",
     "data_dir": "--data-dir",
     "amqp_port": "--amqp-port",
+    "amqps_port": "--amqps-port",
     "management_port": "--management-port",
     "node_name": "--node-name",
     "log_level": "--log-level",
@@ -413,6 +565,7 @@ ENV_VARS: dict[str, str] = {
     "config": "HUTCH_CONFIG",
     "data_dir": "HUTCH_DATA_DIR",
     "amqp_port": "HUTCH_AMQP_PORT",
+    "amqps_port": "HUTCH_AMQPS_PORT",
     "management_port": "HUTCH_MANAGEMENT_PORT",
     "node_name": "HUTCH_NODE_NAME",
     "log_level": "HUTCH_LOG_LEVEL",
@@ -427,6 +580,7 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
     "data_dir": _nonempty_field("data_dir"),
     "amqp_port": _int_field("amqp_port", 1, 65535),
+    "amqps_port": _int_field("amqps_port", 1, 65535),
     "management_port": _int_field("management_port", 1, 65535),
     "node_name": _parse_node_name,
     "log_level": _parse_log_level,
@@ -446,7 +600,9 @@ _LOOPBACK_PREFIX = "loopback_users."
 
 
 def _known_keys_hint(key: str) -> str:
-    close = difflib.get_close_matches(key, [*_FILE_KEYS, "loopback_users", _LOOPBACK_PREFIX + "<user>"], n=1)
+    tls_keys = [prefix + option for prefix in _TLS_SECTIONS for option in (*_TLS_OPTIONS, "versions.1", "ciphers.1")]
+    close = difflib.get_close_matches(
+        key, [*_FILE_KEYS, *tls_keys, "auth_mechanisms.1", "loopback_users", _LOOPBACK_PREFIX + "<user>"], n=1)
     if close:
         return f"; did you mean '{close[0]}'?"
     return "; see docs/configuration.md for the known keys"
@@ -471,6 +627,7 @@ def parse_config_text(text: str, source: str = "<config>") -> tuple[dict[str, An
     raw: dict[str, str] = {}
     loopback = list(Config.loopback_users)
     loopback_touched = False
+    sections = _Sections()
     for line_no, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -494,8 +651,10 @@ def parse_config_text(text: str, source: str = "<config>") -> tuple[dict[str, An
                 loopback_touched = True
             elif key in _FILE_KEYS:
                 settings.update(_FILE_KEYS[key](value))
-            else:
+            elif not sections.take(key, value):
                 raise ConfigError(f"{where}: unknown key {_show(key)}{_known_keys_hint(key)}")
+        except _UnknownKey as unknown:
+            raise ConfigError(f"{where}: unknown key {_show(key)} {unknown.hint}") from None
         except _BadValue as bad:
             hint = " (inline comments are not supported)" if "#" in value else ""
             raise ConfigError(
@@ -503,6 +662,7 @@ def parse_config_text(text: str, source: str = "<config>") -> tuple[dict[str, An
             ) from None
     if loopback_touched:
         settings["loopback_users"] = tuple(loopback)
+    settings.update(sections.settings())
     return settings, raw
 
 
@@ -578,4 +738,28 @@ def load_config(
     if merged.get("cluster_join") and merged.get("cluster_enabled") is False:
         raise ConfigError("--join (cluster.join) asks to join a cluster, but clustering is turned off "
                           "(--no-cluster, HUTCH_CLUSTER_ENABLED or cluster.enabled = false)")
+    _check_tls(merged)
     return Config(**merged)
+
+
+def _check_tls(merged: dict[str, Any]) -> None:
+    """Cross-key rules of the TLS settings (each key alone was validated where it was read).
+    As RabbitMQ, asking for an HTTPS management listener and no plain one turns the plain one off."""
+    where = merged.get("config_file") or "the configuration"
+    listeners = (("amqps_port", "ssl_options", "listeners.ssl.default"),
+                 ("management_ssl_port", "management_ssl", "management.ssl.port"))
+    for port_field, section, key in listeners:
+        opts: TlsOptions = merged.get(section, TlsOptions())
+        prefix = "ssl_options." if section == "ssl_options" else "management.ssl."
+        if merged.get(port_field) is not None and not (opts.certfile and opts.keyfile):
+            raise ConfigError(f"{where}: {key} needs {prefix}certfile and {prefix}keyfile")
+        if opts.verify == "verify_peer" and not opts.cacertfile:
+            raise ConfigError(f"{where}: {prefix}verify = verify_peer needs {prefix}cacertfile")
+        if opts.fail_if_no_peer_cert and opts.verify != "verify_peer":
+            raise ConfigError(f"{where}: {prefix}fail_if_no_peer_cert = true needs {prefix}verify = verify_peer")
+    cluster: TlsOptions = merged.get("cluster_ssl", TlsOptions())
+    if cluster.configured and not (cluster.cacertfile and cluster.certfile and cluster.keyfile):
+        raise ConfigError(f"{where}: TLS between nodes needs cluster.ssl.cacertfile, cluster.ssl.certfile "
+                          "and cluster.ssl.keyfile")
+    if merged.get("management_ssl_port") is not None and "management_port" not in merged:
+        merged["management_tcp"] = False

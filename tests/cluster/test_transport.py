@@ -611,3 +611,35 @@ def test_runs_on_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+@pytest.mark.asyncio
+async def test_silent_sockets_from_one_source_cannot_keep_a_peer_out(caplog):
+    """Issue 15, finding 8: more silent sockets than MAX_HANDSHAKING, all from the peer's own address, and
+    a peer that proves the secret still gets in at once (not after the handshake timeout), while the
+    silent ones are cut down to the per-source limit."""
+    from hutch.runtime.clustering import transport as module
+
+    def transport(name: str) -> Transport:
+        return Transport(name, SECRET, "127.0.0.1", 0, on_message=lambda p, o: None, heartbeat_s=0.5,
+                         peer_timeout_s=10.0)
+
+    n1, n2 = transport("n1"), transport("n2")
+    await n1.start()
+    await n2.start()
+    silent = []
+    try:
+        for _ in range(module.MAX_HANDSHAKING + 32):
+            silent.append(await asyncio.open_connection("127.0.0.1", n1.port))
+        await asyncio.sleep(0.1)
+        n2.set_peer("n1", "127.0.0.1", n1.port)
+        await until(lambda: n2.connected("n1") and n1.connected("n2"), timeout=3.0, what="n2 joined")
+        handshaking = [c for c in n1._conns if c.state is ConnState.HANDSHAKE]
+        assert len(handshaking) <= module.MAX_HANDSHAKING_PER_SOURCE
+        assert sum(1 for m in log_lines(caplog) if "in their handshake" in m) >= 1
+        assert n2.send("n1", "after the flood")
+    finally:
+        for _, writer in silent:
+            writer.close()
+        await n2.stop()
+        await n1.stop()

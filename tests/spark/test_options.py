@@ -21,7 +21,7 @@ def test_uri_parts_and_defaults() -> None:
 
 @pytest.mark.parametrize(("uri", "fragment"), [
     ("http://localhost", "must start with amqp://"),
-    ("amqps://localhost", "amqps:// (TLS) is not supported"),
+    ("amqp://localhost?certfile=/c.pem", "certfile is a TLS parameter: use amqps://"),
     ("amqp://localhost:notaport", "bad URI"),
     ("amqp://", "no host"),
     ("amqp://h/a/b", "one path segment"),

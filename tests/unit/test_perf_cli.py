@@ -164,7 +164,8 @@ def test_parse_uri(text, expected):
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("amqps://h/", "not supported"),
+    ("amqp://h/?cacertfile=/ca.pem", "is a TLS parameter: use amqps://"),
+    ("amqps://h/?verify=maybe", "verify must be verify_peer or verify_none"),
     ("http://h/", "scheme"),
     ("amqp://h:notaport/", "bad URI"),
     ("amqp://h:70000/", "bad URI"),

@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -90,8 +91,10 @@ def seg(value: str) -> str:
 class Client:
     """A tiny synchronous client of the management API."""
 
-    def __init__(self, host: str, port: int, username: str, password: str, timeout_s: float) -> None:
-        self.base_url = f"http://{host}:{port}"
+    def __init__(self, host: str, port: int, username: str, password: str, timeout_s: float,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.base_url = f"{'https' if ssl_context is not None else 'http'}://{host}:{port}"
+        self.ssl_context = ssl_context
         token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
         self._auth = f"Basic {token}"
         self.timeout_s = timeout_s
@@ -107,7 +110,7 @@ class Client:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.ssl_context) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             raise self._failure(exc) from None
@@ -742,6 +745,31 @@ def _add_global_options(parser: argparse.ArgumentParser, in_subcommand: bool) ->
                        help="table output without the header row")
     group.add_argument("-t", "--timeout", type=float, default=default(DEFAULT_TIMEOUT_S), metavar="SECONDS",
                        help="request timeout (default 60)")
+    tls = parser.add_argument_group("HTTPS options (as rabbitmqadmin's)")
+    tls.add_argument("--ssl", action="store_true", default=default(False),
+                     help="talk HTTPS to the management port (management.ssl.port)")
+    tls.add_argument("--cacert", "--ssl-ca-cert-file", dest="cacert", default=default(None), metavar="FILE",
+                     help="CA certificate(s) to verify the node with (implies --ssl; default: the system's)")
+    tls.add_argument("--ssl-cert-file", default=default(None), metavar="FILE", help="client certificate (PEM)")
+    tls.add_argument("--ssl-key-file", default=default(None), metavar="FILE", help="client certificate key (PEM)")
+    tls.add_argument("--ssl-disable-hostname-verification", action="store_true", default=default(False),
+                     help="do not check that the node's certificate names --host")
+
+
+def ssl_context_from_args(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The HTTPS context the options ask for (None: plain HTTP). Raises UsageError for a file that
+    cannot be loaded."""
+    if not (args.ssl or args.cacert or args.ssl_cert_file):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=args.cacert)
+        if args.ssl_cert_file:
+            ctx.load_cert_chain(args.ssl_cert_file, args.ssl_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load the TLS files: {exc}") from None
+    if args.ssl_disable_hostname_verification:
+        ctx.check_hostname = False
+    return ctx
 
 
 _POLICY_ARGS: list[tuple[str, dict[str, Any]]] = [
@@ -848,6 +876,7 @@ def resolve_args(argv: Sequence[str] | None, environ: dict[str, str]) -> argpars
         args.username = environ.get("HUTCH_USER") or "guest"
     if args.password is None:
         args.password = environ.get("HUTCH_PASSWORD") or "guest"
+    args.ssl_context = ssl_context_from_args(args)
     return args
 
 
@@ -869,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     except SystemExit as exc:  # --help / --version printed their output
         return exc.code if isinstance(exc.code, int) else EX_OK
-    client = Client(args.host, args.port, args.username, args.password, args.timeout)
+    client = Client(args.host, args.port, args.username, args.password, args.timeout, args.ssl_context)
     try:
         out = COMMANDS[args.command](client, args)
     except UsageError as exc:

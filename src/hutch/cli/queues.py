@@ -47,6 +47,7 @@ from .ctl import (
     emit,
     render_table,
     seg,
+    ssl_context_from_args,
 )
 
 PROG = "hutch-queues"
@@ -342,6 +343,7 @@ def resolve_args(argv: Sequence[str] | None, environ: dict[str, str]) -> argpars
         raise UsageError("argument -t/--timeout: expected a positive number of seconds")
     args.username = args.username if args.username is not None else environ.get("HUTCH_USER") or "guest"
     args.password = args.password if args.password is not None else environ.get("HUTCH_PASSWORD") or "guest"
+    args.ssl_context = ssl_context_from_args(args)
     return args
 
 
@@ -361,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     except SystemExit as exc:  # --help / --version printed their output
         return exc.code if isinstance(exc.code, int) else EX_OK
-    client = Client(args.host, args.port, args.username, args.password, args.timeout)
+    client = Client(args.host, args.port, args.username, args.password, args.timeout, args.ssl_context)
     try:
         out = COMMANDS[args.command](client, args)
     except UsageError as exc:

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--amqp-port", metavar="N", type=int, help="AMQP listener port (env HUTCH_AMQP_PORT; default 5672)"
     )
     parser.add_argument(
+        "--amqps-port", metavar="N", type=int,
+        help="AMQP over TLS listener port (env HUTCH_AMQPS_PORT; default: none; needs ssl_options.* in the "
+        "config file, see docs/security.md)",
+    )
+    parser.add_argument(
         "--management-port",
         metavar="N",
         type=int,
@@ -129,6 +134,7 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "config": args.config,
         "data_dir": args.data_dir,
         "amqp_port": args.amqp_port,
+        "amqps_port": args.amqps_port,
         "management_port": args.management_port,
         "node_name": args.node_name,
         "log_level": args.log_level,

@@ -149,7 +149,9 @@ def connection_json(conn: AMQPConnection, node_name: str, stats: StatsView | Non
         "node": node_name,
         "host": host,
         "port": port,
-        "ssl": False,
+        "ssl": conn.ssl_object is not None,
+        "ssl_protocol": conn.ssl_object.version() if conn.ssl_object is not None else None,
+        "ssl_cipher": (conn.ssl_object.cipher() or ("",))[0] if conn.ssl_object is not None else None,
         "type": "network",
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
     })

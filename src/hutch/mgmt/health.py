@@ -15,7 +15,11 @@ this node or any cluster member, 404 for a name that is not a member.
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Any
+
+from hutch.config import TlsOptions
+from hutch.core.certs import file_expiry
 
 from .errors import bad_request, not_found
 
@@ -25,7 +29,11 @@ if TYPE_CHECKING:
 FAILED = 503
 # protocol names a caller may use -> the listener protocol they mean (RabbitMQ's normalize_protocol)
 PROTOCOL_ALIASES = {"amqp": "amqp", "amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp",
-                    "amqp0_9_1": "amqp", "http": "http", "management": "http", "prometheus": "http"}
+                    "amqp0_9_1": "amqp", "http": "http", "management": "http", "prometheus": "http",
+                    "amqps": "amqp/ssl", "amqp/ssl": "amqp/ssl", "https": "https"}
+# certificate-expiration: seconds per unit (rabbit_mgmt_wm_health_check_certificate_expiration)
+_DAY_S = 86400
+EXPIRY_UNITS = {"days": _DAY_S, "weeks": 7 * _DAY_S, "months": _DAY_S * 365 / 12, "years": 365 * _DAY_S}
 
 Result = tuple[int, dict[str, Any]]
 
@@ -66,7 +74,61 @@ def listeners(node: Node) -> list[tuple[str, int]]:
         out.append(("amqp", node.amqp_port))
     if node.management_port:
         out.append(("http", node.management_port))
+    if node.amqps_port:
+        out.append(("amqp/ssl", node.amqps_port))
+    if node.management_ssl_port:
+        out.append(("https", node.management_ssl_port))
     return out
+
+
+def _tls_listeners(node: Node) -> list[tuple[str, str, int, TlsOptions]]:
+    """(protocol, interface, port, TLS options) of the node's listeners that have a certificate."""
+    cfg = node.config
+    out = []
+    if node.amqps_port:
+        out.append(("amqp/ssl", cfg.amqps_host, node.amqps_port, cfg.ssl_options))
+    if node.management_ssl_port:
+        out.append(("https", cfg.management_ssl_host, node.management_ssl_port, cfg.management_ssl))
+    cluster = getattr(node, "cluster", None)
+    if cluster is not None and cfg.cluster_ssl.certfile:
+        out.append(("clustering", cfg.cluster_host, cluster.transport.port, cfg.cluster_ssl))
+    return out
+
+
+def _expiring(path: str | None, now: datetime.datetime, horizon: datetime.datetime) -> list[str] | dict[str, str]:
+    """RabbitMQ's `expired/2`: the notAfter dates before `horizon` (or the file's error)."""
+    if not path:
+        return []
+    found = file_expiry(path, now)
+    if found.error:
+        return {"error": found.error}
+    return [f"{d.year}-{d.month:02d}-{d.day:02d} {d.hour}:{d.minute:02d}:{d.second:02d}"
+            for d in found.not_after if d < horizon]
+
+
+def certificate_expiration(node: Node, within_text: str, unit_text: str) -> Result:
+    """Fails when a TLS listener's certfile or cacertfile has a certificate that expires within the
+    period (or cannot be read), with RabbitMQ's body: `expired` lists those listeners."""
+    try:
+        within = int(within_text)
+    except ValueError:
+        raise bad_request("Invalid expiration value.") from None
+    seconds = EXPIRY_UNITS.get(unit_text.lower())
+    if seconds is None:
+        raise bad_request("Time unit not recognised. Supported units: days, weeks, months, years.")
+    now = datetime.datetime.now(datetime.UTC)
+    horizon = now + datetime.timedelta(seconds=within * seconds)
+    expired = []
+    for protocol, interface, port, opts in _tls_listeners(node):
+        cert = _expiring(opts.certfile, now, horizon)
+        ca = _expiring(opts.cacertfile, now, horizon)
+        if cert or ca:
+            expired.append({"node": node.name, "protocol": protocol, "interface": interface, "port": port,
+                            "certfile": opts.certfile or "", "cacertfile": opts.cacertfile or "",
+                            "certfile_expires_on": cert, "cacertfile_expires_on": ca})
+    if expired:
+        return _failed("Certificates expiring", expired=expired)
+    return _ok()
 
 
 def port_listener(node: Node, port_text: str) -> Result:
@@ -117,5 +179,5 @@ def is_in_service(node: Node) -> Result:
     return _ok()
 
 
-__all__ = ["alarms", "is_in_service", "node_is_quorum_critical", "port_listener", "protocol_listener",
+__all__ = ["alarms", "certificate_expiration", "is_in_service", "node_is_quorum_critical", "port_listener", "protocol_listener",
            "virtual_hosts"]

@@ -42,6 +42,7 @@ from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
 
 from hutch.core.auth import is_loopback_address
+from hutch.runtime.tls import TlsConfigError
 
 from . import (
     cluster,
@@ -383,6 +384,42 @@ def build_app(node: Node, collector: stats.Collector | None = None) -> web.Appli
 # -- the service plug-in ----------------------------------------------------------------------------
 
 
+async def _start_site(runner: web.AppRunner, site: web.BaseSite, what: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        exc.hutch_listener = what  # type: ignore[attr-defined]
+        raise
+
+
+def _bound_port(runner: web.AppRunner, before: int, default: int) -> int:
+    """The port of the site started after `before` addresses were bound (port 0: the one picked)."""
+    addresses = runner.addresses[before:]
+    return int(addresses[0][1]) if addresses else default
+
+
+async def _start_https(node: Node, runner: web.AppRunner, limits: listener.ListenerLimits) -> None:
+    """The HTTPS listener (`management.ssl.*`): the same application and limits behind TLS; its context is
+    the node's (runtime/tls.py), so certificate reloads apply to it."""
+    cfg = node.config
+    port = cfg.management_ssl_port
+    what = f"management HTTPS on port {port}"
+    try:
+        ctx = node.tls.server_context("management_ssl")
+    except TlsConfigError as exc:
+        await runner.cleanup()
+        error = OSError(str(exc))
+        error.hutch_listener = what  # type: ignore[attr-defined]
+        raise error from None
+    before = len(runner.addresses)
+    site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits, ssl_context=ctx)
+    await _start_site(runner, site, what)
+    node.management_ssl_port = _bound_port(runner, before, port or 0)
+    log.info("management HTTPS API started on %s:%d", cfg.management_ssl_host or "0.0.0.0",
+             node.management_ssl_port)
+
+
 async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     """Start the management listener on `management_host:management_port`; set
     `node.management_port` to the bound port. Raises OSError (e.g. port in use), which
@@ -397,17 +434,14 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            **listener.handler_args(limits))
     await runner.setup()
-    site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        exc.hutch_listener = f"management HTTP on port {cfg.management_port}"  # type: ignore[attr-defined]
-        raise
-    addresses = runner.addresses
-    node.management_port = int(addresses[0][1]) if addresses else cfg.management_port
-    log.info("management HTTP API started on %s:%d (at most %d connections)", cfg.management_host or "0.0.0.0",
-             node.management_port, limits.max_connections)
+    if cfg.management_tcp:
+        site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
+        await _start_site(runner, site, f"management HTTP on port {cfg.management_port}")
+        node.management_port = _bound_port(runner, 0, cfg.management_port)
+        log.info("management HTTP API started on %s:%d (at most %d connections)", cfg.management_host or "0.0.0.0",
+                 node.management_port, limits.max_connections)
+    if cfg.management_ssl_port is not None:
+        await _start_https(node, runner, limits)
 
     interval_s = interval_ms / 1000
     timer: list[asyncio.TimerHandle] = []

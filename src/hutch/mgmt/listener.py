@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,17 +197,19 @@ class GuardedSite(web.BaseSite):
     """A TCP site of `runner` whose connections go through a `ConnectionGuard` (aiohttp's `TCPSite`
     passes its runner's server to the event loop directly, with no place for a cap or a watchdog)."""
 
-    __slots__ = ("_host", "_limits", "_port")
+    __slots__ = ("_host", "_limits", "_port", "_tls")
 
-    def __init__(self, runner: web.BaseRunner, host: str | None, port: int, limits: ListenerLimits) -> None:
+    def __init__(self, runner: web.BaseRunner, host: str | None, port: int, limits: ListenerLimits,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limits = limits
+        self._tls = ssl_context  # HTTPS (management.ssl.*): the TLS handshake is bounded by request_timeout
 
     @property
     def name(self) -> str:
-        return f"http://{self._host or '0.0.0.0'}:{self._port}"
+        return f"{'https' if self._tls is not None else 'http'}://{self._host or '0.0.0.0'}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -214,8 +217,11 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         guard = ConnectionGuard(server, self._limits, loop)
+        tls: dict[str, Any] = {}
+        if self._tls is not None:
+            tls = {"ssl": self._tls, "ssl_handshake_timeout": self._limits.request_timeout_s}
         self._server = await loop.create_server(guard, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=True)
+                                                reuse_address=True, **tls)
 
 
 __all__ = ["ConnectionGuard", "GuardedSite", "ListenerLimits", "default_max_connections", "handler_args"]

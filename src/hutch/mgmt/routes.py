@@ -120,6 +120,13 @@ def _health_port(c: Call) -> Any:
     return _health(health.port_listener(c.node, c.params["port"]))
 
 
+@route("GET", "/api/health/checks/certificate-expiration/{within}/{unit}",
+       "Fails when a TLS listener's certificate (or CA certificate) expires within the period", tag=HEALTH,
+       reply="HealthStatus", codes=(400, 503))
+def _health_certificate_expiration(c: Call) -> Any:
+    return _health(health.certificate_expiration(c.node, c.params["within"], c.params["unit"]))
+
+
 @route("GET", "/api/health/checks/protocol-listener/{protocols}",
        "Fails when a protocol (amqp, http; comma-separated) has no listener", tag=HEALTH, reply="HealthStatus",
        codes=(503,))

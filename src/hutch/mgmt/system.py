@@ -99,12 +99,18 @@ def _exchange_types() -> list[dict[str, Any]]:
 
 def _listeners(node: Node) -> list[dict[str, Any]]:
     cfg = node.config
-    return [
-        {"node": node.name, "protocol": "amqp", "ip_address": cfg.amqp_host or "0.0.0.0",
-         "port": node.amqp_port or cfg.amqp_port},
-        {"node": node.name, "protocol": "http", "ip_address": cfg.management_host or "0.0.0.0",
-         "port": node.management_port or cfg.management_port},
-    ]
+    out = [{"node": node.name, "protocol": "amqp", "ip_address": cfg.amqp_host or "0.0.0.0",
+            "port": node.amqp_port or cfg.amqp_port}]
+    if cfg.management_tcp:
+        out.append({"node": node.name, "protocol": "http", "ip_address": cfg.management_host or "0.0.0.0",
+                    "port": node.management_port or cfg.management_port})
+    if node.amqps_port:  # the TLS listeners (runtime/tls.py, RabbitMQ's protocol names)
+        out.append({"node": node.name, "protocol": "amqp/ssl", "ip_address": cfg.amqps_host or "0.0.0.0",
+                    "port": node.amqps_port})
+    if node.management_ssl_port:
+        out.append({"node": node.name, "protocol": "https", "ip_address": cfg.management_ssl_host or "0.0.0.0",
+                    "port": node.management_ssl_port})
+    return out
 
 
 def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ The option letters are PerfTest's wherever PerfTest has one (`-x -y -s -c -A -a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -124,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run in separate OS processes; one line of rates and latencies is printed per second.",
     )
     a = p.add_argument
-    a("--uri", default=DEFAULT_URI, help="AMQP URI (default: %(default)s)")
+    a("--uri", default=DEFAULT_URI, help="AMQP URI, amqp:// or amqps:// (default: %(default)s)")
+    a("--cacert", default=None, metavar="FILE",
+      help="amqps: CA certificate(s) to verify the broker with (the URI's cacertfile; default: the system's)")
     a("-x", "--producers", type=_nonneg_int, default=1, help="producer count (default 1)")
     a("-y", "--consumers", type=_nonneg_int, default=1, help="consumer count (default 1)")
     a("-s", "--size", type=_nonneg_int, default=12, help="message body size in bytes (default 12, min 8)")
@@ -165,6 +168,14 @@ def parse_args(argv: list[str]) -> PerfOptions:
     """Parse and validate; raises UsageError (bad input) or SystemExit(0) for --help."""
     ns = build_parser().parse_args(argv)
     uri = parse_uri(ns.uri)
+    if ns.cacert is not None:
+        if not uri.tls:
+            raise UsageError("--cacert needs an amqps:// URI")
+        uri = dataclasses.replace(uri, cacertfile=ns.cacert)
+    try:
+        uri.ssl_context()  # a TLS file that cannot be loaded is a usage error now, not in every worker
+    except amqp_uri.UriError as exc:
+        raise UsageError(str(exc)) from None
     for flag in ns.flag:
         if flag not in FLAGS:
             raise UsageError(f"unknown flag -f {flag!r} (known: {', '.join(FLAGS)})")

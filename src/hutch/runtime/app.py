@@ -2,8 +2,9 @@
 
 Owns: building a node (`build_node`: the broker's `Node`, its definitions store, the classic message
 store, the queue types in the order records are offered to them), making it clustered (`cluster_node`:
-the cluster service and the queue types' inter-node services), the AMQP listener, the node's life from
-start to SIGTERM (`serve`), the garbage collector's tuning and the event loop (`run_node`).
+the cluster service and the queue types' inter-node services), the AMQP listener and the AMQP-over-TLS
+listener with certificate reloading (runtime/tls.py), the node's life from start to SIGTERM (`serve`),
+the garbage collector's tuning and the event loop (`run_node`).
 
 Rules:
 - Only `cli/server.py` (and tests that need a node in their own process) import this module.
@@ -37,6 +38,7 @@ from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
+from hutch.runtime.tls import TlsConfigError
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
 
@@ -87,6 +89,30 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     node.amqp_port = server.sockets[0].getsockname()[1]
     log.info("AMQP listener started on %s:%d", host or "0.0.0.0", node.amqp_port)
     return server
+
+
+async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
+    """The AMQP-over-TLS listener (`listeners.ssl.default`, `ssl_options.*`) when configured: the same
+    protocol behind TLS, the TLS handshake bounded by `handshake_timeout`. Sets `node.amqps_port`.
+    Raises TlsConfigError (a certificate that cannot be loaded) or OSError."""
+    cfg = node.config
+    if cfg.amqps_port is None:
+        return None
+    ctx = node.tls.server_context("ssl_options")
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: AMQPProtocol(node), host=cfg.amqps_host or None, port=cfg.amqps_port,
+                                      ssl=ctx, ssl_handshake_timeout=cfg.handshake_timeout_ms / 1000,
+                                      backlog=1024, reuse_address=True)
+    node.amqps_port = server.sockets[0].getsockname()[1]
+    log.info("AMQP over TLS listener started on %s:%d", cfg.amqps_host or "0.0.0.0", node.amqps_port)
+    return server
+
+
+def _cluster_tls(node: Node, cluster: ClusterService) -> None:
+    """TLS between nodes (`cluster.ssl.*`) for the cluster's transport; TlsConfigError if unloadable."""
+    contexts = node.tls.cluster_contexts()
+    if contexts is not None:
+        cluster.transport.ssl_server, cluster.transport.ssl_client = contexts
 
 
 async def start_node(node: Node) -> asyncio.base_events.Server:
@@ -142,6 +168,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
         return 1
     if cluster is not None:
         try:
+            _cluster_tls(node, cluster)
             await cluster.start()
         except OSError as exc:
             print(f"hutch-server: cannot listen for inter-node traffic on port {config.cluster_port}: "
@@ -165,8 +192,17 @@ async def serve(config: Config, services: Sequence[Service] = (),
         print(f"hutch-server: cannot listen for AMQP on port {config.amqp_port}: {_listen_error(exc)}",
               file=sys.stderr)
         return 1
+    try:
+        tls_server = await start_tls_listener(node)
+    except (OSError, TlsConfigError) as exc:
+        text = str(exc) if isinstance(exc, TlsConfigError) else _listen_error(exc)
+        print(f"hutch-server: cannot listen for AMQP over TLS on port {config.amqps_port}: {text}", file=sys.stderr)
+        await stop_node(node, server)
+        return 1
     await node.start()
     stoppers: list[Callable[[], Awaitable[None]]] = []
+    if tls_server is not None:
+        stoppers.append(_closer(tls_server))
     try:
         for service in services:
             stoppers.append(await service(node))
@@ -180,8 +216,10 @@ async def serve(config: Config, services: Sequence[Service] = (),
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    node.tls.start()  # certificate reloads (SIGHUP, file changes) for every TLS listener
     log.info("node %s started (hutch %s)", node.name, __version__)
     await stop.wait()
+    node.tls.stop()
     log.info("node %s stopping", node.name)
     for stopper in reversed(stoppers):
         await stopper()
@@ -190,6 +228,13 @@ async def serve(config: Config, services: Sequence[Service] = (),
         await cluster.stop()
     log.info("node %s stopped", node.name)
     return 0
+
+
+def _closer(server: asyncio.base_events.Server) -> Callable[[], Awaitable[None]]:
+    async def close() -> None:
+        server.close()
+
+    return close
 
 
 GC_THRESHOLDS = (100_000, 20, 10)

@@ -38,6 +38,7 @@ from hutch.amqp.frames import HEARTBEAT_FRAME, content_frames, method_frame
 from hutch.amqp.spec import FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD
 
 from .options import AmqpUri
+from .tlssock import TlsSocket
 
 CHANNEL = 1
 PRE_TUNE_FRAME_MAX = 131072
@@ -116,7 +117,7 @@ class AmqpClient:
         self.heartbeat_s = 0
         self.failure: ClientClosed | None = None
         self.blocked = False
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | TlsSocket | None = None
         self._pending = b""  # bytes read during the handshake and not yet parsed
         self._send_lock = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
@@ -146,7 +147,7 @@ class AmqpClient:
         except OSError as exc:
             raise ClientClosed(f"cannot connect to {where}: {exc.strerror or exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
+        self._sock = self._start_tls(sock, where) if self.uri.tls else sock
         try:
             self._handshake()
         except ClientClosed:
@@ -163,6 +164,16 @@ class AmqpClient:
                                         daemon=True)
         self._thread.start()
         return self
+
+    def _start_tls(self, sock: socket.socket, where: str) -> TlsSocket:
+        """amqps: the TLS handshake, verified against the URI's cacertfile (or the system's CAs)."""
+        try:
+            ctx = self.uri.ssl_context()
+            assert ctx is not None
+            return TlsSocket.connect(sock, ctx, self.uri.tls_server_name)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; UriError a ValueError
+            sock.close()
+            raise ClientClosed(f"TLS handshake with {where} failed: {exc}") from None
 
     def _read_frame_sync(self) -> tuple[int, int, bytes]:
         """The next non-heartbeat frame, reading the socket in the caller's thread (handshake only)."""

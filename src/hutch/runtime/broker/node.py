@@ -48,6 +48,7 @@ from hutch.runtime.ports import (
     QueueTypePort,
     SessionConnection,
 )
+from hutch.runtime.tls import NodeTls
 
 if TYPE_CHECKING:
     from hutch.core.message import Message
@@ -107,6 +108,9 @@ class Node:
         self.server: Any = None  # the AMQP listener (an asyncio Server), set by runtime/app.py
         self.amqp_port = 0  # the AMQP listener's port, once it listens (runtime/app.py)
         self.management_port = 0
+        self.amqps_port = 0  # the TLS listeners' ports, once bound (runtime/tls.py, mgmt/http.py)
+        self.management_ssl_port = 0
+        self.tls = NodeTls(config)  # TLS contexts of every listener, and certificate reloads
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources
         self.monitor: ResourceMonitor | None = None

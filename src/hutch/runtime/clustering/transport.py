@@ -23,8 +23,16 @@ Rules:
 - Nothing a peer sends can raise out of a protocol callback: bad frames and handshake failures close the
   connection with a log line; exceptions from callbacks are logged and the connection carries on.
 - Bounds: frames (`max_frame_bytes`, and `HANDSHAKE_MAX_FRAME_BYTES` until the peer is authenticated),
-  connections still in their handshake (`MAX_HANDSHAKING`), the handshake time (`peer_timeout_s`), and the
-  bytes queued plus buffered per peer (`max_buffered_bytes`: `send` returns False past it).
+  accepted connections still in their handshake (`MAX_HANDSHAKING`, and `MAX_HANDSHAKING_PER_SOURCE` per
+  source address), the handshake time (`peer_timeout_s`), and the bytes queued plus buffered per peer
+  (`max_buffered_bytes`: `send` returns False past it).
+- A full handshake table never refuses a newcomer: it evicts the oldest connection of the busiest source
+  (the newcomer's own source when that one is at its limit) that has not sent a HELLO yet, else the
+  oldest. Silent sockets, however many, only ever push out other silent sockets, so a peer that
+  proves the secret (it sends its HELLO at once) gets in (issue 15, finding 8).
+- TLS (`ssl_server` / `ssl_client`, built from `cluster.ssl.*` by runtime/tls.py): both ends present
+  and verify a certificate; the TLS handshake is bounded by `peer_timeout_s`, and the secret handshake
+  runs inside TLS as without it. A connection counts as handshaking once TLS is up.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ import inspect
 import logging
 import os
 import random
-from collections import deque
+import ssl
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -78,7 +87,9 @@ BATCH_TARGET_BYTES = 1 << 20
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 MAX_HANDSHAKING = 128
-"""Connections allowed in their handshake at once; more are closed as soon as they are accepted."""
+"""Accepted connections in their handshake at once; a newcomer past it evicts one (`_make_room`)."""
+MAX_HANDSHAKING_PER_SOURCE = 16
+"""Accepted connections in their handshake at once from one source address."""
 WARN_REPEAT_S = 60.0
 """The same handshake warning (same peer, same reason) is logged at WARNING at most this often."""
 MAX_ERROR_CHARS = 2000
@@ -119,6 +130,7 @@ class _Conn(asyncio.Protocol):
         self.role = role
         self.peer_name = peer_name
         self.label = label  # "host:port" of the other end, for log lines
+        self.source = ""  # an acceptor's source address (the handshake limits are per source)
         self.state = ConnState.CONNECTING if role is Role.DIALLER else ConnState.HANDSHAKE
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(HANDSHAKE_MAX_FRAME_BYTES)
@@ -141,6 +153,7 @@ class _Conn(asyncio.Protocol):
         if self.role is Role.ACCEPTOR:
             peer = transport.get_extra_info("peername") or ("?", 0)
             self.label = f"{peer[0]}:{peer[1]}"
+            self.source = str(peer[0])
         self.owner._conn_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -261,7 +274,8 @@ class Transport:
                  heartbeat_s: float = 0.5, peer_timeout_s: float = 3.0,
                  max_frame_bytes: int = 64 << 20,
                  write_buffer_high_bytes: int = WRITE_BUFFER_HIGH_BYTES,
-                 max_buffered_bytes: int | None = None) -> None:
+                 max_buffered_bytes: int | None = None,
+                 ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         if not node_name:
@@ -283,6 +297,10 @@ class Transport:
         self.max_frame_bytes = max_frame_bytes
         self.write_buffer_high_bytes = write_buffer_high_bytes
         self.max_buffered_bytes = max_buffered_bytes if max_buffered_bytes is not None else 2 * max_frame_bytes
+        if (ssl_server is None) != (ssl_client is None):
+            raise ValueError("TLS between nodes needs both an acceptor and a dialler context")
+        self.ssl_server = ssl_server  # TLS on the listener and on every dial (runtime/tls.py)
+        self.ssl_client = ssl_client
         self._loop: asyncio.AbstractEventLoop  # set by start(); nothing touches it before
         self._server: asyncio.Server | None = None
         self._running = False
@@ -303,13 +321,15 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._server = await self._loop.create_server(self._accept, self.host, self.port)
+        tls = {"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_server else {}
+        self._server = await self._loop.create_server(self._accept, self.host, self.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
         for peer in self._peers.values():
             self._maybe_dial(peer)
-        log.info("node %r listening for inter-node connections on %s:%d", self.node_name, self.host, self.port)
+        log.info("node %r listening for inter-node connections on %s:%d%s", self.node_name, self.host, self.port,
+                 " (TLS)" if self.ssl_server else "")
 
     def _closed_after_close(self, conn: _Conn) -> None:
         self._closing.discard(conn)
@@ -598,13 +618,11 @@ class Transport:
         transport = conn.transport
         assert transport is not None
         if conn.role is Role.ACCEPTOR:
-            handshaking = sum(1 for c in self._conns if c.state is ConnState.HANDSHAKE)
-            if not self._running or handshaking >= MAX_HANDSHAKING:
-                log.warning("refused inter-node connection from %s: %d connections already in their handshake",
-                            conn.label, handshaking)
+            if not self._running:
                 conn.state = ConnState.CLOSED
                 transport.abort()
                 return
+            self._make_room(conn.source)
             self._conns.add(conn)
             return
         peer = self._peers.get(conn.peer_name or "")
@@ -615,6 +633,25 @@ class Transport:
         self._conns.add(conn)
         conn.state = ConnState.HANDSHAKE
         conn.write(conn.hs.start())
+
+    def _make_room(self, source: str) -> None:
+        """Before a new connection from `source` joins the handshake table: if the source is at its limit,
+        or the table is full, evict one connection (see the module docstring: silent ones first)."""
+        handshaking = [c for c in self._conns if c.role is Role.ACCEPTOR and c.state is ConnState.HANDSHAKE]
+        same = [c for c in handshaking if c.source == source]
+        if len(same) >= MAX_HANDSHAKING_PER_SOURCE:
+            pool = same
+        elif len(handshaking) >= MAX_HANDSHAKING:
+            busiest = Counter(c.source for c in handshaking).most_common(1)[0][0]
+            pool = [c for c in handshaking if c.source == busiest]
+        else:
+            return
+        victim = min(pool, key=lambda c: (c.hs.peer is not None, c.started))
+        self._warn(("evict", victim.source), "inter-node connections from %s in their handshake: %d (limit %d "
+                   "per source, %d in all); closing the oldest %s", victim.source, len(pool),
+                   MAX_HANDSHAKING_PER_SOURCE, MAX_HANDSHAKING,
+                   "silent one" if victim.hs.peer is None else "one")
+        self._conn_closed(victim, "evicted from the handshake table", abort=True)
 
     def _handshake_step(self, conn: _Conn, msg: Any) -> None:
         hs = conn.hs
@@ -781,9 +818,13 @@ class Transport:
 
     async def _dial(self, peer: _Peer, conn: _Conn) -> None:
         try:
-            await asyncio.wait_for(self._loop.create_connection(lambda: conn, peer.host, peer.port),
+            tls = {"ssl": self.ssl_client, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_client else {}
+            await asyncio.wait_for(self._loop.create_connection(lambda: conn, peer.host, peer.port, **tls),
                                    timeout=self.peer_timeout_s)
         except (TimeoutError, OSError) as exc:
+            if isinstance(exc, ssl.SSLError) and peer.dialing is conn:  # e.g. its certificate is from another CA
+                self._warn(("tls", peer.name, str(exc.reason)), "TLS handshake with node %r at %s failed: %s",
+                           peer.name, conn.label, exc)
             if peer.dial_task is asyncio.current_task():
                 peer.dial_task = None
             if peer.dialing is conn:

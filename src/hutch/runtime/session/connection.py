@@ -1,7 +1,8 @@
 """One AMQP client connection as a state machine: bytes in (`receive_data`), frames out (to a `Transport`).
 
-Owns: the connection handshake (protocol header, start/start-ok with PLAIN or AMQPLAIN,
-tune/tune-ok negotiation, open), heartbeats both ways, channel multiplexing, the close handshakes, and
+Owns: the connection handshake (protocol header, start/start-ok with PLAIN, AMQPLAIN or, on a TLS
+connection with a verified client certificate, EXTERNAL; tune/tune-ok negotiation, open), heartbeats
+both ways, channel multiplexing, the close handshakes, and
 the write buffer that every channel of this connection encodes into.
 
 The socket, the asyncio loop and the cluster are ports (runtime/session/ports.py): the connection writes
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
+import ssl
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
@@ -48,6 +50,7 @@ from hutch.core.auth import (
     parse_plain,
     vhost_access_refused_text,
 )
+from hutch.core.certs import CertLoginError, login_from_cert
 from hutch.core.logsafe import safe
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
@@ -167,11 +170,16 @@ class AMQPConnection:
         self.unfinished_body_limit = max(
             cfg.max_unfinished_body_bytes or UNFINISHED_BODIES_MESSAGES * cfg.max_message_size,
             cfg.max_message_size)
+        self.ssl_object: ssl.SSLObject | None = None  # set on a TLS connection
+        self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
 
     # -- driven by the transport's owner -----------------------------------------------------------
     def connection_made(self, transport: Transport, peer: tuple[str, int], sockname: tuple[str, int]) -> None:
         self.transport = transport
         self.peer = (str(peer[0]), int(peer[1]))
+        self.ssl_object = transport.get_extra_info("ssl_object")
+        if self.ssl_object is not None and self.ssl_object.context.verify_mode != ssl.CERT_NONE:
+            self.peer_cert = self.ssl_object.getpeercert(binary_form=True)  # None: the client sent none
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sockname[0]}:{sockname[1]}"
         now = self.clock.time()
         self._last_recv = self._last_sent = now
@@ -430,7 +438,7 @@ class AMQPConnection:
         self.send_method(0, spec.Connection.Start(
             version_major=0, version_minor=9,
             server_properties=server_properties(self.node.config),
-            mechanisms=b"PLAIN AMQPLAIN", locales=b"en_US"))
+            mechanisms=" ".join(self._mechanisms()).encode(), locales=b"en_US"))
         self.flush()
         return buf[8:]
 
@@ -462,7 +470,13 @@ class AMQPConnection:
         caps = self.client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         mechanism = m.mechanism
+        if mechanism == "EXTERNAL" and mechanism in self._mechanisms():
+            self._external_login()
+            return
         try:
+            if mechanism not in self._mechanisms():
+                raise ConnectionError_(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'",
+                                       10, 11)
             if mechanism == "PLAIN":
                 user, password = parse_plain(m.response)
             elif mechanism == "AMQPLAIN":
@@ -496,11 +510,7 @@ class AMQPConnection:
             reason = outcome.reason if outcome is not None else "internal error"
             self._refuse_login(mechanism, f"user '{safe(user)}' - {reason}")
             return
-        self.user_name = user
-        self.state = State.TUNE
-        cfg = self.node.config
-        self.send_method(0, spec.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max,
-                                                 heartbeat=cfg.heartbeat_s))
+        self._logged_in(user)
         self._in_receive = True
         try:
             self._process_frames()
@@ -511,6 +521,36 @@ class AMQPConnection:
     def _pre_auth_limit(self) -> int:
         """Bytes a client may have sent past its start-ok while the login is pending: one frame."""
         return (self.reader.frame_max or spec.FRAME_MIN_SIZE) + FRAME_SIZE_TOLERANCE
+
+    def _logged_in(self, user: str) -> None:
+        self.user_name = user
+        self.state = State.TUNE
+        cfg = self.node.config
+        self.send_method(0, spec.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max,
+                                                 heartbeat=cfg.heartbeat_s))
+
+    def _mechanisms(self) -> list[str]:
+        """The configured mechanisms; EXTERNAL only with a client certificate TLS verified."""
+        return [m for m in self.node.config.auth_mechanisms if m != "EXTERNAL" or self.peer_cert]
+
+    def _external_login(self) -> None:
+        """EXTERNAL (rabbitmq_auth_mechanism_ssl): the user named by the verified client certificate,
+        which must exist; no password is checked. The loopback rule applies as to any login."""
+        assert self.peer_cert is not None
+        cfg = self.node.config
+        self.auth_mechanism = "EXTERNAL"
+        try:
+            user = login_from_cert(self.peer_cert, cfg.ssl_cert_login_from, cfg.ssl_cert_login_san_type,
+                                   cfg.ssl_cert_login_san_index)
+        except CertLoginError as exc:
+            self._refuse_login("EXTERNAL", str(exc))
+            return
+        if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
+            self._refuse_login("EXTERNAL", f"user '{user}' can only connect via localhost")
+        elif self.node.auth.get_user(user) is None:
+            self._refuse_login("EXTERNAL", f"user '{user}' (from the client certificate) does not exist")
+        else:
+            self._logged_in(user)
 
     def _refuse_login(self, mechanism: str, detail: str) -> None:
         log.warning("connection %s: login refused: %s", self.name, detail)
