@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
-from hutch.core.arguments import SUPPORTED_QUEUE_TYPES, validate_queue_arguments
+from hutch.core.arguments import SUPPORTED_QUEUE_TYPES, validate_queue_arguments, with_default_queue_type
 from hutch.core.auth import (
     FULL_PERMISSION,
     HUTCH_HASHING_ALGORITHM,
@@ -553,7 +553,10 @@ class _Planner:
         auto_delete = _bool(item, "auto_delete", where)
         arguments = _arguments(item, where)
         _check_name_length(name, where)
-        queue_type = arguments.get("x-queue-type", "classic")
+        # a queue without x-queue-type takes its vhost's default type, as a client's declare does
+        # (node.declare_queue applies the same rule when the plan is applied)
+        queue_type = with_default_queue_type(arguments, self.default_queue_type(vhost), durable,
+                                             False, auto_delete).get("x-queue-type", "classic")
         if queue_type == "quorum" and getattr(self.node, "cluster", None) is None:
             raise DefinitionsError(f"{where}: quorum queues need a clustered node (start hutch with "
                                    "--cluster-port; see docs/clustering.md)")
@@ -563,6 +566,14 @@ class _Planner:
             raise DefinitionsError(exc.text) from None
         self.queues.add((vhost, name))
         self.plan.queues.append(_Queue(vhost, name, durable, auto_delete, arguments))
+
+    def default_queue_type(self, vhost: str) -> str | None:
+        """The default queue type `vhost` will have once the plan is applied."""
+        for v in reversed(self.plan.vhosts):
+            if v.name == vhost and v.default_queue_type is not None:
+                return v.default_queue_type
+        record = self.node.auth.get_vhost(vhost)
+        return record.default_queue_type if record is not None else None
 
     def binding(self, i: int, item: dict[str, Any]) -> None:
         where = f"bindings[{i}]"

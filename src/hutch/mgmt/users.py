@@ -183,7 +183,7 @@ def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = Non
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
     """Create or update a vhost; True if created. `description` and `tags` are replaced. Like
     RabbitMQ, the user who creates a vhost gets full permissions on it."""
-    from hutch.runtime.broker.node import SUPPORTED_QUEUE_TYPES
+    from hutch.core.arguments import SUPPORTED_QUEUE_TYPES
 
     require_admin(p)
     body = _body(body)

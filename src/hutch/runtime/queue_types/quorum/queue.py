@@ -295,6 +295,10 @@ class QuorumQueue(Queue):
         for cid, ids in self._by_owner(entries).items():
             self.svc.propose(self, qc.make_discard(self.svc.key(cid), ids))
 
+    def touch(self, now: int) -> None:
+        """A redeclare is a use: restart the queue's x-expires countdown (the leader stamps the time)."""
+        self.svc.propose(self, qc.make_touch())
+
     def purge(self) -> int:
         count, self._prepared_purge = self._prepared_purge, 0
         return count

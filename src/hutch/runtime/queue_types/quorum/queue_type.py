@@ -99,7 +99,8 @@ class QuorumQueueType:
         return {"type": "quorum", "gid": q.gid, "members": list(q.members)}
 
     def redeclared(self, q: Queue) -> None:
-        pass
+        assert isinstance(q, QuorumQueue)
+        q.touch(0)  # a redeclare is a use: x-expires restarts (the leader stamps the time)
 
     def deleted(self, q: Queue) -> None:
         pass
