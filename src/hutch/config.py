@@ -129,6 +129,7 @@ class Config:
     raft_wal_max_size_bytes: int = 512 * MiB  # raft.wal_max_size_bytes: the shared WAL is flushed past it
     raft_segment_max_entries: int = 4096  # raft.segment_max_entries (at most 65535)
     quorum_commands_soft_limit: int = 32  # enqueue entries in flight to one quorum queue before flow
+    quorum_snapshot_interval: int = 16_384  # commands (messages) between snapshots of a quorum queue, at least
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -373,6 +374,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "raft.wal_max_size_bytes": _int_field("raft_wal_max_size_bytes", 65536, 2**40),
     "raft.segment_max_entries": _int_field("raft_segment_max_entries", 1, 65535),
     "quorum_commands_soft_limit": _int_field("quorum_commands_soft_limit", 1, 2**31 - 1),
+    "quorum_snapshot_interval": _int_field("quorum_snapshot_interval", 64, 2**31 - 1),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting
