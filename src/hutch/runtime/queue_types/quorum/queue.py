@@ -121,6 +121,12 @@ def _ttl_of(msg: Message) -> int | None:
         return None
 
 
+def _priority_of(msg: Message) -> int:
+    """The message's priority property (0-255; none is 0): above 4 it is delivered as high priority."""
+    priority = msg.properties.priority
+    return priority if isinstance(priority, int) and 0 <= priority <= 255 else 0
+
+
 class QuorumReplica:
     """The Raft driver's StateMachine for one member of one quorum queue."""
 

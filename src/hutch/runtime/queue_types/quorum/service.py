@@ -42,6 +42,7 @@ from hutch.runtime.queue_types.quorum.queue import (
     TICK_S,
     QuorumQueue,
     QuorumReplica,
+    _priority_of,
     _ttl_of,
     log,
     now_ms,
@@ -227,13 +228,17 @@ class QuorumService(QuorumMembership):
             chunk = batch[start:start + BATCH_MAX]
             msgs = [item[3] for item in chunk]
             payloads = [pack_message(m) for m in msgs]
-            ttls = None
+            ttls = prios = None
             for m in msgs:
                 if m.properties_raw[0] & 0x01:  # expiration present (property flag bit 8)
                     ttls = tuple(_ttl_of(m) for m in msgs)
                     break
+            for m in msgs:
+                if m.properties_raw[0] & 0x08:  # priority present (property flag bit 11)
+                    prios = tuple(_priority_of(m) for m in msgs)
+                    break
             data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0][4], tuple([m.size for m in msgs]), ttls,
-                                             tuple([len(p) for p in payloads]), b"".join(payloads)), now)
+                                             tuple([len(p) for p in payloads]), prios, b"".join(payloads)), now)
             left = [len(chunk)]  # publishes of this entry not confirmed yet
             q.open_entries += 1
             for item in chunk:
