@@ -219,8 +219,9 @@ def test_a_redeclare_renews_a_quorum_queues_expires(node: Node) -> None:
     while node.api("GET", "/api/queues/%2F/exp-qq-control")[0] == 200:  # each redeclare restarts the countdown
         assert time.monotonic() < deadline
         time.sleep(0.5)
+        # checked before each redeclare, which would otherwise make a deleted queue anew
+        assert node.api("GET", "/api/queues/%2F/exp-qq")[0] == 200
         ch.queue_declare("exp-qq", durable=True, arguments=args)
-    assert node.api("GET", "/api/queues/%2F/exp-qq")[0] == 200  # (a redeclare would have made it anew)
     for _ in range(3):  # past the control's deletion, tick granularity (1 s) included
         time.sleep(0.5)
         ch.queue_declare("exp-qq", durable=True, arguments=args, passive=True)
