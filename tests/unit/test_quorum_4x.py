@@ -4,7 +4,11 @@ default and -1, the dead-letter strategy from a policy, and compatibility of old
 
 from __future__ import annotations
 
+from collections import deque
+
 import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hutch.core.policy import effective_settings, make_policy
 from hutch.core.queue_settings import QueueSettings
@@ -55,6 +59,30 @@ def test_high_priority_is_delivered_two_to_one_ahead_of_normal_fifo_within_a_lev
     order = [q.get() for _ in range(12)]
     n, h = normal, high
     assert order == [h[0], h[1], n[0], h[2], h[3], n[1], h[4], h[5], n[2], n[3], n[4], n[5]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from([0, 3, 4, 5, 9, 255])), max_size=80))
+def test_priority_order_follows_a_model_of_rabbit_fifo_q(steps: list[int | None]) -> None:
+    """An independent model of rabbit_fifo_q (two FIFOs, a dequeue counter 0..2 that moves on every
+    take; at 2 with both waiting the older head goes, else high first): a step is a publish with that
+    priority, or (None) a basic.get."""
+    q = Q()
+    high: deque[int] = deque()
+    normal: deque[int] = deque()
+    counter = 0
+    for step in steps:
+        if step is not None:
+            (high if step > 4 else normal).append(q.pub(step))
+            continue
+        got = q.get()
+        if not high and not normal:
+            assert got is None
+            continue
+        turn, counter = counter, (0 if counter == 2 else counter + 1)
+        take_high = bool(high) and (not normal or turn < 2 or high[0] < normal[0])
+        assert got == (high if take_high else normal).popleft()
+    assert q.st.ready_count() == len(high) + len(normal)
 
 
 def test_the_third_take_goes_to_the_older_head_so_a_newer_normal_message_waits() -> None:

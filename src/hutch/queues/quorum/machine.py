@@ -14,7 +14,8 @@ Rules:
   changes, announce the release cursor when it moved by `release_step`.
 - Delivery: returns first, then the two priority FIFOs (message priority above 4 is high, RabbitMQ
   4.0): high first, but every third message taken is the older of the two heads (`_pop_ready`); to
-  the highest-priority consumer with credit, round robin within a priority (consumers.py). Expired messages met on the way are dead-lettered, except a message
+  the highest-priority consumer with credit, round robin within a priority (consumers.py). Expired
+  messages met on the way are dead-lettered, except a message
   enqueued by this very command: a TTL-0 message is delivered if a consumer can take it now, else it
   expires right after (RabbitMQ's documented TTL 0 behaviour).
 - Expiry (`expires_at` = time of the enqueue + the smaller of the queue's and the message's TTL,
@@ -339,6 +340,8 @@ def _requeue_one(st: QueueState, idx: int, size: int, expires_at: int, count: in
         return
     else:
         st.returns.append((idx, size, expires_at, count))
+        if high:
+            st.hi_out.add(idx)  # it stays high: back to `hi` if it is returned once there is no limit
     st.ready_bytes += size
 
 
@@ -388,6 +391,8 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState, out: Out) -> DequeueReply
 
 def _purge(meta: Meta, cmd: Purge, st: QueueState, out: Out) -> int:
     """Ready messages only; checked-out ones and dead letters stay."""
+    if st.hi_out:
+        st.hi_out.difference_update(r[0] for r in st.returns)
     removed = [r[0] for r in st.returns] + st.messages.clear() + st.hi.clear()
     st.returns.clear()
     st.ready_bytes = 0
@@ -483,8 +488,12 @@ def _pop_ready(st: QueueState) -> Record | None:
     delivery in three while high ones wait. `st.last_high` says whether it came from the high queue."""
     returns = st.returns
     if returns:
-        st.last_high = False
-        return returns.popleft()
+        rec = returns.popleft()
+        hi_out = st.hi_out
+        st.last_high = bool(hi_out) and rec[0] in hi_out
+        if st.last_high:
+            hi_out.discard(rec[0])
+        return rec
     hi, no = st.hi, st.messages
     if not hi.n and not no.n:
         return None
@@ -579,6 +588,7 @@ def _expire_heads(meta: Meta, st: QueueState, out: Out) -> None:
     returns = st.returns
     while returns and returns[0][2] and returns[0][2] <= now:
         idx, size, _exp, _count = returns.popleft()
+        st.hi_out.discard(idx)
         st.ready_bytes -= size
         dl.dead_letter(st, out, _EXPIRED, idx, size)
     for messages in (st.messages, st.hi):

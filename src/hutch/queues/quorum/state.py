@@ -9,8 +9,9 @@ Rules:
 - Ready messages are `messages` (FIFO, normal priority), `hi` (FIFO, high priority: a message priority
   above 4, RabbitMQ 4.0) and `returns` (returned messages delivered first, used only with a delivery
   limit). Invariant: `ready_bytes` == the sizes of all three; `live.count` == ready + checked out + dlx.
-- `hi_out` holds the ids of checked-out high-priority messages (so that a returned one goes back to
-  `hi`); `out_count` is the weighted queue's dequeue counter (machine.py `_pop_ready`).
+- `hi_out` holds the ids of the high-priority messages that are checked out or in `returns` (so that a
+  returned one goes back to `hi`); `out_count` is the weighted queue's dequeue counter (machine.py
+  `_pop_ready`).
 - Publishers: one record per publisher id: last applied seq, node, last time seen, and the last
   MAX_REJECT_RANGES ranges of seqs refused by reject-publish (so a resend of a refused seq is refused
   again, never confirmed). Records go on unregister, on their channel or node going down, and after
@@ -101,7 +102,7 @@ class QueueState:
         self.release_step = release_step
         self.last_index = 0  # raft index of the last applied command
         self.hi = MsgQueue()  # ready high-priority messages (priority > 4)
-        self.hi_out: set[int] = set()  # checked-out high-priority message ids
+        self.hi_out: set[int] = set()  # high-priority message ids checked out or in `returns`
         self.out_count = 0  # dequeue counter of the two-level weighted queue (0..PRIORITY_WEIGHT)
         self.last_high = False  # scratch: whether the last message taken came from `hi` (not state)
 
