@@ -711,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "add_vhost":
             cmd.add_argument("--description", default="", help="description of the vhost")
             cmd.add_argument("--tags", default="", help="comma-separated vhost tags")
-            cmd.add_argument("--default-queue-type", default=None, help="default queue type (classic)")
+            cmd.add_argument("--default-queue-type", default=None, help="default queue type: classic (default) or quorum")
         if name in ("set_policy", "set_operator_policy"):
             cmd.add_argument("--priority", type=int, default=0, help="priority (default 0; highest wins)")
             cmd.add_argument("--apply-to", default="all",

@@ -315,6 +315,19 @@ def validate_consumer_arguments(queue: str, vhost: str, queue_type: str,
 
 
 # -- the virtual host's default queue type (RabbitMQ 4.x rabbit_amqqueue:augment_declare_args) ----------
+def default_queue_type_problem(queue_type: str | None, clustered: bool) -> str | None:
+    """Why a vhost cannot have `queue_type` as its default on this node (None: it can)."""
+    if queue_type is None:
+        return None
+    if queue_type not in SUPPORTED_QUEUE_TYPES:
+        return (f"default_queue_type '{queue_type}' is not supported by this node "
+                f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+    if queue_type == "quorum" and not clustered:
+        return ("default_queue_type 'quorum' is not supported by this node: quorum queues need a clustered "
+                "node (start hutch with --cluster-port; see docs/clustering.md)")
+    return None
+
+
 def type_compatible(queue_type: str, durable: bool, exclusive: bool, auto_delete: bool) -> bool:
     """Whether a declare with these properties can make a queue of `queue_type` (rabbit_queue_type's
     is_compatible/4: quorum queues and streams must be durable, not exclusive, not auto-delete)."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
-from hutch.core.arguments import SUPPORTED_QUEUE_TYPES, validate_queue_arguments, with_default_queue_type
+from hutch.core.arguments import default_queue_type_problem, validate_queue_arguments, with_default_queue_type
 from hutch.core.auth import (
     FULL_PERMISSION,
     HUTCH_HASHING_ALGORITHM,
@@ -447,9 +447,9 @@ class _Planner:
         raw_tags = item.get("tags", metadata.get("tags"))
         tags = None if raw_tags is None else _tags(raw_tags, where)
         queue_type = item.get("default_queue_type", metadata.get("default_queue_type"))
-        if queue_type is not None and queue_type not in SUPPORTED_QUEUE_TYPES:
-            raise DefinitionsError(f"{where}: default_queue_type '{queue_type}' is not supported by this node "
-                                   f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+        problem = default_queue_type_problem(queue_type, getattr(self.node, "cluster", None) is not None)
+        if problem is not None:
+            raise DefinitionsError(f"{where}: {problem}")
         _no_limits(item, where)
         if name not in self.vhosts:  # a new vhost comes with the default and amq.* exchanges
             self.exchange_types.update({(name, x): type_ for x, type_ in BUILTIN_EXCHANGES})
