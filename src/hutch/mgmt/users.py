@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.arguments import default_queue_type_problem
 from hutch.core.auth import (
     FULL_PERMISSION,
     AuthError,
@@ -183,8 +184,6 @@ def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = Non
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
     """Create or update a vhost; True if created. `description` and `tags` are replaced. Like
     RabbitMQ, the user who creates a vhost gets full permissions on it."""
-    from hutch.core.arguments import default_queue_type_problem
-
     require_admin(p)
     body = _body(body)
     description = _string(body, "description", "") or ""
