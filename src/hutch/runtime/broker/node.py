@@ -455,7 +455,7 @@ class Node:
                                           owner)
             self.queue_type_of(existing).redeclared(existing)
             return existing
-        if not self._replaying:  # what was recorded already carries the type it was made with
+        if not self.replaying:  # what was recorded already carries the type it was made with
             arguments = with_default_queue_type(arguments, default_type, durable, exclusive, auto_delete)
         qtype = arguments.get("x-queue-type", "classic")
         queue_type = self.queue_type(qtype)
