@@ -176,9 +176,9 @@ class QuorumReplica:
         return self.machine.state.release_cursor()
 
     def snapshot_interval(self) -> int:
-        """Entries between snapshots: about max(quorum_snapshot_interval, 2 x live messages) commands. A snapshot
-        costs O(live messages) (it carries their bodies), so this amortises it; counting commands, not
-        entries, bounds the log kept in RAM and on disk whatever the batch size."""
+        """Entries between snapshots: about max(quorum_snapshot_interval, 2 x live messages) commands. A
+        snapshot costs O(live messages) (it carries their bodies), so this amortises it; counting commands,
+        not entries, bounds the log kept in RAM and on disk whatever the batch size."""
         per_entry = self.commands / self.entries if self.entries else 1.0
         target = max(self.queue.svc.node.config.quorum_snapshot_interval, 2 * self.machine.state.message_count())
         return max(SNAPSHOT_MIN_ENTRIES, int(target / max(per_entry, 1.0)))
@@ -301,7 +301,7 @@ class QuorumQueue(Queue):
         for cid, ids in self._by_owner(entries).items():
             self.svc.propose(self, qc.make_discard(self.svc.key(cid), ids))
 
-    def touch(self, now: int) -> None:
+    def touch(self) -> None:
         """A redeclare is a use: restart the queue's x-expires countdown (the leader stamps the time)."""
         self.svc.propose(self, qc.make_touch())
 

@@ -100,7 +100,7 @@ class QuorumQueueType:
 
     def redeclared(self, q: Queue) -> None:
         assert isinstance(q, QuorumQueue)
-        q.touch(0)  # a redeclare is a use: x-expires restarts (the leader stamps the time)
+        q.touch()  # a redeclare is a use: x-expires restarts
 
     def deleted(self, q: Queue) -> None:
         pass
