@@ -187,6 +187,7 @@ class Config:
     ssl_cert_login_san_index: int = 0
     # how often certificate and key files are checked for changes (0: only on SIGHUP); a hutch key
     ssl_cert_reload_interval_ms: int = 10_000
+    quorum_snapshot_interval: int = 16_384  # commands (messages) between snapshots of a quorum queue, at least
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -543,6 +544,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "auth.max_pending_logins": _int_field("auth_max_pending_logins", 1, 1_000_000),
     "auth.max_pending_logins_per_source": _int_field("auth_max_pending_logins_per_source", 1, 1_000_000),
     "cluster.secret_file_insecure_ok": lambda text: {"cluster_secret_file_insecure_ok": _parse_bool(text)},
+    "quorum_snapshot_interval": _int_field("quorum_snapshot_interval", 64, 2**31 - 1),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting

@@ -44,7 +44,8 @@ def test_declare_refusals(cluster: Cluster, kwargs: dict, arguments: dict, text:
 def test_publish_confirm_consume_get_across_nodes(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes
     c1 = connect(n1)
-    c1.channel().queue_declare("orders-qq", durable=True, arguments=QQ)
+    unlimited = {**QQ, "x-delivery-limit": -1}  # RabbitMQ 4.x: no delivery limit (the default is 20)
+    c1.channel().queue_declare("orders-qq", durable=True, arguments=unlimited)
     code, nodes = n3.api("GET", "/api/nodes")
     assert code == 200 and sorted(n["name"].split("@")[0] for n in nodes if n["running"]) == ["n1", "n2", "n3"]
     assert all("mem_used" in n for n in nodes)
@@ -63,7 +64,7 @@ def test_publish_confirm_consume_get_across_nodes(cluster: Cluster) -> None:
         ch2.basic_publish("", "orders-qq", f"o{i}".encode(), pika.BasicProperties(delivery_mode=2))
     c3 = connect(n3)
     ch3 = c3.channel()
-    assert ch3.queue_declare("orders-qq", durable=True, arguments=QQ).method.message_count == 50
+    assert ch3.queue_declare("orders-qq", durable=True, arguments=unlimited).method.message_count == 50
     method, _p, body = ch3.basic_get("orders-qq")
     assert body == b"o0"
     ch3.basic_nack(method.delivery_tag, requeue=True)  # a failed delivery; no limit: to the back

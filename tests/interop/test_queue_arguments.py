@@ -48,7 +48,7 @@ INVALID = [
      "1 is an integer, not a boolean; expected true or false"),
     ({"x-single-active-consumer": "true"}, "x-single-active-consumer",
      "'true' is a string, not a boolean; expected true or false"),
-    ({"x-delivery-limit": -1}, "x-delivery-limit", "-1 is negative; expected an integer >= 0"),
+    ({"x-delivery-limit": -2}, "x-delivery-limit", "-2 is negative; expected an integer >= -1"),
     ({"x-consumer-timeout": -1}, "x-consumer-timeout", "-1 is negative; expected an integer >= 0 (ms)"),
     ({"x-queue-mode": "eager"}, "x-queue-mode", "'eager' is not one of default, lazy"),
     ({"x-queue-version": 3}, "x-queue-version", "3 is not one of 1, 2"),

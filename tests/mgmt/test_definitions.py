@@ -496,6 +496,8 @@ def bad_documents(name: str) -> list[tuple[Any, str]]:
          f"user '{u}': max-connections should be a number, actually was <<\"1\">>"),  # limits: issue 16
         ({"vhosts": [{"name": v, "metadata": {"default_queue_type": "stream"}}]},
          "default_queue_type 'stream' is not supported"),
+        ({"vhosts": [{"name": v, "default_queue_type": "quorum"}]},
+         "default_queue_type 'quorum' is not supported by this node: quorum queues need a clustered node"),
         ({"permissions": [{"user": u, "vhost": "/", **FULL}]}, f"user '{u}' does not exist"),
         ({"permissions": [{"user": "guest", "vhost": "/", "configure": "(", "write": "", "read": ""}]},
          "invalid configure permission regex"),

@@ -140,6 +140,8 @@ def test_vhosts_and_url_encoding(fresh_mgmt, fresh_api: Api):
     v = api.ok("/api/vhosts/a%2Fb")
     assert (v["name"], v["description"], v["tags"], v["default_queue_type"]) == ("a/b", "again", ["z"], "classic")
     assert api.put("/api/vhosts/q", {"default_queue_type": "stream"}).status == 400
+    refused = api.put("/api/vhosts/q", {"default_queue_type": "quorum"})  # this node is not clustered
+    assert refused.status == 400 and "quorum queues need a clustered node" in refused.body["reason"]
     assert [v["name"] for v in api.ok("/api/vhosts")] == ["/", "a/b"]
 
     # the creator of a vhost gets full permissions on it (RabbitMQ does the same); without a

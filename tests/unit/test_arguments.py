@@ -147,8 +147,8 @@ INVALID = [
     ("x-single-active-consumer", 1, "1 is an integer, not a boolean; expected true or false"),
     ("x-single-active-consumer", "true", "'true' is a string, not a boolean; expected true or false"),
     ("x-single-active-consumer", 0, "0 is an integer, not a boolean; expected true or false"),
-    ("x-delivery-limit", -1, "-1 is negative; expected an integer >= 0"),
-    ("x-delivery-limit", "5", "'5' is a string, not an integer; expected an integer >= 0"),
+    ("x-delivery-limit", -2, "-2 is negative; expected an integer >= -1"),  # -1: no limit (RabbitMQ 4.x)
+    ("x-delivery-limit", "5", "'5' is a string, not an integer; expected an integer >= -1"),
     ("x-consumer-timeout", -1, "-1 is negative; expected an integer >= 0 (ms)"),
     ("x-consumer-timeout", 30.0, "30.0 is a float, not an integer; expected an integer >= 0 (ms)"),
     ("x-queue-mode", "eager", "'eager' is not one of default, lazy"),

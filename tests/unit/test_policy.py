@@ -83,7 +83,7 @@ def test_definition_must_be_an_object():
 
 def test_operator_policy_keys():
     for key in OPERATOR_POLICY_KEYS:
-        value = "reject-publish" if key == "overflow" else 7
+        value = {"overflow": "reject-publish", "dead-letter-strategy": "at-least-once"}.get(key, 7)
         assert pol(definition={key: value}, operator=True).definition == {key: value}
     for key in ("dead-letter-exchange", "alternate-exchange", "queue-leader-locator", "dead-letter-routing-key"):
         with pytest.raises(PolicyError, match=f'"{key}"\\] are not recognised operator policy settings'):
@@ -254,6 +254,7 @@ STRING_VALUES = {
     "overflow": st.sampled_from(["drop-head", "reject-publish", "reject-publish-dlx"]),
     "dead-letter-exchange": st.sampled_from(["", "dlx-a", "dlx-b"]),
     "dead-letter-routing-key": st.sampled_from(["", "rk-a", "rk-b"]),
+    "dead-letter-strategy": st.sampled_from(["at-most-once", "at-least-once"]),
 }
 
 

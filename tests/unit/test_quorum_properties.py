@@ -8,8 +8,11 @@
   enqueue would be (predicted exactly while no consumer can take a message during the batch), all the
   seqs of a batch confirmed in one Confirm and refused in one Reject, the reply is the number enqueued;
 - a publish is never both confirmed and rejected;
-- FIFO of first deliveries: over all consumers and basic.gets, messages delivered for the first time
-  come in enqueue order (message id order);
+- FIFO of first deliveries within a priority level: over all consumers and basic.gets, messages of
+  one level (a priority above 4 is high, RabbitMQ 4.0) delivered for the first time come in enqueue
+  order (message id order);
+- priority levels: the high FIFO holds exactly the ready high messages (returns aside), the normal
+  FIFO the normal ones, and `hi_out` exactly the high ones checked out or in the returns;
 - single active consumer: at most one consumer is active, and only it gets deliveries;
 - replicas agree: the same commands give the same replies, effects and snapshot bytes on a replica fed
   command objects and on one fed encoded log entries through `QuorumMachine`;
@@ -93,7 +96,8 @@ class QuorumProperties(RuleBasedStateMachine):
         self.seqs = {p: 0 for p in PUBLISHERS}
         self.gaps: dict[Any, set[int]] = {p: set() for p in PUBLISHERS}  # seqs skipped, not yet sent
         self.auto_ack: dict[Any, bool] = {}
-        self.last_first = -1  # the msg id of the last first delivery (FIFO)
+        self.last_first = {False: -1, True: -1}  # per level (high?): the msg id of the last first delivery
+        self.high: set[int] = set()  # logical messages published with a priority above 4
         # the fate model: logical message = the msg id of its first enqueue
         self.logical: dict[int, int] = {}  # current msg id -> logical message, for messages not ended
         self.ended: dict[int, str] = {}  # logical message -> how it ended
@@ -126,14 +130,15 @@ class QuorumProperties(RuleBasedStateMachine):
         batches = [e.messages for e in effects if isinstance(e, Deliver)]
         for msg_id, body_ref, redelivered, count in [*got, *(d for b in batches for d in b)]:
             assert msg_id == body_ref and redelivered == (count > 0)
-        if got and not got[0][3]:  # taken before this command's deliveries
-            assert got[0][0] > self.last_first, "first deliveries out of enqueue order"
-            self.last_first = got[0][0]
-        firsts = [[d[0] for d in b if not d[3]] for b in batches]
-        for mine in firsts:
-            assert mine == sorted(mine) and all(i > self.last_first for i in mine), \
-                "first deliveries out of enqueue order"
-        self.last_first = max([self.last_first, *(i for mine in firsts for i in mine)])
+        for level in (False, True):
+            last = self.last_first[level]
+            if got and not got[0][3] and (got[0][0] in self.high) == level:  # before this command's deliveries
+                assert got[0][0] > last, "first deliveries out of enqueue order"
+                last = got[0][0]
+            firsts = [[d[0] for d in b if not d[3] and (d[0] in self.high) == level] for b in batches]
+            for mine in firsts:
+                assert mine == sorted(mine) and all(i > last for i in mine), "first deliveries out of enqueue order"
+            self.last_first[level] = max([last, *(i for mine in firsts for i in mine)])
 
     def end(self, msg_id: int, how: str) -> None:
         logical = self.logical.pop(msg_id)
@@ -175,12 +180,13 @@ class QuorumProperties(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------------
     @rule(publisher=st.sampled_from(PUBLISHERS), size=st.integers(0, 12),
-          ttl=st.one_of(st.none(), st.integers(0, 60)), resend=st.booleans(), n=st.integers(1, 3))
-    def enqueue(self, publisher: Any, size: int, ttl: int | None, resend: bool, n: int) -> None:
+          ttl=st.one_of(st.none(), st.integers(0, 60)), resend=st.booleans(), n=st.integers(1, 3),
+          priority=st.sampled_from([0, 0, 4, 5, 9]))
+    def enqueue(self, publisher: Any, size: int, ttl: int | None, resend: bool, n: int, priority: int) -> None:
         for i in range(n):
-            self.enqueue_one(publisher, size, ttl, resend and i == 0)
+            self.enqueue_one(publisher, size, ttl, resend and i == 0, priority)
 
-    def enqueue_one(self, publisher: Any, size: int, ttl: int | None, resend: bool) -> None:
+    def enqueue_one(self, publisher: Any, size: int, ttl: int | None, resend: bool, priority: int = 0) -> None:
         if publisher is not None and resend and self.seqs[publisher]:
             seq = self.seqs[publisher]
         elif publisher is not None:
@@ -190,7 +196,9 @@ class QuorumProperties(RuleBasedStateMachine):
         seen = (publisher, seq) in self.confirmed | self.rejected
         new = (self.index + 1) << SHIFT
         self.logical[new] = new  # known before the apply: its own command may deliver or drop it
-        reply, effects = self.run(make_enqueue(publisher, seq, size, ttl))
+        if priority > 4:
+            self.high.add(new)
+        reply, effects = self.run(make_enqueue(publisher, seq, size, ttl, b"", priority))
         if reply != OK:
             assert self.logical.pop(new) == new
         if publisher is not None:
@@ -205,13 +213,15 @@ class QuorumProperties(RuleBasedStateMachine):
     @rule(publisher=st.sampled_from(PUBLISHERS), sizes=st.lists(st.integers(0, 12), min_size=1, max_size=20),
           ttls=st.one_of(st.none(), st.lists(st.one_of(st.none(), st.integers(0, 60)), min_size=1,
                                               max_size=4)),
-          start=st.sampled_from(["next", "next", "resend", "skip", "fill"]), back=st.integers(1, 20))
+          start=st.sampled_from(["next", "next", "resend", "skip", "fill"]), back=st.integers(1, 20),
+          prios=st.one_of(st.none(), st.lists(st.sampled_from([0, 3, 6, 9]), min_size=1, max_size=3)))
     def enqueue_batch(self, publisher: Any, sizes: list[int], ttls: list[int | None] | None, start: str,
-                      back: int) -> None:
+                      back: int, prios: list[int] | None) -> None:
         """One EnqueueBatch: the next seqs, or a resend reaching `back` seqs into those already applied,
         or starting past a few seqs never sent (a gap), or a resend filling a gap."""
         n = len(sizes)
         ttls = None if ttls is None else [ttls[p % len(ttls)] for p in range(n)]  # a pattern, repeated
+        prios = None if prios is None else [prios[p % len(prios)] for p in range(n)]
         ids = [((self.index + 1) << SHIFT) | p for p in range(n)]
         kinds = ["new"] * n
         first, last = 0, self.seqs[publisher]
@@ -256,9 +266,12 @@ class QuorumProperties(RuleBasedStateMachine):
                 count += 1
                 nbytes += size
                 expected.append(ids[p])
-        for i in ids:
+        for p, i in enumerate(ids):
             self.logical[i] = i  # known before the apply: its own command may deliver or drop them
-        reply, effects = self.run(make_enqueue_batch(publisher, first, sizes, ttls, sizes, bytes(sum(sizes))))
+            if prios is not None and prios[p] > 4:
+                self.high.add(i)
+        reply, effects = self.run(make_enqueue_batch(publisher, first, sizes, ttls, sizes, bytes(sum(sizes)),
+                                                     prios))
         live = set(self.a.live_indexes())
         enqueued = [i for i in ids if i in live or i in self.ended]
         for i in ids:
@@ -391,7 +404,8 @@ class QuorumProperties(RuleBasedStateMachine):
         cs = self.a.consumers
         assert cs.unacked == sum(len(c.checked_out) for c in cs.by_key.values())
         assert self.a.ready_bytes == sum(r[1] for r in self.a.returns) + sum(r[1] for r in
-                                                                               self.a.messages.records())
+                                                                               self.a.messages.records()) \
+            + sum(r[1] for r in self.a.hi.records())
         for c in cs.by_key.values():
             if not c.auto_ack and c.status <= 1:
                 assert c.credit == c.limit - len(c.checked_out)
@@ -399,6 +413,16 @@ class QuorumProperties(RuleBasedStateMachine):
         if self.a.config.single_active_consumer:
             active = [k for k, c in cs.by_key.items() if c.status == Status.ACTIVE]
             assert active == ([cs.active_key] if cs.active_key is not None else [])
+
+    @invariant()
+    def priority_levels(self) -> None:
+        if not hasattr(self, "a"):
+            return
+        a = self.a
+        assert all(self.logical[i] in self.high for i in a.hi.indexes())
+        assert not any(self.logical[i] in self.high for i in a.messages.indexes())
+        returned = [r[0] for r in a.returns]
+        assert a.hi_out == {i for i in [*self.held, *returned] if self.logical[i] in self.high}
 
     @invariant()
     def no_idle_credit_while_messages_wait(self) -> None:

@@ -844,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "add_vhost":
             cmd.add_argument("--description", default="", help="description of the vhost")
             cmd.add_argument("--tags", default="", help="comma-separated vhost tags")
-            cmd.add_argument("--default-queue-type", default=None, help="default queue type (classic)")
+            cmd.add_argument("--default-queue-type", default=None, help="default queue type: classic (default) or quorum")
         if name in ("list_vhost_limits", "list_user_limits"):
             cmd.add_argument("--global", dest="glob", action="store_true", help="every vhost or user")
         if name == "list_user_limits":

@@ -202,7 +202,8 @@ Rule = IntRule | IntChoiceRule | ChoiceRule | StrRule | BoolRule
 # -- the tables ---------------------------------------------------------------------------------------
 # Every queue argument RabbitMQ 4.x knows, with its rule (rabbit_amqqueue:declare_args/0). Order matters:
 # it is the order checks run in. x-delivery-limit has no validator in RabbitMQ (quorum queues read a
-# negative value as "no limit"); hutch, which supports it on classic queues, requires an integer >= 0.
+# negative value as "no limit"); hutch requires an integer >= -1, -1 being RabbitMQ 4.x's documented "no
+# limit" (quorum queues otherwise default to 20, docs/quorum-queues.md).
 DECLARE_RULES: dict[str, Rule] = {
     "x-expires": IntRule(1, MAX_EXPIRY_MS, "ms"),
     "x-message-ttl": IntRule(0, MAX_EXPIRY_MS, "ms"),
@@ -218,7 +219,7 @@ DECLARE_RULES: dict[str, Rule] = {
     "x-queue-mode": ChoiceRule(QUEUE_MODES),
     "x-queue-version": IntChoiceRule(QUEUE_VERSIONS),
     "x-single-active-consumer": BoolRule(),
-    "x-delivery-limit": IntRule(0),
+    "x-delivery-limit": IntRule(-1),
     "x-consumer-timeout": IntRule(0, INT64_MAX, "ms"),
     "x-quorum-initial-group-size": IntRule(1),
     "x-stream-max-segment-size-bytes": IntRule(0),
@@ -311,3 +312,49 @@ def validate_consumer_arguments(queue: str, vhost: str, queue_type: str,
     if arguments and queue_type in CONSUMER_TYPE_ARGUMENTS:
         _validate(queue, vhost, queue_type, arguments, CONSUME_RULES, CONSUMER_TYPE_ARGUMENTS,
                   KNOWN_CONSUMER_ARGUMENTS, BASIC_CONSUME, "consumer argument")
+
+
+# -- the virtual host's default queue type (RabbitMQ 4.x rabbit_amqqueue:augment_declare_args) ----------
+def default_queue_type_problem(queue_type: str | None, clustered: bool) -> str | None:
+    """Why a vhost cannot have `queue_type` as its default on this node (None: it can)."""
+    if queue_type is None:
+        return None
+    if queue_type not in SUPPORTED_QUEUE_TYPES:
+        return (f"default_queue_type '{queue_type}' is not supported by this node "
+                f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+    if queue_type == "quorum" and not clustered:
+        return ("default_queue_type 'quorum' is not supported by this node: quorum queues need a clustered "
+                "node (start hutch with --cluster-port; see docs/clustering.md)")
+    return None
+
+
+def type_compatible(queue_type: str, durable: bool, exclusive: bool, auto_delete: bool) -> bool:
+    """Whether a declare with these properties can make a queue of `queue_type` (rabbit_queue_type's
+    is_compatible/4: quorum queues and streams must be durable, not exclusive, not auto-delete)."""
+    if queue_type in ("quorum", "stream"):
+        return durable and not exclusive and not auto_delete
+    return True
+
+
+def with_default_queue_type(arguments: dict[str, Any], default_type: str | None, durable: bool,
+                            exclusive: bool, auto_delete: bool) -> dict[str, Any]:
+    """The arguments a new queue is declared with, given its vhost's `default_queue_type` (RabbitMQ
+    4.x): an explicit `x-queue-type` is kept; otherwise the default type is written in when the declare's
+    properties suit it, else the fallback type, classic (so an exclusive, auto-delete or non-durable
+    queue stays classic in a vhost whose default is quorum). Nothing is added while the default is
+    classic (or unset): hutch records `x-queue-type` only when it says something."""
+    if "x-queue-type" in arguments or not default_type or default_type == "classic":
+        return arguments
+    chosen = default_type if type_compatible(default_type, durable, exclusive, auto_delete) else "classic"
+    return {**arguments, "x-queue-type": chosen}
+
+
+def equivalence_arguments(arguments: dict[str, Any], default_type: str | None,
+                          existing_type: str) -> dict[str, Any]:
+    """The arguments a redeclare of an existing queue is compared with. A declare without
+    `x-queue-type` in a vhost with a non-classic default type asks for no type in particular: it is
+    equivalent to the existing queue's type (an existing classic queue redeclared in a vhost whose
+    default became quorum is no 406). With a classic default, "no type" means classic, as before."""
+    if "x-queue-type" in arguments or not default_type or default_type == "classic":
+        return arguments
+    return {**arguments, "x-queue-type": existing_type}

@@ -56,6 +56,7 @@ QUEUE_TYPE_APPLY_TO = {"classic": "classic_queues", "quorum": "quorum_queues", "
 
 NUMERIC_KEYS = frozenset({"message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit"})
 LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")  # the last two: RabbitMQ 3.x names
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")  # quorum queues (docs/quorum-queues.md)
 
 
 def _format(value: Any) -> str:
@@ -94,14 +95,16 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "overflow": _one_of(("drop-head", "reject-publish", "reject-publish-dlx"), "overflow value"),
     "dead-letter-exchange": _string("dead letter exchange name"),
     "dead-letter-routing-key": _string("dead letter routing key"),
-    "delivery-limit": _int_at_least(0, "delivery limit"),
+    "delivery-limit": _int_at_least(-1, "delivery limit"),  # -1: no limit (RabbitMQ 4.x)
+    "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES, "dead letter strategy"),
     "alternate-exchange": _string("alternate exchange name"),
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
 }
 # the keys an operator policy may set (RabbitMQ's operator_policy_validator registrations, plus
-# overflow, which RabbitMQ 4.x added with "operator policy value" as its merge rule)
+# overflow, which RabbitMQ 4.x added with "operator policy value" as its merge rule, and
+# dead-letter-strategy, which issue 16 asks operators to be able to enforce; same rule)
 OPERATOR_POLICY_KEYS = frozenset({"message-ttl", "expires", "max-length", "max-length-bytes",
-                                  "delivery-limit", "overflow"})
+                                  "delivery-limit", "overflow", "dead-letter-strategy"})
 
 
 # classic queue mirroring, removed in RabbitMQ 4.0: refused with the replacement named, not as unknown keys
@@ -227,7 +230,7 @@ def merged_definition(policy: Policy | None, operator_policy: Policy | None) -> 
     if operator_policy is not None:
         for key, op_value in operator_policy.definition.items():
             if key in out and key in NUMERIC_KEYS:
-                out[key] = min(out[key], op_value)
+                out[key] = _smaller(out[key], op_value, key)
             else:
                 out[key] = op_value
     return out
@@ -240,17 +243,29 @@ def _client_first(arg: Any, policy: Any, op: Any) -> Any:
     return arg if arg is not None else policy
 
 
-def _smaller_of_operator(arg: Any, policy: Any, op: Any) -> Any:
+def _smaller(a: Any, b: Any, key: str) -> Any:
+    """The smaller of two values of a numeric key; a negative delivery limit means "no limit", so it is
+    the larger one (RabbitMQ 4.x's rabbit_quorum_queue:resolve_delivery_limit)."""
+    if key == "delivery-limit" and (a < 0 or b < 0):
+        return max(a, b)
+    return min(a, b)
+
+
+def _smaller_of_operator(arg: Any, policy: Any, op: Any, key: str = "") -> Any:
     """x-argument beats the policy; the operator policy caps the result (the smaller one applies)."""
     base = arg if arg is not None else policy
     if op is None:
         return base
-    return op if base is None else min(base, op)
+    return op if base is None else _smaller(base, op, key)
+
+
+def _numeric(key: str) -> Callable[[Any, Any, Any], Any]:
+    return lambda arg, policy, op: _smaller_of_operator(arg, policy, op, key)
 
 
 # policy key -> how (x-argument, policy value, operator policy value) resolve; None means "not set"
 RESOLVE: dict[str, Callable[[Any, Any, Any], Any]] = {
-    key: _smaller_of_operator if key in NUMERIC_KEYS else _client_first for key in POLICY_FIELDS
+    key: _numeric(key) if key in NUMERIC_KEYS else _client_first for key in POLICY_FIELDS
 }
 
 

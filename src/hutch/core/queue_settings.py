@@ -26,7 +26,8 @@ class QueueSettings:
     overflow: str = "drop-head"  # x-overflow / overflow
     dead_letter_exchange: str | None = None  # x-dead-letter-exchange / dead-letter-exchange
     dead_letter_routing_key: str | None = None  # x-dead-letter-routing-key / dead-letter-routing-key
-    delivery_limit: int | None = None  # x-delivery-limit / delivery-limit
+    delivery_limit: int | None = None  # x-delivery-limit / delivery-limit; -1: no limit (RabbitMQ 4.x)
+    dead_letter_strategy: str | None = None  # x-dead-letter-strategy / dead-letter-strategy (quorum queues)
     max_priority: int | None = None  # x-max-priority (declare time only)
     single_active_consumer: bool = False  # x-single-active-consumer (declare time only)
     consumer_timeout: int | None = None  # ms; x-consumer-timeout
@@ -35,6 +36,12 @@ class QueueSettings:
     operator_policy: str | None = None
     # the merged policy definition as management shows it (`effective_policy_definition`)
     effective_policy_definition: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delivery_limit_or_none(self) -> int | None:
+        """The delivery limit in force: None when unset or negative (RabbitMQ 4.x's -1, "no limit")."""
+        limit = self.delivery_limit
+        return None if limit is None or limit < 0 else limit
 
     @property
     def has_limits(self) -> bool:
@@ -51,6 +58,7 @@ ARGUMENT_FIELDS = {
     "x-dead-letter-exchange": "dead_letter_exchange",
     "x-dead-letter-routing-key": "dead_letter_routing_key",
     "x-delivery-limit": "delivery_limit",
+    "x-dead-letter-strategy": "dead_letter_strategy",
     "x-max-priority": "max_priority",
     "x-single-active-consumer": "single_active_consumer",
     "x-consumer-timeout": "consumer_timeout",
@@ -66,6 +74,7 @@ POLICY_FIELDS = {
     "dead-letter-exchange": "dead_letter_exchange",
     "dead-letter-routing-key": "dead_letter_routing_key",
     "delivery-limit": "delivery_limit",
+    "dead-letter-strategy": "dead_letter_strategy",
     "alternate-exchange": "alternate_exchange",
 }
 
@@ -78,7 +87,7 @@ def settings_from_arguments(arguments: dict[str, Any]) -> QueueSettings:
             value = arguments[arg]
             if name == "single_active_consumer":
                 value = bool(value)
-            elif name not in ("overflow", "dead_letter_exchange", "dead_letter_routing_key"):
+            elif name not in ("overflow", "dead_letter_exchange", "dead_letter_routing_key", "dead_letter_strategy"):
                 value = int(value)
             values[name] = value
     return QueueSettings(**values)

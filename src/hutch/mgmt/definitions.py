@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.core import limits as core_limits
-from hutch.core.arguments import SUPPORTED_QUEUE_TYPES, validate_queue_arguments
+from hutch.core.arguments import default_queue_type_problem, validate_queue_arguments, with_default_queue_type
 from hutch.core.auth import (
     FULL_PERMISSION,
     HUTCH_HASHING_ALGORITHM,
@@ -478,9 +478,9 @@ class _Planner:
         raw_tags = item.get("tags", metadata.get("tags"))
         tags = None if raw_tags is None else _tags(raw_tags, where)
         queue_type = item.get("default_queue_type", metadata.get("default_queue_type"))
-        if queue_type is not None and queue_type not in SUPPORTED_QUEUE_TYPES:
-            raise DefinitionsError(f"{where}: default_queue_type '{queue_type}' is not supported by this node "
-                                   f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+        problem = default_queue_type_problem(queue_type, getattr(self.node, "cluster", None) is not None)
+        if problem is not None:
+            raise DefinitionsError(f"{where}: {problem}")
         vhost_limits = _limits(item, where, user=False)
         if name not in self.vhosts:  # a new vhost comes with the default and amq.* exchanges
             self.exchange_types.update({(name, x): type_ for x, type_ in BUILTIN_EXCHANGES})
@@ -619,7 +619,10 @@ class _Planner:
         auto_delete = _bool(item, "auto_delete", where)
         arguments = _arguments(item, where)
         _check_name_length(name, where)
-        queue_type = arguments.get("x-queue-type", "classic")
+        # a queue without x-queue-type takes its vhost's default type, as a client's declare does
+        # (node.declare_queue applies the same rule when the plan is applied)
+        queue_type = with_default_queue_type(arguments, self.default_queue_type(vhost), durable,
+                                             False, auto_delete).get("x-queue-type", "classic")
         if queue_type == "quorum" and getattr(self.node, "cluster", None) is None:
             raise DefinitionsError(f"{where}: quorum queues need a clustered node (this node "
                                    "was started with --no-cluster; see docs/clustering.md)")
@@ -629,6 +632,14 @@ class _Planner:
             raise DefinitionsError(exc.text) from None
         self.queues.add((vhost, name))
         self.plan.queues.append(_Queue(vhost, name, durable, auto_delete, arguments))
+
+    def default_queue_type(self, vhost: str) -> str | None:
+        """The default queue type `vhost` will have once the plan is applied."""
+        for v in reversed(self.plan.vhosts):
+            if v.name == vhost and v.default_queue_type is not None:
+                return v.default_queue_type
+        record = self.node.auth.get_vhost(vhost)
+        return record.default_queue_type if record is not None else None
 
     def binding(self, i: int, item: dict[str, Any]) -> None:
         where = f"bindings[{i}]"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.arguments import default_queue_type_problem
 from hutch.core.auth import (
     FULL_PERMISSION,
     AuthError,
@@ -207,16 +208,14 @@ def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = Non
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:
     """Create or update a vhost; True if created. `description` and `tags` are replaced. Like
     RabbitMQ, the user who creates a vhost gets full permissions on it."""
-    from hutch.runtime.broker.node import SUPPORTED_QUEUE_TYPES
-
     require_admin(p)
     body = _body(body)
     description = _string(body, "description", "") or ""
     tags = _tags(body)
     queue_type = _string(body, "default_queue_type")
-    if queue_type is not None and queue_type not in SUPPORTED_QUEUE_TYPES:
-        raise bad_request(f"default_queue_type '{queue_type}' is not supported by this node "
-                          f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+    problem = default_queue_type_problem(queue_type, getattr(node, "cluster", None) is not None)
+    if problem is not None:
+        raise bad_request(problem)
     auth = node.auth
     created = auth.get_vhost(name) is None
     if created:

@@ -374,7 +374,7 @@ class ClassicQueue(Queue):
             groups = self._groups
             now = (self._now_hint or self.clock()) if self._has_ttl else 0
             expired: list[QueueEntry] = []
-            limit = self.settings.delivery_limit
+            limit = self.settings.delivery_limit_or_none
             while groups:
                 if not ready:
                     if not self._delta:
@@ -458,7 +458,7 @@ class ClassicQueue(Queue):
         entry = self._pop_head()
         if entry.seq > self._max_delivered:
             self._max_delivered = entry.seq
-        if self.settings.delivery_limit is not None and entry.returns:
+        if self.settings.delivery_limit_or_none is not None and entry.returns:
             entry.msg = entry.msg.with_header("x-delivery-count", entry.returns)
         entry.delivery_count += 1
         if not no_ack:
@@ -495,7 +495,7 @@ class ClassicQueue(Queue):
         self._unacked -= len(items)
         if self.deleted:
             return
-        limit = self.settings.delivery_limit
+        limit = self.settings.delivery_limit_or_none
         for entry in items:
             entry.returns += 1  # a failed delivery (reject/nack with requeue, or its consumer went)
         if limit is not None:

@@ -49,19 +49,21 @@ class Enqueue(NamedTuple):
     seq: int  # the publisher's sequence number (>= 1), 0 when untracked
     size_bytes: int  # body size: what max-length-bytes counts
     ttl_ms: int | None  # the message's own TTL (expiration property); None: only the queue's applies
+    priority: int = 0  # the message's priority property (above HIGH_PRIORITY_ABOVE: high)
     payload: bytes | memoryview = b""
 
 
 class EnqueueBatch(NamedTuple):
     """Up to BATCH_MAX publishes of one publisher, seqs first_seq, first_seq + 1, ... in one entry: the
     message at position i has body size sizes[i], TTL ttls[i] (ttls None: none has one) and its bytes
-    are payload[sum(lens[:i]):sum(lens[:i + 1])]."""
+    are payload[sum(lens[:i]):sum(lens[:i + 1])]; priority priorities[i] (None: all 0)."""
 
     publisher_id: Any
     first_seq: int
     sizes: tuple[int, ...]
     ttls: tuple[int | None, ...] | None
     lens: tuple[int, ...]
+    priorities: tuple[int, ...] | None = None
     payload: bytes | memoryview = b""
 
 
@@ -180,8 +182,9 @@ def _ids(msg_ids: Any) -> tuple[int, ...]:
 
 
 def make_enqueue(publisher_id: Any, seq: int, size_bytes: int, ttl_ms: int | None = None,
-                 payload: bytes = b"") -> Enqueue:
-    """Publish one message. `publisher_id` None: untracked (no confirm, no deduplication, seq ignored)."""
+                 payload: bytes = b"", priority: int = 0) -> Enqueue:
+    """Publish one message. `publisher_id` None: untracked (no confirm, no deduplication, seq ignored).
+    `priority`: the message's priority property (0-255; above 4 it is delivered as high priority)."""
     if publisher_id is not None:
         _key("publisher_id", publisher_id)
         _int("seq", seq, 1, _MAX_SEQ)
@@ -190,11 +193,12 @@ def make_enqueue(publisher_id: Any, seq: int, size_bytes: int, ttl_ms: int | Non
     _int("size_bytes", size_bytes, 0, _MAX_U32)
     if ttl_ms is not None:
         _int("ttl_ms", ttl_ms)
-    return Enqueue(publisher_id, seq, size_bytes, ttl_ms, payload)
+    _int("priority", priority, 0, 255)
+    return Enqueue(publisher_id, seq, size_bytes, ttl_ms, priority, payload)
 
 
 def make_enqueue_batch(publisher_id: Any, first_seq: int, sizes: Any, ttls: Any, lens: Any,
-                       payload: bytes) -> EnqueueBatch:
+                       payload: bytes, priorities: Any = None) -> EnqueueBatch:
     """Publish len(sizes) messages (1..BATCH_MAX) of one publisher in one entry: seqs from `first_seq`.
     `payload` is the messages' bytes back to back, `lens` their lengths; `ttls` None when no message has
     a TTL of its own. `publisher_id` None: untracked (first_seq ignored)."""
@@ -202,8 +206,12 @@ def make_enqueue_batch(publisher_id: Any, first_seq: int, sizes: Any, ttls: Any,
     n = len(sizes)
     if not 1 <= n <= BATCH_MAX:
         raise CommandError(f"a batch holds 1 to {BATCH_MAX} messages, not {n}")
-    if len(lens) != n or (ttls is not None and len(ttls) != n):
-        raise CommandError("sizes, ttls and lens must be as long as each other")
+    if len(lens) != n or (ttls is not None and len(ttls) != n) or (priorities is not None and len(priorities) != n):
+        raise CommandError("sizes, ttls, lens and priorities must be as long as each other")
+    if priorities is not None:
+        priorities = tuple(priorities)
+        for v in priorities:
+            _int("priority", v, 0, 255)
     if publisher_id is not None:
         _key("publisher_id", publisher_id)
         _int("first_seq", first_seq, 1, _MAX_SEQ - n + 1)
@@ -220,7 +228,7 @@ def make_enqueue_batch(publisher_id: Any, first_seq: int, sizes: Any, ttls: Any,
         for v in ttls:
             if v is not None:
                 _int("ttl_ms", v)
-    return EnqueueBatch(publisher_id, first_seq, sizes, ttls, lens, payload)
+    return EnqueueBatch(publisher_id, first_seq, sizes, ttls, lens, priorities, payload)
 
 
 def make_register_publisher(publisher_id: Any, node: str = "") -> RegisterPublisher:
@@ -348,8 +356,8 @@ def decode(data: bytes | memoryview) -> tuple[int, Command]:
         header = msgpack.unpackb(view[_HEAD.size:end], use_list=False, raw=False)
         system_time_ms, op = header[0], header[1]
         cls = _CLASSES[op]
-        if op in _WITH_PAYLOAD:
-            return system_time_ms, cls(*header[2:], view[end:])
+        if op in _WITH_PAYLOAD:  # by keyword: entries written before a field was added lack it
+            return system_time_ms, cls(*header[2:], payload=view[end:])
         if op == _UPDATE_CONFIG:
             return system_time_ms, UpdateConfig(QuorumConfig.from_wire(header[2]))
         return system_time_ms, cls(*header[2:])

@@ -3,7 +3,7 @@
 Owns: `QuorumConfig` (the values the state machine reads, with names that say the unit), its wire form
 (a plain dict for the command codec and snapshots) and `QuorumConfig.from_settings`, which maps the
 `QueueSettings` every queue type shares (core/queue_settings.py) plus the quorum-only keys
-(`x-dead-letter-strategy`, `x-max-in-memory-*`) onto it.
+(`x-max-in-memory-*`) onto it.
 
 Rules:
 - The config is part of the replicated state: it changes only through an `UpdateConfig` command, so every
@@ -13,6 +13,8 @@ Rules:
   (or nothing when no dead-letter exchange is set).
 - `reject-publish-dlx` is refused here (ValueError): quorum queues do not support it (seed 000); the
   declare-time validation that gives the client its 406 lives elsewhere.
+- Delivery limit (RabbitMQ 4.x): 20 when neither an argument nor a policy sets one (DEFAULT_DELIVERY_LIMIT);
+  -1 (any negative value) means no limit. `QuorumConfig.delivery_limit` None is "no limit".
 - `max_in_memory_length` / `max_in_memory_bytes` are accepted and kept (management shows them) but have
   no effect: bodies are never in the machine's memory.
 """
@@ -26,6 +28,7 @@ from hutch.core.queue_settings import QueueSettings
 
 OVERFLOWS = ("drop-head", "reject-publish")
 STRATEGIES = ("at-most-once", "at-least-once")
+DEFAULT_DELIVERY_LIMIT = 20  # RabbitMQ 4.0's default for quorum queues
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +80,8 @@ class QuorumConfig:
 
     @classmethod
     def from_settings(cls, settings: QueueSettings, arguments: dict[str, Any] | None = None) -> QuorumConfig:
-        """The effective settings of a quorum queue. The strategy and the in-memory limits are not
-        `QueueSettings` fields: they come from the x-arguments, else from the effective policy."""
+        """The effective settings of a quorum queue. The in-memory limits are not `QueueSettings`
+        fields: they come from the x-arguments, else from the effective policy."""
         arguments = arguments or {}
         policy = settings.effective_policy_definition
 
@@ -96,12 +99,20 @@ class QuorumConfig:
             overflow=overflow,
             dead_letter_exchange=settings.dead_letter_exchange,
             dead_letter_routing_key=settings.dead_letter_routing_key,
-            dead_letter_strategy=extra("x-dead-letter-strategy", "dead-letter-strategy") or "at-most-once",
-            delivery_limit=settings.delivery_limit,
+            dead_letter_strategy=(settings.dead_letter_strategy
+                                  or extra("x-dead-letter-strategy", "dead-letter-strategy") or "at-most-once"),
+            delivery_limit=_delivery_limit(settings.delivery_limit),
             single_active_consumer=settings.single_active_consumer,
             max_in_memory_length=extra("x-max-in-memory-length", "max-in-memory-length"),
             max_in_memory_bytes=extra("x-max-in-memory-bytes", "max-in-memory-bytes"),
         )
+
+
+def _delivery_limit(value: int | None) -> int | None:
+    """RabbitMQ 4.x: unset means DEFAULT_DELIVERY_LIMIT, a negative value means no limit (None here)."""
+    if value is None:
+        return DEFAULT_DELIVERY_LIMIT
+    return None if value < 0 else value
 
 
 _FIELDS = frozenset(f.name for f in fields(QuorumConfig))

@@ -12,8 +12,10 @@ Rules:
 - After every command, in this order: deliver to consumers (`_checkout`), expire the heads of the ready
   queues, enforce drop-head limits, hand dead letters to the worker, announce reject-publish overflow
   changes, announce the release cursor when it moved by `release_step`.
-- Delivery: returns first, then the FIFO; to the highest-priority consumer with credit, round robin
-  within a priority (consumers.py). Expired messages met on the way are dead-lettered, except a message
+- Delivery: returns first, then the two priority FIFOs (message priority above 4 is high, RabbitMQ
+  4.0): high first, but every third message taken is the older of the two heads (`_pop_ready`); to
+  the highest-priority consumer with credit, round robin within a priority (consumers.py). Expired
+  messages met on the way are dead-lettered, except a message
   enqueued by this very command: a TTL-0 message is delivered if a consumer can take it now, else it
   expires right after (RabbitMQ's documented TTL 0 behaviour).
 - Expiry (`expires_at` = time of the enqueue + the smaller of the queue's and the message's TTL,
@@ -78,7 +80,14 @@ from .effects import (
     ReleaseCursor,
 )
 from .messages import SHIFT, Record
-from .state import PUBLISHER_IDLE_MS, RELEASE_CURSOR_STEP, Publisher, QueueState
+from .state import (
+    HIGH_PRIORITY_ABOVE,
+    PRIORITY_WEIGHT,
+    PUBLISHER_IDLE_MS,
+    RELEASE_CURSOR_STEP,
+    Publisher,
+    QueueState,
+)
 
 _REJECTED = REASON_CODES["rejected"]
 _EXPIRED = REASON_CODES["expired"]
@@ -127,7 +136,8 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState, out: Out) -> str:
     idx = meta.index << SHIFT
     out.fresh = idx
     pid = cmd.publisher_id
-    return _enqueue_one(meta, st, out, pid, _publisher(meta, st, pid), cmd.seq, cmd.size_bytes, cmd.ttl_ms, idx)
+    return _enqueue_one(meta, st, out, pid, _publisher(meta, st, pid), cmd.seq, cmd.size_bytes, cmd.ttl_ms, idx,
+                        cmd.priority > HIGH_PRIORITY_ABOVE)
 
 
 def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> int:
@@ -138,13 +148,15 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
     pub = _publisher(meta, st, pid)
     seq = cmd.first_seq
     ttls = cmd.ttls
+    prios = cmd.priorities
     cfg = st.config
     # reject-publish counts ready messages: deliver between the messages, as separate enqueues would
     interleave = cfg.has_limits and cfg.overflow == "reject-publish"
     enqueued = 0
     for pos, size in enumerate(cmd.sizes):
         if _enqueue_one(meta, st, out, pid, pub, seq + pos if pub is not None else 0, size,
-                        None if ttls is None else ttls[pos], base | pos) is OK:
+                        None if ttls is None else ttls[pos], base | pos,
+                        prios is not None and prios[pos] > HIGH_PRIORITY_ABOVE) is OK:
             enqueued += 1
             if interleave and st.consumers.prios:
                 _checkout(meta, st, out)
@@ -152,7 +164,7 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
 
 
 def _enqueue_one(meta: Meta, st: QueueState, out: Out, pid: Any, pub: Publisher | None, seq: int, size: int,
-                 ttl_ms: int | None, idx: int) -> str:
+                 ttl_ms: int | None, idx: int, high: bool = False) -> str:
     if pub is not None:
         if seq <= pub.last_seq:
             if pub.take_missing(seq):
@@ -180,7 +192,7 @@ def _enqueue_one(meta: Meta, st: QueueState, out: Out, pid: Any, pub: Publisher 
     if ttl is not None:
         # 0 means "never expires": an expiry that lands on 0 (time 0 + TTL 0) is made -1, already past
         expires_at = meta.system_time_ms + ttl or -1
-    st.messages.append(idx, size, expires_at)
+    (st.hi if high else st.messages).append(idx, size, expires_at)
     st.ready_bytes += size
     st.live.add(idx)
     if pub is not None:
@@ -263,6 +275,15 @@ def _take(st: QueueState, c: Consumer, msg_id: int) -> tuple[int, int, int] | No
     return rec
 
 
+def _was_high(st: QueueState, msg_id: int) -> bool:
+    """Whether a message leaving its consumer was a high-priority one (and forget that it is out)."""
+    hi_out = st.hi_out
+    if hi_out and msg_id in hi_out:
+        hi_out.discard(msg_id)
+        return True
+    return False
+
+
 def _settle(meta: Meta, cmd: Settle, st: QueueState, out: Out) -> None:
     cs = st.consumers
     c = cs.get(cmd.consumer_key)
@@ -282,6 +303,8 @@ def _settle(meta: Meta, cmd: Settle, st: QueueState, out: Out) -> None:
         if not c.auto_ack and c.status != Status.GET:
             c.credit += len(settled)
         st.live.discard_many(settled)
+        if st.hi_out:
+            st.hi_out.difference_update(settled)
     _after_settlement(st, c)
 
 
@@ -302,19 +325,23 @@ def _return_msgs(meta: Meta, st: QueueState, c: Consumer, msg_ids: Any, out: Out
         rec = _take(st, c, msg_id)
         if rec is not None:
             size, expires_at, count = rec
-            _requeue_one(st, msg_id, size, expires_at, count + 1, out)
+            _requeue_one(st, msg_id, size, expires_at, count + 1, out, _was_high(st, msg_id))
 
 
-def _requeue_one(st: QueueState, idx: int, size: int, expires_at: int, count: int, out: Out) -> None:
-    """A failed delivery: dead-letter past the limit, else to the front (limit) or the back (no limit)."""
+def _requeue_one(st: QueueState, idx: int, size: int, expires_at: int, count: int, out: Out,
+                 high: bool = False) -> None:
+    """A failed delivery: dead-letter past the limit, else to the front (limit) or the back of its
+    priority's queue (no limit)."""
     limit = st.config.delivery_limit
     if limit is None:
-        st.messages.append(idx, size, expires_at, count)
+        (st.hi if high else st.messages).append(idx, size, expires_at, count)
     elif count > limit:
         dl.dead_letter(st, out, _DELIVERY_LIMIT, idx, size)
         return
     else:
         st.returns.append((idx, size, expires_at, count))
+        if high:
+            st.hi_out.add(idx)  # it stays high: back to `hi` if it is returned once there is no limit
     st.ready_bytes += size
 
 
@@ -329,7 +356,7 @@ def _requeue(meta: Meta, cmd: Requeue, st: QueueState, out: Out) -> None:
         idx = meta.index << SHIFT
         st.live.add(idx)
         size, expires_at, count = rec
-        _requeue_one(st, idx, size, expires_at, count + 1, out)
+        _requeue_one(st, idx, size, expires_at, count + 1, out, _was_high(st, cmd.msg_id))
     _after_settlement(st, c)
 
 
@@ -340,6 +367,7 @@ def _discard(meta: Meta, cmd: Discard, st: QueueState, out: Out) -> None:
     for msg_id in cmd.msg_ids:
         rec = _take(st, c, msg_id)
         if rec is not None:
+            _was_high(st, msg_id)
             dl.dead_letter(st, out, _REJECTED, msg_id, rec[0])
     _after_settlement(st, c)
 
@@ -356,12 +384,16 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState, out: Out) -> DequeueReply
     else:
         c = st.consumers.get_holder(cmd.consumer_key, cmd.node, cmd.channel)
         _hand_out(st, c, idx, size, expires_at, count)
+        if st.last_high:
+            st.hi_out.add(idx)
     return DequeueReply((idx, idx, count > 0, count), st.ready_count())
 
 
 def _purge(meta: Meta, cmd: Purge, st: QueueState, out: Out) -> int:
     """Ready messages only; checked-out ones and dead letters stay."""
-    removed = [r[0] for r in st.returns] + st.messages.clear()
+    if st.hi_out:
+        st.hi_out.difference_update(r[0] for r in st.returns)
+    removed = [r[0] for r in st.returns] + st.messages.clear() + st.hi.clear()
     st.returns.clear()
     st.ready_bytes = 0
     live = st.live
@@ -429,9 +461,9 @@ _HANDLERS: dict[type, Callable[[Meta, Any, QueueState, Out], Any]] = {
 
 # -- after every command --------------------------------------------------------------------------------
 def _after(meta: Meta, st: QueueState, out: Out) -> None:
-    if st.consumers.prios and (st.messages.n or st.returns):
+    if st.consumers.prios and (st.messages.n or st.returns or st.hi.n):
         _checkout(meta, st, out)
-    if st.returns or st.messages.may_expire:
+    if st.returns or st.messages.may_expire or st.hi.may_expire:
         _expire_heads(meta, st, out)
     cfg = st.config
     if cfg.has_limits and cfg.overflow == "drop-head":
@@ -449,27 +481,42 @@ def _after(meta: Meta, st: QueueState, out: Out) -> None:
         out.cursor = cursor
 
 
+def _pop_ready(st: QueueState) -> Record | None:
+    """The next ready message, taken off its queue: returns first, then RabbitMQ 4.0's two-level
+    weighted queue (rabbit_fifo_q): high priority first, except that every third take (the dequeue
+    counter at PRIORITY_WEIGHT) goes to the older of the two heads, so normal messages get at least one
+    delivery in three while high ones wait. `st.last_high` says whether it came from the high queue."""
+    returns = st.returns
+    if returns:
+        rec = returns.popleft()
+        hi_out = st.hi_out
+        st.last_high = bool(hi_out) and rec[0] in hi_out
+        if st.last_high:
+            hi_out.discard(rec[0])
+        return rec
+    hi, no = st.hi, st.messages
+    if not hi.n and not no.n:
+        return None
+    c0 = st.out_count
+    st.out_count = 0 if c0 >= PRIORITY_WEIGHT else c0 + 1
+    high = bool(hi.n) and (not no.n or c0 < PRIORITY_WEIGHT or hi.head_index() < no.head_index())
+    st.last_high = high
+    return hi.popleft() if high else no.popleft()
+
+
 def _take_next(st: QueueState, meta: Meta, out: Out) -> Record | None:
-    """The next ready message to hand out (returns first), dead-lettering expired heads on the way."""
+    """The next ready message to hand out (`_pop_ready`), dead-lettering expired heads on the way."""
     now = meta.system_time_ms
     fresh = out.fresh
-    returns = st.returns
-    while returns:
-        rec = returns.popleft()
+    while True:
+        rec = _pop_ready(st)
+        if rec is None:
+            return None
         st.ready_bytes -= rec[1]
         if rec[2] and rec[2] <= now and rec[0] < fresh:
             dl.dead_letter(st, out, _EXPIRED, rec[0], rec[1])
             continue
         return rec
-    messages = st.messages
-    while messages.n:
-        rec = messages.popleft()
-        st.ready_bytes -= rec[1]
-        if rec[2] and rec[2] <= now and rec[0] < fresh:
-            dl.dead_letter(st, out, _EXPIRED, rec[0], rec[1])
-            continue
-        return rec
-    return None
 
 
 def _hand_out(st: QueueState, c: Consumer, idx: int, size: int, expires_at: int, count: int) -> None:
@@ -492,7 +539,7 @@ def _checkout(meta: Meta, st: QueueState, out: Out) -> None:
         c = cs.next()
         if c is None:
             return
-        if not st.returns and messages.n > 1 and c.credit > 1 and messages.plain \
+        if not st.returns and not st.hi.n and messages.n > 1 and c.credit > 1 and messages.plain \
                 and len(cs.groups[c.priority]) == 1:
             _checkout_run(st, c, min(c.credit, messages.n), out)  # the same as one at a time, faster
             continue
@@ -508,6 +555,8 @@ def _checkout(meta: Meta, st: QueueState, out: Out) -> None:
             cs.unacked += 1
             cs.unacked_bytes += size
             c.credit -= 1
+            if st.last_high:
+                st.hi_out.add(idx)
         out.deliver(c.key, (idx, idx, count > 0, count))
         cs.rotate(c)
 
@@ -539,24 +588,27 @@ def _expire_heads(meta: Meta, st: QueueState, out: Out) -> None:
     returns = st.returns
     while returns and returns[0][2] and returns[0][2] <= now:
         idx, size, _exp, _count = returns.popleft()
+        st.hi_out.discard(idx)
         st.ready_bytes -= size
         dl.dead_letter(st, out, _EXPIRED, idx, size)
-    messages = st.messages
-    while messages.n:
-        exp = messages.head_expiry()
-        if not exp or exp > now:
-            break
-        idx, size, _exp, _count = messages.popleft()
-        st.ready_bytes -= size
-        dl.dead_letter(st, out, _EXPIRED, idx, size)
+    for messages in (st.messages, st.hi):
+        while messages.n:
+            exp = messages.head_expiry()
+            if not exp or exp > now:
+                break
+            idx, size, _exp, _count = messages.popleft()
+            st.ready_bytes -= size
+            dl.dead_letter(st, out, _EXPIRED, idx, size)
 
 
 def _drop_head(st: QueueState, cfg: QuorumConfig, out: Out) -> None:
     max_len, max_bytes = cfg.max_length, cfg.max_length_bytes
-    while (st.returns or st.messages) and (
+    while (st.returns or st.messages or st.hi) and (
             (max_len is not None and st.ready_count() + st.dlx.count > max_len)
             or (max_bytes is not None and st.ready_bytes + st.dlx.bytes > max_bytes)):
-        idx, size, _exp, _count = st.returns.popleft() if st.returns else st.messages.popleft()
+        rec = _pop_ready(st)  # the message that would be delivered next, as RabbitMQ 4.x drops
+        assert rec is not None
+        idx, size, _exp, _count = rec
         st.ready_bytes -= size
         dl.dead_letter(st, out, _MAXLEN, idx, size)
 

@@ -6,9 +6,12 @@ indexes, the queue-TTL clock, the release cursor last announced), `Publisher`, a
 `restore` (msgpack, versioned).
 
 Rules:
-- Ready messages are `messages` (FIFO) and `returns` (returned messages delivered first, used only
-  with a delivery limit). Invariant: `ready_bytes` == the sizes of both; `live.count` == ready +
-  checked out + dlx.
+- Ready messages are `messages` (FIFO, normal priority), `hi` (FIFO, high priority: a message priority
+  above 4, RabbitMQ 4.0) and `returns` (returned messages delivered first, used only with a delivery
+  limit). Invariant: `ready_bytes` == the sizes of all three; `live.count` == ready + checked out + dlx.
+- `hi_out` holds the ids of the high-priority messages that are checked out or in `returns` (so that a
+  returned one goes back to `hi`); `out_count` is the weighted queue's dequeue counter (machine.py
+  `_pop_ready`).
 - Publishers: one record per publisher id: last applied seq, node, last time seen, and the last
   MAX_REJECT_RANGES ranges of seqs refused by reject-publish (so a resend of a refused seq is refused
   again, never confirmed). Records go on unregister, on their channel or node going down, and after
@@ -36,6 +39,8 @@ MAX_REJECT_RANGES = 16
 MAX_MISSING_RANGES = 64
 PUBLISHER_IDLE_MS = 3_600_000  # a publisher silent this long is forgotten (no resend is that late)
 RELEASE_CURSOR_STEP = 2048  # announce the release cursor when it moved this many entries
+HIGH_PRIORITY_ABOVE = 4  # a message priority above this is high (RabbitMQ 4.0 quorum queues)
+PRIORITY_WEIGHT = 2  # rabbit_fifo_q's ?WEIGHT: high ahead of normal 2 to 1 while both wait
 
 
 class Publisher:
@@ -79,7 +84,8 @@ class Publisher:
 
 class QueueState:
     __slots__ = ("config", "messages", "returns", "ready_bytes", "live", "consumers", "dlx", "publishers",
-                 "last_active_ms", "last_cursor", "rejecting", "release_step", "last_index")
+                 "last_active_ms", "last_cursor", "rejecting", "release_step", "last_index", "hi", "hi_out",
+                 "out_count", "last_high")
 
     def __init__(self, config: QuorumConfig | None = None, release_step: int = RELEASE_CURSOR_STEP) -> None:
         self.config = config or QuorumConfig()
@@ -95,10 +101,14 @@ class QueueState:
         self.rejecting = False  # reject-publish: OverflowStatus(True) announced
         self.release_step = release_step
         self.last_index = 0  # raft index of the last applied command
+        self.hi = MsgQueue()  # ready high-priority messages (priority > 4)
+        self.hi_out: set[int] = set()  # high-priority message ids checked out or in `returns`
+        self.out_count = 0  # dequeue counter of the two-level weighted queue (0..PRIORITY_WEIGHT)
+        self.last_high = False  # scratch: whether the last message taken came from `hi` (not state)
 
     # -- queries --------------------------------------------------------------------------------
     def ready_count(self) -> int:
-        return len(self.messages) + len(self.returns)
+        return len(self.messages) + len(self.returns) + len(self.hi)
 
     def unacked_count(self) -> int:
         return self.consumers.unacked
@@ -125,8 +135,8 @@ class QueueState:
         return [] if c is None else list(c.checked_out)
 
     def ready_indexes(self) -> list[int]:
-        """Raft indexes of ready messages in delivery order (returns first)."""
-        return [r[0] for r in self.returns] + self.messages.indexes()
+        """Raft indexes of ready messages: returns (delivered first), normal, then high priority."""
+        return [r[0] for r in self.returns] + self.messages.indexes() + self.hi.indexes()
 
     def live_indexes(self) -> list[int]:
         """Every live message's raft index (ready, checked out, dead letters), sorted."""
@@ -169,6 +179,9 @@ class QueueState:
             self.rejecting,
             self.release_step,
             self.last_index,
+            self.hi.to_wire(),  # from here on: added with quorum priorities (older snapshots lack them)
+            sorted(self.hi_out),
+            self.out_count,
         ], use_bin_type=True)
 
     @classmethod
@@ -177,7 +190,7 @@ class QueueState:
         if items[0] != SNAPSHOT_VERSION:
             raise ValueError(f"unknown quorum snapshot version {items[0]}")
         (_v, config, messages, returns, ready_bytes, consumers, dlx, publishers, last_active_ms, last_cursor,
-         rejecting, release_step, last_index) = items
+         rejecting, release_step, last_index, *priorities) = items
         st = cls(QuorumConfig.from_wire(dict(config)), release_step)
         st.messages = MsgQueue.from_wire(list(messages))
         st.returns = deque(tuple(r) for r in returns)  # type: ignore[misc]
@@ -192,6 +205,11 @@ class QueueState:
         st.last_cursor = last_cursor
         st.rejecting = rejecting
         st.last_index = last_index
+        if priorities:
+            hi, hi_out, out_count = priorities
+            st.hi = MsgQueue.from_wire(list(hi))
+            st.hi_out = set(hi_out)
+            st.out_count = out_count
         for idx in st.live_indexes():
             st.live.add(idx)
         return st

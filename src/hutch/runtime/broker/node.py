@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.config import Config
 from hutch.core import definition_ops as ops_
+from hutch.core.arguments import equivalence_arguments, with_default_queue_type
 from hutch.core.auth import AuthStore
 from hutch.core.definition_ops import DefinitionOp
 from hutch.core.limits import LimitStore
@@ -482,12 +483,16 @@ class Node:
                       arguments: dict[str, Any], owner: object) -> Queue:
         self.churn["queues_declared"] += 1
         existing = vhost.queues.get(name)
+        default_type = self._default_queue_type(vhost)
         if existing is not None:
-            vhost.check_queue_equivalence(existing, durable, exclusive, auto_delete, arguments, owner)
+            vhost.check_queue_equivalence(existing, durable, exclusive, auto_delete,
+                                          equivalence_arguments(arguments, default_type, existing.queue_type),
+                                          owner)
             self.queue_type_of(existing).redeclared(existing)
             return existing
         if not self.replaying:  # a queue that exists stays when a limit is lowered
             limits.check_queue(self, vhost.name, name, len(vhost.queues))
+            arguments = with_default_queue_type(arguments, default_type, durable, exclusive, auto_delete)
         qtype = arguments.get("x-queue-type", "classic")
         queue_type = self.queue_type(qtype)
         if queue_type is None:
@@ -502,6 +507,10 @@ class Node:
         if is_durable_queue(q) or self.cluster is not None:
             self._record(self._queue_op(vhost, q))
         return q
+
+    def _default_queue_type(self, vhost: VirtualHost) -> str | None:
+        record = self.auth.get_vhost(vhost.name)
+        return record.default_queue_type if record is not None else None
 
     def delete_queue(self, vhost: VirtualHost, q: Queue) -> int:
         if vhost.queues.get(q.name) is q:

@@ -87,7 +87,7 @@ CONFIRM_TIMEOUT_S = 30.0  # a publish not confirmed by then is nacked (its fate 
 RESEND_S = 3.0  # an enqueue not confirmed by then is sent again (deduplicated by the machine)
 QUORUM_TARGET = "\x00quorum"  # confirm_pending's route for quorum publishes (resent, never nacked by a peer)
 TICK_S = 1.0
-SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at least
+SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at least (quorum_snapshot_interval)
 SNAPSHOT_MIN_ENTRIES = 64
 MSG_CACHE_MAX = 16_384  # the leader's own just-published messages kept for their first local delivery
 
@@ -119,6 +119,12 @@ def _ttl_of(msg: Message) -> int | None:
         return max(0, int(expiration))
     except ValueError:
         return None
+
+
+def _priority_of(msg: Message) -> int:
+    """The message's priority property (0-255; none is 0): above 4 it is delivered as high priority."""
+    priority = msg.properties.priority
+    return priority if isinstance(priority, int) and 0 <= priority <= 255 else 0
 
 
 class QuorumReplica:
@@ -170,11 +176,11 @@ class QuorumReplica:
         return self.machine.state.release_cursor()
 
     def snapshot_interval(self) -> int:
-        """Entries between snapshots: about max(SNAPSHOT_FLOOR, 2 x live messages) commands. A snapshot
-        costs O(live messages) (it carries their bodies), so this amortises it; counting commands, not
-        entries, bounds the log kept in RAM and on disk whatever the batch size."""
+        """Entries between snapshots: about max(quorum_snapshot_interval, 2 x live messages) commands. A
+        snapshot costs O(live messages) (it carries their bodies), so this amortises it; counting commands,
+        not entries, bounds the log kept in RAM and on disk whatever the batch size."""
         per_entry = self.commands / self.entries if self.entries else 1.0
-        target = max(SNAPSHOT_FLOOR, 2 * self.machine.state.message_count())
+        target = max(self.queue.svc.node.config.quorum_snapshot_interval, 2 * self.machine.state.message_count())
         return max(SNAPSHOT_MIN_ENTRIES, int(target / max(per_entry, 1.0)))
 
 
@@ -294,6 +300,10 @@ class QuorumQueue(Queue):
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         for cid, ids in self._by_owner(entries).items():
             self.svc.propose(self, qc.make_discard(self.svc.key(cid), ids))
+
+    def touch(self) -> None:
+        """A redeclare is a use: restart the queue's x-expires countdown (the leader stamps the time)."""
+        self.svc.propose(self, qc.make_touch())
 
     def purge(self) -> int:
         count, self._prepared_purge = self._prepared_purge, 0

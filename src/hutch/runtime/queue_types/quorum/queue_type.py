@@ -101,7 +101,8 @@ class QuorumQueueType:
         return {"type": "quorum", "gid": q.gid, "members": list(q.members)}
 
     def redeclared(self, q: Queue) -> None:
-        pass
+        assert isinstance(q, QuorumQueue)
+        q.touch()  # a redeclare is a use: x-expires restarts
 
     def deleted(self, q: Queue) -> None:
         pass

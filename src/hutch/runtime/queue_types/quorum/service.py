@@ -42,6 +42,7 @@ from hutch.runtime.queue_types.quorum.queue import (
     TICK_S,
     QuorumQueue,
     QuorumReplica,
+    _priority_of,
     _ttl_of,
     log,
     now_ms,
@@ -147,7 +148,29 @@ class QuorumService(QuorumMembership):
 
     # -- proposing -------------------------------------------------------------------------------------
     def propose(self, q: QuorumQueue, cmd: qc.Command) -> None:
-        self.propose_raw(q, qc.encode(cmd, now_ms()))
+        if type(cmd) is qc.Return and self.is_leader(q):
+            self._reappend(q, cmd)
+        else:
+            self.propose_raw(q, qc.encode(cmd, now_ms()))
+
+    def _reappend(self, q: QuorumQueue, cmd: qc.Return) -> None:
+        """The leader turns a return (basic.reject/nack with requeue, a cancelled consumer's or closed
+        channel's messages) into one `Requeue` per message carrying its body, as RabbitMQ 4.x's
+        rabbit_fifo re-enqueues with #requeue{}: the message then lives at the new entry and the old one
+        can be truncated, so a message requeued forever does not pin the log. A message the consumer no
+        longer holds is left to the plain return (a no-op in the machine)."""
+        assert q.replica is not None
+        consumer = q.replica.machine.state.consumers.get(cmd.consumer_key)
+        rest = []
+        for msg_id in cmd.msg_ids:
+            payload = self.read_payload(q, msg_id) if consumer is not None and msg_id in consumer.checked_out \
+                else None
+            if payload is None:
+                rest.append(msg_id)
+            else:
+                self.propose_raw(q, qc.encode(qc.make_requeue(cmd.consumer_key, msg_id, payload), now_ms()))
+        if rest:
+            self.propose_raw(q, qc.encode(qc.make_return(cmd.consumer_key, rest), now_ms()))
 
     def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False) -> bool:
         if q.batch:
@@ -205,13 +228,17 @@ class QuorumService(QuorumMembership):
             chunk = batch[start:start + BATCH_MAX]
             msgs = [item[3] for item in chunk]
             payloads = [pack_message(m) for m in msgs]
-            ttls = None
+            ttls = prios = None
             for m in msgs:
                 if m.properties_raw[0] & 0x01:  # expiration present (property flag bit 8)
                     ttls = tuple(_ttl_of(m) for m in msgs)
                     break
+            for m in msgs:
+                if m.properties_raw[0] & 0x08:  # priority present (property flag bit 11)
+                    prios = tuple(_priority_of(m) for m in msgs)
+                    break
             data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0][4], tuple([m.size for m in msgs]), ttls,
-                                             tuple([len(p) for p in payloads]), b"".join(payloads)), now)
+                                             tuple([len(p) for p in payloads]), prios, b"".join(payloads)), now)
             left = [len(chunk)]  # publishes of this entry not confirmed yet
             q.open_entries += 1
             for item in chunk:
@@ -350,7 +377,10 @@ class QuorumService(QuorumMembership):
         q = self.queues.get(m.gid)
         if q is not None:
             _t, cmd = qc.decode(m.command)
-            self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
+            if type(cmd) is qc.Return and self.is_leader(q):
+                self._reappend(q, cmd)
+            else:
+                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
 
     def _on_deliver(self, peer: str, m: cm.QuorumDeliver) -> None:
         q = self.queues.get(m.gid)
