@@ -88,9 +88,9 @@ class Config:
     so e.g. port 0 (pick a free port) is allowed.
     """
 
-    amqp_host: str = "0.0.0.0"
+    amqp_host: str = ""
     amqp_port: int = 5672
-    management_host: str = "0.0.0.0"
+    management_host: str = ""
     management_port: int = 15672
     data_dir: str = "./var"
     node_name: str = field(default_factory=default_node_name)
@@ -146,7 +146,7 @@ class Config:
     # joins through on its first start.
     cluster_enabled: bool = True
     cluster_port: int = 25672
-    cluster_host: str = "0.0.0.0"
+    cluster_host: str = ""
     cluster_advertise_host: str = ""  # the host other nodes dial; default 127.0.0.1
     cluster_join: str | None = None
     cluster_secret: str = field(default="", repr=False)
@@ -171,10 +171,10 @@ class Config:
     # `ssl_options.*`; HTTPS for the management API (`management.ssl.*`); TLS between cluster nodes
     # (`cluster.ssl.*`, both sides verify the other's certificate). `management_tcp` is False when only
     # an HTTPS management listener was asked for (as RabbitMQ: then there is no plain HTTP listener).
-    amqps_host: str = "0.0.0.0"
+    amqps_host: str = ""
     amqps_port: int | None = None
     ssl_options: TlsOptions = field(default_factory=TlsOptions)
-    management_ssl_host: str = "0.0.0.0"
+    management_ssl_host: str = ""
     management_ssl_port: int | None = None
     management_ssl: TlsOptions = field(default_factory=TlsOptions)
     management_tcp: bool = True

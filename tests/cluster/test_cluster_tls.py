@@ -25,7 +25,7 @@ def test_three_nodes_over_tls_and_a_node_from_another_ca_cannot_join(tmp_path: P
     try:
         n1, n2, n3 = (cluster.add(config_text=tls) for _ in range(3))
         cluster.wait_running({"n1", "n2", "n3"})
-        assert f"listening for inter-node connections on 0.0.0.0:{n1.cluster_port} (TLS)" in n1.log()
+        assert f"listening for inter-node connections on :::{n1.cluster_port} (TLS)" in n1.log()
         presented = ssl.get_server_certificate(("127.0.0.1", n1.cluster_port))  # the port speaks TLS
         assert ssl.PEM_cert_to_DER_cert(presented) == ssl.PEM_cert_to_DER_cert(pki.certfile.read_text())
 

@@ -27,8 +27,8 @@ def _write(tmp_path, text: str, name: str = "hutch.conf") -> str:
 
 def test_defaults_are_rabbitmqs():
     c = load_config({}, {}, hostname="box.example.com")
-    assert (c.amqp_host, c.amqp_port) == ("0.0.0.0", 5672)
-    assert (c.management_host, c.management_port) == ("0.0.0.0", 15672)
+    assert (c.amqp_host, c.amqp_port) == ("", 5672)  # both families (issue 16: IPv6)
+    assert (c.management_host, c.management_port) == ("", 15672)
     assert c.data_dir == "./var"
     assert c.node_name == "hutch@box"
     assert c.cluster_name == "hutch@box"

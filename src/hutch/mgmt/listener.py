@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from hutch.runtime import listen
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -209,7 +211,7 @@ class GuardedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"{'https' if self._tls is not None else 'http'}://{self._host or '0.0.0.0'}:{self._port}"
+        return f"{'https' if self._tls is not None else 'http'}://{listen.display_host(self._host or '')}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -220,8 +222,8 @@ class GuardedSite(web.BaseSite):
         tls: dict[str, Any] = {}
         if self._tls is not None:
             tls = {"ssl": self._tls, "ssl_handshake_timeout": self._limits.request_timeout_s}
-        self._server = await loop.create_server(guard, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=True, **tls)
+        self._server = await listen.create_server(loop, guard, self._host or "", self._port,
+                                                  backlog=self._backlog, reuse_address=True, **tls)
 
 
 __all__ = ["ConnectionGuard", "GuardedSite", "ListenerLimits", "default_max_connections", "handler_args"]

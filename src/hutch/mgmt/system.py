@@ -32,6 +32,7 @@ from hutch.amqp.spec import BasicProperties
 from hutch.cluster import messages as cm
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
+from hutch.runtime import listen
 
 from . import stats as _stats
 from .access import (
@@ -99,16 +100,16 @@ def _exchange_types() -> list[dict[str, Any]]:
 
 def _listeners(node: Node) -> list[dict[str, Any]]:
     cfg = node.config
-    out = [{"node": node.name, "protocol": "amqp", "ip_address": cfg.amqp_host or "0.0.0.0",
+    out = [{"node": node.name, "protocol": "amqp", "ip_address": listen.display_host(cfg.amqp_host),
             "port": node.amqp_port or cfg.amqp_port}]
     if cfg.management_tcp:
-        out.append({"node": node.name, "protocol": "http", "ip_address": cfg.management_host or "0.0.0.0",
+        out.append({"node": node.name, "protocol": "http", "ip_address": listen.display_host(cfg.management_host),
                     "port": node.management_port or cfg.management_port})
     if node.amqps_port:  # the TLS listeners (runtime/tls.py, RabbitMQ's protocol names)
-        out.append({"node": node.name, "protocol": "amqp/ssl", "ip_address": cfg.amqps_host or "0.0.0.0",
+        out.append({"node": node.name, "protocol": "amqp/ssl", "ip_address": listen.display_host(cfg.amqps_host),
                     "port": node.amqps_port})
     if node.management_ssl_port:
-        out.append({"node": node.name, "protocol": "https", "ip_address": cfg.management_ssl_host or "0.0.0.0",
+        out.append({"node": node.name, "protocol": "https", "ip_address": listen.display_host(cfg.management_ssl_host),
                     "port": node.management_ssl_port})
     return out
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from hutch import __version__
 from hutch.config import Config
 from hutch.core.auth import AuthStore
+from hutch.runtime import listen
 from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
@@ -82,12 +83,11 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     """The AMQP listener; `node.amqp_port` is the port it got (config port 0: any free port)."""
     loop = asyncio.get_running_loop()
     cfg = node.config
-    host = cfg.amqp_host or None
-    server = await loop.create_server(lambda: AMQPProtocol(node), host=host, port=cfg.amqp_port,
-                                      backlog=1024, reuse_address=True)
+    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqp_host, cfg.amqp_port,
+                                        backlog=1024, reuse_address=True)
     node.server = server
     node.amqp_port = server.sockets[0].getsockname()[1]
-    log.info("AMQP listener started on %s:%d", host or "0.0.0.0", node.amqp_port)
+    log.info("AMQP listener started on %s:%d", listen.display_host(cfg.amqp_host), node.amqp_port)
     return server
 
 
@@ -100,11 +100,11 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
         return None
     ctx = node.tls.server_context("ssl_options")
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: AMQPProtocol(node), host=cfg.amqps_host or None, port=cfg.amqps_port,
-                                      ssl=ctx, ssl_handshake_timeout=cfg.handshake_timeout_ms / 1000,
-                                      backlog=1024, reuse_address=True)
+    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqps_host, cfg.amqps_port,
+                                        ssl=ctx, ssl_handshake_timeout=cfg.handshake_timeout_ms / 1000,
+                                        backlog=1024, reuse_address=True)
     node.amqps_port = server.sockets[0].getsockname()[1]
-    log.info("AMQP over TLS listener started on %s:%d", cfg.amqps_host or "0.0.0.0", node.amqps_port)
+    log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
 
 

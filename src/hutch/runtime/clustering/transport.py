@@ -77,6 +77,7 @@ from hutch.cluster.wire import (
     pack_request,
     pack_request_raw,
 )
+from hutch.runtime import listen
 
 log = logging.getLogger("hutch.transport")
 
@@ -322,13 +323,13 @@ class Transport:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         tls = {"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_server else {}
-        self._server = await self._loop.create_server(self._accept, self.host, self.port, **tls)
+        self._server = await listen.create_server(self._loop, self._accept, self.host, self.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
         for peer in self._peers.values():
             self._maybe_dial(peer)
-        log.info("node %r listening for inter-node connections on %s:%d%s", self.node_name, self.host, self.port,
+        log.info("node %r listening for inter-node connections on %s:%d%s", self.node_name, listen.display_host(self.host), self.port,
                  " (TLS)" if self.ssl_server else "")
 
     def _closed_after_close(self, conn: _Conn) -> None:

@@ -1,0 +1,62 @@
+"""Listening sockets: every listener of a node binds IPv4 and IPv6 unless told one address.
+
+Owns: `create_server`, the one way a hutch listener (AMQP, AMQP over TLS, management HTTP/HTTPS,
+inter-node) binds. RabbitMQ's `listeners.tcp.default = 5672` listens on `[::]` and `0.0.0.0`; an
+explicit address (`listeners.tcp.default = 127.0.0.1:5672`, `[::1]:5672`) binds that address only.
+
+Rules:
+- An empty host (the default of every `*_host` setting) means both families, on the same port. Port 0
+  (tests) picks one free port for both.
+- A machine without IPv6 (the kernel refuses an AF_INET6 socket or `::`) gets the IPv4 listener alone,
+  with one warning, rather than a node that does not start.
+- `display_host` is what listings show for an all-interfaces listener: `::`, as RabbitMQ shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("hutch.listen")
+
+ALL_INTERFACES = ""
+_NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+_warned_no_ipv6 = False
+
+
+def display_host(host: str) -> str:
+    return host or "::"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+async def create_server(loop: asyncio.AbstractEventLoop, factory: Callable[[], asyncio.BaseProtocol],
+                        host: str, port: int, **kwargs: Any) -> asyncio.base_events.Server:
+    """`loop.create_server` on `host` (empty: `0.0.0.0` and `::`) and `port`."""
+    global _warned_no_ipv6
+    if host:
+        return await loop.create_server(factory, host, port, **kwargs)
+    for _attempt in range(5):
+        chosen = port or _free_port()
+        try:
+            return await loop.create_server(factory, ["0.0.0.0", "::"], chosen, **kwargs)
+        except OSError as exc:
+            if exc.errno in _NO_IPV6 or "address family" in str(exc).lower():
+                if not _warned_no_ipv6:
+                    _warned_no_ipv6 = True
+                    log.warning("no IPv6 on this machine (%s): listening on IPv4 only", exc.strerror or exc)
+                return await loop.create_server(factory, "0.0.0.0", chosen, **kwargs)
+            if port or exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free port for both address families")
+
+
+__all__ = ["ALL_INTERFACES", "create_server", "display_host"]
