@@ -24,9 +24,15 @@ from hutch.amqp.errors import FRAME_ERROR, FrameError
 cdef enum:
     FRAME_END = 0xCE
     SMALL_BODY = 4096
-    VARIABLE_PROPS = 0xFFFF & ~(0x1000 | 0x0200 | 0x0040)  # all but delivery-mode, priority, timestamp
+    FLAG_DELIVERY_MODE = 0x1000
+    FLAG_PRIORITY = 0x0800
+    FLAG_TIMESTAMP = 0x0040
+    VARIABLE_PROPS = 0xFFFF & ~(FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_TIMESTAMP)
 
-assert _pure.DELIVER_SMALL_BODY == SMALL_BODY
+# the constants above are the reference's, compiled in
+assert _pure.DELIVER_SMALL_BODY == SMALL_BODY and _pure.FRAME_END == FRAME_END
+assert (_pure.FLAG_DELIVERY_MODE, _pure.FLAG_PRIORITY, _pure.FLAG_TIMESTAMP) == (
+    FLAG_DELIVERY_MODE, FLAG_PRIORITY, FLAG_TIMESTAMP)
 _append_body = _pure.append_body
 
 
@@ -192,11 +198,11 @@ def parse_content_header(bytes payload not None):
         raise FrameError("content header frame too short")
     flags = _u16(p + 12)
     fixed_len = 2
-    if flags & 0x1000:
+    if flags & FLAG_DELIVERY_MODE:
         fixed_len += 1
-    if flags & 0x0200:
+    if flags & FLAG_PRIORITY:
         fixed_len += 1
-    if flags & 0x0040:
+    if flags & FLAG_TIMESTAMP:
         fixed_len += 8
     cdef bint fixed_only = not (flags & VARIABLE_PROPS) and n - 12 == fixed_len
     return (_u16(p), _u64(p + 4), PyBytes_FromStringAndSize(<const char*>p + 12, n - 12), fixed_only)
