@@ -17,5 +17,7 @@ else:
         compiler_directives={"language_level": "3"},
         quiet=True,
     )
+    for ext in ext_modules:
+        ext.optional = True  # cythonize does not carry `optional` over to the extensions it returns
 
 setup(ext_modules=ext_modules)
