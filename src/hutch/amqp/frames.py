@@ -42,8 +42,11 @@ _HEADER_FIELDS = struct.Struct(">HHQ")  # content header payload: class, weight,
 _TAG_REDELIVERED = struct.Struct(">QB")
 DELIVER_SMALL_BODY = 4096  # deliveries with a body up to this size are written as one bytes object
 
-_FIXED_PROP_FLAGS = FLAG_DELIVERY_MODE | FLAG_PRIORITY | FLAG_TIMESTAMP
-_VARIABLE_PROPS = 0xFFFF & ~_FIXED_PROP_FLAGS
+# the encoded length of a property list holding only fixed-size properties, by its flag word (8 entries)
+_FIXED_PROPS_LEN = {
+    dm | pr | ts: 2 + (1 if dm else 0) + (1 if pr else 0) + (8 if ts else 0)
+    for dm in (0, FLAG_DELIVERY_MODE) for pr in (0, FLAG_PRIORITY) for ts in (0, FLAG_TIMESTAMP)
+}
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 _VALID_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
@@ -198,10 +201,7 @@ def parse_content_header(payload: bytes) -> tuple[int, int, bytes, bool]:
         raise FrameError("content header frame too short")
     class_id, _weight, body_size = _HEADER_FIELDS.unpack_from(payload, 0)
     props_raw = payload[12:]
-    flags = (props_raw[0] << 8) | props_raw[1]
-    fixed_only = not flags & _VARIABLE_PROPS and len(props_raw) == 2 + (
-        (1 if flags & FLAG_DELIVERY_MODE else 0) + (1 if flags & FLAG_PRIORITY else 0)
-        + (8 if flags & FLAG_TIMESTAMP else 0))
+    fixed_only = _FIXED_PROPS_LEN.get((props_raw[0] << 8) | props_raw[1]) == len(props_raw)
     return class_id, body_size, props_raw, fixed_only
 
 
