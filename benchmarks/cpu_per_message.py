@@ -5,7 +5,7 @@ Usage:
     e.g. python benchmarks/cpu_per_message.py --rounds 3 -- -x 1 -y 1 -s 16 -c 1000 -q 1000 -A 100 -r 20000 -z 10
 
 The server is this Python's `-m hutch.cli.server` on free ports with a fresh data directory, a node that is
-not clustered; `HUTCH_PURE` passes through to it (every other `HUTCH_*` variable is cleared), so
+not clustered (`--no-cluster`); `HUTCH_PURE` passes through to it (every other `HUTCH_*` variable is cleared), so
 `HUTCH_PURE=1` measures the pure-Python hot path. Each round prints the messages received, the server's
 user + system CPU seconds during the run (from /proc/PID/stat), their quotient in µs per message, and the
 latency percentiles hutch-perf reports. Linux only (/proc).
@@ -60,7 +60,7 @@ def main() -> None:
         with open(os.path.join(data_dir, "server.log"), "wb") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp), "--management-port",
-                 str(mgmt), "--data-dir", data_dir], stdout=log, stderr=subprocess.STDOUT, env=env)
+                 str(mgmt), "--data-dir", data_dir, "--no-cluster"], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_listening(amqp, server)
             run_rounds(server.pid, amqp, args.rounds, perf_args, env)
