@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import frames as _pure
 
@@ -23,7 +24,7 @@ def _select() -> tuple[ModuleType, str]:
     if os.environ.get("HUTCH_PURE", "") not in ("", "0"):
         return _pure, "HUTCH_PURE is set"
     try:
-        from . import _cframes
+        from hutch.amqp import _cframes
     except ImportError as exc:
         return _pure, f"compiled part not built: {exc}"
     return _cframes, ""
@@ -32,11 +33,14 @@ def _select() -> tuple[ModuleType, str]:
 _impl, _REASON = _select()
 COMPILED = _impl is not _pure
 
-FrameReader = _impl.FrameReader
-parse_publish = _impl.parse_publish
-parse_content_header = _impl.parse_content_header
-parse_ack = _impl.parse_ack
-append_delivery = _impl.append_delivery
+if TYPE_CHECKING:  # the type checker sees the reference's signatures; the compiled ones are the same
+    from .frames import FrameReader, append_delivery, parse_ack, parse_content_header, parse_publish
+else:
+    FrameReader = _impl.FrameReader
+    parse_publish = _impl.parse_publish
+    parse_content_header = _impl.parse_content_header
+    parse_ack = _impl.parse_ack
+    append_delivery = _impl.append_delivery
 
 
 def describe() -> str:
