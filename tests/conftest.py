@@ -91,7 +91,8 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     elif cluster is False:
         args.append("--no-cluster")
     args += list(extra_args)
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
     full_env.update(env or {})
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)

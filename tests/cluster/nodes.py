@@ -68,7 +68,8 @@ class Node:
                 "--node-name", self.full_name, "--cluster-port", str(self.cluster_port), "--config", str(cfg)]
         if self.join:
             args += ["--join", self.join]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
         env["HUTCH_CLUSTER_SECRET"] = self.secret
         env.update(self.env)
         with open(log_path, "wb") as f:
@@ -136,7 +137,8 @@ class Node:
         assert code == 200, doc
 
     def ctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
         return subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--port", str(self.management_port), *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
 

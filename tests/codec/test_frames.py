@@ -19,12 +19,12 @@ from hutch.amqp import spec
 from hutch.amqp.errors import FRAME_ERROR, ConnectionError_, FrameError
 from hutch.amqp.frames import (
     HEARTBEAT_FRAME,
-    FrameReader,
     append_body,
     content_frames,
     method_frame,
     method_frame_raw,
 )
+from hutch.amqp.speedups import FrameReader  # the compiled reader when built, the pure one with HUTCH_PURE=1
 
 from .support import ci_settings, sample_properties
 

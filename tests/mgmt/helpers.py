@@ -113,7 +113,8 @@ def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> bo
 
 def run_ctl(info: ServerInfo | None, *args: str, env: dict[str, str] | None = None,
             port: int | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
     full_env["HUTCH_MANAGEMENT_PORT"] = str(port if port is not None else info.management_port)  # type: ignore[union-attr]
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "hutch.cli.ctl", *args], capture_output=True, text=True,

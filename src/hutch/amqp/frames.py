@@ -2,8 +2,13 @@
 
 Owns: `FrameReader`, which buffers received bytes and yields complete frames, judging a frame's size
 from its 7-byte header before reading the payload (501 FRAME_ERROR past frame_max), and checking the
-frame-end octet and frame type; and the encoders that build method, content and heartbeat frames,
-splitting bodies by frame_max.
+frame-end octet and frame type; the encoders that build method, content and heartbeat frames,
+splitting bodies by frame_max; and the per-message hot-path helpers (`parse_publish`,
+`parse_content_header`, `parse_ack`, `append_delivery`).
+
+This module is the pure-Python reference. `_cframes.pyx` compiles the same reader and hot-path helpers
+with the same interface and the same output for the same input (tests/codec/test_speedups.py);
+`speedups` picks one of the two. Code above the codec imports them from `speedups`.
 
 Rules: no sockets, no asyncio, no clocks. A `FrameReader` never raises anything but `AMQPError`
 subclasses. The buffer is consumed with an offset; bytes received are copied at most once more
@@ -17,6 +22,9 @@ from collections.abc import Iterator
 
 from .errors import FRAME_ERROR, FrameError
 from .spec import (
+    FLAG_DELIVERY_MODE,
+    FLAG_PRIORITY,
+    FLAG_TIMESTAMP,
     FRAME_BODY,
     FRAME_END,
     FRAME_END_BYTE,
@@ -30,6 +38,15 @@ from .spec import (
 _HDR = struct.Struct(">BHI")
 _CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
 _BODY_HDR = struct.Struct(">BHI")
+_HEADER_FIELDS = struct.Struct(">HHQ")  # content header payload: class, weight, body size
+_TAG_REDELIVERED = struct.Struct(">QB")
+DELIVER_SMALL_BODY = 4096  # deliveries with a body up to this size are written as one bytes object
+
+# the encoded length of a property list holding only fixed-size properties, by its flag word (8 entries)
+_FIXED_PROPS_LEN = {
+    dm | pr | ts: 2 + (1 if dm else 0) + (1 if pr else 0) + (8 if ts else 0)
+    for dm in (0, FLAG_DELIVERY_MODE) for pr in (0, FLAG_PRIORITY) for ts in (0, FLAG_TIMESTAMP)
+}
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 _VALID_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
@@ -152,3 +169,67 @@ def append_body(out: list[bytes], channel: int, body: bytes, frame_max: int) -> 
         out.append(_BODY_HDR.pack(FRAME_BODY, channel, len(piece)))
         out.append(bytes(piece))
         out.append(FRAME_END_BYTE)
+
+
+# -- per-message hot path: publish in, delivery out, ack in --------------------------------------------
+def parse_publish(payload: bytes) -> tuple[str, str, int, bytes] | None:
+    """A basic.publish method payload decoded in place: (exchange, routing key, bits, route tail).
+
+    `bits` is the flags octet (1 mandatory, 2 immediate). The route tail is the exchange and
+    routing-key short strings as they were sent, laid out exactly as the tail of basic.deliver.
+    None when the payload is truncated or a name is not UTF-8: the generic decoder then judges it.
+    """
+    try:
+        ex_end = 7 + payload[6]
+        rk_end = ex_end + 1 + payload[ex_end]
+        bits = payload[rk_end]
+        exchange = payload[7:ex_end].decode()
+        routing_key = payload[ex_end + 1 : rk_end].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return exchange, routing_key, bits, payload[6:rk_end]
+
+
+def parse_content_header(payload: bytes) -> tuple[int, int, bytes, bool]:
+    """A content header frame payload: (class id, body size, property list, fixed_only).
+
+    `fixed_only` is True when the property list holds only fixed-size properties (none,
+    delivery-mode, priority, timestamp: what most publishers send) and has exactly their length, so
+    it needs no decoding to be valid. A payload shorter than 14 bytes is a 501.
+    """
+    if len(payload) < 14:
+        raise FrameError("content header frame too short")
+    class_id, _weight, body_size = _HEADER_FIELDS.unpack_from(payload, 0)
+    props_raw = payload[12:]
+    fixed_only = _FIXED_PROPS_LEN.get((props_raw[0] << 8) | props_raw[1]) == len(props_raw)
+    return class_id, body_size, props_raw, fixed_only
+
+
+def parse_ack(payload: bytes) -> tuple[int, bool] | None:
+    """A basic.ack method payload: (delivery tag, multiple); None unless it is exactly 13 bytes long."""
+    if len(payload) != 13:
+        return None
+    tag, bits = _TAG_REDELIVERED.unpack_from(payload, 4)
+    return tag, bits & 1 == 1
+
+
+def append_delivery(out: list[bytes], channel: int, prefix: bytes, tag: int, redelivered: bool,
+                    route_tail: bytes, header_payload: bytes, body: bytes, frame_max: int) -> None:
+    """Append basic.deliver (or any method whose payload is `prefix` + tag + redelivered + route tail)
+    with its content header and body frames to `out`.
+
+    `prefix` is the method's class and method ids and the arguments before the delivery tag (a
+    consumer's pre-encoded `frame_prefix`). A body of at most `DELIVER_SMALL_BODY` bytes goes out
+    with the method and header as one bytes object; a larger one is split by `append_body`.
+    """
+    head = b"".join((
+        _HDR.pack(FRAME_METHOD, channel, len(prefix) + 9 + len(route_tail)), prefix,
+        _TAG_REDELIVERED.pack(tag, redelivered), route_tail, FRAME_END_BYTE,
+        _HDR.pack(FRAME_HEADER, channel, len(header_payload)), header_payload, FRAME_END_BYTE,
+    ))
+    size = len(body)
+    if 0 < size <= DELIVER_SMALL_BODY:
+        out.append(head + _BODY_HDR.pack(FRAME_BODY, channel, size) + body + FRAME_END_BYTE)
+    else:
+        out.append(head)
+        append_body(out, channel, body, frame_max)

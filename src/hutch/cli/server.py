@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from hutch import __version__
+from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
 from hutch.core.logsafe import SafeArgsFilter
 
@@ -167,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.config_file or "none",
         config.data_dir,
     )
+    logging.getLogger("hutch.server").info("%s", speedups.describe())  # compiled or pure-Python hot path
     from hutch.mgmt import start_management
     from hutch.mgmt.definitions import boot_definitions
     from hutch.runtime.app import run_node

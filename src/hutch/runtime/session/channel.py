@@ -36,6 +36,7 @@ from hutch.amqp.errors import (
     FrameError,
 )
 from hutch.amqp.frames import append_body
+from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
 from hutch.core.auth import resource_access_refused_text, topic_permission_allows
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
@@ -46,20 +47,8 @@ if TYPE_CHECKING:
 
 _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")
-_ACK_ARGS = struct.Struct(">QB")
 _GET_OK_TAIL = struct.Struct(">I")
-_CONTENT_HDR = struct.Struct(">HHQ")
-_DELIVER_SMALL_BODY = 4096
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
-_FIXED_PROP_FLAGS = spec.FLAG_DELIVERY_MODE | spec.FLAG_PRIORITY | spec.FLAG_TIMESTAMP
-_VARIABLE_PROPS = 0xFFFF & ~_FIXED_PROP_FLAGS
-
-# encoded length of a property list that holds only fixed-size properties, by its flags
-_FIXED_PROPS_LEN = {
-    flags: 2 + (1 if flags & spec.FLAG_DELIVERY_MODE else 0) + (1 if flags & spec.FLAG_PRIORITY else 0)
-    + (8 if flags & spec.FLAG_TIMESTAMP else 0)
-    for flags in range(0x10000) if not flags & _VARIABLE_PROPS
-}
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -217,36 +206,25 @@ class ServerChannel(DeclarationsMixin):
         """
         if self._pub is not None:
             return False
-        try:
-            ex_end = 7 + payload[6]
-            rk_end = ex_end + 1 + payload[ex_end]
-            bits = payload[rk_end]
-            exchange = payload[7:ex_end].decode()
-            routing_key = payload[ex_end + 1 : rk_end].decode()
-        except (IndexError, UnicodeDecodeError):
+        parsed = parse_publish(payload)
+        if parsed is None:
             return False
+        exchange, routing_key, bits, route_tail = parsed
         if bits & 2:
             raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        self._pub = (exchange, routing_key, bits & 1, payload[6:rk_end])
+        self._pub = (exchange, routing_key, bits & 1, route_tail)
         return True
 
     def handle_header(self, payload: bytes) -> None:
         if self._pub is None or self._pub_props_raw is not None:
             raise ConnectionError_(UNEXPECTED_FRAME, "unexpected content header frame")
-        if len(payload) < 14:
-            raise FrameError("content header frame too short")
-        class_id, _weight, body_size = _CONTENT_HDR.unpack_from(payload, 0)
+        class_id, body_size, props_raw, fixed_only = parse_content_header(payload)
         if class_id != 60:
             raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {class_id} not allowed")
-        props_raw = payload[12:]
         # Decoding validates the property list. Lists made only of fixed-size properties (none,
         # delivery-mode, priority, timestamp: what most publishers send) are validated by their length
         # alone and decoded later, only if something asks for them.
-        flags = (props_raw[0] << 8) | props_raw[1]
-        if flags & _VARIABLE_PROPS or len(props_raw) != _FIXED_PROPS_LEN[flags]:
-            props = spec.BasicProperties.decode(props_raw, 0)
-        else:
-            props = None
+        props = None if fixed_only else spec.BasicProperties.decode(props_raw, 0)
         max_size = self.node.config.max_message_size
         if body_size > max_size:
             self._pub = None
@@ -509,22 +487,9 @@ class ServerChannel(DeclarationsMixin):
         self._write_delivery(consumer.frame_prefix, tag, entry.redelivered, msg)
 
     def _write_delivery(self, prefix: bytes, tag: int, redelivered: bool, msg: Message) -> None:
-        ch = self.number
-        tail = msg.route_tail
-        hp = msg.header_payload
-        body = msg.body
-        head = b"".join((
-            _FRAME_HDR.pack(1, ch, len(prefix) + 9 + len(tail)), prefix,
-            _TAG_REDELIVERED.pack(tag, redelivered), tail, b"\xce",
-            _FRAME_HDR.pack(2, ch, len(hp)), hp, b"\xce",
-        ))
         conn = self.conn
-        size = len(body)
-        if 0 < size <= _DELIVER_SMALL_BODY:
-            conn.out.append(head + _FRAME_HDR.pack(3, ch, size) + body + b"\xce")
-        else:
-            conn.out.append(head)
-            append_body(conn.out, ch, body, conn.frame_max)
+        append_delivery(conn.out, self.number, prefix, tag, redelivered, msg.route_tail, msg.header_payload,
+                        msg.body, conn.frame_max)
         conn.want_write()
 
     def deliver_direct_reply(self, msg: Message) -> bool:
@@ -586,10 +551,12 @@ class ServerChannel(DeclarationsMixin):
 
     def fast_ack(self, payload: bytes) -> bool:
         """basic.ack decoded in place; False when the generic path must handle it (tx, odd length)."""
-        if self.tx or self._pub is not None or len(payload) != 13:
+        if self.tx or self._pub is not None:
             return False
-        tag, bits = _ACK_ARGS.unpack_from(payload, 4)
-        self._settle(self._collect(tag, bits & 1 == 1), "ack")
+        parsed = parse_ack(payload)
+        if parsed is None:
+            return False
+        self._settle(self._collect(*parsed), "ack")
         return True
 
     def _basic_ack(self, m: Any) -> None:

@@ -43,7 +43,8 @@ from hutch.amqp.errors import (
     ConnectionError_,
     FrameError,
 )
-from hutch.amqp.frames import HEARTBEAT_FRAME, FrameReader, method_frame, method_frame_raw
+from hutch.amqp.frames import HEARTBEAT_FRAME, method_frame, method_frame_raw
+from hutch.amqp.speedups import FrameReader
 from hutch.core.auth import (
     is_loopback_address,
     parse_amqplain,

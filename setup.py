@@ -1,0 +1,23 @@
+"""Builds the optional compiled hot path (`hutch.amqp._cframes`, from `_cframes.pyx`, with Cython).
+
+Everything else about the package is in pyproject.toml. The extension is optional: if it cannot be
+compiled (no C compiler, no Python headers), the install still succeeds and hutch runs its pure-Python
+reference path, saying so once at start (docs/amqp-codec.md, "The compiled hot path").
+"""
+
+from setuptools import Extension, setup
+
+try:
+    from Cython.Build import cythonize
+except ImportError:  # no Cython: nothing to compile; the pure path runs
+    ext_modules = []
+else:
+    ext_modules = cythonize(
+        [Extension("hutch.amqp._cframes", ["src/hutch/amqp/_cframes.pyx"], optional=True)],
+        compiler_directives={"language_level": "3"},
+        quiet=True,
+    )
+    for ext in ext_modules:
+        ext.optional = True  # cythonize does not carry `optional` over to the extensions it returns
+
+setup(ext_modules=ext_modules)
