@@ -122,13 +122,13 @@ def test_input_after_start_ok_is_not_read_while_the_login_is_pending() -> None:
     release = threading.Event()
     with InProcNode(monitor_resources=False) as node:
         assert node.node is not None
-        real = node.node.auth.authenticate
+        real = node.node.auth.check_login  # the uncached password check the login gate runs off the loop
 
-        def slow_authenticate(user: str, password: str):  # noqa: ANN202 - the AuthStore's signature
+        def slow_check_login(user: str, password: str):  # noqa: ANN202 - the AuthStore's signature
             release.wait(20)
             return real(user, password)
 
-        node.node.auth.authenticate = slow_authenticate  # type: ignore[method-assign]
+        node.node.auth.check_login = slow_check_login  # type: ignore[method-assign]
         sock = socket.create_connection(("127.0.0.1", node.amqp_port))
         try:
             sock.sendall(spec.PROTOCOL_HEADER)
