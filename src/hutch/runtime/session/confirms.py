@@ -1,0 +1,117 @@
+"""A channel's publisher confirms and transaction commits: its confirm ledger, answered on the wire.
+
+Owns: `ChannelConfirms`, the `ConfirmOwner` of one channel's receipts (core/confirms.py). In confirm mode
+it turns the ledger's answers into basic.ack / basic.nack frames; in tx mode every publish of a commit
+is numbered the same way and tx.commit-ok goes out once the commit's last publish is decided.
+
+Rules:
+- Settlements mark the channel for its connection's next flush (`want_flush`), so the acks of one loop
+  turn go out as one `multiple` ack; nothing is written from inside a settlement.
+- Answers follow publish order; a nack is never sent for a publish that was acked, nor the reverse.
+- A commit-ok follows the commits before it. A queue's refusal does not fail a commit (tx publishes are
+  not confirmed to the client); a queue type's failure (`error`, message storage) closes the connection
+  with 541 INTERNAL_ERROR and that text, as before.
+- A closed channel drops what is settled later (its receipts may outlive it in the queues).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING
+
+from hutch.amqp import spec
+from hutch.amqp.errors import INTERNAL_ERROR, ConnectionError_
+from hutch.core.confirms import ConfirmLedger
+
+if TYPE_CHECKING:
+    from hutch.runtime.session.channel import ServerChannel
+
+
+class ChannelConfirms:
+    """The confirm ledger of one channel in confirm mode (`tx=False`) or tx mode (`tx=True`)."""
+
+    __slots__ = ("ledger", "channel", "tx", "closed", "failure", "_commits")
+
+    def __init__(self, channel: ServerChannel, tx: bool) -> None:
+        self.ledger = ConfirmLedger()
+        self.channel = channel
+        self.tx = tx
+        self.closed = False
+        self.failure: str | None = None  # the first queue-type failure reported (tx mode closes with it)
+        self._commits: deque[int] = deque()  # last publish seq of each tx.commit not answered yet
+
+    def published(self, seq: int, pending: Iterable[Hashable] | None, rejected: bool) -> None:
+        """Publish `seq` went to its queues: `pending` still have to settle it; `rejected`: one refused."""
+        self.ledger.insert(seq, pending or (), rejected)
+        if self.ledger.has_answers:
+            self.channel.conn.want_flush(self.channel)
+
+    # -- ConfirmOwner --------------------------------------------------------------------------------------
+    def settle(self, seq: int, queue: Hashable) -> None:
+        if self.ledger.settle(seq, queue) and not self.closed:
+            self.channel.conn.want_flush(self.channel)
+
+    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+        if error is not None and self.failure is None:
+            self.failure = error
+        if self.ledger.reject(seq, queue) and not self.closed:
+            self.channel.conn.want_flush(self.channel)
+
+    def queue_deleted(self, queue: Hashable) -> None:
+        if self.ledger.remove_queue(queue) and not self.closed:
+            self.channel.conn.want_flush(self.channel)
+
+    # -- transactions -----------------------------------------------------------------------------------
+    def commit(self) -> bool:
+        """tx.commit enqueued its publishes: True when commit-ok may go out now (nothing to wait for),
+        else it goes out from `flush` once they are decided."""
+        ledger = self.ledger
+        upto = ledger.last_seq
+        if not self._commits and ledger.decided_upto >= upto and self.failure is None:
+            ledger.take_answers()
+            return True
+        self._commits.append(upto)
+        self.channel.conn.want_flush(self.channel)
+        return False
+
+    # -- answering ------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write what is decided (the connection calls this once per loop turn for a marked channel)."""
+        ch = self.channel
+        ledger = self.ledger
+        if self.tx:
+            ledger.take_answers()
+            self._complete_commits()
+            return
+        prev = ledger.answered
+        answers = ledger.take_answers()
+        if self.closed or ch.state != ch.OPEN:
+            return
+        send = ch.conn.send_method
+        number = ch.number
+        for ack, tag, multiple in answers:
+            if ack:
+                send(number, spec.Basic.Ack(delivery_tag=tag, multiple=multiple))
+                ch.stat_confirm += tag - prev
+            else:
+                send(number, spec.Basic.Nack(delivery_tag=tag, multiple=multiple))
+            prev = tag
+
+    def _complete_commits(self) -> None:
+        commits = self._commits
+        decided = self.ledger.decided_upto
+        ch = self.channel
+        while commits and commits[0] <= decided:
+            commits.popleft()
+            if self.failure is not None:
+                # the commit cannot be made durable: the connection is closed with 541
+                ch.conn.close_with_error(ConnectionError_(INTERNAL_ERROR, self.failure))
+                return
+            if not self.closed and ch.state == ch.OPEN:
+                ch.send(spec.Tx.CommitOk())
+
+    @property
+    def unconfirmed(self) -> int:
+        """Publishes not answered yet (management)."""
+        return self.ledger.unanswered
