@@ -80,8 +80,9 @@ class ConfirmLedger:
         self._last_seq = 0
 
     # -- recording -------------------------------------------------------------------------------------
-    def insert(self, seq: int, queue_refs: Iterable[Hashable] = (), rejected: bool = False) -> None:
-        """Publish `seq` waits for `queue_refs` (none: settled already); `rejected`: a queue refused it."""
+    def insert(self, seq: int, queue_refs: Iterable[Hashable] | None = (), rejected: bool = False) -> bool:
+        """Publish `seq` waits for `queue_refs` (none: settled already); `rejected`: a queue refused it.
+        Returns whether answers are ready (`take_answers`)."""
         if seq <= self._last_seq:
             raise ValueError(f"publish {seq} inserted after {self._last_seq}: sequence numbers must increase")
         self._last_seq = seq
@@ -90,12 +91,17 @@ class ConfirmLedger:
             if refs:
                 self._open[seq] = refs
                 self._order.append(seq)
-                return
+                return bool(self._runs)
         if self._open:  # decided, but behind a publish that is not
             self._open[seq] = not rejected
             self._order.append(seq)
+            return bool(self._runs)
+        runs = self._runs  # the common case: decided at once, nothing before it open (_decided, inlined)
+        if runs and (runs[-1] > 0) != rejected:
+            runs[-1] = -seq if rejected else seq
         else:
-            self._decided(seq, not rejected)
+            runs.append(-seq if rejected else seq)
+        return True
 
     def settle(self, seq: int, queue_ref: Hashable) -> bool:
         """`queue_ref` settled `seq`; True when that made `seq` wholly confirmed. Unknown or already

@@ -43,8 +43,7 @@ class ChannelConfirms:
 
     def published(self, seq: int, pending: Iterable[Hashable] | None, rejected: bool) -> None:
         """Publish `seq` went to its queues: `pending` still have to settle it; `rejected`: one refused."""
-        self.ledger.insert(seq, pending or (), rejected)
-        if self.ledger.has_answers:
+        if self.ledger.insert(seq, pending, rejected):
             self.channel.conn.want_flush(self.channel)
 
     # -- ConfirmOwner --------------------------------------------------------------------------------------
