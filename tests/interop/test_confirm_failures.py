@@ -17,6 +17,7 @@ import pika.exceptions
 import pytest
 
 from hutch.core.auth import AuthStore
+from hutch.runtime.app import build_node, start_node
 from hutch.runtime.broker.node import Node
 from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.storage.fs import RealFS
@@ -40,9 +41,9 @@ class FaultyStorageNode(InProcNode):
         async def boot() -> Node:
             auth = AuthStore(scrypt_n=16)
             auth.bootstrap(self.config.default_user, self.config.default_pass, self.config.default_vhost)
-            node = Node(self.config, auth=auth, monitor_resources=False,
-                        persistence=Persistence(self.config.data_dir, fs=self.fs))
-            await node.start()
+            node = build_node(self.config, auth=auth, monitor_resources=False,
+                              persistence=Persistence(self.config.data_dir, fs=self.fs))
+            self.server = await start_node(node)
             return node
 
         self.node = asyncio.run_coroutine_threadsafe(boot(), self.loop).result(10)

@@ -18,14 +18,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hutch.amqp import spec
 from hutch.amqp.errors import INTERNAL_ERROR, ConnectionError_
 from hutch.core.confirms import ConfirmLedger
 
 if TYPE_CHECKING:
-    from hutch.runtime.session.channel import ServerChannel
+    from hutch.runtime.ports import SessionConnection
+
+
+class AnsweringChannel(Protocol):
+    """What the confirms need of their channel (session/channel.py's ServerChannel)."""
+
+    OPEN: int
+    number: int
+    state: int
+    stat_confirm: int
+    conn: SessionConnection
+
+    def send(self, method: spec.Method) -> None: ...
 
 
 class ChannelConfirms:
@@ -33,7 +45,7 @@ class ChannelConfirms:
 
     __slots__ = ("ledger", "channel", "tx", "closed", "failure", "_commits")
 
-    def __init__(self, channel: ServerChannel, tx: bool) -> None:
+    def __init__(self, channel: AnsweringChannel, tx: bool) -> None:
         self.ledger = ConfirmLedger()
         self.channel = channel
         self.tx = tx
