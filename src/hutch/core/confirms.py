@@ -22,15 +22,15 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import Protocol
 
 
 class ConfirmOwner(Protocol):
     """Who learns the fate of the publishes it numbered (the channel, a transaction, a batch)."""
 
-    def settle(self, seq: int, queue: Hashable) -> None:
-        """`queue` has made publish `seq` safe by its own rule."""
+    def settle(self, seq: int, queue: Hashable) -> object:
+        """`queue` has made publish `seq` safe by its own rule (the result is ignored)."""
 
     def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
         """`queue` refused publish `seq`, or lost it; `error` is set when the queue type failed (storage)."""
@@ -62,41 +62,65 @@ class Receipt:
 Answer = tuple[bool, int, bool]  # (ack?, delivery tag, multiple)
 
 
-class ConfirmLedger:
-    """Publishes waiting for their queues, and the answers (ack/nack) that are ready, in publish order."""
+class _Outcome:
+    """An entry decided behind an undecided one (its answer waits for publish order)."""
 
-    __slots__ = ("_open", "_order", "_runs", "_answered", "_last_seq")
+    __slots__ = ("ack",)
+
+    def __init__(self, ack: bool) -> None:
+        self.ack = ack
+
+    def __repr__(self) -> str:
+        return "ack" if self.ack else "nack"
+
+
+_ACK = _Outcome(True)
+_NACK = _Outcome(False)
+
+
+class ConfirmLedger:
+    """Publishes waiting for their queues, and the answers (ack/nack) that are ready, in publish order.
+
+    Queue refs are any hashable but None. `on_answers`, when set, is called whenever settlements made
+    answers ready (the owner schedules `take_answers`); `insert` returns that instead."""
+
+    __slots__ = ("_open", "_order", "_runs", "_answered", "_last_seq", "on_answers")
 
     def __init__(self) -> None:
-        # seq -> the queues still to settle it, or its outcome (True ack, False nack) once it is decided
-        # but a publish before it is not. Invariant: keys are exactly the seqs in `_order`, and the first
-        # one (the head) is undecided.
-        self._open: dict[int, set[Hashable] | bool] = {}
+        # seq -> what it waits for: one queue ref (the common case, no set made), a set of them, or its
+        # outcome (_ACK/_NACK) once decided behind a publish that is not. Invariant: the keys are exactly
+        # the seqs in `_order`, in publish order, and the first one (the head) is undecided.
+        self._open: dict[int, Hashable] = {}
         self._order: deque[int] = deque()
         # the decided prefix not answered yet, as runs: +n acks up to n, -n nacks up to n. Invariant: the
         # runs alternate in sign and increase in absolute value, all above `_answered`.
         self._runs: list[int] = []
         self._answered = 0  # every seq up to this one was given out by take_answers
         self._last_seq = 0
+        self.on_answers: Callable[[], None] | None = None
 
     # -- recording -------------------------------------------------------------------------------------
-    def insert(self, seq: int, queue_refs: Iterable[Hashable] | None = (), rejected: bool = False) -> bool:
+    def insert(self, seq: int, queue_refs: Collection[Hashable] | None = (), rejected: bool = False) -> bool:
         """Publish `seq` waits for `queue_refs` (none: settled already); `rejected`: a queue refused it.
         Returns whether answers are ready (`take_answers`)."""
         if seq <= self._last_seq:
             raise ValueError(f"publish {seq} inserted after {self._last_seq}: sequence numbers must increase")
         self._last_seq = seq
         if not rejected and queue_refs:
-            refs = set(queue_refs)
-            if refs:
-                self._open[seq] = refs
-                self._order.append(seq)
-                return bool(self._runs)
-        if self._open:  # decided, but behind a publish that is not
-            self._open[seq] = not rejected
+            if len(queue_refs) == 1:
+                (waits,) = queue_refs
+            else:
+                refs = set(queue_refs)
+                waits = refs.pop() if len(refs) == 1 else refs
+            assert waits is not None and None not in queue_refs, "None is not a queue ref"
+            self._open[seq] = waits
             self._order.append(seq)
             return bool(self._runs)
-        runs = self._runs  # the common case: decided at once, nothing before it open (_decided, inlined)
+        if self._open:  # decided, but behind a publish that is not
+            self._open[seq] = _NACK if rejected else _ACK
+            self._order.append(seq)
+            return bool(self._runs)
+        runs = self._runs  # the common case: decided at once, nothing before it open
         if runs and (runs[-1] > 0) != rejected:
             runs[-1] = -seq if rejected else seq
         else:
@@ -106,13 +130,17 @@ class ConfirmLedger:
     def settle(self, seq: int, queue_ref: Hashable) -> bool:
         """`queue_ref` settled `seq`; True when that made `seq` wholly confirmed. Unknown or already
         decided sequence numbers are ignored (a late answer after a rejection or a deletion)."""
-        refs = self._open.get(seq)
-        if refs.__class__ is not set:
+        open_ = self._open
+        waits = open_.get(seq)
+        if waits is None or waits is _ACK or waits is _NACK:
             return False
-        refs.discard(queue_ref)  # type: ignore[union-attr]
-        if refs:
+        if waits.__class__ is set:
+            waits.discard(queue_ref)  # type: ignore[attr-defined]
+            if waits:
+                return False
+        elif waits is not queue_ref and waits != queue_ref:
             return False
-        self._open[seq] = True
+        open_[seq] = _ACK
         if self._order[0] == seq:
             self._advance()
         return True
@@ -124,10 +152,10 @@ class ConfirmLedger:
     def reject(self, seq: int, queue_ref: Hashable) -> bool:
         """`queue_ref` refused `seq`: it will be nacked, whatever its other queues say. True if it was
         waiting (False when unknown or already decided)."""
-        refs = self._open.get(seq)
-        if refs.__class__ is not set:
+        waits = self._open.get(seq)
+        if waits is None or waits is _ACK or waits is _NACK:
             return False
-        self._open[seq] = False
+        self._open[seq] = _NACK
         if self._order[0] == seq:
             self._advance()
         return True
@@ -138,33 +166,41 @@ class ConfirmLedger:
         done = []
         open_ = self._open
         for seq in self._order:
-            refs = open_[seq]
-            if refs.__class__ is set and queue_ref in refs:  # type: ignore[operator]
-                refs.discard(queue_ref)  # type: ignore[union-attr]
-                if not refs:
-                    open_[seq] = True
-                    done.append(seq)
+            waits = open_[seq]
+            if waits.__class__ is set:
+                if queue_ref in waits:  # type: ignore[operator]
+                    waits.discard(queue_ref)  # type: ignore[attr-defined]
+                    if not waits:
+                        open_[seq] = _ACK
+                        done.append(seq)
+            elif waits is not _ACK and waits is not _NACK and waits == queue_ref:
+                open_[seq] = _ACK
+                done.append(seq)
         if done:
             self._advance()
         return done
 
     def _advance(self) -> None:
+        """The head was decided: move the decided prefix into `_runs` and tell the owner."""
         order = self._order
         open_ = self._open
+        runs = self._runs
         while order:
             outcome = open_[order[0]]
-            if outcome is not True and outcome is not False:
-                return
+            if outcome is _ACK:
+                ack = True
+            elif outcome is _NACK:
+                ack = False
+            else:
+                break
             seq = order.popleft()
             del open_[seq]
-            self._decided(seq, outcome)  # type: ignore[arg-type]
-
-    def _decided(self, seq: int, ack: bool) -> None:
-        runs = self._runs
-        if runs and (runs[-1] > 0) == ack:
-            runs[-1] = seq if ack else -seq
-        else:
-            runs.append(seq if ack else -seq)
+            if runs and (runs[-1] > 0) == ack:
+                runs[-1] = seq if ack else -seq
+            else:
+                runs.append(seq if ack else -seq)
+        if runs and self.on_answers is not None:
+            self.on_answers()
 
     # -- answering -------------------------------------------------------------------------------------
     def take_answers(self) -> list[Answer]:
@@ -236,7 +272,7 @@ class ConfirmBatch:
         self._seq += 1
         return Receipt(self, self._seq)
 
-    def published(self, seq: int, pending: Iterable[Hashable], rejected: bool) -> None:
+    def published(self, seq: int, pending: Collection[Hashable] | None, rejected: bool) -> None:
         self.ledger.insert(seq, pending, rejected)
         self._collect()
 

@@ -17,7 +17,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING, Protocol
 
 from hutch.amqp import spec
@@ -40,47 +40,46 @@ class AnsweringChannel(Protocol):
     def send(self, method: spec.Method) -> None: ...
 
 
-class ChannelConfirms:
-    """The confirm ledger of one channel in confirm mode (`tx=False`) or tx mode (`tx=True`)."""
+class ChannelConfirms(ConfirmLedger):
+    """The confirm ledger of one channel in confirm mode (`tx=False`) or tx mode (`tx=True`), and the
+    `ConfirmOwner` of its receipts: `settle` is the ledger's own (the hot path: one call from a receipt)."""
 
-    __slots__ = ("ledger", "channel", "tx", "closed", "failure", "_commits")
+    __slots__ = ("channel", "tx", "closed", "failure", "_commits")
 
     def __init__(self, channel: AnsweringChannel, tx: bool) -> None:
-        self.ledger = ConfirmLedger()
+        super().__init__()
         self.channel = channel
         self.tx = tx
         self.closed = False
         self.failure: str | None = None  # the first queue-type failure reported (tx mode closes with it)
         self._commits: deque[int] = deque()  # last publish seq of each tx.commit not answered yet
+        self.on_answers = self._wake
 
-    def published(self, seq: int, pending: Iterable[Hashable] | None, rejected: bool) -> None:
+    def _wake(self) -> None:
+        if not self.closed:
+            self.channel.conn.want_flush(self.channel)
+
+    def published(self, seq: int, pending: Collection[Hashable] | None, rejected: bool) -> None:
         """Publish `seq` went to its queues: `pending` still have to settle it; `rejected`: one refused."""
-        if self.ledger.insert(seq, pending, rejected):
-            self.channel.conn.want_flush(self.channel)
+        if self.insert(seq, pending, rejected):
+            self._wake()
 
-    # -- ConfirmOwner --------------------------------------------------------------------------------------
-    def settle(self, seq: int, queue: Hashable) -> None:
-        if self.ledger.settle(seq, queue) and not self.closed:
-            self.channel.conn.want_flush(self.channel)
-
-    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+    # -- ConfirmOwner (settle: the ledger's) -------------------------------------------------------------
+    def reject(self, seq: int, queue: Hashable, error: str | None = None) -> bool:
         if error is not None and self.failure is None:
             self.failure = error
-        if self.ledger.reject(seq, queue) and not self.closed:
-            self.channel.conn.want_flush(self.channel)
+        return super().reject(seq, queue)
 
     def queue_deleted(self, queue: Hashable) -> None:
-        if self.ledger.remove_queue(queue) and not self.closed:
-            self.channel.conn.want_flush(self.channel)
+        self.remove_queue(queue)
 
     # -- transactions -----------------------------------------------------------------------------------
     def commit(self) -> bool:
         """tx.commit enqueued its publishes: True when commit-ok may go out now (nothing to wait for),
         else it goes out from `flush` once they are decided."""
-        ledger = self.ledger
-        upto = ledger.last_seq
-        if not self._commits and ledger.decided_upto >= upto and self.failure is None:
-            ledger.take_answers()
+        upto = self.last_seq
+        if not self._commits and self.decided_upto >= upto and self.failure is None:
+            self.take_answers()
             return True
         self._commits.append(upto)
         self.channel.conn.want_flush(self.channel)
@@ -90,13 +89,12 @@ class ChannelConfirms:
     def flush(self) -> None:
         """Write what is decided (the connection calls this once per loop turn for a marked channel)."""
         ch = self.channel
-        ledger = self.ledger
         if self.tx:
-            ledger.take_answers()
+            self.take_answers()
             self._complete_commits()
             return
-        prev = ledger.answered
-        answers = ledger.take_answers()
+        prev = self.answered
+        answers = self.take_answers()
         if self.closed or ch.state != ch.OPEN:
             return
         send = ch.conn.send_method
@@ -111,7 +109,7 @@ class ChannelConfirms:
 
     def _complete_commits(self) -> None:
         commits = self._commits
-        decided = self.ledger.decided_upto
+        decided = self.decided_upto
         ch = self.channel
         while commits and commits[0] <= decided:
             commits.popleft()
@@ -125,4 +123,4 @@ class ChannelConfirms:
     @property
     def unconfirmed(self) -> int:
         """Publishes not answered yet (management)."""
-        return self.ledger.unanswered
+        return self.unanswered
