@@ -30,6 +30,24 @@ def test_settled_publishes_fold_into_one_multiple_ack() -> None:
     assert led.unanswered == 0 and led.waiting == 0
 
 
+def test_the_owner_is_told_once_per_batch_of_answers() -> None:
+    """`insert` returns True, or `on_answers` runs, only when answers become ready where there were none:
+    one flush per batch, not one wake-up per message."""
+    led = ConfirmLedger()
+    told: list[int] = []
+    led.on_answers = lambda: told.append(led.decided_upto)
+    assert led.insert(1, ()) is True
+    assert led.insert(2, ()) is False  # folded into the run already reported
+    assert led.insert(3, ["disk"]) is False
+    assert led.insert(4, ["disk"]) is False
+    led.settle(3, "disk")
+    assert told == []  # answers were ready already: the owner flushes them all
+    assert led.take_answers() == [(True, 3, True)]
+    led.settle(4, "disk")
+    assert told == [4]
+    assert led.take_answers() == [(True, 4, False)]
+
+
 def test_answers_follow_publish_order() -> None:
     """The prefix rule of the old confirm deque, on the ledger: a settled publish waits for the ones
     before it (1 waits for the disk; 2 was settled at once but is behind 1)."""

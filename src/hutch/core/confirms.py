@@ -81,8 +81,8 @@ _NACK = _Outcome(False)
 class ConfirmLedger:
     """Publishes waiting for their queues, and the answers (ack/nack) that are ready, in publish order.
 
-    Queue refs are any hashable but None. `on_answers`, when set, is called whenever settlements made
-    answers ready (the owner schedules `take_answers`); `insert` returns that instead."""
+    Queue refs are any hashable but None. `on_answers`, when set, is called when settlements made answers
+    ready where there were none (the owner schedules one `take_answers`); `insert` returns that instead."""
 
     __slots__ = ("_open", "_order", "_runs", "_answered", "_last_seq", "on_answers")
 
@@ -102,7 +102,7 @@ class ConfirmLedger:
     # -- recording -------------------------------------------------------------------------------------
     def insert(self, seq: int, queue_refs: Collection[Hashable] | None = (), rejected: bool = False) -> bool:
         """Publish `seq` waits for `queue_refs` (none: settled already); `rejected`: a queue refused it.
-        Returns whether answers are ready (`take_answers`)."""
+        Returns True when this made answers ready where there were none (call `take_answers` once)."""
         if seq <= self._last_seq:
             raise ValueError(f"publish {seq} inserted after {self._last_seq}: sequence numbers must increase")
         self._last_seq = seq
@@ -115,17 +115,20 @@ class ConfirmLedger:
             assert waits is not None and None not in queue_refs, "None is not a queue ref"
             self._open[seq] = waits
             self._order.append(seq)
-            return bool(self._runs)
+            return False
         if self._open:  # decided, but behind a publish that is not
             self._open[seq] = _NACK if rejected else _ACK
             self._order.append(seq)
-            return bool(self._runs)
+            return False
         runs = self._runs  # the common case: decided at once, nothing before it open
-        if runs and (runs[-1] > 0) != rejected:
+        if not runs:
+            runs.append(-seq if rejected else seq)
+            return True
+        if (runs[-1] > 0) != rejected:
             runs[-1] = -seq if rejected else seq
         else:
             runs.append(-seq if rejected else seq)
-        return True
+        return False
 
     def settle(self, seq: int, queue_ref: Hashable) -> bool:
         """`queue_ref` settled `seq`; True when that made `seq` wholly confirmed. Unknown or already
@@ -185,6 +188,7 @@ class ConfirmLedger:
         order = self._order
         open_ = self._open
         runs = self._runs
+        had_answers = bool(runs)
         while order:
             outcome = open_[order[0]]
             if outcome is _ACK:
@@ -199,7 +203,7 @@ class ConfirmLedger:
                 runs[-1] = seq if ack else -seq
             else:
                 runs.append(seq if ack else -seq)
-        if runs and self.on_answers is not None:
+        if runs and not had_answers and self.on_answers is not None:
             self.on_answers()
 
     # -- answering -------------------------------------------------------------------------------------
