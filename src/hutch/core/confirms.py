@@ -112,7 +112,7 @@ class ConfirmLedger:
             else:
                 refs = set(queue_refs)
                 waits = refs.pop() if len(refs) == 1 else refs
-            assert waits is not None and None not in queue_refs, "None is not a queue ref"
+            assert waits is not None, "None is not a queue ref"
             self._open[seq] = waits
             self._order.append(seq)
             return False
@@ -143,9 +143,25 @@ class ConfirmLedger:
                 return False
         elif waits is not queue_ref and waits != queue_ref:
             return False
-        open_[seq] = _ACK
-        if self._order[0] == seq:
-            self._advance()
+        order = self._order
+        if order[0] != seq:
+            open_[seq] = _ACK  # decided behind an undecided publish
+            return True
+        # the head (settlements mostly come in publish order): answered straight away
+        order.popleft()
+        del open_[seq]
+        runs = self._runs
+        had_answers = bool(runs)
+        if had_answers and runs[-1] > 0:
+            runs[-1] = seq
+        else:
+            runs.append(seq)
+        if order:
+            following = open_[order[0]]
+            if following is _ACK or following is _NACK:
+                self._advance()
+        if not had_answers and self.on_answers is not None:
+            self.on_answers()
         return True
 
     def confirm(self, seq_nos: Iterable[int], queue_ref: Hashable) -> list[int]:
