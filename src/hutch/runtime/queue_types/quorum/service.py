@@ -22,7 +22,7 @@ import msgpack
 
 from hutch.amqp.errors import NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
-from hutch.core.confirms import ConfirmBatch, Receipt
+from hutch.core.confirms import ConfirmBatch, ConfirmOwner, Receipt
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, QueueEntry
 from hutch.core.vhost import rs
@@ -113,6 +113,14 @@ class QuorumService(QuorumMembership):
     def forget(self, q: QuorumQueue) -> None:
         self.queues.pop(q.gid, None)
         q.release_flow()
+        owners: dict[int, ConfirmOwner] = {}
+        for p in q.unconfirmed.values():
+            if p.receipt is not None:
+                owners.setdefault(id(p.receipt.owner), p.receipt.owner)
+        q.unconfirmed.clear()
+        q.batch.clear()
+        for owner in owners.values():  # the queue is gone: what waited for it is settled (RabbitMQ)
+            owner.queue_deleted(q)
         if q.replica is not None and self.cluster.driver is not None:
             self.cluster.driver.close_group(q.gid, delete=True)
             q.replica = None
