@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -310,3 +311,45 @@ def test_credit_flow_holds_a_publisher_while_its_commands_are_not_confirmed(clus
     ch.queue_delete("flow-qq")
     conn.close()
     setup.close()
+
+
+def test_a_publish_waiting_for_a_quorum_queue_that_is_deleted_is_confirmed(cluster: Cluster) -> None:
+    """RabbitMQ confirms a publish whose queue is deleted before it could settle it. Here the queue's one
+    member (n1) is unreachable from the publisher's node (n3), so the publish cannot commit; deleting the
+    queue through n2 settles it (before: the confirm never came, and every later one waited behind it)."""
+    n1, n2, n3 = cluster.nodes
+    conn = connect(n1)
+    conn.channel().queue_declare("gone-qq", durable=True, arguments={**QQ, "x-quorum-initial-group-size": 1})
+    conn.close()
+    pub = connect(n3)
+    ch = pub.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("gone-qq", passive=True)
+    ch.queue_declare("gone-next", durable=True)
+    n3.block(n1)
+    n1.block(n3)
+    try:
+        answers: list[str] = []
+
+        def publish() -> None:
+            try:
+                ch.basic_publish("", "gone-qq", b"waits", pika.BasicProperties(delivery_mode=2))
+                answers.append("ack")
+            except pika.exceptions.NackError:
+                answers.append("nack")
+
+        waiter = threading.Thread(target=publish, daemon=True)
+        waiter.start()
+        time.sleep(1.0)
+        assert not answers  # no member reachable: it waits
+        other = connect(n2)
+        other.channel().queue_delete("gone-qq")
+        other.close()
+        waiter.join(10)
+        assert answers == ["ack"]
+        ch.basic_publish("", "gone-next", b"after")  # and confirms go on
+    finally:
+        n3.unblock(n1)
+        n1.unblock(n3)
+    ch.queue_delete("gone-next")
+    pub.close()

@@ -11,14 +11,13 @@ import random
 import signal
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import pika
 import pytest
 
 from conftest import ServerInfo, start_server
-from hutch.runtime.session.channel import confirmable_prefix
+from hutch.core.confirms import ConfirmLedger
 
 from . import helpers
 
@@ -255,13 +254,27 @@ def test_crash_loop_long(tmp_path: Path) -> None:
 
 # -- unit tests ------------------------------------------------------------------------------------
 def test_confirm_prefix_rule() -> None:
-    waiting: deque[tuple[int, int]] = deque([(1, 5), (2, 0), (3, 7), (4, 0), (5, 9)])
-    assert confirmable_prefix(waiting, 4, 0) == 0  # the first waits for journal seq 5
-    assert confirmable_prefix(waiting, 5, 0) == 2  # 1 synced; 2 is transient but behind 1
-    assert confirmable_prefix(waiting, 8, 2) == 4
-    assert list(waiting) == [(5, 9)]
-    assert confirmable_prefix(waiting, 9, 4) == 5
-    assert not waiting
+    """Publishes 1, 3, 5 wait for journal syncs 5, 7, 9; 2 and 4 are transient. Confirms follow
+    publish order (the channel's ledger, core/confirms.py; the queue settles at each sync)."""
+    ledger = ConfirmLedger()
+    needs = {1: 5, 2: 0, 3: 7, 4: 0, 5: 9}
+    for seq, need in needs.items():
+        ledger.insert(seq, ["disk"] if need else ())
+
+    def synced(upto: int) -> int:
+        for seq, need in needs.items():
+            if need and need <= upto:
+                ledger.settle(seq, "disk")
+        answers = ledger.take_answers()
+        assert all(ack for ack, _tag, _multiple in answers)
+        return answers[-1][1] if answers else ledger.answered
+
+    assert synced(4) == 0  # the first waits for journal seq 5
+    assert synced(5) == 2  # 1 synced; 2 is transient but behind 1
+    assert synced(8) == 4
+    assert ledger.waiting == 1
+    assert synced(9) == 5
+    assert not ledger.waiting
 
 
 def test_a_durable_priority_queue_comes_back_in_priority_order(tmp_path: Path) -> None:

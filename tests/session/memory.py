@@ -124,7 +124,7 @@ def make_node(data_dir: str, durable: bool = False, **config: Any) -> Node:
                       monitor_resources=False)
     node.recover_messages()
     persistence.sink.on_drained = node.queue_type("classic")._storage_drained  # as ClassicQueueType.start
-    persistence.start(asyncio.get_running_loop(), node.storage_synced)
+    persistence.start(asyncio.get_running_loop())
     return node
 
 

@@ -14,7 +14,7 @@ from test_classic_queue import FakeChannel
 from hutch.amqp.spec import BasicProperties
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
-from hutch.core.queue_type import QueueEntry
+from hutch.core.queue_type import REJECTED, QueueEntry
 from hutch.queues.classic.queue import ClassicQueue
 
 
@@ -60,7 +60,7 @@ class FeatureMachine(RuleBasedStateMachine):
             i = self.next
             self.next += 1
             self.published.add(i)
-            if self.q.publish(Message("", "q", props, str(i).encode())) is False:
+            if self.q.publish(Message("", "q", props, str(i).encode())) is REJECTED:
                 self.refused.add(i)
 
     @rule(ms=st.integers(0, 40))

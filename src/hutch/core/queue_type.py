@@ -11,17 +11,39 @@ Rules:
 - A consumer can take a message when its own prefetch and its channel's global prefetch allow it.
   When capacity frees up the channel calls `queue.deliver_pending()`.
 - Settlement (`ack`, `requeue`, `discard`) always names the entries the queue handed out.
+- Publishing answers one `Published`: SETTLED (the message is as safe as this queue type makes it, or
+  nobody asked: no receipt), REJECTED (the queue refused it, e.g. reject-publish overflow, or lost it on
+  the way; a confirming publisher gets a nack) or PENDING (only with a receipt: the queue keeps the
+  `Receipt` and settles or rejects it later, never from inside `publish`: core/confirms.py). Each type
+  says when a message is safe: classic after the group commit's fsync for a persistent message in a
+  durable queue (at once otherwise), remote on the home node's answer, quorum on the committed
+  Confirm/Reject effects. A queue deleted while it holds receipts tells their owners (`queue_deleted`).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .queue_settings import QueueSettings, settings_from_arguments
 
 if TYPE_CHECKING:
+    from .confirms import Receipt
     from .message import Message
+
+
+class Published(enum.Enum):
+    """What `Queue.publish` answers (see the module rules)."""
+
+    SETTLED = "settled"
+    PENDING = "pending"
+    REJECTED = "rejected"
+
+
+SETTLED = Published.SETTLED
+PENDING = Published.PENDING
+REJECTED = Published.REJECTED
 
 
 class Deliverer(Protocol):
@@ -121,7 +143,8 @@ class Queue:
         self.settings = settings
 
     # -- messages ------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> None:
+    def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
+        """Enqueue `msg`; with a `receipt`, the publisher waits to learn when it is safe (module rules)."""
         raise NotImplementedError
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:

@@ -32,6 +32,7 @@ from hutch.amqp.errors import AMQPError
 from hutch.amqp.spec import BasicProperties
 from hutch.core.auth import topic_permission_allows
 from hutch.core.message import Message
+from hutch.core.queue_type import REJECTED
 
 from . import formats
 from .access import Principal, require_amqp, vhost_for_write
@@ -157,7 +158,7 @@ def publish(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> d
     queues = v.route(x, keys, headers)
     refused = False
     for q in queues:
-        if q.publish(msg) is False:
+        if q.publish(msg) is REJECTED:
             refused = True
     if refused:
         raise bad_request("rejected Unable to publish message. Check queue limits.")

@@ -343,7 +343,7 @@ def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], l
     rows: list[tuple[int, ...]] = []
     for conn in node.connections:
         for ch in conn.channels.values():
-            unconfirmed = ch.publish_seq - ch.confirm_sent if ch.confirm else 0
+            unconfirmed = ch.unconfirmed_count()
             uncommitted = sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0
             rows.append((
                 len(ch.consumers), len(ch.unacked), unconfirmed, uncommitted, ch.prefetch_count,

@@ -54,10 +54,6 @@ class ChannelPort(Protocol):
 
     def deliver_direct_reply(self, msg: Message) -> bool: ...
 
-    def storage_synced(self) -> None:
-        """The message store's group commit reached the disk (confirms waiting on it may go)."""
-        ...
-
     def stats(self) -> dict[str, int]:
         """The channel's message counters (`stat_*`), folded into node totals when it closes."""
         ...
@@ -214,7 +210,6 @@ class BrokerPort(Protocol):
     churn: dict[str, int]
     connections: set[Any]
     reply_channels: dict[str, Any]
-    sync_waiters: set[Any]
     topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]]
     cluster: MetadataPort | None
     persistence: Any

@@ -30,7 +30,7 @@ import os
 import secrets
 import struct
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from hutch.storage import records
 from hutch.storage.errors import CorruptRecord, StorageError
@@ -196,6 +196,14 @@ def iter_entries(payload: memoryview) -> Iterator[memoryview]:
         pos += length
 
 
+class SyncReceipt(Protocol):
+    """What a publisher waits on (core/confirms.py's Receipt, seen structurally: storage imports no one)."""
+
+    def settle(self, queue: Any) -> None: ...
+
+    def reject(self, queue: Any, error: str | None = None) -> None: ...
+
+
 class SyncSink(Protocol):
     """Where writers report files to flush and sync: the node's group-commit driver (runtime) or
     `ManualSink` (tests, offline tools)."""
@@ -211,6 +219,10 @@ class SyncSink(Protocol):
     def after_sync(self, fn: Callable[[], None]) -> None:
         """Run `fn` once everything touched so far is flushed and synced."""
 
+    def confirm_after_sync(self, receipt: SyncReceipt, queue: Any) -> None:
+        """`receipt.settle(queue)` once everything touched so far is on disk; `receipt.reject(queue,
+        error)` if that cannot happen (storage failed). Never called back from inside this call."""
+
 
 class ManualSink:
     """A synchronous SyncSink: nothing happens until `commit()` flushes and syncs every touched file."""
@@ -218,6 +230,7 @@ class ManualSink:
     def __init__(self) -> None:
         self.touched: dict[AppendFile, None] = {}
         self.callbacks: list[Callable[[], None]] = []
+        self.receipts: list[tuple[SyncReceipt, Any]] = []
         self.commits = 0
         self.congested = False
 
@@ -233,6 +246,9 @@ class ManualSink:
     def after_sync(self, fn: Callable[[], None]) -> None:
         self.callbacks.append(fn)
 
+    def confirm_after_sync(self, receipt: SyncReceipt, queue: Any) -> None:
+        self.receipts.append((receipt, queue))
+
     def commit(self) -> None:
         files = list(self.touched)
         self.touched.clear()
@@ -246,3 +262,6 @@ class ManualSink:
         callbacks, self.callbacks = self.callbacks, []
         for fn in callbacks:
             fn()
+        receipts, self.receipts = self.receipts, []
+        for receipt, queue in receipts:
+            receipt.settle(queue)

@@ -17,11 +17,13 @@ Rules:
   when RAM runs dry. Under memory pressure `page_out` moves the RAM tail (never-delivered messages only)
   to disk, transient ones included. Invariant: every seq in the delta is above every delivered seq.
 - Persistent messages of durable queues (`persist`) are written to the index on publish and settled there
-  (ACK) on ack, reject and purge; their confirms wait for the group commit (runtime/queue_types/classic/persistence.py).
+  (ACK) on ack, reject and purge. Their receipts are handed to the index's sync sink
+  (`confirm_after_sync`): settled after the group commit's fsync (runtime/queue_types/classic/
+  persistence.py), rejected if storage fails. Every other publish is SETTLED at once.
 - Features (issue 5), read from `self.settings` (x-arguments + policies, core/queue_settings.py):
   message TTL (queue and per message; the earliest of the two, checked at the head and by a timer the
   runtime runs through `timer`, so expired messages go without a consumer), max-length / max-length-bytes
-  with drop-head (oldest ready messages go), reject-publish (publish returns False: the channel nacks) and
+  with drop-head (oldest ready messages go), reject-publish (publish answers REJECTED: a nack) and
   reject-publish-dlx, delivery-limit (failed deliveries counted per message, `x-delivery-count` on
   redelivery, past the limit the message goes), single active consumer, and queue TTL (`on_timer` says
   when an unused queue should be deleted). Messages that go are handed to `dead_letterer` with their
@@ -39,11 +41,21 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
-from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
+from hutch.core.queue_type import (
+    PENDING,
+    REJECTED,
+    SETTLED,
+    Consumer,
+    Deliverer,
+    Published,
+    Queue,
+    QueueEntry,
+)
 
 from .priority import PriorityReady
 
 if TYPE_CHECKING:
+    from hutch.core.confirms import Receipt
     from hutch.storage.queue_index import IndexRecovery, QueueIndex
 
 log = logging.getLogger("hutch.queue")
@@ -103,8 +115,9 @@ class ClassicQueue(Queue):
         self.stat_rejected = 0
 
     # -- messages ------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> bool:
-        """Enqueue; False when the queue refused it (reject-publish overflow: the publisher gets a nack)."""
+    def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
+        """Enqueue; REJECTED when the queue refused it (reject-publish overflow: the publisher gets a nack),
+        PENDING when the message was written to the index for good and `receipt` waits for its fsync."""
         st = self.settings
         expires_at = ttl = 0
         if st.message_ttl is not None or msg.properties_raw[0] & 0x01:
@@ -120,8 +133,9 @@ class ClassicQueue(Queue):
             self.stat_rejected += 1
             if st.overflow == "reject-publish-dlx":
                 self._dead_letter([msg], "maxlen")
-            return False
+            return REJECTED
         seq = self._seq = self._seq + 1
+        durable = self.persist and msg.persistent
         ready = self._ready
         # A backlog means the last delivery attempt found no consumer able to take a message, and
         # every event that frees one (ack, qos, resumed socket, new consumer, requeue) calls
@@ -131,14 +145,14 @@ class ClassicQueue(Queue):
         if (backlog >= self.ram_limit or self._delta or self._ready_bytes >= self.ram_bytes_limit) \
                 and (self._delta or self._can_page()):
             index = self._get_index()
-            index.publish(seq, self.persist and msg.persistent, msg, expires_at)
+            index.publish(seq, durable, msg, expires_at)
             if not self._delta:
                 self._delta_from = seq
             self._delta += 1
             self._delta_bytes += msg.size
         else:
             entry = QueueEntry(seq, msg)
-            if self.persist and msg.persistent:
+            if durable:
                 index = self.index
                 assert index is not None
                 index.publish(seq, True, msg, expires_at)
@@ -159,7 +173,12 @@ class ClassicQueue(Queue):
                 self.timer(self, expires_at)
         if st.max_length is not None or st.max_length_bytes is not None:
             self._drop_over_limit(st)
-        return True
+        if durable and receipt is not None:
+            index = self.index
+            assert index is not None, "a persisting queue has its index"
+            index.sink.confirm_after_sync(receipt, self)
+            return PENDING
+        return SETTLED
 
     def _full_for(self, msg: Message, st: QueueSettings) -> bool:
         if st.max_length is not None and self.message_count >= st.max_length:
@@ -526,6 +545,9 @@ class ClassicQueue(Queue):
                 ready.append(entry)
             else:
                 ready.insert(_bisect_seq(ready, entry.seq), entry)
+        st = self.settings
+        if st.max_length is not None or st.max_length_bytes is not None:
+            self._drop_over_limit(st)  # drop-head counts requeued messages too (RabbitMQ's requeue_and_run)
         self.deliver_pending()
 
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:

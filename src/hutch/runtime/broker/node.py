@@ -69,8 +69,6 @@ class Node:
         self.clock = clock
         self.store = store
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
-        # channels with publisher confirms (or a tx.commit) waiting for message storage to sync
-        self.sync_waiters: set[ChannelPort] = set()
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
             ops_.SetAuth: self._apply_auth, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
@@ -119,7 +117,6 @@ class Node:
         self.cluster: MetadataPort | None = None
         self.logins = LoginGate(self)  # password checks: off the loop, bounded (runtime/broker/logins.py)
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
-        self.sync_hooks: list[Callable[[int], None]] = []  # after each group commit: the synced count
         self.stale_transient: list[tuple[str, str]] = []  # (vhost, queue) this node's, gone with a restart
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.
@@ -365,13 +362,6 @@ class Node:
         self.memory_pressure = on
         for t in self.queue_types:
             t.memory_pressure(on)
-
-    def storage_synced(self, synced: int) -> None:
-        """The message store's group commit reached the disk."""
-        for ch in self.sync_waiters:
-            ch.storage_synced()
-        for hook in self.sync_hooks:
-            hook(synced)
 
     # -- access control changes ------------------------------------------------------------------
     def permissions_changed(self) -> None:

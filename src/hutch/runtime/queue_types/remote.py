@@ -12,9 +12,11 @@ Rules:
 - Operations a client waits for (basic.get, queue.purge, queue.declare/delete counts, basic.consume's
   existence check) are prepared asynchronously before the channel handles the method (the connection
   is suspended meanwhile: connection.py), so the channel code stays synchronous and type-blind.
-- Publisher confirms: a publish routed to a remote queue is confirmed once the home node has enqueued
-  it and, for a persistent message in a durable queue, synced it to disk; a refusal (reject-publish
-  overflow, queue gone, home node down) is a nack.
+- Publisher confirms: a publish with a receipt is PENDING until the home node answers (`RemoteConfirm`
+  with its publish id): the home node publishes it to the queue with a receipt of its own
+  (`_PeerConfirms`), so it answers once the message is safe there (for a persistent message in a durable
+  queue, synced to disk); a refusal (reject-publish overflow, queue gone, home node down) rejects the
+  receipt.
 - Deliveries to a consumer on another node stay unacked at the home node until the consumer's node
   settles them; when that node goes down, the home node requeues them (as for a closed channel).
 - When a home node is down its queues are unavailable: 404 NOT_FOUND "home node ... is down or
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -34,8 +36,18 @@ import msgpack
 from hutch.amqp import spec
 from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
+from hutch.core.confirms import Receipt
 from hutch.core.message import Message
-from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
+from hutch.core.queue_type import (
+    PENDING,
+    REJECTED,
+    SETTLED,
+    Consumer,
+    Deliverer,
+    Published,
+    Queue,
+    QueueEntry,
+)
 from hutch.core.vhost import rs
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
 
@@ -113,9 +125,9 @@ class RemoteQueue(Queue):
         self._ready, self._unacked, self._consumer_count = (int(c) for c in counts)
 
     # -- messages ------------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> bool | None:
+    def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
         self.stat_published += 1
-        return self.link.publish(self, msg)
+        return self.link.publish(self, msg, receipt)
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
@@ -232,6 +244,28 @@ class _RemoteDeliverer:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
 
 
+class _PeerConfirms:
+    """At the home node: the ConfirmOwner of the publishes one other node sent here (its publish ids),
+    answered to that node with `RemoteConfirm` as the local queues settle or reject them."""
+
+    def __init__(self, link: QueueLink, peer: str) -> None:
+        self.link = link
+        self.peer = peer
+        self.pending: dict[int, Hashable] = {}  # publish id -> the queue that still has to settle it
+
+    def settle(self, seq: int, queue: Hashable) -> None:
+        if self.pending.pop(seq, None) is not None:
+            self.link.confirm_out(self.peer, True, seq)
+
+    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+        if self.pending.pop(seq, None) is not None:
+            self.link.confirm_out(self.peer, False, seq)
+
+    def queue_deleted(self, queue: Hashable) -> None:
+        for pid in [pid for pid, q in self.pending.items() if q is queue]:
+            self.settle(pid, queue)
+
+
 class QueueLink:
     """Both ends of the queue protocol between nodes (one per node)."""
 
@@ -243,13 +277,12 @@ class QueueLink:
         self._send = cluster.send
         # origin side
         self.consumers: dict[int, tuple[RemoteQueue, Consumer]] = {}
-        self.confirm_pending: dict[int, str] = {}  # publish id -> home node, until acked or nacked
-        self.confirm_nacked: set[int] = set()
-        self.last_publish_id = 0
+        # publish id -> (receipt, queue) of a publish sent to its queue's home node, until it answers
+        self.confirm_pending: dict[int, tuple[Receipt, RemoteQueue]] = {}
         # home side: deliveries to other nodes not yet settled, per peer: delivery id -> (queue, entry, consumer)
         self.out_entries: dict[str, dict[int, tuple[Queue, QueueEntry, Consumer | None]]] = {}
         self.remote_consumers: dict[tuple[str, int], Consumer] = {}
-        self._confirm_backlog: list[tuple[str, int, int]] = []  # (peer, publish id, storage count to sync)
+        self._peer_confirms: dict[str, _PeerConfirms] = {}  # home side: the receipts' owner per origin node
         self._acks_out: dict[tuple[str, bool], list[int]] = {}  # (peer, confirmed) -> ids, sent once per turn
         self._acks_scheduled = False
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
@@ -261,7 +294,6 @@ class QueueLink:
                               (cm.QueueStats, self._on_stats), (cm.RemoteConsumerEnded, self._on_consumer_ended)):
             cluster.register(kind, handler)
         node.cluster_peer_hooks.append(self._peer_changed)
-        node.sync_hooks.append(self._storage_synced)
 
     def up(self, peer: str) -> bool:
         return self.transport.connected(peer)
@@ -282,40 +314,16 @@ class QueueLink:
             raise ChannelError(code, text) from exc
 
     # -- origin side -------------------------------------------------------------------------------------
-    def publish(self, q: RemoteQueue, msg: Message) -> bool | None:
+    def publish(self, q: RemoteQueue, msg: Message, receipt: Receipt | None) -> Published:
+        """Send `msg` to its queue's home node. Without a receipt nobody waits for the answer (a message
+        lost with the home node is not reported, as before)."""
         pid = next(self._ids)
-        self.last_publish_id = pid
         if not self._send(q.home, cm.RemotePublish(q.vhost, q.name, pid, msg)):
-            self.confirm_nacked.add(pid)  # home node down: the message is lost, tell a confirming publisher
-            return None
-        self.confirm_pending[pid] = q.home
-        return None
-
-    def confirmed(self, lo: int, hi: int) -> int:
-        """For publish ids lo..hi: 1 all confirmed, 0 some still pending, -1 some refused."""
-        nacked = self.confirm_nacked
-        pending = self.confirm_pending
-        if lo == hi:  # one queue: the common case, without the range walk
-            return 0 if lo in pending else -1 if lo in nacked else 1
-        result = 1
-        for pid in range(lo, hi + 1):
-            if pid in pending:
-                return 0
-            if pid in nacked:
-                result = -1
-        return result
-
-    def open_publish(self, home: str) -> int:
-        """A new publish id whose confirm waits for `home` (a quorum queue's publish: `settle_confirms`)."""
-        pid = self.last_publish_id = next(self._ids)
-        self.confirm_pending[pid] = home
-        return pid
-
-    def forget_confirms(self, lo: int, hi: int) -> None:
-        nacked = self.confirm_nacked
-        if nacked:
-            for pid in range(lo, hi + 1):
-                nacked.discard(pid)
+            return SETTLED if receipt is None else REJECTED  # home node down: the message is lost
+        if receipt is None:
+            return SETTLED
+        self.confirm_pending[pid] = (receipt, q)
+        return PENDING
 
     def settle(self, q: RemoteQueue, outcome: cm.Outcome, entries: Iterable[QueueEntry], reason: str = "") -> None:
         ids = [e.seq for e in entries]
@@ -354,20 +362,15 @@ class QueueLink:
         consumer.channel.deliver(consumer, q, entry)
 
     def _on_confirm(self, peer: str, c: cm.RemoteConfirm) -> None:
-        if c.ok:
-            self.settle_confirms(c.publish_ids, [])
-        else:
-            self.settle_confirms([], c.publish_ids)
-
-    def settle_confirms(self, acks: list[int], nacks: list[int]) -> None:
-        """Publishes confirmed (`acks`) or refused (`nacks`) by their queue: the waiting channels re-check."""
-        for pid in acks:
-            self.confirm_pending.pop(pid, None)
-        for pid in nacks:
-            if self.confirm_pending.pop(pid, None) is not None:
-                self.confirm_nacked.add(pid)
-        for ch in list(self.node.sync_waiters):
-            ch.conn.want_flush(ch)
+        """The home node's answer for publish ids: their receipts are settled (`ok`) or rejected."""
+        pending = self.confirm_pending
+        for pid in c.publish_ids:
+            found = pending.pop(pid, None)
+            if found is not None:
+                if c.ok:
+                    found[0].settle(found[1])
+                else:
+                    found[0].reject(found[1])
 
     # -- home side ---------------------------------------------------------------------------------------
     def _lookup(self, vhost: str, name: str) -> Queue | None:
@@ -375,7 +378,8 @@ class QueueLink:
         q = v.queues.get(name) if v is not None else None
         return None if q is None or getattr(q, "remote", False) else q
 
-    def _confirm_out(self, peer: str, ok: bool, pid: int) -> None:
+    def confirm_out(self, peer: str, ok: bool, pid: int) -> None:
+        """Answer publish `pid` of `peer` (batched: one RemoteConfirm per peer and outcome per turn)."""
         self._acks_out.setdefault((peer, ok), []).append(pid)
         if not self._acks_scheduled:
             self._acks_scheduled = True
@@ -391,34 +395,16 @@ class QueueLink:
         q = self._lookup(p.vhost, p.queue)
         pid = p.publish_id
         if q is None:
-            self._confirm_out(peer, False, pid)
+            self.confirm_out(peer, False, pid)
             return
-        storage = self.node.persistence
-        before = storage.last_enqueued if storage is not None else 0
-        refused = q.publish(p.message) is False
-        if refused:
-            self._confirm_out(peer, False, pid)
-            return
-        need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
-        if need and storage is not None and need > storage.synced_seq:
-            self._confirm_backlog.append((peer, pid, need))
+        owner = self._peer_confirms.get(peer)
+        if owner is None:
+            owner = self._peer_confirms[peer] = _PeerConfirms(self, peer)
+        result = q.publish(p.message, Receipt(owner, pid))
+        if result is PENDING:
+            owner.pending[pid] = q
         else:
-            self._confirm_out(peer, True, pid)
-
-    def _storage_synced(self, synced: int) -> None:
-        if not self._confirm_backlog:
-            return
-        keep = []
-        by_peer: dict[str, list[int]] = {}
-        for peer, pid, need in self._confirm_backlog:
-            if need <= synced:
-                by_peer.setdefault(peer, []).append(pid)
-            else:
-                keep.append((peer, pid, need))
-        self._confirm_backlog = keep
-        for peer, ids in by_peer.items():
-            for pid in ids:
-                self._confirm_out(peer, True, pid)
+            self.confirm_out(peer, result is SETTLED, pid)
 
     def _on_consume(self, peer: str, c: cm.RemoteConsume) -> None:
         q = self._lookup(c.vhost, c.queue)
@@ -556,9 +542,10 @@ class QueueLink:
             self._stats_sent.clear()  # the next push tells everyone everything
             return
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
-        nacks = [pid for pid, home in self.confirm_pending.items() if home == peer]
-        if nacks:
-            self.settle_confirms([], nacks)
+        pending = self.confirm_pending
+        for pid in [pid for pid, (_receipt, q) in pending.items() if q.home == peer]:
+            receipt, q = pending.pop(pid)
+            receipt.reject(q)
         for vhost in self.node.vhosts.values():
             for q in vhost.queues.values():
                 if isinstance(q, RemoteQueue) and q.home == peer:

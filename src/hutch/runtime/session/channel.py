@@ -6,10 +6,11 @@ limits, publisher-confirm sequence, transaction buffer, and the assembly of basi
 Rules:
 - Handlers raise `ChannelError` (the connection closes just this channel) or `ConnectionError_`.
 - Deliveries are encoded straight into the connection's write buffer; nothing awaits.
-- Confirms: every publish gets the next sequence number. A message that was journalled (persistent, routed
-  to a durable queue) is confirmed only once the journal has synced its ENQ records; others when routed.
-  Confirms are sent in publish order: the longest prefix of `confirm_waiting` whose journal seq is synced
-  is acked, coalesced into one `multiple` ack per flush of the connection.
+- Confirms: every publish gets the next sequence number and a `Receipt`; each queue it is routed to
+  answers SETTLED, PENDING or REJECTED (core/queue_type.py) and settles a pending receipt when the
+  message is safe by its type's rule. The channel's ledger (session/confirms.py, core/confirms.py)
+  answers in publish order, coalesced into one `multiple` ack per flush of the connection. A tx.commit
+  numbers its publishes the same way and its commit-ok waits until they are all decided.
 - Unacked deliveries are requeued (redelivered=true) when the channel closes.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,6 @@ from hutch.amqp import spec
 from hutch.amqp.errors import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
-    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_FOUND,
     NOT_IMPLEMENTED,
@@ -38,8 +38,10 @@ from hutch.amqp.errors import (
 from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
 from hutch.core.auth import resource_access_refused_text, topic_permission_allows
+from hutch.core.confirms import Receipt
 from hutch.core.message import Message, encode_shortstr
-from hutch.core.queue_type import Consumer, Queue, QueueEntry
+from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
+from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.declarations import DeclarationsMixin
 
 if TYPE_CHECKING:
@@ -85,16 +87,8 @@ class ServerChannel(DeclarationsMixin):
         self.prefetch_count = 0
         self.global_prefetch = 0
         self.confirm = False
-        self.publish_seq = 0
-        self.confirm_pending = 0  # highest seq confirmed but not yet acked on the wire
-        self.confirm_sent = 0
-        # (publish seq, journal seq it waits for or 0), in publish order; empty in the common case
-        self.confirm_waiting: deque[tuple[int, int]] = deque()
-        # publishes routed to queues on other nodes (clustered): publish seq -> (first, last) publish id of
-        # the node's queue link; their confirm_waiting entries hold REMOTE - local storage count
-        self.remote_wait: dict[int, tuple[int, int]] = {}
-        # storage counts that pending tx.commit-oks wait for (tx.commit with persistent messages)
-        self.tx_commits: deque[int] = deque()
+        self.publish_seq = 0  # publishes numbered so far (confirm mode; tx mode: at commit)
+        self.confirms: ChannelConfirms | None = None  # set by confirm.select or tx.select
         self.tx = False
         self.tx_ops: list[tuple[str, Any]] = []
         self.last_queue_name: str | None = None
@@ -320,47 +314,41 @@ class ServerChannel(DeclarationsMixin):
             self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
         if not self.confirm:
-            self._route_and_enqueue(x, routing_keys, msg, mandatory)
-            return
-        storage = self.node.persistence
-        before = storage.last_enqueued if storage is not None else 0
-        cluster = self.node.cluster
-        remote_before = cluster.link.last_publish_id if cluster is not None else 0
-        if self._route_and_enqueue(x, routing_keys, msg, mandatory):
-            self.confirm_waiting.append((self.publish_seq, NACK))  # a queue refused it (overflow)
-            self.conn.want_flush(self)
-            return
-        need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
-        if cluster is not None and cluster.link.last_publish_id != remote_before:
-            self.remote_wait[self.publish_seq] = (remote_before + 1, cluster.link.last_publish_id)
-            self.confirm_waiting.append((self.publish_seq, REMOTE - need))
-            self.node.sync_waiters.add(self)
-            self.conn.want_flush(self)
-            return
-        if need or self.confirm_waiting:
-            self.confirm_waiting.append((self.publish_seq, need))
-            if need:
-                self.node.sync_waiters.add(self)
+            self._route_and_enqueue(x, routing_keys, msg, mandatory, None)
         else:
-            self.confirm_pending = self.publish_seq
-        self.conn.want_flush(self)
+            assert self.confirms is not None, "confirm.select made the channel's ledger"
+            self._route_and_enqueue(x, routing_keys, msg, mandatory, Receipt(self.confirms, self.publish_seq))
 
-    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> bool:
-        """Route and enqueue; True when a queue refused the message (reject-publish overflow)."""
+    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool,
+                           receipt: Receipt | None) -> None:
+        """Route and enqueue; with a receipt, record in the ledger what the queues answered."""
         if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
-            if self.node.deliver_direct_reply(routing_keys[0][len(REPLY_TO_PREFIX):], msg):
-                return False
             queues: list[Queue] = []
+            if self.node.deliver_direct_reply(routing_keys[0][len(REPLY_TO_PREFIX):], msg):
+                if receipt is not None and self.confirms is not None:
+                    self.confirms.published(receipt.seq, None, False)
+                return
         else:
             raw = msg.properties_raw
             headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
             queues = self.vhost.route(x, routing_keys, headers)
+        self._enqueue(queues, msg, mandatory, receipt)
+
+    def _enqueue(self, queues: list[Queue], msg: Message, mandatory: bool, receipt: Receipt | None) -> None:
+        pending: list[Queue] | None = None
         rejected = False
         if queues:
             self.stat_routed += len(queues)
             for q in queues:
-                if q.publish(msg) is False:
-                    rejected = True
+                result = q.publish(msg, receipt)
+                if result is not SETTLED:
+                    if result is PENDING:
+                        if pending is None:
+                            pending = [q]
+                        else:
+                            pending.append(q)
+                    else:
+                        rejected = True
                 if q.needs_flow_control():
                     self.conn.flow_block(q)
         elif mandatory:
@@ -368,7 +356,8 @@ class ServerChannel(DeclarationsMixin):
             self._send_return(NO_ROUTE, "NO_ROUTE", msg)
         else:
             self.stat_drop_unroutable += 1
-        return rejected
+        if receipt is not None and self.confirms is not None:
+            self.confirms.published(receipt.seq, pending, rejected)
 
     def _send_return(self, code: int, text: str, msg: Message) -> None:
         method = spec.Basic.Return(reply_code=code, reply_text=text, exchange=msg.exchange,
@@ -398,79 +387,13 @@ class ServerChannel(DeclarationsMixin):
         return self.reply_token
 
     def flush_confirms(self) -> None:
-        """Send one ack covering every publish confirmed since the last flush."""
-        waiting = self.confirm_waiting
-        nack_upto = 0
-        if self.tx_commits:
-            self._send_commit_oks()
-        if waiting:
-            storage = self.node.persistence
-            synced = storage.synced_seq if storage is not None else 0
-            while True:
-                self.confirm_pending = confirmable_prefix(waiting, synced, self.confirm_pending)
-                if waiting and waiting[0][1] <= REMOTE and self._remote_settled(waiting, synced):
-                    continue
-                if not waiting or waiting[0][1] != NACK:
-                    break
-                # a refused publish: ack what precedes it, then nack it (never both for one message)
-                tag = waiting.popleft()[0]
-                self._send_acks()
-                if self.state == self.OPEN:
-                    self.conn.send_method(self.number, spec.Basic.Nack(delivery_tag=tag, multiple=False))
-                self.confirm_pending = self.confirm_sent = tag
-            if storage is None:
-                waiting.clear()
-                return self._send_acks()
-            if waiting and storage.failed is not None:
-                # storage failed: what waits for it will never be durable; nack it after the acks
-                nack_upto = waiting[-1][0]
-                waiting.clear()
-            if not waiting and not self.tx_commits:
-                self.node.sync_waiters.discard(self)
-        self._send_acks()
-        if nack_upto:
-            if self.state == self.OPEN:
-                self.conn.send_method(self.number, spec.Basic.Nack(
-                    delivery_tag=nack_upto, multiple=nack_upto - self.confirm_sent > 1))
-            self.confirm_pending = self.confirm_sent = nack_upto
+        """Send the acks/nacks (or commit-oks) decided since the last flush of the connection."""
+        if self.confirms is not None:
+            self.confirms.flush()
 
-    def _remote_settled(self, waiting: deque[tuple[int, int]], synced: int) -> bool:
-        """The head waits for other nodes (or quorum queues): while they have all answered, turn it
-        into a local wait (or a NACK), confirming at once what local storage has synced; True if the
-        head changed, False while its answer is missing."""
-        assert self.node.cluster is not None
-        link = self.node.cluster.link
-        remote_wait = self.remote_wait
-        progressed = False
-        while waiting:
-            seq, need = waiting[0]
-            if need > REMOTE:
-                break
-            lo, hi = remote_wait[seq]
-            state = link.confirmed(lo, hi)
-            if state == 0:
-                break
-            del remote_wait[seq]
-            link.forget_confirms(lo, hi)
-            progressed = True
-            local = REMOTE - need
-            if state < 0:
-                waiting[0] = (seq, NACK)
-                break
-            if local > synced:
-                waiting[0] = (seq, local)
-                break
-            waiting.popleft()
-            self.confirm_pending = seq
-        return progressed
-
-    def _send_acks(self) -> None:
-        upto = self.confirm_pending
-        if upto > self.confirm_sent and self.state == self.OPEN:
-            multiple = upto - self.confirm_sent > 1
-            self.conn.send_method(self.number, spec.Basic.Ack(delivery_tag=upto, multiple=multiple))
-            self.stat_confirm += upto - self.confirm_sent
-            self.confirm_sent = upto
+    def unconfirmed_count(self) -> int:
+        """Confirm-mode publishes not answered yet (management)."""
+        return self.confirms.unconfirmed if self.confirm and self.confirms is not None else 0
 
     # -- delivering ----------------------------------------------------------------------------
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
@@ -691,10 +614,6 @@ class ServerChannel(DeclarationsMixin):
         if q.auto_delete and not q.consumer_count and not q.deleted and not q.remote:  # home node decides
             self.node.delete_queue(self.vhost, q)
 
-    def storage_synced(self) -> None:
-        """The message store synced: confirms (or a tx.commit) waiting on it may go out."""
-        self.conn.want_flush(self)
-
     def stats(self) -> dict[str, int]:
         """The `stat_*` counters, by name (folded into the node's totals when the channel closes)."""
         return {name: getattr(self, name) for name in STAT_COUNTERS}
@@ -710,6 +629,8 @@ class ServerChannel(DeclarationsMixin):
         if self.tx:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
+        if self.confirms is None:
+            self.confirms = ChannelConfirms(self, tx=False)
         if not m.nowait:
             self.send(spec.Confirm.SelectOk())
 
@@ -717,56 +638,33 @@ class ServerChannel(DeclarationsMixin):
         if self.confirm:
             raise ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
         self.tx = True
+        if self.confirms is None:
+            self.confirms = ChannelConfirms(self, tx=True)
         self.send(spec.Tx.SelectOk())
 
     def _tx_commit(self, m: Any) -> None:
         if not self.tx:
             raise ChannelError(PRECONDITION_FAILED, "channel is not transactional")
         ops, self.tx_ops = self.tx_ops, []
-        storage = self.node.persistence
-        before = storage.last_enqueued if storage is not None else 0
+        confirms = self.confirms
+        assert confirms is not None, "tx.select made the channel's ledger"
         for kind, args in ops:
             if kind == "publish":
                 x, routing_keys, msg, mandatory, queues = args
+                self.publish_seq += 1
+                receipt = Receipt(confirms, self.publish_seq)
                 if queues is None:
-                    self._route_and_enqueue(x, routing_keys, msg, mandatory)
-                    continue
-                queues = [q for q in queues if not q.deleted]
-                for q in queues:
-                    q.publish(msg)
-                self.stat_routed += len(queues)
-                if not queues and mandatory:
-                    self.stat_return_unroutable += 1
-                    self._send_return(NO_ROUTE, "NO_ROUTE", msg)
-                elif not queues:
-                    self.stat_drop_unroutable += 1
+                    self._route_and_enqueue(x, routing_keys, msg, mandatory, receipt)
+                else:
+                    self._enqueue([q for q in queues if not q.deleted], msg, mandatory, receipt)
             elif kind == "ack":
                 tag, multiple = args
                 self._settle(self._collect(tag, multiple), "ack")
             else:
                 tag, multiple, requeue = args
                 self._settle(self._collect(tag, multiple), "requeue" if requeue else "discard")
-        storage = self.node.persistence
-        if storage is None or (storage.last_enqueued == before and not self.tx_commits):
-            self.send(spec.Tx.CommitOk())
-            return
-        # persistent messages were enqueued: commit-ok means they are on disk, like a confirm
-        self.tx_commits.append(storage.last_enqueued)
-        self.node.sync_waiters.add(self)
-        self.conn.want_flush(self)
-
-    def _send_commit_oks(self) -> None:
-        storage = self.node.persistence
-        assert storage is not None
-        commits = self.tx_commits
-        while commits and (commits[0] <= storage.synced_seq or storage.failed is not None):
-            commits.popleft()
-            if storage.failed is not None:
-                # the commit cannot be made durable: RabbitMQ closes the connection with 541 here
-                self.conn.close_with_error(ConnectionError_(INTERNAL_ERROR,
-                                                            f"message storage failed: "
-                                                            f"{storage.failed}"))
-                return
+        # commit-ok means every publish of the commit is safe (on disk, on its home node, committed)
+        if confirms.commit():
             self.send(spec.Tx.CommitOk())
 
     def _tx_rollback(self, m: Any) -> None:
@@ -790,7 +688,8 @@ class ServerChannel(DeclarationsMixin):
         for consumer in consumers:
             self._detach_consumer(consumer)
         self.reply_consumer = None
-        self.node.sync_waiters.discard(self)
+        if self.confirms is not None:
+            self.confirms.closed = True
         if self.reply_token is not None:
             self.node.reply_channels.pop(self.reply_token, None)
         items = list(self.unacked.values())
@@ -940,17 +839,3 @@ def _sender_selected(routing_key: str, props: spec.BasicProperties,
         props.headers = {k: v for k, v in headers.items() if k != "BCC"}
         props_raw = spec.remove_header(props_raw, "BCC")
     return keys, props, props_raw
-
-
-NACK = -1  # in confirm_waiting: this publish was refused by a queue and gets a basic.nack
-
-
-REMOTE = -2  # confirm_waiting: REMOTE - n waits for other nodes, then for local storage count n
-
-
-def confirmable_prefix(waiting: deque[tuple[int, int]], synced: int, confirmed: int) -> int:
-    """Pop the longest prefix of `waiting` whose storage counts are <= `synced` (stopping at a NACK);
-    the highest publish seq confirmable now (`confirmed` if none)."""
-    while waiting and 0 <= waiting[0][1] <= synced:
-        confirmed = waiting.popleft()[0]
-    return confirmed

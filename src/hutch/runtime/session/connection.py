@@ -664,9 +664,10 @@ class AMQPConnection:
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._confirm_channels:
-            for ch in self._confirm_channels:
+            # swapped first: answering may close the connection (a failed commit), which flushes again
+            channels, self._confirm_channels = self._confirm_channels, set()
+            for ch in channels:
                 ch.flush_confirms()
-            self._confirm_channels.clear()
         out = self.out
         if not out or self.transport is None or self.state == State.CLOSED:
             out.clear()

@@ -9,10 +9,12 @@ recovers them at start.
 Rules:
 - A batch starts with `call_soon` after the first touch, so everything written in the same loop
   iteration (and while a sync job runs) shares one fdatasync per file. At most one job is in flight.
-- `last_enqueued` counts durable touches (persistent messages); `synced_seq` is the count covered by the
-  last completed job. A publisher confirm waits until `synced_seq` reaches the count its message made
-  (channel.py). Store files are synced before index files, so an index entry that survives a crash
-  points to a stored message whenever its confirm was sent.
+- Publisher confirms: a queue that wrote a message for good hands its receipt to `confirm_after_sync`;
+  the receipts held when a job starts are settled when it completes (after the fdatasync of every file
+  touched before them), in the order they came. Store files are synced before index files, so an index
+  entry that survives a crash points to a stored message whenever its confirm was sent.
+- `last_enqueued` counts durable touches and `synced_seq` the count covered by the last completed job:
+  statistics (tests, the benchmark); nothing decides a confirm from them.
 - File handles are closed only between jobs (never under an fdatasync in flight); deletions happen at once
   (an unlinked file being synced is harmless).
 - Flow control, the last link of the chain (seed 003): when one batch has to write more than
@@ -20,7 +22,8 @@ Rules:
   queues then ask their publishers' connections to stop reading (ClassicQueue.needs_flow_control), and a
   batch back under the bound clears it and lets them read again (`on_drained`).
 - A failed write with no space left is retried every second (nothing is confirmed meanwhile); any other
-  storage failure stops confirming: waiting publishers get basic.nack.
+  storage failure stops confirming: every receipt held then or later is rejected with the error (a
+  confirming publisher gets basic.nack, a transaction's commit closes the connection with 541).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-from hutch.storage.appendfile import AppendFile
+from hutch.storage.appendfile import AppendFile, SyncReceipt
 from hutch.storage.errors import NoSpaceError, StorageError
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.msg_store import DEFAULT_FILE_SIZE_LIMIT, MessageStore
@@ -57,17 +61,18 @@ class GroupCommit:
         self.failed: Exception | None = None
         self.syncs = 0  # completed jobs that synced at least one file (tests and the benchmark)
         self.fsyncs = 0  # fdatasync calls made
-        self.on_synced: Callable[[int], None] | None = None
+        self.on_synced: Callable[[int], None] | None = None  # after each job: synced_seq (0: failed)
         self.on_drained: Callable[[], None] | None = None  # congestion is over: release paused publishers
         self.congested = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._touched: dict[AppendFile, None] = {}
         self._callbacks: list[Callable[[], None]] = []
+        self._held: list[tuple[SyncReceipt, Any]] = []  # receipts waiting for the next job
+        self._job: asyncio.Future[None] | None = None  # the fsync job in flight
         self._to_close: list[AppendFile] = []
         self._all: weakref.WeakSet[AppendFile] = weakref.WeakSet()
         self._scheduled = False
         self._busy = False
-        self._job: asyncio.Future[None] | None = None  # the fsync job in flight
 
     # -- SyncSink ----------------------------------------------------------------------------------
     def touch(self, file: AppendFile, durable: bool) -> None:
@@ -96,11 +101,20 @@ class GroupCommit:
         if not self._scheduled:
             self._schedule()
 
+    def confirm_after_sync(self, receipt: SyncReceipt, queue: Any) -> None:
+        if self.failed is not None:  # never durable now; rejected from the loop, not inside the caller
+            if self._loop is not None:
+                self._loop.call_soon(receipt.reject, queue, self._failure_text())
+            return
+        self._held.append((receipt, queue))
+        if not self._scheduled:
+            self._schedule()
+
     # -- the driver ----------------------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None]) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None] | None = None) -> None:
         self._loop = loop
         self.on_synced = on_synced
-        if self._touched or self._callbacks:
+        if self._touched or self._callbacks or self._held:
             self._schedule()
 
     def _schedule(self) -> None:
@@ -153,18 +167,19 @@ class GroupCommit:
             return
         target = self.last_enqueued
         callbacks, self._callbacks = self._callbacks, []
+        held, self._held = self._held, []
         if not files:
-            self._finish(target, callbacks)
+            self._finish(target, callbacks, held)
             return
         for f in files:
             f.needs_sync = False  # a flush while the job runs sets it again (and touches the file)
         self._busy = True
         self._scheduled = True  # touches while the job runs join the next batch, started on completion
         self._job = fut = self._loop.run_in_executor(None, _sync_files, files)
-        fut.add_done_callback(lambda fut: self._job_done(fut, target, callbacks, files))
+        fut.add_done_callback(lambda fut: self._job_done(fut, target, callbacks, files, held))
 
     def _job_done(self, fut: asyncio.Future[None], target: int, callbacks: list[Callable[[], None]],
-                  files: list[AppendFile]) -> None:
+                  files: list[AppendFile], held: list[tuple[SyncReceipt, Any]]) -> None:
         self._busy = False
         self._job = None
         self._scheduled = False
@@ -183,15 +198,16 @@ class GroupCommit:
                     log.warning("cannot close %s: %s", f.path, exc)
         exc = fut.exception()
         if exc is not None:
-            self._fail(exc)
+            self._fail(exc, held)
             return
         self.syncs += 1
         self.fsyncs += nfiles
-        self._finish(target, callbacks)
-        if self._touched or self._callbacks:
+        self._finish(target, callbacks, held)
+        if self._touched or self._callbacks or self._held:
             self._schedule()
 
-    def _finish(self, target: int, callbacks: list[Callable[[], None]]) -> None:
+    def _finish(self, target: int, callbacks: list[Callable[[], None]],
+                held: list[tuple[SyncReceipt, Any]]) -> None:
         if target > self.synced_seq:
             self.synced_seq = target
         for fn in callbacks:
@@ -199,14 +215,24 @@ class GroupCommit:
                 fn()
             except Exception:  # noqa: BLE001 - a cleanup callback must not stop confirms
                 log.exception("message storage: post-sync step failed")
+        for receipt, queue in held:
+            receipt.settle(queue)
         if self.on_synced is not None:
             self.on_synced(self.synced_seq)
 
-    def _fail(self, exc: BaseException) -> None:
+    def _failure_text(self) -> str:
+        return f"message storage failed: {self.failed}"
+
+    def _fail(self, exc: BaseException, held: list[tuple[SyncReceipt, Any]] | None = None) -> None:
         log.error("message storage failed: %s; persistent messages are no longer confirmed", exc)
         self.failed = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        waiting = (held or []) + self._held
+        self._held = []
+        text = self._failure_text()
+        for receipt, queue in waiting:
+            receipt.reject(queue, text)  # a confirming publisher gets basic.nack
         if self.on_synced is not None:
-            self.on_synced(0)  # channels waiting for confirms nack them
+            self.on_synced(0)
 
     def sync_now(self) -> None:
         """Flush and sync everything synchronously (start-up and shutdown)."""
@@ -218,6 +244,9 @@ class GroupCommit:
         callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn()
+        held, self._held = self._held, []
+        for receipt, queue in held:
+            receipt.settle(queue)
 
     async def close(self) -> None:
         """Finish the job in flight, sync what is pending, close every file."""
@@ -279,7 +308,7 @@ class Persistence:
         self.stores: dict[str, MessageStore] = {}
         self._recovered_refs: dict[str, dict[int, int]] = {}
 
-    # the confirm interface the channels use
+    # statistics (tests): durable touches made, and covered by the last completed job
     @property
     def last_enqueued(self) -> int:
         return self.sink.last_enqueued
@@ -331,7 +360,7 @@ class Persistence:
         for vhost, store in self.stores.items():
             store.set_refs(refs_by_vhost.get(vhost, {}))
 
-    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None]) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop, on_synced: Callable[[int], None] | None = None) -> None:
         self.sink.start(loop, on_synced)
 
     async def close(self) -> None:

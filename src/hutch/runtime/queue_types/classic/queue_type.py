@@ -113,7 +113,7 @@ class ClassicQueueType:
                 self.timers.request(q, deadline)
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
-            self.persistence.start(asyncio.get_running_loop(), self.node.storage_synced)
+            self.persistence.start(asyncio.get_running_loop())
 
     async def stop(self) -> None:
         self.timers.cancel_all()

@@ -16,10 +16,12 @@ Rules:
 - Only the leader executes effects. Bodies are read back from the Raft log (the enqueue entry's
   payload): the machine keeps no body and neither does this module, except the payloads of live
   messages that came inside an installed snapshot (their entries are not in this node's log).
-- Publisher confirms: a publish is acked once its enqueue is applied at the leader (committed: on a
-  majority's disk). A publisher is (node, incarnation) with a seq per queue; an enqueue is kept until
-  confirmed and sent again when its route may have gone (a node down, or no confirm in RESEND_S): the
-  machine applies each seq once whatever order they arrive in, so a resend is never enqueued twice.
+- Publisher confirms: a publish's receipt is settled once its enqueue is applied at the leader
+  (committed: on a majority's disk; the machine's Confirm effect), rejected on its Reject effect or
+  when no confirm came in CONFIRM_TIMEOUT_S. A publisher is (node, incarnation) with a seq per queue;
+  an enqueue (`PendingPublish`) is kept until confirmed and sent again when its route may have gone (a
+  node down, or no confirm in RESEND_S): the machine applies each seq once whatever order they arrive
+  in, so a resend is never enqueued twice. A queue deleted meanwhile settles what it held (RabbitMQ).
 - Consumers are keyed (node, consumer id); their node settles by msg id (the raft index of the
   message's entry). When a node goes down, the leader proposes `down` for it: its consumers' unacked
   messages return to the queue (counted as failed deliveries); when it comes back, its channels' live
@@ -36,8 +38,9 @@ import msgpack
 
 from hutch.amqp import spec
 from hutch.cluster import messages as cm
+from hutch.core.confirms import Receipt
 from hutch.core.message import Message
-from hutch.core.queue_type import Consumer, Deliverer, Queue, QueueEntry
+from hutch.core.queue_type import PENDING, SETTLED, Consumer, Deliverer, Published, Queue, QueueEntry
 from hutch.queues.quorum import commands as qc
 from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.config import QuorumConfig
@@ -73,7 +76,7 @@ class QuorumHost(Protocol):
 
     def propose(self, q: QuorumQueue, cmd: qc.Command) -> None: ...
 
-    def publish(self, q: QuorumQueue, msg: Message) -> None: ...
+    def publish(self, q: QuorumQueue, msg: Message, receipt: Receipt | None) -> None: ...
 
     def first_log_index(self, q: QuorumQueue) -> int: ...
 
@@ -85,7 +88,6 @@ CALL_TIMEOUT_S = 5.0
 MAX_PENDING = 10_000
 CONFIRM_TIMEOUT_S = 30.0  # a publish not confirmed by then is nacked (its fate is unknown to us)
 RESEND_S = 3.0  # an enqueue not confirmed by then is sent again (deduplicated by the machine)
-QUORUM_TARGET = "\x00quorum"  # confirm_pending's route for quorum publishes (resent, never nacked by a peer)
 TICK_S = 1.0
 SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at least (quorum_snapshot_interval)
 SNAPSHOT_MIN_ENTRIES = 64
@@ -125,6 +127,30 @@ def _priority_of(msg: Message) -> int:
     """The message's priority property (0-255; none is 0): above 4 it is delivered as high priority."""
     priority = msg.properties.priority
     return priority if isinstance(priority, int) and 0 <= priority <= 255 else 0
+
+
+class ProposedEntry:
+    """One EnqueueBatch entry proposed from this node: its bytes (proposed again on a resend) and how
+    many of its publishes are not confirmed yet (credit flow counts open entries)."""
+
+    __slots__ = ("data", "left")
+
+    def __init__(self, data: bytes, left: int) -> None:
+        self.data = data
+        self.left = left
+
+
+class PendingPublish:
+    """A publish from this node to a quorum queue, kept until the machine confirms or rejects it."""
+
+    __slots__ = ("seq", "msg", "receipt", "entry", "sent_at")
+
+    def __init__(self, seq: int, msg: Message, receipt: Receipt | None) -> None:
+        self.seq = seq  # this node's publish seq for the queue (the machine deduplicates by it)
+        self.msg = msg
+        self.receipt = receipt  # None: nobody waits (a publisher without confirms); kept for the resends
+        self.entry: ProposedEntry | None = None  # None until proposed (flush_batch)
+        self.sent_at = 0.0  # monotonic time of the last proposal
 
 
 class QuorumReplica:
@@ -204,10 +230,8 @@ class QuorumQueue(Queue):
         self._last_config: QuorumConfig | None = None
         self.pending: list[bytes] = []  # commands waiting for a leader to be known (bounded)
         self.next_seq = 0  # this node's publish seq for this queue (the machine deduplicates by it)
-        # seq -> [link publish id, entry bytes (of its batch, b"" until proposed), last sent, message, seq,
-        #         [publishes of its entry not confirmed yet] (None until proposed)]
-        self.unconfirmed: dict[int, list[Any]] = {}
-        self.batch: list[list[Any]] = []  # this loop turn's publishes (`unconfirmed` items), not proposed
+        self.unconfirmed: dict[int, PendingPublish] = {}  # seq -> publish not confirmed yet
+        self.batch: list[PendingPublish] = []  # this loop turn's publishes, not proposed yet
         # credit flow: enqueue entries proposed from this node and not wholly confirmed; past the soft
         # limit (quorum_commands_soft_limit) the connections publishing here stop being read
         self.open_entries = 0
@@ -267,10 +291,10 @@ class QuorumQueue(Queue):
             self._counts = tuple(await self.svc.call(self, cm.QuorumInfo(self.gid)))  # type: ignore
 
     # -- messages ------------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> bool | None:
+    def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
         self.stat_published += 1
-        self.svc.publish(self, msg)
-        return None
+        self.svc.publish(self, msg, receipt)
+        return SETTLED if receipt is None else PENDING
 
     def needs_flow_control(self) -> bool:
         return self.open_entries > self.soft_limit

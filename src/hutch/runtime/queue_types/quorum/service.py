@@ -22,6 +22,7 @@ import msgpack
 
 from hutch.amqp.errors import NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
+from hutch.core.confirms import ConfirmBatch, ConfirmOwner, Receipt
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, QueueEntry
 from hutch.core.vhost import rs
@@ -30,16 +31,17 @@ from hutch.queues.quorum import effects as qe
 from hutch.queues.quorum.messages import BATCH_MAX, SHIFT
 from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
-from hutch.runtime.queue_types.classic.features import dead_letter
+from hutch.runtime.queue_types.classic.features import dead_letter, dead_letter_confirmed
 from hutch.runtime.queue_types.quorum.members import QuorumMembership
 from hutch.runtime.queue_types.quorum.queue import (
     CALL_TIMEOUT_S,
     CONFIRM_TIMEOUT_S,
     MAX_PENDING,
     MSG_CACHE_MAX,
-    QUORUM_TARGET,
     RESEND_S,
     TICK_S,
+    PendingPublish,
+    ProposedEntry,
     QuorumQueue,
     QuorumReplica,
     _priority_of,
@@ -70,9 +72,6 @@ class QuorumService(QuorumMembership):
         self.queues: dict[int, QuorumQueue] = {}
         self._leader_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self.publisher_id = (node.name, cluster.incarnation)
-        self._acks: list[int] = []  # link publish ids confirmed this loop turn
-        self._nacks: list[int] = []
-        self._confirms_scheduled = False
         self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
         self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
         self._tick: asyncio.TimerHandle | None = None
@@ -114,6 +113,14 @@ class QuorumService(QuorumMembership):
     def forget(self, q: QuorumQueue) -> None:
         self.queues.pop(q.gid, None)
         q.release_flow()
+        owners: dict[int, ConfirmOwner] = {}
+        for p in q.unconfirmed.values():
+            if p.receipt is not None:
+                owners.setdefault(id(p.receipt.owner), p.receipt.owner)
+        q.unconfirmed.clear()
+        q.batch.clear()
+        for owner in owners.values():  # the queue is gone: what waited for it is settled (RabbitMQ)
+            owner.queue_deleted(q)
         if q.replica is not None and self.cluster.driver is not None:
             self.cluster.driver.close_group(q.gid, delete=True)
             q.replica = None
@@ -196,21 +203,21 @@ class QuorumService(QuorumMembership):
             return False
         return self.cluster.send(target, cm.QuorumCommand(q.gid, data))
 
-    def publish(self, q: QuorumQueue, msg: Message) -> None:
+    def publish(self, q: QuorumQueue, msg: Message, receipt: Receipt | None) -> None:
         """Enqueue `msg` with this node's next seq for the queue. The publishes of one loop turn go in
         one EnqueueBatch entry per BATCH_MAX (`_flush_batches`). Each is kept until confirmed and sent
         again if its route went down or it is not confirmed in RESEND_S: the machine applies a seq once,
-        whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice."""
-        pid = self.cluster.link.open_publish(QUORUM_TARGET)
+        whatever the order it arrives in (gaps are remembered), so a resend is never enqueued twice.
+        `receipt` is settled on the machine's Confirm effect for it, rejected on Reject (`_confirmed`)."""
         seq = q.next_seq = q.next_seq + 1
-        item = [pid, b"", 0.0, msg, seq, None]
-        q.unconfirmed[seq] = item
+        pub = PendingPublish(seq, msg, receipt)
+        q.unconfirmed[seq] = pub
         batch = q.batch
         if not batch:
             self._batching.append(q)
             if len(self._batching) == 1:
                 asyncio.get_running_loop().call_soon(self._flush_batches)
-        batch.append(item)
+        batch.append(pub)
 
     def _flush_batches(self) -> None:
         queues, self._batching = self._batching, []
@@ -226,7 +233,7 @@ class QuorumService(QuorumMembership):
         now, sent_at = now_ms(), time.monotonic()
         for start in range(0, len(batch), BATCH_MAX):
             chunk = batch[start:start + BATCH_MAX]
-            msgs = [item[3] for item in chunk]
+            msgs = [pub.msg for pub in chunk]
             payloads = [pack_message(m) for m in msgs]
             ttls = prios = None
             for m in msgs:
@@ -237,44 +244,41 @@ class QuorumService(QuorumMembership):
                 if m.properties_raw[0] & 0x08:  # priority present (property flag bit 11)
                     prios = tuple(_priority_of(m) for m in msgs)
                     break
-            data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0][4], tuple([m.size for m in msgs]), ttls,
+            data = qc.encode(qc.EnqueueBatch(self.publisher_id, chunk[0].seq, tuple([m.size for m in msgs]), ttls,
                                              tuple([len(p) for p in payloads]), prios, b"".join(payloads)), now)
-            left = [len(chunk)]  # publishes of this entry not confirmed yet
+            entry = ProposedEntry(data, len(chunk))
             q.open_entries += 1
-            for item in chunk:
-                item[1] = data
-                item[2] = sent_at
-                item[5] = left
+            for pub in chunk:
+                pub.entry = entry
+                pub.sent_at = sent_at
             if q.local and self.is_leader(q):  # for the first delivery here (cache_batch)
                 inflight = q.inflight
-                inflight[chunk[0][4]] = msgs
+                inflight[chunk[0].seq] = msgs
                 if len(inflight) > MSG_CACHE_MAX // 64:  # batches never applied (lost with a leader change)
                     del inflight[next(iter(inflight))]
             self.propose_raw(q, data)  # buffered (a member) or resent later when there is no route now
 
     def _confirmed(self, q: QuorumQueue, seqs: Iterable[int], ok: bool) -> None:
-        out = self._acks if ok else self._nacks
+        """The machine confirmed (`ok`) or rejected these publish seqs of this node: settle or reject
+        their receipts (the channels answer at their connection's next flush)."""
         pop = q.unconfirmed.pop
         for seq in seqs:
-            item = pop(seq, None)
-            if item is not None:
-                out.append(item[0])
-                left = item[5]
-                if left is not None:
-                    left[0] -= 1
-                    if not left[0]:
-                        q.open_entries -= 1
+            pub = pop(seq, None)
+            if pub is None:
+                continue
+            entry = pub.entry
+            if entry is not None:
+                entry.left -= 1
+                if not entry.left:
+                    q.open_entries -= 1
+            receipt = pub.receipt
+            if receipt is not None:
+                if ok:
+                    receipt.settle(q)
+                else:
+                    receipt.reject(q)
         if q.flow_waiters and q.open_entries <= q.soft_limit:
             q.release_flow()
-        if out and not self._confirms_scheduled:  # one pass over the waiting channels per loop turn
-            self._confirms_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_confirms)
-
-    def _flush_confirms(self) -> None:
-        self._confirms_scheduled = False
-        acks, self._acks = self._acks, []
-        nacks, self._nacks = self._nacks, []
-        self.cluster.link.settle_confirms(acks, nacks)
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
         """Propose again, in seq order, the entries of the publishes not confirmed for `older_than_s`
@@ -284,14 +288,14 @@ class QuorumService(QuorumMembership):
         give_up = time.monotonic() - CONFIRM_TIMEOUT_S
         late = []
         sent: set[int] = set()
-        for seq, item in list(q.unconfirmed.items()):
-            if item[2] < give_up:
+        for seq, pub in list(q.unconfirmed.items()):
+            if pub.sent_at < give_up:
                 late.append(seq)
-            elif item[2] < limit and item[1]:
-                item[2] = time.monotonic()
-                if id(item[1]) not in sent:
-                    sent.add(id(item[1]))
-                    self.propose_raw(q, item[1])
+            elif pub.sent_at < limit and pub.entry is not None:
+                pub.sent_at = time.monotonic()
+                if id(pub.entry) not in sent:
+                    sent.add(id(pub.entry))
+                    self.propose_raw(q, pub.entry.data)
         if late:
             log.warning("quorum queue '%s': %d publishes not confirmed in %.0f s: nacked", q.name, len(late),
                         CONFIRM_TIMEOUT_S)
@@ -544,40 +548,27 @@ class QuorumService(QuorumMembership):
                 asyncio.ensure_future(self._dlx_republish(q, eff.messages))
 
     async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
-        """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with confirms
-        (the targets' storage sync, or the other nodes' acks) and settle only what was confirmed; the
+        """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with receipts
+        (the targets' storage sync, the other nodes' answers, the quorum targets' commits), wait for all
+        of them to be decided (up to CONFIRM_TIMEOUT_S) and settle only what every target confirmed; the
         rest stays in the queue's dead-letter area and is handed out again (retry on the next tick)."""
         q.dlx_busy = True
         try:
-            storage = self.node.persistence
-            link = self.cluster.link
-            before = storage.last_enqueued if storage is not None else 0
-            remote_before = link.last_publish_id
-            ok_ids = []
+            done = asyncio.get_running_loop().create_future()
+            batch = ConfirmBatch(on_done=lambda: done.done() or done.set_result(None))
+            sent: list[tuple[int, int]] = []  # (msg id, its seq in the batch)
             for msg_id, raft_index, reason in messages:
                 payload = self.read_payload(q, raft_index)
                 if payload is None:
                     continue
                 msg = decode_message(msgpack.unpackb(payload, raw=False))
-                if dead_letter(self.node, q, [msg], reason)[0]:  # type: ignore[arg-type]
-                    ok_ids.append(msg_id)
-            need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
-            lo, hi = remote_before + 1, link.last_publish_id
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + CONFIRM_TIMEOUT_S
-            while loop.time() < deadline:
-                local_ok = storage is None or storage.synced_seq >= need
-                remote = link.confirmed(lo, hi) if hi >= lo else 1
-                if remote < 0:
-                    ok_ids = []  # some target refused: settle nothing of this batch, retry it
-                    break
-                if local_ok and remote == 1:
-                    break
-                await asyncio.sleep(0.005)
-            else:
-                ok_ids = []
-            if hi >= lo:
-                link.forget_confirms(lo, hi)
+                sent.append((msg_id, dead_letter_confirmed(self.node, q, msg, reason, batch)))
+            batch.close()
+            try:
+                await asyncio.wait_for(done, CONFIRM_TIMEOUT_S)
+            except TimeoutError:
+                return  # settle nothing of this batch: it is handed out again
+            ok_ids = [msg_id for msg_id, seq in sent if seq in batch.acked]
             if ok_ids and self.is_leader(q):
                 self.propose(q, qc.make_dlx_settle(ok_ids))
         finally:
@@ -590,7 +581,7 @@ class QuorumService(QuorumMembership):
             if payload is not None:
                 msgs.append(decode_message(msgpack.unpackb(payload, raw=False)))
         if msgs:
-            dead_letter(self.node, q, msgs, reason)  # type: ignore[arg-type]
+            dead_letter(self.node, q, msgs, reason)
 
     def _cancel_on_failover(self, q: QuorumQueue) -> None:
         """The leader changed: this node's consumers with x-cancel-on-ha-failover get basic.cancel."""
