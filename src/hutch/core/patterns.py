@@ -49,7 +49,7 @@ class UserPattern:
 
     __slots__ = ("_regex", "pattern")
 
-    def __init__(self, pattern: str, regex: re2._Regexp | None) -> None:
+    def __init__(self, pattern: str, regex: re2._Regexp[str] | None) -> None:
         self.pattern = pattern
         self._regex = regex
 

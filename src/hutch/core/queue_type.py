@@ -24,7 +24,17 @@ if TYPE_CHECKING:
     from .message import Message
 
 
+class SocketState(Protocol):
+    """What a queue may read of a consumer's connection: whether its socket is paused."""
+
+    @property
+    def write_paused(self) -> bool: ...
+
+
 class Deliverer(Protocol):
+    @property
+    def conn(self) -> SocketState: ...
+
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None: ...
 
     def can_take(self) -> bool: ...
@@ -121,7 +131,8 @@ class Queue:
         self.settings = settings
 
     # -- messages ------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> None:
+    def publish(self, msg: Message) -> bool | None:
+        """Enqueue `msg`; False when the queue refused it (the publisher gets a nack)."""
         raise NotImplementedError
 
     def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:

@@ -72,9 +72,9 @@ class ClassicQueue(Queue):
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
-        self._ready: deque[QueueEntry] = deque()
+        self._ready: deque[QueueEntry] | PriorityReady = deque()
         if self.settings.max_priority:  # x-max-priority: one FIFO per level (priority.py), never paged
-            self._ready = PriorityReady(self.settings.max_priority)  # type: ignore[assignment]
+            self._ready = PriorityReady(self.settings.max_priority)
         self._ready_bytes = 0  # bodies of the messages in `_ready`
         self._unacked = 0
         self._seq = 0
@@ -106,7 +106,7 @@ class ClassicQueue(Queue):
     def publish(self, msg: Message) -> bool:
         """Enqueue; False when the queue refused it (reject-publish overflow: the publisher gets a nack)."""
         st = self.settings
-        expires_at = ttl = 0
+        expires_at = 0
         if st.message_ttl is not None or msg.properties_raw[0] & 0x01:
             ttl = st.message_ttl
             per_message = msg.expiration_ms
@@ -139,9 +139,9 @@ class ClassicQueue(Queue):
         else:
             entry = QueueEntry(seq, msg)
             if self.persist and msg.persistent:
-                index = self.index
-                assert index is not None
-                index.publish(seq, True, msg, expires_at)
+                store = self.index
+                assert store is not None  # Invariant: a persisting queue has its index
+                store.publish(seq, True, msg, expires_at)
                 entry.on_disk = True
             if expires_at:
                 entry.expires_at_ms = expires_at
@@ -417,7 +417,7 @@ class ClassicQueue(Queue):
         store: while the node's group commit is behind the disk (`congested`), publishers to durable
         queues are paused too.
         """
-        if self.persist and self.index.sink.congested:  # type: ignore[union-attr]
+        if self.persist and self.index is not None and self.index.sink.congested:
             return True  # the disk is behind: the store is the link of the chain that is full
         if self._seq & 63:
             return False  # sampled every 64th message: the consumer scan is not free, flow is coarse
