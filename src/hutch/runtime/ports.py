@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from hutch.amqp.errors import AMQPError
     from hutch.config import Config
     from hutch.core.auth import AuthStore
     from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
@@ -186,6 +187,7 @@ class SessionConnection(Protocol):
     write_paused: bool
     alarm_blocked: bool
     has_published: bool
+    unfinished_body_bytes: int
 
     def send_method(self, channel: int, method: Any) -> None: ...
 
@@ -195,7 +197,11 @@ class SessionConnection(Protocol):
 
     def want_flush(self, channel: Any) -> None: ...
 
-    def close_with_error(self, exc: Exception) -> None: ...
+    def close_with_error(self, exc: AMQPError) -> None: ...
+
+    def hold_unfinished_body(self, nbytes: int) -> None:
+        """A channel holds `nbytes` more of a message body in progress (bounded per connection)."""
+        ...
 
     def flow_block(self, queue: Any) -> None: ...
 

@@ -92,7 +92,7 @@ class ClassicQueue(Queue):
         self._max_delivered = 0  # highest seq ever handed out (delivery or get)
         self._recovered_delivered = 0  # recovered seqs up to this one were delivered before the restart
         # -- features: hooks set by the runtime
-        self.dead_letterer: Callable[[ClassicQueue, list[Message], str], None] | None = None
+        self.dead_letterer: Callable[[ClassicQueue, list[Message], str], object] | None = None
         self.timer: Callable[[ClassicQueue, int], None] | None = None  # call on_timer at this wall ms
         self._has_ttl = False  # some message carried an expiry (checked at the head from then on)
         self._now_hint = 0  # the clock reading of the publish in progress

@@ -228,6 +228,15 @@ class _RemoteDeliverer:
     def can_take(self) -> bool:
         return self.link.transport.writable(self.peer)
 
+    @property
+    def conn(self) -> _RemoteDeliverer:
+        """The consumer's connection as a queue's flow check sees it: the link to the peer."""
+        return self
+
+    @property
+    def write_paused(self) -> bool:
+        return not self.link.transport.writable(self.peer)
+
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
 

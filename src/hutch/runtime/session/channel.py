@@ -37,7 +37,7 @@ from hutch.amqp.errors import (
 )
 from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
-from hutch.core.auth import resource_access_refused_text, topic_permission_allows
+from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 from hutch.runtime.session.declarations import DeclarationsMixin
@@ -76,7 +76,9 @@ class ServerChannel(DeclarationsMixin):
         self.conn = conn
         self.number = number
         self.node = conn.node
-        self.vhost = conn.vhost_obj
+        vhost = conn.vhost_obj
+        assert vhost is not None  # Invariant: channels open after connection.open chose the vhost
+        self.vhost = vhost
         self.user = conn.user_name
         self.state = self.OPEN
         self.consumers: dict[str, Consumer] = {}
@@ -159,7 +161,7 @@ class ServerChannel(DeclarationsMixin):
             return False
         return not self.global_prefetch or len(self.unacked) < self.global_prefetch
 
-    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
+    def check_permission(self, kind: PermissionKind, resource_type: str, name: str) -> None:
         epoch = self.node.perm_epoch
         if epoch != self._perm_epoch:
             self._perm_cache.clear()
@@ -172,7 +174,7 @@ class ServerChannel(DeclarationsMixin):
         if not allowed:
 
             raise ChannelError(ACCESS_REFUSED, resource_access_refused_text(
-                self.user, self.vhost.name, kind, resource_type, name))  # type: ignore[arg-type]
+                self.user, self.vhost.name, kind, resource_type, name))
 
     # -- channel class -------------------------------------------------------------------------
     def _channel_open(self, m: Any) -> None:
@@ -345,7 +347,7 @@ class ServerChannel(DeclarationsMixin):
             self.confirm_pending = self.publish_seq
         self.conn.want_flush(self)
 
-    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool) -> bool:
+    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: int) -> bool:
         """Route and enqueue; True when a queue refused the message (reject-publish overflow)."""
         if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
             if self.node.deliver_direct_reply(routing_keys[0][len(REPLY_TO_PREFIX):], msg):

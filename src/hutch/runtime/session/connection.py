@@ -141,7 +141,7 @@ class AMQPConnection:
         self.frame_max = cfg.frame_max
         self.heartbeat_s = cfg.heartbeat_s
         self.user_name = ""
-        self.vhost_obj: VirtualHost | None = None  # type: ignore[assignment]
+        self.vhost_obj: VirtualHost | None = None
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.peer = ("", 0)

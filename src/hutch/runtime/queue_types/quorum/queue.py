@@ -57,7 +57,7 @@ class QuorumHost(Protocol):
     ids: Any
     publisher_id: tuple[str, str]
 
-    async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any: ...
+    async def call(self, q: QuorumQueue, req: tuple[Any, ...]) -> Any: ...
 
     def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None: ...
 
@@ -264,7 +264,8 @@ class QuorumQueue(Queue):
         elif isinstance(method, spec.Basic.Cancel):
             await self.cancel_committed(method.consumer_tag)
         else:
-            self._counts = tuple(await self.svc.call(self, cm.QuorumInfo(self.gid)))  # type: ignore
+            counts = await self.svc.call(self, cm.QuorumInfo(self.gid))  # [ready, unacked, consumers, bytes, ...]
+            self._counts = (counts[0], counts[1], counts[2], counts[3])
 
     # -- messages ------------------------------------------------------------------------------------
     def publish(self, msg: Message) -> bool | None:
