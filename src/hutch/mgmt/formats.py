@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
+from hutch.runtime.session.connection import AMQPConnection
 
 from . import stats as _stats
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
     from hutch.runtime.session.channel import ServerChannel
-    from hutch.runtime.session.connection import AMQPConnection
 
     from .stats import StatsView
 
@@ -85,7 +85,7 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
         values = _stats.queue_values(q)
         out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in _stats.QUEUE_MSG_STATS}
     owner = q.exclusive_owner
-    if owner is not None and hasattr(owner, "peer"):
+    if isinstance(owner, AMQPConnection):
         out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
                                     "peer_port": owner.peer[1]}
     return out

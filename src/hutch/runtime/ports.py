@@ -178,6 +178,8 @@ class SessionConnection(Protocol):
     writes its frames, and the connection-wide state it shares."""
 
     node: BrokerPort
+    name: str  # "peer host:port -> local host:port", as the management API shows it
+    peer: tuple[str, int]
     user_name: str
     vhost_obj: VirtualHost | None
     frame_max: int
