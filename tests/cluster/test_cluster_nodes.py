@@ -241,6 +241,10 @@ def test_backlog_behind_a_consumer_on_another_node_does_not_break_publishing(thr
         c2.process_data_events(0.1)
     assert taken == [b"b0"]
     assert ch.queue_declare("backlog-remote-consumer", passive=True).method.message_count == 1099
+    # the home node's management API counts the remote consumer but lists only consumers on its channels
+    code, doc = n1.api("GET", "/api/queues/%2F/backlog-remote-consumer")
+    assert code == 200, doc
+    assert doc["consumers"] == 1 and doc["consumer_details"] == []
     ch.queue_delete("backlog-remote-consumer")
     conn.close()
     c2.close()

@@ -135,7 +135,8 @@ class Queue:
         """Enqueue `msg`; False when the queue refused it (the publisher gets a nack)."""
         raise NotImplementedError
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
+        """The head message for basic.get on `channel` (None: the management API's get)."""
         raise NotImplementedError
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
+from hutch.runtime.queue_types.remote import RemoteQueue
 from hutch.runtime.session.connection import AMQPConnection
 
 from . import stats as _stats
@@ -67,10 +68,10 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
     out = dict(q.info())
     out["arguments"] = jsonable(q.arguments)
     consumers = int(out.get("consumers", 0))
-    home = getattr(q, "home", None)  # a queue on another node of the cluster (runtime/queue_types/remote.py)
+    remote = q if isinstance(q, RemoteQueue) else None  # a queue on another node of the cluster
     out.update({
-        "node": home or node_name,
-        "state": "running" if home is None or q.link.up(home) else "down",  # type: ignore[attr-defined]
+        "node": remote.home if remote is not None else node_name,
+        "state": "running" if remote is None or remote.link.up(remote.home) else "down",
         "policy": q.settings.policy,
         "operator_policy": q.settings.operator_policy,
         "effective_policy_definition": jsonable(q.settings.effective_policy_definition),

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.mgmt")
 
 SHUTDOWN_TIMEOUT_S = 2.0
-NODE_KEY = web.AppKey("node", object)
+NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
@@ -120,7 +120,7 @@ NO_BARRIER: set[Any] = {_cluster_join, _cluster_forget, _cluster_faults}
 
 async def _definitions(request: web.Request) -> web.StreamResponse:
     """GET (and HEAD) and POST /api/definitions and /api/definitions/{vhost} (definitions.py)."""
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     vhost = request.match_info.get("vhost")
     try:
         principal = await _authenticate(request, node)
@@ -233,7 +233,7 @@ async def _authenticate(request: web.Request, node: Node) -> Principal:
 
 def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+        node = request.app[NODE_KEY]
         try:
             principal = await _authenticate(request, node)
             body = await _decode_body(await intake.read_body(request, request.app[LIMITS_KEY])) \
@@ -328,7 +328,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     registry = request.match_info.get("registry", "default")
     if registry not in prometheus.REGISTRIES:
         return web.Response(status=404, text="Unknown Registry")
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     rendered = registry
     if node.config.prometheus_return_per_object_metrics:
         rendered = "per-object"  # /metrics too, as RabbitMQ with return_per_object_metrics
@@ -350,7 +350,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 
 async def _openapi(request: web.Request) -> web.StreamResponse:
     """GET /api/openapi.json: the OpenAPI 3 description of this API, built from the route table."""
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     try:
         await _authenticate(request, node)
     except ApiError as exc:

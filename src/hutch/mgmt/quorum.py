@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.cluster import messages as cm
 from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
+from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 
 from .access import Principal, require_admin
 from .cluster import cluster_service
@@ -40,7 +41,6 @@ from .errors import ApiError, bad_request, not_found, not_found_because
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
     from hutch.runtime.clustering.service import ClusterService
-    from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 
 PEER_TIMEOUT_S = 2.0
 TRANSFER_WAIT_S = 5.0
@@ -84,9 +84,9 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
     q = v.queues.get(name)
     if q is None:
         raise not_found()
-    if q.queue_type != "quorum":
+    if not isinstance(q, QuorumQueue):
         raise bad_request(f"{rs('queue', name, vhost)} is a {q.queue_type} queue, not a quorum queue")
-    return q  # type: ignore[return-value]
+    return q
 
 
 def _pattern(body: dict[str, Any], key: str) -> UserPattern:
@@ -104,14 +104,14 @@ def _pattern(body: dict[str, Any], key: str) -> UserPattern:
 def _matching(node: Node, body: dict[str, Any]) -> list[QuorumQueue]:
     """The quorum queues whose vhost and name match the body's patterns, by vhost then name."""
     vhost_re, queue_re = _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern")
-    out = []
+    out: list[QuorumQueue] = []
     for vname in sorted(node.vhosts):
         if not vhost_re.search(vname):
             continue
         for qname, q in sorted(node.vhosts[vname].queues.items()):
-            if q.queue_type == "quorum" and queue_re.search(qname):
+            if isinstance(q, QuorumQueue) and queue_re.search(qname):
                 out.append(q)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _body(body: Any) -> dict[str, Any]:

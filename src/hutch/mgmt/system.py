@@ -344,7 +344,7 @@ def aliveness_test(node: Node, p: Principal, vhost: str) -> dict[str, Any]:
     except AMQPError as exc:
         raise from_amqp(exc) from None
     q.publish(Message("", ALIVENESS_QUEUE, BasicProperties(), ALIVENESS_BODY))
-    entry = q.get(None, True)  # type: ignore[arg-type]  # no channel: no-ack get, nothing to settle
+    entry = q.get(None, True)  # no channel: no-ack get, nothing to settle
     if entry is None or entry.msg.body != ALIVENESS_BODY:
         return {"status": "failed", "reason": "the test message did not come back"}
     return {"status": "ok"}

@@ -448,7 +448,7 @@ class ClassicQueue(Queue):
                     return c
         return None
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         if self._has_ttl:
             self.expire_due(self.clock())
         if self.settings.expires is not None:

@@ -47,7 +47,7 @@ import random
 import ssl
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from hutch.cluster.wire import (
     BATCH_OVERHEAD_BYTES,
@@ -147,9 +147,10 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream transport (uvloop's TCPTransport is not registered as an asyncio.Transport)
+        stream = self.transport = cast(asyncio.Transport, transport)
         high = self.owner.write_buffer_high_bytes
-        transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
+        stream.set_write_buffer_limits(high=high, low=high // 4)
         self.started = self.last_rx = self.last_tx = self.owner._loop.time()
         if self.role is Role.ACCEPTOR:
             peer = transport.get_extra_info("peername") or ("?", 0)

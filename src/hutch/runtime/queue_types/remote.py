@@ -117,7 +117,7 @@ class RemoteQueue(Queue):
         self.stat_published += 1
         return self.link.publish(self, msg)
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
         if entry is not None:
             self.stat_get += 1

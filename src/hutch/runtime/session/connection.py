@@ -431,7 +431,8 @@ class AMQPConnection:
             self._header_buf = buf
             return b""
         if buf[:8] != spec.PROTOCOL_HEADER:
-            self.transport.write(spec.PROTOCOL_HEADER)  # type: ignore[union-attr]
+            assert self.transport is not None  # Invariant: bytes arrive only over a transport
+            self.transport.write(spec.PROTOCOL_HEADER)
             self._abort()
             return b""
         self._header_buf = b""

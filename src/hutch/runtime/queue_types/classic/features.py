@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from hutch.core.deadletter import dead_letter as make_dead_letter
 from hutch.core.deadletter import is_cycle
 from hutch.core.message import Message
+from hutch.core.queue_type import Queue
 from hutch.queues.classic.queue import ClassicQueue
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def attach(node: Node, timers: QueueTimers, q: ClassicQueue) -> None:
     q.touch(timers.clock.wall_ms())
 
 
-def dead_letter(node: Node, q: ClassicQueue, msgs: list[Message], reason: str) -> list[bool]:
+def dead_letter(node: Node, q: Queue, msgs: list[Message], reason: str) -> list[bool]:
     """Republish `msgs` to the queue's dead-letter exchange; per message, whether it reached at least
     one queue and no queue refused it (what at-least-once dead-lettering settles on)."""
     settings = q.settings

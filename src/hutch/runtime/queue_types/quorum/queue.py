@@ -276,7 +276,7 @@ class QuorumQueue(Queue):
     def needs_flow_control(self) -> bool:
         return self.open_entries > self.soft_limit
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
         if entry is not None:
             self.stat_get += 1

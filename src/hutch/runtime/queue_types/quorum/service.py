@@ -562,7 +562,7 @@ class QuorumService(QuorumMembership):
                 if payload is None:
                     continue
                 msg = decode_message(msgpack.unpackb(payload, raw=False))
-                if dead_letter(self.node, q, [msg], reason)[0]:  # type: ignore[arg-type]
+                if dead_letter(self.node, q, [msg], reason)[0]:
                     ok_ids.append(msg_id)
             need = storage.last_enqueued if storage is not None and storage.last_enqueued != before else 0
             lo, hi = remote_before + 1, link.last_publish_id
@@ -593,7 +593,7 @@ class QuorumService(QuorumMembership):
             if payload is not None:
                 msgs.append(decode_message(msgpack.unpackb(payload, raw=False)))
         if msgs:
-            dead_letter(self.node, q, msgs, reason)  # type: ignore[arg-type]
+            dead_letter(self.node, q, msgs, reason)
 
     def _cancel_on_failover(self, q: QuorumQueue) -> None:
         """The leader changed: this node's consumers with x-cancel-on-ha-failover get basic.cancel."""
