@@ -476,6 +476,7 @@ class ClassicQueue(Queue):
             for _ in entries:
                 n += 1
         self._unacked -= n
+        assert self._unacked >= 0, "settled more than was handed out"
         self.stat_acked += n
 
     def _settle_on_disk(self, entries: list[QueueEntry]) -> None:
@@ -493,6 +494,7 @@ class ClassicQueue(Queue):
         if not items:
             return
         self._unacked -= len(items)
+        assert self._unacked >= 0, "settled more than was handed out"
         if self.deleted:
             return
         limit = self.settings.delivery_limit_or_none
@@ -531,6 +533,7 @@ class ClassicQueue(Queue):
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         items = list(entries)
         self._unacked -= len(items)
+        assert self._unacked >= 0, "settled more than was handed out"
         if not self.deleted:
             self._remove_dead(items, "rejected")
         elif self.index is not None:

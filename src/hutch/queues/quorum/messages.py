@@ -119,6 +119,7 @@ class MsgQueue:
     def _consumed_to(self, head: int) -> None:
         """Everything before `head` was taken: clear, cut the consumed prefix off, or move the head."""
         n = len(self._idx)
+        assert head <= n
         if head == n:
             self._clear()
         elif head >= _COMPACT_MIN and head * 2 >= n:
