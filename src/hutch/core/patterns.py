@@ -54,7 +54,9 @@ class UserPattern:
         self._regex = regex
 
     def search(self, text: str) -> bool:
-        return self._regex.search(text) is not None
+        regex = self._regex
+        assert regex is not None  # Invariant: only _MatchesNothing has none, and it overrides search
+        return regex.search(text) is not None
 
     def __repr__(self) -> str:
         return f"UserPattern({self.pattern!r})"

@@ -390,7 +390,7 @@ async def _start_site(runner: web.AppRunner, site: web.BaseSite, what: str) -> N
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        exc.hutch_listener = what  # type: ignore[attr-defined]
+        exc.hutch_listener = what  # type: ignore[attr-defined]  # names the listener for app.py's message
         raise
 
 
@@ -405,13 +405,14 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
     the node's (runtime/tls.py), so certificate reloads apply to it."""
     cfg = node.config
     port = cfg.management_ssl_port
+    assert port is not None  # started only when management.ssl.port is set
     what = f"management HTTPS on port {port}"
     try:
         ctx = node.tls.server_context("management_ssl")
     except TlsConfigError as exc:
         await runner.cleanup()
         error = OSError(str(exc))
-        error.hutch_listener = what  # type: ignore[attr-defined]
+        error.hutch_listener = what  # type: ignore[attr-defined]  # names the listener for app.py's message
         raise error from None
     before = len(runner.addresses)
     site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits, ssl_context=ctx)

@@ -334,7 +334,7 @@ async def connect(uri: AmqpUri, factory: Callable[[], ClientT]) -> ClientT:
     try:
         async with asyncio.timeout(uri.connect_timeout_s):
             ctx = uri.ssl_context()  # amqps: TLS, verified against the URI's cacertfile (or the system's CAs)
-            tls = {"ssl": ctx, "server_hostname": uri.tls_server_name} if ctx is not None else {}
+            tls: dict[str, Any] = {"ssl": ctx, "server_hostname": uri.tls_server_name} if ctx is not None else {}
             _, client = await loop.create_connection(factory, uri.host, uri.port, **tls)
             await asyncio.shield(client.ready)
     except (TimeoutError, OSError, AmqpClosed) as exc:

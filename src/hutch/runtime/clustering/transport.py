@@ -323,7 +323,8 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        tls = {"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_server else {}
+        tls: dict[str, Any] = ({"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s}
+                               if self.ssl_server else {})
         self._server = await listen.create_server(self._loop, self._accept, self.host, self.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
@@ -820,7 +821,8 @@ class Transport:
 
     async def _dial(self, peer: _Peer, conn: _Conn) -> None:
         try:
-            tls = {"ssl": self.ssl_client, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_client else {}
+            tls: dict[str, Any] = ({"ssl": self.ssl_client, "ssl_handshake_timeout": self.peer_timeout_s}
+                                   if self.ssl_client else {})
             await asyncio.wait_for(self._loop.create_connection(lambda: conn, peer.host, peer.port, **tls),
                                    timeout=self.peer_timeout_s)
         except (TimeoutError, OSError) as exc:
