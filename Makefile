@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow test-crash test-sim jepsen lint clean bench-spark browser-deps
+.PHONY: setup run test test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,7 @@ run: $(STAMP)
 
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # What the browser tests (tests/browser/test_ui.py) need: Debian's chromium (installed when missing and we
@@ -68,8 +69,12 @@ jepsen: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks
 
+# mypy with the configuration in pyproject.toml ([tool.mypy]): strict on the pure layers and the ports
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
 bench-spark: $(STAMP)
 	$(PY) -m hutch.spark.bench --messages 200000 --repeat 3 --per-trigger 20000 --compare-pika
 
 clean:
-	rm -rf $(VENV) var build src/*.egg-info
+	rm -rf $(VENV) var build src/*.egg-info .mypy_cache

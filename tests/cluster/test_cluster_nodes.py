@@ -219,6 +219,37 @@ def test_deliveries_held_by_a_dead_consumer_node_go_back_to_the_queue(three: Clu
     three.wait_running({"n1", "n2", "n3"}, via=n1)
 
 
+def test_backlog_behind_a_consumer_on_another_node_does_not_break_publishing(three: Cluster) -> None:
+    """A classic queue's flow check (every 64th publish past a backlog of 1000) reads each consumer's
+    socket state; a consumer on another node is reached over the inter-node link, whose state it reads
+    instead (it used to raise, and the publisher's connection was closed with 541)."""
+    n1, n2, _n3 = three.nodes
+    conn = connect(n1)
+    ch = conn.channel()
+    ch.queue_declare("backlog-remote-consumer")
+    c2 = connect(n2)
+    ch2 = c2.channel()
+    ch2.basic_qos(prefetch_count=1)
+    taken: list[bytes] = []
+    ch2.basic_consume("backlog-remote-consumer", lambda _ch, _m, _p, body: taken.append(body))
+    c2.process_data_events(0.5)
+    ch.confirm_delivery()
+    for i in range(1100):
+        ch.basic_publish("", "backlog-remote-consumer", f"b{i}".encode())
+    deadline = time.monotonic() + 10
+    while not taken and time.monotonic() < deadline:
+        c2.process_data_events(0.1)
+    assert taken == [b"b0"]
+    assert ch.queue_declare("backlog-remote-consumer", passive=True).method.message_count == 1099
+    # the home node's management API counts the remote consumer but lists only consumers on its channels
+    code, doc = n1.api("GET", "/api/queues/%2F/backlog-remote-consumer")
+    assert code == 200, doc
+    assert doc["consumers"] == 1 and doc["consumer_details"] == []
+    ch.queue_delete("backlog-remote-consumer")
+    conn.close()
+    c2.close()
+
+
 def test_publish_to_a_queue_whose_home_is_down_is_nacked(three: Cluster) -> None:
     n1, n2, n3 = three.nodes
     conn = connect(n3)

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from .errors import COMMAND_INVALID, ConnectionError_, FrameError
@@ -281,12 +282,16 @@ _NAMESPACE: dict[str, Any] = {
 }
 
 
+# a generated method decoder: (frame payload, offset of the arguments) -> the method
+MethodDecoder = Callable[[bytes | memoryview, int], Method]
+
+
 def _camel(name: str) -> str:
     return "".join(p.capitalize() for p in name.strip("_").split("_"))
 
 
 def _build_class(class_id: int, class_name: str, method_id: int, method_name: str,
-                 fields: list[tuple[str, str]], has_content: bool) -> tuple[type[Method], Any]:
+                 fields: list[tuple[str, str]], has_content: bool) -> tuple[type[Method], MethodDecoder]:
     field_names = tuple(f for f, _ in fields)
     params = ", ".join(f"{f}={_DEFAULTS[k]!r}" for f, k in fields)
     init_body = [f"    self.{f} = {f}" for f in field_names] or ["    pass"]
@@ -325,7 +330,7 @@ def _build_class(class_id: int, class_name: str, method_id: int, method_name: st
 
 
 METHOD_CLASSES: dict[int, type[Method]] = {}
-_DECODERS: dict[int, Any] = {}
+_DECODERS: dict[int, MethodDecoder] = {}
 CLASS_NAMES: dict[int, str] = {}
 
 
@@ -472,7 +477,7 @@ class BasicProperties:
         return _decode_properties(buf, offset)
 
 
-def _gen_properties_decoder() -> Any:
+def _gen_properties_decoder() -> Callable[[bytes | memoryview, int], BasicProperties]:
     """Straight-line decoder generated from PROPERTY_FIELDS (no per-field loop or setattr by name)."""
     lines = [
         "def decode(buf, o):",
@@ -507,7 +512,8 @@ def _gen_properties_decoder() -> Any:
     ]
     ns = dict(_NAMESPACE, _new=object.__new__, _cls=BasicProperties)
     exec("\n".join(lines), ns)  # noqa: S102 - generated from the PROPERTY_FIELDS table
-    return ns["decode"]
+    decode: Callable[[bytes | memoryview, int], BasicProperties] = ns["decode"]
+    return decode
 
 
 _decode_properties = _gen_properties_decoder()

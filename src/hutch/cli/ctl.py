@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import http.client
 import json
 import os
@@ -716,7 +717,7 @@ COMMANDS: dict[str, Command] = {
     "forget_cluster_node": cmd_forget_cluster_node,
 }
 for _name in LISTS:
-    COMMANDS[_name] = lambda client, args, _n=_name: run_list(_n, client, args)
+    COMMANDS[_name] = functools.partial(run_list, _name)
 
 
 # -- the command line -------------------------------------------------------------------------------

@@ -56,22 +56,61 @@ class MalformedMessage(MessageError):
 
 # -- the records ----------------------------------------------------------------------------------------
 # Tags: 1-9 Raft and the metadata group, 10-29 transparent routing (queue_types/remote.py), 30-49 quorum
-# queues (queue_types/quorum/), 50-59 operations (mgmt). A reply record has a tag of its own.
+# queues (queue_types/quorum/), 50-59 operations (mgmt). A reply record has a tag of its own. The kind's
+# tag (and a request's reply) is given by its decorator, which also sets `TAG` (and `REPLY`) on the class.
+
+T = TypeVar("T")
+_TAGS: dict[type, int] = {}
+_REPLIES: dict[type, type | None] = {}  # request kind -> its reply record (None: a plain msgpack value)
 
 
+def message_kind(tag: int) -> Callable[[type[T]], type[T]]:
+    """A record kind with wire tag `tag`."""
+
+    def register(cls: type[T]) -> type[T]:
+        _TAGS[cls] = tag
+        setattr(cls, "TAG", tag)  # noqa: B010 - a class constant the type of a NamedTuple cannot declare
+        return cls
+
+    return register
+
+
+def request_kind(tag: int, reply: type | None = None) -> Callable[[type[T]], type[T]]:
+    """A request kind with wire tag `tag`, answered by a `reply` record (None: a plain msgpack value)."""
+
+    def register(cls: type[T]) -> type[T]:
+        message_kind(tag)(cls)
+        _REPLIES[cls] = reply
+        setattr(cls, "REPLY", reply)  # noqa: B010 - as TAG
+        return cls
+
+    return register
+
+
+def tag_of(kind: type) -> int:
+    return _TAGS[kind]
+
+
+def reply_of(kind: type) -> type | None:
+    """The reply record of a request kind (None: a plain value); KeyError for a kind that is no request."""
+    return _REPLIES[kind]
+
+
+
+@message_kind(1)
 class RaftMessage(NamedTuple):
     """The Raft driver's batch for one peer (`hutch.cluster.raft_wire.PeerBatch`, already a wire value)."""
 
     payload: list[Any]
-    TAG = 1
 
 
+@message_kind(2)
 class JoinReply(NamedTuple):
     raft_id: int
     members: list[list[Any]]  # Member.to_list() of every member
-    TAG = 2
 
 
+@request_kind(3, reply=JoinReply)
 class Join(NamedTuple):
     """Register a node with the metadata leader (`promote`: make the registered node a voter)."""
 
@@ -79,49 +118,43 @@ class Join(NamedTuple):
     host: str
     port: int
     promote: bool
-    TAG = 3
-    REPLY = JoinReply
 
 
+@request_kind(4)
 class Propose(NamedTuple):
     """Propose an encoded metadata entry at the leader. Reply: its Raft index (int)."""
 
     data: bytes
-    TAG = 4
-    REPLY = None
 
 
+@request_kind(5)
 class Leave(NamedTuple):
     """Forget a stopped member (at the metadata leader). Reply: the node's name (str)."""
 
     name: str
-    TAG = 5
-    REPLY = None
 
 
+@message_kind(6)
 class NodeStatus(NamedTuple):
     name: str
     alarms: list[str]
     running: bool
     raft_id: int
-    TAG = 6
 
 
+@request_kind(7, reply=NodeStatus)
 class Status(NamedTuple):
     """A member's own status (cluster_status)."""
 
-    TAG = 7
-    REPLY = NodeStatus
 
-
+@request_kind(8)
 class Sync(NamedTuple):
     """Wait (briefly) until the metadata is applied up to `index`. Reply: True if it is (bool)."""
 
-    index: int
-    TAG = 8
-    REPLY = None
+    index: int  # type: ignore[assignment]  # the metadata index; shadows tuple.index, never called on a Sync
 
 
+@message_kind(10)
 class RemotePublish(NamedTuple):
     """A publish to a queue whose home is the receiving node; answered by `RemoteConfirm`."""
 
@@ -129,17 +162,17 @@ class RemotePublish(NamedTuple):
     queue: str
     publish_id: int
     message: Message
-    TAG = 10
 
 
+@message_kind(11)
 class RemoteConfirm(NamedTuple):
     """The home node's answer to publishes: enqueued (and synced when it had to be), or refused."""
 
     ok: bool
     publish_ids: list[int]
-    TAG = 11
 
 
+@message_kind(12)
 class RemoteDeliver(NamedTuple):
     """A delivery from a queue's home node to the node of its consumer."""
 
@@ -148,7 +181,6 @@ class RemoteDeliver(NamedTuple):
     message: Message
     redelivered: bool
     no_ack: bool
-    TAG = 12
 
 
 class Outcome(enum.IntEnum):
@@ -157,15 +189,16 @@ class Outcome(enum.IntEnum):
     DISCARD = 2
 
 
+@message_kind(13)
 class RemoteSettle(NamedTuple):
     """The consumer's node settles deliveries of the home node (ack, requeue, or reject/nack)."""
 
     outcome: int  # an Outcome
     delivery_ids: list[int]
     reason: str  # dead-letter reason of a discard ("" otherwise)
-    TAG = 13
 
 
+@message_kind(14)
 class RemoteConsume(NamedTuple):
     """basic.consume on a queue of the receiving node, for a consumer on the sender."""
 
@@ -177,82 +210,79 @@ class RemoteConsume(NamedTuple):
     exclusive: bool
     prefetch: int
     priority: int
-    TAG = 14
 
 
+@message_kind(15)
 class RemoteCancel(NamedTuple):
     """The consumer's node cancelled consumer `consumer_id`."""
 
     consumer_id: int
-    TAG = 15
 
 
+@message_kind(16)
 class RemoteConsumerEnded(NamedTuple):
     """The home node ended consumer `consumer_id` (queue gone or deleted): basic.cancel to the client."""
 
     consumer_id: int
-    TAG = 16
 
 
+@message_kind(17)
 class QueueStats(NamedTuple):
     """Counts of the sender's queues that changed: rows [vhost, queue, ready, unacked, consumers, bytes,
     published, delivered, acked, redelivered, get]."""
 
     rows: list[list[Any]]
-    TAG = 17
 
 
+@message_kind(18)
 class QueueGetReply(NamedTuple):
     counts: list[int]  # ready, unacked, consumers
     entry: list[Any] | None  # [delivery id, Message wire value, redelivered], or None when empty
-    TAG = 18
 
 
+@request_kind(19, reply=QueueGetReply)
 class QueueGet(NamedTuple):
     """basic.get at the home node."""
 
     vhost: str
     queue: str
     no_ack: bool
-    TAG = 19
-    REPLY = QueueGetReply
 
 
+@request_kind(20)
 class QueuePurge(NamedTuple):
     """queue.purge at the home node. Reply: the count purged (int)."""
 
     vhost: str
     queue: str
-    TAG = 20
-    REPLY = None
 
 
+@request_kind(21)
 class QueueInfo(NamedTuple):
     """The counts of a queue at its home node. Reply: [ready, unacked, consumers], or None if no queue."""
 
     vhost: str
     queue: str
-    TAG = 21
-    REPLY = None
 
 
+@message_kind(30)
 class QuorumCommand(NamedTuple):
     """An encoded quorum-queue command (queues/quorum/commands.py) forwarded to the group's leader."""
 
     gid: int
     command: bytes
-    TAG = 30
 
 
+@message_kind(31)
 class QuorumDeliver(NamedTuple):
     """The leader's deliveries to a consumer on the receiving node: [msg id, payload, redelivered, count]."""
 
     gid: int
     consumer_id: int
     messages: list[list[Any]]
-    TAG = 31
 
 
+@message_kind(32)
 class QuorumConfirm(NamedTuple):
     """The leader's confirms (`ok`) or rejections of a publisher's seqs; `incarnation` is the publisher's."""
 
@@ -260,90 +290,81 @@ class QuorumConfirm(NamedTuple):
     incarnation: str
     seqs: list[int]
     ok: bool
-    TAG = 32
 
 
+@message_kind(33)
 class QuorumLeaderChanged(NamedTuple):
     """A new leader, told to a node with consumers that is not a member (it sees no leader change)."""
 
     gid: int
-    TAG = 33
 
 
+@message_kind(34)
 class QuorumGetReply(NamedTuple):
     ready: int
     message: list[Any] | None  # [msg id, payload, redelivered, delivery count], or None when empty
-    TAG = 34
 
 
+@request_kind(35, reply=QuorumGetReply)
 class QuorumGet(NamedTuple):
     """basic.get at the leader, for a getter on `node`."""
 
     gid: int
     no_ack: bool
     node: str
-    TAG = 35
-    REPLY = QuorumGetReply
 
 
+@request_kind(36)
 class QuorumPurge(NamedTuple):
     """queue.purge at the leader. Reply: the count purged (int)."""
 
     gid: int
-    TAG = 36
-    REPLY = None
 
 
+@request_kind(37)
 class QuorumInfo(NamedTuple):
     """The leader's counts. Reply: [ready, unacked, consumers, bytes, ...] (QuorumQueue._state_counts)."""
 
     gid: int
-    TAG = 37
-    REPLY = None
 
 
+@request_kind(38)
 class QuorumMember(NamedTuple):
     """Add (`add`) or remove member `node` at the leader. Reply: True (bool)."""
 
     gid: int
     node: str
     add: bool
-    TAG = 38
-    REPLY = None
 
 
+@request_kind(39)
 class QuorumCancel(NamedTuple):
     """Cancel consumer (`node`, `consumer_id`) at the leader, committed before the reply. Reply: True."""
 
     gid: int
     node: str
     consumer_id: int
-    TAG = 39
-    REPLY = None
 
 
+@request_kind(50)
 class QuorumLocalView(NamedTuple):
     """A member's own view of a quorum queue's group (mgmt/quorum.py). Reply: a JSON-able dict."""
 
     gid: int
-    TAG = 50
-    REPLY = None
 
 
+@request_kind(51)
 class QuorumTransfer(NamedTuple):
     """Hand the leadership of a quorum queue to member `to` (at the leader). Reply: True."""
 
     gid: int
     to: str
-    TAG = 51
-    REPLY = None
 
 
+@request_kind(52)
 class NodeInfo(NamedTuple):
     """A node's `node_info` (GET /api/nodes on another node). Reply: a JSON-able dict."""
 
-    TAG = 52
-    REPLY = None
 
 
 RECORDS: tuple[type, ...] = (
@@ -399,8 +420,8 @@ def _compile(cls: type) -> tuple[Callable[[Any], Any], Callable[[list[Any]], Any
     """The encoder (record -> wire value) and decoder (wire value -> record) of one record kind, generated
     from its fields, like dataclasses generates __init__ (a per-field loop costs several times more)."""
     hints = typing.get_type_hints(cls)
-    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
-    tag = cls.TAG  # type: ignore[attr-defined]
+    fields: tuple[str, ...] = getattr(cls, "_fields")  # noqa: B009 - every record is a NamedTuple
+    tag = _TAGS[cls]
     names = [f"a{i}" for i in range(len(fields))]
     enc = [f"_mw(r[{i}])" if hints[f] is Message else f"r[{i}]" for i, f in enumerate(fields)]
     env: dict[str, Any] = {"_mw": message_to_wire, "_mr": message_from_wire, "_new": tuple.__new__, "_cls": cls,
@@ -429,10 +450,11 @@ def _short(v: Any) -> str:
 
 
 def _bad(cls: type, v: Any, field: str | None) -> MalformedMessage:
+    fields: tuple[str, ...] = getattr(cls, "_fields")  # noqa: B009 - every record is a NamedTuple
     if field is None:
         return MalformedMessage(f"malformed inter-node message {cls.__name__}: expected "
-                                f"{len(cls._fields)} fields, got {len(v) - 1}")  # type: ignore[attr-defined]
-    i = cls._fields.index(field) + 1  # type: ignore[attr-defined]
+                                f"{len(fields)} fields, got {len(v) - 1}")
+    i = fields.index(field) + 1
     return MalformedMessage(f"malformed inter-node message {cls.__name__}: field {field!r} is "
                             f"{type(v[i]).__name__} {_short(v[i])}")
 
@@ -440,9 +462,9 @@ def _bad(cls: type, v: Any, field: str | None) -> MalformedMessage:
 _ENCODERS: dict[type, Callable[[Any], Any]] = {}
 _DECODERS: dict[int, Callable[[list[Any]], Any]] = {}
 for _cls in RECORDS:
-    if _cls.TAG in _DECODERS:  # type: ignore[attr-defined]
-        raise AssertionError(f"two records with tag {_cls.TAG}")  # type: ignore[attr-defined]
-    _ENCODERS[_cls], _DECODERS[_cls.TAG] = _compile(_cls)  # type: ignore[attr-defined]
+    if _TAGS[_cls] in _DECODERS:
+        raise AssertionError(f"two records with tag {_TAGS[_cls]}")
+    _ENCODERS[_cls], _DECODERS[_TAGS[_cls]] = _compile(_cls)
 del _cls
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
@@ -455,7 +477,7 @@ def is_record(value: Any) -> bool:
 def to_wire(record: Any) -> tuple[Any, ...]:
     """The msgpack-able value of a record: `(TAG, field, ...)`."""
     try:
-        return _ENCODERS[type(record)](record)  # type: ignore[no-any-return]
+        return _ENCODERS[type(record)](record)
     except KeyError:
         raise TypeError(f"not an inter-node message record: {type(record).__name__}") from None
 
@@ -472,7 +494,7 @@ def from_wire(value: Any) -> Any:
 
 
 def encode(record: Any) -> bytes:
-    return _pack(to_wire(record))  # type: ignore[no-any-return]
+    return _pack(to_wire(record))
 
 
 def decode(data: bytes | memoryview) -> Any:
@@ -485,7 +507,7 @@ def decode(data: bytes | memoryview) -> Any:
 
 def reply_from_wire(request: Any, value: Any) -> Any:
     """The reply to `request` as its `REPLY` record, or the plain value for a request without one."""
-    kind = type(request).REPLY
+    kind = _REPLIES[type(request)]
     if kind is None:
         return value
     record = from_wire(value)

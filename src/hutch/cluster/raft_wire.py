@@ -110,7 +110,7 @@ def _bytes(v: Any, what: str) -> bytes:
 def _seq(v: Any, what: str) -> list[Any] | tuple[Any, ...]:
     if type(v) is not list and type(v) is not tuple:
         raise RaftWireError(f"{what}: expected a list, got {type(v).__name__}")
-    return v  # type: ignore[no-any-return]
+    return v
 
 
 def decode_entries(v: Any) -> tuple[Entry, ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Hashable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ConfirmOwner(Protocol):
@@ -32,7 +32,7 @@ class ConfirmOwner(Protocol):
     def settle(self, seq: int, queue: Hashable) -> object:
         """`queue` has made publish `seq` safe by its own rule (the result is ignored)."""
 
-    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+    def reject(self, seq: int, queue: Hashable, error: str | None) -> object:
         """`queue` refused publish `seq`, or lost it; `error` is set when the queue type failed (storage)."""
 
     def queue_deleted(self, queue: Hashable) -> None:
@@ -90,7 +90,8 @@ class ConfirmLedger:
         # seq -> what it waits for: one queue ref (the common case, no set made), a set of them, or its
         # outcome (_ACK/_NACK) once decided behind a publish that is not. Invariant: the keys are exactly
         # the seqs in `_order`, in publish order, and the first one (the head) is undecided.
-        self._open: dict[int, Hashable] = {}
+        # seq -> what it waits for: one queue ref, a set of them, or _ACK/_NACK once decided
+        self._open: dict[int, Any] = {}
         self._order: deque[int] = deque()
         # the decided prefix not answered yet, as runs: +n acks up to n, -n nacks up to n. Invariant: the
         # runs alternate in sign and increase in absolute value, all above `_answered`.
@@ -107,6 +108,7 @@ class ConfirmLedger:
             raise ValueError(f"publish {seq} inserted after {self._last_seq}: sequence numbers must increase")
         self._last_seq = seq
         if not rejected and queue_refs:
+            waits: Any
             if len(queue_refs) == 1:
                 (waits,) = queue_refs
             else:
@@ -138,7 +140,7 @@ class ConfirmLedger:
         if waits is None or waits is _ACK or waits is _NACK:
             return False
         if waits.__class__ is set:
-            waits.discard(queue_ref)  # type: ignore[attr-defined]
+            waits.discard(queue_ref)
             if waits:
                 return False
         elif waits is not queue_ref and waits != queue_ref:
@@ -187,8 +189,8 @@ class ConfirmLedger:
         for seq in self._order:
             waits = open_[seq]
             if waits.__class__ is set:
-                if queue_ref in waits:  # type: ignore[operator]
-                    waits.discard(queue_ref)  # type: ignore[attr-defined]
+                if queue_ref in waits:
+                    waits.discard(queue_ref)
                     if not waits:
                         open_[seq] = _ACK
                         done.append(seq)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from hutch.amqp.spec import PROPERTY_FIELDS
 from hutch.amqp.table import Timestamp, TypedInt, encode_table, remove_table_key
@@ -187,7 +187,7 @@ def read_deaths(headers: dict[str, Any], now_s: int) -> list[Death]:
     return deaths
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

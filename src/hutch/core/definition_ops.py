@@ -204,17 +204,17 @@ class Noop:
 
 
 DefinitionOp = (SetAuth | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
-                | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | ClusterJoin
-                | ClusterLeave | Noop)
+                | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | SetVhostLimits
+                | SetUserLimits | ClusterJoin | ClusterLeave | Noop)
 
-NODE_OPS: tuple[type, ...] = (SetAuth, SetClusterName, SetTopicPermissions, DeclareExchange, DeleteExchange,
-                              DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind, SetPolicy, ClearPolicy,
-                              SetVhostLimits, SetUserLimits)
+NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, SetClusterName, SetTopicPermissions, DeclareExchange,
+                                             DeleteExchange, DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind,
+                                             SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits)
 """The kinds a node applies to its definitions (the rest belong to the metadata group)."""
-CLUSTER_OPS: tuple[type, ...] = (ClusterJoin, ClusterLeave, Noop)
-ALL_OPS: tuple[type, ...] = NODE_OPS + CLUSTER_OPS
+CLUSTER_OPS: tuple[type[DefinitionOp], ...] = (ClusterJoin, ClusterLeave, Noop)
+ALL_OPS: tuple[type[DefinitionOp], ...] = NODE_OPS + CLUSTER_OPS
 
-_OPERATOR_KINDS = {"operator_policy.set": SetPolicy, "operator_policy.clear": ClearPolicy}
+_OPERATOR_KINDS: dict[str, type[SetPolicy | ClearPolicy]] = {"operator_policy.set": SetPolicy, "operator_policy.clear": ClearPolicy}
 
 # -- the codec -------------------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class _Field:
 
 @dataclass(frozen=True, slots=True)
 class _Spec:
-    cls: type
+    cls: type[DefinitionOp]
     fields: tuple[_Field, ...] = field(default_factory=tuple)
 
 
@@ -243,7 +243,7 @@ def _types_of(annotation: Any) -> tuple[type, ...]:
     return (int,) if base is int else (base,)
 
 
-def _spec(cls: type) -> _Spec:
+def _spec(cls: type[DefinitionOp]) -> _Spec:
     hints = typing.get_type_hints(cls)
     fields = []
     for f in dataclasses.fields(cls):
@@ -254,20 +254,21 @@ def _spec(cls: type) -> _Spec:
     return _Spec(cls, tuple(fields))
 
 
-_SPECS: dict[str, _Spec] = {cls.KIND: _spec(cls) for cls in ALL_OPS}  # type: ignore[attr-defined]
-_SPECS.update({kind: _SPECS[cls.KIND] for kind, cls in _OPERATOR_KINDS.items()})  # type: ignore[attr-defined]
+_SPECS: dict[str, _Spec] = {cls.KIND: _spec(cls) for cls in ALL_OPS}
+_SPECS.update({kind: _SPECS[cls.KIND] for kind, cls in _OPERATOR_KINDS.items()})
 
 
-def kind_of(op: Any) -> str:
+def kind_of(op: DefinitionOp) -> str:
     """The stored name of an operation's kind ("queue.declare", "operator_policy.set", ...)."""
     if isinstance(op, SetPolicy | ClearPolicy) and op.operator:
         return "operator_" + op.KIND
-    return op.KIND  # type: ignore[no-any-return]
+    return op.KIND
 
 
 def to_stored(op: Any) -> dict[str, Any]:
     """The map the definitions log and the metadata group store for `op`."""
-    spec = _SPECS.get(getattr(op, "KIND", None))  # type: ignore[arg-type]
+    kind = getattr(op, "KIND", None)
+    spec = _SPECS.get(kind) if isinstance(kind, str) else None
     if spec is None or type(op) is not spec.cls:
         raise TypeError(f"not a definition operation: {type(op).__name__}")
     out: dict[str, Any] = {"op": kind_of(op)}
@@ -278,7 +279,7 @@ def to_stored(op: Any) -> dict[str, Any]:
     return out
 
 
-def from_stored(stored: Any) -> Any:
+def from_stored(stored: Any) -> DefinitionOp:
     """The record of a stored operation, as written by this version or an earlier one."""
     if not isinstance(stored, dict):
         raise MalformedOp(f"a definition operation must be a map, got {type(stored).__name__}")

@@ -49,12 +49,14 @@ class UserPattern:
 
     __slots__ = ("_regex", "pattern")
 
-    def __init__(self, pattern: str, regex: re2._Regexp | None) -> None:
+    def __init__(self, pattern: str, regex: re2._Regexp[str] | None) -> None:
         self.pattern = pattern
         self._regex = regex
 
     def search(self, text: str) -> bool:
-        return self._regex.search(text) is not None
+        regex = self._regex
+        assert regex is not None  # Invariant: only _MatchesNothing has none, and it overrides search
+        return regex.search(text) is not None
 
     def __repr__(self) -> str:
         return f"UserPattern({self.pattern!r})"

@@ -35,6 +35,7 @@ Rules (RabbitMQ's rabbit_policy / rabbit_policies; docs/policies.md explains eac
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -338,13 +339,13 @@ class PolicyStore:
     def get(self, vhost: str, name: str, operator: bool = False) -> Policy | None:
         return self._by_kind[self.kind(operator)].get(vhost, {}).get(name)
 
-    def list(self, vhost: str | None = None, operator: bool = False) -> list[Policy]:
+    def list(self, vhost: str | None = None, operator: bool = False) -> builtins.list[Policy]:
         """Policies of one vhost (or all), by vhost then name."""
         by_vhost = self._by_kind[self.kind(operator)]
         names = [vhost] if vhost is not None else sorted(by_vhost)
         return [p for v in names for _, p in sorted(by_vhost.get(v, {}).items())]
 
-    def vhosts(self) -> set[str]:
+    def vhosts(self) -> builtins.set[str]:
         return {v for by_vhost in self._by_kind.values() for v in by_vhost}
 
     def match_queue(self, vhost: str, name: str, queue_type: str = "classic") -> tuple[Policy | None, Policy | None]:

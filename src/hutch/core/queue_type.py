@@ -46,7 +46,17 @@ PENDING = Published.PENDING
 REJECTED = Published.REJECTED
 
 
+class SocketState(Protocol):
+    """What a queue may read of a consumer's connection: whether its socket is paused."""
+
+    @property
+    def write_paused(self) -> bool: ...
+
+
 class Deliverer(Protocol):
+    @property
+    def conn(self) -> SocketState: ...
+
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None: ...
 
     def can_take(self) -> bool: ...
@@ -147,7 +157,8 @@ class Queue:
         """Enqueue `msg`; with a `receipt`, the publisher waits to learn when it is safe (module rules)."""
         raise NotImplementedError
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
+        """The head message for basic.get on `channel` (None: the management API's get)."""
         raise NotImplementedError
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:

@@ -181,10 +181,10 @@ class VirtualHost:
         self.check_exclusive(q, owner)
         if q.exclusive != exclusive:
             raise self._locked(q)
-        for arg, received, current in (("durable", durable, q.durable),
-                                       ("auto_delete", auto_delete, q.auto_delete)):
-            if received != current:
-                raise inequivalent(arg, "queue", q.name, self.name, received, current)
+        for arg, flag, declared in (("durable", durable, q.durable),
+                                    ("auto_delete", auto_delete, q.auto_delete)):
+            if flag != declared:
+                raise inequivalent(arg, "queue", q.name, self.name, flag, declared)
         for arg in EQUIVALENCE_ARGS:
             received = arguments.get(arg)
             current = q.arguments.get(arg)

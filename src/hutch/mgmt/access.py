@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import access_refused, not_authorised, not_found
 
 if TYPE_CHECKING:
+    from hutch.core.auth import PermissionKind
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.node import Node
 
@@ -124,12 +125,12 @@ def vhost_for_write(node: Node, p: Principal, name: str) -> VirtualHost:
     return vhost
 
 
-def require_amqp(node: Node, p: Principal, vhost: str, kind: str, resource_type: str, name: str) -> None:
+def require_amqp(node: Node, p: Principal, vhost: str, kind: PermissionKind, resource_type: str, name: str) -> None:
     """The AMQP check a direct connection as the caller would make: vhost login, then the permission."""
     auth = node.auth
     if not auth.can_access_vhost(p.name, vhost):
         raise access_refused()
-    if not auth.check(p.name, vhost, kind, name, resource_type):  # type: ignore[arg-type]
+    if not auth.check(p.name, vhost, kind, name, resource_type):
         raise access_refused()
 
 

@@ -122,8 +122,10 @@ def get_channel(node: Node, p: Principal, name: str, stats: StatsView | None = N
                                for c in list(ch.consumers.values())]
     publishes = []
     for x, (published, _routed) in _stats.exchange_counts(ch).items():
-        if ch.vhost is not None and ch.vhost.exchanges.get(x.name) is x:
-            publishes.append({"exchange": {"name": x.name, "vhost": x.vhost}, "stats": {"publish": published}})
+        known = ch.vhost.exchanges.get(x.name) if ch.vhost is not None else None
+        if known is not None and known is x:  # not deleted (or replaced by another of the same name)
+            publishes.append({"exchange": {"name": known.name, "vhost": known.vhost},
+                              "stats": {"publish": published}})
     out["publishes"] = publishes
     return out
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hutch.runtime.clustering.service import ClusterService
+
 from .access import Principal, require_admin
 from .errors import ApiError, bad_request, not_found_because
 
@@ -19,10 +21,19 @@ if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
 
 
-def _cluster(node: Node) -> Any:
-    if node.cluster is None:
+def cluster_service(node: Node) -> ClusterService | None:
+    """The node's cluster service as the management API uses it (members, transport, the quorum
+    service); None on a node that is not clustered. The node sees it only as its `MetadataPort`."""
+    cluster = node.cluster
+    assert cluster is None or isinstance(cluster, ClusterService)  # app.py builds the node's only one
+    return cluster
+
+
+def _cluster(node: Node) -> ClusterService:
+    cluster = cluster_service(node)
+    if cluster is None:
         raise bad_request("this node is not clustered (it was started with --no-cluster; see docs/clustering.md)")
-    return node.cluster
+    return cluster
 
 
 def _unavailable(exc: Exception) -> ApiError:

@@ -502,7 +502,7 @@ class _Planner:
                                    "do not create it")
         values = [_string(item, k, where, empty=True) for k in ("configure", "write", "read")]
         try:
-            Permission(*values, stored=self.plan.stored_patterns)
+            Permission(values[0], values[1], values[2], stored=self.plan.stored_patterns)
         except ValueError as exc:
             raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.permissions.append(_Permission(user, vhost, *values))

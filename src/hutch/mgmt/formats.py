@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
+from hutch.runtime.queue_types.remote import RemoteQueue
+from hutch.runtime.session.connection import AMQPConnection
 
 from . import stats as _stats
 
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
     from hutch.runtime.session.channel import ServerChannel
-    from hutch.runtime.session.connection import AMQPConnection
 
     from .stats import StatsView
 
@@ -67,10 +68,10 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
     out = dict(q.info())
     out["arguments"] = jsonable(q.arguments)
     consumers = int(out.get("consumers", 0))
-    home = getattr(q, "home", None)  # a queue on another node of the cluster (runtime/queue_types/remote.py)
+    remote = q if isinstance(q, RemoteQueue) else None  # a queue on another node of the cluster
     out.update({
-        "node": home or node_name,
-        "state": "running" if home is None or q.link.up(home) else "down",  # type: ignore[attr-defined]
+        "node": remote.home if remote is not None else node_name,
+        "state": "running" if remote is None or remote.link.up(remote.home) else "down",
         "policy": q.settings.policy,
         "operator_policy": q.settings.operator_policy,
         "effective_policy_definition": jsonable(q.settings.effective_policy_definition),
@@ -85,7 +86,7 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
         values = _stats.queue_values(q)
         out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in _stats.QUEUE_MSG_STATS}
     owner = q.exclusive_owner
-    if owner is not None and hasattr(owner, "peer"):
+    if isinstance(owner, AMQPConnection):
         out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
                                     "peer_port": owner.peer[1]}
     return out

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.config import TlsOptions
 from hutch.core.certs import file_expiry
 
+from .cluster import cluster_service
 from .errors import bad_request, not_found
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ def alarms(node: Node, local: bool = False) -> Result:
 
 def deprecated_node_check(node: Node, name: str | None = None) -> dict[str, str]:
     """GET /api/healthchecks/node[/{node}]: ok (a no-op, as RabbitMQ 4.x); 404 for a non-member."""
-    if name is not None and name != node.name and (node.cluster is None
-                                                   or name not in node.cluster.machine.members):
+    cluster = cluster_service(node)
+    if name is not None and name != node.name and (cluster is None or name not in cluster.machine.members):
         raise not_found()
     return {"status": "ok"}
 

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.mgmt")
 
 SHUTDOWN_TIMEOUT_S = 2.0
-NODE_KEY = web.AppKey("node", object)
+NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
@@ -120,7 +120,7 @@ NO_BARRIER: set[Any] = {_cluster_join, _cluster_forget, _cluster_faults}
 
 async def _definitions(request: web.Request) -> web.StreamResponse:
     """GET (and HEAD) and POST /api/definitions and /api/definitions/{vhost} (definitions.py)."""
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     vhost = request.match_info.get("vhost")
     try:
         principal = await _authenticate(request, node)
@@ -233,7 +233,7 @@ async def _authenticate(request: web.Request, node: Node) -> Principal:
 
 def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+        node = request.app[NODE_KEY]
         try:
             principal = await _authenticate(request, node)
             body = await _decode_body(await intake.read_body(request, request.app[LIMITS_KEY])) \
@@ -328,7 +328,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     registry = request.match_info.get("registry", "default")
     if registry not in prometheus.REGISTRIES:
         return web.Response(status=404, text="Unknown Registry")
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     rendered = registry
     if node.config.prometheus_return_per_object_metrics:
         rendered = "per-object"  # /metrics too, as RabbitMQ with return_per_object_metrics
@@ -350,7 +350,7 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 
 async def _openapi(request: web.Request) -> web.StreamResponse:
     """GET /api/openapi.json: the OpenAPI 3 description of this API, built from the route table."""
-    node: Node = request.app[NODE_KEY]  # type: ignore[assignment]
+    node = request.app[NODE_KEY]
     try:
         await _authenticate(request, node)
     except ApiError as exc:
@@ -390,7 +390,7 @@ async def _start_site(runner: web.AppRunner, site: web.BaseSite, what: str) -> N
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        exc.hutch_listener = what  # type: ignore[attr-defined]
+        exc.hutch_listener = what  # type: ignore[attr-defined]  # names the listener for app.py's message
         raise
 
 
@@ -405,13 +405,14 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
     the node's (runtime/tls.py), so certificate reloads apply to it."""
     cfg = node.config
     port = cfg.management_ssl_port
+    assert port is not None  # started only when management.ssl.port is set
     what = f"management HTTPS on port {port}"
     try:
         ctx = node.tls.server_context("management_ssl")
     except TlsConfigError as exc:
         await runner.cleanup()
         error = OSError(str(exc))
-        error.hutch_listener = what  # type: ignore[attr-defined]
+        error.hutch_listener = what  # type: ignore[attr-defined]  # names the listener for app.py's message
         raise error from None
     before = len(runner.addresses)
     site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits, ssl_context=ctx)

@@ -77,7 +77,7 @@ def default_max_connections() -> int:
 # -- logging ----------------------------------------------------------------------------------------
 
 
-class _ClientErrorsQuiet(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _ClientErrorsQuiet(logging.LoggerAdapter[logging.Logger]):
     """The request handlers' logger: a client's malformed request is one DEBUG line without its text;
     anything else (a bug) keeps its traceback."""
 

@@ -86,7 +86,7 @@ def paged_reply(objects: Sequence[T], query: Query, light: Callable[[T], dict[st
             chosen.reverse()
         if name:
             keep = _name_matcher(name, use_regex)
-            chosen = [o for o in chosen if keep(o.name)]  # type: ignore[attr-defined]
+            chosen = [o for o in chosen if keep(o.name)]
     else:
         sample = light(objects[0])
         if any(key not in sample for key in keys):

@@ -210,7 +210,7 @@ def get_messages(node: Node, p: Principal, vhost: str, name: str, body: Any) -> 
     taken: list[QueueEntry] = []
     out: list[dict[str, Any]] = []
     for _ in range(max(count, 0)):
-        entry = q.get(None, False)  # type: ignore[arg-type]  # no channel: settled below
+        entry = q.get(None, False)  # no channel: settled below
         if entry is None:
             break
         taken.append(entry)

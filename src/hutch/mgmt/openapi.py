@@ -149,7 +149,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             "bindings": {"type": "array", "items": _OBJ}}),
 }
 
-LIST_PARAMETERS = [
+LIST_PARAMETERS: list[tuple[str, dict[str, Any], str]] = [
     ("page", {"type": "integer", "minimum": 1}, "Page number: turns pagination on"),
     ("page_size", {"type": "integer", "minimum": 1, "maximum": 500}, "Items per page (default 100)"),
     ("name", _STR, "With page: keep items whose name contains this (case-insensitive)"),
@@ -233,14 +233,14 @@ def _raw_paths() -> dict[str, dict[str, Any]]:
     """What http.py serves with raw handlers: definitions and Prometheus metrics."""
     text = {"text/plain": {"schema": _STR}}
     vhost = _path_parameters("{vhost}")
-    defs_get = {"summary": "Export definitions (administrators); ?download=NAME names the file",
+    defs_get: dict[str, Any] = {"summary": "Export definitions (administrators); ?download=NAME names the file",
                 "tags": ["definitions"],
                 "parameters": _query([("download", _STR, "File name for Content-Disposition")]),
                 "responses": {"200": {"description": "OK",
                                       "content": {"application/json": {"schema": _ref("Definitions")}}},
                               "400": {"description": "Bad request", "content": _ERROR_CONTENT},
                               "401": {"description": "Not authorised", "content": _ERROR_CONTENT}}}
-    defs_post = {"summary": "Import definitions (administrators): all or nothing", "tags": ["definitions"],
+    defs_post: dict[str, Any] = {"summary": "Import definitions (administrators): all or nothing", "tags": ["definitions"],
                  "requestBody": {"content": {"application/json": {"schema": _ref("Definitions")}}},
                  "responses": {"204": {"description": "No Content"},
                                "400": {"description": "Bad request", "content": _ERROR_CONTENT},

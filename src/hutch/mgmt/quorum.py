@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING, Any
 from hutch.cluster import messages as cm
 from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
+from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 
 from .access import Principal, require_admin
+from .cluster import cluster_service
 from .errors import ApiError, bad_request, not_found, not_found_because
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
-    from hutch.runtime.queue_types.quorum.queue import QuorumQueue
+    from hutch.runtime.clustering.service import ClusterService
 
 PEER_TIMEOUT_S = 2.0
 TRANSFER_WAIT_S = 5.0
@@ -49,15 +51,16 @@ STRATEGIES = ("all", "even")
 # -- lookups ----------------------------------------------------------------------------------------
 
 
-def _cluster(node: Node) -> Any:
-    if node.cluster is None:
+def _cluster(node: Node) -> ClusterService:
+    cluster = cluster_service(node)
+    if cluster is None:
         raise bad_request("this node is not clustered: quorum queues need a cluster (it was started "
                           "with --no-cluster; see docs/clustering.md)")
-    return node.cluster
+    return cluster
 
 
 def _running(node: Node, name: str) -> bool:
-    return name == node.name or node.cluster.transport.connected(name)  # type: ignore[union-attr]
+    return name == node.name or _cluster(node).transport.connected(name)
 
 
 def _node_name(node: Node, text: Any) -> str:
@@ -81,9 +84,9 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
     q = v.queues.get(name)
     if q is None:
         raise not_found()
-    if q.queue_type != "quorum":
+    if not isinstance(q, QuorumQueue):
         raise bad_request(f"{rs('queue', name, vhost)} is a {q.queue_type} queue, not a quorum queue")
-    return q  # type: ignore[return-value]
+    return q
 
 
 def _pattern(body: dict[str, Any], key: str) -> UserPattern:
@@ -101,14 +104,14 @@ def _pattern(body: dict[str, Any], key: str) -> UserPattern:
 def _matching(node: Node, body: dict[str, Any]) -> list[QuorumQueue]:
     """The quorum queues whose vhost and name match the body's patterns, by vhost then name."""
     vhost_re, queue_re = _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern")
-    out = []
+    out: list[QuorumQueue] = []
     for vname in sorted(node.vhosts):
         if not vhost_re.search(vname):
             continue
         for qname, q in sorted(node.vhosts[vname].queues.items()):
-            if q.queue_type == "quorum" and queue_re.search(qname):
+            if isinstance(q, QuorumQueue) and queue_re.search(qname):
                 out.append(q)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _body(body: Any) -> dict[str, Any]:
@@ -122,8 +125,7 @@ def _body(body: Any) -> dict[str, Any]:
 
 def local_view(node: Node, gid: int) -> dict[str, Any]:
     """This node's own view of a quorum queue's Raft group (names instead of raft ids)."""
-    cluster = node.cluster
-    assert cluster is not None
+    cluster = _cluster(node)
     svc = cluster.quorum
     q = svc.queues.get(int(gid))
     if q is None or q.replica is None or q.replica.group is None:
@@ -147,12 +149,12 @@ async def _view_of(node: Node, q: QuorumQueue, member: str) -> dict[str, Any] | 
     """`member`'s view of `q`'s group; None when it cannot be asked."""
     if member == node.name:
         return local_view(node, q.gid)
-    cluster = node.cluster
-    assert cluster is not None
+    cluster = _cluster(node)
     if not cluster.transport.connected(member):
         return None
     try:
-        return await cluster.call(member, cm.QuorumLocalView(q.gid), timeout=PEER_TIMEOUT_S)  # type: ignore[no-any-return]
+        view: dict[str, Any] = await cluster.call(member, cm.QuorumLocalView(q.gid), timeout=PEER_TIMEOUT_S)
+        return view
     except Exception:  # noqa: BLE001 - a member that does not answer is shown as unreachable
         return None
 
@@ -170,7 +172,7 @@ def _leader_view(views: dict[str, dict[str, Any] | None]) -> dict[str, Any] | No
 
 async def _leader_of(node: Node, q: QuorumQueue) -> str | None:
     """The queue's leader: this node knows it when it is a member; otherwise a member is asked."""
-    lead = node.cluster.quorum.leader_name(q)  # type: ignore[union-attr]
+    lead = _cluster(node).quorum.leader_name(q)
     if lead is not None or node.name in q.members:
         return lead
     for m in q.members:
@@ -240,7 +242,8 @@ def _runtime_error(exc: Exception, what: str) -> ApiError | None:
 
 
 async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
-    svc = node.cluster.quorum  # type: ignore[union-attr]
+    cluster = _cluster(node)
+    svc = cluster.quorum
     what = f"{'adding' if add else 'removing'} {member} {'to' if add else 'from'} {rs('queue', q.name, q.vhost)}"
     if add:
         if member in q.members:
@@ -259,7 +262,7 @@ async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
     try:
         await (svc.add_member(q, member) if add else svc.delete_member(q, member))
         if (member in q.members) != add:  # the leader made the change elsewhere: read it back here
-            await node.cluster.barrier()  # type: ignore[union-attr]
+            await cluster.barrier()
     except Exception as exc:
         error = _runtime_error(exc, what)
         if error is None:
@@ -368,8 +371,7 @@ def plan_moves(leaders: dict[str, str], members: dict[str, list[str]], nodes: li
 
 async def _transfer(node: Node, q: QuorumQueue, lead: str, to: str) -> str | None:
     """Ask the leader to hand over to `to` and wait for it; None when done, else the reason."""
-    cluster = node.cluster
-    assert cluster is not None
+    cluster = _cluster(node)
     try:
         if lead == node.name:
             cluster.quorum.transfer_leader(q, to)
@@ -431,8 +433,7 @@ async def rebalance(node: Node, p: Principal, body: Any) -> dict[str, Any]:
 
 
 def _transfer_here(node: Node, req: cm.QuorumTransfer) -> bool:
-    cluster = node.cluster
-    assert cluster is not None
+    cluster = _cluster(node)
     q = cluster.quorum.queues.get(req.gid)
     if q is None:
         raise LookupError("no such quorum queue on this node")
@@ -442,9 +443,10 @@ def _transfer_here(node: Node, req: cm.QuorumTransfer) -> bool:
 
 def serve(node: Node) -> None:
     """Let the other nodes of a cluster ask this one about its quorum queue replicas (clustered only)."""
-    if node.cluster is not None:
-        node.cluster.register(cm.QuorumLocalView, lambda _peer, req: local_view(node, req.gid))
-        node.cluster.register(cm.QuorumTransfer, lambda _peer, req: _transfer_here(node, req))
+    cluster = cluster_service(node)
+    if cluster is not None:
+        cluster.register(cm.QuorumLocalView, lambda _peer, req: local_view(node, req.gid))
+        cluster.register(cm.QuorumTransfer, lambda _peer, req: _transfer_here(node, req))
 
 
 __all__ = ["add_member", "delete_member", "grow", "local_view", "plan_moves", "quorum_status", "rebalance",

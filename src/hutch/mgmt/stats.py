@@ -285,11 +285,11 @@ class Collector:
         for conn in node.connections:
             values = (conn.recv_oct, conn.send_oct)
             h = old.get(conn)
-            before = (0, 0)
+            before: tuple[int, ...] = (0, 0)
             if h is None:
                 h = History()
             elif h.values:
-                before = h.values[-1]  # type: ignore[assignment]
+                before = h.values[-1]
             vhost = conn.vhost_obj
             if values != before and vhost is not None:
                 recv, send = btotals.get(vhost.name, (0, 0))

@@ -44,6 +44,7 @@ from .access import (
     vhost_for_write,
     visible_vhosts,
 )
+from .cluster import cluster_service
 from .errors import bad_request, from_amqp, not_found
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict
     disk_free = _disk_free(node)
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
     storage = node.persistence
-    out = {
+    out: dict[str, Any] = {
         "name": node.name,
         "type": "disc",
         "running": True,
@@ -288,16 +289,18 @@ def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsVie
 
 def serve_node_info(node: Node) -> None:
     """Let the other nodes of a cluster ask this one for its `node_info` (GET /api/nodes there)."""
-    if node.cluster is not None:
-        node.cluster.register(cm.NodeInfo, lambda _peer, _req: node_info(node, node.wall_ms()))
+    cluster = cluster_service(node)
+    if cluster is not None:
+        cluster.register(cm.NodeInfo, lambda _peer, _req: node_info(node, node.wall_ms()))
 
 
 async def _member_info(node: Node, name: str) -> dict[str, Any]:
-    cluster = node.cluster
+    cluster = cluster_service(node)
     assert cluster is not None
     if cluster.transport.connected(name):
         try:
-            return await cluster.call(name, cm.NodeInfo(), timeout=2.0)  # type: ignore[no-any-return]
+            info: dict[str, Any] = await cluster.call(name, cm.NodeInfo(), timeout=2.0)
+            return info
         except Exception:  # noqa: BLE001 - a node that does not answer is shown as not running
             pass
     return {"name": name, "type": "disc", "running": False}
@@ -308,9 +311,10 @@ async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
     """Every member of the cluster (this node's figures, the others' as they report them)."""
     require_monitor(p)
     own = node_info(node, now_ms, stats)
-    if node.cluster is None:
+    cluster = cluster_service(node)
+    if cluster is None:
         return [own]
-    others = [m for m in node.cluster.machine.members if m != node.name]
+    others = [m for m in cluster.machine.members if m != node.name]
     return [own, *[await _member_info(node, m) for m in others]]
 
 
@@ -319,7 +323,8 @@ async def get_cluster_node(node: Node, p: Principal, name: str, now_ms: float,
     require_monitor(p)
     if name == node.name:
         return node_info(node, now_ms, stats)
-    if node.cluster is None or name not in node.cluster.machine.members:
+    cluster = cluster_service(node)
+    if cluster is None or name not in cluster.machine.members:
         raise not_found()
     return await _member_info(node, name)
 
@@ -339,7 +344,7 @@ def aliveness_test(node: Node, p: Principal, vhost: str) -> dict[str, Any]:
     except AMQPError as exc:
         raise from_amqp(exc) from None
     q.publish(Message("", ALIVENESS_QUEUE, BasicProperties(), ALIVENESS_BODY))
-    entry = q.get(None, True)  # type: ignore[arg-type]  # no channel: no-ack get, nothing to settle
+    entry = q.get(None, True)  # no channel: no-ack get, nothing to settle
     if entry is None or entry.msg.body != ALIVENESS_BODY:
         return {"status": "failed", "reason": "the test message did not come back"}
     return {"status": "ok"}

@@ -29,6 +29,7 @@ from urllib.parse import quote, unquote, unquote_plus
 
 from hutch.amqp.errors import AMQPError
 from hutch.core.routing import arguments_hash, exchange_dest, queue_dest
+from hutch.runtime.session.channel import ServerChannel
 
 from . import formats
 from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
@@ -126,8 +127,8 @@ def get_queue(node: Node, p: Principal, vhost: str, name: str, stats: StatsView 
     q = _queue(node, p, vhost, name)
     out = formats.queue_json(q, node.name, stats)
     out["consumer_details"] = [
-        formats.consumer_json(c, c.channel, node.name, node.config.consumer_timeout_ms)  # type: ignore[arg-type]
-        for c in q.consumers() if hasattr(c.channel, "conn")]
+        formats.consumer_json(c, c.channel, node.name, node.config.consumer_timeout_ms)
+        for c in q.consumers() if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
     return out
 
 

@@ -309,7 +309,7 @@ def delete_permission(node: Node, p: Principal, vhost: str, user: str) -> None:
 
 
 def _topic_entries(node: Node, vhost: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for (v, u), by_exchange in node.topic_permissions.items():
         if (vhost is None or v == vhost) and (user is None or u == user):
             out.extend({"user": u, "vhost": v, "exchange": x, "write": w, "read": r}

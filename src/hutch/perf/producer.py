@@ -22,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from collections.abc import Callable
@@ -142,7 +143,7 @@ class Producer(AmqpClient):
         self._burst = 1.0
         self._tick_s = RATE_TICK_S
         self._last_refill = 0.0
-        self._rate_timer = None
+        self._rate_timer: asyncio.TimerHandle | None = None
 
     async def setup(self) -> None:
         await self.open_channel(CHANNEL)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from hutch.amqp import spec
 from hutch.amqp.errors import AMQPError, FrameError
@@ -98,9 +98,10 @@ class AmqpClient(asyncio.Protocol):
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is not registered
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
-        self.transport.write(spec.PROTOCOL_HEADER)
+        # a stream transport (uvloop's TCPTransport is not registered as an asyncio.Transport)
+        stream = self.transport = cast(asyncio.Transport, transport)
+        stream.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        stream.write(spec.PROTOCOL_HEADER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._heartbeat_timer is not None:
@@ -333,7 +334,7 @@ async def connect(uri: AmqpUri, factory: Callable[[], ClientT]) -> ClientT:
     try:
         async with asyncio.timeout(uri.connect_timeout_s):
             ctx = uri.ssl_context()  # amqps: TLS, verified against the URI's cacertfile (or the system's CAs)
-            tls = {"ssl": ctx, "server_hostname": uri.tls_server_name} if ctx is not None else {}
+            tls: dict[str, Any] = {"ssl": ctx, "server_hostname": uri.tls_server_name} if ctx is not None else {}
             _, client = await loop.create_connection(factory, uri.host, uri.port, **tls)
             await asyncio.shield(client.ready)
     except (TimeoutError, OSError, AmqpClosed) as exc:

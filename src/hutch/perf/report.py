@@ -38,7 +38,7 @@ class Totals(NamedTuple):
 
     def minus(self, base: Totals) -> Totals:
         """The message counters since `base`; the done counts and last_activity_ns as they are."""
-        return Totals(*(a - b for a, b in zip(self[:5], base[:5], strict=True)), *self[5:])
+        return Totals._make([*(a - b for a, b in zip(self[:5], base[:5], strict=True)), *self[5:]])
 
 
 def _us(ns: int) -> int:
@@ -125,7 +125,7 @@ class Collector:
         if not self.latest:
             return Totals()
         fields = list(zip(*self.latest.values(), strict=True))
-        return Totals(*(sum(f) for f in fields[:7]), max(fields[7], default=0))
+        return Totals._make([*(sum(f) for f in fields[:7]), max(fields[7], default=0)])
 
     def on_tick(self, worker: int, tick: int, t_ns: int, totals: Totals, wire: WireHistogram) -> list[str]:
         self.latest[worker] = totals

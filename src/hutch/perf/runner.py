@@ -243,6 +243,7 @@ class Run:
         """Read every message that arrives within timeout_s."""
         by_pipe = {id(p): i for i, p in self.pipes.items()}
         for pipe in wait(list(self.pipes.values()), timeout_s):
+            assert isinstance(pipe, Connection)  # wait() hands back the pipes it was given
             i = by_pipe[id(pipe)]
             try:
                 while pipe.poll():

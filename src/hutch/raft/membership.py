@@ -48,6 +48,7 @@ class ConfigHistory:
         """Record the configuration changes among `entries` (appended in index order)."""
         for e in entries:
             if e.type is EntryType.CONF_CHANGE:
+                assert e.index > self._indexes[-1], f"configuration at {e.index} after {self._indexes[-1]}"
                 self._indexes.append(e.index)
                 self._confs.append(ConfChange.decode(e.data).apply_to(self._confs[-1]))
 

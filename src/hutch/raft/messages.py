@@ -59,6 +59,10 @@ class ConfState:
 
     voters: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        voters = self.voters
+        assert all(voters[i] < voters[i + 1] for i in range(len(voters) - 1)), f"voters unsorted: {voters}"
+
     def __contains__(self, node_id: object) -> bool:
         return node_id in self.voters
 

@@ -121,6 +121,7 @@ class Progress:
             updated = True
             self.probe_sent = False
         self.next = max(self.next, index + 1)
+        assert self.match < self.next
         return updated
 
     def optimistic_update(self, last_index: int) -> None:
@@ -136,6 +137,7 @@ class Progress:
         if self.next - 1 != rejected:
             return False  # not the probe we are waiting for
         self.next = max(min(rejected, match_hint + 1), self.match + 1)
+        assert self.match < self.next
         self.probe_sent = False
         return True
 

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from hutch.amqp.errors import AMQPError
     from hutch.config import Config
     from hutch.core.auth import AuthStore
     from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
@@ -49,6 +50,8 @@ class Clock(Protocol):
 
 class ChannelPort(Protocol):
     """What the broker asks of an open AMQP channel."""
+
+    conn: SessionConnection
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None: ...
 
@@ -87,6 +90,19 @@ class ClusterSubsystem(Protocol):
     def stop(self) -> None: ...
 
 
+class PublishLinkPort(Protocol):
+    """What a channel reads of the queue link (queue_types/remote.py) to confirm publishes that went to
+    queues on other nodes: the link numbers them, and answers whether a range of them is settled."""
+
+    last_publish_id: int
+
+    def confirmed(self, lo: int, hi: int) -> int:
+        """1: every publish in lo..hi confirmed; -1: one was refused; 0: answers missing."""
+        ...
+
+    def forget_confirms(self, lo: int, hi: int) -> None: ...
+
+
 class MetadataPort(Protocol):
     """How definition changes are replicated, and how a session waits for the cluster.
 
@@ -94,6 +110,7 @@ class MetadataPort(Protocol):
     none (`node.cluster is None`) and writes its definitions log itself."""
 
     post_commit: list[Callable[[], Awaitable[Any]]]
+    link: PublishLinkPort
 
     @property
     def has_unreplicated(self) -> bool: ...
@@ -173,6 +190,8 @@ class SessionConnection(Protocol):
     writes its frames, and the connection-wide state it shares."""
 
     node: BrokerPort
+    name: str  # "peer host:port -> local host:port", as the management API shows it
+    peer: tuple[str, int]
     user_name: str
     vhost_obj: VirtualHost | None
     frame_max: int
@@ -182,6 +201,7 @@ class SessionConnection(Protocol):
     write_paused: bool
     alarm_blocked: bool
     has_published: bool
+    unfinished_body_bytes: int
 
     def send_method(self, channel: int, method: Any) -> None: ...
 
@@ -191,7 +211,11 @@ class SessionConnection(Protocol):
 
     def want_flush(self, channel: Any) -> None: ...
 
-    def close_with_error(self, exc: Exception) -> None: ...
+    def close_with_error(self, exc: AMQPError) -> None: ...
+
+    def hold_unfinished_body(self, nbytes: int) -> None:
+        """A channel holds `nbytes` more of a message body in progress (bounded per connection)."""
+        ...
 
     def flow_block(self, queue: Any) -> None: ...
 

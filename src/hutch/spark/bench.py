@@ -234,7 +234,12 @@ def main() -> None:
         print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
               f"PySpark {spark.version}")
         print(f"arrow conversion (deliveries -> record batch): {arrow_rate(min(n, 100_000), size):,.0f} msg/s")
-        pub = _best(args.repeat, lambda: (declare(uri, q), prefill(uri, q, n, size))[1])
+
+        def declare_and_prefill() -> float:
+            declare(uri, q)
+            return prefill(uri, q, n, size)
+
+        pub = _best(args.repeat, declare_and_prefill)
         con = consume_rate(uri, q, n)
         print(f"broker only, connector client: publish+confirm {pub:,.0f} msg/s, consume+ack {con:,.0f} msg/s")
         if args.compare_pika:

@@ -263,6 +263,7 @@ class Publisher:
                     p = BasicProperties(message_id=message_id, delivery_mode=delivery_mode)
                     if row_props:
                         self._apply_properties(p, row_props)
+                        assert p.message_id is not None  # set above; a row's null leaves it as it is
                         message_id = p.message_id
                     if row_headers:
                         p.headers = {str(k): _header_value(v) for k, v in row_headers}

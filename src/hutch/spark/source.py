@@ -40,7 +40,7 @@ from .schema import to_record_batch
 try:
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 except ImportError:  # a PySpark without Trigger.AvailableNow for Python sources: Spark wraps the source
-    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
+    SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]  # a plain base in its place
 
 log = logging.getLogger("hutch.spark")
 

@@ -412,6 +412,7 @@ class SegmentedLog:
             active.size += len(job.data)
             active.last_seq = job.last_seq
         self._handle = handle
+        assert job.last_seq >= self._synced_seq  # what was durable stays durable
         self._synced_seq = job.last_seq
         return self._synced_seq
 

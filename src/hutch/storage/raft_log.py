@@ -162,6 +162,7 @@ class GroupState:
         else:
             del self.mem[first - self.flushed_last - 1:]
         self.mem.extend(ents)
+        assert self.mem[0].index == self.flushed_last + 1, "log entries are not consecutive"
         return dropped
 
     def reset(self, index: int, term: int) -> list[SegmentRef]:

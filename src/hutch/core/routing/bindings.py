@@ -243,6 +243,9 @@ class _BindingTable:
     def __len__(self) -> int:
         return self._count
 
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Collection[Destination]:
+        raise NotImplementedError
+
     def _index(self, binding: Binding) -> None:
         raise NotImplementedError
 

@@ -189,7 +189,7 @@ class HeadersRouter(_BindingTable):
         """Where the pattern is indexed: (self._by_key, header) or (self._by_item, (header, value))."""
         items = pattern.items
         if pattern.match_all and items:  # one anchor is enough; a valued item is the more selective
-            items = ([item for item in items if item[1] is not _PRESENT] or list(items))[:1]
+            items = tuple([item for item in items if item[1] is not _PRESENT][:1]) or items[:1]
         by_key: dict[Any, _Group] = self._by_key
         by_item: dict[Any, _Group] = self._by_item
         return [(by_key, key) if wanted is _PRESENT else (by_item, (key, wanted)) for key, wanted in items]

@@ -142,6 +142,7 @@ class TopicRouter(_BindingTable):
             del parent.children[node.word]
             if node.is_hash:
                 parent.hash_child = None
+            assert parent.hash_child is parent.children.get("#")
             node, parent = parent, parent.parent
 
     def node_count(self) -> int:

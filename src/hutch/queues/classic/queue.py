@@ -84,9 +84,9 @@ class ClassicQueue(Queue):
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
         super().__init__(vhost, name, durable, exclusive_owner, auto_delete, arguments)
-        self._ready: deque[QueueEntry] = deque()
+        self._ready: deque[QueueEntry] | PriorityReady = deque()
         if self.settings.max_priority:  # x-max-priority: one FIFO per level (priority.py), never paged
-            self._ready = PriorityReady(self.settings.max_priority)  # type: ignore[assignment]
+            self._ready = PriorityReady(self.settings.max_priority)
         self._ready_bytes = 0  # bodies of the messages in `_ready`
         self._unacked = 0
         self._seq = 0
@@ -104,7 +104,7 @@ class ClassicQueue(Queue):
         self._max_delivered = 0  # highest seq ever handed out (delivery or get)
         self._recovered_delivered = 0  # recovered seqs up to this one were delivered before the restart
         # -- features: hooks set by the runtime
-        self.dead_letterer: Callable[[ClassicQueue, list[Message], str], None] | None = None
+        self.dead_letterer: Callable[[ClassicQueue, list[Message], str], object] | None = None
         self.timer: Callable[[ClassicQueue, int], None] | None = None  # call on_timer at this wall ms
         self._has_ttl = False  # some message carried an expiry (checked at the head from then on)
         self._now_hint = 0  # the clock reading of the publish in progress
@@ -119,7 +119,7 @@ class ClassicQueue(Queue):
         """Enqueue; REJECTED when the queue refused it (reject-publish overflow: the publisher gets a nack),
         PENDING when the message was written to the index for good and `receipt` waits for its fsync."""
         st = self.settings
-        expires_at = ttl = 0
+        expires_at = 0
         if st.message_ttl is not None or msg.properties_raw[0] & 0x01:
             ttl = st.message_ttl
             per_message = msg.expiration_ms
@@ -153,9 +153,9 @@ class ClassicQueue(Queue):
         else:
             entry = QueueEntry(seq, msg)
             if durable:
-                index = self.index
-                assert index is not None
-                index.publish(seq, True, msg, expires_at)
+                qindex = self.index
+                assert qindex is not None, "a persisting queue has its index"
+                qindex.publish(seq, True, msg, expires_at)
                 entry.on_disk = True
             if expires_at:
                 entry.expires_at_ms = expires_at
@@ -174,9 +174,9 @@ class ClassicQueue(Queue):
         if st.max_length is not None or st.max_length_bytes is not None:
             self._drop_over_limit(st)
         if durable and receipt is not None:
-            index = self.index
-            assert index is not None, "a persisting queue has its index"
-            index.sink.confirm_after_sync(receipt, self)
+            qindex = self.index
+            assert qindex is not None, "a persisting queue has its index"
+            qindex.sink.confirm_after_sync(receipt, self)
             return PENDING
         return SETTLED
 
@@ -436,7 +436,7 @@ class ClassicQueue(Queue):
         store: while the node's group commit is behind the disk (`congested`), publishers to durable
         queues are paused too.
         """
-        if self.persist and self.index.sink.congested:  # type: ignore[union-attr]
+        if self.persist and self.index is not None and self.index.sink.congested:
             return True  # the disk is behind: the store is the link of the chain that is full
         if self._seq & 63:
             return False  # sampled every 64th message: the consumer scan is not free, flow is coarse
@@ -467,7 +467,7 @@ class ClassicQueue(Queue):
                     return c
         return None
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         if self._has_ttl:
             self.expire_due(self.clock())
         if self.settings.expires is not None:
@@ -495,6 +495,7 @@ class ClassicQueue(Queue):
             for _ in entries:
                 n += 1
         self._unacked -= n
+        assert self._unacked >= 0, "settled more than was handed out"
         self.stat_acked += n
 
     def _settle_on_disk(self, entries: list[QueueEntry]) -> None:
@@ -512,6 +513,7 @@ class ClassicQueue(Queue):
         if not items:
             return
         self._unacked -= len(items)
+        assert self._unacked >= 0, "settled more than was handed out"
         if self.deleted:
             return
         limit = self.settings.delivery_limit_or_none
@@ -553,6 +555,7 @@ class ClassicQueue(Queue):
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         items = list(entries)
         self._unacked -= len(items)
+        assert self._unacked >= 0, "settled more than was handed out"
         if not self.deleted:
             self._remove_dead(items, "rejected")
         elif self.index is not None:

@@ -327,7 +327,8 @@ _CLASSES: tuple[type, ...] = (Enqueue, RegisterPublisher, UnregisterPublisher, C
                               UpdateConfig, DlxCheckout, DlxSettle, EnqueueBatch)
 _OPCODES: dict[type, int] = {cls: op for op, cls in enumerate(_CLASSES)}
 _BATCH = _OPCODES[EnqueueBatch]
-_WITH_PAYLOAD = frozenset({_OPCODES[Enqueue], _OPCODES[Requeue], _BATCH})
+_PAYLOAD_CLASSES = (Enqueue, Requeue, EnqueueBatch)
+_WITH_PAYLOAD = frozenset(_OPCODES[cls] for cls in _PAYLOAD_CLASSES)
 _UPDATE_CONFIG = _OPCODES[UpdateConfig]
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
@@ -335,11 +336,11 @@ _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 def encode(command: Command, system_time_ms: int = 0) -> bytes:
     """The raft entry for `command`, stamped with the leader's time."""
     op = _OPCODES[type(command)]
-    if op in _WITH_PAYLOAD:
+    if isinstance(command, _PAYLOAD_CLASSES):
         header = _packb((system_time_ms, op, *command[:-1]))
-        return b"".join((_HEAD.pack(VERSION, len(header)), header, command[-1]))
-    if op == _UPDATE_CONFIG:
-        header = _packb((system_time_ms, op, command[0].to_wire()))
+        return b"".join((_HEAD.pack(VERSION, len(header)), header, command.payload))
+    if isinstance(command, UpdateConfig):
+        header = _packb((system_time_ms, op, command.config.to_wire()))
     else:
         header = _packb((system_time_ms, op, *command))
     return _HEAD.pack(VERSION, len(header)) + header
@@ -378,11 +379,11 @@ def payloads_of(data: bytes | memoryview) -> list[memoryview]:
     Raises CommandError for an entry of another kind."""
     _t, cmd = decode(data)
     if type(cmd) is EnqueueBatch:
-        view, out, at = cmd.payload, [], 0
+        view, out, at = memoryview(cmd.payload), [], 0
         for n in cmd.lens:
             out.append(view[at:at + n])
             at += n
         return out
     if type(cmd) is Enqueue or type(cmd) is Requeue:
-        return [cmd.payload]  # type: ignore[list-item]
+        return [memoryview(cmd.payload)]  # decode's payload is already a view: no copy
     raise CommandError(f"a {type(cmd).__name__} entry carries no message")

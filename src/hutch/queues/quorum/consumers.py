@@ -119,7 +119,8 @@ class Consumers:
     def rotate(self, c: Consumer) -> None:
         """`c` (the head of the highest group) took a message: back of its group, or out of service."""
         group = self.groups[c.priority]
-        group.popleft()
+        head = group.popleft()
+        assert head == c.key, "rotate: the consumer was not the head of its group"
         if c.credit > 0:
             group.append(c.key)
         else:

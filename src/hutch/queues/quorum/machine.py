@@ -67,6 +67,7 @@ from .effects import (
     DUPLICATE,
     OK,
     REASON_CODES,
+    REASONS,
     REJECTED,
     CheckoutReply,
     DeleteQueue,
@@ -96,7 +97,7 @@ _DELIVERY_LIMIT = REASON_CODES["delivery_limit"]
 
 
 class Meta(NamedTuple):
-    index: int  # raft index of the entry being applied
+    index: int  # type: ignore[assignment]  # the raft index; shadows tuple.index, never called on a Meta
     term: int
     system_time_ms: int  # the leader's clock, stamped into the entry
 
@@ -639,7 +640,7 @@ def leader_effects(st: QueueState) -> list[Effect]:
     if st.config.at_least_once:
         effects.append(DlxWorker(True))
     if st.dlx.checked:
-        effects.append(DlxDeliver(tuple((i, i, dl.REASONS[r]) for i, (_s, r) in st.dlx.checked.items())))
+        effects.append(DlxDeliver(tuple((i, i, REASONS[r]) for i, (_s, r) in st.dlx.checked.items())))
     if st.rejecting:
         effects.append(OverflowStatus(True))
     effects.append(ReleaseCursor(st.release_cursor()))

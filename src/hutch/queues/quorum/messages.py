@@ -30,6 +30,7 @@ import re
 import sys
 from array import array
 from collections.abc import Iterator
+from typing import Any
 
 Record = tuple[int, int, int, int]  # (msg_id, size_bytes, expires_at_ms or 0, delivery_count)
 
@@ -118,6 +119,7 @@ class MsgQueue:
     def _consumed_to(self, head: int) -> None:
         """Everything before `head` was taken: clear, cut the consumed prefix off, or move the head."""
         n = len(self._idx)
+        assert head <= n
         if head == n:
             self._clear()
         elif head >= _COMPACT_MIN and head * 2 >= n:
@@ -163,13 +165,14 @@ class MsgQueue:
                 None if exp is None else _le_bytes(exp[head:]), [[k, v] for k, v in self._counts.items()]]
 
     @classmethod
-    def from_wire(cls, data: list[object]) -> MsgQueue:
+    def from_wire(cls, data: list[Any]) -> MsgQueue:
+        """The inverse of `to_wire`, from a decoded snapshot (msgpack values, hence Any)."""
         idx_b, size_b, exp_b, counts = data
         q = cls()
-        q._idx = _from_le("q", idx_b)  # type: ignore[arg-type]
-        q._size = _from_le("I", size_b)  # type: ignore[arg-type]
-        q._exp = None if exp_b is None else _from_le("q", exp_b)  # type: ignore[arg-type]
-        q._counts = {k: v for k, v in counts}  # type: ignore[attr-defined]
+        q._idx = _from_le("q", idx_b)
+        q._size = _from_le("I", size_b)
+        q._exp = None if exp_b is None else _from_le("q", exp_b)
+        q._counts = {k: v for k, v in counts}
         q.n = len(q._idx)
         return q
 

@@ -193,7 +193,7 @@ class QueueState:
          rejecting, release_step, last_index, *priorities) = items
         st = cls(QuorumConfig.from_wire(dict(config)), release_step)
         st.messages = MsgQueue.from_wire(list(messages))
-        st.returns = deque(tuple(r) for r in returns)  # type: ignore[misc]
+        st.returns = deque((r[0], r[1], r[2], r[3]) for r in returns)
         st.ready_bytes = ready_bytes
         st.consumers = Consumers.from_wire(list(consumers))
         st.dlx = DlxState.from_wire(list(dlx))

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -108,10 +109,10 @@ class ResourceMonitor:
             handle.cancel()
         self._handles.clear()
 
-    def _later(self, delay_s: float, fn: object) -> None:
+    def _later(self, delay_s: float, fn: Callable[[], object]) -> None:
         loop = asyncio.get_running_loop()
         self._handles = [h for h in self._handles if not h.cancelled()]
-        self._handles.append(loop.call_later(delay_s, fn))  # type: ignore[arg-type]
+        self._handles.append(loop.call_later(delay_s, fn))
 
     def _check_memory(self) -> None:
         self.memory_used_bytes = resident_memory_bytes()

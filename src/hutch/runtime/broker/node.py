@@ -196,9 +196,9 @@ class Node:
                     if not (x.durable or self.cluster is not None):
                         continue
                     for b in list(x.router.bindings()):
-                        op = self._binding_op(ops_.Bind, vhost, x, b.destination, b.routing_key, b.arguments)
+                        bind = self._binding_op(ops_.Bind, vhost, x, b.destination, b.routing_key, b.arguments)
                         if (self.cluster is not None or self._durable_destination(vhost, b.destination)) and \
-                                self._binding_key(op) not in keep_bindings:
+                                self._binding_key(bind) not in keep_bindings:
                             self.unbind(vhost, x, b.destination, b.routing_key, b.arguments)
                 for q in list(vhost.queues.values()):
                     if (is_durable_queue(q) or self.cluster is not None) and \
@@ -220,7 +220,7 @@ class Node:
                 log.warning("metadata snapshot: cannot apply %s: %s", ops_.kind_of(op), exc)
 
     @staticmethod
-    def _binding_key(op: ops_.Bind) -> tuple[Any, ...]:
+    def _binding_key(op: ops_.Bind | ops_.Unbind) -> tuple[Any, ...]:
         return (op.vhost, op.source, op.dest_kind, op.dest, op.routing_key, bytes(op.arguments))
 
     def members_changed(self) -> None:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hutch.core.definition_ops import ClearPolicy, SetPolicy
 from hutch.core.policy import Policy, effective_settings, exchange_alternate
 
 if TYPE_CHECKING:
+    from hutch.core.definition_ops import DefinitionOp
     from hutch.core.policy import PolicyStore
     from hutch.core.queue_type import Queue
     from hutch.core.routing import Exchange
@@ -40,7 +41,7 @@ class PolicyHost(Protocol):
     vhosts: dict[str, VirtualHost]
     policies: PolicyStore
 
-    def _record(self, op: dict[str, Any]) -> None: ...
+    def _record(self, op: DefinitionOp) -> None: ...
 
 
 

@@ -105,8 +105,9 @@ class RaftDriver:
         self._send = send
         self._log_options = log_options
         self._fs: FileSystem = fs if fs is not None else RealFS()
+        # set by start(), before any other method runs (the groups' GroupHost port reads _loop as set)
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
-        self._store: RaftLogStore = None  # type: ignore[assignment]
+        self._store: RaftLogStore = None  # type: ignore[assignment]  # set by start()
         self._running = False
         self.failed: BaseException | None = None
         self._groups: dict[int, Group] = {}

@@ -51,6 +51,7 @@ class GroupHost(Protocol):
 
     _loop: asyncio.AbstractEventLoop
     _proposing: dict[int, Group]
+    tick_s: float
 
     def _check_open(self, g: Group) -> None: ...
 

@@ -111,6 +111,7 @@ class ClusterService:
         self.machine.on_applied = self._applied
         self.timeout_s = cfg.cluster_metadata_timeout_ms / 1000
         self.advertise_host = cfg.cluster_advertise_host or "127.0.0.1"
+        assert cfg.cluster_port is not None  # Invariant: app.py clusters a node only with a cluster port
         self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
                                    on_message=self._on_message, on_request=self._on_request,
                                    on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down)
@@ -534,7 +535,8 @@ class ClusterService:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ValueError("no metadata leader at the moment; retry")
-            return await self.call(leader, req, timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
+            reply: cm.JoinReply = await self.call(leader, req, timeout=self.timeout_s * 2)
+            return reply
         async with self._join_lock:
             name = req.name
             await self._propose_until_done([ops_.ClusterJoin(name, req.host, req.port)])
@@ -564,7 +566,7 @@ class ClusterService:
             leader = self._name_of(self.group.leader)
             if leader is None:
                 raise ClusterUnavailable("no metadata leader at the moment")
-            return await self.call(leader, cm.Leave(name), timeout=self.timeout_s * 2)  # type: ignore[no-any-return]
+            return await self.call(leader, cm.Leave(name), timeout=self.timeout_s * 2)
         async with self._join_lock:
             raft_id = self.machine.members[name].raft_id
             if raft_id in self.machine.voters:

@@ -47,7 +47,7 @@ import random
 import ssl
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from hutch.cluster.wire import (
     BATCH_OVERHEAD_BYTES,
@@ -147,9 +147,10 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream transport (uvloop's TCPTransport is not registered as an asyncio.Transport)
+        stream = self.transport = cast(asyncio.Transport, transport)
         high = self.owner.write_buffer_high_bytes
-        transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
+        stream.set_write_buffer_limits(high=high, low=high // 4)
         self.started = self.last_rx = self.last_tx = self.owner._loop.time()
         if self.role is Role.ACCEPTOR:
             peer = transport.get_extra_info("peername") or ("?", 0)
@@ -322,7 +323,8 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        tls = {"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_server else {}
+        tls: dict[str, Any] = ({"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s}
+                               if self.ssl_server else {})
         self._server = await listen.create_server(self._loop, self._accept, self.host, self.port, **tls)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
@@ -819,7 +821,8 @@ class Transport:
 
     async def _dial(self, peer: _Peer, conn: _Conn) -> None:
         try:
-            tls = {"ssl": self.ssl_client, "ssl_handshake_timeout": self.peer_timeout_s} if self.ssl_client else {}
+            tls: dict[str, Any] = ({"ssl": self.ssl_client, "ssl_handshake_timeout": self.peer_timeout_s}
+                                   if self.ssl_client else {})
             await asyncio.wait_for(self._loop.create_connection(lambda: conn, peer.host, peer.port, **tls),
                                    timeout=self.peer_timeout_s)
         except (TimeoutError, OSError) as exc:

@@ -129,7 +129,7 @@ class RemoteQueue(Queue):
         self.stat_published += 1
         return self.link.publish(self, msg, receipt)
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
         if entry is not None:
             self.stat_get += 1
@@ -239,6 +239,15 @@ class _RemoteDeliverer:
 
     def can_take(self) -> bool:
         return self.link.transport.writable(self.peer)
+
+    @property
+    def conn(self) -> _RemoteDeliverer:
+        """The consumer's connection as a queue's flow check sees it: the link to the peer."""
+        return self
+
+    @property
+    def write_paused(self) -> bool:
+        return not self.link.transport.writable(self.peer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
@@ -543,9 +552,9 @@ class QueueLink:
             return
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
         pending = self.confirm_pending
-        for pid in [pid for pid, (_receipt, q) in pending.items() if q.home == peer]:
-            receipt, q = pending.pop(pid)
-            receipt.reject(q)
+        for pid in [pid for pid, (_receipt, rq) in pending.items() if rq.home == peer]:
+            receipt, rq = pending.pop(pid)
+            receipt.reject(rq)
         for vhost in self.node.vhosts.values():
             for q in vhost.queues.values():
                 if isinstance(q, RemoteQueue) and q.home == peer:

@@ -37,7 +37,7 @@ from hutch.amqp.errors import (
 )
 from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
-from hutch.core.auth import resource_access_refused_text, topic_permission_allows
+from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
@@ -78,7 +78,9 @@ class ServerChannel(DeclarationsMixin):
         self.conn = conn
         self.number = number
         self.node = conn.node
-        self.vhost = conn.vhost_obj
+        vhost = conn.vhost_obj
+        assert vhost is not None  # Invariant: channels open after connection.open chose the vhost
+        self.vhost = vhost
         self.user = conn.user_name
         self.state = self.OPEN
         self.consumers: dict[str, Consumer] = {}
@@ -153,7 +155,7 @@ class ServerChannel(DeclarationsMixin):
             return False
         return not self.global_prefetch or len(self.unacked) < self.global_prefetch
 
-    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
+    def check_permission(self, kind: PermissionKind, resource_type: str, name: str) -> None:
         epoch = self.node.perm_epoch
         if epoch != self._perm_epoch:
             self._perm_cache.clear()
@@ -166,7 +168,7 @@ class ServerChannel(DeclarationsMixin):
         if not allowed:
 
             raise ChannelError(ACCESS_REFUSED, resource_access_refused_text(
-                self.user, self.vhost.name, kind, resource_type, name))  # type: ignore[arg-type]
+                self.user, self.vhost.name, kind, resource_type, name))
 
     # -- channel class -------------------------------------------------------------------------
     def _channel_open(self, m: Any) -> None:
@@ -319,7 +321,7 @@ class ServerChannel(DeclarationsMixin):
             assert self.confirms is not None, "confirm.select made the channel's ledger"
             self._route_and_enqueue(x, routing_keys, msg, mandatory, Receipt(self.confirms, self.publish_seq))
 
-    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: bool,
+    def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: int,
                            receipt: Receipt | None) -> None:
         """Route and enqueue; with a receipt, record in the ledger what the queues answered."""
         if x.name == "" and routing_keys[0].startswith(REPLY_TO_PREFIX):
@@ -334,7 +336,7 @@ class ServerChannel(DeclarationsMixin):
             queues = self.vhost.route(x, routing_keys, headers)
         self._enqueue(queues, msg, mandatory, receipt)
 
-    def _enqueue(self, queues: list[Queue], msg: Message, mandatory: bool, receipt: Receipt | None) -> None:
+    def _enqueue(self, queues: list[Queue], msg: Message, mandatory: int, receipt: Receipt | None) -> None:
         pending: list[Queue] | None = None
         rejected = False
         if queues:

@@ -141,7 +141,7 @@ class AMQPConnection:
         self.frame_max = cfg.frame_max
         self.heartbeat_s = cfg.heartbeat_s
         self.user_name = ""
-        self.vhost_obj: VirtualHost | None = None  # type: ignore[assignment]
+        self.vhost_obj: VirtualHost | None = None
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.peer = ("", 0)
@@ -431,7 +431,8 @@ class AMQPConnection:
             self._header_buf = buf
             return b""
         if buf[:8] != spec.PROTOCOL_HEADER:
-            self.transport.write(spec.PROTOCOL_HEADER)  # type: ignore[union-attr]
+            assert self.transport is not None  # Invariant: bytes arrive only over a transport
+            self.transport.write(spec.PROTOCOL_HEADER)
             self._abort()
             return b""
         self._header_buf = b""

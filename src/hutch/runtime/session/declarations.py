@@ -17,6 +17,7 @@ from hutch.core.routing import exchange_dest, queue_dest
 from hutch.core.vhost import rs
 
 if TYPE_CHECKING:
+    from hutch.core.auth import PermissionKind
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.ports import BrokerPort, SessionConnection
 
@@ -31,7 +32,7 @@ class DeclarationsMixin:
     def send(self, method: spec.Method) -> None:  # provided by the channel
         raise NotImplementedError
 
-    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
+    def check_permission(self, kind: PermissionKind, resource_type: str, name: str) -> None:
         raise NotImplementedError
 
     # -- exchanges -----------------------------------------------------------------------------

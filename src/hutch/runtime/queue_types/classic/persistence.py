@@ -196,9 +196,9 @@ class GroupCommit:
                     f.release_handle()
                 except StorageError as exc:
                     log.warning("cannot close %s: %s", f.path, exc)
-        exc = fut.exception()
-        if exc is not None:
-            self._fail(exc, held)
+        error = fut.exception()
+        if error is not None:
+            self._fail(error, held)
             return
         self.syncs += 1
         self.fsyncs += nfiles

@@ -60,7 +60,7 @@ class QuorumHost(Protocol):
     ids: Any
     publisher_id: tuple[str, str]
 
-    async def call(self, q: QuorumQueue, obj: dict[str, Any]) -> Any: ...
+    async def call(self, q: QuorumQueue, req: tuple[Any, ...]) -> Any: ...
 
     def checkout(self, q: QuorumQueue, cid: int, consumer: Consumer) -> None: ...
 
@@ -288,7 +288,8 @@ class QuorumQueue(Queue):
         elif isinstance(method, spec.Basic.Cancel):
             await self.cancel_committed(method.consumer_tag)
         else:
-            self._counts = tuple(await self.svc.call(self, cm.QuorumInfo(self.gid)))  # type: ignore
+            counts = await self.svc.call(self, cm.QuorumInfo(self.gid))  # [ready, unacked, consumers, bytes, ...]
+            self._counts = (counts[0], counts[1], counts[2], counts[3])
 
     # -- messages ------------------------------------------------------------------------------------
     def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
@@ -299,7 +300,7 @@ class QuorumQueue(Queue):
     def needs_flow_control(self) -> bool:
         return self.open_entries > self.soft_limit
 
-    def get(self, channel: Deliverer, no_ack: bool) -> QueueEntry | None:
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None
         if entry is not None:
             self.stat_get += 1

@@ -75,12 +75,15 @@ class QuorumService(QuorumMembership):
         self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
         self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
         self._tick: asyncio.TimerHandle | None = None
-        for kind, handler in ((cm.QuorumGet, self._h_get), (cm.QuorumPurge, self._h_purge),
-                              (cm.QuorumInfo, self._h_info), (cm.QuorumMember, self._h_member),
-                              (cm.QuorumCancel, self._h_cancel), (cm.QuorumCommand, self._on_command),
-                              (cm.QuorumDeliver, self._on_deliver), (cm.QuorumConfirm, self._on_confirm),
-                              (cm.QuorumLeaderChanged, self._on_leader_changed)):
-            cluster.register(kind, handler)
+        cluster.register(cm.QuorumGet, self._h_get)
+        cluster.register(cm.QuorumPurge, self._h_purge)
+        cluster.register(cm.QuorumInfo, self._h_info)
+        cluster.register(cm.QuorumMember, self._h_member)
+        cluster.register(cm.QuorumCancel, self._h_cancel)
+        cluster.register(cm.QuorumCommand, self._on_command)
+        cluster.register(cm.QuorumDeliver, self._on_deliver)
+        cluster.register(cm.QuorumConfirm, self._on_confirm)
+        cluster.register(cm.QuorumLeaderChanged, self._on_leader_changed)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     # -- groups ----------------------------------------------------------------------------------------
@@ -340,7 +343,7 @@ class QuorumService(QuorumMembership):
         q = self._queue(req.gid)
         forwarded = await self._forward_or(q, req)
         if forwarded is not None:
-            return forwarded  # type: ignore[no-any-return]
+            return forwarded
         assert q.replica is not None
         node = req.node
         cmd = qc.make_dequeue((node, 0), req.no_ack, node, f"{node}/get")
@@ -508,8 +511,7 @@ class QuorumService(QuorumMembership):
     # -- the leader's effects --------------------------------------------------------------------------
     def run_effects(self, q: QuorumQueue, effects: list[qe.Effect]) -> None:
         for eff in effects:
-            t = type(eff)
-            if t is qe.Deliver:
+            if isinstance(eff, qe.Deliver):
                 node, cid = eff.consumer_key
                 if node == self.name and cid in q.local:
                     self._deliver_local(q, cid, eff.messages)
@@ -526,25 +528,26 @@ class QuorumService(QuorumMembership):
                     self._deliver_here(q, cid, msgs)  # a consumer gone meanwhile: gives them back
                 else:
                     self.cluster.send(node, cm.QuorumDeliver(q.gid, cid, msgs))
-            elif t is qe.Confirm or t is qe.Reject:
+            elif isinstance(eff, qe.Confirm | qe.Reject):
                 node, incarnation = eff.publisher_id
+                ok = isinstance(eff, qe.Confirm)
                 if node == self.name:
                     if incarnation == self.cluster.incarnation:
-                        self._confirmed(q, eff.seqs, t is qe.Confirm)
+                        self._confirmed(q, eff.seqs, ok)
                 else:
-                    self.cluster.send(node, cm.QuorumConfirm(q.gid, incarnation, list(eff.seqs), t is qe.Confirm))
-            elif t is qe.DeadLetter:
+                    self.cluster.send(node, cm.QuorumConfirm(q.gid, incarnation, list(eff.seqs), ok))
+            elif isinstance(eff, qe.DeadLetter):
                 self._dead_letter(q, eff.reason, eff.raft_indexes)
-            elif t is qe.DeleteQueue:
+            elif isinstance(eff, qe.DeleteQueue):
                 vhost = self.node.vhosts.get(q.vhost)
                 if vhost is not None and vhost.queues.get(q.name) is q:
                     log.info("quorum queue '%s' in vhost '%s' unused for its x-expires: deleted", q.name, q.vhost)
                     self.node.delete_queue(vhost, q)
-            elif t is qe.DlxWorker:
+            elif isinstance(eff, qe.DlxWorker):
                 q.dlx_running = eff.running
                 if eff.running:
                     self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
-            elif t is qe.DlxDeliver:
+            elif isinstance(eff, qe.DlxDeliver):
                 asyncio.ensure_future(self._dlx_republish(q, eff.messages))
 
     async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
@@ -555,7 +558,7 @@ class QuorumService(QuorumMembership):
         q.dlx_busy = True
         try:
             done = asyncio.get_running_loop().create_future()
-            batch = ConfirmBatch(on_done=lambda: done.done() or done.set_result(None))
+            batch = ConfirmBatch(on_done=lambda: None if done.done() else done.set_result(None))
             sent: list[tuple[int, int]] = []  # (msg id, its seq in the batch)
             for msg_id, raft_index, reason in messages:
                 payload = self.read_payload(q, raft_index)
@@ -648,10 +651,11 @@ class QuorumService(QuorumMembership):
             if self.is_leader(q) and q.dlx_running and not q.dlx_busy and q.replica is not None \
                     and q.replica.machine.state.dlx_count():
                 self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
-            if self.is_leader(q):
-                cfg = q.replica.machine.state.config if q.replica is not None else None
-                if cfg is not None and (cfg.message_ttl_ms is not None or cfg.expires_ms is not None
-                                        or q.replica.machine.state.message_count()):
+            replica = q.replica
+            if self.is_leader(q) and replica is not None:
+                cfg = replica.machine.state.config
+                if cfg.message_ttl_ms is not None or cfg.expires_ms is not None \
+                        or replica.machine.state.message_count():
                     self.propose(q, qc.make_tick(now))
 
     def booted(self) -> None:
