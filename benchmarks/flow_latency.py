@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
     server = subprocess.Popen(
         [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp_port), "--management-port",
          str(mgmt_port), "--data-dir", str(tmp / "data"), "--node-name", "flow@localhost",
-         "--log-level", "warning"],
+         "--log-level", "warning", *(["--cluster-port", str(free_port())] if args.cluster else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))  # noqa: SIM115
     try:
         wait_port(amqp_port, server)
@@ -110,7 +110,9 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
         perf_env["PYTHONPATH"] = str(ROOT / "src")  # the same load generator for every tree
         out = subprocess.run(
             [sys.executable, "-m", "hutch.cli.perf", "--uri", f"amqp://guest:guest@127.0.0.1:{amqp_port}/%2F",
-             "--json", *perf_args], env=perf_env, capture_output=True, text=True, check=True)
+             "--json", *perf_args], env=perf_env, capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"hutch-perf failed: {out.stderr}")
         cpu1 = cpu_seconds(server.pid)
         sampler.stop_event.set()
         sampler.join()
@@ -125,6 +127,7 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
     half = samples[len(samples) // 2:] or samples
     received = perf["received"] or 1
     result = {
+        "loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
         "label": args.label, "src": str(src), "perf_args": perf_args,
         "send_rate": perf["send_rate"], "receive_rate": perf["receive_rate"],
         "p50_ms": perf["latency_us"]["p50"] / 1000, "p99_ms": perf["latency_us"]["p99"] / 1000,
@@ -144,22 +147,21 @@ def main() -> None:
     parser.add_argument("--src", default=str(ROOT / "src"), help="source tree of the broker to run")
     parser.add_argument("--label", default="")
     parser.add_argument("--sample", type=float, default=0.5, help="seconds between management samples")
+    parser.add_argument("--cluster", action="store_true", help="a clustered node of one (quorum queues)")
     parser.add_argument("--keep-log", help="copy the broker's log here")
     parser.add_argument("--out", help="append one JSON line per run here")
     parser.add_argument("perf", nargs=argparse.REMAINDER, help="-- then hutch-perf's arguments")
     args = parser.parse_args()
     perf_args = args.perf[1:] if args.perf[:1] == ["--"] else args.perf
     result = run(args, perf_args)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
     series = result.pop("ready_series")
     unacked = result.pop("unacked_series")
     print(json.dumps(result))
     print("ready over time:", series)
     print("unacked over time:", unacked)
-    if args.out:
-        result["ready_series"] = series
-        result["unacked_series"] = unacked
-        with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

@@ -86,12 +86,12 @@ def consumer(prefetch: int) -> Consumer:
 def test_a_consumer_that_gives_back_half_its_prefetch_in_time_keeps_pace() -> None:
     c = consumer(100)
     c.unacked = c.delivered = 100
-    consumer_filled(c, 1000)
+    consumer_filled(c, 1000, 0, 0)
     c.unacked = 60
-    consumer_settled(c, 1050)  # 40 back: not half yet, no judgement
+    consumer_settled(c, 1050, 0, 0)  # 40 back: not half yet, no judgement
     assert not c.keeping_up and c.pace_start_ms == 1000
     c.unacked = 50
-    consumer_settled(c, 1100)
+    consumer_settled(c, 1100, 0, 0)
     assert c.keeping_up and c.pace_start_ms == -1
     assert keeps_pace(c, 1100)
 
@@ -99,38 +99,51 @@ def test_a_consumer_that_gives_back_half_its_prefetch_in_time_keeps_pace() -> No
 def test_a_consumer_refilled_after_every_ack_is_judged_on_what_it_settled_since_the_fill() -> None:
     c = consumer(10)
     c.unacked = c.delivered = 10
-    consumer_filled(c, 0)
+    consumer_filled(c, 0, 0, 0)
     for i in range(1, 5):  # one ack, one new delivery: unacked stays at the prefetch
         c.delivered += 1
-        consumer_settled(c, 10 * i)
+        consumer_settled(c, 10 * i, 0, 0)
         assert c.pace_start_ms == 0
     c.delivered += 1
-    consumer_settled(c, 50)
+    consumer_settled(c, 50, 0, 0)
     assert c.keeping_up and c.pace_start_ms == -1
 
 
 def test_a_consumer_slower_than_keep_up_does_not_keep_pace() -> None:
     c = consumer(100)
     c.unacked = c.delivered = 100
-    consumer_filled(c, 0)
+    consumer_filled(c, 0, 0, 0)
     c.unacked = 0
-    consumer_settled(c, KEEP_UP_MS + 1)
+    consumer_settled(c, KEEP_UP_MS + 1, 0, 0)
     assert not c.keeping_up and not keeps_pace(c, KEEP_UP_MS + 1)
 
 
 def test_a_consumer_that_stops_acking_stops_keeping_pace() -> None:
     c = consumer(10)
     c.keeping_up = True
-    consumer_filled(c, 0)
+    consumer_filled(c, 0, 0, 0)
     assert keeps_pace(c, KEEP_UP_MS)
     assert not keeps_pace(c, KEEP_UP_MS + 1)
     assert not c.keeping_up
 
 
+def test_a_consumer_whose_queue_takes_less_than_half_of_what_arrives_does_not_keep_pace() -> None:
+    """A prefetch-1 consumer acking at once, behind a publisher ten times faster: prompt, but truly slower."""
+    c = consumer(1)
+    c.unacked = c.delivered = 1
+    consumer_filled(c, 0, published=100, acked=0)
+    c.unacked = 0
+    consumer_settled(c, 1, published=110, acked=1)
+    assert not c.keeping_up
+    consumer_filled(c, 1, published=110, acked=1)
+    consumer_settled(c, 2, published=111, acked=2)  # one in, one out: a close race
+    assert c.keeping_up
+
+
 def test_filling_twice_keeps_the_first_start() -> None:
     c = consumer(10)
-    consumer_filled(c, 5)
-    consumer_filled(c, 50)
+    consumer_filled(c, 5, 0, 0)
+    consumer_filled(c, 50, 0, 0)
     assert c.pace_start_ms == 5
 
 
@@ -164,6 +177,17 @@ def _queue(clock: Clock, load: Load) -> ClassicQueue:
     return q
 
 
+def _ack_all(q: ClassicQueue, c: Consumer, now_ms: int) -> None:
+    """The consumer acks everything it holds (as a channel's settle does), then the queue refills it."""
+    ch: Channel = c.channel  # type: ignore[assignment]
+    entries = [e for _c, e in ch.delivered]
+    ch.delivered.clear()
+    c.unacked -= len(entries)
+    q.ack(entries)
+    consumer_settled(c, now_ms, q.stat_published, q.stat_acked)
+    q.deliver_pending()
+
+
 def _publish(q: ClassicQueue, conn: Conn, n: int, start: int) -> None:
     for i in range(start, start + n):
         q.publish(msg(i))
@@ -175,29 +199,41 @@ def test_a_saturated_loop_holds_the_publisher_of_a_backlog_behind_a_consumer_tha
     clock, load = Clock(), Load()
     q = _queue(clock, load)
     c = consumer(100)
-    ch = c.channel
     q.add_consumer(c)
     pub = Conn()
     load.value = True
-    _publish(q, pub, 100, 0)  # fills the prefetch
-    assert c.pace_start_ms == clock.ms
-    ch.delivered.clear()  # type: ignore[attr-defined]
-    _publish(q, pub, FLOW_HIGH + 200, 100)  # the backlog grows: the consumer has not judged yet
-    assert not pub.flow_queues
-    clock.ms += 10
-    c.unacked = 0
-    consumer_settled(c, clock.ms)  # gave its whole prefetch back in 10 ms
-    q.deliver_pending()
+    published = 0
+    # a close race: 150 published for every 100 the consumer takes back at once; the backlog grows
+    for _ in range(40):
+        _publish(q, pub, 150, published)
+        published += 150
+        clock.ms += 5
+        _ack_all(q, c, clock.ms)
+        if pub.flow_queues:
+            break
     assert c.keeping_up
-    _publish(q, pub, 128, 2000)
-    assert pub.flow_queues == {q}
+    assert pub.flow_queues == {q} and q.message_count > FLOW_LOW  # held when it passed FLOW_HIGH
     # the consumer drains the backlog: at FLOW_LOW the publisher goes
     while q.message_count > FLOW_LOW:
         clock.ms += 1
-        c.unacked = 0
-        consumer_settled(c, clock.ms)
-        q.deliver_pending()
+        _ack_all(q, c, clock.ms)
     assert not pub.flow_queues and not q.flow_waiters
+
+
+def test_a_fast_publisher_is_not_held_behind_a_consumer_far_slower_than_it() -> None:
+    clock, load = Clock(), Load()
+    q = _queue(clock, load)
+    c = consumer(100)
+    q.add_consumer(c)
+    pub = Conn()
+    load.value = True
+    published = 0
+    for _ in range(40):  # 1000 published for every 100 taken back: truly slower
+        _publish(q, pub, 1000, published)
+        published += 1000
+        clock.ms += 5
+        _ack_all(q, c, clock.ms)
+    assert not c.keeping_up and not pub.flow_queues and q.message_count > 30_000
 
 
 def test_no_publisher_is_held_on_an_idle_loop_or_without_a_consumer() -> None:
@@ -259,7 +295,7 @@ class FlowMachine(RuleBasedStateMachine):
         del ch.delivered[:k]
         self.c.unacked -= len(taken)
         self.q.ack([e for _c, e in taken])
-        consumer_settled(self.c, self.clock.ms)
+        consumer_settled(self.c, self.clock.ms, self.q.stat_published, self.q.stat_acked)
         self.q.deliver_pending()
 
     @rule(ms=st.integers(0, 400))

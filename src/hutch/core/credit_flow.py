@@ -4,13 +4,15 @@ Owns: the two judgements the classic queue's flow rule (queues/classic/queue.py,
 is made of, as pure state with time passed in:
 
 - **Consumer pace** (fields on `Consumer`, functions below). A consumer *keeps pace* when, after it
-  filled its prefetch, it settled at least half a prefetch's worth within `KEEP_UP_MS`: what it is given
-  it returns at once, so the rate it gets is set by how fast the node hands messages on, and every
-  message a publisher adds to the queue's backlog only adds latency. A consumer that sits on a full
-  prefetch (acks lagging, or one ack per message while the queue refills it) does not keep pace: it is
-  truly slower than the publishers, and its queue may grow, as in RabbitMQ. A consumer with no prefetch
-  limit is never full and never judged. The judgement is O(1) per fill and per settle call (not per
-  message): it compares the consumer's `delivered` and `unacked` counters with those at the fill.
+  filled its prefetch, it settled at least half a prefetch's worth within `KEEP_UP_MS`, and meanwhile
+  its queue's consumers acked at least half as many messages as were published to it: what the consumer is given it returns
+  at once, and the queue's consumers are in a close race with its publishers, so the rate they get is
+  set by how fast the node hands messages on and every message a publisher adds to the backlog only
+  adds latency. A consumer that sits on a full prefetch (acks lagging), or whose queue's consumers take
+  less than half of what arrives (a prefetch-1 consumer behind a fast publisher), does not keep pace:
+  it is truly slower than the publishers, and its queue may grow, as in RabbitMQ. A consumer with no
+  prefetch limit is never full and never judged. The judgement is O(1) per fill and per settle call
+  (not per message): it compares counters with those at the fill.
 - **Loop load** (`LoopLoad`). RabbitMQ's credit flow holds a publisher back only when a process
   downstream (the queue) is busy: an idle queue process grants credit at once. Here every queue shares
   one event loop, so "busy" is the loop's: `LoopLoad` adds up the time the loop spends handling input
@@ -36,16 +38,19 @@ SATURATED = 0.5  # the loop is saturated while handling input takes at least thi
 STALE_WINDOWS = 3  # no input for this many windows: the loop is idle, whatever the last window said
 
 
-def consumer_filled(consumer: Consumer, now_ms: int) -> None:
-    """The consumer has just reached its prefetch: start timing how soon it gives half of it back."""
+def consumer_filled(consumer: Consumer, now_ms: int, published: int, acked: int) -> None:
+    """The consumer has just reached its prefetch: start timing how soon it gives half of it back.
+    `published` / `acked`: its queue's message counters now."""
     if consumer.pace_start_ms < 0:
         consumer.pace_start_ms = now_ms
         consumer.pace_delivered = consumer.delivered
+        consumer.pace_published = published
+        consumer.pace_queue_settled = acked
 
 
-def consumer_settled(consumer: Consumer, now_ms: int) -> None:
-    """The consumer's channel settled some of its deliveries: judge its pace once half a prefetch's
-    worth has come back since it filled up."""
+def consumer_settled(consumer: Consumer, now_ms: int, published: int, acked: int) -> None:
+    """The consumer's channel settled some of its deliveries: once half a prefetch's worth has come back
+    since it filled up, judge its pace (`published` / `acked`: its queue's counters now)."""
     start = consumer.pace_start_ms
     if start < 0:
         return
@@ -53,7 +58,9 @@ def consumer_settled(consumer: Consumer, now_ms: int) -> None:
     # settled since the fill = delivered since the fill + unacked at the fill (the prefetch) - unacked now
     settled = consumer.delivered - consumer.pace_delivered + prefetch - consumer.unacked
     if settled * 2 >= prefetch:
-        consumer.keeping_up = now_ms - start <= KEEP_UP_MS
+        # prompt, and the queue's consumers acked at least half as many as its publishers sent meanwhile
+        consumer.keeping_up = (now_ms - start <= KEEP_UP_MS and
+                               2 * (acked - consumer.pace_queue_settled) >= published - consumer.pace_published)
         consumer.pace_start_ms = -1
 
 

@@ -58,11 +58,12 @@ class QueueEntry:
 class Consumer:
     """A subscription. Invariant: `unacked` counts this consumer's deliveries not yet settled.
 
-    `pace_start_ms`, `pace_delivered` and `keeping_up` are the consumer's pace for the flow rule
-    (core/credit_flow.py): -1 / 0 / False until it first fills its prefetch."""
+    `pace_*` and `keeping_up` are the consumer's pace for the flow rule (core/credit_flow.py): the time
+    it last filled its prefetch (-1: not timing) and the counters then, and the last judgement."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "priority",
-                 "arguments", "delivered", "frame_prefix", "pace_start_ms", "pace_delivered", "keeping_up")
+                 "arguments", "delivered", "frame_prefix", "pace_start_ms", "pace_delivered", "pace_published", "pace_queue_settled",
+                 "keeping_up")
 
     def __init__(self, tag: str, channel: Deliverer, queue: Queue, no_ack: bool, exclusive: bool,
                  prefetch: int, priority: int = 0, arguments: dict[str, Any] | None = None) -> None:
@@ -79,7 +80,7 @@ class Consumer:
         # the encoded start of this consumer's basic.deliver payload (class, method, consumer tag)
         self.frame_prefix = b"\x00\x3c\x00\x3c" + bytes((len(tag.encode()),)) + tag.encode()
         self.pace_start_ms = -1
-        self.pace_delivered = 0
+        self.pace_delivered = self.pace_published = self.pace_queue_settled = 0
         self.keeping_up = False
 
     def can_take(self) -> bool:

@@ -399,7 +399,7 @@ class ClassicQueue(Queue):
                     self._unacked += 1
                     consumer.unacked += 1
                     if consumer.unacked == consumer.prefetch and consumer.pace_start_ms < 0:
-                        consumer_filled(consumer, self.clock())
+                        consumer_filled(consumer, self.clock(), self.stat_published, self.stat_acked)
                 self.stat_delivered += 1
                 consumer.delivered += 1
                 consumer.channel.deliver(consumer, self, entry)

@@ -620,7 +620,8 @@ class ServerChannel(DeclarationsMixin):
         for c in self.consumers.values():
             if c.pace_start_ms >= 0:
                 now_ms = now_ms or int(self.node.wall_ms())
-                consumer_settled(c, now_ms)
+                q = c.queue
+                consumer_settled(c, now_ms, q.stat_published, q.stat_acked)
 
     def _resume_consumers(self) -> None:
         if not self.consumers:
