@@ -5,10 +5,10 @@ is made of, as pure state with time passed in:
 
 - **Consumer pace** (fields on `Consumer`, functions below). A consumer *keeps pace* when, after it
   filled its prefetch, it settled at least half a prefetch's worth within `KEEP_UP_MS`, and meanwhile
-  its queue's consumers acked at least half as many messages as were published to it: what the consumer is given it returns
-  at once, and the queue's consumers are in a close race with its publishers, so the rate they get is
-  set by how fast the node hands messages on and every message a publisher adds to the backlog only
-  adds latency. A consumer that sits on a full prefetch (acks lagging), or whose queue's consumers take
+  its queue's consumers acked at least half as many messages as were published to it: what the
+  consumer is given it returns at once, and the queue's consumers are in a close race with its
+  publishers, so the rate they get is set by how fast the node hands messages on, and every message a
+  publisher adds to the backlog only adds latency. A consumer that sits on a full prefetch (acks lagging), or whose queue's consumers take
   less than half of what arrives (a prefetch-1 consumer behind a fast publisher), does not keep pace:
   it is truly slower than the publishers, and its queue may grow, as in RabbitMQ. A consumer with no
   prefetch limit is never full and never judged. The judgement is O(1) per fill and per settle call
@@ -78,7 +78,7 @@ def keeps_pace(consumer: Consumer, now_ms: int) -> bool:
 class LoopLoad:
     """How busy the event loop is with input, from the durations the runtime reports (`note_busy`).
 
-    `clock` is a monotonic clock in seconds (the runtime's `time.perf_counter`, a test's fake)."""
+    `clock` is a monotonic clock in seconds (the node's `Clock.monotonic`, a test's fake)."""
 
     __slots__ = ("clock", "window_start", "busy_s", "saturated_flag")
 

@@ -62,8 +62,8 @@ class Consumer:
     it last filled its prefetch (-1: not timing) and the counters then, and the last judgement."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "priority",
-                 "arguments", "delivered", "frame_prefix", "pace_start_ms", "pace_delivered", "pace_published", "pace_queue_settled",
-                 "keeping_up")
+                 "arguments", "delivered", "frame_prefix",
+                 "pace_start_ms", "pace_delivered", "pace_published", "pace_queue_settled", "keeping_up")
 
     def __init__(self, tag: str, channel: Deliverer, queue: Queue, no_ack: bool, exclusive: bool,
                  prefetch: int, priority: int = 0, arguments: dict[str, Any] | None = None) -> None:

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hutch.queue")
 
-FLOW_HIGH = 1000  # ready messages behind a socket-blocked or pace-keeping consumer before publishers are paused
+FLOW_HIGH = 1000  # ready messages behind a socket-blocked or pace-keeping consumer: publishers are paused
 FLOW_LOW = 500  # publishers resume below this
 # ready messages kept in RAM before a queue pages to its index: about 50 MB of small messages, far above
 # the standing backlog of a busy 1 -> 1 queue (a lower bound made such queues page, which slowed their
@@ -411,7 +411,7 @@ class ClassicQueue(Queue):
             self.release_flow()
 
     def needs_flow_control(self) -> bool:
-        """Credit flow's effect in one thread: a backlog behind consumers the node is not serving fast enough.
+        """Credit flow's effect in one thread: a backlog behind consumers the node does not serve fast enough.
 
         RabbitMQ's credit flow blocks a publisher when a process downstream cannot hand messages on as
         fast as they arrive. Here that is the case, and publishers are paused rather than letting the
