@@ -95,10 +95,16 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
     amqp_port, mgmt_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     env["PYTHONPATH"] = str(src)
+    if args.cluster:
+        cluster_args = ["--cluster-port", str(free_port())]  # a cluster of one (quorum queues)
+    elif "--no-cluster" in (src / "hutch" / "cli" / "server.py").read_text():
+        cluster_args = ["--no-cluster"]  # trees where a lone node is a cluster of one on 25672 by default
+    else:
+        cluster_args = []
     server = subprocess.Popen(
         [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp_port), "--management-port",
          str(mgmt_port), "--data-dir", str(tmp / "data"), "--node-name", "flow@localhost",
-         "--log-level", "warning", *(["--cluster-port", str(free_port())] if args.cluster else [])],
+         "--log-level", "warning", *cluster_args],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))  # noqa: SIM115
     try:
         wait_port(amqp_port, server)
