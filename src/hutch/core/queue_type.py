@@ -88,10 +88,14 @@ class QueueEntry:
 
 
 class Consumer:
-    """A subscription. Invariant: `unacked` counts this consumer's deliveries not yet settled."""
+    """A subscription. Invariant: `unacked` counts this consumer's deliveries not yet settled.
+
+    `pace_*` and `keeping_up` are the consumer's pace for the flow rule (core/credit_flow.py): the time
+    it last filled its prefetch (-1: not timing) and the counters then, and the last judgement."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "priority",
-                 "arguments", "delivered", "frame_prefix")
+                 "arguments", "delivered", "frame_prefix",
+                 "pace_start_ms", "pace_delivered", "pace_published", "pace_queue_settled", "keeping_up")
 
     def __init__(self, tag: str, channel: Deliverer, queue: Queue, no_ack: bool, exclusive: bool,
                  prefetch: int, priority: int = 0, arguments: dict[str, Any] | None = None) -> None:
@@ -107,6 +111,9 @@ class Consumer:
         self.delivered = 0
         # the encoded start of this consumer's basic.deliver payload (class, method, consumer tag)
         self.frame_prefix = b"\x00\x3c\x00\x3c" + bytes((len(tag.encode()),)) + tag.encode()
+        self.pace_start_ms = -1
+        self.pace_delivered = self.pace_published = self.pace_queue_settled = 0
+        self.keeping_up = False
 
     def can_take(self) -> bool:
         if self.no_ack:
@@ -179,6 +186,11 @@ class Queue:
     def needs_flow_control(self) -> bool:
         """True when publishers to this queue should be held back (see the classic queue)."""
         return False
+
+    def flow_still_needed(self) -> bool:
+        """Asked now and then while publishers are held back by this queue: False lets them go. A queue
+        type that releases its publishers itself (quorum: on confirmed entries) keeps them."""
+        return True
 
     def release_flow(self) -> None:
         """Let every publishing connection held back by this queue read again."""

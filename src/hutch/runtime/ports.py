@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from hutch.amqp.errors import AMQPError
     from hutch.config import Config
     from hutch.core.auth import AuthStore
+    from hutch.core.credit_flow import LoopLoad
     from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
     from hutch.core.message import Message
     from hutch.core.queue_type import Consumer, Queue
@@ -230,6 +231,7 @@ class BrokerPort(Protocol):
     name: str
     vhosts: dict[str, VirtualHost]
     alarms: set[str]
+    loop_load: LoopLoad
     perm_epoch: int
     churn: dict[str, int]
     connections: set[Any]

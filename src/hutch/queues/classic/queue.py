@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.credit_flow import IDLE_LOOP, LoopLoad, consumer_filled, keeps_pace
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
 from hutch.core.queue_type import (
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hutch.queue")
 
-FLOW_HIGH = 1000  # ready messages behind a socket-blocked consumer before publishers are paused
+FLOW_HIGH = 1000  # ready messages behind a socket-blocked or pace-keeping consumer: publishers are paused
 FLOW_LOW = 500  # publishers resume below this
 # ready messages kept in RAM before a queue pages to its index: about 50 MB of small messages, far above
 # the standing backlog of a busy 1 -> 1 queue (a lower bound made such queues page, which slowed their
@@ -80,6 +81,7 @@ class ClassicQueue(Queue):
     ram_limit = RAM_LIMIT  # class-wide; the node lowers it under memory pressure
     ram_bytes_limit = RAM_BYTES_LIMIT
     clock: Callable[[], int] = staticmethod(_no_clock)  # wall-clock ms; the runtime sets it
+    loop_load: LoopLoad = IDLE_LOOP  # how busy the node's event loop is; the runtime sets it
 
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:
@@ -415,6 +417,8 @@ class ClassicQueue(Queue):
                 if not consumer.no_ack:
                     self._unacked += 1
                     consumer.unacked += 1
+                    if consumer.unacked == consumer.prefetch and consumer.pace_start_ms < 0:
+                        consumer_filled(consumer, self.clock(), self.stat_published, self.stat_acked)
                 self.stat_delivered += 1
                 consumer.delivered += 1
                 consumer.channel.deliver(consumer, self, entry)
@@ -422,30 +426,52 @@ class ClassicQueue(Queue):
                 self._remove_dead(expired, "expired")
         finally:
             self._delivering = False
-        if self.flow_waiters and (len(self._ready) + self._delta <= FLOW_LOW or not self._consumer_blocked_by_socket()):
+        if self.flow_waiters and (len(self._ready) + self._delta <= FLOW_LOW or not self._held_by_consumers()):
             self.release_flow()
 
     def needs_flow_control(self) -> bool:
-        """Credit-flow's effect in one thread: a backlog behind a consumer whose socket is full.
+        """Credit flow's effect in one thread: a backlog behind consumers the node does not serve fast enough.
 
-        RabbitMQ's credit flow blocks a publisher when the queue cannot hand messages on as fast as
-        they arrive. Here that happens when a consumer that could take messages is held back only by
-        its connection's full write buffer; then publishers are paused rather than letting the backlog
-        (and latency) grow without bound. A backlog behind consumers that are merely at their prefetch,
-        or with no consumers at all, does not block publishers, as in RabbitMQ. The last link is the
-        store: while the node's group commit is behind the disk (`congested`), publishers to durable
-        queues are paused too.
+        RabbitMQ's credit flow blocks a publisher when a process downstream cannot hand messages on as
+        fast as they arrive. Here that is the case, and publishers are paused rather than letting the
+        backlog (and latency) grow, when the backlog is over `FLOW_HIGH` and either a consumer that could
+        take messages is held back only by its connection's full write buffer, or the event loop is
+        saturated while a consumer keeps pace (core/credit_flow.py: it gives back what it is given at
+        once, so the node's time spent reading more publishes is time not spent delivering to it). A
+        backlog behind consumers that sit on their prefetch, or with no consumer at all, or on a node
+        with time to spare, does not block publishers, as in RabbitMQ. The last link is the store:
+        while the node's group commit is behind the disk (`congested`), publishers to durable queues
+        are paused too.
         """
         if self.persist and self.index is not None and self.index.sink.congested:
             return True  # the disk is behind: the store is the link of the chain that is full
         if self._seq & 63:
             return False  # sampled every 64th message: the consumer scan is not free, flow is coarse
-        return len(self._ready) + self._delta > FLOW_HIGH and self._consumer_blocked_by_socket()
+        return len(self._ready) + self._delta > FLOW_HIGH and self._held_by_consumers()
+
+    def flow_still_needed(self) -> bool:
+        """While publishers wait on this queue: keep them while the store is behind, or the backlog is
+        still over `FLOW_LOW` behind consumers the node is not serving fast enough."""
+        qindex = self.index
+        if self.persist and qindex is not None and qindex.sink.congested:  # persist implies an index
+            return True
+        return len(self._ready) + self._delta > FLOW_LOW and self._held_by_consumers()
+
+    def _held_by_consumers(self) -> bool:
+        return self._consumer_blocked_by_socket() or (self.loop_load.saturated() and self._consumer_keeps_pace())
 
     def _consumer_blocked_by_socket(self) -> bool:
         for _prio, group in self._groups:
             for c in group:
                 if c.channel.conn.write_paused and (not c.prefetch or c.unacked < c.prefetch):
+                    return True
+        return False
+
+    def _consumer_keeps_pace(self) -> bool:
+        now = self.clock()
+        for _prio, group in self._groups:
+            for c in group:
+                if keeps_pace(c, now):
                     return True
         return False
 

@@ -29,6 +29,7 @@ from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core.arguments import equivalence_arguments, with_default_queue_type
 from hutch.core.auth import AuthStore
+from hutch.core.credit_flow import LoopLoad
 from hutch.core.definition_ops import DefinitionOp
 from hutch.core.limits import LimitStore
 from hutch.core.patterns import PatternError, compile_stored
@@ -96,6 +97,9 @@ class Node:
         self.connections: set[Any] = set()  # ConnectionPort
         self.reply_channels: dict[str, Any] = {}  # Direct Reply-To token -> ChannelPort
         self.alarms: set[str] = set()
+        # how busy the event loop is with input (the AMQP sockets report it): the flow rule's "is the
+        # node the bottleneck?" (core/credit_flow.py)
+        self.loop_load = LoopLoad(clock.monotonic)
         self.memory_pressure = False  # over the paging threshold: queues keep a small working set in RAM
         # churn counters (Prometheus rabbitmq_*_opened/closed/declared/created/deleted_total); never decrease
         self.churn = dict.fromkeys(("connections_opened", "connections_closed", "channels_opened",

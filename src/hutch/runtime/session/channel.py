@@ -39,6 +39,7 @@ from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
 from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
 from hutch.core.confirms import Receipt
+from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
 from hutch.runtime.session.confirms import ChannelConfirms
@@ -533,7 +534,19 @@ class ServerChannel(DeclarationsMixin):
                 q.requeue(entries)
             else:
                 q.discard(entries)
+        if self.consumers:
+            self._judge_pace()
         self._resume_consumers()
+
+    def _judge_pace(self) -> None:
+        """Settlements came back: judge whether the consumers that filled their prefetch keep pace
+        (core/credit_flow.py; the flow rule). O(consumers of this channel), once per settle call."""
+        now_ms = 0
+        for c in self.consumers.values():
+            if c.pace_start_ms >= 0:
+                now_ms = now_ms or int(self.node.wall_ms())
+                q = c.queue
+                consumer_settled(c, now_ms, q.stat_published, q.stat_acked)
 
     def _resume_consumers(self) -> None:
         if not self.consumers:

@@ -101,6 +101,8 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
 FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 # unfinished bodies a connection may hold, in units of max_message_size, when not configured
 UNFINISHED_BODIES_MESSAGES = 4
+# while a connection is held by flow control, how often its queues are asked whether they still need to
+FLOW_RECHECK_S = 0.1
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
 _ACK_ID = b"\x00\x3c\x00\x50"
 _FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
@@ -151,6 +153,7 @@ class AMQPConnection:
         self.has_published = False
         self.alarm_blocked = False
         self._flow_queues: set[Any] = set()
+        self._flow_timer: TimerHandle | None = None
         self._read_holds: set[str] = set()
         self._suspended = False
         self._cluster_task: asyncio.Task[None] | None = None
@@ -224,18 +227,35 @@ class AMQPConnection:
                 self.transport.resume_reading()
 
     def flow_block(self, queue: Any) -> None:
-        """A queue this connection publishes to is backed up behind a consumer that cannot keep up:
-        stop reading this socket (after the current batch) until the queue says it has drained."""
+        """A queue this connection publishes to is backed up behind consumers the node is not serving
+        fast enough: stop reading this socket (after the current batch) until the queue says it has
+        drained, or until a recheck (every FLOW_RECHECK_S) finds it no longer needs to hold us."""
         queue.flow_waiters.add(self)
         self._flow_queues.add(queue)
         self.flow_blocked = True
         self.hold_reading("flow")
+        if self._flow_timer is None:
+            self._flow_timer = self.clock.call_later(FLOW_RECHECK_S, self._flow_recheck)
 
     def flow_unblock(self, queue: Any) -> None:
         self._flow_queues.discard(queue)
         if self.flow_blocked and not self._flow_queues:
             self.flow_blocked = False
             self.release_reading("flow")
+            if self._flow_timer is not None:
+                self._flow_timer.cancel()
+                self._flow_timer = None
+
+    def _flow_recheck(self) -> None:
+        """The bound on a flow block: a queue whose consumers stopped keeping pace, or whose node has
+        time to spare again, lets this connection go even though nothing was delivered."""
+        self._flow_timer = None
+        for queue in list(self._flow_queues):
+            if not queue.flow_still_needed():
+                queue.flow_waiters.discard(self)
+                self.flow_unblock(queue)
+        if self._flow_queues and self.state != State.CLOSED:
+            self._flow_timer = self.clock.call_later(FLOW_RECHECK_S, self._flow_recheck)
 
     def receive_data(self, data: bytes) -> None:
         """Bytes from the client: every complete frame is handled before this returns (unless the
@@ -743,6 +763,9 @@ class AMQPConnection:
         for queue in self._flow_queues:
             queue.flow_waiters.discard(self)
         self._flow_queues.clear()
+        if self._flow_timer is not None:
+            self._flow_timer.cancel()
+            self._flow_timer = None
         channels = list(self.channels.values())
         self.channels.clear()
         for ch in channels:

@@ -2,7 +2,8 @@
 
 Owns: what only a socket on an event loop has. The transport's write-buffer limits (a batch of
 deliveries may sit in the buffer before deliveries to that consumer pause), the fairness rule between
-connections (a per-iteration read budget), and the wiring of one connection to its ports: the
+connections (a per-iteration read budget), the measure of how busy the loop is with input (the node's
+`LoopLoad`, which the flow rule reads: core/credit_flow.py), and the wiring of one connection to its ports: the
 transport itself as the `Transport`, the event loop as the `Clock`, the node's `ClusterGate` as the
 `MethodGate`. All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
 """
@@ -29,6 +30,7 @@ class AMQPProtocol(asyncio.Protocol):
     def __init__(self, node: BrokerPort) -> None:
         self.loop = asyncio.get_event_loop()
         self.conn = AMQPConnection(node, self.loop, ClusterGate(node))
+        self._load = node.loop_load
         self._read_this_turn = 0
         self._turn_scheduled = False
 
@@ -43,7 +45,11 @@ class AMQPProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._spend_read_budget(len(data))
+        load = self._load
+        started = load.clock()
         self.conn.receive_data(data)
+        ended = load.clock()
+        load.note_busy(ended - started, ended)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.connection_lost()

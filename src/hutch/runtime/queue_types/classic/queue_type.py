@@ -55,6 +55,7 @@ class ClassicQueueType:
         self._transient_ids = 0
         ClassicQueue.ram_limit = node.config.classic_queue_ram_limit  # class-wide, like the pressure limits
         ClassicQueue.clock = staticmethod(node.clock.wall_ms)
+        ClassicQueue.loop_load = node.loop_load
 
     # -- the broker's port ----------------------------------------------------------------------------
     def owns(self, q: Queue) -> bool:
