@@ -30,17 +30,19 @@ test: $(STAMP) browser-deps
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
-# What the browser tests (tests/browser/test_ui.py) need: Debian's chromium (installed when missing and we
-# are root with apt-get) and playwright-core (`npm ci` when node_modules is missing or older than the lock
-# file). Never fails: without these the browser tests skip and say why.
+# What the browser tests (tests/browser/test_ui.py) need: Debian's chromium, and certutil (libnss3-tools) to
+# make it trust the test CA for the HTTPS run (both installed when missing and we are root with apt-get),
+# and playwright-core (`npm ci` when node_modules is missing or older than the lock file). Never fails:
+# without these the browser tests skip and say why.
 BROWSER_DIR := tests/browser
-APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium libnss3-tools
 
 browser-deps:
-	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "browser-deps: installing chromium (apt-get)"; \
+	@if { [ ! -x /usr/bin/chromium ] || ! command -v certutil >/dev/null 2>&1; } && [ "$$(id -u)" = 0 ] && \
+	    command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser-deps: installing chromium and libnss3-tools (apt-get)"; \
 	  $(APT_INSTALL) >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && $(APT_INSTALL) >/dev/null 2>&1; } || \
-	  echo "browser-deps: could not install chromium; the browser tests will be skipped"; \
+	  echo "browser-deps: could not install chromium and libnss3-tools; the browser tests will be skipped"; \
 	fi
 	@if [ ! -d $(BROWSER_DIR)/node_modules ] || [ $(BROWSER_DIR)/package-lock.json -nt $(BROWSER_DIR)/node_modules ]; then \
 	  if command -v npm >/dev/null 2>&1; then \

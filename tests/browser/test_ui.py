@@ -4,10 +4,16 @@ A real hutch-server (collecting statistics every second, so rates show quickly) 
 and consumer in threads of this process, while `node ui.spec.mjs` drives headless Debian chromium
 through playwright-core: log in, watch the overview charts move, create a queue, publish a message and
 get it back from the queue page, create a user and a policy, purge and delete the queue, and render
-every other page. Screenshots go to artifacts/browser/.
+every other page; every state-changing call must carry the page's own Origin. Screenshots go to
+artifacts/browser/<scheme>/.
 
-Skipped, with the reason, when chromium, node or tests/browser/node_modules (`npm ci`) is missing;
-`make test` installs them first (`make browser-deps`) where it can.
+The whole run is done twice: over plain HTTP (`management.tcp`) and over HTTPS (`management.ssl.*`, a
+test CA and server certificate made by tests/tls/pki.py). Chromium trusts that CA through an NSS database
+in a home directory of its own (certutil, Debian's libnss3-tools), not by ignoring certificate errors;
+the https run first checks that a Chromium without it refuses the server.
+
+Skipped, with the reason, when chromium, node, tests/browser/node_modules (`npm ci`) or, for https,
+certutil is missing; `make test` installs them first (`make browser-deps`) where it can.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pika
 import pytest
-
-from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
+from tests.conftest import ServerInfo, start_server
+from tests.tls.conftest import start_tls_node
 
 BROWSER_DIR = Path(__file__).resolve().parent
 ROOT = BROWSER_DIR.parents[1]
@@ -32,15 +39,19 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SPEC_TIMEOUT_S = 150
 LOAD_QUEUE = "ui-load"  # gets messages and keeps them: the queued-messages chart climbs
 CONSUMED_QUEUE = "ui-load-consumed"  # consumed and acked: deliver and ack rates are not zero
+STATS_CONFIG = "collect_statistics_interval = 1000\n"
 
 
-def _missing_tools() -> str | None:
+def _missing_tools(scheme: str) -> str | None:
     if not os.access(CHROMIUM, os.X_OK):
         return f"no chromium at {CHROMIUM} (Debian package `chromium`; `make browser-deps` installs it as root)"
     if shutil.which("node") is None:
         return "node is not installed (needed to run tests/browser/ui.spec.mjs)"
     if not (BROWSER_DIR / "node_modules" / "playwright-core" / "package.json").is_file():
         return "playwright-core is not installed: run `npm ci` in tests/browser (`make browser-deps`)"
+    if scheme == "https" and shutil.which("certutil") is None:
+        return ("no certutil to make Chromium trust the test CA (Debian package `libnss3-tools`; "
+                "`make browser-deps` installs it as root)")
     return None
 
 
@@ -97,31 +108,52 @@ class Traffic:
             raise AssertionError(f"the test traffic failed: {self.errors[0]!r}")
 
 
-@pytest.fixture(scope="module")
-def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    reason = _missing_tools()
+@dataclass
+class UiTarget:
+    """A node and the address the browser opens: its plain HTTP listener, or its HTTPS listener at
+    https://localhost:PORT with the CA (`cacertfile`) that issued its certificate."""
+
+    info: ServerInfo
+    base_url: str
+    cacertfile: Path | None = None
+
+
+@pytest.fixture(scope="module", params=["http", "https"])
+def ui_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiTarget]:
+    scheme: str = request.param
+    reason = _missing_tools(scheme)
     if reason:
         pytest.skip(reason)
-    info = start_server(tmp_path_factory.mktemp("hutch-ui"), config_text="collect_statistics_interval = 1000\n")
-    yield info
-    info.stop()
+    tmp = tmp_path_factory.mktemp(f"hutch-ui-{scheme}")
+    if scheme == "https":
+        node = start_tls_node(tmp, STATS_CONFIG)
+        target = UiTarget(node.info, node.https_url, node.pki.cacertfile)
+    else:
+        info = start_server(tmp, config_text=STATS_CONFIG)
+        target = UiTarget(info, info.mgmt_url)
+    yield target
+    target.info.stop()
 
 
-def test_web_ui_in_chromium(ui_server: ServerInfo) -> None:
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
-    traffic = Traffic(ui_server.url)
+def test_web_ui_in_chromium(ui_server: UiTarget) -> None:
+    artifacts = ARTIFACTS / ui_server.base_url.split(":", 1)[0]
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
+    env = {**os.environ, "CHROMIUM": CHROMIUM}
+    if ui_server.cacertfile is not None:
+        env["CA_CERT"] = str(ui_server.cacertfile)
+    traffic = Traffic(ui_server.info.url)
     started = time.monotonic()
     try:
-        proc = subprocess.run(["node", str(BROWSER_DIR / "ui.spec.mjs"), ui_server.mgmt_url, str(ARTIFACTS)],
-                              cwd=BROWSER_DIR, capture_output=True, text=True, timeout=SPEC_TIMEOUT_S,
-                              env={**os.environ, "CHROMIUM": CHROMIUM})
+        proc = subprocess.run(["node", str(BROWSER_DIR / "ui.spec.mjs"), ui_server.base_url, str(artifacts)],
+                              cwd=BROWSER_DIR, capture_output=True, text=True, timeout=SPEC_TIMEOUT_S, env=env)
     finally:
         traffic.stop()
     output = proc.stdout + proc.stderr
-    (ARTIFACTS / "ui.spec.log").write_text(output)
+    (artifacts / "ui.spec.log").write_text(output)
     print(output)
-    print(f"browser run: {time.monotonic() - started:.1f} s, {traffic.published} messages published; "
-          f"screenshots in {ARTIFACTS}")
-    assert proc.returncode == 0, f"ui.spec.mjs failed (screenshots in {ARTIFACTS}):\n{output}"
+    print(f"browser run on {ui_server.base_url}: {time.monotonic() - started:.1f} s, {traffic.published} "
+          f"messages published; screenshots in {artifacts}")
+    assert proc.returncode == 0, f"ui.spec.mjs failed (screenshots in {artifacts}):\n{output}"
     assert "all steps passed" in output
+    assert f"all with Origin {ui_server.base_url}" in output

@@ -1,12 +1,20 @@
 // Browser test of hutch's management web UI: headless Debian chromium driven by playwright-core.
 //
 //   node ui.spec.mjs BASE_URL ARTIFACTS_DIR
+//   CA_CERT=ca.pem node ui.spec.mjs https://localhost:PORT ARTIFACTS_DIR
 //
 // Run by tests/browser/test_ui.py, which starts a hutch-server and a publisher (so the overview charts
 // have something to show) and checks the exit status. Each step prints "ok - <step>"; a failure prints
 // "FAILED - <step>: <error>", saves failure.png and exits 1. Screenshots of every page go to
 // ARTIFACTS_DIR. CHROMIUM overrides the browser (default /usr/bin/chromium).
+//
+// An https:// BASE_URL needs CA_CERT, the PEM file of the CA that issued the server's certificate.
+// Chromium is made to trust it the way a user would on Linux: the CA goes into an NSS database
+// ($HOME/.pki/nssdb, made with certutil from Debian's libnss3-tools) in a home directory of its own, and
+// the certificate is verified as any other (chain, name, dates). No certificate error is ignored: a first
+// step checks that a Chromium without that database refuses the server.
 
+import {execFileSync} from 'node:child_process';
 import {mkdirSync, mkdtempSync, rmSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
@@ -14,7 +22,12 @@ import {chromium} from 'playwright-core';
 
 const [base, artifacts] = process.argv.slice(2);
 if (!base || !artifacts) {
-  console.error('usage: node ui.spec.mjs BASE_URL ARTIFACTS_DIR');
+  console.error('usage: [CA_CERT=ca.pem] node ui.spec.mjs BASE_URL ARTIFACTS_DIR');
+  process.exit(2);
+}
+const secure = new URL(base).protocol === 'https:';
+if (secure && !process.env.CA_CERT) {
+  console.error('an https:// BASE_URL needs CA_CERT (the PEM file of the CA that issued the server certificate)');
   process.exit(2);
 }
 mkdirSync(artifacts, {recursive: true});
@@ -25,12 +38,31 @@ const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-backgrou
 const TIMEOUT_MS = 10000;
 const QUEUE = 'ui-test-queue';
 const PAYLOAD = 'hello from the browser test';
+const STATE_CHANGING = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
 
-const profile = mkdtempSync(join(tmpdir(), 'hutch-chromium-'));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ARGS, headless: true,
-  viewport: {width: 1366, height: 768},
-});
+/** A home directory for Chromium whose NSS database trusts `caFile` to issue server certificates. */
+function homeTrusting(caFile) {
+  const home = mkdtempSync(join(tmpdir(), 'hutch-chromium-home-'));
+  const db = join(home, '.pki', 'nssdb');
+  mkdirSync(db, {recursive: true});
+  execFileSync('certutil', ['-d', `sql:${db}`, '-N', '--empty-password']);
+  execFileSync('certutil', ['-d', `sql:${db}`, '-A', '-t', 'C,,', '-n', 'hutch test CA', '-i', caFile]);
+  return home;
+}
+
+/** Launch Chromium with a fresh profile; `home` (if given) is its $HOME, where it finds its NSS database. */
+async function launch(home) {
+  const profile = mkdtempSync(join(tmpdir(), 'hutch-chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ARGS, headless: true,
+    viewport: {width: 1366, height: 768}, env: home ? {...process.env, HOME: home} : process.env,
+  });
+  return {context, profile};
+}
+
+const homes = [];
+if (secure) homes.push(homeTrusting(process.env.CA_CERT));
+const {context, profile} = await launch(homes[0]);
 context.setDefaultTimeout(TIMEOUT_MS);
 const page = context.pages()[0] || await context.newPage();
 const pageErrors = [];
@@ -38,6 +70,10 @@ const failedCalls = [];
 page.on('pageerror', (e) => pageErrors.push(e.message));
 page.on('console', (m) => {
   if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) pageErrors.push(m.text());
+});
+const originHeaders = [];  // the Origin header of every state-changing API call (the API's same-origin rule)
+page.on('request', (r) => {
+  if (STATE_CHANGING.has(r.method()) && r.url().includes('/api/')) originHeaders.push(r.headerValue('origin'));
 });
 page.on('response', (r) => {
   if (r.status() >= 400 && r.url().includes('/api/')) failedCalls.push(`${r.request().method()} ${r.url()} -> ${r.status()}`);
@@ -74,8 +110,32 @@ const chartState = async (title) => {
 };
 
 try {
+  if (secure) {
+    await step('a Chromium without the test CA refuses the server', async () => {
+      const home = mkdtempSync(join(tmpdir(), 'hutch-chromium-home-'));
+      homes.push(home);
+      const bare = await launch(home);
+      try {
+        const error = await bare.context.pages()[0].goto(base + '/').then(() => null, (e) => e.message);
+        if (!error || !error.includes('ERR_CERT_AUTHORITY_INVALID')) {
+          throw new Error(`expected ERR_CERT_AUTHORITY_INVALID, got ${error || 'the page'}`);
+        }
+      } finally {
+        await bare.context.close();
+        rmSync(bare.profile, {recursive: true, force: true});
+      }
+    });
+  }
+
   await step('login page, wrong password refused', async () => {
-    await page.goto(base + '/');
+    const response = await page.goto(base + '/');
+    const tls = await response.securityDetails();
+    if (secure) {
+      if (!tls || !/^TLS/.test(tls.protocol)) throw new Error(`no TLS on ${base}: ${JSON.stringify(tls)}`);
+      console.log(`   ${tls.protocol}, certificate ${tls.subjectName}, trusted through the NSS database`);
+    } else if (tls && tls.protocol) {
+      throw new Error(`TLS details on a plain http page: ${JSON.stringify(tls)}`);
+    }
     await page.getByLabel('Username').fill('guest');
     await page.getByLabel('Password').fill('not-the-password');
     await page.getByRole('button', {name: 'Log in'}).click();
@@ -272,6 +332,14 @@ try {
     current = 'no script errors';
     throw new Error(pageErrors.join('\n'));
   }
+  current = 'state-changing calls carried this origin';
+  const origin = new URL(base).origin;
+  const origins = await Promise.all(originHeaders);
+  const foreign = origins.filter((o) => o !== origin);
+  if (!origins.length || foreign.length) {
+    throw new Error(`${origins.length} state-changing API calls, Origin not ${origin}: ${JSON.stringify(foreign)}`);
+  }
+  console.log(`ok - ${current} (${origins.length} POST/PUT/DELETE calls, all with Origin ${origin})`);
   console.log(`all steps passed in ${((Date.now() - started) / 1000).toFixed(1)} s`);
   if (failedCalls.length) console.log('API calls that failed (expected ones included):\n  ' + failedCalls.join('\n  '));
 } catch (exc) {
@@ -281,5 +349,5 @@ try {
   process.exitCode = 1;
 } finally {
   await context.close();
-  rmSync(profile, {recursive: true, force: true});
+  for (const dir of [profile, ...homes]) rmSync(dir, {recursive: true, force: true});
 }
