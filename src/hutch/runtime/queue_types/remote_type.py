@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
+from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.node")
 
 
-class RemoteQueueType:
+class RemoteQueueType(QueueTypeDefaults):
     name = "remote"
     declarable = False
 
@@ -62,21 +63,3 @@ class RemoteQueueType:
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, RemoteQueue)
         return {"node": q.home}
-
-    def redeclared(self, q: Queue) -> None:
-        pass
-
-    def deleted(self, q: Queue) -> None:
-        pass
-
-    def memory_pressure(self, on: bool) -> None:
-        pass
-
-    def recover(self) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass

@@ -273,6 +273,11 @@ class AMQPConnection:
                             self.name, self.reader.buffered)
                 self._abort()
             return
+        self._drain_frames()
+
+    # -- frame processing ------------------------------------------------------------------------
+    def _drain_frames(self) -> None:
+        """Handle every complete frame the reader holds, then write what they produced once."""
         self._in_receive = True
         try:
             self._process_frames()
@@ -280,7 +285,6 @@ class AMQPConnection:
             self._in_receive = False
         self.flush()
 
-    # -- frame processing ------------------------------------------------------------------------
     def _process_frames(self) -> None:
         try:
             for ftype, channel, payload in self.reader.frames():
@@ -392,12 +396,9 @@ class AMQPConnection:
             self._suspended = False
             self.release_reading("cluster")
             if self.state == State.OPEN:
-                self._in_receive = True
-                try:
-                    self._process_frames()
-                finally:
-                    self._in_receive = False
-            self.flush()
+                self._drain_frames()
+            else:
+                self.flush()
 
     def _no_such_channel(self, channel: int, method: spec.Method) -> None:
         if channel in self.closing_channels:
@@ -533,12 +534,7 @@ class AMQPConnection:
             self._refuse_login(mechanism, f"user '{safe(user)}' - {reason}")
             return
         self._logged_in(user)
-        self._in_receive = True
-        try:
-            self._process_frames()
-        finally:
-            self._in_receive = False
-        self.flush()
+        self._drain_frames()
 
     def _pre_auth_limit(self) -> int:
         """Bytes a client may have sent past its start-ok while the login is pending: one frame."""

@@ -21,6 +21,7 @@ from hutch.core.arguments import validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.core.vhost import rs
+from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue, leader_locator
 
 if TYPE_CHECKING:
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
     from hutch.runtime.queue_types.quorum.service import QuorumService
 
 
-class QuorumQueueType:
+class QuorumQueueType(QueueTypeDefaults):
+    """Message bodies live in the Raft log (the service's own bounds apply): no storage, paging or
+    timers of the broker's to run."""
+
     name = "quorum"
     declarable = True
 
@@ -103,18 +107,3 @@ class QuorumQueueType:
     def redeclared(self, q: Queue) -> None:
         assert isinstance(q, QuorumQueue)
         q.touch()  # a redeclare is a use: x-expires restarts
-
-    def deleted(self, q: Queue) -> None:
-        pass
-
-    def memory_pressure(self, on: bool) -> None:
-        pass  # message bodies live in the Raft log; the service's own bounds apply
-
-    def recover(self) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
