@@ -88,9 +88,20 @@ class PerfOptions:
     json: bool = False
     run_id: str | None = None
     processes: int = 0  # max OS processes per role, 0: number of CPUs
+    queue_pattern: str | None = None  # e.g. "perf-%d": queues pattern % from .. pattern % to
+    queue_pattern_from: int = 1
+    queue_pattern_to: int = 0
 
     def queue_name(self, pid: int) -> str:
+        if self.queue_pattern is not None:
+            return self.queue_pattern % self.queue_pattern_from
         return self.queue if self.queue is not None else f"hutch-perf-{pid}"
+
+    def pattern_queues(self) -> tuple[str, ...]:
+        """Every queue of `--queue-pattern` (empty without one)."""
+        if self.queue_pattern is None:
+            return ()
+        return tuple(self.queue_pattern % i for i in range(self.queue_pattern_from, self.queue_pattern_to + 1))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("-u", "--queue", default=None,
       help="queue name (default: hutch-perf-<pid>, deleted at the end); a named queue is kept, and one that "
       "exists (e.g. declared durable beforehand) is used as it is unless --queue-args asks for properties")
+    a("--queue-pattern", default=None, metavar="PATTERN",
+      help="several queues, named PATTERN %% i (e.g. perf-%%d) for i in --queue-pattern-from..--queue-pattern-to; "
+      "producer k publishes to queue k mod count, consumer k consumes it (PerfTest's option)")
+    a("--queue-pattern-from", type=_nonneg_int, default=1, metavar="N", help="first index (default 1)")
+    a("--queue-pattern-to", type=_nonneg_int, default=0, metavar="N", help="last index, inclusive")
     a("-e", "--exchange", default="", help="exchange to publish to (default: the default exchange)")
     a("-t", "--type", default="direct", dest="exchange_type", choices=EXCHANGE_TYPES,
       help="exchange type if the exchange must be declared (default direct)")
@@ -201,6 +217,7 @@ def parse_args(argv: list[str]) -> PerfOptions:
             raise UsageError(f"{name} is longer than {MAX_SHORTSTR} bytes")
     if ns.queue == "":
         raise UsageError("--queue must not be empty")
+    _check_pattern(ns)
     return PerfOptions(
         uri=uri,
         uri_text=ns.uri,
@@ -227,7 +244,31 @@ def parse_args(argv: list[str]) -> PerfOptions:
         json=ns.json,
         run_id=ns.run_id,
         processes=ns.processes,
+        queue_pattern=ns.queue_pattern,
+        queue_pattern_from=ns.queue_pattern_from,
+        queue_pattern_to=ns.queue_pattern_to,
     )
+
+
+MAX_PATTERN_QUEUES = 100_000
+
+
+def _check_pattern(ns: argparse.Namespace) -> None:
+    """--queue-pattern: one %d, a range of at most MAX_PATTERN_QUEUES, no -u beside it."""
+    if ns.queue_pattern is None:
+        if ns.queue_pattern_to:
+            raise UsageError("--queue-pattern-to needs --queue-pattern")
+        return
+    if ns.queue is not None:
+        raise UsageError("--queue and --queue-pattern exclude each other")
+    if ns.queue_pattern.count("%d") != 1 or ns.queue_pattern.replace("%d", "").count("%"):
+        raise UsageError("--queue-pattern must contain %d exactly once (and no other %)")
+    if ns.queue_pattern_to < ns.queue_pattern_from:
+        raise UsageError("--queue-pattern-to must be at least --queue-pattern-from")
+    if ns.queue_pattern_to - ns.queue_pattern_from + 1 > MAX_PATTERN_QUEUES:
+        raise UsageError(f"--queue-pattern covers more than {MAX_PATTERN_QUEUES} queues")
+    if len((ns.queue_pattern % ns.queue_pattern_to).encode("utf-8")) > MAX_SHORTSTR:
+        raise UsageError(f"--queue-pattern names are longer than {MAX_SHORTSTR} bytes")
 
 
 def cpu_count() -> int:

@@ -80,6 +80,11 @@ class Topology:
     routing_key: str
     delete_queue: bool
     delete_exchange: bool
+    queues: tuple[str, ...] = ()  # with --queue-pattern: every queue of the run (`queue` is the first)
+
+    @property
+    def all_queues(self) -> tuple[str, ...]:
+        return self.queues or (self.queue,)
 
 
 async def _exists(client: AmqpClient, method: spec.Method, reply: type) -> bool:
@@ -94,10 +99,17 @@ async def _exists(client: AmqpClient, method: spec.Method, reply: type) -> bool:
         return False
 
 
+def _binding_key(opts: PerfOptions, queue: str, routing_key: str) -> str:
+    """A pattern queue is bound with its own name unless -k gives the key."""
+    return opts.routing_key if opts.routing_key is not None or not opts.queue_pattern else queue
+
+
 async def declare_topology(opts: PerfOptions, queue: str, routing_key: str) -> Topology:
     client = await connect(opts.uri, lambda: AmqpClient(opts.uri))
     try:
         await client.open_channel(1)
+        if opts.queue_pattern is not None:
+            return await _declare_pattern(client, opts)
         named = opts.queue is not None
         # a named queue that exists is used as it is (durable or not), unless the command line asked for
         # specific properties: then it is declared, and a broker's 406 is the answer
@@ -126,9 +138,34 @@ async def declare_topology(opts: PerfOptions, queue: str, routing_key: str) -> T
         await client.close()
 
 
+async def _declare_pattern(client: AmqpClient, opts: PerfOptions) -> Topology:
+    """--queue-pattern: every queue declared (and deleted at the end), each bound to -e if given."""
+    queues = opts.pattern_queues()
+    topology = Topology(queues[0], queues[0], delete_queue=True, delete_exchange=False, queues=queues)
+    try:
+        if opts.exchange and not await _exists(client, spec.Exchange.Declare(exchange=opts.exchange, passive=True),
+                                               spec.Exchange.DeclareOk):
+            await client.call(1, spec.Exchange.Declare(exchange=opts.exchange, type=opts.exchange_type),
+                              spec.Exchange.DeclareOk)
+            topology = replace(topology, delete_exchange=True)
+        for q in queues:
+            await client.call(1, spec.Queue.Declare(queue=q, durable=opts.quorum, auto_delete=False,
+                                                    arguments=opts.queue_args or None), spec.Queue.DeclareOk)
+            if opts.exchange:
+                await client.call(1, spec.Queue.Bind(queue=q, exchange=opts.exchange,
+                                                     routing_key=_binding_key(opts, q, q)), spec.Queue.BindOk)
+    except AmqpClosed:
+        if not client.closed.done():  # the run will not happen: leave nothing behind
+            await client.open_channel(1)
+            await _delete(client, opts, topology)
+        raise
+    return topology
+
+
 async def _delete(client: AmqpClient, opts: PerfOptions, topology: Topology) -> None:
     if topology.delete_queue:
-        await client.call(1, spec.Queue.Delete(queue=topology.queue), spec.Queue.DeleteOk)
+        for q in topology.all_queues:
+            await client.call(1, spec.Queue.Delete(queue=q), spec.Queue.DeleteOk)
     if topology.delete_exchange:
         await client.call(1, spec.Exchange.Delete(exchange=opts.exchange), spec.Exchange.DeleteOk)
 
@@ -155,8 +192,18 @@ def make_tasks(opts: PerfOptions, topology: Topology) -> list[WorkerTask]:
     consume = ConsumePlan(queue=topology.queue, qos=opts.qos, autoack=opts.autoack,
                           multi_ack_every=opts.multi_ack_every, limit=opts.cmessages,
                           consume_at_start=opts.producers == 0)
-    tasks = [WorkerTask("producer", n, opts.uri, publish=publish) for n in split(opts.producers, per_role)]
-    tasks += [WorkerTask("consumer", n, opts.uri, consume=consume) for n in split(opts.consumers, per_role)]
+    queues = topology.queues
+    keys = tuple(_binding_key(opts, q, topology.routing_key) for q in queues)
+    tasks, first = [], 0
+    for n in split(opts.producers, per_role):  # with a pattern: producer k publishes to queue k mod count
+        targets = tuple(keys[(first + k) % len(keys)] for k in range(n)) if queues else ()
+        tasks.append(WorkerTask("producer", n, opts.uri, publish=publish, targets=targets))
+        first += n
+    first = 0
+    for n in split(opts.consumers, per_role):  # and consumer k consumes queue k mod count
+        targets = tuple(queues[(first + k) % len(queues)] for k in range(n)) if queues else ()
+        tasks.append(WorkerTask("consumer", n, opts.uri, consume=consume, targets=targets))
+        first += n
     return tasks
 
 
@@ -378,6 +425,6 @@ def _config(opts: PerfOptions, topology: Topology) -> dict[str, Any]:
         "uri": opts.uri.display(), "producers": opts.producers, "consumers": opts.consumers,
         "size_bytes": opts.size_bytes, "confirm_window": opts.confirm_window, "qos": opts.qos,
         "multi_ack_every": opts.multi_ack_every, "autoack": opts.autoack, "persistent": opts.persistent,
-        "queue": topology.queue, "quorum": opts.quorum, "rate_limit": opts.rate,
+        "queue": topology.queue, "queues": len(topology.all_queues), "quorum": opts.quorum, "rate_limit": opts.rate,
         "pmessages": opts.pmessages, "cmessages": opts.cmessages,
     }

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -46,6 +46,7 @@ class WorkerTask:
     uri: AmqpUri
     publish: PublishPlan | None = None
     consume: ConsumePlan | None = None
+    targets: tuple[str, ...] = ()  # per client (--queue-pattern): a producer's routing key, a consumer's queue
 
 
 def _clock_ns() -> int:
@@ -68,6 +69,7 @@ class Worker:
         self.tick = 0
         self.stopped = False
         self.pending: set[asyncio.Task[None]] = set()
+        self.made = 0  # clients made so far: the index into task.targets
 
     @property
     def clients(self) -> list[AmqpClient]:
@@ -79,11 +81,14 @@ class Worker:
 
     def make_client(self) -> AmqpClient:
         task = self.task
+        k, self.made = self.made, self.made + 1
         if task.role == "producer":
             assert task.publish is not None
-            return Producer(task.uri, task.publish, on_done=self.on_client_done, on_error=self.on_error)
+            plan = replace(task.publish, routing_key=task.targets[k]) if task.targets else task.publish
+            return Producer(task.uri, plan, on_done=self.on_client_done, on_error=self.on_error)
         assert task.consume is not None
-        return Consumer(task.uri, task.consume, self.histogram, on_error=self.on_error,
+        consume = replace(task.consume, queue=task.targets[k]) if task.targets else task.consume
+        return Consumer(task.uri, consume, self.histogram, on_error=self.on_error,
                         on_done=self.on_client_done)
 
     async def run(self) -> None:
