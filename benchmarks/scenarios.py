@@ -1,0 +1,588 @@
+"""Issue 17's scenarios, hutch against RabbitMQ 3.10.8 in one sitting (docs/BENCHMARKS.md, "issue 17").
+
+Starts hutch from a source tree (`--hutch-src`, default this tree's src/) on free ports: one node
+(`--no-cluster` when the server has that flag, else a cluster of one with a cluster port, as `make run`
+starts it) and, for the 3-node quorum scenarios, a 3-node cluster. RabbitMQ: the node already running
+on 5672 (`--rabbit external`, the default when one answers there) or one node this script starts
+(`--rabbit start`); the 3-node RabbitMQ cluster is benchmarks/quorum_bench.py's `RabbitCluster`
+(nodes rabbit1..3@localhost on 5801-5803). Every broker and load generator the script starts is stopped
+when it ends, also on an error, Ctrl-C or SIGTERM.
+
+For every scenario, round and broker (the brokers alternate: hutch first in odd rounds, RabbitMQ first
+in even ones) it runs one load generator: `rawload` (benchmarks/rawload.py, our raw client) or
+`hutch-perf` (from `--perf-src`, default this tree), and reads the broker's CPU (utime + stime from
+/proc/PID/stat, all nodes summed) over the measured window. Output: a Markdown table per scenario on
+stdout (medians over the rounds, hutch / RabbitMQ ratio, broker CPU µs per delivered message, latency
+p50 / p99) and every run as JSON in `--out`.
+
+    python benchmarks/scenarios.py --rounds 3 --seconds 8 --warmup 2 --out results.json
+    python benchmarks/scenarios.py --only headline-raw,churn --rounds 1 --seconds 3 --warmup 1
+    python benchmarks/scenarios.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from base64 import b64encode
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+RAWLOAD = str(ROOT / "benchmarks" / "rawload.py")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# -- scenarios -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    tool: str  # "raw" or "perf"
+    args: tuple[str, ...]
+    nodes: int = 1
+    kind: str = "flow"  # flow | churn | idle
+    quorum_leader: bool = False  # connect to node 1 (the declaring node, the leader)
+
+
+HEAD = ("-c", "1000", "-q", "1000", "-A", "100")
+RAW_HEAD = ("-x", "1", "-y", "1", *HEAD)
+PERF_HEAD = ("-x", "1", "-y", "1", *HEAD)
+
+
+def scenarios() -> list[Scenario]:
+    out = [
+        Scenario("headline-perf", "1→1 16 B, unlimited (hutch-perf)", "perf", (*PERF_HEAD, "-s", "16")),
+        Scenario("headline-raw", "1→1 16 B, unlimited (rawload)", "raw", (*RAW_HEAD, "-s", "16")),
+        Scenario("classic-16B-20k-perf", "classic 16 B transient at 20k msg/s (hutch-perf)", "perf",
+                 (*PERF_HEAD, "-s", "16", "-r", "20000")),
+    ]
+    for size in (16, 1000):
+        for persistent in (False, True):
+            label = f"classic-{'1kB' if size == 1000 else '16B'}-{'persistent' if persistent else 'transient'}"
+            extra = ("--persistent",) if persistent else ()
+            desc = f"classic {'1 kB' if size == 1000 else '16 B'} {'persistent' if persistent else 'transient'} 1→1"
+            out.append(Scenario(f"{label}-20k", f"{desc} at 20k msg/s", "raw",
+                                (*RAW_HEAD, "-s", str(size), "-r", "20000", *extra)))
+            if size != 16 or persistent:  # 16 B transient unlimited is headline-raw
+                out.append(Scenario(f"{label}-max", f"{desc}, unlimited", "raw", (*RAW_HEAD, "-s", str(size), *extra)))
+    for nodes in (1, 3):
+        q = (*RAW_HEAD, "-s", "16", "--quorum")
+        out.append(Scenario(f"quorum-{nodes}n-20k", f"quorum, {nodes} node(s), 16 B at 20k msg/s", "raw",
+                            (*q, "-r", "20000"), nodes=nodes, quorum_leader=True))
+        out.append(Scenario(f"quorum-{nodes}n-max", f"quorum, {nodes} node(s), 16 B unlimited", "raw", q,
+                            nodes=nodes, quorum_leader=True))
+    out += [
+        Scenario("2to2-two-queues", "2 producers → 2 queues → 2 consumers, 16 B", "raw",
+                 ("-x", "2", "-y", "2", "--queues", "2", *HEAD, "-s", "16", "--processes", "2")),
+        Scenario("fanout-3", "1 producer → fanout → 3 queues → 3 consumers, 16 B", "raw",
+                 ("-x", "1", "-y", "3", "--fanout", "3", *HEAD, "-s", "16")),
+        Scenario("10to1to10", "10 producers → 1 queue → 10 consumers, 16 B", "raw",
+                 ("-x", "10", "-y", "10", *HEAD, "-s", "16", "--processes", "2")),
+        Scenario("1000-queues-10k", "1,000 queues, 1,000 producers and consumers, 10k msg/s in total", "raw",
+                 ("-x", "1000", "-y", "1000", "--queues", "1000", "-c", "100", "-q", "100", "-A", "10", "-s", "16",
+                  "-r", "10000", "--processes", "2")),
+        Scenario("churn", "connection churn: open, publish 1 with confirm, close", "raw",
+                 ("--mode", "churn", "--concurrency", "20", "--processes", "2"), kind="churn"),
+        Scenario("idle-10k", "10,000 idle connections (one channel each)", "raw",
+                 ("--mode", "idle", "--connections", "10000", "--processes", "2"), kind="idle"),
+    ]
+    # the same shapes with hutch-perf (--all-perf): PerfTest-style options
+    pat = ("--queue-pattern", "scen-%d", "--queue-pattern-from", "1")
+    out += [
+        Scenario("2to2-two-queues-perf", "2→2 over 2 queues (hutch-perf)", "perf",
+                 ("-x", "2", "-y", "2", *HEAD, "-s", "16", *pat, "--queue-pattern-to", "2")),
+        Scenario("fanout-3-perf", "fanout to 3 queues (hutch-perf)", "perf",
+                 ("-x", "1", "-y", "3", *HEAD, "-s", "16", "-e", "scen-fanout", "-t", "fanout", *pat,
+                  "--queue-pattern-to", "3")),
+        Scenario("10to1to10-perf", "10→1→10 (hutch-perf)", "perf", ("-x", "10", "-y", "10", *HEAD, "-s", "16")),
+        Scenario("quorum-1n-20k-perf", "quorum 1 node at 20k msg/s (hutch-perf)", "perf",
+                 (*PERF_HEAD, "-s", "16", "--quorum-queue", "-r", "20000"), quorum_leader=True),
+        Scenario("quorum-3n-20k-perf", "quorum 3 nodes at 20k msg/s (hutch-perf)", "perf",
+                 (*PERF_HEAD, "-s", "16", "--quorum-queue", "-r", "20000"), nodes=3, quorum_leader=True),
+    ]
+    return out
+
+
+DEFAULT_PERF = {"headline-perf", "classic-16B-20k-perf"}
+
+
+# -- /proc -----------------------------------------------------------------------------------------------
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / TICK
+    return total
+
+
+def machine_busy_s() -> float:
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / TICK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what}: port {port} not open after {timeout} s")
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- brokers ---------------------------------------------------------------------------------------------
+
+@dataclass
+class HutchNode:
+    name: str
+    amqp: int
+    mgmt: int
+    cluster: int
+    directory: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class Hutch:
+    """hutch-server processes from `src` (one node, or a cluster of n joined through n1)."""
+
+    src: Path
+    base: Path
+    n: int = 1
+    kind: str = "hutch"
+    nodes: list[HutchNode] = field(default_factory=list)
+    mode: str = ""
+
+    def start(self) -> Hutch:
+        help_text = subprocess.run([PY, "-m", "hutch.cli.server", "--help"], capture_output=True, text=True,
+                                   env=self.env()).stdout
+        no_cluster = "--no-cluster" in help_text
+        self.mode = "no-cluster" if self.n == 1 and no_cluster else f"cluster of {self.n}"
+        for i in range(1, self.n + 1):
+            node = HutchNode(f"n{i}", free_port(), free_port(), free_port(), self.base / f"n{i}")
+            (node.directory / "data").mkdir(parents=True, exist_ok=True)
+            args = [PY, "-m", "hutch.cli.server", "--amqp-port", str(node.amqp), "--management-port",
+                    str(node.mgmt), "--data-dir", str(node.directory / "data"), "--log-level", "warning",
+                    "--node-name", f"{node.name}@localhost"]
+            if self.n == 1 and no_cluster:
+                args.append("--no-cluster")
+            else:
+                args += ["--cluster-port", str(node.cluster)]
+                if i > 1:
+                    first = self.nodes[0]
+                    args += ["--join", f"{first.name}@localhost@127.0.0.1:{first.cluster}"]
+            with open(node.directory / "server.log", "wb") as log:
+                node.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env())
+            self.nodes.append(node)
+            wait_port(node.amqp, node.proc, 60, f"hutch {node.name}")
+            wait_port(node.mgmt, node.proc, 60, f"hutch {node.name} management")
+            if self.n > 1:
+                self.wait_members(i)
+        return self
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        env["PYTHONPATH"] = str(self.src)
+        env["HUTCH_CLUSTER_SECRET"] = "scenarios-secret"
+        return env
+
+    def wait_members(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        req = urllib.request.Request(f"http://127.0.0.1:{self.nodes[0].mgmt}/api/cluster-status")
+        req.add_header("Authorization", "Basic " + b64encode(b"guest:guest").decode())
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(req, timeout=5) as resp:
+                if len(json.loads(resp.read()).get("running_nodes", [])) >= count:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"hutch cluster did not reach {count} running nodes")
+
+    def port(self) -> int:
+        return self.nodes[0].amqp
+
+    def pids(self) -> list[int]:
+        return [n.proc.pid for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.terminate()
+                try:
+                    node.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait(10)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class RabbitExternal:
+    """The RabbitMQ node already running on 5672 (not stopped by this script)."""
+
+    kind = "rabbitmq"
+    mode = "external node on 5672"
+
+    def __init__(self) -> None:
+        out = subprocess.run(["rabbitmqctl", "eval", "os:getpid()."], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl eval failed: {out.stdout}{out.stderr}")
+        self.pid = int(out.stdout.strip().strip('"'))
+
+    def start(self) -> RabbitExternal:
+        return self
+
+    def port(self) -> int:
+        return 5672
+
+    def pids(self) -> list[int]:
+        return [self.pid]
+
+    def stop(self) -> None:
+        pass
+
+
+class RabbitStarted:
+    """RabbitMQ nodes this script starts (quorum_bench.py's RabbitCluster), stopped and deleted at the end."""
+
+    kind = "rabbitmq"
+
+    def __init__(self, base: Path, n: int) -> None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from quorum_bench import RabbitCluster
+        self.cluster = RabbitCluster(base, n)
+        self.mode = f"{n} node(s) started by the script, ports 5801+"
+
+    def start(self) -> RabbitStarted:
+        try:
+            self.cluster.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def port(self) -> int:
+        return int(self.cluster.port(0))
+
+    def pids(self) -> list[int]:
+        return list(self.cluster.pids())
+
+    def stop(self) -> None:
+        self.cluster.stop()
+        self.cluster.cleanup()
+
+
+def nofile_limit(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    return 0
+
+
+# -- one run ---------------------------------------------------------------------------------------------
+
+class Procs:
+    """Load-generator processes started here, each in its own process group; killed on the way out."""
+
+    def __init__(self) -> None:
+        self.live: list[subprocess.Popen[str]] = []
+
+    def popen(self, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+        self.live.append(p)
+        return p
+
+    def kill_all(self) -> None:
+        for p in self.live:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.live.clear()
+
+
+PERF_LINE = re.compile(r"time: ([\d.]+)s, .*received: (\d+) msg/s")
+
+
+def run_perf(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
+    """hutch-perf for warmup + seconds; broker CPU between its per-second lines at warmup and the end."""
+    total = int(args.warmup + args.seconds)
+    env = dict(os.environ, PYTHONPATH=str(args.perf_src))
+    cmd = [PY, "-m", "hutch.cli.perf", "--uri", f"amqp://guest:guest@127.0.0.1:{broker.port()}/%2F", *sc.args,
+           "-z", str(total), "--json"]
+    p = procs.popen(cmd, env)
+    ticks: list[tuple[float, float, int]] = []  # (time s, broker cpu, received msg/s in that second)
+    err_tail: list[str] = []
+
+    def read_stderr() -> None:
+        assert p.stderr is not None
+        for line in p.stderr:
+            m = PERF_LINE.search(line)
+            if m:
+                ticks.append((float(m.group(1)), cpu_s(broker.pids()), int(m.group(2))))
+            else:
+                err_tail.append(line)
+    th = threading.Thread(target=read_stderr, daemon=True)
+    th.start()
+    out, _ = p.communicate(timeout=total + 120)
+    th.join(5)
+    if p.returncode != 0 or not out.strip():
+        raise RuntimeError(f"hutch-perf failed ({p.returncode}): {''.join(err_tail)[-1500:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    w = [t for t in ticks if args.warmup - 0.5 <= t[0] <= total + 0.5]
+    start = next((t for t in w if t[0] >= args.warmup - 0.01), None)
+    end = w[-1] if w else None
+    metrics: dict[str, Any] = {"rate": res["receive_rate"], "p50_us": res["latency_us"]["p50"],
+                               "p99_us": res["latency_us"]["p99"]}
+    if start and end and end[0] > start[0]:
+        received = sum(t[2] for t in w if start[0] < t[0] <= end[0])
+        metrics["rate"] = round(received / (end[0] - start[0]))
+        metrics["cpu_us"] = round(1e6 * (end[1] - start[1]) / received, 2) if received else None
+        metrics["broker_cpu_pct"] = round(100 * (end[1] - start[1]) / (end[0] - start[0]), 1)
+    return {"command": "hutch-perf " + " ".join(cmd[3:]), "metrics": metrics, "result": res}
+
+
+def run_raw(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
+    seconds = args.idle_seconds if sc.kind == "idle" else args.seconds
+    cmd = [PY, RAWLOAD, "--port", str(broker.port()), "--pids", ",".join(map(str, broker.pids())), *sc.args,
+           "-z", str(seconds), "--warmup", str(args.warmup)]
+    p = procs.popen(cmd)
+    out, err = p.communicate(timeout=seconds + args.warmup + 600)
+    if not out.strip():
+        raise RuntimeError(f"rawload failed ({p.returncode}): {err[-1500:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    if sc.kind == "churn":
+        metrics = {"rate": res["connections_per_s"], "cpu_us": res.get("broker_cpu_us_per_conn"),
+                   "broker_cpu_pct": res.get("broker_cpu_pct")}
+    elif sc.kind == "idle":
+        metrics = {"kib_per_conn": res.get("kib_per_connection"), "connections": res["connections"],
+                   "open_s": res["open_s"], "rss_mib": res.get("broker_rss_mib")}
+    else:
+        metrics = {"rate": res["receive_rate"], "cpu_us": res.get("broker_cpu_us_per_msg"),
+                   "broker_cpu_pct": res.get("broker_cpu_pct"), "p50_us": res["latency_us"]["p50"],
+                   "p99_us": res["latency_us"]["p99"]}
+    if res.get("errors"):
+        metrics["errors"] = res["errors"][:3]
+    return {"command": "rawload.py " + " ".join(cmd[2:]), "metrics": metrics, "result": res}
+
+
+# -- the session -----------------------------------------------------------------------------------------
+
+def med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(runs: list[dict[str, Any]], chosen: list[Scenario]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for sc in chosen:
+        per: dict[str, dict[str, Any]] = {}
+        for broker in ("hutch", "rabbitmq"):
+            ms = [r["metrics"] for r in runs if r["scenario"] == sc.name and r["broker"] == broker and "metrics" in r]
+            per[broker] = {k: med([m.get(k) for m in ms]) for k in
+                           ("rate", "cpu_us", "p50_us", "p99_us", "kib_per_conn", "broker_cpu_pct")}
+            per[broker]["rounds"] = len(ms)
+        h, r = per["hutch"], per["rabbitmq"]
+
+        def ratio(key: str, h: dict[str, Any] = h, r: dict[str, Any] = r) -> float | None:
+            return round(h[key] / r[key], 3) if h.get(key) and r.get(key) else None
+        summary[sc.name] = {"what": sc.what, "tool": sc.tool, "kind": sc.kind, "hutch": h, "rabbitmq": r,
+                            "throughput_ratio": ratio("rate"), "cpu_ratio": ratio("cpu_us"),
+                            "p50_ratio": ratio("p50_us"), "p99_ratio": ratio("p99_us"),
+                            "memory_ratio": ratio("kib_per_conn")}
+    return summary
+
+
+def fmt(v: float | None, unit: str = "", scale: float = 1.0, nd: int = 0) -> str:
+    return "–" if v is None else f"{v / scale:,.{nd}f}{unit}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = []
+    for name, s in summary.items():
+        h, r = s["hutch"], s["rabbitmq"]
+        lines += [f"### {name}: {s['what']}", ""]
+        if s["kind"] == "idle":
+            lines += ["| broker | KiB per connection | rounds |", "| --- | ---: | ---: |",
+                      f"| hutch | {fmt(h['kib_per_conn'], nd=1)} | {h['rounds']} |",
+                      f"| RabbitMQ | {fmt(r['kib_per_conn'], nd=1)} | {r['rounds']} |",
+                      f"| ratio | {fmt(s['memory_ratio'], '×', nd=2)} | |", ""]
+            continue
+        unit = "connections/s" if s["kind"] == "churn" else "msg/s"
+        per = "µs per connection" if s["kind"] == "churn" else "µs per message"
+        lines += [f"| broker | {unit} | broker CPU {per} | broker CPU % | p50 / p99 | rounds |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for label, m in (("hutch", h), ("RabbitMQ", r)):
+            lat = "–" if m.get("p50_us") is None else \
+                f"{fmt(m['p50_us'], ' ms', 1000, 2)} / {fmt(m['p99_us'], ' ms', 1000, 2)}"
+            lines.append(f"| {label} | {fmt(m['rate'])} | {fmt(m['cpu_us'], nd=1)} | {fmt(m['broker_cpu_pct'], nd=0)} |"
+                         f" {lat} | {m['rounds']} |")
+        lines += [f"| hutch / RabbitMQ | {fmt(s['throughput_ratio'], '×', nd=2)} | {fmt(s['cpu_ratio'], '×', nd=2)} |"
+                  f" | {fmt(s['p50_ratio'], '×', nd=2)} / {fmt(s['p99_ratio'], '×', nd=2)} | |", ""]
+    return "\n".join(lines)
+
+
+def pick(args: argparse.Namespace) -> list[Scenario]:
+    every = scenarios()
+    if args.only:
+        names = set(args.only.split(","))
+        unknown = names - {s.name for s in every}
+        if unknown:
+            raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))} (see --list)")
+        return [s for s in every if s.name in names]
+    return [s for s in every if s.tool == "raw" or args.all_perf or s.name in DEFAULT_PERF]
+
+
+def make_brokers(nodes: int, args: argparse.Namespace, tmp: Path) -> list[Any]:
+    hutch = Hutch(Path(args.hutch_src), tmp / f"hutch-{nodes}n", nodes)
+    if nodes == 1 and args.rabbit == "external":
+        rabbit: Any = RabbitExternal()
+    else:
+        rabbit = RabbitStarted(tmp / f"rabbit-{nodes}n", nodes)
+    return [hutch, rabbit]
+
+
+def session(args: argparse.Namespace, chosen: list[Scenario], runs: list[dict[str, Any]], procs: Procs) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="h17-scen-"))
+    subprocess.run(["chmod", "755", str(tmp)], check=False)
+    try:
+        for nodes in sorted({s.nodes for s in chosen}):
+            group = [s for s in chosen if s.nodes == nodes]
+            brokers: list[Any] = []
+            try:
+                for b in make_brokers(nodes, args, tmp):
+                    brokers.append(b)
+                    t = time.monotonic()
+                    b.start()
+                    note(f"{b.kind} ({b.mode}) up in {time.monotonic() - t:.1f} s, pids {b.pids()}")
+                    if b.kind == "rabbitmq" and any(s.kind == "idle" for s in group):
+                        limit = min(nofile_limit(p) for p in b.pids())
+                        if limit < 12000:
+                            note(f"warning: RabbitMQ's open-file limit is {limit}: idle-10k will fail "
+                                 "(docs/BENCHMARKS.md says how to raise it)")
+                run_group(args, group, brokers, runs, procs)
+            finally:
+                for b in brokers:
+                    b.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_group(args: argparse.Namespace, group: list[Scenario], brokers: list[Any], runs: list[dict[str, Any]],
+              procs: Procs) -> None:
+    for rnd in range(1, args.rounds + 1):
+        for sc in group:
+            order = brokers if rnd % 2 else list(reversed(brokers))
+            for b in order:
+                time.sleep(args.pause)
+                busy0, w0 = machine_busy_s(), time.monotonic()
+                t0 = time.monotonic()
+                rec: dict[str, Any] = {"scenario": sc.name, "tool": sc.tool, "broker": b.kind, "round": rnd,
+                                       "broker_mode": b.mode, "utc": time.strftime("%H:%M:%S", time.gmtime())}
+                try:
+                    rec.update((run_perf if sc.tool == "perf" else run_raw)(sc, b, args, procs))
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+                    rec["error"] = str(exc)[-2000:]
+                finally:
+                    procs.kill_all()
+                dt = time.monotonic() - w0
+                rec["wall_s"] = round(time.monotonic() - t0, 1)
+                rec["machine_busy_cores"] = round((machine_busy_s() - busy0) / dt, 2)
+                runs.append(rec)
+                m = rec.get("metrics", {})
+                note(f"[{rec['utc']}] {sc.name} r{rnd} {b.kind}: "
+                     + (f"ERROR {rec['error'][:300]}" if "error" in rec else json.dumps(m))
+                     + f" ({rec['wall_s']} s)")
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def git_head() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run")
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds before the measured window")
+    ap.add_argument("--idle-seconds", type=float, default=2.0, help="idle-10k: seconds the connections are held")
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
+    ap.add_argument("--only", default="", help="comma-separated scenario names (see --list)")
+    ap.add_argument("--all-perf", action="store_true", help="also every shape with hutch-perf")
+    ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    ap.add_argument("--hutch-src", default=str(ROOT / "src"), help="source tree hutch-server runs from")
+    ap.add_argument("--perf-src", default=str(ROOT / "src"), help="source tree hutch-perf runs from")
+    ap.add_argument("--rabbit", choices=("external", "start"), default="external",
+                    help="single-node RabbitMQ: the one on 5672, or one started here")
+    ap.add_argument("--out", default="", help="JSON results file (default: scenario-results-<utc>.json)")
+    ap.add_argument("--markdown", default="", help="also write the tables to this file")
+    args = ap.parse_args()
+    if args.list:
+        for s in scenarios():
+            print(f"{s.name:28} {s.tool:5} {s.nodes}n  {s.what}")
+        return 0
+    chosen = pick(args)
+    raise_nofile()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runs: list[dict[str, Any]] = []
+    procs = Procs()
+    started = time.time()
+    try:
+        session(args, chosen, runs, procs)
+    finally:
+        procs.kill_all()
+        summary = summarize(runs, chosen)
+        out = args.out or f"scenario-results-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+        doc = {"meta": {"commit": git_head(), "hutch_src": args.hutch_src, "perf_src": args.perf_src,
+                        "rounds": args.rounds, "seconds": args.seconds, "warmup": args.warmup,
+                        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                        "duration_s": round(time.time() - started), "argv": sys.argv[1:]},
+               "summary": summary, "runs": runs}
+        Path(out).write_text(json.dumps(doc, indent=1))
+        md = markdown(summary)
+        print(md)
+        if args.markdown:
+            Path(args.markdown).write_text(md + "\n")
+        note(f"results: {out} ({round(time.time() - started)} s)")
+    return 1 if any("error" in r for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
