@@ -357,7 +357,14 @@ def run_perf(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) 
                 err_tail.append(line)
     th = threading.Thread(target=read_stderr, daemon=True)
     th.start()
-    out, _ = p.communicate(timeout=total + 120)
+    assert p.stdout is not None
+    timer = threading.Timer(total + 120, lambda: procs.kill_all())  # a hung run is killed, not waited for
+    timer.start()
+    try:
+        out = p.stdout.read()  # stdout only: stderr is the reader thread's
+        p.wait()
+    finally:
+        timer.cancel()
     th.join(5)
     if p.returncode != 0 or not out.strip():
         raise RuntimeError(f"hutch-perf failed ({p.returncode}): {''.join(err_tail)[-1500:]}")
