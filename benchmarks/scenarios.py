@@ -550,7 +550,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds before the measured window")
     ap.add_argument("--idle-seconds", type=float, default=2.0, help="idle-10k: seconds the connections are held")
-    ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds between runs")
     ap.add_argument("--only", default="", help="comma-separated scenario names (see --list)")
     ap.add_argument("--all-perf", action="store_true", help="also every shape with hutch-perf")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")

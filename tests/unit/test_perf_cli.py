@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import socket
 import struct
 
@@ -79,6 +80,49 @@ def test_make_tasks_without_producers_passes_the_consumer_limit():
     assert consumer_task.consume is not None and not consumer_task.consume.consume_at_start
     tasks = make_tasks(parse_args(["-y", "0", "-C", "5"]), Topology("q", "q", True, False))
     assert [(t.role, t.count) for t in tasks] == [("producer", 1)]
+
+
+def test_queue_pattern_options():
+    o = parse_args(["--queue-pattern", "perf-%d", "--queue-pattern-to", "3"])
+    assert o.pattern_queues() == ("perf-1", "perf-2", "perf-3")
+    assert o.queue_name(1) == "perf-1"
+    o = parse_args(["--queue-pattern", "q%d-x", "--queue-pattern-from", "0", "--queue-pattern-to", "1"])
+    assert o.pattern_queues() == ("q0-x", "q1-x")
+    assert parse_args([]).pattern_queues() == ()
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--queue-pattern", "perf", "--queue-pattern-to", "2"], "%d exactly once"),
+    (["--queue-pattern", "p%d%d", "--queue-pattern-to", "2"], "%d exactly once"),
+    (["--queue-pattern", "p%s%d", "--queue-pattern-to", "2"], "no other %"),
+    (["--queue-pattern", "p%d"], "at least --queue-pattern-from"),
+    (["--queue-pattern", "p%d", "--queue-pattern-from", "5", "--queue-pattern-to", "4"], "at least"),
+    (["--queue-pattern", "p%d", "--queue-pattern-to", "100001"], "more than 100000"),
+    (["--queue-pattern", "p%d", "--queue-pattern-to", "2", "-u", "q"], "exclude each other"),
+    (["--queue-pattern-to", "2"], "needs --queue-pattern"),
+    (["--queue-pattern", "x" * 254 + "%d", "--queue-pattern-to", "10"], "longer than 255"),
+])
+def test_queue_pattern_errors(argv, fragment):
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        parse_args(argv)
+
+
+def test_make_tasks_with_a_queue_pattern_spreads_clients_over_the_queues():
+    o = parse_args(["-x", "3", "-y", "5", "--queue-pattern", "p-%d", "--queue-pattern-to", "2", "--processes", "2"])
+    topology = Topology("p-1", "p-1", True, False, queues=o.pattern_queues())
+    tasks = make_tasks(o, topology)
+    producers = [k for t in tasks if t.role == "producer" for k in t.targets]
+    consumers = [q for t in tasks if t.role == "consumer" for q in t.targets]
+    assert producers == ["p-1", "p-2", "p-1"]  # producer k -> queue k mod 2 (its routing key)
+    assert consumers == ["p-1", "p-2", "p-1", "p-2", "p-1"]
+    assert all(len(t.targets) == t.count for t in tasks)
+    # with -k the producers publish with that key (a fanout exchange ignores it)
+    o = parse_args(["-x", "1", "-y", "3", "-e", "fx", "-t", "fanout", "-k", "any", "--queue-pattern", "f-%d",
+                    "--queue-pattern-to", "3"])
+    tasks = make_tasks(o, Topology("f-1", "any", True, False, queues=o.pattern_queues()))
+    assert [t.targets for t in tasks if t.role == "producer"] == [("any",)]
+    # without a pattern nothing changes: one queue, no per-client targets
+    assert all(t.targets == () for t in make_tasks(parse_args([]), Topology("q", "q", True, False)))
 
 
 def test_quorum_queue_sets_the_type_argument():
