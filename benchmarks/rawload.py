@@ -721,10 +721,11 @@ def run_flow(cfg: Config) -> dict[str, Any]:
         a = go_at + int(cfg.warmup * 1e9)
         b = a + int(cfg.seconds * 1e9)
         w.send_all((go_at, a, b))
+        clients = [p.pid for p in w.procs]
         time.sleep(max(0.0, (a - time.clock_gettime_ns(CLOCK)) / 1e9))
-        cpu0, rss0 = proc_cpu(cfg.pids), proc_rss_kib(cfg.pids)
+        cpu0, rss0, own0 = proc_cpu(cfg.pids), proc_rss_kib(cfg.pids), proc_cpu(clients)
         time.sleep(max(0.0, (b - time.clock_gettime_ns(CLOCK)) / 1e9))
-        cpu1, rss1 = proc_cpu(cfg.pids), proc_rss_kib(cfg.pids)
+        cpu1, rss1, own1 = proc_cpu(cfg.pids), proc_rss_kib(cfg.pids), proc_cpu(clients)
         results = [m[1] for m in w.recv_all(60 + cfg.seconds)]
     hist: Counter[int] = Counter()
     for r in results:
@@ -736,7 +737,9 @@ def run_flow(cfg: Config) -> dict[str, Any]:
            "nacked": sum(r.get("nacked", 0) for r in results),
            "publish_rate": round(published / cfg.seconds), "confirm_rate": round(confirmed / cfg.seconds),
            "receive_rate": round(received / cfg.seconds), "latency_us": percentiles(hist),
-           "errors": [e for r in results for e in r.get("errors", [])]}
+           "errors": [e for r in results for e in r.get("errors", [])],
+           "client_cpu_pct": round(100 * (own1 - own0) / cfg.seconds, 1),
+           "client_cpu_us_per_msg": round(1e6 * (own1 - own0) / received, 2) if received else None}
     if cfg.pids:
         out.update(broker_cpu_s=round(cpu1 - cpu0, 3), broker_cpu_pct=round(100 * (cpu1 - cpu0) / cfg.seconds, 1),
                    broker_cpu_us_per_msg=round(1e6 * (cpu1 - cpu0) / received, 2) if received else None,

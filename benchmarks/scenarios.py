@@ -1,8 +1,8 @@
 """Issue 17's scenarios, hutch against RabbitMQ 3.10.8 in one sitting (docs/BENCHMARKS.md, "issue 17").
 
 Starts hutch from a source tree (`--hutch-src`, default this tree's src/) on free ports: one node
-(`--no-cluster` when the server has that flag, else a cluster of one with a cluster port, as `make run`
-starts it) and, for the 3-node quorum scenarios, a 3-node cluster. RabbitMQ: the node already running
+(`--no-cluster` when the server has that flag, unless `--hutch-cluster-of-one`; else a cluster of one
+with a cluster port, as `make run` starts it) and, for the 3-node quorum scenarios, a 3-node cluster. RabbitMQ: the node already running
 on 5672 (`--rabbit external`, the default when one answers there) or one node this script starts
 (`--rabbit start`); the 3-node RabbitMQ cluster is benchmarks/quorum_bench.py's `RabbitCluster`
 (nodes rabbit1..3@localhost on 5801-5803). Every broker and load generator the script starts is stopped
@@ -118,7 +118,8 @@ def scenarios() -> list[Scenario]:
         Scenario("quorum-3n-20k-perf", "quorum 3 nodes at 20k msg/s (hutch-perf)", "perf",
                  (*PERF_HEAD, "-s", "16", "--quorum-queue", "-r", "20000"), nodes=3, quorum_leader=True),
     ]
-    return out
+    # churn and the idle connections last in their group: closing 10,000 connections keeps a broker busy
+    return sorted(out, key=lambda s: s.kind != "flow")
 
 
 DEFAULT_PERF = {"headline-perf", "classic-16B-20k-perf"}
@@ -182,6 +183,7 @@ class Hutch:
     src: Path
     base: Path
     n: int = 1
+    cluster_of_one: bool = False  # one node with a cluster port even when --no-cluster exists
     kind: str = "hutch"
     nodes: list[HutchNode] = field(default_factory=list)
     mode: str = ""
@@ -189,7 +191,7 @@ class Hutch:
     def start(self) -> Hutch:
         help_text = subprocess.run([PY, "-m", "hutch.cli.server", "--help"], capture_output=True, text=True,
                                    env=self.env()).stdout
-        no_cluster = "--no-cluster" in help_text
+        no_cluster = "--no-cluster" in help_text and not self.cluster_of_one
         self.mode = "no-cluster" if self.n == 1 and no_cluster else f"cluster of {self.n}"
         for i in range(1, self.n + 1):
             node = HutchNode(f"n{i}", free_port(), free_port(), free_port(), self.base / f"n{i}")
@@ -400,7 +402,7 @@ def run_raw(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -
     else:
         metrics = {"rate": res["receive_rate"], "cpu_us": res.get("broker_cpu_us_per_msg"),
                    "broker_cpu_pct": res.get("broker_cpu_pct"), "p50_us": res["latency_us"]["p50"],
-                   "p99_us": res["latency_us"]["p99"]}
+                   "p99_us": res["latency_us"]["p99"], "client_cpu_us": res.get("client_cpu_us_per_msg")}
     if res.get("errors"):
         metrics["errors"] = res["errors"][:3]
     return {"command": "rawload.py " + " ".join(cmd[2:]), "metrics": metrics, "result": res}
@@ -474,7 +476,7 @@ def pick(args: argparse.Namespace) -> list[Scenario]:
 
 
 def make_brokers(nodes: int, args: argparse.Namespace, tmp: Path) -> list[Any]:
-    hutch = Hutch(Path(args.hutch_src), tmp / f"hutch-{nodes}n", nodes)
+    hutch = Hutch(Path(args.hutch_src), tmp / f"hutch-{nodes}n", nodes, args.hutch_cluster_of_one)
     if nodes == 1 and args.rabbit == "external":
         rabbit: Any = RabbitExternal()
     else:
@@ -514,7 +516,7 @@ def run_group(args: argparse.Namespace, group: list[Scenario], brokers: list[Any
         for sc in group:
             order = brokers if rnd % 2 else list(reversed(brokers))
             for b in order:
-                time.sleep(args.pause)
+                quiesce(brokers, args.pause)
                 busy0, w0 = machine_busy_s(), time.monotonic()
                 t0 = time.monotonic()
                 rec: dict[str, Any] = {"scenario": sc.name, "tool": sc.tool, "broker": b.kind, "round": rnd,
@@ -535,6 +537,22 @@ def run_group(args: argparse.Namespace, group: list[Scenario], brokers: list[Any
                      + f" ({rec['wall_s']} s)")
 
 
+def quiesce(brokers: list[Any], pause: float, limit: float = 60.0) -> None:
+    """Sleep `pause` s, then until the brokers together use under 0.1 + 0.05 cores per process over 0.5 s
+    (the previous run's backlog drained, its connections closed; an idle node uses about 0.01), at most
+    `limit` s."""
+    time.sleep(pause)
+    pids = [p for b in brokers for p in b.pids()]
+    below = 0.1 + 0.05 * len(pids)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        c0 = cpu_s(pids)
+        time.sleep(0.5)
+        if (cpu_s(pids) - c0) / 0.5 < below:
+            return
+    note(f"warning: the brokers were still busy {limit:.0f} s after the previous run")
+
+
 def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -550,12 +568,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds before the measured window")
     ap.add_argument("--idle-seconds", type=float, default=2.0, help="idle-10k: seconds the connections are held")
-    ap.add_argument("--pause", type=float, default=0.5, help="seconds between runs")
+    ap.add_argument("--pause", type=float, default=0.5,
+                    help="seconds between runs (then until the brokers are idle)")
     ap.add_argument("--only", default="", help="comma-separated scenario names (see --list)")
     ap.add_argument("--all-perf", action="store_true", help="also every shape with hutch-perf")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--hutch-src", default=str(ROOT / "src"), help="source tree hutch-server runs from")
     ap.add_argument("--perf-src", default=str(ROOT / "src"), help="source tree hutch-perf runs from")
+    ap.add_argument("--hutch-cluster-of-one", action="store_true",
+                    help="run the single hutch node with a cluster port (as `make run`), not --no-cluster")
     ap.add_argument("--rabbit", choices=("external", "start"), default="external",
                     help="single-node RabbitMQ: the one on 5672, or one started here")
     ap.add_argument("--out", default="", help="JSON results file (default: scenario-results-<utc>.json)")
