@@ -210,8 +210,9 @@ def make_tasks(opts: PerfOptions, topology: Topology) -> list[WorkerTask]:
 class Run:
     """The parent's view of one run: worker pipes, their state, and when to stop."""
 
-    def __init__(self, opts: PerfOptions, tasks: list[WorkerTask], lines: TextIO) -> None:
+    def __init__(self, opts: PerfOptions, tasks: list[WorkerTask], lines: TextIO, copies: int = 1) -> None:
         self.opts = opts
+        self.copies = copies  # deliveries per routed message (a fanout to the run's queues)
         self.tasks = tasks
         self.lines = lines
         self.ctx = multiprocessing.get_context("spawn")
@@ -308,8 +309,9 @@ class Run:
 
         Producers are done when there are none, or with -C when each sent and settled its N (without
         -C they are never done). Consumers are done when there are none; with -D when each received
-        its N; without -D once the producers are done and the consumers have received what was routed
-        (or have received nothing new for DRAIN_STALL_S)."""
+        its N; without -D once the producers are done and the consumers have received what was routed,
+        `copies` deliveries per message (a fanout exchange's run counts one per queue), or have received
+        nothing new for DRAIN_STALL_S."""
         opts = self.opts
         if not (opts.pmessages or opts.cmessages) or self.stop_ns or not self.start_ns:
             return
@@ -324,7 +326,7 @@ class Run:
                 self.stop()
             return
         now = _clock_ns()
-        if totals.received >= totals.sent - totals.returned:
+        if totals.received >= (totals.sent - totals.returned) * self.copies:
             self.stop()
         elif totals.received != self.drain_received:
             self.drain_received = totals.received
@@ -399,7 +401,8 @@ def run(opts: PerfOptions, out: TextIO, err: TextIO) -> int:
     except AmqpClosed as exc:
         print(f"hutch-perf: cannot declare the queue or exchange: {exc}", file=err)
         return 1
-    run_ = Run(opts, make_tasks(opts, topology), lines)
+    copies = len(topology.all_queues) if opts.exchange and opts.exchange_type == "fanout" else 1
+    run_ = Run(opts, make_tasks(opts, topology), lines, copies)
     previous = signal.signal(signal.SIGINT, run_.on_sigint)
     try:
         run_.execute()
