@@ -2,7 +2,8 @@
 
 Starts hutch from a source tree (`--hutch-src`, default this tree's src/) on free ports: one node
 (`--no-cluster` when the server has that flag, unless `--hutch-cluster-of-one`; else a cluster of one
-with a cluster port, as `make run` starts it) and, for the 3-node quorum scenarios, a 3-node cluster. RabbitMQ: the node already running
+with a cluster port, as `make run` starts it; always a cluster of one for the 1-node quorum scenarios,
+since quorum queues need a clustered node) and, for the 3-node quorum scenarios, a 3-node cluster. RabbitMQ: the node already running
 on 5672 (`--rabbit external`, the default when one answers there) or one node this script starts
 (`--rabbit start`); the 3-node RabbitMQ cluster is benchmarks/quorum_bench.py's `RabbitCluster`
 (nodes rabbit1..3@localhost on 5801-5803). Every broker and load generator the script starts is stopped
@@ -475,12 +476,13 @@ def pick(args: argparse.Namespace) -> list[Scenario]:
     return [s for s in every if s.tool == "raw" or args.all_perf or s.name in DEFAULT_PERF]
 
 
-def make_brokers(nodes: int, args: argparse.Namespace, tmp: Path) -> list[Any]:
-    hutch = Hutch(Path(args.hutch_src), tmp / f"hutch-{nodes}n", nodes, args.hutch_cluster_of_one)
+def make_brokers(nodes: int, clustered: bool, args: argparse.Namespace, tmp: Path) -> list[Any]:
+    hutch = Hutch(Path(args.hutch_src), tmp / f"hutch-{nodes}n-{int(clustered)}", nodes,
+                  args.hutch_cluster_of_one or clustered)
     if nodes == 1 and args.rabbit == "external":
         rabbit: Any = RabbitExternal()
     else:
-        rabbit = RabbitStarted(tmp / f"rabbit-{nodes}n", nodes)
+        rabbit = RabbitStarted(tmp / f"rabbit-{nodes}n-{int(clustered)}", nodes)
     return [hutch, rabbit]
 
 
@@ -488,11 +490,12 @@ def session(args: argparse.Namespace, chosen: list[Scenario], runs: list[dict[st
     tmp = Path(tempfile.mkdtemp(prefix="h17-scen-"))
     subprocess.run(["chmod", "755", str(tmp)], check=False)
     try:
-        for nodes in sorted({s.nodes for s in chosen}):
-            group = [s for s in chosen if s.nodes == nodes]
+        # quorum queues need a clustered hutch node: the 1-node quorum scenarios get a cluster of one
+        for nodes, clustered in sorted({(s.nodes, s.quorum_leader) for s in chosen}):
+            group = [s for s in chosen if (s.nodes, s.quorum_leader) == (nodes, clustered)]
             brokers: list[Any] = []
             try:
-                for b in make_brokers(nodes, args, tmp):
+                for b in make_brokers(nodes, clustered, args, tmp):
                     brokers.append(b)
                     t = time.monotonic()
                     b.start()
