@@ -75,6 +75,10 @@ class Consumer(AmqpClient):
         self.plan = plan
         self.histogram = histogram
         self.received = 0
+        # the run's start instant (CLOCK_MONOTONIC ns, set by the worker) and the deliveries that arrived
+        # before it (a backlog): not counted in the run, whenever the worker's start-instant timer runs
+        self.start_ns = 0
+        self.received_before_start = 0
         self.consumer_tag = ""
         self.stopped = False
         self.done = False
@@ -143,7 +147,8 @@ class Consumer(AmqpClient):
 
     def on_body(self, buf: bytes, start: int, end: int) -> None:
         remaining = self._remaining
-        if remaining == self._body_size and end - start >= TIMESTAMP_BYTES and not self.done:
+        if remaining == self._body_size and end - start >= TIMESTAMP_BYTES and not self.done \
+                and self._now >= self.start_ns:
             latency = self._now - _Q.unpack_from(buf, start)[0]
             self._latencies.append(latency if latency > 0 else 0)
         remaining -= end - start
@@ -157,6 +162,8 @@ class Consumer(AmqpClient):
             self._requeue_tag = self._tag
             return
         self.received += 1
+        if self._now < self.start_ns:
+            self.received_before_start += 1
         if self._ack_every:
             self._unacked += 1
             if self._unacked >= self._ack_every:

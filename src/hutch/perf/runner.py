@@ -101,7 +101,9 @@ async def _exists(client: AmqpClient, method: spec.Method, reply: type) -> bool:
 
 def _binding_key(opts: PerfOptions, queue: str, routing_key: str) -> str:
     """A pattern queue is bound with its own name unless -k gives the key."""
-    return opts.routing_key if opts.routing_key is not None or not opts.queue_pattern else queue
+    if opts.routing_key is not None:
+        return opts.routing_key
+    return queue if opts.queue_pattern else routing_key
 
 
 async def declare_topology(opts: PerfOptions, queue: str, routing_key: str) -> Topology:

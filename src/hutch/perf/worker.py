@@ -121,7 +121,9 @@ class Worker:
     def start(self, start_ns: int, stop_ns: int) -> None:
         self.start_ns = start_ns
         self.stop_ns = stop_ns
-        self.take_baseline()
+        for consumer in self.consumers:
+            consumer.start_ns = start_ns
+        self.take_baseline(reset_histogram=True)
         delay_s = max(0.0, (start_ns - _clock_ns()) / NS)
         # deliveries before the start instant (a backlog in a named queue) are not counted: the run's
         # duration starts there
@@ -145,10 +147,17 @@ class Worker:
         except AmqpClosed as exc:
             self.on_error(exc)
 
-    def take_baseline(self) -> None:
+    def take_baseline(self, reset_histogram: bool = False) -> None:
+        """What happened before the start instant is not the run's. The consumers' share is what arrived
+        before the instant by the clock (`received_before_start`), not what they had received when this
+        timer ran: on a loaded machine the loop runs due I/O before due timers, so deliveries of the run
+        itself (up to a prefetch of them) could be taken for a backlog. Their latencies are not recorded
+        at all before the instant, so the histogram is reset only before "go" (`reset_histogram`)."""
         if not self.stopped and self.tick == 0:
-            self.baseline = self.totals(raw=True)
-            self.histogram.reset()
+            raw = self.totals(raw=True)
+            self.baseline = raw._replace(received=sum(c.received_before_start for c in self.consumers))
+            if reset_histogram:
+                self.histogram.reset()
 
     def start_producer(self, producer: Producer) -> None:
         if not self.stopped:  # a stop may arrive between "go" and the start instant
