@@ -316,7 +316,8 @@ def test_credit_flow_holds_a_publisher_while_its_commands_are_not_confirmed(clus
 def test_a_publish_waiting_for_a_quorum_queue_that_is_deleted_is_confirmed(cluster: Cluster) -> None:
     """RabbitMQ confirms a publish whose queue is deleted before it could settle it. Here the queue's one
     member (n1) is unreachable from the publisher's node (n3), so the publish cannot commit; deleting the
-    queue through n2 settles it (before: the confirm never came, and every later one waited behind it)."""
+    queue through n2 settles it once n3 applies the delete (before: the confirm never came, and every later
+    one waited behind it). The partition heals before the wait, since the metadata leader may be n1."""
     n1, n2, n3 = cluster.nodes
     conn = connect(n1)
     conn.channel().queue_declare("gone-qq", durable=True, arguments={**QQ, "x-quorum-initial-group-size": 1})
@@ -345,7 +346,10 @@ def test_a_publish_waiting_for_a_quorum_queue_that_is_deleted_is_confirmed(clust
         other = connect(n2)
         other.channel().queue_delete("gone-qq")
         other.close()
-        waiter.join(10)
+        # n3 learns of the delete once it hears the metadata leader again (which may be n1): heal first
+        n3.unblock(n1)
+        n1.unblock(n3)
+        waiter.join(30)
         assert answers == ["ack"]
         ch.basic_publish("", "gone-next", b"after")  # and confirms go on
     finally:
