@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rawload import proc_cpu  # benchmarks/rawload.py: the same /proc reading for both tools
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 RAWLOAD = str(ROOT / "benchmarks" / "rawload.py")
@@ -127,15 +129,6 @@ DEFAULT_PERF = {"headline-perf", "classic-16B-20k-perf"}
 
 
 # -- /proc -----------------------------------------------------------------------------------------------
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / TICK
-    return total
-
 
 def machine_busy_s() -> float:
     v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -355,7 +348,7 @@ def run_perf(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) 
         for line in p.stderr:
             m = PERF_LINE.search(line)
             if m:
-                ticks.append((float(m.group(1)), cpu_s(broker.pids()), int(m.group(2))))
+                ticks.append((float(m.group(1)), proc_cpu(broker.pids()), int(m.group(2))))
             else:
                 err_tail.append(line)
     th = threading.Thread(target=read_stderr, daemon=True)
@@ -549,9 +542,9 @@ def quiesce(brokers: list[Any], pause: float, limit: float = 60.0) -> None:
     below = 0.1 + 0.05 * len(pids)
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        c0 = cpu_s(pids)
+        c0 = proc_cpu(pids)
         time.sleep(0.5)
-        if (cpu_s(pids) - c0) / 0.5 < below:
+        if (proc_cpu(pids) - c0) / 0.5 < below:
             return
     note(f"warning: the brokers were still busy {limit:.0f} s after the previous run")
 

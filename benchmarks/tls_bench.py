@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TICKS = os.sysconf("SC_CLK_TCK")
+from rawload import proc_cpu  # benchmarks/rawload.py
 
 
 def free_port() -> int:
@@ -29,22 +29,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def rabbit_pid() -> int:
     return int(subprocess.check_output(["pgrep", "-f", "beam.smp"], text=True).split()[0])
 
 
 def perf(src: str, port: int, cacert: str, seconds: int, pid: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=src)
-    before = cpu_s(pid)
+    before = proc_cpu([pid])
     out = subprocess.run([sys.executable, "-m", "hutch.cli.perf", "--uri", f"amqps://guest:guest@localhost:{port}/%2F",
                           "--cacert", cacert, "-x", "1", "-y", "1", "-s", "16", "-c", "1000", "-q", "1000", "-A", "100",
                           "-z", str(seconds), "--json"], capture_output=True, text=True, env=env, timeout=seconds + 60)
-    used = cpu_s(pid) - before
+    used = proc_cpu([pid]) - before
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     received = summary["received"]
     lat = summary["latency_us"]
