@@ -42,19 +42,19 @@ def test_bounds_per_source_and_overall_refuse_at_once_and_cache_bypasses():
         gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
                                     auth_max_pending_logins_per_source=2)
         node.auth.authenticate_cached("guest", "guest")  # nothing cached yet
-        a1 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.1"))
-        a2 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.1"))
-        b1 = asyncio.ensure_future(gate.check("guest", "bad", "10.0.0.2"))
+        a1 = asyncio.ensure_future(gate.check("guest", "bad1", "10.0.0.1"))
+        a2 = asyncio.ensure_future(gate.check("guest", "bad2", "10.0.0.1"))
+        b1 = asyncio.ensure_future(gate.check("guest", "bad3", "10.0.0.2"))
         await asyncio.sleep(0.05)
         assert gate.pending == 3
-        assert (await gate.check("guest", "bad", "10.0.0.1")).reason == TOO_MANY_PENDING  # per source
+        assert (await gate.check("guest", "bad4", "10.0.0.1")).reason == TOO_MANY_PENDING  # per source
         assert (await gate.check("guest", "guest", "10.0.0.3")).reason == TOO_MANY_PENDING  # overall
         release.set()
         assert [(await f).reason for f in (a1, a2, b1)] == ["invalid credentials"] * 3
         assert gate.pending == 0
         assert (await gate.check("guest", "guest", "10.0.0.3")).user is not None  # now cached
         release.clear()
-        blockers = [asyncio.ensure_future(gate.check("guest", "bad", f"10.0.1.{i}")) for i in range(3)]
+        blockers = [asyncio.ensure_future(gate.check("guest", f"bad{i}", f"10.0.1.{i}")) for i in range(3)]
         await asyncio.sleep(0.05)
         assert gate.pending == 3
         cached = await gate.check("guest", "guest", "10.0.0.3")  # full pool: still answered at once
@@ -96,3 +96,41 @@ def test_upgrade_loses_to_a_password_change():
     auth.change_password("u", "changed")
     assert not auth.upgrade_password_hash("u", previous, hash_password("x", n=CHEAP_N))
     assert auth.authenticate("u", "changed") is not None
+
+
+def test_the_same_login_in_flight_is_checked_once_and_not_refused():
+    """A reconnect storm of one application (the same user and password from one address, more than the
+    per-source bound at once) costs one check and every login gets its answer; RabbitMQ accepts it too.
+    Before: all past the bound were refused with "too many logins pending"."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
+                                    auth_max_pending_logins_per_source=2)
+        calls: list[str] = []
+        blocking = node.auth.check_login
+
+        def counted(name: str, password: str) -> LoginCheck:
+            calls.append(password)
+            return blocking(name, password)
+
+        node.auth.check_login = counted  # type: ignore[method-assign]
+        good = [asyncio.ensure_future(gate.check("guest", "guest", "10.0.0.1")) for _ in range(50)]
+        bad = [asyncio.ensure_future(gate.check("guest", "nope", "10.0.0.1")) for _ in range(50)]
+        await asyncio.sleep(0.05)
+        assert gate.pending == 2  # one check each, both waiting on the pool's one thread
+        release.set()
+        assert all(r.user is not None for r in await asyncio.gather(*good))
+        assert [(await f).reason for f in bad] == ["invalid credentials"] * 50
+        assert sorted(calls) == ["guest", "nope"] and gate.pending == 0
+        # a cancelled first login leaves the check to those still waiting for it
+        release.clear()
+        first = asyncio.ensure_future(gate.check("guest", "other", "10.0.0.1"))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(gate.check("guest", "other", "10.0.0.1"))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        release.set()
+        assert (await second).reason == "invalid credentials"
+        assert calls.count("other") == 1
+        gate.close()
+
+    asyncio.run(scenario())

@@ -10,6 +10,10 @@ Rules (docs/security.md, "Authentication"):
 - A login whose (user, password) verified before is answered on the loop from the verification cache
   (one HMAC, `AuthStore.authenticate_cached`): it never waits behind failed logins in the pool.
 - Any other login costs one scrypt in the pool (`AuthStore.check_login`; refusals cost the same).
+- Logins with the same (user, password) as a check in flight wait for that check's answer instead of
+  starting their own (a reconnect storm of one application after a restart costs one scrypt, not one
+  per connection, and is not refused by the bounds below; RabbitMQ accepts such a storm too). The
+  in-flight table is keyed by an HMAC under a per-process random key, never the password itself.
 - At most `auth_max_pending_logins` uncached logins wait for or run in the pool at once, and at most
   `auth_max_pending_logins_per_source` from one source address. Past either bound a login is refused
   at once, as a wrong password is (RabbitMQ's 403 / HTTP 401): a flood of bad logins costs the node at
@@ -22,6 +26,8 @@ Rules (docs/security.md, "Authentication"):
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +37,7 @@ from hutch.core.logsafe import safe
 
 if TYPE_CHECKING:
     from hutch.config import Config
-    from hutch.core.auth import AuthStore, User
+    from hutch.core.auth import AuthStore, LoginCheck, User
 
 log = logging.getLogger("hutch.auth")
 
@@ -73,6 +79,8 @@ class LoginGate:
         self._executor: ThreadPoolExecutor | None = None
         self._pending = 0
         self._pending_by_source: dict[str, int] = {}
+        self._inflight: dict[bytes, asyncio.Future[LoginCheck]] = {}
+        self._key = os.urandom(32)
 
     @property
     def pending(self) -> int:
@@ -84,19 +92,34 @@ class LoginGate:
         cached = auth.authenticate_cached(user, password)
         if cached is not None:
             return LoginOutcome(cached)
+        key = hmac.new(self._key, user.encode() + b"\0" + password.encode(), hashlib.sha256).digest()
+        same = self._inflight.get(key)
+        if same is not None:  # the same (user, password) is being checked: its answer is ours
+            result = await asyncio.shield(same)
+            return LoginOutcome(result.user) if result.user is not None else LoginOutcome(None, "invalid credentials")
         if self._pending >= self._max_pending or self._pending_by_source.get(source, 0) >= self._max_per_source:
             return LoginOutcome(None, TOO_MANY_PENDING)
         self._acquire(source)
+        loop = asyncio.get_running_loop()
+        check = loop.run_in_executor(self._pool(), auth.check_login, user, password)
+        self._inflight[key] = check
         try:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._pool(), auth.check_login, user, password)
+            result = await asyncio.shield(check)
         finally:
             self._release(source)
+            if check.done():
+                self._forget(key, check)
+            else:  # this login was cancelled (its connection closed); others may still wait for the check
+                check.add_done_callback(lambda _f: self._forget(key, check))
         if result.user is None:
             return LoginOutcome(None, "invalid credentials")
         if result.rehash is not None and result.previous_hash is not None:
             self._store_rehash(user, result.previous_hash, result.rehash)
         return LoginOutcome(result.user)
+
+    def _forget(self, key: bytes, check: asyncio.Future[LoginCheck]) -> None:
+        if self._inflight.get(key) is check:
+            del self._inflight[key]
 
     def close(self) -> None:
         """Stop the pool (node shutdown); checks in flight finish, nothing new starts."""
