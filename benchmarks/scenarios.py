@@ -10,15 +10,29 @@ on 5672 (`--rabbit external`, the default when one answers there) or one node th
 when it ends, also on an error, Ctrl-C or SIGTERM.
 
 For every scenario, round and broker (the brokers alternate: hutch first in odd rounds, RabbitMQ first
-in even ones) it runs one load generator: `rawload` (benchmarks/rawload.py, our raw client) or
-`hutch-perf` (from `--perf-src`, default this tree), and reads the broker's CPU (utime + stime from
-/proc/PID/stat, all nodes summed) over the measured window. Output: a Markdown table per scenario on
-stdout (medians over the rounds, hutch / RabbitMQ ratio, broker CPU µs per delivered message, latency
-p50 / p99) and every run as JSON in `--out`.
+in even ones) it runs one load generator and reads the broker's CPU (utime + stime from /proc/PID/stat,
+all nodes summed) over the measured window. Every flow shape runs twice, once with each of two
+independent generators: `rawload` (benchmarks/rawload.py, raw pre-encoded frames; the scenario's plain
+name, `headline-raw` for the headline) and `hutch-perf` (from `--perf-src`, default this tree; the name
+ends in `-perf`; persistent messages go to a durable queue declared beforehand with pika, since
+hutch-perf declares its own queues non-durable). hutch-perf has no churn or idle mode, so those two run
+with rawload (`churn`, `idle-10k`) and with `libload` (benchmarks/libload.py, the aio-pika client library:
+`churn-lib`, `idle-10k-lib`). Every idle-10k run gets a broker node of its own, started for it and
+stopped after it (a node that has had 10,000 connections keeps their memory, so a second run on it
+would not grow), with one login made before the RSS baseline; for RabbitMQ a node on 5801
+(`--idle-rabbit fresh`, the default) or, with `--idle-rabbit reuse`, the external node on 5672 reused
+across rounds (its mode in the JSON says so). Output: a Markdown table per scenario on stdout (medians
+over the rounds, hutch / RabbitMQ ratio, broker CPU µs per delivered message, latency p50 / p99) and
+every run as JSON in `--out`.
+
+The default runs every scenario (`--list` shows them and estimates the time; `--only` and `--tools`
+pick some). With `--rounds 3 --seconds 8 --warmup 2` that is 36 scenarios × 2 brokers × 3 rounds = 216
+runs, about 50 minutes on a quiet machine (`--list` prints the estimate); `--seconds 6` brings it to
+about 45, `--seconds 5 --warmup 1` to under 40, at the cost of noisier medians.
 
     python benchmarks/scenarios.py --rounds 3 --seconds 8 --warmup 2 --out results.json
-    python benchmarks/scenarios.py --only headline-raw,churn --rounds 1 --seconds 3 --warmup 1
-    python benchmarks/scenarios.py --list
+    python benchmarks/scenarios.py --only headline-raw,churn-lib --rounds 1 --seconds 3 --warmup 1
+    python benchmarks/scenarios.py --tools perf --list
 """
 
 from __future__ import annotations
@@ -614,6 +628,20 @@ def fresh_broker(kind: str, args: argparse.Namespace, base: Path) -> Any:
     return RabbitStarted(base, 1)
 
 
+def first_login(port: int) -> None:
+    """One connection opened and closed (pika) before the idle run: hutch checks a (user, password) it
+    has not seen with scrypt, at most auth.max_pending_logins_per_source (8) at a time from one address,
+    and refuses the logins past that at once; after the first success the pair is cached. A node reused
+    across runs had that cache warm; a fresh one has it warm too, so the run measures connections, not
+    the first login. The RSS baseline is read after this connection, so one-time costs of a first
+    connection are not counted per connection."""
+    params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"))
+    try:
+        pika.BlockingConnection(params).close()
+    except pika.exceptions.AMQPError as exc:
+        raise RuntimeError(f"first login on port {port}: {exc!r}") from None
+
+
 def run_fresh(args: argparse.Namespace, group: list[Scenario], runs: list[dict[str, Any]], procs: Procs,
               tmp: Path) -> None:
     """idle-10k: every run on a broker node started for it and stopped after it. A node that has had
@@ -625,6 +653,7 @@ def run_fresh(args: argparse.Namespace, group: list[Scenario], runs: list[dict[s
                 b = fresh_broker(kind, args, tmp / f"fresh-{kind}-{sc.name}-r{rnd}")
                 try:
                     start_broker(b, True)
+                    first_login(b.port())
                     run_one(args, sc, b, [b], rnd, runs, procs)
                 except (RuntimeError, subprocess.SubprocessError, AssertionError) as exc:
                     note(f"{sc.name} r{rnd} {kind}: broker start failed: {exc}")
@@ -658,11 +687,14 @@ def run_one(args: argparse.Namespace, sc: Scenario, b: Any, brokers: list[Any], 
 
 # -- the estimate (--list) -------------------------------------------------------------------------------
 
-# seconds, from the wall times of the validation runs (rounded up): a run's start-up, clean-up, the pause
-# and the wait until the brokers are idle; extra set-up of the big shapes; broker starts
-RUN_OVERHEAD_S = {"raw": 2.5, "perf": 3.0, "lib": 3.0}
-SETUP_EXTRA_S = {"1000-queues-10k": 10.0, "1000-queues-10k-perf": 15.0, "idle-10k": 12.0, "idle-10k-lib": 25.0}
-START_S = {("hutch", 1): 3.0, ("hutch", 3): 12.0, ("rabbitmq", 1): 10.0, ("rabbitmq", 3): 30.0}
+# seconds, from the wall times of the 1-round validation runs (2 busy cores; a quiet machine is faster):
+# a run's start-up and clean-up plus the pause and the wait until the brokers are idle; the extra set-up
+# of the big shapes (averaged over the two brokers: 2,000 connections and 1,000 queues; 10,000
+# connections opened, 20-35 s with aio-pika); a broker's start (and, for the fresh idle nodes, its stop:
+# `rabbitmqctl stop` takes some 10 s)
+RUN_OVERHEAD_S = {"raw": 2.0, "perf": 2.3, "lib": 2.3}
+SETUP_EXTRA_S = {"1000-queues-10k": 10.0, "1000-queues-10k-perf": 8.0, "idle-10k": 6.5, "idle-10k-lib": 28.0}
+START_S = {("hutch", 1): 3.0, ("hutch", 3): 8.0, ("rabbitmq", 1): 17.0, ("rabbitmq", 3): 40.0}
 
 
 def estimate_s(chosen: list[Scenario], args: argparse.Namespace) -> float:
