@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -93,7 +94,8 @@ async def churn_worker(cfg: Config, loops: int, pipe: Connection) -> None:
     pipe.send(("ready",))
     go_at, a, b = await loop.run_in_executor(None, pipe.recv)
     await asyncio.sleep(max(0.0, (go_at - now_ns()) / 1e9))
-    done, failed, errors = 0, 0, []
+    done, failed = 0, 0
+    errors: list[str] = []
 
     async def run_loop() -> None:
         nonlocal done, failed
@@ -141,11 +143,10 @@ async def idle_worker(cfg: Config, count: int, pipe: Connection) -> None:
 def worker_main(cfg: Config, count: int, pipe: Connection) -> None:
     raise_nofile()
     work = churn_worker if cfg.mode == "churn" else idle_worker
-    try:
+    run: Any = asyncio.run
+    with contextlib.suppress(ImportError):
         import uvloop
         run = uvloop.run
-    except ImportError:
-        run = asyncio.run
     try:
         run(work(cfg, count, pipe))
     except Exception as exc:  # reported to the parent, which fails the run
