@@ -3,6 +3,7 @@
     python benchmarks/check_regression.py RESULTS.json                       # against benchmarks/expected_ratios.json
     python benchmarks/check_regression.py RESULTS.json --expected OTHER.json --tolerance 0.2
     python benchmarks/check_regression.py RESULTS.json --record              # write RESULTS' ratios as the new record
+                                                                             # (scenarios it did not run keep theirs)
 
 The ratios are hutch / RabbitMQ medians from the same sitting (scenarios.py's "summary"), so they carry over
 between machines better than rates do. A scenario falls back when:
@@ -11,8 +12,11 @@ between machines better than rates do. A scenario falls back when:
   the recorded one by more than the tolerance,
 - `p50_ratio` / `p99_ratio` (latency) is above the recorded one by more than the latency tolerance (latency
   under saturation swings more from run to run).
-A scenario with no recorded ratio, or missing from the results, is listed but is not a failure; a scenario whose
-runs failed is. Exit status: 0 nothing fell back, 1 something did, 2 bad input.
+A scenario with no recorded ratio ("no recorded ratio": e.g. one added to scenarios.py after the record was made;
+`--record` after a full run records it), or missing from the results, is listed but is not a failure; a recorded
+scenario whose runs failed is, and an unrecorded one whose runs failed is listed with its failed runs. Names that
+scenarios.py renamed are matched under their new names (ALIASES). Exit status: 0 nothing fell back, 1 something
+did, 2 bad input.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ EXPECTED = Path(__file__).resolve().parent / "expected_ratios.json"
 HIGHER_IS_BETTER = ("throughput_ratio",)
 LOWER_IS_BETTER = ("cpu_ratio", "memory_ratio")
 LATENCY = ("p50_ratio", "p99_ratio")
+# scenario names scenarios.py renamed: old -> new (a record or results file may use either)
+ALIASES = {"classic-16B-20k-perf": "classic-16B-transient-20k-perf"}
+
+
+def renamed(d: dict[str, Any]) -> dict[str, Any]:
+    return {ALIASES.get(k, k): v for k, v in d.items()}
 
 
 def compare(summary: dict[str, Any], expected: dict[str, Any], tol: float, lat_tol: float,
@@ -61,16 +71,19 @@ def compare(summary: dict[str, Any], expected: dict[str, Any], tol: float, lat_t
         else:
             lines.append(f"ok        {name}: {shown or 'nothing comparable'}")
     for name in sorted(set(summary) - set(expected)):
-        lines.append(f"no record {name}")
+        note = " (its runs failed)" if name in failed else ""
+        lines.append(f"no recorded ratio {name}{note}")
     return lines, fell
 
 
 def record(summary: dict[str, Any], meta: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     keys = (*HIGHER_IS_BETTER, *LOWER_IS_BETTER, *LATENCY)
-    scen = {name: {k: s[k] for k in keys if s.get(k) is not None} for name, s in summary.items()}
+    scen = {name: {k: s[k] for k in keys if s.get(k) is not None} for name, s in renamed(summary).items()}
+    kept = {k: v for k, v in renamed(old.get("scenarios", {})).items() if k not in scen}
     return {**old, "source": f"scenarios.py run of commit {meta.get('commit')} at {meta.get('started_utc')}, "
-                             f"{meta.get('rounds')} rounds of {meta.get('seconds')} s",
-            "scenarios": {k: v for k, v in scen.items() if v}}
+                             f"{meta.get('rounds')} rounds of {meta.get('seconds')} s"
+                             + (f" (and {len(kept)} scenarios from the record before)" if kept else ""),
+            "scenarios": {**kept, **{k: v for k, v in scen.items() if v}}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tol = args.tolerance if args.tolerance is not None else exp_doc.get("tolerance", 0.15)
     lat_tol = args.latency_tolerance if args.latency_tolerance is not None else exp_doc.get("latency_tolerance", 0.5)
-    failed = {r["scenario"] for r in runs if "error" in r}
-    lines, fell = compare(summary, exp_doc.get("scenarios", {}), tol, lat_tol, failed)
+    failed = {ALIASES.get(r["scenario"], r["scenario"]) for r in runs if "error" in r}
+    lines, fell = compare(renamed(summary), renamed(exp_doc.get("scenarios", {})), tol, lat_tol, failed)
     print("\n".join(lines))
     print(f"{len(fell)} scenario(s) fell back: {', '.join(fell)}" if fell else "no scenario fell back")
     return 1 if fell else 0

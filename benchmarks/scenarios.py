@@ -10,15 +10,29 @@ on 5672 (`--rabbit external`, the default when one answers there) or one node th
 when it ends, also on an error, Ctrl-C or SIGTERM.
 
 For every scenario, round and broker (the brokers alternate: hutch first in odd rounds, RabbitMQ first
-in even ones) it runs one load generator: `rawload` (benchmarks/rawload.py, our raw client) or
-`hutch-perf` (from `--perf-src`, default this tree), and reads the broker's CPU (utime + stime from
-/proc/PID/stat, all nodes summed) over the measured window. Output: a Markdown table per scenario on
-stdout (medians over the rounds, hutch / RabbitMQ ratio, broker CPU µs per delivered message, latency
-p50 / p99) and every run as JSON in `--out`.
+in even ones) it runs one load generator and reads the broker's CPU (utime + stime from /proc/PID/stat,
+all nodes summed) over the measured window. Every flow shape runs twice, once with each of two
+independent generators: `rawload` (benchmarks/rawload.py, raw pre-encoded frames; the scenario's plain
+name, `headline-raw` for the headline) and `hutch-perf` (from `--perf-src`, default this tree; the name
+ends in `-perf`; persistent messages go to a durable queue declared beforehand with pika, since
+hutch-perf declares its own queues non-durable). hutch-perf has no churn or idle mode, so those two run
+with rawload (`churn`, `idle-10k`) and with `libload` (benchmarks/libload.py, the aio-pika client library:
+`churn-lib`, `idle-10k-lib`). Every idle-10k run gets a broker node of its own, started for it and
+stopped after it (a node that has had 10,000 connections keeps their memory, so a second run on it
+would not grow), with one login made before the RSS baseline; for RabbitMQ a node on 5801
+(`--idle-rabbit fresh`, the default) or, with `--idle-rabbit reuse`, the external node on 5672 reused
+across rounds (its mode in the JSON says so). Output: a Markdown table per scenario on stdout (medians
+over the rounds, hutch / RabbitMQ ratio, broker CPU µs per delivered message, latency p50 / p99) and
+every run as JSON in `--out`.
+
+The default runs every scenario (`--list` shows them and estimates the time; `--only` and `--tools`
+pick some). With `--rounds 3 --seconds 8 --warmup 2` that is 36 scenarios × 2 brokers × 3 rounds = 216
+runs, about 50 minutes on a quiet machine (`--list` prints the estimate); `--seconds 6` brings it to
+about 45, `--seconds 5 --warmup 1` to under 40, at the cost of noisier medians.
 
     python benchmarks/scenarios.py --rounds 3 --seconds 8 --warmup 2 --out results.json
-    python benchmarks/scenarios.py --only headline-raw,churn --rounds 1 --seconds 3 --warmup 1
-    python benchmarks/scenarios.py --list
+    python benchmarks/scenarios.py --only headline-raw,churn-lib --rounds 1 --seconds 3 --warmup 1
+    python benchmarks/scenarios.py --tools perf --list
 """
 
 from __future__ import annotations
@@ -40,15 +54,18 @@ import threading
 import time
 import urllib.request
 from base64 import b64encode
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pika
+import pika.exceptions
 from rawload import proc_cpu  # benchmarks/rawload.py: the same /proc reading for both tools
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-RAWLOAD = str(ROOT / "benchmarks" / "rawload.py")
+SCRIPTS = {"raw": str(ROOT / "benchmarks" / "rawload.py"), "lib": str(ROOT / "benchmarks" / "libload.py")}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -58,74 +75,107 @@ TICK = os.sysconf("SC_CLK_TCK")
 class Scenario:
     name: str
     what: str
-    tool: str  # "raw" or "perf"
+    tool: str  # "raw" (rawload), "perf" (hutch-perf) or "lib" (libload, aio-pika)
     args: tuple[str, ...]
     nodes: int = 1
     kind: str = "flow"  # flow | churn | idle
     quorum_leader: bool = False  # connect to node 1 (the declaring node, the leader)
+    durable_queue: str = ""  # hutch-perf and persistent messages: a durable queue declared beforehand (-u)
 
 
 HEAD = ("-c", "1000", "-q", "1000", "-A", "100")
 RAW_HEAD = ("-x", "1", "-y", "1", *HEAD)
 PERF_HEAD = ("-x", "1", "-y", "1", *HEAD)
+GENERATOR = {"raw": "rawload", "perf": "hutch-perf", "lib": "aio-pika"}
+DURABLE_QUEUE = "scenarios-durable"
+# old names still accepted by --only (and by check_regression.py for recorded ratios)
+ALIASES = {"classic-16B-20k-perf": "classic-16B-transient-20k-perf"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One flow shape, run with both load generators: rawload's options and hutch-perf's (PerfTest's:
+    `-r` is per producer there, the total in rawload)."""
+
+    name: str
+    what: str
+    raw: tuple[str, ...]
+    perf: tuple[str, ...]
+    nodes: int = 1
+    quorum_leader: bool = False
+    persistent: bool = False
+
+
+def classic_shapes() -> list[Shape]:
+    out = []
+    for size in (16, 1000):
+        for persistent in (False, True):
+            sz = "1kB" if size == 1000 else "16B"
+            label = f"classic-{sz}-{'persistent' if persistent else 'transient'}"
+            desc = f"classic {'1 kB' if size == 1000 else '16 B'} {'persistent' if persistent else 'transient'} 1→1"
+            raw = (*RAW_HEAD, "-s", str(size), *(("--persistent",) if persistent else ()))
+            perf = (*PERF_HEAD, "-s", str(size), *(("-f", "persistent") if persistent else ()))
+            out.append(Shape(f"{label}-20k", f"{desc} at 20k msg/s", (*raw, "-r", "20000"), (*perf, "-r", "20000"),
+                             persistent=persistent))
+            if size != 16 or persistent:  # 16 B transient unlimited is the headline
+                out.append(Shape(f"{label}-max", f"{desc}, unlimited", raw, perf, persistent=persistent))
+    return out
+
+
+def shapes() -> list[Shape]:
+    out = [Shape("headline", "1→1 16 B, unlimited", (*RAW_HEAD, "-s", "16"), (*PERF_HEAD, "-s", "16")),
+           *classic_shapes()]
+    for nodes in (1, 3):
+        raw, perf = (*RAW_HEAD, "-s", "16", "--quorum"), (*PERF_HEAD, "-s", "16", "--quorum-queue")
+        what = f"quorum, {nodes} node{'s' if nodes > 1 else ''}, 16 B"
+        out += [Shape(f"quorum-{nodes}n-20k", f"{what} at 20k msg/s", (*raw, "-r", "20000"), (*perf, "-r", "20000"),
+                      nodes=nodes, quorum_leader=True),
+                Shape(f"quorum-{nodes}n-max", f"{what} unlimited", raw, perf, nodes=nodes, quorum_leader=True)]
+    pat = ("--queue-pattern", "scen-%d", "--queue-pattern-from", "1")
+    out += [
+        Shape("2to2-two-queues", "2 producers → 2 queues → 2 consumers, 16 B",
+              ("-x", "2", "-y", "2", "--queues", "2", *HEAD, "-s", "16", "--processes", "2"),
+              ("-x", "2", "-y", "2", *HEAD, "-s", "16", *pat, "--queue-pattern-to", "2")),
+        Shape("fanout-3", "1 producer → fanout → 3 queues → 3 consumers, 16 B",
+              ("-x", "1", "-y", "3", "--fanout", "3", *HEAD, "-s", "16"),
+              ("-x", "1", "-y", "3", *HEAD, "-s", "16", "-e", "scen-fanout", "-t", "fanout", *pat,
+               "--queue-pattern-to", "3")),
+        Shape("10to1to10", "10 producers → 1 queue → 10 consumers, 16 B",
+              ("-x", "10", "-y", "10", *HEAD, "-s", "16", "--processes", "2"),
+              ("-x", "10", "-y", "10", *HEAD, "-s", "16")),
+        # rawload's -r is the total; hutch-perf's is per producer: 1,000 × 10 msg/s
+        Shape("1000-queues-10k", "1,000 queues, 1,000 producers and consumers, 10k msg/s in total",
+              ("-x", "1000", "-y", "1000", "--queues", "1000", "-c", "100", "-q", "100", "-A", "10", "-s", "16",
+               "-r", "10000", "--processes", "2"),
+              ("-x", "1000", "-y", "1000", "-c", "100", "-q", "100", "-A", "10", "-s", "16", "-r", "10",
+               *pat, "--queue-pattern-to", "1000", "--processes", "2")),
+    ]
+    return out
 
 
 def scenarios() -> list[Scenario]:
-    out = [
-        Scenario("headline-perf", "1→1 16 B, unlimited (hutch-perf)", "perf", (*PERF_HEAD, "-s", "16")),
-        Scenario("headline-raw", "1→1 16 B, unlimited (rawload)", "raw", (*RAW_HEAD, "-s", "16")),
-        Scenario("classic-16B-20k-perf", "classic 16 B transient at 20k msg/s (hutch-perf)", "perf",
-                 (*PERF_HEAD, "-s", "16", "-r", "20000")),
-    ]
-    for size in (16, 1000):
-        for persistent in (False, True):
-            label = f"classic-{'1kB' if size == 1000 else '16B'}-{'persistent' if persistent else 'transient'}"
-            extra = ("--persistent",) if persistent else ()
-            desc = f"classic {'1 kB' if size == 1000 else '16 B'} {'persistent' if persistent else 'transient'} 1→1"
-            out.append(Scenario(f"{label}-20k", f"{desc} at 20k msg/s", "raw",
-                                (*RAW_HEAD, "-s", str(size), "-r", "20000", *extra)))
-            if size != 16 or persistent:  # 16 B transient unlimited is headline-raw
-                out.append(Scenario(f"{label}-max", f"{desc}, unlimited", "raw", (*RAW_HEAD, "-s", str(size), *extra)))
-    for nodes in (1, 3):
-        q = (*RAW_HEAD, "-s", "16", "--quorum")
-        out.append(Scenario(f"quorum-{nodes}n-20k", f"quorum, {nodes} node(s), 16 B at 20k msg/s", "raw",
-                            (*q, "-r", "20000"), nodes=nodes, quorum_leader=True))
-        out.append(Scenario(f"quorum-{nodes}n-max", f"quorum, {nodes} node(s), 16 B unlimited", "raw", q,
-                            nodes=nodes, quorum_leader=True))
+    out: list[Scenario] = []
+    for sh in shapes():
+        raw_name = "headline-raw" if sh.name == "headline" else sh.name
+        out.append(Scenario(raw_name, f"{sh.what} (rawload)", "raw", sh.raw, sh.nodes,
+                            quorum_leader=sh.quorum_leader))
+        out.append(Scenario(f"{sh.name}-perf", f"{sh.what} (hutch-perf)", "perf", sh.perf, sh.nodes,
+                            quorum_leader=sh.quorum_leader,
+                            durable_queue=DURABLE_QUEUE if sh.persistent else ""))
+    churn = "connection churn: open, publish 1 with confirm, close, 20 at a time"
+    idle = "10,000 idle connections (one channel each), a fresh broker node per run"
     out += [
-        Scenario("2to2-two-queues", "2 producers → 2 queues → 2 consumers, 16 B", "raw",
-                 ("-x", "2", "-y", "2", "--queues", "2", *HEAD, "-s", "16", "--processes", "2")),
-        Scenario("fanout-3", "1 producer → fanout → 3 queues → 3 consumers, 16 B", "raw",
-                 ("-x", "1", "-y", "3", "--fanout", "3", *HEAD, "-s", "16")),
-        Scenario("10to1to10", "10 producers → 1 queue → 10 consumers, 16 B", "raw",
-                 ("-x", "10", "-y", "10", *HEAD, "-s", "16", "--processes", "2")),
-        Scenario("1000-queues-10k", "1,000 queues, 1,000 producers and consumers, 10k msg/s in total", "raw",
-                 ("-x", "1000", "-y", "1000", "--queues", "1000", "-c", "100", "-q", "100", "-A", "10", "-s", "16",
-                  "-r", "10000", "--processes", "2")),
-        Scenario("churn", "connection churn: open, publish 1 with confirm, close", "raw",
+        Scenario("churn", f"{churn} (rawload)", "raw", ("--mode", "churn", "--concurrency", "20", "--processes", "2"),
+                 kind="churn"),
+        Scenario("churn-lib", f"{churn} (aio-pika)", "lib",
                  ("--mode", "churn", "--concurrency", "20", "--processes", "2"), kind="churn"),
-        Scenario("idle-10k", "10,000 idle connections (one channel each)", "raw",
+        Scenario("idle-10k", f"{idle} (rawload)", "raw",
+                 ("--mode", "idle", "--connections", "10000", "--processes", "2"), kind="idle"),
+        Scenario("idle-10k-lib", f"{idle} (aio-pika)", "lib",
                  ("--mode", "idle", "--connections", "10000", "--processes", "2"), kind="idle"),
     ]
-    # the same shapes with hutch-perf (--all-perf): PerfTest-style options
-    pat = ("--queue-pattern", "scen-%d", "--queue-pattern-from", "1")
-    out += [
-        Scenario("2to2-two-queues-perf", "2→2 over 2 queues (hutch-perf)", "perf",
-                 ("-x", "2", "-y", "2", *HEAD, "-s", "16", *pat, "--queue-pattern-to", "2")),
-        Scenario("fanout-3-perf", "fanout to 3 queues (hutch-perf)", "perf",
-                 ("-x", "1", "-y", "3", *HEAD, "-s", "16", "-e", "scen-fanout", "-t", "fanout", *pat,
-                  "--queue-pattern-to", "3")),
-        Scenario("10to1to10-perf", "10→1→10 (hutch-perf)", "perf", ("-x", "10", "-y", "10", *HEAD, "-s", "16")),
-        Scenario("quorum-1n-20k-perf", "quorum 1 node at 20k msg/s (hutch-perf)", "perf",
-                 (*PERF_HEAD, "-s", "16", "--quorum-queue", "-r", "20000"), quorum_leader=True),
-        Scenario("quorum-3n-20k-perf", "quorum 3 nodes at 20k msg/s (hutch-perf)", "perf",
-                 (*PERF_HEAD, "-s", "16", "--quorum-queue", "-r", "20000"), nodes=3, quorum_leader=True),
-    ]
-    # churn and the idle connections last in their group: closing 10,000 connections keeps a broker busy
+    # churn and the idle connections last: closing 10,000 connections keeps a broker busy
     return sorted(out, key=lambda s: s.kind != "flow")
-
-
-DEFAULT_PERF = {"headline-perf", "classic-16B-20k-perf"}
 
 
 # -- /proc -----------------------------------------------------------------------------------------------
@@ -333,12 +383,48 @@ class Procs:
 PERF_LINE = re.compile(r"time: ([\d.]+)s, .*received: (\d+) msg/s")
 
 
+@contextlib.contextmanager
+def durable_queue(port: int, name: str) -> Iterator[None]:
+    """A durable classic queue `name` for the run (hutch-perf declares its own queues non-durable, and a
+    persistent message in a non-durable queue is not written to disk), deleted afterwards. pika, not
+    hutch's code: the same declare for both brokers."""
+    params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"))
+
+    def declare(create: bool) -> None:
+        conn = pika.BlockingConnection(params)
+        try:
+            ch = conn.channel()
+            ch.queue_delete(name)  # an earlier run's leftover, or this run's
+            if create:
+                ch.queue_declare(name, durable=True)
+        finally:
+            conn.close()
+    declare(True)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            declare(False)
+
+
 def run_perf(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
+    """hutch-perf (on a durable queue declared beforehand for persistent messages)."""
+    if not sc.durable_queue:
+        return run_perf_once(sc, broker, args, procs, ())
+    try:
+        with durable_queue(broker.port(), sc.durable_queue):
+            return run_perf_once(sc, broker, args, procs, ("-u", sc.durable_queue))
+    except pika.exceptions.AMQPError as exc:
+        raise RuntimeError(f"declaring {sc.durable_queue}: {exc!r}") from None
+
+
+def run_perf_once(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs,
+                  extra: tuple[str, ...]) -> dict[str, Any]:
     """hutch-perf for warmup + seconds; broker CPU between its per-second lines at warmup and the end."""
     total = int(args.warmup + args.seconds)
     env = dict(os.environ, PYTHONPATH=str(args.perf_src))
     cmd = [PY, "-m", "hutch.cli.perf", "--uri", f"amqp://guest:guest@127.0.0.1:{broker.port()}/%2F", *sc.args,
-           "-z", str(total), "--json"]
+           *extra, "-z", str(total), "--json"]
     p = procs.popen(cmd, env)
     ticks: list[tuple[float, float, int]] = []  # (time s, broker cpu, received msg/s in that second)
     err_tail: list[str] = []
@@ -378,14 +464,16 @@ def run_perf(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) 
     return {"command": "hutch-perf " + " ".join(cmd[3:]), "metrics": metrics, "result": res}
 
 
-def run_raw(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
+def run_script(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -> dict[str, Any]:
+    """rawload.py or libload.py (the same options for churn and idle, the same JSON keys)."""
     seconds = args.idle_seconds if sc.kind == "idle" else args.seconds
-    cmd = [PY, RAWLOAD, "--port", str(broker.port()), "--pids", ",".join(map(str, broker.pids())), *sc.args,
+    script = SCRIPTS[sc.tool]
+    cmd = [PY, script, "--port", str(broker.port()), "--pids", ",".join(map(str, broker.pids())), *sc.args,
            "-z", str(seconds), "--warmup", str(args.warmup)]
     p = procs.popen(cmd)
     out, err = p.communicate(timeout=seconds + args.warmup + 600)
     if not out.strip():
-        raise RuntimeError(f"rawload failed ({p.returncode}): {err[-1500:]}")
+        raise RuntimeError(f"{Path(script).name} failed ({p.returncode}): {err[-1500:]}")
     res = json.loads(out.strip().splitlines()[-1])
     if sc.kind == "churn":
         metrics = {"rate": res["connections_per_s"], "cpu_us": res.get("broker_cpu_us_per_conn"),
@@ -399,7 +487,7 @@ def run_raw(sc: Scenario, broker: Any, args: argparse.Namespace, procs: Procs) -
                    "p99_us": res["latency_us"]["p99"], "client_cpu_us": res.get("client_cpu_us_per_msg")}
     if res.get("errors"):
         metrics["errors"] = res["errors"][:3]
-    return {"command": "rawload.py " + " ".join(cmd[2:]), "metrics": metrics, "result": res}
+    return {"command": f"{Path(script).name} " + " ".join(cmd[2:]), "metrics": metrics, "result": res}
 
 
 # -- the session -----------------------------------------------------------------------------------------
@@ -459,14 +547,19 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def pick(args: argparse.Namespace) -> list[Scenario]:
+    """--only (old names in ALIASES accepted) and --tools; by default every scenario."""
     every = scenarios()
+    tools = set(args.tools.split(","))
+    if tools - set(GENERATOR):
+        raise SystemExit(f"unknown --tools {args.tools!r} (known: {', '.join(GENERATOR)})")
+    chosen = [s for s in every if s.tool in tools]
     if args.only:
-        names = set(args.only.split(","))
+        names = {ALIASES.get(n, n) for n in args.only.split(",")}
         unknown = names - {s.name for s in every}
         if unknown:
             raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))} (see --list)")
-        return [s for s in every if s.name in names]
-    return [s for s in every if s.tool == "raw" or args.all_perf or s.name in DEFAULT_PERF]
+        chosen = [s for s in chosen if s.name in names]
+    return chosen
 
 
 def make_brokers(nodes: int, clustered: bool, args: argparse.Namespace, tmp: Path) -> list[Any]:
@@ -479,29 +572,37 @@ def make_brokers(nodes: int, clustered: bool, args: argparse.Namespace, tmp: Pat
     return [hutch, rabbit]
 
 
+def start_broker(b: Any, idle: bool) -> None:
+    t = time.monotonic()
+    b.start()
+    note(f"{b.kind} ({b.mode}) up in {time.monotonic() - t:.1f} s, pids {b.pids()}")
+    if b.kind == "rabbitmq" and idle:
+        limit = min(nofile_limit(p) for p in b.pids())
+        if limit < 12000:
+            note(f"warning: RabbitMQ's open-file limit is {limit}: idle-10k will fail "
+                 "(docs/BENCHMARKS.md says how to raise it)")
+
+
 def session(args: argparse.Namespace, chosen: list[Scenario], runs: list[dict[str, Any]], procs: Procs) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="h17-scen-"))
     subprocess.run(["chmod", "755", str(tmp)], check=False)
     try:
         # quorum queues need a clustered hutch node: the 1-node quorum scenarios get a cluster of one
-        for nodes, clustered in sorted({(s.nodes, s.quorum_leader) for s in chosen}):
-            group = [s for s in chosen if (s.nodes, s.quorum_leader) == (nodes, clustered)]
+        shared = [s for s in chosen if s.kind != "idle"]
+        for nodes, clustered in sorted({(s.nodes, s.quorum_leader) for s in shared}):
+            group = [s for s in shared if (s.nodes, s.quorum_leader) == (nodes, clustered)]
             brokers: list[Any] = []
             try:
                 for b in make_brokers(nodes, clustered, args, tmp):
                     brokers.append(b)
-                    t = time.monotonic()
-                    b.start()
-                    note(f"{b.kind} ({b.mode}) up in {time.monotonic() - t:.1f} s, pids {b.pids()}")
-                    if b.kind == "rabbitmq" and any(s.kind == "idle" for s in group):
-                        limit = min(nofile_limit(p) for p in b.pids())
-                        if limit < 12000:
-                            note(f"warning: RabbitMQ's open-file limit is {limit}: idle-10k will fail "
-                                 "(docs/BENCHMARKS.md says how to raise it)")
+                    start_broker(b, False)
                 run_group(args, group, brokers, runs, procs)
             finally:
                 for b in brokers:
                     b.stop()
+        idle = [s for s in chosen if s.kind == "idle"]
+        if idle:
+            run_fresh(args, idle, runs, procs, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -512,25 +613,105 @@ def run_group(args: argparse.Namespace, group: list[Scenario], brokers: list[Any
         for sc in group:
             order = brokers if rnd % 2 else list(reversed(brokers))
             for b in order:
-                quiesce(brokers, args.pause)
-                busy0, w0 = machine_busy_s(), time.monotonic()
-                t0 = time.monotonic()
-                rec: dict[str, Any] = {"scenario": sc.name, "tool": sc.tool, "broker": b.kind, "round": rnd,
-                                       "broker_mode": b.mode, "utc": time.strftime("%H:%M:%S", time.gmtime())}
+                run_one(args, sc, b, brokers, rnd, runs, procs)
+
+
+def fresh_broker(kind: str, args: argparse.Namespace, base: Path) -> Any:
+    """A broker node that has had no connections yet (idle-10k), or the external RabbitMQ node with
+    `--idle-rabbit reuse` (its mode says so)."""
+    if kind == "hutch":
+        return Hutch(Path(args.hutch_src), base, 1, args.hutch_cluster_of_one)
+    if args.rabbit == "external" and args.idle_rabbit == "reuse":
+        rabbit = RabbitExternal()
+        rabbit.mode = "external node on 5672, reused across rounds"
+        return rabbit
+    return RabbitStarted(base, 1)
+
+
+def first_login(port: int) -> None:
+    """One connection opened and closed (pika) before the idle run: hutch checks a (user, password) it
+    has not seen with scrypt, at most auth.max_pending_logins_per_source (8) at a time from one address,
+    and refuses the logins past that at once; after the first success the pair is cached. A node reused
+    across runs had that cache warm; a fresh one has it warm too, so the run measures connections, not
+    the first login. The RSS baseline is read after this connection, so one-time costs of a first
+    connection are not counted per connection."""
+    params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"))
+    try:
+        pika.BlockingConnection(params).close()
+    except pika.exceptions.AMQPError as exc:
+        raise RuntimeError(f"first login on port {port}: {exc!r}") from None
+
+
+def run_fresh(args: argparse.Namespace, group: list[Scenario], runs: list[dict[str, Any]], procs: Procs,
+              tmp: Path) -> None:
+    """idle-10k: every run on a broker node started for it and stopped after it. A node that has had
+    10,000 connections keeps the memory they used (CPython's allocator, like Erlang's, holds on to it),
+    so a second run on it would open 10,000 connections without its RSS growing."""
+    for rnd in range(1, args.rounds + 1):
+        for sc in group:
+            for kind in (("hutch", "rabbitmq") if rnd % 2 else ("rabbitmq", "hutch")):
+                b = fresh_broker(kind, args, tmp / f"fresh-{kind}-{sc.name}-r{rnd}")
                 try:
-                    rec.update((run_perf if sc.tool == "perf" else run_raw)(sc, b, args, procs))
-                except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
-                    rec["error"] = str(exc)[-2000:]
+                    start_broker(b, True)
+                    first_login(b.port())
+                    run_one(args, sc, b, [b], rnd, runs, procs)
+                except (RuntimeError, subprocess.SubprocessError, AssertionError) as exc:
+                    note(f"{sc.name} r{rnd} {kind}: broker start failed: {exc}")
+                    runs.append({"scenario": sc.name, "tool": sc.tool, "broker": kind, "round": rnd,
+                                 "error": f"broker start failed: {exc}"[-2000:]})
                 finally:
-                    procs.kill_all()
-                dt = time.monotonic() - w0
-                rec["wall_s"] = round(time.monotonic() - t0, 1)
-                rec["machine_busy_cores"] = round((machine_busy_s() - busy0) / dt, 2)
-                runs.append(rec)
-                m = rec.get("metrics", {})
-                note(f"[{rec['utc']}] {sc.name} r{rnd} {b.kind}: "
-                     + (f"ERROR {rec['error'][:300]}" if "error" in rec else json.dumps(m))
-                     + f" ({rec['wall_s']} s)")
+                    b.stop()
+
+
+def run_one(args: argparse.Namespace, sc: Scenario, b: Any, brokers: list[Any], rnd: int,
+            runs: list[dict[str, Any]], procs: Procs) -> None:
+    quiesce(brokers, args.pause)
+    busy0, w0 = machine_busy_s(), time.monotonic()
+    rec: dict[str, Any] = {"scenario": sc.name, "tool": sc.tool, "broker": b.kind, "round": rnd,
+                           "broker_mode": b.mode, "utc": time.strftime("%H:%M:%S", time.gmtime())}
+    try:
+        rec.update((run_perf if sc.tool == "perf" else run_script)(sc, b, args, procs))
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        rec["error"] = str(exc)[-2000:]
+    finally:
+        procs.kill_all()
+    dt = time.monotonic() - w0
+    rec["wall_s"] = round(dt, 1)
+    rec["machine_busy_cores"] = round((machine_busy_s() - busy0) / dt, 2)
+    runs.append(rec)
+    m = rec.get("metrics", {})
+    note(f"[{rec['utc']}] {sc.name} r{rnd} {b.kind}: "
+         + (f"ERROR {rec['error'][:300]}" if "error" in rec else json.dumps(m))
+         + f" ({rec['wall_s']} s)")
+
+
+# -- the estimate (--list) -------------------------------------------------------------------------------
+
+# seconds, from the wall times of the 1-round validation runs (2 busy cores; a quiet machine is faster):
+# a run's start-up and clean-up plus the pause and the wait until the brokers are idle; the extra set-up
+# of the big shapes (averaged over the two brokers: 2,000 connections and 1,000 queues; 10,000
+# connections opened, 20-35 s with aio-pika); a broker's start (and, for the fresh idle nodes, its stop:
+# `rabbitmqctl stop` takes some 10 s)
+RUN_OVERHEAD_S = {"raw": 2.0, "perf": 2.3, "lib": 2.3}
+SETUP_EXTRA_S = {"1000-queues-10k": 10.0, "1000-queues-10k-perf": 8.0, "idle-10k": 6.5, "idle-10k-lib": 28.0}
+START_S = {("hutch", 1): 3.0, ("hutch", 3): 8.0, ("rabbitmq", 1): 17.0, ("rabbitmq", 3): 40.0}
+
+
+def estimate_s(chosen: list[Scenario], args: argparse.Namespace) -> float:
+    """Wall time of a run of `chosen` with these --rounds, --seconds, --warmup (and --idle-seconds)."""
+    total = 0.0
+    for sc in chosen:
+        measured = args.idle_seconds if sc.kind == "idle" else args.seconds
+        per_run = args.warmup + measured + RUN_OVERHEAD_S[sc.tool] + SETUP_EXTRA_S.get(sc.name, 0.0)
+        if sc.kind == "idle":  # a fresh node per run
+            rabbit = 0.0 if args.rabbit == "external" and args.idle_rabbit == "reuse" else START_S[("rabbitmq", 1)]
+            per_run += (START_S[("hutch", 1)] + rabbit) / 2
+        total += 2 * args.rounds * per_run
+    for nodes, _clustered in {(s.nodes, s.quorum_leader) for s in chosen if s.kind != "idle"}:
+        total += START_S[("hutch", nodes)]
+        if nodes > 1 or args.rabbit == "start":
+            total += START_S[("rabbitmq", nodes)]
+    return total
 
 
 def quiesce(brokers: list[Any], pause: float, limit: float = 60.0) -> None:
@@ -567,8 +748,15 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.5,
                     help="seconds between runs (then until the brokers are idle)")
     ap.add_argument("--only", default="", help="comma-separated scenario names (see --list)")
-    ap.add_argument("--all-perf", action="store_true", help="also every shape with hutch-perf")
-    ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    ap.add_argument("--tools", default="raw,perf,lib",
+                    help="load generators to run (default all: raw = rawload, perf = hutch-perf, lib = libload)")
+    ap.add_argument("--all-perf", action="store_true",
+                    help="ignored: every shape runs with hutch-perf by default (kept for old command lines)")
+    ap.add_argument("--idle-rabbit", choices=("fresh", "reuse"), default="fresh",
+                    help="idle-10k on RabbitMQ: a node started for each run (default), or the external node "
+                    "on 5672 reused across rounds")
+    ap.add_argument("--list", action="store_true",
+                    help="list the scenarios (those --only/--tools pick) and the estimated run time, and exit")
     ap.add_argument("--hutch-src", default=str(ROOT / "src"), help="source tree hutch-server runs from")
     ap.add_argument("--perf-src", default=str(ROOT / "src"), help="source tree hutch-perf runs from")
     ap.add_argument("--hutch-cluster-of-one", action="store_true",
@@ -578,11 +766,14 @@ def main() -> int:
     ap.add_argument("--out", default="", help="JSON results file (default: scenario-results-<utc>.json)")
     ap.add_argument("--markdown", default="", help="also write the tables to this file")
     args = ap.parse_args()
-    if args.list:
-        for s in scenarios():
-            print(f"{s.name:28} {s.tool:5} {s.nodes}n  {s.what}")
-        return 0
     chosen = pick(args)
+    if args.list:
+        for s in chosen:
+            print(f"{s.name:32} {GENERATOR[s.tool]:10} {s.nodes}n  {s.what}")
+        est = estimate_s(chosen, args)
+        print(f"{len(chosen)} scenarios × 2 brokers × {args.rounds} rounds = {len(chosen) * 2 * args.rounds} runs; "
+              f"estimated {est / 60:.0f} min at --seconds {args.seconds:g} --warmup {args.warmup:g}")
+        return 0
     raise_nofile()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs: list[dict[str, Any]] = []
