@@ -118,7 +118,8 @@ class UiTarget:
     cacertfile: Path | None = None
 
 
-@pytest.fixture(scope="module", params=["http", "https"])
+# the HTTPS run is in `make test-slow` (17 s; the UI over TLS): `make test` keeps the plain HTTP one
+@pytest.fixture(scope="module", params=["http", pytest.param("https", marks=pytest.mark.slow)])
 def ui_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiTarget]:
     scheme: str = request.param
     reason = _missing_tools(scheme)

@@ -22,7 +22,7 @@ from .jepsen import JepsenConfig, JepsenResult, excerpts, params, queue_info, ru
 
 # seed 2: crash (kill -9 of every node), majorities ring (a bridge on 3 nodes), kill -9, random halves;
 # seed 5: one node isolated, pause, kill -9 twice (the leader half the time). 16 s each.
-FAST_SEEDS = [2, 5]
+FAST_SEEDS = [2, pytest.param(5, marks=pytest.mark.slow)]  # `make test` runs seed 2; `make test-slow` 5 too
 FAST_SECONDS = 16.0
 
 

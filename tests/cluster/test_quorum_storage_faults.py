@@ -452,6 +452,7 @@ def test_power_cut_loses_unsynced_writes_one_node(tmp_path: Path, quiet_pika: No
     assert report.files_cut >= 1
 
 
+@pytest.mark.slow  # 20 s; `make test` keeps the one-node power cut and the three-node kill -9 runs
 @pytest.mark.timeout(150)
 def test_power_cut_of_every_node_three_nodes(tmp_path: Path, quiet_pika: None) -> None:
     report = run_scenario(tmp_path, nodes=3, fault="power", victims="all", rounds=2, seed=51)

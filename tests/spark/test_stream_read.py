@@ -89,6 +89,7 @@ def test_batches_are_acknowledged_without_waiting_for_more_data(spark: Any, serv
     assert broker.ready(q) == 0, "the last batch was not acknowledged before the query stopped"
 
 
+@pytest.mark.slow  # 13 s; `make test` keeps the query stopped mid-batch and restarted
 def test_sink_failing_mid_batch_then_restart_loses_nothing(spark: Any, server: ServerInfo, broker: Broker,
                                                            tmp_path: Path, record_property: Any) -> None:
     q = broker.declare()

@@ -11,7 +11,9 @@ from tests.tls.conftest import start_tls_node
 
 from .helpers import Broker
 
-pytestmark = pytest.mark.timeout(300)  # the first Spark test of a run also starts the Spark session
+# the first Spark test of a run also starts the Spark session; slow (30 s): `make test` runs the Spark
+# client over amqps in tests/tls/test_clients.py
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def test_batch_read_and_write_over_amqps(spark: Any, tmp_path: Path) -> None:
