@@ -35,7 +35,7 @@ import enum
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeGuard, TypeVar
 
 import msgpack
 
@@ -367,14 +367,26 @@ class NodeInfo(NamedTuple):
 
 
 
-RECORDS: tuple[type, ...] = (
-    RaftMessage, JoinReply, Join, Propose, Leave, NodeStatus, Status, Sync,
-    RemotePublish, RemoteConfirm, RemoteDeliver, RemoteSettle, RemoteConsume, RemoteCancel, RemoteConsumerEnded,
-    QueueStats, QueueGetReply, QueueGet, QueuePurge, QueueInfo,
-    QuorumCommand, QuorumDeliver, QuorumConfirm, QuorumLeaderChanged, QuorumGetReply, QuorumGet, QuorumPurge,
-    QuorumInfo, QuorumMember, QuorumCancel, QuorumLocalView, QuorumTransfer, NodeInfo,
+Record: TypeAlias = (
+    RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
+    | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
+    | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
+    | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
+    | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
 )
-"""Every record kind that travels between nodes."""
+"""Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
+
+Request: TypeAlias = (
+    Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
+    | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
+)
+"""Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
+
+RECORDS: tuple[type, ...] = typing.get_args(Record)
+"""Every record kind that travels between nodes (`Record`'s members, in tag order)."""
+
+if set(typing.get_args(Request)) != set(_REPLIES) or not set(_REPLIES) <= set(RECORDS):
+    raise AssertionError("Request must name exactly the request kinds, and Record every kind")
 
 # -- Message fields --------------------------------------------------------------------------------------
 
@@ -470,11 +482,11 @@ del _cls
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
-def is_record(value: Any) -> bool:
+def is_record(value: object) -> TypeGuard[Record]:
     return type(value) in _ENCODERS
 
 
-def to_wire(record: Any) -> tuple[Any, ...]:
+def to_wire(record: Record) -> tuple[Any, ...]:
     """The msgpack-able value of a record: `(TAG, field, ...)`."""
     try:
         return _ENCODERS[type(record)](record)
@@ -482,7 +494,7 @@ def to_wire(record: Any) -> tuple[Any, ...]:
         raise TypeError(f"not an inter-node message record: {type(record).__name__}") from None
 
 
-def from_wire(value: Any) -> Any:
+def from_wire(value: Any) -> Record:  # Any: a msgpack value from a peer, checked here
     """The record a received wire value holds; `MessageError` if it holds none."""
     if type(value) is not list or not value:
         raise MalformedMessage(f"an inter-node message must be a non-empty array, got {_short(value)}")
@@ -493,11 +505,11 @@ def from_wire(value: Any) -> Any:
     return decoder(value)
 
 
-def encode(record: Any) -> bytes:
+def encode(record: Record) -> bytes:
     return _pack(to_wire(record))
 
 
-def decode(data: bytes | memoryview) -> Any:
+def decode(data: bytes | memoryview) -> Record:
     try:
         value = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises ValueError subclasses, TypeError, ...
@@ -505,7 +517,7 @@ def decode(data: bytes | memoryview) -> Any:
     return from_wire(value)
 
 
-def reply_from_wire(request: Any, value: Any) -> Any:
+def reply_from_wire(request: Request, value: Any) -> Any:  # Any: a reply record or a plain msgpack value
     """The reply to `request` as its `REPLY` record, or the plain value for a request without one."""
     kind = _REPLIES[type(request)]
     if kind is None:
@@ -518,7 +530,7 @@ def reply_from_wire(request: Any, value: Any) -> Any:
 
 # -- the dispatch table ----------------------------------------------------------------------------------
 
-R = TypeVar("R")
+R = TypeVar("R", bound=Record)
 
 
 class Registry:
@@ -540,11 +552,11 @@ class Registry:
     def registered(self, kind: type) -> bool:
         return kind in self._handlers
 
-    def handle(self, peer: str, value: Any) -> Any:
+    def handle(self, peer: str, value: Any) -> Any:  # Any: a wire value from a peer in, the handler's reply out
         """Decode `value` and call its handler; `MessageError` for an unknown or malformed message."""
         return self.handle_record(peer, from_wire(value))
 
-    def handle_record(self, peer: str, record: Any) -> Any:
+    def handle_record(self, peer: str, record: Record) -> Any:  # Any: the handler's reply, open by kind
         handler = self._handlers.get(type(record))
         if handler is None:
             raise UnknownMessage(f"no handler for inter-node message {type(record).__name__} on this node")
@@ -552,7 +564,8 @@ class Registry:
 
 
 __all__ = [
-    "RECORDS", "MalformedMessage", "MessageError", "Outcome", "Registry", "UnknownMessage", "decode", "encode",
+    "RECORDS", "MalformedMessage", "MessageError", "Outcome", "Record", "Registry", "Request", "UnknownMessage",
+    "decode", "encode",
     "from_wire", "is_record", "message_from_wire", "message_to_wire", "reply_from_wire", "to_wire",
     *(cls.__name__ for cls in RECORDS),
 ]

@@ -33,6 +33,7 @@ from hutch.cluster import messages as cm
 from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue
+from hutch.runtime.queue_types.quorum.service import QuorumService
 
 from .access import Principal, require_admin
 from .cluster import cluster_service
@@ -57,6 +58,14 @@ def _cluster(node: Node) -> ClusterService:
         raise bad_request("this node is not clustered: quorum queues need a cluster (it was started "
                           "with --no-cluster; see docs/clustering.md)")
     return cluster
+
+
+def _quorum(cluster: ClusterService) -> QuorumService:
+    """The node's quorum queue service: the cluster subsystem runtime/app.py registers for quorum queues."""
+    for sub in cluster.subsystems:
+        if isinstance(sub, QuorumService):
+            return sub
+    raise AssertionError("runtime/app.py registers a quorum service with every cluster service")
 
 
 def _running(node: Node, name: str) -> bool:
@@ -126,7 +135,7 @@ def _body(body: Any) -> dict[str, Any]:
 def local_view(node: Node, gid: int) -> dict[str, Any]:
     """This node's own view of a quorum queue's Raft group (names instead of raft ids)."""
     cluster = _cluster(node)
-    svc = cluster.quorum
+    svc = _quorum(cluster)
     q = svc.queues.get(int(gid))
     if q is None or q.replica is None or q.replica.group is None:
         return {"node": node.name, "member": False}
@@ -172,7 +181,7 @@ def _leader_view(views: dict[str, dict[str, Any] | None]) -> dict[str, Any] | No
 
 async def _leader_of(node: Node, q: QuorumQueue) -> str | None:
     """The queue's leader: this node knows it when it is a member; otherwise a member is asked."""
-    lead = _cluster(node).quorum.leader_name(q)
+    lead = _quorum(_cluster(node)).leader_name(q)
     if lead is not None or node.name in q.members:
         return lead
     for m in q.members:
@@ -243,7 +252,7 @@ def _runtime_error(exc: Exception, what: str) -> ApiError | None:
 
 async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
     cluster = _cluster(node)
-    svc = cluster.quorum
+    svc = _quorum(cluster)
     what = f"{'adding' if add else 'removing'} {member} {'to' if add else 'from'} {rs('queue', q.name, q.vhost)}"
     if add:
         if member in q.members:
@@ -374,7 +383,7 @@ async def _transfer(node: Node, q: QuorumQueue, lead: str, to: str) -> str | Non
     cluster = _cluster(node)
     try:
         if lead == node.name:
-            cluster.quorum.transfer_leader(q, to)
+            _quorum(cluster).transfer_leader(q, to)
         else:
             await cluster.call(lead, cm.QuorumTransfer(q.gid, to), timeout=PEER_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - reported per queue
@@ -434,10 +443,10 @@ async def rebalance(node: Node, p: Principal, body: Any) -> dict[str, Any]:
 
 def _transfer_here(node: Node, req: cm.QuorumTransfer) -> bool:
     cluster = _cluster(node)
-    q = cluster.quorum.queues.get(req.gid)
+    q = _quorum(cluster).queues.get(req.gid)
     if q is None:
         raise LookupError("no such quorum queue on this node")
-    cluster.quorum.transfer_leader(q, req.to)
+    _quorum(cluster).transfer_leader(q, req.to)
     return True
 
 

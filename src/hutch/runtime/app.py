@@ -70,7 +70,6 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     cluster = ClusterService(node, secret)
     link = QueueLink(node, cluster)
     quorum = QuorumService(node, cluster)
-    cluster.link, cluster.quorum = link, quorum
     cluster.add_subsystem(link)
     cluster.add_subsystem(quorum)
     node.cluster = cluster

@@ -91,27 +91,13 @@ class ClusterSubsystem(Protocol):
     def stop(self) -> None: ...
 
 
-class PublishLinkPort(Protocol):
-    """What a channel reads of the queue link (queue_types/remote.py) to confirm publishes that went to
-    queues on other nodes: the link numbers them, and answers whether a range of them is settled."""
-
-    last_publish_id: int
-
-    def confirmed(self, lo: int, hi: int) -> int:
-        """1: every publish in lo..hi confirmed; -1: one was refused; 0: answers missing."""
-        ...
-
-    def forget_confirms(self, lo: int, hi: int) -> None: ...
-
-
 class MetadataPort(Protocol):
     """How definition changes are replicated, and how a session waits for the cluster.
 
     On a clustered node this is the cluster service (runtime/clustering/service.py); a plain node has
     none (`node.cluster is None`) and writes its definitions log itself."""
 
-    post_commit: list[Callable[[], Awaitable[Any]]]
-    link: PublishLinkPort
+    post_commit: list[Callable[[], Awaitable[Any]]]  # Any: what a hook's awaitable returns is ignored
 
     @property
     def has_unreplicated(self) -> bool: ...

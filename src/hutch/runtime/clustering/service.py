@@ -32,13 +32,15 @@ import secrets
 import shutil
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, overload
 
 from hutch.cluster import messages as cm
 from hutch.cluster.metadata import METADATA_GROUP, Member, MetadataMachine, encode_ops
+from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core.definition_ops import DefinitionOp
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
+from hutch.runtime.clustering.raft_group import Group
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
 from hutch.runtime.errors import ClusterUnavailable
 from hutch.runtime.ports import ClusterNodePort, ClusterSubsystem
@@ -64,7 +66,7 @@ def parse_seed(text: str, local_name: str = "") -> tuple[str, str, int]:
     return name, host.strip("[]"), int(port)
 
 
-def load_secret(config: Any) -> bytes:
+def load_secret(config: Config) -> bytes:
     """The shared secret: config `cluster_secret` (or env HUTCH_CLUSTER_SECRET), else the file
     `cluster_secret_file`, else `<data_dir>/.hutch.secret`, created (mode 0600) on first use. A
     file group or others may read is refused unless allowed (`_check_secret_mode`)."""
@@ -117,7 +119,7 @@ class ClusterService:
                                    on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down)
         self.raft_id = 0
         self.driver: RaftDriver | None = None
-        self.group: Any = None
+        self.group: Group | None = None  # the metadata Raft group, open once `start` has opened the driver
         self.peers: dict[str, Member] = {}  # every other member we know of, by name
         self._pending_ops: list[DefinitionOp] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -130,14 +132,13 @@ class ClusterService:
         self.register(cm.Leave, self._handle_leave)
         self.register(cm.Status, self._handle_status)
         self.register(cm.Sync, self._handle_sync)
-        # parts of the node that speak over the transport (the queue types' services), registered by
-        # runtime/app.py; `link` (classic queues on other nodes) and `quorum` (quorum queues) are also
-        # reachable by name for the management layer and for each other
+        # parts of the node that speak over the transport (the queue types' services: the link to classic
+        # queues on other nodes, the quorum queue service), registered by runtime/app.py; this service only
+        # tells them when the boot is done and stops them (the management API finds the quorum service
+        # here by its type: mgmt/quorum.py)
         self.subsystems: list[ClusterSubsystem] = []
-        self.link: Any = None
-        self.quorum: Any = None
         # awaited after this node's changes commit, before the client's reply (e.g. a new quorum
-        # queue's first election): zero-argument callables returning awaitables
+        # queue's first election): zero-argument callables returning awaitables (of anything: ignored)
         self.post_commit: list[Callable[[], Awaitable[Any]]] = []
 
     def add_subsystem(self, subsystem: ClusterSubsystem) -> None:
@@ -177,7 +178,7 @@ class ClusterService:
     def is_new(self) -> bool:
         return not os.path.exists(self._identity_path())
 
-    def _log_options(self) -> Any:
+    def _log_options(self) -> RaftLogOptions:
         return RaftLogOptions(wal_max_size_bytes=self.config.raft_wal_max_size_bytes,
                               segment_max_entries=self.config.raft_segment_max_entries)
 
@@ -302,7 +303,7 @@ class ClusterService:
         m = self.peers.get(name) or self.machine.members.get(name)
         return m.raft_id if m is not None else 0
 
-    def _send_raft(self, raft_id: int, payload: Any) -> None:
+    def _send_raft(self, raft_id: int, payload: list[Any]) -> None:  # Any: a PeerBatch's msgpack values
         name = self._name_of(raft_id)
         if name is not None:
             self.transport.send_packed(name, cm.encode(cm.RaftMessage(payload)))
@@ -310,23 +311,41 @@ class ClusterService:
     # -- inter-node messages ---------------------------------------------------------------------------------
     def register(self, kind: type[cm.R], handler: Callable[[str, cm.R], Any]) -> None:
         """Handle inter-node messages (or requests) of record `kind` with `handler(peer, record)`; a request's
-        handler returns the reply (a record, a plain value, or an awaitable of either)."""
+        handler returns the reply (a record, a plain value, or an awaitable of either: open by kind, so Any)."""
         self.registry.register(kind, handler)
 
-    def send(self, peer: str, record: Any) -> bool:
+    def send(self, peer: str, record: cm.Record) -> bool:
         """Queue a message record for `peer`; False (dropped) when it is not connected or its buffers are full."""
         return self.transport.send_packed(peer, cm.encode(record))
 
-    async def call(self, peer: str, request: Any, timeout: float = 5.0) -> Any:
+    # A request answered by a record gets that record's type; one answered by a plain msgpack value (an int,
+    # a bool, a JSON-able dict: named in each request's docstring) gets Any, as that value is not checked
+    # when it arrives: the caller converts it (`int(...)`) or reads it as the JSON it is.
+    @overload
+    async def call(self, peer: str, request: cm.Join, timeout: float = 5.0) -> cm.JoinReply: ...
+
+    @overload
+    async def call(self, peer: str, request: cm.Status, timeout: float = 5.0) -> cm.NodeStatus: ...
+
+    @overload
+    async def call(self, peer: str, request: cm.QueueGet, timeout: float = 5.0) -> cm.QueueGetReply: ...
+
+    @overload
+    async def call(self, peer: str, request: cm.QuorumGet, timeout: float = 5.0) -> cm.QuorumGetReply: ...
+
+    @overload
+    async def call(self, peer: str, request: cm.Request, timeout: float = 5.0) -> Any: ...
+
+    async def call(self, peer: str, request: cm.Request, timeout: float = 5.0) -> Any:
         """Send a request record and await its reply (the request's `REPLY` record, or a plain value)."""
         value = await self.transport.call_packed(peer, cm.encode(request), timeout=timeout)
         return cm.reply_from_wire(request, value)
 
-    def handle_here(self, request: Any) -> Any:
+    def handle_here(self, request: cm.Request) -> Any:  # Any: as `call`, or an awaitable of it (the handler's)
         """Run this node's own handler of `request`, as if this node had sent it to itself."""
         return self.registry.handle_record(self.name, request)
 
-    def _on_message(self, peer: str, obj: Any) -> None:
+    def _on_message(self, peer: str, obj: Any) -> None:  # Any: a msgpack value from a peer, checked by from_wire
         try:
             record = cm.from_wire(obj)
             if type(record) is cm.RaftMessage:
@@ -338,14 +357,14 @@ class ClusterService:
         except cm.MessageError as exc:
             log.warning("dropped an inter-node message from %s: %s", peer, exc)
 
-    def _on_request(self, peer: str, obj: Any) -> Any:
+    def _on_request(self, peer: str, obj: Any) -> Any:  # Any: a peer's msgpack value in, a reply value out
         result = self.registry.handle(peer, obj)  # MessageError: an error reply, the connection stays
         if inspect.isawaitable(result):
             return self._reply_when_done(result)
         return cm.to_wire(result) if cm.is_record(result) else result
 
     @staticmethod
-    async def _reply_when_done(result: Awaitable[Any]) -> Any:
+    async def _reply_when_done(result: Awaitable[Any]) -> Any:  # Any: a handler's reply, then its wire value
         value = await result
         return cm.to_wire(value) if cm.is_record(value) else value
 
@@ -525,14 +544,23 @@ class ClusterService:
         await asyncio.wait_for(fut, None if deadline is None else max(0.0, deadline - loop.time()))
 
     # -- requests from peers -------------------------------------------------------------------------------
+    def _open_group(self) -> Group:
+        """The metadata group. The transport is up before `start` opens the group, so a peer's request may
+        come first: it is refused as the cluster being unavailable (the peer retries)."""
+        if self.group is None:
+            raise ClusterUnavailable(f"node {self.name} has not opened its metadata group yet (it is booting)")
+        return self.group
+
     async def _handle_propose(self, peer: str, req: cm.Propose) -> int:
-        if not self.group.is_leader:
-            raise NotLeader(self.group.leader)
-        return int(await self.group.propose(req.data, timeout=self.timeout_s))
+        group = self._open_group()
+        if not group.is_leader:
+            raise NotLeader(group.leader)
+        return int(await group.propose(req.data, timeout=self.timeout_s))
 
     async def _handle_join(self, peer: str, req: cm.Join) -> cm.JoinReply:
-        if not self.group.is_leader:
-            leader = self._name_of(self.group.leader)
+        group = self._open_group()
+        if not group.is_leader:
+            leader = self._name_of(group.leader)
             if leader is None:
                 raise ValueError("no metadata leader at the moment; retry")
             reply: cm.JoinReply = await self.call(leader, req, timeout=self.timeout_s * 2)
@@ -543,7 +571,7 @@ class ClusterService:
             member = self.machine.members[name]
             self._learn(member)
             if req.promote and member.raft_id not in self.machine.voters:
-                await self.group.add_voter(member.raft_id, timeout=self.timeout_s)
+                await self._open_group().add_voter(member.raft_id, timeout=self.timeout_s)
                 log.info("node %s joined the cluster as raft member %d", name, member.raft_id)
             return cm.JoinReply(member.raft_id, [m.to_list() for m in self.machine.members.values()])
 
@@ -562,15 +590,16 @@ class ClusterService:
             raise LookupError(f"node {name!r} is not a member of this cluster")
         if self.transport.connected(name):
             raise ValueError(f"node {name!r} is running; stop it before forgetting it")
-        if not self.group.is_leader:
-            leader = self._name_of(self.group.leader)
+        group = self._open_group()
+        if not group.is_leader:
+            leader = self._name_of(group.leader)
             if leader is None:
                 raise ClusterUnavailable("no metadata leader at the moment")
             return await self.call(leader, cm.Leave(name), timeout=self.timeout_s * 2)
         async with self._join_lock:
             raft_id = self.machine.members[name].raft_id
             if raft_id in self.machine.voters:
-                await self.group.remove_voter(raft_id, timeout=self.timeout_s)
+                await self._open_group().remove_voter(raft_id, timeout=self.timeout_s)
             await self._propose_until_done([ops_.ClusterLeave(name)])
         log.info("node %s was removed from the cluster", name)
         return name

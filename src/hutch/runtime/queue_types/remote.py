@@ -53,6 +53,7 @@ from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.clustering.service import ClusterService
 
 log = logging.getLogger("hutch.cluster.queues")
 
@@ -278,7 +279,7 @@ class _PeerConfirms:
 class QueueLink:
     """Both ends of the queue protocol between nodes (one per node)."""
 
-    def __init__(self, node: Node, cluster: Any) -> None:
+    def __init__(self, node: Node, cluster: ClusterService) -> None:
         self.node = node
         self.cluster = cluster
         self.transport = cluster.transport
@@ -296,12 +297,18 @@ class QueueLink:
         self._acks_scheduled = False
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
-        for kind, handler in ((cm.QueueGet, self._h_get), (cm.QueuePurge, self._h_purge), (cm.QueueInfo, self._h_info),
-                              (cm.RemotePublish, self._on_publish), (cm.RemoteDeliver, self._on_delivery),
-                              (cm.RemoteSettle, self._on_settle), (cm.RemoteConfirm, self._on_confirm),
-                              (cm.RemoteConsume, self._on_consume), (cm.RemoteCancel, self._on_cancel),
-                              (cm.QueueStats, self._on_stats), (cm.RemoteConsumerEnded, self._on_consumer_ended)):
-            cluster.register(kind, handler)
+        # one call per kind, so the type checker matches each handler to its record
+        cluster.register(cm.QueueGet, self._h_get)
+        cluster.register(cm.QueuePurge, self._h_purge)
+        cluster.register(cm.QueueInfo, self._h_info)
+        cluster.register(cm.RemotePublish, self._on_publish)
+        cluster.register(cm.RemoteDeliver, self._on_delivery)
+        cluster.register(cm.RemoteSettle, self._on_settle)
+        cluster.register(cm.RemoteConfirm, self._on_confirm)
+        cluster.register(cm.RemoteConsume, self._on_consume)
+        cluster.register(cm.RemoteCancel, self._on_cancel)
+        cluster.register(cm.QueueStats, self._on_stats)
+        cluster.register(cm.RemoteConsumerEnded, self._on_consumer_ended)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
