@@ -1,7 +1,7 @@
 """In-memory endpoints for the AMQP session, h11's `ConnectionPair` style: no socket, no transport.
 
 `MemoryTransport` is the server connection's `Transport` port (bytes written are kept, reading is a
-flag), `ManualClock` its `Clock` port (time moves only when a test says so; `call_soon` callbacks
+flag), `ManualLoopClock` its `LoopClock` port (time moves only when a test says so; `call_soon` callbacks
 run when the test runs them), and `SessionPair` wires a real `AMQPConnection` to a real broker `Node`
 (built from a `Config` as the server builds it, without listeners) and to a client side that speaks
 through pamqp, an independent codec. The login check still runs in the event loop's executor, so
@@ -71,8 +71,8 @@ class _Timer:
         self.cancelled = True
 
 
-class ManualClock:
-    """The `Clock` port: `advance(seconds)` fires due timers in order; `run_soon()` runs call_soon work."""
+class ManualLoopClock:
+    """The `LoopClock` port: `advance(seconds)` fires due timers in order; `run_soon()` runs call_soon work."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -138,7 +138,7 @@ class SessionPair:
 
     def __init__(self, node: Node, gate: MethodGate | None = None, peer: str = "127.0.0.1") -> None:
         self.node = node
-        self.clock = ManualClock()
+        self.clock = ManualLoopClock()
         self.transport = MemoryTransport()
         self.conn = AMQPConnection(node, self.clock, gate)
         self.conn.connection_made(self.transport, (peer, 50000), ("127.0.0.1", 5672))

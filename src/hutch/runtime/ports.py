@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 
 class Clock(Protocol):
-    """The runtime's clock (runtime/clock.py)."""
+    """The runtime's clock (runtime/clock.py): readings only, no timers. `wall_ms` for what a client or
+    a peer sees (timestamps, TTLs, x-expires, statistics), `monotonic` for intervals. A session's timers
+    run on its `LoopClock` (session/ports.py) instead: the event loop, whose time is the base its timers
+    count from."""
 
     def wall_ms(self) -> int: ...
 

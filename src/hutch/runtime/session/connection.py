@@ -6,7 +6,7 @@ both ways, channel multiplexing, the close handshakes, and
 the write buffer that every channel of this connection encodes into.
 
 The socket, the asyncio loop and the cluster are ports (runtime/session/ports.py): the connection writes
-to a `Transport`, takes time and timers from a `Clock`, and asks a `MethodGate` what a method must
+to a `Transport`, takes time and timers from a `LoopClock`, and asks a `MethodGate` what a method must
 wait for. `runtime/session/protocol.py` adapts it to an asyncio socket; tests drive it in memory
 (tests/session/memory.py).
 
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.logins import LoginOutcome
     from hutch.runtime.ports import BrokerPort
-    from hutch.runtime.session.ports import Clock, MethodGate, TimerHandle, Transport
+    from hutch.runtime.session.ports import LoopClock, MethodGate, TimerHandle, Transport
 
 log = logging.getLogger("hutch.connection")
 
@@ -124,9 +124,9 @@ class AMQPConnection:
 
     Driven by: `connection_made(transport, peer, sockname)`, `receive_data(bytes)`, `pause_writing()` /
     `resume_writing()` (the transport's write buffer), `connection_lost()`, and the callbacks it
-    registers on its `Clock`. Output goes to `transport.write` in batches (`flush`)."""
+    registers on its `LoopClock`. Output goes to `transport.write` in batches (`flush`)."""
 
-    def __init__(self, node: BrokerPort, clock: Clock, gate: MethodGate | None = None) -> None:
+    def __init__(self, node: BrokerPort, clock: LoopClock, gate: MethodGate | None = None) -> None:
         self.node = node
         self.clock = clock
         self.gate = gate

@@ -3,8 +3,11 @@
 Owns three small `Protocol`s and nothing else:
 - `Transport`: where a connection writes its bytes and the switch for its input (an asyncio transport
   satisfies it; so does `MemoryTransport` in tests/session/memory.py);
-- `Clock`: the time and the timers a connection uses (heartbeats, the handshake timeout, the close
-  grace period, the deferred flush); an asyncio loop satisfies it, and tests drive a manual one;
+- `LoopClock`: the time and the timers a connection uses (heartbeats, the handshake timeout, the close
+  grace period, the deferred flush); an asyncio loop satisfies it, and tests drive a manual one. It is
+  not the runtime's `Clock` (runtime/ports.py, implemented in runtime/clock.py), which only reads the
+  wall and monotonic clocks and has no timers: a connection reads the wall clock (message timestamps,
+  `connected_at`) through its broker (`BrokerPort.wall_ms`) and schedules on its `LoopClock`;
 - `MethodGate`: what a method must wait for before it runs and before its reply may leave (a
   clustered node's read barrier, a queue on another node, the commit of a replicated change).
 
@@ -37,8 +40,11 @@ class TimerHandle(Protocol):
     def cancel(self) -> None: ...
 
 
-class Clock(Protocol):
-    """Monotonic time in seconds and callbacks later or soon (asyncio's loop has this shape)."""
+class LoopClock(Protocol):
+    """Monotonic time in seconds and callbacks later or soon (asyncio's loop has this shape).
+
+    `time()` is the base `call_later` counts from (the loop's own time: whole milliseconds under uvloop),
+    so a deadline computed from it and a timer armed with it agree."""
 
     def time(self) -> float: ...
 

@@ -4,7 +4,7 @@ Owns: what only a socket on an event loop has. The transport's write-buffer limi
 deliveries may sit in the buffer before deliveries to that consumer pause), the fairness rule between
 connections (a per-iteration read budget), the measure of how busy the loop is with input (the node's
 `LoopLoad`, which the flow rule reads: core/credit_flow.py), and the wiring of one connection to its ports: the
-transport itself as the `Transport`, the event loop as the `Clock`, the node's `ClusterGate` as the
+transport itself as the `Transport`, the event loop as the `LoopClock`, the node's `ClusterGate` as the
 `MethodGate`. All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
 """
 
