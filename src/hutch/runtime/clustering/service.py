@@ -636,7 +636,7 @@ class ClusterService:
     def local_status(self) -> cm.NodeStatus:
         return cm.NodeStatus(self.name, sorted(self.node.alarms), True, self.raft_id)
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:  # Any: the JSON document of `hutchctl cluster_status`
         members = sorted(self.machine.members.values(), key=lambda m: m.raft_id)
         running = [self.name] + sorted(self.transport.connected_peers())
         alarms: list[dict[str, Any]] = [{"node": self.name, "alarms": sorted(self.node.alarms)}]
