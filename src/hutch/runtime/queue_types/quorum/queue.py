@@ -171,20 +171,19 @@ class QuorumReplica:
     def apply(self, index: int, data: bytes) -> Any:
         system_time_ms, cmd = qc.decode(data)
         self.entries += 1
-        kind = type(cmd)
         q = self.queue
-        if kind is qc.EnqueueBatch:
+        if type(cmd) is qc.EnqueueBatch:
             self.commands += len(cmd.sizes)
             q.pace.enqueued(len(cmd.sizes))
             if q.inflight and cmd.publisher_id == q.svc.publisher_id and self.group.is_leader:
                 q.cache_batch(index, cmd)
         else:
             self.commands += 1
-            if kind is qc.Enqueue:
+            if type(cmd) is qc.Enqueue:
                 q.pace.enqueued(1)
         reply = self.machine.apply_command(index, system_time_ms, cmd)
-        if kind in _SETTLING and self.group is not None and self.group.is_leader:
-            q.pace_settled(cmd)
+        if type(cmd) in _SETTLING and self.group is not None and self.group.is_leader:
+            q.pace_settled(cmd)  # after the apply: the consumer's checked-out count is the new one
         return reply
 
     def _effects(self, effects: list[qe.Effect]) -> None:
