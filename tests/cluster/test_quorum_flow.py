@@ -9,6 +9,8 @@ pika for a consumer that is truly slower.
   as the load lasts. Before the rule (only `quorum_commands_soft_limit` bounded a publisher) it grew.
 - A queue whose consumer is truly slower (pika, acking one message at a time with a pause) still takes
   everything the publisher sends: it grows, as in RabbitMQ.
+- A channel that publishes to the queue it consumes from is never held for good (its own acks release
+  it): every message comes back.
 
 No timing assertions: the backlog is sampled from /api/queues while the load runs.
 """
@@ -121,3 +123,35 @@ def test_a_truly_slower_consumer_still_lets_a_quorum_queue_grow(cluster: Cluster
     assert samples and max(samples) > 10_000, samples  # far beyond FLOW_HIGH: the publisher was not held
     setup.channel().queue_delete(queue)
     setup.close()
+
+
+def test_a_channel_that_publishes_and_consumes_on_the_same_quorum_queue_is_not_held_forever(
+        cluster: Cluster) -> None:
+    """One pika channel publishes to the quorum queue it consumes from (prefetch 100, acking in batches
+    of 50): if its connection is held, its own acks are not read, so its consumer stops keeping pace and
+    the recheck lets it go. Every message comes back."""
+    n1 = cluster[0]
+    queue = "qq-flow-self"
+    conn = pika.BlockingConnection(pika.URLParameters(n1.url + "?heartbeat=0"))
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True, arguments=QQ)
+    ch.basic_qos(prefetch_count=100)
+    got: list[int] = []
+
+    def on_message(c: Any, m: Any, _p: Any, _b: bytes) -> None:
+        got.append(1)
+        if len(got) % 50 == 0:
+            c.basic_ack(m.delivery_tag, multiple=True)
+
+    ch.basic_consume(queue, on_message)
+    total = 20_000
+    for i in range(total):
+        ch.basic_publish("", queue, b"m")
+        if i % 1000 == 0:
+            conn.process_data_events(0)
+    deadline = time.monotonic() + 90
+    while len(got) < total and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert len(got) == total
+    ch.queue_delete(queue)
+    conn.close()
