@@ -1,9 +1,9 @@
 """Credit flow's rule for one event loop: when does a queue's backlog hold its publishers back?
 
-Owns: the two judgements the classic queue's flow rule (queues/classic/queue.py, `needs_flow_control`)
-is made of, as pure state with time passed in:
+Owns: the judgements the flow rules of the queue types are made of (classic: queues/classic/queue.py,
+quorum: runtime/queue_types/quorum/queue.py, both `needs_flow_control`), as pure state with time passed in:
 
-- **Consumer pace** (fields on `Consumer`, functions below). A consumer *keeps pace* when, after it
+- **Consumer pace** (fields on `Consumer` or a `Pace`, functions below). A consumer *keeps pace* when, after it
   filled its prefetch, it settled at least half a prefetch's worth within `KEEP_UP_MS`, and meanwhile
   its queue's consumers acked at least half as many messages as were published to it: what the
   consumer is given it returns at once, and the queue's consumers are in a close race with its
@@ -33,8 +33,8 @@ is made of, as pure state with time passed in:
 
 Invariants: `pace_start_ms` is -1 exactly when no fill is being timed; `LoopLoad.busy_s` never exceeds
 the time elapsed since its window started plus the last input's duration (input is counted once);
-`QueuePace.acked` never exceeds the settlements it was told of, and its `by_key` holds only consumers
-with a prefetch limit (the others are never judged).
+`QueuePace.acked` is the sum of the acks it was told of (never negative), and its `by_key` holds only
+consumers with a prefetch limit (the others are never judged).
 """
 
 from __future__ import annotations
