@@ -1,9 +1,9 @@
 """Credit flow's rule for one event loop: when does a queue's backlog hold its publishers back?
 
-Owns: the two judgements the classic queue's flow rule (queues/classic/queue.py, `needs_flow_control`)
-is made of, as pure state with time passed in:
+Owns: the judgements the flow rules of the queue types are made of (classic: queues/classic/queue.py,
+quorum: runtime/queue_types/quorum/queue.py, both `needs_flow_control`), as pure state with time passed in:
 
-- **Consumer pace** (fields on `Consumer`, functions below). A consumer *keeps pace* when, after it
+- **Consumer pace** (fields on `Consumer` or a `Pace`, functions below). A consumer *keeps pace* when, after it
   filled its prefetch, it settled at least half a prefetch's worth within `KEEP_UP_MS`, and meanwhile
   its queue's consumers acked at least half as many messages as were published to it: what the
   consumer is given it returns at once, and the queue's consumers are in a close race with its
@@ -20,25 +20,50 @@ is made of, as pure state with time passed in:
   window. With spare time on the loop, a backlog means the consumers are slower than the publishers,
   and nothing is held back.
 
+- **The backlog rule** (`backlog_holds`, `FLOW_HIGH` / `FLOW_LOW`): publishers are held while a queue's
+  ready backlog is over a limit, the loop is saturated and a consumer keeps pace; they are held from
+  `FLOW_HIGH` on and let go at `FLOW_LOW` (hysteresis, so a held connection is not released and held
+  again at every message). The classic queue adds its own links (a consumer's full socket, the store).
+- **Pace by consumer key** (`Pace`, `QueuePace`). A queue type whose consumers are served by a replicated
+  machine (a quorum queue: its leader hands messages to consumers on any node, and gets their
+  settlements back as applied commands) judges pace where the machine runs, not at the channel: it keeps
+  one `Pace` per consumer key, fed with what the machine did (`delivered`, `settled`, `enqueued`), and
+  the same `consumer_filled` / `consumer_settled` / `keeps_pace` judgement applies to it as to a
+  channel's `Consumer`. A stream queue's consumers (credit-based too) would be fed the same way.
+
 Invariants: `pace_start_ms` is -1 exactly when no fill is being timed; `LoopLoad.busy_s` never exceeds
-the time elapsed since its window started plus the last input's duration (input is counted once).
+the time elapsed since its window started plus the last input's duration (input is counted once);
+`QueuePace.acked` is the sum of the acks it was told of (never negative), and its `by_key` holds only
+consumers with a prefetch limit (the others are never judged).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .queue_type import Consumer
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
 KEEP_UP_MS = 200  # a full consumer settling half its prefetch within this keeps pace with the node
 WINDOW_S = 0.1  # loop load is judged over windows this long
 SATURATED = 0.5  # the loop is saturated while handling input takes at least this share of a window
 STALE_WINDOWS = 3  # no input for this many windows: the loop is idle, whatever the last window said
+FLOW_HIGH = 1000  # ready messages behind a consumer that keeps pace on a saturated loop: publishers held
+FLOW_LOW = 500  # held publishers read again at or below this
 
 
-def consumer_filled(consumer: Consumer, now_ms: int, published: int, acked: int) -> None:
+class Paced(Protocol):
+    """What the pace judgement reads and writes: a channel's `Consumer` (core/queue_type.py) or a `Pace`."""
+
+    prefetch: int
+    unacked: int
+    delivered: int
+    pace_start_ms: int
+    pace_delivered: int
+    pace_published: int
+    pace_queue_settled: int
+    keeping_up: bool
+
+
+def consumer_filled(consumer: Paced, now_ms: int, published: int, acked: int) -> None:
     """The consumer has just reached its prefetch: start timing how soon it gives half of it back.
     `published` / `acked`: its queue's message counters now."""
     if consumer.pace_start_ms < 0:
@@ -48,7 +73,7 @@ def consumer_filled(consumer: Consumer, now_ms: int, published: int, acked: int)
         consumer.pace_queue_settled = acked
 
 
-def consumer_settled(consumer: Consumer, now_ms: int, published: int, acked: int) -> None:
+def consumer_settled(consumer: Paced, now_ms: int, published: int, acked: int) -> None:
     """The consumer's channel settled some of its deliveries: once half a prefetch's worth has come back
     since it filled up, judge its pace (`published` / `acked`: its queue's counters now)."""
     start = consumer.pace_start_ms
@@ -64,7 +89,7 @@ def consumer_settled(consumer: Consumer, now_ms: int, published: int, acked: int
         consumer.pace_start_ms = -1
 
 
-def keeps_pace(consumer: Consumer, now_ms: int) -> bool:
+def keeps_pace(consumer: Paced, now_ms: int) -> bool:
     """Judged keeping pace, and not sitting on a full prefetch for longer than `KEEP_UP_MS` since."""
     if not consumer.keeping_up:
         return False
@@ -108,3 +133,82 @@ class LoopLoad:
 
 
 IDLE_LOOP = LoopLoad(lambda: 0.0)  # never saturated: the classic queue's default outside a node
+
+
+def backlog_holds(backlog: int, limit: int, loop: LoopLoad, pace: QueuePace, clock_ms: Callable[[], int]) -> bool:
+    """The backlog rule: more than `limit` ready messages, on a saturated loop, behind a consumer that
+    keeps pace. `limit` is FLOW_HIGH to start holding publishers, FLOW_LOW to keep holding them. The
+    cheap tests come first: the clock is read only when the backlog and the loop call for the pace."""
+    return backlog > limit and loop.saturated() and pace.keeps_pace(clock_ms())
+
+
+class Pace:
+    """One consumer's pace, kept where its queue's machine runs (see the module docstring). `unacked` is
+    what the machine holds checked out to it, `delivered` what it was handed since the record began."""
+
+    __slots__ = ("prefetch", "unacked", "delivered", "pace_start_ms", "pace_delivered", "pace_published",
+                 "pace_queue_settled", "keeping_up")
+
+    def __init__(self, prefetch: int) -> None:
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.delivered = 0
+        self.pace_start_ms = -1
+        self.pace_delivered = self.pace_published = self.pace_queue_settled = 0
+        self.keeping_up = False
+
+
+class QueuePace:
+    """The pace of one queue's consumers, by consumer key, fed with what the queue's machine did.
+
+    `published` and `acked` are the queue's counters the judgement compares (messages enqueued, and
+    settled by an ack). Only consumers with a prefetch limit are recorded: one without is never full,
+    so never judged (as for a channel's consumer)."""
+
+    __slots__ = ("published", "acked", "by_key")
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.acked = 0
+        self.by_key: dict[Hashable, Pace] = {}
+
+    def enqueued(self, n: int) -> None:
+        self.published += n
+
+    def delivered(self, key: Hashable, n: int, unacked: int, prefetch: int, now_ms: int) -> None:
+        """`n` messages were handed to consumer `key`, which now holds `unacked` of its `prefetch`
+        (0: no limit). At its limit, the timing of its next settlements starts."""
+        if prefetch <= 0:
+            return
+        pace = self.by_key.get(key)
+        if pace is None:
+            pace = self.by_key[key] = Pace(prefetch)
+        pace.prefetch = prefetch
+        pace.delivered += n
+        pace.unacked = unacked
+        if unacked >= prefetch:
+            consumer_filled(pace, now_ms, self.published, self.acked)
+
+    def settled(self, key: Hashable, acked: int, unacked: int, now_ms: int) -> None:
+        """Consumer `key` settled some messages (`acked` of them by an ack; the others were returned or
+        discarded) and now holds `unacked`: judge it; if it is still at its limit (refilled at once),
+        time the next round from now."""
+        assert acked >= 0, acked
+        self.acked += acked
+        pace = self.by_key.get(key)
+        if pace is None:
+            return
+        pace.unacked = unacked
+        consumer_settled(pace, now_ms, self.published, self.acked)
+        if unacked >= pace.prefetch:
+            consumer_filled(pace, now_ms, self.published, self.acked)
+
+    def retain(self, keys: Iterable[Hashable]) -> None:
+        """Forget the consumers not among `keys` (cancelled, or gone with their channel or node)."""
+        live = set(keys)
+        for key in [k for k in self.by_key if k not in live]:
+            del self.by_key[key]
+
+    def keeps_pace(self, now_ms: int) -> bool:
+        """Some consumer keeps pace (`keeps_pace`); O(consumers)."""
+        return any(keeps_pace(p, now_ms) for p in self.by_key.values())

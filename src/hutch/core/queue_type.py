@@ -188,8 +188,9 @@ class Queue:
         return False
 
     def flow_still_needed(self) -> bool:
-        """Asked now and then while publishers are held back by this queue: False lets them go. A queue
-        type that releases its publishers itself (quorum: on confirmed entries) keeps them."""
+        """Asked now and then while publishers are held back by this queue (the connection's recheck):
+        False lets them go. The default keeps them: a queue type that overrides `needs_flow_control`
+        says here when its rule no longer holds (classic and quorum queues do)."""
         return True
 
     def release_flow(self) -> None:

@@ -125,6 +125,7 @@ class ClusterNodePort(Protocol):
     alarms: set[str]
     stale_transient: list[tuple[str, str]]
     cluster_peer_hooks: list[Callable[[str, bool], None]]
+    loop_load: LoopLoad  # the Raft driver's cycles and inter-node input count in it (the flow rule)
 
     def apply_op(self, op: DefinitionOp) -> None: ...
 

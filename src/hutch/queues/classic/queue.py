@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from hutch.core.credit_flow import IDLE_LOOP, LoopLoad, consumer_filled, keeps_pace
+from hutch.core.credit_flow import FLOW_HIGH, FLOW_LOW, IDLE_LOOP, LoopLoad, consumer_filled, keeps_pace
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
 from hutch.core.queue_type import (
@@ -61,8 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hutch.queue")
 
-FLOW_HIGH = 1000  # ready messages behind a socket-blocked or pace-keeping consumer: publishers are paused
-FLOW_LOW = 500  # publishers resume below this
 # ready messages kept in RAM before a queue pages to its index: about 50 MB of small messages, far above
 # the standing backlog of a busy 1 -> 1 queue (a lower bound made such queues page, which slowed their
 # consumer, which deepened the backlog: measured 0.9x instead of 1.4x RabbitMQ in the headline benchmark)

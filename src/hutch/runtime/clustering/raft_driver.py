@@ -41,6 +41,9 @@ Rules (docs/raft.md, "The driver"):
 - `store.flush()` (WAL -> segment files, when the WAL passes `wal_max_size_bytes`) runs inline between
   sync jobs: it mutates state the loop thread reads.
 - Loop thread only, except `RaftSyncJob.run`.
+- With the node's `LoopLoad` (`load`), every cycle's duration is counted as loop work: on a quorum
+  queue's leader most of the work (appends, applies, deliveries) is done here, and the credit-flow rule
+  judges the loop saturated from it (core/credit_flow.py).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hutch.cluster.raft_wire import PeerBatch, RaftWireError, decode_batch
+from hutch.core.credit_flow import LoopLoad
 from hutch.raft import (
     Config,
     HardState,
@@ -92,7 +96,7 @@ class RaftDriver:
     def __init__(self, raft_id: int, data_dir: str, send: Callable[[int, Any], None], *,
                  tick_s: float = 0.1, election_tick: int = 10, heartbeat_tick: int = 1,
                  snapshot_every: int = 8192, log_options: RaftLogOptions | None = None,
-                 fs: FileSystem | None = None, quiesce: bool = True) -> None:
+                 fs: FileSystem | None = None, quiesce: bool = True, load: LoopLoad | None = None) -> None:
         if raft_id <= 0:
             raise ValueError("raft ids are positive")
         self.raft_id = raft_id
@@ -103,6 +107,7 @@ class RaftDriver:
         self.snapshot_every = snapshot_every
         self.quiesce = quiesce  # False: leaders heartbeat every heartbeat_tick forever (tests, comparisons)
         self._send = send
+        self.load = load  # the node's loop load (core/credit_flow.py): every cycle's duration counts in it
         self._log_options = log_options
         self._fs: FileSystem = fs if fs is not None else RealFS()
         # set by start(), before any other method runs (the groups' GroupHost port reads _loop as set)
@@ -390,6 +395,16 @@ class RaftDriver:
 
     # -- the cycle ---------------------------------------------------------------------------------------
     def _cycle(self) -> None:
+        load = self.load
+        if load is None:
+            self._run_cycle()
+            return
+        started = load.clock()
+        self._run_cycle()
+        ended = load.clock()
+        load.note_busy(ended - started, ended)  # appends, applies, deliveries: the loop's work, for the flow rule
+
+    def _run_cycle(self) -> None:
         self._scheduled = False
         if not self._running:
             return

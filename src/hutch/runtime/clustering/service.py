@@ -117,6 +117,7 @@ class ClusterService:
         self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
                                    on_message=self._on_message, on_request=self._on_request,
                                    on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down)
+        self.transport.load = node.loop_load  # inter-node input is loop work for the flow rule
         self.raft_id = 0
         self.driver: RaftDriver | None = None
         self.group: Group | None = None  # the metadata Raft group, open once `start` has opened the driver
@@ -196,7 +197,7 @@ class ClusterService:
         self.raft_id = raft_id
         self.driver = RaftDriver(raft_id, os.path.join(self.directory, "raft"), self._send_raft,
                                  tick_s=self.config.cluster_tick_ms / 1000,
-                                 log_options=self._log_options())
+                                 log_options=self._log_options(), load=self.node.loop_load)
         await self.driver.start()
         bootstrap = raft_id == 1 and joined is None and METADATA_GROUP not in self.driver.groups_on_disk()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine,
@@ -624,7 +625,7 @@ class ClusterService:
         self._save_identity(self.raft_id)
         self.driver = RaftDriver(self.raft_id, os.path.join(self.directory, "raft"), self._send_raft,
                                  tick_s=self.config.cluster_tick_ms / 1000,
-                                 log_options=self._log_options())
+                                 log_options=self._log_options(), load=self.node.loop_load)
         await self.driver.start()
         self.group = self.driver.open_group(METADATA_GROUP, self.machine, bootstrap_voters=None)
         self.group.on_leader_change = self._leader_changed

@@ -77,6 +77,7 @@ from hutch.cluster.wire import (
     pack_request,
     pack_request_raw,
 )
+from hutch.core.credit_flow import LoopLoad
 from hutch.runtime import listen
 
 log = logging.getLogger("hutch.transport")
@@ -159,6 +160,16 @@ class _Conn(asyncio.Protocol):
         self.owner._conn_made(self)
 
     def data_received(self, data: bytes) -> None:
+        load = self.owner.load
+        if load is None:
+            self._received(data)
+            return
+        started = load.clock()
+        self._received(data)
+        ended = load.clock()
+        load.note_busy(ended - started, ended)  # other nodes' messages are loop work too (the flow rule)
+
+    def _received(self, data: bytes) -> None:
         if self.state is ConnState.CLOSED:
             return
         self.last_rx = self.owner._loop.time()
@@ -287,6 +298,7 @@ class Transport:
         if max_frame_bytes < MIN_FRAME_BYTES:
             raise ValueError(f"max_frame_bytes must be at least {MIN_FRAME_BYTES}")
         self.node_name = node_name
+        self.load: LoopLoad | None = None  # the node's loop load: input handled here counts in it
         self._secret = bytes(secret)
         self.host = host
         self.port = port

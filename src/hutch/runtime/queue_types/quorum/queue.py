@@ -39,6 +39,7 @@ import msgpack
 from hutch.amqp import spec
 from hutch.cluster import messages as cm
 from hutch.core.confirms import Receipt
+from hutch.core.credit_flow import FLOW_HIGH, FLOW_LOW, QueuePace, backlog_holds
 from hutch.core.message import Message
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Deliverer, Published, Queue, QueueEntry
 from hutch.queues.quorum import commands as qc
@@ -153,6 +154,9 @@ class PendingPublish:
         self.sent_at = 0.0  # monotonic time of the last proposal
 
 
+_SETTLING = frozenset({qc.Settle, qc.Return, qc.Discard, qc.Requeue})  # commands that give a consumer credit
+
+
 class QuorumReplica:
     """The Raft driver's StateMachine for one member of one quorum queue."""
 
@@ -167,14 +171,20 @@ class QuorumReplica:
     def apply(self, index: int, data: bytes) -> Any:
         system_time_ms, cmd = qc.decode(data)
         self.entries += 1
+        q = self.queue
         if type(cmd) is qc.EnqueueBatch:
             self.commands += len(cmd.sizes)
-            q = self.queue
+            q.pace.enqueued(len(cmd.sizes))
             if q.inflight and cmd.publisher_id == q.svc.publisher_id and self.group.is_leader:
                 q.cache_batch(index, cmd)
         else:
             self.commands += 1
-        return self.machine.apply_command(index, system_time_ms, cmd)
+            if type(cmd) is qc.Enqueue:
+                q.pace.enqueued(1)
+        reply = self.machine.apply_command(index, system_time_ms, cmd)
+        if type(cmd) in _SETTLING and self.group is not None and self.group.is_leader:
+            q.pace_settled(cmd)  # after the apply: the consumer's checked-out count is the new one
+        return reply
 
     def _effects(self, effects: list[qe.Effect]) -> None:
         if self.group is not None and self.group.is_leader:
@@ -236,6 +246,8 @@ class QuorumQueue(Queue):
         # limit (quorum_commands_soft_limit) the connections publishing here stop being read
         self.open_entries = 0
         self.soft_limit = svc.node.config.quorum_commands_soft_limit
+        # credit flow, the backlog rule (core/credit_flow.py): the leader's record of its consumers' pace
+        self.pace = QueuePace()
         self.msg_cache: dict[int, Message] = {}  # leader: msg id -> own message, until its first delivery
         self.owed_credit: dict[int, int] = {}  # auto-ack consumer id -> credit held while its socket is full
         self.inflight: dict[int, list[Message]] = {}  # leader: first seq of a batch proposed -> its messages
@@ -298,7 +310,48 @@ class QuorumQueue(Queue):
         return SETTLED if receipt is None else PENDING
 
     def needs_flow_control(self) -> bool:
-        return self.open_entries > self.soft_limit
+        """Credit flow for a quorum queue: hold this node's publishers to the queue while more than
+        `quorum_commands_soft_limit` enqueue entries from here are not wholly confirmed (the pipeline to
+        the leader is full), or, on the leader, while the backlog rule holds (core/credit_flow.py): more
+        than FLOW_HIGH ready messages behind a consumer that keeps pace while the loop is saturated (the
+        node, not the consumer, is the bottleneck: every message a publisher adds only adds latency).
+        The backlog test is sampled every 64th publish from this node."""
+        if self.open_entries > self.soft_limit:
+            return True
+        if self.next_seq & 63:
+            return False
+        return self._backlog_holds(FLOW_HIGH)
+
+    def flow_still_needed(self) -> bool:
+        """Keep held publishers while the pipeline is full or the backlog is over FLOW_LOW behind a
+        consumer that keeps pace on a saturated loop (asked on confirms, deliveries and the recheck)."""
+        return self.open_entries > self.soft_limit or self._backlog_holds(FLOW_LOW)
+
+    def _backlog_holds(self, limit: int) -> bool:
+        replica = self.replica
+        if replica is None or replica.group is None or not replica.group.is_leader:
+            return False  # the backlog and the consumers' pace are known where the machine leads
+        return backlog_holds(replica.machine.state.ready_count(), limit, self.svc.node.loop_load, self.pace,
+                             now_ms)
+
+    def pace_delivered(self, key: Any, n: int) -> None:
+        """The leader handed `n` messages to consumer `key` (a Deliver effect): feed its pace."""
+        assert self.replica is not None
+        c = self.replica.machine.state.consumers.by_key.get(key)
+        if c is not None and c.prefetch and not c.auto_ack:
+            self.pace.delivered(key, n, len(c.checked_out), c.prefetch, now_ms())
+
+    def pace_settled(self, cmd: Any) -> None:
+        """The leader applied a settle, return, discard or requeue of consumer `cmd.consumer_key`."""
+        assert self.replica is not None
+        key = cmd.consumer_key
+        if key not in self.pace.by_key:
+            if type(cmd) is qc.Settle:
+                self.pace.acked += len(cmd.msg_ids)
+            return
+        c = self.replica.machine.state.consumers.by_key.get(key)
+        acked = len(cmd.msg_ids) if type(cmd) is qc.Settle else 0
+        self.pace.settled(key, acked, len(c.checked_out) if c is not None else 0, now_ms())
 
     def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         entry, self._prepared_get = self._prepared_get, None

@@ -23,6 +23,7 @@ import msgpack
 from hutch.amqp.errors import NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
 from hutch.core.confirms import ConfirmBatch, ConfirmOwner, Receipt
+from hutch.core.credit_flow import QueuePace
 from hutch.core.message import Message
 from hutch.core.queue_type import Consumer, QueueEntry
 from hutch.core.vhost import rs
@@ -280,7 +281,7 @@ class QuorumService(QuorumMembership):
                     receipt.settle(q)
                 else:
                     receipt.reject(q)
-        if q.flow_waiters and q.open_entries <= q.soft_limit:
+        if q.flow_waiters and not q.flow_still_needed():
             q.release_flow()
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
@@ -510,8 +511,11 @@ class QuorumService(QuorumMembership):
 
     # -- the leader's effects --------------------------------------------------------------------------
     def run_effects(self, q: QuorumQueue, effects: list[qe.Effect]) -> None:
+        delivered = False
         for eff in effects:
             if isinstance(eff, qe.Deliver):
+                delivered = True
+                q.pace_delivered(eff.consumer_key, len(eff.messages))
                 node, cid = eff.consumer_key
                 if node == self.name and cid in q.local:
                     self._deliver_local(q, cid, eff.messages)
@@ -549,6 +553,8 @@ class QuorumService(QuorumMembership):
                     self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             elif isinstance(eff, qe.DlxDeliver):
                 asyncio.ensure_future(self._dlx_republish(q, eff.messages))
+        if delivered and q.flow_waiters and not q.flow_still_needed():
+            q.release_flow()  # the backlog drained to FLOW_LOW (or its consumers stopped keeping pace)
 
     async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
         """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with receipts
@@ -600,6 +606,7 @@ class QuorumService(QuorumMembership):
                 fut.set_result(None)
         q.msg_cache.clear()
         q.inflight.clear()
+        q.pace = QueuePace()  # judged afresh by the new leader
         self._entry = (0, 0, [])
         if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
             self._cancel_on_failover(q)
@@ -653,6 +660,7 @@ class QuorumService(QuorumMembership):
                 self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             replica = q.replica
             if self.is_leader(q) and replica is not None:
+                q.pace.retain(replica.machine.state.consumers.by_key)  # the pace of consumers gone goes
                 cfg = replica.machine.state.config
                 if cfg.message_ttl_ms is not None or cfg.expires_ms is not None \
                         or replica.machine.state.message_count():
