@@ -5,7 +5,7 @@ client code with rawload.py (raw pre-encoded frames) or hutch-perf (hutch's code
 channel, publish and confirm here is aio-pika's (on aiormq and pamqp), used the way an application uses
 it — `aio_pika.connect`, `connection.channel(publisher_confirms=True)`, `default_exchange.publish` (which
 waits for the broker's confirm), `connection.close`. It imports only rawload's /proc readers
-(`proc_cpu`, `proc_rss_kib`), so both generators measure the broker the same way.
+(`proc_cpu`, `proc_rss_kib`) and the idle mode's JSON summary (`idle_summary`), so both generators measure the broker the same way.
 
 Workers are OS processes (multiprocessing 'spawn', uvloop when installed), `--processes` of them (default
 2, as scenarios.py runs rawload), each with its share of the concurrency or connections. The parent
@@ -43,7 +43,7 @@ from typing import Any
 
 import aio_pika
 import aiormq
-from rawload import proc_cpu, proc_rss_kib  # the /proc readings only: no client code is shared
+from rawload import idle_summary, proc_cpu, proc_rss_kib  # /proc readings, the idle JSON: no client code
 
 CLOCK = time.CLOCK_MONOTONIC
 FAILURES = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, RuntimeError)
@@ -257,14 +257,7 @@ def run_idle(cfg: Config) -> dict[str, Any]:
         cpu1 = proc_cpu(cfg.pids)
         w.send_all(("close",))
         w.recv_all(300)
-    n = sum(m[1] for m in ready)
-    out: dict[str, Any] = {"connections": n, "open_s": round(max(m[2] for m in ready), 2),
-                           "errors": [e for m in ready for e in m[3]]}
-    if cfg.pids:
-        out.update(broker_rss_mib=[round(rss0 / 1024, 1), round(rss1 / 1024, 1)],
-                   kib_per_connection=round((rss1 - rss0) / n, 1) if n else None,
-                   idle_broker_cpu_pct=round(100 * (cpu1 - cpu0) / cfg.seconds, 2))
-    return out
+    return idle_summary(ready, bool(cfg.pids), rss0, rss1, cpu1 - cpu0, cfg.seconds)
 
 
 def parse(argv: list[str]) -> Config:

@@ -788,13 +788,20 @@ def run_idle(cfg: Config) -> dict[str, Any]:
         cpu1 = proc_cpu(cfg.pids)
         w.send_all(("close",))
         w.recv_all(120)
+    return idle_summary(ready, bool(cfg.pids), rss0, rss1, cpu1 - cpu0, cfg.seconds)
+
+
+def idle_summary(ready: list[Any], measured: bool, rss0: float, rss1: float, cpu_s: float,
+                 seconds: float) -> dict[str, Any]:
+    """The idle mode's JSON (also libload.py's): `ready` holds each worker's (tag, connections opened,
+    seconds to open them, errors); RSS in KiB before and after opening, broker CPU seconds while idle."""
     n = sum(m[1] for m in ready)
     out: dict[str, Any] = {"connections": n, "open_s": round(max(m[2] for m in ready), 2),
                            "errors": [e for m in ready for e in m[3]]}
-    if cfg.pids:
+    if measured:
         out.update(broker_rss_mib=[round(rss0 / 1024, 1), round(rss1 / 1024, 1)],
                    kib_per_connection=round((rss1 - rss0) / n, 1) if n else None,
-                   idle_broker_cpu_pct=round(100 * (cpu1 - cpu0) / cfg.seconds, 2))
+                   idle_broker_cpu_pct=round(100 * cpu_s / seconds, 2))
     return out
 
 
