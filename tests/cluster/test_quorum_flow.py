@@ -28,6 +28,8 @@ from typing import Any
 import pika
 import pytest
 
+from conftest import self_feeding_channel_gets_everything  # tests/conftest.py (tests/ is on sys.path)
+
 from .nodes import Cluster, Node, eventually
 
 QQ = {"x-queue-type": "quorum"}
@@ -133,25 +135,6 @@ def test_a_channel_that_publishes_and_consumes_on_the_same_quorum_queue_is_not_h
     n1 = cluster[0]
     queue = "qq-flow-self"
     conn = pika.BlockingConnection(pika.URLParameters(n1.url + "?heartbeat=0"))
-    ch = conn.channel()
-    ch.queue_declare(queue, durable=True, arguments=QQ)
-    ch.basic_qos(prefetch_count=100)
-    got: list[int] = []
-
-    def on_message(c: Any, m: Any, _p: Any, _b: bytes) -> None:
-        got.append(1)
-        if len(got) % 50 == 0:
-            c.basic_ack(m.delivery_tag, multiple=True)
-
-    ch.basic_consume(queue, on_message)
-    total = 20_000
-    for i in range(total):
-        ch.basic_publish("", queue, b"m")
-        if i % 1000 == 0:
-            conn.process_data_events(0)
-    deadline = time.monotonic() + 90
-    while len(got) < total and time.monotonic() < deadline:
-        conn.process_data_events(0.1)
-    assert len(got) == total
-    ch.queue_delete(queue)
+    conn.channel().queue_declare(queue, durable=True, arguments=QQ)
+    self_feeding_channel_gets_everything(conn, queue, seconds=90)
     conn.close()

@@ -24,7 +24,7 @@ import pika
 import pytest
 import requests
 
-from conftest import ServerInfo, start_server
+from conftest import ServerInfo, self_feeding_channel_gets_everything, start_server
 
 from .helpers import connect, unique, wait_for
 
@@ -170,27 +170,8 @@ def test_a_channel_that_publishes_and_consumes_on_the_same_queue_is_not_held_for
     connection that would be held is the one whose acks release it. Every message comes back."""
     queue = unique("flow-self")
     conn = connect(node.amqp_port)
-    ch = conn.channel()
-    ch.queue_declare(queue)
-    ch.basic_qos(prefetch_count=100)
-    got: list[int] = []
-
-    def on_message(c: Any, m: Any, _p: Any, _b: bytes) -> None:
-        got.append(1)
-        if len(got) % 50 == 0:
-            c.basic_ack(m.delivery_tag, multiple=True)
-
-    ch.basic_consume(queue, on_message)
-    total = 20_000
-    for i in range(total):
-        ch.basic_publish("", queue, b"m")
-        if i % 1000 == 0:
-            conn.process_data_events(0)
-    deadline = time.monotonic() + 60
-    while len(got) < total and time.monotonic() < deadline:
-        conn.process_data_events(0.1)
-    assert len(got) == total
-    ch.queue_delete(queue)
+    conn.channel().queue_declare(queue)
+    self_feeding_channel_gets_everything(conn, queue)
     conn.close()
 
 
