@@ -5,7 +5,7 @@ client code with rawload.py (raw pre-encoded frames) or hutch-perf (hutch's code
 channel, publish and confirm here is aio-pika's (on aiormq and pamqp), used the way an application uses
 it — `aio_pika.connect`, `connection.channel(publisher_confirms=True)`, `default_exchange.publish` (which
 waits for the broker's confirm), `connection.close`. It imports only rawload's /proc readers
-(`proc_cpu`, `proc_rss_kib`) and the idle mode's JSON summary (`idle_summary`), so both generators measure the broker the same way.
+(`proc_cpu`, `proc_rss_kib`), the idle mode's JSON summary (`idle_summary`) and its process pool (`Workers`), so both generators measure the broker the same way.
 
 Workers are OS processes (multiprocessing 'spawn', uvloop when installed), `--processes` of them (default
 2, as scenarios.py runs rawload), each with its share of the concurrency or connections. The parent
@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing
 import os
 import resource
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 
 import aio_pika
 import aiormq
-from rawload import idle_summary, proc_cpu, proc_rss_kib  # /proc readings, the idle JSON: no client code
+from rawload import Workers, idle_summary, proc_cpu, proc_rss_kib  # plumbing and /proc only, no client code
 
 CLOCK = time.CLOCK_MONOTONIC
 FAILURES = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, RuntimeError)
@@ -167,46 +166,16 @@ def shares(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-class Workers:
-    """The worker processes and their pipes; every one is joined (or killed) on exit."""
-
-    def __init__(self, cfg: Config, counts: list[int]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.procs: list[Any] = []
-        self.pipes: list[Connection] = []
+def workers(cfg: Config, counts: list[int]) -> Workers:
+    """One worker process per share of `counts` (rawload's process plumbing, this file's worker_main)."""
+    w = Workers(join_s=30.0)
+    try:
         for count in counts:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(cfg, count, child), daemon=True)
-            p.start()
-            child.close()
-            self.procs.append(p)
-            self.pipes.append(parent)
-
-    def recv_all(self, timeout: float) -> list[tuple[Any, ...]]:
-        out = []
-        deadline = time.monotonic() + timeout
-        for pipe in self.pipes:
-            if not pipe.poll(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError("a libload worker did not answer in time")
-            msg = pipe.recv()
-            if msg[0] == "error":
-                raise RuntimeError(msg[1])
-            out.append(msg)
-        return out
-
-    def send_all(self, msg: tuple[Any, ...]) -> None:
-        for pipe in self.pipes:
-            pipe.send(msg)
-
-    def __enter__(self) -> Workers:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+            w.add(worker_main, cfg, count)
+    except BaseException:
+        w.__exit__(None, None, None)
+        raise
+    return w
 
 
 async def churn_queue(cfg: Config, create: bool) -> None:
@@ -223,7 +192,7 @@ def run_churn(cfg: Config) -> dict[str, Any]:
     cfg.queue = f"libload-{os.getpid()}-churn"
     asyncio.run(churn_queue(cfg, True))
     try:
-        with Workers(cfg, shares(cfg.concurrency, cfg.processes)) as w:
+        with workers(cfg, shares(cfg.concurrency, cfg.processes)) as w:
             w.recv_all(120)
             go_at = now_ns() + 200_000_000
             a = go_at + int(cfg.warmup * 1e9)
@@ -248,7 +217,7 @@ def run_churn(cfg: Config) -> dict[str, Any]:
 
 def run_idle(cfg: Config) -> dict[str, Any]:
     rss0 = proc_rss_kib(cfg.pids)
-    with Workers(cfg, shares(cfg.connections, cfg.processes)) as w:
+    with workers(cfg, shares(cfg.connections, cfg.processes)) as w:
         ready = w.recv_all(900)
         time.sleep(cfg.warmup)
         rss1 = proc_rss_kib(cfg.pids)

@@ -42,6 +42,7 @@ import struct
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -672,25 +673,30 @@ def spread(n: int, groups: int) -> list[list[int]]:
 
 
 class Workers:
-    """Worker processes with their pipes; every one is joined (or killed) on exit."""
+    """Worker processes with their pipes; every one is joined (or killed) on exit. Also libload.py's (the
+    process plumbing only: its workers run its own client code)."""
 
-    def __init__(self) -> None:
+    def __init__(self, join_s: float = 10.0) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: list[Any] = []
         self.pipes: list[Connection] = []
+        self.join_s = join_s
 
-    def add(self, kind: str, role: str, cfg: Config, indexes: list[int]) -> None:
+    def add(self, target: Callable[..., None], *args: Any) -> None:
+        """Start `target(*args, pipe)` in a new process."""
         parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=worker_main, args=(kind, role, cfg, indexes, child), daemon=True)
+        p = self.ctx.Process(target=target, args=(*args, child), daemon=True)
         p.start()
         child.close()
         self.procs.append(p)
         self.pipes.append(parent)
 
     def recv_all(self, timeout: float) -> list[tuple[Any, ...]]:
+        """One message from every worker, all within `timeout` s; a worker's ("error", text) raises."""
         out = []
+        deadline = time.monotonic() + timeout
         for pipe in self.pipes:
-            if not pipe.poll(timeout):
+            if not pipe.poll(max(0.0, deadline - time.monotonic())):
                 raise RuntimeError("a worker did not answer in time")
             msg = pipe.recv()
             if msg[0] == "error":
@@ -707,7 +713,7 @@ class Workers:
 
     def __exit__(self, *exc: Any) -> None:
         for p in self.procs:
-            p.join(timeout=10)
+            p.join(timeout=self.join_s)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -716,9 +722,9 @@ class Workers:
 def run_flow(cfg: Config) -> dict[str, Any]:
     with Workers() as w:
         for indexes in spread(cfg.producers, cfg.processes):
-            w.add("flow", "producer", cfg, indexes)
+            w.add(worker_main, "flow", "producer", cfg, indexes)
         for indexes in spread(cfg.consumers, cfg.processes):
-            w.add("flow", "consumer", cfg, indexes)
+            w.add(worker_main, "flow", "consumer", cfg, indexes)
         w.recv_all(120)
         now = time.clock_gettime_ns(CLOCK)
         go_at = now + 200_000_000
@@ -754,7 +760,7 @@ def run_flow(cfg: Config) -> dict[str, Any]:
 def run_churn(cfg: Config) -> dict[str, Any]:
     with Workers() as w:
         for indexes in spread(cfg.concurrency, cfg.processes):
-            w.add("churn", "churn", cfg, indexes)
+            w.add(worker_main, "churn", "churn", cfg, indexes)
         w.recv_all(60)
         go_at = time.clock_gettime_ns(CLOCK) + 200_000_000
         a = go_at + int(cfg.warmup * 1e9)
@@ -779,7 +785,7 @@ def run_idle(cfg: Config) -> dict[str, Any]:
     rss0 = proc_rss_kib(cfg.pids)
     with Workers() as w:
         for indexes in spread(cfg.connections, cfg.processes):
-            w.add("idle", "idle", cfg, indexes)
+            w.add(worker_main, "idle", "idle", cfg, indexes)
         ready = w.recv_all(600)
         time.sleep(cfg.warmup)
         rss1 = proc_rss_kib(cfg.pids)
