@@ -140,3 +140,19 @@ def self_feeding_channel_gets_everything(conn: Any, queue: str, total: int = 20_
         conn.process_data_events(0.1)
     assert len(got) == total
     ch.queue_delete(queue)
+
+
+def slow_consumer(conn: Any, queue: str, stop: Any) -> None:
+    """A consumer truly slower than a publisher at full speed (prefetch 50, one ack every ~2 ms) on
+    `conn` (a pika BlockingConnection) until `stop` (a threading.Event) is set; closes `conn`. Credit
+    flow must not hold the publisher to its pace: the queue grows, as in RabbitMQ."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=50)
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=0.1):
+        if stop.is_set():
+            break
+        if method is not None:
+            time.sleep(0.002)
+            ch.basic_ack(method.delivery_tag)
+    ch.cancel()
+    conn.close()

@@ -28,7 +28,7 @@ from typing import Any
 import pika
 import pytest
 
-from conftest import self_feeding_channel_gets_everything  # tests/conftest.py (tests/ is on sys.path)
+from conftest import self_feeding_channel_gets_everything, slow_consumer  # tests/ is on sys.path
 
 from .nodes import Cluster, Node, eventually
 
@@ -100,20 +100,8 @@ def test_a_truly_slower_consumer_still_lets_a_quorum_queue_grow(cluster: Cluster
     setup.channel().queue_declare(queue, durable=True, arguments=QQ)
     stop = threading.Event()
 
-    def slow_consumer() -> None:
-        conn = pika.BlockingConnection(pika.URLParameters(n1.url + "?heartbeat=0"))
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=50)
-        for method, _props, _body in ch.consume(queue, inactivity_timeout=0.1):
-            if stop.is_set():
-                break
-            if method is not None:
-                time.sleep(0.002)
-                ch.basic_ack(method.delivery_tag)
-        ch.cancel()
-        conn.close()
-
-    worker = threading.Thread(target=slow_consumer, daemon=True)
+    conn = pika.BlockingConnection(pika.URLParameters(n1.url + "?heartbeat=0"))
+    worker = threading.Thread(target=slow_consumer, args=(conn, queue, stop), daemon=True)
     worker.start()
     try:
         eventually(lambda: _queue(n1, queue).get("consumers") == 1 or None, timeout=20)

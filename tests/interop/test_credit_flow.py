@@ -24,7 +24,7 @@ import pika
 import pytest
 import requests
 
-from conftest import ServerInfo, self_feeding_channel_gets_everything, start_server
+from conftest import ServerInfo, self_feeding_channel_gets_everything, slow_consumer, start_server
 
 from .helpers import connect, unique, wait_for
 
@@ -106,20 +106,7 @@ def test_a_truly_slower_consumer_still_lets_the_queue_grow(node: ServerInfo) -> 
     setup.channel().queue_declare(queue)
     stop = threading.Event()
 
-    def slow_consumer() -> None:
-        conn = connect(node.amqp_port)
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=50)
-        for method, _props, _body in ch.consume(queue, inactivity_timeout=0.1):
-            if stop.is_set():
-                break
-            if method is not None:
-                time.sleep(0.002)
-                ch.basic_ack(method.delivery_tag)
-        ch.cancel()
-        conn.close()
-
-    worker = threading.Thread(target=slow_consumer, daemon=True)
+    worker = threading.Thread(target=slow_consumer, args=(connect(node.amqp_port), queue, stop), daemon=True)
     worker.start()
     try:
         proc = _perf(node, queue, "-x", "1", "-y", "0", "-s", "16", "-c", "1000", "-z", "4")
