@@ -139,8 +139,10 @@ class AppendFile:
             if self.size == 0 and not self.fs.exists(self.path):
                 self._new_entry = True
             self.handle = self.fs.open_append(self.path)
-        parts = records.encode_parts(self.rtype, self._buffer, self.seed)
-        data = self._header + b"".join(parts)
+        # one checksum over the joined batch: a batch of small entries would otherwise cost one crc32
+        # call per part (two per entry)
+        payload = b"".join(self._buffer)
+        data = b"".join((self._header, records.header_for(self.rtype, payload, self.seed), payload))
         try:
             self.handle.write(data)
         except StorageError:

@@ -52,6 +52,7 @@ _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")
 _GET_OK_TAIL = struct.Struct(">I")
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
+_HEADER_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # a content header of class 60 (basic), weight 0
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -101,6 +102,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub: tuple[str, str, int, bytes] | None = None  # exchange, routing key, mandatory, tail
         self._pub_props: spec.BasicProperties | None = None
         self._pub_props_raw: bytes | None = None
+        self._pub_header: bytes | None = None  # the header payload as received, reused when it can be
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
@@ -230,6 +232,9 @@ class ServerChannel(DeclarationsMixin):
                                60, 40)
         self._pub_props = props
         self._pub_props_raw = props_raw
+        # the payload is the message's header as it will be delivered when its weight is 0 (as it
+        # must be) and its properties are not rewritten (_complete_publish checks that)
+        self._pub_header = payload if payload.startswith(_HEADER_CLASS_WEIGHT) else None
         conn = self.conn
         conn.has_published = True
         if self.node.alarms and not conn.alarm_blocked:
@@ -269,9 +274,11 @@ class ServerChannel(DeclarationsMixin):
         pub = self._pub
         props = self._pub_props
         props_raw = self._pub_props_raw
+        header = self._pub_header
         self._pub = None
         self._pub_props = None
         self._pub_props_raw = None
+        self._pub_header = None
         assert pub is not None and props_raw is not None
         exchange, routing_key, mandatory, route_tail = pub
         if self.confirm:
@@ -293,6 +300,7 @@ class ServerChannel(DeclarationsMixin):
                 self._write_checked = x
         routing_keys = [routing_key]
         if props is not None:
+            received_raw = props_raw
             if props.user_id is not None and props.user_id != self.user:
                 raise ChannelError(PRECONDITION_FAILED,
                                    f"user_id property set to '{props.user_id}' but authenticated user was "
@@ -304,9 +312,11 @@ class ServerChannel(DeclarationsMixin):
                 routing_keys, props, props_raw = _sender_selected(routing_key, props, props_raw)
             if props.reply_to == REPLY_TO_QUEUE:
                 props, props_raw = self._rewrite_reply_to(props)
+            if props_raw is not received_raw:
+                header = None  # rewritten: the header is packed again with the new properties
         if x.type == "topic" and self.node.topic_permissions:
             _check_topic_write(self, exchange, routing_keys)
-        msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
+        msg = Message(exchange, routing_key, props, body, props_raw, route_tail, header)
         if props is not None and props.headers and "x-death" in props.headers:
             msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
         if self.tx:
@@ -697,6 +707,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub = None
         self._pub_props = None
         self._pub_props_raw = None
+        self._pub_header = None
         self._drop_body()
         consumers = list(self.consumers.values())
         self.consumers.clear()
