@@ -108,6 +108,16 @@ class AppendFile:
             self.durable_pending = True
         return offset
 
+    def put(self, entry: bytes, durable: bool = False) -> None:
+        """`add` for writers that do not need the entry's offset (the queue index): a few operations
+        fewer per entry on the publish path."""
+        buffer = self._buffer
+        buffer.append(ENTRY_LEN.pack(len(entry)))
+        buffer.append(entry)
+        self.pending_bytes += 4 + len(entry)
+        if durable:
+            self.durable_pending = True
+
     @property
     def dirty(self) -> bool:
         return bool(self._buffer)

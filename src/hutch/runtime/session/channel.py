@@ -418,9 +418,13 @@ class ServerChannel(DeclarationsMixin):
             self.stat_deliver_no_ack += 1
         msg = entry.msg
         self.stat_deliver += 1
-        if entry.redelivered:
+        redelivered = entry.redelivered
+        if redelivered:
             self.stat_redeliver += 1
-        self._write_delivery(consumer.frame_prefix, tag, entry.redelivered, msg)
+        conn = self.conn  # _write_delivery, inlined: one call fewer per delivery
+        append_delivery(conn.out, self.number, consumer.frame_prefix, tag, redelivered, msg.route_tail,
+                        msg.header_payload, msg.body, conn.frame_max)
+        conn.want_write()
 
     def _write_delivery(self, prefix: bytes, tag: int, redelivered: bool, msg: Message) -> None:
         conn = self.conn
@@ -473,13 +477,13 @@ class ServerChannel(DeclarationsMixin):
                 return items
             if tag not in unacked:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
-            items = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
+            n = 0  # the tags are in delivery order: count the prefix up to `tag`, then pop it
+            for t in unacked:
+                if t > tag:
                     break
-                items.append(unacked.popitem(last=False)[1])
-            return items
+                n += 1
+            popitem = unacked.popitem
+            return [popitem(last=False)[1] for _ in range(n)]
         item = unacked.pop(tag, None)
         if item is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
@@ -525,6 +529,8 @@ class ServerChannel(DeclarationsMixin):
             return
         self.stat_ack += len(items) if action == "ack" else 0
         by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        last_q: Queue | None = None  # runs of one queue (the common case) skip the dict
+        entries: list[QueueEntry] = []
         for item in items:
             consumer = item.consumer
             if consumer is not None:
@@ -532,11 +538,14 @@ class ServerChannel(DeclarationsMixin):
             q = item.queue
             if q is None:
                 continue
+            if q is last_q:
+                entries.append(item.entry)
+                continue
             group = by_queue.get(id(q))
             if group is None:
-                by_queue[id(q)] = (q, [item.entry])
-            else:
-                group[1].append(item.entry)
+                group = by_queue[id(q)] = (q, [])
+            last_q, entries = q, group[1]
+            entries.append(item.entry)
         for q, entries in by_queue.values():
             if action == "ack":
                 q.ack(entries)
