@@ -265,6 +265,12 @@ class ServerChannel(DeclarationsMixin):
             self._body_held += len(payload)
             self.conn.hold_unfinished_body(len(payload))
 
+    def handle_content(self, header: bytes, body: bytes) -> None:
+        """A publish's content header and its whole body in one frame, taken together by the reader
+        (`FrameReader.take_content`): the same as `handle_header` then `handle_body`."""
+        self.handle_header(header)
+        self.handle_body(body)
+
     def _drop_body(self) -> None:
         self._body = []
         self.conn.unfinished_body_bytes -= self._body_held

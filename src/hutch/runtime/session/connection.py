@@ -318,8 +318,19 @@ class AMQPConnection:
                         ch = channels.get(channel)
                         if ch is not None:
                             try:
-                                if (ch.fast_publish(payload) if prefix == _PUBLISH_ID
-                                        else ch.fast_ack(payload)):
+                                if prefix != _PUBLISH_ID:
+                                    if ch.fast_ack(payload):
+                                        continue
+                                elif ch.fast_publish(payload):
+                                    # its header and body, when both are in and well formed, without two
+                                    # more turns of this loop (not under an alarm: a header then holds
+                                    # the input before its body, handle_header)
+                                    content = None if self.node.alarms else self.reader.take_content(channel)
+                                    if content is None:
+                                        continue
+                                    ch.handle_content(content[0], content[1])
+                                    if self._suspended or self.state == _CLOSED:
+                                        return
                                     continue
                             except ChannelError as exc:
                                 self._channel_error(channel, exc)
