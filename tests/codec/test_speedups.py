@@ -390,3 +390,28 @@ def test_compiled_path_chosen_when_built() -> None:
     else:
         assert _describe(None) == "True hutch.amqp._cframes compiled hot path: on"
         assert _describe("0") == "True hutch.amqp._cframes compiled hot path: on"
+
+
+def test_a_compiled_part_built_from_an_older_source_is_not_used() -> None:
+    """A module lacking part of the interface (a stale build without `take_content`, say) is named for
+    what it lacks, so `speedups` falls back to the pure path instead of failing on the first publish."""
+    from types import ModuleType
+
+    from hutch.amqp import speedups
+
+    assert speedups.missing_names(pure) == []
+    if compiled is not None:
+        assert speedups.missing_names(compiled) == []
+    stale = ModuleType("stale")
+
+    class OldReader:
+        def feed(self, data: bytes) -> None: ...
+
+        def frames(self) -> None: ...
+
+    for name in ("parse_publish", "parse_content_header", "parse_ack", "append_delivery"):
+        setattr(stale, name, getattr(pure, name))
+    stale.FrameReader = OldReader  # type: ignore[attr-defined]
+    assert speedups.missing_names(stale) == ["FrameReader.take_content"]
+    assert speedups.missing_names(ModuleType("empty"))[:2] == ["FrameReader", "parse_publish"]
+
