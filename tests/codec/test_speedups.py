@@ -77,6 +77,8 @@ def run_reader(cls: type, frame_max: int, tolerance: int, ops: list[tuple[str, A
             reader.frame_max = arg
         elif op == "iter":
             it = reader.frames()
+        elif op == "take":
+            seen.append(("take", reader.take_content(arg)))
         else:
             if it is None:
                 it = reader.frames()
@@ -245,6 +247,92 @@ bodies = st.one_of(st.binary(max_size=20), st.integers(4090, 4100).map(lambda n:
                    st.integers(0, 20_000).map(lambda n: bytes(range(256)) * (n // 256) + b"z" * (n % 256)))
 
 
+# -- a publish's content taken in one step ---------------------------------------------------------------
+
+def content_pair(channel: int, body_channel: int, body: bytes, props: bytes, declared_delta: int,
+                 header_type: int, body_type: int) -> bytes:
+    """A content header (declaring len(body) + delta) and a body frame, each possibly off the mark."""
+    declared = max(0, len(body) + declared_delta)
+    header = struct.pack(">HHQ", 60, 0, declared) + props
+    return raw_frame(header_type, channel, header) + raw_frame(body_type, body_channel, body)
+
+
+channels_small = st.sampled_from([1, 2])
+contents = st.builds(content_pair, channels_small, channels_small, st.binary(max_size=40),
+                     st.binary(min_size=0, max_size=6), st.sampled_from([0, 0, 0, 1, -1]),
+                     st.sampled_from([2, 2, 2, 3]), st.sampled_from([3, 3, 3, 2]))
+content_streams = st.lists(contents | one_frame, max_size=8)
+
+
+@needs_compiled
+@ci_settings(400)
+@given(content_streams, frame_maxes, tolerances, st.lists(st.integers(0, 200), max_size=6),
+       st.lists(st.tuples(st.sampled_from(["take", "next"]), st.integers(0, 3)), max_size=12))
+def test_take_content_same_as_the_reference(frames: list[bytes], frame_max: int, tolerance: int,
+                                            cuts: list[int], steps: list[tuple[str, int]]) -> None:
+    """take_content and frame steps interleaved, on data fed in chunks: the same takes, frames, errors."""
+    ops: list[tuple[str, Any]] = [("feed", chunk) for chunk in chunked(b"".join(frames), cuts)]
+    ops += [(op, arg if op == "take" else arg + 1) for op, arg in steps]
+    assert_readers_agree(frame_max, tolerance, ops)
+
+
+@ci_settings(300)
+@given(content_streams, frame_maxes, tolerances, st.lists(st.booleans(), max_size=10))
+def test_take_content_only_regroups_frames(frames: list[bytes], frame_max: int, tolerance: int,
+                                           take_after: list[bool]) -> None:
+    """What take_content returns is exactly the header and body frames the reader would have yielded
+    next (same payloads, then the same frames after them, or the same error); when it returns None nothing
+    moved."""
+    data = b"".join(frames)
+    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
+        plain = cls(frame_max, tolerance)
+        plain.feed(data)
+        expected = outcome(list, plain.frames())
+        reader = cls(frame_max, tolerance)
+        reader.feed(data)
+        got: list[tuple[int, int, bytes]] = []
+        flags = iter(take_after)
+        try:
+            while True:
+                if next(flags, False):
+                    before = reader.buffered
+                    for channel in (1, 2):
+                        taken = reader.take_content(channel)
+                        if taken is not None:
+                            got += [(2, channel, taken[0]), (3, channel, taken[1])]
+                            break
+                        assert reader.buffered == before
+                step = next(reader.frames(), None)
+                if step is None:
+                    break
+                got.append(step)
+            result: tuple[str, Any] = ("value", got)
+        except AMQPError as exc:
+            result = "error", (type(exc).__name__, exc.code, exc.text, exc.class_id, exc.method_id)
+        if expected[0] == "value":
+            assert result == expected
+        else:  # the same frames before the same error
+            assert result[0] == "error" and result[1] == expected[1]
+
+
+def test_take_content_takes_a_well_formed_pair_only() -> None:
+    header = struct.pack(">HHQ", 60, 0, 3) + b"\x00\x00"
+    good = raw_frame(2, 1, header) + raw_frame(3, 1, b"abc")
+    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
+        reader = cls(4096)
+        reader.feed(good + raw_frame(8, 0, b""))
+        assert reader.take_content(2) is None  # another channel
+        assert reader.take_content(1) == (header, b"abc")
+        assert reader.buffered == 8 and reader.take_content(1) is None
+        for bad in (raw_frame(2, 1, header) + raw_frame(3, 1, b"abcd"),  # body longer than declared
+                    raw_frame(2, 1, header) + raw_frame(3, 1, b"ab"),  # a body in more than one frame
+                    raw_frame(2, 1, header) + raw_frame(3, 1, b"abc", end=0),  # bad frame end
+                    good[:-1]):  # incomplete
+            reader = cls(4096)
+            reader.feed(bad)
+            assert reader.take_content(1) is None and reader.buffered == len(bad)
+
+
 @needs_compiled
 @ci_settings(400)
 @given(st.integers(0, 65535), st.binary(max_size=40), st.integers(0, 2**64 - 1), st.booleans(),
@@ -302,3 +390,28 @@ def test_compiled_path_chosen_when_built() -> None:
     else:
         assert _describe(None) == "True hutch.amqp._cframes compiled hot path: on"
         assert _describe("0") == "True hutch.amqp._cframes compiled hot path: on"
+
+
+def test_a_compiled_part_built_from_an_older_source_is_not_used() -> None:
+    """A module lacking part of the interface (a stale build without `take_content`, say) is named for
+    what it lacks, so `speedups` falls back to the pure path instead of failing on the first publish."""
+    from types import ModuleType
+
+    from hutch.amqp import speedups
+
+    assert speedups.missing_names(pure) == []
+    if compiled is not None:
+        assert speedups.missing_names(compiled) == []
+    stale = ModuleType("stale")
+
+    class OldReader:
+        def feed(self, data: bytes) -> None: ...
+
+        def frames(self) -> None: ...
+
+    for name in ("parse_publish", "parse_content_header", "parse_ack", "append_delivery"):
+        setattr(stale, name, getattr(pure, name))
+    stale.FrameReader = OldReader  # type: ignore[attr-defined]
+    assert speedups.missing_names(stale) == ["FrameReader.take_content"]
+    assert speedups.missing_names(ModuleType("empty"))[:2] == ["FrameReader", "parse_publish"]
+

@@ -181,6 +181,66 @@ async def test_publish_deliver_ack(node: Node) -> None:
     assert not pair.conn.channels[1].unacked and pair.received() == []
 
 
+async def test_the_content_header_is_delivered_as_sent_unless_weight_or_properties_change(node: Node) -> None:
+    """The header payload a publisher sent is kept as the message's header (no re-packing), except when
+    its weight is not 0 (delivered with 0, as RabbitMQ does) or the broker rewrote the properties (BCC)."""
+    pair = await opened(node)
+    pair.open_channel(1)
+    pair.send(1, commands.Queue.Declare(queue="hdr"), commands.Basic.Consume(queue="hdr", no_ack=True))
+    pair.received()
+
+    def header_frame(weight: int, props: commands.Basic.Properties, size: int) -> tuple[bytes, bytes]:
+        sent = pair.encode(1, pheader.ContentHeader(0, size, props))
+        sent = sent[:9] + struct.pack(">H", weight) + sent[11:]  # pamqp always writes weight 0
+        return sent, sent[7:-1]
+
+    def delivered_header_payload() -> bytes:
+        data = bytes(pair.transport.written[pair._read:])
+        pair.received()
+        pos = 0
+        while pos < len(data):  # the payload of the (only) header frame written
+            ftype, _ch, size = struct.unpack_from(">BHI", data, pos)
+            if ftype == 2:
+                return data[pos + 7:pos + 7 + size]
+            pos += 8 + size
+        raise AssertionError("no header frame delivered")
+
+    method = pair.encode(1, commands.Basic.Publish(exchange="", routing_key="hdr"))
+    body = pair.encode(1, ContentBody(b"abc"))
+    for props in (commands.Basic.Properties(delivery_mode=2),
+                  commands.Basic.Properties(content_type="t/p", headers={"k": "v"})):
+        sent, payload = header_frame(0, props, 3)
+        pair.feed(method + sent + body)
+        assert delivered_header_payload() == payload
+        sent7, _ = header_frame(7, props, 3)  # weight 7: delivered with weight 0, the rest unchanged
+        pair.feed(method + sent7 + body)
+        assert delivered_header_payload() == payload
+    bcc = commands.Basic.Properties(headers={"BCC": ["nobody"], "k": "v"})
+    sent, _ = header_frame(0, bcc, 3)
+    pair.feed(method + sent + body)
+    _, expected = header_frame(0, commands.Basic.Properties(headers={"k": "v"}), 3)
+    assert delivered_header_payload() == expected  # BCC removed: packed again with the new properties
+
+
+async def test_a_multiple_ack_over_interleaved_queues_settles_each_queue(node: Node) -> None:
+    """One multi-ack covering deliveries of two queues, interleaved (runs of one queue, then the other,
+    then the first again): each queue is told of exactly its own, and later tags stay unacked."""
+    pair = await opened(node)
+    pair.open_channel(1)
+    pair.send(1, commands.Queue.Declare(queue="qa"), commands.Queue.Declare(queue="qb"),
+              commands.Basic.Consume(queue="qa"), commands.Basic.Consume(queue="qb"))
+    pair.received()
+    for rk in ("qa", "qa", "qb", "qa", "qb", "qb", "qa"):  # tags 1..7 in this order
+        pair.feed(pair.publish(1, rk, rk.encode()))
+    pair.received()
+    qa, qb = node.vhosts["/"].queues["qa"], node.vhosts["/"].queues["qb"]
+    assert (qa.unacked_count, qb.unacked_count) == (4, 3)
+    pair.send(1, commands.Basic.Ack(delivery_tag=6, multiple=True))
+    assert (qa.unacked_count, qb.unacked_count) == (1, 0)
+    assert list(pair.conn.channels[1].unacked) == [7]
+    assert (qa.stat_acked, qb.stat_acked) == (3, 3)
+
+
 async def test_publishes_fed_one_byte_at_a_time(node: Node) -> None:
     pair = await opened(node)
     pair.open_channel(1)

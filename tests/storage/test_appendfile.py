@@ -37,6 +37,23 @@ def test_one_record_per_flush_and_offsets_point_at_entries() -> None:
     assert fs.read(PATH, more, 4) == b"tail"
 
 
+def test_put_buffers_exactly_as_add_does() -> None:
+    fs = MemoryFS()
+    fs.make_dirs("/d")
+    a = AppendFile(fs, "/d/a.x", 0x41, size=0, seed=0)
+    b = AppendFile(fs, "/d/b.x", 0x41, size=0, seed=0)
+    b.seed, b._header = a.seed, a._header  # same seed: the same bytes are expected
+    for n, durable in ((1, False), (7, True), (0, False)):
+        a.add(b"e" * n, durable)
+        b.put(b"e" * n, durable)
+        assert (a.pending_bytes, a.durable_pending) == (b.pending_bytes, b.durable_pending)
+    assert b.buffered_entries() == [b"e", b"e" * 7, b""]
+    a.flush()
+    b.flush()
+    assert fs.read("/d/a.x") == fs.read("/d/b.x")
+    assert entries_of(fs, "/d/b.x") == [b"e", b"e" * 7, b""]
+
+
 def test_a_record_forged_inside_an_entry_is_not_taken_for_one_of_the_file() -> None:
     """A client controls message bodies: a body holding a well-formed record must not turn a torn last
     write into "damage in the middle" (refusing to start) nor be resurrected by salvage."""

@@ -43,6 +43,14 @@ def test_encode_parts_equals_encode_of_the_joined_payload() -> None:
     assert b"".join(records.encode_parts(3, parts)) == records.encode(3, b"abcdef")
 
 
+def test_header_for_then_payload_equals_encode() -> None:
+    for seed in (0, 0x1234567):
+        payload = b"abc\x00def" * 7
+        assert records.header_for(0x31, payload, seed) + payload == records.encode(0x31, payload, seed)
+    with pytest.raises(ValueError):
+        records.header_for(0, b"x")
+
+
 def test_type_zero_and_out_of_range_types_are_rejected() -> None:
     for bad in (0, 256, -1):
         with pytest.raises(ValueError):

@@ -108,6 +108,39 @@ cdef class FrameReader:
     def _limit(self) -> int:
         return self.frame_max - 8 + self.tolerance if self.frame_max else 0xFFFFFFFF
 
+    def take_content(self, long long channel):
+        """See `frames.FrameReader.take_content`."""
+        cdef object buf = self._buf
+        cdef const unsigned char* p
+        cdef Py_ssize_t n, pos, end, bpos, bend
+        cdef unsigned int size, bsize
+        cdef long long limit
+        if type(buf) is bytes:
+            p = <const unsigned char*>PyBytes_AS_STRING(buf)
+            n = PyBytes_GET_SIZE(buf)
+        else:
+            p = <const unsigned char*>PyByteArray_AS_STRING(buf)
+            n = PyByteArray_GET_SIZE(buf)
+        pos = self._pos
+        if n - pos < 21:
+            return None
+        limit = self.frame_max - 8 + self.tolerance if self.frame_max else 0xFFFFFFFF
+        size = _u32(p + pos + 3)
+        end = pos + 7 + size
+        if p[pos] != 2 or <long long>_u16(p + pos + 1) != channel or size < 14 or <long long>size > limit \
+                or end + 8 >= n or p[end] != FRAME_END:
+            return None
+        bpos = end + 1
+        bsize = _u32(p + bpos + 3)
+        bend = bpos + 7 + bsize
+        if p[bpos] != 3 or <long long>_u16(p + bpos + 1) != channel or <uint64_t>bsize != _u64(p + pos + 11) \
+                or bsize == 0 or <long long>bsize > limit or bend >= n or p[bend] != FRAME_END:
+            return None
+        header = PyBytes_FromStringAndSize(<const char*>p + pos + 7, size)
+        body = PyBytes_FromStringAndSize(<const char*>p + bpos + 7, bsize)
+        self._pos = bend + 1
+        return (header, body)
+
 
 cdef class _FrameIter:
     """What `FrameReader.frames()` returns: reads the reader's state afresh on every step, so feeding

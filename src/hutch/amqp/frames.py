@@ -38,7 +38,8 @@ from .spec import (
 _HDR = struct.Struct(">BHI")
 _CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
 _BODY_HDR = struct.Struct(">BHI")
-_HEADER_FIELDS = struct.Struct(">HHQ")  # content header payload: class, weight, body size
+_HEADER_FIELDS = struct.Struct(">HHQ")
+_U64 = struct.Struct(">Q")  # content header payload: class, weight, body size
 _TAG_REDELIVERED = struct.Struct(">QB")
 DELIVER_SMALL_BODY = 4096  # deliveries with a body up to this size are written as one bytes object
 
@@ -125,6 +126,39 @@ class FrameReader:
             n = len(buf)
             pos = self._pos
             limit = self._limit()  # a tune-ok may have set frame_max
+
+    def take_content(self, channel: int) -> tuple[bytes, bytes] | None:
+        """A publish's content taken in one step: when the next two frames are complete and well formed,
+        a content header on `channel` (class 60 or not, at least 14 bytes) and one body frame on `channel`
+        holding exactly the body size the header declares (more than 0 bytes), consume both and return
+        (header payload, body payload). Otherwise None, and nothing is consumed: `frames()` yields them
+        (and raises their errors) as before. Lets the session skip two turns of its frame loop per message.
+        """
+        buf = self._buf
+        n = len(buf)
+        pos = self._pos
+        if n - pos < 21:
+            return None
+        limit = self._limit()
+        ftype, ch, size = _HDR.unpack_from(buf, pos)
+        end = pos + 7 + size
+        if ftype != FRAME_HEADER or ch != channel or size < 14 or size > limit or end + 8 >= n \
+                or buf[end] != FRAME_END:
+            return None
+        (body_size,) = _U64.unpack_from(buf, pos + 11)
+        bpos = end + 1
+        ftype, ch, bsize = _HDR.unpack_from(buf, bpos)
+        bend = bpos + 7 + bsize
+        if ftype != FRAME_BODY or ch != channel or bsize != body_size or not bsize or bsize > limit \
+                or bend >= n or buf[bend] != FRAME_END:
+            return None
+        if type(buf) is bytes:
+            header, body = buf[pos + 7:end], buf[bpos + 7:bend]
+        else:
+            view = memoryview(buf)
+            header, body = bytes(view[pos + 7:end]), bytes(view[bpos + 7:bend])
+        self._pos = bend + 1
+        return header, body
 
     def _limit(self) -> int:
         """The largest payload size accepted."""

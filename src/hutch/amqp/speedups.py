@@ -27,7 +27,20 @@ def _select() -> tuple[ModuleType, str]:
         from hutch.amqp import _cframes
     except ImportError as exc:
         return _pure, f"compiled part not built: {exc}"
+    missing = missing_names(_cframes)
+    if missing:  # built from an older _cframes.pyx: using it would fail on the first publish
+        return _pure, f"compiled part out of date (no {', '.join(missing)}; rebuild it: pip install -e .)"
     return _cframes, ""
+
+
+def missing_names(module: ModuleType) -> list[str]:
+    """What the interface needs that `module` lacks (a compiled part built from an older source)."""
+    missing = [name for name in ("FrameReader", "parse_publish", "parse_content_header", "parse_ack",
+                                 "append_delivery") if not hasattr(module, name)]
+    reader = getattr(module, "FrameReader", None)
+    missing += [f"FrameReader.{name}" for name in ("feed", "frames", "take_content")
+                if reader is not None and not hasattr(reader, name)]
+    return missing
 
 
 _impl, _REASON = _select()

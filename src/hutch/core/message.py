@@ -42,8 +42,11 @@ class Message:
     foreign_deaths: bool  # a client published it with an x-death header (ignored when dead-lettering)
 
     def __init__(self, exchange: str, routing_key: str, properties: BasicProperties | None, body: bytes,
-                 properties_raw: bytes | None = None, route_tail: bytes | None = None) -> None:
-        """`properties` may be None when `properties_raw` is given: they are decoded on first use."""
+                 properties_raw: bytes | None = None, route_tail: bytes | None = None,
+                 header_payload: bytes | None = None) -> None:
+        """`properties` may be None when `properties_raw` is given: they are decoded on first use.
+        `header_payload`, when given, is the content-header payload as received (class 60, weight 0,
+        `len(body)`, then exactly `properties_raw`): kept as it is instead of being packed again."""
         self.exchange = exchange
         self.routing_key = routing_key
         self._properties = properties
@@ -52,7 +55,7 @@ class Message:
             assert properties is not None
             properties_raw = properties.encode()
         self.properties_raw = properties_raw
-        self.header_payload = _HEADER_PREFIX.pack(60, 0, len(body)) + properties_raw
+        self.header_payload = header_payload or _HEADER_PREFIX.pack(60, 0, len(body)) + properties_raw
         self.route_tail = route_tail or encode_shortstr(exchange) + encode_shortstr(routing_key)
         self.size = len(body)
         self.store_id = 0

@@ -108,6 +108,16 @@ class AppendFile:
             self.durable_pending = True
         return offset
 
+    def put(self, entry: bytes, durable: bool = False) -> None:
+        """`add` for writers that do not need the entry's offset (the queue index): a few operations
+        fewer per entry on the publish path."""
+        buffer = self._buffer
+        buffer.append(ENTRY_LEN.pack(len(entry)))
+        buffer.append(entry)
+        self.pending_bytes += 4 + len(entry)
+        if durable:
+            self.durable_pending = True
+
     @property
     def dirty(self) -> bool:
         return bool(self._buffer)
@@ -139,8 +149,10 @@ class AppendFile:
             if self.size == 0 and not self.fs.exists(self.path):
                 self._new_entry = True
             self.handle = self.fs.open_append(self.path)
-        parts = records.encode_parts(self.rtype, self._buffer, self.seed)
-        data = self._header + b"".join(parts)
+        # one checksum over the joined batch: a batch of small entries would otherwise cost one crc32
+        # call per part (two per entry)
+        payload = b"".join(self._buffer)
+        data = b"".join((self._header, records.header_for(self.rtype, payload, self.seed), payload))
         try:
             self.handle.write(data)
         except StorageError:

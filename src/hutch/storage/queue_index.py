@@ -191,7 +191,7 @@ class QueueIndex:
         body = msg.body
         store = self.store
         if len(body) + len(props) < self.embed_below or store is None:
-            f.add(b"".join((PUB_HEAD.pack(PUB, seq, flags, expires_at_ms, len(props)), msg.route_tail, props, body)),
+            f.put(b"".join((PUB_HEAD.pack(PUB, seq, flags, expires_at_ms, len(props)), msg.route_tail, props, body)),
                   persistent)
         else:
             store_id = msg.store_id

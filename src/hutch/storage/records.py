@@ -65,6 +65,14 @@ def encode(rtype: int, payload: Bytes, seed: int = 0) -> bytes:
     return HEADER.pack(len(payload), checksum(rtype, payload, seed), rtype) + payload
 
 
+def header_for(rtype: int, payload: Bytes, seed: int = 0) -> bytes:
+    """The 9-byte header of a record whose payload is `payload` (write it followed by the payload)."""
+    _check_type(rtype)
+    if len(payload) > 0xFFFFFFFF:
+        raise ValueError(f"record payload of {len(payload)} bytes does not fit a u32 length")
+    return HEADER.pack(len(payload), checksum(rtype, payload, seed), rtype)
+
+
 def encode_parts(rtype: int, parts: Sequence[Bytes], seed: int = 0) -> list[Bytes]:
     """One framed record whose payload is the concatenation of ``parts``: ``[header, *parts]``.
 

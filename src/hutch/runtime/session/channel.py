@@ -52,6 +52,7 @@ _FRAME_HDR = struct.Struct(">BHI")
 _TAG_REDELIVERED = struct.Struct(">QB")
 _GET_OK_TAIL = struct.Struct(">I")
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
+_HEADER_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # a content header of class 60 (basic), weight 0
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -101,6 +102,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub: tuple[str, str, int, bytes] | None = None  # exchange, routing key, mandatory, tail
         self._pub_props: spec.BasicProperties | None = None
         self._pub_props_raw: bytes | None = None
+        self._pub_header: bytes | None = None  # the header payload as received, reused when it can be
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
@@ -230,6 +232,9 @@ class ServerChannel(DeclarationsMixin):
                                60, 40)
         self._pub_props = props
         self._pub_props_raw = props_raw
+        # the payload is the message's header as it will be delivered when its weight is 0 (as it
+        # must be) and its properties are not rewritten (_complete_publish checks that)
+        self._pub_header = payload if payload.startswith(_HEADER_CLASS_WEIGHT) else None
         conn = self.conn
         conn.has_published = True
         if self.node.alarms and not conn.alarm_blocked:
@@ -260,6 +265,12 @@ class ServerChannel(DeclarationsMixin):
             self._body_held += len(payload)
             self.conn.hold_unfinished_body(len(payload))
 
+    def handle_content(self, header: bytes, body: bytes) -> None:
+        """A publish's content header and its whole body in one frame, taken together by the reader
+        (`FrameReader.take_content`): the same as `handle_header` then `handle_body`."""
+        self.handle_header(header)
+        self.handle_body(body)
+
     def _drop_body(self) -> None:
         self._body = []
         self.conn.unfinished_body_bytes -= self._body_held
@@ -269,9 +280,11 @@ class ServerChannel(DeclarationsMixin):
         pub = self._pub
         props = self._pub_props
         props_raw = self._pub_props_raw
+        header = self._pub_header
         self._pub = None
         self._pub_props = None
         self._pub_props_raw = None
+        self._pub_header = None
         assert pub is not None and props_raw is not None
         exchange, routing_key, mandatory, route_tail = pub
         if self.confirm:
@@ -293,6 +306,7 @@ class ServerChannel(DeclarationsMixin):
                 self._write_checked = x
         routing_keys = [routing_key]
         if props is not None:
+            received_raw = props_raw
             if props.user_id is not None and props.user_id != self.user:
                 raise ChannelError(PRECONDITION_FAILED,
                                    f"user_id property set to '{props.user_id}' but authenticated user was "
@@ -304,9 +318,11 @@ class ServerChannel(DeclarationsMixin):
                 routing_keys, props, props_raw = _sender_selected(routing_key, props, props_raw)
             if props.reply_to == REPLY_TO_QUEUE:
                 props, props_raw = self._rewrite_reply_to(props)
+            if props_raw is not received_raw:
+                header = None  # rewritten: the header is packed again with the new properties
         if x.type == "topic" and self.node.topic_permissions:
             _check_topic_write(self, exchange, routing_keys)
-        msg = Message(exchange, routing_key, props, body, props_raw, route_tail)
+        msg = Message(exchange, routing_key, props, body, props_raw, route_tail, header)
         if props is not None and props.headers and "x-death" in props.headers:
             msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
         if self.tx:
@@ -408,9 +424,13 @@ class ServerChannel(DeclarationsMixin):
             self.stat_deliver_no_ack += 1
         msg = entry.msg
         self.stat_deliver += 1
-        if entry.redelivered:
+        redelivered = entry.redelivered
+        if redelivered:
             self.stat_redeliver += 1
-        self._write_delivery(consumer.frame_prefix, tag, entry.redelivered, msg)
+        conn = self.conn  # _write_delivery, inlined: one call fewer per delivery
+        append_delivery(conn.out, self.number, consumer.frame_prefix, tag, redelivered, msg.route_tail,
+                        msg.header_payload, msg.body, conn.frame_max)
+        conn.want_write()
 
     def _write_delivery(self, prefix: bytes, tag: int, redelivered: bool, msg: Message) -> None:
         conn = self.conn
@@ -463,13 +483,13 @@ class ServerChannel(DeclarationsMixin):
                 return items
             if tag not in unacked:
                 raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
-            items = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
+            n = 0  # the tags are in delivery order: count the prefix up to `tag`, then pop it
+            for t in unacked:
+                if t > tag:
                     break
-                items.append(unacked.popitem(last=False)[1])
-            return items
+                n += 1
+            popitem = unacked.popitem
+            return [popitem(last=False)[1] for _ in range(n)]
         item = unacked.pop(tag, None)
         if item is None:
             raise ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, 80)
@@ -515,6 +535,8 @@ class ServerChannel(DeclarationsMixin):
             return
         self.stat_ack += len(items) if action == "ack" else 0
         by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        last_q: Queue | None = None  # runs of one queue (the common case) skip the dict
+        entries: list[QueueEntry] = []
         for item in items:
             consumer = item.consumer
             if consumer is not None:
@@ -522,11 +544,14 @@ class ServerChannel(DeclarationsMixin):
             q = item.queue
             if q is None:
                 continue
+            if q is last_q:
+                entries.append(item.entry)
+                continue
             group = by_queue.get(id(q))
             if group is None:
-                by_queue[id(q)] = (q, [item.entry])
-            else:
-                group[1].append(item.entry)
+                group = by_queue[id(q)] = (q, [])
+            last_q, entries = q, group[1]
+            entries.append(item.entry)
         for q, entries in by_queue.values():
             if action == "ack":
                 q.ack(entries)
@@ -697,6 +722,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub = None
         self._pub_props = None
         self._pub_props_raw = None
+        self._pub_header = None
         self._drop_body()
         consumers = list(self.consumers.values())
         self.consumers.clear()
