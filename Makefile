@@ -9,7 +9,9 @@ export HUTCH_DATA_DIR
 
 .PHONY: setup run test test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
-$(STAMP): pyproject.toml
+# the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
+# not used: the pure path runs and the start log says so)
+$(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
