@@ -113,6 +113,14 @@ class LoopLoad:
         self.busy_s = 0.0
         self.saturated_flag = False
 
+    def timed(self, fn: Callable[..., None], *args: object) -> None:
+        """Run `fn(*args)` and count its duration as loop work (the AMQP input, the Raft driver's cycles,
+        other nodes' input)."""
+        started = self.clock()
+        fn(*args)
+        ended = self.clock()
+        self.note_busy(ended - started, ended)
+
     def note_busy(self, seconds: float, now: float) -> None:
         """`seconds` of input handling just ended at `now`."""
         self.busy_s += seconds

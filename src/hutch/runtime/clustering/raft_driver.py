@@ -395,14 +395,10 @@ class RaftDriver:
 
     # -- the cycle ---------------------------------------------------------------------------------------
     def _cycle(self) -> None:
-        load = self.load
-        if load is None:
+        if self.load is None:
             self._run_cycle()
-            return
-        started = load.clock()
-        self._run_cycle()
-        ended = load.clock()
-        load.note_busy(ended - started, ended)  # appends, applies, deliveries: the loop's work, for the flow rule
+        else:  # appends, applies, deliveries: the loop's work, for the flow rule
+            self.load.timed(self._run_cycle)
 
     def _run_cycle(self) -> None:
         self._scheduled = False

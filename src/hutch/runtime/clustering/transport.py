@@ -163,11 +163,8 @@ class _Conn(asyncio.Protocol):
         load = self.owner.load
         if load is None:
             self._received(data)
-            return
-        started = load.clock()
-        self._received(data)
-        ended = load.clock()
-        load.note_busy(ended - started, ended)  # other nodes' messages are loop work too (the flow rule)
+        else:  # other nodes' messages are loop work too (the flow rule)
+            load.timed(self._received, data)
 
     def _received(self, data: bytes) -> None:
         if self.state is ConnState.CLOSED:

@@ -45,11 +45,7 @@ class AMQPProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._spend_read_budget(len(data))
-        load = self._load
-        started = load.clock()
-        self.conn.receive_data(data)
-        ended = load.clock()
-        load.note_busy(ended - started, ended)
+        self._load.timed(self.conn.receive_data, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.connection_lost()
