@@ -193,6 +193,11 @@ class Queue:
         says here when its rule no longer holds (classic and quorum queues do)."""
         return True
 
+    def release_flow_if_done(self) -> None:
+        """Let held publishers go when this queue's rule no longer holds (`flow_still_needed`)."""
+        if self.flow_waiters and not self.flow_still_needed():
+            self.release_flow()
+
     def release_flow(self) -> None:
         """Let every publishing connection held back by this queue read again."""
         if self.flow_waiters:

@@ -345,10 +345,6 @@ class QuorumQueue(Queue):
         """The leader applied a settle, return, discard or requeue of consumer `cmd.consumer_key`."""
         assert self.replica is not None
         key = cmd.consumer_key
-        if key not in self.pace.by_key:
-            if type(cmd) is qc.Settle:
-                self.pace.acked += len(cmd.msg_ids)
-            return
         c = self.replica.machine.state.consumers.by_key.get(key)
         acked = len(cmd.msg_ids) if type(cmd) is qc.Settle else 0
         self.pace.settled(key, acked, len(c.checked_out) if c is not None else 0, now_ms())

@@ -281,8 +281,7 @@ class QuorumService(QuorumMembership):
                     receipt.settle(q)
                 else:
                     receipt.reject(q)
-        if q.flow_waiters and not q.flow_still_needed():
-            q.release_flow()
+        q.release_flow_if_done()
 
     def _resend(self, q: QuorumQueue, older_than_s: float) -> None:
         """Propose again, in seq order, the entries of the publishes not confirmed for `older_than_s`
@@ -553,8 +552,8 @@ class QuorumService(QuorumMembership):
                     self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             elif isinstance(eff, qe.DlxDeliver):
                 asyncio.ensure_future(self._dlx_republish(q, eff.messages))
-        if delivered and q.flow_waiters and not q.flow_still_needed():
-            q.release_flow()  # the backlog drained to FLOW_LOW (or its consumers stopped keeping pace)
+        if delivered:
+            q.release_flow_if_done()  # the backlog drained to FLOW_LOW (or its consumers stopped keeping pace)
 
     async def _dlx_republish(self, q: QuorumQueue, messages: tuple[tuple[int, int, str], ...]) -> None:
         """At-least-once dead-lettering (seed 000): republish to the dead-letter exchange with receipts
