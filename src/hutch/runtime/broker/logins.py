@@ -96,12 +96,18 @@ class LoginGate:
         same = self._inflight.get(key)
         if same is not None:  # the same (user, password) is being checked: its answer is ours
             result = await asyncio.shield(same)
-            return LoginOutcome(result.user) if result.user is not None else LoginOutcome(None, "invalid credentials")
-        if self._pending >= self._max_pending or self._pending_by_source.get(source, 0) >= self._max_per_source:
+        elif self._pending >= self._max_pending or self._pending_by_source.get(source, 0) >= self._max_per_source:
             return LoginOutcome(None, TOO_MANY_PENDING)
+        else:
+            result = await self._check_in_pool(key, user, password, source)
+        return LoginOutcome(result.user) if result.user is not None else LoginOutcome(None, "invalid credentials")
+
+    async def _check_in_pool(self, key: bytes, user: str, password: str, source: str) -> LoginCheck:
+        """One scrypt check in the pool, listed in flight under `key` until it finishes (also when this
+        login is cancelled first: others may wait for it); stores the re-hash of a verified import."""
         self._acquire(source)
         loop = asyncio.get_running_loop()
-        check = loop.run_in_executor(self._pool(), auth.check_login, user, password)
+        check = loop.run_in_executor(self._pool(), self._node.auth.check_login, user, password)
         self._inflight[key] = check
         try:
             result = await asyncio.shield(check)
@@ -111,11 +117,9 @@ class LoginGate:
                 self._forget(key, check)
             else:  # this login was cancelled (its connection closed); others may still wait for the check
                 check.add_done_callback(lambda _f: self._forget(key, check))
-        if result.user is None:
-            return LoginOutcome(None, "invalid credentials")
-        if result.rehash is not None and result.previous_hash is not None:
+        if result.user is not None and result.rehash is not None and result.previous_hash is not None:
             self._store_rehash(user, result.previous_hash, result.rehash)
-        return LoginOutcome(result.user)
+        return result
 
     def _forget(self, key: bytes, check: asyncio.Future[LoginCheck]) -> None:
         if self._inflight.get(key) is check:
