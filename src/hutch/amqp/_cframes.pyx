@@ -60,6 +60,16 @@ cdef inline unsigned char* _put_frame_header(unsigned char* w, unsigned char fty
     return w + 7
 
 
+cdef inline const unsigned char* _contents(object buf, Py_ssize_t* n) noexcept:
+    """The reader's buffer (bytes, or a bytearray once a partial frame was left over): its data, and its
+    size in `n`."""
+    if type(buf) is bytes:
+        n[0] = PyBytes_GET_SIZE(buf)
+        return <const unsigned char*>PyBytes_AS_STRING(buf)
+    n[0] = PyByteArray_GET_SIZE(buf)
+    return <const unsigned char*>PyByteArray_AS_STRING(buf)
+
+
 cdef inline unsigned char* _put(unsigned char* w, bytes data) noexcept:
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
     memcpy(w, PyBytes_AS_STRING(data), n)
@@ -105,7 +115,9 @@ cdef class FrameReader:
     def frames(self):
         return _FrameIter(self)
 
-    def _limit(self) -> int:
+    cpdef long long _limit(self):
+        """The largest payload size accepted (`frames.FrameReader._limit`); one C call from take_content
+        and the frame iterator."""
         return self.frame_max - 8 + self.tolerance if self.frame_max else 0xFFFFFFFF
 
     def take_content(self, long long channel):
@@ -115,16 +127,11 @@ cdef class FrameReader:
         cdef Py_ssize_t n, pos, end, bpos, bend
         cdef unsigned int size, bsize
         cdef long long limit
-        if type(buf) is bytes:
-            p = <const unsigned char*>PyBytes_AS_STRING(buf)
-            n = PyBytes_GET_SIZE(buf)
-        else:
-            p = <const unsigned char*>PyByteArray_AS_STRING(buf)
-            n = PyByteArray_GET_SIZE(buf)
+        p = _contents(buf, &n)
         pos = self._pos
         if n - pos < 21:
             return None
-        limit = self.frame_max - 8 + self.tolerance if self.frame_max else 0xFFFFFFFF
+        limit = self._limit()
         size = _u32(p + pos + 3)
         end = pos + 7 + size
         if p[pos] != 2 or <long long>_u16(p + pos + 1) != channel or size < 14 or <long long>size > limit \
@@ -166,12 +173,7 @@ cdef class _FrameIter:
         cdef long long limit
         if self.done:
             raise StopIteration
-        if type(buf) is bytes:
-            p = <const unsigned char*>PyBytes_AS_STRING(buf)
-            n = PyBytes_GET_SIZE(buf)
-        else:
-            p = <const unsigned char*>PyByteArray_AS_STRING(buf)
-            n = PyByteArray_GET_SIZE(buf)
+        p = _contents(buf, &n)
         pos = r._pos
         if n - pos < 7:
             self.done = True
@@ -182,7 +184,7 @@ cdef class _FrameIter:
         if ftype != 1 and ftype != 2 and ftype != 3 and ftype != 8:
             self.done = True
             raise FrameError(f"unknown frame type {ftype}")
-        limit = r.frame_max - 8 + r.tolerance if r.frame_max else 0xFFFFFFFF
+        limit = r._limit()
         if <long long>size > limit:
             self.done = True
             raise FrameError(f"frame size {<long long>size + 8} larger than negotiated maximum {r.frame_max}",

@@ -38,8 +38,8 @@ from .spec import (
 _HDR = struct.Struct(">BHI")
 _CONTENT_HDR = struct.Struct(">BHIHHQ")  # frame header + class, weight, body size
 _BODY_HDR = struct.Struct(">BHI")
-_HEADER_FIELDS = struct.Struct(">HHQ")
-_U64 = struct.Struct(">Q")  # content header payload: class, weight, body size
+_HEADER_FIELDS = struct.Struct(">HHQ")  # content header payload: class, weight, body size
+_U64 = struct.Struct(">Q")  # the body size alone
 _TAG_REDELIVERED = struct.Struct(">QB")
 DELIVER_SMALL_BODY = 4096  # deliveries with a body up to this size are written as one bytes object
 
