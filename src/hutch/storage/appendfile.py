@@ -101,16 +101,12 @@ class AppendFile:
     def add(self, entry: bytes, durable: bool = False) -> int:
         """Buffer one entry; returns the offset its bytes will have in the file."""
         offset = self.size + len(self._header) + records.HEADER_BYTES + self.pending_bytes + 4
-        self._buffer.append(ENTRY_LEN.pack(len(entry)))
-        self._buffer.append(entry)
-        self.pending_bytes += 4 + len(entry)
-        if durable:
-            self.durable_pending = True
+        self.put(entry, durable)
         return offset
 
     def put(self, entry: bytes, durable: bool = False) -> None:
-        """`add` for writers that do not need the entry's offset (the queue index): a few operations
-        fewer per entry on the publish path."""
+        """Buffer one entry, for writers that do not need its offset (the queue index; `add` also
+        returns it)."""
         buffer = self._buffer
         buffer.append(ENTRY_LEN.pack(len(entry)))
         buffer.append(entry)

@@ -61,8 +61,7 @@ def checksum(rtype: int, payload: Bytes, seed: int = 0) -> int:
 
 def encode(rtype: int, payload: Bytes, seed: int = 0) -> bytes:
     """One framed record."""
-    _check_type(rtype)
-    return HEADER.pack(len(payload), checksum(rtype, payload, seed), rtype) + payload
+    return header_for(rtype, payload, seed) + payload
 
 
 def header_for(rtype: int, payload: Bytes, seed: int = 0) -> bytes:
