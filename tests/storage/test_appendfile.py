@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 import pytest
 
-from hutch.runtime.queue_types.classic.persistence import FLOW_BATCH_BYTES, GroupCommit
+from hutch.runtime.queue_types.classic.persistence import FLOW_BATCH_BYTES, INLINE_SYNC_MAX_S, GroupCommit
 from hutch.storage import records
 from hutch.storage.appendfile import AppendFile, iter_entries, scan_file
 from hutch.storage.errors import CorruptRecord, NoSpaceError
@@ -204,5 +206,136 @@ def test_a_batch_bigger_than_the_flow_bound_marks_storage_congested_until_one_is
             if gc.synced_seq == 2:
                 break
         assert not gc.congested and drained == [True]
+        await gc.close()
+    _run(main())
+
+
+class _ThreadNotingFile(AppendFile):
+    """An append file that notes on which thread it was synced."""
+
+    __slots__ = ("sync_threads",)
+
+    def __init__(self, fs: MemoryFS | FaultyFS, path: str) -> None:
+        super().__init__(fs, path, 0x31)
+        self.sync_threads: list[int] = []
+
+    def sync(self) -> None:
+        self.sync_threads.append(threading.get_ident())
+        super().sync()
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def test_a_fast_sync_runs_on_the_loop_when_it_has_time_and_in_the_executor_when_not() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        loop_has_time = [True]
+        gc.inline_ok = lambda: loop_has_time[0]
+        gc.start(asyncio.get_running_loop(), lambda _s: None)
+        f = _ThreadNotingFile(fs, "/d/a")
+        loop_thread = threading.get_ident()
+
+        async def one_batch(n: int) -> None:
+            f.add(b"m")
+            gc.touch(f, durable=True)
+            await _until(lambda: gc.synced_seq == n)
+
+        await one_batch(1)  # nothing measured yet: the first job runs in the executor
+        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 0
+        assert gc.last_sync_s < INLINE_SYNC_MAX_S
+        await one_batch(2)  # fast disk, idle loop: synced on the loop thread, no hand-off
+        assert f.sync_threads[-1] == loop_thread and gc.inline_syncs == 1
+        loop_has_time[0] = False  # a saturated loop hands the sync off
+        await one_batch(3)
+        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 1
+        loop_has_time[0] = True
+        gc.last_sync_s = 2 * INLINE_SYNC_MAX_S  # a slow disk: the loop does not block on it
+        await one_batch(4)
+        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 1
+        await one_batch(5)  # that job measured a fast sync again
+        assert f.sync_threads[-1] == loop_thread and gc.inline_syncs == 2
+        await gc.close()
+    _run(main())
+
+
+def test_a_sync_on_the_loop_comes_after_the_writes_scheduled_in_its_turn() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        gc.inline_ok = lambda: True
+        gc.last_sync_s = 0.0
+        loop = asyncio.get_running_loop()
+        gc.start(loop, lambda _s: None)
+        f = AppendFile(fs, "/d/a", 0x31)
+        order: list[str] = []
+        f.add(b"m")
+        gc.touch(f, durable=True)  # schedules the job first...
+        loop.call_soon(order.append, "deliveries written")  # ...then the input's writes are scheduled
+        gc.after_sync(lambda: order.append("synced"))
+        await _until(lambda: gc.synced_seq == 1)
+        assert order == ["deliveries written", "synced"] and gc.inline_syncs == 1
+        await gc.close()
+    _run(main())
+
+
+def test_a_failed_sync_on_the_loop_rejects_what_waited_for_it() -> None:
+    async def main() -> None:
+        fs = FaultyFS(MemoryFS())
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        gc.inline_ok = lambda: True
+        gc.last_sync_s = 0.0
+        synced: list[int] = []
+        gc.start(asyncio.get_running_loop(), synced.append)
+        rejected: list[str] = []
+
+        class Receipt:
+            def settle(self, queue: object) -> None:
+                raise AssertionError("settled after a failed sync")
+
+            def reject(self, queue: object, error: str | None = None) -> None:
+                rejected.append(error or "")
+
+        f = AppendFile(fs, "/d/a", 0x31)
+        fs.fail_next_syncs = 1
+        f.add(b"m")
+        gc.touch(f, durable=True)
+        gc.confirm_after_sync(Receipt(), "q")
+        await _until(lambda: gc.failed is not None)
+        assert gc.inline_syncs == 1 and synced == [0]
+        assert len(rejected) == 1 and "message storage failed" in rejected[0]
+        await gc.close()
+    _run(main())
+
+
+def test_a_file_keeps_its_descriptor_for_one_job_after_its_last_write() -> None:
+    async def main() -> None:
+        fs = MemoryFS()
+        fs.make_dirs("/d")
+        gc = GroupCommit()
+        gc.start(asyncio.get_running_loop(), lambda _s: None)
+        a = AppendFile(fs, "/d/a", 0x31)
+        b = AppendFile(fs, "/d/b", 0x31)
+        a.add(b"m")
+        gc.touch(a, durable=True)
+        await _until(lambda: gc.synced_seq == 1)
+        assert a.handle is not None  # a publisher writing in bursts does not reopen it every burst
+        b.add(b"m")
+        gc.touch(b, durable=True)
+        await _until(lambda: gc.synced_seq == 2)
+        assert a.handle is None and b.handle is not None  # idle for a whole job: given back
+        a.add(b"n")
+        gc.touch(a, durable=True)
+        await _until(lambda: gc.synced_seq == 3)
+        assert a.handle is not None and b.handle is None
         await gc.close()
     _run(main())

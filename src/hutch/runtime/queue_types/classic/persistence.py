@@ -1,7 +1,7 @@
 """Message persistence on one node: the group-commit driver, the message stores and the queue indexes.
 
 Owns: `GroupCommit`, the SyncSink every queue index and message store writes through (one flush of every
-touched file per batch on the loop thread, then one executor job that fdatasyncs them all), and
+touched file per batch on the loop thread, then one job that fdatasyncs them all), and
 `Persistence`, which places the files under the data directory (`<data_dir>/queues/<id>/` per queue,
 `<data_dir>/msg_stores/<id>/` per vhost), creates indexes and stores with the configured knobs, and
 recovers them at start.
@@ -15,8 +15,14 @@ Rules:
   entry that survives a crash points to a stored message whenever its confirm was sent.
 - `last_enqueued` counts durable touches and `synced_seq` the count covered by the last completed job:
   statistics (tests, the benchmark); nothing decides a confirm from them.
+- Where a job syncs: on the loop thread when the loop has time (`inline_ok`: the runtime says the loop is
+  not saturated) and the last job's syncs took under `INLINE_SYNC_MAX_S` (a fast disk), after the other
+  callbacks of that loop turn (the deliveries the same input produced are written first); otherwise in
+  the default executor. Measured (docs/BENCHMARKS.md): the executor's two thread wake-ups per job cost
+  more CPU than a fast fdatasync itself; a saturated loop or a slow disk still keeps the loop free.
 - File handles are closed only between jobs (never under an fdatasync in flight); deletions happen at once
-  (an unlinked file being synced is harmless).
+  (an unlinked file being synced is harmless). A synced file not written for a whole job gives its
+  descriptor back (bounded: files written in the last two jobs keep theirs).
 - Flow control, the last link of the chain (seed 003): when one batch has to write more than
   `FLOW_BATCH_BYTES` (the disk is slower than what arrives while it syncs), `congested` is set; durable
   queues then ask their publishers' connections to stop reading (ClassicQueue.needs_flow_control), and a
@@ -32,6 +38,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +57,7 @@ from hutch.storage.queue_index import (
 log = logging.getLogger("hutch.persistence")
 
 FLOW_BATCH_BYTES = 16 * 1024 * 1024  # a batch bigger than this means the disk is not keeping up
+INLINE_SYNC_MAX_S = 0.001  # a loop with time to spare syncs itself while the last job took less than this
 
 
 class GroupCommit:
@@ -68,11 +76,16 @@ class GroupCommit:
         self._touched: dict[AppendFile, None] = {}
         self._callbacks: list[Callable[[], None]] = []
         self._held: list[tuple[SyncReceipt, Any]] = []  # receipts waiting for the next job
-        self._job: asyncio.Future[None] | None = None  # the fsync job in flight
+        self._job: asyncio.Future[float] | None = None  # the fsync job in flight
         self._to_close: list[AppendFile] = []
         self._all: weakref.WeakSet[AppendFile] = weakref.WeakSet()
         self._scheduled = False
         self._busy = False
+        self._idle: dict[AppendFile, int] = {}  # synced files not written since: job number then
+        self.inline_ok: Callable[[], bool] | None = None  # the loop has time to sync itself (the runtime's)
+        self.last_sync_s = 1.0  # how long the last job's syncs took (pessimistic until measured)
+        self.inline_syncs = 0  # jobs run on the loop thread (tests and the benchmark)
+        self._deferred = False  # an inline job was put back once to the end of the loop's turn
 
     # -- SyncSink ----------------------------------------------------------------------------------
     def touch(self, file: AppendFile, durable: bool) -> None:
@@ -152,9 +165,18 @@ class GroupCommit:
         return written
 
     def _start_job(self) -> None:
-        self._scheduled = False
         if self._busy or self.failed is not None or self._loop is None:
+            self._scheduled = False
             return
+        inline = self.inline_ok is not None and self.last_sync_s < INLINE_SYNC_MAX_S and self.inline_ok()
+        if inline and not self._deferred:
+            # a sync on the loop goes last in its turn: the writes the same input scheduled (deliveries
+            # to consumers) go out before the loop blocks in fdatasync
+            self._deferred = True
+            self._loop.call_soon(self._start_job)
+            return
+        self._deferred = False
+        self._scheduled = False
         try:
             files = self._flush_touched()
         except NoSpaceError as exc:
@@ -174,11 +196,28 @@ class GroupCommit:
         for f in files:
             f.needs_sync = False  # a flush while the job runs sets it again (and touches the file)
         self._busy = True
+        if inline:
+            # the loop has time, and the disk syncs fast: sync here, without two thread wake-ups
+            error: BaseException | None = None
+            try:
+                self.last_sync_s = _sync_files(files)
+            except Exception as exc:  # noqa: BLE001 - a storage failure stops confirming (_fail)
+                error = exc
+            self.inline_syncs += 1
+            self._job_done(error, target, callbacks, files, held)
+            return
         self._scheduled = True  # touches while the job runs join the next batch, started on completion
         self._job = fut = self._loop.run_in_executor(None, _sync_files, files)
-        fut.add_done_callback(lambda fut: self._job_done(fut, target, callbacks, files, held))
+        fut.add_done_callback(lambda fut: self._threaded_job_done(fut, target, callbacks, files, held))
 
-    def _job_done(self, fut: asyncio.Future[None], target: int, callbacks: list[Callable[[], None]],
+    def _threaded_job_done(self, fut: asyncio.Future[float], target: int, callbacks: list[Callable[[], None]],
+                           files: list[AppendFile], held: list[tuple[SyncReceipt, Any]]) -> None:
+        error = fut.exception()
+        if error is None:
+            self.last_sync_s = fut.result()
+        self._job_done(error, target, callbacks, files, held)
+
+    def _job_done(self, error: BaseException | None, target: int, callbacks: list[Callable[[], None]],
                   files: list[AppendFile], held: list[tuple[SyncReceipt, Any]]) -> None:
         self._busy = False
         self._job = None
@@ -187,16 +226,7 @@ class GroupCommit:
         for f in self._to_close:
             _close_quietly(f)
         self._to_close.clear()
-        touched = self._touched
-        for f in files:
-            # a file not written again meanwhile gives its descriptor back: a queue with a deep backlog
-            # has hundreds of segment files, and only the ones being written or acked need one open
-            if not (f in touched or f.dirty or f.needs_sync or f.closed):
-                try:
-                    f.release_handle()
-                except StorageError as exc:
-                    log.warning("cannot close %s: %s", f.path, exc)
-        error = fut.exception()
+        self._release_idle(files)
         if error is not None:
             self._fail(error, held)
             return
@@ -205,6 +235,26 @@ class GroupCommit:
         self._finish(target, callbacks, held)
         if self._touched or self._callbacks or self._held:
             self._schedule()
+
+    def _release_idle(self, files: list[AppendFile]) -> None:
+        """Give back the descriptors of files idle for a whole job: a queue with a deep backlog has
+        hundreds of segment files, and only the ones being written or acked need one open. A file idle
+        only since this job keeps its descriptor one job longer (a publisher that writes in bursts would
+        otherwise reopen its segment for every burst)."""
+        touched = self._touched
+        idle = self._idle
+        job = self.syncs
+        for f in files:
+            idle[f] = job
+        for f, since in list(idle.items()):
+            if f in touched or f.dirty or f.needs_sync or f.closed:
+                del idle[f]  # written again (it is in a later job) or gone
+            elif since < job:
+                del idle[f]
+                try:
+                    f.release_handle()
+                except StorageError as exc:
+                    log.warning("cannot close %s: %s", f.path, exc)
 
     def _finish(self, target: int, callbacks: list[Callable[[], None]],
                 held: list[tuple[SyncReceipt, Any]]) -> None:
@@ -266,7 +316,9 @@ def _sync_order(f: AppendFile) -> int:
     return f.rtype  # message store files (0x21) before queue index files (0x31)
 
 
-def _sync_files(files: list[AppendFile]) -> None:
+def _sync_files(files: list[AppendFile]) -> float:
+    """fdatasync every file not retired meanwhile; returns how long it took (seconds)."""
+    started = time.perf_counter()
     for f in files:
         if f.closed:
             continue  # retired meanwhile (its queue was deleted): nothing to make durable
@@ -275,6 +327,7 @@ def _sync_files(files: list[AppendFile]) -> None:
         except StorageError:
             if not f.closed:
                 raise
+    return time.perf_counter() - started
 
 
 def _close_quietly(f: AppendFile) -> None:

@@ -114,6 +114,8 @@ class ClassicQueueType:
                 self.timers.request(q, deadline)
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
+            load = self.node.loop_load
+            self.persistence.sink.inline_ok = lambda: not load.saturated()
             self.persistence.start(asyncio.get_running_loop())
 
     async def stop(self) -> None:
