@@ -106,14 +106,17 @@ class Net:
 
 
 class Cluster:
-    def __init__(self, tmp: Path, **driver_kw: Any) -> None:
+    def __init__(self, tmp: Path, sync_on_loop: bool = False, **driver_kw: Any) -> None:
         self.tmp = tmp
+        self.sync_on_loop = sync_on_loop  # WAL syncs on the loop thread (runtime/sync_placement.py)
         self.net = Net()
         self.kw = dict(tick_s=TICK_S, election_tick=10, **driver_kw)
         self.machines: dict[tuple[int, int], ListMachine] = {}  # (node, gid) -> machine
 
     async def add_node(self, node: int, **kw: Any) -> RaftDriver:
         d = RaftDriver(node, str(self.tmp / f"n{node}"), self.net.sender(node), **{**self.kw, **kw})
+        if self.sync_on_loop:
+            d.placement.has_time = lambda: True
         await d.start()
         self.net.drivers[node] = d
         for other in self.net.drivers:
@@ -146,8 +149,9 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "con
         await asyncio.sleep(0.005)
 
 
-async def make(tmp: Path, nodes: int, gids: list[int] | range = (1,), **kw: Any) -> Cluster:
-    c = Cluster(tmp, **kw)
+async def make(tmp: Path, nodes: int, gids: list[int] | range = (1,), sync_on_loop: bool = False,
+               **kw: Any) -> Cluster:
+    c = Cluster(tmp, sync_on_loop, **kw)
     ids = list(range(1, nodes + 1))
     for n in ids:
         await c.add_node(n)
@@ -177,8 +181,9 @@ def items(c: Cluster, node: int, gid: int = 1) -> list[bytes]:
 
 
 # -- replication ----------------------------------------------------------------------------------------
-async def test_every_node_applies_the_same_sequence_and_followers_refuse(tmp_path: Path) -> None:
-    c = await make(tmp_path, 3)
+@pytest.mark.parametrize("sync_on_loop", [False, True], ids=["syncs-in-executor", "syncs-on-loop"])
+async def test_every_node_applies_the_same_sequence_and_followers_refuse(tmp_path: Path, sync_on_loop: bool) -> None:
+    c = await make(tmp_path, 3, sync_on_loop=sync_on_loop)
     try:
         g = c.group(1)
         for i in range(20):
@@ -204,7 +209,9 @@ async def test_every_node_applies_the_same_sequence_and_followers_refuse(tmp_pat
         await until(lambda: c.leader() == 3, what="transfer to 3")
         assert await c.group(3).propose(b"after") > 0
         await until(lambda: items(c, 2)[-1:] == [b"after"], what="after transfer")
-    finally:
+        on_loop = [d.placement.inline_syncs for d in c.net.drivers.values()]
+        assert all(on_loop) if sync_on_loop else not any(on_loop)  # (the first sync of each is measured
+    finally:                                                      # in the executor)
         await c.stop()
 
 
@@ -253,8 +260,9 @@ async def test_restart_from_data_dir_restores_snapshot_and_replays(tmp_path: Pat
         await c.stop()
 
 
-async def test_crash_restart_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    c = await make(tmp_path, 3)
+@pytest.mark.parametrize("sync_on_loop", [False, True], ids=["syncs-in-executor", "syncs-on-loop"])
+async def test_crash_restart_loses_nothing_acknowledged(tmp_path: Path, sync_on_loop: bool) -> None:
+    c = await make(tmp_path, 3, sync_on_loop=sync_on_loop)
     try:
         for i in range(10):
             await c.group(1).propose(b"k%d" % i)
@@ -472,7 +480,8 @@ async def test_seeded_chaos_keeps_every_node_consistent(tmp_path: Path, seed: in
     (Before its fix, 2 of 20 seeds caught the quiesce-notice bug above.)"""
     rng = random.Random(seed)
     gids = range(1, 6)
-    c = await make(tmp_path, 3, gids=gids, snapshot_every=20)
+    # even seeds sync the WAL on the loop thread, odd ones in the executor (runtime/sync_placement.py)
+    c = await make(tmp_path, 3, gids=gids, snapshot_every=20, sync_on_loop=seed % 2 == 0)
     history: dict[tuple[int, int], bytes] = {}
     acked: dict[tuple[int, int], bytes] = {}  # (gid, index) -> data, from resolved proposals
     counter = 0

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from hutch.runtime.queue_types.classic.persistence import FLOW_BATCH_BYTES, INLINE_SYNC_MAX_S, GroupCommit
+from hutch.runtime.queue_types.classic.persistence import FLOW_BATCH_BYTES, GroupCommit
+from hutch.runtime.sync_placement import INLINE_SYNC_MAX_S
 from hutch.storage import records
 from hutch.storage.appendfile import AppendFile, iter_entries, scan_file
 from hutch.storage.errors import CorruptRecord, NoSpaceError
@@ -238,7 +239,7 @@ def test_a_fast_sync_runs_on_the_loop_when_it_has_time_and_in_the_executor_when_
         fs.make_dirs("/d")
         gc = GroupCommit()
         loop_has_time = [True]
-        gc.inline_ok = lambda: loop_has_time[0]
+        gc.placement.has_time = lambda: loop_has_time[0]
         gc.start(asyncio.get_running_loop(), lambda _s: None)
         f = _ThreadNotingFile(fs, "/d/a")
         loop_thread = threading.get_ident()
@@ -249,19 +250,19 @@ def test_a_fast_sync_runs_on_the_loop_when_it_has_time_and_in_the_executor_when_
             await _until(lambda: gc.synced_seq == n)
 
         await one_batch(1)  # nothing measured yet: the first job runs in the executor
-        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 0
-        assert gc.last_sync_s < INLINE_SYNC_MAX_S
+        assert f.sync_threads[-1] != loop_thread and gc.placement.inline_syncs == 0
+        assert gc.placement.last_sync_s < INLINE_SYNC_MAX_S
         await one_batch(2)  # fast disk, idle loop: synced on the loop thread, no hand-off
-        assert f.sync_threads[-1] == loop_thread and gc.inline_syncs == 1
+        assert f.sync_threads[-1] == loop_thread and gc.placement.inline_syncs == 1
         loop_has_time[0] = False  # a saturated loop hands the sync off
         await one_batch(3)
-        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 1
+        assert f.sync_threads[-1] != loop_thread and gc.placement.inline_syncs == 1
         loop_has_time[0] = True
-        gc.last_sync_s = 2 * INLINE_SYNC_MAX_S  # a slow disk: the loop does not block on it
+        gc.placement.last_sync_s = 2 * INLINE_SYNC_MAX_S  # a slow disk: the loop does not block on it
         await one_batch(4)
-        assert f.sync_threads[-1] != loop_thread and gc.inline_syncs == 1
+        assert f.sync_threads[-1] != loop_thread and gc.placement.inline_syncs == 1
         await one_batch(5)  # that job measured a fast sync again
-        assert f.sync_threads[-1] == loop_thread and gc.inline_syncs == 2
+        assert f.sync_threads[-1] == loop_thread and gc.placement.inline_syncs == 2
         await gc.close()
     _run(main())
 
@@ -271,8 +272,8 @@ def test_a_sync_on_the_loop_comes_after_the_writes_scheduled_in_its_turn() -> No
         fs = MemoryFS()
         fs.make_dirs("/d")
         gc = GroupCommit()
-        gc.inline_ok = lambda: True
-        gc.last_sync_s = 0.0
+        gc.placement.has_time = lambda: True
+        gc.placement.last_sync_s = 0.0
         loop = asyncio.get_running_loop()
         gc.start(loop, lambda _s: None)
         f = AppendFile(fs, "/d/a", 0x31)
@@ -282,7 +283,7 @@ def test_a_sync_on_the_loop_comes_after_the_writes_scheduled_in_its_turn() -> No
         loop.call_soon(order.append, "deliveries written")  # ...then the input's writes are scheduled
         gc.after_sync(lambda: order.append("synced"))
         await _until(lambda: gc.synced_seq == 1)
-        assert order == ["deliveries written", "synced"] and gc.inline_syncs == 1
+        assert order == ["deliveries written", "synced"] and gc.placement.inline_syncs == 1
         await gc.close()
     _run(main())
 
@@ -292,8 +293,8 @@ def test_a_failed_sync_on_the_loop_rejects_what_waited_for_it() -> None:
         fs = FaultyFS(MemoryFS())
         fs.make_dirs("/d")
         gc = GroupCommit()
-        gc.inline_ok = lambda: True
-        gc.last_sync_s = 0.0
+        gc.placement.has_time = lambda: True
+        gc.placement.last_sync_s = 0.0
         synced: list[int] = []
         gc.start(asyncio.get_running_loop(), synced.append)
         rejected: list[str] = []
@@ -311,7 +312,7 @@ def test_a_failed_sync_on_the_loop_rejects_what_waited_for_it() -> None:
         gc.touch(f, durable=True)
         gc.confirm_after_sync(Receipt(), "q")
         await _until(lambda: gc.failed is not None)
-        assert gc.inline_syncs == 1 and synced == [0]
+        assert gc.placement.inline_syncs == 1 and synced == [0]
         assert len(rejected) == 1 and "message storage failed" in rejected[0]
         await gc.close()
     _run(main())

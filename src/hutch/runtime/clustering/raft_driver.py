@@ -14,7 +14,9 @@ Rules (docs/raft.md, "The driver"):
     advance.
   - The others wait for ONE `begin_sync()` job for all of them, run in the default executor; the cycle
     after it completes finishes them. At most one job is in flight; what arrives meanwhile is written
-    and waits for the next job (pipelining). A Ready's messages never leave before its own records
+    and waits for the next job (pipelining). While the loop has time and the disk syncs fast
+    (runtime/sync_placement.py), the job runs on the loop instead, in a cycle put last in its loop
+    turn, and that cycle finishes the Readies at once. A Ready's messages never leave before its own records
     are durable, and a group has at most one Ready outstanding, so no later message depends on
     unsynced state either.
 - `send(peer, payload)` is called only at the end of a cycle, at most once per peer, with every
@@ -74,6 +76,7 @@ from hutch.runtime.clustering.raft_group import (
     ProposalTimeout,
     StateMachine,
 )
+from hutch.runtime.sync_placement import SyncPlacement
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.raft_log import DiskStorage, RaftLogOptions, RaftLogStore, RaftSyncJob
 
@@ -108,6 +111,9 @@ class RaftDriver:
         self.quiesce = quiesce  # False: leaders heartbeat every heartbeat_tick forever (tests, comparisons)
         self._send = send
         self.load = load  # the node's loop load (core/credit_flow.py): every cycle's duration counts in it
+        # where the WAL syncs run (runtime/sync_placement.py): on the loop while it has time, the disk fast
+        self.placement = SyncPlacement((lambda: not load.saturated()) if load is not None else None)
+        self._deferred = False  # a sync due on the loop was put back once to the end of the loop's turn
         self._log_options = log_options
         self._fs: FileSystem = fs if fs is not None else RealFS()
         # set by start(), before any other method runs (the groups' GroupHost port reads _loop as set)
@@ -429,7 +435,15 @@ class RaftDriver:
                     else:
                         self._finish(g, rd)
             if self._job is None:
-                self._start_sync()
+                if (not self._deferred and (self._unsynced or self._force_sync)
+                        and self.placement.inline()):
+                    # a sync on the loop goes last in its turn: the writes the same input scheduled
+                    # (deliveries, other connections' answers) go out before the loop blocks in it
+                    self._deferred = True
+                    self._schedule()
+                else:
+                    self._deferred = False
+                    self._start_sync()
         except Exception as exc:
             self._fail(exc)
             return
@@ -462,7 +476,13 @@ class RaftDriver:
             self._finish_synced(store.wal.log.synced_seq)
             return
         self._job = job
-        fut = self._loop.run_in_executor(None, job.run)
+        placement = self.placement
+        if placement.inline():
+            placement.measure(job.run)  # never raises for an IO failure: complete() does
+            placement.inline_syncs += 1
+            self._complete_sync()
+            return
+        fut = self._loop.run_in_executor(None, placement.measure, job.run)
         self._job_future = fut
         fut.add_done_callback(self._on_sync_done)
 

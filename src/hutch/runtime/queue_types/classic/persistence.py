@@ -15,11 +15,8 @@ Rules:
   entry that survives a crash points to a stored message whenever its confirm was sent.
 - `last_enqueued` counts durable touches and `synced_seq` the count covered by the last completed job:
   statistics (tests, the benchmark); nothing decides a confirm from them.
-- Where a job syncs: on the loop thread when the loop has time (`inline_ok`: the runtime says the loop is
-  not saturated) and the last job's syncs took under `INLINE_SYNC_MAX_S` (a fast disk), after the other
-  callbacks of that loop turn (the deliveries the same input produced are written first); otherwise in
-  the default executor. Measured (docs/BENCHMARKS.md): the executor's two thread wake-ups per job cost
-  more CPU than a fast fdatasync itself; a saturated loop or a slow disk still keeps the loop free.
+- Where a job syncs: `placement` decides (runtime/sync_placement.py: on the loop thread while it has time
+  and the disk is fast, else in the default executor); a job on the loop runs last in its loop turn.
 - File handles are closed only between jobs (never under an fdatasync in flight); deletions happen at once
   (an unlinked file being synced is harmless). A synced file not written for a whole job gives its
   descriptor back (bounded: files written in the last two jobs keep theirs).
@@ -38,11 +35,11 @@ import asyncio
 import hashlib
 import logging
 import os
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from hutch.runtime.sync_placement import SyncPlacement
 from hutch.storage.appendfile import AppendFile, SyncReceipt
 from hutch.storage.errors import NoSpaceError, StorageError
 from hutch.storage.fs import FileSystem, RealFS
@@ -57,7 +54,6 @@ from hutch.storage.queue_index import (
 log = logging.getLogger("hutch.persistence")
 
 FLOW_BATCH_BYTES = 16 * 1024 * 1024  # a batch bigger than this means the disk is not keeping up
-INLINE_SYNC_MAX_S = 0.001  # a loop with time to spare syncs itself while the last job took less than this
 
 
 class GroupCommit:
@@ -76,15 +72,13 @@ class GroupCommit:
         self._touched: dict[AppendFile, None] = {}
         self._callbacks: list[Callable[[], None]] = []
         self._held: list[tuple[SyncReceipt, Any]] = []  # receipts waiting for the next job
-        self._job: asyncio.Future[float] | None = None  # the fsync job in flight
+        self._job: asyncio.Future[None] | None = None  # the fsync job in flight
         self._to_close: list[AppendFile] = []
         self._all: weakref.WeakSet[AppendFile] = weakref.WeakSet()
         self._scheduled = False
         self._busy = False
         self._idle: dict[AppendFile, int] = {}  # synced files not written since: job number then
-        self.inline_ok: Callable[[], bool] | None = None  # the loop has time to sync itself (the runtime's)
-        self.last_sync_s = 1.0  # how long the last job's syncs took (pessimistic until measured)
-        self.inline_syncs = 0  # jobs run on the loop thread (tests and the benchmark)
+        self.placement = SyncPlacement()  # the runtime sets its has_time (the node's loop load)
         self._deferred = False  # an inline job was put back once to the end of the loop's turn
 
     # -- SyncSink ----------------------------------------------------------------------------------
@@ -168,7 +162,7 @@ class GroupCommit:
         if self._busy or self.failed is not None or self._loop is None:
             self._scheduled = False
             return
-        inline = self.inline_ok is not None and self.last_sync_s < INLINE_SYNC_MAX_S and self.inline_ok()
+        inline = self.placement.inline()
         if inline and not self._deferred:
             # a sync on the loop goes last in its turn: the writes the same input scheduled (deliveries
             # to consumers) go out before the loop blocks in fdatasync
@@ -200,22 +194,15 @@ class GroupCommit:
             # the loop has time, and the disk syncs fast: sync here, without two thread wake-ups
             error: BaseException | None = None
             try:
-                self.last_sync_s = _sync_files(files)
+                self.placement.measure(_sync_files, files)
             except Exception as exc:  # noqa: BLE001 - a storage failure stops confirming (_fail)
                 error = exc
-            self.inline_syncs += 1
+            self.placement.inline_syncs += 1
             self._job_done(error, target, callbacks, files, held)
             return
         self._scheduled = True  # touches while the job runs join the next batch, started on completion
-        self._job = fut = self._loop.run_in_executor(None, _sync_files, files)
-        fut.add_done_callback(lambda fut: self._threaded_job_done(fut, target, callbacks, files, held))
-
-    def _threaded_job_done(self, fut: asyncio.Future[float], target: int, callbacks: list[Callable[[], None]],
-                           files: list[AppendFile], held: list[tuple[SyncReceipt, Any]]) -> None:
-        error = fut.exception()
-        if error is None:
-            self.last_sync_s = fut.result()
-        self._job_done(error, target, callbacks, files, held)
+        self._job = fut = self._loop.run_in_executor(None, self.placement.measure, _sync_files, files)
+        fut.add_done_callback(lambda fut: self._job_done(fut.exception(), target, callbacks, files, held))
 
     def _job_done(self, error: BaseException | None, target: int, callbacks: list[Callable[[], None]],
                   files: list[AppendFile], held: list[tuple[SyncReceipt, Any]]) -> None:
@@ -316,9 +303,8 @@ def _sync_order(f: AppendFile) -> int:
     return f.rtype  # message store files (0x21) before queue index files (0x31)
 
 
-def _sync_files(files: list[AppendFile]) -> float:
-    """fdatasync every file not retired meanwhile; returns how long it took (seconds)."""
-    started = time.perf_counter()
+def _sync_files(files: list[AppendFile]) -> None:
+    """fdatasync every file not retired meanwhile."""
     for f in files:
         if f.closed:
             continue  # retired meanwhile (its queue was deleted): nothing to make durable
@@ -327,7 +313,6 @@ def _sync_files(files: list[AppendFile]) -> float:
         except StorageError:
             if not f.closed:
                 raise
-    return time.perf_counter() - started
 
 
 def _close_quietly(f: AppendFile) -> None:

@@ -115,7 +115,7 @@ class ClassicQueueType:
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
             load = self.node.loop_load
-            self.persistence.sink.inline_ok = lambda: not load.saturated()
+            self.persistence.sink.placement.has_time = lambda: not load.saturated()
             self.persistence.start(asyncio.get_running_loop())
 
     async def stop(self) -> None:
