@@ -31,10 +31,14 @@ T = TypeVar("T")
 class SyncPlacement:
     """One driver's placement of its syncs. `has_time` None: always the executor (a driver outside a node)."""
 
-    __slots__ = ("has_time", "last_sync_s", "inline_syncs")
+    __slots__ = ("has_time", "busy", "last_sync_s", "inline_syncs")
 
     def __init__(self, has_time: Callable[[], bool] | None = None) -> None:
         self.has_time = has_time
+        # told how long each sync on the loop took, when the driver's own loop work is not timed already
+        # (the classic GroupCommit's; the Raft driver times its whole cycle): loop time spent syncing
+        # counts towards saturation, so a loop busy with syncs hands them off
+        self.busy: Callable[[float], None] | None = None
         self.last_sync_s = 1.0  # pessimistic until measured: the first sync goes to the executor
         self.inline_syncs = 0  # syncs run on the loop thread (tests, the benchmark)
 
@@ -42,6 +46,15 @@ class SyncPlacement:
         """Run the next sync on the loop thread."""
         has_time = self.has_time
         return has_time is not None and self.last_sync_s < INLINE_SYNC_MAX_S and has_time()
+
+    def run_inline(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a sync on the loop thread: measured, counted, and reported to `busy`."""
+        self.inline_syncs += 1
+        try:
+            return self.measure(fn, *args)
+        finally:
+            if self.busy is not None:
+                self.busy(self.last_sync_s)
 
     def measure(self, fn: Callable[..., T], *args: object) -> T:
         """Run a sync (on any thread) and keep its duration, also when it fails."""

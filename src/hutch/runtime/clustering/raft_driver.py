@@ -478,8 +478,7 @@ class RaftDriver:
         self._job = job
         placement = self.placement
         if placement.inline():
-            placement.measure(job.run)  # never raises for an IO failure: complete() does
-            placement.inline_syncs += 1
+            placement.run_inline(job.run)  # never raises for an IO failure: complete() does
             self._complete_sync()
             return
         fut = self._loop.run_in_executor(None, placement.measure, job.run)

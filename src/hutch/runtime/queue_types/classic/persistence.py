@@ -194,10 +194,9 @@ class GroupCommit:
             # the loop has time, and the disk syncs fast: sync here, without two thread wake-ups
             error: BaseException | None = None
             try:
-                self.placement.measure(_sync_files, files)
+                self.placement.run_inline(_sync_files, files)
             except Exception as exc:  # noqa: BLE001 - a storage failure stops confirming (_fail)
                 error = exc
-            self.placement.inline_syncs += 1
             self._job_done(error, target, callbacks, files, held)
             return
         self._scheduled = True  # touches while the job runs join the next batch, started on completion

@@ -115,7 +115,9 @@ class ClassicQueueType:
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
             load = self.node.loop_load
-            self.persistence.sink.placement.has_time = lambda: not load.saturated()
+            placement = self.persistence.sink.placement
+            placement.has_time = lambda: not load.saturated()
+            placement.busy = lambda seconds: load.note_busy(seconds, load.clock())
             self.persistence.start(asyncio.get_running_loop())
 
     async def stop(self) -> None:
