@@ -15,7 +15,9 @@
   FIFO the normal ones, and `hi_out` exactly the high ones checked out or in the returns;
 - single active consumer: at most one consumer is active, and only it gets deliveries;
 - replicas agree: the same commands give the same replies, effects and snapshot bytes on a replica fed
-  command objects and on one fed encoded log entries through `QuorumMachine`;
+  command objects, on one fed encoded log entries through `QuorumMachine`, and on one that applies
+  every enqueue batch message by message (`machine.PLAIN_BATCHES` off: the one-step path for plain
+  batches must change nothing);
 - snapshot + restore, then replay, equals full replay (replies, effects and snapshots);
 - FIFO: one consumer, no returns: deliveries come in enqueue order.
 """
@@ -46,6 +48,7 @@ from hutch.queues.quorum import (
     Reject,
     apply,
     encode,
+    machine,
     make_cancel,
     make_checkout,
     make_credit,
@@ -91,6 +94,7 @@ class QuorumProperties(RuleBasedStateMachine):
         self.b_effects: list[Any] = []
         self.b = QuorumMachine(config, effects_sink=self.b_effects.extend, release_step=release_step)
         self.c: QueueState | None = None  # restored from a snapshot of `a`, then fed the same commands
+        self.d = QueueState(config, release_step)  # batches applied message by message
         self.index = 0
         self.now = 1_000
         self.seqs = {p: 0 for p in PUBLISHERS}
@@ -118,6 +122,12 @@ class QuorumProperties(RuleBasedStateMachine):
         if self.c is not None:
             _s, reply_c, effects_c = apply(meta, cmd, self.c)
             assert reply_c == reply and effects_c == effects
+        machine.PLAIN_BATCHES = False
+        try:
+            _s, reply_d, effects_d = apply(meta, cmd, self.d)
+        finally:
+            machine.PLAIN_BATCHES = True
+        assert reply_d == reply and effects_d == effects
         self.check_fifo(reply, effects)
         self.absorb(effects)
         return reply, effects
@@ -437,13 +447,14 @@ class QuorumProperties(RuleBasedStateMachine):
             return
         snap = self.a.snapshot()
         assert self.b.snapshot() == snap
+        assert self.d.snapshot() == snap
         if self.c is not None:
             assert self.c.snapshot() == snap
         restored = QueueState.restore(snap)
         assert restored.snapshot() == snap
         # the live-index map is not in the snapshot: each replica's own (restored: rebuilt) must agree
         counts = [self.a.live.holds(i) for i in range(self.index + 2)]
-        for other in (self.b.state, restored) if self.c is None else (self.b.state, restored, self.c):
+        for other in (self.b.state, restored, self.d) if self.c is None else (self.b.state, restored, self.d, self.c):
             assert other.live.count == self.a.live.count and other.release_cursor() == self.a.release_cursor()
             assert [other.live.holds(i) for i in range(self.index + 2)] == counts
 

@@ -141,6 +141,9 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState, out: Out) -> str:
                         cmd.priority > HIGH_PRIORITY_ABOVE)
 
 
+PLAIN_BATCHES = True  # the one-step path for plain batches (False: the per-message loop; tests compare)
+
+
 def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> int:
     """Each message as its own Enqueue would be, in seq order; the reply is how many were enqueued."""
     base = meta.index << SHIFT
@@ -151,10 +154,23 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
     ttls = cmd.ttls
     prios = cmd.priorities
     cfg = st.config
+    sizes = cmd.sizes
+    if (PLAIN_BATCHES and sizes and ttls is None and prios is None and cfg.message_ttl_ms is None
+            and cfg.overflow != "reject-publish" and (pub is None or seq == pub.last_seq + 1)):
+        # the common batch: new seqs in order, nothing to expire, to reject or to rank; the same state
+        # and effects as the loop below (tests/unit/test_quorum_machine.py checks it against the loop)
+        n = len(sizes)
+        st.messages.extend(base, sizes)
+        st.ready_bytes += sum(sizes)
+        st.live.add_batch(base, n)
+        if pub is not None:
+            pub.last_seq = seq + n - 1
+            out.confirms.setdefault(pid, []).extend(range(seq, seq + n))
+        return n
     # reject-publish counts ready messages: deliver between the messages, as separate enqueues would
     interleave = cfg.has_limits and cfg.overflow == "reject-publish"
     enqueued = 0
-    for pos, size in enumerate(cmd.sizes):
+    for pos, size in enumerate(sizes):
         if _enqueue_one(meta, st, out, pid, pub, seq + pos if pub is not None else 0, size,
                         None if ttls is None else ttls[pos], base | pos,
                         prios is not None and prios[pos] > HIGH_PRIORITY_ABOVE) is OK:

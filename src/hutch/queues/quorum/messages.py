@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 Record = tuple[int, int, int, int]  # (msg_id, size_bytes, expires_at_ms or 0, delivery_count)
@@ -81,6 +81,16 @@ class MsgQueue:
         if count:
             self._counts[raft_index] = count
         self.n += 1
+
+    def extend(self, first_id: int, sizes: Sequence[int]) -> None:
+        """`append(first_id + i, sizes[i])` for each size (no expiry, no delivery count), in one step."""
+        n = len(sizes)
+        self._idx.extend(range(first_id, first_id + n))
+        self._size.extend(sizes)
+        exp = self._exp
+        if exp is not None:
+            exp.extend(array("q", bytes(8 * n)))
+        self.n += n
 
     @property
     def plain(self) -> bool:
@@ -230,6 +240,25 @@ class LiveIndexes:
                     flags.extend(bytes(off - n))
                 flags.append(1)
         self.count += 1
+
+    def add_batch(self, msg_id: int, n: int) -> None:
+        """`n` new live messages of one entry (`msg_id >> SHIFT`): `add` for each, in one step."""
+        raft_index = msg_id >> SHIFT
+        flags = self._flags
+        if not flags:
+            self._base = raft_index
+            self._low = 0
+            flags.append(n)
+        else:
+            off = raft_index - self._base
+            size = len(flags)
+            if off < size:
+                flags[off] += n
+            else:
+                if off > size:
+                    flags.extend(bytes(off - size))
+                flags.append(n)
+        self.count += n
 
     def discard(self, msg_id: int) -> None:
         self._flags[(msg_id >> SHIFT) - self._base] -= 1
