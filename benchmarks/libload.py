@@ -5,7 +5,9 @@ client code with rawload.py (raw pre-encoded frames) or hutch-perf (hutch's code
 channel, publish and confirm here is aio-pika's (on aiormq and pamqp), used the way an application uses
 it — `aio_pika.connect`, `connection.channel(publisher_confirms=True)`, `default_exchange.publish` (which
 waits for the broker's confirm), `connection.close`. It imports only rawload's /proc readers
-(`proc_cpu`, `proc_rss_kib`), the idle mode's JSON summary (`idle_summary`) and its process pool (`Workers`), so both generators measure the broker the same way.
+(`proc_cpu`, `proc_rss_kib`), the idle mode's JSON summary (`idle_summary`), its process pool (`Workers`),
+the broker options (`BrokerTarget`, `add_target_args`, `config_from`) and `raise_nofile`, so both
+generators measure the broker the same way.
 
 Workers are OS processes (multiprocessing 'spawn', uvloop when installed), `--processes` of them (default
 2, as scenarios.py runs rawload), each with its share of the concurrency or connections. The parent
@@ -33,16 +35,24 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 import aio_pika
 import aiormq
-from rawload import Workers, idle_summary, proc_cpu, proc_rss_kib  # plumbing and /proc only, no client code
+from rawload import (  # plumbing, options and /proc only, no client code
+    BrokerTarget,
+    Workers,
+    add_target_args,
+    config_from,
+    idle_summary,
+    proc_cpu,
+    proc_rss_kib,
+    raise_nofile,
+)
 
 CLOCK = time.CLOCK_MONOTONIC
 FAILURES = (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, RuntimeError)
@@ -50,12 +60,7 @@ BODY = bytes(16)
 
 
 @dataclass
-class Config:
-    host: str = "127.0.0.1"
-    port: int = 5672
-    user: str = "guest"
-    password: str = "guest"
-    vhost: str = "/"
+class Config(BrokerTarget):
     mode: str = "churn"
     concurrency: int = 20
     connections: int = 1000
@@ -63,7 +68,6 @@ class Config:
     seconds: float = 8.0
     warmup: float = 2.0
     timeout: float = 30.0
-    pids: list[int] = field(default_factory=list)
     queue: str = ""
 
     def connect_kwargs(self) -> dict[str, Any]:
@@ -154,12 +158,6 @@ def worker_main(cfg: Config, count: int, pipe: Connection) -> None:
 
 # -- the parent ------------------------------------------------------------------------------------------
 
-def raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def shares(total: int, parts: int) -> list[int]:
     """`total` split over at most `parts` workers as evenly as possible (no empty share)."""
     parts = max(1, min(total, parts))
@@ -231,12 +229,8 @@ def run_idle(cfg: Config) -> dict[str, Any]:
 
 def parse(argv: list[str]) -> Config:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_target_args(ap)
     a = ap.add_argument
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=5672)
-    a("--user", default="guest")
-    a("--password", default="guest")
-    a("--vhost", default="/")
     a("--mode", choices=("churn", "idle"), default="churn")
     a("--concurrency", type=int, default=20, help="churn: connections opened at the same time, in all")
     a("--connections", type=int, default=1000, help="idle: connections held, in all")
@@ -244,12 +238,10 @@ def parse(argv: list[str]) -> Config:
     a("-z", "--seconds", type=float, default=8.0, help="measured seconds (churn: after --warmup; idle: held)")
     a("--warmup", type=float, default=2.0, help="churn: seconds before the window; idle: settle before RSS")
     a("--timeout", type=float, default=30.0, help="seconds a connect may take")
-    a("--pids", default="", help="broker process ids (comma-separated): CPU and RSS from /proc")
     ns = ap.parse_args(argv)
     if ns.concurrency < 1 or ns.connections < 1 or ns.processes < 1:
         ap.error("--concurrency, --connections and --processes must be at least 1")
-    return Config(**{k: v for k, v in vars(ns).items() if k != "pids"},
-                  pids=[int(p) for p in ns.pids.split(",") if p])
+    return config_from(Config, ns)
 
 
 def main(argv: list[str] | None = None) -> int:

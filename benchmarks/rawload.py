@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 # -- the wire: every frame rawload needs, encoded with struct ---------------------------------------------
 
@@ -280,12 +280,39 @@ async def connect(cfg: Config, factory: type[Client] = Client, *a: Any) -> Any:
 # -- configuration ---------------------------------------------------------------------------------------
 
 @dataclass
-class Config:
+class BrokerTarget:
+    """The broker a load generator drives, and its process ids (CPU and RSS from /proc); libload.py's
+    configuration starts from it too."""
+
     host: str = "127.0.0.1"
     port: int = 5672
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
+    pids: list[int] = field(default_factory=list)
+
+
+def add_target_args(ap: argparse.ArgumentParser) -> None:
+    """The options of `BrokerTarget` (`--pids` comma-separated)."""
+    a = ap.add_argument
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=5672)
+    a("--user", default="guest")
+    a("--password", default="guest")
+    a("--vhost", default="/")
+    a("--pids", default="", help="broker process ids (comma-separated): CPU and RSS from /proc")
+
+
+TargetT = TypeVar("TargetT", bound=BrokerTarget)
+
+
+def config_from(cls: type[TargetT], ns: argparse.Namespace) -> TargetT:
+    """A tool's configuration from its parsed options (`--pids` made a list of ints)."""
+    return cls(**{k: v for k, v in vars(ns).items() if k != "pids"}, pids=[int(p) for p in ns.pids.split(",") if p])
+
+
+@dataclass
+class Config(BrokerTarget):
     mode: str = "flow"
     producers: int = 1
     consumers: int = 1
@@ -303,7 +330,6 @@ class Config:
     processes: int = 1
     concurrency: int = 20
     connections: int = 1000
-    pids: list[int] = field(default_factory=list)
     queue_names: list[str] = field(default_factory=list)
     exchange: str = ""
 
@@ -813,12 +839,8 @@ def idle_summary(ready: list[Any], measured: bool, rss0: float, rss1: float, cpu
 
 def parse(argv: list[str]) -> Config:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_target_args(ap)
     a = ap.add_argument
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=5672)
-    a("--user", default="guest")
-    a("--password", default="guest")
-    a("--vhost", default="/")
     a("--mode", choices=("flow", "churn", "idle"), default="flow")
     a("-x", "--producers", type=int, default=1)
     a("-y", "--consumers", type=int, default=1)
@@ -836,14 +858,12 @@ def parse(argv: list[str]) -> Config:
     a("--processes", type=int, default=1, help="OS processes per role (default 1)")
     a("--concurrency", type=int, default=20, help="churn: connections opened at the same time")
     a("--connections", type=int, default=1000, help="idle: connections held")
-    a("--pids", default="", help="broker process ids (comma-separated): CPU and RSS from /proc")
     ns = ap.parse_args(argv)
     if ns.size < 8:
         ap.error("--size must be at least 8")
     if ns.multi_ack and ns.prefetch and ns.multi_ack > ns.prefetch:
         ap.error("--multi-ack may not exceed --prefetch (the consumer would stall)")
-    cfg = Config(**{k: v for k, v in vars(ns).items() if k not in ("pids",)},
-                 pids=[int(p) for p in ns.pids.split(",") if p])
+    cfg = config_from(Config, ns)
     tag = f"rawload-{os.getpid()}"
     if cfg.mode == "idle":
         return cfg
