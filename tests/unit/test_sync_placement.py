@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hutch.core.credit_flow import LoopLoad
 from hutch.runtime.sync_placement import INLINE_SYNC_MAX_S, SyncPlacement
 
 
@@ -33,3 +34,20 @@ def test_a_sync_on_the_loop_is_counted_and_reported_even_when_it_fails() -> None
     with pytest.raises(OSError):
         p.run_inline(fails)
     assert p.inline_syncs == 2 and len(reported) == 2 and reported[-1] == p.last_sync_s
+
+
+def test_following_the_loop_load_judges_time_by_saturation_and_counts_syncs_on_the_loop() -> None:
+    now = [0.0]
+    load = LoopLoad(lambda: now[0])
+    p = SyncPlacement()
+    p.follow_loop(load, count_busy=True)
+    p.last_sync_s = 0.0
+    assert p.inline()
+    load.note_busy(0.09, 0.1)  # a saturated window
+    now[0] = 0.1
+    assert not p.inline()
+    p.run_inline(lambda: None)
+    assert load.busy_s > 0  # the sync on the loop counted as loop work
+    q = SyncPlacement()
+    q.follow_loop(load, count_busy=False)
+    assert q.busy is None

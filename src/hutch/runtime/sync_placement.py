@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from hutch.core.credit_flow import LoopLoad
+
 INLINE_SYNC_MAX_S = 0.001  # a sync that took longer than this goes to the executor next time
 
 T = TypeVar("T")
@@ -41,6 +43,13 @@ class SyncPlacement:
         self.busy: Callable[[float], None] | None = None
         self.last_sync_s = 1.0  # pessimistic until measured: the first sync goes to the executor
         self.inline_syncs = 0  # syncs run on the loop thread (tests, the benchmark)
+
+    def follow_loop(self, load: LoopLoad, *, count_busy: bool) -> None:
+        """Judge `has_time` by the node's loop load (not saturated); `count_busy`: report each sync on the
+        loop to it as loop work (a driver whose loop work the load does not time already)."""
+        self.has_time = lambda: not load.saturated()
+        if count_busy:
+            self.busy = lambda seconds: load.note_busy(seconds, load.clock())
 
     def inline(self) -> bool:
         """Run the next sync on the loop thread."""

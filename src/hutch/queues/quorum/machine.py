@@ -158,11 +158,11 @@ def _enqueue_batch(meta: Meta, cmd: EnqueueBatch, st: QueueState, out: Out) -> i
     if (PLAIN_BATCHES and sizes and ttls is None and prios is None and cfg.message_ttl_ms is None
             and cfg.overflow != "reject-publish" and (pub is None or seq == pub.last_seq + 1)):
         # the common batch: new seqs in order, nothing to expire, to reject or to rank; the same state
-        # and effects as the loop below (tests/unit/test_quorum_machine.py checks it against the loop)
+        # and effects as the loop below (tests/unit/test_quorum_properties.py checks it against the loop)
         n = len(sizes)
         st.messages.extend(base, sizes)
         st.ready_bytes += sum(sizes)
-        st.live.add_batch(base, n)
+        st.live.add(base, n)
         if pub is not None:
             pub.last_seq = seq + n - 1
             out.confirms.setdefault(pid, []).extend(range(seq, seq + n))

@@ -222,27 +222,9 @@ class LiveIndexes:
         self._low = 0
         self.count = 0
 
-    def add(self, msg_id: int) -> None:
-        """A new live message; its entry (`msg_id >> SHIFT`) must be at or after every entry added before."""
-        raft_index = msg_id >> SHIFT
-        flags = self._flags
-        if not flags:
-            self._base = raft_index
-            self._low = 0
-            flags.append(1)
-        else:
-            off = raft_index - self._base
-            n = len(flags)
-            if off < n:
-                flags[off] += 1
-            else:
-                if off > n:
-                    flags.extend(bytes(off - n))
-                flags.append(1)
-        self.count += 1
-
-    def add_batch(self, msg_id: int, n: int) -> None:
-        """`n` new live messages of one entry (`msg_id >> SHIFT`): `add` for each, in one step."""
+    def add(self, msg_id: int, n: int = 1) -> None:
+        """`n` new live messages of one entry (`msg_id >> SHIFT`, a plain enqueue batch's in one step); the
+        entry must be at or after every entry added before."""
         raft_index = msg_id >> SHIFT
         flags = self._flags
         if not flags:

@@ -112,7 +112,9 @@ class RaftDriver:
         self._send = send
         self.load = load  # the node's loop load (core/credit_flow.py): every cycle's duration counts in it
         # where the WAL syncs run (runtime/sync_placement.py): on the loop while it has time, the disk fast
-        self.placement = SyncPlacement((lambda: not load.saturated()) if load is not None else None)
+        self.placement = SyncPlacement()
+        if load is not None:
+            self.placement.follow_loop(load, count_busy=False)  # the cycle, syncs included, is timed already
         self._deferred = False  # a sync due on the loop was put back once to the end of the loop's turn
         self._log_options = log_options
         self._fs: FileSystem = fs if fs is not None else RealFS()

@@ -114,10 +114,7 @@ class ClassicQueueType:
                 self.timers.request(q, deadline)
         if self.persistence is not None:
             self.persistence.sink.on_drained = self._storage_drained
-            load = self.node.loop_load
-            placement = self.persistence.sink.placement
-            placement.has_time = lambda: not load.saturated()
-            placement.busy = lambda seconds: load.note_busy(seconds, load.clock())
+            self.persistence.sink.placement.follow_loop(self.node.loop_load, count_busy=True)
             self.persistence.start(asyncio.get_running_loop())
 
     async def stop(self) -> None:
