@@ -109,12 +109,12 @@ class StreamHandle:
     """One stream's log on this node, opened for writing. See the module docstring for the API."""
 
     def __init__(self, slog: StreamLog, options: StreamOptions, clock: Clock, tracking: trk.Tracking,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop | None) -> None:
         self.log = slog
         self.options = options
         self.clock = clock
         self.tracking = tracking
-        self._loop = loop
+        self._the_loop = loop
         self.epoch = 0
         self.auto_commit = True
         self.on_durable: list[Callable[[int], None]] = []
@@ -131,6 +131,13 @@ class StreamHandle:
         self.chunks_written = 0
         self.syncs = 0
 
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the handle runs on (a handle opened before the loop ran takes it at first use)."""
+        if self._the_loop is None:
+            self._the_loop = asyncio.get_running_loop()
+        return self._the_loop
+
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
     async def open(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
@@ -141,6 +148,15 @@ class StreamHandle:
         opts = options or StreamOptions()
         slog, tracking = await loop.run_in_executor(None, _open_log, fs, directory, opts, first_offset)
         return cls(slog, opts, clock, tracking, loop)
+
+    @classmethod
+    def open_now(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
+                 clock: Clock) -> StreamHandle:
+        """`open` on the calling thread (a declare, a restore at boot: recovery reads one segment's
+        chunk headers)."""
+        opts = options or StreamOptions()
+        slog, tracking = _open_log(fs, directory, opts, 0)
+        return cls(slog, opts, clock, tracking, None)
 
     # -- offsets ------------------------------------------------------------------------------------
     @property
