@@ -104,7 +104,7 @@ def encode_value(value: Any, out: list[bytes]) -> None:
     elif isinstance(value, float):
         out.append(b"\x82" + _d.pack(value))
     elif isinstance(value, Symbol):
-        raw = value.encode("ascii")
+        raw = value.encode("utf-8")  # ASCII by the spec; a 0-9-1 shortstr may carry more: kept as UTF-8
         out.append((b"\xa3" + _B.pack(len(raw)) if len(raw) < 256 else b"\xb3" + _I.pack(len(raw))) + raw)
     elif isinstance(value, str):
         raw = value.encode("utf-8")
@@ -183,7 +183,7 @@ def _var(size: struct.Struct, kind: str) -> Callable[[memoryview, int], tuple[An
         if kind == "str":
             return raw.decode("utf-8"), pos + n
         if kind == "sym":
-            return Symbol(raw.decode("ascii")), pos + n
+            return Symbol(raw.decode("utf-8")), pos + n
         return raw, pos + n
     return read
 
@@ -285,7 +285,7 @@ def from_091(msg: Message) -> bytes:
         annotations[Symbol("x-basic-expiration")] = p.expiration
     app: dict[Any, Any] = {}
     for key, value in headers.items():
-        if key.startswith("x-"):
+        if key.startswith("x-") and key not in _RESERVED:
             annotations[Symbol(key)] = value
         else:
             app[key] = value
@@ -300,6 +300,12 @@ def from_091(msg: Message) -> bytes:
         out.append(section(APPLICATION_PROPERTIES, app))
     out.append(section(DATA, bytes(msg.body)))
     return b"".join(out)
+
+
+# annotations this mapping writes itself: a client header of the same name travels as an application
+# property instead (and comes back as the same header)
+_RESERVED = frozenset({"x-exchange", "x-routing-key", "x-basic-type", "x-basic-delivery-mode",
+                       "x-basic-expiration"})
 
 
 def _trim(fields: list[Any]) -> list[Any]:

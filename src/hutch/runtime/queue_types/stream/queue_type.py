@@ -96,7 +96,9 @@ class StreamQueueType(QueueTypeDefaults):
                                 retention=retention_of(arguments, {}))
         handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock)
         handle.placement.follow_loop(self.node.loop_load, count_busy=True)
-        return StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
+        q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
+        q.node_name = self.node.name
+        return q
 
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if not isinstance(op, DeclareQueue) or op.type != "stream":
