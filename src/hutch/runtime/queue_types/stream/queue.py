@@ -127,8 +127,12 @@ class StreamQueue(Queue):
 
     def apply_settings(self, settings: QueueSettings) -> None:
         super().apply_settings(settings)
-        if hasattr(self, "handle"):
-            self.handle.set_retention(retention_of(self.arguments, settings.effective_policy_definition))
+        if hasattr(self, "handle"):  # (the base class's __init__ applies settings before the handle is set)
+            policy = settings.effective_policy_definition
+            size = self.arguments.get("x-stream-max-segment-size-bytes", policy.get("stream-max-segment-size-bytes"))
+            if isinstance(size, int) and size > 0:
+                self.handle.log.options.max_segment_size_bytes = size
+            self.handle.set_retention(retention_of(self.arguments, policy))
 
     # -- publishing ---------------------------------------------------------------------------------
     def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
