@@ -267,7 +267,7 @@ class StreamQueue(Queue):
                 continue
             offset, record = sc.pending.popleft()
             try:
-                msg = amqp10.to_091(record, "", self.name)
+                msg = amqp10.to_091(record, "", self.name, {OFFSET_HEADER: TypedInt(offset, "l")})
             except ValueError as exc:
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, exc)
@@ -278,7 +278,6 @@ class StreamQueue(Queue):
                 wanted = value.encode() if isinstance(value, str) else value
                 if not (wanted in sc.filters if wanted else sc.match_unfiltered):
                     continue
-            msg = msg.with_header(OFFSET_HEADER, TypedInt(offset, "l"))
             consumer.unacked += 1
             consumer.delivered += 1
             self.stat_delivered += 1
