@@ -136,22 +136,16 @@ def encode_value(value: Any, out: list[bytes]) -> None:
         raise ValueError(f"cannot encode {type(value).__name__} as AMQP 1.0")
 
 
+# a 0-9-1 integer's field letter -> the AMQP 1.0 type code and struct of the same width and sign
+_TYPED_INTS: dict[str, tuple[bytes, struct.Struct]] = {
+    "b": (b"\x51", _b), "B": (b"\x50", _B), "s": (b"\x61", _h), "u": (b"\x60", _H), "I": (b"\x71", _i),
+    "i": (b"\x70", _I), "l": (b"\x81", _q), "L": (b"\x81", _q),
+}
+
+
 def _encode_typed_int(value: TypedInt, out: list[bytes]) -> None:
-    letter = value.letter
-    if letter == "b":
-        out.append(b"\x51" + _b.pack(value))
-    elif letter == "B":
-        out.append(b"\x50" + _B.pack(value))
-    elif letter == "s":
-        out.append(b"\x61" + _h.pack(value))
-    elif letter == "u":
-        out.append(b"\x60" + _H.pack(value))
-    elif letter == "I":
-        out.append(b"\x71" + _i.pack(value))
-    elif letter == "i":
-        out.append(b"\x70" + _I.pack(value))
-    else:
-        out.append(b"\x81" + _q.pack(value))
+    code, fmt = _TYPED_INTS.get(value.letter, (b"\x81", _q))
+    out.append(code + fmt.pack(value))
 
 
 def section(code: int, value: Any) -> bytes:
