@@ -234,6 +234,35 @@ def test_a_stream_survives_kill_9(tmp_path: Path, cluster: bool) -> None:
         info.stop()
 
 
+def test_a_damaged_stream_does_not_keep_the_node_from_starting(tmp_path: Path) -> None:
+    info = start_server(tmp_path)
+    try:
+        conn = connect(info.amqp_port)
+        ch = conn.channel()
+        declare(ch, "damaged", **{"x-stream-max-segment-size-bytes": 500})
+        publish(ch, "damaged", [b"x" * 100 for _ in range(20)])
+        declare(ch, "fine")
+        publish(ch, "fine", [b"ok"])
+        conn.close()
+        info.stop()
+        streams = info.data_dir / "streams"
+        [damaged] = [d for d in streams.iterdir() if len(list(d.iterdir())) > 2]
+        first_segment = sorted(damaged.glob("*.segment"))[0]
+        with open(first_segment, "r+b") as f:
+            f.write(b"JUNK")  # an old segment whose header is gone
+        info = start_server(tmp_path)
+        conn = connect(info.amqp_port)
+        got = consume(conn, "fine", 1, **{"x-stream-offset": "first"})
+        assert [b for _, b, _ in got] == [b"ok"]
+        with refused(404):
+            conn.channel().queue_declare("damaged", passive=True)
+        assert damaged.exists()  # left for an operator, not removed as an orphan
+        assert "cannot be opened and is left out" in info.log()
+        conn.close()
+    finally:
+        info.stop()
+
+
 def test_deleting_a_stream_cancels_its_consumers(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()

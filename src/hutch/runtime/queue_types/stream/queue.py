@@ -289,6 +289,10 @@ class StreamQueue(Queue):
             chunk = sc.reader.next_chunk()
             if chunk is None:
                 return False
+            if not ck.verify(chunk.raw):  # damaged on disk since it was written: never delivered as is
+                log.error("stream %s: chunk %d fails its CRC; its %d records are skipped", self._what,
+                          chunk.header.chunk_id, chunk.header.num_records)
+                continue
             if sc.filters is not None:
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
