@@ -263,6 +263,28 @@ def test_a_damaged_stream_does_not_keep_the_node_from_starting(tmp_path: Path) -
         info.stop()
 
 
+def test_routed_and_dead_lettered_messages_reach_a_stream(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    stream = declare(ch, unique("s"))
+    exchange = unique("x")
+    ch.exchange_declare(exchange, "fanout", auto_delete=True)
+    ch.queue_bind(stream, exchange)
+    source = unique("q")
+    ch.queue_declare(source, auto_delete=True, arguments={"x-dead-letter-exchange": exchange})
+    ch.confirm_delivery()
+    ch.basic_publish(exchange, "rk", b"routed")
+    ch.basic_publish("", source, b"rejected")
+    method, _props, _body = ch.basic_get(source)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    got = consume(conn, stream, 2, **{"x-stream-offset": "first"})
+    assert [(b, p.headers.get("x-death", [{}])[0].get("reason")) for _, b, p in got] == [
+        (b"routed", None), (b"rejected", "rejected")]
+    assert got[0][2].headers["x-stream-offset"] == 0
+    ch.queue_delete(stream)
+    conn.close()
+
+
 def test_deleting_a_stream_cancels_its_consumers(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()
