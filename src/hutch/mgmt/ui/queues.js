@@ -239,6 +239,12 @@ export function queuePage(ctx, [vhost, name]) {
         Array.isArray(q.online) && !q.online.includes(m) ? [' ', badge('offline', 'bad')] : null))) : undefined],
       ['Consumers', num(q.consumers)],
       ['Exclusive consumer', q.exclusive_consumer_tag || undefined],
+      // a stream's log (docs/streams.md): its offsets, segments and where each consumer is
+      ['Offsets', q.type === 'stream' ? `${num(q.first_offset)} first, ${num(q.committed_offset)} committed, ` +
+        `${num(q.last_offset)} last` : undefined],
+      ['Segments', q.type === 'stream' ? num(q.segments) : undefined],
+      ['Consumer offsets', q.consumer_offsets && Object.keys(q.consumer_offsets).length
+        ? keyValues(q.consumer_offsets) : undefined],
       ['Messages', `${num(q.messages_ready)} ready, ${num(q.messages_unacknowledged)} unacked, ${num(q.messages)} total`],
       ['Ready bytes', bytes(q.message_bytes_ready ?? q.message_bytes)],
       ['Paged out', q.messages_paged_out ? `${num(q.messages_paged_out)} of ${num(q.messages_ready)} ready` : undefined],
