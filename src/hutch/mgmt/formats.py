@@ -179,6 +179,9 @@ def channel_json(ch: ServerChannel, node_name: str, stats: StatsView | None = No
         "node": node_name,
         "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
         "message_stats": stats.channel(ch) if stats is not None else channel_stats(ch),
+        # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
+        "messages_unconfirmed": ch.unconfirmed_count(),
+        "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
     })
     return out
 
