@@ -50,7 +50,13 @@ async function step(name, fn) {
   await fn();
   console.log(`ok - ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 }
-const shot = (pg, name, fullPage = false) => pg.screenshot({path: join(artifacts, name), fullPage});
+async function shot(pg, name, fullPage = false) {
+  await pg.evaluate(() => {
+    window.scrollTo(0, 0);
+    document.getElementById('toasts').replaceChildren();  // a toast of an earlier step would hide the page
+  });
+  await pg.screenshot({path: join(artifacts, name), fullPage});
+}
 const main = (pg) => pg.locator('main');
 const expectText = (locator, text) => locator.filter({hasText: text}).first().waitFor();
 async function outcome(pg, label) {
@@ -269,6 +275,9 @@ try {
     await form.getByLabel('Definitions file').setInputFiles(join(artifacts, 'definitions.json'));
     await form.getByRole('button', {name: 'Upload'}).click();
     console.log(`   ${await succeeded(fresh, 'Import definitions')}`);
+    // the page refreshes after an import: node B's totals now count node A's queues
+    await fresh.waitForFunction(() => [...document.querySelectorAll('.total')].some((t) =>
+      t.querySelector('.what').textContent === 'Queues' && t.querySelector('.n').textContent !== '0'), null, {timeout: 20000});
     await shot(fresh, 'overview-definitions-1440.png', true);
   });
   await fresh.close();

@@ -17,7 +17,7 @@ export const ARGUMENT_BADGES = [
   ['x-overflow', 'Ovfl', 'what happens when the queue is full'],
   ['x-dead-letter-exchange', 'DLX', 'dead-letter exchange'],
   ['x-dead-letter-routing-key', 'DLK', 'dead-letter routing key'],
-  ['x-delivery-limit', 'DlvLim', 'delivery limit'],
+  ['x-delivery-limit', 'DlL', 'delivery limit'],
   ['x-max-priority', 'Pri', 'maximum priority'],
   ['x-single-active-consumer', 'SAC', 'single active consumer'],
   ['alternate-exchange', 'AE', 'alternate exchange'],

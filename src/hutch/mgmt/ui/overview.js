@@ -32,7 +32,7 @@ function scopeSelect() {
 const definitionsPath = (vhost) => (vhost === ALL ? '/api/definitions' : `/api/definitions/${encodeURIComponent(vhost)}`);
 
 /** Download the definitions (GET /api/definitions[/{vhost}]) and upload a file of them (POST). */
-function definitionsPanel() {
+function definitionsPanel(onImported) {
   const exportScope = scopeSelect();
   const exported = actionForm({
     label: 'Export definitions', submit: 'Download',
@@ -70,10 +70,12 @@ function definitionsPanel() {
       await POST(definitionsPath(importScope.value), doc);
       forgetVhosts();
       upload.value = '';
+      onImported();
       return `Imported ${file.name}` + (importScope.value === ALL ? '.' : ` into virtual host '${importScope.value}'.`);
     },
   });
-  return section('Definitions', h('div', {class: 'columns tight'}, exported, imported));
+  return section('Definitions', h('div', {class: 'columns tight'},
+    h('div', {}, h('h3', {}, 'Export'), exported), h('div', {}, h('h3', {}, 'Import'), imported)));
 }
 
 export function overviewPage() {
@@ -88,7 +90,7 @@ export function overviewPage() {
     totals,
     h('div', {class: 'charts'}, lengthsChart.el, ratesChart.el),
     h('div', {class: 'columns'}, section('Node', nodeBox), section('Listeners', listeners)),
-    hasTag('administrator') ? definitionsPanel() : null);
+    hasTag('administrator') ? definitionsPanel(() => { refresh().catch(() => {}); }) : null);
 
   async function refresh() {
     const path = store.seeded ? '/api/overview' : '/api/overview?' + HISTORY_QUERY;
