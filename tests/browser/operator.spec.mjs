@@ -13,6 +13,7 @@ import {mkdtempSync, rmSync, writeFileSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
 import {chromium} from 'playwright-core';
+import {CHROMIUM_ARGS, expectText, formOutcome as outcome, stepper, succeeded} from './steps.mjs';
 
 const [nodeA, nodeB, artifacts] = process.argv.slice(2);
 const pid = Number(process.env.NODE_PID);
@@ -20,14 +21,12 @@ if (!nodeA || !nodeB || !artifacts || !pid) {
   console.error('usage: NODE_PID=PID node operator.spec.mjs NODE_A_URL NODE_B_URL ARTIFACTS_DIR');
   process.exit(2);
 }
-const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-quic',
-  '--no-first-run', '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage'];
 const WIDE = {width: 1440, height: 900};
 const NARROW = {width: 390, height: 844};
 
 const profile = mkdtempSync(join(tmpdir(), 'hutch-chromium-'));
 const context = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ARGS, headless: true, viewport: WIDE,
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS, headless: true, viewport: WIDE,
   acceptDownloads: true, deviceScaleFactor: 1,
 });
 context.setDefaultTimeout(10000);
@@ -41,33 +40,15 @@ const watch = (pg) => {
 };
 watch(page);
 
-let current = 'start';
+const run = stepper();
+const step = run.step;
 let stopped = false;
-const started = Date.now();
-async function step(name, fn) {
-  current = name;
-  const t0 = Date.now();
-  await fn();
-  console.log(`ok - ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
-}
 async function shot(pg, name, fullPage = false) {
   await pg.evaluate(() => {
     window.scrollTo(0, 0);
     document.getElementById('toasts').replaceChildren();  // a toast of an earlier step would hide the page
   });
   await pg.screenshot({path: join(artifacts, name), fullPage});
-}
-const main = (pg) => pg.locator('main');
-const expectText = (locator, text) => locator.filter({hasText: text}).first().waitFor();
-async function outcome(pg, label) {
-  const line = pg.getByRole('form', {name: label}).locator('.outcome');
-  await pg.waitForFunction((el) => /\b(ok|error)\b/.test(el.className), await line.elementHandle());
-  return {ok: !(await line.getAttribute('class')).includes('error'), text: await line.textContent()};
-}
-async function succeeded(pg, label) {
-  const {ok, text} = await outcome(pg, label);
-  if (!ok) throw new Error(`${label}: ${text}`);
-  return text;
 }
 async function loaded(pg, hash, title) {
   await pg.goto(pg.url().split('#')[0] + hash);
@@ -130,24 +111,27 @@ try {
     await shot(page, 'queue-1440.png');
   });
 
-  await step('a limit set through the API shows on the Limits tab', async () => {
+  await step('limits set through the API and with hutchctl show on the Limits tab', async () => {
     await loaded(page, '#/limits', 'Limits');
     await page.locator('table.data tbody tr', {hasText: 'ui-limited'}).filter({hasText: 'max-channels'})
       .filter({hasText: '7'}).waitFor();
+    // and one set with hutchctl (set_vhost_limits)
+    await page.locator('table.data tbody tr', {hasText: 'ui-capped'}).filter({hasText: 'max-connections'})
+      .filter({hasText: '50'}).waitFor();
   });
 
   await step('set a vhost limit and a user limit in the UI', async () => {
-    const vform = page.getByRole('form', {name: 'Set a virtual host limit'});
-    await vform.getByLabel('Virtual host').selectOption('ui-capped');
-    await vform.getByLabel('Limit').selectOption('max-queues');
-    await vform.getByLabel('Value').fill('1');
-    await vform.getByRole('button', {name: 'Set limit'}).click();
+    const setLimit = async (label, ownerLabel, owner, limit, value) => {
+      const form = page.getByRole('form', {name: label});
+      await form.getByLabel(ownerLabel).selectOption(owner);
+      await form.getByLabel('Limit').selectOption(limit);
+      await form.getByLabel('Value').fill(value);
+      await form.getByRole('button', {name: 'Set limit'}).click();
+      return form;
+    };
+    await setLimit('Set a virtual host limit', 'Virtual host', 'ui-capped', 'max-queues', '1');
     await succeeded(page, 'Set a virtual host limit');
-    const uform = page.getByRole('form', {name: 'Set a user limit'});
-    await uform.getByLabel('User').selectOption('ui-limited');
-    await uform.getByLabel('Limit').selectOption('max-connections');
-    await uform.getByLabel('Value').fill('1');
-    await uform.getByRole('button', {name: 'Set limit'}).click();
+    const uform = await setLimit('Set a user limit', 'User', 'ui-limited', 'max-connections', '1');
     await succeeded(page, 'Set a user limit');
     await page.locator('table.data tbody tr', {hasText: 'ui-capped'}).filter({hasText: 'max-queues'}).waitFor();
     await page.locator('table.data tbody tr', {hasText: 'ui-limited'}).filter({hasText: 'max-connections'}).waitFor();
@@ -300,6 +284,11 @@ try {
       opacity: getComputedStyle(document.querySelector('.page-body')).opacity}));
     if (!look.stale || Number(look.opacity) >= 1) throw new Error(`figures not greyed: ${JSON.stringify(look)}`);
     await shot(page, 'overview-stale-1440.png');
+    // a page opened while the node is stopped says so too, instead of "Loading…" for good
+    await page.goto(page.url().split('#')[0] + '#/queues');
+    await page.getByRole('heading', {name: 'Queues', level: 1}).waitFor();
+    await banner.waitFor({state: 'visible'});
+    await page.waitForFunction(() => document.getElementById('page-status').textContent.startsWith('Last answer'));
     process.kill(pid, 'SIGCONT');
     stopped = false;
     await banner.waitFor({state: 'hidden', timeout: 30000});
@@ -330,6 +319,25 @@ try {
     await page.setViewportSize(WIDE);
   });
 
+  await step('a queue setting: the x-argument beats the policy, the operator policy caps numbers', async () => {
+    const got = await page.evaluate(async () => {
+      const {settingLines} = await import('/ui/queues.js');
+      const q = {type: 'classic', policy: 'p', operator_policy: 'op',
+        arguments: {'x-message-ttl': 60000, 'x-dead-letter-exchange': 'arg-dlx'}};
+      return Object.fromEntries(settingLines(q, {'message-ttl': 1000, 'dead-letter-exchange': 'pol-dlx', 'max-length': 10},
+        {'message-ttl': 30000, 'max-length': 50, 'overflow': 'reject-publish'}));
+    });
+    const want = {
+      'Type': 'classic',
+      'Message TTL': '30 s (30,000 ms), from operator policy op',
+      'Max length': '10 messages, from policy p',
+      'Overflow': 'reject-publish, from operator policy op',
+      'Dead-letter exchange': 'arg-dlx, from argument x-dead-letter-exchange',
+      'Dead-letter routing key': "the message's own routing key",
+    };
+    if (JSON.stringify(got) !== JSON.stringify(want)) throw new Error(`got ${JSON.stringify(got)}`);
+  });
+
   await step('formats: rates below 1/s, round chart ticks, whole ticks for counts', async () => {
     const got = await page.evaluate(async () => {
       const fmt = await import('/ui/fmt.js');
@@ -351,12 +359,12 @@ try {
   });
 
   if (pageErrors.length) {
-    current = 'no script errors';
+    run.current = 'no script errors';
     throw new Error(pageErrors.join('\n'));
   }
-  console.log(`all steps passed in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  console.log(`all steps passed in ${run.elapsed()} s`);
 } catch (exc) {
-  console.log(`FAILED - ${current}: ${exc.message}`);
+  console.log(`FAILED - ${run.current}: ${exc.message}`);
   if (stopped) process.kill(pid, 'SIGCONT');
   await page.screenshot({path: join(artifacts, 'failure.png'), fullPage: true}).catch(() => {});
   process.exitCode = 1;

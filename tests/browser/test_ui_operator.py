@@ -1,8 +1,8 @@
 """Browser tests of the operator pages of the web UI (issue 22; docs/web-ui.md): the stale-node warning,
 definitions export and import, limits, a queue's arguments as text, the detail pages, narrow screens.
 
-Two hutch-servers: node A, with a DLX/TTL queue, a vhost and a user to limit, a limit set through the
-API and a pika connection in confirm mode with a consumer (for the connection and channel pages); and
+Two hutch-servers: node A, with a DLX/TTL queue, a vhost and a user to limit, limits set through the
+API and with hutchctl, and a pika connection in confirm mode with a consumer (for the connection and channel pages); and
 node B, fresh. `node operator.spec.mjs` drives headless Debian chromium through playwright-core, as
 test_ui.py does; it stops node A with SIGSTOP (its pid is given) to see the stale warning, and SIGCONT
 to see it clear. Then, over AMQP and the API:
@@ -32,6 +32,7 @@ import pytest
 from pika.exceptions import ChannelClosedByBroker, ProbableAccessDeniedError
 from tests.browser.test_ui import ARTIFACTS, BROWSER_DIR, CHROMIUM, STATS_CONFIG, Traffic, _missing_tools
 from tests.conftest import ServerInfo, start_server
+from tests.mgmt.helpers import run_ctl
 
 SPEC_TIMEOUT_S = 240
 DLX_QUEUE = "ui-dlx"
@@ -60,6 +61,8 @@ def _setup(info: ServerInfo) -> None:
     _call(info, "PUT", f"/api/topic-permissions/%2F/{LIMITED_USER}",
           {"exchange": "amq.topic", "write": "^orders\\.", "read": ".*"})
     _call(info, "PUT", f"/api/user-limits/{LIMITED_USER}/max-channels", {"value": 7})  # the API's: the UI shows it
+    done = run_ctl(info, "set_vhost_limits", "-p", CAPPED_VHOST, '{"max-connections": 50}')  # and hutchctl's
+    assert done.returncode == 0, done.stderr
     conn = pika.BlockingConnection(pika.URLParameters(info.url))
     ch = conn.channel()
     ch.exchange_declare("ui-dead", "direct", durable=True)
