@@ -272,6 +272,7 @@ try {
       {timeout: 30000});
     process.kill(pid, 'SIGSTOP');
     stopped = true;
+    const stoppedAt = Date.now();
     const since = new Date().toLocaleTimeString('en-GB', {hour12: false, hour: '2-digit', minute: '2-digit'});
     const banner = page.locator('#node-stale');
     await banner.waitFor({state: 'visible', timeout: 30000});
@@ -279,7 +280,7 @@ try {
     if (!text.includes('The node has not answered since') || !text.includes('figures below are stale')) {
       throw new Error(`banner: ${text}`);
     }
-    console.log(`   ${text} (stopped at ${since})`);
+    console.log(`   ${text} (stopped at ${since}; the warning came ${((Date.now() - stoppedAt) / 1000).toFixed(1)} s later)`);
     const look = await page.evaluate(() => ({stale: document.querySelector('main').classList.contains('stale'),
       opacity: getComputedStyle(document.querySelector('.page-body')).opacity}));
     if (!look.stale || Number(look.opacity) >= 1) throw new Error(`figures not greyed: ${JSON.stringify(look)}`);
@@ -291,7 +292,9 @@ try {
     await page.waitForFunction(() => document.getElementById('page-status').textContent.startsWith('Last answer'));
     process.kill(pid, 'SIGCONT');
     stopped = false;
+    const resumedAt = Date.now();
     await banner.waitFor({state: 'hidden', timeout: 30000});
+    console.log(`   cleared ${((Date.now() - resumedAt) / 1000).toFixed(1)} s after SIGCONT (refresh every 2 s)`);
     await page.waitForFunction(() => !document.querySelector('main').classList.contains('stale'));
     await page.waitForFunction(() => document.getElementById('page-status').textContent.startsWith('Updated'));
   });
