@@ -271,6 +271,21 @@ try {
     }
   });
 
+  if (secure) {
+    await step("a TLS client's connection page shows its TLS details", async () => {
+      await page.goto(base + '/#/connections');
+      await page.locator('table.data tbody tr', {hasText: 'ui-tls'}).getByRole('link').first().click();
+      await page.getByRole('heading', {name: /^Connection /, level: 1}).waitFor();
+      const sec = page.locator('section.panel', {has: page.getByRole('heading', {name: 'TLS', level: 2, exact: true})});
+      await expectText(sec.locator('dd'), 'yes');
+      const tls = await sec.locator('dl.facts').evaluate((dl) => Object.fromEntries(
+        [...dl.querySelectorAll('dt')].map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
+      if (!/^TLSv1\.[23]$/.test(tls.Protocol) || !tls.Cipher) throw new Error(`TLS details: ${JSON.stringify(tls)}`);
+      console.log(`   ${tls.Protocol}, ${tls.Cipher}`);
+      await shot('14-connection-tls.png', true);
+    });
+  }
+
   await step('a monitoring user sees no admin pages', async () => {
     await page.getByRole('button', {name: 'Log out'}).click();
     await expectText(page.getByRole('alert'), 'You have logged out');

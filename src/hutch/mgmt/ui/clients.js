@@ -123,7 +123,7 @@ function tls(c) {
     ['Key exchange', c.ssl_key_exchange],
     ['Hash', c.ssl_hash],
     ['Peer certificate', c.peer_cert_subject ? [c.peer_cert_subject, h('div', {class: 'muted small'},
-      `issued by ${c.peer_cert_issuer || '?'}, valid ${c.peer_cert_validity || '?'}`)] : 'none presented'],
+      `issued by ${c.peer_cert_issuer || '?'}, valid ${c.peer_cert_validity || '?'}`)] : undefined],
   ]);
 }
 
