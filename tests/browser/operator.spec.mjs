@@ -305,7 +305,11 @@ try {
     const pages = [['#/overview', 'Overview', 'overview-390.png'], ['#/queues', 'Queues', 'queues-390.png'],
       ['#/queues/%2F/ui-dlx', 'Queue ui-dlx', 'queue-390.png'], ['#/limits', 'Limits', 'limits-390.png'],
       ['#/users/ui-limited', 'User ui-limited', 'user-390.png'], ['#/vhosts/ui-capped', 'Virtual host ui-capped', 'vhost-390.png'],
-      ['#/connections', 'Connections', 'connections-390.png'], ['#/users', 'Users', 'users-390.png']];
+      ['#/connections', 'Connections', 'connections-390.png'], ['#/users', 'Users', 'users-390.png'],
+      ['#/channels', 'Channels', 'channels-390.png'], ['#/exchanges', 'Exchanges', 'exchanges-390.png'],
+      ['#/exchanges/%2F/amq.topic', 'Exchange amq.topic', 'exchange-390.png'], ['#/vhosts', 'Virtual hosts', 'vhosts-390.png'],
+      ['#/permissions', 'Permissions', 'permissions-390.png'], ['#/policies', 'Policies', 'policies-390.png'],
+      ['#/nodes', 'Nodes', 'nodes-390.png']];
     for (const [hash, title, file] of pages) {
       await loaded(page, hash, title);
       if (await page.getByRole('navigation', {name: 'Main'}).isVisible()) throw new Error(`${hash}: the menu is not folded`);
