@@ -119,12 +119,16 @@ class UiTarget:
     base_url: str
     cacertfile: Path | None = None
     amqps_port: int | None = None
+    client_cert: tuple[Path, Path] | None = None  # (certificate, key) the AMQPS client presents
 
     def tls_client(self) -> pika.BlockingConnection | None:
-        """A pika connection over TLS named "ui-tls" (the spec looks at its page), when there is AMQPS."""
+        """A pika connection over TLS named "ui-tls", with a client certificate (CN=ui-tls), when there is
+        AMQPS: the spec looks at its page."""
         if self.amqps_port is None or self.cacertfile is None:
             return None
         ctx = ssl.create_default_context(cafile=str(self.cacertfile))
+        if self.client_cert is not None:
+            ctx.load_cert_chain(str(self.client_cert[0]), str(self.client_cert[1]))
         return pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", self.amqps_port, ssl_options=pika.SSLOptions(ctx, "localhost"), heartbeat=0,
             client_properties={"connection_name": "ui-tls"}))
@@ -140,7 +144,7 @@ def ui_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     tmp = tmp_path_factory.mktemp(f"hutch-ui-{scheme}")
     if scheme == "https":
         node = start_tls_node(tmp, STATS_CONFIG)
-        target = UiTarget(node.info, node.https_url, node.pki.cacertfile, node.amqps_port)
+        target = UiTarget(node.info, node.https_url, node.pki.cacertfile, node.amqps_port, node.pki.issue("ui-tls"))
     else:
         info = start_server(tmp, config_text=STATS_CONFIG)
         target = UiTarget(info, info.mgmt_url)

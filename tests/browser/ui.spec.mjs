@@ -281,7 +281,11 @@ try {
       const tls = await sec.locator('dl.facts').evaluate((dl) => Object.fromEntries(
         [...dl.querySelectorAll('dt')].map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
       if (!/^TLSv1\.[23]$/.test(tls.Protocol) || !tls.Cipher) throw new Error(`TLS details: ${JSON.stringify(tls)}`);
+      if (!tls['Peer certificate'].startsWith('CN=ui-tls,OU=tls,O=hutch tests')) {
+        throw new Error(`peer certificate: ${tls['Peer certificate']}`);
+      }
       console.log(`   ${tls.Protocol}, ${tls.Cipher}`);
+      await page.evaluate(() => document.getElementById('toasts').replaceChildren());  // earlier steps' toasts
       await shot('14-connection-tls.png', true);
     });
   }
