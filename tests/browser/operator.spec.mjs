@@ -9,7 +9,7 @@
 // to see the stale-node warning, and resumed with SIGCONT. Screenshots at 1440 and 390 px go to
 // ARTIFACTS_DIR (docs/web-ui.md shows some of them); definitions.json is the file the export saved.
 
-import {mkdtempSync, rmSync, writeFileSync} from 'node:fs';
+import {mkdtempSync, readFileSync, rmSync, writeFileSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
 import {chromium} from 'playwright-core';
@@ -241,6 +241,14 @@ try {
     await download.saveAs(join(artifacts, 'definitions.json'));
     const text = await succeeded(page, 'Export definitions');
     console.log(`   ${text}`);
+    // one virtual host: RabbitMQ's per-vhost document (its queues, no users)
+    await form.getByLabel('Virtual host').selectOption('/');
+    const [one] = await Promise.all([page.waitForEvent('download'), form.getByRole('button', {name: 'Download'}).click()]);
+    if (!one.suggestedFilename().includes('-%2F-')) throw new Error(`file name ${one.suggestedFilename()}`);
+    const doc = JSON.parse(readFileSync(await one.path(), 'utf8'));
+    if ('users' in doc || !doc.queues.some((q) => q.name === 'ui-dlx')) {
+      throw new Error(`the export of / has ${Object.keys(doc).join(', ')}`);
+    }
   });
 
   const fresh = await context.newPage();

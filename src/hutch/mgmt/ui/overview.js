@@ -41,7 +41,7 @@ function definitionsPanel(onImported) {
     async action() {
       const defs = await GET(definitionsPath(exportScope.value));
       const day = new Date().toISOString().slice(0, 10);
-      const what = exportScope.value === ALL ? 'all' : exportScope.value.replace(/[^\w.-]+/g, '_') || 'default';
+      const what = exportScope.value === ALL ? 'all' : encodeURIComponent(exportScope.value);  // '/' is %2F
       const file = `hutch-definitions-${location.hostname}-${what}-${day}.json`;
       const url = URL.createObjectURL(new Blob([JSON.stringify(defs, null, 2) + '\n'], {type: 'application/json'}));
       const a = h('a', {href: url, download: file, hidden: true});
