@@ -329,8 +329,6 @@ def decode_sections(data: bytes | memoryview) -> list[tuple[int, Any, bytes]]:
 
 
 # -- 0-9-1 ⇄ entry --------------------------------------------------------------------------------
-_PLAIN_FIELDS = ("content_type", "content_encoding", "headers", "priority", "correlation_id", "reply_to",
-                 "expiration", "message_id", "timestamp", "type", "user_id", "app_id")
 
 
 def _str8(value: str, out: list[bytes]) -> None:
@@ -340,20 +338,22 @@ def _str8(value: str, out: list[bytes]) -> None:
 
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
-    p = msg.properties
-    if p.delivery_mode in (None, 1, 2) and all(getattr(p, f) is None for f in _PLAIN_FIELDS):
+    raw = msg.properties_raw
+    flags = raw[0] << 8 | raw[1]
+    # plain: no property but (maybe) the delivery mode, read from the raw property list (no decoding)
+    mode = (raw[2] if len(raw) > 2 else -1) if flags == 0x1000 else None if flags == 0 else -1
+    if mode in (None, 1, 2):
         # the common case, encoded without the generic encoder: header, the two annotations (three with
         # delivery mode 1), data; the same bytes the generic path writes
         parts: list[bytes] = []
         _str8(msg.exchange, parts)
         _str8(msg.routing_key, parts)
-        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1],
-                          _MODE1_PAIR if p.delivery_mode == 1 else b""))
-        count = 6 if p.delivery_mode == 1 else 4
+        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1], _MODE1_PAIR if mode == 1 else b""))
+        count = 6 if mode == 1 else 4
         body = bytes(msg.body)
         blen = len(body)
         return b"".join((
-            _HEADER_DURABLE_TRUE if p.delivery_mode == 2 else _HEADER_DURABLE_FALSE,
+            _HEADER_DURABLE_TRUE if mode == 2 else _HEADER_DURABLE_FALSE,
             b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(count) + pairs,
             (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)), body))
     return _from_091(msg)
