@@ -40,6 +40,7 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.tls import TlsConfigError
+from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
 
@@ -140,7 +141,28 @@ async def serve(config: Config, services: Sequence[Service] = (),
                 prepare: Callable[[Node], str | None] | None = None) -> int:
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
-    one-line start-up error."""
+    one-line start-up error. The data directory is locked first, for the node's whole life
+    (storage/dirlock.py): a second node on it is refused in one line naming the holder's pid."""
+    lock: DataDirLock | None = None
+    if config.data_dir:
+        try:
+            lock = DataDirLock.acquire(config.data_dir)
+        except DataDirLocked as exc:
+            print(f"hutch-server: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"hutch-server: cannot lock data directory {config.data_dir}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
+    try:
+        return await _serve_locked(config, services, prepare)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _serve_locked(config: Config, services: Sequence[Service],
+                        prepare: Callable[[Node], str | None] | None) -> int:
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
         secret = load_secret(config) if clustered else None  # refused if others can read it: one line
