@@ -40,6 +40,7 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.tls import TlsConfigError
+from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, HandshakeSlots, SlotGate, TlsAccept
 from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
@@ -93,16 +94,21 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
 
 async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     """The AMQP-over-TLS listener (`listeners.ssl.default`, `ssl_options.*`) when configured: the same
-    protocol behind TLS, the TLS handshake bounded by `handshake_timeout`. Sets `node.amqps_port`.
+    protocol behind TLS, which starts after the accept (runtime/tls_accept.py): the handshake is bounded by
+    `ssl_handshake_timeout` and the connections in it by `HandshakeSlots`. Sets `node.amqps_port`.
     Raises TlsConfigError (a certificate that cannot be loaded) or OSError."""
     cfg = node.config
     if cfg.amqps_port is None:
         return None
     ctx = node.tls.server_context("ssl_options")
+    assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default
     loop = asyncio.get_running_loop()
-    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqps_host, cfg.amqps_port,
-                                        ssl=ctx, ssl_handshake_timeout=cfg.handshake_timeout_ms / 1000,
-                                        backlog=1024, reuse_address=True)
+    pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
+    slots = HandshakeSlots(pending, max(1, pending // 4), "AMQP over TLS")
+    timeout_s = cfg.ssl_handshake_timeout_ms / 1000
+    server = await listen.create_server(
+        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots), ctx, timeout_s),
+        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
     node.amqps_port = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server

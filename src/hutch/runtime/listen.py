@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import resource
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,21 @@ _warned_no_ipv6 = False
 
 def display_host(host: str) -> str:
     return host or "::"
+
+
+MIN_DESCRIPTOR_SHARE = 16
+
+
+def descriptor_share(cap: int) -> int:
+    """`cap`, or a quarter of the process's soft descriptor limit when that is lower (at least 16): how
+    many sockets one listener's unauthenticated stage may hold, so the others keep descriptors."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return cap
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(MIN_DESCRIPTOR_SHARE, min(cap, soft // 4))
 
 
 def _free_port() -> int:
@@ -59,4 +75,4 @@ async def create_server(loop: asyncio.AbstractEventLoop, factory: Callable[[], a
     raise OSError(errno.EADDRINUSE, "no free port for both address families")
 
 
-__all__ = ["ALL_INTERFACES", "create_server", "display_host"]
+__all__ = ["ALL_INTERFACES", "create_server", "descriptor_share", "display_host"]
