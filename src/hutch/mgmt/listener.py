@@ -196,7 +196,7 @@ class ConnectionGuard:
     yet lost, and equals the sum of `per_source`."""
 
     def __init__(self, make_handler: Callable[[], asyncio.Protocol], limits: ListenerLimits,
-                 loop: asyncio.AbstractEventLoop, tls: ssl.SSLContext | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop, tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         self.make_handler = make_handler
         self.limits = limits
         self.loop = loop
@@ -213,7 +213,7 @@ class ConnectionGuard:
             return _Refused()
         if self.tls is None:
             return _Watched(self, self.make_handler())
-        return TlsAccept(_Watched(self, self.make_handler(), tls=True), self.tls, self.limits.tls_handshake_timeout_s)
+        return TlsAccept(_Watched(self, self.make_handler(), tls=True), self.tls(), self.limits.tls_handshake_timeout_s)
 
     def admit(self, source: str) -> bool:
         """Count a connection from `source` at its accept, or refuse it (False) past either cap."""
@@ -254,12 +254,14 @@ class GuardedSite(web.BaseSite):
     __slots__ = ("_host", "_limits", "_port", "_tls")
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, limits: ListenerLimits,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: Callable[[], ssl.SSLContext] | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limits = limits
-        self._tls = ssl_context  # HTTPS (management.ssl.*): the TLS handshake is bounded by ssl_handshake_timeout
+        # HTTPS (management.ssl.*): the live context at each accept (a reload swaps it); the TLS handshake
+        # is bounded by ssl_handshake_timeout
+        self._tls = ssl_context
 
     @property
     def name(self) -> str:

@@ -101,13 +101,15 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     if cfg.amqps_port is None:
         return None
     ctx = node.tls.server_context("ssl_options")
-    assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default
+    assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default;
+    # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
     pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
     slots = HandshakeSlots(pending, max(1, pending // 4), "AMQP over TLS")
     timeout_s = cfg.ssl_handshake_timeout_ms / 1000
     server = await listen.create_server(
-        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots), ctx, timeout_s),
+        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots), node.tls.current("ssl_options"),
+                                timeout_s),
         cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
     node.amqps_port = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
@@ -119,6 +121,13 @@ def _cluster_tls(node: Node, cluster: ClusterService) -> None:
     contexts = node.tls.cluster_contexts()
     if contexts is not None:
         cluster.transport.ssl_server, cluster.transport.ssl_client = contexts
+
+        def reloaded() -> None:  # a certificate reload swaps in new contexts (runtime/tls.py)
+            fresh = node.tls.cluster_contexts()
+            assert fresh is not None
+            cluster.transport.ssl_server, cluster.transport.ssl_client = fresh
+
+        node.tls.on_reload(reloaded)
 
 
 async def start_node(node: Node) -> asyncio.base_events.Server:
