@@ -24,9 +24,11 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 from hutch import __version__
+from hutch.cluster.messages import LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
+from hutch.runtime.broker import limits
 from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
@@ -68,12 +70,18 @@ def build_node(config: Config, auth: AuthStore | None = None, store: DefinitionS
 
 def cluster_node(node: Node, secret: bytes) -> ClusterService:
     """Make `node` a clustered node: the cluster service, the queue link to other nodes' classic queues
-    and the quorum queue service, registered with the transport and as queue types."""
+    and the quorum queue service, registered with the transport and as queue types, and the exchange of
+    connection and channel counts that makes limits cluster-wide."""
     cluster = ClusterService(node, secret)
     link = QueueLink(node, cluster)
     quorum = QuorumService(node, cluster)
     cluster.add_subsystem(link)
     cluster.add_subsystem(quorum)
+    # connection and channel limits count the cluster's (runtime/broker/limits.py)
+    gossip = limits.LimitGossip(node, cluster.send, cluster.transport.connected_peers)
+    cluster.register(LimitCounts, gossip.received)
+    node.cluster_peer_hooks.append(gossip.peer_changed)
+    cluster.add_subsystem(gossip)
     node.cluster = cluster
     node.queue_types = [QuorumQueueType(node, cluster, quorum), RemoteQueueType(node, link),
                         *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]
