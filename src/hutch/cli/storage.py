@@ -18,7 +18,7 @@ log and per queue or store directory (plus one per file that is not clean); exit
 verifies, 1 when something is damaged. An invalid record at the very end of a file, with nothing valid
 after it, is a **torn tail** (an unfinished write cut by a crash): it is reported but is not damage, the
 node drops it at start. An invalid record followed by valid data is damage: the node refuses to start
-and names the file and offset. `check` never writes.
+and names the file and offset. `check` writes nothing but the lock file (below).
 
 `hutch-storage salvage DATA_DIR` repairs what is damaged so the node can start again:
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from hutch.core.logsafe import LogThrottle
 from hutch.runtime import listen
 from hutch.runtime.tls_accept import TlsAccept
 
@@ -192,8 +193,8 @@ class _Watched(asyncio.Protocol):
 
 class ConnectionGuard:
     """The listener's protocol factory: aiohttp's handler behind `_Watched` (and `TlsAccept` on HTTPS),
-    or `_Refused` past the cap. Invariant: `open_connections` counts the connections admitted and not
-    yet lost, and equals the sum of `per_source`."""
+    or `_Refused` past the cap. Invariant: `slots.held` counts the connections admitted and not yet
+    lost."""
 
     def __init__(self, make_handler: Callable[[], asyncio.Protocol], limits: ListenerLimits,
                  loop: asyncio.AbstractEventLoop, tls: Callable[[], ssl.SSLContext] | None = None) -> None:
@@ -201,15 +202,17 @@ class ConnectionGuard:
         self.limits = limits
         self.loop = loop
         self.tls = tls
-        self.open_connections = 0
-        self.per_source: dict[str, int] = {}
-        self.refused = 0
-        self._last_refusal_log = -REFUSAL_LOG_INTERVAL_S
+        self.slots = listen.SourceSlots(limits.max_connections, limits.max_connections_per_source)
+        self._refusals_log = LogThrottle(1, REFUSAL_LOG_INTERVAL_S)
+
+    @property
+    def open_connections(self) -> int:
+        return self.slots.held
 
     def __call__(self) -> asyncio.Protocol:
-        if self.open_connections >= self.limits.max_connections:
-            self._refuse("%d connections open, new ones are closed (management.tcp.max_connections; "
-                         "%d refused so far)", self.open_connections)
+        if self.slots.held >= self.limits.max_connections:
+            self.slots.refused += 1
+            self._log_refusal("in all", "")
             return _Refused()
         if self.tls is None:
             return _Watched(self, self.make_handler())
@@ -217,34 +220,25 @@ class ConnectionGuard:
 
     def admit(self, source: str) -> bool:
         """Count a connection from `source` at its accept, or refuse it (False) past either cap."""
-        held = self.per_source.get(source, 0)
-        if held >= self.limits.max_connections_per_source:
-            self._refuse("%d connections open from %s, new ones from it are closed "
-                         "(management.tcp.max_connections_per_source; %d refused so far)", held, source)
-            return False
-        if self.open_connections >= self.limits.max_connections:  # accepted in the same loop turn
-            self._refuse("%d connections open, new ones are closed (management.tcp.max_connections; "
-                         "%d refused so far)", self.open_connections)
-            return False
-        self.per_source[source] = held + 1
-        self.open_connections += 1
-        return True
+        full = self.slots.admit(source)
+        if full is not None:
+            self._log_refusal(full, source)
+        return full is None
 
     def closed(self, source: str) -> None:
-        assert self.open_connections > 0, "a connection lost that was never admitted"
-        self.open_connections -= 1
-        left = self.per_source[source] - 1
-        if left:
-            self.per_source[source] = left
-        else:
-            del self.per_source[source]
+        self.slots.release(source)
 
-    def _refuse(self, text: str, *args: object) -> None:
-        self.refused += 1
-        now = self.loop.time()
-        if now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL_S:
-            self._last_refusal_log = now
-            log.warning("management listener: " + text, *args, self.refused)
+    def _log_refusal(self, full: str, source: str) -> None:
+        left_out = self._refusals_log.admit(self.loop.time())
+        if left_out is None:
+            return
+        if full == "per source":
+            log.warning("management listener: %d connections open from %s, new ones from it are closed "
+                        "(management.tcp.max_connections_per_source; %d refused so far)",
+                        self.slots.per_source.get(source, 0), source, self.slots.refused)
+        else:
+            log.warning("management listener: %d connections open, new ones are closed "
+                        "(management.tcp.max_connections; %d refused so far)", self.slots.held, self.slots.refused)
 
 
 class GuardedSite(web.BaseSite):

@@ -42,7 +42,7 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.tls import TlsConfigError
-from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, HandshakeSlots, SlotGate, TlsAccept
+from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
 from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
@@ -113,10 +113,10 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
     pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
-    slots = HandshakeSlots(pending, max(1, pending // 4), "AMQP over TLS")
+    slots = listen.SourceSlots(pending, max(1, pending // 4))
     timeout_s = cfg.ssl_handshake_timeout_ms / 1000
     server = await listen.create_server(
-        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots), node.tls.current("ssl_options"),
+        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots, "AMQP over TLS"), node.tls.current("ssl_options"),
                                 timeout_s),
         cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
     node.amqps_port = server.sockets[0].getsockname()[1]

@@ -2,8 +2,8 @@
 
 Owns: `TlsAccept`, the protocol a TLS listener (AMQP over TLS, management HTTPS, the cluster's TLS port)
 hands the event loop instead of `create_server(ssl=…)`; `TlsApp`, what it asks of the protocol behind
-it; `HandshakeSlots` and `SlotGate`, the bound on connections in their handshake for a listener that has
-no cap of its own (AMQP over TLS: `MAX_PENDING_HANDSHAKES`, or a quarter of the descriptor limit when
+it; `SlotGate`, the bound on connections in their handshake (a `listen.SourceSlots`) for a listener
+that has no cap of its own (AMQP over TLS: `MAX_PENDING_HANDSHAKES`, or a quarter of the descriptor limit when
 that is lower, and a quarter of that per source address; past it a new connection is closed at once).
 
 With `ssl=` the loop runs the TLS handshake before the listener's protocol hears of the connection, so a
@@ -33,10 +33,13 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
+from hutch.core.logsafe import LogThrottle, suppressed_note
+from hutch.runtime.listen import SourceSlots
+
 log = logging.getLogger("hutch.tls")
 
 MAX_PENDING_HANDSHAKES = 1024
-REFUSAL_LOG_INTERVAL_S = 10.0
+_REFUSALS_LOG = LogThrottle(1, 10.0)  # one line per 10 s, the next saying how many were left out
 
 
 class TlsApp(Protocol):
@@ -147,64 +150,35 @@ class TlsAccept(asyncio.Protocol):
         self._app.connection_lost(exc)
 
 
-class HandshakeSlots:
-    """How many connections of one listener may be in their TLS handshake at once, in all and from one
-    source address. Invariant: `pending` equals the sum of `per_source`."""
-
-    def __init__(self, max_pending: int, max_per_source: int, what: str) -> None:
-        assert max_pending > 0 and max_per_source > 0
-        self.max_pending = max_pending
-        self.max_per_source = max_per_source
-        self.what = what  # for the log line: "AMQP over TLS"
-        self.pending = 0
-        self.per_source: dict[str, int] = {}
-        self.refused = 0
-        self._last_log = -REFUSAL_LOG_INTERVAL_S
-
-    def admit(self, source: str, now: float) -> bool:
-        held = self.per_source.get(source, 0)
-        if held >= self.max_per_source or self.pending >= self.max_pending:
-            self.refused += 1
-            if now - self._last_log >= REFUSAL_LOG_INTERVAL_S:
-                self._last_log = now
-                log.warning("%s listener: %d TLS handshakes pending (%d from %s; limits %d and %d per source), "
-                            "new connections are closed (%d so far)", self.what, self.pending, held, source,
-                            self.max_pending, self.max_per_source, self.refused)
-            return False
-        self.per_source[source] = held + 1
-        self.pending += 1
-        return True
-
-    def release(self, source: str) -> None:
-        assert self.pending > 0, "a handshake slot released twice"
-        self.pending -= 1
-        left = self.per_source[source] - 1
-        if left:
-            self.per_source[source] = left
-        else:
-            del self.per_source[source]
-
-
 class SlotGate:
     """A `TlsApp` for a listener whose protocol knows nothing of TLS (AMQP over TLS): holds a handshake
     slot from the accept until the handshake ends, then makes the listener's protocol with the TLS
     transport and forwards to it."""
 
-    __slots__ = ("_app", "_make_app", "_slots", "_source")
+    __slots__ = ("_app", "_make_app", "_slots", "_source", "_what")
 
-    def __init__(self, make_app: Callable[[], asyncio.Protocol], slots: HandshakeSlots) -> None:
+    def __init__(self, make_app: Callable[[], asyncio.Protocol], slots: SourceSlots, what: str) -> None:
         self._make_app = make_app
         self._slots = slots
+        self._what = what  # the listener, for the refusal's log line: "AMQP over TLS"
         self._source: str | None = None  # set while a slot is held
         self._app: asyncio.Protocol | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if peer else ""
-        if self._slots.admit(source, asyncio.get_running_loop().time()):
+        full = self._slots.admit(source)
+        if full is None:
             self._source = source
-        else:
-            transport.close()
+            return
+        transport.close()
+        left_out = _REFUSALS_LOG.admit(asyncio.get_running_loop().time())
+        if left_out is not None:
+            log.warning("%s listener: %d connections in their TLS handshake (%d from %s; at most %d, %d per "
+                        "source), new ones%s are closed%s", self._what, self._slots.held,
+                        self._slots.per_source.get(source, 0), source, self._slots.max_total,
+                        self._slots.max_per_source, " from it" if full == "per source" else "",
+                        suppressed_note(left_out))
 
     def tls_ready(self, transport: asyncio.Transport) -> None:
         self._release()
@@ -238,4 +212,4 @@ class SlotGate:
             app.connection_lost(exc)
 
 
-__all__ = ["HandshakeSlots", "SlotGate", "TlsAccept", "TlsApp"]
+__all__ = ["MAX_PENDING_HANDSHAKES", "SlotGate", "TlsAccept", "TlsApp"]

@@ -1,0 +1,28 @@
+"""Raw-socket helpers of the socket-flood tests (tests/mgmt/test_idle_sockets.py, tests/tls/test_half_open.py)."""
+
+from __future__ import annotations
+
+import socket
+
+OTHER_SOURCE = "127.0.0.2"
+"""A second loopback address (Linux answers the whole 127/8): "another client" for the per-source caps."""
+
+
+def loopback_alias_works() -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind((OTHER_SOURCE, 0))
+        return True
+    except OSError:
+        return False
+
+
+def closed_now(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (EOF or reset), without waiting."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
