@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -186,6 +187,10 @@ async def serve(config: Config, services: Sequence[Service] = (),
 
 async def _serve_locked(config: Config, services: Sequence[Service],
                         prepare: Callable[[Node], str | None] | None) -> int:
+    # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
+    with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):  # not the main thread
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, lambda: log.info("SIGHUP received while the node starts: ignored"))
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
         secret = load_secret(config) if clustered else None  # refused if others can read it: one line
