@@ -447,8 +447,9 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
         site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
         await _start_site(runner, site, f"management HTTP on port {cfg.management_port}")
         node.management_port = _bound_port(runner, 0, cfg.management_port)
-        log.info("management HTTP API started on %s:%d (at most %d connections)", listen.display_host(cfg.management_host),
-                 node.management_port, limits.max_connections)
+        log.info("management HTTP API started on %s:%d (at most %d connections, %d from one address)",
+                 listen.display_host(cfg.management_host), node.management_port, limits.max_connections,
+                 limits.max_connections_per_source)
     if cfg.management_ssl_port is not None:
         await _start_https(node, runner, limits)
 
