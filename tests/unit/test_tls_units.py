@@ -194,9 +194,13 @@ def test_file_expiry(files: tuple[trustme.CA, TlsOptions], tmp_path: Path) -> No
     assert file_expiry(opts.certfile or "", long_ago).error == "Certificate is not yet valid"
 
 
-def _served_certificate(server_ctx: ssl.SSLContext, cafile: str) -> bytes:
-    """An in-memory TLS handshake against `server_ctx`; the certificate it served (DER)."""
+def _served_certificate(server_ctx: ssl.SSLContext, cafile: str,
+                        client_cert: trustme.LeafCert | None = None) -> bytes:
+    """An in-memory TLS handshake against `server_ctx` (the client presenting `client_cert`); the
+    certificate the server served (DER). ssl.SSLError when the handshake fails."""
     client_ctx = ssl.create_default_context(cafile=cafile)
+    if client_cert is not None:
+        client_cert.configure_cert(client_ctx)
     c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
     client = client_ctx.wrap_bio(c_in, c_out, server_hostname="localhost")
     server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
@@ -247,3 +251,18 @@ def test_a_key_replaced_during_a_reload_never_breaks_the_live_context(
     assert served == ssl.PEM_cert_to_DER_cert(renewed.cert_chain_pems[0].bytes().decode())
     assert tls.reload() == 0  # the stray key does not match: refused, and the live context stays whole
     _served_certificate(tls.server_context("ssl_options"), opts.cacertfile or "")  # type: ignore[arg-type]
+
+
+def test_a_ca_removed_from_cacertfile_is_no_longer_trusted_after_a_reload(
+        files: tuple[trustme.CA, TlsOptions], tmp_path: Path) -> None:
+    """Contexts are swapped, not loaded into: a new cacertfile replaces the CAs (OpenSSL could only add)."""
+    ca, opts = files
+    server_ca = tmp_path / "server-ca.pem"  # what the client trusts, whatever the node's cacertfile says
+    ca.cert_pem.write_to_path(str(server_ca))
+    tls = NodeTls(Config(ssl_options=opts))
+    client = ca.issue_cert("client.example")
+    _served_certificate(tls.server_context("ssl_options"), str(server_ca), client)  # type: ignore[arg-type]
+    trustme.CA().cert_pem.write_to_path(opts.cacertfile or "")  # the node now trusts another CA only
+    assert tls.reload(force=True) == 1
+    with pytest.raises(ssl.SSLError):
+        _served_certificate(tls.server_context("ssl_options"), str(server_ca), client)  # type: ignore[arg-type]
