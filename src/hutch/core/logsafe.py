@@ -121,7 +121,7 @@ class LogThrottle:
         self.suppressed = 0
 
     def admit(self, now: float) -> int | None:
-        if self.window_start is None or now - self.window_start >= self.interval_s:
+        if self.window_start is None or not 0 <= now - self.window_start < self.interval_s:  # (a clock reset too)
             self.window_start = now
             self.written = 0
         if self.written >= self.max_lines:
