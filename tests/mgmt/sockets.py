@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 OTHER_SOURCE = "127.0.0.2"
 """A second loopback address (Linux answers the whole 127/8): "another client" for the per-source caps."""
@@ -26,3 +27,10 @@ def closed_now(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+def assert_kept_answering(probe: Any) -> None:
+    """The stall probe (`RoundTrips` of tests/mgmt/test_security.py, stopped) ran and never waited 2 s:
+    a generous bound, the measured figures are in the tests' docstrings."""
+    assert probe.count > 10
+    assert probe.longest < 2.0, f"AMQP round trips stalled for {probe.longest:.1f} s"

@@ -23,7 +23,7 @@ import pytest
 from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .helpers import connect, wait_mgmt
-from .sockets import OTHER_SOURCE, closed_now, loopback_alias_works
+from .sockets import OTHER_SOURCE, assert_kept_answering, closed_now, loopback_alias_works
 from .test_security import RoundTrips
 
 SILENT = 1030
@@ -88,5 +88,4 @@ def test_silent_sockets_from_one_source_leave_room_for_an_administrator(default_
         probe.stop()
     print(f"held {len(held)} of {SILENT}; admin answer {answer_s * 1000:.0f} ms; all closed after "
           f"{closed_after_s:.1f} s; longest AMQP round trip {probe.longest * 1000:.0f} ms")
-    assert probe.count > 10
-    assert probe.longest < 2.0, f"AMQP round trips stalled for {probe.longest:.1f} s"
+    assert_kept_answering(probe)

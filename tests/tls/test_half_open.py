@@ -27,7 +27,7 @@ import pika
 import pytest
 import requests
 from tests.mgmt.helpers import connect, wait_mgmt
-from tests.mgmt.sockets import OTHER_SOURCE, closed_now, loopback_alias_works
+from tests.mgmt.sockets import OTHER_SOURCE, assert_kept_answering, closed_now, loopback_alias_works
 from tests.mgmt.test_security import RoundTrips
 from tests.tls.conftest import TlsNode, start_tls_node
 
@@ -94,8 +94,7 @@ def test_half_open_tls_connections_are_counted_and_timed_out(small_node: TlsNode
         probe.stop()
     print(f"{len(flood)} opened, {len(held)} held, closed after {closed_after_s:.1f} s; longest AMQP round trip "
           f"{probe.longest * 1000:.0f} ms")
-    assert probe.count > 10
-    assert probe.longest < 2.0, f"AMQP round trips stalled for {probe.longest:.1f} s"
+    assert_kept_answering(probe)
 
 
 def test_the_handshake_timeout_is_ssl_handshake_timeout(small_node: TlsNode):
