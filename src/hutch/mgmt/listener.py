@@ -209,6 +209,10 @@ class ConnectionGuard:
     def open_connections(self) -> int:
         return self.slots.held
 
+    @property
+    def refused(self) -> int:
+        return self.slots.refused
+
     def __call__(self) -> asyncio.Protocol:
         if self.slots.held >= self.limits.max_connections:
             self.slots.refused += 1

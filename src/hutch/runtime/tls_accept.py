@@ -67,7 +67,8 @@ def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Callable[..., asynci
     except ImportError:  # pragma: no cover - uvloop is a dependency
         return asyncio.sslproto.SSLProtocol
     if isinstance(loop, uvloop.Loop):
-        return cast(Callable[..., asyncio.BaseProtocol], uvloop.loop.SSLProtocol)  # type: ignore[attr-defined]
+        ssl_protocol = uvloop.loop.SSLProtocol  # type: ignore[attr-defined]  # in uvloop, not in its stub
+        return cast(Callable[..., asyncio.BaseProtocol], ssl_protocol)
     return asyncio.sslproto.SSLProtocol
 
 
