@@ -5,6 +5,11 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import pytest
+
+from .helpers import connect
+from .test_security import RoundTrips
+
 OTHER_SOURCE = "127.0.0.2"
 """A second loopback address (Linux answers the whole 127/8): "another client" for the per-source caps."""
 
@@ -27,6 +32,17 @@ def closed_now(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+NEEDS_ALIAS = pytest.mark.skipif(not loopback_alias_works(), reason="needs 127.0.0.2 (a Linux loopback alias)")
+
+
+def start_probe(amqp_port: int, queue: str) -> RoundTrips:
+    """The stall probe (`RoundTrips`: a passive queue.declare of `queue`, declared here, every ~10 ms)."""
+    setup = connect(amqp_port)
+    setup.channel().queue_declare(queue)
+    setup.close()
+    return RoundTrips(amqp_port, queue)
 
 
 def assert_kept_answering(probe: Any) -> None:

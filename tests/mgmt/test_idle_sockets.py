@@ -22,9 +22,8 @@ import pytest
 
 from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
-from .helpers import connect, wait_mgmt
-from .sockets import OTHER_SOURCE, assert_kept_answering, closed_now, loopback_alias_works
-from .test_security import RoundTrips
+from .helpers import wait_mgmt
+from .sockets import NEEDS_ALIAS, OTHER_SOURCE, assert_kept_answering, closed_now, start_probe
 
 SILENT = 1030
 
@@ -56,13 +55,10 @@ def _admin_get(port: int, source: str) -> bytes:
         return b""
 
 
-@pytest.mark.skipif(not loopback_alias_works(), reason="needs 127.0.0.2 (a Linux loopback alias)")
+@NEEDS_ALIAS
 def test_silent_sockets_from_one_source_leave_room_for_an_administrator(default_node: ServerInfo):
     port = default_node.management_port
-    setup = connect(default_node.amqp_port)
-    setup.channel().queue_declare("idle.probe")
-    setup.close()
-    probe = RoundTrips(default_node.amqp_port, "idle.probe")  # the stall probe: AMQP round trips
+    probe = start_probe(default_node.amqp_port, "idle.probe")
     silent: list[socket.socket] = []
     try:
         opened = time.monotonic()

@@ -27,8 +27,7 @@ import pika
 import pytest
 import requests
 from tests.mgmt.helpers import connect, wait_mgmt
-from tests.mgmt.sockets import OTHER_SOURCE, assert_kept_answering, closed_now, loopback_alias_works
-from tests.mgmt.test_security import RoundTrips
+from tests.mgmt.sockets import NEEDS_ALIAS, OTHER_SOURCE, assert_kept_answering, closed_now, start_probe
 from tests.tls.conftest import TlsNode, start_tls_node
 
 FLOOD = 300  # per TLS listener
@@ -52,13 +51,10 @@ def small_node(tmp_path: Path) -> Iterator[TlsNode]:
         node.info.stop()
 
 
-@pytest.mark.skipif(not loopback_alias_works(), reason="needs 127.0.0.2 (a Linux loopback alias)")
+@NEEDS_ALIAS
 def test_half_open_tls_connections_are_counted_and_timed_out(small_node: TlsNode):
     info = small_node.info
-    setup = connect(info.amqp_port)
-    setup.channel().queue_declare("half.open.probe")
-    setup.close()
-    probe = RoundTrips(info.amqp_port, "half.open.probe")
+    probe = start_probe(info.amqp_port, "half.open.probe")
     flood: list[socket.socket] = []
     try:
         opened = time.monotonic()
