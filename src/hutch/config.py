@@ -103,6 +103,9 @@ class Config:
     # hold over all its channels (a hutch key); 0: 4 x max_message_size. Never below max_message_size.
     max_unfinished_body_bytes: int = 0
     handshake_timeout_ms: int = 10_000
+    # the TLS handshake of every TLS listener (AMQP over TLS, management HTTPS, the cluster's TLS port,
+    # which is also bounded by its peer timeout), counted from the accept: RabbitMQ's ssl_handshake_timeout
+    ssl_handshake_timeout_ms: int = 5_000
     consumer_timeout_ms: int = 1_800_000
     default_user: str = "guest"
     default_pass: str = field(default="guest", repr=False)
@@ -131,10 +134,12 @@ class Config:
     # arrives, the longest silence of any connection, the open connections at once (None: 1024, or a
     # quarter of the descriptor limit when that is lower), the largest request body, and whether
     # /metrics gives per-object metrics (and /metrics/per-object needs no login)
-    management_request_timeout_ms: int = 60_000
+    management_request_timeout_ms: int = 5_000  # Cowboy's request_timeout (issue 21: 60 s let idle sockets hold the cap)
     management_idle_timeout_ms: int = 60_000
     management_inactivity_timeout_ms: int = 300_000
     management_max_connections: int | None = None
+    # connections open at once from one source address (None: a quarter of management_max_connections)
+    management_max_connections_per_source: int | None = None
     management_max_body_bytes: int = 20 * MiB
     prometheus_return_per_object_metrics: bool = False
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
@@ -489,6 +494,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "management.tcp.idle_timeout": _int_field("management_idle_timeout_ms", 100, 2**31 - 1),
     "management.tcp.inactivity_timeout": _int_field("management_inactivity_timeout_ms", 100, 2**31 - 1),
     "management.tcp.max_connections": _int_field("management_max_connections", 1, 1_000_000),
+    "management.tcp.max_connections_per_source": _int_field("management_max_connections_per_source", 1, 1_000_000),
     "management.http.max_body_size": _int_field("management_max_body_bytes", 1, 2**31 - 1),
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
@@ -505,6 +511,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "max_message_size": _int_field("max_message_size", 1, MAX_MESSAGE_SIZE_LIMIT),
     "max_unfinished_body_bytes": _int_field("max_unfinished_body_bytes", 0, 2**40),
     "handshake_timeout": _int_field("handshake_timeout_ms", 1, 2**31 - 1),
+    "ssl_handshake_timeout": _int_field("ssl_handshake_timeout_ms", 1, 2**31 - 1),
     "consumer_timeout": _int_field("consumer_timeout_ms", 1, 2**53),
     "default_user": _nonempty_field("default_user"),
     "default_pass": _nonempty_field("default_pass"),

@@ -128,3 +128,35 @@ def test_silent_sockets_on_the_cluster_port_do_not_keep_a_node_from_joining(tmp_
         assert "in their handshake" in n1.log()
     finally:
         cluster.stop()
+
+
+def test_half_open_tls_sockets_on_the_cluster_port_count_from_the_accept(tmp_path: Path) -> None:
+    """Issue 21, finding 2: with `cluster.ssl.*` a socket that never sends a ClientHello used to wait
+    outside the handshake table until the TLS handshake timed out, so 100 of them held 100 descriptors.
+    Now each joins the table at the accept: at most 16 per source address stay (measured: 16 of 100),
+    the rest are evicted at once, the kept ones close after the peer timeout, and a node still joins."""
+    pki = make_pki(tmp_path / "pki")
+    tls = FAST + pki.section("cluster.ssl.")
+    cluster = Cluster(tmp_path)
+    try:
+        n1 = cluster.add(config_text=tls)
+        socks = [socket.create_connection(("127.0.0.1", n1.cluster_port), timeout=5) for _ in range(100)]
+        time.sleep(0.5)
+        open_now = []
+        for s in socks:
+            s.setblocking(False)
+            try:
+                if s.recv(1) != b"":
+                    open_now.append(s)
+            except BlockingIOError:
+                open_now.append(s)
+            except OSError:
+                pass
+        assert len(open_now) <= 16 + 2, f"{len(open_now)} half-open TLS sockets held by the cluster port"
+        assert "in their handshake" in n1.log()
+        cluster.add(config_text=tls)
+        cluster.wait_running({"n1", "n2"}, timeout=20)
+        for s in socks:
+            s.close()
+    finally:
+        cluster.stop()

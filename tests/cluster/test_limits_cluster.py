@@ -70,3 +70,47 @@ def test_cleared_limits_are_cleared_everywhere(two: Cluster) -> None:
     eventually(lambda: n1.api("GET", "/api/vhost-limits/clr")[1] != [])
     assert n1.ctl("clear_vhost_limits", "-p", "clr").returncode == 0
     eventually(lambda: n2.api("GET", "/api/vhost-limits/clr")[1] == [])
+
+
+def test_connection_and_channel_limits_count_the_whole_cluster(two: Cluster) -> None:
+    """Issue 21, finding 7: `max-connections` and `max-channels` were counted per node, so a cluster of two
+    allowed twice the limit. Now each node adds what the others last reported (runtime/broker/limits.py,
+    every 0.25 s when the counts changed): one connection on each node fills a limit of 2."""
+    n1, n2 = two[0], two[1]
+    assert n1.api("PUT", "/api/vhosts/cw")[0] in (201, 204)
+    n1.api("PUT", "/api/permissions/cw/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+    assert n1.api("PUT", "/api/vhost-limits/cw/max-connections", {"value": 2})[0] == 204
+    assert n1.api("PUT", "/api/users/cwu", {"password": "cwu", "tags": ""})[0] in (201, 204)
+    n1.api("PUT", "/api/permissions/%2F/cwu", {"configure": ".*", "write": ".*", "read": ".*"})
+    assert n1.api("PUT", "/api/user-limits/cwu/max-connections", {"value": 2})[0] == 204
+    assert n1.api("PUT", "/api/user-limits/cwu/max-channels", {"value": 2})[0] == 204
+    eventually(lambda: n2.api("GET", "/api/user-limits/cwu")[1] == [
+        {"user": "cwu", "value": {"max-channels": 2, "max-connections": 2}}])
+    eventually(lambda: n2.api("GET", "/api/vhost-limits/cw")[1] != [])
+
+    vhost_conns = [connect(n1.amqp_port, vhost="cw"), connect(n2.amqp_port, vhost="cw")]
+    a, b = connect(n1.amqp_port, user="cwu", password="cwu"), connect(n2.amqp_port, user="cwu", password="cwu")
+    a.channel()
+    b.channel()
+    try:
+        def refused(port: int, **kw: str) -> str:
+            try:
+                connect(port, **kw).close()
+            except pika.exceptions.AMQPConnectionError as exc:
+                return str(exc)
+            return ""
+
+        assert "connection limit (2) is reached" in eventually(lambda: refused(n1.amqp_port, vhost="cw"))
+        assert "user 'cwu': user connection limit (2) is reached" in \
+            eventually(lambda: refused(n1.amqp_port, user="cwu", password="cwu"))
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            a.channel()  # the user's second channel in the cluster is on n2
+        assert info.value.reply_text == ("NOT_ALLOWED - number of channels opened for user 'cwu' has reached the "
+                                         "maximum allowed user limit of 2")
+        vhost_conns.pop().close()  # the one on n2: n1 learns within a report
+        again = eventually(lambda: connect(n1.amqp_port, vhost="cw"))
+        again.close()
+    finally:
+        for conn in (*vhost_conns, b):
+            if conn.is_open:
+                conn.close()

@@ -54,6 +54,7 @@ def limited(tmp_path: Path) -> Iterator[ServerInfo]:
                                  "management.tcp.idle_timeout = 1000\n"
                                  "management.tcp.inactivity_timeout = 4000\n"
                                  "management.tcp.max_connections = 20\n"
+                                 "management.tcp.max_connections_per_source = 20\n"  # the cap, from one address
                                  "management.http.max_body_size = 1000\n")
 
 

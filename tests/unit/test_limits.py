@@ -87,3 +87,41 @@ def test_a_deleted_user_or_vhost_takes_its_limits_along() -> None:
     assert (node.limits.vhosts, node.limits.users) == ({}, {})
     with pytest.raises(KeyError):
         node.apply_op(from_stored({"op": "vhost_limits.set", "vhost": "v", "limits": {"max-queues": 1}}))
+
+
+# -- the other nodes' counts (cluster-wide limits, issue 21) --------------------------------------------
+
+_ROW = st.tuples(st.sampled_from(limits.COUNT_KINDS), st.sampled_from(["a", "b", "c"]), st.integers(0, 5))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["n2", "n3"]), st.booleans(), st.lists(_ROW, max_size=6)), max_size=30))
+def test_peer_counts_are_the_sum_of_each_nodes_last_report(steps: list[tuple[str, bool, list[tuple[int, str, int]]]]
+                                                           ) -> None:
+    counts = limits.PeerCounts()
+    last: dict[str, dict[tuple[int, str], int]] = {}
+    for peer, down, rows in steps:
+        if down:
+            counts.drop(peer)
+            last.pop(peer, None)
+            continue
+        report = {(k, n): c for k, n, c in rows}  # a report names each key once
+        counts.replace(peer, [[k, n, c] for (k, n), c in report.items()])
+        last[peer] = report
+        for kind in limits.COUNT_KINDS:
+            for name in "abc":
+                assert counts.total(kind, name) == sum(r.get((kind, name), 0) for r in last.values())
+    assert 0 not in counts.totals.values()
+
+
+def test_a_malformed_report_changes_nothing() -> None:
+    counts = limits.PeerCounts()
+    counts.replace("n2", [[limits.VHOST_CONNECTIONS, "v", 2]])
+    for bad in ([[9, "v", 1]], [[0, "v", -1]], [[0, 1, 1]], "rows", [[0, "v"]]):
+        with pytest.raises(ValueError):
+            counts.replace("n2", bad)  # type: ignore[arg-type]
+    assert counts.total(limits.VHOST_CONNECTIONS, "v") == 2
+
+
+def test_local_counts_name_only_limited_vhosts_and_users() -> None:
+    node = build_node(Config(data_dir=""), monitor_resources=False)
+    assert runtime_limits.local_counts(node) == []  # no connection or channel limit: nothing to report

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hutch.core.logsafe import MAX_LOGGED_ARG_CHARS, MAX_LOGGED_CHARS, SafeArgsFilter, safe
+from hutch.core.logsafe import (
+    MAX_LOGGED_ARG_CHARS,
+    MAX_LOGGED_CHARS,
+    LogThrottle,
+    SafeArgsFilter,
+    safe,
+    suppressed_note,
+)
 
 
 def test_plain_names_are_unchanged():
@@ -52,3 +60,26 @@ def test_filter_caps_arguments_and_escapes_fstring_messages():
     record = _record("built\nwith an f-string")
     SafeArgsFilter().filter(record)
     assert record.getMessage() == "built\\nwith an f-string"
+
+
+def test_log_throttle_writes_n_lines_per_window_and_counts_the_rest() -> None:
+    throttle = LogThrottle(max_lines=3, interval_s=10.0)
+    assert [throttle.admit(t) for t in (0.0, 1.0, 2.0, 3.0, 4.0)] == [0, 0, 0, None, None]
+    assert throttle.admit(10.5) == 2  # a new window: the first line says two were left out
+    assert throttle.admit(11.0) == 0
+    assert suppressed_note(2) == " (2 similar lines suppressed before this one)" and suppressed_note(0) == ""
+
+
+@given(st.lists(st.floats(min_value=0, max_value=100, allow_nan=False), max_size=200))
+def test_log_throttle_never_loses_count_and_never_exceeds_the_bound(gaps: list[float]) -> None:
+    throttle = LogThrottle(max_lines=5, interval_s=10.0)
+    now, written, reported, per_window = 0.0, 0, 0, Counter()
+    for gap in gaps:
+        now += gap
+        answer = throttle.admit(now)
+        if answer is not None:
+            written += 1
+            reported += answer
+            per_window[throttle.window_start] += 1
+    assert written + reported + throttle.suppressed == len(gaps)  # every line written, reported or pending
+    assert all(n <= 5 for n in per_window.values())

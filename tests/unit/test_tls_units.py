@@ -192,3 +192,77 @@ def test_file_expiry(files: tuple[trustme.CA, TlsOptions], tmp_path: Path) -> No
     assert "cannot read" in file_expiry(str(tmp_path / "missing.pem"), now).error
     long_ago = datetime.datetime(1990, 1, 1, tzinfo=datetime.UTC)  # before trustme's notBefore
     assert file_expiry(opts.certfile or "", long_ago).error == "Certificate is not yet valid"
+
+
+def _served_certificate(server_ctx: ssl.SSLContext, cafile: str,
+                        client_cert: trustme.LeafCert | None = None) -> bytes:
+    """An in-memory TLS handshake against `server_ctx` (the client presenting `client_cert`); the
+    certificate the server served (DER). ssl.SSLError when the handshake fails."""
+    client_ctx = ssl.create_default_context(cafile=cafile)
+    if client_cert is not None:
+        client_cert.configure_cert(client_ctx)
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname="localhost")
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    done = [False, False]
+    for _ in range(10):
+        for i, side in enumerate((client, server)):
+            if not done[i]:
+                try:
+                    side.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done):
+            break
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_a_key_replaced_during_a_reload_never_breaks_the_live_context(
+        files: tuple[trustme.CA, TlsOptions], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21, finding 7: the reload read the files twice (a scratch context, then the live one); a key
+    written between the two reads left the live context with the new certificate and no matching key,
+    while the log said the old certificate stayed. Now each context is built from one read and swapped
+    in whole: the live context always completes a handshake."""
+    ca, opts = files
+    tls = NodeTls(Config(ssl_options=opts))
+    tls.server_context("ssl_options")
+    renewed, stray = ca.issue_cert("localhost"), ca.issue_cert("localhost")
+    renewed.cert_chain_pems[0].write_to_path(opts.certfile)
+    renewed.private_key_pem.write_to_path(opts.keyfile)
+    real_load = ssl.SSLContext.load_cert_chain
+    reads: list[str] = []
+
+    def racing_load(self: ssl.SSLContext, certfile: str, keyfile: str | None = None,
+                    password: object = None) -> None:
+        real_load(self, certfile, keyfile, password)  # type: ignore[arg-type]
+        reads.append(certfile)
+        if len(reads) == 1:  # a renewal caught halfway: the next key lands right after the first read
+            stray.private_key_pem.write_to_path(opts.keyfile)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", racing_load)
+    tls.reload(force=True)
+    monkeypatch.undo()
+    served = _served_certificate(tls.server_context("ssl_options"), opts.cacertfile or "")  # type: ignore[arg-type]
+    assert served == ssl.PEM_cert_to_DER_cert(renewed.cert_chain_pems[0].bytes().decode())
+    assert tls.reload() == 0  # the stray key does not match: refused, and the live context stays whole
+    _served_certificate(tls.server_context("ssl_options"), opts.cacertfile or "")  # type: ignore[arg-type]
+
+
+def test_a_ca_removed_from_cacertfile_is_no_longer_trusted_after_a_reload(
+        files: tuple[trustme.CA, TlsOptions], tmp_path: Path) -> None:
+    """Contexts are swapped, not loaded into: a new cacertfile replaces the CAs (OpenSSL could only add)."""
+    ca, opts = files
+    server_ca = tmp_path / "server-ca.pem"  # what the client trusts, whatever the node's cacertfile says
+    ca.cert_pem.write_to_path(str(server_ca))
+    tls = NodeTls(Config(ssl_options=opts))
+    client = ca.issue_cert("client.example")
+    _served_certificate(tls.server_context("ssl_options"), str(server_ca), client)  # type: ignore[arg-type]
+    trustme.CA().cert_pem.write_to_path(opts.cacertfile or "")  # the node now trusts another CA only
+    assert tls.reload(force=True) == 1
+    with pytest.raises(ssl.SSLError):
+        _served_certificate(tls.server_context("ssl_options"), str(server_ca), client)  # type: ignore[arg-type]

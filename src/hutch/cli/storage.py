@@ -18,7 +18,7 @@ log and per queue or store directory (plus one per file that is not clean); exit
 verifies, 1 when something is damaged. An invalid record at the very end of a file, with nothing valid
 after it, is a **torn tail** (an unfinished write cut by a crash): it is reported but is not damage, the
 node drops it at start. An invalid record followed by valid data is damage: the node refuses to start
-and names the file and offset. `check` never writes.
+and names the file and offset. `check` writes nothing but the lock file (below).
 
 `hutch-storage salvage DATA_DIR` repairs what is damaged so the node can start again:
 
@@ -44,7 +44,8 @@ ranges (and, for the store, the ids of messages dropped for a bad checksum). Wha
 * a lost definitions log record loses a definition change.
 
 Damaged snapshot files are reported, not rewritten. A torn tail is left to the node, which truncates it.
-Run the tool only while the node is stopped.
+Run the tool only while the node is stopped: it takes the data directory's lock (storage/dirlock.py) and
+refuses a directory a live node holds, in one line naming the node's pid (exit 2).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from hutch.core.definition_ops import DeclareQueue, from_stored
 from hutch.runtime.queue_types.classic.persistence import resource_dir
 from hutch.storage import records
 from hutch.storage.appendfile import ENTRY_LEN, FILE_HEADER_BYTES, file_header, read_seed
+from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.errors import CorruptRecord, CorruptSnapshot, StorageError
 from hutch.storage.fs import RealFS
 from hutch.storage.log import SegmentedLog, parse_segment_name
@@ -540,7 +542,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hutch-storage: no such directory: {args.data_dir}", file=sys.stderr)
         return 2
     try:
-        return check(args.data_dir) if args.command == "check" else salvage(args.data_dir)
+        lock = DataDirLock.acquire(args.data_dir)  # a live node's directory is refused, and no node starts meanwhile
+    except DataDirLocked as exc:
+        print(f"hutch-storage: {exc}; stop the node first", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"hutch-storage: cannot lock {args.data_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        with lock:
+            return check(args.data_dir) if args.command == "check" else salvage(args.data_dir)
     except StorageError as exc:
         print(f"hutch-storage: {exc}", file=sys.stderr)
         return 1

@@ -366,13 +366,21 @@ class NodeInfo(NamedTuple):
     """A node's `node_info` (GET /api/nodes on another node). Reply: a JSON-able dict."""
 
 
+@message_kind(53)
+class LimitCounts(NamedTuple):
+    """The sender's open connections and channels of every vhost and user with a connection or channel
+    limit, all of them (each replaces the previous): rows [kind, name, count] (core/limits.py)."""
+
+    rows: list[list[Any]]
+
+
 
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
-    | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
+    | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

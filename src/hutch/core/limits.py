@@ -3,7 +3,8 @@
 
 Owns: the limit names each scope knows, the validation of a limits document (with RabbitMQ's texts),
 the `LimitStore` (vhost -> limits, user -> limits), the decision whether one more connection, channel
-or queue is over a limit, and the refusal texts a client sees. No IO; the runtime
+or queue is over a limit, the other nodes' reported counts (`PeerCounts`: limits hold cluster-wide),
+and the refusal texts a client sees. No IO; the runtime
 (`hutch.runtime.broker.limits`) records changes and asks these checks at the right moments.
 
 Rules (RabbitMQ 4.x):
@@ -161,6 +162,59 @@ class LimitStore:
         return bool(gone_v or gone_u)
 
 
+# -- counts of the other nodes of a cluster ---------------------------------------------------------
+
+VHOST_CONNECTIONS, USER_CONNECTIONS, USER_CHANNELS = 0, 1, 2
+"""The kinds of a count row [kind, name, count] (vhost connections, user connections, user channels)."""
+COUNT_KINDS = (VHOST_CONNECTIONS, USER_CONNECTIONS, USER_CHANNELS)
+MAX_COUNT_ROWS = 100_000
+"""Rows one node's report may carry; a longer one is refused (a peer's input is bounded like any)."""
+
+CountKey = tuple[int, str]
+
+
+class PeerCounts:
+    """What the other nodes of a cluster last reported of their open connections and channels, per
+    limited vhost or user, and their sums. Each report replaces the sender's whole previous one; a node
+    that goes down is dropped. Invariant: `totals` is the sum over `by_peer`, without zero entries."""
+
+    def __init__(self) -> None:
+        self.by_peer: dict[str, dict[CountKey, int]] = {}
+        self.totals: dict[CountKey, int] = {}
+
+    def total(self, kind: int, name: str) -> int:
+        return self.totals.get((kind, name), 0)
+
+    def replace(self, peer: str, rows: list[Any]) -> None:
+        """`peer`'s report: rows [kind, name, count]. ValueError (nothing changed) for a malformed one."""
+        if type(rows) is not list or len(rows) > MAX_COUNT_ROWS:
+            raise ValueError("limit counts: not a list of at most MAX_COUNT_ROWS rows")
+        fresh: dict[CountKey, int] = {}
+        for row in rows:
+            if type(row) is not list or len(row) != 3 or row[0] not in COUNT_KINDS or type(row[1]) is not str \
+                    or type(row[2]) is not int or row[2] < 0:
+                raise ValueError(f"limit counts: bad row {row!r:.80}")
+            if row[2]:
+                fresh[(row[0], row[1])] = row[2]
+        self.drop(peer)
+        if fresh:
+            self.by_peer[peer] = fresh
+            for key, n in fresh.items():
+                self.totals[key] = self.totals.get(key, 0) + n
+
+    def drop(self, peer: str) -> None:
+        old = self.by_peer.pop(peer, None)
+        if not old:
+            return
+        for key, n in old.items():
+            left = self.totals[key] - n
+            assert left >= 0, "Invariant: totals are the sum of the reports"
+            if left:
+                self.totals[key] = left
+            else:
+                del self.totals[key]
+
+
 # -- refusals (the texts and codes RabbitMQ 4.x gives) ----------------------------------------------
 
 
@@ -191,7 +245,13 @@ def import_refused(vhost: str, adding: int, limit: int, existing: int) -> str:
 
 
 __all__ = [
+    "COUNT_KINDS",
+    "MAX_COUNT_ROWS",
     "MAX_VALUE",
+    "USER_CHANNELS",
+    "USER_CONNECTIONS",
+    "VHOST_CONNECTIONS",
+    "PeerCounts",
     "USER_LIMITS",
     "USER_SCOPE",
     "VHOST_LIMITS",

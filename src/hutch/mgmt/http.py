@@ -42,6 +42,7 @@ from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
 
 from hutch.core.auth import is_loopback_address
+from hutch.core.logsafe import LogThrottle, suppressed_note
 from hutch.runtime import listen
 from hutch.runtime.tls import TlsConfigError
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.mgmt")
+_DENIALS_LOG = LogThrottle()  # HTTP login refusals, one per process (core/logsafe.py)
 
 SHUTDOWN_TIMEOUT_S = 2.0
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
@@ -221,7 +223,10 @@ async def _authenticate(request: web.Request, node: Node) -> Principal:
     outcome = await node.logins.check(user_name, password, request.remote or "")
     user = outcome.user
     if user is None:
-        log.warning("HTTP access denied: user %s - %s", _shown(user_name), outcome.reason)
+        left_out = _DENIALS_LOG.admit(asyncio.get_running_loop().time())
+        if left_out is not None:  # throttled: any client can repeat a bad login at will
+            log.warning("HTTP access denied: user %s - %s%s", _shown(user_name), outcome.reason,
+                        suppressed_note(left_out))
         raise not_authenticated()
     if user.name in node.config.loopback_users and not is_loopback_address(request.remote or ""):
         raise not_authorised("User can only log in via localhost")
@@ -401,8 +406,8 @@ def _bound_port(runner: web.AppRunner, before: int, default: int) -> int:
 
 
 async def _start_https(node: Node, runner: web.AppRunner, limits: listener.ListenerLimits) -> None:
-    """The HTTPS listener (`management.ssl.*`): the same application and limits behind TLS; its context is
-    the node's (runtime/tls.py), so certificate reloads apply to it."""
+    """The HTTPS listener (`management.ssl.*`): the same application and limits behind TLS; each accept
+    takes the node's live context (runtime/tls.py), so certificate reloads apply to it."""
     cfg = node.config
     port = cfg.management_ssl_port
     assert port is not None  # started only when management.ssl.port is set
@@ -415,7 +420,9 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
         error.hutch_listener = what  # type: ignore[attr-defined]  # names the listener for app.py's message
         raise error from None
     before = len(runner.addresses)
-    site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits, ssl_context=ctx)
+    assert ctx is not None  # started only with management.ssl.certfile
+    site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits,
+                                ssl_context=lambda: node.tls.current("management_ssl"))
     await _start_site(runner, site, what)
     node.management_ssl_port = _bound_port(runner, before, port or 0)
     log.info("management HTTPS API started on %s:%d", listen.display_host(cfg.management_ssl_host),
@@ -440,8 +447,9 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
         site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
         await _start_site(runner, site, f"management HTTP on port {cfg.management_port}")
         node.management_port = _bound_port(runner, 0, cfg.management_port)
-        log.info("management HTTP API started on %s:%d (at most %d connections)", listen.display_host(cfg.management_host),
-                 node.management_port, limits.max_connections)
+        log.info("management HTTP API started on %s:%d (at most %d connections, %d from one address)",
+                 listen.display_host(cfg.management_host), node.management_port, limits.max_connections,
+                 limits.max_connections_per_source)
     if cfg.management_ssl_port is not None:
         await _start_https(node, runner, limits)
 

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -24,9 +25,11 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 from hutch import __version__
+from hutch.cluster.messages import LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
+from hutch.runtime.broker import limits
 from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
@@ -41,6 +44,8 @@ from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.tls import TlsConfigError
+from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
+from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
 
@@ -68,12 +73,18 @@ def build_node(config: Config, auth: AuthStore | None = None, store: DefinitionS
 
 def cluster_node(node: Node, secret: bytes) -> ClusterService:
     """Make `node` a clustered node: the cluster service, the queue link to other nodes' classic queues
-    and the quorum queue service, registered with the transport and as queue types."""
+    and the quorum queue service, registered with the transport and as queue types, and the exchange of
+    connection and channel counts that makes limits cluster-wide."""
     cluster = ClusterService(node, secret)
     link = QueueLink(node, cluster)
     quorum = QuorumService(node, cluster)
     cluster.add_subsystem(link)
     cluster.add_subsystem(quorum)
+    # connection and channel limits count the cluster's (runtime/broker/limits.py)
+    gossip = limits.LimitGossip(node, cluster.send, cluster.transport.connected_peers)
+    cluster.register(LimitCounts, gossip.received)
+    node.cluster_peer_hooks.append(gossip.peer_changed)
+    cluster.add_subsystem(gossip)
     node.cluster = cluster
     node.queue_types = [QuorumQueueType(node, cluster, quorum), RemoteQueueType(node, link),
                         *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]
@@ -94,16 +105,23 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
 
 async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     """The AMQP-over-TLS listener (`listeners.ssl.default`, `ssl_options.*`) when configured: the same
-    protocol behind TLS, the TLS handshake bounded by `handshake_timeout`. Sets `node.amqps_port`.
+    protocol behind TLS, which starts after the accept (runtime/tls_accept.py): the handshake is bounded by
+    `ssl_handshake_timeout` and the connections in it by `HandshakeSlots`. Sets `node.amqps_port`.
     Raises TlsConfigError (a certificate that cannot be loaded) or OSError."""
     cfg = node.config
     if cfg.amqps_port is None:
         return None
     ctx = node.tls.server_context("ssl_options")
+    assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default;
+    # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
-    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqps_host, cfg.amqps_port,
-                                        ssl=ctx, ssl_handshake_timeout=cfg.handshake_timeout_ms / 1000,
-                                        backlog=1024, reuse_address=True)
+    pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
+    slots = listen.SourceSlots(pending, max(1, pending // 4))
+    timeout_s = cfg.ssl_handshake_timeout_ms / 1000
+    server = await listen.create_server(
+        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots, "AMQP over TLS"), node.tls.current("ssl_options"),
+                                timeout_s),
+        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
     node.amqps_port = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
@@ -114,6 +132,13 @@ def _cluster_tls(node: Node, cluster: ClusterService) -> None:
     contexts = node.tls.cluster_contexts()
     if contexts is not None:
         cluster.transport.ssl_server, cluster.transport.ssl_client = contexts
+
+        def reloaded() -> None:  # a certificate reload swaps in new contexts (runtime/tls.py)
+            fresh = node.tls.cluster_contexts()
+            assert fresh is not None
+            cluster.transport.ssl_server, cluster.transport.ssl_client = fresh
+
+        node.tls.on_reload(reloaded)
 
 
 async def start_node(node: Node) -> asyncio.base_events.Server:
@@ -142,7 +167,32 @@ async def serve(config: Config, services: Sequence[Service] = (),
                 prepare: Callable[[Node], str | None] | None = None) -> int:
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
-    one-line start-up error."""
+    one-line start-up error. The data directory is locked first, for the node's whole life
+    (storage/dirlock.py): a second node on it is refused in one line naming the holder's pid."""
+    lock: DataDirLock | None = None
+    if config.data_dir:
+        try:
+            lock = DataDirLock.acquire(config.data_dir)
+        except DataDirLocked as exc:
+            print(f"hutch-server: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"hutch-server: cannot lock data directory {config.data_dir}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
+    try:
+        return await _serve_locked(config, services, prepare)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+async def _serve_locked(config: Config, services: Sequence[Service],
+                        prepare: Callable[[Node], str | None] | None) -> int:
+    # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
+    with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):  # not the main thread
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, lambda: log.info("SIGHUP received while the node starts: ignored"))
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     try:
         secret = load_secret(config) if clustered else None  # refused if others can read it: one line

@@ -15,11 +15,14 @@ Rules:
   `fail_if_no_peer_cert` a client without one is refused. The cluster always requires and verifies
   a certificate on both ends (no host name check: nodes are named by the cluster, and the secret
   handshake still runs inside TLS).
-- Reloading loads the new files into the *same* context objects, so every listener keeps its context
-  and each new connection uses the new certificate; open connections keep theirs. New files are first
-  tried in a scratch context: a bad file (or a key that does not match) is logged at ERROR and the
-  old certificate stays. OpenSSL cannot drop a CA from a context: a changed `cacertfile` adds its
-  CAs, and removing a CA takes a restart.
+- Reloading builds new contexts from the files, each read once, and swaps them in whole: a listener
+  asks `current(section)` at every accept (the cluster transport is handed the new pair through
+  `on_reload`), so each new connection uses the new certificate; open connections keep theirs. A bad
+  file, a key that does not match, or a file that changes while it is read fails the build: logged at
+  ERROR, and the old contexts stay as they were (never half-loaded: issue 21, finding 7). A new
+  `cacertfile` replaces the old CAs (one removed from the file is no longer trusted).
+- SIGHUP reloads the certificates; on a node without TLS it is logged and ignored (a long-running
+  server must not die of a stray SIGHUP).
 - A failed TLS handshake (a plain AMQP client on the TLS port, a certificate from another CA) is an
   OSError inside the event loop, logged at DEBUG only: the client sees its socket closed.
 """
@@ -31,6 +34,7 @@ import logging
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hutch.config import Config, TlsOptions
@@ -124,6 +128,7 @@ class NodeTls:
         self._sections: dict[str, _Section] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._sighup = False
+        self._on_reload: list[Callable[[], None]] = []
         self.reloads = 0  # successful reloads (tests and logs)
 
     def options(self, section: str) -> TlsOptions:
@@ -143,6 +148,14 @@ class NodeTls:
         if not entry.contexts:
             entry.contexts.append(build_context(opts, SECTIONS[section], mutual=section == "cluster_ssl"))
         return entry.contexts[0]
+
+    def current(self, section: str) -> ssl.SSLContext:
+        """The live listener context of a section already in use (`server_context` built it)."""
+        return self._sections[section].contexts[0]
+
+    def on_reload(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every successful reload (who holds contexts outside `current`)."""
+        self._on_reload.append(callback)
 
     def cluster_contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
         """(acceptor, dialler) contexts for the inter-node transport, or None without `cluster.ssl.*`."""
@@ -168,30 +181,42 @@ class NodeTls:
             if not entry.contexts or (stamps == entry.stamps and not force):
                 continue
             prefix = SECTIONS[entry.name]
-            try:  # a scratch context first: a bad file never reaches the live one
-                build_context(entry.opts, prefix, mutual=entry.name == "cluster_ssl")
-                for ctx in entry.contexts:
-                    _load(ctx, entry.opts, prefix)
+            mutual = entry.name == "cluster_ssl"
+            try:  # whole new contexts: the live ones are never touched, so never half-loaded
+                fresh = [build_context(entry.opts, prefix, server=i == 0, mutual=mutual)
+                         for i in range(len(entry.contexts))]
             except TlsConfigError as exc:
                 log.error("TLS certificate reload failed, the old certificate stays in use: %s", exc)
                 entry.stamps = stamps  # not again until the files change again
                 continue
+            entry.contexts = fresh
             entry.stamps = stamps
             done += 1
             log.info("TLS certificate reloaded for %s* (%s)", prefix, entry.opts.certfile)
         self.reloads += done
+        if done:
+            for callback in self._on_reload:
+                callback()
         return done
 
-    def start(self) -> None:
-        """The periodic check (`ssl_cert_reload_interval`) and SIGHUP: reload now."""
-        if not any(self.options(section).certfile for section in SECTIONS):
+    def _sighup_received(self) -> None:
+        if not self._sections:
+            log.info("SIGHUP received: no TLS certificates to reload; the node keeps running")
             return
+        log.info("SIGHUP received: reloading TLS certificates")
+        self.reload(True)
+
+    def start(self) -> None:
+        """SIGHUP (reload now; logged and ignored without TLS) and the periodic check
+        (`ssl_cert_reload_interval`)."""
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGHUP, self.reload, True)
+            loop.add_signal_handler(signal.SIGHUP, self._sighup_received)
             self._sighup = True
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (in-process tests)
             log.debug("SIGHUP not available for certificate reloads")
+        if not any(self.options(section).certfile for section in SECTIONS):
+            return
         interval_ms = self.config.ssl_cert_reload_interval_ms
         if interval_ms > 0:
             self._timer = loop.call_later(interval_ms / 1000, self._tick)

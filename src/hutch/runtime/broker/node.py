@@ -31,7 +31,7 @@ from hutch.core.arguments import equivalence_arguments, with_default_queue_type
 from hutch.core.auth import AuthStore
 from hutch.core.credit_flow import LoopLoad
 from hutch.core.definition_ops import DefinitionOp
-from hutch.core.limits import LimitStore
+from hutch.core.limits import LimitStore, PeerCounts
 from hutch.core.patterns import PatternError, compile_stored
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
@@ -90,6 +90,7 @@ class Node:
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
+        self.peer_counts = PeerCounts()  # the other nodes' connection and channel counts (a cluster)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}

@@ -31,8 +31,9 @@ Rules:
   oldest. Silent sockets, however many, only ever push out other silent sockets, so a peer that
   proves the secret (it sends its HELLO at once) gets in (issue 15, finding 8).
 - TLS (`ssl_server` / `ssl_client`, built from `cluster.ssl.*` by runtime/tls.py): both ends present
-  and verify a certificate; the TLS handshake is bounded by `peer_timeout_s`, and the secret handshake
-  runs inside TLS as without it. A connection counts as handshaking once TLS is up.
+  and verify a certificate; the secret handshake runs inside TLS as without it. An accepted connection
+  joins the handshake table at the accept, before its TLS handshake (runtime/tls_accept.py), so the
+  table's limits and `peer_timeout_s` (which also bounds the TLS handshake) hold for TLS too.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from hutch.cluster.wire import (
 )
 from hutch.core.credit_flow import LoopLoad
 from hutch.runtime import listen
+from hutch.runtime.tls_accept import TlsAccept
 
 log = logging.getLogger("hutch.transport")
 
@@ -148,7 +150,8 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # a stream transport (uvloop's TCPTransport is not registered as an asyncio.Transport)
+        # a stream transport (uvloop's TCPTransport is not registered as an asyncio.Transport); with TLS
+        # (an acceptor behind TlsAccept) the TCP one until `tls_ready`
         stream = self.transport = cast(asyncio.Transport, transport)
         high = self.owner.write_buffer_high_bytes
         stream.set_write_buffer_limits(high=high, low=high // 4)
@@ -158,6 +161,15 @@ class _Conn(asyncio.Protocol):
             self.label = f"{peer[0]}:{peer[1]}"
             self.source = str(peer[0])
         self.owner._conn_made(self)
+
+    def tls_ready(self, transport: asyncio.Transport) -> None:
+        """An acceptor's TLS handshake is done (TlsAccept): the secret handshake runs over `transport`."""
+        if self.state is ConnState.CLOSED:  # evicted or stopped meanwhile
+            transport.abort()
+            return
+        self.transport = transport
+        high = self.owner.write_buffer_high_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
 
     def data_received(self, data: bytes) -> None:
         load = self.owner.load
@@ -332,9 +344,7 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        tls: dict[str, Any] = ({"ssl": self.ssl_server, "ssl_handshake_timeout": self.peer_timeout_s}
-                               if self.ssl_server else {})
-        self._server = await listen.create_server(self._loop, self._accept, self.host, self.port, **tls)
+        self._server = await listen.create_server(self._loop, self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
@@ -623,8 +633,12 @@ class Transport:
             self._enqueue(peer, conn, entry)
 
     # -- connections -----------------------------------------------------------------------------
-    def _accept(self) -> _Conn:
-        return _Conn(self, Role.ACCEPTOR, None, "?")
+    def _accept(self) -> asyncio.Protocol:
+        conn = _Conn(self, Role.ACCEPTOR, None, "?")
+        if self.ssl_server is None:
+            return conn
+        # TLS after the accept (runtime/tls_accept.py): the connection joins the handshake table at once
+        return TlsAccept(conn, self.ssl_server, self.peer_timeout_s)
 
     def _conn_made(self, conn: _Conn) -> None:
         transport = conn.transport

@@ -52,7 +52,7 @@ from hutch.core.auth import (
     vhost_access_refused_text,
 )
 from hutch.core.certs import CertLoginError, login_from_cert
-from hutch.core.logsafe import safe
+from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 
@@ -64,6 +64,9 @@ if TYPE_CHECKING:
     from hutch.runtime.session.ports import LoopClock, MethodGate, TimerHandle, Transport
 
 log = logging.getLogger("hutch.connection")
+# node-wide (one per process) throttles of the log lines any client can repeat at will (core/logsafe.py)
+LOGIN_REFUSALS_LOG = LogThrottle()
+UPDATE_SECRET_LOG = LogThrottle()
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -590,7 +593,9 @@ class AMQPConnection:
             self._logged_in(user)
 
     def _refuse_login(self, mechanism: str, detail: str) -> None:
-        log.warning("connection %s: login refused: %s", self.name, detail)
+        left_out = LOGIN_REFUSALS_LOG.admit(self.clock.time())
+        if left_out is not None:  # throttled node-wide: any client can repeat a refused login at will
+            log.warning("connection %s: login refused: %s%s", self.name, detail, suppressed_note(left_out))
         self._refuse(ACCESS_REFUSED, LOGIN_REFUSED.format(mechanism))
 
     def _refuse(self, code: int, text: str) -> None:
@@ -643,8 +648,10 @@ class AMQPConnection:
         if not self.node.auth.can_access_vhost(self.user_name, vhost):
             raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost), 10, 70)
         self.send_method(0, spec.Connection.UpdateSecretOk())
-        log.info("connection %s: user '%s' updated secret, reason: %s", self.name, safe(self.user_name),
-                 safe(m.reason))
+        left_out = UPDATE_SECRET_LOG.admit(self.clock.time())
+        if left_out is not None:  # throttled node-wide, as login refusals
+            log.info("connection %s: user '%s' updated secret, reason: %s%s", self.name, safe(self.user_name),
+                     safe(m.reason), suppressed_note(left_out))
 
     # -- timers ----------------------------------------------------------------------------------
     def check_consumer_timeouts(self, now: float, timeout_ms: int) -> None:
