@@ -64,8 +64,8 @@ from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
     from hutch.config import Config
+    from hutch.core.auth import LoginOutcome
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.logins import LoginOutcome
     from hutch.runtime.ports import BrokerPort
     from hutch.runtime.session.ports import LoopClock, MethodGate, TimerHandle, Transport
 
