@@ -10,6 +10,10 @@ import socket
 from pathlib import Path
 
 from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
+from hutch import portfile
+from hutch.spark.bench import start_node
+from hutch.spark.client import AmqpClient
+from hutch.spark.options import parse_uri
 
 from .helpers import connect
 
@@ -32,3 +36,18 @@ def test_every_listener_on_port_0_is_reported(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert not (server.data_dir / "ports.json").exists()  # removed at a clean stop
+
+
+def test_the_spark_benchmarks_node_takes_free_ports_for_every_listener(tmp_path: Path) -> None:
+    """`python -m hutch.spark.bench` and examples/spark_orders/run_demo.py start their node with this: the
+    inter-node port too is a free one (a fixed 25672 collided with `make run`'s node)."""
+    proc, uri = start_node(tmp_path)
+    try:
+        ports = portfile.wait_for_ports(tmp_path / "data", proc)
+        assert uri == f"amqp://guest:guest@127.0.0.1:{ports['amqp']}/%2F"
+        assert set(ports) == {"amqp", "management", "cluster"} and 25672 not in ports.values()
+        with AmqpClient(parse_uri(uri)).connect() as client:
+            client.declare_queue("spark-bench-probe")
+    finally:
+        proc.terminate()
+        proc.wait(30)
