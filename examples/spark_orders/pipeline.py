@@ -44,14 +44,36 @@ def spark_session(master: str = "local[2]", verbose: bool = False) -> Any:
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false"))
+    # a deeper thread stack: stopping the query in the middle of a micro-batch (as run_demo.py does) made
+    # Spark's stream thread die of a StackOverflowError in a regex over the interrupted batch's error text
+    # (1,000 lines of java.util.regex frames on stderr) with the JVM's default stack
+    java_options = "-Xss16m"
     if not verbose:
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
+        java_options += f" -Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if not verbose:
         for name in ("py4j", "pyspark"):
             logging.getLogger(name).setLevel(logging.ERROR)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    _quiet_accumulator_eof(spark)
     spark.dataSource.register(HutchDataSource)
     return spark
+
+
+def _quiet_accumulator_eof(spark: Any) -> None:
+    """pyspark's accumulator server (pyspark/accumulators.py) prints an EOFError traceback when the JVM
+    closes its connection at `spark.stop()`, a normal end; its other errors are still printed."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def totals_stream(spark: Any, uri: str, queue: str = "orders", max_per_trigger: int = 10_000) -> Any:

@@ -19,7 +19,7 @@ Rules (uvicorn/asyncpg style hot path):
   closed) the connection reads and discards whatever still arrives until the client closes the socket,
   at most `closing_timeout_s()`; closing at once would fail the writes a client still has queued (an
   EPIPE instead of its close callback: issue 22). After the server's own connection.close it reads
-  and discards until close-ok (then closes), a simultaneous close, the client's EOF or the same bound.
+  and discards until close-ok (then closes), a simultaneous close, the client's EOF or CLOSE_OK_TIMEOUT_S.
   Every read hold but the per-iteration budget is dropped then: a held socket would never see close-ok.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
 """
@@ -112,6 +112,9 @@ FLOW_RECHECK_S = 0.1
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
 # CLOSING_TIMEOUT; shorter when the negotiated heartbeat timeout is)
 CLOSING_TIMEOUT_S = 30.0
+# the longest the node waits for close-ok after its own connection.close (a client that does not answer
+# is gone from the connection list in that time, as the management API's users expect)
+CLOSE_OK_TIMEOUT_S = 3.0
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
 _ACK_ID = b"\x00\x3c\x00\x50"
 _FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
@@ -737,11 +740,11 @@ class AMQPConnection:
         self.send_method(0, spec.Connection.CloseOk())
         self.flush()
         self.state = State.DISCARDING
-        self._read_to_the_end()
+        self._read_to_the_end(self.closing_timeout_s())
 
-    def _read_to_the_end(self) -> None:
+    def _read_to_the_end(self, timeout_s: float) -> None:
         """Closing: drop every read hold but the budget, stop the heartbeat and handshake timer, and
-        bound the wait."""
+        close the socket after `timeout_s` at the latest."""
         held = bool(self._read_holds)
         self._read_holds &= {"budget"}
         if held and not self._read_holds and self.transport is not None and not self.transport.is_closing():
@@ -751,7 +754,7 @@ class AMQPConnection:
             self._timer = None
         if self._close_timer is not None:
             self._close_timer.cancel()
-        self._close_timer = self.clock.call_later(self.closing_timeout_s(), self._abort)
+        self._close_timer = self.clock.call_later(timeout_s, self._abort)
 
     def close_with_error(self, exc: AMQPError) -> None:
         if self.state >= _CLOSING:
@@ -764,7 +767,7 @@ class AMQPConnection:
                                                   class_id=exc.class_id, method_id=exc.method_id))
         self.flush()
         self.state = State.CLOSING
-        self._read_to_the_end()
+        self._read_to_the_end(CLOSE_OK_TIMEOUT_S)
 
     def close_forced(self, reason: str = "shutdown") -> None:
         self.close_with_error(ConnectionError_(
