@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -108,6 +110,8 @@ def main() -> None:
                     "(default: a temporary directory, removed at the end)")
     ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own logs (INFO and WARN)")
     args = ap.parse_args()
+    # SIGTERM ends the demo as Ctrl-C does: its node stopped and its temporary directory removed
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     work = Path(args.work or tempfile.mkdtemp(prefix="hutch-orders-"))
     work.mkdir(parents=True, exist_ok=True)
     node = None
