@@ -77,6 +77,13 @@ def counted_orders(spark: Any, out_dir: str) -> int:
     return int(total or 0)
 
 
+def totals_written(spark: Any, out_dir: str) -> int:
+    """Distinct (window, region) totals in the Parquet output so far, the tick's included."""
+    if not os.path.isdir(out_dir):
+        return 0
+    return int(spark.read.parquet(out_dir).select("window_start", "region").distinct().count())
+
+
 def check(spark: Any, out_dir: str, ledger: Ledger, uri: str) -> bool:
     rows = spark.read.parquet(out_dir).where("region != 'tick'").collect()
     got: dict[tuple[int, str], tuple[int, int]] = {}
@@ -160,8 +167,9 @@ def main() -> None:
                   f"({ledger.published / drained_s:.0f} orders/s, Spark start-up excluded)")
         publish_watermark_tick(uri, 60)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and counted_orders(spark, out_dir) < ledger.published:
-            time.sleep(1.0)
+        while time.monotonic() < deadline and (counted_orders(spark, out_dir) < ledger.published
+                                               or ready(uri, TOTALS_AUDIT_QUEUE) < totals_written(spark, out_dir)):
+            time.sleep(1.0)  # a micro-batch writes Parquet first, then the exchange: stop after both
         closed_s = time.monotonic() - t0
         query.stop()
         rows = sum(p["numInputRows"] for p in query.recentProgress)
