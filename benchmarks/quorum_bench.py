@@ -15,7 +15,10 @@ and RabbitMQ nodes rabbit1..rabbitN@localhost
     quorum_bench.py machine-bytes --count 1000000               # the machine's own bytes per ready message
 
 Every subcommand takes --brokers hutch,rabbitmq (default both). Set HUTCH_SRC=/path/to/src to run hutch from
-another source tree (e.g. a `git archive` of the commit being measured) instead of the installed one.
+another source tree (e.g. a `git archive` of the commit being measured) instead of the installed one; the
+tree must have `hutch/portfile.py` (issue 22 or later: its nodes start on port 0 and report their ports,
+which tests/cluster/nodes.py reads). An older tree was measured with the fixed ports 5811+i of this
+script's earlier versions.
 
 The throughput scenario is issue 7's: one quorum queue, 1 -> 1, confirm window 1000, prefetch 1000, multi-ack
 every 100, publisher and consumer connected to node 1 (which declares the queue, so its leader is there on
