@@ -23,7 +23,7 @@ setup: $(STAMP)
 # HUTCH_CLUSTER_PORT=N moves the inter-node port, HUTCH_CLUSTER_PORT= (set but empty) starts a node that is
 # not clustered (hutch-server --no-cluster)
 run: $(STAMP)
-	mkdir -p $(HUTCH_DATA_DIR)
+	mkdir -p -m 700 $(HUTCH_DATA_DIR)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
 	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
@@ -65,8 +65,9 @@ test-crash: $(STAMP)
 test-sim: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/sim
 
-# the Jepsen-style quorum queue test, long (tests/cluster/test_jepsen.py): 3 and 5 nodes, HUTCH_JEPSEN_SEEDS
-# (default 1-4; "1-8" or "3,7,11") and HUTCH_JEPSEN_SECONDS per run (default 60); figures in artifacts/ if present
+# the Jepsen-style quorum queue test, long (tests/cluster/test_jepsen.py): HUTCH_JEPSEN_NODES (default 3,5; e.g. 5),
+# HUTCH_JEPSEN_SEEDS (default 1-4; "1-8" or "3,7,11") and HUTCH_JEPSEN_SECONDS per run (default 60); one summary
+# line per run (lost and phantom counts included); figures in artifacts/ if present
 jepsen: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider -m slow tests/cluster/test_jepsen.py
 

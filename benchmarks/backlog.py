@@ -46,6 +46,8 @@ from typing import Any
 
 import pika
 
+from hutch.portfile import wait_for_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 RABBIT_PORT = 5672
@@ -117,12 +119,6 @@ class Phase:
                 f"{prefix}_machine_busy_pct": round(100 * (busy1[0] - self.busy0[0]) / total, 1) if total else None}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -190,8 +186,8 @@ class HutchBroker(Broker):
         self.dir = Path(tempfile.mkdtemp(prefix="hutch-backlog-", dir="/tmp"))
         self.data_dir = self.dir / "data"
         self.log_path = self.dir / "node.log"
-        self.port = free_port()
-        self.mgmt_port = free_port()
+        self.port = 0  # the first start binds any free port (the ports file says which); restarts reuse it
+        self.mgmt_port = 0
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -206,7 +202,8 @@ class HutchBroker(Broker):
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         log.close()
         self.pid = self.proc.pid
-        wait_port(self.port, 120, self.proc)
+        ports = wait_for_ports(self.data_dir, self.proc, 120, self.log_path)
+        self.port, self.mgmt_port = ports["amqp"], ports["management"]
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -4,8 +4,8 @@ Usage:
     python benchmarks/cpu_per_message.py [--rounds N] -- HUTCH-PERF-ARGS...
     e.g. python benchmarks/cpu_per_message.py --rounds 3 -- -x 1 -y 1 -s 16 -c 1000 -q 1000 -A 100 -r 20000 -z 10
 
-The server is this Python's `-m hutch.cli.server` on free ports with a fresh data directory, a node that is
-not clustered (`--no-cluster`); `HUTCH_PURE` passes through to it (every other `HUTCH_*` variable is cleared), so
+The server is this Python's `-m hutch.cli.server` on port 0 (its ports file says which it bound) with a
+fresh data directory, a node that is not clustered (`--no-cluster`); `HUTCH_PURE` passes through to it (every other `HUTCH_*` variable is cleared), so
 `HUTCH_PURE=1` measures the pure-Python hot path. Each round prints the messages received, the server's
 user + system CPU seconds during the run (from /proc/PID/stat), their quotient in µs per message, and the
 latency percentiles hutch-perf reports. Linux only (/proc).
@@ -16,36 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hutch.portfile import wait_for_ports
 
 
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"hutch-server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"hutch-server did not listen on {port}")
 
 
 def main() -> None:
@@ -55,14 +36,13 @@ def main() -> None:
     args = parser.parse_args()
     perf_args = [a for a in args.perf_args if a != "--"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
-    amqp, mgmt = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="hutch-cpu-") as data_dir:
         with open(os.path.join(data_dir, "server.log"), "wb") as log:
             server = subprocess.Popen(
-                [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp), "--management-port",
-                 str(mgmt), "--data-dir", data_dir, "--no-cluster"], stdout=log, stderr=subprocess.STDOUT, env=env)
+                [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
+                 "--data-dir", data_dir, "--no-cluster"], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_listening(amqp, server)
+            amqp = wait_for_ports(data_dir, server, 60, os.path.join(data_dir, "server.log"))["amqp"]
             run_rounds(server.pid, amqp, args.rounds, perf_args, env)
         finally:
             server.terminate()

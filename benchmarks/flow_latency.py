@@ -32,14 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from node_ports import legacy_port, port_arg, takes_port_zero  # benchmarks/node_ports.py
+
+from hutch.portfile import wait_for_ports
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -92,11 +89,12 @@ class Sampler(threading.Thread):
 def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
     src = Path(args.src).resolve()
     tmp = Path(tempfile.mkdtemp(prefix="hutch-flow-"))
-    amqp_port, mgmt_port = free_port(), free_port()
+    reports_ports = takes_port_zero(src)  # port 0 and the ports file (benchmarks/node_ports.py)
+    amqp_port, mgmt_port = (0, 0) if reports_ports else (legacy_port(), legacy_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     env["PYTHONPATH"] = str(src)
-    if args.cluster:
-        cluster_args = ["--cluster-port", str(free_port())]  # a cluster of one (quorum queues)
+    if args.cluster:  # a cluster of one (quorum queues)
+        cluster_args = ["--cluster-port", port_arg(src)]
     elif "--no-cluster" in (src / "hutch" / "cli" / "server.py").read_text():
         cluster_args = ["--no-cluster"]  # trees where a lone node is a cluster of one on 25672 by default
     else:
@@ -107,8 +105,12 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
          "--log-level", "warning", *cluster_args],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))  # noqa: SIM115
     try:
-        wait_port(amqp_port, server)
-        wait_port(mgmt_port, server)
+        if reports_ports:
+            ports = wait_for_ports(tmp / "data", server, 60, tmp / "server.log")
+            amqp_port, mgmt_port = ports["amqp"], ports["management"]
+        else:
+            wait_port(amqp_port, server)
+            wait_port(mgmt_port, server)
         sampler = Sampler(mgmt_port, args.sample)
         cpu0 = cpu_seconds(server.pid)
         sampler.start()

@@ -1,7 +1,8 @@
 """Quorum queues, hutch against RabbitMQ 3.10.8 on this machine (issue 7; docs/BENCHMARKS.md, "Quorum queues").
 
 Starts its own brokers: hutch nodes n1..nN (`hutch-server` processes through tests/cluster/nodes.py, default
-settings, AMQP 5811+i, management 15811+i, cluster port 25811+i) and RabbitMQ nodes rabbit1..rabbitN@localhost
+settings, every port 0: the ports each bound are read from its ports file, and a restart reuses them)
+and RabbitMQ nodes rabbit1..rabbitN@localhost
 (AMQP 5801+i, distribution 25801+i, no plugins, empty config, joined with `join_cluster`), all under
 --base (default /tmp/qqb), and stops and deletes them at the end. Every line of output is one JSON object.
 
@@ -14,7 +15,10 @@ settings, AMQP 5811+i, management 15811+i, cluster port 25811+i) and RabbitMQ no
     quorum_bench.py machine-bytes --count 1000000               # the machine's own bytes per ready message
 
 Every subcommand takes --brokers hutch,rabbitmq (default both). Set HUTCH_SRC=/path/to/src to run hutch from
-another source tree (e.g. a `git archive` of the commit being measured) instead of the installed one.
+another source tree (e.g. a `git archive` of the commit being measured) instead of the installed one; the
+tree must have `hutch/portfile.py` (issue 22 or later: its nodes start on port 0 and report their ports,
+which tests/cluster/nodes.py reads). An older tree was measured with the fixed ports 5811+i of this
+script's earlier versions.
 
 The throughput scenario is issue 7's: one quorum queue, 1 -> 1, confirm window 1000, prefetch 1000, multi-ack
 every 100, publisher and consumer connected to node 1 (which declares the queue, so its leader is there on
@@ -127,13 +131,14 @@ class HutchCluster:
         config_text = "cluster.fault_injection = false\n" + "".join(f"{c.strip()}\n" for c in config.split(";")
                                                                    if c.strip())
         self.nodes: list[Any] = []
-        for i in range(1, n + 1):
-            join = None if i == 1 else f"n1@localhost@127.0.0.1:{25811}"
-            self.nodes.append(Node(f"n{i}", self.base / f"n{i}", 5810 + i, 15810 + i, 25810 + i, join,
+        for i in range(1, n + 1):  # port 0 everywhere (issue 22); n2.. join n1 once it reported its port
+            self.nodes.append(Node(f"n{i}", self.base / f"n{i}", 0, 0, 0, None,
                                    secret="qqb-secret", config_text=config_text))
 
     def start(self) -> HutchCluster:
         for node in self.nodes:
+            if node is not self.nodes[0]:
+                node.join = self.nodes[0].seed
             node.start()
             self._wait_members(self.nodes.index(node) + 1)
         return self

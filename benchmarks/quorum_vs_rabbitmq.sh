@@ -5,7 +5,7 @@
 #
 # Needs: RabbitMQ 3.10.8 installed (rabbitmq-server, rabbitmqctl; run as root: the nodes run as the
 # rabbitmq user), perf (fsync counts), the venv with pika and py-spy. Starts and stops its own brokers
-# (benchmarks/quorum_bench.py: hutch on 5811-5813, RabbitMQ on 5801-5803, data under /tmp/qqb) and appends
+# (benchmarks/quorum_bench.py: hutch on free ports, RabbitMQ on 5801-5803, data under /tmp/qqb) and appends
 # one JSON object per measurement to OUT (default benchmarks/quorum_results-<date>.jsonl), then prints the
 # tables. Environment: ROUNDS (default 5), RUN_SECONDS (default 30), FAILOVER_ROUNDS (default 10),
 # HUTCH_SRC (run hutch from this source tree, e.g. a `git archive` of the commit measured), STEPS (default

@@ -61,7 +61,10 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from node_ports import port_arg, takes_port_zero  # benchmarks/node_ports.py
 from rawload import proc_cpu  # benchmarks/rawload.py: the same /proc reading for both tools
+
+from hutch.portfile import wait_for_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -185,12 +188,6 @@ def machine_busy_s() -> float:
     return (sum(v[:8]) - v[3] - v[4]) / TICK
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -237,8 +234,9 @@ class Hutch:
                                    env=self.env()).stdout
         no_cluster = "--no-cluster" in help_text and not self.cluster_of_one
         self.mode = "no-cluster" if self.n == 1 and no_cluster else f"cluster of {self.n}"
+        reports_ports = takes_port_zero(self.src)  # port 0 and the ports file (benchmarks/node_ports.py)
         for i in range(1, self.n + 1):
-            node = HutchNode(f"n{i}", free_port(), free_port(), free_port(), self.base / f"n{i}")
+            node = HutchNode(f"n{i}", *(int(port_arg(self.src)) for _ in range(3)), self.base / f"n{i}")
             (node.directory / "data").mkdir(parents=True, exist_ok=True)
             args = [PY, "-m", "hutch.cli.server", "--amqp-port", str(node.amqp), "--management-port",
                     str(node.mgmt), "--data-dir", str(node.directory / "data"), "--log-level", "warning",
@@ -253,8 +251,12 @@ class Hutch:
             with open(node.directory / "server.log", "wb") as log:
                 node.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env())
             self.nodes.append(node)
-            wait_port(node.amqp, node.proc, 60, f"hutch {node.name}")
-            wait_port(node.mgmt, node.proc, 60, f"hutch {node.name} management")
+            if reports_ports:
+                ports = wait_for_ports(node.directory / "data", node.proc, 60, node.directory / "server.log")
+                node.amqp, node.mgmt, node.cluster = ports["amqp"], ports["management"], ports.get("cluster", 0)
+            else:
+                wait_port(node.amqp, node.proc, 60, f"hutch {node.name}")
+                wait_port(node.mgmt, node.proc, 60, f"hutch {node.name} management")
             if self.n > 1:
                 self.wait_members(i)
         return self

@@ -20,13 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from node_ports import port_arg, takes_port_zero  # benchmarks/node_ports.py
 from rawload import proc_cpu  # benchmarks/rawload.py
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hutch.portfile import wait_for_ports
 
 
 def rabbit_pid() -> int:
@@ -58,16 +55,19 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=10)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tls-bench-"))
-    amqps = free_port()
-    (tmp / "hutch.conf").write_text(f"listeners.ssl.default = {amqps}\nssl_options.cacertfile = {args.cacert}\n"
+    port = port_arg(args.hutch_src)  # "0" (then the ports file says which), or a number for an older tree
+    (tmp / "hutch.conf").write_text(f"listeners.ssl.default = {port}\nssl_options.cacertfile = {args.cacert}\n"
                                     f"ssl_options.certfile = {args.cert}\nssl_options.keyfile = {args.key}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     env["PYTHONPATH"] = args.hutch_src
     server = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--config", str(tmp / "hutch.conf"),
-                               "--data-dir", str(tmp / "data"), "--amqp-port", str(free_port()),
-                               "--management-port", str(free_port()), "--cluster-port", str(free_port())],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--data-dir", str(tmp / "data"), "--amqp-port", port_arg(args.hutch_src),
+                               "--management-port", port_arg(args.hutch_src), "--cluster-port",
+                               port_arg(args.hutch_src)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        amqps = int(port)
+        if takes_port_zero(args.hutch_src):
+            amqps = wait_for_ports(tmp / "data", server, 60)["amqps"]
         deadline = time.time() + 30
         while True:
             try:

@@ -3,6 +3,12 @@
 `hutch_server` (session scope) starts one node for the whole run; `fresh_server` (function scope)
 starts a node for tests that need a clean or specially configured broker. Both give a `ServerInfo`
 with the ports and data directory. Tests never use 5672/15672.
+
+Ports (issue 22): a node is started with port 0 on every listener and the fixture reads the ports it
+bound from its ports file (hutch/portfile.py). Picking a number by binding port 0 and closing the
+socket raced every client on the machine (the number is in the ephemeral range clients' source ports
+come from: "address already in use" under a connection churn). `free_port()` stays for the few places
+that need a number before anything listens (a port nobody listens on, a refused connection).
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from typing import Any
 
 import pytest
 
+from hutch.portfile import NodeDidNotStart, wait_for_ports
+
 
 def free_port() -> int:
+    """A port number nothing listened on a moment ago: only for "nobody listens here" (a refused
+    connection), never to hand to a server (start it with port 0 and read its ports file)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,6 +45,7 @@ class ServerInfo:
     proc: subprocess.Popen[bytes]
     log_path: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)  # every listener's bound port (the ports file)
 
     @property
     def url(self) -> str:
@@ -58,37 +69,23 @@ class ServerInfo:
         return self.proc.returncode
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"hutch-server exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"hutch-server did not listen on {port}:\n{log_path.read_text()}")
-
-
 def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
                  config_text: str | None = None, cluster: bool | None = False) -> ServerInfo:
     """A hutch-server on free ports. A lone node is a cluster of one by default, on port 25672, which
     parallel test servers must not share: `cluster=False` (the default here) starts it with
     --no-cluster, `cluster=True` as a cluster of one on a free inter-node port, `cluster=None` with
     neither flag (the caller's `extra_args` or `env` say what it needs)."""
-    amqp_port, mgmt_port = free_port(), free_port()
     data_dir = tmp / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = tmp / "server.log"
-    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp_port),
-            "--management-port", str(mgmt_port), "--data-dir", str(data_dir), "--node-name", "test@localhost"]
+    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
+            "--management-port", "0", "--data-dir", str(data_dir), "--node-name", "test@localhost"]
     if config_text is not None:
         cfg = tmp / "hutch.conf"
         cfg.write_text(config_text)
         args += ["--config", str(cfg)]
     if cluster is True:
-        args += ["--cluster-port", str(free_port())]
+        args += ["--cluster-port", "0"]
     elif cluster is False:
         args.append("--no-cluster")
     args += list(extra_args)
@@ -97,9 +94,23 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
-    _wait_port(amqp_port, proc, log_path)
-    _wait_port(mgmt_port, proc, log_path)  # management starts after the AMQP listener
-    return ServerInfo(amqp_port, mgmt_port, data_dir, proc, log_path, env or {})
+    ports = node_ports(_flag(args, "--data-dir"), proc, log_path)
+    return ServerInfo(ports["amqp"], ports.get("management", 0), data_dir, proc, log_path, env or {}, ports)
+
+
+def node_ports(data_dir: str | Path, proc: subprocess.Popen[bytes], log_path: Path,
+               timeout: float = 40.0) -> dict[str, int]:
+    """The ports the node process `proc` bound (listener name -> port), from its ports file, once every
+    listener accepts connections; RuntimeError (with the log) if it exits or writes none in time."""
+    try:
+        return wait_for_ports(data_dir, proc, timeout, log_path)
+    except NodeDidNotStart as exc:
+        raise RuntimeError(str(exc)) from None
+
+
+def _flag(args: list[str], name: str) -> str:
+    """The value of the last `name` flag in `args` (argparse's rule: the last one wins)."""
+    return args[len(args) - 1 - args[::-1].index(name) + 1]
 
 
 @pytest.fixture(scope="session")

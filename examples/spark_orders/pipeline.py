@@ -15,8 +15,10 @@ finished), duplicates removed by order id before counting; each micro-batch's ou
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from orders import TOTALS_EXCHANGE, WINDOW_S
@@ -25,20 +27,53 @@ ORDER_SCHEMA = ("order_id string, customer string, region string, amount_cents l
                 "created_ms long")
 
 
-def spark_session(master: str = "local[2]") -> Any:
+QUIET_LOG4J = Path(__file__).resolve().with_name("log4j2-quiet.properties")
+
+
+def spark_session(master: str = "local[2]", verbose: bool = False) -> Any:
+    """A local Spark session with the hutch source registered. Quiet unless `verbose`: Spark's JVM logs
+    errors only (log4j2-quiet.properties, from the JVM's start, so not even its start-up banner), and
+    pyspark's own loggers too; `verbose` keeps Spark's defaults (INFO at start-up, then WARN)."""
     from pyspark.sql import SparkSession
 
     from hutch.spark import HutchDataSource
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(master).appName("hutch-orders-pipeline")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.ui.enabled", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
+    builder = (SparkSession.builder.master(master).appName("hutch-orders-pipeline")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    # a deeper thread stack: stopping the query in the middle of a micro-batch (as run_demo.py does) made
+    # Spark's stream thread die of a StackOverflowError in a regex over the interrupted batch's error text
+    # (1,000 lines of java.util.regex frames on stderr) with the JVM's default stack
+    java_options = "-Xss16m"
+    if not verbose:
+        java_options += f" -Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if not verbose:
+        for name in ("py4j", "pyspark"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    _quiet_accumulator_eof(spark)
     spark.dataSource.register(HutchDataSource)
     return spark
+
+
+def _quiet_accumulator_eof(spark: Any) -> None:
+    """pyspark's accumulator server (pyspark/accumulators.py) prints an EOFError traceback when the JVM
+    closes its connection at `spark.stop()`, a normal end; its other errors are still printed."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def totals_stream(spark: Any, uri: str, queue: str = "orders", max_per_trigger: int = 10_000) -> Any:
@@ -110,8 +145,9 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="/tmp/hutch-orders/checkpoint")
     ap.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches")
     ap.add_argument("--available-now", action="store_true", help="process what is queued, then stop")
+    ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own logs (INFO and WARN)")
     args = ap.parse_args()
-    spark = spark_session()
+    spark = spark_session(verbose=args.verbose)
     query = start(spark, args.uri, args.out, args.checkpoint, args.trigger, args.available_now)
     try:
         query.awaitTermination()

@@ -260,17 +260,17 @@ def _host(text: str) -> str:
 
 
 def _listener(host_field: str, port_field: str, example_port: int) -> _Parser:
-    expected = (f"a port (1-65535) or host:port, e.g. {example_port}, 127.0.0.1:{example_port} "
-                f"or [::1]:{example_port}")
+    expected = (f"a port (0-65535; 0: any free port) or host:port, e.g. {example_port}, "
+                f"127.0.0.1:{example_port} or [::1]:{example_port}")
 
     def parse(text: str) -> dict[str, Any]:
         if re.fullmatch(r"\d+", text):
-            return {port_field: _int_in(text, 1, 65535, expected)}
+            return {port_field: _int_in(text, 0, 65535, expected)}
         host, sep, port = text.rpartition(":")
         if not sep or not host:
             raise _BadValue(expected)
         try:
-            return {host_field: _host(host), port_field: _int_in(port, 1, 65535, expected)}
+            return {host_field: _host(host), port_field: _int_in(port, 0, 65535, expected)}
         except _BadValue:
             raise _BadValue(expected) from None
 
@@ -488,7 +488,7 @@ class _UnknownKey(Exception):
 # Config-file keys. loopback_users.<name> and loopback_users are handled in parse_config_text.
 _FILE_KEYS: dict[str, _Parser] = {
     "listeners.tcp.default": _parse_listener,
-    "management.tcp.port": _int_field("management_port", 1, 65535),
+    "management.tcp.port": _int_field("management_port", 0, 65535),
     "management.tcp.ip": _host_field("management_host"),
     "management.tcp.request_timeout": _int_field("management_request_timeout_ms", 100, 2**31 - 1),
     "management.tcp.idle_timeout": _int_field("management_idle_timeout_ms", 100, 2**31 - 1),
@@ -499,7 +499,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
     "listeners.ssl.default": _listener("amqps_host", "amqps_port", 5671),
-    "management.ssl.port": _int_field("management_ssl_port", 1, 65535),
+    "management.ssl.port": _int_field("management_ssl_port", 0, 65535),
     "management.ssl.ip": _host_field("management_ssl_host"),
     "ssl_cert_login_from": _choice_field("ssl_cert_login_from", CERT_LOGIN_FROM),
     "ssl_cert_login_san_type": _choice_field("ssl_cert_login_san_type", CERT_LOGIN_SAN_TYPES),
@@ -588,9 +588,9 @@ ENV_VARS: dict[str, str] = {
 _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
     "data_dir": _nonempty_field("data_dir"),
-    "amqp_port": _int_field("amqp_port", 1, 65535),
-    "amqps_port": _int_field("amqps_port", 1, 65535),
-    "management_port": _int_field("management_port", 1, 65535),
+    "amqp_port": _int_field("amqp_port", 0, 65535),
+    "amqps_port": _int_field("amqps_port", 0, 65535),
+    "management_port": _int_field("management_port", 0, 65535),
     "node_name": _parse_node_name,
     "log_level": _parse_log_level,
     "cluster_port": _int_field("cluster_port", 0, 65535),

@@ -110,7 +110,8 @@ class JepsenResult:
         c = self.config
         head = (f"jepsen {c['nodes']} nodes seed {c['seed']} {c['seconds']:.0f}s: "
                 f"attempted {self.attempted}, "
-                f"confirmed {self.confirmed}, failed {self.failed}, unknown {self.unknown} "
+                f"confirmed {self.confirmed}, lost {len(self.lost)}, phantom {len(self.phantom)}, "
+                f"failed {self.failed}, unknown {self.unknown} "
                 f"({self.unknown_consumed} of them consumed), consumed {self.consumed_distinct} distinct in "
                 f"{self.deliveries} deliveries, duplicates {self.duplicates} "
                 f"({self.duplicated_messages} messages), failed-but-consumed {self.failed_consumed}, "

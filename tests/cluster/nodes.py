@@ -3,6 +3,12 @@
 `Cluster.start(tmp, n)` starts node n1 (which founds the cluster) and joins n2..nN through it, every
 node a `hutch-server` process with its own data directory and free ports. Nodes can be stopped,
 killed (-9), paused (SIGSTOP) and restarted on the same ports and data.
+
+Ports (issue 22): a node's first start asks for port 0 on every listener and reads the ports it bound
+from its ports file (hutch/portfile.py); n1 reports its inter-node port before n2 starts, so joins work.
+A restart asks for the same ports again: the other members know the node at its inter-node port. (The
+Jepsen and storage-fault harnesses, whose nodes are killed and restarted under load, pick ports outside
+the ephemeral range instead: jepsen.py's `stable_port`.)
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ServerInfo, _wait_port, free_port
+from tests.conftest import ServerInfo, node_ports
+
+from hutch import portfile
 
 SECRET = "test-cluster-secret"
 FAST = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\ncluster.fault_injection = true\n"
@@ -29,7 +37,7 @@ FAST = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\ncluster.fau
 class Node:
     name: str
     directory: Path
-    amqp_port: int
+    amqp_port: int  # 0 until the first start has reported the port it bound (`wait_ready`)
     management_port: int
     cluster_port: int
     join: str | None
@@ -45,6 +53,7 @@ class Node:
 
     @property
     def seed(self) -> str:
+        assert self.cluster_port, f"{self.name} has not reported its inter-node port yet (not started?)"
         return f"{self.full_name}@127.0.0.1:{self.cluster_port}"
 
     @property
@@ -79,9 +88,16 @@ class Node:
         return self
 
     def wait_ready(self, timeout: float = 40.0) -> None:
+        """Until the node's listeners are all up (its ports file); learns the ports a first start bound."""
         assert self.proc is not None
-        _wait_port(self.amqp_port, self.proc, self.logs[-1], timeout)
-        _wait_port(self.management_port, self.proc, self.logs[-1], timeout)
+        ports = node_ports(self.directory / "data", self.proc, self.logs[-1], timeout)
+        self.amqp_port, self.management_port, self.cluster_port = (ports["amqp"], ports["management"],
+                                                                   ports["cluster"])
+
+    def reported_ports(self) -> bool:
+        """Whether this process has written its ports file (its listeners are open)."""
+        doc = portfile.read(self.directory / "data")
+        return doc is not None and self.proc is not None and doc.get("pid") == self.proc.pid
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self.logs)
@@ -151,7 +167,7 @@ class Cluster:
     def add(self, name: str | None = None, join: bool = True, start: bool = True, **kw: Any) -> Node:
         name = name or f"n{len(self.nodes) + 1}"
         seed = self.nodes[0].seed if join and self.nodes else None
-        node = Node(name, self.tmp / name, free_port(), free_port(), free_port(), seed, **kw)
+        node = Node(name, self.tmp / name, 0, 0, 0, seed, **kw)  # port 0: learnt from the ports file
         self.nodes.append(node)
         if start:
             node.start()

@@ -57,8 +57,7 @@ def test_three_nodes_over_tls_and_a_node_from_another_ca_cannot_join(tmp_path: P
             "CERTIFICATE_VERIFY_FAILED" in stranger.log(), stranger.log()
         assert {m.split("@")[0] for m in cluster.status(n1)["running_nodes"]} == {"n1", "n2", "n3"}
         assert all(m["name"] != stranger.full_name for m in cluster.status(n1)["members"])
-        with pytest.raises(OSError):  # it never got far enough to open its AMQP listener
-            socket.create_connection(("127.0.0.1", stranger.amqp_port), timeout=1).close()
+        assert not stranger.reported_ports()  # it never got far enough to open its listeners
     finally:
         cluster.stop()
 

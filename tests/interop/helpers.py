@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -109,8 +110,9 @@ class RawClient:
     """One TCP connection speaking AMQP frame by frame. Methods raise `ServerClosed` on EOF and
     `TimeoutError` when nothing arrives in time."""
 
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, ssl_context: ssl.SSLContext | None = None) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock = ssl_context.wrap_socket(sock, server_hostname="localhost") if ssl_context else sock
         self.timeout = timeout
         self.reader = FrameReader(0)
         self.frames: list[tuple[int, int, bytes]] = []
@@ -246,12 +248,31 @@ class RawClient:
         return self.expect(reply, channel)
 
 
-def raw_session(port: int, **handshake: Any) -> RawClient:
-    """A RawClient that has completed the handshake and opened channel 1."""
-    client = RawClient(port)
+def raw_session(port: int, ssl_context: ssl.SSLContext | None = None, **handshake: Any) -> RawClient:
+    """A RawClient (over TLS with `ssl_context`) that has completed the handshake and opened channel 1."""
+    client = RawClient(port, ssl_context=ssl_context)
     client.handshake(**handshake)
     client.open_channel(1)
     return client
+
+
+def write_after_close(raw: RawClient, server_closes_first: bool = False, megabytes: int = 8) -> None:
+    """The close handshake of a client that still has writes queued (amqplib's "find high watermark"
+    test, issue 22): after connection.close (the client's, or with `server_closes_first` the node's,
+    already received) the client writes `megabytes` more of publishes without reading. The node must
+    read and discard them all: a socket it closed would fail them (a reset or EPIPE raised here).
+    Then the client's close-ok or the node's close-ok, and the node hangs up once the client does."""
+    if not server_closes_first:
+        raw.send_method(0, spec.Connection.Close(reply_code=200, reply_text="bye"))
+    body = b"q" * 65536
+    for _ in range(megabytes * 16):
+        raw.publish(1, "", "no-such-queue", body)
+    if server_closes_first:
+        raw.send_method(0, spec.Connection.CloseOk())
+    else:
+        raw.expect(spec.Connection.CloseOk, 0)
+        raw.sock.shutdown(socket.SHUT_WR)
+    assert raw.wait_closed(timeout=30), "the node did not close the socket after the client did"
 
 
 def server_alive(port: int) -> bool:

@@ -2,23 +2,27 @@
 works on a node started with no clustering option at all. The tests may not use the default inter-node
 port 25672 (parallel test servers would share it), so the port comes from HUTCH_CLUSTER_PORT: no flag
 turns clustering on. A node started with --no-cluster refuses quorum queues and says how to get them.
+Issue 22: on such a node `hutchctl cluster_status` names the node and product that answered, and
+`hutch-storage check` names the queues (their definitions live in the metadata Raft group there).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pika
 import pytest
 from tests.mgmt.helpers import Api, wait_mgmt
 
-from conftest import free_port, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .helpers import connect
 
 
 def test_a_plain_start_takes_quorum_queues_and_keeps_them(tmp_path: Path) -> None:
-    env = {"HUTCH_CLUSTER_PORT": str(free_port())}
+    env = {"HUTCH_CLUSTER_PORT": "0"}
     server = start_server(tmp_path, env=env, cluster=None)
     try:
         assert (server.data_dir / ".hutch.secret").exists()  # made on first start: no secret to give
@@ -41,6 +45,29 @@ def test_a_plain_start_takes_quorum_queues_and_keeps_them(tmp_path: Path) -> Non
         conn.close()
     finally:
         again.stop()
+
+
+def test_hutchctl_and_hutch_storage_name_the_node_and_the_queues(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "--cluster-port", "0", cluster=None)
+    try:
+        conn = connect(server.amqp_port)
+        ch = conn.channel()
+        ch.queue_declare("named-in-check", durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", "named-in-check", b"kept", pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        status = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--port", str(server.management_port),
+                                 "cluster_status"], capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0] == "Cluster status of node test@localhost ..."
+        assert lines[1] == "Node: test@localhost" and lines[2].startswith("Product: hutch ")
+    finally:
+        server.stop()
+    check = subprocess.run([sys.executable, "-m", "hutch.cli.storage", "check", str(server.data_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "queue 'named-in-check' in vhost '/'" in check.stdout, check.stdout
 
 
 def test_no_cluster_refuses_quorum_queues_with_the_way_out(tmp_path: Path) -> None:

@@ -289,9 +289,11 @@ def test_handshake_timeout_after_header(limited_server):
 
 
 def test_client_connection_close(server):
+    """After close-ok the node waits for the client to close the socket (as RabbitMQ does)."""
     with raw_session(server.amqp_port) as raw:
         raw.send_method(0, spec.Connection.Close(reply_code=200, reply_text="bye"))
         raw.expect(spec.Connection.CloseOk, 0)
+        raw.sock.shutdown(socket.SHUT_WR)
         assert raw.wait_closed()
 
 

@@ -13,7 +13,7 @@ import pika
 import pytest
 import requests
 
-from conftest import free_port, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .inproc import InProcNode
 
@@ -75,16 +75,14 @@ def test_aio_pika_over_ipv6(tmp_path: Path) -> None:
 
 
 def test_an_explicit_ipv4_address_binds_ipv4_only() -> None:
-    port = free_port()
-    with InProcNode(amqp_host="127.0.0.1", amqp_port=port) as n:
+    with InProcNode(amqp_host="127.0.0.1", amqp_port=0) as n:
         _pika("127.0.0.1", n.amqp_port).close()
         with pytest.raises(pika.exceptions.AMQPConnectionError):
             _pika("::1", n.amqp_port)
 
 
 def test_an_explicit_ipv6_address_binds_ipv6_only() -> None:
-    port = free_port()
-    with InProcNode(amqp_host="::1", amqp_port=port) as n:
+    with InProcNode(amqp_host="::1", amqp_port=0) as n:
         _pika("::1", n.amqp_port).close()
         with pytest.raises(pika.exceptions.AMQPConnectionError):
             _pika("127.0.0.1", n.amqp_port)
@@ -97,8 +95,8 @@ def test_port_zero_gives_both_families_the_same_port() -> None:
 
 
 def test_cluster_of_one_listens_on_both_families(tmp_path: Path) -> None:
-    cluster_port = free_port()
-    info = start_server(tmp_path, "--cluster-port", str(cluster_port), cluster=None)
+    info = start_server(tmp_path, "--cluster-port", "0", cluster=None)
+    cluster_port = info.ports["cluster"]
     try:
         for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             with socket.create_connection((host, cluster_port), timeout=5) as s:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pika
 
-from conftest import free_port, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
 from hutch.amqp import spec
 from hutch.amqp.frames import method_frame
 
@@ -37,7 +37,7 @@ def test_data_dir_0700_and_files_0600_whatever_the_umask(tmp_path: Path) -> None
     data_dir = tmp_path / "fresh" / "data"  # created by the node itself
     old = os.umask(0)  # the node inherits an umask that would make everything world-writable
     try:
-        info = start_server(tmp_path, "--data-dir", str(data_dir), "--cluster-port", str(free_port()), cluster=None)
+        info = start_server(tmp_path, "--data-dir", str(data_dir), "--cluster-port", "0", cluster=None)
     finally:
         os.umask(old)
     try:
@@ -61,9 +61,8 @@ def test_data_dir_0700_and_files_0600_whatever_the_umask(tmp_path: Path) -> None
 
 
 def _server_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(free_port()), "--management-port",
-            str(free_port()), "--data-dir", str(tmp_path / "data"), "--node-name", "test@localhost",
-            "--cluster-port", str(free_port()), *extra]
+    return [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
+            "--data-dir", str(tmp_path / "data"), "--node-name", "test@localhost", "--cluster-port", "0", *extra]
 
 
 def test_group_readable_secret_file_is_refused(tmp_path: Path) -> None:
@@ -83,7 +82,7 @@ def test_group_readable_secret_file_allowed_with_a_warning(tmp_path: Path) -> No
     secret = tmp_path / "cluster.secret"
     secret.write_text("s3cret-shared-by-the-cluster")
     secret.chmod(0o640)
-    info = start_server(tmp_path, "--cluster-port", str(free_port()), "--cluster-secret-file", str(secret),
+    info = start_server(tmp_path, "--cluster-port", "0", "--cluster-secret-file", str(secret),
                         "--allow-insecure-secret-file", cluster=None)
     try:
         connect(info.amqp_port).close()

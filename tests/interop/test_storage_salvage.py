@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pika
 
-from conftest import free_port, start_server
+from conftest import start_server
 from hutch.storage import records
 from hutch.storage.appendfile import FILE_HEADER_BYTES, read_seed, scan_file
 from hutch.storage.msg_store import STORE_RECORD_TYPE
@@ -88,7 +88,7 @@ def flip_middle_record(path: Path, fix_crc: bool = False) -> records.Record:
 
 def refused_start(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hutch.cli.server", "--data-dir", str(data),
-                           "--amqp-port", str(free_port()), "--management-port", str(free_port()),
+                           "--amqp-port", "0", "--management-port", "0",
                            "--log-level", "none", "--no-cluster"],
                           capture_output=True, text=True, timeout=30)
 

@@ -27,7 +27,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from conftest import ServerInfo, free_port, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 from hutch.config import ConfigError, parse_config_text
 from hutch.core import auth
 from hutch.mgmt.definitions import NotJson, parse_document
@@ -694,9 +694,8 @@ def run_server(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess[
     config = tmp_path / "hutch.conf"
     config.write_text(config_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
-    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(free_port()), "--management-port",
-            str(free_port()), "--data-dir", str(tmp_path / "data"), "--config", str(config),
-            "--log-level", "error", "--no-cluster"]
+    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
+            "--data-dir", str(tmp_path / "data"), "--config", str(config), "--log-level", "error", "--no-cluster"]
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=30)
 
 

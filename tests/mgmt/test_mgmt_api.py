@@ -378,11 +378,8 @@ def test_management_port_in_use_is_one_line_error(tmp_path):
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            amqp_port = s.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp_port), "--management-port",
+            [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
              str(port), "--data-dir", str(tmp_path), "--log-level", "none", "--no-cluster"],
             capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pamqp import commands
+from pamqp import commands, frame
 from pamqp import header as pheader
 from pamqp.body import ContentBody
 from pamqp.heartbeat import Heartbeat
 
 from hutch.runtime.broker.node import Node
+from hutch.runtime.session.connection import CLOSE_OK_TIMEOUT_S
 
 from .memory import SessionPair, close_node, make_node
 
@@ -368,7 +369,7 @@ async def test_bad_frame_end_is_501_and_close_ok_closes(node: Node) -> None:
     # the frame boundaries are lost, so (like RabbitMQ) the socket goes after a grace period
     pair.send(0, commands.Connection.CloseOk())
     assert pair.received() == [] and not pair.transport.closed
-    pair.clock.advance(3)
+    pair.clock.advance(CLOSE_OK_TIMEOUT_S)  # 3 s: the wait for close-ok after the node's own close
     assert pair.transport.closed
 
 
@@ -385,13 +386,80 @@ async def test_close_ok_after_a_connection_error(node: Node) -> None:
 
 
 async def test_client_close(node: Node) -> None:
+    """After close-ok the socket stays open and what the client still sends is read and discarded
+    (issue 22: amqplib's publisher had frames queued behind its close) until the client closes it."""
     pair = await opened(node)
     pair.open_channel(1)
     pair.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     assert types(pair.received()) == [(0, commands.Connection.CloseOk)]
-    assert pair.transport.closed
-    pair.conn.connection_lost()
+    assert not pair.transport.closed and not pair.conn.channels
+    pair.feed(pair.publish(1, "q", b"queued behind the close") * 100 + b"not even a frame")
+    pair.send(0, commands.Connection.Close(reply_code=200, reply_text="again", class_id=0, method_id=0))
+    assert pair.received() == [] and not pair.transport.closed and pair.transport.reading
+    pair.conn.connection_lost()  # the client closed the socket
     assert pair.conn not in node.connections
+
+
+async def test_after_close_ok_the_socket_goes_after_the_closing_timeout(node: Node) -> None:
+    pair = await opened(node)
+    pair.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert types(pair.received()) == [(0, commands.Connection.CloseOk)]
+    assert pair.conn.closing_timeout_s() == 30.0  # rabbit_reader's CLOSING_TIMEOUT without a heartbeat
+    pair.clock.advance(29)
+    assert not pair.transport.closed
+    pair.clock.advance(1)
+    assert pair.transport.closed
+
+
+async def test_the_closing_timeout_is_the_heartbeat_timeout_when_shorter(node: Node) -> None:
+    pair = await opened(node, heartbeat=5)
+    pair.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert pair.conn.closing_timeout_s() == 5
+    pair.clock.advance(5)
+    assert pair.transport.closed
+
+
+async def test_a_close_during_the_handshake_discards_the_rest(node: Node) -> None:
+    pair = SessionPair(node)
+    pair.feed(frame.marshal(pheader.ProtocolHeader(), 0))
+    assert types(pair.received()) == [(0, commands.Connection.Start)]
+    pair.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+              commands.Connection.StartOk(mechanism="PLAIN", response="\x00guest\x00guest"))
+    assert types(pair.received()) == [(0, commands.Connection.CloseOk)]
+    pair.clock.advance(node.config.handshake_timeout_ms / 1000)  # the handshake timer is stopped
+    assert not pair.transport.closed
+    pair.clock.advance(pair.conn.closing_timeout_s())
+    assert pair.transport.closed
+
+
+async def test_a_publisher_held_by_an_alarm_reads_its_close_ok(node: Node) -> None:
+    """A server-initiated close lifts the read holds (alarm, flow): the client's close-ok is read."""
+    pair = await opened(node)
+    pair.open_channel(1)
+    pair.send(1, commands.Queue.Declare(queue="held"))
+    pair.received()
+    node.alarms.add("memory")
+    pair.conn.has_published = True
+    pair.conn.block_for_alarm()
+    assert not pair.transport.reading
+    pair.conn.close_forced("test")
+    assert pair.transport.reading
+    (ch, close), = pair.received()
+    assert (ch, close.reply_code) == (0, 320)
+    pair.send(0, commands.Connection.CloseOk())
+    assert pair.transport.closed
+
+
+async def test_simultaneous_close_answers_close_ok_then_discards(node: Node) -> None:
+    pair = await opened(node)
+    pair.conn.close_forced("test")
+    assert types(pair.received()) == [(0, commands.Connection.Close)]
+    pair.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert types(pair.received()) == [(0, commands.Connection.CloseOk)]
+    pair.feed(b"anything")
+    assert not pair.transport.closed
+    pair.clock.advance(pair.conn.closing_timeout_s())
+    assert pair.transport.closed
 
 
 # -- a gated method (the cluster's port) ---------------------------------------------------------------

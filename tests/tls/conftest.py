@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import ServerInfo, _wait_port, free_port, start_server
+from tests.conftest import ServerInfo, start_server
 from tests.tls.pki import Pki, make_pki
 
 MECHANISMS = "auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\nauth_mechanisms.3 = EXTERNAL\n"
@@ -31,16 +31,11 @@ def start_tls_node(tmp: Path, extra_config: str = "", *, https: bool = True,
                    fail_if_no_peer_cert: bool = False, pki: Pki | None = None) -> TlsNode:
     pki = pki or make_pki(tmp / "pki")
     other = make_pki(tmp / "other", "other")
-    amqps_port, https_port = free_port(), free_port()
     config = pki.section("ssl_options.", fail_if_no_peer_cert=fail_if_no_peer_cert) + MECHANISMS + extra_config
     if https:
-        config += f"management.ssl.port = {https_port}\n" + pki.section("management.ssl.",
-                                                                         fail_if_no_peer_cert=fail_if_no_peer_cert)
-    info = start_server(tmp / "node", "--amqps-port", str(amqps_port), config_text=config)
-    _wait_port(amqps_port, info.proc, info.log_path)
-    if https:
-        _wait_port(https_port, info.proc, info.log_path)
-    return TlsNode(info, pki, other, amqps_port, https_port)
+        config += "management.ssl.port = 0\n" + pki.section("management.ssl.", fail_if_no_peer_cert=fail_if_no_peer_cert)
+    info = start_server(tmp / "node", "--amqps-port", "0", config_text=config)  # the ports file has every port
+    return TlsNode(info, pki, other, info.ports["amqps"], info.ports.get("management_ssl", 0))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import pika.exceptions
 import pytest
 import requests
 from pamqp import commands, frame
+from tests.interop.helpers import raw_session, write_after_close
 from tests.tls.conftest import TlsNode, start_tls_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -198,3 +199,10 @@ def test_external_with_the_common_name_and_fail_if_no_peer_cert(tmp_path) -> Non
         assert with_cert.status_code == 200
     finally:
         node.info.stop()
+
+
+def test_writes_after_close_are_read_and_discarded_over_tls(tls_node: TlsNode) -> None:
+    """The close handshake on the TLS listener (issue 22): the node keeps reading and discarding after
+    close-ok until the client closes (tests/interop/test_close_handshake.py has the plain listener's)."""
+    with raw_session(tls_node.amqps_port, ssl_context=tls_node.pki.client_context()) as raw:
+        write_after_close(raw)

@@ -180,7 +180,7 @@ def test_information_units_invalid(text):
         ("heartbeat = -1", "invalid value '-1' for 'heartbeat': expected an integer between 0 and 65535"),
         ("listeners.tcp.default = 70000", "invalid value '70000' for 'listeners.tcp.default'"),
         ("listeners.tcp.default = host:", "for 'listeners.tcp.default': expected a port"),
-        ("management.tcp.port = 0", "expected an integer between 1 and 65535"),
+        ("management.tcp.port = 65536", "expected an integer between 0 and 65535"),
         ("management.tcp.ip = not a host", "expected an IP address or host name"),
         ("max_message_size = 536870913", "expected an integer between 1 and 536870912"),
         ("log.console.level = loud", "expected one of debug, info, warning, error, critical, none"),
@@ -300,9 +300,9 @@ def test_cluster_name_from_file_survives_node_name_flag(tmp_path):
     [
         (
             {"HUTCH_AMQP_PORT": "x"},
-            "HUTCH_AMQP_PORT: invalid value 'x': expected an integer between 1 and 65535",
+            "HUTCH_AMQP_PORT: invalid value 'x': expected an integer between 0 and 65535",
         ),
-        ({"HUTCH_MANAGEMENT_PORT": "0"}, "HUTCH_MANAGEMENT_PORT: invalid value '0'"),
+        ({"HUTCH_MANAGEMENT_PORT": "-1"}, "HUTCH_MANAGEMENT_PORT: invalid value '-1'"),
         ({"HUTCH_NODE_NAME": "a@b@c"}, "HUTCH_NODE_NAME: invalid value 'a@b@c'"),
         ({"HUTCH_LOG_LEVEL": "chatty"}, "HUTCH_LOG_LEVEL: invalid value 'chatty': expected one of debug"),
     ],
@@ -316,7 +316,7 @@ def test_env_errors_name_the_variable(env, message):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"amqp_port": 70000}, "--amqp-port: invalid value '70000': expected an integer between 1 and 65535"),
+        ({"amqp_port": 70000}, "--amqp-port: invalid value '70000': expected an integer between 0 and 65535"),
         ({"management_port": -1}, "--management-port: invalid value '-1'"),
         ({"log_level": "loud"}, "--log-level: invalid value 'loud'"),
         ({"data_dir": ""}, "--data-dir: invalid value '': expected a non-empty string"),
@@ -406,3 +406,11 @@ def test_bad_join_and_segment_values_are_one_line_errors() -> None:
         parse_config_text("cluster.join = n1\n")
     with _pytest.raises(ConfigError, match="raft.segment_max_entries"):
         parse_config_text("raft.segment_max_entries = 70000\n")
+
+
+def test_port_zero_asks_for_any_free_port_on_every_listener():
+    """Issue 22: harnesses start a node with port 0 everywhere and read the ports file (hutch/portfile.py)."""
+    c = load_config({"amqp_port": "0", "management_port": "0", "cluster_port": "0"}, {})
+    assert (c.amqp_port, c.management_port, c.cluster_port) == (0, 0, 0)
+    env = {"HUTCH_AMQP_PORT": "0", "HUTCH_MANAGEMENT_PORT": "0", "HUTCH_CLUSTER_PORT": "0"}
+    assert load_config({}, env).management_port == 0

@@ -8,7 +8,11 @@ Every `import`/`from ... import` in `src/hutch` is read with `ast`, including th
   `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/` or `app`;
 - only `cli/server.py` imports `runtime/app.py` (the composition root);
 - no function-local import of a hutch module in the runtime (none dodges a cycle);
-- the runtime's module graph (every import, TYPE_CHECKING ones too) has no cycle.
+- `runtime/ports.py`, which every runtime layer depends on, imports no runtime module (not even under
+  `TYPE_CHECKING`: a class it needs to name is a `Protocol` of its own);
+- no module graph has a cycle, every import counted as an edge (`TYPE_CHECKING` ones and function-local
+  ones too): the runtime's, and that of each other package (issue 22: a type-only circle between
+  `queues/quorum/state.py` and `deadletter.py` went unseen while only the runtime was checked).
 """
 
 from __future__ import annotations
@@ -116,12 +120,19 @@ def test_no_function_local_hutch_imports_in_the_runtime():
     assert bad == []
 
 
-def runtime_cycles() -> list[str]:
+def test_the_ports_module_imports_no_runtime_module():
+    bad = [name for name, _ in imports(SRC / "hutch" / "runtime" / "ports.py")
+           if name.startswith("hutch.runtime")]
+    assert bad == []
+
+
+def module_cycles(package: str = "hutch.runtime") -> list[str]:
+    """Import cycles among the modules of `package` (a package's `__init__` re-exports are not edges)."""
     graph: dict[str, set[str]] = {}
-    for path in (SRC / "hutch" / "runtime").rglob("*.py"):
+    for path in (SRC / package.replace(".", "/")).rglob("*.py"):
         me = module_name(path)
         graph[me] = {target for name, _ in imports(path)
-                     if (target := resolve(name)) and target.startswith("hutch.runtime") and target != me
+                     if (target := resolve(name)) and target.startswith(package + ".") and target != me
                      and path.name != "__init__.py"}
     # a package's __init__ is not an edge target worth reporting
     cycles = []
@@ -146,5 +157,24 @@ def runtime_cycles() -> list[str]:
     return cycles
 
 
+def runtime_cycles() -> list[str]:
+    return module_cycles("hutch.runtime")
+
+
 def test_the_runtime_has_no_import_cycle():
     assert runtime_cycles() == []
+
+
+def test_no_package_has_an_import_cycle_type_only_imports_included():
+    packages = sorted({module_name(p).split(".")[1] for p in all_files() if module_name(p).count(".") >= 1
+                       and (SRC / "hutch" / module_name(p).split(".")[1]).is_dir()})
+    assert "queues" in packages and "mgmt" in packages
+    cycles = {package: found for package in packages if (found := module_cycles(f"hutch.{package}"))}
+    assert cycles == {}
+
+
+def test_the_cycle_check_sees_a_type_only_edge():
+    """The scan counts an import under `if TYPE_CHECKING:` (what hid the quorum state/deadletter circle)."""
+    probe = SRC / "hutch" / "queues" / "quorum" / "deadletter.py"
+    found = [name for name, _ in imports(probe)]
+    assert "hutch.queues.quorum.messages.LiveIndexes" in found  # imported only for type checking

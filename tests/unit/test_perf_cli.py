@@ -44,6 +44,16 @@ def test_defaults():
     assert o.exchange == "" and o.routing_key is None and o.time_s == 0 and o.rate == 0
 
 
+def test_without_uri_the_port_is_hutch_amqp_port_when_set():
+    """Issue 22: hutch-perf must not silently go to 5672 (maybe RabbitMQ) when hutch-server was given
+    HUTCH_AMQP_PORT; an explicit --uri still wins."""
+    assert parse_args([], {"HUTCH_AMQP_PORT": "5699"}).uri.port == 5699
+    assert parse_args([], {"HUTCH_AMQP_PORT": ""}).uri.port == 5672
+    assert parse_args(["--uri", "amqp://h:5700/%2F"], {"HUTCH_AMQP_PORT": "5699"}).uri.port == 5700
+    with pytest.raises(UsageError, match="^HUTCH_AMQP_PORT: expected a port number, got 'x'$"):
+        parse_args([], {"HUTCH_AMQP_PORT": "x"})
+
+
 def test_all_options():
     o = parse_args(["--uri", "amqp://u:p@h:5673/v", "-x", "3", "-y", "2", "-s", "100", "-c", "500",
                     "-A", "50", "-q", "100", "-f", "persistent", "-f", "mandatory", "--queue-args",

@@ -94,7 +94,7 @@ def test_bad_flag_is_one_line_and_exit_2(fake_run_node, capsys, argv, line):
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
-        (["--amqp-port", "70000"], "hutch-server: --amqp-port: invalid value '70000': expected an integer between 1 and 65535"),
+        (["--amqp-port", "70000"], "hutch-server: --amqp-port: invalid value '70000': expected an integer between 0 and 65535"),
         (["--log-level", "loud"], "hutch-server: --log-level: invalid value 'loud': expected one of "
          "debug, info, warning, error, critical, none"),
     ],

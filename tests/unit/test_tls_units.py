@@ -51,7 +51,7 @@ def test_tls_keys_become_sections_and_lists() -> None:
     ("cluster.ssl.verify = verify_none", "the cluster always verifies both peers' certificates"),
     ("auth_mechanisms.1 = CRAM-MD5", "one of PLAIN, AMQPLAIN, EXTERNAL"),
     ("ssl_cert_login_from = email", "one of distinguished_name, common_name"),
-    ("listeners.ssl.default = :x", "a port (1-65535) or host:port, e.g. 5671"),
+    ("listeners.ssl.default = :x", "a port (0-65535; 0: any free port) or host:port, e.g. 5671"),
     ("ssl_options.certfle = /x", "unknown key 'ssl_options.certfle'"),
 ])
 def test_bad_tls_keys_say_what_is_wrong(text: str, message: str) -> None:

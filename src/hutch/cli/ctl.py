@@ -660,7 +660,12 @@ def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
     if not isinstance(doc, dict):
         raise BadReply("unexpected reply to GET /api/cluster-status")
     meta = doc.get("metadata", {})
-    lines = [f"Cluster name: {doc.get('cluster_name')}", "", "Members"]
+    # which node and which product answered: a hutchctl pointed at the wrong port says so (issue 22)
+    overview = client.get("/api/overview")
+    node = overview.get("node") if isinstance(overview, dict) else None
+    product = (f"{overview.get('product_name')} {overview.get('product_version')}" if isinstance(overview, dict)
+               else "?")
+    lines = [f"Node: {node}", f"Product: {product}", f"Cluster name: {doc.get('cluster_name')}", "", "Members"]
     for m in doc.get("members", []):
         state = "running" if m.get("running") else "not running"
         role = "voter" if m.get("voter") else "joining"
@@ -673,7 +678,7 @@ def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
     lines += alarms or ["  (none)"]
     lines += ["", f"Metadata: leader {meta.get('leader')}, term {meta.get('term')}, "
                   f"commit index {meta.get('commit')}, applied here {meta.get('applied')}"]
-    return Output(banner="Cluster status of node ...", document=doc, lines=lines)
+    return Output(banner=f"Cluster status of node {node} ...", document=doc, lines=lines)
 
 
 def cmd_join_cluster(client: Client, args: argparse.Namespace) -> Output:

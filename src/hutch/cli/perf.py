@@ -6,6 +6,7 @@ prints `hutch-perf: cannot connect to <uri>: <reason>` and exits 1. The work is 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from hutch.perf.options import UsageError, parse_args
@@ -13,7 +14,7 @@ from hutch.perf.options import UsageError, parse_args
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        options = parse_args(sys.argv[1:] if argv is None else list(argv))
+        options = parse_args(sys.argv[1:] if argv is None else list(argv), dict(os.environ))
     except UsageError as exc:
         print(f"hutch-perf: error: {exc}", file=sys.stderr)
         return 2

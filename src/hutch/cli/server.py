@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Run a hutch node (an AMQP 0-9-1 broker with RabbitMQ's model).",
-        epilog="Flags beat HUTCH_* environment variables, which beat the config file. "
-        "See docs/configuration.md.",
+        epilog="Flags beat HUTCH_* environment variables, which beat the config file. Port 0 binds any "
+        "free port; the ports bound are logged and written to <data-dir>/ports.json. See docs/configuration.md.",
     )
     parser.add_argument("--config", metavar="FILE", help="RabbitMQ-style config file (env HUTCH_CONFIG)")
     parser.add_argument(

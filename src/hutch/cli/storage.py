@@ -62,7 +62,9 @@ from typing import NoReturn
 
 import msgpack
 
+from hutch.cluster.metadata import METADATA_GROUP
 from hutch.core.definition_ops import DeclareQueue, from_stored
+from hutch.raft.messages import EntryType
 from hutch.runtime.queue_types.classic.persistence import resource_dir
 from hutch.storage import records
 from hutch.storage.appendfile import ENTRY_LEN, FILE_HEADER_BYTES, file_header, read_seed
@@ -85,10 +87,12 @@ from hutch.storage.queue_index import (
     RET_ENTRY,
 )
 from hutch.storage.queue_index import SUFFIX as INDEX_SUFFIX
+from hutch.storage.raft_log import offline_entries, offline_snapshot
 from hutch.storage.salvage import LogSalvage, salvage_log
 from hutch.storage.snapshot import read_snapshot
 
 DEFINITIONS_LOG = os.path.join("definitions", "log")
+CLUSTER_RAFT_DIR = os.path.join("cluster", "raft")  # a clustered node's Raft store (its definitions' home)
 DEFINITIONS_SNAPSHOT = os.path.join("definitions", "snapshot")
 SNAPSHOT_FILES = (DEFINITIONS_SNAPSHOT,)
 QUEUES_DIR = "queues"
@@ -360,6 +364,7 @@ def labels(fs: RealFS, data_dir: str) -> dict[str, str]:
         log_dir = os.path.join(data_dir, DEFINITIONS_LOG)
         if os.path.isdir(log_dir):
             ops.extend(msgpack.unpackb(e, raw=False) for seq, e in salvage_log(fs, log_dir).entries if seq > covered)
+        ops.extend(_metadata_group_ops(fs, data_dir))
         found: dict[str, str] = {}
         for item in ops:
             op = from_stored(item) if isinstance(item, dict) and item.get("op") == DeclareQueue.KIND else None
@@ -370,6 +375,25 @@ def labels(fs: RealFS, data_dir: str) -> dict[str, str]:
         return found
     except Exception:  # labels are a convenience; a damaged definition is reported by check anyway
         return {}
+
+
+def _metadata_group_ops(fs: RealFS, data_dir: str) -> Iterator[dict[str, object]]:
+    """The stored definition operations of a clustered node's definitions, which live in the metadata Raft
+    group (cluster/raft): its snapshot and every entry still on disk, in no order and superseded ones
+    included; enough for labels, since a queue's directory id is a hash of its vhost and name."""
+    root = os.path.join(data_dir, CLUSTER_RAFT_DIR)
+    if not os.path.isdir(root):
+        return
+    snap = offline_snapshot(fs, root, METADATA_GROUP)
+    payloads = [snap.data] if snap is not None and snap.data else []
+    payloads += [e.data for e in offline_entries(fs, root, METADATA_GROUP) if e.type == EntryType.NORMAL and e.data]
+    for payload in payloads:
+        try:
+            doc = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.UnpackException):
+            continue
+        items = doc.get("ops") if isinstance(doc, dict) else None
+        yield from (item for item in items or () if isinstance(item, dict))
 
 
 def find_logs(data_dir: str) -> list[str]:

@@ -387,6 +387,14 @@ def topic_permission_allows(pattern: str, user: str, vhost: str, routing_key: st
         return False
 
 
+class LoginOutcome(NamedTuple):
+    """A login's answer (runtime/broker/logins.py): the user (None: refused) and, when refused, why (for
+    the log; the client gets the generic text)."""
+
+    user: User | None
+    reason: str = ""
+
+
 class LoginCheck(NamedTuple):
     """What ``AuthStore.check_login`` found: the user (None: refused), and for a user whose stored
     hash is an imported RabbitMQ one, the scrypt hash that should replace it (``rehash``), valid

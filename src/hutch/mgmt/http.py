@@ -424,7 +424,7 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
     site = listener.GuardedSite(runner, cfg.management_ssl_host or None, port, limits,
                                 ssl_context=lambda: node.tls.current("management_ssl"))
     await _start_site(runner, site, what)
-    node.management_ssl_port = _bound_port(runner, before, port or 0)
+    node.management_ssl_port = node.listener_ports["management_ssl"] = _bound_port(runner, before, port or 0)
     log.info("management HTTPS API started on %s:%d", listen.display_host(cfg.management_ssl_host),
              node.management_ssl_port)
 
@@ -446,7 +446,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     if cfg.management_tcp:
         site = listener.GuardedSite(runner, cfg.management_host or None, cfg.management_port, limits)
         await _start_site(runner, site, f"management HTTP on port {cfg.management_port}")
-        node.management_port = _bound_port(runner, 0, cfg.management_port)
+        node.management_port = node.listener_ports["management"] = _bound_port(runner, 0, cfg.management_port)
         log.info("management HTTP API started on %s:%d (at most %d connections, %d from one address)",
                  listen.display_host(cfg.management_host), node.management_port, limits.max_connections,
                  limits.max_connections_per_source)

@@ -20,6 +20,7 @@ from hutch.amqp import uri as amqp_uri
 from hutch.amqp.uri import AmqpUri
 
 DEFAULT_URI = "amqp://guest:guest@127.0.0.1:5672/%2F"
+PORT_ENV = "HUTCH_AMQP_PORT"  # hutch-server's variable: without --uri, hutch-perf goes to the same port
 TIMESTAMP_BYTES = 8  # the send timestamp every message body starts with
 FLAGS = ("persistent", "mandatory")
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
@@ -136,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run in separate OS processes; one line of rates and latencies is printed per second.",
     )
     a = p.add_argument
-    a("--uri", default=DEFAULT_URI, help="AMQP URI, amqp:// or amqps:// (default: %(default)s)")
+    a("--uri", default=None, help=f"AMQP URI, amqp:// or amqps:// (default: {DEFAULT_URI.replace('%', '%%')}, on the port "
+      f"{PORT_ENV} names when it is set)")
     a("--cacert", default=None, metavar="FILE",
       help="amqps: CA certificate(s) to verify the broker with (the URI's cacertfile; default: the system's)")
     a("-x", "--producers", type=_nonneg_int, default=1, help="producer count (default 1)")
@@ -180,9 +182,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> PerfOptions:
-    """Parse and validate; raises UsageError (bad input) or SystemExit(0) for --help."""
+def default_uri(environ: dict[str, str]) -> str:
+    """DEFAULT_URI on the port HUTCH_AMQP_PORT names, when it is set (the variable hutch-server reads)."""
+    text = environ.get(PORT_ENV, "")
+    if not text:
+        return DEFAULT_URI
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UsageError(f"{PORT_ENV}: expected a port number, got '{text}'")
+    return DEFAULT_URI.replace(":5672/", f":{int(text)}/")
+
+
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> PerfOptions:
+    """Parse and validate; raises UsageError (bad input) or SystemExit(0) for --help. Without --uri the
+    broker is DEFAULT_URI, on `environ`'s HUTCH_AMQP_PORT when set."""
     ns = build_parser().parse_args(argv)
+    if ns.uri is None:
+        ns.uri = default_uri(environ or {})
     uri = parse_uri(ns.uri)
     if ns.cacert is not None:
         if not uri.tls:

@@ -4,7 +4,8 @@ Owns: building a node (`build_node`: the broker's `Node`, its definitions store,
 store, the queue types in the order records are offered to them), making it clustered (`cluster_node`:
 the cluster service and the queue types' inter-node services), the AMQP listener and the AMQP-over-TLS
 listener with certificate reloading (runtime/tls.py), the node's life from start to SIGTERM (`serve`),
-the garbage collector's tuning and the event loop (`run_node`).
+announcing the ports its listeners bound (the log and the ports file, hutch/portfile.py), the garbage
+collector's tuning and the event loop (`run_node`).
 
 Rules:
 - Only `cli/server.py` (and tests that need a node in their own process) import this module.
@@ -24,7 +25,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
-from hutch import __version__
+from hutch import __version__, portfile
 from hutch.cluster.messages import LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
@@ -98,7 +99,7 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqp_host, cfg.amqp_port,
                                         backlog=1024, reuse_address=True)
     node.server = server
-    node.amqp_port = server.sockets[0].getsockname()[1]
+    node.amqp_port = node.listener_ports["amqp"] = server.sockets[0].getsockname()[1]
     log.info("AMQP listener started on %s:%d", listen.display_host(cfg.amqp_host), node.amqp_port)
     return server
 
@@ -122,7 +123,7 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
         loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots, "AMQP over TLS"), node.tls.current("ssl_options"),
                                 timeout_s),
         cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
-    node.amqps_port = server.sockets[0].getsockname()[1]
+    node.amqps_port = node.listener_ports["amqps"] = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
 
@@ -194,6 +195,8 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGHUP, lambda: log.info("SIGHUP received while the node starts: ignored"))
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
+    if config.data_dir:
+        portfile.remove(config.data_dir)  # a previous process's ports never answer for this one
     try:
         secret = load_secret(config) if clustered else None  # refused if others can read it: one line
     except (ValueError, OSError) as exc:
@@ -231,6 +234,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             print(f"hutch-server: {exc}", file=sys.stderr)
             await cluster.stop()
             return 1
+        node.listener_ports["cluster"] = cluster.transport.port
         node.recover_messages()
     if prepare is not None:
         problem = prepare(node)
@@ -268,6 +272,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     node.tls.start()  # certificate reloads (SIGHUP, file changes) for every TLS listener
+    _announce_ports(node)
     log.info("node %s started (hutch %s)", node.name, __version__)
     await stop.wait()
     node.tls.stop()
@@ -277,8 +282,23 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     await stop_node(node, server)
     if cluster is not None:
         await cluster.stop()
+    if config.data_dir:
+        portfile.remove(config.data_dir)
     log.info("node %s stopped", node.name)
     return 0
+
+
+def _announce_ports(node: Node) -> None:
+    """The bound port of every listener, in the log and in the ports file (portfile.py): what a harness
+    that started the node with port 0 reads."""
+    ports = node.listener_ports
+    where = ""
+    if node.config.data_dir:
+        try:
+            where = f" (written to {portfile.write(node.config.data_dir, node.name, os.getpid(), ports)})"
+        except OSError as exc:
+            where = f" (no ports file: {exc})"
+    log.info("listening: %s%s", ", ".join(f"{name} {port}" for name, port in ports.items()), where)
 
 
 def _closer(server: asyncio.base_events.Server) -> Callable[[], Awaitable[None]]:

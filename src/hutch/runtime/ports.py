@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from hutch.amqp.errors import AMQPError
     from hutch.config import Config
-    from hutch.core.auth import AuthStore
+    from hutch.core.auth import AuthStore, LoginOutcome
     from hutch.core.credit_flow import LoopLoad
     from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
     from hutch.core.message import Message
     from hutch.core.queue_type import Consumer, Queue
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.logins import LoginGate
 
 
 class Clock(Protocol):
@@ -50,6 +49,13 @@ class Clock(Protocol):
     def wall_s(self) -> float: ...
 
     def monotonic(self) -> float: ...
+
+
+class LoginChecker(Protocol):
+    """The node's password checks (runtime/broker/logins.py's `LoginGate`): off the event loop, bounded
+    per node and per source address; a refusal's reason is for the log only."""
+
+    async def check(self, user: str, password: str, source: str) -> LoginOutcome: ...
 
 
 class ChannelPort(Protocol):
@@ -230,7 +236,9 @@ class BrokerPort(Protocol):
     cluster: MetadataPort | None
     persistence: Any
     clock: Clock
-    logins: LoginGate  # every password check (runtime/broker/logins.py)
+
+    @property
+    def logins(self) -> LoginChecker: ...  # every password check (runtime/broker/logins.py's LoginGate)
 
     def wall_ms(self) -> float: ...
 

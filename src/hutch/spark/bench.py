@@ -2,8 +2,8 @@
 
     python -m hutch.spark.bench --messages 200000 --size 100
 
-Owns: the benchmark that docs/spark.md records. It starts a hutch node on free ports (or uses --uri)
-and a local Spark session (`--master`, default local[2]), then measures, with `--size`-byte bodies:
+Owns: the benchmark that docs/spark.md records. It starts a hutch node on free ports, the inter-node one
+included, in a temporary directory it removes at the end (or uses --uri), and a local Spark session (`--master`, default local[2]), then measures, with `--size`-byte bodies:
 
 - broker baselines without Spark: publishing with confirms, and consuming, with the connector's client;
 - hutch -> memory sink and hutch -> Parquet: a streaming query with Trigger.AvailableNow over a queue
@@ -23,7 +23,6 @@ import argparse
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,34 +32,29 @@ from pathlib import Path
 from typing import Any
 
 from hutch.amqp.spec import BasicProperties
+from hutch.portfile import NodeDidNotStart, wait_for_ports
 
 from .client import AmqpClient, Delivery
 from .options import parse_uri
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_node(work: Path, node_name: str = "bench@localhost",
                data_dir_name: str = "data") -> tuple[subprocess.Popen[bytes], str]:
-    """Start a hutch node on free ports with its data and log under `work`; returns (process, AMQP URI)."""
-    port, mgmt = _free_port(), _free_port()
-    log = open(work / "hutch.log", "wb")  # noqa: SIM115 - lives as long as the node
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(port),
-                             "--management-port", str(mgmt), "--data-dir", str(work / data_dir_name),
-                             "--node-name", node_name], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"hutch did not start, see {work / 'hutch.log'}")
+    """Start a hutch node with its data and log under `work`, every listener on port 0: AMQP, management
+    and the inter-node port of its cluster of one (a fixed 25672 would collide with `make run`'s node);
+    returns (process, AMQP URI) once its ports file (hutch/portfile.py) says it listens."""
+    data, log_path = work / data_dir_name, work / "hutch.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
+                                 "--management-port", "0", "--cluster-port", "0", "--data-dir", str(data),
+                                 "--node-name", node_name], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        port = wait_for_ports(data, proc, 60)["amqp"]
+    except NodeDidNotStart as exc:
+        proc.kill()
+        proc.wait()
+        raise SystemExit(f"hutch did not start ({exc}); see {log_path}") from None
+    return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
 
 
 def declare(uri: str, queue: str) -> None:
@@ -209,10 +203,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hutch-spark-bench-"))
     node = None
     uri = args.uri
-    if uri is None:
-        node, uri = start_node(work)
     n, size = args.messages, args.size
     try:
+        if uri is None:
+            node, uri = start_node(work)
         from pyspark.sql import SparkSession
 
         from . import HutchDataSource

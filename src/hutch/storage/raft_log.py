@@ -30,6 +30,7 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hutch.raft.messages import (
@@ -43,9 +44,10 @@ from hutch.raft.messages import (
 )
 from hutch.raft.storage import CompactedError, StorageError, UnavailableError, limit_size
 from hutch.storage import appendfile, snapshot
-from hutch.storage.errors import CorruptRecord
+from hutch.storage.errors import CorruptRecord, CorruptSnapshot
 from hutch.storage.fs import Bytes, DelegatingFS, FileHandle, FileSystem
 from hutch.storage.log import LogOptions, SegmentedLog, SyncJob
+from hutch.storage.salvage import salvage_log
 
 MANIFEST = "MANIFEST"
 MANIFEST_KIND = 0x52  # 'R'
@@ -659,6 +661,39 @@ def _read_segment(fs: FileSystem, path: str) -> list[Entry]:
         if b.index != a.index + 1:
             raise CorruptRecord(path, 0, f"entry {b.index} follows {a.index}")
     return out
+
+
+def offline_entries(fs: FileSystem, root: str, group: int) -> Iterator[Entry]:
+    """For offline tools (hutch-storage), read-only: every entry of `group` the store at `root` holds,
+    from its segment files and the ENTRIES records of every WAL generation, in no particular order and
+    superseded ones included (no manifest is consulted); a file that does not read whole is skipped."""
+    gdir = _group_dir(root, group)
+    names = sorted(fs.list_dir(gdir)) if fs.exists(gdir) else []
+    for name in names:
+        if name.endswith(SEGMENT_SUFFIX):
+            try:
+                yield from _read_segment(fs, f"{gdir}/{name}")
+            except (CorruptRecord, ValueError, struct.error):
+                continue
+    for name in sorted(fs.list_dir(root)) if fs.exists(root) else []:
+        if not name.startswith("wal-"):
+            continue
+        for _seq, payload in salvage_log(fs, f"{root}/{name}").entries:
+            try:
+                kind, gid = _HEAD.unpack_from(payload)
+                if kind == ENTRIES and gid == group:
+                    yield from decode_entries(payload, _HEAD.size)
+            except (struct.error, ValueError):
+                continue
+
+
+def offline_snapshot(fs: FileSystem, root: str, group: int) -> Snapshot | None:
+    """For offline tools, read-only: the snapshot of `group` under `root`, None if none reads."""
+    try:
+        payload = snapshot.read_snapshot(fs, f"{_group_dir(root, group)}/snapshot", kind=SNAPSHOT_KIND)
+        return None if payload is None else decode_snapshot_payload(payload)
+    except (CorruptSnapshot, struct.error, ValueError):
+        return None
 
 
 class DiskStorage:

@@ -22,12 +22,13 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .effects import DROPPED_STRATEGY_CHANGED, REASONS, Out
 
 if TYPE_CHECKING:
-    from .state import QueueState
+    from .config import QuorumConfig
+    from .messages import LiveIndexes
 
 DlxRecord = tuple[int, int, int]  # (raft_index, size_bytes, reason code)
 
@@ -65,7 +66,16 @@ class DlxState:
         return d
 
 
-def dead_letter(st: QueueState, out: Out, reason_code: int, raft_index: int, size: int) -> None:
+class DlxHost(Protocol):
+    """What dead-lettering reads and changes of a queue's state (state.py's `QueueState`, which imports
+    this module: naming it here would be an import cycle)."""
+
+    config: QuorumConfig
+    dlx: DlxState
+    live: LiveIndexes
+
+
+def dead_letter(st: DlxHost, out: Out, reason_code: int, raft_index: int, size: int) -> None:
     """The message at `raft_index` (already out of the ready queue or its consumer) dies."""
     cfg = st.config
     if cfg.at_least_once:
@@ -83,7 +93,7 @@ def dead_letter(st: QueueState, out: Out, reason_code: int, raft_index: int, siz
         batch.append(raft_index)
 
 
-def dlx_checkout(st: QueueState, prefetch: int) -> None:
+def dlx_checkout(st: DlxHost, prefetch: int) -> None:
     """The worker (re)registers: what it held goes back to the front, in message order."""
     dlx = st.dlx
     if dlx.checked:
@@ -93,7 +103,7 @@ def dlx_checkout(st: QueueState, prefetch: int) -> None:
     dlx.prefetch = prefetch
 
 
-def dlx_settle(st: QueueState, msg_ids: tuple[int, ...]) -> None:
+def dlx_settle(st: DlxHost, msg_ids: tuple[int, ...]) -> None:
     dlx = st.dlx
     for msg_id in msg_ids:
         item = dlx.checked.pop(msg_id, None)
@@ -102,7 +112,7 @@ def dlx_settle(st: QueueState, msg_ids: tuple[int, ...]) -> None:
             st.live.discard(msg_id)
 
 
-def dlx_deliver(st: QueueState, out: Out) -> None:
+def dlx_deliver(st: DlxHost, out: Out) -> None:
     """Hand dead letters to the worker while it has room."""
     dlx = st.dlx
     room = dlx.prefetch - len(dlx.checked)
@@ -113,7 +123,7 @@ def dlx_deliver(st: QueueState, out: Out) -> None:
         room -= 1
 
 
-def drop_all(st: QueueState, out: Out) -> None:
+def drop_all(st: DlxHost, out: Out) -> None:
     """At-least-once stopped: delete every dead letter not yet settled (seed 000)."""
     dlx = st.dlx
     indexes = dlx.indexes()

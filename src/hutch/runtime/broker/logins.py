@@ -31,24 +31,18 @@ import hmac
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from hutch.core.auth import LoginOutcome
 from hutch.core.logsafe import safe
 
 if TYPE_CHECKING:
     from hutch.config import Config
-    from hutch.core.auth import AuthStore, LoginCheck, User
+    from hutch.core.auth import AuthStore, LoginCheck
 
 log = logging.getLogger("hutch.auth")
 
 TOO_MANY_PENDING = "too many logins pending"
-
-
-class LoginOutcome(NamedTuple):
-    """The user (None: refused) and, when refused, why (for the log; the client gets the generic text)."""
-
-    user: User | None
-    reason: str = ""
 
 
 def default_hash_threads() -> int:

@@ -114,6 +114,9 @@ class Node:
         self.management_port = 0
         self.amqps_port = 0  # the TLS listeners' ports, once bound (runtime/tls.py, mgmt/http.py)
         self.management_ssl_port = 0
+        # every listener's bound port by name ("amqp", "amqps", "management", "management_ssl", "cluster"),
+        # set where it binds; runtime/app.py writes them to the ports file once the node is up (portfile.py)
+        self.listener_ports: dict[str, int] = {}
         self.tls = NodeTls(config)  # TLS contexts of every listener, and certificate reloads
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources

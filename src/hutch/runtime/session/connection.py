@@ -15,6 +15,12 @@ Rules (uvicorn/asyncpg style hot path):
   coroutine per frame. Output is collected in `out` and written once per batch (`flush`).
 - A `ChannelError` closes only its channel; a `ConnectionError_` sends connection.close and then
   ignores everything but close/close-ok. Nothing a client sends can raise out of `receive_data`.
+- The close handshake ends the way RabbitMQ's reader ends it: once close-ok is sent (the client
+  closed) the connection reads and discards whatever still arrives until the client closes the socket,
+  at most `closing_timeout_s()`; closing at once would fail the writes a client still has queued (an
+  EPIPE instead of its close callback: issue 22). After the server's own connection.close it reads
+  and discards until close-ok (then closes), a simultaneous close, the client's EOF or CLOSE_OK_TIMEOUT_S.
+  Every read hold but the per-iteration budget is dropped then: a held socket would never see close-ok.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
 """
 
@@ -58,8 +64,8 @@ from hutch.runtime.session.channel import ServerChannel
 
 if TYPE_CHECKING:
     from hutch.config import Config
+    from hutch.core.auth import LoginOutcome
     from hutch.core.vhost import VirtualHost
-    from hutch.runtime.broker.logins import LoginOutcome
     from hutch.runtime.ports import BrokerPort
     from hutch.runtime.session.ports import LoopClock, MethodGate, TimerHandle, Transport
 
@@ -106,6 +112,12 @@ FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 UNFINISHED_BODIES_MESSAGES = 4
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
+# the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
+# CLOSING_TIMEOUT; shorter when the negotiated heartbeat timeout is)
+CLOSING_TIMEOUT_S = 30.0
+# the longest the node waits for close-ok after its own connection.close (a client that does not answer
+# is gone from the connection list in that time, as the management API's users expect)
+CLOSE_OK_TIMEOUT_S = 3.0
 _PUBLISH_ID = b"\x00\x3c\x00\x28"
 _ACK_ID = b"\x00\x3c\x00\x50"
 _FAST_IDS = frozenset((_PUBLISH_ID, _ACK_ID))
@@ -118,11 +130,12 @@ class State:
     TUNE = 3
     OPEN_WAIT = 4
     OPEN = 5
-    CLOSING = 6
-    CLOSED = 7
+    CLOSING = 6  # connection.close sent, waiting for close-ok (input read and discarded meanwhile)
+    DISCARDING = 7  # the handshake is over: input is discarded until the client closes the socket
+    CLOSED = 8
 
 
-_OPEN, _CLOSING, _CLOSED = State.OPEN, State.CLOSING, State.CLOSED  # the frame loop's constants
+_OPEN, _CLOSING, _DISCARDING = State.OPEN, State.CLOSING, State.DISCARDING  # the frame loop's constants
 _FRAME_METHOD, _FRAME_BODY = spec.FRAME_METHOD, spec.FRAME_BODY
 _CONTENT_FRAMES = (spec.FRAME_BODY, spec.FRAME_HEADER)
 
@@ -223,7 +236,10 @@ class AMQPConnection:
     # -- flow control ----------------------------------------------------------------------------
     def hold_reading(self, reason: str) -> None:
         """Stop reading input until every reason given is released (flow, alarm, login, cluster, and
-        the asyncio adapter's per-iteration read budget)."""
+        the asyncio adapter's per-iteration read budget). Once the connection is closing only the
+        budget holds: the rest of the input is read to find close-ok or to be discarded."""
+        if self.state >= _CLOSING and reason != "budget":
+            return
         if not self._read_holds and self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
         self._read_holds.add(reason)
@@ -270,6 +286,8 @@ class AMQPConnection:
         connection is suspended: a login or a gated method pending), and the output is flushed."""
         self._last_recv = self.clock.time()
         self.recv_oct += len(data)
+        if self.state >= _DISCARDING:  # close-ok is sent: what the client still had queued is dropped
+            return
         if self.state == State.HEADER:
             data = self._protocol_header(data)
             if not data:
@@ -332,7 +350,7 @@ class AMQPConnection:
                                     if content is None:
                                         continue
                                     ch.handle_content(content[0], content[1])
-                                    if self._suspended or self.state == _CLOSED:
+                                    if self._suspended or self.state >= _DISCARDING:
                                         return
                                     continue
                             except ChannelError as exc:
@@ -341,7 +359,7 @@ class AMQPConnection:
                     self._method_frame(channel, payload)
                 elif channel != 0:
                     raise FrameError("heartbeat frame on a non-zero channel")
-                if self._suspended or self.state == _CLOSED:
+                if self._suspended or self.state >= _DISCARDING:
                     return
         except ConnectionError_ as exc:
             self.close_with_error(exc)
@@ -462,10 +480,8 @@ class AMQPConnection:
             return
         if isinstance(method, spec.Connection.CloseOk):
             self._abort()
-        elif isinstance(method, spec.Connection.Close):
-            self.send_method(0, spec.Connection.CloseOk())
-            self.flush()
-            self._abort()
+        elif isinstance(method, spec.Connection.Close):  # both sides closed at once
+            self._send_close_ok()
 
     # -- handshake -------------------------------------------------------------------------------
     def _protocol_header(self, data: bytes) -> bytes:
@@ -496,10 +512,7 @@ class AMQPConnection:
         elif isinstance(m, spec.Connection.Open) and state == State.OPEN_WAIT:
             self._open(m)
         elif isinstance(m, spec.Connection.Close):
-            self._release_all()
-            self.send_method(0, spec.Connection.CloseOk())
-            self.flush()
-            self._abort()
+            self._send_close_ok()
         elif isinstance(m, spec.Connection.CloseOk):
             self._abort()
         elif isinstance(m, spec.Connection.UpdateSecret) and state == State.OPEN:
@@ -722,8 +735,36 @@ class AMQPConnection:
         self.transport.write(data)
 
     # -- closing ---------------------------------------------------------------------------------
+    def closing_timeout_s(self) -> float:
+        """How long a closing connection waits for close-ok or for the client to close the socket:
+        CLOSING_TIMEOUT_S, or the heartbeat timeout when that is shorter (rabbit_reader's rule)."""
+        return min(self.heartbeat_s, CLOSING_TIMEOUT_S) if self.heartbeat_s > 0 else CLOSING_TIMEOUT_S
+
+    def _send_close_ok(self) -> None:
+        """The client closed: release everything, answer close-ok, then discard its remaining input
+        until it closes the socket (bounded by `closing_timeout_s`)."""
+        self._release_all()
+        self.send_method(0, spec.Connection.CloseOk())
+        self.flush()
+        self.state = State.DISCARDING
+        self._read_to_the_end(self.closing_timeout_s())
+
+    def _read_to_the_end(self, timeout_s: float) -> None:
+        """Closing: drop every read hold but the budget, stop the heartbeat and handshake timer, and
+        close the socket after `timeout_s` at the latest."""
+        held = bool(self._read_holds)
+        self._read_holds &= {"budget"}
+        if held and not self._read_holds and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+        self._close_timer = self.clock.call_later(timeout_s, self._abort)
+
     def close_with_error(self, exc: AMQPError) -> None:
-        if self.state in (State.CLOSING, State.CLOSED):
+        if self.state >= _CLOSING:
             return
         log.info("closing connection %s: %s %s", self.name, exc.code, safe(exc.text))
         self._release_all()
@@ -733,7 +774,7 @@ class AMQPConnection:
                                                   class_id=exc.class_id, method_id=exc.method_id))
         self.flush()
         self.state = State.CLOSING
-        self._close_timer = self.clock.call_later(3.0, self._abort)
+        self._read_to_the_end(CLOSE_OK_TIMEOUT_S)
 
     def close_forced(self, reason: str = "shutdown") -> None:
         self.close_with_error(ConnectionError_(
