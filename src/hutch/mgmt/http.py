@@ -52,6 +52,7 @@ from . import (
     limits_routes,
     listener,
     openapi,
+    parameters,
     prometheus,
     quorum_routes,
     routes,
@@ -466,5 +467,5 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     return stop
 
 
-__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "route", "routes",
+__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "parameters", "route", "routes",
            "start_management"]

@@ -39,6 +39,7 @@ from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
+from hutch.runtime.shovel.service import ShovelService, service_for
 from hutch.runtime.tls import TlsConfigError
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
@@ -199,7 +200,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
         await stop_node(node, server)
         return 1
     await node.start()
-    stoppers: list[Callable[[], Awaitable[None]]] = []
+    stoppers: list[Callable[[], Awaitable[None]]] = [await start_shovels(node, cluster)]
     if tls_server is not None:
         stoppers.append(_closer(tls_server))
     try:
@@ -227,6 +228,17 @@ async def serve(config: Config, services: Sequence[Service] = (),
         await cluster.stop()
     log.info("node %s stopped", node.name)
     return 0
+
+
+async def start_shovels(node: Node, cluster: ClusterService | None) -> Callable[[], Awaitable[None]]:
+    """The dynamic shovels (runtime/shovel/): on a clustered node they run where the metadata leader is."""
+    shovels: ShovelService = service_for(node)
+    if cluster is not None:
+        shovels.runs_here = lambda: cluster.is_leader
+        cluster.leader_hooks.append(lambda _leads: shovels.placement_changed())
+    node.shovels = shovels
+    await shovels.start()
+    return shovels.stop
 
 
 def _closer(server: asyncio.base_events.Server) -> Callable[[], Awaitable[None]]:
