@@ -216,3 +216,32 @@ def test_hutchctl_is_on_path() -> None:
     out = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "shovel_status", "--help"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "dynamic shovels" in out.stdout
+
+
+def queues_cli(n: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hutch.cli.queues", "--port", str(n.management_port), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_redrive_sends_dead_letters_back_to_the_queues_they_died_in(node: Node) -> None:
+    ch = channel(node)
+    ch.queue_declare("dlq", durable=True)
+    for q in ("work-a", "work-b"):
+        ch.queue_declare(q, durable=True, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    for i in range(30):
+        ch.basic_publish("", "work-a" if i % 3 else "work-b", b"m%d" % i, PERSISTENT)
+    for q in ("work-a", "work-b"):  # every message rejected: all of them dead-lettered into dlq
+        while (got := ch.basic_get(q))[0] is not None:
+            ch.basic_reject(got[0].delivery_tag, requeue=False)
+    ch.basic_publish("", "dlq", b"never died", PERSISTENT)  # no x-death: back to the end of dlq
+    eventually(lambda: depth(node, "dlq") == 31)
+    ch.connection.close()
+    out = queues_cli(node, "redrive", "dlq")
+    assert out.returncode == 0, out.stderr
+    assert "redrive-dlq" in out.stdout
+    eventually(lambda: shovel_gone(node, "redrive-dlq"), timeout=30)
+    assert sorted(drain(node, "work-a")) == sorted(b"m%d" % i for i in range(30) if i % 3)
+    assert sorted(drain(node, "work-b")) == sorted(b"m%d" % i for i in range(30) if not i % 3)
+    assert drain(node, "dlq") == [b"never died"]
+    out = queues_cli(node, "redrive", "no-such-queue")
+    assert out.returncode == 1 and "not found" in out.stderr

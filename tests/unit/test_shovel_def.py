@@ -15,6 +15,7 @@ from hutch.core.shovel import (
     is_local_uri,
     local_vhost,
     parse_shovel,
+    x_death_queue,
 )
 
 BASE = {"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://"}
@@ -106,3 +107,14 @@ def test_parameter_records_round_trip() -> None:
     # a record written without its user (the field's default) still loads
     assert ops.from_stored({"op": "parameter.set", "component": "shovel", "vhost": "/", "name": "s",
                             "value": "{}"}).user == ""
+
+
+def test_the_redrive_key_and_x_death() -> None:
+    d = parse_shovel("r", {**BASE, "dest-queue-from-x-death": True, "src-delete-after": "queue-length"})
+    assert d.redrive and d.dest.queue is None
+    assert problems({**BASE, "dest-queue-from-x-death": True, "dest-queue": "x"}) == \
+        ["Cannot specify 'dest-queue-from-x-death' with 'dest-queue' or 'dest-exchange'"]
+    assert x_death_queue({"x-death": [{"queue": "last", "count": 1}, {"queue": "first"}]}) == "last"
+    assert x_death_queue({"x-death": [{"queue": b"raw"}]}) == "raw"
+    for headers in (None, {}, {"x-death": []}, {"x-death": "x"}, {"x-death": [{"count": 1}]}, {"x-death": [3]}):
+        assert x_death_queue(headers) is None

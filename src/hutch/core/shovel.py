@@ -7,7 +7,7 @@ shovel adds (`forward_headers`), `apply_publish_properties` and `delete_after_re
 
 Rules: pure. Keys are RabbitMQ 3.10's (and its deprecated spellings `add-forward-headers`,
 `delete-after`, `prefetch-count`, `publish-properties`, `add-timestamp-header`, read as the `src-`/`dest-`
-ones); errors are RabbitMQ's texts (rabbit_shovel_parameters), joined by newlines, with values shown as
+ones), plus hutch's `dest-queue-from-x-death` (the dead-letter redrive); errors are RabbitMQ's texts (rabbit_shovel_parameters), joined by newlines, with values shown as
 JSON rather than Erlang terms. Only the AMQP 0-9-1 protocol (`amqp091`) is accepted.
 """
 
@@ -34,7 +34,8 @@ _DEPRECATED = {"add-forward-headers": "dest-add-forward-headers", "delete-after"
 _KNOWN = ("src-uri", "src-queue", "src-exchange", "src-exchange-key", "src-prefetch-count", "src-delete-after",
           "src-protocol", "src-queue-args", "src-consumer-args", "dest-uri", "dest-queue", "dest-exchange",
           "dest-exchange-key", "dest-add-forward-headers", "dest-add-timestamp-header", "dest-publish-properties",
-          "dest-protocol", "dest-queue-args", "ack-mode", "reconnect-delay", *_DEPRECATED)
+          "dest-protocol", "dest-queue-args", "ack-mode", "reconnect-delay", "dest-queue-from-x-death", *_DEPRECATED)
+REDRIVE_KEY = "dest-queue-from-x-death"  # hutch's extension: each message back to the queue it died in
 
 
 class ShovelDefError(ValueError):
@@ -84,6 +85,7 @@ class ShovelDef:
     add_timestamp_header: bool = False
     publish_properties: Mapping[str, Any] | None = None
     reconnect_delay_s: float = DEFAULT_RECONNECT_DELAY_S
+    redrive: bool = False  # dest-queue-from-x-death: publish to the queue of the message's latest x-death
 
 
 def is_local_uri(uri: str) -> bool:
@@ -186,6 +188,11 @@ def parse_shovel(name: str, value: Any) -> ShovelDef:
         problems.append("Must specify 'src-exchange' or 'src-queue'")
     if "dest-queue" in doc and "dest-exchange" in doc:
         problems.append("Cannot specify 'dest-exchange' and 'dest-queue'")
+    redrive = _bool(doc, REDRIVE_KEY, problems)
+    if redrive and ("dest-queue" in doc or "dest-exchange" in doc):
+        problems.append(f"Cannot specify '{REDRIVE_KEY}' with 'dest-queue' or 'dest-exchange'")
+    if redrive and "src-queue" not in doc:
+        problems.append(f"'{REDRIVE_KEY}' needs a src-queue (the dead-letter queue)")
     for key in ("dest-uri", "src-uri"):
         if key not in doc:
             problems.append(f"Key \"{key}\" not found in {name}")
@@ -233,7 +240,19 @@ def parse_shovel(name: str, value: Any) -> ShovelDef:
     dest = Endpoint(dest_uris, strings["dest-queue"], strings["dest-exchange"], strings["dest-exchange-key"],
                     dest_args)
     return ShovelDef(name, source, dest, prefetch, delete_after, ack_mode, forward, timestamp, props,
-                     max(0.0, float(delay)))
+                     max(0.0, float(delay)), redrive)
+
+
+def x_death_queue(headers: Mapping[str, Any] | None) -> str | None:
+    """The queue a dead-lettered message died in last: the first `x-death` entry's `queue` (RabbitMQ
+    keeps the most recent entry first). None when there is none."""
+    deaths = (headers or {}).get("x-death")
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+        return None
+    queue = deaths[0].get("queue")
+    if isinstance(queue, bytes):
+        queue = queue.decode(errors="replace")
+    return queue if isinstance(queue, str) else None
 
 
 def forward_headers(d: ShovelDef, vhost: str, node: str) -> dict[str, Any]:
@@ -268,4 +287,4 @@ def delete_after_reached(d: ShovelDef, moved: int, initial_length: int | None) -
 
 __all__ = ["ACK_MODES", "COMPONENT", "Endpoint", "ShovelDef", "ShovelDefError", "apply_publish_properties",
            "delete_after_reached", "endpoint_uri", "forward_headers", "is_local_uri", "local_vhost",
-           "parse_shovel", "shown_uri"]
+           "parse_shovel", "shown_uri", "x_death_queue"]

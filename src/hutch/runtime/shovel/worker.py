@@ -34,6 +34,7 @@ from hutch.core.shovel import (
     endpoint_uri,
     forward_headers,
     local_vhost,
+    x_death_queue,
 )
 from hutch.runtime.shovel.client import AmqpLink, LinkClosed, open_remote
 
@@ -190,7 +191,9 @@ class ShovelWorker:
                 src.send(spec.Basic.Reject(delivery_tag=tag, requeue=True))
             return
         self._taken += 1
-        if d.dest.queue is not None:
+        if d.redrive:  # back to the queue it died in (or to the back of its dead-letter queue)
+            out_exchange, out_key = "", self._died_in(props) or d.source.queue or ""
+        elif d.dest.queue is not None:
             out_exchange, out_key = "", d.dest.queue
         elif d.dest.exchange is not None:
             out_exchange, out_key = d.dest.exchange, d.dest.exchange_key if d.dest.exchange_key is not None else key
@@ -209,6 +212,10 @@ class ShovelWorker:
             self._settled(1)
         if dest.write_paused:
             src.pause_reading()
+
+    @staticmethod
+    def _died_in(raw: bytes) -> str | None:
+        return x_death_queue(spec.BasicProperties.decode(b"\0" * 12 + raw, 12).headers)
 
     def _props(self, raw: bytes) -> bytes:
         d = self.d
