@@ -7,10 +7,12 @@ shovel runs where the metadata leader is. The seeded kill test is the issue's do
 
 from __future__ import annotations
 
+import base64
 import random
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,13 @@ def status(n: Node, name: str) -> dict[str, Any] | None:
     return next((s for s in doc if s["name"] == name), None)
 
 
+def scrape(n: Node, path: str) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{n.management_port}{path}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return str(resp.read().decode())
+
+
 def test_local_shovel_moves_a_queue_and_removes_itself(node: Node) -> None:
     publish(node, "local-src", 500)
     code, _ = set_shovel(node, "mv", {"src-uri": "amqp://", "src-queue": "local-src", "dest-uri": "amqp://",
@@ -132,6 +141,10 @@ def test_status_restart_and_a_destination_that_cannot_be_reached(node: Node) -> 
     ch.basic_publish("amq.topic", "b.b", b"not routed", PERSISTENT)
     ch.connection.close()
     eventually(lambda: depth(node, "st-dst") == 1)
+    metrics = scrape(node, "/metrics/per-object")
+    assert 'hutch_shovels{state="running"} 1' in metrics and 'hutch_shovels{state="terminated"} 1' in metrics
+    assert 'hutch_shovel_messages_forwarded_total{vhost="/",shovel="ok"} 1' in metrics
+    assert 'hutch_shovel_messages_acknowledged_total{vhost="/",shovel="ok"} 1' in metrics
     assert node.api("DELETE", "/api/shovels/vhost/%2F/ok/restart")[0] == 204
     assert node.api("DELETE", "/api/shovels/vhost/%2F/none/restart")[0] == 404
     eventually(lambda: (s := status(node, "ok")) and s["state"] == "running", timeout=20)
