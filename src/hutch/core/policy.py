@@ -100,6 +100,8 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES, "dead letter strategy"),
     "alternate-exchange": _string("alternate exchange name"),
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
+    "federation-upstream": _string("federation upstream name"),  # docs/federation.md
+    "federation-upstream-set": _string("federation upstream set name"),
 }
 # the keys an operator policy may set (RabbitMQ's operator_policy_validator registrations, plus
 # overflow, which RabbitMQ 4.x added with "operator policy value" as its merge rule, and

@@ -64,8 +64,6 @@ from hutch.core.auth import (
 from hutch.core.patterns import PatternError, check_pattern, compile_stored
 from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
-from hutch.core.shovel import COMPONENT as SHOVEL_COMPONENT
-from hutch.core.shovel import parse_shovel
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
 from hutch.runtime.broker import limits as runtime_limits
 from hutch.runtime.broker import parameters as runtime_parameters
@@ -553,17 +551,18 @@ class _Planner:
         if component == VHOST_LIMITS_COMPONENT:
             self.vhost_limits_parameter(vhost, name, item.get("value"))
             return
-        if component == SHOVEL_COMPONENT:
+        if component in runtime_parameters.VALIDATORS:  # shovels, federation upstreams and upstream sets
             try:
-                parse_shovel(name, item.get("value"))
+                runtime_parameters.validate(str(component), name, item.get("value"))
             except ValueError as exc:
-                raise DefinitionsError(f"shovel '{name}' in vhost '{vhost}': {exc}") from None
+                raise DefinitionsError(f"{component} '{name}' in vhost '{vhost}': {exc}") from None
             self.plan.parameters.append((str(component), vhost, name, item.get("value")))
             return
         if component != OPERATOR_POLICY_COMPONENT:
             raise DefinitionsError(f"runtime parameter '{name}' in vhost '{vhost}': component '{component}' "
                                    f"is not supported by hutch (only '{OPERATOR_POLICY_COMPONENT}', "
-                                   f"'{VHOST_LIMITS_COMPONENT}' and '{SHOVEL_COMPONENT}' are)")
+                                   f"'{VHOST_LIMITS_COMPONENT}', {', '.join(map(repr, runtime_parameters.VALIDATORS))} "
+                                   "are)")
         value = item.get("value")
         if not isinstance(value, dict):
             raise DefinitionsError(f"operator policy '{name}' in vhost '{vhost}': 'value' must be a JSON object")

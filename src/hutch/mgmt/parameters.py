@@ -1,6 +1,7 @@
-"""Service layer and routes: runtime parameters (`/api/parameters/{component}[/{vhost}[/{name}]]`, the
-shovel component; vhost-limits has its own routes in limits_routes.py) and the dynamic shovels' status
-(`/api/shovels[/{vhost}]`, `/api/shovels/vhost/{vhost}/{name}`, and its `/restart`).
+"""Service layer and routes: runtime parameters (`/api/parameters/{component}[/{vhost}[/{name}]]`: shovel,
+federation-upstream, federation-upstream-set; vhost-limits has its own routes in limits_routes.py), the
+dynamic shovels' status (`/api/shovels[/{vhost}]`, `/api/shovels/vhost/{vhost}/{name}`, and its
+`/restart`) and the federation links' (`/api/federation-links[/{vhost}]`).
 
 Rules (RabbitMQ's rabbit_mgmt_wm_parameter(s) and rabbit_shovel_mgmt):
 - Reading or changing a parameter: administrators, or `policymaker` users on their login vhosts (else
@@ -95,6 +96,15 @@ def restart_shovel(node: Node, p: Principal, vhost: str, name: str) -> None:
         raise not_found()
 
 
+def federation_links(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    """RabbitMQ's /api/federation-links: the links this node runs, over the vhosts the caller may see."""
+    if vhost is not None and vhost not in node.vhosts:
+        raise not_found()
+    allowed = _visible(node, p)
+    found = node.federation.status(vhost) if node.federation is not None else []
+    return [s for s in found if allowed is None or s["vhost"] in allowed]
+
+
 # -- routes ----------------------------------------------------------------------------------------------
 
 
@@ -160,5 +170,17 @@ def _vhost_shovels(c: Call) -> Any:
     return listing.list_reply(shovel_status(c.node, c.principal, c.params["vhost"]), c.query, ("vhost", "name"))
 
 
-__all__ = ["delete_parameter", "get_parameter", "list_parameters", "put_parameter", "restart_shovel",
+@route("GET", "/api/federation-links", "Federation links and their status (running, starting, error)",
+       tag="federation", reply="Any[]", listing=True)
+def _federation_links(c: Call) -> Any:
+    return listing.list_reply(federation_links(c.node, c.principal), c.query, ("vhost", "id"))
+
+
+@route("GET", "/api/federation-links/{vhost}", "Federation links of a vhost", tag="federation", reply="Any[]",
+       listing=True, codes=(404,))
+def _vhost_federation_links(c: Call) -> Any:
+    return listing.list_reply(federation_links(c.node, c.principal, c.params["vhost"]), c.query, ("vhost", "id"))
+
+
+__all__ = ["delete_parameter", "federation_links", "get_parameter", "list_parameters", "put_parameter", "restart_shovel",
            "shovel_status"]

@@ -31,6 +31,7 @@ from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.clustering.service import ClusterService, load_secret
+from hutch.runtime.federation.service import FederationService
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.runtime.queue_types.classic.queue_type import ClassicQueueType
@@ -231,14 +232,23 @@ async def serve(config: Config, services: Sequence[Service] = (),
 
 
 async def start_shovels(node: Node, cluster: ClusterService | None) -> Callable[[], Awaitable[None]]:
-    """The dynamic shovels (runtime/shovel/): on a clustered node they run where the metadata leader is."""
+    """The dynamic shovels (runtime/shovel/) and federation links (runtime/federation/): on a clustered
+    node they run where the metadata leader is."""
     shovels: ShovelService = service_for(node)
+    federation = FederationService(node, node.parameters)
     if cluster is not None:
-        shovels.runs_here = lambda: cluster.is_leader
+        shovels.runs_here = federation.runs_here = lambda: cluster.is_leader
         cluster.leader_hooks.append(lambda _leads: shovels.placement_changed())
-    node.shovels = shovels
+        cluster.leader_hooks.append(lambda _leads: federation.placement_changed())
+    node.shovels, node.federation = shovels, federation
     await shovels.start()
-    return shovels.stop
+    await federation.start()
+
+    async def stop() -> None:
+        await federation.stop()
+        await shovels.stop()
+
+    return stop
 
 
 def _closer(server: asyncio.base_events.Server) -> Callable[[], Awaitable[None]]:

@@ -93,6 +93,7 @@ class Node:
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         self.parameters = parameters.ParameterStore()  # runtime parameters: shovels (runtime/broker/parameters.py)
         self.shovels: Any = None  # the dynamic shovels' service, set by runtime/app.py (runtime/shovel/)
+        self.federation: Any = None  # the federation links' service, set by runtime/app.py (runtime/federation/)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}

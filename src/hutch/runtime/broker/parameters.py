@@ -8,7 +8,7 @@ their place in a snapshot (`state_ops`), and the watchers told of every change (
 
 Rules:
 - A value is validated by its component's validator before it is stored (`VALIDATORS`: `shovel` by
-  core/shovel.py); a component with no validator is refused, as RabbitMQ refuses an unknown component.
+  core/shovel.py, `federation-upstream` and `federation-upstream-set` by core/federation.py); a component with no validator is refused, as RabbitMQ refuses an unknown component.
 - A change is recorded (fdatasync'd, or replicated through the metadata group on a clustered node) before
   the caller replies; every node applies it and tells its watchers, so each node's shovel service sees the
   same parameters.
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hutch.core import shovel
+from hutch.core import federation, shovel
 from hutch.core.definition_ops import ClearParameter, SetParameter
 
 if TYPE_CHECKING:
@@ -31,7 +31,11 @@ if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
 
 # component -> validator(name, value) raising ValueError with the text the client sees
-VALIDATORS: dict[str, Callable[[str, Any], object]] = {shovel.COMPONENT: shovel.parse_shovel}
+VALIDATORS: dict[str, Callable[[str, Any], object]] = {
+    shovel.COMPONENT: shovel.parse_shovel,
+    federation.UPSTREAM: federation.parse_upstream,
+    federation.UPSTREAM_SET: federation.parse_upstream_set,
+}
 
 Key = tuple[str, str, str]  # component, vhost, name
 

@@ -71,6 +71,8 @@ class AmqpLink(asyncio.Protocol):
         self.next_publish_seq = 1  # the delivery tag of the next publish in confirm mode
         self.channel_reopenable = False  # channel 1 was closed by the broker in answer to an RPC
         self._rpc: tuple[tuple[type, ...], asyncio.Future[Any]] | None = None
+        self._rpc_lock = asyncio.Lock()  # RPCs from more than one task (setup, a federation link's rebinding)
+        self.server_properties: dict[str, Any] = {}
         self._content: tuple[int, bool, str, str] | None = None  # the delivery whose content is arriving
         self._props = b""
         self._body: list[bytes] = []
@@ -185,6 +187,7 @@ class AmqpLink(asyncio.Protocol):
         if b"PLAIN" not in m.mechanisms.split():
             self.fail(LinkClosed(f"the broker does not offer PLAIN (offers {m.mechanisms!r})"))
             return
+        self.server_properties = m.server_properties or {}
         response = b"\0" + self.username.encode() + b"\0" + self.password.encode()
         props = {"product": "hutch shovel", "connection_name": self.connection_name,
                  "capabilities": {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
@@ -235,7 +238,11 @@ class AmqpLink(asyncio.Protocol):
             self.transport.write(method_frame(channel, method))
 
     async def call(self, method: spec.Method, *replies: type) -> Any:
-        """A synchronous method on channel 1; raises LinkClosed when the link fails first."""
+        """A synchronous method on channel 1 (one at a time); raises LinkClosed when the link fails first."""
+        async with self._rpc_lock:
+            return await self._call(method, replies)
+
+    async def _call(self, method: spec.Method, replies: tuple[type, ...]) -> Any:
         assert self._rpc is None, "one RPC at a time"
         if self.closed.done():
             raise self.closed.result()

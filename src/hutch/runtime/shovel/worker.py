@@ -43,13 +43,29 @@ log = logging.getLogger("hutch.shovel")
 LocalOpener = Callable[[str, str, str], Awaitable[AmqpLink]]  # (user, vhost, connection name) -> link
 
 
+class LinkHooks:
+    """What a federation link adds to a shovel (runtime/federation/): the defaults are a plain shovel's."""
+
+    consume_at_start = True
+
+    async def setup_source(self, src: AmqpLink, queue: str) -> None:
+        """After the source queue is declared (a federation exchange link binds it upstream)."""
+
+    def transform(self, props: bytes, exchange: str, redelivered: bool, src: AmqpLink) -> bytes | None:
+        """The properties to publish with, or None to drop the message (it is acked at the source)."""
+        return props
+
+
 class ShovelWorker:
     """A shovel's life: `start()` runs it as a task until `stop()` or until it has moved what
     `src-delete-after` asks (then `on_done` is called, and the service clears its parameter)."""
 
     def __init__(self, d: ShovelDef, vhost: str, user: str, node_name: str, open_local: LocalOpener,
-                 on_done: Callable[[ShovelWorker], None]) -> None:
+                 on_done: Callable[[ShovelWorker], None], hooks: LinkHooks | None = None) -> None:
         self.d = d
+        self.hooks = hooks or LinkHooks()
+        self.consuming = False
+        self._queue = ""
         self.vhost = vhost
         self.user = user
         self.node_name = node_name
@@ -131,6 +147,7 @@ class ShovelWorker:
         """Connect, set up and move until a link fails (raises) or the shovel is done (True)."""
         d = self.d
         self._unconfirmed.clear()
+        self.consuming = False
         self._taken = self.acked  # what the last session took but did not settle went back to the source
         self._src = src = await self._connect(d.source, "source")
         self._dest = dest = await self._connect(d.dest, "destination")
@@ -146,11 +163,12 @@ class ShovelWorker:
             return True
         src.on_delivery = self._on_delivery
         dest.on_writable = src.resume_reading
-        no_ack = d.ack_mode == "no-ack"
-        if not no_ack:
+        await self.hooks.setup_source(src, queue)
+        self._queue = queue
+        if d.ack_mode != "no-ack":
             await src.call(spec.Basic.Qos(prefetch_count=d.prefetch_count), spec.Basic.QosOk)
-        await src.call(spec.Basic.Consume(queue=queue, consumer_tag="", no_ack=no_ack, exclusive=False),
-                       spec.Basic.ConsumeOk)
+        if self.hooks.consume_at_start:
+            await self.set_consuming(True)
         self._set("running")
         log.info("shovel '%s' in vhost '%s' running", d.name, self.vhost)
         waits: set[asyncio.Future[Any]] = {src.closed, dest.closed, self._finished}
@@ -160,6 +178,26 @@ class ShovelWorker:
         closed = src.closed if src.closed.done() else dest.closed
         which = "source" if closed is src.closed else "destination"
         raise LinkClosed(f"{which}: {closed.result()}")
+
+    async def set_consuming(self, on: bool) -> None:
+        """Consume the source queue, or cancel (a federated queue pulls only while it is empty and has
+        consumers). Deliveries already sent before a cancel are still moved and settled."""
+        src = self._src
+        if src is None or on == self.consuming or self.state not in ("starting", "running"):
+            return
+        self.consuming = on
+        if on:
+            await src.call(spec.Basic.Consume(queue=self._queue, consumer_tag="link", no_ack=self.d.ack_mode == "no-ack",
+                                              exclusive=False), spec.Basic.ConsumeOk)
+        else:
+            await src.call(spec.Basic.Cancel(consumer_tag="link"), spec.Basic.CancelOk)
+
+    async def source_call(self, method: spec.Method, *replies: type) -> Any:
+        """An RPC on the running source link (a federation link's bindings); None when not connected."""
+        src = self._src
+        if src is None or self.state != "running":
+            return None
+        return await src.call(method, *replies)
 
     async def _setup_source(self, src: AmqpLink) -> str:
         d = self.d
@@ -190,6 +228,13 @@ class ShovelWorker:
             if d.ack_mode != "no-ack":
                 src.send(spec.Basic.Reject(delivery_tag=tag, requeue=True))
             return
+        if type(self.hooks) is not LinkHooks:
+            shaped = self.hooks.transform(props, exchange, redelivered, src)
+            if shaped is None:  # not forwarded (a federation link's max-hops or loop rule)
+                if d.ack_mode != "no-ack":
+                    src.ack(tag)
+                return
+            props = shaped
         self._taken += 1
         if d.redrive:  # back to the queue it died in (or to the back of its dead-letter queue)
             out_exchange, out_key = "", self._died_in(props) or d.source.queue or ""
