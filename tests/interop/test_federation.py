@@ -11,23 +11,16 @@ from typing import Any
 import pika
 import pytest
 from tests.cluster.nodes import Node, eventually
-from tests.conftest import free_port
-from tests.interop.test_shovel import PERSISTENT, channel, depth, drain
-
-FED_CONF = "cluster.tick_interval = 50\ncluster.metadata_timeout = 4000\n"
-
-
-def make(tmp: Path, name: str) -> Node:
-    return Node(name, tmp / name, free_port(), free_port(), free_port(), None,
-                config_text=FED_CONF + f"cluster_name = site-{name}\n")
+from tests.interop.test_shovel import PERSISTENT, channel, depth, drain, make_node
 
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
-    a, b = make(tmp_path, "a").start(), make(tmp_path, "b").start()
-    yield a, b
-    a.stop()
-    b.stop()
+    """Two clusters of one, named site-a and site-b."""
+    nodes = [make_node(tmp_path, name, f"cluster_name = site-{name}\n").start() for name in ("a", "b")]
+    yield nodes[0], nodes[1]
+    for n in nodes:
+        n.stop()
 
 
 def federate(down: Node, up: Node, pattern: str, apply_to: str, **upstream: Any) -> None:
@@ -51,12 +44,18 @@ def declare_exchange(n: Node, name: str = "fed.x") -> Any:
     return ch
 
 
+def exchange_on_both(up: Node, down: Node, queue: str, key: str) -> Any:
+    """fed.x on both sites, `queue` bound to it downstream with `key`; the downstream channel."""
+    declare_exchange(up).connection.close()
+    ch = declare_exchange(down)
+    ch.queue_declare(queue, durable=True)
+    ch.queue_bind(queue, "fed.x", key)
+    return ch
+
+
 def test_an_exchange_federated_from_an_upstream(sites: tuple[Node, Node]) -> None:
     a, b = sites
-    declare_exchange(a).connection.close()
-    ch = declare_exchange(b)
-    ch.queue_declare("fed-q", durable=True)
-    ch.queue_bind("fed-q", "fed.x", "k.#")
+    ch = exchange_on_both(a, b, "fed-q", "k.#")
     federate(b, a, r"^fed\.", "exchanges")
     (link,) = eventually(lambda: links(b, "running"), timeout=30)
     assert (link["type"], link["exchange"], link["upstream_exchange"], link["upstream"], link["vhost"]) == \
@@ -85,11 +84,7 @@ def test_an_exchange_federated_from_an_upstream(sites: tuple[Node, Node]) -> Non
 
 def test_the_link_is_cut_and_restored(sites: tuple[Node, Node]) -> None:
     a, b = sites
-    declare_exchange(a).connection.close()
-    ch = declare_exchange(b)
-    ch.queue_declare("cut-q", durable=True)
-    ch.queue_bind("cut-q", "fed.x", "#")
-    ch.connection.close()
+    exchange_on_both(a, b, "cut-q", "#").connection.close()
     federate(b, a, r"^fed\.", "exchanges", **{"reconnect-delay": 1})
     eventually(lambda: links(b, "running"), timeout=30)
     eventually(lambda: a.api("GET", "/api/queues/%2F/" + "federation%3A%20fed.x%20-%3E%20site-b")[0] == 200)

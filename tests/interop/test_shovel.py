@@ -25,8 +25,11 @@ from tests.conftest import free_port
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
-def make_node(tmp: Path, name: str) -> Node:
-    return Node(name, tmp / name, free_port(), free_port(), free_port(), None)
+def make_node(tmp: Path, name: str, extra_config: str = "") -> Node:
+    """A cluster of one on free ports, restartable on them (`extra_config`: more hutch.conf lines)."""
+    n = Node(name, tmp / name, free_port(), free_port(), free_port(), None)
+    n.config_text += extra_config
+    return n
 
 
 @pytest.fixture
@@ -258,3 +261,42 @@ def test_redrive_sends_dead_letters_back_to_the_queues_they_died_in(node: Node) 
     assert drain(node, "dlq") == [b"never died"]
     out = queues_cli(node, "redrive", "no-such-queue")
     assert out.returncode == 1 and "not found" in out.stderr
+
+
+def test_who_may_set_a_shovel_and_whom_its_local_connection_acts_as(node: Node) -> None:
+    for user, tags in (("mgr", "management"), ("pm", "policymaker")):
+        assert node.api("PUT", f"/api/users/{user}", {"password": "pw", "tags": tags})[0] in (201, 204)
+        assert node.api("PUT", f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"})[0] \
+            in (201, 204)
+    value = {"src-uri": "amqp://", "src-queue": "perm-src", "dest-uri": "amqp://", "dest-queue": "perm-dst"}
+    code, doc = node.api("PUT", "/api/parameters/shovel/%2F/by-mgr", {"value": value}, user="mgr", password="pw")
+    assert code == 401 and doc["reason"] == "User not authorised to access object"
+    assert node.api("GET", "/api/parameters/shovel", user="mgr", password="pw") == (200, [])
+    assert node.api("PUT", "/api/parameters/shovel/%2F/by-pm", {"value": value}, user="pm", password="pw")[0] == 201
+    eventually(lambda: (s := status(node, "by-pm")) and s["state"] == "running", timeout=20)
+    _, conns = node.api("GET", "/api/connections")
+    mine = [c for c in conns if (c.get("client_properties") or {}).get("connection_name") == "Shovel by-pm"]
+    assert mine and {c["user"] for c in mine} == {"pm"} and {c["auth_mechanism"] for c in mine} == {"internal"}
+    # the setter's permissions apply: without read on the source queue the shovel cannot start
+    assert node.api("PUT", "/api/permissions/%2F/pm", {"configure": ".*", "write": ".*", "read": "^$"})[0] == 204
+    assert node.api("DELETE", "/api/shovels/vhost/%2F/by-pm/restart", user="pm", password="pw")[0] == 204
+    found = eventually(lambda: (s := status(node, "by-pm")) and s["state"] == "terminated" and s, timeout=20)
+    assert "403" in found["reason"] or "ACCESS_REFUSED" in found["reason"]
+
+
+def test_a_silent_destination_is_dropped_by_heartbeats_and_reconnected(pair: tuple[Node, Node]) -> None:
+    src, dest = pair
+    code, _ = set_shovel(src, "hb", {"src-uri": "amqp://", "src-queue": "hb-src", "dest-queue": "hb-dst",
+                                     "dest-uri": f"amqp://guest:guest@127.0.0.1:{dest.amqp_port}?heartbeat=1",
+                                     "reconnect-delay": 1})
+    assert code == 201
+    eventually(lambda: (s := status(src, "hb")) and s["state"] == "running", timeout=30)
+    dest.pause()  # the socket stays open: only the missing heartbeats tell
+    try:
+        found = eventually(lambda: (s := status(src, "hb")) and s["state"] != "running" and s, timeout=30)
+        assert found["state"] in ("terminated", "starting")
+    finally:
+        dest.resume()
+    eventually(lambda: (s := status(src, "hb")) and s["state"] == "running", timeout=60)
+    publish(src, "hb-src", 5)
+    eventually(lambda: depth(dest, "hb-dst") == 5, timeout=30)

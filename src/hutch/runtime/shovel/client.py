@@ -13,7 +13,7 @@ Rules:
 - Everything is bounded: frames by the negotiated frame_max, a body by the size its header declared and
   by `max_body_bytes`; the unsent output by the transport's write buffer (the caller watches
   `write_paused` and stops reading its source, so a slow destination slows the source).
-- Heartbeats: sent every heartbeat/2 s; a peer silent for two heartbeats is dead (the link fails).
+- Heartbeats: sent every heartbeat/2 s; a peer silent for two heartbeat periods is dead (the link fails).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class AmqpLink(asyncio.Protocol):
         self._closing = False
         self._timer: asyncio.TimerHandle | None = None
         self._heard = True
+        self._silent_halves = 0  # heartbeat half-periods in a row without a byte from the peer
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -218,19 +219,16 @@ class AmqpLink(asyncio.Protocol):
             self.transport.close()
 
     def _beat(self) -> None:
+        """Every heartbeat/2 s: send a heartbeat; fail once the peer was silent for two heartbeats."""
         if self.closed.done() or self.transport is None:
             return
-        self.transport.write(HEARTBEAT_FRAME)
-        self._timer = self.loop.call_later(self.heartbeat_s / 2, self._check_heard)
-
-    def _check_heard(self) -> None:
-        # two half-periods in a row without a byte from the peer: it is gone (missed two heartbeats)
-        if not self._heard and self._timer is not None and getattr(self, "_silent_once", False):
+        self._silent_halves = 0 if self._heard else self._silent_halves + 1
+        self._heard = False
+        if self._silent_halves >= 4:
             self.fail(LinkClosed("missed heartbeats from the broker"))
             return
-        self._silent_once = not self._heard
-        self._heard = False
-        self._beat()
+        self.transport.write(HEARTBEAT_FRAME)
+        self._timer = self.loop.call_later(self.heartbeat_s / 2, self._beat)
 
     # -- sending ------------------------------------------------------------------------------------
     def send(self, method: spec.Method, channel: int = CHANNEL) -> None:
