@@ -165,7 +165,7 @@ class ShovelWorker:
         dest.on_writable = src.resume_reading
         await self.hooks.setup_source(src, queue)
         self._queue = queue
-        if d.ack_mode != "no-ack":
+        if self.source_mode != "no-ack":
             await src.call(spec.Basic.Qos(prefetch_count=d.prefetch_count), spec.Basic.QosOk)
         if self.hooks.consume_at_start:
             await self.set_consuming(True)
@@ -179,6 +179,14 @@ class ShovelWorker:
         which = "source" if closed is src.closed else "destination"
         raise LinkClosed(f"{which}: {closed.result()}")
 
+    @property
+    def source_mode(self) -> str:
+        """How the source is consumed: the ack mode, except that `no-ack` with a `src-delete-after`
+        count acks each message once published (an auto-acked delivery past the count could not be
+        handed back, and would be lost)."""
+        d = self.d
+        return "on-publish" if d.ack_mode == "no-ack" and d.delete_after != "never" else d.ack_mode
+
     async def set_consuming(self, on: bool) -> None:
         """Consume the source queue, or cancel (a federated queue pulls only while it is empty and has
         consumers). Deliveries already sent before a cancel are still moved and settled."""
@@ -187,7 +195,7 @@ class ShovelWorker:
             return
         self.consuming = on
         if on:
-            await src.call(spec.Basic.Consume(queue=self._queue, consumer_tag="link", no_ack=self.d.ack_mode == "no-ack",
+            await src.call(spec.Basic.Consume(queue=self._queue, consumer_tag="link", no_ack=self.source_mode == "no-ack",
                                               exclusive=False), spec.Basic.ConsumeOk)
         else:
             await src.call(spec.Basic.Cancel(consumer_tag="link"), spec.Basic.CancelOk)
@@ -225,13 +233,13 @@ class ShovelWorker:
             return
         limit = self._limit()
         if limit is not None and self._taken >= limit:
-            if d.ack_mode != "no-ack":
+            if self.source_mode != "no-ack":
                 src.send(spec.Basic.Reject(delivery_tag=tag, requeue=True))
             return
         if type(self.hooks) is not LinkHooks:
             shaped = self.hooks.transform(props, exchange, redelivered, src)
             if shaped is None:  # not forwarded (a federation link's max-hops or loop rule)
-                if d.ack_mode != "no-ack":
+                if self.source_mode != "no-ack":
                     src.ack(tag)
                 return
             props = shaped
@@ -248,7 +256,7 @@ class ShovelWorker:
         self.forwarded += 1
         if d.ack_mode == "on-confirm":
             self._unconfirmed[seq] = tag
-        elif d.ack_mode == "on-publish":
+        elif self.source_mode == "on-publish":
             self._ack_upto = tag
             if not self._ack_scheduled:
                 self._ack_scheduled = True
