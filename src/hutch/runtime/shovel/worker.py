@@ -85,7 +85,6 @@ class ShovelWorker:
         self._ack_upto = 0  # on-publish: the highest source tag to ack at the end of this turn
         self._ack_scheduled = False
         self._finished: asyncio.Future[None] | None = None
-        self._props_cache: dict[bytes, bytes] = {}
 
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> None:
