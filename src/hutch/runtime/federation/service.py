@@ -16,8 +16,9 @@ Rules:
   queue has consumers and no ready messages, and stops at `prefetch-count` ready messages or when the last
   consumer goes; what it receives goes to the downstream queue.
 - The set of links, their bindings and the queues' demand are reconciled every `RECONCILE_S` and at once
-  when an upstream parameter changes: policies and bindings have no change hooks in the broker, and a
-  reconcile is O(exchanges + queues) dictionary work. Links run where the shovels run (the metadata
+  when an upstream parameter changes: policies and bindings have no change hooks in the broker. A
+  reconcile matches policies against the exchanges and queues of the vhosts that have both an upstream
+  and a policy with a federation key, and skips every other vhost. Links run where the shovels run (the metadata
   leader) and act as the user who set the upstream.
 """
 
@@ -169,8 +170,9 @@ class FederationService:
                     upstreams[p.name] = fed.parse_upstream(p.name, p.value)
                 except ValueError:
                     continue
-            if not upstreams:
-                continue
+            if not upstreams or not any(key in p.definition for p in node.policies.list(vhost_name)
+                                        for key in fed.POLICY_KEYS):
+                continue  # nothing federated here: no per-object policy matching
             sets = {}
             for p in self.store.list(fed.UPSTREAM_SET, vhost_name):
                 try:
