@@ -15,6 +15,7 @@ from hutch.core.shovel import (
     is_local_uri,
     local_vhost,
     parse_shovel,
+    shown_uri,
     x_death_queue,
 )
 
@@ -88,7 +89,12 @@ def test_local_uris() -> None:
 def test_forward_headers_hide_passwords() -> None:
     d = parse_shovel("s", {**BASE, "dest-uri": "amqp://u:secret@h:5673/v", "dest-queue": "d"})
     entry = forward_headers(d, "/", "n@h")
-    assert entry["dest-uri"] == "amqp://u@h:5673/v" and "secret" not in str(entry)
+    # as RabbitMQ 3.10.8 writes it: the URI without user and password
+    assert entry["dest-uri"] == "amqp://h:5673/v" and "secret" not in str(entry) and "u@" not in str(entry)
+    assert list(entry) == ["shovelled-by", "shovel-type", "shovel-name", "shovel-vhost", "src-uri", "dest-uri",
+                           "src-queue", "dest-queue"]
+    assert shown_uri("amqps://a:b@h/v?cacertfile=/x@y") == "amqps://h/v?cacertfile=/x@y"
+    assert shown_uri("amqp://") == "amqp://" and shown_uri("amqp://h:1") == "amqp://h:1"
     assert entry["src-queue"] == "q" and entry["dest-queue"] == "d" and entry["shovel-name"] == "s"
 
 

@@ -95,11 +95,14 @@ def is_local_uri(uri: str) -> bool:
 
 
 def shown_uri(uri: str) -> str:
-    """A URI with its password hidden (status, logs)."""
-    try:
-        return parse_uri(uri).display() if not is_local_uri(uri) else uri
-    except UriError:
+    """A URI as given, without its user and password (status, logs, headers), as RabbitMQ shows it:
+    `amqp://user:pass@host:5672/v?heartbeat=5` -> `amqp://host:5672/v?heartbeat=5`."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
         return "(invalid URI)"
+    authority_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, authority_end)
+    return f"{scheme}://{rest[at + 1:]}" if at >= 0 else uri
 
 
 def local_vhost(uri: str, default: str) -> str:
@@ -258,8 +261,8 @@ def x_death_queue(headers: Mapping[str, Any] | None) -> str | None:
 def forward_headers(d: ShovelDef, vhost: str, node: str) -> dict[str, Any]:
     """The `x-shovelled` entry RabbitMQ adds with `dest-add-forward-headers` (a table in an array)."""
     entry: dict[str, Any] = {"shovelled-by": node, "shovel-type": "dynamic", "shovel-name": d.name,
-                             "shovel-vhost": vhost, "src-protocol": "amqp091", "dest-protocol": "amqp091",
-                             "src-uri": shown_uri(d.source.uris[0]), "dest-uri": shown_uri(d.dest.uris[0])}
+                             "shovel-vhost": vhost, "src-uri": shown_uri(d.source.uris[0]),
+                             "dest-uri": shown_uri(d.dest.uris[0])}
     for prefix, ep in (("src", d.source), ("dest", d.dest)):
         if ep.queue is not None:
             entry[f"{prefix}-queue"] = ep.queue
