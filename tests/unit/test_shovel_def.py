@@ -58,6 +58,11 @@ def test_types_of_flags_strings_and_tables() -> None:
     assert "src-exchange-key should be binary, actually was 3" in found
 
 
+def test_names_are_short_strings() -> None:
+    assert problems({**BASE, "dest-queue": "q" * 256}) == ["dest-queue should be at most 255 bytes long, actually was 256"]
+    assert parse_shovel("s", {**BASE, "dest-queue": "é" * 127}).dest.queue == "é" * 127
+
+
 def test_exclusive_pairs_unknown_terms_and_uris() -> None:
     assert problems({**BASE, "src-exchange": "x"}) == ["Cannot specify 'src-exchange' and 'src-queue'"]
     assert problems({**BASE, "dest-queue": "a", "dest-exchange": "b"}) == \

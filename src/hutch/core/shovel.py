@@ -146,6 +146,9 @@ def _string(doc: Mapping[str, Any], key: str, problems: list[str]) -> str | None
     if not isinstance(value, str):
         problems.append(f"{key} should be binary, actually was {_show(value)}")
         return None
+    if len(value.encode()) > 255:  # an AMQP short string: a queue, exchange or routing key name
+        problems.append(f"{key} should be at most 255 bytes long, actually was {len(value.encode())}")
+        return None
     return value
 
 

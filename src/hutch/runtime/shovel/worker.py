@@ -113,6 +113,10 @@ class ShovelWorker:
                 done = False
                 self._set("terminated", str(exc))
                 log.warning("shovel '%s' in vhost '%s': %s", self.d.name, self.vhost, exc)
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave a shovel silently dead: report, retry
+                done = False
+                self._set("terminated", f"internal error: {exc!r}")
+                log.exception("shovel '%s' in vhost '%s' failed", self.d.name, self.vhost)
             await self._close_links()
             if done:
                 self._set("terminated", "completed")
