@@ -94,6 +94,8 @@ def parse_upstream(name: str, value: Any) -> Upstream:
     for key in ("exchange", "queue"):
         if key in value and not isinstance(value[key], str):
             problems.append(f"{key} should be binary, actually was {_show(value[key])}")
+        elif key in value and len(value[key].encode()) > 255:
+            problems.append(f"{key} should be at most 255 bytes long, actually was {len(value[key].encode())}")
     ack_mode = value.get("ack-mode", "on-confirm")
     if ack_mode not in ACK_MODES:
         problems.append(f"ack-mode should be one of [{', '.join(_show(m) for m in ACK_MODES)}], "
