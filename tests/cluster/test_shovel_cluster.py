@@ -22,15 +22,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.stop()
 
 
-def shovels(c: Cluster) -> list[dict[str, Any]]:
-    """Every running node's shovels (each lists those it runs)."""
-    found = []
-    for n in c.nodes:
-        if n.running():
-            code, doc = n.api("GET", "/api/shovels")
-            if code == 200:
-                found += doc
-    return found
+def shovels(c: Cluster, via: Node | None = None) -> list[dict[str, Any]]:
+    """The cluster's shovels as one node lists them (it gathers every running member's)."""
+    node = via or next(n for n in c.nodes if n.running())
+    code, doc = node.api("GET", "/api/shovels")
+    assert code == 200, doc
+    return list(doc)
 
 
 def publish(n: Node, queue: str, first: int, count: int) -> None:
@@ -74,6 +71,7 @@ def test_the_shovel_moves_when_its_node_goes(cluster: Cluster) -> None:
     (running,) = eventually(lambda: [s for s in shovels(cluster) if s["state"] == "running"], timeout=30)
     home = next(n for n in cluster.nodes if n.full_name == running["node"])
     other = next(n for n in cluster.nodes if n is not home)
+    assert [s["name"] for s in shovels(cluster, via=other)] == ["cs"]  # listed by a node that does not run it
     publish(other, "cs-src", 0, 100)
     eventually(lambda: depth(other, "cs-dst") == 100, timeout=30)
     home.kill()

@@ -432,6 +432,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
     system.serve_node_info(node)
+    parameters.serve_link_status(node)
     quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
     limits = listener.ListenerLimits.from_config(cfg)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,

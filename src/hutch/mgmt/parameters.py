@@ -9,19 +9,23 @@ Rules (RabbitMQ's rabbit_mgmt_wm_parameter(s) and rabbit_shovel_mgmt):
 - PUT body `{"value": ...}` (`[{key_missing,value}]` without it); an invalid value is a 400
   "Validation failed" with the component's texts (core/shovel.py); an unknown component is a 400.
 - The user who sets a shovel is recorded: its local connections act as that user (docs/shovel.md).
-- Shovel status is for any management user, over the vhosts it may see; `restart` needs the same rights
-  as changing the parameter. Status is the node's own (the shovels run on the metadata leader).
+- Shovel and federation status is for any management user, over the vhosts it may see, gathered from
+  every running member of a cluster (`LinkStatus` requests: the links run on the metadata leader);
+  `restart` needs the same rights as changing the parameter and acts on the node that runs the shovel
+  only (404 elsewhere).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hutch.cluster import messages as cm
 from hutch.runtime.broker import parameters as runtime_parameters
 
 from . import listing
 from .access import Principal, login_vhosts
 from .calls import NO_CONTENT, Call, created, route
+from .cluster import cluster_service
 from .errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
@@ -81,13 +85,38 @@ def delete_parameter(node: Node, p: Principal, component: str, vhost: str, name:
         raise not_found()
 
 
-def shovel_status(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+def _own_links(node: Node, what: str, vhost: str | None) -> list[dict[str, Any]]:
+    service = node.shovels if what == "shovels" else node.federation
+    return list(service.status(vhost)) if service is not None else []
+
+
+def serve_link_status(node: Node) -> None:
+    """Let the other nodes of a cluster ask this one for the shovels and federation links it runs."""
+    cluster = cluster_service(node)
+    if cluster is not None:
+        cluster.register(cm.LinkStatus, lambda _peer, req: _own_links(node, req.what, req.vhost or None))
+
+
+async def _links(node: Node, p: Principal, what: str, vhost: str | None) -> list[dict[str, Any]]:
+    """This node's links and every other running member's (they run on the metadata leader, wherever that is)."""
     if vhost is not None and vhost not in node.vhosts:
         raise not_found()
-    service = node.shovels
+    found = _own_links(node, what, vhost)
+    cluster = cluster_service(node)
+    if cluster is not None:
+        for member in cluster.machine.members:
+            if member == node.name or not cluster.transport.connected(member):
+                continue
+            try:
+                found += await cluster.call(member, cm.LinkStatus(what, vhost or ""), timeout=2.0)
+            except Exception:  # noqa: BLE001 - a member that does not answer runs none we can show
+                continue
     allowed = _visible(node, p)
-    found = service.status(vhost) if service is not None else []
     return [s for s in found if allowed is None or s["vhost"] in allowed]
+
+
+async def shovel_status(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    return await _links(node, p, "shovels", vhost)
 
 
 def restart_shovel(node: Node, p: Principal, vhost: str, name: str) -> None:
@@ -96,13 +125,9 @@ def restart_shovel(node: Node, p: Principal, vhost: str, name: str) -> None:
         raise not_found()
 
 
-def federation_links(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
-    """RabbitMQ's /api/federation-links: the links this node runs, over the vhosts the caller may see."""
-    if vhost is not None and vhost not in node.vhosts:
-        raise not_found()
-    allowed = _visible(node, p)
-    found = node.federation.status(vhost) if node.federation is not None else []
-    return [s for s in found if allowed is None or s["vhost"] in allowed]
+async def federation_links(node: Node, p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    """RabbitMQ's /api/federation-links: the links of every running node, over the vhosts the caller may see."""
+    return await _links(node, p, "federation", vhost)
 
 
 # -- routes ----------------------------------------------------------------------------------------------
@@ -144,14 +169,14 @@ def _delete(c: Call) -> Any:
 
 @route("GET", "/api/shovels", "Dynamic shovels and their state (running, starting, terminated)", tag="shovels",
        reply="Any[]", listing=True)
-def _shovels(c: Call) -> Any:
-    return listing.list_reply(shovel_status(c.node, c.principal), c.query, ("vhost", "name"))
+async def _shovels(c: Call) -> Any:
+    return listing.list_reply(await shovel_status(c.node, c.principal), c.query, ("vhost", "name"))
 
 
 @route("GET", "/api/shovels/vhost/{vhost}/{name}", "One dynamic shovel's state", tag="shovels", reply="Any",
        codes=(404,))
-def _one_shovel(c: Call) -> Any:
-    for s in shovel_status(c.node, c.principal, c.params["vhost"]):
+async def _one_shovel(c: Call) -> Any:
+    for s in await shovel_status(c.node, c.principal, c.params["vhost"]):
         if s["name"] == c.params["name"]:
             return listing.one_reply(s, c.query)
     raise not_found()
@@ -166,21 +191,23 @@ def _restart(c: Call) -> Any:
 
 @route("GET", "/api/shovels/{vhost}", "Dynamic shovels of a vhost", tag="shovels", reply="Any[]", listing=True,
        codes=(404,))
-def _vhost_shovels(c: Call) -> Any:
-    return listing.list_reply(shovel_status(c.node, c.principal, c.params["vhost"]), c.query, ("vhost", "name"))
+async def _vhost_shovels(c: Call) -> Any:
+    return listing.list_reply(await shovel_status(c.node, c.principal, c.params["vhost"]), c.query,
+                              ("vhost", "name"))
 
 
 @route("GET", "/api/federation-links", "Federation links and their status (running, starting, error)",
        tag="federation", reply="Any[]", listing=True)
-def _federation_links(c: Call) -> Any:
-    return listing.list_reply(federation_links(c.node, c.principal), c.query, ("vhost", "id"))
+async def _federation_links(c: Call) -> Any:
+    return listing.list_reply(await federation_links(c.node, c.principal), c.query, ("vhost", "id"))
 
 
 @route("GET", "/api/federation-links/{vhost}", "Federation links of a vhost", tag="federation", reply="Any[]",
        listing=True, codes=(404,))
-def _vhost_federation_links(c: Call) -> Any:
-    return listing.list_reply(federation_links(c.node, c.principal, c.params["vhost"]), c.query, ("vhost", "id"))
+async def _vhost_federation_links(c: Call) -> Any:
+    return listing.list_reply(await federation_links(c.node, c.principal, c.params["vhost"]), c.query,
+                              ("vhost", "id"))
 
 
-__all__ = ["delete_parameter", "federation_links", "get_parameter", "list_parameters", "put_parameter", "restart_shovel",
+__all__ = ["delete_parameter", "federation_links", "serve_link_status", "get_parameter", "list_parameters", "put_parameter", "restart_shovel",
            "shovel_status"]
