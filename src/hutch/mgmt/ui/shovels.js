@@ -8,7 +8,7 @@ import {badge, confirmDialog, field, h, select, toast} from './dom.js';
 import {actionForm, input, vhostSelect} from './forms.js';
 import {clientList, DataTable} from './table.js';
 
-const STATE_KIND = {running: 'ok', starting: 'info', terminated: 'error', error: 'error'};
+const STATE_KIND = {running: 'ok', starting: 'info', terminated: 'bad', error: 'bad'};
 
 function stateBadge(state, reason) {
   return [badge(state, STATE_KIND[state] || 'muted'), reason ? h('div', {class: 'muted'}, reason) : null];
