@@ -115,7 +115,7 @@ class AmqpLink(asyncio.Protocol):
                     self._body_frame(payload)
                 if self.closed.done():
                     return
-        except (AMQPError, LinkClosed, ValueError) as exc:
+        except (AMQPError, LinkClosed, ValueError, struct.error) as exc:  # a malformed frame from the peer
             self.fail(LinkClosed(f"protocol error: {exc}", getattr(exc, "code", 0)))
 
     # -- frames -------------------------------------------------------------------------------------
@@ -158,6 +158,8 @@ class AmqpLink(asyncio.Protocol):
     def _header(self, payload: bytes) -> None:
         if self._content is None:
             raise LinkClosed("content header without a delivery", 505)
+        if len(payload) < 14:
+            raise LinkClosed("content header frame too short", 501)
         body_size = _BODY_SIZE.unpack_from(payload, 4)[0]
         if body_size > self.max_body_bytes:
             raise LinkClosed(f"message body of {body_size} bytes is over the limit", 501)
