@@ -80,6 +80,10 @@ def test_an_exchange_federated_from_an_upstream(sites: tuple[Node, Node]) -> Non
     assert out.returncode == 0 and "from-a" in out.stdout and "running" in out.stdout
     pub.connection.close()
     ch.connection.close()
+    # the policy goes: the link stops and deletes its queue upstream (which would otherwise fill up)
+    assert b.api("DELETE", "/api/policies/%2F/fed-exchanges")[0] == 204
+    eventually(lambda: links(b) == [], timeout=30)
+    eventually(lambda: a.api("GET", "/api/queues/%2F/" + "federation%3A%20fed.x%20-%3E%20site-b")[0] == 404)
 
 
 def test_the_link_is_cut_and_restored(sites: tuple[Node, Node]) -> None:

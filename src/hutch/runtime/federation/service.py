@@ -12,6 +12,9 @@ Rules:
   name, declared with X's type if it is missing) with every routing key (and arguments) bound to X
   downstream, and publishes what it receives into X with the message's routing key, after
   `core/federation.may_forward` (max-hops, loop detection) and with an `x-received-from` entry.
+- When an exchange link is no longer wanted (its policy, upstream or exchange is gone) it deletes its
+  upstream queue first (RabbitMQ's default `resource-cleanup-mode`); not when the links move to another
+  node with the metadata leadership.
 - A queue link consumes the upstream queue (`queue`, default the same name) only while the downstream
   queue has consumers and no ready messages, and stops at `prefetch-count` ready messages or when the last
   consumer goes; what it receives goes to the downstream queue.
@@ -194,11 +197,14 @@ class FederationService:
     def reconcile(self) -> None:
         wanted = self._wanted() if self.runs_here() else {}
         for key in [k for k, link in self.links.items() if k not in wanted or wanted[k][0] != link.upstream]:
-            self._spawn(self.links.pop(key).worker.stop())
+            # a link that is no longer wanted (policy, upstream or exchange gone) removes its upstream queue,
+            # which would otherwise fill up forever; not when its upstream's definition changed (it starts
+            # again on the same queue) nor when leadership moves (the new leader goes on with it)
+            self._spawn(self._retire(self.links.pop(key), cleanup=self.runs_here() and key not in wanted))
         for key, (upstream, kind, obj, policy) in wanted.items():
-            link = self.links.get(key)
-            if link is None:
-                link = self.links[key] = self._launch(key, upstream, kind, obj, policy)
+            found = self.links.get(key)
+            link = found if found is not None else self._launch(key, upstream, kind, obj, policy)
+            self.links[key] = link
             if kind == "exchange":
                 self._rebind(link, obj)
             else:
@@ -226,6 +232,15 @@ class FederationService:
 
     async def _open_local(self, user: str, vhost: str, name: str) -> AmqpLink:
         return await open_local(self.node, user, vhost, name)
+
+    async def _retire(self, link: Link, cleanup: bool) -> None:
+        hooks = link.hooks
+        if cleanup and isinstance(hooks, ExchangeLink) and hooks.queue:
+            try:
+                await link.worker.source_call(spec.Queue.Delete(queue=hooks.queue), spec.Queue.DeleteOk)
+            except LinkClosed as exc:
+                log.info("federation link %s: upstream queue %r not deleted: %s", link.key, hooks.queue, exc)
+        await link.worker.stop()
 
     def _rebind(self, link: Link, exchange: Any) -> None:
         hooks = link.hooks
