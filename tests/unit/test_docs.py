@@ -205,7 +205,7 @@ Text.
 - Clustering cannot be turned off. <!-- absent: config cluster.enabled -->
 - A hutchctl command for limits <!-- absent: ctl set_vhost_limits -->
   on two lines.
-- Something truly missing. <!-- absent: route GET /api/federation-links -->
+- Something truly missing. <!-- absent: route GET /api/feature-flags -->
 - Limits as a core module. <!-- absent: symbol hutch.core.limits -->
 - Streams. <!-- absent: text "x-stream-offset" in src/hutch/core/arguments.py -->
 - No probe at all.

@@ -31,6 +31,12 @@ FORBIDDEN = {
     "hutch.runtime.clustering": ("hutch.runtime.broker", "hutch.runtime.queue_types",
                                  "hutch.runtime.session", "hutch.runtime.app"),
     "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app"),
+    # shovels and federation are AMQP clients: they reach the node through a session (the in-process pipe)
+    # and the parameter store, never its queue types, clustering or the node class
+    "hutch.runtime.shovel": ("hutch.runtime.broker.node", "hutch.runtime.queue_types", "hutch.runtime.clustering",
+                             "hutch.runtime.federation", "hutch.runtime.app"),
+    "hutch.runtime.federation": ("hutch.runtime.broker.node", "hutch.runtime.queue_types",
+                                 "hutch.runtime.clustering", "hutch.runtime.app"),
 }
 
 

@@ -696,6 +696,79 @@ def cmd_forget_cluster_node(client: Client, args: argparse.Namespace) -> Output:
     return Output(banner=f"Removing node {args.node} from the cluster")
 
 
+def _parameter_path(args: argparse.Namespace) -> str:
+    return f"/api/parameters/{seg(args.component)}/{seg(args.vhost)}/{seg(args.name)}"
+
+
+def cmd_set_parameter(client: Client, args: argparse.Namespace) -> Output:
+    """A runtime parameter (rabbitmqctl set_parameter COMPONENT NAME VALUE): a shovel's definition."""
+    try:
+        value = json.loads(args.value)
+    except ValueError as exc:
+        raise Refused(f"Could not parse JSON document: {exc}") from None
+    try:
+        client.request("PUT", _parameter_path(args), {"value": value})
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f'Virtual host "{args.vhost}" does not exist') from None
+        raise Refused(exc.reason.replace("Validation failed\n\n", "Validation failed\n").rstrip()) from None
+    return Output(banner=f'Setting runtime parameter "{args.name}" for component "{args.component}" to '
+                         f'"{args.value}" in vhost "{args.vhost}" ...')
+
+
+def cmd_clear_parameter(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", _parameter_path(args))
+    except ApiFailure as exc:
+        if exc.status != 404:
+            raise
+        _require_vhost(client, args.vhost)
+        raise Refused("Parameter does not exist") from None
+    return Output(banner=f'Clearing runtime parameter "{args.name}" for component "{args.component}" on vhost '
+                         f'"{args.vhost}" ...')
+
+
+def cmd_list_parameters(client: Client, args: argparse.Namespace) -> Output:
+    items = []
+    for component in ("shovel", "federation-upstream", "federation-upstream-set"):
+        found = client.get(f"/api/parameters/{component}/{seg(args.vhost)}")
+        if not isinstance(found, list):
+            raise BadReply("unexpected reply to GET /api/parameters")
+        items += found
+    rows = [[i.get("component"), i.get("name"), json.dumps(i.get("value"), separators=(",", ":"))] for i in items]
+    return Output(banner=f'Listing runtime parameters for vhost "{args.vhost}" ...',
+                  table=Table(["component", "name", "value"], rows))
+
+
+SHOVEL_COLUMNS = ["name", "vhost", "type", "state", "source", "destination", "termination_reason", "node",
+                  "last_changed"]
+
+
+def cmd_shovel_status(client: Client, args: argparse.Namespace) -> Output:
+    """The dynamic shovels and their state (rabbitmqctl shovel_status)."""
+    items = client.get("/api/shovels")
+    if not isinstance(items, list):
+        raise BadReply("unexpected reply to GET /api/shovels")
+    rows = [[i.get("name"), i.get("vhost"), i.get("type"), i.get("state"),
+             i.get("src_queue") or i.get("src_exchange") or "", i.get("dest_queue") or i.get("dest_exchange") or "",
+             i.get("reason", ""), i.get("node"), i.get("timestamp")] for i in items]
+    return Output(banner="Shovel status ...", table=Table(SHOVEL_COLUMNS, rows))
+
+
+FEDERATION_COLUMNS = ["type", "name", "vhost", "upstream", "upstream_name", "status", "error", "uri", "last_changed"]
+
+
+def cmd_federation_status(client: Client, args: argparse.Namespace) -> Output:
+    """The federation links and their status (rabbitmqctl federation_status)."""
+    items = client.get("/api/federation-links")
+    if not isinstance(items, list):
+        raise BadReply("unexpected reply to GET /api/federation-links")
+    rows = [[i.get("type"), i.get("exchange") or i.get("queue"), i.get("vhost"), i.get("upstream"),
+             i.get("upstream_exchange") or i.get("upstream_queue"), i.get("status"), i.get("error", ""), i.get("uri"),
+             i.get("timestamp")] for i in items]
+    return Output(banner="Listing federation links ...", table=Table(FEDERATION_COLUMNS, rows))
+
+
 Command = Callable[[Client, argparse.Namespace], Output]
 COMMANDS: dict[str, Command] = {
     "add_user": cmd_add_user,
@@ -716,6 +789,11 @@ COMMANDS: dict[str, Command] = {
     "set_user_limits": cmd_set_user_limits,
     "clear_user_limits": cmd_clear_user_limits,
     "list_user_limits": cmd_list_user_limits,
+    "set_parameter": cmd_set_parameter,
+    "clear_parameter": cmd_clear_parameter,
+    "list_parameters": cmd_list_parameters,
+    "shovel_status": cmd_shovel_status,
+    "federation_status": cmd_federation_status,
     "status": cmd_status,
     "cluster_status": cmd_cluster_status,
     "join_cluster": cmd_join_cluster,
@@ -824,6 +902,15 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "list_channels": ("list AMQP channels", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "list_consumers": ("list the consumers of a vhost (-p)",
                        [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "set_parameter": ("set a runtime parameter in a vhost (-p): a shovel or a federation upstream (set)",
+                      [("component", {"metavar": "COMPONENT",
+                                      "help": "shovel, federation-upstream or federation-upstream-set"}), ("name", {"metavar": "NAME"}),
+                       ("value", {"metavar": "VALUE", "help": "JSON, e.g. '{\"src-uri\": \"amqp://\", ...}'"})]),
+    "clear_parameter": ("clear a runtime parameter in a vhost (-p)",
+                        [("component", {"metavar": "COMPONENT"}), ("name", {"metavar": "NAME"})]),
+    "list_parameters": ("list the (shovel) runtime parameters of a vhost (-p)", []),
+    "shovel_status": ("show the dynamic shovels and their state", []),
+    "federation_status": ("show the federation links and their status", []),
     "status": ("show the node's status", []),
     "cluster_status": ("show the cluster's members, running nodes, partitions and alarms", []),
     "join_cluster": ("make this (lone) node join the cluster of NODE@HOST:PORT; drops its own definitions",

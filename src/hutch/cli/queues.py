@@ -1,8 +1,9 @@
 """``hutch-queues``: quorum queue operations through the management HTTP API, rabbitmq-queues-style.
 
 This module owns the command line of hutch-queues (rabbitmq-queues' command names and argument
-orders: add_member, delete_member, grow, shrink, rebalance, quorum_status) and migrate_mirrored, which
-turns the empty classic queues an old mirroring policy matched into quorum queues. It is a client of the
+orders: add_member, delete_member, grow, shrink, rebalance, quorum_status), migrate_mirrored, which
+turns the empty classic queues an old mirroring policy matched into quorum queues, and redrive, which
+sends a dead-letter queue's messages back where they died (a temporary shovel: docs/shovel.md). It is a client of the
 node's API like hutchctl and shares hutchctl's HTTP client, options, output formats and error contract
 (cli/ctl.py):
 
@@ -275,6 +276,24 @@ def cmd_migrate_mirrored(client: Client, args: argparse.Namespace) -> Output:
 # -- the command line ---------------------------------------------------------------------------------
 
 Command = Callable[[Client, argparse.Namespace], Output]
+def cmd_redrive(client: Client, args: argparse.Namespace) -> Output:
+    """Send every message of a dead-letter queue back to the queue it died in (its latest `x-death`), as a
+    temporary shovel that removes itself once it has moved the queue's length (docs/shovel.md)."""
+    name = args.name or f"redrive-{args.queue}"
+    value = {"src-uri": "amqp://", "src-queue": args.queue, "dest-uri": "amqp://", "dest-queue-from-x-death": True,
+             "src-delete-after": "queue-length"}
+    path = f"/api/queues/{seg(args.vhost)}/{seg(args.queue)}"
+    try:
+        client.get(path)
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f"queue '{args.queue}' in vhost '{args.vhost}' not found") from None
+        raise
+    client.request("PUT", f"/api/parameters/shovel/{seg(args.vhost)}/{seg(name)}", {"value": value})
+    return Output(banner=f'Redriving the messages of queue "{args.queue}" in vhost "{args.vhost}" to the queues '
+                         f'they died in (temporary shovel "{name}"; hutchctl shovel_status shows it) ...')
+
+
 COMMANDS: dict[str, Command] = {
     "add_member": cmd_add_member,
     "delete_member": cmd_delete_member,
@@ -283,6 +302,7 @@ COMMANDS: dict[str, Command] = {
     "rebalance": cmd_rebalance,
     "quorum_status": cmd_quorum_status,
     "migrate_mirrored": cmd_migrate_mirrored,
+    "redrive": cmd_redrive,
 }
 
 _QUEUE_NODE = [("queue", {"metavar": "QUEUE"}), ("node", {"metavar": "NODE"})]
@@ -306,6 +326,10 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
                                          "help": "the pattern of the old ha-mode policy"}),
                           ("--apply", {"action": "store_true",
                                        "help": "redeclare each empty, unused one as a quorum queue"})]),
+    "redrive": ("send each message of a dead-letter queue (-p vhost) back to the queue it died in (its x-death), "
+                "as a temporary shovel that removes itself when done",
+                [("queue", {"metavar": "QUEUE"}),
+                 ("--name", {"default": None, "help": "the shovel's name (default redrive-QUEUE)"})]),
 }
 
 

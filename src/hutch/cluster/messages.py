@@ -374,19 +374,28 @@ class LimitCounts(NamedTuple):
     rows: list[list[Any]]
 
 
+@request_kind(90)
+class LinkStatus(NamedTuple):
+    """The dynamic shovels (`what` "shovels") or federation links ("federation") a node runs, of `vhost`
+    ("" for all), as GET /api/shovels and /api/federation-links list them. Reply: a JSON-able list."""
+
+    what: str
+    vhost: str
+
 
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
-    | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts
+    | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
+    | LinkStatus
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

@@ -4,7 +4,8 @@ one dispatch table.
 Owns:
 - The records (frozen dataclasses): users, vhosts and permissions (`SetAuth`: the whole auth store, as
   the node has always recorded it), topic permissions, the cluster name, exchanges, queues (declare,
-  delete, a quorum queue's members), bindings, policies and operator policies, and the operations of the
+  delete, a quorum queue's members), bindings, policies and operator policies, runtime parameters (`SetParameter`, `ClearParameter`: shovels,
+  federation upstreams), and the operations of the
   cluster's metadata group (`ClusterJoin`, `ClusterLeave`, `Noop`).
 - The stored form: `to_stored(op)` -> a msgpack-able map whose "op" key names the kind
   (`{"op": "queue.declare", "vhost": ..., ...}`), `from_stored(map)` -> the record. This is the form the
@@ -180,6 +181,27 @@ class SetUserLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class SetParameter:
+    """A runtime parameter (RabbitMQ's component/vhost/name, e.g. a `shovel`): its value as JSON text, and
+    the user who set it (a shovel's local connections act as that user: docs/shovel.md)."""
+
+    KIND: ClassVar[str] = "parameter.set"
+    component: str
+    vhost: str
+    name: str
+    value: str
+    user: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearParameter:
+    KIND: ClassVar[str] = "parameter.clear"
+    component: str
+    vhost: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterJoin:
     """The metadata group's member table: a node joined (`raft_id` None: the next free id)."""
 
@@ -205,11 +227,12 @@ class Noop:
 
 DefinitionOp = (SetAuth | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
                 | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | SetVhostLimits
-                | SetUserLimits | ClusterJoin | ClusterLeave | Noop)
+                | SetUserLimits | SetParameter | ClearParameter | ClusterJoin | ClusterLeave | Noop)
 
 NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, SetClusterName, SetTopicPermissions, DeclareExchange,
                                              DeleteExchange, DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind,
-                                             SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits)
+                                             SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits, SetParameter,
+                                             ClearParameter)
 """The kinds a node applies to its definitions (the rest belong to the metadata group)."""
 CLUSTER_OPS: tuple[type[DefinitionOp], ...] = (ClusterJoin, ClusterLeave, Noop)
 ALL_OPS: tuple[type[DefinitionOp], ...] = NODE_OPS + CLUSTER_OPS
@@ -327,8 +350,8 @@ class Dispatch:
 
 
 __all__ = [
-    "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
+    "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearParameter", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
     "DeclareQueue", "DefinitionOp", "DefinitionOpError", "DeleteExchange", "DeleteQueue", "Dispatch", "MalformedOp",
-    "Noop", "SetAuth", "SetClusterName", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
+    "Noop", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
     "UnknownOp", "from_stored", "kind_of", "to_stored",
 ]

@@ -114,6 +114,8 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
     "max-age": _duration("max age"),  # streams (docs/streams.md)
     "stream-max-segment-size-bytes": _int_at_least(1, "stream max segment size"),
+    "federation-upstream": _string("federation upstream name"),  # docs/federation.md
+    "federation-upstream-set": _string("federation upstream set name"),
 }
 # the keys an operator policy may set (RabbitMQ's operator_policy_validator registrations, plus
 # overflow, which RabbitMQ 4.x added with "operator policy value" as its merge rule, and

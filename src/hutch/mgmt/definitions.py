@@ -13,15 +13,17 @@ Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checke
 - Administrators only (401 "Not administrator user").
 - Export: users (name, password_hash, hashing_algorithm, tags as a list, limits), vhosts (name,
   limits, metadata), permissions, topic_permissions (Node.topic_permissions), parameters (operator policies, as
-  component "operator_policy", and vhost limits, as component "vhost-limits" named "limits", as RabbitMQ 4.x
-  writes both), global_parameters (empty), policies, and, as RabbitMQ does, every
+  component "operator_policy", vhost limits, as component "vhost-limits" named "limits", as RabbitMQ 4.x
+  writes both, and shovels, component "shovel"), global_parameters (empty), policies, and, as RabbitMQ does, every
   non-exclusive queue, every exchange but the default and `amq.*` ones, and every binding whose
   source is not the default exchange and whose destination is exported (or is an exchange): durable
   or not. The per-vhost form is `rabbit_version`, parameters, policies, queues, exchanges, bindings,
   with `vhost` dropped from queues, exchanges and bindings.
 - Import, whole node: users (with their limits, merged into a user's own), vhosts, permissions, topic
   permissions, vhost limits (the vhost-limits parameter; also a vhost object's `limits`, which RabbitMQ's
-  import ignores), operator policies, policies, exchanges, queues, bindings. Queues that would take a
+  import ignores), operator policies, policies, exchanges, queues, bindings, then shovels (component
+  "shovel", validated as `set_parameter` validates them; their local connections act as the importing
+  user, or the default user at boot). Queues that would take a
   vhost past its max-queues refuse the document (RabbitMQ's "Adding N queue(s) ... Import aborted!"). Users, vhosts, permissions and policies are created or updated (a user
   given neither password nor password_hash loses its password, as in RabbitMQ); an exchange or queue
   that exists is kept as it is, without an equivalence check; names starting `amq.` and the default
@@ -31,8 +33,8 @@ Rules (RabbitMQ 3.10's rabbit_mgmt_wm_definitions and rabbit_definitions, checke
 - All or nothing: the whole document is checked before anything changes, and the changes are made in
   one go on the event loop, so a document with an error changes nothing (400 with the reason).
   RabbitMQ applies category by category and keeps what it did before the error.
-- What hutch cannot honour is refused, not dropped: runtime parameters other than operator policies
-  and vhost limits, unknown limit names, queue types other than classic and quorum (quorum queues
+- What hutch cannot honour is refused, not dropped: runtime parameters other than operator policies,
+  vhost limits and shovels, unknown limit names, queue types other than classic and quorum (quorum queues
   only on a clustered node, which a lone `hutch-server` is by default), unknown exchange types,
   unknown policy keys. Global parameters (RabbitMQ's cluster id and name) are ignored.
 - Passwords: `hashing_algorithm` may be hutch's scrypt or RabbitMQ's sha256/sha512/md5
@@ -64,6 +66,7 @@ from hutch.core.policy import Policy, PolicyError, make_policy
 from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
 from hutch.runtime.broker import limits as runtime_limits
+from hutch.runtime.broker import parameters as runtime_parameters
 from hutch.runtime.broker import policies as runtime_policies
 
 from . import formats
@@ -156,6 +159,7 @@ def _vhost_limits_parameter(vhost: str, limits: dict[str, int]) -> dict[str, Any
 
 def _parameters(node: Node, vhost: str | None = None) -> list[dict[str, Any]]:
     found = [_operator_policy_parameter(x) for x in node.policies.list(vhost, operator=True)]
+    found += [p.to_dict() for p in node.parameters.list(vhost=vhost)]
     found += [_vhost_limits_parameter(v, limits) for v, limits in node.limits.iter_vhosts()
               if vhost is None or v == vhost]
     return found
@@ -329,6 +333,7 @@ class Plan:
     topic_permissions: list[tuple[str, str, str, str, str]] = field(default_factory=list)  # user, vhost, x, w, r
     policies: list[tuple[Policy, bool]] = field(default_factory=list)  # (policy, operator)
     vhost_limits: dict[str, dict[str, int]] = field(default_factory=dict)  # vhost -> its whole limits
+    parameters: list[tuple[str, str, str, Any]] = field(default_factory=list)  # component, vhost, name, value
     exchanges: list[_Exchange] = field(default_factory=list)
     queues: list[_Queue] = field(default_factory=list)
     bindings: list[_Binding] = field(default_factory=list)
@@ -546,10 +551,18 @@ class _Planner:
         if component == VHOST_LIMITS_COMPONENT:
             self.vhost_limits_parameter(vhost, name, item.get("value"))
             return
+        if component in runtime_parameters.VALIDATORS:  # shovels, federation upstreams and upstream sets
+            try:
+                runtime_parameters.validate(str(component), name, item.get("value"))
+            except ValueError as exc:
+                raise DefinitionsError(f"{component} '{name}' in vhost '{vhost}': {exc}") from None
+            self.plan.parameters.append((str(component), vhost, name, item.get("value")))
+            return
         if component != OPERATOR_POLICY_COMPONENT:
             raise DefinitionsError(f"runtime parameter '{name}' in vhost '{vhost}': component '{component}' "
-                                   f"is not supported by hutch (only '{OPERATOR_POLICY_COMPONENT}' and "
-                                   f"'{VHOST_LIMITS_COMPONENT}' are)")
+                                   f"is not supported by hutch (only '{OPERATOR_POLICY_COMPONENT}', "
+                                   f"'{VHOST_LIMITS_COMPONENT}', {', '.join(map(repr, runtime_parameters.VALIDATORS))} "
+                                   "are)")
         value = item.get("value")
         if not isinstance(value, dict):
             raise DefinitionsError(f"operator policy '{name}' in vhost '{vhost}': 'value' must be a JSON object")
@@ -756,6 +769,9 @@ def apply_plan(node: Node, plan: Plan, acting_user: str | None = None) -> None:
         vhost = node.vhosts[b.vhost]
         node.bind(vhost, vhost.exchanges[b.source], (b.destination_type, b.destination), b.routing_key,
                   b.arguments)
+    for component, vhost_name, name, value in plan.parameters:  # shovels last: what they use exists
+        runtime_parameters.set_parameter(node, component, vhost_name, name, value,
+                                         acting_user or node.config.default_user)
     for reason in plan.skipped:
         log.info("definitions import: skipped %s", reason)
 

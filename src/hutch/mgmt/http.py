@@ -53,6 +53,7 @@ from . import (
     limits_routes,
     listener,
     openapi,
+    parameters,
     prometheus,
     quorum_routes,
     routes,
@@ -438,6 +439,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
     system.serve_node_info(node)
+    parameters.serve_link_status(node)
     quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
     limits = listener.ListenerLimits.from_config(cfg)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
@@ -474,5 +476,5 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     return stop
 
 
-__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "route", "routes",
+__all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "parameters", "route", "routes",
            "start_management"]

@@ -168,6 +168,14 @@ HUTCH_NODE = (
     _f("hutch_memory_paging", GAUGE,
        "is 1 while memory use is over the paging threshold and queues page messages out to disk"),
 )
+HUTCH_SHOVEL = (  # the dynamic shovels this node runs (docs/shovel.md)
+    _f("hutch_shovels", GAUGE, "Dynamic shovels on this node, by state (starting, running, terminated)"),
+    _f("hutch_shovel_messages_forwarded_total", COUNTER,
+       "Total number of messages dynamic shovels published to their destinations"),
+    _f("hutch_shovel_messages_acknowledged_total", COUNTER,
+       "Total number of messages dynamic shovels settled at their sources"),
+)
+SHOVEL_STATES = ("starting", "running", "terminated")
 HUTCH_QUEUE = (  # labels vhost, queue
     _f("hutch_queue_messages_paged_out", GAUGE, "Ready messages paged out to disk (bodies not in memory)"),
     _f("hutch_queue_messages_published_total", COUNTER, "Total number of messages enqueued into a queue"),
@@ -247,7 +255,7 @@ def families() -> list[Family]:
     """Every family `render` can emit, in output order (docs and tests)."""
     return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CHANNEL_MORE, *CONNECTION, *QUEUE_DELIVERY, *TOTALS,
             *CHURN, QUEUE_INFO, BUILD_INFO, IDENTITY_INFO, *GLOBAL, *GLOBAL_MORE, *GLOBAL_BY_QUEUE_TYPE, *ALARMS,
-            PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE, *HUTCH_CHANNEL]
+            PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE, *HUTCH_CHANNEL, *HUTCH_SHOVEL]
 
 
 # -- scrape telemetry -------------------------------------------------------------------------------
@@ -449,7 +457,20 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
         out.one(fam, value)
     out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)
     out.columns(HUTCH_CHANNEL, chv_labels, ch_rows, offset=_CH_DELIVER)
+    _shovels(out, node)
     return "".join(out.parts)
+
+
+def _shovels(out: _Text, node: Node) -> None:
+    """hutch_shovels by state; the message counters per shovel (labels vhost, shovel) or summed."""
+    found = node.shovels.status() if node.shovels is not None else []
+    gauge, forwarded, acked = HUTCH_SHOVEL
+    out.parts.append(gauge.header)
+    out.parts.extend(f'{gauge.name}{{state="{state}"}} {sum(s["state"] == state for s in found)}\n'
+                     for state in SHOVEL_STATES)
+    labels = [_labels((("vhost", s["vhost"]), ("shovel", s["name"]))) + " " for s in found]
+    rows: list[tuple[int, ...]] = [(int(s["messages_forwarded"]), int(s["messages_acknowledged"])) for s in found]
+    out.columns((forwarded, acked), labels, rows)
 
 
 def _scrape_telemetry(out: _Text, registry: str, scrapes: ScrapeStats | None) -> None:

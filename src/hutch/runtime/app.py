@@ -35,6 +35,7 @@ from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.clustering.service import ClusterService, load_secret
+from hutch.runtime.federation.service import FederationService
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.runtime.queue_types.classic.queue_type import ClassicQueueType
@@ -44,6 +45,7 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
+from hutch.runtime.shovel.service import ShovelService, service_for
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
 from hutch.storage.dirlock import DataDirLock, DataDirLocked
@@ -255,7 +257,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         await stop_node(node, server)
         return 1
     await node.start()
-    stoppers: list[Callable[[], Awaitable[None]]] = []
+    stoppers: list[Callable[[], Awaitable[None]]] = [await start_shovels(node, cluster)]
     if tls_server is not None:
         stoppers.append(_closer(tls_server))
     try:
@@ -299,6 +301,26 @@ def _announce_ports(node: Node) -> None:
         except OSError as exc:
             where = f" (no ports file: {exc})"
     log.info("listening: %s%s", ", ".join(f"{name} {port}" for name, port in ports.items()), where)
+
+
+async def start_shovels(node: Node, cluster: ClusterService | None) -> Callable[[], Awaitable[None]]:
+    """The dynamic shovels (runtime/shovel/) and federation links (runtime/federation/): on a clustered
+    node they run where the metadata leader is."""
+    shovels: ShovelService = service_for(node)
+    federation = FederationService(node, node.parameters)
+    if cluster is not None:
+        shovels.runs_here = federation.runs_here = lambda: cluster.is_leader
+        cluster.leader_hooks.append(lambda _leads: shovels.placement_changed())
+        cluster.leader_hooks.append(lambda _leads: federation.placement_changed())
+    node.shovels, node.federation = shovels, federation
+    await shovels.start()
+    await federation.start()
+
+    async def stop() -> None:
+        await federation.stop()
+        await shovels.stop()
+
+    return stop
 
 
 def _closer(server: asyncio.base_events.Server) -> Callable[[], Awaitable[None]]:

@@ -16,6 +16,7 @@ import {vhostNames} from './forms.js';
 import {nodesPage} from './nodes.js';
 import {overviewPage} from './overview.js';
 import {queuePage, queuesPage} from './queues.js';
+import {federationPage, shovelsPage} from './shovels.js';
 
 const ROUTES = [
   [/^\/overview$/, overviewPage],
@@ -35,6 +36,7 @@ const ROUTES = [
   [/^\/permissions$/, permissionsPage],
   [/^\/policies$/, policiesPage],
   [/^\/nodes$/, nodesPage],
+  [/^\/shovels$/, shovelsPage], [/^\/federation$/, federationPage],
 ];
 const NAV = [
   ['overview', 'Overview', '#/overview'],
@@ -44,6 +46,7 @@ const NAV = [
   ['queues', 'Queues', '#/queues'],
   ['admin', 'Admin', '#/users'],
   ['nodes', 'Nodes', '#/nodes'],
+  ['shovels', 'Shovels', '#/shovels'], ['federation', 'Federation', '#/federation'],
 ];
 const REFRESH_CHOICES = [['2000', 'every 2 s'], ['5000', 'every 5 s'], ['10000', 'every 10 s'],
   ['30000', 'every 30 s'], ['0', 'paused']];

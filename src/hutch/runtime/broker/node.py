@@ -37,7 +37,7 @@ from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
-from hutch.runtime.broker import limits, policies
+from hutch.runtime.broker import limits, parameters, policies
 from hutch.runtime.broker.alarms import ResourceMonitor
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
 from hutch.runtime.broker.logins import LoginGate
@@ -80,6 +80,7 @@ class Node:
             ops_.Unbind: self._apply_binding, ops_.SetPolicy: self._apply_policy, ops_.ClearPolicy: self._apply_policy,
             ops_.SetVhostLimits: lambda op: limits.apply_op(self, op),
             ops_.SetUserLimits: lambda op: limits.apply_op(self, op),
+            ops_.SetParameter: self._apply_parameter, ops_.ClearParameter: self._apply_parameter,
         })
         self._saved_ops = store.load() if store is not None else []
         if auth is None:
@@ -91,6 +92,9 @@ class Node:
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         self.peer_counts = PeerCounts()  # the other nodes' connection and channel counts (a cluster)
+        self.parameters = parameters.ParameterStore()  # runtime parameters: shovels (runtime/broker/parameters.py)
+        self.shovels: Any = None  # the dynamic shovels' service, set by runtime/app.py (runtime/shovel/)
+        self.federation: Any = None  # the federation links' service, set by runtime/app.py (runtime/federation/)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
@@ -219,6 +223,7 @@ class Node:
             for operator, p in list(self.policies):
                 policies.clear_policy(self, p.vhost, p.name, operator)
             self.limits = LimitStore()  # the snapshot's operations set them again
+            parameters.reset(self)
         finally:
             self.replaying = False
         for op in ops:
@@ -300,6 +305,9 @@ class Node:
             raise KeyError(op.vhost)
         policies.apply_op(self, op)
 
+    def _apply_parameter(self, op: ops_.SetParameter | ops_.ClearParameter) -> None:
+        parameters.apply_op(self, op)
+
     def _apply_binding(self, op: ops_.Bind | ops_.Unbind) -> None:
         vhost = self.vhosts[op.vhost]
         source = vhost.lookup_exchange(op.source)
@@ -317,6 +325,7 @@ class Node:
             yield ops_.SetClusterName(self.config.cluster_name)
         yield from policies.state_ops(self)
         yield from limits.state_ops(self)
+        yield from parameters.state_ops(self)
         for vhost in self.vhosts.values():
             for x in vhost.exchanges.values():
                 if (x.durable or everything) and x.name and not x.name.startswith("amq."):
@@ -400,6 +409,7 @@ class Node:
 
     def delete_vhost(self, name: str) -> None:
         policies.forget_vhost(self, name)
+        parameters.forget_vhost(self, name)
         self.auth.delete_vhost(name)
         vhost = self.vhosts.pop(name, None)
         for conn in list(self.connections):

@@ -121,6 +121,7 @@ class ClusterService:
         self.raft_id = 0
         self.driver: RaftDriver | None = None
         self.group: Group | None = None  # the metadata Raft group, open once `start` has opened the driver
+        self.leader_hooks: list[Callable[[bool], None]] = []  # told (this node leads?) when the leader changes
         self.peers: dict[str, Member] = {}  # every other member we know of, by name
         self._pending_ops: list[DefinitionOp] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -388,6 +389,13 @@ class ClusterService:
     def _leader_changed(self, leader: int) -> None:
         name = self.name if leader == self.raft_id else self._name_of(leader)
         log.info("metadata leader is now %s", name or "unknown")
+        for hook in list(self.leader_hooks):
+            hook(leader == self.raft_id)
+
+    @property
+    def is_leader(self) -> bool:
+        """Does this node lead the metadata group (where the dynamic shovels run: runtime/shovel/)?"""
+        return self.group is not None and self.group.is_leader
 
     # -- proposals ------------------------------------------------------------------------------------------
     def replicate(self, op: DefinitionOp) -> None:

@@ -197,6 +197,9 @@ class AMQPConnection:
             cfg.max_message_size)
         self.ssl_object: ssl.SSLObject | None = None  # set on a TLS connection
         self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
+        # set only by code in this process, never from the wire: an in-process connection (a shovel's,
+        # runtime/shovel/pipe.py) that logs in as this existing user without a password
+        self.trusted_user: str | None = None
 
     # -- driven by the transport's owner -----------------------------------------------------------
     def connection_made(self, transport: Transport, peer: tuple[str, int], sockname: tuple[str, int]) -> None:
@@ -528,6 +531,13 @@ class AMQPConnection:
         caps = self.client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         mechanism = m.mechanism
+        if self.trusted_user is not None:
+            self.auth_mechanism = "internal"
+            if self.node.auth.get_user(self.trusted_user) is None:
+                self._refuse_login(mechanism, f"user '{safe(self.trusted_user)}' (the shovel's) does not exist")
+            else:
+                self._logged_in(self.trusted_user)
+            return
         if mechanism == "EXTERNAL" and mechanism in self._mechanisms():
             self._external_login()
             return
