@@ -20,13 +20,13 @@ from pathlib import Path
 import pika
 import pytest
 
-from conftest import ServerInfo, free_port, start_server
+from conftest import ServerInfo, start_server
 
 
 def _second_node(data_dir: Path, clustered: bool) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(free_port()),
-            "--management-port", str(free_port()), "--data-dir", str(data_dir), "--node-name", "test@localhost"]
-    args += ["--cluster-port", str(free_port())] if clustered else ["--no-cluster"]
+    args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
+            "--management-port", "0", "--data-dir", str(data_dir), "--node-name", "test@localhost"]
+    args += ["--cluster-port", "0"] if clustered else ["--no-cluster"]
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
 
 

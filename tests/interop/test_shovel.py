@@ -26,8 +26,9 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
 def make_node(tmp: Path, name: str, extra_config: str = "") -> Node:
-    """A cluster of one on free ports, restartable on them (`extra_config`: more hutch.conf lines)."""
-    n = Node(name, tmp / name, free_port(), free_port(), free_port(), None)
+    """A cluster of one on ports it picks (0: reported at its first start), restartable on them
+    (`extra_config`: more hutch.conf lines)."""
+    n = Node(name, tmp / name, 0, 0, 0, None)
     n.config_text += extra_config
     return n
 
