@@ -32,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,7 @@ from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
 
 from hutch.core.auth import is_loopback_address
+from hutch.core.patterns import UserPattern
 from hutch.runtime import listen
 from hutch.runtime.tls import TlsConfigError
 
@@ -51,6 +54,7 @@ from . import (
     intake,
     limits_routes,
     listener,
+    listing,
     openapi,
     prometheus,
     quorum_routes,
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.mgmt")
 
 SHUTDOWN_TIMEOUT_S = 2.0
+NAME_FILTER_DEADLINE_S = 10.0  # a listing's regex name filter, matched off the loop (listing.NamesToMatch)
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
@@ -244,12 +249,12 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
                 if collector is not None else None
             call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
                         view, now_ms, request.path)
-            if node.cluster is None:
-                result = fn(call)
-            else:
-                result = await _clustered(node, request.method, fn, call)
-            if inspect.isawaitable(result):
-                result = await result
+            try:
+                result = await _run(node, request.method, fn, call)
+            except listing.NamesToMatch as need:  # a regex name filter too costly for the loop
+                checked, found = await _match_off_loop(need.pattern, need.names)
+                query = listing.MatchedQuery(request.query, checked, found)
+                result = await _run(node, request.method, fn, dataclasses.replace(call, query=query))
         except ApiError as exc:
             return _close_if_unread(request, _error_response(exc))
         if isinstance(result, Status):
@@ -260,6 +265,38 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
     handle.__name__ = fn.__name__
     return handle
+
+
+async def _run(node: Node, method: str, fn: Handler, call: Call) -> Any:
+    if node.cluster is None:
+        result = fn(call)
+    else:
+        result = await _clustered(node, method, fn, call)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _match_names(pattern: UserPattern, names: list[str], deadline_s: float) -> list[str] | None:
+    """The names `pattern` matches (in a worker thread: RE2 releases the GIL), None past the deadline."""
+    found = []
+    for i, name in enumerate(names):
+        if pattern.search_uncached(name):
+            found.append(name)
+        if i % 64 == 63 and time.monotonic() > deadline_s:
+            return None
+    return found
+
+
+async def _match_off_loop(pattern: UserPattern, names: list[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """(checked, found) of a listing's regex filter, matched off the event loop within
+    `NAME_FILTER_DEADLINE_S` (else 400: the pattern is too costly for this many names)."""
+    deadline = time.monotonic() + NAME_FILTER_DEADLINE_S
+    found = await asyncio.get_running_loop().run_in_executor(None, _match_names, pattern, names, deadline)
+    if found is None:
+        raise bad_request(f"the name filter did not finish in {NAME_FILTER_DEADLINE_S:g} s over {len(names)} "
+                          "names: use a simpler pattern")
+    return frozenset(names), frozenset(found)
 
 
 async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:

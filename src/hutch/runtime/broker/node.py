@@ -89,6 +89,7 @@ class Node:
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
+        self.policy_refreshes: dict[str, asyncio.Handle] = {}  # vhost -> next slice of its policy refresh
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
