@@ -109,8 +109,10 @@ class RawClient:
     """One TCP connection speaking AMQP frame by frame. Methods raise `ServerClosed` on EOF and
     `TimeoutError` when nothing arrives in time."""
 
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, source: str | None = None) -> None:
+        """`source`: a local address to connect from (127.0.0.x: another client host on loopback)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.timeout = timeout
         self.reader = FrameReader(0)
         self.frames: list[tuple[int, int, bytes]] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore, LoginCheck, hash_password, import_password_hash
-from hutch.runtime.broker.logins import TOO_MANY_PENDING, LoginGate
+from hutch.runtime.broker.logins import TOO_MANY_PENDING, LoginGate, source_group
 
 CHEAP_N = 2**4
 
@@ -131,6 +131,49 @@ def test_the_same_login_in_flight_is_checked_once_and_not_refused():
         release.set()
         assert (await second).reason == "invalid credentials"
         assert calls.count("other") == 1
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_source_groups_are_ipv4_addresses_and_ipv6_slash_64s():
+    assert source_group("10.0.0.1") == "10.0.0.1"
+    assert source_group("2001:db8:1:2:aaaa::1") == source_group("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_group("2001:db8:1:3::1") != source_group("2001:db8:1:2::1")
+    assert source_group("::ffff:10.0.0.7") == "10.0.0.7"
+    assert source_group("fe80::1%eth0") == "fe80::/64"
+    assert source_group("") == ""
+
+
+def test_a_flood_from_a_few_sources_does_not_refuse_a_newcomer_and_the_pool_takes_turns():
+    """Issue 21 item 4: wrong passwords from 3 sources fill the overall bound; a login from a fourth source
+    takes the busiest source's newest place (that one is refused) and is checked within one round of the
+    sources, not after every waiting login."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=9,
+                                    auth_max_pending_logins_per_source=4)
+        order: list[str] = []
+        blocking = node.auth.check_login
+
+        def recorded(name: str, password: str) -> LoginCheck:
+            order.append(password)
+            return blocking(name, password)
+
+        node.auth.check_login = recorded  # type: ignore[method-assign]
+        flood = [asyncio.ensure_future(gate.check("guest", f"bad-{src}-{i}", f"10.0.0.{src}"))
+                 for i in range(4) for src in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        assert gate.pending == 9  # three refused at once: the overall bound, no source waits 2 more
+        refused = [f for f in flood if f.done()]
+        assert len(refused) == 3 and all(f.result().reason == TOO_MANY_PENDING for f in refused)
+        newcomer = asyncio.ensure_future(gate.check("guest", "guest", "10.0.0.4"))
+        await asyncio.sleep(0.05)
+        assert gate.pending == 9 and sum(f.done() for f in flood) == 4  # one flood login gave its place
+        release.set()
+        assert (await newcomer).user is not None
+        await asyncio.gather(*flood)
+        assert order.index("guest") <= 4  # one round: the running check, then at most one per other source
+        assert gate.pending == 0
         gate.close()
 
     asyncio.run(scenario())
