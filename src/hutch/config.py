@@ -102,6 +102,9 @@ class Config:
     # bytes of unfinished message bodies (header received, last body frame not yet) one connection may
     # hold over all its channels (a hutch key); 0: 4 x max_message_size. Never below max_message_size.
     max_unfinished_body_bytes: int = 0
+    # the same over every connection of the node (issue 21; a hutch key); 0: a quarter of the memory high
+    # watermark. Never below max_message_size.
+    max_unfinished_body_bytes_total: int = 0
     handshake_timeout_ms: int = 10_000
     consumer_timeout_ms: int = 1_800_000
     default_user: str = "guest"
@@ -504,6 +507,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "heartbeat": _int_field("heartbeat_s", 0, 65535),
     "max_message_size": _int_field("max_message_size", 1, MAX_MESSAGE_SIZE_LIMIT),
     "max_unfinished_body_bytes": _int_field("max_unfinished_body_bytes", 0, 2**40),
+    "max_unfinished_body_bytes_total": _int_field("max_unfinished_body_bytes_total", 0, 2**40),
     "handshake_timeout": _int_field("handshake_timeout_ms", 1, 2**31 - 1),
     "consumer_timeout": _int_field("consumer_timeout_ms", 1, 2**53),
     "default_user": _nonempty_field("default_user"),

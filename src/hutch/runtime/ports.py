@@ -205,7 +205,12 @@ class SessionConnection(Protocol):
     def close_with_error(self, exc: AMQPError) -> None: ...
 
     def hold_unfinished_body(self, nbytes: int) -> None:
-        """A channel holds `nbytes` more of a message body in progress (bounded per connection)."""
+        """A channel holds `nbytes` more of a message body in progress (bounded per connection and
+        node-wide)."""
+        ...
+
+    def release_unfinished_body(self, nbytes: int) -> None:
+        """A channel no longer holds `nbytes` of a message body in progress."""
         ...
 
     def flow_block(self, queue: Any) -> None: ...
@@ -231,6 +236,9 @@ class BrokerPort(Protocol):
     persistence: Any
     clock: Clock
     logins: LoginGate  # every password check (runtime/broker/logins.py)
+    # bytes of unfinished message bodies over every connection, and the node-wide cap (issue 21)
+    unfinished_body_bytes: int
+    unfinished_body_limit: int
 
     def wall_ms(self) -> float: ...
 
