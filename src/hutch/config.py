@@ -139,6 +139,8 @@ class Config:
     management_inactivity_timeout_ms: int = 300_000
     management_max_connections: int | None = None
     management_max_body_bytes: int = 20 * MiB
+    # a request body of a user without the administrator tag (issue 21; a hutch key)
+    management_non_admin_max_body_bytes: int = 1 * MiB
     prometheus_return_per_object_metrics: bool = False
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
     # listeners accept clients; when set, a fresh node does not create the default user and vhost
@@ -493,6 +495,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "management.tcp.inactivity_timeout": _int_field("management_inactivity_timeout_ms", 100, 2**31 - 1),
     "management.tcp.max_connections": _int_field("management_max_connections", 1, 1_000_000),
     "management.http.max_body_size": _int_field("management_max_body_bytes", 1, 2**31 - 1),
+    "management.http.non_admin_max_body_size": _int_field("management_non_admin_max_body_bytes", 1, 2**31 - 1),
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
     "listeners.ssl.default": _listener("amqps_host", "amqps_port", 5671),

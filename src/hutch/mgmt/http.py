@@ -78,6 +78,7 @@ SHUTDOWN_TIMEOUT_S = 2.0
 NAME_FILTER_DEADLINE_S = 10.0  # a listing's regex name filter, matched off the loop (listing.NamesToMatch)
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
+LARGE_BODIES_KEY = web.AppKey("large_bodies", intake.LargeBodies)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
 
@@ -131,12 +132,15 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
         principal = await _authenticate(request, node)
         if request.method == "POST":
             definitions.check_import(node, principal, vhost)
-            payload = await _definitions_payload(request)
-            loop = asyncio.get_running_loop()
-            doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
-                if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
-            prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
-            definitions.import_definitions(node, principal, prepared, vhost)
+            limits = request.app[LIMITS_KEY].for_user(principal.is_admin)
+            intake.check_length(request, limits)
+            async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
+                payload = await _definitions_payload(request, limits)
+                loop = asyncio.get_running_loop()
+                doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
+                    if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
+                prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
+                definitions.import_definitions(node, principal, prepared, vhost)
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
         reply = definitions.export(node, principal, vhost)
     except definitions.NotJson:
@@ -148,10 +152,9 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
                           if filename else None)
 
 
-async def _definitions_payload(request: web.Request) -> bytes:
+async def _definitions_payload(request: web.Request, limits: intake.BodyLimits) -> bytes:
     """The uploaded document: the `file` field of a multipart/form-data body, else the whole body;
-    both under the body limits (intake.py)."""
-    limits = request.app[LIMITS_KEY]
+    both under the caller's body limits (intake.py)."""
     if request.content_type != intake.MULTIPART_TYPE:
         return await intake.read_body(request, limits)
     try:
@@ -241,30 +244,51 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
         node = request.app[NODE_KEY]
         try:
             principal = await _authenticate(request, node)
-            body = await _decode_body(await intake.read_body(request, request.app[LIMITS_KEY])) \
-                if request.method in ("PUT", "POST") else None
-            now_ms = node.wall_ms()
-            collector = request.app.get(COLLECTOR_KEY)
-            view = stats.StatsView(collector, stats.parse_ranges(request.query, now_ms)) \
-                if collector is not None else None
-            call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
-                        view, now_ms, request.path)
-            try:
-                result = await _run(node, request.method, fn, call)
-            except listing.NamesToMatch as need:  # a regex name filter too costly for the loop
-                checked, found = await _match_off_loop(need.pattern, need.names)
-                query = listing.MatchedQuery(request.query, checked, found)
-                result = await _run(node, request.method, fn, dataclasses.replace(call, query=query))
+            if request.method in ("PUT", "POST"):  # a non-administrator's oversized body: 413 before its turn
+                intake.check_length(request, request.app[LIMITS_KEY].for_user(principal.is_admin))
+            async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
+                return await _handle(request, node, principal, fn)
         except ApiError as exc:
             return _close_if_unread(request, _error_response(exc))
-        if isinstance(result, Status):
-            return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
-        if isinstance(result, Reply):
-            return _json_response(result.body, result.code)
-        return _json_response(result)
 
     handle.__name__ = fn.__name__
     return handle
+
+
+async def _handle(request: web.Request, node: Node, principal: Principal, fn: Handler) -> web.StreamResponse:
+    """Decode the body (under the caller's limits), run the handler, shape its reply."""
+    try:
+        if request.method not in ("PUT", "POST"):
+            return await _call(request, node, principal, fn, None)
+        raw = await intake.read_body(request, request.app[LIMITS_KEY].for_user(principal.is_admin))
+        with intake.collector_paused(len(raw) > intake.LARGE_BODY_BYTES):
+            return await _call(request, node, principal, fn, await _decode_body(raw))
+    except ApiError as exc:
+        return _close_if_unread(request, _error_response(exc))
+
+
+async def _call(request: web.Request, node: Node, principal: Principal, fn: Handler, body: Any
+                ) -> web.StreamResponse:
+    try:
+        now_ms = node.wall_ms()
+        collector = request.app.get(COLLECTOR_KEY)
+        view = stats.StatsView(collector, stats.parse_ranges(request.query, now_ms)) \
+            if collector is not None else None
+        call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
+                    view, now_ms, request.path)
+        try:
+            result = await _run(node, request.method, fn, call)
+        except listing.NamesToMatch as need:  # a regex name filter too costly for the loop
+            checked, found = await _match_off_loop(need.pattern, need.names)
+            query = listing.MatchedQuery(request.query, checked, found)
+            result = await _run(node, request.method, fn, dataclasses.replace(call, query=query))
+    except ApiError as exc:
+        return _close_if_unread(request, _error_response(exc))
+    if isinstance(result, Status):
+        return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
+    if isinstance(result, Reply):
+        return _json_response(result.body, result.code)
+    return _json_response(result)
 
 
 async def _run(node: Node, method: str, fn: Handler, call: Call) -> Any:
@@ -397,10 +421,12 @@ async def _openapi(request: web.Request) -> web.StreamResponse:
 
 def build_app(node: Node, collector: stats.Collector | None = None) -> web.Application:
     cfg = node.config
-    limits = intake.BodyLimits(cfg.management_max_body_bytes, cfg.management_idle_timeout_ms / 1000)
+    limits = intake.BodyLimits(cfg.management_max_body_bytes, cfg.management_idle_timeout_ms / 1000,
+                               min(cfg.management_non_admin_max_body_bytes, cfg.management_max_body_bytes))
     app = web.Application(middlewares=[_errors], client_max_size=limits.max_bytes)
     app[NODE_KEY] = node
     app[LIMITS_KEY] = limits
+    app[LARGE_BODIES_KEY] = intake.LargeBodies()
     if collector is not None:
         app[COLLECTOR_KEY] = collector
     app[SCRAPES_KEY] = prometheus.ScrapeStats()
