@@ -37,6 +37,19 @@ def _gate(**config: Any) -> tuple[LoginGate, _Node, threading.Event]:
     return LoginGate(node), node, release
 
 
+def _recorded(node: _Node) -> list[str]:
+    """The passwords the pool checks, in order (the gate's check wrapped)."""
+    checked: list[str] = []
+    blocking = node.auth.check_login
+
+    def recording(name: str, password: str) -> LoginCheck:
+        checked.append(password)
+        return blocking(name, password)
+
+    node.auth.check_login = recording  # type: ignore[method-assign]
+    return checked
+
+
 def test_bounds_per_source_and_overall_refuse_at_once_and_cache_bypasses():
     async def scenario() -> None:
         gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
@@ -105,14 +118,7 @@ def test_the_same_login_in_flight_is_checked_once_and_not_refused():
     async def scenario() -> None:
         gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
                                     auth_max_pending_logins_per_source=2)
-        calls: list[str] = []
-        blocking = node.auth.check_login
-
-        def counted(name: str, password: str) -> LoginCheck:
-            calls.append(password)
-            return blocking(name, password)
-
-        node.auth.check_login = counted  # type: ignore[method-assign]
+        calls = _recorded(node)
         good = [asyncio.ensure_future(gate.check("guest", "guest", "10.0.0.1")) for _ in range(50)]
         bad = [asyncio.ensure_future(gate.check("guest", "nope", "10.0.0.1")) for _ in range(50)]
         await asyncio.sleep(0.05)
@@ -152,14 +158,7 @@ def test_a_flood_from_a_few_sources_does_not_refuse_a_newcomer_and_the_pool_take
     async def scenario() -> None:
         gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=9,
                                     auth_max_pending_logins_per_source=4)
-        order: list[str] = []
-        blocking = node.auth.check_login
-
-        def recorded(name: str, password: str) -> LoginCheck:
-            order.append(password)
-            return blocking(name, password)
-
-        node.auth.check_login = recorded  # type: ignore[method-assign]
+        order = _recorded(node)
         flood = [asyncio.ensure_future(gate.check("guest", f"bad-{src}-{i}", f"10.0.0.{src}"))
                  for i in range(4) for src in (1, 2, 3)]
         await asyncio.sleep(0.05)
