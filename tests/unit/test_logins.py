@@ -176,3 +176,23 @@ def test_a_flood_from_a_few_sources_does_not_refuse_a_newcomer_and_the_pool_take
         gate.close()
 
     asyncio.run(scenario())
+
+
+def test_a_queued_check_whose_logins_all_went_is_not_run():
+    """A login queued behind others whose connection closes before its turn costs no scrypt."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1)
+        checked = _recorded(node)
+        running = asyncio.ensure_future(gate.check("guest", "first", "10.0.0.1"))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(gate.check("guest", "gone", "10.0.0.2"))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        assert (await running).reason == "invalid credentials"
+        assert (await gate.check("guest", "guest", "10.0.0.3")).user is not None
+        assert checked == ["first", "guest"] and gate.pending == 0
+        gate.close()
+
+    asyncio.run(scenario())

@@ -136,11 +136,8 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
             intake.check_length(request, limits)
             async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
                 payload = await _definitions_payload(request, limits)
-                loop = asyncio.get_running_loop()
-                doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
-                    if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
-                prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
-                definitions.import_definitions(node, principal, prepared, vhost)
+                with intake.collector_paused(len(payload) > intake.LARGE_BODY_BYTES):
+                    await _import_definitions(node, principal, payload, vhost)
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
         reply = definitions.export(node, principal, vhost)
     except definitions.NotJson:
@@ -150,6 +147,16 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
     filename = "".join(ch for ch in request.query.get("download", "") if ch.isprintable())
     return _json_response(reply, headers={"Content-Disposition": f"attachment; filename={filename}"}
                           if filename else None)
+
+
+async def _import_definitions(node: Node, principal: Principal, payload: bytes, vhost: str | None) -> None:
+    """Parse and prepare an upload off the loop when it is large, then import it (its objects are freed
+    when this returns, before the caller resumes the cycle collector)."""
+    loop = asyncio.get_running_loop()
+    doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
+        if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
+    prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
+    definitions.import_definitions(node, principal, prepared, vhost)
 
 
 async def _definitions_payload(request: web.Request, limits: intake.BodyLimits) -> bytes:

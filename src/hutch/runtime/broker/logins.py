@@ -80,12 +80,20 @@ class _Evicted(Exception):
     """A waiting login whose place went to a source with fewer waiting (the overall bound was reached)."""
 
 
-class _Waiting(NamedTuple):
-    key: bytes
-    user: str
-    password: str
-    source: str
-    answer: asyncio.Future[LoginCheck]
+class _Waiting:
+    """One check, queued or running, and how many logins wait for its answer. A queued check nobody
+    waits for any more (their connections closed) is dropped instead of run."""
+
+    __slots__ = ("answer", "key", "password", "source", "user", "waiters")
+
+    def __init__(self, key: bytes, user: str, password: str, source: str,
+                 answer: asyncio.Future[LoginCheck]) -> None:
+        self.key = key
+        self.user = user
+        self.password = password
+        self.source = source
+        self.answer = answer
+        self.waiters = 0
 
 
 def source_group(address: str) -> str:
@@ -119,7 +127,7 @@ class LoginGate:
         self._queues: dict[str, deque[_Waiting]] = {}  # source group -> its logins waiting for the pool
         self._turns: deque[str] = deque()  # source groups with waiting logins, in round-robin order
         self._running = 0
-        self._inflight: dict[bytes, asyncio.Future[LoginCheck]] = {}
+        self._inflight: dict[bytes, _Waiting] = {}
         self._key = os.urandom(32)
 
     @property
@@ -133,37 +141,43 @@ class LoginGate:
         if cached is not None:
             return LoginOutcome(cached)
         key = hmac.new(self._key, user.encode() + b"\0" + password.encode(), hashlib.sha256).digest()
-        answer = self._inflight.get(key)  # the same (user, password) is being checked: its answer is ours
-        if answer is None:
-            answer = self._enqueue(key, user, password, source_group(source))
-            if answer is None:
+        entry = self._inflight.get(key)  # the same (user, password) is being checked: its answer is ours
+        if entry is None:
+            entry = self._enqueue(key, user, password, source_group(source))
+            if entry is None:
                 return LoginOutcome(None, TOO_MANY_PENDING)
+        entry.waiters += 1
         try:
-            result = await asyncio.shield(answer)
+            result = await asyncio.shield(entry.answer)
         except _Evicted:
             return LoginOutcome(None, TOO_MANY_PENDING)
+        finally:
+            entry.waiters -= 1
         return LoginOutcome(result.user) if result.user is not None else LoginOutcome(None, "invalid credentials")
 
-    def _enqueue(self, key: bytes, user: str, password: str, group: str) -> asyncio.Future[LoginCheck] | None:
+    def _enqueue(self, key: bytes, user: str, password: str, group: str) -> _Waiting | None:
         """Queue one check for the pool (None: refused by the bounds), listed in flight under `key` until
-        it is answered (also when this login is cancelled first: others may wait for it)."""
+        it is answered (also when this login is cancelled first: others may wait for it). The pool starts
+        it on a later turn of the loop, once the caller waits for it."""
         mine = self._pending_by_source.get(group, 0)
         if mine >= self._max_per_source:
             return None
         if self._pending >= self._max_pending and not self._evict_for(mine):
             return None
-        answer: asyncio.Future[LoginCheck] = asyncio.get_running_loop().create_future()
-        answer.add_done_callback(lambda _f: self._forget(key, answer))
-        self._inflight[key] = answer
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[LoginCheck] = loop.create_future()
+        entry = _Waiting(key, user, password, group, answer)
+        answer.add_done_callback(lambda _f: self._forget(key, entry))
+        self._inflight[key] = entry
         self._pending += 1
         self._pending_by_source[group] = mine + 1
         queue = self._queues.get(group)
         if queue is None:
             queue = self._queues[group] = deque()
             self._turns.append(group)
-        queue.append(_Waiting(key, user, password, group, answer))
-        self._pump()
-        return answer
+        queue.append(entry)
+        loop.call_soon(self._pump)
+        return entry
 
     def _evict_for(self, waiting: int) -> bool:
         """Make room for a source with `waiting` logins: refuse the newest waiting login of the source
@@ -188,6 +202,10 @@ class LoginGate:
                 self._turns.append(group)
             else:
                 del self._queues[group]
+            if item.waiters == 0:  # every login waiting for it is gone (connection closed): not worth a hash
+                self._release(group)
+                item.answer.cancel()
+                continue
             self._running += 1
             check = asyncio.get_running_loop().run_in_executor(self._pool(), self._node.auth.check_login,
                                                                item.user, item.password)
@@ -210,8 +228,8 @@ class LoginGate:
                 item.answer.set_result(result)
         self._pump()
 
-    def _forget(self, key: bytes, answer: asyncio.Future[LoginCheck]) -> None:
-        if self._inflight.get(key) is answer:
+    def _forget(self, key: bytes, entry: _Waiting) -> None:
+        if self._inflight.get(key) is entry:
             del self._inflight[key]
 
     def close(self) -> None:
