@@ -12,7 +12,13 @@ from typing import Any
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore, LoginCheck, hash_password, import_password_hash
-from hutch.runtime.broker.logins import TOO_MANY_PENDING, LoginGate, source_group
+from hutch.runtime.broker.logins import (
+    CLEAN_SHARE,
+    SUSPECT_AFTER_FAILURES,
+    TOO_MANY_PENDING,
+    LoginGate,
+    source_group,
+)
 
 CHEAP_N = 2**4
 
@@ -193,6 +199,34 @@ def test_a_queued_check_whose_logins_all_went_is_not_run():
         assert (await running).reason == "invalid credentials"
         assert (await gate.check("guest", "guest", "10.0.0.3")).user is not None
         assert checked == ["first", "guest"] and gate.pending == 0
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_sources_with_refused_logins_wait_behind_clean_ones():
+    """Issue 21 item 4: once a flood's sources have had SUSPECT_AFTER_FAILURES logins refused, a login
+    from a source without failures is checked right after the check that is running; the suspect ones
+    still get every (CLEAN_SHARE + 1)-th check."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=64,
+                                    auth_max_pending_logins_per_source=8)
+        release.set()
+        for i in range(SUSPECT_AFTER_FAILURES):  # the flood's history: refusals from 10.0.0.1-3
+            await asyncio.gather(*(gate.check("guest", f"old-{src}-{i}", f"10.0.0.{src}") for src in (1, 2, 3)))
+        release.clear()
+        order = _recorded(node)
+        flood = [asyncio.ensure_future(gate.check("guest", f"bad-{src}-{i}", f"10.0.0.{src}"))
+                 for i in range(4) for src in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        clean = [asyncio.ensure_future(gate.check("guest", "guest" if n == 0 else f"new-{n}", f"10.0.1.{n}"))
+                 for n in range(CLEAN_SHARE + 1)]
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await clean[0]).user is not None
+        await asyncio.gather(*flood, *clean)
+        assert order[1:CLEAN_SHARE + 1] == ["guest", "new-1", "new-2"]  # after the one running
+        assert order[CLEAN_SHARE + 1].startswith("bad-") and order[CLEAN_SHARE + 2] == "new-3"
         gate.close()
 
     asyncio.run(scenario())

@@ -25,6 +25,11 @@ Rules (docs/security.md, "Authentication"):
   than the busiest one takes the place of the busiest source's newest waiting login (which is refused);
   only when every source waits equally is the newcomer refused. A flood from N sources thus costs a
   well-behaved client one place in a round of N + 1, never its login.
+- Suspect sources go second: a source with `SUSPECT_AFTER_FAILURES` refused logins since its last
+  successful one (remembered for the `FAILURE_SOURCES` most recent sources) waits in a second ring,
+  served only every `CLEAN_SHARE + 1`-th check while clean sources wait. A flood's sources turn suspect
+  after a few checks each, so a valid client's first login (no failures behind it) waits for the check
+  running and the other clean sources, not for the flood.
 - A re-hash (imported RabbitMQ hash to scrypt) is stored on the loop, only if the user's hash is still
   the one verified, and recorded like a password change (`Node.permissions_changed`: the definitions
   log, or the metadata Raft group of a cluster).
@@ -39,7 +44,7 @@ import hmac
 import ipaddress
 import logging
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -52,6 +57,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.auth")
 
 TOO_MANY_PENDING = "too many logins pending"
+SUSPECT_AFTER_FAILURES = 3  # refused logins since the source's last successful one
+FAILURE_SOURCES = 4096  # sources whose failures are remembered (the oldest forgotten first)
+CLEAN_SHARE = 3  # clean sources' checks for one suspect source's check, while both wait
 
 
 class LoginOutcome(NamedTuple):
@@ -112,8 +120,8 @@ def source_group(address: str) -> str:
 
 class LoginGate:
     """Checks logins for one node. Invariants: `_pending` is the sum of `_pending_by_source` (waiting
-    and running checks, by source group); `_queues` holds only non-empty queues and `_turns` names each
-    of them once; at most `_threads` checks run in `_executor` at once."""
+    and running checks, by source group); `_queues` holds only non-empty queues, and `_turns` and
+    `_suspect_turns` together name each of them once; at most `_threads` checks run in `_executor`."""
 
     def __init__(self, node: LoginNode) -> None:
         cfg = node.config
@@ -125,7 +133,10 @@ class LoginGate:
         self._pending = 0
         self._pending_by_source: dict[str, int] = {}
         self._queues: dict[str, deque[_Waiting]] = {}  # source group -> its logins waiting for the pool
-        self._turns: deque[str] = deque()  # source groups with waiting logins, in round-robin order
+        self._turns: deque[str] = deque()  # clean source groups with waiting logins, round-robin
+        self._suspect_turns: deque[str] = deque()  # the same for suspect ones (SUSPECT_AFTER_FAILURES)
+        self._failures: OrderedDict[str, int] = OrderedDict()  # group -> refusals since its last success
+        self._clean_in_row = 0
         self._running = 0
         self._inflight: dict[bytes, _Waiting] = {}
         self._key = os.urandom(32)
@@ -174,7 +185,7 @@ class LoginGate:
         queue = self._queues.get(group)
         if queue is None:
             queue = self._queues[group] = deque()
-            self._turns.append(group)
+            self._ring(group).append(group)
         queue.append(entry)
         loop.call_soon(self._pump)
         return entry
@@ -192,14 +203,26 @@ class LoginGate:
             evicted.answer.exception()  # retrieved: a login that was cancelled meanwhile logs nothing
         return True
 
+    def _ring(self, group: str) -> deque[str]:
+        suspect = self._failures.get(group, 0) >= SUSPECT_AFTER_FAILURES
+        return self._suspect_turns if suspect else self._turns
+
+    def _next_group(self) -> str:
+        """The source whose turn it is: clean ones first, a suspect one every CLEAN_SHARE + 1 checks."""
+        if self._turns and (not self._suspect_turns or self._clean_in_row < CLEAN_SHARE):
+            self._clean_in_row += 1
+            return self._turns.popleft()
+        self._clean_in_row = 0
+        return self._suspect_turns.popleft()
+
     def _pump(self) -> None:
         """Start waiting checks while the pool has a free thread, one source at a time, round-robin."""
-        while self._running < self._threads and self._turns:
-            group = self._turns.popleft()
+        while self._running < self._threads and (self._turns or self._suspect_turns):
+            group = self._next_group()
             queue = self._queues[group]
             item = queue.popleft()
             if queue:
-                self._turns.append(group)
+                self._ring(group).append(group)
             else:
                 del self._queues[group]
             if item.waiters == 0:  # every login waiting for it is gone (connection closed): not worth a hash
@@ -222,11 +245,22 @@ class LoginGate:
                 item.answer.set_exception(exc)
         else:
             result = check.result()
+            self._count(item.source, result.user is not None)
             if result.user is not None and result.rehash is not None and result.previous_hash is not None:
                 self._store_rehash(item.user, result.previous_hash, result.rehash)
             if not item.answer.done():
                 item.answer.set_result(result)
         self._pump()
+
+    def _count(self, group: str, succeeded: bool) -> None:
+        """Remember a source's refusals since its last successful login (bounded: FAILURE_SOURCES)."""
+        if succeeded:
+            self._failures.pop(group, None)
+            return
+        self._failures[group] = self._failures.get(group, 0) + 1
+        self._failures.move_to_end(group)
+        if len(self._failures) > FAILURE_SOURCES:
+            self._failures.popitem(last=False)
 
     def _forget(self, key: bytes, entry: _Waiting) -> None:
         if self._inflight.get(key) is entry:
