@@ -46,6 +46,7 @@ import logging
 import os
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from hutch.core.logsafe import safe
@@ -88,20 +89,17 @@ class _Evicted(Exception):
     """A waiting login whose place went to a source with fewer waiting (the overall bound was reached)."""
 
 
+@dataclass(slots=True, eq=False)
 class _Waiting:
     """One check, queued or running, and how many logins wait for its answer. A queued check nobody
     waits for any more (their connections closed) is dropped instead of run."""
 
-    __slots__ = ("answer", "key", "password", "source", "user", "waiters")
-
-    def __init__(self, key: bytes, user: str, password: str, source: str,
-                 answer: asyncio.Future[LoginCheck]) -> None:
-        self.key = key
-        self.user = user
-        self.password = password
-        self.source = source
-        self.answer = answer
-        self.waiters = 0
+    key: bytes
+    user: str
+    password: str = field(repr=False)
+    source: str
+    answer: asyncio.Future[LoginCheck]
+    waiters: int = 0
 
 
 def source_group(address: str) -> str:
