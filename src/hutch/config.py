@@ -102,6 +102,9 @@ class Config:
     # bytes of unfinished message bodies (header received, last body frame not yet) one connection may
     # hold over all its channels (a hutch key); 0: 4 x max_message_size. Never below max_message_size.
     max_unfinished_body_bytes: int = 0
+    # the same over every connection of the node (issue 21; a hutch key); 0: a quarter of the memory high
+    # watermark. Never below max_message_size.
+    max_unfinished_body_bytes_total: int = 0
     handshake_timeout_ms: int = 10_000
     # the TLS handshake of every TLS listener (AMQP over TLS, management HTTPS, the cluster's TLS port,
     # which is also bounded by its peer timeout), counted from the accept: RabbitMQ's ssl_handshake_timeout
@@ -141,6 +144,8 @@ class Config:
     # connections open at once from one source address (None: a quarter of management_max_connections)
     management_max_connections_per_source: int | None = None
     management_max_body_bytes: int = 20 * MiB
+    # a request body of a user without the administrator tag (issue 21; a hutch key)
+    management_non_admin_max_body_bytes: int = 1 * MiB
     prometheus_return_per_object_metrics: bool = False
     # a definitions file (RabbitMQ's JSON export) imported at boot, after recovery and before the
     # listeners accept clients; when set, a fresh node does not create the default user and vhost
@@ -496,6 +501,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "management.tcp.max_connections": _int_field("management_max_connections", 1, 1_000_000),
     "management.tcp.max_connections_per_source": _int_field("management_max_connections_per_source", 1, 1_000_000),
     "management.http.max_body_size": _int_field("management_max_body_bytes", 1, 2**31 - 1),
+    "management.http.non_admin_max_body_size": _int_field("management_non_admin_max_body_bytes", 1, 2**31 - 1),
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
     "listeners.ssl.default": _listener("amqps_host", "amqps_port", 5671),
@@ -510,6 +516,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "heartbeat": _int_field("heartbeat_s", 0, 65535),
     "max_message_size": _int_field("max_message_size", 1, MAX_MESSAGE_SIZE_LIMIT),
     "max_unfinished_body_bytes": _int_field("max_unfinished_body_bytes", 0, 2**40),
+    "max_unfinished_body_bytes_total": _int_field("max_unfinished_body_bytes_total", 0, 2**40),
     "handshake_timeout": _int_field("handshake_timeout_ms", 1, 2**31 - 1),
     "ssl_handshake_timeout": _int_field("ssl_handshake_timeout_ms", 1, 2**31 - 1),
     "consumer_timeout": _int_field("consumer_timeout_ms", 1, 2**53),

@@ -110,8 +110,11 @@ class RawClient:
     """One TCP connection speaking AMQP frame by frame. Methods raise `ServerClosed` on EOF and
     `TimeoutError` when nothing arrives in time."""
 
-    def __init__(self, port: int, timeout: float = 5.0, ssl_context: ssl.SSLContext | None = None) -> None:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, ssl_context: ssl.SSLContext | None = None,
+                 source: str | None = None) -> None:
+        """`source`: a local address to connect from (127.0.0.x: another client host on loopback)."""
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                        source_address=(source, 0) if source else None)
         self.sock = ssl_context.wrap_socket(sock, server_hostname="localhost") if ssl_context else sock
         self.timeout = timeout
         self.reader = FrameReader(0)

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -119,3 +120,39 @@ def run_ctl(info: ServerInfo | None, *args: str, env: dict[str, str] | None = No
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "hutch.cli.ctl", *args], capture_output=True, text=True,
                           env=full_env, timeout=30)
+
+
+class StallProbe:
+    """A second client doing AMQP round trips (a passive `queue.declare`) every 20 ms in a thread: the
+    longest one is how long the event loop stalled while the test ran (issue 21's measure).
+    Use as a context manager; `longest_s` and `rounds` are read after it exits."""
+
+    def __init__(self, port: int, vhost: str = "/",
+                 interval_s: float = 0.02) -> None:
+        self.conn = connect(port, vhost=vhost)
+        self.channel = self.conn.channel()
+        self.queue = unique("probe")
+        self.channel.queue_declare(self.queue, exclusive=True)
+        self.interval_s = interval_s
+        self.longest_s = 0.0
+        self.rounds = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            self.channel.queue_declare(self.queue, passive=True)
+            self.longest_s = max(self.longest_s, time.monotonic() - started)
+            self.rounds += 1
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> StallProbe:
+        self._thread.start()
+        time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._thread.join(120)
+        self.conn.close()

@@ -12,7 +12,13 @@ from typing import Any
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore, LoginCheck, hash_password, import_password_hash
-from hutch.runtime.broker.logins import TOO_MANY_PENDING, LoginGate
+from hutch.runtime.broker.logins import (
+    CLEAN_SHARE,
+    SUSPECT_AFTER_FAILURES,
+    TOO_MANY_PENDING,
+    LoginGate,
+    source_group,
+)
 
 CHEAP_N = 2**4
 
@@ -35,6 +41,19 @@ def _gate(**config: Any) -> tuple[LoginGate, _Node, threading.Event]:
 
     auth.check_login = blocking  # type: ignore[method-assign]
     return LoginGate(node), node, release
+
+
+def _recorded(node: _Node) -> list[str]:
+    """The passwords the pool checks, in order (the gate's check wrapped)."""
+    checked: list[str] = []
+    blocking = node.auth.check_login
+
+    def recording(name: str, password: str) -> LoginCheck:
+        checked.append(password)
+        return blocking(name, password)
+
+    node.auth.check_login = recording  # type: ignore[method-assign]
+    return checked
 
 
 def test_bounds_per_source_and_overall_refuse_at_once_and_cache_bypasses():
@@ -105,14 +124,7 @@ def test_the_same_login_in_flight_is_checked_once_and_not_refused():
     async def scenario() -> None:
         gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=3,
                                     auth_max_pending_logins_per_source=2)
-        calls: list[str] = []
-        blocking = node.auth.check_login
-
-        def counted(name: str, password: str) -> LoginCheck:
-            calls.append(password)
-            return blocking(name, password)
-
-        node.auth.check_login = counted  # type: ignore[method-assign]
+        calls = _recorded(node)
         good = [asyncio.ensure_future(gate.check("guest", "guest", "10.0.0.1")) for _ in range(50)]
         bad = [asyncio.ensure_future(gate.check("guest", "nope", "10.0.0.1")) for _ in range(50)]
         await asyncio.sleep(0.05)
@@ -131,6 +143,90 @@ def test_the_same_login_in_flight_is_checked_once_and_not_refused():
         release.set()
         assert (await second).reason == "invalid credentials"
         assert calls.count("other") == 1
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_source_groups_are_ipv4_addresses_and_ipv6_slash_64s():
+    assert source_group("10.0.0.1") == "10.0.0.1"
+    assert source_group("2001:db8:1:2:aaaa::1") == source_group("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_group("2001:db8:1:3::1") != source_group("2001:db8:1:2::1")
+    assert source_group("::ffff:10.0.0.7") == "10.0.0.7"
+    assert source_group("fe80::1%eth0") == "fe80::/64"
+    assert source_group("") == ""
+
+
+def test_a_flood_from_a_few_sources_does_not_refuse_a_newcomer_and_the_pool_takes_turns():
+    """Issue 21 item 4: wrong passwords from 3 sources fill the overall bound; a login from a fourth source
+    takes the busiest source's newest place (that one is refused) and is checked within one round of the
+    sources, not after every waiting login."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=9,
+                                    auth_max_pending_logins_per_source=4)
+        order = _recorded(node)
+        flood = [asyncio.ensure_future(gate.check("guest", f"bad-{src}-{i}", f"10.0.0.{src}"))
+                 for i in range(4) for src in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        assert gate.pending == 9  # three refused at once: the overall bound, no source waits 2 more
+        refused = [f for f in flood if f.done()]
+        assert len(refused) == 3 and all(f.result().reason == TOO_MANY_PENDING for f in refused)
+        newcomer = asyncio.ensure_future(gate.check("guest", "guest", "10.0.0.4"))
+        await asyncio.sleep(0.05)
+        assert gate.pending == 9 and sum(f.done() for f in flood) == 4  # one flood login gave its place
+        release.set()
+        assert (await newcomer).user is not None
+        await asyncio.gather(*flood)
+        assert order.index("guest") <= 4  # one round: the running check, then at most one per other source
+        assert gate.pending == 0
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_queued_check_whose_logins_all_went_is_not_run():
+    """A login queued behind others whose connection closes before its turn costs no scrypt."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1)
+        checked = _recorded(node)
+        running = asyncio.ensure_future(gate.check("guest", "first", "10.0.0.1"))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(gate.check("guest", "gone", "10.0.0.2"))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        assert (await running).reason == "invalid credentials"
+        assert (await gate.check("guest", "guest", "10.0.0.3")).user is not None
+        assert checked == ["first", "guest"] and gate.pending == 0
+        gate.close()
+
+    asyncio.run(scenario())
+
+
+def test_sources_with_refused_logins_wait_behind_clean_ones():
+    """Issue 21 item 4: once a flood's sources have had SUSPECT_AFTER_FAILURES logins refused, a login
+    from a source without failures is checked right after the check that is running; the suspect ones
+    still get every (CLEAN_SHARE + 1)-th check."""
+    async def scenario() -> None:
+        gate, node, release = _gate(auth_hash_threads=1, auth_max_pending_logins=64,
+                                    auth_max_pending_logins_per_source=8)
+        release.set()
+        for i in range(SUSPECT_AFTER_FAILURES):  # the flood's history: refusals from 10.0.0.1-3
+            await asyncio.gather(*(gate.check("guest", f"old-{src}-{i}", f"10.0.0.{src}") for src in (1, 2, 3)))
+        release.clear()
+        order = _recorded(node)
+        flood = [asyncio.ensure_future(gate.check("guest", f"bad-{src}-{i}", f"10.0.0.{src}"))
+                 for i in range(4) for src in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        clean = [asyncio.ensure_future(gate.check("guest", "guest" if n == 0 else f"new-{n}", f"10.0.1.{n}"))
+                 for n in range(CLEAN_SHARE + 1)]
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await clean[0]).user is not None
+        await asyncio.gather(*flood, *clean)
+        assert order[1:CLEAN_SHARE + 1] == ["guest", "new-1", "new-2"]  # after the one running
+        assert order[CLEAN_SHARE + 1].startswith("bad-") and order[CLEAN_SHARE + 2] == "new-3"
         gate.close()
 
     asyncio.run(scenario())

@@ -6,6 +6,7 @@ transport. The same defences against a real node: tests/mgmt/test_security.py.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from typing import Any
 
@@ -132,3 +133,18 @@ def test_cap_and_inactivity_watchdog() -> None:
         assert handlers[0].events[:2] == ["made", "x"]
 
     asyncio.run(scenario())
+
+
+def test_orjson_keeps_what_json_allows_and_the_collector_comes_back() -> None:
+    """Issue 21 item 6: bodies are decoded with orjson, with the cycle collector paused; integers past
+    64 bits stay exact and escaped lone surrogates decode (`json.loads` takes those small bodies)."""
+    assert loads_bounded(b'{"n": 18446744073709551616}') == {"n": 2**64}
+    assert loads_bounded(b'["\\ud800"]') == ["\ud800"]
+    assert loads_bounded(b'{"a": [1, 2.5, null, true, "x"]}') == {"a": [1, 2.5, None, True, "x"]}
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        loads_bounded(b"[1, 2")
+    assert gc.isenabled()
+    text = json.dumps({"s": '"[[[{{{' * 30 + "\\" * 3, "t": ["a\\\"[", {"u": "]]]"}]}).encode()
+    assert json_depth(text) == 3 and loads_bounded(text)["t"][1] == {"u": "]]]"}
+    assert json_depth(b"[" * 70 + b"]" * 70) == MAX_JSON_DEPTH + 1  # stops counting past the limit

@@ -11,7 +11,14 @@ Rules:
 - Matching is `search` (unanchored), as Erlang's `re:run` in RabbitMQ: anchor with `^`/`$`.
 - A pattern RE2 cannot compile (backreferences, lookaround, too big) is refused up front with
   `PatternError`, whose text says why; callers answer it as a 400 / 406 / validation error.
-- Patterns are at most `MAX_PATTERN_CHARS` characters; compiled patterns are cached (bounded).
+- A pattern is at most `MAX_PATTERN_CHARS` characters and its compiled program at most
+  `MAX_PROGRAM_SIZE` RE2 instructions (issue 21: RE2's worst case is linear in program size x text, and a
+  4,091-character alternation over 100 names of 254 characters stalled the loop 12.6 s). Under both caps
+  one search of a 255-character name (AMQP's longest) costs at most a few milliseconds; a caller that
+  matches many names (a listing, a policy applied to a vhost) slices or moves the work off the loop.
+- Compiled patterns are cached (bounded), and so are the results of searches (`MATCH_CACHE_ENTRIES`
+  (pattern, text) pairs node-wide): a policy re-applied to the same queue names, a permission checked on
+  the same exchange, a topic permission on the same routing key cost a dict lookup after the first time.
 - A pattern that was stored before it could be checked (the definitions log of a node that ran
   Python's `re`, a cluster's replicated metadata, a RabbitMQ export loaded at boot) is compiled
   with `compile_stored`: one RE2 refuses but Python's `re` (hutch's engine before RE2, close to
@@ -30,9 +37,14 @@ import re2
 
 log = logging.getLogger("hutch.patterns")
 
-MAX_PATTERN_CHARS = 4096
+MAX_PATTERN_CHARS = 1024
+# RE2 instructions of one compiled program: any literal pattern of MAX_PATTERN_CHARS fits (about one per
+# character, also case-insensitive); counted repetitions (`[a-z]{15}`) and `.*` chains past it are refused
+MAX_PROGRAM_SIZE = 2048
 # RE2's memory budget for one compiled program (its default is 8 MiB); a pattern needing more is refused
 MAX_PROGRAM_BYTES = 1 << 20
+# (pattern, text) -> found, over all patterns; the oldest entry goes first when full (~5 MB at most)
+MATCH_CACHE_ENTRIES = 16384
 
 
 class PatternError(ValueError):
@@ -44,16 +56,33 @@ class PatternError(ValueError):
         self.reason = reason if reason is not None else text
 
 
-class UserPattern:
-    """A compiled user pattern. `search(text)` is linear in `len(text)`."""
+_found: dict[tuple[UserPattern, str], bool] = {}
 
-    __slots__ = ("_regex", "pattern")
+
+class UserPattern:
+    """A compiled user pattern. `search(text)` is linear in `len(text)` x `program_size`, and its
+    result is cached (`MATCH_CACHE_ENTRIES`, node-wide)."""
+
+    __slots__ = ("_regex", "pattern", "program_size")
 
     def __init__(self, pattern: str, regex: re2._Regexp[str] | None) -> None:
         self.pattern = pattern
         self._regex = regex
+        self.program_size = regex.programsize if regex is not None else 0
 
     def search(self, text: str) -> bool:
+        key = (self, text)
+        found = _found.get(key)
+        if found is None:
+            found = self.search_uncached(text)
+            if len(_found) >= MATCH_CACHE_ENTRIES:
+                del _found[next(iter(_found))]  # the oldest: a dict keeps insertion order
+            _found[key] = found
+        return found
+
+    def search_uncached(self, text: str) -> bool:
+        """The search without the cache (a thread matching many names off the loop: no shared dict).
+        RE2 releases the GIL while it searches."""
         regex = self._regex
         assert regex is not None  # Invariant: only _MatchesNothing has none, and it overrides search
         return regex.search(text) is not None
@@ -76,15 +105,24 @@ def compile_pattern(pattern: str, ignore_case: bool = False) -> UserPattern:
     if not isinstance(pattern, str):
         raise PatternError("pattern must be a string")
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise PatternError(f"pattern longer than {MAX_PATTERN_CHARS} characters")
+        reason = f"pattern longer than {MAX_PATTERN_CHARS} characters ({len(pattern)})"
+        raise PatternError(f"invalid regular expression {_shown(pattern)}: {reason}", reason)
     try:
         regex = re2.compile(pattern, options=_options(ignore_case))
     except re2.error as exc:
         reason = exc.args[0] if exc.args else "invalid"
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
-        raise PatternError(f"invalid regular expression {pattern!r}: {reason}", reason) from None
+        raise PatternError(f"invalid regular expression {_shown(pattern)}: {reason}", reason) from None
+    if regex.programsize > MAX_PROGRAM_SIZE:
+        reason = (f"pattern too complex ({regex.programsize} RE2 instructions, at most {MAX_PROGRAM_SIZE}): "
+                  "use a shorter pattern")
+        raise PatternError(f"invalid regular expression {_shown(pattern)}: {reason}", reason)
     return UserPattern(pattern, regex)
+
+
+def _shown(pattern: str) -> str:
+    return repr(pattern) if len(pattern) <= 80 else repr(pattern[:80]) + "..."
 
 
 class _MatchesNothing(UserPattern):
@@ -93,6 +131,9 @@ class _MatchesNothing(UserPattern):
     __slots__ = ()
 
     def search(self, text: str) -> bool:
+        return False
+
+    def search_uncached(self, text: str) -> bool:
         return False
 
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import inspect
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from hutch.core.auth import is_loopback_address
 from hutch.core.logsafe import LogThrottle, suppressed_note
+from hutch.core.patterns import UserPattern
 from hutch.runtime import listen
 from hutch.runtime.tls import TlsConfigError
 
@@ -52,6 +55,7 @@ from . import (
     intake,
     limits_routes,
     listener,
+    listing,
     openapi,
     parameters,
     prometheus,
@@ -74,8 +78,10 @@ log = logging.getLogger("hutch.mgmt")
 _DENIALS_LOG = LogThrottle()  # HTTP login refusals, one per process (core/logsafe.py)
 
 SHUTDOWN_TIMEOUT_S = 2.0
+NAME_FILTER_DEADLINE_S = 10.0  # a listing's regex name filter, matched off the loop (listing.NamesToMatch)
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 LIMITS_KEY = web.AppKey("body_limits", intake.BodyLimits)
+LARGE_BODIES_KEY = web.AppKey("large_bodies", intake.LargeBodies)
 COLLECTOR_KEY = web.AppKey("collector", stats.Collector)
 SCRAPES_KEY = web.AppKey("scrapes", prometheus.ScrapeStats)
 
@@ -129,12 +135,12 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
         principal = await _authenticate(request, node)
         if request.method == "POST":
             definitions.check_import(node, principal, vhost)
-            payload = await _definitions_payload(request)
-            loop = asyncio.get_running_loop()
-            doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
-                if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
-            prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
-            definitions.import_definitions(node, principal, prepared, vhost)
+            limits = request.app[LIMITS_KEY].for_user(principal.is_admin)
+            intake.check_length(request, limits)
+            async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
+                payload = await _definitions_payload(request, limits)
+                with intake.collector_paused(len(payload) > intake.LARGE_BODY_BYTES):
+                    await _import_definitions(node, principal, payload, vhost)
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
         reply = definitions.export(node, principal, vhost)
     except definitions.NotJson:
@@ -146,10 +152,19 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
                           if filename else None)
 
 
-async def _definitions_payload(request: web.Request) -> bytes:
+async def _import_definitions(node: Node, principal: Principal, payload: bytes, vhost: str | None) -> None:
+    """Parse and prepare an upload off the loop when it is large, then import it (its objects are freed
+    when this returns, before the caller resumes the cycle collector)."""
+    loop = asyncio.get_running_loop()
+    doc = await loop.run_in_executor(None, definitions.parse_document, payload) \
+        if len(payload) >= intake.OFF_LOOP_BYTES else definitions.parse_document(payload)
+    prepared = await loop.run_in_executor(None, definitions.prepare, doc, vhost)
+    definitions.import_definitions(node, principal, prepared, vhost)
+
+
+async def _definitions_payload(request: web.Request, limits: intake.BodyLimits) -> bytes:
     """The uploaded document: the `file` field of a multipart/form-data body, else the whole body;
-    both under the body limits (intake.py)."""
-    limits = request.app[LIMITS_KEY]
+    both under the caller's body limits (intake.py)."""
     if request.content_type != intake.MULTIPART_TYPE:
         return await intake.read_body(request, limits)
     try:
@@ -242,30 +257,83 @@ def _adapt(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]
         node = request.app[NODE_KEY]
         try:
             principal = await _authenticate(request, node)
-            body = await _decode_body(await intake.read_body(request, request.app[LIMITS_KEY])) \
-                if request.method in ("PUT", "POST") else None
-            now_ms = node.wall_ms()
-            collector = request.app.get(COLLECTOR_KEY)
-            view = stats.StatsView(collector, stats.parse_ranges(request.query, now_ms)) \
-                if collector is not None else None
-            call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
-                        view, now_ms, request.path)
-            if node.cluster is None:
-                result = fn(call)
-            else:
-                result = await _clustered(node, request.method, fn, call)
-            if inspect.isawaitable(result):
-                result = await result
+            if request.method in ("PUT", "POST"):  # a non-administrator's oversized body: 413 before its turn
+                intake.check_length(request, request.app[LIMITS_KEY].for_user(principal.is_admin))
+            async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
+                return await _handle(request, node, principal, fn)
         except ApiError as exc:
             return _close_if_unread(request, _error_response(exc))
-        if isinstance(result, Status):
-            return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
-        if isinstance(result, Reply):
-            return _json_response(result.body, result.code)
-        return _json_response(result)
 
     handle.__name__ = fn.__name__
     return handle
+
+
+async def _handle(request: web.Request, node: Node, principal: Principal, fn: Handler) -> web.StreamResponse:
+    """Decode the body (under the caller's limits), run the handler, shape its reply."""
+    try:
+        if request.method not in ("PUT", "POST"):
+            return await _call(request, node, principal, fn, None)
+        raw = await intake.read_body(request, request.app[LIMITS_KEY].for_user(principal.is_admin))
+        with intake.collector_paused(len(raw) > intake.LARGE_BODY_BYTES):
+            return await _call(request, node, principal, fn, await _decode_body(raw))
+    except ApiError as exc:
+        return _close_if_unread(request, _error_response(exc))
+
+
+async def _call(request: web.Request, node: Node, principal: Principal, fn: Handler, body: Any
+                ) -> web.StreamResponse:
+    try:
+        now_ms = node.wall_ms()
+        collector = request.app.get(COLLECTOR_KEY)
+        view = stats.StatsView(collector, stats.parse_ranges(request.query, now_ms)) \
+            if collector is not None else None
+        call = Call(node, principal, dict(request.match_info), request.query, request.headers, body,
+                    view, now_ms, request.path)
+        try:
+            result = await _run(node, request.method, fn, call)
+        except listing.NamesToMatch as need:  # a regex name filter too costly for the loop
+            checked, found = await _match_off_loop(need.pattern, need.names)
+            query = listing.MatchedQuery(request.query, checked, found)
+            result = await _run(node, request.method, fn, dataclasses.replace(call, query=query))
+    except ApiError as exc:
+        return _close_if_unread(request, _error_response(exc))
+    if isinstance(result, Status):
+        return web.Response(status=result.code, headers={"Cache-Control": "no-cache", **result.headers})
+    if isinstance(result, Reply):
+        return _json_response(result.body, result.code)
+    return _json_response(result)
+
+
+async def _run(node: Node, method: str, fn: Handler, call: Call) -> Any:
+    if node.cluster is None:
+        result = fn(call)
+    else:
+        result = await _clustered(node, method, fn, call)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _match_names(pattern: UserPattern, names: list[str], deadline_s: float) -> list[str] | None:
+    """The names `pattern` matches (in a worker thread: RE2 releases the GIL), None past the deadline."""
+    found = []
+    for i, name in enumerate(names):
+        if pattern.search_uncached(name):
+            found.append(name)
+        if i % 64 == 63 and time.monotonic() > deadline_s:
+            return None
+    return found
+
+
+async def _match_off_loop(pattern: UserPattern, names: list[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """(checked, found) of a listing's regex filter, matched off the event loop within
+    `NAME_FILTER_DEADLINE_S` (else 400: the pattern is too costly for this many names)."""
+    deadline = time.monotonic() + NAME_FILTER_DEADLINE_S
+    found = await asyncio.get_running_loop().run_in_executor(None, _match_names, pattern, names, deadline)
+    if found is None:
+        raise bad_request(f"the name filter did not finish in {NAME_FILTER_DEADLINE_S:g} s over {len(names)} "
+                          "names: use a simpler pattern")
+    return frozenset(names), frozenset(found)
 
 
 async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
@@ -366,10 +434,12 @@ async def _openapi(request: web.Request) -> web.StreamResponse:
 
 def build_app(node: Node, collector: stats.Collector | None = None) -> web.Application:
     cfg = node.config
-    limits = intake.BodyLimits(cfg.management_max_body_bytes, cfg.management_idle_timeout_ms / 1000)
+    limits = intake.BodyLimits(cfg.management_max_body_bytes, cfg.management_idle_timeout_ms / 1000,
+                               min(cfg.management_non_admin_max_body_bytes, cfg.management_max_body_bytes))
     app = web.Application(middlewares=[_errors], client_max_size=limits.max_bytes)
     app[NODE_KEY] = node
     app[LIMITS_KEY] = limits
+    app[LARGE_BODIES_KEY] = intake.LargeBodies()
     if collector is not None:
         app[COLLECTOR_KEY] = collector
     app[SCRAPES_KEY] = prometheus.ScrapeStats()

@@ -211,7 +211,12 @@ class SessionConnection(Protocol):
     def close_with_error(self, exc: AMQPError) -> None: ...
 
     def hold_unfinished_body(self, nbytes: int) -> None:
-        """A channel holds `nbytes` more of a message body in progress (bounded per connection)."""
+        """A channel holds `nbytes` more of a message body in progress (bounded per connection and
+        node-wide)."""
+        ...
+
+    def release_unfinished_body(self, nbytes: int) -> None:
+        """A channel no longer holds `nbytes` of a message body in progress."""
         ...
 
     def flow_block(self, queue: Any) -> None: ...
@@ -239,6 +244,9 @@ class BrokerPort(Protocol):
 
     @property
     def logins(self) -> LoginChecker: ...  # every password check (runtime/broker/logins.py's LoginGate)
+    # bytes of unfinished message bodies over every connection, and the node-wide cap (issue 21)
+    unfinished_body_bytes: int
+    unfinished_body_limit: int
 
     def wall_ms(self) -> float: ...
 

@@ -7,6 +7,12 @@ are blocked, consumers keep going) is the node's and the connection's business.
 Rules (RabbitMQ's, seed 003):
 - Memory alarm while RSS > vm_memory_high_watermark (relative to total RAM, default 0.4, or `.absolute`
   in bytes). Checked every second (reading /proc/self/statm is cheap).
+- RSS does not fall when Python frees memory: glibc keeps freed heap pages (issue 21: a burst of
+  unfinished bodies took RSS from 77 to 440 MB, and after every connection closed the alarm stayed set
+  for minutes, blocking every publisher). So while RSS is over the paging threshold, at most every
+  `TRIM_EVERY_S`, the monitor first hands freed pages back to the system (`malloc_trim(0)`, glibc; a
+  no-op elsewhere) and then measures: the alarm is about what hutch holds, and it clears once that is
+  back under the mark, as RabbitMQ's does.
 - Paging (seed 004) while RSS > watermark x vm_memory_high_watermark_paging_ratio (default 0.5): the
   node tells its queues to keep only a small working set in RAM and page the rest, transient messages
   included, to disk (Node.set_memory_pressure).
@@ -19,9 +25,12 @@ Rules (RabbitMQ's, seed 003):
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,10 +52,36 @@ class AlarmTarget(Protocol):
 
     def set_memory_pressure(self, on: bool) -> None: ...
 
+    def reap_blocked_connections(self) -> int: ...
+
 log = logging.getLogger("hutch.alarms")
 
 MEMORY_CHECK_S = 1.0
 DISK_CHECK_S = 10.0
+TRIM_EVERY_S = 5.0  # malloc_trim walks the whole heap (~10 ms per 400 MB): not every second
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None (another libc: nothing to trim with)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the system (glibc `malloc_trim(0)`); True if it did."""
+    return _malloc_trim is not None and bool(_malloc_trim(0))
+
+
+def memory_limit_bytes(cfg: Config) -> int:
+    """The memory high watermark in bytes (`vm_memory_high_watermark.absolute`, or relative to RAM)."""
+    return cfg.vm_memory_high_watermark_bytes or int(total_memory_bytes() * cfg.vm_memory_high_watermark)
 
 
 def total_memory_bytes() -> int:
@@ -89,8 +124,7 @@ class ResourceMonitor:
         self.node = node
         cfg = node.config
         total = total_memory_bytes()
-        self.memory_limit_bytes = (cfg.vm_memory_high_watermark_bytes
-                                   or int(total * cfg.vm_memory_high_watermark))
+        self.memory_limit_bytes = memory_limit_bytes(cfg)
         self.disk_limit_bytes = (int(total * cfg.disk_free_limit_relative) if cfg.disk_free_limit_relative
                                  else cfg.disk_free_limit_bytes)
         self.paging_limit_bytes = int(self.memory_limit_bytes * cfg.vm_memory_high_watermark_paging_ratio)
@@ -99,6 +133,7 @@ class ResourceMonitor:
         self.memory_used_bytes = 0
         self.disk_free_bytes = 0
         self._handles: list[asyncio.TimerHandle] = []
+        self._trimmed_at = -TRIM_EVERY_S
 
     def start(self) -> None:
         self._check_memory()
@@ -115,7 +150,14 @@ class ResourceMonitor:
         self._handles.append(loop.call_later(delay_s, fn))
 
     def _check_memory(self) -> None:
+        if self.node.alarms:
+            self.node.reap_blocked_connections()  # clients gone while blocked let go of what they held
         self.memory_used_bytes = resident_memory_bytes()
+        now = time.monotonic()
+        if self.memory_used_bytes > self.paging_limit_bytes and now - self._trimmed_at >= TRIM_EVERY_S:
+            self._trimmed_at = now
+            if trim_heap():  # freed pages go back: measure what hutch still holds
+                self.memory_used_bytes = resident_memory_bytes()
         over = self.memory_used_bytes > self.memory_limit_bytes
         paging = self.memory_used_bytes > self.paging_limit_bytes
         if paging != self.paging:

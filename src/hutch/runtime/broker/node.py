@@ -38,7 +38,7 @@ from hutch.core.queue_type import Queue
 from hutch.core.routing import Exchange
 from hutch.core.vhost import VirtualHost, rs
 from hutch.runtime.broker import limits, parameters, policies
-from hutch.runtime.broker.alarms import ResourceMonitor
+from hutch.runtime.broker.alarms import ResourceMonitor, memory_limit_bytes
 from hutch.runtime.broker.definitions import DefinitionStore, pack_arguments, unpack_arguments
 from hutch.runtime.broker.logins import LoginGate
 from hutch.runtime.clock import SYSTEM_CLOCK
@@ -90,6 +90,11 @@ class Node:
         self.auth = auth
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
+        self.policy_refreshes: dict[str, asyncio.Handle] = {}  # vhost -> next slice of its policy refresh
+        # bytes of unfinished message bodies held by every connection, and the cap (session/connection.py)
+        self.unfinished_body_bytes = 0
+        self.unfinished_body_limit = max(config.max_unfinished_body_bytes_total or memory_limit_bytes(config) // 4,
+                                         config.max_message_size)
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         self.peer_counts = PeerCounts()  # the other nodes' connection and channel counts (a cluster)
         self.parameters = parameters.ParameterStore()  # runtime parameters: shovels (runtime/broker/parameters.py)
@@ -435,6 +440,15 @@ class Node:
         if first:
             for conn in list(self.connections):
                 conn.alarm_raised()
+
+    def reap_blocked_connections(self) -> int:
+        """Close connections held by an alarm whose clients have gone (their FIN is unread while reading
+        is held); what they held (unfinished bodies) is released. Returns how many."""
+        gone = [conn for conn in self.connections if conn.alarm_blocked and conn.peer_closed()]
+        for conn in gone:
+            log.info("connection %s:%d closed by its client while blocked by an alarm", *conn.peer)
+            conn.abort()
+        return len(gone)
 
     def clear_alarm(self, name: str) -> None:
         """Clear an alarm; connections are unblocked only when no alarm remains."""

@@ -273,7 +273,7 @@ class ServerChannel(DeclarationsMixin):
 
     def _drop_body(self) -> None:
         self._body = []
-        self.conn.unfinished_body_bytes -= self._body_held
+        self.conn.release_unfinished_body(self._body_held)
         self._body_held = 0
 
     def _complete_publish(self, body: bytes) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
+import socket
 import ssl
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,8 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
 FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 # unfinished bodies a connection may hold, in units of max_message_size, when not configured
 UNFINISHED_BODIES_MESSAGES = 4
+# Linux TCP states (tcp_states.h) once the peer's FIN has arrived: CLOSE, CLOSE_WAIT, LAST_ACK
+_TCP_PEER_CLOSED = frozenset({7, 8, 9})
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
@@ -810,10 +813,22 @@ class AMQPConnection:
         """A channel keeps `nbytes` more of a body whose last frame has not arrived: refuse past the cap
         (issue 15: partial bodies on many channels must not grow the node without bound)."""
         self.unfinished_body_bytes += nbytes
+        node = self.node
+        node.unfinished_body_bytes += nbytes
         if self.unfinished_body_bytes > self.unfinished_body_limit:
             raise ConnectionError_(RESOURCE_ERROR, (
                 f"unfinished message bodies on this connection hold {self.unfinished_body_bytes} bytes, "
                 f"more than the limit of {self.unfinished_body_limit} (max_unfinished_body_bytes)"))
+        if node.unfinished_body_bytes > node.unfinished_body_limit:  # issue 21: many connections at once
+            raise ConnectionError_(RESOURCE_ERROR, (
+                f"unfinished message bodies on this node hold {node.unfinished_body_bytes} bytes, more than "
+                f"the limit of {node.unfinished_body_limit} (max_unfinished_body_bytes_total)"))
+
+    def release_unfinished_body(self, nbytes: int) -> None:
+        """A channel dropped `nbytes` of unfinished body (completed, or the channel closed)."""
+        self.unfinished_body_bytes -= nbytes
+        self.node.unfinished_body_bytes -= nbytes
+        assert self.unfinished_body_bytes >= 0 and self.node.unfinished_body_bytes >= 0
 
     def alarm_cleared(self) -> None:
         if not self.alarm_blocked:
@@ -822,6 +837,20 @@ class AMQPConnection:
         self.release_reading("alarm")
         if self.state == State.OPEN and self.capabilities.get("connection.blocked"):
             self.send_method(0, spec.Connection.Unblocked())
+
+    def peer_closed(self) -> bool:
+        """Has the client closed its end while reading is held (an alarm), a FIN not read yet? On Linux
+        the socket's TCP state tells (CLOSE_WAIT and after); elsewhere False. AMQP has no half-close, so
+        a FIN means the client is gone (issue 21: blocked connections holding unfinished bodies kept
+        them, and so the memory alarm, after their clients had closed)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(socket, "TCP_INFO"):
+            return False
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except (OSError, IndexError, TypeError):
+            return False
+        return state in _TCP_PEER_CLOSED
 
     def abort(self) -> None:
         """Close the socket now (the node's shutdown, after its grace period)."""
