@@ -2,7 +2,8 @@
 
 Every `import`/`from ... import` in `src/hutch` is read with `ast`, including those under
 `if TYPE_CHECKING:` and inside functions. The rules:
-- the pure packages (amqp, core, queues, raft, storage, cluster) never import runtime, mgmt or cli;
+- the pure packages (amqp, core, queues, raft, storage, cluster, streamproto) never import runtime, mgmt or
+  cli, and streamproto imports nothing of hutch but itself (stdlib only);
 - in the runtime: `session/` never imports the broker's node, `clustering/`, `queue_types/` or `app`;
   `broker/` never imports `session/`, `queue_types/`, `clustering/` or `app`; `clustering/` never imports
   `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/` or `app`;
@@ -17,7 +18,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PURE = ("amqp", "core", "queues", "raft", "storage", "cluster")
+PURE = ("amqp", "core", "queues", "raft", "storage", "cluster", "streamproto")
 
 FORBIDDEN = {
     "hutch.runtime.session": ("hutch.runtime.broker.node", "hutch.runtime.clustering",
@@ -148,3 +149,10 @@ def runtime_cycles() -> list[str]:
 
 def test_the_runtime_has_no_import_cycle():
     assert runtime_cycles() == []
+
+
+def test_the_stream_protocol_codec_is_stdlib_only():
+    bad = [f"{module_name(p)} imports {name}" for p in (SRC / "hutch" / "streamproto").rglob("*.py")
+           for name, _ in imports(p)
+           if name.startswith("hutch") and not name.startswith("hutch.streamproto")]
+    assert bad == []
