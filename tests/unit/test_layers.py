@@ -6,7 +6,9 @@ Every `import`/`from ... import` in `src/hutch` is read with `ast`, including th
   cli, and streamproto imports nothing of hutch but itself (stdlib only);
 - in the runtime: `session/` never imports the broker's node, `clustering/`, `queue_types/` or `app`;
   `broker/` never imports `session/`, `queue_types/`, `clustering/` or `app`; `clustering/` never imports
-  `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/` or `app`;
+  `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/`, `stream_session/`
+  or `app`; `stream_session/` never imports the broker's node, `clustering/`, `app` or the AMQP session
+  beyond its ports;
 - only `cli/server.py` imports `runtime/app.py` (the composition root);
 - no function-local import of a hutch module in the runtime (none dodges a cycle);
 - the runtime's module graph (every import, TYPE_CHECKING ones too) has no cycle.
@@ -27,7 +29,12 @@ FORBIDDEN = {
                              "hutch.runtime.clustering", "hutch.runtime.app"),
     "hutch.runtime.clustering": ("hutch.runtime.broker", "hutch.runtime.queue_types",
                                  "hutch.runtime.session", "hutch.runtime.app"),
-    "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app"),
+    "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app", "hutch.runtime.stream_session"),
+    # the stream protocol's session: the stream queue type only through its handle (the seam) and its
+    # own port; of the AMQP session only the shapes in session/ports.py
+    "hutch.runtime.stream_session": ("hutch.runtime.broker.node", "hutch.runtime.clustering",
+                                     "hutch.runtime.session.connection", "hutch.runtime.session.channel",
+                                     "hutch.runtime.session.protocol", "hutch.runtime.app"),
 }
 
 
