@@ -236,6 +236,8 @@ class OffsetSpecField(Field):
     """OffsetType (uint16) then, for OFFSET a uint64 and for TIMESTAMP an int64."""
 
     def __init__(self, allow_none: bool = False) -> None:
+        # allow_none: a consumer update response, where RabbitMQ also ignores whatever value follows a
+        # type without one (rstream always sends 8 bytes of offset, even for `next`)
         self.allow_none = allow_none
 
     def read(self, r: In) -> OffsetSpec:
@@ -250,6 +252,8 @@ class OffsetSpecField(Field):
             return OffsetSpec(kind, r.fixed(_U64))
         if kind == OffsetType.TIMESTAMP:
             return OffsetSpec(kind, r.fixed(_I64))
+        if self.allow_none:
+            r.rest()
         return OffsetSpec(kind)
 
     def write(self, out: bytearray, value: Any) -> None:

@@ -110,10 +110,12 @@ def partitions(vhost: VirtualHost, name: str) -> list[str]:
 
 
 def route(vhost: VirtualHost, name: str, routing_key: str) -> list[str]:
-    x = vhost.exchanges.get(name)
-    if x is None:
-        raise SuperStreamError(Code.STREAM_DOES_NOT_EXIST, f"super stream {name} does not exist")
-    return [q.name for q in vhost.route(x, [routing_key], None) if q.queue_type == "stream"]
+    """The partitions bound with exactly `routing_key` (a super stream's exchange is a direct one)."""
+    streams: list[str] = []
+    for _, stream, key in _ordered_bindings(vhost, name):
+        if key == routing_key and stream not in streams:
+            streams.append(stream)
+    return streams
 
 
 def partition_index(vhost: VirtualHost, super_stream: str, stream: str) -> int:
