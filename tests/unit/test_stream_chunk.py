@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hutch.amqp.table import Timestamp
 from hutch.queues.stream import chunk as ck
 from hutch.queues.stream import tracking as trk
 from hutch.queues.stream.offset_spec import OffsetSpec, SpecKind, interval_ms, parse_amqp
@@ -16,6 +17,7 @@ from hutch.queues.stream.retention import Retention, segments_to_drop
 entries = st.lists(st.binary(max_size=64), min_size=1, max_size=20)
 
 
+@settings(deadline=None)
 @given(entries, st.integers(0, 2**40), st.integers(-2**40, 2**40), st.integers(0, 2**20), st.binary(max_size=40))
 def test_chunk_round_trip(items: list[bytes], chunk_id: int, ts: int, epoch: int, trailer: bytes) -> None:
     raw = ck.encode(items, timestamp=ts, epoch=epoch, chunk_id=chunk_id, trailer=trailer)
@@ -28,6 +30,7 @@ def test_chunk_round_trip(items: list[bytes], chunk_id: int, ts: int, epoch: int
     assert ck.FORMAT.info(raw[:ck.HEADER_SIZE]).size == len(raw)
 
 
+@settings(deadline=None)
 @given(entries, st.data())
 def test_any_flipped_data_bit_or_cut_fails_verify(items: list[bytes], data: st.DataObject) -> None:
     raw = bytearray(ck.encode(items, timestamp=1, epoch=0, chunk_id=0))
@@ -58,6 +61,7 @@ def test_sub_batch_records_count_as_offsets() -> None:
     assert list(ck.iter_records(raw)) == [(10, b"a"), (11, b"x"), (12, b"yy"), (13, b"zzz"), (14, b"b")]
 
 
+@settings(deadline=None)
 @given(st.lists(st.binary(min_size=1, max_size=10), min_size=1, max_size=10), st.booleans())
 def test_bloom_has_no_false_negatives(values: list[bytes], unfiltered: bool) -> None:
     bits = ck.bloom([*values, None] if unfiltered else values)
@@ -76,6 +80,7 @@ def test_bloom_without_values_matches_only_unfiltered() -> None:
 refs = st.binary(min_size=1, max_size=12)
 
 
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.booleans(), refs, st.integers(0, 2**63)), max_size=30))
 def test_tracking_snapshot_replays_to_the_same_state(ops: list[tuple[bool, bytes, int]]) -> None:
     t = trk.Tracking()
@@ -96,6 +101,7 @@ def test_tracking_sequences_never_go_back_and_bad_blocks_are_refused() -> None:
         trk.offset_block(b"", 1)
 
 
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 10_000)), max_size=12),
        st.one_of(st.none(), st.integers(0, 5000)), st.one_of(st.none(), st.integers(0, 10_000)))
 def test_retention_keeps_the_last_segment_and_drops_only_a_prefix(segs: list[tuple[int, int]], max_bytes: int | None,
@@ -130,6 +136,7 @@ def test_offset_specs_from_amqp_arguments() -> None:
     assert parse_amqp("30m", now) == OffsetSpec.timestamp(now - 30 * 60_000)
     when = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
     assert parse_amqp(when, now) == OffsetSpec.timestamp(1704067200000)
+    assert parse_amqp(Timestamp(1_700_000_000), now) == OffsetSpec.timestamp(1_700_000_000_000)
     assert interval_ms("7D") == 7 * 86_400_000 and interval_ms("12x") is None
     for bad in (-1, "sometime", True, 1.5, "30"):
         with pytest.raises(ValueError):

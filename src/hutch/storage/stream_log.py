@@ -462,8 +462,10 @@ class StreamLog:
         self._seg_fd = self._idx_fd = None
 
     def destroy(self) -> None:
-        """Close and delete every file and the directory."""
+        """Close and delete every file and the directory (already gone: nothing to do)."""
         self.close()
+        if not self.fs.exists(self.directory):
+            return
         for name in self.fs.list_dir(self.directory):
             self.fs.delete(f"{self.directory}/{name}")
         self.fs.fsync_dir(self.directory)

@@ -2,7 +2,7 @@
 
 Owns: `OffsetSpec` (first, last, next, an offset, a timestamp) and `parse_amqp`, which reads
 `x-stream-offset` as RabbitMQ does: "first", "last", "next", a non-negative integer offset, an AMQP
-timestamp (seconds since the epoch), or an interval string such as "30m" or "7D" (a timestamp that far
+timestamp (field type T: seconds since the epoch), or an interval string such as "30m" or "7D" (a timestamp that far
 back from now; units Y M D h m s as RabbitMQ's `x-max-age`). Anything else is refused.
 
 Resolution (against a log's first, next and last chunk, `hutch.runtime.queue_types.stream.handle`):
@@ -17,6 +17,8 @@ import datetime
 import enum
 import re
 from dataclasses import dataclass
+
+from hutch.amqp.table import Timestamp
 
 
 class SpecKind(enum.Enum):
@@ -74,6 +76,8 @@ def parse_amqp(value: object, now_ms: int) -> OffsetSpec:
         value = value.decode("utf-8", "replace")
     if isinstance(value, bool):
         raise ValueError(f"invalid offset spec {value!r}")
+    if isinstance(value, Timestamp):  # a field-table timestamp: seconds
+        return OffsetSpec.timestamp(int(value) * 1000)
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"invalid offset {value}")

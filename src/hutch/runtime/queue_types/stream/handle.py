@@ -109,12 +109,12 @@ class StreamHandle:
     """One stream's log on this node, opened for writing. See the module docstring for the API."""
 
     def __init__(self, slog: StreamLog, options: StreamOptions, clock: Clock, tracking: trk.Tracking,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop | None) -> None:
         self.log = slog
         self.options = options
         self.clock = clock
         self.tracking = tracking
-        self._loop = loop
+        self._the_loop = loop
         self.epoch = 0
         self.auto_commit = True
         self.on_durable: list[Callable[[int], None]] = []
@@ -126,10 +126,18 @@ class StreamHandle:
         self._listeners: list[Callable[[], None]] = []
         self._sync_scheduled = False
         self._sync_busy = False
+        self._job: asyncio.Future[None] | None = None  # the sync running in the executor, if any
         self.failed: BaseException | None = None
         self.closed = False
         self.chunks_written = 0
         self.syncs = 0
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the handle runs on (a handle opened before the loop ran takes it at first use)."""
+        if self._the_loop is None:
+            self._the_loop = asyncio.get_running_loop()
+        return self._the_loop
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
@@ -141,6 +149,15 @@ class StreamHandle:
         opts = options or StreamOptions()
         slog, tracking = await loop.run_in_executor(None, _open_log, fs, directory, opts, first_offset)
         return cls(slog, opts, clock, tracking, loop)
+
+    @classmethod
+    def open_now(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
+                 clock: Clock) -> StreamHandle:
+        """`open` on the calling thread (a declare, a restore at boot: recovery reads one segment's
+        chunk headers)."""
+        opts = options or StreamOptions()
+        slog, tracking = _open_log(fs, directory, opts, 0)
+        return cls(slog, opts, clock, tracking, None)
 
     # -- offsets ------------------------------------------------------------------------------------
     @property
@@ -325,11 +342,12 @@ class StreamHandle:
             self._synced(target)
             return
         self._sync_busy = True
-        job = self._loop.run_in_executor(None, self.placement.measure, sync_all, handles)
+        self._job = job = self._loop.run_in_executor(None, self.placement.measure, sync_all, handles)
         job.add_done_callback(lambda f: self._sync_done(f, target))
 
     def _sync_done(self, job: asyncio.Future[None], target: int) -> None:
         self._sync_busy = False
+        self._job = None
         self.log.close_retired()
         exc = job.exception()
         if exc is not None:
@@ -448,6 +466,7 @@ class StreamHandle:
         if self.closed:
             return
         self.closed = True
+        await self._quiesce()
         if self.failed is None:
             await self._loop.run_in_executor(None, self.log.sync)
             self._synced(self.log.last_chunk_id)
@@ -460,7 +479,14 @@ class StreamHandle:
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))
         self._pending.clear()
+        await self._quiesce()
         await self._loop.run_in_executor(None, self.log.destroy)
+
+    async def _quiesce(self) -> None:
+        """Wait for a sync running in the executor (its descriptors are about to be closed)."""
+        job = self._job
+        if job is not None:
+            await asyncio.wait([job])
 
 
 class StreamReader:
