@@ -1,7 +1,7 @@
 """The stream-protocol connection driven in memory, as tests/session/memory.py drives the AMQP one.
 
 `StreamPair` wires a real `StreamConnection` to a real broker `Node` (tests/session/memory.make_node),
-a `DirectoryCatalog` of real `StreamHandle`s on a `MemoryFS`, a `MemoryTransport` and a
+its stream queue type (streams in the node's data directory) as the catalog, a `MemoryTransport` and a
 `ManualLoopClock`; the client side speaks through hutch.streamproto's records (the codec is checked
 against rstream's in tests/codec/test_streamproto.py). The login check and the handles' syncs run on
 the event loop, so tests are coroutines and wait with `until`.
@@ -14,19 +14,17 @@ from collections.abc import Callable
 from typing import Any
 
 from hutch.runtime.broker.node import Node
-from hutch.runtime.clock import ManualClock
-from hutch.runtime.stream_session.catalog import DirectoryCatalog
+from hutch.runtime.stream_session.catalog import QueueCatalog
 from hutch.runtime.stream_session.connection import StreamConnection
 from hutch.runtime.stream_session.hub import StreamHub
-from hutch.storage.memfs import MemoryFS
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key
 from hutch.streamproto.framer import FrameReader
 from session.memory import ManualLoopClock, MemoryTransport
 
 
-def make_hub(node: Node, fs: MemoryFS | None = None) -> StreamHub:
-    return StreamHub(node, DirectoryCatalog(fs or MemoryFS(), "/data/streams", ManualClock()))
+def make_hub(node: Node) -> StreamHub:
+    return StreamHub(node, QueueCatalog(node))
 
 
 class StreamPair:

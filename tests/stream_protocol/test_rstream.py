@@ -258,3 +258,25 @@ async def test_super_stream_route_by_key(stream_server: StreamServer) -> None:
     eu = await read(stream_server, f"{ss}-eu", ConsumerOffsetSpecification(OffsetType.FIRST, None), 2)
     us = await read(stream_server, f"{ss}-us", ConsumerOffsetSpecification(OffsetType.FIRST, None), 1)
     assert [b for _, b in eu] == [b"eu", b"eu"] and [b for _, b in us] == [b"us"]
+
+
+async def test_pika_and_rstream_read_each_others_messages(stream_server: StreamServer) -> None:
+    import pika
+    await publish(stream_server, "rs-mixed", [b"from-rstream"])
+    conn = pika.BlockingConnection(pika.URLParameters(stream_server.info.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare("rs-mixed", passive=True)  # a stream created over the stream protocol is a queue
+        ch.basic_publish("", "rs-mixed", b"from-pika", pika.BasicProperties(content_type="text/plain"))
+        ch.basic_qos(prefetch_count=10)
+        got: list[bytes] = []
+        tag = ch.basic_consume("rs-mixed", lambda c, m, p, b: got.append(b), arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        ch.basic_cancel(tag)
+    finally:
+        conn.close()
+    assert got == [b"from-rstream", b"from-pika"]
+    read_back = await read(stream_server, "rs-mixed", ConsumerOffsetSpecification(OffsetType.FIRST, None), 2)
+    assert [b for _, b in read_back] == [b"from-rstream", b"from-pika"]

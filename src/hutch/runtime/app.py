@@ -41,12 +41,12 @@ from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
-from hutch.runtime.stream_session.catalog import DirectoryCatalog
+from hutch.runtime.stream_session.catalog import QueueCatalog
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.storage.errors import StorageError
-from hutch.storage.fs import DATA_UMASK, RealFS
+from hutch.storage.fs import DATA_UMASK
 
 log = logging.getLogger("hutch.node")
 
@@ -120,9 +120,7 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     cfg = node.config
     if cfg.stream_port is None and cfg.stream_tls_port is None:
         return None
-    catalog = DirectoryCatalog(RealFS(), os.path.join(cfg.data_dir, "streams"), node.clock)
-    await catalog.open_all()
-    hub = StreamHub(node, catalog)
+    hub = StreamHub(node, QueueCatalog(node))
     loop = asyncio.get_running_loop()
     servers: list[asyncio.base_events.Server] = []
 
@@ -131,7 +129,6 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
             server.close()
         for conn in list(hub.connections):
             conn.close_forced("broker forced connection closure")
-        await catalog.close()
 
     try:
         if cfg.stream_port is not None:

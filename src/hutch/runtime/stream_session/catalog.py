@@ -1,104 +1,87 @@
-"""`DirectoryCatalog`: the node's streams kept by the stream protocol itself, one directory each.
+"""`QueueCatalog`: the node's streams as the stream protocol sees them, which are its stream queues.
 
-Owns: a `StreamCatalog` (ports.py) over a directory tree, `<root>/<vhost>/<stream>/` (both names
-percent-encoded, so no name can leave the root), each an open `StreamHandle`; reopening every stream
-found there at start (`open_all`), closing them at stop; the stream-protocol `create` arguments
-RabbitMQ's stream plugin accepts (`max-length-bytes`, `max-age`, `stream-max-segment-size-bytes`,
-`initial-cluster-size`/`queue-leader-locator` accepted and not used on one node).
+Owns: the `StreamCatalog` port (ports.py) over the broker: a stream is a queue of type stream (declared,
+restored, deleted and shown by the stream queue type, runtime/queue_types/stream/), its handle the
+queue's `handle`; creating one is a durable `queue.declare` with `x-queue-type: stream` and the create
+arguments mapped to their x-arguments, so AMQP 0-9-1 clients and management see the same stream;
+deleting one deletes the queue. On a clustered node both wait until the definition change is replicated.
 
-This is how the stream listener works on a node where the stream queue type (issue 23's streams core)
-is not registered; when it is, the composition root hands the queue type, which implements the same
-port, and the streams are queues AMQP 0-9-1 and management see too (docs/streams.md).
+Rules (rabbit_stream_manager): `max-length-bytes`, `max-age`, `stream-max-segment-size-bytes`,
+`initial-cluster-size`, `queue-leader-locator` and `stream-filter-size-bytes` are the arguments a create
+may carry; anything else, or a value the queue type refuses, is PRECONDITION_FAILED; a queue of that
+name that exists (of any type) is STREAM_ALREADY_EXISTS.
 """
 
 from __future__ import annotations
 
-import asyncio
-from urllib.parse import quote, unquote
+from typing import Any
 
-from hutch.queues.stream.offset_spec import interval_ms
-from hutch.queues.stream.retention import Retention
-from hutch.runtime.ports import Clock
-from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
+from hutch.amqp.errors import AMQPError
+from hutch.runtime.ports import BrokerPort
+from hutch.runtime.queue_types.stream.handle import StreamHandle
 from hutch.runtime.stream_session.ports import StreamExists, StreamRefused
-from hutch.storage.fs import FileSystem
 from hutch.streamproto.codes import Code
 
-IGNORED_ARGUMENTS = ("initial-cluster-size", "queue-leader-locator")
+_INT_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
+                  "stream-max-segment-size-bytes": "x-stream-max-segment-size-bytes",
+                  "initial-cluster-size": "x-initial-cluster-size",
+                  "stream-filter-size-bytes": "x-stream-filter-size-bytes"}
+_TEXT_ARGUMENTS = {"max-age": "x-max-age", "queue-leader-locator": "x-queue-leader-locator"}
 
 
-def stream_options(arguments: dict[str, str]) -> StreamOptions:
-    """StreamOptions from stream-protocol create arguments; StreamRefused(PRECONDITION_FAILED) if bad."""
-    opts = StreamOptions()
-    max_bytes = max_age = None
+def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
+    """A create's arguments as the x-arguments of a stream declare; StreamRefused if one is bad."""
+    out: dict[str, Any] = {"x-queue-type": "stream"}
     for key, value in arguments.items():
-        try:
-            if key == "max-length-bytes":
-                max_bytes = int(value)
-                if max_bytes <= 0:
-                    raise ValueError(value)
-            elif key == "max-age":
-                max_age = interval_ms(value)
-                if max_age is None:
-                    raise ValueError(value)
-            elif key == "stream-max-segment-size-bytes":
-                opts.max_segment_size_bytes = int(value)
-                if opts.max_segment_size_bytes <= 0:
-                    raise ValueError(value)
-            elif key not in IGNORED_ARGUMENTS:
-                raise StreamRefused(Code.PRECONDITION_FAILED, f"unknown stream argument {key}")
-        except ValueError:
-            raise StreamRefused(Code.PRECONDITION_FAILED, f"invalid value {value!r} for {key}") from None
-    opts.retention = Retention(max_bytes, max_age)
-    return opts
+        if key in _INT_ARGUMENTS:
+            try:
+                out[_INT_ARGUMENTS[key]] = int(value)
+            except ValueError:
+                raise StreamRefused(Code.PRECONDITION_FAILED, f"invalid value {value!r} for {key}") from None
+        elif key in _TEXT_ARGUMENTS:
+            out[_TEXT_ARGUMENTS[key]] = value
+        else:
+            raise StreamRefused(Code.PRECONDITION_FAILED, f"unknown stream argument {key}")
+    return out
 
 
-class DirectoryCatalog:
-    def __init__(self, fs: FileSystem, root: str, clock: Clock) -> None:
-        self.fs = fs
-        self.root = root.rstrip("/")
-        self.clock = clock
-        self.handles: dict[tuple[str, str], StreamHandle] = {}
-        self._busy: set[tuple[str, str]] = set()
+class QueueCatalog:
+    def __init__(self, broker: BrokerPort) -> None:
+        self.broker = broker
 
-    def _dir(self, vhost: str, name: str) -> str:
-        return f"{self.root}/{quote(vhost, safe='')}/{quote(name, safe='')}"
-
-    async def open_all(self) -> None:
-        if not self.fs.exists(self.root):
-            return
-        for vdir in sorted(self.fs.list_dir(self.root)):
-            for sdir in sorted(self.fs.list_dir(f"{self.root}/{vdir}")):
-                key = (unquote(vdir), unquote(sdir))
-                self.handles[key] = await StreamHandle.open(self.fs, f"{self.root}/{vdir}/{sdir}",
-                                                            clock=self.clock)
+    def _queue(self, vhost: str, name: str) -> Any:
+        v = self.broker.vhosts.get(vhost)
+        return None if v is None else v.queues.get(name)
 
     def lookup(self, vhost: str, name: str) -> StreamHandle | None:
-        return self.handles.get((vhost, name))
+        handle = getattr(self._queue(vhost, name), "handle", None)
+        return handle if isinstance(handle, StreamHandle) else None
 
     def is_stream(self, vhost: str, name: str) -> bool:
-        return (vhost, name) in self.handles
+        q = self._queue(vhost, name)
+        return q is not None and q.queue_type == "stream"
 
     async def create(self, vhost: str, name: str, arguments: dict[str, str]) -> None:
-        key = (vhost, name)
-        if key in self.handles or key in self._busy:
-            raise StreamExists(f"stream {name} already exists")
-        options = stream_options(arguments)
-        self._busy.add(key)
+        v = self.broker.vhosts.get(vhost)
+        if v is None:
+            raise StreamRefused(Code.VIRTUAL_HOST_ACCESS_FAILURE, f"vhost {vhost} does not exist")
+        if name in v.queues:
+            raise StreamExists(f"there is already a queue named {name}")
         try:
-            self.handles[key] = await StreamHandle.open(self.fs, self._dir(vhost, name), options=options,
-                                                        clock=self.clock)
-        finally:
-            self._busy.discard(key)
+            self.broker.declare_queue(v, name, True, False, False, queue_arguments(arguments), None)
+        except AMQPError as exc:
+            raise StreamRefused(Code.PRECONDITION_FAILED, exc.text) from None
+        await self._replicated()
 
     async def delete(self, vhost: str, name: str) -> bool:
-        handle = self.handles.pop((vhost, name), None)
-        if handle is None:
+        v = self.broker.vhosts.get(vhost)
+        q = None if v is None else v.queues.get(name)
+        if v is None or q is None or q.queue_type != "stream":
             return False
-        await handle.delete()
+        self.broker.delete_queue(v, q)
+        await self._replicated()
         return True
 
-    async def close(self) -> None:
-        handles = list(self.handles.values())
-        self.handles.clear()
-        await asyncio.gather(*(h.close() for h in handles))
+    async def _replicated(self) -> None:
+        if self.broker.cluster is not None:
+            await self.broker.cluster.wait_replicated()

@@ -158,6 +158,9 @@ class Consuming:
     def pump(self, sub: Subscription) -> None:
         """Send chunks while the subscription has credit and the transport takes them."""
         conn = self.conn
+        if sub.handle.closed:  # deleted by another path (AMQP 0-9-1, management): tell every user of it
+            conn.hub.stream_deleted(conn.vhost.name, sub.stream)
+            return
         sent = skipped = 0
         while sub.credit > 0 and sub.reader is not None and conn.can_deliver():
             if sent >= PUMP_CHUNKS or skipped >= PUMP_SKIPS:

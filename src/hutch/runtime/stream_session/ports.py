@@ -1,10 +1,11 @@
 """The ports of the stream-protocol session: what a stream connection asks of the node's streams.
 
-Owns two `Protocol`s: `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and name,
-create one, delete one; and `StreamSession`, what a connection's publishing and consuming halves
-(publishing.py, consuming.py) ask of the connection that holds them. The stream queue type implements it (a stream is a queue of type stream, seen
-by AMQP 0-9-1 and management too); the session never imports the queue type, only this shape and the
-handle's own API (runtime/queue_types/stream/handle.py, the seam of issue 23).
+Owns two `Protocol`s: `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and
+name, create one, delete one (catalog.QueueCatalog implements it over the stream queue type: a stream is
+a queue of type stream, seen by AMQP 0-9-1 and management too); and `StreamSession`, what a
+connection's publishing and consuming halves (publishing.py, consuming.py) ask of the connection that
+holds them. The session never imports the queue type, only these shapes and the handle's own API
+(runtime/queue_types/stream/handle.py, the seam of issue 23).
 
 Errors `create` raises: `StreamExists` (response STREAM_ALREADY_EXISTS) and `StreamRefused` with the
 response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED for a reserved name).
