@@ -39,3 +39,21 @@ def test_usage_and_unreachable_exit_codes(stream_server: StreamServer) -> None:
     both = run(stream_server, "add_super_stream", "x", "--partitions", "2", "--binding-keys", "a")
     assert both.returncode == 2 and "either --partitions or --binding-keys" in both.stderr
     assert run(None, "list_partitions", "x").returncode == 69
+
+
+def test_super_streams_over_the_http_api(stream_server: StreamServer) -> None:
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    path = "/api/stream/super-streams/%2F/http-orders"
+    assert api.put(path, {"partitions": 2, "arguments": {"max-age": "1h"}}).status == 201
+    assert api.get(path).body == {"name": "http-orders", "vhost": "/",
+                                  "partitions": ["http-orders-0", "http-orders-1"]}
+    assert run(stream_server, "route", "http-orders", "1").stdout.split() == ["http-orders-1"]
+    queue = api.get("/api/queues/%2F/http-orders-0").body
+    assert queue["type"] == "stream" and queue["arguments"]["x-max-age"] == "1h"
+    again = api.put(path, {"partitions": 2})
+    assert again.status == 400 and "already" in again.body["reason"]
+    assert api.put("/api/stream/super-streams/%2F/bad", {"partitions": 0}).status == 400
+    assert api.call("DELETE", path).status == 204
+    assert api.get(path).status == 404
+    assert api.get("/api/queues/%2F/http-orders-0").status == 404

@@ -56,6 +56,7 @@ from . import (
     quorum_routes,
     routes,
     stats,
+    stream_routes,
     system,
     ui,
 )
@@ -467,4 +468,4 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
 
 
 __all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "route", "routes",
-           "start_management"]
+           "start_management", "stream_routes"]
