@@ -46,9 +46,9 @@ SAMPLES: list[c.Command] = [
     c.Publish(3, [c.SubBatchEntry(10, 0, 2, 12, b"\x00\x00\x00\x02ab\x00\x00\x00\x02cd")]),
     c.PublishConfirm(3, [1, 2, 3]),
     c.PublishError(3, [(1, Code.PUBLISHER_DOES_NOT_EXIST), (2, Code.STREAM_DOES_NOT_EXIST)]),
-    c.Subscribe(10, 1, "s1", OffsetSpec.first(), 10),
-    c.Subscribe(10, 1, "s1", OffsetSpec.offset(42), 10, {"single-active-consumer": "true", "name": "g"}),
-    c.Subscribe(10, 1, "s1", OffsetSpec.timestamp(-5), 10),
+    c.Subscribe(10, 1, "s1", OffsetSpec(OffsetType.FIRST), 10),
+    c.Subscribe(10, 1, "s1", OffsetSpec(OffsetType.OFFSET, 42), 10, {"single-active-consumer": "true", "name": "g"}),
+    c.Subscribe(10, 1, "s1", OffsetSpec(OffsetType.TIMESTAMP, -5), 10),
     c.Unsubscribe(11, 1),
     c.Credit(1, 5),
     c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, 9),
@@ -59,8 +59,8 @@ SAMPLES: list[c.Command] = [
     c.QueryOffsetResponse(12, Code.NO_OFFSET, 0),
     c.ConsumerUpdate(13, 1, True),
     c.ConsumerUpdateResponse(13, Code.OK, OffsetSpec(OffsetType.NONE)),
-    c.ConsumerUpdateResponse(13, Code.OK, OffsetSpec.next()),
-    c.ResolveOffsetSpec(14, "s1", OffsetSpec.last(), {"filter.0": "eu"}),
+    c.ConsumerUpdateResponse(13, Code.OK, OffsetSpec(OffsetType.NEXT)),
+    c.ResolveOffsetSpec(14, "s1", OffsetSpec(OffsetType.LAST), {"filter.0": "eu"}),
     c.ResolveOffsetSpecResponse(14, Code.OK, OffsetType.OFFSET, 12),
     c.Create(15, "s1", {"max-age": "1h"}),
     c.Delete(16, "s1"),
@@ -183,7 +183,7 @@ def test_string_maps_round_trip(props, corr):
 def test_a_consumer_update_response_may_carry_an_unused_offset_value():
     # rstream answers `next` with 8 bytes of offset after it; RabbitMQ ignores them
     body = struct.pack(">HHIHHQ", Key.CONSUMER_UPDATE | RESPONSE_BIT, 1, 5, Code.OK, OffsetType.NEXT, 0)
-    assert c.decode(body) == c.ConsumerUpdateResponse(5, Code.OK, OffsetSpec.next())
+    assert c.decode(body) == c.ConsumerUpdateResponse(5, Code.OK, OffsetSpec(OffsetType.NEXT))
 
 
 def test_deliver_header_plus_chunk_is_the_frame():
@@ -234,7 +234,7 @@ def test_rstream_publish_and_subscribe_decode_to_our_records():
     frame = rs_encoding.encode_publish(rs.Publish(2, [rs.Message(5, "eu", b"body")]), version_to_encode=2)
     assert c.decode(frame[4:]) == c.Publish(2, [c.PublishedEntry(5, b"body", "eu")], 2)
     sub = rs.Subscribe(3, 1, "s", rs.OffsetSpecOffset(OffsetType.OFFSET, 7), 10, _props({"name": "n"}))
-    assert c.decode(rs_encoding.encode_frame(sub)[4:]) == c.Subscribe(3, 1, "s", OffsetSpec.offset(7), 10,
+    assert c.decode(rs_encoding.encode_frame(sub)[4:]) == c.Subscribe(3, 1, "s", OffsetSpec(OffsetType.OFFSET, 7), 10,
                                                                        {"name": "n"})
 
 

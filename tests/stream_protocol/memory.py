@@ -9,8 +9,6 @@ the event loop, so tests are coroutines and wait with `until`.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from hutch.runtime.broker.node import Node
@@ -20,7 +18,7 @@ from hutch.runtime.stream_session.hub import StreamHub
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key
 from hutch.streamproto.framer import FrameReader
-from session.memory import ManualLoopClock, MemoryTransport
+from session.memory import ManualLoopClock, MemoryTransport, SessionPair
 
 
 def make_hub(node: Node) -> StreamHub:
@@ -42,13 +40,7 @@ class StreamPair:
         self.corr += 1
         return self.corr
 
-    def feed(self, data: bytes, one_byte_at_a_time: bool = False) -> None:
-        if one_byte_at_a_time:
-            for i in range(len(data)):
-                self.conn.receive_data(data[i:i + 1])
-        else:
-            self.conn.receive_data(data)
-        self.clock.run_soon()
+    feed = SessionPair.feed  # bytes in, as its socket callback would; then the call_soon work
 
     def send(self, *cmds: c.Command, one_byte_at_a_time: bool = False) -> None:
         self.feed(b"".join(c.encode(cmd) for cmd in cmds), one_byte_at_a_time)
@@ -60,14 +52,7 @@ class StreamPair:
         self._reader.feed(data)
         return [c.decode(f) for f in self._reader.frames()]
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            self.clock.run_soon()
-            if predicate():
-                return
-            assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-            await asyncio.sleep(0.001)
+    until = SessionPair.until  # let the loop run (logins, syncs) until a condition holds
 
     async def expect(self, count: int = 1, timeout: float = 5.0) -> list[c.Command]:
         """Let the loop run until the server has sent `count` more frames; returns them."""

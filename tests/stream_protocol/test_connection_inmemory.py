@@ -160,7 +160,7 @@ async def test_subscribe_delivers_a_chunk_per_credit_from_the_files(node: Node) 
     for batch in range(3):
         pair.send(c.Publish(1, [c.PublishedEntry(batch * 10 + i, b"b%d-%d" % (batch, i)) for i in range(2)]))
         await pair.expect(1)
-    pair.send(c.Subscribe(3, 7, "s1", OffsetSpec.first(), 2))
+    pair.send(c.Subscribe(3, 7, "s1", OffsetSpec(OffsetType.FIRST), 2))
     ok, *first = await pair.expect(3)
     assert ok == c.Response(Key.SUBSCRIBE, 3, Code.OK)
     assert [d.subscription_id for d in first] == [7, 7]
@@ -172,7 +172,7 @@ async def test_subscribe_delivers_a_chunk_per_credit_from_the_files(node: Node) 
     assert records([d for d in got if isinstance(d, c.Deliver)]) == [(6, b"late")]
     pair.send(c.Credit(9, 1))
     assert await pair.expect(1) == [c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, 9)]
-    assert await pair.request(c.Subscribe(4, 7, "s1", OffsetSpec.first(), 1)) == \
+    assert await pair.request(c.Subscribe(4, 7, "s1", OffsetSpec(OffsetType.FIRST), 1)) == \
         c.Response(Key.SUBSCRIBE, 4, Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
     assert await pair.request(c.Unsubscribe(5, 7)) == c.Response(Key.UNSUBSCRIBE, 5, Code.OK)
     assert await pair.request(c.Unsubscribe(6, 7)) == c.Response(Key.UNSUBSCRIBE, 6, Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
@@ -185,14 +185,14 @@ async def test_offset_specs_and_resolve(node: Node) -> None:
     for i in range(3):
         pair.send(c.Publish(1, [c.PublishedEntry(i, b"m%d" % i)]))
         await pair.expect(1)
-    for corr, spec, want in ((10, OffsetSpec.offset(1), [(1, b"m1"), (2, b"m2")]),
-                             (11, OffsetSpec.last(), [(2, b"m2")])):
+    for corr, spec, want in ((10, OffsetSpec(OffsetType.OFFSET, 1), [(1, b"m1"), (2, b"m2")]),
+                             (11, OffsetSpec(OffsetType.LAST), [(2, b"m2")])):
         pair.send(c.Subscribe(corr, corr, "s1", spec, 10))
         ok, *chunks = await pair.expect(1 + len(want))
         assert ok == c.Response(Key.SUBSCRIBE, corr, Code.OK) and records(chunks) == want
-    await pair.request(c.Subscribe(12, 12, "s1", OffsetSpec.next(), 10))
+    await pair.request(c.Subscribe(12, 12, "s1", OffsetSpec(OffsetType.NEXT), 10))
     assert pair.received() == []
-    resolved = await pair.request(c.ResolveOffsetSpec(13, "s1", OffsetSpec.next()))
+    resolved = await pair.request(c.ResolveOffsetSpec(13, "s1", OffsetSpec(OffsetType.NEXT)))
     assert resolved == c.ResolveOffsetSpecResponse(13, Code.OK, OffsetType.OFFSET, 3)
 
 
@@ -212,7 +212,7 @@ async def test_deleting_a_stream_tells_its_users(node: Node) -> None:
     await owner.open()
     await user.open()
     await owner.create("s1")
-    await user.request(c.Subscribe(2, 1, "s1", OffsetSpec.first(), 1))
+    await user.request(c.Subscribe(2, 1, "s1", OffsetSpec(OffsetType.FIRST), 1))
     await owner.request(c.Delete(3, "s1"))
     assert await user.expect(1) == [c.MetadataUpdate(Code.STREAM_NOT_AVAILABLE, "s1")]
     assert user.conn.consuming.subscriptions == {}

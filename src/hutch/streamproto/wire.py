@@ -211,26 +211,6 @@ class OffsetSpec:
     type: OffsetType
     value: int = 0
 
-    @classmethod
-    def first(cls) -> OffsetSpec:
-        return cls(OffsetType.FIRST)
-
-    @classmethod
-    def last(cls) -> OffsetSpec:
-        return cls(OffsetType.LAST)
-
-    @classmethod
-    def next(cls) -> OffsetSpec:
-        return cls(OffsetType.NEXT)
-
-    @classmethod
-    def offset(cls, offset: int) -> OffsetSpec:
-        return cls(OffsetType.OFFSET, offset)
-
-    @classmethod
-    def timestamp(cls, ms: int) -> OffsetSpec:
-        return cls(OffsetType.TIMESTAMP, ms)
-
 
 class OffsetSpecField(Field):
     """OffsetType (uint16) then, for OFFSET a uint64 and for TIMESTAMP an int64."""
