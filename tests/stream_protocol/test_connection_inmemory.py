@@ -252,3 +252,17 @@ async def test_a_frame_past_the_negotiated_limit_closes_with_frame_too_large(nod
     assert isinstance(close[0], c.Close) and close[0].closing_code == Code.FRAME_TOO_LARGE
     pair.clock.advance(2)  # no answer: closed after the grace period
     assert pair.transport.closed
+
+
+async def test_last_names_a_chunk_written_and_not_yet_committed(node: Node) -> None:
+    # as on RabbitMQ, where a chunk is visible once written: a subscription at `last` right after a
+    # publish gets that chunk (when its fsync has committed it), not only what comes after it
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    pair.send(c.Publish(1, [c.PublishedEntry(1, b"old")]))
+    await pair.expect(1)
+    pair.send(c.Publish(1, [c.PublishedEntry(2, b"newest")]),
+              c.Subscribe(3, 5, "s1", OffsetSpec(OffsetType.LAST), 10))  # before the fsync could run
+    got = await pair.expect(3)
+    assert records([d for d in got if isinstance(d, c.Deliver)]) == [(1, b"newest")]

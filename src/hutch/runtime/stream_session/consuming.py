@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import logging
+
 from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
@@ -28,6 +30,8 @@ from hutch.streamproto import commands as c
 from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code, OffsetType
 from hutch.streamproto.errors import CommandError
 from hutch.streamproto.wire import OffsetSpec
+
+log = logging.getLogger("hutch.stream")
 
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
@@ -137,7 +141,13 @@ class Consuming:
         self.pump(sub)
 
     def _start(self, sub: Subscription, spec: OffsetSpec) -> None:
-        sub.reader = sub.handle.reader(core_spec(spec))
+        handle = sub.handle
+        if spec.type == OffsetType.LAST and handle.last_chunk_id > handle.committed_chunk_id:
+            # chunks written and not yet committed (their fsync is running): "last" is the newest of them,
+            # as it is on RabbitMQ, where a chunk is visible once written; the reader waits for its commit
+            sub.reader = handle.reader(CoreSpec.offset(handle.last_chunk_id))
+        else:
+            sub.reader = handle.reader(core_spec(spec))
         self.pump(sub)
 
     def _wake(self, sub: Subscription) -> None:
@@ -208,6 +218,8 @@ class Consuming:
         if not note.active:
             sub.reader = None  # passive: stop reading at once, the client is told
         corr = self.conn.next_correlation_id()
+        log.debug("single active consumer: subscription %d on %s %s", sub.subscription_id, sub.stream,
+                  "activated" if note.active else "stepping down")
         self.pending_updates[corr] = (sub, note.active)
         self.conn.send(c.ConsumerUpdate(corr, sub.subscription_id, note.active))
         self.conn.want_flush()
@@ -217,6 +229,8 @@ class Consuming:
         if pending is None:
             return
         sub, active = pending
+        log.debug("single active consumer: subscription %d on %s answered (%s)", sub.subscription_id, sub.stream,
+                  cmd.offset)
         if self.subscriptions.get(sub.subscription_id) is not sub:
             return
         if active:
