@@ -15,10 +15,9 @@ the transport's write buffer is full; a filter skips chunks whose bloom filter c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import logging
 
 from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
