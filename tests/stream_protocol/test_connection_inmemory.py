@@ -266,3 +266,15 @@ async def test_last_names_a_chunk_written_and_not_yet_committed(node: Node) -> N
               c.Subscribe(3, 5, "s1", OffsetSpec(OffsetType.LAST), 10))  # before the fsync could run
     got = await pair.expect(3)
     assert records([d for d in got if isinstance(d, c.Deliver)]) == [(1, b"newest")]
+
+
+async def test_a_large_publish_is_cut_into_chunks(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "app", "s1"))
+    pair.send(c.Publish(1, [c.PublishedEntry(i, b"m") for i in range(1, 5001)]))
+    confirms = await pair.expect(2)
+    assert sorted(i for conf in confirms for i in conf.publishing_ids) == list(range(1, 5001))
+    pair.send(c.Subscribe(3, 1, "s1", OffsetSpec(OffsetType.FIRST), 5))
+    ok, *chunks = await pair.expect(3)
+    assert [len(list(ck.iter_records(d.chunk))) for d in chunks] == [4096, 904]

@@ -27,6 +27,10 @@ from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code
 from hutch.streamproto.errors import CommandError
 
 MAX_PENDING_APPENDS = 512
+# a publish frame's messages go into chunks of at most this many (as the stream queue type's AMQP path
+# does): a delivery is a chunk per credit, so this bounds what one credit sends; RabbitMQ's osiris also
+# cuts a large publish into several chunks (rstream's test_offset_type_last counts on it)
+CHUNK_ENTRIES = 4096
 
 
 @dataclass(eq=False)
@@ -97,9 +101,9 @@ class Publishing:
         if not entries:
             return
         pub.published += len(ids)
-        for start in range(0, len(entries), ck.MAX_ENTRIES):
-            self._append(pub, entries[start:start + ck.MAX_ENTRIES], ids[start:start + ck.MAX_ENTRIES],
-                         None if values is None else values[start:start + ck.MAX_ENTRIES])
+        for start in range(0, len(entries), CHUNK_ENTRIES):
+            end = start + CHUNK_ENTRIES
+            self._append(pub, entries[start:end], ids[start:end], None if values is None else values[start:end])
 
     def _append(self, pub: Publisher, entries: list[ck.Entry], ids: list[int],
                 values: list[bytes | None] | None) -> None:
