@@ -35,6 +35,8 @@ def test_a_stream_in_the_api_and_hutchctl(mgmt: ServerInfo, api: Api) -> None:
     out = run_ctl(mgmt, "list_queues", "name", "type", "messages")
     assert out.returncode == 0, out.stderr
     assert any(line.split() == [name, "stream", "5"] for line in out.stdout.splitlines()), out.stdout
+    out = run_ctl(mgmt, "list_queues", "name", "first_offset", "last_offset", "segments")
+    assert any(line.split() == [name, "0", "4", "1"] for line in out.stdout.splitlines()), out.stdout
     assert api.delete(f"/api/queues/%2F/{name}").status == 204
 
 
@@ -53,4 +55,16 @@ def test_retention_policies(mgmt: ServerInfo, api: Api) -> None:
     assert q["effective_policy_definition"] == {"max-length-bytes": 2000, "max-age": "7D"}
     assert q["last_offset"] == 39 and q["message_bytes"] <= 2000 + 1000
     api.delete(f"/api/policies/%2F/{name}")
+    api.delete(f"/api/queues/%2F/{name}")
+
+
+def test_definitions_import_creates_a_stream(mgmt: ServerInfo, api: Api) -> None:
+    name = unique("s")
+    body = {"queues": [{"name": name, "vhost": "/", "durable": True, "auto_delete": False,
+                        "arguments": {"x-queue-type": "stream", "x-max-age": "1D"}}]}
+    assert api.call("POST", "/api/definitions", body).status in (200, 201, 204)
+    q = api.ok(f"/api/queues/%2F/{name}")
+    assert q["type"] == "stream" and q["arguments"]["x-max-age"] == "1D"
+    _publish(mgmt, name, 3)
+    assert api.ok(f"/api/queues/%2F/{name}")["messages"] == 3
     api.delete(f"/api/queues/%2F/{name}")

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
-from hutch.amqp.table import TypedInt
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
@@ -50,7 +49,6 @@ log = logging.getLogger("hutch.stream")
 DELIVER_BATCH = 256
 MAX_CHUNK_ENTRIES = 4096  # publishes gathered in one loop turn go out as chunks of at most this many
 FILTER_HEADER = "x-stream-filter-value"
-OFFSET_HEADER = "x-stream-offset"
 
 
 class StreamEntry(QueueEntry):
@@ -139,7 +137,8 @@ class StreamQueue(Queue):
         if self.deleted:
             return SETTLED
         self.stat_published += 1
-        headers = msg.properties.headers
+        raw = msg.properties_raw
+        headers = msg.properties.headers if raw[0] & 0x20 else None  # the headers flag, before decoding
         value = headers.get(FILTER_HEADER) if headers else None
         self._batch.append(amqp10.from_091(msg))
         self._batch_filters.append(value.encode() if isinstance(value, str) else
@@ -267,7 +266,7 @@ class StreamQueue(Queue):
                 continue
             offset, record = sc.pending.popleft()
             try:
-                msg = amqp10.to_091(record, "", self.name)
+                msg = amqp10.to_091_at(record, offset, self.name)
             except ValueError as exc:
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, exc)
@@ -278,7 +277,6 @@ class StreamQueue(Queue):
                 wanted = value.encode() if isinstance(value, str) else value
                 if not (wanted in sc.filters if wanted else sc.match_unfiltered):
                     continue
-            msg = msg.with_header(OFFSET_HEADER, TypedInt(offset, "l"))
             consumer.unacked += 1
             consumer.delivered += 1
             self.stat_delivered += 1
@@ -292,6 +290,10 @@ class StreamQueue(Queue):
             chunk = sc.reader.next_chunk()
             if chunk is None:
                 return False
+            if not ck.verify(chunk.raw):  # damaged on disk since it was written: never delivered as is
+                log.error("stream %s: chunk %d fails its CRC; its %d records are skipped", self._what,
+                          chunk.header.chunk_id, chunk.header.num_records)
+                continue
             if sc.filters is not None:
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
