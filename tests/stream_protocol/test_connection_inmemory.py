@@ -287,3 +287,28 @@ async def test_a_large_publish_is_cut_into_chunks(node: Node) -> None:
     pair.send(c.Subscribe(3, 1, "s1", OffsetSpec(OffsetType.FIRST), 5))
     ok, *chunks = await pair.expect(3)
     assert [len(chunk_records(d.chunk)) for d in chunks] == [4096, 904]
+
+
+async def test_a_full_write_buffer_stops_input_and_deliveries(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    pair.conn.pause_writing()  # the transport's buffer passed its high mark
+    assert not pair.transport.reading and not pair.conn.can_deliver()
+    pair.conn.resume_writing()
+    assert pair.transport.reading and pair.conn.can_deliver()
+
+
+async def test_an_internal_error_closes_only_that_connection(node: Node) -> None:
+    hub = make_hub(node)
+    broken, fine = StreamPair(hub), StreamPair(hub)
+    await broken.open()
+    await fine.open()
+
+    def explode(cmd: c.Metadata) -> None:
+        raise RuntimeError("a bug")
+    broken.conn._dispatch[c.Metadata] = explode
+    broken.send(c.Metadata(9, ["s1"]))
+    close = broken.received()
+    assert isinstance(close[0], c.Close) and close[0].closing_code == Code.INTERNAL_ERROR
+    reply = await fine.request(c.Metadata(10, ["s1"]))
+    assert isinstance(reply, c.MetadataResponse)

@@ -154,6 +154,9 @@ class StreamConnection:
                 self._handle(c.decode(frame))
         except FrameError as exc:
             self._fatal(exc)
+        except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
+            log.exception("stream connection %s: internal error", self.name)
+            self._fatal(StreamProtocolError(f"internal error: {type(exc).__name__}", Code.INTERNAL_ERROR))
 
     def connection_lost(self) -> None:
         if self.phase == Phase.CLOSED:
@@ -166,10 +169,14 @@ class StreamConnection:
         self.hub.connections.discard(self)
 
     def pause_writing(self) -> None:
+        """The client does not read fast enough: no deliveries, and no input (whose answers would grow
+        the write buffer without bound) until the buffer drains."""
         self._writing_paused = True
+        self.hold_reading("output")
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self.release_reading("output")
         self.consuming.pump_all()
         self.flush()
 
