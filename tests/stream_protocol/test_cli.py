@@ -1,11 +1,14 @@
-"""`hutch-streams` (cli/streams.py) against a real node's stream listener: a super stream created with
---partitions and with --binding-keys (RabbitMQ's layout, seen by an rstream client), listed, routed and
-deleted; refusals and an unreachable listener with their exit codes."""
+"""`hutch-streams` (cli/streams.py) and the management API's stream routes against a real node: a super
+stream created with --partitions, --binding-keys or over HTTP (RabbitMQ's layout), listed, routed and
+deleted; refusals and an unreachable listener with their exit codes; stream connections, publishers and
+consumers listed while rstream clients use them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from conftest import free_port
 
@@ -57,3 +60,29 @@ def test_super_streams_over_the_http_api(stream_server: StreamServer) -> None:
     assert api.call("DELETE", path).status == 204
     assert api.get(path).status == 404
     assert api.get("/api/queues/%2F/http-orders-0").status == 404
+
+
+@pytest.mark.asyncio
+async def test_stream_connections_publishers_and_consumers_are_listed(stream_server: StreamServer) -> None:
+    import asyncio
+
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+    got = asyncio.Event()
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p, \
+            Consumer("127.0.0.1", port=stream_server.port, **auth) as c:
+        await p.create_stream("listed", exists_ok=True)
+        await p.send_wait("listed", AMQPMessage(body=b"x"), publisher_name="lister")
+        await c.start()
+        await c.subscribe("listed", lambda m, ctx: got.set(),
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        await asyncio.wait_for(got.wait(), 30)
+        conns = api.get("/api/stream/connections").body
+        assert conns and all(conn["user"] == "guest" and conn["vhost"] == "/" for conn in conns)
+        pubs = [x for x in api.get("/api/stream/publishers").body if x["stream"] == "listed"]
+        assert pubs[0]["reference"] == "lister" and pubs[0]["messages_confirmed"] == 1
+        subs = [x for x in api.get("/api/stream/consumers").body if x["stream"] == "listed"]
+        assert subs[0]["messages_consumed"] == 1 and subs[0]["offset"] == 1 and subs[0]["active"]

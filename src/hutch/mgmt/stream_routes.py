@@ -1,6 +1,8 @@
-"""The routes of super streams (hutch extensions of the management API): create, show and delete a super
-stream over HTTP, as `hutch-streams` does over the stream protocol; thin handlers over
-runtime/stream_session/super_streams.py, registered in the route table like routes.py's (http.py imports
+"""The stream protocol's routes of the management API: create, show and delete a super stream over HTTP
+(hutch extensions), as `hutch-streams` does over the stream protocol; and the stream connections,
+publishers and consumers (RabbitMQ's rabbitmq_stream_management lists: monitors see all, others their
+own). Thin handlers over runtime/stream_session (super_streams.py; the node's `StreamHub`, `node.streams`,
+set while the stream listener runs), registered in the route table like routes.py's (http.py imports
 this module).
 
 Body of a create: `{"partitions": N}` (partitions NAME-0 … NAME-(N-1), binding keys "0" … "N-1") or
@@ -85,3 +87,36 @@ async def _delete_super_stream(c: Call) -> Any:
     except super_streams.SuperStreamError as exc:
         raise ApiError(404 if exc.code == Code.STREAM_DOES_NOT_EXIST else 400, "bad_request", exc.text) from None
     return NO_CONTENT
+
+
+def _stream_connections(c: Call) -> list[Any]:
+    """The stream-protocol connections the caller may see: all for monitors, else its own."""
+    hub = c.node.streams
+    if hub is None:
+        return []
+    p = c.principal
+    return [conn for conn in hub.connections if p.is_monitor or conn.user_name == p.name]
+
+
+def _owner(conn: Any) -> dict[str, Any]:
+    return {"name": conn.name, "user": conn.user_name, "vhost": conn.vhost.name, "node": str(conn.broker.name)}
+
+
+@route("GET", "/api/stream/connections", "Stream-protocol connections (rabbitmq_stream_management)",
+       tag=TAG, reply="Any[]")
+def _list_stream_connections(c: Call) -> Any:
+    return sorted((conn.info() for conn in _stream_connections(c)), key=lambda i: i["name"])
+
+
+@route("GET", "/api/stream/publishers", "Stream-protocol publishers (rabbitmq_stream_management)", tag=TAG,
+       reply="Any[]")
+def _list_stream_publishers(c: Call) -> Any:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
+            for conn in _stream_connections(c) for row in conn.publishing.info()]
+
+
+@route("GET", "/api/stream/consumers", "Stream-protocol consumers with their offsets (rabbitmq_stream_management)",
+       tag=TAG, reply="Any[]")
+def _list_stream_consumers(c: Call) -> Any:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
+            for conn in _stream_connections(c) for row in conn.consuming.info()]

@@ -121,6 +121,7 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     if cfg.stream_port is None and cfg.stream_tls_port is None:
         return None
     hub = StreamHub(node, QueueCatalog(node))
+    node.streams = hub  # what management lists (mgmt/stream_routes.py)
     loop = asyncio.get_running_loop()
     servers: list[asyncio.base_events.Server] = []
 
@@ -129,6 +130,7 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
             server.close()
         for conn in list(hub.connections):
             conn.close_forced("broker forced connection closure")
+        node.streams = None
 
     try:
         if cfg.stream_port is not None:

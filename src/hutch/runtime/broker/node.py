@@ -113,6 +113,7 @@ class Node:
         self.management_port = 0
         self.amqps_port = 0  # the TLS listeners' ports, once bound (runtime/tls.py, mgmt/http.py)
         self.management_ssl_port = 0
+        self.streams: Any = None  # the stream protocol's StreamHub while its listener runs (runtime/app.py)
         self.tls = NodeTls(config)  # TLS contexts of every listener, and certificate reloads
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources

@@ -100,6 +100,7 @@ class StreamConnection:
         self._last_recv = 0.0
         self._last_sent = 0.0
         self.name = ""
+        self.connected_at_ms = 0
         self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
             c.DeclarePublisher: self.publishing.declare,
             c.Publish: self.publishing.publish,
@@ -134,6 +135,7 @@ class StreamConnection:
         self.transport = transport
         self.peer, self.sock = peer, sock
         self.name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}"
+        self.connected_at_ms = int(self.broker.wall_ms())
         self._last_recv = self._last_sent = self.clock.time()
         self._timer = self.clock.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
         self.hub.connections.add(self)
@@ -427,6 +429,16 @@ class StreamConnection:
         if self.publishing.stream_gone(stream) | self.consuming.stream_gone(stream):
             self.send(c.MetadataUpdate(Code.STREAM_NOT_AVAILABLE, stream))
             self.want_flush()
+
+    def info(self) -> dict[str, Any]:
+        """What management shows of this connection (RabbitMQ's stream connection fields)."""
+        return {"name": self.name, "vhost": self.vhost.name, "user": self.user_name, "node": self.broker.name,
+                "host": self.sock[0], "port": self.sock[1], "peer_host": self.peer[0], "peer_port": self.peer[1],
+                "ssl": self.tls, "frame_max": self.frame_max, "heartbeat": self.heartbeat_s,
+                "auth_mechanism": self.auth_mechanism, "connected_at": self.connected_at_ms,
+                "client_properties": dict(self.client_properties), "state": self.phase.name.lower(),
+                "publishers": len(self.publishing.publishers),
+                "subscriptions": len(self.consuming.subscriptions)}
 
     # -- access ------------------------------------------------------------------------------------
     def permitted(self, kind: PermissionKind, stream: str) -> bool:

@@ -65,6 +65,7 @@ class Subscription:
     sac_member: Member | None = None
     wake_scheduled: bool = False
     chunks_sent: int = 0
+    records_sent: int = 0
 
 
 class Consuming:
@@ -123,6 +124,13 @@ class Consuming:
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
             self._remove(sub)
+
+    def info(self) -> list[dict[str, object]]:
+        return [{"subscription_id": s.subscription_id, "stream": s.stream, "credits": s.credit,
+                 "offset": s.reader.next_offset if s.reader is not None else None,
+                 "messages_consumed": s.records_sent, "chunks_delivered": s.chunks_sent,
+                 "active": s.reader is not None, "properties": dict(s.properties)}
+                for s in self.subscriptions.values()]
 
     def stream_gone(self, stream: str) -> bool:
         gone = [s for s in self.subscriptions.values() if s.stream == stream]
@@ -188,6 +196,7 @@ class Consuming:
             conn.out.append(bytes(data))
             sub.credit -= 1
             sub.chunks_sent += 1
+            sub.records_sent += header.num_records
             sent += 1
 
     # -- offsets ------------------------------------------------------------------------------------

@@ -152,6 +152,11 @@ class Publishing:
             pub.errored += len(ids)
         self.conn.send(c.PublishError(publisher_id, [(i, code) for i in ids]))
 
+    def info(self) -> list[dict[str, object]]:
+        return [{"publisher_id": p.publisher_id, "stream": p.stream, "reference": p.reference,
+                 "messages_published": p.published, "messages_confirmed": p.confirmed,
+                 "messages_errored": p.errored} for p in self.publishers.values()]
+
     def stream_gone(self, stream: str) -> bool:
         gone = [pid for pid, p in self.publishers.items() if p.stream == stream]
         for pid in gone:
