@@ -49,3 +49,29 @@ async def test_publish_and_consume_over_tls(tmp_path: Path) -> None:
         assert "stream protocol over TLS listener started" in info.log()
     finally:
         info.stop()
+
+
+async def test_external_login_with_a_client_certificate(tmp_path: Path) -> None:
+    from rstream.constants import SlasMechanism
+    from rstream.exceptions import AuthenticationFailure
+    pki = make_pki(tmp_path / "pki")
+    port = free_port()
+    config = (pki.section("ssl_options.") + f"stream.listeners.ssl.default = {port}\n"
+              "auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = EXTERNAL\nssl_cert_login_from = common_name\n")
+    info = start_server(tmp_path / "node", config_text=config)
+    try:
+        _wait_port(port, info.proc, info.log_path)
+        guest_cert = pki.issue("guest-client", common_name="guest")
+        async with Producer("127.0.0.1", port=port, ssl_context=pki.client_context(guest_cert),
+                            username="ignored", password="ignored",
+                            sasl_configuration_mechanism=SlasMechanism.MechanismExternal) as p:
+            await p.create_stream("tls-ext")
+            await p.send_wait("tls-ext", AMQPMessage(body=b"by certificate"))
+        nobody = pki.issue("nobody-client", common_name="nobody")
+        with pytest.raises(AuthenticationFailure):  # response code AUTHENTICATION_FAILURE (0x08)
+            async with Producer("127.0.0.1", port=port, ssl_context=pki.client_context(nobody), username="x",
+                                password="x", sasl_configuration_mechanism=SlasMechanism.MechanismExternal):
+                pass
+        assert "user 'nobody' (from the client certificate) does not exist" in info.log()
+    finally:
+        info.stop()

@@ -2,7 +2,8 @@
 `Transport` port, time and timers from a `LoopClock` port (runtime/session/ports.py). No socket, no
 asyncio Protocol: protocol.py adapts a socket to it, and tests/streams/ drive it in memory.
 
-Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the node's login gate,
+Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the node's login gate, or
+EXTERNAL with a client certificate TLS verified,
 tune, open with the vhost access check), the table of which command each phase accepts, the frame
 limit (`stream_initial_frame_max` until open, then the negotiated frame_max), heartbeats, closing in
 both directions, the commands about streams (create, delete, metadata, stream stats, resolve offset
@@ -21,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.core.auth import PermissionKind, is_loopback_address, parse_amqplain, parse_plain
+from hutch.core.certs import CertLoginError, login_from_cert
 from hutch.core.logsafe import safe
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.broker.logins import LoginOutcome
@@ -101,6 +104,7 @@ class StreamConnection:
         self._last_sent = 0.0
         self.name = ""
         self.connected_at_ms = 0
+        self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
         self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
             c.DeclarePublisher: self.publishing.declare,
             c.Publish: self.publishing.publish,
@@ -136,6 +140,9 @@ class StreamConnection:
         self.peer, self.sock = peer, sock
         self.name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}"
         self.connected_at_ms = int(self.broker.wall_ms())
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.context.verify_mode != ssl.CERT_NONE:
+            self.peer_cert = ssl_object.getpeercert(binary_form=True)  # None: the client sent none
         self._last_recv = self._last_sent = self.clock.time()
         self._timer = self.clock.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
         self.hub.connections.add(self)
@@ -300,11 +307,16 @@ class StreamConnection:
                 "copyright": "the hutch authors", "information": "https://www.rabbitmq.com/ compatible"}
 
     def _mechanisms(self) -> list[str]:
-        return [m for m in self.broker.config.auth_mechanisms if m in ("PLAIN", "AMQPLAIN")]
+        """The configured mechanisms; EXTERNAL only with a client certificate TLS verified (as AMQP's)."""
+        return [m for m in self.broker.config.auth_mechanisms
+                if m in ("PLAIN", "AMQPLAIN") or (m == "EXTERNAL" and self.peer_cert)]
 
     def _authenticate(self, cmd: c.SaslAuthenticate) -> None:
         if cmd.mechanism not in self._mechanisms():
             self.send(c.SaslAuthenticateResponse(cmd.correlation_id, Code.SASL_MECHANISM_NOT_SUPPORTED))
+            return
+        if cmd.mechanism == "EXTERNAL":
+            self._external_login(cmd.correlation_id)
             return
         try:
             user, password = (parse_plain if cmd.mechanism == "PLAIN" else parse_amqplain)(cmd.data)
@@ -331,13 +343,38 @@ class StreamConnection:
             log.warning("stream connection %s: login refused: user '%s' - %s", self.name, safe(user), reason)
             self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
             return
+        self._logged_in(correlation_id, user)
+        self._drain()
+        self.flush()
+
+    def _logged_in(self, correlation_id: int, user: str) -> None:
         self.user_name = user
         self.phase = Phase.TUNE
         cfg = self.broker.config
         self.send(c.SaslAuthenticateResponse(correlation_id, Code.OK))
         self.send(c.Tune(cfg.stream_frame_max, cfg.stream_heartbeat_s))
-        self._drain()
-        self.flush()
+
+    def _external_login(self, correlation_id: int) -> None:
+        """EXTERNAL: the user the verified client certificate names (`ssl_cert_login_*`), which must
+        exist; no password. The loopback rule applies as to any login."""
+        assert self.peer_cert is not None
+        cfg = self.broker.config
+        self.auth_mechanism = "EXTERNAL"
+        try:
+            user = login_from_cert(self.peer_cert, cfg.ssl_cert_login_from, cfg.ssl_cert_login_san_type,
+                                   cfg.ssl_cert_login_san_index)
+        except CertLoginError as exc:
+            log.warning("stream connection %s: login refused: %s", self.name, exc)
+            self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
+            return
+        if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
+            self._refuse_login(correlation_id, Code.SASL_AUTHENTICATION_FAILURE_LOOPBACK)
+        elif self.broker.auth.get_user(user) is None:
+            log.warning("stream connection %s: login refused: user '%s' (from the client certificate) does "
+                        "not exist", self.name, safe(user))
+            self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
+        else:
+            self._logged_in(correlation_id, user)
 
     def _refuse_login(self, correlation_id: int, code: Code) -> None:
         self.send(c.SaslAuthenticateResponse(correlation_id, code))
