@@ -13,8 +13,9 @@ are its two halves (publishing.py, consuming.py).
 
 Errors: a refused request is a `CommandError` answered with its response code, and the connection
 stays; a frame that is too large or unknown (`FrameError`) makes the server send Close with that code
-and close the socket when the client answers (or after `CLOSE_GRACE_S`). Before open, anything
-unexpected closes the socket, as RabbitMQ does.
+and close the socket when the client answers (or after `CLOSE_GRACE_S`). A refused login or vhost is
+answered, then the socket closes after `CLOSE_GRACE_S`; anything else unexpected before open closes the
+socket at once, as RabbitMQ does.
 """
 
 from __future__ import annotations
@@ -378,8 +379,15 @@ class StreamConnection:
 
     def _refuse_login(self, correlation_id: int, code: Code) -> None:
         self.send(c.SaslAuthenticateResponse(correlation_id, code))
+        self._close_after_refusal()
+
+    def _close_after_refusal(self) -> None:
+        """The refusal is written; the socket goes when the client closes it or after CLOSE_GRACE_S
+        (closing at once can lose the refusal on the client's side of a TLS connection)."""
         self.flush()
-        self._abort()
+        self.phase = Phase.CLOSING
+        self.hold_reading("closing")
+        self.clock.call_later(CLOSE_GRACE_S, self._abort)
 
     def _tuned(self, frame_max: int, heartbeat_s: int) -> None:
         cfg = self.broker.config
@@ -398,8 +406,7 @@ class StreamConnection:
                 refused = True
         if refused or vhost is None:
             self.send(c.OpenResponse(cmd.correlation_id, Code.VIRTUAL_HOST_ACCESS_FAILURE))
-            self.flush()
-            self._abort()
+            self._close_after_refusal()
             return
         self.vhost = vhost
         self.phase = Phase.OPENED
