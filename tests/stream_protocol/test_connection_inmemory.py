@@ -316,3 +316,15 @@ async def test_an_internal_error_closes_only_that_connection(node: Node) -> None
     assert isinstance(close[0], c.Close) and close[0].closing_code == Code.INTERNAL_ERROR
     reply = await fine.request(c.Metadata(10, ["s1"]))
     assert isinstance(reply, c.MetadataResponse)
+
+
+async def test_a_stream_deleted_over_amqp_is_reported_to_its_publisher(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    vhost = node.vhosts["/"]
+    node.delete_queue(vhost, vhost.queues["s1"])  # as queue.delete or the management API do
+    pair.send(c.Publish(1, [c.PublishedEntry(7, b"late")]))
+    assert await pair.expect(2) == [c.PublishError(1, [(7, Code.STREAM_NOT_AVAILABLE)]),
+                                    c.MetadataUpdate(Code.STREAM_NOT_AVAILABLE, "s1")]
+    assert pair.conn.publishing.publishers == {}

@@ -175,7 +175,8 @@ class Consuming:
     def pump(self, sub: Subscription) -> None:
         """Send chunks while the subscription has credit and the transport takes them."""
         conn = self.conn
-        if sub.handle.closed:  # deleted by another path (AMQP 0-9-1, management): tell every user of it
+        if sub.handle.closed or conn.catalog.lookup(conn.vhost.name, sub.stream) is not sub.handle:
+            # deleted by another path (AMQP 0-9-1, management): tell every user of it
             conn.hub.stream_deleted(conn.vhost.name, sub.stream)
             return
         sent = skipped = 0

@@ -111,8 +111,11 @@ class Publishing:
     def _append(self, pub: Publisher, entries: list[ck.Entry], ids: list[int],
                 values: list[bytes | None] | None) -> None:
         reference = pub.reference.encode() if pub.reference else None
-        if pub.handle.closed:
+        conn = self.conn
+        if pub.handle.closed or conn.catalog.lookup(conn.vhost.name, pub.stream) is not pub.handle:
+            # deleted by another path (AMQP 0-9-1, management): tell every user of it
             self._error(pub.publisher_id, ids, Code.STREAM_NOT_AVAILABLE)
+            self.conn.hub.stream_deleted(self.conn.vhost.name, pub.stream)
             return
         try:
             appended = pub.handle.append(entries, publisher=reference, publishing_ids=ids if reference else None,
