@@ -183,6 +183,20 @@ class Config:
     # an HTTPS management listener was asked for (as RabbitMQ: then there is no plain HTTP listener).
     amqps_host: str = ""
     amqps_port: int | None = None
+    # The stream protocol (docs/streams.md): off unless a port is given (`stream.listeners.tcp.default`,
+    # `--stream-port`; RabbitMQ's is 5552 with rabbitmq_stream enabled), over TLS with `ssl_options.*` on
+    # `stream.listeners.ssl.default` (5551). Frames are bounded by `stream_initial_frame_max` until open,
+    # then by `stream_frame_max`; metadata answers advertise `stream_advertised_host`/`_port` when set
+    # (else the address the client connected to).
+    stream_host: str = ""
+    stream_port: int | None = None
+    stream_tls_host: str = ""
+    stream_tls_port: int | None = None
+    stream_frame_max: int = 1_048_576
+    stream_initial_frame_max: int = 8_192
+    stream_heartbeat_s: int = 60
+    stream_advertised_host: str = ""
+    stream_advertised_port: int | None = None
     ssl_options: TlsOptions = field(default_factory=TlsOptions)
     management_ssl_host: str = ""
     management_ssl_port: int | None = None
@@ -505,6 +519,13 @@ _FILE_KEYS: dict[str, _Parser] = {
     "prometheus.return_per_object_metrics":
         lambda text: {"prometheus_return_per_object_metrics": _parse_bool(text)},
     "listeners.ssl.default": _listener("amqps_host", "amqps_port", 5671),
+    "stream.listeners.tcp.default": _listener("stream_host", "stream_port", 5552),
+    "stream.listeners.ssl.default": _listener("stream_tls_host", "stream_tls_port", 5551),
+    "stream.frame_max": _int_field("stream_frame_max", 8192, 2**31 - 1),
+    "stream.initial_frame_max": _int_field("stream_initial_frame_max", 4096, 2**31 - 1),
+    "stream.heartbeat": _int_field("stream_heartbeat_s", 0, 65535),
+    "stream.advertised_host": _nonempty_field("stream_advertised_host"),
+    "stream.advertised_port": _int_field("stream_advertised_port", 1, 65535),
     "management.ssl.port": _int_field("management_ssl_port", 0, 65535),
     "management.ssl.ip": _host_field("management_ssl_host"),
     "ssl_cert_login_from": _choice_field("ssl_cert_login_from", CERT_LOGIN_FROM),
@@ -568,6 +589,8 @@ FLAGS: dict[str, str] = {
     "data_dir": "--data-dir",
     "amqp_port": "--amqp-port",
     "amqps_port": "--amqps-port",
+    "stream_port": "--stream-port",
+    "stream_tls_port": "--stream-tls-port",
     "management_port": "--management-port",
     "node_name": "--node-name",
     "log_level": "--log-level",
@@ -582,6 +605,8 @@ ENV_VARS: dict[str, str] = {
     "data_dir": "HUTCH_DATA_DIR",
     "amqp_port": "HUTCH_AMQP_PORT",
     "amqps_port": "HUTCH_AMQPS_PORT",
+    "stream_port": "HUTCH_STREAM_PORT",
+    "stream_tls_port": "HUTCH_STREAM_TLS_PORT",
     "management_port": "HUTCH_MANAGEMENT_PORT",
     "node_name": "HUTCH_NODE_NAME",
     "log_level": "HUTCH_LOG_LEVEL",
@@ -597,6 +622,8 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "data_dir": _nonempty_field("data_dir"),
     "amqp_port": _int_field("amqp_port", 0, 65535),
     "amqps_port": _int_field("amqps_port", 0, 65535),
+    "stream_port": _int_field("stream_port", 0, 65535),  # 0: any free port (reported)
+    "stream_tls_port": _int_field("stream_tls_port", 0, 65535),
     "management_port": _int_field("management_port", 0, 65535),
     "node_name": _parse_node_name,
     "log_level": _parse_log_level,
@@ -763,6 +790,7 @@ def _check_tls(merged: dict[str, Any]) -> None:
     As RabbitMQ, asking for an HTTPS management listener and no plain one turns the plain one off."""
     where = merged.get("config_file") or "the configuration"
     listeners = (("amqps_port", "ssl_options", "listeners.ssl.default"),
+                 ("stream_tls_port", "ssl_options", "stream.listeners.ssl.default"),
                  ("management_ssl_port", "management_ssl", "management.ssl.port"))
     for port_field, section, key in listeners:
         opts: TlsOptions = merged.get(section, TlsOptions())

@@ -2,10 +2,13 @@
 
 Every `import`/`from ... import` in `src/hutch` is read with `ast`, including those under
 `if TYPE_CHECKING:` and inside functions. The rules:
-- the pure packages (amqp, core, queues, raft, storage, cluster) never import runtime, mgmt or cli;
+- the pure packages (amqp, core, queues, raft, storage, cluster, streamproto) never import runtime, mgmt or
+  cli, and streamproto imports nothing of hutch but itself (stdlib only);
 - in the runtime: `session/` never imports the broker's node, `clustering/`, `queue_types/` or `app`;
   `broker/` never imports `session/`, `queue_types/`, `clustering/` or `app`; `clustering/` never imports
-  `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/` or `app`;
+  `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/`, `stream_session/`
+  or `app`; `stream_session/` never imports the broker's node, `clustering/`, `app` or the AMQP session
+  beyond its ports;
 - only `cli/server.py` imports `runtime/app.py` (the composition root);
 - no function-local import of a hutch module in the runtime (none dodges a cycle);
 - `runtime/ports.py`, which every runtime layer depends on, imports no runtime module (not even under
@@ -21,7 +24,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PURE = ("amqp", "core", "queues", "raft", "storage", "cluster")
+PURE = ("amqp", "core", "queues", "raft", "storage", "cluster", "streamproto")
 
 FORBIDDEN = {
     "hutch.runtime.session": ("hutch.runtime.broker.node", "hutch.runtime.clustering",
@@ -30,7 +33,12 @@ FORBIDDEN = {
                              "hutch.runtime.clustering", "hutch.runtime.app"),
     "hutch.runtime.clustering": ("hutch.runtime.broker", "hutch.runtime.queue_types",
                                  "hutch.runtime.session", "hutch.runtime.app"),
-    "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app"),
+    "hutch.runtime.queue_types": ("hutch.runtime.session", "hutch.runtime.app", "hutch.runtime.stream_session"),
+    # the stream protocol's session: the stream queue type only through its handle (the seam) and its
+    # own port; of the AMQP session only the shapes in session/ports.py
+    "hutch.runtime.stream_session": ("hutch.runtime.broker.node", "hutch.runtime.clustering",
+                                     "hutch.runtime.session.connection", "hutch.runtime.session.channel",
+                                     "hutch.runtime.session.protocol", "hutch.runtime.app"),
     # shovels and federation are AMQP clients: they reach the node through a session (the in-process pipe)
     # and the parameter store, never its queue types, clustering or the node class
     "hutch.runtime.shovel": ("hutch.runtime.broker.node", "hutch.runtime.queue_types", "hutch.runtime.clustering",
@@ -184,3 +192,10 @@ def test_the_cycle_check_sees_a_type_only_edge():
     probe = SRC / "hutch" / "queues" / "quorum" / "deadletter.py"
     found = [name for name, _ in imports(probe)]
     assert "hutch.queues.quorum.messages.LiveIndexes" in found  # imported only for type checking
+
+
+def test_the_stream_protocol_codec_is_stdlib_only():
+    bad = [f"{module_name(p)} imports {name}" for p in (SRC / "hutch" / "streamproto").rglob("*.py")
+           for name, _ in imports(p)
+           if name.startswith("hutch") and not name.startswith("hutch.streamproto")]
+    assert bad == []

@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         "config file, see docs/security.md)",
     )
     parser.add_argument(
+        "--stream-port", metavar="N", type=int,
+        help="stream protocol listener port (env HUTCH_STREAM_PORT; default: none, RabbitMQ's is 5552; "
+        "0: any free port; see docs/streams.md)",
+    )
+    parser.add_argument(
+        "--stream-tls-port", metavar="N", type=int,
+        help="stream protocol over TLS port (env HUTCH_STREAM_TLS_PORT; default: none; needs ssl_options.*)",
+    )
+    parser.add_argument(
         "--management-port",
         metavar="N",
         type=int,
@@ -136,6 +145,8 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "data_dir": args.data_dir,
         "amqp_port": args.amqp_port,
         "amqps_port": args.amqps_port,
+        "stream_port": args.stream_port,
+        "stream_tls_port": args.stream_tls_port,
         "management_port": args.management_port,
         "node_name": args.node_name,
         "log_level": args.log_level,

@@ -62,6 +62,7 @@ from . import (
     quorum_routes,
     routes,
     stats,
+    stream_routes,
     system,
     ui,
 )
@@ -547,4 +548,4 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
 
 
 __all__ = ["NO_CONTENT", "ROUTES", "Call", "Route", "Status", "build_app", "limits_routes", "parameters", "route", "routes",
-           "start_management"]
+           "start_management", "stream_routes"]

@@ -3,9 +3,10 @@
 Owns: building a node (`build_node`: the broker's `Node`, its definitions store, the classic message
 store, the queue types in the order records are offered to them), making it clustered (`cluster_node`:
 the cluster service and the queue types' inter-node services), the AMQP listener and the AMQP-over-TLS
-listener with certificate reloading (runtime/tls.py), the node's life from start to SIGTERM (`serve`),
-announcing the ports its listeners bound (the log and the ports file, hutch/portfile.py), the garbage
-collector's tuning and the event loop (`run_node`).
+listener with certificate reloading (runtime/tls.py), the stream protocol's listeners and streams
+(`start_streams`), the node's life from start to SIGTERM (`serve`), announcing the ports its listeners
+bound (the log and the ports file, hutch/portfile.py), the garbage collector's tuning and the event
+loop (`run_node`).
 
 Rules:
 - Only `cli/server.py` (and tests that need a node in their own process) import this module.
@@ -46,6 +47,9 @@ from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.shovel.service import ShovelService, service_for
+from hutch.runtime.stream_session.catalog import QueueCatalog
+from hutch.runtime.stream_session.hub import StreamHub
+from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
 from hutch.storage.dirlock import DataDirLock, DataDirLocked
@@ -128,6 +132,57 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     node.amqps_port = node.listener_ports["amqps"] = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
+
+
+async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
+    """The stream protocol's listeners (`stream.listeners.tcp.default`, `stream.listeners.ssl.default`
+    with `ssl_options.*`) and the streams they serve, when a port is configured; returns what stops them.
+    Raises OSError (with `hutch_listener` naming the listener) or TlsConfigError."""
+    cfg = node.config
+    if cfg.stream_port is None and cfg.stream_tls_port is None:
+        return None
+    hub = StreamHub(node, QueueCatalog(node))
+    node.streams = hub  # what management lists (mgmt/stream_routes.py)
+    loop = asyncio.get_running_loop()
+    servers: list[asyncio.base_events.Server] = []
+
+    async def stop() -> None:
+        for server in servers:
+            server.close()
+        for conn in list(hub.connections):
+            conn.close_forced("broker forced connection closure")
+        node.streams = None
+
+    try:
+        if cfg.stream_port is not None:
+            server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host,
+                                                cfg.stream_port, backlog=1024, reuse_address=True)
+            servers.append(server)
+            hub.port = node.listener_ports["stream"] = server.sockets[0].getsockname()[1]
+            log.info("stream protocol listener started on %s:%d", listen.display_host(cfg.stream_host), hub.port)
+        if cfg.stream_tls_port is not None:
+            ctx = node.tls.server_context("ssl_options")
+            assert ctx is not None  # the config requires ssl_options.certfile with stream.listeners.ssl.default
+            # as AMQP over TLS: counted from the accept, its own handshake timeout and slots (runtime/tls_accept.py)
+            pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
+            slots = listen.SourceSlots(pending, max(1, pending // 4))
+            timeout_s = cfg.ssl_handshake_timeout_ms / 1000
+            server = await listen.create_server(
+                loop, lambda: TlsAccept(SlotGate(lambda: StreamProtocol(hub, tls=True), slots, "stream protocol over TLS"),
+                                        node.tls.current("ssl_options"), timeout_s),
+                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True)
+            servers.append(server)
+            hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
+            log.info("stream protocol over TLS listener started on %s:%d",
+                     listen.display_host(cfg.stream_tls_host), hub.tls_port)
+    except OSError as exc:
+        await stop()
+        exc.hutch_listener = f"the stream protocol on port {cfg.stream_port if not servers else cfg.stream_tls_port}"  # type: ignore[attr-defined]  # read by serve's one-line error
+        raise
+    except TlsConfigError:
+        await stop()
+        raise
+    return stop
 
 
 def _cluster_tls(node: Node, cluster: ClusterService) -> None:
@@ -260,6 +315,20 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     stoppers: list[Callable[[], Awaitable[None]]] = [await start_shovels(node, cluster)]
     if tls_server is not None:
         stoppers.append(_closer(tls_server))
+    try:
+        streams = await start_streams(node)
+    except TlsConfigError as exc:
+        print(f"hutch-server: cannot listen for the stream protocol over TLS on port {config.stream_tls_port}: "
+              f"{exc}", file=sys.stderr)
+        await stop_node(node, server)
+        return 1
+    except OSError as exc:
+        print(f"hutch-server: cannot listen for {getattr(exc, 'hutch_listener', 'the stream protocol')}: "
+              f"{_listen_error(exc)}", file=sys.stderr)
+        await stop_node(node, server)
+        return 1
+    if streams is not None:
+        stoppers.append(streams)
     try:
         for service in services:
             stoppers.append(await service(node))

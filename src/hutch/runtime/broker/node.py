@@ -126,6 +126,7 @@ class Node:
         # every listener's bound port by name ("amqp", "amqps", "management", "management_ssl", "cluster"),
         # set where it binds; runtime/app.py writes them to the ports file once the node is up (portfile.py)
         self.listener_ports: dict[str, int] = {}
+        self.streams: Any = None  # the stream protocol's StreamHub while its listener runs (runtime/app.py)
         self.tls = NodeTls(config)  # TLS contexts of every listener, and certificate reloads
         self._tick_handle: asyncio.TimerHandle | None = None
         self.monitor_resources = monitor_resources

@@ -1,0 +1,619 @@
+"""A stream-protocol connection as a state machine: bytes in through `receive_data`, frames out through a
+`Transport` port, time and timers from a `LoopClock` port (runtime/session/ports.py). No socket, no
+asyncio Protocol: protocol.py adapts a socket to it, and tests/streams/ drive it in memory.
+
+Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the node's login gate, or
+EXTERNAL with a client certificate TLS verified,
+tune, open with the vhost access check), the table of which command each phase accepts, the frame
+limit (`stream_initial_frame_max` until open, then the negotiated frame_max), heartbeats, closing in
+both directions, the commands about streams (create, delete, metadata, stream stats, resolve offset
+spec, exchange command versions), super streams (super_streams.py), and the output buffer (written once
+per batch of input, or on the next loop turn for output made by callbacks). Publishing and consuming
+are its two halves (publishing.py, consuming.py).
+
+Errors: a refused request is a `CommandError` answered with its response code, and the connection
+stays; a frame that is too large or unknown (`FrameError`) makes the server send Close with that code
+and close the socket when the client answers (or after `CLOSE_GRACE_S`). A refused login or vhost is
+answered, then the socket closes after `CLOSE_GRACE_S`; anything else unexpected before open closes the
+socket at once, as RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from hutch import __version__
+from hutch.amqp.errors import AMQPError
+from hutch.core.auth import PermissionKind, is_loopback_address, parse_amqplain, parse_plain
+from hutch.core.certs import CertLoginError, login_from_cert
+from hutch.core.logsafe import safe
+from hutch.core.vhost import VirtualHost
+from hutch.runtime.broker.logins import LoginOutcome
+from hutch.runtime.queue_types.stream.handle import StreamHandle
+from hutch.runtime.session.ports import LoopClock, TimerHandle, Transport
+from hutch.runtime.stream_session import super_streams
+from hutch.runtime.stream_session.consuming import Consuming, core_spec
+from hutch.runtime.stream_session.hub import StreamHub
+from hutch.runtime.stream_session.ports import StreamExists, StreamRefused
+from hutch.runtime.stream_session.publishing import Publishing
+from hutch.streamproto import commands as c
+from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
+from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError
+from hutch.streamproto.framer import FrameReader
+
+log = logging.getLogger("hutch.stream")
+
+CLOSE_GRACE_S = 1.0
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class Phase(enum.IntEnum):
+    PEER_PROPERTIES = 0
+    SASL_HANDSHAKE = 1
+    AUTHENTICATE = 2
+    AUTHENTICATING = 3
+    TUNE = 4
+    OPEN = 5
+    OPENED = 6
+    CLOSING = 7
+    CLOSED = 8
+
+
+# what each phase before OPENED accepts (heartbeat and close are accepted in every phase)
+PRE_OPEN: dict[Phase, tuple[type[c.Command], ...]] = {
+    Phase.PEER_PROPERTIES: (c.PeerProperties,),
+    Phase.SASL_HANDSHAKE: (c.SaslHandshake,),
+    Phase.AUTHENTICATE: (c.SaslHandshake, c.SaslAuthenticate),
+    Phase.TUNE: (c.Tune, c.TuneResponse),
+    Phase.OPEN: (c.Open,),
+}
+
+
+class StreamConnection:
+    def __init__(self, hub: StreamHub, clock: LoopClock, tls: bool = False) -> None:
+        self.hub = hub
+        self.broker = hub.broker
+        self.catalog = hub.catalog
+        self.clock = clock
+        self.tls = tls
+        cfg = hub.broker.config
+        self.reader = FrameReader(cfg.stream_initial_frame_max)
+        self.phase = Phase.PEER_PROPERTIES
+        self.transport: Transport | None = None
+        self.peer: tuple[str, int] = ("?", 0)
+        self.sock: tuple[str, int] = ("?", 0)
+        self.out: list[bytes] = []
+        self.client_properties: dict[str, str] = {}
+        self.user_name = ""
+        self.auth_mechanism = ""
+        self.vhost: VirtualHost = VirtualHost("")
+        self.frame_max = cfg.stream_frame_max
+        self.heartbeat_s = 0
+        self.publishing = Publishing(self)
+        self.consuming = Consuming(self)
+        self._holds: set[str] = set()
+        self._writing_paused = False
+        self._flush_scheduled = False
+        self._correlation = 0
+        self._timer: TimerHandle | None = None
+        self._last_recv = 0.0
+        self._last_sent = 0.0
+        self.name = ""
+        self.connected_at_ms = 0
+        self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
+        self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
+            c.DeclarePublisher: self.publishing.declare,
+            c.Publish: self.publishing.publish,
+            c.QueryPublisherSequence: self.publishing.query_sequence,
+            c.DeletePublisher: self.publishing.delete,
+            c.Subscribe: self.consuming.subscribe,
+            c.Credit: self.consuming.credit,
+            c.StoreOffset: self.consuming.store_offset,
+            c.QueryOffset: self.consuming.query_offset,
+            c.Unsubscribe: self.consuming.unsubscribe,
+            c.ConsumerUpdateResponse: self.consuming.consumer_update_answered,
+            c.Create: self._create,
+            c.Delete: self._delete,
+            c.Metadata: self._metadata,
+            c.Route: self._route,
+            c.Partitions: self._partitions,
+            c.ExchangeCommandVersions: self._command_versions,
+            c.StreamStats: self._stream_stats,
+            c.CreateSuperStream: self._create_super_stream,
+            c.DeleteSuperStream: self._delete_super_stream,
+            c.ResolveOffsetSpec: self._resolve_offset_spec,
+            c.PeerProperties: self._unexpected,
+            c.SaslHandshake: self._unexpected,
+            c.SaslAuthenticate: self._unexpected,
+            c.Open: self._unexpected,
+            c.Tune: self._unexpected,
+            c.TuneResponse: self._unexpected,
+        }
+
+    # -- the transport's side ----------------------------------------------------------------------
+    def connection_made(self, transport: Transport, peer: tuple[str, int], sock: tuple[str, int]) -> None:
+        self.transport = transport
+        self.peer, self.sock = peer, sock
+        self.name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}"
+        self.connected_at_ms = int(self.broker.wall_ms())
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.context.verify_mode != ssl.CERT_NONE:
+            self.peer_cert = ssl_object.getpeercert(binary_form=True)  # None: the client sent none
+        self._last_recv = self._last_sent = self.clock.time()
+        self._timer = self.clock.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+        self.hub.connections.add(self)
+
+    def receive_data(self, data: bytes) -> None:
+        if self.phase == Phase.CLOSED:
+            return
+        self._last_recv = self.clock.time()
+        self.reader.feed(data)
+        self._drain()
+        self.flush()
+
+    def _drain(self) -> None:
+        try:
+            for frame in self.reader.frames():
+                if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
+                    return
+                self._handle(c.decode(frame))
+        except FrameError as exc:
+            self._fatal(exc)
+        except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
+            log.exception("stream connection %s: internal error", self.name)
+            self._fatal(StreamProtocolError(f"internal error: {type(exc).__name__}", Code.INTERNAL_ERROR))
+
+    def connection_lost(self) -> None:
+        if self.phase == Phase.CLOSED:
+            return
+        self.phase = Phase.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        self.consuming.close_all()
+        self.publishing.publishers.clear()
+        self.hub.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        """The client does not read fast enough: no deliveries, and no input (whose answers would grow
+        the write buffer without bound) until the buffer drains."""
+        self._writing_paused = True
+        self.hold_reading("output")
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self.release_reading("output")
+        self.consuming.pump_all()
+        self.flush()
+
+    # -- output ------------------------------------------------------------------------------------
+    def send(self, cmd: c.Command) -> None:
+        self.out.append(c.encode(cmd))
+
+    def respond(self, cmd: Any, code: Code) -> None:
+        self.out.append(c.encode(c.Response(c.request_key(cmd), cmd.correlation_id, code)))
+
+    def flush(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(self.out)
+            self.out.clear()
+            self.transport.write(data)
+            self._last_sent = self.clock.time()
+        else:
+            self.out.clear()
+
+    def want_flush(self) -> None:
+        """Output made outside a read (a settled append, a SAC change): written on the next loop turn."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.clock.call_soon(self._deferred_flush)
+
+    def _deferred_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
+    def can_deliver(self) -> bool:
+        return not self._writing_paused and self.phase == Phase.OPENED
+
+    def hold_reading(self, reason: str) -> None:
+        if not self._holds and self.transport is not None:
+            self.transport.pause_reading()
+        self._holds.add(reason)
+
+    def release_reading(self, reason: str) -> None:
+        if reason in self._holds:
+            self._holds.discard(reason)
+            if not self._holds and self.transport is not None and self.phase != Phase.CLOSED:
+                self.transport.resume_reading()
+
+    def next_correlation_id(self) -> int:
+        self._correlation = (self._correlation + 1) & 0xFFFFFFFF
+        return self._correlation
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    def _handle(self, cmd: c.Command) -> None:
+        if isinstance(cmd, c.Heartbeat):
+            return
+        if isinstance(cmd, c.Close):
+            self.send(c.Response(Key.CLOSE, cmd.correlation_id, Code.OK))
+            self.flush()
+            self._abort()
+            return
+        if isinstance(cmd, c.Response) and cmd.key == Key.CLOSE:
+            self._abort()  # the client answered our close
+            return
+        if self.phase == Phase.CLOSING:
+            return
+        if self.phase < Phase.OPENED:
+            self._handshake(cmd)
+            return
+        handler = self._dispatch.get(type(cmd))
+        if handler is None:
+            raise FrameError(f"unexpected command {type(cmd).__name__}")
+        try:
+            handler(cmd)
+        except CommandError as exc:
+            correlation_id = getattr(cmd, "correlation_id", None)
+            if correlation_id is None:
+                log.info("stream connection %s: %s refused: %s", self.name, type(cmd).__name__, exc.text)
+                return
+            self._refuse(cmd, exc)
+
+    def _refuse(self, cmd: c.Command, exc: CommandError) -> None:
+        code = exc.code
+        if isinstance(cmd, c.QueryOffset):
+            self.send(c.QueryOffsetResponse(cmd.correlation_id, code, 0))
+        elif isinstance(cmd, c.QueryPublisherSequence):
+            self.send(c.QueryPublisherSequenceResponse(cmd.correlation_id, code, 0))
+        elif isinstance(cmd, c.Route | c.Partitions):
+            response = c.RouteResponse if isinstance(cmd, c.Route) else c.PartitionsResponse
+            self.send(response(cmd.correlation_id, code, []))
+        elif isinstance(cmd, c.StreamStats):
+            self.send(c.StreamStatsResponse(cmd.correlation_id, code, {}))
+        elif isinstance(cmd, c.ResolveOffsetSpec):
+            self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, code, OffsetType.OFFSET, 0))
+        else:
+            self.respond(cmd, code)
+
+    def _unexpected(self, cmd: c.Command) -> None:
+        raise FrameError(f"unexpected {type(cmd).__name__} on an open connection")
+
+    # -- handshake ---------------------------------------------------------------------------------
+    def _handshake(self, cmd: c.Command) -> None:
+        if not isinstance(cmd, PRE_OPEN.get(self.phase, ())):
+            log.warning("stream connection %s: unexpected %s before open", self.name, type(cmd).__name__)
+            self._abort()
+            return
+        if isinstance(cmd, c.PeerProperties):
+            self.client_properties = cmd.properties
+            self.send(c.PeerPropertiesResponse(cmd.correlation_id, Code.OK, self._server_properties()))
+            self.phase = Phase.SASL_HANDSHAKE
+        elif isinstance(cmd, c.SaslHandshake):
+            self.send(c.SaslHandshakeResponse(cmd.correlation_id, Code.OK, self._mechanisms()))
+            self.phase = Phase.AUTHENTICATE
+        elif isinstance(cmd, c.SaslAuthenticate):
+            self._authenticate(cmd)
+        elif isinstance(cmd, c.Tune | c.TuneResponse):
+            self._tuned(cmd.frame_max, cmd.heartbeat_s)
+        elif isinstance(cmd, c.Open):
+            self._open(cmd)
+
+    def _server_properties(self) -> dict[str, str]:
+        return {"product": "hutch", "version": __version__, "platform": "Python",
+                "cluster_name": self.broker.config.cluster_name or self.broker.name,
+                "copyright": "the hutch authors", "information": "https://www.rabbitmq.com/ compatible"}
+
+    def _mechanisms(self) -> list[str]:
+        """The configured mechanisms; EXTERNAL only with a client certificate TLS verified (as AMQP's)."""
+        return [m for m in self.broker.config.auth_mechanisms
+                if m in ("PLAIN", "AMQPLAIN") or (m == "EXTERNAL" and self.peer_cert)]
+
+    def _authenticate(self, cmd: c.SaslAuthenticate) -> None:
+        if cmd.mechanism not in self._mechanisms():
+            self.send(c.SaslAuthenticateResponse(cmd.correlation_id, Code.SASL_MECHANISM_NOT_SUPPORTED))
+            return
+        if cmd.mechanism == "EXTERNAL":
+            self._external_login(cmd.correlation_id)
+            return
+        try:
+            user, password = (parse_plain if cmd.mechanism == "PLAIN" else parse_amqplain)(cmd.data)
+        except ValueError:
+            self.send(c.SaslAuthenticateResponse(cmd.correlation_id, Code.SASL_ERROR))
+            return
+        if user in self.broker.config.loopback_users and not is_loopback_address(self.peer[0]):
+            log.warning("stream connection %s: user '%s' can only connect via localhost", self.name, safe(user))
+            self._refuse_login(cmd.correlation_id, Code.SASL_AUTHENTICATION_FAILURE_LOOPBACK)
+            return
+        self.auth_mechanism = cmd.mechanism
+        self.phase = Phase.AUTHENTICATING
+        self.hold_reading("auth")
+        fut = asyncio.ensure_future(self.broker.logins.check(user, password, self.peer[0]))
+        fut.add_done_callback(lambda f: self._auth_done(f, cmd.correlation_id, user))
+
+    def _auth_done(self, fut: asyncio.Future[LoginOutcome], correlation_id: int, user: str) -> None:
+        if self.phase != Phase.AUTHENTICATING:
+            return
+        self.release_reading("auth")
+        outcome = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        if outcome is None or outcome.user is None:
+            reason = outcome.reason if outcome is not None else "internal error"
+            log.warning("stream connection %s: login refused: user '%s' - %s", self.name, safe(user), reason)
+            self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
+            return
+        self._logged_in(correlation_id, user)
+        self._drain()
+        self.flush()
+
+    def _logged_in(self, correlation_id: int, user: str) -> None:
+        self.user_name = user
+        self.phase = Phase.TUNE
+        cfg = self.broker.config
+        self.send(c.SaslAuthenticateResponse(correlation_id, Code.OK))
+        self.send(c.Tune(cfg.stream_frame_max, cfg.stream_heartbeat_s))
+
+    def _external_login(self, correlation_id: int) -> None:
+        """EXTERNAL: the user the verified client certificate names (`ssl_cert_login_*`), which must
+        exist; no password. The loopback rule applies as to any login."""
+        assert self.peer_cert is not None
+        cfg = self.broker.config
+        self.auth_mechanism = "EXTERNAL"
+        try:
+            user = login_from_cert(self.peer_cert, cfg.ssl_cert_login_from, cfg.ssl_cert_login_san_type,
+                                   cfg.ssl_cert_login_san_index)
+        except CertLoginError as exc:
+            log.warning("stream connection %s: login refused: %s", self.name, exc)
+            self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
+            return
+        if user in cfg.loopback_users and not is_loopback_address(self.peer[0]):
+            self._refuse_login(correlation_id, Code.SASL_AUTHENTICATION_FAILURE_LOOPBACK)
+        elif self.broker.auth.get_user(user) is None:
+            log.warning("stream connection %s: login refused: user '%s' (from the client certificate) does "
+                        "not exist", self.name, safe(user))
+            self._refuse_login(correlation_id, Code.AUTHENTICATION_FAILURE)
+        else:
+            self._logged_in(correlation_id, user)
+
+    def _refuse_login(self, correlation_id: int, code: Code) -> None:
+        self.send(c.SaslAuthenticateResponse(correlation_id, code))
+        self._close_after_refusal()
+
+    def _close_after_refusal(self) -> None:
+        """The refusal is written; the socket goes when the client closes it or after CLOSE_GRACE_S
+        (closing at once can lose the refusal on the client's side of a TLS connection)."""
+        self.flush()
+        self.phase = Phase.CLOSING
+        self.hold_reading("closing")
+        self.clock.call_later(CLOSE_GRACE_S, self._abort)
+
+    def _tuned(self, frame_max: int, heartbeat_s: int) -> None:
+        cfg = self.broker.config
+        self.frame_max = min(frame_max or cfg.stream_frame_max, cfg.stream_frame_max)
+        self.heartbeat_s = heartbeat_s
+        self.phase = Phase.OPEN
+
+    def _open(self, cmd: c.Open) -> None:
+        vhost = self.broker.vhosts.get(cmd.virtual_host)
+        refused = vhost is None or not self.broker.auth.can_access_vhost(self.user_name, cmd.virtual_host)
+        if not refused:
+            try:
+                self.broker.check_connection_limits(cmd.virtual_host, self.user_name)
+            except AMQPError as exc:
+                log.warning("stream connection %s: %s", self.name, exc)
+                refused = True
+        if refused or vhost is None:
+            self.send(c.OpenResponse(cmd.correlation_id, Code.VIRTUAL_HOST_ACCESS_FAILURE))
+            self._close_after_refusal()
+            return
+        self.vhost = vhost
+        self.phase = Phase.OPENED
+        self.reader.frame_max = self.frame_max
+        host, port = self.advertised()
+        self.send(c.OpenResponse(cmd.correlation_id, Code.OK, {"advertised_host": host,
+                                                               "advertised_port": str(port)}))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat_s:
+            self._timer = self.clock.call_later(self.heartbeat_s, self._heartbeat_tick)
+
+    def advertised(self) -> tuple[str, int]:
+        cfg = self.broker.config
+        host = cfg.stream_advertised_host or self.sock[0]
+        port = cfg.stream_advertised_port or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
+        return host, port
+
+    # -- timers and closing ------------------------------------------------------------------------
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.phase < Phase.OPENED:
+            log.warning("stream connection %s: handshake timeout", self.name)
+            self._abort()
+
+    def _heartbeat_tick(self) -> None:
+        if self.phase != Phase.OPENED:
+            return
+        now = self.clock.time()
+        if now - self._last_recv > self.heartbeat_s * 2:
+            log.warning("stream connection %s: missed heartbeats from client, timeout: %ss", self.name,
+                        self.heartbeat_s)
+            self._abort()
+            return
+        if now - self._last_sent >= self.heartbeat_s * 0.9:
+            self.send(c.Heartbeat())
+            self.flush()
+        self._timer = self.clock.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
+
+    def _fatal(self, exc: StreamProtocolError) -> None:
+        """Close with `exc`'s code: the client answers, or the socket goes after CLOSE_GRACE_S."""
+        log.warning("stream connection %s: %s", self.name, exc.text)
+        if self.phase < Phase.OPENED:
+            self._abort()
+            return
+        self.phase = Phase.CLOSING
+        self.send(c.Close(self.next_correlation_id(), exc.code, exc.text))
+        self.flush()
+        self.hold_reading("closing")
+        self.clock.call_later(CLOSE_GRACE_S, self._abort)
+
+    def close_forced(self, reason: str) -> None:
+        self._fatal(StreamProtocolError(reason, Code.OK))
+
+    def _abort(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        self.connection_lost()
+
+    def stream_gone(self, vhost: str, stream: str) -> None:
+        if self.phase != Phase.OPENED or vhost != self.vhost.name:
+            return
+        if self.publishing.stream_gone(stream) | self.consuming.stream_gone(stream):
+            self.send(c.MetadataUpdate(Code.STREAM_NOT_AVAILABLE, stream))
+            self.want_flush()
+
+    def info(self) -> dict[str, Any]:
+        """What management shows of this connection (RabbitMQ's stream connection fields)."""
+        return {"name": self.name, "vhost": self.vhost.name, "user": self.user_name, "node": self.broker.name,
+                "host": self.sock[0], "port": self.sock[1], "peer_host": self.peer[0], "peer_port": self.peer[1],
+                "ssl": self.tls, "frame_max": self.frame_max, "heartbeat": self.heartbeat_s,
+                "auth_mechanism": self.auth_mechanism, "connected_at": self.connected_at_ms,
+                "client_properties": dict(self.client_properties), "state": self.phase.name.lower(),
+                "publishers": len(self.publishing.publishers),
+                "subscriptions": len(self.consuming.subscriptions)}
+
+    # -- access ------------------------------------------------------------------------------------
+    def permitted(self, kind: PermissionKind, stream: str) -> bool:
+        return self.broker.auth.check(self.user_name, self.vhost.name, kind, stream, "queue")
+
+    def check_permission(self, kind: PermissionKind, stream: str) -> None:
+        if not self.permitted(kind, stream):
+            raise CommandError(f"{kind} access to stream {stream} refused for user {self.user_name}",
+                               Code.ACCESS_REFUSED)
+
+    def stream_handle(self, stream: str) -> StreamHandle:
+        handle = self.catalog.lookup(self.vhost.name, stream)
+        if handle is None:
+            raise CommandError(f"stream {stream} does not exist", Code.STREAM_DOES_NOT_EXIST)
+        if handle.closed or handle.failed is not None:
+            raise CommandError(f"stream {stream} is not available", Code.STREAM_NOT_AVAILABLE)
+        return handle
+
+    # -- streams -----------------------------------------------------------------------------------
+    def _async(self, cmd: Any, work: Any) -> None:
+        """Run a request that awaits (creating or deleting a stream's files) with the input held, so
+        later commands see its result; the response (or the refusal) is sent when it is done."""
+        self.hold_reading("request")
+
+        async def run() -> None:
+            try:
+                await work
+            except CommandError as exc:
+                self._refuse(cmd, exc)
+            except super_streams.SuperStreamError as exc:
+                self._refuse(cmd, CommandError(exc.text, exc.code))
+            except (AMQPError, OSError) as exc:
+                self._refuse(cmd, CommandError(str(exc), Code.INTERNAL_ERROR))
+            else:
+                self.respond(cmd, Code.OK)
+            self.release_reading("request")
+            self.flush()
+
+        asyncio.ensure_future(run())
+
+    def _create(self, cmd: c.Create) -> None:
+        try:
+            name = super_streams.check_name(cmd.stream)
+        except super_streams.SuperStreamError as exc:
+            raise CommandError(exc.text, exc.code) from None
+        self.check_permission("configure", name)
+        self._async(cmd, self._create_stream(name, cmd.arguments))
+
+    async def _create_stream(self, name: str, arguments: dict[str, str]) -> None:
+        try:
+            await self.catalog.create(self.vhost.name, name, arguments)
+        except StreamExists:
+            raise CommandError(f"stream {name} exists", Code.STREAM_ALREADY_EXISTS) from None
+        except StreamRefused as exc:
+            raise CommandError(exc.text, exc.code) from None
+
+    def _delete(self, cmd: c.Delete) -> None:
+        self.check_permission("configure", cmd.stream)
+        if not self.catalog.is_stream(self.vhost.name, cmd.stream):
+            raise CommandError(f"stream {cmd.stream} does not exist", Code.STREAM_DOES_NOT_EXIST)
+        self._async(cmd, self._delete_stream(cmd.stream))
+
+    async def _delete_stream(self, name: str) -> None:
+        if not await self.catalog.delete(self.vhost.name, name):
+            raise CommandError(f"stream {name} does not exist", Code.STREAM_DOES_NOT_EXIST)
+        self.hub.stream_deleted(self.vhost.name, name)
+
+    def _metadata(self, cmd: c.Metadata) -> None:
+        host, port = self.advertised()
+        entries: list[tuple[str, int, int, list[int]]] = []
+        for stream in dict.fromkeys(cmd.streams):
+            handle = self.catalog.lookup(self.vhost.name, stream)
+            if handle is None:
+                entries.append((stream, Code.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+            elif not self.permitted("read", stream) and not self.permitted("write", stream):
+                entries.append((stream, Code.ACCESS_REFUSED, 0xFFFF, []))
+            else:
+                entries.append((stream, Code.OK, 0, []))
+        self.send(c.MetadataResponse(cmd.correlation_id, [(0, host, port)], entries))
+
+    def _stream_stats(self, cmd: c.StreamStats) -> None:
+        handle = self.stream_handle(cmd.stream)
+        self.check_permission("read", cmd.stream)
+        stats = {"first_chunk_id": handle.first_offset if handle.last_chunk_id >= 0 else -1,
+                 "committed_chunk_id": handle.committed_chunk_id}
+        self.send(c.StreamStatsResponse(cmd.correlation_id, Code.OK, stats))
+
+    def _resolve_offset_spec(self, cmd: c.ResolveOffsetSpec) -> None:
+        handle = self.stream_handle(cmd.stream)
+        self.check_permission("read", cmd.stream)
+        offset = handle.reader(core_spec(cmd.offset)).next_offset
+        self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, Code.OK, OffsetType.OFFSET, offset))
+
+    def _command_versions(self, cmd: c.ExchangeCommandVersions) -> None:
+        for key, _low, high in cmd.versions:
+            if key == Key.DELIVER and high >= 2:
+                self.consuming.deliver_version = 2
+        table = [(int(k), low, high) for k, (low, high) in SERVER_VERSIONS.items()]
+        self.send(c.ExchangeCommandVersionsResponse(cmd.correlation_id, Code.OK, table))
+
+    # -- super streams -----------------------------------------------------------------------------
+    def _route(self, cmd: c.Route) -> None:
+        if not self.broker.auth.check(self.user_name, self.vhost.name, "write", cmd.super_stream, "exchange"):
+            raise CommandError("write access refused", Code.ACCESS_REFUSED)
+        try:
+            streams = super_streams.route(self.vhost, cmd.super_stream, cmd.routing_key)
+        except super_streams.SuperStreamError as exc:
+            raise CommandError(exc.text, exc.code) from None
+        self.send(c.RouteResponse(cmd.correlation_id, Code.OK, streams))
+
+    def _partitions(self, cmd: c.Partitions) -> None:
+        try:
+            streams = super_streams.partitions(self.vhost, cmd.super_stream)
+        except super_streams.SuperStreamError as exc:
+            raise CommandError(exc.text, exc.code) from None
+        self.send(c.PartitionsResponse(cmd.correlation_id, Code.OK, streams))
+
+    def _create_super_stream(self, cmd: c.CreateSuperStream) -> None:
+        for name in (cmd.name, *cmd.partitions):
+            self.check_permission("configure", name)
+        self._async(cmd, super_streams.create(self.broker, self.catalog, self.vhost, cmd.name, cmd.partitions,
+                                              cmd.binding_keys, cmd.arguments))
+
+    def _delete_super_stream(self, cmd: c.DeleteSuperStream) -> None:
+        self.check_permission("configure", cmd.name)
+        if cmd.name not in self.vhost.exchanges:
+            raise CommandError(f"super stream {cmd.name} does not exist", Code.STREAM_DOES_NOT_EXIST)
+        streams = super_streams.partitions(self.vhost, cmd.name)
+        self._async(cmd, self._delete_super(cmd.name, streams))
+
+    async def _delete_super(self, name: str, streams: list[str]) -> None:
+        await super_streams.delete(self.broker, self.catalog, self.vhost, name)
+        for stream in streams:
+            self.hub.stream_deleted(self.vhost.name, stream)

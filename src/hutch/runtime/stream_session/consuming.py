@@ -1,0 +1,254 @@
+"""Subscriptions of a stream-protocol connection: subscribe with credit, deliver chunks, offsets, SAC.
+
+Owns: the connection's subscriptions (id → stream, reader, credit, filter), the delivery pump (a chunk
+per credit, read from the files by the handle's `StreamReader` and sent as osiris sends it: the chunk's
+48-byte header then its entry data, without the bloom filter or the trailer; `Deliver` version 2 with
+the committed chunk id when the client asked for it), waking on the handle's commits, server-side
+offset tracking (store/query offset by reference), and single active consumer (the node's groups in
+sac.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
+answered with where to start).
+
+Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
+the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
+`PUMP_SKIPS` per turn. A subscription holds a reader (a position), never the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hutch.queues.stream import chunk as ck
+from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
+from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
+from hutch.runtime.stream_session import super_streams
+from hutch.runtime.stream_session.ports import StreamSession
+from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
+from hutch.streamproto import commands as c
+from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code, OffsetType
+from hutch.streamproto.errors import CommandError
+from hutch.streamproto.wire import OffsetSpec
+
+log = logging.getLogger("hutch.stream")
+
+PUMP_CHUNKS = 64
+PUMP_SKIPS = 4096
+
+
+def core_spec(spec: OffsetSpec) -> CoreSpec:
+    kind = spec.type
+    if kind == OffsetType.FIRST:
+        return CoreSpec.first()
+    if kind == OffsetType.LAST:
+        return CoreSpec.last()
+    if kind == OffsetType.NEXT:
+        return CoreSpec.next()
+    if kind == OffsetType.OFFSET:
+        return CoreSpec.offset(spec.value)
+    return CoreSpec.timestamp(spec.value)
+
+
+@dataclass(eq=False)
+class Subscription:
+    subscription_id: int
+    stream: str
+    handle: StreamHandle
+    spec: OffsetSpec
+    credit: int
+    properties: dict[str, str]
+    filter_values: list[bytes] = field(default_factory=list)
+    match_unfiltered: bool = False
+    reader: StreamReader | None = None
+    unwatch: Callable[[], None] | None = None
+    sac_key: GroupKey | None = None
+    sac_member: Member | None = None
+    wake_scheduled: bool = False
+    chunks_sent: int = 0
+    records_sent: int = 0
+
+
+class Consuming:
+    """The consuming half of one connection."""
+
+    def __init__(self, conn: StreamSession) -> None:
+        self.conn = conn
+        self.subscriptions: dict[int, Subscription] = {}
+        self.deliver_version = 1
+        self.pending_updates: dict[int, tuple[Subscription, bool]] = {}  # correlation id → (sub, active)
+
+    # -- subscribe / unsubscribe --------------------------------------------------------------------
+    def subscribe(self, cmd: c.Subscribe) -> None:
+        conn = self.conn
+        if cmd.subscription_id in self.subscriptions:
+            raise CommandError(f"subscription {cmd.subscription_id} exists", Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
+        handle = conn.stream_handle(cmd.stream)
+        conn.check_permission("read", cmd.stream)
+        props = cmd.properties
+        sac = props.get("single-active-consumer", "").lower() == "true"
+        name = props.get("name", "")
+        if sac and not name:
+            raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
+        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
+                           [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
+                           props.get("match-unfiltered", "").lower() == "true")
+        self.subscriptions[sub.subscription_id] = sub
+        sub.unwatch = handle.on_commit(lambda: self._wake(sub))
+        conn.respond(cmd, Code.OK)
+        if not sac:
+            self._start(sub, cmd.offset)
+            return
+        index = -1
+        if "super-stream" in props:
+            index = super_streams.partition_index(conn.vhost, props["super-stream"], cmd.stream)
+        sub.sac_key = (conn.vhost.name, cmd.stream, name)
+        sub.sac_member, notes = conn.hub.sac.register(sub.sac_key, index, conn, sub.subscription_id)
+        deliver_notes(notes)
+
+    def unsubscribe(self, cmd: c.Unsubscribe) -> None:
+        sub = self.subscriptions.get(cmd.subscription_id)
+        if sub is None:
+            raise CommandError(f"subscription {cmd.subscription_id} does not exist",
+                               Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+        self._remove(sub)
+        self.conn.respond(cmd, Code.OK)
+
+    def _remove(self, sub: Subscription) -> None:
+        self.subscriptions.pop(sub.subscription_id, None)
+        if sub.unwatch is not None:
+            sub.unwatch()
+        sub.reader = None
+        if sub.sac_key is not None and sub.sac_member is not None:
+            deliver_notes(self.conn.hub.sac.unregister(sub.sac_key, sub.sac_member))
+
+    def close_all(self) -> None:
+        for sub in list(self.subscriptions.values()):
+            self._remove(sub)
+
+    def info(self) -> list[dict[str, object]]:
+        return [{"subscription_id": s.subscription_id, "stream": s.stream, "credits": s.credit,
+                 "offset": s.reader.next_offset if s.reader is not None else None,
+                 "messages_consumed": s.records_sent, "chunks_delivered": s.chunks_sent,
+                 "active": s.reader is not None, "properties": dict(s.properties)}
+                for s in self.subscriptions.values()]
+
+    def stream_gone(self, stream: str) -> bool:
+        gone = [s for s in self.subscriptions.values() if s.stream == stream]
+        for sub in gone:
+            self._remove(sub)
+        return bool(gone)
+
+    # -- credit and delivery ------------------------------------------------------------------------
+    def credit(self, cmd: c.Credit) -> None:
+        sub = self.subscriptions.get(cmd.subscription_id)
+        if sub is None:
+            self.conn.send(c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, cmd.subscription_id))
+            return
+        sub.credit = min(sub.credit + max(cmd.credit, 0), 1 << 20)
+        self.pump(sub)
+
+    def _start(self, sub: Subscription, spec: OffsetSpec) -> None:
+        handle = sub.handle
+        if spec.type == OffsetType.LAST and handle.last_chunk_id > handle.committed_chunk_id:
+            # chunks written and not yet committed (their fsync is running): "last" is the newest of them,
+            # as it is on RabbitMQ, where a chunk is visible once written; the reader waits for its commit
+            sub.reader = handle.reader(CoreSpec.offset(handle.last_chunk_id))
+        else:
+            sub.reader = handle.reader(core_spec(spec))
+        self.pump(sub)
+
+    def _wake(self, sub: Subscription) -> None:
+        if not sub.wake_scheduled and sub.reader is not None and sub.credit > 0:
+            sub.wake_scheduled = True
+            self.conn.clock.call_soon(lambda: self._woken(sub))
+
+    def _woken(self, sub: Subscription) -> None:
+        sub.wake_scheduled = False
+        if self.subscriptions.get(sub.subscription_id) is sub:
+            self.pump(sub)
+            self.conn.flush()
+
+    def pump_all(self) -> None:
+        for sub in list(self.subscriptions.values()):
+            self.pump(sub)
+
+    def pump(self, sub: Subscription) -> None:
+        """Send chunks while the subscription has credit and the transport takes them."""
+        conn = self.conn
+        if sub.handle.closed or conn.catalog.lookup(conn.vhost.name, sub.stream) is not sub.handle:
+            # deleted by another path (AMQP 0-9-1, management): tell every user of it
+            conn.hub.stream_deleted(conn.vhost.name, sub.stream)
+            return
+        sent = skipped = 0
+        while sub.credit > 0 and sub.reader is not None and conn.can_deliver():
+            if sent >= PUMP_CHUNKS or skipped >= PUMP_SKIPS:
+                self._wake(sub)  # go on next turn: other connections get the loop meanwhile
+                return
+            chunk = sub.reader.next_chunk()
+            if chunk is None:
+                return
+            header, bits, data, _ = ck.parts(chunk.raw)
+            if sub.filter_values and not ck.bloom_may_match(bytes(bits), sub.filter_values, sub.match_unfiltered):
+                skipped += 1
+                continue
+            committed = sub.handle.committed_chunk_id if self.deliver_version == 2 else None
+            conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
+            conn.out.append(chunk.raw[:ck.HEADER_SIZE])
+            conn.out.append(bytes(data))
+            sub.credit -= 1
+            sub.chunks_sent += 1
+            sub.records_sent += header.num_records
+            sent += 1
+
+    # -- offsets ------------------------------------------------------------------------------------
+    def store_offset(self, cmd: c.StoreOffset) -> None:
+        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored."""
+        conn = self.conn
+        if len(cmd.reference) > MAX_REFERENCE_CHARS or not cmd.reference:
+            return
+        handle = conn.catalog.lookup(conn.vhost.name, cmd.stream)
+        if handle is None or handle.closed or not conn.permitted("read", cmd.stream):
+            return
+        handle.store_offset(cmd.reference.encode(), cmd.offset)
+
+    def query_offset(self, cmd: c.QueryOffset) -> None:
+        handle = self.conn.stream_handle(cmd.stream)
+        self.conn.check_permission("read", cmd.stream)
+        offset = handle.query_offset(cmd.reference.encode())
+        if offset is None:
+            raise CommandError(f"no offset stored for {cmd.reference}", Code.NO_OFFSET)
+        self.conn.send(c.QueryOffsetResponse(cmd.correlation_id, Code.OK, offset))
+
+    # -- single active consumer ---------------------------------------------------------------------
+    def sac_notify(self, note: Notify) -> None:
+        sub = self.subscriptions.get(note.member.subscription_id)
+        if sub is None or sub.sac_member is not note.member:
+            return  # removed meanwhile: its unregister already chose the next active one
+        if not note.active:
+            sub.reader = None  # passive: stop reading at once, the client is told
+        corr = self.conn.next_correlation_id()
+        log.debug("single active consumer: subscription %d on %s %s", sub.subscription_id, sub.stream,
+                  "activated" if note.active else "stepping down")
+        self.pending_updates[corr] = (sub, note.active)
+        self.conn.send(c.ConsumerUpdate(corr, sub.subscription_id, note.active))
+        self.conn.want_flush()
+
+    def consumer_update_answered(self, cmd: c.ConsumerUpdateResponse) -> None:
+        pending = self.pending_updates.pop(cmd.correlation_id, None)
+        if pending is None:
+            return
+        sub, active = pending
+        log.debug("single active consumer: subscription %d on %s answered (%s)", sub.subscription_id, sub.stream,
+                  cmd.offset)
+        if self.subscriptions.get(sub.subscription_id) is not sub:
+            return
+        if active:
+            spec = sub.spec if cmd.offset.type == OffsetType.NONE else cmd.offset
+            self._start(sub, spec)
+        elif sub.sac_key is not None and sub.sac_member is not None:
+            deliver_notes(self.conn.hub.sac.stepped_down(sub.sac_key, sub.sac_member))
+
+
+def deliver_notes(notes: list[Notify]) -> None:
+    for note in notes:
+        note.member.owner.consuming.sac_notify(note)

@@ -1,0 +1,32 @@
+"""What all stream-protocol connections of a node share: the `StreamHub`.
+
+Owns: the broker and stream catalog ports the connections use, the node's single-active-consumer groups
+(sac.py), the set of open stream connections (to tell the others when a stream they use is deleted,
+and for listing), and the host and port the metadata command advertises.
+
+Rule: built once by the composition root (runtime/app.py) and handed to every connection; nothing here
+does IO.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hutch.runtime.ports import BrokerPort
+from hutch.runtime.stream_session.ports import StreamCatalog
+from hutch.runtime.stream_session.sac import SacGroups
+
+
+class StreamHub:
+    def __init__(self, broker: BrokerPort, catalog: StreamCatalog) -> None:
+        self.broker = broker
+        self.catalog = catalog
+        self.sac = SacGroups()
+        self.connections: set[Any] = set()
+        self.port = 0       # the plain listener's bound port (set when it listens)
+        self.tls_port = 0   # the TLS listener's bound port
+
+    def stream_deleted(self, vhost: str, stream: str) -> None:
+        """Every connection with a publisher or a subscription on the stream is told it is gone."""
+        for conn in list(self.connections):
+            conn.stream_gone(vhost, stream)

@@ -1,0 +1,82 @@
+"""The ports of the stream-protocol session: what a stream connection asks of the node's streams.
+
+Owns two `Protocol`s: `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and
+name, create one, delete one (catalog.QueueCatalog implements it over the stream queue type: a stream is
+a queue of type stream, seen by AMQP 0-9-1 and management too); and `StreamSession`, what a
+connection's publishing and consuming halves (publishing.py, consuming.py) ask of the connection that
+holds them. The session never imports the queue type, only these shapes and the handle's own API
+(runtime/queue_types/stream/handle.py, the seam of issue 23).
+
+Errors `create` raises: `StreamExists` (response STREAM_ALREADY_EXISTS) and `StreamRefused` with the
+response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED for a reserved name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from hutch.core.auth import PermissionKind
+from hutch.core.vhost import VirtualHost
+from hutch.runtime.queue_types.stream.handle import StreamHandle
+from hutch.runtime.session.ports import LoopClock
+from hutch.streamproto.codes import Code
+from hutch.streamproto.commands import Command
+
+
+class StreamExists(Exception):
+    pass
+
+
+class StreamRefused(Exception):
+    def __init__(self, code: Code, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+class StreamCatalog(Protocol):
+    def lookup(self, vhost: str, name: str) -> StreamHandle | None:
+        """The open handle of stream `name` in `vhost`, None if there is no such stream."""
+        ...
+
+    def is_stream(self, vhost: str, name: str) -> bool:
+        """Is there a stream of that name (open or not)?"""
+        ...
+
+    async def create(self, vhost: str, name: str, arguments: dict[str, str]) -> None: ...
+
+    async def delete(self, vhost: str, name: str) -> bool:
+        """False if there was no such stream."""
+        ...
+
+
+class StreamSession(Protocol):
+    """What publishing.py and consuming.py ask of their connection (connection.StreamConnection)."""
+
+    out: list[bytes]
+    clock: LoopClock
+    hub: Any  # the node's StreamHub (hub.py)
+    vhost: VirtualHost
+    catalog: StreamCatalog
+
+    def send(self, cmd: Command) -> None: ...
+
+    def respond(self, cmd: Any, code: Code) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def want_flush(self) -> None: ...
+
+    def hold_reading(self, reason: str) -> None: ...
+
+    def release_reading(self, reason: str) -> None: ...
+
+    def next_correlation_id(self) -> int: ...
+
+    def can_deliver(self) -> bool: ...
+
+    def permitted(self, kind: PermissionKind, stream: str) -> bool: ...
+
+    def check_permission(self, kind: PermissionKind, stream: str) -> None: ...
+
+    def stream_handle(self, stream: str) -> StreamHandle: ...

@@ -1,0 +1,51 @@
+"""Splitting a byte stream into stream-protocol frames, with a size limit.
+
+Owns: the input buffer (a bytearray consumed with an offset, compacted when half is consumed so a
+frame is copied at most once more) and the frame_max rule (a frame's size field, without its own 4
+bytes, must not exceed `frame_max`; 0 means no limit, as in rabbit_stream_core). A frame that is too
+large raises `FrameTooLarge` as soon as its size field arrives: its bytes are never buffered.
+
+Invariant: `buffered()` never exceeds frame_max + 4 plus one `feed` call's bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from hutch.streamproto.errors import FrameTooLarge
+
+_SIZE = struct.Struct(">I")
+
+
+class FrameReader:
+    def __init__(self, frame_max: int) -> None:
+        self.frame_max = frame_max
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos and self._pos * 2 >= len(self._buf):
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def frames(self) -> Iterator[bytes]:
+        """Every complete frame's content (key, version, body) in order; stops at the first partial
+        frame. Raises FrameTooLarge for a size past frame_max (the reader is then unusable)."""
+        buf = self._buf
+        while True:
+            pos = self._pos
+            if len(buf) - pos < 4:
+                return
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if self.frame_max and size > self.frame_max:
+                raise FrameTooLarge(size, self.frame_max)
+            end = pos + 4 + size
+            if len(buf) < end:
+                return
+            self._pos = end
+            yield bytes(buf[pos + 4:end])

@@ -1,0 +1,88 @@
+"""`hutch-streams` (cli/streams.py) and the management API's stream routes against a real node: a super
+stream created with --partitions, --binding-keys or over HTTP (RabbitMQ's layout), listed, routed and
+deleted; refusals and an unreachable listener with their exit codes; stream connections, publishers and
+consumers listed while rstream clients use them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import free_port
+
+from .conftest import StreamServer
+
+
+def run(server: StreamServer | None, *args: str) -> subprocess.CompletedProcess[str]:
+    port = str(server.port if server is not None else free_port())
+    return subprocess.run([sys.executable, "-m", "hutch.cli.streams", "--port", port, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_add_list_route_delete(stream_server: StreamServer) -> None:
+    done = run(stream_server, "add_super_stream", "cli-orders", "--partitions", "3", "--max-age", "1h")
+    assert done.returncode == 0, done.stderr
+    assert "cli-orders-0, cli-orders-1, cli-orders-2" in done.stdout
+    assert run(stream_server, "list_partitions", "cli-orders").stdout.split() == \
+        ["cli-orders-0", "cli-orders-1", "cli-orders-2"]
+    assert run(stream_server, "route", "cli-orders", "1").stdout.split() == ["cli-orders-1"]
+    again = run(stream_server, "add_super_stream", "cli-orders", "--partitions", "3")
+    assert again.returncode == 1 and "stream already exists" in again.stderr
+    done = run(stream_server, "add_super_stream", "cli-regions", "--binding-keys", "eu,us")
+    assert done.returncode == 0 and "cli-regions-eu, cli-regions-us" in done.stdout
+    assert run(stream_server, "route", "cli-regions", "us").stdout.split() == ["cli-regions-us"]
+    assert run(stream_server, "delete_super_stream", "cli-orders").returncode == 0
+    gone = run(stream_server, "list_partitions", "cli-orders")
+    assert gone.returncode == 1 and "stream does not exist" in gone.stderr
+
+
+def test_usage_and_unreachable_exit_codes(stream_server: StreamServer) -> None:
+    both = run(stream_server, "add_super_stream", "x", "--partitions", "2", "--binding-keys", "a")
+    assert both.returncode == 2 and "either --partitions or --binding-keys" in both.stderr
+    assert run(None, "list_partitions", "x").returncode == 69
+
+
+def test_super_streams_over_the_http_api(stream_server: StreamServer) -> None:
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    path = "/api/stream/super-streams/%2F/http-orders"
+    assert api.put(path, {"partitions": 2, "arguments": {"max-age": "1h"}}).status == 201
+    assert api.get(path).body == {"name": "http-orders", "vhost": "/",
+                                  "partitions": ["http-orders-0", "http-orders-1"]}
+    assert run(stream_server, "route", "http-orders", "1").stdout.split() == ["http-orders-1"]
+    queue = api.get("/api/queues/%2F/http-orders-0").body
+    assert queue["type"] == "stream" and queue["arguments"]["x-max-age"] == "1h"
+    again = api.put(path, {"partitions": 2})
+    assert again.status == 400 and "already" in again.body["reason"]
+    assert api.put("/api/stream/super-streams/%2F/bad", {"partitions": 0}).status == 400
+    assert api.call("DELETE", path).status == 204
+    assert api.get(path).status == 404
+    assert api.get("/api/queues/%2F/http-orders-0").status == 404
+
+
+@pytest.mark.asyncio
+async def test_stream_connections_publishers_and_consumers_are_listed(stream_server: StreamServer) -> None:
+    import asyncio
+
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+    got = asyncio.Event()
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p, \
+            Consumer("127.0.0.1", port=stream_server.port, **auth) as c:
+        await p.create_stream("listed", exists_ok=True)
+        await p.send_wait("listed", AMQPMessage(body=b"x"), publisher_name="lister")
+        await c.start()
+        await c.subscribe("listed", lambda m, ctx: got.set(),
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        await asyncio.wait_for(got.wait(), 30)
+        conns = api.get("/api/stream/connections").body
+        assert conns and all(conn["user"] == "guest" and conn["vhost"] == "/" for conn in conns)
+        pubs = [x for x in api.get("/api/stream/publishers").body if x["stream"] == "listed"]
+        assert pubs[0]["reference"] == "lister" and pubs[0]["messages_confirmed"] == 1
+        subs = [x for x in api.get("/api/stream/consumers").body if x["stream"] == "listed"]
+        assert subs[0]["messages_consumed"] == 1 and subs[0]["offset"] == 1 and subs[0]["active"]
