@@ -1,4 +1,5 @@
-"""Fixtures of the stream-protocol suite: a real `hutch-server` with its stream listener on a free port.
+"""Fixtures of the stream-protocol suite: a real `hutch-server` with its stream listener on port 0 (the
+port it bound is read from its ports file, tests/conftest.py).
 
 `stream_server` is one node for the module (tests use unique stream names); `fresh_stream_server` is a
 node of the test's own, for the tests that kill and restart it (`restart` starts it again on the same
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ServerInfo, free_port, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
 
 @dataclass
@@ -34,8 +35,8 @@ class StreamServer:
 
 
 def start_stream_server(tmp: Path) -> StreamServer:
-    port = free_port()
-    return StreamServer(tmp, port, start_server(tmp, "--stream-port", str(port)))
+    info = start_server(tmp, "--stream-port", "0")
+    return StreamServer(tmp, info.ports["stream"], info)
 
 
 @pytest.fixture(scope="module")

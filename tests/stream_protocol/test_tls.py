@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, MessageContext, OffsetType, Producer
 
-from conftest import _wait_port, free_port, start_server
+from conftest import start_server
 from tls.pki import make_pki
 
 pytestmark = pytest.mark.asyncio
@@ -20,11 +20,10 @@ AUTH = {"username": "guest", "password": "guest"}
 
 async def test_publish_and_consume_over_tls(tmp_path: Path) -> None:
     pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other", "other")
-    port = free_port()
-    config = pki.section("ssl_options.", verify=False) + f"stream.listeners.ssl.default = {port}\n"
+    config = pki.section("ssl_options.", verify=False) + "stream.listeners.ssl.default = 0\n"
     info = start_server(tmp_path / "node", config_text=config)
+    port = info.ports["stream_tls"]
     try:
-        _wait_port(port, info.proc, info.log_path)
         ctx = pki.client_context()
         async with Producer("127.0.0.1", port=port, ssl_context=ctx, **AUTH) as p:
             await p.create_stream("tls-s")
@@ -55,12 +54,11 @@ async def test_external_login_with_a_client_certificate(tmp_path: Path) -> None:
     from rstream.constants import SlasMechanism
     from rstream.exceptions import AuthenticationFailure
     pki = make_pki(tmp_path / "pki")
-    port = free_port()
-    config = (pki.section("ssl_options.") + f"stream.listeners.ssl.default = {port}\n"
+    config = (pki.section("ssl_options.") + "stream.listeners.ssl.default = 0\n"
               "auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = EXTERNAL\nssl_cert_login_from = common_name\n")
     info = start_server(tmp_path / "node", config_text=config)
+    port = info.ports["stream_tls"]
     try:
-        _wait_port(port, info.proc, info.log_path)
         guest_cert = pki.issue("guest-client", common_name="guest")
         async with Producer("127.0.0.1", port=port, ssl_context=pki.client_context(guest_cert),
                             username="ignored", password="ignored",
