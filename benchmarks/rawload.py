@@ -327,6 +327,7 @@ class Config(BrokerTarget):
     warmup: float = 2.0
     persistent: bool = False
     quorum: bool = False
+    stream: str = ""  # x-stream-offset of the consumers ("next", "first", ...): the queues are streams
     processes: int = 1
     concurrency: int = 20
     connections: int = 1000
@@ -512,7 +513,8 @@ async def setup_client(role: str, cfg: Config, i: int) -> Client:
     await c.rpc(1, QOS, struct.pack(">IHB", 0, cfg.prefetch, 0), QOS_OK)
     for q in assigned(i, cfg.consumers, len(cfg.queue_names)):
         await c.rpc(1, CONSUME, b"\0\0" + shortstr(cfg.queue_names[q]) + shortstr("")
-                    + bytes([0 if cfg.multi_ack else 2]) + table({}), CONSUME_OK)
+                    + bytes([0 if cfg.multi_ack else 2])
+                    + table({"x-stream-offset": cfg.stream} if cfg.stream else {}), CONSUME_OK)
     return c
 
 
@@ -672,9 +674,11 @@ async def topology(cfg: Config, create: bool) -> None:
     c: Client = await connect(cfg, Client)
     try:
         args: dict[str, Any] = {"x-queue-type": "quorum"} if cfg.quorum else {}
+        if cfg.stream:
+            args = {"x-queue-type": "stream"}
         if cfg.mode == "churn":
             args["x-max-length"] = 1000
-        durable = cfg.persistent or cfg.quorum
+        durable = cfg.persistent or cfg.quorum or bool(cfg.stream)
         if cfg.exchange and create:
             await c.rpc(1, EX_DECLARE, b"\0\0" + shortstr(cfg.exchange) + shortstr("fanout") + b"\0" + table({}),
                         EX_DECLARE_OK)
@@ -855,6 +859,8 @@ def parse(argv: list[str]) -> Config:
     a("--warmup", type=float, default=2.0)
     a("--persistent", action="store_true", help="delivery mode 2 to durable queues")
     a("--quorum", action="store_true", help="quorum queues")
+    a("--stream", default="", metavar="OFFSET",
+      help="stream queues, consumed from this x-stream-offset (next, first, ...; consumers need -A > 0)")
     a("--processes", type=int, default=1, help="OS processes per role (default 1)")
     a("--concurrency", type=int, default=20, help="churn: connections opened at the same time")
     a("--connections", type=int, default=1000, help="idle: connections held")

@@ -175,3 +175,25 @@ def chunk_bytes_out_of_order(leader: StreamHandle) -> bytes:
     chunk = leader.reader(OffsetSpec.first(), committed_only=False).next_chunk()
     assert chunk is not None
     return chunk.raw
+
+
+async def test_a_sync_on_the_loop_runs_last_in_its_turn_and_one_covers_the_turns_appends() -> None:
+    """With a fast disk and a loop that has time, the fdatasync runs on the loop, after the callbacks the
+    same turn scheduled (a delivery's writes), and every append made before it is in it."""
+    from hutch.runtime.queue_types.stream import handle as handle_mod
+
+    h = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
+    h.placement.has_time = lambda: True
+    await h.append([b"warm"]).settled  # the first sync goes to the executor and measures the disk
+    assert h.placement.last_sync_s < handle_mod.INLINE_SYNC_MAX_S
+    order: list[str] = []
+    h.on_commit(lambda: order.append("commit"))
+    loop = asyncio.get_running_loop()
+    first = h.append([b"a"])
+    loop.call_soon(order.append, "delivery")  # scheduled by the same input, after the append
+    loop.call_soon(lambda: h.append([b"b"]))  # a later append of the same turn joins the sync
+    syncs = h.syncs
+    await first.settled
+    assert order == ["delivery", "commit"] and h.placement.inline_syncs == 1 and h.syncs == syncs + 1
+    assert h.committed_offset == 2
+    await h.close()

@@ -120,3 +120,40 @@ def test_an_entry_written_by_rabbitmq_310_reads_as_what_pika_published() -> None
         headers={"k": 1, "s": "str", "x-foo": "bar"}, content_type="text/plain", delivery_mode=2, message_id="id0",
         priority=3, timestamp=1700000000, correlation_id="c", reply_to="r", expiration="60000", type="t",
         app_id="a", user_id="guest", content_encoding="utf8")
+
+
+def test_the_prefix_memos_stay_bounded_and_every_entry_still_reads_back() -> None:
+    a._prefixes.clear()
+    a._heads.clear()
+    for i in range(a.PREFIX_MEMO_MAX + 50):
+        entry = a.from_091(Message("ex", f"rk-{i}", BasicProperties(delivery_mode=2), b"body %d" % i))
+        got = a.to_091_at(entry, i)
+        assert (got.exchange, got.routing_key, got.body) == ("ex", f"rk-{i}", b"body %d" % i)
+        assert got.route_tail == b"\x02ex" + bytes([len(f"rk-{i}")]) + f"rk-{i}".encode()
+        assert len(a._prefixes) <= a.PREFIX_MEMO_MAX and len(a._heads) <= a.PREFIX_MEMO_MAX
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.sampled_from([None, 1, 2]), st.sampled_from([b"", b"x" * 255, b"y" * 256, b"z" * 70000]), short,
+       st.integers(0, 400), st.integers(0, 255), st.booleans())
+def test_a_memo_hit_reads_an_entry_as_a_memo_miss_does(mode: int | None, body: bytes, rk: str, at: int,
+                                                       value: int, truncate: bool) -> None:
+    """The memo only skips parsing a prefix already seen: a damaged or cut entry reads (or fails) the same
+    way whether its prefix was memoized or not."""
+    entry = bytearray(a.from_091(Message("x", rk, BasicProperties(delivery_mode=mode), body)))
+    if truncate:
+        del entry[min(at, len(entry)):]
+    elif at < len(entry):
+        entry[at] = value
+    data = bytes(entry)
+
+    def read() -> tuple[str, str, bytes, bytes] | str:
+        try:
+            m = a.to_091_at(data, 7)
+        except ValueError as exc:
+            return type(exc).__name__
+        return m.exchange, m.routing_key, m.body, m.properties_raw
+
+    a._heads.clear()
+    missed = read()
+    assert read() == missed

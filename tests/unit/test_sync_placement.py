@@ -51,3 +51,11 @@ def test_following_the_loop_load_judges_time_by_saturation_and_counts_syncs_on_t
     q = SyncPlacement()
     q.follow_loop(load, count_busy=False)
     assert q.busy is None
+
+
+def test_a_driver_may_allow_slower_syncs_on_the_loop() -> None:
+    p = SyncPlacement(lambda: True, inline_max_s=0.01)
+    p.last_sync_s = INLINE_SYNC_MAX_S * 2  # too slow for the default, within this driver's bound
+    assert p.inline() and not SyncPlacement(lambda: True).inline()
+    p.last_sync_s = 0.01
+    assert not p.inline()

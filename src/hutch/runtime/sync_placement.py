@@ -6,7 +6,9 @@ raft_driver.py), and the measure it is taken from (how long the last sync took).
 
 Rules:
 - A sync runs on the loop thread while the loop has time (`has_time`: the runtime's judgement, the
-  node's loop load not saturated) **and** the last sync took under `INLINE_SYNC_MAX_S` (a fast disk).
+  node's loop load not saturated) **and** the last sync took under the driver's `inline_max_s` (a fast
+  disk; `INLINE_SYNC_MAX_S` unless the driver says otherwise: a stream's log allows more,
+  runtime/queue_types/stream/handle.py says why).
   Otherwise it runs in the default executor, so a saturated loop keeps working while the disk syncs and
   a slow disk never stalls every connection of the node.
 - Why: handing a job to a thread and back costs two thread wake-ups; on the machines measured
@@ -33,10 +35,11 @@ T = TypeVar("T")
 class SyncPlacement:
     """One driver's placement of its syncs. `has_time` None: always the executor (a driver outside a node)."""
 
-    __slots__ = ("has_time", "busy", "last_sync_s", "inline_syncs")
+    __slots__ = ("has_time", "busy", "last_sync_s", "inline_syncs", "inline_max_s")
 
-    def __init__(self, has_time: Callable[[], bool] | None = None) -> None:
+    def __init__(self, has_time: Callable[[], bool] | None = None, inline_max_s: float = INLINE_SYNC_MAX_S) -> None:
         self.has_time = has_time
+        self.inline_max_s = inline_max_s  # a sync that took longer than this goes to the executor next time
         # told how long each sync on the loop took, when the driver's own loop work is not timed already
         # (the classic GroupCommit's; the Raft driver times its whole cycle): loop time spent syncing
         # counts towards saturation, so a loop busy with syncs hands them off
@@ -54,7 +57,7 @@ class SyncPlacement:
     def inline(self) -> bool:
         """Run the next sync on the loop thread."""
         has_time = self.has_time
-        return has_time is not None and self.last_sync_s < INLINE_SYNC_MAX_S and has_time()
+        return has_time is not None and self.last_sync_s < self.inline_max_s and has_time()
 
     def run_inline(self, fn: Callable[..., T], *args: object) -> T:
         """Run a sync on the loop thread: measured, counted, and reported to `busy`."""

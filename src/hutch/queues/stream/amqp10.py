@@ -32,11 +32,11 @@ import struct
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from hutch.amqp.spec import BasicProperties
 from hutch.amqp.table import Timestamp, TypedInt
-from hutch.core.message import Message
+from hutch.core.message import Message, encode_shortstr
 
 MAX_DEPTH = 32
 
@@ -336,6 +336,35 @@ def _str8(value: str, out: list[bytes]) -> None:
     out.append((b"\xa1" + _B.pack(len(raw)) if len(raw) < 256 else b"\xb1" + _I.pack(len(raw))) + raw)
 
 
+def _plain_prefix(exchange: str, routing_key: str, mode: int | None) -> bytes:
+    """The header and message-annotations sections `from_091`'s plain layout writes."""
+    parts: list[bytes] = []
+    _str8(exchange, parts)
+    _str8(routing_key, parts)
+    pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1], _MODE1_PAIR if mode == 1 else b""))
+    count = 6 if mode == 1 else 4
+    return b"".join((_HEADER_DURABLE_TRUE if mode == 2 else _HEADER_DURABLE_FALSE,
+                     b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(count) + pairs))
+
+
+class _PrefixMemo(dict[Any, Any]):
+    """A bounded memo of the sections that precede a plain entry's data, both ways (encoding: keyed by
+    (exchange, routing key, mode); decoding: keyed by the prefix bytes). A stream's publishers use few
+    (exchange, routing key) pairs; past `PREFIX_MEMO_MAX` entries it starts again empty, so it never holds
+    more than that many prefixes of at most ~600 bytes whatever clients send."""
+
+    def put(self, key: Any, value: Any) -> Any:
+        if len(self) >= PREFIX_MEMO_MAX:
+            self.clear()
+        self[key] = value
+        return value
+
+
+PREFIX_MEMO_MAX = 1024
+_prefixes = _PrefixMemo()  # (exchange, routing key, mode) -> prefix bytes
+_heads = _PrefixMemo()  # prefix bytes -> _PlainHead
+
+
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
     raw = msg.properties_raw
@@ -344,18 +373,17 @@ def from_091(msg: Message) -> bytes:
     mode = (raw[2] if len(raw) > 2 else -1) if flags == 0x1000 else None if flags == 0 else -1
     if mode in (None, 1, 2):
         # the common case, encoded without the generic encoder: header, the two annotations (three with
-        # delivery mode 1), data; the same bytes the generic path writes
-        parts: list[bytes] = []
-        _str8(msg.exchange, parts)
-        _str8(msg.routing_key, parts)
-        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1], _MODE1_PAIR if mode == 1 else b""))
-        count = 6 if mode == 1 else 4
+        # delivery mode 1), data; the same bytes the generic path writes. The sections before the data
+        # depend only on (exchange, routing key, mode): memoized (`_PrefixMemo`)
+        key = (msg.exchange, msg.routing_key, mode)
+        prefix = _prefixes.get(key)
+        if prefix is None:
+            prefix = _prefixes.put(key, _plain_prefix(msg.exchange, msg.routing_key, mode))
         body = bytes(msg.body)
         blen = len(body)
         return b"".join((
-            _HEADER_DURABLE_TRUE if mode == 2 else _HEADER_DURABLE_FALSE,
-            b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(count) + pairs,
-            (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)), body))
+            prefix, (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)),
+            body))
     return _from_091(msg)
 
 
@@ -493,31 +521,76 @@ def to_091_at(entry: bytes | memoryview, offset: int, default_routing_key: str =
     """`to_091` with the header x-stream-offset = `offset` (a long), as a stream delivers an entry. A plain
     entry (what `from_091` writes for a message without properties) gets its 0-9-1 property list packed
     directly (the consumer's hot path)."""
-    plain = _plain_parts(entry)
+    plain = _plain_split(entry)
     if plain is None:
         return to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})
-    exchange, routing_key, mode, body = plain
+    head, body = plain
+    mode = head.mode
     if mode is None:
         raw = _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX + _q.pack(offset)
     else:
         raw = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX + _q.pack(offset) + bytes((mode,))
-    return Message(exchange, routing_key, None, body, properties_raw=raw)
+    return Message(head.exchange, head.routing_key, None, body, properties_raw=raw, route_tail=head.route_tail)
 
 
 def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) -> Message | None:
     """The message `from_091`'s fast path wrote (header, x-exchange and x-routing-key, one data section),
     read without the generic decoder; None for any other layout."""
-    plain = _plain_parts(entry)
+    plain = _plain_split(entry)
     if plain is None:
         return None
-    exchange, routing_key, mode, body = plain
-    props = BasicProperties(delivery_mode=mode, headers=dict(extra_headers) if extra_headers else None)
-    return Message(exchange, routing_key, props, body)
+    head, body = plain
+    props = BasicProperties(delivery_mode=head.mode, headers=dict(extra_headers) if extra_headers else None)
+    return Message(head.exchange, head.routing_key, props, body, route_tail=head.route_tail)
 
 
-def _plain_parts(entry: bytes | memoryview) -> tuple[str, str, int | None, bytes] | None:
-    """(exchange, routing key, delivery mode, body) of an entry in `from_091`'s plain layout, else None."""
-    data = bytes(entry)
+class _PlainHead(NamedTuple):
+    """What the sections before a plain entry's data say (and the 0-9-1 route tail they make)."""
+
+    exchange: str
+    routing_key: str
+    mode: int | None
+    route_tail: bytes
+
+
+_MAX_PLAIN_PREFIX = _FAST_LEN + 12 + 2 * 257 + 13 + 15 + len(_MODE1_PAIR)  # two str8 of at most 255 bytes
+
+
+def _plain_split(entry: bytes | memoryview) -> tuple[_PlainHead, bytes] | None:
+    """(head, body) of an entry in `from_091`'s plain layout, else None. The head is parsed once per
+    distinct prefix (the memo `_heads`); per entry only the prefix lookup and the data section remain."""
+    data = entry if isinstance(entry, bytes) else bytes(entry)
+    size = len(data)
+    if size < _FAST_LEN + 12 or data[_FAST_LEN:_FAST_LEN + 4] != _MA_START:
+        return None
+    end = _FAST_LEN + 8 + _I.unpack_from(data, _FAST_LEN + 4)[0]
+    if end > _MAX_PLAIN_PREFIX or end + 5 > size:
+        return None
+    prefix = data[:end]
+    head = _heads.get(prefix)
+    if head is None:
+        head = _parse_plain_head(prefix)
+        if head is None:
+            return None
+        _heads.put(prefix, head)
+    if data[end:end + 3] != b"\x00\x53\x75":
+        return None
+    ctor = data[end + 3]
+    if ctor == 0xa0:
+        length, pos = data[end + 4], end + 5
+    elif ctor == 0xb0:
+        if end + 8 > size:
+            return None
+        length, pos = _I.unpack_from(data, end + 4)[0], end + 8
+    else:
+        return None
+    if pos + length != size:
+        return None
+    return head, data[pos:]
+
+
+def _parse_plain_head(data: bytes) -> _PlainHead | None:
+    """The head of a plain entry from exactly its header and message-annotations sections, else None."""
     head = data[:_FAST_LEN]
     if head == _HEADER_DURABLE_TRUE:
         mode: int | None = 2
@@ -532,31 +605,25 @@ def _plain_parts(entry: bytes | memoryview) -> tuple[str, str, int | None, bytes
     end = pos + 8 + int.from_bytes(data[pos + 4:pos + 8], "big")
     pos += 12
     texts: list[str] = []
+    tail: list[bytes] = []
     for key in (_SYM_EXCHANGE, _SYM_ROUTING_KEY):
         if data[pos:pos + len(key)] != key:
             return None
         pos += len(key)
-        if pos >= len(data) or data[pos] != 0xa1:
+        if pos + 1 >= len(data) or data[pos] != 0xa1:
             return None
-        n = data[pos + 1] if pos + 1 < len(data) else 0
-        texts.append(data[pos + 2:pos + 2 + n].decode("utf-8", "replace"))
+        n = data[pos + 1]
+        text = data[pos + 2:pos + 2 + n].decode("utf-8", "replace")
+        texts.append(text)
+        tail.append(encode_shortstr(text))
         pos += 2 + n
     if pairs == 6:
         if mode is not None or data[pos:pos + len(_MODE1_PAIR)] != _MODE1_PAIR:
             return None
         mode, pos = 1, pos + len(_MODE1_PAIR)
-    if pos != end or data[pos:pos + 3] != b"\x00\x53\x75":
+    if pos != end or end != len(data):
         return None
-    ctor = data[pos + 3] if pos + 3 < len(data) else 0
-    if ctor == 0xa0:
-        length, pos = data[pos + 4] if pos + 4 < len(data) else -1, pos + 5
-    elif ctor == 0xb0:
-        length, pos = int.from_bytes(data[pos + 4:pos + 8], "big"), pos + 8
-    else:
-        return None
-    if pos + length != len(data):
-        return None
-    return texts[0], texts[1], mode, data[pos:]
+    return _PlainHead(texts[0], texts[1], mode, b"".join(tail))
 
 
 def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routing_key: str = "",

@@ -271,8 +271,8 @@ class StreamQueue(Queue):
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, exc)
                 continue
-            headers = msg.properties.headers
-            if sc.filters is not None:
+            if sc.filters is not None:  # (the properties are decoded only for a filtering consumer)
+                headers = msg.properties.headers
                 value = headers.get(FILTER_HEADER) if headers else None
                 wanted = value.encode() if isinstance(value, str) else value
                 if not (wanted in sc.filters if wanted else sc.match_unfiltered):
