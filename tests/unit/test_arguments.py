@@ -259,8 +259,8 @@ def test_known_arguments_cover_every_type() -> None:
 
 
 def test_unsupported_queue_type() -> None:
-    exc = refusal({"x-queue-type": "stream"}, queue_type="stream")
-    assert exc.text == PREFIX.format(arg="x-queue-type") + "'stream' is not one of classic, quorum"
+    exc = refusal({"x-queue-type": "kafka"}, queue_type="kafka")
+    assert exc.text == PREFIX.format(arg="x-queue-type") + "'kafka' is not one of classic, quorum, stream"
 
 
 # -- the error text ---------------------------------------------------------------------------------------

@@ -250,7 +250,8 @@ QUEUE_TYPE_ARGUMENTS: dict[str, frozenset[str]] = {
         "x-stream-filter-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
     }),
 }
-SUPPORTED_QUEUE_TYPES = ("classic", "quorum")  # the types validate_queue_arguments accepts (node.py creates)
+SUPPORTED_QUEUE_TYPES = ("classic", "quorum", "stream")  # the types validate_queue_arguments accepts (node.py creates)
+DEFAULTABLE_QUEUE_TYPES = ("classic", "quorum")  # what a vhost's default_queue_type may name
 KNOWN_QUEUE_ARGUMENTS = frozenset().union(*QUEUE_TYPE_ARGUMENTS.values())
 
 # basic.consume: rabbit_amqqueue:consume_args/0 and the `consumer_arguments` capabilities. x-priority is
@@ -319,9 +320,9 @@ def default_queue_type_problem(queue_type: str | None, clustered: bool) -> str |
     """Why a vhost cannot have `queue_type` as its default on this node (None: it can)."""
     if queue_type is None:
         return None
-    if queue_type not in SUPPORTED_QUEUE_TYPES:
+    if queue_type not in DEFAULTABLE_QUEUE_TYPES:
         return (f"default_queue_type '{queue_type}' is not supported by this node "
-                f"(supported: {', '.join(SUPPORTED_QUEUE_TYPES)})")
+                f"(supported: {', '.join(DEFAULTABLE_QUEUE_TYPES)})")
     if queue_type == "quorum" and not clustered:
         return ("default_queue_type 'quorum' is not supported by this node: quorum queues need a clustered "
                 "node (start hutch with --cluster-port; see docs/clustering.md)")

@@ -38,6 +38,7 @@ from hutch.runtime.queue_types.quorum.queue_type import QuorumQueueType
 from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
+from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.storage.errors import StorageError
@@ -58,6 +59,7 @@ def build_node(config: Config, auth: AuthStore | None = None, store: DefinitionS
     node.persistence = persistence
     # records are offered in this order: a quorum queue's, a queue of another node, then this node's
     node.register_queue_type(QuorumQueueType(node, None, None))
+    node.register_queue_type(StreamQueueType(node))  # before classic, which takes any other record
     node.register_queue_type(ClassicQueueType(node, persistence))
     if restore:
         node.restore()

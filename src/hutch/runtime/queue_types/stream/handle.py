@@ -1,0 +1,556 @@
+"""One stream on one node at run time: `StreamHandle`, the API the stream queue type, the stream protocol
+and stream replication build on.
+
+Owns: the writer of a stream's log (storage/stream_log.py) on the event loop, its group syncs, the commit
+point, publisher deduplication and consumer offset tracking (kept in the log: queues/stream/tracking.py),
+retention, and `StreamReader`, which reads committed chunks from the files.
+
+The API (all on the event loop's thread):
+
+    handle = await StreamHandle.open(fs, directory, options=StreamOptions(...), clock=clock)
+    appended = handle.append([entry, ...], publisher=b"ref", publishing_ids=[1, 2, ...],
+                             filter_values=[b"eu", None, ...])
+        appended.stored / appended.duplicates   publishing ids written / already seen for `ref`
+        appended.first_offset, .last_offset     the offsets the stored entries got (-1 if none)
+        await appended.settled                  committed (single node: after the fdatasync;
+                                                with replication: once a majority has the chunk)
+    handle.store_offset(b"consumer", 42)      -> Appended (a TRACKING_DELTA chunk; settles like a write)
+    handle.query_offset(b"consumer")          -> int | None
+    handle.query_publisher_sequence(b"ref")   -> int (0: never seen, as the stream protocol answers)
+    reader = handle.reader(OffsetSpec.first())
+        reader.next_chunk()   -> ReadChunk | None   (None: nothing committed past it yet)
+        ReadChunk: .header, .raw (the chunk's bytes as on disk), .records() -> (offset, bytes) from
+                   the reader's start offset on
+    remove = handle.on_commit(callback)       callback() after the commit point moves (wake readers)
+    handle.first_offset / .next_offset / .committed_chunk_id / .committed_offset / .last_chunk_id
+    await handle.close(); await handle.delete()
+
+For replication (the narrow hook, docs/streams.md): `auto_commit` (True on a single node: the commit point
+follows the local fdatasync), `on_durable` (callbacks told each chunk id made durable locally), `commit()`
+(move the commit point), `epoch` (stamped on new chunks), `accept_chunk(raw)` (a follower appends a chunk
+exactly as the leader wrote it) and `reader(..., committed_only=False)` (the leader ships what it wrote).
+
+Rules:
+- `append` writes one chunk at once (to the page cache) and returns; the fdatasync runs in groups (one per
+  loop turn at most, on the loop when the disk is fast, else in the executor: runtime/sync_placement.py).
+- Readers see only committed chunks; a reader holds its position, never the log (bounded memory).
+- A publishing id at or below the last one stored for its publisher reference is a duplicate: not
+  written again, answered in `duplicates` (osiris's deduplication; survives restarts through the log).
+- Retention runs after every segment roll and on `apply_retention()` (the queue type's timer).
+- A storage failure fails the handle: pending and later appends get the error; it is reopened by restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from hutch.queues.stream import chunk as ck
+from hutch.queues.stream import tracking as trk
+from hutch.queues.stream.offset_spec import OffsetSpec, SpecKind
+from hutch.queues.stream.retention import Retention, segments_to_drop
+from hutch.runtime.ports import Clock
+from hutch.runtime.sync_placement import SyncPlacement
+from hutch.storage.errors import StorageError
+from hutch.storage.fs import FileSystem
+from hutch.storage.stream_log import (
+    DEFAULT_MAX_SEGMENT_SIZE_BYTES,
+    DEFAULT_MAX_SEGMENT_SIZE_CHUNKS,
+    FILE_HEADER_SIZE,
+    ChunkCursor,
+    StreamLog,
+    StreamLogOptions,
+    sync_all,
+)
+
+log = logging.getLogger("hutch.stream")
+
+
+@dataclass
+class StreamOptions:
+    max_segment_size_bytes: int = DEFAULT_MAX_SEGMENT_SIZE_BYTES
+    max_segment_size_chunks: int = DEFAULT_MAX_SEGMENT_SIZE_CHUNKS
+    retention: Retention = field(default_factory=Retention)
+    filter_size_bytes: int = ck.DEFAULT_FILTER_SIZE
+
+
+@dataclass
+class Appended:
+    """The answer to one append. `settled` resolves once the chunk is committed (or fails with the
+    storage error); with nothing stored (all duplicates) it is resolved already."""
+
+    stored: list[int]
+    duplicates: list[int]
+    chunk_id: int  # -1: no chunk written
+    first_offset: int
+    last_offset: int
+    settled: asyncio.Future[None]
+
+
+@dataclass
+class ReadChunk:
+    header: ck.Header
+    raw: bytes
+    start: int  # the reader's first wanted offset within this chunk (the chunk id, or later)
+
+    def records(self) -> Iterator[tuple[int, bytes]]:
+        """(offset, record) of the chunk's records from `start` on (USER chunks only)."""
+        if self.header.chunk_type != ck.USER:
+            return
+        for offset, record in ck.iter_records(self.raw):
+            if offset >= self.start:
+                yield offset, record
+
+
+class StreamHandle:
+    """One stream's log on this node, opened for writing. See the module docstring for the API."""
+
+    def __init__(self, slog: StreamLog, options: StreamOptions, clock: Clock, tracking: trk.Tracking,
+                 loop: asyncio.AbstractEventLoop | None) -> None:
+        self.log = slog
+        self.options = options
+        self.clock = clock
+        self.tracking = tracking
+        self._the_loop = loop
+        self.epoch = 0
+        self.auto_commit = True
+        self.on_durable: list[Callable[[int], None]] = []
+        self.placement = SyncPlacement()
+        self.committed_chunk_id = slog.last_chunk_id  # what is on disk at open was committed before
+        self.durable_chunk_id = slog.last_chunk_id
+        self._last_ts = slog.segments[-1].last_ts
+        self._pending: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._listeners: list[Callable[[], None]] = []
+        self._sync_scheduled = False
+        self._sync_busy = False
+        self.failed: BaseException | None = None
+        self.closed = False
+        self.chunks_written = 0
+        self.syncs = 0
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the handle runs on (a handle opened before the loop ran takes it at first use)."""
+        if self._the_loop is None:
+            self._the_loop = asyncio.get_running_loop()
+        return self._the_loop
+
+    # -- opening ------------------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
+                   clock: Clock, first_offset: int = 0) -> StreamHandle:
+        """Open (or create) the stream in `directory`: its files recovered and its tracking read back,
+        in the executor (recovery reads the last segment)."""
+        loop = asyncio.get_running_loop()
+        opts = options or StreamOptions()
+        slog, tracking = await loop.run_in_executor(None, _open_log, fs, directory, opts, first_offset)
+        return cls(slog, opts, clock, tracking, loop)
+
+    @classmethod
+    def open_now(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
+                 clock: Clock) -> StreamHandle:
+        """`open` on the calling thread (a declare, a restore at boot: recovery reads one segment's
+        chunk headers)."""
+        opts = options or StreamOptions()
+        slog, tracking = _open_log(fs, directory, opts, 0)
+        return cls(slog, opts, clock, tracking, None)
+
+    # -- offsets ------------------------------------------------------------------------------------
+    @property
+    def first_offset(self) -> int:
+        return self.log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record written gets."""
+        return self.log.next_offset
+
+    @property
+    def last_chunk_id(self) -> int:
+        return self.log.last_chunk_id
+
+    @property
+    def committed_offset(self) -> int:
+        """The offset of the last committed record (-1: none)."""
+        cid = self.committed_chunk_id
+        if cid < 0:
+            return -1
+        if cid == self.log.last_chunk_id:
+            return self.log.next_offset - 1
+        found = self.log.locate(cid)
+        if found is None:
+            return cid
+        seg, pos = found
+        info = self.log.fmt.info(self.log.read_at(seg, pos, ck.HEADER_SIZE))
+        return info.chunk_id + info.num_records - 1
+
+    @property
+    def segment_count(self) -> int:
+        return len(self.log.segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.log.size_bytes
+
+    # -- writing ------------------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise StorageError("append", self.log.directory, detail=f"the stream failed: {self.failed}")
+        if self.closed:
+            raise StorageError("append", self.log.directory, detail="the stream is closed")
+
+    def _timestamp(self) -> int:
+        self._last_ts = max(self._last_ts, self.clock.wall_ms())
+        return self._last_ts
+
+    def append(self, entries: Sequence[ck.Entry], *, publisher: bytes | None = None,
+               publishing_ids: Sequence[int] | None = None,
+               filter_values: Sequence[bytes | None] | None = None) -> Appended:
+        """Write `entries` as one USER chunk (at most 65,535 entries). With `publisher` and
+        `publishing_ids` (one per entry), entries whose id is at or below the publisher's last stored id
+        are dropped as duplicates."""
+        self._check_writable()
+        ids: list[int] = list(publishing_ids or [])
+        if publisher is not None and len(ids) != len(entries):
+            raise ValueError("one publishing id per entry")
+        values = list(filter_values) if filter_values is not None else None
+        if values is not None and len(values) != len(entries):
+            raise ValueError("one filter value (or None) per entry")
+        keep = list(range(len(entries)))
+        dups: list[int] = []
+        if publisher is not None:
+            last = self.tracking.sequence(publisher)
+            keep, high = [], -1 if last is None else last
+            for i, pid in enumerate(ids):
+                if pid <= high:
+                    dups.append(pid)
+                else:
+                    keep.append(i)
+                    high = pid
+        if not keep:
+            done = self._loop.create_future()
+            done.set_result(None)
+            return Appended([], dups, -1, -1, -1, done)
+        kept = [entries[i] for i in keep]
+        trailer = b""
+        chunk_id = self.log.next_offset
+        if publisher is not None:
+            trailer = trk.sequence_block(publisher, chunk_id, ids[keep[-1]])
+        bits = ck.bloom([values[i] for i in keep], self.options.filter_size_bytes) if values else b""
+        raw = self._write(kept, ck.USER, trailer, bits)
+        if publisher is not None:
+            self.tracking.apply(trailer)
+        header = ck.decode_header(raw)
+        fut = self._track_pending(header.chunk_id)
+        return Appended([ids[i] for i in keep] if publisher is not None else [], dups, header.chunk_id,
+                        header.chunk_id, header.next_offset - 1, fut)
+
+    def store_offset(self, reference: bytes, offset: int) -> Appended:
+        """Store a consumer's offset (a TRACKING_DELTA chunk, committed like any chunk)."""
+        self._check_writable()
+        block = trk.offset_block(reference, offset)
+        raw = self._write([block], ck.TRACKING_DELTA, b"", b"")
+        self.tracking.apply(block)
+        header = ck.decode_header(raw)
+        return Appended([], [], header.chunk_id, header.chunk_id, header.chunk_id,
+                        self._track_pending(header.chunk_id))
+
+    def query_offset(self, reference: bytes) -> int | None:
+        return self.tracking.offsets.get(reference)
+
+    def query_publisher_sequence(self, reference: bytes) -> int:
+        return self.tracking.sequence(reference) or 0
+
+    def _write(self, entries: Sequence[ck.Entry], chunk_type: int, trailer: bytes, bits: bytes) -> bytes:
+        """Encode and append one chunk, rolling first (with a tracking snapshot) when the segment is full."""
+        data_size = sum(len(e) + 4 if isinstance(e, bytes) else len(e.body) + 11 for e in entries)
+        size = ck.HEADER_SIZE + len(bits) + data_size + len(trailer)
+        try:
+            if self.log.would_roll(size):
+                self.log.roll()
+                self._after_roll()
+            raw = ck.encode(entries, chunk_type=chunk_type, timestamp=self._timestamp(), epoch=self.epoch,
+                            chunk_id=self.log.next_offset, trailer=trailer, filter_bits=bits)
+            self.log.append(raw, self.log.fmt.info(raw[:ck.HEADER_SIZE]))
+        except StorageError as exc:
+            self._fail(exc)
+            raise
+        self.chunks_written += 1
+        self._schedule_sync()
+        return raw
+
+    def _after_roll(self) -> None:
+        """A new segment began: start it with a tracking snapshot, then apply retention."""
+        if not self.tracking.is_empty():
+            snap = self.tracking.snapshot()
+            raw = ck.encode([snap], chunk_type=ck.TRACKING_SNAPSHOT, timestamp=self._timestamp(),
+                            epoch=self.epoch, chunk_id=self.log.next_offset)
+            self.log.append(raw, self.log.fmt.info(raw[:ck.HEADER_SIZE]))
+        if not self._sync_busy:
+            self.log.close_retired()
+        self.apply_retention()
+
+    def accept_chunk(self, raw: bytes) -> None:
+        """A follower appends a chunk exactly as the leader wrote it (its id must be `next_offset`)."""
+        self._check_writable()
+        if not ck.verify(raw):
+            raise ValueError("chunk does not verify (CRC or length)")
+        header = ck.decode_header(raw)
+        try:
+            if self.log.would_roll(len(raw)):
+                self.log.roll()
+                if not self._sync_busy:
+                    self.log.close_retired()
+            self.log.append(raw, header.info())
+        except StorageError as exc:
+            self._fail(exc)
+            raise
+        _fold_tracking(self.tracking, raw)
+        self._last_ts = max(self._last_ts, header.timestamp)
+        self._schedule_sync()
+
+    def _track_pending(self, chunk_id: int) -> asyncio.Future[None]:
+        fut = self._loop.create_future()
+        self._pending.append((chunk_id, fut))
+        return fut
+
+    # -- syncing and committing ---------------------------------------------------------------------
+    def _schedule_sync(self) -> None:
+        if not self._sync_scheduled and not self._sync_busy:
+            self._sync_scheduled = True
+            self._loop.call_soon(self._start_sync)
+
+    def _start_sync(self) -> None:
+        self._sync_scheduled = False
+        if self.closed or self.failed is not None or self._sync_busy:
+            return
+        handles = self.log.sync_handles()
+        target = self.log.last_chunk_id
+        if not handles:
+            self._synced(target)
+            return
+        if self.placement.inline():
+            try:
+                self.placement.run_inline(sync_all, handles)
+            except StorageError as exc:
+                self._fail(exc)
+                return
+            self._synced(target)
+            return
+        self._sync_busy = True
+        job = self._loop.run_in_executor(None, self.placement.measure, sync_all, handles)
+        job.add_done_callback(lambda f: self._sync_done(f, target))
+
+    def _sync_done(self, job: asyncio.Future[None], target: int) -> None:
+        self._sync_busy = False
+        self.log.close_retired()
+        exc = job.exception()
+        if exc is not None:
+            self._fail(exc)
+            return
+        self._synced(target)
+        if self.log.last_chunk_id > target:
+            self._schedule_sync()
+
+    def _synced(self, chunk_id: int) -> None:
+        self.syncs += 1
+        if chunk_id <= self.durable_chunk_id:
+            return
+        self.durable_chunk_id = chunk_id
+        for fn in list(self.on_durable):
+            fn(chunk_id)
+        if self.auto_commit:
+            self.commit(chunk_id)
+
+    def commit(self, chunk_id: int) -> None:
+        """Move the commit point to `chunk_id` (the id of a chunk written here): settles the appends up
+        to it and wakes readers. Never moves back."""
+        if chunk_id <= self.committed_chunk_id:
+            return
+        self.committed_chunk_id = chunk_id
+        pending = self._pending
+        while pending and pending[0][0] <= chunk_id:
+            _, fut = pending.popleft()
+            if not fut.done():
+                fut.set_result(None)
+        for fn in list(self._listeners):
+            fn()
+
+    def on_commit(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback()` whenever the commit point moves; returns the function that removes it."""
+        self._listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+        return remove
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failed is None:
+            log.error("stream %s failed: %s", self.log.directory, exc)
+        self.failed = exc
+        while self._pending:
+            _, fut = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(StorageError("append", self.log.directory, detail=f"stream write failed: {exc}"))
+
+    # -- retention ----------------------------------------------------------------------------------
+    def set_retention(self, retention: Retention) -> None:
+        self.options.retention = retention
+        self.apply_retention()
+
+    def apply_retention(self) -> int:
+        """Delete the whole segments the retention rule drops; returns how many went."""
+        segs = self.log.segments
+        drop = segments_to_drop([(s.size, s.last_ts) for s in segs], self.options.retention,
+                                self.clock.wall_ms())
+        if drop:
+            self.log.delete_oldest(drop)
+            for fn in list(self._listeners):  # readers waiting in a deleted segment move on
+                fn()
+        return drop
+
+    # -- reading ------------------------------------------------------------------------------------
+    def reader(self, spec: OffsetSpec, *, committed_only: bool = True,
+               include_tracking: bool = False) -> StreamReader:
+        """A reader positioned by `spec` (queues/stream/offset_spec.py for the rules)."""
+        slog = self.log
+        start: int
+        kind = spec.kind
+        if kind is SpecKind.FIRST:
+            start = slog.first_offset
+        elif kind is SpecKind.NEXT:
+            start = slog.next_offset
+        elif kind is SpecKind.LAST:
+            start = self._last_user_chunk()
+        elif kind is SpecKind.OFFSET:
+            start = min(max(spec.value, slog.first_offset), slog.next_offset)
+        else:
+            found = slog.locate_timestamp(spec.value)
+            if found is None:
+                start = slog.next_offset
+            else:
+                seg, pos = found
+                start = slog.fmt.info(slog.read_at(seg, pos, ck.HEADER_SIZE)).chunk_id
+        found = slog.locate(start)
+        if found is None:  # at the end: wait at the tail
+            seg = slog.segments[-1]
+            cursor = ChunkCursor(slog, seg, seg.size, slog.next_offset)
+        else:
+            seg, pos = found
+            cursor = ChunkCursor(slog, seg, pos, slog.fmt.info(slog.read_at(seg, pos, ck.HEADER_SIZE)).chunk_id)
+        return StreamReader(self, cursor, start, committed_only, include_tracking)
+
+    def _last_user_chunk(self) -> int:
+        """The id of the last committed USER chunk (osiris's `last`), else the next offset."""
+        slog = self.log
+        for seg in reversed(slog.segments):
+            for i in range(seg.chunks - 1, -1, -1):
+                rec = slog.index_record(seg, i)
+                if rec.chunk_id > self.committed_chunk_id:
+                    continue
+                if rec.chunk_type == ck.USER:
+                    return rec.chunk_id
+                if seg.chunks - i > 4096:  # bounded scan back through tracking chunks
+                    return slog.next_offset
+        return slog.next_offset
+
+    # -- closing ------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Sync what was written and close the files."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.failed is None:
+            await self._loop.run_in_executor(None, self.log.sync)
+            self._synced(self.log.last_chunk_id)
+        self.log.close()
+
+    async def delete(self) -> None:
+        """Close and delete the stream's files."""
+        self.closed = True
+        for _, fut in self._pending:
+            if not fut.done():
+                fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))
+        self._pending.clear()
+        await self._loop.run_in_executor(None, self.log.destroy)
+
+
+class StreamReader:
+    """Reads committed chunks from the files, from its start offset on. Holds only its position.
+
+    `next_chunk()` returns the next chunk (USER chunks only unless `include_tracking`), or None when it
+    has read everything committed; `handle.on_commit` says when to try again. If retention deleted the
+    segment it was in, it moves to the new first chunk (`moved` counts it)."""
+
+    def __init__(self, handle: StreamHandle, cursor: ChunkCursor, start: int, committed_only: bool,
+                 include_tracking: bool) -> None:
+        self.handle = handle
+        self.cursor = cursor
+        self.start = start
+        self.committed_only = committed_only
+        self.include_tracking = include_tracking
+
+    @property
+    def next_offset(self) -> int:
+        return max(self.cursor.next_id, self.start)
+
+    @property
+    def moved(self) -> int:
+        return self.cursor.skipped
+
+    def next_chunk(self) -> ReadChunk | None:
+        h = self.handle
+        limit = h.committed_chunk_id if self.committed_only else h.log.last_chunk_id
+        while True:
+            skipped = self.cursor.skipped
+            got = self.cursor.next(limit)
+            if self.cursor.skipped != skipped:
+                self.start = max(self.start, h.log.first_offset) if self.start >= h.log.first_offset \
+                    else h.log.first_offset
+            if got is None:
+                return None
+            _, raw = got
+            header = ck.decode_header(raw)
+            if header.chunk_type != ck.USER and not self.include_tracking:
+                continue
+            if header.next_offset <= self.start:
+                continue
+            return ReadChunk(header, raw, max(self.start, header.chunk_id))
+
+
+def _fold_tracking(tracking: trk.Tracking, raw: bytes) -> None:
+    """Apply a chunk's tracking (a snapshot replaces, a delta adds, a user chunk's trailer adds)."""
+    header, _, data, trailer = ck.parts(raw)
+    if header.chunk_type == ck.USER:
+        if len(trailer):
+            tracking.apply(trailer)
+        return
+    if header.chunk_type == ck.TRACKING_SNAPSHOT:
+        tracking.sequences.clear()
+        tracking.offsets.clear()
+    for entry in ck.iter_entries(data):
+        if isinstance(entry, bytes):
+            tracking.apply(entry)
+
+
+def _open_log(fs: FileSystem, directory: str, opts: StreamOptions,
+              first_offset: int) -> tuple[StreamLog, trk.Tracking]:
+    slog = StreamLog.open(fs, directory, ck.FORMAT,
+                          StreamLogOptions(opts.max_segment_size_bytes, opts.max_segment_size_chunks),
+                          first_offset)
+    tracking = trk.Tracking()
+    tail = slog.segments[-1]
+    pos = FILE_HEADER_SIZE
+    for _ in range(tail.chunks):  # the last segment holds (from its snapshot on) everything tracked
+        header = ck.decode_header(slog.read_at(tail, pos, ck.HEADER_SIZE))
+        if header.chunk_type == ck.USER:
+            if header.trailer_size:
+                tracking.apply(slog.read_at(tail, pos + header.size - header.trailer_size, header.trailer_size))
+        else:
+            _fold_tracking(tracking, slog.read_at(tail, pos, header.size))
+        pos += header.size
+    return slog, tracking

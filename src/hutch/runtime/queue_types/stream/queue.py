@@ -1,0 +1,331 @@
+"""A stream as an AMQP 0-9-1 queue: `StreamQueue`, the `Queue` the channel programs against.
+
+Owns: publishing into the stream's log (0-9-1 messages converted to AMQP 1.0 entries, one chunk per loop
+turn, confirms settled on commit), consumers as readers of the log with manual acks as credit, the
+`x-stream-offset` header on every delivery, filtering, and RabbitMQ's refusals (basic.get, no-ack
+consumers, missing prefetch, nack/reject, purge). The log itself is a `StreamHandle` (handle.py).
+
+Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; texts are its texts):
+- basic.get: 540 "basic.get not supported by stream queues queue 'q' in vhost '/'" (connection).
+- a consumer with no-ack: 540 "automatic acknowledgement not supported by stream queues …" (connection);
+  without a (per-consumer) prefetch: 406 "consumer prefetch count is not set for 'queue 'q' in vhost
+  '/''" (channel), also when only a global prefetch is set, as there.
+- basic.nack / basic.reject on an open consumer: 540 "basic.nack and basic.reject not supported by
+  stream queues …"; unacked deliveries of a closed channel simply go (a stream keeps every message).
+- queue.purge: 540 "queue.purge not supported by stream queues …".
+- A consumer reads from its `x-stream-offset` (default `next`), at most `prefetch - unacked` messages
+  ahead; an ack returns credit. A consumer never holds more than one chunk's records in memory.
+- Filtering (RabbitMQ 3.13's): `x-stream-filter-value` on a publish (a header) is the entry's filter
+  value; a consumer with `x-stream-filter` (a string or a list) gets only messages with one of those
+  values, plus those without a value when `x-stream-match-unfiltered` is true. Whole chunks are skipped
+  by their bloom filter.
+- Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
+  yields the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
+from hutch.amqp.table import TypedInt
+from hutch.core.confirms import Receipt
+from hutch.core.message import Message
+from hutch.core.queue_settings import QueueSettings
+from hutch.core.queue_type import PENDING, SETTLED, Consumer, Deliverer, Published, Queue, QueueEntry
+from hutch.core.vhost import rs
+from hutch.queues.stream import amqp10
+from hutch.queues.stream import chunk as ck
+from hutch.queues.stream.offset_spec import OffsetSpec, interval_ms, parse_amqp
+from hutch.queues.stream.retention import Retention
+from hutch.runtime.ports import Clock
+from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamReader
+
+log = logging.getLogger("hutch.stream")
+
+DELIVER_BATCH = 256
+MAX_CHUNK_ENTRIES = 4096  # publishes gathered in one loop turn go out as chunks of at most this many
+FILTER_HEADER = "x-stream-filter-value"
+OFFSET_HEADER = "x-stream-offset"
+
+
+class StreamEntry(QueueEntry):
+    """A delivered record: its offset is its `seq`; `consumer` says who it went to."""
+
+    __slots__ = ("consumer",)
+
+    def __init__(self, seq: int, msg: Message, consumer: StreamConsumer) -> None:
+        super().__init__(seq, msg)
+        self.consumer = consumer
+
+
+class StreamConsumer:
+    """A consumer's reader and the records of the chunk it is in the middle of."""
+
+    __slots__ = ("consumer", "reader", "pending", "filters", "match_unfiltered")
+
+    def __init__(self, consumer: Consumer, reader: StreamReader, filters: list[bytes] | None,
+                 match_unfiltered: bool) -> None:
+        self.consumer = consumer
+        self.reader = reader
+        self.pending: list[tuple[int, bytes]] = []
+        self.filters = filters
+        self.match_unfiltered = match_unfiltered
+
+
+def _filter_spec(arguments: dict[str, Any], what: str) -> tuple[list[bytes] | None, bool]:
+    raw = arguments.get("x-stream-filter")
+    match_unfiltered = bool(arguments.get("x-stream-match-unfiltered", False))
+    if raw is None:
+        return None, match_unfiltered
+    values = raw if isinstance(raw, list) else [raw]
+    out: list[bytes] = []
+    for v in values:
+        if isinstance(v, str):
+            out.append(v.encode())
+        elif isinstance(v, bytes):
+            out.append(v)
+        else:
+            raise ChannelError(PRECONDITION_FAILED, f"invalid x-stream-filter for {what}", 60, 20)
+    return out, match_unfiltered
+
+
+def retention_of(arguments: dict[str, Any], policy: dict[str, Any]) -> Retention:
+    """The retention limits: a policy's `max-length-bytes` / `max-age` over the x-arguments (as RabbitMQ
+    resolves them for streams: the policy wins only where the argument is absent)."""
+    max_bytes = arguments.get("x-max-length-bytes", policy.get("max-length-bytes"))
+    age = arguments.get("x-max-age", policy.get("max-age"))
+    age_ms = None
+    if isinstance(age, str | bytes):
+        age_ms = interval_ms(age.decode() if isinstance(age, bytes) else age)
+    return Retention(int(max_bytes) if isinstance(max_bytes, int) else None, age_ms)
+
+
+class StreamQueue(Queue):
+    queue_type = "stream"
+
+    def __init__(self, vhost: str, name: str, arguments: dict[str, Any], handle: StreamHandle, stream_id: int,
+                 clock: Clock) -> None:
+        super().__init__(vhost, name, True, None, False, arguments)
+        self.handle = handle
+        self.stream_id = stream_id
+        self.clock = clock
+        self._what = rs("queue", name, vhost)
+        self._consumers: dict[Consumer, StreamConsumer] = {}
+        self._batch: list[bytes] = []
+        self._batch_filters: list[bytes | None] = []
+        self._batch_receipts: list[Receipt] = []
+        self._flush_scheduled = False
+        self._deliver_scheduled = False
+        self._remove_listener: Callable[[], None] = handle.on_commit(self._committed)
+        handle.options.retention = retention_of(arguments, self.settings.effective_policy_definition)
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        super().apply_settings(settings)
+        if hasattr(self, "handle"):
+            self.handle.set_retention(retention_of(self.arguments, settings.effective_policy_definition))
+
+    # -- publishing ---------------------------------------------------------------------------------
+    def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
+        if self.deleted:
+            return SETTLED
+        self.stat_published += 1
+        headers = msg.properties.headers
+        value = headers.get(FILTER_HEADER) if headers else None
+        self._batch.append(amqp10.from_091(msg))
+        self._batch_filters.append(value.encode() if isinstance(value, str) else
+                                   value if isinstance(value, bytes) else None)
+        if receipt is not None:
+            self._batch_receipts.append(receipt)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return PENDING if receipt is not None else SETTLED
+
+    def _flush(self) -> None:
+        """Write what this loop turn published as chunks; their receipts settle on commit."""
+        self._flush_scheduled = False
+        batch, filters, receipts = self._batch, self._batch_filters, self._batch_receipts
+        self._batch, self._batch_filters, self._batch_receipts = [], [], []
+        if self.deleted or not batch:
+            for r in receipts:
+                r.settle(self)
+            return
+        use_filters = any(f is not None for f in filters)
+        last: Appended | None = None
+        try:
+            for i in range(0, len(batch), MAX_CHUNK_ENTRIES):
+                last = self.handle.append(batch[i:i + MAX_CHUNK_ENTRIES],
+                                          filter_values=filters[i:i + MAX_CHUNK_ENTRIES] if use_filters else None)
+        except Exception as exc:  # noqa: BLE001 - a storage failure nacks the publishes (logged by the handle)
+            for r in receipts:
+                r.reject(self, str(exc))
+            return
+        if receipts and last is not None:
+            last.settled.add_done_callback(lambda fut: self._settle(fut, receipts))
+
+    def _settle(self, fut: asyncio.Future[None], receipts: list[Receipt]) -> None:
+        error = None if fut.cancelled() else fut.exception()
+        for r in receipts:
+            if error is None:
+                r.settle(self)
+            else:
+                r.reject(self, str(error))
+
+    # -- refusals -----------------------------------------------------------------------------------
+    def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
+        raise ConnectionError_(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._what}", 60, 70)
+
+    def purge(self) -> int:
+        raise ConnectionError_(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._what}", 50, 30)
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        self.stat_acked += sum(1 for _ in entries)
+        self._schedule_delivery()
+
+    def requeue(self, entries: Iterable[QueueEntry]) -> None:
+        if any(isinstance(e, StreamEntry) and e.consumer.consumer in self._consumers for e in entries):
+            raise ConnectionError_(NOT_IMPLEMENTED,
+                                   f"basic.nack and basic.reject not supported by stream queues {self._what}", 60, 120)
+        # a closed channel's deliveries: nothing to give back, the log keeps them
+
+    def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
+        raise ConnectionError_(NOT_IMPLEMENTED,
+                               f"basic.nack and basic.reject not supported by stream queues {self._what}", 60, 120)
+
+    # -- consumers ----------------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.no_ack:
+            raise ConnectionError_(NOT_IMPLEMENTED,
+                                   f"automatic acknowledgement not supported by stream queues {self._what}", 60, 20)
+        if not consumer.prefetch:
+            raise ChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for '{self._what}'", 60, 20)
+        args = consumer.arguments
+        try:
+            spec = parse_amqp(args["x-stream-offset"], self.clock.wall_ms()) if "x-stream-offset" in args \
+                else OffsetSpec.next()
+        except ValueError as exc:
+            raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-stream-offset' for {self._what}: {exc}",
+                               60, 20) from exc
+        filters, match_unfiltered = _filter_spec(args, self._what)
+        self._consumers[consumer] = StreamConsumer(consumer, self.handle.reader(spec), filters, match_unfiltered)
+        self.had_consumers = True
+        self._schedule_delivery()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self._consumers.pop(consumer, None)
+
+    def consumers(self) -> list[Consumer]:
+        return list(self._consumers)
+
+    def consumer_offsets(self) -> dict[str, int]:
+        """Each consumer's next offset (management)."""
+        return {c.tag: sc.reader.next_offset for c, sc in self._consumers.items()}
+
+    # -- delivering ---------------------------------------------------------------------------------
+    def _committed(self) -> None:
+        self._schedule_delivery()
+
+    def _schedule_delivery(self) -> None:
+        if not self._deliver_scheduled and self._consumers:
+            self._deliver_scheduled = True
+            asyncio.get_running_loop().call_soon(self._deliver_soon)
+
+    def _deliver_soon(self) -> None:
+        self._deliver_scheduled = False
+        self.deliver_pending()
+
+    def deliver_pending(self) -> None:
+        if self.deleted:
+            return
+        more = False
+        for sc in list(self._consumers.values()):
+            more |= self._deliver_to(sc)
+        if more:
+            self._schedule_delivery()
+
+    def _deliver_to(self, sc: StreamConsumer) -> bool:
+        """Deliver what the consumer's credit allows, at most DELIVER_BATCH; True if it could take more
+        and more is there (so the caller comes back next loop turn)."""
+        consumer = sc.consumer
+        sent = 0
+        while consumer.can_take() and not consumer.channel.conn.write_paused:
+            if sent >= DELIVER_BATCH:
+                return True
+            if not sc.pending:
+                if not self._next_records(sc):
+                    return False
+                continue
+            offset, record = sc.pending.pop(0)
+            try:
+                msg = amqp10.to_091(record, "", self.name)
+            except ValueError as exc:
+                log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
+                            self._what, offset, exc)
+                continue
+            headers = msg.properties.headers
+            if sc.filters is not None:
+                value = headers.get(FILTER_HEADER) if headers else None
+                wanted = value.encode() if isinstance(value, str) else value
+                if not (wanted in sc.filters if wanted else sc.match_unfiltered):
+                    continue
+            msg = msg.with_header(OFFSET_HEADER, TypedInt(offset, "l"))
+            consumer.unacked += 1
+            consumer.delivered += 1
+            self.stat_delivered += 1
+            consumer.channel.deliver(consumer, self, StreamEntry(offset, msg, sc))
+            sent += 1
+        return False
+
+    def _next_records(self, sc: StreamConsumer) -> bool:
+        """Load the consumer's next chunk's records (skipping chunks its filter rules out)."""
+        while True:
+            chunk = sc.reader.next_chunk()
+            if chunk is None:
+                return False
+            if sc.filters is not None:
+                _, bits, _, _ = ck.parts(chunk.raw)
+                if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
+                    continue
+            sc.pending = [r for r in chunk.records() if r[1]]
+            if sc.pending:
+                return True
+
+    # -- counts and info ----------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        return 0  # RabbitMQ's declare-ok for a stream says 0; management shows the log's count (info)
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(c.unacked for c in self._consumers)
+
+    @property
+    def message_bytes(self) -> int:
+        return self.handle.size_bytes
+
+    def delete(self) -> int:
+        self.deleted = True
+        self._remove_listener()
+        for receipt in self._batch_receipts:
+            receipt.settle(self)
+        self._batch_receipts = []
+        consumers = list(self._consumers)
+        self._consumers.clear()
+        for c in consumers:
+            c.channel.consumer_cancelled_by_broker(c)
+        return 0
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        h = self.handle
+        count = max(0, h.committed_offset + 1 - h.first_offset)
+        out.update({
+            "messages": count, "messages_ready": count, "messages_unacknowledged": 0,
+            "segments": h.segment_count, "first_offset": h.first_offset, "committed_offset": h.committed_offset,
+            "last_offset": h.next_offset - 1, "consumer_offsets": self.consumer_offsets(),
+        })
+        return out

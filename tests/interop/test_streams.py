@@ -1,0 +1,253 @@
+"""Streams over AMQP 0-9-1 with pika and aio-pika against a real node (RabbitMQ 3.10's behaviour and
+texts, compared by hand with a running RabbitMQ: docs/streams.md)."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+
+from conftest import ServerInfo, start_server
+
+from .helpers import connect, drain, refused, settle, unique
+
+STREAM = {"x-queue-type": "stream"}
+
+
+def declare(ch: Any, name: str, **arguments: Any) -> str:
+    ch.queue_declare(name, durable=True, arguments={**STREAM, **arguments})
+    return name
+
+
+def publish(ch: Any, queue: str, bodies: list[bytes], **props: Any) -> None:
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish("", queue, body, pika.BasicProperties(**props))
+
+
+def consume(conn: Any, queue: str, count: int, prefetch: int = 100, timeout: float = 10.0,
+            **arguments: Any) -> list[tuple[int, bytes, Any]]:
+    """(x-stream-offset, body, properties) of `count` deliveries, acked as they come."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=prefetch)
+    got: list[tuple[int, bytes, Any]] = []
+
+    def on_message(c: Any, m: Any, p: Any, b: bytes) -> None:
+        got.append((p.headers["x-stream-offset"], b, p))
+        c.basic_ack(m.delivery_tag)
+
+    ch.basic_consume(queue, on_message, arguments=arguments)
+    drain(conn, got, count, timeout)
+    settle(conn, 0.2)
+    ch.close()
+    return got
+
+
+def test_declare_rules(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    name = unique("s")
+    for props, prop in (({"durable": False}, "non-durable"), ({"exclusive": True}, "exclusive-owner"),
+                        ({"auto_delete": True}, "auto-delete")):
+        ch = conn.channel()
+        with refused(406, f"PRECONDITION_FAILED - invalid property '{prop}' for queue '{name}' in vhost '/'"):
+            ch.queue_declare(name, **{"durable": True, **props}, arguments=STREAM)
+    ch = conn.channel()
+    with refused(406, "PRECONDITION_FAILED - Cannot declare a server-named queue for type rabbit_stream_queue"):
+        ch.queue_declare("", durable=True, arguments=STREAM)
+    for arg, value in (("x-max-length", 10), ("x-message-ttl", 10), ("x-dead-letter-exchange", "x"),
+                       ("x-expires", 1000), ("x-max-age", "7X")):
+        ch = conn.channel()
+        with refused(406) as r:
+            ch.queue_declare(name, durable=True, arguments={**STREAM, arg: value})
+        assert r.text.startswith(f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{name}' in vhost '/'")
+    ch = conn.channel()
+    ok = ch.queue_declare(name, durable=True, arguments={**STREAM, "x-max-age": "7D",
+                                                         "x-max-length-bytes": 20_000_000,
+                                                         "x-stream-max-segment-size-bytes": 1_000_000})
+    assert ok.method.message_count == 0
+    ch.queue_delete(name)
+    conn.close()
+
+
+def test_publish_and_read_from_every_kind_of_offset(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    props = {"headers": {"k": 1, "s": "str"}, "content_type": "text/plain", "delivery_mode": 2,
+             "message_id": "id", "priority": 3, "timestamp": 1_700_000_000, "correlation_id": "c",
+             "reply_to": "r", "expiration": "60000", "type": "t", "app_id": "a", "user_id": "guest",
+             "content_encoding": "utf8"}
+    publish(ch, q, [b"m0", b"m1", b"m2"], **props)
+    publish(ch, q, [b"plain"])
+    first = consume(conn, q, 4, **{"x-stream-offset": "first"})
+    assert [(o, b) for o, b, _ in first] == [(0, b"m0"), (1, b"m1"), (2, b"m2"), (3, b"plain")]
+    p = first[0][2]
+    assert p.headers == {"k": 1, "s": "str", "x-stream-offset": 0}
+    for key, value in props.items():
+        if key != "headers":
+            assert getattr(p, key) == value, key
+    assert first[3][2].headers == {"x-stream-offset": 3}
+    assert [(o, b) for o, b, _ in consume(conn, q, 2, **{"x-stream-offset": 2})] == [(2, b"m2"), (3, b"plain")]
+    assert [(o, b) for o, b, _ in consume(conn, q, 1, **{"x-stream-offset": "last"})] == [(3, b"plain")]
+    assert consume(conn, q, 1, timeout=0.5, **{"x-stream-offset": "next"}) == []
+    assert len(consume(conn, q, 4, **{"x-stream-offset": "1m"})) == 4
+    since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
+    assert len(consume(conn, q, 4, **{"x-stream-offset": since})) == 4
+    # a consumer at `next` gets what is published after it attached
+    ch2 = conn.channel()
+    ch2.basic_qos(prefetch_count=10)
+    got: list[bytes] = []
+    ch2.basic_consume(q, lambda c, m, _p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    settle(conn, 0.2)
+    publish(ch, q, [b"late"])
+    assert drain(conn, got, 1) == [b"late"]
+    ch.queue_delete(q)
+    conn.close()
+
+
+def test_refusals_as_rabbitmq(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    what = f"queue '{q}' in vhost '/'"
+    publish(ch, q, [b"a", b"b"])
+    with refused(540, f"NOT_IMPLEMENTED - basic.get not supported by stream queues {what}", connection=True):
+        ch.basic_get(q)
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    with refused(406, f"PRECONDITION_FAILED - consumer prefetch count is not set for '{what}'"):
+        ch.basic_consume(q, lambda *a: None)
+        settle(conn)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    with refused(406, f"PRECONDITION_FAILED - consumer prefetch count is not set for '{what}'"):
+        ch.basic_consume(q, lambda *a: None)
+        settle(conn)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    with refused(406) as r:
+        ch.basic_consume(q, lambda *a: None, arguments={"x-stream-offset": "sometime"})
+        settle(conn)
+    assert r.text.startswith(f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for {what}")
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    with refused(540, f"NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {what}",
+                 connection=True):
+        ch.basic_consume(q, lambda *a: None, auto_ack=True)
+        settle(conn)
+    for requeue in (True, False):
+        conn = connect(server.amqp_port)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(q, lambda c, m, _p, _b, rq=requeue: c.basic_nack(m.delivery_tag, requeue=rq),
+                         arguments={"x-stream-offset": "first"})
+        with refused(540, f"NOT_IMPLEMENTED - basic.nack and basic.reject not supported by stream queues {what}",
+                     connection=True):
+            settle(conn, 1.0)
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    with refused(540, f"NOT_IMPLEMENTED - queue.purge not supported by stream queues {what}", connection=True):
+        ch.queue_purge(q)
+    conn = connect(server.amqp_port)
+    conn.channel().queue_delete(q)
+    conn.close()
+
+
+def test_manual_acks_are_credit(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    publish(ch, q, [b"%d" % i for i in range(10)])
+    cch = conn.channel()
+    cch.basic_qos(prefetch_count=3)
+    got: list[Any] = []
+    cch.basic_consume(q, lambda _c, m, _p, b: got.append((m.delivery_tag, b)),
+                      arguments={"x-stream-offset": "first"})
+    drain(conn, got, 3)
+    settle(conn, 0.3)
+    assert [b for _, b in got] == [b"0", b"1", b"2"]  # no more without acks
+    cch.basic_ack(got[1][0], multiple=True)
+    drain(conn, got, 5)
+    settle(conn, 0.3)
+    assert [b for _, b in got] == [b"0", b"1", b"2", b"3", b"4"]
+    ch.queue_delete(q)
+    conn.close()
+
+
+def test_filtering(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    ch.confirm_delivery()
+    for i, value in enumerate(["eu", "us", None, "eu"]):
+        headers = {"x-stream-filter-value": value} if value else None
+        ch.basic_publish("", q, b"%d" % i, pika.BasicProperties(headers=headers))
+    eu = consume(conn, q, 2, **{"x-stream-offset": "first", "x-stream-filter": "eu"})
+    assert [b for _, b, _ in eu] == [b"0", b"3"]
+    mixed = consume(conn, q, 3, **{"x-stream-offset": "first", "x-stream-filter": ["us"],
+                                   "x-stream-match-unfiltered": True})
+    assert [b for _, b, _ in mixed] == [b"1", b"2"]
+    ch.queue_delete(q)
+    conn.close()
+
+
+def test_retention_removes_whole_segments_and_consumers_start_at_the_new_first(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"), **{"x-max-length-bytes": 3000, "x-stream-max-segment-size-bytes": 1000})
+    for i in range(40):
+        publish(ch, q, [b"%03d" % i + b"x" * 100])
+    got = consume(conn, q, 1, **{"x-stream-offset": "first"})
+    assert got and got[0][0] > 0  # the oldest segments are gone
+    last = consume(conn, q, 1, **{"x-stream-offset": "last"})
+    assert last[0][1].startswith(b"039")
+    ch.queue_delete(q)
+    conn.close()
+
+
+def test_a_stream_survives_kill_9(tmp_path: Path) -> None:
+    info = start_server(tmp_path)
+    try:
+        conn = connect(info.amqp_port)
+        ch = conn.channel()
+        q = declare(ch, "kept")
+        publish(ch, q, [b"m%d" % i for i in range(100)])
+        conn.close()
+        info.stop(signal.SIGKILL)
+        info = start_server(tmp_path)
+        conn = connect(info.amqp_port)
+        ch = conn.channel()
+        declare(ch, "kept")  # an equivalent redeclare
+        publish(ch, "kept", [b"after"])
+        got = consume(conn, "kept", 101, **{"x-stream-offset": "first"})
+        assert [b for _, b, _ in got] == [b"m%d" % i for i in range(100)] + [b"after"]
+        assert [o for o, _, _ in got] == list(range(101))
+        conn.close()
+    finally:
+        info.stop()
+
+
+@pytest.mark.asyncio
+async def test_aio_pika_publish_and_consume(server: ServerInfo) -> None:
+    conn = await aio_pika.connect(server.url)
+    ch = await conn.channel(publisher_confirms=True)
+    await ch.set_qos(prefetch_count=10)
+    name = unique("s")
+    queue = await ch.declare_queue(name, durable=True, arguments=STREAM)
+    for i in range(5):
+        await ch.default_exchange.publish(aio_pika.Message(b"%d" % i, headers={"n": i}), routing_key=name)
+    got: list[tuple[int, bytes]] = []
+    async with queue.iterator(arguments={"x-stream-offset": "first"}) as it:
+        async for message in it:
+            got.append((message.headers["x-stream-offset"], message.body))
+            await message.ack()
+            if len(got) == 5:
+                break
+    assert got == [(i, b"%d" % i) for i in range(5)]
+    await queue.delete()
+    await conn.close()

@@ -1,0 +1,95 @@
+"""`StreamHandle` (runtime/queue_types/stream/handle.py) on MemoryFS: appends settle after the sync,
+deduplication and offset tracking survive a crash, readers start where their spec says and move past
+retention."""
+
+from __future__ import annotations
+
+import pytest
+
+from hutch.queues.stream.offset_spec import OffsetSpec
+from hutch.queues.stream.retention import Retention
+from hutch.runtime.clock import ManualClock
+from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions, StreamReader
+from hutch.storage.memfs import MemoryFS
+
+pytestmark = pytest.mark.asyncio
+D = "/data/streams/s1"
+
+
+def records(reader: StreamReader) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    while (c := reader.next_chunk()) is not None:
+        out.extend(c.records())
+    return out
+
+
+async def test_append_settles_after_sync_and_readers_see_only_committed() -> None:
+    h = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
+    woke: list[int] = []
+    h.on_commit(lambda: woke.append(h.committed_chunk_id))
+    r = h.reader(OffsetSpec.first())
+    a = h.append([b"a", b"b"])
+    assert not a.settled.done() and r.next_chunk() is None  # written, not yet synced
+    await a.settled
+    assert woke == [0] and h.committed_offset == 1 and h.next_offset == 2
+    assert records(r) == [(0, b"a"), (1, b"b")]
+    await h.close()
+
+
+async def test_deduplication_and_tracking_survive_a_crash() -> None:
+    fs = MemoryFS(seed=3)
+    h = await StreamHandle.open(fs, D, clock=ManualClock(), options=StreamOptions(max_segment_size_bytes=256))
+    for seq in range(1, 40):
+        await h.append([b"m%d" % seq], publisher=b"pub", publishing_ids=[seq]).settled
+    await h.store_offset(b"reader-1", 17).settled
+    dup = h.append([b"again", b"new"], publisher=b"pub", publishing_ids=[39, 40])
+    assert dup.duplicates == [39] and dup.stored == [40]
+    await dup.settled
+    assert h.segment_count > 2
+    fs.crash(torn=True)
+    h2 = await StreamHandle.open(fs, D, clock=ManualClock(), options=StreamOptions(max_segment_size_bytes=256))
+    assert h2.query_publisher_sequence(b"pub") == 40
+    assert h2.query_offset(b"reader-1") == 17
+    assert h2.query_publisher_sequence(b"nobody") == 0 and h2.query_offset(b"nobody") is None
+    again = h2.append([b"x", b"y"], publisher=b"pub", publishing_ids=[40, 41])
+    assert again.duplicates == [40] and again.stored == [41]
+    bodies = [b for _, b in records(h2.reader(OffsetSpec.first()))]
+    assert bodies == [b"m%d" % i for i in range(1, 40)] + [b"new"]  # tracking chunks are not records
+    await h2.close()
+
+
+async def test_offset_specs() -> None:
+    clock = ManualClock(wall_ms=10_000)
+    h = await StreamHandle.open(MemoryFS(), D, clock=clock)
+    for i in range(5):
+        await h.append([b"%d" % i, b"%d'" % i]).settled
+        clock.advance(1)
+    assert records(h.reader(OffsetSpec.first()))[0] == (0, b"0")
+    assert records(h.reader(OffsetSpec.last())) == [(8, b"4"), (9, b"4'")]
+    assert records(h.reader(OffsetSpec.next())) == []
+    assert records(h.reader(OffsetSpec.offset(3)))[0] == (3, b"1'")  # mid-chunk: from the offset on
+    assert records(h.reader(OffsetSpec.offset(999))) == []
+    assert records(h.reader(OffsetSpec.timestamp(12_000)))[0] == (4, b"2")
+    assert records(h.reader(OffsetSpec.timestamp(99_000))) == []
+    r = h.reader(OffsetSpec.next())
+    await h.append([b"late"]).settled
+    assert records(r) == [(10, b"late")]
+    await h.delete()
+
+
+async def test_retention_moves_readers_to_the_new_first_offset() -> None:
+    clock = ManualClock()
+    h = await StreamHandle.open(MemoryFS(), D, clock=clock, options=StreamOptions(max_segment_size_bytes=120))
+    r = h.reader(OffsetSpec.first())
+    await h.append([b"x" * 30]).settled
+    assert records(r) == [(0, b"x" * 30)]
+    for _ in range(10):
+        await h.append([b"y" * 30]).settled
+    h.set_retention(Retention(max_bytes=300))
+    assert h.first_offset > 1 and h.size_bytes <= 300 + 120
+    got = records(r)
+    assert got[0][0] == h.first_offset and r.moved == 1
+    clock.advance(3600)
+    h.set_retention(Retention(max_age_ms=60_000))
+    assert h.segment_count == 1
+    await h.close()

@@ -1,0 +1,143 @@
+"""The pure stream log parts: chunk encoding, tracking blocks, the retention rule, offset specs."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hutch.amqp.table import Timestamp
+from hutch.queues.stream import chunk as ck
+from hutch.queues.stream import tracking as trk
+from hutch.queues.stream.offset_spec import OffsetSpec, SpecKind, interval_ms, parse_amqp
+from hutch.queues.stream.retention import Retention, segments_to_drop
+
+entries = st.lists(st.binary(max_size=64), min_size=1, max_size=20)
+
+
+@settings(deadline=None)
+@given(entries, st.integers(0, 2**40), st.integers(-2**40, 2**40), st.integers(0, 2**20), st.binary(max_size=40))
+def test_chunk_round_trip(items: list[bytes], chunk_id: int, ts: int, epoch: int, trailer: bytes) -> None:
+    raw = ck.encode(items, timestamp=ts, epoch=epoch, chunk_id=chunk_id, trailer=trailer)
+    assert ck.verify(raw)
+    h, bloom, data, tail = ck.parts(raw)
+    assert (h.chunk_id, h.timestamp, h.epoch, h.num_entries, h.num_records) == (chunk_id, ts, epoch, len(items),
+                                                                                 len(items))
+    assert h.size == len(raw) and bytes(tail) == trailer and not bloom
+    assert list(ck.iter_records(raw)) == [(chunk_id + i, e) for i, e in enumerate(items)]
+    assert ck.FORMAT.info(raw[:ck.HEADER_SIZE]).size == len(raw)
+
+
+@settings(deadline=None)
+@given(entries, st.data())
+def test_any_flipped_data_bit_or_cut_fails_verify(items: list[bytes], data: st.DataObject) -> None:
+    raw = bytearray(ck.encode(items, timestamp=1, epoch=0, chunk_id=0))
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    assert not ck.verify(bytes(raw[:cut]))
+    bit = data.draw(st.integers(ck.HEADER_SIZE * 8, len(raw) * 8 - 1))
+    raw[bit // 8] ^= 0x80 >> (bit % 8)
+    assert not ck.verify(bytes(raw))
+
+
+def test_header_layout_is_osiris() -> None:
+    raw = ck.encode([b"abc"], timestamp=7, epoch=2, chunk_id=5)
+    assert raw[0] == 0x50 and raw[1] == ck.USER
+    assert int.from_bytes(raw[2:4], "big") == 1 and int.from_bytes(raw[4:8], "big") == 1
+    assert int.from_bytes(raw[24:32], "big") == 5
+    assert raw[48:] == b"\x00\x00\x00\x03abc"
+    with pytest.raises(ValueError):
+        ck.decode_header(b"\x51" + raw[1:])
+    with pytest.raises(ValueError):
+        ck.encode([], timestamp=0, epoch=0, chunk_id=0)
+
+
+def test_sub_batch_records_count_as_offsets() -> None:
+    body = b"".join(len(r).to_bytes(4, "big") + r for r in (b"x", b"yy", b"zzz"))
+    raw = ck.encode([b"a", ck.SubBatch(3, 0, len(body), body), b"b"], timestamp=0, epoch=0, chunk_id=10)
+    h = ck.decode_header(raw)
+    assert (h.num_entries, h.num_records, h.next_offset) == (3, 5, 15)
+    assert list(ck.iter_records(raw)) == [(10, b"a"), (11, b"x"), (12, b"yy"), (13, b"zzz"), (14, b"b")]
+
+
+@settings(deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=10), min_size=1, max_size=10), st.booleans())
+def test_bloom_has_no_false_negatives(values: list[bytes], unfiltered: bool) -> None:
+    bits = ck.bloom([*values, None] if unfiltered else values)
+    for v in values:
+        assert ck.bloom_may_match(bits, [v], False)
+    # bit 0 says "an entry without a value": match-unfiltered readers want the chunk exactly then
+    assert ck.bloom_may_match(bits, [], True) == unfiltered
+
+
+def test_bloom_without_values_matches_only_unfiltered() -> None:
+    assert ck.bloom([None, b""]) == b""
+    assert ck.bloom_may_match(b"", [b"eu"], True)
+    assert not ck.bloom_may_match(b"", [b"eu"], False)
+
+
+refs = st.binary(min_size=1, max_size=12)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.booleans(), refs, st.integers(0, 2**63)), max_size=30))
+def test_tracking_snapshot_replays_to_the_same_state(ops: list[tuple[bool, bytes, int]]) -> None:
+    t = trk.Tracking()
+    for i, (is_seq, ref, value) in enumerate(ops):
+        t.apply(trk.sequence_block(ref, i, value) if is_seq else trk.offset_block(ref, value))
+    again = trk.Tracking()
+    again.apply(t.snapshot())
+    assert again == t
+
+
+def test_tracking_sequences_never_go_back_and_bad_blocks_are_refused() -> None:
+    t = trk.Tracking()
+    t.apply(trk.sequence_block(b"p", 0, 10) + trk.sequence_block(b"p", 5, 3))
+    assert t.sequence(b"p") == 10
+    with pytest.raises(ValueError):
+        t.apply(b"\x07\x01p")
+    with pytest.raises(ValueError):
+        trk.offset_block(b"", 1)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 10_000)), max_size=12),
+       st.one_of(st.none(), st.integers(0, 5000)), st.one_of(st.none(), st.integers(0, 10_000)))
+def test_retention_keeps_the_last_segment_and_drops_only_a_prefix(segs: list[tuple[int, int]], max_bytes: int | None,
+                                                                  max_age: int | None) -> None:
+    segs = [(size, ts) for size, ts in segs]
+    segs_sorted = sorted(segs, key=lambda s: s[1])
+    drop = segments_to_drop(segs_sorted, Retention(max_bytes, max_age), 10_000)
+    assert 0 <= drop <= max(0, len(segs) - 1)
+    rest = segs_sorted[drop:]
+    if max_bytes is not None and drop and max_age is None:
+        # the last dropped segment was needed to get under the limit
+        assert sum(s for s, _ in segs_sorted[drop - 1:]) > max_bytes
+    if max_age is not None and len(rest) > 1:
+        assert rest[0][1] >= 10_000 - max_age or (max_bytes is not None)
+
+
+def test_retention_examples() -> None:
+    segs = [(100, 1), (100, 2), (100, 3)]
+    assert segments_to_drop(segs, Retention(), 10) == 0
+    assert segments_to_drop(segs, Retention(max_bytes=250), 10) == 1
+    assert segments_to_drop(segs, Retention(max_bytes=0), 10) == 2
+    assert segments_to_drop(segs, Retention(max_age_ms=8), 10) == 1
+    assert segments_to_drop(segs, Retention(max_age_ms=0), 10) == 2
+
+
+def test_offset_specs_from_amqp_arguments() -> None:
+    now = 1_000_000_000
+    assert parse_amqp("first", now) == OffsetSpec.first()
+    assert parse_amqp(b"last", now).kind is SpecKind.LAST
+    assert parse_amqp("next", now).kind is SpecKind.NEXT
+    assert parse_amqp(42, now) == OffsetSpec.offset(42)
+    assert parse_amqp("30m", now) == OffsetSpec.timestamp(now - 30 * 60_000)
+    when = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    assert parse_amqp(when, now) == OffsetSpec.timestamp(1704067200000)
+    assert parse_amqp(Timestamp(1_700_000_000), now) == OffsetSpec.timestamp(1_700_000_000_000)
+    assert interval_ms("7D") == 7 * 86_400_000 and interval_ms("12x") is None
+    for bad in (-1, "sometime", True, 1.5, "30"):
+        with pytest.raises(ValueError):
+            parse_amqp(bad, now)
