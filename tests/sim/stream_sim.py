@@ -166,10 +166,10 @@ class StreamSim:
         m = node.member
         assert m is not None
         chunks, size, nxt = [], 0, e.start
-        starts = {c.chunk_id for c in node.disk.synced}
-        if e.start not in starts:
-            raise StreamViolation(f"{node.name} asked to ship from {e.start}, not a synced chunk")
-        for c in node.disk.synced:
+        written = node.disk.chunks()
+        if e.start not in {c.chunk_id for c in written}:
+            raise StreamViolation(f"{node.name} asked to ship from {e.start}, not a chunk it holds")
+        for c in written:
             if c.chunk_id < e.start:
                 continue
             if chunks and size + len(c.data) > e.max_bytes:
@@ -259,6 +259,8 @@ class StreamSim:
         node.disk.unsynced.append(chunk)
         node.appended.append(chunk)
         self.stats.published += k
+        if self.rng.random() < 0.5:
+            self._run(node, m.shipments())
 
     def _detect_writer_down(self) -> None:
         w = self.coord.writer

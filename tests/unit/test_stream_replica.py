@@ -108,8 +108,9 @@ def test_commit_needs_a_majority_on_disk() -> None:
     out = a.step(hello)
     start = _sends(out)[0]
     assert start == sr.Start(1, hello.session, 0, False, 0)
-    assert not any(isinstance(e, sr.Ship) for e in out)     # nothing synced to ship yet
-    assert a.written(1) == [sr.Ship("b", 0, 1 << 20)]        # synced: shipped; one of three: no commit
+    assert sr.Ship("b", 0, 256 << 10) in out                   # the marker, written: shipped at once
+    assert a.shipments() == []                               # one shipment at a time from one offset
+    assert a.written(1) == []                                # one of three: no commit
     out = b.step(start)
     ack0 = _sends(out)[0]
     assert isinstance(ack0, sr.Ack) and ack0.next_offset == 0
@@ -160,9 +161,9 @@ def test_fencing_stops_the_old_writer_and_reports_the_durable_tail() -> None:
     assert a.role is sr.Role.IDLE
     # a message of the old epoch is refused now
     assert a.step(sr.Ack("b", 1, 1, 1)) == []
-    # the member that is chosen starts writing from its durable end, with a marker of its epoch
+    # the member that is chosen keeps its log (the unsynced chunk too) and writes a marker of its epoch
     out = a.observe(sr.View(2, "a", ("a", "b", "c"), electing=False))
-    assert out == [sr.Truncate(1), sr.Append(2, 1)]
+    assert out == [sr.Append(2, 3)]
 
 
 def test_a_restarted_writer_asks_for_a_new_election() -> None:
@@ -192,9 +193,10 @@ def test_retention_past_a_lagging_replica_resets_it() -> None:
     a, b, _ = _writer_and_replica()
     hello = _sends(b.observe(sr.View(1, "a", ("a", "b", "c"), electing=False)))[0]
     assert isinstance(hello, sr.Hello)
-    start = _sends(a.step(hello))[0]
-    b.step(start)
-    assert [e for e in a.written(1) if isinstance(e, sr.Ship)] == [sr.Ship("b", 0, 1 << 20)]
+    out = a.step(hello)
+    assert sr.Ship("b", 0, 256 << 10) in out
+    b.step(_sends(out)[0])
+    a.written(1)
     a.append(5)
     a.written(6)
     a.commit = 6           # as if a third member had acknowledged

@@ -15,7 +15,8 @@ replicas' (one copy per replica, no Raft log in between, no second write on any 
 
 The rules, and why they are safe:
 - An epoch has one writer, named by the coordinator. The writer appends chunks stamped with its epoch
-  and ships them as they are on disk (only what it has synced, `Ship` reads the files), from each
+  and ships them as they are in its files (`Ship` reads them, written whether or not synced yet, so the
+  replicas' syncs run beside the writer's, as osiris's replica readers do), from each
   replica's agreed point (stream_tail.agreed_next) onwards. A replica writes them in order, syncs and
   acknowledges the next offset it holds; the writer counts a chunk as **committed** once a majority of
   the members (itself included) hold it on disk. Publishes are confirmed, and readers see chunks, only
@@ -146,7 +147,7 @@ class Send(NamedTuple):
 
 
 class Ship(NamedTuple):
-    """Read chunks from the files from `start` (a chunk boundary) up to the synced end, at most
+    """Read chunks from the files from `start` (a chunk boundary) up to the end written, at most
     `max_bytes` (always at least one chunk), send them to `peer` as `Chunks`, then call `shipped`."""
     peer: str
     start: int
@@ -226,7 +227,7 @@ class StreamMember:
     the coordinator (nothing of a lower epoch is accepted)."""
 
     def __init__(self, name: str, tail: Tail, fenced: int = 0, *, session_base: int = 0,
-                 ship_bytes: int = 1 << 20, max_inflight: int = 4, resend_ticks: int = 5,
+                 ship_bytes: int = 256 << 10, max_inflight: int = 32, resend_ticks: int = 5,
                  hello_ticks: int = 10) -> None:
         tail.check()
         self.name = name
@@ -291,11 +292,10 @@ class StreamMember:
             self.role, self.writer, self.progress = Role.IDLE, None, {}
 
     def _become_writer(self) -> list[Effect]:
-        # what was appended but never synced may be gone already; the writer's log is what is durable
+        # What was appended and not yet synced stays: the writer's log may only grow past what it
+        # reported (cutting it would drop chunks that, shipped in an earlier epoch of this same writer,
+        # may be committed already: the simulation's seed 163 after shipping unsynced chunks)
         out: list[Effect] = []
-        if self.log.next != self.synced:
-            self.log = self.log.clipped(self.synced)
-            out.append(Truncate(self.synced))
         self.role = Role.WRITER
         self.progress = {m: Progress() for m in self.members if m != self.name}
         self.marker_next = -1
@@ -332,6 +332,11 @@ class StreamMember:
         if first > self.log.first:
             self.log = self.log.trimmed(first)
 
+    def shipments(self) -> list[Effect]:
+        """Writer: the `Ship`s its appends since the last call make possible (the runtime asks once per
+        loop turn, after the turn's appends)."""
+        return self._ship_all() if self.role is Role.WRITER else []
+
     def shipped(self, peer: str, next_offset: int) -> list[Effect]:
         """The runtime sent `peer` the chunks up to `next_offset` (== the Ship's start: nothing to send)."""
         p = self.progress.get(peer)
@@ -353,7 +358,7 @@ class StreamMember:
         if p.started and p.sent < self.log.first:
             p.started, p.rehello, p.shipping = False, True, False
             return [Send(peer, Rehello(self.epoch, p.session))]
-        if not p.started or p.shipping or p.sent >= self.synced or len(p.inflight) >= self.max_inflight:
+        if not p.started or p.shipping or p.sent >= self.log.next or len(p.inflight) >= self.max_inflight:
             return []
         p.shipping = True
         return [Ship(peer, p.sent, self.ship_bytes)]
@@ -380,8 +385,10 @@ class StreamMember:
                 return []
             if m.session < p.session or m.session == p.session and p.started:
                 return []  # a Hello answered already, or older than one answered (a late delivery)
-            agreed = agreed_next(self.durable_tail(), tail)
-            reset = must_reset(self.durable_tail(), tail, agreed)
+            # against the whole log, synced or not: the commit point may be past the writer's own sync
+            # (replicas acknowledged first), and a replica must never be cut below it (seed 605)
+            agreed = agreed_next(self.log, tail)
+            reset = must_reset(self.log, tail, agreed)
             start = self.log.first if reset else agreed
             self.progress[m.sender] = p = Progress(started=True, session=m.session, acked=start, sent=start)
             return [Send(m.sender, Start(self.epoch, m.session, start, reset, self.commit)),

@@ -75,6 +75,7 @@ class ReplicatedStream:
         self._reopening: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self._flush_scheduled = False
         self._attach(handle)
 
     @classmethod
@@ -147,7 +148,15 @@ class ReplicatedStream:
         appended = self.handle.append(entries, publisher=publisher, publishing_ids=publishing_ids,
                                       filter_values=filter_values)
         self._wrote(before)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return appended
+
+    def _flush(self) -> None:
+        """Once per loop turn with publishes: ship them (the replicas write while the writer syncs)."""
+        self._flush_scheduled = False
+        self._input(lambda: self._run(self.member.shipments()))
 
     def _wrote(self, before: int) -> None:
         after = self.handle.next_offset
@@ -192,7 +201,7 @@ class ReplicatedStream:
         reader = self.handle.reader(OffsetSpec.offset(e.start), committed_only=False, include_tracking=True)
         chunks: list[sr.ChunkRef] = []
         size, nxt = 0, e.start
-        limit = self.member.synced
+        limit = self.member.log.next
         while (c := reader.next_chunk()) is not None:
             h = c.header
             if h.next_offset > limit or (chunks and size + len(c.raw) > e.max_bytes):
