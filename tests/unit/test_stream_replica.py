@@ -259,3 +259,44 @@ def test_agreed_next_never_claims_past_the_common_prefix_after_retention(
     if not must_reset(writer, _tail(b), agreed):
         assert agreed <= common
         assert agreed >= writer.first or not b
+
+
+# -- the wire and the Raft log --------------------------------------------------------------------------
+
+
+def test_replica_messages_round_trip_through_msgpack() -> None:
+    import msgpack
+    tail = Tail(3, 9, ((1, 5), (2, 9)))
+    for m in (sr.Hello("n2", 4, 1 << 33, tail), sr.Start(4, 7, 5, True, 3),
+              sr.Chunks(4, (sr.ChunkRef(2, 5, 7, b"\x00raw"), sr.ChunkRef(4, 7, 8, b"x")), 6),
+              sr.Ack("n2", 4, 7, 8), sr.Nack("n3", 4, 7, 5), sr.Rehello(4, 7), sr.Commit(4, 8)):
+        wire = msgpack.unpackb(msgpack.packb(sr.message_to_wire(m)))
+        assert sr.message_from_wire(wire) == m
+
+
+@pytest.mark.parametrize("bad", [None, [], [99], [0, "n", 1], [1, 1, 2, 3, 4, 5, 6], [2, 1, [[1, 2]], 3],
+                                 [0, "n", 1, 1, [5, 3, []]], "text", [6, "x", 1]])
+def test_malformed_replica_messages_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="malformed|not a stream tail"):
+        sr.message_from_wire(bad)
+
+
+def test_coordinator_commands_and_snapshot_round_trip() -> None:
+    tail = Tail(0, 9, ((1, 9),))
+    for cmd in (sc.Declare(("a", "b", "c"), "a"), sc.WriterDown(3), sc.TailReport("b", 4, tail),
+                sc.ChangeMembers(("a", "b")), sc.EpochStable(2)):
+        assert sc.decode_command(sc.encode_command(cmd)) == cmd
+    for bad in (b"", b"\x93\x02\x00\x01", b"\x92\x01\x09", b"\x93\x01\x01\xa1x"):
+        with pytest.raises(sc.CoordinatorError):
+            sc.decode_command(bad)
+    seen: list[sc.CoordState] = []
+    m = sc.CoordinatorMachine(seen.append)
+    m.apply(1, sc.encode_command(sc.Declare(("a", "b", "c"), "a")))
+    m.apply(2, sc.encode_command(sc.WriterDown(1)))
+    m.apply(3, sc.encode_command(sc.TailReport("b", 2, tail)))
+    with pytest.raises(sc.CoordinatorError):
+        m.apply(4, sc.encode_command(sc.ChangeMembers(("a",))))
+    copy = sc.CoordinatorMachine(seen.append)
+    copy.restore(m.snapshot())
+    assert copy.state == m.state and m.state.reports == (("b", tail),)
+    assert [s.epoch for s in seen] == [1, 2, 2, 2]

@@ -25,10 +25,13 @@ Rules:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgpack
 
 from hutch.cluster.stream_replica import View
-from hutch.cluster.stream_tail import Tail, tail_key
+from hutch.cluster.stream_tail import Tail, tail_from_wire, tail_key, tail_to_wire
 
 
 class Declare(NamedTuple):
@@ -120,3 +123,88 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
         raise CoordinatorError("members change one at a time: add or remove exactly one member")
     writer = state.writer if state.writer in cmd.members else None
     return CoordState(state.epoch + 1, writer, cmd.members, ())
+
+
+# -- in the Raft log: commands as entries, the state as a snapshot ------------------------------------------
+
+VERSION = 1
+_KINDS: tuple[type, ...] = (Declare, WriterDown, TailReport, ChangeMembers, EpochStable)
+_TAG = {kind: i for i, kind in enumerate(_KINDS)}
+
+
+def encode_command(cmd: Command) -> bytes:
+    """A command as a Raft entry: msgpack `[version, tag, field, ...]`."""
+    if isinstance(cmd, TailReport):
+        fields: list[Any] = [cmd.member, cmd.epoch, tail_to_wire(cmd.tail)]
+    elif isinstance(cmd, Declare):
+        fields = [list(cmd.members), cmd.writer]
+    elif isinstance(cmd, ChangeMembers):
+        fields = [list(cmd.members)]
+    else:
+        fields = [cmd.epoch]
+    return msgpack.packb([VERSION, _TAG[type(cmd)], *fields])
+
+
+def decode_command(data: bytes | memoryview) -> Command:
+    """The inverse of `encode_command`; CoordinatorError for an entry it cannot read (the same on every
+    replica, so every replica refuses it alike)."""
+    try:
+        version, tag, *fields = msgpack.unpackb(data)
+        if version != VERSION:
+            raise CoordinatorError(f"stream coordinator entry version {version} is not {VERSION}")
+        kind = _KINDS[tag]
+        if kind is TailReport:
+            member, epoch, tail = fields
+            return TailReport(str(member), int(epoch), tail_from_wire(tail))
+        if kind is Declare:
+            members, writer = fields
+            return Declare(tuple(str(m) for m in members), str(writer))
+        if kind is ChangeMembers:
+            (members,) = fields
+            return ChangeMembers(tuple(str(m) for m in members))
+        (epoch,) = fields
+        return WriterDown(int(epoch)) if kind is WriterDown else EpochStable(int(epoch))
+    except (TypeError, ValueError, IndexError, msgpack.ExtraData) as exc:
+        if isinstance(exc, CoordinatorError):
+            raise
+        raise CoordinatorError(f"malformed stream coordinator entry: {exc}") from exc
+
+
+def snapshot_state(state: CoordState) -> bytes:
+    return msgpack.packb([VERSION, state.epoch, state.writer, list(state.members),
+                          [[m, tail_to_wire(t)] for m, t in state.reports], state.stable])
+
+
+def restore_state(data: bytes) -> CoordState:
+    version, epoch, writer, members, reports, stable = msgpack.unpackb(data)
+    if version != VERSION:
+        raise CoordinatorError(f"stream coordinator snapshot version {version} is not {VERSION}")
+    return CoordState(int(epoch), writer, tuple(members),
+                      tuple((str(m), tail_from_wire(t)) for m, t in reports), bool(stable))
+
+
+class CoordinatorMachine:
+    """The coordinator as a Raft state machine (runtime/clustering/raft_group.py's `StateMachine`): applies
+    entries in log order and tells `on_change` every new state (each replica of the group, so each member's
+    node learns the view from its own copy)."""
+
+    def __init__(self, on_change: Callable[[CoordState], None]) -> None:
+        self.state = NONE
+        self.on_change = on_change
+
+    def apply(self, index: int, data: bytes) -> CoordState:
+        before = self.state
+        self.state = apply(self.state, decode_command(data))  # a CoordinatorError fails the proposer
+        if self.state != before:
+            self.on_change(self.state)
+        return self.state
+
+    def snapshot(self) -> bytes:
+        return snapshot_state(self.state)
+
+    def restore(self, data: bytes) -> None:
+        self.state = restore_state(data)
+        self.on_change(self.state)
+
+    def on_membership(self, voters: tuple[int, ...]) -> None:
+        """The Raft group's voters are the nodes hosting members; the coordinator's members are its own."""

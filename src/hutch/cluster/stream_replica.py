@@ -50,9 +50,9 @@ import enum
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from hutch.cluster.stream_tail import Tail, agreed_next, empty_at, must_reset
+from hutch.cluster.stream_tail import Tail, agreed_next, empty_at, must_reset, tail_from_wire, tail_to_wire
 
 
 class ChunkRef(NamedTuple):
@@ -516,3 +516,43 @@ class StreamMember:
 def chunk_ids(chunks: Sequence[ChunkRef]) -> list[int]:
     """The first offsets of `chunks` (for logs and tests)."""
     return [c.chunk_id for c in chunks]
+
+
+# -- the wire: one msgpack-able positional list per message -----------------------------------------------
+
+_KINDS: tuple[type, ...] = (Hello, Start, Chunks, Ack, Nack, Rehello, Commit)
+_TAG = {kind: i for i, kind in enumerate(_KINDS)}
+
+
+def message_to_wire(m: Message) -> list[object]:
+    """`[tag, field, ...]`, a Tail as tail_to_wire's list and chunks as [[epoch, id, next, bytes], ...]."""
+    if isinstance(m, Hello):
+        return [_TAG[Hello], m.sender, m.epoch, m.session, tail_to_wire(m.tail)]
+    if isinstance(m, Chunks):
+        return [_TAG[Chunks], m.epoch, [list(c) for c in m.chunks], m.commit]
+    return [_TAG[type(m)], *m]
+
+
+def message_from_wire(value: Any) -> Message:  # Any: a msgpack value from a peer, checked here
+    """The inverse of `message_to_wire`; ValueError for anything malformed (a peer's bad message is
+    dropped, never half-applied)."""
+    try:
+        tag, *fields = value
+        kind = _KINDS[int(tag)]
+        if kind is Hello:
+            sender, epoch, session, tail = fields
+            return Hello(str(sender), int(epoch), int(session), tail_from_wire(tail))
+        if kind is Chunks:
+            epoch, chunks, commit = fields
+            refs = tuple(ChunkRef(int(e), int(cid), int(nxt), bytes(data)) for e, cid, nxt, data in chunks)
+            return Chunks(int(epoch), refs, int(commit))
+        if kind is Start:
+            epoch, session, from_offset, reset, commit = fields
+            return Start(int(epoch), int(session), int(from_offset), bool(reset), int(commit))
+        if kind in (Ack, Nack):
+            sender, epoch, session, next_offset = fields
+            return kind(str(sender), int(epoch), int(session), int(next_offset))
+        converted = [int(f) for f in fields]
+        return kind(*converted)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"malformed stream replica message: {value!r:.80}") from exc

@@ -15,7 +15,7 @@ Rules (the replica protocol's, docs/streams.md "Replication"):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Tail(NamedTuple):
@@ -116,3 +116,18 @@ def must_reset(writer: Tail, replica: Tail, agreed: int) -> bool:
     if replica.first > writer.next:
         return True
     return agreed < writer.first or (not replica.epochs and replica.first < writer.first)
+
+
+def tail_to_wire(tail: Tail) -> list[object]:
+    """A tail as a msgpack-able value: [first, next, [[epoch, end], ...]]."""
+    return [tail.first, tail.next, [list(e) for e in tail.epochs]]
+
+
+def tail_from_wire(value: Any) -> Tail:  # Any: a msgpack value from a peer, checked here
+    """The inverse of `tail_to_wire`; ValueError for anything that is not a well-formed tail."""
+    try:
+        first, nxt, epochs = value
+        tail = Tail(int(first), int(nxt), tuple((int(e), int(end)) for e, end in epochs))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a stream tail: {value!r:.80}") from exc
+    return tail.check()
