@@ -12,7 +12,7 @@ from hutch.amqp.spec import BasicProperties
 from hutch.spark.client import AmqpClient, ClientClosed
 from hutch.spark.options import parse_uri
 
-from .helpers import Broker, Proxy, amqp_uri
+from .helpers import Broker, Proxy, amqp_uri, unique
 
 
 def _client(port: int, **query: object) -> AmqpClient:
@@ -122,3 +122,31 @@ def test_missed_heartbeats_are_detected(server: ServerInfo) -> None:
         c.close()
     finally:
         proxy.close()
+
+
+def test_is_stream_tells_a_stream_from_a_queue_and_leaves_the_queue_as_it_was(server: ServerInfo,
+                                                                              broker: Broker) -> None:
+    stream = unique() + "-stream"
+    broker.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    with _client(server.amqp_port) as c:
+        assert c.is_stream(stream)
+    empty = broker.declare()
+    with _client(server.amqp_port) as c:
+        assert not c.is_stream(empty)
+    full = broker.declare()
+    broker.publish(full, 2)
+    with _client(server.amqp_port) as c:
+        assert not c.is_stream(full)
+    assert wait_ready(broker, full, 2)
+    bodies = [body for _m, _p, body in broker.get_all(full)]
+    assert bodies == [b"m0000000", b"m0000001"]  # both back, in order
+    broker.ch.queue_delete(stream)
+
+
+def wait_ready(broker: Broker, queue: str, n: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if broker.ready(queue) == n:
+            return True
+        time.sleep(0.05)
+    return False

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ServerInfo
 
-from .helpers import Broker, amqp_uri
+from .helpers import Broker, amqp_uri, unique
 
 
 def _fails(fragment: str) -> Any:
@@ -102,3 +102,18 @@ def test_unroutable_messages_fail_the_write(spark: Any, server: ServerInfo) -> N
     # mandatory=false: the broker drops them, and the write succeeds
     df.write.format("hutch").mode("append").option("uri", amqp_uri(server.amqp_port)) \
         .option("routing_key", "no-such-queue").option("mandatory", "false").save()
+
+
+def test_a_stream_is_refused_with_a_clear_message(spark: Any, server: ServerInfo, broker: Broker,
+                                                  tmp_path: Path) -> None:
+    stream = unique() + "-stream"
+    broker.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    uri = amqp_uri(server.amqp_port)
+    with _fails(f"queue '{stream}' in vhost '/' is a stream"):
+        spark.read.format("hutch").option("uri", uri).option("queue", stream).load().collect()
+    df = spark.readStream.format("hutch").option("uri", uri).option("queue", stream).load()
+    query = df.writeStream.format("memory").queryName("stream_refused").option(
+        "checkpointLocation", str(tmp_path / "ck")).start()
+    with _fails("is a stream"):
+        query.awaitTermination(60)
+    broker.ch.queue_delete(stream)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -80,6 +81,17 @@ def _string(what: str) -> Callable[[Any], str | None]:
     return check
 
 
+_DURATION = re.compile(r"^[0-9]+[YMDhms]$")
+
+
+def _duration(what: str) -> Callable[[Any], str | None]:
+    """A stream's max-age: "7D", "12h", "30m", "10s" (units Y M D h m s, as RabbitMQ's)."""
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, str) and _DURATION.match(value) else f"{_format(value)} is not a valid {what}"
+
+    return check
+
+
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         return None if isinstance(value, str) and value in choices else f"{_format(value)} is not a valid {what}"
@@ -100,6 +112,8 @@ POLICY_KEYS: dict[str, Callable[[Any], str | None]] = {
     "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES, "dead letter strategy"),
     "alternate-exchange": _string("alternate exchange name"),
     "queue-leader-locator": _one_of(LEADER_LOCATORS, "queue leader locator value"),
+    "max-age": _duration("max age"),  # streams (docs/streams.md)
+    "stream-max-segment-size-bytes": _int_at_least(1, "stream max segment size"),
 }
 # the keys an operator policy may set (RabbitMQ's operator_policy_validator registrations, plus
 # overflow, which RabbitMQ 4.x added with "operator policy value" as its merge rule, and

@@ -80,11 +80,15 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "message_bytes_ready": out.get("message_bytes", 0),
     })
+    info_lengths: dict[str, Any] = {k: out[k] for k in ("messages", "messages_ready", "messages_unacknowledged")
+                                    if k in out}
     if stats is not None:
         stats.queue(q, out)
     else:
         values = _stats.queue_values(q)
         out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in _stats.QUEUE_MSG_STATS}
+    if q.queue_type == "stream":  # a log: its length is what it holds, not what is ready (docs/streams.md)
+        out.update(info_lengths)
     owner = q.exclusive_owner
     if isinstance(owner, AMQPConnection):
         out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],

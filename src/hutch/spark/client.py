@@ -354,6 +354,11 @@ class AmqpClient:
             self._on_confirm(m)
         elif isinstance(m, spec.Basic.Return):
             self._content = _Content(False, m)
+        elif isinstance(m, spec.Basic.GetOk):  # its content follows, as a delivery's (is_stream)
+            self._content = _Content(True, (m.delivery_tag, m.redelivered, m.exchange, m.routing_key))
+            with self._cond:
+                self._rpc_reply = m
+                self._cond.notify_all()
         elif isinstance(m, spec.Connection.Close):
             self._send(method_frame(0, spec.Connection.CloseOk()))
             raise ClientClosed(f"the broker closed the connection: {m.reply_code} {m.reply_text}", m.reply_code)
@@ -443,6 +448,32 @@ class AmqpClient:
         (404), which surfaces as ClientClosed with code 404."""
         ok = self._rpc(spec.Queue.Declare(queue=queue, passive=True), spec.Queue.DeclareOk)
         return int(ok.message_count)
+
+    def is_stream(self, queue: str, timeout_s: float = 30.0) -> bool:
+        """Whether `queue` is a stream. A stream refuses basic.get (RabbitMQ's and hutch's 540 "basic.get
+        not supported by stream queues"), which closes this connection: use a client for nothing else
+        after a True. Any other queue answers get-empty, or get-ok with a message that is given back at
+        once (basic.nack requeue=true: it is redelivered, marked so, like any requeued message)."""
+        try:
+            reply = self._rpc(spec.Basic.Get(queue=queue), spec.Basic.GetOk, spec.Basic.GetEmpty,
+                              timeout_s=timeout_s)
+        except ClientClosed as exc:
+            if exc.code == 540 and "stream" in str(exc):
+                return True
+            raise
+        if isinstance(reply, spec.Basic.GetOk):
+            deadline = time.monotonic() + timeout_s
+            with self._cond:
+                while not any(d.delivery_tag == reply.delivery_tag for d in self._deliveries):
+                    self._check()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ClientClosed(f"no content for basic.get-ok within {timeout_s:g} s")
+                    self._cond.wait(left)
+                self._deliveries = deque(d for d in self._deliveries if d.delivery_tag != reply.delivery_tag)
+            self._send(method_frame(CHANNEL, spec.Basic.Nack(delivery_tag=reply.delivery_tag, multiple=False,
+                                                             requeue=True)))
+        return False
 
     def declare_queue(self, queue: str, durable: bool = True) -> None:
         """queue.declare (for tools and benchmarks; the connector itself never declares)."""

@@ -69,6 +69,22 @@ def _count_ready(client: AmqpClient, opts: ReadOptions) -> int:
         raise HutchReadError(f"hutch source (queue {opts.queue!r}): {exc}") from None
 
 
+def refuse_stream(opts: ReadOptions) -> None:
+    """Fail clearly when the queue is a stream: the source consumes and acknowledges, which on a stream
+    would read only what is published after it starts (docs/spark.md, docs/streams.md)."""
+    probe = open_client(opts, "hutch-spark stream check")
+    try:
+        stream = probe.is_stream(opts.queue)
+    except ClientClosed as exc:
+        raise HutchReadError(f"hutch source (queue {opts.queue!r}): {exc}") from None
+    finally:
+        probe.close()
+    if stream:
+        raise HutchReadError(f"hutch source: queue {opts.queue!r} in vhost {opts.uri.vhost!r} is a stream; the "
+                             "hutch source reads queues, not streams (reading a stream from an offset is not "
+                             "supported yet: see docs/spark.md)")
+
+
 # -- batch ---------------------------------------------------------------------------------------------
 
 
@@ -103,6 +119,7 @@ class HutchBatchReader(DataSourceReader):
             ready = _count_ready(client, opts)
         finally:
             client.close()
+        refuse_stream(opts)
         total = min(opts.max_messages, ready)
         n = opts.num_partitions or max(1, math.ceil(total / opts.prefetch))
         if total > n * opts.prefetch:
@@ -207,6 +224,7 @@ class HutchStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if client is None:
             client = self._client = open_client(self.opts, f"hutch-spark stream {self.opts.queue}")
             _count_ready(client, self.opts)  # fails clearly when the queue does not exist
+            refuse_stream(self.opts)
         elif client.failure is not None:
             raise HutchReadError(f"hutch source (queue {self.opts.queue!r}): {client.failure}; the "
                                  "messages of unfinished batches were requeued by the broker, restart the "

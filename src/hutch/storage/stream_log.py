@@ -48,6 +48,7 @@ assert INDEX_RECORD_SIZE == 29
 
 DEFAULT_MAX_SEGMENT_SIZE_BYTES = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 DEFAULT_MAX_SEGMENT_SIZE_CHUNKS = 256_000
+READ_AHEAD_BYTES = 256 * 1024  # what a reader reads at once (its memory: one block, or one larger chunk)
 MAX_POSITION = (1 << 32) - 1  # index positions are u32: a segment never grows past 4 GiB
 
 
@@ -482,11 +483,14 @@ def sync_all(handles: list[FileHandle]) -> None:
 class ChunkCursor:
     """Reads chunks one at a time from a `StreamLog`'s files, from a position on.
 
-    Holds only its position (segment, byte, next chunk id). `next(limit)` returns the next chunk whose id
-    is at most `limit` (the committed chunk id), or None. If retention deleted the segment it was in, it
-    moves to the log's first chunk (`skipped` counts such moves)."""
+    Holds its position (segment, byte, next chunk id) and one read-ahead block of at most
+    `READ_AHEAD_BYTES` (or one chunk, if larger): one file read serves the small chunks that follow,
+    and memory stays bounded whatever the stream's size. Chunks never change once written, so a whole
+    chunk in the block is the chunk. `next(limit)` returns the next chunk whose id is at most `limit`
+    (the committed chunk id), or None. If retention deleted the segment it was in, it moves to the log's
+    first chunk (`skipped` counts such moves)."""
 
-    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped")
+    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped", "_block", "_block_pos", "_block_seg")
 
     def __init__(self, log: StreamLog, seg: Segment, pos: int, next_id: int) -> None:
         self.log = log
@@ -494,6 +498,19 @@ class ChunkCursor:
         self.pos = pos
         self.next_id = next_id
         self.skipped = 0
+        self._block = b""
+        self._block_pos = 0
+        self._block_seg = -1
+
+    def _read(self, seg: Segment, pos: int, length: int) -> bytes:
+        """`length` bytes at `pos`, from the read-ahead block when it holds them."""
+        block, start = self._block, self._block_pos
+        if self._block_seg == seg.first_id and start <= pos and pos + length <= start + len(block):
+            return block[pos - start:pos - start + length]
+        want = min(max(length, READ_AHEAD_BYTES), seg.size - pos)
+        self._block = block = self.log.read_at(seg, pos, max(want, length))
+        self._block_pos, self._block_seg = pos, seg.first_id
+        return block[:length]
 
     def _segment(self) -> Segment | None:
         segs = self.log.segments
@@ -513,8 +530,11 @@ class ChunkCursor:
             if self.next_id > limit:
                 return None
             if self.pos < seg.size:
-                info = self.log._info_at(seg.segment_path, self.pos)
-                data = self.log.read_at(seg, self.pos, info.size)
+                try:
+                    info = self.log.fmt.info(self._read(seg, self.pos, self.log.fmt.header_size))
+                except ValueError as exc:
+                    raise StorageError("read", seg.segment_path, detail=f"no chunk at byte {self.pos}: {exc}") from exc
+                data = self._read(seg, self.pos, info.size)
                 if len(data) != info.size:
                     raise StorageError("read", seg.segment_path, detail=f"chunk {info.chunk_id} is short")
                 self.pos += info.size

@@ -104,7 +104,7 @@ def encode_value(value: Any, out: list[bytes]) -> None:
     elif isinstance(value, float):
         out.append(b"\x82" + _d.pack(value))
     elif isinstance(value, Symbol):
-        raw = value.encode("ascii")
+        raw = value.encode("utf-8")  # ASCII by the spec; a 0-9-1 shortstr may carry more: kept as UTF-8
         out.append((b"\xa3" + _B.pack(len(raw)) if len(raw) < 256 else b"\xb3" + _I.pack(len(raw))) + raw)
     elif isinstance(value, str):
         raw = value.encode("utf-8")
@@ -183,7 +183,7 @@ def _var(size: struct.Struct, kind: str) -> Callable[[memoryview, int], tuple[An
         if kind == "str":
             return raw.decode("utf-8"), pos + n
         if kind == "sym":
-            return Symbol(raw.decode("ascii")), pos + n
+            return Symbol(raw.decode("utf-8")), pos + n
         return raw, pos + n
     return read
 
@@ -207,6 +207,14 @@ def _decode_as(code: int, buf: memoryview, pos: int, depth: int) -> tuple[Any, i
     """The value of type `code` whose bytes start at `pos` (after the constructor)."""
     if depth > MAX_DEPTH:
         raise ValueError("AMQP 1.0 value nested too deep")
+    if code == 0xa1 or code == 0xa3:  # str8 / sym8, the most common values: inlined
+        if pos >= len(buf):
+            raise ValueError("AMQP 1.0 value runs past its buffer")
+        end = pos + 1 + buf[pos]
+        if end > len(buf):
+            raise ValueError("AMQP 1.0 value runs past its buffer")
+        text = bytes(buf[pos + 1:end]).decode("utf-8")
+        return (text if code == 0xa1 else Symbol(text)), end
     if code in _CONST:
         value = _CONST[code]
         return (list(value) if isinstance(value, list) else value), pos
@@ -247,6 +255,69 @@ def _decode_as(code: int, buf: memoryview, pos: int, depth: int) -> tuple[Any, i
     raise ValueError(f"unknown AMQP 1.0 type code 0x{code:02x}")
 
 
+def _sections(buf: memoryview) -> list[tuple[int, Any, int, int]]:
+    """(descriptor code, value, start, end) of each section; a data section's value is its bytes, sliced
+    without the generic decoder (the hot path of a consumer)."""
+    out: list[tuple[int, Any, int, int]] = []
+    pos, n = 0, len(buf)
+    while pos < n:
+        start = pos
+        if n - pos >= 5 and buf[pos] == 0x00 and buf[pos + 1] == 0x53:
+            code = buf[pos + 2]
+            pos += 3
+            ctor = buf[pos]
+            if code == DATA and ctor in (0xa0, 0xb0):
+                width = 1 if ctor == 0xa0 else 4
+                _need(buf, pos + 1, width)
+                length = buf[pos + 1] if width == 1 else _I.unpack_from(buf, pos + 1)[0]
+                pos += 1 + width
+                _need(buf, pos, length)
+                out.append((DATA, bytes(buf[pos:pos + length]), start, pos + length))
+                pos += length
+                continue
+            if code in (HEADER, MESSAGE_ANNOTATIONS):
+                # the same few header and annotation sections recur in every message of a publisher
+                value, pos = _decode_cached(buf, pos)
+            else:
+                value, pos = decode_value(buf, pos)
+            out.append((code, value, start, pos))
+            continue
+        value, pos = decode_value(buf, pos)
+        if not isinstance(value, Described) or not isinstance(value.descriptor, int):
+            raise ValueError("an AMQP 1.0 message section is a described value with a numeric descriptor")
+        out.append((int(value.descriptor), value.value, start, pos))
+    return out
+
+
+def _decode_cached(buf: memoryview, pos: int) -> tuple[Any, int]:
+    """decode_value through a bounded cache keyed by the value's bytes (callers never mutate the result:
+    `to_091` copies what it keeps)."""
+    value, end = _compound_end(buf, pos)
+    if value is None:
+        return decode_value(buf, pos)
+    key = bytes(buf[pos:end])
+    cached = _DECODED_CACHE.get(key)
+    if cached is None:
+        cached = _cache_put(_DECODED_CACHE, key, decode_value(memoryview(key), 0)[0])
+    return cached, end
+
+
+def _compound_end(buf: memoryview, pos: int) -> tuple[bool | None, int]:
+    """(True, end) of a list or map at `pos` no longer than 512 bytes, else (None, pos)."""
+    if pos >= len(buf):
+        return None, pos
+    code = buf[pos]
+    if code in (0xc0, 0xc1) and pos + 1 < len(buf):
+        end = pos + 2 + buf[pos + 1]
+    elif code in (0xd0, 0xd1) and pos + 5 <= len(buf):
+        end = pos + 5 + _I.unpack_from(buf, pos + 1)[0]
+    else:
+        return None, pos
+    if end > len(buf) or end - pos > 512:
+        return None, pos
+    return True, end
+
+
 def decode_sections(data: bytes | memoryview) -> list[tuple[int, Any, bytes]]:
     """(descriptor code, value, the section's encoded bytes) of each section of a message."""
     buf = memoryview(data)
@@ -262,8 +333,34 @@ def decode_sections(data: bytes | memoryview) -> list[tuple[int, Any, bytes]]:
 
 
 # -- 0-9-1 ⇄ entry --------------------------------------------------------------------------------
+_PLAIN_FIELDS = ("content_type", "content_encoding", "headers", "priority", "correlation_id", "reply_to",
+                 "expiration", "message_id", "timestamp", "type", "user_id", "app_id")
+
+
+def _str8(value: str, out: list[bytes]) -> None:
+    raw = value.encode("utf-8")
+    out.append((b"\xa1" + _B.pack(len(raw)) if len(raw) < 256 else b"\xb1" + _I.pack(len(raw))) + raw)
+
+
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
+    p = msg.properties
+    if p.delivery_mode in (None, 2) and all(getattr(p, f) is None for f in _PLAIN_FIELDS):
+        # the common case, encoded without the generic encoder: header, the two annotations, data
+        parts: list[bytes] = []
+        _str8(msg.exchange, parts)
+        _str8(msg.routing_key, parts)
+        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1]))
+        body = bytes(msg.body)
+        blen = len(body)
+        return b"".join((
+            _HEADER_DURABLE_TRUE if p.delivery_mode == 2 else _HEADER_DURABLE_FALSE,
+            b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(4) + pairs,
+            (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)), body))
+    return _from_091(msg)
+
+
+def _from_091(msg: Message) -> bytes:
     p = msg.properties
     headers = p.headers or {}
     out: list[bytes] = []
@@ -273,9 +370,55 @@ def from_091(msg: Message) -> bytes:
             ttl = int(p.expiration)
         except ValueError:
             ttl = None
-    fields: list[Any] = [p.delivery_mode == 2, None if p.priority is None else TypedInt(p.priority, "B"),
-                         None if ttl is None else TypedInt(ttl, "i")]
-    out.append(section(HEADER, _trim(fields)))
+    header_key = (p.delivery_mode == 2, p.priority, ttl)
+    encoded = _HEADER_CACHE.get(header_key)
+    if encoded is None:
+        fields: list[Any] = [p.delivery_mode == 2, None if p.priority is None else TypedInt(p.priority, "B"),
+                             None if ttl is None else TypedInt(ttl, "i")]
+        encoded = _cache_put(_HEADER_CACHE, header_key, section(HEADER, _trim(fields)))
+    out.append(encoded)
+    if not headers:  # the annotations depend on a few strings only: encoded once per combination
+        ma_key = (msg.exchange, msg.routing_key, p.type, p.delivery_mode, None if ttl is not None else p.expiration)
+        encoded = _MA_CACHE.get(ma_key)
+        if encoded is None:
+            encoded = _cache_put(_MA_CACHE, ma_key, section(MESSAGE_ANNOTATIONS, _annotations(msg, ttl, {})))
+        out.append(encoded)
+    else:
+        app: dict[Any, Any] = {}
+        annotations = _annotations(msg, ttl, app)
+        out.append(section(MESSAGE_ANNOTATIONS, annotations))
+    props = [p.message_id, None if p.user_id is None else p.user_id.encode(), None, None, p.reply_to,
+             p.correlation_id, None if p.content_type is None else Symbol(p.content_type),
+             None if p.content_encoding is None else Symbol(p.content_encoding), None,
+             None if p.timestamp is None else AmqpTimestamp(int(p.timestamp) * 1000), p.app_id]
+    if any(v is not None for v in props):
+        out.append(section(PROPERTIES, _trim(props)))
+    if headers and app:
+        out.append(section(APPLICATION_PROPERTIES, app))
+    body = bytes(msg.body)
+    blen = len(body)
+    out.append(b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen))
+    out.append(body)
+    return b"".join(out)
+
+
+_CACHE_MAX = 1024
+_HEADER_CACHE: dict[Any, bytes] = {}
+_MA_CACHE: dict[Any, bytes] = {}
+_DECODED_CACHE: dict[bytes, Any] = {}
+
+
+def _cache_put(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Remember an encoded or decoded section (bounded: the cache is emptied when full)."""
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _annotations(msg: Message, ttl: int | None, app: dict[Any, Any]) -> dict[Any, Any]:
+    """The message annotations of a 0-9-1 message; its other headers go into `app`."""
+    p = msg.properties
     annotations: dict[Any, Any] = {Symbol("x-exchange"): msg.exchange, Symbol("x-routing-key"): msg.routing_key}
     if p.type is not None:
         annotations[Symbol("x-basic-type")] = p.type
@@ -283,23 +426,23 @@ def from_091(msg: Message) -> bytes:
         annotations[Symbol("x-basic-delivery-mode")] = TypedInt(p.delivery_mode, "B")
     if p.expiration is not None and ttl is None:
         annotations[Symbol("x-basic-expiration")] = p.expiration
-    app: dict[Any, Any] = {}
-    for key, value in headers.items():
-        if key.startswith("x-"):
+    for key, value in (p.headers or {}).items():
+        if key.startswith("x-") and key not in _RESERVED:
             annotations[Symbol(key)] = value
         else:
             app[key] = value
-    out.append(section(MESSAGE_ANNOTATIONS, annotations))
-    props = [p.message_id, None if p.user_id is None else p.user_id.encode(), None, None, p.reply_to,
-             p.correlation_id, None if p.content_type is None else Symbol(p.content_type),
-             None if p.content_encoding is None else Symbol(p.content_encoding), None,
-             None if p.timestamp is None else AmqpTimestamp(int(p.timestamp) * 1000), p.app_id]
-    if any(v is not None for v in props):
-        out.append(section(PROPERTIES, _trim(props)))
-    if app:
-        out.append(section(APPLICATION_PROPERTIES, app))
-    out.append(section(DATA, bytes(msg.body)))
-    return b"".join(out)
+    return annotations
+
+
+_HEADER_DURABLE_TRUE = section(HEADER, [True])
+_HEADER_DURABLE_FALSE = section(HEADER, [False])
+_SYM_EXCHANGE = b"\xa3\x0ax-exchange"
+_SYM_ROUTING_KEY = b"\xa3\x0dx-routing-key"
+
+# annotations this mapping writes itself: a client header of the same name travels as an application
+# property instead (and comes back as the same header)
+_RESERVED = frozenset({"x-exchange", "x-routing-key", "x-basic-type", "x-basic-delivery-mode",
+                       "x-basic-expiration"})
 
 
 def _trim(fields: list[Any]) -> list[Any]:
@@ -337,15 +480,66 @@ def _str(value: Any) -> str | None:
     return str(value)
 
 
-def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routing_key: str = "") -> Message:
-    """The 0-9-1 message for a stream entry (an AMQP 1.0 message)."""
+_MA_START = b"\x00\x53\x72\xd1"
+_FAST_LEN = len(_HEADER_DURABLE_TRUE)
+
+
+def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) -> Message | None:
+    """The message `from_091`'s fast path wrote (header, x-exchange and x-routing-key, one data section),
+    read without the generic decoder; None for any other layout."""
+    data = bytes(entry)
+    head = data[:_FAST_LEN]
+    if head == _HEADER_DURABLE_TRUE:
+        mode: int | None = 2
+    elif head == _HEADER_DURABLE_FALSE:
+        mode = None
+    else:
+        return None
+    pos = _FAST_LEN
+    if data[pos:pos + 4] != _MA_START or data[pos + 8:pos + 12] != b"\x00\x00\x00\x04":
+        return None
+    end = pos + 8 + int.from_bytes(data[pos + 4:pos + 8], "big")
+    pos += 12
+    texts: list[str] = []
+    for key in (_SYM_EXCHANGE, _SYM_ROUTING_KEY):
+        if data[pos:pos + len(key)] != key:
+            return None
+        pos += len(key)
+        if pos >= len(data) or data[pos] != 0xa1:
+            return None
+        n = data[pos + 1] if pos + 1 < len(data) else 0
+        texts.append(data[pos + 2:pos + 2 + n].decode("utf-8", "replace"))
+        pos += 2 + n
+    if pos != end or data[pos:pos + 3] != b"\x00\x53\x75":
+        return None
+    ctor = data[pos + 3] if pos + 3 < len(data) else 0
+    if ctor == 0xa0:
+        length, pos = data[pos + 4] if pos + 4 < len(data) else -1, pos + 5
+    elif ctor == 0xb0:
+        length, pos = int.from_bytes(data[pos + 4:pos + 8], "big"), pos + 8
+    else:
+        return None
+    if pos + length != len(data):
+        return None
+    props = BasicProperties(delivery_mode=mode, headers=dict(extra_headers) if extra_headers else None)
+    return Message(texts[0], texts[1], props, data[pos:])
+
+
+def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routing_key: str = "",
+           extra_headers: dict[str, Any] | None = None) -> Message:
+    """The 0-9-1 message for a stream entry (an AMQP 1.0 message); `extra_headers` are added to its
+    headers (the consumer's x-stream-offset)."""
+    fast = _plain_091(entry, extra_headers)
+    if fast is not None:
+        return fast
     props = BasicProperties()
     headers: dict[str, Any] = {}
+    buf = memoryview(entry)
     bodies: list[bytes] = []
     raw_body: list[bytes] = []
     value_body: Any = None
     exchange, routing_key = default_exchange, default_routing_key
-    for code, value, encoded in decode_sections(entry):
+    for code, value, start, end in _sections(buf):
         if code == HEADER and isinstance(value, list):
             value = value + [None] * (3 - len(value))
             if value[0]:
@@ -384,18 +578,21 @@ def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routin
                 headers[str(k)] = _header_value(v)
         elif code == DATA and isinstance(value, bytes):
             bodies.append(value)
-            raw_body.append(encoded)
+            raw_body.append(b"")
         elif code in (AMQP_VALUE, AMQP_SEQUENCE):
             value_body = value
-            raw_body.append(encoded)
+            raw_body.append(bytes(buf[start:end]))
     if bodies and len(bodies) == len(raw_body):
         body = b"".join(bodies)
     elif isinstance(value_body, bytes) and len(raw_body) == 1:
         body = value_body
     elif isinstance(value_body, str) and len(raw_body) == 1:
         body = value_body.encode()
-    else:
-        body = b"".join(raw_body)
+    else:  # an unusual mix of body sections: the encoded sections as they are
+        body = b"".join(bytes(buf[start:end]) for code, _v, start, end in _sections(buf)
+                        if code in (DATA, AMQP_VALUE, AMQP_SEQUENCE))
+    if extra_headers:
+        headers.update(extra_headers)
     if headers:
         props.headers = headers
     return Message(exchange, routing_key, props, body)

@@ -126,6 +126,7 @@ class StreamHandle:
         self._listeners: list[Callable[[], None]] = []
         self._sync_scheduled = False
         self._sync_busy = False
+        self._job: asyncio.Future[None] | None = None  # the sync running in the executor, if any
         self.failed: BaseException | None = None
         self.closed = False
         self.chunks_written = 0
@@ -341,11 +342,12 @@ class StreamHandle:
             self._synced(target)
             return
         self._sync_busy = True
-        job = self._loop.run_in_executor(None, self.placement.measure, sync_all, handles)
+        self._job = job = self._loop.run_in_executor(None, self.placement.measure, sync_all, handles)
         job.add_done_callback(lambda f: self._sync_done(f, target))
 
     def _sync_done(self, job: asyncio.Future[None], target: int) -> None:
         self._sync_busy = False
+        self._job = None
         self.log.close_retired()
         exc = job.exception()
         if exc is not None:
@@ -464,6 +466,7 @@ class StreamHandle:
         if self.closed:
             return
         self.closed = True
+        await self._quiesce()
         if self.failed is None:
             await self._loop.run_in_executor(None, self.log.sync)
             self._synced(self.log.last_chunk_id)
@@ -476,7 +479,14 @@ class StreamHandle:
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))
         self._pending.clear()
+        await self._quiesce()
         await self._loop.run_in_executor(None, self.log.destroy)
+
+    async def _quiesce(self) -> None:
+        """Wait for a sync running in the executor (its descriptors are about to be closed)."""
+        job = self._job
+        if job is not None:
+            await asyncio.wait([job])
 
 
 class StreamReader:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -71,7 +72,7 @@ class StreamConsumer:
                  match_unfiltered: bool) -> None:
         self.consumer = consumer
         self.reader = reader
-        self.pending: list[tuple[int, bytes]] = []
+        self.pending: deque[tuple[int, bytes]] = deque()
         self.filters = filters
         self.match_unfiltered = match_unfiltered
 
@@ -113,6 +114,7 @@ class StreamQueue(Queue):
         self.handle = handle
         self.stream_id = stream_id
         self.clock = clock
+        self.node_name = ""  # the node holding the log (set by the queue type; management shows it)
         self._what = rs("queue", name, vhost)
         self._consumers: dict[Consumer, StreamConsumer] = {}
         self._batch: list[bytes] = []
@@ -125,8 +127,12 @@ class StreamQueue(Queue):
 
     def apply_settings(self, settings: QueueSettings) -> None:
         super().apply_settings(settings)
-        if hasattr(self, "handle"):
-            self.handle.set_retention(retention_of(self.arguments, settings.effective_policy_definition))
+        if hasattr(self, "handle"):  # (the base class's __init__ applies settings before the handle is set)
+            policy = settings.effective_policy_definition
+            size = self.arguments.get("x-stream-max-segment-size-bytes", policy.get("stream-max-segment-size-bytes"))
+            if isinstance(size, int) and size > 0:
+                self.handle.log.options.max_segment_size_bytes = size
+            self.handle.set_retention(retention_of(self.arguments, policy))
 
     # -- publishing ---------------------------------------------------------------------------------
     def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
@@ -259,9 +265,9 @@ class StreamQueue(Queue):
                 if not self._next_records(sc):
                     return False
                 continue
-            offset, record = sc.pending.pop(0)
+            offset, record = sc.pending.popleft()
             try:
-                msg = amqp10.to_091(record, "", self.name)
+                msg = amqp10.to_091(record, "", self.name, {OFFSET_HEADER: TypedInt(offset, "l")})
             except ValueError as exc:
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, exc)
@@ -272,7 +278,6 @@ class StreamQueue(Queue):
                 wanted = value.encode() if isinstance(value, str) else value
                 if not (wanted in sc.filters if wanted else sc.match_unfiltered):
                     continue
-            msg = msg.with_header(OFFSET_HEADER, TypedInt(offset, "l"))
             consumer.unacked += 1
             consumer.delivered += 1
             self.stat_delivered += 1
@@ -290,14 +295,22 @@ class StreamQueue(Queue):
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
                     continue
-            sc.pending = [r for r in chunk.records() if r[1]]
+            sc.pending = deque(r for r in chunk.records() if r[1])
             if sc.pending:
                 return True
 
     # -- counts and info ----------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
-        return 0  # RabbitMQ's declare-ok for a stream says 0; management shows the log's count (info)
+        """0, as RabbitMQ answers for a stream in declare-ok and queue.delete (so if-empty deletes it);
+        management shows the log's length instead (`log_length`, info)."""
+        return 0
+
+    @property
+    def log_length(self) -> int:
+        """The offsets from the first to the last committed one (records and tracking entries)."""
+        h = self.handle
+        return max(0, h.committed_offset + 1 - h.first_offset)
 
     @property
     def unacked_count(self) -> int:
@@ -322,10 +335,11 @@ class StreamQueue(Queue):
     def info(self) -> dict[str, Any]:
         out = super().info()
         h = self.handle
-        count = max(0, h.committed_offset + 1 - h.first_offset)
+        length = self.log_length
         out.update({
-            "messages": count, "messages_ready": count, "messages_unacknowledged": 0,
+            "messages": length, "messages_ready": length, "messages_unacknowledged": 0,
             "segments": h.segment_count, "first_offset": h.first_offset, "committed_offset": h.committed_offset,
             "last_offset": h.next_offset - 1, "consumer_offsets": self.consumer_offsets(),
+            "leader": self.node_name, "members": [self.node_name], "online": [self.node_name],
         })
         return out

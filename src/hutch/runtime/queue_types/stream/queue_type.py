@@ -26,6 +26,7 @@ from hutch.core.arguments import validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.core.vhost import rs
+from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.queues.stream.offset_spec import interval_ms
 from hutch.runtime.ports import Clock, queues_of
 from hutch.runtime.queue_types.base import QueueTypeDefaults
@@ -91,12 +92,17 @@ class StreamQueueType(QueueTypeDefaults):
         root = self.root
         assert root is not None
         seg_bytes = arguments.get("x-stream-max-segment-size-bytes")
+        filter_bytes = arguments.get("x-stream-filter-size-bytes")
         options = StreamOptions(max_segment_size_bytes=seg_bytes if isinstance(seg_bytes, int) and seg_bytes > 0
                                 else DEFAULT_MAX_SEGMENT_SIZE_BYTES,
-                                retention=retention_of(arguments, {}))
+                                retention=retention_of(arguments, {}),
+                                filter_size_bytes=min(255, max(16, filter_bytes)) if isinstance(filter_bytes, int)
+                                else DEFAULT_FILTER_SIZE)
         handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock)
         handle.placement.follow_loop(self.node.loop_load, count_busy=True)
-        return StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
+        q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
+        q.node_name = self.node.name
+        return q
 
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if not isinstance(op, DeclareQueue) or op.type != "stream":

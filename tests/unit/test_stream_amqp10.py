@@ -1,0 +1,85 @@
+"""Stream entries as AMQP 1.0 messages (queues/stream/amqp10.py): 0-9-1 → 1.0 → 0-9-1 is the identity
+for what pika can send, AMQP 1.0 messages of other clients read as 0-9-1, garbage is a ValueError."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hutch.amqp.spec import BasicProperties
+from hutch.amqp.table import Timestamp
+from hutch.core.message import Message
+from hutch.queues.stream import amqp10 as a
+
+short = st.text(max_size=20)
+values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), short,
+              st.binary(max_size=20), st.floats(allow_nan=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(short, inner, max_size=4)),
+    max_leaves=8)
+headers = st.dictionaries(st.text(min_size=1, max_size=10), values, max_size=5)
+opt = st.one_of(st.none(), st.text(max_size=20))
+props = st.builds(
+    BasicProperties, content_type=opt, content_encoding=opt, headers=st.one_of(st.none(), headers.filter(bool)),
+    delivery_mode=st.sampled_from([None, 1, 2]), priority=st.one_of(st.none(), st.integers(0, 255)),
+    correlation_id=opt, reply_to=opt, expiration=st.one_of(st.none(), st.integers(0, 10**9).map(str)),
+    message_id=opt, timestamp=st.one_of(st.none(), st.integers(0, 2**40)), type=opt, user_id=opt, app_id=opt)
+
+
+@settings(deadline=None, max_examples=200)
+@given(props, st.binary(max_size=300), short, short)
+def test_091_round_trip(p: BasicProperties, body: bytes, exchange: str, routing_key: str) -> None:
+    back = a.to_091(a.from_091(Message(exchange, routing_key, p, body)))
+    assert (back.exchange, back.routing_key, back.body) == (exchange, routing_key, body)
+    assert back.properties == p
+
+
+def test_x_headers_go_to_annotations_and_the_rest_to_application_properties() -> None:
+    entry = a.from_091(Message("", "q", BasicProperties(headers={"x-k": 1, "k": "v"}, type="t"), b"b"))
+    sections = {code: value for code, value, _ in a.decode_sections(entry)}
+    assert sections[a.MESSAGE_ANNOTATIONS][a.Symbol("x-k")] == 1
+    assert sections[a.MESSAGE_ANNOTATIONS][a.Symbol("x-basic-type")] == "t"
+    assert sections[a.MESSAGE_ANNOTATIONS][a.Symbol("x-routing-key")] == "q"
+    assert sections[a.APPLICATION_PROPERTIES] == {"k": "v"}
+    assert sections[a.DATA] == b"b"
+
+
+def test_a_message_of_an_amqp_10_client_reads_as_091() -> None:
+    msg_id = uuid.uuid4()
+    entry = b"".join((
+        a.section(a.PROPERTIES, [msg_id, None, None, None, None, None, a.Symbol("text/plain"), None, None,
+                                 a.AmqpTimestamp(1_700_000_000_123)]),
+        a.section(a.APPLICATION_PROPERTIES, {"region": "eu", "n": a.ULong(7)}),
+        a.section(a.AMQP_VALUE, "hello"),
+    ))
+    m = a.to_091(entry, "", "s1")
+    assert m.body == b"hello" and m.routing_key == "s1"
+    assert m.properties.message_id == f"urn:uuid:{msg_id}"
+    assert m.properties.content_type == "text/plain"
+    assert m.properties.timestamp == Timestamp(1_700_000_000)
+    assert m.properties.headers == {"region": "eu", "n": 7}
+
+
+def test_arrays_and_described_values_decode() -> None:
+    # an array of three uints (0xe0 size count ctor items) inside a list
+    array = bytes([0xe0, 1 + 1 + 3 * 4, 3, 0x70]) + b"".join(i.to_bytes(4, "big") for i in (1, 2, 3))
+    value, end = a.decode_value(memoryview(bytes([0xc0, 1 + len(array), 1]) + array), 0)
+    assert value == [[1, 2, 3]] and end == 3 + len(array)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=200))
+def test_garbage_is_a_value_error(data: bytes) -> None:
+    try:
+        a.to_091(data)
+    except ValueError:
+        pass
+
+
+def test_deep_nesting_is_refused() -> None:
+    deep = b"\xc0\x02\x01" * 40 + b"\x40"
+    with pytest.raises(ValueError):
+        a.decode_value(memoryview(deep), 0)
