@@ -208,3 +208,28 @@ async def test_a_new_writer_after_a_crash_and_the_old_tail_cut(monkeypatch: pyte
         assert records(m) == want
     for m in c.members.values():
         await m.close()
+
+
+async def test_chunks_that_do_not_verify_are_dropped_and_shipped_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster()
+    await started(c)
+    w = c.writer()
+    flips = [0]
+    real_send = Link.send
+
+    def corrupting_send(self: Link, peer: str, message: sr.Message) -> None:
+        if isinstance(message, sr.Chunks) and flips[0] < 3:  # the first shipments arrive damaged
+            flips[0] += 1
+            bad = message.chunks[0]
+            raw = bytearray(bad.data)
+            raw[-1] ^= 0xFF
+            message = message._replace(chunks=(bad._replace(data=bytes(raw)), *message.chunks[1:]))
+        real_send(self, peer, message)
+    monkeypatch.setattr(Link, "send", corrupting_send)
+    done = [w.publish([b"c%d" % i]) for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)
+    await same_logs(c)
+    assert flips[0] == 3
+    for m in c.members.values():
+        assert records(m) == [b"c%d" % i for i in range(10)]
+        await m.close()

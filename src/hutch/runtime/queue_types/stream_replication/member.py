@@ -135,7 +135,12 @@ class ReplicatedStream:
         self._run(effects)
 
     def receive(self, message: sr.Message) -> None:
-        """A message from another member."""
+        """A message from another member. Chunks that do not verify (CRC, lengths) or whose header does
+        not say what the message says are dropped with the whole message, as if lost: the writer ships
+        them again, and the log never takes a chunk the machine did not."""
+        if isinstance(message, sr.Chunks) and not all(_intact(c) for c in message.chunks):
+            log.warning("stream %s: dropped chunks from the writer that do not verify", self.directory)
+            return
         self._input(lambda: self._run(self.member.step(message)))
 
     def publish(self, entries: Sequence[ck.Entry], *, publisher: bytes | None = None,
@@ -271,3 +276,11 @@ class ReplicatedStream:
 
     def status(self) -> dict[str, object]:
         return {**self.member.status(), "committed_chunk_id": self.handle.committed_chunk_id}
+
+
+def _intact(c: sr.ChunkRef) -> bool:
+    """The chunk's bytes verify and its header names the epoch and offsets the message gives."""
+    if not ck.verify(c.data):
+        return False
+    h = ck.decode_header(c.data)
+    return (h.epoch, h.chunk_id, h.next_offset) == (c.epoch, c.chunk_id, c.next_offset)
