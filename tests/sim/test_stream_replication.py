@@ -95,8 +95,14 @@ def test_broken_agreement_is_caught(patched: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_seeds_long() -> None:
-    for seed in range(2000):
+@pytest.mark.parametrize("chunk", range(20))
+def test_seeds_long(chunk: int) -> None:
+    for seed in range(chunk * 100, (chunk + 1) * 100):
         run_stream_seed(seed)
-    for seed in range(500):
-        run_stream_seed(10_000 + seed, n=5, ticks=1500)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", range(10))
+def test_five_members_long(chunk: int) -> None:
+    for seed in range(10_000 + chunk * 25, 10_000 + (chunk + 1) * 25):
+        run_stream_seed(seed, n=5, ticks=1500)

@@ -119,6 +119,8 @@ class ReplicatedStream:
     # -- inputs -------------------------------------------------------------------------------------
 
     def _input(self, fn: Callable[[], None]) -> None:
+        if self.closed:
+            return
         if self._reopening is not None:
             self._backlog.append(fn)
         else:
