@@ -18,6 +18,7 @@ from hutch.runtime.clock import ManualClock
 from hutch.runtime.queue_types.stream.handle import StreamOptions
 from hutch.runtime.queue_types.stream_replication import member as member_module
 from hutch.runtime.queue_types.stream_replication.member import NotWriter, ReplicatedStream
+from hutch.storage.errors import StorageError
 from hutch.storage.memfs import MemoryFS
 
 pytestmark = pytest.mark.asyncio
@@ -233,3 +234,36 @@ async def test_chunks_that_do_not_verify_are_dropped_and_shipped_again(monkeypat
     for m in c.members.values():
         assert records(m) == [b"c%d" % i for i in range(10)]
         await m.close()
+
+
+async def test_a_member_whose_disk_fails_stops_and_a_failed_writer_is_replaced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Cluster()
+    await started(c)
+    w = c.writer()
+    broken = c.members["n3"]
+
+    def accept_fails(raw: bytes) -> None:
+        raise StorageError("append", D, detail="no space left on device")
+    monkeypatch.setattr(broken.handle, "accept_chunk", accept_fails)
+    done = [w.publish([b"d%d" % i]) for i in range(5)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)  # n1 + n2
+    assert broken.closed
+    # now the writer's own disk fails: it asks for an election and n2 takes over
+    def append_fails(*args: object, **kwargs: object) -> None:
+        raise StorageError("append", D, detail="no space left on device")
+    monkeypatch.setattr(w.handle, "append", append_fails)
+    with pytest.raises(StorageError):
+        w.publish([b"lost"])
+    assert w.closed
+    del c.members["n1"], c.members["n3"]
+    await c.start("n3")    # the broken member restarted (its disk fine again)
+    await until(lambda: c.coord.writer == "n2" and c.coord.stable, "n2 writing")
+    more = c.writer().publish([b"after"])
+    await asyncio.wait_for(more.settled, 20)
+    await until(lambda: records(c.members["n3"]) == [*(b"d%d" % i for i in range(5)), b"after"],
+                "n3 caught up")
+    for m in c.members.values():
+        await m.close()
+    await broken.close()
+    await w.close()

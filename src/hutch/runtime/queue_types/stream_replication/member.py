@@ -15,6 +15,8 @@ Rules:
 - A cut or an emptying of the log closes the handle, changes the files (storage/stream_epochs.py) and
   opens it again, so recovery rebuilds everything in memory (tracking included) from the files; inputs
   that arrive meanwhile wait in `_backlog` and run in order afterwards.
+- A storage failure (a write, a sync, a cut) stops the member, as a crash would (`_fail`); a writer asks
+  the coordinator for a new election first, since its node is still up.
 - `ship_bytes` bounds one shipment, `max_inflight` the shipments unacknowledged per replica: a replica far
   behind costs the writer at most their product in memory, read from the files as it goes.
 """
@@ -33,6 +35,7 @@ from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamOptions
+from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem
 from hutch.storage.stream_epochs import empty_files, extent, truncate_files
 
@@ -152,8 +155,12 @@ class ReplicatedStream:
         if self.member.role is not sr.Role.WRITER or self._reopening is not None:
             raise NotWriter(self.member.writer)
         before = self.handle.next_offset
-        appended = self.handle.append(entries, publisher=publisher, publishing_ids=publishing_ids,
-                                      filter_values=filter_values)
+        try:
+            appended = self.handle.append(entries, publisher=publisher, publishing_ids=publishing_ids,
+                                          filter_values=filter_values)
+        except StorageError as exc:
+            self._fail(exc)
+            raise
         self._wrote(before)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -172,6 +179,9 @@ class ReplicatedStream:
             self._ends.append((self.handle.log.last_chunk_id, after))
 
     def _on_durable(self, chunk_id: int) -> None:
+        if self.handle.failed is not None:  # a sync failed: what it covered is not on disk
+            self._fail(self.handle.failed)
+            return
         nxt = -1
         for cid, end in self._ends:
             if cid > chunk_id:
@@ -183,6 +193,25 @@ class ReplicatedStream:
     # -- effects ------------------------------------------------------------------------------------
 
     def _run(self, effects: list[sr.Effect]) -> None:
+        try:
+            self._run_effects(effects)
+        except StorageError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The member's files failed (a write, a sync, a cut): it stops taking part, as a crashed node
+        would, until the node restarts it; a writer first asks the coordinator for a new election (its
+        node is alive, so no failure detector would)."""
+        if self.closed:
+            return
+        log.error("stream %s: member %s stops after a storage failure: %s", self.directory, self.name, exc)
+        if self.member.role is sr.Role.WRITER:
+            self.link.to_coordinator(sr.Reelect(self.member.epoch))
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _run_effects(self, effects: list[sr.Effect]) -> None:
         for i, e in enumerate(effects):
             if isinstance(e, sr.Send):
                 self.link.send(e.to, e.message)
@@ -257,11 +286,11 @@ class ReplicatedStream:
             self._ends = deque(x for x in self._ends if x[1] <= self.handle.next_offset)
             self._attach(self.handle)
             self.handle.epoch = self.member.epoch
-        except Exception:
-            log.exception("stream %s: could not cut the log at %s", self.directory, e)
-            raise
-        finally:
+        except (StorageError, OSError, ValueError) as exc:
             self._reopening = None
+            self._fail(exc)
+            return
+        self._reopening = None
         self._run(rest)
         while self._backlog and self._reopening is None:
             self._backlog.popleft()()
