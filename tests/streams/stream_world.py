@@ -21,6 +21,7 @@ from hutch.cluster import stream_replica as sr
 from hutch.queues.stream.offset_spec import OffsetSpec
 from hutch.runtime.clock import ManualClock
 from hutch.runtime.clustering.raft_driver import Group, NotLeader, ProposalTimeout, RaftDriver
+from hutch.runtime.clustering.raft_group import GroupClosed
 from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
 from hutch.storage.memfs import MemoryFS
 
@@ -157,8 +158,8 @@ class World:
                     return
                 except sc.CoordinatorError:
                     return
-                except (NotLeader, ProposalTimeout):
-                    pass
+                except (NotLeader, ProposalTimeout, GroupClosed):
+                    pass  # the leader changed or its node died under the proposal: try again
             await asyncio.sleep(0.02)
 
     def state(self) -> sc.CoordState:

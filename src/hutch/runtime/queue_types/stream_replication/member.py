@@ -15,6 +15,9 @@ Rules:
 - A cut or an emptying of the log closes the handle, changes the files (storage/stream_epochs.py) and
   opens it again, so recovery rebuilds everything in memory (tracking included) from the files; inputs
   that arrive meanwhile wait in `_backlog` and run in order afterwards.
+- The coordinator's answers (a tail report, "stable") travel as Raft proposals that can be lost with a
+  leader; while an election or a new epoch is under way the member acts on the last view again every
+  `REOBSERVE_TICKS` ticks (the machine's `observe` is idempotent), so an election never waits forever.
 - A storage failure (a write, a sync, a cut) stops the member, as a crash would (`_fail`); a writer asks
   the coordinator for a new election first, since its node is still up.
 - `ship_bytes` bounds one shipment, `max_inflight` the shipments unacknowledged per replica: a replica far
@@ -42,6 +45,7 @@ from hutch.storage.stream_epochs import empty_files, extent, truncate_files
 log = logging.getLogger("hutch.stream.replication")
 
 TICK_S = 0.1
+REOBSERVE_TICKS = 10  # while an election or a new epoch is under way, the view is acted on again this often
 
 
 class ReplicaLink(Protocol):
@@ -79,6 +83,8 @@ class ReplicatedStream:
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
         self._flush_scheduled = False
+        self._view: sr.View | None = None
+        self._ticks = 0
         self._attach(handle)
 
     @classmethod
@@ -116,6 +122,11 @@ class ReplicatedStream:
             if self.closed:
                 return
             self._input(lambda: self._run(self.member.tick()))
+            self._ticks += 1
+            view = self._view
+            if view is not None and self._ticks % REOBSERVE_TICKS == 0 and (view.electing or not view.stable):
+                # an answer to the coordinator may have been lost with a proposal: say it again
+                self._input(lambda: self._observe(view))
             self._timer = loop.call_later(tick_s, fire)
         self._timer = loop.call_later(tick_s, fire)
 
@@ -134,6 +145,7 @@ class ReplicatedStream:
         self._input(lambda: self._observe(view))
 
     def _observe(self, view: sr.View) -> None:
+        self._view = view
         effects = self.member.observe(view)
         if self.member.role is sr.Role.WRITER:
             self.handle.epoch = self.member.epoch
