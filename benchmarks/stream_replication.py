@@ -33,7 +33,7 @@ import msgpack
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from raft_bench import Cluster as RaftCluster  # noqa: E402
-from raft_bench import CountingFS, until  # noqa: E402
+from raft_bench import CountingFS, NoOp, until  # noqa: E402
 
 from hutch.cluster import stream_coordinator as sc  # noqa: E402
 from hutch.cluster import stream_replica as sr  # noqa: E402
@@ -77,7 +77,7 @@ class _Counted:
         self.inner.close()
 
 
-class StreamMachine:
+class StreamMachine(NoOp):
     """The Raft path's state machine: every applied entry becomes one chunk of this member's stream."""
 
     def __init__(self, handle: StreamHandle) -> None:
@@ -85,15 +85,6 @@ class StreamMachine:
 
     def apply(self, index: int, data: bytes) -> None:
         self.handle.append([data])
-
-    def snapshot(self) -> bytes:
-        return b""
-
-    def restore(self, data: bytes) -> None:
-        pass
-
-    def on_membership(self, voters: tuple[int, ...]) -> None:
-        pass
 
 
 async def closed_loop(publish: Callable[[], Any], inflight: int, duration: float) -> int:
@@ -153,8 +144,7 @@ class Link:
         asyncio.get_running_loop().call_soon(self.members[peer].receive, message)
 
     def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
-        if isinstance(effect, sr.Stable):
-            self.coord[0] = sc.apply(self.coord[0], sc.EpochStable(effect.epoch))
+        self.coord[0] = sc.apply(self.coord[0], sc.command_for(effect))
 
 
 def _plain(value: Any) -> Any:

@@ -62,12 +62,7 @@ class Node:
     def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
         if not self.reachable:
             return
-        if isinstance(effect, sr.Report):
-            cmd: sc.Command = sc.TailReport(effect.sender, effect.epoch, effect.tail)
-        elif isinstance(effect, sr.Reelect):
-            cmd = sc.WriterDown(effect.epoch)
-        else:
-            cmd = sc.EpochStable(effect.epoch)
+        cmd = sc.command_for(effect)
         asyncio.get_running_loop().create_task(self.world.propose(cmd))
 
 

@@ -87,12 +87,7 @@ class Link:
     def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
         if self.me in self.cluster.cut:
             return
-        if isinstance(effect, sr.Report):
-            cmd: sc.Command = sc.TailReport(effect.sender, effect.epoch, effect.tail)
-        elif isinstance(effect, sr.Reelect):
-            cmd = sc.WriterDown(effect.epoch)
-        else:
-            cmd = sc.EpochStable(effect.epoch)
+        cmd = sc.command_for(effect)
         asyncio.get_running_loop().call_soon(self.cluster.apply, cmd)
 
 

@@ -300,3 +300,10 @@ def test_coordinator_commands_and_snapshot_round_trip() -> None:
     copy.restore(m.snapshot())
     assert copy.state == m.state and m.state.reports == (("b", tail),)
     assert [s.epoch for s in seen] == [1, 2, 2, 2]
+
+
+def test_a_members_effects_become_coordinator_commands() -> None:
+    tail = Tail(0, 4, ((2, 4),))
+    assert sc.command_for(sr.Report("b", 3, tail)) == sc.TailReport("b", 3, tail)
+    assert sc.command_for(sr.Reelect(3)) == sc.WriterDown(3)
+    assert sc.command_for(sr.Stable(3)) == sc.EpochStable(3)

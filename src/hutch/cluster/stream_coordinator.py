@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from hutch.cluster.stream_replica import View
+from hutch.cluster.stream_replica import Reelect, Report, Stable, View
 from hutch.cluster.stream_tail import Tail, tail_from_wire, tail_key, tail_to_wire
 
 
@@ -82,6 +82,15 @@ class CoordState(NamedTuple):
 
 
 NONE = CoordState(0, None, (), ())
+
+
+def command_for(effect: Report | Reelect | Stable) -> Command:
+    """The coordinator command a member's effect asks for (stream_replica's `Report`, `Reelect`, `Stable`)."""
+    if isinstance(effect, Report):
+        return TailReport(effect.sender, effect.epoch, effect.tail)
+    if isinstance(effect, Reelect):
+        return WriterDown(effect.epoch)
+    return EpochStable(effect.epoch)
 
 
 def _check_members(members: tuple[str, ...]) -> None:
