@@ -1,28 +1,29 @@
-"""Three hutch nodes in one event loop, for stream replication tests: each a `RaftDriver` hosting the
-stream coordinator's Raft group (`CoordinatorMachine`) and a `ReplicatedStream` on its own MemoryFS. Raft
-traffic crosses tests/cluster/test_raft_driver.py's loopback network, replica messages their wire codec
-(msgpack); the coordinator's decisions reach each member from its own node's copy of the group, and its
-reports are proposed through the group's leader. Nodes can be killed (`kill -9`: unsynced bytes lost),
-restarted (after a read barrier on the group, so the member learns the epoch it is fenced at), isolated
-and healed.
+"""Three nodes in one event loop, for stream replication tests: each a `RaftDriver` and a
+`StreamReplicationService` (runtime/queue_types/stream_replication/service.py) hosting one replicated
+stream on its own MemoryFS. Raft traffic crosses tests/cluster/test_raft_driver.py's loopback network; the
+service's records (`StreamReplica`, `StreamPropose`) cross the same kind of network through the cluster
+message codec (`cm.encode` / `cm.decode`). Nodes can be killed (`kill -9`: unsynced bytes lost),
+restarted (the service's read barrier decides when the member starts), isolated and healed.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import msgpack
 from tests.cluster.test_raft_driver import Net
 from tests.streams.test_replicated_stream import until
 
+from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
-from hutch.cluster import stream_replica as sr
 from hutch.queues.stream.offset_spec import OffsetSpec
 from hutch.runtime.clock import ManualClock
-from hutch.runtime.clustering.raft_driver import Group, NotLeader, ProposalTimeout, RaftDriver
-from hutch.runtime.clustering.raft_group import GroupClosed
+from hutch.runtime.clustering.raft_driver import RaftDriver
+from hutch.runtime.clustering.raft_group import Group
 from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
+from hutch.runtime.queue_types.stream_replication.service import Hosted, StreamReplicationService
 from hutch.storage.memfs import MemoryFS
 
 GID = 7
@@ -31,12 +32,15 @@ IDS = {v: k for k, v in NAMES.items()}
 
 
 class Node:
+    """One node: what the cluster service would give the stream replication service (`ReplicationHost`)."""
+
     def __init__(self, world: World, raft_id: int) -> None:
         self.world, self.raft_id, self.name = world, raft_id, NAMES[raft_id]
         self.fs = MemoryFS(seed=raft_id)
-        self.stream: ReplicatedStream | None = None
-        self.group: Group | None = None
-        self.machine = sc.CoordinatorMachine(self._changed)
+        self.driver: RaftDriver | None = None
+        self.service: StreamReplicationService | None = None
+        self.hosted: Hosted | None = None
+        self.handlers: dict[type, Callable[[str, Any], Any]] = {}
         self.incarnation = 0
 
     @property
@@ -47,23 +51,41 @@ class Node:
     def reachable(self) -> bool:
         return self.up and self.raft_id not in self.world.isolated
 
-    def _changed(self, state: sc.CoordState) -> None:
-        if self.stream is not None:
-            asyncio.get_running_loop().call_soon(self.stream.observe, state.view())
+    @property
+    def stream(self) -> ReplicatedStream | None:
+        return self.hosted.stream if self.hosted is not None and self.up else None
 
-    # the ReplicaLink: members' messages as msgpack, coordinator effects proposed through the leader
-    def send(self, peer: str, message: sr.Message) -> None:
-        data = msgpack.packb(sr.message_to_wire(message))
+    @property
+    def group(self) -> Group | None:
+        return self.hosted.group if self.hosted is not None and self.up else None
+
+    @property
+    def machine(self) -> sc.CoordinatorMachine:
+        assert self.hosted is not None
+        return self.hosted.machine
+
+    # -- ReplicationHost ------------------------------------------------------------------------------
+    def send(self, peer: str, record: cm.Record) -> bool:
+        data = cm.encode(record)
         target = self.world.nodes[IDS[peer]]
-        if self.reachable and target.reachable and target.stream is not None:
-            asyncio.get_running_loop().call_soon(
-                target.stream.receive, sr.message_from_wire(msgpack.unpackb(data)))
+        if not (self.reachable and target.reachable):
+            return False
+        asyncio.get_running_loop().call_soon(target.deliver, self.name, data)
+        return True
 
-    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
-        if not self.reachable:
-            return
-        cmd = sc.command_for(effect)
-        asyncio.get_running_loop().create_task(self.world.propose(cmd))
+    def deliver(self, peer: str, data: bytes) -> None:
+        if self.reachable:
+            record = cm.decode(data)
+            self.handlers[type(record)](peer, record)
+
+    def register(self, kind: type[Any], handler: Callable[[str, Any], Any]) -> None:
+        self.handlers[kind] = handler
+
+    def raft_id_of(self, name: str) -> int:
+        return IDS[name]
+
+    def name_of(self, raft_id: int) -> str | None:
+        return NAMES.get(raft_id)
 
 
 class World:
@@ -74,59 +96,55 @@ class World:
         self.isolated: set[int] = set()
 
     async def _boot(self, node: Node) -> None:
-        d = RaftDriver(node.raft_id, str(self.tmp / f"raft{node.raft_id}"), self.net.sender(node.raft_id),
-                       tick_s=0.01, election_tick=10)
+        node.incarnation += 1
+        d = node.driver = RaftDriver(node.raft_id, str(self.tmp / f"raft{node.raft_id}"),
+                                     self.net.sender(node.raft_id), tick_s=0.01, election_tick=10)
         await d.start()
         self.net.drivers[node.raft_id] = d
         for other in self.net.drivers:
             if other != node.raft_id:
                 self.net.drivers[other].peer_up(node.raft_id)
                 d.peer_up(other)
-        node.machine = sc.CoordinatorMachine(node._changed)
-        node.group = d.open_group(GID, node.machine, bootstrap_voters=list(NAMES))
-
-    async def _open_stream(self, node: Node) -> None:
-        node.incarnation += 1
-        state = node.machine.state
-        node.stream = await ReplicatedStream.open(
-            node.name, node.fs, "/s", node, clock=ManualClock(), fenced=state.epoch,
-            session_base=(node.raft_id << 40) + (node.incarnation << 32), tick_s=0.01)
-        if state.epoch:
-            node.stream.observe(state.view())
+        node.handlers = {}
+        node.service = StreamReplicationService(node, node.fs, ManualClock(), node.incarnation, tick_s=0.01)
+        node.hosted = node.service.attach(GID, tuple(NAMES.values()), "/s", founding=True)
 
     async def start(self) -> None:
         for node in self.nodes.values():
             await self._boot(node)
-        for node in self.nodes.values():
-            await self._open_stream(node)
         self.nodes[1].group.campaign()  # type: ignore[union-attr]
         await until(lambda: self.leader() is not None, "a Raft leader")
-        await self.propose(sc.Declare(tuple(NAMES.values()), "n1"))
+        assert self.nodes[1].service is not None
+        await self.nodes[1].service.declare(GID, "n1")
+        await until(lambda: all(n.stream is not None for n in self.nodes.values()), "the members started")
 
     def kill(self, node: Node) -> None:
         """kill -9: the driver stops without syncing, the stream's unsynced bytes are lost."""
-        stream, node.stream = node.stream, None
-        if stream is not None:
-            stream.closed = True
-            if stream._timer is not None:
-                stream._timer.cancel()
+        hosted = node.hosted
+        if hosted is not None:
+            if hosted.started is not None:
+                hosted.started.cancel()
+            if hosted.stream is not None:
+                hosted.stream.closed = True
+                if hosted.stream._timer is not None:
+                    hosted.stream._timer.cancel()
         node.fs.crash()
         driver = self.net.kill(node.raft_id)
+        for other in self.nodes.values():
+            if other.up and other.service is not None:
+                other.service.peer_changed(node.name, False)
         asyncio.get_running_loop().create_task(driver.stop(crash=True))
-        node.group = None
+        node.hosted = None
 
     async def restart(self, node: Node) -> bool:
-        """Boot a killed node; its member starts once its copy of the coordinator has caught up with the
-        group's leader (a read barrier), so that it knows the epoch it is fenced at. False: no leader to
-        catch up with (the node stays down)."""
+        """Boot a killed node; True once its member started (the service's read barrier passed), False if
+        it could not within 3 s (no leader to catch up with: the node is killed again)."""
         await self._boot(node)
         try:
-            await until(lambda: (lead := self.leader()) is not None and lead is not node
-                        and node.machine.state == lead.machine.state, "a read barrier", 3.0)
+            await until(lambda: node.stream is not None, "the member started", 3.0)
         except AssertionError:
             self.kill(node)
             return False
-        await self._open_stream(node)
         return True
 
     def isolate(self, node: Node) -> None:
@@ -144,18 +162,17 @@ class World:
         return None
 
     async def propose(self, cmd: sc.Command) -> None:
-        """Through the group's leader (the runtime forwards to it), retried while there is none."""
-        for _ in range(100):
-            leader = self.leader()
-            if leader is not None and leader.group is not None:
-                try:
-                    await leader.group.propose(sc.encode_command(cmd), timeout=2.0)
-                    return
-                except sc.CoordinatorError:
-                    return
-                except (NotLeader, ProposalTimeout, GroupClosed):
-                    pass  # the leader changed or its node died under the proposal: try again
-            await asyncio.sleep(0.02)
+        """A command to the stream's coordinator, from a reachable node (the service forwards it to the
+        group's leader), made again while it changes nothing, for up to 2 s (a leader may be changing)."""
+        before = self.state()
+        for _ in range(40):
+            node = next((n for n in self.nodes.values() if n.reachable and n.service is not None), None)
+            if node is None:
+                return
+            node.service.propose(GID, cmd)  # type: ignore[union-attr]
+            await asyncio.sleep(0.05)
+            if self.state() != before:
+                return
 
     def state(self) -> sc.CoordState:
         lead = self.leader()
@@ -170,9 +187,8 @@ class World:
 
     async def stop(self) -> None:
         for node in self.nodes.values():
-            if node.stream is not None and not node.stream.closed:
-                await node.stream.close()
-            if node.up:
+            if node.up and node.service is not None:
+                await node.service.stop()
                 await self.net.drivers[node.raft_id].stop()
 
 

@@ -14,6 +14,7 @@ import pytest
 from tests.streams.stream_world import World, records
 from tests.streams.test_replicated_stream import until
 
+from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
 
 pytestmark = pytest.mark.asyncio
@@ -41,4 +42,19 @@ async def test_coordinator_in_raft_survives_the_writers_node(tmp_path: Path) -> 
         if node is not dead:
             assert node.stream is not None
             await until(lambda s=node.stream: records(s) == want, f"{node.name} holding every record")
+    await w.stop()
+
+
+async def test_malformed_replica_records_are_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    w = World(tmp_path)
+    await w.start()
+    await until(lambda: w.state().stable, "the first epoch stable")
+    node = w.nodes[2]
+    for bad in ([99], [3, 1, [[1, 2]], 0], [0, "n2", 1]):  # the codec checks the field is a list
+        node.deliver("n1", cm.encode(cm.StreamReplica(7, bad)))
+    assert "dropped a stream replica message from n1" in caplog.text
+    writer = w.writer().stream
+    assert writer is not None
+    done = writer.publish([b"still fine"])
+    await asyncio.wait_for(done.settled, 20)
     await w.stop()

@@ -103,7 +103,10 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
         w.heal()
         for node in [n for n in w.nodes.values() if not n.up]:
             assert await w.restart(node), f"{node.name} could not restart"
-        await until(lambda: w.state().stable and w.writer().stream is not None, "a stable writer", 30)
+        def writing() -> bool:
+            stream = w.writer().stream if w.state().stable else None
+            return stream is not None and stream.member.role is sr.Role.WRITER
+        await until(writing, "a stable writer", 30)
         final = w.writer().stream
         assert final is not None
         last = final.publish([b"final"])
