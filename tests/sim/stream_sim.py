@@ -214,7 +214,7 @@ class StreamSim:
                 continue
             node = self.nodes[dst]
             if node.member is not None:
-                self._run(node, node.member.step(msg))  # type: ignore[arg-type]
+                self._run(node, node.member.step(msg))
         for node in self.nodes.values():
             m = node.member
             if m is None:

@@ -27,8 +27,9 @@ from hutch.runtime.queue_types.stream_replication.service import Hosted, StreamR
 from hutch.storage.memfs import MemoryFS
 
 GID = 7
-NAMES = {1: "n1", 2: "n2", 3: "n3"}
+NAMES = {1: "n1", 2: "n2", 3: "n3", 4: "n4"}
 IDS = {v: k for k, v in NAMES.items()}
+FOUNDERS = ("n1", "n2", "n3")
 
 
 class Node:
@@ -89,13 +90,20 @@ class Node:
 
 
 class World:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, spare: bool = False) -> None:
+        """The three founding members, and with `spare` a fourth node (booted by `boot_spare`)."""
         self.tmp = tmp
         self.net = Net()
-        self.nodes = {rid: Node(self, rid) for rid in NAMES}
+        self.nodes = {rid: Node(self, rid) for rid in NAMES if spare or NAMES[rid] in FOUNDERS}
         self.isolated: set[int] = set()
 
-    async def _boot(self, node: Node) -> None:
+    async def boot_spare(self) -> Node:
+        """Start node n4, not a member: its group opens empty (to be added with `add_member`)."""
+        node = self.nodes[4]
+        await self._boot(node, joining=True)
+        return node
+
+    async def _boot(self, node: Node, joining: bool = False) -> None:
         node.incarnation += 1
         d = node.driver = RaftDriver(node.raft_id, str(self.tmp / f"raft{node.raft_id}"),
                                      self.net.sender(node.raft_id), tick_s=0.01, election_tick=10)
@@ -107,16 +115,18 @@ class World:
                 d.peer_up(other)
         node.handlers = {}
         node.service = StreamReplicationService(node, node.fs, ManualClock(), node.incarnation, tick_s=0.01)
-        node.hosted = node.service.attach(GID, tuple(NAMES.values()), "/s", founding=True)
+        node.hosted = node.service.attach(GID, FOUNDERS, "/s", founding=not joining)
 
     async def start(self) -> None:
         for node in self.nodes.values():
-            await self._boot(node)
-        self.nodes[1].group.campaign()  # type: ignore[union-attr]
+            if node.name in FOUNDERS:
+                await self._boot(node)
+        self.nodes[1].group.campaign()
         await until(lambda: self.leader() is not None, "a Raft leader")
         assert self.nodes[1].service is not None
         await self.nodes[1].service.declare(GID, "n1")
-        await until(lambda: all(n.stream is not None for n in self.nodes.values()), "the members started")
+        await until(lambda: all(n.stream is not None for n in self.nodes.values() if n.name in FOUNDERS),
+                    "the members started")
 
     def kill(self, node: Node) -> None:
         """kill -9: the driver stops without syncing, the stream's unsynced bytes are lost."""
@@ -169,7 +179,7 @@ class World:
             node = next((n for n in self.nodes.values() if n.reachable and n.service is not None), None)
             if node is None:
                 return
-            node.service.propose(GID, cmd)  # type: ignore[union-attr]
+            node.service.propose(GID, cmd)
             await asyncio.sleep(0.05)
             if self.state() != before:
                 return

@@ -11,11 +11,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from tests.streams.stream_world import World, records
+from tests.streams.stream_world import GID, IDS, World, records
 from tests.streams.test_replicated_stream import until
 
 from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
+from hutch.cluster import stream_replica as sr
+from hutch.runtime.clustering.raft_group import NotLeader
 
 pytestmark = pytest.mark.asyncio
 
@@ -57,4 +59,40 @@ async def test_malformed_replica_records_are_dropped(tmp_path: Path, caplog: pyt
     assert writer is not None
     done = writer.publish([b"still fine"])
     await asyncio.wait_for(done.settled, 20)
+    await w.stop()
+
+
+async def test_members_added_and_removed_through_the_service(tmp_path: Path) -> None:
+    w = World(tmp_path, spare=True)
+    await w.start()
+    await until(lambda: w.state().stable, "the first epoch stable")
+    writer = w.writer().stream
+    assert writer is not None
+    first = [writer.publish([b"a%d" % i]) for i in range(30)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in first)), 20)
+    leader = w.leader()
+    assert leader is not None and leader.service is not None
+    with pytest.raises(NotLeader):
+        follower = next(n for n in w.nodes.values() if n.service is not None and n is not leader)
+        await follower.service.add_member(GID, "n4")
+    n4 = await w.boot_spare()
+    await leader.service.add_member(GID, "n4")
+    await until(lambda: w.state().members == ("n1", "n2", "n3", "n4") and w.state().stable, "n4 a member")
+    await until(lambda: n4.stream is not None and records(n4.stream) == [b"a%d" % i for i in range(30)],
+                "n4 caught up from the writer's files")
+    # remove the writer: the others elect one of themselves, and publishing goes on
+    old = w.state().writer
+    leader = w.leader()
+    assert leader is not None and leader.service is not None
+    await leader.service.delete_member(GID, old)
+    await until(lambda: w.state().writer not in (None, old) and w.state().stable, "a new writer", 20)
+    new = w.writer().stream
+    assert new is not None and old not in w.state().members
+    await until(lambda: new.member.role is sr.Role.WRITER, "the new writer writing")
+    done = new.publish([b"after"])
+    await asyncio.wait_for(done.settled, 20)
+    for name in w.state().members:
+        node = w.nodes[IDS[name]]
+        await until(lambda n=node: n.stream is not None and records(n.stream)[-1:] == [b"after"],
+                    f"{name} holding the new record")
     await w.stop()

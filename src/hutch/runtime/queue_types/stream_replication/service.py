@@ -88,9 +88,10 @@ class StreamReplicationService:
 
     def attach(self, gid: int, members: tuple[str, ...], directory: str, *, founding: bool) -> Hosted:
         """Open stream group `gid` here (from disk after a restart; `founding`: bootstrap it with
-        `members`, on every member node when the stream is declared) and start the member once the read
-        barrier passes. `members` are node names; this node must be one of them."""
-        if self.host.name not in members:
+        `members`, on every member node when the stream is declared; not founding: a member being added
+        opens it empty) and start the member once the read barrier passes. `members` are node names; a
+        founding node must be one of them."""
+        if founding and self.host.name not in members:
             raise ValueError(f"{self.host.name} is not a member of stream group {gid}")
         driver = self.host.driver
         if driver is None:
@@ -128,6 +129,39 @@ class StreamReplicationService:
         hosted = self.streams[gid]
         await self._barrier(hosted)
         self.propose(gid, sc.Declare(hosted.members, writer))
+
+    # -- membership (hutch-queues add_member / delete_member / grow / shrink) ---------------------------
+
+    async def add_member(self, gid: int, name: str, timeout_s: float = 10.0) -> None:
+        """On the group's leader: make node `name` a member. The node must have attached the stream
+        (`attach(..., founding=False)`: its group opens empty and catches up); it becomes a Raft voter,
+        then a member of the stream in a new epoch (the writer stays; the new member catches up from the
+        writer's files). Raises NotLeader elsewhere, CoordinatorError while the stream is not settled."""
+        hosted = self._leading(gid)
+        state = hosted.machine.state
+        if name in state.members:
+            return
+        await hosted.group.add_voter(self.host.raft_id_of(name), timeout_s)
+        await hosted.group.propose(sc.encode_command(sc.ChangeMembers((*state.members, name))), timeout_s)
+
+    async def delete_member(self, gid: int, name: str, timeout_s: float = 10.0) -> None:
+        """On the group's leader: remove node `name` from the stream (a new epoch; an election if it was
+        the writer), then from the Raft group. The removed node detaches the stream."""
+        hosted = self._leading(gid)
+        state = hosted.machine.state
+        if name not in state.members:
+            return
+        rest = tuple(m for m in state.members if m != name)
+        await hosted.group.propose(sc.encode_command(sc.ChangeMembers(rest)), timeout_s)
+        await hosted.group.remove_voter(self.host.raft_id_of(name), timeout_s)
+
+    def _leading(self, gid: int) -> Hosted:
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            raise KeyError(f"stream group {gid} is not on {self.host.name}")
+        if not hosted.group.is_leader:
+            raise NotLeader(hosted.group.leader)
+        return hosted
 
     async def detach(self, gid: int, *, delete: bool = False) -> None:
         hosted = self.streams.pop(gid, None)
