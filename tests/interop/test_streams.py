@@ -211,8 +211,9 @@ def test_retention_removes_whole_segments_and_consumers_start_at_the_new_first(s
     conn.close()
 
 
-def test_a_stream_survives_kill_9(tmp_path: Path) -> None:
-    info = start_server(tmp_path)
+@pytest.mark.parametrize("cluster", [False, True], ids=["no-cluster", "cluster-of-one"])
+def test_a_stream_survives_kill_9(tmp_path: Path, cluster: bool) -> None:
+    info = start_server(tmp_path, cluster=cluster)
     try:
         conn = connect(info.amqp_port)
         ch = conn.channel()
@@ -220,7 +221,7 @@ def test_a_stream_survives_kill_9(tmp_path: Path) -> None:
         publish(ch, q, [b"m%d" % i for i in range(100)])
         conn.close()
         info.stop(signal.SIGKILL)
-        info = start_server(tmp_path)
+        info = start_server(tmp_path, cluster=cluster)
         conn = connect(info.amqp_port)
         ch = conn.channel()
         declare(ch, "kept")  # an equivalent redeclare
@@ -231,6 +232,50 @@ def test_a_stream_survives_kill_9(tmp_path: Path) -> None:
         conn.close()
     finally:
         info.stop()
+
+
+def test_a_damaged_stream_does_not_keep_the_node_from_starting(tmp_path: Path) -> None:
+    info = start_server(tmp_path)
+    try:
+        conn = connect(info.amqp_port)
+        ch = conn.channel()
+        declare(ch, "damaged", **{"x-stream-max-segment-size-bytes": 500})
+        publish(ch, "damaged", [b"x" * 100 for _ in range(20)])
+        declare(ch, "fine")
+        publish(ch, "fine", [b"ok"])
+        conn.close()
+        info.stop()
+        streams = info.data_dir / "streams"
+        [damaged] = [d for d in streams.iterdir() if len(list(d.iterdir())) > 2]
+        first_segment = sorted(damaged.glob("*.segment"))[0]
+        with open(first_segment, "r+b") as f:
+            f.write(b"JUNK")  # an old segment whose header is gone
+        info = start_server(tmp_path)
+        conn = connect(info.amqp_port)
+        got = consume(conn, "fine", 1, **{"x-stream-offset": "first"})
+        assert [b for _, b, _ in got] == [b"ok"]
+        with refused(404):
+            conn.channel().queue_declare("damaged", passive=True)
+        assert damaged.exists()  # left for an operator, not removed as an orphan
+        assert "cannot be opened and is left out" in info.log()
+        conn.close()
+    finally:
+        info.stop()
+
+
+def test_deleting_a_stream_cancels_its_consumers(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    cancelled: list[Any] = []
+    ch.basic_qos(prefetch_count=5)
+    ch.add_on_cancel_callback(cancelled.append)
+    ch.basic_consume(q, lambda *a: None)
+    other = conn.channel()
+    other.queue_delete(q)
+    drain(conn, cancelled, 1)
+    assert len(cancelled) == 1
+    conn.close()
 
 
 @pytest.mark.asyncio

@@ -54,3 +54,15 @@ def test_retention_policies(mgmt: ServerInfo, api: Api) -> None:
     assert q["last_offset"] == 39 and q["message_bytes"] <= 2000 + 1000
     api.delete(f"/api/policies/%2F/{name}")
     api.delete(f"/api/queues/%2F/{name}")
+
+
+def test_definitions_import_creates_a_stream(mgmt: ServerInfo, api: Api) -> None:
+    name = unique("s")
+    body = {"queues": [{"name": name, "vhost": "/", "durable": True, "auto_delete": False,
+                        "arguments": {"x-queue-type": "stream", "x-max-age": "1D"}}]}
+    assert api.call("POST", "/api/definitions", body).status in (200, 201, 204)
+    q = api.ok(f"/api/queues/%2F/{name}")
+    assert q["type"] == "stream" and q["arguments"]["x-max-age"] == "1D"
+    _publish(mgmt, name, 3)
+    assert api.ok(f"/api/queues/%2F/{name}")["messages"] == 3
+    api.delete(f"/api/queues/%2F/{name}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hutch.queues.stream import chunk as ck
 from hutch.storage.memfs import MemoryFS
@@ -120,3 +122,35 @@ def test_flipped_byte_in_last_chunk_is_cut_off() -> None:
     again = StreamLog.open(fs, D, ck.FORMAT)
     assert read_all(again) == [(0, b"one")]
     assert again.next_offset == 1
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3)), min_size=1, max_size=40),
+       st.sampled_from([150, 400, 5000]), st.data())
+def test_seeks_find_the_chunk_a_scan_would_find(chunks: list[tuple[int, int]], segment_bytes: int,
+                                                data: st.DataObject) -> None:
+    """For any chunk sizes and segment size: locate(offset) gives the chunk holding the offset, and
+    locate_timestamp(t) the first chunk stamped at or after t, as a linear scan of the chunks says."""
+    log = StreamLog.open(MemoryFS(), D, ck.FORMAT, StreamLogOptions(max_segment_size_bytes=segment_bytes))
+    model: list[tuple[int, int, int]] = []  # (chunk id, records, timestamp)
+    ts = 0
+    for records, step in chunks:
+        ts += step
+        model.append((log.next_offset, records, ts))
+        write(log, [b"r"] * records, ts=ts)
+    offset = data.draw(st.integers(0, log.next_offset + 2))
+    found = log.locate(offset)
+    holding = [cid for cid, n, _ in model if cid <= offset < cid + n]
+    if holding:
+        assert found is not None
+        assert ck.FORMAT.info(log.read_at(found[0], found[1], ck.HEADER_SIZE)).chunk_id == holding[0]
+    else:
+        assert found is None
+    when = data.draw(st.integers(0, ts + 1))
+    found = log.locate_timestamp(when)
+    later = [cid for cid, _, t in model if t >= when]
+    if later:
+        assert found is not None
+        assert ck.FORMAT.info(log.read_at(found[0], found[1], ck.HEADER_SIZE)).chunk_id == later[0]
+    else:
+        assert found is None

@@ -4,6 +4,7 @@ retention."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -132,3 +133,45 @@ async def test_after_a_torn_crash_the_log_is_a_prefix_and_tracking_agrees_with_i
         mine = [int(b.split(b":")[1]) for b in got if b.startswith(pub + b":")]
         assert h2.query_publisher_sequence(pub) == (mine[-1] if mine else 0)
     await h2.close()
+
+
+async def test_a_follower_takes_the_leaders_chunks_as_they_are() -> None:
+    """The replication hook: a leader's reader ships what it wrote (committed or not), a follower with
+    auto_commit off appends the same bytes, says what is durable, and commits when told."""
+    leader = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
+    follower = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
+    follower.auto_commit = False
+    durable: list[int] = []
+    all_durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_durable(chunk_id: int) -> None:
+        durable.append(chunk_id)
+        if chunk_id == 2 and not all_durable.done():
+            all_durable.set_result(None)
+
+    follower.on_durable.append(on_durable)
+    leader.append([b"a", b"b"], publisher=b"p", publishing_ids=[1, 2])
+    leader.store_offset(b"c", 1)
+    ship = leader.reader(OffsetSpec.first(), committed_only=False, include_tracking=True)
+    sent = 0
+    while (chunk := ship.next_chunk()) is not None:
+        follower.accept_chunk(chunk.raw)
+        sent += 1
+    assert sent == 2 and follower.next_offset == leader.next_offset == 3
+    await asyncio.wait_for(all_durable, 10)  # the follower's group sync ran
+    assert durable[-1] == 2
+    assert follower.committed_chunk_id == -1 and records(follower.reader(OffsetSpec.first())) == []
+    follower.commit(2)
+    assert records(follower.reader(OffsetSpec.first())) == [(0, b"a"), (1, b"b")]
+    assert follower.query_publisher_sequence(b"p") == 2 and follower.query_offset(b"c") == 1
+    with pytest.raises(ValueError):
+        follower.accept_chunk(chunk_bytes_out_of_order(leader))
+    await leader.close()
+    await follower.close()
+
+
+def chunk_bytes_out_of_order(leader: StreamHandle) -> bytes:
+    """The leader's first chunk again: its id is behind the follower's next offset."""
+    chunk = leader.reader(OffsetSpec.first(), committed_only=False).next_chunk()
+    assert chunk is not None
+    return chunk.raw

@@ -83,3 +83,24 @@ def test_deep_nesting_is_refused() -> None:
     deep = b"\xc0\x02\x01" * 40 + b"\x40"
     with pytest.raises(ValueError):
         a.decode_value(memoryview(deep), 0)
+
+
+@settings(deadline=None, max_examples=100)
+@given(props, st.binary(max_size=300), short, st.integers(0, 2**63 - 1))
+def test_delivering_at_an_offset_adds_the_header_and_nothing_else(p: BasicProperties, body: bytes, rk: str,
+                                                                 offset: int) -> None:
+    entry = a.from_091(Message("", rk, p, body))
+    got = a.to_091_at(entry, offset, rk)
+    want = dict(p.headers or {})
+    want["x-stream-offset"] = offset
+    assert got.properties.headers == want and got.body == body and got.routing_key == rk
+    for name in ("delivery_mode", "content_type", "message_id", "timestamp", "priority", "expiration"):
+        assert getattr(got.properties, name) == getattr(p, name), name
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.sampled_from([None, 1, 2]), st.binary(max_size=300), short, short)
+def test_the_fast_path_writes_the_bytes_of_the_generic_one(mode: int | None, body: bytes, x: str, rk: str) -> None:
+    msg = Message(x, rk, BasicProperties(delivery_mode=mode), body)
+    assert a.from_091(msg) == a._from_091(msg)
+    assert a.to_091(a.from_091(msg)).properties == msg.properties

@@ -69,9 +69,13 @@ def _count_ready(client: AmqpClient, opts: ReadOptions) -> int:
         raise HutchReadError(f"hutch source (queue {opts.queue!r}): {exc}") from None
 
 
-def refuse_stream(opts: ReadOptions) -> None:
+def refuse_stream(opts: ReadOptions, ready: int) -> None:
     """Fail clearly when the queue is a stream: the source consumes and acknowledges, which on a stream
-    would read only what is published after it starts (docs/spark.md, docs/streams.md)."""
+    would read only what is published after it starts (docs/spark.md, docs/streams.md). A stream says 0
+    ready messages (as RabbitMQ's do), so only a queue that says 0 is probed: its basic.get answers
+    get-empty and changes nothing."""
+    if ready:
+        return
     probe = open_client(opts, "hutch-spark stream check")
     try:
         stream = probe.is_stream(opts.queue)
@@ -119,7 +123,7 @@ class HutchBatchReader(DataSourceReader):
             ready = _count_ready(client, opts)
         finally:
             client.close()
-        refuse_stream(opts)
+        refuse_stream(opts, ready)
         total = min(opts.max_messages, ready)
         n = opts.num_partitions or max(1, math.ceil(total / opts.prefetch))
         if total > n * opts.prefetch:
@@ -223,8 +227,8 @@ class HutchStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         client = self._client
         if client is None:
             client = self._client = open_client(self.opts, f"hutch-spark stream {self.opts.queue}")
-            _count_ready(client, self.opts)  # fails clearly when the queue does not exist
-            refuse_stream(self.opts)
+            ready = _count_ready(client, self.opts)  # fails clearly when the queue does not exist
+            refuse_stream(self.opts, ready)
         elif client.failure is not None:
             raise HutchReadError(f"hutch source (queue {self.opts.queue!r}): {client.failure}; the "
                                  "messages of unfinished batches were requeued by the broker, restart the "

@@ -237,21 +237,20 @@ class StreamLog:
             seg.next_offset = info.chunk_id + info.num_records
             pos += info.size
         if fresh:
-            fd = self.fs.open_append(seg.index_path)
-            try:
-                fd.write(b"".join(fresh))
-                fd.sync()
-            finally:
-                fd.close()
+            self._append_synced(seg.index_path, b"".join(fresh))
             self.recovery.reindexed_chunks += len(fresh)
         return pos
 
     def _rewrite_header(self, path: str, magic: bytes) -> None:
         if self.fs.exists(path):
             self.fs.truncate(path, 0)
+        self._append_synced(path, magic)
+
+    def _append_synced(self, path: str, data: bytes) -> None:
+        """Append `data` to `path` (created if missing) and fdatasync it."""
         fd = self.fs.open_append(path)
         try:
-            fd.write(magic)
+            fd.write(data)
             fd.sync()
         finally:
             fd.close()
@@ -284,12 +283,7 @@ class StreamLog:
     def _create_segment(self, first_id: int) -> None:
         seg = Segment(segment_base(self.directory, first_id), first_id, next_offset=first_id)
         for path, magic in ((seg.index_path, INDEX_MAGIC), (seg.segment_path, SEGMENT_MAGIC)):
-            fd = self.fs.open_append(path)
-            try:
-                fd.write(magic)
-                fd.sync()
-            finally:
-                fd.close()
+            self._append_synced(path, magic)
         self.fs.fsync_dir(self.directory)
         self.segments.append(seg)
 

@@ -136,22 +136,16 @@ def encode_value(value: Any, out: list[bytes]) -> None:
         raise ValueError(f"cannot encode {type(value).__name__} as AMQP 1.0")
 
 
+# a 0-9-1 integer's field letter -> the AMQP 1.0 type code and struct of the same width and sign
+_TYPED_INTS: dict[str, tuple[bytes, struct.Struct]] = {
+    "b": (b"\x51", _b), "B": (b"\x50", _B), "s": (b"\x61", _h), "u": (b"\x60", _H), "I": (b"\x71", _i),
+    "i": (b"\x70", _I), "l": (b"\x81", _q), "L": (b"\x81", _q),
+}
+
+
 def _encode_typed_int(value: TypedInt, out: list[bytes]) -> None:
-    letter = value.letter
-    if letter == "b":
-        out.append(b"\x51" + _b.pack(value))
-    elif letter == "B":
-        out.append(b"\x50" + _B.pack(value))
-    elif letter == "s":
-        out.append(b"\x61" + _h.pack(value))
-    elif letter == "u":
-        out.append(b"\x60" + _H.pack(value))
-    elif letter == "I":
-        out.append(b"\x71" + _i.pack(value))
-    elif letter == "i":
-        out.append(b"\x70" + _I.pack(value))
-    else:
-        out.append(b"\x81" + _q.pack(value))
+    code, fmt = _TYPED_INTS.get(value.letter, (b"\x81", _q))
+    out.append(code + fmt.pack(value))
 
 
 def section(code: int, value: Any) -> bytes:
@@ -345,17 +339,20 @@ def _str8(value: str, out: list[bytes]) -> None:
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
     p = msg.properties
-    if p.delivery_mode in (None, 2) and all(getattr(p, f) is None for f in _PLAIN_FIELDS):
-        # the common case, encoded without the generic encoder: header, the two annotations, data
+    if p.delivery_mode in (None, 1, 2) and all(getattr(p, f) is None for f in _PLAIN_FIELDS):
+        # the common case, encoded without the generic encoder: header, the two annotations (three with
+        # delivery mode 1), data; the same bytes the generic path writes
         parts: list[bytes] = []
         _str8(msg.exchange, parts)
         _str8(msg.routing_key, parts)
-        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1]))
+        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1],
+                          _MODE1_PAIR if p.delivery_mode == 1 else b""))
+        count = 6 if p.delivery_mode == 1 else 4
         body = bytes(msg.body)
         blen = len(body)
         return b"".join((
             _HEADER_DURABLE_TRUE if p.delivery_mode == 2 else _HEADER_DURABLE_FALSE,
-            b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(4) + pairs,
+            b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(count) + pairs,
             (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)), body))
     return _from_091(msg)
 
@@ -438,6 +435,7 @@ _HEADER_DURABLE_TRUE = section(HEADER, [True])
 _HEADER_DURABLE_FALSE = section(HEADER, [False])
 _SYM_EXCHANGE = b"\xa3\x0ax-exchange"
 _SYM_ROUTING_KEY = b"\xa3\x0dx-routing-key"
+_MODE1_PAIR = b"\xa3\x15x-basic-delivery-mode\x50\x01"
 
 # annotations this mapping writes itself: a client header of the same name travels as an application
 # property instead (and comes back as the same header)
@@ -484,9 +482,39 @@ _MA_START = b"\x00\x53\x72\xd1"
 _FAST_LEN = len(_HEADER_DURABLE_TRUE)
 
 
+_OFFSET_FLAGS_MODE = struct.pack(">H", 0x2000 | 0x1000)  # headers and delivery-mode present
+_OFFSET_FLAGS = struct.pack(">H", 0x2000)
+_OFFSET_TABLE_PREFIX = _I.pack(25) + b"\x0fx-stream-offset" + b"l"
+
+
+def to_091_at(entry: bytes | memoryview, offset: int, default_routing_key: str = "") -> Message:
+    """`to_091` with the header x-stream-offset = `offset` (a long), as a stream delivers an entry. A plain
+    entry (what `from_091` writes for a message without properties) gets its 0-9-1 property list packed
+    directly (the consumer's hot path)."""
+    plain = _plain_parts(entry)
+    if plain is None:
+        return to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})
+    exchange, routing_key, mode, body = plain
+    if mode is None:
+        raw = _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX + _q.pack(offset)
+    else:
+        raw = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX + _q.pack(offset) + bytes((mode,))
+    return Message(exchange, routing_key, None, body, properties_raw=raw)
+
+
 def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) -> Message | None:
     """The message `from_091`'s fast path wrote (header, x-exchange and x-routing-key, one data section),
     read without the generic decoder; None for any other layout."""
+    plain = _plain_parts(entry)
+    if plain is None:
+        return None
+    exchange, routing_key, mode, body = plain
+    props = BasicProperties(delivery_mode=mode, headers=dict(extra_headers) if extra_headers else None)
+    return Message(exchange, routing_key, props, body)
+
+
+def _plain_parts(entry: bytes | memoryview) -> tuple[str, str, int | None, bytes] | None:
+    """(exchange, routing key, delivery mode, body) of an entry in `from_091`'s plain layout, else None."""
     data = bytes(entry)
     head = data[:_FAST_LEN]
     if head == _HEADER_DURABLE_TRUE:
@@ -496,8 +524,9 @@ def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) 
     else:
         return None
     pos = _FAST_LEN
-    if data[pos:pos + 4] != _MA_START or data[pos + 8:pos + 12] != b"\x00\x00\x00\x04":
+    if data[pos:pos + 4] != _MA_START or data[pos + 8:pos + 11] != b"\x00\x00\x00" or data[pos + 11] not in (4, 6):
         return None
+    pairs = data[pos + 11]
     end = pos + 8 + int.from_bytes(data[pos + 4:pos + 8], "big")
     pos += 12
     texts: list[str] = []
@@ -510,6 +539,10 @@ def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) 
         n = data[pos + 1] if pos + 1 < len(data) else 0
         texts.append(data[pos + 2:pos + 2 + n].decode("utf-8", "replace"))
         pos += 2 + n
+    if pairs == 6:
+        if mode is not None or data[pos:pos + len(_MODE1_PAIR)] != _MODE1_PAIR:
+            return None
+        mode, pos = 1, pos + len(_MODE1_PAIR)
     if pos != end or data[pos:pos + 3] != b"\x00\x53\x75":
         return None
     ctor = data[pos + 3] if pos + 3 < len(data) else 0
@@ -521,8 +554,7 @@ def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) 
         return None
     if pos + length != len(data):
         return None
-    props = BasicProperties(delivery_mode=mode, headers=dict(extra_headers) if extra_headers else None)
-    return Message(texts[0], texts[1], props, data[pos:])
+    return texts[0], texts[1], mode, data[pos:]
 
 
 def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routing_key: str = "",

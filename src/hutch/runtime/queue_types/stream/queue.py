@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
-from hutch.amqp.table import TypedInt
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
@@ -50,7 +49,6 @@ log = logging.getLogger("hutch.stream")
 DELIVER_BATCH = 256
 MAX_CHUNK_ENTRIES = 4096  # publishes gathered in one loop turn go out as chunks of at most this many
 FILTER_HEADER = "x-stream-filter-value"
-OFFSET_HEADER = "x-stream-offset"
 
 
 class StreamEntry(QueueEntry):
@@ -267,7 +265,7 @@ class StreamQueue(Queue):
                 continue
             offset, record = sc.pending.popleft()
             try:
-                msg = amqp10.to_091(record, "", self.name, {OFFSET_HEADER: TypedInt(offset, "l")})
+                msg = amqp10.to_091_at(record, offset, self.name)
             except ValueError as exc:
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, exc)
@@ -291,6 +289,10 @@ class StreamQueue(Queue):
             chunk = sc.reader.next_chunk()
             if chunk is None:
                 return False
+            if not ck.verify(chunk.raw):  # damaged on disk since it was written: never delivered as is
+                log.error("stream %s: chunk %d fails its CRC; its %d records are skipped", self._what,
+                          chunk.header.chunk_id, chunk.header.num_records)
+                continue
             if sc.filters is not None:
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):

@@ -32,6 +32,7 @@ from hutch.runtime.ports import Clock, queues_of
 from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream.queue import StreamQueue, retention_of
+from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.stream_log import DEFAULT_MAX_SEGMENT_SIZE_BYTES
 
@@ -55,6 +56,9 @@ class StreamQueueType(QueueTypeDefaults):
         self.clock: Clock = clock or node.clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        # directories of streams whose files could not be opened at boot: kept for an operator, never
+        # taken for orphans (their queue records still name them)
+        self._unopened: set[str] = set()
 
     @property
     def root(self) -> str | None:
@@ -117,7 +121,13 @@ class StreamQueueType(QueueTypeDefaults):
         if self.root is None:
             log.error("stream '%s' in vhost '%s' cannot open: the node has no data directory", op.name, vhost.name)
             return True
-        q = self._open(vhost, op.name, self.node.unpack_arguments(op.arguments), op.gid)
+        try:
+            q = self._open(vhost, op.name, self.node.unpack_arguments(op.arguments), op.gid)
+        except StorageError as exc:  # one damaged stream must not keep the node from starting
+            log.error("stream '%s' in vhost '%s' cannot be opened and is left out (its files stay in %s): %s",
+                      op.name, vhost.name, f"{self.root}/{op.gid:016x}", exc)
+            self._unopened.add(f"{op.gid:016x}")
+            return True
         self.node.add_queue(vhost, q, count=False)
         return True
 
@@ -150,6 +160,7 @@ class StreamQueueType(QueueTypeDefaults):
         if root is None or not self.fs.exists(root):
             return
         keep = {f"{q.stream_id:016x}" for _v, q in queues_of(self.node.vhosts.values()) if isinstance(q, StreamQueue)}
+        keep |= self._unopened
         for name in self.fs.list_dir(root):
             if name not in keep:
                 directory = f"{root}/{name}"
