@@ -104,6 +104,7 @@ class World:
         return node
 
     async def _boot(self, node: Node, joining: bool = False) -> None:
+        founding = node.incarnation == 0 and node.name in FOUNDERS and not joining  # else: from disk, or empty
         node.incarnation += 1
         d = node.driver = RaftDriver(node.raft_id, str(self.tmp / f"raft{node.raft_id}"),
                                      self.net.sender(node.raft_id), tick_s=0.01, election_tick=10)
@@ -115,7 +116,7 @@ class World:
                 d.peer_up(other)
         node.handlers = {}
         node.service = StreamReplicationService(node, node.fs, ManualClock(), node.incarnation, tick_s=0.01)
-        node.hosted = node.service.attach(GID, FOUNDERS, "/s", founding=not joining)
+        node.hosted = node.service.attach(GID, FOUNDERS, "/s", founding=founding)
 
     async def start(self) -> None:
         for node in self.nodes.values():
@@ -134,17 +135,18 @@ class World:
         if hosted is not None:
             if hosted.started is not None:
                 hosted.started.cancel()
-            if hosted.stream is not None:
+            if hosted.stream is not None:  # the process is gone: nothing of it runs any more
                 hosted.stream.closed = True
                 if hosted.stream._timer is not None:
                     hosted.stream._timer.cancel()
+                if hosted.stream._reopening is not None:
+                    hosted.stream._reopening.cancel()
         node.fs.crash()
         driver = self.net.kill(node.raft_id)
         for other in self.nodes.values():
             if other.up and other.service is not None:
                 other.service.peer_changed(node.name, False)
         asyncio.get_running_loop().create_task(driver.stop(crash=True))
-        node.hosted = None
 
     async def restart(self, node: Node) -> bool:
         """Boot a killed node; True once its member started (the service's read barrier passed), False if
@@ -167,7 +169,7 @@ class World:
 
     def leader(self) -> Node | None:
         for node in self.nodes.values():
-            if node.reachable and node.group is not None and node.group.is_leader:
+            if node.reachable and node.hosted is not None and node.group is not None and node.group.is_leader:
                 return node
         return None
 
@@ -188,7 +190,7 @@ class World:
         lead = self.leader()
         if lead is not None:
             return lead.machine.state
-        return next(n.machine.state for n in self.nodes.values() if n.up)
+        return next(n.machine.state for n in self.nodes.values() if n.up and n.hosted is not None)
 
     def writer(self) -> Node:
         state = self.state()

@@ -2,7 +2,8 @@
 each a Raft driver hosting the coordinator's group and a `ReplicatedStream` over a real `StreamHandle` on
 its own MemoryFS). Publishers append through whichever member believes it writes (an isolated old writer
 too: its publishes must never be confirmed wrongly); one seed picks the faults: `kill -9` of a node (its
-unsynced bytes lost), restarts, a node isolated from the others, healing; a failure detector proposes a
+unsynced bytes lost), restarts, a node isolated from the others, healing, a fourth node added and a
+member removed (and later added back with its stale files); a failure detector proposes a
 new election when the writer's node is gone. After healing: every confirmed record is in the stream, in
 order, once, on every member.
 
@@ -18,11 +19,12 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.streams.stream_world import IDS, World, records
+from tests.streams.stream_world import GID, IDS, World, records
 from tests.streams.test_replicated_stream import until
 
 from hutch.cluster import stream_coordinator as sc
 from hutch.cluster import stream_replica as sr
+from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader, ProposalTimeout
 from hutch.runtime.queue_types.stream.handle import Appended
 from hutch.runtime.queue_types.stream_replication.member import NotWriter
 
@@ -46,13 +48,42 @@ class History:
         appended.settled.add_done_callback(done)
 
 
+async def change_members(w: World, rng: random.Random) -> bool:
+    """Add the node that is not a member (booting it the first time), or remove a random member (which
+    then closes the stream and stays up, ready to be added again: its stale files are cut or reset)."""
+    state = w.state()
+    leader = w.leader()
+    if leader is None or leader.service is None or not state.stable:
+        return False
+    outside = [n for n in w.nodes.values() if n.name not in state.members]
+    try:
+        if len(state.members) == 3 and outside:
+            node = outside[0]
+            if not node.up:
+                await w.boot_spare()
+            elif node.hosted is None and node.service is not None:
+                node.hosted = node.service.attach(GID, state.members, "/s", founding=False)
+            await leader.service.add_member(GID, node.name, timeout_s=3.0)
+        elif len(state.members) == 4:
+            gone = rng.choice(state.members)
+            await leader.service.delete_member(GID, gone, timeout_s=3.0)
+            node = w.nodes[IDS[gone]]
+            await until(lambda: gone not in w.state().members, "the member removed", 5.0)
+            if node.service is not None:
+                await node.service.detach(GID, delete=True)
+            node.hosted = None
+        return True
+    except (NotLeader, ProposalTimeout, GroupClosed, sc.CoordinatorError, AssertionError):
+        return False
+
+
 async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
     rng = random.Random(seed)
-    w = World(tmp)
+    w = World(tmp, spare=True)
     await w.start()
     await until(lambda: w.state().stable, "the first epoch stable")
     history = History()
-    counts = {"kills": 0, "restarts": 0, "isolations": 0, "elections": 0}
+    counts = {"kills": 0, "restarts": 0, "isolations": 0, "elections": 0, "member_changes": 0}
     next_id = 0
     down_since: int | None = None
     try:
@@ -72,19 +103,23 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
                     pass
             # faults
             r = rng.random()
-            live = [n for n in w.nodes.values() if n.up]
-            dead = [n for n in w.nodes.values() if not n.up]
-            if r < 0.04 and len(live) == 3 and not w.isolated:
+            members = w.state().members
+            live = [n for n in w.nodes.values() if n.up and n.name in members]
+            dead = [n for n in w.nodes.values() if not n.up and n.hosted is not None]
+            whole = len(live) == len(members) and not w.isolated
+            if r < 0.04 and whole:
                 w.kill(rng.choice(live))
                 counts["kills"] += 1
             elif r < 0.07 and dead:
                 if await w.restart(rng.choice(dead)):
                     counts["restarts"] += 1
-            elif r < 0.09 and len(live) == 3 and not w.isolated:
+            elif r < 0.09 and whole:
                 w.isolate(rng.choice(live))
                 counts["isolations"] += 1
             elif r < 0.13 and w.isolated:
                 w.heal()
+            elif r < 0.15 and whole and await change_members(w, rng):
+                counts["member_changes"] += 1
             # the failure detector: the writer's node gone (or cut off) for a while
             state = w.state()
             writer = w.nodes[IDS[state.writer]] if state.writer else None
@@ -101,7 +136,7 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
             await asyncio.sleep(0.01)
         # heal everything and let it settle
         w.heal()
-        for node in [n for n in w.nodes.values() if not n.up]:
+        for node in [n for n in w.nodes.values() if not n.up and n.hosted is not None]:
             assert await w.restart(node), f"{node.name} could not restart"
         def writing() -> bool:
             stream = w.writer().stream if w.state().stable else None
@@ -114,8 +149,10 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
         history.confirmed.add(b"final")
 
         def settled() -> bool:
-            logs = [records(n.stream) for n in w.nodes.values() if n.stream is not None]
-            return len(logs) == 3 and all(log == logs[0] for log in logs) and logs[0][-1:] == [b"final"]
+            members = [w.nodes[IDS[m]] for m in w.state().members]
+            logs = [records(n.stream) for n in members if n.stream is not None]
+            return len(logs) == len(members) and all(log == logs[0] for log in logs) \
+                and logs[0][-1:] == [b"final"]
         await until(settled, "every member holding the same log", 30)
         log = records(final)
         assert len(log) == len(set(log)), "a record twice"

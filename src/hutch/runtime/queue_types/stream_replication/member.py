@@ -288,11 +288,15 @@ class ReplicatedStream:
             await old.close()
             loop = asyncio.get_running_loop()
             first = 0
+            if self.closed:
+                return  # closed while the handle closed: the files stay as they are
             if isinstance(e, sr.Truncate):
                 await loop.run_in_executor(None, truncate_files, self.fs, self.directory, e.next_offset)
             else:
                 await loop.run_in_executor(None, empty_files, self.fs, self.directory)
                 first = e.first
+            if self.closed:
+                return
             self.handle = await StreamHandle.open(self.fs, self.directory, options=self.options,
                                                   clock=self.clock, first_offset=first)
             self._ends = deque(x for x in self._ends if x[1] <= self.handle.next_offset)
