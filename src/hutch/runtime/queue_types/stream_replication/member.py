@@ -297,8 +297,12 @@ class ReplicatedStream:
                 first = e.first
             if self.closed:
                 return
-            self.handle = await StreamHandle.open(self.fs, self.directory, options=self.options,
-                                                  clock=self.clock, first_offset=first)
+            handle = await StreamHandle.open(self.fs, self.directory, options=self.options,
+                                             clock=self.clock, first_offset=first)
+            if self.closed:
+                await handle.close()
+                return
+            self.handle = handle
             self._ends = deque(x for x in self._ends if x[1] <= self.handle.next_offset)
             self._attach(self.handle)
             self.handle.epoch = self.member.epoch
