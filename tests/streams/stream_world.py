@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster.test_raft_driver import Net
-from tests.streams.test_replicated_stream import until
+from tests.streams.test_replicated_stream import records, until
 
 from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
-from hutch.queues.stream.offset_spec import OffsetSpec
+from hutch.cluster import stream_replica as sr
 from hutch.runtime.clock import ManualClock
 from hutch.runtime.clustering.raft_driver import RaftDriver
 from hutch.runtime.clustering.raft_group import Group
 from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
 from hutch.runtime.queue_types.stream_replication.service import Hosted, StreamReplicationService
 from hutch.storage.memfs import MemoryFS
+
+__all__ = ["GID", "IDS", "World", "records"]
 
 GID = 7
 NAMES = {1: "n1", 2: "n2", 3: "n3", 4: "n4"}
@@ -192,6 +194,16 @@ class World:
             return lead.machine.state
         return next(n.machine.state for n in self.nodes.values() if n.up and n.hosted is not None)
 
+    async def writing(self, timeout_s: float = 20.0) -> ReplicatedStream:
+        """The writer's member, once the coordinator has a stable writer and that member writes."""
+        def ready() -> bool:
+            stream = self.writer().stream if self.state().stable else None
+            return stream is not None and stream.member.role is sr.Role.WRITER
+        await until(ready, "a stable writer, writing", timeout_s)
+        stream = self.writer().stream
+        assert stream is not None
+        return stream
+
     def writer(self) -> Node:
         state = self.state()
         assert state.writer is not None
@@ -203,10 +215,3 @@ class World:
                 await node.service.stop()
                 await self.net.drivers[node.raft_id].stop()
 
-
-def records(rs: ReplicatedStream) -> list[bytes]:
-    r = rs.handle.reader(OffsetSpec.first())
-    out: list[bytes] = []
-    while (c := r.next_chunk()) is not None:
-        out.extend(rec for _, rec in c.records())
-    return out

@@ -16,27 +16,28 @@ from tests.streams.test_replicated_stream import until
 
 from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
-from hutch.cluster import stream_replica as sr
 from hutch.runtime.clustering.raft_group import NotLeader
 
 pytestmark = pytest.mark.asyncio
 
 
-async def test_coordinator_in_raft_survives_the_writers_node(tmp_path: Path) -> None:
-    w = World(tmp_path)
+async def started_with(w: World, count: int) -> World:
+    """The world started, and `count` records a0, a1, ... published and confirmed."""
     await w.start()
-    await until(lambda: w.state().stable, "the first epoch stable")
-    writer = w.writer().stream
-    assert writer is not None
-    first = [writer.publish([b"a%d" % i]) for i in range(20)]
+    writer = await w.writing()
+    first = [writer.publish([b"a%d" % i]) for i in range(count)]
     await asyncio.wait_for(asyncio.gather(*(a.settled for a in first)), 20)
+    return w
+
+
+async def test_coordinator_in_raft_survives_the_writers_node(tmp_path: Path) -> None:
+    w = await started_with(World(tmp_path), 20)
 
     dead = w.writer()
     w.kill(dead)
     await w.propose(sc.WriterDown(w.state().epoch))  # the failure detector's verdict
-    await until(lambda: w.state().writer not in (None, dead.name) and w.state().stable, "a new writer", 30)
-    new = w.writer().stream
-    assert new is not None
+    await until(lambda: w.state().writer not in (None, dead.name), "a new writer", 30)
+    new = await w.writing(30)
     second = [new.publish([b"b%d" % i]) for i in range(20)]
     await asyncio.wait_for(asyncio.gather(*(a.settled for a in second)), 20)
     want = [*(b"a%d" % i for i in range(20)), *(b"b%d" % i for i in range(20))]
@@ -50,26 +51,19 @@ async def test_coordinator_in_raft_survives_the_writers_node(tmp_path: Path) -> 
 async def test_malformed_replica_records_are_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     w = World(tmp_path)
     await w.start()
-    await until(lambda: w.state().stable, "the first epoch stable")
+    await w.writing()
     node = w.nodes[2]
     for bad in ([99], [3, 1, [[1, 2]], 0], [0, "n2", 1]):  # the codec checks the field is a list
         node.deliver("n1", cm.encode(cm.StreamReplica(7, bad)))
     assert "dropped a stream replica message from n1" in caplog.text
-    writer = w.writer().stream
-    assert writer is not None
+    writer = await w.writing()
     done = writer.publish([b"still fine"])
     await asyncio.wait_for(done.settled, 20)
     await w.stop()
 
 
 async def test_members_added_and_removed_through_the_service(tmp_path: Path) -> None:
-    w = World(tmp_path, spare=True)
-    await w.start()
-    await until(lambda: w.state().stable, "the first epoch stable")
-    writer = w.writer().stream
-    assert writer is not None
-    first = [writer.publish([b"a%d" % i]) for i in range(30)]
-    await asyncio.wait_for(asyncio.gather(*(a.settled for a in first)), 20)
+    w = await started_with(World(tmp_path, spare=True), 30)
     leader = w.leader()
     assert leader is not None and leader.service is not None
     with pytest.raises(NotLeader):
@@ -85,10 +79,9 @@ async def test_members_added_and_removed_through_the_service(tmp_path: Path) -> 
     leader = w.leader()
     assert leader is not None and leader.service is not None
     await leader.service.delete_member(GID, old)
-    await until(lambda: w.state().writer not in (None, old) and w.state().stable, "a new writer", 20)
-    new = w.writer().stream
-    assert new is not None and old not in w.state().members
-    await until(lambda: new.member.role is sr.Role.WRITER, "the new writer writing")
+    await until(lambda: w.state().writer not in (None, old), "a new writer", 20)
+    new = await w.writing()
+    assert old not in w.state().members
     done = new.publish([b"after"])
     await asyncio.wait_for(done.settled, 20)
     for name in w.state().members:

@@ -138,12 +138,7 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
         w.heal()
         for node in [n for n in w.nodes.values() if not n.up and n.hosted is not None]:
             assert await w.restart(node), f"{node.name} could not restart"
-        def writing() -> bool:
-            stream = w.writer().stream if w.state().stable else None
-            return stream is not None and stream.member.role is sr.Role.WRITER
-        await until(writing, "a stable writer", 30)
-        final = w.writer().stream
-        assert final is not None
+        final = await w.writing(30)
         last = final.publish([b"final"])
         await asyncio.wait_for(last.settled, 30)
         history.confirmed.add(b"final")
