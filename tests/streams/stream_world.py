@@ -150,12 +150,12 @@ class World:
                 other.service.peer_changed(node.name, False)
         asyncio.get_running_loop().create_task(driver.stop(crash=True))
 
-    async def restart(self, node: Node) -> bool:
+    async def restart(self, node: Node, timeout_s: float = 3.0) -> bool:
         """Boot a killed node; True once its member started (the service's read barrier passed), False if
-        it could not within 3 s (no leader to catch up with: the node is killed again)."""
+        it could not within `timeout_s` (no leader to catch up with: the node is killed again)."""
         await self._boot(node)
         try:
-            await until(lambda: node.stream is not None, "the member started", 3.0)
+            await until(lambda: node.stream is not None, "the member started", timeout_s)
         except AssertionError:
             self.kill(node)
             return False

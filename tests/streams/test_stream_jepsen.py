@@ -137,7 +137,7 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
         # heal everything and let it settle
         w.heal()
         for node in [n for n in w.nodes.values() if not n.up and n.hosted is not None]:
-            assert await w.restart(node), f"{node.name} could not restart"
+            assert await w.restart(node, timeout_s=20.0), f"{node.name} could not restart"
         final = await w.writing(30)
         last = final.publish([b"final"])
         await asyncio.wait_for(last.settled, 30)

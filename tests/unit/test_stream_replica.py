@@ -284,7 +284,7 @@ def test_malformed_replica_messages_are_refused(bad: object) -> None:
 def test_coordinator_commands_and_snapshot_round_trip() -> None:
     tail = Tail(0, 9, ((1, 9),))
     for cmd in (sc.Declare(("a", "b", "c"), "a"), sc.WriterDown(3), sc.TailReport("b", 4, tail),
-                sc.ChangeMembers(("a", "b")), sc.EpochStable(2)):
+                sc.ChangeMembers(("a", "b")), sc.EpochStable(2), sc.Barrier(1 << 61)):
         assert sc.decode_command(sc.encode_command(cmd)) == cmd
     for bad in (b"", b"\x93\x02\x00\x01", b"\x92\x01\x09", b"\x93\x01\x01\xa1x"):
         with pytest.raises(sc.CoordinatorError):
@@ -300,6 +300,11 @@ def test_coordinator_commands_and_snapshot_round_trip() -> None:
     copy.restore(m.snapshot())
     assert copy.state == m.state and m.state.reports == (("b", tail),)
     assert [s.epoch for s in seen] == [1, 2, 2, 2]
+    m.apply(5, sc.encode_command(sc.Barrier(77)))           # changes nothing; the machine notes the token
+    assert m.barriers_seen == {77} and len(seen) == 4
+    # a member never acts on a view older than an epoch its own log holds
+    late = sr.StreamMember("c", Tail(0, 9, ((5, 9),)), fenced=2)
+    assert late.fenced == 5 and late.observe(sr.View(4, "c", ("a", "b", "c"), electing=False)) == []
 
 
 def test_a_members_effects_become_coordinator_commands() -> None:

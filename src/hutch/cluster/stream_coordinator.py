@@ -58,7 +58,13 @@ class EpochStable(NamedTuple):
     epoch: int
 
 
-Command = Declare | WriterDown | TailReport | ChangeMembers | EpochStable
+class Barrier(NamedTuple):
+    """Changes nothing: a node that sees its own `token` applied knows its copy of the coordinator holds
+    every decision committed before it (the read barrier a member waits for before it starts)."""
+    token: int
+
+
+Command = Declare | WriterDown | TailReport | ChangeMembers | EpochStable | Barrier
 
 
 class CoordinatorError(ValueError):
@@ -123,6 +129,8 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
         return CoordState(state.epoch, best, state.members, ())
     if isinstance(cmd, EpochStable):
         return state._replace(stable=True) if cmd.epoch == state.epoch and not state.electing else state
+    if isinstance(cmd, Barrier):
+        return state
     assert isinstance(cmd, ChangeMembers)
     _check_members(cmd.members)
     if state.electing or not state.stable:
@@ -137,7 +145,7 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
 # -- in the Raft log: commands as entries, the state as a snapshot ------------------------------------------
 
 VERSION = 1
-_KINDS: tuple[type, ...] = (Declare, WriterDown, TailReport, ChangeMembers, EpochStable)
+_KINDS: tuple[type, ...] = (Declare, WriterDown, TailReport, ChangeMembers, EpochStable, Barrier)
 _TAG = {kind: i for i, kind in enumerate(_KINDS)}
 
 
@@ -149,6 +157,8 @@ def encode_command(cmd: Command) -> bytes:
         fields = [list(cmd.members), cmd.writer]
     elif isinstance(cmd, ChangeMembers):
         fields = [list(cmd.members)]
+    elif isinstance(cmd, Barrier):
+        fields = [cmd.token]
     else:
         fields = [cmd.epoch]
     return msgpack.packb([VERSION, _TAG[type(cmd)], *fields])
@@ -171,8 +181,10 @@ def decode_command(data: bytes | memoryview) -> Command:
         if kind is ChangeMembers:
             (members,) = fields
             return ChangeMembers(tuple(str(m) for m in members))
-        (epoch,) = fields
-        return WriterDown(int(epoch)) if kind is WriterDown else EpochStable(int(epoch))
+        (number,) = fields
+        if kind is Barrier:
+            return Barrier(int(number))
+        return WriterDown(int(number)) if kind is WriterDown else EpochStable(int(number))
     except (TypeError, ValueError, IndexError, msgpack.ExtraData) as exc:
         if isinstance(exc, CoordinatorError):
             raise
@@ -200,10 +212,14 @@ class CoordinatorMachine:
     def __init__(self, on_change: Callable[[CoordState], None]) -> None:
         self.state = NONE
         self.on_change = on_change
+        self.barriers_seen: set[int] = set()  # tokens of `Barrier`s applied here (cleared by their waiter)
 
     def apply(self, index: int, data: bytes) -> CoordState:
         before = self.state
-        self.state = apply(self.state, decode_command(data))  # a CoordinatorError fails the proposer
+        cmd = decode_command(data)
+        if isinstance(cmd, Barrier):
+            self.barriers_seen.add(cmd.token)
+        self.state = apply(self.state, cmd)  # a CoordinatorError fails the proposer
         if self.state != before:
             self.on_change(self.state)
         return self.state

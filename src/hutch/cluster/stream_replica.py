@@ -233,8 +233,9 @@ class StreamMember:
         self.name = name
         self.log = tail          # what is appended (synced or not)
         self.synced = tail.next  # synced end. Invariant: log.first <= synced <= log.next
-        self.fenced = fenced
-        self.restored = fenced   # epochs up to this one were played by an earlier incarnation
+        # never an epoch older than one the log holds (a past view replayed must not be acted on)
+        self.fenced = max(fenced, tail.last_epoch)
+        self.restored = self.fenced  # epochs up to this one were played by an earlier incarnation
         self.role = Role.IDLE
         self.epoch = 0           # the epoch of the role played (0: none)
         self.writer: str | None = None

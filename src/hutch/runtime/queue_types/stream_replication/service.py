@@ -9,9 +9,10 @@ when it leads, else forwarded to the leader's node); the failure detector (a pee
 writes a stream whose group this node leads: `WriterDown`); the read barrier before a member starts.
 
 Rules:
-- A member starts only once its node's copy of the coordinator has applied what the group had committed
-  when it learnt of a leader (`_barrier`): so the epoch it is fenced at (`fenced`) is the coordinator's,
-  never an older one that a restarted member could otherwise take for current.
+- A member starts only after a read barrier (`_barrier`: a `Barrier` entry of its own applied on this
+  node), so the epoch it is fenced at (`fenced`) and the views it then acts on are current, never a past
+  state replayed while the group catches up (which made a restarted member write as a past epoch's
+  writer: found by the Jepsen-style run).
 - A forwarded proposal is proposed only by a leader and never forwarded again (no loops); one lost is
   made again by the member (ReplicatedStream re-acts on its view while an election is under way).
 - Malformed records from peers are logged and dropped.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +40,7 @@ from hutch.storage.fs import FileSystem
 log = logging.getLogger("hutch.stream.replication")
 
 BARRIER_POLL_S = 0.02
+BARRIER_RETRY_S = 0.5
 
 
 class ReplicationHost(Protocol):
@@ -117,12 +120,20 @@ class StreamReplicationService:
             stream.observe(hosted.machine.state.view())
 
     async def _barrier(self, hosted: Hosted) -> None:
-        """Until this node knows a leader of the group and has applied what it knows to be committed."""
-        while True:
-            g = hosted.group
-            if g.leader and g.applied >= int(g.status()["commit"]):
-                return
+        """A read barrier: a `Barrier` with a token of this node's, proposed through the group's leader
+        (again every BARRIER_RETRY_S while it is not seen), until this node applies it: its copy then holds
+        every decision committed before. (Applied-up-to-the-known-commit is not enough: a node catching up
+        learns the commit index a little at a time, and would take a past epoch for the current one.)"""
+        token = secrets.randbits(62)
+        seen = hosted.machine.barriers_seen
+        loop = asyncio.get_running_loop()
+        next_try = 0.0
+        while token not in seen:
+            if loop.time() >= next_try:
+                self.propose(hosted.gid, sc.Barrier(token))
+                next_try = loop.time() + BARRIER_RETRY_S
             await asyncio.sleep(BARRIER_POLL_S)
+        seen.discard(token)
 
     async def declare(self, gid: int, writer: str) -> None:
         """Name epoch 1's writer (once, by the node that declared the stream)."""
