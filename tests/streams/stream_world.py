@@ -204,6 +204,20 @@ class World:
         assert stream is not None
         return stream
 
+    def describe(self) -> str:
+        """Every node's view and member, for a failing run's message."""
+        lines = []
+        for n in self.nodes.values():
+            state = n.hosted.machine.state if n.hosted is not None else None
+            lines.append(f"{n.name}: up={n.up} isolated={n.raft_id in self.isolated} coordinator={state}")
+            if n.stream is not None:
+                m = n.stream.member
+                lines.append(f"  member {m.status()} session={m.session} started={m.started} "
+                             f"closed={n.stream.closed} files_next={n.stream.handle.next_offset}")
+                for peer, p in m.progress.items():
+                    lines.append(f"    progress {peer}: {p}")
+        return "\n".join(lines)
+
     def writer(self) -> Node:
         state = self.state()
         assert state.writer is not None

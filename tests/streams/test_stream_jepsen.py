@@ -140,7 +140,10 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
             assert await w.restart(node, timeout_s=20.0), f"{node.name} could not restart"
         final = await w.writing(30)
         last = final.publish([b"final"])
-        await asyncio.wait_for(last.settled, 30)
+        try:
+            await asyncio.wait_for(last.settled, 30)
+        except TimeoutError as exc:
+            raise AssertionError(f"seed {seed}: the last publish not confirmed after healing\n{w.describe()}") from exc
         history.confirmed.add(b"final")
 
         def settled() -> bool:
@@ -148,7 +151,10 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
             logs = [records(n.stream) for n in members if n.stream is not None]
             return len(logs) == len(members) and all(log == logs[0] for log in logs) \
                 and logs[0][-1:] == [b"final"]
-        await until(settled, "every member holding the same log", 30)
+        try:
+            await until(settled, "every member holding the same log", 30)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}: {exc}\n{w.describe()}") from exc
         log = records(final)
         assert len(log) == len(set(log)), "a record twice"
         assert log == sorted(log), "records out of order"

@@ -226,7 +226,7 @@ class StreamMember:
     """One member of one stream. `tail` is the durable log on start; `fenced` the epoch restored from
     the coordinator (nothing of a lower epoch is accepted)."""
 
-    def __init__(self, name: str, tail: Tail, fenced: int = 0, *, session_base: int = 0,
+    def __init__(self, name: str, tail: Tail, fenced: int = 0, *, fresh: bool = False, session_base: int = 0,
                  ship_bytes: int = 256 << 10, max_inflight: int = 32, resend_ticks: int = 5,
                  hello_ticks: int = 10) -> None:
         tail.check()
@@ -235,7 +235,10 @@ class StreamMember:
         self.synced = tail.next  # synced end. Invariant: log.first <= synced <= log.next
         # never an epoch older than one the log holds (a past view replayed must not be acted on)
         self.fenced = max(fenced, tail.last_epoch)
-        self.restored = self.fenced  # epochs up to this one were played by an earlier incarnation
+        # epochs up to this one may have been played by an earlier incarnation (none when `fresh`: the
+        # member's files did not exist before, so it never wrote anything; a member whose files were lost
+        # is not fresh but gone, and must be removed and added again, as a Raft server whose disk died)
+        self.restored = -1 if fresh else self.fenced
         self.role = Role.IDLE
         self.epoch = 0           # the epoch of the role played (0: none)
         self.writer: str | None = None

@@ -94,9 +94,10 @@ class ReplicatedStream:
         """Open the member's files; `fenced` is the epoch the coordinator's state says this member is
         fenced at (the current epoch, or the one being elected), `session_base` grows across restarts."""
         opts = options or StreamOptions()
+        fresh = not fs.exists(directory)  # a first open here: no earlier incarnation wrote anything
         handle = await StreamHandle.open(fs, directory, options=opts, clock=clock)
         tail = Tail(*extent(handle.log)).check()
-        member = sr.StreamMember(name, tail, fenced, session_base=session_base, **member_options)
+        member = sr.StreamMember(name, tail, fenced, fresh=fresh, session_base=session_base, **member_options)
         rs = cls(name, fs, directory, handle, link, clock, opts, member)
         rs._start_ticks(tick_s)
         return rs
