@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -111,11 +112,26 @@ class Traffic:
 @dataclass
 class UiTarget:
     """A node and the address the browser opens: its plain HTTP listener, or its HTTPS listener at
-    https://localhost:PORT with the CA (`cacertfile`) that issued its certificate."""
+    https://localhost:PORT with the CA (`cacertfile`) that issued its certificate; a node with HTTPS
+    also has an AMQPS listener (`amqps_port`), whose connection page shows its TLS details."""
 
     info: ServerInfo
     base_url: str
     cacertfile: Path | None = None
+    amqps_port: int | None = None
+    client_cert: tuple[Path, Path] | None = None  # (certificate, key) the AMQPS client presents
+
+    def tls_client(self) -> pika.BlockingConnection | None:
+        """A pika connection over TLS named "ui-tls", with a client certificate (CN=ui-tls), when there is
+        AMQPS: the spec looks at its page."""
+        if self.amqps_port is None or self.cacertfile is None:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.cacertfile))
+        if self.client_cert is not None:
+            ctx.load_cert_chain(str(self.client_cert[0]), str(self.client_cert[1]))
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.amqps_port, ssl_options=pika.SSLOptions(ctx, "localhost"), heartbeat=0,
+            client_properties={"connection_name": "ui-tls"}))
 
 
 # the HTTPS run is in `make test-slow` (17 s; the UI over TLS): `make test` keeps the plain HTTP one
@@ -128,7 +144,7 @@ def ui_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     tmp = tmp_path_factory.mktemp(f"hutch-ui-{scheme}")
     if scheme == "https":
         node = start_tls_node(tmp, STATS_CONFIG)
-        target = UiTarget(node.info, node.https_url, node.pki.cacertfile)
+        target = UiTarget(node.info, node.https_url, node.pki.cacertfile, node.amqps_port, node.pki.issue("ui-tls"))
     else:
         info = start_server(tmp, config_text=STATS_CONFIG)
         target = UiTarget(info, info.mgmt_url)
@@ -144,12 +160,15 @@ def test_web_ui_in_chromium(ui_server: UiTarget) -> None:
     if ui_server.cacertfile is not None:
         env["CA_CERT"] = str(ui_server.cacertfile)
     traffic = Traffic(ui_server.info.url)
+    tls_client = ui_server.tls_client()
     started = time.monotonic()
     try:
         proc = subprocess.run(["node", str(BROWSER_DIR / "ui.spec.mjs"), ui_server.base_url, str(artifacts)],
                               cwd=BROWSER_DIR, capture_output=True, text=True, timeout=SPEC_TIMEOUT_S, env=env)
     finally:
         traffic.stop()
+        if tls_client is not None:
+            tls_client.close()
     output = proc.stdout + proc.stderr
     (artifacts / "ui.spec.log").write_text(output)
     print(output)

@@ -19,6 +19,7 @@ import {mkdirSync, mkdtempSync, rmSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
 import {chromium} from 'playwright-core';
+import {CHROMIUM_ARGS, expectText, stepper, succeeded} from './steps.mjs';
 
 const [base, artifacts] = process.argv.slice(2);
 if (!base || !artifacts) {
@@ -32,9 +33,6 @@ if (secure && !process.env.CA_CERT) {
 }
 mkdirSync(artifacts, {recursive: true});
 
-// Without these flags Chromium reaches out to the network (updates, field trials, QUIC probes).
-const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-quic',
-  '--no-first-run', '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage'];
 const TIMEOUT_MS = 10000;
 const QUEUE = 'ui-test-queue';
 const PAYLOAD = 'hello from the browser test';
@@ -54,7 +52,7 @@ function homeTrusting(caFile) {
 async function launch(home) {
   const profile = mkdtempSync(join(tmpdir(), 'hutch-chromium-'));
   const context = await chromium.launchPersistentContext(profile, {
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ARGS, headless: true,
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: CHROMIUM_ARGS, headless: true,
     viewport: {width: 1366, height: 768}, env: home ? {...process.env, HOME: home} : process.env,
   });
   return {context, profile};
@@ -79,26 +77,10 @@ page.on('response', (r) => {
   if (r.status() >= 400 && r.url().includes('/api/')) failedCalls.push(`${r.request().method()} ${r.url()} -> ${r.status()}`);
 });
 
-let current = 'start';
-const started = Date.now();
-async function step(name, fn) {
-  current = name;
-  const t0 = Date.now();
-  await fn();
-  console.log(`ok - ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
-}
+const run = stepper();
+const step = run.step;
 const shot = (name, fullPage = false) => page.screenshot({path: join(artifacts, name), fullPage});
-const expectText = async (locator, text) => {
-  await locator.filter({hasText: text}).first().waitFor();
-};
-/** The outcome line of the form labelled `label` once it reports success (or throw with its error). */
-async function outcome(label) {
-  const line = page.getByRole('form', {name: label}).locator('.outcome');
-  await page.waitForFunction((el) => /\b(ok|error)\b/.test(el.className), await line.elementHandle());
-  const text = await line.textContent();
-  if ((await line.getAttribute('class')).includes('error')) throw new Error(`${label}: ${text}`);
-  return text;
-}
+const outcome = (label) => succeeded(page, label);
 const chart = (title) => page.locator('figure.chart', {has: page.locator('figcaption', {hasText: title})});
 const chartState = async (title) => {
   const el = chart(title);
@@ -289,6 +271,25 @@ try {
     }
   });
 
+  if (secure) {
+    await step("a TLS client's connection page shows its TLS details", async () => {
+      await page.goto(base + '/#/connections');
+      await page.locator('table.data tbody tr', {hasText: 'ui-tls'}).getByRole('link').first().click();
+      await page.getByRole('heading', {name: /^Connection /, level: 1}).waitFor();
+      const sec = page.locator('section.panel', {has: page.getByRole('heading', {name: 'TLS', level: 2, exact: true})});
+      await expectText(sec.locator('dd'), 'yes');
+      const tls = await sec.locator('dl.facts').evaluate((dl) => Object.fromEntries(
+        [...dl.querySelectorAll('dt')].map((dt) => [dt.textContent, dt.nextElementSibling.textContent])));
+      if (!/^TLSv1\.[23]$/.test(tls.Protocol) || !tls.Cipher) throw new Error(`TLS details: ${JSON.stringify(tls)}`);
+      if (!tls['Peer certificate'].startsWith('CN=ui-tls,OU=tls,O=hutch tests')) {
+        throw new Error(`peer certificate: ${tls['Peer certificate']}`);
+      }
+      console.log(`   ${tls.Protocol}, ${tls.Cipher}`);
+      await page.evaluate(() => document.getElementById('toasts').replaceChildren());  // earlier steps' toasts
+      await shot('14-connection-tls.png', true);
+    });
+  }
+
   await step('a monitoring user sees no admin pages', async () => {
     await page.getByRole('button', {name: 'Log out'}).click();
     await expectText(page.getByRole('alert'), 'You have logged out');
@@ -329,21 +330,21 @@ try {
   });
 
   if (pageErrors.length) {
-    current = 'no script errors';
+    run.current = 'no script errors';
     throw new Error(pageErrors.join('\n'));
   }
-  current = 'state-changing calls carried this origin';
+  run.current = 'state-changing calls carried this origin';
   const origin = new URL(base).origin;
   const origins = await Promise.all(originHeaders);
   const foreign = origins.filter((o) => o !== origin);
   if (!origins.length || foreign.length) {
     throw new Error(`${origins.length} state-changing API calls, Origin not ${origin}: ${JSON.stringify(foreign)}`);
   }
-  console.log(`ok - ${current} (${origins.length} POST/PUT/DELETE calls, all with Origin ${origin})`);
-  console.log(`all steps passed in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  console.log(`ok - ${run.current} (${origins.length} POST/PUT/DELETE calls, all with Origin ${origin})`);
+  console.log(`all steps passed in ${run.elapsed()} s`);
   if (failedCalls.length) console.log('API calls that failed (expected ones included):\n  ' + failedCalls.join('\n  '));
 } catch (exc) {
-  console.log(`FAILED - ${current}: ${exc.message}`);
+  console.log(`FAILED - ${run.current}: ${exc.message}`);
   if (failedCalls.length) console.log('API calls that failed:\n  ' + failedCalls.join('\n  '));
   await page.screenshot({path: join(artifacts, 'failure.png'), fullPage: true}).catch(() => {});
   process.exitCode = 1;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,18 @@ def consume(conn: Any, queue: str, count: int, prefetch: int = 100, timeout: flo
     return got
 
 
+@pytest.fixture
+def stream(server: ServerInfo) -> Iterator[tuple[Any, Any, str]]:
+    """(connection, channel, name) of a new stream, deleted afterwards."""
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    name = declare(ch, unique("s"))
+    yield conn, ch, name
+    if conn.is_open:
+        conn.channel().queue_delete(name)
+        conn.close()
+
+
 def test_declare_rules(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     name = unique("s")
@@ -74,10 +87,8 @@ def test_declare_rules(server: ServerInfo) -> None:
     conn.close()
 
 
-def test_publish_and_read_from_every_kind_of_offset(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
-    ch = conn.channel()
-    q = declare(ch, unique("s"))
+def test_publish_and_read_from_every_kind_of_offset(stream: tuple[Any, Any, str]) -> None:
+    conn, ch, q = stream
     props = {"headers": {"k": 1, "s": "str"}, "content_type": "text/plain", "delivery_mode": 2,
              "message_id": "id", "priority": 3, "timestamp": 1_700_000_000, "correlation_id": "c",
              "reply_to": "r", "expiration": "60000", "type": "t", "app_id": "a", "user_id": "guest",
@@ -108,7 +119,6 @@ def test_publish_and_read_from_every_kind_of_offset(server: ServerInfo) -> None:
     publish(ch, q, [b"late"])
     assert drain(conn, got, 1) == [b"late"]
     ch.queue_delete(q, if_empty=True)  # RabbitMQ deletes a stream whatever it holds
-    conn.close()
 
 
 def test_refusals_as_rabbitmq(server: ServerInfo) -> None:
@@ -159,10 +169,8 @@ def test_refusals_as_rabbitmq(server: ServerInfo) -> None:
     conn.close()
 
 
-def test_manual_acks_are_credit(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
-    ch = conn.channel()
-    q = declare(ch, unique("s"))
+def test_manual_acks_are_credit(stream: tuple[Any, Any, str]) -> None:
+    conn, ch, q = stream
     publish(ch, q, [b"%d" % i for i in range(10)])
     cch = conn.channel()
     cch.basic_qos(prefetch_count=3)
@@ -176,14 +184,10 @@ def test_manual_acks_are_credit(server: ServerInfo) -> None:
     drain(conn, got, 5)
     settle(conn, 0.3)
     assert [b for _, b in got] == [b"0", b"1", b"2", b"3", b"4"]
-    ch.queue_delete(q)
-    conn.close()
 
 
-def test_filtering(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
-    ch = conn.channel()
-    q = declare(ch, unique("s"))
+def test_filtering(stream: tuple[Any, Any, str]) -> None:
+    conn, ch, q = stream
     ch.confirm_delivery()
     for i, value in enumerate(["eu", "us", None, "eu"]):
         headers = {"x-stream-filter-value": value} if value else None
@@ -193,8 +197,6 @@ def test_filtering(server: ServerInfo) -> None:
     mixed = consume(conn, q, 3, **{"x-stream-offset": "first", "x-stream-filter": ["us"],
                                    "x-stream-match-unfiltered": True})
     assert [b for _, b, _ in mixed] == [b"1", b"2"]
-    ch.queue_delete(q)
-    conn.close()
 
 
 def test_retention_removes_whole_segments_and_consumers_start_at_the_new_first(server: ServerInfo) -> None:
@@ -263,10 +265,26 @@ def test_a_damaged_stream_does_not_keep_the_node_from_starting(tmp_path: Path) -
         info.stop()
 
 
-def test_deleting_a_stream_cancels_its_consumers(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
-    ch = conn.channel()
-    q = declare(ch, unique("s"))
+def test_routed_and_dead_lettered_messages_reach_a_stream(stream: tuple[Any, Any, str]) -> None:
+    conn, ch, name = stream
+    exchange = unique("x")
+    ch.exchange_declare(exchange, "fanout", auto_delete=True)
+    ch.queue_bind(name, exchange)
+    source = unique("q")
+    ch.queue_declare(source, auto_delete=True, arguments={"x-dead-letter-exchange": exchange})
+    ch.confirm_delivery()
+    ch.basic_publish(exchange, "rk", b"routed")
+    ch.basic_publish("", source, b"rejected")
+    method, _props, _body = ch.basic_get(source)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    got = consume(conn, name, 2, **{"x-stream-offset": "first"})
+    assert [(b, p.headers.get("x-death", [{}])[0].get("reason")) for _, b, p in got] == [
+        (b"routed", None), (b"rejected", "rejected")]
+    assert got[0][2].headers["x-stream-offset"] == 0
+
+
+def test_deleting_a_stream_cancels_its_consumers(stream: tuple[Any, Any, str]) -> None:
+    conn, ch, q = stream
     cancelled: list[Any] = []
     ch.basic_qos(prefetch_count=5)
     ch.add_on_cancel_callback(cancelled.append)
@@ -275,7 +293,6 @@ def test_deleting_a_stream_cancels_its_consumers(server: ServerInfo) -> None:
     other.queue_delete(q)
     drain(conn, cancelled, 1)
     assert len(cancelled) == 1
-    conn.close()
 
 
 @pytest.mark.asyncio

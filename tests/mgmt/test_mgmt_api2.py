@@ -556,3 +556,31 @@ def test_topic_permissions_and_the_cluster_name_survive_a_restart(tmp_path) -> N
         assert call(info, "GET", "/api/cluster-name")[1] == {"name": "renamed"}
     finally:
         info.stop()
+
+
+def test_channel_counts_unconfirmed_and_uncommitted_publishes(api: Api, mgmt) -> None:  # type: ignore[no-untyped-def]
+    """RabbitMQ's `messages_unconfirmed` and `messages_uncommitted` on a channel (the web UI's channel
+    page): publishes of an open transaction count until the commit; a confirm-mode channel whose
+    publishes were all confirmed has none unconfirmed."""
+    q = unique("q")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", mgmt.amqp_port, client_properties={"connection_name": q}))
+    try:
+        tx = conn.channel()
+        tx.queue_declare(q, auto_delete=True)
+        tx.tx_select()
+        tx.basic_publish("", q, b"a")
+        tx.basic_publish("", q, b"b")
+        confirmed = conn.channel()
+        confirmed.confirm_delivery()
+        confirmed.basic_publish("", q, b"c")  # returns once confirmed
+
+        name = next(c["name"] for c in api.ok("/api/connections") if c["user_provided_name"] == q)
+        mine = {c["number"]: c for c in api.ok(f"/api/connections/{seg(name)}/channels")}
+        assert (mine[1]["messages_uncommitted"], mine[1]["messages_unconfirmed"]) == (2, 0)
+        assert (mine[2]["messages_uncommitted"], mine[2]["messages_unconfirmed"]) == (0, 0)
+        tx.tx_commit()
+        committed = api.ok(f"/api/channels/{seg(mine[1]['name'])}")
+        assert committed["messages_uncommitted"] == 0
+    finally:
+        conn.close()

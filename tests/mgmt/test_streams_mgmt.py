@@ -35,6 +35,8 @@ def test_a_stream_in_the_api_and_hutchctl(mgmt: ServerInfo, api: Api) -> None:
     out = run_ctl(mgmt, "list_queues", "name", "type", "messages")
     assert out.returncode == 0, out.stderr
     assert any(line.split() == [name, "stream", "5"] for line in out.stdout.splitlines()), out.stdout
+    out = run_ctl(mgmt, "list_queues", "name", "first_offset", "last_offset", "segments")
+    assert any(line.split() == [name, "0", "4", "1"] for line in out.stdout.splitlines()), out.stdout
     assert api.delete(f"/api/queues/%2F/{name}").status == 204
 
 

@@ -4,6 +4,7 @@ trust the node's CA, a client certificate from another CA, plain AMQP on the TLS
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import time
@@ -138,6 +139,27 @@ def test_external_logs_in_as_the_certificate_subject(tls_node: TlsNode) -> None:
         assert mine and mine[0]["auth_mechanism"] == "EXTERNAL" and mine[0]["ssl"] is True
     finally:
         conn.close()
+
+
+def test_the_connection_api_describes_the_client_certificate(tls_node: TlsNode) -> None:
+    """RabbitMQ's peer_cert_subject / issuer / validity (the web UI's connection page): the verified
+    client certificate's names in RFC 4514 order and its dates; None each for a client without one."""
+    name = f"peer-{uuid.uuid4().hex[:8]}"
+    with_cert = pika.BlockingConnection(params(tls_node, tls_node.pki.client_context(tls_node.pki.issue(name)),
+                                               client_properties={"connection_name": name}))
+    without = pika.BlockingConnection(params(tls_node, tls_node.pki.client_context(),
+                                             client_properties={"connection_name": name + "-none"}))
+    try:
+        listed = {c["user_provided_name"]: c for c in api(tls_node, "GET", "/api/connections").json()}
+        mine, bare = listed[name], listed[name + "-none"]
+        assert mine["peer_cert_subject"] == f"CN={name},OU=tls,O=hutch tests"
+        assert re.fullmatch(r"OU=Testing CA #\S+,O=hutch test ca", mine["peer_cert_issuer"]), mine["peer_cert_issuer"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ - \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
+                            mine["peer_cert_validity"]), mine["peer_cert_validity"]
+        assert (bare["peer_cert_subject"], bare["peer_cert_issuer"], bare["peer_cert_validity"]) == (None, None, None)
+    finally:
+        with_cert.close()
+        without.close()
 
 
 def test_external_refuses_a_certificate_whose_user_does_not_exist(tls_node: TlsNode) -> None:

@@ -104,3 +104,19 @@ def test_the_fast_path_writes_the_bytes_of_the_generic_one(mode: int | None, bod
     msg = Message(x, rk, BasicProperties(delivery_mode=mode), body)
     assert a.from_091(msg) == a._from_091(msg)
     assert a.to_091(a.from_091(msg)).properties == msg.properties
+
+
+# What RabbitMQ 3.10.8 stored for a pika publish to a stream (read back raw over its stream protocol with
+# rstream, 2026-11-28): its 3.x layout, no header section, x-basic-* among annotations and application
+# properties (it dropped the table and array headers "nested" and "arr" the publish also carried).
+RABBITMQ_310_ENTRY = bytes.fromhex(
+    "005372c16f0aa30d782d726f7574696e672d6b6579a107683233702d7273a30a782d65786368616e6765a100a310782d62617369632d7072696f726974795003a315782d62617369632d64656c69766572792d6d6f64655002a312782d62617369632d65787069726174696f6ea1053630303030005373c0340da103696430a00567756573744040a10172a10163a30a746578742f706c61696ea3047574663840830000018bcfe56800404040005374c13e0aa10c782d62617369632d74797065a10174a10e782d62617369632d6170702d6964a10161a1016b5401a10173a103737472a105782d666f6fa103626172005375a005626f647930")
+
+
+def test_an_entry_written_by_rabbitmq_310_reads_as_what_pika_published() -> None:
+    m = a.to_091(RABBITMQ_310_ENTRY)
+    assert (m.exchange, m.routing_key, m.body) == ("", "h23p-rs", b"body0")
+    assert m.properties == BasicProperties(
+        headers={"k": 1, "s": "str", "x-foo": "bar"}, content_type="text/plain", delivery_mode=2, message_id="id0",
+        priority=3, timestamp=1700000000, correlation_id="c", reply_to="r", expiration="60000", type="t",
+        app_id="a", user_id="guest", content_encoding="utf8")

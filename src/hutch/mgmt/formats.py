@@ -17,8 +17,11 @@ Rules:
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+from cryptography import x509
 
 from hutch.core.auth import export_password_hash
 from hutch.core.routing import Binding, queue_dest
@@ -157,12 +160,30 @@ def connection_json(conn: AMQPConnection, node_name: str, stats: StatsView | Non
         "ssl": conn.ssl_object is not None,
         "ssl_protocol": conn.ssl_object.version() if conn.ssl_object is not None else None,
         "ssl_cipher": (conn.ssl_object.cipher() or ("",))[0] if conn.ssl_object is not None else None,
+        **peer_cert_json(conn.peer_cert),
         "type": "network",
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
     })
     if stats is not None:
         stats.connection(conn, out)
     return out
+
+
+_NO_PEER_CERT: dict[str, str | None] = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
+
+
+@functools.lru_cache(maxsize=256)  # a connection list re-reads the same few certificates on every poll
+def peer_cert_json(der: bytes | None) -> dict[str, str | None]:
+    """RabbitMQ's `peer_cert_subject`, `peer_cert_issuer` (RFC 4514, most specific first, as
+    core/certs.py names a certificate's user) and `peer_cert_validity` ("<not before> - <not after>",
+    UTC) of the client certificate the TLS handshake verified; None each without one."""
+    if not der:
+        return _NO_PEER_CERT
+    cert = x509.load_der_x509_certificate(der)
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    return {"peer_cert_subject": cert.subject.rfc4514_string(), "peer_cert_issuer": cert.issuer.rfc4514_string(),
+            "peer_cert_validity": f"{cert.not_valid_before_utc.strftime(stamp)} - "
+                                  f"{cert.not_valid_after_utc.strftime(stamp)}"}
 
 
 def channel_name(ch: ServerChannel) -> str:
@@ -183,6 +204,9 @@ def channel_json(ch: ServerChannel, node_name: str, stats: StatsView | None = No
         "node": node_name,
         "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
         "message_stats": stats.channel(ch) if stats is not None else channel_stats(ch),
+        # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
+        "messages_unconfirmed": ch.unconfirmed_count(),
+        "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
     })
     return out
 

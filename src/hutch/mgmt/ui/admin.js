@@ -1,11 +1,12 @@
 // Admin pages: #/users, #/vhosts, #/permissions, #/policies. Each is a table with a delete action per
-// row and a form to add (or update) one.
+// row and a form to add (or update) one. (Limits and the user and vhost pages: accounts.js.)
 
-import {DELETE, GET, hasTag, p, PUT} from './api.js';
-import {keyValues} from './common.js';
-import {badge, confirmDialog, field, h, select, toast} from './dom.js';
-import {bytes} from './fmt.js';
+import {DELETE, GET, hasTag, p, PUT, session} from './api.js';
+import {traffic} from './clients.js';
+import {keyValues, userHref, vhostHref} from './common.js';
+import {badge, confirmDialog, field, h, link, select, toast} from './dom.js';
 import {actionForm, forgetVhosts, input, KeyValueEditor, vhostSelect} from './forms.js';
+import {withCounterRates} from './series.js';
 import {clientList, DataTable} from './table.js';
 
 export const ADMIN_TABS = [
@@ -13,19 +14,30 @@ export const ADMIN_TABS = [
   ['vhosts', 'Virtual hosts', '#/vhosts'],
   ['permissions', 'Permissions', '#/permissions'],
   ['policies', 'Policies', '#/policies'],
+  ['limits', 'Limits', '#/limits'],
 ];
 
-function deleteButton(what, run, after) {
+/** The confirmation text for deleting user `name`: specific when it is the user logged in here. */
+export function userDeleteWarning(name) {
+  const s = session();
+  return s && s.name === name
+    ? `Delete user '${name}'? You are logged in as '${name}': your session ends at once, its connections ` +
+      'are closed, and you cannot log in again as this user.'
+    : `Delete user '${name}'? Its connections are closed.`;
+}
+
+/** A button that asks `question` (default "Delete {what}?"), then runs `run` and `after`. */
+export function deleteButton(what, run, after, question, verb = 'Delete') {
   return h('button', {type: 'button', class: 'secondary small', onclick: async () => {
-    if (!(await confirmDialog(`Delete ${what}?`, 'Delete'))) return;
+    if (!(await confirmDialog(question || `${verb} ${what}?`, verb))) return;
     try {
       await run();
-      toast(`Deleted ${what}.`);
+      toast(`${verb === 'Delete' ? 'Deleted' : verb + 'ed'} ${what}.`);
     } catch (exc) {
       toast(exc.describe ? exc.describe() : String(exc), 'error');
     }
     after();
-  }}, 'Delete');
+  }}, verb);
 }
 
 function addPanel(title, form) {
@@ -52,12 +64,12 @@ export function usersPage() {
   const table = new DataTable({
     noun: 'user', sort: 'name', load: clientList(load, ['name', 'tags']),
     columns: [
-      {label: 'Name', key: 'name'},
+      {label: 'Name', key: 'name', render: (u) => link(userHref(u.name), u.name)},
       {label: 'Tags', key: 'tags', render: (u) => (u.tags ? u.tags.split(', ').map((t) => [badge(t, 'info'), ' ']) : h('span', {class: 'muted'}, 'none (cannot log in here)'))},
       {label: 'Can access virtual hosts', key: 'vhosts', render: (u) => u.vhosts || h('span', {class: 'muted'}, 'no access')},
       {label: 'Password', key: 'password_hash', render: (u) => (u.password_hash ? 'set' : h('span', {class: 'muted'}, 'none'))},
       {label: 'Action', sort: false, render: (u) => deleteButton(`user '${u.name}'`,
-        () => DELETE(p`/api/users/${u.name}`), () => table.refresh())},
+        () => DELETE(p`/api/users/${u.name}`), () => table.refresh(), userDeleteWarning(u.name))},
     ],
   });
   const name = input({autocomplete: 'off'});
@@ -90,17 +102,21 @@ export function usersPage() {
 
 export function vhostsPage() {
   const table = new DataTable({
-    noun: 'virtual host', sort: 'name', load: clientList(() => GET('/api/vhosts'), ['name', 'description']),
+    noun: 'virtual host', sort: 'name',
+    load: withCounterRates(clientList(() => GET('/api/vhosts'), ['name', 'description']), (v) => v.name,
+      ['recv_oct', 'send_oct']),
     columns: [
-      {label: 'Name', key: 'name'},
+      {label: 'Name', key: 'name', render: (v) => link(vhostHref(v.name), v.name)},
       {label: 'Description', key: 'description'},
       {label: 'Tags', key: 'tags', render: (v) => (v.tags || []).map((t) => [badge(t, 'info'), ' '])},
       {label: 'Default queue type', key: 'default_queue_type'},
       {label: 'Ready', key: 'messages_ready', num: true},
       {label: 'Unacked', key: 'messages_unacknowledged', num: true},
       {label: 'Total', key: 'messages', num: true},
-      {label: 'From clients', key: 'recv_oct', num: true, render: (v) => bytes(v.recv_oct)},
-      {label: 'To clients', key: 'send_oct', num: true, render: (v) => bytes(v.send_oct)},
+      {label: 'From clients', key: 'recv_oct_details.rate', num: true, render: (v) => traffic(v, 'recv'),
+        title: 'bytes per second received from the clients of this virtual host (under it: the total of its open connections)'},
+      {label: 'To clients', key: 'send_oct_details.rate', num: true, render: (v) => traffic(v, 'send'),
+        title: 'bytes per second sent to the clients of this virtual host (under it: the total of its open connections)'},
       {label: 'Action', sort: false, render: (v) => deleteButton(`virtual host '${v.name}' and everything in it`,
         () => DELETE(p`/api/vhosts/${v.name}`), () => { forgetVhosts(); table.refresh(); })},
     ],

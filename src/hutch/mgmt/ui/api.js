@@ -1,8 +1,31 @@
 // The HTTP API client: same origin, HTTP basic auth from sessionStorage, JSON in and out.
 // Every failure is an ApiError carrying RabbitMQ's {error, reason} so pages can show it as it is.
+// Every request has a timeout, and the client keeps track of whether the node answers: the frame
+// shows "the node has not answered since HH:MM" while it does not (onReachability).
 
 const STORAGE_KEY = 'hutch.session';
+/** How long a read may take before it counts as "no answer"; changes (imports) get longer. */
+export const READ_TIMEOUT_MS = 8000;
+export const CHANGE_TIMEOUT_MS = 60000;
 let onSignedOut = () => {};
+const reach = {lastAnswer: Date.now(), failing: false, listeners: []};
+
+/** fn(answering, lastAnswerMs) is called when the node stops answering and when it answers again. */
+export function onReachability(fn) {
+  reach.listeners.push(fn);
+}
+
+/** When the node last answered a request (any HTTP status counts as an answer). */
+export function lastAnswer() {
+  return reach.lastAnswer;
+}
+
+function reached(answered) {
+  if (answered) reach.lastAnswer = Date.now();
+  if (reach.failing === !answered) return;
+  reach.failing = !answered;
+  for (const fn of reach.listeners) fn(answered, reach.lastAnswer);
+}
 
 export class ApiError extends Error {
   constructor(status, error, reason, method, path) {
@@ -66,18 +89,29 @@ async function request(method, path, body, auth) {
   const headers = {Accept: 'application/json'};
   if (auth) headers.Authorization = 'Basic ' + auth;
   if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const limit = method === 'GET' ? READ_TIMEOUT_MS : CHANGE_TIMEOUT_MS;
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), limit);
   let response;
+  let text;
   try {
     // credentials 'omit': the Authorization header is ours; a 401 must not open the browser's own
     // login prompt (the Fetch standard prompts only when credentials are included).
     response = await fetch(path, {
-      method, headers, credentials: 'omit', cache: 'no-store',
+      method, headers, credentials: 'omit', cache: 'no-store', signal: abort.signal,
       body: body === undefined ? undefined : JSON.stringify(body),
     });
+    text = await response.text();
   } catch (exc) {
+    reached(false);
+    if (abort.signal.aborted) {
+      throw new ApiError(0, 'timeout', `no answer from the server within ${limit / 1000} s`, method, path);
+    }
     throw new ApiError(0, 'network_error', `cannot reach the server (${exc.message})`, method, path);
+  } finally {
+    clearTimeout(timer);
   }
-  const text = await response.text();
+  reached(true);
   let data = null;
   if (text) {
     try {

@@ -2,13 +2,16 @@
 // virtual host scope, refresh interval), hash routing and polling. Pages are functions
 // (ctx, params) -> {title, nav, el, refresh(), destroy?()}: the frame builds a page once per
 // navigation and calls its refresh() on every poll, so forms on a page keep what the user typed.
+// When the node stops answering (every request has a timeout, api.js), the page's figures are greyed
+// under "the node has not answered since HH:MM; figures are stale", until it answers again.
 
+import {limitsPage, userPage, vhostPage} from './accounts.js';
 import {ADMIN_TABS, permissionsPage, policiesPage, usersPage, vhostsPage} from './admin.js';
-import {hasTag, session, setSignedOutHandler, signIn, signOut} from './api.js';
-import {channelsPage, connectionsPage} from './clients.js';
+import {hasTag, lastAnswer, onReachability, session, setSignedOutHandler, signIn, signOut} from './api.js';
+import {channelPage, channelsPage, connectionPage, connectionsPage} from './clients.js';
 import {fill, h, select, setOptions, uid} from './dom.js';
 import {exchangePage, exchangesPage} from './exchanges.js';
-import {clock} from './fmt.js';
+import {clock, hhmm} from './fmt.js';
 import {vhostNames} from './forms.js';
 import {nodesPage} from './nodes.js';
 import {overviewPage} from './overview.js';
@@ -17,13 +20,18 @@ import {queuePage, queuesPage} from './queues.js';
 const ROUTES = [
   [/^\/overview$/, overviewPage],
   [/^\/connections$/, connectionsPage],
+  [/^\/connections\/([^/]+)$/, connectionPage],
   [/^\/channels$/, channelsPage],
+  [/^\/channels\/([^/]+)$/, channelPage],
   [/^\/exchanges$/, exchangesPage],
   [/^\/exchanges\/([^/]+)\/([^/]+)$/, exchangePage],
   [/^\/queues$/, queuesPage],
   [/^\/queues\/([^/]+)\/([^/]+)$/, queuePage],
   [/^\/users$/, usersPage],
+  [/^\/users\/([^/]+)$/, userPage],
   [/^\/vhosts$/, vhostsPage],
+  [/^\/vhosts\/([^/]+)$/, vhostPage],
+  [/^\/limits$/, limitsPage],
   [/^\/permissions$/, permissionsPage],
   [/^\/policies$/, policiesPage],
   [/^\/nodes$/, nodesPage],
@@ -42,7 +50,7 @@ const REFRESH_CHOICES = [['2000', 'every 2 s'], ['5000', 'every 5 s'], ['10000',
 const VHOST_KEY = 'hutch.vhost';
 const REFRESH_KEY = 'hutch.refresh_ms';
 
-const state = {page: null, timer: null, refreshMs: Number(localStorage.getItem(REFRESH_KEY) ?? 5000)};
+const state = {page: null, timer: null, refreshMs: Number(localStorage.getItem(REFRESH_KEY) ?? 5000), stale: false};
 const top = () => document.getElementById('top');
 const main = () => document.getElementById('main');
 
@@ -112,8 +120,8 @@ function showFrame() {
     signOut();
     showLogin('You have logged out.');  // the address stays: logging in again returns to this page
   }}, 'Log out');
-  fill(top(),
-    h('a', {class: 'brand', href: '#/overview'}, h('span', {class: 'logo', 'aria-hidden': 'true'}), 'hutch'),
+  // on a narrow screen the navigation and the session controls fold behind a "Menu" button (app.css)
+  const menu = h('div', {class: 'menu', id: 'top-menu'},
     h('nav', {class: 'nav', 'aria-label': 'Main'}, h('ul', {}, NAV.filter(([k]) => navVisible(k)).map(([key, label, href]) =>
       h('li', {}, h('a', {href: key === 'admin' && !hasTag('administrator') ? '#/policies' : href, dataset: {nav: key}},
         label))))),
@@ -122,8 +130,19 @@ function showFrame() {
       h('label', {for: refresh.id}, 'Refresh'), refresh,
       h('span', {class: 'who', title: `tags: ${s.tags.join(', ') || 'none'}`}, s.name),
       logout));
+  const toggle = h('button', {type: 'button', class: 'menu-toggle secondary small', 'aria-expanded': 'false',
+    'aria-controls': menu.id, onclick: () => setMenuOpen(toggle.getAttribute('aria-expanded') !== 'true')}, 'Menu');
+  fill(top(),
+    h('a', {class: 'brand', href: '#/overview'}, h('span', {class: 'logo', 'aria-hidden': 'true'}), 'hutch'),
+    toggle, menu);
   top().hidden = false;
   route();
+}
+
+function setMenuOpen(open) {
+  const toggle = top().querySelector('.menu-toggle');
+  if (toggle) toggle.setAttribute('aria-expanded', String(open));
+  top().classList.toggle('open', open);
 }
 
 function stopPage() {
@@ -153,7 +172,9 @@ async function refreshPage() {
       problem.hidden = true;
     }
   } catch (exc) {
-    if (page === state.page && problem) {
+    if (exc.status === 0 && page === state.page && problem) {
+      problem.hidden = true;  // the stale-node banner says it
+    } else if (page === state.page && problem) {
       problem.hidden = false;
       problem.textContent = 'Could not load this page: ' + (exc.describe ? exc.describe() : String(exc.message || exc));
     }
@@ -161,6 +182,25 @@ async function refreshPage() {
     page.busy = false;
   }
 }
+
+/** Grey the figures and say since when the node has not answered; undo it when it answers again. */
+function showReachability() {
+  const banner = document.getElementById('node-stale');
+  main().classList.toggle('stale', state.stale);
+  if (!banner) return;
+  banner.hidden = !state.stale;
+  banner.textContent = state.stale
+    ? `The node has not answered since ${hhmm(lastAnswer())}; the figures below are stale. ` +
+      'The page keeps asking and clears this when the node answers again.'
+    : '';
+  const status = document.getElementById('page-status');
+  if (status && state.stale) status.textContent = `Last answer ${clock(lastAnswer())}`;
+}
+
+onReachability((answering) => {
+  state.stale = !answering;
+  showReachability();
+});
 
 function route() {
   if (!session()) {
@@ -170,6 +210,7 @@ function route() {
   const path = (location.hash || '#/overview').slice(1);
   let page = null;
   stopPage();
+  setMenuOpen(false);
   const ctx = {vhost: sessionStorage.getItem(VHOST_KEY) || ''};
   for (const [pattern, make] of ROUTES) {
     const m = pattern.exec(path);
@@ -200,8 +241,10 @@ function route() {
     tabs,
     h('div', {class: 'page-head'}, h('div', {}, crumbs, h('h1', {}, page.title, scope)),
       h('span', {id: 'page-status', class: 'muted small', 'aria-live': 'off'}, 'Loading…')),
+    h('p', {id: 'node-stale', class: 'notice stale-note', role: 'alert', hidden: true}),
     h('p', {id: 'page-problem', class: 'notice error', role: 'alert', hidden: true}),
-    page.el);
+    h('div', {class: 'page-body'}, page.el));
+  showReachability();
   main().focus({preventScroll: true});
   refreshPage();
   schedule();

@@ -4,7 +4,7 @@
 // latest value as text, so the figures are readable without the plot.
 
 import {fill, h} from './dom.js';
-import {clock, num, rate} from './fmt.js';
+import {byteRate, clock, num, rate} from './fmt.js';
 
 export const PALETTE = ['#2563eb', '#16a34a', '#d97706', '#9333ea', '#dc2626', '#0891b2'];
 
@@ -37,24 +37,34 @@ export class History {
   }
 }
 
-function niceMax(value) {
-  if (!(value > 0)) return 1;
-  const exp = Math.pow(10, Math.floor(Math.log10(value)));
-  for (const m of [1, 2, 2.5, 5, 10]) {
-    if (value <= m * exp) return m * exp;
-  }
-  return 10 * exp;
+/**
+ * The y axis for values up to `max`: {top, step} with a round step (1, 2 or 5 times a power of ten),
+ * at most four steps, and whole steps when the values are whole counts (no 0.25 ticks of messages).
+ */
+export function axisScale(max, whole) {
+  if (!(max > 0)) return {top: 1, step: whole ? 1 : 0.25};
+  const raw = max / 4;
+  const exp = Math.pow(10, Math.floor(Math.log10(raw)));
+  let step = [1, 2, 5, 10].map((m) => m * exp).find((s) => s >= raw);
+  if (whole) step = Math.max(1, Math.round(step));
+  return {top: Math.ceil(max / step - 1e-9) * step, step};
 }
 
-function axisLabel(value) {
+export function axisLabel(value) {
   if (value >= 1e6) return (value / 1e6).toFixed(value % 1e6 ? 1 : 0) + 'M';
   if (value >= 1e3) return (value / 1e3).toFixed(value % 1e3 ? 1 : 0) + 'k';
   return String(Number(value.toFixed(2)));
 }
 
+function bytesLabel(value) {
+  return value >= 1024 * 1024 ? `${Number((value / 1024 / 1024).toFixed(1))}M`
+    : value >= 1024 ? `${Number((value / 1024).toFixed(1))}K` : String(Number(value.toFixed(2)));
+}
+
 export class LineChart {
   /**
-   * series: [{key, label, color?, dash?}]; kind: 'rate' (per second) or 'count'.
+   * series: [{key, label, color?, dash?}]; kind: 'rate' (per second), 'bytes' (bytes per second) or
+   * 'count' (whole numbers).
    * The element carries data-points (samples drawn) and data-latest (JSON), for tests and tools.
    */
   constructor({title, series, kind = 'count', history, height = 180}) {
@@ -75,6 +85,7 @@ export class LineChart {
   }
 
   format(v) {
+    if (this.kind === 'bytes') return byteRate(v);
     return this.kind === 'rate' ? rate(v) : num(v);
   }
 
@@ -130,7 +141,8 @@ export class LineChart {
         if (typeof v === 'number' && v > max) max = v;
       }
     }
-    max = niceMax(max);
+    const {top: axisTop, step} = axisScale(max, this.kind === 'count');
+    max = axisTop;
     const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
     const y = (v) => top + plotH - (v / max) * plotH;
     // grid and y labels
@@ -139,14 +151,15 @@ export class LineChart {
     g.fillStyle = ink;
     g.textAlign = 'right';
     g.textBaseline = 'middle';
-    for (let i = 0; i <= 4; i += 1) {
-      const v = (max * i) / 4;
+    const ticks = Math.round(max / step);
+    for (let i = 0; i <= ticks; i += 1) {
+      const v = step * i;
       const yy = Math.round(y(v)) + 0.5;
       g.beginPath();
       g.moveTo(left, yy);
       g.lineTo(left + plotW, yy);
       g.stroke();
-      g.fillText(axisLabel(v), left - 6, yy);
+      g.fillText(this.kind === 'bytes' ? bytesLabel(v) : axisLabel(v), left - 6, yy);
     }
     // x labels: the ends and the middle
     g.textBaseline = 'top';

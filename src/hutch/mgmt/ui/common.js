@@ -8,7 +8,24 @@ import {clientList, DataTable} from './table.js';
 
 export const DEFAULT_EXCHANGE = 'amq.default';
 
-/** Badges for durable / auto-delete / exclusive / internal / arguments. */
+/** The arguments with a badge of their own (RabbitMQ's short names); the rest show as "Args". */
+export const ARGUMENT_BADGES = [
+  ['x-message-ttl', 'TTL', 'message time to live'],
+  ['x-expires', 'Exp', 'the queue expires when unused'],
+  ['x-max-length', 'Lim', 'maximum length in messages'],
+  ['x-max-length-bytes', 'Lim B', 'maximum length in bytes'],
+  ['x-overflow', 'Ovfl', 'what happens when the queue is full'],
+  ['x-dead-letter-exchange', 'DLX', 'dead-letter exchange'],
+  ['x-dead-letter-routing-key', 'DLK', 'dead-letter routing key'],
+  ['x-delivery-limit', 'DlL', 'delivery limit'],
+  ['x-max-priority', 'Pri', 'maximum priority'],
+  ['x-single-active-consumer', 'SAC', 'single active consumer'],
+  ['alternate-exchange', 'AE', 'alternate exchange'],
+];
+const BADGED = new Map(ARGUMENT_BADGES.map(([arg, short, help]) => [arg, [short, help]]));
+const UNBADGED = new Set(['x-queue-type']);  // the Type column says it
+
+/** Badges for durable / auto-delete / exclusive / internal and the arguments (TTL, DLX, Lim, SAC, …). */
 export function features(obj) {
   const out = [];
   if (obj.durable) out.push(badge('D', 'info', 'durable'));
@@ -16,17 +33,23 @@ export function features(obj) {
   if (obj.auto_delete) out.push(badge('AD', 'muted', 'auto-delete'));
   if (obj.exclusive) out.push(badge('Excl', 'muted', 'exclusive'));
   if (obj.internal) out.push(badge('I', 'muted', 'internal'));
-  const args = Object.entries(obj.arguments || {});
-  if (args.length) {
-    out.push(badge('Args', 'muted', args.map(([k, v]) => `${k}: ${value(v)}`).join('\n')));
+  const rest = [];
+  for (const [k, v] of Object.entries(obj.arguments || {})) {
+    const known = BADGED.get(k);
+    if (known && !(k === 'x-single-active-consumer' && v === false)) {
+      out.push(badge(known[0], 'muted', `${known[1]}: ${k} = ${value(v)}`));
+    } else if (!known && !UNBADGED.has(k)) rest.push(`${k}: ${value(v)}`);
   }
+  if (rest.length) out.push(badge('Args', 'muted', rest.join('\n')));
   return h('span', {class: 'features'}, out);
 }
 
 /** What the feature badges mean, under a table that shows them. */
-export function featuresKey(...extra) {
+export function featuresKey(extra = '', onlyArgs = null) {
+  const shown = ARGUMENT_BADGES.filter(([arg]) => !onlyArgs || onlyArgs.includes(arg));
   return h('p', {class: 'hint key'}, 'Features: D durable, T transient, AD auto-delete, Excl exclusive, ',
-    ...extra, 'Args has arguments (hover a badge for them); a blue name is the policy in effect.');
+    extra, shown.map(([, short, help]) => `${short} ${help}, `).join(''),
+    'Args other arguments (hover a badge for its value); a blue name is the policy in effect.');
 }
 
 /** A policy name (and operator policy) as badges. */
@@ -38,6 +61,11 @@ export function policyBadges(obj) {
 export function queueHref(vhost, name) {
   return `#/queues/${encodeURIComponent(vhost)}/${encodeURIComponent(name)}`;
 }
+
+export const userHref = (name) => `#/users/${encodeURIComponent(name)}`;
+export const vhostHref = (name) => `#/vhosts/${encodeURIComponent(name)}`;
+export const connectionHref = (name) => `#/connections/${encodeURIComponent(name)}`;
+export const channelHref = (name) => `#/channels/${encodeURIComponent(name)}`;
 
 export function exchangeHref(vhost, name) {
   return `#/exchanges/${encodeURIComponent(vhost)}/${encodeURIComponent(name || DEFAULT_EXCHANGE)}`;

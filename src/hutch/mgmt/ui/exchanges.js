@@ -55,7 +55,7 @@ export function exchangesPage(ctx) {
       return `Exchange '${created}' added to virtual host '${vh.value}'.`;
     },
   });
-  const el = h('div', {}, table.el, featuresKey('I internal, '),
+  const el = h('div', {}, table.el, featuresKey('I internal, ', ['alternate-exchange']),
     h('details', {class: 'panel add'}, h('summary', {}, 'Add a new exchange'), form));
   return {title: 'Exchanges', nav: 'exchanges', el, refresh: () => table.refresh(), vhostScoped: true};
 }

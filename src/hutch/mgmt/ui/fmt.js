@@ -7,11 +7,21 @@ export function num(value) {
   return typeof value === 'number' && Number.isFinite(value) ? integer.format(value) : '—';
 }
 
-/** A per-second rate: "12.5/s"; "0/s" for zero, "—" when the server gave none. */
+const hundredths = new Intl.NumberFormat('en-US', {maximumFractionDigits: 2, minimumFractionDigits: 2});
+
+/** A per-second rate: "1,235/s", "12.3/s", "0.04/s" (two decimals below 1/s), "<0.01/s"; "0/s" for
+ * zero, "—" when the server gave none. */
 export function rate(value) {
   if (typeof value !== 'number' || !Number.isFinite(value)) return '—';
   if (value === 0) return '0/s';
+  if (value < 0.005) return '<0.01/s';
+  if (value < 1) return hundredths.format(value) + '/s';
   return (value >= 100 ? integer.format(value) : decimal.format(value)) + '/s';
+}
+
+/** Bytes per second: "1.5 KiB/s". */
+export function byteRate(value) {
+  return typeof value === 'number' && Number.isFinite(value) ? bytes(value) + '/s' : '—';
 }
 
 /** obj.a.b.c, or undefined. */
@@ -54,6 +64,11 @@ export function duration(ms) {
 export function clock(ms) {
   const d = new Date(ms);
   return d.toLocaleTimeString('en-GB', {hour12: false});
+}
+
+/** "14:05": hours and minutes of a time in ms. */
+export function hhmm(ms) {
+  return new Date(ms).toLocaleTimeString('en-GB', {hour12: false, hour: '2-digit', minute: '2-digit'});
 }
 
 export function dateTime(ms) {

@@ -48,7 +48,9 @@ function guessType(value) {
 
 /**
  * Key = value rows with a type each. `suggestions` are [key, type, help] shortcuts shown as buttons.
- * .value() returns an object (throws on a value that does not parse), .reset() empties it.
+ * .value() returns an object, .reset() empties it. Nothing typed is dropped silently: .value() throws
+ * (the form shows it) on a value that does not parse, on a value typed without a key, and on a key
+ * left without a value (an empty string is written as the JSON "").
  */
 export class KeyValueEditor {
   constructor({legend, suggestions = [], keyLabel = 'Key', valueLabel = 'Value'}) {
@@ -105,8 +107,15 @@ export class KeyValueEditor {
       const [k, v] = row.querySelectorAll('input');
       const type = row.querySelector('select').value;
       const key = k.value.trim();
-      if (!key) continue;
       const text = v.value;
+      if (!key) {
+        if (text.trim() !== '') throw new Error(`"${text}" has no ${this.keyLabel.toLowerCase()}: give one, or clear the value`);
+        continue;
+      }
+      if (key in out) throw new Error(`${key} is given twice`);
+      if (text === '') {
+        throw new Error(`${key} has no value: give one, or remove the row (×); for an empty string pick JSON and write ""`);
+      }
       if (type === 'string') out[key] = text;
       else if (type === 'number') {
         const n = Number(text);

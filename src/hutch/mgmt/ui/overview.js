@@ -1,9 +1,11 @@
-// #/overview: object totals, live charts of queued messages and message rates, the node, listeners.
+// #/overview: object totals, live charts of queued messages and message rates, the node, listeners,
+// and (administrators) definitions export and import, of the whole node or of one virtual host.
 
-import {GET, hasTag} from './api.js';
+import {GET, hasTag, POST} from './api.js';
 import {History, LineChart} from './chart.js';
-import {badge, facts, fill, h, link, section} from './dom.js';
+import {badge, facts, field, fill, h, link, section, select, setOptions} from './dom.js';
 import {bytes, duration, num} from './fmt.js';
+import {actionForm, forgetVhosts, vhostNames} from './forms.js';
 import {HISTORY_QUERY, LENGTH_SERIES, RATE_SERIES, RateTracker, seedHistories} from './series.js';
 
 // Kept across navigations: the charts show what was collected while the user looked elsewhere.
@@ -18,6 +20,64 @@ export function usageBar(used, limit, text, alarm = false) {
   return h('span', {class: 'usage', title: `${Math.round(fraction * 100)}% used`}, bar, h('span', {}, text));
 }
 
+const ALL = '';
+
+function scopeSelect() {
+  const el = select([[ALL, 'All virtual hosts']]);
+  vhostNames().then((names) => setOptions(el, [[ALL, 'All virtual hosts'], ...names.map((n) => [n, n])], ALL))
+    .catch(() => {});
+  return el;
+}
+
+const definitionsPath = (vhost) => (vhost === ALL ? '/api/definitions' : `/api/definitions/${encodeURIComponent(vhost)}`);
+
+/** Download the definitions (GET /api/definitions[/{vhost}]) and upload a file of them (POST). */
+function definitionsPanel(onImported) {
+  const exportScope = scopeSelect();
+  const exported = actionForm({
+    label: 'Export definitions', submit: 'Download',
+    fields: [field('Virtual host', exportScope, 'Users, virtual hosts, permissions, policies, limits, queues, ' +
+      'exchanges and bindings (one virtual host: its policies, queues, exchanges and bindings).')],
+    async action() {
+      const defs = await GET(definitionsPath(exportScope.value));
+      const day = new Date().toISOString().slice(0, 10);
+      const what = exportScope.value === ALL ? 'all' : encodeURIComponent(exportScope.value);  // '/' is %2F
+      const file = `hutch-definitions-${location.hostname}-${what}-${day}.json`;
+      const url = URL.createObjectURL(new Blob([JSON.stringify(defs, null, 2) + '\n'], {type: 'application/json'}));
+      const a = h('a', {href: url, download: file, hidden: true});
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+      return `Saved ${file}.`;
+    },
+  });
+  const importScope = scopeSelect();
+  const upload = h('input', {type: 'file', accept: '.json,application/json'});
+  const imported = actionForm({
+    label: 'Import definitions', submit: 'Upload',
+    fields: [h('div', {class: 'row'}, field('Definitions file', upload), field('Into', importScope,
+      'All: the file as it is. One virtual host: its queues, exchanges, bindings and policies go there.'))],
+    async action() {
+      const file = upload.files[0];
+      if (!file) throw new Error('Pick a definitions file (JSON, as exported here or by RabbitMQ).');
+      let doc;
+      try {
+        doc = JSON.parse(await file.text());
+      } catch (exc) {
+        throw new Error(`${file.name} is not valid JSON: ${exc.message}`);
+      }
+      await POST(definitionsPath(importScope.value), doc);
+      forgetVhosts();
+      upload.value = '';
+      onImported();
+      return `Imported ${file.name}` + (importScope.value === ALL ? '.' : ` into virtual host '${importScope.value}'.`);
+    },
+  });
+  return section('Definitions', h('div', {class: 'columns tight'},
+    h('div', {}, h('h3', {}, 'Export'), exported), h('div', {}, h('h3', {}, 'Import'), imported)));
+}
+
 export function overviewPage() {
   const totals = h('div', {class: 'totals'});
   const lengthsChart = new LineChart({title: 'Queued messages', series: LENGTH_SERIES, history: store.lengths});
@@ -29,7 +89,8 @@ export function overviewPage() {
     alarms,
     totals,
     h('div', {class: 'charts'}, lengthsChart.el, ratesChart.el),
-    h('div', {class: 'columns'}, section('Node', nodeBox), section('Listeners', listeners)));
+    h('div', {class: 'columns'}, section('Node', nodeBox), section('Listeners', listeners)),
+    hasTag('administrator') ? definitionsPanel(() => { refresh().catch(() => {}); }) : null);
 
   async function refresh() {
     const path = store.seeded ? '/api/overview' : '/api/overview?' + HISTORY_QUERY;

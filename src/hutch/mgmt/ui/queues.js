@@ -25,9 +25,72 @@ const QUEUE_ARGUMENTS = [
   ['x-delivery-limit', 'number', 'Dead-letter or drop a message after this many deliveries'],
 ];
 
-function state(q) {
+const TRAFFIC = ['publish', 'deliver_get', 'ack', 'redeliver'];
+
+/** The server's state, or "idle" for a running queue whose message rates are all known and zero. */
+export function queueState(q) {
   const s = q.state || 'running';
-  return badge(s, s === 'running' ? 'ok' : s === 'idle' ? 'muted' : 'warn');
+  const rates = TRAFFIC.map((name) => statRate(q, name));
+  return s === 'running' && rates.every((r) => r === 0 || r === undefined) && rates.some((r) => r === 0) ? 'idle' : s;
+}
+
+const STATE_HELP = {running: 'messages are moving', idle: 'no messages published, delivered or acknowledged lately',
+  down: 'the node that holds the queue cannot be reached'};
+
+function state(q) {
+  const s = queueState(q);
+  return badge(s, s === 'running' ? 'ok' : s === 'idle' ? 'muted' : 'warn', STATE_HELP[s]);
+}
+
+// -- a queue's settings as text: x-arguments, its policy and its operator policy -------------------
+
+const ms = (v) => (v % 1000 ? `${num(v)} ms` : `${num(v / 1000)} s (${num(v)} ms)`);
+/** [label, x-argument, policy key, text of a value]; NUMERIC ones: the operator policy caps them. */
+const SETTINGS = [
+  ['Message TTL', 'x-message-ttl', 'message-ttl', ms],
+  ['Expires', 'x-expires', 'expires', (v) => `after ${ms(v)} unused`],
+  ['Max length', 'x-max-length', 'max-length', (v) => `${num(v)} messages`],
+  ['Max length (bytes)', 'x-max-length-bytes', 'max-length-bytes', (v) => `${bytes(v)} (${num(v)} bytes)`],
+  ['Overflow', 'x-overflow', 'overflow', String],
+  ['Dead-letter exchange', 'x-dead-letter-exchange', 'dead-letter-exchange', (v) => (v === '' ? '(AMQP default)' : v)],
+  ['Dead-letter routing key', 'x-dead-letter-routing-key', 'dead-letter-routing-key', (v) => `"${v}"`],
+  ['Dead-letter strategy', 'x-dead-letter-strategy', 'dead-letter-strategy', String],
+  ['Delivery limit', 'x-delivery-limit', 'delivery-limit', (v) => (v < 0 ? 'none' : `${num(v)} deliveries`)],
+  ['Max priority', 'x-max-priority', 'max-priority', String],
+  ['Single active consumer', 'x-single-active-consumer', null, (v) => (v ? 'yes: one consumer at a time' : 'no')],
+  ['Leader locator', 'x-queue-leader-locator', 'queue-leader-locator', String],
+];
+const NUMERIC = new Set(['message-ttl', 'expires', 'max-length', 'max-length-bytes', 'delivery-limit']);
+
+/**
+ * The settings of queue `q` as [label, text] lines, with where each comes from. The rule is hutch's
+ * (docs/policies.md): an x-argument beats the policy; an operator policy beats both, except for the
+ * numeric keys, where the smaller value applies. `policy` and `operator` are the definitions of the
+ * queue's policy and operator policy ({} when none or not readable).
+ */
+export function settingLines(q, policy = {}, operator = {}) {
+  const args = q.arguments || {};
+  const lines = [['Type', q.type === 'quorum' ? 'quorum (replicated with Raft)' : q.type || 'classic']];
+  for (const [label, arg, key, show] of SETTINGS) {
+    let value;
+    let source;
+    if (arg in args) [value, source] = [args[arg], `argument ${arg}`];
+    else if (key && key in policy) [value, source] = [policy[key], `policy ${q.policy}`];
+    if (key && key in operator) {
+      const capped = NUMERIC.has(key) && value !== undefined && value <= operator[key];
+      if (!capped) [value, source] = [operator[key], `operator policy ${q.operator_policy}`];
+    }
+    if (value === undefined) continue;
+    lines.push([label, `${show(value)}, from ${source}`]);
+  }
+  const has = (label) => lines.some(([l]) => l === label);
+  if ((has('Max length') || has('Max length (bytes)')) && !has('Overflow')) {
+    lines.push(['Overflow', 'drop-head (the default: the oldest messages are dropped or dead-lettered)']);
+  }
+  if (has('Dead-letter exchange') && !has('Dead-letter routing key')) {
+    lines.push(['Dead-letter routing key', 'the message\'s own routing key']);
+  }
+  return lines;
 }
 
 /** Where a queue runs: its node, or for a replicated queue its leader and members. */
@@ -153,6 +216,7 @@ export function queuePage(ctx, [vhost, name]) {
   const lengthsChart = new LineChart({title: 'Queued messages', series: LENGTH_SERIES, history: lengths});
   const ratesChart = new LineChart({title: 'Message rates', series: RATE_SERIES, kind: 'rate', history: rates});
   const summary = h('div', {class: 'summary'}, 'Loading…');
+  const settings = h('div', {class: 'settings'}, 'Loading…');
   const consumers = new DataTable({
     noun: 'consumer', filter: false,
     load: clientList(async () => (await GET(p`/api/consumers/${vhost}`)).filter((c) => c.queue && c.queue.name === name)),
@@ -200,6 +264,7 @@ export function queuePage(ctx, [vhost, name]) {
 
   const el = h('div', {class: 'queue'},
     h('div', {class: 'queue-top'}, section('Details', summary), lengthsChart.el, ratesChart.el),
+    section('Arguments and policy settings', settings),
     section('Consumers', consumers.el),
     section('Bindings', bindings.el,
       h('details', {class: 'add'}, h('summary', {}, 'Add binding to this queue'),
@@ -213,8 +278,15 @@ export function queuePage(ctx, [vhost, name]) {
           h('button', {type: 'button', class: 'danger', onclick: purge}, 'Purge messages')),
         h('div', {}, ifUnused.el, ifEmpty.el, h('button', {type: 'button', class: 'danger', onclick: remove}, 'Delete queue')))));
 
+  const definitionOf = (kind, policyName) => (policyName
+    ? GET(`/api/${kind}/${encodeURIComponent(vhost)}/${encodeURIComponent(policyName)}`).then((x) => x.definition || {},
+      () => ({}))
+    : {});
+
   async function refresh() {
     const q = await GET(p`/api/queues/${vhost}/${name}` + (seeded ? '' : '?' + HISTORY_QUERY));
+    const [policyDef, operatorDef] = await Promise.all([definitionOf('policies', q.policy),
+      definitionOf('operator-policies', q.operator_policy)]);
     const now = Date.now();
     if (!seeded) {
       seedHistories(lengths, rates, q, q.message_stats, now);
@@ -239,12 +311,21 @@ export function queuePage(ctx, [vhost, name]) {
         Array.isArray(q.online) && !q.online.includes(m) ? [' ', badge('offline', 'bad')] : null))) : undefined],
       ['Consumers', num(q.consumers)],
       ['Exclusive consumer', q.exclusive_consumer_tag || undefined],
+      // a stream's log (docs/streams.md): its offsets, segments and where each consumer is
+      ['Offsets', q.type === 'stream' ? `${num(q.first_offset)} first, ${num(q.committed_offset)} committed, ` +
+        `${num(q.last_offset)} last` : undefined],
+      ['Segments', q.type === 'stream' ? num(q.segments) : undefined],
+      ['Consumer offsets', q.consumer_offsets && Object.keys(q.consumer_offsets).length
+        ? keyValues(q.consumer_offsets) : undefined],
       ['Messages', `${num(q.messages_ready)} ready, ${num(q.messages_unacknowledged)} unacked, ${num(q.messages)} total`],
       ['Ready bytes', bytes(q.message_bytes_ready ?? q.message_bytes)],
       ['Paged out', q.messages_paged_out ? `${num(q.messages_paged_out)} of ${num(q.messages_ready)} ready` : undefined],
       ['Since created', `${num(stats.publish)} published, ${num(stats.deliver_get)} delivered or got, ` +
         `${num(stats.ack)} acknowledged`],
     ]));
+    const lines = settingLines(q, policyDef, operatorDef);
+    fill(settings, facts(lines), h('p', {class: 'hint'}, 'An x-argument beats the policy; an operator policy ' +
+      'beats both, except for the numeric limits, where the smaller value applies (docs/policies.md).'));
     await Promise.all([consumers.refresh(), bindings.refresh()]);
   }
 

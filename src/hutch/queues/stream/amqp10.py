@@ -15,7 +15,9 @@ The mapping (RabbitMQ's `mc_amqpl:convert_to(mc_amqp, ...)`, 4.x):
   `x-routing-key` (where the message was published, RabbitMQ 3.x's annotations), and
   `x-basic-delivery-mode` when it is 1 (so 0-9-1 readers get back exactly what was sent);
 - body: one data section.
-Back to 0-9-1, the same in reverse; a message from an AMQP 1.0 client with no 0-9-1 origin gets its data
+Back to 0-9-1, the same in reverse, and RabbitMQ 3.x's layout is read too (what 3.10 writes for a 0-9-1
+publish: no header section, `x-basic-priority` / `x-basic-delivery-mode` / `x-basic-expiration` among the
+annotations, `x-basic-type` / `x-basic-app-id` and every header among the application properties); a message from an AMQP 1.0 client with no 0-9-1 origin gets its data
 sections concatenated as the body, an amqp-value holding binary or a string as the body, anything else
 the encoded body sections as they are.
 
@@ -327,8 +329,6 @@ def decode_sections(data: bytes | memoryview) -> list[tuple[int, Any, bytes]]:
 
 
 # -- 0-9-1 ⇄ entry --------------------------------------------------------------------------------
-_PLAIN_FIELDS = ("content_type", "content_encoding", "headers", "priority", "correlation_id", "reply_to",
-                 "expiration", "message_id", "timestamp", "type", "user_id", "app_id")
 
 
 def _str8(value: str, out: list[bytes]) -> None:
@@ -338,20 +338,22 @@ def _str8(value: str, out: list[bytes]) -> None:
 
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
-    p = msg.properties
-    if p.delivery_mode in (None, 1, 2) and all(getattr(p, f) is None for f in _PLAIN_FIELDS):
+    raw = msg.properties_raw
+    flags = raw[0] << 8 | raw[1]
+    # plain: no property but (maybe) the delivery mode, read from the raw property list (no decoding)
+    mode = (raw[2] if len(raw) > 2 else -1) if flags == 0x1000 else None if flags == 0 else -1
+    if mode in (None, 1, 2):
         # the common case, encoded without the generic encoder: header, the two annotations (three with
         # delivery mode 1), data; the same bytes the generic path writes
         parts: list[bytes] = []
         _str8(msg.exchange, parts)
         _str8(msg.routing_key, parts)
-        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1],
-                          _MODE1_PAIR if p.delivery_mode == 1 else b""))
-        count = 6 if p.delivery_mode == 1 else 4
+        pairs = b"".join((_SYM_EXCHANGE, parts[0], _SYM_ROUTING_KEY, parts[1], _MODE1_PAIR if mode == 1 else b""))
+        count = 6 if mode == 1 else 4
         body = bytes(msg.body)
         blen = len(body)
         return b"".join((
-            _HEADER_DURABLE_TRUE if p.delivery_mode == 2 else _HEADER_DURABLE_FALSE,
+            _HEADER_DURABLE_TRUE if mode == 2 else _HEADER_DURABLE_FALSE,
             b"\x00\x53\x72\xd1" + _I.pack(len(pairs) + 4) + _I.pack(count) + pairs,
             (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)), body))
     return _from_091(msg)
@@ -571,8 +573,10 @@ def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routin
     raw_body: list[bytes] = []
     value_body: Any = None
     exchange, routing_key = default_exchange, default_routing_key
+    saw_header = False
     for code, value, start, end in _sections(buf):
         if code == HEADER and isinstance(value, list):
+            saw_header = True
             value = value + [None] * (3 - len(value))
             if value[0]:
                 props.delivery_mode = 2
@@ -592,6 +596,8 @@ def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routin
                     props.delivery_mode = int(v)
                 elif key == "x-basic-expiration":
                     props.expiration = str(v)
+                elif key == "x-basic-priority":  # RabbitMQ 3.x's place for it
+                    props.priority = int(v)
                 elif key.startswith("x-"):
                     headers[key] = _header_value(v)
         elif code == PROPERTIES and isinstance(value, list):
@@ -607,7 +613,15 @@ def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routin
             props.app_id = _str(f[10])
         elif code == APPLICATION_PROPERTIES and isinstance(value, dict):
             for k, v in value.items():
-                headers[str(k)] = _header_value(v)
+                key = str(k)
+                # RabbitMQ 3.x's places for these two (its layout has no header section; in hutch's and
+                # 4.x's, an application property of that name is a client's header)
+                if key == "x-basic-type" and not saw_header:
+                    props.type = str(v)
+                elif key == "x-basic-app-id" and not saw_header:
+                    props.app_id = str(v)
+                else:
+                    headers[key] = _header_value(v)
         elif code == DATA and isinstance(value, bytes):
             bodies.append(value)
             raw_body.append(b"")

@@ -137,7 +137,8 @@ class StreamQueue(Queue):
         if self.deleted:
             return SETTLED
         self.stat_published += 1
-        headers = msg.properties.headers
+        raw = msg.properties_raw
+        headers = msg.properties.headers if raw[0] & 0x20 else None  # the headers flag, before decoding
         value = headers.get(FILTER_HEADER) if headers else None
         self._batch.append(amqp10.from_091(msg))
         self._batch_filters.append(value.encode() if isinstance(value, str) else
