@@ -56,7 +56,8 @@ class MalformedMessage(MessageError):
 
 # -- the records ----------------------------------------------------------------------------------------
 # Tags: 1-9 Raft and the metadata group, 10-29 transparent routing (queue_types/remote.py), 30-49 quorum
-# queues (queue_types/quorum/), 50-59 operations (mgmt). A reply record has a tag of its own. The kind's
+# queues (queue_types/quorum/), 50-59 operations (mgmt), 60-69 stream replication
+# (queue_types/stream_replication/). A reply record has a tag of its own. The kind's
 # tag (and a request's reply) is given by its decorator, which also sets `TAG` (and `REPLY`) on the class.
 
 T = TypeVar("T")
@@ -383,12 +384,31 @@ class LinkStatus(NamedTuple):
     vhost: str
 
 
+@message_kind(60)
+class StreamReplica(NamedTuple):
+    """A stream replica protocol message between members of stream group `gid`
+    (hutch.cluster.stream_replica.message_to_wire's list: Hello, Start, Chunks, Ack, ...)."""
+
+    gid: int
+    message: list[Any]
+
+
+@message_kind(61)
+class StreamPropose(NamedTuple):
+    """An encoded stream coordinator command (hutch.cluster.stream_coordinator.encode_command) forwarded to
+    the leader of stream group `gid`'s Raft group."""
+
+    gid: int
+    command: bytes
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
+    | StreamReplica | StreamPropose
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

@@ -1,0 +1,264 @@
+"""Replicated streams on a clustered node: `StreamReplicationService` hosts, for each replicated stream this
+node is a member of, the coordinator's Raft group (hutch.cluster.stream_coordinator's `CoordinatorMachine`
+on the node's Raft driver) and the member (`ReplicatedStream`), and carries their traffic as records of
+`hutch.cluster.messages` (`StreamReplica`, `StreamPropose`).
+
+Owns: opening a stream's group and member (`attach`) and closing them (`detach`); the `ReplicaLink` of each
+member (replica messages to the other members' nodes; coordinator commands proposed on this node's group
+when it leads, else forwarded to the leader's node); the failure detector (a peer that goes down while it
+writes a stream whose group this node leads: `WriterDown`); the read barrier before a member starts.
+
+Rules:
+- A member starts only after a read barrier (`_barrier`: a `Barrier` entry of its own applied on this
+  node), so the epoch it is fenced at (`fenced`) and the views it then acts on are current, never a past
+  state replayed while the group catches up (which made a restarted member write as a past epoch's
+  writer: found by the Jepsen-style run).
+- A forwarded proposal is proposed only by a leader and never forwarded again (no loops); one lost is
+  made again by the member (ReplicatedStream re-acts on its view while an election is under way).
+- Malformed records from peers are logged and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hutch.cluster import messages as cm
+from hutch.cluster import stream_coordinator as sc
+from hutch.cluster import stream_replica as sr
+from hutch.runtime.clustering.raft_driver import RaftDriver
+from hutch.runtime.clustering.raft_group import Group, GroupClosed, NotLeader, ProposalTimeout
+from hutch.runtime.ports import Clock
+from hutch.runtime.queue_types.stream.handle import StreamOptions
+from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
+from hutch.storage.fs import FileSystem
+
+log = logging.getLogger("hutch.stream.replication")
+
+BARRIER_POLL_S = 0.02
+BARRIER_RETRY_S = 0.5
+
+
+class ReplicationHost(Protocol):
+    """What the service needs of the node's cluster service (runtime/clustering/service.py)."""
+
+    name: str
+    driver: RaftDriver | None
+
+    def send(self, peer: str, record: cm.Record) -> bool: ...
+
+    def register(self, kind: type[Any], handler: Callable[[str, Any], Any]) -> None: ...
+
+    def raft_id_of(self, name: str) -> int: ...
+
+    def name_of(self, raft_id: int) -> str | None: ...
+
+
+@dataclass
+class Hosted:
+    """One replicated stream on this node: its group, its coordinator copy, its member (once started)."""
+
+    gid: int
+    members: tuple[str, ...]
+    directory: str
+    machine: sc.CoordinatorMachine
+    group: Group
+    stream: ReplicatedStream | None = None
+    started: asyncio.Task[None] | None = None
+    waiting: list[Callable[[], None]] = field(default_factory=list)
+
+
+class StreamReplicationService:
+    """The replicated streams of one node."""
+
+    def __init__(self, host: ReplicationHost, fs: FileSystem, clock: Clock, incarnation: int,
+                 options: StreamOptions | None = None, tick_s: float = 0.1) -> None:
+        self.host = host
+        self.fs = fs
+        self.clock = clock
+        self.incarnation = incarnation  # grows across the node's restarts: replica sessions grow with it
+        self.options = options
+        self.tick_s = tick_s
+        self.streams: dict[int, Hosted] = {}
+        host.register(cm.StreamReplica, self._on_replica)
+        host.register(cm.StreamPropose, self._on_propose)
+
+    # -- opening and closing ------------------------------------------------------------------------
+
+    def attach(self, gid: int, members: tuple[str, ...], directory: str, *, founding: bool) -> Hosted:
+        """Open stream group `gid` here (from disk after a restart; `founding`: bootstrap it with
+        `members`, on every member node when the stream is declared; not founding: a member being added
+        opens it empty) and start the member once the read barrier passes. `members` are node names; a
+        founding node must be one of them."""
+        if founding and self.host.name not in members:
+            raise ValueError(f"{self.host.name} is not a member of stream group {gid}")
+        driver = self.host.driver
+        if driver is None:
+            raise RuntimeError("stream replication needs a clustered node")
+        hosted: Hosted
+        machine = sc.CoordinatorMachine(lambda state: self._changed(hosted, state))
+        voters = [self.host.raft_id_of(m) for m in members]
+        group = driver.open_group(gid, machine, bootstrap_voters=voters if founding else None)
+        hosted = Hosted(gid, members, directory, machine, group)
+        self.streams[gid] = hosted
+        hosted.started = asyncio.get_running_loop().create_task(self._start(hosted))
+        return hosted
+
+    async def _start(self, hosted: Hosted) -> None:
+        await self._barrier(hosted)
+        state = hosted.machine.state
+        stream = await ReplicatedStream.open(
+            self.host.name, self.fs, hosted.directory, _Link(self, hosted.gid), clock=self.clock,
+            fenced=state.epoch, session_base=self.incarnation << 32, options=self.options,
+            tick_s=self.tick_s)
+        hosted.stream = stream
+        if state.epoch:
+            stream.observe(hosted.machine.state.view())
+
+    async def _barrier(self, hosted: Hosted) -> None:
+        """A read barrier: a `Barrier` with a token of this node's, proposed through the group's leader
+        (again every BARRIER_RETRY_S while it is not seen), until this node applies it: its copy then holds
+        every decision committed before. (Applied-up-to-the-known-commit is not enough: a node catching up
+        learns the commit index a little at a time, and would take a past epoch for the current one.)"""
+        token = secrets.randbits(62)
+        seen = hosted.machine.barriers_seen
+        loop = asyncio.get_running_loop()
+        next_try = 0.0
+        while token not in seen:
+            if loop.time() >= next_try:
+                self.propose(hosted.gid, sc.Barrier(token))
+                next_try = loop.time() + BARRIER_RETRY_S
+            await asyncio.sleep(BARRIER_POLL_S)
+        seen.discard(token)
+
+    async def declare(self, gid: int, writer: str) -> None:
+        """Name epoch 1's writer (once, by the node that declared the stream)."""
+        hosted = self.streams[gid]
+        await self._barrier(hosted)
+        self.propose(gid, sc.Declare(hosted.members, writer))
+
+    # -- membership (hutch-queues add_member / delete_member / grow / shrink) ---------------------------
+
+    async def add_member(self, gid: int, name: str, timeout_s: float = 10.0) -> None:
+        """On the group's leader: make node `name` a member. The node must have attached the stream
+        (`attach(..., founding=False)`: its group opens empty and catches up); it becomes a Raft voter,
+        then a member of the stream in a new epoch (the writer stays; the new member catches up from the
+        writer's files). Raises NotLeader elsewhere, CoordinatorError while the stream is not settled."""
+        hosted = self._leading(gid)
+        state = hosted.machine.state
+        if name in state.members:
+            return
+        await hosted.group.add_voter(self.host.raft_id_of(name), timeout_s)
+        await hosted.group.propose(sc.encode_command(sc.ChangeMembers((*state.members, name))), timeout_s)
+
+    async def delete_member(self, gid: int, name: str, timeout_s: float = 10.0) -> None:
+        """On the group's leader: remove node `name` from the stream (a new epoch; an election if it was
+        the writer), then from the Raft group. The removed node detaches the stream."""
+        hosted = self._leading(gid)
+        state = hosted.machine.state
+        if name not in state.members:
+            return
+        rest = tuple(m for m in state.members if m != name)
+        await hosted.group.propose(sc.encode_command(sc.ChangeMembers(rest)), timeout_s)
+        await hosted.group.remove_voter(self.host.raft_id_of(name), timeout_s)
+
+    def _leading(self, gid: int) -> Hosted:
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            raise KeyError(f"stream group {gid} is not on {self.host.name}")
+        if not hosted.group.is_leader:
+            raise NotLeader(hosted.group.leader)
+        return hosted
+
+    async def detach(self, gid: int, *, delete: bool = False) -> None:
+        hosted = self.streams.pop(gid, None)
+        if hosted is None:
+            return
+        if hosted.started is not None and not hosted.started.done():
+            hosted.started.cancel()
+        if hosted.stream is not None:
+            await hosted.stream.close()
+        if self.host.driver is not None:
+            self.host.driver.close_group(gid, delete=delete)
+
+    async def stop(self) -> None:
+        for gid in list(self.streams):
+            await self.detach(gid)
+
+    # -- the coordinator ----------------------------------------------------------------------------
+
+    def _changed(self, hosted: Hosted, state: sc.CoordState) -> None:
+        if hosted.stream is not None:
+            asyncio.get_running_loop().call_soon(hosted.stream.observe, state.view())
+
+    def propose(self, gid: int, cmd: sc.Command) -> None:
+        """Propose on this node's group when it leads, else forward to the leader's node."""
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            return
+        entry = sc.encode_command(cmd)
+        if hosted.group.is_leader:
+            self._propose_here(hosted, entry)
+            return
+        lead = hosted.group.leader
+        name = self.host.name_of(lead) if lead else None
+        if name is not None and name != self.host.name:
+            self.host.send(name, cm.StreamPropose(gid, entry))
+
+    def _propose_here(self, hosted: Hosted, entry: bytes) -> None:
+        try:
+            fut = hosted.group.propose_nowait(entry)
+        except (NotLeader, GroupClosed) as exc:  # lost: the member says it again (see the module rules)
+            log.debug("stream group %d: not proposed: %s", hosted.gid, exc)
+            return
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and isinstance(f.exception(), sc.CoordinatorError | NotLeader
+                                                | ProposalTimeout | GroupClosed):
+                log.debug("stream group %d: proposal not applied: %s", hosted.gid, f.exception())
+        fut.add_done_callback(done)
+
+    def _on_propose(self, peer: str, m: cm.StreamPropose) -> None:
+        hosted = self.streams.get(m.gid)
+        if hosted is not None and hosted.group.is_leader:
+            self._propose_here(hosted, bytes(m.command))
+
+    def peer_changed(self, peer: str, up: bool) -> None:
+        """The failure detector: a node went down; where this node leads a stream's group and that node
+        writes the stream, elect another writer."""
+        if up:
+            return
+        for hosted in self.streams.values():
+            state = hosted.machine.state
+            if hosted.group.is_leader and state.writer == peer:
+                self._propose_here(hosted, sc.encode_command(sc.WriterDown(state.epoch)))
+
+    # -- the members' messages ----------------------------------------------------------------------
+
+    def _on_replica(self, peer: str, m: cm.StreamReplica) -> None:
+        hosted = self.streams.get(m.gid)
+        if hosted is None or hosted.stream is None:
+            return
+        try:
+            message = sr.message_from_wire(m.message)
+        except ValueError as exc:
+            log.warning("dropped a stream replica message from %s: %s", peer, exc)
+            return
+        hosted.stream.receive(message)
+
+
+class _Link:
+    """A member's `ReplicaLink`: its messages as records to the other members' nodes."""
+
+    def __init__(self, service: StreamReplicationService, gid: int) -> None:
+        self.service, self.gid = service, gid
+
+    def send(self, peer: str, message: sr.Message) -> None:
+        self.service.host.send(peer, cm.StreamReplica(self.gid, sr.message_to_wire(message)))
+
+    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
+        self.service.propose(self.gid, sc.command_for(effect))
