@@ -329,7 +329,7 @@ class ServerChannel(DeclarationsMixin):
             # RabbitMQ routes a transactional publish now and enqueues at commit, so the queues do
             # not depend on exchanges or bindings changing in between; None: Direct Reply-To
             queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)
-                      else self.vhost.route(x, routing_keys, msg.properties.headers))
+                      else self.vhost.route(x, routing_keys, msg.properties.headers, msg))
             self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
         if not self.confirm:
@@ -350,7 +350,7 @@ class ServerChannel(DeclarationsMixin):
         else:
             raw = msg.properties_raw
             headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
-            queues = self.vhost.route(x, routing_keys, headers)
+            queues = self.vhost.route(x, routing_keys, headers, msg)
         self._enqueue(queues, msg, mandatory, receipt)
 
     def _enqueue(self, queues: list[Queue], msg: Message, mandatory: int, receipt: Receipt | None) -> None:
