@@ -56,6 +56,7 @@ from .plugins import (
     LocalRandomRouter,
     RandomRouter,
     binding_weight,
+    message_delay,
     validate_consistent_hash_exchange,
     validate_local_random_binding,
 )
@@ -231,6 +232,7 @@ __all__ = [
     "LocalRandomRouter",
     "RANDOM",
     "RandomRouter",
+    "message_delay",
     "routing_type",
     "validate_exchange",
     "DEFAULT_EXCHANGE",

@@ -250,3 +250,30 @@ class LocalRandomRouter(RandomRouter):
 
 def _everywhere(name: str) -> bool:
     return True
+
+
+MAX_DELAY_MS = (1 << 32) - 1  # the plugin's ?ERL_MAX_T: a longer delay is no delay
+
+
+def message_delay(headers: Mapping[str, Any] | None) -> int | None:
+    """The delay in ms an x-delayed-message exchange holds a message for, or None to route it at once.
+
+    As the plugin reads `x-delay`: an integer as is, a float truncated, a string holding an integer
+    converted; anything else, a delay of 0 or less (a released message carries its delay negated), or
+    more than 2**32 - 1 ms, is no delay.
+    """
+    if not headers:
+        return None
+    value = headers.get("x-delay")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, str):
+        if not _INTEGER.match(value):
+            return None
+        value = int(value)
+    if not isinstance(value, (int, float)):
+        return None
+    delay = int(value)  # a float is truncated
+    return delay if 0 < delay <= MAX_DELAY_MS else None

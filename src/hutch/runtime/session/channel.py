@@ -42,6 +42,7 @@ from hutch.core.confirms import Receipt
 from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
+from hutch.core.routing import DELAYED_MESSAGE
 from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.declarations import DeclarationsMixin
 
@@ -350,8 +351,21 @@ class ServerChannel(DeclarationsMixin):
         else:
             raw = msg.properties_raw
             headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
+            if x.type == DELAYED_MESSAGE and headers and self._held(x, msg, headers, receipt):
+                return
             queues = self.vhost.route(x, routing_keys, headers, msg)
         self._enqueue(queues, msg, mandatory, receipt)
+
+    def _held(self, x: Any, msg: Message, headers: dict[str, Any], receipt: Receipt | None) -> bool:
+        """An x-delayed-message exchange holds a message with a delay (docs/delayed-messages.md)."""
+        delayed = self.node.delayed
+        pending = delayed.hold(self.vhost, x, msg, headers, receipt) if delayed is not None else None
+        if pending is None:
+            return False
+        self.stat_routed += 1
+        if receipt is not None and self.confirms is not None:
+            self.confirms.published(receipt.seq, pending or None, False)
+        return True
 
     def _enqueue(self, queues: list[Queue], msg: Message, mandatory: int, receipt: Receipt | None) -> None:
         pending: list[Queue] | None = None

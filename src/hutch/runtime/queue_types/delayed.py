@@ -1,0 +1,267 @@
+"""The messages x-delayed-message exchanges hold until their `x-delay` is over (docs/delayed-messages.md).
+
+Owns: for each x-delayed-message exchange of this node, the messages published to it with a delay
+(`core.routing.message_delay`), a heap of (release time, seq) over them, their bodies (in RAM up to a
+bound, else only on disk), the timer that releases them in release-time order, and their files.
+
+Rules:
+- With a data directory, every held message is written, before anything else happens to it, to the
+  exchange's own queue index (`<data_dir>/delayed/<id>/`, entries PUB with the release time in the
+  expiry field), through the node's group commit; for a durable exchange the entries are persistent and a
+  confirming publisher's receipt is settled once they are synced. A released message's entry is acked
+  only after the group commit that follows its publish into the queues (at least once across a crash).
+- Released, a message is routed by the exchange's `x-delayed-type` router with its `x-delay` header
+  negated (as the plugin does, so it is not delayed again through an exchange-to-exchange binding) and
+  published to the queues it reaches; at most `RELEASE_BATCH` per loop turn.
+- RAM holds at most `RAM_MESSAGES` bodies / `RAM_BYTES` per exchange; the others are read back a
+  segment (`SEGMENT_ENTRIES` entries) at a time when they are due. The heap costs one entry per message.
+- Deleting the exchange drops what it holds (as the plugin does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+from collections.abc import Hashable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from hutch.core.confirms import Receipt
+from hutch.core.message import Message
+from hutch.core.routing import DELAYED_MESSAGE, Exchange, message_delay
+from hutch.runtime.queue_types.classic.persistence import resource_dir
+from hutch.storage.errors import StorageError
+from hutch.storage.queue_index import QueueIndex, remove_queue_directory
+
+if TYPE_CHECKING:
+    from hutch.core.vhost import VirtualHost
+    from hutch.runtime.ports import BrokerPort
+
+log = logging.getLogger("hutch.delayed")
+
+RAM_MESSAGES = 10_000
+RAM_BYTES = 32 << 20
+RELEASE_BATCH = 1_000
+SEGMENT_ENTRIES = 1024
+
+
+class HeldMessages:
+    """What one x-delayed-message exchange holds. It is the `queue` its publishers' receipts name."""
+
+    __slots__ = ("vhost", "name", "index", "durable", "heap", "ram", "ram_bytes", "next_seq", "timer",
+                 "timer_at", "__weakref__")
+
+    def __init__(self, vhost: str, name: str, index: QueueIndex | None, durable: bool) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.index = index
+        self.durable = durable
+        self.heap: list[tuple[int, int]] = []  # (release at, wall-clock ms; seq)
+        self.ram: dict[int, Message] = {}
+        self.ram_bytes = 0
+        self.next_seq = 1
+        self.timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self.timer_at = 0
+
+    def keep(self, seq: int, msg: Message) -> bool:
+        """Keep the body in RAM if within the bounds (always without an index)."""
+        if self.index is not None and (len(self.ram) >= RAM_MESSAGES or self.ram_bytes + msg.size > RAM_BYTES):
+            return False
+        self.ram[seq] = msg
+        self.ram_bytes += msg.size
+        return True
+
+    def take(self, seq: int) -> Message | None:
+        msg = self.ram.pop(seq, None)
+        if msg is not None:
+            self.ram_bytes -= msg.size
+        return msg
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def __repr__(self) -> str:
+        return f"<delayed messages of exchange {self.name!r} in vhost {self.vhost!r}: {len(self.heap)}>"
+
+
+class DelayedMessages:
+    """The node's `DelayedPort`: every delayed exchange's `HeldMessages`."""
+
+    def __init__(self, node: BrokerPort, persistence: Any) -> None:
+        self.node = node
+        self.persistence = persistence
+        self.directory = os.path.join(persistence.data_dir, "delayed") if persistence is not None else None
+        self._held: dict[tuple[str, str], HeldMessages] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the DelayedPort ------------------------------------------------------------------------------
+    def hold(self, vhost: VirtualHost, x: Exchange, msg: Message, headers: dict[str, Any] | None,
+             receipt: Receipt | None) -> list[Hashable] | None:
+        """Hold `msg` if it asks for a delay: the queues its receipt waits for ([] if none); None: route it."""
+        delay = message_delay(headers)
+        if delay is None:
+            return None
+        held = self._held_for(vhost.name, x)
+        seq = held.next_seq
+        held.next_seq = seq + 1
+        release_at = int(self.node.clock.wall_ms()) + delay
+        heapq.heappush(held.heap, (release_at, seq))
+        pending: list[Hashable] = []
+        if held.index is not None:
+            held.index.publish(seq, held.durable, msg, expires_at_ms=release_at)
+            if receipt is not None and held.durable:
+                self.persistence.sink.confirm_after_sync(receipt, held)
+                pending.append(held)
+        held.keep(seq, msg)
+        self._arm(held)
+        return pending
+
+    def count(self, vhost: str, exchange: str) -> int:
+        held = self._held.get((vhost, exchange))
+        return len(held) if held is not None else 0
+
+    def exchange_deleted(self, vhost: str, exchange: str) -> None:
+        held = self._held.pop((vhost, exchange), None)
+        if held is None:
+            return
+        if held.timer is not None:
+            held.timer.cancel()
+        if held.index is not None:
+            held.index.delete()
+
+    def recover(self) -> None:
+        """Read back what durable delayed exchanges held; remove the files of the others."""
+        if self.directory is None:
+            return
+        fs = self.persistence.fs
+        fs.make_dirs(self.directory)
+        keep = set()
+        for vhost in self.node.vhosts.values():
+            for x in vhost.exchanges.values():
+                if x.type == DELAYED_MESSAGE and x.durable:
+                    keep.add(resource_dir(vhost.name, x.name))
+                    self._recover_exchange(vhost.name, x)
+        for name in fs.list_dir(self.directory):
+            if name not in keep:
+                try:
+                    remove_queue_directory(fs, os.path.join(self.directory, name))
+                except StorageError as exc:
+                    log.warning("cannot remove the stale delayed-message directory %s: %s", name, exc)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for held in self._held.values():
+            self._arm(held)
+
+    def stop(self) -> None:
+        for held in self._held.values():
+            if held.timer is not None:
+                held.timer.cancel()
+                held.timer = None
+            if held.index is not None:
+                held.index.close()
+        self._loop = None
+
+    # -- inside ---------------------------------------------------------------------------------------
+    def _held_for(self, vhost: str, x: Exchange) -> HeldMessages:
+        held = self._held.get((vhost, x.name))
+        if held is None:
+            index = None
+            if self.directory is not None:
+                p = self.persistence
+                index = QueueIndex(p.fs, os.path.join(self.directory, resource_dir(vhost, x.name)), p.sink,
+                                   store=None, segment_entries=SEGMENT_ENTRIES)
+            held = self._held[(vhost, x.name)] = HeldMessages(vhost, x.name, index, x.durable)
+        return held
+
+    def _recover_exchange(self, vhost: str, x: Exchange) -> None:
+        held = self._held_for(vhost, x)
+        index = held.index
+        assert index is not None, "recover runs only with a data directory"
+        found = index.recover()
+        held.next_seq = found.max_seq + 1
+        for segno in index.segments():
+            messages, _ = index.read_from(segno * SEGMENT_ENTRIES)
+            for seq, _persistent, exchange, routing_key, props, body, _store_id, release_at in messages:
+                heapq.heappush(held.heap, (release_at, seq))
+                held.keep(seq, Message(exchange, routing_key, None, body, props))
+        if held.heap:
+            log.info("exchange '%s' in vhost '%s': %d delayed messages recovered", x.name, vhost, len(held.heap))
+
+    def _arm(self, held: HeldMessages) -> None:
+        if not held.heap:
+            return
+        loop = self._loop
+        if loop is None:
+            try:
+                loop = self._loop = asyncio.get_running_loop()
+            except RuntimeError:  # recovered before the loop runs: start() arms it
+                return
+        first = held.heap[0][0]
+        if held.timer is not None:
+            if held.timer_at <= first:
+                return
+            held.timer.cancel()
+        wait_s = max(0.0, (first - self.node.clock.wall_ms()) / 1000)
+        held.timer = loop.call_later(wait_s, self._release, held)
+        held.timer_at = first
+
+    def _release(self, held: HeldMessages) -> None:
+        held.timer = None
+        vhost = self.node.vhosts.get(held.vhost)
+        x = vhost.exchanges.get(held.name) if vhost is not None else None
+        if vhost is None or x is None or self._held.get((held.vhost, held.name)) is not held:
+            return  # deleted meanwhile (exchange_deleted dropped it)
+        now = self.node.clock.wall_ms()
+        heap = held.heap
+        released: list[int] = []
+        while heap and heap[0][0] <= now and len(released) < RELEASE_BATCH:
+            _at, seq = heapq.heappop(heap)
+            msg = held.take(seq)
+            if msg is None:
+                msg = self._read_back(held, seq)
+            released.append(seq)
+            if msg is not None:
+                self._route(vhost, x, msg)
+        if released and held.index is not None:
+            self.persistence.sink.after_sync(partial(held.index.ack, released))
+        if heap and heap[0][0] <= now and self._loop is not None:
+            held.timer = self._loop.call_soon(self._release, held)
+            held.timer_at = heap[0][0]
+        else:
+            self._arm(held)
+
+    def _read_back(self, held: HeldMessages, seq: int) -> Message | None:
+        """A body paged out: read its segment, keeping the other due-later bodies found there in RAM."""
+        index = held.index
+        if index is None:
+            return None
+        first = seq - seq % SEGMENT_ENTRIES
+        messages, _ = index.read_from(first)
+        waiting = {s for _at, s in held.heap if first <= s < first + SEGMENT_ENTRIES}
+        found = None
+        for s, _persistent, exchange, routing_key, props, body, _store_id, _at in messages:
+            if s == seq:
+                found = Message(exchange, routing_key, None, body, props)
+            elif s in waiting and s not in held.ram:
+                held.ram[s] = Message(exchange, routing_key, None, body, props)
+                held.ram_bytes += len(body)
+        if found is None:
+            log.error("exchange '%s' in vhost '%s': delayed message %d cannot be read back", held.name,
+                      held.vhost, seq)
+        return found
+
+    def _route(self, vhost: VirtualHost, x: Exchange, msg: Message) -> None:
+        headers = msg.properties.headers or {}
+        delay = message_delay(headers)
+        if delay is not None:
+            msg = msg.with_header("x-delay", -delay)
+            headers = msg.properties.headers or {}
+        keys = [msg.routing_key]
+        cc = headers.get("CC")
+        if isinstance(cc, list):
+            keys += [k for k in cc if isinstance(k, str)]
+        for q in vhost.route(x, keys, headers, msg):
+            q.publish(msg, None)
