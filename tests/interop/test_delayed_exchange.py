@@ -146,3 +146,28 @@ def test_delayed_messages_survive_a_restart_and_keep_their_order(tmp_path: Path,
         conn.close()
     finally:
         third.stop()
+
+
+def test_kombu_retries_with_back_off_through_a_delayed_exchange(server: ServerInfo) -> None:
+    """What a Celery/kombu application does for delayed retries: publish with an x-delay header to an
+    x-delayed-message exchange declared by kombu, with publisher confirms."""
+    from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+    name = f"kombu-delay-{uuid.uuid4().hex[:8]}"
+    exchange = Exchange(name, type="x-delayed-message", arguments={"x-delayed-type": "direct"}, durable=True)
+    queue = Queue(f"{name}-q", exchange, routing_key="task", durable=True)
+    got: list[str] = []
+    with Connection(f"amqp://guest:guest@127.0.0.1:{server.amqp_port}//", transport_options={"confirm_publish": True}) as conn:
+        producer = Producer(conn.channel())
+        for attempt, back_off in (("retry-3", 1200), ("retry-1", 200), ("retry-2", 600)):
+            producer.publish({"task": attempt}, exchange=exchange, routing_key="task", declare=[queue],
+                             headers={"x-delay": back_off}, serializer="json")
+        with Consumer(conn.channel(), [queue], accept=["json"],
+                      callbacks=[lambda body, message: (got.append(body["task"]), message.ack())]):
+            deadline = time.monotonic() + 30
+            while len(got) < 3 and time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=0.2)
+                except TimeoutError:
+                    pass
+    assert got == ["retry-1", "retry-2", "retry-3"]

@@ -103,6 +103,7 @@ export function exchangePage(ctx, [vhost, name]) {
       ['Arguments', keyValues(x.arguments)],
       ['Message rate in', rate(statRate(x, 'publish_in'))],
       ['Message rate out', rate(statRate(x, 'publish_out'))],
+      ...('messages_delayed' in x ? [['Delayed messages', String(x.messages_delayed)]] : []),
     ])));
     await Promise.all(isDefault ? [] : [outgoing.refresh(), incoming.refresh()]);
   }
