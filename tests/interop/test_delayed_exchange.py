@@ -91,6 +91,27 @@ def test_delay_routes_with_the_delayed_type(server: ServerInfo) -> None:
     conn.close()
 
 
+def test_a_transaction_holds_its_delayed_publishes_from_the_commit(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    x = f"delay-{uuid.uuid4().hex[:8]}"
+    q = declare(ch, x, durable=True)
+    ch.tx_select()
+    ch.basic_publish(x, "k", b"rolled back", pika.BasicProperties(headers={"x-delay": 200}))
+    ch.tx_rollback()
+    ch.basic_publish(x, "k", b"committed", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 300}))
+    assert delayed_count(server, x) == 0
+    ch.tx_commit()
+    assert delayed_count(server, x) == 1
+    other = conn.channel()
+    assert [body for body, _ in take(other, q, 1, timeout=10)] == [b"committed"]
+    time.sleep(0.5)
+    assert other.basic_get(q, auto_ack=True)[0] is None
+    ch.exchange_delete(x)
+    ch.queue_delete(q)
+    conn.close()
+
+
 def test_deleting_the_exchange_drops_what_it_holds(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()

@@ -42,7 +42,7 @@ from hutch.core.confirms import Receipt
 from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
-from hutch.core.routing import DELAYED_MESSAGE
+from hutch.core.routing import DELAYED_MESSAGE, message_delay
 from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.declarations import DeclarationsMixin
 
@@ -328,8 +328,10 @@ class ServerChannel(DeclarationsMixin):
             msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
         if self.tx:
             # RabbitMQ routes a transactional publish now and enqueues at commit, so the queues do
-            # not depend on exchanges or bindings changing in between; None: Direct Reply-To
-            queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)
+            # not depend on exchanges or bindings changing in between; None: handled at commit (Direct
+            # Reply-To, and a message a delayed exchange holds: held from the commit on)
+            held_at_commit = x.type == DELAYED_MESSAGE and message_delay(msg.properties.headers) is not None
+            queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX) or held_at_commit
                       else self.vhost.route(x, routing_keys, msg.properties.headers, msg))
             self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
