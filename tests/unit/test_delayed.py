@@ -144,6 +144,17 @@ def test_deleting_the_exchange_drops_its_files() -> None:
     assert w.fs.list_dir("/data/delayed") == []
 
 
+def test_an_exchange_gone_without_a_delete_drops_what_it_held_at_the_next_release() -> None:
+    w = World()
+    w.publish(b"a", 100)
+    w.sink.commit()
+    del w.vhost.exchanges["dx"]  # as an auto-delete exchange or its vhost goes
+    w.now += 200
+    w.delayed._release(w.delayed._held[("/", "dx")])
+    assert w.delayed.count("/", "dx") == 0 and w.q.got == []
+    assert w.fs.list_dir("/data/delayed") == []
+
+
 @pytest.mark.parametrize(("value", "expected"), [
     (5000, 5000), ("250", 250), (b"250", 250), (99.9, 99), (0, None), (-5, None), ("soon", None), (True, None),
     (None, None), ((1 << 32) - 1, (1 << 32) - 1), (1 << 32, None), ("+7", 7), ([1], None),

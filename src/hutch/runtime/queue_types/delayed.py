@@ -212,8 +212,11 @@ class DelayedMessages:
         held.timer = None
         vhost = self.node.vhosts.get(held.vhost)
         x = vhost.exchanges.get(held.name) if vhost is not None else None
-        if vhost is None or x is None or self._held.get((held.vhost, held.name)) is not held:
+        if self._held.get((held.vhost, held.name)) is not held:
             return  # deleted meanwhile (exchange_deleted dropped it)
+        if vhost is None or x is None or x.type != DELAYED_MESSAGE:
+            self.exchange_deleted(held.vhost, held.name)  # gone without a delete (auto-delete, its vhost)
+            return
         now = self.node.clock.wall_ms()
         heap = held.heap
         released: list[int] = []
