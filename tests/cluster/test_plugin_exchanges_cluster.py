@@ -47,10 +47,18 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c.stop()
 
 
-def test_local_random_keeps_messages_on_the_publishers_node(two: Cluster) -> None:
+@pytest.fixture
+def chans(two: Cluster) -> Iterator[tuple[pika.adapters.blocking_connection.BlockingChannel, ...]]:
+    """A channel on each node."""
+    conns = [connect(node) for node in two.nodes]
+    yield tuple(conn.channel() for conn in conns)
+    for conn in conns:
+        conn.close()
+
+
+def test_local_random_keeps_messages_on_the_publishers_node(two: Cluster, chans: tuple) -> None:
     n1, n2 = two.nodes
-    c1, c2 = connect(n1), connect(n2)
-    ch1, ch2 = c1.channel(), c2.channel()
+    ch1, ch2 = chans
     ch1.queue_declare("lr-on-n1", durable=True)
     ch2.queue_declare("lr-on-n2", durable=True)
     ch1.exchange_declare("lr", "x-local-random", durable=True)
@@ -63,14 +71,11 @@ def test_local_random_keeps_messages_on_the_publishers_node(two: Cluster) -> Non
         ch1.basic_publish("lr", "", b"from n1 %d" % i)
         ch2.basic_publish("lr", "", b"from n2 %d" % i)
     eventually(lambda: count(n1, "lr-on-n1") == 50 and count(n2, "lr-on-n2") == 50)
-    c1.close()
-    c2.close()
 
 
-def test_consistent_hash_is_the_same_ring_on_every_node(two: Cluster) -> None:
+def test_consistent_hash_is_the_same_ring_on_every_node(two: Cluster, chans: tuple) -> None:
     n1, n2 = two.nodes
-    c1, c2 = connect(n1), connect(n2)
-    ch1, ch2 = c1.channel(), c2.channel()
+    ch1, ch2 = chans
     ch1.exchange_declare("ring", "x-consistent-hash", durable=True)
     for name, weight in (("ring-a", 1), ("ring-b", 2), ("ring-c", 3)):
         ch1.queue_declare(name, durable=True)
@@ -86,14 +91,11 @@ def test_consistent_hash_is_the_same_ring_on_every_node(two: Cluster) -> None:
             method, _props, body = ch1.basic_get(q, auto_ack=True)
             keys.setdefault(method.routing_key, set()).add(body)
         assert all(bodies == {b"n1", b"n2"} for bodies in keys.values()), keys
-    c1.close()
-    c2.close()
 
 
-def test_a_delayed_message_held_on_one_node_reaches_a_queue_on_the_other(two: Cluster) -> None:
+def test_a_delayed_message_held_on_one_node_reaches_a_queue_on_the_other(two: Cluster, chans: tuple) -> None:
     n1, n2 = two.nodes
-    c1, c2 = connect(n1), connect(n2)
-    ch1, ch2 = c1.channel(), c2.channel()
+    ch1, ch2 = chans
     ch1.queue_declare("later-on-n1", durable=True)
     ch1.exchange_declare("later", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
     ch1.queue_bind("later-on-n1", "later", "k")
@@ -105,5 +107,3 @@ def test_a_delayed_message_held_on_one_node_reaches_a_queue_on_the_other(two: Cl
     eventually(lambda: count(n1, "later-on-n1") == 1)
     assert time.monotonic() - started >= 1.0
     assert delayed(n2, "later") == 0
-    c1.close()
-    c2.close()

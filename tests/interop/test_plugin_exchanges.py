@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pika
 import pytest
@@ -15,20 +16,28 @@ import pytest
 from chx_golden import AFTER_UNBIND_Q2, MESSAGE_ID, ROUTING_KEY_TO_QUEUE, WEIGHTS
 from conftest import ServerInfo
 
-from .helpers import connect
+from .helpers import connect, get_all
 
 
-def drain(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> list[bytes]:
-    bodies = []
-    while True:
-        method, _, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            return bodies
-        bodies.append(body)
+def refused(conn: pika.BlockingConnection, call: Callable[[], object], text: str) -> None:
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        call()
+    assert (info.value.reply_code, info.value.reply_text) == (406, f"PRECONDITION_FAILED - {text}")
+    conn.close()
+
+
+def bound_queues(ch: pika.adapters.blocking_connection.BlockingChannel, x: str, type_: str, key: str,
+                 n: int) -> list[str]:
+    ch.exchange_declare(x, type_, auto_delete=True)
+    queues = [f"{x}-{i}" for i in range(n)]
+    for q in queues:
+        ch.queue_declare(q, auto_delete=True)
+        ch.queue_bind(q, x, key)
+    return queues
 
 
 def landed(ch: pika.adapters.blocking_connection.BlockingChannel, queues: dict[str, str]) -> dict[str, str]:
-    return {body.decode(): short for short, q in queues.items() for body in drain(ch, q)}
+    return {body.decode(): short for short, q in queues.items() for body in get_all(ch, q)}
 
 
 def weighted(ch: pika.adapters.blocking_connection.BlockingChannel, x: str, **arguments: str) -> dict[str, str]:
@@ -74,7 +83,7 @@ def test_consistent_hash_spreads_by_weight_and_keeps_a_key_on_one_queue(server: 
         ch.queue_bind(f"{x}-{name}", x, str(weight))
     for i in range(4000):
         ch.basic_publish(x, "", b"%d" % (i % 400), pika.BasicProperties(headers={"user": f"u{i % 400}"}))
-    light, heavy = drain(ch, f"{x}-light"), drain(ch, f"{x}-heavy")
+    light, heavy = get_all(ch, f"{x}-light"), get_all(ch, f"{x}-heavy")
     assert len(light) + len(heavy) == 4000
     assert 0.15 < len(light) / 4000 < 0.35  # weight 1 of 4
     assert not set(light) & set(heavy)  # a user's messages all go to one queue
@@ -88,10 +97,8 @@ def test_consistent_hash_spreads_by_weight_and_keeps_a_key_on_one_queue(server: 
 def test_consistent_hash_refuses_bad_arguments(server: ServerInfo, arguments: dict, text: str) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.exchange_declare(f"chx-{uuid.uuid4().hex[:8]}", "x-consistent-hash", arguments=arguments)
-    assert (info.value.reply_code, info.value.reply_text) == (406, f"PRECONDITION_FAILED - {text}")
-    conn.close()
+    refused(conn, lambda: ch.exchange_declare(f"chx-{uuid.uuid4().hex[:8]}", "x-consistent-hash",
+                                              arguments=arguments), text)
 
 
 @pytest.mark.parametrize(("key", "text"), [
@@ -105,24 +112,17 @@ def test_consistent_hash_refuses_bad_weights(server: ServerInfo, key: str, text:
     x = f"chx-{uuid.uuid4().hex[:8]}"
     ch.exchange_declare(x, "x-consistent-hash", auto_delete=True)
     q = ch.queue_declare("", exclusive=True).method.queue
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        ch.queue_bind(q, x, key)
-    assert (info.value.reply_code, info.value.reply_text) == (406, f"PRECONDITION_FAILED - {text}")
-    conn.close()
+    refused(conn, lambda: ch.queue_bind(q, x, key), text)
 
 
 def test_random_exchange_delivers_each_message_to_one_queue(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()
     x = f"rnd-{uuid.uuid4().hex[:8]}"
-    ch.exchange_declare(x, "x-random", auto_delete=True)
-    queues = [f"{x}-{i}" for i in range(3)]
-    for q in queues:
-        ch.queue_declare(q, auto_delete=True)
-        ch.queue_bind(q, x, "any key")
+    queues = bound_queues(ch, x, "x-random", "any key", 3)
     for i in range(3000):
         ch.basic_publish(x, f"k{i}", b"%d" % i)
-    got = {q: drain(ch, q) for q in queues}
+    got = {q: get_all(ch, q) for q in queues}
     assert sorted(int(b) for bodies in got.values() for b in bodies) == list(range(3000))  # each once
     assert all(700 < len(bodies) < 1300 for bodies in got.values()), Counter({q: len(b) for q, b in got.items()})
     conn.close()
@@ -132,14 +132,10 @@ def test_local_random_exchange_binds_classic_queues_with_an_empty_key(server: Se
     conn = connect(server.amqp_port)
     ch = conn.channel()
     x = f"lrnd-{uuid.uuid4().hex[:8]}"
-    ch.exchange_declare(x, "x-local-random", auto_delete=True)
-    queues = [f"{x}-{i}" for i in range(2)]
-    for q in queues:
-        ch.queue_declare(q, auto_delete=True)
-        ch.queue_bind(q, x, "")
+    queues = bound_queues(ch, x, "x-local-random", "", 2)
     for i in range(400):
         ch.basic_publish(x, "ignored", b"%d" % i)
-    counts = [len(drain(ch, q)) for q in queues]
+    counts = [len(get_all(ch, q)) for q in queues]
     assert sum(counts) == 400 and min(counts) > 120
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
         ch.queue_bind(queues[0], x, "k")

@@ -42,8 +42,8 @@ class Atom(str):
 UNDEFINED = Atom("undefined")
 
 
-def _mix(a: int, b: int, c: int) -> int:
-    """Bob Jenkins' 96-bit mix as ERTS writes it; returns the new c."""
+def _mix3(a: int, b: int, c: int) -> tuple[int, int, int]:
+    """Bob Jenkins' 96-bit mix as ERTS writes it."""
     a = ((a - b - c) & _M32) ^ (c >> 13)
     b = ((b - c - a) & _M32) ^ ((a << 8) & _M32)
     c = ((c - a - b) & _M32) ^ (b >> 13)
@@ -52,7 +52,11 @@ def _mix(a: int, b: int, c: int) -> int:
     c = ((c - a - b) & _M32) ^ (b >> 5)
     a = ((a - b - c) & _M32) ^ (c >> 3)
     b = ((b - c - a) & _M32) ^ ((a << 10) & _M32)
-    return ((c - a - b) & _M32) ^ (b >> 15)
+    return a, b, ((c - a - b) & _M32) ^ (b >> 15)
+
+
+def _mix(a: int, b: int, c: int) -> int:
+    return _mix3(a, b, c)[2]
 
 
 def _hash2(x: int, y: int, const: int, h: int) -> int:
@@ -65,18 +69,7 @@ def _block_hash(data: bytes, initval: int) -> int:
     full = len(data) - len(data) % 12
     for i in range(0, full, 12):
         wa, wb, wc = struct.unpack_from("<III", data, i)
-        a = (a + wa) & _M32
-        b = (b + wb) & _M32
-        c = (c + wc) & _M32
-        a = ((a - b - c) & _M32) ^ (c >> 13)
-        b = ((b - c - a) & _M32) ^ ((a << 8) & _M32)
-        c = ((c - a - b) & _M32) ^ (b >> 13)
-        a = ((a - b - c) & _M32) ^ (c >> 12)
-        b = ((b - c - a) & _M32) ^ ((a << 16) & _M32)
-        c = ((c - a - b) & _M32) ^ (b >> 5)
-        a = ((a - b - c) & _M32) ^ (c >> 3)
-        b = ((b - c - a) & _M32) ^ ((a << 10) & _M32)
-        c = ((c - a - b) & _M32) ^ (b >> 15)
+        a, b, c = _mix3((a + wa) & _M32, (b + wb) & _M32, (c + wc) & _M32)
     tail = data[full:] + bytes(12 - (len(data) - full))
     c = (c + len(data)) & _M32
     wa, wb, wc = struct.unpack("<III", tail)
