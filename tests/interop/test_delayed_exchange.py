@@ -112,6 +112,25 @@ def test_a_transaction_holds_its_delayed_publishes_from_the_commit(server: Serve
     conn.close()
 
 
+def test_a_delayed_exchange_behind_an_exchange_binding_holds_too(server: ServerInfo) -> None:
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    x = f"delay-{uuid.uuid4().hex[:8]}"
+    q = declare(ch, x)
+    front = f"{x}-front"
+    ch.exchange_declare(front, "topic", auto_delete=True)
+    ch.exchange_bind(x, front, "#")
+    ch.basic_publish(front, "k", b"through", pika.BasicProperties(headers={"x-delay": 300}), mandatory=True)
+    assert delayed_count(server, x) == 1
+    got = take(ch, q, 1, timeout=10)
+    assert [(body, headers["x-delay"]) for body, headers in got] == [(b"through", -300)]
+    ch.exchange_delete(front)
+    ch.exchange_delete(x)
+    ch.queue_delete(q)
+    conn.close()
+
+
 def test_deleting_the_exchange_drops_what_it_holds(server: ServerInfo) -> None:
     conn = connect(server.amqp_port)
     ch = conn.channel()

@@ -265,3 +265,24 @@ def test_plugin_routers_ignore_cc_keys_after_the_first() -> None:
     for name, weight in WEIGHTS:
         x.router.add(Binding("h", queue_dest(name), str(weight), {}))
     assert route({"h": x}, x, ["key-5", "key-0", "key-10"], None) == {"q2"}
+
+
+def test_a_walk_stops_at_a_delayed_exchange_when_the_message_asks_for_a_delay() -> None:
+    front = Exchange("/", "front", "direct")
+    later = Exchange("/", "later", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+    spare = Exchange("/", "spare", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+    nowhere = Exchange("/", "nowhere", "direct")
+    nowhere.alternate_exchange = "spare"
+    exchanges = {x.name: x for x in (front, later, spare, nowhere)}
+    front.router.add(Binding("front", exchange_dest("later"), "k", {}))
+    front.router.add(Binding("front", queue_dest("direct-q"), "k", {}))
+    later.router.add(Binding("later", queue_dest("q"), "", {}))
+    spare.router.add(Binding("spare", queue_dest("spare-q"), "", {}))
+    held: list[Exchange] = []
+    assert route(exchanges, front, ["k"], {"x-delay": 500}, None, held) == {"direct-q"}
+    assert held == [later]
+    held.clear()
+    assert route(exchanges, front, ["k"], {"x-delay": -500}, None, held) == {"direct-q", "q"}  # released
+    assert route(exchanges, front, ["k"], None, None, held) == {"direct-q", "q"} and held == []
+    assert route(exchanges, nowhere, ["k"], {"x-delay": "20"}, None, held) == set() and held == [spare]
+    assert route(exchanges, front, ["k"], {"x-delay": 500}) == {"direct-q", "q"}  # no `held`: routed through

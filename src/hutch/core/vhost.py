@@ -264,10 +264,11 @@ class VirtualHost:
 
     # -- routing -------------------------------------------------------------------------------
     def route(self, x: Exchange, routing_keys: list[str], headers: dict[str, Any] | None,
-              message: Any = None) -> list[Queue]:
+              message: Any = None, held: list[Exchange] | None = None) -> list[Queue]:
+        """The queues the message reaches; `held` collects delayed exchanges that hold it (core.routing.route)."""
         if x.name == "" and len(routing_keys) == 1:
             q = self.queues.get(routing_keys[0])
             return [q] if q is not None else []
-        names = route(self.exchanges, x, routing_keys, headers, message)
+        names = route(self.exchanges, x, routing_keys, headers, message, held)
         queues = self.queues
         return [queues[n] for n in names if n in queues]

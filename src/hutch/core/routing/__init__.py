@@ -150,6 +150,7 @@ def route(
     routing_keys: Sequence[str],
     headers: Mapping[str, Any] | None,
     message: Any = None,
+    held: list[Exchange] | None = None,
 ) -> set[str]:
     """Return the set of QUEUE names the message reaches.
 
@@ -159,6 +160,9 @@ def route(
     the message is routed with each key and the union taken. Queue names are returned even if the queue
     does not exist; the caller filters. `message` (the published `Message`) is read only by a
     consistent-hash exchange with `hash-property`, so its properties are decoded only then.
+    With `held` given, an x-delayed-message exchange reached through a binding or as an alternate, when
+    the message asks for a delay, is appended to it instead of routing: the caller holds the message there
+    (the plugin's route/3 does the same). The exchange published to is the caller's to check first.
     """
     if not exchange.name:  # the default exchange: implicit bindings to every queue
         return set(routing_keys)
@@ -168,7 +172,7 @@ def route(
             return set(first.queues)  # hot path: queues only, no graph to walk
     else:
         first = _route_keys(exchange.router, routing_keys, headers, message)
-    return _walk(exchanges, exchange, first, routing_keys, headers, message)
+    return _walk(exchanges, exchange, first, routing_keys, headers, message, held)
 
 
 def _route_keys(
@@ -189,6 +193,7 @@ def _walk(
     routing_keys: Sequence[str],
     headers: Mapping[str, Any] | None,
     message: Any,
+    held: list[Exchange] | None,
 ) -> set[str]:
     queues: set[str] = set()
     seen = {start.name}
@@ -201,12 +206,12 @@ def _walk(
                     queues.add(name)
                 elif name not in seen:
                     seen.add(name)
-                    _push(exchanges, name, pending, routing_keys, headers, message)
+                    _push(exchanges, name, pending, routing_keys, headers, message, held)
         else:
             alternate = current.alternate_exchange
             if alternate is not None and alternate not in seen:
                 seen.add(alternate)
-                _push(exchanges, alternate, pending, routing_keys, headers, message)
+                _push(exchanges, alternate, pending, routing_keys, headers, message, held)
     return queues
 
 
@@ -217,10 +222,15 @@ def _push(
     routing_keys: Sequence[str],
     headers: Mapping[str, Any] | None,
     message: Any,
+    held: list[Exchange] | None,
 ) -> None:
     exchange = exchanges.get(name)
-    if exchange is not None:
-        pending.append((exchange, _route_keys(exchange.router, routing_keys, headers, message)))
+    if exchange is None:
+        return
+    if held is not None and exchange.type == DELAYED_MESSAGE and message_delay(headers) is not None:
+        held.append(exchange)  # counts as a destination of the exchange that reached it
+        return
+    pending.append((exchange, _route_keys(exchange.router, routing_keys, headers, message)))
 
 __all__ = [
     "Binding",
