@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pika
+import pika.exceptions
 import pytest
 
 from .nodes import Cluster, Node, eventually
@@ -107,3 +108,13 @@ def test_a_delayed_message_held_on_one_node_reaches_a_queue_on_the_other(two: Cl
     eventually(lambda: count(n1, "later-on-n1") == 1)
     assert time.monotonic() - started >= 1.0
     assert delayed(n2, "later") == 0
+
+
+def test_local_random_refuses_a_quorum_queue(two: Cluster, chans: tuple) -> None:
+    ch1, _ = chans
+    ch1.queue_declare("lr-quorum", durable=True, arguments={"x-queue-type": "quorum"})
+    ch1.exchange_declare("lr-q", "x-local-random", durable=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch1.queue_bind("lr-quorum", "lr-q", "")
+    assert info.value.args == (406, "PRECONDITION_FAILED - Queue type rabbit_quorum_queue not valid for this "
+                                    "exchange type")
