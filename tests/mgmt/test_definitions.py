@@ -612,6 +612,10 @@ def test_plugin_exchange_types_import_and_export(api: Api):
                                                                                ("any", "")}
     later = api.get(f"/api/exchanges/{seg(name)}/later").body
     assert later["arguments"] == {"x-delayed-type": "topic"} and later["messages_delayed"] == 0
+    assert api.put(f"/api/exchanges/{seg(name)}/more", {"type": "x-random"}).status == 201
+    reply = api.put(f"/api/exchanges/{seg(name)}/wrong", {"type": "x-delayed-message", "arguments": {}})
+    assert reply.status == 400, reply.body
+    assert "'x-delayed-type' must be an existing exchange type" in reply.body["reason"]
     assert api.delete(f"/api/vhosts/{seg(name)}").status == 204
 
 
