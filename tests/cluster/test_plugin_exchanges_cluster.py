@@ -118,3 +118,51 @@ def test_local_random_refuses_a_quorum_queue(two: Cluster, chans: tuple) -> None
         ch1.queue_bind("lr-quorum", "lr-q", "")
     assert info.value.args == (406, "PRECONDITION_FAILED - Queue type rabbit_quorum_queue not valid for this "
                                     "exchange type")
+
+
+def test_held_messages_outlive_the_node_that_releases_them(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Three nodes: a durable delayed exchange's messages are in its replica (a quorum queue); the node
+    whose releaser holds them is killed, and another node releases every one of them, in order."""
+    c = Cluster.start(tmp_path_factory.mktemp("cluster-delayed"), 3)
+    try:
+        c.wait_running({"n1", "n2", "n3"})
+        n1 = c.nodes[0]
+        conn = connect(n1)
+        ch = conn.channel()
+        ch.queue_declare("outlive-q", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.exchange_declare("outlive", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"})
+        ch.queue_bind("outlive-q", "outlive", "k")
+        replica = "amq.delayed-message.outlive"
+        eventually(lambda: all(get(n, f"/api/queues/%2F/{replica}")["type"] == "quorum"  # type: ignore[index]
+                               for n in c.nodes))
+        eventually(lambda: get(n1, f"/api/queues/%2F/{replica}")["consumers"] == 3)  # type: ignore[index]
+        ch.confirm_delivery()
+        for i in reversed(range(20)):
+            ch.basic_publish("outlive", "k", b"%d" % i,
+                             pika.BasicProperties(delivery_mode=2, headers={"x-delay": 6000 + 100 * i}))
+        conn.close()
+
+        def holder() -> Node | None:  # the node whose releaser was given the messages says so
+            return next((n for n in c.nodes if "this node releases its delayed messages" in n.log()), None)
+
+        releasing = eventually(holder)
+        releasing.kill()
+        survivor = next(n for n in c.nodes if n is not releasing)
+        conn = connect(survivor)
+        ch = conn.channel()
+        bodies: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(bodies) < 20 and time.monotonic() < deadline:
+            try:
+                method, _props, body = ch.basic_get("outlive-q", auto_ack=True)
+            except pika.exceptions.ChannelClosedByBroker:  # its leader was on the killed node: elections
+                ch = conn.channel()
+                method = None
+            if method is None:
+                time.sleep(0.2)
+            else:
+                bodies.append(body)
+        assert bodies == [b"%d" % i for i in range(20)]
+        conn.close()
+    finally:
+        c.stop()

@@ -19,14 +19,18 @@ import pytest
 
 from conftest import ServerInfo, start_server
 
-from .helpers import connect
+from .helpers import connect, wait_for
+
+
+def get_json(server: ServerInfo, path: str) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{server.management_port}{path}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
 
 
 def delayed_count(server: ServerInfo, exchange: str) -> int:
-    req = urllib.request.Request(f"http://127.0.0.1:{server.management_port}/api/exchanges/%2F/{exchange}")
-    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return int(json.load(resp)["messages_delayed"])
+    return int(get_json(server, f"/api/exchanges/%2F/{exchange}")["messages_delayed"])
 
 
 def take(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, n: int,
@@ -145,9 +149,12 @@ def test_deleting_the_exchange_drops_what_it_holds(server: ServerInfo) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "graceful"])
-def test_delayed_messages_survive_a_restart_and_keep_their_order(tmp_path: Path, how: int) -> None:
-    server = start_server(tmp_path)
+@pytest.mark.parametrize(("how", "cluster"), [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+                         ids=["kill-9", "graceful", "kill-9-cluster-of-one"])
+def test_delayed_messages_survive_a_restart_and_keep_their_order(tmp_path: Path, how: int, cluster: bool) -> None:
+    """Without clustering they are in the exchange's own store; a cluster of one (hutch-server's default)
+    keeps them in the exchange's replica, a quorum queue."""
+    server = start_server(tmp_path, cluster=cluster)
     x = "delayed-durable"
     n = 200
     try:
@@ -162,11 +169,15 @@ def test_delayed_messages_survive_a_restart_and_keep_their_order(tmp_path: Path,
         marker.confirm_delivery()  # confirmed once on disk, with everything published before it
         marker.basic_publish(x, "k", b"last", pika.BasicProperties(delivery_mode=2, headers={"x-delay": 8000}))
         assert delayed_count(server, x) == n + 1
+        if cluster:  # held in the exchange's replica, a quorum queue
+            replica = get_json(server, f"/api/queues/%2F/amq.delayed-message.{x}")
+            assert (replica["type"], replica["messages"]) == ("quorum", n + 1)
     finally:
         server.stop(how)
-    again = start_server(tmp_path)
+    again = start_server(tmp_path, cluster=cluster)
     try:
-        assert delayed_count(again, x) == n + 1
+        # a replica (quorum queue) counts what it holds once its log is applied again after the start
+        assert wait_for(lambda: delayed_count(again, x) == n + 1, timeout=30)
         conn = connect(again.amqp_port)
         ch = conn.channel()
         got = take(ch, q, n + 1)
@@ -178,7 +189,7 @@ def test_delayed_messages_survive_a_restart_and_keep_their_order(tmp_path: Path,
         conn.close()
     finally:
         again.stop()
-    third = start_server(tmp_path)  # released messages were acked: nothing comes back
+    third = start_server(tmp_path, cluster=cluster)  # released messages were acked: nothing comes back
     try:
         assert delayed_count(third, x) == 0
         conn = connect(third.amqp_port)

@@ -61,7 +61,7 @@ class World:
         self.vhost.add_queue(self.q)
         self.vhost.bind(self.x, ("queue", "q"), "k", {})
         clock = SimpleNamespace(wall_ms=lambda: self.now)
-        self.node = SimpleNamespace(vhosts={"/": self.vhost}, clock=clock)
+        self.node = SimpleNamespace(vhosts={"/": self.vhost}, clock=clock, cluster=None, name="test@localhost")
         persistence = SimpleNamespace(fs=self.fs, data_dir="/data", sink=self.sink)
         self.delayed = DelayedMessages(self.node, persistence)  # type: ignore[arg-type]
 

@@ -109,8 +109,10 @@ class NotJson(DefinitionsError):
 
 
 def _exported_queues(v: VirtualHost) -> list[Queue]:
-    """Every non-exclusive queue, as RabbitMQ (exclusive ones cannot be restored)."""
-    return [v.queues[n] for n in sorted(v.queues) if v.queues[n].exclusive_owner is None]
+    """Every non-exclusive queue, as RabbitMQ (exclusive ones cannot be restored), but the replicas of
+    delayed exchanges (runtime/queue_types/delayed.py: made with their exchange)."""
+    return [v.queues[n] for n in sorted(v.queues)
+            if v.queues[n].exclusive_owner is None and not n.startswith("amq.delayed-message.")]
 
 
 def _exported_exchanges(v: VirtualHost) -> list[Exchange]:

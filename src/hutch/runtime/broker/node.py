@@ -35,7 +35,7 @@ from hutch.core.limits import LimitStore
 from hutch.core.patterns import PatternError, compile_stored
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
-from hutch.core.routing import Exchange
+from hutch.core.routing import DELAYED_MESSAGE, Exchange
 from hutch.core.vhost import VirtualHost, rs
 from hutch.runtime.broker import limits, policies
 from hutch.runtime.broker.alarms import ResourceMonitor
@@ -454,6 +454,8 @@ class Node:
             policies.apply_to_exchange(self, x)
         if created and (durable or self.cluster is not None):
             self._record(self._exchange_op(vhost, x))
+        if created and not self.replaying and self.delayed is not None and x.type == DELAYED_MESSAGE:
+            self.delayed.exchange_declared(vhost, x)
         return x
 
     def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool:

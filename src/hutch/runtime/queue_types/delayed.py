@@ -16,6 +16,13 @@ Rules:
 - RAM holds at most `RAM_MESSAGES` bodies / `RAM_BYTES` per exchange; the others are read back a
   segment (`SEGMENT_ENTRIES` entries) at a time when they are due. The heap costs one entry per message.
 - Deleting the exchange drops what it holds (as the plugin does).
+- On a clustered node a durable delayed exchange has a replica: a quorum queue `amq.delayed-message.<name>`
+  (single active consumer) that the node which declared the exchange declares. A held message is
+  published into it with its release time in the `x-hutch-release-at` header (the publisher's confirm
+  waits for the Raft commit), and every node consumes it with a `Releaser`: the active one holds what it is
+  given in a heap and releases it as above, acking each entry once it is routed. When its node goes, the
+  queue gives the unacked entries to another node's releaser, so held messages outlive any minority of
+  nodes. Until the replica exists on this node (replication lag) messages are held locally.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
+from hutch.core.queue_type import PENDING, REJECTED, Consumer, Queue, QueueEntry
 from hutch.core.routing import DELAYED_MESSAGE, Exchange, message_delay
 from hutch.runtime.queue_types.classic.persistence import resource_dir
 from hutch.storage.errors import StorageError
@@ -41,6 +49,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hutch.delayed")
 
+REPLICA_PREFIX = "amq.delayed-message."
+RELEASE_HEADER = "x-hutch-release-at"
+HOUSEKEEPING_S = 1.0
 RAM_MESSAGES = 10_000
 RAM_BYTES = 32 << 20
 RELEASE_BATCH = 1_000
@@ -94,7 +105,9 @@ class DelayedMessages:
         self.persistence = persistence
         self.directory = os.path.join(persistence.data_dir, "delayed") if persistence is not None else None
         self._held: dict[tuple[str, str], HeldMessages] = {}
+        self._releasers: dict[tuple[str, str], Releaser] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._housekeeping: asyncio.TimerHandle | None = None
 
     # -- the DelayedPort ------------------------------------------------------------------------------
     def hold(self, vhost: VirtualHost, x: Exchange, msg: Message, headers: dict[str, Any] | None,
@@ -103,10 +116,15 @@ class DelayedMessages:
         delay = message_delay(headers)
         if delay is None:
             return None
+        release_at = int(self.node.clock.wall_ms()) + delay
+        replica = self._replica(vhost, x)
+        if replica is not None:
+            result = replica.publish(msg.with_header(RELEASE_HEADER, release_at), receipt)
+            if result is not REJECTED:
+                return [replica] if result is PENDING else []
         held = self._held_for(vhost.name, x)
         seq = held.next_seq
         held.next_seq = seq + 1
-        release_at = int(self.node.clock.wall_ms()) + delay
         heapq.heappush(held.heap, (release_at, seq))
         pending: list[Hashable] = []
         if held.index is not None:
@@ -120,9 +138,28 @@ class DelayedMessages:
 
     def count(self, vhost: str, exchange: str) -> int:
         held = self._held.get((vhost, exchange))
-        return len(held) if held is not None else 0
+        n = len(held) if held is not None else 0
+        v = self.node.vhosts.get(vhost)
+        replica = v.queues.get(replica_name(exchange)) if v is not None else None
+        if replica is not None:
+            n += replica.message_count + replica.unacked_count
+        return n
+
+    def exchange_declared(self, vhost: VirtualHost, x: Exchange) -> None:
+        """A client declared a durable delayed exchange on this clustered node: declare its replica."""
+        if self.node.cluster is None or not x.durable:
+            return
+        self.node.declare_queue(vhost, replica_name(x.name), True, False, False,
+                                {"x-queue-type": "quorum", "x-single-active-consumer": True}, None)
 
     def exchange_deleted(self, vhost: str, exchange: str) -> None:
+        releaser = self._releasers.pop((vhost, exchange), None)
+        if releaser is not None:
+            releaser.stop()
+        v = self.node.vhosts.get(vhost)
+        replica = v.queues.get(replica_name(exchange)) if v is not None else None
+        if replica is not None and not getattr(self.node, "replaying", False):
+            self.node.delete_queue(v, replica)  # type: ignore[arg-type]
         held = self._held.pop((vhost, exchange), None)
         if held is None:
             return
@@ -154,8 +191,16 @@ class DelayedMessages:
         self._loop = asyncio.get_running_loop()
         for held in self._held.values():
             self._arm(held)
+        if self.node.cluster is not None:
+            self._tend_replicas()
 
     def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            self._housekeeping = None
+        for releaser in self._releasers.values():
+            releaser.stop()
+        self._releasers.clear()
         for held in self._held.values():
             if held.timer is not None:
                 held.timer.cancel()
@@ -163,6 +208,35 @@ class DelayedMessages:
             if held.index is not None:
                 held.index.close()
         self._loop = None
+
+    # -- replicas (clustered nodes) ---------------------------------------------------------------------
+    def _replica(self, vhost: VirtualHost, x: Exchange) -> Queue | None:
+        if self.node.cluster is None or not x.durable:
+            return None
+        q = vhost.queues.get(replica_name(x.name))
+        return q if q is not None and q.queue_type == "quorum" else None
+
+    def _tend_replicas(self) -> None:
+        """Every second: a releaser on each replica of this node's view, none on a replica gone."""
+        wanted: set[tuple[str, str]] = set()
+        for vhost in self.node.vhosts.values():
+            for x in vhost.exchanges.values():
+                if x.type != DELAYED_MESSAGE:
+                    continue
+                replica = self._replica(vhost, x)
+                if replica is None:
+                    continue
+                key = (vhost.name, x.name)
+                wanted.add(key)
+                releaser = self._releasers.get(key)
+                if releaser is None or releaser.queue is not replica:
+                    if releaser is not None:
+                        releaser.stop()
+                    self._releasers[key] = Releaser(self, vhost.name, x.name, replica)
+        for key in set(self._releasers) - wanted:
+            self._releasers.pop(key).stop()
+        if self._loop is not None:
+            self._housekeeping = self._loop.call_later(HOUSEKEEPING_S, self._tend_replicas)
 
     # -- inside ---------------------------------------------------------------------------------------
     def _held_for(self, vhost: str, x: Exchange) -> HeldMessages:
@@ -258,6 +332,10 @@ class DelayedMessages:
 
     def _route(self, vhost: VirtualHost, x: Exchange, msg: Message) -> None:
         headers = msg.properties.headers or {}
+        if RELEASE_HEADER in headers:  # from the replica: the release time was ours
+            props = msg.properties.copy()
+            props.headers = headers = {k: v for k, v in headers.items() if k != RELEASE_HEADER}
+            msg = msg.with_properties(props)
         delay = message_delay(headers)
         if delay is not None:
             msg = msg.with_header("x-delay", -delay)
@@ -268,3 +346,92 @@ class DelayedMessages:
             keys += [k for k in cc if isinstance(k, str)]
         for q in vhost.route(x, keys, headers, msg):
             q.publish(msg, None)
+
+
+def replica_name(exchange: str) -> str:
+    """The quorum queue that replicates what a delayed exchange holds on a cluster."""
+    return (REPLICA_PREFIX + exchange)[:255]
+
+
+class _NeverPaused:
+    write_paused = False
+
+
+class Releaser:
+    """This node's consumer of a delayed exchange's replica (a `Deliverer`): a heap of the entries it was
+    given, released at their time, each acked once routed."""
+
+    conn = _NeverPaused()
+
+    def __init__(self, owner: DelayedMessages, vhost: str, exchange: str, queue: Queue) -> None:
+        self.owner = owner
+        self.vhost = vhost
+        self.exchange = exchange
+        self.queue = queue
+        self.heap: list[tuple[int, int, QueueEntry]] = []
+        self.timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self.timer_at = 0
+        self.stopped = False
+        self.active = False  # given entries at least once: the queue's single active consumer
+        self.consumer = Consumer(f"amq.ctag-delayed-{owner.node.name}", self, queue, False, False, 0)
+        queue.add_consumer(self.consumer)
+
+    def can_take(self) -> bool:
+        return not self.stopped
+
+    def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+        if not self.active:
+            self.active = True
+            log.info("exchange '%s' in vhost '%s': this node releases its delayed messages", self.exchange,
+                     self.vhost)
+        headers = entry.msg.properties.headers or {}
+        release_at = headers.get(RELEASE_HEADER)
+        heapq.heappush(self.heap, (release_at if isinstance(release_at, int) else 0, entry.seq, entry))
+        self._arm()
+
+    def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
+        self.stop(cancel=False)
+
+    def stop(self, cancel: bool = True) -> None:
+        """Not consuming any more; what it held goes back to the queue (unacked)."""
+        self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.heap.clear()
+        if cancel:
+            self.queue.remove_consumer(self.consumer)
+
+    def _arm(self) -> None:
+        loop = self.owner._loop
+        if loop is None or not self.heap or self.stopped:
+            return
+        first = self.heap[0][0]
+        if self.timer is not None:
+            if self.timer_at <= first:
+                return
+            self.timer.cancel()
+        wait_s = max(0.0, (first - self.owner.node.clock.wall_ms()) / 1000)
+        self.timer = loop.call_later(wait_s, self._release)
+        self.timer_at = first
+
+    def _release(self) -> None:
+        self.timer = None
+        vhost = self.owner.node.vhosts.get(self.vhost)
+        x = vhost.exchanges.get(self.exchange) if vhost is not None else None
+        if vhost is None or x is None:
+            return
+        now = self.owner.node.clock.wall_ms()
+        done: list[QueueEntry] = []
+        while self.heap and self.heap[0][0] <= now and len(done) < RELEASE_BATCH:
+            entry = heapq.heappop(self.heap)[2]
+            self.owner._route(vhost, x, entry.msg)
+            done.append(entry)
+        if done:
+            self.queue.ack(done)
+        loop = self.owner._loop
+        if self.heap and self.heap[0][0] <= now and loop is not None:
+            self.timer = loop.call_soon(self._release)
+            self.timer_at = self.heap[0][0]
+        else:
+            self._arm()
