@@ -1,13 +1,15 @@
 """Throughput of an x-delayed-message exchange on a real hutch-server, and the cost of consistent-hash routing.
 
-    python benchmarks/delayed_exchange.py [messages]
+    python benchmarks/delayed_exchange.py [messages] [--cluster]
 
 Starts a hutch-server on free ports in a temporary directory, declares a durable x-delayed-message exchange
 bound to a durable queue, and publishes `messages` (default 20,000) persistent 100 B messages with pika, in
 windows of 500 confirmed publishes, each with an `x-delay` spread over 3-5 s (so release order differs from
 publish order). Prints the held publish rate (confirmed, on disk), the server's RSS while holding, how long
 the release took from the first due message to the last in the queue, and the `route()` cost of a
-consistent-hash exchange (20 weighted queues) beside a direct one. docs/delayed-messages.md quotes it.
+consistent-hash exchange (20 weighted queues) beside a direct one. The node is started with --no-cluster
+(held messages in the exchange's own store), or with `--cluster` as a cluster of one (held messages in the
+exchange's replica, a quorum queue). docs/delayed-messages.md quotes it.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def delayed(n: int) -> None:
+def delayed(n: int, cluster: bool) -> None:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
-        server = start_server(Path(tmp))
+        server = start_server(Path(tmp), cluster=cluster)
         try:
             conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.amqp_port))
             ch = conn.channel()
@@ -82,5 +84,6 @@ def routing_cost() -> None:
 
 
 if __name__ == "__main__":
-    delayed(int(sys.argv[1]) if len(sys.argv) > 1 else 20_000)
+    args = [a for a in sys.argv[1:] if a != "--cluster"]
+    delayed(int(args[0]) if args else 20_000, "--cluster" in sys.argv)
     routing_cost()
