@@ -74,8 +74,6 @@ def test_messages_come_out_in_delay_order_with_x_delay_negated(server: ServerInf
     assert time.monotonic() - started >= 1.5
     assert [h.get("x-delay") for _, h in got[2:]] == [-300, -600, -900, -1200, -1500]
     assert delayed_count(server, x) == 0
-    ch.exchange_delete(x)
-    ch.queue_delete(q)
     conn.close()
 
 
@@ -111,8 +109,6 @@ def test_a_transaction_holds_its_delayed_publishes_from_the_commit(server: Serve
     assert [body for body, _ in take(other, q, 1, timeout=10)] == [b"committed"]
     time.sleep(0.5)
     assert other.basic_get(q, auto_ack=True)[0] is None
-    ch.exchange_delete(x)
-    ch.queue_delete(q)
     conn.close()
 
 
@@ -129,9 +125,6 @@ def test_a_delayed_exchange_behind_an_exchange_binding_holds_too(server: ServerI
     assert delayed_count(server, x) == 1
     got = take(ch, q, 1, timeout=10)
     assert [(body, headers["x-delay"]) for body, headers in got] == [(b"through", -300)]
-    ch.exchange_delete(front)
-    ch.exchange_delete(x)
-    ch.queue_delete(q)
     conn.close()
 
 

@@ -31,9 +31,9 @@ import asyncio
 import heapq
 import logging
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
@@ -273,14 +273,7 @@ class DelayedMessages:
                 loop = self._loop = asyncio.get_running_loop()
             except RuntimeError:  # recovered before the loop runs: start() arms it
                 return
-        first = held.heap[0][0]
-        if held.timer is not None:
-            if held.timer_at <= first:
-                return
-            held.timer.cancel()
-        wait_s = max(0.0, (first - self.node.clock.wall_ms()) / 1000)
-        held.timer = loop.call_later(wait_s, self._release, held)
-        held.timer_at = first
+        _rearm(held, loop, held.heap[0][0], self.node.clock.wall_ms(), partial(self._release, held))
 
     def _release(self, held: HeldMessages) -> None:
         held.timer = None
@@ -348,6 +341,22 @@ class DelayedMessages:
             q.publish(msg, None)
 
 
+class _Timed(Protocol):
+    timer: asyncio.TimerHandle | asyncio.Handle | None
+    timer_at: int
+
+
+def _rearm(holder: _Timed, loop: asyncio.AbstractEventLoop, first: int, now_ms: float,
+           fn: Callable[[], None]) -> None:
+    """One timer per heap, at its earliest release time: moved earlier when an earlier message arrives."""
+    if holder.timer is not None:
+        if holder.timer_at <= first:
+            return
+        holder.timer.cancel()
+    holder.timer = loop.call_later(max(0.0, (first - now_ms) / 1000), fn)
+    holder.timer_at = first
+
+
 def replica_name(exchange: str) -> str:
     """The quorum queue that replicates what a delayed exchange holds on a cluster."""
     return (REPLICA_PREFIX + exchange)[:255]
@@ -406,14 +415,7 @@ class Releaser:
         loop = self.owner._loop
         if loop is None or not self.heap or self.stopped:
             return
-        first = self.heap[0][0]
-        if self.timer is not None:
-            if self.timer_at <= first:
-                return
-            self.timer.cancel()
-        wait_s = max(0.0, (first - self.owner.node.clock.wall_ms()) / 1000)
-        self.timer = loop.call_later(wait_s, self._release)
-        self.timer_at = first
+        _rearm(self, loop, self.heap[0][0], self.owner.node.clock.wall_ms(), self._release)
 
     def _release(self) -> None:
         self.timer = None
