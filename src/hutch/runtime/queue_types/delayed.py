@@ -52,6 +52,8 @@ log = logging.getLogger("hutch.delayed")
 REPLICA_PREFIX = "amq.delayed-message."
 RELEASE_HEADER = "x-hutch-release-at"
 HOUSEKEEPING_S = 1.0
+CATCH_UP_QUIET_MS = 200  # a releaser just made active waits this long after the last entry it was given…
+CATCH_UP_MAX_MS = 5_000  # …but no longer than this, before releasing what is already due
 RAM_MESSAGES = 10_000
 RAM_BYTES = 32 << 20
 RELEASE_BATCH = 1_000
@@ -382,6 +384,12 @@ class Releaser:
         self.timer_at = 0
         self.stopped = False
         self.active = False  # given entries at least once: the queue's single active consumer
+        # catching up: made active with a backlog (a restart, a failover), whose entries arrive over
+        # several loop turns in publish order; releasing the overdue ones as they come would break the
+        # release-time order, so the first release waits until the entries stop coming (bounded)
+        self.catching_up = True
+        self.settle_at = 0
+        self.catch_up_until = 0
         self.consumer = Consumer(f"amq.ctag-delayed-{owner.node.name}", self, queue, False, False, 0)
         queue.add_consumer(self.consumer)
 
@@ -389,10 +397,17 @@ class Releaser:
         return not self.stopped
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
+        now = int(self.owner.node.clock.wall_ms())
         if not self.active:
             self.active = True
+            self.catch_up_until = now + CATCH_UP_MAX_MS
             log.info("exchange '%s' in vhost '%s': this node releases its delayed messages", self.exchange,
                      self.vhost)
+        if self.catching_up:
+            self.settle_at = min(self.catch_up_until, now + CATCH_UP_QUIET_MS)
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
         headers = entry.msg.properties.headers or {}
         release_at = headers.get(RELEASE_HEADER)
         heapq.heappush(self.heap, (release_at if isinstance(release_at, int) else 0, entry.seq, entry))
@@ -415,10 +430,12 @@ class Releaser:
         loop = self.owner._loop
         if loop is None or not self.heap or self.stopped:
             return
-        _rearm(self, loop, self.heap[0][0], self.owner.node.clock.wall_ms(), self._release)
+        first = max(self.heap[0][0], self.settle_at) if self.catching_up else self.heap[0][0]
+        _rearm(self, loop, first, self.owner.node.clock.wall_ms(), self._release)
 
     def _release(self) -> None:
         self.timer = None
+        self.catching_up = False
         vhost = self.owner.node.vhosts.get(self.vhost)
         x = vhost.exchanges.get(self.exchange) if vhost is not None else None
         if vhost is None or x is None:
