@@ -522,8 +522,12 @@ def bad_documents(name: str) -> list[tuple[Any, str]]:
         ({"queues": [{"name": q, "vhost": "/"}]}, "'durable' is missing"),
         ({"queues": [{**queue, "durable": "true"}]}, "'durable' must be true or false"),
         ({"queues": [{**queue, "name": "x" * 256}]}, "name is longer than 255 bytes"),
-        ({"exchanges": [{"name": q, "vhost": "/", "type": "x-consistent-hash", "durable": True}]},
-         "unknown exchange type 'x-consistent-hash'"),
+        ({"exchanges": [{"name": q, "vhost": "/", "type": "x-modulus-hash", "durable": True}]},
+         "unknown exchange type 'x-modulus-hash'"),
+        ({"exchanges": [{"name": q, "vhost": "/", "type": "x-delayed-message", "durable": True}]},
+         "'x-delayed-type' must be an existing exchange type"),
+        ({"exchanges": [{"name": q, "vhost": "/", "type": "x-consistent-hash", "durable": True,
+                         "arguments": {"hash-property": "priority"}}]}, "Unsupported property: priority"),
         ({"bindings": [{"source": "amq.direct", "vhost": "/", "destination": q, "destination_type": "queue",
                         "routing_key": "k", "arguments": {}}]}, f"no queue '{q}' in vhost '/'"),
         ({"bindings": [{"source": q, "vhost": "/", "destination": "amq.direct", "destination_type": "exchange",
@@ -575,6 +579,49 @@ def test_import_is_all_or_nothing(api: Api):
     assert [b["destination"] for b in export(api, name)["bindings"]] == ["q"]
     assert api.delete(f"/api/vhosts/{seg(name)}").status == 204
     assert api.delete(f"/api/users/{seg(name)}").status == 204
+
+
+def test_plugin_exchange_types_import_and_export(api: Api):
+    """x-consistent-hash (weights as binding keys), x-random, x-local-random and x-delayed-message, as a
+    RabbitMQ export with those plugins lists them; a bad weight is refused before anything changes."""
+    name = unique("plugx")
+    doc = {
+        "vhosts": [{"name": name}],
+        "exchanges": [
+            {"name": "ring", "vhost": name, "type": "x-consistent-hash", "durable": True,
+             "arguments": {"hash-header": "user"}},
+            {"name": "later", "vhost": name, "type": "x-delayed-message", "durable": True,
+             "arguments": {"x-delayed-type": "topic"}},
+            {"name": "any", "vhost": name, "type": "x-random", "durable": True},
+            {"name": "near", "vhost": name, "type": "x-local-random", "durable": True},
+        ],
+        "queues": [{"name": "q", "vhost": name, "durable": True}],
+        "bindings": [{"source": "ring", "vhost": name, "destination": "q", "destination_type": "queue",
+                      "routing_key": "10"},
+                     {"source": "later", "vhost": name, "destination": "q", "destination_type": "queue",
+                      "routing_key": "a.*"},
+                     {"source": "any", "vhost": name, "destination": "q", "destination_type": "queue",
+                      "routing_key": ""}],
+    }
+    bad = {**doc, "bindings": [*doc["bindings"], {"source": "ring", "vhost": name, "destination": "q",
+                                                  "destination_type": "queue", "routing_key": "heavy"}]}
+    reply = post_definitions(api, bad)
+    assert reply.status == 400 and "The binding key must be an integer" in reply.body["reason"]
+    assert api.get(f"/api/vhosts/{seg(name)}").status == 404
+    assert post_definitions(api, doc).status == 204
+    exported = export(api, name)
+    assert {(x["name"], x["type"]) for x in exported["exchanges"]} == {
+        ("ring", "x-consistent-hash"), ("later", "x-delayed-message"), ("any", "x-random"),
+        ("near", "x-local-random")}
+    assert {(b["source"], b["routing_key"]) for b in exported["bindings"]} == {("ring", "10"), ("later", "a.*"),
+                                                                               ("any", "")}
+    later = api.get(f"/api/exchanges/{seg(name)}/later").body
+    assert later["arguments"] == {"x-delayed-type": "topic"} and later["messages_delayed"] == 0
+    assert api.put(f"/api/exchanges/{seg(name)}/more", {"type": "x-random"}).status == 201
+    reply = api.put(f"/api/exchanges/{seg(name)}/wrong", {"type": "x-delayed-message", "arguments": {}})
+    assert reply.status == 400, reply.body
+    assert "'x-delayed-type' must be an existing exchange type" in reply.body["reason"]
+    assert api.delete(f"/api/vhosts/{seg(name)}").status == 204
 
 
 def test_empty_body_imports_nothing(api: Api):

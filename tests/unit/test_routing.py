@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from hutch.amqp.table import Timestamp
 from hutch.core.routing import (
-    EXCHANGE_TYPES,
     NO_DESTINATIONS,
     Binding,
     DirectRouter,
@@ -34,6 +33,8 @@ from hutch.core.routing import (
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
+
+STANDARD_TYPES = ("direct", "fanout", "topic", "headers")  # the plugin types: test_routing_plugins.py
 
 
 def bind(router: Router, dest: tuple[str, str], key: str = "", args: dict[str, Any] | None = None) -> bool:
@@ -92,7 +93,7 @@ def test_destination_helpers() -> None:
     assert exchange_dest("e") == ("exchange", "e")
 
 
-@pytest.mark.parametrize("exchange_type", EXCHANGE_TYPES)
+@pytest.mark.parametrize("exchange_type", STANDARD_TYPES)
 def test_make_router_returns_a_router_of_each_type(exchange_type: str) -> None:
     router = make_router(exchange_type)
     assert isinstance(router, Router)
@@ -102,14 +103,14 @@ def test_make_router_returns_a_router_of_each_type(exchange_type: str) -> None:
 
 def test_make_router_refuses_unknown_type() -> None:
     with pytest.raises(UnknownExchangeType) as info:
-        make_router("x-consistent-hash")
+        make_router("x-delayed-message")
     assert isinstance(info.value, ValueError)
-    assert str(info.value) == "unknown exchange type 'x-consistent-hash'"
+    assert str(info.value) == "unknown exchange type 'x-delayed-message'"
     with pytest.raises(UnknownExchangeType):
         Exchange("/", "x", "nonsense")
 
 
-@pytest.mark.parametrize("exchange_type", EXCHANGE_TYPES)
+@pytest.mark.parametrize("exchange_type", STANDARD_TYPES)
 def test_identical_binding_is_refused_and_different_arguments_are_distinct(exchange_type: str) -> None:
     router = make_router(exchange_type)
     q = queue_dest("q")
@@ -123,7 +124,7 @@ def test_identical_binding_is_refused_and_different_arguments_are_distinct(excha
     assert len(router.bindings()) == 5
 
 
-@pytest.mark.parametrize("exchange_type", EXCHANGE_TYPES)
+@pytest.mark.parametrize("exchange_type", STANDARD_TYPES)
 def test_remove_needs_the_exact_binding(exchange_type: str) -> None:
     router = make_router(exchange_type)
     q = queue_dest("q")
@@ -150,7 +151,7 @@ def test_destination_stays_routed_until_its_last_binding_goes(exchange_type: str
     assert queues(router, "k") == set()
 
 
-@pytest.mark.parametrize("exchange_type", EXCHANGE_TYPES)
+@pytest.mark.parametrize("exchange_type", STANDARD_TYPES)
 def test_remove_destination_drops_every_binding_of_that_destination(exchange_type: str) -> None:
     router = make_router(exchange_type)
     q1, q2 = queue_dest("q1"), queue_dest("q2")

@@ -24,15 +24,20 @@ from hutch.amqp.errors import (
 )
 from hutch.core.queue_type import Queue
 from hutch.core.routing import (
+    LOCAL_RANDOM,
+    QUEUE,
     Binding,
     Exchange,
     InvalidBinding,
+    InvalidExchange,
+    LocalRandomRouter,
     UnknownExchangeType,
     exchange_dest,
-    make_router,
     queue_dest,
     route,
+    routing_type,
     validate_binding,
+    validate_exchange,
 )
 
 BUILTIN_EXCHANGES = (
@@ -107,13 +112,21 @@ class VirtualHost:
             raise ChannelError(ACCESS_REFUSED,
                                f"exchange name '{name}' contains reserved prefix 'amq.*'")
         try:
-            make_router(type_)
+            validate_exchange(type_, arguments)
         except UnknownExchangeType:
             raise ChannelError(PRECONDITION_FAILED, f"unknown exchange type '{type_}'") from None
+        except InvalidExchange as exc:
+            raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
         x = Exchange(vhost=self.name, name=name, type=type_, durable=durable, auto_delete=auto_delete,
                      internal=internal, arguments=dict(arguments))
+        if isinstance(x.router, LocalRandomRouter):
+            x.router.is_local = self._is_local_queue
         self.exchanges[name] = x
         return x, True
+
+    def _is_local_queue(self, name: str) -> bool:
+        q = self.queues.get(name)
+        return q is not None and not q.remote
 
     def _check_exchange_equivalence(self, x: Exchange, type_: str, durable: bool, auto_delete: bool,
                                     internal: bool, arguments: dict[str, Any]) -> None:
@@ -216,11 +229,22 @@ class VirtualHost:
         if source.name == "":
             raise ChannelError(ACCESS_REFUSED,
                                "operation not permitted on the default exchange")
+        kind = routing_type(source.type, source.arguments)
         try:
-            validate_binding(source.type, arguments)
+            validate_binding(kind, arguments, routing_key)
+            if kind == LOCAL_RANDOM:
+                self._check_local_random_destination(destination)
         except InvalidBinding as exc:
             raise ChannelError(PRECONDITION_FAILED, str(exc)) from None
         return source.router.add(Binding(source.name, destination, routing_key, dict(arguments)))
+
+    def _check_local_random_destination(self, destination: tuple[str, str]) -> None:
+        """RabbitMQ 4.x: x-local-random binds only existing classic queues."""
+        q = self.queues.get(destination[1]) if destination[0] == QUEUE else None
+        if q is None:
+            raise InvalidBinding("Destination not found")
+        if q.queue_type != "classic":
+            raise InvalidBinding(f"Queue type rabbit_{q.queue_type}_queue not valid for this exchange type")
 
     def unbind(self, source: Exchange, destination: tuple[str, str], routing_key: str,
                arguments: dict[str, Any]) -> bool:
@@ -239,10 +263,12 @@ class VirtualHost:
         return out
 
     # -- routing -------------------------------------------------------------------------------
-    def route(self, x: Exchange, routing_keys: list[str], headers: dict[str, Any] | None) -> list[Queue]:
+    def route(self, x: Exchange, routing_keys: list[str], headers: dict[str, Any] | None,
+              message: Any = None, held: list[Exchange] | None = None) -> list[Queue]:
+        """The queues the message reaches; `held` collects delayed exchanges that hold it (core.routing.route)."""
         if x.name == "" and len(routing_keys) == 1:
             q = self.queues.get(routing_keys[0])
             return [q] if q is not None else []
-        names = route(self.exchanges, x, routing_keys, headers)
+        names = route(self.exchanges, x, routing_keys, headers, message, held)
         queues = self.queues
         return [queues[n] for n in names if n in queues]

@@ -63,7 +63,16 @@ from hutch.core.auth import (
 )
 from hutch.core.patterns import PatternError, check_pattern, compile_stored
 from hutch.core.policy import Policy, PolicyError, make_policy
-from hutch.core.routing import EXCHANGE, EXCHANGE_TYPES, QUEUE, InvalidBinding, validate_binding
+from hutch.core.routing import (
+    EXCHANGE,
+    EXCHANGE_TYPES,
+    QUEUE,
+    InvalidBinding,
+    InvalidExchange,
+    routing_type,
+    validate_binding,
+    validate_exchange,
+)
 from hutch.core.vhost import BUILTIN_EXCHANGES, rs
 from hutch.runtime.broker import limits as runtime_limits
 from hutch.runtime.broker import parameters as runtime_parameters
@@ -103,8 +112,10 @@ class NotJson(DefinitionsError):
 
 
 def _exported_queues(v: VirtualHost) -> list[Queue]:
-    """Every non-exclusive queue, as RabbitMQ (exclusive ones cannot be restored)."""
-    return [v.queues[n] for n in sorted(v.queues) if v.queues[n].exclusive_owner is None]
+    """Every non-exclusive queue, as RabbitMQ (exclusive ones cannot be restored), but the replicas of
+    delayed exchanges (runtime/queue_types/delayed.py: made with their exchange)."""
+    return [v.queues[n] for n in sorted(v.queues)
+            if v.queues[n].exclusive_owner is None and not n.startswith("amq.delayed-message.")]
 
 
 def _exported_exchanges(v: VirtualHost) -> list[Exchange]:
@@ -431,7 +442,7 @@ class _Planner:
         self.plan = Plan(stored_patterns=stored_patterns)
         self.users = {u.name for u in node.auth.list_users()}
         self.vhosts = set(node.vhosts)
-        self.exchange_types = {(v.name, x.name): x.type for v in node.vhosts.values()
+        self.exchange_types = {(v.name, x.name): routing_type(x.type, x.arguments) for v in node.vhosts.values()
                                for x in v.exchanges.values()}
         self.queues = {(v.name, name) for v in node.vhosts.values() for name in v.queues}
 
@@ -609,11 +620,15 @@ class _Planner:
             raise DefinitionsError(f"{where}: unknown exchange type '{type_}' (supported: "
                                    f"{', '.join(EXCHANGE_TYPES)})")
         arguments = _arguments(item, where)
+        try:
+            validate_exchange(type_, arguments)
+        except InvalidExchange as exc:
+            raise DefinitionsError(f"{where}: {exc}") from None
         alternate = arguments.get("alternate-exchange")
         if alternate is not None and not isinstance(alternate, str):
             raise DefinitionsError(f"{where}: 'alternate-exchange' must be a string")
         _check_name_length(name, where)
-        self.exchange_types[(vhost, name)] = type_
+        self.exchange_types[(vhost, name)] = routing_type(type_, arguments)
         self.plan.exchanges.append(_Exchange(vhost, name, type_, _bool(item, "durable", where, None),
                                              _bool(item, "auto_delete", where), _bool(item, "internal", where),
                                              arguments))
@@ -675,7 +690,7 @@ class _Planner:
         if (vhost, destination) not in known:
             raise DefinitionsError(f"{where}: no {kind} '{destination}' in vhost '{vhost}'")
         try:
-            validate_binding(source_type, arguments)
+            validate_binding(source_type, arguments, routing_key)
         except InvalidBinding as exc:
             raise DefinitionsError(f"{where}: {exc}") from None
         self.plan.bindings.append(_Binding(vhost, source, kind, destination, routing_key, arguments))

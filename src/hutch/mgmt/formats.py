@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 
 from hutch.core.auth import export_password_hash
-from hutch.core.routing import Binding, queue_dest
+from hutch.core.routing import DELAYED_MESSAGE, Binding, queue_dest
 from hutch.runtime.queue_types.remote import RemoteQueue
 from hutch.runtime.session.connection import AMQPConnection
 
@@ -99,8 +99,9 @@ def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict
     return out
 
 
-def exchange_json(x: Exchange, stats: StatsView | None = None) -> dict[str, Any]:
-    out = {
+def exchange_json(x: Exchange, stats: StatsView | None = None, delayed: Any = None) -> dict[str, Any]:
+    """`delayed` (the node's DelayedPort) gives an x-delayed-message exchange's `messages_delayed`."""
+    out: dict[str, Any] = {
         "name": x.name,
         "vhost": x.vhost,
         "type": x.type,
@@ -110,6 +111,8 @@ def exchange_json(x: Exchange, stats: StatsView | None = None) -> dict[str, Any]
         "arguments": jsonable(x.arguments),
         "policy": x.policy,
     }
+    if x.type == DELAYED_MESSAGE:  # the plugin's exchange info item
+        out["messages_delayed"] = delayed.count(x.vhost, x.name) if delayed is not None else 0
     if stats is not None:
         out["message_stats"] = stats.exchange(x)
     return out

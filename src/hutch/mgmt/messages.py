@@ -154,8 +154,7 @@ def publish(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> d
         raise bad_request(f"invalid properties: {exc}") from None
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         return {"routed": node.deliver_direct_reply(routing_key[len(REPLY_TO_PREFIX):], msg)}
-    headers = props.headers if x.type == "headers" else None
-    queues = v.route(x, keys, headers)
+    queues = v.route(x, keys, props.headers, msg)
     refused = False
     for q in queues:
         if q.publish(msg) is REJECTED:

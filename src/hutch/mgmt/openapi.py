@@ -107,7 +107,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "QueueBody": _object({"durable": _BOOL, "auto_delete": _BOOL, "arguments": _OBJ}),
     "Exchange": _object({"name": _STR, "vhost": _STR, "type": _STR, "durable": _BOOL, "auto_delete": _BOOL,
                          "internal": _BOOL, "arguments": _OBJ, "policy": _STR_OR_NULL,
-                         "message_stats": _ref("MessageStats")}),
+                         "messages_delayed": _INT, "message_stats": _ref("MessageStats")}),
     "ExchangeBody": _object({"type": _STR, "durable": _BOOL, "auto_delete": _BOOL, "internal": _BOOL,
                              "arguments": _OBJ}),
     "Binding": _object({"source": _STR, "vhost": _STR, "destination": _STR,

@@ -360,7 +360,7 @@ def _queue_list(c: Call, vhost: str | None) -> Any:
 
 def _exchange_list(c: Call, vhost: str | None) -> Any:
     def full(x: Any) -> dict[str, Any]:
-        return formats.exchange_json(x, c.stats)
+        return formats.exchange_json(x, c.stats, c.node.delayed)
 
     return listing.paged_reply(topology.exchange_objects(c.node, c.principal, vhost), c.query,
                                topology.exchange_light, full)

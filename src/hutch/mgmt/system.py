@@ -59,6 +59,10 @@ _EXCHANGE_TYPE_DESCRIPTIONS = {
     "fanout": "AMQP fanout exchange, as per the AMQP specification",
     "topic": "AMQP topic exchange, as per the AMQP specification",
     "headers": "AMQP headers exchange, as per the AMQP specification",
+    "x-consistent-hash": "Consistent Hashing Exchange",
+    "x-random": "Randomly picks a binding (queue) to route via (to).",
+    "x-local-random": "Picks one random local binding (queue) to route via (to).",
+    "x-delayed-message": "Delayed Message Exchange.",
 }
 UNLIMITED_PROCESSES = 1 << 20  # reported as proc_total when RLIMIT_NPROC is unlimited
 

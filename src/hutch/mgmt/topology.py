@@ -184,7 +184,7 @@ def purge_queue(node: Node, p: Principal, vhost: str, name: str) -> int:
 
 def list_exchanges(node: Node, p: Principal, vhost: str | None = None,
                    stats: StatsView | None = None) -> list[dict[str, Any]]:
-    return [formats.exchange_json(x, stats) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
+    return [formats.exchange_json(x, stats, node.delayed) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
 
 
 def _exchange(node: Node, p: Principal, vhost: str, url_name: str) -> Exchange:
@@ -196,7 +196,7 @@ def _exchange(node: Node, p: Principal, vhost: str, url_name: str) -> Exchange:
 
 def get_exchange(node: Node, p: Principal, vhost: str, url_name: str, stats: StatsView | None = None
                  ) -> dict[str, Any]:
-    return formats.exchange_json(_exchange(node, p, vhost, url_name), stats)
+    return formats.exchange_json(_exchange(node, p, vhost, url_name), stats, node.delayed)
 
 
 def put_exchange(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> bool:

@@ -40,6 +40,7 @@ from hutch.runtime.federation.service import FederationService
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.classic.persistence import Persistence
 from hutch.runtime.queue_types.classic.queue_type import ClassicQueueType
+from hutch.runtime.queue_types.delayed import DelayedMessages
 from hutch.runtime.queue_types.quorum.queue_type import QuorumQueueType
 from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
@@ -69,6 +70,7 @@ def build_node(config: Config, auth: AuthStore | None = None, store: DefinitionS
     clustered node is made with `restore=False` and restored by `cluster_node`'s boot instead)."""
     node = Node(config, auth=auth, store=store, monitor_resources=monitor_resources, clock=clock)
     node.persistence = persistence
+    node.delayed = DelayedMessages(node, persistence)
     # records are offered in this order: a quorum queue's, a queue of another node, then this node's
     node.register_queue_type(QuorumQueueType(node, None, None))
     node.register_queue_type(StreamQueueType(node))  # before classic, which takes any other record

@@ -23,13 +23,14 @@ or `session/` changes for it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from hutch.amqp.errors import AMQPError
     from hutch.config import Config
     from hutch.core.auth import AuthStore, LoginOutcome
+    from hutch.core.confirms import Receipt
     from hutch.core.credit_flow import LoopLoad
     from hutch.core.definition_ops import DeclareQueue, DefinitionOp, SetQueueMembers
     from hutch.core.message import Message
@@ -224,6 +225,26 @@ class SessionConnection(Protocol):
     def block_for_alarm(self) -> None: ...
 
 
+class DelayedPort(Protocol):
+    """The messages x-delayed-message exchanges hold (runtime/queue_types/delayed.py)."""
+
+    def hold(self, vhost: VirtualHost, x: Exchange, msg: Message, headers: dict[str, Any] | None,
+             receipt: Receipt | None) -> list[Hashable] | None:
+        """Hold `msg` if its `x-delay` asks for it: the receipt's pending queues; None: route it now."""
+
+    def count(self, vhost: str, exchange: str) -> int: ...
+
+    def exchange_declared(self, vhost: VirtualHost, x: Exchange) -> None: ...
+
+    def exchange_deleted(self, vhost: str, exchange: str) -> None: ...
+
+    def recover(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class BrokerPort(Protocol):
     """What an AMQP session (connection and channel) may ask of the broker."""
 
@@ -240,6 +261,7 @@ class BrokerPort(Protocol):
     topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]]
     cluster: MetadataPort | None
     persistence: Any
+    delayed: DelayedPort | None
     clock: Clock
 
     @property

@@ -18,7 +18,8 @@ QUEUE = "queue"
 EXCHANGE = "exchange"
 Destination = tuple[str, str]
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers", "x-consistent-hash", "x-random", "x-local-random",
+                  "x-delayed-message")
 DEFAULT_EXCHANGE = ""
 X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
 TOPIC_ROUTE_CACHE_ENTRIES = 4096
@@ -181,7 +182,8 @@ class Router(Protocol):
 
     def remove_destination(self, destination: Destination) -> list[Binding]: ...
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> Collection[Destination]: ...
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None,
+              message: Any = None) -> Collection[Destination]: ...
 
     def bindings(self) -> list[Binding]: ...
 
@@ -243,7 +245,8 @@ class _BindingTable:
     def __len__(self) -> int:
         return self._count
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Collection[Destination]:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None,
+              message: Any = None) -> Collection[Destination]:
         raise NotImplementedError
 
     def _index(self, binding: Binding) -> None:
@@ -283,7 +286,8 @@ class DirectRouter(_BindingTable):
         self._counts: dict[str, dict[Destination, int]] = {}
         self._routes: dict[str, Destinations] = {}
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Destinations:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None,
+              message: Any = None) -> Destinations:
         cached = self._routes.get(routing_key)
         if cached is not None:
             return cached
@@ -319,7 +323,8 @@ class FanoutRouter(_BindingTable):
         self._counts: dict[Destination, int] = {}
         self._route: Destinations | None = NO_DESTINATIONS
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Destinations:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None,
+              message: Any = None) -> Destinations:
         cached = self._route
         if cached is None:
             cached = self._route = Destinations.of(self._counts)

@@ -142,7 +142,8 @@ class HeadersRouter(_BindingTable):
         self._by_key: dict[str, _Group] = {}
         self._by_item: dict[tuple[str, Hashable], _Group] = {}
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Destinations:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None,
+              message: Any = None) -> Destinations:
         if not self._patterns:
             return NO_DESTINATIONS
         used = self._key_uses

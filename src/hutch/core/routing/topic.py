@@ -78,7 +78,8 @@ class TopicRouter(_BindingTable):
         self._cache: dict[str, Destinations] = {}
         self._cache_entries = cache_entries
 
-    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Destinations:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None,
+              message: Any = None) -> Destinations:
         cache = self._cache
         cached = cache.get(routing_key)
         if cached is not None:

@@ -13,6 +13,9 @@ import {DataTable, serverList} from './table.js';
 
 const EXCHANGE_ARGUMENTS = [
   ['alternate-exchange', 'string', 'Exchange that receives the messages this one cannot route'],
+  ['x-delayed-type', 'string', 'x-delayed-message: the type that routes a message once its delay is over'],
+  ['hash-header', 'string', 'x-consistent-hash: hash this header instead of the routing key'],
+  ['hash-property', 'string', 'x-consistent-hash: hash message_id, correlation_id or timestamp'],
 ];
 
 export function exchangesPage(ctx) {
@@ -100,6 +103,7 @@ export function exchangePage(ctx, [vhost, name]) {
       ['Arguments', keyValues(x.arguments)],
       ['Message rate in', rate(statRate(x, 'publish_in'))],
       ['Message rate out', rate(statRate(x, 'publish_out'))],
+      ...('messages_delayed' in x ? [['Delayed messages', String(x.messages_delayed)]] : []),
     ])));
     await Promise.all(isDefault ? [] : [outgoing.refresh(), incoming.refresh()]);
   }

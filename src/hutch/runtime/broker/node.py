@@ -35,7 +35,7 @@ from hutch.core.limits import LimitStore, PeerCounts
 from hutch.core.patterns import PatternError, compile_stored
 from hutch.core.policy import PolicyStore
 from hutch.core.queue_type import Queue
-from hutch.core.routing import Exchange
+from hutch.core.routing import DELAYED_MESSAGE, Exchange
 from hutch.core.vhost import VirtualHost, rs
 from hutch.runtime.broker import limits, parameters, policies
 from hutch.runtime.broker.alarms import ResourceMonitor, memory_limit_bytes
@@ -46,6 +46,7 @@ from hutch.runtime.ports import (
     ChannelPort,
     Clock,
     ConnectionPort,
+    DelayedPort,
     MetadataPort,
     QueueTypePort,
     SessionConnection,
@@ -70,6 +71,7 @@ class Node:
         self.clock = clock
         self.store = store
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
+        self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
             ops_.SetAuth: self._apply_auth, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
@@ -179,6 +181,8 @@ class Node:
         """Recover stored messages (after the definitions, and on a clustered node after its boot)."""
         for t in self.queue_types:
             t.recover()
+        if self.delayed is not None:
+            self.delayed.recover()
 
     # -- durable definitions ---------------------------------------------------------------------
     def _record(self, op: DefinitionOp) -> None:
@@ -479,11 +483,15 @@ class Node:
             policies.apply_to_exchange(self, x)
         if created and (durable or self.cluster is not None):
             self._record(self._exchange_op(vhost, x))
+        if created and not self.replaying and self.delayed is not None and x.type == DELAYED_MESSAGE:
+            self.delayed.exchange_declared(vhost, x)
         return x
 
     def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool:
         x = vhost.exchanges.get(name)
         deleted = vhost.delete_exchange(name, if_unused)
+        if deleted and self.delayed is not None:
+            self.delayed.exchange_deleted(vhost.name, name)
         if deleted and x is not None and (x.durable or self.cluster is not None):
             self._record(ops_.DeleteExchange(vhost.name, name))
         return deleted
@@ -566,6 +574,8 @@ class Node:
         self._schedule_tick()
         for t in self.queue_types:
             await t.start()
+        if self.delayed is not None:
+            self.delayed.start()
         if self.monitor_resources:
             self.monitor = ResourceMonitor(self)
             self.monitor.start()
@@ -612,6 +622,8 @@ class Node:
         for conn in list(self.connections):
             conn.abort()
         self.logins.close()
+        if self.delayed is not None:
+            self.delayed.stop()
         for t in self.queue_types:
             await t.stop()
 

@@ -42,6 +42,7 @@ from hutch.core.confirms import Receipt
 from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
+from hutch.core.routing import DELAYED_MESSAGE, message_delay
 from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.declarations import DeclarationsMixin
 
@@ -95,6 +96,7 @@ class ServerChannel(DeclarationsMixin):
         self.confirms: ChannelConfirms | None = None  # set by confirm.select or tx.select
         self.tx = False
         self.tx_ops: list[tuple[str, Any]] = []
+        self._held_by: list[Any] = []  # delayed exchanges a routing walk reached (emptied after each publish)
         self.last_queue_name: str | None = None
         self.reply_token: str | None = None
         self.reply_consumer: Consumer | None = None
@@ -327,9 +329,14 @@ class ServerChannel(DeclarationsMixin):
             msg.foreign_deaths = True  # RabbitMQ 4.x: a client's x-death is not death history
         if self.tx:
             # RabbitMQ routes a transactional publish now and enqueues at commit, so the queues do
-            # not depend on exchanges or bindings changing in between; None: Direct Reply-To
-            queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)
-                      else self.vhost.route(x, routing_keys, msg.properties.headers))
+            # not depend on exchanges or bindings changing in between; None: handled at commit (Direct
+            # Reply-To, and a message a delayed exchange holds: held from the commit on)
+            held_at_commit = x.type == DELAYED_MESSAGE and message_delay(msg.properties.headers) is not None
+            queues = (None if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX) or held_at_commit
+                      else self.vhost.route(x, routing_keys, msg.properties.headers, msg, self._held_by))
+            if self._held_by:  # a delayed exchange further on holds it: routed again at the commit
+                self._held_by.clear()
+                queues = None
             self.tx_ops.append(("publish", (x, routing_keys, msg, mandatory, queues)))
             return
         if not self.confirm:
@@ -350,11 +357,42 @@ class ServerChannel(DeclarationsMixin):
         else:
             raw = msg.properties_raw
             headers = msg.properties.headers if raw[0] & _FLAG_HEADERS_HI else None
-            queues = self.vhost.route(x, routing_keys, headers)
+            if x.type == DELAYED_MESSAGE and headers and self._held(x, msg, headers, receipt):
+                return
+            held_by = self._held_by if self.node.delayed is not None else None
+            queues = self.vhost.route(x, routing_keys, headers, msg, held_by)
+            if held_by:
+                self._enqueue(queues, msg, mandatory, receipt, self._hold_in(held_by, msg, headers, receipt))
+                return
         self._enqueue(queues, msg, mandatory, receipt)
 
-    def _enqueue(self, queues: list[Queue], msg: Message, mandatory: int, receipt: Receipt | None) -> None:
-        pending: list[Queue] | None = None
+    def _held(self, x: Any, msg: Message, headers: dict[str, Any], receipt: Receipt | None) -> bool:
+        """An x-delayed-message exchange holds a message with a delay (docs/delayed-messages.md)."""
+        delayed = self.node.delayed
+        pending = delayed.hold(self.vhost, x, msg, headers, receipt) if delayed is not None else None
+        if pending is None:
+            return False
+        self.stat_routed += 1
+        if receipt is not None and self.confirms is not None:
+            self.confirms.published(receipt.seq, pending or None, False)
+        return True
+
+    def _hold_in(self, held_by: list[Any], msg: Message, headers: dict[str, Any] | None,
+                 receipt: Receipt | None) -> list[Any]:
+        """Delayed exchanges reached through bindings hold the message: what its receipt waits for."""
+        delayed = self.node.delayed
+        assert delayed is not None, "a walk collects delayed exchanges only when the node holds messages"
+        waits: list[Any] = []
+        for hx in held_by:
+            waits += delayed.hold(self.vhost, hx, msg, headers, receipt) or ()
+        held_by.clear()
+        return waits
+
+    def _enqueue(self, queues: list[Queue], msg: Message, mandatory: int, receipt: Receipt | None,
+                 held_waits: list[Any] | None = None) -> None:
+        """`held_waits` (not None: delayed exchanges hold the message too, so it is routed) is what the
+        receipt waits for from them."""
+        pending: list[Any] | None = held_waits or None
         rejected = False
         if queues:
             self.stat_routed += len(queues)
@@ -370,6 +408,8 @@ class ServerChannel(DeclarationsMixin):
                         rejected = True
                 if q.needs_flow_control():
                     self.conn.flow_block(q)
+        elif held_waits is not None:
+            self.stat_routed += 1
         elif mandatory:
             self.stat_return_unroutable += 1
             self._send_return(NO_ROUTE, "NO_ROUTE", msg)

@@ -132,7 +132,7 @@ def _republish(target: tuple[VirtualHost, Exchange], q: Queue, msg: Message, rea
                                  dlrk=settings.dead_letter_routing_key, history=not msg.foreign_deaths)
     routed, refused = False, False
     pending: list[Queue] | None = None
-    for queue in vhost.route(x, keys, new.properties.headers):
+    for queue in vhost.route(x, keys, new.properties.headers, new):
         if is_cycle(new, queue.name):
             continue
         routed = True
