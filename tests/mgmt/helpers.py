@@ -147,12 +147,18 @@ class StallProbe:
             self.rounds += 1
             time.sleep(self.interval_s)
 
-    def __enter__(self) -> StallProbe:
+    def start(self) -> StallProbe:
         self._thread.start()
         time.sleep(0.1)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stopping.set()
         self._thread.join(120)
         self.conn.close()
+
+    def __enter__(self) -> StallProbe:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import pytest
 
-from .helpers import connect
-from .test_security import RoundTrips
+from .helpers import StallProbe
 
 OTHER_SOURCE = "127.0.0.2"
 """A second loopback address (Linux answers the whole 127/8): "another client" for the per-source caps."""
@@ -37,16 +35,13 @@ def closed_now(sock: socket.socket) -> bool:
 NEEDS_ALIAS = pytest.mark.skipif(not loopback_alias_works(), reason="needs 127.0.0.2 (a Linux loopback alias)")
 
 
-def start_probe(amqp_port: int, queue: str) -> RoundTrips:
-    """The stall probe (`RoundTrips`: a passive queue.declare of `queue`, declared here, every ~10 ms)."""
-    setup = connect(amqp_port)
-    setup.channel().queue_declare(queue)
-    setup.close()
-    return RoundTrips(amqp_port, queue)
+def start_probe(amqp_port: int) -> StallProbe:
+    """The stall probe (helpers.StallProbe: a passive queue.declare every 20 ms), started."""
+    return StallProbe(amqp_port).start()
 
 
-def assert_kept_answering(probe: Any) -> None:
-    """The stall probe (`RoundTrips` of tests/mgmt/test_security.py, stopped) ran and never waited 2 s:
-    a generous bound, the measured figures are in the tests' docstrings."""
-    assert probe.count > 10
-    assert probe.longest < 2.0, f"AMQP round trips stalled for {probe.longest:.1f} s"
+def assert_kept_answering(probe: StallProbe) -> None:
+    """The stall probe (helpers.StallProbe, stopped) ran and never waited 2 s: a generous bound, the
+    measured figures are in the tests' docstrings."""
+    assert probe.rounds > 10
+    assert probe.longest_s < 2.0, f"AMQP round trips stalled for {probe.longest_s:.1f} s"
