@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ServerInfo
 
-from .helpers import Broker, amqp_uri, wait_for
+from .helpers import Broker, amqp_uri, unique, wait_for
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
 
@@ -51,3 +51,30 @@ def test_driver_killed_mid_batch_then_restarted_loses_nothing(server: ServerInfo
           f"{duplicates} duplicates, {len(lost)} lost")
     assert not lost
     assert broker.ready(q) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_driver_killed_mid_batch_reading_a_stream_then_restarted_reads_exactly_once(
+        server: ServerInfo, broker: Broker, tmp_path: Path) -> None:
+    name = broker.declare(unique("st"), arguments={"x-queue-type": "stream"})
+    bodies = broker.publish(name, 1500)
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    out.mkdir()
+    args = [sys.executable, str(DRIVER), amqp_uri(server.amqp_port), name, str(out), str(ck)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.Popen([*args, "first", "stream"], start_new_session=True, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            assert wait_for((out / "inflight-2").exists, 180), (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(30)
+    with open(tmp_path / "restart.log", "wb") as log:
+        restart = subprocess.run([*args, "restart", "stream"], env=env, stdout=subprocess.DEVNULL, stderr=log,
+                                 timeout=300)
+    assert restart.returncode == 0, (tmp_path / "restart.log").read_text()[-3000:]
+    seen = Counter(line for f in out.glob("batch-*.txt") for line in f.read_text().splitlines())
+    print(f"\nstream, driver killed mid-batch: {len(bodies)} published, {sum(seen.values())} rows written")
+    assert seen == Counter(bodies)  # every message exactly once
