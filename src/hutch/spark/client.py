@@ -475,9 +475,9 @@ class AmqpClient:
                                                              requeue=True)))
         return False
 
-    def declare_queue(self, queue: str, durable: bool = True) -> None:
+    def declare_queue(self, queue: str, durable: bool = True, arguments: dict[str, Any] | None = None) -> None:
         """queue.declare (for tools and benchmarks; the connector itself never declares)."""
-        self._rpc(spec.Queue.Declare(queue=queue, durable=durable), spec.Queue.DeclareOk)
+        self._rpc(spec.Queue.Declare(queue=queue, durable=durable, arguments=arguments or {}), spec.Queue.DeclareOk)
 
     def purge_queue(self, queue: str) -> int:
         return int(self._rpc(spec.Queue.Purge(queue=queue), spec.Queue.PurgeOk).message_count)

@@ -259,6 +259,7 @@ class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def __init__(self, opts: StreamReadOptions) -> None:
         self.opts = opts
         self._available_now_end: int | None = None
+        self._last_end: int | None = None  # the last probed end, for Spark's query status
 
     def _offset(self, d: dict[str, Any]) -> int:
         if d.get("stream") != self.opts.stream or not isinstance(d.get("offset"), int):
@@ -281,13 +282,13 @@ class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         s = self._offset(start)
         end = self._available_now_end
         if end is None:
-            end = Probe(self.opts).end() or 0
+            end = self._last_end = Probe(self.opts).end() or 0
         if isinstance(limit, ReadMaxRows):
             end = min(end, s + limit.max_rows)
         return stream_offset_dict(self.opts.stream, max(s, end))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        end = Probe(self.opts).end()
+        end = self._last_end  # probed by latestOffset in this trigger: no second probe
         return None if end is None else stream_offset_dict(self.opts.stream, end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
