@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hutch.spark.options import HutchOptionError, Position, stream_read_options
-from hutch.spark.stream_source import split_range
+from hutch.spark.options import HutchOptionError, Position, duration_ms, stream_read_options
+from hutch.spark.stream_source import admit, split_range
 
 URI = "amqp://guest:guest@127.0.0.1:5673/%2F"
 
@@ -45,6 +45,9 @@ def test_timestamps_and_ending_offsets() -> None:
     ({"endingOffsets": "earliest"}, False, "cannot be 'earliest'"),
     ({"maxOffsetsPerTrigger": "10"}, False, "is for streaming reads"),
     ({"maxOffsetsPerTrigger": "0"}, True, "between 1 and"),
+    ({"minOffsetsPerTrigger": "10"}, False, "is for streaming reads"),
+    ({"maxTriggerDelay": "soon"}, True, "must be a duration such as 15m"),
+    ({"maxTriggerDelay": "5 weeks"}, True, "must be a duration"),
     ({"minPartitions": "0"}, True, "between 1 and"),
     ({"failOnDataLoss": "maybe"}, True, "true or false"),
     ({"queue": "q"}, True, "unknown option"),
@@ -72,3 +75,15 @@ def test_split_range_covers_the_range_once_in_order(start: int, width: int, part
         assert ranges[0][0] == start and ranges[-1][1] == start + width
         sizes = [e - s for s, e in ranges]
         assert max(sizes) - min(sizes) <= 1
+
+
+def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
+    o = stream_read_options({"uri": URI, "stream": "s", "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"},
+                            True)
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (100, 30_000)
+    assert stream_read_options({"uri": URI, "stream": "s"}, True).max_trigger_delay_ms == 15 * 60_000
+    assert [duration_ms(t, "d") for t in ("15m", "500ms", "2h", "250", "1 s")] == [900_000, 500, 7_200_000, 250, 1000]
+    assert not admit(50, 100, 30_000, 1_000)  # too few, not waited long enough: wait
+    assert admit(50, 100, 30_000, 30_000)  # waited maxTriggerDelay: run what there is
+    assert admit(100, 100, 30_000, 0)
+    assert not admit(0, 100, 30_000, 10**9)  # nothing to read is never a batch

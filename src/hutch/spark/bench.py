@@ -51,7 +51,7 @@ def start_node(work: Path, node_name: str = "bench@localhost",
     log = open(work / "hutch.log", "wb")  # noqa: SIM115 - lives as long as the node
     proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(port),
                              "--management-port", str(mgmt), "--data-dir", str(work / data_dir_name),
-                             "--node-name", node_name], stdout=log, stderr=subprocess.STDOUT)
+                             "--node-name", node_name, "--no-cluster"], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:

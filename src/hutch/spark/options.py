@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -182,6 +183,8 @@ class StreamReadOptions:
     starting: Position  # streaming default: latest; batch default: earliest
     ending: Position  # batch only: latest unless endingOffsets/endingTimestamp
     max_offsets_per_trigger: int = 0  # 0: no limit
+    min_offsets_per_trigger: int = 0  # 0: no minimum
+    max_trigger_delay_ms: int = 15 * 60_000  # a batch below the minimum runs anyway after this long
     min_partitions: int = 1
     fail_on_data_loss: bool = True
     prefetch: int = 20_000  # a read task's consumer credit
@@ -194,6 +197,7 @@ _STREAM_KEYS = {
     "uri": "uri", "stream": "stream", "startingoffsets": "startingOffsets",
     "startingtimestamp": "startingTimestamp", "endingoffsets": "endingOffsets",
     "endingtimestamp": "endingTimestamp", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+    "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
     "minpartitions": "minPartitions", "failondataloss": "failOnDataLoss", "prefetch": "prefetch",
     "polltimeoutms": "pollTimeoutMs", "readtimeoutms": "readTimeoutMs", "includeheaders": "includeHeaders",
 }
@@ -229,6 +233,17 @@ def _timestamp(opts: dict[str, str], key: str, name: str) -> Position | None:
     return Position(TIMESTAMP, _int(opts, key, name, 0, 0, 2**53))
 
 
+_DURATION_UNITS_MS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(raw: str, name: str) -> int:
+    """A duration as Spark writes them: `15m`, `30s`, `500ms`, `2h`, or a bare number of milliseconds."""
+    m = re.fullmatch(r"\s*(\d{1,12})\s*([a-z]*)\s*", str(raw).lower())
+    if m is None or m.group(2) not in _DURATION_UNITS_MS:
+        raise HutchOptionError(f"option '{name}' must be a duration such as 15m, 30s, 500ms or 2h, got {raw!r}")
+    return int(m.group(1)) * _DURATION_UNITS_MS[m.group(2)]
+
+
 def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamReadOptions:
     """Resolve and check the options of a read of a stream. Raises HutchOptionError."""
     opts = _lower(options)
@@ -251,14 +266,19 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
                                "(spark.read); a streaming query reads on")
     if not streaming and ending.kind == EARLIEST:
         raise HutchOptionError("option 'endingOffsets' cannot be 'earliest'")
-    if not streaming and "maxoffsetspertrigger" in opts:
-        raise HutchOptionError("option 'maxOffsetsPerTrigger' is for streaming reads (spark.readStream)")
+    for key in ("maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay"):
+        if not streaming and key in opts:
+            raise HutchOptionError(f"option '{_STREAM_KEYS[key]}' is for streaming reads (spark.readStream)")
+    delay = opts.get("maxtriggerdelay")
     return StreamReadOptions(
         uri=uri,
         stream=stream,
         starting=starting,
         ending=ending,
         max_offsets_per_trigger=_int(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger", 0, 1, _OFFSET_MAX),
+        min_offsets_per_trigger=_int(opts, "minoffsetspertrigger", "minOffsetsPerTrigger", 0, 1, _OFFSET_MAX),
+        max_trigger_delay_ms=StreamReadOptions.max_trigger_delay_ms if delay is None
+        else duration_ms(delay, "maxTriggerDelay"),
         min_partitions=_int(opts, "minpartitions", "minPartitions", 1, 1, 10_000),
         fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
         prefetch=_int(opts, "prefetch", "prefetch", StreamReadOptions.prefetch, 1, PREFETCH_MAX),

@@ -74,6 +74,14 @@ def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def admit(available: int, min_offsets: int, max_delay_ms: int, waited_ms: float) -> bool:
+    """minOffsetsPerTrigger / maxTriggerDelay (Kafka's): plan a batch of `available` offsets now, or wait
+    for more? A batch below the minimum runs once `max_delay_ms` has passed since the last batch."""
+    if available <= 0:
+        return False
+    return available >= min_offsets or waited_ms >= max_delay_ms
+
+
 def _connect(opts: StreamReadOptions, name: str) -> AmqpClient:
     try:
         return AmqpClient(opts.uri, connection_name=name).connect()
@@ -260,6 +268,7 @@ class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.opts = opts
         self._available_now_end: int | None = None
         self._last_end: int | None = None  # the last probed end, for Spark's query status
+        self._last_batch = time.monotonic()  # when the last batch was planned (maxTriggerDelay)
 
     def _offset(self, d: dict[str, Any]) -> int:
         if d.get("stream") != self.opts.stream or not isinstance(d.get("offset"), int):
@@ -285,7 +294,14 @@ class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             end = self._last_end = Probe(self.opts).end() or 0
         if isinstance(limit, ReadMaxRows):
             end = min(end, s + limit.max_rows)
-        return stream_offset_dict(self.opts.stream, max(s, end))
+        opts = self.opts
+        if self._available_now_end is None and opts.min_offsets_per_trigger and \
+                not admit(end - s, opts.min_offsets_per_trigger, opts.max_trigger_delay_ms,
+                          (time.monotonic() - self._last_batch) * 1000):
+            return stream_offset_dict(opts.stream, s)  # wait for more (or for maxTriggerDelay)
+        if end > s:
+            self._last_batch = time.monotonic()
+        return stream_offset_dict(opts.stream, max(s, end))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         end = self._last_end  # probed by latestOffset in this trigger: no second probe
