@@ -1,4 +1,5 @@
-"""Options of a read of a stream and the planning of offset ranges (pure: no Spark session, no broker)."""
+"""Options of a read of a stream, the planning of offset ranges and the offset of a delivery (pure: no
+Spark session, no broker)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hutch.amqp.spec import BasicProperties
+from hutch.amqp.table import TypedInt
+from hutch.spark.client import Delivery
 from hutch.spark.options import HutchOptionError, Position, duration_ms, stream_read_options
+from hutch.spark.schema import stream_offset
 from hutch.spark.stream_source import admit, split_range
 
 URI = "amqp://guest:guest@127.0.0.1:5673/%2F"
@@ -87,3 +92,27 @@ def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
     assert admit(50, 100, 30_000, 30_000)  # waited maxTriggerDelay: run what there is
     assert admit(100, 100, 30_000, 0)
     assert not admit(0, 100, 30_000, 10**9)  # nothing to read is never a batch
+
+
+_text = st.one_of(st.none(), st.text(max_size=20))
+
+
+@given(st.integers(0, 2**62), _text, _text, _text, st.booleans())
+def test_the_offset_fast_path_agrees_with_decoding(offset: int, content_type: str | None, encoding: str | None,
+                                                   message_id: str | None, other_header: bool) -> None:
+    headers: dict[str, object] = {"x-stream-offset": TypedInt(offset, "l")}
+    if other_header:
+        headers["app"] = "x"
+    raw = BasicProperties(content_type=content_type, content_encoding=encoding, headers=headers,
+                          message_id=message_id, delivery_mode=2).encode()
+    d = Delivery(1, False, "", "k", raw, b"", 0)
+    cache: dict[bytes, BasicProperties] = {}
+    fast, slow = stream_offset(d, cache), stream_offset(d)
+    assert fast[0] == slow[0] == offset
+    assert (fast[1].content_type, fast[1].message_id) == (slow[1].content_type, slow[1].message_id)
+    assert len(cache) == (0 if other_header else 1)
+
+
+def test_a_delivery_without_an_offset_is_refused() -> None:
+    with pytest.raises(ValueError, match="without an integer x-stream-offset"):
+        stream_offset(Delivery(1, False, "", "k", BasicProperties(message_id="m").encode(), b"", 0), {})

@@ -231,6 +231,7 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
     try:
         _consume(client, opts, min(opts.prefetch, end - start), start)
         rows: list[Any] = []
+        cache: dict[bytes, Any] = {}
         last_seen = start - 1
         timeout_s = opts.read_timeout_ms / 1000
         while last_seen < end - 1:
@@ -247,7 +248,7 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
                     f"{last_seen}); is the node overloaded? (readTimeoutMs={opts.read_timeout_ms})")
             client.ack(got[-1].delivery_tag)  # credit: a stream keeps its messages
             for d in got:
-                off, props = stream_offset(d)
+                off, props = stream_offset(d, cache)
                 last_seen = max(last_seen, off)
                 if start <= off < end:
                     rows.append((off, props, d))
