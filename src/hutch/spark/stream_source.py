@@ -2,8 +2,9 @@
 
 Owns: `HutchStreamOffsetReader` (a partitioned `DataSourceStreamReader` with admission control and
 Trigger.AvailableNow), `HutchStreamBatchReader` (`spark.read` of an offset or time range), the range
-planning (`split_range`), the driver's probes of a stream (`Probe`: its first and last message, the
-offset at a timestamp) and the read of one range by an executor (`read_range`).
+planning (`split_range`; `admit` for minOffsetsPerTrigger/maxTriggerDelay), the driver's probes of a
+stream (`Probe`: its first and last message, the offset at a timestamp) and the read of one range by an
+executor (`read_range`).
 
 Where the code runs:
 - `initialOffset`, `latestOffset`, `partitions`, `commit`, `prepareForTriggerAvailableNow` of the
