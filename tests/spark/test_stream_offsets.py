@@ -228,3 +228,23 @@ def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, bro
     rows = _read_batch(spark, server.amqp_port, stream).orderBy("offset").collect()
     assert [r.value for r in rows] == [b"x", b"y"]
     assert rows[0].timestamp.timestamp() == 1_700_000_000 and rows[1].timestamp is None
+
+
+def test_a_read_task_whose_range_retention_removed_after_planning(own_server: ServerInfo) -> None:
+    """No Spark session: a range planned from offset 0, then retention removes its start before the
+    task reads it."""
+    from hutch.spark.options import stream_read_options
+    from hutch.spark.stream_source import HutchStreamReadError, StreamRange, read_range
+
+    name = unique("st")
+    port = own_server.amqp_port
+    _publish(port, name, 20, body_size=100, arguments={"x-queue-type": "stream", "x-max-length-bytes": 20_000,
+                                                       "x-stream-max-segment-size-bytes": 5_000})
+    for i in range(20, 2000, 20):
+        _publish(port, name, 20, start=i, body_size=100)
+    part = StreamRange(0, 0, 2000)
+    with pytest.raises(HutchStreamReadError, match="offsets 0 to .* are no longer in the stream"):
+        list(read_range(stream_read_options({"uri": amqp_uri(port), "stream": name}, True), part))
+    lenient = stream_read_options({"uri": amqp_uri(port), "stream": name, "failOnDataLoss": "false"}, True)
+    offsets = [o for rb in read_range(lenient, part) for o in rb.column("offset").to_pylist()]
+    assert offsets and offsets[0] > 20 and offsets == list(range(offsets[0], 2000))

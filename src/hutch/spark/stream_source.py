@@ -248,6 +248,10 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
                     f"{time.monotonic() - began:.0f} s while reading offsets [{start}, {end}) (last seen: "
                     f"{last_seen}); is the node overloaded? (readTimeoutMs={opts.read_timeout_ms})")
             client.ack(got[-1].delivery_tag)  # credit: a stream keeps its messages
+            if last_seen < start and stream_offset(got[0], cache)[0] > start:
+                # The range does not start where planned: retention removed offsets since the driver
+                # planned it (or they hold no message); failOnDataLoss decides, as on the driver.
+                check_data_loss(opts, start, end)
             for d in got:
                 off, props = stream_offset(d, cache)
                 last_seen = max(last_seen, off)
