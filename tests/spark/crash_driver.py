@@ -1,11 +1,12 @@
 """A Spark driver the crash test runs in its own process group and kills with SIGKILL.
 
-    python crash_driver.py <amqp uri> <queue> <out dir> <checkpoint> <run: first|restart>
+    python crash_driver.py <amqp uri> <queue> <out dir> <checkpoint> <run: first|restart> [queue|stream]
 
 It streams the queue (250 messages per micro-batch) into files out/batch-<id>.txt, one body per line,
 written atomically (a replayed batch overwrites its file). In the first run, batch 2 announces itself
 (out/inflight-2) and then waits to be killed in the middle of the batch. The restart runs with
-Trigger.AvailableNow and exits when the queue is drained.
+Trigger.AvailableNow and exits when the queue is drained. With `stream`, <queue> names a stream read by
+offset from `earliest` (250 offsets per micro-batch, 2 read tasks each).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hutch.spark import HutchDataSource
 
 def main() -> None:
     uri, queue, out, ck, run = sys.argv[1:6]
+    kind = sys.argv[6] if len(sys.argv) > 6 else "queue"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (SparkSession.builder.master("local[2]").appName(f"crash-{run}")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
@@ -37,8 +39,13 @@ def main() -> None:
             f.write("".join(b + "\n" for b in bodies))
         os.replace(tmp, os.path.join(out, f"batch-{batch_id}.txt"))
 
-    df = (spark.readStream.format("hutch").option("uri", uri).option("queue", queue)
-          .option("maxMessagesPerTrigger", "250").load())
+    if kind == "stream":
+        df = (spark.readStream.format("hutch").option("uri", uri).option("stream", queue)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250")
+              .option("minPartitions", "2").load())
+    else:
+        df = (spark.readStream.format("hutch").option("uri", uri).option("queue", queue)
+              .option("maxMessagesPerTrigger", "250").load())
     w = df.writeStream.foreachBatch(write).option("checkpointLocation", ck)
     w = w.trigger(availableNow=True) if run == "restart" else w.trigger(processingTime="100 milliseconds")
     w.start().awaitTermination()

@@ -41,9 +41,9 @@ class Broker:
         self.ch = self.conn.channel()
         self.ch.confirm_delivery()
 
-    def declare(self, queue: str | None = None) -> str:
+    def declare(self, queue: str | None = None, arguments: dict[str, Any] | None = None) -> str:
         queue = queue or unique()
-        self.ch.queue_declare(queue, durable=True)
+        self.ch.queue_declare(queue, durable=True, arguments=arguments)
         return queue
 
     def publish(self, queue: str, n: int, start: int = 0, body_size: int = 0,

@@ -6,7 +6,7 @@ Install with `pip install hutch[spark]` (PySpark 4.2+ and pyarrow), then::
     spark.dataSource.register(HutchDataSource)
     df = spark.readStream.format("hutch").option("uri", "amqp://...").option("queue", "orders").load()
 
-Modules: `datasource` (the DataSource Spark instantiates), `source` (batch and streaming readers),
+Modules: `datasource` (the DataSource Spark instantiates), `source` (batch and streaming readers of a queue), `stream_source` (reads of a stream by offset),
 `sink` (batch and streaming writers), `ledger` (streaming offsets and acknowledgements, pure),
 `schema` (the row schema, deliveries -> Arrow), `options` (options and their checks), `client` (a small
 synchronous AMQP client on hutch's codec). Guarantees and design: docs/spark.md.

@@ -150,12 +150,19 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int
-                ) -> tuple[float, dict[str, float], int]:
+def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int,
+                stream_partitions: int = 0) -> tuple[float, dict[str, float], int]:
+    """A Trigger.AvailableNow query from the queue (or, with `stream_partitions`, from the stream of that
+    name read by offset in that many tasks per batch) into a sink; (rows/s, durations, batches)."""
     ck = work / f"ck-{sink}-{time.monotonic_ns()}"
-    df = (spark.readStream.format("hutch").option("uri", uri).option("queue", queue)
-          .option("maxMessagesPerTrigger", str(per_trigger)).option("prefetch", str(min(65535, 2 * per_trigger)))
-          .load())
+    reader = spark.readStream.format("hutch").option("uri", uri)
+    if stream_partitions:
+        reader = (reader.option("stream", queue).option("startingOffsets", "earliest")
+                  .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(stream_partitions)))
+    else:
+        reader = (reader.option("queue", queue).option("maxMessagesPerTrigger", str(per_trigger))
+                  .option("prefetch", str(min(65535, 2 * per_trigger))))
+    df = reader.load()
     w = df.writeStream.option("checkpointLocation", str(ck)).trigger(availableNow=True)
     if sink == "memory":
         w = w.format("memory").queryName(f"bench_{time.monotonic_ns()}")
@@ -199,6 +206,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
     ap.add_argument("--compare-pika", action="store_true", help="also measure pika's BlockingConnection")
+    ap.add_argument("--streams", action="store_true",
+                    help="also read a stream by offset (1, 2 and 4 tasks per batch) into each sink")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hutch-spark-bench-"))
     node = None
@@ -249,6 +258,19 @@ def main() -> None:
             rate, durations, batches = _best(args.repeat, one)
             parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
             print(f"hutch -> {sink} sink: {rate:,.0f} msg/s ({batches} batches; {parts})")
+        if args.streams:
+            st = "bench-stream"
+            with AmqpClient(parse_uri(uri)).connect() as c:
+                c.declare_queue(st, arguments={"x-queue-type": "stream"})
+            prefill(uri, st, n, size)
+            for sink in ("memory", "parquet"):
+                for tasks in (1, 2, 4):
+                    def by_offset(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int]:
+                        return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks)
+                    rate, durations, batches = _best(args.repeat, by_offset)
+                    parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
+                    print(f"stream -> {sink} sink, {tasks} task(s) per batch: {rate:,.0f} msg/s ({batches} "
+                          f"batches; {parts})")
         declare(uri, q)
         wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
         print(f"DataFrame -> hutch (2 partitions, confirms): {wr:,.0f} msg/s")

@@ -475,19 +475,20 @@ class AmqpClient:
                                                              requeue=True)))
         return False
 
-    def declare_queue(self, queue: str, durable: bool = True) -> None:
+    def declare_queue(self, queue: str, durable: bool = True, arguments: dict[str, Any] | None = None) -> None:
         """queue.declare (for tools and benchmarks; the connector itself never declares)."""
-        self._rpc(spec.Queue.Declare(queue=queue, durable=durable), spec.Queue.DeclareOk)
+        self._rpc(spec.Queue.Declare(queue=queue, durable=durable, arguments=arguments or {}), spec.Queue.DeclareOk)
 
     def purge_queue(self, queue: str) -> int:
         return int(self._rpc(spec.Queue.Purge(queue=queue), spec.Queue.PurgeOk).message_count)
 
     # -- consuming ---------------------------------------------------------------------------------
 
-    def consume(self, queue: str, prefetch: int) -> None:
-        """basic.qos(prefetch) then basic.consume(queue) with manual acknowledgements."""
+    def consume(self, queue: str, prefetch: int, arguments: dict[str, Any] | None = None) -> None:
+        """basic.qos(prefetch) then basic.consume(queue, arguments) with manual acknowledgements (on a
+        stream: `x-stream-offset` in `arguments`, and acknowledgements are credit)."""
         self._rpc(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
-        ok = self._rpc(spec.Basic.Consume(queue=queue), spec.Basic.ConsumeOk)
+        ok = self._rpc(spec.Basic.Consume(queue=queue, arguments=arguments or {}), spec.Basic.ConsumeOk)
         self._consumer_tag = ok.consumer_tag
 
     def take(self, limit: int, timeout_s: float, idle: bool = False) -> list[Delivery]:
@@ -510,6 +511,22 @@ class AmqpClient:
                 if left <= 0:
                     return out
                 self._cond.wait(left)
+
+    def take_available(self, limit: int, timeout_s: float) -> list[Delivery]:
+        """Up to `limit` buffered deliveries, as soon as there is at least one; [] after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        out: list[Delivery] = []
+        with self._cond:
+            buf = self._deliveries
+            while not buf:
+                self._check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return out
+                self._cond.wait(left)
+            while buf and len(out) < limit:
+                out.append(buf.popleft())
+            return out
 
     def buffered(self) -> int:
         with self._cond:

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from .options import HutchOptionError, read_options, write_options
-from .schema import READ_SCHEMA
+from .options import HutchOptionError, read_options, reads_stream, stream_read_options, write_options
+from .schema import READ_SCHEMA, STREAM_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 
     from .sink import HutchStreamWriter, HutchWriter
-    from .source import HutchBatchReader, HutchStreamReader
+    from .source import HutchStreamReader
 
 
 class HutchDataSource(DataSource):
@@ -34,20 +35,42 @@ class HutchDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Spark calls schema() for reads only (at load()), so a bad read option fails right there.
+        if reads_stream(self.options):
+            lower = {str(k).lower() for k in self.options}
+            stream_read_options(self.options, streaming=not {"endingoffsets", "endingtimestamp"} & lower)
+            return STREAM_SCHEMA
         read_options(self.options)
         return READ_SCHEMA
 
     def _check_read_schema(self, schema: StructType) -> None:
-        if schema != READ_SCHEMA:
+        expected = STREAM_SCHEMA if reads_stream(self.options) else READ_SCHEMA
+        if schema != expected:
             raise HutchOptionError(
                 "hutch source: the schema of a hutch read is fixed; remove .schema(...) "
-                f"(expected {READ_SCHEMA.simpleString()}, got {schema.simpleString()})")
+                f"(expected {expected.simpleString()}, got {schema.simpleString()})")
 
-    def reader(self, schema: StructType) -> HutchBatchReader:
+    def reader(self, schema: StructType) -> DataSourceReader:
         from .source import HutchBatchReader
 
         self._check_read_schema(schema)
+        if reads_stream(self.options):
+            from .stream_source import HutchStreamBatchReader
+
+            return HutchStreamBatchReader(stream_read_options(self.options, streaming=False))
         return HutchBatchReader(read_options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """A stream (`stream` option): offset ranges read by the executors, exactly-once. A queue: not
+        implemented here, so Spark falls back to `simpleStreamReader` (a driver-side consumer)."""
+        if not reads_stream(self.options):
+            from pyspark.errors import PySparkNotImplementedError
+
+            raise PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED",
+                                             messageParameters={"feature": "streamReader"})
+        from .stream_source import HutchStreamOffsetReader
+
+        self._check_read_schema(schema)
+        return HutchStreamOffsetReader(stream_read_options(self.options, streaming=True))
 
     def simpleStreamReader(self, schema: StructType) -> HutchStreamReader:
         from .source import HutchStreamReader

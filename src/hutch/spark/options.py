@@ -1,7 +1,8 @@
 """Options of the `hutch` Spark data source: parsing, defaults, bounds and the errors users see.
 
-Owns: `AmqpUri` and `parse_uri`, `ReadOptions` (streaming and batch reads), `WriteOptions` (batch and
-streaming writes), and `HutchOptionError`.
+Owns: `AmqpUri` and `parse_uri`, `ReadOptions` (streaming and batch reads of a queue), `StreamReadOptions`
+and `Position` (reads of a stream by offset: Spark's Kafka source option names), `WriteOptions` (batch
+and streaming writes), and `HutchOptionError`.
 
 Rules:
 - Everything is resolved once, on the driver, when the source or sink is created (`DataSource.schema`,
@@ -14,6 +15,8 @@ Rules:
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -115,9 +118,17 @@ def _uri(opts: dict[str, str]) -> AmqpUri:
     return parse_uri(str(raw).strip())
 
 
+def reads_stream(options: Mapping[str, str]) -> bool:
+    """Whether a read names a stream (`stream` option) rather than a queue."""
+    return "stream" in _lower(options)
+
+
 def read_options(options: Mapping[str, str]) -> ReadOptions:
     """Resolve and check the options of a read (batch or streaming). Raises HutchOptionError."""
     opts = _lower(options)
+    if "stream" in opts and "queue" in opts:
+        raise HutchOptionError("options 'queue' and 'stream' exclude each other: 'queue' consumes a queue "
+                               "(at-least-once), 'stream' reads a stream by offset (exactly-once)")
     _check_known(opts, _READ_KEYS, "source")
     uri = _uri(opts)
     queue = opts.get("queue")
@@ -147,6 +158,135 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         max_messages=_int(opts, "maxmessages", "maxMessages", ReadOptions.max_messages, 0, 2**31 - 1),
         num_partitions=_int(opts, "numpartitions", "numPartitions", ReadOptions.num_partitions, 0, 10_000),
         ack_mode=by_lower[str(ack_mode).lower()],
+    )
+
+
+# -- reading a stream by offset -----------------------------------------------------------------------
+
+EARLIEST, LATEST, OFFSET, TIMESTAMP = "earliest", "latest", "offset", "timestamp"
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a stream read starts or ends: `earliest`, `latest`, an offset, or a timestamp (ms)."""
+
+    kind: str
+    value: int = 0
+
+
+@dataclass(frozen=True)
+class StreamReadOptions:
+    """Resolved options of a read of a stream (`stream` option), named after Spark's Kafka source."""
+
+    uri: AmqpUri
+    stream: str
+    starting: Position  # streaming default: latest; batch default: earliest
+    ending: Position  # batch only: latest unless endingOffsets/endingTimestamp
+    max_offsets_per_trigger: int = 0  # 0: no limit
+    min_offsets_per_trigger: int = 0  # 0: no minimum
+    max_trigger_delay_ms: int = 15 * 60_000  # a batch below the minimum runs anyway after this long
+    min_partitions: int = 1
+    fail_on_data_loss: bool = True
+    prefetch: int = 20_000  # a read task's consumer credit
+    poll_timeout_ms: int = 100  # how long the driver's probes wait for a first delivery
+    read_timeout_ms: int = 60_000  # how long a read task waits for the next delivery of its range
+    include_headers: bool = True
+
+
+_STREAM_KEYS = {
+    "uri": "uri", "stream": "stream", "startingoffsets": "startingOffsets",
+    "startingtimestamp": "startingTimestamp", "endingoffsets": "endingOffsets",
+    "endingtimestamp": "endingTimestamp", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+    "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
+    "minpartitions": "minPartitions", "failondataloss": "failOnDataLoss", "prefetch": "prefetch",
+    "polltimeoutms": "pollTimeoutMs", "readtimeoutms": "readTimeoutMs", "includeheaders": "includeHeaders",
+}
+_OFFSET_MAX = 2**63 - 1
+
+
+def _position(raw: str, name: str, stream: str) -> Position:
+    """`earliest`, `latest`, or Kafka's JSON form `{"<stream>": {"0": n}}` (also `{"0": n}`), where n is
+    an offset, -2 (earliest) or -1 (latest)."""
+    text = str(raw).strip()
+    if text.lower() in (EARLIEST, LATEST):
+        return Position(text.lower())
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and stream in doc and isinstance(doc[stream], dict):
+        doc = doc[stream]
+    if isinstance(doc, dict) and set(doc) == {"0"} and isinstance(doc["0"], int) and \
+            not isinstance(doc["0"], bool) and -2 <= doc["0"] <= _OFFSET_MAX:
+        n = doc["0"]
+        return Position(EARLIEST) if n == -2 else Position(LATEST) if n == -1 else Position(OFFSET, n)
+    raise HutchOptionError(
+        f"option '{name}' must be 'earliest', 'latest' or a JSON map of partition to offset such as "
+        f'{{"{stream}": {{"0": 42}}}} (a stream has one partition, "0"; -2 = earliest, -1 = latest), '
+        f"got {raw!r}")
+
+
+def _timestamp(opts: dict[str, str], key: str, name: str) -> Position | None:
+    raw = opts.get(key)
+    if raw is None:
+        return None
+    return Position(TIMESTAMP, _int(opts, key, name, 0, 0, 2**53))
+
+
+_DURATION_UNITS_MS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(raw: str, name: str) -> int:
+    """A duration as Spark writes them: `15m`, `30s`, `500ms`, `2h`, or a bare number of milliseconds."""
+    m = re.fullmatch(r"\s*(\d{1,12})\s*([a-z]*)\s*", str(raw).lower())
+    if m is None or m.group(2) not in _DURATION_UNITS_MS:
+        raise HutchOptionError(f"option '{name}' must be a duration such as 15m, 30s, 500ms or 2h, got {raw!r}")
+    return int(m.group(1)) * _DURATION_UNITS_MS[m.group(2)]
+
+
+def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamReadOptions:
+    """Resolve and check the options of a read of a stream. Raises HutchOptionError."""
+    opts = _lower(options)
+    _check_known(opts, _STREAM_KEYS, "stream source")
+    uri = _uri(opts)
+    stream = str(opts.get("stream") or "")
+    if not stream:
+        raise HutchOptionError("option 'stream' is required: the name of the stream to read")
+    if len(stream.encode()) > 255:
+        raise HutchOptionError("option 'stream': a stream name is at most 255 bytes")
+    for a, b in (("startingoffsets", "startingtimestamp"), ("endingoffsets", "endingtimestamp")):
+        if a in opts and b in opts:
+            raise HutchOptionError(f"options '{_STREAM_KEYS[a]}' and '{_STREAM_KEYS[b]}' exclude each other")
+    starting = _timestamp(opts, "startingtimestamp", "startingTimestamp") or \
+        _position(opts.get("startingoffsets", LATEST if streaming else EARLIEST), "startingOffsets", stream)
+    ending = _timestamp(opts, "endingtimestamp", "endingTimestamp") or \
+        _position(opts.get("endingoffsets", LATEST), "endingOffsets", stream)
+    if streaming and ("endingoffsets" in opts or "endingtimestamp" in opts):
+        raise HutchOptionError("options 'endingOffsets' and 'endingTimestamp' are for batch reads "
+                               "(spark.read); a streaming query reads on")
+    if not streaming and ending.kind == EARLIEST:
+        raise HutchOptionError("option 'endingOffsets' cannot be 'earliest'")
+    for key in ("maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay"):
+        if not streaming and key in opts:
+            raise HutchOptionError(f"option '{_STREAM_KEYS[key]}' is for streaming reads (spark.readStream)")
+    delay = opts.get("maxtriggerdelay")
+    return StreamReadOptions(
+        uri=uri,
+        stream=stream,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=_int(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger", 0, 1, _OFFSET_MAX),
+        min_offsets_per_trigger=_int(opts, "minoffsetspertrigger", "minOffsetsPerTrigger", 0, 1, _OFFSET_MAX),
+        max_trigger_delay_ms=StreamReadOptions.max_trigger_delay_ms if delay is None
+        else duration_ms(delay, "maxTriggerDelay"),
+        min_partitions=_int(opts, "minpartitions", "minPartitions", 1, 1, 10_000),
+        fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
+        prefetch=_int(opts, "prefetch", "prefetch", StreamReadOptions.prefetch, 1, PREFETCH_MAX),
+        poll_timeout_ms=_int(opts, "polltimeoutms", "pollTimeoutMs", StreamReadOptions.poll_timeout_ms,
+                             1, 600_000),
+        read_timeout_ms=_int(opts, "readtimeoutms", "readTimeoutMs", StreamReadOptions.read_timeout_ms,
+                             1, 3_600_000),
+        include_headers=_bool(opts, "includeheaders", "includeHeaders", StreamReadOptions.include_headers),
     )
 
 

@@ -85,8 +85,8 @@ def refuse_stream(opts: ReadOptions, ready: int) -> None:
         probe.close()
     if stream:
         raise HutchReadError(f"hutch source: queue {opts.queue!r} in vhost {opts.uri.vhost!r} is a stream; the "
-                             "hutch source reads queues, not streams (reading a stream from an offset is not "
-                             "supported yet: see docs/spark.md)")
+                             "'queue' option consumes queues: read a stream by offset with "
+                             f".option('stream', {opts.queue!r}) instead (see docs/spark.md)")
 
 
 # -- batch ---------------------------------------------------------------------------------------------

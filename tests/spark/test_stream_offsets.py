@@ -1,0 +1,250 @@
+"""Reads of a hutch *stream* by offset (`option("stream", ...)`) against a real hutch process.
+
+What is proven here: a streaming query reads N messages into a memory sink as exactly N rows with the
+offsets 0..N-1, in micro-batches bounded by `maxOffsetsPerTrigger` and split over `minPartitions` tasks;
+a query restarted from its checkpoint continues exactly where it was (no duplicates, nothing lost), also
+after a sink failure in the middle of a batch and after the node restarted during the query;
+`startingOffsets` (earliest, latest, an offset) and `startingTimestamp`; batch reads of an offset range;
+offsets past retention fail the query (`failOnDataLoss=true`) or are skipped (`false`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from conftest import ServerInfo, start_server
+
+from .helpers import Broker, amqp_uri, unique
+
+
+@pytest.fixture
+def stream(broker: Broker) -> str:
+    name = unique("st")
+    broker.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    return name
+
+
+def _read_stream(spark: Any, port: int, name: str, **options: Any) -> Any:
+    reader = spark.readStream.format("hutch").option("uri", amqp_uri(port)).option("stream", name)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def _read_batch(spark: Any, port: int, name: str, **options: Any) -> Any:
+    reader = spark.read.format("hutch").option("uri", amqp_uri(port)).option("stream", name)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def _run_available_now(df: Any, out: Path, ck: Path) -> None:
+    """Run the query to the stream's current end into Parquet files (Spark's exactly-once file sink)."""
+    query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "the AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise query.exception()
+
+
+def _rows(spark: Any, out: Path) -> Any:
+    return spark.read.parquet(str(out)) if any(out.glob("*.parquet")) else None
+
+
+def _offsets(spark: Any, out: Path) -> list[int]:
+    df = _rows(spark, out)
+    return [] if df is None else sorted(r.offset for r in df.select("offset").collect())
+
+
+def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, server: ServerInfo,
+                                                                  broker: Broker, stream: str,
+                                                                  tmp_path: Path) -> None:
+    n = 1200
+    bodies = broker.publish(stream, n)
+    out = tmp_path / "out"
+    df = _read_stream(spark, server.amqp_port, stream, startingOffsets="earliest", maxOffsetsPerTrigger=500,
+                      minPartitions=2)
+    _run_available_now(df, out, tmp_path / "ck")
+    rows = _rows(spark, out).selectExpr("key", "cast(value as string) v", "stream", "partition", "offset",
+                                        "properties.message_id mid", "headers").collect()
+    assert sorted(r.offset for r in rows) == list(range(n))
+    assert {r.v for r in rows} == set(bodies)
+    assert {(r.key, r.stream, r.partition) for r in rows} == {(stream, stream, 0)}
+    assert all(r.mid == str(r.offset) for r in rows)
+    assert all("x-stream-offset" not in (r.headers or {}) for r in rows)
+    # More data, same checkpoint: the restarted query reads only the new offsets.
+    broker.publish(stream, 300, start=n)
+    _run_available_now(_read_stream(spark, server.amqp_port, stream, startingOffsets="earliest"), out,
+                       tmp_path / "ck")
+    assert _offsets(spark, out) == list(range(n + 300))
+
+
+def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: ServerInfo, broker: Broker,
+                                                      stream: str, tmp_path: Path) -> None:
+    n = 1000
+    broker.publish(stream, n)
+    out = tmp_path / "out"
+    out.mkdir()
+    failed = []
+
+    def write(df: Any, batch_id: int) -> None:
+        offsets = [r.offset for r in df.select("offset").collect()]
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("the sink fails in the middle of batch 1")
+        (out / f"batch-{batch_id}.txt").write_text("".join(f"{o}\n" for o in offsets))
+
+    def run() -> Any:
+        df = _read_stream(spark, server.amqp_port, stream, startingOffsets="earliest", maxOffsetsPerTrigger=300)
+        q = (df.writeStream.foreachBatch(write).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(180)
+        except Exception as exc:  # noqa: BLE001 - the query's failure is what this run returns
+            return exc
+        return q.exception()
+
+    assert run() is not None and failed == [1]
+    assert run() is None
+    seen = [int(x) for f in out.glob("batch-*.txt") for x in f.read_text().split()]
+    assert sorted(seen) == list(range(n))  # each offset once, none lost
+
+
+def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stream: str,
+                            tmp_path: Path) -> None:
+    broker.publish(stream, 100)
+    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
+    since = int(time.time() * 1000)
+    broker.publish(stream, 50, start=100)
+    cases: dict[str, dict[str, Any]] = {
+        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
+        "ts": {"startingTimestamp": since},
+        "latest": {"startingOffsets": "latest"},
+    }
+    got = {}
+    for name, opts in cases.items():
+        out = tmp_path / name / "out"
+        _run_available_now(_read_stream(spark, server.amqp_port, stream, **opts), out, tmp_path / name / "ck")
+        got[name] = _offsets(spark, out)
+    assert got["offset"] == list(range(120, 150))
+    assert got["ts"] == list(range(100, 150))
+    assert got["latest"] == []
+
+
+def test_batch_read_of_an_offset_range_in_parallel(spark: Any, server: ServerInfo, broker: Broker,
+                                                   stream: str) -> None:
+    broker.publish(stream, 500)
+    df = _read_batch(spark, server.amqp_port, stream, startingOffsets='{"0": 100}',
+                     endingOffsets='{"0": 400}', minPartitions=3)
+    assert df.rdd.getNumPartitions() == 3
+    assert sorted(r.offset for r in df.select("offset").collect()) == list(range(100, 400))
+    everything = _read_batch(spark, server.amqp_port, stream)
+    assert everything.count() == 500 and everything.select("offset").distinct().count() == 500
+
+
+def test_a_queue_name_with_the_stream_option_is_refused(spark: Any, server: ServerInfo, broker: Broker) -> None:
+    q = broker.declare()
+    with pytest.raises(Exception, match="is not a stream"):
+        _read_batch(spark, server.amqp_port, q).collect()
+    with pytest.raises(Exception, match="does not exist"):
+        _read_batch(spark, server.amqp_port, unique("missing")).collect()
+
+
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("hutch-st"))
+    yield info
+    info.stop()
+
+
+def _publish(port: int, name: str, n: int, start: int = 0, body_size: int = 0,
+             arguments: dict[str, Any] | None = None) -> None:
+    b = Broker(port)
+    try:
+        if arguments is not None:
+            b.ch.queue_declare(name, durable=True, arguments=arguments)
+        b.publish(name, n, start=start, body_size=body_size)
+    finally:
+        b.close()
+
+
+def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_path: Path) -> None:
+    node_dir = tmp_path / "node"
+    node = start_server(node_dir)
+    try:
+        name = unique("st")
+        _publish(node.amqp_port, name, 800, arguments={"x-queue-type": "stream"})
+        out = tmp_path / "out"
+        df = _read_stream(spark, node.amqp_port, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
+        query = (df.writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="300 milliseconds")
+                 .start())
+        deadline = time.monotonic() + 120
+        while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
+            time.sleep(0.1)
+        node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
+        node = start_server(node_dir)  # back, on new ports
+        with pytest.raises(Exception, match=f"hutch source \\(stream '{name}'\\)"):
+            query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
+        query.stop()
+        _publish(node.amqp_port, name, 200, start=800)
+        _run_available_now(_read_stream(spark, node.amqp_port, name, startingOffsets="earliest"), out,
+                           tmp_path / "ck")
+        assert _offsets(spark, out) == list(range(1000))
+    finally:
+        node.stop()
+
+
+def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: ServerInfo, tmp_path: Path) -> None:
+    name = unique("st")
+    args = {"x-queue-type": "stream", "x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 5_000}
+    port = own_server.amqp_port
+    _publish(port, name, 20, body_size=100, arguments=args)
+    out = tmp_path / "out"
+    _run_available_now(_read_stream(spark, port, name, startingOffsets="earliest"), out, tmp_path / "ck")
+    assert _offsets(spark, out) == list(range(20))
+    for i in range(20, 2000, 20):  # many chunks and segments: retention removes the oldest
+        _publish(port, name, 20, start=i, body_size=100)
+    first = _read_batch(spark, port, name).agg({"offset": "min"}).collect()[0][0]
+    assert first > 20
+    with pytest.raises(Exception, match="no longer in the stream"):
+        _run_available_now(_read_stream(spark, port, name), out, tmp_path / "ck")
+    _run_available_now(_read_stream(spark, port, name, failOnDataLoss="false"), out, tmp_path / "ck")
+    got = _offsets(spark, out)
+    assert got[:20] == list(range(20)) and got[20] >= first  # retention may have moved on since
+    assert got[20:] == list(range(got[20], 2000))
+
+
+def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, broker: Broker, stream: str) -> None:
+    broker.ch.basic_publish("", stream, b"x", pika.BasicProperties(timestamp=1_700_000_000))
+    broker.ch.basic_publish("", stream, b"y")
+    rows = _read_batch(spark, server.amqp_port, stream).orderBy("offset").collect()
+    assert [r.value for r in rows] == [b"x", b"y"]
+    assert rows[0].timestamp.timestamp() == 1_700_000_000 and rows[1].timestamp is None
+
+
+def test_a_read_task_whose_range_retention_removed_after_planning(own_server: ServerInfo) -> None:
+    """No Spark session: a range planned from offset 0, then retention removes its start before the
+    task reads it."""
+    from hutch.spark.options import stream_read_options
+    from hutch.spark.stream_source import HutchStreamReadError, StreamRange, read_range
+
+    name = unique("st")
+    port = own_server.amqp_port
+    _publish(port, name, 20, body_size=100, arguments={"x-queue-type": "stream", "x-max-length-bytes": 20_000,
+                                                       "x-stream-max-segment-size-bytes": 5_000})
+    for i in range(20, 2000, 20):
+        _publish(port, name, 20, start=i, body_size=100)
+    part = StreamRange(0, 0, 2000)
+    with pytest.raises(HutchStreamReadError, match="offsets 0 to .* are no longer in the stream"):
+        list(read_range(stream_read_options({"uri": amqp_uri(port), "stream": name}, True), part))
+    lenient = stream_read_options({"uri": amqp_uri(port), "stream": name, "failOnDataLoss": "false"}, True)
+    offsets = [o for rb in read_range(lenient, part) for o in rb.column("offset").to_pylist()]
+    assert offsets and offsets[0] > 20 and offsets == list(range(offsets[0], 2000))
