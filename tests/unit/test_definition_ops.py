@@ -105,6 +105,12 @@ OLD_FORMS: list[tuple[dict[str, Any], Any]] = [
     ({"op": "noop"}, d.Noop()),
     ({"op": "vhost_limits.set", "vhost": "/", "limits": {"max-queues": 3}}, d.SetVhostLimits("/", {"max-queues": 3})),
     ({"op": "user_limits.set", "user": "u", "limits": {"max-channels": 2}}, d.SetUserLimits("u", {"max-channels": 2})),
+    ({"op": "parameter.set", "component": "shovel", "vhost": "/", "name": "s", "value": "{}", "user": "guest"},
+     d.SetParameter("shovel", "/", "s", "{}", "guest")),
+    ({"op": "parameter.set", "component": "shovel", "vhost": "/", "name": "s", "value": "{}"},
+     d.SetParameter("shovel", "/", "s", "{}")),  # "user" may be absent (it defaults to "")
+    ({"op": "parameter.clear", "component": "shovel", "vhost": "/", "name": "s"},
+     d.ClearParameter("shovel", "/", "s")),
 ]
 
 

@@ -134,8 +134,11 @@ def _list_hash(items: Sequence[object], h: int) -> int:
     n = len(items)
     while i < n:
         packed = count = 0
-        while i < n and type(items[i]) is int and 0 <= items[i] <= 255:  # type: ignore[operator]
-            packed = (packed << 8) + items[i]  # type: ignore[operator]
+        while i < n:
+            byte = items[i]
+            if not isinstance(byte, int) or isinstance(byte, bool) or not 0 <= byte <= 255:
+                break  # a run of bytes ends at the first element that is not an integer 0..255
+            packed = (packed << 8) + byte
             i += 1
             if count == 3:
                 h = _hash2(packed, 0, _HCONST_4, h)

@@ -160,8 +160,8 @@ class DelayedMessages:
             releaser.stop()
         v = self.node.vhosts.get(vhost)
         replica = v.queues.get(replica_name(exchange)) if v is not None else None
-        if replica is not None and not getattr(self.node, "replaying", False):
-            self.node.delete_queue(v, replica)  # type: ignore[arg-type]
+        if v is not None and replica is not None and not getattr(self.node, "replaying", False):
+            self.node.delete_queue(v, replica)
         held = self._held.pop((vhost, exchange), None)
         if held is None:
             return
