@@ -18,7 +18,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,10 @@ from pathlib import Path
 
 import pika
 
+from hutch.portfile import NodeDidNotStart, wait_for_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC, DST = "bench-shovel-src", "bench-shovel-dst"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def api(port: int, method: str, path: str, body: object = None) -> tuple[int, object]:
@@ -136,29 +131,21 @@ def main() -> int:
 
 
 def start_node(directory: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
-    """A hutch node (not clustered) on free ports; its AMQP and management ports once it answers."""
+    """A hutch node (not clustered) on port 0 for every listener; the AMQP and management ports it bound,
+    from its ports file, once they answer (hutch/portfile.py)."""
     directory.mkdir(parents=True)
-    amqp, mgmt = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
-    with open(directory / "server.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(amqp),
-                                 "--management-port", str(mgmt), "--data-dir", str(directory / "data"),
+    log_path = directory / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
+                                 "--management-port", "0", "--data-dir", str(directory / "data"),
                                  "--no-cluster"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     procs.append(proc)
-    deadline = time.monotonic() + 30
-    while not (_listening(mgmt) and api(mgmt, "GET", "/api/overview")[0] == 200):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit(f"hutch-server did not start: {(directory / 'server.log').read_text()}")
-        time.sleep(0.1)
-    return amqp, mgmt
-
-
-def _listening(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+        ports = wait_for_ports(directory / "data", proc, 30, log_path)
+    except NodeDidNotStart as exc:
+        raise SystemExit(f"hutch-server did not start: {exc}") from None
+    return ports["amqp"], ports["management"]
 
 
 if __name__ == "__main__":
