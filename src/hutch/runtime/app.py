@@ -112,6 +112,17 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     return server
 
 
+def tls_gated(node: Node, make_protocol: Callable[[], asyncio.Protocol], what: str) -> Callable[[], asyncio.Protocol]:
+    """The protocol factory of a TLS listener (`ssl_options.*`) whose protocol knows nothing of TLS: TLS
+    starts after the accept (runtime/tls_accept.py), so a connection counts from its first byte; its
+    handshake is bounded by `ssl_handshake_timeout`, and the connections in it by the listener's own
+    slots (a share of the descriptors, a quarter of that per source). `what` names the listener in logs."""
+    pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
+    slots = listen.SourceSlots(pending, max(1, pending // 4))
+    timeout_s = node.config.ssl_handshake_timeout_ms / 1000
+    return lambda: TlsAccept(SlotGate(make_protocol, slots, what), node.tls.current("ssl_options"), timeout_s)
+
+
 async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     """The AMQP-over-TLS listener (`listeners.ssl.default`, `ssl_options.*`) when configured: the same
     protocol behind TLS, which starts after the accept (runtime/tls_accept.py): the handshake is bounded by
@@ -124,13 +135,8 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default;
     # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
-    pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
-    slots = listen.SourceSlots(pending, max(1, pending // 4))
-    timeout_s = cfg.ssl_handshake_timeout_ms / 1000
-    server = await listen.create_server(
-        loop, lambda: TlsAccept(SlotGate(lambda: AMQPProtocol(node), slots, "AMQP over TLS"), node.tls.current("ssl_options"),
-                                timeout_s),
-        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
+    server = await listen.create_server(loop, tls_gated(node, lambda: AMQPProtocol(node), "AMQP over TLS"),
+                                        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
     node.amqps_port = node.listener_ports["amqps"] = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
@@ -165,13 +171,8 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
         if cfg.stream_tls_port is not None:
             ctx = node.tls.server_context("ssl_options")
             assert ctx is not None  # the config requires ssl_options.certfile with stream.listeners.ssl.default
-            # as AMQP over TLS: counted from the accept, its own handshake timeout and slots (runtime/tls_accept.py)
-            pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
-            slots = listen.SourceSlots(pending, max(1, pending // 4))
-            timeout_s = cfg.ssl_handshake_timeout_ms / 1000
             server = await listen.create_server(
-                loop, lambda: TlsAccept(SlotGate(lambda: StreamProtocol(hub, tls=True), slots, "stream protocol over TLS"),
-                                        node.tls.current("ssl_options"), timeout_s),
+                loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
                 cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True)
             servers.append(server)
             hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
