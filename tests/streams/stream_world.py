@@ -9,6 +9,7 @@ restarted (the service's read barrier decides when the member starts), isolated 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hutch.cluster import stream_replica as sr
 from hutch.runtime.clock import ManualClock
 from hutch.runtime.clustering.raft_driver import RaftDriver
 from hutch.runtime.clustering.raft_group import Group
+from hutch.runtime.clustering.transport import PeerUnavailable
 from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
 from hutch.runtime.queue_types.stream_replication.service import Hosted, StreamReplicationService
 from hutch.storage.memfs import MemoryFS
@@ -89,6 +91,16 @@ class Node:
 
     def name_of(self, raft_id: int) -> str | None:
         return NAMES.get(raft_id)
+
+    def connected(self, peer: str) -> bool:
+        return self.reachable and self.world.nodes[IDS[peer]].reachable
+
+    async def call(self, peer: str, request: cm.Request, timeout: float = 5.0) -> Any:
+        target = self.world.nodes[IDS[peer]]
+        if not (self.reachable and target.reachable):
+            raise PeerUnavailable(peer)
+        result = target.handlers[type(request)](self.name, cm.decode(cm.encode(request)))
+        return await asyncio.wait_for(result, timeout) if inspect.isawaitable(result) else result
 
 
 class World:

@@ -402,20 +402,38 @@ class StreamPropose(NamedTuple):
     command: bytes
 
 
+@request_kind(62)
+class StreamAppend(NamedTuple):
+    """Publishes to replicated stream `gid` from another node, for its writer: `entries` (each the AMQP 1.0
+    encoding of a message, as streams store them) written as chunks, with their filter values (None: no
+    value; `filters` None: none has one). Reply: True once a majority of the members has them (an error
+    reply when this node does not write the stream or the majority does not come)."""
+
+    gid: int
+    entries: list[bytes]
+    filters: list[bytes | None] | None
+
+
+@request_kind(63)
+class StreamEndpoint(NamedTuple):
+    """The host and port of a node's stream protocol listener (the stream protocol's metadata names each
+    member's). Reply: [host, port] ([] when it has none)."""
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus
+    | LinkStatus | StreamAppend | StreamEndpoint
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

@@ -46,6 +46,7 @@ from hutch.runtime.queue_types.quorum.service import QuorumService
 from hutch.runtime.queue_types.remote import QueueLink
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
+from hutch.runtime.queue_types.stream_replication.service import StreamReplicationService
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.shovel.service import ShovelService, service_for
 from hutch.runtime.stream_session.catalog import QueueCatalog
@@ -95,9 +96,31 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     node.cluster_peer_hooks.append(gossip.peer_changed)
     cluster.add_subsystem(gossip)
     node.cluster = cluster
-    node.queue_types = [QuorumQueueType(node, cluster, quorum), RemoteQueueType(node, link),
-                        *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]
+    streams = next(t for t in node.queue_types if isinstance(t, StreamQueueType))
+    _replicate_streams(node, cluster, streams)
+    # a stream's record goes to the stream type first (a member of a replicated stream opens it), then to
+    # the stand-ins of other nodes' queues, then to classic, which takes any other record
+    node.queue_types = [QuorumQueueType(node, cluster, quorum), streams, RemoteQueueType(node, link),
+                        *(t for t in node.queue_types if t.name not in ("quorum", "remote", "stream"))]
     return cluster
+
+
+def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueueType) -> None:
+    """Stream replication on a clustered node (runtime/queue_types/stream_replication/): its service on the
+    cluster's transport and Raft driver, the failure detector, and where this node's stream listener is."""
+    # replica sessions (incarnation << 32, a u64 on the wire) must grow across the node's restarts: the
+    # wall clock's seconds since 2023-11 do (a restart takes longer than a second)
+    replication = StreamReplicationService(cluster, streams.fs, node.clock, node.clock.wall_ms() // 1000 - 1_700_000_000)
+    node.cluster_peer_hooks.append(replication.peer_changed)
+    cfg = node.config
+
+    def endpoint() -> tuple[str, int] | None:
+        port = cfg.stream_advertised_port or node.listener_ports.get("stream")
+        if not port:
+            return None
+        return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
+    replication.local_endpoint = endpoint
+    streams.cluster, streams.replication = cluster, replication
 
 
 async def start_listener(node: Node) -> asyncio.base_events.Server:

@@ -316,6 +316,9 @@ class ClusterService:
         handler returns the reply (a record, a plain value, or an awaitable of either: open by kind, so Any)."""
         self.registry.register(kind, handler)
 
+    def connected(self, peer: str) -> bool:
+        return self.transport.connected(peer)
+
     def send(self, peer: str, record: cm.Record) -> bool:
         """Queue a message record for `peer`; False (dropped) when it is not connected or its buffers are full."""
         return self.transport.send_packed(peer, cm.encode(record))

@@ -127,6 +127,11 @@ class StreamHandle:
         self.epoch = 0
         self.auto_commit = True
         self.on_durable: list[Callable[[int], None]] = []
+        # replication's hooks (runtime/queue_types/stream_replication/member.py): `gate()` raises when this
+        # member may not write now (a replica, a writer being elected), `on_written(before)` is told of
+        # every chunk this handle writes by itself (appends, offsets, a roll's snapshot)
+        self.gate: Callable[[], None] | None = None
+        self.on_written: Callable[[int], None] | None = None
         self.placement = SyncPlacement(inline_max_s=INLINE_SYNC_MAX_S)
         self.committed_chunk_id = slog.last_chunk_id  # what is on disk at open was committed before
         self.durable_chunk_id = slog.last_chunk_id
@@ -224,6 +229,8 @@ class StreamHandle:
         `publishing_ids` (one per entry), entries whose id is at or below the publisher's last stored id
         are dropped as duplicates."""
         self._check_writable()
+        if self.gate is not None:
+            self.gate()
         ids: list[int] = list(publishing_ids or [])
         if publisher is not None and len(ids) != len(entries):
             raise ValueError("one publishing id per entry")
@@ -262,6 +269,8 @@ class StreamHandle:
     def store_offset(self, reference: bytes, offset: int) -> Appended:
         """Store a consumer's offset (a TRACKING_DELTA chunk, committed like any chunk)."""
         self._check_writable()
+        if self.gate is not None:
+            self.gate()
         block = trk.offset_block(reference, offset)
         raw = self._write([block], ck.TRACKING_DELTA, b"", b"")
         self.tracking.apply(block)
@@ -279,6 +288,7 @@ class StreamHandle:
         """Encode and append one chunk, rolling first (with a tracking snapshot) when the segment is full."""
         data_size = sum(len(e) + 4 if isinstance(e, bytes) else len(e.body) + 11 for e in entries)
         size = ck.HEADER_SIZE + len(bits) + data_size + len(trailer)
+        before = self.log.next_offset
         try:
             if self.log.would_roll(size):
                 self.log.roll()
@@ -291,6 +301,8 @@ class StreamHandle:
             raise
         self.chunks_written += 1
         self._schedule_sync()
+        if self.on_written is not None:
+            self.on_written(before)
         return raw
 
     def _after_roll(self) -> None:
@@ -489,6 +501,10 @@ class StreamHandle:
             await self._loop.run_in_executor(None, self.log.sync)
             self._synced(self.log.last_chunk_id)
         self.log.close()
+        for _, fut in self._pending:  # (replicated: appends no majority committed are not confirmed)
+            if not fut.done():
+                fut.set_exception(StorageError("append", self.log.directory, detail="the stream was closed"))
+        self._pending.clear()
 
     async def delete(self) -> None:
         """Close and delete the stream's files."""

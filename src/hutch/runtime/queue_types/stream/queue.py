@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
 from hutch.core.confirms import Receipt
@@ -47,6 +47,7 @@ from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, Stre
 log = logging.getLogger("hutch.stream")
 
 DELIVER_BATCH = 256
+MAX_FORWARDS = 256  # publish batches of one replicated stream waiting for its writer on another node
 MAX_CHUNK_ENTRIES = 4096  # publishes gathered in one loop turn go out as chunks of at most this many
 FILTER_HEADER = "x-stream-filter-value"
 
@@ -103,6 +104,17 @@ def retention_of(arguments: dict[str, Any], policy: dict[str, Any]) -> Retention
     return Retention(int(max_bytes) if isinstance(max_bytes, int) else None, age_ms)
 
 
+class Replication(Protocol):
+    """What a replicated stream's queue asks of the node's stream replication (its `StreamRoute`,
+    runtime/queue_types/stream_replication/service.py)."""
+
+    def writes_here(self) -> bool: ...
+
+    async def append(self, entries: list[bytes], filters: list[bytes | None] | None) -> None: ...
+
+    def placement(self) -> dict[str, Any]: ...
+
+
 class StreamQueue(Queue):
     queue_type = "stream"
 
@@ -121,6 +133,9 @@ class StreamQueue(Queue):
         self._flush_scheduled = False
         self._deliver_scheduled = False
         self._remove_listener: Callable[[], None] = handle.on_commit(self._committed)
+        self.replication: Replication | None = None  # a replicated stream (None: one member, this node's)
+        self.members: list[str] = []  # the nodes holding the stream (set by the queue type)
+        self._forwards: set[asyncio.Task[None]] = set()
         handle.options.retention = retention_of(arguments, self.settings.effective_policy_definition)
 
     def apply_settings(self, settings: QueueSettings) -> None:
@@ -160,6 +175,9 @@ class StreamQueue(Queue):
                 r.settle(self)
             return
         use_filters = any(f is not None for f in filters)
+        if self.replication is not None and not self.replication.writes_here():
+            self._forward(batch, filters if use_filters else None, receipts)
+            return
         last: Appended | None = None
         try:
             for i in range(0, len(batch), MAX_CHUNK_ENTRIES):
@@ -171,6 +189,41 @@ class StreamQueue(Queue):
             return
         if receipts and last is not None:
             last.settled.add_done_callback(lambda fut: self._settle(fut, receipts))
+
+    def _forward(self, batch: list[bytes], filters: list[bytes | None] | None, receipts: list[Receipt]) -> None:
+        """A replicated stream written on another node: the batch goes to its writer (replication's
+        `append`); the receipts settle once a majority has it, or are rejected (nack)."""
+        assert self.replication is not None
+        if len(self._forwards) >= MAX_FORWARDS:
+            log.warning("stream %s: %d publish batches already wait for the writer; %d publishes refused",
+                        self._what, len(self._forwards), len(batch))
+            for r in receipts:
+                r.reject(self, "the stream's writer is not keeping up")
+            return
+        task = asyncio.get_running_loop().create_task(self.replication.append(batch, filters))
+        self._forwards.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._forwards.discard(t)
+            error = "cancelled" if t.cancelled() else t.exception()
+            if error is not None and not receipts:
+                log.warning("stream %s: %d publishes not written: %r", self._what, len(batch), error)
+            for r in receipts:
+                if error is None:
+                    r.settle(self)
+                else:
+                    r.reject(self, str(error))
+        task.add_done_callback(done)
+
+    def readers_moved(self, handle: StreamHandle) -> None:
+        """Replication reopened the log (a cut, an emptying): go on with `handle`, every consumer from the
+        offset its reader had reached (what was cut was never committed, so never delivered)."""
+        self._remove_listener()
+        self.handle = handle
+        self._remove_listener = handle.on_commit(self._committed)
+        for sc in self._consumers.values():
+            sc.reader = handle.reader(OffsetSpec.offset(sc.reader.next_offset))
+        self._schedule_delivery()
 
     def _settle(self, fut: asyncio.Future[None], receipts: list[Receipt]) -> None:
         error = None if fut.cancelled() else fut.exception()
@@ -326,6 +379,8 @@ class StreamQueue(Queue):
     def delete(self) -> int:
         self.deleted = True
         self._remove_listener()
+        for task in list(self._forwards):
+            task.cancel()
         for receipt in self._batch_receipts:
             receipt.settle(self)
         self._batch_receipts = []
@@ -345,4 +400,6 @@ class StreamQueue(Queue):
             "last_offset": h.next_offset - 1, "consumer_offsets": self.consumer_offsets(),
             "leader": self.node_name, "members": [self.node_name], "online": [self.node_name],
         })
+        if self.replication is not None:
+            out.update(self.replication.placement())
         return out

@@ -30,6 +30,7 @@ from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.queues.stream.offset_spec import interval_ms
 from hutch.runtime.ports import Clock, queues_of
 from hutch.runtime.queue_types.base import QueueTypeDefaults
+from hutch.runtime.queue_types.quorum.queue import leader_locator
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream.queue import StreamQueue, retention_of
 from hutch.storage.errors import StorageError
@@ -39,10 +40,13 @@ from hutch.storage.stream_log import DEFAULT_MAX_SEGMENT_SIZE_BYTES
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.clustering.service import ClusterService
+    from hutch.runtime.queue_types.stream_replication.service import StreamReplicationService
 
 log = logging.getLogger("hutch.stream")
 
 RETENTION_TICK_S = 10.0
+DECLARE_WAIT_S = 10.0  # a replicated stream's declare-ok waits this long (at most) for its first writer
 STREAMS_DIR = "streams"
 
 
@@ -59,6 +63,9 @@ class StreamQueueType(QueueTypeDefaults):
         # directories of streams whose files could not be opened at boot: kept for an operator, never
         # taken for orphans (their queue records still name them)
         self._unopened: set[str] = set()
+        # on a clustered node (runtime/app.py): streams of more than one member are replicated
+        self.cluster: ClusterService | None = None
+        self.replication: StreamReplicationService | None = None
 
     @property
     def root(self) -> str | None:
@@ -88,9 +95,57 @@ class StreamQueueType(QueueTypeDefaults):
             raise ChannelError(PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for {what}: streams need a data directory "
                                "(this node was started without --data-dir; see docs/streams.md)", 50, 10)
-        q = self._open(vhost, name, dict(arguments), secrets.randbits(63))
+        q = self._open(vhost, name, dict(arguments), secrets.randbits(62) + 2)  # (0 and 1 are no Raft group ids)
+        members = self._choose_members(q.arguments, q.settings.effective_policy_definition)
         self.node.add_queue(vhost, q)
+        if len(members) > 1:
+            self._replicate(q, members, founding=True, fresh=True)
         return q
+
+    def _choose_members(self, arguments: dict[str, Any], policy: dict[str, Any]) -> list[str]:
+        """A new stream's members: `x-initial-cluster-size` of them (default: every node of the cluster,
+        as RabbitMQ's streams), the writer first, where the leader locator puts it."""
+        cluster = self.cluster
+        if cluster is None or self.replication is None:
+            return [self.node.name]
+        nodes = len(cluster.machine.members) or 1
+        size = arguments.get("x-initial-cluster-size")
+        size = min(size, nodes) if isinstance(size, int) and size > 0 else nodes
+        locator = leader_locator(policy, arguments, self.node.config.queue_leader_locator)
+        return cluster.choose_members(size, self._choose_writer(locator) if size > 1 else self.node.name)
+
+    def _choose_writer(self, locator: str) -> str:
+        """client-local: this node; balanced: the running node that writes the fewest streams."""
+        assert self.cluster is not None and self.replication is not None
+        if locator != "balanced":
+            return self.node.name
+        running = [self.node.name, *sorted(m for m in self.cluster.machine.members
+                                           if m != self.node.name and self.cluster.connected(m))]
+        writes = dict.fromkeys(running, 0)
+        for gid in self.replication.streams:
+            writer = self.replication.writer_of(gid)
+            if writer in writes:
+                writes[writer] += 1
+        return min(running, key=lambda m: writes[m])
+
+    def _replicate(self, q: StreamQueue, members: list[str], *, founding: bool, fresh: bool) -> None:
+        """Make `q` a member of its replicated stream (the group opened here; the member starts after a read
+        barrier). A founding declare names the writer (`members[0]`) once the record is committed."""
+        svc, cluster = self.replication, self.cluster
+        assert svc is not None and cluster is not None
+        directory = f"{self.root}/{q.stream_id:016x}"
+        hosted = svc.attach(q.stream_id, tuple(members), directory, founding=founding, handle=q.handle, fresh=fresh)
+        q.members = list(members)
+        q.replication = svc.route(q.stream_id)
+        svc.when_started(q.stream_id, lambda member: member.readers_moved.append(q.readers_moved))
+        if founding:
+            async def elect() -> None:
+                await cluster.sync_peers()
+                if not hosted.group.leader:
+                    hosted.group.campaign()
+                await svc.declare(q.stream_id, members[0])
+                await svc.wait_writer(q.stream_id, DECLARE_WAIT_S)
+            cluster.post_commit.append(elect)
 
     def _open(self, vhost: VirtualHost, name: str, arguments: dict[str, Any], stream_id: int) -> StreamQueue:
         root = self.root
@@ -106,6 +161,7 @@ class StreamQueueType(QueueTypeDefaults):
         handle.placement.follow_loop(self.node.loop_load, count_busy=True)
         q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
         q.node_name = self.node.name
+        q.members = [self.node.name]
         return q
 
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
@@ -113,6 +169,10 @@ class StreamQueueType(QueueTypeDefaults):
             return False
         if op.gid is None:
             raise ValueError(f"stream '{op.name}' declared without its stream id")
+        members = list(op.members or [op.node or self.node.name])
+        replicated = len(members) > 1
+        if self.node.name not in members or (replicated and self.replication is None):
+            return False  # another node's stream: a stand-in for it (remote_type.py) takes the record
         existing = vhost.queues.get(op.name)
         if isinstance(existing, StreamQueue) and existing.stream_id == op.gid:
             return True
@@ -121,6 +181,7 @@ class StreamQueueType(QueueTypeDefaults):
         if self.root is None:
             log.error("stream '%s' in vhost '%s' cannot open: the node has no data directory", op.name, vhost.name)
             return True
+        fresh = not self.fs.exists(f"{self.root}/{op.gid:016x}")
         try:
             q = self._open(vhost, op.name, self.node.unpack_arguments(op.arguments), op.gid)
         except StorageError as exc:  # one damaged stream must not keep the node from starting
@@ -129,16 +190,29 @@ class StreamQueueType(QueueTypeDefaults):
             self._unopened.add(f"{op.gid:016x}")
             return True
         self.node.add_queue(vhost, q, count=False)
+        if replicated:
+            assert self.cluster is not None and self.cluster.driver is not None
+            # founding: the group is not on this node's disk yet (the declare reaching a member for the
+            # first time); else it recovers from disk
+            self._replicate(q, members, founding=op.gid not in self.cluster.driver.groups_on_disk(), fresh=fresh)
         return True
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, StreamQueue)
-        return {"type": "stream", "gid": q.stream_id}
+        return {"type": "stream", "gid": q.stream_id, "members": list(q.members)}
 
     def deleted(self, q: Queue) -> None:
         assert isinstance(q, StreamQueue)
         q.delete()
-        self._spawn(q.handle.delete())
+        if q.replication is not None and self.replication is not None:
+            self._spawn(self._delete_replicated(q))
+        else:
+            self._spawn(q.handle.delete())
+
+    async def _delete_replicated(self, q: StreamQueue) -> None:
+        assert self.replication is not None
+        await self.replication.detach(q.stream_id, delete=True)  # (closes the member's handle)
+        await q.handle.delete()
 
     def _spawn(self, coro: Any) -> None:
         try:
@@ -181,6 +255,8 @@ class StreamQueueType(QueueTypeDefaults):
     async def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.replication is not None:
+            await self.replication.stop()
         for _v, q in queues_of(self.node.vhosts.values()):
             if isinstance(q, StreamQueue):
                 await q.handle.close()

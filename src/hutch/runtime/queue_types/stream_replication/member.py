@@ -56,7 +56,7 @@ class ReplicaLink(Protocol):
     def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None: ...
 
 
-class NotWriter(Exception):
+class NotWriter(ValueError):
     """A publish reached a member that is not the stream's writer (the caller redirects)."""
 
     def __init__(self, writer: str | None) -> None:
@@ -85,6 +85,9 @@ class ReplicatedStream:
         self._flush_scheduled = False
         self._view: sr.View | None = None
         self._ticks = 0
+        # told the new handle after a cut or an emptying reopened the files (the stream queue moves its
+        # readers there, at the offsets they had reached: a replica is never cut below its commit point)
+        self.readers_moved: list[Callable[[StreamHandle], None]] = []
         self._attach(handle)
 
     @classmethod
@@ -96,9 +99,19 @@ class ReplicatedStream:
         opts = options or StreamOptions()
         fresh = not fs.exists(directory)  # a first open here: no earlier incarnation wrote anything
         handle = await StreamHandle.open(fs, directory, options=opts, clock=clock)
+        return cls.over(name, fs, directory, handle, link, clock=clock, fenced=fenced, fresh=fresh,
+                        session_base=session_base, tick_s=tick_s, **member_options)
+
+    @classmethod
+    def over(cls, name: str, fs: FileSystem, directory: str, handle: StreamHandle, link: ReplicaLink, *,
+             clock: Clock, fenced: int, fresh: bool, session_base: int, tick_s: float = TICK_S,
+             **member_options: int) -> ReplicatedStream:
+        """The member over a handle already open (the stream queue type opened it at a declare or a
+        restore: `held_back` kept it from committing or writing meanwhile); `fresh`: its directory did not
+        exist before that open."""
         tail = Tail(*extent(handle.log)).check()
         member = sr.StreamMember(name, tail, fenced, fresh=fresh, session_base=session_base, **member_options)
-        rs = cls(name, fs, directory, handle, link, clock, opts, member)
+        rs = cls(name, fs, directory, handle, link, clock, handle.options, member)
         rs._start_ticks(tick_s)
         return rs
 
@@ -107,6 +120,20 @@ class ReplicatedStream:
         # what was on disk at open is not known to be committed any more: the machine says when it is
         handle.committed_chunk_id = min(handle.committed_chunk_id, self._chunk_before(self.member.commit))
         handle.on_durable.append(self._on_durable)
+        handle.gate = self._gate
+        handle.on_written = self._on_written
+
+    def _gate(self) -> None:
+        if self.closed or self.member.role is not sr.Role.WRITER or self._reopening is not None:
+            raise NotWriter(self.member.writer)
+
+    def _on_written(self, before: int) -> None:
+        """The handle wrote a chunk by itself (a publish, a stored offset, a roll's snapshot): tell the
+        machine, and ship it this loop turn."""
+        self._wrote(before)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _chunk_before(self, next_offset: int) -> int:
         """The id of the last chunk that ends at or before `next_offset` (-1: none)."""
@@ -164,21 +191,14 @@ class ReplicatedStream:
     def publish(self, entries: Sequence[ck.Entry], *, publisher: bytes | None = None,
                 publishing_ids: Sequence[int] | None = None,
                 filter_values: Sequence[bytes | None] | None = None) -> Appended:
-        """Append on the writer; the answer's `settled` resolves once a majority has the chunk."""
-        if self.member.role is not sr.Role.WRITER or self._reopening is not None:
-            raise NotWriter(self.member.writer)
-        before = self.handle.next_offset
+        """Append on the writer (NotWriter elsewhere); the answer's `settled` resolves once a majority has
+        the chunk. (An append straight on `handle` is the same: the handle's hooks tell the member.)"""
         try:
-            appended = self.handle.append(entries, publisher=publisher, publishing_ids=publishing_ids,
-                                          filter_values=filter_values)
+            return self.handle.append(entries, publisher=publisher, publishing_ids=publishing_ids,
+                                      filter_values=filter_values)
         except StorageError as exc:
             self._fail(exc)
             raise
-        self._wrote(before)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return appended
 
     def _flush(self) -> None:
         """Once per loop turn with publishes: ship them (the replicas write while the writer syncs)."""
@@ -307,6 +327,8 @@ class ReplicatedStream:
             self._ends = deque(x for x in self._ends if x[1] <= self.handle.next_offset)
             self._attach(self.handle)
             self.handle.epoch = self.member.epoch
+            for fn in list(self.readers_moved):
+                fn(handle)
         except (StorageError, OSError, ValueError) as exc:
             self._reopening = None
             self._fail(exc)

@@ -32,15 +32,18 @@ from hutch.cluster import stream_coordinator as sc
 from hutch.cluster import stream_replica as sr
 from hutch.runtime.clustering.raft_driver import RaftDriver
 from hutch.runtime.clustering.raft_group import Group, GroupClosed, NotLeader, ProposalTimeout
+from hutch.runtime.clustering.transport import RemoteError
 from hutch.runtime.ports import Clock
-from hutch.runtime.queue_types.stream.handle import StreamOptions
-from hutch.runtime.queue_types.stream_replication.member import ReplicatedStream
+from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
+from hutch.runtime.queue_types.stream_replication.member import NotWriter, ReplicatedStream
 from hutch.storage.fs import FileSystem
 
 log = logging.getLogger("hutch.stream.replication")
 
 BARRIER_POLL_S = 0.02
 BARRIER_RETRY_S = 0.5
+APPEND_TIMEOUT_S = 30.0  # a publish waits this long for a writer and a majority, then is refused (nacked)
+APPEND_RETRY_S = 0.05    # while no writer takes it (an election), tried again this often
 
 
 class ReplicationHost(Protocol):
@@ -56,6 +59,10 @@ class ReplicationHost(Protocol):
     def raft_id_of(self, name: str) -> int: ...
 
     def name_of(self, raft_id: int) -> str | None: ...
+
+    def connected(self, peer: str) -> bool: ...
+
+    async def call(self, peer: str, request: cm.Request, timeout: float = 5.0) -> Any: ...
 
 
 @dataclass
@@ -84,16 +91,25 @@ class StreamReplicationService:
         self.options = options
         self.tick_s = tick_s
         self.streams: dict[int, Hosted] = {}
+        # this node's stream listener (host, port), when it has one (set by runtime/app.py)
+        self.local_endpoint: Callable[[], tuple[str, int] | None] = lambda: None
+        self.endpoints: dict[str, tuple[str, int]] = {}  # the other nodes' (asked when they come up)
+        self._asking: set[str] = set()
         host.register(cm.StreamReplica, self._on_replica)
         host.register(cm.StreamPropose, self._on_propose)
+        host.register(cm.StreamAppend, self._on_append)
+        host.register(cm.StreamEndpoint, self._on_endpoint)
 
     # -- opening and closing ------------------------------------------------------------------------
 
-    def attach(self, gid: int, members: tuple[str, ...], directory: str, *, founding: bool) -> Hosted:
+    def attach(self, gid: int, members: tuple[str, ...], directory: str, *, founding: bool,
+               handle: StreamHandle | None = None, fresh: bool = False) -> Hosted:
         """Open stream group `gid` here (from disk after a restart; `founding`: bootstrap it with
         `members`, on every member node when the stream is declared; not founding: a member being added
         opens it empty) and start the member once the read barrier passes. `members` are node names; a
-        founding node must be one of them."""
+        founding node must be one of them. With `handle` (the stream queue type opened the files: `fresh`
+        when its directory did not exist before), the member runs over it, and until it starts the handle
+        neither commits nor takes writes."""
         if founding and self.host.name not in members:
             raise ValueError(f"{self.host.name} is not a member of stream group {gid}")
         driver = self.host.driver
@@ -105,19 +121,31 @@ class StreamReplicationService:
         group = driver.open_group(gid, machine, bootstrap_voters=voters if founding else None)
         hosted = Hosted(gid, members, directory, machine, group)
         self.streams[gid] = hosted
-        hosted.started = asyncio.get_running_loop().create_task(self._start(hosted))
+        if handle is not None:
+            handle.auto_commit = False
+            handle.committed_chunk_id = -1  # nothing is known committed before the member says so
+            handle.gate = _starting
+        hosted.started = asyncio.get_running_loop().create_task(self._start(hosted, handle, fresh))
         return hosted
 
-    async def _start(self, hosted: Hosted) -> None:
+    async def _start(self, hosted: Hosted, handle: StreamHandle | None, fresh: bool) -> None:
         await self._barrier(hosted)
         state = hosted.machine.state
-        stream = await ReplicatedStream.open(
-            self.host.name, self.fs, hosted.directory, _Link(self, hosted.gid), clock=self.clock,
-            fenced=state.epoch, session_base=self.incarnation << 32, options=self.options,
-            tick_s=self.tick_s)
+        link = _Link(self, hosted.gid)
+        if handle is None:
+            stream = await ReplicatedStream.open(
+                self.host.name, self.fs, hosted.directory, link, clock=self.clock, fenced=state.epoch,
+                session_base=self.incarnation << 32, options=self.options, tick_s=self.tick_s)
+        else:
+            stream = ReplicatedStream.over(
+                self.host.name, self.fs, hosted.directory, handle, link, clock=self.clock, fenced=state.epoch,
+                fresh=fresh, session_base=self.incarnation << 32, tick_s=self.tick_s)
         hosted.stream = stream
         if state.epoch:
             stream.observe(hosted.machine.state.view())
+        for fn in hosted.waiting:
+            fn()
+        hosted.waiting.clear()
 
     async def _barrier(self, hosted: Hosted) -> None:
         """A read barrier: a `Barrier` with a token of this node's, proposed through the group's leader
@@ -229,13 +257,127 @@ class StreamReplicationService:
 
     def peer_changed(self, peer: str, up: bool) -> None:
         """The failure detector: a node went down; where this node leads a stream's group and that node
-        writes the stream, elect another writer."""
+        writes the stream, elect another writer. (A node that comes up is asked for its stream listener.)"""
         if up:
+            asyncio.get_running_loop().create_task(self._ask_endpoint(peer))
             return
         for hosted in self.streams.values():
             state = hosted.machine.state
             if hosted.group.is_leader and state.writer == peer:
                 self._propose_here(hosted, sc.encode_command(sc.WriterDown(state.epoch)))
+
+    # -- publishing from any node, and where the members listen ------------------------------------------
+
+    def writes_here(self, gid: int) -> bool:
+        hosted = self.streams.get(gid)
+        stream = None if hosted is None else hosted.stream
+        return stream is not None and stream.member.role is sr.Role.WRITER and stream._reopening is None
+
+    def writer_of(self, gid: int) -> str | None:
+        hosted = self.streams.get(gid)
+        return None if hosted is None else hosted.machine.state.writer
+
+    async def append(self, gid: int, entries: list[bytes], filters: list[bytes | None] | None,
+                     timeout_s: float = APPEND_TIMEOUT_S) -> None:
+        """Write `entries` through the stream's writer, here or on its node, and return once a majority
+        has them. While the writer is being elected (or its node is not reachable) this waits, up to
+        `timeout_s`; a refusal that may have been written anyway (a lost reply, a timeout) is raised, never
+        retried, so a confirm always means the entries are in the stream once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            hosted = self.streams.get(gid)
+            if hosted is None:
+                raise KeyError(f"stream group {gid} is not on {self.host.name}")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"no writer of stream group {gid} took the publishes in time")
+            if self.writes_here(gid):
+                assert hosted.stream is not None
+                appended = hosted.stream.publish(entries, filter_values=filters)
+                await asyncio.wait_for(asyncio.shield(appended.settled), remaining)
+                return
+            writer = hosted.machine.state.writer
+            if writer is not None and writer != self.host.name and self.host.connected(writer):
+                try:
+                    await self.host.call(writer, cm.StreamAppend(gid, entries, filters), timeout=remaining)
+                    return
+                except RemoteError as exc:
+                    if exc.remote_type != NotWriter.__name__:  # (NotWriter: refused before anything was written)
+                        raise
+            await asyncio.sleep(APPEND_RETRY_S)
+
+    async def _on_append(self, peer: str, m: cm.StreamAppend) -> bool:
+        if not all(type(e) is bytes for e in m.entries) or (
+                m.filters is not None and (len(m.filters) != len(m.entries)
+                                           or not all(f is None or type(f) is bytes for f in m.filters))):
+            raise ValueError("malformed stream append")
+        hosted = self.streams.get(m.gid)
+        if hosted is None or hosted.stream is None or not self.writes_here(m.gid):
+            raise NotWriter(None if hosted is None else hosted.machine.state.writer)
+        appended = hosted.stream.publish(m.entries, filter_values=m.filters)
+        await asyncio.wait_for(asyncio.shield(appended.settled), APPEND_TIMEOUT_S)
+        return True
+
+    def _on_endpoint(self, peer: str, m: cm.StreamEndpoint) -> list[Any]:
+        endpoint = self.local_endpoint()
+        return list(endpoint) if endpoint is not None else []
+
+    async def _ask_endpoint(self, peer: str) -> None:
+        if peer in self._asking:
+            return
+        self._asking.add(peer)
+        try:
+            value = await self.host.call(peer, cm.StreamEndpoint(), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - asked again when it is next wanted
+            log.debug("stream listener of %s not known: %r", peer, exc)
+            return
+        finally:
+            self._asking.discard(peer)
+        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
+            self.endpoints[peer] = (value[0], value[1])
+
+    def endpoint_of(self, node: str) -> tuple[str, int] | None:
+        """Where `node`'s stream listener is (None: not known yet; then it is asked, once at a time)."""
+        if node == self.host.name:
+            return self.local_endpoint()
+        found = self.endpoints.get(node)
+        if found is None and self.host.connected(node):
+            asyncio.get_running_loop().create_task(self._ask_endpoint(node))
+        return found
+
+    def route(self, gid: int) -> StreamRoute:
+        return StreamRoute(self, gid)
+
+    async def wait_writer(self, gid: int, timeout_s: float) -> bool:
+        """Until a member writes stream group `gid` (True), or `timeout_s` passed (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            hosted = self.streams.get(gid)
+            if hosted is None:
+                return False
+            state = hosted.machine.state
+            if state.writer is not None and (state.writer != self.host.name or self.writes_here(gid)):
+                return True
+            await asyncio.sleep(BARRIER_POLL_S)
+        return False
+
+    def placement(self, gid: int) -> tuple[str | None, tuple[str, ...]]:
+        """(the writer's node, the members) as the coordinator's copy here has them."""
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            return None, ()
+        state = hosted.machine.state
+        return state.writer, state.members or hosted.members
+
+    def when_started(self, gid: int, fn: Callable[[ReplicatedStream], None]) -> None:
+        """`fn(member)` once the member of stream group `gid` runs here (now, if it does)."""
+        hosted = self.streams[gid]
+        if hosted.stream is not None:
+            fn(hosted.stream)
+        else:
+            hosted.waiting.append(lambda: fn(hosted.stream) if hosted.stream is not None else None)
 
     # -- the members' messages ----------------------------------------------------------------------
 
@@ -249,6 +391,34 @@ class StreamReplicationService:
             log.warning("dropped a stream replica message from %s: %s", peer, exc)
             return
         hosted.stream.receive(message)
+
+
+class StreamRoute:
+    """A replicated stream's queue's view of replication (the stream queue's `Replication` port,
+    runtime/queue_types/stream/queue.py): where it is written, publishing through the writer, members."""
+
+    def __init__(self, service: StreamReplicationService, gid: int) -> None:
+        self.service, self.gid = service, gid
+
+    def writes_here(self) -> bool:
+        return self.service.writes_here(self.gid)
+
+    async def append(self, entries: list[bytes], filters: list[bytes | None] | None) -> None:
+        await self.service.append(self.gid, entries, filters)
+
+    def placement(self) -> dict[str, Any]:
+        """`leader`, `members`, `online` (management and hutch-queues), and this member's own view."""
+        host = self.service.host
+        writer, members = self.service.placement(self.gid)
+        hosted = self.service.streams.get(self.gid)
+        own = hosted.stream.status() if hosted is not None and hosted.stream is not None else {}
+        return {"leader": writer or "", "members": list(members),
+                "online": [m for m in members if m == host.name or host.connected(m)],
+                "epoch": own.get("epoch", 0), "replication": own}
+
+
+def _starting() -> None:
+    raise NotWriter(None)
 
 
 class _Link:
