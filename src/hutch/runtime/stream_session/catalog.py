@@ -19,7 +19,7 @@ from typing import Any
 from hutch.amqp.errors import AMQPError
 from hutch.runtime.ports import BrokerPort
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.stream_session.ports import StreamExists, StreamRefused
+from hutch.runtime.stream_session.ports import Members, StreamExists, StreamRefused
 from hutch.streamproto.codes import Code
 
 _INT_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
@@ -56,6 +56,12 @@ class QueueCatalog:
     def lookup(self, vhost: str, name: str) -> StreamHandle | None:
         handle = getattr(self._queue(vhost, name), "handle", None)
         return handle if isinstance(handle, StreamHandle) else None
+
+    def members(self, vhost: str, name: str) -> Members | None:
+        """A replicated stream's (this node, its writer's node, [(member node, its stream listener)]);
+        None for a stream of this node only."""
+        replication = getattr(self._queue(vhost, name), "replication", None)
+        return None if replication is None else replication.nodes()
 
     def is_stream(self, vhost: str, name: str) -> bool:
         q = self._queue(vhost, name)

@@ -552,6 +552,7 @@ class StreamConnection:
 
     def _metadata(self, cmd: c.Metadata) -> None:
         host, port = self.advertised()
+        brokers: dict[tuple[str, int], int] = {(host, port): 0}  # this node is reference 0
         entries: list[tuple[str, int, int, list[int]]] = []
         for stream in dict.fromkeys(cmd.streams):
             handle = self.catalog.lookup(self.vhost.name, stream)
@@ -560,8 +561,26 @@ class StreamConnection:
             elif not self.permitted("read", stream) and not self.permitted("write", stream):
                 entries.append((stream, Code.ACCESS_REFUSED, 0xFFFF, []))
             else:
-                entries.append((stream, Code.OK, 0, []))
-        self.send(c.MetadataResponse(cmd.correlation_id, [(0, host, port)], entries))
+                entries.append(self._placement(stream, brokers))
+        self.send(c.MetadataResponse(cmd.correlation_id, [(ref, h, p) for (h, p), ref in brokers.items()],
+                                     entries))
+
+    def _placement(self, stream: str, brokers: dict[tuple[str, int], int]) -> tuple[str, int, int, list[int]]:
+        """A stream's leader (its writer's node) and replicas (the other members whose listener is known),
+        as broker references; a stream of this node only: this node, no replicas."""
+        members = self.catalog.members(self.vhost.name, stream)
+        if members is None:
+            return stream, Code.OK, 0, []
+        here, writer, nodes = members
+        refs: dict[str, int] = {}
+        for node, endpoint in nodes:
+            if node == here:
+                refs[node] = 0
+            elif endpoint is not None:
+                refs[node] = brokers.setdefault(endpoint, len(brokers))
+        if writer is None or writer not in refs:
+            return stream, Code.STREAM_NOT_AVAILABLE, 0xFFFF, []
+        return stream, Code.OK, refs[writer], [r for n, r in refs.items() if n != writer]
 
     def _stream_stats(self, cmd: c.StreamStats) -> None:
         handle = self.stream_handle(cmd.stream)

@@ -34,9 +34,18 @@ class StreamRefused(Exception):
         self.text = text
 
 
+# a replicated stream's members as the metadata command answers them: (this node, the writer's node or None
+# while one is elected, [(member node, (host, port) of its stream listener or None if not known yet)])
+Members = tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]
+
+
 class StreamCatalog(Protocol):
     def lookup(self, vhost: str, name: str) -> StreamHandle | None:
         """The open handle of stream `name` in `vhost`, None if there is no such stream."""
+        ...
+
+    def members(self, vhost: str, name: str) -> Members | None:
+        """A replicated stream's members (None: a stream of this node only)."""
         ...
 
     def is_stream(self, vhost: str, name: str) -> bool:

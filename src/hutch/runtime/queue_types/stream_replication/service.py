@@ -44,6 +44,8 @@ BARRIER_POLL_S = 0.02
 BARRIER_RETRY_S = 0.5
 APPEND_TIMEOUT_S = 30.0  # a publish waits this long for a writer and a majority, then is refused (nacked)
 APPEND_RETRY_S = 0.05    # while no writer takes it (an election), tried again this often
+DETECT_S = 0.5           # the failure detector's sweep
+ENDPOINT_RETRY_S, ENDPOINT_TRIES = 0.5, 120  # asking a booting peer for its stream listener
 
 
 class ReplicationHost(Protocol):
@@ -95,6 +97,7 @@ class StreamReplicationService:
         self.local_endpoint: Callable[[], tuple[str, int] | None] = lambda: None
         self.endpoints: dict[str, tuple[str, int]] = {}  # the other nodes' (asked when they come up)
         self._asking: set[str] = set()
+        self._detector: asyncio.TimerHandle | None = None
         host.register(cm.StreamReplica, self._on_replica)
         host.register(cm.StreamPropose, self._on_propose)
         host.register(cm.StreamAppend, self._on_append)
@@ -126,6 +129,8 @@ class StreamReplicationService:
             handle.committed_chunk_id = -1  # nothing is known committed before the member says so
             handle.gate = _starting
         hosted.started = asyncio.get_running_loop().create_task(self._start(hosted, handle, fresh))
+        if self._detector is None:
+            self._detector = asyncio.get_running_loop().call_later(DETECT_S, self._detect)
         return hosted
 
     async def _start(self, hosted: Hosted, handle: StreamHandle | None, fresh: bool) -> None:
@@ -214,6 +219,9 @@ class StreamReplicationService:
             self.host.driver.close_group(gid, delete=delete)
 
     async def stop(self) -> None:
+        if self._detector is not None:
+            self._detector.cancel()
+            self._detector = None
         for gid in list(self.streams):
             await self.detach(gid)
 
@@ -324,18 +332,23 @@ class StreamReplicationService:
         return list(endpoint) if endpoint is not None else []
 
     async def _ask_endpoint(self, peer: str) -> None:
+        """Ask `peer` where its stream listener is; a node that is booting answers before its listener is
+        up (nothing): asked again every ENDPOINT_RETRY_S, ENDPOINT_TRIES times at most."""
         if peer in self._asking:
             return
         self._asking.add(peer)
         try:
-            value = await self.host.call(peer, cm.StreamEndpoint(), timeout=5.0)
+            for _ in range(ENDPOINT_TRIES):
+                value = await self.host.call(peer, cm.StreamEndpoint(), timeout=5.0)
+                if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
+                        and isinstance(value[1], int):
+                    self.endpoints[peer] = (value[0], value[1])
+                    return
+                await asyncio.sleep(ENDPOINT_RETRY_S)
         except Exception as exc:  # noqa: BLE001 - asked again when it is next wanted
             log.debug("stream listener of %s not known: %r", peer, exc)
-            return
         finally:
             self._asking.discard(peer)
-        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
-            self.endpoints[peer] = (value[0], value[1])
 
     def endpoint_of(self, node: str) -> tuple[str, int] | None:
         """Where `node`'s stream listener is (None: not known yet; then it is asked, once at a time)."""
@@ -379,6 +392,19 @@ class StreamReplicationService:
         else:
             hosted.waiting.append(lambda: fn(hosted.stream) if hosted.stream is not None else None)
 
+    def _detect(self) -> None:
+        """The failure detector's sweep (every DETECT_S): where this node leads a stream's group and the
+        writer's node is not connected, elect another writer. (`peer_changed` acts at once, but only
+        where this node leads then: a writer's node that led its group too is found by the sweep once
+        another leader is elected.)"""
+        self._detector = asyncio.get_running_loop().call_later(DETECT_S, self._detect)
+        for hosted in self.streams.values():
+            state = hosted.machine.state
+            writer = state.writer
+            if hosted.group.is_leader and writer is not None and writer != self.host.name \
+                    and not self.host.connected(writer):
+                self._propose_here(hosted, sc.encode_command(sc.WriterDown(state.epoch)))
+
     # -- the members' messages ----------------------------------------------------------------------
 
     def _on_replica(self, peer: str, m: cm.StreamReplica) -> None:
@@ -405,6 +431,13 @@ class StreamRoute:
 
     async def append(self, entries: list[bytes], filters: list[bytes | None] | None) -> None:
         await self.service.append(self.gid, entries, filters)
+
+    def nodes(self) -> tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]:
+        """(this node, the writer's node, each member's node and stream listener, the writer first):
+        what the stream protocol's metadata answers."""
+        writer, members = self.service.placement(self.gid)
+        order = ([writer] if writer in members else []) + [m for m in members if m != writer]
+        return self.service.host.name, writer, [(m, self.service.endpoint_of(m)) for m in order]
 
     def placement(self) -> dict[str, Any]:
         """`leader`, `members`, `online` (management and hutch-queues), and this member's own view."""
