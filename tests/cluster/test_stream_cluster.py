@@ -1,0 +1,205 @@
+"""Replicated streams on real multi-process clusters (issue 23; docs/streams.md, "On the node"): three
+`hutch-server` nodes with stream listeners, pika publishing with confirms through a member that does not
+write, the writer's node killed (`kill -9`) or paused (SIGSTOP) mid-run, a member down while publishing,
+and every confirmed message read back in order, once, from `first` on every member with pika, and with
+rstream, which connects by the stream protocol's metadata (the writer as leader, the others replicas).
+
+`make test` runs the first test (one kill -9 of the writer); the others are `slow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from hutch import portfile
+
+from .nodes import FAST, Cluster, Node, eventually, short
+
+STREAM_CONF = FAST + "stream.listeners.tcp.default = 0\n"
+STREAM = {"x-queue-type": "stream"}
+
+
+def connect(node: Node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+
+
+def start_cluster(tmp: Path, n: int = 3) -> Cluster:
+    c = Cluster(tmp)
+    for _ in range(n):
+        c.add(config_text=STREAM_CONF)
+    return c
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def declare(node: Node, name: str, **arguments: object) -> None:
+    conn = connect(node)
+    conn.channel().queue_declare(name, durable=True, arguments={**STREAM, **arguments})
+    conn.close()
+
+
+def info(node: Node, name: str) -> dict:
+    code, doc = node.api("GET", f"/api/queues/%2F/{name}")
+    assert code == 200, doc
+    return doc
+
+
+def publish(node: Node, name: str, bodies: list[str], during: dict[int, object] | None = None) -> list[str]:
+    """Publish each body with confirms through `node`; returns the confirmed ones (a nack leaves one
+    out). `during[i]()` runs before body i (kill a node, pause one...)."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    confirmed = []
+    for i, body in enumerate(bodies):
+        if during and i in during:
+            during[i]()  # type: ignore[operator]
+        try:
+            ch.basic_publish("", name, body.encode())
+            confirmed.append(body)
+        except pika.exceptions.NackError:
+            pass
+    conn.close()
+    return confirmed
+
+
+def read_first(node: Node, name: str, count: int, timeout: float = 30.0) -> list[tuple[int, str]]:
+    """(x-stream-offset, body) of the first `count` messages a consumer from `first` gets on `node`, and
+    whatever else arrives within a short while after (so a duplicate would be seen)."""
+    conn = connect(node)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1000)
+    got: list[tuple[int, str]] = []
+
+    def on(channel: object, method: object, props: object, body: bytes) -> None:
+        got.append((props.headers["x-stream-offset"], body.decode()))  # type: ignore[attr-defined]
+        ch.basic_ack(method.delivery_tag)  # type: ignore[attr-defined]
+
+    ch.basic_consume(name, on, arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        conn.process_data_events(0.2)
+    conn.process_data_events(0.5)
+    conn.close()
+    return got
+
+
+def assert_all_confirmed_once_in_order(got: list[tuple[int, str]], confirmed: list[str], where: str) -> None:
+    bodies = [b for _, b in got]
+    offsets = [o for o, _ in got]
+    assert offsets == sorted(set(offsets)), f"{where}: offsets not increasing"
+    assert len(bodies) == len(set(bodies)), f"{where}: a message twice"
+    wanted = set(confirmed)
+    assert [b for b in bodies if b in wanted] == confirmed, f"{where}: confirmed messages missing or out of order"
+
+
+def writer_of(node: Node, name: str) -> str:
+    return short(info(node, name)["leader"])
+
+
+def test_writer_killed_mid_run_every_confirmed_message_on_every_member(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "events")
+    doc = info(n2, "events")
+    assert doc["type"] == "stream"
+    assert sorted(short(m) for m in doc["members"]) == ["n1", "n2", "n3"]  # every node, as RabbitMQ's default
+    assert short(doc["leader"]) == "n1"  # client-local: the declaring node writes
+    assert doc["replication"]["epoch"] == 1  # epochs start at 1, as osiris's
+    # publish through n2 (a replica: forwarded to the writer), kill -9 the writer's node a third in
+    confirmed = publish(n2, "events", [f"m{i}" for i in range(150)], during={50: n1.kill})
+    assert len(confirmed) >= 140  # a failover nacks at most the few in flight
+    assert eventually(lambda: writer_of(n2, "events") in ("n2", "n3"), timeout=20)
+    n1.start()
+    cluster.wait_running({"n1", "n2", "n3"})
+    for node in cluster.nodes:
+        got = read_first(node, "events", len(confirmed))
+        assert_all_confirmed_once_in_order(got, confirmed, node.name)
+    assert info(n1, "events")["replication"]["epoch"] >= 2
+
+
+def stream_port(node: Node) -> int:
+    doc = portfile.read(node.directory / "data")
+    assert doc is not None
+    return int(doc["listeners"]["stream"])
+
+
+async def rstream_read(port: int, name: str, count: int) -> list[bytes]:
+    from rstream import AMQPMessage, ConsumerOffsetSpecification, MessageContext, OffsetType, amqp_decoder
+    from rstream import Consumer as RConsumer
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+        got.append(bytes(msg.body if isinstance(msg.body, bytes | bytearray) else b"".join(msg.body)))
+        if len(got) >= count:
+            done.set()
+
+    async with RConsumer("127.0.0.1", port=port, username="guest", password="guest") as c:
+        await c.start()
+        await c.subscribe(name, on, decoder=amqp_decoder,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), 30)
+    return got
+
+
+async def rstream_publish(port: int, name: str, bodies: list[bytes]) -> tuple[object, list[object]]:
+    """Publish through rstream (it connects to the leader the metadata names); returns that metadata."""
+    from rstream import AMQPMessage, Producer
+    async with Producer("127.0.0.1", port=port, username="guest", password="guest") as p:
+        for b in bodies:
+            await p.send_wait(name, AMQPMessage(body=b))
+        client = await p._get_or_create_client(name)  # noqa: SLF001 - the metadata rstream acted on
+        leader, replicas = await client.query_leader_and_replicas(name)
+    return leader, replicas
+
+
+@pytest.mark.slow
+def test_rstream_follows_the_metadata_and_reads_on_every_member(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n2, "rs-events")  # n2 writes
+    ports = {n.name: stream_port(n) for n in cluster.nodes}
+    bodies = [b"r%d" % i for i in range(60)]
+    leader, replicas = asyncio.run(rstream_publish(ports["n1"], "rs-events", bodies))  # asked n1: not the writer
+    assert leader.port == ports["n2"]  # type: ignore[attr-defined]
+    assert sorted(r.port for r in replicas) == sorted([ports["n1"], ports["n3"]])  # type: ignore[attr-defined]
+    for node in cluster.nodes:
+        assert asyncio.run(rstream_read(ports[node.name], "rs-events", len(bodies))) == bodies
+        got = read_first(node, "rs-events", len(bodies))
+        assert [b for _, b in got] == [b.decode() for b in bodies]
+
+
+@pytest.mark.slow
+def test_member_down_while_publishing_catches_up(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "catch-up")
+    n3.stop()
+    confirmed = publish(n1, "catch-up", [f"c{i}" for i in range(200)])
+    assert len(confirmed) == 200  # two of three members are a majority
+    n3.start()
+    got = read_first(n3, "catch-up", 200)
+    assert_all_confirmed_once_in_order(got, confirmed, "n3")
+
+
+@pytest.mark.slow
+def test_paused_writer_is_replaced_and_rejoins(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "paused")
+    confirmed = publish(n2, "paused", [f"p{i}" for i in range(100)], during={30: n1.pause})
+    assert eventually(lambda: writer_of(n2, "paused") in ("n2", "n3"), timeout=30)
+    n1.resume()
+    confirmed += publish(n3, "paused", [f"q{i}" for i in range(50)])
+    for node in cluster.nodes:
+        got = read_first(node, "paused", len(confirmed))
+        assert_all_confirmed_once_in_order(got, confirmed, node.name)
