@@ -10,6 +10,10 @@ rstream, which connects by the stream protocol's metadata (the writer as leader,
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +207,48 @@ def test_paused_writer_is_replaced_and_rejoins(cluster: Cluster) -> None:
     for node in cluster.nodes:
         got = read_first(node, "paused", len(confirmed))
         assert_all_confirmed_once_in_order(got, confirmed, node.name)
+
+
+def hq(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    """hutch-queues against a node's management port."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    return subprocess.run([sys.executable, "-m", "hutch.cli.queues", "--port", str(node.management_port), *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.slow
+def test_membership_through_hutch_queues(tmp_path: Path) -> None:
+    c = start_cluster(tmp_path, 4)
+    try:
+        n1, n2, n3, n4 = c.nodes
+        declare(n1, "members", **{"x-initial-cluster-size": 3})
+        members = {short(m) for m in info(n1, "members")["members"]}
+        assert len(members) == 3 and "n1" in members
+        spare = next(n for n in c.nodes if n.name not in members)
+        first = publish(n1, "members", [f"a{i}" for i in range(100)])
+        out = hq(n1, "add_member", "members", spare.name)
+        assert out.returncode == 0, out.stderr
+        assert "Adding a replica for queue members" in out.stdout
+        assert eventually(lambda: {short(m) for m in info(spare, "members")["members"]} == members | {spare.name})
+        assert_all_confirmed_once_in_order(read_first(spare, "members", 100), first, spare.name)  # caught up
+        out = hq(n1, "add_member", "members", spare.name)
+        assert out.returncode == 1 and "already a member" in out.stderr
+        # remove the writer: another member writes; the removed node keeps a stand-in of the stream
+        out = hq(n2 if n2.name != "n1" else n3, "delete_member", "members", "n1")
+        assert out.returncode == 0, out.stderr
+        assert eventually(lambda: short(info(spare, "members")["leader"]) not in ("", "n1"))
+        assert "n1" not in {short(m) for m in info(spare, "members")["members"]}
+        more = publish(n1, "members", [f"b{i}" for i in range(50)])  # through the stand-in
+        assert_all_confirmed_once_in_order(read_first(spare, "members", 150), first + more, spare.name)
+        # shrink takes a node out of every replicated stream (and quorum queue) it is a member of
+        rest = [n for n in c.nodes if short(n.full_name) in {short(m) for m in info(spare, "members")["members"]}]
+        out = hq(rest[0], "--formatter", "json", "shrink", rest[-1].name)
+        assert out.returncode == 0, out.stderr
+        assert [r["result"] for r in json.loads(out.stdout)] == ["ok"]
+        assert len(info(rest[0], "members")["members"]) == 2
+        # a stream of one member cannot change its members
+        declare(n1, "single", **{"x-initial-cluster-size": 1})
+        out = hq(n1, "add_member", "single", "n2")
+        assert out.returncode == 1 and "a stream of one member" in out.stderr
+    finally:
+        c.stop()

@@ -1,4 +1,5 @@
-"""``hutch-queues``: quorum queue operations through the management HTTP API, rabbitmq-queues-style.
+"""``hutch-queues``: quorum queue (and replicated stream) operations through the management HTTP API,
+rabbitmq-queues-style.
 
 This module owns the command line of hutch-queues (rabbitmq-queues' command names and argument
 orders: add_member, delete_member, grow, shrink, rebalance, quorum_status), migrate_mirrored, which
@@ -309,12 +310,14 @@ _QUEUE_NODE = [("queue", {"metavar": "QUEUE"}), ("node", {"metavar": "NODE"})]
 _PATTERNS = [("--vhost-pattern", {"default": ".*", "help": "regular expression for vhost names (default .*)"}),
              ("--queue-pattern", {"default": ".*", "help": "regular expression for queue names (default .*)"})]
 _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
-    "add_member": ("add a member (replica) on NODE to a quorum queue in a vhost (-p)", _QUEUE_NODE),
-    "delete_member": ("remove the member on NODE from a quorum queue in a vhost (-p)", _QUEUE_NODE),
-    "grow": ("add NODE as a member of every matching quorum queue (even: only those with an even number "
-             "of members)", [("node", {"metavar": "NODE"}),
+    "add_member": ("add a member (replica) on NODE to a quorum queue or a replicated stream in a vhost (-p)",
+                   _QUEUE_NODE),
+    "delete_member": ("remove the member on NODE from a quorum queue or a replicated stream in a vhost (-p)",
+                      _QUEUE_NODE),
+    "grow": ("add NODE as a member of every matching quorum queue and replicated stream (even: only those "
+             "with an even number of members)", [("node", {"metavar": "NODE"}),
                              ("strategy", {"choices": ("all", "even"), "metavar": "all|even"}), *_PATTERNS]),
-    "shrink": ("remove NODE from every quorum queue it is a member of",
+    "shrink": ("remove NODE from every quorum queue and replicated stream it is a member of",
                [("node", {"metavar": "NODE"}),
                 ("--errors-only", {"action": "store_true", "help": "report only the queues that failed"})]),
     "rebalance": ("move quorum queue leaders so every node leads about as many",

@@ -420,20 +420,30 @@ class StreamEndpoint(NamedTuple):
     member's). Reply: [host, port] ([] when it has none)."""
 
 
+@request_kind(64)
+class StreamMember(NamedTuple):
+    """At the leader of stream group `gid`'s Raft group: add (`add`) or remove member `node` (the Raft voter
+    and the stream's member, StreamReplicationService.add_member / delete_member). Reply: True."""
+
+    gid: int
+    node: str
+    add: bool
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

@@ -4,7 +4,8 @@ with rabbitmq-queues over its Erlang distribution).
 Owns the service side of:
 - `GET /api/queues/{vhost}/{name}/quorum-status`: one row per member (Raft role, voter or not, term, log
   indexes, how far the leader knows it has replicated to it), each asked of the member itself;
-- `POST /api/queues/{vhost}/{name}/members` {"node": N} and `DELETE .../members/{node}`;
+- `POST /api/queues/{vhost}/{name}/members` {"node": N} and `DELETE .../members/{node}` (quorum queues and
+  replicated streams: the stream queue type's `change_member`);
 - `POST /api/quorum-queues/grow` {"node", "strategy": "all"|"even", "vhost_pattern", "queue_pattern"},
   `POST /api/quorum-queues/shrink` {"node", "errors_only"}, `POST /api/quorum-queues/rebalance`
   {"vhost_pattern", "queue_pattern"}: per-queue reports;
@@ -34,6 +35,8 @@ from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 from hutch.runtime.queue_types.quorum.service import QuorumService
+from hutch.runtime.queue_types.stream.queue import StreamQueue
+from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 
 from .access import Principal, require_admin
 from .cluster import cluster_service
@@ -98,6 +101,15 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
     return q
 
 
+def _member_queue(node: Node, vhost: str, name: str) -> QuorumQueue | StreamQueue:
+    """A queue with members: a quorum queue or a stream (a stream of one member is refused by its type)."""
+    v = node.vhosts.get(vhost)
+    q = None if v is None else v.queues.get(name)
+    if isinstance(q, StreamQueue):
+        return q
+    return _quorum_queue(node, vhost, name)
+
+
 def _pattern(body: dict[str, Any], key: str) -> UserPattern:
     text = body.get(key, ".*")
     if text is None:
@@ -110,15 +122,17 @@ def _pattern(body: dict[str, Any], key: str) -> UserPattern:
         raise bad_request(f"{key}: {exc}") from None
 
 
-def _matching(node: Node, body: dict[str, Any]) -> list[QuorumQueue]:
-    """The quorum queues whose vhost and name match the body's patterns, by vhost then name."""
+def _matching(node: Node, body: dict[str, Any], streams: bool = False) -> list[Any]:
+    """The quorum queues (`streams`: and the replicated streams this node is a member of) whose vhost and
+    name match the body's patterns, by vhost then name."""
     vhost_re, queue_re = _pattern(body, "vhost_pattern"), _pattern(body, "queue_pattern")
-    out: list[QuorumQueue] = []
+    out: list[Any] = []
     for vname in sorted(node.vhosts):
         if not vhost_re.search(vname):
             continue
         for qname, q in sorted(node.vhosts[vname].queues.items()):
-            if isinstance(q, QuorumQueue) and queue_re.search(qname):
+            replicated_stream = streams and isinstance(q, StreamQueue) and q.replication is not None
+            if (isinstance(q, QuorumQueue) or replicated_stream) and queue_re.search(qname):
                 out.append(q)
     return out
 
@@ -220,7 +234,7 @@ async def quorum_status(node: Node, p: Principal, vhost: str, name: str) -> list
 # -- membership -----------------------------------------------------------------------------------------
 
 
-def _need_quorum(node: Node, q: QuorumQueue, after: list[str]) -> None:
+def _need_quorum(node: Node, q: QuorumQueue | StreamQueue, after: list[str]) -> None:
     """503 unless a majority of the members before and after the change are running."""
     for members in (q.members, after):
         running = [m for m in members if _running(node, m)]
@@ -250,9 +264,8 @@ def _runtime_error(exc: Exception, what: str) -> ApiError | None:
     return None
 
 
-async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
+async def _change(node: Node, q: QuorumQueue | StreamQueue, member: str, add: bool) -> None:
     cluster = _cluster(node)
-    svc = _quorum(cluster)
     what = f"{'adding' if add else 'removing'} {member} {'to' if add else 'from'} {rs('queue', q.name, q.vhost)}"
     if add:
         if member in q.members:
@@ -269,7 +282,13 @@ async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
                               "queue instead)")
         _need_quorum(node, q, [m for m in q.members if m != member])
     try:
-        await (svc.add_member(q, member) if add else svc.delete_member(q, member))
+        if isinstance(q, StreamQueue):  # (runtime/queue_types/stream/queue_type.py: the stream's own rules)
+            streams = node.queue_type_of(q)
+            assert isinstance(streams, StreamQueueType)
+            await streams.change_member(node.vhosts[q.vhost], q, member, add)
+        else:
+            svc = _quorum(cluster)
+            await (svc.add_member(q, member) if add else svc.delete_member(q, member))
         if (member in q.members) != add:  # the leader made the change elsewhere: read it back here
             await cluster.barrier()
     except Exception as exc:
@@ -282,7 +301,7 @@ async def _change(node: Node, q: QuorumQueue, member: str, add: bool) -> None:
 async def add_member(node: Node, p: Principal, vhost: str, name: str, body: Any) -> dict[str, Any]:
     require_admin(p)
     _cluster(node)
-    q = _quorum_queue(node, vhost, name)
+    q = _member_queue(node, vhost, name)
     member = _node_name(node, _body(body).get("node"))
     await _change(node, q, member, add=True)
     return {"vhost": vhost, "name": name, "members": list(q.members)}
@@ -291,11 +310,11 @@ async def add_member(node: Node, p: Principal, vhost: str, name: str, body: Any)
 async def delete_member(node: Node, p: Principal, vhost: str, name: str, member: str) -> None:
     require_admin(p)
     _cluster(node)
-    q = _quorum_queue(node, vhost, name)
+    q = _member_queue(node, vhost, name)
     await _change(node, q, _node_name(node, member), add=False)
 
 
-async def _report(node: Node, q: QuorumQueue, member: str, add: bool) -> dict[str, Any]:
+async def _report(node: Node, q: QuorumQueue | StreamQueue, member: str, add: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"vhost": q.vhost, "name": q.name}
     try:
         await _change(node, q, member, add)
@@ -308,8 +327,8 @@ async def _report(node: Node, q: QuorumQueue, member: str, add: bool) -> dict[st
 
 
 async def grow(node: Node, p: Principal, body: Any) -> list[dict[str, Any]]:
-    """Add `node` to every matching quorum queue it is not a member of (`even`: only those with an even
-    number of members), as rabbitmq-queues grow."""
+    """Add `node` to every matching quorum queue (and replicated stream of this node) it is not a member
+    of (`even`: only those with an even number of members), as rabbitmq-queues grow."""
     require_admin(p)
     _cluster(node)
     body = _body(body)
@@ -320,7 +339,7 @@ async def grow(node: Node, p: Principal, body: Any) -> list[dict[str, Any]]:
     if not _running(node, member):
         raise ApiError(503, "service_unavailable", f"node '{member}' is not running")
     rows = []
-    for q in _matching(node, body):
+    for q in _matching(node, body, streams=True):
         if member in q.members or (strategy == "even" and len(q.members) % 2):
             continue
         rows.append(await _report(node, q, member, add=True))
@@ -328,14 +347,14 @@ async def grow(node: Node, p: Principal, body: Any) -> list[dict[str, Any]]:
 
 
 async def shrink(node: Node, p: Principal, body: Any) -> list[dict[str, Any]]:
-    """Remove `node` from every quorum queue it is a member of (running or not), as rabbitmq-queues
-    shrink; `errors_only`: report only the queues where that failed."""
+    """Remove `node` from every quorum queue (and replicated stream of this node) it is a member of
+    (running or not), as rabbitmq-queues shrink; `errors_only`: report only the queues where that failed."""
     require_admin(p)
     _cluster(node)
     body = _body(body)
     member = _node_name(node, body.get("node"))
     rows = []
-    for q in _matching(node, {}):
+    for q in _matching(node, {}, streams=True):
         if member in q.members:
             rows.append(await _report(node, q, member, add=False))
     if body.get("errors_only") in (True, "true"):

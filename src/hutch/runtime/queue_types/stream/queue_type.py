@@ -28,6 +28,7 @@ from hutch.core.queue_type import Queue
 from hutch.core.vhost import rs
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.queues.stream.offset_spec import interval_ms
+from hutch.runtime.broker.definitions import pack_arguments
 from hutch.runtime.ports import Clock, queues_of
 from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.quorum.queue import leader_locator
@@ -171,11 +172,20 @@ class StreamQueueType(QueueTypeDefaults):
             raise ValueError(f"stream '{op.name}' declared without its stream id")
         members = list(op.members or [op.node or self.node.name])
         replicated = len(members) > 1
-        if self.node.name not in members or (replicated and self.replication is None):
-            return False  # another node's stream: a stand-in for it (remote_type.py) takes the record
         existing = vhost.queues.get(op.name)
-        if isinstance(existing, StreamQueue) and existing.stream_id == op.gid:
+        same = isinstance(existing, StreamQueue) and existing.stream_id == op.gid
+        if self.node.name not in members or (replicated and self.replication is None):
+            if same:  # removed from the stream's members (delete_member): its files and group go
+                assert existing is not None
+                self.node.delete_queue(vhost, existing)
+            return False  # another node's stream: a stand-in for it (remote_type.py) takes the record
+        if same:
+            assert isinstance(existing, StreamQueue)
+            existing.members = members  # (a member added or removed elsewhere)
             return True
+        # a member from the start opens the stream's group as a founder, once (then from disk); a member
+        # added later (this node held a stand-in of the stream) opens it empty and catches up
+        founding = existing is None
         if existing is not None:
             self.node.delete_queue(vhost, existing)
         if self.root is None:
@@ -192,10 +202,44 @@ class StreamQueueType(QueueTypeDefaults):
         self.node.add_queue(vhost, q, count=False)
         if replicated:
             assert self.cluster is not None and self.cluster.driver is not None
-            # founding: the group is not on this node's disk yet (the declare reaching a member for the
-            # first time); else it recovers from disk
-            self._replicate(q, members, founding=op.gid not in self.cluster.driver.groups_on_disk(), fresh=fresh)
+            on_disk = op.gid in self.cluster.driver.groups_on_disk()  # (then it recovers from disk)
+            self._replicate(q, members, founding=founding and not on_disk, fresh=fresh)
         return True
+
+    async def change_member(self, vhost: VirtualHost, q: StreamQueue, member: str, add: bool) -> None:
+        """hutch-queues add_member / delete_member of a replicated stream (on a member node). Adding: the
+        record names the new member first (it opens the stream's group empty), then the group's leader
+        makes it a voter and a member in a new epoch; it catches up from the writer's files. Removing:
+        the leader first (a new epoch; another writer if it wrote), then the record (the node drops its
+        files and keeps a stand-in). ValueError for what cannot be done, as the API's 400."""
+        svc, cluster = self.replication, self.cluster
+        what = rs("queue", q.name, q.vhost)
+        if svc is None or cluster is None or q.replication is None:
+            raise ValueError(f"{what} is a stream of one member, on {self.node.name}: it cannot change members "
+                             "(see docs/streams.md, \"Not done yet (replication)\")")
+        if add:
+            if member in q.members:
+                raise ValueError(f"node '{member}' is already a member of {what}")
+            self._record_members(vhost, q, [*q.members, member])
+            await cluster.wait_replicated()
+            await cluster.sync_peers()
+            await svc.change_member(q.stream_id, member, add=True)
+        else:
+            if member not in q.members:
+                raise ValueError(f"node '{member}' is not a member of {what}")
+            if len(q.members) <= 2:
+                raise ValueError(f"{what} has {len(q.members)} members: a replicated stream keeps two at least")
+            await svc.change_member(q.stream_id, member, add=False)
+            self._record_members(vhost, q, [m for m in q.members if m != member])
+            await cluster.wait_replicated()
+
+    def _record_members(self, vhost: VirtualHost, q: StreamQueue, members: list[str]) -> None:
+        """The stream's `queue.declare` record with new members, applied here and replicated."""
+        assert self.cluster is not None
+        op = DeclareQueue(vhost.name, q.name, False, pack_arguments(q.arguments), members[0], True, False,
+                          "stream", q.stream_id, members)
+        self.node.apply_op(op)
+        self.cluster.replicate(op)
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, StreamQueue)

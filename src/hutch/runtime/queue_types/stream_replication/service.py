@@ -102,6 +102,7 @@ class StreamReplicationService:
         host.register(cm.StreamPropose, self._on_propose)
         host.register(cm.StreamAppend, self._on_append)
         host.register(cm.StreamEndpoint, self._on_endpoint)
+        host.register(cm.StreamMember, self._on_member)
 
     # -- opening and closing ------------------------------------------------------------------------
 
@@ -172,7 +173,8 @@ class StreamReplicationService:
         """Name epoch 1's writer (once, by the node that declared the stream)."""
         hosted = self.streams[gid]
         await self._barrier(hosted)
-        self.propose(gid, sc.Declare(hosted.members, writer))
+        if hosted.machine.state.epoch == 0:  # (once: a second Declare is refused by the machine)
+            self.propose(gid, sc.Declare(hosted.members, writer))
 
     # -- membership (hutch-queues add_member / delete_member / grow / shrink) ---------------------------
 
@@ -198,6 +200,24 @@ class StreamReplicationService:
         rest = tuple(m for m in state.members if m != name)
         await hosted.group.propose(sc.encode_command(sc.ChangeMembers(rest)), timeout_s)
         await hosted.group.remove_voter(self.host.raft_id_of(name), timeout_s)
+
+    async def change_member(self, gid: int, name: str, add: bool, timeout_s: float = 10.0) -> None:
+        """`add_member` / `delete_member` at the group's leader: here, or asked of the leader's node."""
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            raise KeyError(f"stream group {gid} is not on {self.host.name}")
+        if hosted.group.is_leader:
+            await (self.add_member(gid, name, timeout_s) if add else self.delete_member(gid, name, timeout_s))
+            return
+        lead = hosted.group.leader
+        leader = self.host.name_of(lead) if lead else None
+        if leader is None or leader == self.host.name:
+            raise NotLeader(lead)
+        await self.host.call(leader, cm.StreamMember(gid, name, add), timeout=timeout_s + 1)
+
+    async def _on_member(self, peer: str, m: cm.StreamMember) -> bool:
+        await (self.add_member(m.gid, m.node) if m.add else self.delete_member(m.gid, m.node))
+        return True
 
     def _leading(self, gid: int) -> Hosted:
         hosted = self.streams.get(gid)
