@@ -14,6 +14,7 @@ import pytest
 from hutch.cluster import stream_coordinator as sc
 from hutch.cluster import stream_replica as sr
 from hutch.queues.stream.offset_spec import OffsetSpec
+from hutch.queues.stream.retention import Retention
 from hutch.runtime.clock import ManualClock
 from hutch.runtime.queue_types.stream.handle import StreamOptions
 from hutch.runtime.queue_types.stream_replication import member as member_module
@@ -262,3 +263,33 @@ async def test_a_member_whose_disk_fails_stops_and_a_failed_writer_is_replaced(
         await m.close()
     await broken.close()
     await w.close()
+
+
+async def test_retention_removes_only_committed_segments_and_a_member_behind_it_is_reset() -> None:
+    """Retention on a replicated member (the handle's `retention_floor` / `on_retained` hooks): a writer
+    whose replicas cannot acknowledge keeps every segment above the commit point; once committed, the
+    oldest segments go on the writer, its machine learns the new first offset, and a member that was
+    down past them starts again from the writer's first offset (no shipment from a deleted segment)."""
+    c = Cluster()
+    await started(c)
+    w = c.writer()
+    await c.stop("n3")
+    c.cut.add("n2")
+    pending = [w.publish([b"x" * 300]) for _ in range(30)]  # ~ 5 segments of 2 KiB, none committed
+    await until(lambda: w.member.synced == w.handle.next_offset, "the lone writes synced")
+    w.handle.set_retention(Retention(max_bytes=2048, max_age_ms=None))
+    assert w.handle.first_offset == 0 and w.member.log.first == 0  # nothing committed: nothing goes
+    c.cut.discard("n2")
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in pending)), 20)
+    w.handle.apply_retention()
+    assert w.handle.first_offset > 0
+    assert w.member.log.first == w.handle.first_offset
+    assert w.handle.first_offset <= w.member.commit
+    more = [w.publish([b"y%d" % i]) for i in range(5)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in more)), 20)
+    await c.start("n3")  # behind the writer's first offset: reset to it, then caught up
+    await until(lambda: c.members["n3"].handle.next_offset == w.handle.next_offset, "n3 caught up")
+    assert c.members["n3"].handle.first_offset == w.handle.first_offset
+    assert records(c.members["n3"])[-5:] == [b"y%d" % i for i in range(5)]
+    for m in c.members.values():
+        await m.close()

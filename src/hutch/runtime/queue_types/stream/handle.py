@@ -132,6 +132,10 @@ class StreamHandle:
         # every chunk this handle writes by itself (appends, offsets, a roll's snapshot)
         self.gate: Callable[[], None] | None = None
         self.on_written: Callable[[int], None] | None = None
+        # and retention's: `retention_floor()` is the offset below which segments may go (the commit
+        # point), `on_retained(first)` is told the new first offset after segments went
+        self.retention_floor: Callable[[], int] | None = None
+        self.on_retained: Callable[[int], None] | None = None
         self.placement = SyncPlacement(inline_max_s=INLINE_SYNC_MAX_S)
         self.committed_chunk_id = slog.last_chunk_id  # what is on disk at open was committed before
         self.durable_chunk_id = slog.last_chunk_id
@@ -439,8 +443,14 @@ class StreamHandle:
         segs = self.log.segments
         drop = segments_to_drop([(s.size, s.last_ts) for s in segs], self.options.retention,
                                 self.clock.wall_ms())
+        if drop and self.retention_floor is not None:  # (replicated: only what is committed goes)
+            floor = self.retention_floor()
+            while drop and segs[drop - 1].next_offset > floor:
+                drop -= 1
         if drop:
             self.log.delete_oldest(drop)
+            if self.on_retained is not None:
+                self.on_retained(self.log.first_offset)
             for fn in list(self._listeners):  # readers waiting in a deleted segment move on
                 fn()
         return drop

@@ -122,6 +122,8 @@ class ReplicatedStream:
         handle.on_durable.append(self._on_durable)
         handle.gate = self._gate
         handle.on_written = self._on_written
+        handle.retention_floor = lambda: self.member.commit
+        handle.on_retained = self.member.retained
 
     def _gate(self) -> None:
         if self.closed or self.member.role is not sr.Role.WRITER or self._reopening is not None:

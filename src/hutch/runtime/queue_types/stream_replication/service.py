@@ -129,6 +129,7 @@ class StreamReplicationService:
             handle.auto_commit = False
             handle.committed_chunk_id = -1  # nothing is known committed before the member says so
             handle.gate = _starting
+            handle.retention_floor = lambda: 0  # (nothing goes before the member knows its commit point)
         hosted.started = asyncio.get_running_loop().create_task(self._start(hosted, handle, fresh))
         if self._detector is None:
             self._detector = asyncio.get_running_loop().call_later(DETECT_S, self._detect)
