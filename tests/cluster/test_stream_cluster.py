@@ -335,3 +335,19 @@ def test_nemesis_kills_pauses_and_isolations(cluster: Cluster, seed: int) -> Non
     for node in cluster.nodes:
         got = read_first(node, "nemesis", len(pub.confirmed))
         assert_all_confirmed_once_in_order(got, pub.confirmed, node.name)
+
+
+@pytest.mark.slow
+def test_whole_cluster_restart_keeps_the_stream(cluster: Cluster) -> None:
+    declare(cluster[0], "restarted")
+    confirmed = publish(cluster[1], "restarted", [f"f{i}" for i in range(100)])
+    for node in cluster.nodes:
+        node.stop()
+    for node in cluster.nodes:  # together: each waits for a majority of the metadata members
+        node.start(wait=False)
+    for node in cluster.nodes:
+        node.wait_ready(60)
+    confirmed += publish(cluster[2], "restarted", [f"g{i}" for i in range(50)])
+    for node in cluster.nodes:
+        assert_all_confirmed_once_in_order(read_first(node, "restarted", len(confirmed)), confirmed, node.name)
+    assert info(cluster[0], "restarted")["replication"]["epoch"] >= 2  # the restarted writer was replaced
