@@ -250,10 +250,18 @@ def test_membership_through_hutch_queues(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert [r["result"] for r in json.loads(out.stdout)] == ["ok"]
         assert len(info(rest[0], "members")["members"]) == 2
-        # a stream of one member cannot change its members
+        # a stream of one member (the single-node path) grows: replicated from then on, its files shipped
         declare(n1, "single", **{"x-initial-cluster-size": 1})
+        assert "replication" not in info(n1, "single")
+        alone = publish(n1, "single", [f"s{i}" for i in range(30)])
         out = hq(n1, "add_member", "single", "n2")
-        assert out.returncode == 1 and "a stream of one member" in out.stderr
+        assert out.returncode == 0, out.stderr
+        assert {short(m) for m in info(n1, "single")["members"]} == {"n1", "n2"}
+        assert_all_confirmed_once_in_order(read_first(n2, "single", 30), alone, "n2")
+        later = publish(n2, "single", [f"t{i}" for i in range(10)])  # through n2: to the writer, n1
+        assert_all_confirmed_once_in_order(read_first(n1, "single", 40), alone + later, "n1")
+        out = hq(n1, "delete_member", "single", "n2")
+        assert out.returncode == 1 and "keeps two at least" in out.stderr
     finally:
         c.stop()
 

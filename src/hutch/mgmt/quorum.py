@@ -102,7 +102,7 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
 
 
 def _member_queue(node: Node, vhost: str, name: str) -> QuorumQueue | StreamQueue:
-    """A queue with members: a quorum queue or a stream (a stream of one member is refused by its type)."""
+    """A queue with members: a quorum queue or a stream (whose own rules are its queue type's)."""
     v = node.vhosts.get(vhost)
     q = None if v is None else v.queues.get(name)
     if isinstance(q, StreamQueue):

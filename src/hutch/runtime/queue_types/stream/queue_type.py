@@ -214,12 +214,15 @@ class StreamQueueType(QueueTypeDefaults):
         files and keeps a stand-in). ValueError for what cannot be done, as the API's 400."""
         svc, cluster = self.replication, self.cluster
         what = rs("queue", q.name, q.vhost)
-        if svc is None or cluster is None or q.replication is None:
-            raise ValueError(f"{what} is a stream of one member, on {self.node.name}: it cannot change members "
-                             "(see docs/streams.md, \"Not done yet (replication)\")")
+        if svc is None or cluster is None:
+            raise ValueError(f"{what} is on a node that is not clustered: it cannot change members")
+        if add and member in q.members:
+            raise ValueError(f"node '{member}' is already a member of {what}")
+        if q.replication is None:
+            if not add:
+                raise ValueError(f"{what} has one member: delete the stream instead")
+            await self._replicate_existing(q)
         if add:
-            if member in q.members:
-                raise ValueError(f"node '{member}' is already a member of {what}")
             self._record_members(vhost, q, [*q.members, member])
             await cluster.wait_replicated()
             await cluster.sync_peers()
@@ -232,6 +235,18 @@ class StreamQueueType(QueueTypeDefaults):
             await svc.change_member(q.stream_id, member, add=False)
             self._record_members(vhost, q, [m for m in q.members if m != member])
             await cluster.wait_replicated()
+
+    async def _replicate_existing(self, q: StreamQueue) -> None:
+        """A stream of one member (this node's, declared on a cluster of one or with an initial cluster size
+        of 1) becomes a replicated stream of one member before it grows: its coordinator group is founded
+        here alone, epoch 1 names this node the writer over the files it has (older chunks are epoch 0),
+        and the writer's marker commits what is there. The record still says one member until the first
+        one is added, so a restart in between opens it as before (the group then unused)."""
+        assert self.replication is not None and self.cluster is not None
+        self._replicate(q, [self.node.name], founding=True, fresh=False)
+        await self.cluster.wait_replicated()  # (runs the founding's election: campaign, Declare, writer)
+        if not await self.replication.wait_writer(q.stream_id, DECLARE_WAIT_S):
+            raise TimeoutError(f"{rs('queue', q.name, q.vhost)}: no writer of its replicated stream in time")
 
     def _record_members(self, vhost: VirtualHost, q: StreamQueue, members: list[str]) -> None:
         """The stream's `queue.declare` record with new members, applied here and replicated."""

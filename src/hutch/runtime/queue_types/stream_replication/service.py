@@ -208,7 +208,7 @@ class StreamReplicationService:
         if hosted is None:
             raise KeyError(f"stream group {gid} is not on {self.host.name}")
         if hosted.group.is_leader:
-            await (self.add_member(gid, name, timeout_s) if add else self.delete_member(gid, name, timeout_s))
+            await self._change_settled(gid, name, add, timeout_s)
             return
         lead = hosted.group.leader
         leader = self.host.name_of(lead) if lead else None
@@ -217,8 +217,22 @@ class StreamReplicationService:
         await self.host.call(leader, cm.StreamMember(gid, name, add), timeout=timeout_s + 1)
 
     async def _on_member(self, peer: str, m: cm.StreamMember) -> bool:
-        await (self.add_member(m.gid, m.node) if m.add else self.delete_member(m.gid, m.node))
+        await self._change_settled(m.gid, m.node, m.add, 10.0)
         return True
+
+    async def _change_settled(self, gid: int, name: str, add: bool, timeout_s: float) -> None:
+        """add_member / delete_member, tried again while the coordinator says the writer is not settled
+        in its epoch yet (a change right after another, or after an election), up to `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                await (self.add_member(gid, name, timeout_s) if add else self.delete_member(gid, name, timeout_s))
+                return
+            except sc.CoordinatorError as exc:
+                if "not settled" not in str(exc) or loop.time() > deadline:
+                    raise
+            await asyncio.sleep(APPEND_RETRY_S * 4)
 
     def _leading(self, gid: int) -> Hosted:
         hosted = self.streams.get(gid)
