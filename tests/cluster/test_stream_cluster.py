@@ -359,3 +359,48 @@ def test_whole_cluster_restart_keeps_the_stream(cluster: Cluster) -> None:
     for node in cluster.nodes:
         assert_all_confirmed_once_in_order(read_first(node, "restarted", len(confirmed)), confirmed, node.name)
     assert info(cluster[0], "restarted")["replication"]["epoch"] >= 2  # the restarted writer was replaced
+
+
+class Reader(threading.Thread):
+    """One pika consumer from `first` on one node, connected for the whole run: (offset, body) in order."""
+
+    def __init__(self, node: Node, name: str) -> None:
+        super().__init__(daemon=True)
+        self.node, self.name_ = node, name
+        self.got: list[tuple[int, str]] = []
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        conn = connect(self.node)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=100)
+
+        def on(channel: object, method: object, props: object, body: bytes) -> None:
+            self.got.append((props.headers["x-stream-offset"], body.decode()))  # type: ignore[attr-defined]
+            ch.basic_ack(method.delivery_tag)  # type: ignore[attr-defined]
+
+        ch.basic_consume(self.name_, on, arguments={"x-stream-offset": "first"})
+        self.ready.set()
+        while not self.stopping.is_set():
+            conn.process_data_events(0.1)
+        conn.close()
+
+
+@pytest.mark.slow
+def test_consumers_on_the_survivors_read_on_across_a_failover(cluster: Cluster) -> None:
+    """Consumers connected to the two members that survive the writer's kill -9 stay connected and go
+    on from where they were: every confirmed message once, in order, no gap at the failover."""
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "live")
+    readers = [Reader(n2, "live"), Reader(n3, "live")]
+    for r in readers:
+        r.start()
+        assert r.ready.wait(10)
+    confirmed = publish(n2, "live", [f"l{i}" for i in range(200)], during={80: n1.kill})
+    for r in readers:
+        assert eventually(lambda r=r: len({b for _, b in r.got} & set(confirmed)) == len(confirmed), timeout=30)
+        time.sleep(0.5)  # (a duplicate would come now)
+        r.stopping.set()
+        r.join(10)
+        assert_all_confirmed_once_in_order(r.got, confirmed, r.node.name)
