@@ -186,6 +186,15 @@ def test_rstream_follows_the_metadata_and_reads_on_every_member(cluster: Cluster
         assert asyncio.run(rstream_read(ports[node.name], "rs-events", len(bodies))) == bodies
         got = read_first(node, "rs-events", len(bodies))
         assert [b for _, b in got] == [b.decode() for b in bodies]
+    # deleted on every node (files and groups), then declared again: a new stream, empty
+    conn = connect(n3)
+    conn.channel().queue_delete("rs-events")
+    conn.close()
+    for node in cluster.nodes:
+        assert eventually(lambda node=node: node.api("GET", "/api/queues/%2F/rs-events")[0] == 404)
+    declare(n3, "rs-events")
+    assert publish(n1, "rs-events", ["again"]) == ["again"]
+    assert [b for _, b in read_first(n2, "rs-events", 1)] == ["again"]
 
 
 @pytest.mark.slow

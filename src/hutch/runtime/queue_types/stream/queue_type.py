@@ -170,7 +170,10 @@ class StreamQueueType(QueueTypeDefaults):
             return False
         if op.gid is None:
             raise ValueError(f"stream '{op.name}' declared without its stream id")
-        members = list(op.members or [op.node or self.node.name])
+        if self.cluster is None:  # a node alone holds every stream its definitions name (whatever node
+            members = [self.node.name]  # name they were recorded under)
+        else:
+            members = list(op.members or [op.node or self.node.name])
         replicated = len(members) > 1
         existing = vhost.queues.get(op.name)
         same = isinstance(existing, StreamQueue) and existing.stream_id == op.gid
