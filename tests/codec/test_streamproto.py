@@ -192,7 +192,7 @@ frame_edits = st.sampled_from(["none", "cut", "extra", "count+1", "count-1", "su
 
 @ci_settings(300)
 @given(publisher=st.integers(0, 255), ids=st.lists(st.integers(0, 2**64 - 1), max_size=30),
-       one_size=st.booleans(), sizes=st.lists(st.integers(0, 40), min_size=30, max_size=30),
+       one_size=st.booleans(), sizes=st.lists(st.integers(0, 40) | st.integers(120, 300), min_size=30, max_size=30),
        edit=frame_edits, where=st.integers(0, 10**6))
 def test_scanning_a_publish_agrees_with_decoding_it(publisher, ids, one_size, sizes, edit, where):
     """The publish hot path (`scan_simple_publish`, both its uniform and per-entry readings) takes

@@ -87,7 +87,7 @@ class StreamConnection:
         self.transport: Transport | None = None
         self.peer: tuple[str, int] = ("?", 0)
         self.sock: tuple[str, int] = ("?", 0)
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []  # joined by flush (a delivery adds a view of its chunk)
         self.client_properties: dict[str, str] = {}
         self.user_name = ""
         self.auth_mechanism = ""

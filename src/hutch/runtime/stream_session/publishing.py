@@ -160,7 +160,7 @@ class Publishing:
     def _write_batch(self, batch: _Batch) -> None:
         self._batches.pop(batch.handle, None)
         try:
-            appended = batch.handle.append_encoded(b"".join(batch.data), batch.entries)
+            appended = batch.handle.append_encoded(batch.data, batch.entries)
         except (StorageError, ValueError):
             for pub, ids in batch.publishes:
                 self._error(pub.publisher_id, ids, Code.INTERNAL_ERROR)

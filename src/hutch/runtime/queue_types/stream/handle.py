@@ -259,10 +259,10 @@ class StreamHandle:
         return Appended([ids[i] for i in keep] if publisher is not None else [], dups, header.chunk_id,
                         header.chunk_id, header.next_offset - 1, fut)
 
-    def append_encoded(self, data: bytes, entries: int) -> Appended:
-        """Write one USER chunk whose data section is `data`, `entries` simple entries already framed
-        (chunk.encode_entries' framing, as a stream-protocol publish carries them): no deduplication, no
-        filter values (`append` for those)."""
+    def append_encoded(self, data: Sequence[bytes], entries: int) -> Appended:
+        """Write one USER chunk whose data section is the parts `data` joined, `entries` simple entries
+        already framed (chunk.encode_entries' framing, as a stream-protocol publish carries them): no
+        deduplication, no filter values (`append` for those)."""
         self._check_writable()
         self._write_data(data, entries, entries, ck.USER, b"", b"")
         chunk_id = self.log.last_chunk_id  # after the write: a roll may have put a tracking snapshot first
@@ -288,12 +288,12 @@ class StreamHandle:
     def _write(self, entries: Sequence[ck.Entry], chunk_type: int, trailer: bytes, bits: bytes) -> bytes:
         """Encode and append one chunk, rolling first (with a tracking snapshot) when the segment is full."""
         data, records = ck.encode_entries(entries)
-        return self._write_data(data, len(entries), records, chunk_type, trailer, bits)
+        return self._write_data((data,), len(entries), records, chunk_type, trailer, bits)
 
-    def _write_data(self, data: bytes, entries: int, records: int, chunk_type: int, trailer: bytes,
+    def _write_data(self, data: Sequence[bytes], entries: int, records: int, chunk_type: int, trailer: bytes,
                     bits: bytes) -> bytes:
         """Append one chunk around an encoded data section (see `_write`)."""
-        size = ck.HEADER_SIZE + len(bits) + len(data) + len(trailer)
+        size = ck.HEADER_SIZE + len(bits) + sum(map(len, data)) + len(trailer)
         try:
             if self.log.would_roll(size):
                 self.log.roll()
