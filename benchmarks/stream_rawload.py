@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hutch.streamproto import commands as c
@@ -178,34 +179,14 @@ def rss_mib(pid: int | None) -> float | None:
     return None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5552)
-    p.add_argument("--user", default="guest")
-    p.add_argument("--password", default="guest")
-    p.add_argument("--stream", default=f"stream-rawload-{os.getpid()}")
-    p.add_argument("-x", "--publishers", type=int, default=1)
-    p.add_argument("-y", "--consumers", type=int, default=1)
-    p.add_argument("-s", "--size", type=int, default=16, help="message bytes (AMQP 1.0 encoded)")
-    p.add_argument("-b", "--batch", type=int, default=100, help="messages per publish frame")
-    p.add_argument("-w", "--window", type=int, default=20000, help="unconfirmed messages per publisher")
-    p.add_argument("-z", "--seconds", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU")
-    args = p.parse_args()
-
-    async def admin(cmd: Any) -> Any:
-        reader, writer = await open_connection(args.host, args.port, args.user, args.password)
-        writer.write(c.encode(cmd))
-        reply = await read_frame(reader)
-        writer.close()
-        return reply
-    created = asyncio.run(admin(c.Create(1, args.stream, {})))
-    assert created.code in (Code.OK, Code.STREAM_ALREADY_EXISTS), created
+def measure(args: argparse.Namespace, publisher: Callable[..., None], consumer: Callable[..., None],
+            start_delay_s: float, finish: Callable[[], None]) -> dict[str, Any]:
+    """Run `args.publishers` publisher and `args.consumers` consumer processes (each `fn(args, index,
+    start_at, out)`, putting (kind, index, count in the window, latency samples) on `out`), read the
+    broker's CPU and RSS at the window's edges, call `finish` (delete the stream) and return the figures."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.monotonic() + 1.0
+    start_at = time.monotonic() + start_delay_s
     procs = [ctx.Process(target=publisher, args=(args, i, start_at, out)) for i in range(args.publishers)]
     procs += [ctx.Process(target=consumer, args=(args, i, start_at, out)) for i in range(args.consumers)]
     for proc in procs:
@@ -218,24 +199,61 @@ def main() -> None:
     totals = {"published": 0, "consumed": 0}
     samples: dict[str, list[float]] = {"published": [], "consumed": []}
     for _ in procs:
-        kind, _index, count, lat = out.get(timeout=60)
+        kind, _index, count, lat = out.get(timeout=120)
         totals[kind] += count
         samples[kind] += lat
     for proc in procs:
         proc.join(10)
-    asyncio.run(admin(c.Delete(2, args.stream)))
-    published = totals["published"] / args.seconds
-    result = {"publishers": args.publishers, "consumers": args.consumers, "size": args.size,
-              "batch": args.batch, "window": args.window, "seconds": args.seconds,
-              "confirmed_per_s": round(published), "consumed_per_s": round(totals["consumed"] / args.seconds),
-              "confirm_ms_p50": percentile_ms(samples["published"], 0.5),
-              "confirm_ms_p99": percentile_ms(samples["published"], 0.99),
-              "deliver_ms_p50": percentile_ms(samples["consumed"], 0.5),
-              "deliver_ms_p99": percentile_ms(samples["consumed"], 0.99),
-              "broker_rss_mib": [rss0, rss1], "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    finish()
+    result: dict[str, Any] = {
+        "publishers": args.publishers, "consumers": args.consumers, "size": args.size, "batch": args.batch,
+        "window": args.window, "seconds": args.seconds,
+        "confirmed_per_s": round(totals["published"] / args.seconds),
+        "consumed_per_s": round(totals["consumed"] / args.seconds),
+        "confirm_ms_p50": percentile_ms(samples["published"], 0.5),
+        "confirm_ms_p99": percentile_ms(samples["published"], 0.99),
+        "deliver_ms_p50": percentile_ms(samples["consumed"], 0.5),
+        "deliver_ms_p99": percentile_ms(samples["consumed"], 0.99),
+        "broker_rss_mib": [rss0, rss1], "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
     if args.pid is not None and totals["published"]:
         tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
         result["broker_cpu_us_per_msg"] = round((cpu1 - cpu0) * tick_us / totals["published"], 2)
+    return result
+
+
+def parse_options(description: str, stream: str, size_help: str, batch_help: str) -> argparse.Namespace:
+    """The command line both stream generators take (this one and stream_rstream.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5552)
+    p.add_argument("--user", default="guest")
+    p.add_argument("--password", default="guest")
+    p.add_argument("--stream", default=stream)
+    p.add_argument("-x", "--publishers", type=int, default=1)
+    p.add_argument("-y", "--consumers", type=int, default=1)
+    p.add_argument("-s", "--size", type=int, default=16, help=size_help)
+    p.add_argument("-b", "--batch", type=int, default=100, help=batch_help)
+    p.add_argument("-w", "--window", type=int, default=20000, help="unconfirmed messages per publisher")
+    p.add_argument("-z", "--seconds", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU and RSS")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_options(__doc__.splitlines()[0], f"stream-rawload-{os.getpid()}", "message bytes (AMQP 1.0 encoded)",
+                         "messages per publish frame")
+
+    async def admin(cmd: Any) -> Any:
+        reader, writer = await open_connection(args.host, args.port, args.user, args.password)
+        writer.write(c.encode(cmd))
+        reply = await read_frame(reader)
+        writer.close()
+        return reply
+    created = asyncio.run(admin(c.Create(1, args.stream, {})))
+    assert created.code in (Code.OK, Code.STREAM_ALREADY_EXISTS), created
+    result = measure(args, publisher, consumer, start_delay_s=1.0,
+                     finish=lambda: asyncio.run(admin(c.Delete(2, args.stream))))
     print(json.dumps(result))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import time
 from typing import Any
@@ -35,11 +34,9 @@ from rstream import (
     OffsetType,
     Producer,
 )
-from stream_rawload import (  # benchmarks/stream_rawload.py: the same /proc reading
-    cpu_ticks,
-    percentile_ms,
-    rss_mib,
-)
+
+# benchmarks/stream_rawload.py: the same command line, processes, window and /proc reading
+from stream_rawload import measure, parse_options
 
 
 def publisher(args: argparse.Namespace, index: int, start_at: float, out: Any) -> None:
@@ -97,21 +94,8 @@ def consumer(args: argparse.Namespace, index: int, start_at: float, out: Any) ->
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5552)
-    p.add_argument("--user", default="guest")
-    p.add_argument("--password", default="guest")
-    p.add_argument("--stream", default=f"stream-rstream-{os.getpid()}")
-    p.add_argument("-x", "--publishers", type=int, default=1)
-    p.add_argument("-y", "--consumers", type=int, default=1)
-    p.add_argument("-s", "--size", type=int, default=16, help="message body bytes")
-    p.add_argument("-b", "--batch", type=int, default=100, help="messages per send_batch")
-    p.add_argument("-w", "--window", type=int, default=20000, help="unconfirmed messages per publisher")
-    p.add_argument("-z", "--seconds", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU and RSS")
-    args = p.parse_args()
+    args = parse_options(__doc__.splitlines()[0], f"stream-rstream-{os.getpid()}", "message body bytes",
+                         "messages per send_batch")
 
     async def admin(create: bool) -> None:
         async with Producer(args.host, args.port, username=args.user, password=args.password) as producer:
@@ -120,40 +104,8 @@ def main() -> None:
             else:
                 await producer.delete_stream(args.stream, missing_ok=True)
     asyncio.run(admin(True))
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.monotonic() + 1.5
-    procs = [ctx.Process(target=publisher, args=(args, i, start_at, out)) for i in range(args.publishers)]
-    procs += [ctx.Process(target=consumer, args=(args, i, start_at, out)) for i in range(args.consumers)]
-    for proc in procs:
-        proc.start()
-    load0 = os.getloadavg()[0]
-    time.sleep(max(start_at + args.warmup - time.monotonic(), 0))
-    cpu0, rss0 = cpu_ticks(args.pid), rss_mib(args.pid)
-    time.sleep(args.seconds)
-    cpu1, rss1 = cpu_ticks(args.pid), rss_mib(args.pid)
-    totals = {"published": 0, "consumed": 0}
-    samples: dict[str, list[float]] = {"published": [], "consumed": []}
-    for _ in procs:
-        kind, _index, count, lat = out.get(timeout=120)
-        totals[kind] += count
-        samples[kind] += lat
-    for proc in procs:
-        proc.join(10)
-    asyncio.run(admin(False))
-    result: dict[str, Any] = {
-        "tool": "rstream", "publishers": args.publishers, "consumers": args.consumers, "size": args.size,
-        "batch": args.batch, "window": args.window, "seconds": args.seconds,
-        "confirmed_per_s": round(totals["published"] / args.seconds),
-        "consumed_per_s": round(totals["consumed"] / args.seconds),
-        "confirm_ms_p50": percentile_ms(samples["published"], 0.5),
-        "confirm_ms_p99": percentile_ms(samples["published"], 0.99),
-        "deliver_ms_p50": percentile_ms(samples["consumed"], 0.5),
-        "deliver_ms_p99": percentile_ms(samples["consumed"], 0.99),
-        "broker_rss_mib": [rss0, rss1], "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
-    if args.pid is not None and totals["published"]:
-        tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
-        result["broker_cpu_us_per_msg"] = round((cpu1 - cpu0) * tick_us / totals["published"], 2)
+    result = {"tool": "rstream", **measure(args, publisher, consumer, start_delay_s=1.5,
+                                             finish=lambda: asyncio.run(admin(False)))}
     print(json.dumps(result))
 
 
