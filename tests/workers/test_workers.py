@@ -1,0 +1,271 @@
+"""A node of 2 worker processes (`hutch-server --workers 2`) against pika: every path across the worker
+hop, and the supervisor's work (a worker killed, hung, the parent killed, a restart).
+
+Connections are pinned to a worker through `workers.own_ports` (each worker's own AMQP port, `amqp_w0`
+and `amqp_w1` in the ports file); everything else uses the node's one shared AMQP port. Waits poll with
+generous deadlines; nothing here asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from base64 import b64encode
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pika.exceptions import AMQPConnectionError, ChannelClosedByBroker
+from tests.conftest import ServerInfo, start_server
+
+from hutch import portfile
+
+CONFIG = "workers.own_ports = true\nworkers.heartbeat_timeout = 1500\ncluster.tick_interval = 50\n" \
+         "cluster.metadata_timeout = 5000\n"
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def start_node(tmp: Path) -> ServerInfo:
+    return start_server(tmp, "--workers", "2", config_text=CONFIG)
+
+
+def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def connect(info: ServerInfo, worker: int | None = None) -> pika.BlockingConnection:
+    ports = portfile.read(info.data_dir)
+    assert ports is not None
+    port = info.amqp_port if worker is None else ports["listeners"][f"amqp_w{worker}"]
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+
+
+def worker_pid(info: ServerInfo, index: int) -> int | None:
+    doc = portfile.read(info.data_dir / f"w{index}")
+    return int(doc["pid"]) if doc is not None else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of the supervisor's is gone as far as we care
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def home_of(info: ServerInfo, queue: str) -> str:
+    req = urllib.request.Request(f"{info.mgmt_url}/api/queues/%2F/{queue}",
+                                 headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return str(json.load(resp)["node"])
+
+
+def drain(ch: Any, queue: str, count: int) -> list[bytes]:
+    bodies: list[bytes] = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=10):
+        assert method is not None, f"only {len(bodies)} of {count} messages arrived"
+        bodies.append(body)
+        ch.basic_ack(method.delivery_tag)
+        if len(bodies) == count:
+            break
+    ch.cancel()
+    return bodies
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_node(tmp_path_factory.mktemp("workers"))
+    yield info
+    info.stop()
+
+
+def test_one_node_to_clients_one_ports_file(node: ServerInfo) -> None:
+    doc = portfile.read(node.data_dir)
+    assert doc is not None and doc["pid"] == node.proc.pid and doc["node"] == "test@localhost"
+    listeners = doc["listeners"]
+    assert {"amqp", "management", "amqp_w0", "amqp_w1"} <= set(listeners) and "cluster" not in listeners
+    for index in (0, 1):  # each worker's own file names the same shared port and its own one
+        own = portfile.read(node.data_dir / f"w{index}")
+        assert own is not None and own["pid"] != node.proc.pid
+        assert own["listeners"]["amqp"] == listeners["amqp"]
+        assert own["listeners"][f"amqp_w{index}"] == listeners[f"amqp_w{index}"]
+    with connect(node) as conn:  # the shared port answers
+        assert conn.channel().queue_declare("", exclusive=True).method.queue
+
+
+def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> None:
+    with connect(node, 1) as owner, connect(node, 0) as other:
+        och = owner.channel()
+        och.queue_declare("hop", durable=True)
+        assert home_of(node, "hop") == "test@localhost#w1"
+        pub = other.channel()
+        pub.confirm_delivery()  # each publish returns once worker 1 confirmed it (after its fsync)
+        for i in range(20):
+            pub.basic_publish("", "hop", b"m%d" % i, PERSISTENT)
+        assert och.queue_declare("hop", passive=True).method.message_count == 20
+        con = other.channel()
+        con.basic_qos(prefetch_count=5)
+        method, _props, body = until(lambda: con.basic_get("hop"), what="basic.get across the hop")
+        assert body == b"m0"
+        con.basic_reject(method.delivery_tag, requeue=True)
+        seen: list[tuple[bytes, bool]] = []
+        for method, _props, body in con.consume("hop", inactivity_timeout=10):
+            assert method is not None
+            seen.append((body, method.redelivered))
+            if body == b"m1" and not any(b == b"m1" for b, _ in seen[:-1]):
+                con.basic_reject(method.delivery_tag, requeue=False)  # dropped: no dead-letter exchange
+            else:
+                con.basic_ack(method.delivery_tag)
+            if len(seen) == 20:
+                break
+        con.cancel()
+        assert (b"m0", True) in seen  # the rejected one came back, marked redelivered
+        assert sorted(b for b, _ in seen) == sorted(b"m%d" % i for i in range(20))
+        assert until(lambda: och.queue_declare("hop", passive=True).method.message_count == 0, what="all settled")
+        och.queue_delete("hop")
+
+
+def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) -> None:
+    with connect(node, 0) as owner, connect(node, 1) as other:
+        och = owner.channel()
+        och.queue_declare("hop-cancel")
+        ch = other.channel()
+        ch.basic_qos(prefetch_count=1)
+        got: list[bytes] = []
+        tag = ch.basic_consume("hop-cancel", lambda c, m, p, b: got.append(b))
+        och.basic_publish("", "hop-cancel", b"first")
+        until(lambda: other.process_data_events(0.05) or got, what="the first delivery")
+        ch.basic_cancel(tag)  # unacked: back to the queue when the channel closes
+        for i in range(3):
+            och.basic_publish("", "hop-cancel", b"later%d" % i)
+        ch.close()
+        assert until(lambda: och.queue_declare("hop-cancel", passive=True).method.message_count == 4,
+                     what="every message back in the owner's queue")
+        assert got == [b"first"]
+        och.queue_delete("hop-cancel")
+
+
+def test_queue_deleted_while_a_consumer_in_the_other_worker_consumes(node: ServerInfo) -> None:
+    with connect(node, 1) as owner, connect(node, 0) as other:
+        och = owner.channel()
+        och.queue_declare("hop-delete")
+        ch = other.channel()
+        cancelled: list[Any] = []
+        ch.add_on_cancel_callback(cancelled.append)
+        ch.basic_consume("hop-delete", lambda c, m, p, b: c.basic_ack(m.delivery_tag))
+        other.process_data_events(0.2)
+        och.queue_delete("hop-delete")
+        until(lambda: other.process_data_events(0.05) or cancelled, what="basic.cancel from the broker")
+        assert cancelled[0].method.consumer_tag
+
+
+def test_exclusive_queue_lives_in_its_connections_worker_and_goes_with_it(node: ServerInfo) -> None:
+    owner = connect(node, 1)
+    name = owner.channel().queue_declare("", exclusive=True).method.queue
+    assert home_of(node, name) == "test@localhost#w1"
+    with connect(node, 0) as other:
+        with pytest.raises(ChannelClosedByBroker) as locked:
+            other.channel().queue_declare(name, passive=True)
+        assert locked.value.reply_code == 405  # RESOURCE_LOCKED: another connection's exclusive queue
+        owner.close()
+
+        def gone() -> bool:
+            try:
+                other.channel().queue_declare(name, passive=True)
+            except ChannelClosedByBroker as exc:
+                assert exc.reply_code in (404, 405)
+                return exc.reply_code == 404
+            return False
+
+        until(gone, what="the exclusive queue deleted with its connection")
+
+
+def ports_file_names_worker(info: ServerInfo, index: int) -> bool:
+    """The node's ports file names worker `index`'s current own port (rewritten after a restart)."""
+    node_doc, own = portfile.read(info.data_dir), portfile.read(info.data_dir / f"w{index}")
+    key = f"amqp_w{index}"
+    return node_doc is not None and own is not None and node_doc["listeners"].get(key) == own["listeners"][key]
+
+
+def test_worker_killed_or_hung_is_replaced_and_keeps_its_persistent_messages(tmp_path: Path) -> None:
+    info = start_node(tmp_path)
+    try:
+        with connect(info, 1) as w1, connect(info, 0) as w0:
+            w1.channel().queue_declare("kept", durable=True)
+            w0.channel().queue_declare("local", durable=True)
+            pub = w0.channel()
+            pub.confirm_delivery()
+            for i in range(50):
+                pub.basic_publish("", "kept", b"k%d" % i, PERSISTENT)  # confirmed by worker 1
+            victim = worker_pid(info, 1)
+            assert victim is not None
+            os.kill(victim, signal.SIGKILL)
+            until(lambda: not alive(victim), what="worker 1 gone")
+            with pytest.raises(AMQPConnectionError):  # its connections are gone with it
+                w1.channel()
+                w1.process_data_events(1)
+            pub.basic_publish("", "local", b"still served", PERSISTENT)  # worker 0 goes on serving
+            assert until(lambda: pub.basic_get("local", auto_ack=True)[2], what="worker 0's queue") == \
+                b"still served"
+        until(lambda: worker_pid(info, 1) not in (None, victim), what="worker 1 restarted")
+        until(lambda: ports_file_names_worker(info, 1), what="the ports file naming the new worker 1")
+        with connect(info, 1) as again:
+            assert sorted(drain(again.channel(), "kept", 50)) == sorted(b"k%d" % i for i in range(50))
+
+        hung = worker_pid(info, 0)
+        assert hung is not None
+        os.kill(hung, signal.SIGSTOP)  # no heartbeat from now on: killed and replaced
+        until(lambda: not alive(hung), what="the hung worker killed")
+        until(lambda: worker_pid(info, 0) not in (None, hung), what="worker 0 replaced")
+        assert "sent no heartbeat" in info.log()
+        until(lambda: ports_file_names_worker(info, 0), what="the ports file naming the new worker 0")
+        with connect(info) as shared:  # the node's shared port reaches every queue from either worker
+            shared.channel().queue_declare("kept", passive=True)
+            shared.channel().queue_declare("local", passive=True)
+    finally:
+        assert info.stop() == 0  # SIGTERM to the supervisor stops every worker cleanly
+
+
+def test_supervisor_killed_leaves_no_worker_and_a_restart_puts_every_queue_back(tmp_path: Path) -> None:
+    info = start_node(tmp_path)
+    homes = {"on-w0": 0, "on-w1": 1, "also-w1": 1}
+    with connect(info, 0) as w0, connect(info, 1) as w1:
+        conns = {0: w0, 1: w1}
+        for queue, worker in homes.items():
+            ch = conns[worker].channel()
+            ch.confirm_delivery()
+            ch.queue_declare(queue, durable=True)
+            ch.basic_publish("", queue, queue.encode(), PERSISTENT)
+    workers = [worker_pid(info, 0), worker_pid(info, 1)]
+    assert all(workers)
+    info.stop(signal.SIGKILL)
+    for pid in workers:
+        assert pid is not None
+        until(lambda pid=pid: not alive(pid), what=f"worker {pid} gone with its supervisor")
+    info = start_node(tmp_path)
+    try:
+        for queue, worker in homes.items():
+            assert home_of(info, queue) == f"test@localhost#w{worker}"
+        with connect(info) as conn:
+            ch = conn.channel()
+            for queue in homes:
+                assert ch.basic_get(queue, auto_ack=True)[2] == queue.encode()
+    finally:
+        assert info.stop() == 0
+    assert portfile.read(info.data_dir) is None  # a clean stop removes the node's ports file
