@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hutch.config import Config, ConfigError, load_config, parse_config_text
+from hutch.runtime.queue_types.remote_type import fewest_queues
 from hutch.runtime.workers import control
 from hutch.runtime.workers.cores import cores_from, usable_cores
 from hutch.runtime.workers.spec import WorkerSpec, worker_config, worker_dir, worker_name
@@ -112,3 +113,22 @@ def test_reserved_port_is_shared_by_reuseport_listeners_only() -> None:
     finally:
         for s in reserved:
             s.close()
+
+
+def test_fewest_queues_placement() -> None:
+    assert fewest_queues("n#w0", ["n#w1"], []) == "n#w0"  # a tie: the lower name
+    assert fewest_queues("n#w1", ["n#w0"], []) == "n#w0"
+    assert fewest_queues("n#w0", ["n#w1", "n#w2"], ["n#w0", "n#w1", "n#w0"]) == "n#w2"
+    assert fewest_queues("n#w0", [], ["n#w0", "n#w1"]) == "n#w0"  # a worker that is down is no candidate
+    assert fewest_queues("n#w1", ["n#w0"], ["n#w0", "n#w0", "n#w1", "gone"]) == "n#w1"
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=30))
+def test_placement_keeps_workers_within_one_queue_of_each_other(start: list[str]) -> None:
+    homes = list(start)
+    for _ in range(30):
+        homes.append(fewest_queues("a", ["b", "c"], homes))
+    counts = [homes.count(w) - start.count(w) for w in "abc"]
+    assert sum(counts) == 30
+    final = [homes.count(w) for w in "abc"]
+    assert max(final) - min(final) <= max(1, max(start.count(w) for w in "abc") - min(start.count(w) for w in "abc"))

@@ -76,6 +76,11 @@ def home_of(info: ServerInfo, queue: str) -> str:
         return str(json.load(resp)["node"])
 
 
+def worker_of(info: ServerInfo, queue: str) -> int:
+    """The index of the worker `queue` lives in."""
+    return int(home_of(info, queue).rsplit("#w", 1)[1])
+
+
 def drain(ch: Any, queue: str, count: int) -> list[bytes]:
     bodies: list[bytes] = []
     for method, _props, body in ch.consume(queue, inactivity_timeout=10):
@@ -109,11 +114,26 @@ def test_one_node_to_clients_one_ports_file(node: ServerInfo) -> None:
         assert conn.channel().queue_declare("", exclusive=True).method.queue
 
 
+def test_durable_queues_are_spread_over_the_workers(node: ServerInfo) -> None:
+    with connect(node, 0) as conn:
+        ch = conn.channel()
+        names = [f"spread-{i}" for i in range(4)]
+        for name in names:
+            ch.queue_declare(name, durable=True)
+        homes = [worker_of(node, name) for name in names]
+        assert sorted(homes) == [0, 0, 1, 1]  # the worker with fewest queues each time, not the declarer's
+        transient = ch.queue_declare("stays-here").method.queue  # transient: in the declaring worker
+        assert worker_of(node, transient) == 0
+        for name in [*names, transient]:
+            ch.queue_delete(name)
+
+
 def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> None:
-    with connect(node, 1) as owner, connect(node, 0) as other:
+    with connect(node) as conn:
+        conn.channel().queue_declare("hop", durable=True)
+        home = worker_of(node, "hop")
+    with connect(node, home) as owner, connect(node, 1 - home) as other:
         och = owner.channel()
-        och.queue_declare("hop", durable=True)
-        assert home_of(node, "hop") == "test@localhost#w1"
         pub = other.channel()
         pub.confirm_delivery()  # each publish returns once worker 1 confirmed it (after its fsync)
         for i in range(20):
@@ -206,9 +226,11 @@ def ports_file_names_worker(info: ServerInfo, index: int) -> bool:
 def test_worker_killed_or_hung_is_replaced_and_keeps_its_persistent_messages(tmp_path: Path) -> None:
     info = start_node(tmp_path)
     try:
+        with connect(info, 0) as w0:
+            for name in ("local", "kept"):  # one queue in each worker (fewest queues; a tie: the lower name)
+                w0.channel().queue_declare(name, durable=True)
+        assert (worker_of(info, "local"), worker_of(info, "kept")) == (0, 1)
         with connect(info, 1) as w1, connect(info, 0) as w0:
-            w1.channel().queue_declare("kept", durable=True)
-            w0.channel().queue_declare("local", durable=True)
             pub = w0.channel()
             pub.confirm_delivery()
             for i in range(50):
@@ -244,14 +266,14 @@ def test_worker_killed_or_hung_is_replaced_and_keeps_its_persistent_messages(tmp
 
 def test_supervisor_killed_leaves_no_worker_and_a_restart_puts_every_queue_back(tmp_path: Path) -> None:
     info = start_node(tmp_path)
-    homes = {"on-w0": 0, "on-w1": 1, "also-w1": 1}
-    with connect(info, 0) as w0, connect(info, 1) as w1:
-        conns = {0: w0, 1: w1}
-        for queue, worker in homes.items():
-            ch = conns[worker].channel()
-            ch.confirm_delivery()
+    with connect(info, 1) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for queue in ("q-a", "q-b", "q-c"):
             ch.queue_declare(queue, durable=True)
             ch.basic_publish("", queue, queue.encode(), PERSISTENT)
+        homes = {queue: worker_of(info, queue) for queue in ("q-a", "q-b", "q-c")}
+    assert set(homes.values()) == {0, 1}
     workers = [worker_pid(info, 0), worker_pid(info, 1)]
     assert all(workers)
     info.stop(signal.SIGKILL)
