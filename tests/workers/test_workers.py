@@ -81,6 +81,13 @@ def worker_of(info: ServerInfo, queue: str) -> int:
     return int(home_of(info, queue).rsplit("#w", 1)[1])
 
 
+def declare(info: ServerInfo, queue: str, durable: bool = False) -> int:
+    """Declare `queue` through the node's shared port; the index of the worker it was placed in."""
+    with connect(info) as conn:
+        conn.channel().queue_declare(queue, durable=durable)
+    return worker_of(info, queue)
+
+
 def drain(ch: Any, queue: str, count: int) -> list[bytes]:
     bodies: list[bytes] = []
     for method, _props, body in ch.consume(queue, inactivity_timeout=10):
@@ -114,7 +121,7 @@ def test_one_node_to_clients_one_ports_file(node: ServerInfo) -> None:
         assert conn.channel().queue_declare("", exclusive=True).method.queue
 
 
-def test_durable_queues_are_spread_over_the_workers(node: ServerInfo) -> None:
+def test_queues_are_spread_over_the_workers(node: ServerInfo) -> None:
     with connect(node, 0) as conn:
         ch = conn.channel()
         names = [f"spread-{i}" for i in range(4)]
@@ -122,16 +129,16 @@ def test_durable_queues_are_spread_over_the_workers(node: ServerInfo) -> None:
             ch.queue_declare(name, durable=True)
         homes = [worker_of(node, name) for name in names]
         assert sorted(homes) == [0, 0, 1, 1]  # the worker with fewest queues each time, not the declarer's
-        transient = ch.queue_declare("stays-here").method.queue  # transient: in the declaring worker
-        assert worker_of(node, transient) == 0
-        for name in [*names, transient]:
+        transient = [ch.queue_declare(f"transient-{i}").method.queue for i in range(2)]
+        assert sorted(worker_of(node, name) for name in transient) == [0, 1]  # placed as well
+        for _ in range(3):  # exclusive queues: in their connection's worker, never a hop
+            assert worker_of(node, ch.queue_declare("", exclusive=True).method.queue) == 0
+        for name in [*names, *transient]:
             ch.queue_delete(name)
 
 
 def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> None:
-    with connect(node) as conn:
-        conn.channel().queue_declare("hop", durable=True)
-        home = worker_of(node, "hop")
+    home = declare(node, "hop", durable=True)
     with connect(node, home) as owner, connect(node, 1 - home) as other:
         och = owner.channel()
         pub = other.channel()
@@ -162,9 +169,9 @@ def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> 
 
 
 def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) -> None:
-    with connect(node, 0) as owner, connect(node, 1) as other:
+    home = declare(node, "hop-cancel")
+    with connect(node, home) as owner, connect(node, 1 - home) as other:
         och = owner.channel()
-        och.queue_declare("hop-cancel")
         ch = other.channel()
         ch.basic_qos(prefetch_count=1)
         got: list[bytes] = []
@@ -182,9 +189,9 @@ def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) ->
 
 
 def test_queue_deleted_while_a_consumer_in_the_other_worker_consumes(node: ServerInfo) -> None:
-    with connect(node, 1) as owner, connect(node, 0) as other:
+    home = declare(node, "hop-delete")
+    with connect(node, home) as owner, connect(node, 1 - home) as other:
         och = owner.channel()
-        och.queue_declare("hop-delete")
         ch = other.channel()
         cancelled: list[Any] = []
         ch.add_on_cancel_callback(cancelled.append)

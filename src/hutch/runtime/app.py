@@ -101,7 +101,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     remote = RemoteQueueType(node, link)
     node.queue_types = [QuorumQueueType(node, cluster, quorum), remote,
                         *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]
-    if node.config.worker_index is not None:  # a worker: durable queues go to the worker with fewest queues
+    if node.config.worker_index is not None:  # a worker: new queues go to the worker with fewest queues
         for t in node.queue_types:
             if isinstance(t, ClassicQueueType):
                 t.elsewhere = remote.place_on_fewest

@@ -5,10 +5,10 @@ Owns: applying `queue.declare` records of queues that live on another node of th
 never declare this type: a declare on this node makes a queue of this node.
 
 Also owns the placement of a node's worker processes (docs/scaling.md): `place_on_fewest` puts a new
-durable, non-exclusive classic queue on the worker with the fewest queues (`fewest_queues`, pure) by
+non-exclusive classic queue on the worker with the fewest queues (`fewest_queues`, pure) by
 declaring it here as a stand-in whose record names that worker as its home; the home worker makes the
-queue when it applies the record (`ClassicQueueType.restore`). The record is what keeps the queue there
-across restarts.
+queue when it applies the record (`ClassicQueueType.restore`). The record is what keeps a durable queue
+there across restarts (a transient one is gone with its worker's restart, as with a node's).
 
 Rules:
 - When two nodes declared the same name at once, the record that arrives last wins and the other

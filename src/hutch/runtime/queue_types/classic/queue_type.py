@@ -55,8 +55,8 @@ class ClassicQueueType:
         self.timers = features.QueueTimers(node, node.clock)
         self._transient_ids = 0
         self.started = False  # `start` ran: a queue declared from a record now needs its storage at once
-        # a node of workers (runtime/workers/): where a new durable, non-exclusive queue lives when that
-        # is another worker (its stand-in here), or None for this one; None on a lone node
+        # a node of workers (runtime/workers/): where a new non-exclusive queue lives when that is another
+        # worker (its stand-in here), or None for this one; None on a lone node
         self.elsewhere: Callable[[VirtualHost, str, bool, bool, dict[str, Any]], Queue | None] | None = None
         ClassicQueue.ram_limit = node.config.classic_queue_ram_limit  # class-wide, like the pressure limits
         ClassicQueue.clock = staticmethod(node.clock.wall_ms)
@@ -71,7 +71,7 @@ class ClassicQueueType:
         restoring = self.node.replaying
         if not restoring:  # as RabbitMQ, recovery does not re-validate what was once accepted
             validate_queue_arguments(name, vhost.name, "classic", arguments)
-        if not restoring and durable and not exclusive and self.elsewhere is not None:
+        if not restoring and not exclusive and self.elsewhere is not None:
             placed = self.elsewhere(vhost, name, durable, auto_delete, dict(arguments))
             if placed is not None:  # another worker is its home (runtime/workers/, remote_type.py)
                 return placed
@@ -85,11 +85,12 @@ class ClassicQueueType:
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if not isinstance(op, DeclareQueue):
             return False
-        if op.durable:
-            q = self.node.declare_queue(vhost, op.name, True, False, op.auto_delete,
+        if op.durable or self.started:  # while running: a queue another worker placed here
+            existed = op.name in vhost.queues
+            q = self.node.declare_queue(vhost, op.name, op.durable, False, op.auto_delete,
                                         self.node.unpack_arguments(op.arguments), None)
-            if self.started and isinstance(q, ClassicQueue) and q.index is None:
-                self._attach_storage(vhost, q)  # placed here by another worker while running
+            if self.started and not existed and isinstance(q, ClassicQueue):
+                self._attach_storage(vhost, q)
         else:  # this node's transient queue: it did not survive the restart
             self.node.stale_transient.append((vhost.name, op.name))
         return True
