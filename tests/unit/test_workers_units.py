@@ -15,7 +15,7 @@ from hutch.config import Config, ConfigError, load_config, parse_config_text
 from hutch.runtime.queue_types.remote_type import fewest_queues
 from hutch.runtime.workers import control
 from hutch.runtime.workers.cores import cores_from, usable_cores
-from hutch.runtime.workers.spec import WorkerSpec, worker_config, worker_dir, worker_name
+from hutch.runtime.workers.spec import WorkerSpec, data_dir_mismatch, worker_config, worker_dir, worker_name
 from hutch.runtime.workers.supervisor import reserve_port, worker_count
 
 
@@ -132,3 +132,13 @@ def test_placement_keeps_workers_within_one_queue_of_each_other(start: list[str]
     assert sum(counts) == 30
     final = [homes.count(w) for w in "abc"]
     assert max(final) - min(final) <= max(1, max(start.count(w) for w in "abc") - min(start.count(w) for w in "abc"))
+
+
+def test_a_data_directory_keeps_its_shape(tmp_path: Path) -> None:
+    lone, workers = tmp_path / "lone", tmp_path / "workers"
+    (lone / "definitions").mkdir(parents=True)
+    (workers / "w0").mkdir(parents=True)
+    assert data_dir_mismatch(str(lone), 1) is None and data_dir_mismatch(str(workers), 2) is None
+    assert "one-process node" in (data_dir_mismatch(str(lone), 2) or "")
+    assert "start it with --workers" in (data_dir_mismatch(str(workers), 1) or "")
+    assert data_dir_mismatch(str(tmp_path / "new"), 2) is None and data_dir_mismatch("", 1) is None

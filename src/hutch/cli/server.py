@@ -27,7 +27,7 @@ from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
 from hutch.core.logsafe import SafeArgsFilter
 from hutch.runtime.workers.link import WorkerLink
-from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, worker_config
+from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_config
 from hutch.runtime.workers.supervisor import supervise, worker_count
 
 PROG = "hutch-server"
@@ -199,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                config.node_name, count, config.config_file or "none",
                                                config.data_dir)
         return supervise(config, sys.argv[1:] if argv is None else list(argv), count)
+    problem = data_dir_mismatch(config.data_dir, 1)
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 1
     logging.getLogger("hutch.server").info(
         "starting node %s (config file: %s, data dir: %s)",
         config.node_name,

@@ -33,6 +33,26 @@ def worker_dir(data_dir: str, index: int) -> str:
     return os.path.join(data_dir, f"w{index}")
 
 
+LONE_NODE_ENTRIES = ("cluster", "definitions", "msg_stores", "queues")  # what a one-process node keeps
+
+
+def data_dir_mismatch(data_dir: str, workers: int) -> str | None:
+    """Why `data_dir` cannot serve a node of `workers` processes, or None. A one-process node's data is
+    not moved into workers' sub-directories (nor back), so starting it with another shape would show an
+    empty node over data that is still there: refused in one line instead."""
+    if not data_dir or not os.path.isdir(data_dir):
+        return None
+    if workers > 1:
+        found = [e for e in LONE_NODE_ENTRIES if os.path.exists(os.path.join(data_dir, e))]
+        if found:
+            return (f"data directory {data_dir} holds a one-process node's data ({', '.join(found)}); "
+                    "start it without --workers (moving a node's data to workers is not supported yet)")
+    elif os.path.isdir(worker_dir(data_dir, 0)):
+        return (f"data directory {data_dir} belongs to a node of worker processes (w0/, ...); start it with "
+                "--workers")
+    return None
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     index: int

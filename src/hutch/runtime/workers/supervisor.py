@@ -40,7 +40,7 @@ from hutch import portfile
 from hutch.config import Config
 from hutch.runtime.workers import control
 from hutch.runtime.workers.cores import usable_cores
-from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, worker_dir
+from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
 from hutch.storage.dirlock import DataDirLock, DataDirLocked
 from hutch.storage.fs import DATA_UMASK
 
@@ -336,6 +336,10 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
         print("hutch-server: --join with --workers above 1 is not supported yet (a node of workers cannot "
               "be a member of a multi-node cluster; docs/scaling.md)", file=sys.stderr)
         return 2
+    problem = data_dir_mismatch(config.data_dir, count)
+    if problem:
+        print(f"hutch-server: {problem}", file=sys.stderr)
+        return 1
     os.umask(DATA_UMASK)
     os.makedirs(config.data_dir, exist_ok=True)
     try:
