@@ -15,6 +15,7 @@ import time
 import urllib.request
 from base64 import b64encode
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +169,16 @@ def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> 
         och.queue_delete("hop")
 
 
+@contextmanager
+def across_the_hop(info: ServerInfo, queue: str) -> Iterator[tuple[Any, Any, Any]]:
+    """A new queue, a channel in its worker, and a connection and channel in the other worker."""
+    home = declare(info, queue)
+    with connect(info, home) as owner, connect(info, 1 - home) as other:
+        yield owner.channel(), other, other.channel()
+
+
 def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) -> None:
-    home = declare(node, "hop-cancel")
-    with connect(node, home) as owner, connect(node, 1 - home) as other:
-        och = owner.channel()
-        ch = other.channel()
+    with across_the_hop(node, "hop-cancel") as (och, other, ch):
         ch.basic_qos(prefetch_count=1)
         got: list[bytes] = []
         tag = ch.basic_consume("hop-cancel", lambda c, m, p, b: got.append(b))
@@ -189,10 +195,7 @@ def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) ->
 
 
 def test_queue_deleted_while_a_consumer_in_the_other_worker_consumes(node: ServerInfo) -> None:
-    home = declare(node, "hop-delete")
-    with connect(node, home) as owner, connect(node, 1 - home) as other:
-        och = owner.channel()
-        ch = other.channel()
+    with across_the_hop(node, "hop-delete") as (och, other, ch):
         cancelled: list[Any] = []
         ch.add_on_cancel_callback(cancelled.append)
         ch.basic_consume("hop-delete", lambda c, m, p, b: c.basic_ack(m.delivery_tag))

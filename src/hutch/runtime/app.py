@@ -56,7 +56,7 @@ from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
 from hutch.runtime.workers.link import WorkerLink
-from hutch.storage.dirlock import DataDirLock, DataDirLocked
+from hutch.storage.dirlock import DataDirLock
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
 
@@ -259,15 +259,11 @@ async def serve(config: Config, services: Sequence[Service] = (),
     (storage/dirlock.py): a second node on it is refused in one line naming the holder's pid."""
     lock: DataDirLock | None = None
     if config.data_dir:
-        try:
-            lock = DataDirLock.acquire(config.data_dir)
-        except DataDirLocked as exc:
-            print(f"hutch-server: {exc}", file=sys.stderr)
+        taken = DataDirLock.acquire_or_reason(config.data_dir)
+        if isinstance(taken, str):
+            print(f"hutch-server: {taken}", file=sys.stderr)
             return 1
-        except OSError as exc:
-            print(f"hutch-server: cannot lock data directory {config.data_dir}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 1
+        lock = taken
     try:
         return await _serve_locked(config, services, prepare, worker)
     finally:

@@ -41,7 +41,7 @@ from hutch.config import Config
 from hutch.runtime.workers import control
 from hutch.runtime.workers.cores import usable_cores
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
-from hutch.storage.dirlock import DataDirLock, DataDirLocked
+from hutch.storage.dirlock import DataDirLock
 from hutch.storage.fs import DATA_UMASK
 
 log = logging.getLogger("hutch.workers")
@@ -342,14 +342,9 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
         return 1
     os.umask(DATA_UMASK)
     os.makedirs(config.data_dir, exist_ok=True)
-    try:
-        lock = DataDirLock.acquire(config.data_dir)
-    except DataDirLocked as exc:
-        print(f"hutch-server: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"hutch-server: cannot lock data directory {config.data_dir}: {exc.strerror or exc}",
-              file=sys.stderr)
+    lock = DataDirLock.acquire_or_reason(config.data_dir)
+    if isinstance(lock, str):
+        print(f"hutch-server: {lock}", file=sys.stderr)
         return 1
     try:
         portfile.remove(config.data_dir)
