@@ -82,6 +82,13 @@ def worker_of(info: ServerInfo, queue: str) -> int:
     return int(home_of(info, queue).rsplit("#w", 1)[1])
 
 
+def get_one(ch: Any, queue: str) -> tuple[Any, Any, bytes]:
+    """basic.get until a message comes (auto-ack)."""
+    got = until(lambda: (lambda r: r if r[0] is not None else None)(ch.basic_get(queue, auto_ack=True)),
+                what=f"a message in {queue}")
+    return got
+
+
 def declare(info: ServerInfo, queue: str, durable: bool = False) -> int:
     """Declare `queue` through the node's shared port; the index of the worker it was placed in."""
     with connect(info) as conn:
@@ -149,7 +156,8 @@ def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> 
         assert och.queue_declare("hop", passive=True).method.message_count == 20
         con = other.channel()
         con.basic_qos(prefetch_count=5)
-        method, _props, body = until(lambda: con.basic_get("hop"), what="basic.get across the hop")
+        method, _props, body = until(lambda: (lambda r: r if r[0] is not None else None)(con.basic_get("hop")),
+                                     what="basic.get across the hop")
         assert body == b"m0"
         con.basic_reject(method.delivery_tag, requeue=True)
         seen: list[tuple[bytes, bool]] = []
@@ -253,8 +261,7 @@ def test_worker_killed_or_hung_is_replaced_and_keeps_its_persistent_messages(tmp
                 w1.channel()
                 w1.process_data_events(1)
             pub.basic_publish("", "local", b"still served", PERSISTENT)  # worker 0 goes on serving
-            assert until(lambda: pub.basic_get("local", auto_ack=True)[2], what="worker 0's queue") == \
-                b"still served"
+            assert get_one(pub, "local")[2] == b"still served"
         until(lambda: worker_pid(info, 1) not in (None, victim), what="worker 1 restarted")
         until(lambda: ports_file_names_worker(info, 1), what="the ports file naming the new worker 1")
         with connect(info, 1) as again:
@@ -301,3 +308,18 @@ def test_supervisor_killed_leaves_no_worker_and_a_restart_puts_every_queue_back(
     finally:
         assert info.stop() == 0
     assert portfile.read(info.data_dir) is None  # a clean stop removes the node's ports file
+
+
+def test_direct_reply_to_across_the_hop(node: ServerInfo) -> None:
+    with connect(node, 0) as requester, connect(node, 1) as server:
+        rch, sch = requester.channel(), server.channel()
+        sch.queue_declare("rpc-requests")
+        replies: list[bytes] = []
+        rch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append(b), auto_ack=True)
+        rch.basic_publish("", "rpc-requests", b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+        _method, props, body = get_one(sch, "rpc-requests")
+        assert body == b"ping" and props.reply_to.startswith("amq.rabbitmq.reply-to.")
+        sch.basic_publish("", props.reply_to, b"pong")  # worker 1 sends it on to the requester's worker
+        until(lambda: requester.process_data_events(0.05) or replies, what="the reply in worker 0")
+        assert replies == [b"pong"]
+        sch.queue_delete("rpc-requests")

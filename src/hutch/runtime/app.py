@@ -29,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 from hutch import __version__, portfile
-from hutch.cluster.messages import LimitCounts
+from hutch.cluster.messages import DirectReply, LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
@@ -97,6 +97,9 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     cluster.register(LimitCounts, gossip.received)
     node.cluster_peer_hooks.append(gossip.peer_changed)
     cluster.add_subsystem(gossip)
+    # Direct Reply-To across nodes and workers: a reply goes to the node its token names
+    node.forward_direct_reply = lambda home, token, msg: cluster.send(home, DirectReply(token, msg))
+    cluster.register(DirectReply, lambda _peer, r: node.deliver_direct_reply(r.token, r.message))
     node.cluster = cluster
     remote = RemoteQueueType(node, link)
     node.queue_types = [QuorumQueueType(node, cluster, quorum), remote,
