@@ -142,3 +142,17 @@ def test_a_data_directory_keeps_its_shape(tmp_path: Path) -> None:
     assert "one-process node" in (data_dir_mismatch(str(lone), 2) or "")
     assert "start it with --workers" in (data_dir_mismatch(str(workers), 1) or "")
     assert data_dir_mismatch(str(tmp_path / "new"), 2) is None and data_dir_mismatch("", 1) is None
+
+
+def test_a_fixed_port_held_by_another_node_of_workers_is_refused() -> None:
+    port, first = reserve_port("127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError):  # joining its SO_REUSEPORT group would split clients between two nodes
+            reserve_port("127.0.0.1", port)
+    finally:
+        for s in first:
+            s.close()
+    again, socks = reserve_port("127.0.0.1", port)  # free again: it can be had
+    assert again == port
+    for s in socks:
+        s.close()

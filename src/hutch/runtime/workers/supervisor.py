@@ -59,7 +59,9 @@ def worker_count(config: Config) -> int:
 
 def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
     """Bind (never listen) `SO_REUSEPORT` sockets on `host` (empty: IPv4 and IPv6) and `port` (0: any
-    free one): the port every worker then listens on. OSError if it cannot be had."""
+    free one): the port every worker then listens on. OSError if it cannot be had. A fixed port is first
+    bound without `SO_REUSEPORT` (and let go): a port another process shares with `SO_REUSEPORT` (another
+    node of workers) is refused as in use rather than joined, which would split clients between nodes."""
     if host:
         families = [(socket.getaddrinfo(host, None)[0][0], host)]
     else:
@@ -69,9 +71,11 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
         chosen = port
         try:
             for family, address in families:
+                if port:
+                    _probe_free(family, address, port)
                 s = socket.socket(family, socket.SOCK_STREAM)
                 socks.append(s)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # no SO_REUSEADDR: another supervisor's probe (which has it) must see this port taken
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 if family == socket.AF_INET6:
                     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -87,6 +91,14 @@ def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
             if port or exc.errno != errno.EADDRINUSE:
                 raise
     raise OSError(errno.EADDRINUSE, "no free port for both address families")
+
+
+def _probe_free(family: int, address: str, port: int) -> None:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no owner
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        probe.bind((address, port))
 
 
 class _Worker:
