@@ -270,6 +270,18 @@ class StreamHandle:
         return Appended([ids[i] for i in keep] if publisher is not None else [], dups, header.chunk_id,
                         header.chunk_id, header.next_offset - 1, fut)
 
+    def append_encoded(self, data: Sequence[bytes], entries: int) -> Appended:
+        """Write one USER chunk whose data section is the parts `data` joined, `entries` simple entries
+        already framed (chunk.encode_entries' framing, as a stream-protocol publish carries them): no
+        deduplication, no filter values (`append` for those)."""
+        self._check_writable()
+        if self.gate is not None:
+            self.gate()
+        self._write_data(data, entries, entries, ck.USER, b"", b"")
+        chunk_id = self.log.last_chunk_id  # after the write: a roll may have put a tracking snapshot first
+        assert self.log.next_offset == chunk_id + entries, "a chunk of simple entries: one record each"
+        return Appended([], [], chunk_id, chunk_id, chunk_id + entries - 1, self._track_pending(chunk_id))
+
     def store_offset(self, reference: bytes, offset: int) -> Appended:
         """Store a consumer's offset (a TRACKING_DELTA chunk, committed like any chunk)."""
         self._check_writable()
@@ -290,15 +302,21 @@ class StreamHandle:
 
     def _write(self, entries: Sequence[ck.Entry], chunk_type: int, trailer: bytes, bits: bytes) -> bytes:
         """Encode and append one chunk, rolling first (with a tracking snapshot) when the segment is full."""
-        data_size = sum(len(e) + 4 if isinstance(e, bytes) else len(e.body) + 11 for e in entries)
-        size = ck.HEADER_SIZE + len(bits) + data_size + len(trailer)
+        data, records = ck.encode_entries(entries)
+        return self._write_data((data,), len(entries), records, chunk_type, trailer, bits)
+
+    def _write_data(self, data: Sequence[bytes], entries: int, records: int, chunk_type: int, trailer: bytes,
+                    bits: bytes) -> bytes:
+        """Append one chunk around an encoded data section (see `_write`)."""
+        size = ck.HEADER_SIZE + len(bits) + sum(map(len, data)) + len(trailer)
         before = self.log.next_offset
         try:
             if self.log.would_roll(size):
                 self.log.roll()
                 self._after_roll()
-            raw = ck.encode(entries, chunk_type=chunk_type, timestamp=self._timestamp(), epoch=self.epoch,
-                            chunk_id=self.log.next_offset, trailer=trailer, filter_bits=bits)
+            raw = ck.encode_data(data, entries=entries, records=records, chunk_type=chunk_type,
+                                 timestamp=self._timestamp(), epoch=self.epoch, chunk_id=self.log.next_offset,
+                                 trailer=trailer, filter_bits=bits)
             self.log.append(raw, self.log.fmt.info(raw[:ck.HEADER_SIZE]))
         except StorageError as exc:
             self._fail(exc)

@@ -170,8 +170,8 @@ class StreamQueueType(QueueTypeDefaults):
             return False
         if op.gid is None:
             raise ValueError(f"stream '{op.name}' declared without its stream id")
-        if self.cluster is None:  # a node alone holds every stream its definitions name (whatever node
-            members = [self.node.name]  # name they were recorded under)
+        if self.node.cluster is None:  # a node alone holds every stream its definitions name (whatever
+            members = [self.node.name]  # node name they were recorded under)
         else:
             members = list(op.members or [op.node or self.node.name])
         replicated = len(members) > 1
