@@ -106,6 +106,11 @@ def retention_of(arguments: dict[str, Any], policy: dict[str, Any]) -> Retention
     return Retention(int(max_bytes) if isinstance(max_bytes, int) else None, age_ms)
 
 
+def _position(sc: StreamConsumer) -> int:
+    """The offset a consumer gets next: the first record of its chunk in hand, else its reader's."""
+    return sc.pending[0][0] if sc.pending else sc.reader.next_offset
+
+
 class StreamQueue(Queue):
     queue_type = "stream"
 
@@ -238,7 +243,22 @@ class StreamQueue(Queue):
 
     def consumer_offsets(self) -> dict[str, int]:
         """Each consumer's next offset (management)."""
-        return {c.tag: sc.reader.next_offset for c, sc in self._consumers.items()}
+        return {c.tag: _position(sc) for c, sc in self._consumers.items()}
+
+    def consumer_info(self, consumer: Consumer) -> dict[str, Any]:
+        """Where `consumer` reads (management): `offset`, the next it gets; `offset_lag`, the committed
+        offsets past it; `credits`, how many more it may have unacknowledged (its prefetch less its unacked)."""
+        sc = self._consumers.get(consumer)
+        if sc is None:
+            return {}
+        offset = _position(sc)
+        return {"offset": offset, "offset_lag": max(0, self.handle.committed_offset + 1 - offset),
+                "credits": max(0, consumer.prefetch - consumer.unacked)}
+
+    def max_offset_lag(self) -> int:
+        """The largest `offset_lag` of this stream's consumers (0 without any)."""
+        committed = self.handle.committed_offset + 1
+        return max((max(0, committed - _position(sc)) for sc in self._consumers.values()), default=0)
 
     # -- delivering ---------------------------------------------------------------------------------
     def _committed(self) -> None:
