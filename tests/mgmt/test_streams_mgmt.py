@@ -99,18 +99,19 @@ def test_definitions_round_trip_a_stream_with_its_arguments_and_policy(fresh_mgm
     assert [x for x in again["queues"] if x["name"] == name] == [q]
 
 
-def test_hutchctl_lists_a_streams_columns(fresh_mgmt: ServerInfo) -> None:
+def test_hutchctl_lists_a_streams_columns(mgmt: ServerInfo) -> None:
     name = unique("s")
-    _publish(fresh_mgmt, name, 4)
-    conn = connect(fresh_mgmt.amqp_port)
+    _publish(mgmt, name, 4)
+    conn = connect(mgmt.amqp_port)
     ch = conn.channel()
     ch.basic_qos(prefetch_count=2)
     ch.basic_consume(name, lambda *a: None, arguments={"x-stream-offset": "first"}, consumer_tag="reader")
     conn.process_data_events(0.5)  # the consumer holds 2 unacked: it reads at offset 2
-    out = run_ctl(fresh_mgmt, "list_queues", "name", "type", "leader", "members", "first_offset",
+    out = run_ctl(mgmt, "list_queues", "name", "type", "leader", "members", "first_offset",
                   "committed_offset", "last_offset", "segments", "consumer_offsets")
     assert out.returncode == 0, out.stderr
     [line] = [line for line in out.stdout.splitlines() if line.startswith(name)]
     assert line.split() == [name, "stream", "test@localhost", "[test@localhost]", "0", "3", "3", "1",
                             '{"reader":2}'], line
+    conn.channel().queue_delete(name)
     conn.close()
