@@ -13,7 +13,7 @@ import {mkdtempSync, rmSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
 import {chromium} from 'playwright-core';
-import {CHROMIUM_ARGS, stepper} from './steps.mjs';
+import {allPassed, CHROMIUM_ARGS, stepper} from './steps.mjs';
 
 const [base, artifacts] = process.argv.slice(2);
 const want = JSON.parse(process.env.EXPECTED || 'null');
@@ -140,11 +140,7 @@ try {
     }
   });
 
-  if (pageErrors.length) {
-    run.current = 'no script errors';
-    throw new Error(pageErrors.join('\n'));
-  }
-  console.log(`all steps passed in ${run.elapsed()} s`);
+  allPassed(run, pageErrors);
 } catch (exc) {
   console.log(`FAILED - ${run.current}: ${exc.message}`);
   await page.screenshot({path: join(artifacts, 'failure.png'), fullPage: true}).catch(() => {});

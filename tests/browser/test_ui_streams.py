@@ -112,10 +112,15 @@ def test_stream_pages_in_chromium(node: ServerInfo) -> None:
     clients = StreamClients(node.ports["stream"])
     held = conn.channel()
     held.basic_qos(prefetch_count=HELD_PREFETCH)
-    held.basic_consume(STREAM, lambda *a: None, arguments={"x-stream-offset": "first"}, consumer_tag="ui-held")
+    delivered: list[int] = []
+    held.basic_consume(STREAM, lambda _c, _m, p, _b: delivered.append(p.headers["x-stream-offset"]),
+                       arguments={"x-stream-offset": "first"}, consumer_tag="ui-held")
     total = PIKA_MESSAGES + RSTREAM_MESSAGES
     try:
-        assert wait_for(lambda: (conn.process_data_events(0), len(clients.consumed))[1] == total, 30)
+        # every delivery dispatched to the held consumer (pika nacks undispatched ones when it closes, which
+        # a stream refuses with 540, as RabbitMQ does), and the rstream consumer has read everything
+        assert wait_for(lambda: (conn.process_data_events(0), len(delivered))[1] == HELD_PREFETCH, 30)
+        assert wait_for(lambda: len(clients.consumed) == total, 30)
         q = _call(node, "GET", f"/api/queues/%2F/{STREAM}")
         expected = {"stream": STREAM, "node": q["node"], "last": q["last_offset"], "segments": q["segments"],
                     "held_offset": HELD_PREFETCH, "held_lag": q["committed_offset"] + 1 - HELD_PREFETCH}

@@ -105,8 +105,10 @@ def test_hutchctl_lists_a_streams_columns(mgmt: ServerInfo) -> None:
     conn = connect(mgmt.amqp_port)
     ch = conn.channel()
     ch.basic_qos(prefetch_count=2)
-    ch.basic_consume(name, lambda *a: None, arguments={"x-stream-offset": "first"}, consumer_tag="reader")
-    conn.process_data_events(0.5)  # the consumer holds 2 unacked: it reads at offset 2
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda _c, _m, _p, body: got.append(body), arguments={"x-stream-offset": "first"},
+                     consumer_tag="reader")
+    assert wait_for(lambda: (conn.process_data_events(0), len(got))[1] == 2)  # it holds 2 unacked: reads at 2
     out = run_ctl(mgmt, "list_queues", "name", "type", "leader", "members", "first_offset",
                   "committed_offset", "last_offset", "segments", "consumer_offsets")
     assert out.returncode == 0, out.stderr

@@ -15,6 +15,9 @@ export const streamHref = (vhost, name) => `#/streams/${encodeURIComponent(vhost
 export const streamConnectionHref = (vhost, name) =>
   `#/stream-connections/${encodeURIComponent(vhost)}/${encodeURIComponent(name)}`;
 
+/** The server-side list at `path`, or at `path/{vhost}` while the page is scoped to one virtual host. */
+const scopedList = (path, vhost) => serverList(vhost ? `${path}/${encodeURIComponent(vhost)}` : path);
+
 const TABS = [['streams', 'Streams', '#/streams'], ['connections', 'Stream connections', '#/stream-connections']];
 
 function tabs(current) {
@@ -43,7 +46,7 @@ export function streamsPage(ctx) {
   const vhost = ctx.vhost;
   const table = new DataTable({
     noun: 'stream', sort: 'name', label: 'Streams',
-    load: serverList(vhost ? p`/api/stream/streams/${vhost}` : '/api/stream/streams'),
+    load: scopedList('/api/stream/streams', vhost),
     columns: [
       ...(vhost ? [] : [{label: 'Virtual host', key: 'vhost'}]),
       {label: 'Name', key: 'name', render: (s) => link(streamHref(s.vhost, s.name), s.name)},
@@ -185,7 +188,7 @@ export function streamConnectionsPage(ctx) {
   const vhost = ctx.vhost;
   const table = new DataTable({
     noun: 'stream connection', sort: 'name', label: 'Stream connections',
-    load: serverList(vhost ? p`/api/stream/connections/${vhost}` : '/api/stream/connections'),
+    load: scopedList('/api/stream/connections', vhost),
     columns: [
       {label: 'Name', key: 'name', render: (c) => link(streamConnectionHref(c.vhost, c.name), c.name)},
       ...(vhost ? [] : [{label: 'Virtual host', key: 'vhost'}]),
