@@ -264,14 +264,14 @@ def _vhost_topic_permissions(c: Call) -> Any:
 
 @route("GET", "/api/vhosts/{vhost}/connections", "Connections to a virtual host", tag=VHOSTS,
        reply="Connection[]", listing=True, codes=(404,))
-def _vhost_connections(c: Call) -> Any:
-    return _list(c, clients.list_connections(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost_connections(c: Call) -> Any:
+    return _list(c, await clients.list_connections(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 @route("GET", "/api/vhosts/{vhost}/channels", "Channels in a virtual host", tag=VHOSTS, reply="Channel[]",
        listing=True, codes=(404,))
-def _vhost_channels(c: Call) -> Any:
-    return _list(c, clients.list_channels(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost_channels(c: Call) -> Any:
+    return _list(c, await clients.list_channels(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 # -- permissions ------------------------------------------------------------------------------------
@@ -374,8 +374,9 @@ def _vhost_queues(c: Call) -> Any:
 
 @route("GET", "/api/queues/{vhost}/{name}", "One queue, with its consumers", tag=QUEUES, reply="Queue",
        codes=(404,))
-def _queue(c: Call) -> Any:
-    return _one(c, topology.get_queue(c.node, c.principal, c.params["vhost"], c.params["name"], c.stats))
+async def _queue(c: Call) -> Any:
+    return _one(c, await topology.get_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"],
+                                            c.stats))
 
 
 @route("PUT", "/api/queues/{vhost}/{name}", "Declare a queue", tag=QUEUES, body="QueueBody",
@@ -566,62 +567,62 @@ _policy_routes("/api/operator-policies", operator=True)
 
 @route("GET", "/api/connections", "Connections the caller can see", tag=CLIENTS, reply="Connection[]",
        listing=True)
-def _connections(c: Call) -> Any:
-    return _list(c, clients.list_connections(c.node, c.principal, None, c.stats))
+async def _connections(c: Call) -> Any:
+    return _list(c, await clients.list_connections(c.agent, c.node, c.principal, None, c.stats))
 
 
 @route("GET", "/api/connections/username/{username}", "A user's connections", tag=CLIENTS,
        reply="Connection[]", listing=True)
-def _user_connections(c: Call) -> Any:
-    return _list(c, clients.user_connections(c.node, c.principal, c.params["username"], c.stats))
+async def _user_connections(c: Call) -> Any:
+    return _list(c, await clients.user_connections(c.agent, c.principal, c.params["username"], c.stats))
 
 
 @route("DELETE", "/api/connections/username/{username}", "Close a user's connections", tag=CLIENTS,
        codes=(204,))
-def _close_user_connections(c: Call) -> Any:
-    clients.close_user_connections(c.node, c.principal, c.params["username"], c.headers.get("X-Reason"))
+async def _close_user_connections(c: Call) -> Any:
+    await clients.close_user_connections(c.agent, c.principal, c.params["username"], c.headers.get("X-Reason"))
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}", "One connection", tag=CLIENTS, reply="Connection", codes=(404,))
-def _connection(c: Call) -> Any:
-    return _one(c, clients.get_connection(c.node, c.principal, c.params["name"], c.stats))
+async def _connection(c: Call) -> Any:
+    return _one(c, await clients.get_connection(c.agent, c.principal, c.params["name"], c.stats))
 
 
 @route("DELETE", "/api/connections/{name}", "Close a connection (reason in the X-Reason header)", tag=CLIENTS,
        codes=(204, 404))
-def _close_connection(c: Call) -> Any:
-    clients.close_connection(c.node, c.principal, c.params["name"], c.headers.get("X-Reason"))
+async def _close_connection(c: Call) -> Any:
+    await clients.close_connection(c.agent, c.principal, c.params["name"], c.headers.get("X-Reason"))
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}/channels", "A connection's channels", tag=CLIENTS, reply="Channel[]",
        listing=True, codes=(404,))
-def _connection_channels(c: Call) -> Any:
-    return _list(c, clients.connection_channels(c.node, c.principal, c.params["name"], c.stats))
+async def _connection_channels(c: Call) -> Any:
+    return _list(c, await clients.connection_channels(c.agent, c.principal, c.params["name"], c.stats))
 
 
 @route("GET", "/api/channels", "Channels the caller can see", tag=CLIENTS, reply="Channel[]", listing=True)
-def _channels(c: Call) -> Any:
-    return _list(c, clients.list_channels(c.node, c.principal, None, c.stats))
+async def _channels(c: Call) -> Any:
+    return _list(c, await clients.list_channels(c.agent, c.node, c.principal, None, c.stats))
 
 
 @route("GET", "/api/channels/{channel}", "One channel, with its consumers and publishes per exchange",
        tag=CLIENTS, reply="Channel", codes=(404,))
-def _channel(c: Call) -> Any:
-    return _one(c, clients.get_channel(c.node, c.principal, c.params["channel"], c.stats))
+async def _channel(c: Call) -> Any:
+    return _one(c, await clients.get_channel(c.agent, c.principal, c.params["channel"], c.stats))
 
 
 @route("GET", "/api/consumers", "Consumers in the virtual hosts the caller can see", tag=CLIENTS,
        reply="Consumer[]", listing=True)
-def _consumers(c: Call) -> Any:
-    return _list(c, clients.list_consumers(c.node, c.principal), CONSUMER_SORT)
+async def _consumers(c: Call) -> Any:
+    return _list(c, await clients.list_consumers(c.agent, c.node, c.principal), CONSUMER_SORT)
 
 
 @route("GET", "/api/consumers/{vhost}", "Consumers of a virtual host", tag=CLIENTS, reply="Consumer[]",
        listing=True, codes=(404,))
-def _vhost_consumers(c: Call) -> Any:
-    return _list(c, clients.list_consumers(c.node, c.principal, c.params["vhost"]), CONSUMER_SORT)
+async def _vhost_consumers(c: Call) -> Any:
+    return _list(c, await clients.list_consumers(c.agent, c.node, c.principal, c.params["vhost"]), CONSUMER_SORT)
 
 
 __all__ = ["BINDING_SORT", "CONSUMER_SORT", "POLICY_SORT"]

@@ -33,23 +33,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.counters import (
+    CHANNEL_FIELDS,
+    MSG_STATS,
+    ZERO_CHANNEL,
+    add,
+    channel_values,
+    closed_values,
+    exchange_counts,
+)
+
 from .errors import bad_request
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import Queue
     from hutch.runtime.broker.node import Node
-    from hutch.runtime.session.channel import ServerChannel
-    from hutch.runtime.session.connection import AMQPConnection
 
 RETENTION_S = 600
 GLOBAL_RETENTION_S = 3600
 MAX_RANGE_POINTS = 500  # RabbitMQ's ?MAX_RANGE: age / incr may not exceed it
 RANGE_PREFIXES = ("lengths", "msg_rates", "data_rates", "node_stats")
 
-# Field layouts of the stored tuples. A view names output fields as sums of tuple positions.
-CHANNEL_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack",
-                  "get", "get_no_ack", "get_empty", "redeliver", "ack")
-MSG_STATS = tuple((name, (i,)) for i, name in enumerate(CHANNEL_FIELDS)) + (("deliver_get", (4, 5, 6, 7)),)
+# Field layouts of the stored tuples. A view names output fields as sums of tuple positions (a channel's:
+# core/counters.py, which the management agent reports them by).
 QUEUE_LENGTHS = (("messages", (0, 1)), ("messages_ready", (0,)), ("messages_unacknowledged", (1,)))
 QUEUE_MSG_STATS = (("publish", (2,)), ("deliver", (3,)), ("get", (4,)), ("deliver_get", (3, 4)), ("ack", (5,)),
                    ("redeliver", (6,)))
@@ -62,46 +68,13 @@ CHURN = tuple((name, (i,)) for i, name in enumerate(
      "queue_created", "queue_deleted")))
 NODE_FIELDS = ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free", "io_sync_count")
 NODE_STATS = tuple((name, (i,)) for i, name in enumerate(NODE_FIELDS))
-ZERO_CHANNEL = (0,) * len(CHANNEL_FIELDS)
 
 Fields = Sequence[tuple[str, tuple[int, ...]]]
-
-
-def channel_values(ch: ServerChannel) -> tuple[int, ...]:
-    """A channel's counters in CHANNEL_FIELDS order (`deliver` is manual-acknowledgement deliveries)."""
-    return (ch.stat_publish, ch.stat_confirm, ch.stat_return_unroutable, ch.stat_drop_unroutable,
-            ch.stat_deliver - ch.stat_deliver_no_ack, ch.stat_deliver_no_ack, ch.stat_get, ch.stat_get_no_ack,
-            ch.stat_get_empty, ch.stat_redeliver, ch.stat_ack)
-
-
-def closed_values(closed: Mapping[str, int]) -> tuple[int, ...]:
-    """`Node.closed_channel_stats` (attribute name -> total) in CHANNEL_FIELDS order."""
-    g = closed.get
-    deliver_no_ack = g("stat_deliver_no_ack", 0)
-    return (g("stat_publish", 0), g("stat_confirm", 0), g("stat_return_unroutable", 0),
-            g("stat_drop_unroutable", 0), g("stat_deliver", 0) - deliver_no_ack, deliver_no_ack,
-            g("stat_get", 0), g("stat_get_no_ack", 0), g("stat_get_empty", 0), g("stat_redeliver", 0),
-            g("stat_ack", 0))
 
 
 def queue_values(q: Queue) -> tuple[int, ...]:
     return (q.message_count, q.unacked_count, q.stat_published, q.stat_delivered, q.stat_get, q.stat_acked,
             q.stat_redelivered)
-
-
-def add(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
-
-
-def exchange_counts(ch: ServerChannel) -> dict[Any, tuple[int, int]]:
-    """The channel's (publishes, enqueues) per exchange object, the current exchange included."""
-    out = {x: (c[0], c[1]) for x, c in ch.x_counts.items()}
-    current = ch.x_current
-    if current is not None:
-        base_published, base_routed = ch.x_base
-        p, r = out.get(current, (0, 0))
-        out[current] = (p + ch.stat_publish - base_published, r + ch.stat_routed - base_routed)
-    return out
 
 
 # -- histories --------------------------------------------------------------------------------------
@@ -166,8 +139,8 @@ class Collector:
         self.last_ms = 0.0
         self.prev_ms = 0.0
         self.queues: dict[Queue, History] = {}
-        self.channels: dict[ServerChannel, History] = {}
-        self.connections: dict[AMQPConnection, History] = {}
+        self.channels: dict[str, History] = {}  # by channel name ("<connection name> (<number>)")
+        self.connections: dict[str, History] = {}  # by connection name
         self.exchanges: dict[Any, History] = {}  # Exchange -> (publish_in, publish_out)
         self.vhost_lengths: dict[str, History] = {}  # (ready, unacked)
         self.vhost_msgs: dict[str, History] = {}  # CHANNEL_FIELDS, folded from channel deltas
@@ -177,7 +150,7 @@ class Collector:
         self.node_churn = History()
         self.node_figures = History()  # NODE_FIELDS
         self._x_totals: dict[Any, list[int]] = {}
-        self._ch_x: dict[ServerChannel, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
+        self._ch_x: dict[str, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
         self._vhost_msg_totals: dict[str, tuple[int, ...]] = {}
         self._vhost_byte_totals: dict[str, tuple[int, int]] = {}
         self.ticks = 0
@@ -231,15 +204,16 @@ class Collector:
         """Channel histories, vhost message totals and exchange counts; returns the live channels' sum."""
         old = self.channels
         old_x = self._ch_x
-        new: dict[ServerChannel, History] = {}
-        new_x: dict[ServerChannel, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
+        new: dict[str, History] = {}
+        new_x: dict[str, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
         live = ZERO_CHANNEL
         vtotals = self._vhost_msg_totals
         for conn in node.connections:
             for ch in list(conn.channels.values()):
                 values = channel_values(ch)
                 live = add(live, values)
-                h = old.get(ch)
+                key = f"{conn.name} ({ch.number})"
+                h = old.get(key)
                 before = ZERO_CHANNEL
                 if h is None:
                     h = History()
@@ -250,13 +224,13 @@ class Collector:
                     vtotals[name] = add(vtotals.get(name, ZERO_CHANNEL), tuple(
                         a - b for a, b in zip(values, before, strict=True)))
                 h.record(now_ms, values, horizon)
-                new[ch] = h
-                new_x[ch] = self._fold_exchanges(ch, old_x.get(ch))
+                new[key] = h
+                new_x[key] = self._fold_exchanges(ch, old_x.get(key))
         self.channels = new
         self._ch_x = new_x
         return live
 
-    def _fold_exchanges(self, ch: ServerChannel, previous: tuple[tuple[int, int], dict[Any, tuple[int, int]]]
+    def _fold_exchanges(self, ch: Any, previous: tuple[tuple[int, int], dict[Any, tuple[int, int]]]
                         | None) -> tuple[tuple[int, int], dict[Any, tuple[int, int]]]:
         key = (ch.stat_publish, ch.stat_routed)
         if previous is not None and previous[0] == key:
@@ -280,11 +254,11 @@ class Collector:
 
     def _sample_connections(self, node: Node, now_ms: float, horizon: float) -> None:
         old = self.connections
-        new: dict[AMQPConnection, History] = {}
+        new: dict[str, History] = {}
         btotals = self._vhost_byte_totals
         for conn in node.connections:
             values = (conn.recv_oct, conn.send_oct)
-            h = old.get(conn)
+            h = old.get(conn.name)
             before: tuple[int, ...] = (0, 0)
             if h is None:
                 h = History()
@@ -295,7 +269,7 @@ class Collector:
                 recv, send = btotals.get(vhost.name, (0, 0))
                 btotals[vhost.name] = (recv + values[0] - before[0], send + values[1] - before[1])
             h.record(now_ms, values, horizon)
-            new[conn] = h
+            new[conn.name] = h
         self.connections = new
 
     def _sample_exchanges(self, node: Node, now_ms: float, horizon: float) -> None:
@@ -400,11 +374,13 @@ class StatsView:
         self.fields(h, QUEUE_LENGTHS, values, "lengths", out)
         out["message_stats"] = self.fields(h, QUEUE_MSG_STATS, values, "msg_rates", {})
 
-    def channel(self, ch: ServerChannel) -> dict[str, Any]:
-        return self.fields(self.collector.channels.get(ch), MSG_STATS, channel_values(ch), "msg_rates", {})
+    def channel(self, name: str, values: Sequence[int]) -> dict[str, Any]:
+        """A channel's message_stats with rates: its counters `values` in CHANNEL_FIELDS order."""
+        return self.fields(self.collector.channels.get(name), MSG_STATS, values, "msg_rates", {})
 
-    def connection(self, conn: AMQPConnection, out: dict[str, Any]) -> None:
-        self.fields(self.collector.connections.get(conn), BYTES, (conn.recv_oct, conn.send_oct), "data_rates",
+    def connection(self, name: str, out: dict[str, Any]) -> None:
+        """A connection's `recv_oct`/`send_oct` (as the agent reported them in `out`) with rates."""
+        self.fields(self.collector.connections.get(name), BYTES, (out["recv_oct"], out["send_oct"]), "data_rates",
                     out)
 
     def exchange(self, x: Any) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from urllib.parse import quote, unquote, unquote_plus
 
 from hutch.amqp.errors import AMQPError
 from hutch.core.routing import arguments_hash, exchange_dest, queue_dest
-from hutch.runtime.session.channel import ServerChannel
 
 from . import formats
 from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
     from .stats import StatsView
 
@@ -123,12 +123,11 @@ def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
     return q
 
 
-def get_queue(node: Node, p: Principal, vhost: str, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+async def get_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str,
+                    stats: StatsView | None = None) -> dict[str, Any]:
     q = _queue(node, p, vhost, name)
     out = formats.queue_json(q, node.name, stats)
-    out["consumer_details"] = [
-        formats.consumer_json(c, c.channel, node.name, node.config.consumer_timeout_ms)
-        for c in q.consumers() if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
+    out["consumer_details"] = await agent.consumers((vhost, name))  # this node's (a consumer elsewhere: not here)
     return out
 
 

@@ -1,0 +1,203 @@
+"""The management agent of this process: what it holds, as plain data (runtime/ports.py's
+`ManagementAgentPort`).
+
+Owns: `LocalAgent`, which answers the management API's queries about the AMQP connections, channels
+and consumers of one process, and carries out its commands on them (close a connection, a user's
+connections), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
+adds those). RabbitMQ's `rabbit_mgmt_agent` on each node is the model; a node of several worker
+processes answers by gathering every worker's agent (runtime/gather.py).
+
+Rules:
+- Answers are plain data (dict, list, str, int, float, bool, None), safe to send over a process or
+  node boundary unchanged; nothing answered aliases a live object (client properties are copied).
+- Fields RabbitMQ derives from Erlang internals (pids, reductions) are left out rather than invented.
+- Only this module (and the composition root that builds it) reads the session's classes on behalf of
+  the management layer: mgmt/ sees the port.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from cryptography import x509
+
+from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
+from hutch.core.counters import add, channel_name, channel_values, closed_values, exchange_counts, msg_stats
+from hutch.core.plain import jsonable
+
+from .session.channel import ServerChannel
+
+if TYPE_CHECKING:
+    from hutch.core.queue_type import Consumer
+
+    from .broker.node import Node
+    from .session.connection import AMQPConnection
+
+
+_NO_PEER_CERT: dict[str, str | None] = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
+
+
+@functools.lru_cache(maxsize=256)  # a connection list re-reads the same few certificates on every poll
+def peer_cert_json(der: bytes | None) -> dict[str, str | None]:
+    """RabbitMQ's `peer_cert_subject`, `peer_cert_issuer` (RFC 4514, most specific first, as
+    core/certs.py names a certificate's user) and `peer_cert_validity` ("<not before> - <not after>",
+    UTC) of the client certificate the TLS handshake verified; None each without one."""
+    if not der:
+        return _NO_PEER_CERT
+    cert = x509.load_der_x509_certificate(der)
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    return {"peer_cert_subject": cert.subject.rfc4514_string(), "peer_cert_issuer": cert.issuer.rfc4514_string(),
+            "peer_cert_validity": f"{cert.not_valid_before_utc.strftime(stamp)} - "
+                                  f"{cert.not_valid_after_utc.strftime(stamp)}"}
+
+
+def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
+    out = dict(conn.info())
+    props = jsonable(out.get("client_properties") or {})
+    out["client_properties"] = props
+    host, port = "", 0
+    transport = conn.transport
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    if sock:
+        host, port = str(sock[0]), int(sock[1])
+    out.update({
+        "node": node_name,
+        "host": host,
+        "port": port,
+        "ssl": conn.ssl_object is not None,
+        "ssl_protocol": conn.ssl_object.version() if conn.ssl_object is not None else None,
+        "ssl_cipher": (conn.ssl_object.cipher() or ("",))[0] if conn.ssl_object is not None else None,
+        **peer_cert_json(conn.peer_cert),
+        "type": "network",
+        "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
+    })
+    return out
+
+
+def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
+    out = dict(ch.info())
+    conn = ch.conn
+    out.update({
+        "name": channel_name(ch),
+        "node": node_name,
+        "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
+        "message_stats": msg_stats(channel_values(ch)),
+        # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
+        "messages_unconfirmed": ch.unconfirmed_count(),
+        "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
+    })
+    return out
+
+
+def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout_ms: int) -> dict[str, Any]:
+    conn = ch.conn
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
+        "channel_details": {
+            "name": channel_name(ch),
+            "number": ch.number,
+            "connection_name": conn.name,
+            "peer_host": conn.peer[0],
+            "peer_port": conn.peer[1],
+            "user": ch.user,
+            "node": node_name,
+        },
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "priority": consumer.priority,
+        "arguments": jsonable(consumer.arguments),
+        "active": True,
+        "activity_status": "up",
+        "consumer_timeout": timeout_ms,
+    }
+
+
+def _publishes(ch: ServerChannel) -> list[dict[str, Any]]:
+    """The channel's publishes per exchange that still exists (not deleted, nor replaced by another of
+    the same name)."""
+    out = []
+    for x, (published, _routed) in exchange_counts(ch).items():
+        known = ch.vhost.exchanges.get(x.name) if ch.vhost is not None else None
+        if known is not None and known is x:
+            out.append({"exchange": {"name": known.name, "vhost": known.vhost}, "stats": {"publish": published}})
+    return out
+
+
+class LocalAgent:
+    """The management agent of one process: answers for `node`'s connections, channels and consumers."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def _connections(self) -> list[AMQPConnection]:
+        return list(self.node.connections)
+
+    def _channels(self, conn: AMQPConnection) -> list[ServerChannel]:
+        return list(conn.channels.values())
+
+    async def counts(self) -> dict[str, int]:
+        conns = self._connections()
+        channels = consumers = 0
+        values = closed_values(self.node.closed_channel_stats)
+        for conn in conns:
+            for ch in self._channels(conn):
+                channels += 1
+                consumers += len(ch.consumers)
+                values = add(values, channel_values(ch))
+        return {"connections": len(conns), "channels": channels, "consumers": consumers, **msg_stats(values)}
+
+    async def connections(self) -> list[dict[str, Any]]:
+        return [connection_json(c, self.name) for c in self._connections()]
+
+    async def channels(self, connection: str | None = None) -> list[dict[str, Any]]:
+        conns = [c for c in self._connections() if connection is None or c.name == connection]
+        return [channel_json(ch, self.name) for c in conns for ch in self._channels(c)]
+
+    async def channel(self, name: str) -> dict[str, Any] | None:
+        for conn in self._connections():
+            if not name.startswith(conn.name):
+                continue
+            for ch in self._channels(conn):
+                if channel_name(ch) == name:
+                    out = channel_json(ch, self.name)
+                    timeout_ms = self.node.config.consumer_timeout_ms
+                    out["consumer_details"] = [consumer_json(c, ch, self.name, timeout_ms)
+                                               for c in list(ch.consumers.values())]
+                    out["publishes"] = _publishes(ch)
+                    return out
+        return None
+
+    async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+        timeout_ms = self.node.config.consumer_timeout_ms
+        if queue is not None:
+            vhost = self.node.vhosts.get(queue[0])
+            q = vhost.queues.get(queue[1]) if vhost is not None else None
+            if q is None:
+                return []
+            return [consumer_json(c, c.channel, self.name, timeout_ms) for c in q.consumers()
+                    if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
+        return [consumer_json(c, ch, self.name, timeout_ms) for conn in self._connections()
+                for ch in self._channels(conn) for c in list(ch.consumers.values())]
+
+    async def close_connection(self, name: str, reason: str) -> bool:
+        for conn in self._connections():
+            if conn.name == name:
+                conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
+                return True
+        return False
+
+    async def close_user_connections(self, user: str, reason: str) -> int:
+        conns = [c for c in self._connections() if c.user_name == user]
+        for conn in conns:
+            conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
+        return len(conns)
+
+
+__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json"]
