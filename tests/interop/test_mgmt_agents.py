@@ -96,6 +96,10 @@ def test_two_agents_through_the_gatherer_look_like_one_node(workers: TwoWorkers)
         assert {c["channel_details"]["node"] for c in consumers} == {NODE}
         [two] = workers.run(g.consumers(("/", "q-two")))
         assert two["queue"] == {"name": "q-two", "vhost": "/"}
+        lights = workers.run(g.queues(["/"]))
+        assert sorted(q["name"] for q in lights) == ["q-one", "q-two"]
+        details = workers.run(g.queue_details([("/", "q-two"), ("/", "q-one"), ("/", "absent")]))
+        assert [(q["name"], q["node"], q["consumers"]) for q in details] == [("q-two", NODE, 1), ("q-one", NODE, 1)]
         counts = workers.run(g.counts())
         assert (counts["connections"], counts["channels"], counts["consumers"]) == (2, 3, 2)
         detail = workers.run(g.channel(channels[0]["name"]))

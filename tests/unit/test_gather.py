@@ -26,6 +26,7 @@ class FakeAgent:
                  consumers: list[dict[str, Any]], counts: dict[str, int]) -> None:
         self._name = name
         self.conns, self.chans, self.cons, self._counts = conns, channels, consumers, counts
+        self.queue_objs: list[dict[str, Any]] = []  # full queues; the light ones are their first fields
         self.closed: list[str] = []
 
     @property
@@ -49,6 +50,14 @@ class FakeAgent:
     async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
         return [copy.deepcopy(c) for c in self.cons
                 if queue is None or (c["queue"]["vhost"], c["queue"]["name"]) == queue]
+
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        return [{"name": q["name"], "vhost": q["vhost"], "messages": q["messages"]} for q in self.queue_objs
+                if vhosts is None or q["vhost"] in vhosts]
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        held = {(q["vhost"], q["name"]): q for q in self.queue_objs}
+        return [copy.deepcopy(held[k]) for k in keys if k in held]
 
     async def close_connection(self, name: str, reason: str) -> bool:
         if any(c["name"] == name for c in self.conns):
@@ -87,11 +96,16 @@ def _agents(spec: list[tuple[int, str, int, str]], n: int) -> tuple[list[FakeAge
     """`n` agents holding the spec's objects by owner, and one agent holding everything."""
     per: list[tuple[list[Any], list[Any], list[Any]]] = [([], [], []) for _ in range(n)]
     everything: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    queues: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    everything_queues: list[dict[str, Any]] = []
     for i, (owner, user, channels, queue) in enumerate(spec):
         agent = owner % n
         conn = _connection(i, user, f"worker{agent}@host")
         conns, chans, cons = per[agent]
         conns.append(conn)
+        queues[agent].append({"name": f"q{i}", "vhost": "/" if i % 2 else "v", "messages": i,
+                              "node": f"worker{agent}@host"})
+        everything_queues.append({"name": f"q{i}", "vhost": "/" if i % 2 else "v", "messages": i, "node": NODE})
         whole = _connection(i, user, NODE)
         everything[0].append(whole)
         for number in range(1, channels + 1):
@@ -101,10 +115,15 @@ def _agents(spec: list[tuple[int, str, int, str]], n: int) -> tuple[list[FakeAge
             everything[2].append(_consumer(_channel(whole, number), queue))
     agents = [FakeAgent(f"worker{k}@host", *per[k], {"connections": len(per[k][0]), "channels": len(per[k][1]),
                                                       "publish": 3 * k}) for k in range(n)]
+    for agent, held in zip(agents, queues, strict=True):
+        agent.queue_objs = held
     one = FakeAgent(NODE, *everything, merge_counts(a._counts for a in agents))
+    one.queue_objs = everything_queues
     # the single agent's lists are in the gatherer's order: agent by agent
     order = {c["name"]: k for k, a in enumerate(agents) for c in a.conns}
     one.conns.sort(key=lambda c: order[c["name"]])
+    queue_order = {q["name"]: k for k, a in enumerate(agents) for q in a.queue_objs}
+    one.queue_objs.sort(key=lambda q: queue_order[q["name"]])
     one.chans.sort(key=lambda c: order[c["connection_details"]["name"]])
     one.cons.sort(key=lambda c: order[c["channel_details"]["name"].rsplit(" (", 1)[0]])
     return agents, one
@@ -122,6 +141,10 @@ def test_n_agents_gathered_answer_as_one_agent_holding_everything(spec, n):
         assert await gatherer.channels() == await one.channels()
         assert await gatherer.consumers() == await one.consumers()
         assert await gatherer.consumers(("/", "q")) == await one.consumers(("/", "q"))
+        assert await gatherer.queues() == await one.queues()
+        assert await gatherer.queues(["v"]) == await one.queues(["v"])
+        keys = [(q["vhost"], q["name"]) for q in reversed(one.queue_objs)] + [("/", "missing")]
+        assert await gatherer.queue_details(keys) == await one.queue_details(keys)
         for conn in one.conns[:3]:
             assert await gatherer.channels(conn["name"]) == await one.channels(conn["name"])
         for ch in one.chans[:3]:

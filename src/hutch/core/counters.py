@@ -1,6 +1,7 @@
 """A channel's message counters as the management agent reports them and the statistics collector samples.
 
-Owns: a channel's management name (`channel_name`), `CHANNEL_FIELDS` (the order of a channel's counters in a values tuple), `MSG_STATS` (RabbitMQ's
+Owns: a channel's management name (`channel_name`), a queue's counters (`queue_values`,
+`QUEUE_MSG_STATS`), `CHANNEL_FIELDS` (the order of a channel's counters in a values tuple), `MSG_STATS` (RabbitMQ's
 message_stats names as sums of those positions), and the pure readings over a channel's `stat_*`
 attributes (`channel_values`, `closed_values` for the node's folded totals of closed channels,
 `exchange_counts` for its publishes per exchange). Pure: reads attributes, never changes them, and
@@ -20,6 +21,9 @@ CHANNEL_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", 
                   "get", "get_no_ack", "get_empty", "redeliver", "ack")
 MSG_STATS = tuple((name, (i,)) for i, name in enumerate(CHANNEL_FIELDS)) + (("deliver_get", (4, 5, 6, 7)),)
 ZERO_CHANNEL = (0,) * len(CHANNEL_FIELDS)
+# a queue's: (ready, unacked, published, delivered, get, acked, redelivered), as `queue_values` reads them
+QUEUE_MSG_STATS = (("publish", (2,)), ("deliver", (3,)), ("get", (4,)), ("deliver_get", (3, 4)), ("ack", (5,)),
+                   ("redeliver", (6,)))
 
 
 def channel_name(ch: Any) -> str:
@@ -42,6 +46,17 @@ def closed_values(closed: Mapping[str, int]) -> tuple[int, ...]:
             g("stat_drop_unroutable", 0), g("stat_deliver", 0) - deliver_no_ack, deliver_no_ack,
             g("stat_get", 0), g("stat_get_no_ack", 0), g("stat_get_empty", 0), g("stat_redeliver", 0),
             g("stat_ack", 0))
+
+
+def queue_values(q: Any) -> tuple[int, ...]:
+    """A queue's lengths and counters in the order QUEUE_MSG_STATS names them by."""
+    return (q.message_count, q.unacked_count, q.stat_published, q.stat_delivered, q.stat_get, q.stat_acked,
+            q.stat_redelivered)
+
+
+def queue_counters(stats: Mapping[str, int], ready: int, unacked: int) -> tuple[int, ...]:
+    """The inverse of a queue's message_stats (QUEUE_MSG_STATS) and lengths: `queue_values`' order."""
+    return (ready, unacked, *(int(stats.get(name, 0)) for name in ("publish", "deliver", "get", "ack", "redeliver")))
 
 
 def add(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
@@ -70,5 +85,5 @@ def exchange_counts(ch: Any) -> dict[Any, tuple[int, int]]:
     return out
 
 
-__all__ = ["CHANNEL_FIELDS", "MSG_STATS", "ZERO_CHANNEL", "add", "channel_name", "channel_values", "closed_values",
-           "exchange_counts", "msg_stats", "values_of"]
+__all__ = ["CHANNEL_FIELDS", "MSG_STATS", "QUEUE_MSG_STATS", "ZERO_CHANNEL", "add", "channel_name", "channel_values", "closed_values",
+           "exchange_counts", "msg_stats", "queue_counters", "queue_values", "values_of"]

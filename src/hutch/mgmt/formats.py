@@ -20,18 +20,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hutch.core.auth import export_password_hash
-from hutch.core.counters import channel_name
+from hutch.core.counters import channel_name, queue_counters
 from hutch.core.plain import jsonable
 from hutch.core.routing import DELAYED_MESSAGE, Binding, queue_dest
-from hutch.runtime.queue_types.remote import RemoteQueue
-from hutch.runtime.session.connection import AMQPConnection
-
-from . import stats as _stats
 
 if TYPE_CHECKING:
     from hutch.core.auth import User, UserPermission, Vhost
     from hutch.core.policy import Policy
-    from hutch.core.queue_type import Queue
     from hutch.core.routing import Exchange
 
     from .stats import StatsView
@@ -43,35 +38,18 @@ DEFAULT_EXCHANGE_URL_NAME = "amq.default"
 # -- queues, exchanges, bindings --------------------------------------------------------------------
 
 
-def queue_json(q: Queue, node_name: str, stats: StatsView | None = None) -> dict[str, Any]:
-    out = dict(q.info())
-    out["arguments"] = jsonable(q.arguments)
-    consumers = int(out.get("consumers", 0))
-    remote = q if isinstance(q, RemoteQueue) else None  # a queue on another node of the cluster
-    out.update({
-        "node": remote.home if remote is not None else node_name,
-        "state": "running" if remote is None or remote.link.up(remote.home) else "down",
-        "policy": q.settings.policy,
-        "operator_policy": q.settings.operator_policy,
-        "effective_policy_definition": jsonable(q.settings.effective_policy_definition),
-        "exclusive_consumer_tag": None,
-        "consumer_capacity": 1.0 if consumers else 0.0,
-        "consumer_utilisation": 1.0 if consumers else 0.0,
-        "message_bytes_ready": out.get("message_bytes", 0),
-    })
-    info_lengths: dict[str, Any] = {k: out[k] for k in ("messages", "messages_ready", "messages_unacknowledged")
-                                    if k in out}
-    if stats is not None:
-        stats.queue(q, out)
-    else:
-        values = _stats.queue_values(q)
-        out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in _stats.QUEUE_MSG_STATS}
-    if q.queue_type == "stream":  # a log: its length is what it holds, not what is ready (docs/streams.md)
-        out.update(info_lengths)
-    owner = q.exclusive_owner
-    if isinstance(owner, AMQPConnection):
-        out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
-                                    "peer_port": owner.peer[1]}
+def queue_rates(out: dict[str, Any], stats: StatsView | None) -> dict[str, Any]:
+    """A queue as the management agent answered it (runtime/agent.py), with RabbitMQ's `<name>_details`
+    for its lengths and message_stats when the request has statistics. In place; the key order is the
+    one the API has always had (details, then message_stats, then owner_pid_details)."""
+    if stats is None:
+        return out
+    counters = out.pop("message_stats")
+    owner = out.pop("owner_pid_details", None)
+    values = queue_counters(counters, out["messages_ready"], out["messages_unacknowledged"])
+    stats.queue((out["vhost"], out["name"]), values, out)
+    if owner is not None:
+        out["owner_pid_details"] = owner
     return out
 
 
@@ -167,7 +145,7 @@ __all__ = [
     "jsonable",
     "permission_json",
     "policy_json",
-    "queue_json",
+    "queue_rates",
     "user_json",
     "vhost_json",
 ]

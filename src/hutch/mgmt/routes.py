@@ -46,8 +46,8 @@ def _one(c: Call, obj: Any) -> Any:
 
 
 @route("GET", "/api/overview", "Node-wide totals, message rates and listeners", tag=SYSTEM, reply="Overview")
-def _overview(c: Call) -> Any:
-    return _one(c, system.overview(c.node, c.principal, c.stats))
+async def _overview(c: Call) -> Any:
+    return _one(c, await system.overview(c.agent, c.node, c.principal, c.stats))
 
 
 @route("GET", "/api/cluster-name", "The cluster name", tag=SYSTEM, reply="ClusterName")
@@ -228,13 +228,13 @@ def _user_topic_permissions(c: Call) -> Any:
 
 
 @route("GET", "/api/vhosts", "Virtual hosts the caller can see", tag=VHOSTS, reply="Vhost[]", listing=True)
-def _vhosts(c: Call) -> Any:
-    return _list(c, users.list_vhosts(c.node, c.principal, c.stats), NAME_SORT)
+async def _vhosts(c: Call) -> Any:
+    return _list(c, await users.list_vhosts(c.agent, c.node, c.principal, c.stats), NAME_SORT)
 
 
 @route("GET", "/api/vhosts/{vhost}", "One virtual host", tag=VHOSTS, reply="Vhost", codes=(404,))
-def _vhost(c: Call) -> Any:
-    return _one(c, users.get_vhost(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost(c: Call) -> Any:
+    return _one(c, await users.get_vhost(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 @route("PUT", "/api/vhosts/{vhost}", "Create or update a virtual host", tag=VHOSTS, body="VhostBody",
@@ -346,16 +346,8 @@ def _delete_topic_permission_exchange(c: Call) -> Any:
 
 
 @route("GET", "/api/queues", "Queues the caller can see", tag=QUEUES, reply="Queue[]", listing=True)
-def _queues(c: Call) -> Any:
-    return _queue_list(c, None)
-
-
-def _queue_list(c: Call, vhost: str | None) -> Any:
-    def full(q: Any) -> dict[str, Any]:
-        return formats.queue_json(q, c.node.name, c.stats)
-
-    return listing.paged_reply(topology.queue_objects(c.node, c.principal, vhost), c.query, topology.queue_light,
-                               full)
+async def _queues(c: Call) -> Any:
+    return await topology.queue_list(c.agent, c.node, c.principal, None, c.query, c.stats)
 
 
 def _exchange_list(c: Call, vhost: str | None) -> Any:
@@ -368,8 +360,8 @@ def _exchange_list(c: Call, vhost: str | None) -> Any:
 
 @route("GET", "/api/queues/{vhost}", "Queues of a virtual host", tag=QUEUES, reply="Queue[]", listing=True,
        codes=(404,))
-def _vhost_queues(c: Call) -> Any:
-    return _queue_list(c, c.params["vhost"])
+async def _vhost_queues(c: Call) -> Any:
+    return await topology.queue_list(c.agent, c.node, c.principal, c.params["vhost"], c.query, c.stats)
 
 
 @route("GET", "/api/queues/{vhost}/{name}", "One queue, with its consumers", tag=QUEUES, reply="Queue",

@@ -36,17 +36,18 @@ from typing import TYPE_CHECKING, Any
 from hutch.core.counters import (
     CHANNEL_FIELDS,
     MSG_STATS,
+    QUEUE_MSG_STATS,
     ZERO_CHANNEL,
     add,
     channel_values,
     closed_values,
     exchange_counts,
+    queue_values,
 )
 
 from .errors import bad_request
 
 if TYPE_CHECKING:
-    from hutch.core.queue_type import Queue
     from hutch.runtime.broker.node import Node
 
 RETENTION_S = 600
@@ -57,8 +58,6 @@ RANGE_PREFIXES = ("lengths", "msg_rates", "data_rates", "node_stats")
 # Field layouts of the stored tuples. A view names output fields as sums of tuple positions (a channel's:
 # core/counters.py, which the management agent reports them by).
 QUEUE_LENGTHS = (("messages", (0, 1)), ("messages_ready", (0,)), ("messages_unacknowledged", (1,)))
-QUEUE_MSG_STATS = (("publish", (2,)), ("deliver", (3,)), ("get", (4,)), ("deliver_get", (3, 4)), ("ack", (5,)),
-                   ("redeliver", (6,)))
 EXCHANGE_MSG_STATS = (("publish_in", (0,)), ("publish_out", (1,)))
 BYTES = (("recv_oct", (0,)), ("send_oct", (1,)))
 CHURN_KEYS = ("connections_opened", "connections_closed", "channels_opened", "channels_closed",
@@ -70,11 +69,6 @@ NODE_FIELDS = ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free", 
 NODE_STATS = tuple((name, (i,)) for i, name in enumerate(NODE_FIELDS))
 
 Fields = Sequence[tuple[str, tuple[int, ...]]]
-
-
-def queue_values(q: Queue) -> tuple[int, ...]:
-    return (q.message_count, q.unacked_count, q.stat_published, q.stat_delivered, q.stat_get, q.stat_acked,
-            q.stat_redelivered)
 
 
 # -- histories --------------------------------------------------------------------------------------
@@ -138,7 +132,7 @@ class Collector:
         self.interval_ms = interval_ms
         self.last_ms = 0.0
         self.prev_ms = 0.0
-        self.queues: dict[Queue, History] = {}
+        self.queues: dict[tuple[str, str], History] = {}  # by (vhost, queue name)
         self.channels: dict[str, History] = {}  # by channel name ("<connection name> (<number>)")
         self.connections: dict[str, History] = {}  # by connection name
         self.exchanges: dict[Any, History] = {}  # Exchange -> (publish_in, publish_out)
@@ -181,7 +175,7 @@ class Collector:
 
     def _sample_queues(self, node: Node, now_ms: float, horizon: float) -> None:
         old = self.queues
-        new: dict[Queue, History] = {}
+        new: dict[tuple[str, str], History] = {}
         ready_all = unacked_all = 0
         for name, vhost in node.vhosts.items():
             ready = unacked = 0
@@ -189,11 +183,12 @@ class Collector:
                 values = queue_values(q)
                 ready += values[0]
                 unacked += values[1]
-                h = old.get(q)
+                key = (name, q.name)
+                h = old.get(key)
                 if h is None:
                     h = History()
                 h.record(now_ms, values, horizon)
-                new[q] = h
+                new[key] = h
             self.vhost_lengths.setdefault(name, History()).record(now_ms, (ready, unacked), horizon)
             ready_all += ready
             unacked_all += unacked
@@ -368,9 +363,10 @@ class StatsView:
 
     # -- per object kind ---------------------------------------------------------------------------
 
-    def queue(self, q: Queue, out: dict[str, Any]) -> None:
-        values = queue_values(q)
-        h = self.collector.queues.get(q)
+    def queue(self, key: tuple[str, str], values: Sequence[int], out: dict[str, Any]) -> None:
+        """A queue's lengths and message_stats with rates: `values` in core/counters.py's `queue_values`
+        order, `key` its (vhost, name)."""
+        h = self.collector.queues.get(key)
         self.fields(h, QUEUE_LENGTHS, values, "lengths", out)
         out["message_stats"] = self.fields(h, QUEUE_MSG_STATS, values, "msg_rates", {})
 

@@ -1,9 +1,9 @@
 """The management agent of this process: what it holds, as plain data (runtime/ports.py's
 `ManagementAgentPort`).
 
-Owns: `LocalAgent`, which answers the management API's queries about the AMQP connections, channels
-and consumers of one process, and carries out its commands on them (close a connection, a user's
-connections), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
+Owns: `LocalAgent`, which answers the management API's queries about the AMQP connections, channels,
+consumers and queues of one process, and carries out its commands on them (close a connection, a
+user's connections), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
 adds those). RabbitMQ's `rabbit_mgmt_agent` on each node is the model; a node of several worker
 processes answers by gathering every worker's agent (runtime/gather.py).
 
@@ -23,16 +23,26 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 
 from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
-from hutch.core.counters import add, channel_name, channel_values, closed_values, exchange_counts, msg_stats
+from hutch.core.counters import (
+    QUEUE_MSG_STATS,
+    add,
+    channel_name,
+    channel_values,
+    closed_values,
+    exchange_counts,
+    msg_stats,
+    queue_values,
+)
 from hutch.core.plain import jsonable
 
+from .queue_types.remote import RemoteQueue
 from .session.channel import ServerChannel
+from .session.connection import AMQPConnection
 
 if TYPE_CHECKING:
-    from hutch.core.queue_type import Consumer
+    from hutch.core.queue_type import Consumer, Queue
 
     from .broker.node import Node
-    from .session.connection import AMQPConnection
 
 
 _NO_PEER_CERT: dict[str, str | None] = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
@@ -126,6 +136,41 @@ def _publishes(ch: ServerChannel) -> list[dict[str, Any]]:
     return out
 
 
+def queue_light(q: Queue) -> dict[str, Any]:
+    """The fields a paginated queue list may sort on without formatting every queue (mgmt/listing.py)."""
+    ready, unacked = q.message_count, q.unacked_count
+    return {"name": q.name, "vhost": q.vhost, "durable": q.durable, "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive, "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked, "consumers": q.consumer_count}
+
+
+def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
+    """A queue as GET /api/queues shows it, `message_stats` its live counters (no rates)."""
+    out = dict(q.info())
+    out["arguments"] = jsonable(q.arguments)
+    consumers = int(out.get("consumers", 0))
+    remote = q if isinstance(q, RemoteQueue) else None  # a queue on another node of the cluster
+    out.update({
+        "node": remote.home if remote is not None else node_name,
+        "state": "running" if remote is None or remote.link.up(remote.home) else "down",
+        "policy": q.settings.policy,
+        "operator_policy": q.settings.operator_policy,
+        "effective_policy_definition": jsonable(q.settings.effective_policy_definition),
+        "exclusive_consumer_tag": None,
+        "consumer_capacity": 1.0 if consumers else 0.0,
+        "consumer_utilisation": 1.0 if consumers else 0.0,
+        "message_bytes_ready": out.get("message_bytes", 0),
+    })
+    values = queue_values(q)
+    out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in QUEUE_MSG_STATS}
+    owner = q.exclusive_owner
+    if isinstance(owner, AMQPConnection):
+        out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
+                                    "peer_port": owner.peer[1]}
+    plain: dict[str, Any] = jsonable(out)  # plain data: info() of some queue types carries tuples
+    return plain
+
+
 class LocalAgent:
     """The management agent of one process: answers for `node`'s connections, channels and consumers."""
 
@@ -186,6 +231,20 @@ class LocalAgent:
         return [consumer_json(c, ch, self.name, timeout_ms) for conn in self._connections()
                 for ch in self._channels(conn) for c in list(ch.consumers.values())]
 
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        wanted = self.node.vhosts.keys() if vhosts is None else vhosts
+        return [queue_light(q) for name in wanted if (v := self.node.vhosts.get(name)) is not None
+                for q in v.queues.values()]
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        out = []
+        for vhost_name, name in keys:
+            vhost = self.node.vhosts.get(vhost_name)
+            q = vhost.queues.get(name) if vhost is not None else None
+            if q is not None:
+                out.append(queue_json(q, self.name))
+        return out
+
     async def close_connection(self, name: str, reason: str) -> bool:
         for conn in self._connections():
             if conn.name == name:
@@ -200,4 +259,5 @@ class LocalAgent:
         return len(conns)
 
 
-__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json"]
+__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json", "queue_json",
+           "queue_light"]

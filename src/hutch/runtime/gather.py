@@ -8,7 +8,8 @@ cluster-wide listings use the same way. RabbitMQ's management plug-in gathers ea
 Rules (the merge):
 - counts are summed key by key; lists are concatenated in the agents' order; a single object (one
   channel) is the first agent's that has it; a command goes to every agent and its results add up
-  (a connection is closed where it lives, and the others answer that it is not theirs).
+  (a connection is closed where it lives, and the others answer that it is not theirs); objects asked
+  for by name (queue details) come back in the order asked.
 - the node name is one: every `node` field (and `channel_details.node`) that names one of the agents
   names the gatherer instead. A field naming another node (a queue homed on another cluster member)
   is left as it is.
@@ -55,6 +56,17 @@ def merge_lists(answers: Iterable[Sequence[dict[str, Any]]], names: frozenset[st
     return [renamed(obj, names, name) for answer in answers for obj in answer]
 
 
+def in_order(answers: Iterable[Sequence[dict[str, Any]]], keys: Sequence[tuple[str, str]], names: frozenset[str],
+             name: str) -> list[dict[str, Any]]:
+    """The objects the agents answered for `keys` ((vhost, name) pairs), in the order of `keys`, each once
+    (the first agent's, in the agents' order, when two hold one), named for the one node."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for answer in answers:
+        for obj in answer:
+            found.setdefault((obj["vhost"], obj["name"]), obj)
+    return [renamed(found[key], names, name) for key in keys if key in found]
+
+
 class GatheringAgent:
     """A node's agent made of several: asks them all at once and merges their answers."""
 
@@ -91,6 +103,14 @@ class GatheringAgent:
         answers = await asyncio.gather(*(a.consumers(queue) for a in self.agents))
         return merge_lists(answers, self._names(), self._name)
 
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        answers = await asyncio.gather(*(a.queues(vhosts) for a in self.agents))
+        return [q for answer in answers for q in answer]
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        answers = await asyncio.gather(*(a.queue_details(keys) for a in self.agents))
+        return in_order(answers, keys, self._names(), self._name)
+
     async def close_connection(self, name: str, reason: str) -> bool:
         return any(await asyncio.gather(*(a.close_connection(name, reason) for a in self.agents)))
 
@@ -98,4 +118,4 @@ class GatheringAgent:
         return sum(await asyncio.gather(*(a.close_user_connections(user, reason) for a in self.agents)))
 
 
-__all__ = ["GatheringAgent", "merge_counts", "merge_lists", "renamed"]
+__all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "renamed"]

@@ -342,6 +342,17 @@ class ManagementAgentPort(Protocol):
         """Every consumer (of one (vhost, queue), in the queue's order) as GET /api/consumers shows it."""
         ...
 
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every queue (of those vhosts) by its cheap fields: `name`, `vhost`, `durable`, `auto_delete`,
+        `exclusive`, `messages`, `messages_ready`, `messages_unacknowledged`, `consumers` (what a
+        paginated list sorts and filters on before it asks for the page in full)."""
+        ...
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The queues named by (vhost, name) that are here, in that order, as GET /api/queues shows
+        them without rates (`message_stats` holds the live counters)."""
+        ...
+
     async def close_connection(self, name: str, reason: str) -> bool:
         """Close the connection with 320 CONNECTION_FORCED and `reason`; False when it is not here."""
         ...
