@@ -100,8 +100,19 @@ def test_two_agents_through_the_gatherer_look_like_one_node(workers: TwoWorkers)
         assert sorted(q["name"] for q in lights) == ["q-one", "q-two"]
         details = workers.run(g.queue_details([("/", "q-two"), ("/", "q-one"), ("/", "absent")]))
         assert [(q["name"], q["node"], q["consumers"]) for q in details] == [("q-two", NODE, 1), ("q-one", NODE, 1)]
+        idle = second.channel()
+        idle.queue_declare("q-idle")
+        for body in (b"a", b"b"):
+            idle.basic_publish("", "q-idle", body)
+        idle.queue_declare("q-idle", passive=True)  # a round trip: both publishes are in
+        assert workers.run(g.purge_queue("/", "q-idle")) == 2
+        assert workers.run(g.purge_queue("/", "absent")) is None
+        assert workers.run(g.delete_queue("/", "q-two", True, False)) == "in_use"
+        assert workers.run(g.delete_queue("/", "q-idle", False, False)) == "deleted"
+        assert workers.run(g.delete_queue("/", "q-idle", False, False)) == "absent"
+        idle.close()
         counts = workers.run(g.counts())
-        assert (counts["connections"], counts["channels"], counts["consumers"]) == (2, 3, 2)
+        assert (counts["connections"], counts["channels"], counts["consumers"]) == (2, 3, 2)  # idle closed
         detail = workers.run(g.channel(channels[0]["name"]))
         assert detail is not None and detail["node"] == NODE
         assert {c["channel_details"]["node"] for c in detail["consumer_details"]} <= {NODE}

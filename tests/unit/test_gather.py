@@ -59,6 +59,19 @@ class FakeAgent:
         held = {(q["vhost"], q["name"]): q for q in self.queue_objs}
         return [copy.deepcopy(held[k]) for k in keys if k in held]
 
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        held = [q for q in self.queue_objs if (q["vhost"], q["name"]) == (vhost, name)]
+        return held[0]["messages"] if held else None
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        held = [q for q in self.queue_objs if (q["vhost"], q["name"]) == (vhost, name)]
+        if not held:
+            return "absent"
+        if if_empty and held[0]["messages"]:
+            return "not_empty"
+        self.queue_objs.remove(held[0])
+        return "deleted"
+
     async def close_connection(self, name: str, reason: str) -> bool:
         if any(c["name"] == name for c in self.conns):
             self.closed.append(name)
@@ -150,6 +163,10 @@ def test_n_agents_gathered_answer_as_one_agent_holding_everything(spec, n):
         for ch in one.chans[:3]:
             assert await gatherer.channel(ch["name"]) == await one.channel(ch["name"])
         assert await gatherer.channel("nope (1)") is None
+        for key in keys:
+            assert await gatherer.purge_queue(*key) == await one.purge_queue(*key)
+            assert await gatherer.delete_queue(*key, False, True) == await one.delete_queue(*key, False, True)
+        assert await gatherer.queues() == await one.queues()
         assert await gatherer.close_user_connections("alice", "bye") == await one.close_user_connections("alice",
                                                                                                          "bye")
         assert sorted(n for a in agents for n in a.closed) == sorted(one.closed)

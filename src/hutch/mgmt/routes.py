@@ -379,15 +379,15 @@ def _put_queue(c: Call) -> Any:
 
 @route("DELETE", "/api/queues/{vhost}/{name}", "Delete a queue (?if-unused=true, ?if-empty=true)", tag=QUEUES,
        codes=(204, 400, 404))
-def _delete_queue(c: Call) -> Any:
-    topology.delete_queue(c.node, c.principal, c.params["vhost"], c.params["name"],
-                          if_unused=c.flag("if-unused"), if_empty=c.flag("if-empty"))
+async def _delete_queue(c: Call) -> Any:
+    await topology.delete_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"],
+                                if_unused=c.flag("if-unused"), if_empty=c.flag("if-empty"))
     return NO_CONTENT
 
 
 @route("DELETE", "/api/queues/{vhost}/{name}/contents", "Purge a queue", tag=QUEUES, codes=(204, 404))
-def _purge_queue(c: Call) -> Any:
-    topology.purge_queue(c.node, c.principal, c.params["vhost"], c.params["name"])
+async def _purge_queue(c: Call) -> Any:
+    await topology.purge_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"])
     return NO_CONTENT
 
 

@@ -154,28 +154,30 @@ def put_queue(node: Node, p: Principal, vhost: str, name: str, body: Any) -> boo
     return created
 
 
-def delete_queue(node: Node, p: Principal, vhost: str, name: str, if_unused: bool = False,
-                 if_empty: bool = False) -> None:
-    v = vhost_for_write(node, p, vhost)
-    q = v.queues.get(name)
-    if q is None:
+async def delete_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str,
+                       if_unused: bool = False, if_empty: bool = False) -> None:
+    """Delete a queue through the node's agent (the process holding it checks and deletes at once)."""
+    if name not in vhost_for_write(node, p, vhost).queues:
         raise not_found()
     require_amqp(node, p, vhost, "configure", "queue", name)
-    if if_unused and q.consumer_count:
+    outcome = await agent.delete_queue(vhost, name, if_unused, if_empty)
+    if outcome == "in_use":
         raise bad_request(f"queue '{name}' in vhost '{vhost}' in use")
-    if if_empty and q.message_count:
+    if outcome == "not_empty":
         raise bad_request(f"queue '{name}' in vhost '{vhost}' is not empty")
-    node.delete_queue(v, q)
+    if outcome == "absent":  # deleted meanwhile
+        raise not_found()
 
 
-def purge_queue(node: Node, p: Principal, vhost: str, name: str) -> int:
-    """Drop the queue's ready messages; returns how many."""
-    v = vhost_for_write(node, p, vhost)
-    q = v.queues.get(name)
-    if q is None:
+async def purge_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str) -> int:
+    """Drop the queue's ready messages, through the node's agent; returns how many."""
+    if name not in vhost_for_write(node, p, vhost).queues:
         raise not_found()
     require_amqp(node, p, vhost, "read", "queue", name)
-    return q.purge()
+    purged = await agent.purge_queue(vhost, name)
+    if purged is None:  # deleted meanwhile
+        raise not_found()
+    return purged
 
 
 # -- exchanges --------------------------------------------------------------------------------------

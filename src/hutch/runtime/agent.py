@@ -3,7 +3,7 @@
 
 Owns: `LocalAgent`, which answers the management API's queries about the AMQP connections, channels,
 consumers and queues of one process, and carries out its commands on them (close a connection, a
-user's connections), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
+user's connections; purge or delete a queue), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
 adds those). RabbitMQ's `rabbit_mgmt_agent` on each node is the model; a node of several worker
 processes answers by gathering every worker's agent (runtime/gather.py).
 
@@ -222,8 +222,7 @@ class LocalAgent:
     async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
         timeout_ms = self.node.config.consumer_timeout_ms
         if queue is not None:
-            vhost = self.node.vhosts.get(queue[0])
-            q = vhost.queues.get(queue[1]) if vhost is not None else None
+            q = self._queue(*queue)
             if q is None:
                 return []
             return [consumer_json(c, c.channel, self.name, timeout_ms) for c in q.consumers()
@@ -238,12 +237,30 @@ class LocalAgent:
 
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
         out = []
-        for vhost_name, name in keys:
-            vhost = self.node.vhosts.get(vhost_name)
-            q = vhost.queues.get(name) if vhost is not None else None
+        for vhost, name in keys:
+            q = self._queue(vhost, name)
             if q is not None:
                 out.append(queue_json(q, self.name))
         return out
+
+    def _queue(self, vhost: str, name: str) -> Queue | None:
+        v = self.node.vhosts.get(vhost)
+        return v.queues.get(name) if v is not None else None
+
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        q = self._queue(vhost, name)
+        return q.purge() if q is not None else None
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        q = self._queue(vhost, name)
+        if q is None:
+            return "absent"
+        if if_unused and q.consumer_count:
+            return "in_use"
+        if if_empty and q.message_count:
+            return "not_empty"
+        self.node.delete_queue(self.node.vhosts[vhost], q)
+        return "deleted"
 
     async def close_connection(self, name: str, reason: str) -> bool:
         for conn in self._connections():

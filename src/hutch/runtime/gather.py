@@ -111,6 +111,16 @@ class GatheringAgent:
         answers = await asyncio.gather(*(a.queue_details(keys) for a in self.agents))
         return in_order(answers, keys, self._names(), self._name)
 
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
+        return sum(found) if found else None
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        for outcome in await asyncio.gather(*(a.delete_queue(vhost, name, if_unused, if_empty) for a in self.agents)):
+            if outcome != "absent":
+                return outcome
+        return "absent"
+
     async def close_connection(self, name: str, reason: str) -> bool:
         return any(await asyncio.gather(*(a.close_connection(name, reason) for a in self.agents)))
 

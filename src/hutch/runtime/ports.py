@@ -353,6 +353,15 @@ class ManagementAgentPort(Protocol):
         them without rates (`message_stats` holds the live counters)."""
         ...
 
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        """Drop the queue's ready messages: how many; None when the queue is not here."""
+        ...
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        """Delete the queue (as queue.delete does): "deleted", "in_use" (`if_unused` and it has consumers),
+        "not_empty" (`if_empty` and it has ready messages), or "absent" when it is not here."""
+        ...
+
     async def close_connection(self, name: str, reason: str) -> bool:
         """Close the connection with 320 CONNECTION_FORCED and `reason`; False when it is not here."""
         ...
