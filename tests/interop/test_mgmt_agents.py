@@ -113,6 +113,10 @@ def test_two_agents_through_the_gatherer_look_like_one_node(workers: TwoWorkers)
         idle.close()
         counts = workers.run(g.counts())
         assert (counts["connections"], counts["channels"], counts["consumers"]) == (2, 3, 2)  # idle closed
+        samples = workers.run(g.samples())  # what the statistics collector samples, for both workers
+        assert sorted(row[0] for row in samples["connections"]) == sorted(c["name"] for c in conns)
+        assert len(samples["channels"]) == 3
+        assert {(row[0], row[1]) for row in samples["queues"]} >= {("/", "q-one"), ("/", "q-two")}
         detail = workers.run(g.channel(channels[0]["name"]))
         assert detail is not None and detail["node"] == NODE
         assert {c["channel_details"]["node"] for c in detail["consumer_details"]} <= {NODE}

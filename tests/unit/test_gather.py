@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hutch.runtime.gather import GatheringAgent, merge_counts, merge_lists, renamed
+from hutch.runtime.gather import GatheringAgent, merge_counts, merge_lists, merge_samples, renamed
 
 NODE = "rabbit@host"
 
@@ -198,3 +198,27 @@ def test_a_node_field_naming_another_cluster_member_is_kept():
 def test_renaming_keeps_the_key_order():
     obj = {"name": "c", "node": "w1@h", "host": "x"}
     assert list(renamed(obj, frozenset({"w1@h"}), NODE)) == ["name", "node", "host"]
+
+
+samples_of_one_agent = st.fixed_dictionaries({
+    "queues": st.lists(st.tuples(st.sampled_from(["/", "v"]), st.text("qr", min_size=1, max_size=3),
+                                 st.integers(0, 9)).map(lambda t: [t[0], t[1], t[2], 0, t[2], 0, 0, 0, 0]),
+                       max_size=4),
+    "channels": st.lists(st.integers(0, 99).map(lambda i: [f"c ({i})", "/", [i] * 11, [["/", "x", i, i]]]),
+                         max_size=3),
+    "connections": st.lists(st.integers(0, 99).map(lambda i: [f"c{i}", None if i % 5 == 0 else "/", i, i]),
+                            max_size=3),
+    "closed": st.lists(st.integers(0, 50), min_size=11, max_size=11),
+    "churn": st.dictionaries(st.sampled_from(["connections_opened", "queues_created"]), st.integers(0, 9)),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(samples_of_one_agent, min_size=1, max_size=4))
+def test_the_statistics_samples_of_n_agents_are_those_of_one_holding_everything(answers):
+    merged = merge_samples(answers)
+    for kind in ("queues", "channels", "connections"):
+        assert merged[kind] == [row for a in answers for row in a[kind]]
+    assert merged["closed"] == [sum(a["closed"][i] for a in answers) for i in range(11)]
+    for key in ("connections_opened", "queues_created"):
+        assert merged["churn"].get(key, 0) == sum(a["churn"].get(key, 0) for a in answers)

@@ -68,7 +68,7 @@ def exchange_json(x: Exchange, stats: StatsView | None = None, delayed: Any = No
     if x.type == DELAYED_MESSAGE:  # the plugin's exchange info item
         out["messages_delayed"] = delayed.count(x.vhost, x.name) if delayed is not None else 0
     if stats is not None:
-        out["message_stats"] = stats.exchange(x)
+        out["message_stats"] = stats.exchange((x.vhost, x.name))
     return out
 
 

@@ -125,6 +125,22 @@ def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout
     }
 
 
+def _exchange_samples(ch: ServerChannel) -> list[list[Any]]:
+    """The channel's [vhost, exchange, published, routed] for the exchanges that still exist; forgets
+    those deleted (or replaced by another of the same name), which bounds `x_counts`."""
+    vhost = ch.vhost
+    if vhost is None:
+        return []
+    out: list[list[Any]] = []
+    for x, (published, routed) in exchange_counts(ch).items():
+        known = vhost.exchanges.get(x.name)
+        if known is not None and known is x:
+            out.append([known.vhost, known.name, published, routed])
+    for gone in [g for g in ch.x_counts if vhost.exchanges.get(g.name) is not g]:
+        del ch.x_counts[gone]
+    return out
+
+
 def _publishes(ch: ServerChannel) -> list[dict[str, Any]]:
     """The channel's publishes per exchange that still exists (not deleted, nor replaced by another of
     the same name)."""
@@ -242,6 +258,24 @@ class LocalAgent:
             if q is not None:
                 out.append(queue_json(q, self.name))
         return out
+
+    async def samples(self) -> dict[str, Any]:
+        node = self.node
+        connections: list[list[Any]] = []
+        channels: list[list[Any]] = []
+        for conn in self._connections():
+            vhost = conn.vhost_obj
+            connections.append([conn.name, vhost.name if vhost is not None else None, conn.recv_oct, conn.send_oct])
+            for ch in self._channels(conn):
+                channels.append([channel_name(ch), ch.vhost.name if ch.vhost is not None else None,
+                                 list(channel_values(ch)), _exchange_samples(ch)])
+        return {
+            "queues": [[name, q.name, *queue_values(q)] for name, v in node.vhosts.items() for q in v.queues.values()],
+            "channels": channels,
+            "connections": connections,
+            "closed": list(closed_values(node.closed_channel_stats)),
+            "churn": dict(node.churn),
+        }
 
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)

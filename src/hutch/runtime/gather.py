@@ -67,6 +67,17 @@ def in_order(answers: Iterable[Sequence[dict[str, Any]]], keys: Sequence[tuple[s
     return [renamed(found[key], names, name) for key in keys if key in found]
 
 
+def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The statistics samples of several agents as one node's: lists concatenated, the closed channels'
+    counters summed position by position, churn summed by name."""
+    width = max((len(a["closed"]) for a in answers), default=0)
+    closed = [sum(a["closed"][i] for a in answers) for i in range(width)]
+    return {"queues": [row for a in answers for row in a["queues"]],
+            "channels": [row for a in answers for row in a["channels"]],
+            "connections": [row for a in answers for row in a["connections"]],
+            "closed": closed, "churn": merge_counts(a["churn"] for a in answers)}
+
+
 class GatheringAgent:
     """A node's agent made of several: asks them all at once and merges their answers."""
 
@@ -111,6 +122,9 @@ class GatheringAgent:
         answers = await asyncio.gather(*(a.queue_details(keys) for a in self.agents))
         return in_order(answers, keys, self._names(), self._name)
 
+    async def samples(self) -> dict[str, Any]:
+        return merge_samples(await asyncio.gather(*(a.samples() for a in self.agents)))
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
         return sum(found) if found else None
@@ -128,4 +142,4 @@ class GatheringAgent:
         return sum(await asyncio.gather(*(a.close_user_connections(user, reason) for a in self.agents)))
 
 
-__all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "renamed"]
+__all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "merge_samples", "renamed"]

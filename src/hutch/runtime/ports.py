@@ -353,6 +353,15 @@ class ManagementAgentPort(Protocol):
         them without rates (`message_stats` holds the live counters)."""
         ...
 
+    async def samples(self) -> dict[str, Any]:
+        """What the statistics collector (mgmt/stats.py) samples every interval, as lists of plain values:
+        `queues` [vhost, name, ready, unacked, published, delivered, get, acked, redelivered];
+        `channels` [name, vhost, [counters in core/counters.py's CHANNEL_FIELDS order], publishes per
+        exchange that still exists [[vhost, exchange, published, routed], ...]]; `connections` [name,
+        vhost (None before connection.open), recv_oct, send_oct]; `closed` the closed channels' counters
+        (CHANNEL_FIELDS order) and `churn` the node's churn counters by name."""
+        ...
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         """Drop the queue's ready messages: how many; None when the queue is not here."""
         ...
