@@ -35,8 +35,6 @@ from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 from hutch.runtime.queue_types.quorum.service import QuorumService
-from hutch.runtime.queue_types.stream.queue import StreamQueue
-from hutch.runtime.queue_types.stream.queue_type import StreamQueueType
 
 from .access import Principal, require_admin
 from .cluster import cluster_service
@@ -101,11 +99,12 @@ def _quorum_queue(node: Node, vhost: str, name: str) -> QuorumQueue:
     return q
 
 
-def _member_queue(node: Node, vhost: str, name: str) -> QuorumQueue | StreamQueue:
-    """A queue with members: a quorum queue or a stream (whose own rules are its queue type's)."""
+def _member_queue(node: Node, vhost: str, name: str) -> Any:
+    """A queue with members: a quorum queue or a stream (whose own rules are its queue type's; read
+    duck-typed, as mgmt imports no more runtime modules: tests/unit/test_layers.py)."""
     v = node.vhosts.get(vhost)
     q = None if v is None else v.queues.get(name)
-    if isinstance(q, StreamQueue):
+    if q is not None and q.queue_type == "stream":
         return q
     return _quorum_queue(node, vhost, name)
 
@@ -131,7 +130,7 @@ def _matching(node: Node, body: dict[str, Any], streams: bool = False) -> list[A
         if not vhost_re.search(vname):
             continue
         for qname, q in sorted(node.vhosts[vname].queues.items()):
-            replicated_stream = streams and isinstance(q, StreamQueue) and q.replication is not None
+            replicated_stream = streams and q.queue_type == "stream" and getattr(q, "replication", None) is not None
             if (isinstance(q, QuorumQueue) or replicated_stream) and queue_re.search(qname):
                 out.append(q)
     return out
@@ -234,7 +233,7 @@ async def quorum_status(node: Node, p: Principal, vhost: str, name: str) -> list
 # -- membership -----------------------------------------------------------------------------------------
 
 
-def _need_quorum(node: Node, q: QuorumQueue | StreamQueue, after: list[str]) -> None:
+def _need_quorum(node: Node, q: Any, after: list[str]) -> None:  # Any: a quorum queue or a stream
     """503 unless a majority of the members before and after the change are running."""
     for members in (q.members, after):
         running = [m for m in members if _running(node, m)]
@@ -264,7 +263,7 @@ def _runtime_error(exc: Exception, what: str) -> ApiError | None:
     return None
 
 
-async def _change(node: Node, q: QuorumQueue | StreamQueue, member: str, add: bool) -> None:
+async def _change(node: Node, q: Any, member: str, add: bool) -> None:  # Any: a quorum queue or a stream
     cluster = _cluster(node)
     what = f"{'adding' if add else 'removing'} {member} {'to' if add else 'from'} {rs('queue', q.name, q.vhost)}"
     if add:
@@ -282,10 +281,8 @@ async def _change(node: Node, q: QuorumQueue | StreamQueue, member: str, add: bo
                               "queue instead)")
         _need_quorum(node, q, [m for m in q.members if m != member])
     try:
-        if isinstance(q, StreamQueue):  # (runtime/queue_types/stream/queue_type.py: the stream's own rules)
-            streams = node.queue_type_of(q)
-            assert isinstance(streams, StreamQueueType)
-            await streams.change_member(node.vhosts[q.vhost], q, member, add)
+        if q.queue_type == "stream":  # (runtime/queue_types/stream/queue_type.py: the stream's own rules)
+            await node.queue_type_of(q).change_member(node.vhosts[q.vhost], q, member, add)  # type: ignore[attr-defined]  # the stream type's, not the port's
         else:
             svc = _quorum(cluster)
             await (svc.add_member(q, member) if add else svc.delete_member(q, member))
@@ -314,7 +311,7 @@ async def delete_member(node: Node, p: Principal, vhost: str, name: str, member:
     await _change(node, q, _node_name(node, member), add=False)
 
 
-async def _report(node: Node, q: QuorumQueue | StreamQueue, member: str, add: bool) -> dict[str, Any]:
+async def _report(node: Node, q: Any, member: str, add: bool) -> dict[str, Any]:  # Any: as `_change`
     row: dict[str, Any] = {"vhost": q.vhost, "name": q.name}
     try:
         await _change(node, q, member, add)

@@ -664,6 +664,7 @@ class ServerChannel(DeclarationsMixin):
         priority = _consumer_priority(m.arguments)
         consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, self.prefetch_count, priority,
                             m.arguments)
+        self.node.queue_type_of(q).check_consume(q, consumer)  # refusals come before consume-ok
         self.consumers[tag] = consumer
         if not m.nowait:
             self.send(spec.Basic.ConsumeOk(consumer_tag=tag))

@@ -116,6 +116,7 @@ class Publishing:
         if not entries:
             return
         pub.published += len(ids)
+        self.conn.hub.counters.messages_received += len(ids)
         for start in range(0, len(entries), CHUNK_ENTRIES):
             end = start + CHUNK_ENTRIES
             self._append(pub, entries[start:end], ids[start:end], None if values is None else values[start:end])
@@ -216,12 +217,14 @@ class Publishing:
 
     def _confirm(self, pub: Publisher, ids: Sequence[int]) -> None:
         pub.confirmed += len(ids)
+        self.conn.hub.counters.messages_confirmed += len(ids)
         self.conn.send(c.PublishConfirm(pub.publisher_id, list(ids)))
 
     def _error(self, publisher_id: int, ids: list[int], code: Code) -> None:
         pub = self.publishers.get(publisher_id)
         if pub is not None:
             pub.errored += len(ids)
+        self.conn.hub.counters.messages_errored += len(ids)
         self.conn.send(c.PublishError(publisher_id, [(i, code) for i in ids]))
 
     def info(self) -> list[dict[str, object]]:

@@ -21,9 +21,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hutch.core.arguments import validate_queue_arguments
+from hutch.core.arguments import validate_consumer_arguments, validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
-from hutch.core.queue_type import Queue
+from hutch.core.queue_type import Consumer, Queue
 from hutch.queues.classic.queue import (
     PRESSURE_RAM_BYTES_LIMIT,
     PRESSURE_RAM_LIMIT,
@@ -81,6 +81,9 @@ class ClassicQueueType:
             self._attach_storage(vhost, q)
         features.attach(self.node, self.timers, q)
         return q
+
+    def check_consume(self, q: Queue, consumer: Consumer) -> None:
+        validate_consumer_arguments(q.name, q.vhost, self.name, consumer.arguments)
 
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if not isinstance(op, DeclareQueue):

@@ -67,6 +67,7 @@ from hutch.storage.stream_log import (
     DEFAULT_MAX_SEGMENT_SIZE_BYTES,
     DEFAULT_MAX_SEGMENT_SIZE_CHUNKS,
     FILE_HEADER_SIZE,
+    MAX_POSITION,
     ChunkCursor,
     StreamLog,
     StreamLogOptions,
@@ -146,6 +147,7 @@ class StreamHandle:
         self._sync_deferred = False  # an inline sync put off to the end of its loop turn once already
         self._sync_busy = False
         self._job: asyncio.Future[None] | None = None  # the sync running in the executor, if any
+        self._closing: asyncio.Future[None] | None = None  # set by close(), resolved once the files are closed
         self.failed: BaseException | None = None
         self.closed = False
         self.chunks_written = 0
@@ -339,13 +341,19 @@ class StreamHandle:
         self.apply_retention()
 
     def accept_chunk(self, raw: bytes) -> None:
-        """A follower appends a chunk exactly as the leader wrote it (its id must be `next_offset`)."""
+        """A follower appends a chunk exactly as the leader wrote it (its id must be `next_offset`).
+
+        Its segments roll where the leader's did: before a tracking snapshot (the leader writes one first
+        in each new segment while there is tracking, and a writer one first in its epoch), so each
+        segment opens with the tracking that recovery reads back from the last segment alone. By its own
+        size rule it rolls only while there is no tracking to lose (the leader then rolls without a
+        snapshot), or when the segment could not address the chunk otherwise."""
         self._check_writable()
         if not ck.verify(raw):
             raise ValueError("chunk does not verify (CRC or length)")
         header = ck.decode_header(raw)
         try:
-            if self.log.would_roll(len(raw)):
+            if self._follower_rolls(header.chunk_type, len(raw)):
                 self.log.roll()
                 if not self._sync_busy:
                     self.log.close_retired()
@@ -356,6 +364,14 @@ class StreamHandle:
         _fold_tracking(self.tracking, raw)
         self._last_ts = max(self._last_ts, header.timestamp)
         self._schedule_sync()
+
+    def _follower_rolls(self, chunk_type: int, size: int) -> bool:
+        tail = self.log.segments[-1]
+        if not tail.chunks:
+            return False
+        if chunk_type == ck.TRACKING_SNAPSHOT or tail.size + size > MAX_POSITION:
+            return True
+        return self.tracking.is_empty() and self.log.would_roll(size)
 
     def _track_pending(self, chunk_id: int) -> asyncio.Future[None]:
         fut = self._loop.create_future()
@@ -520,27 +536,43 @@ class StreamHandle:
 
     # -- closing ------------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Sync what was written and close the files."""
-        if self.closed:
+        """Sync what was written and close the files. A second call (or a `delete`) made while a close is
+        under way waits for it: the close's own sync runs in the executor on the files' descriptors."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
             return
         self.closed = True
-        await self._quiesce()
-        if self.failed is None:
-            await self._loop.run_in_executor(None, self.log.sync)
-            self._synced(self.log.last_chunk_id)
-        self.log.close()
+        self._closing = done = self._loop.create_future()
+        try:
+            await self._quiesce()
+            if self.failed is None:
+                self._job = job = self._loop.run_in_executor(None, self.log.sync)
+                try:
+                    await asyncio.shield(job)
+                except StorageError as exc:
+                    self._fail(exc)
+                finally:
+                    await self._quiesce()
+                    self._job = None
+                if self.failed is None:
+                    self._synced(self.log.last_chunk_id)
+            self.log.close()
+        finally:
+            done.set_result(None)
         for _, fut in self._pending:  # (replicated: appends no majority committed are not confirmed)
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was closed"))
         self._pending.clear()
 
     async def delete(self) -> None:
-        """Close and delete the stream's files."""
+        """Close and delete the stream's files (after a close or a sync under way)."""
         self.closed = True
         for _, fut in self._pending:
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))
         self._pending.clear()
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
         await self._quiesce()
         await self._loop.run_in_executor(None, self.log.destroy)
 
