@@ -117,6 +117,8 @@ class Consuming:
         self.subscriptions.pop(sub.subscription_id, None)
         if sub.unwatch is not None:
             sub.unwatch()
+        if sub.reader is not None:
+            sub.reader.close()
         sub.reader = None
         if sub.sac_key is not None and sub.sac_member is not None:
             deliver_notes(self.conn.hub.sac.unregister(sub.sac_key, sub.sac_member))
@@ -224,7 +226,8 @@ class Consuming:
         sub = self.subscriptions.get(note.member.subscription_id)
         if sub is None or sub.sac_member is not note.member:
             return  # removed meanwhile: its unregister already chose the next active one
-        if not note.active:
+        if not note.active and sub.reader is not None:
+            sub.reader.close()
             sub.reader = None  # passive: stop reading at once, the client is told
         corr = self.conn.next_correlation_id()
         log.debug("single active consumer: subscription %d on %s %s", sub.subscription_id, sub.stream,

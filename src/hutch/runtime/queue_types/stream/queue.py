@@ -221,7 +221,9 @@ class StreamQueue(Queue):
         self._schedule_delivery()
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        self._consumers.pop(consumer, None)
+        sc = self._consumers.pop(consumer, None)
+        if sc is not None:
+            sc.reader.close()
 
     def consumers(self) -> list[Consumer]:
         return list(self._consumers)
@@ -330,6 +332,8 @@ class StreamQueue(Queue):
             receipt.settle(self)
         self._batch_receipts = []
         consumers = list(self._consumers)
+        for sc in self._consumers.values():
+            sc.reader.close()
         self._consumers.clear()
         for c in consumers:
             c.channel.consumer_cancelled_by_broker(c)
