@@ -381,3 +381,43 @@ def test_a_refused_consumer_never_sees_consume_ok(server: ServerInfo) -> None:
     ch.queue_delete(q)
     ch.queue_delete(classic)
     conn.close()
+
+
+def _segment_readers(pid: int, data_dir: Path) -> int:
+    """How many read-only descriptors of the node's stream segment files are open (Linux /proc)."""
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = str(fd.resolve())
+            flags = int(next(line.split()[1] for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().splitlines()
+                             if line.startswith("flags:")), 8)
+        except (OSError, StopIteration):
+            continue  # closed meanwhile
+        if target.startswith(str(data_dir.resolve())) and target.endswith(".segment") and flags & 3 == 0:
+            n += 1
+    return n
+
+
+@pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="counts descriptors in /proc")
+def test_a_consumer_keeps_one_segment_file_open_and_cancelling_it_closes_it(
+        server: ServerInfo, stream: tuple[Any, Any, str]) -> None:
+    conn, ch, name = stream
+    publish(ch, name, [b"m%d" % i for i in range(300)])
+    pid = server.proc.pid
+    readers = connect(server.amqp_port)
+    got: list[int] = []
+    channels = []
+    for _ in range(2):  # two consumers reading from `first`: one descriptor each, kept between reads
+        c = readers.channel()
+        c.basic_qos(prefetch_count=1000)
+        c.basic_consume(name, lambda c, m, p, b: got.append(p.headers["x-stream-offset"]),
+                        arguments={"x-stream-offset": "first"})
+        channels.append(c)
+    drain(readers, got, 600, 10.0)
+    assert sorted(got) == sorted(list(range(300)) * 2)
+    assert _segment_readers(pid, server.data_dir) == 2
+    for c in channels:
+        c.close()  # the consumers go (their deliveries are unacked: a stream keeps them anyway)
+    settle(readers, 0.3)
+    assert _segment_readers(pid, server.data_dir) == 0
+    readers.close()

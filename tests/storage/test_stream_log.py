@@ -3,13 +3,17 @@ appends, rolls, seeks, retention deletes and recovery after crashes with torn wr
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hutch.queues.stream import chunk as ck
+from hutch.storage.fs import RealFS
 from hutch.storage.memfs import MemoryFS
 from hutch.storage.stream_log import (
     FILE_HEADER_SIZE,
@@ -98,6 +102,55 @@ def test_retention_deletes_whole_segments_and_cursors_move_on() -> None:
     got = cursor.next(log.last_chunk_id)
     assert got is not None and got[0].chunk_id == log.first_offset and cursor.skipped == 1
     assert log.delete_oldest(100) and len(log.segments) == 1  # never the active one
+
+
+def _open_segment_fds(directory: str) -> list[str]:
+    """The segment files this process holds open for reading (Linux: /proc/self/fd and fdinfo; the
+    writer's own append descriptor is write-only)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(directory) and target.endswith(".segment"):
+                with open(f"/proc/self/fdinfo/{fd}") as info:
+                    flags = next(int(line.split()[1], 8) for line in info if line.startswith("flags:"))
+                if flags & os.O_ACCMODE == os.O_RDONLY:
+                    out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_a_cursor_on_real_files_keeps_one_descriptor_per_segment_and_closes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = str(tmp_path / "stream")
+    log = StreamLog.open(RealFS(), directory, ck.FORMAT, StreamLogOptions(max_segment_size_bytes=3 * READ_AHEAD_BYTES))
+    expect = []
+    for i in range(40):  # about 4 read-ahead blocks per segment, 3 segments or so
+        body = bytes([i]) * (READ_AHEAD_BYTES // 5)
+        expect.append((log.next_offset, body))
+        write(log, [body], ts=i)
+    log.sync()
+    assert len(log.segments) >= 3
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *args: int) -> int:
+        if str(path).endswith(".segment") and not flags & os.O_WRONLY:
+            opened.append(str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    seg = log.segments[0]
+    cursor = ChunkCursor(log, seg, FILE_HEADER_SIZE, seg.first_id)
+    got: list[tuple[int, bytes]] = []
+    while (chunk := cursor.next(log.last_chunk_id)) is not None:
+        got.extend(ck.iter_records(chunk[1]))
+        assert len(_open_segment_fds(directory)) == 1  # the one segment it reads
+    assert got == expect
+    assert sorted(opened) == sorted(s.segment_path for s in log.segments)  # each segment opened once
+    cursor.close()
+    assert _open_segment_fds(directory) == []
+    log.close()
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hutch.amqp.spec import BasicProperties
-from hutch.amqp.table import Timestamp
+from hutch.amqp.table import Timestamp, TypedInt
 from hutch.core.message import Message
 from hutch.queues.stream import amqp10 as a
 
@@ -157,3 +157,23 @@ def test_a_memo_hit_reads_an_entry_as_a_memo_miss_does(mode: int | None, body: b
     a._heads.clear()
     missed = read()
     assert read() == missed
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.tuples(props, st.binary(max_size=50), short), min_size=1, max_size=6),
+       st.integers(0, 2**62), st.lists(st.binary(max_size=30), max_size=3))
+def test_a_chunk_converted_at_once_is_each_entry_converted_alone(
+        msgs: list[tuple[BasicProperties, bytes, str]], first: int, garbage: list[bytes]) -> None:
+    records = [(first + i, a.from_091(Message("ex", rk, p, body))) for i, (p, body, rk) in enumerate(msgs)]
+    records += [(first + len(msgs) + i, g) for i, g in enumerate(garbage)]
+    bad: list[tuple[int, str]] = []
+    got = a.to_091_list(records, "dflt", bad)
+    want, want_bad = [], []
+    for offset, entry in records:  # the generic decoder, entry by entry
+        try:
+            want.append((offset, a.to_091(entry, "", "dflt", {"x-stream-offset": TypedInt(offset, "l")})))
+        except ValueError:
+            want_bad.append(offset)
+    assert [o for o, _ in bad] == want_bad
+    assert [(o, m.exchange, m.routing_key, m.properties, m.body, m.route_tail) for o, m in got] == \
+        [(o, m.exchange, m.routing_key, m.properties, m.body, m.route_tail) for o, m in want]

@@ -141,3 +141,21 @@ def test_offset_specs_from_amqp_arguments() -> None:
     for bad in (-1, "sometime", True, 1.5, "30"):
         with pytest.raises(ValueError):
             parse_amqp(bad, now)
+
+
+sub_batch_or_entry = st.one_of(
+    st.binary(max_size=40),
+    st.lists(st.binary(max_size=12), min_size=1, max_size=5).map(
+        lambda rs: ck.SubBatch(len(rs), 0, 0, b"".join(len(r).to_bytes(4, "big") + r for r in rs))),
+    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 1, 0, b"\x00" * 7)),  # compressed: records not split here
+)
+
+
+@settings(deadline=None)
+@given(st.lists(sub_batch_or_entry, min_size=1, max_size=12), st.integers(0, 2**40), st.integers(0, 40))
+def test_record_list_is_iter_records_without_empty_records_from_start(items: list[ck.Entry], chunk_id: int,
+                                                                       skip: int) -> None:
+    raw = ck.encode(items, timestamp=0, epoch=0, chunk_id=chunk_id)
+    start = chunk_id + skip
+    want = [(o, bytes(r)) for o, r in ck.iter_records(raw) if r and o >= start]
+    assert [(o, bytes(r)) for o, r in ck.record_list(raw, start)] == want

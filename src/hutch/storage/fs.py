@@ -186,6 +186,84 @@ class RealFileHandle:
                 os.close(fd)
 
 
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    """Up to `length` bytes at `offset` (fewer only at the end of the file)."""
+    chunks: list[bytes] = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ReadHandle(Protocol):
+    """A file kept open for reading at offsets (a stream reader's current segment). One owner at a time;
+    the owner closes it when it moves to another file or goes."""
+
+    path: str
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Up to `length` bytes at `offset` (fewer only at the end of the file)."""
+
+    def close(self) -> None:
+        """Release the handle (idempotent)."""
+
+
+class RealReadHandle:
+    """An ``os.open(O_RDONLY)`` descriptor, closed by `close()` (or, as a last resort, when collected)."""
+
+    __slots__ = ("path", "_fd")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1
+        with os_errors("open", path):
+            self._fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        if self._fd < 0:
+            raise StorageError("read", self.path, detail="the read handle is closed")
+        with os_errors("read", self.path):
+            return _pread_all(self._fd, offset, length)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class PathReadHandle:
+    """A `ReadHandle` over a file system without descriptors to keep (MemoryFS, and every wrapper such
+    as FaultyFS, whose `read` must see each read): each `pread` is `fs.read`."""
+
+    __slots__ = ("path", "_fs")
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self.path = path
+        self._fs = fs
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return self._fs.read(self.path, offset, length)
+
+    def close(self) -> None:
+        return None
+
+
+def open_read(fs: FileSystem, path: str) -> ReadHandle:
+    """A handle that reads `path` at offsets: one kept descriptor on RealFS (no open and close per read),
+    reads through `fs.read` on any other file system (so wrappers keep seeing every read)."""
+    if type(fs) is RealFS:
+        return RealReadHandle(path)
+    return PathReadHandle(fs, path)
+
+
 class RealFS:
     """The operating system's file system."""
 
@@ -198,15 +276,7 @@ class RealFS:
             try:
                 if length is None:
                     length = max(0, os.fstat(fd).st_size - offset)
-                chunks: list[bytes] = []
-                while length > 0:
-                    chunk = os.pread(fd, length, offset)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    offset += len(chunk)
-                    length -= len(chunk)
-                return b"".join(chunks)
+                return _pread_all(fd, offset, length)
             finally:
                 os.close(fd)
 

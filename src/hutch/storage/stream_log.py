@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from hutch.storage.errors import StorageError
-from hutch.storage.fs import Bytes, FileHandle, FileSystem
+from hutch.storage.fs import Bytes, FileHandle, FileSystem, ReadHandle, open_read
 
 SEGMENT_MAGIC = b"OSIL\x00\x00\x00\x01"
 INDEX_MAGIC = b"OSII\x00\x00\x00\x01"
@@ -482,9 +482,15 @@ class ChunkCursor:
     and memory stays bounded whatever the stream's size. Chunks never change once written, so a whole
     chunk in the block is the chunk. `next(limit)` returns the next chunk whose id is at most `limit`
     (the committed chunk id), or None. If retention deleted the segment it was in, it moves to the log's
-    first chunk (`skipped` counts such moves)."""
+    first chunk (`skipped` counts such moves).
 
-    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped", "_block", "_block_pos", "_block_seg", "_large")
+    It keeps its current segment file open (`fs.open_read`: one descriptor on a real file system, not an
+    open and a close per read-ahead block). Invariant: at most one open file per cursor, the segment it
+    reads; it is closed when the cursor moves to another segment and by `close()` (the owner's, when the
+    reader goes)."""
+
+    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped", "_block", "_block_pos", "_block_seg", "_large",
+                 "_file", "_file_seg")
 
     def __init__(self, log: StreamLog, seg: Segment, pos: int, next_id: int) -> None:
         self.log = log
@@ -496,6 +502,14 @@ class ChunkCursor:
         self._block_pos = 0
         self._block_seg = -1
         self._large = False  # the last chunk was larger than a read-ahead block
+        self._file: ReadHandle | None = None
+        self._file_seg = -1  # the first id of the segment `_file` reads
+
+    def close(self) -> None:
+        """Close the segment file the cursor keeps open (it reopens one if used again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file, self._file_seg = None, -1
 
     def _read(self, seg: Segment, pos: int, length: int, ahead: bool = True) -> bytes:
         """`length` bytes at `pos`, from the read-ahead block when it holds them (else read with a block
@@ -504,7 +518,11 @@ class ChunkCursor:
         if self._block_seg == seg.first_id and start <= pos and pos + length <= start + len(block):
             return block[pos - start:pos - start + length]
         want = min(max(length, READ_AHEAD_BYTES), seg.size - pos) if ahead else length
-        self._block = block = self.log.read_at(seg, pos, max(want, length))
+        if self._file_seg != seg.first_id:
+            self.close()
+            self._file, self._file_seg = open_read(self.log.fs, seg.segment_path), seg.first_id
+        assert self._file is not None
+        self._block = block = self._file.pread(pos, max(want, length))
         self._block_pos, self._block_seg = pos, seg.first_id
         return block[:length]
 
@@ -514,6 +532,7 @@ class ChunkCursor:
         if segs[i].first_id != self.seg_first:
             # our segment is gone (retention): start again at the first chunk of the log
             self.skipped += 1
+            self.close()
             seg = segs[0]
             self.seg_first, self.pos, self.next_id = seg.first_id, FILE_HEADER_SIZE, seg.first_id
             return seg
@@ -544,6 +563,7 @@ class ChunkCursor:
             i = self.log.segment_for(self.seg_first)
             if i + 1 >= len(segs):
                 return None
+            self.close()  # done with this segment's file
             seg = segs[i + 1]
             self.seg_first, self.pos = seg.first_id, FILE_HEADER_SIZE
         return None

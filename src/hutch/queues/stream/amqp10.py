@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -520,17 +520,40 @@ _OFFSET_TABLE_PREFIX = _I.pack(25) + b"\x0fx-stream-offset" + b"l"
 def to_091_at(entry: bytes | memoryview, offset: int, default_routing_key: str = "") -> Message:
     """`to_091` with the header x-stream-offset = `offset` (a long), as a stream delivers an entry. A plain
     entry (what `from_091` writes for a message without properties) gets its 0-9-1 property list packed
-    directly (the consumer's hot path)."""
-    plain = _plain_split(entry)
-    if plain is None:
-        return to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})
-    head, body = plain
-    mode = head.mode
-    if mode is None:
-        raw = _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX + _q.pack(offset)
-    else:
-        raw = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX + _q.pack(offset) + bytes((mode,))
-    return Message(head.exchange, head.routing_key, None, body, properties_raw=raw, route_tail=head.route_tail)
+    directly (the consumer's hot path: `to_091_list`, a chunk at a time)."""
+    bad: list[tuple[int, str]] = []
+    got = to_091_list([(offset, bytes(entry))], default_routing_key, bad)
+    if bad:
+        raise ValueError(bad[0][1])
+    return got[0][1]
+
+
+def to_091_list(records: Iterable[tuple[int, bytes]], default_routing_key: str = "",
+                bad: list[tuple[int, str]] | None = None) -> list[tuple[int, Message]]:
+    """`to_091_at` over one chunk's records at once: (offset, message) of each. A record that is not an
+    AMQP 1.0 message is left out and, with `bad`, listed there as (offset, why)."""
+    out: list[tuple[int, Message]] = []
+    append = out.append
+    split, pack_q = _plain_split, _q.pack
+    with_mode, without_mode = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX, _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX
+    for offset, entry in records:
+        plain = split(entry)
+        if plain is None:
+            try:
+                append((offset, to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})))
+            except ValueError as exc:
+                if bad is not None:
+                    bad.append((offset, str(exc)))
+            continue
+        head, body = plain
+        mode = head.mode
+        raw = without_mode + pack_q(offset) if mode is None else with_mode + pack_q(offset) + _MODE_BYTE[mode]
+        append((offset, Message(head.exchange, head.routing_key, None, body, properties_raw=raw,
+                                route_tail=head.route_tail)))
+    return out
+
+
+_MODE_BYTE = {m: bytes((m,)) for m in range(256)}
 
 
 def _plain_091(entry: bytes | memoryview, extra_headers: dict[str, Any] | None) -> Message | None:

@@ -117,6 +117,8 @@ class Consuming:
         self.subscriptions.pop(sub.subscription_id, None)
         if sub.unwatch is not None:
             sub.unwatch()
+        if sub.reader is not None:
+            sub.reader.close()
         sub.reader = None
         if sub.sac_key is not None and sub.sac_member is not None:
             deliver_notes(self.conn.hub.sac.unregister(sub.sac_key, sub.sac_member))
@@ -169,7 +171,12 @@ class Consuming:
             sub.reader = handle.reader(CoreSpec.offset(handle.last_chunk_id))
         else:
             sub.reader = handle.reader(core_spec(spec))
-        self.pump(sub)
+        # time to the first message: the subscribe's response leaves now, and the first chunk alone right
+        # after it; the rest of the credit follows from the next loop turn (not up to PUMP_CHUNKS chunks
+        # read, joined and written before the client sees anything)
+        self.conn.flush()
+        self.pump(sub, max_chunks=1)
+        self.conn.flush()
 
     def _wake(self, sub: Subscription) -> None:
         if not sub.wake_scheduled and sub.reader is not None and sub.credit > 0:
@@ -186,8 +193,9 @@ class Consuming:
         for sub in list(self.subscriptions.values()):
             self.pump(sub)
 
-    def pump(self, sub: Subscription) -> None:
-        """Send chunks while the subscription has credit and the transport takes them."""
+    def pump(self, sub: Subscription, max_chunks: int = PUMP_CHUNKS) -> None:
+        """Send chunks while the subscription has credit and the transport takes them (at most
+        `max_chunks` in this call; it goes on next loop turn)."""
         conn = self.conn
         if sub.handle.closed or conn.catalog.lookup(conn.vhost.name, sub.stream) is not sub.handle:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
@@ -195,7 +203,7 @@ class Consuming:
             return
         sent = skipped = 0
         while sub.credit > 0 and sub.reader is not None and conn.can_deliver():
-            if sent >= PUMP_CHUNKS or skipped >= PUMP_SKIPS:
+            if sent >= max_chunks or skipped >= PUMP_SKIPS:
                 self._wake(sub)  # go on next turn: other connections get the loop meanwhile
                 return
             chunk = sub.reader.next_chunk()
@@ -239,7 +247,8 @@ class Consuming:
         sub = self.subscriptions.get(note.member.subscription_id)
         if sub is None or sub.sac_member is not note.member:
             return  # removed meanwhile: its unregister already chose the next active one
-        if not note.active:
+        if not note.active and sub.reader is not None:
+            sub.reader.close()
             sub.reader = None  # passive: stop reading at once, the client is told
         corr = self.conn.next_correlation_id()
         log.debug("single active consumer: subscription %d on %s %s", sub.subscription_id, sub.stream,

@@ -19,6 +19,7 @@ The API (all on the event loop's thread):
     handle.query_publisher_sequence(b"ref")   -> int (0: never seen, as the stream protocol answers)
     reader = handle.reader(OffsetSpec.first())
         reader.next_chunk()   -> ReadChunk | None   (None: nothing committed past it yet)
+        reader.close()        releases the one segment file it keeps open (its owner, when it goes)
         ReadChunk: .header, .raw (the chunk's bytes as on disk), .records() -> (offset, bytes) from
                    the reader's start offset on
     remove = handle.on_commit(callback)       callback() after the commit point moves (wake readers)
@@ -605,6 +606,11 @@ class StreamReader:
     @property
     def moved(self) -> int:
         return self.cursor.skipped
+
+    def close(self) -> None:
+        """Release the segment file the reader keeps open (its owner calls it when the reader goes; a
+        reader used again reopens it)."""
+        self.cursor.close()
 
     def next_chunk(self) -> ReadChunk | None:
         h = self.handle

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -66,15 +65,18 @@ class StreamEntry(QueueEntry):
 
 
 class StreamConsumer:
-    """A consumer's reader and the records of the chunk it is in the middle of."""
+    """A consumer's reader and the messages of the chunk it is in the middle of.
 
-    __slots__ = ("consumer", "reader", "pending", "filters", "match_unfiltered")
+    Invariant: `pending[next:]` are the chunk's messages not yet delivered (converted once per chunk)."""
+
+    __slots__ = ("consumer", "reader", "pending", "next", "filters", "match_unfiltered")
 
     def __init__(self, consumer: Consumer, reader: StreamReader, filters: list[bytes] | None,
                  match_unfiltered: bool) -> None:
         self.consumer = consumer
         self.reader = reader
-        self.pending: deque[tuple[int, bytes]] = deque()
+        self.pending: list[tuple[int, Message]] = []
+        self.next = 0
         self.filters = filters
         self.match_unfiltered = match_unfiltered
 
@@ -289,7 +291,9 @@ class StreamQueue(Queue):
         self._schedule_delivery()
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        self._consumers.pop(consumer, None)
+        sc = self._consumers.pop(consumer, None)
+        if sc is not None:
+            sc.reader.close()
 
     def consumers(self) -> list[Consumer]:
         return list(self._consumers)
@@ -337,38 +341,52 @@ class StreamQueue(Queue):
 
     def _deliver_to(self, sc: StreamConsumer) -> bool:
         """Deliver what the consumer's credit allows, at most DELIVER_BATCH; True if it could take more
-        and more is there (so the caller comes back next loop turn)."""
+        and more is there (so the caller comes back next loop turn). The messages of a chunk are built
+        at once (`_next_records`); per message only the credit check and the channel's delivery remain."""
         consumer = sc.consumer
+        channel = consumer.channel
+        conn = channel.conn
+        filters = sc.filters
         sent = 0
-        while consumer.can_take() and not consumer.channel.conn.write_paused:
+        while not conn.write_paused and consumer.can_take():
             if sent >= DELIVER_BATCH:
                 return True
-            if not sc.pending:
+            pending, i = sc.pending, sc.next
+            if i >= len(pending):
                 if not self._next_records(sc):
                     return False
                 continue
-            offset, record = sc.pending.popleft()
-            try:
-                msg = amqp10.to_091_at(record, offset, self.name)
-            except ValueError as exc:
-                log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
-                            self._what, offset, exc)
-                continue
-            if sc.filters is not None:  # (the properties are decoded only for a filtering consumer)
-                headers = msg.properties.headers
-                value = headers.get(FILTER_HEADER) if headers else None
-                wanted = value.encode() if isinstance(value, str) else value
-                if not (wanted in sc.filters if wanted else sc.match_unfiltered):
+            # as many as the credit, the batch and this chunk allow, without asking again per message
+            room = consumer.prefetch - consumer.unacked if consumer.prefetch else DELIVER_BATCH
+            stop = min(len(pending), i + min(room, DELIVER_BATCH - sent))
+            before = consumer.unacked
+            while i < stop and channel.can_take():
+                offset, msg = pending[i]
+                i += 1
+                if filters is not None and not self._wanted(sc, msg):
                     continue
-            consumer.unacked += 1
-            consumer.delivered += 1
-            self.stat_delivered += 1
-            consumer.channel.deliver(consumer, self, StreamEntry(offset, msg, sc))
-            sent += 1
+                consumer.unacked += 1
+                channel.deliver(consumer, self, StreamEntry(offset, msg, sc))
+            sc.next = i
+            n = consumer.unacked - before
+            consumer.delivered += n
+            self.stat_delivered += n
+            sent += n
+            if stop - i > 0:  # the channel's own limit stopped it
+                return False
         return False
 
+    @staticmethod
+    def _wanted(sc: StreamConsumer, msg: Message) -> bool:
+        """A filtering consumer's test (the properties are decoded only for such a consumer)."""
+        headers = msg.properties.headers
+        value = headers.get(FILTER_HEADER) if headers else None
+        wanted = value.encode() if isinstance(value, str) else value
+        assert sc.filters is not None
+        return wanted in sc.filters if wanted else sc.match_unfiltered
+
     def _next_records(self, sc: StreamConsumer) -> bool:
-        """Load the consumer's next chunk's records (skipping chunks its filter rules out)."""
+        """Load the consumer's next chunk's messages (skipping chunks its filter rules out)."""
         while True:
             chunk = sc.reader.next_chunk()
             if chunk is None:
@@ -381,7 +399,14 @@ class StreamQueue(Queue):
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
                     continue
-            sc.pending = deque(r for r in chunk.records() if r[1])
+            if chunk.header.chunk_type != ck.USER:
+                continue
+            bad: list[tuple[int, str]] = []
+            sc.pending = amqp10.to_091_list(ck.record_list(chunk.raw, chunk.start), self.name, bad)
+            sc.next = 0
+            for offset, why in bad:
+                log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
+                            self._what, offset, why)
             if sc.pending:
                 return True
 
@@ -415,6 +440,8 @@ class StreamQueue(Queue):
             receipt.settle(self)
         self._batch_receipts = []
         consumers = list(self._consumers)
+        for sc in self._consumers.values():
+            sc.reader.close()
         self._consumers.clear()
         for c in consumers:
             c.channel.consumer_cancelled_by_broker(c)
