@@ -154,6 +154,60 @@ def test_encoding_a_value_that_is_not_a_record_is_a_type_error() -> None:
         cm.encode({"t": "qp"})
 
 
+# -- the batch records of the queue link -----------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.tuples(st.text(max_size=10), st.text(max_size=10), st.integers(0, 2**63), messages()),
+                      max_size=20))
+def test_a_publish_batch_reads_back_every_publish_in_order(items: list[tuple[str, str, int, Message]]) -> None:
+    entries: list[Any] = []
+    for vhost, queue, pid, msg in items:
+        entries.extend((vhost, queue, pid, *cm.message_to_wire(msg)))
+    record = cm.decode(cm.encode(cm.RemotePublishBatch(entries)))
+    assert isinstance(record, cm.RemotePublishBatch)
+    got = cm.publishes_of(record)
+    assert [g[:3] for g in got] == [i[:3] for i in items]
+    assert [cm.message_to_wire(g[3]) for g in got] == [cm.message_to_wire(i[3]) for i in items]
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.tuples(st.integers(0, 2**63), st.integers(0, 2**63), st.booleans(), st.booleans(),
+                                messages()), max_size=20))
+def test_a_delivery_batch_reads_back_every_delivery_in_order(items: list[tuple[int, int, bool, bool, Message]]) -> None:
+    entries: list[Any] = []
+    for cid, did, redelivered, no_ack, msg in items:
+        entries.extend((cid, did, redelivered, no_ack, *cm.message_to_wire(msg)))
+    record = cm.decode(cm.encode(cm.RemoteDeliverBatch(entries)))
+    assert isinstance(record, cm.RemoteDeliverBatch)
+    got = cm.deliveries_of(record)
+    assert [g[:4] for g in got] == [i[:4] for i in items]
+    assert [cm.message_to_wire(g[4]) for g in got] == [cm.message_to_wire(i[4]) for i in items]
+
+
+_GOOD_PUBLISH = ["/", "q", 1, "", "q", b"", b"body", b"\x00\x01q", False]
+
+
+@pytest.mark.parametrize(("entries", "text"), [
+    (_GOOD_PUBLISH[:-1], "not a multiple of 9"),
+    (["/", "q", "1", *_GOOD_PUBLISH[3:]], "publish at 0"),
+    ([*_GOOD_PUBLISH, "/", "q", 2, "", "q", "not bytes", b"body", b"t", False], "the message at 12"),
+])
+def test_a_malformed_publish_batch_is_refused_whole(entries: list[Any], text: str) -> None:
+    with pytest.raises(cm.MalformedMessage, match=text):
+        cm.publishes_of(cm.RemotePublishBatch(entries))
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=st.lists(_values, max_size=30))
+def test_arbitrary_batch_entries_raise_only_message_errors(entries: list[Any]) -> None:
+    for read, kind in ((cm.publishes_of, cm.RemotePublishBatch), (cm.deliveries_of, cm.RemoteDeliverBatch)):
+        try:
+            read(kind(entries))  # type: ignore[operator]
+        except cm.MessageError:
+            pass
+
+
 # -- the registry ----------------------------------------------------------------------------------------
 
 

@@ -185,6 +185,22 @@ def across_the_hop(info: ServerInfo, queue: str) -> Iterator[tuple[Any, Any, Any
         yield owner.channel(), other, other.channel()
 
 
+def test_held_and_single_records_keep_their_order_across_the_hop(node: ServerInfo) -> None:
+    """Publishes and deliveries are held per loop turn and written as one record; a message larger than
+    the batch limit goes alone, and a basic.get is a request: none of them may overtake what was held."""
+    with across_the_hop(node, "hop-order") as (och, _other, ch):
+        bodies = [b"%d:" % i + (b"x" * 70_000 if i % 7 == 3 else b"small") for i in range(60)]
+        for body in bodies:
+            ch.basic_publish("", "hop-order", body)
+        _method, _props, first = ch.basic_get("hop-order", auto_ack=True)  # sent right behind the publishes
+        assert first == bodies[0]
+        assert drain(ch, "hop-order", 59) == bodies[1:]
+        for body in bodies:  # now published in the queue's own worker, delivered across the hop
+            och.basic_publish("", "hop-order", body)
+        assert drain(ch, "hop-order", 60) == bodies
+        och.queue_delete("hop-order")
+
+
 def test_cancel_across_the_hop_leaves_the_rest_in_the_queue(node: ServerInfo) -> None:
     with across_the_hop(node, "hop-cancel") as (och, other, ch):
         ch.basic_qos(prefetch_count=1)

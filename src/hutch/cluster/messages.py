@@ -184,6 +184,28 @@ class RemoteDeliver(NamedTuple):
     no_ack: bool
 
 
+@message_kind(100)
+class RemotePublishBatch(NamedTuple):
+    """One loop turn's publishes from the sender to queues whose home is the receiving node, in order:
+    `entries` is flat, `PUBLISH_STRIDE` values per publish (vhost, queue, publish id, then the message's
+    six wire fields as in `message_to_wire`); answered by `RemoteConfirm`s. Read with `publishes_of`."""
+
+    entries: list[Any]
+
+
+@message_kind(101)
+class RemoteDeliverBatch(NamedTuple):
+    """One loop turn's deliveries from queues of the sender to consumers on the receiving node, in order:
+    `entries` is flat, `DELIVER_STRIDE` values per delivery (consumer id, delivery id, redelivered,
+    no_ack, then the message's six wire fields). Read with `deliveries_of`."""
+
+    entries: list[Any]
+
+
+PUBLISH_STRIDE = 9
+DELIVER_STRIDE = 10
+
+
 class Outcome(enum.IntEnum):
     ACK = 0
     REQUEUE = 1
@@ -443,6 +465,7 @@ class DirectReply(NamedTuple):
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
+    | RemotePublishBatch | RemoteDeliverBatch
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
@@ -480,6 +503,56 @@ def message_from_wire(v: Any) -> Message:
     if v[5]:
         msg.foreign_deaths = True
     return msg
+
+
+def _message_at(v: list[Any], i: int, kind: str) -> Message:
+    """The message whose six wire fields start at `v[i]` (a batch record's entry)."""
+    exchange, routing_key, props, body, tail = v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4]
+    if type(exchange) is not str or type(routing_key) is not str or type(props) is not bytes \
+            or type(body) is not bytes or type(tail) is not bytes:
+        raise MalformedMessage(f"malformed inter-node message {kind}: the message at {i} is "
+                               f"{_short(v[i:i + 6])}")
+    msg = Message(exchange, routing_key, None, body, props, tail)
+    if v[i + 5]:
+        msg.foreign_deaths = True
+    return msg
+
+
+def _check_stride(v: list[Any], stride: int, kind: str) -> None:
+    if len(v) % stride:
+        raise MalformedMessage(f"malformed inter-node message {kind}: {len(v)} values is not a multiple of "
+                               f"{stride}")
+
+
+def publishes_of(batch: RemotePublishBatch) -> list[tuple[str, str, int, Message]]:
+    """(vhost, queue, publish id, message) of each publish of `batch`, in order; `MalformedMessage` (and
+    nothing of the batch) when any of them is malformed."""
+    v = batch.entries
+    _check_stride(v, PUBLISH_STRIDE, "RemotePublishBatch")
+    out = []
+    for i in range(0, len(v), PUBLISH_STRIDE):
+        vhost, queue, pid = v[i], v[i + 1], v[i + 2]
+        if type(vhost) is not str or type(queue) is not str or type(pid) is not int:
+            raise MalformedMessage(f"malformed inter-node message RemotePublishBatch: publish at {i} is "
+                                   f"{_short(v[i:i + 3])}")
+        out.append((vhost, queue, pid, _message_at(v, i + 3, "RemotePublishBatch")))
+    return out
+
+
+def deliveries_of(batch: RemoteDeliverBatch) -> list[tuple[int, int, bool, bool, Message]]:
+    """(consumer id, delivery id, redelivered, no_ack, message) of each delivery of `batch`, in order;
+    `MalformedMessage` (and nothing of the batch) when any of them is malformed."""
+    v = batch.entries
+    _check_stride(v, DELIVER_STRIDE, "RemoteDeliverBatch")
+    out = []
+    for i in range(0, len(v), DELIVER_STRIDE):
+        cid, did, redelivered, no_ack = v[i], v[i + 1], v[i + 2], v[i + 3]
+        if type(cid) is not int or type(did) is not int or type(redelivered) is not bool \
+                or type(no_ack) is not bool:
+            raise MalformedMessage(f"malformed inter-node message RemoteDeliverBatch: delivery at {i} is "
+                                   f"{_short(v[i:i + 4])}")
+        out.append((cid, did, redelivered, no_ack, _message_at(v, i + 4, "RemoteDeliverBatch")))
+    return out
 
 
 # -- the codec -------------------------------------------------------------------------------------------
@@ -640,7 +713,7 @@ class Registry:
 
 __all__ = [
     "RECORDS", "MalformedMessage", "MessageError", "Outcome", "Record", "Registry", "Request", "UnknownMessage",
-    "decode", "encode",
-    "from_wire", "is_record", "message_from_wire", "message_to_wire", "reply_from_wire", "to_wire",
+    "DELIVER_STRIDE", "PUBLISH_STRIDE", "decode", "deliveries_of", "encode",
+    "from_wire", "is_record", "message_from_wire", "message_to_wire", "reply_from_wire", "publishes_of", "to_wire",
     *(cls.__name__ for cls in RECORDS),
 ]

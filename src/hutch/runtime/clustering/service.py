@@ -133,6 +133,9 @@ class ClusterService:
         self._inflight: list[asyncio.Future[None]] = []  # proposals not yet committed, oldest first
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._join_lock = asyncio.Lock()
+        # peer -> what writes records held back for it (the queue link's batches of one loop turn): run
+        # before any other record to that peer is queued, so the order per peer is the order of the calls
+        self.held: dict[str, Callable[[str], None]] = {}
         self.registry = cm.Registry()  # the handlers of inter-node messages and requests, by record kind
         self.register(cm.Join, self._handle_join)
         self.register(cm.Propose, self._handle_propose)
@@ -313,6 +316,8 @@ class ClusterService:
     def _send_raft(self, raft_id: int, payload: list[Any]) -> None:  # Any: a PeerBatch's msgpack values
         name = self._name_of(raft_id)
         if name is not None:
+            if self.held:
+                self.release(name)
             self.transport.send_packed(name, cm.encode(cm.RaftMessage(payload)))
 
     # -- inter-node messages ---------------------------------------------------------------------------------
@@ -326,7 +331,20 @@ class ClusterService:
 
     def send(self, peer: str, record: cm.Record) -> bool:
         """Queue a message record for `peer`; False (dropped) when it is not connected or its buffers are full."""
+        if self.held:
+            self.release(peer)
         return self.transport.send_packed(peer, cm.encode(record))
+
+    def hold(self, peer: str, release: Callable[[str], None]) -> None:
+        """Records for `peer` are held back by the caller until `release(peer)` writes them (it is called
+        before any other record to `peer` is queued, and by the caller at the end of its loop turn)."""
+        self.held[peer] = release
+
+    def release(self, peer: str) -> None:
+        """Write what is held back for `peer` (see `hold`), if anything."""
+        release = self.held.pop(peer, None)
+        if release is not None:
+            release(peer)
 
     # A request answered by a record gets that record's type; one answered by a plain msgpack value (an int,
     # a bool, a JSON-able dict: named in each request's docstring) gets Any, as that value is not checked
@@ -348,6 +366,8 @@ class ClusterService:
 
     async def call(self, peer: str, request: cm.Request, timeout: float = 5.0) -> Any:
         """Send a request record and await its reply (the request's `REPLY` record, or a plain value)."""
+        if self.held:
+            self.release(peer)
         value = await self.transport.call_packed(peer, cm.encode(request), timeout=timeout)
         return cm.reply_from_wire(request, value)
 

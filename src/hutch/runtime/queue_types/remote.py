@@ -12,6 +12,12 @@ Rules:
 - Operations a client waits for (basic.get, queue.purge, queue.declare/delete counts, basic.consume's
   existence check) are prepared asynchronously before the channel handles the method (the connection
   is suspended meanwhile: connection.py), so the channel code stays synchronous and type-blind.
+- The hot records are batched per loop turn and peer, in order: publishes (`RemotePublishBatch`, the
+  message's stored fields as they are, no re-encoding) and deliveries (`RemoteDeliverBatch`) are
+  appended to the peer's held list and written as one record each when the turn ends, or at once before
+  any other record to that peer (`ClusterService.hold`), so a peer sees every record in the order this
+  node made them. A message larger than `BATCH_MESSAGE_BYTES` goes alone, as `RemotePublish` /
+  `RemoteDeliver`; a held list is written once it holds `BATCH_BYTES`.
 - Publisher confirms: a publish with a receipt is PENDING until the home node answers (`RemoteConfirm`
   with its publish id): the home node publishes it to the queue with a receipt of its own
   (`_PeerConfirms`), so it answers once the message is safe there (for a persistent message in a durable
@@ -58,6 +64,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.cluster.queues")
 
 PREPARE_TIMEOUT_S = 5.0
+BATCH_BYTES = 256 << 10  # a held batch is written once its bodies reach this
+BATCH_MESSAGE_BYTES = 64 << 10  # a larger message is sent in a record of its own
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
 
@@ -295,6 +303,9 @@ class QueueLink:
         self._peer_confirms: dict[str, _PeerConfirms] = {}  # home side: the receipts' owner per origin node
         self._acks_out: dict[tuple[str, bool], list[int]] = {}  # (peer, confirmed) -> ids, sent once per turn
         self._acks_scheduled = False
+        # peer -> the records held back this loop turn: [kind, flat entries, body bytes] runs, in order
+        self._held: dict[str, list[list[Any]]] = {}
+        self._held_scheduled = False
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
         # one call per kind, so the type checker matches each handler to its record
@@ -303,6 +314,8 @@ class QueueLink:
         cluster.register(cm.QueueInfo, self._h_info)
         cluster.register(cm.RemotePublish, self._on_publish)
         cluster.register(cm.RemoteDeliver, self._on_delivery)
+        cluster.register(cm.RemotePublishBatch, self._on_publish_batch)
+        cluster.register(cm.RemoteDeliverBatch, self._on_delivery_batch)
         cluster.register(cm.RemoteSettle, self._on_settle)
         cluster.register(cm.RemoteConfirm, self._on_confirm)
         cluster.register(cm.RemoteConsume, self._on_consume)
@@ -334,12 +347,64 @@ class QueueLink:
         """Send `msg` to its queue's home node. Without a receipt nobody waits for the answer (a message
         lost with the home node is not reported, as before)."""
         pid = next(self._ids)
-        if not self._send(q.home, cm.RemotePublish(q.vhost, q.name, pid, msg)):
+        home = q.home
+        if msg.size > BATCH_MESSAGE_BYTES:
+            sent = self._send(home, cm.RemotePublish(q.vhost, q.name, pid, msg))
+        elif self.transport.connected(home):
+            self._hold(home, cm.RemotePublishBatch,
+                       (q.vhost, q.name, pid, msg.exchange, msg.routing_key, msg.properties_raw, msg.body,
+                        msg.route_tail, msg.foreign_deaths), msg.size)
+            sent = True
+        else:
+            sent = False
+        if not sent:
             return SETTLED if receipt is None else REJECTED  # home node down: the message is lost
         if receipt is None:
             return SETTLED
         self.confirm_pending[pid] = (receipt, q)
         return PENDING
+
+    # -- the records held back for one loop turn -----------------------------------------------------------
+    def _hold(self, peer: str, kind: type[cm.RemotePublishBatch | cm.RemoteDeliverBatch], values: tuple[Any, ...],
+              size: int) -> None:
+        runs = self._held.get(peer)
+        if runs is None:
+            runs = self._held[peer] = []
+            self.cluster.hold(peer, self._release)
+            if not self._held_scheduled:
+                self._held_scheduled = True
+                asyncio.get_running_loop().call_soon(self._release_all)
+        if runs and runs[-1][0] is kind:
+            run = runs[-1]
+            run[1].extend(values)
+            run[2] += size
+        else:
+            run = [kind, list(values), size]
+            runs.append(run)
+        if run[2] >= BATCH_BYTES:
+            self.cluster.release(peer)
+
+    def _release(self, peer: str) -> None:
+        """Write the records held for `peer`; the receipts of publishes that could not be are rejected."""
+        runs = self._held.pop(peer, None)
+        if not runs:
+            return
+        send = self.transport.send_packed
+        for kind, entries, _size in runs:
+            if send(peer, cm.encode(kind(entries))) or kind is not cm.RemotePublishBatch:
+                continue  # a delivery not written stays unacked here until the peer settles or goes
+            pending = self.confirm_pending
+            for i in range(2, len(entries), cm.PUBLISH_STRIDE):
+                found = pending.pop(entries[i], None)
+                if found is not None:
+                    found[0].reject(found[1])
+
+    def _release_all(self) -> None:
+        self._held_scheduled = False
+        held = self.cluster.held
+        for peer in list(self._held):
+            held.pop(peer, None)
+            self._release(peer)
 
     def settle(self, q: RemoteQueue, outcome: cm.Outcome, entries: Iterable[QueueEntry], reason: str = "") -> None:
         ids = [e.seq for e in entries]
@@ -363,14 +428,21 @@ class QueueLink:
                 del self.consumers[cid]
 
     def _on_delivery(self, peer: str, d: cm.RemoteDeliver) -> None:
-        found = self.consumers.get(d.consumer_id)
+        self._deliver_here(peer, d.consumer_id, d.delivery_id, d.redelivered, d.no_ack, d.message)
+
+    def _on_delivery_batch(self, peer: str, batch: cm.RemoteDeliverBatch) -> None:
+        for cid, did, redelivered, no_ack, msg in cm.deliveries_of(batch):
+            self._deliver_here(peer, cid, did, redelivered, no_ack, msg)
+
+    def _deliver_here(self, peer: str, cid: int, did: int, redelivered: bool, no_ack: bool, msg: Message) -> None:
+        found = self.consumers.get(cid)
         if found is None:  # cancelled meanwhile: give it back
-            if not d.no_ack:
-                self._send(peer, cm.RemoteSettle(cm.Outcome.REQUEUE, [d.delivery_id], ""))
+            if not no_ack:
+                self._send(peer, cm.RemoteSettle(cm.Outcome.REQUEUE, [did], ""))
             return
         q, consumer = found
-        entry = QueueEntry(d.delivery_id, d.message)
-        entry.redelivered = d.redelivered
+        entry = QueueEntry(did, msg)
+        entry.redelivered = redelivered
         if not consumer.no_ack:
             consumer.unacked += 1
         consumer.delivered += 1
@@ -408,15 +480,21 @@ class QueueLink:
             self._send(peer, cm.RemoteConfirm(ok, ids))
 
     def _on_publish(self, peer: str, p: cm.RemotePublish) -> None:
-        q = self._lookup(p.vhost, p.queue)
-        pid = p.publish_id
+        self._publish_here(peer, p.vhost, p.queue, p.publish_id, p.message)
+
+    def _on_publish_batch(self, peer: str, batch: cm.RemotePublishBatch) -> None:
+        for vhost, queue, pid, msg in cm.publishes_of(batch):
+            self._publish_here(peer, vhost, queue, pid, msg)
+
+    def _publish_here(self, peer: str, vhost: str, queue: str, pid: int, msg: Message) -> None:
+        q = self._lookup(vhost, queue)
         if q is None:
             self.confirm_out(peer, False, pid)
             return
         owner = self._peer_confirms.get(peer)
         if owner is None:
             owner = self._peer_confirms[peer] = _PeerConfirms(self, peer)
-        result = q.publish(p.message, Receipt(owner, pid))
+        result = q.publish(msg, Receipt(owner, pid))
         if result is PENDING:
             owner.pending[pid] = q
         else:
@@ -456,9 +534,16 @@ class QueueLink:
 
     def deliver_remote(self, d: _RemoteDeliverer, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         did = next(self._ids)
-        if not consumer.no_ack:
+        no_ack = bool(consumer.no_ack)
+        if not no_ack:
             self.out_entries.setdefault(d.peer, {})[did] = (queue, entry, consumer)
-        self._send(d.peer, cm.RemoteDeliver(d.cid, did, entry.msg, bool(entry.redelivered), bool(consumer.no_ack)))
+        msg = entry.msg
+        if msg.size > BATCH_MESSAGE_BYTES:
+            self._send(d.peer, cm.RemoteDeliver(d.cid, did, msg, bool(entry.redelivered), no_ack))
+        elif self.transport.connected(d.peer):
+            self._hold(d.peer, cm.RemoteDeliverBatch,
+                       (d.cid, did, bool(entry.redelivered), no_ack, msg.exchange, msg.routing_key,
+                        msg.properties_raw, msg.body, msg.route_tail, msg.foreign_deaths), msg.size)
 
     def _on_settle(self, peer: str, s: cm.RemoteSettle) -> None:
         outcome, ids, reason = s.outcome, s.delivery_ids, s.reason
@@ -557,6 +642,8 @@ class QueueLink:
         if up:
             self._stats_sent.clear()  # the next push tells everyone everything
             return
+        self.cluster.held.pop(peer, None)
+        self._held.pop(peer, None)  # its publishes' receipts are rejected below, its deliveries requeued
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
         pending = self.confirm_pending
         for pid in [pid for pid, (_receipt, rq) in pending.items() if rq.home == peer]:
