@@ -122,7 +122,7 @@ class Replication(Protocol):
 
 def _position(sc: StreamConsumer) -> int:
     """The offset a consumer gets next: the first record of its chunk in hand, else its reader's."""
-    return sc.pending[0][0] if sc.pending else sc.reader.next_offset
+    return sc.pending[sc.next][0] if sc.next < len(sc.pending) else sc.reader.next_offset
 
 
 class StreamQueue(Queue):
