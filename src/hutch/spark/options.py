@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hutch.amqp import uri as amqp_uri
 from hutch.amqp.uri import AmqpUri
@@ -67,8 +67,13 @@ _READ_KEYS = {
 _WRITE_KEYS = {
     "uri": "uri", "exchange": "exchange", "routing_key": "routing_key", "mandatory": "mandatory",
     "deliverymode": "deliveryMode", "maxunconfirmed": "maxUnconfirmed",
-    "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId",
+    "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId", "stream": "stream",
+    "superstream": "superStream", "streamport": "streamPort",
 }
+# Options of the AMQP 0-9-1 sink that mean nothing to a write to a stream (stream protocol).
+_AMQP_ONLY_WRITE_KEYS = ("exchange", "routing_key", "mandatory", "deliverymode")
+STREAM_PORT, STREAM_TLS_PORT = 5552, 5551
+MAX_WRITE_ID_CHARS = 200
 # Keys Spark itself may put in the options map; never ours to judge.
 _SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
@@ -305,6 +310,22 @@ class WriteOptions:
     max_unconfirmed: int = 10_000  # bound on published-but-unconfirmed messages per task
     confirm_timeout_ms: int = 60_000  # how long a task waits for its confirms
     write_id: str | None = None  # batch writes: the "query" part of message ids (default: random)
+    stream: str | None = None  # write to this stream over the stream protocol (idempotent)
+    super_stream: str | None = None  # write to this super stream's partitions, routed by the key column
+    stream_port: int = STREAM_PORT  # the broker's stream protocol port (host, user, vhost: from `uri`)
+
+    @property
+    def to_stream(self) -> bool:
+        return self.stream is not None or self.super_stream is not None
+
+    @property
+    def target(self) -> str:
+        """The stream or super stream written to (for messages)."""
+        return self.stream or self.super_stream or ""
+
+    def stream_uri(self) -> AmqpUri:
+        """`uri` with the stream protocol's port: the stream sink's connection."""
+        return replace(self.uri, port=self.stream_port)
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -317,9 +338,28 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     for name, value in (("exchange", exchange), ("routing_key", routing_key)):
         if value is not None and len(str(value).encode()) > 255:
             raise HutchOptionError(f"option '{name}' is at most 255 bytes")
+    stream, super_stream = opts.get("stream"), opts.get("superstream")
+    if stream is not None and super_stream is not None:
+        raise HutchOptionError("options 'stream' and 'superStream' exclude each other")
+    for name, value in (("stream", stream), ("superStream", super_stream)):
+        if value is not None and not 0 < len(str(value).encode()) <= 255:
+            raise HutchOptionError(f"option '{name}' must be a stream name of 1 to 255 bytes")
+    to_stream = stream is not None or super_stream is not None
+    if to_stream:
+        clash = [_WRITE_KEYS[k] for k in _AMQP_ONLY_WRITE_KEYS if k in opts]
+        if clash:
+            raise HutchOptionError(
+                f"option(s) {', '.join(clash)} are for writes to an exchange (AMQP 0-9-1); a write to a "
+                "'stream' or 'superStream' goes over the stream protocol (a super stream routes by the "
+                "'key' column)")
+    elif "streamport" in opts:
+        raise HutchOptionError("option 'streamPort' is for writes to a 'stream' or 'superStream'")
     write_id = opts.get("writeid")
     if write_id is not None and (not str(write_id) or ":" in str(write_id)):
         raise HutchOptionError("option 'writeId' must be a non-empty string without ':'")
+    if write_id is not None and to_stream and len(str(write_id)) > MAX_WRITE_ID_CHARS:
+        raise HutchOptionError(f"option 'writeId' is at most {MAX_WRITE_ID_CHARS} characters for a write to a "
+                               "stream (it is part of the publisher reference, at most 256)")
     return WriteOptions(
         uri=uri,
         exchange=None if exchange is None else str(exchange),
@@ -331,4 +371,8 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         confirm_timeout_ms=_int(opts, "confirmtimeoutms", "confirmTimeoutMs",
                                 WriteOptions.confirm_timeout_ms, 1, 3_600_000),
         write_id=None if write_id is None else str(write_id),
+        stream=None if stream is None else str(stream),
+        super_stream=None if super_stream is None else str(super_stream),
+        stream_port=_int(opts, "streamport", "streamPort", STREAM_TLS_PORT if uri.tls else STREAM_PORT,
+                         1, 65535),
     )
