@@ -76,6 +76,14 @@ class Broker:
             self.conn.close()
 
 
+def hutch_load(reader: Any, port: int, **options: Any) -> Any:
+    """`reader.format("hutch")` on the broker at `port` with `options` (values as strings), loaded."""
+    r = reader.format("hutch").option("uri", amqp_uri(port))
+    for key, value in options.items():
+        r = r.option(key, str(value))
+    return r.load()
+
+
 def declare_super_stream(broker: Broker, name: str, partitions: int) -> list[str]:
     """A super stream laid out as RabbitMQ does (its docs' AMQP 0-9-1 recipe): a direct exchange with
     `x-super-stream`, one stream per partition, bound with its index as key and partition order."""

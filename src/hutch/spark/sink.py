@@ -43,7 +43,7 @@ from .writerows import (
     HutchWriteError,
     apply_properties,
     check_properties,
-    check_value_and_headers,
+    columns_checked,
     header_value,
     type_name,
 )
@@ -65,17 +65,10 @@ def check_write_schema(schema: StructType, opts: WriteOptions) -> None:
     if opts.to_stream:
         check_stream_write_schema(schema, opts)
         return
-    by_name = {field.name.lower(): field.dataType for field in schema.fields}
-    check_value_and_headers(by_name)
-    for field in schema.fields:
-        name = field.name.lower()
-        if name not in WRITE_COLUMNS and name not in IGNORED_SOURCE_COLUMNS:
-            raise HutchOptionError(
-                f"hutch sink: unexpected column {field.name!r}; a DataFrame written to hutch has the columns "
-                "value (binary or string, required), routing_key (string), exchange (string), headers "
-                "(map<string, ...>), properties (struct of AMQP properties), and may keep the other columns "
-                f"of a hutch read ({', '.join(IGNORED_SOURCE_COLUMNS)}), which are ignored; select or drop "
-                "the others")
+    by_name = columns_checked(
+        schema, WRITE_COLUMNS, IGNORED_SOURCE_COLUMNS,
+        "a DataFrame written to hutch has the columns value (binary or string, required), routing_key "
+        "(string), exchange (string), headers (map<string, ...>), properties (struct of AMQP properties)")
     for name in ("routing_key", "exchange"):
         kind = by_name.get(name)
         if kind is not None and not isinstance(kind, StringType):

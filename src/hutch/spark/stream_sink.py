@@ -35,18 +35,11 @@ from hutch.amqp.spec import BasicProperties
 from hutch.core.message import Message
 from hutch.queues.stream.amqp10 import from_091
 
+from . import writerows as rows
 from .options import HutchOptionError, WriteOptions
 from .routing import partition_of
 from .streamclient import StreamClient, StreamClientError, code_name
-from .writerows import (
-    HutchCommitMessage,
-    HutchWriteError,
-    apply_properties,
-    check_properties,
-    check_value_and_headers,
-    header_value,
-    type_name,
-)
+from .writerows import HutchCommitMessage, HutchWriteError
 
 ROW_BITS = 32
 MAX_ROWS_PER_TASK = (1 << ROW_BITS) - 1
@@ -68,25 +61,19 @@ def publishing_id(batch_id: int, row: int) -> int:
 
 def check_stream_write_schema(schema: StructType, opts: WriteOptions) -> None:
     """Raise HutchOptionError unless `schema` is a DataFrame hutch can write to `opts`' (super) stream."""
-    by_name = {field.name.lower(): field.dataType for field in schema.fields}
-    check_value_and_headers(by_name)
-    for field in schema.fields:
-        name = field.name.lower()
-        if name not in STREAM_WRITE_COLUMNS and name not in IGNORED_STREAM_COLUMNS:
-            raise HutchOptionError(
-                f"hutch sink: unexpected column {field.name!r}; a DataFrame written to a stream has the "
-                "columns value (binary or string, required), key (string: a super stream's routing key), "
-                "headers (map<string, ...>), properties (struct of AMQP properties), and may keep the "
-                f"other columns of a stream read ({', '.join(IGNORED_STREAM_COLUMNS)}), which are ignored")
+    by_name = rows.columns_checked(
+        schema, STREAM_WRITE_COLUMNS, IGNORED_STREAM_COLUMNS,
+        "a DataFrame written to a stream has the columns value (binary or string, required), key (string: a "
+        "super stream's routing key), headers (map<string, ...>), properties (struct of AMQP properties)")
     key_column = "key" if "key" in by_name else "routing_key" if "routing_key" in by_name else None
     if key_column is not None and not isinstance(by_name[key_column], StringType):
         raise HutchOptionError(f"hutch sink: column '{key_column}' must be string, got "
-                               f"{type_name(by_name[key_column])}")
+                               f"{rows.type_name(by_name[key_column])}")
     if opts.super_stream is not None and key_column is None:
         raise HutchOptionError("hutch sink: a write to a super stream routes each row by its 'key' column "
                                "(string; 'routing_key' also works): add one")
     if "properties" in by_name:
-        check_properties(by_name["properties"])
+        rows.check_properties(by_name["properties"])
     assert isinstance(by_name["value"], (BinaryType, StringType))
     assert "headers" not in by_name or isinstance(by_name["headers"], MapType)
 
@@ -185,12 +172,12 @@ class StreamPublisher:
                 p = BasicProperties(message_id=message_id, delivery_mode=2)
                 row_props = props[i] if props is not None else None
                 if row_props:
-                    apply_properties(p, row_props)
+                    rows.apply_properties(p, row_props)
                     assert p.message_id is not None
                     message_id = p.message_id
                 row_headers = headers[i] if headers is not None else None
                 if row_headers:
-                    p.headers = {str(k): header_value(v) for k, v in row_headers}
+                    p.headers = {str(k): rows.header_value(v) for k, v in row_headers}
                 encoded = from_091(Message(exchange, key or streams[target], p, body))
                 if len(encoded) > max_bytes:
                     raise self._fail(f"row {self.count}: its message ({len(encoded)} bytes encoded) is larger "

@@ -2,7 +2,8 @@
 
 Owns: `StreamClient` - one TCP (or TLS) connection speaking RabbitMQ's stream protocol through the pure
 codec in `hutch.streamproto` - and `StreamClientError`. It does what the sink needs and nothing else:
-the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream, declaring a
+the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and creating
+one, for the benchmark), declaring a
 publisher with a reference (the broker's deduplication key), pipelined publishes with confirms, and
 the close handshake.
 
@@ -128,6 +129,11 @@ class StreamClient:
         reply = self._rpc(c.Partitions(self._next(), super_stream))
         assert isinstance(reply, c.PartitionsResponse)
         return list(reply.streams)
+
+    def create_super_stream(self, name: str, partitions: list[str], binding_keys: list[str],
+                            arguments: dict[str, str] | None = None) -> None:
+        """Create a super stream and its partition streams (the benchmark's and examples' set-up)."""
+        self._rpc(c.CreateSuperStream(self._next(), name, partitions, binding_keys, arguments or {}))
 
     def declare_publisher(self, publisher_id: int, reference: str, stream: str) -> None:
         self._rpc(c.DeclarePublisher(self._next(), publisher_id, reference, stream))

@@ -63,6 +63,21 @@ def type_name(kind: DataType) -> str:
     return kind.simpleString()
 
 
+def columns_checked(schema: StructType, allowed: tuple[str, ...], ignored: tuple[str, ...],
+                    described: str) -> dict[str, DataType]:
+    """The DataFrame's columns by lower-case name, once `value` and `headers` are right and every
+    column is `allowed` or `ignored` (else HutchOptionError, with `described`: what a write takes)."""
+    by_name = {field.name.lower(): field.dataType for field in schema.fields}
+    check_value_and_headers(by_name)
+    for field in schema.fields:
+        name = field.name.lower()
+        if name not in allowed and name not in ignored:
+            raise HutchOptionError(f"hutch sink: unexpected column {field.name!r}; {described}, and may keep "
+                                   f"the other columns of a hutch read ({', '.join(ignored)}), which are "
+                                   "ignored; select or drop the others")
+    return by_name
+
+
 def check_value_and_headers(by_name: dict[str, DataType]) -> None:
     """The `value` column (required: binary or string) and the `headers` column (a map with string keys)."""
     value = by_name.get("value")
@@ -130,5 +145,5 @@ def apply_properties(p: BasicProperties, row: dict[str, Any]) -> None:
             setattr(p, name, value)
 
 
-__all__ = ["HutchCommitMessage", "HutchWriteError", "apply_properties", "check_properties",
+__all__ = ["HutchCommitMessage", "HutchWriteError", "apply_properties", "check_properties", "columns_checked",
            "check_value_and_headers", "header_value"]
