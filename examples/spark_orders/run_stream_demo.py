@@ -6,8 +6,9 @@
    declares the super stream `orders.s` (4 partitions) and the results stream `orders.totals.s`;
 2. publishes the orders with confirms, each to its customer's partition, recording them in a ledger;
 3. runs the pipeline (stream_pipeline.py) as a separate driver process, and `kill -9`s its whole process
-   group in the middle of a micro-batch (after the batch's Parquet, before its results reach the
-   stream), twice (--kills), restarting it from its checkpoint each time;
+   group in the middle of a micro-batch, twice (--kills), restarting it from its checkpoint each time:
+   first after the batch's Parquet, before its results reach the stream; then after its results are
+   in the stream, before Spark commits the batch (so the replay's results are deduplicated);
 4. lets the last run read to the end (`Trigger.AvailableNow`);
 5. checks every (window, region) total in Parquet and in the results stream against the ledger, and
    that no result was stored twice. Exit status 1 if anything is missing, wrong or repeated.
@@ -119,11 +120,15 @@ def main() -> None:
         common = ["--uri", uri, "--stream-port", str(stream_port), "--out", str(out_dir), "--checkpoint",
                   str(ck), "--max-per-trigger", str(args.max_per_trigger)]
         for k in range(args.kills):
-            batch = kill_mid_batch([*common, "--pause-in-batch", "60", "--marker-dir", str(markers)], markers, log)
+            where = ("parquet", "results")[k % 2]
+            batch = kill_mid_batch([*common, "--pause-in-batch", "60", "--marker-dir", str(markers),
+                                    "--pause-after", where], markers, log)
             for m in markers.glob("inflight-*"):
                 m.unlink()
+            state = "its Parquet written, its results not yet published" if where == "parquet" else \
+                "its Parquet and its results written, the batch not yet committed"
             print(f"kill -9 #{k + 1}: the driver's process group killed in the middle of micro-batch {batch} "
-                  "(its Parquet written, its results not yet published)")
+                  f"({state})")
         t0 = time.monotonic()
         final = driver([*common, "--available-now"], log)
         if final.wait(600) != 0:

@@ -77,10 +77,17 @@ def totals_stream(spark: Any, uri: str, stream_port: int, max_per_trigger: int =
             .select(F.col("window.start").alias("window_start"), "region", "orders", "amount_cents"))
 
 
-def write_batch(uri: str, stream_port: int, out_dir: str, pause_s: float = 0.0, marker_dir: str = "") -> Any:
+def write_batch(uri: str, stream_port: int, out_dir: str, pause_s: float = 0.0, marker_dir: str = "",
+                pause_after: str = "parquet") -> Any:
     """foreachBatch: the batch's changed totals to Parquet, then to the results stream. With `pause_s`
-    (the crash demo), the batch announces itself (`<marker_dir>/inflight-<batch>-<pid>`) between the
-    two writes and waits there, to be killed in the middle of the batch."""
+    (the crash demo), the batch announces itself (`<marker_dir>/inflight-<batch>-<pid>`) and waits, to
+    be killed in the middle of the batch: after its Parquet (`pause_after="parquet"`), or after its
+    results are in the stream too but before Spark commits the batch (`"results"`)."""
+
+    def pause(where: str, batch_id: int) -> None:
+        if pause_s and pause_after == where:
+            Path(marker_dir, f"inflight-{batch_id}-{os.getpid()}").touch()
+            time.sleep(pause_s)
     from pyspark.sql import functions as F
 
     def write(totals: Any, batch_id: int) -> None:
@@ -90,15 +97,14 @@ def write_batch(uri: str, stream_port: int, out_dir: str, pause_s: float = 0.0, 
             if totals.isEmpty():
                 return
             totals.write.mode("overwrite").parquet(os.path.join(out_dir, f"batch={batch_id:08d}"))
-            if pause_s:
-                Path(marker_dir, f"inflight-{batch_id}-{os.getpid()}").touch()
-                time.sleep(pause_s)
+            pause("parquet", batch_id)
             # One sorted partition: a replay has the same rows at the same positions, so the broker
             # deduplicates what the killed attempt already stored (writeId per batch).
             (totals.select(F.to_json(F.struct("window_start", "region", "orders", "amount_cents", "batch"))
                            .alias("value"), F.col("region").alias("key"))
              .write.format("hutch").mode("append").option("uri", uri).option("streamPort", str(stream_port))
              .option("stream", TOTALS_STREAM).option("writeId", f"totals-{batch_id}").save())
+            pause("results", batch_id)
         finally:
             totals.unpersist()
 
@@ -106,9 +112,10 @@ def write_batch(uri: str, stream_port: int, out_dir: str, pause_s: float = 0.0, 
 
 
 def start(spark: Any, uri: str, stream_port: int, out_dir: str, checkpoint: str, available_now: bool = False,
-          max_per_trigger: int = 5000, pause_s: float = 0.0, marker_dir: str = "") -> Any:
+          max_per_trigger: int = 5000, pause_s: float = 0.0, marker_dir: str = "",
+          pause_after: str = "parquet") -> Any:
     writer = (totals_stream(spark, uri, stream_port, max_per_trigger).writeStream.outputMode("update")
-              .foreachBatch(write_batch(uri, stream_port, out_dir, pause_s, marker_dir))
+              .foreachBatch(write_batch(uri, stream_port, out_dir, pause_s, marker_dir, pause_after))
               .option("checkpointLocation", checkpoint).queryName("orders_stream_totals"))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="1 second")
     return writer.start()
@@ -157,13 +164,14 @@ def main() -> None:
     ap.add_argument("--max-per-trigger", type=int, default=5000)
     ap.add_argument("--pause-in-batch", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--marker-dir", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--pause-after", choices=("parquet", "results"), default="parquet", help=argparse.SUPPRESS)
     ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own logs (INFO and WARN)")
     args = ap.parse_args()
     from pipeline import spark_session
 
     spark = spark_session(verbose=args.verbose)
     query = start(spark, args.uri, args.stream_port, args.out, args.checkpoint, args.available_now,
-                  args.max_per_trigger, args.pause_in_batch, args.marker_dir)
+                  args.max_per_trigger, args.pause_in_batch, args.marker_dir, args.pause_after)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
