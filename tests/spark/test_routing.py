@@ -32,6 +32,13 @@ def test_murmur3_matches_the_reference_vectors(data: bytes, seed: int, expected:
     assert murmur3_32(data, seed) == expected
 
 
+@given(st.binary(max_size=64), st.integers(0, 2**32 - 1))
+def test_murmur3_matches_mmh3(data: bytes, seed: int) -> None:
+    import mmh3  # the C implementation (a dependency of rstream, in the test extra) as an oracle
+
+    assert murmur3_32(data, seed) == mmh3.hash(data, seed, signed=False)
+
+
 @given(st.text(max_size=40), st.integers(1, 128))
 def test_partition_of_is_the_unsigned_hash_with_the_clients_seed_mod_n(key: str, n: int) -> None:
     index = partition_of(key, n)

@@ -1,10 +1,11 @@
 """Routing a row to a partition of a super stream, as RabbitMQ's stream clients do.
 
 Owns: `murmur3_32` (MurmurHash3, x86 32-bit) and `partition_of` - the hash routing strategy of the
-RabbitMQ stream clients (Java's `HashRoutingMurmurStrategy`, rstream's `RoutingStrategy.hash`, the .NET and
-Go clients): the UTF-8 routing key hashed with murmur3 and seed 104729, read as unsigned, modulo the
-number of partitions, which are taken in the super stream's partition order. So a row written by Spark
-lands in the partition a Java or Python producer would have chosen for the same key.
+RabbitMQ stream clients (Java's `HashRoutingMurmurStrategy`, the .NET and Go clients): the UTF-8 routing
+key hashed with murmur3 and seed 104729, read as unsigned, modulo the number of partitions, which are
+taken in the super stream's partition order. So a row written by Spark lands in the partition a Java,
+.NET or Go producer would have chosen for the same key. (rstream, the Python client, hashes differently:
+128-bit murmur3 of the key's UTF-16 bytes; its producers do not agree with the others.)
 
 Pure: no IO, no pyspark; used on executors for every row of a super stream write.
 """
