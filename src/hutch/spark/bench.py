@@ -257,7 +257,8 @@ def main() -> None:
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = (SparkSession.builder.master(args.master).appName("hutch-spark-bench")
-                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2"))
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.ui.showConsoleProgress", "false"))
         for setting in args.conf:
             key, _, value = setting.partition("=")
             builder = builder.config(key, value)

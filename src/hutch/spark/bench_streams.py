@@ -93,10 +93,14 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
         "timestamp": F.col("timestamp"),
     }
     df = raw.select(*[exprs.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name) for f in STREAM_SCHEMA.fields])
-    q = _sink(df, sink, work).trigger(processingTime="0 seconds").start()
+    # a trigger a second (the rate is per second of trigger time, so the idle time between does not
+    # count), stopped between two triggers: stopping one mid-batch fills stderr with cancelled tasks
+    q = _sink(df, sink, work).trigger(processingTime="1 second").start()
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and sum(p["numInputRows"] for p in q.recentProgress) < n:
         time.sleep(0.2)
+    while time.monotonic() < deadline and q.status["isTriggerActive"]:
+        time.sleep(0.05)
     q.stop()
     return pipeline_rate(q.recentProgress)
 
