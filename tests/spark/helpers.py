@@ -84,6 +84,16 @@ def hutch_load(reader: Any, port: int, **options: Any) -> Any:
     return r.load()
 
 
+def run_available_now(df: Any, out: Any, ck: Any) -> None:
+    """Run a streaming read to its source's current end into Parquet files (Spark's exactly-once file
+    sink) at `out`, checkpointed at `ck`; the query's failure is raised."""
+    query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "the AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise query.exception()
+
+
 def declare_super_stream(broker: Broker, name: str, partitions: int) -> list[str]:
     """A super stream laid out as RabbitMQ does (its docs' AMQP 0-9-1 recipe): a direct exchange with
     `x-super-stream`, one stream per partition, bound with its index as key and partition order."""

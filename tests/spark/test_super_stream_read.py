@@ -15,7 +15,16 @@ import pytest
 
 from conftest import ServerInfo, start_server
 
-from .helpers import Broker, amqp_uri, declare_super_stream, hutch_load, stream_messages, unique, wait_for
+from .helpers import (
+    Broker,
+    amqp_uri,
+    declare_super_stream,
+    hutch_load,
+    run_available_now,
+    stream_messages,
+    unique,
+    wait_for,
+)
 
 SIZES = (300, 0, 450, 150)  # messages per partition; partition 1 stays empty
 
@@ -31,14 +40,7 @@ def _reader(reader: Any, server: ServerInfo, name: str, **options: Any) -> Any:
     return hutch_load(reader, server.amqp_port, superStream=name, streamPort=server.ports["stream"], **options)
 
 
-def _run_available_now(df: Any, out: Path, ck: Path) -> None:
-    query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
-             .trigger(availableNow=True).start())
-    assert query.awaitTermination(180), "the AvailableNow query did not finish"
-    if query.exception() is not None:
-        raise query.exception()
-
-
+@pytest.mark.timeout(300)  # with the Spark session's start when it runs first
 def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
         spark: Any, stream_server: ServerInfo, sbroker: Broker, tmp_path: Path) -> None:
     name = unique("ssr")
@@ -48,7 +50,7 @@ def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
     out, ck = tmp_path / "out", tmp_path / "ck"
     df = _reader(spark.readStream, stream_server, name, startingOffsets="earliest", maxOffsetsPerTrigger=400,
                  minPartitions=4)
-    _run_available_now(df, out, ck)
+    run_available_now(df, out, ck)
     rows = spark.read.parquet(str(out)).select("partition", "stream", "offset", "key").collect()
     assert sorted((r.partition, r.offset) for r in rows) == \
         sorted((p, o) for p, n in enumerate(SIZES) for o in range(n))
@@ -56,7 +58,7 @@ def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
     # More in two partitions, the same checkpoint: only the new offsets.
     sbroker.publish(streams[1], 100, start=0)
     sbroker.publish(streams[3], 50, start=150)
-    _run_available_now(_reader(spark.readStream, stream_server, name, startingOffsets="earliest"), out, ck)
+    run_available_now(_reader(spark.readStream, stream_server, name, startingOffsets="earliest"), out, ck)
     rows = spark.read.parquet(str(out)).select("partition", "offset").collect()
     sizes = (300, 100, 450, 200)
     assert sorted((r.partition, r.offset) for r in rows) == \

@@ -5,7 +5,8 @@ driver's discovery of the partitions (`partition_streams`: the stream protocol's
 in partition order), the spreading of `maxOffsetsPerTrigger` over partitions (`cap_ends`) and the
 planning of one micro-batch's ranges over tasks (`plan_partitions`).
 
-Where the code runs: discovery, probes and planning on the driver; `read` on executors, one range per
+Where the code runs: discovery, probes and planning on the driver (the partitions probed concurrently,
+one thread each, at most MAX_PROBE_THREADS); `read` on executors, one range per
 task through `stream_source.read_range` (the same reader as a plain stream, with the partition's
 stream and index). A plain stream's rules hold per partition (stream_source.py): a planned end is never
 past the end the driver probed, retention is checked per partition (`failOnDataLoss`).
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +41,8 @@ from .stream_source import (
     split_range,
 )
 from .streamclient import StreamClient, StreamClientError
+
+MAX_PROBE_THREADS = 16  # the driver's concurrent probes of one super stream
 
 
 def partition_streams(opts: StreamReadOptions) -> list[str]:
@@ -60,6 +64,15 @@ def partition_streams(opts: StreamReadOptions) -> list[str]:
     if not streams:
         raise HutchStreamReadError(f"hutch source: super stream {name!r} has no partitions")
     return streams
+
+
+def each_partition(fn: Callable[[int], int], partitions: int) -> list[int]:
+    """`fn(i)` for every partition index, the partitions probed at the same time (each probe is a
+    connection and a wait: done one after the other they would add up per trigger)."""
+    if partitions == 1:
+        return [fn(0)]
+    with ThreadPoolExecutor(max_workers=min(partitions, MAX_PROBE_THREADS)) as pool:
+        return list(pool.map(fn, range(partitions)))
 
 
 def cap_ends(starts: list[int], ends: list[int], max_rows: int) -> list[int]:
@@ -108,7 +121,7 @@ class _SuperStream:
         return dict(which).get(i, default)
 
     def ends(self) -> list[int]:
-        return [Probe(o).end() or 0 for o in self.popts]
+        return each_partition(lambda i: Probe(self.popts[i]).end() or 0, len(self.popts))
 
     def offsets_dict(self, offsets: list[int]) -> dict[str, Any]:
         return {"superStream": self.opts.super_stream,
@@ -128,9 +141,8 @@ class _SuperStream:
         return [int(offsets[str(i)]) for i in range(len(self.streams))]
 
     def plan(self, starts: list[int], ends: list[int]) -> list[StreamRange]:
-        ranges = []
-        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            ranges.append((i, self.streams[i], check_data_loss(self.popts[i], s, e), e))
+        checked = each_partition(lambda i: check_data_loss(self.popts[i], starts[i], ends[i]), len(starts))
+        ranges = [(i, self.streams[i], checked[i], ends[i]) for i in range(len(starts))]
         return plan_partitions(ranges, self.opts.min_partitions)
 
 
@@ -146,9 +158,9 @@ class HutchSuperStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvaila
         self._last_batch = time.monotonic()
 
     def initialOffset(self) -> dict[str, Any]:
-        ss = self.ss
-        starts = [Probe(o).resolve(ss.position(self.opts.starting_by_partition, self.opts.starting, i), empty=0)
-                  for i, o in enumerate(ss.popts)]
+        ss, opts = self.ss, self.opts
+        starts = each_partition(lambda i: Probe(ss.popts[i]).resolve(
+            ss.position(opts.starting_by_partition, opts.starting, i), empty=0), len(ss.popts))
         return ss.offsets_dict(starts)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -216,5 +228,5 @@ class HutchSuperStreamBatchReader(DataSourceReader):
         return read_range(self.opts, partition)
 
 
-__all__ = ["HutchSuperStreamBatchReader", "HutchSuperStreamOffsetReader", "cap_ends", "partition_streams",
-           "plan_partitions"]
+__all__ = ["HutchSuperStreamBatchReader", "HutchSuperStreamOffsetReader", "cap_ends", "each_partition",
+           "partition_streams", "plan_partitions"]
