@@ -19,6 +19,7 @@ import json
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +77,10 @@ def make_order(n: int, rng: random.Random, created_ms: int | None = None) -> dic
 
 
 def publish_orders(uri: str, count: int, rate: float, ledger: Ledger | None = None, seed: int = 7,
-                   first: int = 0) -> float:
+                   first: int = 0, route: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> float:
     """Publish `count` orders at about `rate` per second (0: as fast as possible) with confirms; every
-    order is in `ledger` once the broker confirmed it. Returns the seconds it took."""
+    order is in `ledger` once the broker confirmed it. `route(order)` gives (exchange, routing key)
+    (default: the `orders` queue). Returns the seconds it took."""
     rng = random.Random(seed + first)
     start = time.monotonic()
     with connect(uri) as conn:
@@ -90,7 +92,8 @@ def publish_orders(uri: str, count: int, rate: float, ledger: Ledger | None = No
                 if ahead > 0:
                     time.sleep(ahead)
             order = make_order(i, rng)
-            ch.basic_publish("", ORDERS_QUEUE, json.dumps(order).encode(), pika.BasicProperties(
+            exchange, routing_key = route(order) if route else ("", ORDERS_QUEUE)
+            ch.basic_publish(exchange, routing_key, json.dumps(order).encode(), pika.BasicProperties(
                 content_type="application/json", delivery_mode=2, message_id=order["order_id"],
                 timestamp=order["created_ms"] // 1000, app_id="shop"), mandatory=True)
             if ledger is not None:

@@ -48,6 +48,15 @@ def start_hutch(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     return start_node(work, node_name="orders-demo@localhost", data_dir_name="hutch-data")
 
 
+def stop_and_clean(node: subprocess.Popen[bytes] | None, work: Path, keep: bool) -> None:
+    """The end of a demo: its node stopped, its working directory removed unless `keep`."""
+    if node is not None:
+        node.terminate()
+        node.wait(10)
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def ready(uri: str, queue: str) -> int:
     with connect(uri) as conn:
         return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
@@ -183,11 +192,7 @@ def main() -> None:
         spark.stop()
         raise SystemExit(0 if ok else 1)
     finally:
-        if node is not None:
-            node.terminate()
-            node.wait(10)
-        if args.work is None:
-            shutil.rmtree(work, ignore_errors=True)
+        stop_and_clean(node, work, keep=args.work is not None)
 
 
 if __name__ == "__main__":

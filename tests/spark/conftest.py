@@ -1,7 +1,8 @@
 """Fixtures of the Spark suite.
 
 `spark` is one local Spark session (`local[2]`) for the whole run, with the hutch data source
-registered; Spark starts in ~10 s, so every test shares it. It *fails* (never skips) when Java or
+registered; Spark starts in ~10 s, so every test shares it. `stream_server` is a session-wide hutch
+process with the stream protocol listener on (port 0), for the stream sink. It *fails* (never skips) when Java or
 PySpark is missing, so CI cannot go green without running these tests. `server` is the session-wide
 hutch process from tests/conftest.py; tests use unique queue names. `broker` is a pika connection to it.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ServerInfo  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .helpers import Broker
 
@@ -69,3 +70,10 @@ def broker(server: ServerInfo) -> Iterator[Broker]:
     b = Broker(server.amqp_port)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("hutch-streams"), "--stream-port", "0")
+    yield info
+    info.stop()

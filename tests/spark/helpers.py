@@ -76,6 +76,61 @@ class Broker:
             self.conn.close()
 
 
+def hutch_load(reader: Any, port: int, **options: Any) -> Any:
+    """`reader.format("hutch")` on the broker at `port` with `options` (values as strings), loaded."""
+    r = reader.format("hutch").option("uri", amqp_uri(port))
+    for key, value in options.items():
+        r = r.option(key, str(value))
+    return r.load()
+
+
+def run_available_now(df: Any, out: Any, ck: Any) -> None:
+    """Run a streaming read to its source's current end into Parquet files (Spark's exactly-once file
+    sink) at `out`, checkpointed at `ck`; the query's failure is raised."""
+    query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "the AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise query.exception()
+
+
+def declare_super_stream(broker: Broker, name: str, partitions: int) -> list[str]:
+    """A super stream laid out as RabbitMQ does (its docs' AMQP 0-9-1 recipe): a direct exchange with
+    `x-super-stream`, one stream per partition, bound with its index as key and partition order."""
+    broker.ch.exchange_declare(name, "direct", durable=True, arguments={"x-super-stream": True})
+    streams = [f"{name}-{i}" for i in range(partitions)]
+    for i, stream in enumerate(streams):
+        broker.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+        broker.ch.queue_bind(stream, name, str(i), arguments={"x-stream-partition-order": i})
+    return streams
+
+
+def stream_messages(port: int, stream: str, expect: int, timeout: float = 60.0) -> list[tuple[Any, bytes]]:
+    """(properties, body) of every message of a stream, from its first: read until `expect` messages
+    came (or `timeout`), then for one more second, so that a message too many would be seen."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, "/",
+                                                             pika.PlainCredentials("guest", "guest")))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=2000)
+        got: list[tuple[Any, bytes]] = []
+
+        def on_message(c: Any, m: Any, p: Any, body: bytes) -> None:
+            got.append((p, body))
+            c.basic_ack(m.delivery_tag)
+
+        ch.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + timeout
+        while len(got) < expect and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        settle = time.monotonic() + 1.0
+        while time.monotonic() < settle:
+            conn.process_data_events(time_limit=0.2)
+        return got
+    finally:
+        conn.close()
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ServerInfo, start_server
 
-from .helpers import Broker, amqp_uri, unique
+from .helpers import Broker, amqp_uri, run_available_now, unique
 
 
 @pytest.fixture
@@ -45,15 +45,6 @@ def _read_batch(spark: Any, port: int, name: str, **options: Any) -> Any:
     return reader.load()
 
 
-def _run_available_now(df: Any, out: Path, ck: Path) -> None:
-    """Run the query to the stream's current end into Parquet files (Spark's exactly-once file sink)."""
-    query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
-             .trigger(availableNow=True).start())
-    assert query.awaitTermination(180), "the AvailableNow query did not finish"
-    if query.exception() is not None:
-        raise query.exception()
-
-
 def _rows(spark: Any, out: Path) -> Any:
     return spark.read.parquet(str(out)) if any(out.glob("*.parquet")) else None
 
@@ -71,7 +62,7 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     out = tmp_path / "out"
     df = _read_stream(spark, server.amqp_port, stream, startingOffsets="earliest", maxOffsetsPerTrigger=500,
                       minPartitions=2)
-    _run_available_now(df, out, tmp_path / "ck")
+    run_available_now(df, out, tmp_path / "ck")
     rows = _rows(spark, out).selectExpr("key", "cast(value as string) v", "stream", "partition", "offset",
                                         "properties.message_id mid", "headers").collect()
     assert sorted(r.offset for r in rows) == list(range(n))
@@ -81,7 +72,7 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     assert all("x-stream-offset" not in (r.headers or {}) for r in rows)
     # More data, same checkpoint: the restarted query reads only the new offsets.
     broker.publish(stream, 300, start=n)
-    _run_available_now(_read_stream(spark, server.amqp_port, stream, startingOffsets="earliest"), out,
+    run_available_now(_read_stream(spark, server.amqp_port, stream, startingOffsets="earliest"), out,
                        tmp_path / "ck")
     assert _offsets(spark, out) == list(range(n + 300))
 
@@ -131,7 +122,7 @@ def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stre
     got = {}
     for name, opts in cases.items():
         out = tmp_path / name / "out"
-        _run_available_now(_read_stream(spark, server.amqp_port, stream, **opts), out, tmp_path / name / "ck")
+        run_available_now(_read_stream(spark, server.amqp_port, stream, **opts), out, tmp_path / name / "ck")
         got[name] = _offsets(spark, out)
     assert got["offset"] == list(range(120, 150))
     assert got["ts"] == list(range(100, 150))
@@ -195,7 +186,7 @@ def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_p
             query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
         query.stop()
         _publish(node.amqp_port, name, 200, start=800)
-        _run_available_now(_read_stream(spark, node.amqp_port, name, startingOffsets="earliest"), out,
+        run_available_now(_read_stream(spark, node.amqp_port, name, startingOffsets="earliest"), out,
                            tmp_path / "ck")
         assert _offsets(spark, out) == list(range(1000))
     finally:
@@ -208,15 +199,15 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: Serv
     port = own_server.amqp_port
     _publish(port, name, 20, body_size=100, arguments=args)
     out = tmp_path / "out"
-    _run_available_now(_read_stream(spark, port, name, startingOffsets="earliest"), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, port, name, startingOffsets="earliest"), out, tmp_path / "ck")
     assert _offsets(spark, out) == list(range(20))
     for i in range(20, 2000, 20):  # many chunks and segments: retention removes the oldest
         _publish(port, name, 20, start=i, body_size=100)
     first = _read_batch(spark, port, name).agg({"offset": "min"}).collect()[0][0]
     assert first > 20
     with pytest.raises(Exception, match="no longer in the stream"):
-        _run_available_now(_read_stream(spark, port, name), out, tmp_path / "ck")
-    _run_available_now(_read_stream(spark, port, name, failOnDataLoss="false"), out, tmp_path / "ck")
+        run_available_now(_read_stream(spark, port, name), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, port, name, failOnDataLoss="false"), out, tmp_path / "ck")
     got = _offsets(spark, out)
     assert got[:20] == list(range(20)) and got[20] >= first  # retention may have moved on since
     assert got[20:] == list(range(got[20], 2000))

@@ -12,7 +12,10 @@ included, in a temporary directory it removes at the end (or uses --uri), and a 
   `addBatch` is Spark running the batch; the rest is planning and checkpointing);
 - DataFrame -> hutch: `df.write.format("hutch")` of --messages rows, timed end to end (every message
   confirmed);
-- the Arrow conversion alone (deliveries -> record batch), per message.
+- the Arrow conversion alone (deliveries -> record batch), per message;
+- with --super-streams, the stream measurements of bench_streams.py.
+
+Quiet unless -v: Spark's JVM logs errors only (a log4j2 configuration given at its start).
 
 Each figure is the best of --repeat runs. Nothing here is imported by the connector.
 """
@@ -20,6 +23,7 @@ Each figure is the best of --repeat runs. Nothing here is imported by the connec
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import shutil
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +42,44 @@ from hutch.portfile import NodeDidNotStart, wait_for_ports
 from .client import AmqpClient, Delivery
 from .options import parse_uri
 
+# Spark's JVM logging when the benchmark runs without -v: errors only (Spark's defaults print INFO and
+# WARN lines at start-up, before `setLogLevel` can act).
+QUIET_LOG4J = """rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygateway.level = error
+"""
+
 
 def start_node(work: Path, node_name: str = "bench@localhost",
                data_dir_name: str = "data") -> tuple[subprocess.Popen[bytes], str]:
     """Start a hutch node with its data and log under `work`, every listener on port 0: AMQP, management
     and the inter-node port of its cluster of one (a fixed 25672 would collide with `make run`'s node);
     returns (process, AMQP URI) once its ports file (hutch/portfile.py) says it listens."""
+    proc, ports = start_node_ports(work, node_name, data_dir_name)
+    return proc, f"amqp://guest:guest@127.0.0.1:{ports['amqp']}/%2F"
+
+
+def start_node_ports(work: Path, node_name: str = "bench@localhost", data_dir_name: str = "data",
+                     extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """`start_node` with more arguments (e.g. `--stream-port 0`), returning every listener's port."""
     data, log_path = work / data_dir_name, work / "hutch.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
                                  "--management-port", "0", "--cluster-port", "0", "--data-dir", str(data),
-                                 "--node-name", node_name], stdout=log, stderr=subprocess.STDOUT)
+                                 "--node-name", node_name, *extra_args], stdout=log, stderr=subprocess.STDOUT)
     try:
-        port = wait_for_ports(data, proc, 60)["amqp"]
+        ports = wait_for_ports(data, proc, 60)
     except NodeDidNotStart as exc:
         proc.kill()
         proc.wait()
         raise SystemExit(f"hutch did not start ({exc}); see {log_path}") from None
-    return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+    return proc, ports
 
 
 def declare(uri: str, queue: str) -> None:
@@ -191,6 +216,10 @@ def write_rate(spark: Any, uri: str, queue: str, n: int, size: int) -> float:
     return n / took
 
 
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def _best(repeat: int, run: Callable[[], Any]) -> Any:
     results = [run() for _ in range(repeat)]
     return max(results, key=lambda r: r[0] if isinstance(r, tuple) else r)
@@ -208,24 +237,38 @@ def main() -> None:
     ap.add_argument("--compare-pika", action="store_true", help="also measure pika's BlockingConnection")
     ap.add_argument("--streams", action="store_true",
                     help="also read a stream by offset (1, 2 and 4 tasks per batch) into each sink")
+    ap.add_argument("--super-streams", action="store_true",
+                    help="also: super streams of 1, 2 and 4 partitions into each sink, beside the rate source "
+                    "(Spark alone), and DataFrame -> stream / super stream (bench_streams.py)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own WARN and INFO lines")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hutch-spark-bench-"))
     node = None
     uri = args.uri
     n, size = args.messages, args.size
+    stream_port = 5552
     try:
         if uri is None:
-            node, uri = start_node(work)
+            node, ports = start_node_ports(work, extra_args=("--stream-port", "0"))
+            uri, stream_port = f"amqp://guest:guest@127.0.0.1:{ports['amqp']}/%2F", ports["stream"]
         from pyspark.sql import SparkSession
 
         from . import HutchDataSource
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = (SparkSession.builder.master(args.master).appName("hutch-spark-bench")
-                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2"))
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.ui.showConsoleProgress", "false"))
         for setting in args.conf:
             key, _, value = setting.partition("=")
             builder = builder.config(key, value)
+        if not args.verbose:
+            # errors only, from the JVM's start (setLogLevel below comes after Spark's start-up WARN lines)
+            quiet = work / "log4j2-quiet.properties"
+            quiet.write_text(QUIET_LOG4J)
+            builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={quiet.as_uri()}")
+            for name in ("py4j", "pyspark"):
+                logging.getLogger(name).setLevel(logging.ERROR)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(HutchDataSource)
@@ -235,7 +278,7 @@ def main() -> None:
               f"maxMessagesPerTrigger={args.per_trigger}, best of {args.repeat}"
               + (f", {' '.join(args.conf)}" if args.conf else ""))
         print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-              f"PySpark {spark.version}")
+              f"PySpark {spark.version}; load average {_load()} at the start")
         print(f"arrow conversion (deliveries -> record batch): {arrow_rate(min(n, 100_000), size):,.0f} msg/s")
 
         def declare_and_prefill() -> float:
@@ -274,6 +317,13 @@ def main() -> None:
         declare(uri, q)
         wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
         print(f"DataFrame -> hutch (2 partitions, confirms): {wr:,.0f} msg/s")
+        if args.super_streams:
+            from . import bench_streams
+
+            stream_uri = replace(parse_uri(uri), port=stream_port)
+            bench_streams.run(spark, uri, stream_port, stream_uri, n, size, args.per_trigger, work,
+                              lambda f: _best(args.repeat, f))
+        print(f"# load average {_load()} at the end")
         spark.stop()
     finally:
         if node is not None:

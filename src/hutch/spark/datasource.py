@@ -55,12 +55,17 @@ class HutchDataSource(DataSource):
         self._check_read_schema(schema)
         if reads_stream(self.options):
             from .stream_source import HutchStreamBatchReader
+            from .super_source import HutchSuperStreamBatchReader
 
-            return HutchStreamBatchReader(stream_read_options(self.options, streaming=False))
+            opts = stream_read_options(self.options, streaming=False)
+            if opts.super_stream is not None:
+                return HutchSuperStreamBatchReader(opts)
+            return HutchStreamBatchReader(opts)
         return HutchBatchReader(read_options(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """A stream (`stream` option): offset ranges read by the executors, exactly-once. A queue: not
+        """A stream or super stream (`stream`/`superStream`): offset ranges read by the executors,
+        exactly-once. A queue: not
         implemented here, so Spark falls back to `simpleStreamReader` (a driver-side consumer)."""
         if not reads_stream(self.options):
             from pyspark.errors import PySparkNotImplementedError
@@ -68,9 +73,13 @@ class HutchDataSource(DataSource):
             raise PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED",
                                              messageParameters={"feature": "streamReader"})
         from .stream_source import HutchStreamOffsetReader
+        from .super_source import HutchSuperStreamOffsetReader
 
         self._check_read_schema(schema)
-        return HutchStreamOffsetReader(stream_read_options(self.options, streaming=True))
+        opts = stream_read_options(self.options, streaming=True)
+        if opts.super_stream is not None:
+            return HutchSuperStreamOffsetReader(opts)
+        return HutchStreamOffsetReader(opts)
 
     def simpleStreamReader(self, schema: StructType) -> HutchStreamReader:
         from .source import HutchStreamReader

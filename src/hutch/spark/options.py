@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from hutch.amqp import uri as amqp_uri
 from hutch.amqp.uri import AmqpUri
@@ -67,8 +68,13 @@ _READ_KEYS = {
 _WRITE_KEYS = {
     "uri": "uri", "exchange": "exchange", "routing_key": "routing_key", "mandatory": "mandatory",
     "deliverymode": "deliveryMode", "maxunconfirmed": "maxUnconfirmed",
-    "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId",
+    "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId", "stream": "stream",
+    "superstream": "superStream", "streamport": "streamPort",
 }
+# Options of the AMQP 0-9-1 sink that mean nothing to a write to a stream (stream protocol).
+_AMQP_ONLY_WRITE_KEYS = ("exchange", "routing_key", "mandatory", "deliverymode")
+STREAM_PORT, STREAM_TLS_PORT = 5552, 5551
+MAX_WRITE_ID_CHARS = 200
 # Keys Spark itself may put in the options map; never ours to judge.
 _SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
@@ -119,16 +125,18 @@ def _uri(opts: dict[str, str]) -> AmqpUri:
 
 
 def reads_stream(options: Mapping[str, str]) -> bool:
-    """Whether a read names a stream (`stream` option) rather than a queue."""
-    return "stream" in _lower(options)
+    """Whether a read names a stream or a super stream (`stream`/`superStream`) rather than a queue."""
+    opts = _lower(options)
+    return "stream" in opts or "superstream" in opts
 
 
 def read_options(options: Mapping[str, str]) -> ReadOptions:
     """Resolve and check the options of a read (batch or streaming). Raises HutchOptionError."""
     opts = _lower(options)
-    if "stream" in opts and "queue" in opts:
-        raise HutchOptionError("options 'queue' and 'stream' exclude each other: 'queue' consumes a queue "
-                               "(at-least-once), 'stream' reads a stream by offset (exactly-once)")
+    if ("stream" in opts or "superstream" in opts) and "queue" in opts:
+        raise HutchOptionError("options 'queue' and 'stream' (or 'superStream') exclude each other: 'queue' "
+                               "consumes a queue (at-least-once), 'stream' reads a stream by offset "
+                               "(exactly-once)")
     _check_known(opts, _READ_KEYS, "source")
     uri = _uri(opts)
     queue = opts.get("queue")
@@ -191,6 +199,17 @@ class StreamReadOptions:
     poll_timeout_ms: int = 100  # how long the driver's probes wait for a first delivery
     read_timeout_ms: int = 60_000  # how long a read task waits for the next delivery of its range
     include_headers: bool = True
+    # A super stream read: its name (then `stream` is "" here and set per partition by the reader), the
+    # stream protocol port the driver asks for its partitions, and positions given per partition index
+    # (a JSON map; the partitions it leaves out take `starting` / `ending`).
+    super_stream: str | None = None
+    stream_port: int = 5552
+    starting_by_partition: tuple[tuple[int, Position], ...] = ()
+    ending_by_partition: tuple[tuple[int, Position], ...] = ()
+
+    def name(self) -> str:
+        """The stream or super stream read (for messages)."""
+        return self.super_stream or self.stream
 
 
 _STREAM_KEYS = {
@@ -200,8 +219,20 @@ _STREAM_KEYS = {
     "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
     "minpartitions": "minPartitions", "failondataloss": "failOnDataLoss", "prefetch": "prefetch",
     "polltimeoutms": "pollTimeoutMs", "readtimeoutms": "readTimeoutMs", "includeheaders": "includeHeaders",
+    "superstream": "superStream", "streamport": "streamPort",
 }
 _OFFSET_MAX = 2**63 - 1
+
+
+def _offsets_json(text: str, name: str) -> Any:
+    """Kafka's JSON offsets, `{"<name>": {...}}` or the inner map alone; None if it is not JSON."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and name in doc and isinstance(doc[name], dict):
+        return doc[name]
+    return doc
 
 
 def _position(raw: str, name: str, stream: str) -> Position:
@@ -210,12 +241,7 @@ def _position(raw: str, name: str, stream: str) -> Position:
     text = str(raw).strip()
     if text.lower() in (EARLIEST, LATEST):
         return Position(text.lower())
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict) and stream in doc and isinstance(doc[stream], dict):
-        doc = doc[stream]
+    doc = _offsets_json(text, stream)
     if isinstance(doc, dict) and set(doc) == {"0"} and isinstance(doc["0"], int) and \
             not isinstance(doc["0"], bool) and -2 <= doc["0"] <= _OFFSET_MAX:
         n = doc["0"]
@@ -224,6 +250,28 @@ def _position(raw: str, name: str, stream: str) -> Position:
         f"option '{name}' must be 'earliest', 'latest' or a JSON map of partition to offset such as "
         f'{{"{stream}": {{"0": 42}}}} (a stream has one partition, "0"; -2 = earliest, -1 = latest), '
         f"got {raw!r}")
+
+
+def _partition_positions(raw: str, name: str, super_stream: str) -> tuple[Position | None,
+                                                                          tuple[tuple[int, Position], ...]]:
+    """A super stream's `earliest`/`latest` (for every partition), or Kafka's JSON map of partition index to
+    offset, `{"<super stream>": {"0": 42, "3": -2}}` (also `{"0": 42}`)."""
+    text = str(raw).strip()
+    if text.lower() in (EARLIEST, LATEST):
+        return Position(text.lower()), ()
+    doc = _offsets_json(text, super_stream)
+    out: list[tuple[int, Position]] = []
+    if isinstance(doc, dict) and doc:
+        for key, n in doc.items():
+            if not (str(key).isdigit() and isinstance(n, int) and not isinstance(n, bool) and -2 <= n <= _OFFSET_MAX):
+                break
+            pos = Position(EARLIEST) if n == -2 else Position(LATEST) if n == -1 else Position(OFFSET, n)
+            out.append((int(key), pos))
+        else:
+            return None, tuple(sorted(out))
+    raise HutchOptionError(
+        f"option '{name}' must be 'earliest', 'latest' or a JSON map of partition index to offset such as "
+        f'{{"{super_stream}": {{"0": 42, "1": 7}}}} (-2 = earliest, -1 = latest), got {raw!r}')
 
 
 def _timestamp(opts: dict[str, str], key: str, name: str) -> Position | None:
@@ -249,6 +297,14 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
     opts = _lower(options)
     _check_known(opts, _STREAM_KEYS, "stream source")
     uri = _uri(opts)
+    if "stream" in opts and "superstream" in opts:
+        raise HutchOptionError("options 'stream' and 'superStream' exclude each other")
+    super_stream = opts.get("superstream")
+    if super_stream is not None:
+        return _super_stream_read_options(opts, str(super_stream), streaming)
+    if "streamport" in opts:
+        raise HutchOptionError("option 'streamPort' is for reads of a 'superStream' (the driver asks the "
+                               "stream protocol for its partitions)")
     stream = str(opts.get("stream") or "")
     if not stream:
         raise HutchOptionError("option 'stream' is required: the name of the stream to read")
@@ -290,6 +346,31 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
     )
 
 
+def _super_stream_read_options(opts: dict[str, str], super_stream: str, streaming: bool) -> StreamReadOptions:
+    """A super stream read: the single-stream options with positions per partition."""
+    if not 0 < len(super_stream.encode()) <= 255:
+        raise HutchOptionError("option 'superStream' must be a super stream name of 1 to 255 bytes")
+    plain = {k: v for k, v in opts.items() if k not in ("superstream", "streamport", "startingoffsets",
+                                                        "endingoffsets")}
+    base = stream_read_options({**plain, "stream": super_stream}, streaming)
+    starting, starting_map = base.starting, ()  # type: tuple[Position, tuple[tuple[int, Position], ...]]
+    if "startingoffsets" in opts:
+        default, starting_map = _partition_positions(opts["startingoffsets"], "startingOffsets", super_stream)
+        starting = default or (Position(LATEST) if streaming else Position(EARLIEST))
+    ending, ending_map = base.ending, ()  # type: tuple[Position, tuple[tuple[int, Position], ...]]
+    if "endingoffsets" in opts:
+        if streaming:
+            raise HutchOptionError("options 'endingOffsets' and 'endingTimestamp' are for batch reads "
+                                   "(spark.read); a streaming query reads on")
+        default, ending_map = _partition_positions(opts["endingoffsets"], "endingOffsets", super_stream)
+        ending = default or Position(LATEST)
+        if ending.kind == EARLIEST or any(p.kind == EARLIEST for _, p in ending_map):
+            raise HutchOptionError("option 'endingOffsets' cannot be 'earliest'")
+    port = _int(opts, "streamport", "streamPort", STREAM_TLS_PORT if base.uri.tls else STREAM_PORT, 1, 65535)
+    return replace(base, stream="", super_stream=super_stream, stream_port=port, starting=starting,
+                   ending=ending, starting_by_partition=starting_map, ending_by_partition=ending_map)
+
+
 # -- writing -----------------------------------------------------------------------------------------
 
 
@@ -305,6 +386,22 @@ class WriteOptions:
     max_unconfirmed: int = 10_000  # bound on published-but-unconfirmed messages per task
     confirm_timeout_ms: int = 60_000  # how long a task waits for its confirms
     write_id: str | None = None  # batch writes: the "query" part of message ids (default: random)
+    stream: str | None = None  # write to this stream over the stream protocol (idempotent)
+    super_stream: str | None = None  # write to this super stream's partitions, routed by the key column
+    stream_port: int = STREAM_PORT  # the broker's stream protocol port (host, user, vhost: from `uri`)
+
+    @property
+    def to_stream(self) -> bool:
+        return self.stream is not None or self.super_stream is not None
+
+    @property
+    def target(self) -> str:
+        """The stream or super stream written to (for messages)."""
+        return self.stream or self.super_stream or ""
+
+    def stream_uri(self) -> AmqpUri:
+        """`uri` with the stream protocol's port: the stream sink's connection."""
+        return replace(self.uri, port=self.stream_port)
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -317,9 +414,28 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     for name, value in (("exchange", exchange), ("routing_key", routing_key)):
         if value is not None and len(str(value).encode()) > 255:
             raise HutchOptionError(f"option '{name}' is at most 255 bytes")
+    stream, super_stream = opts.get("stream"), opts.get("superstream")
+    if stream is not None and super_stream is not None:
+        raise HutchOptionError("options 'stream' and 'superStream' exclude each other")
+    for name, value in (("stream", stream), ("superStream", super_stream)):
+        if value is not None and not 0 < len(str(value).encode()) <= 255:
+            raise HutchOptionError(f"option '{name}' must be a stream name of 1 to 255 bytes")
+    to_stream = stream is not None or super_stream is not None
+    if to_stream:
+        clash = [_WRITE_KEYS[k] for k in _AMQP_ONLY_WRITE_KEYS if k in opts]
+        if clash:
+            raise HutchOptionError(
+                f"option(s) {', '.join(clash)} are for writes to an exchange (AMQP 0-9-1); a write to a "
+                "'stream' or 'superStream' goes over the stream protocol (a super stream routes by the "
+                "'key' column)")
+    elif "streamport" in opts:
+        raise HutchOptionError("option 'streamPort' is for writes to a 'stream' or 'superStream'")
     write_id = opts.get("writeid")
     if write_id is not None and (not str(write_id) or ":" in str(write_id)):
         raise HutchOptionError("option 'writeId' must be a non-empty string without ':'")
+    if write_id is not None and to_stream and len(str(write_id)) > MAX_WRITE_ID_CHARS:
+        raise HutchOptionError(f"option 'writeId' is at most {MAX_WRITE_ID_CHARS} characters for a write to a "
+                               "stream (it is part of the publisher reference, at most 256)")
     return WriteOptions(
         uri=uri,
         exchange=None if exchange is None else str(exchange),
@@ -331,4 +447,8 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         confirm_timeout_ms=_int(opts, "confirmtimeoutms", "confirmTimeoutMs",
                                 WriteOptions.confirm_timeout_ms, 1, 3_600_000),
         write_id=None if write_id is None else str(write_id),
+        stream=None if stream is None else str(stream),
+        super_stream=None if super_stream is None else str(super_stream),
+        stream_port=_int(opts, "streamport", "streamPort", STREAM_TLS_PORT if uri.tls else STREAM_PORT,
+                         1, 65535),
     )

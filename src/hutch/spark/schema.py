@@ -264,7 +264,7 @@ def stream_offset(d: Delivery, cache: dict[bytes, BasicProperties] | None = None
 
 
 def to_stream_record_batch(rows: list[tuple[int, BasicProperties, Delivery]], stream: str,
-                           include_headers: bool) -> pa.RecordBatch:
+                           include_headers: bool, partition: int = 0) -> pa.RecordBatch:
     """One record batch (STREAM_SCHEMA) from (offset, properties, delivery) in order. `timestamp` is the
     publisher's timestamp property (null when unset, so that a re-read gives the same rows); `headers`
     leaves out `x-stream-offset` (it is the `offset` column)."""
@@ -288,7 +288,7 @@ def to_stream_record_batch(rows: list[tuple[int, BasicProperties, Delivery]], st
         pa.array([d.routing_key for _, _, d in rows], schema.field("key").type),
         pa.array([d.body for _, _, d in rows], schema.field("value").type),
         pa.array([stream] * n, schema.field("stream").type),
-        pa.array([0] * n, schema.field("partition").type),
+        pa.array([partition] * n, schema.field("partition").type),
         pa.array([o for o, _, _ in rows], schema.field("offset").type),
         pa.array(timestamps, pa.int64()).cast(schema.field("timestamp").type),
         pa.array([d.exchange for _, _, d in rows], schema.field("exchange").type),

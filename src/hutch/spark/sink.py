@@ -1,8 +1,9 @@
 """Writing to hutch from Spark: `df.write.format("hutch")` and `df.writeStream.format("hutch")`.
 
 Owns: `check_write_schema` (which columns a DataFrame may have and of which types), `Publisher` (one
-task's publishing with publisher confirms), `HutchWriter` (batch) and `HutchStreamWriter` (streaming),
-and `HutchCommitMessage`.
+task's AMQP 0-9-1 publishing with publisher confirms), `HutchWriter` (batch) and `HutchStreamWriter`
+(streaming). With the `stream` or `superStream` option a task is handed to `stream_sink.StreamPublisher`
+instead (idempotent, over the stream protocol); what both share is in `writerows.py`.
 
 Where the code runs: `writer()`/`streamWriter()` and the column check run on the driver when the write
 starts (a bad column fails the job or query before any task runs); `write()` runs on executors, one
@@ -23,36 +24,29 @@ Rules:
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import struct
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.types import StringType, StructType
 
 from hutch.amqp.spec import FLAG_DELIVERY_MODE, PROPERTY_NAMES, BasicProperties
 
 from .client import AmqpClient, ClientClosed
 from .options import HutchOptionError, WriteOptions
+from .stream_sink import StreamPublisher, check_stream_write_schema
+from .writerows import (
+    HutchCommitMessage,
+    HutchWriteError,
+    apply_properties,
+    check_properties,
+    columns_checked,
+    header_value,
+    type_name,
+)
 
 log = logging.getLogger("hutch.spark")
 
@@ -60,57 +54,28 @@ WRITE_COLUMNS = ("value", "routing_key", "exchange", "headers", "properties")
 # Columns of the hutch source that the sink does not use: a DataFrame read from hutch can be written
 # back unchanged (its properties, message_id included, and headers are republished).
 IGNORED_SOURCE_COLUMNS = ("queue", "delivery_tag", "redelivered", "timestamp", "delivery_count")
-_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
-_HEADER_VALUE_TYPES = (StringType, BinaryType, BooleanType, DoubleType, FloatType, TimestampType,
-                       TimestampNTZType, *_INTEGRAL)
-_STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
-                      "message_id", "type", "user_id", "app_id", "cluster_id")
-_OCTET_PROPERTIES = ("delivery_mode", "priority")
 PUBLISH_CHUNK = 500  # messages encoded and written per socket write
 # The property list of a row with neither headers nor properties: delivery-mode and message-id only,
 # encoded without building a BasicProperties (the write path's hot loop).
 _PLAIN_FLAGS = struct.pack(">H", FLAG_DELIVERY_MODE | 1 << (15 - PROPERTY_NAMES.index("message_id")))
 
 
-class HutchWriteError(RuntimeError):
-    """Publishing failed: the task did not get a positive confirm for every message."""
-
-
-def _type_name(kind: DataType) -> str:
-    return kind.simpleString()
-
-
 def check_write_schema(schema: StructType, opts: WriteOptions) -> None:
     """Raise HutchOptionError unless `schema` is a DataFrame hutch can publish with `opts`."""
-    by_name = {field.name.lower(): field.dataType for field in schema.fields}
-    value = by_name.get("value")
-    if value is None:
-        raise HutchOptionError("hutch sink: the DataFrame needs a 'value' column (binary or string): the "
-                               "message body")
-    for field in schema.fields:
-        name = field.name.lower()
-        if name not in WRITE_COLUMNS and name not in IGNORED_SOURCE_COLUMNS:
-            raise HutchOptionError(
-                f"hutch sink: unexpected column {field.name!r}; a DataFrame written to hutch has the columns "
-                "value (binary or string, required), routing_key (string), exchange (string), headers "
-                "(map<string, ...>), properties (struct of AMQP properties), and may keep the other columns "
-                f"of a hutch read ({', '.join(IGNORED_SOURCE_COLUMNS)}), which are ignored; select or drop "
-                "the others")
-    if not isinstance(value, (BinaryType, StringType)):
-        raise HutchOptionError(f"hutch sink: column 'value' must be binary or string, got {_type_name(value)}")
+    if opts.to_stream:
+        check_stream_write_schema(schema, opts)
+        return
+    by_name = columns_checked(
+        schema, WRITE_COLUMNS, IGNORED_SOURCE_COLUMNS,
+        "a DataFrame written to hutch has the columns value (binary or string, required), routing_key "
+        "(string), exchange (string), headers (map<string, ...>), properties (struct of AMQP properties)")
     for name in ("routing_key", "exchange"):
         kind = by_name.get(name)
         if kind is not None and not isinstance(kind, StringType):
-            raise HutchOptionError(f"hutch sink: column '{name}' must be string, got {_type_name(kind)}")
-    headers = by_name.get("headers")
-    if headers is not None and not (isinstance(headers, MapType) and isinstance(headers.keyType, StringType)
-                                    and isinstance(headers.valueType, _HEADER_VALUE_TYPES)):
-        raise HutchOptionError(
-            f"hutch sink: column 'headers' must be a map with string keys and string, binary, boolean, "
-            f"integer or floating-point values, got {_type_name(headers)}")
+            raise HutchOptionError(f"hutch sink: column '{name}' must be string, got {type_name(kind)}")
     props = by_name.get("properties")
     if props is not None:
-        _check_properties(props)
+        check_properties(props)
     exchange_known = opts.exchange is not None or "exchange" in by_name
     routing_known = opts.routing_key is not None or "routing_key" in by_name
     if not routing_known and (opts.exchange == "" or not exchange_known):
@@ -118,53 +83,6 @@ def check_write_schema(schema: StructType, opts: WriteOptions) -> None:
             "hutch sink: nothing says where messages go: set option 'exchange' (and 'routing_key' if the "
             "exchange needs one), or give the DataFrame 'exchange'/'routing_key' columns; publishing to the "
             "default exchange needs a routing key, the name of the target queue")
-
-
-def _check_properties(kind: DataType) -> None:
-    if not isinstance(kind, StructType):
-        raise HutchOptionError(f"hutch sink: column 'properties' must be a struct, got {_type_name(kind)}")
-    for field in kind.fields:
-        name = field.name
-        t = field.dataType
-        if name in _STRING_PROPERTIES:
-            ok = isinstance(t, StringType)
-            want = "string"
-        elif name in _OCTET_PROPERTIES:
-            ok = isinstance(t, _INTEGRAL)
-            want = "an integer type"
-        elif name == "timestamp":
-            ok = isinstance(t, (TimestampType, TimestampNTZType, LongType, IntegerType))
-            want = "timestamp or long (epoch seconds)"
-        else:
-            allowed = ", ".join((*_STRING_PROPERTIES, *_OCTET_PROPERTIES, "timestamp"))
-            raise HutchOptionError(f"hutch sink: unknown field 'properties.{name}' (AMQP properties: "
-                                   f"{allowed}; headers have their own column)")
-        if not ok:
-            raise HutchOptionError(f"hutch sink: field 'properties.{name}' must be {want}, got {_type_name(t)}")
-
-
-@dataclass
-class HutchCommitMessage(WriterCommitMessage):
-    """What one task published: every message was confirmed by the broker."""
-
-    partition_id: int
-    messages: int
-    first_message_id: str | None
-    last_message_id: str | None
-
-
-def _epoch_seconds(value: Any) -> int:
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return int(value.timestamp())
-    return int(value)
-
-
-def _header_value(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    return value
 
 
 class Publisher:
@@ -262,11 +180,11 @@ class Publisher:
                 if row_props or row_headers:
                     p = BasicProperties(message_id=message_id, delivery_mode=delivery_mode)
                     if row_props:
-                        self._apply_properties(p, row_props)
+                        apply_properties(p, row_props)
                         assert p.message_id is not None  # set above; a row's null leaves it as it is
                         message_id = p.message_id
                     if row_headers:
-                        p.headers = {str(k): _header_value(v) for k, v in row_headers}
+                        p.headers = {str(k): header_value(v) for k, v in row_headers}
                     raw = p.encode()
                 else:
                     mid = message_id.encode()
@@ -283,19 +201,6 @@ class Publisher:
             else:
                 client.wait_confirms(0, timeout_s)
             client.send_publishes(out, count)
-
-    @staticmethod
-    def _apply_properties(p: BasicProperties, row: dict[str, Any]) -> None:
-        for name, value in row.items():
-            if value is None:
-                continue
-            if name == "timestamp":
-                p.timestamp = _epoch_seconds(value)
-            elif name in _OCTET_PROPERTIES:
-                setattr(p, name, int(value))
-            else:
-                setattr(p, name, value)
-
 
 def _task_context() -> tuple[int, Any]:
     from pyspark import TaskContext
@@ -315,6 +220,8 @@ class HutchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> HutchCommitMessage:
         partition_id, _ = _task_context()
+        if self.opts.to_stream:
+            return StreamPublisher(self.opts, self.write_id, 0, partition_id).run(iterator)
         return Publisher(self.opts, f"{self.write_id}:0:{partition_id}", partition_id).run(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -340,6 +247,9 @@ class HutchStreamWriter(DataSourceStreamArrowWriter):
         if ctx is not None:
             query_id = ctx.getLocalProperty("sql.streaming.queryId")
             batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+        if self.opts.to_stream:
+            return StreamPublisher(self.opts, query_id or self.fallback_id, int(batch_id or 0),
+                                   partition_id).run(iterator)
         prefix = f"{query_id or self.fallback_id}:{batch_id or 0}:{partition_id}"
         return Publisher(self.opts, prefix, partition_id).run(iterator)
 

@@ -32,6 +32,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -209,13 +210,16 @@ def check_data_loss(opts: StreamReadOptions, start: int, end: int) -> int:
 
 
 class StreamRange(InputPartition):
-    """One read task: the messages with offsets in [start, end)."""
+    """One read task: the messages with offsets in [start, end) of `stream` ("": the options' stream),
+    which is partition `partition` of a super stream (0 for a plain stream)."""
 
-    def __init__(self, index: int, start: int, end: int) -> None:
+    def __init__(self, index: int, start: int, end: int, stream: str = "", partition: int = 0) -> None:
         super().__init__(index)
         self.index = index
         self.start = start
         self.end = end
+        self.stream = stream
+        self.partition = partition
 
 
 def plan(opts: StreamReadOptions, start: int, end: int) -> list[StreamRange]:
@@ -228,6 +232,8 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
     start, end = part.start, part.end
     if start >= end:
         return
+    if part.stream and part.stream != opts.stream:
+        opts = replace(opts, stream=part.stream)
     client = _connect(opts, f"hutch-spark stream read {opts.stream} [{start},{end})")
     try:
         _consume(client, opts, min(opts.prefetch, end - start), start)
@@ -258,10 +264,10 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
                 if start <= off < end:
                     rows.append((off, props, d))
             if len(rows) >= ROWS_PER_RECORD_BATCH:
-                yield to_stream_record_batch(rows, opts.stream, opts.include_headers)
+                yield to_stream_record_batch(rows, opts.stream, opts.include_headers, part.partition)
                 rows = []
         if rows:
-            yield to_stream_record_batch(rows, opts.stream, opts.include_headers)
+            yield to_stream_record_batch(rows, opts.stream, opts.include_headers, part.partition)
     finally:
         client.close()
 

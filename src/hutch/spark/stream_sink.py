@@ -1,0 +1,197 @@
+"""Idempotent writes from Spark to a stream or a super stream, over the stream protocol.
+
+Owns: `check_stream_write_schema` (the columns a DataFrame written to a stream may have),
+`publisher_reference` and `publishing_id` (the deduplication keys), and `StreamPublisher` (one task's
+publishing, with confirms). `HutchWriter` / `HutchStreamWriter` (sink.py) hand a task to it when the
+`stream` or `superStream` option is set.
+
+Exactly-once into the stream rests on the broker's deduplication (osiris's, and hutch's: docs/streams.md):
+a publisher declared with a *reference* has the highest publishing id stored for that reference kept
+with the stream, and a publish whose id is at or below it is confirmed without being stored again. So:
+- reference = `<query>-<spark partition>` (query: the streaming query's id, stable across restarts from
+  a checkpoint, or `writeId` for a batch write), declared on each stream the task writes to;
+- publishing id = `batch << 32 | (row + 1)`: batch the micro-batch id (0 for a batch write), row the
+  row's index in the task's partition. Ids grow along a task's rows and from batch to batch, as the
+  broker's rule needs; a task Spark re-runs, or a micro-batch it replays after a failure or a driver
+  crash, sends the same rows with the same ids, and the broker stores each once.
+The assumption (Spark's, for any idempotent sink): a replayed batch has the same rows in the same
+partitions in the same order, which holds for a deterministic query over a replayable source (a
+stream read by offset, Kafka, files).
+
+Rules: a task returns its commit message only after every publishing id is confirmed; a publish error
+fails the task (Spark retries it: the retry is deduplicated). Bounded: at most `maxUnconfirmed`
+messages unconfirmed per task. A super stream's partitions are asked for once per task (`partitions`)
+and a row goes to `partition_of(key)` (routing.py, the RabbitMQ clients' murmur3 hash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from hutch.amqp.spec import BasicProperties
+from hutch.core.message import Message
+from hutch.queues.stream.amqp10 import from_091
+
+from . import writerows as rows
+from .options import HutchOptionError, WriteOptions
+from .routing import partition_of
+from .streamclient import StreamClient, StreamClientError, code_name
+from .writerows import HutchCommitMessage, HutchWriteError
+
+ROW_BITS = 32
+MAX_ROWS_PER_TASK = (1 << ROW_BITS) - 1
+PUBLISH_CHUNK = 1000  # rows encoded and sent per publish call
+STREAM_WRITE_COLUMNS = ("value", "key", "routing_key", "headers", "properties")
+# Columns of a stream read that a stream write ignores (a DataFrame read from a stream can be written back).
+IGNORED_STREAM_COLUMNS = ("stream", "partition", "offset", "timestamp", "exchange")
+
+
+def publisher_reference(query: str, spark_partition: int) -> str:
+    return f"{query}-{spark_partition}"
+
+
+def publishing_id(batch_id: int, row: int) -> int:
+    """The deduplication id of a task's `row` (0-based) in micro-batch `batch_id`: increasing in both."""
+    assert 0 <= row < MAX_ROWS_PER_TASK and batch_id >= 0
+    return batch_id << ROW_BITS | (row + 1)
+
+
+def check_stream_write_schema(schema: StructType, opts: WriteOptions) -> None:
+    """Raise HutchOptionError unless `schema` is a DataFrame hutch can write to `opts`' (super) stream."""
+    by_name = rows.columns_checked(
+        schema, STREAM_WRITE_COLUMNS, IGNORED_STREAM_COLUMNS,
+        "a DataFrame written to a stream has the columns value (binary or string, required), key (string: a "
+        "super stream's routing key), headers (map<string, ...>), properties (struct of AMQP properties)")
+    key_column = "key" if "key" in by_name else "routing_key" if "routing_key" in by_name else None
+    if key_column is not None and not isinstance(by_name[key_column], StringType):
+        raise HutchOptionError(f"hutch sink: column '{key_column}' must be string, got "
+                               f"{rows.type_name(by_name[key_column])}")
+    if opts.super_stream is not None and key_column is None:
+        raise HutchOptionError("hutch sink: a write to a super stream routes each row by its 'key' column "
+                               "(string; 'routing_key' also works): add one")
+    if "properties" in by_name:
+        rows.check_properties(by_name["properties"])
+    assert isinstance(by_name["value"], (BinaryType, StringType))
+    assert "headers" not in by_name or isinstance(by_name["headers"], MapType)
+
+
+class StreamPublisher:
+    """One task's rows (Arrow record batches) -> publishes on a stream-protocol connection."""
+
+    def __init__(self, opts: WriteOptions, query: str, batch_id: int, partition_id: int) -> None:
+        self.opts = opts
+        self.query = query
+        self.batch_id = batch_id
+        self.partition_id = partition_id
+        self.reference = publisher_reference(query, partition_id)
+        self.count = 0
+        self.first_id: str | None = None
+        self.last_id: str | None = None
+
+    def _fail(self, what: str) -> HutchWriteError:
+        return HutchWriteError(f"hutch sink (stream {self.opts.target!r}, partition {self.partition_id}): {what}; "
+                               "the task fails and Spark retries it (rows already stored are deduplicated "
+                               "by the broker)")
+
+    def run(self, batches: Iterator[Any]) -> HutchCommitMessage:
+        opts = self.opts
+        client = StreamClient(opts.stream_uri(), f"hutch-spark write {self.reference}",
+                              timeout_s=opts.confirm_timeout_ms / 1000)
+        try:
+            client.connect()
+            if opts.super_stream is not None:
+                streams = client.partitions(opts.super_stream)
+                if not streams:
+                    raise StreamClientError(f"super stream {opts.super_stream!r} has no partitions")
+            else:
+                assert opts.stream is not None
+                streams = [opts.stream]
+            for pid, stream in enumerate(streams):
+                client.declare_publisher(pid, self.reference, stream)
+            for batch in batches:
+                self._publish_batch(client, batch, streams)
+            client.wait_confirms(at_most=0)
+        except StreamClientError as exc:
+            client.close()
+            raise self._explain(exc) from None
+        except BaseException:
+            client.close()
+            raise
+        errors = [(pid, e) for pid, errs in client.errors.items() for e in errs]
+        client.close()
+        if errors:
+            pid, (_, code) = errors[0]
+            raise self._fail(f"the broker refused {len(errors)} of {self.count} messages (first: "
+                             f"{code_name(code)} on stream {streams[pid]!r})")
+        return HutchCommitMessage(self.partition_id, self.count, self.first_id, self.last_id)
+
+    def _explain(self, exc: StreamClientError) -> HutchWriteError:
+        target = self.opts.super_stream or self.opts.stream
+        if exc.code == 0x02:  # STREAM_DOES_NOT_EXIST
+            kind = "super stream" if self.opts.super_stream else "stream"
+            return self._fail(f"{kind} {target!r} does not exist in vhost {self.opts.uri.vhost!r} ({exc}); "
+                              "declare it first")
+        return self._fail(f"after {self.count} messages: {exc}")
+
+    def _publish_batch(self, client: StreamClient, batch: Any, streams: list[str]) -> None:
+        opts = self.opts
+        n = batch.num_rows
+        names = [name.lower() for name in batch.schema.names]
+        cols = {name: batch.column(i) for i, name in enumerate(names)}
+        values = cols["value"].to_pylist()
+        key_col = cols.get("key", cols.get("routing_key"))
+        keys = key_col.to_pylist() if key_col is not None else None
+        headers = cols["headers"].to_pylist() if "headers" in cols else None
+        props = cols["properties"].to_pylist() if "properties" in cols else None
+        n_streams = len(streams)
+        super_stream = opts.super_stream
+        exchange = super_stream or ""
+        limit = opts.max_unconfirmed
+        max_bytes = client.max_message_bytes()
+        id_prefix = f"{self.query}:{self.batch_id}:{self.partition_id}"
+        for lo in range(0, n, PUBLISH_CHUNK):
+            hi = min(n, lo + PUBLISH_CHUNK)
+            out: list[list[tuple[int, bytes]]] = [[] for _ in streams]
+            for i in range(lo, hi):
+                body = values[i]
+                if body is None:
+                    raise self._fail(f"row {self.count} has a null 'value'; filter nulls out or coalesce them")
+                if isinstance(body, str):
+                    body = body.encode()
+                if self.count >= MAX_ROWS_PER_TASK:
+                    raise self._fail(f"more than {MAX_ROWS_PER_TASK} rows in one task; repartition the "
+                                     "DataFrame")
+                key = keys[i] if keys is not None else None
+                if super_stream is not None and key is None:
+                    raise self._fail(f"row {self.count} has a null 'key'; a super stream routes by it")
+                target = partition_of(key, n_streams) if key is not None and super_stream is not None else 0
+                message_id = f"{id_prefix}:{self.count}"
+                p = BasicProperties(message_id=message_id, delivery_mode=2)
+                row_props = props[i] if props is not None else None
+                if row_props:
+                    rows.apply_properties(p, row_props)
+                    assert p.message_id is not None
+                    message_id = p.message_id
+                row_headers = headers[i] if headers is not None else None
+                if row_headers:
+                    p.headers = {str(k): rows.header_value(v) for k, v in row_headers}
+                encoded = from_091(Message(exchange, key or streams[target], p, body))
+                if len(encoded) > max_bytes:
+                    raise self._fail(f"row {self.count}: its message ({len(encoded)} bytes encoded) is larger "
+                                     f"than the broker's stream frame_max allows ({max_bytes})")
+                out[target].append((publishing_id(self.batch_id, self.count), encoded))
+                if self.first_id is None:
+                    self.first_id = message_id
+                self.last_id = message_id
+                self.count += 1
+            count = hi - lo
+            client.wait_confirms(max(0, limit - count))
+            for pid, entries in enumerate(out):
+                if entries:
+                    client.publish(pid, entries)
+
+
+__all__ = ["StreamPublisher", "check_stream_write_schema", "publisher_reference", "publishing_id"]

@@ -1,0 +1,280 @@
+"""A small synchronous stream-protocol client for the Spark connector's executors (the idempotent sink).
+
+Owns: `StreamClient` - one TCP (or TLS) connection speaking RabbitMQ's stream protocol through the pure
+codec in `hutch.streamproto` - and `StreamClientError`. It does what the sink needs and nothing else:
+the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and creating
+one, for the benchmark), declaring a
+publisher with a reference (the broker's deduplication key), pipelined publishes with confirms, and
+the close handshake.
+
+Why our own and not rstream: rstream is asyncio; a Spark task is a plain blocking Python call, and an
+event loop per task (or a loop thread per executor) buys nothing for one publisher per task. The codec
+is hutch's own (`hutch.streamproto`), so the client is ~250 lines of socket handling (docs/spark.md,
+"Why a small client of our own").
+
+Rules:
+- One thread: the caller's. Reads happen only inside calls (`_rpc`, `wait_confirms`); every wait has
+  a deadline (`timeout_s`), and a broken connection fails the call with `StreamClientError`.
+- Heartbeats: the client answers a broker heartbeat with its own; a task that publishes keeps the
+  connection busy, and one that waits for confirms reads (and so answers) all the time.
+- Bounded: a frame is at most the negotiated frame_max (a message that cannot fit in one is refused
+  before anything is sent); unconfirmed publishing ids are at most what the caller lets accumulate
+  (it calls `wait_confirms` with its bound).
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import time
+from collections.abc import Iterable
+
+from hutch.amqp.uri import AmqpUri
+from hutch.streamproto import commands as c
+from hutch.streamproto.codes import DEFAULT_FRAME_MAX, INITIAL_FRAME_MAX, Code
+from hutch.streamproto.errors import FrameError
+from hutch.streamproto.framer import FrameReader
+
+from .tlssock import TlsSocket
+
+RECV_BYTES = 262_144
+PUBLISH_FRAME_OVERHEAD = 4 + 4 + 1 + 4  # size, key + version, publisher id, count
+ENTRY_OVERHEAD = 8 + 4  # publishing id, size
+CLIENT_PROPERTIES = {"product": "hutch-spark", "information": "hutch's PySpark data source (stream sink)"}
+
+
+class StreamClientError(Exception):
+    """The connection or a command failed; `code` is the stream protocol's response code (0 for socket
+    errors and timeouts)."""
+
+    def __init__(self, text: str, code: int = 0) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+def code_name(code: int) -> str:
+    try:
+        return Code(code).name
+    except ValueError:
+        return f"code {code}"
+
+
+class StreamClient:
+    """One stream-protocol connection. `connect()`, then the operations, then `close()`."""
+
+    def __init__(self, uri: AmqpUri, connection_name: str = "hutch-spark", timeout_s: float = 60.0) -> None:
+        self.uri = uri  # host, port (the stream port), credentials, vhost and TLS settings
+        self.connection_name = connection_name
+        self.timeout_s = timeout_s
+        self.frame_max = INITIAL_FRAME_MAX
+        self._sock: socket.socket | TlsSocket | None = None
+        self._reader = FrameReader(DEFAULT_FRAME_MAX)
+        self._corr = itertools.count(1)
+        self._tune: c.Tune | None = None
+        self._waiting: tuple[int, int] = (0, 0)  # (request key, correlation id) of the RPC in progress
+        self._reply: c.Command | None = None
+        # publisher id -> publishing ids sent and not yet confirmed; errors (id, code) per publisher
+        self.unconfirmed: dict[int, set[int]] = {}
+        self.errors: dict[int, list[tuple[int, int]]] = {}
+        self.where = f"{'rabbitmq-stream+tls' if uri.tls else 'rabbitmq-stream'}://{uri.username}@" \
+                     f"{uri.host}:{uri.port}"
+
+    # -- connecting ------------------------------------------------------------------------------
+
+    def connect(self) -> StreamClient:
+        try:
+            raw = socket.create_connection((self.uri.host, self.uri.port), timeout=self.uri.connect_timeout_s)
+        except OSError as exc:
+            raise StreamClientError(f"cannot connect to {self.where}: {exc.strerror or exc} (is the stream "
+                                    "protocol listener on? option 'streamPort')") from None
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.settimeout(self.timeout_s)
+        try:
+            if self.uri.tls:
+                ctx = self.uri.ssl_context()
+                assert ctx is not None
+                self._sock = TlsSocket.connect(raw, ctx, self.uri.tls_server_name)
+            else:
+                self._sock = raw
+            self._handshake()
+        except StreamClientError:
+            raw.close()
+            raise
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError; a bad TLS file a ValueError
+            raw.close()
+            raise StreamClientError(f"handshake with {self.where} failed: {exc}") from None
+        return self
+
+    def _handshake(self) -> None:
+        self._rpc(c.PeerProperties(self._next(), dict(CLIENT_PROPERTIES, connection_name=self.connection_name)))
+        mechanisms = self._rpc(c.SaslHandshake(self._next()))
+        assert isinstance(mechanisms, c.SaslHandshakeResponse)
+        if "PLAIN" not in mechanisms.mechanisms:
+            raise StreamClientError(f"{self.where} does not offer PLAIN authentication ({mechanisms.mechanisms})")
+        secret = b"\0" + self.uri.username.encode() + b"\0" + self.uri.password.encode()
+        self._rpc(c.SaslAuthenticate(self._next(), "PLAIN", secret))
+        deadline = time.monotonic() + self.timeout_s
+        while self._tune is None:
+            self._read_some(deadline)
+        frame_max = self._tune.frame_max or DEFAULT_FRAME_MAX
+        self._send(c.encode(c.TuneResponse(frame_max, self._tune.heartbeat_s)))
+        self.frame_max = self._reader.frame_max = frame_max
+        self._rpc(c.Open(self._next(), self.uri.vhost))
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of a super stream, in partition order."""
+        reply = self._rpc(c.Partitions(self._next(), super_stream))
+        assert isinstance(reply, c.PartitionsResponse)
+        return list(reply.streams)
+
+    def create_super_stream(self, name: str, partitions: list[str], binding_keys: list[str],
+                            arguments: dict[str, str] | None = None) -> None:
+        """Create a super stream and its partition streams (the benchmark's and examples' set-up)."""
+        self._rpc(c.CreateSuperStream(self._next(), name, partitions, binding_keys, arguments or {}))
+
+    def declare_publisher(self, publisher_id: int, reference: str, stream: str) -> None:
+        self._rpc(c.DeclarePublisher(self._next(), publisher_id, reference, stream))
+        self.unconfirmed[publisher_id] = set()
+        self.errors[publisher_id] = []
+
+    def query_publisher_sequence(self, reference: str, stream: str) -> int:
+        reply = self._rpc(c.QueryPublisherSequence(self._next(), reference, stream))
+        assert isinstance(reply, c.QueryPublisherSequenceResponse)
+        return int(reply.sequence)
+
+    def max_message_bytes(self) -> int:
+        """The largest encoded message a one-message publish frame can carry."""
+        return self.frame_max - PUBLISH_FRAME_OVERHEAD - ENTRY_OVERHEAD
+
+    def publish(self, publisher_id: int, entries: Iterable[tuple[int, bytes]]) -> None:
+        """Send (publishing id, encoded message) entries, as few frames of at most frame_max as fit."""
+        pending = self.unconfirmed[publisher_id]
+        batch: list[c.PublishedEntry | c.SubBatchEntry] = []
+        size = PUBLISH_FRAME_OVERHEAD
+        frames: list[bytes] = []
+        limit = self.frame_max
+        for pid, message in entries:
+            need = ENTRY_OVERHEAD + len(message)
+            if need + PUBLISH_FRAME_OVERHEAD > limit:
+                raise StreamClientError(f"a message of {len(message)} bytes does not fit in a frame of "
+                                        f"{limit} bytes (the broker's stream frame_max)")
+            if size + need > limit:
+                frames.append(c.encode(c.Publish(publisher_id, batch)))
+                batch, size = [], PUBLISH_FRAME_OVERHEAD
+            batch.append(c.PublishedEntry(pid, message))
+            size += need
+            pending.add(pid)
+        if batch:
+            frames.append(c.encode(c.Publish(publisher_id, batch)))
+        if frames:
+            self._send(b"".join(frames))
+
+    def pending(self) -> int:
+        """Publishing ids sent and not yet confirmed (or refused), over every publisher."""
+        return sum(len(ids) for ids in self.unconfirmed.values())
+
+    def wait_confirms(self, at_most: int) -> None:
+        """Read until at most `at_most` publishing ids are unconfirmed. Raises StreamClientError on a
+        timeout (no frame for timeout_s) or a broken connection."""
+        while self.pending() > at_most:
+            self._read_some(time.monotonic() + self.timeout_s)
+
+    def delete_publisher(self, publisher_id: int) -> None:
+        self._rpc(c.DeletePublisher(self._next(), publisher_id))
+        self.unconfirmed.pop(publisher_id, None)
+
+    def close(self) -> None:
+        """The close handshake when the connection is healthy; the socket is closed in any case."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            self._sock = sock
+            self._rpc(c.Close(self._next(), Code.OK, "OK"), timeout_s=min(self.timeout_s, 5.0))
+        except (StreamClientError, OSError):
+            pass
+        finally:
+            self._sock = None
+            sock.close()
+
+    # -- IO --------------------------------------------------------------------------------------
+
+    def _next(self) -> int:
+        return next(self._corr)
+
+    def _send(self, data: bytes) -> None:
+        if self._sock is None:
+            raise StreamClientError(f"the connection to {self.where} is closed")
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise StreamClientError(f"{self.where}: sending failed: {exc}") from None
+
+    def _rpc(self, cmd: c.Command, timeout_s: float | None = None) -> c.Command:
+        """Send a request and read until its response; a response code other than OK raises."""
+        corr = getattr(cmd, "correlation_id")  # noqa: B009 - every request sent here has one
+        self._waiting = (c.request_key(cmd), corr)
+        self._reply = None
+        self._send(c.encode(cmd))
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while self._reply is None:
+            self._read_some(deadline)
+        reply = self._reply
+        code = getattr(reply, "code", Code.OK)
+        if code != Code.OK:
+            raise StreamClientError(f"{self.where}: {type(cmd).__name__} failed: {code_name(code)}", code)
+        return reply
+
+    def _read_some(self, deadline: float) -> None:
+        """Read what the socket has (waiting until `deadline` for something) and handle every frame."""
+        sock = self._sock
+        if sock is None:
+            raise StreamClientError(f"the connection to {self.where} is closed")
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            raise StreamClientError(f"{self.where}: no answer from the broker within {self.timeout_s:.0f} s")
+        try:
+            ready, _, _ = select.select([sock], [], [], wait)
+            if not ready:
+                raise StreamClientError(f"{self.where}: no answer from the broker within {self.timeout_s:.0f} s")
+            data = sock.recv(RECV_BYTES)
+        except OSError as exc:
+            raise StreamClientError(f"{self.where}: the connection failed: {exc}") from None
+        if not data:
+            raise StreamClientError(f"{self.where} closed the connection")
+        self._reader.feed(data)
+        try:
+            for frame in self._reader.frames():
+                self._handle(c.decode(frame))
+        except FrameError as exc:
+            raise StreamClientError(f"{self.where}: bad frame from the broker: {exc}") from None
+
+    def _handle(self, cmd: c.Command) -> None:
+        if isinstance(cmd, c.PublishConfirm):
+            pending = self.unconfirmed.get(cmd.publisher_id)
+            if pending is not None:
+                pending.difference_update(cmd.publishing_ids)
+        elif isinstance(cmd, c.PublishError):
+            pending = self.unconfirmed.get(cmd.publisher_id)
+            if pending is not None:
+                pending.difference_update(pid for pid, _ in cmd.errors)
+            self.errors.setdefault(cmd.publisher_id, []).extend(cmd.errors)
+        elif isinstance(cmd, c.Heartbeat):
+            self._send(c.encode(c.Heartbeat()))
+        elif isinstance(cmd, c.Tune):
+            self._tune = cmd
+        elif isinstance(cmd, c.Close):
+            self._send(c.encode(c.Response(c.request_key(cmd), cmd.correlation_id)))
+            raise StreamClientError(f"{self.where} closed the connection: {code_name(cmd.closing_code)} "
+                                    f"{cmd.reason}", cmd.closing_code)
+        elif isinstance(cmd, c.MetadataUpdate):
+            raise StreamClientError(f"{self.where}: stream {cmd.stream!r} is no longer available "
+                                    f"({code_name(cmd.code)})", cmd.code)
+        elif (c.request_key(cmd), getattr(cmd, "correlation_id", None)) == self._waiting:
+            self._reply = cmd
+
+
+__all__ = ["StreamClient", "StreamClientError"]
