@@ -18,7 +18,10 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
 - Filtering (RabbitMQ 3.13's): `x-stream-filter-value` on a publish (a header) is the entry's filter
   value; a consumer with `x-stream-filter` (a string or a list) gets only messages with one of those
   values, plus those without a value when `x-stream-match-unfiltered` is true. Whole chunks are skipped
-  by their bloom filter.
+  by their bloom filter. A stream-protocol publisher's filter values are only in the chunk's bloom
+  filter, not in its messages: an entry without the header in a chunk whose every entry had a value,
+  and which matched the filter, is delivered (as RabbitMQ 3.13+ delivers every entry of a matching
+  chunk to an AMQP 0-9-1 consumer; the client filters further).
 - Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
   yields the loop.
 """
@@ -64,7 +67,7 @@ class StreamEntry(QueueEntry):
 class StreamConsumer:
     """A consumer's reader and the records of the chunk it is in the middle of."""
 
-    __slots__ = ("consumer", "reader", "pending", "filters", "match_unfiltered")
+    __slots__ = ("consumer", "reader", "pending", "filters", "match_unfiltered", "chunk_all_valued")
 
     def __init__(self, consumer: Consumer, reader: StreamReader, filters: list[bytes] | None,
                  match_unfiltered: bool) -> None:
@@ -73,6 +76,9 @@ class StreamConsumer:
         self.pending: deque[tuple[int, bytes]] = deque()
         self.filters = filters
         self.match_unfiltered = match_unfiltered
+        # Every entry of the pending chunk has a filter value (in the chunk's bloom filter, maybe not in
+        # the message: a stream-protocol publish), and the chunk matched this consumer's filter.
+        self.chunk_all_valued = False
 
 
 def _filter_spec(arguments: dict[str, Any], what: str) -> tuple[list[bytes] | None, bool]:
@@ -275,7 +281,7 @@ class StreamQueue(Queue):
                 headers = msg.properties.headers
                 value = headers.get(FILTER_HEADER) if headers else None
                 wanted = value.encode() if isinstance(value, str) else value
-                if not (wanted in sc.filters if wanted else sc.match_unfiltered):
+                if not (wanted in sc.filters if wanted else sc.match_unfiltered or sc.chunk_all_valued):
                     continue
             consumer.unacked += 1
             consumer.delivered += 1
@@ -298,6 +304,7 @@ class StreamQueue(Queue):
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
                     continue
+                sc.chunk_all_valued = ck.bloom_all_valued(bytes(bits))
             sc.pending = deque(r for r in chunk.records() if r[1])
             if sc.pending:
                 return True
