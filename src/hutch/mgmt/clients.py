@@ -10,6 +10,9 @@ Rules (RabbitMQ's):
 - Closing a connection is for administrators and for the connection's own user. The client gets
   connection.close 320 CONNECTION_FORCED with the reason as text (default
   "Closed via management plugin", or the request's `X-Reason` header).
+- Stream-protocol connections are connections too (protocol "stream"), and their subscriptions
+  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py); closing one sends the
+  stream protocol's close.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
 
-from . import formats
+from . import formats, stream_clients
 from . import stats as _stats
 from .access import Principal, may_close_user_object, may_see_user_object, vhost_for_read, visible_vhosts
 from .errors import not_authorised, not_found
@@ -43,7 +46,8 @@ def list_connections(node: Node, p: Principal, vhost: str | None = None,
     if vhost is not None:
         vhost_for_read(node, p, vhost)
         conns = [c for c in conns if c.vhost_obj is not None and c.vhost_obj.name == vhost]
-    return [formats.connection_json(c, node.name, stats) for c in conns]
+    return ([formats.connection_json(c, node.name, stats) for c in conns]
+            + [stream_clients.connection_json(c) for c in stream_clients.visible(node, p, vhost)])
 
 
 def user_connections(node: Node, p: Principal, user: str, stats: StatsView | None = None
@@ -51,7 +55,8 @@ def user_connections(node: Node, p: Principal, user: str, stats: StatsView | Non
     """GET /api/connections/username/{user}: monitors, or the user itself."""
     if not may_see_user_object(p, user):
         raise not_authorised("User not authorised to access object")
-    return [formats.connection_json(c, node.name, stats) for c in node.connections if c.user_name == user]
+    return ([formats.connection_json(c, node.name, stats) for c in node.connections if c.user_name == user]
+            + [stream_clients.connection_json(c) for c in stream_clients.opened(node) if c.user_name == user])
 
 
 def close_user_connections(node: Node, p: Principal, user: str, reason: str | None = None) -> None:
@@ -60,6 +65,8 @@ def close_user_connections(node: Node, p: Principal, user: str, reason: str | No
         raise not_authorised("User not authorised to access object")
     for conn in [c for c in node.connections if c.user_name == user]:
         conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason or DEFAULT_CLOSE_REASON))
+    for stream_conn in [c for c in stream_clients.opened(node) if c.user_name == user]:
+        stream_clients.close(node, p, stream_conn, reason)
 
 
 def _connection(node: Node, name: str) -> AMQPConnection:
@@ -77,16 +84,25 @@ def _visible_connection(node: Node, p: Principal, name: str) -> AMQPConnection:
 
 
 def get_connection(node: Node, p: Principal, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+    if stream_clients.find(node, name) is not None:
+        return stream_clients.connection_json(stream_clients.visible_one(node, p, name))
     return formats.connection_json(_visible_connection(node, p, name), node.name, stats)
 
 
 def connection_channels(node: Node, p: Principal, name: str, stats: StatsView | None = None
                         ) -> list[dict[str, Any]]:
+    if stream_clients.find(node, name) is not None:
+        stream_clients.visible_one(node, p, name)
+        return []  # a stream connection has no channels
     conn = _visible_connection(node, p, name)
     return [formats.channel_json(ch, node.name, stats) for ch in list(conn.channels.values())]
 
 
 def close_connection(node: Node, p: Principal, name: str, reason: str | None = None) -> None:
+    stream_conn = stream_clients.find(node, name)
+    if stream_conn is not None:
+        stream_clients.close(node, p, stream_conn, reason)
+        return
     conn = _connection(node, name)
     if not may_close_user_object(p, conn.user_name):
         raise not_authorised("User not authorised to access object")
@@ -144,6 +160,9 @@ def list_consumers(node: Node, p: Principal, vhost: str | None = None) -> list[d
         for ch in list(conn.channels.values()):
             for consumer in list(ch.consumers.values()):
                 out.append(formats.consumer_json(consumer, ch, node.name, timeout_ms))
+    for stream_conn in stream_clients.opened(node):
+        if stream_conn.vhost.name in names:
+            out.extend(stream_clients.consumers_json(stream_conn))
     return out
 
 

@@ -1,7 +1,7 @@
 """The stream protocol's routes of the management API: create, show and delete a super stream over HTTP
 (hutch extensions), as `hutch-streams` does over the stream protocol; and the stream connections,
-publishers and consumers (RabbitMQ's rabbitmq_stream_management lists: monitors see all, others their
-own). Thin handlers over runtime/stream_session (super_streams.py; the node's `StreamHub`, `node.streams`,
+publishers and consumers (RabbitMQ's rabbitmq_stream_management routes: all, per vhost, per stream, per
+connection; monitors see all, others their own; DELETE closes a connection; stream_clients.py). Thin handlers over runtime/stream_session (super_streams.py; the node's `StreamHub`, `node.streams`,
 set while the stream listener runs), registered in the route table like routes.py's (http.py imports
 this module).
 
@@ -19,6 +19,7 @@ from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.catalog import QueueCatalog
 from hutch.streamproto.codes import Code
 
+from . import stream_clients
 from .access import require_amqp, vhost_for_read, vhost_for_write
 from .calls import NO_CONTENT, Call, Status, route
 from .errors import ApiError, bad_request, not_found
@@ -89,34 +90,86 @@ async def _delete_super_stream(c: Call) -> Any:
     return NO_CONTENT
 
 
-def _stream_connections(c: Call) -> list[Any]:
-    """The stream-protocol connections the caller may see: all for monitors, else its own."""
-    hub = c.node.streams
-    if hub is None:
-        return []
-    p = c.principal
-    return [conn for conn in hub.connections if p.is_monitor or conn.user_name == p.name]
-
-
-def _owner(conn: Any) -> dict[str, Any]:
-    return {"name": conn.name, "user": conn.user_name, "vhost": conn.vhost.name, "node": str(conn.broker.name)}
+def _conns(c: Call, vhost: str | None = None) -> list[Any]:
+    """The stream connections the caller may see (of one vhost, which must be visible: 404 if not)."""
+    if vhost is not None:
+        vhost_for_read(c.node, c.principal, vhost)
+    return stream_clients.visible(c.node, c.principal, vhost)
 
 
 @route("GET", "/api/stream/connections", "Stream-protocol connections (rabbitmq_stream_management)",
        tag=TAG, reply="Any[]")
 def _list_stream_connections(c: Call) -> Any:
-    return sorted((conn.info() for conn in _stream_connections(c)), key=lambda i: i["name"])
+    return [conn.info() for conn in _conns(c)]
+
+
+@route("GET", "/api/stream/connections/{vhost}", "A virtual host's stream-protocol connections", tag=TAG,
+       reply="Any[]", codes=(404,))
+def _list_vhost_stream_connections(c: Call) -> Any:
+    return [conn.info() for conn in _conns(c, c.params["vhost"])]
+
+
+@route("GET", "/api/stream/connections/{vhost}/{name}", "One stream-protocol connection", tag=TAG,
+       reply="Any", codes=(404,))
+def _stream_connection(c: Call) -> Any:
+    return stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"]).info()
+
+
+@route("DELETE", "/api/stream/connections/{vhost}/{name}", "Close a stream-protocol connection (reason in "
+       "the X-Reason header)", tag=TAG, codes=(204, 404))
+def _close_stream_connection(c: Call) -> Any:
+    conn = stream_clients.find(c.node, c.params["name"], c.params["vhost"])
+    if conn is None:
+        raise not_found()
+    stream_clients.close(c.node, c.principal, conn, c.headers.get("X-Reason"))
+    return NO_CONTENT
+
+
+@route("GET", "/api/stream/connections/{vhost}/{name}/publishers", "A stream connection's publishers",
+       tag=TAG, reply="Any[]", codes=(404,))
+def _stream_connection_publishers(c: Call) -> Any:
+    conn = stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"])
+    return stream_clients.publishers_list([conn])
+
+
+@route("GET", "/api/stream/connections/{vhost}/{name}/consumers", "A stream connection's consumers",
+       tag=TAG, reply="Any[]", codes=(404,))
+def _stream_connection_consumers(c: Call) -> Any:
+    conn = stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"])
+    return stream_clients.consumers_list([conn])
 
 
 @route("GET", "/api/stream/publishers", "Stream-protocol publishers (rabbitmq_stream_management)", tag=TAG,
        reply="Any[]")
 def _list_stream_publishers(c: Call) -> Any:
-    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in _stream_connections(c) for row in conn.publishing.info()]
+    return stream_clients.publishers_list(_conns(c))
+
+
+@route("GET", "/api/stream/publishers/{vhost}", "A virtual host's stream-protocol publishers", tag=TAG,
+       reply="Any[]", codes=(404,))
+def _list_vhost_stream_publishers(c: Call) -> Any:
+    return stream_clients.publishers_list(_conns(c, c.params["vhost"]))
+
+
+@route("GET", "/api/stream/publishers/{vhost}/{stream}", "A stream's publishers", tag=TAG, reply="Any[]",
+       codes=(404,))
+def _list_one_stream_publishers(c: Call) -> Any:
+    return stream_clients.publishers_list(_conns(c, c.params["vhost"]), c.params["stream"])
 
 
 @route("GET", "/api/stream/consumers", "Stream-protocol consumers with their offsets (rabbitmq_stream_management)",
        tag=TAG, reply="Any[]")
 def _list_stream_consumers(c: Call) -> Any:
-    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in _stream_connections(c) for row in conn.consuming.info()]
+    return stream_clients.consumers_list(_conns(c))
+
+
+@route("GET", "/api/stream/consumers/{vhost}", "A virtual host's stream-protocol consumers", tag=TAG,
+       reply="Any[]", codes=(404,))
+def _list_vhost_stream_consumers(c: Call) -> Any:
+    return stream_clients.consumers_list(_conns(c, c.params["vhost"]))
+
+
+@route("GET", "/api/stream/consumers/{vhost}/{stream}", "A stream's consumers", tag=TAG, reply="Any[]",
+       codes=(404,))
+def _list_one_stream_consumers(c: Call) -> Any:
+    return stream_clients.consumers_list(_conns(c, c.params["vhost"]), c.params["stream"])
