@@ -147,3 +147,29 @@ async def test_stream_connections_are_connections_and_can_be_closed(stream_serve
         with contextlib.suppress(Exception):  # the client's own close, after the server's
             await c.close()
     assert api.delete("/api/stream/connections/%2F/no-such-connection").status == 404
+
+
+@pytest.mark.asyncio
+async def test_a_stream_deleted_over_http_drops_its_stream_protocol_users_at_once(stream_server: StreamServer) -> None:
+    """RabbitMQ sends the metadata update as the stream goes, whatever deleted it; rabbitmq-stream-js-
+    client's suite deletes streams over HTTP and expects its idle publishers and consumers closed."""
+    import asyncio
+
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p, \
+            Consumer("127.0.0.1", port=stream_server.port, **auth) as c:
+        await p.create_stream("deleted-over-http", exists_ok=True)
+        await c.start()
+        await c.subscribe("deleted-over-http", lambda m, ctx: None,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        assert [x["stream"] for x in api.get("/api/stream/consumers/%2F/").body] == ["deleted-over-http"]
+        assert api.delete("/api/queues/%2F/deleted-over-http").status == 204
+        for _ in range(100):
+            if not api.get("/api/stream/consumers/%2F/").body:
+                break
+            await asyncio.sleep(0.05)
+        assert api.get("/api/stream/consumers/%2F/").body == []

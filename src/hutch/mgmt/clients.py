@@ -11,8 +11,8 @@ Rules (RabbitMQ's):
   connection.close 320 CONNECTION_FORCED with the reason as text (default
   "Closed via management plugin", or the request's `X-Reason` header).
 - Stream-protocol connections are connections too (protocol "stream"), and their subscriptions
-  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py); closing one sends the
-  stream protocol's close.
+  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py); closing one closes its
+  socket (no stream-protocol close frame, as RabbitMQ).
 """
 
 from __future__ import annotations

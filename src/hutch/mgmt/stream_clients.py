@@ -3,7 +3,8 @@
 Owns: which stream connections a caller sees (opened ones; monitors see all, others their own), their
 JSON in RabbitMQ's two shapes — among the connections and consumers of `/api/connections` and
 `/api/consumers` (as rabbitmq_stream registers them: protocol "stream", consumer tags `stream.subid-N`)
-and in rabbitmq_stream_management's `/api/stream/...` lists — and closing one. Reads the node's
+and in rabbitmq_stream_management's `/api/stream/...` lists — and closing one (the socket is closed
+without a stream-protocol close, as RabbitMQ 3.10.8 does it: checked by hand). Reads the node's
 `StreamHub` (`node.streams`, set while the stream listener runs). Returns JSON-able data, raises
 `ApiError`. No IO.
 """
@@ -56,7 +57,7 @@ def visible_one(node: Node, p: Principal, name: str, vhost: str | None = None) -
 def close(node: Node, p: Principal, conn: Any, reason: str | None = None) -> None:
     if not may_close_user_object(p, conn.user_name):
         raise not_authorised("User not authorised to access object")
-    conn.close_forced(reason or CLOSE_REASON)
+    conn.drop(reason or CLOSE_REASON)
 
 
 def connection_json(conn: Any) -> dict[str, Any]:
