@@ -5,7 +5,8 @@ Usage:
 
 The stream `NAME` holds at least N messages already (fill it with e.g. `hutch-perf -u NAME -x 1 -y 0 -c 1000
 -s 100 -C N`). One consumer (prefetch `--prefetch`, acking every half prefetch)
-attaches with `x-stream-offset: first` and reads N messages; the broker's RSS (/proc/PID/status, VmRSS; for
+attaches with `x-stream-offset: first` and reads N messages (the stream may hold more: without `--delete`
+the script then drops its connection rather than cancel, see the end of `main`); the broker's RSS (/proc/PID/status, VmRSS; for
 RabbitMQ pass the beam.smp pid) is sampled every 50 ms. Prints one JSON line. Linux only (/proc).
 """
 
@@ -13,10 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 
 import pika
+
+
+class ReadEnough(Exception):
+    """The consumer has read `--messages` messages."""
 
 
 def rss_mib(pid: int) -> float:
@@ -66,17 +72,24 @@ def main() -> None:
         if got % half == 0 or got == args.messages:
             ch.basic_ack(method.delivery_tag, multiple=True)  # type: ignore[attr-defined]
         if got >= args.messages:
-            ch.stop_consuming()
+            raise ReadEnough
 
     ch.basic_consume(args.queue, on_message, arguments={"x-stream-offset": "first"})
-    ch.start_consuming()
+    try:
+        ch.start_consuming()
+    except ReadEnough:
+        pass
     elapsed = time.perf_counter() - started
     stop.set()
     sampler.join()
     out.update({"first_message_ms": round(first_at * 1000, 1), "read_s": round(elapsed, 1),
                 "read_rate": round(got / elapsed), "rss_peak_mib": round(peak[0], 1)})
-    if args.delete:
-        ch.queue_delete(args.queue)
+    if not args.delete:
+        # cancelling would make pika reject the deliveries it holds, which a stream refuses (540, on both
+        # brokers): drop the connection instead
+        print(json.dumps(out), flush=True)
+        os._exit(0)
+    ch.queue_delete(args.queue)
     conn.close()
     print(json.dumps(out))
 

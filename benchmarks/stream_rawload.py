@@ -7,7 +7,10 @@ messages of `-s` bytes is encoded once, before the run, and only its publishing 
 a fixed position) without decoding a message. Each publisher keeps at most `-w` messages unconfirmed.
 The parent creates the stream, starts the workers, reads the broker's CPU from /proc (with `--pid`),
 deletes the stream and prints one JSON object: confirmed msg/s, consumed msg/s, broker CPU µs per
-published message.
+published message, confirm latency (a publish frame's write to the confirm of its last id, p50/p99 over
+every frame confirmed in the window), delivery latency (the broker's chunk timestamp to the delivery's
+read, wall clock in ms: both ends are on this machine), the broker's RSS at the window's edges and the
+machine's load average (1 min) before and after.
 
     python benchmarks/stream_rawload.py --port 5552 -x 2 -y 1 -s 16 -b 100 -w 20000 -z 10 --pid 1234
 
@@ -24,6 +27,7 @@ import multiprocessing
 import os
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hutch.streamproto import commands as c
@@ -32,6 +36,15 @@ from hutch.streamproto.wire import OffsetSpec
 
 _HEAD = struct.Struct(">IHH")
 _ENTRY_ID = struct.Struct(">Q")
+_TIMESTAMP = struct.Struct(">q")
+
+
+def percentile_ms(samples: list[float], p: float) -> float | None:
+    """The `p` quantile (nearest rank) of `samples` (seconds), in ms."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2)
 
 
 async def open_connection(host: str, port: int, user: str, password: str) -> tuple[Any, Any]:
@@ -85,15 +98,24 @@ def publisher(args: argparse.Namespace, index: int, start_at: float, out: Any) -
         frame, positions = publish_template(1, args.batch, args.size)
         next_id, confirmed, in_window = 1, 0, 0
         window_start, window_end = start_at + args.warmup, start_at + args.warmup + args.seconds
+        sent_at: dict[int, float] = {}  # a frame's last publishing id -> when it was written
+        latencies: list[float] = []
 
         async def confirms() -> None:
             nonlocal confirmed, in_window
             while True:
                 cmd = await read_frame(reader)
                 if isinstance(cmd, c.PublishConfirm):
+                    now = time.monotonic()
                     confirmed += len(cmd.publishing_ids)
-                    if window_start <= time.monotonic() < window_end:
+                    inside = window_start <= now < window_end
+                    if inside:
                         in_window += len(cmd.publishing_ids)
+                    for pid in cmd.publishing_ids:
+                        if pid % args.batch == 0:
+                            at = sent_at.pop(pid, None)
+                            if at is not None and inside:
+                                latencies.append(now - at)
         task = asyncio.ensure_future(confirms())
         while time.monotonic() < window_end:
             if next_id - 1 - confirmed >= args.window:
@@ -102,11 +124,12 @@ def publisher(args: argparse.Namespace, index: int, start_at: float, out: Any) -
             for pos in positions:
                 _ENTRY_ID.pack_into(frame, pos, next_id)
                 next_id += 1
+            sent_at[next_id - 1] = time.monotonic()
             writer.write(bytes(frame))
             await writer.drain()
         task.cancel()
         writer.close()
-        out.put(("published", index, in_window))
+        out.put(("published", index, in_window, latencies))
     asyncio.run(run())
 
 
@@ -117,6 +140,7 @@ def consumer(args: argparse.Namespace, index: int, start_at: float, out: Any) ->
         credit = c.encode(c.Credit(1, 1))
         window_start, window_end = start_at + args.warmup, start_at + args.warmup + args.seconds
         in_window = 0
+        latencies: list[float] = []
         while time.monotonic() < window_end:
             try:
                 (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 1.0))
@@ -130,8 +154,10 @@ def consumer(args: argparse.Namespace, index: int, start_at: float, out: Any) ->
                 writer.write(credit)
                 if window_start <= time.monotonic() < window_end:
                     in_window += records
+                    (stamp_ms,) = _TIMESTAMP.unpack_from(frame, header_at + 8)
+                    latencies.append(max(time.time() - stamp_ms / 1000, 0.0))
         writer.close()
-        out.put(("consumed", index, in_window))
+        out.put(("consumed", index, in_window, latencies))
     asyncio.run(run())
 
 
@@ -143,22 +169,80 @@ def cpu_ticks(pid: int | None) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def measure(args: argparse.Namespace, publisher: Callable[..., None], consumer: Callable[..., None],
+            start_delay_s: float, finish: Callable[[], None]) -> dict[str, Any]:
+    """Run `args.publishers` publisher and `args.consumers` consumer processes (each `fn(args, index,
+    start_at, out)`, putting (kind, index, count in the window, latency samples) on `out`), read the
+    broker's CPU and RSS at the window's edges, call `finish` (delete the stream) and return the figures."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.monotonic() + start_delay_s
+    procs = [ctx.Process(target=publisher, args=(args, i, start_at, out)) for i in range(args.publishers)]
+    procs += [ctx.Process(target=consumer, args=(args, i, start_at, out)) for i in range(args.consumers)]
+    for proc in procs:
+        proc.start()
+    load0 = os.getloadavg()[0]
+    time.sleep(max(start_at + args.warmup - time.monotonic(), 0))
+    cpu0, rss0 = cpu_ticks(args.pid), rss_mib(args.pid)
+    time.sleep(args.seconds)
+    cpu1, rss1 = cpu_ticks(args.pid), rss_mib(args.pid)
+    totals = {"published": 0, "consumed": 0}
+    samples: dict[str, list[float]] = {"published": [], "consumed": []}
+    for _ in procs:
+        kind, _index, count, lat = out.get(timeout=120)
+        totals[kind] += count
+        samples[kind] += lat
+    for proc in procs:
+        proc.join(10)
+    finish()
+    result: dict[str, Any] = {
+        "publishers": args.publishers, "consumers": args.consumers, "size": args.size, "batch": args.batch,
+        "window": args.window, "seconds": args.seconds,
+        "confirmed_per_s": round(totals["published"] / args.seconds),
+        "consumed_per_s": round(totals["consumed"] / args.seconds),
+        "confirm_ms_p50": percentile_ms(samples["published"], 0.5),
+        "confirm_ms_p99": percentile_ms(samples["published"], 0.99),
+        "deliver_ms_p50": percentile_ms(samples["consumed"], 0.5),
+        "deliver_ms_p99": percentile_ms(samples["consumed"], 0.99),
+        "broker_rss_mib": [rss0, rss1], "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    if args.pid is not None and totals["published"]:
+        tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+        result["broker_cpu_us_per_msg"] = round((cpu1 - cpu0) * tick_us / totals["published"], 2)
+    return result
+
+
+def parse_options(description: str, stream: str, size_help: str, batch_help: str) -> argparse.Namespace:
+    """The command line both stream generators take (this one and stream_rstream.py)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5552)
     p.add_argument("--user", default="guest")
     p.add_argument("--password", default="guest")
-    p.add_argument("--stream", default=f"stream-rawload-{os.getpid()}")
+    p.add_argument("--stream", default=stream)
     p.add_argument("-x", "--publishers", type=int, default=1)
     p.add_argument("-y", "--consumers", type=int, default=1)
-    p.add_argument("-s", "--size", type=int, default=16, help="message bytes (AMQP 1.0 encoded)")
-    p.add_argument("-b", "--batch", type=int, default=100, help="messages per publish frame")
+    p.add_argument("-s", "--size", type=int, default=16, help=size_help)
+    p.add_argument("-b", "--batch", type=int, default=100, help=batch_help)
     p.add_argument("-w", "--window", type=int, default=20000, help="unconfirmed messages per publisher")
     p.add_argument("-z", "--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU")
-    args = p.parse_args()
+    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU and RSS")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_options(__doc__.splitlines()[0], f"stream-rawload-{os.getpid()}", "message bytes (AMQP 1.0 encoded)",
+                         "messages per publish frame")
 
     async def admin(cmd: Any) -> Any:
         reader, writer = await open_connection(args.host, args.port, args.user, args.password)
@@ -168,31 +252,8 @@ def main() -> None:
         return reply
     created = asyncio.run(admin(c.Create(1, args.stream, {})))
     assert created.code in (Code.OK, Code.STREAM_ALREADY_EXISTS), created
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.monotonic() + 1.0
-    procs = [ctx.Process(target=publisher, args=(args, i, start_at, out)) for i in range(args.publishers)]
-    procs += [ctx.Process(target=consumer, args=(args, i, start_at, out)) for i in range(args.consumers)]
-    for proc in procs:
-        proc.start()
-    time.sleep(max(start_at + args.warmup - time.monotonic(), 0))
-    cpu0 = cpu_ticks(args.pid)
-    time.sleep(args.seconds)
-    cpu1 = cpu_ticks(args.pid)
-    totals = {"published": 0, "consumed": 0}
-    for _ in procs:
-        kind, _index, count = out.get(timeout=60)
-        totals[kind] += count
-    for proc in procs:
-        proc.join(10)
-    asyncio.run(admin(c.Delete(2, args.stream)))
-    published = totals["published"] / args.seconds
-    result = {"publishers": args.publishers, "consumers": args.consumers, "size": args.size,
-              "batch": args.batch, "window": args.window, "seconds": args.seconds,
-              "confirmed_per_s": round(published), "consumed_per_s": round(totals["consumed"] / args.seconds)}
-    if args.pid is not None and totals["published"]:
-        tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
-        result["broker_cpu_us_per_msg"] = round((cpu1 - cpu0) * tick_us / totals["published"], 2)
+    result = measure(args, publisher, consumer, start_delay_s=1.0,
+                     finish=lambda: asyncio.run(admin(c.Delete(2, args.stream))))
     print(json.dumps(result))
 
 

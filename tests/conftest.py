@@ -28,6 +28,10 @@ import pytest
 
 from hutch.portfile import NodeDidNotStart, wait_for_ports
 
+TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
+"""Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
+against a node of worker processes (docs/scaling.md); unset, a node is one process as always."""
+
 
 def free_port() -> int:
     """A port number nothing listened on a moment ago: only for "nobody listens here" (a refused
@@ -88,6 +92,8 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
         args += ["--cluster-port", "0"]
     elif cluster is False:
         args.append("--no-cluster")
+    if os.environ.get(TEST_WORKERS_ENV) and "--workers" not in extra_args:
+        args += ["--workers", os.environ[TEST_WORKERS_ENV]]  # a suite against a node of workers
     args += list(extra_args)
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path

@@ -212,6 +212,14 @@ class Config:
     # how often certificate and key files are checked for changes (0: only on SIGHUP); a hutch key
     ssl_cert_reload_interval_ms: int = 10_000
     quorum_snapshot_interval: int = 16_384  # commands (messages) between snapshots of a quorum queue, at least
+    # worker processes (docs/scaling.md): `workers` processes serve the node (0: `auto`, the cores this
+    # process may run on); 1 is one process and no supervisor. `worker_own_ports`: each worker also
+    # listens on a port of its own (reported as `amqp_w<N>` in ports.json), so a client can pick its worker.
+    # `worker_index` is set only inside a worker process (never from a file, flag or variable).
+    workers: int = 1
+    worker_own_ports: bool = False
+    worker_heartbeat_timeout_ms: int = 5_000
+    worker_index: int | None = None
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
     """The config file's ``key = value`` pairs exactly as written (last one wins)."""
@@ -319,6 +327,16 @@ def _nonempty_field(name: str) -> _Parser:
         return {name: text}
 
     return parse
+
+
+MAX_WORKERS = 1024
+
+
+def _parse_workers(text: str) -> dict[str, Any]:
+    """`auto` (stored as 0: resolved by the supervisor from the CPU affinity and cgroup quota) or 1..1024."""
+    if text == "auto":
+        return {"workers": 0}
+    return {"workers": _int_in(text, 1, MAX_WORKERS, f"auto or an integer between 1 and {MAX_WORKERS}")}
 
 
 def _parse_node_name(text: str) -> dict[str, Any]:
@@ -580,6 +598,9 @@ _FILE_KEYS: dict[str, _Parser] = {
     "auth.max_pending_logins_per_source": _int_field("auth_max_pending_logins_per_source", 1, 1_000_000),
     "cluster.secret_file_insecure_ok": lambda text: {"cluster_secret_file_insecure_ok": _parse_bool(text)},
     "quorum_snapshot_interval": _int_field("quorum_snapshot_interval", 64, 2**31 - 1),
+    "workers": _parse_workers,
+    "workers.own_ports": lambda text: {"worker_own_ports": _parse_bool(text)},
+    "workers.heartbeat_timeout": _int_field("worker_heartbeat_timeout_ms", 100, 2**31 - 1),
 }
 
 # Settings that can also come from a flag or an environment variable (setting -> flag, setting
@@ -599,6 +620,7 @@ FLAGS: dict[str, str] = {
     "cluster_secret_file": "--cluster-secret-file",
     "cluster_enabled": "--no-cluster",  # the flag's value is "false"
     "cluster_secret_file_insecure_ok": "--allow-insecure-secret-file",
+    "workers": "--workers",
 }
 ENV_VARS: dict[str, str] = {
     "config": "HUTCH_CONFIG",
@@ -616,6 +638,7 @@ ENV_VARS: dict[str, str] = {
     "cluster_secret": "HUTCH_CLUSTER_SECRET",
     "cluster_enabled": "HUTCH_CLUSTER_ENABLED",
     "cluster_secret_file_insecure_ok": "HUTCH_ALLOW_INSECURE_SECRET_FILE",
+    "workers": "HUTCH_WORKERS",
 }
 _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "config": _nonempty_field("config_file"),
@@ -633,6 +656,7 @@ _OVERRIDE_PARSERS: dict[str, _Parser] = {
     "cluster_secret": _nonempty_field("cluster_secret"),
     "cluster_enabled": _parse_cluster_enabled,
     "cluster_secret_file_insecure_ok": lambda text: {"cluster_secret_file_insecure_ok": _parse_bool(text)},
+    "workers": _parse_workers,
 }
 
 _LOOPBACK_PREFIX = "loopback_users."

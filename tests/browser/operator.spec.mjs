@@ -13,7 +13,7 @@ import {mkdtempSync, readFileSync, rmSync, writeFileSync} from 'node:fs';
 import {tmpdir} from 'node:os';
 import {join} from 'node:path';
 import {chromium} from 'playwright-core';
-import {CHROMIUM_ARGS, expectText, formOutcome as outcome, stepper, succeeded} from './steps.mjs';
+import {allPassed, CHROMIUM_ARGS, expectText, formOutcome as outcome, stepper, succeeded} from './steps.mjs';
 
 const [nodeA, nodeB, artifacts] = process.argv.slice(2);
 const pid = Number(process.env.NODE_PID);
@@ -373,11 +373,7 @@ try {
     if (JSON.stringify(got) !== JSON.stringify(want)) throw new Error(`got ${JSON.stringify(got)}, expected ${JSON.stringify(want)}`);
   });
 
-  if (pageErrors.length) {
-    run.current = 'no script errors';
-    throw new Error(pageErrors.join('\n'));
-  }
-  console.log(`all steps passed in ${run.elapsed()} s`);
+  allPassed(run, pageErrors);
 } catch (exc) {
   console.log(`FAILED - ${run.current}: ${exc.message}`);
   if (stopped) process.kill(pid, 'SIGCONT');

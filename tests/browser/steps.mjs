@@ -1,6 +1,6 @@
-// What the browser specs (ui.spec.mjs, operator.spec.mjs) share: Chromium's flags, the step runner
-// that prints "ok - <step>" (and remembers the step a failure happened in), and the outcome line of a
-// form (forms.js: actionForm).
+// What the browser specs (ui.spec.mjs, operator.spec.mjs, streams.spec.mjs) share: Chromium's flags, the
+// step runner that prints "ok - <step>" (and remembers the step a failure happened in), the check that
+// ends a run, and the outcome line of a form (forms.js: actionForm).
 
 // Without these flags Chromium reaches out to the network (updates, field trials, QUIC probes).
 export const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
@@ -17,6 +17,15 @@ export function stepper() {
   };
   run.elapsed = () => ((Date.now() - run.started) / 1000).toFixed(1);
   return run;
+}
+
+/** After the last step: fail on any script error the page reported, else say that every step passed. */
+export function allPassed(run, pageErrors) {
+  if (pageErrors.length) {
+    run.current = 'no script errors';
+    throw new Error(pageErrors.join('\n'));
+  }
+  console.log(`all steps passed in ${run.elapsed()} s`);
 }
 
 /** Wait for an element of `locator` holding `text`. */

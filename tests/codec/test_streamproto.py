@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rstream import encoding as rs_encoding
 from rstream import schema as rs
 
+from hutch.queues.stream import chunk as ck
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import RESPONSE_BIT, SERVER_VERSIONS, Code, Key, OffsetType
 from hutch.streamproto.errors import FrameTooLarge, UnknownFrame
@@ -170,6 +171,51 @@ def test_publish_round_trips(publisher, entries, version):
         entries = [c.PublishedEntry(e.publishing_id, e.message) for e in entries]
     cmd = c.Publish(publisher, entries, version)
     assert c.decode(c.encode(cmd)[4:]) == cmd
+
+
+def scan_oracle(frame: bytes) -> c.SimplePublish | None:
+    """What `scan_simple_publish` must answer: `decode`'s reading, for a version 1 publish of simple
+    entries, with the entries framed as a chunk's data section; None for anything else."""
+    try:
+        cmd = c.decode(frame)
+    except UnknownFrame:
+        return None
+    if not isinstance(cmd, c.Publish) or cmd.version != 1 or not cmd.entries \
+            or not all(isinstance(e, c.PublishedEntry) for e in cmd.entries):
+        return None
+    messages = [e.message for e in cmd.entries]  # type: ignore[union-attr]
+    return c.SimplePublish(cmd.publisher_id, [e.publishing_id for e in cmd.entries], ck.encode_entries(messages)[0])
+
+
+frame_edits = st.sampled_from(["none", "cut", "extra", "count+1", "count-1", "sub-batch"])
+
+
+@ci_settings(300)
+@given(publisher=st.integers(0, 255), ids=st.lists(st.integers(0, 2**64 - 1), max_size=30),
+       one_size=st.booleans(), sizes=st.lists(st.integers(0, 40) | st.integers(120, 300), min_size=30, max_size=30),
+       edit=frame_edits, where=st.integers(0, 10**6))
+def test_scanning_a_publish_agrees_with_decoding_it(publisher, ids, one_size, sizes, edit, where):
+    """The publish hot path (`scan_simple_publish`, both its uniform and per-entry readings) takes
+    exactly the frames `decode` reads as a version 1 publish of simple entries, with the same ids and
+    messages, and declines everything else, whole, cut, with bytes added or a lying count."""
+    entries = [c.PublishedEntry(pid, b"m" * (sizes[0] if one_size else sizes[i])) for i, pid in enumerate(ids)]
+    frame = bytearray(c.encode(c.Publish(publisher, entries))[4:])
+    if edit == "cut" and len(frame) > 9:
+        del frame[9 + where % (len(frame) - 9):]
+    elif edit == "extra":
+        frame += b"\0" * (1 + where % 40)
+    elif edit in ("count+1", "count-1"):
+        struct.pack_into(">I", frame, 5, max(len(ids) + (1 if edit == "count+1" else -1), 0))
+    elif edit == "sub-batch" and ids:
+        frame[9 + 8] |= 0x80
+    assert c.scan_simple_publish(bytes(frame)) == scan_oracle(bytes(frame))
+
+
+def test_scanning_declines_other_commands_and_a_version_2_publish():
+    v2 = c.encode(c.Publish(1, [c.PublishedEntry(1, b"x", "eu")], 2))[4:]
+    assert c.scan_simple_publish(v2) is None
+    assert c.scan_simple_publish(c.encode(c.Credit(1, 1))[4:]) is None
+    assert c.scan_simple_publish(c.encode(c.Publish(1, [c.SubBatchEntry(1, 0, 2, 9, b"\0\0\0\1a\0\0\0\0")]))[4:]) is None
 
 
 @ci_settings(100)

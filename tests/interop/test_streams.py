@@ -314,3 +314,70 @@ async def test_aio_pika_publish_and_consume(server: ServerInfo) -> None:
     assert got == [(i, b"%d" % i) for i in range(5)]
     await queue.delete()
     await conn.close()
+
+
+def consume_answers(port: int, queue: str, *, prefetch: int = 0, global_qos: bool = False, auto_ack: bool = False,
+                    arguments: dict[str, Any] | None = None) -> list[str]:
+    """What the broker answers one basic.consume with, in order, as pika's asynchronous API reports it:
+    "consume-ok", "channel-close CODE TEXT", "connection-close CODE TEXT" (then the run stops)."""
+    answers: list[str] = []
+
+    def on_channel(ch: Any) -> None:
+        def closed(_ch: Any, reason: Any) -> None:
+            if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                answers.append(f"channel-close {reason.reply_code} {reason.reply_text}")
+            conn.close() if conn.is_open else None
+
+        ch.add_on_close_callback(closed)
+
+        def consume(_frame: Any = None) -> None:
+            ch.basic_consume(queue, lambda *a: None, auto_ack=auto_ack, arguments=arguments,
+                             callback=lambda _f: answers.append("consume-ok"))
+            conn.ioloop.call_later(0.5, lambda: conn.close() if conn.is_open else None)
+
+        if prefetch:
+            ch.basic_qos(prefetch_count=prefetch, global_qos=global_qos, callback=consume)
+        else:
+            consume()
+
+    def on_closed(_conn: Any, reason: Any) -> None:
+        if isinstance(reason, pika.exceptions.ConnectionClosedByBroker):
+            answers.append(f"connection-close {reason.reply_code} {reason.reply_text}")
+        conn.ioloop.stop()
+
+    conn = pika.SelectConnection(pika.ConnectionParameters("127.0.0.1", port),
+                                 on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+                                 on_open_error_callback=lambda *_a: conn.ioloop.stop(),
+                                 on_close_callback=on_closed)
+    conn.ioloop.call_later(10, conn.ioloop.stop)  # a deadline, never reached when the broker answers
+    conn.ioloop.start()
+    return answers
+
+
+def test_a_refused_consumer_never_sees_consume_ok(server: ServerInfo) -> None:
+    """RabbitMQ 3.10.8 (by hand, the same steps): each refusal comes instead of basic.consume-ok, never
+    after it; a consumer argument of another queue type is refused on streams and on classic queues."""
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    q = declare(ch, unique("s"))
+    classic = unique("c")
+    ch.queue_declare(classic)
+    what = f"queue '{q}' in vhost '/'"
+    port = server.amqp_port
+    no_prefetch = f"channel-close 406 PRECONDITION_FAILED - consumer prefetch count is not set for '{what}'"
+    assert consume_answers(port, q) == [no_prefetch]
+    assert consume_answers(port, q, prefetch=10, global_qos=True) == [no_prefetch]
+    [bad_offset] = consume_answers(port, q, prefetch=10, arguments={"x-stream-offset": "sometime"})
+    assert bad_offset.startswith(f"channel-close 406 PRECONDITION_FAILED - invalid arg 'x-stream-offset' for {what}")
+    assert consume_answers(port, q, prefetch=10, auto_ack=True) == [
+        f"connection-close 540 NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {what}"]
+    [priority] = consume_answers(port, q, prefetch=10, arguments={"x-priority": 3})
+    assert priority.startswith(f"channel-close 406 PRECONDITION_FAILED - invalid arg 'x-priority' for {what}")
+    [offset_on_classic] = consume_answers(port, classic, prefetch=10, arguments={"x-stream-offset": "first"})
+    assert offset_on_classic.startswith("channel-close 406 PRECONDITION_FAILED - invalid arg 'x-stream-offset' "
+                                        f"for queue '{classic}' in vhost '/'")
+    assert consume_answers(port, q, prefetch=10, arguments={"x-stream-offset": "first"}) == ["consume-ok"]
+    assert consume_answers(port, classic, prefetch=10, arguments={"x-priority": 3}) == ["consume-ok"]
+    ch.queue_delete(q)
+    ch.queue_delete(classic)
+    conn.close()

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from hutch.queues.stream import chunk as ck
 from hutch.storage.memfs import MemoryFS
-from hutch.storage.stream_log import FILE_HEADER_SIZE, ChunkCursor, StreamLog, StreamLogOptions
+from hutch.storage.stream_log import (
+    FILE_HEADER_SIZE,
+    READ_AHEAD_BYTES,
+    ChunkCursor,
+    StreamLog,
+    StreamLogOptions,
+)
 
 D = "/data/stream"
 
@@ -62,6 +68,19 @@ def test_append_roll_seek_and_reopen() -> None:
     again = StreamLog.open(fs, D, ck.FORMAT, StreamLogOptions(max_segment_size_bytes=200))
     assert read_all(again) == expect
     assert again.recovery.dropped_chunks == 0 and again.recovery.dropped_bytes == 0
+
+
+def test_a_cursor_reads_chunks_larger_and_smaller_than_its_read_ahead_block() -> None:
+    fs = MemoryFS()
+    log = StreamLog.open(fs, D, ck.FORMAT, StreamLogOptions())
+    rng = random.Random(7)
+    big, expect = READ_AHEAD_BYTES + 1000, []
+    for i in range(12):  # runs of large chunks (one header read each, no block) between small ones
+        size = big if rng.random() < 0.6 else 100
+        bodies = [bytes([i]) * size]
+        expect.append((log.next_offset, bodies[0]))
+        write(log, bodies, ts=i)
+    assert read_all(log) == expect
 
 
 def test_retention_deletes_whole_segments_and_cursors_move_on() -> None:

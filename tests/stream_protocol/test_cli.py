@@ -134,7 +134,7 @@ async def test_stream_connections_are_connections_and_can_be_closed(stream_serve
         assert api.get("/api/stream/connections/%2F/" + quote(name, safe="")).body["name"] == name
         subs = api.get(f"/api/stream/connections/%2F/{quote(name, safe='')}/consumers").body
         assert [x["stream"] for x in subs] == ["closable"]
-        assert [x["stream"] for x in api.get("/api/stream/consumers/%2F/closable").body] == ["closable"]
+        assert [x["stream"] for x in api.get("/api/stream/consumers/%2F/").body] == ["closable"]
         assert api.delete(path + quote(name, safe="")).status == 204
         for _ in range(100):
             if closed:

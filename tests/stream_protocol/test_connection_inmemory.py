@@ -293,6 +293,41 @@ async def test_a_large_publish_is_cut_into_chunks(node: Node) -> None:
     assert [len(chunk_records(d.chunk)) for d in chunks] == [4096, 904]
 
 
+async def test_the_publishes_of_one_input_become_one_chunk_per_stream_in_order(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.create("s2")
+    for corr, (pid, ref, stream) in enumerate([(1, "", "s1"), (2, "", "s1"), (3, "", "s2"), (4, "app", "s1")]):
+        await pair.request(c.DeclarePublisher(10 + corr, pid, ref, stream))
+    one_size = [c.PublishedEntry(i, b"a%d" % i) for i in range(1, 4)]  # the uniform scan
+    sizes = [c.PublishedEntry(i, b"b" * i) for i in range(1, 4)]  # the per-entry scan
+    pair.send(c.Publish(1, one_size), c.Publish(2, sizes), c.Publish(3, one_size),
+              c.Publish(4, [c.PublishedEntry(1, b"deduplicated")]),  # another path: what came before is written first
+              c.Publish(1, [c.PublishedEntry(9, b"after")]))
+    confirms = await pair.expect(5)  # one per publish frame (1 and 2 share a chunk)
+    got = {(conf.publisher_id, i) for conf in confirms for i in conf.publishing_ids}
+    assert got == {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3), (4, 1), (1, 9)}
+    pair.send(c.Subscribe(20, 1, "s1", OffsetSpec(OffsetType.FIRST), 10))
+    ok, *chunks = await pair.expect(4)
+    assert ok == c.Response(Key.SUBSCRIBE, 20, Code.OK)
+    assert [[r for _, r in chunk_records(d.chunk)] for d in chunks] == [
+        [b"a1", b"a2", b"a3", b"b", b"bb", b"bbb"], [b"deduplicated"], [b"after"]]
+    handle = pair.hub.catalog.lookup("/", "s2")
+    assert handle is not None and handle.next_offset == 3
+
+
+async def test_batched_publishes_stay_within_a_chunks_entries(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    pair.send(*[c.Publish(1, [c.PublishedEntry(n * 2000 + i, b"m") for i in range(2000)]) for n in range(3)])
+    confirms = await pair.expect(3)
+    assert sorted(i for conf in confirms for i in conf.publishing_ids) == list(range(6000))
+    pair.send(c.Subscribe(3, 1, "s1", OffsetSpec(OffsetType.FIRST), 5))
+    ok, *chunks = await pair.expect(3)
+    assert [len(chunk_records(d.chunk)) for d in chunks] == [4000, 2000]
+
+
 async def test_a_full_write_buffer_stops_input_and_deliveries(node: Node) -> None:
     pair = await opened(node)
     await pair.create("s1")

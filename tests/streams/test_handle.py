@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import pytest
 
+from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec
 from hutch.queues.stream.retention import Retention
 from hutch.runtime.clock import ManualClock
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions, StreamReader
+from hutch.storage.errors import StorageError
+from hutch.storage.fs import DelegatingFS, FileHandle
 from hutch.storage.memfs import MemoryFS
 
 pytestmark = pytest.mark.asyncio
@@ -197,3 +201,129 @@ async def test_a_sync_on_the_loop_runs_last_in_its_turn_and_one_covers_the_turns
     assert order == ["delivery", "commit"] and h.placement.inline_syncs == 1 and h.syncs == syncs + 1
     assert h.committed_offset == 2
     await h.close()
+
+
+class _GatedHandle:
+    """A file handle whose fdatasync takes a permit from its file system first (a disk the test paces)."""
+
+    def __init__(self, fs: GatedFS, inner: FileHandle) -> None:
+        self.path = inner.path
+        self._fs = fs
+        self._inner = inner
+
+    def write(self, data: bytes) -> None:
+        self._inner.write(data)
+
+    def sync(self) -> None:
+        if self._fs.paced:
+            self._fs.entering()
+            assert self._fs.permits.acquire(timeout=10), "the test gave no permit"
+        self._inner.sync()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class GatedFS(DelegatingFS):
+    """MemoryFS whose fdatasyncs, once `paced`, wait for `allow(n)` (each sync of a handle takes one permit)."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryFS())
+        self.paced = False
+        self.permits = threading.Semaphore(0)
+        self.syncs_entered = 0
+        self._entered = threading.Condition()
+
+    def open_append(self, path: str) -> FileHandle:
+        return _GatedHandle(self, self.inner.open_append(path))
+
+    def entering(self) -> None:
+        with self._entered:
+            self.syncs_entered += 1
+            self._entered.notify_all()
+
+    def allow(self, n: int) -> None:
+        for _ in range(n):
+            self.permits.release()
+
+    async def entered(self, n: int) -> None:
+        """Return once `n` syncs have begun (each waits for its permit)."""
+        def wait() -> bool:
+            with self._entered:
+                return self._entered.wait_for(lambda: self.syncs_entered >= n, timeout=10)
+        assert await asyncio.get_running_loop().run_in_executor(None, wait), f"{n} syncs never began"
+
+
+@pytest.mark.parametrize("second", ["close", "delete"])
+async def test_a_close_or_delete_waits_for_the_close_in_flight(second: str) -> None:
+    """close() syncs what the last group sync did not cover, in the executor; a second close, or a delete
+    (a stream deleted while the node stops), must wait for that sync, not close or delete the files
+    under it."""
+    fs = GatedFS()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    fs.paced = True
+    fs.allow(2)
+    await h.append([b"a"]).settled
+    h.append([b"b"])
+    await fs.entered(3)  # the group sync of "b" is in the executor, waiting for its permit
+    h.append([b"c"])  # written while that sync runs: close() must sync it itself
+    first = asyncio.create_task(h.close())
+    await asyncio.sleep(0)
+    fs.allow(2)  # the group sync ends; close's own sync begins and waits
+    await fs.entered(5)
+    other = asyncio.create_task(h.close() if second == "close" else h.delete())
+    await asyncio.wait([other], timeout=0.5)  # time for the executor to run a delete that did not wait
+    assert not other.done() and not first.done()
+    assert fs.exists(D)
+    fs.allow(100)
+    await asyncio.wait_for(asyncio.gather(first, other), 10)  # neither fails (a sync on a closed file would)
+    assert h.failed is None and h.committed_offset == 2
+    assert fs.exists(D) == (second == "close")
+
+
+async def test_a_delete_waits_for_the_group_sync_in_flight() -> None:
+    fs = GatedFS()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    fs.paced = True
+    appended = h.append([b"a"])
+    await fs.entered(1)  # the group sync runs in the executor (the disk was never measured)
+    gone = asyncio.create_task(h.delete())
+    await asyncio.wait([gone], timeout=0.5)
+    assert not gone.done() and fs.exists(D)
+    fs.allow(100)
+    await asyncio.wait_for(gone, 10)
+    assert not fs.exists(D) and h.failed is None
+    with pytest.raises(StorageError):
+        await appended.settled
+
+
+@pytest.mark.parametrize("follower_segment_bytes", [256, 400, 10_000])
+async def test_a_followers_segments_start_with_the_leaders_tracking_snapshots(follower_segment_bytes: int) -> None:
+    """Tracking (deduplication, stored offsets) is read back at start from the last segment alone, so every
+    segment must begin with a tracking snapshot while there is tracking. The leader writes one after each
+    roll; a follower takes that chunk as its roll point, whatever its own segment size, and so recovers the
+    same tracking after a restart."""
+    opts = StreamOptions(max_segment_size_bytes=256)
+    leader = await StreamHandle.open(MemoryFS(), D, clock=ManualClock(), options=opts)
+    ffs = MemoryFS()
+    follower = await StreamHandle.open(ffs, D, clock=ManualClock(),
+                                       options=StreamOptions(max_segment_size_bytes=follower_segment_bytes))
+    follower.auto_commit = False
+    for seq in range(1, 30):
+        leader.append([b"m%d" % seq + b"x" * (seq % 7) * 10], publisher=b"pub", publishing_ids=[seq])
+        if seq == 12:
+            leader.store_offset(b"reader", 5)
+    ship = leader.reader(OffsetSpec.first(), committed_only=False, include_tracking=True)
+    while (chunk := ship.next_chunk()) is not None:
+        follower.accept_chunk(chunk.raw)
+    assert leader.segment_count > 3 and follower.next_offset == leader.next_offset
+    follower.commit(follower.last_chunk_id)
+    await follower.close()
+    again = await StreamHandle.open(ffs, D, clock=ManualClock(),
+                                    options=StreamOptions(max_segment_size_bytes=follower_segment_bytes))
+    assert again.query_publisher_sequence(b"pub") == 29 and again.query_offset(b"reader") == 5
+    slog = again.log
+    for seg in slog.segments[1:]:  # every segment after the first opens with the leader's snapshot
+        assert slog.index_record(seg, 0).chunk_type == ck.TRACKING_SNAPSHOT
+    await again.close()
+    await leader.close()

@@ -8,7 +8,8 @@ Every `import`/`from ... import` in `src/hutch` is read with `ast`, including th
   `broker/` never imports `session/`, `queue_types/`, `clustering/` or `app`; `clustering/` never imports
   `broker/`, `queue_types/`, `session/` or `app`; `queue_types/` never imports `session/`, `stream_session/`
   or `app`; `stream_session/` never imports the broker's node, `clustering/`, `app` or the AMQP session
-  beyond its ports;
+  beyond its ports; `workers/` (the supervisor and a worker's control link) never imports `broker/`,
+  `session/`, `queue_types/`, `clustering/` or `app` (a worker hands its link the transport's `adopt`);
 - only `cli/server.py` imports `runtime/app.py` (the composition root);
 - no function-local import of a hutch module in the runtime (none dodges a cycle);
 - `runtime/ports.py`, which every runtime layer depends on, imports no runtime module (not even under
@@ -45,6 +46,9 @@ FORBIDDEN = {
                              "hutch.runtime.federation", "hutch.runtime.app"),
     "hutch.runtime.federation": ("hutch.runtime.broker.node", "hutch.runtime.queue_types",
                                  "hutch.runtime.clustering", "hutch.runtime.app"),
+    # the supervisor does no message work; a worker's control link knows the transport only as a callable
+    "hutch.runtime.workers": ("hutch.runtime.broker", "hutch.runtime.session", "hutch.runtime.queue_types",
+                              "hutch.runtime.clustering", "hutch.runtime.app"),
 }
 
 

@@ -288,7 +288,7 @@ LISTS: dict[str, ListSpec] = {
                         "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
                         "state", "consumer_utilisation", "messages_ram", "messages_paged_out", "policy",
                         "operator_policy", "effective_policy_definition", "node", "leader", "members",
-                        "online", "first_offset", "last_offset", "committed_offset", "segments"),
+                        "online", "first_offset", "last_offset", "committed_offset", "segments", "consumer_offsets"),
         default=("name", "messages"),
         banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',

@@ -5,6 +5,11 @@ or a bad setting prints exactly one line to stderr and exits 2 (``hutch-server: 
 for flags, ``hutch-server: <message>`` for configuration). Everything after that (listeners,
 signals, a port already in use) belongs to ``hutch.runtime.app.run_node``, which also starts the
 management HTTP API (``hutch.mgmt.start_management``) as a service.
+
+With ``--workers N`` (N > 1, or ``auto`` on a machine with more than one usable core) this process is
+the node's supervisor (``hutch.runtime.workers.supervisor``), which starts N copies of this command as
+its workers; a process started with ``HUTCH_WORKER_SPEC`` in its environment is one of those workers.
+``--workers 1`` (the default) is one process and no supervisor, exactly as before workers existed.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -20,6 +26,9 @@ from hutch import __version__
 from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
 from hutch.core.logsafe import SafeArgsFilter
+from hutch.runtime.workers.link import WorkerLink
+from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_config
+from hutch.runtime.workers.supervisor import supervise, worker_count
 
 PROG = "hutch-server"
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
@@ -107,15 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="start even if the cluster secret file is readable by group or others (warned; "
         "config cluster.secret_file_insecure_ok)",
     )
+    parser.add_argument(
+        "--workers", metavar="N",
+        help="worker processes serving the node: auto (the usable cores) or 1..1024 (env HUTCH_WORKERS; "
+        "default 1: one process, no supervisor; see docs/scaling.md)",
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return parser
 
 
-def configure_logging(level_name: str) -> None:
+def configure_logging(level_name: str, worker: str = "") -> None:
     """Root logging to stderr with the house format, at the configured level; every argument of a
-    record is escaped and capped (`SafeArgsFilter`: user names, queue names and client texts)."""
+    record is escaped and capped (`SafeArgsFilter`: user names, queue names and client texts). A
+    worker's lines carry its name (`[w1]`) after the time."""
     level = _LOGGING_LEVELS[level_name]
-    logging.basicConfig(format=LOG_FORMAT, stream=sys.stderr)
+    fmt = LOG_FORMAT.replace("%(asctime)s ", f"%(asctime)s [{worker}] ") if worker else LOG_FORMAT
+    logging.basicConfig(format=fmt, stream=sys.stderr)
     root = logging.getLogger()
     root.setLevel(level)
     for handler in root.handlers:  # user strings in log arguments: escaped and capped (core/logsafe.py)
@@ -155,11 +171,13 @@ def resolve_config(argv: Sequence[str] | None, environ: dict[str, str] | None = 
         "cluster_secret_file": args.cluster_secret_file,
         "cluster_enabled": "false" if args.no_cluster else None,
         "cluster_secret_file_insecure_ok": "true" if args.allow_insecure_secret_file else None,
+        "workers": args.workers,
     }
     return load_config(flags, dict(os.environ) if environ is None else environ)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    spec_text = os.environ.get(SPEC_ENV)
     try:
         config = resolve_config(argv)
     except _UsageError as exc:
@@ -171,8 +189,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version already printed their output
         return exc.code if isinstance(exc.code, int) else 0
 
+    if spec_text:
+        return _run_worker(config, WorkerSpec.from_env(spec_text))
+    count = worker_count(config)
     configure_logging(config.log_level)
     _warn_if_data_dir_open(config.data_dir)
+    if count > 1:
+        logging.getLogger("hutch.server").info("starting node %s with %d workers (config file: %s, data dir: %s)",
+                                               config.node_name, count, config.config_file or "none",
+                                               config.data_dir)
+        return supervise(config, sys.argv[1:] if argv is None else list(argv), count)
+    problem = data_dir_mismatch(config.data_dir, 1)
+    if problem:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 1
     logging.getLogger("hutch.server").info(
         "starting node %s (config file: %s, data dir: %s)",
         config.node_name,
@@ -185,6 +215,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hutch.runtime.app import run_node
 
     return run_node(config, services=[start_management], prepare=boot_definitions)
+
+
+def _run_worker(config: Config, spec: WorkerSpec) -> int:
+    """One worker of a node (its supervisor started it): worker 0 also runs the management API and the
+    definitions import."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the process group: the supervisor decides
+    link = WorkerLink(spec, config.node_name)
+    config = worker_config(config, spec)
+    configure_logging(config.log_level, f"w{spec.index}")
+    logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,
+                                           link.node_name, config.data_dir)
+    from hutch.mgmt import start_management
+    from hutch.mgmt.definitions import boot_definitions
+    from hutch.runtime.app import run_node
+
+    first = spec.index == 0
+    return run_node(config, services=[start_management] if first else [],
+                    prepare=boot_definitions if first else None, worker=link)
 
 
 if __name__ == "__main__":

@@ -402,13 +402,23 @@ class StreamPropose(NamedTuple):
     command: bytes
 
 
+@message_kind(70)
+class DirectReply(NamedTuple):
+    """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
+    worker of the same node, or another node): delivered to the requester's channel, or dropped as
+    RabbitMQ drops a reply to a requester that is gone (core/direct_reply.py)."""
+
+    token: str
+    message: Message
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose
+    | StreamReplica | StreamPropose | DirectReply
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

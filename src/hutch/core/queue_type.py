@@ -216,6 +216,10 @@ class Queue:
     def consumers(self) -> list[Consumer]:
         raise NotImplementedError
 
+    def consumer_info(self, consumer: Consumer) -> dict[str, Any]:
+        """What management adds to `consumer`'s fields for this queue type (a stream: where it reads)."""
+        return {}
+
     # -- counts --------------------------------------------------------------------------------
     @property
     def message_count(self) -> int:

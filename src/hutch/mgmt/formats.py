@@ -236,6 +236,7 @@ def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout
         "active": True,
         "activity_status": "up",
         "consumer_timeout": timeout_ms,
+        **consumer.queue.consumer_info(consumer),  # a stream's consumer: offset, offset_lag, credits
     }
 
 

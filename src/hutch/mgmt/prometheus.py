@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
+from hutch.runtime.queue_types.stream.queue import StreamQueue
 
 from . import formats, system
 
@@ -176,6 +177,16 @@ HUTCH_SHOVEL = (  # the dynamic shovels this node runs (docs/shovel.md)
        "Total number of messages dynamic shovels settled at their sources"),
 )
 SHOVEL_STATES = ("starting", "running", "terminated")
+STREAM = (  # queue_metrics' stream_segments and stream_consumer_metrics (RabbitMQ 3.13+); labels vhost, queue
+    _f("rabbitmq_stream_segments", COUNTER, "Total number of stream segment files"),
+    _f("rabbitmq_stream_consumer_max_offset_lag", GAUGE, "Highest consumer offset lag"),
+)
+HUTCH_STREAM = (  # the stream protocol's publish errors (RabbitMQ counts errors by response code instead)
+    _f("hutch_stream_messages_errored_total", COUNTER,
+       "Total number of messages stream-protocol publishers sent that the node answered with a publish error"),
+)
+STREAM_PROTOCOL = "stream"
+STREAM_QUEUE_TYPE = "rabbit_stream_queue"
 HUTCH_QUEUE = (  # labels vhost, queue
     _f("hutch_queue_messages_paged_out", GAUGE, "Ready messages paged out to disk (bodies not in memory)"),
     _f("hutch_queue_messages_published_total", COUNTER, "Total number of messages enqueued into a queue"),
@@ -255,7 +266,7 @@ def families() -> list[Family]:
     """Every family `render` can emit, in output order (docs and tests)."""
     return [*NODE, *QUEUE, *CHANNEL, *CHANNEL_COUNTERS, *CHANNEL_MORE, *CONNECTION, *QUEUE_DELIVERY, *TOTALS,
             *CHURN, QUEUE_INFO, BUILD_INFO, IDENTITY_INFO, *GLOBAL, *GLOBAL_MORE, *GLOBAL_BY_QUEUE_TYPE, *ALARMS,
-            PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE, *HUTCH_CHANNEL, *HUTCH_SHOVEL]
+            PROCESS_START, *SCRAPE, *HUTCH_NODE, *HUTCH_QUEUE, *HUTCH_CHANNEL, *HUTCH_SHOVEL, *STREAM, *HUTCH_STREAM]
 
 
 # -- scrape telemetry -------------------------------------------------------------------------------
@@ -295,6 +306,11 @@ class _Text:
     def one(self, family: Family, value: Any, labels: str = "") -> None:
         self.parts.append(f"{family.header}{family.name}{labels} {_num(value)}\n")
 
+    def samples(self, family: Family, samples: Sequence[tuple[str, Any]]) -> None:
+        """One family with several samples: (label text, value) each."""
+        self.parts.append(family.header)
+        self.parts.extend(f"{family.name}{labels} {_num(value)}\n" for labels, value in samples)
+
     def columns(self, fams: Sequence[Family], labels: list[str], rows: list[tuple[int, ...]],
                 offset: int = 0) -> None:
         """Family i takes column offset+i of every row: one sample per object (labels[j] is the
@@ -316,15 +332,18 @@ class _Text:
                 parts.append(f"{name} {totals[col] if totals else 0}\n")
 
 
-def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int, ...]], list[str]]:
+def _queue_rows(node: Node, per_object: bool, streams: list[StreamQueue]) -> tuple[list[str], list[tuple[int, ...]],
+                                                                                list[str]]:
     """One row per queue: the columns of QUEUE, QUEUE_DELIVERY and HUTCH_QUEUE in that order, with
-    each queue's label text and its rabbitmq_queue_info sample."""
+    each queue's label text and its rabbitmq_queue_info sample; the streams are added to `streams`."""
     labels: list[str] = []
     rows: list[tuple[int, ...]] = []
     infos: list[str] = []
     for vhost in node.vhosts.values():
         v = escape_label(vhost.name)
         for q in vhost.queues.values():
+            if isinstance(q, StreamQueue):
+                streams.append(q)
             ready = q.message_count
             unacked = q.unacked_count
             ram = q.messages_ram
@@ -370,29 +389,40 @@ def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], l
     return by_channel, by_channel_vhost, rows
 
 
-def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consumers: int) -> None:
+def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consumers: int,
+            stream: _StreamProtocol | None) -> None:
+    """The rabbitmq_global_* families: AMQP 0-9-1's samples, and the stream protocol's beside them
+    (protocol="stream") while its listener runs."""
     closed = node.closed_channel_stats
     proto = f'{{protocol="{PROTOCOL}"}}'
     proto_type = f'{{protocol="{PROTOCOL}",queue_type="rabbit_classic_queue"}}'
+    sp = f'{{protocol="{STREAM_PROTOCOL}"}}'
+    sp_type = f'{{protocol="{STREAM_PROTOCOL}",queue_type="{STREAM_QUEUE_TYPE}"}}'
     received, publishers, consumers_now, delivered, redelivered, acked = GLOBAL
 
     def total(stat: str, col: int) -> int:
         return closed.get(stat, 0) + sum(r[col] for r in channel_rows)
 
+    def both(family: Family, amqp: tuple[str, int], of_stream: tuple[str, int] | None) -> None:
+        out.samples(family, [amqp] if stream is None or of_stream is None else [amqp, of_stream])
+
+    s = stream or _StreamProtocol()
     more = _CH_MORE
     gets = total("stat_get", more + 2) + total("stat_get_no_ack", more + 3)
-    out.one(received, total("stat_publish", _CH_PUBLISH), proto)
-    out.one(publishers, sum(1 for r in channel_rows if r[_CH_PUBLISH]), proto)  # channels that published
-    out.one(consumers_now, consumers, proto)
-    out.one(delivered, total("stat_deliver", _CH_DELIVER) + gets, proto_type)  # consumes and gets, as RabbitMQ
+    both(received, (proto, total("stat_publish", _CH_PUBLISH)), (sp, s.received))
+    both(publishers, (proto, sum(1 for r in channel_rows if r[_CH_PUBLISH])), (sp, s.publishers))  # channels that published
+    both(consumers_now, (proto, consumers), (sp, s.consumers))
+    # consumes and gets, as RabbitMQ; the stream protocol's deliveries are the records of the chunks it sent
+    both(delivered, (proto_type, total("stat_deliver", _CH_DELIVER) + gets), (sp_type, s.delivered))
     out.one(redelivered, total("stat_redeliver", _CH_REDELIVER), proto_type)
     out.one(acked, total("stat_ack", _CH_ACK), proto_type)
     confirm_received, routed, dropped, returned, confirmed = GLOBAL_MORE
-    out.one(confirm_received, total("stat_publish_confirm", _CH_PUBLISH_CONFIRM), proto)
+    # a stream-protocol publisher always has its messages confirmed
+    both(confirm_received, (proto, total("stat_publish_confirm", _CH_PUBLISH_CONFIRM)), (sp, s.received))
     out.one(routed, total("stat_routed", _CH_ROUTED), proto)
     out.one(dropped, total("stat_drop_unroutable", more + 1), proto)
     out.one(returned, total("stat_return_unroutable", more), proto)
-    out.one(confirmed, total("stat_confirm", _CH_PUBLISH + 1), proto)
+    both(confirmed, (proto, total("stat_confirm", _CH_PUBLISH + 1)), (sp, s.confirmed))
     manual, auto, get_manual, get_auto, get_empty = GLOBAL_BY_QUEUE_TYPE
     auto_acked = total("stat_deliver_no_ack", more + 5)
     out.one(manual, total("stat_deliver", _CH_DELIVER) - auto_acked, proto_type)
@@ -415,7 +445,8 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
                           strict=True):
         out.one(fam, value)
 
-    q_labels, q_rows, q_infos = _queue_rows(node, per_object)
+    streams: list[StreamQueue] = []
+    q_labels, q_rows, q_infos = _queue_rows(node, per_object, streams)
     out.columns(QUEUE, q_labels, q_rows)
     ch_labels, chv_labels, ch_rows = _channel_rows(node, per_object)
     out.columns(CHANNEL, ch_labels, ch_rows)
@@ -446,7 +477,7 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
         ("rabbitmq_node", node.name), ("rabbitmq_cluster", node.config.cluster_name),
         ("rabbitmq_endpoint", endpoint))))
 
-    _global(out, node, ch_rows, consumers)
+    _global(out, node, ch_rows, consumers, _stream_protocol(node))
     out.one(ALARMS[0], int("disk" in node.alarms))
     out.one(ALARMS[1], int("memory" in node.alarms))
     out.one(PROCESS_START, int(node.started_at))
@@ -458,7 +489,58 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
     out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)
     out.columns(HUTCH_CHANNEL, chv_labels, ch_rows, offset=_CH_DELIVER)
     _shovels(out, node)
+    _streams(out, node, streams)
     return "".join(out.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamProtocol:
+    """The stream protocol's side of the rabbitmq_global_* families (protocol="stream")."""
+
+    received: int = 0
+    confirmed: int = 0
+    errored: int = 0
+    delivered: int = 0
+    publishers: int = 0
+    consumers: int = 0
+
+
+def _stream_protocol(node: Node) -> _StreamProtocol | None:
+    hub = node.streams
+    if hub is None:
+        return None
+    n = hub.counters
+    conns = list(hub.connections)
+    return _StreamProtocol(n.messages_received, n.messages_confirmed, n.messages_errored, n.messages_delivered,
+                           sum(len(conn.publishing.publishers) for conn in conns),
+                           sum(len(conn.consuming.subscriptions) for conn in conns))
+
+
+def _streams(out: _Text, node: Node, streams: list[StreamQueue]) -> None:
+    """rabbitmq_stream_segments and rabbitmq_stream_consumer_max_offset_lag: per stream (labels vhost,
+    queue) on the per-object registry, else their sum and their maximum (as the plugin aggregates them);
+    the lag counts AMQP 0-9-1 consumers and stream-protocol subscriptions alike. hutch_stream_messages_
+    errored_total: the stream protocol's publish errors."""
+    segments, lag = STREAM
+    hub = node.streams
+    sub_lag: dict[tuple[str, str], int] = {}
+    for conn in list(hub.connections) if hub is not None else []:
+        vhost = conn.vhost.name
+        for row in conn.consuming.info():
+            value = row["offset_lag"]
+            if isinstance(value, int):
+                key = (vhost, str(row["stream"]))
+                sub_lag[key] = max(sub_lag.get(key, 0), value)
+    rows = [(q.handle.segment_count, max(q.max_offset_lag(), sub_lag.get((q.vhost, q.name), 0))) for q in streams]
+    if out.per_object:
+        labels = [_labels((("vhost", q.vhost), ("queue", q.name))) for q in streams]
+        out.samples(segments, [(lbl, row[0]) for lbl, row in zip(labels, rows, strict=True)])
+        out.samples(lag, [(lbl, row[1]) for lbl, row in zip(labels, rows, strict=True)])
+    else:
+        out.one(segments, sum(r[0] for r in rows))
+        out.one(lag, max((r[1] for r in rows), default=0))
+    errored = hub.counters.messages_errored if hub is not None else 0
+    out.one(HUTCH_STREAM[0], errored, _labels((("protocol", STREAM_PROTOCOL),)))
 
 
 def _shovels(out: _Text, node: Node) -> None:

@@ -1,9 +1,9 @@
 """Service layer: stream-protocol connections, publishers and consumers as the management API shows them.
 
 Owns: which stream connections a caller sees (opened ones; monitors see all, others their own), their
-JSON in RabbitMQ's two shapes — among the connections and consumers of `/api/connections` and
-`/api/consumers` (as rabbitmq_stream registers them: protocol "stream", consumer tags `stream.subid-N`)
-and in rabbitmq_stream_management's `/api/stream/...` lists — and closing one (the socket is closed
+JSON among the connections and consumers of `/api/connections` and `/api/consumers` (as rabbitmq_stream
+registers them: protocol "stream", consumer tags `stream.subid-N`; rabbitmq_stream_management's
+`/api/stream/...` routes are stream_routes.py's), and closing one (the socket is closed
 without a stream-protocol close, as RabbitMQ 3.10.8 does it: checked by hand). Reads the node's
 `StreamHub` (`node.streams`, set while the stream listener runs). Returns JSON-able data, raises
 `ApiError`. No IO.
@@ -93,21 +93,5 @@ def consumers_json(conn: Any) -> list[dict[str, Any]]:
             for row in conn.consuming.info()]
 
 
-def owner(conn: Any) -> dict[str, Any]:
-    return {"name": conn.name, "user": conn.user_name, "vhost": conn.vhost.name, "node": str(conn.broker.name)}
-
-
-def publishers_list(conns: list[Any], stream: str | None = None) -> list[dict[str, Any]]:
-    """rabbitmq_stream_management's publisher rows of these connections (of one stream if given)."""
-    return [{**row, "connection_details": owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in conns for row in conn.publishing.info() if stream is None or row["stream"] == stream]
-
-
-def consumers_list(conns: list[Any], stream: str | None = None) -> list[dict[str, Any]]:
-    """rabbitmq_stream_management's consumer rows (with their offsets) of these connections."""
-    return [{**row, "connection_details": owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in conns for row in conn.consuming.info() if stream is None or row["stream"] == stream]
-
-
-__all__ = ["CLOSE_REASON", "close", "connection_json", "consumers_json", "consumers_list", "find", "opened",
-           "owner", "publishers_list", "visible", "visible_one"]
+__all__ = ["CLOSE_REASON", "close", "connection_json", "consumers_json", "find", "opened", "visible",
+           "visible_one"]

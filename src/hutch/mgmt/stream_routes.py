@@ -1,9 +1,12 @@
 """The stream protocol's routes of the management API: create, show and delete a super stream over HTTP
-(hutch extensions), as `hutch-streams` does over the stream protocol; and the stream connections,
-publishers and consumers (RabbitMQ's rabbitmq_stream_management routes: all, per vhost, per stream, per
-connection; monitors see all, others their own; DELETE closes a connection; stream_clients.py). Thin handlers over runtime/stream_session (super_streams.py; the node's `StreamHub`, `node.streams`,
-set while the stream listener runs), registered in the route table like routes.py's (http.py imports
-this module).
+(hutch extensions), as `hutch-streams` does over the stream protocol; the stream connections, publishers
+and consumers (RabbitMQ's rabbitmq_stream_management routes: the lists, per vhost, one connection with its
+publishers and consumers, and closing it with DELETE; monitors see all, others their own; administrators
+close any, others their own); and the streams with their stream-protocol publishers and consumers (a
+hutch extension the web UI's streams page reads). Thin handlers over runtime/stream_session
+(super_streams.py; the node's `StreamHub`, `node.streams`, set while the stream listener runs: every
+read of a stream connection goes through `_stream_connections`), registered in the route table like
+routes.py's (http.py imports this module). Lists take the listing parameters (sort, page, columns).
 
 Body of a create: `{"partitions": N}` (partitions NAME-0 … NAME-(N-1), binding keys "0" … "N-1") or
 `{"binding_keys": ["eu", "us"]}` (partitions NAME-eu, NAME-us), and optionally `"arguments"` with the
@@ -19,13 +22,23 @@ from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.catalog import QueueCatalog
 from hutch.streamproto.codes import Code
 
-from . import stream_clients
-from .access import require_amqp, vhost_for_read, vhost_for_write
+from . import formats, listing
+from .access import (
+    may_close_user_object,
+    may_see_user_object,
+    require_amqp,
+    vhost_for_read,
+    vhost_for_write,
+    visible_vhosts,
+)
 from .calls import NO_CONTENT, Call, Status, route
-from .errors import ApiError, bad_request, not_found
+from .errors import ApiError, bad_request, not_authorised, not_found
 
 TAG = "streams"
 MAX_PARTITIONS = super_streams.MAX_PARTITIONS
+CLOSE_REASON = "Closed via management plugin"  # RabbitMQ's, without an X-Reason header
+PUBLISHER_SORT = ("connection_details.name", "publisher_id")
+CONSUMER_SORT = ("connection_details.name", "subscription_id")
 
 
 def _layout(name: str, body: Any) -> tuple[list[str], list[str], dict[str, str]]:
@@ -90,86 +103,156 @@ async def _delete_super_stream(c: Call) -> Any:
     return NO_CONTENT
 
 
-def _conns(c: Call, vhost: str | None = None) -> list[Any]:
-    """The stream connections the caller may see (of one vhost, which must be visible: 404 if not)."""
+# -- streams (hutch), stream connections, publishers and consumers (rabbitmq_stream_management) -----------
+
+
+def _stream_connections(c: Call, vhost: str | None = None) -> list[Any]:
+    """The stream-protocol connections the caller may see (all for monitors, else its own), of `vhost`
+    if given (404 if it does not exist, 401 if the caller may not read it)."""
     if vhost is not None:
         vhost_for_read(c.node, c.principal, vhost)
-    return stream_clients.visible(c.node, c.principal, vhost)
+    hub = c.node.streams
+    if hub is None:
+        return []
+    p = c.principal
+    return [conn for conn in list(hub.connections)
+            if (p.is_monitor or conn.user_name == p.name) and (vhost is None or conn.vhost.name == vhost)]
+
+
+def _stream_connection(c: Call) -> Any:
+    """The connection `{vhost}/{name}`: 404 if there is none, 401 if the caller may not see it."""
+    vhost, name = c.params["vhost"], c.params["name"]
+    vhost_for_read(c.node, c.principal, vhost)
+    hub = c.node.streams
+    found = [conn for conn in list(hub.connections) if conn.name == name and conn.vhost.name == vhost] \
+        if hub is not None else []
+    if not found:
+        raise not_found()
+    if not may_see_user_object(c.principal, found[0].user_name):
+        raise not_authorised("User not authorised to access object")
+    return found[0]
+
+
+def _owner(conn: Any) -> dict[str, Any]:
+    return {"name": conn.name, "user": conn.user_name, "vhost": conn.vhost.name, "node": str(conn.broker.name)}
+
+
+def _publishers(conns: list[Any], stream: str | None = None) -> list[dict[str, Any]]:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
+            for conn in conns for row in conn.publishing.info() if stream is None or row["stream"] == stream]
+
+
+def _consumers(conns: list[Any]) -> list[dict[str, Any]]:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
+            for conn in conns for row in conn.consuming.info()]
 
 
 @route("GET", "/api/stream/connections", "Stream-protocol connections (rabbitmq_stream_management)",
-       tag=TAG, reply="Any[]")
+       tag=TAG, reply="Any[]", listing=True)
 def _list_stream_connections(c: Call) -> Any:
-    return [conn.info() for conn in _conns(c)]
+    return listing.list_reply([conn.info() for conn in _stream_connections(c)], c.query)
 
 
-@route("GET", "/api/stream/connections/{vhost}", "A virtual host's stream-protocol connections", tag=TAG,
-       reply="Any[]", codes=(404,))
+@route("GET", "/api/stream/connections/{vhost}", "Stream-protocol connections of a virtual host", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
 def _list_vhost_stream_connections(c: Call) -> Any:
-    return [conn.info() for conn in _conns(c, c.params["vhost"])]
+    return listing.list_reply([conn.info() for conn in _stream_connections(c, c.params["vhost"])], c.query)
 
 
-@route("GET", "/api/stream/connections/{vhost}/{name}", "One stream-protocol connection", tag=TAG,
-       reply="Any", codes=(404,))
-def _stream_connection(c: Call) -> Any:
-    return stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"]).info()
+@route("GET", "/api/stream/connections/{vhost}/{name}", "One stream-protocol connection", tag=TAG, reply="Any",
+       codes=(404,))
+def _get_stream_connection(c: Call) -> Any:
+    return listing.one_reply(_stream_connection(c).info(), c.query)
 
 
-@route("DELETE", "/api/stream/connections/{vhost}/{name}", "Close a stream-protocol connection (reason in "
-       "the X-Reason header)", tag=TAG, codes=(204, 404))
+@route("DELETE", "/api/stream/connections/{vhost}/{name}", "Close a stream-protocol connection (reason in the "
+       "X-Reason header; administrators, or the connection's own user)", tag=TAG, codes=(204, 404))
 def _close_stream_connection(c: Call) -> Any:
-    conn = stream_clients.find(c.node, c.params["name"], c.params["vhost"])
-    if conn is None:
-        raise not_found()
-    stream_clients.close(c.node, c.principal, conn, c.headers.get("X-Reason"))
+    conn = _stream_connection(c)
+    if not may_close_user_object(c.principal, conn.user_name):
+        raise not_authorised("User not authorised to access object")
+    conn.drop(c.headers.get("X-Reason") or CLOSE_REASON)  # the socket, no Close: as RabbitMQ
     return NO_CONTENT
 
 
-@route("GET", "/api/stream/connections/{vhost}/{name}/publishers", "A stream connection's publishers",
-       tag=TAG, reply="Any[]", codes=(404,))
+@route("GET", "/api/stream/connections/{vhost}/{name}/publishers", "A stream-protocol connection's publishers",
+       tag=TAG, reply="Any[]", listing=True, codes=(404,))
 def _stream_connection_publishers(c: Call) -> Any:
-    conn = stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"])
-    return stream_clients.publishers_list([conn])
+    return listing.list_reply(_publishers([_stream_connection(c)]), c.query, PUBLISHER_SORT)
 
 
-@route("GET", "/api/stream/connections/{vhost}/{name}/consumers", "A stream connection's consumers",
-       tag=TAG, reply="Any[]", codes=(404,))
+@route("GET", "/api/stream/connections/{vhost}/{name}/consumers", "A stream-protocol connection's consumers",
+       tag=TAG, reply="Any[]", listing=True, codes=(404,))
 def _stream_connection_consumers(c: Call) -> Any:
-    conn = stream_clients.visible_one(c.node, c.principal, c.params["name"], c.params["vhost"])
-    return stream_clients.consumers_list([conn])
+    return listing.list_reply(_consumers([_stream_connection(c)]), c.query, CONSUMER_SORT)
 
 
 @route("GET", "/api/stream/publishers", "Stream-protocol publishers (rabbitmq_stream_management)", tag=TAG,
-       reply="Any[]")
+       reply="Any[]", listing=True)
 def _list_stream_publishers(c: Call) -> Any:
-    return stream_clients.publishers_list(_conns(c))
+    return listing.list_reply(_publishers(_stream_connections(c)), c.query, PUBLISHER_SORT)
 
 
-@route("GET", "/api/stream/publishers/{vhost}", "A virtual host's stream-protocol publishers", tag=TAG,
-       reply="Any[]", codes=(404,))
+@route("GET", "/api/stream/publishers/{vhost}", "Stream-protocol publishers of a virtual host", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
 def _list_vhost_stream_publishers(c: Call) -> Any:
-    return stream_clients.publishers_list(_conns(c, c.params["vhost"]))
+    return listing.list_reply(_publishers(_stream_connections(c, c.params["vhost"])), c.query, PUBLISHER_SORT)
 
 
-@route("GET", "/api/stream/publishers/{vhost}/{stream}", "A stream's publishers", tag=TAG, reply="Any[]",
-       codes=(404,))
-def _list_one_stream_publishers(c: Call) -> Any:
-    return stream_clients.publishers_list(_conns(c, c.params["vhost"]), c.params["stream"])
+@route("GET", "/api/stream/publishers/{vhost}/{stream}", "Stream-protocol publishers of one stream", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
+def _list_stream_publishers_of(c: Call) -> Any:
+    conns = _stream_connections(c, c.params["vhost"])
+    return listing.list_reply(_publishers(conns, c.params["stream"]), c.query, PUBLISHER_SORT)
 
 
 @route("GET", "/api/stream/consumers", "Stream-protocol consumers with their offsets (rabbitmq_stream_management)",
-       tag=TAG, reply="Any[]")
+       tag=TAG, reply="Any[]", listing=True)
 def _list_stream_consumers(c: Call) -> Any:
-    return stream_clients.consumers_list(_conns(c))
+    return listing.list_reply(_consumers(_stream_connections(c)), c.query, CONSUMER_SORT)
 
 
-@route("GET", "/api/stream/consumers/{vhost}", "A virtual host's stream-protocol consumers", tag=TAG,
-       reply="Any[]", codes=(404,))
+@route("GET", "/api/stream/consumers/{vhost}", "Stream-protocol consumers of a virtual host", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
 def _list_vhost_stream_consumers(c: Call) -> Any:
-    return stream_clients.consumers_list(_conns(c, c.params["vhost"]))
+    return listing.list_reply(_consumers(_stream_connections(c, c.params["vhost"])), c.query, CONSUMER_SORT)
 
 
-@route("GET", "/api/stream/consumers/{vhost}/{stream}", "A stream's consumers", tag=TAG, reply="Any[]",
-       codes=(404,))
-def _list_one_stream_consumers(c: Call) -> Any:
-    return stream_clients.consumers_list(_conns(c, c.params["vhost"]), c.params["stream"])
+def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
+    """Each stream the caller may see, as the queue API shows it, with the number of stream-protocol
+    publishers and consumers on it (from the connections the caller may see)."""
+    names = [vhost] if vhost is not None else visible_vhosts(c.node, c.principal)
+    if vhost is not None:
+        vhost_for_read(c.node, c.principal, vhost)
+    conns = _stream_connections(c)
+    publishers: dict[tuple[str, str], int] = {}
+    consumers: dict[tuple[str, str], int] = {}
+    for conn in conns:
+        for row in conn.publishing.info():
+            key = (conn.vhost.name, str(row["stream"]))
+            publishers[key] = publishers.get(key, 0) + 1
+        for row in conn.consuming.info():
+            key = (conn.vhost.name, str(row["stream"]))
+            consumers[key] = consumers.get(key, 0) + 1
+    rows = []
+    for name in names:
+        v = c.node.vhosts.get(name)
+        for q in list(v.queues.values()) if v is not None else []:
+            if q.queue_type == "stream":
+                row = formats.queue_json(q, c.node.name, c.stats)
+                row["stream_publishers"] = publishers.get((name, q.name), 0)
+                row["stream_consumers"] = consumers.get((name, q.name), 0)
+                rows.append(row)
+    return rows
+
+
+@route("GET", "/api/stream/streams", "Streams with their offsets, segments and stream-protocol publishers and "
+       "consumers (hutch)", tag=TAG, reply="Any[]", listing=True)
+def _list_streams(c: Call) -> Any:
+    return listing.list_reply(_stream_rows(c, None), c.query)
+
+
+@route("GET", "/api/stream/streams/{vhost}", "Streams of a virtual host (hutch)", tag=TAG, reply="Any[]",
+       listing=True, codes=(404,))
+def _list_vhost_streams(c: Call) -> Any:
+    return listing.list_reply(_stream_rows(c, c.params["vhost"]), c.query)

@@ -6,7 +6,9 @@ the cluster service and the queue types' inter-node services), the AMQP listener
 listener with certificate reloading (runtime/tls.py), the stream protocol's listeners and streams
 (`start_streams`), the node's life from start to SIGTERM (`serve`), announcing the ports its listeners
 bound (the log and the ports file, hutch/portfile.py), the garbage collector's tuning and the event
-loop (`run_node`).
+loop (`run_node`). In a worker process (`worker`, runtime/workers/), the same node is one worker of
+several: its listeners share the node's ports (`SO_REUSEPORT`), its cluster transport is the paired
+worker link, and it reports to the supervisor (heartbeats, its ports) over its control socket.
 
 Rules:
 - Only `cli/server.py` (and tests that need a node in their own process) import this module.
@@ -27,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 from hutch import __version__, portfile
-from hutch.cluster.messages import LimitCounts
+from hutch.cluster.messages import DirectReply, LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
@@ -53,7 +55,8 @@ from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
-from hutch.storage.dirlock import DataDirLock, DataDirLocked
+from hutch.runtime.workers.link import WorkerLink
+from hutch.storage.dirlock import DataDirLock
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
 
@@ -94,9 +97,17 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     cluster.register(LimitCounts, gossip.received)
     node.cluster_peer_hooks.append(gossip.peer_changed)
     cluster.add_subsystem(gossip)
+    # Direct Reply-To across nodes and workers: a reply goes to the node its token names
+    node.forward_direct_reply = lambda home, token, msg: cluster.send(home, DirectReply(token, msg))
+    cluster.register(DirectReply, lambda _peer, r: node.deliver_direct_reply(r.token, r.message))
     node.cluster = cluster
-    node.queue_types = [QuorumQueueType(node, cluster, quorum), RemoteQueueType(node, link),
+    remote = RemoteQueueType(node, link)
+    node.queue_types = [QuorumQueueType(node, cluster, quorum), remote,
                         *(t for t in node.queue_types if t.name not in ("quorum", "remote"))]
+    if node.config.worker_index is not None:  # a worker: new queues go to the worker with fewest queues
+        for t in node.queue_types:
+            if isinstance(t, ClassicQueueType):
+                t.elsewhere = remote.place_on_fewest
     return cluster
 
 
@@ -105,10 +116,28 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
     loop = asyncio.get_running_loop()
     cfg = node.config
     server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqp_host, cfg.amqp_port,
-                                        backlog=1024, reuse_address=True)
+                                        backlog=1024, reuse_address=True, **_shared_port(cfg))
     node.server = server
     node.amqp_port = node.listener_ports["amqp"] = server.sockets[0].getsockname()[1]
     log.info("AMQP listener started on %s:%d", listen.display_host(cfg.amqp_host), node.amqp_port)
+    return server
+
+
+def _shared_port(cfg: Config) -> dict[str, bool]:
+    """A worker's AMQP listeners share the node's port with the other workers (the kernel spreads the
+    connections over them); a lone node's do not."""
+    return {"reuse_port": True} if cfg.worker_index is not None else {}
+
+
+async def start_own_listener(node: Node) -> asyncio.base_events.Server | None:
+    """`workers.own_ports`: a worker's AMQP listener of its own (port 0; `amqp_w<N>` in the ports file),
+    so that a client (a test, an operator) can pick the worker it talks to."""
+    cfg = node.config
+    if cfg.worker_index is None or not cfg.worker_own_ports:
+        return None
+    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node), cfg.amqp_host, 0,
+                                        backlog=1024, reuse_address=True)
+    node.listener_ports[f"amqp_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
     return server
 
 
@@ -136,7 +165,8 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
     server = await listen.create_server(loop, tls_gated(node, lambda: AMQPProtocol(node), "AMQP over TLS"),
-                                        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True)
+                                        cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True,
+                                        **_shared_port(cfg))
     node.amqps_port = node.listener_ports["amqps"] = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
     return server
@@ -225,35 +255,36 @@ def _listen_error(exc: OSError) -> str:
 
 
 async def serve(config: Config, services: Sequence[Service] = (),
-                prepare: Callable[[Node], str | None] | None = None) -> int:
+                prepare: Callable[[Node], str | None] | None = None, worker: WorkerLink | None = None) -> int:
     """Run a node. `prepare` runs after recovery and before the listeners accept clients (the CLI
     passes the management layer's definitions import for `load_definitions`); a returned text is a
     one-line start-up error. The data directory is locked first, for the node's whole life
     (storage/dirlock.py): a second node on it is refused in one line naming the holder's pid."""
     lock: DataDirLock | None = None
     if config.data_dir:
-        try:
-            lock = DataDirLock.acquire(config.data_dir)
-        except DataDirLocked as exc:
-            print(f"hutch-server: {exc}", file=sys.stderr)
+        taken = DataDirLock.acquire_or_reason(config.data_dir)
+        if isinstance(taken, str):
+            print(f"hutch-server: {taken}", file=sys.stderr)
             return 1
-        except OSError as exc:
-            print(f"hutch-server: cannot lock data directory {config.data_dir}: {exc.strerror or exc}",
-                  file=sys.stderr)
-            return 1
+        lock = taken
     try:
-        return await _serve_locked(config, services, prepare)
+        return await _serve_locked(config, services, prepare, worker)
     finally:
+        if worker is not None:
+            worker.stop()
         if lock is not None:
             lock.release()
 
 
 async def _serve_locked(config: Config, services: Sequence[Service],
-                        prepare: Callable[[Node], str | None] | None) -> int:
+                        prepare: Callable[[Node], str | None] | None, worker: WorkerLink | None) -> int:
     # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
     with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):  # not the main thread
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGHUP, lambda: log.info("SIGHUP received while the node starts: ignored"))
+    stop = asyncio.Event()
+    if worker is not None:  # heartbeats from the start; the supervisor's end of file stops this worker
+        worker.start(stop.set)
     clustered = config.cluster_enabled  # a cluster of one unless turned off (docs/clustering.md)
     if config.data_dir:
         portfile.remove(config.data_dir)  # a previous process's ports never answer for this one
@@ -274,6 +305,10 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             if config.data_dir else None
         node = build_node(config, store=store, persistence=persistence)
         cluster = cluster_node(node, secret) if secret is not None else None
+        if cluster is not None and worker is not None:  # the worker link: the supervisor's socket pairs
+            for peer, sock in worker.first_links().items():
+                cluster.transport.adopt(peer, sock)
+            worker.set_adopt(cluster.transport.adopt)
         if cluster is None:
             node.recover_messages()
     except (StorageError, ValueError, OSError) as exc:
@@ -294,7 +329,8 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             print(f"hutch-server: {exc}", file=sys.stderr)
             await cluster.stop()
             return 1
-        node.listener_ports["cluster"] = cluster.transport.port
+        if worker is None:
+            node.listener_ports["cluster"] = cluster.transport.port
         node.recover_messages()
     if prepare is not None:
         problem = prepare(node)
@@ -314,10 +350,18 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         print(f"hutch-server: cannot listen for AMQP over TLS on port {config.amqps_port}: {text}", file=sys.stderr)
         await stop_node(node, server)
         return 1
+    try:
+        own_server = await start_own_listener(node)
+    except OSError as exc:
+        print(f"hutch-server: cannot listen for AMQP on a worker's own port: {_listen_error(exc)}", file=sys.stderr)
+        await stop_node(node, server)
+        return 1
     await node.start()
     stoppers: list[Callable[[], Awaitable[None]]] = [await start_shovels(node, cluster)]
     if tls_server is not None:
         stoppers.append(_closer(tls_server))
+    if own_server is not None:
+        stoppers.append(_closer(own_server))
     try:
         streams = await start_streams(node)
     except TlsConfigError as exc:
@@ -341,12 +385,14 @@ async def _serve_locked(config: Config, services: Sequence[Service],
               else f"hutch-server: cannot start: {_listen_error(exc)}", file=sys.stderr)
         await stop_node(node, server)
         return 1
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # a worker leaves SIGINT (a terminal's ^C reaches the whole process group) to its supervisor
+    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     node.tls.start()  # certificate reloads (SIGHUP, file changes) for every TLS listener
     _announce_ports(node)
+    if worker is not None:
+        worker.ready(node.listener_ports)
     log.info("node %s started (hutch %s)", node.name, __version__)
     await stop.wait()
     node.tls.stop()
@@ -420,7 +466,7 @@ def tune_gc() -> None:
 
 
 def run_node(config: Config, services: Sequence[Service] = (),
-             prepare: Callable[[Node], str | None] | None = None) -> int:
+             prepare: Callable[[Node], str | None] | None = None, worker: WorkerLink | None = None) -> int:
     """Run a node until SIGTERM/SIGINT; returns the process exit code. Sets the process umask to
     DATA_UMASK first: data at rest (bodies, password hashes) is readable by the node's user only."""
     os.umask(DATA_UMASK)
@@ -428,8 +474,8 @@ def run_node(config: Config, services: Sequence[Service] = (),
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep the node usable without it
-        return asyncio.run(serve(config, services, prepare))
-    return uvloop.run(serve(config, services, prepare))
+        return asyncio.run(serve(config, services, prepare, worker))
+    return uvloop.run(serve(config, services, prepare, worker))
 
 
 __all__ = ["Service", "build_node", "cluster_node", "run_node", "serve", "start_node", "stop_node"]

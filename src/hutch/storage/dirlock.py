@@ -63,6 +63,16 @@ class DataDirLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(data_dir, fd)
 
+    @classmethod
+    def acquire_or_reason(cls, data_dir: str) -> DataDirLock | str:
+        """`acquire`, or the one-line reason it could not be had (what `hutch-server` prints)."""
+        try:
+            return cls.acquire(data_dir)
+        except DataDirLocked as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"cannot lock data directory {data_dir}: {exc.strerror or exc}"
+
     @property
     def held(self) -> bool:
         return self._fd is not None

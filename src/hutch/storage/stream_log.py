@@ -484,7 +484,7 @@ class ChunkCursor:
     (the committed chunk id), or None. If retention deleted the segment it was in, it moves to the log's
     first chunk (`skipped` counts such moves)."""
 
-    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped", "_block", "_block_pos", "_block_seg")
+    __slots__ = ("log", "seg_first", "pos", "next_id", "skipped", "_block", "_block_pos", "_block_seg", "_large")
 
     def __init__(self, log: StreamLog, seg: Segment, pos: int, next_id: int) -> None:
         self.log = log
@@ -495,13 +495,15 @@ class ChunkCursor:
         self._block = b""
         self._block_pos = 0
         self._block_seg = -1
+        self._large = False  # the last chunk was larger than a read-ahead block
 
-    def _read(self, seg: Segment, pos: int, length: int) -> bytes:
-        """`length` bytes at `pos`, from the read-ahead block when it holds them."""
+    def _read(self, seg: Segment, pos: int, length: int, ahead: bool = True) -> bytes:
+        """`length` bytes at `pos`, from the read-ahead block when it holds them (else read with a block
+        of read-ahead, or, with `ahead` false, exactly)."""
         block, start = self._block, self._block_pos
         if self._block_seg == seg.first_id and start <= pos and pos + length <= start + len(block):
             return block[pos - start:pos - start + length]
-        want = min(max(length, READ_AHEAD_BYTES), seg.size - pos)
+        want = min(max(length, READ_AHEAD_BYTES), seg.size - pos) if ahead else length
         self._block = block = self.log.read_at(seg, pos, max(want, length))
         self._block_pos, self._block_seg = pos, seg.first_id
         return block[:length]
@@ -525,10 +527,13 @@ class ChunkCursor:
                 return None
             if self.pos < seg.size:
                 try:
-                    info = self.log.fmt.info(self._read(seg, self.pos, self.log.fmt.header_size))
+                    # after a large chunk the next is likely large too: read its header alone, not a block
+                    # that the chunk's own read would read again
+                    info = self.log.fmt.info(self._read(seg, self.pos, self.log.fmt.header_size, not self._large))
                 except ValueError as exc:
                     raise StorageError("read", seg.segment_path, detail=f"no chunk at byte {self.pos}: {exc}") from exc
                 data = self._read(seg, self.pos, info.size)
+                self._large = info.size > READ_AHEAD_BYTES
                 if len(data) != info.size:
                     raise StorageError("read", seg.segment_path, detail=f"chunk {info.chunk_id} is short")
                 self.pos += info.size

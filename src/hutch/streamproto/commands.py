@@ -4,7 +4,8 @@ Owns: the records (requests a client sends, responses and commands a server send
 both ways: close, heartbeat, tune), the table from a frame's key and version to its decoder
 (`decode`), the encoder (`encode`, a whole frame with its size prefix), and the two hot commands'
 hand-written forms: a publish's entries (`PublishedEntry`, `SubBatchEntry`) and a delivery's header
-(`deliver_header`, so that a chunk read from a segment file goes out without being copied).
+(`deliver_header`, so that a chunk read from a segment file goes out without being copied), and a
+publish of simple entries taken apart without a record per message (`scan_simple_publish`).
 
 Rules: a record lists its wire fields in `FIELDS`, in the order of its dataclass fields; a key or a
 version not in the table, a body that ends early or has bytes left over raises `UnknownFrame`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from hutch.streamproto import wire
 from hutch.streamproto.codes import RESPONSE_BIT, Code, Key
@@ -318,6 +319,88 @@ class Publish(Command):
         if len(entries) != count:
             raise UnknownFrame(f"publish announces {count} messages and carries {len(entries)}")
         return cls(publisher_id, entries, version)
+
+
+PUBLISH_V1_PREFIX = _KEY_VERSION.pack(Key.PUBLISH, 1)
+
+
+class SimplePublish(NamedTuple):
+    """A version 1 publish of simple entries only, taken apart without a record per message."""
+
+    publisher_id: int
+    publishing_ids: list[int]
+    data: bytes  # the entries as a chunk's data section: each u32 size + message (chunk.encode_entries)
+
+
+def scan_simple_publish(frame: bytes) -> SimplePublish | None:
+    """`frame` (after its size field) as a `SimplePublish`, or None when it is anything else: another
+    command or version, a sub-batch entry, or a malformed publish (`decode` then reads it and reports
+    what is wrong). A simple entry on the wire is its publishing id then exactly a chunk's simple entry
+    (u32 size with the top bit clear, then the message), so the data section is the frame's entries
+    without their ids: one slice per message, no copy of a message but the join."""
+    end = len(frame)
+    if end < 9 or not frame.startswith(PUBLISH_V1_PREFIX):
+        return None
+    publisher_id, count = _PUBLISH_COUNT.unpack_from(frame, 4)
+    if not 0 < count <= (end - 9) // 12:
+        return None
+    if count <= UNIFORM_MAX_ENTRIES and (end - 9) % count == 0:
+        uniform = _scan_uniform(frame, publisher_id, count, (end - 9) // count)
+        if uniform is not None:
+            return uniform
+    ids: list[int] = []
+    spans: list[memoryview] = []
+    add_id, add_span = ids.append, spans.append
+    view = memoryview(frame)
+    unpack = _ENTRY.unpack_from
+    pos = 9
+    for _ in range(count):
+        if pos + 12 > end:
+            return None
+        pid, size = unpack(frame, pos)
+        nxt = pos + 12 + size  # a sub-batch's top bit makes this run past the frame
+        if nxt > end:
+            return None
+        add_id(pid)
+        add_span(view[pos + 8:nxt])
+        pos = nxt
+    if pos != end:
+        return None
+    return SimplePublish(publisher_id, ids, b"".join(spans))
+
+
+UNIFORM_MAX_ENTRIES = 1024  # a publish of up to this many messages of one size takes `_scan_uniform`
+UNIFORM_STRIDED_MAX_SIZE = 128  # up to this message size the ids go by eight strided deletions (in C)
+UNIFORM_FORMATS_MAX = 64  # (count, size) shapes memoized; the memo starts again empty past that
+_uniform_formats: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _scan_uniform(frame: bytes, publisher_id: int, count: int, stride: int) -> SimplePublish | None:
+    """`scan_simple_publish` for `count` entries of `stride` bytes each (id, size, message of one
+    size: what a client batching one kind of message sends), in C: one `unpack_from` reads every id
+    and size, and eight strided deletions drop the ids' bytes (small messages; a larger one is one
+    slice, a single copy in the join). None when the sizes are not all
+    `stride - 12` (the per-entry loop then reads the frame)."""
+    size = stride - 12
+    if size < 0 or _U32.unpack_from(frame, 17)[0] != size:
+        return None
+    shape = (count, size)
+    fmt = _uniform_formats.get(shape)
+    if fmt is None:
+        if len(_uniform_formats) >= UNIFORM_FORMATS_MAX:
+            _uniform_formats.clear()
+        fmt = _uniform_formats[shape] = struct.Struct(">" + f"QI{size}x" * count)
+    fields = fmt.unpack_from(frame, 9)
+    if fields[1::2].count(size) != count:
+        return None
+    if size > UNIFORM_STRIDED_MAX_SIZE:  # one slice per message: fewer passes over large messages
+        view = memoryview(frame)
+        return SimplePublish(publisher_id, list(fields[0::2]),
+                             b"".join([view[at:at + stride - 8] for at in range(17, len(frame), stride)]))
+    data = bytearray(memoryview(frame)[9:])
+    for removed in range(8):  # entry i's id starts at i * (stride - removed) once `removed` bytes of each went
+        del data[::stride - removed]
+    return SimplePublish(publisher_id, list(fields[0::2]), bytes(data))
 
 
 def _sub_batch(publishing_id: int, r: In) -> SubBatchEntry:

@@ -48,4 +48,6 @@ class FrameReader:
             if len(buf) < end:
                 return
             self._pos = end
-            yield bytes(buf[pos + 4:end])
+            with memoryview(buf) as view:  # one copy (a bytearray slice would be a second); released
+                frame = bytes(view[pos + 4:end])  # before `feed` may resize the buffer
+            yield frame

@@ -17,6 +17,7 @@ import {nodesPage} from './nodes.js';
 import {overviewPage} from './overview.js';
 import {queuePage, queuesPage} from './queues.js';
 import {federationPage, shovelsPage} from './shovels.js';
+import {streamConnectionPage, streamConnectionsPage, streamPage, streamsPage} from './streams.js';
 
 const ROUTES = [
   [/^\/overview$/, overviewPage],
@@ -28,6 +29,10 @@ const ROUTES = [
   [/^\/exchanges\/([^/]+)\/([^/]+)$/, exchangePage],
   [/^\/queues$/, queuesPage],
   [/^\/queues\/([^/]+)\/([^/]+)$/, queuePage],
+  [/^\/streams$/, streamsPage],
+  [/^\/streams\/([^/]+)\/([^/]+)$/, streamPage],
+  [/^\/stream-connections$/, streamConnectionsPage],
+  [/^\/stream-connections\/([^/]+)\/([^/]+)$/, streamConnectionPage],
   [/^\/users$/, usersPage],
   [/^\/users\/([^/]+)$/, userPage],
   [/^\/vhosts$/, vhostsPage],
@@ -44,6 +49,7 @@ const NAV = [
   ['channels', 'Channels', '#/channels'],
   ['exchanges', 'Exchanges', '#/exchanges'],
   ['queues', 'Queues', '#/queues'],
+  ['streams', 'Streams', '#/streams'],
   ['admin', 'Admin', '#/users'],
   ['nodes', 'Nodes', '#/nodes'],
   ['shovels', 'Shovels', '#/shovels'], ['federation', 'Federation', '#/federation'],

@@ -182,9 +182,25 @@ def encode(entries: Sequence[Entry], *, chunk_type: int = USER, timestamp: int, 
     if len(filter_bits) > 255:
         raise ValueError("a chunk filter is at most 255 bytes")
     data, records = encode_entries(entries)
-    header = HEADER.pack(MAGIC_VERSION, chunk_type, len(entries), records, timestamp, epoch, chunk_id,
-                         zlib.crc32(data), len(data), len(trailer), len(filter_bits))
-    return b"".join((header, filter_bits, data, trailer))
+    return encode_data((data,), entries=len(entries), records=records, chunk_type=chunk_type, timestamp=timestamp,
+                       epoch=epoch, chunk_id=chunk_id, trailer=trailer, filter_bits=filter_bits)
+
+
+def encode_data(data: Sequence[bytes], *, entries: int, records: int, chunk_type: int = USER, timestamp: int,
+                epoch: int, chunk_id: int, trailer: bytes = b"", filter_bits: bytes = b"") -> bytes:
+    """One chunk around a data section already encoded (`encode_entries`' framing), given as the parts
+    to join, holding `entries` entries and `records` records: the stream protocol's publish path hands
+    its frames' entries over as they came (runtime/stream_session/publishing.py), without a record per
+    message, and the parts are copied once, into the chunk."""
+    if not 0 < entries <= MAX_ENTRIES:
+        raise ValueError(f"a chunk holds 1..{MAX_ENTRIES} entries, not {entries}")
+    crc = size = 0
+    for part in data:
+        crc = zlib.crc32(part, crc)
+        size += len(part)
+    header = HEADER.pack(MAGIC_VERSION, chunk_type, entries, records, timestamp, epoch, chunk_id,
+                         crc, size, len(trailer), len(filter_bits))
+    return b"".join((header, filter_bits, *data, trailer))
 
 
 def verify(chunk: bytes | memoryview) -> bool:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.config import Config
 from hutch.core import definition_ops as ops_
+from hutch.core import direct_reply
 from hutch.core.arguments import equivalence_arguments, with_default_queue_type
 from hutch.core.auth import AuthStore
 from hutch.core.credit_flow import LoopLoad
@@ -108,6 +109,8 @@ class Node:
         self.cluster_name_set = False  # set through the API (saved), not only from the config
         self.connections: set[Any] = set()  # ConnectionPort
         self.reply_channels: dict[str, Any] = {}  # Direct Reply-To token -> ChannelPort
+        # a clustered node: send a reply to the node (or worker) of its requester (app.cluster_node)
+        self.forward_direct_reply: Callable[[str, str, Message], bool] | None = None
         self.alarms: set[str] = set()
         # how busy the event loop is with input (the AMQP sockets report it): the flow rule's "is the
         # node the bottleneck?" (core/credit_flow.py)
@@ -565,8 +568,14 @@ class Node:
             self.delete_queue(vhost, q)
 
     def deliver_direct_reply(self, token: str, msg: Message) -> bool:
+        """Deliver a reply to the requester's channel, here or (`forward_direct_reply`, set on a clustered
+        node) on the node or worker its token names; False when nobody is known to wait for it."""
         ch = self.reply_channels.get(token)
-        return ch is not None and ch.deliver_direct_reply(msg)
+        if ch is not None:
+            return bool(ch.deliver_direct_reply(msg))
+        home = direct_reply.token_node(token)
+        forward = self.forward_direct_reply
+        return home is not None and home != self.name and forward is not None and forward(home, token, msg)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -19,6 +19,10 @@ Rules:
   batches are `RaftMessage` (decoded on a fast path), everything else goes through the registry. A message
   that is unknown or malformed is logged and dropped (a request gets an error reply); it never closes the
   connection or stops the others in its batch.
+- A worker of a node with worker processes (runtime/workers/) is a member of the node's internal
+  cluster (`config.worker_index` is set): its transport is paired (the socket pairs the supervisor
+  made, adopted by the worker's control link; no listener, no handshake) and its peers are the node's
+  other workers; everything above holds unchanged.
 """
 
 from __future__ import annotations
@@ -116,7 +120,8 @@ class ClusterService:
         assert cfg.cluster_port is not None  # Invariant: app.py clusters a node only with a cluster port
         self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
                                    on_message=self._on_message, on_request=self._on_request,
-                                   on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down)
+                                   on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down,
+                                   paired=cfg.worker_index is not None)
         self.transport.load = node.loop_load  # inter-node input is loop work for the flow rule
         self.raft_id = 0
         self.driver: RaftDriver | None = None

@@ -30,6 +30,11 @@ Rules:
   (the newcomer's own source when that one is at its limit) that has not sent a HELLO yet, else the
   oldest. Silent sockets, however many, only ever push out other silent sockets, so a peer that
   proves the secret (it sends its HELLO at once) gets in (issue 15, finding 8).
+- Paired mode (`paired=True`, the worker link of a node's worker processes: runtime/workers/): no
+  listener, no dials and no handshake. Every connection is a connected Unix socket the supervisor made
+  with `socket.socketpair` and handed to both ends (`adopt`); only those peers exist, so nothing on the
+  network can reach the link. Framing, batching, requests, heartbeats and liveness are as between nodes.
+  A newer socket for the same peer (the peer worker was restarted) replaces the old connection.
 - TLS (`ssl_server` / `ssl_client`, built from `cluster.ssl.*` by runtime/tls.py): both ends present
   and verify a certificate; the secret handshake runs inside TLS as without it. An accepted connection
   joins the handshake table at the accept, before its TLS handshake (runtime/tls_accept.py), so the
@@ -45,6 +50,7 @@ import inspect
 import logging
 import os
 import random
+import socket
 import ssl
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -147,6 +153,8 @@ class _Conn(asyncio.Protocol):
         self.delayed: deque[tuple[float, list[bytes]]] = deque()
         self.delayed_bytes = 0
         self.delay_timer: asyncio.TimerHandle | None = None
+        self.adopted = False  # paired mode: a socket the supervisor made; open without a handshake
+        self.heard = False  # something arrived on it (an adopted socket's peer may still be starting)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -182,6 +190,7 @@ class _Conn(asyncio.Protocol):
         if self.state is ConnState.CLOSED:
             return
         self.last_rx = self.owner._loop.time()
+        self.heard = True
         try:
             try:
                 objs = self.decoder.feed(data)
@@ -297,7 +306,8 @@ class Transport:
                  max_frame_bytes: int = 64 << 20,
                  write_buffer_high_bytes: int = WRITE_BUFFER_HIGH_BYTES,
                  max_buffered_bytes: int | None = None,
-                 ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None) -> None:
+                 ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
+                 paired: bool = False) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         if not node_name:
@@ -324,6 +334,9 @@ class Transport:
             raise ValueError("TLS between nodes needs both an acceptor and a dialler context")
         self.ssl_server = ssl_server  # TLS on the listener and on every dial (runtime/tls.py)
         self.ssl_client = ssl_client
+        self.paired = paired  # the worker link: adopted socket pairs only (module docstring)
+        self._to_adopt: list[tuple[str, socket.socket]] = []  # adopted before `start`
+        self._started = False
         self._loop: asyncio.AbstractEventLoop  # set by start(); nothing touches it before
         self._server: asyncio.Server | None = None
         self._running = False
@@ -344,6 +357,15 @@ class Transport:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._started = True
+        if self.paired:  # no listener: every peer comes through `adopt`
+            self._running = True
+            self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
+            log.info("node %r on the worker link (socket pairs, no listener)", self.node_name)
+            waiting, self._to_adopt = self._to_adopt, []
+            for name, sock in waiting:
+                await self._attach(name, sock)
+            return
         self._server = await listen.create_server(self._loop, self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
@@ -362,8 +384,9 @@ class Transport:
     async def stop(self) -> None:
         """Close the listener and every connection (peers still up get `on_peer_down`); calls pending
         fail with PeerUnavailable. What was sent before stop() is flushed, for up to a second."""
-        if self._server is None:  # never started, or stopped already
+        if not self._started:  # never started, or stopped already
             return
+        self._started = False
         self._running = False
         if self._tick_handle is not None:
             self._tick_handle.cancel()
@@ -398,6 +421,33 @@ class Transport:
             self._server = None
 
     # -- peers -----------------------------------------------------------------------------------
+    def adopt(self, name: str, sock: socket.socket) -> None:
+        """Paired mode: `sock` is this end of a socket pair to peer `name`, made by the supervisor; the
+        peer is up as soon as the socket is attached (no handshake), replacing any older connection.
+        Before `start`, the socket waits and is attached by `start`; after `stop`, it is closed."""
+        if not self.paired:
+            raise ValueError("adopt() is for a paired transport (the worker link)")
+        if name == self.node_name:
+            raise ValueError(f"{name!r} is this node's own name")
+        if not self._started:
+            self._to_adopt.append((name, sock))
+            return
+        if not self._running:
+            sock.close()
+            return
+        task = self._loop.create_task(self._attach(name, sock))
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
+
+    async def _attach(self, name: str, sock: socket.socket) -> None:
+        peer = self._peers.get(name)
+        if peer is None:
+            peer = self._peers[name] = _Peer(name, "", 0, registered=True)
+        conn = _Conn(self, Role.DIALLER, name, f"worker link to {name}")
+        conn.adopted = True
+        sock.setblocking(False)
+        await self._loop.create_unix_connection(lambda: conn, sock=sock)
+
     def set_peer(self, name: str, host: str, port: int) -> None:
         if name == self.node_name:
             raise ValueError(f"{name!r} is this node's own name")
@@ -652,6 +702,10 @@ class Transport:
             self._conns.add(conn)
             return
         peer = self._peers.get(conn.peer_name or "")
+        if conn.adopted and peer is not None and self._running:
+            self._conns.add(conn)
+            self._paired_established(peer, conn)
+            return
         if peer is None or peer.dialing is not conn or not self._running:  # cancelled while connecting
             conn.state = ConnState.CLOSED
             transport.abort()
@@ -740,6 +794,17 @@ class Transport:
         peer.last_failure = ""
         log.info("node %r is up (connection %s %s)", name, conn.direction, conn.label)
         self._notify(self.on_peer_up, name)
+
+    def _paired_established(self, peer: _Peer, conn: _Conn) -> None:
+        """An adopted socket is open at once: the supervisor made the pair, so there is nothing to prove."""
+        if peer.conn is not None:
+            self._conn_closed(peer.conn, "replaced by a newer worker link", abort=False, peer=peer)
+        conn.state = ConnState.OPEN
+        conn.decoder.max_frame_bytes = self.max_frame_bytes
+        conn.send_limit = self.max_frame_bytes
+        peer.conn = conn
+        log.info("worker %r is up (worker link)", peer.name)
+        self._notify(self.on_peer_up, peer.name)
 
     def _conn_closed(self, conn: _Conn, why: str, *, abort: bool, peer: _Peer | None = None) -> None:
         """Idempotent bookkeeping for a connection that is done, then close its socket."""
@@ -835,7 +900,7 @@ class Transport:
 
     # -- dialling --------------------------------------------------------------------------------
     def _maybe_dial(self, peer: _Peer) -> None:
-        if (not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
+        if (self.paired or not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
                 or peer.dialing is not None or peer.retry is not None):
             return
         conn = _Conn(self, Role.DIALLER, peer.name, f"{peer.host}:{peer.port}")
@@ -874,7 +939,7 @@ class Transport:
             task.cancel()
 
     def _schedule_retry(self, peer: _Peer) -> None:
-        if (not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
+        if (self.paired or not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
                 or peer.dialing is not None or peer.retry is not None or self._peers.get(peer.name) is not peer):
             return
         delay = peer.backoff_s * random.uniform(0.5, 1.0)
@@ -900,7 +965,9 @@ class Transport:
         now = self._loop.time()
         for conn in list(self._conns):
             if conn.state is ConnState.OPEN:
-                if now - conn.last_rx > self.peer_timeout_s:
+                # a restarted worker attaches its end of an adopted pair only once it has booted: its
+                # silence counts from its first frame (a worker that dies meanwhile closes the socket)
+                if now - conn.last_rx > self.peer_timeout_s and (conn.heard or not conn.adopted):
                     log.warning("node %r silent for %.1f s (peer_timeout_s %.1f); closing its connection",
                                 conn.peer_name, now - conn.last_rx, self.peer_timeout_s)
                     self._conn_closed(conn, "heartbeat timeout", abort=True)

@@ -4,14 +4,23 @@ Owns: applying `queue.declare` records of queues that live on another node of th
 `RemoteQueue` stand-in here, so routing, permissions and exclusivity work as for a local queue. Clients
 never declare this type: a declare on this node makes a queue of this node.
 
+Also owns the placement of a node's worker processes (docs/scaling.md): `place_on_fewest` puts a new
+non-exclusive classic queue on the worker with the fewest queues (`fewest_queues`, pure) by
+declaring it here as a stand-in whose record names that worker as its home; the home worker makes the
+queue when it applies the record (`ClassicQueueType.restore`). The record is what keeps a durable queue
+there across restarts (a transient one is gone with its worker's restart, as with a node's).
+
 Rules:
 - When two nodes declared the same name at once, the record that arrives last wins and the other
   queue is deleted here (logged).
+- Placement counts the queues each running worker is home to (in every vhost), ties going to the
+  lower name; a worker that is down is never chosen.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
@@ -25,6 +34,16 @@ if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.node")
+
+
+def fewest_queues(here: str, candidates: Iterable[str], homes: Iterable[str]) -> str:
+    """The candidate home to the fewest of `homes` (one entry per queue: its home), the lower name on a
+    tie; `here` is always a candidate."""
+    counts = dict.fromkeys({here, *candidates}, 0)
+    for home in homes:
+        if home in counts:
+            counts[home] += 1
+    return min(counts, key=lambda name: (counts[name], name))
 
 
 class RemoteQueueType(QueueTypeDefaults):
@@ -63,3 +82,18 @@ class RemoteQueueType(QueueTypeDefaults):
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, RemoteQueue)
         return {"node": q.home}
+
+    def place_on_fewest(self, vhost: VirtualHost, name: str, durable: bool, auto_delete: bool,
+                        arguments: dict[str, Any]) -> Queue | None:
+        """A new classic queue's stand-in here, homed on the running worker with the fewest queues; None
+        when that is this worker (the classic type declares it here)."""
+        here = self.node.name
+        cluster = self.link.cluster
+        homes = (q.home if isinstance(q, RemoteQueue) else here
+                 for vh in self.node.vhosts.values() for q in vh.queues.values())
+        home = fewest_queues(here, cluster.transport.connected_peers(), homes)
+        if home == here:
+            return None
+        q = RemoteQueue(self.link, home, vhost.name, name, durable, False, auto_delete, arguments)
+        self.node.add_queue(vhost, q)
+        return q

@@ -37,6 +37,7 @@ from hutch.amqp.errors import (
 )
 from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
+from hutch.core import direct_reply
 from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
 from hutch.core.confirms import Receipt
 from hutch.core.credit_flow import consumer_settled
@@ -441,7 +442,7 @@ class ServerChannel(DeclarationsMixin):
 
     def _ensure_reply_token(self) -> str:
         if self.reply_token is None:
-            self.reply_token = secrets.token_urlsafe(18)
+            self.reply_token = direct_reply.new_token(self.node.name)
             self.node.reply_channels[self.reply_token] = self
         return self.reply_token
 
@@ -663,6 +664,7 @@ class ServerChannel(DeclarationsMixin):
         priority = _consumer_priority(m.arguments)
         consumer = Consumer(tag, self, q, m.no_ack, m.exclusive, self.prefetch_count, priority,
                             m.arguments)
+        self.node.queue_type_of(q).check_consume(q, consumer)  # refusals come before consume-ok
         self.consumers[tag] = consumer
         if not m.nowait:
             self.send(spec.Basic.ConsumeOk(consumer_tag=tag))

@@ -87,7 +87,7 @@ class StreamConnection:
         self.transport: Transport | None = None
         self.peer: tuple[str, int] = ("?", 0)
         self.sock: tuple[str, int] = ("?", 0)
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []  # joined by flush (a delivery adds a view of its chunk)
         self.client_properties: dict[str, str] = {}
         self.user_name = ""
         self.auth_mechanism = ""
@@ -158,10 +158,17 @@ class StreamConnection:
 
     def _drain(self) -> None:
         try:
-            for frame in self.reader.frames():
-                if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
-                    return
-                self._handle(c.decode(frame))
+            publishing = self.publishing
+            try:
+                for frame in self.reader.frames():
+                    if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
+                        return
+                    if self.phase == Phase.OPENED and publishing.publish_frame(frame):
+                        continue  # the hot path: a publish of simple entries, batched per stream
+                    publishing.write_batched()  # what was published before this command is written first
+                    self._handle(c.decode(frame))
+            finally:
+                publishing.write_batched()
         except FrameError as exc:
             self._fatal(exc)
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)

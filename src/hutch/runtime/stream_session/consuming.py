@@ -126,8 +126,22 @@ class Consuming:
             self._remove(sub)
 
     def info(self) -> list[dict[str, object]]:
+        """What management shows of each subscription (RabbitMQ's stream consumer fields); `offset_lag`:
+        the committed offsets past the one it reads next (0 when it is caught up; None while inactive).
+        A stream's committed offset (which may read a chunk header) is read once per call."""
+        committed: dict[int, int] = {}
+
+        def lag(sub: Subscription) -> int | None:
+            if sub.reader is None:
+                return None
+            end = committed.get(id(sub.handle))
+            if end is None:
+                end = committed[id(sub.handle)] = sub.handle.committed_offset + 1
+            return max(0, end - sub.reader.next_offset)
+
         return [{"subscription_id": s.subscription_id, "stream": s.stream, "credits": s.credit,
                  "offset": s.reader.next_offset if s.reader is not None else None,
+                 "offset_lag": lag(s),
                  "messages_consumed": s.records_sent, "chunks_delivered": s.chunks_sent,
                  "active": s.reader is not None, "properties": dict(s.properties)}
                 for s in self.subscriptions.values()]
@@ -194,10 +208,11 @@ class Consuming:
             committed = sub.handle.committed_chunk_id if self.deliver_version == 2 else None
             conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
             conn.out.append(chunk.raw[:ck.HEADER_SIZE])
-            conn.out.append(bytes(data))
+            conn.out.append(data)  # a view of the chunk read: copied once, by the flush's join
             sub.credit -= 1
             sub.chunks_sent += 1
             sub.records_sent += header.num_records
+            conn.hub.counters.messages_delivered += header.num_records
             sent += 1
 
     # -- offsets ------------------------------------------------------------------------------------

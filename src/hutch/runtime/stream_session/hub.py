@@ -2,7 +2,8 @@
 
 Owns: the broker and stream catalog ports the connections use, the node's single-active-consumer groups
 (sac.py), the set of open stream connections (to tell the others when a stream they use is deleted,
-and for listing), and the host and port the metadata command advertises.
+and for listing), the host and port the metadata command advertises, and `StreamCounters`, the node's
+message counters of the protocol (Prometheus' rabbitmq_global_* with protocol="stream").
 
 Rule: built once by the composition root (runtime/app.py) and handed to every connection; nothing here
 does IO.
@@ -10,6 +11,7 @@ does IO.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hutch.runtime.ports import BrokerPort
@@ -17,10 +19,22 @@ from hutch.runtime.stream_session.ports import StreamCatalog
 from hutch.runtime.stream_session.sac import SacGroups
 
 
+@dataclass
+class StreamCounters:
+    """Messages over the stream protocol since the node started, over every connection and publisher that
+    ever was. Invariant: they never go down (a closed connection's counts stay in them)."""
+
+    messages_received: int = 0  # publishing ids in publish frames of known publishers
+    messages_confirmed: int = 0  # publishing ids confirmed (stored, or deduplicated)
+    messages_errored: int = 0  # publishing ids answered with a publish error
+    messages_delivered: int = 0  # records in the chunks delivered to subscriptions
+
+
 class StreamHub:
     def __init__(self, broker: BrokerPort, catalog: StreamCatalog) -> None:
         self.broker = broker
         self.catalog = catalog
+        self.counters = StreamCounters()
         self.sac = SacGroups()
         self.connections: set[Any] = set()
         # the streams whose deletion is watched (one callback per stream handle; see `watch`)

@@ -53,7 +53,7 @@ class StreamCatalog(Protocol):
 class StreamSession(Protocol):
     """What publishing.py and consuming.py ask of their connection (connection.StreamConnection)."""
 
-    out: list[bytes]
+    out: list[bytes | memoryview]
     clock: LoopClock
     hub: Any  # the node's StreamHub (hub.py)
     vhost: VirtualHost

@@ -1,7 +1,8 @@
 """Publishers of a stream-protocol connection: declare, publish with confirms, deduplication, delete.
 
 Owns: the connection's publishers (id → stream, handle, reference), turning a publish frame into one
-append on the stream's `StreamHandle` (publishing ids and, with a reference, deduplication: ids at or
+append on the stream's `StreamHandle` (a frame of simple entries without deduplication straight from
+its bytes: `publish_frame`) (publishing ids and, with a reference, deduplication: ids at or
 below the reference's last stored id are confirmed without being stored again, as osiris does), the
 confirms and errors (a `PublishConfirm` once the append settles: after the fdatasync on one node), and
 the bound on what a connection may have in flight (`MAX_PENDING_APPENDS` unsettled appends, then its
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle
@@ -62,6 +63,16 @@ def _entries(cmd: c.Publish) -> tuple[list[ck.Entry], list[int], list[bytes | No
     return entries, ids, (values if any(values) else None)
 
 
+@dataclass(eq=False)
+class _Batch:
+    """The simple publishes to one stream read from one input, written as one chunk."""
+
+    handle: StreamHandle
+    data: list[bytes] = field(default_factory=list)  # each publish's entries, framed as in a chunk
+    entries: int = 0  # Invariant: the sum of the publishes' ids, at most CHUNK_ENTRIES
+    publishes: list[tuple[Publisher, list[int]]] = field(default_factory=list)
+
+
 class Publishing:
     """The publishing half of one connection."""
 
@@ -69,6 +80,7 @@ class Publishing:
         self.conn = conn
         self.publishers: dict[int, Publisher] = {}
         self.pending_appends = 0
+        self._batches: dict[StreamHandle, _Batch] = {}  # per stream, until `write_batched`
 
     def declare(self, cmd: c.DeclarePublisher) -> None:
         conn = self.conn
@@ -104,18 +116,73 @@ class Publishing:
         if not entries:
             return
         pub.published += len(ids)
+        self.conn.hub.counters.messages_received += len(ids)
         for start in range(0, len(entries), CHUNK_ENTRIES):
             end = start + CHUNK_ENTRIES
             self._append(pub, entries[start:end], ids[start:end], None if values is None else values[start:end])
 
-    def _append(self, pub: Publisher, entries: list[ck.Entry], ids: list[int],
-                values: list[bytes | None] | None) -> None:
-        reference = pub.reference.encode() if pub.reference else None
+    def publish_frame(self, frame: bytes) -> bool:
+        """The hot path: a version 1 publish of simple entries by a publisher without a reference (no
+        deduplication) is taken from the frame's bytes, with no record per message
+        (`commands.scan_simple_publish`), and joins its stream's batch: the publishes of one input
+        to one stream become one chunk (`write_batched`, which the connection calls before any other
+        command and at the end of the input), as osiris's writer makes one chunk of what its
+        publishers sent meanwhile. False: not such a publish; the caller decodes the frame and
+        `publish` takes it."""
+        scanned = c.scan_simple_publish(frame)
+        if scanned is None:
+            return False
+        pub = self.publishers.get(scanned.publisher_id)
+        ids = scanned.publishing_ids
+        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES:
+            return False
+        pub.published += len(ids)
+        if not self._writable(pub, ids):
+            return True
+        batch = self._batches.get(pub.handle)
+        if batch is not None and batch.entries + len(ids) > CHUNK_ENTRIES:
+            self._write_batch(batch)
+            batch = None
+        if batch is None:
+            batch = self._batches[pub.handle] = _Batch(pub.handle)
+        batch.data.append(scanned.data)
+        batch.entries += len(ids)
+        batch.publishes.append((pub, ids))
+        return True
+
+    def write_batched(self) -> None:
+        """Write each stream's batch as one chunk (see `publish_frame`)."""
+        if self._batches:
+            batches = list(self._batches.values())
+            self._batches.clear()
+            for batch in batches:
+                self._write_batch(batch)
+
+    def _write_batch(self, batch: _Batch) -> None:
+        self._batches.pop(batch.handle, None)
+        try:
+            appended = batch.handle.append_encoded(batch.data, batch.entries)
+        except (StorageError, ValueError):
+            for pub, ids in batch.publishes:
+                self._error(pub.publisher_id, ids, Code.INTERNAL_ERROR)
+            return
+        for pub, ids in batch.publishes:
+            self._track(pub, appended.settled, ids)
+
+    def _writable(self, pub: Publisher, ids: list[int]) -> bool:
+        """The publisher's stream is still the catalog's; if not, its ids are refused (False)."""
         conn = self.conn
         if pub.handle.closed or conn.catalog.lookup(conn.vhost.name, pub.stream) is not pub.handle:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
             self._error(pub.publisher_id, ids, Code.STREAM_NOT_AVAILABLE)
-            self.conn.hub.stream_deleted(self.conn.vhost.name, pub.stream)
+            conn.hub.stream_deleted(conn.vhost.name, pub.stream)
+            return False
+        return True
+
+    def _append(self, pub: Publisher, entries: list[ck.Entry], ids: list[int],
+                values: list[bytes | None] | None) -> None:
+        reference = pub.reference.encode() if pub.reference else None
+        if not self._writable(pub, ids):
             return
         try:
             appended = pub.handle.append(entries, publisher=reference, publishing_ids=ids if reference else None,
@@ -126,12 +193,15 @@ class Publishing:
         if appended.duplicates:
             self._confirm(pub, appended.duplicates)
         stored = appended.stored if reference is not None else ids
-        if not stored:
-            return
+        if stored:
+            self._track(pub, appended.settled, stored)
+
+    def _track(self, pub: Publisher, settled: asyncio.Future[None], stored: list[int]) -> None:
+        """Confirm (or refuse) `stored` once their append settles; bound the appends in flight."""
         self.pending_appends += 1
         if self.pending_appends == MAX_PENDING_APPENDS:
             self.conn.hold_reading("confirms")
-        appended.settled.add_done_callback(lambda fut: self._settled(pub, stored, fut))
+        settled.add_done_callback(lambda fut: self._settled(pub, stored, fut))
 
     def _settled(self, pub: Publisher, ids: Sequence[int], fut: asyncio.Future[None]) -> None:
         self.pending_appends -= 1
@@ -147,12 +217,14 @@ class Publishing:
 
     def _confirm(self, pub: Publisher, ids: Sequence[int]) -> None:
         pub.confirmed += len(ids)
+        self.conn.hub.counters.messages_confirmed += len(ids)
         self.conn.send(c.PublishConfirm(pub.publisher_id, list(ids)))
 
     def _error(self, publisher_id: int, ids: list[int], code: Code) -> None:
         pub = self.publishers.get(publisher_id)
         if pub is not None:
             pub.errored += len(ids)
+        self.conn.hub.counters.messages_errored += len(ids)
         self.conn.send(c.PublishError(publisher_id, [(i, code) for i in ids]))
 
     def info(self) -> list[dict[str, object]]:

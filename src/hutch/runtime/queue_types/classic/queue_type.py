@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hutch.core.arguments import validate_queue_arguments
+from hutch.core.arguments import validate_consumer_arguments, validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
-from hutch.core.queue_type import Queue
+from hutch.core.queue_type import Consumer, Queue
 from hutch.queues.classic.queue import (
     PRESSURE_RAM_BYTES_LIMIT,
     PRESSURE_RAM_LIMIT,
@@ -53,6 +54,10 @@ class ClassicQueueType:
         self.persistence = persistence
         self.timers = features.QueueTimers(node, node.clock)
         self._transient_ids = 0
+        self.started = False  # `start` ran: a queue declared from a record now needs its storage at once
+        # a node of workers (runtime/workers/): where a new non-exclusive queue lives when that is another
+        # worker (its stand-in here), or None for this one; None on a lone node
+        self.elsewhere: Callable[[VirtualHost, str, bool, bool, dict[str, Any]], Queue | None] | None = None
         ClassicQueue.ram_limit = node.config.classic_queue_ram_limit  # class-wide, like the pressure limits
         ClassicQueue.clock = staticmethod(node.clock.wall_ms)
         ClassicQueue.loop_load = node.loop_load
@@ -66,6 +71,10 @@ class ClassicQueueType:
         restoring = self.node.replaying
         if not restoring:  # as RabbitMQ, recovery does not re-validate what was once accepted
             validate_queue_arguments(name, vhost.name, "classic", arguments)
+        if not restoring and not exclusive and self.elsewhere is not None:
+            placed = self.elsewhere(vhost, name, durable, auto_delete, dict(arguments))
+            if placed is not None:  # another worker is its home (runtime/workers/, remote_type.py)
+                return placed
         q = ClassicQueue(vhost.name, name, durable, owner if exclusive else None, auto_delete, dict(arguments))
         self.node.add_queue(vhost, q)
         if not restoring:
@@ -73,12 +82,18 @@ class ClassicQueueType:
         features.attach(self.node, self.timers, q)
         return q
 
+    def check_consume(self, q: Queue, consumer: Consumer) -> None:
+        validate_consumer_arguments(q.name, q.vhost, self.name, consumer.arguments)
+
     def restore(self, vhost: VirtualHost, op: DeclareQueue | SetQueueMembers) -> bool:
         if not isinstance(op, DeclareQueue):
             return False
-        if op.durable:
-            self.node.declare_queue(vhost, op.name, True, False, op.auto_delete,
-                                    self.node.unpack_arguments(op.arguments), None)
+        if op.durable or self.started:  # while running: a queue another worker placed here
+            existed = op.name in vhost.queues
+            q = self.node.declare_queue(vhost, op.name, op.durable, False, op.auto_delete,
+                                        self.node.unpack_arguments(op.arguments), None)
+            if self.started and not existed and isinstance(q, ClassicQueue):
+                self._attach_storage(vhost, q)
         else:  # this node's transient queue: it did not survive the restart
             self.node.stale_transient.append((vhost.name, op.name))
         return True
@@ -109,6 +124,7 @@ class ClassicQueueType:
             log.info("memory pressure: %d messages paged out to disk", paged)
 
     async def start(self) -> None:
+        self.started = True
         for _vhost, q in queues_of(self.node.vhosts.values()):  # deadlines of recovered queues
             if isinstance(q, ClassicQueue) and (deadline := q.next_deadline()):
                 self.timers.request(q, deadline)

@@ -67,6 +67,7 @@ from hutch.storage.stream_log import (
     DEFAULT_MAX_SEGMENT_SIZE_BYTES,
     DEFAULT_MAX_SEGMENT_SIZE_CHUNKS,
     FILE_HEADER_SIZE,
+    MAX_POSITION,
     ChunkCursor,
     StreamLog,
     StreamLogOptions,
@@ -138,6 +139,7 @@ class StreamHandle:
         self._sync_deferred = False  # an inline sync put off to the end of its loop turn once already
         self._sync_busy = False
         self._job: asyncio.Future[None] | None = None  # the sync running in the executor, if any
+        self._closing: asyncio.Future[None] | None = None  # set by close(), resolved once the files are closed
         self.failed: BaseException | None = None
         self.closed = False
         self.chunks_written = 0
@@ -260,6 +262,16 @@ class StreamHandle:
         return Appended([ids[i] for i in keep] if publisher is not None else [], dups, header.chunk_id,
                         header.chunk_id, header.next_offset - 1, fut)
 
+    def append_encoded(self, data: Sequence[bytes], entries: int) -> Appended:
+        """Write one USER chunk whose data section is the parts `data` joined, `entries` simple entries
+        already framed (chunk.encode_entries' framing, as a stream-protocol publish carries them): no
+        deduplication, no filter values (`append` for those)."""
+        self._check_writable()
+        self._write_data(data, entries, entries, ck.USER, b"", b"")
+        chunk_id = self.log.last_chunk_id  # after the write: a roll may have put a tracking snapshot first
+        assert self.log.next_offset == chunk_id + entries, "a chunk of simple entries: one record each"
+        return Appended([], [], chunk_id, chunk_id, chunk_id + entries - 1, self._track_pending(chunk_id))
+
     def store_offset(self, reference: bytes, offset: int) -> Appended:
         """Store a consumer's offset (a TRACKING_DELTA chunk, committed like any chunk)."""
         self._check_writable()
@@ -278,14 +290,20 @@ class StreamHandle:
 
     def _write(self, entries: Sequence[ck.Entry], chunk_type: int, trailer: bytes, bits: bytes) -> bytes:
         """Encode and append one chunk, rolling first (with a tracking snapshot) when the segment is full."""
-        data_size = sum(len(e) + 4 if isinstance(e, bytes) else len(e.body) + 11 for e in entries)
-        size = ck.HEADER_SIZE + len(bits) + data_size + len(trailer)
+        data, records = ck.encode_entries(entries)
+        return self._write_data((data,), len(entries), records, chunk_type, trailer, bits)
+
+    def _write_data(self, data: Sequence[bytes], entries: int, records: int, chunk_type: int, trailer: bytes,
+                    bits: bytes) -> bytes:
+        """Append one chunk around an encoded data section (see `_write`)."""
+        size = ck.HEADER_SIZE + len(bits) + sum(map(len, data)) + len(trailer)
         try:
             if self.log.would_roll(size):
                 self.log.roll()
                 self._after_roll()
-            raw = ck.encode(entries, chunk_type=chunk_type, timestamp=self._timestamp(), epoch=self.epoch,
-                            chunk_id=self.log.next_offset, trailer=trailer, filter_bits=bits)
+            raw = ck.encode_data(data, entries=entries, records=records, chunk_type=chunk_type,
+                                 timestamp=self._timestamp(), epoch=self.epoch, chunk_id=self.log.next_offset,
+                                 trailer=trailer, filter_bits=bits)
             self.log.append(raw, self.log.fmt.info(raw[:ck.HEADER_SIZE]))
         except StorageError as exc:
             self._fail(exc)
@@ -306,13 +324,19 @@ class StreamHandle:
         self.apply_retention()
 
     def accept_chunk(self, raw: bytes) -> None:
-        """A follower appends a chunk exactly as the leader wrote it (its id must be `next_offset`)."""
+        """A follower appends a chunk exactly as the leader wrote it (its id must be `next_offset`).
+
+        Its segments roll where the leader's did: before a tracking snapshot (the leader writes one first
+        in each new segment while there is tracking, and a writer one first in its epoch), so each
+        segment opens with the tracking that recovery reads back from the last segment alone. By its own
+        size rule it rolls only while there is no tracking to lose (the leader then rolls without a
+        snapshot), or when the segment could not address the chunk otherwise."""
         self._check_writable()
         if not ck.verify(raw):
             raise ValueError("chunk does not verify (CRC or length)")
         header = ck.decode_header(raw)
         try:
-            if self.log.would_roll(len(raw)):
+            if self._follower_rolls(header.chunk_type, len(raw)):
                 self.log.roll()
                 if not self._sync_busy:
                     self.log.close_retired()
@@ -323,6 +347,14 @@ class StreamHandle:
         _fold_tracking(self.tracking, raw)
         self._last_ts = max(self._last_ts, header.timestamp)
         self._schedule_sync()
+
+    def _follower_rolls(self, chunk_type: int, size: int) -> bool:
+        tail = self.log.segments[-1]
+        if not tail.chunks:
+            return False
+        if chunk_type == ck.TRACKING_SNAPSHOT or tail.size + size > MAX_POSITION:
+            return True
+        return self.tracking.is_empty() and self.log.would_roll(size)
 
     def _track_pending(self, chunk_id: int) -> asyncio.Future[None]:
         fut = self._loop.create_future()
@@ -486,18 +518,32 @@ class StreamHandle:
 
     # -- closing ------------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Sync what was written and close the files."""
-        if self.closed:
+        """Sync what was written and close the files. A second call (or a `delete`) made while a close is
+        under way waits for it: the close's own sync runs in the executor on the files' descriptors."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
             return
         self.closed = True
-        await self._quiesce()
-        if self.failed is None:
-            await self._loop.run_in_executor(None, self.log.sync)
-            self._synced(self.log.last_chunk_id)
-        self.log.close()
+        self._closing = done = self._loop.create_future()
+        try:
+            await self._quiesce()
+            if self.failed is None:
+                self._job = job = self._loop.run_in_executor(None, self.log.sync)
+                try:
+                    await asyncio.shield(job)
+                except StorageError as exc:
+                    self._fail(exc)
+                finally:
+                    await self._quiesce()
+                    self._job = None
+                if self.failed is None:
+                    self._synced(self.log.last_chunk_id)
+            self.log.close()
+        finally:
+            done.set_result(None)
 
     async def delete(self) -> None:
-        """Close and delete the stream's files."""
+        """Close and delete the stream's files (after a close or a sync under way)."""
         self.closed = True
         listeners, self._delete_listeners = self._delete_listeners, []
         for fn in listeners:
@@ -506,6 +552,8 @@ class StreamHandle:
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))
         self._pending.clear()
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
         await self._quiesce()
         await self._loop.run_in_executor(None, self.log.destroy)
 

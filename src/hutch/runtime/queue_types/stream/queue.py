@@ -9,7 +9,9 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
 - basic.get: 540 "basic.get not supported by stream queues queue 'q' in vhost '/'" (connection).
 - a consumer with no-ack: 540 "automatic acknowledgement not supported by stream queues …" (connection);
   without a (per-consumer) prefetch: 406 "consumer prefetch count is not set for 'queue 'q' in vhost
-  '/''" (channel), also when only a global prefetch is set, as there.
+  '/''" (channel), also when only a global prefetch is set, as there; a consumer argument of another
+  queue type (x-priority) or a bad `x-stream-offset` / `x-stream-filter`: 406. All of these before
+  basic.consume-ok (`consumer_start`, asked through the queue type), as RabbitMQ refuses them.
 - basic.nack / basic.reject on an open consumer: 540 "basic.nack and basic.reject not supported by
   stream queues …"; unacked deliveries of a closed channel simply go (a stream keeps every message).
 - queue.purge: 540 "queue.purge not supported by stream queues …".
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
+from hutch.core.arguments import validate_consumer_arguments
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
@@ -107,6 +110,11 @@ def retention_of(arguments: dict[str, Any], policy: dict[str, Any]) -> Retention
     if isinstance(age, str | bytes):
         age_ms = interval_ms(age.decode() if isinstance(age, bytes) else age)
     return Retention(int(max_bytes) if isinstance(max_bytes, int) else None, age_ms)
+
+
+def _position(sc: StreamConsumer) -> int:
+    """The offset a consumer gets next: the first record of its chunk in hand, else its reader's."""
+    return sc.pending[0][0] if sc.pending else sc.reader.next_offset
 
 
 class StreamQueue(Queue):
@@ -208,13 +216,16 @@ class StreamQueue(Queue):
                                f"basic.nack and basic.reject not supported by stream queues {self._what}", 60, 120)
 
     # -- consumers ----------------------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
+    def consumer_start(self, consumer: Consumer) -> tuple[OffsetSpec, list[bytes] | None, bool]:
+        """Where `consumer` starts reading and its filter, or the error that refuses it (the module's
+        rules). The queue type asks this before basic.consume answers consume-ok; `add_consumer` again."""
         if consumer.no_ack:
             raise ConnectionError_(NOT_IMPLEMENTED,
                                    f"automatic acknowledgement not supported by stream queues {self._what}", 60, 20)
         if not consumer.prefetch:
             raise ChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for '{self._what}'", 60, 20)
         args = consumer.arguments
+        validate_consumer_arguments(self.name, self.vhost, "stream", args)
         try:
             spec = parse_amqp(args["x-stream-offset"], self.clock.wall_ms()) if "x-stream-offset" in args \
                 else OffsetSpec.next()
@@ -222,6 +233,10 @@ class StreamQueue(Queue):
             raise ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-stream-offset' for {self._what}: {exc}",
                                60, 20) from exc
         filters, match_unfiltered = _filter_spec(args, self._what)
+        return spec, filters, match_unfiltered
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        spec, filters, match_unfiltered = self.consumer_start(consumer)
         self._consumers[consumer] = StreamConsumer(consumer, self.handle.reader(spec), filters, match_unfiltered)
         self.had_consumers = True
         self._schedule_delivery()
@@ -234,7 +249,22 @@ class StreamQueue(Queue):
 
     def consumer_offsets(self) -> dict[str, int]:
         """Each consumer's next offset (management)."""
-        return {c.tag: sc.reader.next_offset for c, sc in self._consumers.items()}
+        return {c.tag: _position(sc) for c, sc in self._consumers.items()}
+
+    def consumer_info(self, consumer: Consumer) -> dict[str, Any]:
+        """Where `consumer` reads (management): `offset`, the next it gets; `offset_lag`, the committed
+        offsets past it; `credits`, how many more it may have unacknowledged (its prefetch less its unacked)."""
+        sc = self._consumers.get(consumer)
+        if sc is None:
+            return {}
+        offset = _position(sc)
+        return {"offset": offset, "offset_lag": max(0, self.handle.committed_offset + 1 - offset),
+                "credits": max(0, consumer.prefetch - consumer.unacked)}
+
+    def max_offset_lag(self) -> int:
+        """The largest `offset_lag` of this stream's consumers (0 without any)."""
+        committed = self.handle.committed_offset + 1
+        return max((max(0, committed - _position(sc)) for sc in self._consumers.values()), default=0)
 
     # -- delivering ---------------------------------------------------------------------------------
     def _committed(self) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.core.arguments import validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
-from hutch.core.queue_type import Queue
+from hutch.core.queue_type import Consumer, Queue
 from hutch.core.vhost import rs
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.queues.stream.offset_spec import interval_ms
@@ -67,6 +67,10 @@ class StreamQueueType(QueueTypeDefaults):
 
     def owns(self, q: Queue) -> bool:
         return isinstance(q, StreamQueue)
+
+    def check_consume(self, q: Queue, consumer: Consumer) -> None:
+        assert isinstance(q, StreamQueue)
+        q.consumer_start(consumer)
 
     def declare(self, vhost: VirtualHost, name: str, durable: bool, exclusive: bool, auto_delete: bool,
                 arguments: dict[str, Any], owner: object) -> Queue:

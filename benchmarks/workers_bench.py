@@ -1,0 +1,137 @@
+"""Worker processes against one process (docs/scaling.md): throughput and broker CPU per message.
+
+Usage:
+    python benchmarks/workers_bench.py [--workers 1,2] [--seconds 8] [--rate 20000] [--tools rawload,perf]
+
+For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
+directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
+- `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
+- `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`),
+- one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
+- `--declares N` sequential durable `queue.declare`s from one pika connection (the metadata cost: the
+  declare-ok waits for the workers' Raft commit and for every worker to have applied it).
+Broker CPU is every process of the node (the supervisor and each worker, read from /proc), so the
+supervisor's own cost is in the figure. Prints one JSON line per run. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hutch import portfile
+
+HERE = Path(__file__).resolve().parent
+
+
+def start(data: Path, workers: int) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
+    log = open(data.parent / f"server-{workers}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
+                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
+    pids = [proc.pid]
+    for index in range(workers if workers > 1 else 0):
+        doc = portfile.read(data / f"w{index}")
+        assert doc is not None
+        pids.append(int(doc["pid"]))
+    return proc, ports, pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rawload(port: int, pids: list[int], args: list[str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, str(HERE / "rawload.py"), "--port", str(port),
+                          "--pids", ",".join(map(str, pids)), *args], capture_output=True, text=True, check=False)
+    line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
+    doc: dict[str, Any] = json.loads(line)
+    return {k: doc.get(k) for k in ("receive_rate", "publish_rate", "broker_cpu_us_per_msg", "broker_cpu_pct",
+                                    "latency_us", "errors")}
+
+
+def perf(port: int, pids: list[int], seconds: int) -> dict[str, Any]:
+    uri = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+    before = cpu_seconds(pids)
+    out = subprocess.run([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", "8", "-y", "8",
+                          "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
+                          "--queue-pattern-from", "1", "--queue-pattern-to", "8", "--processes", "2",
+                          "-z", str(seconds)], capture_output=True, text=True, check=False)
+    cpu = cpu_seconds(pids) - before
+    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    summary = lines[-1] if lines else {}
+    received = int(summary.get("received", 0))
+    return {"receive_rate": summary.get("receive_rate"),
+            "broker_cpu_us_per_msg": round(1e6 * cpu / received, 2) if received else None,
+            "errors": out.stderr[-300:] if out.returncode else ""}
+
+
+def declares(port: int, count: int) -> dict[str, Any]:
+    import pika  # a test dependency; only this run needs it
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    took: list[float] = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        ch.queue_declare(f"declare-cost-{i}", durable=True)
+        took.append(time.perf_counter() - t0)
+    for i in range(count):
+        ch.queue_delete(f"declare-cost-{i}")
+    conn.close()
+    took.sort()
+    return {"declares_per_s": round(count / sum(took)), "p50_ms": round(1e3 * took[len(took) // 2], 2),
+            "p99_ms": round(1e3 * took[int(len(took) * 0.99)], 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--rate", type=int, default=20000)
+    ap.add_argument("--tools", default="rawload,perf")
+    ap.add_argument("--declares", type=int, default=200, help="sequential durable declares (0: none)")
+    args = ap.parse_args()
+    tools = args.tools.split(",")
+    common = ["-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "-z", str(args.seconds), "--warmup", "2"]
+    for workers in (int(w) for w in args.workers.split(",")):
+        with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
+            data = Path(tmp) / "data"
+            data.mkdir()
+            proc, ports, pids = start(data, workers)
+            try:
+                runs: list[tuple[str, dict[str, Any]]] = []
+                if "rawload" in tools:
+                    eight = ["-x", "8", "-y", "8", "--queues", "8", "--processes", "2", *common]
+                    runs.append(("rawload 8q unlimited", rawload(ports["amqp"], pids, eight)))
+                    runs.append((f"rawload 8q at {args.rate}/s",
+                                 rawload(ports["amqp"], pids, [*eight, "-r", str(args.rate)])))
+                    runs.append(("rawload 1q unlimited", rawload(ports["amqp"], pids, ["-x", "1", "-y", "1", *common])))
+                if args.declares:
+                    runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
+                if "perf" in tools:
+                    runs.append(("hutch-perf 8q unlimited", perf(ports["amqp"], pids, args.seconds)))
+                for name, result in runs:
+                    print(json.dumps({"workers": workers, "run": name, "time": time.strftime("%H:%M:%S"), **result}),
+                          flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The control socket between the supervisor and one worker: its messages and their encoding.
+
+Owns: the message kinds and `encode`/`decode`. The socket is an `AF_UNIX` `SOCK_SEQPACKET` pair the
+supervisor made (message boundaries kept, so a descriptor passed with `SCM_RIGHTS` arrives with its own
+message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
+
+- worker → supervisor: `{"hb": 1}` every `HEARTBEAT_S` (the worker's event loop is turning: a worker
+  silent for the heartbeat timeout is hung and is replaced), `{"ready": {listener: port}}` once its
+  listeners accept clients.
+- supervisor → worker: `{"peer": N}` with one descriptor: this worker's end of a new socket pair to
+  worker N (N was restarted); the worker adopts it into its worker link.
+- A request/answer pair for the management fan-out can ride the same socket later
+  (`{"ask": id, ...}` / `{"answer": id, ...}`): the kinds are open, an unknown one is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+HEARTBEAT_S = 0.5
+MAX_MESSAGE_BYTES = 65536
+MAX_FDS = 4
+
+
+def encode(kind: str, value: Any) -> bytes:  # Any: a JSON value
+    data = json.dumps({kind: value}, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return data
+
+
+def decode(data: bytes) -> dict[str, Any]:  # Any: JSON values, checked by the reader of each kind
+    """One control message; ValueError if it is not a JSON object."""
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError("a control message is a JSON object")
+    return doc

@@ -1,0 +1,117 @@
+"""The worker's end of its control socket to the supervisor (`hutch.runtime.workers.control`).
+
+Owns: the heartbeat (a timer on the worker's event loop: a loop that does not turn sends none), the
+`ready` report with the worker's listener ports, adopting the worker-link sockets the supervisor sends
+for restarted workers, and noticing that the supervisor is gone (the socket's end of file: the worker
+stops cleanly, so `kill -9` of the parent leaves no orphans).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Mapping
+
+from hutch.runtime.workers import control
+from hutch.runtime.workers.spec import WorkerSpec, worker_name
+
+log = logging.getLogger("hutch.workers")
+
+Adopt = Callable[[str, socket.socket], None]  # the paired transport's `adopt`
+
+
+class WorkerLink:
+    """One worker's control socket. `start` begins heartbeats and reading; `set_adopt` hands it the
+    worker link's transport (sockets that arrive before are kept until then)."""
+
+    def __init__(self, spec: WorkerSpec, node_name: str) -> None:
+        self.spec = spec
+        self.node_name = node_name  # the node's name (not the worker's)
+        self.sock = socket.socket(fileno=spec.control_fd)
+        self.sock.setblocking(False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._on_parent_gone: Callable[[], None] | None = None
+        self._adopt: Adopt | None = None
+        self._waiting: list[tuple[str, socket.socket]] = []
+
+    def first_links(self) -> dict[str, socket.socket]:
+        """The worker-link sockets inherited at start, by peer worker name."""
+        return {worker_name(self.node_name, index): socket.socket(fileno=fd)
+                for index, fd in self.spec.peer_fds.items()}
+
+    def start(self, on_parent_gone: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_parent_gone = on_parent_gone
+        self._loop.add_reader(self.sock.fileno(), self._readable)
+        self._beat()
+
+    def set_adopt(self, adopt: Adopt) -> None:
+        self._adopt = adopt
+        waiting, self._waiting = self._waiting, []
+        for name, sock in waiting:
+            adopt(name, sock)
+
+    def ready(self, ports: Mapping[str, int]) -> None:
+        self._send(control.encode("ready", dict(ports)))
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+        for _name, sock in self._waiting:
+            sock.close()
+        self._waiting.clear()
+
+    def _beat(self) -> None:
+        assert self._loop is not None
+        self._send(control.encode("hb", 1))
+        self._timer = self._loop.call_later(control.HEARTBEAT_S, self._beat)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            pass  # the supervisor is behind: a heartbeat more or less changes nothing
+        except OSError:
+            self._parent_gone()
+
+    def _readable(self) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, control.MAX_MESSAGE_BYTES, control.MAX_FDS)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for fd in fds:
+                socket.close(fd)
+            self._parent_gone()
+            return
+        try:
+            doc = control.decode(data)
+        except ValueError as exc:
+            log.warning("ignored a malformed control message from the supervisor: %s", exc)
+            doc = {}
+        peer = doc.get("peer")
+        if isinstance(peer, int) and len(fds) == 1 and peer != self.spec.index:
+            name, sock = worker_name(self.node_name, peer), socket.socket(fileno=fds[0])
+            if self._adopt is None:
+                self._waiting.append((name, sock))
+            else:
+                self._adopt(name, sock)
+            return
+        for fd in fds:  # a descriptor we did not ask for is closed, never leaked
+            socket.close(fd)
+
+    def _parent_gone(self) -> None:
+        if self._on_parent_gone is None:
+            return
+        log.warning("the supervisor of this worker is gone: stopping")
+        callback, self._on_parent_gone = self._on_parent_gone, None
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+        callback()

@@ -1,0 +1,374 @@
+"""The supervisor: the parent process of a node of N workers (`hutch-server --workers N`).
+
+Owns: the node's data directory lock, the listening ports the workers share (reserved here: bound with
+`SO_REUSEPORT`, never listened on, so port 0 becomes one port every worker binds, and the port stays the
+node's while workers restart), the worker link's socket pairs (`socket.socketpair`: nothing listens on a
+network port for it), starting the workers, the node's ports file, and the workers' lives: a worker that
+exits is restarted, one whose heartbeat stops (hung, or `SIGSTOP`) is killed and restarted, and
+`SIGTERM`/`SIGINT` stops them all.
+
+Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
+- The supervisor does no message work and holds no client socket: it runs one small event loop for
+  its control sockets, timers and child processes.
+- A worker is `python -m hutch.cli.server` with the node's own flags, started with `subprocess`
+  (a fresh interpreter: nothing of the parent's state is inherited but the descriptors passed by
+  number in `HUTCH_WORKER_SPEC`); not `multiprocessing`, whose spawn pickles state and whose fork would
+  copy an event loop.
+- When worker K is (re)started, each running worker J gets a new socket pair to K: one end is passed to
+  K at its start, the other sent to J over J's control socket (`SCM_RIGHTS`).
+- A worker that fails before it was ever ready (a bad certificate, a port in use) stops the node with
+  exit code 1: its own one-line error is already on stderr. Later exits are restarted, after a delay
+  that grows while a worker keeps dying young (`RESTART_DELAY_*`).
+- The heartbeat is judged only once a worker is ready (recovery may keep a starting worker busy).
+- Killing the supervisor with `-9` closes every control socket: each worker sees the end of file and
+  stops (runtime/workers/link.py), so no worker outlives its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from hutch import portfile
+from hutch.config import Config
+from hutch.runtime.workers import control
+from hutch.runtime.workers.cores import usable_cores
+from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
+from hutch.storage.dirlock import DataDirLock
+from hutch.storage.fs import DATA_UMASK
+
+log = logging.getLogger("hutch.workers")
+
+RESTART_DELAY_FIRST_S = 0.1
+RESTART_DELAY_MAX_S = 5.0
+YOUNG_S = 10.0  # a worker that dies within this many seconds of its start makes the next delay longer
+STOP_TIMEOUT_S = 60.0  # then stragglers are killed
+
+
+def worker_count(config: Config) -> int:
+    """The number of workers `config` asks for (`workers = auto`: the usable cores)."""
+    return config.workers or usable_cores()
+
+
+def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
+    """Bind (never listen) `SO_REUSEPORT` sockets on `host` (empty: IPv4 and IPv6) and `port` (0: any
+    free one): the port every worker then listens on. OSError if it cannot be had. A fixed port is first
+    bound without `SO_REUSEPORT` (and let go): a port another process shares with `SO_REUSEPORT` (another
+    node of workers) is refused as in use rather than joined, which would split clients between nodes."""
+    if host:
+        families = [(socket.getaddrinfo(host, None)[0][0], host)]
+    else:
+        families = [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")]
+    for _attempt in range(5):
+        socks: list[socket.socket] = []
+        chosen = port
+        try:
+            for family, address in families:
+                if port:
+                    _probe_free(family, address, port)
+                s = socket.socket(family, socket.SOCK_STREAM)
+                socks.append(s)
+                # no SO_REUSEADDR: another supervisor's probe (which has it) must see this port taken
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.bind((address, chosen))
+                chosen = s.getsockname()[1]
+            return chosen, socks
+        except OSError as exc:
+            for s in socks:
+                s.close()
+            if not host and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL) and len(families) == 2:
+                families = families[:1]  # no IPv6 here: the workers will listen on IPv4 alone too
+                continue
+            if port or exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free port for both address families")
+
+
+def _probe_free(family: int, address: str, port: int) -> None:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no owner
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        probe.bind((address, port))
+
+
+class _Worker:
+    __slots__ = ("index", "proc", "control", "started_at", "last_heartbeat", "ready", "ever_ready", "ports",
+                 "delay_s")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.proc: asyncio.subprocess.Process | None = None
+        self.control: socket.socket | None = None
+        self.started_at = 0.0
+        self.last_heartbeat = 0.0
+        self.ready = False  # ready since its last start: its heartbeat is judged
+        self.ever_ready = False
+        self.ports: dict[str, int] = {}
+        self.delay_s = RESTART_DELAY_FIRST_S
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+class Supervisor:
+    """See the module docstring. `argv` are the node's flags, given to every worker as they are."""
+
+    def __init__(self, config: Config, argv: Sequence[str], count: int) -> None:
+        assert count >= 2
+        self.config = config
+        self.argv = list(argv)
+        self.workers = [_Worker(i) for i in range(count)]
+        self.amqp_port = 0
+        self.amqps_port: int | None = None
+        self._reserved: list[socket.socket] = []
+        self._stop = asyncio.Event()
+        self._exit_code = 0
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._check: asyncio.TimerHandle | None = None
+
+    # -- life ------------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        try:
+            self.amqp_port, socks = reserve_port(cfg.amqp_host, cfg.amqp_port)
+            self._reserved += socks
+        except OSError as exc:
+            print(f"hutch-server: cannot listen for AMQP on port {cfg.amqp_port}: {_why(exc)}", file=sys.stderr)
+            return 1
+        if cfg.amqps_port is not None:
+            try:
+                self.amqps_port, socks = reserve_port(cfg.amqps_host, cfg.amqps_port)
+                self._reserved += socks
+            except OSError as exc:
+                print(f"hutch-server: cannot listen for AMQP over TLS on port {cfg.amqps_port}: {_why(exc)}",
+                      file=sys.stderr)
+                return 1
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._request_stop)
+        self._loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
+        pairs: dict[tuple[int, int], tuple[socket.socket, socket.socket]] = {}
+        for i in range(len(self.workers)):
+            for j in range(i + 1, len(self.workers)):
+                pairs[(i, j)] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            for w in self.workers:
+                links = {j: pairs[(min(w.index, j), max(w.index, j))][0 if w.index < j else 1]
+                         for j in range(len(self.workers)) if j != w.index}
+                await self._spawn(w, links)
+        finally:
+            for a, b in pairs.values():
+                a.close()
+                b.close()
+        log.info("node %s: %d workers started (AMQP port %d)", cfg.node_name, len(self.workers), self.amqp_port)
+        self._check = self._loop.call_later(control.HEARTBEAT_S, self._check_heartbeats)
+        await self._stop.wait()
+        await self._stop_all()
+        return self._exit_code
+
+    def _request_stop(self) -> None:
+        if not self._stopping:
+            log.info("node %s stopping its workers", self.config.node_name)
+        self._stopping = True
+        self._stop.set()
+
+    def _forward_hup(self) -> None:
+        """SIGHUP (certificate reload, docs/security.md) is each worker's business."""
+        for w in self.workers:
+            if w.running and w.proc is not None:
+                w.proc.send_signal(signal.SIGHUP)
+
+    async def _stop_all(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+        for w in self.workers:
+            if w.running and w.proc is not None:
+                w.proc.send_signal(signal.SIGCONT)  # a stopped worker must be able to take its SIGTERM
+                w.proc.send_signal(signal.SIGTERM)
+        procs = [w.proc for w in self.workers if w.running and w.proc is not None]
+        if procs:
+            done, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
+                                               timeout=STOP_TIMEOUT_S)
+            if pending:
+                for w in self.workers:
+                    if w.running and w.proc is not None:
+                        log.warning("worker %d did not stop within %.0f s: killed", w.index, STOP_TIMEOUT_S)
+                        w.proc.kill()
+                await asyncio.wait(pending)
+        for task in list(self._watchers):
+            task.cancel()
+        for w in self.workers:
+            self._close_control(w)
+        for s in self._reserved:
+            s.close()
+        if self.config.data_dir:
+            portfile.remove(self.config.data_dir)
+        log.info("node %s stopped", self.config.node_name)
+
+    # -- workers ---------------------------------------------------------------------------------------
+    async def _spawn(self, w: _Worker, links: dict[int, socket.socket]) -> None:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec = WorkerSpec(w.index, len(self.workers), child_end.fileno(),
+                          {j: s.fileno() for j, s in links.items()}, self.amqp_port, self.amqps_port,
+                          self.config.worker_own_ports)
+        env = dict(os.environ)
+        env[SPEC_ENV] = spec.to_env()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "hutch.cli.server", *self.argv, env=env, stdin=subprocess.DEVNULL,
+                pass_fds=[child_end.fileno(), *(s.fileno() for s in links.values())])
+        finally:
+            child_end.close()
+        parent_end.setblocking(False)
+        w.proc, w.control = proc, parent_end
+        w.started_at = w.last_heartbeat = self._loop.time()
+        w.ready = False
+        self._loop.add_reader(parent_end.fileno(), self._readable, w)
+        task = asyncio.ensure_future(self._watch(w, proc))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        log.info("worker %d started (pid %d)", w.index, proc.pid)
+
+    async def _restart(self, w: _Worker) -> None:
+        """Start worker `w` again, with a new socket pair to every running worker."""
+        links: dict[int, socket.socket] = {}
+        theirs: dict[int, socket.socket] = {}
+        for other in self.workers:
+            if other is not w and other.running and other.control is not None:
+                links[other.index], theirs[other.index] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await self._spawn(w, links)
+            for j, sock in theirs.items():
+                control_sock = self.workers[j].control
+                if control_sock is None:
+                    continue
+                try:
+                    socket.send_fds(control_sock, [control.encode("peer", w.index)], [sock.fileno()])
+                except OSError as exc:  # that worker is going too; its own restart pairs them again
+                    log.info("could not hand worker %d its link to worker %d: %s", j, w.index, exc)
+        finally:
+            for sock in (*links.values(), *theirs.values()):
+                sock.close()
+
+    async def _watch(self, w: _Worker, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if w.proc is not proc:
+            return
+        self._close_control(w)
+        if self._stopping:
+            return
+        if not w.ever_ready:
+            log.error("worker %d exited with code %d before it was ready: stopping the node", w.index, code)
+            self._exit_code = 1
+            self._request_stop()
+            return
+        young = self._loop.time() - w.started_at < YOUNG_S
+        w.delay_s = min(w.delay_s * 2, RESTART_DELAY_MAX_S) if young else RESTART_DELAY_FIRST_S
+        log.warning("worker %d (pid %d) exited with %s: restarting it in %.1f s", w.index, proc.pid,
+                    f"signal {-code}" if code < 0 else f"code {code}", w.delay_s)
+        await asyncio.sleep(w.delay_s)
+        if not self._stopping:
+            await self._restart(w)
+
+    def _close_control(self, w: _Worker) -> None:
+        if w.control is not None:
+            self._loop.remove_reader(w.control.fileno())
+            w.control.close()
+            w.control = None
+        w.ready = False
+
+    def _readable(self, w: _Worker) -> None:
+        sock = w.control
+        if sock is None:
+            return
+        try:
+            data = sock.recv(control.MAX_MESSAGE_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the worker is gone; `_watch` restarts it
+            self._loop.remove_reader(sock.fileno())
+            return
+        w.last_heartbeat = self._loop.time()
+        try:
+            doc = control.decode(data)
+        except ValueError:
+            return
+        ports = doc.get("ready")
+        if isinstance(ports, dict):
+            w.ports = {str(k): int(v) for k, v in ports.items()}
+            w.ready = w.ever_ready = True
+            log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
+            self._announce()
+
+    def _check_heartbeats(self) -> None:
+        now = self._loop.time()
+        timeout_s = self.config.worker_heartbeat_timeout_ms / 1000
+        for w in self.workers:
+            if w.ready and w.running and w.proc is not None and now - w.last_heartbeat > timeout_s:
+                log.warning("worker %d (pid %d) sent no heartbeat for %.1f s (workers.heartbeat_timeout): "
+                            "killing and replacing it", w.index, w.proc.pid, now - w.last_heartbeat)
+                w.ready = False
+                w.proc.kill()
+        self._check = self._loop.call_later(control.HEARTBEAT_S, self._check_heartbeats)
+
+    def _announce(self) -> None:
+        """Once every worker is ready: the node's ports file (worker 0's listeners, the shared AMQP
+        ports, each worker's own port when `workers.own_ports` is on), rewritten after each restart."""
+        if not all(w.ready for w in self.workers) or not self.config.data_dir:
+            return
+        ports: dict[str, int] = {k: v for k, v in self.workers[0].ports.items() if k != "cluster"}
+        for w in self.workers[1:]:
+            ports.update({k: v for k, v in w.ports.items() if k.startswith("amqp_w")})
+        where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
+        log.info("listening: %s (written to %s)", ", ".join(f"{k} {v}" for k, v in ports.items()), where)
+
+
+def supervise(config: Config, argv: Sequence[str], count: int) -> int:
+    """Run the supervisor of `count` workers until SIGTERM; returns the exit code."""
+    if not config.data_dir:
+        print("hutch-server: --workers needs a data directory (each worker keeps its own under it)",
+              file=sys.stderr)
+        return 2
+    if config.cluster_join:
+        print("hutch-server: --join with --workers above 1 is not supported yet (a node of workers cannot "
+              "be a member of a multi-node cluster; docs/scaling.md)", file=sys.stderr)
+        return 2
+    problem = data_dir_mismatch(config.data_dir, count)
+    if problem:
+        print(f"hutch-server: {problem}", file=sys.stderr)
+        return 1
+    os.umask(DATA_UMASK)
+    os.makedirs(config.data_dir, exist_ok=True)
+    lock = DataDirLock.acquire_or_reason(config.data_dir)
+    if isinstance(lock, str):
+        print(f"hutch-server: {lock}", file=sys.stderr)
+        return 1
+    try:
+        portfile.remove(config.data_dir)
+        for index in range(count):
+            os.makedirs(worker_dir(config.data_dir, index), exist_ok=True)
+        return asyncio.run(Supervisor(config, argv, count).run())
+    finally:
+        lock.release()
+
+
+def _why(exc: OSError) -> str:
+    return "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+
+
+__all__ = ["Supervisor", "reserve_port", "supervise", "worker_count"]
