@@ -87,6 +87,9 @@ def test_declare_on_one_node_use_from_another(three: Cluster) -> None:
     ch2.cancel()
     assert got == [f"m{i}".encode() for i in range(1, 20)]
     assert ch1.queue_declare("orders.eu", passive=True).method.message_count == 0
+    # n3's management API shows the queue on its home node (the management agent's remote-queue fields)
+    code, doc = n3.api("GET", "/api/queues/%2F/orders.eu")
+    assert code == 200 and (doc["node"], doc["state"]) == (n1.full_name, "running")
     for c in (c1, c2, c3):
         c.close()
 

@@ -14,6 +14,10 @@ Every `import`/`from ... import` in `src/hutch` is read with `ast`, including th
 - no function-local import of a hutch module in the runtime (none dodges a cycle);
 - `runtime/ports.py`, which every runtime layer depends on, imports no runtime module (not even under
   `TYPE_CHECKING`: a class it needs to name is a `Protocol` of its own);
+- `mgmt/` reads what a node holds through the management agent port (`ManagementAgentPort`,
+  runtime/ports.py; issue 26): it never imports the AMQP session, the queue types, clustering, the stream
+  session, shovels, federation, the agent's or the gatherer's implementation or `app`; the modules in
+  `MGMT_NOT_YET_ON_THE_PORT` are what is still to move, and that list may only shrink;
 - no module graph has a cycle, every import counted as an edge (`TYPE_CHECKING` ones and function-local
   ones too): the runtime's, and that of each other package (issue 22: a type-only circle between
   `queues/quorum/state.py` and `deadletter.py` went unseen while only the runtime was checked).
@@ -49,6 +53,21 @@ FORBIDDEN = {
     # the supervisor does no message work; a worker's control link knows the transport only as a callable
     "hutch.runtime.workers": ("hutch.runtime.broker", "hutch.runtime.session", "hutch.runtime.queue_types",
                               "hutch.runtime.clustering", "hutch.runtime.app"),
+}
+
+
+# mgmt/ asks the node's management agent (runtime/ports.py ManagementAgentPort) instead of these
+MGMT_FORBIDDEN = ("hutch.runtime.session", "hutch.runtime.queue_types", "hutch.runtime.clustering",
+                  "hutch.runtime.stream_session", "hutch.runtime.shovel", "hutch.runtime.federation",
+                  "hutch.runtime.agent", "hutch.runtime.gather", "hutch.runtime.app")
+# what mgmt/ still reads of them (docs/management.md, "The management agent"): only ever shrinks
+MGMT_NOT_YET_ON_THE_PORT = {
+    "hutch.mgmt.cluster": {"hutch.runtime.clustering.service"},
+    "hutch.mgmt.quorum": {"hutch.runtime.clustering.raft_group", "hutch.runtime.clustering.service",
+                          "hutch.runtime.clustering.transport", "hutch.runtime.queue_types.quorum.queue",
+                          "hutch.runtime.queue_types.quorum.service"},
+    "hutch.mgmt.stream_routes": {"hutch.runtime.stream_session", "hutch.runtime.stream_session.catalog",
+                                 "hutch.runtime.stream_session.super_streams"},
 }
 
 
@@ -123,6 +142,17 @@ def test_runtime_layers_import_only_downwards():
                     if name.startswith(forbidden):
                         bad.append(f"{me} imports {name}")
     assert bad == []
+
+
+def test_mgmt_reads_the_node_through_the_management_agent_port():
+    found: dict[str, set[str]] = {}
+    for path in (SRC / "hutch" / "mgmt").rglob("*.py"):
+        reads = {target for name, _ in imports(path)
+                 if (target := resolve(name)) and target.startswith(MGMT_FORBIDDEN)}
+        if reads:
+            found[module_name(path)] = reads
+    assert not any(m.startswith("hutch.runtime.session") for reads in found.values() for m in reads)
+    assert found == MGMT_NOT_YET_ON_THE_PORT
 
 
 def test_only_the_server_cli_imports_the_composition_root():

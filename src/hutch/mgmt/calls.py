@@ -1,6 +1,7 @@
 """What a route handler gets and returns, and the route table the handlers register in.
 
-Owns: `Call` (the node, the authenticated caller and the request's parts, as a handler sees them),
+Owns: `Call` (the node, its management agent, the authenticated caller and the request's parts, as a
+handler sees them),
 `Status` (a reply without a body: 201, 204, with headers such as `Location`), and `Route`/`ROUTES`/
 `route`, the table of API routes. A route carries what the OpenAPI description (openapi.py) says about
 it: a summary, the schema of its reply and of its body, and whether it is a list endpoint (which takes
@@ -22,6 +23,7 @@ from .access import Principal
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
     from .stats import StatsView
 
@@ -39,6 +41,13 @@ class Call:
     stats: StatsView | None
     now_ms: float
     path: str = ""
+
+    @property
+    def agent(self) -> ManagementAgentPort:
+        """The node's management agent (runtime/ports.py): what the node holds, as plain data."""
+        agent = self.node.agent
+        assert agent is not None  # runtime/app.py's build_node sets it
+        return agent
 
     def flag(self, name: str) -> bool:
         return self.query.get(name) == "true"

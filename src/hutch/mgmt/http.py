@@ -24,7 +24,8 @@ Rules:
   rabbitmq_prometheus plugin. /metrics/per-object names every vhost, queue and connection: it needs
   the login of a `monitoring` or `administrator` user, unless `prometheus.return_per_object_metrics =
   true`, which makes /metrics per-object too and opens both (the operator chose to publish them).
-- The statistics collector (stats.py) samples every `collect_statistics_interval` ms on the event loop;
+- The statistics collector (stats.py) samples what the node's management agent answers
+  (`ManagementAgentPort.samples`) every `collect_statistics_interval` ms on the event loop;
   a request's range parameters (`lengths_age`, ...) are parsed into the `StatsView` of its `Call`.
 """
 
@@ -534,19 +535,35 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
 
     interval_s = interval_ms / 1000
     timer: list[asyncio.TimerHandle] = []
+    sampling: set[asyncio.Task[None]] = set()
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
 
-    def tick() -> None:
+    def exchange_exists(vhost: str, name: str) -> bool:
+        v = node.vhosts.get(vhost)
+        return v is not None and name in v.exchanges
+
+    async def sample() -> None:
+        """One sample of what the node's agent holds; then the next one is due in an interval."""
         try:
-            collector.tick(node, node.wall_ms(), system.node_figures(node))
+            samples = await agent.samples()
+            collector.tick(samples, node.vhosts.keys(), exchange_exists, node.wall_ms(), system.node_figures(node))
         except Exception:  # a bug in sampling must not stop the sampling timer
             log.exception("management statistics: sampling failed")
         timer[:] = [loop.call_later(interval_s, tick)]
 
-    tick()
+    def tick() -> None:
+        task = loop.create_task(sample())
+        sampling.add(task)
+        task.add_done_callback(sampling.discard)
+
+    await sample()
 
     async def stop() -> None:
         for handle in timer:
             handle.cancel()
+        for task in list(sampling):
+            task.cancel()
         await runner.cleanup()
         log.info("management HTTP API stopped")
 

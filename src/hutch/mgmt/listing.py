@@ -24,14 +24,15 @@ Rules (RabbitMQ's `rabbit_mgmt_util`):
 - Long lists (queues, exchanges) go through `paged_reply`: when a page is asked for and the sort keys
   are among a few cheap fields, items are sorted and filtered on those fields and only the page is
   formatted in full, as RabbitMQ formats only the page's items. The reply is the same as
-  `list_reply`'s on the full items.
+  `list_reply`'s on the full items. `paged_reply_of` is the same for objects the management agent
+  holds (queues): their cheap fields are sorted and filtered, and only the page is fetched in full.
 - Invalid parameters are 400s with RabbitMQ's error names and texts.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from hutch.core.patterns import PatternError, UserPattern, compile_pattern
@@ -79,19 +80,31 @@ def list_reply(items: Sequence[dict[str, Any]], query: Query,
         return [select_columns(item, columns) for item in ordered]
     page, page_size, name, use_regex = pagination
     filtered = _filter_by_name(ordered, name, use_regex, query)
-    offset = (page - 1) * page_size
-    if page > 1 and offset >= len(filtered):
-        raise ApiError(400, "page_out_of_range",
-                       f"Page out of range, page: {page} page size: {page_size}, len: {len(filtered)}")
+    offset = _offset(page, page_size, len(filtered))
     selected = filtered[offset:offset + page_size]
+    return _page(selected, len(filtered), len(items), page, page_size, columns)
+
+
+def _offset(page: int, page_size: int, filtered: int) -> int:
+    """Where the page starts; a page past the end (other than the first) is RabbitMQ's 400."""
+    offset = (page - 1) * page_size
+    if page > 1 and offset >= filtered:
+        raise ApiError(400, "page_out_of_range",
+                       f"Page out of range, page: {page} page size: {page_size}, len: {filtered}")
+    return offset
+
+
+def _page(selected: list[dict[str, Any]], filtered: int, total: int, page: int, page_size: int,
+          columns: list[list[str]] | None) -> dict[str, Any]:
+    """A paginated reply (RabbitMQ's field names)."""
     return {
-        "filtered_count": len(filtered),
+        "filtered_count": filtered,
         "item_count": len(selected),
         "items": [select_columns(item, columns) for item in selected],
         "page": page,
-        "page_count": (len(filtered) + page_size - 1) // page_size,
+        "page_count": (filtered + page_size - 1) // page_size,
         "page_size": page_size,
-        "total_count": len(items),
+        "total_count": total,
     }
 
 
@@ -125,21 +138,31 @@ def paged_reply(objects: Sequence[T], query: Query, light: Callable[[T], dict[st
         ordered = sort_items(lights, default_sort, sort, reverse)
         chosen = [objects[item[_INDEX]] for item in _filter_by_name(ordered, name, use_regex, query)]
     filtered = chosen
-    offset = (page - 1) * page_size
-    if page > 1 and offset >= len(filtered):
-        raise ApiError(400, "page_out_of_range",
-                       f"Page out of range, page: {page} page size: {page_size}, len: {len(filtered)}")
+    offset = _offset(page, page_size, len(filtered))
     columns = _columns(query)
     selected = [full(o) for o in filtered[offset:offset + page_size]]
-    return {
-        "filtered_count": len(filtered),
-        "item_count": len(selected),
-        "items": [select_columns(item, columns) for item in selected],
-        "page": page,
-        "page_count": (len(filtered) + page_size - 1) // page_size,
-        "page_size": page_size,
-        "total_count": len(objects),
-    }
+    return _page(selected, len(filtered), len(objects), page, page_size, columns)
+
+
+async def paged_reply_of(lights: list[dict[str, Any]], query: Query,
+                         fetch: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]],
+                         default_sort: Sequence[str] = DEFAULT_SORT) -> Any:
+    """`paged_reply` for objects the management agent summarised: `lights` are their cheap fields (as
+    `light` gives them), `fetch(some)` their full objects, in the same order. Only the page is fetched
+    when a page is asked for and every sort key is among the cheap fields; the reply is `list_reply`'s on
+    the full objects."""
+    pagination = _pagination(query)
+    sort = query.get("sort") or None
+    keys = list(default_sort) if sort is None else [sort, *default_sort]
+    if pagination is None or not lights or any(key not in lights[0] for key in keys):
+        return list_reply(await fetch(lights), query, default_sort)
+    page, page_size, name, use_regex = pagination
+    ordered = sort_items(lights, default_sort, sort, query.get("sort_reverse") == "true")
+    filtered = _filter_by_name(ordered, name, use_regex, query)
+    offset = _offset(page, page_size, len(filtered))
+    columns = _columns(query)
+    selected = await fetch(filtered[offset:offset + page_size])
+    return _page(selected, len(filtered), len(lights), page, page_size, columns)
 
 
 _INDEX = "\x00index"  # the position of a light item's object (not a JSON field name anyone sends)
@@ -286,5 +309,5 @@ def select_columns(obj: Any, columns: list[list[str]] | None) -> Any:
 
 
 __all__ = ["DEFAULT_PAGE_SIZE", "INLINE_MATCH_BUDGET", "MAX_PAGE_SIZE", "MatchedQuery", "NamesToMatch",
-           "list_reply", "name_pattern", "one_reply", "paged_reply", "select_columns",
+           "list_reply", "name_pattern", "one_reply", "paged_reply", "paged_reply_of", "select_columns",
            "sort_items"]

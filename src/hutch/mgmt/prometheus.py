@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
-from hutch.runtime.queue_types.stream.queue import StreamQueue
 
 from . import formats, system
 
@@ -332,7 +331,7 @@ class _Text:
                 parts.append(f"{name} {totals[col] if totals else 0}\n")
 
 
-def _queue_rows(node: Node, per_object: bool, streams: list[StreamQueue]) -> tuple[list[str], list[tuple[int, ...]],
+def _queue_rows(node: Node, per_object: bool, streams: list[Any]) -> tuple[list[str], list[tuple[int, ...]],
                                                                                 list[str]]:
     """One row per queue: the columns of QUEUE, QUEUE_DELIVERY and HUTCH_QUEUE in that order, with
     each queue's label text and its rabbitmq_queue_info sample; the streams are added to `streams`."""
@@ -342,7 +341,7 @@ def _queue_rows(node: Node, per_object: bool, streams: list[StreamQueue]) -> tup
     for vhost in node.vhosts.values():
         v = escape_label(vhost.name)
         for q in vhost.queues.values():
-            if isinstance(q, StreamQueue):
+            if q.queue_type == "stream":  # a StreamQueue (queue_types/stream/queue.py), read duck-typed
                 streams.append(q)
             ready = q.message_count
             unacked = q.unacked_count
@@ -445,7 +444,7 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
                           strict=True):
         out.one(fam, value)
 
-    streams: list[StreamQueue] = []
+    streams: list[Any] = []
     q_labels, q_rows, q_infos = _queue_rows(node, per_object, streams)
     out.columns(QUEUE, q_labels, q_rows)
     ch_labels, chv_labels, ch_rows = _channel_rows(node, per_object)
@@ -516,7 +515,7 @@ def _stream_protocol(node: Node) -> _StreamProtocol | None:
                            sum(len(conn.consuming.subscriptions) for conn in conns))
 
 
-def _streams(out: _Text, node: Node, streams: list[StreamQueue]) -> None:
+def _streams(out: _Text, node: Node, streams: list[Any]) -> None:
     """rabbitmq_stream_segments and rabbitmq_stream_consumer_max_offset_lag: per stream (labels vhost,
     queue) on the per-object registry, else their sum and their maximum (as the plugin aggregates them);
     the lag counts AMQP 0-9-1 consumers and stream-protocol subscriptions alike. hutch_stream_messages_

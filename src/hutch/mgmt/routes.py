@@ -46,8 +46,8 @@ def _one(c: Call, obj: Any) -> Any:
 
 
 @route("GET", "/api/overview", "Node-wide totals, message rates and listeners", tag=SYSTEM, reply="Overview")
-def _overview(c: Call) -> Any:
-    return _one(c, system.overview(c.node, c.principal, c.stats))
+async def _overview(c: Call) -> Any:
+    return _one(c, await system.overview(c.agent, c.node, c.principal, c.stats))
 
 
 @route("GET", "/api/cluster-name", "The cluster name", tag=SYSTEM, reply="ClusterName")
@@ -228,13 +228,13 @@ def _user_topic_permissions(c: Call) -> Any:
 
 
 @route("GET", "/api/vhosts", "Virtual hosts the caller can see", tag=VHOSTS, reply="Vhost[]", listing=True)
-def _vhosts(c: Call) -> Any:
-    return _list(c, users.list_vhosts(c.node, c.principal, c.stats), NAME_SORT)
+async def _vhosts(c: Call) -> Any:
+    return _list(c, await users.list_vhosts(c.agent, c.node, c.principal, c.stats), NAME_SORT)
 
 
 @route("GET", "/api/vhosts/{vhost}", "One virtual host", tag=VHOSTS, reply="Vhost", codes=(404,))
-def _vhost(c: Call) -> Any:
-    return _one(c, users.get_vhost(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost(c: Call) -> Any:
+    return _one(c, await users.get_vhost(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 @route("PUT", "/api/vhosts/{vhost}", "Create or update a virtual host", tag=VHOSTS, body="VhostBody",
@@ -264,14 +264,14 @@ def _vhost_topic_permissions(c: Call) -> Any:
 
 @route("GET", "/api/vhosts/{vhost}/connections", "Connections to a virtual host", tag=VHOSTS,
        reply="Connection[]", listing=True, codes=(404,))
-def _vhost_connections(c: Call) -> Any:
-    return _list(c, clients.list_connections(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost_connections(c: Call) -> Any:
+    return _list(c, await clients.list_connections(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 @route("GET", "/api/vhosts/{vhost}/channels", "Channels in a virtual host", tag=VHOSTS, reply="Channel[]",
        listing=True, codes=(404,))
-def _vhost_channels(c: Call) -> Any:
-    return _list(c, clients.list_channels(c.node, c.principal, c.params["vhost"], c.stats))
+async def _vhost_channels(c: Call) -> Any:
+    return _list(c, await clients.list_channels(c.agent, c.node, c.principal, c.params["vhost"], c.stats))
 
 
 # -- permissions ------------------------------------------------------------------------------------
@@ -346,16 +346,8 @@ def _delete_topic_permission_exchange(c: Call) -> Any:
 
 
 @route("GET", "/api/queues", "Queues the caller can see", tag=QUEUES, reply="Queue[]", listing=True)
-def _queues(c: Call) -> Any:
-    return _queue_list(c, None)
-
-
-def _queue_list(c: Call, vhost: str | None) -> Any:
-    def full(q: Any) -> dict[str, Any]:
-        return formats.queue_json(q, c.node.name, c.stats)
-
-    return listing.paged_reply(topology.queue_objects(c.node, c.principal, vhost), c.query, topology.queue_light,
-                               full)
+async def _queues(c: Call) -> Any:
+    return await topology.queue_list(c.agent, c.node, c.principal, None, c.query, c.stats)
 
 
 def _exchange_list(c: Call, vhost: str | None) -> Any:
@@ -368,14 +360,15 @@ def _exchange_list(c: Call, vhost: str | None) -> Any:
 
 @route("GET", "/api/queues/{vhost}", "Queues of a virtual host", tag=QUEUES, reply="Queue[]", listing=True,
        codes=(404,))
-def _vhost_queues(c: Call) -> Any:
-    return _queue_list(c, c.params["vhost"])
+async def _vhost_queues(c: Call) -> Any:
+    return await topology.queue_list(c.agent, c.node, c.principal, c.params["vhost"], c.query, c.stats)
 
 
 @route("GET", "/api/queues/{vhost}/{name}", "One queue, with its consumers", tag=QUEUES, reply="Queue",
        codes=(404,))
-def _queue(c: Call) -> Any:
-    return _one(c, topology.get_queue(c.node, c.principal, c.params["vhost"], c.params["name"], c.stats))
+async def _queue(c: Call) -> Any:
+    return _one(c, await topology.get_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"],
+                                            c.stats))
 
 
 @route("PUT", "/api/queues/{vhost}/{name}", "Declare a queue", tag=QUEUES, body="QueueBody",
@@ -386,15 +379,15 @@ def _put_queue(c: Call) -> Any:
 
 @route("DELETE", "/api/queues/{vhost}/{name}", "Delete a queue (?if-unused=true, ?if-empty=true)", tag=QUEUES,
        codes=(204, 400, 404))
-def _delete_queue(c: Call) -> Any:
-    topology.delete_queue(c.node, c.principal, c.params["vhost"], c.params["name"],
-                          if_unused=c.flag("if-unused"), if_empty=c.flag("if-empty"))
+async def _delete_queue(c: Call) -> Any:
+    await topology.delete_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"],
+                                if_unused=c.flag("if-unused"), if_empty=c.flag("if-empty"))
     return NO_CONTENT
 
 
 @route("DELETE", "/api/queues/{vhost}/{name}/contents", "Purge a queue", tag=QUEUES, codes=(204, 404))
-def _purge_queue(c: Call) -> Any:
-    topology.purge_queue(c.node, c.principal, c.params["vhost"], c.params["name"])
+async def _purge_queue(c: Call) -> Any:
+    await topology.purge_queue(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"])
     return NO_CONTENT
 
 
@@ -566,62 +559,63 @@ _policy_routes("/api/operator-policies", operator=True)
 
 @route("GET", "/api/connections", "Connections the caller can see", tag=CLIENTS, reply="Connection[]",
        listing=True)
-def _connections(c: Call) -> Any:
-    return _list(c, clients.list_connections(c.node, c.principal, None, c.stats))
+async def _connections(c: Call) -> Any:
+    return _list(c, await clients.list_connections(c.agent, c.node, c.principal, None, c.stats))
 
 
 @route("GET", "/api/connections/username/{username}", "A user's connections", tag=CLIENTS,
        reply="Connection[]", listing=True)
-def _user_connections(c: Call) -> Any:
-    return _list(c, clients.user_connections(c.node, c.principal, c.params["username"], c.stats))
+async def _user_connections(c: Call) -> Any:
+    return _list(c, await clients.user_connections(c.agent, c.principal, c.params["username"], c.stats, node=c.node))
 
 
 @route("DELETE", "/api/connections/username/{username}", "Close a user's connections", tag=CLIENTS,
        codes=(204,))
-def _close_user_connections(c: Call) -> Any:
-    clients.close_user_connections(c.node, c.principal, c.params["username"], c.headers.get("X-Reason"))
+async def _close_user_connections(c: Call) -> Any:
+    await clients.close_user_connections(c.agent, c.principal, c.params["username"], c.headers.get("X-Reason"),
+                                         node=c.node)
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}", "One connection", tag=CLIENTS, reply="Connection", codes=(404,))
-def _connection(c: Call) -> Any:
-    return _one(c, clients.get_connection(c.node, c.principal, c.params["name"], c.stats))
+async def _connection(c: Call) -> Any:
+    return _one(c, await clients.get_connection(c.agent, c.principal, c.params["name"], c.stats, node=c.node))
 
 
 @route("DELETE", "/api/connections/{name}", "Close a connection (reason in the X-Reason header)", tag=CLIENTS,
        codes=(204, 404))
-def _close_connection(c: Call) -> Any:
-    clients.close_connection(c.node, c.principal, c.params["name"], c.headers.get("X-Reason"))
+async def _close_connection(c: Call) -> Any:
+    await clients.close_connection(c.agent, c.principal, c.params["name"], c.headers.get("X-Reason"), node=c.node)
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}/channels", "A connection's channels", tag=CLIENTS, reply="Channel[]",
        listing=True, codes=(404,))
-def _connection_channels(c: Call) -> Any:
-    return _list(c, clients.connection_channels(c.node, c.principal, c.params["name"], c.stats))
+async def _connection_channels(c: Call) -> Any:
+    return _list(c, await clients.connection_channels(c.agent, c.principal, c.params["name"], c.stats, node=c.node))
 
 
 @route("GET", "/api/channels", "Channels the caller can see", tag=CLIENTS, reply="Channel[]", listing=True)
-def _channels(c: Call) -> Any:
-    return _list(c, clients.list_channels(c.node, c.principal, None, c.stats))
+async def _channels(c: Call) -> Any:
+    return _list(c, await clients.list_channels(c.agent, c.node, c.principal, None, c.stats))
 
 
 @route("GET", "/api/channels/{channel}", "One channel, with its consumers and publishes per exchange",
        tag=CLIENTS, reply="Channel", codes=(404,))
-def _channel(c: Call) -> Any:
-    return _one(c, clients.get_channel(c.node, c.principal, c.params["channel"], c.stats))
+async def _channel(c: Call) -> Any:
+    return _one(c, await clients.get_channel(c.agent, c.principal, c.params["channel"], c.stats))
 
 
 @route("GET", "/api/consumers", "Consumers in the virtual hosts the caller can see", tag=CLIENTS,
        reply="Consumer[]", listing=True)
-def _consumers(c: Call) -> Any:
-    return _list(c, clients.list_consumers(c.node, c.principal), CONSUMER_SORT)
+async def _consumers(c: Call) -> Any:
+    return _list(c, await clients.list_consumers(c.agent, c.node, c.principal), CONSUMER_SORT)
 
 
 @route("GET", "/api/consumers/{vhost}", "Consumers of a virtual host", tag=CLIENTS, reply="Consumer[]",
        listing=True, codes=(404,))
-def _vhost_consumers(c: Call) -> Any:
-    return _list(c, clients.list_consumers(c.node, c.principal, c.params["vhost"]), CONSUMER_SORT)
+async def _vhost_consumers(c: Call) -> Any:
+    return _list(c, await clients.list_consumers(c.agent, c.node, c.principal, c.params["vhost"]), CONSUMER_SORT)
 
 
 __all__ = ["BINDING_SORT", "CONSUMER_SORT", "POLICY_SORT"]

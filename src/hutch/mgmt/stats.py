@@ -8,8 +8,11 @@ counts, queue lengths, the node's churn and process figures) and keeps a short h
 those parameters (`lengths_age`/`lengths_incr`, `msg_rates_*`, `data_rates_*`, `node_stats_*`).
 
 Rules:
-- Nothing here runs per message. A tick is one pass over queues, channels and connections (plus the
-  exchanges channels published to since the last tick). Histories are sparse: a point is stored only
+- Nothing here runs per message. A tick is one pass over the samples the node's management agent
+  answers (`ManagementAgentPort.samples`: queues, channels with their publishes per exchange,
+  connections, the closed channels' counters, churn); objects are known by name (a connection's and a
+  channel's name, a queue's and an exchange's (vhost, name)), never by object, so the samples can come
+  from several processes. Histories are sparse: a point is stored only
   when an object's counters changed since its last point, so idle objects cost one point each.
 - Retention: RETENTION_S (600 s) per object (queue, channel, connection, exchange, vhost),
   GLOBAL_RETENTION_S (3600 s) for the node, at the sampling interval. Objects that are gone are
@@ -21,38 +24,38 @@ Rules:
 - A value shown is the live counter; `rate` is per second over the last sampling interval (0.0
   until an object has two points, or when it did not change). With a range, `samples` has one point
   every `incr` s over the last `age` s, newest first, and `rate` is over the last `incr`.
-- Off the node's state: the collector only reads, except that it drops a channel's per-exchange
-  counts (`ServerChannel.x_counts`) for exchanges that no longer exist, which bounds them.
+- Off the node's state: the collector only reads the samples. The agent drops a channel's per-exchange
+  counts (`ServerChannel.x_counts`) for exchanges that no longer exist when it samples them, which
+  bounds them. An exchange deleted and declared again under its name between two samples starts its
+  totals again when its channel's counts go down.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from hutch.core.counters import (
+    CHANNEL_FIELDS,
+    MSG_STATS,
+    QUEUE_MSG_STATS,
+    ZERO_CHANNEL,
+    add,
+)
 
 from .errors import bad_request
-
-if TYPE_CHECKING:
-    from hutch.core.queue_type import Queue
-    from hutch.runtime.broker.node import Node
-    from hutch.runtime.session.channel import ServerChannel
-    from hutch.runtime.session.connection import AMQPConnection
 
 RETENTION_S = 600
 GLOBAL_RETENTION_S = 3600
 MAX_RANGE_POINTS = 500  # RabbitMQ's ?MAX_RANGE: age / incr may not exceed it
 RANGE_PREFIXES = ("lengths", "msg_rates", "data_rates", "node_stats")
 
-# Field layouts of the stored tuples. A view names output fields as sums of tuple positions.
-CHANNEL_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack",
-                  "get", "get_no_ack", "get_empty", "redeliver", "ack")
-MSG_STATS = tuple((name, (i,)) for i, name in enumerate(CHANNEL_FIELDS)) + (("deliver_get", (4, 5, 6, 7)),)
+# Field layouts of the stored tuples. A view names output fields as sums of tuple positions (a channel's:
+# core/counters.py, which the management agent reports them by).
 QUEUE_LENGTHS = (("messages", (0, 1)), ("messages_ready", (0,)), ("messages_unacknowledged", (1,)))
-QUEUE_MSG_STATS = (("publish", (2,)), ("deliver", (3,)), ("get", (4,)), ("deliver_get", (3, 4)), ("ack", (5,)),
-                   ("redeliver", (6,)))
 EXCHANGE_MSG_STATS = (("publish_in", (0,)), ("publish_out", (1,)))
 BYTES = (("recv_oct", (0,)), ("send_oct", (1,)))
 CHURN_KEYS = ("connections_opened", "connections_closed", "channels_opened", "channels_closed",
@@ -62,46 +65,8 @@ CHURN = tuple((name, (i,)) for i, name in enumerate(
      "queue_created", "queue_deleted")))
 NODE_FIELDS = ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free", "io_sync_count")
 NODE_STATS = tuple((name, (i,)) for i, name in enumerate(NODE_FIELDS))
-ZERO_CHANNEL = (0,) * len(CHANNEL_FIELDS)
 
 Fields = Sequence[tuple[str, tuple[int, ...]]]
-
-
-def channel_values(ch: ServerChannel) -> tuple[int, ...]:
-    """A channel's counters in CHANNEL_FIELDS order (`deliver` is manual-acknowledgement deliveries)."""
-    return (ch.stat_publish, ch.stat_confirm, ch.stat_return_unroutable, ch.stat_drop_unroutable,
-            ch.stat_deliver - ch.stat_deliver_no_ack, ch.stat_deliver_no_ack, ch.stat_get, ch.stat_get_no_ack,
-            ch.stat_get_empty, ch.stat_redeliver, ch.stat_ack)
-
-
-def closed_values(closed: Mapping[str, int]) -> tuple[int, ...]:
-    """`Node.closed_channel_stats` (attribute name -> total) in CHANNEL_FIELDS order."""
-    g = closed.get
-    deliver_no_ack = g("stat_deliver_no_ack", 0)
-    return (g("stat_publish", 0), g("stat_confirm", 0), g("stat_return_unroutable", 0),
-            g("stat_drop_unroutable", 0), g("stat_deliver", 0) - deliver_no_ack, deliver_no_ack,
-            g("stat_get", 0), g("stat_get_no_ack", 0), g("stat_get_empty", 0), g("stat_redeliver", 0),
-            g("stat_ack", 0))
-
-
-def queue_values(q: Queue) -> tuple[int, ...]:
-    return (q.message_count, q.unacked_count, q.stat_published, q.stat_delivered, q.stat_get, q.stat_acked,
-            q.stat_redelivered)
-
-
-def add(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
-
-
-def exchange_counts(ch: ServerChannel) -> dict[Any, tuple[int, int]]:
-    """The channel's (publishes, enqueues) per exchange object, the current exchange included."""
-    out = {x: (c[0], c[1]) for x, c in ch.x_counts.items()}
-    current = ch.x_current
-    if current is not None:
-        base_published, base_routed = ch.x_base
-        p, r = out.get(current, (0, 0))
-        out[current] = (p + ch.stat_publish - base_published, r + ch.stat_routed - base_routed)
-    return out
 
 
 # -- histories --------------------------------------------------------------------------------------
@@ -165,10 +130,10 @@ class Collector:
         self.interval_ms = interval_ms
         self.last_ms = 0.0
         self.prev_ms = 0.0
-        self.queues: dict[Queue, History] = {}
-        self.channels: dict[ServerChannel, History] = {}
-        self.connections: dict[AMQPConnection, History] = {}
-        self.exchanges: dict[Any, History] = {}  # Exchange -> (publish_in, publish_out)
+        self.queues: dict[tuple[str, str], History] = {}  # by (vhost, queue name)
+        self.channels: dict[str, History] = {}  # by channel name ("<connection name> (<number>)")
+        self.connections: dict[str, History] = {}  # by connection name
+        self.exchanges: dict[tuple[str, str], History] = {}  # (vhost, exchange) -> (publish_in, publish_out)
         self.vhost_lengths: dict[str, History] = {}  # (ready, unacked)
         self.vhost_msgs: dict[str, History] = {}  # CHANNEL_FIELDS, folded from channel deltas
         self.vhost_bytes: dict[str, History] = {}  # (recv_oct, send_oct), folded from connection deltas
@@ -176,146 +141,146 @@ class Collector:
         self.node_lengths = History()
         self.node_churn = History()
         self.node_figures = History()  # NODE_FIELDS
-        self._x_totals: dict[Any, list[int]] = {}
-        self._ch_x: dict[ServerChannel, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
+        self._x_totals: dict[tuple[str, str], list[int]] = {}
+        self._ch_x: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}  # channel -> its last publishes
         self._vhost_msg_totals: dict[str, tuple[int, ...]] = {}
         self._vhost_byte_totals: dict[str, tuple[int, int]] = {}
         self.ticks = 0
 
-    def tick(self, node: Node, now_ms: float, node_figures: Sequence[int] | None = None) -> None:
-        """Take one sample of everything. `node_figures` are NODE_FIELDS (process figures read by the
+    def tick(self, samples: Mapping[str, Any], vhosts: Collection[str], exchange_exists: Callable[[str, str], bool],
+             now_ms: float, node_figures: Sequence[int] | None = None) -> None:
+        """Take one sample of everything: `samples` as the node's management agent answers them
+        (`ManagementAgentPort.samples`), `vhosts` the node's vhost names, `exchange_exists(vhost, name)`
+        whether an exchange still exists. `node_figures` are NODE_FIELDS (process figures read by the
         caller, system.py, so this module does no IO)."""
         self.prev_ms, self.last_ms = self.last_ms, now_ms
         self.ticks += 1
         horizon = now_ms - RETENTION_S * 1000
-        self._sample_queues(node, now_ms, horizon)
-        live = self._sample_channels(node, now_ms, horizon)
-        self._sample_connections(node, now_ms, horizon)
-        self._sample_exchanges(node, now_ms, horizon)
+        self._sample_queues(samples["queues"], vhosts, now_ms, horizon)
+        live = self._sample_channels(samples["channels"], now_ms, horizon)
+        self._sample_connections(samples["connections"], now_ms, horizon)
+        self._sample_exchanges(exchange_exists, now_ms, horizon)
         for name, totals in self._vhost_msg_totals.items():
             self.vhost_msgs.setdefault(name, History()).record(now_ms, totals, horizon)
         for name, pair in self._vhost_byte_totals.items():
             self.vhost_bytes.setdefault(name, History()).record(now_ms, pair, horizon)
         for table in (self.vhost_msgs, self.vhost_bytes, self.vhost_lengths,
                       self._vhost_msg_totals, self._vhost_byte_totals):
-            for name in [n for n in table if n not in node.vhosts]:
+            for name in [n for n in table if n not in vhosts]:
                 del table[name]
         global_horizon = now_ms - GLOBAL_RETENTION_S * 1000
-        self.node_msgs.record(now_ms, add(closed_values(node.closed_channel_stats), live), global_horizon)
-        self.node_churn.record(now_ms, tuple(node.churn[k] for k in CHURN_KEYS), global_horizon)
+        self.node_msgs.record(now_ms, add(tuple(samples["closed"]), live), global_horizon)
+        churn = samples["churn"]
+        self.node_churn.record(now_ms, tuple(churn.get(k, 0) for k in CHURN_KEYS), global_horizon)
         if node_figures is not None:
             self.node_figures.record(now_ms, tuple(node_figures), global_horizon)
 
-    def _sample_queues(self, node: Node, now_ms: float, horizon: float) -> None:
+    def _sample_queues(self, rows: Sequence[Sequence[Any]], vhosts: Collection[str], now_ms: float,
+                       horizon: float) -> None:
         old = self.queues
-        new: dict[Queue, History] = {}
-        ready_all = unacked_all = 0
-        for name, vhost in node.vhosts.items():
-            ready = unacked = 0
-            for q in vhost.queues.values():
-                values = queue_values(q)
-                ready += values[0]
-                unacked += values[1]
-                h = old.get(q)
-                if h is None:
-                    h = History()
-                h.record(now_ms, values, horizon)
-                new[q] = h
+        new: dict[tuple[str, str], History] = {}
+        lengths = {name: [0, 0] for name in vhosts}
+        for row in rows:
+            key = (row[0], row[1])
+            values = tuple(row[2:])
+            per_vhost = lengths.get(key[0])
+            if per_vhost is not None:
+                per_vhost[0] += values[0]
+                per_vhost[1] += values[1]
+            h = old.get(key)
+            if h is None:
+                h = History()
+            h.record(now_ms, values, horizon)
+            new[key] = h
+        for name, (ready, unacked) in lengths.items():
             self.vhost_lengths.setdefault(name, History()).record(now_ms, (ready, unacked), horizon)
-            ready_all += ready
-            unacked_all += unacked
         self.queues = new
+        ready_all = sum(r for r, _ in lengths.values())
+        unacked_all = sum(u for _, u in lengths.values())
         self.node_lengths.record(now_ms, (ready_all, unacked_all), now_ms - GLOBAL_RETENTION_S * 1000)
 
-    def _sample_channels(self, node: Node, now_ms: float, horizon: float) -> tuple[int, ...]:
+    def _sample_channels(self, rows: Sequence[Sequence[Any]], now_ms: float, horizon: float) -> tuple[int, ...]:
         """Channel histories, vhost message totals and exchange counts; returns the live channels' sum."""
         old = self.channels
         old_x = self._ch_x
-        new: dict[ServerChannel, History] = {}
-        new_x: dict[ServerChannel, tuple[tuple[int, int], dict[Any, tuple[int, int]]]] = {}
+        new: dict[str, History] = {}
+        new_x: dict[str, dict[tuple[str, str], tuple[int, int]]] = {}
         live = ZERO_CHANNEL
         vtotals = self._vhost_msg_totals
-        for conn in node.connections:
-            for ch in list(conn.channels.values()):
-                values = channel_values(ch)
-                live = add(live, values)
-                h = old.get(ch)
-                before = ZERO_CHANNEL
-                if h is None:
-                    h = History()
-                elif h.values:
-                    before = h.values[-1]
-                if values != before and ch.vhost is not None:
-                    name = ch.vhost.name
-                    vtotals[name] = add(vtotals.get(name, ZERO_CHANNEL), tuple(
-                        a - b for a, b in zip(values, before, strict=True)))
-                h.record(now_ms, values, horizon)
-                new[ch] = h
-                new_x[ch] = self._fold_exchanges(ch, old_x.get(ch))
+        for key, vhost, counters, publishes in rows:
+            values = tuple(counters)
+            live = add(live, values)
+            h = old.get(key)
+            before = ZERO_CHANNEL
+            if h is None:
+                h = History()
+            elif h.values:
+                before = h.values[-1]
+            if values != before and vhost is not None:
+                vtotals[vhost] = add(vtotals.get(vhost, ZERO_CHANNEL), tuple(
+                    a - b for a, b in zip(values, before, strict=True)))
+            h.record(now_ms, values, horizon)
+            new[key] = h
+            new_x[key] = self._fold_exchanges(publishes, old_x.get(key, {}))
         self.channels = new
         self._ch_x = new_x
         return live
 
-    def _fold_exchanges(self, ch: ServerChannel, previous: tuple[tuple[int, int], dict[Any, tuple[int, int]]]
-                        | None) -> tuple[tuple[int, int], dict[Any, tuple[int, int]]]:
-        key = (ch.stat_publish, ch.stat_routed)
-        if previous is not None and previous[0] == key:
-            return previous
-        counts = exchange_counts(ch)
-        before = previous[1] if previous is not None else {}
+    def _fold_exchanges(self, publishes: Sequence[Sequence[Any]], before: Mapping[tuple[str, str], tuple[int, int]]
+                        ) -> dict[tuple[str, str], tuple[int, int]]:
+        """Credit each exchange with what one channel published to it since the last sample."""
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
         totals = self._x_totals
-        for x, (p, r) in counts.items():
-            bp, br = before.get(x, (0, 0))
+        for vhost, name, p, r in publishes:
+            key = (vhost, name)
+            counts[key] = (p, r)
+            bp, br = before.get(key, (0, 0))
+            if p < bp or r < br:  # another exchange of the same name since the last sample
+                bp = br = 0
             if p != bp or r != br:
-                entry = totals.get(x)
+                entry = totals.get(key)
                 if entry is None:
-                    entry = totals[x] = [0, 0]
+                    entry = totals[key] = [0, 0]
                 entry[0] += p - bp
                 entry[1] += r - br
-        vhost = ch.vhost
-        if vhost is not None:  # forget exchanges that were deleted (bounds x_counts)
-            for x in [x for x in ch.x_counts if vhost.exchanges.get(x.name) is not x]:
-                del ch.x_counts[x]
-        return key, counts
+        return counts
 
-    def _sample_connections(self, node: Node, now_ms: float, horizon: float) -> None:
+    def _sample_connections(self, rows: Sequence[Sequence[Any]], now_ms: float, horizon: float) -> None:
         old = self.connections
-        new: dict[AMQPConnection, History] = {}
+        new: dict[str, History] = {}
         btotals = self._vhost_byte_totals
-        for conn in node.connections:
-            values = (conn.recv_oct, conn.send_oct)
-            h = old.get(conn)
+        for name, vhost, recv_oct, send_oct in rows:
+            values = (recv_oct, send_oct)
+            h = old.get(name)
             before: tuple[int, ...] = (0, 0)
             if h is None:
                 h = History()
             elif h.values:
                 before = h.values[-1]
-            vhost = conn.vhost_obj
             if values != before and vhost is not None:
-                recv, send = btotals.get(vhost.name, (0, 0))
-                btotals[vhost.name] = (recv + values[0] - before[0], send + values[1] - before[1])
+                recv, send = btotals.get(vhost, (0, 0))
+                btotals[vhost] = (recv + values[0] - before[0], send + values[1] - before[1])
             h.record(now_ms, values, horizon)
-            new[conn] = h
+            new[name] = h
         self.connections = new
 
-    def _sample_exchanges(self, node: Node, now_ms: float, horizon: float) -> None:
+    def _sample_exchanges(self, exchange_exists: Callable[[str, str], bool], now_ms: float, horizon: float) -> None:
         old = self.exchanges
-        new: dict[Any, History] = {}
+        new: dict[tuple[str, str], History] = {}
         totals = self._x_totals
-        for x in list(totals):
-            vhost = node.vhosts.get(x.vhost)
-            if vhost is None or vhost.exchanges.get(x.name) is not x:
-                del totals[x]
+        for key in list(totals):
+            if not exchange_exists(*key):
+                del totals[key]
                 continue
-            h = old.get(x)
+            h = old.get(key)
             if h is None:
                 h = History()
-            h.record(now_ms, (totals[x][0], totals[x][1]), horizon)
-            new[x] = h
+            h.record(now_ms, (totals[key][0], totals[key][1]), horizon)
+            new[key] = h
         self.exchanges = new
 
-    def exchange_totals(self, x: Any) -> tuple[int, int]:
-        entry = self._x_totals.get(x)
+    def exchange_totals(self, key: tuple[str, str]) -> tuple[int, int]:
+        entry = self._x_totals.get(key)
         return (entry[0], entry[1]) if entry is not None else (0, 0)
 
     def vhost_msg_totals(self, name: str) -> tuple[int, ...]:
@@ -394,22 +359,26 @@ class StatsView:
 
     # -- per object kind ---------------------------------------------------------------------------
 
-    def queue(self, q: Queue, out: dict[str, Any]) -> None:
-        values = queue_values(q)
-        h = self.collector.queues.get(q)
+    def queue(self, key: tuple[str, str], values: Sequence[int], out: dict[str, Any]) -> None:
+        """A queue's lengths and message_stats with rates: `values` in core/counters.py's `queue_values`
+        order, `key` its (vhost, name)."""
+        h = self.collector.queues.get(key)
         self.fields(h, QUEUE_LENGTHS, values, "lengths", out)
         out["message_stats"] = self.fields(h, QUEUE_MSG_STATS, values, "msg_rates", {})
 
-    def channel(self, ch: ServerChannel) -> dict[str, Any]:
-        return self.fields(self.collector.channels.get(ch), MSG_STATS, channel_values(ch), "msg_rates", {})
+    def channel(self, name: str, values: Sequence[int]) -> dict[str, Any]:
+        """A channel's message_stats with rates: its counters `values` in CHANNEL_FIELDS order."""
+        return self.fields(self.collector.channels.get(name), MSG_STATS, values, "msg_rates", {})
 
-    def connection(self, conn: AMQPConnection, out: dict[str, Any]) -> None:
-        self.fields(self.collector.connections.get(conn), BYTES, (conn.recv_oct, conn.send_oct), "data_rates",
+    def connection(self, name: str, out: dict[str, Any]) -> None:
+        """A connection's `recv_oct`/`send_oct` (as the agent reported them in `out`) with rates."""
+        self.fields(self.collector.connections.get(name), BYTES, (out["recv_oct"], out["send_oct"]), "data_rates",
                     out)
 
-    def exchange(self, x: Any) -> dict[str, Any]:
+    def exchange(self, key: tuple[str, str]) -> dict[str, Any]:
+        """An exchange's message_stats with rates, by its (vhost, name)."""
         c = self.collector
-        return self.fields(c.exchanges.get(x), EXCHANGE_MSG_STATS, c.exchange_totals(x), "msg_rates", {})
+        return self.fields(c.exchanges.get(key), EXCHANGE_MSG_STATS, c.exchange_totals(key), "msg_rates", {})
 
     def vhost(self, name: str, lengths: Sequence[int], out: dict[str, Any]) -> None:
         c = self.collector
@@ -482,10 +451,6 @@ __all__ = [
     "History",
     "Range",
     "StatsView",
-    "channel_values",
-    "closed_values",
-    "exchange_counts",
     "parse_ranges",
-    "queue_values",
     "sample_retention_policies",
 ]

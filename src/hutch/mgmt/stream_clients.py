@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hutch.runtime.stream_session.connection import Phase
-
 from .access import Principal, may_close_user_object, may_see_user_object
 from .errors import not_authorised, not_found
-from .formats import jsonable, peer_cert_json
+from .formats import jsonable
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -30,7 +28,7 @@ def opened(node: Node) -> list[Any]:
     hub = node.streams
     if hub is None:
         return []
-    return sorted((c for c in list(hub.connections) if c.phase == Phase.OPENED), key=lambda c: c.name)
+    return sorted((c for c in list(hub.connections) if c.phase.name == "OPENED"), key=lambda c: c.name)
 
 
 def visible(node: Node, p: Principal, vhost: str | None = None) -> list[Any]:
@@ -54,7 +52,7 @@ def visible_one(node: Node, p: Principal, name: str, vhost: str | None = None) -
     return conn
 
 
-def close(node: Node, p: Principal, conn: Any, reason: str | None = None) -> None:
+def close(p: Principal, conn: Any, reason: str | None = None) -> None:
     if not may_close_user_object(p, conn.user_name):
         raise not_authorised("User not authorised to access object")
     conn.drop(reason or CLOSE_REASON)
@@ -78,7 +76,8 @@ def connection_json(conn: Any) -> dict[str, Any]:
         "ssl_protocol": tls.version() if tls is not None else None,
         "ssl_cipher": (tls.cipher() or ("",))[0] if tls is not None else None,
         "ssl_hash": None, "ssl_key_exchange": None,
-        **peer_cert_json(conn.peer_cert),
+        # the certificate's details are in /api/stream/connections (mgmt reads no runtime helper for them)
+        "peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None,
     }
 
 

@@ -218,9 +218,9 @@ def _list_vhost_stream_consumers(c: Call) -> Any:
     return listing.list_reply(_consumers(_stream_connections(c, c.params["vhost"])), c.query, CONSUMER_SORT)
 
 
-def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
-    """Each stream the caller may see, as the queue API shows it, with the number of stream-protocol
-    publishers and consumers on it (from the connections the caller may see)."""
+async def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
+    """Each stream the caller may see, as the queue API shows it (asked of the node's agent), with the
+    number of stream-protocol publishers and consumers on it (from the connections the caller may see)."""
     names = [vhost] if vhost is not None else visible_vhosts(c.node, c.principal)
     if vhost is not None:
         vhost_for_read(c.node, c.principal, vhost)
@@ -234,25 +234,25 @@ def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
         for row in conn.consuming.info():
             key = (conn.vhost.name, str(row["stream"]))
             consumers[key] = consumers.get(key, 0) + 1
+    keys = [(name, q.name) for name in names if (v := c.node.vhosts.get(name)) is not None
+            for q in list(v.queues.values()) if q.queue_type == "stream"]
     rows = []
-    for name in names:
-        v = c.node.vhosts.get(name)
-        for q in list(v.queues.values()) if v is not None else []:
-            if q.queue_type == "stream":
-                row = formats.queue_json(q, c.node.name, c.stats)
-                row["stream_publishers"] = publishers.get((name, q.name), 0)
-                row["stream_consumers"] = consumers.get((name, q.name), 0)
-                rows.append(row)
+    for row in await c.agent.queue_details(keys):
+        row = formats.queue_rates(row, c.stats)
+        key = (str(row["vhost"]), str(row["name"]))
+        row["stream_publishers"] = publishers.get(key, 0)
+        row["stream_consumers"] = consumers.get(key, 0)
+        rows.append(row)
     return rows
 
 
 @route("GET", "/api/stream/streams", "Streams with their offsets, segments and stream-protocol publishers and "
        "consumers (hutch)", tag=TAG, reply="Any[]", listing=True)
-def _list_streams(c: Call) -> Any:
-    return listing.list_reply(_stream_rows(c, None), c.query)
+async def _list_streams(c: Call) -> Any:
+    return listing.list_reply(await _stream_rows(c, None), c.query)
 
 
 @route("GET", "/api/stream/streams/{vhost}", "Streams of a virtual host (hutch)", tag=TAG, reply="Any[]",
        listing=True, codes=(404,))
-def _list_vhost_streams(c: Call) -> Any:
-    return listing.list_reply(_stream_rows(c, c.params["vhost"]), c.query)
+async def _list_vhost_streams(c: Call) -> Any:
+    return listing.list_reply(await _stream_rows(c, c.params["vhost"]), c.query)

@@ -7,7 +7,8 @@ file descriptors) from /proc and `resource` where the platform has them; everyth
 
 Rules:
 - `message_stats` counters are the channels' stat_* counters: those of live channels plus
-  `Node.closed_channel_stats` for the channels that have closed, so totals never go down. Non-monitors
+  `Node.closed_channel_stats` for the channels that have closed, so totals never go down, as the node's
+  management agent counts them (`ManagementAgentPort.counts`). Non-monitors
   see the sum over the vhosts they can see, from the collector (RabbitMQ narrows overview figures the
   same way).
 - Rates and samples (`*_details`) come from stats.py; without a collector (hutchctl's tests build the
@@ -30,6 +31,7 @@ from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.amqp.spec import BasicProperties
 from hutch.cluster import messages as cm
+from hutch.core.counters import ZERO_CHANNEL, add, msg_stats, values_of
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
 from hutch.runtime import listen
@@ -49,6 +51,7 @@ from .errors import bad_request, from_amqp, not_found
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
     from .stats import StatsView
 
@@ -70,29 +73,17 @@ UNLIMITED_PROCESSES = 1 << 20  # reported as proc_total when RLIMIT_NPROC is unl
 # -- message counters -------------------------------------------------------------------------------
 
 
-def node_message_values(node: Node) -> tuple[int, ...]:
-    """Node-wide message counters in stats.CHANNEL_FIELDS order: closed channels plus live ones."""
-    total = _stats.closed_values(node.closed_channel_stats)
-    for conn in node.connections:
-        for ch in list(conn.channels.values()):
-            total = _stats.add(total, _stats.channel_values(ch))
-    return total
-
-
-def message_totals(node: Node, p: Principal | None = None) -> dict[str, int]:
-    """Node-wide message counters (or, for a non-monitor `p`, those of the live channels in its vhosts),
-    by RabbitMQ's message_stats names."""
+async def message_totals(agent: ManagementAgentPort, node: Node, p: Principal | None = None) -> dict[str, int]:
+    """Node-wide message counters (closed channels plus live ones; or, for a non-monitor `p`, those of
+    the live channels in its vhosts), by RabbitMQ's message_stats names, as the node's agent counts them."""
     if p is None or p.is_monitor:
-        values = node_message_values(node)
-    else:
-        names = set(visible_vhosts(node, p))
-        values = _stats.ZERO_CHANNEL
-        for conn in node.connections:
-            if conn.vhost_obj is None or conn.vhost_obj.name not in names:
-                continue
-            for ch in list(conn.channels.values()):
-                values = _stats.add(values, _stats.channel_values(ch))
-    return {name: sum(values[i] for i in idx) for name, idx in _stats.MSG_STATS}
+        return msg_stats(values_of(await agent.counts()))
+    names = set(visible_vhosts(node, p))
+    values = ZERO_CHANNEL
+    for ch in await agent.channels():
+        if ch["vhost"] in names:
+            values = add(values, values_of(ch["message_stats"]))
+    return msg_stats(values)
 
 
 # -- overview ---------------------------------------------------------------------------------------
@@ -119,10 +110,15 @@ def _listeners(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[str, Any]:
+async def overview(agent: ManagementAgentPort, node: Node, p: Principal, stats: StatsView | None = None
+                   ) -> dict[str, Any]:
     names = visible_vhosts(node, p)
-    conns = [c for c in node.connections if may_see_user_object(p, c.user_name)]
-    channels = sum(len(c.channels) for c in conns)
+    counts = await agent.counts()
+    if p.is_monitor:  # every connection
+        n_conns, n_channels = counts["connections"], counts["channels"]
+    else:
+        conns = [c for c in await agent.connections() if may_see_user_object(p, c["user"])]
+        n_conns, n_channels = len(conns), sum(c["channels"] for c in conns)
     queues = ready = unacked = consumers = 0
     for name in names:  # one pass: with 10,000 queues this is most of the overview's cost
         for q in node.vhosts[name].queues.values():
@@ -144,8 +140,8 @@ def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[s
         "contexts": [{"node": node.name, "description": "RabbitMQ Management", "path": "/",
                       "port": str(node.management_port or node.config.management_port)}],
         "object_totals": {
-            "connections": len(conns),
-            "channels": channels,
+            "connections": n_conns,
+            "channels": n_channels,
             "exchanges": sum(len(node.vhosts[name].exchanges) for name in names),
             "queues": queues,
             "consumers": consumers,
@@ -154,10 +150,9 @@ def overview(node: Node, p: Principal, stats: StatsView | None = None) -> dict[s
     }
     churn = [node.churn[k] for k in _stats.CHURN_KEYS]
     if stats is not None:
-        out.update(stats.overview(None if p.is_monitor else names, node_message_values(node),
-                                  (ready, unacked), churn))
+        out.update(stats.overview(None if p.is_monitor else names, values_of(counts), (ready, unacked), churn))
     else:
-        out["message_stats"] = message_totals(node, p)
+        out["message_stats"] = await message_totals(agent, node, p)
         out["queue_totals"] = {"messages": ready + unacked, "messages_ready": ready,
                                "messages_unacknowledged": unacked}
         out["churn_rates"] = {name: churn[idx[0]] for name, idx in _stats.CHURN}
@@ -363,7 +358,6 @@ __all__ = [
     "message_totals",
     "node_figures",
     "node_info",
-    "node_message_values",
     "overview",
     "put_cluster_name",
 ]

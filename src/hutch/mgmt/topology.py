@@ -29,9 +29,8 @@ from urllib.parse import quote, unquote, unquote_plus
 
 from hutch.amqp.errors import AMQPError
 from hutch.core.routing import arguments_hash, exchange_dest, queue_dest
-from hutch.runtime.session.channel import ServerChannel
 
-from . import formats
+from . import formats, listing
 from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
 from .errors import access_refused, bad_request, from_amqp, not_found
 
@@ -40,7 +39,9 @@ if TYPE_CHECKING:
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
+    from .listing import Query
     from .stats import StatsView
 
 MAX_NAME_BYTES = 255
@@ -90,16 +91,17 @@ def exchange_name(url_name: str) -> str:
 # -- queues -----------------------------------------------------------------------------------------
 
 
-def queue_objects(node: Node, p: Principal, vhost: str | None = None) -> list[Queue]:
-    return [q for v in _vhosts(node, p, vhost) for q in v.queues.values()]
+async def queue_list(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str | None, query: Query,
+                     stats: StatsView | None = None) -> Any:
+    """GET /api/queues[/{vhost}]: the queues of the vhosts the caller can see, asked of the node's agent;
+    only the page is fetched in full when a page is asked for (listing.paged_reply_of)."""
+    names = [v.name for v in _vhosts(node, p, vhost)]
 
+    async def fetch(lights: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        found = await agent.queue_details([(q["vhost"], q["name"]) for q in lights])
+        return [formats.queue_rates(q, stats) for q in found]
 
-def queue_light(q: Queue) -> dict[str, Any]:
-    """The fields a paginated queue list may sort on without formatting every queue (listing.paged_reply)."""
-    ready, unacked = q.message_count, q.unacked_count
-    return {"name": q.name, "vhost": q.vhost, "durable": q.durable, "auto_delete": q.auto_delete,
-            "exclusive": q.exclusive, "messages": ready + unacked, "messages_ready": ready,
-            "messages_unacknowledged": unacked, "consumers": q.consumer_count}
+    return await listing.paged_reply_of(await agent.queues(names), query, fetch)
 
 
 def exchange_objects(node: Node, p: Principal, vhost: str | None = None) -> list[Exchange]:
@@ -111,11 +113,6 @@ def exchange_light(x: Exchange) -> dict[str, Any]:
             "internal": x.internal}
 
 
-def list_queues(node: Node, p: Principal, vhost: str | None = None,
-                stats: StatsView | None = None) -> list[dict[str, Any]]:
-    return [formats.queue_json(q, node.name, stats) for v in _vhosts(node, p, vhost) for q in v.queues.values()]
-
-
 def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
     q = vhost_for_read(node, p, vhost).queues.get(name)
     if q is None:
@@ -123,12 +120,14 @@ def _queue(node: Node, p: Principal, vhost: str, name: str) -> Queue:
     return q
 
 
-def get_queue(node: Node, p: Principal, vhost: str, name: str, stats: StatsView | None = None) -> dict[str, Any]:
-    q = _queue(node, p, vhost, name)
-    out = formats.queue_json(q, node.name, stats)
-    out["consumer_details"] = [
-        formats.consumer_json(c, c.channel, node.name, node.config.consumer_timeout_ms)
-        for c in q.consumers() if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
+async def get_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str,
+                    stats: StatsView | None = None) -> dict[str, Any]:
+    _queue(node, p, vhost, name)
+    found = await agent.queue_details([(vhost, name)])
+    if not found:  # deleted while the agent was asked
+        raise not_found()
+    out = formats.queue_rates(found[0], stats)
+    out["consumer_details"] = await agent.consumers((vhost, name))  # this node's (a consumer elsewhere: not here)
     return out
 
 
@@ -155,28 +154,30 @@ def put_queue(node: Node, p: Principal, vhost: str, name: str, body: Any) -> boo
     return created
 
 
-def delete_queue(node: Node, p: Principal, vhost: str, name: str, if_unused: bool = False,
-                 if_empty: bool = False) -> None:
-    v = vhost_for_write(node, p, vhost)
-    q = v.queues.get(name)
-    if q is None:
+async def delete_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str,
+                       if_unused: bool = False, if_empty: bool = False) -> None:
+    """Delete a queue through the node's agent (the process holding it checks and deletes at once)."""
+    if name not in vhost_for_write(node, p, vhost).queues:
         raise not_found()
     require_amqp(node, p, vhost, "configure", "queue", name)
-    if if_unused and q.consumer_count:
+    outcome = await agent.delete_queue(vhost, name, if_unused, if_empty)
+    if outcome == "in_use":
         raise bad_request(f"queue '{name}' in vhost '{vhost}' in use")
-    if if_empty and q.message_count:
+    if outcome == "not_empty":
         raise bad_request(f"queue '{name}' in vhost '{vhost}' is not empty")
-    node.delete_queue(v, q)
+    if outcome == "absent":  # deleted meanwhile
+        raise not_found()
 
 
-def purge_queue(node: Node, p: Principal, vhost: str, name: str) -> int:
-    """Drop the queue's ready messages; returns how many."""
-    v = vhost_for_write(node, p, vhost)
-    q = v.queues.get(name)
-    if q is None:
+async def purge_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, name: str) -> int:
+    """Drop the queue's ready messages, through the node's agent; returns how many."""
+    if name not in vhost_for_write(node, p, vhost).queues:
         raise not_found()
     require_amqp(node, p, vhost, "read", "queue", name)
-    return q.purge()
+    purged = await agent.purge_queue(vhost, name)
+    if purged is None:  # deleted meanwhile
+        raise not_found()
+    return purged
 
 
 # -- exchanges --------------------------------------------------------------------------------------
@@ -379,8 +380,6 @@ __all__ = [
     "binding_location",
     "exchange_light",
     "exchange_objects",
-    "queue_light",
-    "queue_objects",
     "bindings_between",
     "create_binding",
     "delete_binding",
@@ -393,9 +392,9 @@ __all__ = [
     "get_queue",
     "list_bindings",
     "list_exchanges",
-    "list_queues",
     "purge_queue",
     "put_exchange",
     "put_queue",
+    "queue_list",
     "queue_bindings",
 ]

@@ -42,6 +42,7 @@ from .errors import bad_request, not_authorised, not_found
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
     from .stats import StatsView
 
@@ -167,42 +168,48 @@ def whoami(p: Principal) -> dict[str, Any]:
 # -- vhosts -----------------------------------------------------------------------------------------
 
 
-def _vhost_json(node: Node, v: Any, stats: StatsView | None) -> dict[str, Any]:
-    totals = _vhost_totals(node, v.name)
+async def _vhost_totals(agent: ManagementAgentPort, names: list[str]) -> dict[str, dict[str, int]]:
+    """Per vhost: its queues' message counts and its connections' byte counts, as the node's agent
+    answers them."""
+    totals = {name: {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0, "recv_oct": 0,
+                     "send_oct": 0} for name in names}
+    for q in await agent.queues(names):
+        t = totals[q["vhost"]]
+        t["messages_ready"] += q["messages_ready"]
+        t["messages_unacknowledged"] += q["messages_unacknowledged"]
+        t["messages"] += q["messages_ready"] + q["messages_unacknowledged"]
+    for conn in await agent.connections():
+        held = totals.get(conn["vhost"])  # "" until connection.open chose a vhost
+        if held is not None:
+            held["recv_oct"] += conn["recv_oct"]
+            held["send_oct"] += conn["send_oct"]
+    return totals
+
+
+def _vhost_json(node: Node, v: Any, totals: dict[str, int], stats: StatsView | None) -> dict[str, Any]:
     out = formats.vhost_json(v, node.name, totals)
     if stats is not None:
         stats.vhost(v.name, (totals["messages_ready"], totals["messages_unacknowledged"]), out)
     return out
 
 
-def _vhost_totals(node: Node, name: str) -> dict[str, int]:
-    vhost = node.vhosts.get(name)
-    ready = unacked = 0
-    if vhost is not None:
-        for q in vhost.queues.values():
-            ready += q.message_count
-            unacked += q.unacked_count
-    recv = send = 0
-    for conn in node.connections:
-        if conn.vhost_obj is not None and conn.vhost_obj is vhost:
-            recv += conn.recv_oct
-            send += conn.send_oct
-    return {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
-            "recv_oct": recv, "send_oct": send}
-
-
-def list_vhosts(node: Node, p: Principal, stats: StatsView | None = None) -> list[dict[str, Any]]:
+async def list_vhosts(agent: ManagementAgentPort, node: Node, p: Principal, stats: StatsView | None = None
+                      ) -> list[dict[str, Any]]:
     visible = set(visible_vhosts(node, p))
-    return [_vhost_json(node, v, stats) for v in node.auth.list_vhosts() if v.name in visible]
+    shown = [v for v in node.auth.list_vhosts() if v.name in visible]
+    totals = await _vhost_totals(agent, [v.name for v in shown])
+    return [_vhost_json(node, v, totals[v.name], stats) for v in shown]
 
 
-def get_vhost(node: Node, p: Principal, name: str, stats: StatsView | None = None) -> dict[str, Any]:
+async def get_vhost(agent: ManagementAgentPort, node: Node, p: Principal, name: str,
+                    stats: StatsView | None = None) -> dict[str, Any]:
     v = node.auth.get_vhost(name)
     if v is None:
         raise not_found()
     if name not in visible_vhosts(node, p):
         raise not_authorised("User not authorised to access virtual host")
-    return _vhost_json(node, v, stats)
+    totals = await _vhost_totals(agent, [name])
+    return _vhost_json(node, v, totals[name], stats)
 
 
 def put_vhost(node: Node, p: Principal, name: str, body: Any) -> bool:

@@ -33,6 +33,7 @@ from hutch.cluster.messages import DirectReply, LimitCounts
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
+from hutch.runtime.agent import LocalAgent
 from hutch.runtime.broker import limits
 from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
@@ -74,6 +75,7 @@ def build_node(config: Config, auth: AuthStore | None = None, store: DefinitionS
     node = Node(config, auth=auth, store=store, monitor_resources=monitor_resources, clock=clock)
     node.persistence = persistence
     node.delayed = DelayedMessages(node, persistence)
+    node.agent = LocalAgent(node)  # what the management API asks of this process (runtime/agent.py)
     # records are offered in this order: a quorum queue's, a queue of another node, then this node's
     node.register_queue_type(QuorumQueueType(node, None, None))
     node.register_queue_type(StreamQueueType(node))  # before classic, which takes any other record

@@ -313,6 +313,83 @@ class BrokerPort(Protocol):
         ...
 
 
+class ManagementAgentPort(Protocol):
+    """What the management API and hutchctl ask of a node: RabbitMQ's management agent.
+
+    Answers are plain data (dicts, lists, str, int, float, bool, None: msgpack-serialisable), in
+    RabbitMQ's field names, so an answer can cross a process or a node boundary unchanged. Statistics
+    rates are not here: the management layer adds them from its own samples. An agent answers for the
+    objects its process holds (runtime/agent.py's `LocalAgent`); a node of several workers answers by
+    gathering its workers' answers (runtime/gather.py's `GatheringAgent`), which is itself an agent.
+
+    Invariant: every object an answer names carries `node` (or `channel_details.node`) = `name`, the
+    node's name as clients and other cluster members see it."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def counts(self) -> dict[str, int]:
+        """`connections`, `channels` and `consumers` held, and the node-wide message counters
+        (`publish`, `confirm`, ... of stats.CHANNEL_FIELDS: closed channels plus live ones)."""
+        ...
+
+    async def connections(self) -> list[dict[str, Any]]:
+        """Every AMQP connection as GET /api/connections shows it, without rates (`recv_oct`, `send_oct`
+        are the live byte counts)."""
+        ...
+
+    async def channels(self, connection: str | None = None) -> list[dict[str, Any]]:
+        """Every channel (of one connection, by its name) as GET /api/channels shows it, without rates
+        (`message_stats` holds the live counters)."""
+        ...
+
+    async def channel(self, name: str) -> dict[str, Any] | None:
+        """One channel with `consumer_details` and `publishes` (GET /api/channels/{name}); None when
+        no such channel is here."""
+        ...
+
+    async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every consumer (of one (vhost, queue), in the queue's order) as GET /api/consumers shows it."""
+        ...
+
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every queue (of those vhosts) by its cheap fields: `name`, `vhost`, `durable`, `auto_delete`,
+        `exclusive`, `messages`, `messages_ready`, `messages_unacknowledged`, `consumers` (what a
+        paginated list sorts and filters on before it asks for the page in full)."""
+        ...
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The queues named by (vhost, name) that are here, in that order, as GET /api/queues shows
+        them without rates (`message_stats` holds the live counters)."""
+        ...
+
+    async def samples(self) -> dict[str, Any]:
+        """What the statistics collector (mgmt/stats.py) samples every interval, as lists of plain values:
+        `queues` [vhost, name, ready, unacked, published, delivered, get, acked, redelivered];
+        `channels` [name, vhost, [counters in core/counters.py's CHANNEL_FIELDS order], publishes per
+        exchange that still exists [[vhost, exchange, published, routed], ...]]; `connections` [name,
+        vhost (None before connection.open), recv_oct, send_oct]; `closed` the closed channels' counters
+        (CHANNEL_FIELDS order) and `churn` the node's churn counters by name."""
+        ...
+
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        """Drop the queue's ready messages: how many; None when the queue is not here."""
+        ...
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        """Delete the queue (as queue.delete does): "deleted", "in_use" (`if_unused` and it has consumers),
+        "not_empty" (`if_empty` and it has ready messages), or "absent" when it is not here."""
+        ...
+
+    async def close_connection(self, name: str, reason: str) -> bool:
+        """Close the connection with 320 CONNECTION_FORCED and `reason`; False when it is not here."""
+        ...
+
+    async def close_user_connections(self, user: str, reason: str) -> int:
+        """Close every connection of `user` (320 CONNECTION_FORCED); how many were closed."""
+        ...
+
+
 def queues_of(vhosts: Iterable[VirtualHost]) -> Iterable[tuple[VirtualHost, Queue]]:
     """Every (vhost, queue) pair, for queue types that sweep their queues."""
     for vhost in vhosts:

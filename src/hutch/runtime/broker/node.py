@@ -48,6 +48,7 @@ from hutch.runtime.ports import (
     Clock,
     ConnectionPort,
     DelayedPort,
+    ManagementAgentPort,
     MetadataPort,
     QueueTypePort,
     SessionConnection,
@@ -103,6 +104,9 @@ class Node:
         self.parameters = parameters.ParameterStore()  # runtime parameters: shovels (runtime/broker/parameters.py)
         self.shovels: Any = None  # the dynamic shovels' service, set by runtime/app.py (runtime/shovel/)
         self.federation: Any = None  # the federation links' service, set by runtime/app.py (runtime/federation/)
+        # what the management API asks of this process (runtime/agent.py's LocalAgent, or a gatherer of
+        # several), set by runtime/app.py
+        self.agent: ManagementAgentPort | None = None
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}

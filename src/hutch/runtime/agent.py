@@ -1,0 +1,315 @@
+"""The management agent of this process: what it holds, as plain data (runtime/ports.py's
+`ManagementAgentPort`).
+
+Owns: `LocalAgent`, which answers the management API's queries about the AMQP connections, channels,
+consumers and queues of one process, and carries out its commands on them (close a connection, a
+user's connections; purge or delete a queue), and the JSON shapes of those objects (RabbitMQ's field names, no rates: mgmt/stats.py
+adds those). RabbitMQ's `rabbit_mgmt_agent` on each node is the model; a node of several worker
+processes answers by gathering every worker's agent (runtime/gather.py).
+
+Rules:
+- Answers are plain data (dict, list, str, int, float, bool, None), safe to send over a process or
+  node boundary unchanged; nothing answered aliases a live object (client properties are copied).
+- Fields RabbitMQ derives from Erlang internals (pids, reductions) are left out rather than invented.
+- Only this module (and the composition root that builds it) reads the session's classes on behalf of
+  the management layer: mgmt/ sees the port.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from cryptography import x509
+
+from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
+from hutch.core.counters import (
+    QUEUE_MSG_STATS,
+    add,
+    channel_name,
+    channel_values,
+    closed_values,
+    exchange_counts,
+    msg_stats,
+    queue_values,
+)
+from hutch.core.plain import jsonable
+
+from .queue_types.remote import RemoteQueue
+from .session.channel import ServerChannel
+from .session.connection import AMQPConnection
+
+if TYPE_CHECKING:
+    from hutch.core.queue_type import Consumer, Queue
+
+    from .broker.node import Node
+
+
+_NO_PEER_CERT: dict[str, str | None] = {"peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None}
+
+
+@functools.lru_cache(maxsize=256)  # a connection list re-reads the same few certificates on every poll
+def peer_cert_json(der: bytes | None) -> dict[str, str | None]:
+    """RabbitMQ's `peer_cert_subject`, `peer_cert_issuer` (RFC 4514, most specific first, as
+    core/certs.py names a certificate's user) and `peer_cert_validity` ("<not before> - <not after>",
+    UTC) of the client certificate the TLS handshake verified; None each without one."""
+    if not der:
+        return _NO_PEER_CERT
+    cert = x509.load_der_x509_certificate(der)
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    return {"peer_cert_subject": cert.subject.rfc4514_string(), "peer_cert_issuer": cert.issuer.rfc4514_string(),
+            "peer_cert_validity": f"{cert.not_valid_before_utc.strftime(stamp)} - "
+                                  f"{cert.not_valid_after_utc.strftime(stamp)}"}
+
+
+def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
+    out = dict(conn.info())
+    props = jsonable(out.get("client_properties") or {})
+    out["client_properties"] = props
+    host, port = "", 0
+    transport = conn.transport
+    sock = transport.get_extra_info("sockname") if transport is not None else None
+    if sock:
+        host, port = str(sock[0]), int(sock[1])
+    out.update({
+        "node": node_name,
+        "host": host,
+        "port": port,
+        "ssl": conn.ssl_object is not None,
+        "ssl_protocol": conn.ssl_object.version() if conn.ssl_object is not None else None,
+        "ssl_cipher": (conn.ssl_object.cipher() or ("",))[0] if conn.ssl_object is not None else None,
+        **peer_cert_json(conn.peer_cert),
+        "type": "network",
+        "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
+    })
+    return out
+
+
+def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
+    out = dict(ch.info())
+    conn = ch.conn
+    out.update({
+        "name": channel_name(ch),
+        "node": node_name,
+        "connection_details": {"name": conn.name, "peer_host": conn.peer[0], "peer_port": conn.peer[1]},
+        "message_stats": msg_stats(channel_values(ch)),
+        # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
+        "messages_unconfirmed": ch.unconfirmed_count(),
+        "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
+    })
+    return out
+
+
+def consumer_json(consumer: Consumer, ch: ServerChannel, node_name: str, timeout_ms: int) -> dict[str, Any]:
+    conn = ch.conn
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
+        "channel_details": {
+            "name": channel_name(ch),
+            "number": ch.number,
+            "connection_name": conn.name,
+            "peer_host": conn.peer[0],
+            "peer_port": conn.peer[1],
+            "user": ch.user,
+            "node": node_name,
+        },
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "priority": consumer.priority,
+        "arguments": jsonable(consumer.arguments),
+        "active": True,
+        "activity_status": "up",
+        "consumer_timeout": timeout_ms,
+        **consumer.queue.consumer_info(consumer),  # a stream's consumer: offset, offset_lag, credits
+    }
+
+
+def _exchange_samples(ch: ServerChannel) -> list[list[Any]]:
+    """The channel's [vhost, exchange, published, routed] for the exchanges that still exist; forgets
+    those deleted (or replaced by another of the same name), which bounds `x_counts`."""
+    vhost = ch.vhost
+    if vhost is None:
+        return []
+    out: list[list[Any]] = []
+    for x, (published, routed) in exchange_counts(ch).items():
+        known = vhost.exchanges.get(x.name)
+        if known is not None and known is x:
+            out.append([known.vhost, known.name, published, routed])
+    for gone in [g for g in ch.x_counts if vhost.exchanges.get(g.name) is not g]:
+        del ch.x_counts[gone]
+    return out
+
+
+def _publishes(ch: ServerChannel) -> list[dict[str, Any]]:
+    """The channel's publishes per exchange that still exists (not deleted, nor replaced by another of
+    the same name)."""
+    out = []
+    for x, (published, _routed) in exchange_counts(ch).items():
+        known = ch.vhost.exchanges.get(x.name) if ch.vhost is not None else None
+        if known is not None and known is x:
+            out.append({"exchange": {"name": known.name, "vhost": known.vhost}, "stats": {"publish": published}})
+    return out
+
+
+def queue_light(q: Queue) -> dict[str, Any]:
+    """The fields a paginated queue list may sort on without formatting every queue (mgmt/listing.py)."""
+    ready, unacked = q.message_count, q.unacked_count
+    return {"name": q.name, "vhost": q.vhost, "durable": q.durable, "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive, "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked, "consumers": q.consumer_count}
+
+
+def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
+    """A queue as GET /api/queues shows it, `message_stats` its live counters (no rates)."""
+    out = dict(q.info())
+    out["arguments"] = jsonable(q.arguments)
+    consumers = int(out.get("consumers", 0))
+    remote = q if isinstance(q, RemoteQueue) else None  # a queue on another node of the cluster
+    out.update({
+        "node": remote.home if remote is not None else node_name,
+        "state": "running" if remote is None or remote.link.up(remote.home) else "down",
+        "policy": q.settings.policy,
+        "operator_policy": q.settings.operator_policy,
+        "effective_policy_definition": jsonable(q.settings.effective_policy_definition),
+        "exclusive_consumer_tag": None,
+        "consumer_capacity": 1.0 if consumers else 0.0,
+        "consumer_utilisation": 1.0 if consumers else 0.0,
+        "message_bytes_ready": out.get("message_bytes", 0),
+    })
+    values = queue_values(q)
+    out["message_stats"] = {name: sum(values[i] for i in idx) for name, idx in QUEUE_MSG_STATS}
+    owner = q.exclusive_owner
+    if isinstance(owner, AMQPConnection):
+        out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
+                                    "peer_port": owner.peer[1]}
+    plain: dict[str, Any] = jsonable(out)  # plain data: info() of some queue types carries tuples
+    return plain
+
+
+class LocalAgent:
+    """The management agent of one process: answers for `node`'s connections, channels and consumers."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def _connections(self) -> list[AMQPConnection]:
+        return list(self.node.connections)
+
+    def _channels(self, conn: AMQPConnection) -> list[ServerChannel]:
+        return list(conn.channels.values())
+
+    async def counts(self) -> dict[str, int]:
+        conns = self._connections()
+        channels = consumers = 0
+        values = closed_values(self.node.closed_channel_stats)
+        for conn in conns:
+            for ch in self._channels(conn):
+                channels += 1
+                consumers += len(ch.consumers)
+                values = add(values, channel_values(ch))
+        return {"connections": len(conns), "channels": channels, "consumers": consumers, **msg_stats(values)}
+
+    async def connections(self) -> list[dict[str, Any]]:
+        return [connection_json(c, self.name) for c in self._connections()]
+
+    async def channels(self, connection: str | None = None) -> list[dict[str, Any]]:
+        conns = [c for c in self._connections() if connection is None or c.name == connection]
+        return [channel_json(ch, self.name) for c in conns for ch in self._channels(c)]
+
+    async def channel(self, name: str) -> dict[str, Any] | None:
+        for conn in self._connections():
+            if not name.startswith(conn.name):
+                continue
+            for ch in self._channels(conn):
+                if channel_name(ch) == name:
+                    out = channel_json(ch, self.name)
+                    timeout_ms = self.node.config.consumer_timeout_ms
+                    out["consumer_details"] = [consumer_json(c, ch, self.name, timeout_ms)
+                                               for c in list(ch.consumers.values())]
+                    out["publishes"] = _publishes(ch)
+                    return out
+        return None
+
+    async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
+        timeout_ms = self.node.config.consumer_timeout_ms
+        if queue is not None:
+            q = self._queue(*queue)
+            if q is None:
+                return []
+            return [consumer_json(c, c.channel, self.name, timeout_ms) for c in q.consumers()
+                    if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
+        return [consumer_json(c, ch, self.name, timeout_ms) for conn in self._connections()
+                for ch in self._channels(conn) for c in list(ch.consumers.values())]
+
+    async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
+        wanted = self.node.vhosts.keys() if vhosts is None else vhosts
+        return [queue_light(q) for name in wanted if (v := self.node.vhosts.get(name)) is not None
+                for q in v.queues.values()]
+
+    async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        out = []
+        for vhost, name in keys:
+            q = self._queue(vhost, name)
+            if q is not None:
+                out.append(queue_json(q, self.name))
+        return out
+
+    async def samples(self) -> dict[str, Any]:
+        node = self.node
+        connections: list[list[Any]] = []
+        channels: list[list[Any]] = []
+        for conn in self._connections():
+            vhost = conn.vhost_obj
+            connections.append([conn.name, vhost.name if vhost is not None else None, conn.recv_oct, conn.send_oct])
+            for ch in self._channels(conn):
+                channels.append([channel_name(ch), ch.vhost.name if ch.vhost is not None else None,
+                                 list(channel_values(ch)), _exchange_samples(ch)])
+        return {
+            "queues": [[name, q.name, *queue_values(q)] for name, v in node.vhosts.items() for q in v.queues.values()],
+            "channels": channels,
+            "connections": connections,
+            "closed": list(closed_values(node.closed_channel_stats)),
+            "churn": dict(node.churn),
+        }
+
+    def _queue(self, vhost: str, name: str) -> Queue | None:
+        v = self.node.vhosts.get(vhost)
+        return v.queues.get(name) if v is not None else None
+
+    async def purge_queue(self, vhost: str, name: str) -> int | None:
+        q = self._queue(vhost, name)
+        return q.purge() if q is not None else None
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
+        q = self._queue(vhost, name)
+        if q is None:
+            return "absent"
+        if if_unused and q.consumer_count:
+            return "in_use"
+        if if_empty and q.message_count:
+            return "not_empty"
+        self.node.delete_queue(self.node.vhosts[vhost], q)
+        return "deleted"
+
+    async def close_connection(self, name: str, reason: str) -> bool:
+        for conn in self._connections():
+            if conn.name == name:
+                conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
+                return True
+        return False
+
+    async def close_user_connections(self, user: str, reason: str) -> int:
+        conns = [c for c in self._connections() if c.user_name == user]
+        for conn in conns:
+            conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
+        return len(conns)
+
+
+__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json", "queue_json",
+           "queue_light"]
