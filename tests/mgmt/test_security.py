@@ -124,6 +124,23 @@ def test_a_web_page_cannot_post_definitions(api: Api):
     assert requests.get(api.base + f"/api/users/{name}", auth=GUEST, timeout=10).status_code == 404
 
 
+def test_a_json_body_without_a_content_type_is_read_as_rabbitmq_reads_it(api: Api):
+    # what rabbitmq-stream-js-client's suite sends (got with a string body): no Content-Type at all
+    q = unique("untyped-q")
+    path = api.base + f"/api/queues/%2F/{q}"
+    req = requests.Request("PUT", path, data=b'{"durable": true, "arguments": {"x-max-length": 5}}', auth=GUEST)
+    prepared = req.prepare()
+    assert "Content-Type" not in prepared.headers
+    with requests.Session() as session:
+        assert session.send(prepared, timeout=10).status_code == 201
+    assert requests.get(path, auth=GUEST, timeout=10).json()["arguments"] == {"x-max-length": 5}
+    # ... but not from another origin
+    reply = requests.put(api.base + f"/api/queues/%2F/{unique('untyped-q')}", data=b'{}', auth=GUEST, timeout=10,
+                         headers={"Origin": "http://attacker.example"})
+    assert reply.status_code == 403
+    assert requests.delete(path, auth=GUEST, timeout=10).status_code == 204
+
+
 def test_state_changing_requests_need_json_and_a_same_origin(api: Api):
     q = unique("csrf-q")
     path = api.base + f"/api/queues/%2F/{q}"

@@ -86,3 +86,90 @@ async def test_stream_connections_publishers_and_consumers_are_listed(stream_ser
         assert pubs[0]["reference"] == "lister" and pubs[0]["messages_confirmed"] == 1
         subs = [x for x in api.get("/api/stream/consumers").body if x["stream"] == "listed"]
         assert subs[0]["messages_consumed"] == 1 and subs[0]["offset"] == 1 and subs[0]["active"]
+
+
+@pytest.mark.asyncio
+async def test_stream_connections_are_connections_and_can_be_closed(stream_server: StreamServer) -> None:
+    """As RabbitMQ shows them: among /api/connections (protocol "stream") and /api/consumers
+    (`stream.subid-N`), by vhost, stream and connection under /api/stream/..., and closed by DELETE on
+    either path (what rabbitmq-stream-js-client's and rstream's own suites do)."""
+    import asyncio
+    import contextlib
+    from urllib.parse import quote
+
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+    got = asyncio.Event()
+    closed: list[str] = []
+
+    async def on_close(info: object) -> None:
+        closed.append("closed")
+
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p:
+        await p.create_stream("closable", exists_ok=True)
+        await p.send_wait("closable", AMQPMessage(body=b"x"), publisher_name="closer")
+        by_stream = api.get("/api/stream/publishers/%2F/closable").body
+        assert [x["reference"] for x in by_stream] == ["closer"]
+        assert api.get("/api/stream/publishers/%2F/other").body == []
+        assert api.get("/api/stream/publishers/no-such-vhost").status == 404
+    for path in ("/api/connections/", "/api/stream/connections/%2F/"):
+        c = Consumer("127.0.0.1", port=stream_server.port, connection_name="closable-consumer",
+                     on_close_handler=on_close, **auth)
+        await c.start()
+        await c.subscribe("closable", lambda m, ctx: got.set(),
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        await asyncio.wait_for(got.wait(), 30)
+        mine = [x for x in api.get("/api/connections").body
+                if x["client_properties"].get("connection_name") == "closable-consumer"]
+        assert len(mine) == 1 and mine[0]["protocol"] == "stream" and mine[0]["user"] == "guest"
+        name = mine[0]["name"]
+        assert name == f"{mine[0]['peer_host']}:{mine[0]['peer_port']} -> 127.0.0.1:{stream_server.port}"
+        assert api.get("/api/connections/" + quote(name, safe="")).body["protocol"] == "stream"
+        consumers = [x for x in api.get("/api/consumers/%2F").body if x["queue"]["name"] == "closable"]
+        assert [(x["consumer_tag"], x["channel_details"]["connection_name"]) for x in consumers] == \
+            [("stream.subid-0", name)]
+        assert api.get("/api/stream/connections/%2F/" + quote(name, safe="")).body["name"] == name
+        subs = api.get(f"/api/stream/connections/%2F/{quote(name, safe='')}/consumers").body
+        assert [x["stream"] for x in subs] == ["closable"]
+        assert [x["stream"] for x in api.get("/api/stream/consumers/%2F/").body] == ["closable"]
+        assert api.delete(path + quote(name, safe="")).status == 204
+        for _ in range(100):
+            if closed:
+                break
+            await asyncio.sleep(0.1)
+        assert closed == ["closed"]
+        assert api.get("/api/connections/" + quote(name, safe="")).status == 404
+        closed.clear()
+        got.clear()
+        with contextlib.suppress(Exception):  # the client's own close, after the server's
+            await c.close()
+    assert api.delete("/api/stream/connections/%2F/no-such-connection").status == 404
+
+
+@pytest.mark.asyncio
+async def test_a_stream_deleted_over_http_drops_its_stream_protocol_users_at_once(stream_server: StreamServer) -> None:
+    """RabbitMQ sends the metadata update as the stream goes, whatever deleted it; rabbitmq-stream-js-
+    client's suite deletes streams over HTTP and expects its idle publishers and consumers closed."""
+    import asyncio
+
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p, \
+            Consumer("127.0.0.1", port=stream_server.port, **auth) as c:
+        await p.create_stream("deleted-over-http", exists_ok=True)
+        await c.start()
+        await c.subscribe("deleted-over-http", lambda m, ctx: None,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        assert [x["stream"] for x in api.get("/api/stream/consumers/%2F/").body] == ["deleted-over-http"]
+        assert api.delete("/api/queues/%2F/deleted-over-http").status == 204
+        for _ in range(100):
+            if not api.get("/api/stream/consumers/%2F/").body:
+                break
+            await asyncio.sleep(0.05)
+        assert api.get("/api/stream/consumers/%2F/").body == []

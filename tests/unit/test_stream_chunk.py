@@ -69,12 +69,15 @@ def test_bloom_has_no_false_negatives(values: list[bytes], unfiltered: bool) -> 
         assert ck.bloom_may_match(bits, [v], False)
     # bit 0 says "an entry without a value": match-unfiltered readers want the chunk exactly then
     assert ck.bloom_may_match(bits, [], True) == unfiltered
+    # ... and its absence that every entry had one (what a reader knows of a stream-protocol entry)
+    assert ck.bloom_all_valued(bits) == (not unfiltered)
 
 
 def test_bloom_without_values_matches_only_unfiltered() -> None:
     assert ck.bloom([None, b""]) == b""
     assert ck.bloom_may_match(b"", [b"eu"], True)
     assert not ck.bloom_may_match(b"", [b"eu"], False)
+    assert not ck.bloom_all_valued(b"")
 
 
 refs = st.binary(min_size=1, max_size=12)

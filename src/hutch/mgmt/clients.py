@@ -13,6 +13,9 @@ Rules (RabbitMQ's):
   connection.close 320 CONNECTION_FORCED with the reason as text (default
   "Closed via management plugin", or the request's `X-Reason` header).
 - Rates (`*_details`) are added from the statistics collector's samples, by object name (stats.py).
+- Stream-protocol connections are connections too (protocol "stream"), and their subscriptions
+  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py; this node's, from its
+  `StreamHub`); closing one closes its socket (no stream-protocol close frame, as RabbitMQ).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.core.counters import values_of
 
+from . import stream_clients
 from .access import Principal, may_close_user_object, may_see_user_object, vhost_for_read, visible_vhosts
 from .errors import not_authorised, not_found
 
@@ -49,24 +53,29 @@ async def list_connections(agent: ManagementAgentPort, node: Node, p: Principal,
                            stats: StatsView | None = None) -> list[dict[str, Any]]:
     if vhost is not None:
         vhost_for_read(node, p, vhost)
-    return [_connection_rates(c, stats) for c in await agent.connections()
-            if may_see_user_object(p, c["user"]) and (vhost is None or c["vhost"] == vhost)]
+    return ([_connection_rates(c, stats) for c in await agent.connections()
+             if may_see_user_object(p, c["user"]) and (vhost is None or c["vhost"] == vhost)]
+            + [stream_clients.connection_json(c) for c in stream_clients.visible(node, p, vhost)])
 
 
-async def user_connections(agent: ManagementAgentPort, p: Principal, user: str, stats: StatsView | None = None
-                           ) -> list[dict[str, Any]]:
+async def user_connections(agent: ManagementAgentPort, p: Principal, user: str, stats: StatsView | None = None,
+                           node: Node | None = None) -> list[dict[str, Any]]:
     """GET /api/connections/username/{user}: monitors, or the user itself."""
     if not may_see_user_object(p, user):
         raise not_authorised("User not authorised to access object")
-    return [_connection_rates(c, stats) for c in await agent.connections() if c["user"] == user]
+    streams = stream_clients.opened(node) if node is not None else []
+    return ([_connection_rates(c, stats) for c in await agent.connections() if c["user"] == user]
+            + [stream_clients.connection_json(c) for c in streams if c.user_name == user])
 
 
-async def close_user_connections(agent: ManagementAgentPort, p: Principal, user: str, reason: str | None = None
-                                 ) -> None:
+async def close_user_connections(agent: ManagementAgentPort, p: Principal, user: str, reason: str | None = None,
+                                 node: Node | None = None) -> None:
     """DELETE /api/connections/username/{user}: administrators, or the user itself."""
     if not may_close_user_object(p, user):
         raise not_authorised("User not authorised to access object")
     await agent.close_user_connections(user, reason or DEFAULT_CLOSE_REASON)
+    for stream_conn in [c for c in stream_clients.opened(node) if c.user_name == user] if node is not None else []:
+        stream_clients.close(p, stream_conn, reason)
 
 
 async def _visible_connection(agent: ManagementAgentPort, p: Principal, name: str) -> dict[str, Any]:
@@ -78,18 +87,28 @@ async def _visible_connection(agent: ManagementAgentPort, p: Principal, name: st
     raise not_found()
 
 
-async def get_connection(agent: ManagementAgentPort, p: Principal, name: str, stats: StatsView | None = None
-                         ) -> dict[str, Any]:
+async def get_connection(agent: ManagementAgentPort, p: Principal, name: str, stats: StatsView | None = None,
+                         node: Node | None = None) -> dict[str, Any]:
+    if node is not None and stream_clients.find(node, name) is not None:
+        return stream_clients.connection_json(stream_clients.visible_one(node, p, name))
     return _connection_rates(await _visible_connection(agent, p, name), stats)
 
 
 async def connection_channels(agent: ManagementAgentPort, p: Principal, name: str,
-                              stats: StatsView | None = None) -> list[dict[str, Any]]:
+                              stats: StatsView | None = None, node: Node | None = None) -> list[dict[str, Any]]:
+    if node is not None and stream_clients.find(node, name) is not None:
+        stream_clients.visible_one(node, p, name)
+        return []  # a stream connection has no channels
     await _visible_connection(agent, p, name)
     return [_channel_rates(ch, stats) for ch in await agent.channels(name)]
 
 
-async def close_connection(agent: ManagementAgentPort, p: Principal, name: str, reason: str | None = None) -> None:
+async def close_connection(agent: ManagementAgentPort, p: Principal, name: str, reason: str | None = None,
+                           node: Node | None = None) -> None:
+    stream_conn = stream_clients.find(node, name) if node is not None else None
+    if stream_conn is not None:
+        stream_clients.close(p, stream_conn, reason)
+        return
     for conn in await agent.connections():
         if conn["name"] == name:
             if not may_close_user_object(p, conn["user"]):
@@ -124,7 +143,9 @@ async def list_consumers(agent: ManagementAgentPort, node: Node, p: Principal, v
         names = {vhost_for_read(node, p, vhost).name}
     else:
         names = set(visible_vhosts(node, p))
-    return [c for c in await agent.consumers() if c["queue"]["vhost"] in names]
+    return ([c for c in await agent.consumers() if c["queue"]["vhost"] in names]
+            + [row for conn in stream_clients.opened(node) if conn.vhost.name in names
+               for row in stream_clients.consumers_json(conn)])
 
 
 __all__ = [

@@ -11,13 +11,14 @@ Rules:
   string). The scrypt check (~40 ms on a cache miss) runs in the default executor so the event loop
   never stalls; successful checks are cached by the store.
 - Browser rules, body and JSON limits (intake.py): a state-changing request with a foreign `Origin` is
-  403, a body that is not `application/json` 415 (multipart/form-data too for the definitions upload),
+  403, a Content-Type other than `application/json` 415 (multipart/form-data too for the definitions upload),
   a body over `management.http.max_body_size` 413, JSON nested too deep 400. The listener's
   connection cap and timeouts are listener.py's.
 - The `loopback_users` rule applies as on AMQP: such a user may log in only from loopback.
 - Replies are JSON with `cache-control: no-cache`. PUT answers 201 when it created the object and
   204 when it replaced one; DELETE answers 204. Errors are `{"error": ..., "reason": ...}`.
-- Path segments are percent-decoded by aiohttp, so "/" as a vhost is written `%2F`.
+- Path segments are percent-decoded by aiohttp, so "/" as a vhost is written `%2F`. Every route also
+  answers with a trailing "/" (`/api/consumers/%2F/`), as RabbitMQ's does.
 - Adding an endpoint = one service function + one `@route` handler in routes.py.
 - /metrics (Prometheus text, prometheus.py, aggregated) needs no authentication, as with RabbitMQ's
   rabbitmq_prometheus plugin. /metrics/per-object names every vhost, queue and connection: it needs
@@ -448,11 +449,16 @@ def build_app(node: Node, collector: stats.Collector | None = None) -> web.Appli
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/metrics/{registry}", _metrics)
     app.router.add_get("/api/openapi.json", _openapi)
+    declared = {(r.method, r.path) for r in ROUTES}
     for r in ROUTES:
-        if r.method == "GET":
-            app.router.add_get(r.path, _adapt(r.fn))  # and HEAD
-        else:
-            app.router.add_route(r.method, r.path, _adapt(r.fn))
+        handler = _adapt(r.fn)
+        # RabbitMQ answers "/api/queues/%2F/" as "/api/queues/%2F" (unless a route says otherwise)
+        slashed = () if r.path.endswith("/") or (r.method, r.path + "/") in declared else (r.path + "/",)
+        for path in (r.path, *slashed):
+            if r.method == "GET":
+                app.router.add_get(path, handler)  # and HEAD
+            else:
+                app.router.add_route(r.method, path, handler)
     for path in ("/api/definitions", "/api/definitions/{vhost}"):
         app.router.add_get(path, _definitions)  # and HEAD
         app.router.add_post(path, _definitions)

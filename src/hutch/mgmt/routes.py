@@ -566,32 +566,33 @@ async def _connections(c: Call) -> Any:
 @route("GET", "/api/connections/username/{username}", "A user's connections", tag=CLIENTS,
        reply="Connection[]", listing=True)
 async def _user_connections(c: Call) -> Any:
-    return _list(c, await clients.user_connections(c.agent, c.principal, c.params["username"], c.stats))
+    return _list(c, await clients.user_connections(c.agent, c.principal, c.params["username"], c.stats, node=c.node))
 
 
 @route("DELETE", "/api/connections/username/{username}", "Close a user's connections", tag=CLIENTS,
        codes=(204,))
 async def _close_user_connections(c: Call) -> Any:
-    await clients.close_user_connections(c.agent, c.principal, c.params["username"], c.headers.get("X-Reason"))
+    await clients.close_user_connections(c.agent, c.principal, c.params["username"], c.headers.get("X-Reason"),
+                                         node=c.node)
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}", "One connection", tag=CLIENTS, reply="Connection", codes=(404,))
 async def _connection(c: Call) -> Any:
-    return _one(c, await clients.get_connection(c.agent, c.principal, c.params["name"], c.stats))
+    return _one(c, await clients.get_connection(c.agent, c.principal, c.params["name"], c.stats, node=c.node))
 
 
 @route("DELETE", "/api/connections/{name}", "Close a connection (reason in the X-Reason header)", tag=CLIENTS,
        codes=(204, 404))
 async def _close_connection(c: Call) -> Any:
-    await clients.close_connection(c.agent, c.principal, c.params["name"], c.headers.get("X-Reason"))
+    await clients.close_connection(c.agent, c.principal, c.params["name"], c.headers.get("X-Reason"), node=c.node)
     return NO_CONTENT
 
 
 @route("GET", "/api/connections/{name}/channels", "A connection's channels", tag=CLIENTS, reply="Channel[]",
        listing=True, codes=(404,))
 async def _connection_channels(c: Call) -> Any:
-    return _list(c, await clients.connection_channels(c.agent, c.principal, c.params["name"], c.stats))
+    return _list(c, await clients.connection_channels(c.agent, c.principal, c.params["name"], c.stats, node=c.node))
 
 
 @route("GET", "/api/channels", "Channels the caller can see", tag=CLIENTS, reply="Channel[]", listing=True)

@@ -171,7 +171,7 @@ def _close_stream_connection(c: Call) -> Any:
     conn = _stream_connection(c)
     if not may_close_user_object(c.principal, conn.user_name):
         raise not_authorised("User not authorised to access object")
-    conn.close_forced(c.headers.get("X-Reason") or CLOSE_REASON)
+    conn.drop(c.headers.get("X-Reason") or CLOSE_REASON)  # the socket, no Close: as RabbitMQ
     return NO_CONTENT
 
 

@@ -144,6 +144,13 @@ def bloom_may_match(filter_bits: bytes, values: Sequence[bytes], match_unfiltere
     return any(all(is_set(b) for b in _hash_pair(v, bit_size)) for v in values if v)
 
 
+def bloom_all_valued(filter_bits: bytes) -> bool:
+    """Did every entry of the chunk with this filter have a filter value? (Bit 0 marks an entry without
+    one; no filter at all means none had one.) A stream-protocol publisher's filter values live only
+    here, not in the messages, so this is all a reader knows of such an entry's value."""
+    return bool(filter_bits) and not filter_bits[0] & 0x80
+
+
 def encode_entries(entries: Sequence[Entry]) -> tuple[bytes, int]:
     """The data section for `entries` and its record count."""
     parts: list[bytes] = []

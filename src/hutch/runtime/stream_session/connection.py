@@ -469,6 +469,12 @@ class StreamConnection:
     def close_forced(self, reason: str) -> None:
         self._fatal(StreamProtocolError(reason, Code.OK))
 
+    def drop(self, reason: str) -> None:
+        """Close the socket without a close frame, as RabbitMQ closes a stream connection from
+        management (rabbitmq-stream-js-client cannot read a close the server starts)."""
+        log.info("stream connection %s: closed: %s", self.name, reason)
+        self._abort()
+
     def _abort(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
@@ -506,6 +512,7 @@ class StreamConnection:
             raise CommandError(f"stream {stream} does not exist", Code.STREAM_DOES_NOT_EXIST)
         if handle.closed or handle.failed is not None:
             raise CommandError(f"stream {stream} is not available", Code.STREAM_NOT_AVAILABLE)
+        self.hub.watch(self.vhost.name, stream, handle)
         return handle
 
     # -- streams -----------------------------------------------------------------------------------

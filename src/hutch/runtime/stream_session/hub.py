@@ -37,8 +37,24 @@ class StreamHub:
         self.counters = StreamCounters()
         self.sac = SacGroups()
         self.connections: set[Any] = set()
+        # the streams whose deletion is watched (one callback per stream handle; see `watch`)
+        self._watched: dict[tuple[str, str], Any] = {}
         self.port = 0       # the plain listener's bound port (set when it listens)
         self.tls_port = 0   # the TLS listener's bound port
+
+    def watch(self, vhost: str, stream: str, handle: Any) -> None:
+        """Tell the connections as soon as this stream is deleted by any path (AMQP 0-9-1, management),
+        not only at their next publish or delivery: RabbitMQ sends the metadata update at once."""
+        key = (vhost, stream)
+        if self._watched.get(key) is handle:
+            return
+        self._watched[key] = handle
+
+        def deleted() -> None:
+            if self._watched.get(key) is handle:
+                del self._watched[key]
+            self.stream_deleted(vhost, stream)
+        handle.on_delete(deleted)
 
     def stream_deleted(self, vhost: str, stream: str) -> None:
         """Every connection with a publisher or a subscription on the stream is told it is gone."""

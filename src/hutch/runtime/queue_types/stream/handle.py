@@ -144,6 +144,7 @@ class StreamHandle:
         self._last_ts = slog.segments[-1].last_ts
         self._pending: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._listeners: list[Callable[[], None]] = []
+        self._delete_listeners: list[Callable[[], None]] = []
         self._sync_scheduled = False
         self._sync_deferred = False  # an inline sync put off to the end of its loop turn once already
         self._sync_busy = False
@@ -459,6 +460,11 @@ class StreamHandle:
                 self._listeners.remove(callback)
         return remove
 
+    def on_delete(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once when the stream is deleted (by whatever path: the stream protocol,
+        AMQP 0-9-1, management), before its files go."""
+        self._delete_listeners.append(callback)
+
     def _fail(self, exc: BaseException) -> None:
         if self.failed is None:
             log.error("stream %s failed: %s", self.log.directory, exc)
@@ -568,6 +574,9 @@ class StreamHandle:
     async def delete(self) -> None:
         """Close and delete the stream's files (after a close or a sync under way)."""
         self.closed = True
+        listeners, self._delete_listeners = self._delete_listeners, []
+        for fn in listeners:
+            fn()
         for _, fut in self._pending:
             if not fut.done():
                 fut.set_exception(StorageError("append", self.log.directory, detail="the stream was deleted"))

@@ -20,7 +20,10 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
 - Filtering (RabbitMQ 3.13's): `x-stream-filter-value` on a publish (a header) is the entry's filter
   value; a consumer with `x-stream-filter` (a string or a list) gets only messages with one of those
   values, plus those without a value when `x-stream-match-unfiltered` is true. Whole chunks are skipped
-  by their bloom filter.
+  by their bloom filter. A stream-protocol publisher's filter values are only in the chunk's bloom
+  filter, not in its messages: an entry without the header in a chunk whose every entry had a value,
+  and which matched the filter, is delivered (as RabbitMQ 3.13+ delivers every entry of a matching
+  chunk to an AMQP 0-9-1 consumer; the client filters further).
 - Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
   yields the loop.
 """
@@ -69,7 +72,7 @@ class StreamConsumer:
 
     Invariant: `pending[next:]` are the chunk's messages not yet delivered (converted once per chunk)."""
 
-    __slots__ = ("consumer", "reader", "pending", "next", "filters", "match_unfiltered")
+    __slots__ = ("consumer", "reader", "pending", "next", "filters", "match_unfiltered", "chunk_all_valued")
 
     def __init__(self, consumer: Consumer, reader: StreamReader, filters: list[bytes] | None,
                  match_unfiltered: bool) -> None:
@@ -79,6 +82,9 @@ class StreamConsumer:
         self.next = 0
         self.filters = filters
         self.match_unfiltered = match_unfiltered
+        # Every entry of the pending chunk has a filter value (in the chunk's bloom filter, maybe not in
+        # the message: a stream-protocol publish), and the chunk matched this consumer's filter.
+        self.chunk_all_valued = False
 
 
 def _filter_spec(arguments: dict[str, Any], what: str) -> tuple[list[bytes] | None, bool]:
@@ -383,7 +389,7 @@ class StreamQueue(Queue):
         value = headers.get(FILTER_HEADER) if headers else None
         wanted = value.encode() if isinstance(value, str) else value
         assert sc.filters is not None
-        return wanted in sc.filters if wanted else sc.match_unfiltered
+        return wanted in sc.filters if wanted else sc.match_unfiltered or sc.chunk_all_valued
 
     def _next_records(self, sc: StreamConsumer) -> bool:
         """Load the consumer's next chunk's messages (skipping chunks its filter rules out)."""
@@ -399,6 +405,7 @@ class StreamQueue(Queue):
                 _, bits, _, _ = ck.parts(chunk.raw)
                 if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
                     continue
+                sc.chunk_all_valued = ck.bloom_all_valued(bytes(bits))
             if chunk.header.chunk_type != ck.USER:
                 continue
             bad: list[tuple[int, str]] = []
