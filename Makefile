@@ -27,10 +27,16 @@ run: $(STAMP)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
 	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
+# The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 2, CI's cores; TEST_WORKERS=0
+# runs it in one process), each test module a unit of work (tests/conftest.py), the 25 slowest tests
+# listed at the end. The budget and the rule for new tests: docs/testing.md.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=25
 
 # What the browser tests (tests/browser/test_ui.py) need: Debian's chromium, and certutil (libnss3-tools) to
 # make it trust the test CA for the HTTPS run (both installed when missing and we are root with apt-get),
@@ -55,7 +61,7 @@ browser-deps:
 	fi
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m slow
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m slow
 
 # the kill -9 crash loop, long: HUTCH_CRASH_ROUNDS (default 40) and HUTCH_CRASH_SEED pick the run
 test-crash: $(STAMP)

@@ -9,6 +9,12 @@ bound from its ports file (hutch/portfile.py). Picking a number by binding port 
 socket raced every client on the machine (the number is in the ephemeral range clients' source ports
 come from: "address already in use" under a connection churn). `free_port()` stays for the few places
 that need a number before anything listens (a port nobody listens on, a refused connection).
+
+Parallel runs (docs/testing.md): `make test` runs pytest-xdist with `--dist loadgroup`, and
+`pytest_collection_modifyitems` below puts each test module in a group of its own (the Spark suite in one
+group), so a module's tests run in one worker, one after another, in file order: a module- or
+session-scoped server is started once per worker that needs it, and one Spark session (one JVM) serves the
+whole Spark suite.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ from hutch.portfile import NodeDidNotStart, wait_for_ports
 TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
 """Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
 against a node of worker processes (docs/scaling.md); unset, a node is one process as always."""
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The unit of work of a test under `--dist loadgroup`: its module, or "spark" for the Spark suite
+    (its session-scoped SparkSession is a JVM: one is enough)."""
+    module = item.nodeid.split("::", 1)[0]
+    return "spark" if module.startswith("tests/spark/") else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 def free_port() -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import socket
 import threading
@@ -531,13 +532,17 @@ _taken: set[int] = set()
 def stable_port() -> int:
     """A free port outside the kernel's ephemeral range. A node keeps its ports across restarts; a port
     from the ephemeral range (what `free_port` gives) can be taken, while the node is down, by the local
-    end of some client's connection, and the node then cannot restart ("address already in use")."""
+    end of some client's connection, and the node then cannot restart ("address already in use").
+    Under pytest-xdist each worker takes its own residue class of ports, so two workers never pick the
+    same one (a port is free between a node's kill and its restart)."""
     lo, hi = _ephemeral_range()
     low, high = (20000, lo - 1) if lo > 21000 else (hi + 1, 65000)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     rng = random.Random()
     for _ in range(1000):
         port = rng.randint(low, high)
-        if port in _taken or port in (5672, 15672, 25672):
+        if port % workers != worker % workers or port in _taken or port in (5672, 15672, 25672):
             continue
         with socket.socket() as s:
             try:

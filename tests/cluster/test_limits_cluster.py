@@ -32,7 +32,7 @@ def test_a_limit_set_on_one_node_applies_on_another(two: Cluster) -> None:
     on_n1 = connect(n1.amqp_port, vhost="lim")
     on_n1.channel().queue_declare("a", durable=True)
     on_n1.close()
-    on_n2 = connect(n2.amqp_port, vhost="lim")
+    on_n2 = eventually(lambda: connect(n2.amqp_port, vhost="lim"))  # once n2 has counted n1's connection gone
     ch = on_n2.channel()
     ch.queue_declare("b", durable=True)  # the cluster's second queue
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
