@@ -77,3 +77,13 @@ def stream_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerIn
     info = start_server(tmp_path_factory.mktemp("hutch-streams"), "--stream-port", "0")
     yield info
     info.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Spark tests get 600 s instead of the suite's 120: the first one to ask for `spark` pays for the
+    JVM's start inside its own timeout (100 s on a loaded 2-core machine, where the default fired inside a
+    py4j call and broke the gateway for every Spark test after it). A test's own mark still wins."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600))
