@@ -111,7 +111,9 @@ def serve_agent(cluster: ClusterService, agent: ManagementAgentPort) -> None:
     cluster.register(cm.AgentQuery, answer)
 
 
-EMPTY_SAMPLES: dict[str, Any] = {"queues": [], "channels": [], "connections": [], "closed": [], "churn": {}}
+def empty_samples() -> dict[str, Any]:
+    """The statistics samples of an agent holding nothing (a new object each time: callers may extend it)."""
+    return {"queues": [], "channels": [], "connections": [], "closed": [], "churn": {}}
 
 
 class RemoteAgent:
@@ -164,7 +166,7 @@ class RemoteAgent:
         return answer
 
     async def samples(self) -> dict[str, Any]:
-        answer: dict[str, Any] = await self._ask("samples", [], EMPTY_SAMPLES)
+        answer: dict[str, Any] = await self._ask("samples", [], empty_samples())
         return answer
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
@@ -213,4 +215,4 @@ def node_agent(node_name: str, own: ManagementAgentPort, cluster: ClusterService
     return WorkersAgent(node_name, [own, *(RemoteAgent(cluster, p) for p in peers)])
 
 
-__all__ = ["METHODS", "RemoteAgent", "WorkersAgent", "node_agent", "serve_agent"]
+__all__ = ["METHODS", "RemoteAgent", "WorkersAgent", "empty_samples", "node_agent", "serve_agent"]
