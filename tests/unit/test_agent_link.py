@@ -170,7 +170,7 @@ def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_onc
         assert [c["channel_details"]["node"] for c in await node.consumers()] == ["node", "node"]
         assert (await node.counts())["connections"] == 2
         assert await node.queues() == [{"name": "q", "vhost": "/"}]  # worker 0's, which holds every queue
-        assert [q["node"] for q in await node.queue_details([("/", "q")])] == ["node"]
+        assert [(q["node"], q["worker"]) for q in await node.queue_details([("/", "q")])] == [("node", 0)]
         samples = await node.samples()
         assert len(samples["queues"]) == 1 and len(samples["connections"]) == 2 and samples["closed"] == [2, 4]
         assert await node.close_connection("c1", "r") is True

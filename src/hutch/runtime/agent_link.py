@@ -194,9 +194,14 @@ class WorkersAgent(GatheringAgent):
         return await self.agents[0].queues(vhosts)
 
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        # a stand-in's `node` names its home worker: renamed to the node, as clients see it
-        return in_order([await self.agents[0].queue_details(keys)], keys, frozenset(a.name for a in self.agents),
-                        self.name)
+        # a stand-in's `node` names its home worker: renamed to the node, as clients see it, and the home
+        # worker's index kept in `worker` (hutch's own field: where the queue's process is)
+        workers = {a.name: i for i, a in enumerate(self.agents)}
+        details = await self.agents[0].queue_details(keys)
+        for q in details:
+            if q.get("node") in workers:
+                q["worker"] = workers[q["node"]]
+        return in_order([details], keys, frozenset(workers), self.name)
 
     async def samples(self) -> dict[str, Any]:
         answers = await asyncio.gather(*(a.samples() for a in self.agents))
