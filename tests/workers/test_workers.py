@@ -265,6 +265,11 @@ def test_worker_killed_or_hung_is_replaced_and_keeps_its_persistent_messages(tmp
                 w1.process_data_events(1)
             pub.basic_publish("", "local", b"still served", PERSISTENT)  # worker 0 goes on serving
             assert get_one(pub, "local")[2] == b"still served"
+            # the management API answers without the worker that is down (or restarting): not an error
+            req = urllib.request.Request(f"{info.mgmt_url}/api/connections", headers={
+                "Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 200 and len(json.load(resp)) >= 1  # worker 0's `w0` at least
         until(lambda: worker_pid(info, 1) not in (None, victim), what="worker 1 restarted")
         until(lambda: ports_file_names_worker(info, 1), what="the ports file naming the new worker 1")
         with connect(info, 1) as again:
