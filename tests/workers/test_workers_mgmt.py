@@ -113,3 +113,23 @@ def test_closing_a_connection_of_the_other_worker_from_the_api(node: ServerInfo)
 def test_a_missing_connection_is_404_on_every_worker(node: ServerInfo) -> None:
     reply = Api(node.mgmt_url).call("DELETE", "/api/connections/" + quote("127.0.0.1:1 -> 127.0.0.1:2", safe=""))
     assert reply.status == 404
+
+
+def test_deleting_a_user_closes_its_connection_in_the_other_worker(node: ServerInfo) -> None:
+    api = Api(node.mgmt_url)
+    assert api.put("/api/users/gather-bob", {"password": "pw", "tags": ""}).status in (201, 204)
+    assert api.put("/api/permissions/%2F/gather-bob", {"configure": ".*", "write": ".*", "read": ".*"}).status \
+        in (201, 204)
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], credentials=pika.PlainCredentials("gather-bob", "pw")))
+    try:
+        assert api.call("DELETE", "/api/users/gather-bob").status == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=10)
+            conn.channel()
+        assert closed.value.reply_code == 320 and "gather-bob" in closed.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
