@@ -462,6 +462,16 @@ class DirectReply(NamedTuple):
     message: Message
 
 
+@request_kind(110)
+class AgentQuery(NamedTuple):
+    """A question to (or a command for) another worker's management agent (runtime/ports.py's
+    `ManagementAgentPort`): `method` one of its methods, `args` their arguments as plain values
+    (runtime/agent_link.py checks both). Reply: the agent's plain answer."""
+
+    method: str
+    args: list[Any]
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -469,14 +479,14 @@ Record: TypeAlias = (
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | DirectReply
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | DirectReply | AgentQuery
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | AgentQuery
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

@@ -182,14 +182,14 @@ def _users_without_permissions(c: Call) -> Any:
 
 @route("POST", "/api/users/bulk-delete", "Delete several users: {\"users\": [names]}", tag=USERS,
        body="BulkDelete", codes=(204, 400))
-def _users_bulk_delete(c: Call) -> Any:
+async def _users_bulk_delete(c: Call) -> Any:
     names = c.body.get("users") if isinstance(c.body, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise bad_request("[{key_missing,users}]" if not isinstance(c.body, dict) or "users" not in c.body
                           else "users must be a list of names")
     for name in names:
         if c.node.auth.get_user(name) is not None:
-            users.delete_user(c.node, c.principal, name)
+            await users.delete_user(c.agent, c.node, c.principal, name)
         else:
             users.require_admin(c.principal)
     return NO_CONTENT
@@ -206,8 +206,8 @@ async def _put_user(c: Call) -> Any:
 
 
 @route("DELETE", "/api/users/{user}", "Delete a user (closes its connections)", tag=USERS, codes=(204, 404))
-def _delete_user(c: Call) -> Any:
-    users.delete_user(c.node, c.principal, c.params["user"])
+async def _delete_user(c: Call) -> Any:
+    await users.delete_user(c.agent, c.node, c.principal, c.params["user"])
     return NO_CONTENT
 
 

@@ -139,7 +139,9 @@ async def put_user_off_loop(node: Node, p: Principal, name: str, body: Any) -> b
     return put_user(node, p, name, body)
 
 
-def delete_user(node: Node, p: Principal, name: str) -> None:
+async def delete_user(agent: ManagementAgentPort, node: Node, p: Principal, name: str) -> None:
+    """DELETE /api/users/{name}: the user, its topic permissions, and its connections closed in every
+    process of the node (through the agent: a node of workers closes them in every worker)."""
     require_admin(p)
     try:
         node.auth.delete_user(name)
@@ -151,7 +153,8 @@ def delete_user(node: Node, p: Principal, name: str) -> None:
     if gone:
         node.topic_permissions_changed()
     node.permissions_changed()
-    node.close_user_connections(name, USER_DELETED_REASON.format(name))
+    reason = USER_DELETED_REASON.format(name)
+    await agent.close_user_connections(name, f"broker forced connection closure with reason '{reason}'")
 
 
 def user_permissions(node: Node, p: Principal, name: str) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
 from hutch.runtime.agent import LocalAgent
+from hutch.runtime.agent_link import node_agent, serve_agent
 from hutch.runtime.broker import limits
 from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
@@ -58,6 +59,7 @@ from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
 from hutch.runtime.workers.link import WorkerLink
+from hutch.runtime.workers.spec import node_of_worker, worker_name
 from hutch.storage.dirlock import DataDirLock
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import DATA_UMASK
@@ -116,6 +118,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
         for t in node.queue_types:
             if isinstance(t, ClassicQueueType):
                 t.elsewhere = remote.place_on_fewest
+        _worker_agents(node, cluster)
     return cluster
 
 
@@ -135,6 +138,18 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
     streams.cluster, streams.replication = cluster, replication
+
+
+def _worker_agents(node: Node, cluster: ClusterService) -> None:
+    """A worker answers the other workers' agent queries with its own agent; worker 0, whose management
+    listener speaks for the node, asks every worker and answers as the node (runtime/agent_link.py)."""
+    own = node.agent
+    assert own is not None and node.config.worker_index is not None  # build_node set it; a worker
+    serve_agent(cluster, own)
+    if node.config.worker_index == 0:
+        name = node_of_worker(node.name)
+        peers = [worker_name(name, i) for i in range(1, node.config.workers)]
+        node.agent = node_agent(name, own, cluster, peers)
 
 
 async def start_listener(node: Node) -> asyncio.base_events.Server:

@@ -477,11 +477,6 @@ class Node:
         """channel.open: ConnectionError_ 530 past the user's max-channels."""
         limits.check_channel(self, conn)
 
-    def close_user_connections(self, user: str, reason: str) -> None:
-        for conn in list(self.connections):
-            if conn.user_name == user:
-                conn.close_forced(reason)
-
     # -- topology ----------------------------------------------------------------------------------
     def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,
                          internal: bool, arguments: dict[str, Any]) -> Exchange:

@@ -29,6 +29,13 @@ def worker_name(node_name: str, index: int) -> str:
     return f"{node_name}#w{index}"
 
 
+def node_of_worker(name: str) -> str:
+    """The node's name of a worker's (`<node>#w<N>` -> `<node>`): the one name its management agent
+    answers as."""
+    node, sep, index = name.rpartition("#w")
+    return node if sep and index.isdigit() else name
+
+
 def worker_dir(data_dir: str, index: int) -> str:
     return os.path.join(data_dir, f"w{index}")
 

@@ -1,0 +1,135 @@
+"""One node's management view over every worker of a node of 2 (`hutch-server --workers 2`): the HTTP
+API and hutchctl list the connections, channels and consumers of both workers as one node's, and close a
+connection that lives in the other worker than the management listener's (worker 0).
+
+Connections are pinned to a worker through `workers.own_ports` (tests/workers/test_workers.py's
+`connect`). Waits poll with generous deadlines; nothing here asserts a duration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import pytest
+from pika.exceptions import ConnectionClosedByBroker
+from tests.conftest import ServerInfo
+from tests.mgmt.helpers import Api, run_ctl
+
+from hutch import portfile
+
+from .test_workers import start_node, until
+
+NODE = "test@localhost"  # tests/conftest.py's node name: the one name the API shows, never `#w<N>`
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_node(tmp_path_factory.mktemp("workers_mgmt"))
+    yield info
+    info.stop()
+
+
+def pinned(info: ServerInfo, worker: int, name: str) -> pika.BlockingConnection:
+    ports = portfile.read(info.data_dir)
+    assert ports is not None
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"][f"amqp_w{worker}"], client_properties={"connection_name": name}))
+
+
+def by_name(rows: list[dict[str, Any]], wanted: set[str]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("user_provided_name") in wanted]
+
+
+def test_connections_channels_consumers_of_both_workers_in_the_api_and_hutchctl(node: ServerInfo) -> None:
+    api = Api(node.mgmt_url)
+    conns = {w: pinned(node, w, f"gather-w{w}") for w in (0, 1)}
+    try:
+        for w, conn in conns.items():
+            ch = conn.channel()
+            queue = ch.queue_declare(f"gather-q{w}", exclusive=True).method.queue
+            ch.basic_consume(queue, lambda *_: None, consumer_tag=f"gather-c{w}")
+        names = {"gather-w0", "gather-w1"}
+
+        listed = until(lambda: len(by_name(api.get("/api/connections").body, names)) == 2
+                       and by_name(api.get("/api/connections").body, names), what="both workers' connections")
+        assert {r["node"] for r in listed} == {NODE}
+        conn_names = {r["name"] for r in listed}
+
+        channels = [c for c in api.get("/api/channels").body if c["connection_details"]["name"] in conn_names]
+        assert len(channels) == 2 and {c["node"] for c in channels} == {NODE}
+        one = api.get(f"/api/channels/{quote(channels[1]['name'], safe='')}")
+        assert one.status == 200 and one.body["name"] == channels[1]["name"]
+        assert len(one.body["consumer_details"]) == 1
+
+        consumers = [c for c in api.get("/api/consumers").body if c["consumer_tag"].startswith("gather-c")]
+        assert sorted(c["consumer_tag"] for c in consumers) == ["gather-c0", "gather-c1"]
+        assert {c["channel_details"]["node"] for c in consumers} == {NODE}
+
+        totals = api.get("/api/overview").body["object_totals"]
+        assert totals["connections"] >= 2 and totals["channels"] >= 2
+        # a queue's consumers are counted where it is listed: worker 0's stand-in of a queue in worker 1
+        # has its home's figures, pushed every second
+        until(lambda: api.get("/api/overview").body["object_totals"]["consumers"] >= 2, what="both consumers")
+
+        proc = run_ctl(node, "--formatter", "json", "list_connections", "name", "node")
+        assert proc.returncode == 0, proc.stderr
+        rows = [r for r in json.loads(proc.stdout) if r["name"] in conn_names]
+        assert len(rows) == 2 and {r["node"] for r in rows} == {NODE}
+        proc = run_ctl(node, "--formatter", "json", "list_consumers")
+        assert proc.returncode == 0, proc.stderr
+        tags = {r["consumer_tag"] for r in json.loads(proc.stdout)}
+        assert {"gather-c0", "gather-c1"} <= tags
+    finally:
+        for conn in conns.values():
+            if conn.is_open:
+                conn.close()
+
+
+def test_closing_a_connection_of_the_other_worker_from_the_api(node: ServerInfo) -> None:
+    api = Api(node.mgmt_url)
+    conn = pinned(node, 1, "gather-close-w1")
+    try:
+        row = until(lambda: by_name(api.get("/api/connections").body, {"gather-close-w1"}),
+                    what="the connection in worker 1")[0]
+        reply = api.call("DELETE", f"/api/connections/{quote(row['name'], safe='')}",
+                         headers={"X-Reason": "closed by the test"})
+        assert reply.status == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=10)
+            conn.channel()
+        assert closed.value.reply_code == 320
+        assert "closed by the test" in closed.value.reply_text
+        until(lambda: not by_name(api.get("/api/connections").body, {"gather-close-w1"}),
+              what="the closed connection gone from the list")
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_a_missing_connection_is_404_on_every_worker(node: ServerInfo) -> None:
+    reply = Api(node.mgmt_url).call("DELETE", "/api/connections/" + quote("127.0.0.1:1 -> 127.0.0.1:2", safe=""))
+    assert reply.status == 404
+
+
+def test_deleting_a_user_closes_its_connection_in_the_other_worker(node: ServerInfo) -> None:
+    api = Api(node.mgmt_url)
+    assert api.put("/api/users/gather-bob", {"password": "pw", "tags": ""}).status in (201, 204)
+    assert api.put("/api/permissions/%2F/gather-bob", {"configure": ".*", "write": ".*", "read": ".*"}).status \
+        in (201, 204)
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], credentials=pika.PlainCredentials("gather-bob", "pw")))
+    try:
+        assert api.call("DELETE", "/api/users/gather-bob").status == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=10)
+            conn.channel()
+        assert closed.value.reply_code == 320 and "gather-bob" in closed.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
