@@ -36,6 +36,7 @@ import msgpack
 from hutch.amqp import spec
 from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
+from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
 from hutch.core.queue_type import (
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.cluster.queues")
 
 PREPARE_TIMEOUT_S = 5.0
+REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
 
@@ -99,6 +101,7 @@ class RemoteQueue(Queue):
         self._bytes = 0
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
+        self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
 
     # -- answers fetched before the channel handles a method ------------------------------------------
     async def prepare(self, method: spec.Method) -> None:
@@ -118,6 +121,26 @@ class RemoteQueue(Queue):
             self._prepared_purge = int(reply)
         else:
             reply = await link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+            if reply is None and isinstance(method, spec.Queue.Delete):
+                reply = [0, 0, 0]  # gone at its home already (expired, auto-deleted): delete-ok, as on one node
+            self._set_counts(reply)
+
+    def take_consume_sent(self) -> bool:
+        """Whether a consumer was sent to the home since the last call (the gate then holds consume-ok)."""
+        sent, self._consume_sent = self._consume_sent, False
+        return sent
+
+    async def consumer_registered(self) -> None:
+        """Return once the home has registered the consumers sent to it: a `QueueInfo` round trip, which the
+        home answers after the `RemoteConsume` records sent before it (one ordered link per worker or node
+        pair, and `_on_consume` is synchronous). So basic.consume-ok follows the home's registration, as on
+        one node (single active consumer: who consumed first is active). A home gone meanwhile or a queue
+        deleted is not an error here: the consumer gets basic.cancel (`home_down`, `consumer_ended`)."""
+        try:
+            reply = await self.link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+        except ChannelError:
+            return
+        if reply is not None:
             self._set_counts(reply)
 
     def _set_counts(self, counts: list[int] | None) -> None:
@@ -157,6 +180,7 @@ class RemoteQueue(Queue):
         self.had_consumers = True
         cid = self.link.add_consumer(self, consumer)
         self._consumers[cid] = consumer
+        self._consume_sent = True
 
     def remove_consumer(self, consumer: Consumer) -> None:
         for cid, c in list(self._consumers.items()):
@@ -295,6 +319,8 @@ class QueueLink:
         self._peer_confirms: dict[str, _PeerConfirms] = {}  # home side: the receipts' owner per origin node
         self._acks_out: dict[tuple[str, bool], list[int]] = {}  # (peer, confirmed) -> ids, sent once per turn
         self._acks_scheduled = False
+        self._discarded: set[str] = set()  # homes sent a discard since the last `discards_applied`
+        self._discard_wait: asyncio.Future[None] | None = None  # the round trips of the last one
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
         # one call per kind, so the type checker matches each handler to its record
@@ -329,6 +355,20 @@ class QueueLink:
                 text = text[4:]
             raise ChannelError(code, text) from exc
 
+    async def reply_token_alive(self, name: str) -> str | None:
+        """The token of Direct Reply-To address `name` if it names another node (or worker) whose requester's
+        channel is alive there, asked over the link (as RabbitMQ asks the requester's node whether the
+        channel process lives); None otherwise."""
+        token = name[len(REPLY_TO_PREFIX):]
+        home = direct_reply.token_node(token)
+        if home is None or home == self.node.name or not self.up(home):
+            return None
+        try:
+            reply = await self.cluster.call(home, cm.QueueInfo("", name), timeout=PREPARE_TIMEOUT_S)
+        except (PeerUnavailable, TimeoutError, RemoteError):
+            return None
+        return token if reply is not None else None
+
     # -- origin side -------------------------------------------------------------------------------------
     def publish(self, q: RemoteQueue, msg: Message, receipt: Receipt | None) -> Published:
         """Send `msg` to its queue's home node. Without a receipt nobody waits for the answer (a message
@@ -345,6 +385,34 @@ class QueueLink:
         ids = [e.seq for e in entries]
         if ids:
             self._send(q.home, cm.RemoteSettle(int(outcome), ids, reason))
+            if outcome == cm.Outcome.DISCARD:
+                self._discarded.add(q.home)
+
+    def discards_pending(self) -> bool:
+        """Whether a reject (or nack) without requeue went to another node whose effect (a dead letter,
+        maybe published back here) this node has not yet seen acknowledged."""
+        return bool(self._discarded) or (self._discard_wait is not None and not self._discard_wait.done())
+
+    async def discards_applied(self) -> None:
+        """Return once every home this node sent a discard to has handled it: a round trip to each (the
+        link is ordered per node pair, and a home dead-letters while it handles the settle, so a dead
+        letter it publishes to this node arrives before its answer). basic.get then sees the dead letter
+        of a reject the client sent before, as on one node."""
+        peers, self._discarded = self._discarded, set()
+        if peers:
+            self._discard_wait = asyncio.ensure_future(self._round_trips(peers, self._discard_wait))
+        wait = self._discard_wait
+        if wait is not None:
+            await asyncio.shield(wait)
+
+    async def _round_trips(self, peers: set[str], before: asyncio.Future[None] | None) -> None:
+        if before is not None:
+            await asyncio.shield(before)
+        for peer in peers:
+            try:
+                await self.cluster.call(peer, cm.QueueInfo("", ""), timeout=PREPARE_TIMEOUT_S)
+            except (PeerUnavailable, TimeoutError, RemoteError):
+                pass  # a home gone: its dead letters went with it
 
     def add_consumer(self, q: RemoteQueue, consumer: Consumer) -> int:
         cid = next(self._ids)
@@ -506,6 +574,8 @@ class QueueLink:
         return q.purge()
 
     def _h_info(self, peer: str, req: cm.QueueInfo) -> list[int] | None:
+        if req.queue.startswith(REPLY_TO_PREFIX):  # a Direct Reply-To address (no queue is named amq.*)
+            return [0, 0, 1] if req.queue[len(REPLY_TO_PREFIX):] in self.node.reply_channels else None
         q = self._lookup(req.vhost, req.queue)
         return None if q is None else [q.message_count, q.unacked_count, q.consumer_count]
 
