@@ -66,7 +66,9 @@ class ClusterGate:
         remote = _remote_target(channel, method)
         if remote is not None and not isinstance(method, (spec.Queue.Bind, spec.Queue.Unbind)):
             await remote.prepare(method)
-        self._consume_target = remote if isinstance(method, spec.Basic.Consume) else None
+        # a classic queue in another worker or node (a quorum queue's consumer is registered through its log)
+        self._consume_target = remote if isinstance(method, spec.Basic.Consume) \
+            and hasattr(remote, "take_consume_sent") else None
 
     def holds_replies(self) -> bool:
         cluster = self.node.cluster
