@@ -175,6 +175,19 @@ class RemoteQueue(Queue):
     def deliver_pending(self) -> None:
         pass  # the home node delivers; credit is its consumer's prefetch
 
+    # -- credit flow across the hop ----------------------------------------------------------------------
+    def needs_flow_control(self) -> bool:
+        """Credit flow across the hop: publishers to this queue are held while the link to its home is
+        over its write high-water mark. The home reads the link as fast as its queue takes messages, so a
+        home busy with a backlog (its consumers, its disk) fills the link and paces publishers here, as
+        RabbitMQ's credit flow paces a channel by the queue process on another node; and nothing is
+        published into a full link (the transport would drop it)."""
+        link = self.link
+        return link.up(self.home) and not link.transport.writable(self.home)
+
+    def flow_still_needed(self) -> bool:
+        return self.needs_flow_control()
+
     # -- consumers -------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.had_consumers = True
