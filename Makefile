@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
+.PHONY: setup run test test-workers test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
 # not used: the pure path runs and the start log says so)
@@ -37,6 +37,7 @@ test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=25
+	$(MAKE) --no-print-directory test-workers
 
 # What the browser tests (tests/browser/test_ui.py) need: Debian's chromium, and certutil (libnss3-tools) to
 # make it trust the test CA for the HTTPS run (both installed when missing and we are root with apt-get),
@@ -59,6 +60,15 @@ browser-deps:
 	    echo "browser-deps: npm ci failed; the browser tests will be skipped"; \
 	  else echo "browser-deps: no npm; the browser tests will be skipped"; fi; \
 	fi
+
+# the client suites against a node of 2 worker processes (docs/scaling.md), part of `make test`: connections land
+# on either worker, so publish, deliver, ack, reject, cancel, confirm, dead-lettering and Direct Reply-To cross
+# the worker hop; tests/workers/ pins connections to each worker. About 2 minutes on an idle 2-core machine.
+WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.py tests/interop/test_queues.py \
+	tests/interop/test_queue_features.py tests/interop/test_queue_arguments.py tests/interop/test_confirm_failures.py \
+	tests/interop/test_clients_aiopika.py
+test-workers: $(STAMP)
+	HUTCH_TEST_WORKERS=2 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(WORKER_SUITES)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m slow

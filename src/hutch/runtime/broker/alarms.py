@@ -44,6 +44,7 @@ class AlarmTarget(Protocol):
     name: str
     config: Config
     alarms: set[str]
+    local_alarms: set[str]
     memory_pressure: bool
 
     def set_alarm(self, name: str) -> None: ...
@@ -184,9 +185,9 @@ class ResourceMonitor:
         self._later(disk_check_interval_s(self.disk_free_bytes, self.disk_limit_bytes), self._check_disk)
 
     def _update(self, name: str, raised: bool, detail: str) -> None:
-        if raised and name not in self.node.alarms:
+        if raised and name not in self.node.local_alarms:
             log.warning("%s resource limit alarm set on node %s: %s", name, self.node.name, detail)
             self.node.set_alarm(name)
-        elif not raised and name in self.node.alarms:
+        elif not raised and name in self.node.local_alarms:
             log.warning("%s resource limit alarm cleared on node %s: %s", name, self.node.name, detail)
             self.node.clear_alarm(name)

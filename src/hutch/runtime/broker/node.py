@@ -115,7 +115,10 @@ class Node:
         self.reply_channels: dict[str, Any] = {}  # Direct Reply-To token -> ChannelPort
         # a clustered node: send a reply to the node (or worker) of its requester (app.cluster_node)
         self.forward_direct_reply: Callable[[str, str, Message], bool] | None = None
-        self.alarms: set[str] = set()
+        self.alarms: set[str] = set()  # in force here: this process's own and the node's other workers'
+        self.local_alarms: set[str] = set()  # this process's own (its ResourceMonitor's)
+        self.worker_alarms: set[str] = set()  # a node of workers: every worker's, from the supervisor
+        self.alarm_hooks: list[Callable[[set[str]], None]] = []  # told this process's own on each change
         # how busy the event loop is with input (the AMQP sockets report it): the flow rule's "is the
         # node the bottleneck?" (core/credit_flow.py)
         self.loop_load = LoopLoad(clock.monotonic)
@@ -446,12 +449,28 @@ class Node:
 
     # -- resource alarms ---------------------------------------------------------------------------
     def set_alarm(self, name: str) -> None:
-        """Raise an alarm: publishing connections are blocked (consumers keep going)."""
-        first = not self.alarms
-        self.alarms.add(name)
-        if first:
+        """Raise an alarm of this process's: publishing connections are blocked (consumers keep going)."""
+        self.local_alarms.add(name)
+        self._alarms_changed(local=True)
+
+    def set_worker_alarms(self, names: set[str]) -> None:
+        """The alarms of every worker of this node (the supervisor's union): memory and disk are node-wide,
+        so one worker's alarm blocks the publishers of all of them, as a RabbitMQ alarm does."""
+        self.worker_alarms = set(names)
+        self._alarms_changed(local=False)
+
+    def _alarms_changed(self, local: bool) -> None:
+        was = bool(self.alarms)
+        self.alarms = self.local_alarms | self.worker_alarms
+        if local:
+            for hook in self.alarm_hooks:
+                hook(set(self.local_alarms))
+        if self.alarms and not was:
             for conn in list(self.connections):
                 conn.alarm_raised()
+        elif was and not self.alarms:
+            for conn in list(self.connections):
+                conn.alarm_cleared()
 
     def reap_blocked_connections(self) -> int:
         """Close connections held by an alarm whose clients have gone (their FIN is unread while reading
@@ -463,11 +482,10 @@ class Node:
         return len(gone)
 
     def clear_alarm(self, name: str) -> None:
-        """Clear an alarm; connections are unblocked only when no alarm remains."""
-        self.alarms.discard(name)
-        if not self.alarms:
-            for conn in list(self.connections):
-                conn.alarm_cleared()
+        """Clear an alarm of this process's; connections are unblocked only when no alarm remains (here
+        or, in a node of workers, in any worker)."""
+        self.local_alarms.discard(name)
+        self._alarms_changed(local=True)
 
     def check_connection_limits(self, vhost: str, user: str) -> None:
         """connection.open: ConnectionError_ 530 past the vhost's or the user's max-connections."""

@@ -42,6 +42,7 @@ import msgpack
 from hutch.amqp import spec
 from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
+from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
 from hutch.core.message import Message
 from hutch.core.queue_type import (
@@ -66,6 +67,7 @@ log = logging.getLogger("hutch.cluster.queues")
 PREPARE_TIMEOUT_S = 5.0
 BATCH_BYTES = 256 << 10  # a held batch is written once its bodies reach this
 BATCH_MESSAGE_BYTES = 64 << 10  # a larger message is sent in a record of its own
+REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
 
@@ -107,6 +109,7 @@ class RemoteQueue(Queue):
         self._bytes = 0
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
+        self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
 
     # -- answers fetched before the channel handles a method ------------------------------------------
     async def prepare(self, method: spec.Method) -> None:
@@ -126,6 +129,26 @@ class RemoteQueue(Queue):
             self._prepared_purge = int(reply)
         else:
             reply = await link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+            if reply is None and isinstance(method, spec.Queue.Delete):
+                reply = [0, 0, 0]  # gone at its home already (expired, auto-deleted): delete-ok, as on one node
+            self._set_counts(reply)
+
+    def take_consume_sent(self) -> bool:
+        """Whether a consumer was sent to the home since the last call (the gate then holds consume-ok)."""
+        sent, self._consume_sent = self._consume_sent, False
+        return sent
+
+    async def consumer_registered(self) -> None:
+        """Return once the home has registered the consumers sent to it: a `QueueInfo` round trip, which the
+        home answers after the `RemoteConsume` records sent before it (one ordered link per worker or node
+        pair, and `_on_consume` is synchronous). So basic.consume-ok follows the home's registration, as on
+        one node (single active consumer: who consumed first is active). A home gone meanwhile or a queue
+        deleted is not an error here: the consumer gets basic.cancel (`home_down`, `consumer_ended`)."""
+        try:
+            reply = await self.link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+        except ChannelError:
+            return
+        if reply is not None:
             self._set_counts(reply)
 
     def _set_counts(self, counts: list[int] | None) -> None:
@@ -160,11 +183,25 @@ class RemoteQueue(Queue):
     def deliver_pending(self) -> None:
         pass  # the home node delivers; credit is its consumer's prefetch
 
+    # -- credit flow across the hop ----------------------------------------------------------------------
+    def needs_flow_control(self) -> bool:
+        """Credit flow across the hop: publishers to this queue are held while the link to its home is
+        over its write high-water mark. The home reads the link as fast as its queue takes messages, so a
+        home busy with a backlog (its consumers, its disk) fills the link and paces publishers here, as
+        RabbitMQ's credit flow paces a channel by the queue process on another node; and nothing is
+        published into a full link (the transport would drop it)."""
+        link = self.link
+        return link.up(self.home) and not link.transport.writable(self.home)
+
+    def flow_still_needed(self) -> bool:
+        return self.needs_flow_control()
+
     # -- consumers -------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.had_consumers = True
         cid = self.link.add_consumer(self, consumer)
         self._consumers[cid] = consumer
+        self._consume_sent = True
 
     def remove_consumer(self, consumer: Consumer) -> None:
         for cid, c in list(self._consumers.items()):
@@ -306,6 +343,8 @@ class QueueLink:
         # peer -> the records held back this loop turn: [kind, flat entries, body bytes] runs, in order
         self._held: dict[str, list[list[Any]]] = {}
         self._held_scheduled = False
+        self._discarded: set[str] = set()  # homes sent a discard since the last `discards_applied`
+        self._discard_wait: asyncio.Future[None] | None = None  # the round trips of the last one
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
         # one call per kind, so the type checker matches each handler to its record
@@ -341,6 +380,20 @@ class QueueLink:
             elif text.startswith("404 "):
                 text = text[4:]
             raise ChannelError(code, text) from exc
+
+    async def reply_token_alive(self, name: str) -> str | None:
+        """The token of Direct Reply-To address `name` if it names another node (or worker) whose requester's
+        channel is alive there, asked over the link (as RabbitMQ asks the requester's node whether the
+        channel process lives); None otherwise."""
+        token = name[len(REPLY_TO_PREFIX):]
+        home = direct_reply.token_node(token)
+        if home is None or home == self.node.name or not self.up(home):
+            return None
+        try:
+            reply = await self.cluster.call(home, cm.QueueInfo("", name), timeout=PREPARE_TIMEOUT_S)
+        except (PeerUnavailable, TimeoutError, RemoteError):
+            return None
+        return token if reply is not None else None
 
     # -- origin side -------------------------------------------------------------------------------------
     def publish(self, q: RemoteQueue, msg: Message, receipt: Receipt | None) -> Published:
@@ -410,6 +463,34 @@ class QueueLink:
         ids = [e.seq for e in entries]
         if ids:
             self._send(q.home, cm.RemoteSettle(int(outcome), ids, reason))
+            if outcome == cm.Outcome.DISCARD:
+                self._discarded.add(q.home)
+
+    def discards_pending(self) -> bool:
+        """Whether a reject (or nack) without requeue went to another node whose effect (a dead letter,
+        maybe published back here) this node has not yet seen acknowledged."""
+        return bool(self._discarded) or (self._discard_wait is not None and not self._discard_wait.done())
+
+    async def discards_applied(self) -> None:
+        """Return once every home this node sent a discard to has handled it: a round trip to each (the
+        link is ordered per node pair, and a home dead-letters while it handles the settle, so a dead
+        letter it publishes to this node arrives before its answer). basic.get then sees the dead letter
+        of a reject the client sent before, as on one node."""
+        peers, self._discarded = self._discarded, set()
+        if peers:
+            self._discard_wait = asyncio.ensure_future(self._round_trips(peers, self._discard_wait))
+        wait = self._discard_wait
+        if wait is not None:
+            await asyncio.shield(wait)
+
+    async def _round_trips(self, peers: set[str], before: asyncio.Future[None] | None) -> None:
+        if before is not None:
+            await asyncio.shield(before)
+        for peer in peers:
+            try:
+                await self.cluster.call(peer, cm.QueueInfo("", ""), timeout=PREPARE_TIMEOUT_S)
+            except (PeerUnavailable, TimeoutError, RemoteError):
+                pass  # a home gone: its dead letters went with it
 
     def add_consumer(self, q: RemoteQueue, consumer: Consumer) -> int:
         cid = next(self._ids)
@@ -591,6 +672,8 @@ class QueueLink:
         return q.purge()
 
     def _h_info(self, peer: str, req: cm.QueueInfo) -> list[int] | None:
+        if req.queue.startswith(REPLY_TO_PREFIX):  # a Direct Reply-To address (no queue is named amq.*)
+            return [0, 0, 1] if req.queue[len(REPLY_TO_PREFIX):] in self.node.reply_channels else None
         q = self._lookup(req.vhost, req.queue)
         return None if q is None else [q.message_count, q.unacked_count, q.consumer_count]
 

@@ -99,6 +99,8 @@ class ServerChannel(DeclarationsMixin):
         self.tx_ops: list[tuple[str, Any]] = []
         self._held_by: list[Any] = []  # delayed exchanges a routing walk reached (emptied after each publish)
         self.last_queue_name: str | None = None
+        # a Direct Reply-To token whose requester another node (or worker) said is alive (cluster_gate.py)
+        self.prepared_reply_token: str | None = None
         self.reply_token: str | None = None
         self.reply_consumer: Consumer | None = None
         # content assembly of the publish in progress

@@ -28,6 +28,7 @@ class DeclarationsMixin:
     conn: SessionConnection
     node: BrokerPort
     last_queue_name: str | None
+    prepared_reply_token: str | None
 
     def send(self, method: spec.Method) -> None:  # provided by the channel
         raise NotImplementedError
@@ -130,9 +131,11 @@ class DeclarationsMixin:
         """Direct Reply-To pseudo queues, as RabbitMQ answers them: declaring (passively or not)
         "amq.rabbitmq.reply-to" is always OK with one consumer (clients such as faststream do it
         before consuming); "amq.rabbitmq.reply-to.<token>" is OK while the requester's channel lives."""
+        prepared, self.prepared_reply_token = self.prepared_reply_token, None
         if name != "amq.rabbitmq.reply-to":
             token = name[len("amq.rabbitmq.reply-to."):] if name[21:22] == "." else None
-            if token is None or token not in self.node.reply_channels:
+            # a token of another node or worker: alive if that node said so (its token_node, asked by the gate)
+            if token is None or (token not in self.node.reply_channels and token != prepared):
                 raise ChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost.name}'")
         if not nowait:
             self.send(spec.Queue.DeclareOk(queue=name, message_count=0, consumer_count=1))

@@ -21,6 +21,7 @@ from typing import Any
 HEARTBEAT_S = 0.5
 MAX_MESSAGE_BYTES = 65536
 MAX_FDS = 4
+ALARM_NAMES = frozenset({"memory", "disk"})  # the resource alarms a worker reports and is told (node-wide)
 
 
 def encode(kind: str, value: Any) -> bytes:  # Any: a JSON value

@@ -3,7 +3,9 @@
 Owns: the heartbeat (a timer on the worker's event loop: a loop that does not turn sends none), the
 `ready` report with the worker's listener ports, adopting the worker-link sockets the supervisor sends
 for restarted workers, and noticing that the supervisor is gone (the socket's end of file: the worker
-stops cleanly, so `kill -9` of the parent leaves no orphans).
+stops cleanly, so `kill -9` of the parent leaves no orphans), and the node-wide resource alarms: the
+worker reports its own memory and disk alarms (`{"alarms": [...]}`) and is told every worker's
+(`{"node_alarms": [...]}`, the supervisor's union), so one worker's alarm blocks publishers node-wide.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class WorkerLink:
         self._on_parent_gone: Callable[[], None] | None = None
         self._adopt: Adopt | None = None
         self._waiting: list[tuple[str, socket.socket]] = []
+        self._on_node_alarms: Callable[[set[str]], None] | None = None
+        self._node_alarms: set[str] = set()  # the last union the supervisor sent
 
     def first_links(self) -> dict[str, socket.socket]:
         """The worker-link sockets inherited at start, by peer worker name."""
@@ -52,6 +56,15 @@ class WorkerLink:
         waiting, self._waiting = self._waiting, []
         for name, sock in waiting:
             adopt(name, sock)
+
+    def report_alarms(self, names: set[str]) -> None:
+        """This worker's own alarms changed: tell the supervisor, which tells every worker the union."""
+        self._send(control.encode("alarms", sorted(names)))
+
+    def on_node_alarms(self, apply: Callable[[set[str]], None]) -> None:
+        """Call `apply` with every worker's alarms (now, and whenever the supervisor's union changes)."""
+        self._on_node_alarms = apply
+        apply(set(self._node_alarms))
 
     def ready(self, ports: Mapping[str, int]) -> None:
         self._send(control.encode("ready", dict(ports)))
@@ -96,6 +109,12 @@ class WorkerLink:
         except ValueError as exc:
             log.warning("ignored a malformed control message from the supervisor: %s", exc)
             doc = {}
+        names = doc.get("node_alarms")
+        if isinstance(names, list) and not fds:
+            self._node_alarms = {str(n) for n in names if n in control.ALARM_NAMES}
+            if self._on_node_alarms is not None:
+                self._on_node_alarms(set(self._node_alarms))
+            return
         peer = doc.get("peer")
         if isinstance(peer, int) and len(fds) == 1 and peer != self.spec.index:
             name, sock = worker_name(self.node_name, peer), socket.socket(fileno=fds[0])

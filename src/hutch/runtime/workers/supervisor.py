@@ -103,7 +103,7 @@ def _probe_free(family: int, address: str, port: int) -> None:
 
 class _Worker:
     __slots__ = ("index", "proc", "control", "started_at", "last_heartbeat", "ready", "ever_ready", "ports",
-                 "delay_s")
+                 "delay_s", "alarms")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -115,6 +115,7 @@ class _Worker:
         self.ever_ready = False
         self.ports: dict[str, int] = {}
         self.delay_s = RESTART_DELAY_FIRST_S
+        self.alarms: frozenset[str] = frozenset()  # its own memory and disk alarms, as it last reported
 
     @property
     def running(self) -> bool:
@@ -138,6 +139,7 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop
         self._watchers: set[asyncio.Task[None]] = set()
         self._check: asyncio.TimerHandle | None = None
+        self._node_alarms: frozenset[str] = frozenset()  # the union last told to the workers
 
     # -- life ------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -289,6 +291,9 @@ class Supervisor:
             w.control.close()
             w.control = None
         w.ready = False
+        if w.alarms:  # a worker gone takes its alarms with it (its replacement reports its own)
+            w.alarms = frozenset()
+            self._share_alarms()
 
     def _readable(self, w: _Worker) -> None:
         sock = w.control
@@ -308,12 +313,37 @@ class Supervisor:
             doc = control.decode(data)
         except ValueError:
             return
+        alarms = doc.get("alarms")
+        if isinstance(alarms, list):
+            w.alarms = frozenset(str(a) for a in alarms if a in control.ALARM_NAMES)
+            self._share_alarms()
+            return
         ports = doc.get("ready")
         if isinstance(ports, dict):
             w.ports = {str(k): int(v) for k, v in ports.items()}
             w.ready = w.ever_ready = True
+            self._send_alarms(w, self._node_alarms)
             log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
             self._announce()
+
+    def _share_alarms(self) -> None:
+        """Memory and disk alarms are node-wide (as RabbitMQ's are cluster-wide): every worker is told the
+        union of the workers' own alarms when it changes, and blocks its publishers while it is not empty."""
+        union = frozenset().union(*(w.alarms for w in self.workers))
+        if union == self._node_alarms:
+            return
+        self._node_alarms = union
+        log.warning("node-wide resource alarms: %s", ", ".join(sorted(union)) or "none")
+        for w in self.workers:
+            self._send_alarms(w, union)
+
+    def _send_alarms(self, w: _Worker, names: frozenset[str]) -> None:
+        if w.control is None:
+            return
+        try:
+            w.control.send(control.encode("node_alarms", sorted(names)))
+        except OSError:
+            pass  # a worker whose socket is full or gone: it gets the union again when ready
 
     def _check_heartbeats(self) -> None:
         now = self._loop.time()

@@ -1,0 +1,100 @@
+"""A node of 2 workers answers as one node does where the worker hop could reorder effects: consume-ok
+after the home worker registered the consumer (single active consumer order), a dead letter in its queue
+before the next basic.get, a passive declare of another worker's Direct Reply-To address, and delete-ok
+for a queue already gone at its home. Connections are pinned to a worker (`workers.own_ports`).
+
+No polling where one node gives the answer at once: each check is the first read after the action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker
+from tests.conftest import ServerInfo
+from tests.workers.test_workers import PERSISTENT, connect, get_one, start_node, until, worker_of
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_node(tmp_path_factory.mktemp("hop-semantics"))
+    yield info
+    info.stop()
+
+
+def declare_in(info: ServerInfo, ch: Any, prefix: str, worker: int, **kwargs: Any) -> str:
+    """Declare queues named `prefix-N` until one is placed in `worker` (fewest-queues placement alternates);
+    the others are deleted."""
+    for i in range(6):
+        name = f"{prefix}-{i}"
+        ch.queue_declare(name, **kwargs)
+        if worker_of(info, name) == worker:
+            return name
+        ch.queue_delete(name)
+    raise AssertionError(f"no queue placed in worker {worker}")
+
+
+def test_single_active_consumer_first_consume_ok_across_the_hop_is_active(node: ServerInfo) -> None:
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        ch0 = c0.channel()
+        q = declare_in(node, ch0, "sac", 0, arguments={"x-single-active-consumer": True})
+        far, near = c1.channel(), ch0  # the consumer in worker 1 consumes first, over the hop
+        got: list[str] = []
+        far.basic_consume(q, lambda c, m, p, b: got.append("far"), auto_ack=True)
+        near.basic_consume(q, lambda c, m, p, b: got.append("near"), auto_ack=True)
+        ch0.basic_publish("", q, b"x")
+        until(lambda: c1.process_data_events(0.05) or c0.process_data_events(0.05) or got,
+              what="the delivery")
+        assert got == ["far"]
+        ch0.queue_delete(q)
+
+
+def test_dead_letter_of_a_reject_across_the_hop_is_in_its_queue_for_the_next_get(node: ServerInfo) -> None:
+    with connect(node, 0) as c0:
+        ch = c0.channel()
+        ch.exchange_declare("hop-dlx", "fanout")
+        dead = ch.queue_declare("", exclusive=True).method.queue  # in worker 0, this connection's
+        ch.queue_bind(dead, "hop-dlx")
+        q = declare_in(node, ch, "rejected", 1, arguments={"x-dead-letter-exchange": "hop-dlx"})
+        for i in range(5):
+            ch.basic_publish("", q, b"m%d" % i, PERSISTENT)
+            method, _props, _body = get_one_unacked(ch, q)
+            ch.basic_reject(method.delivery_tag, requeue=False)  # worker 1 dead-letters into worker 0
+            method, props, body = ch.basic_get(dead, auto_ack=True)
+            assert body == b"m%d" % i and props.headers["x-death"][0]["reason"] == "rejected"
+        ch.queue_delete(q)
+        ch.exchange_delete("hop-dlx")
+
+
+def get_one_unacked(ch: Any, queue: str) -> tuple[Any, Any, bytes]:
+    return until(lambda: (lambda r: r if r[0] is not None else None)(ch.basic_get(queue)),
+                 what=f"a message in {queue}")
+
+
+def test_passive_declare_of_a_reply_to_address_of_the_other_worker(node: ServerInfo) -> None:
+    with connect(node, 0) as requester, connect(node, 1) as server:
+        rch, sch = requester.channel(), server.channel()
+        sch.queue_declare("rpc-passive")
+        rch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: None, auto_ack=True)
+        rch.basic_publish("", "rpc-passive", b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+        _method, props, _body = get_one(sch, "rpc-passive")
+        ok = sch.queue_declare(props.reply_to, passive=True).method
+        assert ok.queue == props.reply_to and ok.consumer_count == 1
+        rch.close()  # the requester's channel is gone: its address is no more
+        requester.process_data_events(0.1)
+        with pytest.raises(ChannelClosedByBroker) as gone:
+            sch.queue_declare(props.reply_to, passive=True)
+        assert gone.value.reply_code == 404
+        server.channel().queue_delete("rpc-passive")
+
+
+def test_delete_of_a_queue_expired_at_its_home_is_delete_ok(node: ServerInfo) -> None:
+    with connect(node, 0) as c0:
+        ch = c0.channel()
+        for i in range(4):  # placed in either worker: one hop or none, delete-ok every time
+            q = f"expiring-{i}"
+            ch.queue_declare(q, auto_delete=True, arguments={"x-expires": 1})
+            assert ch.queue_delete(q).method.message_count == 0
