@@ -1,12 +1,17 @@
 """`hutch-streams` (cli/streams.py) and the management API's stream routes against a real node: a super
 stream created with --partitions, --binding-keys or over HTTP (RabbitMQ's layout), listed, routed and
 deleted; refusals and an unreachable listener with their exit codes; stream connections, publishers and
-consumers listed while rstream clients use them."""
+consumers listed while rstream clients use them; the listing commands (list_stream_connections,
+list_stream_consumers, list_stream_publishers, list_stream_consumer_groups, list_stream_group_consumers,
+list_stream_tracking) reading the management API while rstream clients publish, track offsets and share a
+single-active-consumer group."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,3 +178,98 @@ async def test_a_stream_deleted_over_http_drops_its_stream_protocol_users_at_onc
                 break
             await asyncio.sleep(0.05)
         assert api.get("/api/stream/consumers/%2F/").body == []
+
+
+def listing(server: StreamServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(server, "--management-port", str(server.info.management_port), *args)
+
+
+def rows(server: StreamServer, *args: str) -> list[dict[str, object]]:
+    done = listing(server, "--formatter", "json", *args)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+@pytest.mark.asyncio
+async def test_listing_commands_show_connections_consumers_groups_and_tracking(stream_server: StreamServer) -> None:
+    """rabbitmq-streams' listing commands, with its column names and defaults, against what two rstream
+    consumers of one single-active-consumer group and a named publisher did."""
+    import asyncio
+
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        OffsetSpecification,
+        OffsetType,
+        Producer,
+    )
+
+    from mgmt.helpers import Api
+    api = Api(stream_server.info.mgmt_url)
+    auth = {"username": "guest", "password": "guest"}
+
+    async def on_update(is_active: bool, ctx: object) -> OffsetSpecification:
+        return OffsetSpecification(OffsetType.FIRST, 0)
+
+    async with Producer("127.0.0.1", port=stream_server.port, **auth) as p, \
+            Consumer("127.0.0.1", port=stream_server.port, connection_name="lister-1", **auth) as c1, \
+            Consumer("127.0.0.1", port=stream_server.port, connection_name="lister-2", **auth) as c2:
+        await p.create_stream("cli-listed", exists_ok=True)
+        await p.send_wait("cli-listed", AMQPMessage(body=b"x"), publisher_name="tracker")
+        for c in (c1, c2):
+            await c.start()
+            await c.subscribe("cli-listed", lambda m, ctx: None, consumer_update_listener=on_update,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+                              properties={"single-active-consumer": "true", "name": "billing"})
+        await c1.store_offset("cli-listed", "reader-1", 0)
+        path = "/api/stream/tracking/%2F/cli-listed?type=offset"
+        deadline = time.monotonic() + 30
+        while not api.get(path).body:  # store_offset has no response: wait for its tracking chunk
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+        table = listing(stream_server, "list_stream_connections")
+        assert table.returncode == 0 and table.stdout.splitlines()[:2] == ["Listing stream connections ...",
+                                                                           "conn_name"]
+        conns = rows(stream_server, "list_stream_connections", "conn_name", "user", "subscriptions",
+                     "client_properties")
+        subscribed = {r["client_properties"].get("connection_name"): r["subscriptions"]  # type: ignore[union-attr]
+                      for r in conns if r["subscriptions"]}
+        assert subscribed == {"lister-1": 1, "lister-2": 1} and {r["user"] for r in conns} == {"guest"}
+
+        group = rows(stream_server, "list_stream_group_consumers", "--stream", "cli-listed", "--reference", "billing")
+        assert [r["state"] for r in group] == ["active (connected)", "waiting (connected)"]
+        names = {r["name"]: r["client_properties"].get("connection_name")  # type: ignore[union-attr]
+                 for r in api.get("/api/stream/connections").body}
+        assert [names[r["connection_name"]] for r in group] == ["lister-1", "lister-2"]
+        groups = [r for r in rows(stream_server, "list_stream_consumer_groups") if r["stream"] == "cli-listed"]
+        assert groups == [{"stream": "cli-listed", "reference": "billing", "partition_index": -1, "consumers": 2}]
+
+        consumers = [r for r in rows(stream_server, "list_stream_consumers") if r["stream"] == "cli-listed"]
+        assert list(consumers[0]) == ["connection_pid", "subscription_id", "stream", "messages_consumed", "offset",
+                                      "offset_lag", "credits", "active", "activity_status", "properties"]
+        assert sorted(str(r["activity_status"]) for r in consumers) == ["single_active", "waiting"]
+        pubs = [r for r in rows(stream_server, "list_stream_publishers", "-p", "/") if r["stream"] == "cli-listed"]
+        assert [(r["reference"], r["messages_confirmed"]) for r in pubs] == [("tracker", 1)]
+
+        tracking = rows(stream_server, "list_stream_tracking", "cli-listed")
+        assert [(r["type"], r["name"]) for r in tracking] == [("writer", "tracker"), ("offset", "reader-1")]
+        assert tracking[1]["tracking_value"] == 0
+        assert [r["type"] for r in rows(stream_server, "list_stream_tracking", "cli-listed", "--writer")] == ["writer"]
+        assert [r["type"] for r in rows(stream_server, "list_stream_tracking", "cli-listed", "--offset")] == ["offset"]
+
+
+def test_listing_commands_refuse_with_rabbitmq_texts(stream_server: StreamServer) -> None:
+    no_group = listing(stream_server, "list_stream_group_consumers", "--stream", "nope", "--reference", "nope")
+    assert no_group.returncode == 1 and no_group.stderr.strip() == "hutch-streams: The group does not exist"
+    no_stream = listing(stream_server, "list_stream_tracking", "no-such-stream")
+    assert no_stream.returncode == 1 and no_stream.stderr.strip() == "hutch-streams: The stream does not exist."
+    no_vhost = listing(stream_server, "list_stream_consumers", "--vhost", "no-such-vhost")
+    assert no_vhost.returncode == 1 and 'Virtual host "no-such-vhost" does not exist' in no_vhost.stderr
+    for bad in (("list_stream_tracking", "s", "--all", "--writer"), ("list_stream_group_consumers", "--stream", "s"),
+                ("list_stream_connections", "no_such_column")):
+        done = listing(stream_server, *bad)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    unreachable = run(stream_server, "--management-port", str(free_port()), "list_stream_connections")
+    assert unreachable.returncode == 69 and "cannot reach the management API" in unreachable.stderr

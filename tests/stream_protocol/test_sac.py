@@ -36,6 +36,25 @@ def test_partition_rebalances_through_stepping_down():
     assert g.unregister(KEY, b) == [Notify(a, True)]  # back to one member: it is chosen
 
 
+def test_rows_for_the_listing_commands():
+    """What list_stream_consumer_groups and list_stream_group_consumers show (RabbitMQ's states)."""
+    from types import SimpleNamespace
+    g = SacGroups()
+    a, _ = g.register(KEY, 1, SimpleNamespace(name="conn-a"), 3)
+    g.register(KEY, 1, SimpleNamespace(name="conn-b"), 7)  # a steps down for b
+    g.register(("/", "other", "app"), -1, SimpleNamespace(name="conn-c"), 0)
+    g.register(("v2", "s", "app"), -1, SimpleNamespace(name="conn-d"), 0)
+    assert g.group_rows("/") == [
+        {"vhost": "/", "stream": "other", "reference": "app", "partition_index": -1, "consumers": 1},
+        {"vhost": "/", "stream": "s", "reference": "app", "partition_index": 1, "consumers": 2}]
+    assert g.member_rows(KEY) == [
+        {"subscription_id": 3, "connection_name": "conn-a", "state": "deactivating (connected)"},
+        {"subscription_id": 7, "connection_name": "conn-b", "state": "waiting (connected)"}]
+    g.stepped_down(KEY, a)
+    assert [r["state"] for r in g.member_rows(KEY) or []] == ["waiting (connected)", "active (connected)"]
+    assert g.member_rows(("/", "s", "nobody")) is None
+
+
 def test_partition_active_leaving_while_another_steps_down():
     g = SacGroups()
     a, _ = g.register(KEY, 0, "A", 1)

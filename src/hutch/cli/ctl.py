@@ -386,7 +386,11 @@ def _columns(command: str, spec: ListSpec, requested: Sequence[str]) -> list[str
 
 
 def run_list(command: str, client: Client, args: argparse.Namespace) -> Output:
-    spec = LISTS[command]
+    return run_spec(command, LISTS[command], client, args)
+
+
+def run_spec(command: str, spec: ListSpec, client: Client, args: argparse.Namespace) -> Output:
+    """One listing command: GET the spec's path, keep the asked columns (hutch-streams' lists too)."""
     columns = _columns(command, spec, getattr(args, "columns", []) or [])
     try:
         items = client.get(spec.path(args))

@@ -9,6 +9,12 @@ handshake, then requests matched to their responses by correlation id), built on
 rabbitmq-streams talks to the node over Erlang distribution; hutch-streams talks to the node's stream
 listener, so it needs ``stream.listeners.tcp.default`` (or ``--stream-port``) on the node.
 
+The listing commands (rabbitmq-streams' ``list_stream_connections``, ``list_stream_consumers``,
+``list_stream_publishers``, ``list_stream_consumer_groups``, ``list_stream_group_consumers --stream S
+--reference R`` and ``list_stream_tracking S [--all|--offset|--writer]``, with its column names and
+defaults) read the node's management HTTP API instead (``--management-port``), through hutchctl's
+client, tables and output formats (``--formatter``, ``-q``, ``--no-table-headers``).
+
 Error contract (as hutchctl's, cli/ctl.py): bad usage one line and exit 2; the node cannot be reached
 exit 69; the node refused (e.g. the super stream exists) one line ``hutch-streams: <reason>`` and exit 1;
 a reply that is not the stream protocol exit 70.
@@ -36,14 +42,22 @@ from .ctl import (
     EX_SOFTWARE,
     EX_UNAVAILABLE,
     EX_USAGE,
+    ApiFailure,
     BadReply,
+    Client,
+    ListSpec,
     Refused,
     Unreachable,
     UsageError,
+    _fields,
+    emit,
+    run_spec,
+    seg,
 )
 
 PROG = "hutch-streams"
 DEFAULT_PORT = 5552
+DEFAULT_MANAGEMENT_PORT = 15672
 DEFAULT_TIMEOUT_S = 30.0
 RESPONSE_TEXT = {code: code.name.lower().replace("_", " ") for code in Code}
 
@@ -179,6 +193,97 @@ COMMANDS: dict[str, Callable[[StreamClient, argparse.Namespace], str]] = {
 }
 
 
+# -- listing commands: read the management HTTP API, as hutchctl does ------------------------------------
+def _connection_name(item: dict[str, Any]) -> Any:
+    details = item.get("connection_details")
+    return details.get("name") if isinstance(details, dict) else None
+
+
+CONSUMER_COLUMNS = ("connection_pid", "subscription_id", "stream", "messages_consumed", "offset", "offset_lag",
+                    "credits", "active", "activity_status", "properties")
+PUBLISHER_COLUMNS = ("connection_pid", "publisher_id", "stream", "reference", "messages_published",
+                     "messages_confirmed", "messages_errored")
+GROUP_COLUMNS = ("stream", "reference", "partition_index", "consumers")
+GROUP_CONSUMER_COLUMNS = ("subscription_id", "connection_name", "state")
+
+
+def _vhost_missing(a: argparse.Namespace) -> str:
+    return f'Virtual host "{a.vhost}" does not exist'
+
+
+# rabbitmq-streams' column names; where it shows an Erlang pid (connection_pid) hutch shows the
+# connection's name, as hutchctl does for list_consumers
+LISTS: dict[str, ListSpec] = {
+    "list_stream_connections": ListSpec(
+        path=lambda a: "/api/stream/connections",
+        columns=_fields("port", "peer_port", "host", "peer_host", "user", "vhost", "subscriptions", "publishers",
+                        "auth_mechanism", "heartbeat", "frame_max", "client_properties", "connected_at", "ssl",
+                        "node") | {"conn_name": lambda i: i.get("name"), "connection_state": lambda i: i.get("state")},
+        default=("conn_name",),
+        banner=lambda a: "Listing stream connections ...",
+    ),
+    "list_stream_consumers": ListSpec(
+        path=lambda a: f"/api/stream/consumers/{seg(a.vhost)}",
+        columns=_fields(*CONSUMER_COLUMNS[1:]) | {"connection_pid": _connection_name},
+        default=CONSUMER_COLUMNS,
+        banner=lambda a: "Listing stream consumers ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_publishers": ListSpec(
+        path=lambda a: f"/api/stream/publishers/{seg(a.vhost)}",
+        columns=_fields(*PUBLISHER_COLUMNS[1:]) | {"connection_pid": _connection_name},
+        default=PUBLISHER_COLUMNS,
+        banner=lambda a: "Listing stream publishers ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_consumer_groups": ListSpec(
+        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}",
+        columns=_fields(*GROUP_COLUMNS),
+        default=GROUP_COLUMNS,
+        banner=lambda a: "Listing stream consumer groups ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_group_consumers": ListSpec(
+        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}/{seg(a.stream)}/{seg(a.reference)}",
+        columns=_fields(*GROUP_CONSUMER_COLUMNS),
+        default=GROUP_CONSUMER_COLUMNS,
+        banner=lambda a: "Listing group consumers ...",
+        not_found=lambda a: "The group does not exist",
+    ),
+    "list_stream_tracking": ListSpec(
+        path=lambda a: f"/api/stream/tracking/{seg(a.vhost)}/{seg(a.stream)}?type={a.tracking}",
+        columns=_fields("type", "name", "tracking_value"),
+        default=("type", "name", "tracking_value"),
+        banner=lambda a: f"Listing tracking information for stream {a.stream} ...",
+        takes_columns=False,
+        not_found=lambda a: "The stream does not exist.",
+    ),
+}
+
+
+def run_listing(args: argparse.Namespace, environ: dict[str, str]) -> int:
+    """A listing command against the node's management API (exit codes as hutchctl's)."""
+    port = args.management_port
+    if port is None:
+        text = environ.get("HUTCH_MANAGEMENT_PORT", "")
+        if text and not text.isdigit():
+            raise UsageError(f"HUTCH_MANAGEMENT_PORT: expected a port number, got '{text}'")
+        port = int(text) if text else DEFAULT_MANAGEMENT_PORT
+    context = ssl.create_default_context(cafile=args.cacert) if args.ssl else None
+    client = Client(args.host, port, args.username, args.password, args.timeout, context)
+    try:
+        out = run_spec(args.command, LISTS[args.command], client, args)
+    except Unreachable as exc:
+        print(f"{PROG}: cannot reach the management API at {client.base_url}: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except ApiFailure as exc:
+        reason = "authentication failed" if exc.status == 401 and exc.error == "not_authorized" else exc.reason
+        print(f"{PROG}: {reason}", file=sys.stderr)
+        return EX_REFUSED
+    emit(out, args)
+    return EX_OK
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         raise UsageError(" ".join(message.split()))
@@ -198,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ssl", action="store_true", help="TLS (the node's stream.listeners.ssl.default)")
     parser.add_argument("--cacert", help="CA file that verifies the node's certificate (with --ssl)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds (default 30)")
+    parser.add_argument("--management-port", type=int, default=None,
+                        help="the node's management HTTP port, for the list_* commands "
+                             f"(env HUTCH_MANAGEMENT_PORT; default {DEFAULT_MANAGEMENT_PORT})")
+    parser.add_argument("--formatter", choices=("table", "json"), default="table",
+                        help="output of the list_* commands (default table)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no banner line before a listing")
+    parser.add_argument("--no-table-headers", action="store_true", help="a table without its header row")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add = sub.add_parser("add_super_stream", help="create a super stream (an exchange and its partitions)")
@@ -216,7 +328,36 @@ def build_parser() -> argparse.ArgumentParser:
     rt = sub.add_parser("route", help="the partitions a routing key goes to")
     rt.add_argument("name")
     rt.add_argument("key")
+    _add_listing_commands(sub)
     return parser
+
+
+def _add_listing_commands(sub: Any) -> None:
+    helps = {
+        "list_stream_connections": "stream connections (every vhost)",
+        "list_stream_consumers": "stream consumers of a vhost (--vhost)",
+        "list_stream_publishers": "stream publishers of a vhost (--vhost)",
+        "list_stream_consumer_groups": "single-active-consumer groups of a vhost (--vhost)",
+        "list_stream_group_consumers": "the consumers of one group (--stream S --reference R)",
+        "list_stream_tracking": "a stream's writer and offset tracking",
+    }
+    for name, help_text in helps.items():
+        cmd = sub.add_parser(name, help=help_text + " (reads the management API: --management-port)")
+        spec = LISTS[name]
+        if spec.takes_columns:
+            cmd.add_argument("columns", nargs="*", metavar="COLUMN",
+                             help=f"columns (default {' '.join(spec.default)}): {', '.join(sorted(spec.columns))}")
+        cmd.add_argument("--vhost", "-p", default=argparse.SUPPRESS, help="virtual host (default /)")
+        if name == "list_stream_group_consumers":
+            cmd.add_argument("--stream", required=True, help="the stream of the group")
+            cmd.add_argument("--reference", required=True, help="the group's name (the consumer name)")
+        if name == "list_stream_tracking":
+            cmd.add_argument("stream")
+            kinds = cmd.add_mutually_exclusive_group()
+            for kind, what in (("all", "writers and offsets (default)"), ("offset", "stored consumer offsets"),
+                               ("writer", "publishers' last publishing ids (deduplication)")):
+                kinds.add_argument(f"--{kind}", dest="tracking", action="store_const", const=kind, help=what)
+            cmd.set_defaults(tracking="all")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -227,6 +368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     except SystemExit as exc:  # --help / --version printed their output
         return exc.code if isinstance(exc.code, int) else EX_OK
+    if args.command in LISTS:
+        try:
+            return run_listing(args, dict(os.environ))
+        except UsageError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EX_USAGE
+        except (Refused, BadReply) as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return EX_SOFTWARE if isinstance(exc, BadReply) else EX_REFUSED
     context = None
     if args.ssl:
         context = ssl.create_default_context(cafile=args.cacert)

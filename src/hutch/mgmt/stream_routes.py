@@ -3,7 +3,10 @@
 and consumers (RabbitMQ's rabbitmq_stream_management routes: the lists, per vhost, one connection with its
 publishers and consumers, and closing it with DELETE; monitors see all, others their own; administrators
 close any, others their own); and the streams with their stream-protocol publishers and consumers (a
-hutch extension the web UI's streams page reads). Thin handlers over runtime/stream_session
+hutch extension the web UI's streams page reads); the single-active-consumer groups of a vhost and one
+group's members, and a stream's tracking (its publishers' last publishing ids and its consumers' stored
+offsets), which `hutch-streams list_stream_consumer_groups`, `list_stream_group_consumers` and
+`list_stream_tracking` read (hutch extensions: RabbitMQ's CLI asks the node over Erlang distribution). Thin handlers over runtime/stream_session
 (super_streams.py; the node's `StreamHub`, `node.streams`, set while the stream listener runs: every
 read of a stream connection goes through `_stream_connections`), registered in the route table like
 routes.py's (http.py imports this module). Lists take the listing parameters (sort, page, columns).
@@ -256,3 +259,67 @@ async def _list_streams(c: Call) -> Any:
        listing=True, codes=(404,))
 async def _list_vhost_streams(c: Call) -> Any:
     return listing.list_reply(await _stream_rows(c, c.params["vhost"]), c.query)
+
+
+# -- single-active-consumer groups and tracking (hutch-streams' listing commands; hutch) -------------------
+
+
+def _sac_groups(c: Call, vhost: str) -> tuple[Any, set[str]]:
+    """The node's stream hub and the names of the connections whose groups the caller may see
+    (every one for monitors), after checking that `vhost` exists and the caller may read it."""
+    vhost_for_read(c.node, c.principal, vhost)
+    return c.node.streams, {conn.name for conn in _stream_connections(c, vhost)}
+
+
+@route("GET", "/api/stream/consumer-groups/{vhost}", "Single-active-consumer groups of a virtual host: stream, "
+       "reference, partition_index, consumers (hutch-streams list_stream_consumer_groups; hutch)", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
+def _list_consumer_groups(c: Call) -> Any:
+    vhost = c.params["vhost"]
+    hub, visible = _sac_groups(c, vhost)
+    rows = [] if hub is None else [
+        row for row in hub.sac.group_rows(vhost)
+        if c.principal.is_monitor or any(m["connection_name"] in visible for m in
+                                         hub.sac.member_rows((vhost, row["stream"], row["reference"])) or [])]
+    return listing.list_reply(rows, c.query, ("stream", "reference"))
+
+
+@route("GET", "/api/stream/consumer-groups/{vhost}/{stream}/{reference}", "The members of one single-active-"
+       "consumer group: subscription_id, connection_name, state (hutch-streams list_stream_group_consumers; "
+       "hutch)", tag=TAG, reply="Any[]", listing=True, codes=(404,))
+def _list_group_consumers(c: Call) -> Any:
+    vhost = c.params["vhost"]
+    hub, visible = _sac_groups(c, vhost)
+    rows = None if hub is None else hub.sac.member_rows((vhost, c.params["stream"], c.params["reference"]))
+    if rows is None:
+        raise not_found()
+    if not c.principal.is_monitor:
+        rows = [row for row in rows if row["connection_name"] in visible]
+    return listing.list_reply(rows, c.query, ())  # arrival order: who is next in line
+
+
+@route("GET", "/api/stream/tracking/{vhost}/{stream}", "A stream's tracking: each publisher reference's last "
+       "publishing id (type writer) and each consumer's stored offset (type offset), as rows of type, name, "
+       "tracking_value; ?type=offset or writer keeps one kind (hutch-streams list_stream_tracking; needs read access to the stream; hutch)", tag=TAG,
+       reply="Any[]", listing=True, codes=(404,))
+def _list_stream_tracking(c: Call) -> Any:
+    vhost, stream = c.params["vhost"], c.params["stream"]
+    vhost_for_read(c.node, c.principal, vhost)
+    handle = QueueCatalog(c.node).lookup(vhost, stream)
+    if handle is None:
+        raise not_found()
+    require_amqp(c.node, c.principal, vhost, "read", "queue", stream)
+    kind = c.query.get("type", "all")
+    if kind not in ("all", "offset", "writer"):
+        raise bad_request("\"type\" must be all, offset or writer")
+    tracking = handle.tracking
+    rows = [{"type": "writer", "name": _text(ref), "tracking_value": seq}
+            for ref, (_chunk, seq) in sorted(tracking.sequences.items())]
+    rows += [{"type": "offset", "name": _text(ref), "tracking_value": offset}
+             for ref, offset in sorted(tracking.offsets.items())]
+    rows = [row for row in rows if kind in ("all", row["type"])]
+    return listing.list_reply(rows, c.query, ())  # writers, then offsets (as RabbitMQ lists them)
+
+
+def _text(ref: bytes) -> str:
+    return ref.decode("utf-8", "replace")

@@ -141,11 +141,17 @@ class Consuming:
                 end = committed[id(sub.handle)] = sub.handle.committed_offset + 1
             return max(0, end - sub.reader.next_offset)
 
+        def activity(sub: Subscription) -> str:  # RabbitMQ's: up, or single_active / waiting in a group
+            if sub.sac_member is None:
+                return "up"
+            return "single_active" if sub.reader is not None else "waiting"
+
         return [{"subscription_id": s.subscription_id, "stream": s.stream, "credits": s.credit,
                  "offset": s.reader.next_offset if s.reader is not None else None,
                  "offset_lag": lag(s),
                  "messages_consumed": s.records_sent, "chunks_delivered": s.chunks_sent,
-                 "active": s.reader is not None, "properties": dict(s.properties)}
+                 "active": s.reader is not None, "activity_status": activity(s),
+                 "properties": dict(s.properties)}
                 for s in self.subscriptions.values()]
 
     def stream_gone(self, stream: str) -> bool:

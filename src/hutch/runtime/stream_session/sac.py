@@ -98,6 +98,23 @@ class SacGroups:
             return self._activate(chosen) if chosen is not None else []
         return self._rebalance(group)
 
+    def group_rows(self, vhost: str) -> list[dict[str, Any]]:
+        """The groups of `vhost` as RabbitMQ's `list_stream_consumer_groups` shows them, by stream then
+        name: stream, reference (the consumer name), partition_index (-1: not a partition), consumers."""
+        return [{"vhost": v, "stream": stream, "reference": name, "partition_index": group.partition_index,
+                 "consumers": len(group.members)}
+                for (v, stream, name), group in sorted(self.groups.items(), key=lambda kv: kv[0]) if v == vhost]
+
+    def member_rows(self, key: GroupKey) -> list[dict[str, Any]] | None:
+        """The members of one group in arrival order, as RabbitMQ's `list_stream_group_consumers` shows
+        them (subscription_id, connection_name, state: `active (connected)`, `waiting (connected)` or
+        `deactivating (connected)`; a member here is always on a live connection); None: no such group."""
+        group = self.groups.get(key)
+        if group is None:
+            return None
+        return [{"subscription_id": m.subscription_id, "connection_name": getattr(m.owner, "name", None),
+                 "state": f"{m.status.value} (connected)"} for m in group.members]
+
     def stepped_down(self, key: GroupKey, member: Member) -> list[Notify]:
         """The client of a DEACTIVATING member answered its consumer update: activate the chosen one."""
         group = self.groups.get(key)
