@@ -3,7 +3,7 @@ stream created with --partitions, --binding-keys or over HTTP (RabbitMQ's layout
 deleted; refusals and an unreachable listener with their exit codes; stream connections, publishers and
 consumers listed while rstream clients use them; the listing commands (list_stream_connections,
 list_stream_consumers, list_stream_publishers, list_stream_consumer_groups, list_stream_group_consumers,
-list_stream_tracking) reading the management API while rstream clients publish, track offsets and share a
+list_stream_tracking; hutchctl has all but the last, as rabbitmqctl) reading the management API while rstream clients publish, track offsets and share a
 single-active-consumer group."""
 
 from __future__ import annotations
@@ -243,6 +243,10 @@ async def test_listing_commands_show_connections_consumers_groups_and_tracking(s
         names = {r["name"]: r["client_properties"].get("connection_name")  # type: ignore[union-attr]
                  for r in api.get("/api/stream/connections").body}
         assert [names[r["connection_name"]] for r in group] == ["lister-1", "lister-2"]
+        ctl = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--port", str(stream_server.info.management_port),
+                              "--formatter", "json", "list_stream_group_consumers", "--stream", "cli-listed",
+                              "--reference", "billing"], capture_output=True, text=True, timeout=60)
+        assert ctl.returncode == 0 and json.loads(ctl.stdout) == group  # rabbitmqctl has them too
         groups = [r for r in rows(stream_server, "list_stream_consumer_groups") if r["stream"] == "cli-listed"]
         assert groups == [{"stream": "cli-listed", "reference": "billing", "partition_index": -1, "consumers": 2}]
 

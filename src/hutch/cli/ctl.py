@@ -374,6 +374,66 @@ LISTS: dict[str, ListSpec] = {
 }
 
 
+def _connection_name(item: dict[str, Any]) -> Any:
+    details = item.get("connection_details")
+    return details.get("name") if isinstance(details, dict) else None
+
+
+CONSUMER_COLUMNS = ("connection_pid", "subscription_id", "stream", "messages_consumed", "offset", "offset_lag",
+                    "credits", "active", "activity_status", "properties")
+PUBLISHER_COLUMNS = ("connection_pid", "publisher_id", "stream", "reference", "messages_published",
+                     "messages_confirmed", "messages_errored")
+GROUP_COLUMNS = ("stream", "reference", "partition_index", "consumers")
+GROUP_CONSUMER_COLUMNS = ("subscription_id", "connection_name", "state")
+
+
+def _vhost_missing(a: argparse.Namespace) -> str:
+    return f'Virtual host "{a.vhost}" does not exist'
+
+
+# rabbitmqctl's (and rabbitmq-streams') stream-protocol lists, with their column names and defaults; where
+# they show an Erlang pid (connection_pid) hutch shows the connection's name, as for list_consumers
+STREAM_LISTS: dict[str, ListSpec] = {
+    "list_stream_connections": ListSpec(
+        path=lambda a: "/api/stream/connections",
+        columns=_fields("port", "peer_port", "host", "peer_host", "user", "vhost", "subscriptions", "publishers",
+                        "auth_mechanism", "heartbeat", "frame_max", "client_properties", "connected_at", "ssl",
+                        "node") | {"conn_name": lambda i: i.get("name"), "connection_state": lambda i: i.get("state")},
+        default=("conn_name",),
+        banner=lambda a: "Listing stream connections ...",
+    ),
+    "list_stream_consumers": ListSpec(
+        path=lambda a: f"/api/stream/consumers/{seg(a.vhost)}",
+        columns=_fields(*CONSUMER_COLUMNS[1:]) | {"connection_pid": _connection_name},
+        default=CONSUMER_COLUMNS,
+        banner=lambda a: "Listing stream consumers ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_publishers": ListSpec(
+        path=lambda a: f"/api/stream/publishers/{seg(a.vhost)}",
+        columns=_fields(*PUBLISHER_COLUMNS[1:]) | {"connection_pid": _connection_name},
+        default=PUBLISHER_COLUMNS,
+        banner=lambda a: "Listing stream publishers ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_consumer_groups": ListSpec(
+        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}",
+        columns=_fields(*GROUP_COLUMNS),
+        default=GROUP_COLUMNS,
+        banner=lambda a: "Listing stream consumer groups ...",
+        not_found=_vhost_missing,
+    ),
+    "list_stream_group_consumers": ListSpec(
+        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}/{seg(a.stream)}/{seg(a.reference)}",
+        columns=_fields(*GROUP_CONSUMER_COLUMNS),
+        default=GROUP_CONSUMER_COLUMNS,
+        banner=lambda a: "Listing group consumers ...",
+        not_found=lambda a: "The group does not exist",
+    ),
+}
+LISTS.update(STREAM_LISTS)
+
+
 def _columns(command: str, spec: ListSpec, requested: Sequence[str]) -> list[str]:
     columns = [c for item in requested for c in item.split(",") if c]
     if not columns:
@@ -906,6 +966,16 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "list_channels": ("list AMQP channels", [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "list_consumers": ("list the consumers of a vhost (-p)",
                        [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_stream_connections": ("list stream-protocol connections",
+                                [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_stream_consumers": ("list the stream-protocol consumers of a vhost (-p)",
+                              [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_stream_publishers": ("list the stream-protocol publishers of a vhost (-p)",
+                               [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_stream_consumer_groups": ("list the single-active-consumer groups of a vhost (-p)",
+                                    [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
+    "list_stream_group_consumers": ("list the consumers of one group (--stream S --reference R) in a vhost (-p)",
+                                    [("columns", {"metavar": "COLUMN", "nargs": "*"})]),
     "set_parameter": ("set a runtime parameter in a vhost (-p): a shovel or a federation upstream (set)",
                       [("component", {"metavar": "COMPONENT",
                                       "help": "shovel, federation-upstream or federation-upstream-set"}), ("name", {"metavar": "NAME"}),
@@ -946,6 +1016,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--global", dest="glob", action="store_true", help="every vhost or user")
         if name == "list_user_limits":
             cmd.add_argument("--user", default=None, help="the user whose limits to list")
+        if name == "list_stream_group_consumers":
+            cmd.add_argument("--stream", required=True, help="the stream of the group")
+            cmd.add_argument("--reference", required=True, help="the group's name (the consumer name)")
         if name in ("set_policy", "set_operator_policy"):
             cmd.add_argument("--priority", type=int, default=0, help="priority (default 0; highest wins)")
             cmd.add_argument("--apply-to", default="all",

@@ -42,6 +42,7 @@ from .ctl import (
     EX_SOFTWARE,
     EX_UNAVAILABLE,
     EX_USAGE,
+    STREAM_LISTS,
     ApiFailure,
     BadReply,
     Client,
@@ -194,62 +195,9 @@ COMMANDS: dict[str, Callable[[StreamClient, argparse.Namespace], str]] = {
 
 
 # -- listing commands: read the management HTTP API, as hutchctl does ------------------------------------
-def _connection_name(item: dict[str, Any]) -> Any:
-    details = item.get("connection_details")
-    return details.get("name") if isinstance(details, dict) else None
-
-
-CONSUMER_COLUMNS = ("connection_pid", "subscription_id", "stream", "messages_consumed", "offset", "offset_lag",
-                    "credits", "active", "activity_status", "properties")
-PUBLISHER_COLUMNS = ("connection_pid", "publisher_id", "stream", "reference", "messages_published",
-                     "messages_confirmed", "messages_errored")
-GROUP_COLUMNS = ("stream", "reference", "partition_index", "consumers")
-GROUP_CONSUMER_COLUMNS = ("subscription_id", "connection_name", "state")
-
-
-def _vhost_missing(a: argparse.Namespace) -> str:
-    return f'Virtual host "{a.vhost}" does not exist'
-
-
-# rabbitmq-streams' column names; where it shows an Erlang pid (connection_pid) hutch shows the
-# connection's name, as hutchctl does for list_consumers
+# list_stream_tracking is rabbitmq-streams' only; the others are hutchctl's too (rabbitmqctl has them)
 LISTS: dict[str, ListSpec] = {
-    "list_stream_connections": ListSpec(
-        path=lambda a: "/api/stream/connections",
-        columns=_fields("port", "peer_port", "host", "peer_host", "user", "vhost", "subscriptions", "publishers",
-                        "auth_mechanism", "heartbeat", "frame_max", "client_properties", "connected_at", "ssl",
-                        "node") | {"conn_name": lambda i: i.get("name"), "connection_state": lambda i: i.get("state")},
-        default=("conn_name",),
-        banner=lambda a: "Listing stream connections ...",
-    ),
-    "list_stream_consumers": ListSpec(
-        path=lambda a: f"/api/stream/consumers/{seg(a.vhost)}",
-        columns=_fields(*CONSUMER_COLUMNS[1:]) | {"connection_pid": _connection_name},
-        default=CONSUMER_COLUMNS,
-        banner=lambda a: "Listing stream consumers ...",
-        not_found=_vhost_missing,
-    ),
-    "list_stream_publishers": ListSpec(
-        path=lambda a: f"/api/stream/publishers/{seg(a.vhost)}",
-        columns=_fields(*PUBLISHER_COLUMNS[1:]) | {"connection_pid": _connection_name},
-        default=PUBLISHER_COLUMNS,
-        banner=lambda a: "Listing stream publishers ...",
-        not_found=_vhost_missing,
-    ),
-    "list_stream_consumer_groups": ListSpec(
-        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}",
-        columns=_fields(*GROUP_COLUMNS),
-        default=GROUP_COLUMNS,
-        banner=lambda a: "Listing stream consumer groups ...",
-        not_found=_vhost_missing,
-    ),
-    "list_stream_group_consumers": ListSpec(
-        path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}/{seg(a.stream)}/{seg(a.reference)}",
-        columns=_fields(*GROUP_CONSUMER_COLUMNS),
-        default=GROUP_CONSUMER_COLUMNS,
-        banner=lambda a: "Listing group consumers ...",
-        not_found=lambda a: "The group does not exist",
-    ),
+    **STREAM_LISTS,
     "list_stream_tracking": ListSpec(
         path=lambda a: f"/api/stream/tracking/{seg(a.vhost)}/{seg(a.stream)}?type={a.tracking}",
         columns=_fields("type", "name", "tracking_value"),
