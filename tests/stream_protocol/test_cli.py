@@ -262,6 +262,12 @@ async def test_listing_commands_show_connections_consumers_groups_and_tracking(s
         assert tracking[1]["tracking_value"] == 0
         assert [r["type"] for r in rows(stream_server, "list_stream_tracking", "cli-listed", "--writer")] == ["writer"]
         assert [r["type"] for r in rows(stream_server, "list_stream_tracking", "cli-listed", "--offset")] == ["offset"]
+        # the routes behind them: tracking needs read access to the stream, groups show a monitor every one
+        assert api.put("/api/users/cli-watcher", {"password": "w", "tags": "monitoring"}).status in (201, 204)
+        watcher = api.as_user("cli-watcher", "w")
+        assert watcher.get("/api/stream/tracking/%2F/cli-listed").status == 401
+        assert [g["reference"] for g in watcher.get("/api/stream/consumer-groups/%2F").body] == ["billing"]
+        assert api.get("/api/stream/tracking/%2F/cli-listed?type=bogus").status == 400
 
 
 def test_listing_commands_refuse_with_rabbitmq_texts(stream_server: StreamServer) -> None:

@@ -391,6 +391,13 @@ def _vhost_missing(a: argparse.Namespace) -> str:
     return f'Virtual host "{a.vhost}" does not exist'
 
 
+def _stream_clients(what: str, columns: tuple[str, ...]) -> ListSpec:
+    """The stream consumers or publishers of a vhost: `connection_pid` first, all columns by default."""
+    return ListSpec(path=lambda a: f"/api/stream/{what}/{seg(a.vhost)}",
+                    columns=_fields(*columns[1:]) | {"connection_pid": _connection_name}, default=columns,
+                    banner=lambda a: f"Listing stream {what} ...", not_found=_vhost_missing)
+
+
 # rabbitmqctl's (and rabbitmq-streams') stream-protocol lists, with their column names and defaults; where
 # they show an Erlang pid (connection_pid) hutch shows the connection's name, as for list_consumers
 STREAM_LISTS: dict[str, ListSpec] = {
@@ -402,20 +409,8 @@ STREAM_LISTS: dict[str, ListSpec] = {
         default=("conn_name",),
         banner=lambda a: "Listing stream connections ...",
     ),
-    "list_stream_consumers": ListSpec(
-        path=lambda a: f"/api/stream/consumers/{seg(a.vhost)}",
-        columns=_fields(*CONSUMER_COLUMNS[1:]) | {"connection_pid": _connection_name},
-        default=CONSUMER_COLUMNS,
-        banner=lambda a: "Listing stream consumers ...",
-        not_found=_vhost_missing,
-    ),
-    "list_stream_publishers": ListSpec(
-        path=lambda a: f"/api/stream/publishers/{seg(a.vhost)}",
-        columns=_fields(*PUBLISHER_COLUMNS[1:]) | {"connection_pid": _connection_name},
-        default=PUBLISHER_COLUMNS,
-        banner=lambda a: "Listing stream publishers ...",
-        not_found=_vhost_missing,
-    ),
+    "list_stream_consumers": _stream_clients("consumers", CONSUMER_COLUMNS),
+    "list_stream_publishers": _stream_clients("publishers", PUBLISHER_COLUMNS),
     "list_stream_consumer_groups": ListSpec(
         path=lambda a: f"/api/stream/consumer-groups/{seg(a.vhost)}",
         columns=_fields(*GROUP_COLUMNS),
