@@ -64,12 +64,18 @@ def publish_stream_orders(uri: str, count: int, ledger: Ledger | None = None, se
 
 
 def totals_stream(spark: Any, uri: str, stream_port: int, max_per_trigger: int = 5000) -> Any:
-    from pyspark.sql import functions as F
-
     raw = (spark.readStream.format("hutch").option("uri", uri).option("superStream", ORDERS_SUPER_STREAM)
            .option("streamPort", str(stream_port)).option("startingOffsets", "earliest")
            .option("maxOffsetsPerTrigger", str(max_per_trigger)).option("minPartitions", str(PARTITIONS))
            .option("includeHeaders", "false").load())
+    return totals(raw)
+
+
+def totals(raw: Any) -> Any:
+    """The aggregation: orders and cents per (window, region) of the super stream's rows `raw` (a
+    streaming read, or a batch read with `spark.read`)."""
+    from pyspark.sql import functions as F
+
     orders = (raw.select(F.from_json(F.col("value").cast("string"), ORDER_SCHEMA).alias("o")).select("o.*")
               .withColumn("created_at", F.timestamp_millis("created_ms")))
     return (orders.groupBy(F.window("created_at", f"{WINDOW_S} seconds"), "region")

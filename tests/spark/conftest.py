@@ -2,9 +2,10 @@
 
 `spark` is one local Spark session (`local[2]`) for the whole run, with the hutch data source
 registered; Spark starts in ~10 s, so every test shares it. `stream_server` is a session-wide hutch
-process with the stream protocol listener on (port 0), for the stream sink. It *fails* (never skips) when Java or
+process with the stream protocol listener on (port 0), for the stream sink and the stream source's end
+probe; `server` is that process too (tests use unique queue names). It *fails* (never skips) when Java or
 PySpark is missing, so CI cannot go green without running these tests. `server` is the session-wide
-hutch process from tests/conftest.py; tests use unique queue names. `broker` is a pika connection to it.
+`broker` is a pika connection to it.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
-def server(hutch_server: ServerInfo) -> ServerInfo:
-    return hutch_server
+def server(stream_server: ServerInfo) -> ServerInfo:
+    return stream_server  # with the stream listener: a stream read's driver probes the end through it
 
 
 @pytest.fixture

@@ -1,12 +1,13 @@
 """A Spark driver the crash test runs in its own process group and kills with SIGKILL.
 
-    python crash_driver.py <amqp uri> <queue> <out dir> <checkpoint> <run: first|restart> [queue|stream]
+    python crash_driver.py <amqp uri> <queue> <out dir> <checkpoint> <run: first|restart>
+        [queue|stream <stream port>]
 
 It streams the queue (250 messages per micro-batch) into files out/batch-<id>.txt, one body per line,
 written atomically (a replayed batch overwrites its file). In the first run, batch 2 announces itself
 (out/inflight-2) and then waits to be killed in the middle of the batch. The restart runs with
 Trigger.AvailableNow and exits when the queue is drained. With `stream`, <queue> names a stream read by
-offset from `earliest` (250 offsets per micro-batch, 2 read tasks each).
+offset from `earliest` (250 offsets per micro-batch, 2 read tasks each), its end probed on <stream port>.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main() -> None:
 
     if kind == "stream":
         df = (spark.readStream.format("hutch").option("uri", uri).option("stream", queue)
-              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250")
+              .option("streamPort", sys.argv[7]).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", "250")
               .option("minPartitions", "2").load())
     else:
         df = (spark.readStream.format("hutch").option("uri", uri).option("queue", queue)

@@ -29,7 +29,7 @@ def _kill_mid_batch_then_restart(server: ServerInfo, name: str, kind: str, tmp_p
     args = [sys.executable, str(DRIVER), amqp_uri(server.amqp_port), name, str(out), str(ck)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     with open(tmp_path / "first.log", "wb") as log:
-        first = subprocess.Popen([*args, "first", kind], start_new_session=True, env=env,
+        first = subprocess.Popen([*args, "first", kind, str(server.ports.get("stream", 0))], start_new_session=True, env=env,
                                  stdout=subprocess.DEVNULL, stderr=log)
         try:
             assert wait_for((out / "inflight-2").exists, 180), (tmp_path / "first.log").read_text()[-3000:]
@@ -37,7 +37,7 @@ def _kill_mid_batch_then_restart(server: ServerInfo, name: str, kind: str, tmp_p
             os.killpg(first.pid, signal.SIGKILL)
             first.wait(30)
     with open(tmp_path / "restart.log", "wb") as log:
-        restart = subprocess.run([*args, "restart", kind], env=env, stdout=subprocess.DEVNULL, stderr=log,
+        restart = subprocess.run([*args, "restart", kind, str(server.ports.get("stream", 0))], env=env, stdout=subprocess.DEVNULL, stderr=log,
                                  timeout=300)
     assert restart.returncode == 0, (tmp_path / "restart.log").read_text()[-3000:]
     return Counter(line for f in out.glob("batch-*.txt") for line in f.read_text().splitlines())

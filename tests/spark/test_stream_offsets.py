@@ -31,15 +31,17 @@ def stream(broker: Broker) -> str:
     return name
 
 
-def _read_stream(spark: Any, port: int, name: str, **options: Any) -> Any:
-    reader = spark.readStream.format("hutch").option("uri", amqp_uri(port)).option("stream", name)
+def _read_stream(spark: Any, node: ServerInfo, name: str, **options: Any) -> Any:
+    reader = (spark.readStream.format("hutch").option("uri", amqp_uri(node.amqp_port)).option("stream", name)
+              .option("streamPort", node.ports["stream"]))
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
 
 
-def _read_batch(spark: Any, port: int, name: str, **options: Any) -> Any:
-    reader = spark.read.format("hutch").option("uri", amqp_uri(port)).option("stream", name)
+def _read_batch(spark: Any, node: ServerInfo, name: str, **options: Any) -> Any:
+    reader = (spark.read.format("hutch").option("uri", amqp_uri(node.amqp_port)).option("stream", name)
+              .option("streamPort", node.ports["stream"]))
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
@@ -60,7 +62,7 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     n = 1200
     bodies = broker.publish(stream, n)
     out = tmp_path / "out"
-    df = _read_stream(spark, server.amqp_port, stream, startingOffsets="earliest", maxOffsetsPerTrigger=500,
+    df = _read_stream(spark, server, stream, startingOffsets="earliest", maxOffsetsPerTrigger=500,
                       minPartitions=2)
     run_available_now(df, out, tmp_path / "ck")
     rows = _rows(spark, out).selectExpr("key", "cast(value as string) v", "stream", "partition", "offset",
@@ -72,7 +74,7 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     assert all("x-stream-offset" not in (r.headers or {}) for r in rows)
     # More data, same checkpoint: the restarted query reads only the new offsets.
     broker.publish(stream, 300, start=n)
-    run_available_now(_read_stream(spark, server.amqp_port, stream, startingOffsets="earliest"), out,
+    run_available_now(_read_stream(spark, server, stream, startingOffsets="earliest"), out,
                        tmp_path / "ck")
     assert _offsets(spark, out) == list(range(n + 300))
 
@@ -93,7 +95,7 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
         (out / f"batch-{batch_id}.txt").write_text("".join(f"{o}\n" for o in offsets))
 
     def run() -> Any:
-        df = _read_stream(spark, server.amqp_port, stream, startingOffsets="earliest", maxOffsetsPerTrigger=300)
+        df = _read_stream(spark, server, stream, startingOffsets="earliest", maxOffsetsPerTrigger=300)
         q = (df.writeStream.foreachBatch(write).option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
         try:
@@ -122,7 +124,7 @@ def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stre
     got = {}
     for name, opts in cases.items():
         out = tmp_path / name / "out"
-        run_available_now(_read_stream(spark, server.amqp_port, stream, **opts), out, tmp_path / name / "ck")
+        run_available_now(_read_stream(spark, server, stream, **opts), out, tmp_path / name / "ck")
         got[name] = _offsets(spark, out)
     assert got["offset"] == list(range(120, 150))
     assert got["ts"] == list(range(100, 150))
@@ -132,25 +134,25 @@ def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stre
 def test_batch_read_of_an_offset_range_in_parallel(spark: Any, server: ServerInfo, broker: Broker,
                                                    stream: str) -> None:
     broker.publish(stream, 500)
-    df = _read_batch(spark, server.amqp_port, stream, startingOffsets='{"0": 100}',
+    df = _read_batch(spark, server, stream, startingOffsets='{"0": 100}',
                      endingOffsets='{"0": 400}', minPartitions=3)
     assert df.rdd.getNumPartitions() == 3
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(100, 400))
-    everything = _read_batch(spark, server.amqp_port, stream)
+    everything = _read_batch(spark, server, stream)
     assert everything.count() == 500 and everything.select("offset").distinct().count() == 500
 
 
 def test_a_queue_name_with_the_stream_option_is_refused(spark: Any, server: ServerInfo, broker: Broker) -> None:
     q = broker.declare()
     with pytest.raises(Exception, match="is not a stream"):
-        _read_batch(spark, server.amqp_port, q).collect()
+        _read_batch(spark, server, q).collect()
     with pytest.raises(Exception, match="does not exist"):
-        _read_batch(spark, server.amqp_port, unique("missing")).collect()
+        _read_batch(spark, server, unique("missing")).collect()
 
 
 @pytest.fixture
 def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    info = start_server(tmp_path_factory.mktemp("hutch-st"))
+    info = start_server(tmp_path_factory.mktemp("hutch-st"), "--stream-port", "0")
     yield info
     info.stop()
 
@@ -168,12 +170,12 @@ def _publish(port: int, name: str, n: int, start: int = 0, body_size: int = 0,
 
 def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_path: Path) -> None:
     node_dir = tmp_path / "node"
-    node = start_server(node_dir)
+    node = start_server(node_dir, "--stream-port", "0")
     try:
         name = unique("st")
         _publish(node.amqp_port, name, 800, arguments={"x-queue-type": "stream"})
         out = tmp_path / "out"
-        df = _read_stream(spark, node.amqp_port, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
+        df = _read_stream(spark, node, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
         query = (df.writeStream.format("parquet").option("path", str(out))
                  .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="300 milliseconds")
                  .start())
@@ -181,12 +183,12 @@ def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_p
         while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
             time.sleep(0.1)
         node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
-        node = start_server(node_dir)  # back, on new ports
+        node = start_server(node_dir, "--stream-port", "0")  # back, on new ports
         with pytest.raises(Exception, match=f"hutch source \\(stream '{name}'\\)"):
             query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
         query.stop()
         _publish(node.amqp_port, name, 200, start=800)
-        run_available_now(_read_stream(spark, node.amqp_port, name, startingOffsets="earliest"), out,
+        run_available_now(_read_stream(spark, node, name, startingOffsets="earliest"), out,
                            tmp_path / "ck")
         assert _offsets(spark, out) == list(range(1000))
     finally:
@@ -199,15 +201,15 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: Serv
     port = own_server.amqp_port
     _publish(port, name, 20, body_size=100, arguments=args)
     out = tmp_path / "out"
-    run_available_now(_read_stream(spark, port, name, startingOffsets="earliest"), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, own_server, name, startingOffsets="earliest"), out, tmp_path / "ck")
     assert _offsets(spark, out) == list(range(20))
     for i in range(20, 2000, 20):  # many chunks and segments: retention removes the oldest
         _publish(port, name, 20, start=i, body_size=100)
-    first = _read_batch(spark, port, name).agg({"offset": "min"}).collect()[0][0]
+    first = _read_batch(spark, own_server, name).agg({"offset": "min"}).collect()[0][0]
     assert first > 20
     with pytest.raises(Exception, match="no longer in the stream"):
-        run_available_now(_read_stream(spark, port, name), out, tmp_path / "ck")
-    run_available_now(_read_stream(spark, port, name, failOnDataLoss="false"), out, tmp_path / "ck")
+        run_available_now(_read_stream(spark, own_server, name), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, own_server, name, failOnDataLoss="false"), out, tmp_path / "ck")
     got = _offsets(spark, out)
     assert got[:20] == list(range(20)) and got[20] >= first  # retention may have moved on since
     assert got[20:] == list(range(got[20], 2000))
@@ -216,7 +218,7 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: Serv
 def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, broker: Broker, stream: str) -> None:
     broker.ch.basic_publish("", stream, b"x", pika.BasicProperties(timestamp=1_700_000_000))
     broker.ch.basic_publish("", stream, b"y")
-    rows = _read_batch(spark, server.amqp_port, stream).orderBy("offset").collect()
+    rows = _read_batch(spark, server, stream).orderBy("offset").collect()
     assert [r.value for r in rows] == [b"x", b"y"]
     assert rows[0].timestamp.timestamp() == 1_700_000_000 and rows[1].timestamp is None
 
@@ -239,3 +241,46 @@ def test_a_read_task_whose_range_retention_removed_after_planning(own_server: Se
     lenient = stream_read_options({"uri": amqp_uri(port), "stream": name, "failOnDataLoss": "false"}, True)
     offsets = [o for rb in read_range(lenient, part) for o in rb.column("offset").to_pylist()]
     assert offsets and offsets[0] > 20 and offsets == list(range(offsets[0], 2000))
+
+
+def test_the_end_probe_is_exact(server: ServerInfo, broker: Broker, stream: str,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    """No Spark session: the driver's end probe (what Trigger.AvailableNow reads up to) through the stream
+    protocol is one past the last committed message, whatever the last chunk holds: here chunks of 5,000
+    messages, sent as whole frames (the AMQP probe, which waits 50 ms for the rest of the last chunk,
+    once ended an AvailableNow read at 59,256 of 60,000 rows under load). With nothing listening on
+    streamPort the probe falls back to AMQP, with a warning, and never goes past the end."""
+    from conftest import free_port
+    from hutch.amqp.spec import BasicProperties
+    from hutch.amqp.uri import parse_uri
+    from hutch.core.message import Message
+    from hutch.queues.stream.amqp10 import from_091
+    from hutch.spark.options import stream_read_options
+    from hutch.spark.stream_source import Probe
+    from hutch.spark.streamclient import StreamClient
+
+    def probe(stream_port: int) -> Probe:
+        return Probe(stream_read_options({"uri": amqp_uri(server.amqp_port), "stream": stream,
+                                          "streamPort": str(stream_port)}, True))
+
+    assert probe(server.ports["stream"]).end() is None  # empty
+    client = StreamClient(parse_uri(amqp_uri(server.ports["stream"]))).connect()
+    try:
+        client.declare_publisher(1, "", stream)
+        sent = 0
+        for _ in range(4):
+            body = [(sent + i, from_091(Message("", stream, BasicProperties(), b"m%07d" % (sent + i))))
+                    for i in range(5000)]
+            client.publish(1, body)
+            sent += len(body)
+            client.wait_confirms(0)
+            assert probe(server.ports["stream"]).end() == sent
+    finally:
+        client.close()
+    broker.publish(stream, 3, start=sent)  # and small chunks from AMQP after them
+    assert probe(server.ports["stream"]).end() == sent + 3
+    assert "falls back" not in caplog.text and "exact end probe failed" not in caplog.text
+    with caplog.at_level("WARNING", logger="hutch.spark"):
+        fallback = probe(free_port()).end()
+    assert fallback is not None and 0 < fallback <= sent + 3
+    assert "falls back to AMQP" in caplog.text

@@ -83,7 +83,8 @@ def test_replayed_micro_batch_after_a_failure_mid_publish_is_stored_once(
 
     def run() -> Exception | None:
         df = (spark.readStream.format("hutch").option("uri", amqp_uri(stream_server.amqp_port))
-              .option("stream", src).option("startingOffsets", "earliest").load()
+              .option("stream", src).option("streamPort", str(stream_server.ports["stream"]))
+              .option("startingOffsets", "earliest").load()
               .selectExpr("cast(value as string) as value").select(fail_once("value").alias("value"))
               .coalesce(1))
         query = (df.writeStream.format("hutch").option("uri", amqp_uri(stream_server.amqp_port))

@@ -50,7 +50,7 @@ def test_super_stream_read_options() -> None:
     ({"superStream": "o", "stream": "s"}, "exclude each other"),
     ({"superStream": "o", "queue": "q"}, "unknown option.*queue"),
     ({"superStream": "o", "startingOffsets": '{"o": {"x": 1}}'}, "JSON map of partition index"),
-    ({"stream": "s", "streamPort": "5552"}, "'streamPort' is for reads of a 'superStream'"),
+    ({"stream": "s", "streamPort": "70000"}, "between 1 and 65535"),
 ])
 def test_super_stream_read_option_errors(options: dict[str, str], fragment: str) -> None:
     with pytest.raises(HutchOptionError, match=fragment):

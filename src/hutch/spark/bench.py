@@ -176,13 +176,14 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int,
-                stream_partitions: int = 0) -> tuple[float, dict[str, float], int]:
+                stream_partitions: int = 0, stream_port: int = 5552) -> tuple[float, dict[str, float], int]:
     """A Trigger.AvailableNow query from the queue (or, with `stream_partitions`, from the stream of that
     name read by offset in that many tasks per batch) into a sink; (rows/s, durations, batches)."""
     ck = work / f"ck-{sink}-{time.monotonic_ns()}"
     reader = spark.readStream.format("hutch").option("uri", uri)
     if stream_partitions:
-        reader = (reader.option("stream", queue).option("startingOffsets", "earliest")
+        reader = (reader.option("stream", queue).option("streamPort", str(stream_port))
+                  .option("startingOffsets", "earliest")
                   .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(stream_partitions)))
     else:
         reader = (reader.option("queue", queue).option("maxMessagesPerTrigger", str(per_trigger))
@@ -309,7 +310,8 @@ def main() -> None:
             for sink in ("memory", "parquet"):
                 for tasks in (1, 2, 4):
                     def by_offset(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int]:
-                        return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks)
+                        return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks,
+                                           stream_port)
                     rate, durations, batches = _best(args.repeat, by_offset)
                     parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
                     print(f"stream -> {sink} sink, {tasks} task(s) per batch: {rate:,.0f} msg/s ({batches} "

@@ -199,11 +199,12 @@ class StreamReadOptions:
     poll_timeout_ms: int = 100  # how long the driver's probes wait for a first delivery
     read_timeout_ms: int = 60_000  # how long a read task waits for the next delivery of its range
     include_headers: bool = True
-    # A super stream read: its name (then `stream` is "" here and set per partition by the reader), the
-    # stream protocol port the driver asks for its partitions, and positions given per partition index
-    # (a JSON map; the partitions it leaves out take `starting` / `ending`).
-    super_stream: str | None = None
+    # The stream protocol port the driver asks for a stream's exact end and a super stream's partitions.
     stream_port: int = 5552
+    # A super stream read: its name (then `stream` is "" here and set per partition by the reader) and
+    # positions given per partition index (a JSON map; the partitions it leaves out take `starting` /
+    # `ending`).
+    super_stream: str | None = None
     starting_by_partition: tuple[tuple[int, Position], ...] = ()
     ending_by_partition: tuple[tuple[int, Position], ...] = ()
 
@@ -302,9 +303,6 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
     super_stream = opts.get("superstream")
     if super_stream is not None:
         return _super_stream_read_options(opts, str(super_stream), streaming)
-    if "streamport" in opts:
-        raise HutchOptionError("option 'streamPort' is for reads of a 'superStream' (the driver asks the "
-                               "stream protocol for its partitions)")
     stream = str(opts.get("stream") or "")
     if not stream:
         raise HutchOptionError("option 'stream' is required: the name of the stream to read")
@@ -343,6 +341,7 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
         read_timeout_ms=_int(opts, "readtimeoutms", "readTimeoutMs", StreamReadOptions.read_timeout_ms,
                              1, 3_600_000),
         include_headers=_bool(opts, "includeheaders", "includeHeaders", StreamReadOptions.include_headers),
+        stream_port=_int(opts, "streamport", "streamPort", STREAM_TLS_PORT if uri.tls else STREAM_PORT, 1, 65535),
     )
 
 

@@ -3,7 +3,8 @@
 Owns: `HutchStreamOffsetReader` (a partitioned `DataSourceStreamReader` with admission control and
 Trigger.AvailableNow), `HutchStreamBatchReader` (`spark.read` of an offset or time range), the range
 planning (`split_range`; `admit` for minOffsetsPerTrigger/maxTriggerDelay), the driver's probes of a
-stream (`Probe`: its first and last message, the offset at a timestamp) and the read of one range by an
+stream (`Probe`: its first message, its exact committed end through the stream protocol, the offset at a
+timestamp) and the read of one range by an
 executor (`read_range`).
 
 Where the code runs:
@@ -38,9 +39,12 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from hutch.streamproto.codes import Code
+
 from .client import AmqpClient, ClientClosed
 from .options import EARLIEST, LATEST, OFFSET, TIMESTAMP, Position, StreamReadOptions
 from .schema import stream_offset, to_stream_record_batch
+from .streamclient import StreamClient, StreamClientError
 
 try:
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -51,6 +55,7 @@ log = logging.getLogger("hutch.spark")
 
 ROWS_PER_RECORD_BATCH = 10_000
 PROBE_PREFETCH = 4096  # the last chunk's messages come at most this many at a time (acks are credit)
+END_CHUNK_WAIT_S = 5.0  # the end probe's wait for the last chunk (it has one: the stream's stats said so)
 
 
 class HutchStreamReadError(RuntimeError):
@@ -165,7 +170,30 @@ class Probe:
         return found[0] if found else None
 
     def end(self) -> int | None:
-        """One past the offset of the stream's last message (None: no message)."""
+        """One past the offset of the stream's last committed message (None: no message). Exact through
+        the stream protocol (`StreamClient.committed_end`); a broker without the stream listener (or
+        without StreamStats) gets the AMQP probe, which may stop short in the last chunk under load."""
+        opts = self.opts
+        client = StreamClient(replace(opts.uri, port=opts.stream_port), f"hutch-spark end {opts.stream}",
+                              timeout_s=opts.read_timeout_ms / 1000)
+        try:
+            client.connect()
+        except StreamClientError as exc:
+            log.warning("hutch source (stream %r): the end probe falls back to AMQP, which can stop short of "
+                        "the end under load: %s", opts.stream, exc)
+            return self._amqp_end()
+        try:
+            return client.committed_end(opts.stream, max(opts.poll_timeout_ms / 1000, END_CHUNK_WAIT_S))
+        except StreamClientError as exc:
+            # a missing stream or a refusal: the AMQP path names the error as the rest of the source does
+            if exc.code not in (Code.STREAM_DOES_NOT_EXIST, Code.ACCESS_REFUSED):
+                    log.warning("hutch source (stream %r): the exact end probe failed (%s); probing over AMQP",
+                            opts.stream, exc)
+            return self._amqp_end()
+        finally:
+            client.close()
+
+    def _amqp_end(self) -> int | None:
         found = self._offsets("last", PROBE_PREFETCH, True)
         return max(found) + 1 if found else None
 

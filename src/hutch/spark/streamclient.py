@@ -3,7 +3,7 @@
 Owns: `StreamClient` - one TCP (or TLS) connection speaking RabbitMQ's stream protocol through the pure
 codec in `hutch.streamproto` - and `StreamClientError`. It does what the sink needs and nothing else:
 the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and creating
-one, for the benchmark), declaring a
+one, for the benchmark), the exact end of a stream (`committed_end`, for the source's driver), declaring a
 publisher with a reference (the broker's deduplication key), pipelined publishes with confirms, and
 the close handshake.
 
@@ -31,16 +31,19 @@ import time
 from collections.abc import Iterable
 
 from hutch.amqp.uri import AmqpUri
+from hutch.queues.stream.chunk import decode_header
 from hutch.streamproto import commands as c
-from hutch.streamproto.codes import DEFAULT_FRAME_MAX, INITIAL_FRAME_MAX, Code
+from hutch.streamproto.codes import DEFAULT_FRAME_MAX, INITIAL_FRAME_MAX, Code, OffsetType
 from hutch.streamproto.errors import FrameError
 from hutch.streamproto.framer import FrameReader
+from hutch.streamproto.wire import OffsetSpec
 
 from .tlssock import TlsSocket
 
 RECV_BYTES = 262_144
 PUBLISH_FRAME_OVERHEAD = 4 + 4 + 1 + 4  # size, key + version, publisher id, count
 ENTRY_OVERHEAD = 8 + 4  # publishing id, size
+PROBE_SUBSCRIPTION = 0  # the one subscription a client opens (committed_end)
 CLIENT_PROPERTIES = {"product": "hutch-spark", "information": "hutch's PySpark data source (stream sink)"}
 
 
@@ -74,6 +77,7 @@ class StreamClient:
         self._tune: c.Tune | None = None
         self._waiting: tuple[int, int] = (0, 0)  # (request key, correlation id) of the RPC in progress
         self._reply: c.Command | None = None
+        self._chunk: bytes | None = None  # the first chunk delivered to the end probe's subscription
         # publisher id -> publishing ids sent and not yet confirmed; errors (id, code) per publisher
         self.unconfirmed: dict[int, set[int]] = {}
         self.errors: dict[int, list[tuple[int, int]]] = {}
@@ -134,6 +138,30 @@ class StreamClient:
                             arguments: dict[str, str] | None = None) -> None:
         """Create a super stream and its partition streams (the benchmark's and examples' set-up)."""
         self._rpc(c.CreateSuperStream(self._next(), name, partitions, binding_keys, arguments or {}))
+
+    def committed_end(self, stream: str, wait_s: float) -> int | None:
+        """One past the last record of the stream's last committed user chunk: where a reader that started
+        now finds the end (None: the stream holds no committed chunk). Exact: the stream's stats say
+        whether it has a committed chunk, and a one-credit subscription at `last` (osiris's last user
+        chunk) delivers that chunk whole, its header giving its first offset and record count. Raises
+        StreamClientError when no chunk comes within `wait_s` (a stream of tracking chunks only)."""
+        stats = self._rpc(c.StreamStats(self._next(), stream))
+        assert isinstance(stats, c.StreamStatsResponse)
+        if stats.stats.get("committed_chunk_id", -1) < 0:
+            return None
+        self._chunk = None
+        self._rpc(c.Subscribe(self._next(), PROBE_SUBSCRIPTION, stream, OffsetSpec(OffsetType.LAST), 1))
+        deadline = time.monotonic() + wait_s
+        try:
+            while self._chunk is None:
+                self._read_some(deadline)
+        finally:
+            self._rpc(c.Unsubscribe(self._next(), PROBE_SUBSCRIPTION))
+        try:
+            header = decode_header(self._chunk)
+        except ValueError as exc:
+            raise StreamClientError(f"{self.where}: bad chunk from the broker: {exc}") from None
+        return header.next_offset
 
     def declare_publisher(self, publisher_id: int, reference: str, stream: str) -> None:
         self._rpc(c.DeclarePublisher(self._next(), publisher_id, reference, stream))
@@ -262,6 +290,9 @@ class StreamClient:
             if pending is not None:
                 pending.difference_update(pid for pid, _ in cmd.errors)
             self.errors.setdefault(cmd.publisher_id, []).extend(cmd.errors)
+        elif isinstance(cmd, c.Deliver):
+            if cmd.subscription_id == PROBE_SUBSCRIPTION and self._chunk is None:
+                self._chunk = cmd.chunk
         elif isinstance(cmd, c.Heartbeat):
             self._send(c.encode(c.Heartbeat()))
         elif isinstance(cmd, c.Tune):
