@@ -9,6 +9,7 @@ Connections are pinned to a worker through `workers.own_ports` (tests/workers/te
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -132,4 +133,33 @@ def test_deleting_a_user_closes_its_connection_in_the_other_worker(node: ServerI
         assert closed.value.reply_code == 320 and "gather-bob" in closed.value.reply_text
     finally:
         if conn.is_open:
+            conn.close()
+
+
+def metrics(info: ServerInfo, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(info.mgmt_url + path, timeout=30) as reply:
+        text: str = reply.read().decode()
+        return text
+
+
+def test_one_node_name_to_everyone_outside(node: ServerInfo) -> None:
+    """The overview, its listeners and contexts, /api/nodes, a vhost's cluster_state, hutchctl status,
+    /metrics and the AMQP server properties of either worker name the node, never `<node>#w<N>`."""
+    api = Api(node.mgmt_url)
+    overview = api.ok("/api/overview")
+    assert overview["node"] == NODE and overview["cluster_name"] == NODE
+    assert {entry["node"] for entry in overview["listeners"] + overview["contexts"]} == {NODE}
+    assert [n["name"] for n in api.ok("/api/nodes")] == [NODE]  # the workers are not nodes
+    assert api.ok(f"/api/nodes/{quote(NODE, safe='')}")["running"] is True
+    assert api.get(f"/api/nodes/{quote(NODE + '#w1', safe='')}").status == 404
+    assert api.ok("/api/vhosts/%2F")["cluster_state"] == {NODE: "running"}
+    proc = run_ctl(node, "status")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"Status of node {NODE} ...\nNode: {NODE}\n")
+    assert f'rabbitmq_node="{NODE}"' in metrics(node)
+    for w in (0, 1):
+        conn = pinned(node, w, f"name-w{w}")
+        try:
+            assert conn._impl.server_properties["cluster_name"] == NODE
+        finally:
             conn.close()

@@ -473,7 +473,7 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
         ("prometheus_plugin_version", __version__), ("prometheus_client_version", __version__),
         ("python_version", platform.python_version()))))
     out.one(IDENTITY_INFO, 1, _labels((
-        ("rabbitmq_node", node.name), ("rabbitmq_cluster", node.config.cluster_name),
+        ("rabbitmq_node", node.public_name), ("rabbitmq_cluster", node.config.cluster_name),
         ("rabbitmq_endpoint", endpoint))))
 
     _global(out, node, ch_rows, consumers, _stream_protocol(node))

@@ -54,6 +54,7 @@ from hutch.runtime.ports import (
     SessionConnection,
 )
 from hutch.runtime.tls import NodeTls
+from hutch.runtime.workers.spec import public_name
 
 if TYPE_CHECKING:
     from hutch.core.message import Message
@@ -69,7 +70,7 @@ class Node:
                  store: DefinitionStore | None = None, monitor_resources: bool = True,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
-        self.name = config.node_name
+        self.name = config.node_name  # the cluster member's name (a worker's is `<node>#w<N>`)
         self.clock = clock
         self.store = store
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
@@ -406,6 +407,12 @@ class Node:
         self.perm_epoch += 1
         limits.prune(self)
         self._record(ops_.SetAuth(self.auth.to_dict()))
+
+    @property
+    def public_name(self) -> str:
+        """The node's name as clients, the management API, /metrics and hutchctl see it (the node's
+        for a worker of a node of workers: runtime/workers/spec.py's `public_name`)."""
+        return public_name(self.config)
 
     def set_cluster_name(self, name: str) -> None:
         """PUT /api/cluster-name: the running node's name for its cluster, saved (and replicated)."""
