@@ -206,3 +206,23 @@ def test_metrics_count_the_connections_and_channels_of_both_workers(node: Server
         for conn in conns.values():
             if conn.is_open:
                 conn.close()
+
+
+def test_deleting_a_vhost_closes_its_connection_in_the_other_worker(node: ServerInfo) -> None:
+    """The vhost is deleted through worker 0's API; worker 1 applies the replicated deletion and closes
+    its connection to the vhost with 320, as RabbitMQ closes them on every node."""
+    api = Api(node.mgmt_url)
+    assert api.put("/api/vhosts/gather-vh").status == 201
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], virtual_host="gather-vh"))
+    try:
+        assert api.call("DELETE", "/api/vhosts/gather-vh").status == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=10)
+            conn.channel()
+        assert closed.value.reply_code == 320
+    finally:
+        if conn.is_open:
+            conn.close()

@@ -283,8 +283,8 @@ class Node:
         self.auth = AuthStore.from_dict(op.auth)
         names = {v.name for v in self.auth.list_vhosts()}
         for name in list(self.vhosts):
-            if name not in names:
-                del self.vhosts[name]
+            if name not in names:  # deleted on another member (or worker): its connections here go too
+                self._close_vhost_connections(self.vhosts.pop(name))
         for name in names:
             self.vhosts.setdefault(name, VirtualHost(name))
         self.perm_epoch += 1
@@ -439,13 +439,17 @@ class Node:
         parameters.forget_vhost(self, name)
         self.auth.delete_vhost(name)
         vhost = self.vhosts.pop(name, None)
-        for conn in list(self.connections):
-            if conn.vhost_obj is vhost:
-                conn.close_forced("vhost deleted")
         if vhost is not None:
+            self._close_vhost_connections(vhost)
             for q in list(vhost.queues.values()):
                 self.delete_queue(vhost, q)
         self.permissions_changed()
+
+    def _close_vhost_connections(self, vhost: VirtualHost) -> None:
+        """A deleted vhost's connections are closed (320 CONNECTION_FORCED, as RabbitMQ on every node)."""
+        for conn in list(self.connections):
+            if conn.vhost_obj is vhost:
+                conn.close_forced("vhost deleted")
 
     def channel_closed(self, ch: ChannelPort) -> None:
         """Fold a closing channel's stat_* counters into `closed_channel_stats` (called once)."""
