@@ -33,6 +33,7 @@ Usage: python benchmarks/mgmt_api.py listing --amqp-port 5699 --mgmt-port 15699 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 import os
@@ -151,7 +152,8 @@ def cycle(queues: int, repeat: int) -> None:
         return json.dumps(reply, default=str).encode()
 
     def metrics() -> bytes:
-        return prometheus.render(node, "default", node.wall_ms()).encode()
+        assert node.agent is not None
+        return prometheus.render(node, "default", node.wall_ms(), asyncio.run(node.agent.metric_samples())).encode()
 
     total = 0.0
     print(f"one scrape cycle in process, {queues} queues (CPU time, median of {repeat})")

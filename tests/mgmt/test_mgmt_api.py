@@ -6,6 +6,7 @@ session node and use unique names.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import sys
 import pika
 import pika.exceptions
 import pytest
+from tests.conftest import TEST_WORKERS_ENV
 
 from .helpers import Api, connect, seg, unique, wait_for
 
@@ -140,8 +142,11 @@ def test_vhosts_and_url_encoding(fresh_mgmt, fresh_api: Api):
     v = api.ok("/api/vhosts/a%2Fb")
     assert (v["name"], v["description"], v["tags"], v["default_queue_type"]) == ("a/b", "again", ["z"], "classic")
     assert api.put("/api/vhosts/q", {"default_queue_type": "stream"}).status == 400
-    refused = api.put("/api/vhosts/q", {"default_queue_type": "quorum"})  # this node is not clustered
-    assert refused.status == 400 and "quorum queues need a clustered node" in refused.body["reason"]
+    quorum = api.put("/api/vhosts/q", {"default_queue_type": "quorum"})
+    if os.environ.get(TEST_WORKERS_ENV):  # a node of workers is their cluster: its quorum members are workers
+        assert quorum.status == 201 and api.delete("/api/vhosts/q").status == 204
+    else:  # this node is not clustered
+        assert quorum.status == 400 and "quorum queues need a clustered node" in quorum.body["reason"]
     assert [v["name"] for v in api.ok("/api/vhosts")] == ["/", "a/b"]
 
     # the creator of a vhost gets full permissions on it (RabbitMQ does the same); without a

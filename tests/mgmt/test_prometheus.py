@@ -6,6 +6,7 @@ Tests on the shared node use unique names and assert on their own objects or on 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import time
@@ -473,8 +474,10 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
     for i in range(10_000):
         q = node.declare_queue(vhost, f"q-{i}", False, False, False, {}, None)
         q.publish(Message("", q.name, BasicProperties(), b"x" * 10))
+    assert node.agent is not None
+    clients = asyncio.run(node.agent.metric_samples())
     for registry in ("default", "per-object"):
-        text = prometheus.render(node, registry, node.wall_ms())
+        text = prometheus.render(node, registry, node.wall_ms(), clients)
         fams = parse(text)
         assert value(fams, "rabbitmq_queues") == 10_000
         if registry == "per-object":

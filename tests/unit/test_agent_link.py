@@ -154,7 +154,8 @@ def test_the_answerer_refuses_anything_but_an_agent_method_with_its_arguments(me
         asyncio.run(cluster.call("node#w1", cm.AgentQuery(method, args)))
     assert held.closed == [] and held.asked == []
     assert set(METHODS) == {"counts", "connections", "channels", "channel", "consumers", "queues", "queue_details",
-                            "samples", "purge_queue", "delete_queue", "close_connection", "close_user_connections"}
+                            "samples", "metric_samples", "purge_queue", "delete_queue", "close_connection",
+                            "close_user_connections"}
 
 
 def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_once() -> None:

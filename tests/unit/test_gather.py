@@ -14,7 +14,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hutch.runtime.gather import GatheringAgent, merge_counts, merge_lists, merge_samples, renamed
+from hutch.core.counters import CHANNEL_METRIC_FIELDS
+from hutch.runtime.gather import (
+    GatheringAgent,
+    merge_counts,
+    merge_lists,
+    merge_metric_samples,
+    merge_samples,
+    renamed,
+)
 
 NODE = "rabbit@host"
 
@@ -222,3 +230,24 @@ def test_the_statistics_samples_of_n_agents_are_those_of_one_holding_everything(
     assert merged["closed"] == [sum(a["closed"][i] for a in answers) for i in range(11)]
     for key in ("connections_opened", "queues_created"):
         assert merged["churn"].get(key, 0) == sum(a["churn"].get(key, 0) for a in answers)
+
+
+metric_samples_of_one_agent = st.fixed_dictionaries({
+    "connections": st.lists(st.integers(0, 99).map(lambda i: [f"c{i}", i, i, i % 3]), max_size=3),
+    "channels": st.lists(st.integers(0, 99).map(lambda i: [f"c{i} (1)", "/", [i] * len(CHANNEL_METRIC_FIELDS)]),
+                         max_size=3),
+    "closed": st.dictionaries(st.sampled_from(["stat_publish", "stat_routed", "stat_ack"]), st.integers(0, 9)),
+    "churn": st.dictionaries(st.sampled_from(["connections_opened", "channels_closed"]), st.integers(0, 9)),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(metric_samples_of_one_agent, min_size=1, max_size=4))
+def test_the_prometheus_samples_of_n_agents_are_those_of_one_holding_everything(answers):
+    merged = merge_metric_samples(answers)
+    for kind in ("connections", "channels"):
+        assert merged[kind] == [row for a in answers for row in a[kind]]
+    for kind, keys in (("closed", ("stat_publish", "stat_routed", "stat_ack")),
+                       ("churn", ("connections_opened", "channels_closed"))):
+        for key in keys:
+            assert merged[kind].get(key, 0) == sum(a[kind].get(key, 0) for a in answers)

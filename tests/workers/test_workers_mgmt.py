@@ -8,7 +8,9 @@ Connections are pinned to a worker through `workers.own_ports` (tests/workers/te
 
 from __future__ import annotations
 
+import base64
 import json
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -130,6 +132,97 @@ def test_deleting_a_user_closes_its_connection_in_the_other_worker(node: ServerI
             conn.process_data_events(time_limit=10)
             conn.channel()
         assert closed.value.reply_code == 320 and "gather-bob" in closed.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def metrics(info: ServerInfo, path: str = "/metrics") -> str:
+    """A Prometheus body (with guest's login: /metrics/per-object needs a monitoring user)."""
+    login = base64.b64encode(b"guest:guest").decode()
+    request = urllib.request.Request(info.mgmt_url + path, headers={"Authorization": f"Basic {login}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        text: str = reply.read().decode()
+        return text
+
+
+def test_one_node_name_to_everyone_outside(node: ServerInfo) -> None:
+    """The overview, its listeners and contexts, /api/nodes, a vhost's cluster_state, hutchctl status,
+    /metrics and the AMQP server properties of either worker name the node, never `<node>#w<N>`."""
+    api = Api(node.mgmt_url)
+    overview = api.ok("/api/overview")
+    assert overview["node"] == NODE and overview["cluster_name"] == NODE
+    assert {entry["node"] for entry in overview["listeners"] + overview["contexts"]} == {NODE}
+    assert [n["name"] for n in api.ok("/api/nodes")] == [NODE]  # the workers are not nodes
+    assert api.ok(f"/api/nodes/{quote(NODE, safe='')}")["running"] is True
+    assert api.get(f"/api/nodes/{quote(NODE + '#w1', safe='')}").status == 404
+    assert api.ok("/api/vhosts/%2F")["cluster_state"] == {NODE: "running"}
+    proc = run_ctl(node, "status")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"Status of node {NODE} ...\nNode: {NODE}\n")
+    assert f'rabbitmq_node="{NODE}"' in metrics(node)
+    for w in (0, 1):
+        conn = pinned(node, w, f"name-w{w}")
+        try:
+            assert conn._impl.server_properties["cluster_name"] == NODE
+        finally:
+            conn.close()
+
+
+def sample(text: str, family: str) -> float:
+    """The value of an unlabelled sample of `family` in a Prometheus text body."""
+    for line in text.splitlines():
+        if line.startswith(family + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no sample of {family}")
+
+
+def test_metrics_count_the_connections_and_channels_of_both_workers(node: ServerInfo) -> None:
+    """/metrics is the node's: the connection, channel and consumer families and the global counters
+    sum every worker's (the management agent's `metric_samples`), not worker 0's alone."""
+    conns = {w: pinned(node, w, f"metrics-w{w}") for w in (0, 1)}
+    try:
+        for w, conn in conns.items():
+            ch = conn.channel()
+            queue = ch.queue_declare(f"metrics-q{w}", exclusive=True).method.queue
+            ch.basic_publish("", queue, b"counted")
+            ch.basic_consume(queue, lambda *_: None, consumer_tag=f"metrics-c{w}")
+
+        def both_consumers() -> str | None:
+            text = metrics(node)
+            return text if sample(text, "rabbitmq_channel_consumers") >= 2 else None
+
+        text = until(both_consumers, what="both workers' consumers in /metrics")
+        assert sample(text, "rabbitmq_connections") >= 2 and sample(text, "rabbitmq_channels") >= 2
+        assert sample(text, "rabbitmq_connection_channels") >= 2
+        assert sample(text, "rabbitmq_channel_messages_published_total") >= 2
+        # per object: each connection of either worker is a sample of its own (label `channel`, sic)
+        rows = by_name(Api(node.mgmt_url).get("/api/connections").body, {"metrics-w0", "metrics-w1"})
+        assert len(rows) == 2
+        per_object = metrics(node, "/metrics/per-object")
+        for row in rows:
+            assert f'rabbitmq_connection_incoming_bytes_total{{channel="{row["name"]}"}}' in per_object
+    finally:
+        for conn in conns.values():
+            if conn.is_open:
+                conn.close()
+
+
+def test_deleting_a_vhost_closes_its_connection_in_the_other_worker(node: ServerInfo) -> None:
+    """The vhost is deleted through worker 0's API; worker 1 applies the replicated deletion and closes
+    its connection to the vhost with 320, as RabbitMQ closes them on every node."""
+    api = Api(node.mgmt_url)
+    assert api.put("/api/vhosts/gather-vh").status == 201
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], virtual_host="gather-vh"))
+    try:
+        assert api.call("DELETE", "/api/vhosts/gather-vh").status == 204
+        with pytest.raises(ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=10)
+            conn.channel()
+        assert closed.value.reply_code == 320
     finally:
         if conn.is_open:
             conn.close()

@@ -4,7 +4,9 @@ Owns: a channel's management name (`channel_name`), a queue's counters (`queue_v
 `QUEUE_MSG_STATS`), `CHANNEL_FIELDS` (the order of a channel's counters in a values tuple), `MSG_STATS` (RabbitMQ's
 message_stats names as sums of those positions), and the pure readings over a channel's `stat_*`
 attributes (`channel_values`, `closed_values` for the node's folded totals of closed channels,
-`exchange_counts` for its publishes per exchange). Pure: reads attributes, never changes them, and
+`exchange_counts` for its publishes per exchange), and a channel's Prometheus row (`CHANNEL_METRIC_FIELDS`,
+`channel_metric_values`: what mgmt/prometheus.py's channel families read, sent by the management agent as
+plain numbers so a node of workers sums every worker's). Pure: reads attributes, never changes them, and
 knows no runtime class (a channel is anything with the `stat_*` and `x_*` attributes).
 
 Rules:
@@ -48,6 +50,32 @@ def closed_values(closed: Mapping[str, int]) -> tuple[int, ...]:
             g("stat_ack", 0))
 
 
+CHANNEL_METRIC_FIELDS = (
+    "consumers", "unacked", "unconfirmed", "uncommitted", "prefetch_count", "global_prefetch",
+    "publish", "confirm", "redeliver", "ack",
+    "deliver",
+    "return_unroutable", "drop_unroutable", "get", "get_no_ack", "deliver_manual", "deliver_no_ack", "get_empty",
+    "publish_confirm", "routed",
+)
+"""A channel's Prometheus row, in the order of mgmt/prometheus.py's channel families (CHANNEL,
+CHANNEL_COUNTERS, HUTCH_CHANNEL, CHANNEL_MORE), then confirm-mode publishes and routed enqueues (which feed
+the rabbitmq_global_* counters). `deliver` is every delivery, `deliver_manual` those with manual ack."""
+
+
+def channel_metric_values(ch: Any) -> tuple[int, ...]:
+    """A channel's row in CHANNEL_METRIC_FIELDS order."""
+    uncommitted = sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0
+    return (
+        len(ch.consumers), len(ch.unacked), ch.unconfirmed_count(), uncommitted, ch.prefetch_count,
+        ch.global_prefetch,
+        ch.stat_publish, ch.stat_confirm, ch.stat_redeliver, ch.stat_ack,
+        ch.stat_deliver,
+        ch.stat_return_unroutable, ch.stat_drop_unroutable, ch.stat_get, ch.stat_get_no_ack,
+        ch.stat_deliver - ch.stat_deliver_no_ack, ch.stat_deliver_no_ack, ch.stat_get_empty,
+        ch.stat_publish_confirm, ch.stat_routed,
+    )
+
+
 def queue_values(q: Any) -> tuple[int, ...]:
     """A queue's lengths and counters in the order QUEUE_MSG_STATS names them by."""
     return (q.message_count, q.unacked_count, q.stat_published, q.stat_delivered, q.stat_get, q.stat_acked,
@@ -85,5 +113,6 @@ def exchange_counts(ch: Any) -> dict[Any, tuple[int, int]]:
     return out
 
 
-__all__ = ["CHANNEL_FIELDS", "MSG_STATS", "QUEUE_MSG_STATS", "ZERO_CHANNEL", "add", "channel_name", "channel_values", "closed_values",
-           "exchange_counts", "msg_stats", "queue_counters", "queue_values", "values_of"]
+__all__ = ["CHANNEL_FIELDS", "CHANNEL_METRIC_FIELDS", "MSG_STATS", "QUEUE_MSG_STATS", "ZERO_CHANNEL", "add",
+           "channel_metric_values", "channel_name", "channel_values", "closed_values", "msg_stats",
+           "queue_counters", "queue_values", "values_of"]

@@ -50,7 +50,7 @@ def _failed(reason: str, **extra: Any) -> Result:
 def alarms(node: Node, local: bool = False) -> Result:
     if not node.alarms:
         return _ok()
-    found = [{"node": node.name, "resource": resource} for resource in sorted(node.alarms)]
+    found = [{"node": node.public_name, "resource": resource} for resource in sorted(node.alarms)]
     return _failed("There are alarms in effect on the node" if local else
                    "There are alarms in effect in the cluster", alarms=found)
 
@@ -58,7 +58,7 @@ def alarms(node: Node, local: bool = False) -> Result:
 def deprecated_node_check(node: Node, name: str | None = None) -> dict[str, str]:
     """GET /api/healthchecks/node[/{node}]: ok (a no-op, as RabbitMQ 4.x); 404 for a non-member."""
     cluster = cluster_service(node)
-    if name is not None and name != node.name and (cluster is None or name not in cluster.machine.members):
+    if name is not None and name not in (node.name, node.public_name) and (cluster is None or name not in cluster.machine.members):
         raise not_found()
     return {"status": "ok"}
 
@@ -124,7 +124,7 @@ def certificate_expiration(node: Node, within_text: str, unit_text: str) -> Resu
         cert = _expiring(opts.certfile, now, horizon)
         ca = _expiring(opts.cacertfile, now, horizon)
         if cert or ca:
-            expired.append({"node": node.name, "protocol": protocol, "interface": interface, "port": port,
+            expired.append({"node": node.public_name, "protocol": protocol, "interface": interface, "port": port,
                             "certfile": opts.certfile or "", "cacertfile": opts.cacertfile or "",
                             "certfile_expires_on": cert, "cacertfile_expires_on": ca})
     if expired:

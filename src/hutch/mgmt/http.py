@@ -400,8 +400,9 @@ def _close_if_unread(request: web.Request, response: web.StreamResponse) -> web.
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
     """Prometheus: /metrics (aggregated, no authentication, as RabbitMQ's plugin) and /metrics/per-object
-    (a monitoring user's login, unless prometheus.return_per_object_metrics); built on the loop (it
-    reads the node), compressed off it by aiohttp."""
+    (a monitoring user's login, unless prometheus.return_per_object_metrics); built on the loop from
+    the node's queues and its management agent's `metric_samples` (every worker's connections and
+    channels), compressed off it by aiohttp."""
     registry = request.match_info.get("registry", "default")
     if registry not in prometheus.REGISTRIES:
         return web.Response(status=404, text="Unknown Registry")
@@ -415,9 +416,12 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
         except ApiError as exc:
             return _error_response(exc)
     scrapes = request.app[SCRAPES_KEY]
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
     loop = asyncio.get_running_loop()
     started = loop.time()
-    body = prometheus.render(node, rendered, node.wall_ms(), scrapes).encode()
+    clients = await agent.metric_samples()  # every worker's connections and channels (runtime/ports.py)
+    body = prometheus.render(node, rendered, node.wall_ms(), clients, scrapes).encode()
     scrapes.observe(registry, loop.time() - started, len(body))
     response = web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
     if "gzip" in request.headers.get("Accept-Encoding", "").lower():

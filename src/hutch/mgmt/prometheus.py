@@ -3,7 +3,8 @@
 Owns: `render` (the body of GET /metrics and /metrics/per-object), the catalogue of metric families
 (name, type, HELP text: RabbitMQ's, from its plugin's collectors, for every family that keeps a
 RabbitMQ name), label escaping, and `ScrapeStats` (the plugin's telemetry_scrape_* summaries). Pure:
-reads the node, never changes it, does no IO of its own (node figures come from `system.node_info`).
+reads the node and its management agent's answer (`metric_samples`, runtime/ports.py), never changes
+them, does no IO of its own (node figures come from `system.node_info`).
 
 Rules:
 - A family keeps its RabbitMQ name only when hutch has a source with the same meaning; counters
@@ -18,6 +19,9 @@ Rules:
 - rabbitmq_global_* counters never go down: they add the counters of closed channels
   (`Node.closed_channel_stats`). The aggregated channel_* and queue_* counters are sums over live
   objects and drop when one goes, as in RabbitMQ.
+- A node of worker processes is one node here too (docs/scaling.md): the connection, channel and
+  consumer families, the rabbitmq_global_* counters and the churn are every worker's, as the node's agent
+  gathers them; the queue families are worker 0's queues, stand-ins carrying their homes' figures.
 - Cost: one pass over queues, channels and connections; label text is built once per object. 10,000
   queues render in well under a second (benchmarks/prometheus_render.py).
 """
@@ -25,13 +29,14 @@ Rules:
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
+from hutch.core.counters import CHANNEL_METRIC_FIELDS
 
-from . import formats, system
+from . import system
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -259,6 +264,7 @@ _CH_DELIVER = len(CHANNEL) + len(CHANNEL_COUNTERS)
 _CH_MORE = _CH_DELIVER + len(HUTCH_CHANNEL)
 _CH_PUBLISH_CONFIRM = _CH_MORE + len(CHANNEL_MORE)
 _CH_ROUTED = _CH_PUBLISH_CONFIRM + 1
+assert len(CHANNEL_METRIC_FIELDS) == _CH_ROUTED + 1, "a channel's row is core/counters.py's CHANNEL_METRIC_FIELDS"
 
 
 def families() -> list[Family]:
@@ -361,38 +367,27 @@ def _queue_rows(node: Node, per_object: bool, streams: list[Any]) -> tuple[list[
     return labels, rows, infos
 
 
-def _channel_rows(node: Node, per_object: bool) -> tuple[list[str], list[str], list[tuple[int, ...]]]:
-    """One row per live channel: the columns of CHANNEL, CHANNEL_COUNTERS, HUTCH_CHANNEL and CHANNEL_MORE,
-    then publishes in confirm mode and routed enqueues (for the global counters)."""
+def _channel_rows(clients: Mapping[str, Any], per_object: bool
+                  ) -> tuple[list[str], list[str], list[tuple[int, ...]]]:
+    """One row per live channel of every worker (the agent's `metric_samples`): the columns of CHANNEL,
+    CHANNEL_COUNTERS, HUTCH_CHANNEL and CHANNEL_MORE, then publishes in confirm mode and routed enqueues
+    (for the global counters): core/counters.py's CHANNEL_METRIC_FIELDS."""
     by_channel: list[str] = []
     by_channel_vhost: list[str] = []
     rows: list[tuple[int, ...]] = []
-    for conn in node.connections:
-        for ch in conn.channels.values():
-            unconfirmed = ch.unconfirmed_count()
-            uncommitted = sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0
-            rows.append((
-                len(ch.consumers), len(ch.unacked), unconfirmed, uncommitted, ch.prefetch_count,
-                ch.global_prefetch,
-                ch.stat_publish, ch.stat_confirm, ch.stat_redeliver, ch.stat_ack,
-                ch.stat_deliver,
-                ch.stat_return_unroutable, ch.stat_drop_unroutable, ch.stat_get, ch.stat_get_no_ack,
-                ch.stat_deliver - ch.stat_deliver_no_ack, ch.stat_deliver_no_ack, ch.stat_get_empty,
-                ch.stat_publish_confirm, ch.stat_routed,
-            ))
-            if per_object:
-                name = f'{{channel="{escape_label(formats.channel_name(ch))}"'
-                by_channel.append(name + "} ")
-                vhost = ch.vhost.name if ch.vhost is not None else ""
-                by_channel_vhost.append(f'{name},vhost="{escape_label(vhost)}"}} ')
+    for name, vhost, values in clients["channels"]:
+        rows.append(tuple(values))
+        if per_object:
+            label = f'{{channel="{escape_label(name)}"'
+            by_channel.append(label + "} ")
+            by_channel_vhost.append(f'{label},vhost="{escape_label(vhost)}"}} ')
     return by_channel, by_channel_vhost, rows
 
 
-def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consumers: int,
+def _global(out: _Text, closed: Mapping[str, int], channel_rows: list[tuple[int, ...]], consumers: int,
             stream: _StreamProtocol | None) -> None:
     """The rabbitmq_global_* families: AMQP 0-9-1's samples, and the stream protocol's beside them
-    (protocol="stream") while its listener runs."""
-    closed = node.closed_channel_stats
+    (protocol="stream") while its listener runs. `closed`: the closed channels' totals by attribute."""
     proto = f'{{protocol="{PROTOCOL}"}}'
     proto_type = f'{{protocol="{PROTOCOL}",queue_type="rabbit_classic_queue"}}'
     sp = f'{{protocol="{STREAM_PROTOCOL}"}}'
@@ -431,8 +426,12 @@ def _global(out: _Text, node: Node, channel_rows: list[tuple[int, ...]], consume
     out.one(get_empty, total("stat_get_empty", more + 6), proto_type)
 
 
-def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None = None) -> str:
-    """The exposition text of `registry` ("default": aggregated, "per-object")."""
+def render(node: Node, registry: str, now_ms: float, clients: Mapping[str, Any],
+           scrapes: ScrapeStats | None = None) -> str:
+    """The exposition text of `registry` ("default": aggregated, "per-object"). `clients` is what the
+    node's management agent answers to `metric_samples` (every worker's connections and channels, their
+    closed channels' totals and churn, summed by the agent of a node of workers); the queue families are
+    the node's own queues (a worker's stand-ins carry their homes' figures)."""
     endpoint = REGISTRIES[registry]
     per_object = endpoint == "per-object"
     out = _Text(per_object)
@@ -447,24 +446,25 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
     streams: list[Any] = []
     q_labels, q_rows, q_infos = _queue_rows(node, per_object, streams)
     out.columns(QUEUE, q_labels, q_rows)
-    ch_labels, chv_labels, ch_rows = _channel_rows(node, per_object)
+    ch_labels, chv_labels, ch_rows = _channel_rows(clients, per_object)
     out.columns(CHANNEL, ch_labels, ch_rows)
     out.columns(CHANNEL_COUNTERS, chv_labels, ch_rows, offset=_CH_PUBLISH)
     out.columns(CHANNEL_MORE, chv_labels, ch_rows, offset=_CH_MORE)
     conn_labels: list[str] = []
     conn_rows: list[tuple[int, ...]] = []
-    for conn in node.connections:
-        conn_rows.append((conn.recv_oct, conn.send_oct, len(conn.channels)))
+    for name, recv_oct, send_oct, channels in clients["connections"]:
+        conn_rows.append((recv_oct, send_oct, channels))
         if per_object:
-            conn_labels.append(f'{{channel="{escape_label(conn.name)}"}} ')
+            conn_labels.append(f'{{channel="{escape_label(name)}"}} ')
     out.columns(CONNECTION, conn_labels, conn_rows)
     out.columns(QUEUE_DELIVERY, q_labels, q_rows, offset=len(QUEUE))
 
     consumers = sum(r[_Q_CONSUMERS] for r in q_rows)
-    for fam, value in zip(TOTALS, (len(node.connections), len(ch_rows), consumers, len(q_rows)), strict=True):
+    for fam, value in zip(TOTALS, (len(conn_rows), len(ch_rows), consumers, len(q_rows)), strict=True):
         out.one(fam, value)
+    churn = clients["churn"]
     for fam, key in zip(CHURN, CHURN_KEYS, strict=True):
-        out.one(fam, node.churn[key])
+        out.one(fam, churn.get(key, 0))
     if per_object:
         out.parts.append(QUEUE_INFO.header)
         out.parts.extend(q_infos)
@@ -473,10 +473,10 @@ def render(node: Node, registry: str, now_ms: float, scrapes: ScrapeStats | None
         ("prometheus_plugin_version", __version__), ("prometheus_client_version", __version__),
         ("python_version", platform.python_version()))))
     out.one(IDENTITY_INFO, 1, _labels((
-        ("rabbitmq_node", node.name), ("rabbitmq_cluster", node.config.cluster_name),
+        ("rabbitmq_node", node.public_name), ("rabbitmq_cluster", node.config.cluster_name),
         ("rabbitmq_endpoint", endpoint))))
 
-    _global(out, node, ch_rows, consumers, _stream_protocol(node))
+    _global(out, clients["closed"], ch_rows, consumers, _stream_protocol(node))
     out.one(ALARMS[0], int("disk" in node.alarms))
     out.one(ALARMS[1], int("memory" in node.alarms))
     out.one(PROCESS_START, int(node.started_at))

@@ -35,6 +35,7 @@ from hutch.core.counters import ZERO_CHANNEL, add, msg_stats, values_of
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
 from hutch.runtime import listen
+from hutch.runtime.workers.spec import node_of_worker
 
 from . import stats as _stats
 from .access import (
@@ -96,16 +97,16 @@ def _exchange_types() -> list[dict[str, Any]]:
 
 def _listeners(node: Node) -> list[dict[str, Any]]:
     cfg = node.config
-    out = [{"node": node.name, "protocol": "amqp", "ip_address": listen.display_host(cfg.amqp_host),
+    out = [{"node": node.public_name, "protocol": "amqp", "ip_address": listen.display_host(cfg.amqp_host),
             "port": node.amqp_port or cfg.amqp_port}]
     if cfg.management_tcp:
-        out.append({"node": node.name, "protocol": "http", "ip_address": listen.display_host(cfg.management_host),
+        out.append({"node": node.public_name, "protocol": "http", "ip_address": listen.display_host(cfg.management_host),
                     "port": node.management_port or cfg.management_port})
     if node.amqps_port:  # the TLS listeners (runtime/tls.py, RabbitMQ's protocol names)
-        out.append({"node": node.name, "protocol": "amqp/ssl", "ip_address": listen.display_host(cfg.amqps_host),
+        out.append({"node": node.public_name, "protocol": "amqp/ssl", "ip_address": listen.display_host(cfg.amqps_host),
                     "port": node.amqps_port})
     if node.management_ssl_port:
-        out.append({"node": node.name, "protocol": "https", "ip_address": listen.display_host(cfg.management_ssl_host),
+        out.append({"node": node.public_name, "protocol": "https", "ip_address": listen.display_host(cfg.management_ssl_host),
                     "port": node.management_ssl_port})
     return out
 
@@ -133,11 +134,11 @@ async def overview(agent: ManagementAgentPort, node: Node, p: Principal, stats: 
         "python_version": platform.python_version(),
         "rates_mode": "basic",
         "sample_retention_policies": _stats.sample_retention_policies(),
-        "node": node.name,
+        "node": node.public_name,
         "cluster_name": node.config.cluster_name,
         "exchange_types": _exchange_types(),
         "listeners": _listeners(node),
-        "contexts": [{"node": node.name, "description": "RabbitMQ Management", "path": "/",
+        "contexts": [{"node": node.public_name, "description": "RabbitMQ Management", "path": "/",
                       "port": str(node.management_port or node.config.management_port)}],
         "object_totals": {
             "connections": n_conns,
@@ -229,7 +230,7 @@ def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
     storage = node.persistence
     out: dict[str, Any] = {
-        "name": node.name,
+        "name": node.public_name,
         "type": "disc",
         "running": True,
         "being_drained": False,
@@ -278,7 +279,7 @@ def list_nodes(node: Node, p: Principal, now_ms: float, stats: StatsView | None 
 
 def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsView | None = None) -> dict[str, Any]:
     require_monitor(p)
-    if name != node.name:
+    if name != node.public_name:
         raise not_found()
     return node_info(node, now_ms, stats)
 
@@ -305,6 +306,12 @@ async def _member_info(node: Node, name: str) -> dict[str, Any]:
     return {"name": name, "type": "disc", "running": False}
 
 
+def _own_member(node: Node, member: str) -> bool:
+    """Whether the cluster member `member` is this node: itself, or (in a node of workers, whose
+    workers are its internal cluster) one of its node's workers, which are never shown as nodes."""
+    return member == node.name or (node.public_name != node.name and node_of_worker(member) == node.public_name)
+
+
 async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
                              stats: StatsView | None = None) -> list[dict[str, Any]]:
     """Every member of the cluster (this node's figures, the others' as they report them)."""
@@ -313,18 +320,18 @@ async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
     cluster = cluster_service(node)
     if cluster is None:
         return [own]
-    others = [m for m in cluster.machine.members if m != node.name]
+    others = [m for m in cluster.machine.members if not _own_member(node, m)]
     return [own, *[await _member_info(node, m) for m in others]]
 
 
 async def get_cluster_node(node: Node, p: Principal, name: str, now_ms: float,
                            stats: StatsView | None = None) -> dict[str, Any]:
     require_monitor(p)
-    if name == node.name:
+    if name == node.public_name:
         return node_info(node, now_ms, stats)
     cluster = cluster_service(node)
-    if cluster is None or name not in cluster.machine.members:
-        raise not_found()
+    if cluster is None or name not in cluster.machine.members or _own_member(node, name):
+        raise not_found()  # a worker of this node is no node of its own
     return await _member_info(node, name)
 
 

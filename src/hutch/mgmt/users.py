@@ -190,7 +190,7 @@ async def _vhost_totals(agent: ManagementAgentPort, names: list[str]) -> dict[st
 
 
 def _vhost_json(node: Node, v: Any, totals: dict[str, int], stats: StatsView | None) -> dict[str, Any]:
-    out = formats.vhost_json(v, node.name, totals)
+    out = formats.vhost_json(v, node.public_name, totals)
     if stats is not None:
         stats.vhost(v.name, (totals["messages_ready"], totals["messages_unacknowledged"]), out)
     return out

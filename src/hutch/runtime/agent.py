@@ -26,6 +26,7 @@ from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
 from hutch.core.counters import (
     QUEUE_MSG_STATS,
     add,
+    channel_metric_values,
     channel_name,
     channel_values,
     closed_values,
@@ -277,6 +278,18 @@ class LocalAgent:
             "closed": list(closed_values(node.closed_channel_stats)),
             "churn": dict(node.churn),
         }
+
+    async def metric_samples(self) -> dict[str, Any]:
+        node = self.node
+        connections: list[list[Any]] = []
+        channels: list[list[Any]] = []
+        for conn in self._connections():
+            chans = self._channels(conn)
+            connections.append([conn.name, conn.recv_oct, conn.send_oct, len(chans)])
+            channels.extend([channel_name(ch), ch.vhost.name if ch.vhost is not None else "",
+                             list(channel_metric_values(ch))] for ch in chans)
+        return {"connections": connections, "channels": channels, "closed": dict(node.closed_channel_stats),
+                "churn": dict(node.churn)}
 
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)

@@ -79,6 +79,7 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "queues": (_texts_or_none,),
     "queue_details": (_keys,),
     "samples": (),
+    "metric_samples": (),
     "purge_queue": (_text, _text),
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
@@ -114,6 +115,11 @@ def serve_agent(cluster: ClusterService, agent: ManagementAgentPort) -> None:
 def empty_samples() -> dict[str, Any]:
     """The statistics samples of an agent holding nothing (a new object each time: callers may extend it)."""
     return {"queues": [], "channels": [], "connections": [], "closed": [], "churn": {}}
+
+
+def empty_metric_samples() -> dict[str, Any]:
+    """The Prometheus samples of an agent holding nothing."""
+    return {"connections": [], "channels": [], "closed": {}, "churn": {}}
 
 
 class RemoteAgent:
@@ -169,6 +175,10 @@ class RemoteAgent:
         answer: dict[str, Any] = await self._ask("samples", [], empty_samples())
         return answer
 
+    async def metric_samples(self) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._ask("metric_samples", [], empty_metric_samples())
+        return answer
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         answer: int | None = await self._ask("purge_queue", [vhost, name], None)
         return answer
@@ -220,4 +230,5 @@ def node_agent(node_name: str, own: ManagementAgentPort, cluster: ClusterService
     return WorkersAgent(node_name, [own, *(RemoteAgent(cluster, p) for p in peers)])
 
 
-__all__ = ["METHODS", "RemoteAgent", "WorkersAgent", "empty_samples", "node_agent", "serve_agent"]
+__all__ = ["METHODS", "RemoteAgent", "WorkersAgent", "empty_metric_samples", "empty_samples", "node_agent",
+           "serve_agent"]

@@ -78,6 +78,14 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "closed": closed, "churn": merge_counts(a["churn"] for a in answers)}
 
 
+def merge_metric_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The Prometheus samples of several agents as one node's: lists concatenated, the closed channels'
+    totals and the churn summed by name."""
+    return {"connections": [row for a in answers for row in a["connections"]],
+            "channels": [row for a in answers for row in a["channels"]],
+            "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers)}
+
+
 class GatheringAgent:
     """A node's agent made of several: asks them all at once and merges their answers."""
 
@@ -125,6 +133,9 @@ class GatheringAgent:
     async def samples(self) -> dict[str, Any]:
         return merge_samples(await asyncio.gather(*(a.samples() for a in self.agents)))
 
+    async def metric_samples(self) -> dict[str, Any]:
+        return merge_metric_samples(await asyncio.gather(*(a.metric_samples() for a in self.agents)))
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
         return sum(found) if found else None
@@ -142,4 +153,5 @@ class GatheringAgent:
         return sum(await asyncio.gather(*(a.close_user_connections(user, reason) for a in self.agents)))
 
 
-__all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "merge_samples", "renamed"]
+__all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "merge_metric_samples", "merge_samples",
+           "renamed"]

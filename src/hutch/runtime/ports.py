@@ -372,6 +372,13 @@ class ManagementAgentPort(Protocol):
         (CHANNEL_FIELDS order) and `churn` the node's churn counters by name."""
         ...
 
+    async def metric_samples(self) -> dict[str, Any]:
+        """What Prometheus' connection and channel families read (mgmt/prometheus.py), as plain values:
+        `connections` [name, recv_oct, send_oct, channels]; `channels` [name, vhost ("" before
+        connection.open), [core/counters.py's CHANNEL_METRIC_FIELDS]]; `closed` the closed channels'
+        `stat_*` totals by attribute name; `churn` the churn counters by name."""
+        ...
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         """Drop the queue's ready messages: how many; None when the queue is not here."""
         ...

@@ -54,6 +54,7 @@ from hutch.runtime.ports import (
     SessionConnection,
 )
 from hutch.runtime.tls import NodeTls
+from hutch.runtime.workers.spec import public_name
 
 if TYPE_CHECKING:
     from hutch.core.message import Message
@@ -69,7 +70,7 @@ class Node:
                  store: DefinitionStore | None = None, monitor_resources: bool = True,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
-        self.name = config.node_name
+        self.name = config.node_name  # the cluster member's name (a worker's is `<node>#w<N>`)
         self.clock = clock
         self.store = store
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
@@ -282,8 +283,8 @@ class Node:
         self.auth = AuthStore.from_dict(op.auth)
         names = {v.name for v in self.auth.list_vhosts()}
         for name in list(self.vhosts):
-            if name not in names:
-                del self.vhosts[name]
+            if name not in names:  # deleted on another member (or worker): its connections here go too
+                self._close_vhost_connections(self.vhosts.pop(name))
         for name in names:
             self.vhosts.setdefault(name, VirtualHost(name))
         self.perm_epoch += 1
@@ -407,6 +408,12 @@ class Node:
         limits.prune(self)
         self._record(ops_.SetAuth(self.auth.to_dict()))
 
+    @property
+    def public_name(self) -> str:
+        """The node's name as clients, the management API, /metrics and hutchctl see it (the node's
+        for a worker of a node of workers: runtime/workers/spec.py's `public_name`)."""
+        return public_name(self.config)
+
     def set_cluster_name(self, name: str) -> None:
         """PUT /api/cluster-name: the running node's name for its cluster, saved (and replicated)."""
         self.config = dataclasses.replace(self.config, cluster_name=name)
@@ -432,13 +439,17 @@ class Node:
         parameters.forget_vhost(self, name)
         self.auth.delete_vhost(name)
         vhost = self.vhosts.pop(name, None)
-        for conn in list(self.connections):
-            if conn.vhost_obj is vhost:
-                conn.close_forced("vhost deleted")
         if vhost is not None:
+            self._close_vhost_connections(vhost)
             for q in list(vhost.queues.values()):
                 self.delete_queue(vhost, q)
         self.permissions_changed()
+
+    def _close_vhost_connections(self, vhost: VirtualHost) -> None:
+        """A deleted vhost's connections are closed (320 CONNECTION_FORCED, as RabbitMQ on every node)."""
+        for conn in list(self.connections):
+            if conn.vhost_obj is vhost:
+                conn.close_forced("vhost deleted")
 
     def channel_closed(self, ch: ChannelPort) -> None:
         """Fold a closing channel's stat_* counters into `closed_channel_stats` (called once)."""

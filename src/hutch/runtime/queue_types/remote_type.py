@@ -14,7 +14,9 @@ Rules:
 - When two nodes declared the same name at once, the record that arrives last wins and the other
   queue is deleted here (logged).
 - Placement counts the queues each running worker is home to (in every vhost), ties going to the
-  lower name; a worker that is down is never chosen.
+  lower name; a worker that is down is never chosen. The management API's aliveness test queue
+  (`ALIVENESS_QUEUE`) stays in the worker that declares it: the check publishes to it and reads the
+  message back at once, in the worker that answers the API (RabbitMQ's checks the node it asks).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
 
 log = logging.getLogger("hutch.node")
+
+ALIVENESS_QUEUE = "aliveness-test"  # GET /api/aliveness-test's queue (mgmt/system.py), never placed elsewhere
 
 
 def fewest_queues(here: str, candidates: Iterable[str], homes: Iterable[str]) -> str:
@@ -88,6 +92,8 @@ class RemoteQueueType(QueueTypeDefaults):
         """A new classic queue's stand-in here, homed on the running worker with the fewest queues; None
         when that is this worker (the classic type declares it here)."""
         here = self.node.name
+        if name == ALIVENESS_QUEUE:
+            return None
         cluster = self.link.cluster
         homes = (q.home if isinstance(q, RemoteQueue) else here
                  for vh in self.node.vhosts.values() for q in vh.queues.values())

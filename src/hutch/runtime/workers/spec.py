@@ -3,7 +3,8 @@
 Owns: `WorkerSpec` (the worker's index, the node's worker count, the descriptors it inherits: its
 control socket and one worker-link socket per other worker, and the ports the supervisor reserved), its
 form in the environment (`HUTCH_WORKER_SPEC`, JSON: set by the supervisor for its children only), the
-worker names (`<node>#w<N>`) and `worker_config`, a worker's own Config derived from the node's.
+worker names (`<node>#w<N>`), `public_name` (the one name a node of workers shows outside) and
+`worker_config`, a worker's own Config derived from the node's.
 
 Rules:
 - A worker's data lives in `<data dir>/w<N>`; worker 0 founds the node's internal cluster, the others
@@ -34,6 +35,14 @@ def node_of_worker(name: str) -> str:
     answers as."""
     node, sep, index = name.rpartition("#w")
     return node if sep and index.isdigit() else name
+
+
+def public_name(config: Config) -> str:
+    """The node's name as everyone outside sees it: clients, the management API and UI, /metrics,
+    hutchctl. A one-process node's `node_name`; in a worker (`worker_index` set) the node's, without
+    `#w<N>`: a node of workers is one node outside (its workers' own names are the internal cluster's
+    members, never shown)."""
+    return node_of_worker(config.node_name) if config.worker_index is not None else config.node_name
 
 
 def worker_dir(data_dir: str, index: int) -> str:
