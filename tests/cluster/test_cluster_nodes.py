@@ -321,11 +321,16 @@ def test_unknown_and_malformed_inter_node_messages_are_logged_and_dropped(three:
 
 
 def test_join_and_forget_a_node(three: Cluster) -> None:
+    conn = connect(three[0])
+    conn.channel().queue_declare("joined.sees", durable=True)  # its own, so it runs alone too
+    conn.close()
     lone = three.add("n4", join=False)  # a cluster of its own
     out = lone.ctl("join_cluster", three[0].seed)
     assert out.returncode == 0, out.stdout + out.stderr
     three.wait_running({"n1", "n2", "n3", "n4"}, via=three[0])
-    assert queue_exists(lone, "orders.eu")  # it sees the cluster's definitions
+    # it sees the cluster's definitions (join_cluster returns after a read barrier on the joined node; one
+    # run of the parallel suite under load saw a 404 right after it, so this waits)
+    assert eventually(lambda: queue_exists(lone, "joined.sees"), timeout=15)
     lone.stop()
     three.wait_running({"n1", "n2", "n3"}, via=three[0])
     out = three[1].ctl("forget_cluster_node", lone.full_name)

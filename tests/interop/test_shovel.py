@@ -145,7 +145,9 @@ def test_status_restart_and_a_destination_that_cannot_be_reached(node: Node) -> 
     ch.basic_publish("amq.topic", "b.b", b"not routed", PERSISTENT)
     ch.connection.close()
     eventually(lambda: depth(node, "st-dst") == 1)
-    metrics = scrape(node, "/metrics/per-object")
+    # the source is acknowledged after the destination confirmed, so the message can be seen there first
+    acked = 'hutch_shovel_messages_acknowledged_total{vhost="/",shovel="ok"} 1'
+    metrics = eventually(lambda: (m := scrape(node, "/metrics/per-object")) and acked in m and m, timeout=10)
     assert 'hutch_shovels{state="running"} 1' in metrics and 'hutch_shovels{state="terminated"} 1' in metrics
     assert 'hutch_shovel_messages_forwarded_total{vhost="/",shovel="ok"} 1' in metrics
     assert 'hutch_shovel_messages_acknowledged_total{vhost="/",shovel="ok"} 1' in metrics
