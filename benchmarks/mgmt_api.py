@@ -108,13 +108,18 @@ def tick(queues: int, repeat: int) -> None:
         q = node.declare_queue(vhost, f"bench.{i:06d}", False, False, False, {}, None)
         q.publish(Message("", q.name, BasicProperties(), b"x" * 100))
     collector = stats.Collector()
+    agent = node.agent
+    assert agent is not None  # build_node sets it
+    loop = asyncio.new_event_loop()
     times = []
     for k in range(repeat):
         figures = system.node_figures(node)
-        start = time.perf_counter()
-        collector.tick(node, node.wall_ms() + k * 5000, figures)
+        start = time.perf_counter()  # the agent's samples and the tick: one sampling turn of the loop
+        samples = loop.run_until_complete(agent.samples())
+        collector.tick(samples, node.vhosts.keys(), lambda v, x: x in node.vhosts[v].exchanges,
+                       node.wall_ms() + k * 5000, figures)
         times.append(time.perf_counter() - start)
-    print(f"collector tick, {queues} queues: first {times[0] * 1000:.1f} ms, then median "
+    print(f"agent samples + collector tick, {queues} queues: first {times[0] * 1000:.1f} ms, then median "
           f"{statistics.median(times[1:]) * 1000:.1f} ms, max {max(times[1:]) * 1000:.1f} ms")
 
 
@@ -128,7 +133,7 @@ def cycle(queues: int, repeat: int) -> None:
     from hutch.amqp.spec import BasicProperties
     from hutch.config import Config
     from hutch.core.message import Message
-    from hutch.mgmt import formats, listing, prometheus, stats, system, topology
+    from hutch.mgmt import prometheus, stats, system, topology
     from hutch.mgmt.access import Principal
     from hutch.runtime.app import build_node
 
@@ -138,22 +143,29 @@ def cycle(queues: int, repeat: int) -> None:
         q = node.declare_queue(vhost, f"bench.{i:06d}", False, False, False, {}, None)
         q.publish(Message("", q.name, BasicProperties(), b"x" * 100))
     collector = stats.Collector()
-    collector.tick(node, node.wall_ms(), system.node_figures(node))
+    agent = node.agent
+    assert agent is not None  # build_node sets it
+    loop = asyncio.new_event_loop()  # the handlers are coroutines now (they ask the node's agent)
+
+    def exchange_exists(vhost: str, name: str) -> bool:
+        v = node.vhosts.get(vhost)
+        return v is not None and name in v.exchanges
+
+    collector.tick(loop.run_until_complete(agent.samples()), node.vhosts.keys(), exchange_exists, node.wall_ms(),
+                   system.node_figures(node))
     admin = Principal("guest", ("administrator",))
 
     def overview() -> bytes:
         view = stats.StatsView(collector)
-        return json.dumps(system.overview(node, admin, view)).encode()
+        return json.dumps(loop.run_until_complete(system.overview(agent, node, admin, view))).encode()
 
     def queue_page() -> bytes:
         view = stats.StatsView(collector)
-        reply = listing.paged_reply(topology.queue_objects(node, admin), {"page": "1"}, topology.queue_light,
-                                    lambda q: formats.queue_json(q, node.name, view))
+        reply = loop.run_until_complete(topology.queue_list(agent, node, admin, None, {"page": "1"}, view))
         return json.dumps(reply, default=str).encode()
 
     def metrics() -> bytes:
-        assert node.agent is not None
-        return prometheus.render(node, "default", node.wall_ms(), asyncio.run(node.agent.metric_samples())).encode()
+        return prometheus.render(node, "default", node.wall_ms(), loop.run_until_complete(agent.metric_samples())).encode()
 
     total = 0.0
     print(f"one scrape cycle in process, {queues} queues (CPU time, median of {repeat})")
