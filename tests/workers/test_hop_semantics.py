@@ -26,15 +26,21 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
 
 
 def declare_in(info: ServerInfo, ch: Any, prefix: str, worker: int, **kwargs: Any) -> str:
-    """Declare queues named `prefix-N` until one is placed in `worker` (fewest-queues placement alternates);
-    the others are deleted."""
-    for i in range(6):
-        name = f"{prefix}-{i}"
-        ch.queue_declare(name, **kwargs)
-        if worker_of(info, name) == worker:
-            return name
-        ch.queue_delete(name)
-    raise AssertionError(f"no queue placed in worker {worker}")
+    """Declare queues named `prefix-N` until one is placed in `worker` (fewest-queues placement alternates:
+    the others are kept until then, a deleted one would leave the counts tied as before), then delete the
+    others."""
+    others: list[str] = []
+    try:
+        for i in range(6):
+            name = f"{prefix}-{i}"
+            ch.queue_declare(name, **kwargs)
+            if worker_of(info, name) == worker:
+                return name
+            others.append(name)
+        raise AssertionError(f"no queue placed in worker {worker}")
+    finally:
+        for name in others:
+            ch.queue_delete(name)
 
 
 def test_single_active_consumer_first_consume_ok_across_the_hop_is_active(node: ServerInfo) -> None:
@@ -98,3 +104,19 @@ def test_delete_of_a_queue_expired_at_its_home_is_delete_ok(node: ServerInfo) ->
             q = f"expiring-{i}"
             ch.queue_declare(q, auto_delete=True, arguments={"x-expires": 1})
             assert ch.queue_delete(q).method.message_count == 0
+
+
+@pytest.mark.parametrize("home", [0, 1])
+@pytest.mark.parametrize("first_exclusive", [True, False])
+def test_exclusive_use_is_judged_across_the_hop(node: ServerInfo, home: int, first_exclusive: bool) -> None:
+    """A consumer in one worker (exclusive, or plain) and a second consume in the other worker (plain, or
+    exclusive): 403 "in exclusive use" whichever worker is the queue's home, as on one node."""
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        ch0 = c0.channel()
+        q = declare_in(node, ch0, f"excl-{home}-{int(first_exclusive)}", home)
+        ch0.basic_consume(q, lambda *a: None, exclusive=first_exclusive)
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            c1.channel().basic_consume(q, lambda *a: None, exclusive=not first_exclusive)
+        assert refused.value.reply_code == 403
+        assert refused.value.reply_text == f"ACCESS_REFUSED - queue '{q}' in vhost '/' in exclusive use"
+        ch0.queue_delete(q)

@@ -216,6 +216,12 @@ class Queue:
     def consumers(self) -> list[Consumer]:
         raise NotImplementedError
 
+    def refuses_consumer(self, exclusive: bool) -> bool:
+        """Whether a new consumer (`exclusive` or not) is refused as "in exclusive use": the queue has
+        consumers and either the new one or one of them is exclusive (RabbitMQ's rule)."""
+        existing = self.consumers()
+        return bool(existing) and (exclusive or any(c.exclusive for c in existing))
+
     def consumer_info(self, consumer: Consumer) -> dict[str, Any]:
         """What management adds to `consumer`'s fields for this queue type (a stream: where it reads)."""
         return {}

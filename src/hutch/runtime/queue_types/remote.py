@@ -110,6 +110,7 @@ class RemoteQueue(Queue):
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
+        self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
 
     # -- answers fetched before the channel handles a method ------------------------------------------
     async def prepare(self, method: spec.Method) -> None:
@@ -152,9 +153,20 @@ class RemoteQueue(Queue):
             self._set_counts(reply)
 
     def _set_counts(self, counts: list[int] | None) -> None:
+        """The home's answer: ready, unacked, consumers and (from a home that says it) whether one of those
+        consumers is exclusive."""
         if counts is None:
             raise ChannelError(NOT_FOUND, f"no {rs('queue', self.name, self.vhost)}")
-        self._ready, self._unacked, self._consumer_count = (int(c) for c in counts)
+        self._ready, self._unacked, self._consumer_count = (int(c) for c in counts[:3])
+        self._home_exclusive = len(counts) > 3 and bool(counts[3])
+
+    def refuses_consumer(self, exclusive: bool) -> bool:
+        """The exclusivity rule over the home's consumers as `prepare` fetched them (basic.consume goes
+        through the gate, so the counts are this method's own round trip) and this node's own; the home
+        judges again when the consumer arrives (`QueueLink._on_consume`), for two consumes that raced."""
+        if super().refuses_consumer(exclusive):
+            return True
+        return self._consumer_count > 0 and (exclusive or self._home_exclusive)
 
     # -- messages ------------------------------------------------------------------------------------
     def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
@@ -586,6 +598,10 @@ class QueueLink:
         if q is None:
             self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
             return
+        if q.refuses_consumer(bool(c.exclusive)):  # raced another consume past the origin's check
+            log.info("consumer %s on %s refused at the home: in exclusive use", c.tag, rs("queue", q.name, q.vhost))
+            self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
+            return
         deliverer = _RemoteDeliverer(self, peer, c.consumer_id)
         consumer = Consumer(c.tag, deliverer, q, c.no_ack, c.exclusive, c.prefetch, c.priority)
         self.remote_consumers[(peer, c.consumer_id)] = consumer
@@ -675,7 +691,9 @@ class QueueLink:
         if req.queue.startswith(REPLY_TO_PREFIX):  # a Direct Reply-To address (no queue is named amq.*)
             return [0, 0, 1] if req.queue[len(REPLY_TO_PREFIX):] in self.node.reply_channels else None
         q = self._lookup(req.vhost, req.queue)
-        return None if q is None else [q.message_count, q.unacked_count, q.consumer_count]
+        if q is None:
+            return None
+        return [q.message_count, q.unacked_count, q.consumer_count, int(q.refuses_consumer(False))]
 
     # -- queue counts for other nodes' listings -----------------------------------------------------------
     def booted(self) -> None:

@@ -659,8 +659,7 @@ class ServerChannel(DeclarationsMixin):
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.consumers:
             raise ConnectionError_(530, f"attempt to reuse consumer tag '{tag}'")
-        existing = q.consumers()
-        if existing and (m.exclusive or any(c.exclusive for c in existing)):
+        if q.refuses_consumer(bool(m.exclusive)):
             raise ChannelError(ACCESS_REFUSED,
                                f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
         priority = _consumer_priority(m.arguments)
