@@ -452,6 +452,24 @@ class StreamMember(NamedTuple):
     add: bool
 
 
+@request_kind(65)
+class StreamPublish(NamedTuple):
+    """A stream-protocol publisher's publishes to replicated stream `gid` from a node that does not write
+    it, for its writer (as RabbitMQ's stream reader writes to the leader's osiris process on its node):
+    `data` the entries framed as a chunk's data section (simple entries and sub-batches, as
+    hutch.queues.stream.chunk.encode_entries frames them), one publishing id per entry in `ids`,
+    `reference` the publisher's reference (b"": none; with one, ids at or below the reference's last
+    stored one are not stored again), `filters` the entries' filter values (None: none has one). Reply:
+    True once a majority of the members has what was stored (an error reply when this node does not
+    write the stream, the data is malformed or the majority does not come)."""
+
+    gid: int
+    data: bytes
+    ids: list[int]
+    reference: bytes
+    filters: list[bytes | None] | None
+
+
 @message_kind(70)
 class DirectReply(NamedTuple):
     """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
@@ -479,14 +497,15 @@ Record: TypeAlias = (
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | DirectReply | AgentQuery
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | DirectReply
+    | AgentQuery
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | AgentQuery
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | AgentQuery
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

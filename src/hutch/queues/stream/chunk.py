@@ -249,6 +249,8 @@ def iter_entries(data: memoryview) -> Iterator[Entry]:
         if first & 0x80:
             flags, n, usize, length = _BATCH.unpack_from(data, pos)
             pos += _BATCH.size
+            if pos + length > end:
+                raise ValueError("a sub-batch runs past the chunk's data")
             yield SubBatch(n, (flags >> 4) & 0x7, usize, bytes(data[pos:pos + length]))
             pos += length
         else:

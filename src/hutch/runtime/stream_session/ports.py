@@ -39,6 +39,19 @@ class StreamRefused(Exception):
 Members = tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]
 
 
+class StreamForwarder(Protocol):
+    """A replicated stream's way to its writer (the stream queue's replication route): where this node
+    does not write the stream, a publisher's entries go to the writer's node."""
+
+    def writes_here(self) -> bool: ...
+
+    async def publish(self, data: bytes, ids: list[int], reference: bytes,
+                      filters: list[bytes | None] | None) -> None:
+        """Write `data` (a chunk's data section, one publishing id per entry; deduplicated with a
+        `reference`) through the writer; returns once a majority has it, raises if it may not have."""
+        ...
+
+
 class StreamCatalog(Protocol):
     def lookup(self, vhost: str, name: str) -> StreamHandle | None:
         """The open handle of stream `name` in `vhost`, None if there is no such stream."""
@@ -50,6 +63,10 @@ class StreamCatalog(Protocol):
 
     def is_stream(self, vhost: str, name: str) -> bool:
         """Is there a stream of that name (open or not)?"""
+        ...
+
+    def forwarder(self, vhost: str, name: str) -> StreamForwarder | None:
+        """A replicated stream's way to its writer (None: a stream of this node only)."""
         ...
 
     async def create(self, vhost: str, name: str, arguments: dict[str, str]) -> None: ...
