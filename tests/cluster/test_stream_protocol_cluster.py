@@ -1,16 +1,33 @@
 """The stream protocol on a real three-node cluster (issue 23; docs/streams.md, "On the node"): rstream
 publishers connected to a member that does not write a replicated stream (their publishes go to the
 writer's node, as RabbitMQ's do), with and without deduplication, simple entries and gzip sub-batches,
-every confirmed message read back on every member."""
+every confirmed message read back on every member; and single-active-consumer groups whose consumers are
+connected to different members: one active cluster-wide, the next one activated (with a consumer update)
+when the active one leaves, when its node is killed, and when the writer's node (where the group lives)
+is killed.
+
+`make test` runs the group test without kills; the others are `slow`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pika
 import pytest
-from rstream import AMQPMessage, CompressionType, Producer
+from rstream import (
+    AMQPMessage,
+    CompressionType,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetSpecification,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
 from rstream.client import Addr, Client
 
 from .nodes import Cluster, Node, eventually, short
@@ -25,6 +42,21 @@ class PinnedProducer(Producer):
 
     def __init__(self, port: int, **kw: Any) -> None:
         super().__init__("127.0.0.1", port=port, **AUTH, **kw)
+        self._pinned = Addr("127.0.0.1", port)
+
+    async def _get_or_create_client(self, stream: str) -> Client:
+        if stream not in self._clients:
+            self._clients[stream] = await self._pool.get(connection_name=self._connection_name, addr=self._pinned,
+                                                         stream=stream,
+                                                         connection_closed_handler=self._on_connection_closed)
+        return self._clients[stream]
+
+
+class PinnedConsumer(Consumer):
+    """An rstream consumer that reads on the node it is given (rstream picks a random replica)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__("127.0.0.1", port=port, **AUTH)
         self._pinned = Addr("127.0.0.1", port)
 
     async def _get_or_create_client(self, stream: str) -> Client:
@@ -144,3 +176,127 @@ def test_writer_killed_while_rstream_publishes_through_a_replica(cluster: Cluste
 
 def _writer(node: Node, stream: str) -> str:
     return short(info(node, stream)["leader"])
+
+
+class Group:
+    """rstream consumers of one single-active-consumer group, each pinned to a node: what each got."""
+
+    def __init__(self, stream: str, name: str) -> None:
+        self.stream, self.name = stream, name
+        self.consumers: dict[str, PinnedConsumer] = {}
+        self.got: dict[str, list[bytes]] = {}
+        self.updates: list[tuple[str, bool]] = []
+        self.changed = asyncio.Event()
+
+    async def join(self, who: str, port: int) -> None:
+        c = self.consumers[who] = PinnedConsumer(port)
+        self.got[who] = []
+
+        async def on_message(msg: AMQPMessage, ctx: MessageContext) -> None:
+            self.got[who].append(bytes(msg.body))
+            self.changed.set()
+
+        async def on_update(is_active: bool, ctx: Any) -> Any:
+            self.updates.append((who, is_active))
+            self.changed.set()
+            return OffsetSpecification(OffsetType.FIRST, 0)
+
+        await c.start()
+        await c.subscribe(self.stream, on_message, decoder=amqp_decoder, consumer_update_listener=on_update,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+                          properties={"single-active-consumer": "true", "name": self.name})
+
+    async def leave(self, who: str) -> None:
+        await self.consumers.pop(who).close()
+
+    async def until(self, check: Any, timeout: float = 30.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not check():
+            self.changed.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            assert remaining > 0, f"timed out: updates {self.updates}, got { {k: len(v) for k, v in self.got.items()} }"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(remaining, 0.5))
+
+    async def close(self) -> None:
+        for c in self.consumers.values():
+            with contextlib.suppress(Exception):
+                await c.close()
+
+
+def pika_publish(node: Node, stream: str, bodies: list[bytes]) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(node.url + "?heartbeat=0"))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for b in bodies:
+        ch.basic_publish("", stream, b)
+    conn.close()
+
+
+def test_one_active_consumer_across_members_and_the_next_on_leave(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "sac-across")  # the group lives with the writer, on n1
+    pika_publish(n1, "sac-across", [b"m%d" % i for i in range(20)])
+    ports = {n.name: stream_port(n) for n in cluster.nodes}
+    all_of = [b"m%d" % i for i in range(20)]
+
+    async def run() -> None:
+        g = Group("sac-across", "billing")
+        try:
+            await g.join("on-n2", ports["n2"])  # first: active (a consumer update, then it reads)
+            await g.until(lambda: g.got["on-n2"] == all_of)
+            await g.join("on-n3", ports["n3"])
+            await g.join("on-n1", ports["n1"])
+            assert g.updates == [("on-n2", True)]
+            await g.leave("on-n2")  # the next in arrival order, on another node, takes over
+            await g.until(lambda: g.got["on-n3"] == all_of)
+            assert g.updates == [("on-n2", True), ("on-n3", True)] and g.got["on-n1"] == []
+            await asyncio.to_thread(pika_publish, n2, "sac-across", [b"more"])  # (through a replica)
+            await g.until(lambda: g.got["on-n3"][-1:] == [b"more"])
+            assert g.got["on-n1"] == []
+            code, rows = n1.api("GET", "/api/stream/consumer-groups/%2F/sac-across/billing")
+            assert code == 200 and [r["state"] for r in rows] == ["active (connected)", "waiting (connected)"]
+        finally:
+            await g.close()
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_the_group_fails_over_when_the_active_node_and_then_the_writers_node_die(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "sac-failover")
+    pika_publish(n1, "sac-failover", [b"f%d" % i for i in range(20)])
+    all_of = [b"f%d" % i for i in range(20)]
+    ports = {n.name: stream_port(n) for n in cluster.nodes}
+
+    async def run() -> None:
+        g = Group("sac-failover", "audit")
+        try:
+            await g.join("on-n2", ports["n2"])
+            await g.until(lambda: g.got["on-n2"] == all_of)
+            await g.join("on-n3", ports["n3"])
+            await g.join("on-n1", ports["n1"])
+            # the active consumer's node dies: the group's node (n1, the writer's) activates the next
+            await asyncio.to_thread(n2.kill)
+            await g.until(lambda: g.got["on-n3"] == all_of)
+            assert [u for u in g.updates if u[1]] == [("on-n2", True), ("on-n3", True)]
+            await asyncio.to_thread(n2.start)
+            await asyncio.to_thread(cluster.wait_running, {"n1", "n2", "n3"})
+            await g.join("on-n2-again", stream_port(n2))  # (its stream listener took a new port)
+            await g.leave("on-n3")
+            await g.until(lambda: g.got["on-n1"] == all_of)  # next in arrival order, on the writer's node
+            # the writer's node dies with the active consumer: the group moves with the stream's writer, and
+            # the consumer left on n2 is activated there
+            await asyncio.to_thread(n1.kill)
+            await g.until(lambda: g.got["on-n2-again"] == all_of, timeout=60)
+            assert [u for u in g.updates if u[1]][-1] == ("on-n2-again", True)
+        finally:
+            await g.close()
+    try:
+        asyncio.run(run())
+    finally:
+        if not n1.running():
+            n1.start()
+        if not n2.running():
+            n2.start()
+        cluster.wait_running({"n1", "n2", "n3"})

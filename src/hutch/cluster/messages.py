@@ -470,6 +470,38 @@ class StreamPublish(NamedTuple):
     filters: list[bytes | None] | None
 
 
+@message_kind(66)
+class StreamSacUpdate(NamedTuple):
+    """A single-active-consumer member on the sending node, to the node its group lives on (the stream's
+    writer's; runtime/stream_session/sac_router.py): `op` 0 joins (`partition_index`, `subscription_id`,
+    `connection` for listing; `active`: it is reading already, its group having moved here), 1 leaves,
+    2 says its client answered a deactivation. `member_id` names the member on the sending node."""
+
+    op: int
+    vhost: str
+    stream: str
+    name: str
+    partition_index: int
+    member_id: int
+    subscription_id: int
+    connection: str
+    active: bool
+
+
+@message_kind(67)
+class StreamSacNotify(NamedTuple):
+    """From the node a single-active-consumer group lives on to a member's node: member `member_id` of
+    group (`vhost`, `stream`, `name`) is now active (`active`), or told inactive (`stepping_down`: it is
+    to answer before the next one is activated); its client gets a ConsumerUpdate."""
+
+    vhost: str
+    stream: str
+    name: str
+    member_id: int
+    active: bool
+    stepping_down: bool
+
+
 @message_kind(70)
 class DirectReply(NamedTuple):
     """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
@@ -497,8 +529,8 @@ Record: TypeAlias = (
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | DirectReply
-    | AgentQuery
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
+    | StreamSacNotify | DirectReply | AgentQuery
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

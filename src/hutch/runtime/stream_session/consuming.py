@@ -4,8 +4,8 @@ Owns: the connection's subscriptions (id → stream, reader, credit, filter), th
 per credit, read from the files by the handle's `StreamReader` and sent as osiris sends it: the chunk's
 48-byte header then its entry data, without the bloom filter or the trailer; `Deliver` version 2 with
 the committed chunk id when the client asked for it), waking on the handle's commits, server-side
-offset tracking (store/query offset by reference), and single active consumer (the node's groups in
-sac.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
+offset tracking (store/query offset by reference), and single active consumer (groups in sac.py,
+on this node or on the stream's writer's, through sac_router.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
 answered with where to start).
 
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
@@ -102,8 +102,7 @@ class Consuming:
         if "super-stream" in props:
             index = super_streams.partition_index(conn.vhost, props["super-stream"], cmd.stream)
         sub.sac_key = (conn.vhost.name, cmd.stream, name)
-        sub.sac_member, notes = conn.hub.sac.register(sub.sac_key, index, conn, sub.subscription_id)
-        deliver_notes(notes)
+        sub.sac_member = conn.hub.sac_router.join(conn, sub.subscription_id, sub.sac_key, index)
 
     def unsubscribe(self, cmd: c.Unsubscribe) -> None:
         sub = self.subscriptions.get(cmd.subscription_id)
@@ -121,7 +120,7 @@ class Consuming:
             sub.reader.close()
         sub.reader = None
         if sub.sac_key is not None and sub.sac_member is not None:
-            deliver_notes(self.conn.hub.sac.unregister(sub.sac_key, sub.sac_member))
+            self.conn.hub.sac_router.leave(sub.sac_key, sub.sac_member)
 
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
@@ -276,9 +275,4 @@ class Consuming:
             spec = sub.spec if cmd.offset.type == OffsetType.NONE else cmd.offset
             self._start(sub, spec)
         elif sub.sac_key is not None and sub.sac_member is not None:
-            deliver_notes(self.conn.hub.sac.stepped_down(sub.sac_key, sub.sac_member))
-
-
-def deliver_notes(notes: list[Notify]) -> None:
-    for note in notes:
-        note.member.owner.consuming.sac_notify(note)
+            self.conn.hub.sac_router.stepped_down(sub.sac_key, sub.sac_member)

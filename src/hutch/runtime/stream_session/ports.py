@@ -13,6 +13,7 @@ response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hutch.core.auth import PermissionKind
@@ -50,6 +51,19 @@ class StreamForwarder(Protocol):
         """Write `data` (a chunk's data section, one publishing id per entry; deduplicated with a
         `reference`) through the writer; returns once a majority has it, raises if it may not have."""
         ...
+
+
+class ClusterLink(Protocol):
+    """What the stream session needs of the node's cluster service (runtime/clustering/service.py): its
+    name, records to a peer, handlers of records from peers, and whether a peer is connected."""
+
+    name: str
+
+    def send(self, peer: str, record: Any) -> bool: ...
+
+    def register(self, kind: type[Any], handler: Callable[[str, Any], Any]) -> None: ...
+
+    def connected(self, peer: str) -> bool: ...
 
 
 class StreamCatalog(Protocol):
