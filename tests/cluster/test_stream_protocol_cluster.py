@@ -261,6 +261,35 @@ def test_one_active_consumer_across_members_and_the_next_on_leave(cluster: Clust
     asyncio.run(run())
 
 
+def test_an_offset_stored_on_a_replica_is_stored_by_the_writer_and_read_everywhere(cluster: Cluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "offsets-across")
+    pika_publish(n1, "offsets-across", [b"o%d" % i for i in range(10)])
+    ports = {n.name: stream_port(n) for n in cluster.nodes}
+
+    async def query(port: int) -> int | None:
+        async with PinnedConsumer(port) as c:
+            try:
+                return await c.query_offset("offsets-across", "app")
+            except Exception:  # noqa: BLE001 - not stored (yet) there: rstream raises OffsetNotFound
+                return None
+
+    async def run() -> None:
+        async with PinnedConsumer(ports["n2"]) as c:  # n2 does not write the stream
+            await c.store_offset("offsets-across", "app", 7)
+            for node in cluster.nodes:
+                deadline = asyncio.get_running_loop().time() + 30
+                while await query(ports[node.name]) != 7:
+                    assert asyncio.get_running_loop().time() < deadline, node.name
+                    await asyncio.sleep(0.1)
+            await c.store_offset("offsets-across", "app", 8)  # the connection is still there
+            deadline = asyncio.get_running_loop().time() + 30
+            while await c.query_offset("offsets-across", "app") != 8:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+    asyncio.run(run())
+
+
 @pytest.mark.slow
 def test_the_group_fails_over_when_the_active_node_and_then_the_writers_node_die(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes

@@ -31,6 +31,7 @@ class FakeWriter:
         self.writes_here_now = False
         self.requests: list[tuple[list[bytes], list[int], bytes, list[bytes | None] | None]] = []
         self.answers: list[asyncio.Future[None]] = []
+        self.offsets: list[tuple[bytes, int]] = []
 
     def writes_here(self) -> bool:
         return self.writes_here_now
@@ -42,6 +43,11 @@ class FakeWriter:
         answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.answers.append(answer)
         await answer
+
+
+    def store_offset(self, reference: bytes, offset: int) -> bool:
+        self.offsets.append((reference, offset))
+        return True
 
 
 class ForwardingCatalog(QueueCatalog):
@@ -125,3 +131,16 @@ async def test_the_writer_refuses_a_malformed_forwarded_publish() -> None:
     ]:
         with pytest.raises(ValueError, match=why):
             _entries_of(bad_data, ids, filters)
+
+
+async def test_a_stored_offset_goes_to_the_writer(node: Node) -> None:
+    writer = FakeWriter()
+    pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
+    await pair.open()
+    await pair.create("s1")
+    pair.send(c.StoreOffset("billing", "s1", 42))  # (no answer, as RabbitMQ)
+    await pair.until(lambda: writer.offsets == [(b"billing", 42)])
+    writer.writes_here_now = True  # on the writer's node: stored here
+    pair.send(c.StoreOffset("billing", "s1", 43))
+    reply = await pair.request(c.QueryOffset(9, "billing", "s1"))
+    assert reply == c.QueryOffsetResponse(9, Code.OK, 43) and writer.offsets == [(b"billing", 42)]

@@ -502,6 +502,17 @@ class StreamSacNotify(NamedTuple):
     stepping_down: bool
 
 
+@message_kind(68)
+class StreamStoreOffset(NamedTuple):
+    """A consumer's stored offset for replicated stream `gid`, from a member that does not write it, for its
+    writer (as RabbitMQ writes the tracking through the leader): `reference` the consumer name, `offset`.
+    No reply (the stream protocol's store offset has none)."""
+
+    gid: int
+    reference: bytes
+    offset: int
+
+
 @message_kind(70)
 class DirectReply(NamedTuple):
     """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
@@ -530,7 +541,7 @@ Record: TypeAlias = (
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
-    | StreamSacNotify | DirectReply | AgentQuery
+    | StreamSacNotify | StreamStoreOffset | DirectReply | AgentQuery
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

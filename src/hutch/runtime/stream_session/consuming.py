@@ -25,6 +25,7 @@ from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
+from hutch.storage.errors import StorageError
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code, OffsetType
 from hutch.streamproto.errors import CommandError
@@ -230,14 +231,25 @@ class Consuming:
 
     # -- offsets ------------------------------------------------------------------------------------
     def store_offset(self, cmd: c.StoreOffset) -> None:
-        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored."""
+        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored.
+        On a member that does not write a replicated stream the offset goes to the writer (as RabbitMQ
+        writes tracking through the leader); one that cannot be stored now (a writer being elected) is
+        dropped, as the client stores again."""
         conn = self.conn
         if len(cmd.reference) > MAX_REFERENCE_CHARS or not cmd.reference:
             return
         handle = conn.catalog.lookup(conn.vhost.name, cmd.stream)
         if handle is None or handle.closed or not conn.permitted("read", cmd.stream):
             return
-        handle.store_offset(cmd.reference.encode(), cmd.offset)
+        reference = cmd.reference.encode()
+        forwarder = conn.catalog.forwarder(conn.vhost.name, cmd.stream)
+        if forwarder is not None and not forwarder.writes_here():
+            forwarder.store_offset(reference, cmd.offset)
+            return
+        try:
+            handle.store_offset(reference, cmd.offset)
+        except (ValueError, StorageError) as exc:  # (NotWriter: the member stopped writing this very turn)
+            log.debug("stream %s: offset of %s not stored: %r", cmd.stream, cmd.reference, exc)
 
     def query_offset(self, cmd: c.QueryOffset) -> None:
         handle = self.conn.stream_handle(cmd.stream)

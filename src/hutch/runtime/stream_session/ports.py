@@ -52,6 +52,10 @@ class StreamForwarder(Protocol):
         `reference`) through the writer; returns once a majority has it, raises if it may not have."""
         ...
 
+    def store_offset(self, reference: bytes, offset: int) -> bool:
+        """Store a consumer's offset through the writer (no answer; False: not sent)."""
+        ...
+
 
 class ClusterLink(Protocol):
     """What the stream session needs of the node's cluster service (runtime/clustering/service.py): its

@@ -39,6 +39,7 @@ from hutch.runtime.clustering.transport import RemoteError
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream_replication.member import NotWriter, ReplicatedStream
+from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem
 
 log = logging.getLogger("hutch.stream.replication")
@@ -107,6 +108,7 @@ class StreamReplicationService:
         host.register(cm.StreamEndpoint, self._on_endpoint)
         host.register(cm.StreamMember, self._on_member)
         host.register(cm.StreamPublish, self._on_publish)
+        host.register(cm.StreamStoreOffset, self._on_store_offset)
 
     # -- opening and closing ------------------------------------------------------------------------
 
@@ -389,6 +391,37 @@ class StreamReplicationService:
         await asyncio.wait_for(asyncio.shield(appended.settled), APPEND_TIMEOUT_S)
         return True
 
+    def store_offset(self, gid: int, reference: bytes, offset: int) -> bool:
+        """A consumer's offset stored through the stream's writer, here or on its node (no answer, as the
+        stream protocol's store offset has none); False when it could not be sent (no writer, or its node
+        is not reachable: the consumer stores again later, as its client does)."""
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            return False
+        if self.writes_here(gid):
+            return self._store_here(hosted, reference, offset)
+        writer = hosted.machine.state.writer
+        if writer is None or writer == self.host.name or not self.host.connected(writer):
+            return False
+        return self.host.send(writer, cm.StreamStoreOffset(gid, reference, offset))
+
+    def _on_store_offset(self, peer: str, m: cm.StreamStoreOffset) -> None:
+        hosted = self.streams.get(m.gid)
+        if not 0 < len(m.reference) <= 255 or not 0 <= m.offset < 1 << 64:
+            log.warning("dropped a malformed stored offset from %s", peer)
+        elif hosted is not None and self.writes_here(m.gid):  # (else dropped: never forwarded again)
+            self._store_here(hosted, m.reference, m.offset)
+
+    @staticmethod
+    def _store_here(hosted: Hosted, reference: bytes, offset: int) -> bool:
+        assert hosted.stream is not None
+        try:
+            hosted.stream.handle.store_offset(reference, offset)
+        except (NotWriter, StorageError) as exc:
+            log.debug("stream group %d: offset of %r not stored: %r", hosted.gid, reference, exc)
+            return False
+        return True
+
     def _writer_here(self, gid: int) -> ReplicatedStream:
         """The member of stream group `gid` if it writes here; NotWriter (before anything is written)."""
         hosted = self.streams.get(gid)
@@ -505,6 +538,10 @@ class StreamRoute:
                       filters: list[bytes | None] | None) -> None:
         """A stream-protocol publisher's entries, through the writer (`StreamReplicationService.publish`)."""
         await self.service.publish(self.gid, data, ids, reference, filters)
+
+    def store_offset(self, reference: bytes, offset: int) -> bool:
+        """A consumer's stored offset, through the writer (`StreamReplicationService.store_offset`)."""
+        return self.service.store_offset(self.gid, reference, offset)
 
     def nodes(self) -> tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]:
         """(this node, the writer's node, each member's node and stream listener, the writer first):
