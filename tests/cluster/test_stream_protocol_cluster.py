@@ -36,7 +36,21 @@ from .test_stream_cluster import declare, info, read_first, rstream_read, start_
 AUTH = {"username": "guest", "password": "guest"}
 
 
-class PinnedProducer(Producer):
+class _Pinned:
+    """rstream opens each stream's connection on the node the metadata names (a producer: the leader; a
+    consumer: a random replica); these open it on the node they are given."""
+
+    _pinned: Addr
+
+    async def _get_or_create_client(self: Any, stream: str) -> Client:
+        if stream not in self._clients:
+            self._clients[stream] = await self._pool.get(connection_name=self._connection_name, addr=self._pinned,
+                                                         stream=stream,
+                                                         connection_closed_handler=self._on_connection_closed)
+        return self._clients[stream]
+
+
+class PinnedProducer(_Pinned, Producer):
     """An rstream producer that publishes on the node it is given, whatever the metadata names as the
     leader (a client behind a load balancer, or one that does not look)."""
 
@@ -44,27 +58,13 @@ class PinnedProducer(Producer):
         super().__init__("127.0.0.1", port=port, **AUTH, **kw)
         self._pinned = Addr("127.0.0.1", port)
 
-    async def _get_or_create_client(self, stream: str) -> Client:
-        if stream not in self._clients:
-            self._clients[stream] = await self._pool.get(connection_name=self._connection_name, addr=self._pinned,
-                                                         stream=stream,
-                                                         connection_closed_handler=self._on_connection_closed)
-        return self._clients[stream]
 
-
-class PinnedConsumer(Consumer):
-    """An rstream consumer that reads on the node it is given (rstream picks a random replica)."""
+class PinnedConsumer(_Pinned, Consumer):
+    """An rstream consumer that reads on the node it is given."""
 
     def __init__(self, port: int) -> None:
         super().__init__("127.0.0.1", port=port, **AUTH)
         self._pinned = Addr("127.0.0.1", port)
-
-    async def _get_or_create_client(self, stream: str) -> Client:
-        if stream not in self._clients:
-            self._clients[stream] = await self._pool.get(connection_name=self._connection_name, addr=self._pinned,
-                                                         stream=stream,
-                                                         connection_closed_handler=self._on_connection_closed)
-        return self._clients[stream]
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pika
 import pytest
 from rstream import AMQPMessage, CompressionType, ConfirmationStatus, Producer
 from rstream.compression import GzipCompressionCodec, StreamCompressionCodecs
 
 from .conftest import StreamServer
+from .equivalence import _pika_read
 
 pytestmark = pytest.mark.asyncio
 WAIT_S = 30.0
@@ -44,23 +43,7 @@ async def send_batches(server: StreamServer, stream: str, batches: Sequence[tupl
 
 def pika_read(server: StreamServer, stream: str, count: int) -> list[tuple[int, bytes]]:
     """The first `count` (x-stream-offset, body) pika gets from `first`."""
-    conn = pika.BlockingConnection(pika.URLParameters(server.info.url))
-    got: list[tuple[int, bytes]] = []
-    try:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=100)
-
-        def on_message(c: Any, m: Any, p: Any, b: bytes) -> None:
-            got.append((p.headers["x-stream-offset"], b))
-            c.basic_ack(m.delivery_tag)
-
-        ch.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
-        deadline = time.monotonic() + WAIT_S
-        while len(got) < count and time.monotonic() < deadline:
-            conn.process_data_events(time_limit=0.1)
-    finally:
-        conn.close()
-    return got
+    return _pika_read(server.info.url, stream, count, {"x-stream-offset": "first"})
 
 
 async def test_uncompressed_and_gzip_sub_batches_reach_an_amqp_consumer(stream_server: StreamServer) -> None:
