@@ -144,3 +144,18 @@ async def test_a_stored_offset_goes_to_the_writer(node: Node) -> None:
     pair.send(c.StoreOffset("billing", "s1", 43))
     reply = await pair.request(c.QueryOffset(9, "billing", "s1"))
     assert reply == c.QueryOffsetResponse(9, Code.OK, 43) and writer.offsets == [(b"billing", 42)]
+
+
+async def test_a_deleted_publishers_queued_publishes_are_not_sent(node: Node) -> None:
+    writer = FakeWriter()
+    pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
+    await pair.open()
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    pair.send(c.Publish(1, [c.PublishedEntry(1, b"a")]))
+    await pair.until(lambda: len(writer.requests) == 1)
+    pair.send(c.Publish(1, [c.PublishedEntry(2, b"b")]))  # queued behind the first
+    assert await pair.request(c.DeletePublisher(3, 1)) == c.Response(Key.DELETE_PUBLISHER, 3, Code.OK)
+    writer.answers[0].set_result(None)
+    await pair.until(lambda: pair.conn.publishing.pending_appends == 0)
+    assert len(writer.requests) == 1 and pair.received() == []  # not sent, and nobody is told

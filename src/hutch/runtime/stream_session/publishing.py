@@ -251,6 +251,10 @@ class Publishing:
         assert forwarder is not None
         try:
             while pub.forwards:
+                if self.publishers.get(pub.publisher_id) is not pub:  # deleted, or its connection closed:
+                    self._forwarded(pub, list(pub.forwards), ok=False)  # what is not sent yet goes unsent
+                    pub.forwards.clear()
+                    return
                 taken: list[tuple[bytes, list[int], list[bytes | None] | None]] = []
                 count = size = 0
                 while pub.forwards and (not taken or (count + len(pub.forwards[0][1]) <= CHUNK_ENTRIES

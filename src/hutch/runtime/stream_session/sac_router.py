@@ -250,6 +250,9 @@ class SacRouter:
         assert self.link is not None
         me = self.link.name
         for key in list(self.homed):
+            if key not in self.groups.groups:  # (emptied: nothing to move)
+                self.homed.discard(key)
+                continue
             home = self._home_of(key)
             if home is not None and home != me:  # this node no longer writes the stream: drop its groups
                 self.homed.discard(key)
