@@ -474,8 +474,9 @@ class StreamPublish(NamedTuple):
 class StreamSacUpdate(NamedTuple):
     """A single-active-consumer member on the sending node, to the node its group lives on (the stream's
     writer's; runtime/stream_session/sac_router.py): `op` 0 joins (`partition_index`, `subscription_id`,
-    `connection` for listing; `active`: it is reading already, its group having moved here), 1 leaves,
-    2 says its client answered a deactivation. `member_id` names the member on the sending node."""
+    `connection` for listing; `active`: it is reading already), 1 leaves, 2 says its client answered a
+    deactivation, 3 joins a group that moved there with the writer (not activated at once unless
+    `active`). `member_id` names the member on the sending node."""
 
     op: int
     vhost: str

@@ -78,13 +78,17 @@ class SacGroups:
         self.groups: dict[GroupKey, Group] = {}
 
     def register(self, key: GroupKey, partition_index: int, owner: Any, subscription_id: int,
-                 claims_active: bool = False) -> tuple[Member, list[Notify]]:
+                 claims_active: bool = False, deferred: bool = False) -> tuple[Member, list[Notify]]:
         """A member joins (last in arrival order). `claims_active`: it is reading already (it was active
         in the group's state on another node, which moved here: `SacRouter`); it stays active without a
-        notification if the group has no active member, else it is told inactive."""
+        notification if the group has no active member, else it is told inactive. `deferred` (a member
+        of a group that is moving here, not reading): it waits, nobody is activated now, so that the
+        member that was reading can claim the group first (`activate_idle` later)."""
         group = self.groups.setdefault(key, Group(partition_index))
         member = Member(owner, subscription_id)
         group.members.append(member)
+        if deferred and not claims_active:
+            return member, []
         if claims_active:
             if group.current() is not None:
                 return member, [Notify(member, False)]
@@ -112,6 +116,14 @@ class SacGroups:
             chosen = group.chosen()
             return self._activate(chosen) if chosen is not None else []
         return self._rebalance(group)
+
+    def activate_idle(self, key: GroupKey) -> list[Notify]:
+        """Activate the chosen member of a group that has members and none active (after a move)."""
+        group = self.groups.get(key)
+        if group is None or group.current() is not None:
+            return []
+        chosen = group.chosen()
+        return self._activate(chosen) if chosen is not None else []
 
     def group_rows(self, vhost: str) -> list[dict[str, Any]]:
         """The groups of `vhost` as RabbitMQ's `list_stream_consumer_groups` shows them, by stream then

@@ -17,8 +17,10 @@ Rules (RabbitMQ keeps its groups in one place, its stream coordinator; hutch kee
 - When a stream's writer changes (`SWEEP_S`), its groups move: the old writer's node drops them without
   notifications (only on a change of its own view from "I write" to "another writes"), every node
   places its members on the new writer's node, each claiming to be active if it was reading (sac.py:
-  it stays active if no other member is, else it is told inactive). A member whose group's node comes
-  back up joins it again (the node dropped it when it went down).
+  it stays active if no other member is, else it is told inactive); the others join deferred, and a
+  group without an active member after one more sweep has its chosen member activated (the one that was
+  reading, if it survived, has claimed it by then). A member whose group's node comes back up joins it
+  again (the node dropped it when it went down).
 - Records from peers naming groups or members this node does not hold are ignored.
 """
 
@@ -36,7 +38,7 @@ from hutch.runtime.stream_session.sac import GroupKey, Member, Notify, SacGroups
 
 log = logging.getLogger("hutch.stream")
 
-JOIN, LEAVE, STEPPED = 0, 1, 2
+JOIN, LEAVE, STEPPED, MOVE = 0, 1, 2, 3
 SWEEP_S = 0.5
 
 
@@ -92,6 +94,7 @@ class SacRouter:
         self.remote: dict[tuple[str, int], Member] = {}  # (node, member id) -> its member here
         self.homed: set[GroupKey] = set()  # groups that live here because this node writes their stream
         self._ids = itertools.count(1)
+        self._idle: dict[GroupKey, int] = {}  # moved groups without an active member: sweeps waited
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self, link: ClusterLink) -> None:
@@ -135,21 +138,23 @@ class SacRouter:
         self._place(placed, home, claims_active=False)
         return placed.member
 
-    def _place(self, placed: Placed, home: str, claims_active: bool) -> None:
+    def _place(self, placed: Placed, home: str, claims_active: bool, moving: bool = False) -> None:
         assert self.link is not None
         placed.home = home
         if home == self.link.name:
             if home == self._home_of(placed.key):
                 self.homed.add(placed.key)
             member, notes = self.groups.register(placed.key, placed.partition_index, placed.conn,
-                                                 placed.subscription_id, claims_active)
+                                                 placed.subscription_id, claims_active, deferred=moving)
+            if moving and not claims_active:
+                self._idle.setdefault(placed.key, 0)
             self._rekey(placed, member)
             deliver_notes(notes)
             return
         proxy = Member(placed.conn, placed.subscription_id,
                        Status.ACTIVE if claims_active else Status.WAITING)
         self._rekey(placed, proxy)
-        self._send(placed, JOIN, claims_active)
+        self._send(placed, MOVE if moving else JOIN, claims_active)
 
     def _rekey(self, placed: Placed, member: Member) -> None:
         """`member` is now the subscription's `sac_member`."""
@@ -198,11 +203,14 @@ class SacRouter:
         key = (m.vhost, m.stream, m.name)
         ident = (peer, m.member_id)
         member = self.remote.get(ident)
-        if m.op == JOIN:
+        if m.op in (JOIN, MOVE):
             if member is not None:
                 return  # (a join said again: it is in already)
             owner = RemoteOwner(self, peer, m.member_id, m.connection, key)
-            member, notes = self.groups.register(key, m.partition_index, owner, m.subscription_id, m.active)
+            member, notes = self.groups.register(key, m.partition_index, owner, m.subscription_id, m.active,
+                                                 deferred=m.op == MOVE)
+            if m.op == MOVE and not m.active:
+                self._idle.setdefault(key, 0)
             self.remote[ident] = member
             if self.link is not None and self._home_of(key) == self.link.name:
                 self.homed.add(key)
@@ -272,4 +280,10 @@ class SacRouter:
                 self.groups.unregister(placed.key, placed.member)
             log.info("single active consumer: group %s of stream %s moves to %s with its writer",
                      placed.key[2], placed.key[1], home)
-            self._place(placed, home, claims)
+            self._place(placed, home, claims, moving=True)
+        for key, sweeps in list(self._idle.items()):
+            if sweeps < 1:
+                self._idle[key] = sweeps + 1
+                continue
+            del self._idle[key]
+            deliver_notes(self.groups.activate_idle(key))
