@@ -341,9 +341,8 @@ class StreamReplicationService:
         entry; with a `reference`, deduplicated by the writer) written through the stream's writer, here
         or on its node, as `append` does (the same waits and refusals); returns once a majority has
         what was stored."""
-        entries = _entries_of(data, ids, filters)
         await self._through_writer(
-            gid, lambda stream: stream.publish(entries, publisher=reference or None,
+            gid, lambda stream: stream.publish(_entries_of(data, ids, filters), publisher=reference or None,
                                                publishing_ids=ids if reference else None, filter_values=filters),
             cm.StreamPublish(gid, data, ids, reference, filters), timeout_s)
 
