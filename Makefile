@@ -81,7 +81,7 @@ test-crash: $(STAMP)
 test-sim: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests/sim
 
-# the Jepsen-style quorum queue test, long (tests/cluster/test_jepsen.py): HUTCH_JEPSEN_NODES (default 3,5; e.g. 5),
+# the Jepsen-style quorum queue and stream tests, long (tests/cluster/test_jepsen.py): HUTCH_JEPSEN_NODES (default 3,5; e.g. 5),
 # HUTCH_JEPSEN_SEEDS (default 1-4; "1-8" or "3,7,11") and HUTCH_JEPSEN_SECONDS per run (default 60); one summary
 # line per run (lost and phantom counts included); figures in artifacts/ if present
 jepsen: $(STAMP)

@@ -1,4 +1,5 @@
-"""A Jepsen-style test of quorum queues (issue 7): workload, nemesis and checker, reusable.
+"""A Jepsen-style test of quorum queues (issue 7) and of replicated streams (issue 23): workloads, nemesis
+and checkers, reusable.
 
 `run(tmp, JepsenConfig(nodes=3, seconds=20, seed=1))` starts a cluster of real hutch-server processes
 (tests/cluster/nodes.py), declares a quorum queue with a member on every node and, for `seconds`:
@@ -21,6 +22,13 @@ consumers kept on until the queue is drained, the rest fetched with basic.get th
 the checker asserts: every confirmed message was consumed at least once, nothing that was never
 published was consumed, and every node reports the queue empty. Duplicates (consumed more than once),
 unknown and failed outcomes are figures, not failures.
+
+The stream workload (`JepsenConfig(kind="stream")`, `run` declares a stream with a member on every node):
+the same publishers and nemesis, no consumers during the run; after healing, every node's log is read
+from `first` with pika (x-stream-offset) until every confirmed message has come and the stream is quiet,
+and the checker asserts: every confirmed message is on every member, once (no body twice), in each
+publisher's order, nothing that was never published is there, and every member holds the same
+(offset, body) sequence. Unknown and nacked publishes may be there or not (once at most).
 
 Every client call is bounded: connection establishment by pika's socket/stack timeouts, every blocking
 call by a watchdog thread that shuts the connection's socket down once a deadline passes (pika then
@@ -77,6 +85,7 @@ class JepsenConfig:
     drain_timeout: float = 120.0  # the consumers draining the queue, at most
     stall_timeout: float = 20.0  # ... and without any progress
     config_text: str | None = None  # the nodes' hutch.conf (default: the harness's FAST)
+    kind: str = "quorum"  # or "stream": a replicated stream, read back on every member after healing
 
 
 @dataclass
@@ -93,6 +102,7 @@ class JepsenResult:
     unknown_consumed: int = 0  # unknown outcome, but the message was there
     failed_consumed: int = 0  # nacked, and still delivered (allowed: a nack promises nothing)
     drained_by_get: int = 0
+    stream_lengths: dict[str, int] = field(default_factory=dict)  # stream: node -> messages read from first
     lost: list[str] = field(default_factory=list)  # confirmed, never consumed: a violation
     lost_at: dict[str, float] = field(default_factory=dict)  # the first lost: published at (s from start)
     phantom: list[str] = field(default_factory=list)  # consumed, never published: a violation
@@ -109,14 +119,17 @@ class JepsenResult:
 
     def summary(self) -> str:
         c = self.config
-        head = (f"jepsen {c['nodes']} nodes seed {c['seed']} {c['seconds']:.0f}s: "
+        head = (f"jepsen {'' if c.get('kind', 'quorum') == 'quorum' else c['kind'] + ' '}"
+                f"{c['nodes']} nodes seed {c['seed']} {c['seconds']:.0f}s: "
                 f"attempted {self.attempted}, "
                 f"confirmed {self.confirmed}, lost {len(self.lost)}, phantom {len(self.phantom)}, "
                 f"failed {self.failed}, unknown {self.unknown} "
                 f"({self.unknown_consumed} of them consumed), consumed {self.consumed_distinct} distinct in "
                 f"{self.deliveries} deliveries, duplicates {self.duplicates} "
                 f"({self.duplicated_messages} messages), failed-but-consumed {self.failed_consumed}, "
-                f"drained by get {self.drained_by_get}, faults {len(self.faults)} "
+                f"drained by get {self.drained_by_get}, "
+                f"{'' if not self.stream_lengths else f'read per member {self.stream_lengths}, '}"
+                f"faults {len(self.faults)} "
                 f"[{', '.join(self.faults)}], {self.elapsed:.1f}s")
         if self.problems:
             head += "\nPROBLEMS:\n  " + "\n  ".join(self.problems)
@@ -670,12 +683,16 @@ def _run(cluster: Cluster, cfg: JepsenConfig, result: JepsenResult) -> JepsenRes
     rng = random.Random(cfg.seed)
     nodes = cluster.nodes
     n = len(nodes)
-    _declare(nodes[0], cfg.queue, n)
-    history.event("setup", f"declared {cfg.queue} on {nodes[0].name} with {n} members")
+    stream = cfg.kind == "stream"
+    if stream:
+        _declare_stream(nodes[0], cfg.queue)
+    else:
+        _declare(nodes[0], cfg.queue, n)
+    history.event("setup", f"declared {cfg.kind} {cfg.queue} on {nodes[0].name} with {n} members")
     publishers = [Publisher(i, nodes, i % n, history, cfg, random.Random(rng.random()))
                   for i in range(cfg.publishers)]
-    consumers = [Consumer(i, nodes, (i + 1) % n, history, cfg, random.Random(rng.random()))
-                 for i in range(cfg.consumers)]
+    consumers = [] if stream else [Consumer(i, nodes, (i + 1) % n, history, cfg, random.Random(rng.random()))
+                                   for i in range(cfg.consumers)]
     workers: list[Worker] = [*publishers, *consumers]
     watchdog = Watchdog(workers)
     nemesis = Nemesis(cluster, cfg, history)
@@ -704,7 +721,10 @@ def _run(cluster: Cluster, cfg: JepsenConfig, result: JepsenResult) -> JepsenRes
             p.stop_event.set()
         if hung := _join(list(publishers), cfg.confirm_timeout + 10):
             result.problems.append(f"publishers did not stop: {hung}")
-        result.problems += _drain(cluster, cfg, history, consumers, result)
+        if stream:
+            result.problems += _read_every_member(cluster, cfg, history, result)
+        else:
+            result.problems += _drain(cluster, cfg, history, consumers, result)
     finally:
         nemesis.stop_event.set()
         for w in workers:
@@ -713,7 +733,7 @@ def _run(cluster: Cluster, cfg: JepsenConfig, result: JepsenResult) -> JepsenRes
         watchdog.stop_event.set()
         result.elapsed = time.monotonic() - t0
         result.faults = list(nemesis.faults)
-        _check(history, result)
+        _check(history, result, stream)
         result.events = list(history.events)
     _write_artifact(result)
     return result
@@ -783,7 +803,93 @@ def _drain(cluster: Cluster, cfg: JepsenConfig, history: History, consumers: lis
     return problems
 
 
-def _check(history: History, result: JepsenResult) -> None:
+def _declare_stream(node: Node, stream: str) -> None:
+    conn = pika.BlockingConnection(params(node, heartbeat=0))
+    try:
+        conn.channel().queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    finally:
+        _close(conn)
+
+
+def _read_stream(node: Node, cfg: JepsenConfig, history: History, quiet_s: float = 2.0,
+                 timeout: float = 60.0) -> list[tuple[int, str]]:
+    """(x-stream-offset, body) of every message of the stream on `node`, read from `first` until every
+    confirmed body has come and nothing more for `quiet_s` (or `timeout`)."""
+    with history.lock:
+        wanted = set(history.confirmed)
+    got: list[tuple[int, str]] = []
+    conn = pika.BlockingConnection(params(node, heartbeat=0))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=500)
+
+        def on(channel: Any, method: Any, props: Any, body: bytes) -> None:
+            got.append((props.headers["x-stream-offset"], body.decode()))
+            channel.basic_ack(method.delivery_tag)
+
+        ch.basic_consume(cfg.queue, on, arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + timeout
+        seen = 0
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+            if len(got) != seen:
+                seen, quiet_since = len(got), time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s and wanted <= {b for _, b in got}:
+                break
+    finally:
+        _close(conn)
+    return got
+
+
+def _read_every_member(cluster: Cluster, cfg: JepsenConfig, history: History, result: JepsenResult) -> list[str]:
+    """Read the stream on every node (the history's consumptions are the first node's reads) and check
+    that every member holds the same log; a member still catching up is read again (three times at most)."""
+    problems: list[str] = []
+    reads: dict[str, list[tuple[int, str]]] = {}
+    for attempt in range(3):
+        for node in cluster.nodes:
+            try:
+                reads[node.name] = _read_stream(node, cfg, history)
+            except Exception as exc:  # noqa: BLE001 - read again below
+                history.event("read", f"reading on {node.name} failed: {exc!r}")
+                reads[node.name] = []
+        if len({tuple(r) for r in reads.values()}) == 1:
+            break
+        history.event("read", f"members differ (attempt {attempt + 1}): "
+                      + ", ".join(f"{k}: {len(v)}" for k, v in reads.items()))
+        time.sleep(2)
+    result.stream_lengths = {k: len(v) for k, v in reads.items()}
+    first = reads[cluster.nodes[0].name]
+    for _, body in first:
+        history.consume(body)
+    for name, got in reads.items():
+        bodies = [b for _, b in got]
+        offsets = [o for o, _ in got]
+        if offsets != sorted(set(offsets)):
+            problems.append(f"{name}: offsets not increasing")
+        twice = sorted((b for b, k in Counter(bodies).items() if k > 1), key=_order)
+        if twice:
+            problems.append(f"{name}: {len(twice)} messages more than once: {_sample(twice)}")
+        with history.lock:
+            confirmed = set(history.confirmed)
+        if missing := sorted(confirmed - set(bodies), key=_order):
+            problems.append(f"{name}: {len(missing)} confirmed messages missing: {_sample(missing)}")
+        last: dict[str, int] = {}
+        for body in bodies:
+            who, n = _order(body)
+            if body in confirmed and n < last.get(who, -1):
+                problems.append(f"{name}: {body} after {who}-{last[who]}: out of its publisher's order")
+                break
+            if body in confirmed:
+                last[who] = n
+        if got != first:
+            problems.append(f"{name} holds another log than {cluster.nodes[0].name}: "
+                            f"{len(got)} against {len(first)} messages")
+    return problems
+
+
+def _check(history: History, result: JepsenResult, stream: bool = False) -> None:
     with history.lock:
         consumed = set(history.consumed)
         result.attempted = len(history.attempted)
@@ -799,7 +905,7 @@ def _check(history: History, result: JepsenResult) -> None:
         result.lost = sorted(history.confirmed - consumed, key=_order)
         result.phantom = sorted(consumed - history.attempted, key=_order)
         result.lost_at = {b: history.attempted_at[b] for b in result.lost[:50]}
-    if result.lost:
+    if result.lost and not stream:  # (a stream's are reported per member by _read_every_member)
         result.problems.append(f"{len(result.lost)} confirmed messages were never consumed: "
                                f"{_sample(result.lost)} "
                                f"(published at t={sorted(set(result.lost_at.values()))[:10]} s)")
@@ -823,7 +929,8 @@ def _write_artifact(result: JepsenResult) -> Path | None:
     if not ARTIFACTS.is_dir():
         return None
     c = result.config
-    path = ARTIFACTS / f"jepsen-{c['nodes']}nodes-seed{c['seed']}.json"
+    kind = "" if c.get("kind", "quorum") == "quorum" else f"{c['kind']}-"
+    path = ARTIFACTS / f"jepsen-{kind}{c['nodes']}nodes-seed{c['seed']}.json"
     with contextlib.suppress(OSError):
         path.write_text(json.dumps(result.to_json(), indent=1))
         return path

@@ -1,6 +1,8 @@
 """A Jepsen-style test of quorum queues (issue 7): publishers with confirms and consumers with manual
 acks on every node of a real cluster while a seeded nemesis kills, pauses and partitions nodes; then
-every confirmed message must have been consumed, nothing unpublished consumed, and the queue empty.
+every confirmed message must have been consumed, nothing unpublished consumed, and the queue empty. The
+same with a replicated stream (issue 23): every confirmed message on every member, once, in order, and
+every member holding the same log.
 
 The workload, nemesis and checker are in tests/cluster/jepsen.py; docs/quorum-queues.md ("Jepsen-style
 test") says what is checked. `make test` runs one short seeded run on 3 nodes (seed 2; `make test-slow`
@@ -74,6 +76,31 @@ def test_jepsen_3_nodes(tmp_path: Path, seed: int) -> None:
 @pytest.mark.parametrize("nodes", _numbers("HUTCH_JEPSEN_NODES", "3,5"))
 def test_jepsen_long(tmp_path: Path, nodes: int, seed: int) -> None:
     check(tmp_path, JepsenConfig(nodes=nodes, seconds=_seconds(), seed=seed))
+
+
+# the stream workload (docs/streams.md, "On the node"): `make test` runs seed 3; the slow set runs the seeds
+# HUTCH_JEPSEN_SEEDS names (default 1-4) on the node counts of HUTCH_JEPSEN_NODES, for HUTCH_JEPSEN_SECONDS
+STREAM_SEEDS = [3]
+STREAM_SECONDS = 12.0
+
+
+def stream_config(nodes: int, seconds: float, seed: int) -> JepsenConfig:
+    return JepsenConfig(nodes=nodes, seconds=seconds, seed=seed, kind="stream", queue="jepsen-stream")
+
+
+@pytest.mark.timeout(STREAM_SECONDS + 200)
+@pytest.mark.parametrize("seed", STREAM_SEEDS)
+def test_jepsen_stream_3_nodes(tmp_path: Path, seed: int) -> None:
+    result = check(tmp_path, stream_config(3, STREAM_SECONDS, seed))
+    assert len(result.stream_lengths) == 3 and min(result.stream_lengths.values()) >= result.confirmed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(_seconds() + 300)
+@pytest.mark.parametrize("seed", _numbers("HUTCH_JEPSEN_SEEDS", "1-4"))
+@pytest.mark.parametrize("nodes", _numbers("HUTCH_JEPSEN_NODES", "3,5"))
+def test_jepsen_stream_long(tmp_path: Path, nodes: int, seed: int) -> None:
+    check(tmp_path, stream_config(nodes, _seconds(), seed))
 
 
 def test_crash_of_every_node_leaves_no_consumer_holding_messages(tmp_path: Path) -> None:

@@ -92,3 +92,23 @@ def test_at_most_one_active_and_one_after_all_answers(ops, index):
         assert len(active) == 1
         if index >= 0:
             assert active[0] is members[index % len(members)]
+
+
+def test_a_member_claiming_to_be_active_stays_so_only_if_no_other_is():
+    g = SacGroups()
+    a, notes = g.register(KEY, -1, "A", 1, claims_active=True)  # its group moved here: it reads already
+    assert notes == [] and a.status is Status.ACTIVE
+    b, notes = g.register(KEY, -1, "B", 2, claims_active=True)  # a second claim: told inactive
+    assert notes == [Notify(b, False)] and b.status is Status.WAITING
+    assert g.unregister(KEY, a) == [Notify(b, True)]
+
+
+def test_a_claim_on_a_partition_is_rebalanced_as_a_join():
+    g = SacGroups()
+    a, _ = g.register(KEY, 1, "A", 1)
+    b, notes = g.register(KEY, 1, "B", 2, claims_active=False)  # 1 % 2: B is the chosen one
+    assert notes == [Notify(a, False, stepping_down=True)]
+    g2 = SacGroups()
+    c, _ = g2.register(KEY, 1, "C", 1)
+    d, notes = g2.register(KEY, 1, "D", 2, claims_active=True)  # C is active: D's claim is refused
+    assert notes == [Notify(d, False)] and c.status is Status.ACTIVE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gzip
 
 import pytest
 from hypothesis import given, settings
@@ -146,11 +147,18 @@ def test_offset_specs_from_amqp_arguments() -> None:
             parse_amqp(bad, now)
 
 
+def _gzip_batch(records: list[bytes]) -> ck.SubBatch:
+    plain = b"".join(len(r).to_bytes(4, "big") + r for r in records)
+    return ck.SubBatch(len(records), ck.GZIP, len(plain), gzip.compress(plain))
+
+
 sub_batch_or_entry = st.one_of(
     st.binary(max_size=40),
     st.lists(st.binary(max_size=12), min_size=1, max_size=5).map(
         lambda rs: ck.SubBatch(len(rs), 0, 0, b"".join(len(r).to_bytes(4, "big") + r for r in rs))),
-    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 1, 0, b"\x00" * 7)),  # compressed: records not split here
+    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 1, 0, b"\x00" * 7)),  # not gzip: skipped
+    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 2, 7, b"\x00" * 7)),  # snappy: not decoded, skipped
+    st.lists(st.binary(max_size=12), min_size=1, max_size=5).map(_gzip_batch),
 )
 
 

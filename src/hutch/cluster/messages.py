@@ -452,6 +452,68 @@ class StreamMember(NamedTuple):
     add: bool
 
 
+@request_kind(65)
+class StreamPublish(NamedTuple):
+    """A stream-protocol publisher's publishes to replicated stream `gid` from a node that does not write
+    it, for its writer (as RabbitMQ's stream reader writes to the leader's osiris process on its node):
+    `data` the entries framed as a chunk's data section (simple entries and sub-batches, as
+    hutch.queues.stream.chunk.encode_entries frames them), one publishing id per entry in `ids`,
+    `reference` the publisher's reference (b"": none; with one, ids at or below the reference's last
+    stored one are not stored again), `filters` the entries' filter values (None: none has one). Reply:
+    True once a majority of the members has what was stored (an error reply when this node does not
+    write the stream, the data is malformed or the majority does not come)."""
+
+    gid: int
+    data: bytes
+    ids: list[int]
+    reference: bytes
+    filters: list[bytes | None] | None
+
+
+@message_kind(66)
+class StreamSacUpdate(NamedTuple):
+    """A single-active-consumer member on the sending node, to the node its group lives on (the stream's
+    writer's; runtime/stream_session/sac_router.py): `op` 0 joins (`partition_index`, `subscription_id`,
+    `connection` for listing; `active`: it is reading already), 1 leaves, 2 says its client answered a
+    deactivation, 3 joins a group that moved there with the writer (not activated at once unless
+    `active`). `member_id` names the member on the sending node."""
+
+    op: int
+    vhost: str
+    stream: str
+    name: str
+    partition_index: int
+    member_id: int
+    subscription_id: int
+    connection: str
+    active: bool
+
+
+@message_kind(67)
+class StreamSacNotify(NamedTuple):
+    """From the node a single-active-consumer group lives on to a member's node: member `member_id` of
+    group (`vhost`, `stream`, `name`) is now active (`active`), or told inactive (`stepping_down`: it is
+    to answer before the next one is activated); its client gets a ConsumerUpdate."""
+
+    vhost: str
+    stream: str
+    name: str
+    member_id: int
+    active: bool
+    stepping_down: bool
+
+
+@message_kind(68)
+class StreamStoreOffset(NamedTuple):
+    """A consumer's stored offset for replicated stream `gid`, from a member that does not write it, for its
+    writer (as RabbitMQ writes the tracking through the leader): `reference` the consumer name, `offset`.
+    No reply (the stream protocol's store offset has none)."""
+
+    gid: int
+    reference: bytes
+    offset: int
+
+
 @message_kind(70)
 class DirectReply(NamedTuple):
     """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
@@ -479,14 +541,15 @@ Record: TypeAlias = (
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
-    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | DirectReply | AgentQuery
+    | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
+    | StreamSacNotify | StreamStoreOffset | DirectReply | AgentQuery
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | AgentQuery
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | AgentQuery
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

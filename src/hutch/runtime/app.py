@@ -222,6 +222,9 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
         return None
     hub = StreamHub(node, QueueCatalog(node))
     node.streams = hub  # what management lists (mgmt/stream_routes.py)
+    if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
+        hub.sac_router.start(node.cluster)
+        node.cluster_peer_hooks.append(hub.sac_router.peer_changed)
     loop = asyncio.get_running_loop()
     servers: list[asyncio.base_events.Server] = []
 
@@ -230,6 +233,7 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
             server.close()
         for conn in list(hub.connections):
             conn.close_forced("broker forced connection closure")
+        hub.sac_router.stop()
         node.streams = None
 
     try:

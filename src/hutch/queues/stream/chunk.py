@@ -19,7 +19,18 @@ Chunk types: USER (messages), TRACKING_DELTA and TRACKING_SNAPSHOT (hutch.queues
 Every chunk has at least one record, so it consumes at least one offset (osiris's rule: a tracking
 chunk holds one entry).
 
+Compression codecs (the stream protocol's, as rstream and RabbitMQ's Java client number them): 0 none,
+1 gzip, 2 snappy, 3 lz4, 4 zstd. The broker stores a sub-batch as it came; for a reader that needs the
+records (an AMQP 0-9-1 consumer) uncompressed and gzip sub-batches are split into records here (gzip
+with the standard library's zlib); snappy, lz4 and zstd are not decoded (neither the standard library of
+CPython 3.11 nor a dependency of hutch has them): their records are skipped, as before.
+
 Rules:
+- Decoding a gzip sub-batch is bounded: its declared uncompressed length is checked against the
+  caller's budget (`MAX_UNCOMPRESSED_BYTES` per chunk) before anything is inflated, the inflater is
+  never allowed past that length, and a sub-batch that inflates to anything but exactly its declared
+  length, or whose records do not fill it exactly, is refused (`BadSubBatch`): a hostile publisher's
+  small frame cannot make a reader allocate more than the budget.
 - The CRC covers the data only (osiris); a torn or flipped data byte fails `verify`. A torn header is
   caught by the lengths (the chunk would end past the file) or the magic.
 - The bloom filter is osiris_bloom's layout (bit 0 set: some entry has no filter value; each value
@@ -50,6 +61,9 @@ MAX_ENTRIES = 0xFFFF
 MAX_ENTRY_SIZE = (1 << 31) - 1
 DEFAULT_FILTER_SIZE = 16  # bytes (osiris's default; 16..255)
 NO_COMPRESSION = 0
+GZIP = 1
+CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024  # per chunk: what a reader may inflate its sub-batches to
 
 _SIMPLE = struct.Struct(">I")
 _BATCH = struct.Struct(">BHII")
@@ -235,6 +249,8 @@ def iter_entries(data: memoryview) -> Iterator[Entry]:
         if first & 0x80:
             flags, n, usize, length = _BATCH.unpack_from(data, pos)
             pos += _BATCH.size
+            if pos + length > end:
+                raise ValueError("a sub-batch runs past the chunk's data")
             yield SubBatch(n, (flags >> 4) & 0x7, usize, bytes(data[pos:pos + length]))
             pos += length
         else:
@@ -246,9 +262,14 @@ def iter_entries(data: memoryview) -> Iterator[Entry]:
             pos += length
 
 
+class BadSubBatch(ValueError):
+    """A sub-batch whose records cannot be read: an unknown or undecoded codec, over the budget, or not
+    what it declares."""
+
+
 def sub_batch_records(batch: SubBatch) -> list[bytes]:
-    """The records of an uncompressed sub-batch (each u32 length + bytes). Compressed sub-batches are the
-    client's business (RabbitMQ does not decompress them either): ValueError."""
+    """The records of an uncompressed sub-batch (each u32 length + bytes). Compressed sub-batches:
+    `decoded_records` (ValueError here)."""
     if batch.compression != NO_COMPRESSION:
         raise ValueError(f"sub-batch compressed with codec {batch.compression}")
     out: list[bytes] = []
@@ -260,30 +281,105 @@ def sub_batch_records(batch: SubBatch) -> list[bytes]:
     return out
 
 
-def iter_records(chunk: bytes | memoryview) -> Iterator[tuple[int, bytes]]:
-    """(offset, record bytes) of every record of a USER chunk; a compressed sub-batch's records cannot be
-    split here, so each is given as b"" (the reader skips them; docs/streams.md)."""
+def inflate_gzip(body: bytes, declared: int, budget: int) -> bytes:
+    """A gzip sub-batch's body inflated: exactly `declared` bytes, `declared` at most `budget`
+    (checked first). Concatenated gzip members are read in turn (gzip allows them). BadSubBatch if
+    the body is not gzip, is cut short, or inflates to anything but `declared` bytes."""
+    if declared > budget:
+        raise BadSubBatch(f"gzip sub-batch declares {declared} bytes uncompressed, over the limit of {budget}")
+    out: list[bytes] = []
+    size = 0
+    rest = body
+    try:
+        while rest:
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            part = inflater.decompress(rest, declared - size + 1)
+            size += len(part)
+            out.append(part)
+            if size > declared or not inflater.eof:
+                raise BadSubBatch(f"gzip sub-batch inflates past its declared {declared} bytes"
+                                  if size > declared else "gzip sub-batch is cut short")
+            rest = inflater.unused_data
+    except zlib.error as exc:
+        raise BadSubBatch(f"gzip sub-batch does not inflate: {exc}") from None
+    if size != declared:
+        raise BadSubBatch(f"gzip sub-batch inflates to {size} bytes, not the declared {declared}")
+    return b"".join(out)
+
+
+def split_records(body: bytes, count: int) -> list[bytes]:
+    """`count` records (each u32 length + bytes) that fill `body` exactly; BadSubBatch otherwise."""
+    out: list[bytes] = []
+    pos, end = 0, len(body)
+    for _ in range(count):
+        if pos + 4 > end:
+            raise BadSubBatch(f"sub-batch holds fewer than its {count} records")
+        (length,) = _SIMPLE.unpack_from(body, pos)
+        pos += 4
+        if pos + length > end:
+            raise BadSubBatch("a sub-batch record runs past its data")
+        out.append(body[pos:pos + length])
+        pos += length
+    if pos != end:
+        raise BadSubBatch(f"{end - pos} bytes follow the sub-batch's {count} records")
+    return out
+
+
+def decoded_records(batch: SubBatch, budget: int = MAX_UNCOMPRESSED_BYTES) -> list[bytes]:
+    """The records of a sub-batch, uncompressed or gzip (inflated within `budget` bytes); BadSubBatch
+    for another codec, a body over the budget, or a body that is not what it declares."""
+    if batch.compression == NO_COMPRESSION:
+        return split_records(batch.body, batch.num_records)
+    if batch.compression == GZIP:
+        return split_records(inflate_gzip(batch.body, batch.uncompressed_size, budget), batch.num_records)
+    name = CODEC_NAMES.get(batch.compression, f"codec {batch.compression}")
+    raise BadSubBatch(f"sub-batch compressed with {name}, which hutch does not decode")
+
+
+def _batch_records(batch: SubBatch, budget: list[int], skipped: list[tuple[int, int, str]] | None,
+                   offset: int) -> list[bytes] | None:
+    """A compressed sub-batch's records, the chunk's remaining `budget` (one cell) reduced by what it
+    inflated; None (and a note in `skipped`: offset, records, why) when it cannot be read."""
+    try:
+        records = decoded_records(batch, budget[0])
+    except BadSubBatch as exc:
+        if skipped is not None:
+            skipped.append((offset, batch.num_records, str(exc)))
+        return None
+    budget[0] -= batch.uncompressed_size
+    return records
+
+
+def iter_records(chunk: bytes | memoryview, skipped: list[tuple[int, int, str]] | None = None
+                 ) -> Iterator[tuple[int, bytes]]:
+    """(offset, record bytes) of every record of a USER chunk; gzip sub-batches are inflated (within
+    `MAX_UNCOMPRESSED_BYTES` for the chunk); the records of a sub-batch that cannot be read (another
+    codec, over the budget, damaged) are given as b"" (the reader skips them) and noted in `skipped`."""
     h, _, data, _ = parts(chunk)
     offset = h.chunk_id
+    budget = [MAX_UNCOMPRESSED_BYTES]
     for entry in iter_entries(data):
         if isinstance(entry, SubBatch):
             if entry.compression == NO_COMPRESSION:
                 for rec in sub_batch_records(entry):
                     yield offset, rec
                     offset += 1
-            else:
-                for _ in range(entry.num_records):
-                    yield offset, b""
-                    offset += 1
+                continue
+            records = _batch_records(entry, budget, skipped, offset)
+            for rec in records if records is not None else [b""] * entry.num_records:
+                yield offset, rec
+                offset += 1
         else:
             yield offset, entry
             offset += 1
 
 
-def record_list(chunk: bytes, start: int = 0) -> list[tuple[int, bytes]]:
+def record_list(chunk: bytes, start: int = 0, skipped: list[tuple[int, int, str]] | None = None
+                ) -> list[tuple[int, bytes]]:
     """(offset, record) of a USER chunk's non-empty records at offset `start` or later, in one pass: what
-    `iter_records` gives, without its empty records (a compressed sub-batch's) and without a generator per
-    level (the AMQP 0-9-1 consumer's hot path: one call per chunk, not one step per record)."""
+    `iter_records` gives, without its empty records (those of a sub-batch that cannot be read, noted in
+    `skipped`) and without a generator per level (the AMQP 0-9-1 consumer's hot path: one call per
+    chunk, not one step per record)."""
     h = decode_header(chunk)
     pos = HEADER_SIZE + h.bloom_size
     end = pos + h.data_size
@@ -291,6 +387,7 @@ def record_list(chunk: bytes, start: int = 0) -> list[tuple[int, bytes]]:
         raise ValueError(f"chunk {h.chunk_id} is short: {len(chunk)} of {h.size} bytes")
     offset = h.chunk_id
     out: list[tuple[int, bytes]] = []
+    budget = [MAX_UNCOMPRESSED_BYTES]
     unpack = _SIMPLE.unpack_from
     while pos < end:
         if chunk[pos] & 0x80:
@@ -298,12 +395,13 @@ def record_list(chunk: bytes, start: int = 0) -> list[tuple[int, bytes]]:
             pos += _BATCH.size
             batch = SubBatch(n, (flags >> 4) & 0x7, usize, bytes(chunk[pos:pos + length]))
             pos += length
-            if batch.compression == NO_COMPRESSION:
-                for rec in sub_batch_records(batch):
-                    if offset >= start and rec:
-                        out.append((offset, rec))
-                    offset += 1
-            else:
+            records = (sub_batch_records(batch) if batch.compression == NO_COMPRESSION
+                       else None if offset + n <= start else _batch_records(batch, budget, skipped, offset))
+            for rec in records or ():
+                if offset >= start and rec:
+                    out.append((offset, rec))
+                offset += 1
+            if not records:
                 offset += n
             continue
         (length,) = unpack(chunk, pos)

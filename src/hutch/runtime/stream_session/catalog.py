@@ -19,7 +19,7 @@ from typing import Any
 from hutch.amqp.errors import AMQPError
 from hutch.runtime.ports import BrokerPort
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.stream_session.ports import Members, StreamExists, StreamRefused
+from hutch.runtime.stream_session.ports import Members, StreamExists, StreamForwarder, StreamRefused
 from hutch.streamproto.codes import Code
 
 _INT_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
@@ -62,6 +62,12 @@ class QueueCatalog:
         None for a stream of this node only."""
         replication = getattr(self._queue(vhost, name), "replication", None)
         return None if replication is None else replication.nodes()
+
+    def forwarder(self, vhost: str, name: str) -> StreamForwarder | None:
+        """A replicated stream's route to its writer (its queue's `replication`); None for a stream of this
+        node only."""
+        replication = getattr(self._queue(vhost, name), "replication", None)
+        return None if replication is None else replication
 
     def is_stream(self, vhost: str, name: str) -> bool:
         q = self._queue(vhost, name)

@@ -4,8 +4,8 @@ Owns: the connection's subscriptions (id → stream, reader, credit, filter), th
 per credit, read from the files by the handle's `StreamReader` and sent as osiris sends it: the chunk's
 48-byte header then its entry data, without the bloom filter or the trailer; `Deliver` version 2 with
 the committed chunk id when the client asked for it), waking on the handle's commits, server-side
-offset tracking (store/query offset by reference), and single active consumer (the node's groups in
-sac.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
+offset tracking (store/query offset by reference), and single active consumer (groups in sac.py,
+on this node or on the stream's writer's, through sac_router.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
 answered with where to start).
 
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
@@ -25,6 +25,7 @@ from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
+from hutch.storage.errors import StorageError
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code, OffsetType
 from hutch.streamproto.errors import CommandError
@@ -102,8 +103,7 @@ class Consuming:
         if "super-stream" in props:
             index = super_streams.partition_index(conn.vhost, props["super-stream"], cmd.stream)
         sub.sac_key = (conn.vhost.name, cmd.stream, name)
-        sub.sac_member, notes = conn.hub.sac.register(sub.sac_key, index, conn, sub.subscription_id)
-        deliver_notes(notes)
+        sub.sac_member = conn.hub.sac_router.join(conn, sub.subscription_id, sub.sac_key, index)
 
     def unsubscribe(self, cmd: c.Unsubscribe) -> None:
         sub = self.subscriptions.get(cmd.subscription_id)
@@ -121,7 +121,7 @@ class Consuming:
             sub.reader.close()
         sub.reader = None
         if sub.sac_key is not None and sub.sac_member is not None:
-            deliver_notes(self.conn.hub.sac.unregister(sub.sac_key, sub.sac_member))
+            self.conn.hub.sac_router.leave(sub.sac_key, sub.sac_member)
 
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
@@ -231,14 +231,25 @@ class Consuming:
 
     # -- offsets ------------------------------------------------------------------------------------
     def store_offset(self, cmd: c.StoreOffset) -> None:
-        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored."""
+        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored.
+        On a member that does not write a replicated stream the offset goes to the writer (as RabbitMQ
+        writes tracking through the leader); one that cannot be stored now (a writer being elected) is
+        dropped, as the client stores again."""
         conn = self.conn
         if len(cmd.reference) > MAX_REFERENCE_CHARS or not cmd.reference:
             return
         handle = conn.catalog.lookup(conn.vhost.name, cmd.stream)
         if handle is None or handle.closed or not conn.permitted("read", cmd.stream):
             return
-        handle.store_offset(cmd.reference.encode(), cmd.offset)
+        reference = cmd.reference.encode()
+        forwarder = conn.catalog.forwarder(conn.vhost.name, cmd.stream)
+        if forwarder is not None and not forwarder.writes_here():
+            forwarder.store_offset(reference, cmd.offset)
+            return
+        try:
+            handle.store_offset(reference, cmd.offset)
+        except (ValueError, StorageError) as exc:  # (NotWriter: the member stopped writing this very turn)
+            log.debug("stream %s: offset of %s not stored: %r", cmd.stream, cmd.reference, exc)
 
     def query_offset(self, cmd: c.QueryOffset) -> None:
         handle = self.conn.stream_handle(cmd.stream)
@@ -276,9 +287,4 @@ class Consuming:
             spec = sub.spec if cmd.offset.type == OffsetType.NONE else cmd.offset
             self._start(sub, spec)
         elif sub.sac_key is not None and sub.sac_member is not None:
-            deliver_notes(self.conn.hub.sac.stepped_down(sub.sac_key, sub.sac_member))
-
-
-def deliver_notes(notes: list[Notify]) -> None:
-    for note in notes:
-        note.member.owner.consuming.sac_notify(note)
+            self.conn.hub.sac_router.stepped_down(sub.sac_key, sub.sac_member)

@@ -1,7 +1,7 @@
 """What all stream-protocol connections of a node share: the `StreamHub`.
 
 Owns: the broker and stream catalog ports the connections use, the node's single-active-consumer groups
-(sac.py), the set of open stream connections (to tell the others when a stream they use is deleted,
+(sac.py) and their router (sac_router.py: groups of replicated streams live on the writer's node), the set of open stream connections (to tell the others when a stream they use is deleted,
 and for listing), the host and port the metadata command advertises, and `StreamCounters`, the node's
 message counters of the protocol (Prometheus' rabbitmq_global_* with protocol="stream").
 
@@ -17,6 +17,7 @@ from typing import Any
 from hutch.runtime.ports import BrokerPort
 from hutch.runtime.stream_session.ports import StreamCatalog
 from hutch.runtime.stream_session.sac import SacGroups
+from hutch.runtime.stream_session.sac_router import SacRouter
 
 
 @dataclass
@@ -35,7 +36,8 @@ class StreamHub:
         self.broker = broker
         self.catalog = catalog
         self.counters = StreamCounters()
-        self.sac = SacGroups()
+        self.sac = SacGroups()  # the groups that live on this node
+        self.sac_router = SacRouter(self.sac, catalog)  # where each subscription's group lives
         self.connections: set[Any] = set()
         # the streams whose deletion is watched (one callback per stream handle; see `watch`)
         self._watched: dict[tuple[str, str], Any] = {}

@@ -13,6 +13,7 @@ response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hutch.core.auth import PermissionKind
@@ -39,6 +40,36 @@ class StreamRefused(Exception):
 Members = tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]
 
 
+class StreamForwarder(Protocol):
+    """A replicated stream's way to its writer (the stream queue's replication route): where this node
+    does not write the stream, a publisher's entries go to the writer's node."""
+
+    def writes_here(self) -> bool: ...
+
+    async def publish(self, data: bytes, ids: list[int], reference: bytes,
+                      filters: list[bytes | None] | None) -> None:
+        """Write `data` (a chunk's data section, one publishing id per entry; deduplicated with a
+        `reference`) through the writer; returns once a majority has it, raises if it may not have."""
+        ...
+
+    def store_offset(self, reference: bytes, offset: int) -> bool:
+        """Store a consumer's offset through the writer (no answer; False: not sent)."""
+        ...
+
+
+class ClusterLink(Protocol):
+    """What the stream session needs of the node's cluster service (runtime/clustering/service.py): its
+    name, records to a peer, handlers of records from peers, and whether a peer is connected."""
+
+    name: str
+
+    def send(self, peer: str, record: Any) -> bool: ...
+
+    def register(self, kind: type[Any], handler: Callable[[str, Any], Any]) -> None: ...
+
+    def connected(self, peer: str) -> bool: ...
+
+
 class StreamCatalog(Protocol):
     def lookup(self, vhost: str, name: str) -> StreamHandle | None:
         """The open handle of stream `name` in `vhost`, None if there is no such stream."""
@@ -50,6 +81,10 @@ class StreamCatalog(Protocol):
 
     def is_stream(self, vhost: str, name: str) -> bool:
         """Is there a stream of that name (open or not)?"""
+        ...
+
+    def forwarder(self, vhost: str, name: str) -> StreamForwarder | None:
+        """A replicated stream's way to its writer (None: a stream of this node only)."""
         ...
 
     async def create(self, vhost: str, name: str, arguments: dict[str, str]) -> None: ...

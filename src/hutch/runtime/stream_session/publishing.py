@@ -6,32 +6,46 @@ its bytes: `publish_frame`) (publishing ids and, with a reference, deduplication
 below the reference's last stored id are confirmed without being stored again, as osiris does), the
 confirms and errors (a `PublishConfirm` once the append settles: after the fdatasync on one node), and
 the bound on what a connection may have in flight (`MAX_PENDING_APPENDS` unsettled appends, then its
-input stops until they settle).
+input stops until they settle), and publishing to a replicated stream this node does not write: the
+entries go to the writer's node (`StreamForwarder`, a `StreamPublish` record there), as RabbitMQ's stream
+reader writes to the leader's osiris process wherever it runs.
 
 Rules (rabbit_stream_reader): a reference is at most 256 characters; a publisher id is unique per
 connection, and so is a reference per stream; a publish for an unknown publisher id is answered with a
 PublishError PUBLISHER_DOES_NOT_EXIST for each publishing id.
+- Forwarded publishes of one publisher go to the writer in order, one request at a time (what arrives
+  meanwhile joins the next request, at most CHUNK_ENTRIES entries and FORWARD_BYTES bytes): a publish
+  refused while a writer is elected is retried, and a later one overtaking it would make the writer's
+  deduplication drop it. Once a publisher forwards, it keeps forwarding until its queue is empty (even if
+  this node becomes the writer meanwhile), for the same reason. A forward that fails (no writer in 30 s,
+  a lost answer) is a PublishError INTERNAL_ERROR for its ids, never a confirm.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections import deque
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.stream_session.ports import StreamSession
+from hutch.runtime.stream_session.ports import StreamForwarder, StreamSession
 from hutch.storage.errors import StorageError
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code
 from hutch.streamproto.errors import CommandError
+
+log = logging.getLogger("hutch.stream")
 
 MAX_PENDING_APPENDS = 512
 # a publish frame's messages go into chunks of at most this many (as the stream queue type's AMQP path
 # does): a delivery is a chunk per credit, so this bounds what one credit sends; RabbitMQ's osiris also
 # cuts a large publish into several chunks (rstream's test_offset_type_last counts on it)
 CHUNK_ENTRIES = 4096
+FORWARD_BYTES = 4 << 20  # at most this much data per forwarded request (and one publish's whatever its size)
 
 
 @dataclass(eq=False)
@@ -40,9 +54,19 @@ class Publisher:
     stream: str
     reference: str  # "": no deduplication
     handle: StreamHandle
+    forwarder: StreamForwarder | None = None  # a replicated stream's way to its writer
     published: int = 0
     confirmed: int = 0
     errored: int = 0
+    # forwarded publishes waiting for the one in flight: (data section, entries, ids, filter values)
+    forwards: deque[tuple[bytes, list[int], list[bytes | None] | None]] = field(default_factory=deque)
+    forwarding: bool = False  # a forwarded request is in flight (Invariant: False when `forwards` is empty
+    #                          and nothing is in flight)
+
+    def forwards_now(self) -> bool:
+        """Do this publisher's publishes go to the writer's node (not appended here)?"""
+        f = self.forwarder
+        return f is not None and (self.forwarding or not f.writes_here())
 
 
 def _entries(cmd: c.Publish) -> tuple[list[ck.Entry], list[int], list[bytes | None] | None]:
@@ -81,6 +105,7 @@ class Publishing:
         self.publishers: dict[int, Publisher] = {}
         self.pending_appends = 0
         self._batches: dict[StreamHandle, _Batch] = {}  # per stream, until `write_batched`
+        self._tasks: set[asyncio.Task[None]] = set()  # forwarding publishers' requests
 
     def declare(self, cmd: c.DeclarePublisher) -> None:
         conn = self.conn
@@ -93,7 +118,8 @@ class Publishing:
         if cmd.reference and any(p.reference == cmd.reference and p.stream == cmd.stream
                                  for p in self.publishers.values()):
             raise CommandError(f"publisher reference {cmd.reference} is in use", Code.PRECONDITION_FAILED)
-        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, cmd.reference, handle)
+        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, cmd.reference, handle,
+                                                      conn.catalog.forwarder(conn.vhost.name, cmd.stream))
         conn.respond(cmd, Code.OK)
 
     def delete(self, cmd: c.DeletePublisher) -> None:
@@ -134,7 +160,8 @@ class Publishing:
             return False
         pub = self.publishers.get(scanned.publisher_id)
         ids = scanned.publishing_ids
-        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES:
+        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES or (pub.forwarder is not None
+                                                                        and pub.forwards_now()):
             return False
         pub.published += len(ids)
         if not self._writable(pub, ids):
@@ -184,6 +211,9 @@ class Publishing:
         reference = pub.reference.encode() if pub.reference else None
         if not self._writable(pub, ids):
             return
+        if pub.forwarder is not None and pub.forwards_now():
+            self._forward(pub, entries, ids, values)
+            return
         try:
             appended = pub.handle.append(entries, publisher=reference, publishing_ids=ids if reference else None,
                                          filter_values=values)
@@ -195,6 +225,72 @@ class Publishing:
         stored = appended.stored if reference is not None else ids
         if stored:
             self._track(pub, appended.settled, stored)
+
+    def _forward(self, pub: Publisher, entries: list[ck.Entry], ids: list[int],
+                 values: list[bytes | None] | None) -> None:
+        """Queue the entries for the writer's node; a request goes when none of this publisher's is in
+        flight. Each queued publish counts as a pending append (the connection's bound)."""
+        data, _ = ck.encode_entries(entries)
+        pub.forwards.append((data, ids, values))
+        self.pending_appends += 1
+        if self.pending_appends == MAX_PENDING_APPENDS:
+            self.conn.hold_reading("confirms")
+        if not pub.forwarding:
+            pub.forwarding = True
+            self._spawn(self._send_forwards(pub))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_forwards(self, pub: Publisher) -> None:
+        """Send the publisher's queued publishes to the writer, in order, one request at a time (what
+        queued meanwhile joins the next), and confirm or refuse each once its request is answered."""
+        forwarder = pub.forwarder
+        assert forwarder is not None
+        try:
+            while pub.forwards:
+                if self.publishers.get(pub.publisher_id) is not pub:  # deleted, or its connection closed:
+                    self._forwarded(pub, list(pub.forwards), ok=False)  # what is not sent yet goes unsent
+                    pub.forwards.clear()
+                    return
+                taken: list[tuple[bytes, list[int], list[bytes | None] | None]] = []
+                count = size = 0
+                while pub.forwards and (not taken or (count + len(pub.forwards[0][1]) <= CHUNK_ENTRIES
+                                                      and size + len(pub.forwards[0][0]) <= FORWARD_BYTES)):
+                    item = pub.forwards.popleft()
+                    taken.append(item)
+                    count += len(item[1])
+                    size += len(item[0])
+                ids = [i for _, item_ids, _ in taken for i in item_ids]
+                values = None
+                if any(v is not None for _, _, v in taken):
+                    values = [x for _, item_ids, v in taken for x in (v if v is not None else [None] * len(item_ids))]
+                try:
+                    await forwarder.publish(b"".join(d for d, _, _ in taken), ids, pub.reference.encode(), values)
+                except Exception as exc:  # noqa: BLE001 - any failure is a refusal of these ids, never a confirm
+                    log.warning("stream %s: %d publishes through the writer's node failed: %r", pub.stream,
+                                len(ids), exc)
+                    self._forwarded(pub, taken, ok=False)
+                else:
+                    self._forwarded(pub, taken, ok=True)
+        finally:
+            pub.forwarding = False
+
+    def _forwarded(self, pub: Publisher, taken: list[tuple[bytes, list[int], list[bytes | None] | None]],
+                   ok: bool) -> None:
+        for _, ids, _ in taken:
+            self.pending_appends -= 1
+            if self.pending_appends == MAX_PENDING_APPENDS // 2:
+                self.conn.release_reading("confirms")
+            if self.publishers.get(pub.publisher_id) is not pub:
+                continue  # deleted meanwhile: its client no longer waits for these
+            if ok:
+                self._confirm(pub, ids)
+            else:
+                self._error(pub.publisher_id, ids, Code.INTERNAL_ERROR)
+        self.conn.want_flush()
 
     def _track(self, pub: Publisher, settled: asyncio.Future[None], stored: list[int]) -> None:
         """Confirm (or refuse) `stored` once their append settles; bound the appends in flight."""

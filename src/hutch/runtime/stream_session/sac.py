@@ -14,7 +14,14 @@ Rules (as RabbitMQ):
   changes who that is, the current active one is told active=false with `stepping_down`, and becomes
   DEACTIVATING; the new one is only activated (notified active=true) when the old one's client has
   answered (`stepped_down`), or at once if the old one left.
+- a member that joins claiming to be active (the group's state moved to this node with the stream's
+  writer, and that member was reading) stays active if no other member is, else it is told inactive;
+  on a partition the group is then rebalanced as for a join.
 Invariant: a group has at most one member that is ACTIVE or DEACTIVATING.
+
+Where the groups live: on one node, for every member wherever its connection is. A group of a stream
+of this node only, or of a replicated stream this node writes, is here; the members on other nodes are
+`sac_router.RemoteOwner`s (sac_router.py carries their joins, leaves and notifications).
 """
 
 from __future__ import annotations
@@ -70,11 +77,23 @@ class SacGroups:
     def __init__(self) -> None:
         self.groups: dict[GroupKey, Group] = {}
 
-    def register(self, key: GroupKey, partition_index: int, owner: Any,
-                 subscription_id: int) -> tuple[Member, list[Notify]]:
+    def register(self, key: GroupKey, partition_index: int, owner: Any, subscription_id: int,
+                 claims_active: bool = False, deferred: bool = False) -> tuple[Member, list[Notify]]:
+        """A member joins (last in arrival order). `claims_active`: it is reading already (it was active
+        in the group's state on another node, which moved here: `SacRouter`); it stays active without a
+        notification if the group has no active member, else it is told inactive. `deferred` (a member
+        of a group that is moving here, not reading): it waits, nobody is activated now, so that the
+        member that was reading can claim the group first (`activate_idle` later)."""
         group = self.groups.setdefault(key, Group(partition_index))
         member = Member(owner, subscription_id)
         group.members.append(member)
+        if deferred and not claims_active:
+            return member, []
+        if claims_active:
+            if group.current() is not None:
+                return member, [Notify(member, False)]
+            member.status = Status.ACTIVE
+            return member, [] if group.partition_index < 0 else self._rebalance(group)
         if len(group.members) == 1:
             return member, self._activate(member)
         if group.partition_index < 0:
@@ -97,6 +116,14 @@ class SacGroups:
             chosen = group.chosen()
             return self._activate(chosen) if chosen is not None else []
         return self._rebalance(group)
+
+    def activate_idle(self, key: GroupKey) -> list[Notify]:
+        """Activate the chosen member of a group that has members and none active (after a move)."""
+        group = self.groups.get(key)
+        if group is None or group.current() is not None:
+            return []
+        chosen = group.chosen()
+        return self._activate(chosen) if chosen is not None else []
 
     def group_rows(self, vhost: str) -> list[dict[str, Any]]:
         """The groups of `vhost` as RabbitMQ's `list_stream_consumer_groups` shows them, by stream then

@@ -24,6 +24,9 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
   filter, not in its messages: an entry without the header in a chunk whose every entry had a value,
   and which matched the filter, is delivered (as RabbitMQ 3.13+ delivers every entry of a matching
   chunk to an AMQP 0-9-1 consumer; the client filters further).
+- A stream-protocol publisher's sub-batches are split into their records (gzip ones inflated, within
+  `chunk.MAX_UNCOMPRESSED_BYTES` per chunk, checked against the declared length first); a sub-batch of
+  a codec hutch does not decode (snappy, lz4, zstd) or that is not what it declares is skipped, logged.
 - Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
   yields the loop.
 """
@@ -409,8 +412,12 @@ class StreamQueue(Queue):
             if chunk.header.chunk_type != ck.USER:
                 continue
             bad: list[tuple[int, str]] = []
-            sc.pending = amqp10.to_091_list(ck.record_list(chunk.raw, chunk.start), self.name, bad)
+            skipped: list[tuple[int, int, str]] = []
+            sc.pending = amqp10.to_091_list(ck.record_list(chunk.raw, chunk.start, skipped), self.name, bad)
             sc.next = 0
+            for offset, count, why in skipped:
+                log.warning("stream %s: the sub-batch of %d records at offset %d is skipped: %s",
+                            self._what, count, offset, why)
             for offset, why in bad:
                 log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
                             self._what, offset, why)

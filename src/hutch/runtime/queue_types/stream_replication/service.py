@@ -1,7 +1,8 @@
 """Replicated streams on a clustered node: `StreamReplicationService` hosts, for each replicated stream this
 node is a member of, the coordinator's Raft group (hutch.cluster.stream_coordinator's `CoordinatorMachine`
 on the node's Raft driver) and the member (`ReplicatedStream`), and carries their traffic as records of
-`hutch.cluster.messages` (`StreamReplica`, `StreamPropose`).
+`hutch.cluster.messages` (`StreamReplica`, `StreamPropose`), and publishes from nodes that do not write
+a stream (`StreamAppend` from AMQP 0-9-1, `StreamPublish` from the stream protocol).
 
 Owns: opening a stream's group and member (`attach`) and closing them (`detach`); the `ReplicaLink` of each
 member (replica messages to the other members' nodes; coordinator commands proposed on this node's group
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,12 +32,14 @@ from typing import Any, Protocol
 from hutch.cluster import messages as cm
 from hutch.cluster import stream_coordinator as sc
 from hutch.cluster import stream_replica as sr
+from hutch.queues.stream import chunk as ck
 from hutch.runtime.clustering.raft_driver import RaftDriver
 from hutch.runtime.clustering.raft_group import Group, GroupClosed, NotLeader, ProposalTimeout
 from hutch.runtime.clustering.transport import RemoteError
 from hutch.runtime.ports import Clock
-from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
+from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream_replication.member import NotWriter, ReplicatedStream
+from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem
 
 log = logging.getLogger("hutch.stream.replication")
@@ -103,6 +107,8 @@ class StreamReplicationService:
         host.register(cm.StreamAppend, self._on_append)
         host.register(cm.StreamEndpoint, self._on_endpoint)
         host.register(cm.StreamMember, self._on_member)
+        host.register(cm.StreamPublish, self._on_publish)
+        host.register(cm.StreamStoreOffset, self._on_store_offset)
 
     # -- opening and closing ------------------------------------------------------------------------
 
@@ -326,6 +332,22 @@ class StreamReplicationService:
         has them. While the writer is being elected (or its node is not reachable) this waits, up to
         `timeout_s`; a refusal that may have been written anyway (a lost reply, a timeout) is raised, never
         retried, so a confirm always means the entries are in the stream once."""
+        await self._through_writer(gid, lambda stream: stream.publish(entries, filter_values=filters),
+                                   cm.StreamAppend(gid, entries, filters), timeout_s)
+
+    async def publish(self, gid: int, data: bytes, ids: list[int], reference: bytes,
+                      filters: list[bytes | None] | None, timeout_s: float = APPEND_TIMEOUT_S) -> None:
+        """A stream-protocol publisher's entries (`data`: a chunk's data section, one publishing id per
+        entry; with a `reference`, deduplicated by the writer) written through the stream's writer, here
+        or on its node, as `append` does (the same waits and refusals); returns once a majority has
+        what was stored."""
+        await self._through_writer(
+            gid, lambda stream: stream.publish(_entries_of(data, ids, filters), publisher=reference or None,
+                                               publishing_ids=ids if reference else None, filter_values=filters),
+            cm.StreamPublish(gid, data, ids, reference, filters), timeout_s)
+
+    async def _through_writer(self, gid: int, local: Callable[[ReplicatedStream], Appended],
+                              request: cm.StreamAppend | cm.StreamPublish, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -337,13 +359,13 @@ class StreamReplicationService:
                 raise TimeoutError(f"no writer of stream group {gid} took the publishes in time")
             if self.writes_here(gid):
                 assert hosted.stream is not None
-                appended = hosted.stream.publish(entries, filter_values=filters)
+                appended = local(hosted.stream)
                 await asyncio.wait_for(asyncio.shield(appended.settled), remaining)
                 return
             writer = hosted.machine.state.writer
             if writer is not None and writer != self.host.name and self.host.connected(writer):
                 try:
-                    await self.host.call(writer, cm.StreamAppend(gid, entries, filters), timeout=remaining)
+                    await self.host.call(writer, request, timeout=remaining)
                     return
                 except RemoteError as exc:
                     if exc.remote_type != NotWriter.__name__:  # (NotWriter: refused before anything was written)
@@ -355,12 +377,56 @@ class StreamReplicationService:
                 m.filters is not None and (len(m.filters) != len(m.entries)
                                            or not all(f is None or type(f) is bytes for f in m.filters))):
             raise ValueError("malformed stream append")
-        hosted = self.streams.get(m.gid)
-        if hosted is None or hosted.stream is None or not self.writes_here(m.gid):
-            raise NotWriter(None if hosted is None else hosted.machine.state.writer)
-        appended = hosted.stream.publish(m.entries, filter_values=m.filters)
+        stream = self._writer_here(m.gid)
+        appended = stream.publish(m.entries, filter_values=m.filters)
         await asyncio.wait_for(asyncio.shield(appended.settled), APPEND_TIMEOUT_S)
         return True
+
+    async def _on_publish(self, peer: str, m: cm.StreamPublish) -> bool:
+        entries = _entries_of(m.data, m.ids, m.filters)  # (ValueError: malformed, answered as an error)
+        stream = self._writer_here(m.gid)
+        appended = stream.publish(entries, publisher=m.reference or None,
+                                  publishing_ids=m.ids if m.reference else None, filter_values=m.filters)
+        await asyncio.wait_for(asyncio.shield(appended.settled), APPEND_TIMEOUT_S)
+        return True
+
+    def store_offset(self, gid: int, reference: bytes, offset: int) -> bool:
+        """A consumer's offset stored through the stream's writer, here or on its node (no answer, as the
+        stream protocol's store offset has none); False when it could not be sent (no writer, or its node
+        is not reachable: the consumer stores again later, as its client does)."""
+        hosted = self.streams.get(gid)
+        if hosted is None:
+            return False
+        if self.writes_here(gid):
+            return self._store_here(hosted, reference, offset)
+        writer = hosted.machine.state.writer
+        if writer is None or writer == self.host.name or not self.host.connected(writer):
+            return False
+        return self.host.send(writer, cm.StreamStoreOffset(gid, reference, offset))
+
+    def _on_store_offset(self, peer: str, m: cm.StreamStoreOffset) -> None:
+        hosted = self.streams.get(m.gid)
+        if not 0 < len(m.reference) <= 255 or not 0 <= m.offset < 1 << 64:
+            log.warning("dropped a malformed stored offset from %s", peer)
+        elif hosted is not None and self.writes_here(m.gid):  # (else dropped: never forwarded again)
+            self._store_here(hosted, m.reference, m.offset)
+
+    @staticmethod
+    def _store_here(hosted: Hosted, reference: bytes, offset: int) -> bool:
+        assert hosted.stream is not None
+        try:
+            hosted.stream.handle.store_offset(reference, offset)
+        except (NotWriter, StorageError) as exc:
+            log.debug("stream group %d: offset of %r not stored: %r", hosted.gid, reference, exc)
+            return False
+        return True
+
+    def _writer_here(self, gid: int) -> ReplicatedStream:
+        """The member of stream group `gid` if it writes here; NotWriter (before anything is written)."""
+        hosted = self.streams.get(gid)
+        if hosted is None or hosted.stream is None or not self.writes_here(gid):
+            raise NotWriter(None if hosted is None else hosted.machine.state.writer)
+        return hosted.stream
 
     def _on_endpoint(self, peer: str, m: cm.StreamEndpoint) -> list[Any]:
         endpoint = self.local_endpoint()
@@ -467,6 +533,15 @@ class StreamRoute:
     async def append(self, entries: list[bytes], filters: list[bytes | None] | None) -> None:
         await self.service.append(self.gid, entries, filters)
 
+    async def publish(self, data: bytes, ids: list[int], reference: bytes,
+                      filters: list[bytes | None] | None) -> None:
+        """A stream-protocol publisher's entries, through the writer (`StreamReplicationService.publish`)."""
+        await self.service.publish(self.gid, data, ids, reference, filters)
+
+    def store_offset(self, reference: bytes, offset: int) -> bool:
+        """A consumer's stored offset, through the writer (`StreamReplicationService.store_offset`)."""
+        return self.service.store_offset(self.gid, reference, offset)
+
     def nodes(self) -> tuple[str, str | None, list[tuple[str, tuple[str, int] | None]]]:
         """(this node, the writer's node, each member's node and stream listener, the writer first):
         what the stream protocol's metadata answers."""
@@ -483,6 +558,25 @@ class StreamRoute:
         return {"leader": writer or "", "members": list(members),
                 "online": [m for m in members if m == host.name or host.connected(m)],
                 "epoch": own.get("epoch", 0), "replication": own}
+
+
+MAX_PUBLISH_ENTRIES = 0xFFFF  # a chunk's entries (the stream-protocol session sends at most 4,096 at once)
+
+
+def _entries_of(data: bytes, ids: list[int], filters: list[bytes | None] | None) -> list[ck.Entry]:
+    """The entries of a `StreamPublish`'s data section, checked against its ids and filter values;
+    ValueError if they do not match or the data is not a data section."""
+    if not 0 < len(ids) <= MAX_PUBLISH_ENTRIES or not all(type(i) is int and 0 <= i < 1 << 64 for i in ids):
+        raise ValueError("malformed stream publish: publishing ids")
+    if filters is not None and (len(filters) != len(ids) or not all(f is None or type(f) is bytes for f in filters)):
+        raise ValueError("malformed stream publish: filter values")
+    try:
+        entries = list(ck.iter_entries(memoryview(data)))
+    except (ValueError, IndexError, struct.error) as exc:
+        raise ValueError(f"malformed stream publish: {exc}") from None
+    if len(entries) != len(ids):
+        raise ValueError(f"malformed stream publish: {len(entries)} entries for {len(ids)} publishing ids")
+    return entries
 
 
 def _starting() -> None:
