@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx
 
 setup: $(STAMP)
 
-# hutch-server alone is a cluster of one (inter-node port 25672, as RabbitMQ's), so quorum queues work;
-# HUTCH_CLUSTER_PORT=N moves the inter-node port, HUTCH_CLUSTER_PORT= (set but empty) starts a node that is
-# not clustered (hutch-server --no-cluster)
+# hutch-server alone runs a worker per usable core (--workers auto, docs/scaling.md), its workers a cluster,
+# so quorum queues work; HUTCH_CLUSTER_PORT=N gives it an inter-node port (then it is one process, which other
+# nodes may join), HUTCH_CLUSTER_PORT= (set but empty) starts a node that is not clustered (--no-cluster);
+# HUTCH_WORKERS=N picks the workers
 run: $(STAMP)
 	mkdir -p -m 700 $(HUTCH_DATA_DIR)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \

@@ -747,7 +747,8 @@ def run_server(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess[
     config.write_text(config_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
-            "--data-dir", str(tmp_path / "data"), "--config", str(config), "--log-level", "error", "--no-cluster"]
+            "--data-dir", str(tmp_path / "data"), "--config", str(config), "--log-level", "error", "--no-cluster",
+            "--workers", "1"]
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=30)
 
 

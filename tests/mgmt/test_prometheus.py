@@ -466,7 +466,7 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
     from hutch.amqp.spec import BasicProperties
     from hutch.config import Config
     from hutch.core.message import Message
-    from hutch.mgmt import prometheus
+    from hutch.mgmt import prometheus, system
     from hutch.runtime.app import build_node
 
     node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
@@ -476,8 +476,9 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
         q.publish(Message("", q.name, BasicProperties(), b"x" * 10))
     assert node.agent is not None
     clients = asyncio.run(node.agent.metric_samples())
+    info = asyncio.run(system.own_node_info(node.agent, node, node.wall_ms()))
     for registry in ("default", "per-object"):
-        text = prometheus.render(node, registry, node.wall_ms(), clients)
+        text = prometheus.render(node, registry, info, clients)
         fams = parse(text)
         assert value(fams, "rabbitmq_queues") == 10_000
         if registry == "per-object":

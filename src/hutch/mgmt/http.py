@@ -421,7 +421,8 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
     clients = await agent.metric_samples()  # every worker's connections and channels (runtime/ports.py)
-    body = prometheus.render(node, rendered, node.wall_ms(), clients, scrapes).encode()
+    info = await system.own_node_info(agent, node, node.wall_ms())  # every worker's memory, descriptors
+    body = prometheus.render(node, rendered, info, clients, scrapes).encode()
     scrapes.observe(registry, loop.time() - started, len(body))
     response = web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
     if "gzip" in request.headers.get("Accept-Encoding", "").lower():
@@ -520,7 +521,9 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     loop = asyncio.get_running_loop()
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
-    system.serve_node_info(node)
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
+    system.serve_node_info(node, agent)
     parameters.serve_link_status(node)
     quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
     limits = listener.ListenerLimits.from_config(cfg)
@@ -540,8 +543,6 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     interval_s = interval_ms / 1000
     timer: list[asyncio.TimerHandle] = []
     sampling: set[asyncio.Task[None]] = set()
-    agent = node.agent
-    assert agent is not None  # runtime/app.py's build_node sets it
 
     def exchange_exists(vhost: str, name: str) -> bool:
         v = node.vhosts.get(vhost)
@@ -551,7 +552,8 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
         """One sample of what the node's agent holds; then the next one is due in an interval."""
         try:
             samples = await agent.samples()
-            collector.tick(samples, node.vhosts.keys(), exchange_exists, node.wall_ms(), system.node_figures(node))
+            figures = await system.node_figures(agent, node)
+            collector.tick(samples, node.vhosts.keys(), exchange_exists, node.wall_ms(), figures)
         except Exception:  # a bug in sampling must not stop the sampling timer
             log.exception("management statistics: sampling failed")
         timer[:] = [loop.call_later(interval_s, tick)]

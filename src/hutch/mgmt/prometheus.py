@@ -4,7 +4,7 @@ Owns: `render` (the body of GET /metrics and /metrics/per-object), the catalogue
 (name, type, HELP text: RabbitMQ's, from its plugin's collectors, for every family that keeps a
 RabbitMQ name), label escaping, and `ScrapeStats` (the plugin's telemetry_scrape_* summaries). Pure:
 reads the node and its management agent's answer (`metric_samples`, runtime/ports.py), never changes
-them, does no IO of its own (node figures come from `system.node_info`).
+them, does no IO of its own (node figures come from `system.own_node_info`, summed over a node's workers).
 
 Rules:
 - A family keeps its RabbitMQ name only when hutch has a source with the same meaning; counters
@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
 from hutch.core.counters import CHANNEL_METRIC_FIELDS
-
-from . import system
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -426,18 +424,17 @@ def _global(out: _Text, closed: Mapping[str, int], channel_rows: list[tuple[int,
     out.one(get_empty, total("stat_get_empty", more + 6), proto_type)
 
 
-def render(node: Node, registry: str, now_ms: float, clients: Mapping[str, Any],
+def render(node: Node, registry: str, info: Mapping[str, Any], clients: Mapping[str, Any],
            scrapes: ScrapeStats | None = None) -> str:
-    """The exposition text of `registry` ("default": aggregated, "per-object"). `clients` is what the
-    node's management agent answers to `metric_samples` (every worker's connections and channels, their
-    closed channels' totals and churn, summed by the agent of a node of workers); the queue families are
-    the node's own queues (a worker's stand-ins carry their homes' figures)."""
+    """The exposition text of `registry` ("default": aggregated, "per-object"). `info` is the node's
+    `system.own_node_info` (its processes' memory, descriptors and fsyncs: every worker's, summed) and
+    `clients` what the node's management agent answers to `metric_samples` (every worker's connections
+    and channels, their closed channels' totals and churn, summed by the agent of a node of workers); the
+    queue families are the node's own queues (a worker's stand-ins carry their homes' figures)."""
     endpoint = REGISTRIES[registry]
     per_object = endpoint == "per-object"
     out = _Text(per_object)
-    info = system.node_info(node, now_ms)
-    storage = node.persistence
-    fsyncs = storage.sink.fsyncs if storage is not None else 0
+    fsyncs = info["io_sync_count"]
     for fam, value in zip(NODE, (info["fd_used"], info["mem_used"], info["disk_free"], info["fd_total"],
                                  info["mem_limit"], info["disk_free_limit"], info["uptime"] / 1000, fsyncs),
                           strict=True):
@@ -482,7 +479,7 @@ def render(node: Node, registry: str, now_ms: float, clients: Mapping[str, Any],
     out.one(PROCESS_START, int(node.started_at))
     _scrape_telemetry(out, registry, scrapes)
 
-    syncs = storage.sink.syncs if storage is not None else 0
+    syncs = info["io_sync_batch_count"]
     for fam, value in zip(HUTCH_NODE, (fsyncs, syncs, int(node.memory_pressure)), strict=True):
         out.one(fam, value)
     out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)

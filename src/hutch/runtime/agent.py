@@ -36,6 +36,7 @@ from hutch.core.counters import (
 )
 from hutch.core.plain import jsonable
 
+from . import procinfo
 from .queue_types.remote import RemoteQueue
 from .session.channel import ServerChannel
 from .session.connection import AMQPConnection
@@ -290,6 +291,12 @@ class LocalAgent:
                              list(channel_metric_values(ch))] for ch in chans)
         return {"connections": connections, "channels": channels, "closed": dict(node.closed_channel_stats),
                 "churn": dict(node.churn)}
+
+    async def process_figures(self) -> dict[str, int]:
+        storage = self.node.persistence
+        figures = (procinfo.rss_bytes(), procinfo.fd_used(), len(self.node.connections), procinfo.threads(),
+                   storage.sink.fsyncs if storage is not None else 0, storage.sink.syncs if storage is not None else 0)
+        return dict(zip(procinfo.PROCESS_FIGURES, figures, strict=True))
 
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)

@@ -80,6 +80,7 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "queue_details": (_keys,),
     "samples": (),
     "metric_samples": (),
+    "process_figures": (),
     "purge_queue": (_text, _text),
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
@@ -177,6 +178,10 @@ class RemoteAgent:
 
     async def metric_samples(self) -> dict[str, Any]:
         answer: dict[str, Any] = await self._ask("metric_samples", [], empty_metric_samples())
+        return answer
+
+    async def process_figures(self) -> dict[str, int]:
+        answer: dict[str, int] = await self._ask("process_figures", [], {})
         return answer
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:

@@ -136,6 +136,9 @@ class GatheringAgent:
     async def metric_samples(self) -> dict[str, Any]:
         return merge_metric_samples(await asyncio.gather(*(a.metric_samples() for a in self.agents)))
 
+    async def process_figures(self) -> dict[str, int]:
+        return merge_counts(await asyncio.gather(*(a.process_figures() for a in self.agents)))
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
         return sum(found) if found else None

@@ -379,6 +379,12 @@ class ManagementAgentPort(Protocol):
         `stat_*` totals by attribute name; `churn` the churn counters by name."""
         ...
 
+    async def process_figures(self) -> dict[str, int]:
+        """The figures of the processes answering (runtime/procinfo.py's `PROCESS_FIGURES`: resident
+        memory, descriptors, AMQP sockets, threads, fsyncs and synced batches), summed over a node's workers:
+        GET /api/nodes' `mem_used`, `fd_used`, ... of a node of workers are the node's, not one worker's."""
+        ...
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         """Drop the queue's ready messages: how many; None when the queue is not here."""
         ...
