@@ -143,7 +143,10 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
             async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
                 payload = await _definitions_payload(request, limits)
                 with intake.collector_paused(len(payload) > intake.LARGE_BODY_BYTES):
-                    await _import_definitions(node, principal, payload, vhost)
+                    if node.cluster is None:
+                        await _import_definitions(node, principal, payload, vhost)
+                    else:  # committed and applied by every member (every worker) before the 204
+                        await _replicated(node, lambda: _import_definitions(node, principal, payload, vhost))
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
         reply = definitions.export(node, principal, vhost)
     except definitions.NotJson:
@@ -342,15 +345,25 @@ async def _match_off_loop(pattern: UserPattern, names: list[str]) -> tuple[froze
 async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
     """On a clustered node a change first waits for a read barrier (the newest definitions), and its
     reply for the commit of what it changed (503 when the metadata store has no majority)."""
+    async def run() -> Any:
+        result = fn(call)
+        return await result if inspect.isawaitable(result) else result
+
+    # cluster operations must work without a majority: no barrier before them
+    return await _replicated(node, run, barrier=method != "GET" and fn not in NO_BARRIER)
+
+
+async def _replicated(node: Node, change: Callable[[], Awaitable[Any]], barrier: bool = True) -> Any:
+    """`change` on a clustered node (a node of workers is one): after a read barrier, and answered once
+    what it changed is committed and applied by the connected members (every worker), so a client's
+    next connection, to whichever worker or member, sees it."""
     from hutch.runtime.errors import ClusterUnavailable
     cluster = node.cluster
     assert cluster is not None
     try:
-        if method != "GET" and fn not in NO_BARRIER:  # cluster operations must work without a majority
+        if barrier:
             await cluster.barrier()
-        result = fn(call)
-        if inspect.isawaitable(result):
-            result = await result
+        result = await change()
         if cluster.has_unreplicated:
             await cluster.wait_replicated()
             await cluster.sync_peers()

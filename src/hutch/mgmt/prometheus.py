@@ -335,18 +335,15 @@ class _Text:
                 parts.append(f"{name} {totals[col] if totals else 0}\n")
 
 
-def _queue_rows(node: Node, per_object: bool, streams: list[Any]) -> tuple[list[str], list[tuple[int, ...]],
-                                                                                list[str]]:
+def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int, ...]], list[str]]:
     """One row per queue: the columns of QUEUE, QUEUE_DELIVERY and HUTCH_QUEUE in that order, with
-    each queue's label text and its rabbitmq_queue_info sample; the streams are added to `streams`."""
+    each queue's label text and its rabbitmq_queue_info sample."""
     labels: list[str] = []
     rows: list[tuple[int, ...]] = []
     infos: list[str] = []
     for vhost in node.vhosts.values():
         v = escape_label(vhost.name)
         for q in vhost.queues.values():
-            if q.queue_type == "stream":  # a StreamQueue (queue_types/stream/queue.py), read duck-typed
-                streams.append(q)
             ready = q.message_count
             unacked = q.unacked_count
             ram = q.messages_ram
@@ -440,8 +437,7 @@ def render(node: Node, registry: str, info: Mapping[str, Any], clients: Mapping[
                           strict=True):
         out.one(fam, value)
 
-    streams: list[Any] = []
-    q_labels, q_rows, q_infos = _queue_rows(node, per_object, streams)
+    q_labels, q_rows, q_infos = _queue_rows(node, per_object)
     out.columns(QUEUE, q_labels, q_rows)
     ch_labels, chv_labels, ch_rows = _channel_rows(clients, per_object)
     out.columns(CHANNEL, ch_labels, ch_rows)
@@ -485,7 +481,7 @@ def render(node: Node, registry: str, info: Mapping[str, Any], clients: Mapping[
     out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)
     out.columns(HUTCH_CHANNEL, chv_labels, ch_rows, offset=_CH_DELIVER)
     _shovels(out, node)
-    _streams(out, node, streams)
+    _streams(out, clients)
     return "".join(out.parts)
 
 
@@ -512,31 +508,21 @@ def _stream_protocol(node: Node) -> _StreamProtocol | None:
                            sum(len(conn.consuming.subscriptions) for conn in conns))
 
 
-def _streams(out: _Text, node: Node, streams: list[Any]) -> None:
+def _streams(out: _Text, clients: Mapping[str, Any]) -> None:
     """rabbitmq_stream_segments and rabbitmq_stream_consumer_max_offset_lag: per stream (labels vhost,
     queue) on the per-object registry, else their sum and their maximum (as the plugin aggregates them);
     the lag counts AMQP 0-9-1 consumers and stream-protocol subscriptions alike. hutch_stream_messages_
-    errored_total: the stream protocol's publish errors."""
+    errored_total: the stream protocol's publish errors. Both from the agent's `metric_samples` (every
+    worker's streams: a stream lives in the worker that declared it)."""
     segments, lag = STREAM
-    hub = node.streams
-    sub_lag: dict[tuple[str, str], int] = {}
-    for conn in list(hub.connections) if hub is not None else []:
-        vhost = conn.vhost.name
-        for row in conn.consuming.info():
-            value = row["offset_lag"]
-            if isinstance(value, int):
-                key = (vhost, str(row["stream"]))
-                sub_lag[key] = max(sub_lag.get(key, 0), value)
-    rows = [(q.handle.segment_count, max(q.max_offset_lag(), sub_lag.get((q.vhost, q.name), 0))) for q in streams]
+    rows = clients["streams"]
     if out.per_object:
-        labels = [_labels((("vhost", q.vhost), ("queue", q.name))) for q in streams]
-        out.samples(segments, [(lbl, row[0]) for lbl, row in zip(labels, rows, strict=True)])
-        out.samples(lag, [(lbl, row[1]) for lbl, row in zip(labels, rows, strict=True)])
+        out.samples(segments, [(_labels((("vhost", v), ("queue", n))), count) for v, n, count, _lag in rows])
+        out.samples(lag, [(_labels((("vhost", v), ("queue", n))), behind) for v, n, _count, behind in rows])
     else:
-        out.one(segments, sum(r[0] for r in rows))
-        out.one(lag, max((r[1] for r in rows), default=0))
-    errored = hub.counters.messages_errored if hub is not None else 0
-    out.one(HUTCH_STREAM[0], errored, _labels((("protocol", STREAM_PROTOCOL),)))
+        out.one(segments, sum(r[2] for r in rows))
+        out.one(lag, max((r[3] for r in rows), default=0))
+    out.one(HUTCH_STREAM[0], clients["stream_errored"], _labels((("protocol", STREAM_PROTOCOL),)))
 
 
 def _shovels(out: _Text, node: Node) -> None:

@@ -79,11 +79,13 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def merge_metric_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Prometheus samples of several agents as one node's: lists concatenated, the closed channels'
-    totals and the churn summed by name."""
+    """The Prometheus samples of several agents as one node's: lists concatenated (a stream is held by one
+    worker), the closed channels' totals and the churn summed by name, the streams' publish errors summed."""
     return {"connections": [row for a in answers for row in a["connections"]],
             "channels": [row for a in answers for row in a["channels"]],
-            "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers)}
+            "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers),
+            "streams": [row for a in answers for row in a["streams"]],
+            "stream_errored": sum(a["stream_errored"] for a in answers)}
 
 
 class GatheringAgent:

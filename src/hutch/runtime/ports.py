@@ -376,7 +376,9 @@ class ManagementAgentPort(Protocol):
         """What Prometheus' connection and channel families read (mgmt/prometheus.py), as plain values:
         `connections` [name, recv_oct, send_oct, channels]; `channels` [name, vhost ("" before
         connection.open), [core/counters.py's CHANNEL_METRIC_FIELDS]]; `closed` the closed channels'
-        `stat_*` totals by attribute name; `churn` the churn counters by name."""
+        `stat_*` totals by attribute name; `churn` the churn counters by name; `streams` [vhost, name,
+        segment files, consumer offset lag] per stream held; `stream_errored` the stream protocol's
+        publish errors."""
         ...
 
     async def process_figures(self) -> dict[str, int]:
