@@ -92,8 +92,8 @@ class Node:
         """Until the node's listeners are all up (its ports file); learns the ports a first start bound."""
         assert self.proc is not None
         ports = node_ports(self.directory / "data", self.proc, self.logs[-1], timeout)
-        self.amqp_port, self.management_port, self.cluster_port = (ports["amqp"], ports["management"],
-                                                                   ports["cluster"])
+        self.amqp_port, self.management_port = ports["amqp"], ports["management"]
+        self.cluster_port = ports.get("cluster", 0)  # a node of workers has no inter-node port (not joinable)
 
     def reported_ports(self) -> bool:
         """Whether this process has written its ports file (its listeners are open)."""

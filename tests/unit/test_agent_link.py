@@ -184,3 +184,29 @@ def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_onc
         assert figures["mem_used"] == 200 and figures["sockets_used"] == 2 and figures["io_sync_count"] == 6
 
     asyncio.run(run())
+
+
+def test_a_queues_details_are_its_homes_answer_and_the_stand_in_only_while_the_home_is_silent() -> None:
+    """Worker 0 holds a stand-in of a queue homed in worker 1 (its `node` names worker 1, its figures as
+    last pushed); the details of the queue are worker 1's own answer, and the stand-in's when worker 1
+    does not answer."""
+    class StandIn(Held):
+        name = "node#w0"
+
+        async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+            return [{"name": n, "vhost": v, "node": "node#w1", "messages": 0} for v, n in keys]
+
+    class Home(Held):
+        async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+            return [{"name": n, "vhost": v, "node": self.name, "messages": 5} for v, n in keys]
+
+    cluster = FakeCluster()
+    serve_agent(cluster, Home())  # type: ignore[arg-type]  # worker 1 answers with its own queue
+    node = WorkersAgent("node", [StandIn(), RemoteAgent(cluster, "node#w1")])  # type: ignore[arg-type]
+    got = asyncio.run(node.queue_details([("/", "q")]))
+    assert [(q["node"], q["worker"], q["messages"]) for q in got] == [("node", 1, 5)]
+
+    cluster.silent = True
+    silent = WorkersAgent("node", [StandIn(), RemoteAgent(cluster, "node#w1")])  # type: ignore[arg-type]
+    got = asyncio.run(silent.queue_details([("/", "q")]))
+    assert [(q["node"], q["worker"], q["messages"]) for q in got] == [("node", 1, 0)]

@@ -232,12 +232,12 @@ def _run_worker(config: Config, spec: WorkerSpec) -> int:
     configure_logging(config.log_level, f"w{spec.index}")
     logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,
                                            link.node_name, config.data_dir)
-    from hutch.mgmt import start_management
+    from hutch.mgmt import serve_management_peers, start_management
     from hutch.mgmt.definitions import boot_definitions
     from hutch.runtime.app import run_node
 
     first = spec.index == 0
-    return run_node(config, services=[start_management] if first else [],
+    return run_node(config, services=[start_management if first else serve_management_peers],
                     prepare=boot_definitions if first else None, worker=link)
 
 

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
 log = logging.getLogger("hutch.mgmt")
 _DENIALS_LOG = LogThrottle()  # HTTP login refusals, one per process (core/logsafe.py)
@@ -526,6 +527,29 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
              node.management_ssl_port)
 
 
+def _serve_peers(node: Node, agent: ManagementAgentPort) -> None:
+    """What the management API of another node (or of worker 0, in a node of workers) asks this one:
+    its node figures, its federation links, a quorum queue member's view (hutch-queues)."""
+    system.serve_node_info(node, agent)
+    parameters.serve_link_status(node)
+    quorum_routes.serve(node)
+
+
+async def serve_management_peers(node: Node) -> Callable[[], Awaitable[None]]:
+    """The service of a worker other than worker 0 (hutch-server --workers N): no listener, but the
+    answers worker 0's management API asks of it over the worker link (`_serve_peers`), so a quorum
+    queue's status names its members in every worker."""
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
+    if node.cluster is not None:
+        _serve_peers(node, agent)
+
+    async def stop() -> None:
+        return None
+
+    return stop
+
+
 async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     """Start the management listener on `management_host:management_port`; set
     `node.management_port` to the bound port. Raises OSError (e.g. port in use), which
@@ -536,9 +560,7 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     collector = stats.Collector(interval_ms)
     agent = node.agent
     assert agent is not None  # runtime/app.py's build_node sets it
-    system.serve_node_info(node, agent)
-    parameters.serve_link_status(node)
-    quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
+    _serve_peers(node, agent)
     limits = listener.ListenerLimits.from_config(cfg)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            **listener.handler_args(limits))
