@@ -454,8 +454,8 @@ def _exchange_bindings_destination(c: Call) -> Any:
 
 @route("POST", "/api/exchanges/{vhost}/{name}/publish", "Publish a message (as mandatory): {\"routed\": bool}",
        tag=EXCHANGES, body="PublishBody", reply="Routed", codes=(400, 404))
-def _exchange_publish(c: Call) -> Any:
-    return messages.publish(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
+async def _exchange_publish(c: Call) -> Any:
+    return await messages.publish(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
 
 
 # -- bindings ---------------------------------------------------------------------------------------
