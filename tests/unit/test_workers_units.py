@@ -93,7 +93,8 @@ def test_the_workers_setting() -> None:
         with pytest.raises(ConfigError, match="auto or an integer"):
             load_config({"workers": bad})
     assert workers_for(Config(workers=3))[0] == 3
-    assert workers_for(Config(workers=0, data_dir=""))[0] >= 1
+    assert workers_for(Config(workers=0, data_dir="")) == (1, "no data directory")
+    assert workers_for(Config(workers=0, data_dir="/nonexistent/hutch"))[0] >= 1
     # whether the inter-node port was given, from any source (auto keeps such a node one process)
     assert not load_config({}).cluster_port_set
     assert load_config({"cluster_port": "25682"}).cluster_port_set

@@ -12,6 +12,7 @@ Rules (docs/scaling.md, "auto"):
   `cluster.listener.port`). A node of workers cannot be a member of a multi-node cluster yet (its inter-node
   port is its workers' internal one), so `auto` never turns a clustered node into one that others cannot
   reach.
+- A node without a data directory is one process (workers keep their data under it).
 - Otherwise the usable cores (runtime/workers/cores.py): CPU affinity capped by the cgroup quota.
 """
 
@@ -62,6 +63,8 @@ def workers_for(config: Config) -> tuple[int, str]:
     """(workers, why) the node `config` describes runs with: its `workers` when given, else `auto`'s."""
     if config.workers:
         return config.workers, "--workers (workers) given"
+    if not config.data_dir:  # workers keep their data under it: without one, one process (as before)
+        return 1, "no data directory"
     return resolve_auto(usable_cores(), join=bool(config.cluster_join), cluster_port_set=config.cluster_port_set,
                         shape=data_shape(config.data_dir))
 
