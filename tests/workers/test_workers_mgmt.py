@@ -261,3 +261,36 @@ def test_a_node_of_workers_refuses_to_join_a_cluster_in_one_line(node: ServerInf
     reply = Api(node.mgmt_url).call("POST", "/api/cluster-join", {"node": "n1@127.0.0.1:25999"})
     assert reply.status == 400
     assert "cannot join a multi-node cluster yet" in reply.body["reason"] and "--workers 1" in reply.body["reason"]
+
+
+def test_an_import_is_in_every_worker_when_it_is_answered(node: ServerInfo) -> None:
+    """POST /api/definitions (through worker 0's API) answers once every worker applied the import: a
+    user it created logs in through worker 1 at once (it answered before worker 1 had it, once)."""
+    api = Api(node.mgmt_url)
+    doc = {"users": [{"name": "imported-w1", "password": "pw-w1", "tags": ""}],
+           "permissions": [{"user": "imported-w1", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}
+    assert api.call("POST", "/api/definitions", doc).status == 204
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], credentials=pika.PlainCredentials("imported-w1", "pw-w1")))
+    conn.close()
+    assert api.delete("/api/users/imported-w1").status == 204
+
+
+def test_a_queue_of_the_other_worker_through_the_api_publish_and_details(node: ServerInfo) -> None:
+    """A queue homed in worker 1 (exclusive to a connection there): a message published through worker 0's
+    API is in it when the API answers (the publish waits for the home's confirm), and the queue's details
+    are its home's figures at once, not the stand-in's as last pushed."""
+    conn = pinned(node, 1, "details-w1")
+    try:
+        queue = conn.channel().queue_declare("details-q", exclusive=True).method.queue
+        api = Api(node.mgmt_url)
+        for _ in range(3):
+            reply = api.call("POST", "/api/exchanges/%2F/amq.default/publish",
+                             {"routing_key": queue, "payload": "m", "payload_encoding": "string", "properties": {}})
+            assert reply.status == 200 and reply.body == {"routed": True}
+        details = api.ok(f"/api/queues/%2F/{queue}")
+        assert (details["messages"], details["worker"], details["node"]) == (3, 1, NODE)
+    finally:
+        conn.close()
