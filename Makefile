@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx
 
 setup: $(STAMP)
 
-# hutch-server alone is a cluster of one (inter-node port 25672, as RabbitMQ's), so quorum queues work;
-# HUTCH_CLUSTER_PORT=N moves the inter-node port, HUTCH_CLUSTER_PORT= (set but empty) starts a node that is
-# not clustered (hutch-server --no-cluster)
+# hutch-server alone runs a worker per usable core (--workers auto, docs/scaling.md), its workers a cluster,
+# so quorum queues work; HUTCH_CLUSTER_PORT=N gives it an inter-node port (then it is one process, which other
+# nodes may join), HUTCH_CLUSTER_PORT= (set but empty) starts a node that is not clustered (--no-cluster);
+# HUTCH_WORKERS=N picks the workers
 run: $(STAMP)
 	mkdir -p -m 700 $(HUTCH_DATA_DIR)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
@@ -63,12 +64,17 @@ browser-deps:
 
 # the client suites against a node of 2 worker processes (docs/scaling.md), part of `make test`: connections land
 # on either worker, so publish, deliver, ack, reject, cancel, confirm, dead-lettering and Direct Reply-To cross
-# the worker hop; tests/workers/ pins connections to each worker. About 2 minutes on an idle 2-core machine.
+# the worker hop; the management API (gathered over the workers), /metrics, the definitions import and the
+# quorum queues of one node (members in both workers) too; tests/workers/ pins connections to each worker.
+# Which suites, their time and what is left out (and why): docs/testing.md, "make test-workers".
 WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.py tests/interop/test_queues.py \
 	tests/interop/test_queue_features.py tests/interop/test_queue_arguments.py tests/interop/test_confirm_failures.py \
-	tests/interop/test_clients_aiopika.py
+	tests/interop/test_clients_aiopika.py tests/mgmt/test_mgmt_api.py tests/mgmt/test_mgmt_api2.py \
+	tests/mgmt/test_prometheus.py tests/mgmt/test_definitions.py tests/cluster/test_quorum_4x.py
+# in-process (no server): nothing of workers to test
+WORKER_DESELECT := --deselect tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue
 test-workers: $(STAMP)
-	HUTCH_TEST_WORKERS=2 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(WORKER_SUITES)
+	HUTCH_TEST_WORKERS=2 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(WORKER_DESELECT) $(WORKER_SUITES)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m slow

@@ -199,7 +199,8 @@ class HutchBroker(Broker):
         self.proc = subprocess.Popen(
             [str(VENV_BIN / "hutch-server"), "--data-dir", str(self.data_dir), "--amqp-port", str(self.port),
              "--management-port", str(self.mgmt_port), "--no-cluster"],  # as the recorded figures ran
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env={**os.environ, "HUTCH_WORKERS": "1"})  # one process (auto, the default, follows the cores)
         log.close()
         self.pid = self.proc.pid
         ports = wait_for_ports(self.data_dir, self.proc, 120, self.log_path)

@@ -36,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     perf_args = [a for a in args.perf_args if a != "--"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
+    env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
     with tempfile.TemporaryDirectory(prefix="hutch-cpu-") as data_dir:
         with open(os.path.join(data_dir, "server.log"), "wb") as log:
             server = subprocess.Popen(

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace, perf_args: list[str]) -> dict[str, Any]:
     amqp_port, mgmt_port = (0, 0) if reports_ports else (legacy_port(), legacy_port())
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     env["PYTHONPATH"] = str(src)
+    env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
     if args.cluster:  # a cluster of one (quorum queues)
         cluster_args = ["--cluster-port", port_arg(src)]
     elif "--no-cluster" in (src / "hutch" / "cli" / "server.py").read_text():

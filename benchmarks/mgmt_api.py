@@ -113,7 +113,7 @@ def tick(queues: int, repeat: int) -> None:
     loop = asyncio.new_event_loop()
     times = []
     for k in range(repeat):
-        figures = system.node_figures(node)
+        figures = loop.run_until_complete(system.node_figures(agent, node))
         start = time.perf_counter()  # the agent's samples and the tick: one sampling turn of the loop
         samples = loop.run_until_complete(agent.samples())
         collector.tick(samples, node.vhosts.keys(), lambda v, x: x in node.vhosts[v].exchanges,
@@ -152,7 +152,7 @@ def cycle(queues: int, repeat: int) -> None:
         return v is not None and name in v.exchanges
 
     collector.tick(loop.run_until_complete(agent.samples()), node.vhosts.keys(), exchange_exists, node.wall_ms(),
-                   system.node_figures(node))
+                   loop.run_until_complete(system.node_figures(agent, node)))
     admin = Principal("guest", ("administrator",))
 
     def overview() -> bytes:
@@ -165,7 +165,8 @@ def cycle(queues: int, repeat: int) -> None:
         return json.dumps(reply, default=str).encode()
 
     def metrics() -> bytes:
-        return prometheus.render(node, "default", node.wall_ms(), loop.run_until_complete(agent.metric_samples())).encode()
+        info = loop.run_until_complete(system.own_node_info(agent, node, node.wall_ms()))
+        return prometheus.render(node, "default", info, loop.run_until_complete(agent.metric_samples())).encode()
 
     total = 0.0
     print(f"one scrape cycle in process, {queues} queues (CPU time, median of {repeat})")
@@ -192,6 +193,7 @@ class Server:
         self.amqp_port, self.mgmt_port = amqp_port, mgmt_port
         self.data_dir = tempfile.mkdtemp(prefix="hmgmt-")
         env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+        env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
         if src is not None:
             env["PYTHONPATH"] = src
         self.proc = subprocess.Popen(

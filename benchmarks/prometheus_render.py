@@ -21,7 +21,7 @@ import urllib.request
 from hutch.amqp.spec import BasicProperties
 from hutch.config import Config
 from hutch.core.message import Message
-from hutch.mgmt import prometheus
+from hutch.mgmt import prometheus, system
 from hutch.runtime import app
 from hutch.runtime.broker.node import Node
 
@@ -50,7 +50,8 @@ def in_process(queues: int, repeat: int) -> None:
             start = time.perf_counter()
             assert node.agent is not None
             clients = asyncio.run(node.agent.metric_samples())  # what the management agent answers
-            body = prometheus.render(node, registry, node.wall_ms(), clients).encode()
+            info = asyncio.run(system.own_node_info(node.agent, node, node.wall_ms()))
+            body = prometheus.render(node, registry, info, clients).encode()
             times.append(time.perf_counter() - start)
         report(registry, times, body)
 

@@ -265,6 +265,7 @@ class Hutch:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
         env["PYTHONPATH"] = str(self.src)
         env["HUTCH_CLUSTER_SECRET"] = "scenarios-secret"
+        env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
         return env
 
     def wait_members(self, count: int, timeout: float = 60) -> None:

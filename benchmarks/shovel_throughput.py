@@ -135,6 +135,7 @@ def start_node(directory: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[i
     from its ports file, once they answer (hutch/portfile.py)."""
     directory.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
+    env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
     log_path = directory / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",

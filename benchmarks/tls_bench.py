@@ -60,6 +60,7 @@ def main() -> None:
                                     f"ssl_options.certfile = {args.cert}\nssl_options.keyfile = {args.key}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
     env["PYTHONPATH"] = args.hutch_src
+    env["HUTCH_WORKERS"] = "1"  # one process (auto, the default, follows the cores)
     server = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--config", str(tmp / "hutch.conf"),
                                "--data-dir", str(tmp / "data"), "--amqp-port", port_arg(args.hutch_src),
                                "--management-port", port_arg(args.hutch_src), "--cluster-port",

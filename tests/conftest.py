@@ -36,7 +36,8 @@ from hutch.portfile import NodeDidNotStart, wait_for_ports
 
 TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
 """Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
-against a node of worker processes (docs/scaling.md); unset, a node is one process as always."""
+against a node of worker processes (docs/scaling.md); unset, a node is one process (`--workers 1`, given
+explicitly: the server's default, auto, would make the suite's behaviour depend on the machine's cores)."""
 
 
 def xdist_group(item: pytest.Item) -> str:
@@ -113,8 +114,8 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
         args += ["--cluster-port", "0"]
     elif cluster is False:
         args.append("--no-cluster")
-    if os.environ.get(TEST_WORKERS_ENV) and "--workers" not in extra_args:
-        args += ["--workers", os.environ[TEST_WORKERS_ENV]]  # a suite against a node of workers
+    if "--workers" not in extra_args:  # auto (the server's default) would follow the machine's cores
+        args += ["--workers", os.environ.get(TEST_WORKERS_ENV) or "1"]  # a suite against a node of workers
     args += list(extra_args)
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path

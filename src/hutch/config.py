@@ -159,6 +159,7 @@ class Config:
     cluster_host: str = ""
     cluster_advertise_host: str = ""  # the host other nodes dial; default 127.0.0.1
     cluster_join: str | None = None
+    cluster_port_set: bool = False  # the inter-node port was given (flag, variable or file), not defaulted
     cluster_secret: str = field(default="", repr=False)
     cluster_secret_file: str | None = None
     cluster_metadata_timeout_ms: int = 30_000  # RabbitMQ's Khepri command timeout
@@ -212,11 +213,12 @@ class Config:
     # how often certificate and key files are checked for changes (0: only on SIGHUP); a hutch key
     ssl_cert_reload_interval_ms: int = 10_000
     quorum_snapshot_interval: int = 16_384  # commands (messages) between snapshots of a quorum queue, at least
-    # worker processes (docs/scaling.md): `workers` processes serve the node (0: `auto`, the cores this
-    # process may run on); 1 is one process and no supervisor. `worker_own_ports`: each worker also
-    # listens on a port of its own (reported as `amqp_w<N>` in ports.json), so a client can pick its worker.
-    # `worker_index` is set only inside a worker process (never from a file, flag or variable).
-    workers: int = 1
+    # worker processes (docs/scaling.md): `workers` processes serve the node (0: `auto`, the default: the
+    # cores this process may run on, or 1 for a node set up for a multi-node cluster or holding a one-process
+    # node's data; runtime/workers/auto.py); 1 is one process and no supervisor. `worker_own_ports`: each
+    # worker also listens on a port of its own (reported as `amqp_w<N>` in ports.json), so a client can pick
+    # its worker. `worker_index` is set only inside a worker process (never from a file, flag or variable).
+    workers: int = 0
     worker_own_ports: bool = False
     worker_heartbeat_timeout_ms: int = 5_000
     worker_index: int | None = None
@@ -802,6 +804,7 @@ def load_config(
     if "@" not in node_name:
         node_name = f"{node_name}@{default_node_name(hostname).split('@', 1)[1]}"
     merged["node_name"] = node_name
+    merged["cluster_port_set"] = "cluster_port" in merged
     if merged.get("cluster_join") and merged.get("cluster_enabled") is False:
         raise ConfigError("--join (cluster.join) asks to join a cluster, but clustering is turned off "
                           "(--no-cluster, HUTCH_CLUSTER_ENABLED or cluster.enabled = false)")

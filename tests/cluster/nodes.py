@@ -44,6 +44,7 @@ class Node:
     secret: str = SECRET
     config_text: str = FAST
     env: dict[str, str] = field(default_factory=dict)  # extra environment (HUTCH_* ones pass too)
+    workers: str = "1"  # --workers: one process, unless a test asks (auto, the default, follows the cores)
     proc: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -74,7 +75,7 @@ class Node:
         self.logs.append(log_path)
         args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", str(self.amqp_port),
                 "--management-port", str(self.management_port), "--data-dir", str(data),
-                "--node-name", self.full_name, "--cluster-port", str(self.cluster_port), "--config", str(cfg)]
+                "--node-name", self.full_name, "--cluster-port", str(self.cluster_port), "--config", str(cfg), "--workers", self.workers]
         if self.join:
             args += ["--join", self.join]
         env = {k: v for k, v in os.environ.items()
@@ -91,8 +92,8 @@ class Node:
         """Until the node's listeners are all up (its ports file); learns the ports a first start bound."""
         assert self.proc is not None
         ports = node_ports(self.directory / "data", self.proc, self.logs[-1], timeout)
-        self.amqp_port, self.management_port, self.cluster_port = (ports["amqp"], ports["management"],
-                                                                   ports["cluster"])
+        self.amqp_port, self.management_port = ports["amqp"], ports["management"]
+        self.cluster_port = ports.get("cluster", 0)  # a node of workers has no inter-node port (not joinable)
 
     def reported_ports(self) -> bool:
         """Whether this process has written its ports file (its listeners are open)."""

@@ -5,6 +5,7 @@ renewed by a redeclare, and a requeued message re-appended so the log is truncat
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
+from tests.conftest import TEST_WORKERS_ENV
 
 from .nodes import FAST, Cluster, Node, eventually
 
@@ -23,7 +25,8 @@ SMALL_LOG = "quorum_snapshot_interval = 64\nraft.segment_max_entries = 64\nraft.
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     c = Cluster(tmp_path_factory.mktemp("qq4x"))
-    n = c.add(config_text=FAST + SMALL_LOG)
+    # one node: under HUTCH_TEST_WORKERS (make test-workers) a node of workers, its quorum members workers
+    n = c.add(config_text=FAST + SMALL_LOG, workers=os.environ.get(TEST_WORKERS_ENV) or "1")
     yield n
     c.stop()
 
@@ -231,7 +234,9 @@ def test_a_redeclare_renews_a_quorum_queues_expires(node: Node) -> None:
 
 # -- requeue and the log ------------------------------------------------------------------------------
 def _raft_files(node: Node) -> list[Path]:
-    return [f for f in (node.directory / "data" / "cluster" / "raft").rglob("*") if f.is_file()]
+    data = node.directory / "data"  # a node of workers keeps each worker's under w<N>/
+    return [f for d in (data.glob("cluster/raft"), data.glob("w*/cluster/raft")) for raft in d
+            for f in raft.rglob("*") if f.is_file()]
 
 
 def test_a_message_requeued_many_times_does_not_pin_the_log(node: Node) -> None:

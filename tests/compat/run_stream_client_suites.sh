@@ -77,7 +77,7 @@ in_namespace() {  # runs inside `unshare -n`: a hutch node on the suites' ports,
     : >"$data/hutch.conf"
     if [ "$suite" = js ]; then printf 'stream.advertised_host = localhost\n' >"$data/hutch.conf"; fi
     "$HUTCH_SERVER" --config "$data/hutch.conf" --data-dir "$data" --node-name hutch@localhost \
-        --amqp-port 5672 --stream-port 5552 --management-port 15672 --no-cluster --log-level warning \
+        --amqp-port 5672 --stream-port 5552 --management-port 15672 --no-cluster --workers 1 --log-level warning \
         >"$data/server.log" 2>&1 &
     pid=$!
     trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$data"' EXIT

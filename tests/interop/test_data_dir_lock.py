@@ -25,7 +25,7 @@ from conftest import ServerInfo, start_server
 
 def _second_node(data_dir: Path, clustered: bool) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
-            "--management-port", "0", "--data-dir", str(data_dir), "--node-name", "test@localhost"]
+            "--management-port", "0", "--data-dir", str(data_dir), "--node-name", "test@localhost", "--workers", "1"]
     args += ["--cluster-port", "0"] if clustered else ["--no-cluster"]
     return subprocess.run(args, capture_output=True, text=True, timeout=60)
 

@@ -62,7 +62,7 @@ def test_data_dir_0700_and_files_0600_whatever_the_umask(tmp_path: Path) -> None
 
 def _server_argv(tmp_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
-            "--data-dir", str(tmp_path / "data"), "--node-name", "test@localhost", "--cluster-port", "0", *extra]
+            "--data-dir", str(tmp_path / "data"), "--node-name", "test@localhost", "--cluster-port", "0", "--workers", "1", *extra]
 
 
 def test_group_readable_secret_file_is_refused(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def flip_middle_record(path: Path, fix_crc: bool = False) -> records.Record:
 def refused_start(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hutch.cli.server", "--data-dir", str(data),
                            "--amqp-port", "0", "--management-port", "0",
-                           "--log-level", "none", "--no-cluster"],
+                           "--log-level", "none", "--no-cluster", "--workers", "1"],
                           capture_output=True, text=True, timeout=30)
 
 

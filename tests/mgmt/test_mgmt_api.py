@@ -385,7 +385,7 @@ def test_management_port_in_use_is_one_line_error(tmp_path):
         port = taken.getsockname()[1]
         proc = subprocess.run(
             [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
-             str(port), "--data-dir", str(tmp_path), "--log-level", "none", "--no-cluster"],
+             str(port), "--data-dir", str(tmp_path), "--log-level", "none", "--no-cluster", "--workers", "1"],
             capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert proc.stderr == f"hutch-server: cannot listen for management HTTP on port {port}: address already in use\n"

@@ -323,6 +323,20 @@ def test_escaped_vhost_label(mgmt: ServerInfo):
 # -- values follow the broker -----------------------------------------------------------------------
 
 
+def settled(mgmt: ServerInfo, queue: str, *wanted: tuple[str, float]) -> dict[str, Any]:
+    """A per-object scrape in which `queue`'s samples of the `wanted` families have those values (waited
+    for: a queue homed in another worker shows its home's figures as pushed every second)."""
+    fams: dict[str, Any] = {}
+
+    def ready() -> bool:
+        fams.clear()
+        fams.update(scrape(mgmt, True))
+        return all(value(fams, name, vhost="/", queue=queue) == want for name, want in wanted)
+
+    assert wait_for(ready, timeout=15), {name: value(fams, name, vhost="/", queue=queue) for name, _w in wanted}
+    return fams
+
+
 def test_queue_channel_connection_and_global_values(mgmt: ServerInfo):
     api = Api(mgmt.mgmt_url)
     q = unique("prom-values")
@@ -335,7 +349,9 @@ def test_queue_channel_connection_and_global_values(mgmt: ServerInfo):
         ch.queue_declare(q, auto_delete=False)
         for i in range(3):
             ch.basic_publish("", q, f"m{i}".encode())
-        fams = scrape(mgmt, True)
+        # a queue homed in another worker of a node of workers shows its home's figures, pushed every
+        # second in one row (docs/scaling.md), as RabbitMQ's are emitted every interval: wait for the row
+        fams = settled(mgmt, q, ("rabbitmq_queue_messages_ready", 3), ("hutch_queue_messages_published_total", 3))
         assert value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue=q) == 3
         assert value(fams, "rabbitmq_queue_messages", vhost="/", queue=q) == 3
         assert value(fams, "rabbitmq_queue_messages_ready_bytes", vhost="/", queue=q) == 6
@@ -352,7 +368,8 @@ def test_queue_channel_connection_and_global_values(mgmt: ServerInfo):
         ch.basic_consume(q, lambda c, m, p, b: got.append(m.delivery_tag))
         while len(got) < 3:
             conn.process_data_events(time_limit=0.1)
-        fams = scrape(mgmt, True)
+        fams = settled(mgmt, q, ("rabbitmq_queue_messages_unacked", 3), ("rabbitmq_queue_consumers", 1),
+                       ("hutch_queue_messages_delivered_total", 3))
         assert value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue=q) == 0
         assert value(fams, "rabbitmq_queue_messages_unacked", vhost="/", queue=q) == 3
         assert value(fams, "rabbitmq_queue_messages_unacked_ram", vhost="/", queue=q) == 3
@@ -370,9 +387,8 @@ def test_queue_channel_connection_and_global_values(mgmt: ServerInfo):
         while len(got) < 4:
             conn.process_data_events(time_limit=0.1)
         ch.basic_ack(got[3])
-        assert wait_for(lambda: value(scrape(mgmt, True), "rabbitmq_queue_messages_acked_total",
-                                      vhost="/", queue=q) == 3)
-        fams = scrape(mgmt, True)
+        fams = settled(mgmt, q, ("rabbitmq_queue_messages_acked_total", 3), ("rabbitmq_queue_messages", 0),
+                       ("rabbitmq_queue_messages_redelivered_total", 1))
         assert value(fams, "rabbitmq_queue_messages", vhost="/", queue=q) == 0
         assert value(fams, "rabbitmq_queue_messages_redelivered_total", vhost="/", queue=q) == 1
         assert value(fams, "rabbitmq_channel_messages_acked_total", channel=chan) == 3
@@ -402,12 +418,11 @@ def test_dead_lettered_dropped_and_rejected(mgmt: ServerInfo):
         for q in (full, drop, dlx):
             for body in (b"1", b"2"):
                 ch.basic_publish("", q, body)
-        fams: dict[str, Any] = {}
-
-        def settled() -> bool:
-            fams.update(scrape(mgmt, True))
-            return value(fams, "rabbitmq_queue_messages_ready", vhost="/", queue=target) == 1
-        assert wait_for(settled)
+        settled(mgmt, target, ("rabbitmq_queue_messages_ready", 1))
+        # each queue's own row (the three may live in three workers: each home pushes its own)
+        settled(mgmt, full, ("hutch_queue_messages_rejected_total", 1))
+        settled(mgmt, drop, ("hutch_queue_messages_dropped_total", 1))
+        fams = settled(mgmt, dlx, ("hutch_queue_messages_dead_lettered_total", 1))
         assert value(fams, "hutch_queue_messages_rejected_total", vhost="/", queue=full) == 1
         assert value(fams, "hutch_queue_messages_dropped_total", vhost="/", queue=drop) == 1
         assert value(fams, "hutch_queue_messages_dead_lettered_total", vhost="/", queue=dlx) == 1
@@ -466,7 +481,7 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
     from hutch.amqp.spec import BasicProperties
     from hutch.config import Config
     from hutch.core.message import Message
-    from hutch.mgmt import prometheus
+    from hutch.mgmt import prometheus, system
     from hutch.runtime.app import build_node
 
     node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
@@ -476,8 +491,9 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
         q.publish(Message("", q.name, BasicProperties(), b"x" * 10))
     assert node.agent is not None
     clients = asyncio.run(node.agent.metric_samples())
+    info = asyncio.run(system.own_node_info(node.agent, node, node.wall_ms()))
     for registry in ("default", "per-object"):
-        text = prometheus.render(node, registry, node.wall_ms(), clients)
+        text = prometheus.render(node, registry, info, clients)
         fams = parse(text)
         assert value(fams, "rabbitmq_queues") == 10_000
         if registry == "per-object":

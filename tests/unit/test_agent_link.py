@@ -84,6 +84,10 @@ class Held:
         return {"queues": [["/", "q", 1, 0, 0, 0, 0, 0, 0]], "channels": [["c1 (1)", "/", [0], []]],
                 "connections": [["c1", "/", 10, 20]], "closed": [1, 2], "churn": {"connection_created": 1}}
 
+    async def process_figures(self) -> dict[str, int]:
+        return {"mem_used": 100, "fd_used": 7, "sockets_used": 1, "proc_used": 2, "io_sync_count": 3,
+                "io_sync_batch_count": 1}
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         return 3 if name == "q" else None
 
@@ -108,7 +112,7 @@ def test_the_remote_agent_answers_what_the_agent_it_asks_answers() -> None:
     agent, _cluster, held = remote()
 
     async def run() -> None:
-        for method in ("counts", "connections", "samples"):
+        for method in ("counts", "connections", "samples", "process_figures"):
             assert await getattr(agent, method)() == await getattr(held, method)()
         assert await agent.channels("c1") == await held.channels("c1")
         assert await agent.channel("c1 (1)") == {"name": "c1 (1)", "node": "node#w1"}
@@ -154,8 +158,8 @@ def test_the_answerer_refuses_anything_but_an_agent_method_with_its_arguments(me
         asyncio.run(cluster.call("node#w1", cm.AgentQuery(method, args)))
     assert held.closed == [] and held.asked == []
     assert set(METHODS) == {"counts", "connections", "channels", "channel", "consumers", "queues", "queue_details",
-                            "samples", "metric_samples", "purge_queue", "delete_queue", "close_connection",
-                            "close_user_connections"}
+                            "samples", "metric_samples", "process_figures", "purge_queue", "delete_queue",
+                            "close_connection", "close_user_connections"}
 
 
 def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_once() -> None:
@@ -175,5 +179,34 @@ def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_onc
         samples = await node.samples()
         assert len(samples["queues"]) == 1 and len(samples["connections"]) == 2 and samples["closed"] == [2, 4]
         assert await node.close_connection("c1", "r") is True
+        # the node's process figures are every worker's, summed (GET /api/nodes of a node of workers)
+        figures = await node.process_figures()
+        assert figures["mem_used"] == 200 and figures["sockets_used"] == 2 and figures["io_sync_count"] == 6
 
     asyncio.run(run())
+
+
+def test_a_queues_details_are_its_homes_answer_and_the_stand_in_only_while_the_home_is_silent() -> None:
+    """Worker 0 holds a stand-in of a queue homed in worker 1 (its `node` names worker 1, its figures as
+    last pushed); the details of the queue are worker 1's own answer, and the stand-in's when worker 1
+    does not answer."""
+    class StandIn(Held):
+        name = "node#w0"
+
+        async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+            return [{"name": n, "vhost": v, "node": "node#w1", "messages": 0} for v, n in keys]
+
+    class Home(Held):
+        async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+            return [{"name": n, "vhost": v, "node": self.name, "messages": 5} for v, n in keys]
+
+    cluster = FakeCluster()
+    serve_agent(cluster, Home())  # type: ignore[arg-type]  # worker 1 answers with its own queue
+    node = WorkersAgent("node", [StandIn(), RemoteAgent(cluster, "node#w1")])  # type: ignore[arg-type]
+    got = asyncio.run(node.queue_details([("/", "q")]))
+    assert [(q["node"], q["worker"], q["messages"]) for q in got] == [("node", 1, 5)]
+
+    cluster.silent = True
+    silent = WorkersAgent("node", [StandIn(), RemoteAgent(cluster, "node#w1")])  # type: ignore[arg-type]
+    got = asyncio.run(silent.queue_details([("/", "q")]))
+    assert [(q["node"], q["worker"], q["messages"]) for q in got] == [("node", 1, 0)]

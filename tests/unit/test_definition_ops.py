@@ -70,6 +70,7 @@ POLICY = json.dumps({"vhost": "/", "name": "p", "pattern": "^q", "apply-to": "qu
 OLD_FORMS: list[tuple[dict[str, Any], Any]] = [
     ({"op": "auth", "auth": {"users": [], "vhosts": [], "permissions": []}},
      d.SetAuth({"users": [], "vhosts": [], "permissions": []})),
+    ({"op": "auth.rehash", "user": "u", "previous_hash": "h0", "new_hash": "h1"}, d.RehashUser("u", "h0", "h1")),
     ({"op": "cluster_name", "name": "c1"}, d.SetClusterName("c1")),
     ({"op": "topic_permissions", "table": [["/", "u", "amq.topic", "^a", ".*"]]},
      d.SetTopicPermissions([["/", "u", "amq.topic", "^a", ".*"]])),

@@ -238,6 +238,8 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
                          max_size=3),
     "closed": st.dictionaries(st.sampled_from(["stat_publish", "stat_routed", "stat_ack"]), st.integers(0, 9)),
     "churn": st.dictionaries(st.sampled_from(["connections_opened", "channels_closed"]), st.integers(0, 9)),
+    "streams": st.lists(st.integers(0, 99).map(lambda i: ["/", f"s{i}", i % 4, i]), max_size=3),
+    "stream_errored": st.integers(0, 9),
 })
 
 
@@ -245,8 +247,9 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
 @given(st.lists(metric_samples_of_one_agent, min_size=1, max_size=4))
 def test_the_prometheus_samples_of_n_agents_are_those_of_one_holding_everything(answers):
     merged = merge_metric_samples(answers)
-    for kind in ("connections", "channels"):
+    for kind in ("connections", "channels", "streams"):
         assert merged[kind] == [row for a in answers for row in a[kind]]
+    assert merged["stream_errored"] == sum(a["stream_errored"] for a in answers)
     for kind, keys in (("closed", ("stat_publish", "stat_routed", "stat_ack")),
                        ("churn", ("connections_opened", "channels_closed"))):
         for key in keys:

@@ -12,6 +12,8 @@ from typing import Any
 
 from hutch.config import Config
 from hutch.core.auth import AuthStore, LoginCheck, hash_password, import_password_hash
+from hutch.core.definition_ops import RehashUser
+from hutch.runtime.app import build_node
 from hutch.runtime.broker.logins import (
     CLEAN_SHARE,
     SUSPECT_AFTER_FAILURES,
@@ -24,8 +26,11 @@ CHEAP_N = 2**4
 
 
 class _Node(SimpleNamespace):
-    def permissions_changed(self) -> None:
+    def password_rehashed(self, user: str, previous_hash: str, new_hash: str) -> bool:
+        if not self.auth.upgrade_password_hash(user, previous_hash, new_hash):
+            return False
         self.recorded += 1
+        return True
 
 
 def _gate(**config: Any) -> tuple[LoginGate, _Node, threading.Event]:
@@ -230,3 +235,25 @@ def test_sources_with_refused_logins_wait_behind_clean_ones():
         gate.close()
 
     asyncio.run(scenario())
+
+
+def test_a_rehash_is_recorded_as_that_change_and_undoes_none_made_elsewhere() -> None:
+    """Two members (or workers) with the same users: a rehash on A is recorded as `RehashUser`, not A's
+    whole auth store, so B, which meanwhile added a user, keeps it when it applies A's record (the lost
+    update a whole `SetAuth` made: a user imported through one worker gone after a login on the other)."""
+    a, b = (build_node(Config(data_dir="", node_name=f"{n}@localhost"), monitor_resources=False) for n in "ab")
+    recorded: list[object] = []
+    a._record = recorded.append  # type: ignore[method-assign]  # what a would replicate
+    imported = import_password_hash(_rabbit_sha256("pw"), "rabbit_password_hashing_sha256")
+    for node in (a, b):
+        node.auth.add_user("imp", None, password_hash=imported)
+    b.auth.add_user("new", "new-pw")  # committed meanwhile on the other member
+    new_hash = hash_password("pw", n=CHEAP_N)
+    assert a.password_rehashed("imp", imported, new_hash)
+    assert not a.password_rehashed("imp", imported, new_hash)  # no longer the hash verified: nothing to do
+    assert recorded == [RehashUser("imp", imported, new_hash)]
+    b.apply_op(recorded[0])  # type: ignore[arg-type]
+    assert b.auth.get_user("imp").password_hash == new_hash
+    assert b.auth.get_user("new") is not None
+    b.apply_op(RehashUser("new", "not its hash", new_hash))  # a password changed since: the change wins
+    assert b.auth.get_user("new").password_hash != new_hash

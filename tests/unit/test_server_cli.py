@@ -37,6 +37,7 @@ def fake_run_node(monkeypatch):
     for name in list(os.environ):
         if name.startswith("HUTCH_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("HUTCH_WORKERS", "1")  # auto (the default) would supervise real workers on a multi-core machine
     root = logging.getLogger()
     level = root.level
     yield seen
@@ -183,3 +184,17 @@ def test_join_without_clustering_is_a_one_line_error(fake_run_node, capsys):
     assert server.main(["--no-cluster", "--join", "n1@127.0.0.1:25672"]) == 2
     assert capsys.readouterr().err.startswith("hutch-server: --join (cluster.join) asks to join a cluster, but "
                                               "clustering is turned off")
+
+
+def test_auto_stays_one_process_for_a_node_set_up_for_a_cluster(fake_run_node, monkeypatch, tmp_path, caplog):
+    """`--workers auto` (the default) with `--join` or an inter-node port: one process (run_node, no
+    supervisor), whatever the machine's cores, and the start log says why (runtime/workers/auto.py)."""
+    monkeypatch.delenv("HUTCH_WORKERS")
+    caplog.set_level(logging.INFO, logger="hutch.server")
+    data = str(tmp_path / "data")
+    assert server.main(["--data-dir", data, "--join", "n1@127.0.0.1:25672"]) == 0
+    assert fake_run_node[-1].workers == 0 and fake_run_node[-1].cluster_join == "n1@127.0.0.1:25672"
+    assert "workers auto: 1 (--join" in caplog.text
+    assert server.main(["--data-dir", data, "--cluster-port", "25682"]) == 0
+    assert "workers auto: 1 (an inter-node port is configured" in caplog.text
+    assert len(fake_run_node) == 2

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from hutch.config import Config, ConfigError, load_config, parse_config_text
 from hutch.runtime.queue_types.remote_type import fewest_queues
 from hutch.runtime.workers import control
+from hutch.runtime.workers.auto import data_shape, resolve_auto, workers_for
 from hutch.runtime.workers.cores import cores_from, usable_cores
 from hutch.runtime.workers.spec import WorkerSpec, data_dir_mismatch, worker_config, worker_dir, worker_name
-from hutch.runtime.workers.supervisor import reserve_port, worker_count
+from hutch.runtime.workers.supervisor import reserve_port
 
 
 @pytest.mark.parametrize(("affinity", "cpu_max", "cores"), [
@@ -85,14 +86,51 @@ def test_the_workers_setting() -> None:
     assert load_config({"workers": "auto"}).workers == 0
     assert load_config({"workers": "4"}).workers == 4
     assert load_config({}, {"HUTCH_WORKERS": "2"}).workers == 2
-    assert load_config({}).workers == 1  # one process, no supervisor, unless asked
+    assert load_config({}).workers == 0  # auto, as RabbitMQ uses every core (runtime/workers/auto.py)
     settings, _raw = parse_config_text("workers = 3\nworkers.own_ports = true\nworkers.heartbeat_timeout = 2000\n")
     assert settings == {"workers": 3, "worker_own_ports": True, "worker_heartbeat_timeout_ms": 2000}
     for bad in ("0", "-1", "1025", "many"):
         with pytest.raises(ConfigError, match="auto or an integer"):
             load_config({"workers": bad})
-    assert worker_count(Config(workers=3)) == 3
-    assert worker_count(Config(workers=0)) >= 1
+    assert workers_for(Config(workers=3))[0] == 3
+    assert workers_for(Config(workers=0, data_dir="")) == (1, "no data directory")
+    assert workers_for(Config(workers=0, data_dir="/nonexistent/hutch"))[0] >= 1
+    # whether the inter-node port was given, from any source (auto keeps such a node one process)
+    assert not load_config({}).cluster_port_set
+    assert load_config({"cluster_port": "25682"}).cluster_port_set
+    assert load_config({}, {"HUTCH_CLUSTER_PORT": "0"}).cluster_port_set
+
+
+def test_auto_resolves_in_the_rules_order() -> None:
+    # a data directory keeps its shape, whatever the machine
+    assert resolve_auto(8, join=False, cluster_port_set=False, shape=1)[0] == 1
+    assert resolve_auto(8, join=False, cluster_port_set=False, shape=3)[0] == 3
+    assert resolve_auto(1, join=True, cluster_port_set=True, shape=4)[0] == 4
+    # a node set up for a multi-node cluster is one process, and says why
+    count, why = resolve_auto(8, join=True, cluster_port_set=False, shape=None)
+    assert count == 1 and "--join" in why
+    count, why = resolve_auto(8, join=False, cluster_port_set=True, shape=None)
+    assert count == 1 and "inter-node port" in why
+    # otherwise the usable cores
+    assert resolve_auto(8, join=False, cluster_port_set=False, shape=None) == (8, "8 usable cores")
+    assert resolve_auto(1, join=False, cluster_port_set=False, shape=None) == (1, "1 usable core")
+
+
+def test_data_shape_reads_what_the_directory_holds(tmp_path: Path) -> None:
+    assert data_shape(str(tmp_path / "missing")) is None
+    assert data_shape(str(tmp_path)) is None  # empty: a fresh node
+    (tmp_path / "w0").mkdir()
+    (tmp_path / "w2").mkdir()
+    (tmp_path / "w1").write_text("not a worker's directory")
+    (tmp_path / "wx").mkdir()
+    assert data_shape(str(tmp_path)) == 3
+    lone = tmp_path / "lone"
+    (lone / "definitions").mkdir(parents=True)
+    assert data_shape(str(lone)) == 1
+    only_w1 = tmp_path / "odd"
+    (only_w1 / "w1").mkdir(parents=True)
+    assert data_shape(str(only_w1)) is None  # no w0: not a node of workers' data
+    assert workers_for(Config(workers=0, data_dir=str(tmp_path)))[0] == 3
 
 
 def test_reserved_port_is_shared_by_reuseport_listeners_only() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,7 @@ from tests.mgmt.helpers import Api, run_ctl
 
 from hutch import portfile
 
-from .test_workers import start_node, until
+from .test_workers import start_node, until, worker_pid
 
 NODE = "test@localhost"  # tests/conftest.py's node name: the one name the API shows, never `#w<N>`
 
@@ -226,3 +227,70 @@ def test_deleting_a_vhost_closes_its_connection_in_the_other_worker(node: Server
     finally:
         if conn.is_open:
             conn.close()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_nodes_figures_are_the_nodes_summed_over_the_workers(node: ServerInfo) -> None:
+    """/api/nodes' process figures are the node's (every worker's, summed by the management agent's
+    `process_figures`), not worker 0's: three connections pinned to worker 1 are the node's sockets, and
+    its memory is at least both workers' resident memory (less a margin for what a worker frees)."""
+    conns = [pinned(node, 1, f"figures-w1-{i}") for i in range(3)]
+    try:
+        api = Api(node.mgmt_url)
+        info = until(lambda: (n := api.ok(f"/api/nodes/{quote(NODE, safe='')}"))["sockets_used"] >= 3 and n,
+                     what="worker 1's sockets in /api/nodes")
+        pids = [until(lambda w=w: worker_pid(node, w), what=f"worker {w}'s pid") for w in (0, 1)]
+        both = 0.8 * sum(rss_bytes(pid) for pid in pids)
+        assert info["mem_used"] >= both
+        assert info["proc_used"] >= 2  # each worker's threads
+        listed = api.ok("/api/nodes")
+        assert len(listed) == 1 and listed[0]["sockets_used"] >= 3
+        assert sample(metrics(node), "rabbitmq_process_resident_memory_bytes") >= both
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_a_node_of_workers_refuses_to_join_a_cluster_in_one_line(node: ServerInfo) -> None:
+    """`hutchctl join_cluster` (POST /api/cluster-join) on a node of workers: 400 saying why and what to
+    do, not worker 0 leaving its node's internal cluster (a node of workers cannot join one yet)."""
+    reply = Api(node.mgmt_url).call("POST", "/api/cluster-join", {"node": "n1@127.0.0.1:25999"})
+    assert reply.status == 400
+    assert "cannot join a multi-node cluster yet" in reply.body["reason"] and "--workers 1" in reply.body["reason"]
+
+
+def test_an_import_is_in_every_worker_when_it_is_answered(node: ServerInfo) -> None:
+    """POST /api/definitions (through worker 0's API) answers once every worker applied the import: a
+    user it created logs in through worker 1 at once (it answered before worker 1 had it, once)."""
+    api = Api(node.mgmt_url)
+    doc = {"users": [{"name": "imported-w1", "password": "pw-w1", "tags": ""}],
+           "permissions": [{"user": "imported-w1", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}
+    assert api.call("POST", "/api/definitions", doc).status == 204
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", ports["listeners"]["amqp_w1"], credentials=pika.PlainCredentials("imported-w1", "pw-w1")))
+    conn.close()
+    assert api.delete("/api/users/imported-w1").status == 204
+
+
+def test_a_queue_of_the_other_worker_through_the_api_publish_and_details(node: ServerInfo) -> None:
+    """A queue homed in worker 1 (exclusive to a connection there): a message published through worker 0's
+    API is in it when the API answers (the publish waits for the home's confirm), and the queue's details
+    are its home's figures at once, not the stand-in's as last pushed."""
+    conn = pinned(node, 1, "details-w1")
+    try:
+        queue = conn.channel().queue_declare("details-q", exclusive=True).method.queue
+        api = Api(node.mgmt_url)
+        for _ in range(3):
+            reply = api.call("POST", "/api/exchanges/%2F/amq.default/publish",
+                             {"routing_key": queue, "payload": "m", "payload_encoding": "string", "properties": {}})
+            assert reply.status == 200 and reply.body == {"routed": True}
+        details = api.ok(f"/api/queues/%2F/{queue}")
+        assert (details["messages"], details["worker"], details["node"]) == (3, 1, NODE)
+    finally:
+        conn.close()

@@ -6,10 +6,12 @@ for flags, ``hutch-server: <message>`` for configuration). Everything after that
 signals, a port already in use) belongs to ``hutch.runtime.app.run_node``, which also starts the
 management HTTP API (``hutch.mgmt.start_management``) as a service.
 
-With ``--workers N`` (N > 1, or ``auto`` on a machine with more than one usable core) this process is
-the node's supervisor (``hutch.runtime.workers.supervisor``), which starts N copies of this command as
-its workers; a process started with ``HUTCH_WORKER_SPEC`` in its environment is one of those workers.
-``--workers 1`` (the default) is one process and no supervisor, exactly as before workers existed.
+With ``--workers N`` (N > 1, or ``auto``, the default, on a machine with more than one usable core) this
+process is the node's supervisor (``hutch.runtime.workers.supervisor``), which starts N copies of this
+command as its workers; a process started with ``HUTCH_WORKER_SPEC`` in its environment is one of those
+workers. ``auto`` is one process for a node set up for a multi-node cluster (``--join``, an inter-node port
+given) or holding a one-process node's data (``hutch.runtime.workers.auto``, logged at start);
+``--workers 1`` is one process and no supervisor, exactly as before workers existed.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from hutch import __version__
 from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
 from hutch.core.logsafe import SafeArgsFilter
+from hutch.runtime.workers.auto import workers_for
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_config
-from hutch.runtime.workers.supervisor import supervise, worker_count
+from hutch.runtime.workers.supervisor import supervise
 
 PROG = "hutch-server"
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
@@ -118,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers", metavar="N",
-        help="worker processes serving the node: auto (the usable cores) or 1..1024 (env HUTCH_WORKERS; "
-        "default 1: one process, no supervisor; see docs/scaling.md)",
+        help="worker processes serving the node: auto (the default: the usable cores; 1 with --join, an "
+        "inter-node port given or a one-process node's data) or 1..1024 (env HUTCH_WORKERS; 1: one process, "
+        "no supervisor; see docs/scaling.md)",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return parser
@@ -191,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if spec_text:
         return _run_worker(config, WorkerSpec.from_env(spec_text))
-    count = worker_count(config)
+    count, why = workers_for(config)
     configure_logging(config.log_level)
     _warn_if_data_dir_open(config.data_dir)
+    if not config.workers:
+        logging.getLogger("hutch.server").info("workers auto: %d (%s)", count, why)
     if count > 1:
         logging.getLogger("hutch.server").info("starting node %s with %d workers (config file: %s, data dir: %s)",
                                                config.node_name, count, config.config_file or "none",
@@ -226,12 +232,12 @@ def _run_worker(config: Config, spec: WorkerSpec) -> int:
     configure_logging(config.log_level, f"w{spec.index}")
     logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,
                                            link.node_name, config.data_dir)
-    from hutch.mgmt import start_management
+    from hutch.mgmt import serve_management_peers, start_management
     from hutch.mgmt.definitions import boot_definitions
     from hutch.runtime.app import run_node
 
     first = spec.index == 0
-    return run_node(config, services=[start_management] if first else [],
+    return run_node(config, services=[start_management if first else serve_management_peers],
                     prepare=boot_definitions if first else None, worker=link)
 
 

@@ -252,7 +252,8 @@ class RemoteConsumerEnded(NamedTuple):
 @message_kind(17)
 class QueueStats(NamedTuple):
     """Counts of the sender's queues that changed: rows [vhost, queue, ready, unacked, consumers, bytes,
-    published, delivered, acked, redelivered, get]."""
+    published, delivered, acked, redelivered, get, dead-lettered, dropped, rejected] (the last three since
+    issue 26's management suites under workers; a receiver takes rows without them)."""
 
     rows: list[list[Any]]
 

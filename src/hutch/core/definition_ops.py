@@ -3,7 +3,7 @@ one dispatch table.
 
 Owns:
 - The records (frozen dataclasses): users, vhosts and permissions (`SetAuth`: the whole auth store, as
-  the node has always recorded it), topic permissions, the cluster name, exchanges, queues (declare,
+  the node has always recorded it; `RehashUser`: one user's re-hash on first login), topic permissions, the cluster name, exchanges, queues (declare,
   delete, a quorum queue's members), bindings, policies and operator policies, runtime parameters (`SetParameter`, `ClearParameter`: shovels,
   federation upstreams), and the operations of the
   cluster's metadata group (`ClusterJoin`, `ClusterLeave`, `Noop`).
@@ -51,6 +51,19 @@ class SetAuth:
 
     KIND: ClassVar[str] = "auth"
     auth: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RehashUser:
+    """A user's imported RabbitMQ hash replaced by scrypt on its first login, if the user's hash is still
+    `previous_hash` (a password change since then wins). Its own record, not a `SetAuth`: a whole auth
+    document from the member (or worker) where the login happened would undo a change another member
+    committed meanwhile."""
+
+    KIND: ClassVar[str] = "auth.rehash"
+    user: str
+    previous_hash: str
+    new_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,11 +238,11 @@ class Noop:
     KIND: ClassVar[str] = "noop"
 
 
-DefinitionOp = (SetAuth | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
+DefinitionOp = (SetAuth | RehashUser | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
                 | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | SetVhostLimits
                 | SetUserLimits | SetParameter | ClearParameter | ClusterJoin | ClusterLeave | Noop)
 
-NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, SetClusterName, SetTopicPermissions, DeclareExchange,
+NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, RehashUser, SetClusterName, SetTopicPermissions, DeclareExchange,
                                              DeleteExchange, DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind,
                                              SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits, SetParameter,
                                              ClearParameter)
@@ -352,6 +365,6 @@ class Dispatch:
 __all__ = [
     "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearParameter", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
     "DeclareQueue", "DefinitionOp", "DefinitionOpError", "DeleteExchange", "DeleteQueue", "Dispatch", "MalformedOp",
-    "Noop", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
+    "Noop", "RehashUser", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
     "UnknownOp", "from_stored", "kind_of", "to_stored",
 ]

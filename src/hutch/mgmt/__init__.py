@@ -19,6 +19,6 @@ Dependency rule: the service layer never imports aiohttp; ``http``, ``ui``, ``in
 are the only modules that do.
 """
 
-from .http import start_management
+from .http import serve_management_peers, start_management
 
-__all__ = ["start_management"]
+__all__ = ["serve_management_peers", "start_management"]

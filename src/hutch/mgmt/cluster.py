@@ -50,6 +50,9 @@ async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
     cluster = _cluster(node)
     if not isinstance(body, dict) or not isinstance(body.get("node"), str):
         raise bad_request('expected {"node": "NODE@HOST:PORT"}')
+    if node.public_name != node.name:  # a worker: its cluster is its node's workers (docs/scaling.md)
+        raise bad_request(f"node {node.public_name} runs worker processes: a node of workers cannot join a "
+                          "multi-node cluster yet; start it with --workers 1 to cluster it")
     from hutch.runtime.clustering.service import parse_seed
     from hutch.runtime.errors import ClusterUnavailable
     try:

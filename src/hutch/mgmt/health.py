@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.config import TlsOptions
 from hutch.core.certs import file_expiry
+from hutch.runtime.workers.spec import node_of_worker
 
 from .cluster import cluster_service
 from .errors import bad_request, not_found
@@ -156,7 +157,8 @@ def node_is_quorum_critical(node: Node) -> Result:
     """Would stopping this node leave a quorum queue (or the metadata store) without a majority of its
     members online? (rabbit_quorum_queue:list_with_minimum_quorum)"""
     cluster = getattr(node, "cluster", None)
-    if cluster is None or len(cluster.machine.members) <= 1:
+    # a node of workers is one node: its workers' internal cluster is no cluster of nodes (docs/scaling.md)
+    if cluster is None or all(node_of_worker(m) == node.public_name for m in cluster.machine.members):
         return _ok(reason="single node cluster")
     online = {node.name, *cluster.transport.connected_peers()}
     critical = []

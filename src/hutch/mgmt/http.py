@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
 log = logging.getLogger("hutch.mgmt")
 _DENIALS_LOG = LogThrottle()  # HTTP login refusals, one per process (core/logsafe.py)
@@ -143,7 +144,10 @@ async def _definitions(request: web.Request) -> web.StreamResponse:
             async with request.app[LARGE_BODIES_KEY].turn(request):  # one large body at a time
                 payload = await _definitions_payload(request, limits)
                 with intake.collector_paused(len(payload) > intake.LARGE_BODY_BYTES):
-                    await _import_definitions(node, principal, payload, vhost)
+                    if node.cluster is None:
+                        await _import_definitions(node, principal, payload, vhost)
+                    else:  # committed and applied by every member (every worker) before the 204
+                        await _replicated(node, lambda: _import_definitions(node, principal, payload, vhost))
             return web.Response(status=204, headers={"Cache-Control": "no-cache"})
         reply = definitions.export(node, principal, vhost)
     except definitions.NotJson:
@@ -342,15 +346,25 @@ async def _match_off_loop(pattern: UserPattern, names: list[str]) -> tuple[froze
 async def _clustered(node: Node, method: str, fn: Handler, call: Call) -> Any:
     """On a clustered node a change first waits for a read barrier (the newest definitions), and its
     reply for the commit of what it changed (503 when the metadata store has no majority)."""
+    async def run() -> Any:
+        result = fn(call)
+        return await result if inspect.isawaitable(result) else result
+
+    # cluster operations must work without a majority: no barrier before them
+    return await _replicated(node, run, barrier=method != "GET" and fn not in NO_BARRIER)
+
+
+async def _replicated(node: Node, change: Callable[[], Awaitable[Any]], barrier: bool = True) -> Any:
+    """`change` on a clustered node (a node of workers is one): after a read barrier, and answered once
+    what it changed is committed and applied by the connected members (every worker), so a client's
+    next connection, to whichever worker or member, sees it."""
     from hutch.runtime.errors import ClusterUnavailable
     cluster = node.cluster
     assert cluster is not None
     try:
-        if method != "GET" and fn not in NO_BARRIER:  # cluster operations must work without a majority
+        if barrier:
             await cluster.barrier()
-        result = fn(call)
-        if inspect.isawaitable(result):
-            result = await result
+        result = await change()
         if cluster.has_unreplicated:
             await cluster.wait_replicated()
             await cluster.sync_peers()
@@ -421,7 +435,8 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
     clients = await agent.metric_samples()  # every worker's connections and channels (runtime/ports.py)
-    body = prometheus.render(node, rendered, node.wall_ms(), clients, scrapes).encode()
+    info = await system.own_node_info(agent, node, node.wall_ms())  # every worker's memory, descriptors
+    body = prometheus.render(node, rendered, info, clients, scrapes).encode()
     scrapes.observe(registry, loop.time() - started, len(body))
     response = web.Response(body=body, headers={"Content-Type": prometheus.CONTENT_TYPE})
     if "gzip" in request.headers.get("Accept-Encoding", "").lower():
@@ -512,6 +527,29 @@ async def _start_https(node: Node, runner: web.AppRunner, limits: listener.Liste
              node.management_ssl_port)
 
 
+def _serve_peers(node: Node, agent: ManagementAgentPort) -> None:
+    """What the management API of another node (or of worker 0, in a node of workers) asks this one:
+    its node figures, its federation links, a quorum queue member's view (hutch-queues)."""
+    system.serve_node_info(node, agent)
+    parameters.serve_link_status(node)
+    quorum_routes.serve(node)
+
+
+async def serve_management_peers(node: Node) -> Callable[[], Awaitable[None]]:
+    """The service of a worker other than worker 0 (hutch-server --workers N): no listener, but the
+    answers worker 0's management API asks of it over the worker link (`_serve_peers`), so a quorum
+    queue's status names its members in every worker."""
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
+    if node.cluster is not None:
+        _serve_peers(node, agent)
+
+    async def stop() -> None:
+        return None
+
+    return stop
+
+
 async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     """Start the management listener on `management_host:management_port`; set
     `node.management_port` to the bound port. Raises OSError (e.g. port in use), which
@@ -520,9 +558,9 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     loop = asyncio.get_running_loop()
     interval_ms = max(cfg.collect_statistics_interval_ms, 100)
     collector = stats.Collector(interval_ms)
-    system.serve_node_info(node)
-    parameters.serve_link_status(node)
-    quorum_routes.serve(node)  # what the quorum queue routes ask of the other nodes (hutch-queues)
+    agent = node.agent
+    assert agent is not None  # runtime/app.py's build_node sets it
+    _serve_peers(node, agent)
     limits = listener.ListenerLimits.from_config(cfg)
     runner = web.AppRunner(build_app(node, collector), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            **listener.handler_args(limits))
@@ -540,8 +578,6 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
     interval_s = interval_ms / 1000
     timer: list[asyncio.TimerHandle] = []
     sampling: set[asyncio.Task[None]] = set()
-    agent = node.agent
-    assert agent is not None  # runtime/app.py's build_node sets it
 
     def exchange_exists(vhost: str, name: str) -> bool:
         v = node.vhosts.get(vhost)
@@ -551,7 +587,8 @@ async def start_management(node: Node) -> Callable[[], Awaitable[None]]:
         """One sample of what the node's agent holds; then the next one is due in an interval."""
         try:
             samples = await agent.samples()
-            collector.tick(samples, node.vhosts.keys(), exchange_exists, node.wall_ms(), system.node_figures(node))
+            figures = await system.node_figures(agent, node)
+            collector.tick(samples, node.vhosts.keys(), exchange_exists, node.wall_ms(), figures)
         except Exception:  # a bug in sampling must not stop the sampling timer
             log.exception("management statistics: sampling failed")
         timer[:] = [loop.call_later(interval_s, tick)]

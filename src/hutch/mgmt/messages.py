@@ -23,16 +23,19 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import AMQPError
 from hutch.amqp.spec import BasicProperties
 from hutch.core.auth import topic_permission_allows
+from hutch.core.confirms import Receipt
 from hutch.core.message import Message
-from hutch.core.queue_type import REJECTED
+from hutch.core.queue_type import PENDING, REJECTED
 
 from . import formats
 from .access import Principal, require_amqp, vhost_for_write
@@ -115,8 +118,37 @@ def _check_topic(node: Node, p: Principal, vhost: str, exchange: str, keys: list
         raise access_refused()
 
 
-def publish(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> dict[str, bool]:
-    """POST /api/exchanges/{vhost}/{name}/publish."""
+PUBLISH_CONFIRM_TIMEOUT_S = 30.0  # a queue without its majority (quorum) or its home worker: 503 then
+
+class _Confirms:
+    """The publish's receipts (core/confirms.py's ConfirmOwner): done once every queue that answered
+    PENDING settled or refused it, as RabbitMQ's management publish waits for its channel's confirms."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.refused = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def settle(self, seq: int, queue: Hashable) -> None:
+        self._one()
+
+    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+        self.refused = True
+        self._one()
+
+    def queue_deleted(self, queue: Hashable) -> None:
+        self._one()  # a deleted queue settles what waited for it (core/confirms.py)
+
+    def _one(self) -> None:
+        self.waiting -= 1
+        if self.waiting <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+
+async def publish(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> dict[str, bool]:
+    """POST /api/exchanges/{vhost}/{name}/publish: answered once the queues it was routed to have it
+    (their confirms: a queue in another worker answers after its home stored it), at most
+    `PUBLISH_CONFIRM_TIMEOUT_S` (then 503)."""
     v = vhost_for_write(node, p, vhost)
     name = exchange_name(url_name)
     x = v.exchanges.get(name)
@@ -155,11 +187,20 @@ def publish(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> d
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         return {"routed": node.deliver_direct_reply(routing_key[len(REPLY_TO_PREFIX):], msg)}
     queues = v.route(x, keys, props.headers, msg)
-    refused = False
-    for q in queues:
-        if q.publish(msg) is REJECTED:
-            refused = True
-    if refused:
+    confirms = _Confirms()
+    for seq, q in enumerate(queues):
+        answer = q.publish(msg, Receipt(confirms, seq))
+        if answer is REJECTED:
+            confirms.refused = True
+        elif answer is PENDING:
+            confirms.waiting += 1
+    if confirms.waiting:
+        try:
+            await asyncio.wait_for(asyncio.shield(confirms.done), PUBLISH_CONFIRM_TIMEOUT_S)
+        except TimeoutError:
+            raise ApiError(503, "service_unavailable", "the message was not confirmed by its queues in "
+                           f"{PUBLISH_CONFIRM_TIMEOUT_S:g} s") from None
+    if confirms.refused:
         raise bad_request("rejected Unable to publish message. Check queue limits.")
     return {"routed": bool(queues)}
 

@@ -4,7 +4,7 @@ Owns: `render` (the body of GET /metrics and /metrics/per-object), the catalogue
 (name, type, HELP text: RabbitMQ's, from its plugin's collectors, for every family that keeps a
 RabbitMQ name), label escaping, and `ScrapeStats` (the plugin's telemetry_scrape_* summaries). Pure:
 reads the node and its management agent's answer (`metric_samples`, runtime/ports.py), never changes
-them, does no IO of its own (node figures come from `system.node_info`).
+them, does no IO of its own (node figures come from `system.own_node_info`, summed over a node's workers).
 
 Rules:
 - A family keeps its RabbitMQ name only when hutch has a source with the same meaning; counters
@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
 from hutch.core.counters import CHANNEL_METRIC_FIELDS
-
-from . import system
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -337,18 +335,15 @@ class _Text:
                 parts.append(f"{name} {totals[col] if totals else 0}\n")
 
 
-def _queue_rows(node: Node, per_object: bool, streams: list[Any]) -> tuple[list[str], list[tuple[int, ...]],
-                                                                                list[str]]:
+def _queue_rows(node: Node, per_object: bool) -> tuple[list[str], list[tuple[int, ...]], list[str]]:
     """One row per queue: the columns of QUEUE, QUEUE_DELIVERY and HUTCH_QUEUE in that order, with
-    each queue's label text and its rabbitmq_queue_info sample; the streams are added to `streams`."""
+    each queue's label text and its rabbitmq_queue_info sample."""
     labels: list[str] = []
     rows: list[tuple[int, ...]] = []
     infos: list[str] = []
     for vhost in node.vhosts.values():
         v = escape_label(vhost.name)
         for q in vhost.queues.values():
-            if q.queue_type == "stream":  # a StreamQueue (queue_types/stream/queue.py), read duck-typed
-                streams.append(q)
             ready = q.message_count
             unacked = q.unacked_count
             ram = q.messages_ram
@@ -426,25 +421,23 @@ def _global(out: _Text, closed: Mapping[str, int], channel_rows: list[tuple[int,
     out.one(get_empty, total("stat_get_empty", more + 6), proto_type)
 
 
-def render(node: Node, registry: str, now_ms: float, clients: Mapping[str, Any],
+def render(node: Node, registry: str, info: Mapping[str, Any], clients: Mapping[str, Any],
            scrapes: ScrapeStats | None = None) -> str:
-    """The exposition text of `registry` ("default": aggregated, "per-object"). `clients` is what the
-    node's management agent answers to `metric_samples` (every worker's connections and channels, their
-    closed channels' totals and churn, summed by the agent of a node of workers); the queue families are
-    the node's own queues (a worker's stand-ins carry their homes' figures)."""
+    """The exposition text of `registry` ("default": aggregated, "per-object"). `info` is the node's
+    `system.own_node_info` (its processes' memory, descriptors and fsyncs: every worker's, summed) and
+    `clients` what the node's management agent answers to `metric_samples` (every worker's connections
+    and channels, their closed channels' totals and churn, summed by the agent of a node of workers); the
+    queue families are the node's own queues (a worker's stand-ins carry their homes' figures)."""
     endpoint = REGISTRIES[registry]
     per_object = endpoint == "per-object"
     out = _Text(per_object)
-    info = system.node_info(node, now_ms)
-    storage = node.persistence
-    fsyncs = storage.sink.fsyncs if storage is not None else 0
+    fsyncs = info["io_sync_count"]
     for fam, value in zip(NODE, (info["fd_used"], info["mem_used"], info["disk_free"], info["fd_total"],
                                  info["mem_limit"], info["disk_free_limit"], info["uptime"] / 1000, fsyncs),
                           strict=True):
         out.one(fam, value)
 
-    streams: list[Any] = []
-    q_labels, q_rows, q_infos = _queue_rows(node, per_object, streams)
+    q_labels, q_rows, q_infos = _queue_rows(node, per_object)
     out.columns(QUEUE, q_labels, q_rows)
     ch_labels, chv_labels, ch_rows = _channel_rows(clients, per_object)
     out.columns(CHANNEL, ch_labels, ch_rows)
@@ -482,13 +475,13 @@ def render(node: Node, registry: str, now_ms: float, clients: Mapping[str, Any],
     out.one(PROCESS_START, int(node.started_at))
     _scrape_telemetry(out, registry, scrapes)
 
-    syncs = storage.sink.syncs if storage is not None else 0
+    syncs = info["io_sync_batch_count"]
     for fam, value in zip(HUTCH_NODE, (fsyncs, syncs, int(node.memory_pressure)), strict=True):
         out.one(fam, value)
     out.columns(HUTCH_QUEUE, q_labels, q_rows, offset=_Q_HUTCH)
     out.columns(HUTCH_CHANNEL, chv_labels, ch_rows, offset=_CH_DELIVER)
     _shovels(out, node)
-    _streams(out, node, streams)
+    _streams(out, clients)
     return "".join(out.parts)
 
 
@@ -515,31 +508,21 @@ def _stream_protocol(node: Node) -> _StreamProtocol | None:
                            sum(len(conn.consuming.subscriptions) for conn in conns))
 
 
-def _streams(out: _Text, node: Node, streams: list[Any]) -> None:
+def _streams(out: _Text, clients: Mapping[str, Any]) -> None:
     """rabbitmq_stream_segments and rabbitmq_stream_consumer_max_offset_lag: per stream (labels vhost,
     queue) on the per-object registry, else their sum and their maximum (as the plugin aggregates them);
     the lag counts AMQP 0-9-1 consumers and stream-protocol subscriptions alike. hutch_stream_messages_
-    errored_total: the stream protocol's publish errors."""
+    errored_total: the stream protocol's publish errors. Both from the agent's `metric_samples` (every
+    worker's streams: a stream lives in the worker that declared it)."""
     segments, lag = STREAM
-    hub = node.streams
-    sub_lag: dict[tuple[str, str], int] = {}
-    for conn in list(hub.connections) if hub is not None else []:
-        vhost = conn.vhost.name
-        for row in conn.consuming.info():
-            value = row["offset_lag"]
-            if isinstance(value, int):
-                key = (vhost, str(row["stream"]))
-                sub_lag[key] = max(sub_lag.get(key, 0), value)
-    rows = [(q.handle.segment_count, max(q.max_offset_lag(), sub_lag.get((q.vhost, q.name), 0))) for q in streams]
+    rows = clients["streams"]
     if out.per_object:
-        labels = [_labels((("vhost", q.vhost), ("queue", q.name))) for q in streams]
-        out.samples(segments, [(lbl, row[0]) for lbl, row in zip(labels, rows, strict=True)])
-        out.samples(lag, [(lbl, row[1]) for lbl, row in zip(labels, rows, strict=True)])
+        out.samples(segments, [(_labels((("vhost", v), ("queue", n))), count) for v, n, count, _lag in rows])
+        out.samples(lag, [(_labels((("vhost", v), ("queue", n))), behind) for v, n, _count, behind in rows])
     else:
-        out.one(segments, sum(r[0] for r in rows))
-        out.one(lag, max((r[1] for r in rows), default=0))
-    errored = hub.counters.messages_errored if hub is not None else 0
-    out.one(HUTCH_STREAM[0], errored, _labels((("protocol", STREAM_PROTOCOL),)))
+        out.one(segments, sum(r[2] for r in rows))
+        out.one(lag, max((r[3] for r in rows), default=0))
+    out.one(HUTCH_STREAM[0], clients["stream_errored"], _labels((("protocol", STREAM_PROTOCOL),)))
 
 
 def _shovels(out: _Text, node: Node) -> None:

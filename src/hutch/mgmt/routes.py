@@ -74,12 +74,13 @@ def _extensions(c: Call) -> Any:
 
 @route("GET", "/api/nodes", "Nodes (monitoring)", tag=SYSTEM, reply="Node[]", listing=True)
 async def _nodes(c: Call) -> Any:
-    return _list(c, await system.list_cluster_nodes(c.node, c.principal, c.now_ms, c.stats), NAME_SORT)
+    return _list(c, await system.list_cluster_nodes(c.agent, c.node, c.principal, c.now_ms, c.stats), NAME_SORT)
 
 
 @route("GET", "/api/nodes/{node}", "One node (monitoring)", tag=SYSTEM, reply="Node", codes=(404,))
 async def _node(c: Call) -> Any:
-    return _one(c, await system.get_cluster_node(c.node, c.principal, c.params["node"], c.now_ms, c.stats))
+    return _one(c, await system.get_cluster_node(c.agent, c.node, c.principal, c.params["node"], c.now_ms,
+                                                     c.stats))
 
 
 @route("GET", "/api/aliveness-test/{vhost}", "Declare, publish to and get from the aliveness-test queue",
@@ -453,8 +454,8 @@ def _exchange_bindings_destination(c: Call) -> Any:
 
 @route("POST", "/api/exchanges/{vhost}/{name}/publish", "Publish a message (as mandatory): {\"routed\": bool}",
        tag=EXCHANGES, body="PublishBody", reply="Routed", codes=(400, 404))
-def _exchange_publish(c: Call) -> Any:
-    return messages.publish(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
+async def _exchange_publish(c: Call) -> Any:
+    return await messages.publish(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
 
 
 # -- bindings ---------------------------------------------------------------------------------------

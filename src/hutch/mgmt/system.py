@@ -2,8 +2,9 @@
 
 Owns: `overview` and `node_info` (RabbitMQ's GET /api/overview and /api/nodes shapes), the cluster
 name (GET/PUT /api/cluster-name), the `aliveness_test`, `message_totals` (node-wide message counters)
-and `node_figures` (the process figures the statistics collector samples). Reads process figures (RSS,
-file descriptors) from /proc and `resource` where the platform has them; everything else is pure.
+and `node_figures` (the process figures the statistics collector samples). The process figures (RSS, file
+descriptors, threads, fsyncs) are the node agent's answer (`process_figures`: a node of workers sums its
+workers'); the limits come from `resource`, the free disk from the data directory.
 
 Rules:
 - `message_stats` counters are the channels' stat_* counters: those of live channels plus
@@ -24,7 +25,7 @@ import os
 import platform
 import resource
 import shutil
-import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
@@ -180,24 +181,6 @@ def put_cluster_name(node: Node, p: Principal, body: Any) -> None:
 # -- nodes ------------------------------------------------------------------------------------------
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if platform.system() == "Darwin" else peak * 1024
-
-
-def _fd_used() -> int:
-    for path in ("/proc/self/fd", "/dev/fd"):
-        try:
-            return len(os.listdir(path))
-        except OSError:
-            continue
-    return 0
-
-
 def _limit(which: int, unlimited: int) -> int:
     soft, _hard = resource.getrlimit(which)
     return unlimited if soft == resource.RLIM_INFINITY else int(soft)
@@ -217,18 +200,26 @@ def _disk_free(node: Node) -> int:
         return 0
 
 
-def node_figures(node: Node) -> tuple[int, ...]:
-    """The figures the collector samples, in stats.NODE_FIELDS order."""
-    storage = node.persistence
-    return (_rss_bytes(), _fd_used(), len(node.connections), threading.active_count(), _disk_free(node),
-            storage.sink.fsyncs if storage is not None else 0)
+async def node_figures(agent: ManagementAgentPort, node: Node) -> tuple[int, ...]:
+    """The figures the collector samples, in stats.NODE_FIELDS order: the node's processes' (summed over
+    the workers of a node of workers) and the data directory's free disk."""
+    f = await agent.process_figures()
+    return (f["mem_used"], f["fd_used"], f["sockets_used"], f["proc_used"], _disk_free(node), f["io_sync_count"])
 
 
-def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict[str, Any]:
+async def own_node_info(agent: ManagementAgentPort, node: Node, now_ms: float,
+                        stats: StatsView | None = None) -> dict[str, Any]:
+    """This node's `node_info`, its process figures as its agent answers them (every worker's, summed)."""
+    return node_info(node, now_ms, await agent.process_figures(), stats)
+
+
+def node_info(node: Node, now_ms: float, figures: Mapping[str, int], stats: StatsView | None = None
+              ) -> dict[str, Any]:
+    """GET /api/nodes' object for this node; `figures` are its processes' (runtime/procinfo.py's
+    PROCESS_FIGURES, as `ManagementAgentPort.process_figures` answers them)."""
     cfg = node.config
     disk_free = _disk_free(node)
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
-    storage = node.persistence
     out: dict[str, Any] = {
         "name": node.public_name,
         "type": "disc",
@@ -239,22 +230,22 @@ def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict
         "processors": os.cpu_count() or 1,
         "run_queue": 0,
         "rates_mode": "basic",
-        "mem_used": _rss_bytes(),
+        "mem_used": figures["mem_used"],
         "mem_limit": int(_physical_memory() * cfg.vm_memory_high_watermark),
         "mem_alarm": "memory" in node.alarms,
         "mem_paging": node.memory_pressure,
         # message storage: group-commit batches that synced and fdatasync calls made (RabbitMQ's
         # io_sync_count counts fsyncs too)
-        "io_sync_count": storage.sink.fsyncs if storage is not None else 0,
-        "io_sync_batch_count": storage.sink.syncs if storage is not None else 0,
+        "io_sync_count": figures["io_sync_count"],
+        "io_sync_batch_count": figures["io_sync_batch_count"],
         "disk_free": disk_free,
         "disk_free_limit": cfg.disk_free_limit_bytes,
         "disk_free_alarm": "disk" in node.alarms,
-        "fd_used": _fd_used(),
+        "fd_used": figures["fd_used"],
         "fd_total": fd_total,
-        "sockets_used": len(node.connections),
+        "sockets_used": figures["sockets_used"],
         "sockets_total": fd_total,
-        "proc_used": threading.active_count(),
+        "proc_used": figures["proc_used"],
         "proc_total": _limit(resource.RLIMIT_NPROC, UNLIMITED_PROCESSES),
         "exchange_types": _exchange_types(),
         "auth_mechanisms": [{"name": m, "description": "", "enabled": True} for m in ("PLAIN", "AMQPLAIN")],
@@ -272,26 +263,17 @@ def node_info(node: Node, now_ms: float, stats: StatsView | None = None) -> dict
     return out
 
 
-def list_nodes(node: Node, p: Principal, now_ms: float, stats: StatsView | None = None) -> list[dict[str, Any]]:
-    require_monitor(p)
-    return [node_info(node, now_ms, stats)]
-
-
-def get_node(node: Node, p: Principal, name: str, now_ms: float, stats: StatsView | None = None) -> dict[str, Any]:
-    require_monitor(p)
-    if name != node.public_name:
-        raise not_found()
-    return node_info(node, now_ms, stats)
-
-
 # -- the other nodes of a cluster -------------------------------------------------------------------
 
 
-def serve_node_info(node: Node) -> None:
+def serve_node_info(node: Node, agent: ManagementAgentPort) -> None:
     """Let the other nodes of a cluster ask this one for its `node_info` (GET /api/nodes there)."""
     cluster = cluster_service(node)
     if cluster is not None:
-        cluster.register(cm.NodeInfo, lambda _peer, _req: node_info(node, node.wall_ms()))
+        async def answer(_peer: str, _req: cm.NodeInfo) -> dict[str, Any]:
+            return await own_node_info(agent, node, node.wall_ms())
+
+        cluster.register(cm.NodeInfo, answer)
 
 
 async def _member_info(node: Node, name: str) -> dict[str, Any]:
@@ -312,11 +294,11 @@ def _own_member(node: Node, member: str) -> bool:
     return member == node.name or (node.public_name != node.name and node_of_worker(member) == node.public_name)
 
 
-async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
+async def list_cluster_nodes(agent: ManagementAgentPort, node: Node, p: Principal, now_ms: float,
                              stats: StatsView | None = None) -> list[dict[str, Any]]:
     """Every member of the cluster (this node's figures, the others' as they report them)."""
     require_monitor(p)
-    own = node_info(node, now_ms, stats)
+    own = await own_node_info(agent, node, now_ms, stats)
     cluster = cluster_service(node)
     if cluster is None:
         return [own]
@@ -324,11 +306,11 @@ async def list_cluster_nodes(node: Node, p: Principal, now_ms: float,
     return [own, *[await _member_info(node, m) for m in others]]
 
 
-async def get_cluster_node(node: Node, p: Principal, name: str, now_ms: float,
+async def get_cluster_node(agent: ManagementAgentPort, node: Node, p: Principal, name: str, now_ms: float,
                            stats: StatsView | None = None) -> dict[str, Any]:
     require_monitor(p)
     if name == node.public_name:
-        return node_info(node, now_ms, stats)
+        return await own_node_info(agent, node, now_ms, stats)
     cluster = cluster_service(node)
     if cluster is None or name not in cluster.machine.members or _own_member(node, name):
         raise not_found()  # a worker of this node is no node of its own
@@ -360,11 +342,12 @@ __all__ = [
     "ALIVENESS_QUEUE",
     "aliveness_test",
     "get_cluster_name",
-    "get_node",
-    "list_nodes",
+    "get_cluster_node",
+    "list_cluster_nodes",
     "message_totals",
     "node_figures",
     "node_info",
+    "own_node_info",
     "overview",
     "put_cluster_name",
 ]

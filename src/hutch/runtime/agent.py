@@ -36,7 +36,9 @@ from hutch.core.counters import (
 )
 from hutch.core.plain import jsonable
 
+from . import procinfo
 from .queue_types.remote import RemoteQueue
+from .queue_types.stream.queue import StreamQueue
 from .session.channel import ServerChannel
 from .session.connection import AMQPConnection
 
@@ -288,8 +290,32 @@ class LocalAgent:
             connections.append([conn.name, conn.recv_oct, conn.send_oct, len(chans)])
             channels.extend([channel_name(ch), ch.vhost.name if ch.vhost is not None else "",
                              list(channel_metric_values(ch))] for ch in chans)
+        hub = node.streams
         return {"connections": connections, "channels": channels, "closed": dict(node.closed_channel_stats),
-                "churn": dict(node.churn)}
+                "churn": dict(node.churn), "streams": self._stream_rows(),
+                "stream_errored": hub.counters.messages_errored if hub is not None else 0}
+
+    def _stream_rows(self) -> list[list[Any]]:
+        """[vhost, name, segment files, consumer offset lag] of every stream this process holds; the lag
+        counts AMQP 0-9-1 consumers and this process's stream-protocol subscriptions alike."""
+        hub = self.node.streams
+        sub_lag: dict[tuple[str, str], int] = {}
+        for conn in list(hub.connections) if hub is not None else []:
+            vhost = conn.vhost.name
+            for row in conn.consuming.info():
+                value = row["offset_lag"]
+                if isinstance(value, int):
+                    key = (vhost, str(row["stream"]))
+                    sub_lag[key] = max(sub_lag.get(key, 0), value)
+        return [[q.vhost, q.name, q.handle.segment_count, max(q.max_offset_lag(), sub_lag.get((q.vhost, q.name), 0))]
+                for v in self.node.vhosts.values() for q in v.queues.values()
+                if isinstance(q, StreamQueue)]
+
+    async def process_figures(self) -> dict[str, int]:
+        storage = self.node.persistence
+        figures = (procinfo.rss_bytes(), procinfo.fd_used(), len(self.node.connections), procinfo.threads(),
+                   storage.sink.fsyncs if storage is not None else 0, storage.sink.syncs if storage is not None else 0)
+        return dict(zip(procinfo.PROCESS_FIGURES, figures, strict=True))
 
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)

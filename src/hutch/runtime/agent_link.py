@@ -14,8 +14,9 @@ Rules:
 - A request naming a method not in `METHODS`, or with arguments of the wrong shape, is refused with
   `MalformedMessage` (the transport's error reply); nothing else of the agent can be reached.
 - Queues: every worker holds every queue (its own, and stand-ins for the others' whose figures their
-  homes push every second), so queue listings, details, purges and deletes are worker 0's (a queue is
-  listed once, also while its home worker restarts, shown `down`); everything else (connections,
+  homes push every second), so queue listings, purges and deletes are worker 0's (a queue is listed
+  once, also while its home worker restarts, shown `down`); a queue's details (GET /api/queues/{vhost}/
+  {name}, a listing's page) are its home's answer, so they are its figures now; everything else (connections,
   channels, consumers, counts, the statistics samples but their queue rows, closing connections) is
   gathered from every worker.
 """
@@ -80,6 +81,7 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "queue_details": (_keys,),
     "samples": (),
     "metric_samples": (),
+    "process_figures": (),
     "purge_queue": (_text, _text),
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
@@ -119,7 +121,7 @@ def empty_samples() -> dict[str, Any]:
 
 def empty_metric_samples() -> dict[str, Any]:
     """The Prometheus samples of an agent holding nothing."""
-    return {"connections": [], "channels": [], "closed": {}, "churn": {}}
+    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_errored": 0}
 
 
 class RemoteAgent:
@@ -179,6 +181,10 @@ class RemoteAgent:
         answer: dict[str, Any] = await self._ask("metric_samples", [], empty_metric_samples())
         return answer
 
+    async def process_figures(self) -> dict[str, int]:
+        answer: dict[str, int] = await self._ask("process_figures", [], {})
+        return answer
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         answer: int | None = await self._ask("purge_queue", [vhost, name], None)
         return answer
@@ -204,14 +210,20 @@ class WorkersAgent(GatheringAgent):
         return await self.agents[0].queues(vhosts)
 
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        # a stand-in's `node` names its home worker: renamed to the node, as clients see it, and the home
-        # worker's index kept in `worker` (hutch's own field: where the queue's process is)
+        # Each queue as its home answers it (its figures now, not as last pushed to worker 0's stand-in):
+        # every worker is asked, and an answer naming the worker that gave it is the home's. A queue whose
+        # home did not answer (restarting) is worker 0's stand-in, shown `down`. A stand-in's `node` names
+        # its home worker: renamed to the node, as clients see it, and the home worker's index kept in
+        # `worker` (hutch's own field: where the queue's process is).
         workers = {a.name: i for i, a in enumerate(self.agents)}
-        details = await self.agents[0].queue_details(keys)
-        for q in details:
-            if q.get("node") in workers:
-                q["worker"] = workers[q["node"]]
-        return in_order([details], keys, frozenset(workers), self.name)
+        answers = await asyncio.gather(*(a.queue_details(keys) for a in self.agents))
+        homes = [[q for q in answer if q.get("node") == agent.name] for agent, answer in zip(self.agents, answers,
+                                                                                              strict=True)]
+        for answer in answers:
+            for q in answer:
+                if q.get("node") in workers:
+                    q["worker"] = workers[q["node"]]
+        return in_order([*homes, answers[0]], keys, frozenset(workers), self.name)
 
     async def samples(self) -> dict[str, Any]:
         answers = await asyncio.gather(*(a.samples() for a in self.agents))

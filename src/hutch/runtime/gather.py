@@ -79,11 +79,13 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def merge_metric_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Prometheus samples of several agents as one node's: lists concatenated, the closed channels'
-    totals and the churn summed by name."""
+    """The Prometheus samples of several agents as one node's: lists concatenated (a stream is held by one
+    worker), the closed channels' totals and the churn summed by name, the streams' publish errors summed."""
     return {"connections": [row for a in answers for row in a["connections"]],
             "channels": [row for a in answers for row in a["channels"]],
-            "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers)}
+            "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers),
+            "streams": [row for a in answers for row in a["streams"]],
+            "stream_errored": sum(a["stream_errored"] for a in answers)}
 
 
 class GatheringAgent:
@@ -135,6 +137,9 @@ class GatheringAgent:
 
     async def metric_samples(self) -> dict[str, Any]:
         return merge_metric_samples(await asyncio.gather(*(a.metric_samples() for a in self.agents)))
+
+    async def process_figures(self) -> dict[str, int]:
+        return merge_counts(await asyncio.gather(*(a.process_figures() for a in self.agents)))
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]

@@ -376,7 +376,15 @@ class ManagementAgentPort(Protocol):
         """What Prometheus' connection and channel families read (mgmt/prometheus.py), as plain values:
         `connections` [name, recv_oct, send_oct, channels]; `channels` [name, vhost ("" before
         connection.open), [core/counters.py's CHANNEL_METRIC_FIELDS]]; `closed` the closed channels'
-        `stat_*` totals by attribute name; `churn` the churn counters by name."""
+        `stat_*` totals by attribute name; `churn` the churn counters by name; `streams` [vhost, name,
+        segment files, consumer offset lag] per stream held; `stream_errored` the stream protocol's
+        publish errors."""
+        ...
+
+    async def process_figures(self) -> dict[str, int]:
+        """The figures of the processes answering (runtime/procinfo.py's `PROCESS_FIGURES`: resident
+        memory, descriptors, AMQP sockets, threads, fsyncs and synced batches), summed over a node's workers:
+        GET /api/nodes' `mem_used`, `fd_used`, ... of a node of workers are the node's, not one worker's."""
         ...
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:

@@ -72,7 +72,8 @@ def start_node_ports(work: Path, node_name: str = "bench@localhost", data_dir_na
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0",
                                  "--management-port", "0", "--cluster-port", "0", "--data-dir", str(data),
-                                 "--node-name", node_name, *extra_args], stdout=log, stderr=subprocess.STDOUT)
+                                 "--node-name", node_name, "--workers", "1", *extra_args], stdout=log,
+                                stderr=subprocess.STDOUT)
     try:
         ports = wait_for_ports(data, proc, 60)
     except NodeDidNotStart as exc:

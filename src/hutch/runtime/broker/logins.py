@@ -31,8 +31,9 @@ Rules (docs/security.md, "Authentication"):
   after a few checks each, so a valid client's first login (no failures behind it) waits for the check
   running and the other clean sources, not for the flood.
 - A re-hash (imported RabbitMQ hash to scrypt) is stored on the loop, only if the user's hash is still
-  the one verified, and recorded like a password change (`Node.permissions_changed`: the definitions
-  log, or the metadata Raft group of a cluster).
+  the one verified, and recorded as that one change (`Node.password_rehashed`: the definitions log, or
+  the metadata Raft group of a cluster, as a `RehashUser` record: a whole auth document would undo what
+  another member committed meanwhile).
 """
 
 from __future__ import annotations
@@ -71,12 +72,12 @@ def default_hash_threads() -> int:
 
 class LoginNode(Protocol):
     """What the gate needs of its node (the broker's Node): its settings, its current auth store (a
-    cluster replaces it as metadata is applied) and the record of an auth change."""
+    cluster replaces it as metadata is applied) and the store and record of a re-hash."""
 
     config: Config
     auth: AuthStore
 
-    def permissions_changed(self) -> None: ...
+    def password_rehashed(self, user: str, previous_hash: str, new_hash: str) -> bool: ...
 
 
 class _Evicted(Exception):
@@ -279,8 +280,7 @@ class LoginGate:
         assert self._pending >= 0 and self._pending == sum(self._pending_by_source.values())
 
     def _store_rehash(self, user: str, previous_hash: str, new_hash: str) -> None:
-        if self._node.auth.upgrade_password_hash(user, previous_hash, new_hash):
-            self._node.permissions_changed()  # recorded (and replicated) like a password change
+        if self._node.password_rehashed(user, previous_hash, new_hash):  # recorded (and replicated)
             log.info("user '%s': imported RabbitMQ password hash replaced by scrypt on first login", safe(user))
 
 

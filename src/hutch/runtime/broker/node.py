@@ -77,7 +77,7 @@ class Node:
         self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
-            ops_.SetAuth: self._apply_auth, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
+            ops_.SetAuth: self._apply_auth, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
             ops_.SetTopicPermissions: self._apply_topic_permissions,
             ops_.DeclareExchange: self._apply_declare_exchange, ops_.DeleteExchange: self._apply_delete_exchange,
             ops_.DeclareQueue: self._apply_queue_record, ops_.DeleteQueue: self._apply_delete_queue,
@@ -290,6 +290,10 @@ class Node:
         self.perm_epoch += 1
         limits.prune(self)
 
+    def _apply_rehash(self, op: ops_.RehashUser) -> None:
+        if self.auth.upgrade_password_hash(op.user, op.previous_hash, op.new_hash):
+            self.perm_epoch += 1
+
     def _apply_topic_permissions(self, op: ops_.SetTopicPermissions) -> None:
         self.topic_permissions = {}
         for v, u, x, w, r in op.table:
@@ -413,6 +417,17 @@ class Node:
         """The node's name as clients, the management API, /metrics and hutchctl see it (the node's
         for a worker of a node of workers: runtime/workers/spec.py's `public_name`)."""
         return public_name(self.config)
+
+    def password_rehashed(self, user: str, previous_hash: str, new_hash: str) -> bool:
+        """A login's re-hash of an imported hash (runtime/broker/logins.py): stored if the user's hash is
+        still `previous_hash`, and recorded as that one change (`RehashUser`), never as the whole auth
+        store, which would undo a change another worker or member committed meanwhile."""
+        op = ops_.RehashUser(user, previous_hash, new_hash)
+        if not self.auth.upgrade_password_hash(user, previous_hash, new_hash):
+            return False
+        self.perm_epoch += 1
+        self._record(op)
+        return True
 
     def set_cluster_name(self, name: str) -> None:
         """PUT /api/cluster-name: the running node's name for its cluster, saved (and replicated)."""

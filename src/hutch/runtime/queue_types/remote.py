@@ -107,6 +107,7 @@ class RemoteQueue(Queue):
         self._unacked = 0
         self._consumer_count = 0
         self._bytes = 0
+        self.stat_dead_lettered = self.stat_dropped = self.stat_rejected = 0  # the home's, as it reports them
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
@@ -231,9 +232,12 @@ class RemoteQueue(Queue):
             consumer.channel.consumer_cancelled_by_broker(consumer)
 
     def set_stats(self, row: list[Any]) -> None:
-        """The counts the home node reported: ready, unacked, consumers, bytes, then the stat_* counters."""
+        """The counts the home node reported: ready, unacked, consumers, bytes, then the stat_* counters
+        (dead-lettered, dropped and rejected last, absent from an older node's rows)."""
         (self._ready, self._unacked, self._consumer_count, self._bytes, self.stat_published, self.stat_delivered,
-         self.stat_acked, self.stat_redelivered, self.stat_get) = (int(x) for x in row)
+         self.stat_acked, self.stat_redelivered, self.stat_get) = (int(x) for x in row[:9])
+        if len(row) >= 12:
+            self.stat_dead_lettered, self.stat_dropped, self.stat_rejected = (int(x) for x in row[9:12])
 
     def home_down(self) -> None:
         """The home node went away: cancel this node's consumers (basic.cancel to clients)."""
@@ -721,7 +725,9 @@ class QueueLink:
                 if q.remote:
                     continue
                 row = (q.message_count, q.unacked_count, q.consumer_count, q.message_bytes, q.stat_published,
-                       q.stat_delivered, q.stat_acked, q.stat_redelivered, q.stat_get)
+                       q.stat_delivered, q.stat_acked, q.stat_redelivered, q.stat_get,
+                       getattr(q, "stat_dead_lettered", 0), getattr(q, "stat_dropped", 0),
+                       getattr(q, "stat_rejected", 0))
                 key = (vhost.name, q.name)
                 if full or sent.get(key) != row:
                     sent[key] = row
@@ -736,7 +742,7 @@ class QueueLink:
             v = vhosts.get(row[0])
             q = v.queues.get(row[1]) if v is not None else None
             if isinstance(q, RemoteQueue):
-                q.set_stats(row[2:11])
+                q.set_stats(row[2:14])
 
     # -- liveness ------------------------------------------------------------------------------------
     def _peer_changed(self, peer: str, up: bool) -> None:

@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from hutch import portfile
 from hutch.config import Config
 from hutch.runtime.workers import control
-from hutch.runtime.workers.cores import usable_cores
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
 from hutch.storage.dirlock import DataDirLock
 from hutch.storage.fs import DATA_UMASK
@@ -50,11 +49,6 @@ RESTART_DELAY_FIRST_S = 0.1
 RESTART_DELAY_MAX_S = 5.0
 YOUNG_S = 10.0  # a worker that dies within this many seconds of its start makes the next delay longer
 STOP_TIMEOUT_S = 60.0  # then stragglers are killed
-
-
-def worker_count(config: Config) -> int:
-    """The number of workers `config` asks for (`workers = auto`: the usable cores)."""
-    return config.workers or usable_cores()
 
 
 def reserve_port(host: str, port: int) -> tuple[int, list[socket.socket]]:
@@ -401,4 +395,4 @@ def _why(exc: OSError) -> str:
     return "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
 
 
-__all__ = ["Supervisor", "reserve_port", "supervise", "worker_count"]
+__all__ = ["Supervisor", "reserve_port", "supervise"]
