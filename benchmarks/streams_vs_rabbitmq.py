@@ -19,7 +19,11 @@ before it:
   latency p50/p99.
 
 `summary` prints one table row per (protocol, size, generator, round): both brokers' figures and the
-ratio hutch ÷ RabbitMQ of the pair measured in the same minute.
+ratio hutch ÷ RabbitMQ of the pair measured in the same minute. Over AMQP each run also records the
+broker's CPU (`cpu_cores`, 1.0 = one core for the whole window) and the time its threads were runnable
+but waiting for a CPU (`runq_wait_cores`), from /proc/PID/task/*/schedstat: on a shared machine that says
+whether a broker was held back by its share of the CPUs rather than by its own work. `--brokers hutch`
+with `--label` measures one tree or option against another (A/B) on the same generators.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,49 @@ import pika
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 PERF = str(Path(PY).with_name("hutch-perf"))
+
+
+def schedstat(pids: list[int]) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) summed over every thread of `pids`
+    (/proc/PID/task/TID/schedstat): how much of the machine a broker got, and how much it wanted more."""
+    cpu = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                fields = (task / "schedstat").read_text().split()
+            except OSError:
+                continue
+            cpu += int(fields[0])
+            wait += int(fields[1])
+    return cpu / 1e9, wait / 1e9
+
+
+class ShareSampler:
+    """The broker's CPU share and run-queue wait over [start + skip, start + skip + window) of a run,
+    sampled in a thread while the generator runs (in cores: 1.0 is one core busy the whole window)."""
+
+    def __init__(self, pids: list[int], skip_s: float, window_s: float) -> None:
+        self.pids, self.skip_s, self.window_s = pids, skip_s, window_s
+        self.result: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        time.sleep(self.skip_s)
+        cpu0, wait0 = schedstat(self.pids)
+        t0 = time.monotonic()
+        time.sleep(self.window_s)
+        cpu1, wait1 = schedstat(self.pids)
+        span = time.monotonic() - t0
+        self.result = {"cpu_cores": round((cpu1 - cpu0) / span, 3), "runq_wait_cores": round((wait1 - wait0) / span, 3),
+                       "cpu_s": round(cpu1 - cpu0, 3)}
+
+    def finish(self, r: dict[str, Any], messages_per_s: float | None) -> dict[str, Any]:
+        self._thread.join(timeout=self.skip_s + self.window_s + 5)
+        r.update(self.result)
+        if messages_per_s and "cpu_cores" in self.result and "broker_cpu_us_per_msg" not in r:
+            r["broker_cpu_us_per_msg"] = round(1e6 * self.result["cpu_cores"] / messages_per_s, 2)
+        return r
 
 
 def run_json(cmd: list[str], timeout_s: float) -> dict[str, Any]:
@@ -66,20 +114,25 @@ def stream_run(tool: str, port: int, pid: int, size: int, seconds: float) -> dic
                      "-w", "20000", "-z", str(seconds), "--pid", str(pid)], seconds + 90)
 
 
-def amqp_run(tool: str, port: int, pid: int, size: int, seconds: float, tag: str) -> dict[str, Any]:
+def amqp_run(tool: str, port: int, pids: list[int], size: int, seconds: float, tag: str) -> dict[str, Any]:
+    """One AMQP 0-9-1 run; `pids`: every process of the broker (a node of several workers: all of them)."""
     if tool == "rawload":
-        r = run_json([PY, str(HERE / "rawload.py"), "--port", str(port), "--pids", str(pid), "--stream", "next",
-                      "-x1", "-y1", "-s", str(size), "-c1000", "-q500", "-A250", "-z", str(seconds),
+        share = ShareSampler(pids, 3.0, seconds - 2)  # (rawload's spawn and warm-up, then inside its window)
+        r = run_json([PY, str(HERE / "rawload.py"), "--port", str(port), "--pids", ",".join(map(str, pids)),
+                      "--stream", "next", "-x1", "-y1", "-s", str(size), "-c1000", "-q500", "-A250", "-z", str(seconds),
                       "--warmup", "2"], seconds + 90)
         if "error" in r:
             return r
         lat = r.get("latency_us", {})
-        return {"published_per_s": r.get("confirm_rate"), "consumed_per_s": r.get("receive_rate"),
-                "latency_ms_p50": round(lat.get("p50", 0) / 1000, 1), "latency_ms_p99": round(lat.get("p99", 0) / 1000, 1),
-                "broker_cpu_us_per_msg": r.get("broker_cpu_us_per_msg"), "broker_rss_mib": r.get("broker_rss_mib")}
+        return share.finish({"published_per_s": r.get("confirm_rate"), "consumed_per_s": r.get("receive_rate"),
+                             "latency_ms_p50": round(lat.get("p50", 0) / 1000, 1),
+                             "latency_ms_p99": round(lat.get("p99", 0) / 1000, 1),
+                             "broker_cpu_us_per_msg": r.get("broker_cpu_us_per_msg"),
+                             "broker_rss_mib": r.get("broker_rss_mib")}, None)
     queue = f"h23perf-{tag}"
     declare_stream(port, queue)
     try:
+        share = ShareSampler(pids, 2.0, seconds - 3)
         r = run_json([PERF, "--uri", f"amqp://guest:guest@127.0.0.1:{port}/%2F", "-u", queue, "-x", "1", "-y", "1",
                       "-q", "500", "-A", "250", "-c", "1000", "-s", str(size), "-z", str(int(seconds)), "--json"],
                      seconds + 90)
@@ -88,16 +141,22 @@ def amqp_run(tool: str, port: int, pid: int, size: int, seconds: float, tag: str
     if "error" in r:
         return r
     lat = r.get("latency_us", {})
-    return {"published_per_s": r.get("confirm_rate"), "consumed_per_s": r.get("receive_rate"),
-            "latency_ms_p50": round(lat.get("p50", 0) / 1000, 1), "latency_ms_p99": round(lat.get("p99", 0) / 1000, 1)}
+    return share.finish({"published_per_s": r.get("confirm_rate"), "consumed_per_s": r.get("receive_rate"),
+                         "latency_ms_p50": round(lat.get("p50", 0) / 1000, 1),
+                         "latency_ms_p99": round(lat.get("p99", 0) / 1000, 1)}, r.get("receive_rate"))
 
 
 def run(args: argparse.Namespace) -> None:
-    ports = json.loads((Path(args.hutch_data_dir) / "ports.json").read_text())
-    brokers = {"hutch": {"stream": ports["listeners"]["stream"], "amqp": ports["listeners"]["amqp"], "pid": ports["pid"]},
-               "rabbitmq": {"stream": 5552, "amqp": 5672, "pid": args.rabbit_pid}}
+    data = Path(args.hutch_data_dir)
+    ports = json.loads((data / "ports.json").read_text())
+    hutch_pids = [ports["pid"]]  # and a node of worker processes: each worker's (data/wN/ports.json)
+    hutch_pids += [json.loads(w.read_text())["pid"] for w in sorted(data.glob("w*/ports.json"))]
+    brokers = {"hutch": {"stream": ports["listeners"]["stream"], "amqp": ports["listeners"]["amqp"], "pids": hutch_pids},
+               "rabbitmq": {"stream": 5552, "amqp": 5672, "pids": [args.rabbit_pid]}}
+    brokers = {k: {**v, "pid": v["pids"][0]} for k, v in brokers.items()}
     sizes = [int(s) for s in args.sizes.split(",")]
     protocols = args.protocols.split(",")
+    only = args.brokers.split(",")
     with open(args.out, "a") as out:
         for rnd in range(1, args.rounds + 1):
             order = ["hutch", "rabbitmq"] if rnd % 2 else ["rabbitmq", "hutch"]
@@ -105,32 +164,34 @@ def run(args: argparse.Namespace) -> None:
                 tools = ["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"]
                 for size in sizes:
                     for tool in tools:
-                        for broker in order:
+                        for broker in [b for b in order if b in only]:
                             b = brokers[broker]
                             load = os.getloadavg()[0]
                             started = time.strftime("%H:%M:%S", time.gmtime())
                             if protocol == "stream":
                                 r = stream_run(tool, b["stream"], b["pid"], size, args.seconds)
                             else:
-                                r = amqp_run(tool, b["amqp"], b["pid"], size, args.seconds, f"{rnd}-{size}-{broker}")
+                                r = amqp_run(tool, b["amqp"], b["pids"], size, args.seconds, f"{rnd}-{size}-{broker}")
                             line = {"protocol": protocol, "tool": tool, "size": size, "round": rnd, "broker": broker,
-                                    "utc": started, "loadavg_before": round(load, 2), "r": r}
+                                    "utc": started, "loadavg_before": round(load, 2), "label": args.label, "r": r}
                             out.write(json.dumps(line) + "\n")
                             out.flush()
                             print(json.dumps(line), flush=True)
 
 
 def summary(args: argparse.Namespace) -> None:
-    rows: dict[tuple[str, int, str, int], dict[str, Any]] = {}
+    rows: dict[tuple[str, int, str, int, str], dict[str, Any]] = {}
     with open(args.results) as f:
         for raw in f:
             d = json.loads(raw)
             if "protocol" in d:
-                rows.setdefault((d["protocol"], d["size"], d["tool"], d["round"]), {})[d["broker"]] = d
+                key = (d["protocol"], d["size"], d["tool"], d["round"], d.get("label", ""))
+                rows.setdefault(key, {})[d["broker"]] = d
     print("| protocol | size | generator | round | load | hutch pub / cons msg/s | RabbitMQ pub / cons msg/s "
-          "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for (protocol, size, tool, rnd), pair in sorted(rows.items()):
+          "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms | CPU µs/msg hutch / RabbitMQ "
+          "| CPU cores (run-queue wait) hutch / RabbitMQ |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (protocol, size, tool, rnd, _), pair in sorted(rows.items()):
         h, q = pair.get("hutch"), pair.get("rabbitmq")
         if not h or not q or "error" in h["r"] or "error" in q["r"]:
             continue
@@ -138,9 +199,11 @@ def summary(args: argparse.Namespace) -> None:
         pub = "confirmed_per_s" if protocol == "stream" else "published_per_s"
         p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
         ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
+        share = " / ".join(f"{r.get('cpu_cores', '-')} ({r.get('runq_wait_cores', '-')})" for r in (hr, qr))
         print(f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
               f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
-              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} |")
+              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} "
+              f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} | {share} |")
 
 
 def main() -> None:
@@ -154,6 +217,8 @@ def main() -> None:
     r.add_argument("--protocols", default="stream,amqp")
     r.add_argument("--seconds", type=float, default=8.0)
     r.add_argument("--out", required=True)
+    r.add_argument("--brokers", default="hutch,rabbitmq", help="which of the two to run (comma-separated)")
+    r.add_argument("--label", default="", help="a free-text tag written into each line (the tree, the options)")
     s = sub.add_parser("summary")
     s.add_argument("--results", required=True)
     args = ap.parse_args()

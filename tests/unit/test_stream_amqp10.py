@@ -177,3 +177,36 @@ def test_a_chunk_converted_at_once_is_each_entry_converted_alone(
     assert [o for o, _ in bad] == want_bad
     assert [(o, m.exchange, m.routing_key, m.properties, m.body, m.route_tail) for o, m in got] == \
         [(o, m.exchange, m.routing_key, m.properties, m.body, m.route_tail) for o, m in want]
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from([None, 1, 2]), st.sampled_from(["rk", "rk2"]),
+                          st.sampled_from([b"", b"a", b"x" * 255, b"y" * 256])), min_size=1, max_size=8),
+       st.integers(0, 7), st.integers(0, 300), st.integers(0, 255), st.booleans())
+def test_records_after_one_with_the_same_prefix_read_as_each_read_alone(
+        shapes: list[tuple[int | None, str, bytes]], which: int, at: int, value: int, truncate: bool) -> None:
+    """`to_091_list` reads only the data section of a record that starts with the previous plain record's
+    prefix: a chunk of records sharing prefixes, one of them damaged or cut (in its prefix, its data
+    section's header or its body), converts exactly as each record converted alone."""
+    records = [(10 + i, a.from_091(Message("ex", rk, BasicProperties(delivery_mode=mode), body)))
+               for i, (mode, rk, body) in enumerate(shapes)]
+    offset, entry = records[which % len(records)]
+    damaged = bytearray(entry)
+    if truncate:
+        del damaged[min(at, len(damaged)):]
+    elif at < len(damaged):
+        damaged[at] = value
+    records[which % len(records)] = (offset, bytes(damaged))
+
+    def alone(offset: int, entry: bytes) -> tuple[int, str, str, bytes, bytes] | None:
+        try:
+            m = a.to_091_at(entry, offset)
+        except ValueError:
+            return None
+        return offset, m.exchange, m.routing_key, m.body, m.properties_raw
+
+    bad: list[tuple[int, str]] = []
+    got = [(o, m.exchange, m.routing_key, m.body, m.properties_raw) for o, m in a.to_091_list(records, "", bad)]
+    want = [alone(o, e) for o, e in records]
+    assert got == [w for w in want if w is not None]
+    assert [o for o, _ in bad] == [o for (o, _), w in zip(records, want, strict=True) if w is None]

@@ -534,18 +534,29 @@ def to_091_list(records: Iterable[tuple[int, bytes]], default_routing_key: str =
     AMQP 1.0 message is left out and, with `bad`, listed there as (offset, why)."""
     out: list[tuple[int, Message]] = []
     append = out.append
-    split, pack_q = _plain_split, _q.pack
+    split, body_at, pack_q = _plain_parts, _data_body, _q.pack
     with_mode, without_mode = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX, _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX
+    # the previous plain record's prefix: a chunk's records mostly share it (one publisher, one route), and
+    # a record that starts with those same bytes has the same head, so only its data section is read
+    last_prefix, last_end = b"", 0
+    last_head: _PlainHead | None = None
     for offset, entry in records:
-        plain = split(entry)
-        if plain is None:
-            try:
-                append((offset, to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})))
-            except ValueError as exc:
-                if bad is not None:
-                    bad.append((offset, str(exc)))
-            continue
-        head, body = plain
+        body: bytes | None = None
+        if last_head is not None and isinstance(entry, bytes) and entry.startswith(last_prefix):
+            body = body_at(entry, last_end)
+            head = last_head
+        if body is None:
+            parts = split(entry)
+            if parts is None:
+                try:
+                    append((offset, to_091(entry, "", default_routing_key,
+                                           {"x-stream-offset": TypedInt(offset, "l")})))
+                except ValueError as exc:
+                    if bad is not None:
+                        bad.append((offset, str(exc)))
+                continue
+            head, last_end, body = parts
+            last_head, last_prefix = head, bytes(entry[:last_end])
         mode = head.mode
         raw = without_mode + pack_q(offset) if mode is None else with_mode + pack_q(offset) + _MODE_BYTE[mode]
         append((offset, Message(head.exchange, head.routing_key, None, body, properties_raw=raw,
@@ -580,8 +591,15 @@ _MAX_PLAIN_PREFIX = _FAST_LEN + 12 + 2 * 257 + 13 + 15 + len(_MODE1_PAIR)  # two
 
 
 def _plain_split(entry: bytes | memoryview) -> tuple[_PlainHead, bytes] | None:
-    """(head, body) of an entry in `from_091`'s plain layout, else None. The head is parsed once per
-    distinct prefix (the memo `_heads`); per entry only the prefix lookup and the data section remain."""
+    """(head, body) of an entry in `from_091`'s plain layout, else None."""
+    parts = _plain_parts(entry)
+    return None if parts is None else (parts[0], parts[2])
+
+
+def _plain_parts(entry: bytes | memoryview) -> tuple[_PlainHead, int, bytes] | None:
+    """(head, prefix length, body) of an entry in `from_091`'s plain layout, else None. The head is parsed
+    once per distinct prefix (the memo `_heads`); per entry only the prefix lookup and the data section
+    remain."""
     data = entry if isinstance(entry, bytes) else bytes(entry)
     size = len(data)
     if size < _FAST_LEN + 12 or data[_FAST_LEN:_FAST_LEN + 4] != _MA_START:
@@ -596,7 +614,14 @@ def _plain_split(entry: bytes | memoryview) -> tuple[_PlainHead, bytes] | None:
         if head is None:
             return None
         _heads.put(prefix, head)
-    if data[end:end + 3] != b"\x00\x53\x75":
+    body = _data_body(data, end)
+    return None if body is None else (head, end, body)
+
+
+def _data_body(data: bytes, end: int) -> bytes | None:
+    """The body of the one data section that must fill `data` from `end` to its end, else None."""
+    size = len(data)
+    if end + 5 > size or data[end:end + 3] != b"\x00\x53\x75":
         return None
     ctor = data[end + 3]
     if ctor == 0xa0:
@@ -609,7 +634,7 @@ def _plain_split(entry: bytes | memoryview) -> tuple[_PlainHead, bytes] | None:
         return None
     if pos + length != size:
         return None
-    return head, data[pos:]
+    return data[pos:]
 
 
 def _parse_plain_head(data: bytes) -> _PlainHead | None:
