@@ -332,14 +332,15 @@ class SimplePublish(NamedTuple):
     data: bytes  # the entries as a chunk's data section: each u32 size + message (chunk.encode_entries)
 
 
-def scan_simple_publish(frame: bytes) -> SimplePublish | None:
+def scan_simple_publish(frame: bytes | memoryview) -> SimplePublish | None:
     """`frame` (after its size field) as a `SimplePublish`, or None when it is anything else: another
     command or version, a sub-batch entry, or a malformed publish (`decode` then reads it and reports
     what is wrong). A simple entry on the wire is its publishing id then exactly a chunk's simple entry
     (u32 size with the top bit clear, then the message), so the data section is the frame's entries
-    without their ids: one slice per message, no copy of a message but the join."""
+    without their ids: one slice per message, no copy of a message but the join. `frame` may be a
+    view of the input buffer (`FrameReader.frame_views`): the answer keeps no reference to it."""
     end = len(frame)
-    if end < 9 or not frame.startswith(PUBLISH_V1_PREFIX):
+    if end < 9 or frame[:4] != PUBLISH_V1_PREFIX:
         return None
     publisher_id, count = _PUBLISH_COUNT.unpack_from(frame, 4)
     if not 0 < count <= (end - 9) // 12:
@@ -375,7 +376,7 @@ UNIFORM_FORMATS_MAX = 64  # (count, size) shapes memoized; the memo starts again
 _uniform_formats: dict[tuple[int, int], struct.Struct] = {}
 
 
-def _scan_uniform(frame: bytes, publisher_id: int, count: int, stride: int) -> SimplePublish | None:
+def _scan_uniform(frame: bytes | memoryview, publisher_id: int, count: int, stride: int) -> SimplePublish | None:
     """`scan_simple_publish` for `count` entries of `stride` bytes each (id, size, message of one
     size: what a client batching one kind of message sends), in C: one `unpack_from` reads every id
     and size, and eight strided deletions drop the ids' bytes (small messages; a larger one is one
