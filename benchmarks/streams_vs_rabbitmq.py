@@ -19,7 +19,10 @@ before it:
   latency p50/p99.
 
 `summary` prints one table row per (protocol, size, generator, round): both brokers' figures and the
-ratio hutch ÷ RabbitMQ of the pair measured in the same minute.
+ratio hutch ÷ RabbitMQ of the pair measured in the same minute. With `--hutch-cluster-dir DIR` (a cluster
+of three started by benchmarks/stream_cluster.py; stream protocol only) each run is also made against
+the cluster's first node, the writer of the stream the generator creates there (its CPU: the three
+nodes' sum), and the row adds its figures and its ratio to RabbitMQ's one node.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def declare_stream(port: int, name: str, delete: bool = False) -> None:
     conn.close()
 
 
-def stream_run(tool: str, port: int, pid: int, size: int, seconds: float) -> dict[str, Any]:
+def stream_run(tool: str, port: int, pid: int | str, size: int, seconds: float) -> dict[str, Any]:
     script = "stream_rawload.py" if tool == "stream_rawload" else "stream_rstream.py"
     return run_json([PY, str(HERE / script), "--port", str(port), "-x", "1", "-y", "1", "-s", str(size), "-b", "100",
                      "-w", "20000", "-z", str(seconds), "--pid", str(pid)], seconds + 90)
@@ -94,18 +97,26 @@ def amqp_run(tool: str, port: int, pid: int, size: int, seconds: float, tag: str
 
 def run(args: argparse.Namespace) -> None:
     ports = json.loads((Path(args.hutch_data_dir) / "ports.json").read_text())
-    brokers = {"hutch": {"stream": ports["listeners"]["stream"], "amqp": ports["listeners"]["amqp"], "pid": ports["pid"]},
-               "rabbitmq": {"stream": 5552, "amqp": 5672, "pid": args.rabbit_pid}}
+    brokers: dict[str, dict[str, Any]] = {
+        "hutch": {"stream": ports["listeners"]["stream"], "amqp": ports["listeners"]["amqp"], "pid": ports["pid"]},
+        "rabbitmq": {"stream": 5552, "amqp": 5672, "pid": args.rabbit_pid}}
+    if args.hutch_cluster_dir:  # benchmarks/stream_cluster.py's nodes: connect to n1 (the writer), CPU of all
+        nodes = json.loads((Path(args.hutch_cluster_dir) / "cluster.json").read_text())["nodes"]
+        brokers["hutch-3n"] = {"stream": nodes[0]["stream"], "amqp": nodes[0]["amqp"],
+                               "pid": ",".join(str(n["pid"]) for n in nodes)}
     sizes = [int(s) for s in args.sizes.split(",")]
     protocols = args.protocols.split(",")
     with open(args.out, "a") as out:
-        for rnd in range(1, args.rounds + 1):
-            order = ["hutch", "rabbitmq"] if rnd % 2 else ["rabbitmq", "hutch"]
+        for rnd in range(args.first_round, args.first_round + args.rounds):
+            order = [b for b in ("hutch-3n", "hutch", "rabbitmq") if b in brokers]
+            order = order if rnd % 2 else order[::-1]
             for protocol in protocols:
                 tools = ["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"]
                 for size in sizes:
                     for tool in tools:
                         for broker in order:
+                            if broker == "hutch-3n" and protocol != "stream":
+                                continue
                             b = brokers[broker]
                             load = os.getloadavg()[0]
                             started = time.strftime("%H:%M:%S", time.gmtime())
@@ -128,8 +139,9 @@ def summary(args: argparse.Namespace) -> None:
             if "protocol" in d:
                 rows.setdefault((d["protocol"], d["size"], d["tool"], d["round"]), {})[d["broker"]] = d
     print("| protocol | size | generator | round | load | hutch pub / cons msg/s | RabbitMQ pub / cons msg/s "
-          "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms | hutch 3 nodes pub / cons msg/s, "
+          "ratio pub, p50 / p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (protocol, size, tool, rnd), pair in sorted(rows.items()):
         h, q = pair.get("hutch"), pair.get("rabbitmq")
         if not h or not q or "error" in h["r"] or "error" in q["r"]:
@@ -138,9 +150,15 @@ def summary(args: argparse.Namespace) -> None:
         pub = "confirmed_per_s" if protocol == "stream" else "published_per_s"
         p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
         ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
+        three = pair.get("hutch-3n")
+        cluster = "-"
+        if three and "error" not in three["r"]:
+            tr = three["r"]
+            cluster = (f"{tr[pub]:,} / {tr['consumed_per_s']:,}, {tr[pub] / qr[pub]:.2f}, {tr[p50]} / {tr[p99]}"
+                       if qr.get(pub) else "-")
         print(f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
               f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
-              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} |")
+              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} | {cluster} |")
 
 
 def main() -> None:
@@ -149,7 +167,11 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--hutch-data-dir", required=True)
     r.add_argument("--rabbit-pid", type=int, required=True)
+    r.add_argument("--hutch-cluster-dir", help="also a hutch cluster started by benchmarks/stream_cluster.py "
+                                               "(stream protocol only; runs first in odd rounds)")
     r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--first-round", type=int, default=1, help="the number of the first round (the order "
+                                                              "alternates on it: several short sittings)")
     r.add_argument("--sizes", default="16,1000")
     r.add_argument("--protocols", default="stream,amqp")
     r.add_argument("--seconds", type=float, default=8.0)
