@@ -234,6 +234,17 @@ def test_scanning_a_publish_agrees_with_decoding_it(publisher, ids, one_size, si
     assert c.scan_simple_publish(memoryview(frame)) == scan_oracle(bytes(frame))  # a view of the input buffer
 
 
+@pytest.mark.parametrize("sizes", [[200, 150, 250], [20, 10, 30], [300, 300, 299, 301], [1000] * 100])
+def test_scanning_entries_of_one_frame_length_but_different_sizes(sizes):
+    """A frame whose length is `count` times one stride, its first entry of that size, and the others
+    not (the uniform readings must check every size, not only the frame's arithmetic)."""
+    frame = c.encode(c.Publish(7, [c.PublishedEntry(i, bytes([i % 251]) * n) for i, n in enumerate(sizes)]))[4:]
+    expected = scan_oracle(frame)
+    assert expected is not None
+    assert c.scan_simple_publish(frame) == expected
+    assert c.scan_simple_publish(memoryview(frame)) == expected
+
+
 def test_scanning_declines_other_commands_and_a_version_2_publish():
     v2 = c.encode(c.Publish(1, [c.PublishedEntry(1, b"x", "eu")], 2))[4:]
     assert c.scan_simple_publish(v2) is None
