@@ -6,7 +6,8 @@
 `start` starts N `hutch-server` processes (tests/cluster/nodes.py's `Cluster`: n1 founds the cluster,
 n2..nN join it; every listener on port 0, the stream listener included), waits until each has reported
 its ports, writes `DIR/cluster.json` ({"nodes": [{"name", "pid", "stream", "amqp", "management"}, ...]})
-and leaves the nodes running; `stop` sends them SIGTERM and waits. A stream created over the stream
+and leaves the nodes running; `stop` sends them SIGTERM and waits (only to a pid whose command line
+still names DIR: an exited node's pid may be another process's by then). A stream created over the stream
 protocol on n1 (as benchmarks/stream_rawload.py and stream_rstream.py do) gets every node as a member
 and n1 as its writer (the default leader locator, `client-local`): publish with confirms to the leader,
 confirmed once two of the three members have the chunk on disk (docs/streams.md, "Replication").
@@ -47,20 +48,24 @@ def start(directory: Path, nodes: int) -> None:
     print(json.dumps({"nodes": listed}))
 
 
+def is_node(pid: int, directory: Path) -> bool:
+    """Whether `pid` is still one of this cluster's nodes (its command line names the cluster's
+    directory): a pid of a node that has exited may already be another process's."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(str(directory.resolve()).encode() in arg for arg in cmdline)
+
+
 def stop(directory: Path) -> None:
     nodes = json.loads((directory / "cluster.json").read_text())["nodes"]
     for node in nodes:
-        try:
+        if is_node(node["pid"], directory):
             os.kill(node["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            continue
     deadline = time.monotonic() + 30
     for node in nodes:
-        while time.monotonic() < deadline:
-            try:
-                os.kill(node["pid"], 0)
-            except ProcessLookupError:
-                break
+        while time.monotonic() < deadline and is_node(node["pid"], directory):
             time.sleep(0.1)
 
 
