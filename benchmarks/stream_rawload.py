@@ -161,17 +161,21 @@ def consumer(args: argparse.Namespace, index: int, start_at: float, out: Any) ->
     asyncio.run(run())
 
 
-def cpu_ticks(pid: int | None) -> int:
-    if pid is None:
-        return 0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_ticks(pids: list[int] | None) -> int:
+    """User + system CPU ticks of the broker's processes (a cluster's nodes: their sum)."""
+    total = 0
+    for pid in pids or []:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
 
 
-def rss_mib(pid: int | None) -> float | None:
-    if pid is None:
+def rss_mib(pids: list[int] | None) -> float | None:
+    """The RSS of the broker's (first) process."""
+    if not pids:
         return None
+    pid = pids[0]
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -236,7 +240,9 @@ def parse_options(description: str, stream: str, size_help: str, batch_help: str
     p.add_argument("-w", "--window", type=int, default=20000, help="unconfirmed messages per publisher")
     p.add_argument("-z", "--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--pid", type=int, help="the broker's pid, for its CPU and RSS")
+    p.add_argument("--pid", type=lambda text: [int(pid) for pid in text.split(",")],
+                   help="the broker's pid, for its CPU and RSS (a cluster: its nodes' pids, comma-separated, "
+                        "the one connected to first: CPU summed, RSS of the first)")
     return p.parse_args()
 
 

@@ -23,7 +23,10 @@ ratio hutch ÷ RabbitMQ of the pair measured in the same minute. Over AMQP each 
 broker's CPU (`cpu_cores`, 1.0 = one core for the whole window) and the time its threads were runnable
 but waiting for a CPU (`runq_wait_cores`), from /proc/PID/task/*/schedstat: on a shared machine that says
 whether a broker was held back by its share of the CPUs rather than by its own work. `--brokers hutch`
-with `--label` measures one tree or option against another (A/B) on the same generators.
+with `--label` measures one tree or option against another (A/B) on the same generators. With
+`--hutch-cluster-dir DIR` (a cluster of three started by benchmarks/stream_cluster.py; stream protocol
+only) each run is also made against the cluster's first node, the writer of the stream the generator creates there (its CPU: the three
+nodes' sum), and the row adds its figures and its ratio to RabbitMQ's one node.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def declare_stream(port: int, name: str, delete: bool = False) -> None:
     conn.close()
 
 
-def stream_run(tool: str, port: int, pid: int, size: int, seconds: float) -> dict[str, Any]:
+def stream_run(tool: str, port: int, pid: int | str, size: int, seconds: float) -> dict[str, Any]:
     script = "stream_rawload.py" if tool == "stream_rawload" else "stream_rstream.py"
     return run_json([PY, str(HERE / script), "--port", str(port), "-x", "1", "-y", "1", "-s", str(size), "-b", "100",
                      "-w", "20000", "-z", str(seconds), "--pid", str(pid)], seconds + 90)
@@ -153,18 +156,26 @@ def run(args: argparse.Namespace) -> None:
     hutch_pids += [json.loads(w.read_text())["pid"] for w in sorted(data.glob("w*/ports.json"))]
     brokers = {"hutch": {"stream": ports["listeners"]["stream"], "amqp": ports["listeners"]["amqp"], "pids": hutch_pids},
                "rabbitmq": {"stream": 5552, "amqp": 5672, "pids": [args.rabbit_pid]}}
-    brokers = {k: {**v, "pid": v["pids"][0]} for k, v in brokers.items()}
+    if args.hutch_cluster_dir:  # benchmarks/stream_cluster.py's nodes: connect to n1 (the writer), CPU of all
+        nodes = json.loads((Path(args.hutch_cluster_dir) / "cluster.json").read_text())["nodes"]
+        brokers["hutch-3n"] = {"stream": nodes[0]["stream"], "amqp": nodes[0]["amqp"],
+                               "pids": [n["pid"] for n in nodes]}
+    # stream_run takes one pid or a comma-separated list (CPU summed over them)
+    brokers = {k: {**v, "pid": ",".join(str(p) for p in v["pids"])} for k, v in brokers.items()}
     sizes = [int(s) for s in args.sizes.split(",")]
     protocols = args.protocols.split(",")
     only = args.brokers.split(",")
     with open(args.out, "a") as out:
-        for rnd in range(1, args.rounds + 1):
-            order = ["hutch", "rabbitmq"] if rnd % 2 else ["rabbitmq", "hutch"]
+        for rnd in range(args.first_round, args.first_round + args.rounds):
+            order = [b for b in ("hutch-3n", "hutch", "rabbitmq") if b in brokers]
+            order = order if rnd % 2 else order[::-1]
             for protocol in protocols:
                 tools = ["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"]
                 for size in sizes:
                     for tool in tools:
-                        for broker in [b for b in order if b in only]:
+                        for broker in [b for b in order if b in only or b == "hutch-3n"]:
+                            if broker == "hutch-3n" and protocol != "stream":
+                                continue
                             b = brokers[broker]
                             load = os.getloadavg()[0]
                             started = time.strftime("%H:%M:%S", time.gmtime())
@@ -189,8 +200,8 @@ def summary(args: argparse.Namespace) -> None:
                 rows.setdefault(key, {})[d["broker"]] = d
     print("| protocol | size | generator | round | load | hutch pub / cons msg/s | RabbitMQ pub / cons msg/s "
           "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms | CPU µs/msg hutch / RabbitMQ "
-          "| CPU cores (run-queue wait) hutch / RabbitMQ |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| CPU cores (run-queue wait) hutch / RabbitMQ | hutch 3 nodes pub / cons msg/s, ratio pub, p50 / p99 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (protocol, size, tool, rnd, _), pair in sorted(rows.items()):
         h, q = pair.get("hutch"), pair.get("rabbitmq")
         if not h or not q or "error" in h["r"] or "error" in q["r"]:
@@ -200,10 +211,16 @@ def summary(args: argparse.Namespace) -> None:
         p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
         ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
         share = " / ".join(f"{r.get('cpu_cores', '-')} ({r.get('runq_wait_cores', '-')})" for r in (hr, qr))
+        three = pair.get("hutch-3n")
+        cluster = "-"
+        if three and "error" not in three["r"]:
+            tr = three["r"]
+            cluster = (f"{tr[pub]:,} / {tr['consumed_per_s']:,}, {tr[pub] / qr[pub]:.2f}, {tr[p50]} / {tr[p99]}"
+                       if qr.get(pub) else "-")
         print(f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
               f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
               f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} "
-              f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} | {share} |")
+              f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} | {share} | {cluster} |")
 
 
 def main() -> None:
@@ -212,7 +229,11 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--hutch-data-dir", required=True)
     r.add_argument("--rabbit-pid", type=int, required=True)
+    r.add_argument("--hutch-cluster-dir", help="also a hutch cluster started by benchmarks/stream_cluster.py "
+                                               "(stream protocol only; runs first in odd rounds)")
     r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--first-round", type=int, default=1, help="the number of the first round (the order "
+                                                              "alternates on it: several short sittings)")
     r.add_argument("--sizes", default="16,1000")
     r.add_argument("--protocols", default="stream,amqp")
     r.add_argument("--seconds", type=float, default=8.0)

@@ -117,6 +117,28 @@ def test_framing_whole_byte_at_a_time_and_with_a_partial_tail():
     assert reader.buffered() == 5
 
 
+def test_frame_views_are_the_frames_without_a_copy_and_a_held_view_survives_the_next_feed():
+    stream = b"".join(c.encode(cmd) for cmd in SAMPLES)
+    for step in (1, 7, len(stream)):
+        reader = FrameReader(0)
+        got: list[c.Command] = []
+        for i in range(0, len(stream), step):
+            reader.feed(stream[i:i + step])
+            got.extend(c.decode(bytes(view)) for view in reader.frame_views())
+        assert got == SAMPLES
+    # a view kept past the next feed keeps its bytes; the reader goes on with a buffer of its own
+    reader = FrameReader(0)
+    first, second = c.encode(SAMPLES[0]), c.encode(SAMPLES[1])
+    reader.feed(first + second[:3])
+    views = reader.frame_views()
+    held = next(views)
+    assert list(views) == []
+    reader.feed(second[3:])
+    assert c.decode(bytes(held)) == SAMPLES[0]
+    assert [c.decode(bytes(v)) for v in reader.frame_views()] == [SAMPLES[1]]
+    assert reader.buffered() == 0
+
+
 def test_a_frame_past_frame_max_is_refused_from_its_size_field():
     reader = FrameReader(100)
     reader.feed(struct.pack(">I", 101))
@@ -209,6 +231,18 @@ def test_scanning_a_publish_agrees_with_decoding_it(publisher, ids, one_size, si
     elif edit == "sub-batch" and ids:
         frame[9 + 8] |= 0x80
     assert c.scan_simple_publish(bytes(frame)) == scan_oracle(bytes(frame))
+    assert c.scan_simple_publish(memoryview(frame)) == scan_oracle(bytes(frame))  # a view of the input buffer
+
+
+@pytest.mark.parametrize("sizes", [[200, 150, 250], [20, 10, 30], [300, 300, 299, 301], [1000] * 100])
+def test_scanning_entries_of_one_frame_length_but_different_sizes(sizes):
+    """A frame whose length is `count` times one stride, its first entry of that size, and the others
+    not (the uniform readings must check every size, not only the frame's arithmetic)."""
+    frame = c.encode(c.Publish(7, [c.PublishedEntry(i, bytes([i % 251]) * n) for i, n in enumerate(sizes)]))[4:]
+    expected = scan_oracle(frame)
+    assert expected is not None
+    assert c.scan_simple_publish(frame) == expected
+    assert c.scan_simple_publish(memoryview(frame)) == expected
 
 
 def test_scanning_declines_other_commands_and_a_version_2_publish():

@@ -21,6 +21,14 @@ from hutch.streamproto.framer import FrameReader
 from session.memory import ManualLoopClock, MemoryTransport, SessionPair
 
 
+class StreamMemoryTransport(MemoryTransport):
+    """The `StreamTransport` port in memory: `writelines` writes the parts in order."""
+
+    def writelines(self, parts: list[bytes | memoryview]) -> None:
+        for part in parts:
+            self.write(bytes(part))
+
+
 def make_hub(node: Node) -> StreamHub:
     return StreamHub(node, QueueCatalog(node))
 
@@ -29,7 +37,7 @@ class StreamPair:
     def __init__(self, hub: StreamHub, peer: str = "127.0.0.1") -> None:
         self.hub = hub
         self.clock = ManualLoopClock()
-        self.transport = MemoryTransport()
+        self.transport = StreamMemoryTransport()
         self.conn = StreamConnection(hub, self.clock)
         self.conn.connection_made(self.transport, (peer, 50000), ("127.0.0.1", 5552))
         self._reader = FrameReader(0)

@@ -13,6 +13,7 @@ import pytest
 
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.broker.node import Node
+from hutch.runtime.stream_session.connection import COALESCE_MAX_BYTES, coalesce
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
 from hutch.streamproto.wire import OffsetSpec
@@ -189,6 +190,38 @@ async def test_subscribe_delivers_a_chunk_per_credit_from_the_files(node: Node) 
         c.Response(Key.SUBSCRIBE, 4, Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
     assert await pair.request(c.Unsubscribe(5, 7)) == c.Response(Key.UNSUBSCRIBE, 5, Code.OK)
     assert await pair.request(c.Unsubscribe(6, 7)) == c.Response(Key.UNSUBSCRIBE, 6, Code.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+
+
+async def test_large_chunks_go_out_as_parts_and_arrive_whole(node: Node) -> None:
+    """A delivery's chunk data past COALESCE_MAX_BYTES is written as a part of its own (`writelines`),
+    the small frames around it joined; the client reads the same frames, in order."""
+    pair = await opened(node)
+    await pair.create("big")
+    await pair.request(c.DeclarePublisher(2, 1, "", "big"))
+    bodies = [bytes([65 + i]) * (COALESCE_MAX_BYTES + 100 * i) for i in range(3)]
+    for i, body in enumerate(bodies):  # one chunk each
+        pair.send(c.Publish(1, [c.PublishedEntry(i, body)]))
+        assert await pair.expect(1) == [c.PublishConfirm(1, [i])]
+    written: list[list[bytes | memoryview]] = []
+    real = pair.transport.writelines
+
+    def spy(parts: list[bytes | memoryview]) -> None:
+        written.append(list(parts))
+        real(parts)
+    pair.transport.writelines = spy  # type: ignore[method-assign]
+    pair.send(c.Subscribe(3, 7, "big", OffsetSpec(OffsetType.FIRST), 10))
+    got = await pair.expect(4)
+    assert records([d for d in got if isinstance(d, c.Deliver)]) == list(enumerate(bodies))
+    assert any(isinstance(part, memoryview) and len(part) >= COALESCE_MAX_BYTES for parts in written for part in parts)
+
+
+async def test_coalesce_joins_runs_of_small_parts_and_keeps_large_ones() -> None:
+    big = memoryview(b"x" * COALESCE_MAX_BYTES)
+    assert coalesce([b"a", b"b", big, b"c", big, big, b"d", b"e"]) == [b"ab", big, b"c", big, big, b"de"]
+    assert coalesce([b"a"]) == [b"a"]
+    assert coalesce([big]) == [big]
+    parts = [b"1", big, b"2", b"3"]
+    assert b"".join(coalesce(parts)) == b"".join(parts)
 
 
 async def test_offset_specs_and_resolve(node: Node) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import gzip
+import zlib
 
 import cramjam
 import pytest
@@ -41,6 +42,25 @@ def test_any_flipped_data_bit_or_cut_fails_verify(items: list[bytes], data: st.D
     bit = data.draw(st.integers(ck.HEADER_SIZE * 8, len(raw) * 8 - 1))
     raw[bit // 8] ^= 0x80 >> (bit % 8)
     assert not ck.verify(bytes(raw))
+
+
+@settings(deadline=None)
+@given(st.lists(st.binary(max_size=3000), max_size=6))
+def test_the_chunk_crc_is_zlibs_crc32_whatever_computes_it(parts: list[bytes]) -> None:
+    """`ck.crc32` (ISA-L's when installed) is CRC-32 as zlib and osiris compute it, in one call or
+    continued part by part, over bytes or views; and the installed one is the fast one."""
+    whole = b"".join(parts)
+    running = 0
+    for part in parts:
+        running = ck.crc32(memoryview(part), running)
+    assert running == ck.crc32(whole, 0) == zlib.crc32(whole)
+    data = parts if whole else [b"\0\0\0\0"]
+    raw = ck.encode_data(data, entries=1, records=1, timestamp=1, epoch=0, chunk_id=0)
+    assert ck.decode_header(raw).crc == zlib.crc32(b"".join(data))
+
+
+def test_the_fast_crc_is_installed() -> None:
+    assert ck.crc32 is not zlib.crc32  # pyproject.toml requires isal: the stream hot path's CRC
 
 
 def test_header_layout_is_osiris() -> None:

@@ -5,6 +5,11 @@ frame is copied at most once more) and the frame_max rule (a frame's size field,
 bytes, must not exceed `frame_max`; 0 means no limit, as in rabbit_stream_core). A frame that is too
 large raises `FrameTooLarge` as soon as its size field arrives: its bytes are never buffered.
 
+`frames()` yields each frame as bytes of its own (one copy); `frame_views()` yields views of the
+buffer instead (no copy: the stream-protocol connection's publish path reads them and copies what it
+keeps), valid until the next `feed`. A view still held at that `feed` does not break the reader: the
+buffer is then replaced, not resized (a bytearray with a live view cannot be).
+
 Invariant: `buffered()` never exceeds frame_max + 4 plus one `feed` call's bytes.
 """
 
@@ -25,10 +30,14 @@ class FrameReader:
         self._pos = 0
 
     def feed(self, data: bytes) -> None:
-        if self._pos and self._pos * 2 >= len(self._buf):
-            del self._buf[:self._pos]
+        try:
+            if self._pos and self._pos * 2 >= len(self._buf):
+                del self._buf[:self._pos]
+                self._pos = 0
+            self._buf += data
+        except BufferError:  # a view from `frame_views` is still alive: leave it its buffer
+            self._buf = self._buf[self._pos:] + data
             self._pos = 0
-        self._buf += data
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos
@@ -36,6 +45,21 @@ class FrameReader:
     def frames(self) -> Iterator[bytes]:
         """Every complete frame's content (key, version, body) in order; stops at the first partial
         frame. Raises FrameTooLarge for a size past frame_max (the reader is then unusable)."""
+        buf = self._buf
+        for start, end in self._spans():
+            with memoryview(buf) as view:  # one copy (a bytearray slice would be a second); released
+                frame = bytes(view[start:end])  # before `feed` may resize the buffer
+            yield frame
+
+    def frame_views(self) -> Iterator[memoryview]:
+        """`frames()` as views of the input buffer, without a copy; a view is valid until the next
+        `feed` (take `bytes(view)` of what must outlive it)."""
+        view = memoryview(self._buf)
+        for start, end in self._spans():
+            yield view[start:end]
+
+    def _spans(self) -> Iterator[tuple[int, int]]:
+        """(start, end) in the buffer of each complete frame's content, consuming it."""
         buf = self._buf
         while True:
             pos = self._pos
@@ -48,6 +72,4 @@ class FrameReader:
             if len(buf) < end:
                 return
             self._pos = end
-            with memoryview(buf) as view:  # one copy (a bytearray slice would be a second); released
-                frame = bytes(view[pos + 4:end])  # before `feed` may resize the buffer
-            yield frame
+            yield pos + 4, end

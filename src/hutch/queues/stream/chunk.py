@@ -1,7 +1,8 @@
 """Stream chunks: osiris's chunk format, encoded and decoded as pure functions over bytes.
 
-Owns: the 48-byte chunk header, the entry framing (simple entries and sub-batches), the CRC (zlib's
-CRC-32 over the entry data, as osiris's `erlang:crc32`), the chunk's bloom filter of filter values, and
+Owns: the 48-byte chunk header, the entry framing (simple entries and sub-batches), the CRC (CRC-32
+over the entry data, as osiris's `erlang:crc32`: `crc32`, ISA-L's when installed, else zlib's, the same
+checksum), the chunk's bloom filter of filter values, and
 `FORMAT`, the `ChunkFormat` through which `hutch.storage.stream_log` reads chunks from files.
 
 A chunk (all integers big-endian; `osiris_log.erl`'s header comment):
@@ -46,13 +47,19 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
 import cramjam
 
 from hutch.storage.stream_log import ChunkInfo
+
+crc32: Callable[[bytes | memoryview, int], int]
+try:  # ISA-L's CRC-32: the same checksum as zlib's, about ten times faster (docs/dependencies.md)
+    from isal.isal_zlib import crc32
+except ImportError:  # without it (a platform with no wheel), zlib's
+    crc32 = zlib.crc32
 
 MAGIC_VERSION = 0x50  # magic 5, version 0
 HEADER = struct.Struct(">BBHIqQQIIIB3x")
@@ -222,7 +229,7 @@ def encode_data(data: Sequence[bytes], *, entries: int, records: int, chunk_type
         raise ValueError(f"a chunk holds 1..{MAX_ENTRIES} entries, not {entries}")
     crc = size = 0
     for part in data:
-        crc = zlib.crc32(part, crc)
+        crc = crc32(part, crc)
         size += len(part)
     header = HEADER.pack(MAGIC_VERSION, chunk_type, entries, records, timestamp, epoch, chunk_id,
                          crc, size, len(trailer), len(filter_bits))
@@ -238,7 +245,7 @@ def verify(chunk: bytes | memoryview) -> bool:
     if len(chunk) != h.size:
         return False
     start = HEADER_SIZE + h.bloom_size
-    return zlib.crc32(memoryview(chunk)[start:start + h.data_size]) == h.crc
+    return crc32(memoryview(chunk)[start:start + h.data_size], 0) == h.crc
 
 
 def parts(chunk: bytes | memoryview) -> tuple[Header, memoryview, memoryview, memoryview]:

@@ -1,6 +1,6 @@
 """A stream-protocol connection as a state machine: bytes in through `receive_data`, frames out through a
-`Transport` port, time and timers from a `LoopClock` port (runtime/session/ports.py). No socket, no
-asyncio Protocol: protocol.py adapts a socket to it, and tests/streams/ drive it in memory.
+`StreamTransport` port (stream_session/ports.py), time and timers from a `LoopClock` port
+(runtime/session/ports.py). No socket, no asyncio Protocol: protocol.py adapts a socket to it, and tests/streams/ drive it in memory.
 
 Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the node's login gate, or
 EXTERNAL with a client certificate TLS verified,
@@ -35,11 +35,11 @@ from hutch.core.logsafe import safe
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.broker.logins import LoginOutcome
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.session.ports import LoopClock, TimerHandle, Transport
+from hutch.runtime.session.ports import LoopClock, TimerHandle
 from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.consuming import Consuming, core_spec
 from hutch.runtime.stream_session.hub import StreamHub
-from hutch.runtime.stream_session.ports import StreamExists, StreamRefused
+from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, StreamTransport
 from hutch.runtime.stream_session.publishing import Publishing
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
@@ -74,6 +74,27 @@ PRE_OPEN: dict[Phase, tuple[type[c.Command], ...]] = {
 }
 
 
+COALESCE_MAX_BYTES = 16 * 1024  # parts of output up to this size are joined before the write
+
+
+def coalesce(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """`parts` with each run of small ones (below COALESCE_MAX_BYTES) joined into one: the large ones
+    (deliveries' chunk data) stay as they are, and a writev gets a few parts, not one per confirm."""
+    merged: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    for part in parts:
+        if len(part) < COALESCE_MAX_BYTES:
+            run.append(part)
+            continue
+        if run:
+            merged.append(b"".join(run) if len(run) > 1 else run[0])
+            run = []
+        merged.append(part)
+    if run:
+        merged.append(b"".join(run) if len(run) > 1 else run[0])
+    return merged
+
+
 class StreamConnection:
     def __init__(self, hub: StreamHub, clock: LoopClock, tls: bool = False) -> None:
         self.hub = hub
@@ -84,7 +105,7 @@ class StreamConnection:
         cfg = hub.broker.config
         self.reader = FrameReader(cfg.stream_initial_frame_max)
         self.phase = Phase.PEER_PROPERTIES
-        self.transport: Transport | None = None
+        self.transport: StreamTransport | None = None
         self.peer: tuple[str, int] = ("?", 0)
         self.sock: tuple[str, int] = ("?", 0)
         self.out: list[bytes | memoryview] = []  # joined by flush (a delivery adds a view of its chunk)
@@ -136,7 +157,7 @@ class StreamConnection:
         }
 
     # -- the transport's side ----------------------------------------------------------------------
-    def connection_made(self, transport: Transport, peer: tuple[str, int], sock: tuple[str, int]) -> None:
+    def connection_made(self, transport: StreamTransport, peer: tuple[str, int], sock: tuple[str, int]) -> None:
         self.transport = transport
         self.peer, self.sock = peer, sock
         self.name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}"
@@ -160,13 +181,15 @@ class StreamConnection:
         try:
             publishing = self.publishing
             try:
-                for frame in self.reader.frames():
+                # views of the input buffer: the publish path copies what it keeps, once (into its
+                # batch's data); any other command is decoded from a copy of its own
+                for frame in self.reader.frame_views():
                     if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
                         return
                     if self.phase == Phase.OPENED and publishing.publish_frame(frame):
                         continue  # the hot path: a publish of simple entries, batched per stream
                     publishing.write_batched()  # what was published before this command is written first
-                    self._handle(c.decode(frame))
+                    self._handle(c.decode(bytes(frame)))
             finally:
                 publishing.write_batched()
         except FrameError as exc:
@@ -205,13 +228,19 @@ class StreamConnection:
         self.out.append(c.encode(c.Response(c.request_key(cmd), cmd.correlation_id, code)))
 
     def flush(self) -> None:
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            data = b"".join(self.out)
-            self.out.clear()
-            self.transport.write(data)
+        """Write what `out` holds: the small frames joined, a delivery's chunk data (a view of the chunk
+        read) handed to the transport as it is (`coalesce`; uvloop writes the parts with one writev), so
+        a delivered byte is not copied in user space between the file's read and the socket."""
+        out = self.out
+        if out and self.transport is not None and not self.transport.is_closing():
+            if len(out) == 1 and type(out[0]) is bytes:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(coalesce(out))
+            out.clear()
             self._last_sent = self.clock.time()
         else:
-            self.out.clear()
+            out.clear()
 
     def want_flush(self) -> None:
         """Output made outside a read (a settled append, a SAC change): written on the next loop turn."""

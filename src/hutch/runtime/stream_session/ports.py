@@ -1,6 +1,7 @@
 """The ports of the stream-protocol session: what a stream connection asks of the node's streams.
 
-Owns two `Protocol`s: `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and
+Owns three `Protocol`s: `StreamTransport` (the session's `Transport` with `writelines`: a delivery's
+chunk goes out as parts, not joined; an asyncio transport has it), `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and
 name, create one, delete one (catalog.QueueCatalog implements it over the stream queue type: a stream is
 a queue of type stream, seen by AMQP 0-9-1 and management too); and `StreamSession`, what a
 connection's publishing and consuming halves (publishing.py, consuming.py) ask of the connection that
@@ -19,9 +20,15 @@ from typing import Any, Protocol
 from hutch.core.auth import PermissionKind
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.session.ports import LoopClock
+from hutch.runtime.session.ports import LoopClock, Transport
 from hutch.streamproto.codes import Code
 from hutch.streamproto.commands import Command
+
+
+class StreamTransport(Transport, Protocol):
+    """Where a stream connection writes: `write`, and `writelines` for parts written without a join."""
+
+    def writelines(self, parts: list[bytes | memoryview]) -> None: ...
 
 
 class StreamExists(Exception):

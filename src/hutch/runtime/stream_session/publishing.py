@@ -147,14 +147,14 @@ class Publishing:
             end = start + CHUNK_ENTRIES
             self._append(pub, entries[start:end], ids[start:end], None if values is None else values[start:end])
 
-    def publish_frame(self, frame: bytes) -> bool:
+    def publish_frame(self, frame: bytes | memoryview) -> bool:
         """The hot path: a version 1 publish of simple entries by a publisher without a reference (no
         deduplication) is taken from the frame's bytes, with no record per message
         (`commands.scan_simple_publish`), and joins its stream's batch: the publishes of one input
         to one stream become one chunk (`write_batched`, which the connection calls before any other
         command and at the end of the input), as osiris's writer makes one chunk of what its
         publishers sent meanwhile. False: not such a publish; the caller decodes the frame and
-        `publish` takes it."""
+        `publish` takes it. `frame` may be a view of the input buffer: what is kept is a copy."""
         scanned = c.scan_simple_publish(frame)
         if scanned is None:
             return False
