@@ -6,6 +6,7 @@ import datetime
 import gzip
 import zlib
 
+import cramjam
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,13 +173,22 @@ def _gzip_batch(records: list[bytes]) -> ck.SubBatch:
     return ck.SubBatch(len(records), ck.GZIP, len(plain), gzip.compress(plain))
 
 
+def _framed_batch(codec: int, records: list[bytes]) -> ck.SubBatch:
+    plain = b"".join(len(r).to_bytes(4, "big") + r for r in records)
+    compress = {ck.SNAPPY: cramjam.snappy.compress, ck.LZ4: cramjam.lz4.compress, ck.ZSTD: cramjam.zstd.compress}
+    return ck.SubBatch(len(records), codec, len(plain), bytes(compress[codec](plain)))
+
+
 sub_batch_or_entry = st.one_of(
     st.binary(max_size=40),
     st.lists(st.binary(max_size=12), min_size=1, max_size=5).map(
         lambda rs: ck.SubBatch(len(rs), 0, 0, b"".join(len(r).to_bytes(4, "big") + r for r in rs))),
     st.integers(1, 4).map(lambda n: ck.SubBatch(n, 1, 0, b"\x00" * 7)),  # not gzip: skipped
-    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 2, 7, b"\x00" * 7)),  # snappy: not decoded, skipped
+    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 2, 7, b"\x00" * 7)),  # not snappy-framed: skipped
+    st.integers(1, 4).map(lambda n: ck.SubBatch(n, 6, 7, b"\x00" * 7)),  # unknown codec: skipped
     st.lists(st.binary(max_size=12), min_size=1, max_size=5).map(_gzip_batch),
+    st.tuples(st.sampled_from([ck.SNAPPY, ck.LZ4, ck.ZSTD]),
+              st.lists(st.binary(max_size=12), min_size=1, max_size=5)).map(lambda a: _framed_batch(*a)),
 )
 
 

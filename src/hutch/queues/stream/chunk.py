@@ -22,16 +22,20 @@ chunk holds one entry).
 
 Compression codecs (the stream protocol's, as rstream and RabbitMQ's Java client number them): 0 none,
 1 gzip, 2 snappy, 3 lz4, 4 zstd. The broker stores a sub-batch as it came; for a reader that needs the
-records (an AMQP 0-9-1 consumer) uncompressed and gzip sub-batches are split into records here (gzip
-with the standard library's zlib); snappy, lz4 and zstd are not decoded (neither the standard library of
-CPython 3.11 nor a dependency of hutch has them): their records are skipped, as before.
+records (an AMQP 0-9-1 consumer) every one of these is decoded and split into records here: gzip with
+the standard library's zlib, snappy, lz4 and zstd with cramjam, in the framings the Java client writes
+(snappy's framing format as xerial's `SnappyFramedOutputStream`, the LZ4 frame format as
+`LZ4FrameOutputStream`, zstd frames as `ZstdOutputStream`; not raw snappy or bare LZ4 blocks). A
+sub-batch of another codec (5-7) is skipped.
 
 Rules:
-- Decoding a gzip sub-batch is bounded: its declared uncompressed length is checked against the
-  caller's budget (`MAX_UNCOMPRESSED_BYTES` per chunk) before anything is inflated, the inflater is
-  never allowed past that length, and a sub-batch that inflates to anything but exactly its declared
-  length, or whose records do not fill it exactly, is refused (`BadSubBatch`): a hostile publisher's
-  small frame cannot make a reader allocate more than the budget.
+- Decoding a compressed sub-batch is bounded: its declared uncompressed length is checked against the
+  caller's budget (`MAX_UNCOMPRESSED_BYTES` per chunk) before anything is decoded, the decoder is never
+  allowed past that length plus one byte (zlib's `max_length`; cramjam's `decompress_into`, which
+  streams into a buffer of that size and fails when the output would not fit), and a sub-batch that
+  decodes to anything but exactly its declared length, or whose records do not fill it exactly, is
+  refused (`BadSubBatch`): a hostile publisher's small frame cannot make a reader allocate more than
+  the budget.
 - The CRC covers the data only (osiris); a torn or flipped data byte fails `verify`. A torn header is
   caught by the lengths (the chunk would end past the file) or the magic.
 - The bloom filter is osiris_bloom's layout (bit 0 set: some entry has no filter value; each value
@@ -45,6 +49,9 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import ModuleType
+
+import cramjam
 
 from hutch.storage.stream_log import ChunkInfo
 
@@ -69,11 +76,16 @@ MAX_ENTRY_SIZE = (1 << 31) - 1
 DEFAULT_FILTER_SIZE = 16  # bytes (osiris's default; 16..255)
 NO_COMPRESSION = 0
 GZIP = 1
+SNAPPY = 2
+LZ4 = 3
+ZSTD = 4
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024  # per chunk: what a reader may inflate its sub-batches to
 
 _SIMPLE = struct.Struct(">I")
 _BATCH = struct.Struct(">BHII")
+# cramjam's framed formats: snappy's framing format, the LZ4 frame format, zstd frames
+_CRAMJAM_CODECS: dict[int, ModuleType] = {SNAPPY: cramjam.snappy, LZ4: cramjam.lz4, ZSTD: cramjam.zstd}
 
 
 @dataclass(frozen=True)
@@ -270,7 +282,7 @@ def iter_entries(data: memoryview) -> Iterator[Entry]:
 
 
 class BadSubBatch(ValueError):
-    """A sub-batch whose records cannot be read: an unknown or undecoded codec, over the budget, or not
+    """A sub-batch whose records cannot be read: an unknown codec, over the budget, or not
     what it declares."""
 
 
@@ -314,7 +326,7 @@ def inflate_gzip(body: bytes, declared: int, budget: int) -> bytes:
     return b"".join(out)
 
 
-def split_records(body: bytes, count: int) -> list[bytes]:
+def split_records(body: bytes | memoryview, count: int) -> list[bytes]:
     """`count` records (each u32 length + bytes) that fill `body` exactly; BadSubBatch otherwise."""
     out: list[bytes] = []
     pos, end = 0, len(body)
@@ -325,22 +337,45 @@ def split_records(body: bytes, count: int) -> list[bytes]:
         pos += 4
         if pos + length > end:
             raise BadSubBatch("a sub-batch record runs past its data")
-        out.append(body[pos:pos + length])
+        out.append(bytes(body[pos:pos + length]))
         pos += length
     if pos != end:
         raise BadSubBatch(f"{end - pos} bytes follow the sub-batch's {count} records")
     return out
 
 
+def decompress_framed(codec: int, body: bytes, declared: int, budget: int) -> memoryview:
+    """A snappy, lz4 or zstd sub-batch's body decoded: exactly `declared` bytes, `declared` at most
+    `budget` (checked first). The decoder writes into a buffer of `declared` + 1 bytes and is stopped
+    when its output would not fit, so a bomb costs that buffer and no more. BadSubBatch if the body is
+    not that codec's framed format, is cut short, or decodes to anything but `declared` bytes."""
+    name = CODEC_NAMES[codec]
+    if declared > budget:
+        raise BadSubBatch(f"{name} sub-batch declares {declared} bytes uncompressed, over the limit of {budget}")
+    out = bytearray(declared + 1)
+    try:
+        size: int = _CRAMJAM_CODECS[codec].decompress_into(body, out)
+    except cramjam.DecompressionError as exc:
+        raise BadSubBatch(f"{name} sub-batch does not decode to its declared {declared} bytes: {exc}") from None
+    if size > declared:
+        raise BadSubBatch(f"{name} sub-batch decodes past its declared {declared} bytes")
+    if size != declared:
+        raise BadSubBatch(f"{name} sub-batch decodes to {size} bytes, not the declared {declared}")
+    return memoryview(out)[:declared]
+
+
 def decoded_records(batch: SubBatch, budget: int = MAX_UNCOMPRESSED_BYTES) -> list[bytes]:
-    """The records of a sub-batch, uncompressed or gzip (inflated within `budget` bytes); BadSubBatch
-    for another codec, a body over the budget, or a body that is not what it declares."""
+    """The records of a sub-batch, uncompressed or compressed with gzip, snappy, lz4 or zstd (decoded
+    within `budget` bytes); BadSubBatch for another codec, a body over the budget, or a body that is not
+    what it declares."""
     if batch.compression == NO_COMPRESSION:
         return split_records(batch.body, batch.num_records)
     if batch.compression == GZIP:
         return split_records(inflate_gzip(batch.body, batch.uncompressed_size, budget), batch.num_records)
-    name = CODEC_NAMES.get(batch.compression, f"codec {batch.compression}")
-    raise BadSubBatch(f"sub-batch compressed with {name}, which hutch does not decode")
+    if batch.compression in _CRAMJAM_CODECS:
+        plain = decompress_framed(batch.compression, batch.body, batch.uncompressed_size, budget)
+        return split_records(plain, batch.num_records)
+    raise BadSubBatch(f"sub-batch compressed with codec {batch.compression}, which hutch does not decode")
 
 
 def _batch_records(batch: SubBatch, budget: list[int], skipped: list[tuple[int, int, str]] | None,
@@ -359,9 +394,9 @@ def _batch_records(batch: SubBatch, budget: list[int], skipped: list[tuple[int, 
 
 def iter_records(chunk: bytes | memoryview, skipped: list[tuple[int, int, str]] | None = None
                  ) -> Iterator[tuple[int, bytes]]:
-    """(offset, record bytes) of every record of a USER chunk; gzip sub-batches are inflated (within
-    `MAX_UNCOMPRESSED_BYTES` for the chunk); the records of a sub-batch that cannot be read (another
-    codec, over the budget, damaged) are given as b"" (the reader skips them) and noted in `skipped`."""
+    """(offset, record bytes) of every record of a USER chunk; compressed sub-batches are decoded (within
+    `MAX_UNCOMPRESSED_BYTES` for the chunk); the records of a sub-batch that cannot be read (codecs 5-7,
+    over the budget, damaged) are given as b"" (the reader skips them) and noted in `skipped`."""
     h, _, data, _ = parts(chunk)
     offset = h.chunk_id
     budget = [MAX_UNCOMPRESSED_BYTES]

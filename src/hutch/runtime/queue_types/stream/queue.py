@@ -24,9 +24,9 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
   filter, not in its messages: an entry without the header in a chunk whose every entry had a value,
   and which matched the filter, is delivered (as RabbitMQ 3.13+ delivers every entry of a matching
   chunk to an AMQP 0-9-1 consumer; the client filters further).
-- A stream-protocol publisher's sub-batches are split into their records (gzip ones inflated, within
-  `chunk.MAX_UNCOMPRESSED_BYTES` per chunk, checked against the declared length first); a sub-batch of
-  a codec hutch does not decode (snappy, lz4, zstd) or that is not what it declares is skipped, logged.
+- A stream-protocol publisher's sub-batches are split into their records (gzip, snappy, lz4 and zstd
+  ones decoded, within `chunk.MAX_UNCOMPRESSED_BYTES` per chunk, checked against the declared length
+  first); a sub-batch of an unknown codec or that is not what it declares is skipped, logged.
 - Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
   yields the loop.
 """
