@@ -28,6 +28,7 @@ from rstream import (
 )
 
 from .conftest import StreamServer
+from .suite_timing import Partitions
 
 pytestmark = pytest.mark.asyncio
 AUTH = {"username": "guest", "password": "guest"}
@@ -280,3 +281,65 @@ async def test_pika_and_rstream_read_each_others_messages(stream_server: StreamS
     assert got == [b"from-rstream", b"from-pika"]
     read_back = await read(stream_server, "rs-mixed", ConsumerOffsetSpecification(OffsetType.FIRST, None), 2)
     assert [b for _, b in read_back] == [b"from-rstream", b"from-pika"]
+
+
+async def test_super_stream_three_active_consumers_each_read_one_partition(stream_server: StreamServer) -> None:
+    """The shape of rstream's own suite's test_consume_superstream_with_sac_all_active (issue 23): three
+    consumers of one group subscribe to a three-partition super stream, then hash-routed messages are sent:
+    each consumer reads one partition, a different one each, and every message arrives, in the partition
+    rstream's murmur3 hash names (so hutch's `partitions` answer is in binding order)."""
+    from rstream.superstream import HashRoutingMurmurStrategy
+    ss, count = "rs-sac3", 1500
+    partitions = [f"{ss}-{i}" for i in range(3)]
+    await create_super_stream(stream_server, ss, n_partitions=3)
+    got: list[list[tuple[str, bytes]]] = [[], [], []]
+    active: set[tuple[int, str]] = set()
+    changed = asyncio.Event()
+    after = [OffsetType.FIRST]  # where an activated consumer starts: NEXT once the messages are read
+
+    def on_message(k: int) -> Callable[[AMQPMessage, MessageContext], Awaitable[None]]:
+        async def deliver(msg: AMQPMessage, ctx: MessageContext) -> None:
+            got[k].append((ctx.stream, body(msg)))
+            changed.set()
+        return deliver
+
+    def on_update(k: int) -> Callable[[bool, Any], Awaitable[Any]]:
+        async def update(is_active: bool, ctx: Any) -> Any:
+            (active.add if is_active else active.discard)((k, ctx.stream))
+            changed.set()
+            return OffsetSpecification(after[0], 0)
+        return update
+
+    async def until(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not condition():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), max(deadline - time.monotonic(), 0.01))
+
+    consumers = [SuperStreamConsumer("127.0.0.1", port=stream_server.port, **AUTH, super_stream=ss) for _ in range(3)]
+    try:
+        for k, ssc in enumerate(consumers):
+            await ssc.start()
+            await ssc.subscribe(on_message(k), decoder=amqp_decoder, consumer_update_listener=on_update(k),
+                                properties={"single-active-consumer": "true", "name": "g", "super-stream": ss})
+        # partition i's active consumer is member i % 3: consumer 0 hands partitions 1 and 2 over
+        await until(lambda: active == {(0, partitions[0]), (1, partitions[1]), (2, partitions[2])})
+        async with SuperStreamProducer("127.0.0.1", port=stream_server.port, **AUTH, super_stream=ss,
+                                       routing=RouteType.Hash, routing_extractor=message_id) as p:
+            for i in range(count):
+                await p.send(AMQPMessage(body=b"%d" % i, properties=_props(str(i))))
+            await until(lambda: sum(map(len, got)) >= count)
+        seen = [list(g) for g in got]
+        after[0] = OffsetType.NEXT  # the closes below hand partitions over again: nothing to re-read
+    finally:
+        for ssc in consumers:
+            await ssc.close()
+    assert [{stream for stream, _ in g} for g in seen] == [{p} for p in partitions]
+    strategy = HashRoutingMurmurStrategy(message_id)
+    meta = Partitions(partitions)
+    expected: list[list[bytes]] = [[] for _ in range(3)]
+    for i in range(count):
+        (stream,) = await strategy.route(AMQPMessage(body=b"", properties=_props(str(i))), meta)
+        expected[partitions.index(stream)].append(b"%d" % i)
+    assert [[b for _, b in g] for g in seen] == expected
+    assert all(expected)  # the hash spread the messages over all three partitions
