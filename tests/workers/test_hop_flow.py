@@ -1,12 +1,30 @@
-"""Credit flow across the worker (or node) hop, the link's half: a `RemoteQueue` holds its publishers
-while the link to its home is over its write high-water mark, and lets them go once it drains
-(runtime/queue_types/remote.py, `needs_flow_control` / `flow_still_needed`). Pure: a stand-in link."""
+"""Credit flow across the worker (or node) hop (runtime/queue_types/remote.py, `needs_flow_control` /
+`flow_still_needed`, `RemoteHold`): a `RemoteQueue` holds its publishers while the link to its home is
+over its write high-water mark, and while the home says its queue holds publishers; it lets them go once
+the link drains and the home lets go. Pure tests with a stand-in link, then pika against a node of 2
+workers with connections pinned to each (the home's rule told to the publisher's worker)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
-from hutch.runtime.queue_types.remote import RemoteQueue
+import pytest
+from tests.conftest import ServerInfo
+from tests.mgmt.helpers import Api
+from tests.workers.test_hop_semantics import declare_in
+from tests.workers.test_workers import start_node, until
+from tests.workers.test_workers_mgmt import pinned
+
+from hutch.amqp.spec import BasicProperties
+from hutch.cluster import messages as cm
+from hutch.core.message import Message
+from hutch.core.queue_type import SETTLED, Published, Queue
+from hutch.core.vhost import VirtualHost
+from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
 
 
 class Transport:
@@ -55,3 +73,150 @@ def test_a_home_that_is_down_does_not_hold_publishers() -> None:
     link.transport.paused.add("n#w1")
     link.connected.clear()  # the publishes are refused (404 / nack), not held forever
     assert not q.needs_flow_control()
+
+
+def test_the_homes_hold_is_told_and_let_go() -> None:
+    """`RemoteHold` from the home: publishers here are held at their next publish, and let go when the
+    home lets go (unless the link itself is still backed up); a home that goes down lets them go."""
+    link = Link()
+    q = RemoteQueue(link, "n#w1", "/", "q", False, False, False, {})  # type: ignore[arg-type]
+    q.set_flow_hold(True)
+    assert q.needs_flow_control() and q.flow_still_needed()
+    conn = Conn()
+    q.flow_waiters.add(conn)  # type: ignore[arg-type]
+    link.transport.paused.add("n#w1")
+    q.set_flow_hold(False)
+    assert conn.unblocked == []  # the link is still over its high-water mark
+    link.transport.paused.clear()
+    q.release_flow_if_done()
+    assert conn.unblocked == [q]
+    q.set_flow_hold(True)
+    q.flow_waiters.add(conn)  # type: ignore[arg-type]
+    link.connected.clear()
+    q.home_down()
+    assert conn.unblocked == [q, q] and not q.flow_hold and not q.needs_flow_control()
+
+
+def test_a_deleted_stand_in_lets_its_publishers_go() -> None:
+    link = Link()
+    q = RemoteQueue(link, "n#w1", "/", "q", False, False, False, {})  # type: ignore[arg-type]
+    q.set_flow_hold(True)
+    q.delete()
+    assert not q.flow_still_needed()
+
+
+class HeldQueue(Queue):
+    """A home's queue whose flow rule is a flag."""
+
+    def __init__(self) -> None:
+        super().__init__("/", "q", False, None, False, {})
+        self.holds = False
+
+    def publish(self, msg: Message, receipt: Any = None) -> Published:
+        return SETTLED
+
+    def needs_flow_control(self) -> bool:
+        return self.holds
+
+    def flow_still_needed(self) -> bool:
+        return self.holds
+
+
+class HomeCluster:
+    def __init__(self) -> None:
+        self.transport = Transport()
+        self.sent: list[tuple[str, Any]] = []
+        self.held: dict[str, Any] = {}
+
+    def register(self, kind: Any, handler: Any) -> None:
+        pass
+
+    def send(self, peer: str, record: Any) -> bool:
+        self.sent.append((peer, record))
+        return True
+
+
+def test_the_home_tells_a_publishing_peer_once_and_lets_it_go() -> None:
+    """At the home: a publish from worker 0 to a queue whose rule holds sends `RemoteHold(hold=True)` to
+    worker 0 once (not per publish); the queue letting go (or its recheck finding the rule over) sends
+    `RemoteHold(hold=False)`; worker 0 going away forgets the hold."""
+
+    async def run() -> None:
+        cluster = HomeCluster()
+        node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[])
+        link = QueueLink(node, cluster)  # type: ignore[arg-type]
+        q = HeldQueue()
+        vhost = VirtualHost("/")
+        vhost.queues["q"] = q
+        node.vhosts["/"] = vhost
+        msg = Message("", "q", BasicProperties(), b"x")
+        link._publish_here("n#w0", "/", "q", 1, msg)
+        assert not link.flow_holds
+        q.holds = True
+        for pid in (2, 3, 4):
+            link._publish_here("n#w0", "/", "q", pid, msg)
+        flows = [r for _peer, r in cluster.sent if isinstance(r, cm.RemoteHold)]
+        assert flows == [cm.RemoteHold("/", "q", True)] and len(q.flow_waiters) == 1
+        q.release_flow()  # the queue's backlog drained
+        flows = [r for _peer, r in cluster.sent if isinstance(r, cm.RemoteHold)]
+        assert flows[-1] == cm.RemoteHold("/", "q", False) and not link.flow_holds
+        link._publish_here("n#w0", "/", "q", 5, msg)  # held again; this time the recheck lets it go
+        assert link.flow_holds
+        q.holds = False
+        while link.flow_holds:
+            await asyncio.sleep(0.02)
+        assert [r.hold for _peer, r in cluster.sent if isinstance(r, cm.RemoteHold)] == [True, False, True, False]
+        q.holds = True
+        link._publish_here("n#w0", "/", "q", 6, msg)
+        link._peer_changed("n#w0", False)  # gone: nothing to tell it, nothing left waiting on the queue
+        assert not link.flow_holds and not q.flow_waiters
+
+    asyncio.run(run())
+
+
+# -- the home's rule across the hop, with pika and a node of 2 workers ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_node(tmp_path_factory.mktemp("hop-flow"))
+    yield info
+    info.stop()
+
+
+def states(info: ServerInfo, names: set[str]) -> list[str]:
+    return [c.get("state", "?") for c in Api(info.mgmt_url).get("/api/connections").body
+            if c.get("user_provided_name") in names]
+
+
+def test_a_publisher_in_one_worker_is_held_by_a_full_consumer_socket_in_the_home_worker(node: ServerInfo) -> None:
+    """The queue lives in worker 1, its consumer (no prefetch limit) is in worker 1 and does not read its
+    socket, the publisher is in worker 0. The home's flow rule (a backlog behind a consumer held only by
+    its full socket) holds the publisher in worker 0, shown as `flow` in /api/connections; once the
+    consumer reads, every message arrives and the publisher runs again."""
+    with pinned(node, 1, "hop-flow-setup") as setup:
+        queue = declare_in(node, setup.channel(), "hop-flow", 1)
+    consumer_conn = pinned(node, 1, "hop-flow-consumer")
+    got: list[int] = []
+    consumer_conn.channel().basic_consume(queue, lambda ch, m, _p, _b: got.append(1), auto_ack=True)
+    publisher = pinned(node, 0, "hop-flow-publisher")
+    pch = publisher.channel()
+    body = b"x" * 8192
+    sent = 0
+    for _ in range(6000):  # bounded: ~49 MB, far past the socket buffers, the write buffer and the link's
+        pch.basic_publish("", queue, body)
+        sent += 1
+        if sent % 500 == 0:
+            publisher.process_data_events(0)
+            if "flow" in states(node, {"hop-flow-publisher"}):
+                break
+    until(lambda: states(node, {"hop-flow-publisher"}) == ["flow"], timeout=20, what="the publisher held")
+    deadline = time.monotonic() + 60
+    while len(got) < sent and time.monotonic() < deadline:
+        consumer_conn.process_data_events(0.1)
+        publisher.process_data_events(0)
+    assert len(got) == sent
+    until(lambda: states(node, {"hop-flow-publisher"}) == ["running"], timeout=10, what="the publisher running")
+    pch.queue_delete(queue)
+    consumer_conn.close()
+    publisher.close()

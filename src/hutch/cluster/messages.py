@@ -202,6 +202,16 @@ class RemoteDeliverBatch(NamedTuple):
     entries: list[Any]
 
 
+@message_kind(102)
+class RemoteHold(NamedTuple):
+    """Credit across the hop: the home's queue `queue` holds its publishers (`hold`), or lets them go; the
+    receiving node holds (or releases) its own publishers to that queue (runtime/queue_types/remote.py)."""
+
+    vhost: str
+    queue: str
+    hold: bool
+
+
 PUBLISH_STRIDE = 9
 DELIVER_STRIDE = 10
 
@@ -475,7 +485,7 @@ class AgentQuery(NamedTuple):
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
-    | RemotePublishBatch | RemoteDeliverBatch
+    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus

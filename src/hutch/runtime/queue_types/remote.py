@@ -25,6 +25,9 @@ Rules:
   receipt.
 - Deliveries to a consumer on another node stay unacked at the home node until the consumer's node
   settles them; when that node goes down, the home node requeues them (as for a closed channel).
+- Credit flow across the hop: publishers here are held while the link to the home is backed up, and
+  while the home says its queue holds publishers (`RemoteHold`: the home's own flow rule for the queue,
+  judged as it takes each publish from this node; it lets go the same way, `_FlowHold`).
 - When a home node is down its queues are unavailable: 404 NOT_FOUND "home node ... is down or
   inaccessible" (RabbitMQ's text); consumers get basic.cancel; they come back with the node.
 """
@@ -67,6 +70,7 @@ log = logging.getLogger("hutch.cluster.queues")
 PREPARE_TIMEOUT_S = 5.0
 BATCH_BYTES = 256 << 10  # a held batch is written once its bodies reach this
 BATCH_MESSAGE_BYTES = 64 << 10  # a larger message is sent in a record of its own
+FLOW_RECHECK_S = 0.1  # how often a home asks a queue that holds another node's publishers whether it still does
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
@@ -110,6 +114,7 @@ class RemoteQueue(Queue):
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
+        self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
 
     # -- answers fetched before the channel handles a method ------------------------------------------
@@ -197,16 +202,25 @@ class RemoteQueue(Queue):
 
     # -- credit flow across the hop ----------------------------------------------------------------------
     def needs_flow_control(self) -> bool:
-        """Credit flow across the hop: publishers to this queue are held while the link to its home is
-        over its write high-water mark. The home reads the link as fast as its queue takes messages, so a
-        home busy with a backlog (its consumers, its disk) fills the link and paces publishers here, as
-        RabbitMQ's credit flow paces a channel by the queue process on another node; and nothing is
-        published into a full link (the transport would drop it)."""
+        """Credit flow across the hop: publishers to this queue are held while its home says the queue
+        holds its publishers (`flow_hold`: the home's own flow rule, told with `RemoteHold`: a backlog
+        behind consumers it does not serve fast enough, or its store behind the disk), and while the
+        link to the home is over its write high-water mark (a saturated home reads the link only as fast
+        as its loop gets to it; nothing is published into a full link, which the transport would drop).
+        As RabbitMQ's credit flow paces a channel by the queue process on another node. A home that is
+        down holds nobody (its queue's publishes are refused)."""
         link = self.link
-        return link.up(self.home) and not link.transport.writable(self.home)
+        return link.up(self.home) and (self.flow_hold or not link.transport.writable(self.home))
 
     def flow_still_needed(self) -> bool:
-        return self.needs_flow_control()
+        return not self.deleted and self.needs_flow_control()
+
+    def set_flow_hold(self, hold: bool) -> None:
+        """The home's `RemoteHold`: hold publishers here at their next publish, or let the held ones go
+        (unless the link itself is still backed up)."""
+        self.flow_hold = hold
+        if not hold:
+            self.release_flow_if_done()
 
     # -- consumers -------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -242,6 +256,7 @@ class RemoteQueue(Queue):
         for c in consumers:
             self.link.forget_consumer(c)
             c.channel.consumer_cancelled_by_broker(c)
+        self.set_flow_hold(False)
 
     # -- counts ------------------------------------------------------------------------------------------
     @property
@@ -311,6 +326,38 @@ class _RemoteDeliverer:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
 
 
+class _FlowHold:
+    """At the home: the publishers of one other node (or worker) held by one queue here. It waits in the
+    queue's `flow_waiters` as a held connection does (`flow_unblock` when the queue lets go), and asks
+    the queue every `FLOW_RECHECK_S` whether its rule still holds, as a held connection's recheck does;
+    letting go sends `RemoteHold(hold=False)` to the peer.
+    Invariant: registered in `QueueLink.flow_holds` exactly while the peer was told to hold."""
+
+    def __init__(self, link: QueueLink, peer: str, queue: Queue) -> None:
+        self.link = link
+        self.peer = peer
+        self.queue = queue
+        self.timer = asyncio.get_running_loop().call_later(FLOW_RECHECK_S, self._recheck)
+
+    def _recheck(self) -> None:
+        q = self.queue
+        if q.deleted or not q.flow_still_needed():
+            q.flow_waiters.discard(self)
+            self.flow_unblock(q)
+        else:
+            self.timer = asyncio.get_running_loop().call_later(FLOW_RECHECK_S, self._recheck)
+
+    def flow_unblock(self, queue: Any) -> None:
+        self.timer.cancel()
+        if self.link.flow_holds.pop((self.peer, id(self.queue)), None) is self:
+            self.link.send_flow(self.peer, self.queue, False)
+
+    def drop(self) -> None:
+        """The peer went away: forget the hold without telling it."""
+        self.timer.cancel()
+        self.queue.flow_waiters.discard(self)
+
+
 class _PeerConfirms:
     """At the home node: the ConfirmOwner of the publishes one other node sent here (its publish ids),
     answered to that node with `RemoteConfirm` as the local queues settle or reject them."""
@@ -359,6 +406,8 @@ class QueueLink:
         self._discard_wait: asyncio.Future[None] | None = None  # the round trips of the last one
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
+        # home side: (peer, id(queue)) -> the hold of that peer's publishers by that queue (`RemoteHold`)
+        self.flow_holds: dict[tuple[str, int], _FlowHold] = {}
         # one call per kind, so the type checker matches each handler to its record
         cluster.register(cm.QueueGet, self._h_get)
         cluster.register(cm.QueuePurge, self._h_purge)
@@ -373,6 +422,7 @@ class QueueLink:
         cluster.register(cm.RemoteCancel, self._on_cancel)
         cluster.register(cm.QueueStats, self._on_stats)
         cluster.register(cm.RemoteConsumerEnded, self._on_consumer_ended)
+        cluster.register(cm.RemoteHold, self._on_flow)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
@@ -592,6 +642,26 @@ class QueueLink:
             owner.pending[pid] = q
         else:
             self.confirm_out(peer, result is SETTLED, pid)
+        if q.needs_flow_control() and (peer, id(q)) not in self.flow_holds:
+            self._flow_hold(peer, q)
+
+    # -- credit flow across the hop: the home's rule told to the publishing node -------------------------
+    def _flow_hold(self, peer: str, q: Queue) -> None:
+        """Queue `q` holds its publishers and `peer` publishes to it: tell `peer` to hold its own (as a
+        publishing connection here would be held), until the queue lets go (`_FlowHold`)."""
+        hold = _FlowHold(self, peer, q)
+        self.flow_holds[(peer, id(q))] = hold
+        q.flow_waiters.add(hold)
+        self.send_flow(peer, q, True)
+
+    def send_flow(self, peer: str, q: Queue, hold: bool) -> None:
+        self._send(peer, cm.RemoteHold(q.vhost, q.name, hold))
+
+    def _on_flow(self, peer: str, f: cm.RemoteHold) -> None:
+        v = self.node.vhosts.get(f.vhost)
+        q = v.queues.get(f.queue) if v is not None else None
+        if isinstance(q, RemoteQueue) and q.home == peer:
+            q.set_flow_hold(bool(f.hold))
 
     def _on_consume(self, peer: str, c: cm.RemoteConsume) -> None:
         q = self._lookup(c.vhost, c.queue)
@@ -701,6 +771,9 @@ class QueueLink:
 
     def stop(self) -> None:
         self.stop_stats()
+        for hold in self.flow_holds.values():
+            hold.drop()
+        self.flow_holds.clear()
 
     def start_stats(self) -> None:
         self._stats_handle = asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._push_stats)
@@ -755,6 +828,8 @@ class QueueLink:
                 if isinstance(q, RemoteQueue) and q.home == peer:
                     q.home_down()
         # home side: that node's consumers are gone and what they held goes back to the queues
+        for key in [k for k in self.flow_holds if k[0] == peer]:
+            self.flow_holds.pop(key).drop()
         for key in [k for k in self.remote_consumers if k[0] == peer]:
             self.drop_remote_consumer(*key)
         table = self.out_entries.pop(peer, {})
