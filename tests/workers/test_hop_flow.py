@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,8 +21,9 @@ from tests.workers.test_workers_mgmt import pinned
 
 from hutch.amqp.spec import BasicProperties
 from hutch.cluster import messages as cm
+from hutch.core.credit_flow import consumer_filled
 from hutch.core.message import Message
-from hutch.core.queue_type import SETTLED, Published, Queue
+from hutch.core.queue_type import SETTLED, Consumer, Published, Queue, QueueEntry
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
 
@@ -111,6 +112,22 @@ class HeldQueue(Queue):
     def __init__(self) -> None:
         super().__init__("/", "q", False, None, False, {})
         self.holds = False
+        self.acked: list[int] = []
+        self._consumers: list[Consumer] = []
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self._consumers.append(consumer)
+
+    def consumers(self) -> list[Consumer]:
+        return list(self._consumers)
+
+    def ack(self, entries: Iterable[QueueEntry]) -> None:
+        seqs = [e.seq for e in entries]
+        self.acked.extend(seqs)
+        self.stat_acked += len(seqs)
+
+    def deliver_pending(self) -> None:
+        pass
 
     def publish(self, msg: Message, receipt: Any = None) -> Published:
         return SETTLED
@@ -122,9 +139,14 @@ class HeldQueue(Queue):
         return self.holds
 
 
+class HomeTransport(Transport):
+    def connected(self, name: str) -> bool:
+        return True
+
+
 class HomeCluster:
     def __init__(self) -> None:
-        self.transport = Transport()
+        self.transport = HomeTransport()
         self.sent: list[tuple[str, Any]] = []
         self.held: dict[str, Any] = {}
 
@@ -135,6 +157,20 @@ class HomeCluster:
         self.sent.append((peer, record))
         return True
 
+    def hold(self, peer: str, release: Any) -> None:
+        self.held[peer] = release
+
+
+def home_link() -> tuple[QueueLink, HomeCluster, HeldQueue]:
+    cluster = HomeCluster()
+    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], wall_ms=lambda: 1_000_000.0)
+    link = QueueLink(node, cluster)  # type: ignore[arg-type]
+    q = HeldQueue()
+    vhost = VirtualHost("/")
+    vhost.queues["q"] = q
+    node.vhosts["/"] = vhost
+    return link, cluster, q
+
 
 def test_the_home_tells_a_publishing_peer_once_and_lets_it_go() -> None:
     """At the home: a publish from worker 0 to a queue whose rule holds sends `RemoteHold(hold=True)` to
@@ -142,13 +178,7 @@ def test_the_home_tells_a_publishing_peer_once_and_lets_it_go() -> None:
     `RemoteHold(hold=False)`; worker 0 going away forgets the hold."""
 
     async def run() -> None:
-        cluster = HomeCluster()
-        node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[])
-        link = QueueLink(node, cluster)  # type: ignore[arg-type]
-        q = HeldQueue()
-        vhost = VirtualHost("/")
-        vhost.queues["q"] = q
-        node.vhosts["/"] = vhost
+        link, cluster, q = home_link()
         msg = Message("", "q", BasicProperties(), b"x")
         link._publish_here("n#w0", "/", "q", 1, msg)
         assert not link.flow_holds
@@ -170,6 +200,30 @@ def test_the_home_tells_a_publishing_peer_once_and_lets_it_go() -> None:
         link._publish_here("n#w0", "/", "q", 6, msg)
         link._peer_changed("n#w0", False)  # gone: nothing to tell it, nothing left waiting on the queue
         assert not link.flow_holds and not q.flow_waiters
+
+    asyncio.run(run())
+
+
+def test_the_home_judges_the_pace_of_a_consumer_across_the_hop() -> None:
+    """The flow rule holds publishers only behind a consumer that keeps pace; a consumer in another worker
+    is judged from its settlements as they arrive (as a channel judges its own), so its pace counts."""
+
+    async def run() -> None:
+        link, _cluster, q = home_link()
+        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", False, False, 4, 0))
+        (consumer,) = q.consumers()
+        deliverer = consumer.channel
+        msg = Message("", "q", BasicProperties(), b"x")
+        for seq in range(4):  # as the queue delivers: the prefetch fills
+            consumer.unacked += 1
+            consumer.delivered += 1
+            link.deliver_remote(deliverer, consumer, q, QueueEntry(seq, msg))  # type: ignore[arg-type]
+        consumer_filled(consumer, 1_000_000 - 50, q.stat_published, q.stat_acked)
+        assert consumer.pace_start_ms >= 0 and not consumer.keeping_up
+        dids = list(link.out_entries["n#w0"])
+        link._on_settle("n#w0", cm.RemoteSettle(cm.Outcome.ACK, dids[:2], ""))  # half a prefetch, 50 ms on
+        assert q.acked == [0, 1] and consumer.unacked == 2
+        assert consumer.pace_start_ms == -1 and consumer.keeping_up
 
     asyncio.run(run())
 

@@ -47,6 +47,7 @@ from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
 from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
+from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message
 from hutch.core.queue_type import (
     PENDING,
@@ -718,6 +719,8 @@ class QueueLink:
         if not table:
             return
         by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        consumer: Consumer | None = None
+        settled_by: list[Consumer] = []
         for did in ids:
             item = table.pop(did, None)
             if item is None:
@@ -725,6 +728,8 @@ class QueueLink:
             q, entry, consumer = item
             if consumer is not None:
                 consumer.unacked -= 1
+                if not settled_by or settled_by[-1] is not consumer:
+                    settled_by.append(consumer)
             by_queue.setdefault(id(q), (q, []))[1].append(entry)
         for q, entries in by_queue.values():
             if q.deleted:
@@ -735,7 +740,21 @@ class QueueLink:
                 q.requeue(entries)
             else:
                 q.discard(entries, reason or "rejected")
-            q.deliver_pending()
+        self._judge_pace(settled_by)
+        for q, _entries in by_queue.values():
+            if not q.deleted:
+                q.deliver_pending()
+
+    def _judge_pace(self, consumers: list[Consumer]) -> None:
+        """Settlements from another node came back: judge whether its consumers that filled their prefetch
+        keep pace (core/credit_flow.py), as the channel of a consumer here does once per settle call, so
+        the queue's flow rule sees the pace of a consumer across the hop too."""
+        now_ms = 0
+        for c in consumers:
+            if c.pace_start_ms >= 0:
+                now_ms = now_ms or int(self.node.wall_ms())
+                q = c.queue
+                consumer_settled(c, now_ms, q.stat_published, q.stat_acked)
 
     def _h_get(self, peer: str, req: cm.QueueGet) -> cm.QueueGetReply:
         q = self._lookup(req.vhost, req.queue)
