@@ -21,7 +21,7 @@ from tests.workers.test_workers_mgmt import pinned
 
 from hutch.amqp.spec import BasicProperties
 from hutch.cluster import messages as cm
-from hutch.core.credit_flow import consumer_filled
+from hutch.core.credit_flow import LoopLoad, consumer_filled
 from hutch.core.message import Message
 from hutch.core.queue_type import SETTLED, Consumer, Published, Queue, QueueEntry
 from hutch.core.vhost import VirtualHost
@@ -143,6 +143,9 @@ class HomeTransport(Transport):
     def connected(self, name: str) -> bool:
         return True
 
+    def connected_peers(self) -> list[str]:
+        return ["n#w0", "other#w0"]
+
 
 class HomeCluster:
     def __init__(self) -> None:
@@ -163,7 +166,8 @@ class HomeCluster:
 
 def home_link() -> tuple[QueueLink, HomeCluster, HeldQueue]:
     cluster = HomeCluster()
-    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], wall_ms=lambda: 1_000_000.0)
+    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], wall_ms=lambda: 1_000_000.0, name="n#w1",
+                           loop_load=LoopLoad(lambda: 10.0))
     link = QueueLink(node, cluster)  # type: ignore[arg-type]
     q = HeldQueue()
     vhost = VirtualHost("/")
@@ -224,6 +228,32 @@ def test_the_home_judges_the_pace_of_a_consumer_across_the_hop() -> None:
         link._on_settle("n#w0", cm.RemoteSettle(cm.Outcome.ACK, dids[:2], ""))  # half a prefetch, 50 ms on
         assert q.acked == [0, 1] and consumer.unacked == 2
         assert consumer.pace_start_ms == -1 and consumer.keeping_up
+
+    asyncio.run(run())
+
+
+def test_a_saturated_worker_counts_for_the_whole_node() -> None:
+    """A worker tells the other workers of its node (never another node) when its loop's saturation
+    changes; theirs then count as saturated for the flow rule, until it says otherwise or goes away."""
+
+    async def run() -> None:
+        link, cluster, _q = home_link()
+        load = link.node.loop_load
+        link._on_loop_saturated("other#w0", cm.LoopSaturated(True))  # another node of a cluster: ignored
+        assert not load.saturated()
+        link._on_loop_saturated("n#w0", cm.LoopSaturated(True))
+        assert load.saturated() and not load.own_saturated()
+        link._on_loop_saturated("n#w0", cm.LoopSaturated(False))
+        assert not load.saturated()
+        link._on_loop_saturated("n#w0", cm.LoopSaturated(True))
+        link._peer_changed("n#w0", False)
+        assert not load.saturated()
+        load.saturated_flag, load.window_start = True, 10.0  # this loop's last window was saturated
+        link._tell_load()
+        link._tell_load()  # unchanged: told once
+        assert [(p, r) for p, r in cluster.sent if isinstance(r, cm.LoopSaturated)] == [
+            ("n#w0", cm.LoopSaturated(True))]
+        link.stop()
 
     asyncio.run(run())
 

@@ -212,6 +212,14 @@ class RemoteHold(NamedTuple):
     hold: bool
 
 
+@message_kind(103)
+class LoopSaturated(NamedTuple):
+    """The sender's event loop became saturated (`saturated`) or has time to spare again: between the
+    workers of one node, so each judges its queues' backlogs as the one loop of a node would."""
+
+    saturated: bool
+
+
 PUBLISH_STRIDE = 9
 DELIVER_STRIDE = 10
 
@@ -485,7 +493,7 @@ class AgentQuery(NamedTuple):
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
-    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold
+    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus

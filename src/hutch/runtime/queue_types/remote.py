@@ -47,7 +47,7 @@ from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
 from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
-from hutch.core.credit_flow import consumer_settled
+from hutch.core.credit_flow import WINDOW_S, consumer_settled
 from hutch.core.message import Message
 from hutch.core.queue_type import (
     PENDING,
@@ -61,6 +61,7 @@ from hutch.core.queue_type import (
 )
 from hutch.core.vhost import rs
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
+from hutch.runtime.workers.spec import node_of_worker
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -407,6 +408,8 @@ class QueueLink:
         self._discard_wait: asyncio.Future[None] | None = None  # the round trips of the last one
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
+        self._load_handle: asyncio.TimerHandle | None = None
+        self._told_saturated = False  # what the other workers were last told of this loop (`LoopSaturated`)
         # home side: (peer, id(queue)) -> the hold of that peer's publishers by that queue (`RemoteHold`)
         self.flow_holds: dict[tuple[str, int], _FlowHold] = {}
         # one call per kind, so the type checker matches each handler to its record
@@ -424,6 +427,7 @@ class QueueLink:
         cluster.register(cm.QueueStats, self._on_stats)
         cluster.register(cm.RemoteConsumerEnded, self._on_consumer_ended)
         cluster.register(cm.RemoteHold, self._on_flow)
+        cluster.register(cm.LoopSaturated, self._on_loop_saturated)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
@@ -787,12 +791,43 @@ class QueueLink:
     # -- queue counts for other nodes' listings -----------------------------------------------------------
     def booted(self) -> None:
         self.start_stats()
+        if self.node.config.worker_index is not None:
+            self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
 
     def stop(self) -> None:
         self.stop_stats()
         for hold in self.flow_holds.values():
             hold.drop()
         self.flow_holds.clear()
+        if self._load_handle is not None:
+            self._load_handle.cancel()
+            self._load_handle = None
+
+    # -- one node's loop load over its workers -----------------------------------------------------------
+    def _siblings(self) -> list[str]:
+        """The other workers of this node that are connected (never other nodes of a cluster: their cores
+        are their own)."""
+        mine = node_of_worker(self.node.name)
+        return [p for p in self.transport.connected_peers() if node_of_worker(p) == mine]
+
+    def _tell_load(self) -> None:
+        """Every WINDOW_S in a worker: tell the other workers when this loop's saturation changes
+        (`LoopSaturated`), so their flow rules judge a backlog as the one loop of a node would."""
+        self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
+        saturated = self.node.loop_load.own_saturated()
+        if saturated != self._told_saturated:
+            self._told_saturated = saturated
+            for peer in self._siblings():
+                self._send(peer, cm.LoopSaturated(saturated))
+
+    def _on_loop_saturated(self, peer: str, rec: cm.LoopSaturated) -> None:
+        if node_of_worker(peer) != node_of_worker(self.node.name):
+            return  # another node's load is not this node's
+        peers = self.node.loop_load.saturated_peers
+        if rec.saturated:
+            peers.add(peer)
+        else:
+            peers.discard(peer)
 
     def start_stats(self) -> None:
         self._stats_handle = asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._push_stats)
@@ -834,7 +869,10 @@ class QueueLink:
     def _peer_changed(self, peer: str, up: bool) -> None:
         if up:
             self._stats_sent.clear()  # the next push tells everyone everything
+            if self._told_saturated and peer in self._siblings():
+                self._send(peer, cm.LoopSaturated(True))
             return
+        self.node.loop_load.saturated_peers.discard(peer)
         self.cluster.held.pop(peer, None)
         self._held.pop(peer, None)  # its publishes' receipts are rejected below, its deliveries requeued
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
