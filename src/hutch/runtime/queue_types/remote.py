@@ -27,7 +27,9 @@ Rules:
   settles them; when that node goes down, the home node requeues them (as for a closed channel).
 - Credit flow across the hop: publishers here are held while the link to the home is backed up, and
   while the home says its queue holds publishers (`RemoteHold`: the home's own flow rule for the queue,
-  judged as it takes each publish from this node; it lets go the same way, `_FlowHold`).
+  judged as it takes each publish from this node; it lets go the same way, `_FlowHold`). The home judges
+  the pace of a consumer on another node from its settlements (`_judge_pace`); the workers of one node
+  tell one another when their loops' saturation changes (`LoopSaturated`, never to another node).
 - When a home node is down its queues are unavailable: 404 NOT_FOUND "home node ... is down or
   inaccessible" (RabbitMQ's text); consumers get basic.cancel; they come back with the node.
 """
