@@ -258,6 +258,64 @@ def test_a_saturated_worker_counts_for_the_whole_node() -> None:
     asyncio.run(run())
 
 
+def test_a_consumer_with_a_full_socket_across_the_hop_is_paused_at_the_home() -> None:
+    """At the home: `RemoteConsumerPaused` stops deliveries to that consumer and shows the queue's flow
+    rule a consumer held by its socket; the resume lets it take deliveries again."""
+
+    async def run() -> None:
+        link, _cluster, q = home_link()
+        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", True, False, 0, 0))
+        (consumer,) = q.consumers()
+        deliverer = consumer.channel
+        assert deliverer.can_take() and not deliverer.conn.write_paused
+        link._on_consumer_paused("n#w0", cm.RemoteConsumerPaused(7, True))
+        assert not deliverer.can_take() and deliverer.conn.write_paused
+        link._on_consumer_paused("n#w0", cm.RemoteConsumerPaused(7, False))
+        assert deliverer.can_take() and not deliverer.conn.write_paused
+
+    asyncio.run(run())
+
+
+class ConsumerConn:
+    def __init__(self) -> None:
+        self.write_paused = False
+
+
+class ConsumerChannel:
+    def __init__(self) -> None:
+        self.conn = ConsumerConn()
+        self.got: list[int] = []
+
+    def deliver(self, consumer: Any, queue: Any, entry: QueueEntry) -> None:
+        self.got.append(entry.seq)
+
+
+def test_the_consumers_worker_tells_the_home_when_its_socket_fills_and_drains() -> None:
+    """At the consumer's worker: a delivery that leaves the consumer's connection over its high-water mark
+    sends `RemoteConsumerPaused(paused)` once; the connection draining (the channel asks its queues to
+    deliver) sends the resume."""
+    cluster = HomeCluster()
+    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], name="n#w0", loop_load=LoopLoad(lambda: 0.0))
+    link = QueueLink(node, cluster)  # type: ignore[arg-type]
+    q = RemoteQueue(link, "n#w1", "/", "q", False, False, False, {})
+    channel = ConsumerChannel()
+    consumer = Consumer("ctag", channel, q, True, False, 0, 0)  # type: ignore[arg-type]
+    q.add_consumer(consumer)
+    (cid,) = link.consumers
+    msg = Message("", "q", BasicProperties(), b"x")
+    link._deliver_here("n#w1", cid, 1, False, True, msg)
+    channel.conn.write_paused = True
+    link._deliver_here("n#w1", cid, 2, False, True, msg)
+    link._deliver_here("n#w1", cid, 3, False, True, msg)
+    assert channel.got == [1, 2, 3]
+    q.deliver_pending()  # still full: nothing said
+    channel.conn.write_paused = False
+    q.deliver_pending()
+    q.deliver_pending()
+    told = [r for _peer, r in cluster.sent if isinstance(r, cm.RemoteConsumerPaused)]
+    assert told == [cm.RemoteConsumerPaused(cid, True), cm.RemoteConsumerPaused(cid, False)]
+
+
 # -- the home's rule across the hop, with pika and a node of 2 workers ---------------------------------------
 
 
@@ -273,14 +331,17 @@ def states(info: ServerInfo, names: set[str]) -> list[str]:
             if c.get("user_provided_name") in names]
 
 
-def test_a_publisher_in_one_worker_is_held_by_a_full_consumer_socket_in_the_home_worker(node: ServerInfo) -> None:
-    """The queue lives in worker 1, its consumer (no prefetch limit) is in worker 1 and does not read its
-    socket, the publisher is in worker 0. The home's flow rule (a backlog behind a consumer held only by
-    its full socket) holds the publisher in worker 0, shown as `flow` in /api/connections; once the
-    consumer reads, every message arrives and the publisher runs again."""
+@pytest.mark.parametrize("consumer_worker", [1, 0], ids=["consumer-in-home", "consumer-across-the-hop"])
+def test_a_publisher_in_one_worker_is_held_by_a_full_consumer_socket(node: ServerInfo, consumer_worker: int) -> None:
+    """The queue lives in worker 1, the publisher is in worker 0, and the queue's consumer (no prefetch
+    limit) does not read its socket: in worker 1 (the home sees the full socket) or in worker 0 (its
+    worker tells the home, `RemoteConsumerPaused`, and the home stops delivering to it). The home's flow
+    rule (a backlog behind a consumer held only by its full socket) holds the publisher in worker 0,
+    shown as `flow` in /api/connections; once the consumer reads, every message arrives and the
+    publisher runs again."""
     with pinned(node, 1, "hop-flow-setup") as setup:
-        queue = declare_in(node, setup.channel(), "hop-flow", 1)
-    consumer_conn = pinned(node, 1, "hop-flow-consumer")
+        queue = declare_in(node, setup.channel(), f"hop-flow-{consumer_worker}", 1)
+    consumer_conn = pinned(node, consumer_worker, "hop-flow-consumer")
     got: list[int] = []
     consumer_conn.channel().basic_consume(queue, lambda ch, m, _p, _b: got.append(1), auto_ack=True)
     publisher = pinned(node, 0, "hop-flow-publisher")

@@ -220,6 +220,15 @@ class LoopSaturated(NamedTuple):
     saturated: bool
 
 
+@message_kind(104)
+class RemoteConsumerPaused(NamedTuple):
+    """The consumer's node: consumer `consumer_id`'s connection has a full write buffer (`paused`), or has
+    room again; the home stops (or resumes) delivering to it, and its backlog rule sees a full socket."""
+
+    consumer_id: int
+    paused: bool
+
+
 PUBLISH_STRIDE = 9
 DELIVER_STRIDE = 10
 
@@ -493,7 +502,7 @@ class AgentQuery(NamedTuple):
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
-    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated
+    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated | RemoteConsumerPaused
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus

@@ -29,7 +29,9 @@ Rules:
   while the home says its queue holds publishers (`RemoteHold`: the home's own flow rule for the queue,
   judged as it takes each publish from this node; it lets go the same way, `_FlowHold`). The home judges
   the pace of a consumer on another node from its settlements (`_judge_pace`); the workers of one node
-  tell one another when their loops' saturation changes (`LoopSaturated`, never to another node).
+  tell one another when their loops' saturation changes (`LoopSaturated`, never to another node). A
+  consumer whose connection here has a full write buffer is reported to its queue's home
+  (`RemoteConsumerPaused`), which delivers nothing to it until this node says it drained.
 - When a home node is down its queues are unavailable: 404 NOT_FOUND "home node ... is down or
   inaccessible" (RabbitMQ's text); consumers get basic.cancel; they come back with the node.
 """
@@ -119,6 +121,7 @@ class RemoteQueue(Queue):
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
         self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
+        self.paused_consumers: set[int] = set()  # consumers here the home was told have a full socket
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
 
     # -- answers fetched before the channel handles a method ------------------------------------------
@@ -202,7 +205,17 @@ class RemoteQueue(Queue):
         return count
 
     def deliver_pending(self) -> None:
-        pass  # the home node delivers; credit is its consumer's prefetch
+        """Called when a consumer's connection can take deliveries again (its write buffer drained): tell
+        the home for each consumer here that it was told was paused. The home delivers; credit is the
+        consumer's prefetch and its socket (`QueueLink.consumer_paused`)."""
+        paused = self.paused_consumers
+        if paused:
+            for cid in list(paused):
+                consumer = self._consumers.get(cid)
+                if consumer is None or not consumer.channel.conn.write_paused:
+                    paused.discard(cid)
+                    if consumer is not None:
+                        self.link.send_consumer_paused(self.home, cid, False)
 
     # -- credit flow across the hop ----------------------------------------------------------------------
     def needs_flow_control(self) -> bool:
@@ -304,18 +317,21 @@ REMOTE_OWNER = _RemoteOwner()
 
 
 class _RemoteDeliverer:
-    """At the home node: the channel of a consumer that is on another node."""
+    """At the home node: the channel of a consumer that is on another node. `paused`: that node said the
+    consumer's connection has a full write buffer (`RemoteConsumerPaused`): nothing is delivered to it
+    until it says otherwise, and the queue's flow rule sees a consumer held by its socket."""
 
     def __init__(self, link: QueueLink, peer: str, cid: int) -> None:
         self.link = link
         self.peer = peer
         self.cid = cid
+        self.paused = False
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         self.link.deliver_remote(self, consumer, queue, entry)
 
     def can_take(self) -> bool:
-        return self.link.transport.writable(self.peer)
+        return not self.paused and self.link.transport.writable(self.peer)
 
     @property
     def conn(self) -> _RemoteDeliverer:
@@ -324,7 +340,7 @@ class _RemoteDeliverer:
 
     @property
     def write_paused(self) -> bool:
-        return not self.link.transport.writable(self.peer)
+        return self.paused or not self.link.transport.writable(self.peer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
@@ -430,6 +446,7 @@ class QueueLink:
         cluster.register(cm.RemoteConsumerEnded, self._on_consumer_ended)
         cluster.register(cm.RemoteHold, self._on_flow)
         cluster.register(cm.LoopSaturated, self._on_loop_saturated)
+        cluster.register(cm.RemoteConsumerPaused, self._on_consumer_paused)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
@@ -598,6 +615,21 @@ class QueueLink:
         consumer.delivered += 1
         q.stat_delivered += 1
         consumer.channel.deliver(consumer, q, entry)
+        if consumer.channel.conn.write_paused and cid not in q.paused_consumers:
+            q.paused_consumers.add(cid)  # told again by `RemoteQueue.deliver_pending` once it drains
+            self.send_consumer_paused(peer, cid, True)
+
+    def send_consumer_paused(self, peer: str, cid: int, paused: bool) -> None:
+        self._send(peer, cm.RemoteConsumerPaused(cid, paused))
+
+    def _on_consumer_paused(self, peer: str, rec: cm.RemoteConsumerPaused) -> None:
+        """At the home: a consumer's socket on `peer` is full (or has room again)."""
+        consumer = self.remote_consumers.get((peer, rec.consumer_id))
+        if consumer is None or not isinstance(consumer.channel, _RemoteDeliverer):
+            return
+        consumer.channel.paused = bool(rec.paused)
+        if not rec.paused and not consumer.queue.deleted:
+            consumer.queue.deliver_pending()
 
     def _on_confirm(self, peer: str, c: cm.RemoteConfirm) -> None:
         """The home node's answer for publish ids: their receipts are settled (`ok`) or rejected."""
