@@ -31,6 +31,7 @@ from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
 class Transport:
     def __init__(self) -> None:
         self.paused: set[str] = set()
+        self.writable_hooks: list[Any] = []
 
     def writable(self, name: str) -> bool:
         return name not in self.paused
@@ -114,6 +115,7 @@ class HeldQueue(Queue):
         self.holds = False
         self.acked: list[int] = []
         self._consumers: list[Consumer] = []
+        self.delivered_pending = 0
 
     def add_consumer(self, consumer: Consumer) -> None:
         self._consumers.append(consumer)
@@ -127,7 +129,7 @@ class HeldQueue(Queue):
         self.stat_acked += len(seqs)
 
     def deliver_pending(self) -> None:
-        pass
+        self.delivered_pending += 1
 
     def publish(self, msg: Message, receipt: Any = None) -> Published:
         return SETTLED
@@ -272,6 +274,11 @@ def test_a_consumer_with_a_full_socket_across_the_hop_is_paused_at_the_home() ->
         assert not deliverer.can_take() and deliverer.conn.write_paused
         link._on_consumer_paused("n#w0", cm.RemoteConsumerPaused(7, False))
         assert deliverer.can_take() and not deliverer.conn.write_paused
+        assert q.delivered_pending == 1  # delivers again at once
+        (hook,) = link.transport.writable_hooks
+        hook("n#w0")  # the link to the consumer's worker drained: deliver again
+        hook("n#w9")  # no consumer there: nothing to do
+        assert q.delivered_pending == 2
 
     asyncio.run(run())
 

@@ -447,6 +447,7 @@ class QueueLink:
         cluster.register(cm.RemoteHold, self._on_flow)
         cluster.register(cm.LoopSaturated, self._on_loop_saturated)
         cluster.register(cm.RemoteConsumerPaused, self._on_consumer_paused)
+        self.transport.writable_hooks.append(self._link_writable)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
@@ -618,6 +619,16 @@ class QueueLink:
         if consumer.channel.conn.write_paused and cid not in q.paused_consumers:
             q.paused_consumers.add(cid)  # told again by `RemoteQueue.deliver_pending` once it drains
             self.send_consumer_paused(peer, cid, True)
+
+    def _link_writable(self, peer: str) -> None:
+        """The link to `peer` drained: the queues here with consumers there deliver again (they stopped
+        while it was full: `_RemoteDeliverer.can_take`), as a channel's queues do when its socket drains."""
+        seen: set[int] = set()
+        for (p, _cid), consumer in list(self.remote_consumers.items()):
+            q = consumer.queue
+            if p == peer and id(q) not in seen and not q.deleted:
+                seen.add(id(q))
+                q.deliver_pending()
 
     def send_consumer_paused(self, peer: str, cid: int, paused: bool) -> None:
         self._send(peer, cm.RemoteConsumerPaused(cid, paused))
