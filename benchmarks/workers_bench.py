@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/workers_bench.py [--workers 1,2] [--seconds 8] [--rate 20000] [--tools rawload,perf]
+                                       [--shapes unlimited,rate,single] [--declares 200]
 
 For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
 directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
@@ -11,7 +12,11 @@ directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over co
 - `--declares N` sequential durable `queue.declare`s from one pika connection (the metadata cost: the
   declare-ok waits for the workers' Raft commit and for every worker to have applied it).
 Broker CPU is every process of the node (the supervisor and each worker, read from /proc), so the
-supervisor's own cost is in the figure. Prints one JSON line per run. Linux only.
+supervisor's own cost is in the figure. A rawload run also reports `wakeups_per_msg`: the node's
+voluntary context switches (an event loop going to sleep and being woken: one per loop turn that found
+nothing more to do) per message received, read from /proc over the middle of the run (from 4 s after its
+start to 1 s before its end, divided by the run's receive rate times that time): the per-turn cost a
+second worker multiplies. Prints one JSON line per run. Linux only.
 """
 
 from __future__ import annotations
@@ -55,13 +60,32 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def rawload(port: int, pids: list[int], args: list[str]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(HERE / "rawload.py"), "--port", str(port),
-                          "--pids", ",".join(map(str, pids)), *args], capture_output=True, text=True, check=False)
-    line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
+def wakeups(pids: list[int]) -> int:
+    """Voluntary context switches of `pids` so far (the processes of the node)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as f:
+            total += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+    return total
+
+
+def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[str, Any]:
+    proc = subprocess.Popen([sys.executable, str(HERE / "rawload.py"), "--port", str(port),
+                             "--pids", ",".join(map(str, pids)), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    window = max(1.0, seconds - 3.0)  # rawload sets up (~1-2 s) and warms up (2 s) before its window
+    time.sleep(4.0)
+    first, t0 = wakeups(pids), time.monotonic()
+    time.sleep(window)
+    woke, took = wakeups(pids) - first, time.monotonic() - t0
+    stdout, _stderr = proc.communicate()
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else "{}"
     doc: dict[str, Any] = json.loads(line)
-    return {k: doc.get(k) for k in ("receive_rate", "publish_rate", "broker_cpu_us_per_msg", "broker_cpu_pct",
-                                    "latency_us", "errors")}
+    out = {k: doc.get(k) for k in ("receive_rate", "publish_rate", "broker_cpu_us_per_msg", "broker_cpu_pct",
+                                   "latency_us", "errors")}
+    rate = doc.get("receive_rate") or 0
+    out["wakeups_per_msg"] = round(woke / (rate * took), 4) if rate else None
+    return out
 
 
 def perf(port: int, pids: list[int], seconds: int) -> dict[str, Any]:
@@ -104,6 +128,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--rate", type=int, default=20000)
     ap.add_argument("--tools", default="rawload,perf")
+    ap.add_argument("--shapes", default="unlimited,rate,single",
+                    help="rawload's runs: 8 queues unlimited, 8 queues at --rate, one queue unlimited")
     ap.add_argument("--declares", type=int, default=200, help="sequential durable declares (0: none)")
     args = ap.parse_args()
     tools = args.tools.split(",")
@@ -117,10 +143,15 @@ def main() -> None:
                 runs: list[tuple[str, dict[str, Any]]] = []
                 if "rawload" in tools:
                     eight = ["-x", "8", "-y", "8", "--queues", "8", "--processes", "2", *common]
-                    runs.append(("rawload 8q unlimited", rawload(ports["amqp"], pids, eight)))
-                    runs.append((f"rawload 8q at {args.rate}/s",
-                                 rawload(ports["amqp"], pids, [*eight, "-r", str(args.rate)])))
-                    runs.append(("rawload 1q unlimited", rawload(ports["amqp"], pids, ["-x", "1", "-y", "1", *common])))
+                    shapes = args.shapes.split(",")
+                    if "unlimited" in shapes:
+                        runs.append(("rawload 8q unlimited", rawload(ports["amqp"], pids, eight, args.seconds)))
+                    if "rate" in shapes:
+                        runs.append((f"rawload 8q at {args.rate}/s",
+                                     rawload(ports["amqp"], pids, [*eight, "-r", str(args.rate)], args.seconds)))
+                    if "single" in shapes:
+                        runs.append(("rawload 1q unlimited",
+                                     rawload(ports["amqp"], pids, ["-x", "1", "-y", "1", *common], args.seconds)))
                 if args.declares:
                     runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
                 if "perf" in tools:

@@ -202,6 +202,33 @@ class RemoteDeliverBatch(NamedTuple):
     entries: list[Any]
 
 
+@message_kind(102)
+class RemoteHold(NamedTuple):
+    """Credit across the hop: the home's queue `queue` holds its publishers (`hold`), or lets them go; the
+    receiving node holds (or releases) its own publishers to that queue (runtime/queue_types/remote.py)."""
+
+    vhost: str
+    queue: str
+    hold: bool
+
+
+@message_kind(103)
+class LoopSaturated(NamedTuple):
+    """The sender's event loop became saturated (`saturated`) or has time to spare again: between the
+    workers of one node, so each judges its queues' backlogs as the one loop of a node would."""
+
+    saturated: bool
+
+
+@message_kind(104)
+class RemoteConsumerPaused(NamedTuple):
+    """The consumer's node: consumer `consumer_id`'s connection has a full write buffer (`paused`), or has
+    room again; the home stops (or resumes) delivering to it, and its backlog rule sees a full socket."""
+
+    consumer_id: int
+    paused: bool
+
+
 PUBLISH_STRIDE = 9
 DELIVER_STRIDE = 10
 
@@ -538,7 +565,7 @@ class AgentQuery(NamedTuple):
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
-    | RemotePublishBatch | RemoteDeliverBatch
+    | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated | RemoteConsumerPaused
     | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus

@@ -103,15 +103,20 @@ def keeps_pace(consumer: Paced, now_ms: int) -> bool:
 class LoopLoad:
     """How busy the event loop is with input, from the durations the runtime reports (`note_busy`).
 
-    `clock` is a monotonic clock in seconds (the node's `Clock.monotonic`, a test's fake)."""
+    `clock` is a monotonic clock in seconds (the node's `Clock.monotonic`, a test's fake).
+    `saturated_peers`: the other worker processes of this node whose loops say they are saturated
+    (runtime/queue_types/remote.py tells them): a node of workers is one node, so a message's path
+    through a saturated worker (its publisher's, its queue's or its consumer's) is held back as the one
+    loop of a one-process node would be. `own_saturated` is this loop's judgement alone."""
 
-    __slots__ = ("clock", "window_start", "busy_s", "saturated_flag")
+    __slots__ = ("clock", "window_start", "busy_s", "saturated_flag", "saturated_peers")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.window_start = clock()
         self.busy_s = 0.0
         self.saturated_flag = False
+        self.saturated_peers: set[str] = set()
 
     def timed(self, fn: Callable[..., None], *args: object) -> None:
         """Run `fn(*args)` and count its duration as loop work (the AMQP input, the Raft driver's cycles,
@@ -131,6 +136,10 @@ class LoopLoad:
             self.busy_s = 0.0
 
     def saturated(self) -> bool:
+        """This loop is saturated (`own_saturated`), or another worker of the node says its loop is."""
+        return self.own_saturated() or bool(self.saturated_peers)
+
+    def own_saturated(self) -> bool:
         """The last full window was saturated, and input has been handled since (an idle loop reports
         nothing, so a window that never closes means idle)."""
         if not self.saturated_flag:

@@ -225,6 +225,9 @@ class _Conn(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.peer_name:
+            for hook in self.owner.writable_hooks:  # what held back for a full link may go on
+                hook(self.peer_name)
 
     # -- writing ---------------------------------------------------------------------------------
     @property
@@ -318,6 +321,8 @@ class Transport:
             raise ValueError(f"max_frame_bytes must be at least {MIN_FRAME_BYTES}")
         self.node_name = node_name
         self.load: LoopLoad | None = None  # the node's loop load: input handled here counts in it
+        # called with a peer's name when its connection's write buffer drains below the low-water mark
+        self.writable_hooks: list[Callable[[str], None]] = []
         self._secret = bytes(secret)
         self.host = host
         self.port = port

@@ -25,6 +25,13 @@ Rules:
   receipt.
 - Deliveries to a consumer on another node stay unacked at the home node until the consumer's node
   settles them; when that node goes down, the home node requeues them (as for a closed channel).
+- Credit flow across the hop: publishers here are held while the link to the home is backed up, and
+  while the home says its queue holds publishers (`RemoteHold`: the home's own flow rule for the queue,
+  judged as it takes each publish from this node; it lets go the same way, `_FlowHold`). The home judges
+  the pace of a consumer on another node from its settlements (`_judge_pace`); the workers of one node
+  tell one another when their loops' saturation changes (`LoopSaturated`, never to another node). A
+  consumer whose connection here has a full write buffer is reported to its queue's home
+  (`RemoteConsumerPaused`), which delivers nothing to it until this node says it drained.
 - When a home node is down its queues are unavailable: 404 NOT_FOUND "home node ... is down or
   inaccessible" (RabbitMQ's text); consumers get basic.cancel; they come back with the node.
 """
@@ -44,6 +51,7 @@ from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
 from hutch.cluster import messages as cm
 from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
+from hutch.core.credit_flow import WINDOW_S, consumer_settled
 from hutch.core.message import Message
 from hutch.core.queue_type import (
     PENDING,
@@ -57,6 +65,7 @@ from hutch.core.queue_type import (
 )
 from hutch.core.vhost import rs
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
+from hutch.runtime.workers.spec import node_of_worker
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
@@ -67,6 +76,7 @@ log = logging.getLogger("hutch.cluster.queues")
 PREPARE_TIMEOUT_S = 5.0
 BATCH_BYTES = 256 << 10  # a held batch is written once its bodies reach this
 BATCH_MESSAGE_BYTES = 64 << 10  # a larger message is sent in a record of its own
+FLOW_RECHECK_S = 0.1  # how often a home asks a queue that holds another node's publishers whether it still does
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 STATS_INTERVAL_S = 1.0  # how often a node tells the others the counts of its queues (when they change)
 
@@ -111,6 +121,8 @@ class RemoteQueue(Queue):
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
+        self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
+        self.paused_consumers: set[int] = set()  # consumers here the home was told have a full socket
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
 
     # -- answers fetched before the channel handles a method ------------------------------------------
@@ -194,20 +206,39 @@ class RemoteQueue(Queue):
         return count
 
     def deliver_pending(self) -> None:
-        pass  # the home node delivers; credit is its consumer's prefetch
+        """Called when a consumer's connection can take deliveries again (its write buffer drained): tell
+        the home for each consumer here that it was told was paused. The home delivers; credit is the
+        consumer's prefetch and its socket (`QueueLink.consumer_paused`)."""
+        paused = self.paused_consumers
+        if paused:
+            for cid in list(paused):
+                consumer = self._consumers.get(cid)
+                if consumer is None or not consumer.channel.conn.write_paused:
+                    paused.discard(cid)
+                    if consumer is not None:
+                        self.link.send_consumer_paused(self.home, cid, False)
 
     # -- credit flow across the hop ----------------------------------------------------------------------
     def needs_flow_control(self) -> bool:
-        """Credit flow across the hop: publishers to this queue are held while the link to its home is
-        over its write high-water mark. The home reads the link as fast as its queue takes messages, so a
-        home busy with a backlog (its consumers, its disk) fills the link and paces publishers here, as
-        RabbitMQ's credit flow paces a channel by the queue process on another node; and nothing is
-        published into a full link (the transport would drop it)."""
+        """Credit flow across the hop: publishers to this queue are held while its home says the queue
+        holds its publishers (`flow_hold`: the home's own flow rule, told with `RemoteHold`: a backlog
+        behind consumers it does not serve fast enough, or its store behind the disk), and while the
+        link to the home is over its write high-water mark (a saturated home reads the link only as fast
+        as its loop gets to it; nothing is published into a full link, which the transport would drop).
+        As RabbitMQ's credit flow paces a channel by the queue process on another node. A home that is
+        down holds nobody (its queue's publishes are refused)."""
         link = self.link
-        return link.up(self.home) and not link.transport.writable(self.home)
+        return link.up(self.home) and (self.flow_hold or not link.transport.writable(self.home))
 
     def flow_still_needed(self) -> bool:
-        return self.needs_flow_control()
+        return not self.deleted and self.needs_flow_control()
+
+    def set_flow_hold(self, hold: bool) -> None:
+        """The home's `RemoteHold`: hold publishers here at their next publish, or let the held ones go
+        (unless the link itself is still backed up)."""
+        self.flow_hold = hold
+        if not hold:
+            self.release_flow_if_done()
 
     # -- consumers -------------------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -246,6 +277,7 @@ class RemoteQueue(Queue):
         for c in consumers:
             self.link.forget_consumer(c)
             c.channel.consumer_cancelled_by_broker(c)
+        self.set_flow_hold(False)
 
     # -- counts ------------------------------------------------------------------------------------------
     @property
@@ -289,18 +321,21 @@ REMOTE_OWNER = _RemoteOwner()
 
 
 class _RemoteDeliverer:
-    """At the home node: the channel of a consumer that is on another node."""
+    """At the home node: the channel of a consumer that is on another node. `paused`: that node said the
+    consumer's connection has a full write buffer (`RemoteConsumerPaused`): nothing is delivered to it
+    until it says otherwise, and the queue's flow rule sees a consumer held by its socket."""
 
     def __init__(self, link: QueueLink, peer: str, cid: int) -> None:
         self.link = link
         self.peer = peer
         self.cid = cid
+        self.paused = False
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: QueueEntry) -> None:
         self.link.deliver_remote(self, consumer, queue, entry)
 
     def can_take(self) -> bool:
-        return self.link.transport.writable(self.peer)
+        return not self.paused and self.link.transport.writable(self.peer)
 
     @property
     def conn(self) -> _RemoteDeliverer:
@@ -309,10 +344,42 @@ class _RemoteDeliverer:
 
     @property
     def write_paused(self) -> bool:
-        return not self.link.transport.writable(self.peer)
+        return self.paused or not self.link.transport.writable(self.peer)
 
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.link.drop_remote_consumer(self.peer, self.cid, notify=True)
+
+
+class _FlowHold:
+    """At the home: the publishers of one other node (or worker) held by one queue here. It waits in the
+    queue's `flow_waiters` as a held connection does (`flow_unblock` when the queue lets go), and asks
+    the queue every `FLOW_RECHECK_S` whether its rule still holds, as a held connection's recheck does;
+    letting go sends `RemoteHold(hold=False)` to the peer.
+    Invariant: registered in `QueueLink.flow_holds` exactly while the peer was told to hold."""
+
+    def __init__(self, link: QueueLink, peer: str, queue: Queue) -> None:
+        self.link = link
+        self.peer = peer
+        self.queue = queue
+        self.timer = asyncio.get_running_loop().call_later(FLOW_RECHECK_S, self._recheck)
+
+    def _recheck(self) -> None:
+        q = self.queue
+        if q.deleted or not q.flow_still_needed():
+            q.flow_waiters.discard(self)
+            self.flow_unblock(q)
+        else:
+            self.timer = asyncio.get_running_loop().call_later(FLOW_RECHECK_S, self._recheck)
+
+    def flow_unblock(self, queue: Any) -> None:
+        self.timer.cancel()
+        if self.link.flow_holds.pop((self.peer, id(self.queue)), None) is self:
+            self.link.send_flow(self.peer, self.queue, False)
+
+    def drop(self) -> None:
+        """The peer went away: forget the hold without telling it."""
+        self.timer.cancel()
+        self.queue.flow_waiters.discard(self)
 
 
 class _PeerConfirms:
@@ -363,6 +430,10 @@ class QueueLink:
         self._discard_wait: asyncio.Future[None] | None = None  # the round trips of the last one
         self._stats_sent: dict[tuple[str, str], tuple[int, ...]] = {}  # what peers were last told
         self._stats_handle: asyncio.TimerHandle | None = None
+        self._load_handle: asyncio.TimerHandle | None = None
+        self._told_saturated = False  # what the other workers were last told of this loop (`LoopSaturated`)
+        # home side: (peer, id(queue)) -> the hold of that peer's publishers by that queue (`RemoteHold`)
+        self.flow_holds: dict[tuple[str, int], _FlowHold] = {}
         # one call per kind, so the type checker matches each handler to its record
         cluster.register(cm.QueueGet, self._h_get)
         cluster.register(cm.QueuePurge, self._h_purge)
@@ -377,6 +448,10 @@ class QueueLink:
         cluster.register(cm.RemoteCancel, self._on_cancel)
         cluster.register(cm.QueueStats, self._on_stats)
         cluster.register(cm.RemoteConsumerEnded, self._on_consumer_ended)
+        cluster.register(cm.RemoteHold, self._on_flow)
+        cluster.register(cm.LoopSaturated, self._on_loop_saturated)
+        cluster.register(cm.RemoteConsumerPaused, self._on_consumer_paused)
+        self.transport.writable_hooks.append(self._link_writable)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     def up(self, peer: str) -> bool:
@@ -545,6 +620,31 @@ class QueueLink:
         consumer.delivered += 1
         q.stat_delivered += 1
         consumer.channel.deliver(consumer, q, entry)
+        if consumer.channel.conn.write_paused and cid not in q.paused_consumers:
+            q.paused_consumers.add(cid)  # told again by `RemoteQueue.deliver_pending` once it drains
+            self.send_consumer_paused(peer, cid, True)
+
+    def _link_writable(self, peer: str) -> None:
+        """The link to `peer` drained: the queues here with consumers there deliver again (they stopped
+        while it was full: `_RemoteDeliverer.can_take`), as a channel's queues do when its socket drains."""
+        seen: set[int] = set()
+        for (p, _cid), consumer in list(self.remote_consumers.items()):
+            q = consumer.queue
+            if p == peer and id(q) not in seen and not q.deleted:
+                seen.add(id(q))
+                q.deliver_pending()
+
+    def send_consumer_paused(self, peer: str, cid: int, paused: bool) -> None:
+        self._send(peer, cm.RemoteConsumerPaused(cid, paused))
+
+    def _on_consumer_paused(self, peer: str, rec: cm.RemoteConsumerPaused) -> None:
+        """At the home: a consumer's socket on `peer` is full (or has room again)."""
+        consumer = self.remote_consumers.get((peer, rec.consumer_id))
+        if consumer is None or not isinstance(consumer.channel, _RemoteDeliverer):
+            return
+        consumer.channel.paused = bool(rec.paused)
+        if not rec.paused and not consumer.queue.deleted:
+            consumer.queue.deliver_pending()
 
     def _on_confirm(self, peer: str, c: cm.RemoteConfirm) -> None:
         """The home node's answer for publish ids: their receipts are settled (`ok`) or rejected."""
@@ -596,6 +696,26 @@ class QueueLink:
             owner.pending[pid] = q
         else:
             self.confirm_out(peer, result is SETTLED, pid)
+        if q.needs_flow_control() and (peer, id(q)) not in self.flow_holds:
+            self._flow_hold(peer, q)
+
+    # -- credit flow across the hop: the home's rule told to the publishing node -------------------------
+    def _flow_hold(self, peer: str, q: Queue) -> None:
+        """Queue `q` holds its publishers and `peer` publishes to it: tell `peer` to hold its own (as a
+        publishing connection here would be held), until the queue lets go (`_FlowHold`)."""
+        hold = _FlowHold(self, peer, q)
+        self.flow_holds[(peer, id(q))] = hold
+        q.flow_waiters.add(hold)
+        self.send_flow(peer, q, True)
+
+    def send_flow(self, peer: str, q: Queue, hold: bool) -> None:
+        self._send(peer, cm.RemoteHold(q.vhost, q.name, hold))
+
+    def _on_flow(self, peer: str, f: cm.RemoteHold) -> None:
+        v = self.node.vhosts.get(f.vhost)
+        q = v.queues.get(f.queue) if v is not None else None
+        if isinstance(q, RemoteQueue) and q.home == peer:
+            q.set_flow_hold(bool(f.hold))
 
     def _on_consume(self, peer: str, c: cm.RemoteConsume) -> None:
         q = self._lookup(c.vhost, c.queue)
@@ -652,6 +772,8 @@ class QueueLink:
         if not table:
             return
         by_queue: dict[int, tuple[Queue, list[QueueEntry]]] = {}
+        consumer: Consumer | None = None
+        settled_by: list[Consumer] = []
         for did in ids:
             item = table.pop(did, None)
             if item is None:
@@ -659,6 +781,8 @@ class QueueLink:
             q, entry, consumer = item
             if consumer is not None:
                 consumer.unacked -= 1
+                if not settled_by or settled_by[-1] is not consumer:
+                    settled_by.append(consumer)
             by_queue.setdefault(id(q), (q, []))[1].append(entry)
         for q, entries in by_queue.values():
             if q.deleted:
@@ -669,7 +793,21 @@ class QueueLink:
                 q.requeue(entries)
             else:
                 q.discard(entries, reason or "rejected")
-            q.deliver_pending()
+        self._judge_pace(settled_by)
+        for q, _entries in by_queue.values():
+            if not q.deleted:
+                q.deliver_pending()
+
+    def _judge_pace(self, consumers: list[Consumer]) -> None:
+        """Settlements from another node came back: judge whether its consumers that filled their prefetch
+        keep pace (core/credit_flow.py), as the channel of a consumer here does once per settle call, so
+        the queue's flow rule sees the pace of a consumer across the hop too."""
+        now_ms = 0
+        for c in consumers:
+            if c.pace_start_ms >= 0:
+                now_ms = now_ms or int(self.node.wall_ms())
+                q = c.queue
+                consumer_settled(c, now_ms, q.stat_published, q.stat_acked)
 
     def _h_get(self, peer: str, req: cm.QueueGet) -> cm.QueueGetReply:
         q = self._lookup(req.vhost, req.queue)
@@ -702,9 +840,43 @@ class QueueLink:
     # -- queue counts for other nodes' listings -----------------------------------------------------------
     def booted(self) -> None:
         self.start_stats()
+        if self.node.config.worker_index is not None:
+            self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
 
     def stop(self) -> None:
         self.stop_stats()
+        for hold in self.flow_holds.values():
+            hold.drop()
+        self.flow_holds.clear()
+        if self._load_handle is not None:
+            self._load_handle.cancel()
+            self._load_handle = None
+
+    # -- one node's loop load over its workers -----------------------------------------------------------
+    def _siblings(self) -> list[str]:
+        """The other workers of this node that are connected (never other nodes of a cluster: their cores
+        are their own)."""
+        mine = node_of_worker(self.node.name)
+        return [p for p in self.transport.connected_peers() if node_of_worker(p) == mine]
+
+    def _tell_load(self) -> None:
+        """Every WINDOW_S in a worker: tell the other workers when this loop's saturation changes
+        (`LoopSaturated`), so their flow rules judge a backlog as the one loop of a node would."""
+        self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
+        saturated = self.node.loop_load.own_saturated()
+        if saturated != self._told_saturated:
+            self._told_saturated = saturated
+            for peer in self._siblings():
+                self._send(peer, cm.LoopSaturated(saturated))
+
+    def _on_loop_saturated(self, peer: str, rec: cm.LoopSaturated) -> None:
+        if node_of_worker(peer) != node_of_worker(self.node.name):
+            return  # another node's load is not this node's
+        peers = self.node.loop_load.saturated_peers
+        if rec.saturated:
+            peers.add(peer)
+        else:
+            peers.discard(peer)
 
     def start_stats(self) -> None:
         self._stats_handle = asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._push_stats)
@@ -748,7 +920,10 @@ class QueueLink:
     def _peer_changed(self, peer: str, up: bool) -> None:
         if up:
             self._stats_sent.clear()  # the next push tells everyone everything
+            if self._told_saturated and peer in self._siblings():
+                self._send(peer, cm.LoopSaturated(True))
             return
+        self.node.loop_load.saturated_peers.discard(peer)
         self.cluster.held.pop(peer, None)
         self._held.pop(peer, None)  # its publishes' receipts are rejected below, its deliveries requeued
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked
@@ -761,6 +936,8 @@ class QueueLink:
                 if isinstance(q, RemoteQueue) and q.home == peer:
                     q.home_down()
         # home side: that node's consumers are gone and what they held goes back to the queues
+        for key in [k for k in self.flow_holds if k[0] == peer]:
+            self.flow_holds.pop(key).drop()
         for key in [k for k in self.remote_consumers if k[0] == peer]:
             self.drop_remote_consumer(*key)
         table = self.out_entries.pop(peer, {})
