@@ -29,6 +29,13 @@ def pipeline_rate(progress: list[dict[str, Any]]) -> tuple[float, int]:
     return (rows * 1000 / took_ms if took_ms else 0.0), rows
 
 
+def connector_share(pipeline_rate: float, spark_rate: float) -> float:
+    """The connector's share of a pipeline's time per row: (1/pipeline - 1/Spark alone) / (1/pipeline)."""
+    if not pipeline_rate or not spark_rate:
+        return float("nan")
+    return (1 / pipeline_rate - 1 / spark_rate) / (1 / pipeline_rate)
+
+
 def create_super_stream(stream_uri: Any, name: str, partitions: int) -> None:
     client = StreamClient(stream_uri, "hutch-spark bench").connect()
     try:
@@ -106,14 +113,15 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
 
 
 def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: int, per_trigger: int,
-        work: Path, best: Callable[[Callable[[], Any]], Any]) -> None:
+        work: Path, best: Callable[[Callable[[], Any]], Any], partition_counts: list[int], sinks: list[str],
+        writes: bool) -> None:
     """Every stream measurement, printed as it completes."""
-    for partitions in (1, 2, 4):
+    for partitions in partition_counts:
         name = f"bench-ss{partitions}-{time.monotonic_ns()}"
         create_super_stream(stream_uri, name, partitions)
         fill = write_stream_rate(spark, uri, stream_port, name, n, size, super_stream=True)
         print(f"DataFrame -> super stream of {partitions} (filling it): {fill:,.0f} msg/s")
-        for sink in ("memory", "parquet"):
+        for sink in sinks:
             def read(sink: str = sink, partitions: int = partitions, name: str = name) -> tuple[float, int]:
                 return super_stream_read_rate(spark, uri, stream_port, name, partitions, sink, work, per_trigger)
 
@@ -122,9 +130,11 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
 
             rate, rows = best(read)
             base, base_rows = best(spark_only)
-            share = (1 / rate - 1 / base) / (1 / rate) if rate and base else float("nan")
+            share = connector_share(rate, base)
             print(f"super stream of {partitions} -> {sink}: {rate:,.0f} msg/s ({rows} rows); rate source -> "
                   f"{sink}: {base:,.0f} msg/s ({base_rows} rows); connector's share {share:.0%}")
+    if not writes:
+        return
     one = f"bench-st-{time.monotonic_ns()}"
     with AmqpClient(parse_uri(uri)).connect() as c:
         c.declare_queue(one, arguments={"x-queue-type": "stream"})
@@ -136,4 +146,4 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
     print(f"DataFrame -> super stream of 4 (routed by key): {wr4:,.0f} msg/s")
 
 
-__all__ = ["pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]
+__all__ = ["connector_share", "pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]
