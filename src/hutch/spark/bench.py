@@ -311,7 +311,7 @@ def main() -> None:
             print(f"hutch -> {sink} sink: {rate:,.0f} msg/s, {trigger_rate:,.0f} msg/s of trigger time "
                   f"({batches} batches; {parts})")
         if args.streams:
-            from .bench_streams import connector_share, rate_source_rate
+            from .bench_streams import connector_share, floor_rate, rate_source_rate
 
             st = "bench-stream"
             with AmqpClient(parse_uri(uri)).connect() as c:
@@ -325,12 +325,16 @@ def main() -> None:
 
                     def spark_only(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
                         return rate_source_rate(spark, n, size, tasks, sink, work, args.per_trigger)
+                    def python_floor(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
+                        return floor_rate(spark, n, size, tasks, sink, work, args.per_trigger)
                     rate, durations, batches, trigger_rate = _best(args.repeat, by_offset)
                     base, _ = _best(args.repeat, spark_only)
+                    floor, _ = _best(args.repeat, python_floor)
                     parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
                     print(f"stream -> {sink} sink, {tasks} task(s) per batch: {rate:,.0f} msg/s, {trigger_rate:,.0f} "
-                          f"msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; connector's share "
-                          f"{connector_share(trigger_rate, base):.0%} ({batches} batches; {parts})")
+                          f"msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; Python source floor: "
+                          f"{floor:,.0f} msg/s; connector's share {connector_share(trigger_rate, base):.0%} (beyond "
+                          f"the Python floor: {connector_share(trigger_rate, floor):.0%}) ({batches} batches; {parts})")
         if not args.no_write:
             declare(uri, q)
             wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))

@@ -5,6 +5,7 @@ Owns: the measurements docs/BENCHMARKS.md records for streams, each the best of 
   partitions, `minPartitions` = partitions), Trigger.AvailableNow;
 - Spark's own cost of the same pipeline: the in-memory `rate-micro-batch` source shaped into the stream
   read's schema (same columns, same body size, same rows per batch and partitions) into the same sink;
+- the floor of a Python data source (`floor_rate`, bench_floor.py: ready-made Arrow batches, no broker);
 - DataFrame -> stream and DataFrame -> super stream (4 partitions), idempotent stream sink;
 and `pipeline_rate`, the rate over the time Spark spent in triggers (`triggerExecution`), so that start-up
 is left out of every figure alike and the connector's share is (1/connector - 1/rate source) / (1/connector).
@@ -112,6 +113,23 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
     return pipeline_rate(q.recentProgress)
 
 
+def floor_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: Path,
+               per_trigger: int) -> tuple[float, int]:
+    """A Python data source that yields ready-made Arrow batches of the stream read's schema
+    (bench_floor.py), planned like the stream source, into the same sink: what the Python Data Source
+    API costs before the connector does anything."""
+    from .bench_floor import FloorDataSource
+
+    spark.dataSource.register(FloorDataSource)
+    df = (spark.readStream.format("hutch-floor").option("rows", str(n)).option("size", str(size))
+          .option("perTrigger", str(per_trigger)).option("tasks", str(partitions)).load())
+    q = _sink(df, sink, work).trigger(availableNow=True).start()
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    return pipeline_rate(q.recentProgress)
+
+
 def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: int, per_trigger: int,
         work: Path, best: Callable[[Callable[[], Any]], Any], partition_counts: list[int], sinks: list[str],
         writes: bool) -> None:
@@ -146,4 +164,4 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
     print(f"DataFrame -> super stream of 4 (routed by key): {wr4:,.0f} msg/s")
 
 
-__all__ = ["connector_share", "pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]
+__all__ = ["connector_share", "floor_rate", "pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]

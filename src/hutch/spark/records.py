@@ -112,17 +112,23 @@ class RecordDecoder:
         if parts is None:
             return self._slow(record)
         sections, body = parts
-        base_key = sections.get(HEADER, b"") + sections.get(MESSAGE_ANNOTATIONS, b"") + \
-            b"\x01" + sections.get(APPLICATION_PROPERTIES, b"")
+        route = _route(sections.get(MESSAGE_ANNOTATIONS))
+        if route is not None:  # annotations say where it was published and nothing else: not in the key
+            base_key = sections.get(HEADER, b"") + b"\x01" + sections.get(APPLICATION_PROPERTIES, b"")
+        else:
+            base_key = sections.get(HEADER, b"") + sections.get(MESSAGE_ANNOTATIONS, b"") + \
+                b"\x02" + sections.get(APPLICATION_PROPERTIES, b"")
         base = self._base.get(base_key)
         if base is None:
-            base = self._base_of(sections)
+            base = self._base_of(sections, route is None)
             if base is None:
                 return self._slow(record)
             if len(self._base) >= CACHE_MAX:
                 self._base.clear()
             self._base[base_key] = base
         key, exchange, headers, p = base
+        if route is not None:
+            exchange, key = route
         raw_props = sections.get(PROPERTIES)
         if raw_props is None:
             if p.app_id is None and p.type is None and p.priority is None and p.expiration is None:
@@ -144,11 +150,12 @@ class RecordDecoder:
             ctype, cenc, p.delivery_mode, p.priority, corr, reply_to, p.expiration, message_id, ts, p.type,
             user_id, p.app_id if p.app_id is not None else app_id, None)
 
-    def _base_of(self, sections: dict[int, bytes]) -> tuple[str, str, Any, BasicProperties] | None:
-        """What the header, annotations and application properties say, by the broker's mapping."""
+    def _base_of(self, sections: dict[int, bytes], annotations: bool) -> tuple[str, str, Any, BasicProperties] | None:
+        """What the header, annotations (unless left out: they only said where the message was published)
+        and application properties say, by the broker's mapping."""
+        codes = (HEADER, MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES) if annotations else (HEADER, APPLICATION_PROPERTIES)
         try:
-            m = to_091(b"".join(sections.get(code, b"") for code in (HEADER, MESSAGE_ANNOTATIONS,
-                                                                     APPLICATION_PROPERTIES)) + _EMPTY_DATA)
+            m = to_091(b"".join(sections.get(code, b"") for code in codes) + _EMPTY_DATA)
         except ValueError:
             return None
         p = m.properties
@@ -190,14 +197,53 @@ class RecordDecoder:
             p.expiration, p.message_id, ts, p.type, p.user_id, p.app_id, p.cluster_id)
 
 
+_SYM_EXCHANGE = b"\xa3\x0ax-exchange"
+_SYM_ROUTING_KEY = b"\xa3\x0dx-routing-key"
+
+
+def _route(raw: bytes | None) -> tuple[str, str] | None:
+    """(exchange, routing key) of message annotations (map8 or map32) that hold exactly `x-exchange` and
+    `x-routing-key` with str8 values, in that order (what a 0-9-1 publish and the stream sink write);
+    None otherwise."""
+    if raw is None or len(raw) < 12:
+        return None
+    if raw[3] == 0xc1 and raw[5] == 4 and 5 + raw[4] == len(raw):
+        pos = 6
+    elif raw[3] == 0xd1 and _U32.unpack_from(raw, 8)[0] == 4 and 8 + _U32.unpack_from(raw, 4)[0] == len(raw):
+        pos = 12
+    else:
+        return None
+    out: list[str] = []
+    for name in (_SYM_EXCHANGE, _SYM_ROUTING_KEY):
+        if raw[pos:pos + len(name)] != name:
+            return None
+        pos += len(name)
+        if pos + 1 >= len(raw) or raw[pos] != 0xa1:
+            return None
+        end = pos + 2 + raw[pos + 1]
+        if end > len(raw):
+            return None
+        try:
+            out.append(raw[pos + 2:end].decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        pos = end
+    return (out[0], out[1]) if pos == len(raw) else None
+
+
 def _simple_list(raw: bytes) -> list[Any] | None:
-    """The fields of a properties section (at offset 3) that is a list8 of nulls, str8/sym8 (as text),
+    """The fields of a properties section (at offset 3) that is a list8 or list32 of nulls, str8/sym8 (as text),
     and timestamps - what 0-9-1 publishers' properties become - padded to 13; None for anything else
     (the generic decoder takes it)."""
     n = len(raw)
-    if n < 6 or raw[3] != 0xc0 or 5 + raw[4] != n:
+    if n >= 6 and raw[3] == 0xc0 and 5 + raw[4] == n:
+        count, pos = raw[5], 6
+    elif n >= 12 and raw[3] == 0xd0 and 8 + _U32.unpack_from(raw, 4)[0] == n:
+        count, pos = _U32.unpack_from(raw, 8)[0], 12
+    else:
         return None
-    count, pos = raw[5], 6
+    if count > 13:
+        return None
     out: list[Any] = []
     for _ in range(count):
         if pos >= n:
