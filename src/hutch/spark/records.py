@@ -106,13 +106,21 @@ class RecordDecoder:
         # properties section bytes -> (content_type, content_encoding, correlation_id, reply_to, message_id,
         # timestamp s, user_id, app_id)
         self._props: dict[bytes, tuple[Any, ...]] = {}
+        self._routes: dict[bytes, tuple[str, str]] = {}  # annotations bytes -> (exchange, routing key)
 
     def row(self, record: bytes) -> Row:
         parts = split(record)
         if parts is None:
             return self._slow(record)
         sections, body = parts
-        route = _route(sections.get(MESSAGE_ANNOTATIONS))
+        annotations = sections.get(MESSAGE_ANNOTATIONS)
+        route = self._routes.get(annotations) if annotations is not None else None
+        if route is None:
+            route = _route(annotations)
+            if route is not None and annotations is not None:
+                if len(self._routes) >= CACHE_MAX:
+                    self._routes.clear()
+                self._routes[annotations] = route
         if route is not None:  # annotations say where it was published and nothing else: not in the key
             base_key = sections.get(HEADER, b"") + b"\x01" + sections.get(APPLICATION_PROPERTIES, b"")
         else:
