@@ -70,16 +70,20 @@ def _sink(df: Any, sink: str, work: Path) -> Any:
     return w.format("parquet").option("path", str(work / f"out-{time.monotonic_ns()}"))
 
 
-def super_stream_read_rate(spark: Any, uri: str, stream_port: int, name: str, partitions: int, sink: str,
-                           work: Path, per_trigger: int) -> tuple[float, int]:
-    df = (spark.readStream.format("hutch").option("uri", uri).option("superStream", name)
-          .option("streamPort", str(stream_port)).option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(partitions)).load())
+def _available_now_rate(df: Any, sink: str, work: Path) -> tuple[float, int]:
     q = _sink(df, sink, work).trigger(availableNow=True).start()
     q.awaitTermination()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     return pipeline_rate(q.recentProgress)
+
+
+def super_stream_read_rate(spark: Any, uri: str, stream_port: int, name: str, partitions: int, sink: str,
+                           work: Path, per_trigger: int) -> tuple[float, int]:
+    df = (spark.readStream.format("hutch").option("uri", uri).option("superStream", name)
+          .option("streamPort", str(stream_port)).option("startingOffsets", "earliest")
+          .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(partitions)).load())
+    return _available_now_rate(df, sink, work)
 
 
 def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: Path,
@@ -123,11 +127,7 @@ def floor_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: 
     spark.dataSource.register(FloorDataSource)
     df = (spark.readStream.format("hutch-floor").option("rows", str(n)).option("size", str(size))
           .option("perTrigger", str(per_trigger)).option("tasks", str(partitions)).load())
-    q = _sink(df, sink, work).trigger(availableNow=True).start()
-    q.awaitTermination()
-    if q.exception() is not None:
-        raise RuntimeError(str(q.exception()))
-    return pipeline_rate(q.recentProgress)
+    return _available_now_rate(df, sink, work)
 
 
 def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: int, per_trigger: int,

@@ -22,10 +22,10 @@ input, and at worst becomes a raw row).
 from __future__ import annotations
 
 import struct
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.spec import BasicProperties
+from hutch.queues.stream.amqp10 import _str as _text  # the broker's rule for a properties field as text
 from hutch.queues.stream.amqp10 import decode_value, to_091
 
 from .schema import NO_PROPS_ROW, arrow_stream_schema, header_text, struct_column
@@ -42,17 +42,6 @@ _SIZED = {0xa0: 1, 0xa1: 1, 0xa3: 1, 0xc0: 1, 0xc1: 1, 0xb0: 4, 0xb1: 4, 0xb3: 4
 _FIXED = {0x40: 0, 0x45: 0}
 
 Row = tuple[str | None, bytes, str | None, int | None, Any, tuple[Any, ...]]
-
-
-def _text(value: Any) -> str | None:
-    """A properties field as text (amqp10's rule for 0-9-1 properties)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, uuid.UUID):
-        return f"urn:uuid:{value}"
-    return str(value)
 
 
 def split(record: bytes) -> tuple[dict[int, bytes], bytes] | None:
