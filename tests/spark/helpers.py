@@ -31,13 +31,15 @@ def amqp_uri(port: int, **query: Any) -> str:
 
 
 class Broker:
-    """A pika connection to the test broker, for setting up and inspecting queues."""
+    """A pika connection to the test broker, for setting up and inspecting queues. No heartbeats: a
+    BlockingConnection answers them only inside its calls, and a long Spark test leaves it idle for
+    minutes (the broker then dropped it for missed heartbeats, failing the fixture's teardown)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.conn = pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", port, "/", pika.PlainCredentials("guest", "guest"), connection_attempts=3,
-            socket_timeout=10, blocked_connection_timeout=60))
+            socket_timeout=10, blocked_connection_timeout=60, heartbeat=0))
         self.ch = self.conn.channel()
         self.ch.confirm_delivery()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -236,27 +237,28 @@ def test_a_read_task_whose_range_retention_removed_after_planning(own_server: Se
     for i in range(20, 2000, 20):
         _publish(port, name, 20, start=i, body_size=100)
     part = StreamRange(0, 0, 2000)
+    sport = str(own_server.ports["stream"])
     with pytest.raises(HutchStreamReadError, match="offsets 0 to .* are no longer in the stream"):
-        list(read_range(stream_read_options({"uri": amqp_uri(port), "stream": name}, True), part))
-    lenient = stream_read_options({"uri": amqp_uri(port), "stream": name, "failOnDataLoss": "false"}, True)
+        list(read_range(stream_read_options({"uri": amqp_uri(port), "stream": name, "streamPort": sport}, True),
+                        part))
+    lenient = stream_read_options({"uri": amqp_uri(port), "stream": name, "failOnDataLoss": "false",
+                                   "streamPort": sport}, True)
     offsets = [o for rb in read_range(lenient, part) for o in rb.column("offset").to_pylist()]
     assert offsets and offsets[0] > 20 and offsets == list(range(offsets[0], 2000))
 
 
-def test_the_end_probe_is_exact(server: ServerInfo, broker: Broker, stream: str,
-                                caplog: pytest.LogCaptureFixture) -> None:
-    """No Spark session: the driver's end probe (what Trigger.AvailableNow reads up to) through the stream
-    protocol is one past the last committed message, whatever the last chunk holds: here chunks of 5,000
-    messages, sent as whole frames (the AMQP probe, which waits 50 ms for the rest of the last chunk,
-    once ended an AvailableNow read at 59,256 of 60,000 rows under load). With nothing listening on
-    streamPort the probe falls back to AMQP, with a warning, and never goes past the end."""
+def test_the_end_probe_is_exact(server: ServerInfo, broker: Broker, stream: str) -> None:
+    """No Spark session: the driver's end probe (what Trigger.AvailableNow reads up to) is one past the
+    last committed message, whatever the last chunk holds: here chunks of 5,000 messages, sent as whole
+    frames (an AMQP probe that waited 50 ms for the rest of the last chunk once ended an AvailableNow read
+    at 59,256 of 60,000 rows under load). With nothing listening on streamPort the probe fails clearly."""
     from conftest import free_port
     from hutch.amqp.spec import BasicProperties
     from hutch.amqp.uri import parse_uri
     from hutch.core.message import Message
     from hutch.queues.stream.amqp10 import from_091
     from hutch.spark.options import stream_read_options
-    from hutch.spark.stream_source import Probe
+    from hutch.spark.stream_source import HutchStreamReadError, Probe
     from hutch.spark.streamclient import StreamClient
 
     def probe(stream_port: int) -> Probe:
@@ -279,8 +281,46 @@ def test_the_end_probe_is_exact(server: ServerInfo, broker: Broker, stream: str,
         client.close()
     broker.publish(stream, 3, start=sent)  # and small chunks from AMQP after them
     assert probe(server.ports["stream"]).end() == sent + 3
-    assert "falls back" not in caplog.text and "exact end probe failed" not in caplog.text
-    with caplog.at_level("WARNING", logger="hutch.spark"):
-        fallback = probe(free_port()).end()
-    assert fallback is not None and 0 < fallback <= sent + 3
-    assert "falls back to AMQP" in caplog.text
+    assert probe(server.ports["stream"]).first() == 0
+    with pytest.raises(HutchStreamReadError, match="is the stream protocol listener on"):
+        probe(free_port()).end()
+
+
+def test_connections_are_kept_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    """No Spark session: probes and read tasks in one process take their stream-protocol connections from
+    the process's pool, so a second round opens none; when the node dies the kept connections are found
+    dead (closed, never handed out: the probe fails on connecting), and after it restarts (same data, new
+    ports) everything works on new ones."""
+    from hutch.spark.options import stream_read_options
+    from hutch.spark.pool import POOL
+    from hutch.spark.stream_source import HutchStreamReadError, Probe, StreamRange, read_range
+
+    node_dir = tmp_path / "node"
+    node = start_server(node_dir, "--stream-port", "0")
+    try:
+        name = unique("st")
+        _publish(node.amqp_port, name, 300, arguments={"x-queue-type": "stream"})
+
+        def options(n: ServerInfo) -> Any:
+            return stream_read_options({"uri": amqp_uri(n.amqp_port), "stream": name,
+                                        "streamPort": str(n.ports["stream"])}, True)
+
+        def one_round(n: ServerInfo) -> list[int]:
+            opts = options(n)
+            assert Probe(opts).end() == 300 and Probe(opts).first() == 0
+            return [o for rb in read_range(opts, StreamRange(0, 10, 250)) for o in rb.column("offset").to_pylist()]
+
+        assert one_round(node) == list(range(10, 250))
+        opened = POOL.opened
+        assert one_round(node) == list(range(10, 250)) and POOL.opened == opened  # all reused
+        key = replace(options(node).uri, port=node.ports["stream"])
+        assert POOL.idle(key) >= 1
+        node.stop(signal.SIGKILL)
+        with pytest.raises(HutchStreamReadError, match="cannot connect"):
+            Probe(options(node)).end()
+        assert POOL.idle(key) == 0
+        node = start_server(node_dir, "--stream-port", "0")
+        assert one_round(node) == list(range(10, 250))
+    finally:
+        node.stop()
+        POOL.close()

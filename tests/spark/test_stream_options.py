@@ -1,18 +1,19 @@
-"""Options of a read of a stream, the planning of offset ranges and the offset of a delivery (pure: no
-Spark session, no broker)."""
+"""Options of a read of a stream, the planning of offset ranges, a read task's credit and the decoding
+of stored records into rows (pure: no Spark session, no broker)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hutch.amqp.spec import BasicProperties
-from hutch.amqp.table import TypedInt
-from hutch.spark.client import Delivery
+from hutch.core.message import Message
+from hutch.queues.stream.amqp10 import from_091
 from hutch.spark.options import HutchOptionError, Position, duration_ms, stream_read_options
-from hutch.spark.schema import stream_offset
-from hutch.spark.stream_source import admit, split_range
+from hutch.spark.records import stream_records_batch
+from hutch.spark.stream_source import admit, credit_chunks, split_range
+from hutch.spark.streamclient import MAX_CREDIT
 
 URI = "amqp://guest:guest@127.0.0.1:5673/%2F"
 
@@ -97,22 +98,41 @@ def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
 _text = st.one_of(st.none(), st.text(max_size=20))
 
 
-@given(st.integers(0, 2**62), _text, _text, _text, st.booleans())
-def test_the_offset_fast_path_agrees_with_decoding(offset: int, content_type: str | None, encoding: str | None,
-                                                   message_id: str | None, other_header: bool) -> None:
-    headers: dict[str, object] = {"x-stream-offset": TypedInt(offset, "l")}
-    if other_header:
-        headers["app"] = "x"
-    raw = BasicProperties(content_type=content_type, content_encoding=encoding, headers=headers,
-                          message_id=message_id, delivery_mode=2).encode()
-    d = Delivery(1, False, "", "k", raw, b"", 0)
-    cache: dict[bytes, BasicProperties] = {}
-    fast, slow = stream_offset(d, cache), stream_offset(d)
-    assert fast[0] == slow[0] == offset
-    assert (fast[1].content_type, fast[1].message_id) == (slow[1].content_type, slow[1].message_id)
-    assert len(cache) == (0 if other_header else 1)
+@settings(deadline=None)  # the first example imports pyarrow
+@given(st.integers(0, 2**40), _text, _text, _text, st.one_of(st.none(), st.sampled_from([1, 2])),
+       st.one_of(st.none(), st.integers(0, 2**31)), st.dictionaries(st.text(min_size=1, max_size=8).filter(
+           lambda k: not k.startswith("x-")), st.one_of(st.text(max_size=8), st.integers(-5, 5)), max_size=3),
+       st.binary(max_size=300), st.text(max_size=12))
+def test_stored_records_become_the_rows_a_0_9_1_publish_gives(
+        offset: int, content_type: str | None, message_id: str | None, app_id: str | None, mode: int | None,
+        timestamp: int | None, headers: dict[str, object], body: bytes, key: str) -> None:
+    """A message published over AMQP 0-9-1 and stored as RabbitMQ stores it (AMQP 1.0) reads back, through
+    the read tasks' decoder, with the key, body, exchange, properties and headers it was published with."""
+    props = BasicProperties(content_type=content_type, message_id=message_id, app_id=app_id, delivery_mode=mode,
+                            timestamp=timestamp, headers=headers or None)
+    record = from_091(Message("ex", key, props, body))
+    batch = stream_records_batch([(offset, record), (offset + 1, from_091(Message("", "k2", BasicProperties(), b"")))],
+                                 "s", True, 3)
+    row, plain = batch.to_pylist()
+    assert (row["key"], row["value"], row["exchange"], row["offset"], row["partition"], row["stream"]) == \
+        (key, body, "ex", offset, 3, "s")
+    p = row["properties"]
+    assert (p["content_type"], p["message_id"], p["app_id"], p["delivery_mode"]) == \
+        (content_type, message_id, app_id, mode)
+    assert (row["timestamp"] is None) == (timestamp is None)
+    if timestamp is not None:
+        assert int(row["timestamp"].timestamp()) == timestamp == int(p["timestamp"].timestamp())
+    assert dict(row["headers"] or []) == {k: v if isinstance(v, str) else str(v) for k, v in headers.items()}
+    assert (plain["key"], plain["value"], plain["offset"], plain["headers"]) == ("k2", b"", offset + 1, None)
+    assert plain["properties"] is not None and plain["properties"]["delivery_mode"] is None
 
 
-def test_a_delivery_without_an_offset_is_refused() -> None:
-    with pytest.raises(ValueError, match="without an integer x-stream-offset"):
-        stream_offset(Delivery(1, False, "", "k", BasicProperties(message_id="m").encode(), b"", 0), {})
+def test_a_record_that_is_not_an_amqp_1_0_message_is_kept_as_bytes() -> None:
+    row = stream_records_batch([(7, b"\xffraw")], "s", True).to_pylist()[0]
+    assert (row["value"], row["key"], row["properties"], row["offset"]) == (b"\xffraw", None, None, 7)
+
+
+def test_read_credit_is_bounded() -> None:
+    assert credit_chunks(1) == 2 and credit_chunks(20_000) == 5 and credit_chunks(10**9) == MAX_CREDIT
+
+

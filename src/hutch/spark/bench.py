@@ -177,9 +177,10 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int,
-                stream_partitions: int = 0, stream_port: int = 5552) -> tuple[float, dict[str, float], int]:
+                stream_partitions: int = 0, stream_port: int = 5552) -> tuple[float, dict[str, float], int, float]:
     """A Trigger.AvailableNow query from the queue (or, with `stream_partitions`, from the stream of that
-    name read by offset in that many tasks per batch) into a sink; (rows/s, durations, batches)."""
+    name read by offset in that many tasks per batch) into a sink; (rows/s from start to end, durations,
+    batches, rows/s of trigger time: what the rate source's figure is comparable with)."""
     ck = work / f"ck-{sink}-{time.monotonic_ns()}"
     reader = spark.readStream.format("hutch").option("uri", uri)
     if stream_partitions:
@@ -202,7 +203,10 @@ def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path,
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     rows = sum(p["numInputRows"] for p in q.recentProgress)
-    return rows / took, _durations(q.recentProgress), len([p for p in q.recentProgress if p["numInputRows"]])
+    durations = _durations(q.recentProgress)
+    trigger_s = durations.get("triggerExecution", 0.0)
+    return (rows / took, durations, len([p for p in q.recentProgress if p["numInputRows"]]),
+            rows / trigger_s if trigger_s else 0.0)
 
 
 def write_rate(spark: Any, uri: str, queue: str, n: int, size: int) -> float:
@@ -242,6 +246,9 @@ def main() -> None:
     ap.add_argument("--super-streams", action="store_true",
                     help="also: super streams of 1, 2 and 4 partitions into each sink, beside the rate source "
                     "(Spark alone), and DataFrame -> stream / super stream (bench_streams.py)")
+    ap.add_argument("--partitions", default="1,2,4", help="stream read tasks / super stream partitions to measure")
+    ap.add_argument("--sinks", default="memory,parquet", help="sinks to measure: memory, parquet or both")
+    ap.add_argument("--no-write", action="store_true", help="leave out the DataFrame -> hutch measurements")
     ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own WARN and INFO lines")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hutch-spark-bench-"))
@@ -295,37 +302,51 @@ def main() -> None:
             ppub, pcon = pika_rates(uri, q, n, size)
             print(f"broker only, pika BlockingConnection: publish+confirm {ppub:,.0f} msg/s, "
                   f"consume+ack {pcon:,.0f} msg/s")
-        for sink in ("memory", "parquet"):
-            def one(sink: str = sink) -> tuple[float, dict[str, float], int]:
+        for sink in args.sinks.split(","):
+            def one(sink: str = sink) -> tuple[float, dict[str, float], int, float]:
                 declare(uri, q)
                 prefill(uri, q, n, size)
                 return stream_rate(spark, uri, q, n, sink, work, args.per_trigger)
-            rate, durations, batches = _best(args.repeat, one)
+            rate, durations, batches, trigger_rate = _best(args.repeat, one)
             parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
-            print(f"hutch -> {sink} sink: {rate:,.0f} msg/s ({batches} batches; {parts})")
+            print(f"hutch -> {sink} sink: {rate:,.0f} msg/s, {trigger_rate:,.0f} msg/s of trigger time "
+                  f"({batches} batches; {parts})")
         if args.streams:
+            from .bench_streams import connector_share, floor_rate, rate_source_rate
+
             st = "bench-stream"
             with AmqpClient(parse_uri(uri)).connect() as c:
                 c.declare_queue(st, arguments={"x-queue-type": "stream"})
             prefill(uri, st, n, size)
-            for sink in ("memory", "parquet"):
-                for tasks in (1, 2, 4):
-                    def by_offset(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int]:
+            for sink in args.sinks.split(","):
+                for tasks in (int(t) for t in args.partitions.split(",")):
+                    def by_offset(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int, float]:
                         return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks,
                                            stream_port)
-                    rate, durations, batches = _best(args.repeat, by_offset)
+
+                    def spark_only(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
+                        return rate_source_rate(spark, n, size, tasks, sink, work, args.per_trigger)
+                    def python_floor(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
+                        return floor_rate(spark, n, size, tasks, sink, work, args.per_trigger)
+                    rate, durations, batches, trigger_rate = _best(args.repeat, by_offset)
+                    base, _ = _best(args.repeat, spark_only)
+                    floor, _ = _best(args.repeat, python_floor)
                     parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
-                    print(f"stream -> {sink} sink, {tasks} task(s) per batch: {rate:,.0f} msg/s ({batches} "
-                          f"batches; {parts})")
-        declare(uri, q)
-        wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
-        print(f"DataFrame -> hutch (2 partitions, confirms): {wr:,.0f} msg/s")
+                    print(f"stream -> {sink} sink, {tasks} task(s) per batch: {rate:,.0f} msg/s, {trigger_rate:,.0f} "
+                          f"msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; Python source floor: "
+                          f"{floor:,.0f} msg/s; connector's share {connector_share(trigger_rate, base):.0%} (beyond "
+                          f"the Python floor: {connector_share(trigger_rate, floor):.0%}) ({batches} batches; {parts})")
+        if not args.no_write:
+            declare(uri, q)
+            wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
+            print(f"DataFrame -> hutch (2 partitions, confirms): {wr:,.0f} msg/s")
         if args.super_streams:
             from . import bench_streams
 
             stream_uri = replace(parse_uri(uri), port=stream_port)
             bench_streams.run(spark, uri, stream_port, stream_uri, n, size, args.per_trigger, work,
-                              lambda f: _best(args.repeat, f))
+                              lambda f: _best(args.repeat, f), [int(p) for p in args.partitions.split(",")],
+                              args.sinks.split(","), not args.no_write)
         print(f"# load average {_load()} at the end")
         spark.stop()
     finally:

@@ -5,6 +5,7 @@ Owns: the measurements docs/BENCHMARKS.md records for streams, each the best of 
   partitions, `minPartitions` = partitions), Trigger.AvailableNow;
 - Spark's own cost of the same pipeline: the in-memory `rate-micro-batch` source shaped into the stream
   read's schema (same columns, same body size, same rows per batch and partitions) into the same sink;
+- the floor of a Python data source (`floor_rate`, bench_floor.py: ready-made Arrow batches, no broker);
 - DataFrame -> stream and DataFrame -> super stream (4 partitions), idempotent stream sink;
 and `pipeline_rate`, the rate over the time Spark spent in triggers (`triggerExecution`), so that start-up
 is left out of every figure alike and the connector's share is (1/connector - 1/rate source) / (1/connector).
@@ -27,6 +28,13 @@ def pipeline_rate(progress: list[dict[str, Any]]) -> tuple[float, int]:
     rows = sum(p["numInputRows"] for p in progress)
     took_ms = sum((p.get("durationMs") or {}).get("triggerExecution", 0) for p in progress)
     return (rows * 1000 / took_ms if took_ms else 0.0), rows
+
+
+def connector_share(pipeline_rate: float, spark_rate: float) -> float:
+    """The connector's share of a pipeline's time per row: (1/pipeline - 1/Spark alone) / (1/pipeline)."""
+    if not pipeline_rate or not spark_rate:
+        return float("nan")
+    return (1 / pipeline_rate - 1 / spark_rate) / (1 / pipeline_rate)
 
 
 def create_super_stream(stream_uri: Any, name: str, partitions: int) -> None:
@@ -62,16 +70,20 @@ def _sink(df: Any, sink: str, work: Path) -> Any:
     return w.format("parquet").option("path", str(work / f"out-{time.monotonic_ns()}"))
 
 
-def super_stream_read_rate(spark: Any, uri: str, stream_port: int, name: str, partitions: int, sink: str,
-                           work: Path, per_trigger: int) -> tuple[float, int]:
-    df = (spark.readStream.format("hutch").option("uri", uri).option("superStream", name)
-          .option("streamPort", str(stream_port)).option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(partitions)).load())
+def _available_now_rate(df: Any, sink: str, work: Path) -> tuple[float, int]:
     q = _sink(df, sink, work).trigger(availableNow=True).start()
     q.awaitTermination()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
     return pipeline_rate(q.recentProgress)
+
+
+def super_stream_read_rate(spark: Any, uri: str, stream_port: int, name: str, partitions: int, sink: str,
+                           work: Path, per_trigger: int) -> tuple[float, int]:
+    df = (spark.readStream.format("hutch").option("uri", uri).option("superStream", name)
+          .option("streamPort", str(stream_port)).option("startingOffsets", "earliest")
+          .option("maxOffsetsPerTrigger", str(per_trigger)).option("minPartitions", str(partitions)).load())
+    return _available_now_rate(df, sink, work)
 
 
 def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: Path,
@@ -105,15 +117,29 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
     return pipeline_rate(q.recentProgress)
 
 
+def floor_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: Path,
+               per_trigger: int) -> tuple[float, int]:
+    """A Python data source that yields ready-made Arrow batches of the stream read's schema
+    (bench_floor.py), planned like the stream source, into the same sink: what the Python Data Source
+    API costs before the connector does anything."""
+    from .bench_floor import FloorDataSource
+
+    spark.dataSource.register(FloorDataSource)
+    df = (spark.readStream.format("hutch-floor").option("rows", str(n)).option("size", str(size))
+          .option("perTrigger", str(per_trigger)).option("tasks", str(partitions)).load())
+    return _available_now_rate(df, sink, work)
+
+
 def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: int, per_trigger: int,
-        work: Path, best: Callable[[Callable[[], Any]], Any]) -> None:
+        work: Path, best: Callable[[Callable[[], Any]], Any], partition_counts: list[int], sinks: list[str],
+        writes: bool) -> None:
     """Every stream measurement, printed as it completes."""
-    for partitions in (1, 2, 4):
+    for partitions in partition_counts:
         name = f"bench-ss{partitions}-{time.monotonic_ns()}"
         create_super_stream(stream_uri, name, partitions)
         fill = write_stream_rate(spark, uri, stream_port, name, n, size, super_stream=True)
         print(f"DataFrame -> super stream of {partitions} (filling it): {fill:,.0f} msg/s")
-        for sink in ("memory", "parquet"):
+        for sink in sinks:
             def read(sink: str = sink, partitions: int = partitions, name: str = name) -> tuple[float, int]:
                 return super_stream_read_rate(spark, uri, stream_port, name, partitions, sink, work, per_trigger)
 
@@ -122,9 +148,11 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
 
             rate, rows = best(read)
             base, base_rows = best(spark_only)
-            share = (1 / rate - 1 / base) / (1 / rate) if rate and base else float("nan")
+            share = connector_share(rate, base)
             print(f"super stream of {partitions} -> {sink}: {rate:,.0f} msg/s ({rows} rows); rate source -> "
                   f"{sink}: {base:,.0f} msg/s ({base_rows} rows); connector's share {share:.0%}")
+    if not writes:
+        return
     one = f"bench-st-{time.monotonic_ns()}"
     with AmqpClient(parse_uri(uri)).connect() as c:
         c.declare_queue(one, arguments={"x-queue-type": "stream"})
@@ -136,4 +164,4 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
     print(f"DataFrame -> super stream of 4 (routed by key): {wr4:,.0f} msg/s")
 
 
-__all__ = ["pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]
+__all__ = ["connector_share", "floor_rate", "pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]

@@ -4,7 +4,7 @@ Owns: `READ_SCHEMA` (the fixed schema of every read of a queue), `arrow_read_sch
 (a list of deliveries -> one `pyarrow.RecordBatch` in exactly the Arrow schema Spark expects, so the
 Python worker hands it to the JVM without converting row by row), the header-value encoding, and the
 same for reads of a stream: `STREAM_SCHEMA` (Kafka's columns `key`, `value`, `partition`, `offset`,
-`timestamp`, plus hutch's), `stream_offset()` and `to_stream_record_batch()`.
+`timestamp`, plus hutch's; the rows themselves come from spark/records.py).
 
 Rules:
 - The schema is fixed: `value` binary, `exchange`, `routing_key`, `queue` strings, `delivery_tag` long,
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import struct
 from decimal import Decimal
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -112,7 +111,7 @@ def _micros(seconds: int) -> int:
     return int(seconds) * 1_000_000
 
 
-_NO_PROPS_ROW = (None,) * len(PROPERTY_COLUMNS)
+NO_PROPS_ROW = (None,) * len(PROPERTY_COLUMNS)
 _CACHE_MAX = 4096
 
 
@@ -152,7 +151,7 @@ def to_record_batch(deliveries: list[Delivery], queue: str, include_headers: boo
         if raw == _NO_PROPERTIES or not raw:
             timestamps.append(d.received_us)
             headers_col.append(None)
-            props_rows.append(_NO_PROPS_ROW)
+            props_rows.append(NO_PROPS_ROW)
             counts.append(None)
             continue
         decoded = cache.get(raw)
@@ -176,14 +175,14 @@ def to_record_batch(deliveries: list[Delivery], queue: str, include_headers: boo
         pa.array([d.redelivered for d in deliveries], schema.field("redelivered").type),
         pa.array(timestamps, pa.int64()).cast(schema.field("timestamp").type),
         pa.array(headers_col, schema.field("headers").type),
-        _struct_column(props_rows, schema.field("properties").type) if any_props
+        struct_column(props_rows, schema.field("properties").type) if any_props
         else pa.nulls(n, schema.field("properties").type),
         pa.array(counts, schema.field("delivery_count").type),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _struct_column(rows: list[tuple[Any, ...]], kind: pa.DataType) -> pa.Array:
+def struct_column(rows: list[tuple[Any, ...]], kind: pa.DataType) -> pa.Array:
     import pyarrow as pa
 
     children = []
@@ -193,7 +192,7 @@ def _struct_column(rows: list[tuple[Any, ...]], kind: pa.DataType) -> pa.Array:
             children.append(pa.array(values, pa.int64()).cast(field.type))
         else:
             children.append(pa.array(values, field.type))
-    mask = pa.array([row is _NO_PROPS_ROW for row in rows], pa.bool_())
+    mask = pa.array([row is NO_PROPS_ROW for row in rows], pa.bool_())
     return pa.StructArray.from_arrays(children, fields=list(kind), mask=mask)
 
 
@@ -226,74 +225,3 @@ def arrow_stream_schema() -> pa.Schema:
 
     return to_arrow_schema(STREAM_SCHEMA, timezone="UTC")
 
-
-# How a stream delivers its offset when the message has no other header: the headers table is exactly
-# {x-stream-offset: long} (RabbitMQ's and hutch's encoding: table length 25, key, 'l', 8 bytes).
-_OFFSET_ONLY_TABLE = struct.pack(">I", 25) + b"\x0fx-stream-offset" + b"l"
-_CONTENT_TYPE_FLAG, _CONTENT_ENCODING_FLAG, _HEADERS_FLAG = 0x8000, 0x4000, 0x2000
-
-
-def stream_offset(d: Delivery, cache: dict[bytes, BasicProperties] | None = None) -> tuple[int, BasicProperties]:
-    """A stream delivery's offset (its `x-stream-offset` header) and its decoded properties.
-
-    Fast path: when `x-stream-offset` is the only header, the offset is read from its fixed place and the
-    properties are decoded once per distinct property list *without* the offset (`cache`); the
-    properties returned then carry some message's offset in their headers, which the rows never use."""
-    raw = d.properties_raw
-    if cache is not None and len(raw) >= 2:
-        flags = (raw[0] << 8) | raw[1]
-        pos = 2
-        if flags & _CONTENT_TYPE_FLAG and len(raw) > pos:
-            pos += 1 + raw[pos]
-        if flags & _CONTENT_ENCODING_FLAG and len(raw) > pos:
-            pos += 1 + raw[pos]
-        end = pos + len(_OFFSET_ONLY_TABLE)
-        if flags & _HEADERS_FLAG and raw[pos:end] == _OFFSET_ONLY_TABLE and len(raw) >= end + 8:
-            key = raw[:end] + raw[end + 8:]
-            props = cache.get(key)
-            if props is None:
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                props = cache[key] = BasicProperties.decode(raw, 0)
-            return int.from_bytes(raw[end:end + 8], "big", signed=True), props
-    p = BasicProperties.decode(raw, 0)
-    value = p.headers.get(OFFSET_HEADER) if p.headers else None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"a delivery from a stream without an integer {OFFSET_HEADER} header")
-    return int(value), p
-
-
-def to_stream_record_batch(rows: list[tuple[int, BasicProperties, Delivery]], stream: str,
-                           include_headers: bool, partition: int = 0) -> pa.RecordBatch:
-    """One record batch (STREAM_SCHEMA) from (offset, properties, delivery) in order. `timestamp` is the
-    publisher's timestamp property (null when unset, so that a re-read gives the same rows); `headers`
-    leaves out `x-stream-offset` (it is the `offset` column)."""
-    import pyarrow as pa
-
-    schema = arrow_stream_schema()
-    n = len(rows)
-    timestamps: list[int | None] = []
-    headers_col: list[Any] = []
-    props_rows: list[tuple[Any, ...]] = []
-    for _, p, _ in rows:
-        ts = None if p.timestamp is None else _micros(p.timestamp)
-        timestamps.append(ts)
-        hdrs = p.headers
-        headers_col.append([(str(k), header_text(v)) for k, v in hdrs.items() if k != OFFSET_HEADER]
-                           if include_headers and hdrs else None)
-        props_rows.append((p.content_type, p.content_encoding, p.delivery_mode, p.priority, p.correlation_id,
-                           p.reply_to, p.expiration, p.message_id, ts, p.type, p.user_id, p.app_id,
-                           p.cluster_id))
-    columns = [
-        pa.array([d.routing_key for _, _, d in rows], schema.field("key").type),
-        pa.array([d.body for _, _, d in rows], schema.field("value").type),
-        pa.array([stream] * n, schema.field("stream").type),
-        pa.array([partition] * n, schema.field("partition").type),
-        pa.array([o for o, _, _ in rows], schema.field("offset").type),
-        pa.array(timestamps, pa.int64()).cast(schema.field("timestamp").type),
-        pa.array([d.exchange for _, _, d in rows], schema.field("exchange").type),
-        pa.array(headers_col, schema.field("headers").type),
-        _struct_column(props_rows, schema.field("properties").type) if n
-        else pa.nulls(0, schema.field("properties").type),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)

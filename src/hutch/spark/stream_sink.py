@@ -18,7 +18,8 @@ The assumption (Spark's, for any idempotent sink): a replayed batch has the same
 partitions in the same order, which holds for a deterministic query over a replayable source (a
 stream read by offset, Kafka, files).
 
-Rules: a task returns its commit message only after every publishing id is confirmed; a publish error
+Rules: a task returns its commit message only after every publishing id is confirmed; its connection
+comes from the executor process's pool (spark/pool.py) and goes back there with its publishers deleted; a publish error
 fails the task (Spark retries it: the retry is deduplicated). Bounded: at most `maxUnconfirmed`
 messages unconfirmed per task. A super stream's partitions are asked for once per task (`partitions`)
 and a row goes to `partition_of(key)` (routing.py, the RabbitMQ clients' murmur3 hash).
@@ -37,6 +38,7 @@ from hutch.queues.stream.amqp10 import from_091
 
 from . import writerows as rows
 from .options import HutchOptionError, WriteOptions
+from .pool import pooled
 from .routing import partition_of
 from .streamclient import StreamClient, StreamClientError, code_name
 from .writerows import HutchCommitMessage, HutchWriteError
@@ -98,30 +100,27 @@ class StreamPublisher:
 
     def run(self, batches: Iterator[Any]) -> HutchCommitMessage:
         opts = self.opts
-        client = StreamClient(opts.stream_uri(), f"hutch-spark write {self.reference}",
-                              timeout_s=opts.confirm_timeout_ms / 1000)
+        streams: list[str] = []
         try:
-            client.connect()
-            if opts.super_stream is not None:
-                streams = client.partitions(opts.super_stream)
-                if not streams:
-                    raise StreamClientError(f"super stream {opts.super_stream!r} has no partitions")
-            else:
-                assert opts.stream is not None
-                streams = [opts.stream]
-            for pid, stream in enumerate(streams):
-                client.declare_publisher(pid, self.reference, stream)
-            for batch in batches:
-                self._publish_batch(client, batch, streams)
-            client.wait_confirms(at_most=0)
+            with pooled(opts.stream_uri(), f"hutch-spark write {self.reference}",
+                        opts.confirm_timeout_ms / 1000) as client:
+                if opts.super_stream is not None:
+                    streams = client.partitions(opts.super_stream)
+                    if not streams:
+                        raise StreamClientError(f"super stream {opts.super_stream!r} has no partitions")
+                else:
+                    assert opts.stream is not None
+                    streams = [opts.stream]
+                for pid, stream in enumerate(streams):
+                    client.declare_publisher(pid, self.reference, stream)
+                for batch in batches:
+                    self._publish_batch(client, batch, streams)
+                client.wait_confirms(at_most=0)
+                errors = [(pid, e) for pid, errs in client.errors.items() for e in errs]
+                for pid in range(len(streams)):  # the connection goes back to the pool without publishers
+                    client.delete_publisher(pid)
         except StreamClientError as exc:
-            client.close()
             raise self._explain(exc) from None
-        except BaseException:
-            client.close()
-            raise
-        errors = [(pid, e) for pid, errs in client.errors.items() for e in errs]
-        client.close()
         if errors:
             pid, (_, code) = errors[0]
             raise self._fail(f"the broker refused {len(errors)} of {self.count} messages (first: "

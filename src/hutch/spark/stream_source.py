@@ -3,19 +3,20 @@
 Owns: `HutchStreamOffsetReader` (a partitioned `DataSourceStreamReader` with admission control and
 Trigger.AvailableNow), `HutchStreamBatchReader` (`spark.read` of an offset or time range), the range
 planning (`split_range`; `admit` for minOffsetsPerTrigger/maxTriggerDelay), the driver's probes of a
-stream (`Probe`: its first message, its exact committed end through the stream protocol, the offset at a
-timestamp) and the read of one range by an
-executor (`read_range`).
+stream (`Probe`: its first message, its exact committed end, the offset at a timestamp) and the read of
+one range by an executor (`read_range`). Everything goes over the stream protocol (`streamPort`), on
+connections kept per process (spark/pool.py); AMQP 0-9-1 only tells a missing stream from a queue of
+another type in an error message (`_missing`).
 
 Where the code runs:
 - `initialOffset`, `latestOffset`, `partitions`, `commit`, `prepareForTriggerAvailableNow` of the
-  streaming reader and `partitions` of the batch reader: on the driver. They only probe the stream (a
-  consumer that reads one message, or the last chunk's messages) and plan offset ranges; no row passes
-  through the driver.
-- `read(partition)`: on an executor, one AMQP connection per range: basic.consume with
-  `x-stream-offset` = the range's start, emit the messages whose offset is in [start, end), stop at the
-  first delivery at or past end - 1, close. Acknowledgements are only credit (a stream keeps every
-  message); nothing is committed to the broker. Offsets live in Spark's checkpoint alone.
+  streaming reader and `partitions` of the batch reader: on the driver. They only probe the stream
+  (one-credit subscriptions that take one chunk's header) and plan offset ranges; no row passes through
+  the driver.
+- `read(partition)`: on an executor: a subscription at the range's start with a few chunks of credit,
+  chunks as stored, their records decoded straight into Arrow columns, up to the chunk that holds
+  end - 1, then unsubscribe (the connection stays in the executor's pool). Credit is all the broker
+  hears; nothing is committed to it. Offsets live in Spark's checkpoint alone.
 
 Rules:
 - An offset dict is `{"stream": <name>, "offset": <n>}`: the next offset to read (exclusive end of the
@@ -29,22 +30,25 @@ Rules:
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from hutch.streamproto.codes import Code
+from hutch.amqp.uri import AmqpUri
+from hutch.queues.stream.chunk import record_list
+from hutch.streamproto.codes import Code, OffsetType
+from hutch.streamproto.wire import OffsetSpec
 
 from .client import AmqpClient, ClientClosed
 from .options import EARLIEST, LATEST, OFFSET, TIMESTAMP, Position, StreamReadOptions
-from .schema import stream_offset, to_stream_record_batch
-from .streamclient import StreamClient, StreamClientError
+from .pool import pooled
+from .records import RecordDecoder, stream_records_batch
+from .streamclient import MAX_CREDIT, StreamClient, StreamClientError
 
 try:
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -54,8 +58,8 @@ except ImportError:  # a PySpark without Trigger.AvailableNow for Python sources
 log = logging.getLogger("hutch.spark")
 
 ROWS_PER_RECORD_BATCH = 10_000
-PROBE_PREFETCH = 4096  # the last chunk's messages come at most this many at a time (acks are credit)
-END_CHUNK_WAIT_S = 5.0  # the end probe's wait for the last chunk (it has one: the stream's stats said so)
+CHUNK_RECORDS = 4096  # the most records in a chunk the broker cuts (a stream-protocol publisher's may hold more)
+CHUNK_WAIT_S = 5.0  # a probe's wait for a chunk the stream's stats or its last chunk say is there
 
 
 class HutchStreamReadError(RuntimeError):
@@ -89,119 +93,67 @@ def admit(available: int, min_offsets: int, max_delay_ms: int, waited_ms: float)
     return available >= min_offsets or waited_ms >= max_delay_ms
 
 
-def _connect(opts: StreamReadOptions, name: str) -> AmqpClient:
-    try:
-        return AmqpClient(opts.uri, connection_name=name).connect()
-    except ClientClosed as exc:
-        raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): {exc}") from None
+def stream_uri(opts: StreamReadOptions) -> AmqpUri:
+    """The stream protocol's address of the read: `uri`'s host, credentials, vhost and TLS, `streamPort`."""
+    return replace(opts.uri, port=opts.stream_port)
 
 
-def _consume(client: AmqpClient, opts: StreamReadOptions, prefetch: int, at: Any) -> None:
+def _missing(opts: StreamReadOptions) -> HutchStreamReadError:
+    """The stream protocol answers STREAM_DOES_NOT_EXIST for a missing stream and for a queue of another
+    type alike; one passive queue.declare over AMQP 0-9-1 (the only AMQP the stream source still speaks,
+    on this error path alone) tells the user which."""
     try:
-        client.consume(opts.stream, prefetch, {"x-stream-offset": at})
+        with AmqpClient(opts.uri, connection_name=f"hutch-spark check {opts.stream}").connect() as client:
+            client.queue_message_count(opts.stream)
     except ClientClosed as exc:
-        client.close()
-        if exc.code == 404:
-            raise HutchStreamReadError(f"hutch source: stream {opts.stream!r} does not exist in vhost "
-                                       f"{opts.uri.vhost!r} on {opts.uri.display()}") from None
-        if exc.code in (406, 540):
-            raise HutchStreamReadError(f"hutch source: {opts.stream!r} in vhost {opts.uri.vhost!r} is not a "
-                                       f"stream (the 'stream' option reads streams; use 'queue' for a "
-                                       f"queue): {exc}") from None
-        raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): {exc}") from None
+        if exc.code != 404:
+            return HutchStreamReadError(f"hutch source (stream {opts.stream!r}): {exc}")
+        return HutchStreamReadError(f"hutch source: stream {opts.stream!r} does not exist in vhost "
+                                    f"{opts.uri.vhost!r} on {opts.uri.display()}")
+    return HutchStreamReadError(f"hutch source: {opts.stream!r} in vhost {opts.uri.vhost!r} is not a stream "
+                                "(the 'stream' option reads streams by offset; use 'queue' for a queue)")
+
+
+def explain(opts: StreamReadOptions, exc: StreamClientError, doing: str = "") -> HutchStreamReadError:
+    if exc.code == Code.STREAM_DOES_NOT_EXIST:
+        return _missing(opts)
+    return HutchStreamReadError(f"hutch source (stream {opts.stream!r}): {doing}{exc}")
 
 
 class Probe:
-    """The driver's look at a stream: short-lived consumers that read one message, or the last chunk."""
+    """The driver's look at a stream over the stream protocol, on a kept connection (spark/pool.py: the
+    source runner lives as long as the query, so a trigger's probes reuse the connections of the last):
+    one-credit subscriptions that take one chunk's header, at `first`, `last` or a timestamp."""
 
     def __init__(self, opts: StreamReadOptions) -> None:
         self.opts = opts
 
-    def _offsets(self, at: Any, prefetch: int, whole_chunk: bool) -> list[int]:
+    def _ask(self, what: Callable[[StreamClient], int | None]) -> int | None:
         opts = self.opts
-        client = _connect(opts, f"hutch-spark probe {opts.stream}")
         try:
-            _consume(client, opts, prefetch, at)
-            wait = opts.poll_timeout_ms / 1000
-            got = client.take_available(prefetch, wait)
-            if not got:
-                self._check_is_stream()
-                return []
-            out = [self._offset_of(d) for d in got]
-            while whole_chunk:
-                # The last chunk's messages come in a burst; stopping early only plans less now.
-                client.ack(got[-1].delivery_tag)
-                got = client.take(prefetch, min(wait, 0.05), idle=True)
-                if not got:
-                    break
-                out.extend(self._offset_of(d) for d in got)
-            return out
-        except ClientClosed as exc:
-            raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): {exc}") from None
-        finally:
-            client.close()
-
-    def _not_a_stream(self) -> HutchStreamReadError:
-        opts = self.opts
-        return HutchStreamReadError(f"hutch source: {opts.stream!r} in vhost {opts.uri.vhost!r} is not a stream "
-                                    "(the 'stream' option reads streams by offset; use 'queue' for a queue)")
-
-    def _offset_of(self, d: Any) -> int:
-        try:
-            return stream_offset(d)[0]
-        except ValueError:
-            raise self._not_a_stream() from None  # a queue's message: it goes back (redelivered)
-
-    def _check_is_stream(self) -> None:
-        """Nothing came: an empty stream, or an empty queue (whose basic.get answers get-empty)."""
-        client = _connect(self.opts, f"hutch-spark stream check {self.opts.stream}")
-        try:
-            stream = client.is_stream(self.opts.stream)
-        except ClientClosed as exc:
-            raise HutchStreamReadError(f"hutch source (stream {self.opts.stream!r}): {exc}") from None
-        finally:
-            client.close()
-        if not stream:
-            raise self._not_a_stream()
+            with pooled(stream_uri(opts), f"hutch-spark probe {opts.stream}", opts.read_timeout_ms / 1000) as client:
+                return what(client)
+        except StreamClientError as exc:
+            raise explain(opts, exc) from None
 
     def first(self) -> int | None:
         """The offset of the stream's first message (None: no message)."""
-        found = self._offsets("first", 1, False)
-        return found[0] if found else None
+        return self._ask(lambda client: client.first_offset(self.opts.stream, CHUNK_WAIT_S))
 
     def end(self) -> int | None:
-        """One past the offset of the stream's last committed message (None: no message). Exact through
-        the stream protocol (`StreamClient.committed_end`); a broker without the stream listener (or
-        without StreamStats) gets the AMQP probe, which may stop short in the last chunk under load."""
-        opts = self.opts
-        client = StreamClient(replace(opts.uri, port=opts.stream_port), f"hutch-spark end {opts.stream}",
-                              timeout_s=opts.read_timeout_ms / 1000)
-        try:
-            client.connect()
-        except StreamClientError as exc:
-            log.warning("hutch source (stream %r): the end probe falls back to AMQP, which can stop short of "
-                        "the end under load: %s", opts.stream, exc)
-            return self._amqp_end()
-        try:
-            return client.committed_end(opts.stream, max(opts.poll_timeout_ms / 1000, END_CHUNK_WAIT_S))
-        except StreamClientError as exc:
-            # a missing stream or a refusal: the AMQP path names the error as the rest of the source does
-            if exc.code not in (Code.STREAM_DOES_NOT_EXIST, Code.ACCESS_REFUSED):
-                    log.warning("hutch source (stream %r): the exact end probe failed (%s); probing over AMQP",
-                            opts.stream, exc)
-            return self._amqp_end()
-        finally:
-            client.close()
-
-    def _amqp_end(self) -> int | None:
-        found = self._offsets("last", PROBE_PREFETCH, True)
-        return max(found) + 1 if found else None
+        """One past the offset of the stream's last committed message (None: no message), exactly
+        (`StreamClient.committed_end`)."""
+        return self._ask(lambda client: client.committed_end(self.opts.stream, CHUNK_WAIT_S))
 
     def at_timestamp(self, ms: int) -> int | None:
-        """The offset of the first message of the chunk written at or after `ms` (None: none yet)."""
-        at = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
-        found = self._offsets(at, 1, False)
-        return found[0] if found else None
+        """The offset of the first message of the first chunk written at or after `ms` (None: none yet).
+        The last chunk's timestamp says whether there is one, so nothing is waited for in vain."""
+        def ask(client: StreamClient) -> int | None:
+            last = client.first_chunk(self.opts.stream, OffsetSpec(OffsetType.LAST), self.opts.poll_timeout_ms / 1000)
+            if last is None or last.timestamp < ms:
+                return None
+            return client.offset_at(self.opts.stream, ms, CHUNK_WAIT_S)
+        return self._ask(ask)
 
     def resolve(self, pos: Position, *, empty: int) -> int:
         """An offset for `pos`; `empty` when the position names no message yet."""
@@ -255,49 +207,52 @@ def plan(opts: StreamReadOptions, start: int, end: int) -> list[StreamRange]:
     return [StreamRange(i, s, e) for i, (s, e) in enumerate(split_range(start, end, opts.min_partitions))]
 
 
+def credit_chunks(prefetch: int) -> int:
+    """A read task's subscription credit in chunks for the `prefetch` option (messages): a chunk holds up
+    to CHUNK_RECORDS of them when the broker cut it; at least 2 (one chunk decoded while the next comes),
+    at most MAX_CREDIT."""
+    return max(2, min(MAX_CREDIT, -(-prefetch // CHUNK_RECORDS)))
+
+
 def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
-    """Record batches of the messages with offsets in [start, end), in offset order. Runs on an executor."""
+    """Record batches of the messages with offsets in [start, end), in offset order. Runs on an executor:
+    a subscription at offset `start` over the stream protocol (a kept connection of the process's pool)
+    with `credit_chunks(prefetch)` chunks of credit, each chunk's records decoded straight into Arrow
+    columns, until the chunk that holds end - 1; nothing acknowledged or stored on the broker."""
     start, end = part.start, part.end
     if start >= end:
         return
     if part.stream and part.stream != opts.stream:
         opts = replace(opts, stream=part.stream)
-    client = _connect(opts, f"hutch-spark stream read {opts.stream} [{start},{end})")
+    timeout_s = opts.read_timeout_ms / 1000
+    rows: list[tuple[int, bytes]] = []
+    decoder = RecordDecoder(opts.include_headers)
+    seen = start - 1
     try:
-        _consume(client, opts, min(opts.prefetch, end - start), start)
-        rows: list[Any] = []
-        cache: dict[bytes, Any] = {}
-        last_seen = start - 1
-        timeout_s = opts.read_timeout_ms / 1000
-        while last_seen < end - 1:
-            began = time.monotonic()
-            try:
-                got = client.take_available(ROWS_PER_RECORD_BATCH, timeout_s)
-            except ClientClosed as exc:
-                raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): reading offsets "
-                                           f"[{start}, {end}): {exc}") from None
-            if not got:
-                raise HutchStreamReadError(
-                    f"hutch source (stream {opts.stream!r}): no message arrived for "
-                    f"{time.monotonic() - began:.0f} s while reading offsets [{start}, {end}) (last seen: "
-                    f"{last_seen}); is the node overloaded? (readTimeoutMs={opts.read_timeout_ms})")
-            client.ack(got[-1].delivery_tag)  # credit: a stream keeps its messages
-            if last_seen < start and stream_offset(got[0], cache)[0] > start:
-                # The range does not start where planned: retention removed offsets since the driver
-                # planned it (or they hold no message); failOnDataLoss decides, as on the driver.
-                check_data_loss(opts, start, end)
-            for d in got:
-                off, props = stream_offset(d, cache)
-                last_seen = max(last_seen, off)
-                if start <= off < end:
-                    rows.append((off, props, d))
-            if len(rows) >= ROWS_PER_RECORD_BATCH:
-                yield to_stream_record_batch(rows, opts.stream, opts.include_headers, part.partition)
-                rows = []
-        if rows:
-            yield to_stream_record_batch(rows, opts.stream, opts.include_headers, part.partition)
-    finally:
-        client.close()
+        with pooled(stream_uri(opts), f"hutch-spark read {opts.stream}", timeout_s) as client:
+            first = True
+            for header in client.read_range(opts.stream, start, end, credit_chunks(opts.prefetch), timeout_s):
+                if first and header.chunk_id > start:
+                    # The range does not start where planned: retention removed offsets since the driver
+                    # planned it (or they hold no message); failOnDataLoss decides, as on the driver.
+                    check_data_loss(opts, start, end)
+                first = False
+                seen = header.next_offset - 1
+                records = record_list(client.last_chunk, start)
+                if header.next_offset > end:
+                    records = [r for r in records if r[0] < end]
+                rows.extend(records)
+                while len(rows) >= ROWS_PER_RECORD_BATCH:
+                    yield stream_records_batch(rows[:ROWS_PER_RECORD_BATCH], opts.stream, opts.include_headers,
+                                               part.partition, decoder)
+                    del rows[:ROWS_PER_RECORD_BATCH]
+    except StreamClientError as exc:
+        raise explain(opts, exc, f"reading offsets [{start}, {end}) (read up to {seen}): ") from None
+    except ValueError as exc:  # a chunk whose entries do not parse
+        raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): reading offsets [{start}, {end}): "
+                                   f"bad chunk: {exc}") from None
+    if rows:
+        yield stream_records_batch(rows, opts.stream, opts.include_headers, part.partition, decoder)
 
 
 class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

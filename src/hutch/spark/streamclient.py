@@ -1,11 +1,14 @@
-"""A small synchronous stream-protocol client for the Spark connector's executors (the idempotent sink).
+"""A small synchronous stream-protocol client for the Spark connector (read tasks, the driver's probes,
+the idempotent sink).
 
 Owns: `StreamClient` - one TCP (or TLS) connection speaking RabbitMQ's stream protocol through the pure
-codec in `hutch.streamproto` - and `StreamClientError`. It does what the sink needs and nothing else:
-the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and creating
-one, for the benchmark), the exact end of a stream (`committed_end`, for the source's driver), declaring a
-publisher with a reference (the broker's deduplication key), pipelined publishes with confirms, and
-the close handshake.
+codec in `hutch.streamproto` - and `StreamClientError`. It does what the connector needs and nothing
+else: the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and
+creating one, for the benchmark), subscriptions with credit (`subscribe`, `read_chunks`: chunks as
+stored; `read_range`: the chunks that hold an offset range), the driver's probes built on them (the
+stream's first chunk, its exact end `committed_end`, the chunk at a timestamp), declaring a publisher
+with a reference (the broker's deduplication key), pipelined publishes with confirms, and the close
+handshake.
 
 Why our own and not rstream: rstream is asyncio; a Spark task is a plain blocking Python call, and an
 event loop per task (or a loop thread per executor) buys nothing for one publisher per task. The codec
@@ -17,9 +20,13 @@ Rules:
   a deadline (`timeout_s`), and a broken connection fails the call with `StreamClientError`.
 - Heartbeats: the client answers a broker heartbeat with its own; a task that publishes keeps the
   connection busy, and one that waits for confirms reads (and so answers) all the time.
-- Bounded: a frame is at most the negotiated frame_max (a message that cannot fit in one is refused
-  before anything is sent); unconfirmed publishing ids are at most what the caller lets accumulate
-  (it calls `wait_confirms` with its bound).
+- Bounded: a frame sent is at most the negotiated frame_max (a message that cannot fit in one is
+  refused before anything is sent); a frame received at most `MAX_DELIVER_BYTES` (a chunk is delivered
+  whole, and the broker cuts chunks by entry count, not by frame_max); unconfirmed publishing ids are at
+  most what the caller lets accumulate (it calls `wait_confirms` with its bound); chunks queued for a
+  subscription at most the credit it granted (a chunk beyond it is a protocol error).
+- Reuse: a client returns to a pool (spark/pool.py) only between operations: no subscription open
+  (`unsubscribe` reads up to its response, so no chunk of it can come later) and no publisher declared.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ import itertools
 import select
 import socket
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 
 from hutch.amqp.uri import AmqpUri
-from hutch.queues.stream.chunk import decode_header
+from hutch.queues.stream.chunk import USER, Header, decode_header
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import DEFAULT_FRAME_MAX, INITIAL_FRAME_MAX, Code, OffsetType
 from hutch.streamproto.errors import FrameError
@@ -43,8 +51,9 @@ from .tlssock import TlsSocket
 RECV_BYTES = 262_144
 PUBLISH_FRAME_OVERHEAD = 4 + 4 + 1 + 4  # size, key + version, publisher id, count
 ENTRY_OVERHEAD = 8 + 4  # publishing id, size
-PROBE_SUBSCRIPTION = 0  # the one subscription a client opens (committed_end)
-CLIENT_PROPERTIES = {"product": "hutch-spark", "information": "hutch's PySpark data source (stream sink)"}
+MAX_DELIVER_BYTES = 128 * 1024 * 1024  # the largest chunk (delivered whole, in one frame) a client takes
+MAX_CREDIT = 64  # chunks a subscription may have in flight
+CLIENT_PROPERTIES = {"product": "hutch-spark", "information": "hutch's PySpark data source"}
 
 
 class StreamClientError(Exception):
@@ -77,7 +86,11 @@ class StreamClient:
         self._tune: c.Tune | None = None
         self._waiting: tuple[int, int] = (0, 0)  # (request key, correlation id) of the RPC in progress
         self._reply: c.Command | None = None
-        self._chunk: bytes | None = None  # the first chunk delivered to the end probe's subscription
+        # the open subscription: its id, the chunks delivered and not yet taken, the credit outstanding
+        self._sub_ids = itertools.cycle(range(256))
+        self._sub: int | None = None
+        self._chunks: deque[bytes] = deque()
+        self._credit = 0
         # publisher id -> publishing ids sent and not yet confirmed; errors (id, code) per publisher
         self.unconfirmed: dict[int, set[int]] = {}
         self.errors: dict[int, list[tuple[int, int]]] = {}
@@ -123,7 +136,8 @@ class StreamClient:
             self._read_some(deadline)
         frame_max = self._tune.frame_max or DEFAULT_FRAME_MAX
         self._send(c.encode(c.TuneResponse(frame_max, self._tune.heartbeat_s)))
-        self.frame_max = self._reader.frame_max = frame_max
+        self.frame_max = frame_max
+        self._reader.frame_max = max(frame_max, MAX_DELIVER_BYTES)
         self._rpc(c.Open(self._next(), self.uri.vhost))
 
     # -- commands --------------------------------------------------------------------------------
@@ -139,29 +153,139 @@ class StreamClient:
         """Create a super stream and its partition streams (the benchmark's and examples' set-up)."""
         self._rpc(c.CreateSuperStream(self._next(), name, partitions, binding_keys, arguments or {}))
 
+    def stats(self, stream: str) -> dict[str, int]:
+        reply = self._rpc(c.StreamStats(self._next(), stream))
+        assert isinstance(reply, c.StreamStatsResponse)
+        return dict(reply.stats)
+
+    def first_chunk(self, stream: str, spec: OffsetSpec, wait_s: float) -> Header | None:
+        """The header of the first chunk a subscription at `spec` gets within `wait_s` (None: none came)."""
+        self.subscribe(stream, spec, 1)
+        try:
+            return next(self.read_chunks(wait_s, none_after_s=wait_s), None)
+        finally:
+            self.unsubscribe()
+
     def committed_end(self, stream: str, wait_s: float) -> int | None:
         """One past the last record of the stream's last committed user chunk: where a reader that started
         now finds the end (None: the stream holds no committed chunk). Exact: the stream's stats say
         whether it has a committed chunk, and a one-credit subscription at `last` (osiris's last user
         chunk) delivers that chunk whole, its header giving its first offset and record count. Raises
         StreamClientError when no chunk comes within `wait_s` (a stream of tracking chunks only)."""
-        stats = self._rpc(c.StreamStats(self._next(), stream))
-        assert isinstance(stats, c.StreamStatsResponse)
-        if stats.stats.get("committed_chunk_id", -1) < 0:
+        if self.stats(stream).get("committed_chunk_id", -1) < 0:
             return None
-        self._chunk = None
-        self._rpc(c.Subscribe(self._next(), PROBE_SUBSCRIPTION, stream, OffsetSpec(OffsetType.LAST), 1))
-        deadline = time.monotonic() + wait_s
-        try:
-            while self._chunk is None:
-                self._read_some(deadline)
-        finally:
-            self._rpc(c.Unsubscribe(self._next(), PROBE_SUBSCRIPTION))
-        try:
-            header = decode_header(self._chunk)
-        except ValueError as exc:
-            raise StreamClientError(f"{self.where}: bad chunk from the broker: {exc}") from None
+        header = self.first_chunk(stream, OffsetSpec(OffsetType.LAST), wait_s)
+        if header is None:
+            raise StreamClientError(f"{self.where}: no chunk of stream {stream!r} within {wait_s:g} s")
         return header.next_offset
+
+    def first_offset(self, stream: str, wait_s: float) -> int | None:
+        """The offset of the stream's first message (None: no message): the first record of its first user
+        chunk (tracking chunks are never delivered)."""
+        if self.stats(stream).get("committed_chunk_id", -1) < 0:
+            return None
+        header = self.first_chunk(stream, OffsetSpec(OffsetType.FIRST), wait_s)
+        return None if header is None else header.chunk_id
+
+    def offset_at(self, stream: str, timestamp_ms: int, wait_s: float) -> int | None:
+        """The offset of the first message of the first chunk written at or after `timestamp_ms` (None:
+        none within `wait_s`)."""
+        header = self.first_chunk(stream, OffsetSpec(OffsetType.TIMESTAMP, timestamp_ms), wait_s)
+        return None if header is None else header.chunk_id
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, stream: str, spec: OffsetSpec, credit: int) -> None:
+        """Open the client's one subscription at `spec` with `credit` chunks (1..MAX_CREDIT)."""
+        assert self._sub is None, "one subscription at a time"
+        assert 0 < credit <= MAX_CREDIT
+        sub = next(self._sub_ids)
+        self._chunks.clear()
+        self._sub, self._credit = sub, credit
+        try:
+            self._rpc(c.Subscribe(self._next(), sub, stream, spec, credit))
+        except StreamClientError:
+            self._sub = None
+            raise
+
+    def credit(self, n: int) -> None:
+        """Grant the subscription `n` more chunks."""
+        assert self._sub is not None and n > 0
+        self._credit += n
+        self._send(c.encode(c.Credit(self._sub, n)))
+
+    def read_chunks(self, wait_s: float, none_after_s: float | None = None) -> Iterator[Header]:
+        """The subscription's chunks as they come, each as its header (`last_chunk` holds its bytes until
+        the next one). Raises StreamClientError when none comes for `wait_s`; with `none_after_s`, ends
+        instead when none came that long. The caller grants credit (`credit`) as it takes chunks."""
+        while True:
+            if not self._chunks:
+                deadline = time.monotonic() + (wait_s if none_after_s is None else none_after_s)
+                try:
+                    while not self._chunks:
+                        self._read_some(deadline, quiet=True)
+                except _NothingCame:
+                    if none_after_s is not None:
+                        return
+                    raise StreamClientError(f"{self.where}: no chunk for {wait_s:g} s") from None
+            raw = self.last_chunk = self._chunks.popleft()
+            try:
+                header = decode_header(raw)
+            except ValueError as exc:
+                raise StreamClientError(f"{self.where}: bad chunk from the broker: {exc}") from None
+            if header.chunk_type != USER:
+                continue
+            yield header
+
+    last_chunk: bytes = b""
+
+    def read_range(self, stream: str, start: int, end: int, credit: int, wait_s: float) -> Iterator[Header]:
+        """The user chunks holding offsets [start, end) of `stream`, in order (`last_chunk`: the bytes of
+        the one just yielded): a subscription at offset `start` that grants a chunk of credit for each
+        chunk taken until one reaches `end`, then unsubscribes. The first chunk may begin after `start`
+        (retention removed offsets, or they held no message): the caller decides what that means. Raises
+        StreamClientError when no chunk comes for `wait_s` while the range is unfinished."""
+        self.subscribe(stream, OffsetSpec(OffsetType.OFFSET, start), credit)
+        done = False
+        for header in self.read_chunks(wait_s):
+            if header.next_offset < end:
+                self.credit(1)
+            else:
+                done = True
+            yield header
+            if done:
+                break
+        self.unsubscribe()
+
+    def unsubscribe(self) -> None:
+        """Close the subscription: chunks it still had in flight are read (and dropped) on the way to the
+        response, so none of them can reach a later subscription."""
+        sub = self._sub
+        if sub is None:
+            return
+        self._rpc(c.Unsubscribe(self._next(), sub))
+        self._sub = None
+        self._chunks.clear()
+        self.last_chunk = b""
+
+    def in_use(self) -> bool:
+        """A subscription or a publisher is open (the client cannot go back to a pool as it is)."""
+        return self._sub is not None or bool(self.unconfirmed)
+
+    def alive(self) -> bool:
+        """The connection still works: whatever the broker sent while it sat idle (heartbeats) is handled,
+        and a closed or broken socket says no."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            while True:
+                ready, _, _ = select.select([sock], [], [], 0)
+                if not ready:
+                    return True
+                self._read_some(time.monotonic() + 1.0)
+        except (StreamClientError, OSError, ValueError):
+            return False
 
     def declare_publisher(self, publisher_id: int, reference: str, stream: str) -> None:
         self._rpc(c.DeclarePublisher(self._next(), publisher_id, reference, stream))
@@ -213,6 +337,7 @@ class StreamClient:
     def delete_publisher(self, publisher_id: int) -> None:
         self._rpc(c.DeletePublisher(self._next(), publisher_id))
         self.unconfirmed.pop(publisher_id, None)
+        self.errors.pop(publisher_id, None)
 
     def close(self) -> None:
         """The close handshake when the connection is healthy; the socket is closed in any case."""
@@ -256,17 +381,18 @@ class StreamClient:
             raise StreamClientError(f"{self.where}: {type(cmd).__name__} failed: {code_name(code)}", code)
         return reply
 
-    def _read_some(self, deadline: float) -> None:
-        """Read what the socket has (waiting until `deadline` for something) and handle every frame."""
+    def _read_some(self, deadline: float, quiet: bool = False) -> None:
+        """Read what the socket has (waiting until `deadline` for something) and handle every frame. Nothing
+        by the deadline: StreamClientError, or `_NothingCame` when `quiet` (the caller words it)."""
         sock = self._sock
         if sock is None:
             raise StreamClientError(f"the connection to {self.where} is closed")
         wait = deadline - time.monotonic()
-        if wait <= 0:
-            raise StreamClientError(f"{self.where}: no answer from the broker within {self.timeout_s:.0f} s")
         try:
-            ready, _, _ = select.select([sock], [], [], wait)
+            ready, _, _ = select.select([sock], [], [], max(wait, 0))
             if not ready:
+                if quiet:
+                    raise _NothingCame()
                 raise StreamClientError(f"{self.where}: no answer from the broker within {self.timeout_s:.0f} s")
             data = sock.recv(RECV_BYTES)
         except OSError as exc:
@@ -291,8 +417,11 @@ class StreamClient:
                 pending.difference_update(pid for pid, _ in cmd.errors)
             self.errors.setdefault(cmd.publisher_id, []).extend(cmd.errors)
         elif isinstance(cmd, c.Deliver):
-            if cmd.subscription_id == PROBE_SUBSCRIPTION and self._chunk is None:
-                self._chunk = cmd.chunk
+            if cmd.subscription_id == self._sub:
+                if self._credit <= 0:
+                    raise StreamClientError(f"{self.where} delivered a chunk without credit")
+                self._credit -= 1
+                self._chunks.append(cmd.chunk)
         elif isinstance(cmd, c.Heartbeat):
             self._send(c.encode(c.Heartbeat()))
         elif isinstance(cmd, c.Tune):
@@ -308,4 +437,8 @@ class StreamClient:
             self._reply = cmd
 
 
-__all__ = ["StreamClient", "StreamClientError"]
+class _NothingCame(Exception):
+    """`_read_some(quiet=True)`: nothing arrived by the deadline."""
+
+
+__all__ = ["MAX_CREDIT", "StreamClient", "StreamClientError"]

@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from .options import LATEST, Position, StreamReadOptions
+from .pool import pooled
 from .stream_source import (
     HutchStreamReadError,
     Probe,
@@ -40,7 +41,7 @@ from .stream_source import (
     read_range,
     split_range,
 )
-from .streamclient import StreamClient, StreamClientError
+from .streamclient import StreamClientError
 
 MAX_PROBE_THREADS = 16  # the driver's concurrent probes of one super stream
 
@@ -49,18 +50,16 @@ def partition_streams(opts: StreamReadOptions) -> list[str]:
     """The super stream's partition streams in partition order (driver; the stream protocol)."""
     name = opts.super_stream
     assert name is not None
-    client = StreamClient(replace(opts.uri, port=opts.stream_port), f"hutch-spark partitions {name}",
-                          timeout_s=opts.read_timeout_ms / 1000)
     try:
-        streams = client.connect().partitions(name)
+        with pooled(replace(opts.uri, port=opts.stream_port), f"hutch-spark partitions {name}",
+                    opts.read_timeout_ms / 1000) as client:
+            streams = client.partitions(name)
     except StreamClientError as exc:
         if exc.code == 0x02:  # STREAM_DOES_NOT_EXIST
             raise HutchStreamReadError(f"hutch source: super stream {name!r} does not exist in vhost "
                                        f"{opts.uri.vhost!r}") from None
         raise HutchStreamReadError(f"hutch source (super stream {name!r}): asking for its partitions over "
                                    f"the stream protocol (option 'streamPort'): {exc}") from None
-    finally:
-        client.close()
     if not streams:
         raise HutchStreamReadError(f"hutch source: super stream {name!r} has no partitions")
     return streams
