@@ -24,6 +24,7 @@ from tests.mgmt.helpers import Api, run_ctl
 
 from hutch import portfile
 
+from .test_hop_semantics import declare_in
 from .test_workers import start_node, until, worker_pid
 
 NODE = "test@localhost"  # tests/conftest.py's node name: the one name the API shows, never `#w<N>`
@@ -294,3 +295,27 @@ def test_a_queue_of_the_other_worker_through_the_api_publish_and_details(node: S
         assert (details["messages"], details["worker"], details["node"]) == (3, 1, NODE)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("home", [0, 1])
+def test_api_get_of_a_queue_in_either_worker_takes_and_settles_its_messages(node: ServerInfo, home: int) -> None:
+    """POST /api/queues/.../get answered by worker 0 for a queue in worker 0 or 1: the messages come back in
+    order, and reject_requeue_false dead-letters them at the queue's home (the CI run that found it: the
+    get of a queue in the other worker answered [] and nothing was dead-lettered)."""
+    api = Api(node.mgmt_url)
+    with pinned(node, 0, f"api-get-{home}") as conn:
+        ch = conn.channel()
+        dead = ch.queue_declare(f"api-get-dead-{home}").method.queue
+        q = declare_in(node, ch, f"api-get-{home}", home,
+                       arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+        for i in range(3):
+            ch.basic_publish("", q, b"m%d" % i)
+        until(lambda: api.get(f"/api/queues/%2F/{q}").body.get("messages") == 3, what="3 messages in the queue")
+        got = api.call("POST", f"/api/queues/%2F/{q}/get",
+                       {"count": 2, "ackmode": "reject_requeue_false", "encoding": "auto"})
+        assert got.status == 200, got.body
+        assert [m["payload"] for m in got.body] == ["m0", "m1"]
+        until(lambda: api.get(f"/api/queues/%2F/{dead}").body.get("messages") == 2, what="2 dead letters")
+        until(lambda: api.get(f"/api/queues/%2F/{q}").body.get("messages") == 1, what="1 message left")
+        ch.queue_delete(q)
+        ch.queue_delete(dead)

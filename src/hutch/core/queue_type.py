@@ -216,6 +216,11 @@ class Queue:
     def consumers(self) -> list[Consumer]:
         raise NotImplementedError
 
+    async def fetch_for_get(self, no_ack: bool) -> None:
+        """Before a `get` made outside a channel (the management API's get): a queue whose messages live
+        elsewhere (a stand-in for another worker's or node's queue) fetches the next one, which `get` then
+        returns; a queue of this process has nothing to do."""
+
     def refuses_consumer(self, exclusive: bool) -> bool:
         """Whether a new consumer (`exclusive` or not) is refused as "in exclusive use": the queue has
         consumers and either the new one or one of them is exclusive (RabbitMQ's rule)."""

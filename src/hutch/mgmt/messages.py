@@ -225,8 +225,9 @@ def _int(value: Any, key: str) -> int:
     raise bad_request(f"{key} must be an integer")
 
 
-def get_messages(node: Node, p: Principal, vhost: str, name: str, body: Any) -> list[dict[str, Any]]:
-    """POST /api/queues/{vhost}/{name}/get."""
+async def get_messages(node: Node, p: Principal, vhost: str, name: str, body: Any) -> list[dict[str, Any]]:
+    """POST /api/queues/{vhost}/{name}/get. A queue in another worker (or node) is asked for each message
+    in turn (`fetch_for_get`), as a basic.get there would be."""
     v = vhost_for_write(node, p, vhost)
     q = v.queues.get(name)
     if q is None:
@@ -250,6 +251,12 @@ def get_messages(node: Node, p: Principal, vhost: str, name: str, body: Any) -> 
     taken: list[QueueEntry] = []
     out: list[dict[str, Any]] = []
     for _ in range(max(count, 0)):
+        try:
+            await q.fetch_for_get(False)
+        except AMQPError as exc:
+            if taken:
+                break  # the home went away meanwhile: what was taken is settled below
+            raise from_amqp(exc) from None
         entry = q.get(None, False)  # no channel: settled below
         if entry is None:
             break

@@ -400,8 +400,8 @@ def _queue_bindings(c: Call) -> Any:
 
 @route("POST", "/api/queues/{vhost}/{name}/get", "Get messages from a queue (and settle them per ackmode)",
        tag=QUEUES, body="GetBody", reply="Message[]", codes=(400, 404))
-def _queue_get(c: Call) -> Any:
-    return messages.get_messages(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
+async def _queue_get(c: Call) -> Any:
+    return await messages.get_messages(c.node, c.principal, c.params["vhost"], c.params["name"], c.body)
 
 
 # -- exchanges --------------------------------------------------------------------------------------

@@ -147,6 +147,10 @@ class RemoteQueue(Queue):
                 reply = [0, 0, 0]  # gone at its home already (expired, auto-deleted): delete-ok, as on one node
             self._set_counts(reply)
 
+    async def fetch_for_get(self, no_ack: bool) -> None:
+        """The management API's get: one message fetched from the home, as basic.get's `prepare` does."""
+        await self.prepare(spec.Basic.Get(queue=self.name, no_ack=no_ack))
+
     def take_consume_sent(self) -> bool:
         """Whether a consumer was sent to the home since the last call (the gate then holds consume-ok)."""
         sent, self._consume_sent = self._consume_sent, False
