@@ -64,11 +64,17 @@ def node(tmp_path: Path) -> Node:
     return make_node(str(tmp_path / "data"))
 
 
-async def test_publishes_go_to_the_writer_in_order_one_request_at_a_time(node: Node) -> None:
+async def forwarding_pair(node: Node) -> tuple[FakeWriter, StreamPair]:
+    """A client on a member that does not write stream "s1" (its publishes go to the fake writer)."""
     writer = FakeWriter()
     pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
     await pair.open()
     await pair.create("s1")
+    return writer, pair
+
+
+async def test_publishes_go_to_the_writer_in_order_one_request_at_a_time(node: Node) -> None:
+    writer, pair = await forwarding_pair(node)
     assert await pair.request(c.DeclarePublisher(2, 1, "app", "s1")) == c.Response(Key.DECLARE_PUBLISHER, 2, Code.OK)
     assert await pair.request(c.DeclarePublisher(3, 2, "", "s1")) == c.Response(Key.DECLARE_PUBLISHER, 3, Code.OK)
     pair.send(c.Publish(1, [c.PublishedEntry(1, b"a"), c.PublishedEntry(2, b"b")]))
@@ -97,10 +103,7 @@ async def test_publishes_go_to_the_writer_in_order_one_request_at_a_time(node: N
 
 
 async def test_a_forwarding_publisher_keeps_forwarding_until_its_queue_is_empty(node: Node) -> None:
-    writer = FakeWriter()
-    pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
-    await pair.open()
-    await pair.create("s1")
+    writer, pair = await forwarding_pair(node)
     await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
     pair.send(c.Publish(1, [c.PublishedEntry(1, b"a")]))
     await pair.until(lambda: len(writer.requests) == 1)
@@ -134,10 +137,7 @@ async def test_the_writer_refuses_a_malformed_forwarded_publish() -> None:
 
 
 async def test_a_stored_offset_goes_to_the_writer(node: Node) -> None:
-    writer = FakeWriter()
-    pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
-    await pair.open()
-    await pair.create("s1")
+    writer, pair = await forwarding_pair(node)
     pair.send(c.StoreOffset("billing", "s1", 42))  # (no answer, as RabbitMQ)
     await pair.until(lambda: writer.offsets == [(b"billing", 42)])
     writer.writes_here_now = True  # on the writer's node: stored here
@@ -147,10 +147,7 @@ async def test_a_stored_offset_goes_to_the_writer(node: Node) -> None:
 
 
 async def test_a_deleted_publishers_queued_publishes_are_not_sent(node: Node) -> None:
-    writer = FakeWriter()
-    pair = StreamPair(StreamHub(node, ForwardingCatalog(node, writer)))
-    await pair.open()
-    await pair.create("s1")
+    writer, pair = await forwarding_pair(node)
     await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
     pair.send(c.Publish(1, [c.PublishedEntry(1, b"a")]))
     await pair.until(lambda: len(writer.requests) == 1)
