@@ -48,10 +48,14 @@ def add_vhost(api: Api, vhost: str) -> None:
         in (201, 204)
 
 
-def add_user(api: Api, user: str) -> None:
+def limited_user(info: ServerInfo, user: str, limit: str, value: int) -> dict[str, str]:
+    """A new user with permissions on / and one limit; its credentials for `open_on`."""
+    api = Api(info.mgmt_url)
     assert api.put(f"/api/users/{user}", {"password": user, "tags": ""}).status in (201, 204)
     assert api.put(f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"}).status \
         in (201, 204)
+    assert api.put(f"/api/user-limits/{user}/{limit}", {"value": value}).status == 204
+    return {"user": user, "password": user}
 
 
 def test_vhost_max_connections_counts_both_workers_back_to_back(node: ServerInfo) -> None:
@@ -73,42 +77,35 @@ def test_vhost_max_connections_counts_both_workers_back_to_back(node: ServerInfo
 
 
 def test_user_max_connections_counts_both_workers(node: ServerInfo) -> None:
-    api = Api(node.mgmt_url)
-    add_user(api, "lim-u")
-    assert api.put("/api/user-limits/lim-u/max-connections", {"value": 2}).status == 204
-    a = open_on(node, 1, user="lim-u", password="lim-u")
-    b = open_on(node, 0, user="lim-u", password="lim-u")
+    creds = limited_user(node, "lim-u", "max-connections", 2)
+    held = [open_on(node, 1, **creds), open_on(node, 0, **creds)]
     for worker in (0, 1):
-        text = refused(node, worker, user="lim-u", password="lim-u")
-        assert "connection refused for user 'lim-u': user connection limit (2) is reached" in text
+        assert "connection refused for user 'lim-u': user connection limit (2) is reached" \
+            in refused(node, worker, **creds)
     open_on(node, 1).close()  # guest is not limited
-    a.close()
-    open_on(node, 0, user="lim-u", password="lim-u").close()
-    b.close()
+    held[0].close()
+    open_on(node, 0, **creds).close()
+    held[1].close()
 
 
 def test_user_max_channels_counts_the_channels_of_both_workers(node: ServerInfo) -> None:
-    api = Api(node.mgmt_url)
-    add_user(api, "lim-c")
-    assert api.put("/api/user-limits/lim-c/max-channels", {"value": 3}).status == 204
-    a = open_on(node, 0, user="lim-c", password="lim-c")
-    b = open_on(node, 1, user="lim-c", password="lim-c")
-    a.channel()
-    b.channel()
-    first = a.channel()
+    creds = limited_user(node, "lim-c", "max-channels", 3)
+    in_w0, in_w1 = open_on(node, 0, **creds), open_on(node, 1, **creds)
+    in_w0.channel()
+    in_w1.channel()
+    last = in_w0.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as caught:
-        b.channel()
-    assert caught.value.reply_code == 530
-    assert caught.value.reply_text == ("NOT_ALLOWED - number of channels opened for user 'lim-c' has reached the "
-                                       "maximum allowed user limit of 3")
-    assert a.is_open
-    first.close()  # a channel closed in worker 0 frees its place for worker 1 (b's channels went with b)
-    c = open_on(node, 1, user="lim-c", password="lim-c")
-    c.channel()
-    c.channel()
+        in_w1.channel()
+    assert (caught.value.reply_code, caught.value.reply_text) == (530, (
+        "NOT_ALLOWED - number of channels opened for user 'lim-c' has reached the maximum allowed user limit of 3"))
+    assert in_w0.is_open
+    last.close()  # a channel closed in worker 0 frees its place for worker 1 (in_w1's went with it)
+    again = open_on(node, 1, **creds)
+    again.channel()
+    again.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker):
-        a.channel()
-    c.close()
+        in_w0.channel()
+    again.close()
 
 
 def test_connections_opened_at_once_on_both_workers_get_exactly_the_limit(node: ServerInfo) -> None:

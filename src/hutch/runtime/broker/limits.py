@@ -223,7 +223,8 @@ class LimitGossip:
 # -- exact counts between the workers of one node ---------------------------------------------------
 
 Wanted = tuple[int, str, int]  # [kind, name, limit]: one more of this count, which must stay within limit
-ACQUIRE_TIMEOUT_S = 3.0  # worker 0 (or a worker it asks) silent this long: judged as between nodes
+QUERY_TIMEOUT_S = 2.0  # a worker worker 0 asks, silent this long: counted as it last gossiped
+ACQUIRE_TIMEOUT_S = 5.0  # worker 0 silent this long (its queries and a queue of judgements): judged as between nodes
 
 
 def connections_over_workers(node: LimitsHost, vhost: str, user: str) -> Coroutine[Any, Any, None] | None:
@@ -414,7 +415,7 @@ class WorkerLimits:
         keys = [(kind, name) for kind, name, _ in wanted]
         async with self._judging:
             others = [p for p in self._peers() if p != self.name]
-            answers = await asyncio.gather(*(self._call(p, LimitQuery([list(k) for k in keys]), ACQUIRE_TIMEOUT_S)
+            answers = await asyncio.gather(*(self._call(p, LimitQuery([list(k) for k in keys]), QUERY_TIMEOUT_S)
                                              for p in others), return_exceptions=True)
             reports = {self.name: self.report(keys)}
             for peer, answer in zip(others, answers, strict=True):
