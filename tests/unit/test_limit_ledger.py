@@ -6,14 +6,17 @@ only when the limit is really reached (open connections plus grants not yet read
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hutch.amqp.errors import ConnectionError_
 from hutch.cluster.messages import LimitReport
-from hutch.core.limits import USER_CHANNELS, VHOST_CONNECTIONS
-from hutch.runtime.broker.limits import CountLedger
+from hutch.core.limits import USER_CHANNELS, VHOST_CONNECTIONS, PeerCounts
+from hutch.runtime.broker.limits import CountLedger, WorkerLimits
 
 KEY = (VHOST_CONNECTIONS, "/")
 
@@ -95,3 +98,37 @@ def test_the_limit_is_never_passed_and_nothing_is_refused_below_it(limit: int, s
         elif action == "close" and w.open:
             w.open -= 1
         assert sum(x.open for x in workers) <= limit
+
+
+class FakeNode:
+    """What `WorkerLimits` reads of a node: its connections (none here) and the gossiped counts."""
+
+    def __init__(self) -> None:
+        self.connections: set[object] = set()
+        self.peer_counts = PeerCounts()
+
+
+class Gone(Exception):
+    """What the link raises for a worker that is gone or silent."""
+
+
+async def unreachable(_peer: str, _request: object, _timeout: float) -> object:
+    raise Gone()
+
+
+def test_without_worker_0_a_worker_judges_as_between_nodes() -> None:
+    fallback: list[str] = []
+    exact = WorkerLimits(FakeNode(), "n#w1", "n#w0", unreachable, lambda: ["n#w0"], (Gone,))  # type: ignore[arg-type]
+    asyncio.run(exact.acquire([(*KEY, 1)], "/", "guest", lambda: fallback.append("judged here")))
+    assert fallback == ["judged here"] and exact.pending == set() and exact.next_id == 1
+
+
+def test_worker_0_counts_a_silent_worker_as_it_last_gossiped() -> None:
+    node = FakeNode()
+    node.peer_counts.replace("n#w1", [[KEY[0], KEY[1], 2]])
+    exact = WorkerLimits(node, "n#w0", "n#w0", unreachable, lambda: ["n#w1"], (Gone,))  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError_) as caught:
+        asyncio.run(exact.acquire([(*KEY, 2)], "/", "guest", lambda: None))
+    assert caught.value.code == 530 and "connection limit (2) is reached" in caught.value.text
+    assert asyncio.run(exact.judge("n#w0", 5, [(*KEY, 3)])) is None  # room for one more
+    assert exact.pending == set()
