@@ -70,7 +70,7 @@ browser-deps:
 WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.py tests/interop/test_queues.py \
 	tests/interop/test_queue_features.py tests/interop/test_queue_arguments.py tests/interop/test_confirm_failures.py \
 	tests/interop/test_clients_aiopika.py tests/mgmt/test_mgmt_api.py tests/mgmt/test_mgmt_api2.py \
-	tests/mgmt/test_prometheus.py tests/mgmt/test_definitions.py tests/cluster/test_quorum_4x.py
+	tests/mgmt/test_prometheus.py tests/mgmt/test_definitions.py tests/mgmt/test_limits.py tests/cluster/test_quorum_4x.py
 # in-process (no server): nothing of workers to test
 WORKER_DESELECT := --deselect tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue
 test-workers: $(STAMP)

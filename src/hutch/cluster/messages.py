@@ -229,6 +229,37 @@ class RemoteConsumerPaused(NamedTuple):
     paused: bool
 
 
+@request_kind(105)
+class LimitAcquire(NamedTuple):
+    """A worker asks the worker that counts the node's limited connections and channels (worker 0) for one
+    more of each `wanted` row [kind, name, limit] (core/limits.py's kinds), as its request `request_id`.
+    Reply: None (granted, counted until the sender's reports show it settled), or the first row refused,
+    [kind, name, limit] (runtime/broker/limits.py)."""
+
+    request_id: int
+    wanted: list[list[Any]]
+
+
+@message_kind(107)
+class LimitReport(NamedTuple):
+    """A worker's counts of some keys at one moment (`counts`: [kind, name, count] rows), the requests of
+    `LimitAcquire` it has sent and not yet settled (`pending`), the id its next request will have
+    (`next_id`) and its process's `incarnation` (its ids start again when it restarts)."""
+
+    incarnation: int
+    counts: list[list[Any]]
+    pending: list[int]
+    next_id: int
+
+
+@request_kind(106, LimitReport)
+class LimitQuery(NamedTuple):
+    """Worker 0 asks another worker its counts of `keys` ([kind, name] rows) now. Reply: its
+    `LimitReport`."""
+
+    keys: list[list[Any]]
+
+
 PUBLISH_STRIDE = 9
 DELIVER_STRIDE = 10
 
@@ -566,7 +597,7 @@ Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated | RemoteConsumerPaused
-    | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
+    | LimitAcquire | LimitQuery | LimitReport | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
@@ -577,7 +608,7 @@ Record: TypeAlias = (
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | AgentQuery
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | AgentQuery | LimitAcquire | LimitQuery
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

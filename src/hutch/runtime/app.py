@@ -29,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 
 from hutch import __version__, portfile
-from hutch.cluster.messages import DirectReply, LimitCounts
+from hutch.cluster.messages import DirectReply, LimitAcquire, LimitCounts, LimitQuery
 from hutch.config import Config
 from hutch.core.auth import AuthStore
 from hutch.runtime import listen
@@ -40,6 +40,7 @@ from hutch.runtime.broker.definitions import DefinitionStore
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.clustering.service import ClusterService, load_secret
+from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
 from hutch.runtime.federation.service import FederationService
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.classic.persistence import Persistence
@@ -119,7 +120,19 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
             if isinstance(t, ClassicQueueType):
                 t.elsewhere = remote.place_on_fewest
         _worker_agents(node, cluster)
+        _worker_limits(node, cluster)
     return cluster
+
+
+def _worker_limits(node: Node, cluster: ClusterService) -> None:
+    """Exact connection and channel limits between the workers: worker 0 counts for the node
+    (runtime/broker/limits.py's `WorkerLimits`)."""
+    exact = limits.WorkerLimits(node, node.name, worker_name(node_of_worker(node.name), 0), cluster.call,
+                                cluster.transport.connected_peers, (PeerUnavailable, RemoteError, TimeoutError))
+    cluster.register(LimitAcquire, exact.on_acquire)
+    cluster.register(LimitQuery, exact.on_query)
+    node.cluster_peer_hooks.append(exact.peer_changed)
+    node.worker_limits = exact
 
 
 def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueueType) -> None:

@@ -23,7 +23,7 @@ or `session/` changes for it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -308,8 +308,15 @@ class BrokerPort(Protocol):
         """connection.open: raises the connection error RabbitMQ gives past a vhost or user limit."""
         ...
 
-    def check_channel_limit(self, conn: SessionConnection) -> None:
-        """channel.open: raises the connection error RabbitMQ gives past the user's max-channels."""
+    def open_connection_limits(self, vhost: str, user: str) -> Coroutine[Any, Any, None] | None:
+        """connection.open: as `check_connection_limits`, or (a worker of a node of several, a limit that
+        applies) the wait for the node's exact count, which raises that error; the caller counts the
+        connection in the step the wait ends in."""
+        ...
+
+    def open_channel_limit(self, conn: SessionConnection) -> Coroutine[Any, Any, None] | None:
+        """channel.open: raises the connection error RabbitMQ gives past the user's max-channels, or
+        returns the wait for it as `open_connection_limits`."""
         ...
 
 

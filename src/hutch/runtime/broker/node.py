@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
@@ -102,6 +102,7 @@ class Node:
                                          config.max_message_size)
         self.limits = LimitStore()  # vhost and user limits (runtime/broker/limits.py)
         self.peer_counts = PeerCounts()  # the other nodes' connection and channel counts (a cluster)
+        self.worker_limits: limits.WorkerLimits | None = None  # exact counts between workers, set by runtime/app.py
         self.parameters = parameters.ParameterStore()  # runtime parameters: shovels (runtime/broker/parameters.py)
         self.shovels: Any = None  # the dynamic shovels' service, set by runtime/app.py (runtime/shovel/)
         self.federation: Any = None  # the federation links' service, set by runtime/app.py (runtime/federation/)
@@ -517,9 +518,13 @@ class Node:
         """connection.open: ConnectionError_ 530 past the vhost's or the user's max-connections."""
         limits.check_connection(self, vhost, user)
 
-    def check_channel_limit(self, conn: SessionConnection) -> None:
-        """channel.open: ConnectionError_ 530 past the user's max-channels."""
-        limits.check_channel(self, conn)
+    def open_connection_limits(self, vhost: str, user: str) -> Coroutine[Any, Any, None] | None:
+        """connection.open: 530 past a connection limit, judged here or (a worker) waited for."""
+        return limits.connections_over_workers(self, vhost, user)
+
+    def open_channel_limit(self, conn: SessionConnection) -> Coroutine[Any, Any, None] | None:
+        """channel.open: 530 past the user's max-channels, judged here or (a worker) waited for."""
+        return limits.channels_over_workers(self, conn)
 
     # -- topology ----------------------------------------------------------------------------------
     def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,

@@ -31,6 +31,7 @@ import logging
 import platform
 import socket
 import ssl
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
@@ -168,6 +169,7 @@ class AMQPConnection:
         self.heartbeat_s = cfg.heartbeat_s
         self.user_name = ""
         self.vhost_obj: VirtualHost | None = None
+        self.counts_for_limits = False  # open (past connection.open) and not closed: the limits count it
         self.capabilities: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.peer = ("", 0)
@@ -460,13 +462,50 @@ class AMQPConnection:
             if self.channel_max and opened >= self.channel_max:
                 raise ConnectionError_(NOT_ALLOWED, f"number of channels opened ({opened}) has reached "
                                        f"the negotiated channel_max ({self.channel_max})")
-            self.node.check_channel_limit(self)
-            self.channels[channel] = ServerChannel(self, channel)
-            self.node.churn["channels_opened"] += 1
-            self.send_method(channel, spec.Channel.OpenOk())
+            waiting = self.node.open_channel_limit(self)
+            if waiting is not None:  # a worker asks the node's count (runtime/broker/limits.py)
+                self._wait_for_limits(waiting, lambda: self._channel_opened(channel), method)
+                return
+            self._channel_opened(channel)
             return
         raise ConnectionError_(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}",
                                method.CLASS_ID, method.METHOD_ID)
+
+    def _channel_opened(self, channel: int) -> None:
+        if self.state != State.OPEN or channel in self.channels:
+            return  # closed while its limit was judged (the grant is settled all the same)
+        self.channels[channel] = ServerChannel(self, channel)
+        self.node.churn["channels_opened"] += 1
+        self.send_method(channel, spec.Channel.OpenOk())
+
+    # -- limits that wait for the node's count (a worker of several) ------------------------------------
+    def _wait_for_limits(self, waiting: Coroutine[Any, Any, None], then: Callable[[], None],
+                         method: spec.Method) -> None:
+        """Stop reading until the node's count answers: `then()` runs in the step the wait ends in (the
+        grant is counted there), or the wait's 530 closes the connection."""
+        self._suspended = True
+        self.hold_reading("limits")
+        self._cluster_task = self._loop.create_task(self._limits_then(waiting, then, method))
+
+    async def _limits_then(self, waiting: Coroutine[Any, Any, None], then: Callable[[], None],
+                           method: spec.Method) -> None:
+        try:
+            await waiting
+            then()
+        except ConnectionError_ as exc:
+            self.close_with_error(exc)
+        except Exception as exc:  # a bug must not take the node down
+            log.exception("internal error on connection %s", self.name)
+            self.close_with_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc}",
+                                                   method.CLASS_ID, method.METHOD_ID))
+        finally:
+            self._cluster_task = None
+            self._suspended = False
+            self.release_reading("limits")
+            if self.state in (State.OPEN, State.OPEN_WAIT):
+                self._drain_frames()
+            else:
+                self.flush()
 
     def _channel_error(self, channel: int, exc: AMQPError) -> None:
         ch = self.channels.pop(channel, None)
@@ -653,11 +692,22 @@ class AMQPConnection:
         vhost = self.node.vhosts.get(vhost_name)
         if vhost is None:
             raise ConnectionError_(NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
-        self.node.check_connection_limits(vhost_name, self.user_name)  # before access, as rabbit_reader
-        if not self.node.auth.can_access_vhost(self.user_name, vhost_name):
-            raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost_name),
+        waiting = self.node.open_connection_limits(vhost_name, self.user_name)  # before access, as rabbit_reader
+        if waiting is not None:  # a worker asks the node's count (runtime/broker/limits.py)
+            self._wait_for_limits(waiting, lambda: self._opened(vhost), m)
+            return
+        self._opened(vhost)
+
+    def _opened(self, vhost: VirtualHost) -> None:
+        """connection.open past its limits: the vhost's access, then open-ok; from here the connection
+        counts for the limits until its close handshake (`_release_all`)."""
+        if self.state != State.OPEN_WAIT:
+            return  # closed while its limits were judged
+        if not self.node.auth.can_access_vhost(self.user_name, vhost.name):
+            raise ConnectionError_(NOT_ALLOWED, vhost_access_refused_text(self.user_name, vhost.name),
                                    10, 40)
         self.vhost_obj = vhost
+        self.counts_for_limits = True
         self.state = State.OPEN
         if self._timer is not None:
             self._timer.cancel()
@@ -868,6 +918,7 @@ class AMQPConnection:
         if self._flow_timer is not None:
             self._flow_timer.cancel()
             self._flow_timer = None
+        self.counts_for_limits = False  # a closed connection frees its place at once
         channels = list(self.channels.values())
         self.channels.clear()
         for ch in channels:
