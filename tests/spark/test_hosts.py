@@ -6,7 +6,8 @@ an error naming every host tried), pure and against a real hutch process for the
 driver's probes, a read task, the sink) and AMQP 0-9-1 (the queue source); a Spark write and batch read
 of a stream whose `uri` names a node that is down; and on a real 3-node cluster: a stream write through
 a replica publishes on a connection to the leader the `metadata` command names (each row once in the
-stream), and a read whose `uri` node is stopped reads the whole stream from the next host.
+stream), and a read whose `uri` node is stopped reads the whole stream from the next host (a replica:
+the read stays there, no connection to the leader).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hutch.spark.options import (
     write_options,
 )
 from hutch.spark.pool import POOL
+from hutch.spark.sink import Publisher
 from hutch.spark.source import HutchReadError, open_client
 from hutch.spark.stream_sink import StreamPublisher
 from hutch.spark.stream_source import HutchStreamBatchReader, HutchStreamReadError, Probe, read_range
@@ -115,6 +117,11 @@ def test_probes_tasks_and_queue_reads_try_the_hosts_in_turn(stream_server: Serve
     # The queue source: hosts' ports are AMQP ports there.
     qopts = read_options({"uri": amqp_uri(dead), "hosts": f"127.0.0.1:{stream_server.amqp_port}", "queue": queue})
     open_client(qopts, "hutch-spark test").close()
+    # The exchange sink (AMQP 0-9-1) too: three rows to the queue through the next host.
+    wopts = write_options({"uri": amqp_uri(dead), "hosts": f"127.0.0.1:{stream_server.amqp_port}",
+                           "exchange": "", "routing_key": queue})
+    values = pa.record_batch([pa.array([b"a", b"b", b"c"], pa.binary())], names=["value"])
+    assert Publisher(wopts, "hq", 0).run(iter([values])).messages == 3
     # None answers: the error names every host tried.
     other = free_port()
     nobody = replace(opts, hosts=(("127.0.0.1", other),))
@@ -167,5 +174,6 @@ def test_write_through_a_replica_goes_to_the_leader_and_reads_fail_over(tmp_path
                                      "hosts": f"127.0.0.1:{stream_port(n2)}"}, streaming=False)
         parts = HutchStreamBatchReader(ropts).partitions()
         assert sum(b.num_rows for part in parts for b in read_range(ropts, part)) == 300
+        assert POOL.idle(leader) == before + 1, "a read on the replica n2 moved to another node"
     finally:
         cluster.stop()

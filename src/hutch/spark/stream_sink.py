@@ -32,8 +32,9 @@ stores each row once.
 Rules: a task returns its commit message only after every publishing id is confirmed; its connections
 come from the executor process's pool (spark/pool.py) and go back there with their publishers deleted; a
 publish error fails the task (Spark retries it: the retry is deduplicated). Bounded: at most
-`maxUnconfirmed` messages unconfirmed per task, over all its connections. A super stream's partitions are asked for once per task (`partitions`)
-and a row goes to `partition_of(key)` (routing.py, the RabbitMQ clients' murmur3 hash).
+`maxUnconfirmed` messages unconfirmed per task, over all its connections. A super stream's partitions
+are asked for once per task (`partitions`) and a row goes to `partition_of(key)` (routing.py, the
+RabbitMQ clients' murmur3 hash).
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from hutch.amqp.uri import AmqpUri
 from hutch.queues.stream.chunk import record_list
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec
@@ -95,12 +94,6 @@ def admit(available: int, min_offsets: int, max_delay_ms: int, waited_ms: float)
     return available >= min_offsets or waited_ms >= max_delay_ms
 
 
-def stream_uris(opts: StreamReadOptions) -> tuple[AmqpUri, ...]:
-    """The stream protocol's addresses of the read, tried in turn: `uri`'s host on `streamPort`, then
-    `hosts` (credentials, vhost and TLS from `uri`)."""
-    return opts.stream_uris()
-
-
 def on_member(stack: ExitStack, client: StreamClient, stream: str, name: str, timeout_s: float) -> StreamClient:
     """The connection to read `stream` on: `client` when its node holds the stream (its leader or a replica,
     as the `metadata` command names them), else a pooled one to the first member that answers; `client`
@@ -149,7 +142,7 @@ class Probe:
         name, timeout_s = f"hutch-spark probe {opts.stream}", opts.read_timeout_ms / 1000
         try:
             with ExitStack() as stack:
-                client = on_member(stack, stack.enter_context(pooled(stream_uris(opts), name, timeout_s)),
+                client = on_member(stack, stack.enter_context(pooled(opts.stream_uris(), name, timeout_s)),
                                    opts.stream, name, timeout_s)
                 return what(client)
         except StreamClientError as exc:
@@ -250,7 +243,7 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
     try:
         with ExitStack() as stack:
             name = f"hutch-spark read {opts.stream}"
-            client = on_member(stack, stack.enter_context(pooled(stream_uris(opts), name, timeout_s)), opts.stream,
+            client = on_member(stack, stack.enter_context(pooled(opts.stream_uris(), name, timeout_s)), opts.stream,
                                name, timeout_s)
             first = True
             for header in client.read_range(opts.stream, start, end, credit_chunks(opts.prefetch), timeout_s):
