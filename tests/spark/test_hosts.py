@@ -6,7 +6,8 @@ an error naming every host tried), pure and against a real hutch process for the
 driver's probes, a read task, the sink) and AMQP 0-9-1 (the queue source); a Spark write and batch read
 of a stream whose `uri` names a node that is down; and on a real 3-node cluster: a stream write through
 a replica publishes on a connection to the leader the `metadata` command names (each row once in the
-stream), and a read whose `uri` node is stopped reads the whole stream from the next host (a replica:
+stream), a super stream write whose partitions' leaders are on the three nodes takes a connection to each and
+routes every row once, and a read whose `uri` node is stopped reads the whole stream from the next host (a replica:
 the read stays there, no connection to the leader).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from tests.cluster.nodes import Cluster
-from tests.cluster.test_stream_cluster import STREAM_CONF, declare, read_first, stream_port
+from tests.cluster.test_stream_cluster import STREAM_CONF, connect, declare, read_first, stream_port
 
 from conftest import ServerInfo, free_port
 from hutch.spark.hosts import first_answering
@@ -32,6 +33,7 @@ from hutch.spark.options import (
     write_options,
 )
 from hutch.spark.pool import POOL
+from hutch.spark.routing import partition_of
 from hutch.spark.sink import Publisher
 from hutch.spark.source import HutchReadError, open_client
 from hutch.spark.stream_sink import StreamPublisher
@@ -167,13 +169,35 @@ def test_write_through_a_replica_goes_to_the_leader_and_reads_fail_over(tmp_path
         StreamPublisher(opts, "lw", 0, 0).run(_batches(300))
         got = read_first(n2, "placed", 300)
         assert sorted(b for _, b in got) == sorted(f"c{i}" for i in range(300))
+        # A super stream whose partitions' leaders are n1, n2, n3, written through n2: a connection per
+        # leader (n2's is the task's own), each row in the partition its key routes to, once.
+        conn = connect(n2)
+        ch = conn.channel()
+        ch.exchange_declare("ss", "direct", durable=True, arguments={"x-super-stream": True})
+        for i, node in enumerate(cluster.nodes):
+            declare(node, f"ss-{i}")
+            ch.queue_bind(f"ss-{i}", "ss", str(i), arguments={"x-stream-partition-order": i})
+        conn.close()
+        sopts = write_options({"uri": n2.url, "streamPort": str(stream_port(n2)), "superStream": "ss"})
+        others = [replace(sopts.stream_uri(), port=stream_port(n)) for n in (n1, n3)]
+        POOL.close()  # no kept connection: those after the write are the ones it used
+        keys = [f"k{i}" for i in range(90)]
+        rows = pa.record_batch([pa.array([k.encode() for k in keys], pa.binary()), pa.array(keys)],
+                               names=["value", "key"])
+        assert StreamPublisher(sopts, "sw", 0, 0).run(iter([rows])).messages == 90
+        assert [POOL.idle(u) for u in others] == [1, 1], "not one connection per leader"
+        for i in range(3):
+            expect = sorted(k for k in keys if partition_of(k, 3) == i)
+            assert sorted(b for _, b in read_first(n2, f"ss-{i}", len(expect))) == expect
         # n3 stops: a read whose `uri` names it reads through the next host.
         gone = stream_port(n3)
         n3.stop()
         ropts = stream_read_options({"uri": n3.url, "streamPort": str(gone), "stream": "placed",
                                      "hosts": f"127.0.0.1:{stream_port(n2)}"}, streaming=False)
+        POOL.close()
         parts = HutchStreamBatchReader(ropts).partitions()
         assert sum(b.num_rows for part in parts for b in read_range(ropts, part)) == 300
-        assert POOL.idle(leader) == before + 1, "a read on the replica n2 moved to another node"
+        on_n2 = replace(sopts.stream_uri(), port=stream_port(n2))
+        assert (POOL.idle(on_n2), POOL.idle(leader)) == (1, 0), "a read on the replica n2 moved to another node"
     finally:
         cluster.stop()
