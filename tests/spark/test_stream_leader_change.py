@@ -9,9 +9,9 @@ every message of the stream exactly once: each confirmed message, no offset or b
 is not in the stream. A message nacked in the failover may still have been stored (as on RabbitMQ); it
 is then read once, like every other.
 
-Why the query reads through a replica and not the writer: the connector reads from the node in `uri`
-(one host; see docs/spark.md, "Limitations"), and a replica keeps serving its committed chunks while the
-writer changes, so the query never has to leave its node.
+Why the query reads through a replica and not the writer: the connector reads on the node it connects to
+when that node holds the stream (docs/spark.md, "Several hosts"), and a replica keeps serving its
+committed chunks while the writer changes, so the query never has to leave its node.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Options of the `hutch` Spark data source: parsing, defaults, bounds and the errors users see.
 
-Owns: `AmqpUri` and `parse_uri`, `ReadOptions` (streaming and batch reads of a queue), `StreamReadOptions`
+Owns: `AmqpUri` and `parse_uri`, `parse_hosts` and `host_uris` (the `hosts` option: more nodes to try
+beside `uri`'s, in turn, when one does not answer), `ReadOptions` (streaming and batch reads of a queue), `StreamReadOptions`
 and `Position` (reads of a stream by offset: Spark's Kafka source option names), `WriteOptions` (batch
 and streaming writes), and `HutchOptionError`.
 
@@ -39,6 +40,50 @@ def parse_uri(text: str) -> AmqpUri:
         raise HutchOptionError(f"option 'uri': {exc}") from None
 
 
+# -- several hosts -----------------------------------------------------------------------------------
+
+MAX_HOSTS = 64
+Hosts = tuple[tuple[str, int], ...]  # (host, port); port 0: the port of the protocol spoken
+
+
+def parse_hosts(raw: str) -> Hosts:
+    """The `hosts` option: a comma list of `host[:port]` (`[v6 address]:port` for IPv6), as Kafka's
+    `bootstrap.servers`. A port is the one of the protocol the read or write speaks (AMQP 0-9-1 for a
+    queue or an exchange, the stream protocol for a stream); without one, `uri`'s port (AMQP) or
+    `streamPort` (streams). Raises HutchOptionError."""
+    out: list[tuple[str, int]] = []
+    items = [item.strip() for item in str(raw).split(",")]
+    if not any(items) or len(items) > MAX_HOSTS:
+        raise HutchOptionError(f"option 'hosts' must list 1 to {MAX_HOSTS} hosts as host[:port],host[:port]..., "
+                               f"got {raw!r}")
+    for item in items:
+        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?|([^\s:/@\[\]]+)(?::(\d{1,5}))?", item)
+        port = int(m.group(2) or m.group(4) or "0") if m else 0
+        if m is None or not 0 <= port <= 65535 or (port == 0 and (m.group(2) or m.group(4))):
+            raise HutchOptionError(f"option 'hosts': {item!r} is not host[:port] (a port is 1 to 65535; an IPv6 "
+                                   "address is written [address]:port)")
+        host = m.group(1) or m.group(3)
+        if (host, port) not in out:
+            out.append((host, port))
+    return tuple(out)
+
+
+def host_uris(uri: AmqpUri, hosts: Hosts, port: int) -> tuple[AmqpUri, ...]:
+    """The addresses to try, in order: `uri`'s host on `port`, then each of `hosts` (on its own port, or
+    `port`), with `uri`'s credentials, vhost and TLS settings."""
+    out = [replace(uri, port=port)]
+    for host, host_port in hosts:
+        candidate = replace(uri, host=host, port=host_port or port)
+        if candidate not in out:
+            out.append(candidate)
+    return tuple(out)
+
+
+def _hosts(opts: dict[str, str]) -> Hosts:
+    raw = opts.get("hosts")
+    return () if raw is None else parse_hosts(raw)
+
+
 # -- reading -----------------------------------------------------------------------------------------
 
 ACK_MODES = ("afterPartition", "none")
@@ -57,19 +102,24 @@ class ReadOptions:
     max_messages: int = 100_000  # batch: most messages one spark.read drains
     num_partitions: int = 0  # batch: 0 = ceil(messages / prefetch)
     ack_mode: str = "afterPartition"  # batch: when a read task acknowledges
+    hosts: Hosts = ()  # more nodes to try when `uri`'s does not answer
+
+    def uris(self) -> tuple[AmqpUri, ...]:
+        """The AMQP addresses to try in turn: `uri`, then `hosts`."""
+        return host_uris(self.uri, self.hosts, self.uri.port)
 
 
 _READ_KEYS = {
     "uri": "uri", "queue": "queue", "prefetch": "prefetch",
     "maxmessagespertrigger": "maxMessagesPerTrigger", "polltimeoutms": "pollTimeoutMs",
     "includeheaders": "includeHeaders", "maxmessages": "maxMessages", "numpartitions": "numPartitions",
-    "ackmode": "ackMode",
+    "ackmode": "ackMode", "hosts": "hosts",
 }
 _WRITE_KEYS = {
     "uri": "uri", "exchange": "exchange", "routing_key": "routing_key", "mandatory": "mandatory",
     "deliverymode": "deliveryMode", "maxunconfirmed": "maxUnconfirmed",
     "confirmtimeoutms": "confirmTimeoutMs", "writeid": "writeId", "stream": "stream",
-    "superstream": "superStream", "streamport": "streamPort",
+    "superstream": "superStream", "streamport": "streamPort", "hosts": "hosts",
 }
 # Options of the AMQP 0-9-1 sink that mean nothing to a write to a stream (stream protocol).
 _AMQP_ONLY_WRITE_KEYS = ("exchange", "routing_key", "mandatory", "deliverymode")
@@ -166,6 +216,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         max_messages=_int(opts, "maxmessages", "maxMessages", ReadOptions.max_messages, 0, 2**31 - 1),
         num_partitions=_int(opts, "numpartitions", "numPartitions", ReadOptions.num_partitions, 0, 10_000),
         ack_mode=by_lower[str(ack_mode).lower()],
+        hosts=_hosts(opts),
     )
 
 
@@ -207,10 +258,19 @@ class StreamReadOptions:
     super_stream: str | None = None
     starting_by_partition: tuple[tuple[int, Position], ...] = ()
     ending_by_partition: tuple[tuple[int, Position], ...] = ()
+    hosts: Hosts = ()  # more nodes to try when `uri`'s does not answer (their stream ports)
 
     def name(self) -> str:
         """The stream or super stream read (for messages)."""
         return self.super_stream or self.stream
+
+    def stream_uris(self) -> tuple[AmqpUri, ...]:
+        """The stream protocol's addresses to try in turn: `uri`'s host on `streamPort`, then `hosts`."""
+        return host_uris(self.uri, self.hosts, self.stream_port)
+
+    def uris(self) -> tuple[AmqpUri, ...]:
+        """The AMQP addresses (`uri`, then `hosts`' hosts on `uri`'s port: their ports are stream ports)."""
+        return host_uris(self.uri, tuple((host, 0) for host, _ in self.hosts), self.uri.port)
 
 
 _STREAM_KEYS = {
@@ -220,7 +280,7 @@ _STREAM_KEYS = {
     "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
     "minpartitions": "minPartitions", "failondataloss": "failOnDataLoss", "prefetch": "prefetch",
     "polltimeoutms": "pollTimeoutMs", "readtimeoutms": "readTimeoutMs", "includeheaders": "includeHeaders",
-    "superstream": "superStream", "streamport": "streamPort",
+    "superstream": "superStream", "streamport": "streamPort", "hosts": "hosts",
 }
 _OFFSET_MAX = 2**63 - 1
 
@@ -342,6 +402,7 @@ def stream_read_options(options: Mapping[str, str], streaming: bool) -> StreamRe
                              1, 3_600_000),
         include_headers=_bool(opts, "includeheaders", "includeHeaders", StreamReadOptions.include_headers),
         stream_port=_int(opts, "streamport", "streamPort", STREAM_TLS_PORT if uri.tls else STREAM_PORT, 1, 65535),
+        hosts=_hosts(opts),
     )
 
 
@@ -388,6 +449,7 @@ class WriteOptions:
     stream: str | None = None  # write to this stream over the stream protocol (idempotent)
     super_stream: str | None = None  # write to this super stream's partitions, routed by the key column
     stream_port: int = STREAM_PORT  # the broker's stream protocol port (host, user, vhost: from `uri`)
+    hosts: Hosts = ()  # more nodes to try when `uri`'s does not answer
 
     @property
     def to_stream(self) -> bool:
@@ -399,8 +461,16 @@ class WriteOptions:
         return self.stream or self.super_stream or ""
 
     def stream_uri(self) -> AmqpUri:
-        """`uri` with the stream protocol's port: the stream sink's connection."""
+        """`uri` with the stream protocol's port: the stream sink's first address."""
         return replace(self.uri, port=self.stream_port)
+
+    def stream_uris(self) -> tuple[AmqpUri, ...]:
+        """The stream sink's addresses to try in turn: `uri`'s host on `streamPort`, then `hosts`."""
+        return host_uris(self.uri, self.hosts, self.stream_port)
+
+    def uris(self) -> tuple[AmqpUri, ...]:
+        """The AMQP sink's addresses to try in turn: `uri`, then `hosts`."""
+        return host_uris(self.uri, self.hosts, self.uri.port)
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -450,4 +520,5 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         super_stream=None if super_stream is None else str(super_stream),
         stream_port=_int(opts, "streamport", "streamPort", STREAM_TLS_PORT if uri.tls else STREAM_PORT,
                          1, 65535),
+        hosts=_hosts(opts),
     )

@@ -1,6 +1,8 @@
 """Stream-protocol connections kept for reuse within one Python process of Spark's.
 
-Owns: `StreamClientPool` and the process's pool (`POOL`, closed at exit), and `pooled()`, the one way the
+Owns: `StreamClientPool` and the process's pool (`POOL`, closed at exit), `pooled_on()` (a connection to
+one of the nodes the `metadata` command names for a stream: its leader to write, a member to read), and
+`pooled()`, the one way the
 connector takes a stream-protocol connection: a context manager that checks a connection out (a kept one
 that still works, or a new one) and gives it back when the block ends cleanly, or closes it when the
 block failed.
@@ -12,6 +14,8 @@ tune and open per trigger, per partition probe and per task; measured, that was 
 connector's share of a pipeline (docs/BENCHMARKS.md, "Spark on streams").
 
 Rules:
+- Several hosts (the `hosts` option): `take` is given the addresses in order; a kept connection to any
+  of them is taken first, else each is connected to in turn until one answers (spark/hosts.py).
 - Keyed by everything that makes a connection: host, port, user, password, vhost, TLS settings (the
   `AmqpUri`, frozen). A connection is used by one caller at a time (checked out), so the driver's
   concurrent probes of a super stream's partitions take one each.
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 
 from hutch.amqp.uri import AmqpUri
 
-from .streamclient import StreamClient
+from .hosts import first_answering
+from .streamclient import StreamClient, StreamClientError
 
 MAX_IDLE_PER_KEY = 16
 
@@ -45,19 +51,23 @@ class StreamClientPool:
         self._lock = threading.Lock()
         self.opened = 0  # connections opened over the pool's life (tests and the benchmark read it)
 
-    def take(self, uri: AmqpUri, name: str, timeout_s: float) -> StreamClient:
-        """A working connection to `uri`: a kept one, else a new one (StreamClientError if it cannot)."""
-        while True:
-            with self._lock:
-                kept = self._idle.get(uri)
-                client = kept.pop() if kept else None
-            if client is None:
-                break
-            if client.alive():
-                client.timeout_s = timeout_s
-                return client
-            client.close()
-        client = StreamClient(uri, name, timeout_s=timeout_s).connect()
+    def take(self, uris: AmqpUri | Sequence[AmqpUri], name: str, timeout_s: float) -> StreamClient:
+        """A working connection to one of `uris` (in order of preference): a kept one, else a new one to
+        the first that answers (StreamClientError naming every address tried if none does)."""
+        every = (uris,) if isinstance(uris, AmqpUri) else tuple(uris)
+        for uri in every:
+            while True:
+                with self._lock:
+                    kept = self._idle.get(uri)
+                    client = kept.pop() if kept else None
+                if client is None:
+                    break
+                if client.alive():
+                    client.timeout_s = timeout_s
+                    return client
+                client.close()
+        client = first_answering(every, lambda uri: StreamClient(uri, name, timeout_s=timeout_s).connect(),
+                                 StreamClientError)
         with self._lock:
             self.opened += 1
         return client
@@ -92,8 +102,8 @@ atexit.register(POOL.close)
 
 
 @contextmanager
-def pooled(uri: AmqpUri, name: str, timeout_s: float) -> Iterator[StreamClient]:
-    """A connection of the process's pool for the block: given back when it ends cleanly, closed when it
+def pooled(uri: AmqpUri | Sequence[AmqpUri], name: str, timeout_s: float) -> Iterator[StreamClient]:
+    """A connection of the process's pool (to the first of `uri` that answers) for the block: given back when it ends cleanly, closed when it
     raises (or when the block left a subscription or a publisher open)."""
     client = POOL.take(uri, name, timeout_s)
     try:
@@ -104,4 +114,20 @@ def pooled(uri: AmqpUri, name: str, timeout_s: float) -> Iterator[StreamClient]:
     POOL.give_back(client)
 
 
-__all__ = ["MAX_IDLE_PER_KEY", "POOL", "StreamClientPool", "pooled"]
+def pooled_on(stack: ExitStack, client: StreamClient, nodes: Sequence[tuple[str, int]], name: str,
+              timeout_s: float) -> StreamClient | None:
+    """A connection to one of `nodes` (advertised (host, stream port) pairs, in order of preference) for
+    the rest of `stack`: `client` itself when its node is one of them (or none is named), else one of the
+    pool to the first that answers (credentials, vhost and TLS from `client`); None when none answers."""
+    if not nodes or client.advertised in nodes:
+        return client
+    uris = [replace(client.uri, host=host, port=port) for host, port in nodes]
+    try:
+        return stack.enter_context(pooled(uris, name, timeout_s))
+    except StreamClientError as exc:
+        if exc.code != 0:
+            raise
+        return None
+
+
+__all__ = ["MAX_IDLE_PER_KEY", "POOL", "StreamClientPool", "pooled", "pooled_on"]

@@ -36,6 +36,7 @@ from pyspark.sql.types import StringType, StructType
 from hutch.amqp.spec import FLAG_DELIVERY_MODE, PROPERTY_NAMES, BasicProperties
 
 from .client import AmqpClient, ClientClosed
+from .hosts import first_answering
 from .options import HutchOptionError, WriteOptions
 from .stream_sink import StreamPublisher, check_stream_write_schema
 from .writerows import (
@@ -106,8 +107,10 @@ class Publisher:
     def run(self, batches: Iterator[Any]) -> HutchCommitMessage:
         opts = self.opts
         try:
-            self.client = AmqpClient(opts.uri, connection_name=f"hutch-spark write {self.id_prefix}",
-                                     send_timeout_s=opts.confirm_timeout_ms / 1000).connect()
+            name, send_timeout_s = f"hutch-spark write {self.id_prefix}", opts.confirm_timeout_ms / 1000
+            self.client = first_answering(
+                opts.uris(), lambda uri: AmqpClient(uri, connection_name=name, send_timeout_s=send_timeout_s).connect(),
+                ClientClosed)
             self.client.confirm_select()
         except ClientClosed as exc:
             raise self._fail("cannot open a publishing connection", exc) from None

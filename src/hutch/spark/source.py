@@ -33,6 +33,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition, SimpleDataSourceStreamReader
 
 from .client import AmqpClient, ClientClosed
+from .hosts import first_answering
 from .ledger import Ledger, LedgerError
 from .options import HutchOptionError, ReadOptions
 from .schema import to_record_batch
@@ -53,7 +54,8 @@ class HutchReadError(RuntimeError):
 
 def open_client(opts: ReadOptions, name: str) -> AmqpClient:
     try:
-        return AmqpClient(opts.uri, connection_name=name).connect()
+        return first_answering(opts.uris(), lambda uri: AmqpClient(uri, connection_name=name).connect(),
+                               ClientClosed)
     except ClientClosed as exc:
         raise HutchReadError(f"hutch source (queue {opts.queue!r}): {exc}") from None
 

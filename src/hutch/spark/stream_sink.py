@@ -18,16 +18,30 @@ The assumption (Spark's, for any idempotent sink): a replayed batch has the same
 partitions in the same order, which holds for a deterministic query over a replayable source (a
 stream read by offset, Kafka, files).
 
-Rules: a task returns its commit message only after every publishing id is confirmed; its connection
-comes from the executor process's pool (spark/pool.py) and goes back there with its publishers deleted; a publish error
-fails the task (Spark retries it: the retry is deduplicated). Bounded: at most `maxUnconfirmed`
-messages unconfirmed per task. A super stream's partitions are asked for once per task (`partitions`)
-and a row goes to `partition_of(key)` (routing.py, the RabbitMQ clients' murmur3 hash).
+Where a task writes: each stream at its leader. The task connects to the first of `uri`'s host and
+`hosts` that answers (spark/hosts.py), asks the `metadata` command where its streams live and publishes
+each stream on a connection to its leader's advertised host and stream port (the connection it has
+when that node is the leader, else one more from the pool: a super stream whose partitions' leaders
+are on three nodes takes three). A leader that cannot be reached at its advertised address (an address
+not routable from the executor) is written through the node the task is connected to, which forwards
+to the writer (docs/streams.md, "Stream-protocol publishers on any member"). A leader that changes
+during the write is no different from a connection lost: the task fails, Spark re-runs it, the new
+leader is asked for, and the broker's deduplication (kept with the stream, so on the new leader too)
+stores each row once.
+
+Rules: a task returns its commit message only after every publishing id is confirmed; its connections
+come from the executor process's pool (spark/pool.py) and go back there with their publishers deleted; a
+publish error fails the task (Spark retries it: the retry is deduplicated). Bounded: at most
+`maxUnconfirmed` messages unconfirmed per task, over all its connections. A super stream's partitions
+are asked for once per task (`partitions`) and a row goes to `partition_of(key)` (routing.py, the
+RabbitMQ clients' murmur3 hash).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
@@ -37,8 +51,9 @@ from hutch.core.message import Message
 from hutch.queues.stream.amqp10 import from_091
 
 from . import writerows as rows
+from .hosts import host_port
 from .options import HutchOptionError, WriteOptions
-from .pool import pooled
+from .pool import pooled, pooled_on
 from .routing import partition_of
 from .streamclient import StreamClient, StreamClientError, code_name
 from .writerows import HutchCommitMessage, HutchWriteError
@@ -49,6 +64,8 @@ PUBLISH_CHUNK = 1000  # rows encoded and sent per publish call
 STREAM_WRITE_COLUMNS = ("value", "key", "routing_key", "headers", "properties")
 # Columns of a stream read that a stream write ignores (a DataFrame read from a stream can be written back).
 IGNORED_STREAM_COLUMNS = ("stream", "partition", "offset", "timestamp", "exchange")
+
+log = logging.getLogger("hutch.spark")
 
 
 def publisher_reference(query: str, spark_partition: int) -> str:
@@ -101,9 +118,10 @@ class StreamPublisher:
     def run(self, batches: Iterator[Any]) -> HutchCommitMessage:
         opts = self.opts
         streams: list[str] = []
+        name, timeout_s = f"hutch-spark write {self.reference}", opts.confirm_timeout_ms / 1000
         try:
-            with pooled(opts.stream_uri(), f"hutch-spark write {self.reference}",
-                        opts.confirm_timeout_ms / 1000) as client:
+            with ExitStack() as stack:
+                client = stack.enter_context(pooled(opts.stream_uris(), name, timeout_s))
                 if opts.super_stream is not None:
                     streams = client.partitions(opts.super_stream)
                     if not streams:
@@ -111,14 +129,18 @@ class StreamPublisher:
                 else:
                     assert opts.stream is not None
                     streams = [opts.stream]
+                # publisher id = the stream's index, on the connection to its leader
+                links = self._leaders(stack, client, streams, name, timeout_s)
                 for pid, stream in enumerate(streams):
-                    client.declare_publisher(pid, self.reference, stream)
+                    links[pid].declare_publisher(pid, self.reference, stream)
                 for batch in batches:
-                    self._publish_batch(client, batch, streams)
-                client.wait_confirms(at_most=0)
-                errors = [(pid, e) for pid, errs in client.errors.items() for e in errs]
-                for pid in range(len(streams)):  # the connection goes back to the pool without publishers
-                    client.delete_publisher(pid)
+                    self._publish_batch(links, batch, streams)
+                clients = list({id(link): link for link in links}.values())
+                for each in clients:
+                    each.wait_confirms(at_most=0)
+                errors = [(pid, e) for each in clients for pid, errs in each.errors.items() for e in errs]
+                for pid, link in enumerate(links):  # connections go back to the pool without publishers
+                    link.delete_publisher(pid)
         except StreamClientError as exc:
             raise self._explain(exc) from None
         if errors:
@@ -135,7 +157,30 @@ class StreamPublisher:
                               "declare it first")
         return self._fail(f"after {self.count} messages: {exc}")
 
-    def _publish_batch(self, client: StreamClient, batch: Any, streams: list[str]) -> None:
+    def _leaders(self, stack: ExitStack, client: StreamClient, streams: list[str], name: str,
+                 timeout_s: float) -> list[StreamClient]:
+        """For each stream, the connection to publish it on: to its leader (from `metadata`), opened from
+        the pool within `stack` unless `client` is on it; `client` when the broker names no leader or the
+        leader's advertised address does not answer (the node forwards to the writer)."""
+        placement = client.placement(streams)
+        by_leader: dict[tuple[str, int], StreamClient] = {}
+        out: list[StreamClient] = []
+        for stream in streams:
+            where = placement.get(stream)
+            leader = where.leader if where is not None else None
+            if leader is None:
+                out.append(client)
+                continue
+            if leader not in by_leader:
+                on_leader = pooled_on(stack, client, [leader], name, timeout_s)
+                if on_leader is None:
+                    log.warning("hutch sink: the leader of stream %r at %s:%s does not answer; writing through "
+                                "%s", stream, leader[0], leader[1], host_port(client.uri))
+                by_leader[leader] = on_leader or client
+            out.append(by_leader[leader])
+        return out
+
+    def _publish_batch(self, links: list[StreamClient], batch: Any, streams: list[str]) -> None:
         opts = self.opts
         n = batch.num_rows
         names = [name.lower() for name in batch.schema.names]
@@ -149,7 +194,8 @@ class StreamPublisher:
         super_stream = opts.super_stream
         exchange = super_stream or ""
         limit = opts.max_unconfirmed
-        max_bytes = client.max_message_bytes()
+        clients = list({id(link): link for link in links}.values())
+        max_bytes = min(each.max_message_bytes() for each in clients)
         id_prefix = f"{self.query}:{self.batch_id}:{self.partition_id}"
         for lo in range(0, n, PUBLISH_CHUNK):
             hi = min(n, lo + PUBLISH_CHUNK)
@@ -187,10 +233,11 @@ class StreamPublisher:
                 self.last_id = message_id
                 self.count += 1
             count = hi - lo
-            client.wait_confirms(max(0, limit - count))
+            for each in clients:  # the task's bound, shared by its connections
+                each.wait_confirms(max(0, limit - count) // len(clients))
             for pid, entries in enumerate(out):
                 if entries:
-                    client.publish(pid, entries)
+                    links[pid].publish(pid, entries)
 
 
 __all__ = ["StreamPublisher", "check_stream_write_schema", "publisher_reference", "publishing_id"]

@@ -33,20 +33,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from hutch.amqp.uri import AmqpUri
 from hutch.queues.stream.chunk import record_list
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec
 
 from .client import AmqpClient, ClientClosed
+from .hosts import first_answering
 from .options import EARLIEST, LATEST, OFFSET, TIMESTAMP, Position, StreamReadOptions
-from .pool import pooled
+from .pool import pooled, pooled_on
 from .records import RecordDecoder, stream_records_batch
 from .streamclient import MAX_CREDIT, StreamClient, StreamClientError
 
@@ -93,9 +94,15 @@ def admit(available: int, min_offsets: int, max_delay_ms: int, waited_ms: float)
     return available >= min_offsets or waited_ms >= max_delay_ms
 
 
-def stream_uri(opts: StreamReadOptions) -> AmqpUri:
-    """The stream protocol's address of the read: `uri`'s host, credentials, vhost and TLS, `streamPort`."""
-    return replace(opts.uri, port=opts.stream_port)
+def on_member(stack: ExitStack, client: StreamClient, stream: str, name: str, timeout_s: float) -> StreamClient:
+    """The connection to read `stream` on: `client` when its node holds the stream (its leader or a replica,
+    as the `metadata` command names them), else a pooled one to the first member that answers; `client`
+    when the broker places the stream nowhere (missing: the read's own error says so) or no member answers
+    at its advertised address."""
+    where = client.placement([stream]).get(stream)
+    if where is None:
+        return client
+    return pooled_on(stack, client, where.members(), name, timeout_s) or client
 
 
 def _missing(opts: StreamReadOptions) -> HutchStreamReadError:
@@ -103,7 +110,9 @@ def _missing(opts: StreamReadOptions) -> HutchStreamReadError:
     type alike; one passive queue.declare over AMQP 0-9-1 (the only AMQP the stream source still speaks,
     on this error path alone) tells the user which."""
     try:
-        with AmqpClient(opts.uri, connection_name=f"hutch-spark check {opts.stream}").connect() as client:
+        with first_answering(opts.uris(), lambda uri: AmqpClient(uri, connection_name=f"hutch-spark check "
+                                                                      f"{opts.stream}").connect(),
+                             ClientClosed) as client:
             client.queue_message_count(opts.stream)
     except ClientClosed as exc:
         if exc.code != 404:
@@ -130,8 +139,11 @@ class Probe:
 
     def _ask(self, what: Callable[[StreamClient], int | None]) -> int | None:
         opts = self.opts
+        name, timeout_s = f"hutch-spark probe {opts.stream}", opts.read_timeout_ms / 1000
         try:
-            with pooled(stream_uri(opts), f"hutch-spark probe {opts.stream}", opts.read_timeout_ms / 1000) as client:
+            with ExitStack() as stack:
+                client = on_member(stack, stack.enter_context(pooled(opts.stream_uris(), name, timeout_s)),
+                                   opts.stream, name, timeout_s)
                 return what(client)
         except StreamClientError as exc:
             raise explain(opts, exc) from None
@@ -229,7 +241,10 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
     decoder = RecordDecoder(opts.include_headers)
     seen = start - 1
     try:
-        with pooled(stream_uri(opts), f"hutch-spark read {opts.stream}", timeout_s) as client:
+        with ExitStack() as stack:
+            name = f"hutch-spark read {opts.stream}"
+            client = on_member(stack, stack.enter_context(pooled(opts.stream_uris(), name, timeout_s)), opts.stream,
+                               name, timeout_s)
             first = True
             for header in client.read_range(opts.stream, start, end, credit_chunks(opts.prefetch), timeout_s):
                 if first and header.chunk_id > start:

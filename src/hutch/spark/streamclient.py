@@ -6,7 +6,9 @@ codec in `hutch.streamproto` - and `StreamClientError`. It does what the connect
 else: the handshake (peer properties, SASL PLAIN, tune, open), `partitions` of a super stream (and
 creating one, for the benchmark), subscriptions with credit (`subscribe`, `read_chunks`: chunks as
 stored; `read_range`: the chunks that hold an offset range), the driver's probes built on them (the
-stream's first chunk, its exact end `committed_end`, the chunk at a timestamp), declaring a publisher
+stream's first chunk, its exact end `committed_end`, the chunk at a timestamp), where a stream lives
+(`placement`: its leader's and replicas' advertised host and stream port from the `metadata` command;
+`advertised`: this connection's node as its open response names it), declaring a publisher
 with a reference (the broker's deduplication key), pipelined publishes with confirms, and the close
 handshake.
 
@@ -37,6 +39,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from hutch.amqp.uri import AmqpUri
 from hutch.queues.stream.chunk import USER, Header, decode_header
@@ -54,6 +57,17 @@ ENTRY_OVERHEAD = 8 + 4  # publishing id, size
 MAX_DELIVER_BYTES = 128 * 1024 * 1024  # the largest chunk (delivered whole, in one frame) a client takes
 MAX_CREDIT = 64  # chunks a subscription may have in flight
 CLIENT_PROPERTIES = {"product": "hutch-spark", "information": "hutch's PySpark data source"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A stream's leader and replicas as the `metadata` command answers them: advertised (host, port)."""
+
+    leader: tuple[str, int] | None
+    replicas: list[tuple[str, int]]
+
+    def members(self) -> list[tuple[str, int]]:
+        return ([self.leader] if self.leader is not None else []) + self.replicas
 
 
 class StreamClientError(Exception):
@@ -94,6 +108,7 @@ class StreamClient:
         # publisher id -> publishing ids sent and not yet confirmed; errors (id, code) per publisher
         self.unconfirmed: dict[int, set[int]] = {}
         self.errors: dict[int, list[tuple[int, int]]] = {}
+        self.advertised: tuple[str, int] | None = None  # this node's (host, port), from the open response
         self.where = f"{'rabbitmq-stream+tls' if uri.tls else 'rabbitmq-stream'}://{uri.username}@" \
                      f"{uri.host}:{uri.port}"
 
@@ -138,7 +153,10 @@ class StreamClient:
         self._send(c.encode(c.TuneResponse(frame_max, self._tune.heartbeat_s)))
         self.frame_max = frame_max
         self._reader.frame_max = max(frame_max, MAX_DELIVER_BYTES)
-        self._rpc(c.Open(self._next(), self.uri.vhost))
+        opened = self._rpc(c.Open(self._next(), self.uri.vhost))
+        assert isinstance(opened, c.OpenResponse)
+        host, port = opened.properties.get("advertised_host"), opened.properties.get("advertised_port", "")
+        self.advertised = (host, int(port)) if host and port.isdigit() else None
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -147,6 +165,20 @@ class StreamClient:
         reply = self._rpc(c.Partitions(self._next(), super_stream))
         assert isinstance(reply, c.PartitionsResponse)
         return list(reply.streams)
+
+    def placement(self, streams: list[str]) -> dict[str, Placement]:
+        """Where each of `streams` lives, from the protocol's `metadata` command: its leader (the node that
+        writes it) and its replicas, each as the advertised (host, stream port). A stream the broker
+        answers with an error code (missing, access refused) is left out; a leader the broker names
+        without an address (during an election) is None."""
+        reply = self._rpc(c.Metadata(self._next(), list(streams)))
+        assert isinstance(reply, c.MetadataResponse)
+        brokers = {ref: (host, port) for ref, host, port in reply.brokers}
+        out: dict[str, Placement] = {}
+        for stream, code, leader, replicas in reply.streams:
+            if code == Code.OK:
+                out[stream] = Placement(brokers.get(leader), [brokers[r] for r in replicas if r in brokers])
+        return out
 
     def create_super_stream(self, name: str, partitions: list[str], binding_keys: list[str],
                             arguments: dict[str, str] | None = None) -> None:
@@ -441,4 +473,4 @@ class _NothingCame(Exception):
     """`_read_some(quiet=True)`: nothing arrived by the deadline."""
 
 
-__all__ = ["MAX_CREDIT", "StreamClient", "StreamClientError"]
+__all__ = ["MAX_CREDIT", "Placement", "StreamClient", "StreamClientError"]

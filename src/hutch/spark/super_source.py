@@ -51,7 +51,7 @@ def partition_streams(opts: StreamReadOptions) -> list[str]:
     name = opts.super_stream
     assert name is not None
     try:
-        with pooled(replace(opts.uri, port=opts.stream_port), f"hutch-spark partitions {name}",
+        with pooled(opts.stream_uris(), f"hutch-spark partitions {name}",
                     opts.read_timeout_ms / 1000) as client:
             streams = client.partitions(name)
     except StreamClientError as exc:
