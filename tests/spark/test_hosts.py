@@ -134,6 +134,7 @@ def test_probes_tasks_and_queue_reads_try_the_hosts_in_turn(stream_server: Serve
         open_client(replace(qopts, hosts=(("127.0.0.1", other),)), "hutch-spark test")
 
 
+@pytest.mark.slow  # ~18 s of Spark; the same failover without Spark is in the default run (above)
 def test_spark_write_and_read_when_uris_node_is_down(spark: Any, stream_server: ServerInfo, sbroker: Broker) -> None:
     stream = unique("hsw")
     sbroker.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
