@@ -84,18 +84,21 @@ def test_a_fast_publisher_does_not_build_a_backlog_behind_a_consumer_that_keeps_
 def test_a_queue_without_consumers_takes_everything(node: ServerInfo) -> None:
     queue = unique("flow-none")
     proc = _perf(node, queue, "-x", "1", "-y", "0", "-s", "16", "-c", "1000", "-z", "3")
-    flow_seen = False
+    flow_seen: list[list[str]] = []
     for _ in range(100):  # bounded: the run lasts 3 s
         if proc.poll() is not None:
             break
-        flow_seen = flow_seen or "flow" in _states(node)
+        states = _states(node)
+        if "flow" in states:
+            flow_seen.append(states)
         time.sleep(0.1)
-    out, _err = proc.communicate(timeout=60)
-    assert proc.returncode == 0
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
     confirmed = int(json.loads(out)["confirmed"])
-    assert confirmed > 1000
-    assert _ready(node, queue) >= confirmed  # every confirmed message is there (the queue is kept)
-    assert not flow_seen
+    assert confirmed > 1000, out
+    ready = _ready(node, queue)
+    assert ready >= confirmed, (ready, out)  # every confirmed message is there (the queue is kept)
+    assert not flow_seen, flow_seen
 
 
 def test_a_truly_slower_consumer_still_lets_the_queue_grow(node: ServerInfo) -> None:

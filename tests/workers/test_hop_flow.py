@@ -301,14 +301,7 @@ def test_the_consumers_worker_tells_the_home_when_its_socket_fills_and_drains() 
     """At the consumer's worker: a delivery that leaves the consumer's connection over its high-water mark
     sends `RemoteConsumerPaused(paused)` once; the connection draining (the channel asks its queues to
     deliver) sends the resume."""
-    cluster = HomeCluster()
-    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], name="n#w0", loop_load=LoopLoad(lambda: 0.0))
-    link = QueueLink(node, cluster)  # type: ignore[arg-type]
-    q = RemoteQueue(link, "n#w1", "/", "q", False, False, False, {})
-    channel = ConsumerChannel()
-    consumer = Consumer("ctag", channel, q, True, False, 0, 0)  # type: ignore[arg-type]
-    q.add_consumer(consumer)
-    (cid,) = link.consumers
+    link, cluster, q, channel, _consumer, cid = consumer_worker(no_ack=True)
     msg = Message("", "q", BasicProperties(), b"x")
     link._deliver_here("n#w1", cid, 1, False, True, msg)
     channel.conn.write_paused = True
@@ -321,6 +314,45 @@ def test_the_consumers_worker_tells_the_home_when_its_socket_fills_and_drains() 
     q.deliver_pending()
     told = [r for _peer, r in cluster.sent if isinstance(r, cm.RemoteConsumerPaused)]
     assert told == [cm.RemoteConsumerPaused(cid, True), cm.RemoteConsumerPaused(cid, False)]
+
+
+def consumer_worker(no_ack: bool) -> tuple[QueueLink, HomeCluster, RemoteQueue, ConsumerChannel, Consumer, int]:
+    """The consumer's worker: a stand-in for a queue in n#w1 with one consumer added, as basic.consume does."""
+    cluster = HomeCluster()
+    node = SimpleNamespace(vhosts={}, cluster_peer_hooks=[], name="n#w0", loop_load=LoopLoad(lambda: 0.0))
+    link = QueueLink(node, cluster)  # type: ignore[arg-type]
+    q = RemoteQueue(link, "n#w1", "/", "q", False, False, False, {})
+    channel = ConsumerChannel()
+    consumer = Consumer("ctag", channel, q, no_ack, False, 0, 0)  # type: ignore[arg-type]
+    q.add_consumer(consumer)
+    (cid,) = link.consumers
+    return link, cluster, q, channel, consumer, cid
+
+
+def test_deliveries_before_consume_ok_wait_for_it_in_order() -> None:
+    """The home delivers as soon as it registers the consumer; the gate holds consume-ok until the home's
+    answer: what arrives meanwhile is held, then delivered in order once consume-ok is out."""
+    link, _cluster, q, channel, _consumer, cid = consumer_worker(no_ack=True)
+    assert q.take_consume_sent()  # the gate holds consume-ok for this consumer
+    msg = Message("", "q", BasicProperties(), b"x")
+    link._deliver_here("n#w1", cid, 1, False, True, msg)
+    link._deliver_here("n#w1", cid, 2, False, True, msg)
+    assert channel.got == []
+    q._consume_ok_sent([cid])  # what consumer_registered schedules for the turn after consume-ok went out
+    link._deliver_here("n#w1", cid, 3, False, True, msg)
+    assert channel.got == [1, 2, 3]
+
+
+def test_deliveries_held_for_a_consumer_cancelled_before_consume_ok_go_back_to_the_home() -> None:
+    link, cluster, q, channel, consumer, cid = consumer_worker(no_ack=False)
+    assert q.take_consume_sent()
+    msg = Message("", "q", BasicProperties(), b"x")
+    link._deliver_here("n#w1", cid, 7, False, False, msg)
+    q.remove_consumer(consumer)  # e.g. the connection closed while consume-ok waited
+    q._consume_ok_sent([cid])
+    assert channel.got == []
+    settled = [r for _peer, r in cluster.sent if isinstance(r, cm.RemoteSettle)]
+    assert settled == [cm.RemoteSettle(cm.Outcome.REQUEUE, [7], "")]
 
 
 # -- the home's rule across the hop, with pika and a node of 2 workers ---------------------------------------

@@ -1,5 +1,6 @@
 """A node of 2 workers answers as one node does where the worker hop could reorder effects: consume-ok
-after the home worker registered the consumer (single active consumer order), a dead letter in its queue
+after the home worker registered the consumer (single active consumer order), and before the first
+delivery to it (py-amqp, as kombu, rejects a delivery to a consumer tag it has no callback for yet), a dead letter in its queue
 before the next basic.get, a passive declare of another worker's Direct Reply-To address, and delete-ok
 for a queue already gone at its home. Connections are pinned to a worker (`workers.own_ports`).
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import amqp
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 from tests.conftest import ServerInfo
 from tests.workers.test_workers import PERSISTENT, connect, get_one, start_node, until, worker_of
+
+from hutch import portfile
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +60,35 @@ def test_single_active_consumer_first_consume_ok_across_the_hop_is_active(node: 
               what="the delivery")
         assert got == ["far"]
         ch0.queue_delete(q)
+
+
+def test_no_delivery_before_consume_ok_across_the_hop(node: ServerInfo) -> None:
+    """The home worker delivers its backlog as soon as it registers the consumer, before it answers the
+    round trip that consume-ok waits for: those deliveries follow consume-ok, none is rejected by the
+    client (a rejected one would come back redelivered)."""
+    with connect(node, 0) as c0:
+        ch = c0.channel()
+        q = declare_in(node, ch, "ok-first", 0)
+        for i in range(20):
+            ch.basic_publish("", q, b"m%d" % i)
+        until(lambda: ch.queue_declare(q, passive=True).method.message_count == 20, what="20 ready messages")
+        ports = portfile.read(node.data_dir)
+        assert ports is not None
+        far = amqp.Connection(f"127.0.0.1:{ports['listeners']['amqp_w1']}")
+        far.connect()
+        try:
+            got: list[amqp.Message] = []
+            fch = far.channel()
+            fch.basic_consume(q, callback=got.append)
+            for _ in range(200):  # bounded: 20 deliveries
+                if len(got) == 20:
+                    break
+                far.drain_events(timeout=1)
+            assert [m.body for m in got] == [b"m%d" % i for i in range(20)]
+            assert not any(m.delivery_info["redelivered"] for m in got)
+        finally:
+            far.close()
+        ch.queue_delete(q)
 
 
 def test_dead_letter_of_a_reject_across_the_hop_is_in_its_queue_for_the_next_get(node: ServerInfo) -> None:

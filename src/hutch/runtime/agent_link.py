@@ -8,7 +8,8 @@ of worker processes as worker 0's management listener sees it (`WorkersAgent`: w
 a remote agent per other worker, gathered and named as the node).
 
 Rules:
-- A peer that is not connected (a worker restarting) or does not answer within `timeout_s` is left out
+- A peer that is not connected (a worker restarting) or does not answer within `timeout_s` (a queue's
+  details: `PREPARE_TIMEOUT_S`, as a client's passive queue.declare waits for its home) is left out
   of the answer: its methods answer as an agent holding nothing (an empty list, no channel, "absent",
   False, 0). The management API never fails because a worker is down.
 - A request naming a method not in `METHODS`, or with arguments of the wrong shape, is refused with
@@ -32,6 +33,7 @@ from hutch.cluster import messages as cm
 
 from .clustering.transport import PeerUnavailable, RemoteError
 from .gather import GatheringAgent, in_order, merge_samples
+from .queue_types.remote import PREPARE_TIMEOUT_S
 
 if TYPE_CHECKING:
     from .clustering.service import ClusterService
@@ -136,11 +138,13 @@ class RemoteAgent:
     def name(self) -> str:
         return self._peer
 
-    async def _ask(self, method: str, args: list[Any], empty: Any) -> Any:  # Any: the answer, by method
+    async def _ask(self, method: str, args: list[Any], empty: Any,
+                   timeout_s: float | None = None) -> Any:  # Any: the answer, by method
         if not self._cluster.transport.connected(self._peer):
             return empty
         try:
-            return await self._cluster.call(self._peer, cm.AgentQuery(method, args), timeout=self._timeout_s)
+            return await self._cluster.call(self._peer, cm.AgentQuery(method, args),
+                                            timeout=self._timeout_s if timeout_s is None else timeout_s)
         except (PeerUnavailable, TimeoutError, RemoteError, ConnectionError, cm.MessageError) as exc:
             log.info("management: worker %s left out of a %s answer: %s", self._peer, method, exc)
             return empty
@@ -170,7 +174,11 @@ class RemoteAgent:
         return answer
 
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        answer: list[dict[str, Any]] = await self._ask("queue_details", [[list(k) for k in keys]], [])
+        # a home worker's figures are waited for as long as a client's passive queue.declare waits for them
+        # (a slow worker, e.g. on a loaded machine, is not a down one): left out, worker 0's stand-in would
+        # answer with the counts last pushed (up to STATS_INTERVAL_S old), not the queue's now
+        answer: list[dict[str, Any]] = await self._ask("queue_details", [[list(k) for k in keys]], [],
+                                                       max(self._timeout_s, PREPARE_TIMEOUT_S))
         return answer
 
     async def samples(self) -> dict[str, Any]:

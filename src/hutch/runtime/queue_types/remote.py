@@ -121,6 +121,11 @@ class RemoteQueue(Queue):
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._consume_sent = False  # a RemoteConsume went to the home since `take_consume_sent`
+        self._new_consumers: list[int] = []  # ids of the consumers added since `take_consume_sent`
+        self._registering: list[int] = []  # ... taken by the gate: their consume-ok waits for the home
+        # consumer id -> deliveries that arrived before its consume-ok went to the client (held, then
+        # delivered in order once it has: a client never sees basic.deliver before basic.consume-ok)
+        self._before_ok: dict[int, list[tuple[str, int, bool, bool, Message]]] = {}
         self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
         self.paused_consumers: set[int] = set()  # consumers here the home was told have a full socket
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
@@ -152,8 +157,15 @@ class RemoteQueue(Queue):
         await self.prepare(spec.Basic.Get(queue=self.name, no_ack=no_ack))
 
     def take_consume_sent(self) -> bool:
-        """Whether a consumer was sent to the home since the last call (the gate then holds consume-ok)."""
+        """Whether a consumer was sent to the home since the last call (the gate then holds consume-ok,
+        and this queue holds those consumers' deliveries until `consumer_registered` lets them go)."""
         sent, self._consume_sent = self._consume_sent, False
+        if sent:
+            for cid in self._new_consumers:
+                if cid in self._consumers:
+                    self._before_ok[cid] = []
+                    self._registering.append(cid)
+        self._new_consumers.clear()
         return sent
 
     async def consumer_registered(self) -> None:
@@ -161,13 +173,39 @@ class RemoteQueue(Queue):
         home answers after the `RemoteConsume` records sent before it (one ordered link per worker or node
         pair, and `_on_consume` is synchronous). So basic.consume-ok follows the home's registration, as on
         one node (single active consumer: who consumed first is active). A home gone meanwhile or a queue
-        deleted is not an error here: the consumer gets basic.cancel (`home_down`, `consumer_ended`)."""
+        deleted is not an error here: the consumer gets basic.cancel (`home_down`, `consumer_ended`).
+        The home delivers as soon as it registers a consumer, so deliveries may arrive before this round
+        trip ends: they are held (`hold_before_ok`) and delivered in the next loop turn, after the
+        connection has put the held consume-ok out (the gate's last await is this one)."""
+        cids, self._registering = self._registering, []
         try:
             reply = await self.link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+            if reply is not None:
+                self._set_counts(reply)
         except ChannelError:
-            return
-        if reply is not None:
-            self._set_counts(reply)
+            pass
+        finally:
+            asyncio.get_running_loop().call_soon(self._consume_ok_sent, cids)
+
+    def hold_before_ok(self, cid: int, delivery: tuple[str, int, bool, bool, Message]) -> bool:
+        """Hold a delivery to consumer `cid` if its consume-ok is not out yet (True: held)."""
+        held = self._before_ok.get(cid)
+        if held is None:
+            return False
+        held.append(delivery)
+        return True
+
+    def _consume_ok_sent(self, cids: list[int]) -> None:
+        """The consume-ok of consumers `cids` went out: deliver what arrived for them meanwhile, in order."""
+        for cid in cids:
+            for peer, did, redelivered, no_ack, msg in self._before_ok.pop(cid, []):
+                self.link.deliver_here(peer, cid, did, redelivered, no_ack, msg)
+
+    def _give_back_held(self, cid: int) -> None:
+        """Consumer `cid` went before its consume-ok did: its held deliveries go back to the home."""
+        for peer, did, _redelivered, no_ack, _msg in self._before_ok.pop(cid, []):
+            if not no_ack:
+                self.link.send_settle(peer, [did])
 
     def _set_counts(self, counts: list[int] | None) -> None:
         """The home's answer: ready, unacked, consumers and (from a home that says it) whether one of those
@@ -250,11 +288,13 @@ class RemoteQueue(Queue):
         cid = self.link.add_consumer(self, consumer)
         self._consumers[cid] = consumer
         self._consume_sent = True
+        self._new_consumers = [cid]  # one basic.consume at a time per connection; the gate takes it at once
 
     def remove_consumer(self, consumer: Consumer) -> None:
         for cid, c in list(self._consumers.items()):
             if c is consumer:
                 del self._consumers[cid]
+                self._give_back_held(cid)
                 self.link.cancel_consumer(self, cid)
 
     def consumers(self) -> list[Consumer]:
@@ -263,6 +303,7 @@ class RemoteQueue(Queue):
     def consumer_ended(self, cid: int) -> None:
         """The home node ended consumer `cid` (its queue went): basic.cancel to the client."""
         consumer = self._consumers.pop(cid, None)
+        self._before_ok.pop(cid, None)  # the home ended it: nothing of it is unacked there any more
         if consumer is not None:
             consumer.channel.consumer_cancelled_by_broker(consumer)
 
@@ -278,6 +319,7 @@ class RemoteQueue(Queue):
         """The home node went away: cancel this node's consumers (basic.cancel to clients)."""
         consumers = list(self._consumers.values())
         self._consumers.clear()
+        self._before_ok.clear()  # the home is gone: it requeues what it delivered here
         for c in consumers:
             self.link.forget_consumer(c)
             c.channel.consumer_cancelled_by_broker(c)
@@ -304,6 +346,7 @@ class RemoteQueue(Queue):
         self.deleted = True
         consumers = list(self._consumers.values())
         self._consumers.clear()
+        self._before_ok.clear()  # the queue is gone at its home, and its messages with it
         for c in consumers:
             self.link.forget_consumer(c)
         return self._ready
@@ -612,9 +655,20 @@ class QueueLink:
 
     def _deliver_here(self, peer: str, cid: int, did: int, redelivered: bool, no_ack: bool, msg: Message) -> None:
         found = self.consumers.get(cid)
+        if found is not None and found[0].hold_before_ok(cid, (peer, did, redelivered, no_ack, msg)):
+            return  # its consume-ok is not out yet (`RemoteQueue.consumer_registered`)
+        self.deliver_here(peer, cid, did, redelivered, no_ack, msg)
+
+    def send_settle(self, peer: str, dids: list[int]) -> None:
+        """Give deliveries `dids` back to their queue at `peer` (requeued, as for a closed channel)."""
+        self._send(peer, cm.RemoteSettle(cm.Outcome.REQUEUE, dids, ""))
+
+    def deliver_here(self, peer: str, cid: int, did: int, redelivered: bool, no_ack: bool, msg: Message) -> None:
+        """A delivery from `peer` to consumer `cid` here, to its channel (or back, if it is gone)."""
+        found = self.consumers.get(cid)
         if found is None:  # cancelled meanwhile: give it back
             if not no_ack:
-                self._send(peer, cm.RemoteSettle(cm.Outcome.REQUEUE, [did], ""))
+                self.send_settle(peer, [did])
             return
         q, consumer = found
         entry = QueueEntry(did, msg)

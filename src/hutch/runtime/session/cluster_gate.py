@@ -79,12 +79,12 @@ class ClusterGate:
 
     async def after(self) -> None:
         consume, self._held_consume = self._held_consume, None
-        if consume is not None:
-            await consume.consumer_registered()
         if self._held_commit:
             cluster = self.node.cluster
             await cluster.wait_replicated()
             await cluster.sync_peers()
+        if consume is not None:  # last: the held replies go out in the same turn as it returns, before the
+            await consume.consumer_registered()  # deliveries it held (they follow in the next turn)
 
 
 def _remote_target(ch: Any, method: spec.Method) -> Any:
