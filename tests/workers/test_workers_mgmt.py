@@ -319,3 +319,22 @@ def test_api_get_of_a_queue_in_either_worker_takes_and_settles_its_messages(node
         until(lambda: api.get(f"/api/queues/%2F/{q}").body.get("messages") == 1, what="1 message left")
         ch.queue_delete(q)
         ch.queue_delete(dead)
+
+
+@pytest.mark.parametrize("home", [0, 1])
+def test_api_delete_if_empty_and_if_unused_judge_the_homes_counts_now(node: ServerInfo, home: int) -> None:
+    """DELETE /api/queues/...?if-empty=true (and ?if-unused=true) right after a publish (or a consume) to a
+    queue in either worker: refused on the home's counts at that moment, not on the ones last pushed to
+    worker 0 (the CI run that found it: a queue in worker 1 with 3 messages deleted as empty)."""
+    api = Api(node.mgmt_url)
+    with pinned(node, 0, f"api-del-{home}") as conn:
+        ch = conn.channel()
+        q = declare_in(node, ch, f"api-del-{home}", home)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"x")
+        not_empty = api.call("DELETE", f"/api/queues/%2F/{q}?if-empty=true")
+        assert (not_empty.status, not_empty.body["reason"]) == (400, f"queue '{q}' in vhost '/' is not empty")
+        ch.basic_consume(q, lambda *a: None)
+        in_use = api.call("DELETE", f"/api/queues/%2F/{q}?if-unused=true")
+        assert (in_use.status, in_use.body["reason"]) == (400, f"queue '{q}' in vhost '/' in use")
+        ch.queue_delete(q)

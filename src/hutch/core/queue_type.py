@@ -216,6 +216,11 @@ class Queue:
     def consumers(self) -> list[Consumer]:
         raise NotImplementedError
 
+    async def refresh_counts(self) -> None:
+        """Before a check made outside a channel on the queue's counts (the management API's delete with
+        if-empty / if-unused): a stand-in for a queue elsewhere asks its home for them now; a queue of this
+        process has them already."""
+
     async def fetch_for_get(self, no_ack: bool) -> None:
         """Before a `get` made outside a channel (the management API's get): a queue whose messages live
         elsewhere (a stand-in for another worker's or node's queue) fetches the next one, which `get` then

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 
-from hutch.amqp.errors import CONNECTION_FORCED, ConnectionError_
+from hutch.amqp.errors import CONNECTION_FORCED, AMQPError, ConnectionError_
 from hutch.core.counters import (
     QUEUE_MSG_STATS,
     add,
@@ -329,6 +329,11 @@ class LocalAgent:
         q = self._queue(vhost, name)
         if q is None:
             return "absent"
+        if if_unused or if_empty:
+            try:
+                await q.refresh_counts()  # a queue in another worker or node: its home's counts now
+            except AMQPError:
+                pass  # its home is down: judged on the counts it last reported, as its listing shows them
         if if_unused and q.consumer_count:
             return "in_use"
         if if_empty and q.message_count:

@@ -152,6 +152,13 @@ class RemoteQueue(Queue):
                 reply = [0, 0, 0]  # gone at its home already (expired, auto-deleted): delete-ok, as on one node
             self._set_counts(reply)
 
+    async def refresh_counts(self) -> None:
+        """The home's counts now (the pushed ones are up to a second old); a queue gone at its home keeps
+        the last ones (its delete is then a no-op there)."""
+        reply = await self.link.request(self.home, cm.QueueInfo(self.vhost, self.name))
+        if reply is not None:
+            self._set_counts(reply)
+
     async def fetch_for_get(self, no_ack: bool) -> None:
         """The management API's get: one message fetched from the home, as basic.get's `prepare` does."""
         await self.prepare(spec.Basic.Get(queue=self.name, no_ack=no_ack))
