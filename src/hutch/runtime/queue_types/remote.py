@@ -186,9 +186,7 @@ class RemoteQueue(Queue):
         connection has put the held consume-ok out (the gate's last await is this one)."""
         cids, self._registering = self._registering, []
         try:
-            reply = await self.link.request(self.home, cm.QueueInfo(self.vhost, self.name))
-            if reply is not None:
-                self._set_counts(reply)
+            await self.refresh_counts()
         except ChannelError:
             pass
         finally:
