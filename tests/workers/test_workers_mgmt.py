@@ -338,3 +338,21 @@ def test_api_delete_if_empty_and_if_unused_judge_the_homes_counts_now(node: Serv
         in_use = api.call("DELETE", f"/api/queues/%2F/{q}?if-unused=true")
         assert (in_use.status, in_use.body["reason"]) == (400, f"queue '{q}' in vhost '/' in use")
         ch.queue_delete(q)
+
+
+@pytest.mark.parametrize("home", [0, 1])
+def test_api_purge_of_a_queue_in_either_worker_empties_it_at_its_home(node: ServerInfo, home: int) -> None:
+    """DELETE /api/queues/.../contents answered by worker 0 for a queue in worker 0 or 1 empties the queue
+    at its home (the CI run that found it: test_queue_lifecycle purged a queue in worker 1 and it kept its 3
+    messages: worker 0's stand-in was asked and nothing reached the home)."""
+    api = Api(node.mgmt_url)
+    with pinned(node, 0, f"api-purge-{home}") as conn:
+        ch = conn.channel()
+        q = declare_in(node, ch, f"api-purge-{home}", home)
+        ch.confirm_delivery()
+        for _ in range(3):
+            ch.basic_publish("", q, b"x")
+        assert api.call("DELETE", f"/api/queues/%2F/{q}/contents").status == 204
+        assert api.ok(f"/api/queues/%2F/{q}")["messages"] == 0
+        assert ch.basic_get(q, auto_ack=True) == (None, None, None)
+        ch.queue_delete(q)

@@ -237,8 +237,9 @@ class WorkersAgent(GatheringAgent):
         answers = await asyncio.gather(*(a.samples() for a in self.agents))
         return {**merge_samples(answers), "queues": answers[0]["queues"]}
 
-    async def purge_queue(self, vhost: str, name: str) -> int | None:
-        return await self.agents[0].purge_queue(vhost, name)
+    # purge_queue: gathered (GatheringAgent's): the home worker purges its queue and answers the count; the
+    # other workers' stand-ins answer 0 and touch nothing. Worker 0 alone would purge only its own queues
+    # (a stand-in's purge returns what a basic.purge had the home do, and nothing asked it).
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool) -> str:
         return await self.agents[0].delete_queue(vhost, name, if_unused, if_empty)
