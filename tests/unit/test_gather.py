@@ -36,6 +36,7 @@ class FakeAgent:
         self.conns, self.chans, self.cons, self._counts = conns, channels, consumers, counts
         self.queue_objs: list[dict[str, Any]] = []  # full queues; the light ones are their first fields
         self.closed: list[str] = []
+        self.delayed: list[list[Any]] = []  # [vhost, exchange, held]
 
     @property
     def name(self) -> str:
@@ -66,6 +67,9 @@ class FakeAgent:
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
         held = {(q["vhost"], q["name"]): q for q in self.queue_objs}
         return [copy.deepcopy(held[k]) for k in keys if k in held]
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        return [list(row) for row in self.delayed]
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         held = [q for q in self.queue_objs if (q["vhost"], q["name"]) == (vhost, name)]
@@ -254,3 +258,20 @@ def test_the_prometheus_samples_of_n_agents_are_those_of_one_holding_everything(
                        ("churn", ("connections_opened", "channels_closed"))):
         for key in keys:
             assert merged[kind].get(key, 0) == sum(a[kind].get(key, 0) for a in answers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["/", "v"]), st.sampled_from(["dx", "dy", "dz"]),
+                                   st.integers(1, 1000)), unique_by=lambda r: r[:2]), min_size=1, max_size=4))
+def test_gathered_delayed_counts_are_each_exchanges_sum_over_the_agents(held_per_agent):
+    """messages_delayed of a node of workers (or a cluster): each exchange's held messages, summed over
+    the agents that hold some; an exchange none holds is absent (its count is 0)."""
+    agents = [FakeAgent(f"{NODE}#w{i}", [], [], [], {}) for i in range(len(held_per_agent))]
+    for agent, rows in zip(agents, held_per_agent, strict=True):
+        agent.delayed = [list(r) for r in rows]
+    expected: dict[tuple[str, str], int] = {}
+    for rows in held_per_agent:
+        for vhost, x, n in rows:
+            expected[vhost, x] = expected.get((vhost, x), 0) + n
+    got = asyncio.run(GatheringAgent(NODE, agents).delayed_counts())
+    assert {(v, x): n for v, x, n in got} == expected and len(got) == len(expected)

@@ -35,6 +35,7 @@ from hutch.core.counters import (
     queue_values,
 )
 from hutch.core.plain import jsonable
+from hutch.core.routing import DELAYED_MESSAGE
 
 from . import procinfo
 from .queue_types.remote import RemoteQueue
@@ -320,6 +321,14 @@ class LocalAgent:
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)
         return v.queues.get(name) if v is not None else None
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        delayed = self.node.delayed
+        if delayed is None:
+            return []
+        held = ([v.name, x.name, delayed.held_here(v.name, x.name)] for v in self.node.vhosts.values()
+                for x in v.exchanges.values() if x.type == DELAYED_MESSAGE)
+        return [row for row in held if row[2]]
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         q = self._queue(vhost, name)

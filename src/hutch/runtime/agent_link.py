@@ -15,8 +15,9 @@ Rules:
 - A request naming a method not in `METHODS`, or with arguments of the wrong shape, is refused with
   `MalformedMessage` (the transport's error reply); nothing else of the agent can be reached.
 - Queues: every worker holds every queue (its own, and stand-ins for the others' whose figures their
-  homes push every second), so queue listings, purges and deletes are worker 0's (a queue is listed
-  once, also while its home worker restarts, shown `down`); a queue's details (GET /api/queues/{vhost}/
+  homes push every second), so queue listings and deletes are worker 0's (a queue is listed once, also
+  while its home worker restarts, shown `down`); a purge is gathered (the home purges and answers the
+  count, a stand-in answers 0 and touches nothing); a queue's details (GET /api/queues/{vhost}/
   {name}, a listing's page) are its home's answer, so they are its figures now; everything else (connections,
   channels, consumers, counts, the statistics samples but their queue rows, closing connections) is
   gathered from every worker.
@@ -84,6 +85,7 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "samples": (),
     "metric_samples": (),
     "process_figures": (),
+    "delayed_counts": (),
     "purge_queue": (_text, _text),
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
@@ -191,6 +193,10 @@ class RemoteAgent:
 
     async def process_figures(self) -> dict[str, int]:
         answer: dict[str, int] = await self._ask("process_figures", [], {})
+        return answer
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        answer: list[list[Any]] = await self._ask("delayed_counts", [], [])
         return answer
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:

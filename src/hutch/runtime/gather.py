@@ -141,6 +141,13 @@ class GatheringAgent:
     async def process_figures(self) -> dict[str, int]:
         return merge_counts(await asyncio.gather(*(a.process_figures() for a in self.agents)))
 
+    async def delayed_counts(self) -> list[list[Any]]:
+        total: dict[tuple[str, str], int] = {}
+        for answer in await asyncio.gather(*(a.delayed_counts() for a in self.agents)):
+            for vhost, exchange, n in answer:
+                total[vhost, exchange] = total.get((vhost, exchange), 0) + n
+        return [[vhost, exchange, n] for (vhost, exchange), n in total.items()]
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
         return sum(found) if found else None

@@ -240,6 +240,10 @@ class DelayedPort(Protocol):
 
     def count(self, vhost: str, exchange: str) -> int: ...
 
+    def held_here(self, vhost: str, exchange: str) -> int: ...
+
+    def in_replica(self, vhost: str, exchange: str) -> int: ...
+
     def exchange_declared(self, vhost: VirtualHost, x: Exchange) -> None: ...
 
     def exchange_deleted(self, vhost: str, exchange: str) -> None: ...
@@ -392,6 +396,13 @@ class ManagementAgentPort(Protocol):
         """The figures of the processes answering (runtime/procinfo.py's `PROCESS_FIGURES`: resident
         memory, descriptors, AMQP sockets, threads, fsyncs and synced batches), summed over a node's workers:
         GET /api/nodes' `mem_used`, `fd_used`, ... of a node of workers are the node's, not one worker's."""
+        ...
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        """[vhost, exchange, messages held] for every x-delayed-message exchange with messages this process
+        holds itself (`DelayedPort.held_here`: held in the worker that took the publish), so a node of
+        workers sums its workers'; the messages in an exchange's replica (a quorum queue, the same on every
+        member) are not in it: the management layer adds them once."""
         ...
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
