@@ -248,6 +248,8 @@ def test_nodes_figures_are_the_nodes_summed_over_the_workers(node: ServerInfo) -
         both = 0.8 * sum(rss_bytes(pid) for pid in pids)
         assert info["mem_used"] >= both
         assert info["proc_used"] >= 2  # each worker's threads
+        # the node's process is the supervisor (which outlives a restarted worker), not worker 0
+        assert info["os_pid"] == str(node.proc.pid) and info["uptime"] > 0
         listed = api.ok("/api/nodes")
         assert len(listed) == 1 and listed[0]["sockets_used"] >= 3
         assert sample(metrics(node), "rabbitmq_process_resident_memory_bytes") >= both
