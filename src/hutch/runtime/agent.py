@@ -290,10 +290,20 @@ class LocalAgent:
             connections.append([conn.name, conn.recv_oct, conn.send_oct, len(chans)])
             channels.extend([channel_name(ch), ch.vhost.name if ch.vhost is not None else "",
                              list(channel_metric_values(ch))] for ch in chans)
-        hub = node.streams
         return {"connections": connections, "channels": channels, "closed": dict(node.closed_channel_stats),
-                "churn": dict(node.churn), "streams": self._stream_rows(),
-                "stream_errored": hub.counters.messages_errored if hub is not None else 0}
+                "churn": dict(node.churn), "streams": self._stream_rows(), "stream_protocol": self._stream_protocol()}
+
+    def _stream_protocol(self) -> list[int]:
+        """The stream protocol's counters of this process (ports.py's `STREAM_PROTOCOL_FIELDS`), [] when
+        it has no stream listener."""
+        hub = self.node.streams
+        if hub is None:
+            return []
+        n = hub.counters
+        conns = list(hub.connections)
+        return [n.messages_received, n.messages_confirmed, n.messages_errored, n.messages_delivered,
+                sum(len(conn.publishing.publishers) for conn in conns),
+                sum(len(conn.consuming.subscriptions) for conn in conns)]
 
     def _stream_rows(self) -> list[list[Any]]:
         """[vhost, name, segment files, consumer offset lag] of every stream this process holds; the lag

@@ -123,7 +123,7 @@ def empty_samples() -> dict[str, Any]:
 
 def empty_metric_samples() -> dict[str, Any]:
     """The Prometheus samples of an agent holding nothing."""
-    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_errored": 0}
+    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_protocol": []}
 
 
 class RemoteAgent:

@@ -79,13 +79,21 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def merge_metric_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Prometheus samples of several agents as one node's: lists concatenated (a stream is held by one
-    worker), the closed channels' totals and the churn summed by name, the streams' publish errors summed."""
+    """The Prometheus samples of several agents as one node's: lists concatenated, the closed channels'
+    totals and the churn summed by name, a stream held by several (its members: every worker of a node of
+    workers) once, with the most segment files and the greatest lag any of them has, and the stream
+    protocol's counters summed (an agent without a stream listener answers none)."""
+    streams: dict[tuple[str, str], list[Any]] = {}
+    for a in answers:
+        for vhost, name, segments, lag in a["streams"]:
+            row = streams.setdefault((vhost, name), [vhost, name, segments, lag])
+            row[2], row[3] = max(row[2], segments), max(row[3], lag)
+    counted = [a["stream_protocol"] for a in answers if a["stream_protocol"]]
     return {"connections": [row for a in answers for row in a["connections"]],
             "channels": [row for a in answers for row in a["channels"]],
             "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers),
-            "streams": [row for a in answers for row in a["streams"]],
-            "stream_errored": sum(a["stream_errored"] for a in answers)}
+            "streams": list(streams.values()),
+            "stream_protocol": [sum(column) for column in zip(*counted, strict=True)] if counted else []}
 
 
 class GatheringAgent:

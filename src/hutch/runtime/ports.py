@@ -320,6 +320,10 @@ class BrokerPort(Protocol):
         ...
 
 
+STREAM_PROTOCOL_FIELDS = ("messages_received", "messages_confirmed", "messages_errored", "messages_delivered",
+                          "publishers", "consumers")  # the stream protocol's counters in `metric_samples`
+
+
 class ManagementAgentPort(Protocol):
     """What the management API and hutchctl ask of a node: RabbitMQ's management agent.
 
@@ -384,8 +388,8 @@ class ManagementAgentPort(Protocol):
         `connections` [name, recv_oct, send_oct, channels]; `channels` [name, vhost ("" before
         connection.open), [core/counters.py's CHANNEL_METRIC_FIELDS]]; `closed` the closed channels'
         `stat_*` totals by attribute name; `churn` the churn counters by name; `streams` [vhost, name,
-        segment files, consumer offset lag] per stream held; `stream_errored` the stream protocol's
-        publish errors."""
+        segment files, consumer offset lag] per stream held; `stream_protocol` the stream protocol's
+        counters in `STREAM_PROTOCOL_FIELDS` order ([] without a stream listener)."""
         ...
 
     async def process_figures(self) -> dict[str, int]:

@@ -41,6 +41,7 @@ from hutch.runtime.stream_session.consuming import Consuming, core_spec
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, StreamTransport
 from hutch.runtime.stream_session.publishing import Publishing
+from hutch.runtime.workers.spec import node_of_worker
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
 from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError
@@ -457,9 +458,13 @@ class StreamConnection:
             self._timer = self.clock.call_later(self.heartbeat_s, self._heartbeat_tick)
 
     def advertised(self) -> tuple[str, int]:
+        """The host and port this node is known by: the configured ones, else the listener's. A connection
+        on a worker's own port (`workers.own_ports`) is told that port, so a client that follows the
+        metadata stays with the worker it chose."""
         cfg = self.broker.config
         host = cfg.stream_advertised_host or self.sock[0]
-        port = cfg.stream_advertised_port or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
+        own = self.hub.own_port if not self.tls and self.hub.own_port == self.sock[1] else 0
+        port = cfg.stream_advertised_port or own or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
         return host, port
 
     # -- timers and closing ------------------------------------------------------------------------
@@ -610,20 +615,22 @@ class StreamConnection:
 
     def _placement(self, stream: str, brokers: dict[tuple[str, int], int]) -> tuple[str, int, int, list[int]]:
         """A stream's leader (its writer's node) and replicas (the other members whose listener is known),
-        as broker references; a stream of this node only: this node, no replicas."""
+        as broker references; a stream of this node only: this node, no replicas. The workers of this node
+        are this node (reference 0: one node outside, docs/scaling.md); a reference is named once."""
         members = self.catalog.members(self.vhost.name, stream)
         if members is None:
             return stream, Code.OK, 0, []
         here, writer, nodes = members
         refs: dict[str, int] = {}
         for node, endpoint in nodes:
-            if node == here:
+            if node_of_worker(node) == node_of_worker(here):
                 refs[node] = 0
             elif endpoint is not None:
                 refs[node] = brokers.setdefault(endpoint, len(brokers))
         if writer is None or writer not in refs:
             return stream, Code.STREAM_NOT_AVAILABLE, 0xFFFF, []
-        return stream, Code.OK, refs[writer], [r for n, r in refs.items() if n != writer]
+        leader = refs[writer]
+        return stream, Code.OK, leader, [r for r in dict.fromkeys(refs.values()) if r != leader]
 
     def _stream_stats(self, cmd: c.StreamStats) -> None:
         handle = self.stream_handle(cmd.stream)

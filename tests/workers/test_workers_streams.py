@@ -1,0 +1,226 @@
+"""The stream protocol on a node of 2 workers (docs/scaling.md, "The stream protocol in every worker"):
+every worker listens on the node's stream port, and rstream connections pinned to each worker (its own
+stream port, `workers.own_ports`) publish to a stream written in worker 0 through worker 1 with
+deduplication across a resend, read it from either worker, keep one single active consumer across the
+workers, store an offset on one worker and query it on the other, use a super stream created on the
+other worker, and get the same metadata (the node's one host and port) on every worker.
+
+A stream of a node of workers has every worker as a member (written by one, replicated by the others):
+these paths are the ones between nodes of a cluster (publishes forwarded to the writer, groups on the
+writer, stored offsets through the writer), over the worker link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetSpecification,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
+from tests.conftest import ServerInfo, start_server
+from tests.workers.test_workers import CONFIG, queue_json
+
+AUTH = {"username": "guest", "password": "guest"}
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("workers-streams"), "--workers", "2", "--stream-port", "0",
+                        config_text=CONFIG)
+    yield info
+    info.stop()
+
+
+def own(info: ServerInfo, worker: int) -> int:
+    """Worker `worker`'s own stream port: a connection there lives in that worker."""
+    return info.ports[f"stream_w{worker}"]
+
+
+def numbered(i: int, prefix: str) -> AMQPMessage:
+    msg = AMQPMessage(body=f"{prefix}{i}".encode())
+    msg.publishing_id = i
+    return msg
+
+
+async def publish(port: int, stream: str, ids: range, prefix: str, name: str | None = None) -> None:
+    """Publish `ids` on `port` (reference `name`: deduplicated), every confirm awaited and positive."""
+    status: dict[int, bool] = {}
+    done = asyncio.Event()
+
+    async def on_confirm(s: Any) -> None:
+        status[s.message_id] = s.is_confirmed
+        if len(status) == len(ids):
+            done.set()
+
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        for i in ids:
+            await p.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
+        await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    assert all(status.values()) and sorted(status) == list(ids)
+
+
+async def read_first(port: int, stream: str, count: int) -> list[bytes]:
+    """The first `count` messages of `stream`, read by a subscription on `port` (one chunk per credit),
+    then whatever more arrives within a moment's reading (none is expected)."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+        got.append(bytes(msg.body))
+        if len(got) >= count:
+            done.set()
+
+    async with Consumer("127.0.0.1", port=port, **AUTH) as c:
+        await c.start()
+        await c.subscribe(stream, on, decoder=amqp_decoder,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    return got
+
+
+async def create(port: int, stream: str) -> None:
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        await p.create_stream(stream)
+
+
+def test_every_worker_listens_and_a_stream_has_every_worker_as_a_member(node: ServerInfo) -> None:
+    assert {"stream", "stream_w0", "stream_w1"} <= set(node.ports)
+    asyncio.run(create(own(node, 0), "members"))
+    doc = queue_json(node, "members")
+    assert doc["type"] == "stream" and doc["node"] == "test@localhost"
+    assert len(doc["members"]) == 2 and doc["leader"] in doc["members"]
+
+
+def test_metadata_names_the_node_once_on_every_worker(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "where"))
+
+    async def metadata(port: int) -> tuple[Any, list[Any]]:
+        async with Producer("127.0.0.1", port=port, **AUTH) as p:
+            client = await p.default_client
+            leader, replicas = await client.query_leader_and_replicas("where")
+        return leader, replicas
+
+    for port in (own(node, 0), own(node, 1), node.ports["stream"]):
+        leader, replicas = asyncio.run(metadata(port))
+        assert (leader.host, leader.port) == ("127.0.0.1", port)  # (a worker's own port is told itself)
+        assert replicas == []  # one node: its workers are not other brokers
+
+
+def test_publish_through_worker_1_to_a_stream_written_in_worker_0_with_deduplication(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "dedup"))  # client-local: worker 0 writes it
+    assert queue_json(node, "dedup")["leader"].endswith("#w0")
+    asyncio.run(publish(own(node, 1), "dedup", range(1, 51), "d", name="app"))
+    asyncio.run(publish(own(node, 1), "dedup", range(26, 76), "d", name="app"))  # 26..50 resent: not stored
+    want = [b"d%d" % i for i in range(1, 76)]
+    for worker in (0, 1):  # each worker reads its own copy
+        assert asyncio.run(read_first(own(node, worker), "dedup", len(want))) == want, worker
+
+
+def test_single_active_consumer_across_the_workers(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "sac"))
+    bodies = [b"s%d" % i for i in range(10)]
+    asyncio.run(publish(own(node, 1), "sac", range(10), "s"))
+
+    async def run() -> None:
+        got: dict[str, list[bytes]] = {"on-w1": [], "on-w0": []}
+        updates: list[tuple[str, bool]] = []
+        consumers: dict[str, Consumer] = {}
+
+        async def join(who: str, port: int) -> None:
+            c = consumers[who] = Consumer("127.0.0.1", port=port, **AUTH)
+
+            async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+                got[who].append(bytes(msg.body))
+
+            async def on_update(is_active: bool, ctx: Any) -> Any:
+                updates.append((who, is_active))
+                return OffsetSpecification(OffsetType.FIRST, 0)
+
+            await c.start()
+            await c.subscribe("sac", on, decoder=amqp_decoder, consumer_update_listener=on_update,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+                              properties={"single-active-consumer": "true", "name": "billing"})
+
+        async def until(check: Any) -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while not check():
+                assert asyncio.get_running_loop().time() < deadline, (updates, got)
+                await asyncio.sleep(0.05)
+
+        try:
+            await join("on-w1", own(node, 1))  # first: active, though the group lives in worker 0
+            await until(lambda: got["on-w1"] == bodies)
+            await join("on-w0", own(node, 0))
+            assert updates == [("on-w1", True)]
+            await consumers.pop("on-w1").close()  # the next one, in the other worker, takes over
+            await until(lambda: got["on-w0"] == bodies)
+            assert updates == [("on-w1", True), ("on-w0", True)]
+        finally:
+            for c in consumers.values():
+                await c.close()
+    asyncio.run(run())
+
+
+def test_offset_stored_in_one_worker_is_queried_in_the_other(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "offsets"))
+    asyncio.run(publish(own(node, 0), "offsets", range(10), "o"))
+
+    async def query(port: int) -> int | None:
+        async with Consumer("127.0.0.1", port=port, **AUTH) as c:
+            try:
+                return await c.query_offset("offsets", "app")
+            except Exception:  # noqa: BLE001 - not stored (yet) there: rstream raises OffsetNotFound
+                return None
+
+    async def run() -> None:
+        async with Consumer("127.0.0.1", port=own(node, 1), **AUTH) as c:  # worker 1 does not write it
+            await c.store_offset("offsets", "app", 7)
+        deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+        for worker in (0, 1):
+            while await query(own(node, worker)) != 7:
+                assert asyncio.get_running_loop().time() < deadline, worker
+                await asyncio.sleep(0.1)
+    asyncio.run(run())
+
+
+def test_super_stream_created_in_one_worker_is_routed_in_the_other(node: ServerInfo) -> None:
+    async def run() -> None:
+        async with Producer("127.0.0.1", port=own(node, 1), **AUTH) as p:
+            client = await p.default_client
+            await client.create_super_stream("regions", ["regions-eu", "regions-us"], ["eu", "us"])
+        async with Producer("127.0.0.1", port=own(node, 0), **AUTH) as p:
+            client = await p.default_client
+            assert await client.partitions("regions") == ["regions-eu", "regions-us"]
+            assert await client.route("us", "regions") == ["regions-us"]
+        await publish(own(node, 0), "regions-us", range(3), "u")
+        assert await read_first(own(node, 1), "regions-us", 3) == [b"u0", b"u1", b"u2"]
+    asyncio.run(run())
+
+
+def test_stream_protocol_counters_are_the_nodes(node: ServerInfo) -> None:
+    """/metrics' rabbitmq_global_* of protocol "stream" count every worker's connections."""
+    def received() -> int:
+        with urllib.request.urlopen(f"{node.mgmt_url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        found = re.search(r'^rabbitmq_global_messages_received_total\{protocol="stream"\} (\d+)', text, re.M)
+        assert found is not None
+        return int(found.group(1))
+
+    asyncio.run(create(own(node, 0), "counted"))
+    before = received()
+    asyncio.run(publish(own(node, 1), "counted", range(5), "c"))  # received in worker 1
+    asyncio.run(publish(own(node, 0), "counted", range(5, 8), "c"))
+    assert received() - before == 8
