@@ -149,6 +149,7 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
             return None
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
+    replication.unreplicated = streams.unreplicated
     streams.cluster, streams.replication = cluster, replication
 
 
@@ -232,7 +233,8 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     cfg = node.config
     if cfg.stream_port is None and cfg.stream_tls_port is None:
         return None
-    hub = StreamHub(node, QueueCatalog(node))
+    replication = next((t.replication for t in node.queue_types if isinstance(t, StreamQueueType)), None)
+    hub = StreamHub(node, QueueCatalog(node, replication))  # (a clustered node: streams of other nodes too)
     node.streams = hub  # what management lists (mgmt/stream_routes.py)
     if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
         hub.sac_router.start(node.cluster)

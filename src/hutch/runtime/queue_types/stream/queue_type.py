@@ -268,6 +268,14 @@ class StreamQueueType(QueueTypeDefaults):
         self.node.apply_op(op)
         self.cluster.replicate(op)
 
+    def unreplicated(self, gid: int) -> StreamHandle | None:
+        """The handle of this node's stream of one member whose id is `gid`, if open (a node that is not a
+        member asks for its writer, offsets and sequences: `StreamLookup`)."""
+        for _v, q in queues_of(self.node.vhosts.values()):
+            if isinstance(q, StreamQueue) and q.stream_id == gid and q.replication is None and not q.deleted:
+                return q.handle
+        return None
+
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, StreamQueue)
         return {"type": "stream", "gid": q.stream_id, "members": list(q.members)}
