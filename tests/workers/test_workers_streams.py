@@ -13,8 +13,11 @@ writer, stored offsets through the writer), over the worker link.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
 import urllib.request
+from base64 import b64encode
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +45,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
                         config_text=CONFIG)
     yield info
     info.stop()
+
+
+def api(info: ServerInfo, path: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(f"{info.mgmt_url}{path}", method=method,
+                                 headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
 
 
 def own(info: ServerInfo, worker: int) -> int:
@@ -165,6 +176,9 @@ def test_single_active_consumer_across_the_workers(node: ServerInfo) -> None:
             await until(lambda: got["on-w1"] == bodies)
             await join("on-w0", own(node, 0))
             assert updates == [("on-w1", True)]
+            # the group lives in worker 0 (the writer's), its first member's connection in worker 1
+            rows = await asyncio.to_thread(api, node, "/api/stream/consumer-groups/%2F/sac/billing")
+            assert [r["state"] for r in rows] == ["active (connected)", "waiting (connected)"]
             await consumers.pop("on-w1").close()  # the next one, in the other worker, takes over
             await until(lambda: got["on-w0"] == bodies)
             assert updates == [("on-w1", True), ("on-w0", True)]
@@ -224,3 +238,30 @@ def test_stream_protocol_counters_are_the_nodes(node: ServerInfo) -> None:
     asyncio.run(publish(own(node, 1), "counted", range(5), "c"))  # received in worker 1
     asyncio.run(publish(own(node, 0), "counted", range(5, 8), "c"))
     assert received() - before == 8
+
+
+def test_management_lists_and_closes_the_stream_connections_of_every_worker(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "listed"))
+
+    async def run() -> None:
+        p = Producer("127.0.0.1", port=own(node, 1), **AUTH, connection_name="in-w1")
+        await p.start()
+        try:
+            await p.send_wait("listed", AMQPMessage(body=b"x"))  # (a publisher declared in worker 1)
+            conns = await asyncio.to_thread(api, node, "/api/stream/connections")
+            mine = [c for c in conns if c["client_properties"].get("connection_name") == "in-w1"]
+            assert len(mine) == 1 and mine[0]["node"] == "test@localhost" and mine[0]["port"] == own(node, 1)
+            publishers = await asyncio.to_thread(api, node, "/api/stream/publishers/%2F/listed")
+            assert [r["connection_details"]["name"] for r in publishers] == [mine[0]["name"]]
+            everything = await asyncio.to_thread(api, node, "/api/connections")
+            assert any(c["name"] == mine[0]["name"] and c["protocol"] == "stream" for c in everything)
+            path = "/api/stream/connections/%2F/" + urllib.request.quote(mine[0]["name"], safe="")
+            await asyncio.to_thread(api, node, path, "DELETE")
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while any(c["name"] == mine[0]["name"] for c in await asyncio.to_thread(api, node, "/api/stream/connections")):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(Exception):  # (its socket was closed under it)
+                await p.close()
+    asyncio.run(run())

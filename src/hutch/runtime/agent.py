@@ -364,6 +364,34 @@ class LocalAgent:
             conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
         return len(conns)
 
+    # -- the stream protocol's connections and groups (runtime/stream_session/) ----------------------
+    def _stream_connections(self) -> list[Any]:
+        hub = self.node.streams
+        return [] if hub is None else [c for c in list(hub.connections) if c.phase.name == "OPENED"]
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        out = []
+        for conn in self._stream_connections():
+            transport = conn.transport
+            tls = transport.get_extra_info("ssl_object") if transport is not None else None
+            out.append({**conn.info(), "tls": [tls.version(), (tls.cipher() or ("",))[0]] if tls is not None else None,
+                        "publisher_rows": conn.publishing.info(), "consumer_rows": conn.consuming.info()})
+        return out
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        hub = self.node.streams
+        if hub is None:
+            return []
+        return [{**row, "members": hub.sac.member_rows((vhost, row["stream"], row["reference"])) or []}
+                for row in hub.sac.group_rows(vhost)]
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        for conn in self._stream_connections():
+            if conn.name == name and conn.vhost.name == vhost:
+                conn.drop(reason)  # the socket, no Close: as RabbitMQ
+                return True
+        return False
+
 
 __all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json", "queue_json",
            "queue_light"]

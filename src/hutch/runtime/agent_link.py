@@ -88,6 +88,9 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
     "close_user_connections": (_text, _text),
+    "stream_connections": (),
+    "stream_groups": (_text,),
+    "close_stream_connection": (_text, _text, _text),
 }
 """The agent methods a peer may call, with a check of each positional argument (plain msgpack values)."""
 
@@ -207,6 +210,18 @@ class RemoteAgent:
 
     async def close_user_connections(self, user: str, reason: str) -> int:
         answer: int = await self._ask("close_user_connections", [user, reason], 0)
+        return answer
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_connections", [], [])
+        return answer
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_groups", [vhost], [])
+        return answer
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        answer: bool = await self._ask("close_stream_connection", [vhost, name, reason], False)
         return answer
 
 

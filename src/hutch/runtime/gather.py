@@ -165,6 +165,18 @@ class GatheringAgent:
     async def close_user_connections(self, user: str, reason: str) -> int:
         return sum(await asyncio.gather(*(a.close_user_connections(user, reason) for a in self.agents)))
 
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        answers = await asyncio.gather(*(a.stream_connections() for a in self.agents))
+        return merge_lists(answers, self._names(), self._name)
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        # a group lives on one worker (its stream's writer, stream_session/sac_router.py): listed once
+        answers = await asyncio.gather(*(a.stream_groups(vhost) for a in self.agents))
+        return sorted((row for answer in answers for row in answer), key=lambda row: (row["stream"], row["reference"]))
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        return any(await asyncio.gather(*(a.close_stream_connection(vhost, name, reason) for a in self.agents)))
+
 
 __all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "merge_metric_samples", "merge_samples",
            "renamed"]

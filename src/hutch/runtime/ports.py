@@ -392,6 +392,24 @@ class ManagementAgentPort(Protocol):
         counters in `STREAM_PROTOCOL_FIELDS` order ([] without a stream listener)."""
         ...
 
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        """The opened stream-protocol connections (runtime/stream_session/), as plain values: each
+        connection's `info()` fields (name, vhost, user, node, host, port, peer_host, peer_port, ssl,
+        frame_max, heartbeat, auth_mechanism, connected_at, client_properties, state, publishers,
+        subscriptions), `tls` [protocol version, cipher] or None, `publisher_rows` and `consumer_rows`
+        (its publishers' and subscriptions' management rows)."""
+        ...
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        """The single-active-consumer groups of `vhost` that live here (each on its stream's writer):
+        stream, reference, partition_index, consumers, and `members` in arrival order."""
+        ...
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        """Close the stream-protocol connection `name` of `vhost` (the socket, as RabbitMQ); False if
+        there is none."""
+        ...
+
     async def process_figures(self) -> dict[str, int]:
         """The figures of the processes answering (runtime/procinfo.py's `PROCESS_FIGURES`: resident
         memory, descriptors, AMQP sockets, threads, fsyncs and synced batches), summed over a node's workers:
