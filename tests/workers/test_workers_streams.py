@@ -15,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
 import urllib.request
 from base64 import b64encode
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +36,9 @@ from rstream import (
     amqp_decoder,
 )
 from tests.conftest import ServerInfo, start_server
-from tests.workers.test_workers import CONFIG, queue_json
+from tests.workers.test_workers import CONFIG, ports_file_names_worker, queue_json, until, worker_pid
+
+from hutch import portfile
 
 AUTH = {"username": "guest", "password": "guest"}
 TIMEOUT_S = 60.0
@@ -265,3 +270,32 @@ def test_management_lists_and_closes_the_stream_connections_of_every_worker(node
             with contextlib.suppress(Exception):  # (its socket was closed under it)
                 await p.close()
     asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_either_worker_killed_a_deduplicating_publisher_resends_and_every_message_is_there_once(
+        tmp_path: Path) -> None:
+    """`kill -9` of the worker that does not write, then of the writer: each restarts (its copy of the
+    stream from its files), a publisher with a reference resends overlapping ids through worker 1, and
+    both workers read every message once, in order."""
+    info = start_server(tmp_path, "--workers", "2", "--stream-port", "0", config_text=CONFIG)
+    try:
+        def port(worker: int) -> int:
+            doc = portfile.read(info.data_dir)
+            assert doc is not None
+            return int(doc["listeners"][f"stream_w{worker}"])
+
+        asyncio.run(create(port(0), "kept"))
+        asyncio.run(publish(port(1), "kept", range(1, 11), "k", name="app"))
+        for victim, ids in ((1, range(5, 21)), (0, range(15, 31))):
+            old = worker_pid(info, victim)
+            assert old is not None
+            os.kill(old, signal.SIGKILL)
+            until(lambda v=victim, o=old: worker_pid(info, v) not in (None, o) and ports_file_names_worker(info, v),
+                  timeout=TIMEOUT_S, what=f"worker {victim} back")
+            asyncio.run(publish(port(1), "kept", ids, "k", name="app"))  # (the ids before ids.stop stored once)
+            want = [b"k%d" % i for i in range(1, ids.stop)]
+            for worker in (0, 1):
+                assert asyncio.run(read_first(port(worker), "kept", len(want))) == want, (victim, worker)
+    finally:
+        info.stop()
