@@ -36,7 +36,7 @@ from rstream import (
     amqp_decoder,
 )
 from tests.conftest import ServerInfo, start_server
-from tests.workers.test_workers import CONFIG, ports_file_names_worker, queue_json, until, worker_pid
+from tests.workers.test_workers import CONFIG, connect, ports_file_names_worker, queue_json, until, worker_pid
 
 from hutch import portfile
 
@@ -270,6 +270,31 @@ def test_management_lists_and_closes_the_stream_connections_of_every_worker(node
             with contextlib.suppress(Exception):  # (its socket was closed under it)
                 await p.close()
     asyncio.run(run())
+
+
+def test_amqp_publishes_in_either_worker_and_reads_from_first_in_the_other(node: ServerInfo) -> None:
+    """Over AMQP 0-9-1 too: a stream declared in worker 0, published to through worker 1 with confirms and
+    through worker 0, read from `first` in worker 1 with its offsets (before, worker 1 held a stand-in that
+    read from `next` only)."""
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        c0.channel().queue_declare("amqp-s", durable=True, arguments={"x-queue-type": "stream"})
+        ch1 = c1.channel()
+        ch1.confirm_delivery()
+        for i in range(3):
+            ch1.basic_publish("", "amqp-s", b"w1-%d" % i)
+        ch0 = c0.channel()
+        ch0.confirm_delivery()
+        ch0.basic_publish("", "amqp-s", b"w0")
+        reader = c1.channel()
+        reader.basic_qos(prefetch_count=10)
+        got: list[tuple[int, bytes]] = []
+        reader.basic_consume("amqp-s", lambda ch, m, props, body: (got.append((props.headers["x-stream-offset"], body)),
+                                                                    ch.basic_ack(m.delivery_tag)),
+                             arguments={"x-stream-offset": "first"})
+        until(lambda: c1.process_data_events(0.05) or len(got) >= 4, what="4 messages")
+        assert [b for _, b in got] == [b"w1-0", b"w1-1", b"w1-2", b"w0"]
+        offsets = [o for o, _ in got]
+        assert offsets == sorted(set(offsets))
 
 
 @pytest.mark.slow
