@@ -243,7 +243,7 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
     "closed": st.dictionaries(st.sampled_from(["stat_publish", "stat_routed", "stat_ack"]), st.integers(0, 9)),
     "churn": st.dictionaries(st.sampled_from(["connections_opened", "channels_closed"]), st.integers(0, 9)),
     "streams": st.lists(st.integers(0, 99).map(lambda i: ["/", f"s{i}", i % 4, i]), max_size=3),
-    "stream_errored": st.integers(0, 9),
+    "stream_protocol": st.one_of(st.just([]), st.lists(st.integers(0, 9), min_size=6, max_size=6)),
 })
 
 
@@ -251,9 +251,15 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
 @given(st.lists(metric_samples_of_one_agent, min_size=1, max_size=4))
 def test_the_prometheus_samples_of_n_agents_are_those_of_one_holding_everything(answers):
     merged = merge_metric_samples(answers)
-    for kind in ("connections", "channels", "streams"):
+    for kind in ("connections", "channels"):
         assert merged[kind] == [row for a in answers for row in a[kind]]
-    assert merged["stream_errored"] == sum(a["stream_errored"] for a in answers)
+    streams = {(v, n) for a in answers for v, n, _segments, _lag in a["streams"]}  # each stream once
+    assert sorted((v, n) for v, n, _s, _l in merged["streams"]) == sorted(streams)
+    for v, n, segments, lag in merged["streams"]:
+        rows = [r for a in answers for r in a["streams"] if (r[0], r[1]) == (v, n)]
+        assert (segments, lag) == (max(r[2] for r in rows), max(r[3] for r in rows))
+    counted = [a["stream_protocol"] for a in answers if a["stream_protocol"]]
+    assert merged["stream_protocol"] == ([sum(a[i] for a in counted) for i in range(6)] if counted else [])
     for kind, keys in (("closed", ("stat_publish", "stat_routed", "stat_ack")),
                        ("churn", ("connections_opened", "channels_closed"))):
         for key in keys:

@@ -90,6 +90,9 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
     "close_user_connections": (_text, _text),
+    "stream_connections": (),
+    "stream_groups": (_text,),
+    "close_stream_connection": (_text, _text, _text),
 }
 """The agent methods a peer may call, with a check of each positional argument (plain msgpack values)."""
 
@@ -125,7 +128,7 @@ def empty_samples() -> dict[str, Any]:
 
 def empty_metric_samples() -> dict[str, Any]:
     """The Prometheus samples of an agent holding nothing."""
-    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_errored": 0}
+    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_protocol": []}
 
 
 class RemoteAgent:
@@ -213,6 +216,18 @@ class RemoteAgent:
 
     async def close_user_connections(self, user: str, reason: str) -> int:
         answer: int = await self._ask("close_user_connections", [user, reason], 0)
+        return answer
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_connections", [], [])
+        return answer
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_groups", [vhost], [])
+        return answer
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        answer: bool = await self._ask("close_stream_connection", [vhost, name, reason], False)
         return answer
 
 

@@ -109,8 +109,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     node.cluster = cluster
     remote = RemoteQueueType(node, link)
     streams = next(t for t in node.queue_types if isinstance(t, StreamQueueType))
-    if node.config.worker_index is None:  # (workers of one node do not replicate streams among themselves)
-        _replicate_streams(node, cluster, streams)
+    _replicate_streams(node, cluster, streams)  # (a node of workers: every worker a member, docs/scaling.md)
     # a stream's record goes to the stream type first (a member of a replicated stream opens it), then to
     # the stand-ins of other nodes' queues, then to classic, which takes any other record
     node.queue_types = [QuorumQueueType(node, cluster, quorum), streams, remote,
@@ -150,6 +149,7 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
             return None
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
+    replication.unreplicated = streams.unreplicated
     streams.cluster, streams.replication = cluster, replication
 
 
@@ -178,8 +178,8 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
 
 
 def _shared_port(cfg: Config) -> dict[str, bool]:
-    """A worker's AMQP listeners share the node's port with the other workers (the kernel spreads the
-    connections over them); a lone node's do not."""
+    """A worker's AMQP and stream protocol listeners share the node's ports with the other workers (the
+    kernel spreads the connections over them); a lone node's do not."""
     return {"reuse_port": True} if cfg.worker_index is not None else {}
 
 
@@ -233,7 +233,8 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     cfg = node.config
     if cfg.stream_port is None and cfg.stream_tls_port is None:
         return None
-    hub = StreamHub(node, QueueCatalog(node))
+    replication = next((t.replication for t in node.queue_types if isinstance(t, StreamQueueType)), None)
+    hub = StreamHub(node, QueueCatalog(node, replication))  # (a clustered node: streams of other nodes too)
     node.streams = hub  # what management lists (mgmt/stream_routes.py)
     if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
         hub.sac_router.start(node.cluster)
@@ -252,16 +253,22 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     try:
         if cfg.stream_port is not None:
             server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host,
-                                                cfg.stream_port, backlog=1024, reuse_address=True)
+                                                cfg.stream_port, backlog=1024, reuse_address=True,
+                                                **_shared_port(cfg))
             servers.append(server)
             hub.port = node.listener_ports["stream"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol listener started on %s:%d", listen.display_host(cfg.stream_host), hub.port)
+            if cfg.worker_index is not None and cfg.worker_own_ports:  # as start_own_listener for AMQP
+                server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host, 0,
+                                                    backlog=1024, reuse_address=True)
+                servers.append(server)
+                hub.own_port = node.listener_ports[f"stream_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
         if cfg.stream_tls_port is not None:
             ctx = node.tls.server_context("ssl_options")
             assert ctx is not None  # the config requires ssl_options.certfile with stream.listeners.ssl.default
             server = await listen.create_server(
                 loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
-                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True)
+                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True, **_shared_port(cfg))
             servers.append(server)
             hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol over TLS listener started on %s:%d",

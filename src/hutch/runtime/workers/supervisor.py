@@ -126,6 +126,8 @@ class Supervisor:
         self.workers = [_Worker(i) for i in range(count)]
         self.amqp_port = 0
         self.amqps_port: int | None = None
+        self.stream_port: int | None = None  # the stream protocol's ports, shared by the workers as AMQP's
+        self.stream_tls_port: int | None = None
         self._reserved: list[socket.socket] = []
         self._stop = asyncio.Event()
         self._exit_code = 0
@@ -139,20 +141,24 @@ class Supervisor:
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
-        try:
-            self.amqp_port, socks = reserve_port(cfg.amqp_host, cfg.amqp_port)
-            self._reserved += socks
-        except OSError as exc:
-            print(f"hutch-server: cannot listen for AMQP on port {cfg.amqp_port}: {_why(exc)}", file=sys.stderr)
-            return 1
-        if cfg.amqps_port is not None:
+        reserved: dict[str, int | None] = {}
+        for key, what, host, port in (("amqp", "AMQP", cfg.amqp_host, cfg.amqp_port),
+                                      ("amqps", "AMQP over TLS", cfg.amqps_host, cfg.amqps_port),
+                                      ("stream", "the stream protocol", cfg.stream_host, cfg.stream_port),
+                                      ("stream_tls", "the stream protocol over TLS", cfg.stream_tls_host,
+                                       cfg.stream_tls_port)):
+            if port is None:
+                reserved[key] = None
+                continue
             try:
-                self.amqps_port, socks = reserve_port(cfg.amqps_host, cfg.amqps_port)
+                reserved[key], socks = reserve_port(host, port)
                 self._reserved += socks
             except OSError as exc:
-                print(f"hutch-server: cannot listen for AMQP over TLS on port {cfg.amqps_port}: {_why(exc)}",
-                      file=sys.stderr)
+                print(f"hutch-server: cannot listen for {what} on port {port}: {_why(exc)}", file=sys.stderr)
                 return 1
+        self.amqp_port = reserved["amqp"] or 0
+        self.amqps_port, self.stream_port, self.stream_tls_port = (
+            reserved["amqps"], reserved["stream"], reserved["stream_tls"])
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._request_stop)
         self._loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
@@ -219,7 +225,7 @@ class Supervisor:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = WorkerSpec(w.index, len(self.workers), child_end.fileno(),
                           {j: s.fileno() for j, s in links.items()}, self.amqp_port, self.amqps_port,
-                          self.config.worker_own_ports)
+                          self.config.worker_own_ports, self.stream_port, self.stream_tls_port)
         env = dict(os.environ)
         env[SPEC_ENV] = spec.to_env()
         try:
@@ -357,7 +363,7 @@ class Supervisor:
             return
         ports: dict[str, int] = {k: v for k, v in self.workers[0].ports.items() if k != "cluster"}
         for w in self.workers[1:]:
-            ports.update({k: v for k, v in w.ports.items() if k.startswith("amqp_w")})
+            ports.update({k: v for k, v in w.ports.items() if k.startswith(("amqp_w", "stream_w"))})
         where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
         log.info("listening: %s (written to %s)", ", ".join(f"{k} {v}" for k, v in ports.items()), where)
 
