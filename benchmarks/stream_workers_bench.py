@@ -20,37 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from stream_rawload import open_connection, read_frame
+from stream_rawload import open_connection, read_frame  # benchmarks/stream_rawload.py
+from workers_bench import start  # benchmarks/workers_bench.py
 
-from hutch import portfile
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code
 
 HERE = Path(__file__).resolve().parent
-
-
-def start(data: Path, workers: int) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
-    conf = data.parent / "hutch.conf"
-    conf.write_text("workers.own_ports = true\n")
-    log_path = data.parent / f"server-{workers}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
-                                 "0", "--stream-port", "0", "--data-dir", str(data), "--no-cluster", "--workers",
-                                 str(workers), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT, env=env)
-    ports = portfile.wait_for_ports(data, proc, 120, log_path)
-    pids = [proc.pid]
-    for index in range(workers if workers > 1 else 0):
-        doc = portfile.read(data / f"w{index}")
-        assert doc is not None
-        pids.append(int(doc["pid"]))
-    return proc, ports, pids
 
 
 def create(port: int, stream: str) -> None:
@@ -81,7 +62,9 @@ def main() -> None:
     args = p.parse_args()
     for workers in [int(w) for w in args.workers.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            proc, ports, pids = start(Path(tmp) / "data", workers)
+            conf = Path(tmp) / "hutch.conf"
+            conf.write_text("workers.own_ports = true\n")
+            proc, ports, pids = start(Path(tmp) / "data", workers, ["--stream-port", "0", "--config", str(conf)])
             try:
                 runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [
                     ("writer", ports["stream_w0"], ports["stream_w0"]), ("other", ports["stream_w0"], ports["stream_w1"])]
