@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ from hutch import portfile
 HERE = Path(__file__).resolve().parent
 
 
-def start(data: Path, workers: int) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+def start(data: Path, workers: int, extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+    """A node of `workers` (port 0, `--no-cluster`, more flags in `extra`): its process, its ports and the
+    pids of its processes (the supervisor and each worker)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
     log = open(data.parent / f"server-{workers}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
-                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers)],
+                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers), *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
     pids = [proc.pid]

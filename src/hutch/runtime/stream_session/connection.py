@@ -191,6 +191,8 @@ class StreamConnection:
                         continue  # the hot path: a publish of simple entries, batched per stream
                     publishing.write_batched()  # what was published before this command is written first
                     self._handle(c.decode(bytes(frame)))
+                    if "request" in self._holds:  # a request that awaits (_async, metadata.py): what came
+                        return  # after it is taken once it is answered (release_reading), in order
             finally:
                 publishing.write_batched()
         except FrameError as exc:
@@ -264,6 +266,8 @@ class StreamConnection:
     def release_reading(self, reason: str) -> None:
         if reason in self._holds:
             self._holds.discard(reason)
+            if reason == "request" and self.phase == Phase.OPENED:
+                self._drain()  # the commands read with the request, after it (its answer is already out)
             if not self._holds and self.transport is not None and self.phase != Phase.CLOSED:
                 self.transport.resume_reading()
 

@@ -10,7 +10,8 @@ Rules:
   member from its own view of the stream's group; on a node that is not a member, the stream's writer as
   a member names it (`StreamCatalog.locate`, a `StreamLookup` record) and each member's listener, so a
   client that connects to any node finds the stream's writer and replicas. Until a member answers, the
-  connection reads no further command (its answers keep their order).
+  connection reads no further command (its answers keep their order); at most `LOOKUPS_AT_ONCE`
+  streams are asked at a time.
 - This node is broker reference 0. A node of workers is one node outside: its workers are all reference
   0 (docs/scaling.md), and a reference is named once among the replicas, never the leader's again.
 - A stream with no writer known (an election, no member reachable) is STREAM_NOT_AVAILABLE, one that does
@@ -30,6 +31,7 @@ from hutch.streamproto.codes import Code
 
 Entry = tuple[str, int, int, list[int]]  # stream, response code, leader reference, replica references
 NO_BROKER = 0xFFFF
+LOOKUPS_AT_ONCE = 32  # another node's streams asked of their members at once, per metadata command
 
 
 def placement(stream: str, members: Members | None, brokers: dict[tuple[str, int], int]) -> Entry:
@@ -63,8 +65,11 @@ def metadata(conn: StreamSession, cmd: c.Metadata) -> None:
     conn.hold_reading("request")
 
     async def run() -> None:
-        found = await asyncio.gather(*(conn.catalog.locate(vhost, s) for s in far))
-        _answer(conn, cmd.correlation_id, streams, dict(zip(far, found, strict=True)))
+        found: dict[str, Members | None] = {}
+        for start in range(0, len(far), LOOKUPS_AT_ONCE):  # (a metadata may name thousands of streams)
+            part = far[start:start + LOOKUPS_AT_ONCE]
+            found.update(zip(part, await asyncio.gather(*(conn.catalog.locate(vhost, s) for s in part)), strict=True))
+        _answer(conn, cmd.correlation_id, streams, found)
         conn.release_reading("request")
         conn.flush()
 
