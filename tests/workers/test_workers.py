@@ -26,8 +26,10 @@ from tests.conftest import ServerInfo, start_server
 
 from hutch import portfile
 
+# connections pinned to a worker must stay there to take the hop: connection locality (which would move
+# them to their queue's worker) is tested in test_locality.py
 CONFIG = "workers.own_ports = true\nworkers.heartbeat_timeout = 1500\ncluster.tick_interval = 50\n" \
-         "cluster.metadata_timeout = 5000\n"
+         "cluster.metadata_timeout = 5000\nworkers.locality = false\n"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 

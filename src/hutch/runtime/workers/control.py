@@ -9,6 +9,10 @@ message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
   listeners accept clients.
 - supervisor → worker: `{"peer": N}` with one descriptor: this worker's end of a new socket pair to
   worker N (N was restarted); the worker adopts it into its worker link.
+- connection locality (runtime/workers/handover.py): worker → supervisor `{"handover": N}` with two
+  descriptors (a client's socket, and the socket its state follows on), relayed to worker N as
+  `{"adopt": M}` (M the sender) when N is ready; otherwise the supervisor closes them (the client's
+  TCP connection ends: it reconnects).
 - A request/answer pair for the management fan-out can ride the same socket later
   (`{"ask": id, ...}` / `{"answer": id, ...}`): the kinds are open, an unknown one is ignored.
 """
@@ -21,6 +25,10 @@ from typing import Any
 HEARTBEAT_S = 0.5
 MAX_MESSAGE_BYTES = 65536
 MAX_FDS = 4
+# connection locality: the largest state of a handed-over connection (its unread bytes are at most one
+# read, 256 KiB under uvloop, plus a partial frame of frame_max), and the part of it the unread bytes may take
+MAX_UNREAD_BYTES = 1 << 20
+MAX_STATE_BYTES = MAX_UNREAD_BYTES + (256 << 10)
 ALARM_NAMES = frozenset({"memory", "disk"})  # the resource alarms a worker reports and is told (node-wide)
 
 
