@@ -14,12 +14,15 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pika
 import pytest
 from pika.exceptions import AMQPConnectionError
 from tests.conftest import ServerInfo, start_server
+from tests.mgmt.helpers import Api, wait_mgmt
+from tests.workers.test_worker_limits import add_vhost, refused
 from tests.workers.test_workers import PERSISTENT, alive, until, worker_of, worker_pid
 
 from hutch import portfile
@@ -229,21 +232,14 @@ def test_a_first_publish_through_an_exchange_does_not_move(node: ServerInfo) -> 
 
 
 def test_the_management_api_lists_a_moved_connection_once(node: ServerInfo) -> None:
-    import json
-    import urllib.request
-    from base64 import b64encode
-
     queue = declare_in(node, 1, "listed")
     props = {"connection_name": "locality-listed"}
     with connect(node, 0, client_properties=props) as conn:
         conn.channel().basic_publish("", queue, b"x")
         until(lambda: holders(node, client_port(conn)) == {1}, what="the move")
 
-        def listed() -> list[dict[str, object]]:
-            req = urllib.request.Request(f"{node.mgmt_url}/api/connections",
-                                         headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                rows = json.load(resp)
+        def listed() -> list[dict[str, Any]]:
+            rows = Api(node.mgmt_url).get("/api/connections").body
             return [r for r in rows if r["client_properties"].get("connection_name") == "locality-listed"]
         rows = until(listed, what="the connection listed")
         assert len(rows) == 1 and rows[0]["peer_port"] == client_port(conn) and rows[0]["user"] == "guest"
@@ -300,3 +296,28 @@ def test_target_worker_killed_mid_handover_closes_the_connection(tmp_path: Path)
             assert ch.queue_declare("after-the-kill", passive=True).method.message_count == 1
     finally:
         info.stop()
+
+
+def test_a_moved_connection_counts_once_for_its_vhosts_limit(node: ServerInfo) -> None:
+    api = Api(wait_mgmt(node, timeout=60).mgmt_url)
+    add_vhost(api, "loc-lim")
+    assert api.put("/api/vhost-limits/loc-lim/max-connections", {"value": 2}).status == 204
+    params = {"virtual_host": "loc-lim"}
+    with connect(node, 0, **params) as first:
+        ch = first.channel()
+        for i in range(8):  # a queue in worker 1 of this vhost
+            name = f"loc-lim-{i}"
+            ch.queue_declare(name)
+            doc = api.get(f"/api/queues/loc-lim/{name}")
+            if doc.body["worker"] == 1:
+                break
+        ch.confirm_delivery()
+        ch.basic_publish("", name, b"x")
+        assert holders(node, client_port(first)) == {1}
+        with connect(node, 1, **params) as second:  # counted once: one place is left, and only one
+            second.channel()
+            for worker in (0, 1):
+                assert "connection limit (2) is reached" in refused(node, worker, vhost="loc-lim")
+        ch.queue_delete(name)
+    with connect(node, 0, **params), connect(node, 1, **params):  # both places free again once it closed
+        pass
