@@ -9,6 +9,8 @@ directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over co
 - `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
 - `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`),
 - one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
+- `--tools churn`: rawload's connection churn (open, channel, confirm.select, one publish, close; 20 at a
+  time): what a connection's move costs where it saves nothing,
 - `--tools idle`: the node's CPU over 20 s without clients (the background a worker adds: its internal
   Raft group's ticks, stats, heartbeats),
 - `--declares N` sequential durable `queue.declare`s from one pika connection (the metadata cost: the
@@ -88,6 +90,9 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
     stdout, _stderr = proc.communicate()
     line = stdout.strip().splitlines()[-1] if stdout.strip() else "{}"
     doc: dict[str, Any] = json.loads(line)
+    if "connections_per_s" in doc:  # --mode churn
+        return {k: doc.get(k) for k in ("connections_per_s", "failed", "broker_cpu_us_per_conn", "broker_cpu_pct",
+                                        "errors")}
     out = {k: doc.get(k) for k in ("receive_rate", "publish_rate", "broker_cpu_us_per_msg", "broker_cpu_pct",
                                    "latency_us", "errors")}
     rate = doc.get("receive_rate") or 0
@@ -179,6 +184,9 @@ def main() -> None:
                 if "perf" in tools:
                     runs.append((f"hutch-perf {args.queues}q unlimited", perf(ports["amqp"], pids, args.seconds,
                                                                                args.queues)))
+                if "churn" in tools:  # connections that publish one message each: a move costs, saves nothing
+                    runs.append(("rawload churn", rawload(ports["amqp"], pids, ["--mode", "churn", "--concurrency", "20",
+                                                                           "-z", str(args.seconds)], args.seconds)))
                 if "idle" in tools:
                     runs.append(("idle 20 s", idle(pids, 20.0)))
                 for name, result in runs:

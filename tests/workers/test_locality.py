@@ -23,7 +23,7 @@ from pika.exceptions import AMQPConnectionError
 from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, wait_mgmt
 from tests.workers.test_worker_limits import add_vhost, refused
-from tests.workers.test_workers import PERSISTENT, alive, until, worker_of, worker_pid
+from tests.workers.test_workers import PERSISTENT, alive, client_port, holders, until, worker_of, worker_pid
 
 from hutch import portfile
 
@@ -41,48 +41,6 @@ def own_port(info: ServerInfo, worker: int) -> int:
 
 def connect(info: ServerInfo, worker: int, **kwargs: object) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", own_port(info, worker), **kwargs))
-
-
-def client_port(conn: pika.BlockingConnection) -> int:
-    sock = conn._impl._transport._sock  # the client's own socket: its port names the connection at the node
-    return int(sock.getsockname()[1])
-
-
-def _inodes(port: int) -> set[str]:
-    """Inodes of the node-side TCP sockets whose peer is the client's local `port`."""
-    found: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
-                found.add(fields[9])
-    return found
-
-
-def holders(info: ServerInfo, port: int) -> set[int]:
-    """The workers (indexes) that hold the node's end of the client connection from local `port`."""
-    inodes = _inodes(port)
-    held: set[int] = set()
-    for index in (0, 1):
-        pid = worker_pid(info, index)
-        if pid is None:
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                held.add(index)
-    return held
 
 
 def declare_in(info: ServerInfo, worker: int, prefix: str) -> str:
@@ -136,7 +94,7 @@ def test_publisher_and_consumer_move_to_their_queues_worker_nothing_lost_or_reor
 
 
 def test_a_burst_moves_with_its_unread_frames_and_confirms_stay_numbered(node: ServerInfo) -> None:
-    """aio-pika pipelines 2,000 confirmed publishes on two channels: most are read by worker 0 before the
+    """aio-pika pipelines 1,000 confirmed publishes on two channels: most are read by worker 0 before the
     connection moves (they go along, unhandled) and every confirm must match its publish's tag."""
     queue = declare_in(node, 1, "burst")
 
@@ -148,8 +106,8 @@ def test_a_burst_moves_with_its_unread_frames_and_confirms_stay_numbered(node: S
                 await ch.set_qos(prefetch_count=7)
             results = await asyncio.gather(*(
                 channels[i % 2].default_exchange.publish(aio_pika.Message(b"%d" % i), routing_key=queue)
-                for i in range(2000)))
-            assert len(results) == 2000
+                for i in range(1000)))
+            assert len(results) == 1000
             ch = channels[0]
             q = await ch.get_queue(queue, ensure=True)
             got: list[bytes] = []
@@ -157,13 +115,13 @@ def test_a_burst_moves_with_its_unread_frames_and_confirms_stay_numbered(node: S
                 async for message in it:
                     got.append(message.body)
                     await message.ack()
-                    if len(got) == 2000:
+                    if len(got) == 1000:
                         break
             await q.delete(if_unused=False, if_empty=False)
             return got
 
     got = asyncio.run(asyncio.wait_for(run(), 60))
-    assert sorted(got, key=int) == [b"%d" % i for i in range(2000)] and len(set(got)) == 2000
+    assert sorted(got, key=int) == [b"%d" % i for i in range(1000)] and len(set(got)) == 1000
     for parity in (0, 1):  # per channel, in publish order
         mine = [int(b) for b in got if int(b) % 2 == parity]
         assert mine == sorted(mine)
@@ -245,20 +203,6 @@ def test_the_management_api_lists_a_moved_connection_once(node: ServerInfo) -> N
         assert len(rows) == 1 and rows[0]["peer_port"] == client_port(conn) and rows[0]["user"] == "guest"
         assert rows[0]["channels"] == 1
         conn.channel().queue_delete(queue)
-
-
-def test_locality_off_keeps_connections_where_they_were_accepted(tmp_path: Path) -> None:
-    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG + "workers.locality = false\n")
-    try:
-        queue = declare_in(info, 1, "off")
-        with connect(info, 0) as conn:
-            ch = conn.channel()
-            ch.confirm_delivery()
-            ch.basic_publish("", queue, b"x")
-            assert holders(info, client_port(conn)) == {0}
-            assert ch.queue_declare(queue, passive=True).method.message_count == 1
-    finally:
-        info.stop()
 
 
 def test_target_worker_killed_mid_handover_closes_the_connection(tmp_path: Path) -> None:

@@ -4,13 +4,16 @@ of the node (docs/scaling.md, "Connection locality"; `workers.locality`).
 Owns: `Locality`, a worker's implementation of the session's `Handover` port (runtime/session/ports.py)
 and the receiving end. Moving a connection to worker N:
 1. the session judged it quiet and encoded its state (runtime/session/handover.py);
-2. here the client socket's descriptor is duplicated and a fresh `AF_UNIX` stream pair made; both
-   descriptors (the client's duplicate and one end of the pair) go to the supervisor over this worker's
-   control socket (`{"handover": N}`, `SCM_RIGHTS`), which relays them to worker N (`{"adopt": M}`);
+2. here the client socket's descriptor is duplicated and sent to the supervisor over this worker's
+   control socket (`{"handover": N}`, `SCM_RIGHTS`), which relays it to worker N (`{"adopt": M}`). The
+   state rides in the same message (base64) when it is at most `INLINE_STATE_BYTES` (a connection that
+   moves at its first publish or consume usually has a few frames unread); a larger one follows on a
+   fresh `AF_UNIX` stream pair whose other end travels with the client's descriptor;
 3. the session drops its transport (the socket closes here only: the duplicate keeps the TCP
-   connection), and the state is written on this end of the pair, then closed;
-4. worker N reads the state to its end of file (at most `MAX_STATE_BYTES`, within `STATE_TIMEOUT_S`) and
-   adopts the socket as an open connection (the `adopt` callable the composition root gives).
+   connection), and a large state is written on this end of the pair, then closed;
+4. worker N has the state (or reads it to the pair's end of file: at most `MAX_STATE_BYTES`, within
+   `STATE_TIMEOUT_S`) and adopts the socket as an open connection (the `adopt` callable the
+   composition root gives).
 
 Rules:
 - Nothing is lost silently: if worker N is not ready the supervisor closes the descriptors, if it dies
@@ -24,6 +27,8 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import os
 import socket
@@ -33,7 +38,7 @@ from typing import Any
 from hutch.amqp import spec
 from hutch.amqp.errors import CONNECTION_FORCED
 from hutch.amqp.frames import method_frame
-from hutch.runtime.workers.control import MAX_STATE_BYTES
+from hutch.runtime.workers.control import INLINE_STATE_BYTES, MAX_STATE_BYTES
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import node_of_worker
 
@@ -81,6 +86,13 @@ class Locality:
             fd = os.dup(sock.fileno())
         except OSError:
             return False
+        if len(state) <= INLINE_STATE_BYTES:
+            try:
+                sent = self.link.send_handover(to, [fd], base64.b64encode(state).decode())
+            finally:
+                os.close(fd)
+            self.moved_out += sent
+            return sent
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sent = self.link.send_handover(to, [fd, theirs.fileno()])
@@ -104,19 +116,23 @@ class Locality:
             sock.close()
 
     # -- the receiving end -----------------------------------------------------------------------------
-    def receive(self, sender: int, client: socket.socket, state_sock: socket.socket) -> None:
-        self._spawn(self._receive(sender, client, state_sock))
+    def receive(self, sender: int, client: socket.socket, state: str | socket.socket) -> None:
+        self._spawn(self._receive(sender, client, state))
 
-    async def _receive(self, sender: int, client: socket.socket, state_sock: socket.socket) -> None:
+    async def _receive(self, sender: int, client: socket.socket, carried: str | socket.socket) -> None:
         try:
-            state = await asyncio.wait_for(self._read_state(state_sock), STATE_TIMEOUT_S)
-        except (OSError, TimeoutError, ValueError) as exc:
+            if isinstance(carried, str):
+                state = base64.b64decode(carried, validate=True)
+            else:
+                try:
+                    state = await asyncio.wait_for(self._read_state(carried), STATE_TIMEOUT_S)
+                finally:
+                    carried.close()
+        except (OSError, TimeoutError, ValueError, binascii.Error) as exc:
             log.warning("a connection handed over by worker %d is closed: its state did not arrive (%s)", sender, exc)
             self.lost += 1
             _refuse(client)
             return
-        finally:
-            state_sock.close()
         try:
             await self.adopt(client, state)
         except OSError as exc:  # the client's socket failed meanwhile

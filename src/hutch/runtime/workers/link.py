@@ -24,8 +24,9 @@ from hutch.runtime.workers.spec import WorkerSpec, worker_name
 log = logging.getLogger("hutch.workers")
 
 Adopt = Callable[[str, socket.socket], None]  # the paired transport's `adopt`
-# a connection handed over by worker M: (M, the client's socket, the socket its state arrives on)
-AdoptConnection = Callable[[int, socket.socket, socket.socket], None]
+# a connection handed over by worker M: (M, the client's socket, its state inline (base64) or the socket
+# its state arrives on)
+AdoptConnection = Callable[[int, socket.socket, "str | socket.socket"], None]
 
 
 class WorkerLink:
@@ -76,12 +77,14 @@ class WorkerLink:
         """Call `adopt` with each connection another worker hands to this one (connection locality)."""
         self._adopt_connection = adopt
 
-    def send_handover(self, to: int, fds: list[int]) -> bool:
-        """Hand the descriptors (a client socket's and its state socket's) to worker `to` through the
-        supervisor. False when the message could not be sent now (nothing was handed over)."""
+    def send_handover(self, to: int, fds: list[int], state: str | None = None) -> bool:
+        """Hand a client socket's descriptor to worker `to` through the supervisor, with its state
+        inline (base64) or, when `state` is None, a second descriptor it follows on. False when the
+        message could not be sent now (nothing was handed over)."""
+        assert len(fds) == (1 if state is not None else 2)
         try:
-            socket.send_fds(self.sock, [control.encode("handover", to)], fds)
-        except OSError:
+            socket.send_fds(self.sock, [control.encode_move("handover", to, state)], fds)
+        except (OSError, ValueError):
             return False
         return True
 
@@ -134,10 +137,14 @@ class WorkerLink:
             if self._on_node_alarms is not None:
                 self._on_node_alarms(set(self._node_alarms))
             return
-        sender = doc.get("adopt")
-        if isinstance(sender, int) and len(fds) == 2 and self._adopt_connection is not None:
-            self._adopt_connection(sender, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]))
-            return
+        sender, state = doc.get("adopt"), doc.get("state")
+        if isinstance(sender, int) and self._adopt_connection is not None:
+            if len(fds) == 1 and isinstance(state, str):
+                self._adopt_connection(sender, socket.socket(fileno=fds[0]), state)
+                return
+            if len(fds) == 2 and state is None:
+                self._adopt_connection(sender, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]))
+                return
         peer = doc.get("peer")
         if isinstance(peer, int) and len(fds) == 1 and peer != self.spec.index:
             name, sock = worker_name(self.node_name, peer), socket.socket(fileno=fds[0])

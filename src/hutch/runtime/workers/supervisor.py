@@ -317,9 +317,9 @@ class Supervisor:
             doc = control.decode(data)
         except ValueError:
             return
-        to = doc.get("handover")
-        if isinstance(to, int) and len(fds) == 2:
-            self._relay_handover(w, to, fds)
+        to, state = doc.get("handover"), doc.get("state")
+        if isinstance(to, int) and ((len(fds) == 1 and isinstance(state, str)) or (len(fds) == 2 and state is None)):
+            self._relay_handover(w, to, fds, state)
             return
         alarms = doc.get("alarms")
         if isinstance(alarms, list):
@@ -334,7 +334,7 @@ class Supervisor:
             log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
             self._announce()
 
-    def _relay_handover(self, sender: _Worker, to: int, fds: list[int]) -> None:
+    def _relay_handover(self, sender: _Worker, to: int, fds: list[int], state: str | None) -> None:
         """Pass a connection `sender` let go of to worker `to`, if it is ready to take it."""
         target = self.workers[to] if 0 <= to < len(self.workers) and to != sender.index else None
         if target is None or not target.ready or target.control is None:
@@ -342,8 +342,8 @@ class Supervisor:
                         sender.index, to)
             return
         try:
-            socket.send_fds(target.control, [control.encode("adopt", sender.index)], fds)
-        except OSError as exc:
+            socket.send_fds(target.control, [control.encode_move("adopt", sender.index, state)], fds)
+        except (OSError, ValueError) as exc:
             log.warning("a connection handed from worker %d to worker %d was closed: %s", sender.index, to, exc)
 
     def _share_alarms(self) -> None:
