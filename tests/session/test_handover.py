@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 from pamqp import header as pheader
+from pamqp import heartbeat as pheartbeat
 
 from hutch.core.confirms import ConfirmLedger
 from hutch.runtime.broker.node import Node
@@ -109,7 +110,7 @@ async def test_a_connection_moves_at_most_once_and_not_for_a_local_queue(nodes: 
     assert here.vhosts["/"].queues["there-q"].message_count == 1
 
 
-@pytest.mark.parametrize("busy", ["consumer", "unconfirmed", "tx", "exclusive", "content", "closing"])
+@pytest.mark.parametrize("busy", ["consumer", "unconfirmed", "tx", "exclusive", "content", "closing", "alarm"])
 @pytest.mark.asyncio
 async def test_a_connection_that_is_not_quiet_stays(nodes: tuple[Node, Node], busy: str) -> None:
     here, _there = nodes
@@ -131,10 +132,35 @@ async def test_a_connection_that_is_not_quiet_stays(nodes: tuple[Node, Node], bu
                   pheader.ContentHeader(0, 10, commands.Basic.Properties()))  # its body not sent yet
     elif busy == "closing":
         pair.send(2, commands.Basic.Consume(queue="no-such-queue"))  # 404: channel 2 closing, no close-ok yet
+    elif busy == "alarm":
+        here.alarms.add("memory")  # connection.blocked's state would have to travel
     pair.received()
     pair.feed(pair.publish(1, "there-q", b"stays"))
     assert handover.moved == [] and pair.conn.state == State.OPEN
+    if busy == "alarm":
+        assert pair.conn.alarm_blocked  # blocked here, as any publisher under an alarm
+        here.alarms.clear()
+        pair.conn.alarm_cleared()
     assert here.vhosts["/"].queues["there-q"].message_count == 1  # handled here, as before
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_connection_keeps_the_negotiated_heartbeat(nodes: tuple[Node, Node]) -> None:
+    here, there = nodes
+    handover = FakeHandover()
+    pair = SessionPair(here)
+    pair.transport = BufferedTransport({"socket": object()})
+    pair.conn = AMQPConnection(here, pair.clock, None, handover)
+    pair.conn.connection_made(pair.transport, ("127.0.0.1", 50000), ("127.0.0.1", 5672))
+    await pair.open(heartbeat=10)
+    pair.open_channel(1)
+    pair.feed(pair.publish(1, "there-q", b"x"))
+    other = adopt(there, handover.moved[0][0])
+    assert other.conn.heartbeat_s == 10
+    other.clock.advance(6)  # half the interval: the server's heartbeat goes out
+    assert any(isinstance(f, pheartbeat.Heartbeat) for _, f in other.received())
+    other.clock.advance(25)  # and a client silent for two intervals is dropped, as before the move
+    assert other.transport.closed
 
 
 @pytest.mark.asyncio
