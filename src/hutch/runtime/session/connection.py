@@ -70,7 +70,7 @@ from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 from hutch.runtime.session.confirms import ChannelConfirms
-from hutch.runtime.session.handover import HandoverState, capture, quiet_reason
+from hutch.runtime.session.handover import HandoverState, channel_states, quiet_reason
 from hutch.runtime.workers.control import MAX_UNREAD_BYTES
 
 if TYPE_CHECKING:
@@ -454,7 +454,11 @@ class AMQPConnection:
         unread = method_frame_raw(channel, payload) + bytes(memoryview(reader._buf)[reader._pos:])
         if sock is None or len(unread) > MAX_UNREAD_BYTES:
             return False
-        if not handover.move(sock, capture(self, unread).encode(), to):
+        state = HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
+                              dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
+                              self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
+                              channel_states(self.channels), unread)
+        if not handover.move(sock, state.encode(), to):
             return False
         log.debug("connection %s moved to worker %d", self.name, to)
         self._forget_moved()

@@ -4,8 +4,9 @@ node, and what of it moves (docs/scaling.md, "Connection locality").
 Owns: `quiet_reason` (why a connection may not be handed over now, or None), `HandoverState` (what a
 connection carries to the worker that adopts it: its negotiated state, its channels' numbering, and the
 bytes read from the socket and not handled yet) and its one codec (`encode`/`decode`, msgpack, a client's
-properties as the AMQP field table they came as), `capture` and `restore` (a connection to a state and
-back). The transfer itself (the socket's descriptor, the supervisor) is runtime/workers/handover.py's;
+properties as the AMQP field table they came as), and `channel_states` (a connection's channels as
+they move; the connection itself captures the rest, `AMQPConnection._hand_over`, and restores it,
+`adopt`). The transfer itself (the socket's descriptor, the supervisor) is runtime/workers/handover.py's;
 the trigger and the adoption are the connection's (connection.py).
 
 Rules:
@@ -35,7 +36,7 @@ from hutch.runtime.workers.control import MAX_STATE_BYTES
 
 
 class MovableConnection(Protocol):
-    """What the judge and the capture read of a connection (session/connection.py's AMQPConnection)."""
+    """What the judge reads of a connection (session/connection.py's AMQPConnection)."""
 
     ssl_object: Any
     flow_blocked: bool
@@ -45,18 +46,6 @@ class MovableConnection(Protocol):
     unfinished_body_bytes: int
     channels: dict[int, Any]  # number -> ServerChannel
     vhost_obj: Any
-    user_name: str
-    frame_max: int
-    channel_max: int
-    heartbeat_s: int
-    client_properties: dict[str, Any]
-    auth_mechanism: str
-    peer: tuple[str, int]
-    name: str
-    connected_at_ms: int
-    recv_oct: int
-    send_oct: int
-    has_published: bool
 
     def state_is_busy(self) -> bool: ...
 
@@ -184,13 +173,8 @@ def quiet_reason(conn: MovableConnection) -> str | None:
     return None
 
 
-def capture(conn: MovableConnection, unread: bytes) -> HandoverState:
-    """The state of a quiet connection (`quiet_reason` is None), with `unread`, the bytes it read and
-    did not handle."""
-    assert conn.vhost_obj is not None, "an open connection has its vhost"
-    channels = [ChannelState(n, ch.prefetch_count, ch.global_prefetch, ch.confirm, ch.publish_seq, ch.next_tag)
-                for n, ch in sorted(conn.channels.items())]
-    return HandoverState(conn.user_name, conn.vhost_obj.name, conn.frame_max, conn.channel_max, conn.heartbeat_s,
-                         dict(conn.client_properties), conn.auth_mechanism, conn.peer, conn.name,
-                         conn.connected_at_ms, conn.recv_oct - len(unread), conn.send_oct, conn.has_published,
-                         channels, unread)
+
+def channel_states(channels: dict[int, Any]) -> list[ChannelState]:
+    """What moves of a quiet connection's channels (number -> ServerChannel), in channel order."""
+    return [ChannelState(n, ch.prefetch_count, ch.global_prefetch, ch.confirm, ch.publish_seq, ch.next_tag)
+            for n, ch in sorted(channels.items())]
