@@ -64,7 +64,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             conf = Path(tmp) / "hutch.conf"
             conf.write_text("workers.own_ports = true\n")
-            proc, ports, pids = start(Path(tmp) / "data", workers, ["--stream-port", "0", "--config", str(conf)])
+            proc, ports, pids = start(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)])
             try:
                 runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [
                     ("writer", ports["stream_w0"], ports["stream_w0"]), ("other", ports["stream_w0"], ports["stream_w1"])]

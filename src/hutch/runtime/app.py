@@ -25,6 +25,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -59,6 +60,7 @@ from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
+from hutch.runtime.workers.handover import Locality
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import node_of_worker, worker_name
 from hutch.storage.dirlock import DataDirLock
@@ -165,11 +167,12 @@ def _worker_agents(node: Node, cluster: ClusterService) -> None:
         node.agent = node_agent(name, own, cluster, peers)
 
 
-async def start_listener(node: Node) -> asyncio.base_events.Server:
-    """The AMQP listener; `node.amqp_port` is the port it got (config port 0: any free port)."""
+async def start_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server:
+    """The AMQP listener; `node.amqp_port` is the port it got (config port 0: any free port). `handover`:
+    a worker's connection locality (its connections may move to the worker of the queue they use)."""
     loop = asyncio.get_running_loop()
     cfg = node.config
-    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqp_host, cfg.amqp_port,
+    server = await listen.create_server(loop, lambda: AMQPProtocol(node, handover), cfg.amqp_host, cfg.amqp_port,
                                         backlog=1024, reuse_address=True, **_shared_port(cfg))
     node.server = server
     node.amqp_port = node.listener_ports["amqp"] = server.sockets[0].getsockname()[1]
@@ -183,13 +186,14 @@ def _shared_port(cfg: Config) -> dict[str, bool]:
     return {"reuse_port": True} if cfg.worker_index is not None else {}
 
 
-async def start_own_listener(node: Node) -> asyncio.base_events.Server | None:
+async def start_own_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
     """`workers.own_ports`: a worker's AMQP listener of its own (port 0; `amqp_w<N>` in the ports file),
     so that a client (a test, an operator) can pick the worker it talks to."""
     cfg = node.config
     if cfg.worker_index is None or not cfg.worker_own_ports:
         return None
-    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node), cfg.amqp_host, 0,
+    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node, handover),
+                                        cfg.amqp_host, 0,
                                         backlog=1024, reuse_address=True)
     node.listener_ports[f"amqp_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
     return server
@@ -341,6 +345,22 @@ async def serve(config: Config, services: Sequence[Service] = (),
             lock.release()
 
 
+def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | None) -> Locality | None:
+    """A worker's connection locality (`workers.locality`, runtime/workers/handover.py): its AMQP
+    connections (not TLS) move to the worker of the queue they first use, and it adopts those others
+    hand to it."""
+    cfg = node.config
+    if worker is None or cluster is None or cfg.worker_index is None or not cfg.worker_locality:
+        return None
+    loop = asyncio.get_running_loop()
+    transport = cluster.transport
+
+    async def adopt(sock: socket.socket, state: bytes) -> None:
+        await loop.connect_accepted_socket(lambda: AMQPProtocol(node, locality, adopted=state), sock=sock)
+    locality = Locality(worker, node.name, cfg.worker_index, transport.connected, adopt)
+    return locality
+
+
 async def _serve_locked(config: Config, services: Sequence[Service],
                         prepare: Callable[[Node], str | None] | None, worker: WorkerLink | None) -> int:
     # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
@@ -377,6 +397,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         if worker is not None:  # memory and disk alarms are node-wide: reported to, and told by, the supervisor
             node.alarm_hooks.append(worker.report_alarms)
             worker.on_node_alarms(node.set_worker_alarms)
+        locality = _locality(node, cluster, worker)
         if cluster is None:
             node.recover_messages()
     except (StorageError, ValueError, OSError) as exc:
@@ -406,7 +427,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             print(f"hutch-server: {problem}", file=sys.stderr)
             return 1
     try:
-        server = await start_listener(node)
+        server = await start_listener(node, locality)
     except OSError as exc:
         print(f"hutch-server: cannot listen for AMQP on port {config.amqp_port}: {_listen_error(exc)}",
               file=sys.stderr)
@@ -419,7 +440,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         await stop_node(node, server)
         return 1
     try:
-        own_server = await start_own_listener(node)
+        own_server = await start_own_listener(node, locality)
     except OSError as exc:
         print(f"hutch-server: cannot listen for AMQP on a worker's own port: {_listen_error(exc)}", file=sys.stderr)
         await stop_node(node, server)

@@ -20,6 +20,9 @@ Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
   exit code 1: its own one-line error is already on stderr. Later exits are restarted, after a delay
   that grows while a worker keeps dying young (`RESTART_DELAY_*`).
 - The heartbeat is judged only once a worker is ready (recovery may keep a starting worker busy).
+- Connection locality: a worker's `{"handover": N}` (a client's socket and its state socket) is relayed
+  to worker N if it is ready, else its descriptors are closed here (the client reconnects); the
+  supervisor never reads or writes them.
 - Killing the supervisor with `-9` closes every control socket: each worker sees the end of file and
   stops (runtime/workers/link.py), so no worker outlives its node.
 """
@@ -300,11 +303,18 @@ class Supervisor:
         if sock is None:
             return
         try:
-            data = sock.recv(control.MAX_MESSAGE_BYTES)
+            data, fds, _flags, _addr = socket.recv_fds(sock, control.MAX_MESSAGE_BYTES, control.MAX_FDS)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, fds = b"", []
+        try:
+            self._handle(w, sock, data, fds)
+        finally:
+            for fd in fds:  # relayed (the receiver has its own copies) or refused: never kept here
+                os.close(fd)
+
+    def _handle(self, w: _Worker, sock: socket.socket, data: bytes, fds: list[int]) -> None:
         if not data:  # the worker is gone; `_watch` restarts it
             self._loop.remove_reader(sock.fileno())
             return
@@ -312,6 +322,10 @@ class Supervisor:
         try:
             doc = control.decode(data)
         except ValueError:
+            return
+        to, state = doc.get("handover"), doc.get("state")
+        if isinstance(to, int) and ((len(fds) == 1 and isinstance(state, str)) or (len(fds) == 2 and state is None)):
+            self._relay_handover(w, to, fds, state)
             return
         alarms = doc.get("alarms")
         if isinstance(alarms, list):
@@ -325,6 +339,18 @@ class Supervisor:
             self._send_alarms(w, self._node_alarms)
             log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
             self._announce()
+
+    def _relay_handover(self, sender: _Worker, to: int, fds: list[int], state: str | None) -> None:
+        """Pass a connection `sender` let go of to worker `to`, if it is ready to take it."""
+        target = self.workers[to] if 0 <= to < len(self.workers) and to != sender.index else None
+        if target is None or not target.ready or target.control is None:
+            log.warning("a connection handed from worker %d to worker %s was closed: that worker is not ready",
+                        sender.index, to)
+            return
+        try:
+            socket.send_fds(target.control, [control.encode_move("adopt", sender.index, state)], fds)
+        except (OSError, ValueError) as exc:
+            log.warning("a connection handed from worker %d to worker %d was closed: %s", sender.index, to, exc)
 
     def _share_alarms(self) -> None:
         """Memory and disk alarms are node-wide (as RabbitMQ's are cluster-wide): every worker is told the
