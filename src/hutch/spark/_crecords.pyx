@@ -362,7 +362,7 @@ cdef class BatchBuilder:
         cdef const unsigned char* p
         cdef Py_ssize_t size, pos, stop, q
         cdef uint64_t chunk_id, length, offset
-        cdef uint64_t lo = start if start > 0 else 0
+        cdef uint64_t lo = 0 if start <= 0 else start if start < INT64_MAX else INT64_MAX  # fast-path offsets are below
         cdef uint64_t hi = end if end < INT64_MAX else INT64_MAX
         if type(chunk) is not bytes:
             chunk = bytes(chunk)
@@ -422,7 +422,8 @@ cdef class BatchBuilder:
 
     cdef int _add(self, int64_t offset, const unsigned char* r, Py_ssize_t n, object record) except -1:
         """One record's row: the fast path, or the reference's row (`RecordDecoder.row`)."""
-        cdef Span header, annotations, properties, application, body[MAX_BODY_PARTS]
+        cdef Span header, annotations, properties, application
+        cdef Span body[MAX_BODY_PARTS]
         cdef Span exchange, routing_key
         cdef Fields fields
         cdef int parts = 0, i
