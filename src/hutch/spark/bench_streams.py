@@ -48,52 +48,43 @@ def create_super_stream(stream_uri: Any, name: str, partitions: int) -> None:
         client.close()
 
 
-def _write_frame(spark: Any, n: int, size: int) -> Any:
-    """The rows the write measurements write: n (key, value) rows in 2 Spark partitions, cached."""
+def _timed_write(spark: Any, n: int, size: int, save: Callable[[Any], None]) -> float:
+    """Rows per second of `save(df)` over n cached (key, value) rows in 2 Spark partitions, timed end
+    to end (the caching left out)."""
     from pyspark.sql import functions as F
 
     df = spark.range(0, n, numPartitions=2).select(
         F.col("id").cast("string").alias("key"),
         F.rpad(F.col("id").cast("string"), size, "x").alias("value")).cache()
     df.count()
-    return df
+    t = time.perf_counter()
+    save(df)
+    took = time.perf_counter() - t
+    df.unpersist()
+    return n / took
 
 
 def write_stream_rate(spark: Any, uri: str, stream_port: int, target: str, n: int, size: int,
                       super_stream: bool) -> float:
-    """DataFrame -> stream (or super stream): n rows in 2 Spark partitions, timed end to end."""
-    df = _write_frame(spark, n, size)
-    t = time.perf_counter()
-    (df.write.format("hutch").mode("append").option("uri", uri).option("streamPort", str(stream_port))
-     .option("superStream" if super_stream else "stream", target).save())
-    took = time.perf_counter() - t
-    df.unpersist()
-    return n / took
+    """DataFrame -> stream (or super stream)."""
+    return _timed_write(spark, n, size, lambda df: df.write.format("hutch").mode("append").option("uri", uri)
+                        .option("streamPort", str(stream_port))
+                        .option("superStream" if super_stream else "stream", target).save())
 
 
 def noop_write_rate(spark: Any, n: int, size: int) -> float:
     """Spark alone for the write: the same rows into Spark's `noop` sink (which runs the job and drops
-    the rows), timed the same way: what any sink costs before it does anything."""
-    df = _write_frame(spark, n, size)
-    t = time.perf_counter()
-    df.write.format("noop").mode("overwrite").save()
-    took = time.perf_counter() - t
-    df.unpersist()
-    return n / took
+    the rows): what any sink costs before it does anything."""
+    return _timed_write(spark, n, size, lambda df: df.write.format("noop").mode("overwrite").save())
 
 
 def python_noop_write_rate(spark: Any, n: int, size: int) -> float:
     """The floor of a Python data source write: the same rows into a Python sink whose tasks drop their
-    Arrow batches (bench_floor.py's `hutch-floor` writer), timed the same way."""
+    Arrow batches (bench_floor.py's `hutch-floor` writer)."""
     from .bench_floor import FloorDataSource
 
     spark.dataSource.register(FloorDataSource)
-    df = _write_frame(spark, n, size)
-    t = time.perf_counter()
-    df.write.format("hutch-floor").mode("append").save()
-    took = time.perf_counter() - t
-    df.unpersist()
-    return n / took
+    return _timed_write(spark, n, size, lambda df: df.write.format("hutch-floor").mode("append").save())
 
 
 def _sink(df: Any, sink: str, work: Path) -> Any:
