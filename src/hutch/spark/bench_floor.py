@@ -34,7 +34,7 @@ from hutch.queues.stream.amqp10 import from_091
 
 from .records import stream_records_batch
 from .schema import STREAM_SCHEMA
-from .stream_source import split_range
+from .stream_source import SupportsTriggerAvailableNow, split_range
 
 BATCH_ROWS = 10_000
 
@@ -51,7 +51,11 @@ class _Range(InputPartition):
         self.start, self.end = start, end
 
 
-class FloorStreamReader(DataSourceStreamReader):
+class FloorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Planned like the stream source, Trigger.AvailableNow included: without `SupportsTriggerAvailableNow`
+    Spark runs an AvailableNow query of a Python source as one micro-batch of everything, ignoring
+    `maxOffsetsPerTrigger` - one batch where the stream source runs ten, which is no floor for it."""
+
     def __init__(self, rows: int, size: int, per_trigger: int, tasks: int) -> None:
         self.rows, self.size, self.per_trigger, self.tasks = rows, size, per_trigger, tasks
 
@@ -79,6 +83,9 @@ class FloorStreamReader(DataSourceStreamReader):
             take = min(left, BATCH_ROWS)
             yield batch.slice(0, take)
             left -= take
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass  # the end is fixed (`rows`)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
