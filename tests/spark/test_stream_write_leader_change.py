@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.nodes import Cluster, eventually
-from tests.cluster.test_stream_cluster import STREAM_CONF, declare, read_first, stream_port, writer_of
+from tests.cluster.nodes import eventually
+from tests.cluster.test_stream_cluster import declare, read_first, start_cluster, stream_port, writer_of
 
 N = 3000
 GATE_AT = 1500
@@ -79,13 +79,11 @@ def gate_source(reached: Path, go: Path) -> Any:
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_writer_killed_mid_write_every_row_once_after_the_replay(spark: Any, tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path / "cluster")
     reached, go = tmp_path / "gate-reached", tmp_path / "gate-open"
     spark.dataSource.register(gate_source(reached, go))
+    cluster = start_cluster(tmp_path / "cluster")
     query = None
     try:
-        for _ in range(3):
-            cluster.add(config_text=STREAM_CONF)
         n1, n2, n3 = cluster.nodes
         declare(n1, "dst")  # n1 writes; n2 and n3 replicate
 
