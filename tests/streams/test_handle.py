@@ -198,7 +198,7 @@ async def test_syncs_run_on_the_writer_thread_and_appends_made_meanwhile_join_on
     fs.allow(100)
     await asyncio.wait_for(asyncio.gather(a.settled, b.settled, c.settled), 10)
     assert h.syncs == syncs + 2 and h.committed_offset == 2  # "b" and "c": one sync
-    assert threading.get_ident() not in fs.sync_threads and len(set(fs.sync_threads)) == 1
+    assert fs.sync_threads and threading.get_ident() not in fs.sync_threads  # never on the loop's thread
     await h.close()
 
 
@@ -348,3 +348,37 @@ async def test_a_followers_segments_start_with_the_leaders_tracking_snapshots(fo
         assert slog.index_record(seg, 0).chunk_type == ck.TRACKING_SNAPSHOT
     await again.close()
     await leader.close()
+
+
+async def test_a_sync_fdatasyncs_the_segment_and_its_index_at_the_same_time() -> None:
+    """Both files' fdatasyncs are under way together (they share the file system's journal commit)."""
+    fs = GatedFS()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    fs.paced = True
+    a = h.append([b"a"])
+    await fs.entered(2)  # the segment's and the index's syncs both began, neither let through yet
+    assert not a.settled.done() and len(set(fs.sync_threads)) == 2
+    fs.allow(2)
+    await asyncio.wait_for(a.settled, 10)
+    await h.close()
+
+
+async def test_sync_together_raises_a_failure_only_once_every_sync_ended() -> None:
+    from hutch.runtime.queue_types.stream.writer import sync_together
+
+    ended: list[str] = []
+    release = threading.Event()
+
+    class Slow:
+        def sync(self) -> None:
+            assert release.wait(10)
+            ended.append("slow")
+
+    class Broken:
+        def sync(self) -> None:
+            release.set()
+            raise StorageError("sync", "/x", detail="disk gone")
+
+    with pytest.raises(StorageError):
+        sync_together([Broken(), Slow()])  # type: ignore[list-item]
+    assert ended == ["slow"]

@@ -60,7 +60,7 @@ from hutch.queues.stream import tracking as trk
 from hutch.queues.stream.offset_spec import OffsetSpec, SpecKind
 from hutch.queues.stream.retention import Retention, segments_to_drop
 from hutch.runtime.ports import Clock
-from hutch.runtime.queue_types.stream.writer import WriterThread
+from hutch.runtime.queue_types.stream.writer import WriterThread, sync_together
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileHandle, FileSystem
 from hutch.storage.stream_log import (
@@ -71,7 +71,6 @@ from hutch.storage.stream_log import (
     ChunkCursor,
     StreamLog,
     StreamLogOptions,
-    sync_all,
 )
 
 log = logging.getLogger("hutch.stream")
@@ -403,7 +402,7 @@ class StreamHandle:
         """The writer thread's sync (timed: `last_sync_s`)."""
         started = time.perf_counter()
         try:
-            sync_all(handles)
+            sync_together(handles)
         finally:
             self.last_sync_s = time.perf_counter() - started
 

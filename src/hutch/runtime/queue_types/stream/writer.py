@@ -18,8 +18,12 @@ Rules:
   `done(seq, target, error)` on the loop for each sync it ran, where `seq` is the number of the newest
   request the sync covered. The loop is idle-synced when the last answer's `seq` is the last request's
   (`WriterThread.pending`): only then may it close handles the sync might still use (retired segments).
-- A sync's handles are the request's and every merged request's, each once, in request order (the
-  segment before its index, as `sync_all`).
+- A sync's handles are the request's and every merged request's, each once. `sync_together` syncs
+  them at the same time (the first on the writer thread, the others, a segment's index, on a small
+  shared pool) and returns once every one is durable: two fdatasyncs issued together share the file
+  system's journal commit, where one after the other each waits for its own (on this machine's ext4:
+  4.4-5.2 ms p50 together against 8.9-9.2 ms one after the other, 3.8-4.3 ms for the segment alone).
+  Their order does not matter: recovery keeps only index records whose chunks verify.
 - A failed sync is answered with its error; the handle fails the stream (no later sync is trusted).
 - `stop()` lets a sync under way finish (its answer is still sent) and ends the thread; the handle stops
   it on close and delete, after waiting for its answers.
@@ -31,10 +35,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hutch.storage.fs import FileHandle
 
 IDLE_EXIT_S = 10.0  # a writer thread with no sync to run for this long ends (an idle stream holds no thread)
+SIDE_SYNC_THREADS = 8  # threads, shared by every stream of the process, that sync a segment's index beside it
+
+_side = ThreadPoolExecutor(max_workers=SIDE_SYNC_THREADS, thread_name_prefix="stream-side-sync")
 
 Done = Callable[[int, int, BaseException | None], None]  # (seq, target chunk id, error)
 Sync = Callable[[list[FileHandle]], None]
@@ -117,3 +125,21 @@ class WriterThread:
                 with self._cond:
                     self._running = False
                 return
+
+
+def sync_together(handles: list[FileHandle]) -> None:
+    """fdatasync every handle, at the same time (module docstring); raises the first failure once all
+    have ended (a handle is never closed under a sync still running)."""
+    side: list[Future[None]] = [_side.submit(h.sync) for h in handles[1:]]
+    error: BaseException | None = None
+    try:
+        if handles:
+            handles[0].sync()
+    except BaseException as exc:  # noqa: BLE001 - raised below, after the side syncs ended
+        error = exc
+    for fut in side:
+        failed = fut.exception()
+        if failed is not None and error is None:
+            error = failed
+    if error is not None:
+        raise error
