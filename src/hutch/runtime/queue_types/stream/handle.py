@@ -36,8 +36,9 @@ Rules:
   asked per loop turn at most) on the stream's **writer thread** (writer.py: one OS thread per stream,
   started at its first sync and gone when idle), never on the loop, so the loop goes on reading and
   delivering while the disk syncs; requests made while a sync runs are merged into the next. Measured
-  against a sync on the loop (the earlier rule, while the last sync took under 10 ms) the thread gave
-  1.2-1.8x the throughput over AMQP 0-9-1 (docs/BENCHMARKS.md, "Streams over AMQP 0-9-1, fifth pass").
+  against a sync on the loop (the earlier rule, while the last sync took under 10 ms), in the same
+  minutes, this branch published 1.1-1.5x as fast over AMQP 0-9-1 at 16 B and 1.0-1.2x at 1 kB
+  (docs/BENCHMARKS.md, "Streams over AMQP 0-9-1, fifth pass").
   The segment write and the chunk's CRC stay on the loop (a few per cent of its time at 16 B).
 - Readers see only committed chunks; a reader holds its position, never the log (bounded memory).
 - A publishing id at or below the last one stored for its publisher reference is a duplicate: not
