@@ -29,7 +29,7 @@ from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core import direct_reply
 from hutch.core.arguments import equivalence_arguments, with_default_queue_type
-from hutch.core.auth import AuthStore
+from hutch.core.auth import AuthStore, auth_diff, auth_patch
 from hutch.core.credit_flow import LoopLoad
 from hutch.core.definition_ops import DefinitionOp
 from hutch.core.limits import LimitStore, PeerCounts
@@ -77,7 +77,7 @@ class Node:
         self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
-            ops_.SetAuth: self._apply_auth, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
+            ops_.SetAuth: self._apply_auth, ops_.PatchAuth: self._apply_auth_patch, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
             ops_.SetTopicPermissions: self._apply_topic_permissions,
             ops_.DeclareExchange: self._apply_declare_exchange, ops_.DeleteExchange: self._apply_delete_exchange,
             ops_.DeclareQueue: self._apply_queue_record, ops_.DeleteQueue: self._apply_delete_queue,
@@ -93,6 +93,8 @@ class Node:
             if not self._saved_ops and not config.load_definitions:  # RabbitMQ seeds no default user then
                 auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
+        # the auth store as last recorded or applied: a change is recorded as what differs from it (PatchAuth)
+        self._auth_doc = auth.to_dict()
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
         self.policy_refreshes: dict[str, asyncio.Handle] = {}  # vhost -> next slice of its policy refresh
@@ -281,7 +283,14 @@ class Node:
 
     # -- applying definition operations (the handlers of the dispatch table `_apply`) ---------------------
     def _apply_auth(self, op: ops_.SetAuth) -> None:
-        self.auth = AuthStore.from_dict(op.auth)
+        self._auth_replaced(op.auth)
+
+    def _apply_auth_patch(self, op: ops_.PatchAuth) -> None:
+        self._auth_replaced(auth_patch(self.auth.to_dict(), op.changes))
+
+    def _auth_replaced(self, doc: dict[str, Any]) -> None:
+        self.auth = AuthStore.from_dict(doc)
+        self._auth_doc = self.auth.to_dict()
         names = {v.name for v in self.auth.list_vhosts()}
         for name in list(self.vhosts):
             if name not in names:  # deleted on another member (or worker): its connections here go too
@@ -294,6 +303,7 @@ class Node:
     def _apply_rehash(self, op: ops_.RehashUser) -> None:
         if self.auth.upgrade_password_hash(op.user, op.previous_hash, op.new_hash):
             self.perm_epoch += 1
+            self._auth_doc = self.auth.to_dict()
 
     def _apply_topic_permissions(self, op: ops_.SetTopicPermissions) -> None:
         self.topic_permissions = {}
@@ -411,7 +421,11 @@ class Node:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
         limits.prune(self)
-        self._record(ops_.SetAuth(self.auth.to_dict()))
+        doc = self.auth.to_dict()
+        changes = auth_diff(self._auth_doc, doc)
+        self._auth_doc = doc
+        if changes:  # only what changed: a whole snapshot would undo what another member changed meanwhile
+            self._record(ops_.PatchAuth(changes))
 
     @property
     def public_name(self) -> str:
@@ -427,6 +441,7 @@ class Node:
         if not self.auth.upgrade_password_hash(user, previous_hash, new_hash):
             return False
         self.perm_epoch += 1
+        self._auth_doc = self.auth.to_dict()  # recorded as the re-hash, not again in the next PatchAuth
         self._record(op)
         return True
 
