@@ -168,7 +168,6 @@ class StreamQueueType(QueueTypeDefaults):
                                 filter_size_bytes=min(255, max(16, filter_bytes)) if isinstance(filter_bytes, int)
                                 else DEFAULT_FILTER_SIZE)
         handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock)
-        handle.placement.follow_loop(self.node.loop_load, count_busy=True)
         q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
         q.node_name = self.node.name
         q.members = [self.node.name]
