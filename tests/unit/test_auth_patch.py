@@ -1,4 +1,5 @@
-"""Users, vhosts and permissions replicated as changes (`PatchAuth`), not whole snapshots (`SetAuth`).
+"""Users, vhosts, permissions and topic permissions replicated as changes (`PatchAuth`,
+`PatchTopicPermissions`), not whole snapshots (`SetAuth`, `SetTopicPermissions`).
 
 Before: every change recorded the node's whole auth store, and a member skips its own entries when they
 commit, so two members changing different users at once ended with different stores (each applied the
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from hutch.cluster.metadata import MetadataMachine, encode_ops
 from hutch.config import Config
 from hutch.core.auth import AuthStore, auth_diff, auth_patch, hash_password
-from hutch.core.definition_ops import PatchAuth, SetAuth, from_stored, to_stored
+from hutch.core.definition_ops import PatchAuth, PatchTopicPermissions, SetAuth, from_stored, to_stored
 from hutch.runtime.app import build_node
 from hutch.runtime.broker.node import Node
 
@@ -153,3 +154,31 @@ def test_a_whole_snapshot_is_still_applied_and_is_the_base_of_the_next_change() 
     a.auth.add_user("later", "pw")
     a.permissions_changed()
     assert rec == [PatchAuth([["users", ["later"], a.auth.to_dict()["users"][1]]])]
+
+
+def test_topic_permissions_set_on_two_members_at_once_both_survive() -> None:
+    """Topic permissions are recorded as the rows a change set or removed (PatchTopicPermissions), so a
+    row set on each of two members at once is on both afterwards, and a removal removes only its row."""
+    a, b = _node("a"), _node("b")
+    rec_a, rec_b = _recorded(a), _recorded(b)
+    for node in (a, b):
+        node.topic_permissions[("/", "guest")] = {"amq.topic": ("^old", ".*")}
+        node._topic_doc = node._topic_rows()  # both start from one committed table
+    a.topic_permissions[("/", "guest")]["x.a"] = ("^a", ".*")
+    a.topic_permissions_changed()
+    del b.topic_permissions[("/", "guest")]["amq.topic"]
+    b.topic_permissions[("/", "guest")]["x.b"] = ("^b", "^b")
+    b.topic_permissions_changed()
+    assert rec_a == [PatchTopicPermissions([["/", "guest", "x.a", "^a", ".*"]])]
+    assert rec_b == [PatchTopicPermissions([["/", "guest", "x.b", "^b", "^b"], ["/", "guest", "amq.topic"]])]
+    entry = encode_ops([rec_a[0], rec_b[0]], "a-incarnation")
+    for machine in (MetadataMachine(a, "a-incarnation"), MetadataMachine(b, "b-incarnation")):
+        machine.apply(1, entry)
+    for node in (a, b):
+        assert node.topic_permissions == {("/", "guest"): {"x.a": ("^a", ".*"), "x.b": ("^b", "^b")}}
+
+
+@pytest.mark.parametrize("change", [["/", "guest"], ["/", "guest", "x", "^a"], ["/", "guest", "x", 1, "."], "x"])
+def test_a_malformed_topic_permission_change_is_refused(change: Any) -> None:
+    with pytest.raises(ValueError, match="malformed topic permission change"):
+        _node("a").apply_op(PatchTopicPermissions([change]))

@@ -72,6 +72,8 @@ OLD_FORMS: list[tuple[dict[str, Any], Any]] = [
      d.SetAuth({"users": [], "vhosts": [], "permissions": []})),
     ({"op": "auth.rehash", "user": "u", "previous_hash": "h0", "new_hash": "h1"}, d.RehashUser("u", "h0", "h1")),
     ({"op": "auth.patch", "changes": [["users", ["u"], None]]}, d.PatchAuth([["users", ["u"], None]])),
+    ({"op": "topic_permissions.patch", "changes": [["/", "u", "x", "^a", ".*"], ["/", "u", "y"]]},
+     d.PatchTopicPermissions([["/", "u", "x", "^a", ".*"], ["/", "u", "y"]])),
     ({"op": "cluster_name", "name": "c1"}, d.SetClusterName("c1")),
     ({"op": "topic_permissions", "table": [["/", "u", "amq.topic", "^a", ".*"]]},
      d.SetTopicPermissions([["/", "u", "amq.topic", "^a", ".*"]])),

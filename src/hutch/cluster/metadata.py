@@ -134,10 +134,11 @@ class MetadataMachine:
                 self.members.pop(op.name, None)
                 changed_members = True
                 continue
-            if incarnation == self.incarnation and type(op) is not ops_.PatchAuth:
-                # made here, by this process: already applied before it was proposed. (A PatchAuth is
-                # applied again, in the log's order: two members changing one user at once then end with
-                # the same one, the later entry's, on both; re-applying its own entries is a no-op.)
+            if incarnation == self.incarnation and type(op) not in (ops_.PatchAuth, ops_.PatchTopicPermissions):
+                # made here, by this process: already applied before it was proposed. (A PatchAuth or a
+                # PatchTopicPermissions is applied again, in the log's order: two members changing one user
+                # at once then end with the same one, the later entry's, on both; re-applying its own
+                # entries is a no-op.)
                 continue
             try:
                 self.target.apply_op(op)

@@ -85,10 +85,19 @@ class SetClusterName:
 
 @dataclass(frozen=True, slots=True)
 class SetTopicPermissions:
-    """Every topic permission: rows [vhost, user, exchange, write regex, read regex]."""
+    """Every topic permission: rows [vhost, user, exchange, write regex, read regex] (snapshots, older logs)."""
 
     KIND: ClassVar[str] = "topic_permissions"
     table: list[list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class PatchTopicPermissions:
+    """The topic permissions a change set ([vhost, user, exchange, write regex, read regex]) or removed
+    ([vhost, user, exchange]): what a node records for a change, as `PatchAuth` for users."""
+
+    KIND: ClassVar[str] = "topic_permissions.patch"
+    changes: list[list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,11 +258,12 @@ class Noop:
     KIND: ClassVar[str] = "noop"
 
 
-DefinitionOp = (SetAuth | PatchAuth | RehashUser | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
+DefinitionOp = (SetAuth | PatchAuth | RehashUser | SetClusterName | SetTopicPermissions | PatchTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
                 | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | SetVhostLimits
                 | SetUserLimits | SetParameter | ClearParameter | ClusterJoin | ClusterLeave | Noop)
 
-NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, PatchAuth, RehashUser, SetClusterName, SetTopicPermissions, DeclareExchange,
+NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, PatchAuth, RehashUser, SetClusterName, SetTopicPermissions,
+                                             PatchTopicPermissions, DeclareExchange,
                                              DeleteExchange, DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind,
                                              SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits, SetParameter,
                                              ClearParameter)
@@ -376,6 +386,6 @@ class Dispatch:
 __all__ = [
     "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearParameter", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
     "DeclareQueue", "DefinitionOp", "DefinitionOpError", "DeleteExchange", "DeleteQueue", "Dispatch", "MalformedOp",
-    "Noop", "PatchAuth", "RehashUser", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
+    "Noop", "PatchAuth", "PatchTopicPermissions", "RehashUser", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
     "UnknownOp", "from_stored", "kind_of", "to_stored",
 ]
