@@ -59,14 +59,14 @@ def test_spec_round_trips_through_the_environment() -> None:
 def test_worker_config_derives_each_workers_settings() -> None:
     node = Config(data_dir="/d", node_name="n@h", amqp_port=0, stream_port=5552, management_port=15672,
                   cluster_enabled=False, load_definitions="/defs.json", workers=2)
-    first = worker_config(node, WorkerSpec(0, 2, 3, {1: 4}, 41000, None, False))
-    second = worker_config(node, WorkerSpec(1, 2, 3, {0: 4}, 41000, None, False))
+    first = worker_config(node, WorkerSpec(0, 2, 3, {1: 4}, 41000, None, False, stream_port=41001))
+    second = worker_config(node, WorkerSpec(1, 2, 3, {0: 4}, 41000, None, False, stream_port=41001))
     assert (first.data_dir, first.node_name, first.amqp_port) == (worker_dir("/d", 0), "n@h#w0", 41000)
     assert (second.data_dir, second.node_name) == ("/d/w1", worker_name("n@h", 1))
     assert first.cluster_enabled and second.cluster_enabled  # the workers are the node's internal cluster
     assert first.cluster_join is None and second.cluster_join is not None
     assert second.cluster_join.startswith("n@h#w0@")
-    assert first.stream_port == 5552 and second.stream_port is None  # worker 0 serves streams
+    assert first.stream_port == second.stream_port == 41001  # every worker serves the node's stream port
     assert first.load_definitions == "/defs.json" and second.load_definitions is None
     assert first.cluster_name == second.cluster_name == "n@h"
     assert (first.worker_index, second.worker_index) == (0, 1)
