@@ -355,7 +355,9 @@ class Supervisor:
         ports, each worker's own port when `workers.own_ports` is on), rewritten after each restart."""
         if not all(w.ready for w in self.workers) or not self.config.data_dir:
             return
-        ports: dict[str, int] = {k: v for k, v in self.workers[0].ports.items() if k != "cluster"}
+        # worker 0's `cluster` port is the node's inter-node port (a seed others join through), when it
+        # listens for other nodes (docs/scaling.md, "A node of workers in a multi-node cluster")
+        ports: dict[str, int] = dict(self.workers[0].ports)
         for w in self.workers[1:]:
             ports.update({k: v for k, v in w.ports.items() if k.startswith("amqp_w")})
         where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
@@ -367,10 +369,6 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
     if not config.data_dir:
         print("hutch-server: --workers needs a data directory (each worker keeps its own under it)",
               file=sys.stderr)
-        return 2
-    if config.cluster_join:
-        print("hutch-server: --join with --workers above 1 is not supported yet (a node of workers cannot "
-              "be a member of a multi-node cluster; docs/scaling.md)", file=sys.stderr)
         return 2
     problem = data_dir_mismatch(config.data_dir, count)
     if problem:

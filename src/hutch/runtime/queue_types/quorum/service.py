@@ -625,6 +625,11 @@ class QuorumService(QuorumMembership):
         for m in q.members:
             if m != self.name and not self.transport.connected(m):
                 self.propose(q, qc.make_down(m, "noconnection"))
+        for node in sorted(consumer_nodes - set(q.members) - {self.name, ""}):
+            # a consumer's node that is not a member and went while no leader watched (it died with the
+            # last leader, or every node crashed): its consumers would hold their messages forever
+            if not self.transport.connected(node):
+                self.propose(q, qc.make_down(node, "noconnection"))
 
     def _peer_changed(self, peer: str, up: bool) -> None:
         for q in list(self.queues.values()):
@@ -638,6 +643,14 @@ class QuorumService(QuorumMembership):
                 if q.local and peer in q.members:
                     for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
                         self.checkout(q, cid, c)
+                if self.is_leader(q) and q.replica is not None:
+                    # a node that comes (back) after this leader was elected, which saw it go by no `down`
+                    # (every node crashed): what its consumers hold is delivered again, and a consumer gone
+                    # with its previous process gives it back there (`_deliver_here`)
+                    again: list[qe.Effect] = [e for e in q.replica.machine.leader_effects()
+                             if isinstance(e, qe.Deliver) and e.consumer_key[0] == peer]
+                    if again:
+                        self.run_effects(q, again)
 
     def _flush_pending(self, q: QuorumQueue) -> None:
         if q.pending and self._target(q) is not None:
