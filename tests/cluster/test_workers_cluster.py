@@ -3,7 +3,7 @@ multi-node cluster"): 3 nodes of 2 workers each, real `hutch-server --workers 2`
 `--join`, used with pika. They show as 3 nodes (cluster_status, /api/nodes, hutchctl), a quorum queue's 3
 members land on 3 different nodes, a classic queue homed in a worker of one node is reached from the
 others, and confirmed messages survive a node's `kill -9` (its supervisor and its workers), which then
-restarts and rejoins.
+restarts and rejoins; `forget_cluster_node` of a stopped node of workers removes its workers.
 
 The placement rules themselves are pure (runtime/workers/membership.py) and tested with Hypothesis in
 tests/unit/test_worker_membership.py; the Jepsen runs with workers are in test_jepsen.py.
@@ -106,3 +106,10 @@ def test_three_nodes_of_two_workers(cluster: Cluster) -> None:
     cluster.wait_running({"n1", "n2", "n3"}, via=n1, timeout=30)
     _publish(n3, "wq", [b"after"])
     assert _consume(n1, "wq", 1) == [b"after"]
+
+    # forget_cluster_node names the node: both of its workers leave the cluster
+    n3.stop()
+    code, _ = n1.api("DELETE", "/api/cluster-nodes/n3%40localhost")
+    assert code == 204
+    doc = n2.api("GET", "/api/cluster-status")[1]
+    assert doc["disk_nodes"] == [n2.full_name, n1.full_name] and len(doc["members"]) == 4
