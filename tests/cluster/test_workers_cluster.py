@@ -2,8 +2,9 @@
 multi-node cluster"): 3 nodes of 2 workers each, real `hutch-server --workers 2` processes joined with
 `--join`, used with pika. They show as 3 nodes (cluster_status, /api/nodes, hutchctl), a quorum queue's 3
 members land on 3 different nodes, a classic queue homed in a worker of one node is reached from the
-others, and confirmed messages survive a node's `kill -9` (its supervisor and its workers), which then
-restarts and rejoins; `forget_cluster_node` of a stopped node of workers removes its workers.
+others, and confirmed messages survive a node's `kill -9` (its supervisor and its workers). In the slow
+set: the node restarts and rejoins, and `forget_cluster_node` of a stopped node of workers removes its
+workers.
 
 The placement rules themselves are pure (runtime/workers/membership.py) and tested with Hypothesis in
 tests/unit/test_worker_membership.py; the Jepsen runs with workers are in test_jepsen.py.
@@ -101,11 +102,24 @@ def test_three_nodes_of_two_workers(cluster: Cluster) -> None:
     n3.kill()
     assert _consume(n2, "wq", len(bodies)) == bodies
 
-    # n3 restarts and rejoins: 3 nodes running again, and it serves the queue
+
+
+@pytest.mark.slow
+def test_a_node_of_workers_restarts_rejoins_and_is_forgotten(cluster: Cluster) -> None:
+    """(Slow: two more node starts.) A node's crash and restart: its workers rejoin from their logs (the
+    others on new ports of their own, re-registered), it serves a quorum queue again; then, stopped, it is
+    forgotten by its node name."""
+    n1, n2, n3 = cluster.nodes
+    conn = connect(n1)
+    conn.channel().queue_declare("rq", durable=True, arguments={"x-queue-type": "quorum",
+                                                                "x-quorum-initial-group-size": 3})
+    conn.close()
+    _publish(n2, "rq", [b"before"])
+    n3.kill()
     n3.start()
     cluster.wait_running({"n1", "n2", "n3"}, via=n1, timeout=30)
-    _publish(n3, "wq", [b"after"])
-    assert _consume(n1, "wq", 1) == [b"after"]
+    _publish(n3, "rq", [b"after"])
+    assert _consume(n1, "rq", 2) == [b"before", b"after"]
 
     # forget_cluster_node names the node: both of its workers leave the cluster
     n3.stop()

@@ -367,6 +367,7 @@ class Transport:
         self._next_request_id = 1
         self._request_tasks: set[asyncio.Future[Any]] = set()
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._ticked_at = 0.0  # the last `_tick` (a gap says this process did not run)
         self._warned: dict[tuple[str, ...], float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -375,6 +376,7 @@ class Transport:
         self._started = True
         if self.paired and not self.network:  # no listener: every peer comes through `adopt`
             self._running = True
+            self._ticked_at = self._loop.time()
             self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
             log.info("node %r on the worker link (socket pairs, no listener)", self.node_name)
             waiting, self._to_adopt = self._to_adopt, []
@@ -384,6 +386,7 @@ class Transport:
         self._server = await listen.create_server(self._loop, self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
+        self._ticked_at = self._loop.time()
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
         for peer in self._peers.values():
             self._maybe_dial(peer)
@@ -994,8 +997,15 @@ class Transport:
 
     def _tick(self) -> None:
         now = self._loop.time()
+        # this process did not run for a while (the whole node stopped with SIGSTOP and continued, or
+        # starved): an adopted socket's silence is then ours, not its peer's, and the worker link, which
+        # only the supervisor can reopen, must outlive the pause (a peer that is hung alone is still seen)
+        stalled = now - self._ticked_at > self.peer_timeout_s / 2
+        self._ticked_at = now
         for conn in list(self._conns):
             if conn.state is ConnState.OPEN:
+                if stalled and conn.adopted:
+                    conn.last_rx = max(conn.last_rx, now)
                 # a restarted worker attaches its end of an adopted pair only once it has booted: its
                 # silence counts from its first frame (a worker that dies meanwhile closes the socket)
                 if now - conn.last_rx > self.peer_timeout_s and (conn.heard or not conn.adopted):

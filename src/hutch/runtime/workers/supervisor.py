@@ -134,6 +134,7 @@ class Supervisor:
         self._watchers: set[asyncio.Task[None]] = set()
         self._check: asyncio.TimerHandle | None = None
         self._node_alarms: frozenset[str] = frozenset()  # the union last told to the workers
+        self._checked_at = 0.0  # when the heartbeats were last judged (a pause of this process shows here)
 
     # -- life ------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -170,6 +171,7 @@ class Supervisor:
                 a.close()
                 b.close()
         log.info("node %s: %d workers started (AMQP port %d)", cfg.node_name, len(self.workers), self.amqp_port)
+        self._checked_at = self._loop.time()
         self._check = self._loop.call_later(control.HEARTBEAT_S, self._check_heartbeats)
         await self._stop.wait()
         await self._stop_all()
@@ -342,6 +344,12 @@ class Supervisor:
     def _check_heartbeats(self) -> None:
         now = self._loop.time()
         timeout_s = self.config.worker_heartbeat_timeout_ms / 1000
+        if now - self._checked_at > 2 * control.HEARTBEAT_S + timeout_s / 2:
+            # this process did not run either (the whole node was stopped, SIGSTOP, and continued): the
+            # workers' silence is the node's, not a hang; their heartbeats count from now
+            for w in self.workers:
+                w.last_heartbeat = max(w.last_heartbeat, now)
+        self._checked_at = now
         for w in self.workers:
             if w.ready and w.running and w.proc is not None and now - w.last_heartbeat > timeout_s:
                 log.warning("worker %d (pid %d) sent no heartbeat for %.1f s (workers.heartbeat_timeout): "

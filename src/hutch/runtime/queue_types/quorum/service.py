@@ -393,6 +393,14 @@ class QuorumService(QuorumMembership):
         q = self.queues.get(m.gid)
         if q is not None:
             self._deliver_here(q, m.consumer_id, m.messages)
+            return
+        # a queue this process does not know (yet: it is booting after a crash, and the leader re-delivers
+        # what a consumer of its previous process held): that consumer is gone, its messages go back
+        key = self.key(m.consumer_id)
+        self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_cancel(key), now_ms())))
+        ids = [int(msg[0]) for msg in m.messages if type(msg) is list and msg]
+        if ids:
+            self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_return(key, ids), now_ms())))
 
     def _on_confirm(self, peer: str, m: cm.QuorumConfirm) -> None:
         q = self.queues.get(m.gid)
