@@ -98,7 +98,7 @@ class Node:
         assert self.proc is not None
         ports = node_ports(self.directory / "data", self.proc, self.logs[-1], timeout)
         self.amqp_port, self.management_port = ports["amqp"], ports["management"]
-        self.cluster_port = ports.get("cluster", 0)  # a node of workers has no inter-node port (not joinable)
+        self.cluster_port = ports.get("cluster", 0)  # a node of workers: its worker 0's (the node's seed)
 
     def reported_ports(self) -> bool:
         """Whether this process has written its ports file (its listeners are open)."""

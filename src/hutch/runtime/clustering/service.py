@@ -59,6 +59,7 @@ from hutch.storage.raft_log import RaftLogOptions
 log = logging.getLogger("hutch.cluster")
 
 IDENTITY_FILE = "node.json"
+LISTEN_PORT_FILE = "listen_port"  # a worker's own inter-node port, listened on again after a restart
 SECRET_FILE = ".hutch.secret"
 RETRY_S = 0.05
 
@@ -204,7 +205,7 @@ class ClusterService:
 
     # -- boot ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.transport.start()
+        await self._start_transport()
         raft_id = self._load_identity()
         seed = self.config.cluster_join
         joined: cm.JoinReply | None = None
@@ -252,6 +253,34 @@ class ClusterService:
                      len(self.node.stale_transient))
             self.node.stale_transient.clear()
             await self.wait_replicated()
+
+    async def _start_transport(self) -> None:
+        """Start the transport. A worker that listens for other nodes on a port of its own (port 0: a
+        node of workers' workers but the first, or a node started on port 0) listens on the port it had
+        before when it can (`cluster/listen_port`): the other members know it there, and a worker that came
+        back elsewhere could only be found through the metadata leader (a re-registered address), which
+        itself may be a worker no one else can reach yet after every node restarted."""
+        remember = self.config.worker_index is not None and self.transport.network and not self.config.cluster_port
+        path = os.path.join(self.directory, LISTEN_PORT_FILE)
+        if remember:
+            try:
+                with open(path) as f:
+                    self.transport.port = int(f.read().strip())
+            except (OSError, ValueError):
+                pass
+        try:
+            await self.transport.start()
+        except OSError as exc:
+            if not remember or not self.transport.port:
+                raise
+            log.info("cannot listen on port %d again (%s): on a new one", self.transport.port, exc)
+            self.transport.port = 0
+            await self.transport.start()
+        if remember:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write(str(self.transport.port))
+            os.replace(path + ".tmp", path)
 
     async def _boot_barrier(self) -> None:
         waited = 0.0
