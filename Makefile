@@ -11,7 +11,7 @@ export HUTCH_DATA_DIR
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
 # not used: the pure path runs and the start log says so)
-$(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx
+$(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx src/hutch/spark/_crecords.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'

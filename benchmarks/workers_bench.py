@@ -2,13 +2,17 @@
 
 Usage:
     python benchmarks/workers_bench.py [--workers 1,2] [--seconds 8] [--rate 20000] [--tools rawload,perf]
-                                       [--shapes unlimited,rate,single] [--declares 200]
+                                       [--shapes unlimited,rate,single] [--declares 200] [--locality on,off] [--queues 8]
 
 For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
 directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
 - `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
 - `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`),
 - one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
+- `--tools churn`: rawload's connection churn (open, channel, confirm.select, one publish, close; 20 at a
+  time): what a connection's move costs where it saves nothing,
+- `--tools idle`: the node's CPU over 20 s without clients (the background a worker adds: its internal
+  Raft group's ticks, stats, heartbeats),
 - `--declares N` sequential durable `queue.declare`s from one pika connection (the metadata cost: the
   declare-ok waits for the workers' Raft commit and for every worker to have applied it).
 Broker CPU is every process of the node (the supervisor and each worker, read from /proc), so the
@@ -16,7 +20,10 @@ supervisor's own cost is in the figure. A rawload run also reports `wakeups_per_
 voluntary context switches (an event loop going to sleep and being woken: one per loop turn that found
 nothing more to do) per message received, read from /proc over the middle of the run (from 4 s after its
 start to 1 s before its end, divided by the run's receive rate times that time): the per-turn cost a
-second worker multiplies. Prints one JSON line per run. Linux only.
+second worker multiplies. `--locality` runs a node of workers with connection locality on (the default,
+`workers.locality = true`: a connection moves to the worker of the queue it first uses) and/or off (every
+connection stays where the kernel put it, so messages hop); a one-process node has none. Prints one JSON
+line per run. Linux only.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +44,18 @@ from hutch import portfile
 HERE = Path(__file__).resolve().parent
 
 
-def start(data: Path, workers: int) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+def start(data: Path, workers: int, locality: bool = True,
+          extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+    """A node of `workers` (port 0, `--no-cluster`, `workers.locality` as given unless `extra`, more flags,
+    names a `--config` of its own): its process, its ports and the pids of its processes (the supervisor
+    and each worker)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
     log = open(data.parent / f"server-{workers}.log", "wb")  # noqa: SIM115 - closed with the process
+    conf = data.parent / "hutch.conf"
+    conf.write_text(f"workers.locality = {'true' if locality else 'false'}\n")
     proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
-                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers)],
+                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers),
+                             *(() if "--config" in extra else ("--config", str(conf))), *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
     pids = [proc.pid]
@@ -81,6 +96,9 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
     stdout, _stderr = proc.communicate()
     line = stdout.strip().splitlines()[-1] if stdout.strip() else "{}"
     doc: dict[str, Any] = json.loads(line)
+    if "connections_per_s" in doc:  # --mode churn
+        return {k: doc.get(k) for k in ("connections_per_s", "failed", "broker_cpu_us_per_conn", "broker_cpu_pct",
+                                        "errors")}
     out = {k: doc.get(k) for k in ("receive_rate", "publish_rate", "broker_cpu_us_per_msg", "broker_cpu_pct",
                                    "latency_us", "errors")}
     rate = doc.get("receive_rate") or 0
@@ -88,12 +106,13 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
     return out
 
 
-def perf(port: int, pids: list[int], seconds: int) -> dict[str, Any]:
+def perf(port: int, pids: list[int], seconds: int, queues: int = 8) -> dict[str, Any]:
     uri = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
     before = cpu_seconds(pids)
-    out = subprocess.run([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", "8", "-y", "8",
+    n = str(queues)
+    out = subprocess.run([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", n, "-y", n,
                           "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
-                          "--queue-pattern-from", "1", "--queue-pattern-to", "8", "--processes", "2",
+                          "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", "2",
                           "-z", str(seconds)], capture_output=True, text=True, check=False)
     cpu = cpu_seconds(pids) - before
     lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
@@ -122,6 +141,14 @@ def declares(port: int, count: int) -> dict[str, Any]:
             "p99_ms": round(1e3 * took[int(len(took) * 0.99)], 2)}
 
 
+def idle(pids: list[int], seconds: float) -> dict[str, Any]:
+    """The node's CPU with no client (after 5 s for its start-up work to settle), in % of a core."""
+    time.sleep(5.0)
+    used, t0 = cpu_seconds(pids), time.monotonic()
+    time.sleep(seconds)
+    return {"broker_cpu_pct": round(100 * (cpu_seconds(pids) - used) / (time.monotonic() - t0), 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", default="1,2")
@@ -131,23 +158,29 @@ def main() -> None:
     ap.add_argument("--shapes", default="unlimited,rate,single",
                     help="rawload's runs: 8 queues unlimited, 8 queues at --rate, one queue unlimited")
     ap.add_argument("--declares", type=int, default=200, help="sequential durable declares (0: none)")
+    ap.add_argument("--queues", type=int, default=8,
+                    help="queues, and publishers and consumers, of the many-queue runs (at least the workers)")
+    ap.add_argument("--locality", default="on", help="a node of workers with connection locality on, off or on,off")
     args = ap.parse_args()
     tools = args.tools.split(",")
     common = ["-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "-z", str(args.seconds), "--warmup", "2"]
-    for workers in (int(w) for w in args.workers.split(",")):
+    nodes = [(w, loc == "on") for w in (int(w) for w in args.workers.split(","))
+             for loc in (args.locality.split(",") if w > 1 else ["on"])]
+    for workers, locality in nodes:
         with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
-            proc, ports, pids = start(data, workers)
+            proc, ports, pids = start(data, workers, locality)
             try:
                 runs: list[tuple[str, dict[str, Any]]] = []
                 if "rawload" in tools:
-                    eight = ["-x", "8", "-y", "8", "--queues", "8", "--processes", "2", *common]
+                    n = str(args.queues)
+                    eight = ["-x", n, "-y", n, "--queues", n, "--processes", "2", *common]
                     shapes = args.shapes.split(",")
                     if "unlimited" in shapes:
-                        runs.append(("rawload 8q unlimited", rawload(ports["amqp"], pids, eight, args.seconds)))
+                        runs.append((f"rawload {n}q unlimited", rawload(ports["amqp"], pids, eight, args.seconds)))
                     if "rate" in shapes:
-                        runs.append((f"rawload 8q at {args.rate}/s",
+                        runs.append((f"rawload {n}q at {args.rate}/s",
                                      rawload(ports["amqp"], pids, [*eight, "-r", str(args.rate)], args.seconds)))
                     if "single" in shapes:
                         runs.append(("rawload 1q unlimited",
@@ -155,9 +188,16 @@ def main() -> None:
                 if args.declares:
                     runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
                 if "perf" in tools:
-                    runs.append(("hutch-perf 8q unlimited", perf(ports["amqp"], pids, args.seconds)))
+                    runs.append((f"hutch-perf {args.queues}q unlimited", perf(ports["amqp"], pids, args.seconds,
+                                                                               args.queues)))
+                if "churn" in tools:  # connections that publish one message each: a move costs, saves nothing
+                    runs.append(("rawload churn", rawload(ports["amqp"], pids, ["--mode", "churn", "--concurrency", "20",
+                                                                           "-z", str(args.seconds)], args.seconds)))
+                if "idle" in tools:
+                    runs.append(("idle 20 s", idle(pids, 20.0)))
                 for name, result in runs:
-                    print(json.dumps({"workers": workers, "run": name, "time": time.strftime("%H:%M:%S"), **result}),
+                    print(json.dumps({"workers": workers, "locality": locality and workers > 1, "run": name,
+                                      "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
             finally:
                 proc.terminate()

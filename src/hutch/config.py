@@ -221,6 +221,9 @@ class Config:
     workers: int = 0
     worker_own_ports: bool = False
     worker_heartbeat_timeout_ms: int = 5_000
+    # `workers.locality`: a connection whose first publish or consume uses a queue of another worker moves
+    # there while quiet (runtime/workers/handover.py, docs/scaling.md "Connection locality")
+    worker_locality: bool = True
     worker_index: int | None = None
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
@@ -602,6 +605,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "quorum_snapshot_interval": _int_field("quorum_snapshot_interval", 64, 2**31 - 1),
     "workers": _parse_workers,
     "workers.own_ports": lambda text: {"worker_own_ports": _parse_bool(text)},
+    "workers.locality": lambda text: {"worker_locality": _parse_bool(text)},
     "workers.heartbeat_timeout": _int_field("worker_heartbeat_timeout_ms", 100, 2**31 - 1),
 }
 

@@ -181,26 +181,45 @@ def chunk_bytes_out_of_order(leader: StreamHandle) -> bytes:
     return chunk.raw
 
 
-async def test_a_sync_on_the_loop_runs_last_in_its_turn_and_one_covers_the_turns_appends() -> None:
-    """With a fast disk and a loop that has time, the fdatasync runs on the loop, after the callbacks the
-    same turn scheduled (a delivery's writes), and every append made before it is in it."""
-    from hutch.runtime.queue_types.stream import handle as handle_mod
-
-    h = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
-    h.placement.has_time = lambda: True
-    await h.append([b"warm"]).settled  # the first sync goes to the executor and measures the disk
-    assert h.placement.last_sync_s < handle_mod.INLINE_SYNC_MAX_S
-    order: list[str] = []
-    h.on_commit(lambda: order.append("commit"))
-    loop = asyncio.get_running_loop()
-    first = h.append([b"a"])
-    loop.call_soon(order.append, "delivery")  # scheduled by the same input, after the append
-    loop.call_soon(lambda: h.append([b"b"]))  # a later append of the same turn joins the sync
+async def test_syncs_run_on_the_writer_thread_and_appends_made_meanwhile_join_one_sync() -> None:
+    """The fdatasync runs on the stream's writer thread, never the loop's: the loop goes on while it
+    waits for the disk, and the appends made meanwhile are synced together by the next one."""
+    fs = GatedFS()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    fs.paced = True
     syncs = h.syncs
-    await first.settled
-    assert order == ["delivery", "commit"] and h.placement.inline_syncs == 1 and h.syncs == syncs + 1
-    assert h.committed_offset == 2
+    a = h.append([b"a"])
+    await fs.entered(1)  # the sync of "a" waits for the disk (its permit), on the writer thread
+    b = h.append([b"b"])
+    await asyncio.sleep(0)  # (the loop turn's end: the sync of "b" is asked for)
+    c = h.append([b"c"])
+    await asyncio.sleep(0)
+    assert not a.settled.done() and not b.settled.done()
+    fs.allow(100)
+    await asyncio.wait_for(asyncio.gather(a.settled, b.settled, c.settled), 10)
+    assert h.syncs == syncs + 2 and h.committed_offset == 2  # "b" and "c": one sync
+    assert fs.sync_threads and threading.get_ident() not in fs.sync_threads  # never on the loop's thread
     await h.close()
+
+
+async def test_an_idle_writer_thread_ends_and_the_next_sync_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hutch.runtime.queue_types.stream import writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "IDLE_EXIT_S", 0.01)
+    h = await StreamHandle.open(MemoryFS(), D, clock=ManualClock())
+    await h.append([b"a"]).settled
+    writer = h._writer
+    assert writer is not None and writer._thread is not None and writer.started == 1
+    thread = writer._thread
+    await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+    assert not thread.is_alive()  # an idle stream holds no thread
+    await asyncio.wait_for(h.append([b"b"]).settled, 10)
+    assert writer.started == 2 and h.committed_offset == 1
+    last = writer._thread
+    await h.close()
+    assert last is not None
+    await asyncio.get_running_loop().run_in_executor(None, last.join, 10)
+    assert not last.is_alive()  # closing the stream ends its writer thread
 
 
 class _GatedHandle:
@@ -232,6 +251,7 @@ class GatedFS(DelegatingFS):
         self.paced = False
         self.permits = threading.Semaphore(0)
         self.syncs_entered = 0
+        self.sync_threads: list[int] = []  # the thread of each paced sync
         self._entered = threading.Condition()
 
     def open_append(self, path: str) -> FileHandle:
@@ -240,6 +260,7 @@ class GatedFS(DelegatingFS):
     def entering(self) -> None:
         with self._entered:
             self.syncs_entered += 1
+            self.sync_threads.append(threading.get_ident())
             self._entered.notify_all()
 
     def allow(self, n: int) -> None:
@@ -265,14 +286,14 @@ async def test_a_close_or_delete_waits_for_the_close_in_flight(second: str) -> N
     fs.allow(2)
     await h.append([b"a"]).settled
     h.append([b"b"])
-    await fs.entered(3)  # the group sync of "b" is in the executor, waiting for its permit
+    await fs.entered(3)  # the group sync of "b" is on the writer thread, waiting for its permit
     h.append([b"c"])  # written while that sync runs: close() must sync it itself
     first = asyncio.create_task(h.close())
     await asyncio.sleep(0)
     fs.allow(2)  # the group sync ends; close's own sync begins and waits
     await fs.entered(5)
     other = asyncio.create_task(h.close() if second == "close" else h.delete())
-    await asyncio.wait([other], timeout=0.5)  # time for the executor to run a delete that did not wait
+    await asyncio.wait([other], timeout=0.5)  # time for a delete that did not wait to run
     assert not other.done() and not first.done()
     assert fs.exists(D)
     fs.allow(100)
@@ -286,7 +307,7 @@ async def test_a_delete_waits_for_the_group_sync_in_flight() -> None:
     h = await StreamHandle.open(fs, D, clock=ManualClock())
     fs.paced = True
     appended = h.append([b"a"])
-    await fs.entered(1)  # the group sync runs in the executor (the disk was never measured)
+    await fs.entered(1)  # the group sync runs on the writer thread
     gone = asyncio.create_task(h.delete())
     await asyncio.wait([gone], timeout=0.5)
     assert not gone.done() and fs.exists(D)
@@ -327,3 +348,37 @@ async def test_a_followers_segments_start_with_the_leaders_tracking_snapshots(fo
         assert slog.index_record(seg, 0).chunk_type == ck.TRACKING_SNAPSHOT
     await again.close()
     await leader.close()
+
+
+async def test_a_sync_fdatasyncs_the_segment_and_its_index_at_the_same_time() -> None:
+    """Both files' fdatasyncs are under way together (they share the file system's journal commit)."""
+    fs = GatedFS()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    fs.paced = True
+    a = h.append([b"a"])
+    await fs.entered(2)  # the segment's and the index's syncs both began, neither let through yet
+    assert not a.settled.done() and len(set(fs.sync_threads)) == 2
+    fs.allow(2)
+    await asyncio.wait_for(a.settled, 10)
+    await h.close()
+
+
+async def test_sync_together_raises_a_failure_only_once_every_sync_ended() -> None:
+    from hutch.runtime.queue_types.stream.writer import sync_together
+
+    ended: list[str] = []
+    release = threading.Event()
+
+    class Slow:
+        def sync(self) -> None:
+            assert release.wait(10)
+            ended.append("slow")
+
+    class Broken:
+        def sync(self) -> None:
+            release.set()
+            raise StorageError("sync", "/x", detail="disk gone")
+
+    with pytest.raises(StorageError):
+        sync_together([Broken(), Slow()])  # type: ignore[list-item]
+    assert ended == ["slow"]

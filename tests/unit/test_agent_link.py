@@ -88,6 +88,9 @@ class Held:
         return {"mem_used": 100, "fd_used": 7, "sockets_used": 1, "proc_used": 2, "io_sync_count": 3,
                 "io_sync_batch_count": 1}
 
+    async def delayed_counts(self) -> list[list[Any]]:
+        return [["/", "dx", 2]]
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         return 3 if name == "q" else None
 
@@ -112,7 +115,7 @@ def test_the_remote_agent_answers_what_the_agent_it_asks_answers() -> None:
     agent, _cluster, held = remote()
 
     async def run() -> None:
-        for method in ("counts", "connections", "samples", "process_figures"):
+        for method in ("counts", "connections", "samples", "process_figures", "delayed_counts"):
             assert await getattr(agent, method)() == await getattr(held, method)()
         assert await agent.channels("c1") == await held.channels("c1")
         assert await agent.channel("c1 (1)") == {"name": "c1 (1)", "node": "node#w1"}
@@ -136,9 +139,10 @@ def test_a_worker_down_or_silent_answers_as_an_agent_holding_nothing() -> None:
         return [await agent.counts(), await agent.connections(), await agent.channels(), await agent.channel("c1 (1)"),
                 await agent.consumers(), await agent.queues(), await agent.queue_details([("/", "q")]),
                 await agent.samples(), await agent.purge_queue("/", "q"), await agent.delete_queue("/", "q", False, False),
-                await agent.close_connection("c1", "r"), await agent.close_user_connections("guest", "r")]
+                await agent.close_connection("c1", "r"), await agent.close_user_connections("guest", "r"),
+                await agent.delayed_counts()]
 
-    expected = [{}, [], [], None, [], [], [], empty_samples(), None, "absent", False, 0]
+    expected = [{}, [], [], None, [], [], [], empty_samples(), None, "absent", False, 0, []]
     cluster.transport.up = False
     assert asyncio.run(empties()) == expected
     cluster.transport.up, cluster.silent = True, True
@@ -159,7 +163,8 @@ def test_the_answerer_refuses_anything_but_an_agent_method_with_its_arguments(me
     assert held.closed == [] and held.asked == []
     assert set(METHODS) == {"counts", "connections", "channels", "channel", "consumers", "queues", "queue_details",
                             "samples", "metric_samples", "process_figures", "purge_queue", "delete_queue",
-                            "close_connection", "close_user_connections"}
+                            "close_connection", "close_user_connections", "delayed_counts", "stream_connections",
+                            "stream_groups", "close_stream_connection"}
 
 
 def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_once() -> None:
@@ -182,6 +187,10 @@ def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_onc
         # the node's process figures are every worker's, summed (GET /api/nodes of a node of workers)
         figures = await node.process_figures()
         assert figures["mem_used"] == 200 and figures["sockets_used"] == 2 and figures["io_sync_count"] == 6
+        # an x-delayed-message exchange's messages_delayed: what each worker holds, summed
+        assert await node.delayed_counts() == [["/", "dx", 4]]
+        # a purge asks every worker (the home purges; in a real node a stand-in answers 0)
+        assert await node.purge_queue("/", "q") == 6 and await node.purge_queue("/", "x") is None
 
     asyncio.run(run())
 

@@ -36,6 +36,7 @@ class FakeAgent:
         self.conns, self.chans, self.cons, self._counts = conns, channels, consumers, counts
         self.queue_objs: list[dict[str, Any]] = []  # full queues; the light ones are their first fields
         self.closed: list[str] = []
+        self.delayed: list[list[Any]] = []  # [vhost, exchange, held]
 
     @property
     def name(self) -> str:
@@ -66,6 +67,9 @@ class FakeAgent:
     async def queue_details(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
         held = {(q["vhost"], q["name"]): q for q in self.queue_objs}
         return [copy.deepcopy(held[k]) for k in keys if k in held]
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        return [list(row) for row in self.delayed]
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         held = [q for q in self.queue_objs if (q["vhost"], q["name"]) == (vhost, name)]
@@ -249,7 +253,7 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
     "closed": st.dictionaries(st.sampled_from(["stat_publish", "stat_routed", "stat_ack"]), st.integers(0, 9)),
     "churn": st.dictionaries(st.sampled_from(["connections_opened", "channels_closed"]), st.integers(0, 9)),
     "streams": st.lists(st.integers(0, 99).map(lambda i: ["/", f"s{i}", i % 4, i]), max_size=3),
-    "stream_errored": st.integers(0, 9),
+    "stream_protocol": st.one_of(st.just([]), st.lists(st.integers(0, 9), min_size=6, max_size=6)),
 })
 
 
@@ -257,10 +261,33 @@ metric_samples_of_one_agent = st.fixed_dictionaries({
 @given(st.lists(metric_samples_of_one_agent, min_size=1, max_size=4))
 def test_the_prometheus_samples_of_n_agents_are_those_of_one_holding_everything(answers):
     merged = merge_metric_samples(answers)
-    for kind in ("connections", "channels", "streams"):
+    for kind in ("connections", "channels"):
         assert merged[kind] == [row for a in answers for row in a[kind]]
-    assert merged["stream_errored"] == sum(a["stream_errored"] for a in answers)
+    streams = {(v, n) for a in answers for v, n, _segments, _lag in a["streams"]}  # each stream once
+    assert sorted((v, n) for v, n, _s, _l in merged["streams"]) == sorted(streams)
+    for v, n, segments, lag in merged["streams"]:
+        rows = [r for a in answers for r in a["streams"] if (r[0], r[1]) == (v, n)]
+        assert (segments, lag) == (max(r[2] for r in rows), max(r[3] for r in rows))
+    counted = [a["stream_protocol"] for a in answers if a["stream_protocol"]]
+    assert merged["stream_protocol"] == ([sum(a[i] for a in counted) for i in range(6)] if counted else [])
     for kind, keys in (("closed", ("stat_publish", "stat_routed", "stat_ack")),
                        ("churn", ("connections_opened", "channels_closed"))):
         for key in keys:
             assert merged[kind].get(key, 0) == sum(a[kind].get(key, 0) for a in answers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from(["/", "v"]), st.sampled_from(["dx", "dy", "dz"]),
+                                   st.integers(1, 1000)), unique_by=lambda r: r[:2]), min_size=1, max_size=4))
+def test_gathered_delayed_counts_are_each_exchanges_sum_over_the_agents(held_per_agent):
+    """messages_delayed of a node of workers (or a cluster): each exchange's held messages, summed over
+    the agents that hold some; an exchange none holds is absent (its count is 0)."""
+    agents = [FakeAgent(f"{NODE}#w{i}", [], [], [], {}) for i in range(len(held_per_agent))]
+    for agent, rows in zip(agents, held_per_agent, strict=True):
+        agent.delayed = [list(r) for r in rows]
+    expected: dict[tuple[str, str], int] = {}
+    for rows in held_per_agent:
+        for vhost, x, n in rows:
+            expected[vhost, x] = expected.get((vhost, x), 0) + n
+    got = asyncio.run(GatheringAgent(NODE, agents).delayed_counts())
+    assert {(v, x): n for v, x, n in got} == expected and len(got) == len(expected)

@@ -26,8 +26,10 @@ from tests.conftest import ServerInfo, start_server
 
 from hutch import portfile
 
+# connections pinned to a worker must stay there to take the hop: connection locality (which would move
+# them to their queue's worker) is tested in test_locality.py
 CONFIG = "workers.own_ports = true\nworkers.heartbeat_timeout = 1500\ncluster.tick_interval = 50\n" \
-         "cluster.metadata_timeout = 5000\n"
+         "cluster.metadata_timeout = 5000\nworkers.locality = false\n"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
@@ -51,6 +53,48 @@ def connect(info: ServerInfo, worker: int | None = None) -> pika.BlockingConnect
     assert ports is not None
     port = info.amqp_port if worker is None else ports["listeners"][f"amqp_w{worker}"]
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+
+
+def client_port(conn: pika.BlockingConnection) -> int:
+    sock = conn._impl._transport._sock  # the client's own socket: its port names the connection at the node
+    return int(sock.getsockname()[1])
+
+
+def _inodes(port: int) -> set[str]:
+    """Inodes of the node-side TCP sockets whose peer is the client's local `port`."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                found.add(fields[9])
+    return found
+
+
+def holders(info: ServerInfo, port: int) -> set[int]:
+    """The workers (indexes) that hold the node's end of the client connection from local `port`."""
+    inodes = _inodes(port)
+    held: set[int] = set()
+    for index in (0, 1):
+        pid = worker_pid(info, index)
+        if pid is None:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                held.add(index)
+    return held
 
 
 def worker_pid(info: ServerInfo, index: int) -> int | None:
@@ -156,6 +200,7 @@ def test_publish_confirm_deliver_ack_reject_across_the_hop(node: ServerInfo) -> 
         pub.confirm_delivery()  # each publish returns once worker 1 confirmed it (after its fsync)
         for i in range(20):
             pub.basic_publish("", "hop", b"m%d" % i, PERSISTENT)
+        assert holders(node, client_port(other)) == {1 - home}  # workers.locality = false: no move
         assert och.queue_declare("hop", passive=True).method.message_count == 20
         con = other.channel()
         con.basic_qos(prefetch_count=5)

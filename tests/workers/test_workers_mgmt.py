@@ -248,6 +248,8 @@ def test_nodes_figures_are_the_nodes_summed_over_the_workers(node: ServerInfo) -
         both = 0.8 * sum(rss_bytes(pid) for pid in pids)
         assert info["mem_used"] >= both
         assert info["proc_used"] >= 2  # each worker's threads
+        # the node's process is the supervisor (which outlives a restarted worker), not worker 0
+        assert info["os_pid"] == str(node.proc.pid) and info["uptime"] > 0
         listed = api.ok("/api/nodes")
         assert len(listed) == 1 and listed[0]["sockets_used"] >= 3
         assert sample(metrics(node), "rabbitmq_process_resident_memory_bytes") >= both
@@ -357,3 +359,26 @@ def test_api_purge_of_a_queue_in_either_worker_empties_it_at_its_home(node: Serv
         assert api.ok(f"/api/queues/%2F/{q}")["messages"] == 0
         assert ch.basic_get(q, auto_ack=True) == (None, None, None)
         ch.queue_delete(q)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_messages_delayed_counts_what_every_worker_holds_once(node: ServerInfo, durable: bool) -> None:
+    """GET /api/exchanges (worker 0) of an x-delayed-message exchange counts the messages held in the
+    worker that took each publish (a transient exchange: in that worker's own heap) or in the exchange's
+    replica (a durable one: a quorum queue with a member in every worker, counted once, not per worker)."""
+    api = Api(node.mgmt_url)
+    x = f"delayed-{'d' if durable else 't'}"
+    with pinned(node, 0, f"{x}-w0") as c0, pinned(node, 1, f"{x}-w1") as c1:
+        ch0, ch1 = c0.channel(), c1.channel()
+        ch0.exchange_declare(x, "x-delayed-message", durable=durable, arguments={"x-delayed-type": "direct"})
+        q = ch0.queue_declare(f"{x}-q").method.queue
+        ch0.queue_bind(q, x, "k")
+        for ch, n in ((ch0, 2), (ch1, 3)):
+            ch.confirm_delivery()
+            for _ in range(n):
+                ch.basic_publish(x, "k", b"later", pika.BasicProperties(headers={"x-delay": 600_000}))
+        path = f"/api/exchanges/%2F/{x}"
+        until(lambda: api.ok(path)["messages_delayed"] == 5, what="5 messages delayed")
+        assert [e["messages_delayed"] for e in api.ok("/api/exchanges/%2F") if e["name"] == x] == [5]
+        ch0.exchange_delete(x)
+        ch0.queue_delete(q)

@@ -573,6 +573,19 @@ class StreamStoreOffset(NamedTuple):
     offset: int
 
 
+@request_kind(69)
+class StreamLookup(NamedTuple):
+    """From a node that is not a member of replicated stream `gid`, to a member (the stream protocol's
+    metadata, query offset and query publisher sequence answer from every node, as RabbitMQ's do): `what`
+    is "writer" (reply: the writer's node, "" while one is elected), "offset" (reply: [the offset stored
+    for consumer `reference`], [] if none) or "sequence" (reply: the last publishing id of publisher
+    `reference`, 0 if none). Reply None: the stream is not (or not yet) open on the member asked."""
+
+    gid: int
+    what: str
+    reference: bytes
+
+
 @message_kind(70)
 class DirectReply(NamedTuple):
     """A reply published to a Direct Reply-To address whose requester is on the receiving node (another
@@ -611,15 +624,15 @@ Record: TypeAlias = (
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
-    | StreamSacNotify | StreamStoreOffset | DirectReply | AgentQuery | BlockPeers
+    | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
 Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
-    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | AgentQuery | LimitAcquire | LimitQuery
-    | BlockPeers
+    | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
+    | LimitQuery | BlockPeers
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

@@ -134,8 +134,12 @@ class MetadataMachine:
                 self.members.pop(op.name, None)
                 changed_members = True
                 continue
-            if incarnation == self.incarnation:
-                continue  # made here, by this process: already applied before it was proposed
+            if incarnation == self.incarnation and type(op) not in (ops_.PatchAuth, ops_.PatchTopicPermissions):
+                # made here, by this process: already applied before it was proposed. (A PatchAuth or a
+                # PatchTopicPermissions is applied again, in the log's order: two members changing one user
+                # at once then end with the same one, the later entry's, on both; re-applying its own
+                # entries is a no-op.)
+                continue
             try:
                 self.target.apply_op(op)
             except Exception as exc:  # a definition that does not apply here must not stop the log

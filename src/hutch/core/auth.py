@@ -47,6 +47,7 @@ from hutch.amqp.table import decode_table
 from .patterns import PatternError, UserPattern, compile_pattern, compile_stored
 
 __all__ = [
+    "AUTH_SECTIONS",
     "DEFAULT_EXCHANGE_RESOURCE",
     "FULL_PERMISSION",
     "HUTCH_HASHING_ALGORITHM",
@@ -55,6 +56,8 @@ __all__ = [
     "SCRYPT_N",
     "AuthError",
     "AuthStore",
+    "auth_diff",
+    "auth_patch",
     "NoSuchUser",
     "NoSuchVhost",
     "Permission",
@@ -826,3 +829,57 @@ def parse_amqplain(response: bytes) -> tuple[str, str]:
             raise ValueError(f"AMQPLAIN field '{key}' must be a longstr, got {type(value).__name__}")
         found[key] = value
     return found["LOGIN"], found["PASSWORD"]
+
+
+# -- changes between two snapshots (replicated as `definition_ops.PatchAuth`) ---------------------------
+
+AUTH_SECTIONS = ("vhosts", "users", "permissions")
+"""The sections of `AuthStore.to_dict()` a change names, in the order a patched snapshot lists them."""
+
+
+def _auth_key(section: str, entry: dict[str, Any]) -> tuple[str, ...]:
+    return (entry["user"], entry["vhost"]) if section == "permissions" else (entry["name"],)
+
+
+def _auth_entries(doc: dict[str, Any]) -> dict[str, dict[tuple[str, ...], dict[str, Any]]]:
+    return {s: {_auth_key(s, e): e for e in doc.get(s, [])} for s in AUTH_SECTIONS}
+
+
+def auth_diff(before: dict[str, Any], after: dict[str, Any]) -> list[list[Any]]:
+    """The changes that turn snapshot `before` into `after` (both `AuthStore.to_dict()` output), one per
+    user, vhost or permission entry: `[section, key, entry]` where it was added or changed, `[section, key,
+    None]` where it was removed (key: `[name]`, or `[user, vhost]` for a permission). Two members that
+    change different entries at once then both keep both changes (a whole snapshot from each would undo the
+    other's)."""
+    old, new = _auth_entries(before), _auth_entries(after)
+    changes: list[list[Any]] = []
+    for section in AUTH_SECTIONS:
+        was, now = old[section], new[section]
+        changes += [[section, list(k), e] for k, e in now.items() if was.get(k) != e]
+        changes += [[section, list(k), None] for k in was if k not in now]
+    return changes
+
+
+def auth_patch(doc: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
+    """`doc` (an `AuthStore.to_dict()` snapshot) with `changes` (`auth_diff`'s) applied: a new snapshot,
+    in which a permission whose user or vhost is gone (one member deleted the user while another set its
+    permissions) is left out, as deleting the user would have removed it. ValueError on a malformed change
+    (the same on every member, so all of them refuse it alike)."""
+    entries = _auth_entries(doc)
+    for change in changes:
+        if not (isinstance(change, list | tuple) and len(change) == 3 and change[0] in AUTH_SECTIONS
+                and isinstance(change[1], list | tuple) and all(isinstance(k, str) for k in change[1])):
+            raise ValueError(f"malformed auth change {change!r:.200}")
+        section, key, entry = change[0], tuple(change[1]), change[2]
+        if entry is None:
+            entries[section].pop(key, None)
+        elif not isinstance(entry, dict) or _auth_key(section, entry) != key:
+            raise ValueError(f"malformed auth change {change!r:.200}")
+        else:
+            entries[section][key] = entry
+    users, vhosts = entries["users"], entries["vhosts"]
+    permissions = {k: e for k, e in entries["permissions"].items() if (k[0],) in users and (k[1],) in vhosts}
+    return {"version": doc.get("version", 1),
+            "vhosts": [vhosts[k] for k in sorted(vhosts)],
+            "users": [users[k] for k in sorted(users)],
+            "permissions": [permissions[k] for k in sorted(permissions)]}

@@ -270,6 +270,13 @@ class ConfirmLedger:
     def last_seq(self) -> int:
         return self._last_seq
 
+    def continue_after(self, seq: int) -> None:
+        """An empty ledger takes over a channel whose publishes up to `seq` were all answered elsewhere
+        (a connection handed to another worker): the next publish is `seq + 1`."""
+        assert not self._open and not self._runs and self._last_seq == self._answered, "not quiet"
+        assert seq >= self._last_seq
+        self._last_seq = self._answered = seq
+
     def __repr__(self) -> str:
         return (f"<ConfirmLedger last {self._last_seq} answered {self._answered} waiting {len(self._order)} "
                 f"runs {self._runs}>")

@@ -2,8 +2,9 @@
 one dispatch table.
 
 Owns:
-- The records (frozen dataclasses): users, vhosts and permissions (`SetAuth`: the whole auth store, as
-  the node has always recorded it; `RehashUser`: one user's re-hash on first login), topic permissions, the cluster name, exchanges, queues (declare,
+- The records (frozen dataclasses): users, vhosts and permissions (`SetAuth`: the whole auth store, in
+  snapshots and older logs; `PatchAuth`: the entries one change added, changed or removed, which is what a
+  node records for a change; `RehashUser`: one user's re-hash on first login), topic permissions, the cluster name, exchanges, queues (declare,
   delete, a quorum queue's members), bindings, policies and operator policies, runtime parameters (`SetParameter`, `ClearParameter`: shovels,
   federation upstreams), and the operations of the
   cluster's metadata group (`ClusterJoin`, `ClusterLeave`, `Noop`).
@@ -54,6 +55,16 @@ class SetAuth:
 
 
 @dataclass(frozen=True, slots=True)
+class PatchAuth:
+    """Users, vhosts and permissions: the entries a change added, changed or removed (`core.auth.auth_diff`:
+    `[section, key, entry or None]` each). What a node records for a change, so that two members changing
+    different entries at once keep both (whole `SetAuth` snapshots from each undid the other's change)."""
+
+    KIND: ClassVar[str] = "auth.patch"
+    changes: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
 class RehashUser:
     """A user's imported RabbitMQ hash replaced by scrypt on its first login, if the user's hash is still
     `previous_hash` (a password change since then wins). Its own record, not a `SetAuth`: a whole auth
@@ -74,10 +85,19 @@ class SetClusterName:
 
 @dataclass(frozen=True, slots=True)
 class SetTopicPermissions:
-    """Every topic permission: rows [vhost, user, exchange, write regex, read regex]."""
+    """Every topic permission: rows [vhost, user, exchange, write regex, read regex] (snapshots, older logs)."""
 
     KIND: ClassVar[str] = "topic_permissions"
     table: list[list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class PatchTopicPermissions:
+    """The topic permissions a change set ([vhost, user, exchange, write regex, read regex]) or removed
+    ([vhost, user, exchange]): what a node records for a change, as `PatchAuth` for users."""
+
+    KIND: ClassVar[str] = "topic_permissions.patch"
+    changes: list[list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,11 +258,12 @@ class Noop:
     KIND: ClassVar[str] = "noop"
 
 
-DefinitionOp = (SetAuth | RehashUser | SetClusterName | SetTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
+DefinitionOp = (SetAuth | PatchAuth | RehashUser | SetClusterName | SetTopicPermissions | PatchTopicPermissions | DeclareExchange | DeleteExchange | DeclareQueue
                 | DeleteQueue | SetQueueMembers | Bind | Unbind | SetPolicy | ClearPolicy | SetVhostLimits
                 | SetUserLimits | SetParameter | ClearParameter | ClusterJoin | ClusterLeave | Noop)
 
-NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, RehashUser, SetClusterName, SetTopicPermissions, DeclareExchange,
+NODE_OPS: tuple[type[DefinitionOp], ...] = (SetAuth, PatchAuth, RehashUser, SetClusterName, SetTopicPermissions,
+                                             PatchTopicPermissions, DeclareExchange,
                                              DeleteExchange, DeclareQueue, DeleteQueue, SetQueueMembers, Bind, Unbind,
                                              SetPolicy, ClearPolicy, SetVhostLimits, SetUserLimits, SetParameter,
                                              ClearParameter)
@@ -365,6 +386,6 @@ class Dispatch:
 __all__ = [
     "ALL_OPS", "CLUSTER_OPS", "NODE_OPS", "Bind", "ClearParameter", "ClearPolicy", "ClusterJoin", "ClusterLeave", "DeclareExchange",
     "DeclareQueue", "DefinitionOp", "DefinitionOpError", "DeleteExchange", "DeleteQueue", "Dispatch", "MalformedOp",
-    "Noop", "RehashUser", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
+    "Noop", "PatchAuth", "PatchTopicPermissions", "RehashUser", "SetAuth", "SetClusterName", "SetParameter", "SetPolicy", "SetQueueMembers", "SetTopicPermissions", "SetUserLimits", "SetVhostLimits", "Unbind",
     "UnknownOp", "from_stored", "kind_of", "to_stored",
 ]

@@ -14,8 +14,8 @@ Rules (RabbitMQ's):
   "Closed via management plugin", or the request's `X-Reason` header).
 - Rates (`*_details`) are added from the statistics collector's samples, by object name (stats.py).
 - Stream-protocol connections are connections too (protocol "stream"), and their subscriptions
-  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py; this node's, from its
-  `StreamHub`); closing one closes its socket (no stream-protocol close frame, as RabbitMQ).
+  consumers (`stream.subid-N`), as RabbitMQ lists them (stream_clients.py; the node's, every worker's,
+  from the agent); closing one closes its socket (no stream-protocol close frame, as RabbitMQ).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ async def list_connections(agent: ManagementAgentPort, node: Node, p: Principal,
         vhost_for_read(node, p, vhost)
     return ([_connection_rates(c, stats) for c in await agent.connections()
              if may_see_user_object(p, c["user"]) and (vhost is None or c["vhost"] == vhost)]
-            + [stream_clients.connection_json(c) for c in stream_clients.visible(node, p, vhost)])
+            + [stream_clients.connection_json(c) for c in stream_clients.visible(await stream_clients.opened(agent), p,
+                                                                                 vhost)])
 
 
 async def user_connections(agent: ManagementAgentPort, p: Principal, user: str, stats: StatsView | None = None,
@@ -63,9 +64,9 @@ async def user_connections(agent: ManagementAgentPort, p: Principal, user: str, 
     """GET /api/connections/username/{user}: monitors, or the user itself."""
     if not may_see_user_object(p, user):
         raise not_authorised("User not authorised to access object")
-    streams = stream_clients.opened(node) if node is not None else []
+    streams = await stream_clients.opened(agent)
     return ([_connection_rates(c, stats) for c in await agent.connections() if c["user"] == user]
-            + [stream_clients.connection_json(c) for c in streams if c.user_name == user])
+            + [stream_clients.connection_json(c) for c in streams if c["user"] == user])
 
 
 async def close_user_connections(agent: ManagementAgentPort, p: Principal, user: str, reason: str | None = None,
@@ -74,8 +75,8 @@ async def close_user_connections(agent: ManagementAgentPort, p: Principal, user:
     if not may_close_user_object(p, user):
         raise not_authorised("User not authorised to access object")
     await agent.close_user_connections(user, reason or DEFAULT_CLOSE_REASON)
-    for stream_conn in [c for c in stream_clients.opened(node) if c.user_name == user] if node is not None else []:
-        stream_clients.close(p, stream_conn, reason)
+    for stream_conn in [c for c in await stream_clients.opened(agent) if c["user"] == user]:
+        await stream_clients.close(agent, p, stream_conn, reason)
 
 
 async def _visible_connection(agent: ManagementAgentPort, p: Principal, name: str) -> dict[str, Any]:
@@ -89,15 +90,17 @@ async def _visible_connection(agent: ManagementAgentPort, p: Principal, name: st
 
 async def get_connection(agent: ManagementAgentPort, p: Principal, name: str, stats: StatsView | None = None,
                          node: Node | None = None) -> dict[str, Any]:
-    if node is not None and stream_clients.find(node, name) is not None:
-        return stream_clients.connection_json(stream_clients.visible_one(node, p, name))
+    streams = await stream_clients.opened(agent)
+    if stream_clients.find(streams, name) is not None:
+        return stream_clients.connection_json(stream_clients.visible_one(streams, p, name))
     return _connection_rates(await _visible_connection(agent, p, name), stats)
 
 
 async def connection_channels(agent: ManagementAgentPort, p: Principal, name: str,
                               stats: StatsView | None = None, node: Node | None = None) -> list[dict[str, Any]]:
-    if node is not None and stream_clients.find(node, name) is not None:
-        stream_clients.visible_one(node, p, name)
+    streams = await stream_clients.opened(agent)
+    if stream_clients.find(streams, name) is not None:
+        stream_clients.visible_one(streams, p, name)
         return []  # a stream connection has no channels
     await _visible_connection(agent, p, name)
     return [_channel_rates(ch, stats) for ch in await agent.channels(name)]
@@ -105,9 +108,9 @@ async def connection_channels(agent: ManagementAgentPort, p: Principal, name: st
 
 async def close_connection(agent: ManagementAgentPort, p: Principal, name: str, reason: str | None = None,
                            node: Node | None = None) -> None:
-    stream_conn = stream_clients.find(node, name) if node is not None else None
+    stream_conn = stream_clients.find(await stream_clients.opened(agent), name)
     if stream_conn is not None:
-        stream_clients.close(p, stream_conn, reason)
+        await stream_clients.close(agent, p, stream_conn, reason)
         return
     for conn in await agent.connections():
         if conn["name"] == name:
@@ -144,7 +147,7 @@ async def list_consumers(agent: ManagementAgentPort, node: Node, p: Principal, v
     else:
         names = set(visible_vhosts(node, p))
     return ([c for c in await agent.consumers() if c["queue"]["vhost"] in names]
-            + [row for conn in stream_clients.opened(node) if conn.vhost.name in names
+            + [row for conn in await stream_clients.opened(agent) if conn["vhost"] in names
                for row in stream_clients.consumers_json(conn)])
 
 

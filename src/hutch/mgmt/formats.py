@@ -54,7 +54,8 @@ def queue_rates(out: dict[str, Any], stats: StatsView | None) -> dict[str, Any]:
 
 
 def exchange_json(x: Exchange, stats: StatsView | None = None, delayed: Any = None) -> dict[str, Any]:
-    """`delayed` (the node's DelayedPort) gives an x-delayed-message exchange's `messages_delayed`."""
+    """`delayed` (anything with `count(vhost, exchange)`: topology.HeldCounts, gathered from the workers)
+    gives an x-delayed-message exchange's `messages_delayed`."""
     out: dict[str, Any] = {
         "name": x.name,
         "vhost": x.vhost,

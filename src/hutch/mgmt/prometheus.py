@@ -469,7 +469,7 @@ def render(node: Node, registry: str, info: Mapping[str, Any], clients: Mapping[
         ("rabbitmq_node", node.public_name), ("rabbitmq_cluster", node.config.cluster_name),
         ("rabbitmq_endpoint", endpoint))))
 
-    _global(out, clients["closed"], ch_rows, consumers, _stream_protocol(node))
+    _global(out, clients["closed"], ch_rows, consumers, _stream_protocol(clients))
     out.one(ALARMS[0], int("disk" in node.alarms))
     out.one(ALARMS[1], int("memory" in node.alarms))
     out.one(PROCESS_START, int(node.started_at))
@@ -497,15 +497,10 @@ class _StreamProtocol:
     consumers: int = 0
 
 
-def _stream_protocol(node: Node) -> _StreamProtocol | None:
-    hub = node.streams
-    if hub is None:
-        return None
-    n = hub.counters
-    conns = list(hub.connections)
-    return _StreamProtocol(n.messages_received, n.messages_confirmed, n.messages_errored, n.messages_delivered,
-                           sum(len(conn.publishing.publishers) for conn in conns),
-                           sum(len(conn.consuming.subscriptions) for conn in conns))
+def _stream_protocol(clients: Mapping[str, Any]) -> _StreamProtocol | None:
+    """The node's stream protocol counters (every worker's, summed by the agent); None without a listener."""
+    counted = clients["stream_protocol"]
+    return _StreamProtocol(*counted) if counted else None
 
 
 def _streams(out: _Text, clients: Mapping[str, Any]) -> None:
@@ -513,7 +508,7 @@ def _streams(out: _Text, clients: Mapping[str, Any]) -> None:
     queue) on the per-object registry, else their sum and their maximum (as the plugin aggregates them);
     the lag counts AMQP 0-9-1 consumers and stream-protocol subscriptions alike. hutch_stream_messages_
     errored_total: the stream protocol's publish errors. Both from the agent's `metric_samples` (every
-    worker's streams: a stream lives in the worker that declared it)."""
+    worker's streams and counters; a stream every worker holds a member of is one row)."""
     segments, lag = STREAM
     rows = clients["streams"]
     if out.per_object:
@@ -522,7 +517,8 @@ def _streams(out: _Text, clients: Mapping[str, Any]) -> None:
     else:
         out.one(segments, sum(r[2] for r in rows))
         out.one(lag, max((r[3] for r in rows), default=0))
-    out.one(HUTCH_STREAM[0], clients["stream_errored"], _labels((("protocol", STREAM_PROTOCOL),)))
+    counted = _stream_protocol(clients)
+    out.one(HUTCH_STREAM[0], counted.errored if counted is not None else 0, _labels((("protocol", STREAM_PROTOCOL),)))
 
 
 def _shovels(out: _Text, node: Node) -> None:

@@ -351,12 +351,14 @@ async def _queues(c: Call) -> Any:
     return await topology.queue_list(c.agent, c.node, c.principal, None, c.query, c.stats)
 
 
-def _exchange_list(c: Call, vhost: str | None) -> Any:
-    def full(x: Any) -> dict[str, Any]:
-        return formats.exchange_json(x, c.stats, c.node.delayed)
+async def _exchange_list(c: Call, vhost: str | None) -> Any:
+    exchanges = topology.exchange_objects(c.node, c.principal, vhost)
+    held = await topology.delayed_held(c.agent, c.node, exchanges)
 
-    return listing.paged_reply(topology.exchange_objects(c.node, c.principal, vhost), c.query,
-                               topology.exchange_light, full)
+    def full(x: Any) -> dict[str, Any]:
+        return formats.exchange_json(x, c.stats, held)
+
+    return listing.paged_reply(exchanges, c.query, topology.exchange_light, full)
 
 
 @route("GET", "/api/queues/{vhost}", "Queues of a virtual host", tag=QUEUES, reply="Queue[]", listing=True,
@@ -408,20 +410,21 @@ async def _queue_get(c: Call) -> Any:
 
 
 @route("GET", "/api/exchanges", "Exchanges the caller can see", tag=EXCHANGES, reply="Exchange[]", listing=True)
-def _exchanges(c: Call) -> Any:
-    return _exchange_list(c, None)
+async def _exchanges(c: Call) -> Any:
+    return await _exchange_list(c, None)
 
 
 @route("GET", "/api/exchanges/{vhost}", "Exchanges of a virtual host", tag=EXCHANGES, reply="Exchange[]",
        listing=True, codes=(404,))
-def _vhost_exchanges(c: Call) -> Any:
-    return _exchange_list(c, c.params["vhost"])
+async def _vhost_exchanges(c: Call) -> Any:
+    return await _exchange_list(c, c.params["vhost"])
 
 
 @route("GET", "/api/exchanges/{vhost}/{name}", "One exchange (the default exchange is amq.default)",
        tag=EXCHANGES, reply="Exchange", codes=(404,))
-def _exchange(c: Call) -> Any:
-    return _one(c, topology.get_exchange(c.node, c.principal, c.params["vhost"], c.params["name"], c.stats))
+async def _exchange(c: Call) -> Any:
+    return _one(c, await topology.get_exchange(c.agent, c.node, c.principal, c.params["vhost"], c.params["name"],
+                                               c.stats))
 
 
 @route("PUT", "/api/exchanges/{vhost}/{name}", "Declare an exchange", tag=EXCHANGES, body="ExchangeBody",

@@ -4,9 +4,9 @@ Owns: which stream connections a caller sees (opened ones; monitors see all, oth
 JSON among the connections and consumers of `/api/connections` and `/api/consumers` (as rabbitmq_stream
 registers them: protocol "stream", consumer tags `stream.subid-N`; rabbitmq_stream_management's
 `/api/stream/...` routes are stream_routes.py's), and closing one (the socket is closed
-without a stream-protocol close, as RabbitMQ 3.10.8 does it: checked by hand). Reads the node's
-`StreamHub` (`node.streams`, set while the stream listener runs). Returns JSON-able data, raises
-`ApiError`. No IO.
+without a stream-protocol close, as RabbitMQ 3.10.8 does it: checked by hand). Asks the node's
+management agent (`stream_connections`, runtime/ports.py: every worker's connections, as plain values)
+and works on its answer. Returns JSON-able data, raises `ApiError`.
 """
 
 from __future__ import annotations
@@ -18,79 +18,79 @@ from .errors import not_authorised, not_found
 from .formats import jsonable
 
 if TYPE_CHECKING:
-    from hutch.runtime.broker.node import Node
+    from hutch.runtime.ports import ManagementAgentPort
 
 CLOSE_REASON = "Closed via management plugin"
+SNAPSHOT_ONLY = ("tls", "publisher_rows", "consumer_rows")  # the agent's, not the connection's fields
 
 
-def opened(node: Node) -> list[Any]:
-    """The node's opened stream connections (a connection still in its handshake is not listed)."""
-    hub = node.streams
-    if hub is None:
-        return []
-    return sorted((c for c in list(hub.connections) if c.phase.name == "OPENED"), key=lambda c: c.name)
+async def opened(agent: ManagementAgentPort) -> list[dict[str, Any]]:
+    """The node's opened stream connections (every worker's), by name."""
+    return sorted(await agent.stream_connections(), key=lambda c: str(c["name"]))
 
 
-def visible(node: Node, p: Principal, vhost: str | None = None) -> list[Any]:
-    return [c for c in opened(node) if may_see_user_object(p, c.user_name)
-            and (vhost is None or c.vhost.name == vhost)]
+def visible(conns: list[dict[str, Any]], p: Principal, vhost: str | None = None) -> list[dict[str, Any]]:
+    return [c for c in conns if may_see_user_object(p, c["user"]) and (vhost is None or c["vhost"] == vhost)]
 
 
-def find(node: Node, name: str, vhost: str | None = None) -> Any | None:
-    for conn in opened(node):
-        if conn.name == name and (vhost is None or conn.vhost.name == vhost):
+def find(conns: list[dict[str, Any]], name: str, vhost: str | None = None) -> dict[str, Any] | None:
+    for conn in conns:
+        if conn["name"] == name and (vhost is None or conn["vhost"] == vhost):
             return conn
     return None
 
 
-def visible_one(node: Node, p: Principal, name: str, vhost: str | None = None) -> Any:
-    conn = find(node, name, vhost)
+def visible_one(conns: list[dict[str, Any]], p: Principal, name: str, vhost: str | None = None) -> dict[str, Any]:
+    conn = find(conns, name, vhost)
     if conn is None:
         raise not_found()
-    if not may_see_user_object(p, conn.user_name):
+    if not may_see_user_object(p, conn["user"]):
         raise not_authorised("User not authorised to access object")
     return conn
 
 
-def close(p: Principal, conn: Any, reason: str | None = None) -> None:
-    if not may_close_user_object(p, conn.user_name):
+async def close(agent: ManagementAgentPort, p: Principal, conn: dict[str, Any], reason: str | None = None) -> None:
+    if not may_close_user_object(p, conn["user"]):
         raise not_authorised("User not authorised to access object")
-    conn.drop(reason or CLOSE_REASON)
+    await agent.close_stream_connection(conn["vhost"], conn["name"], reason or CLOSE_REASON)
 
 
-def connection_json(conn: Any) -> dict[str, Any]:
+def info(conn: dict[str, Any]) -> dict[str, Any]:
+    """The connection's own fields (rabbitmq_stream_management's), without what the agent adds."""
+    return {k: v for k, v in conn.items() if k not in SNAPSHOT_ONLY}
+
+
+def connection_json(conn: dict[str, Any]) -> dict[str, Any]:
     """A stream connection among `/api/connections` (RabbitMQ 3.10's fields for one)."""
-    info = conn.info()
-    props = jsonable(info["client_properties"])
-    transport = conn.transport
-    tls = transport.get_extra_info("ssl_object") if transport is not None else None
+    props = jsonable(conn["client_properties"])
+    tls = conn["tls"]
     return {
-        "name": info["name"], "user": info["user"], "vhost": info["vhost"], "node": info["node"],
-        "host": info["host"], "port": info["port"], "peer_host": info["peer_host"], "peer_port": info["peer_port"],
+        "name": conn["name"], "user": conn["user"], "vhost": conn["vhost"], "node": conn["node"],
+        "host": conn["host"], "port": conn["port"], "peer_host": conn["peer_host"], "peer_port": conn["peer_port"],
         "protocol": "stream", "type": "network", "state": "running", "channels": 0, "channel_max": 0,
-        "frame_max": info["frame_max"], "timeout": info["heartbeat"], "auth_mechanism": info["auth_mechanism"],
-        "connected_at": info["connected_at"], "client_properties": props,
+        "frame_max": conn["frame_max"], "timeout": conn["heartbeat"], "auth_mechanism": conn["auth_mechanism"],
+        "connected_at": conn["connected_at"], "client_properties": props,
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
-        "user_who_performed_action": info["user"],
+        "user_who_performed_action": conn["user"],
         "ssl": tls is not None,
-        "ssl_protocol": tls.version() if tls is not None else None,
-        "ssl_cipher": (tls.cipher() or ("",))[0] if tls is not None else None,
+        "ssl_protocol": tls[0] if tls is not None else None,
+        "ssl_cipher": tls[1] if tls is not None else None,
         "ssl_hash": None, "ssl_key_exchange": None,
         # the certificate's details are in /api/stream/connections (mgmt reads no runtime helper for them)
         "peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None,
     }
 
 
-def consumers_json(conn: Any) -> list[dict[str, Any]]:
+def consumers_json(conn: dict[str, Any]) -> list[dict[str, Any]]:
     """A stream connection's subscriptions among `/api/consumers` (as rabbitmq_stream lists them)."""
-    details = {"connection_name": conn.name, "name": "", "node": str(conn.broker.name), "number": 0,
-               "peer_host": conn.peer[0], "peer_port": conn.peer[1], "user": conn.user_name}
+    details = {"connection_name": conn["name"], "name": "", "node": conn["node"], "number": 0,
+               "peer_host": conn["peer_host"], "peer_port": conn["peer_port"], "user": conn["user"]}
     return [{"consumer_tag": f"stream.subid-{row['subscription_id']}",
-             "queue": {"name": row["stream"], "vhost": conn.vhost.name}, "channel_details": dict(details),
+             "queue": {"name": row["stream"], "vhost": conn["vhost"]}, "channel_details": dict(details),
              "ack_required": False, "exclusive": False, "prefetch_count": 0, "arguments": {},
              "active": row["active"], "activity_status": "up" if row["active"] else "waiting"}
-            for row in conn.consuming.info()]
+            for row in conn["consumer_rows"]]
 
 
-__all__ = ["CLOSE_REASON", "close", "connection_json", "consumers_json", "find", "opened", "visible",
+__all__ = ["CLOSE_REASON", "close", "connection_json", "consumers_json", "find", "info", "opened", "visible",
            "visible_one"]

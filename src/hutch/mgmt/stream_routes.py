@@ -7,8 +7,8 @@ hutch extension the web UI's streams page reads); the single-active-consumer gro
 group's members, and a stream's tracking (its publishers' last publishing ids and its consumers' stored
 offsets), which `hutch-streams list_stream_consumer_groups`, `list_stream_group_consumers` and
 `list_stream_tracking` read (hutch extensions: RabbitMQ's CLI asks the node over Erlang distribution). Thin handlers over runtime/stream_session
-(super_streams.py; the node's `StreamHub`, `node.streams`, set while the stream listener runs: every
-read of a stream connection goes through `_stream_connections`), registered in the route table like
+(super_streams.py; the stream connections and groups as the node's management agent answers them,
+every worker's: every read of a stream connection goes through `_stream_connections`), registered in the route table like
 routes.py's (http.py imports this module). Lists take the listing parameters (sort, page, columns).
 
 Body of a create: `{"partitions": N}` (partitions NAME-0 … NAME-(N-1), binding keys "0" … "N-1") or
@@ -25,7 +25,7 @@ from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.catalog import QueueCatalog
 from hutch.streamproto.codes import Code
 
-from . import formats, listing
+from . import formats, listing, stream_clients
 from .access import (
     may_close_user_object,
     may_see_user_object,
@@ -109,116 +109,114 @@ async def _delete_super_stream(c: Call) -> Any:
 # -- streams (hutch), stream connections, publishers and consumers (rabbitmq_stream_management) -----------
 
 
-def _stream_connections(c: Call, vhost: str | None = None) -> list[Any]:
+async def _stream_connections(c: Call, vhost: str | None = None) -> list[dict[str, Any]]:
     """The stream-protocol connections the caller may see (all for monitors, else its own), of `vhost`
-    if given (404 if it does not exist, 401 if the caller may not read it)."""
+    if given (404 if it does not exist, 401 if the caller may not read it): every worker's, as the
+    node's agent answers them (stream_clients.py)."""
     if vhost is not None:
         vhost_for_read(c.node, c.principal, vhost)
-    hub = c.node.streams
-    if hub is None:
-        return []
     p = c.principal
-    return [conn for conn in list(hub.connections)
-            if (p.is_monitor or conn.user_name == p.name) and (vhost is None or conn.vhost.name == vhost)]
+    return [conn for conn in await stream_clients.opened(c.agent)
+            if (p.is_monitor or conn["user"] == p.name) and (vhost is None or conn["vhost"] == vhost)]
 
 
-def _stream_connection(c: Call) -> Any:
+async def _stream_connection(c: Call) -> dict[str, Any]:
     """The connection `{vhost}/{name}`: 404 if there is none, 401 if the caller may not see it."""
     vhost, name = c.params["vhost"], c.params["name"]
     vhost_for_read(c.node, c.principal, vhost)
-    hub = c.node.streams
-    found = [conn for conn in list(hub.connections) if conn.name == name and conn.vhost.name == vhost] \
-        if hub is not None else []
-    if not found:
+    found = stream_clients.find(await stream_clients.opened(c.agent), name, vhost)
+    if found is None:
         raise not_found()
-    if not may_see_user_object(c.principal, found[0].user_name):
+    if not may_see_user_object(c.principal, found["user"]):
         raise not_authorised("User not authorised to access object")
-    return found[0]
+    return found
 
 
-def _owner(conn: Any) -> dict[str, Any]:
-    return {"name": conn.name, "user": conn.user_name, "vhost": conn.vhost.name, "node": str(conn.broker.name)}
+def _owner(conn: dict[str, Any]) -> dict[str, Any]:
+    return {"name": conn["name"], "user": conn["user"], "vhost": conn["vhost"], "node": conn["node"]}
 
 
-def _publishers(conns: list[Any], stream: str | None = None) -> list[dict[str, Any]]:
-    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in conns for row in conn.publishing.info() if stream is None or row["stream"] == stream]
+def _publishers(conns: list[dict[str, Any]], stream: str | None = None) -> list[dict[str, Any]]:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn["vhost"]}}
+            for conn in conns for row in conn["publisher_rows"] if stream is None or row["stream"] == stream]
 
 
-def _consumers(conns: list[Any]) -> list[dict[str, Any]]:
-    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn.vhost.name}}
-            for conn in conns for row in conn.consuming.info()]
+def _consumers(conns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "connection_details": _owner(conn), "queue": {"name": row["stream"], "vhost": conn["vhost"]}}
+            for conn in conns for row in conn["consumer_rows"]]
 
 
 @route("GET", "/api/stream/connections", "Stream-protocol connections (rabbitmq_stream_management)",
        tag=TAG, reply="Any[]", listing=True)
-def _list_stream_connections(c: Call) -> Any:
-    return listing.list_reply([conn.info() for conn in _stream_connections(c)], c.query)
+async def _list_stream_connections(c: Call) -> Any:
+    return listing.list_reply([stream_clients.info(conn) for conn in await _stream_connections(c)], c.query)
 
 
 @route("GET", "/api/stream/connections/{vhost}", "Stream-protocol connections of a virtual host", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_vhost_stream_connections(c: Call) -> Any:
-    return listing.list_reply([conn.info() for conn in _stream_connections(c, c.params["vhost"])], c.query)
+async def _list_vhost_stream_connections(c: Call) -> Any:
+    conns = await _stream_connections(c, c.params["vhost"])
+    return listing.list_reply([stream_clients.info(conn) for conn in conns], c.query)
 
 
 @route("GET", "/api/stream/connections/{vhost}/{name}", "One stream-protocol connection", tag=TAG, reply="Any",
        codes=(404,))
-def _get_stream_connection(c: Call) -> Any:
-    return listing.one_reply(_stream_connection(c).info(), c.query)
+async def _get_stream_connection(c: Call) -> Any:
+    return listing.one_reply(stream_clients.info(await _stream_connection(c)), c.query)
 
 
 @route("DELETE", "/api/stream/connections/{vhost}/{name}", "Close a stream-protocol connection (reason in the "
        "X-Reason header; administrators, or the connection's own user)", tag=TAG, codes=(204, 404))
-def _close_stream_connection(c: Call) -> Any:
-    conn = _stream_connection(c)
-    if not may_close_user_object(c.principal, conn.user_name):
+async def _close_stream_connection(c: Call) -> Any:
+    conn = await _stream_connection(c)
+    if not may_close_user_object(c.principal, conn["user"]):
         raise not_authorised("User not authorised to access object")
-    conn.drop(c.headers.get("X-Reason") or CLOSE_REASON)  # the socket, no Close: as RabbitMQ
+    # the socket, no Close: as RabbitMQ (in whichever worker the connection lives)
+    await c.agent.close_stream_connection(conn["vhost"], conn["name"], c.headers.get("X-Reason") or CLOSE_REASON)
     return NO_CONTENT
 
 
 @route("GET", "/api/stream/connections/{vhost}/{name}/publishers", "A stream-protocol connection's publishers",
        tag=TAG, reply="Any[]", listing=True, codes=(404,))
-def _stream_connection_publishers(c: Call) -> Any:
-    return listing.list_reply(_publishers([_stream_connection(c)]), c.query, PUBLISHER_SORT)
+async def _stream_connection_publishers(c: Call) -> Any:
+    return listing.list_reply(_publishers([await _stream_connection(c)]), c.query, PUBLISHER_SORT)
 
 
 @route("GET", "/api/stream/connections/{vhost}/{name}/consumers", "A stream-protocol connection's consumers",
        tag=TAG, reply="Any[]", listing=True, codes=(404,))
-def _stream_connection_consumers(c: Call) -> Any:
-    return listing.list_reply(_consumers([_stream_connection(c)]), c.query, CONSUMER_SORT)
+async def _stream_connection_consumers(c: Call) -> Any:
+    return listing.list_reply(_consumers([await _stream_connection(c)]), c.query, CONSUMER_SORT)
 
 
 @route("GET", "/api/stream/publishers", "Stream-protocol publishers (rabbitmq_stream_management)", tag=TAG,
        reply="Any[]", listing=True)
-def _list_stream_publishers(c: Call) -> Any:
-    return listing.list_reply(_publishers(_stream_connections(c)), c.query, PUBLISHER_SORT)
+async def _list_stream_publishers(c: Call) -> Any:
+    return listing.list_reply(_publishers(await _stream_connections(c)), c.query, PUBLISHER_SORT)
 
 
 @route("GET", "/api/stream/publishers/{vhost}", "Stream-protocol publishers of a virtual host", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_vhost_stream_publishers(c: Call) -> Any:
-    return listing.list_reply(_publishers(_stream_connections(c, c.params["vhost"])), c.query, PUBLISHER_SORT)
+async def _list_vhost_stream_publishers(c: Call) -> Any:
+    return listing.list_reply(_publishers(await _stream_connections(c, c.params["vhost"])), c.query, PUBLISHER_SORT)
 
 
 @route("GET", "/api/stream/publishers/{vhost}/{stream}", "Stream-protocol publishers of one stream", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_stream_publishers_of(c: Call) -> Any:
-    conns = _stream_connections(c, c.params["vhost"])
+async def _list_stream_publishers_of(c: Call) -> Any:
+    conns = await _stream_connections(c, c.params["vhost"])
     return listing.list_reply(_publishers(conns, c.params["stream"]), c.query, PUBLISHER_SORT)
 
 
 @route("GET", "/api/stream/consumers", "Stream-protocol consumers with their offsets (rabbitmq_stream_management)",
        tag=TAG, reply="Any[]", listing=True)
-def _list_stream_consumers(c: Call) -> Any:
-    return listing.list_reply(_consumers(_stream_connections(c)), c.query, CONSUMER_SORT)
+async def _list_stream_consumers(c: Call) -> Any:
+    return listing.list_reply(_consumers(await _stream_connections(c)), c.query, CONSUMER_SORT)
 
 
 @route("GET", "/api/stream/consumers/{vhost}", "Stream-protocol consumers of a virtual host", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_vhost_stream_consumers(c: Call) -> Any:
-    return listing.list_reply(_consumers(_stream_connections(c, c.params["vhost"])), c.query, CONSUMER_SORT)
+async def _list_vhost_stream_consumers(c: Call) -> Any:
+    return listing.list_reply(_consumers(await _stream_connections(c, c.params["vhost"])), c.query, CONSUMER_SORT)
 
 
 async def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
@@ -227,15 +225,15 @@ async def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
     names = [vhost] if vhost is not None else visible_vhosts(c.node, c.principal)
     if vhost is not None:
         vhost_for_read(c.node, c.principal, vhost)
-    conns = _stream_connections(c)
+    conns = await _stream_connections(c)
     publishers: dict[tuple[str, str], int] = {}
     consumers: dict[tuple[str, str], int] = {}
     for conn in conns:
-        for row in conn.publishing.info():
-            key = (conn.vhost.name, str(row["stream"]))
+        for row in conn["publisher_rows"]:
+            key = (conn["vhost"], str(row["stream"]))
             publishers[key] = publishers.get(key, 0) + 1
-        for row in conn.consuming.info():
-            key = (conn.vhost.name, str(row["stream"]))
+        for row in conn["consumer_rows"]:
+            key = (conn["vhost"], str(row["stream"]))
             consumers[key] = consumers.get(key, 0) + 1
     keys = [(name, q.name) for name in names if (v := c.node.vhosts.get(name)) is not None
             for q in list(v.queues.values()) if q.queue_type == "stream"]
@@ -264,35 +262,34 @@ async def _list_vhost_streams(c: Call) -> Any:
 # -- single-active-consumer groups and tracking (hutch-streams' listing commands; hutch) -------------------
 
 
-def _sac_groups(c: Call, vhost: str) -> tuple[Any, set[str]]:
-    """The node's stream hub and the names of the connections whose groups the caller may see
-    (every one for monitors), after checking that `vhost` exists and the caller may read it."""
+async def _sac_groups(c: Call, vhost: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """The single-active-consumer groups of `vhost` (every worker's: a group lives with its stream's writer)
+    with their members, and the names of the connections whose groups the caller may see (every one for
+    monitors), after checking that `vhost` exists and the caller may read it."""
     vhost_for_read(c.node, c.principal, vhost)
-    return c.node.streams, {conn.name for conn in _stream_connections(c, vhost)}
+    visible = {conn["name"] for conn in await _stream_connections(c, vhost)}
+    return await c.agent.stream_groups(vhost), visible
 
 
 @route("GET", "/api/stream/consumer-groups/{vhost}", "Single-active-consumer groups of a virtual host: stream, "
        "reference, partition_index, consumers (hutch-streams list_stream_consumer_groups; hutch)", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_consumer_groups(c: Call) -> Any:
-    vhost = c.params["vhost"]
-    hub, visible = _sac_groups(c, vhost)
-    rows = [] if hub is None else [
-        row for row in hub.sac.group_rows(vhost)
-        if c.principal.is_monitor or any(m["connection_name"] in visible for m in
-                                         hub.sac.member_rows((vhost, row["stream"], row["reference"])) or [])]
+async def _list_consumer_groups(c: Call) -> Any:
+    groups, visible = await _sac_groups(c, c.params["vhost"])
+    rows = [{k: v for k, v in group.items() if k != "members"} for group in groups
+            if c.principal.is_monitor or any(m["connection_name"] in visible for m in group["members"])]
     return listing.list_reply(rows, c.query, ("stream", "reference"))
 
 
 @route("GET", "/api/stream/consumer-groups/{vhost}/{stream}/{reference}", "The members of one single-active-"
        "consumer group: subscription_id, connection_name, state (hutch-streams list_stream_group_consumers; "
        "hutch)", tag=TAG, reply="Any[]", listing=True, codes=(404,))
-def _list_group_consumers(c: Call) -> Any:
-    vhost = c.params["vhost"]
-    hub, visible = _sac_groups(c, vhost)
-    rows = None if hub is None else hub.sac.member_rows((vhost, c.params["stream"], c.params["reference"]))
-    if rows is None:
+async def _list_group_consumers(c: Call) -> Any:
+    groups, visible = await _sac_groups(c, c.params["vhost"])
+    found = [g for g in groups if g["stream"] == c.params["stream"] and g["reference"] == c.params["reference"]]
+    if not found:
         raise not_found()
+    rows = found[0]["members"]
     if not c.principal.is_monitor:
         rows = [row for row in rows if row["connection_name"] in visible]
     return listing.list_reply(rows, c.query, ())  # arrival order: who is next in line

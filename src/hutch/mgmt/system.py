@@ -35,7 +35,7 @@ from hutch.cluster import messages as cm
 from hutch.core.counters import ZERO_CHANNEL, add, msg_stats, values_of
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
-from hutch.runtime import listen
+from hutch.runtime import listen, procinfo
 from hutch.runtime.workers.membership import nodes_of
 from hutch.runtime.workers.spec import node_of_worker, worker_name
 
@@ -221,13 +221,14 @@ def node_info(node: Node, now_ms: float, figures: Mapping[str, int], stats: Stat
     cfg = node.config
     disk_free = _disk_free(node)
     fd_total = _limit(resource.RLIMIT_NOFILE, 1 << 20)
+    pid, started = procinfo.node_process(cfg.worker_index, node.started_at)
     out: dict[str, Any] = {
         "name": node.public_name,
         "type": "disc",
         "running": True,
         "being_drained": False,
-        "uptime": int(now_ms - node.started_at * 1000),
-        "os_pid": str(os.getpid()),
+        "uptime": int(now_ms - started * 1000),
+        "os_pid": str(pid),
         "processors": os.cpu_count() or 1,
         "run_queue": 0,
         "rates_mode": "basic",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, unquote_plus
 
 from hutch.amqp.errors import AMQPError
-from hutch.core.routing import arguments_hash, exchange_dest, queue_dest
+from hutch.core.routing import DELAYED_MESSAGE, arguments_hash, exchange_dest, queue_dest
 
 from . import formats, listing
 from .access import Principal, require_amqp, vhost_for_read, vhost_for_write, visible_vhosts
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from hutch.core.routing import Exchange
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.broker.node import Node
-    from hutch.runtime.ports import ManagementAgentPort
+    from hutch.runtime.ports import DelayedPort, ManagementAgentPort
 
     from .listing import Query
     from .stats import StatsView
@@ -183,9 +183,24 @@ async def purge_queue(agent: ManagementAgentPort, node: Node, p: Principal, vhos
 # -- exchanges --------------------------------------------------------------------------------------
 
 
-def list_exchanges(node: Node, p: Principal, vhost: str | None = None,
-                   stats: StatsView | None = None) -> list[dict[str, Any]]:
-    return [formats.exchange_json(x, stats, node.delayed) for v in _vhosts(node, p, vhost) for x in v.exchanges.values()]
+class HeldCounts:
+    """The x-delayed-message exchanges' `messages_delayed`: what the management agent gathered (a node of
+    workers: what each worker holds itself, summed) plus what the exchange's replica holds, once."""
+
+    def __init__(self, rows: list[list[Any]], delayed: DelayedPort | None) -> None:
+        self._held = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        self._delayed = delayed
+
+    def count(self, vhost: str, exchange: str) -> int:
+        replica = self._delayed.in_replica(vhost, exchange) if self._delayed is not None else 0
+        return self._held.get((vhost, exchange), 0) + replica
+
+
+async def delayed_held(agent: ManagementAgentPort, node: Node, exchanges: Iterable[Exchange]) -> HeldCounts | None:
+    """The held counts, asked of the agent only when one of `exchanges` is an x-delayed-message exchange."""
+    if not any(x.type == DELAYED_MESSAGE for x in exchanges):
+        return None
+    return HeldCounts(await agent.delayed_counts(), node.delayed)
 
 
 def _exchange(node: Node, p: Principal, vhost: str, url_name: str) -> Exchange:
@@ -195,9 +210,10 @@ def _exchange(node: Node, p: Principal, vhost: str, url_name: str) -> Exchange:
     return x
 
 
-def get_exchange(node: Node, p: Principal, vhost: str, url_name: str, stats: StatsView | None = None
-                 ) -> dict[str, Any]:
-    return formats.exchange_json(_exchange(node, p, vhost, url_name), stats, node.delayed)
+async def get_exchange(agent: ManagementAgentPort, node: Node, p: Principal, vhost: str, url_name: str,
+                       stats: StatsView | None = None) -> dict[str, Any]:
+    x = _exchange(node, p, vhost, url_name)
+    return formats.exchange_json(x, stats, await delayed_held(agent, node, (x,)))
 
 
 def put_exchange(node: Node, p: Principal, vhost: str, url_name: str, body: Any) -> bool:
@@ -388,10 +404,10 @@ __all__ = [
     "get_binding",
     "delete_queue",
     "exchange_name",
+    "delayed_held",
     "get_exchange",
     "get_queue",
     "list_bindings",
-    "list_exchanges",
     "purge_queue",
     "put_exchange",
     "put_queue",

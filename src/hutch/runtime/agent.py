@@ -35,6 +35,7 @@ from hutch.core.counters import (
     queue_values,
 )
 from hutch.core.plain import jsonable
+from hutch.core.routing import DELAYED_MESSAGE
 
 from . import procinfo
 from .queue_types.remote import RemoteQueue
@@ -290,10 +291,20 @@ class LocalAgent:
             connections.append([conn.name, conn.recv_oct, conn.send_oct, len(chans)])
             channels.extend([channel_name(ch), ch.vhost.name if ch.vhost is not None else "",
                              list(channel_metric_values(ch))] for ch in chans)
-        hub = node.streams
         return {"connections": connections, "channels": channels, "closed": dict(node.closed_channel_stats),
-                "churn": dict(node.churn), "streams": self._stream_rows(),
-                "stream_errored": hub.counters.messages_errored if hub is not None else 0}
+                "churn": dict(node.churn), "streams": self._stream_rows(), "stream_protocol": self._stream_protocol()}
+
+    def _stream_protocol(self) -> list[int]:
+        """The stream protocol's counters of this process (ports.py's `STREAM_PROTOCOL_FIELDS`), [] when
+        it has no stream listener."""
+        hub = self.node.streams
+        if hub is None:
+            return []
+        n = hub.counters
+        conns = list(hub.connections)
+        return [n.messages_received, n.messages_confirmed, n.messages_errored, n.messages_delivered,
+                sum(len(conn.publishing.publishers) for conn in conns),
+                sum(len(conn.consuming.subscriptions) for conn in conns)]
 
     def _stream_rows(self) -> list[list[Any]]:
         """[vhost, name, segment files, consumer offset lag] of every stream this process holds; the lag
@@ -320,6 +331,14 @@ class LocalAgent:
     def _queue(self, vhost: str, name: str) -> Queue | None:
         v = self.node.vhosts.get(vhost)
         return v.queues.get(name) if v is not None else None
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        delayed = self.node.delayed
+        if delayed is None:
+            return []
+        held = ([v.name, x.name, delayed.held_here(v.name, x.name)] for v in self.node.vhosts.values()
+                for x in v.exchanges.values() if x.type == DELAYED_MESSAGE)
+        return [row for row in held if row[2]]
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         q = self._queue(vhost, name)
@@ -353,6 +372,34 @@ class LocalAgent:
         for conn in conns:
             conn.close_with_error(ConnectionError_(CONNECTION_FORCED, reason))
         return len(conns)
+
+    # -- the stream protocol's connections and groups (runtime/stream_session/) ----------------------
+    def _stream_connections(self) -> list[Any]:
+        hub = self.node.streams
+        return [] if hub is None else [c for c in list(hub.connections) if c.phase.name == "OPENED"]
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        out = []
+        for conn in self._stream_connections():
+            transport = conn.transport
+            tls = transport.get_extra_info("ssl_object") if transport is not None else None
+            out.append({**conn.info(), "tls": [tls.version(), (tls.cipher() or ("",))[0]] if tls is not None else None,
+                        "publisher_rows": conn.publishing.info(), "consumer_rows": conn.consuming.info()})
+        return out
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        hub = self.node.streams
+        if hub is None:
+            return []
+        return [{**row, "members": hub.sac.member_rows((vhost, row["stream"], row["reference"])) or []}
+                for row in hub.sac.group_rows(vhost)]
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        for conn in self._stream_connections():
+            if conn.name == name and conn.vhost.name == vhost:
+                conn.drop(reason)  # the socket, no Close: as RabbitMQ
+                return True
+        return False
 
 
 __all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json", "queue_json",

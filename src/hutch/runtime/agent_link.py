@@ -15,8 +15,9 @@ Rules:
 - A request naming a method not in `METHODS`, or with arguments of the wrong shape, is refused with
   `MalformedMessage` (the transport's error reply); nothing else of the agent can be reached.
 - Queues: every worker holds every queue (its own, and stand-ins for the others' whose figures their
-  homes push every second), so queue listings, purges and deletes are worker 0's (a queue is listed
-  once, also while its home worker restarts, shown `down`); a queue's details (GET /api/queues/{vhost}/
+  homes push every second), so queue listings and deletes are worker 0's (a queue is listed once, also
+  while its home worker restarts, shown `down`); a purge is gathered (the home purges and answers the
+  count, a stand-in answers 0 and touches nothing); a queue's details (GET /api/queues/{vhost}/
   {name}, a listing's page) are its home's answer, so they are its figures now; everything else (connections,
   channels, consumers, counts, the statistics samples but their queue rows, closing connections) is
   gathered from every worker.
@@ -84,10 +85,14 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "samples": (),
     "metric_samples": (),
     "process_figures": (),
+    "delayed_counts": (),
     "purge_queue": (_text, _text),
     "delete_queue": (_text, _text, _flag, _flag),
     "close_connection": (_text, _text),
     "close_user_connections": (_text, _text),
+    "stream_connections": (),
+    "stream_groups": (_text,),
+    "close_stream_connection": (_text, _text, _text),
 }
 """The agent methods a peer may call, with a check of each positional argument (plain msgpack values)."""
 
@@ -123,7 +128,7 @@ def empty_samples() -> dict[str, Any]:
 
 def empty_metric_samples() -> dict[str, Any]:
     """The Prometheus samples of an agent holding nothing."""
-    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_errored": 0}
+    return {"connections": [], "channels": [], "closed": {}, "churn": {}, "streams": [], "stream_protocol": []}
 
 
 class RemoteAgent:
@@ -193,6 +198,10 @@ class RemoteAgent:
         answer: dict[str, int] = await self._ask("process_figures", [], {})
         return answer
 
+    async def delayed_counts(self) -> list[list[Any]]:
+        answer: list[list[Any]] = await self._ask("delayed_counts", [], [])
+        return answer
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         answer: int | None = await self._ask("purge_queue", [vhost, name], None)
         return answer
@@ -207,6 +216,18 @@ class RemoteAgent:
 
     async def close_user_connections(self, user: str, reason: str) -> int:
         answer: int = await self._ask("close_user_connections", [user, reason], 0)
+        return answer
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_connections", [], [])
+        return answer
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        answer: list[dict[str, Any]] = await self._ask("stream_groups", [vhost], [])
+        return answer
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        answer: bool = await self._ask("close_stream_connection", [vhost, name, reason], False)
         return answer
 
 

@@ -25,6 +25,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -59,6 +60,7 @@ from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
 from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
+from hutch.runtime.workers.handover import Locality
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import node_of_worker, worker_name
 from hutch.storage.dirlock import DataDirLock
@@ -109,8 +111,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     node.cluster = cluster
     remote = RemoteQueueType(node, link)
     streams = next(t for t in node.queue_types if isinstance(t, StreamQueueType))
-    if node.config.worker_index is None:  # (workers of one node do not replicate streams among themselves)
-        _replicate_streams(node, cluster, streams)
+    _replicate_streams(node, cluster, streams)  # (a node of workers: every worker a member, docs/scaling.md)
     # a stream's record goes to the stream type first (a member of a replicated stream opens it), then to
     # the stand-ins of other nodes' queues, then to classic, which takes any other record
     node.queue_types = [QuorumQueueType(node, cluster, quorum), streams, remote,
@@ -150,6 +151,7 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
             return None
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
+    replication.unreplicated = streams.unreplicated
     streams.cluster, streams.replication = cluster, replication
 
 
@@ -165,11 +167,12 @@ def _worker_agents(node: Node, cluster: ClusterService) -> None:
         node.agent = node_agent(name, own, cluster, peers)
 
 
-async def start_listener(node: Node) -> asyncio.base_events.Server:
-    """The AMQP listener; `node.amqp_port` is the port it got (config port 0: any free port)."""
+async def start_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server:
+    """The AMQP listener; `node.amqp_port` is the port it got (config port 0: any free port). `handover`:
+    a worker's connection locality (its connections may move to the worker of the queue they use)."""
     loop = asyncio.get_running_loop()
     cfg = node.config
-    server = await listen.create_server(loop, lambda: AMQPProtocol(node), cfg.amqp_host, cfg.amqp_port,
+    server = await listen.create_server(loop, lambda: AMQPProtocol(node, handover), cfg.amqp_host, cfg.amqp_port,
                                         backlog=1024, reuse_address=True, **_shared_port(cfg))
     node.server = server
     node.amqp_port = node.listener_ports["amqp"] = server.sockets[0].getsockname()[1]
@@ -178,18 +181,19 @@ async def start_listener(node: Node) -> asyncio.base_events.Server:
 
 
 def _shared_port(cfg: Config) -> dict[str, bool]:
-    """A worker's AMQP listeners share the node's port with the other workers (the kernel spreads the
-    connections over them); a lone node's do not."""
+    """A worker's AMQP and stream protocol listeners share the node's ports with the other workers (the
+    kernel spreads the connections over them); a lone node's do not."""
     return {"reuse_port": True} if cfg.worker_index is not None else {}
 
 
-async def start_own_listener(node: Node) -> asyncio.base_events.Server | None:
+async def start_own_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
     """`workers.own_ports`: a worker's AMQP listener of its own (port 0; `amqp_w<N>` in the ports file),
     so that a client (a test, an operator) can pick the worker it talks to."""
     cfg = node.config
     if cfg.worker_index is None or not cfg.worker_own_ports:
         return None
-    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node), cfg.amqp_host, 0,
+    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node, handover),
+                                        cfg.amqp_host, 0,
                                         backlog=1024, reuse_address=True)
     node.listener_ports[f"amqp_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
     return server
@@ -233,7 +237,8 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     cfg = node.config
     if cfg.stream_port is None and cfg.stream_tls_port is None:
         return None
-    hub = StreamHub(node, QueueCatalog(node))
+    replication = next((t.replication for t in node.queue_types if isinstance(t, StreamQueueType)), None)
+    hub = StreamHub(node, QueueCatalog(node, replication))  # (a clustered node: streams of other nodes too)
     node.streams = hub  # what management lists (mgmt/stream_routes.py)
     if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
         hub.sac_router.start(node.cluster)
@@ -252,16 +257,22 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     try:
         if cfg.stream_port is not None:
             server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host,
-                                                cfg.stream_port, backlog=1024, reuse_address=True)
+                                                cfg.stream_port, backlog=1024, reuse_address=True,
+                                                **_shared_port(cfg))
             servers.append(server)
             hub.port = node.listener_ports["stream"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol listener started on %s:%d", listen.display_host(cfg.stream_host), hub.port)
+            if cfg.worker_index is not None and cfg.worker_own_ports:  # as start_own_listener for AMQP
+                server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host, 0,
+                                                    backlog=1024, reuse_address=True)
+                servers.append(server)
+                hub.own_port = node.listener_ports[f"stream_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
         if cfg.stream_tls_port is not None:
             ctx = node.tls.server_context("ssl_options")
             assert ctx is not None  # the config requires ssl_options.certfile with stream.listeners.ssl.default
             server = await listen.create_server(
                 loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
-                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True)
+                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True, **_shared_port(cfg))
             servers.append(server)
             hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol over TLS listener started on %s:%d",
@@ -334,6 +345,22 @@ async def serve(config: Config, services: Sequence[Service] = (),
             lock.release()
 
 
+def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | None) -> Locality | None:
+    """A worker's connection locality (`workers.locality`, runtime/workers/handover.py): its AMQP
+    connections (not TLS) move to the worker of the queue they first use, and it adopts those others
+    hand to it."""
+    cfg = node.config
+    if worker is None or cluster is None or cfg.worker_index is None or not cfg.worker_locality:
+        return None
+    loop = asyncio.get_running_loop()
+    transport = cluster.transport
+
+    async def adopt(sock: socket.socket, state: bytes) -> None:
+        await loop.connect_accepted_socket(lambda: AMQPProtocol(node, locality, adopted=state), sock=sock)
+    locality = Locality(worker, node.name, cfg.worker_index, transport.connected, adopt)
+    return locality
+
+
 async def _serve_locked(config: Config, services: Sequence[Service],
                         prepare: Callable[[Node], str | None] | None, worker: WorkerLink | None) -> int:
     # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
@@ -370,6 +397,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         if worker is not None:  # memory and disk alarms are node-wide: reported to, and told by, the supervisor
             node.alarm_hooks.append(worker.report_alarms)
             worker.on_node_alarms(node.set_worker_alarms)
+        locality = _locality(node, cluster, worker)
         if cluster is None:
             node.recover_messages()
     except (StorageError, ValueError, OSError) as exc:
@@ -399,7 +427,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             print(f"hutch-server: {problem}", file=sys.stderr)
             return 1
     try:
-        server = await start_listener(node)
+        server = await start_listener(node, locality)
     except OSError as exc:
         print(f"hutch-server: cannot listen for AMQP on port {config.amqp_port}: {_listen_error(exc)}",
               file=sys.stderr)
@@ -412,7 +440,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         await stop_node(node, server)
         return 1
     try:
-        own_server = await start_own_listener(node)
+        own_server = await start_own_listener(node, locality)
     except OSError as exc:
         print(f"hutch-server: cannot listen for AMQP on a worker's own port: {_listen_error(exc)}", file=sys.stderr)
         await stop_node(node, server)

@@ -80,13 +80,21 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def merge_metric_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The Prometheus samples of several agents as one node's: lists concatenated (a stream is held by one
-    worker), the closed channels' totals and the churn summed by name, the streams' publish errors summed."""
+    """The Prometheus samples of several agents as one node's: lists concatenated, the closed channels'
+    totals and the churn summed by name, a stream held by several (its members: every worker of a node of
+    workers) once, with the most segment files and the greatest lag any of them has, and the stream
+    protocol's counters summed (an agent without a stream listener answers none)."""
+    streams: dict[tuple[str, str], list[Any]] = {}
+    for a in answers:
+        for vhost, name, segments, lag in a["streams"]:
+            row = streams.setdefault((vhost, name), [vhost, name, segments, lag])
+            row[2], row[3] = max(row[2], segments), max(row[3], lag)
+    counted = [a["stream_protocol"] for a in answers if a["stream_protocol"]]
     return {"connections": [row for a in answers for row in a["connections"]],
             "channels": [row for a in answers for row in a["channels"]],
             "closed": merge_counts(a["closed"] for a in answers), "churn": merge_counts(a["churn"] for a in answers),
-            "streams": [row for a in answers for row in a["streams"]],
-            "stream_errored": sum(a["stream_errored"] for a in answers)}
+            "streams": list(streams.values()),
+            "stream_protocol": [sum(column) for column in zip(*counted, strict=True)] if counted else []}
 
 
 class GatheringAgent:
@@ -142,6 +150,13 @@ class GatheringAgent:
     async def process_figures(self) -> dict[str, int]:
         return merge_counts(await asyncio.gather(*(a.process_figures() for a in self.agents)))
 
+    async def delayed_counts(self) -> list[list[Any]]:
+        total: dict[tuple[str, str], int] = {}
+        for answer in await asyncio.gather(*(a.delayed_counts() for a in self.agents)):
+            for vhost, exchange, n in answer:
+                total[vhost, exchange] = total.get((vhost, exchange), 0) + n
+        return [[vhost, exchange, n] for (vhost, exchange), n in total.items()]
+
     async def purge_queue(self, vhost: str, name: str) -> int | None:
         found = [n for n in await asyncio.gather(*(a.purge_queue(vhost, name) for a in self.agents)) if n is not None]
         return sum(found) if found else None
@@ -157,6 +172,18 @@ class GatheringAgent:
 
     async def close_user_connections(self, user: str, reason: str) -> int:
         return sum(await asyncio.gather(*(a.close_user_connections(user, reason) for a in self.agents)))
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        answers = await asyncio.gather(*(a.stream_connections() for a in self.agents))
+        return merge_lists(answers, self._names(), self._name)
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        # a group lives on one worker (its stream's writer, stream_session/sac_router.py): listed once
+        answers = await asyncio.gather(*(a.stream_groups(vhost) for a in self.agents))
+        return sorted((row for answer in answers for row in answer), key=lambda row: (row["stream"], row["reference"]))
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        return any(await asyncio.gather(*(a.close_stream_connection(vhost, name, reason) for a in self.agents)))
 
 
 __all__ = ["GatheringAgent", "in_order", "merge_counts", "merge_lists", "merge_metric_samples", "merge_samples",

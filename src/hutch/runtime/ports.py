@@ -240,6 +240,10 @@ class DelayedPort(Protocol):
 
     def count(self, vhost: str, exchange: str) -> int: ...
 
+    def held_here(self, vhost: str, exchange: str) -> int: ...
+
+    def in_replica(self, vhost: str, exchange: str) -> int: ...
+
     def exchange_declared(self, vhost: VirtualHost, x: Exchange) -> None: ...
 
     def exchange_deleted(self, vhost: str, exchange: str) -> None: ...
@@ -320,6 +324,10 @@ class BrokerPort(Protocol):
         ...
 
 
+STREAM_PROTOCOL_FIELDS = ("messages_received", "messages_confirmed", "messages_errored", "messages_delivered",
+                          "publishers", "consumers")  # the stream protocol's counters in `metric_samples`
+
+
 class ManagementAgentPort(Protocol):
     """What the management API and hutchctl ask of a node: RabbitMQ's management agent.
 
@@ -384,14 +392,39 @@ class ManagementAgentPort(Protocol):
         `connections` [name, recv_oct, send_oct, channels]; `channels` [name, vhost ("" before
         connection.open), [core/counters.py's CHANNEL_METRIC_FIELDS]]; `closed` the closed channels'
         `stat_*` totals by attribute name; `churn` the churn counters by name; `streams` [vhost, name,
-        segment files, consumer offset lag] per stream held; `stream_errored` the stream protocol's
-        publish errors."""
+        segment files, consumer offset lag] per stream held; `stream_protocol` the stream protocol's
+        counters in `STREAM_PROTOCOL_FIELDS` order ([] without a stream listener)."""
+        ...
+
+    async def stream_connections(self) -> list[dict[str, Any]]:
+        """The opened stream-protocol connections (runtime/stream_session/), as plain values: each
+        connection's `info()` fields (name, vhost, user, node, host, port, peer_host, peer_port, ssl,
+        frame_max, heartbeat, auth_mechanism, connected_at, client_properties, state, publishers,
+        subscriptions), `tls` [protocol version, cipher] or None, `publisher_rows` and `consumer_rows`
+        (its publishers' and subscriptions' management rows)."""
+        ...
+
+    async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
+        """The single-active-consumer groups of `vhost` that live here (each on its stream's writer):
+        stream, reference, partition_index, consumers, and `members` in arrival order."""
+        ...
+
+    async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
+        """Close the stream-protocol connection `name` of `vhost` (the socket, as RabbitMQ); False if
+        there is none."""
         ...
 
     async def process_figures(self) -> dict[str, int]:
         """The figures of the processes answering (runtime/procinfo.py's `PROCESS_FIGURES`: resident
         memory, descriptors, AMQP sockets, threads, fsyncs and synced batches), summed over a node's workers:
         GET /api/nodes' `mem_used`, `fd_used`, ... of a node of workers are the node's, not one worker's."""
+        ...
+
+    async def delayed_counts(self) -> list[list[Any]]:
+        """[vhost, exchange, messages held] for every x-delayed-message exchange with messages this process
+        holds itself (`DelayedPort.held_here`: held in the worker that took the publish), so a node of
+        workers sums its workers'; the messages in an exchange's replica (a quorum queue, the same on every
+        member) are not in it: the management layer adds them once."""
         ...
 
     async def purge_queue(self, vhost: str, name: str) -> int | None:

@@ -40,4 +40,27 @@ def threads() -> int:
     return threading.active_count()
 
 
-__all__ = ["PROCESS_FIGURES", "fd_used", "rss_bytes", "threads"]
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, in wall-clock seconds (Linux: /proc/PID/stat's start time in clock
+    ticks after boot, plus /proc/stat's boot time); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22; the name in (...) may hold spaces
+        with open("/proc/stat", encoding="ascii", errors="replace") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def node_process(worker_index: int | None, own_started_at: float) -> tuple[int, float]:
+    """The node's process id and start time, as GET /api/nodes shows them (`os_pid`, `uptime`): a
+    one-process node's own; in a worker, the supervisor's (the node outlives a restarted worker)."""
+    if worker_index is None:
+        return os.getpid(), own_started_at
+    parent = os.getppid()
+    started = started_at(parent)
+    return parent, min(started, own_started_at) if started is not None else own_started_at
+
+
+__all__ = ["PROCESS_FIGURES", "fd_used", "node_process", "rss_bytes", "started_at", "threads"]

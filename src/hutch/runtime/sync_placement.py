@@ -7,8 +7,8 @@ raft_driver.py), and the measure it is taken from (how long the last sync took).
 Rules:
 - A sync runs on the loop thread while the loop has time (`has_time`: the runtime's judgement, the
   node's loop load not saturated) **and** the last sync took under the driver's `inline_max_s` (a fast
-  disk; `INLINE_SYNC_MAX_S` unless the driver says otherwise: a stream's log allows more,
-  runtime/queue_types/stream/handle.py says why).
+  disk; `INLINE_SYNC_MAX_S` unless the driver says otherwise). A stream's log does not use this rule:
+  its syncs run on a writer thread of its own (runtime/queue_types/stream/writer.py says why).
   Otherwise it runs in the default executor, so a saturated loop keeps working while the disk syncs and
   a slow disk never stalls every connection of the node.
 - Why: handing a job to a thread and back costs two thread wake-ups; on the machines measured

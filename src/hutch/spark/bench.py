@@ -39,6 +39,7 @@ from typing import Any
 from hutch.amqp.spec import BasicProperties
 from hutch.portfile import NodeDidNotStart, wait_for_ports
 
+from . import records
 from .client import AmqpClient, Delivery
 from .options import parse_uri
 
@@ -287,7 +288,7 @@ def main() -> None:
               f"maxMessagesPerTrigger={args.per_trigger}, best of {args.repeat}"
               + (f", {' '.join(args.conf)}" if args.conf else ""))
         print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-              f"PySpark {spark.version}; load average {_load()} at the start")
+              f"PySpark {spark.version}; load average {_load()} at the start; {records.describe()}")
         print(f"arrow conversion (deliveries -> record batch): {arrow_rate(min(n, 100_000), size):,.0f} msg/s")
 
         def declare_and_prefill() -> float:

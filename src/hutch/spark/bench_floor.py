@@ -7,7 +7,8 @@ process from stored records of the benchmark's shape. It costs what any Python d
 (Python workers, Arrow IPC to the JVM, Arrow -> rows) and nothing of the connector's (no broker, no
 socket, no decoding per row), so `bench.py --streams` can split the connector's share of a pipeline
 into what the Python Data Source API costs (this source beside Spark's built-in rate source) and what
-the connector adds on top (the stream source beside this one). Nothing here is used by the connector.
+the connector adds on top (the stream source beside this one). Its writer (`FloorWriter`) is the same for
+a write: tasks that take their Arrow batches and drop them. Nothing here is used by the connector.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
@@ -26,7 +34,7 @@ from hutch.queues.stream.amqp10 import from_091
 
 from .records import stream_records_batch
 from .schema import STREAM_SCHEMA
-from .stream_source import split_range
+from .stream_source import SupportsTriggerAvailableNow, split_range
 
 BATCH_ROWS = 10_000
 
@@ -43,7 +51,11 @@ class _Range(InputPartition):
         self.start, self.end = start, end
 
 
-class FloorStreamReader(DataSourceStreamReader):
+class FloorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Planned like the stream source, Trigger.AvailableNow included: without `SupportsTriggerAvailableNow`
+    Spark runs an AvailableNow query of a Python source as one micro-batch of everything, ignoring
+    `maxOffsetsPerTrigger` - one batch where the stream source runs ten, which is no floor for it."""
+
     def __init__(self, rows: int, size: int, per_trigger: int, tasks: int) -> None:
         self.rows, self.size, self.per_trigger, self.tasks = rows, size, per_trigger, tasks
 
@@ -72,12 +84,25 @@ class FloorStreamReader(DataSourceStreamReader):
             yield batch.slice(0, take)
             left -= take
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass  # the end is fixed (`rows`)
+
     def commit(self, end: dict[str, Any]) -> None:
         pass
 
 
+class FloorWriter(DataSourceArrowWriter):
+    """A write's floor: each task takes its Arrow batches (as the stream sink takes them) and drops them."""
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return WriterCommitMessage()
+
+
 class FloorDataSource(DataSource):
-    """Options: rows, size (body bytes), perTrigger, tasks."""
+    """Options: rows, size (body bytes), perTrigger, tasks (reads); none (writes: `FloorWriter`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -90,5 +115,8 @@ class FloorDataSource(DataSource):
         o = self.options
         return FloorStreamReader(int(o["rows"]), int(o["size"]), int(o.get("perTrigger", 0)), int(o.get("tasks", 1)))
 
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return FloorWriter()
 
-__all__ = ["FloorDataSource", "FloorStreamReader"]
+
+__all__ = ["FloorDataSource", "FloorStreamReader", "FloorWriter"]

@@ -6,7 +6,9 @@ Owns: the measurements docs/BENCHMARKS.md records for streams, each the best of 
 - Spark's own cost of the same pipeline: the in-memory `rate-micro-batch` source shaped into the stream
   read's schema (same columns, same body size, same rows per batch and partitions) into the same sink;
 - the floor of a Python data source (`floor_rate`, bench_floor.py: ready-made Arrow batches, no broker);
-- DataFrame -> stream and DataFrame -> super stream (4 partitions), idempotent stream sink;
+- DataFrame -> stream and DataFrame -> super stream (4 partitions), idempotent stream sink, beside the
+  same rows into Spark's `noop` sink (Spark alone) and into a Python sink that drops them (the floor of a
+  Python data source write);
 and `pipeline_rate`, the rate over the time Spark spent in triggers (`triggerExecution`), so that start-up
 is left out of every figure alike and the connector's share is (1/connector - 1/rate source) / (1/connector).
 """
@@ -46,9 +48,9 @@ def create_super_stream(stream_uri: Any, name: str, partitions: int) -> None:
         client.close()
 
 
-def write_stream_rate(spark: Any, uri: str, stream_port: int, target: str, n: int, size: int,
-                      super_stream: bool) -> float:
-    """DataFrame -> stream (or super stream): n rows in 2 Spark partitions, timed end to end."""
+def _timed_write(spark: Any, n: int, size: int, save: Callable[[Any], None]) -> float:
+    """Rows per second of `save(df)` over n cached (key, value) rows in 2 Spark partitions, timed end
+    to end (the caching left out)."""
     from pyspark.sql import functions as F
 
     df = spark.range(0, n, numPartitions=2).select(
@@ -56,11 +58,33 @@ def write_stream_rate(spark: Any, uri: str, stream_port: int, target: str, n: in
         F.rpad(F.col("id").cast("string"), size, "x").alias("value")).cache()
     df.count()
     t = time.perf_counter()
-    (df.write.format("hutch").mode("append").option("uri", uri).option("streamPort", str(stream_port))
-     .option("superStream" if super_stream else "stream", target).save())
+    save(df)
     took = time.perf_counter() - t
     df.unpersist()
     return n / took
+
+
+def write_stream_rate(spark: Any, uri: str, stream_port: int, target: str, n: int, size: int,
+                      super_stream: bool) -> float:
+    """DataFrame -> stream (or super stream)."""
+    return _timed_write(spark, n, size, lambda df: df.write.format("hutch").mode("append").option("uri", uri)
+                        .option("streamPort", str(stream_port))
+                        .option("superStream" if super_stream else "stream", target).save())
+
+
+def noop_write_rate(spark: Any, n: int, size: int) -> float:
+    """Spark alone for the write: the same rows into Spark's `noop` sink (which runs the job and drops
+    the rows): what any sink costs before it does anything."""
+    return _timed_write(spark, n, size, lambda df: df.write.format("noop").mode("overwrite").save())
+
+
+def python_noop_write_rate(spark: Any, n: int, size: int) -> float:
+    """The floor of a Python data source write: the same rows into a Python sink whose tasks drop their
+    Arrow batches (bench_floor.py's `hutch-floor` writer)."""
+    from .bench_floor import FloorDataSource
+
+    spark.dataSource.register(FloorDataSource)
+    return _timed_write(spark, n, size, lambda df: df.write.format("hutch-floor").mode("append").save())
 
 
 def _sink(df: Any, sink: str, work: Path) -> Any:
@@ -157,11 +181,16 @@ def run(spark: Any, uri: str, stream_port: int, stream_uri: Any, n: int, size: i
     with AmqpClient(parse_uri(uri)).connect() as c:
         c.declare_queue(one, arguments={"x-queue-type": "stream"})
     wr = best(lambda: write_stream_rate(spark, uri, stream_port, one, n, size, False))
-    print(f"DataFrame -> stream (2 Spark partitions, idempotent, confirmed): {wr:,.0f} msg/s")
+    noop = best(lambda: noop_write_rate(spark, n, size))
+    floor = best(lambda: python_noop_write_rate(spark, n, size))
+    print(f"DataFrame -> stream (2 Spark partitions, idempotent, confirmed): {wr:,.0f} msg/s; Spark alone (noop "
+          f"sink): {noop:,.0f} msg/s; Python sink floor: {floor:,.0f} msg/s; connector's share "
+          f"{connector_share(wr, noop):.0%} (beyond the Python floor: {connector_share(wr, floor):.0%})")
     name4 = f"bench-w4-{time.monotonic_ns()}"
     create_super_stream(stream_uri, name4, 4)
     wr4 = best(lambda: write_stream_rate(spark, uri, stream_port, name4, n, size, True))
-    print(f"DataFrame -> super stream of 4 (routed by key): {wr4:,.0f} msg/s")
+    print(f"DataFrame -> super stream of 4 (routed by key): {wr4:,.0f} msg/s; connector's share "
+          f"{connector_share(wr4, noop):.0%} (beyond the Python floor: {connector_share(wr4, floor):.0%})")
 
 
 __all__ = ["connector_share", "floor_rate", "pipeline_rate", "rate_source_rate", "run", "super_stream_read_rate"]

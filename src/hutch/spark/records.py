@@ -21,12 +21,14 @@ input, and at worst becomes a raw row).
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.spec import BasicProperties
 from hutch.queues.stream.amqp10 import _str as _text  # the broker's rule for a properties field as text
 from hutch.queues.stream.amqp10 import decode_value, to_091
+from hutch.queues.stream.chunk import record_list
 
 from .schema import NO_PROPS_ROW, arrow_stream_schema, header_text, struct_column
 
@@ -42,6 +44,17 @@ _SIZED = {0xa0: 1, 0xa1: 1, 0xa3: 1, 0xc0: 1, 0xc1: 1, 0xb0: 4, 0xb1: 4, 0xb3: 4
 _FIXED = {0x40: 0, 0x45: 0}
 
 Row = tuple[str | None, bytes, str | None, int | None, Any, tuple[Any, ...]]
+Base = tuple[str, str, Any, BasicProperties]  # (routing key, exchange, headers column value, properties)
+INT64_MAX = (1 << 63) - 1
+_MICROS_MAX_S = INT64_MAX // 1_000_000  # the latest timestamp (in seconds) a timestamp[us] column holds
+
+
+def micros(seconds: int) -> int:
+    """A timestamp property (whole seconds) in the µs of the `timestamp` columns; ValueError past what they
+    hold (a publisher's creation time of ±292,000 years)."""
+    if not -_MICROS_MAX_S <= seconds <= _MICROS_MAX_S:
+        raise ValueError(f"a message's timestamp of {seconds} s is out of range")
+    return seconds * 1_000_000
 
 
 def split(record: bytes) -> tuple[dict[int, bytes], bytes] | None:
@@ -91,7 +104,7 @@ class RecordDecoder:
     def __init__(self, include_headers: bool) -> None:
         self.include_headers = include_headers
         # (header, annotations, application properties) bytes -> (key, exchange, headers, props)
-        self._base: dict[bytes, tuple[str, str, Any, BasicProperties]] = {}
+        self._base: dict[bytes, Base] = {}
         # properties section bytes -> (content_type, content_encoding, correlation_id, reply_to, message_id,
         # timestamp s, user_id, app_id)
         self._props: dict[bytes, tuple[Any, ...]] = {}
@@ -103,26 +116,14 @@ class RecordDecoder:
             return self._slow(record)
         sections, body = parts
         annotations = sections.get(MESSAGE_ANNOTATIONS)
-        route = self._routes.get(annotations) if annotations is not None else None
-        if route is None:
-            route = _route(annotations)
-            if route is not None and annotations is not None:
-                if len(self._routes) >= CACHE_MAX:
-                    self._routes.clear()
-                self._routes[annotations] = route
+        route = self.route(annotations)
         if route is not None:  # annotations say where it was published and nothing else: not in the key
-            base_key = sections.get(HEADER, b"") + b"\x01" + sections.get(APPLICATION_PROPERTIES, b"")
+            base = self.plain_base(sections.get(HEADER, b""), sections.get(APPLICATION_PROPERTIES, b""))
         else:
-            base_key = sections.get(HEADER, b"") + sections.get(MESSAGE_ANNOTATIONS, b"") + \
-                b"\x02" + sections.get(APPLICATION_PROPERTIES, b"")
-        base = self._base.get(base_key)
+            base = self._base_cached(sections.get(HEADER, b"") + sections.get(MESSAGE_ANNOTATIONS, b"") +
+                                     b"\x02" + sections.get(APPLICATION_PROPERTIES, b""), sections, True)
         if base is None:
-            base = self._base_of(sections, route is None)
-            if base is None:
-                return self._slow(record)
-            if len(self._base) >= CACHE_MAX:
-                self._base.clear()
-            self._base[base_key] = base
+            return self._slow(record)
         key, exchange, headers, p = base
         if route is not None:
             exchange, key = route
@@ -142,12 +143,43 @@ class RecordDecoder:
                 self._props[raw_props] = got
             fields = got
         ctype, cenc, corr, reply_to, message_id, ts_s, user_id, app_id = fields
-        ts = None if ts_s is None else ts_s * 1_000_000
+        ts = None if ts_s is None else micros(ts_s)
         return key, body, exchange, ts, headers, (
             ctype, cenc, p.delivery_mode, p.priority, corr, reply_to, p.expiration, message_id, ts, p.type,
             user_id, p.app_id if p.app_id is not None else app_id, None)
 
-    def _base_of(self, sections: dict[int, bytes], annotations: bool) -> tuple[str, str, Any, BasicProperties] | None:
+    def route(self, annotations: bytes | None) -> tuple[str, str] | None:
+        """(exchange, routing key) of a message-annotations section that says only that (`_route`), cached."""
+        if annotations is None:
+            return None
+        route = self._routes.get(annotations)
+        if route is None:
+            route = _route(annotations)
+            if route is not None:
+                if len(self._routes) >= CACHE_MAX:
+                    self._routes.clear()
+                self._routes[annotations] = route
+        return route
+
+    def plain_base(self, header: bytes, application_properties: bytes) -> Base | None:
+        """What a record whose annotations hold only its route (`route`) takes from its header and
+        application-properties sections (b"": absent): (routing key, exchange, headers, properties) by
+        the broker's mapping, the first two replaced by the route's; None: not mapped (the slow path)."""
+        return self._base_cached(header + b"\x01" + application_properties,
+                                 {HEADER: header, APPLICATION_PROPERTIES: application_properties}, False)
+
+    def _base_cached(self, key: bytes, sections: dict[int, bytes], annotations: bool) -> Base | None:
+        base = self._base.get(key)
+        if base is None:
+            base = self._base_of(sections, annotations)
+            if base is None:
+                return None
+            if len(self._base) >= CACHE_MAX:
+                self._base.clear()
+            self._base[key] = base
+        return base
+
+    def _base_of(self, sections: dict[int, bytes], annotations: bool) -> Base | None:
         """What the header, annotations (unless left out: they only said where the message was published)
         and application properties say, by the broker's mapping."""
         codes = (HEADER, MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES) if annotations else (HEADER, APPLICATION_PROPERTIES)
@@ -186,7 +218,7 @@ class RecordDecoder:
             return None, bytes(record), None, None, None, NO_PROPS_ROW
         p = m.properties
         assert p is not None
-        ts = None if p.timestamp is None else int(p.timestamp) * 1_000_000
+        ts = None if p.timestamp is None else micros(int(p.timestamp))
         headers = [(str(k), header_text(v)) for k, v in p.headers.items()] if self.include_headers and p.headers \
             else None
         return m.routing_key, bytes(m.body), m.exchange, ts, headers, (
@@ -279,24 +311,28 @@ def _mode_only(mode: int | None) -> tuple[Any, ...]:
 
 def stream_records_batch(records: list[tuple[int, bytes]], stream: str, include_headers: bool,
                          partition: int = 0, decoder: RecordDecoder | None = None) -> pa.RecordBatch:
-    """One record batch (`schema.STREAM_SCHEMA`) from (offset, stored record) in order: the read tasks'
-    path over the stream protocol, straight from a chunk's records to Arrow columns. `timestamp` is the
+    """One record batch (`schema.STREAM_SCHEMA`) from (offset, stored record) in order. `timestamp` is the
     publisher's timestamp property (null when unset, so that a re-read gives the same rows); `headers`
     is null for a message without headers; a record that is not an AMQP 1.0 message (a stream client
     that published raw bytes) is a row with those bytes as `value` and nothing else."""
+    row_of = (decoder or RecordDecoder(include_headers)).row
+    return rows_batch([(offset, row_of(record)) for offset, record in records], stream, partition)
+
+
+def rows_batch(rows: list[tuple[int, Row]], stream: str, partition: int) -> pa.RecordBatch:
+    """One record batch (`schema.STREAM_SCHEMA`) of decoded rows, each (offset, `RecordDecoder.row`)."""
     import pyarrow as pa
 
     schema = arrow_stream_schema()
-    row_of = (decoder or RecordDecoder(include_headers)).row
-    rows = [row_of(record) for _, record in records]
     n = len(rows)
-    keys, values, exchanges, timestamps, headers, props = zip(*rows, strict=True) if n else ((),) * 6
+    offsets = [o for o, _ in rows]
+    keys, values, exchanges, timestamps, headers, props = zip(*(r for _, r in rows), strict=True) if n else ((),) * 6
     columns = [
         pa.array(keys, schema.field("key").type),
         pa.array(values, schema.field("value").type),
         pa.array([stream] * n, schema.field("stream").type),
         pa.array([partition] * n, schema.field("partition").type),
-        pa.array([o for o, _ in records], schema.field("offset").type),
+        pa.array(offsets, schema.field("offset").type),
         pa.array(timestamps, pa.int64()).cast(schema.field("timestamp").type),
         pa.array(exchanges, schema.field("exchange").type),
         pa.array(headers, schema.field("headers").type),
@@ -306,4 +342,76 @@ def stream_records_batch(records: list[tuple[int, bytes]], stream: str, include_
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-__all__ = ["RecordDecoder", "split", "stream_records_batch"]
+class PyBatchBuilder:
+    """A read task's rows, chunk by chunk, into record batches (`schema.STREAM_SCHEMA`): the pure-Python
+    reference of `_crecords.BatchBuilder` (the same interface, the same batches, the same errors: a
+    Hypothesis property in tests/spark/test_records.py).
+
+    `add_chunk(chunk, start, end)` decodes the records of a USER chunk with offsets in [start, end)
+    (`record_list`: compressed sub-batches inflated within the chunk's budget, empty records and the
+    records of unreadable sub-batches left out) and keeps their rows; `rows` and `nbytes` (the bodies'
+    bytes) say how much is kept; `flush()` returns them as one record batch and starts again. A chunk
+    that does not parse raises ValueError (and the builder is not used again: the read fails)."""
+
+    def __init__(self, stream: str, partition: int, include_headers: bool) -> None:
+        self.stream = stream
+        self.partition = partition
+        self.decoder = RecordDecoder(include_headers)
+        self._rows: list[tuple[int, Row]] = []
+        self.nbytes = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    def add_chunk(self, chunk: bytes, start: int, end: int) -> None:
+        row_of, rows = self.decoder.row, self._rows
+        for offset, record in record_list(chunk, start):
+            if offset >= end:
+                break
+            if offset > INT64_MAX:
+                raise ValueError(f"offset {offset} is out of range")
+            row = row_of(record)
+            rows.append((offset, row))
+            self.nbytes += len(row[1])
+
+    def flush(self) -> pa.RecordBatch:
+        batch = rows_batch(self._rows, self.stream, self.partition)
+        self._rows = []
+        self.nbytes = 0
+        return batch
+
+
+def _select() -> tuple[Any, str]:
+    """The batch builder to use - the compiled `_crecords.BatchBuilder` when it was built, else
+    `PyBatchBuilder` - and, when it is the pure one, why. `HUTCH_PURE=1` forces the pure one (as for the
+    broker's hot path, hutch/amqp/speedups.py)."""
+    if os.environ.get("HUTCH_PURE", "") not in ("", "0"):
+        return PyBatchBuilder, "HUTCH_PURE is set"
+    try:
+        from hutch.spark import _crecords
+    except ImportError as exc:
+        return PyBatchBuilder, f"compiled part not built: {exc}"
+    built = getattr(_crecords, "BatchBuilder", None)
+    if built is None or not all(hasattr(built, name) for name in ("add_chunk", "flush", "rows", "nbytes")):
+        return PyBatchBuilder, "compiled part out of date (rebuild it: pip install -e .)"
+    return built, ""
+
+
+_builder, _REASON = _select()
+COMPILED = _builder is not PyBatchBuilder
+
+
+def batch_builder(stream: str, partition: int, include_headers: bool) -> PyBatchBuilder:
+    """A read task's batch builder: the compiled one when built (the same interface and output)."""
+    builder: PyBatchBuilder = _builder(stream, partition, include_headers)
+    return builder
+
+
+def describe() -> str:
+    """Which decoder a read task runs, in one sentence for its log."""
+    return "compiled chunk decoder: on" if COMPILED else f"pure-Python chunk decoder ({_REASON})"
+
+
+__all__ = ["COMPILED", "PyBatchBuilder", "RecordDecoder", "batch_builder", "describe", "rows_batch", "split",
+           "stream_records_batch"]

@@ -40,7 +40,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from hutch.queues.stream.chunk import record_list
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec
 
@@ -48,7 +47,7 @@ from .client import AmqpClient, ClientClosed
 from .hosts import first_answering
 from .options import EARLIEST, LATEST, OFFSET, TIMESTAMP, Position, StreamReadOptions
 from .pool import pooled, pooled_on
-from .records import RecordDecoder, stream_records_batch
+from .records import batch_builder, describe
 from .streamclient import MAX_CREDIT, StreamClient, StreamClientError
 
 try:
@@ -58,7 +57,8 @@ except ImportError:  # a PySpark without Trigger.AvailableNow for Python sources
 
 log = logging.getLogger("hutch.spark")
 
-ROWS_PER_RECORD_BATCH = 10_000
+ROWS_PER_RECORD_BATCH = 10_000  # a read task yields a record batch once it holds this many rows...
+MAX_BATCH_BYTES = 64 * 1024 * 1024  # ...or this many bytes of bodies (then the chunk that passed it ends it)
 CHUNK_RECORDS = 4096  # the most records in a chunk the broker cuts (a stream-protocol publisher's may hold more)
 CHUNK_WAIT_S = 5.0  # a probe's wait for a chunk the stream's stats or its last chunk say is there
 
@@ -237,8 +237,8 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
     if part.stream and part.stream != opts.stream:
         opts = replace(opts, stream=part.stream)
     timeout_s = opts.read_timeout_ms / 1000
-    rows: list[tuple[int, bytes]] = []
-    decoder = RecordDecoder(opts.include_headers)
+    builder = batch_builder(opts.stream, part.partition, opts.include_headers)
+    _say_which_decoder()
     seen = start - 1
     try:
         with ExitStack() as stack:
@@ -253,21 +253,26 @@ def read_range(opts: StreamReadOptions, part: StreamRange) -> Iterator[Any]:
                     check_data_loss(opts, start, end)
                 first = False
                 seen = header.next_offset - 1
-                records = record_list(client.last_chunk, start)
-                if header.next_offset > end:
-                    records = [r for r in records if r[0] < end]
-                rows.extend(records)
-                while len(rows) >= ROWS_PER_RECORD_BATCH:
-                    yield stream_records_batch(rows[:ROWS_PER_RECORD_BATCH], opts.stream, opts.include_headers,
-                                               part.partition, decoder)
-                    del rows[:ROWS_PER_RECORD_BATCH]
+                builder.add_chunk(client.last_chunk, start, end)
+                if builder.rows >= ROWS_PER_RECORD_BATCH or builder.nbytes >= MAX_BATCH_BYTES:
+                    yield builder.flush()
+        if builder.rows:
+            yield builder.flush()
     except StreamClientError as exc:
         raise explain(opts, exc, f"reading offsets [{start}, {end}) (read up to {seen}): ") from None
     except ValueError as exc:  # a chunk whose entries do not parse
         raise HutchStreamReadError(f"hutch source (stream {opts.stream!r}): reading offsets [{start}, {end}): "
                                    f"bad chunk: {exc}") from None
-    if rows:
-        yield stream_records_batch(rows, opts.stream, opts.include_headers, part.partition, decoder)
+
+
+_said: list[bool] = []
+
+
+def _say_which_decoder() -> None:
+    """Log once per Python worker which chunk decoder its read tasks run (records.describe)."""
+    if not _said:
+        _said.append(True)
+        log.info("hutch source: %s", describe())
 
 
 class HutchStreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

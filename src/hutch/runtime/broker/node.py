@@ -29,7 +29,7 @@ from hutch.config import Config
 from hutch.core import definition_ops as ops_
 from hutch.core import direct_reply
 from hutch.core.arguments import equivalence_arguments, with_default_queue_type
-from hutch.core.auth import AuthStore
+from hutch.core.auth import AuthStore, auth_diff, auth_patch
 from hutch.core.credit_flow import LoopLoad
 from hutch.core.definition_ops import DefinitionOp
 from hutch.core.limits import LimitStore, PeerCounts
@@ -77,8 +77,9 @@ class Node:
         self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
-            ops_.SetAuth: self._apply_auth, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
+            ops_.SetAuth: self._apply_auth, ops_.PatchAuth: self._apply_auth_patch, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
             ops_.SetTopicPermissions: self._apply_topic_permissions,
+            ops_.PatchTopicPermissions: self._apply_topic_patch,
             ops_.DeclareExchange: self._apply_declare_exchange, ops_.DeleteExchange: self._apply_delete_exchange,
             ops_.DeclareQueue: self._apply_queue_record, ops_.DeleteQueue: self._apply_delete_queue,
             ops_.SetQueueMembers: self._apply_queue_record, ops_.Bind: self._apply_binding,
@@ -93,6 +94,8 @@ class Node:
             if not self._saved_ops and not config.load_definitions:  # RabbitMQ seeds no default user then
                 auth.bootstrap(config.default_user, config.default_pass, config.default_vhost)
         self.auth = auth
+        # the auth store as last recorded or applied: a change is recorded as what differs from it (PatchAuth)
+        self._auth_doc = auth.to_dict()
         self.vhosts: dict[str, VirtualHost] = {v.name: VirtualHost(v.name) for v in auth.list_vhosts()}
         self.policies = PolicyStore()  # policies and operator policies (runtime/broker/policies.py)
         self.policy_refreshes: dict[str, asyncio.Handle] = {}  # vhost -> next slice of its policy refresh
@@ -112,6 +115,7 @@ class Node:
         # topic permissions (mgmt/users.py): (vhost, user) -> {exchange: (write regex, read regex)}; the
         # channel checks write on publishes to topic exchanges; saved and replicated like permissions
         self.topic_permissions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._topic_doc: dict[tuple[str, str, str], tuple[str, str]] = {}  # as last recorded or applied
         self.cluster_name_set = False  # set through the API (saved), not only from the config
         self.connections: set[Any] = set()  # ConnectionPort
         self.reply_channels: dict[str, Any] = {}  # Direct Reply-To token -> ChannelPort
@@ -281,7 +285,14 @@ class Node:
 
     # -- applying definition operations (the handlers of the dispatch table `_apply`) ---------------------
     def _apply_auth(self, op: ops_.SetAuth) -> None:
-        self.auth = AuthStore.from_dict(op.auth)
+        self._auth_replaced(op.auth)
+
+    def _apply_auth_patch(self, op: ops_.PatchAuth) -> None:
+        self._auth_replaced(auth_patch(self.auth.to_dict(), op.changes))
+
+    def _auth_replaced(self, doc: dict[str, Any]) -> None:
+        self.auth = AuthStore.from_dict(doc)
+        self._auth_doc = self.auth.to_dict()
         names = {v.name for v in self.auth.list_vhosts()}
         for name in list(self.vhosts):
             if name not in names:  # deleted on another member (or worker): its connections here go too
@@ -294,10 +305,29 @@ class Node:
     def _apply_rehash(self, op: ops_.RehashUser) -> None:
         if self.auth.upgrade_password_hash(op.user, op.previous_hash, op.new_hash):
             self.perm_epoch += 1
+            self._auth_doc = self.auth.to_dict()
 
     def _apply_topic_permissions(self, op: ops_.SetTopicPermissions) -> None:
+        self._set_topic_rows(op.table)
+
+    def _apply_topic_patch(self, op: ops_.PatchTopicPermissions) -> None:
+        rows = self._topic_rows()
+        for change in op.changes:
+            if not (isinstance(change, list | tuple) and len(change) in (3, 5) and all(isinstance(f, str) for f in change)):
+                raise ValueError(f"malformed topic permission change {change!r:.200}")
+            key = (change[0], change[1], change[2])
+            if len(change) == 3:
+                rows.pop(key, None)
+            else:
+                rows[key] = (change[3], change[4])
+        self._set_topic_rows([[*k, *wr] for k, wr in sorted(rows.items())])
+
+    def _topic_rows(self) -> dict[tuple[str, str, str], tuple[str, str]]:
+        return {(v, u, x): wr for (v, u), by_x in self.topic_permissions.items() for x, wr in by_x.items()}
+
+    def _set_topic_rows(self, table: list[list[str]]) -> None:
         self.topic_permissions = {}
-        for v, u, x, w, r in op.table:
+        for v, u, x, w, r in table:
             self.topic_permissions.setdefault((v, u), {})[x] = (w, r)
             for pattern in (w, r):  # a stored pattern RE2 refuses: warned here, allows nothing
                 try:
@@ -305,6 +335,7 @@ class Node:
                 except PatternError as exc:
                     log.warning("topic permission of user '%s' in vhost '%s': %s; it allows nothing", u, v, exc)
         self.perm_epoch += 1
+        self._topic_doc = self._topic_rows()
 
     def _apply_declare_exchange(self, op: ops_.DeclareExchange) -> None:
         self.declare_exchange(self.vhosts[op.vhost], op.name, op.type, op.durable, op.auto_delete, op.internal,
@@ -411,7 +442,11 @@ class Node:
         """Users, vhosts or permissions changed: drop cached permission checks and save them."""
         self.perm_epoch += 1
         limits.prune(self)
-        self._record(ops_.SetAuth(self.auth.to_dict()))
+        doc = self.auth.to_dict()
+        changes = auth_diff(self._auth_doc, doc)
+        self._auth_doc = doc
+        if changes:  # only what changed: a whole snapshot would undo what another member changed meanwhile
+            self._record(ops_.PatchAuth(changes))
 
     @property
     def public_name(self) -> str:
@@ -427,6 +462,7 @@ class Node:
         if not self.auth.upgrade_password_hash(user, previous_hash, new_hash):
             return False
         self.perm_epoch += 1
+        self._auth_doc = self.auth.to_dict()  # recorded as the re-hash, not again in the next PatchAuth
         self._record(op)
         return True
 
@@ -437,9 +473,15 @@ class Node:
         self._record(ops_.SetClusterName(name))
 
     def topic_permissions_changed(self) -> None:
-        """Topic permissions changed (mgmt/users.py): drop cached checks and save them."""
+        """Topic permissions changed (mgmt/users.py): drop cached checks and record what changed
+        (`PatchTopicPermissions`: the whole table would undo what another member changed meanwhile)."""
         self.perm_epoch += 1
-        self._record(self._topic_permissions_op())
+        rows = self._topic_rows()
+        changes = [[*k, *wr] for k, wr in sorted(rows.items()) if self._topic_doc.get(k) != wr]
+        changes += [list(k) for k in sorted(self._topic_doc) if k not in rows]
+        self._topic_doc = rows
+        if changes:
+            self._record(ops_.PatchTopicPermissions(changes))
 
     def _topic_permissions_op(self) -> ops_.SetTopicPermissions:
         return ops_.SetTopicPermissions([[v, u, x, w, r] for (v, u), by_x in sorted(self.topic_permissions.items())

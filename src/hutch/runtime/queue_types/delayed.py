@@ -139,13 +139,20 @@ class DelayedMessages:
         return pending
 
     def count(self, vhost: str, exchange: str) -> int:
+        """The messages the exchange holds as this process sees them: `held_here` and its replica's."""
+        return self.held_here(vhost, exchange) + self.in_replica(vhost, exchange)
+
+    def held_here(self, vhost: str, exchange: str) -> int:
+        """The messages this process holds itself (not in the replica): per worker of a node."""
         held = self._held.get((vhost, exchange))
-        n = len(held) if held is not None else 0
+        return len(held) if held is not None else 0
+
+    def in_replica(self, vhost: str, exchange: str) -> int:
+        """The messages in the exchange's replica (a quorum queue: the same on every member, so counted
+        once for a node of workers, not once per worker)."""
         v = self.node.vhosts.get(vhost)
         replica = v.queues.get(replica_name(exchange)) if v is not None else None
-        if replica is not None:
-            n += replica.message_count + replica.unacked_count
-        return n
+        return replica.message_count + replica.unacked_count if replica is not None else 0
 
     def exchange_declared(self, vhost: VirtualHost, x: Exchange) -> None:
         """A client declared a durable delayed exchange on this clustered node: declare its replica."""

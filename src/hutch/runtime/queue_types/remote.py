@@ -130,6 +130,9 @@ class RemoteQueue(Queue):
         self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
         self.paused_consumers: set[int] = set()  # consumers here the home was told have a full socket
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
+        # a replicated stream's stand-in on a node that is not a member: (its group id, its members), from
+        # its record (the stream protocol asks a member for its writer, offsets and sequences)
+        self.stream_group: tuple[int, tuple[str, ...]] | None = None
 
     # -- answers fetched before the channel handles a method ------------------------------------------
     async def prepare(self, method: spec.Method) -> None:

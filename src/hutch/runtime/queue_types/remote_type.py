@@ -73,18 +73,23 @@ class RemoteQueueType(QueueTypeDefaults):
             return False
         existing = vhost.queues.get(op.name)
         if existing is not None:
-            if getattr(existing, "home", None) == home:
+            if isinstance(existing, RemoteQueue) and existing.home == home:
+                existing.stream_group = _stream_group(op, home)  # (a member added or removed elsewhere)
                 return True
             log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
                         op.name, vhost.name, home, home)
             self.node.delete_queue(vhost, existing)
         q = RemoteQueue(self.link, home, vhost.name, op.name, op.durable, op.exclusive, op.auto_delete,
                         self.node.unpack_arguments(op.arguments))
+        q.stream_group = _stream_group(op, home)
         self.node.add_queue(vhost, q, count=False)
         return True
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, RemoteQueue)
+        if q.stream_group is not None:  # (another node's stream: its record as the members wrote it)
+            gid, members = q.stream_group
+            return {"node": q.home, "type": "stream", "gid": gid, "members": list(members)}
         return {"node": q.home}
 
     def place_on_fewest(self, vhost: VirtualHost, name: str, durable: bool, auto_delete: bool,
@@ -105,3 +110,8 @@ class RemoteQueueType(QueueTypeDefaults):
         q = RemoteQueue(self.link, home, vhost.name, name, durable, False, auto_delete, arguments)
         self.node.add_queue(vhost, q)
         return q
+
+
+def _stream_group(op: DeclareQueue, home: str) -> tuple[int, tuple[str, ...]] | None:
+    """A replicated stream's (group id, members) from its record; None for any other queue."""
+    return (op.gid, tuple(op.members or [home])) if op.type == "stream" and op.gid is not None else None

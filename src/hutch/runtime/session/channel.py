@@ -757,6 +757,10 @@ class ServerChannel(DeclarationsMixin):
         self.send(spec.Tx.RollbackOk())
 
     # -- teardown ------------------------------------------------------------------------------
+    def content_in_progress(self) -> bool:
+        """A publish's content is being assembled (its header or body frames have not all arrived)."""
+        return self._pub is not None or bool(self._body)
+
     def close_internal(self) -> None:
         """Release everything the channel holds: consumers first, then requeue unacked deliveries."""
         if self.state == self.OPEN:

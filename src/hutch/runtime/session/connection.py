@@ -22,6 +22,12 @@ Rules (uvicorn/asyncpg style hot path):
   and discards until close-ok (then closes), a simultaneous close, the client's EOF or CLOSE_OK_TIMEOUT_S.
   Every read hold but the per-iteration budget is dropped then: a held socket would never see close-ok.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
+- Connection locality (a node of workers, `Handover` port): the first basic.publish (default exchange)
+  or basic.consume of a connection is judged once; when its queue lives in another worker and the
+  connection is quiet (session/handover.py), the connection moves there with the frames it has not
+  handled, the triggering one first, and this worker forgets it without closing the TCP connection
+  (`_hand_over`). The worker that takes it `adopt`s it as an open connection. A connection moves at
+  most once: an adopted one is never judged again.
 """
 
 from __future__ import annotations
@@ -63,13 +69,16 @@ from hutch.core.certs import CertLoginError, login_from_cert
 from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
+from hutch.runtime.session.confirms import ChannelConfirms
+from hutch.runtime.session.handover import HandoverState, channel_states, quiet_reason
+from hutch.runtime.workers.control import MAX_UNREAD_BYTES
 
 if TYPE_CHECKING:
     from hutch.config import Config
     from hutch.core.auth import LoginOutcome
     from hutch.core.vhost import VirtualHost
     from hutch.runtime.ports import BrokerPort
-    from hutch.runtime.session.ports import LoopClock, MethodGate, TimerHandle, Transport
+    from hutch.runtime.session.ports import Handover, LoopClock, MethodGate, TimerHandle, Transport
 
 log = logging.getLogger("hutch.connection")
 # node-wide (one per process) throttles of the log lines any client can repeat at will (core/logsafe.py)
@@ -151,10 +160,15 @@ class AMQPConnection:
     `resume_writing()` (the transport's write buffer), `connection_lost()`, and the callbacks it
     registers on its `LoopClock`. Output goes to `transport.write` in batches (`flush`)."""
 
-    def __init__(self, node: BrokerPort, clock: LoopClock, gate: MethodGate | None = None) -> None:
+    def __init__(self, node: BrokerPort, clock: LoopClock, gate: MethodGate | None = None,
+                 handover: Handover | None = None) -> None:
         self.node = node
         self.clock = clock
         self.gate = gate
+        self.handover = handover
+        # the first publish or consume is still to be judged for a move to its queue's worker
+        self.locality_armed = handover is not None
+        self.handed_over = False  # moved to another worker: this one forgot it (the socket lives on there)
         cfg = node.config
         self.state = State.HEADER
         self.transport: Transport | None = None
@@ -211,8 +225,10 @@ class AMQPConnection:
         self.transport = transport
         self.peer = (str(peer[0]), int(peer[1]))
         self.ssl_object = transport.get_extra_info("ssl_object")
-        if self.ssl_object is not None and self.ssl_object.context.verify_mode != ssl.CERT_NONE:
-            self.peer_cert = self.ssl_object.getpeercert(binary_form=True)  # None: the client sent none
+        if self.ssl_object is not None:
+            self.locality_armed = False  # TLS connections stay where they are
+            if self.ssl_object.context.verify_mode != ssl.CERT_NONE:
+                self.peer_cert = self.ssl_object.getpeercert(binary_form=True)  # None: the client sent none
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sockname[0]}:{sockname[1]}"
         now = self.clock.time()
         self._last_recv = self._last_sent = now
@@ -350,6 +366,8 @@ class AMQPConnection:
                                 if prefix != _PUBLISH_ID:
                                     if ch.fast_ack(payload):
                                         continue
+                                elif self.locality_armed:
+                                    pass  # the first publish: `_method_frame` judges a move
                                 elif ch.fast_publish(payload):
                                     # its header and body, when both are in and well formed, without two
                                     # more turns of this loop (not under an alarm: a header then holds
@@ -387,6 +405,9 @@ class AMQPConnection:
         if ch is None:
             self._no_such_channel(channel, method)
             return
+        if self.locality_armed and isinstance(method, (spec.Basic.Publish, spec.Basic.Consume)) \
+                and self._hand_over(ch, channel, method, payload):
+            return
         if self.gate is not None and self.gate.wants(ch, method):
             self._suspend_for_gate(ch, channel, method)
             return
@@ -394,6 +415,120 @@ class AMQPConnection:
             ch.handle_method(method)
         except ChannelError as exc:
             self._channel_error(channel, exc)
+
+    # -- connection locality (a node of workers) ------------------------------------------------------
+    def state_is_busy(self) -> bool:
+        """Not at rest: not open, a method or login waiting, or reading held for anything but the
+        per-turn budget."""
+        return self.state != State.OPEN or self._suspended or self._cluster_task is not None \
+            or bool(self._read_holds - {"budget"})
+
+    def _hand_over(self, ch: ServerChannel, channel: int, method: spec.Method, payload: bytes) -> bool:
+        """The first publish or consume: move to its queue's worker when that is another and this
+        connection is quiet. True when it moved (this worker has forgotten it; stop handling frames)."""
+        self.locality_armed = False
+        handover, vhost, transport = self.handover, self.vhost_obj, self.transport
+        assert handover is not None and vhost is not None and transport is not None
+        if isinstance(method, spec.Basic.Publish):
+            if method.exchange:  # routed by an exchange: its queues may be anywhere
+                return False
+            name = method.routing_key
+        else:
+            assert isinstance(method, spec.Basic.Consume)
+            name = method.queue or ch.last_queue_name or ""
+        queue = vhost.queues.get(name)
+        to = handover.home_of(queue) if queue is not None else None
+        if to is None:
+            return False
+        reason = quiet_reason(self)
+        if reason is None:
+            self.flush()  # what the frames before this one produced goes out from here
+            buffered = getattr(transport, "get_write_buffer_size", None)
+            if buffered is None or buffered():
+                reason = "output not written yet"
+        if reason is not None:
+            log.debug("connection %s stays in this worker (queue in worker %d): %s", self.name, to, reason)
+            return False
+        sock = transport.get_extra_info("socket")
+        reader = self.reader
+        unread = method_frame_raw(channel, payload) + bytes(memoryview(reader._buf)[reader._pos:])
+        if sock is None or len(unread) > MAX_UNREAD_BYTES:
+            return False
+        state = HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
+                              dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
+                              self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
+                              channel_states(self.channels), unread)
+        if not handover.move(sock, state.encode(), to):
+            return False
+        log.debug("connection %s moved to worker %d", self.name, to)
+        self._forget_moved()
+        return True
+
+    def _forget_moved(self) -> None:
+        """This worker lets go of a connection another worker now holds: no close frame, no close
+        counted, the socket closed here only (the other worker holds its duplicate)."""
+        self.handed_over = True
+        if self in self.node.connections:
+            self.node.connections.discard(self)
+        self._release_all()
+        self.state = State.CLOSED
+        for timer in (self._timer, self._close_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._close_timer = None
+        self.out.clear()
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.pause_reading()
+            transport.close()
+
+    def adopt(self, transport: Transport, data: bytes) -> None:
+        """Take over a connection another worker of this node handed over (`_hand_over` there): open,
+        with its channels as they were, then handle the frames it had not (the triggering one first).
+        A state that cannot be adopted (malformed, its vhost or user gone meanwhile) closes the
+        connection with 320 CONNECTION_FORCED, as a client expects of a node that drops it."""
+        self.transport = transport
+        self.locality_armed = False
+        self._last_recv = self._last_sent = self.clock.time()
+        try:
+            st = HandoverState.decode(data)
+        except ValueError as exc:
+            log.warning("a connection handed over by another worker could not be adopted: %s", exc)
+            self.state = State.OPEN_WAIT
+            self.close_forced("the connection could not be moved between workers")
+            return
+        self.peer, self.name = st.peer, st.name
+        self.connected_at_ms = st.connected_at_ms
+        self.node.connections.add(self)  # counted opened once, by the worker that accepted it
+        vhost = self.node.vhosts.get(st.vhost)
+        self.state = State.OPEN_WAIT
+        if vhost is None or self.node.auth.get_user(st.user) is None:
+            self.close_forced("vhost or user deleted")
+            return
+        self.user_name, self.vhost_obj = st.user, vhost
+        self.frame_max = self.reader.frame_max = st.frame_max
+        self.channel_max, self.heartbeat_s = st.channel_max, st.heartbeat_s
+        self.client_properties = st.client_properties
+        caps = st.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        self.auth_mechanism = st.auth_mechanism
+        self.recv_oct, self.send_oct, self.has_published = st.recv_oct, st.send_oct, st.has_published
+        self.counts_for_limits = True
+        self.state = State.OPEN
+        for c in st.channels:
+            ch = ServerChannel(self, c.number)
+            ch.prefetch_count, ch.global_prefetch = c.prefetch_count, c.global_prefetch
+            ch.publish_seq, ch.next_tag = c.publish_seq, c.next_tag
+            if c.confirm:
+                ch.confirm = True
+                ch.confirms = ChannelConfirms(ch, tx=False)
+                ch.confirms.continue_after(c.publish_seq)
+            self.channels[c.number] = ch
+        if self.heartbeat_s:
+            self._timer = self.clock.call_later(self.heartbeat_s / 2, self._heartbeat_tick)
+        if self.node.alarms:
+            self.alarm_raised()  # blocked here as it would have been there
+        self.receive_data(st.unread)
 
     # -- methods that wait for the cluster (the MethodGate port) -------------------------------------
     def _suspend_for_gate(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:

@@ -1,6 +1,6 @@
 """The ports of the AMQP session: what a connection is given instead of a socket, a loop and a cluster.
 
-Owns three small `Protocol`s and nothing else:
+Owns four small `Protocol`s and nothing else:
 - `Transport`: where a connection writes its bytes and the switch for its input (an asyncio transport
   satisfies it; so does `MemoryTransport` in tests/session/memory.py);
 - `LoopClock`: the time and the timers a connection uses (heartbeats, the handshake timeout, the close
@@ -9,7 +9,9 @@ Owns three small `Protocol`s and nothing else:
   wall and monotonic clocks and has no timers: a connection reads the wall clock (message timestamps,
   `connected_at`) through its broker (`BrokerPort.wall_ms`) and schedules on its `LoopClock`;
 - `MethodGate`: what a method must wait for before it runs and before its reply may leave (a
-  clustered node's read barrier, a queue on another node, the commit of a replicated change).
+  clustered node's read barrier, a queue on another node, the commit of a replicated change);
+- `Handover`: connection locality in a node of workers (session/handover.py, runtime/workers/handover.py):
+  which other worker a queue lives in, and moving a quiet connection's socket and state there.
 
 Rules: no imports from hutch; these are shapes, not implementations.
 """
@@ -72,3 +74,16 @@ class MethodGate(Protocol):
     def holds_replies(self) -> bool: ...
 
     async def after(self) -> None: ...
+
+
+class Handover(Protocol):
+    """Moving a connection to the worker of the queue it uses (a node of workers, `workers.locality`).
+
+    `home_of` names the other worker that is home to `queue` and can take a connection now (None: this
+    worker, another node, or a worker that is down). `move` hands the connection's socket (duplicated:
+    the caller then drops its transport without closing the TCP connection) and its encoded state to
+    worker `to`; False when it could not be sent (the connection stays, nothing was handed over)."""
+
+    def home_of(self, queue: Any) -> int | None: ...
+
+    def move(self, sock: Any, state: bytes, to: int) -> bool: ...

@@ -5,7 +5,8 @@ deliveries may sit in the buffer before deliveries to that consumer pause), the 
 connections (a per-iteration read budget), the measure of how busy the loop is with input (the node's
 `LoopLoad`, which the flow rule reads: core/credit_flow.py), and the wiring of one connection to its ports: the
 transport itself as the `Transport`, the event loop as the `LoopClock`, the node's `ClusterGate` as the
-`MethodGate`. All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
+`MethodGate`, and, in a node of workers, the connection-locality port (`Handover`) and the adoption
+of a connection another worker handed over (`adopted`: its state). All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hutch.runtime.session.connection import AMQPConnection
 
 if TYPE_CHECKING:
     from hutch.runtime.ports import BrokerPort
+    from hutch.runtime.session.ports import Handover
 
 WRITE_BUFFER_HIGH = 1024 * 1024
 WRITE_BUFFER_LOW = 256 * 1024
@@ -27,9 +29,10 @@ READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iter
 class AMQPProtocol(asyncio.Protocol):
     """One accepted socket. `conn` is the connection state machine the node and management see."""
 
-    def __init__(self, node: BrokerPort) -> None:
+    def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None) -> None:
         self.loop = asyncio.get_event_loop()
-        self.conn = AMQPConnection(node, self.loop, ClusterGate(node))
+        self.conn = AMQPConnection(node, self.loop, ClusterGate(node), handover)
+        self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
         self._load = node.loop_load
         self._read_this_turn = 0
         self._turn_scheduled = False
@@ -39,6 +42,10 @@ class AMQPProtocol(asyncio.Protocol):
         stream = cast(asyncio.Transport, transport)
         # deliveries are encoded in batches; let a batch sit in the buffer before pausing deliveries
         stream.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        if self._adopted is not None:
+            adopted, self._adopted = self._adopted, None
+            self._load.timed(self.conn.adopt, stream, adopted)
+            return
         peer = stream.get_extra_info("peername") or ("?", 0)
         sock = stream.get_extra_info("sockname") or ("?", 0)
         self.conn.connection_made(stream, peer, sock)

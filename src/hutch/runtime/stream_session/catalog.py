@@ -5,6 +5,9 @@ restored, deleted and shown by the stream queue type, runtime/queue_types/stream
 queue's `handle`; creating one is a durable `queue.declare` with `x-queue-type: stream` and the create
 arguments mapped to their x-arguments, so AMQP 0-9-1 clients and management see the same stream;
 deleting one deletes the queue. On a clustered node both wait until the definition change is replicated.
+On a node that is not a member of a replicated stream (its queue a stand-in that carries the stream's
+group id and members), `locate` and `ask` answer from a member (`StreamLocator`, the replication
+service), so the stream protocol's metadata and queries answer on every node, as RabbitMQ's do.
 
 Rules (rabbit_stream_manager): `max-length-bytes`, `max-age`, `stream-max-segment-size-bytes`,
 `initial-cluster-size`, `queue-leader-locator` and `stream-filter-size-bytes` are the arguments a create
@@ -19,7 +22,13 @@ from typing import Any
 from hutch.amqp.errors import AMQPError
 from hutch.runtime.ports import BrokerPort
 from hutch.runtime.queue_types.stream.handle import StreamHandle
-from hutch.runtime.stream_session.ports import Members, StreamExists, StreamForwarder, StreamRefused
+from hutch.runtime.stream_session.ports import (
+    Members,
+    StreamExists,
+    StreamForwarder,
+    StreamLocator,
+    StreamRefused,
+)
 from hutch.streamproto.codes import Code
 
 _INT_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
@@ -46,8 +55,9 @@ def queue_arguments(arguments: dict[str, str]) -> dict[str, Any]:
 
 
 class QueueCatalog:
-    def __init__(self, broker: BrokerPort) -> None:
+    def __init__(self, broker: BrokerPort, locator: StreamLocator | None = None) -> None:
         self.broker = broker
+        self.locator = locator  # a clustered node's replication service
 
     def _queue(self, vhost: str, name: str) -> Any:
         v = self.broker.vhosts.get(vhost)
@@ -68,6 +78,30 @@ class QueueCatalog:
         node only."""
         replication = getattr(self._queue(vhost, name), "replication", None)
         return None if replication is None else replication
+
+    def _group(self, vhost: str, name: str) -> tuple[int, tuple[str, ...]] | None:
+        """(group id, members) of another node's replicated stream held here as a stand-in."""
+        group = getattr(self._queue(vhost, name), "stream_group", None)
+        return group if self.locator is not None else None
+
+    def elsewhere(self, vhost: str, name: str) -> bool:
+        return self._group(vhost, name) is not None
+
+    async def locate(self, vhost: str, name: str) -> Members | None:
+        group, locator = self._group(vhost, name), self.locator
+        if group is None or locator is None:
+            return None
+        gid, members = group
+        writer = await locator.lookup(gid, members, "writer")
+        writer = writer if isinstance(writer, str) and writer in members else None
+        order = ([writer] if writer is not None else []) + [m for m in members if m != writer]
+        return self.broker.name, writer, [(m, locator.endpoint_of(m)) for m in order]
+
+    async def ask(self, vhost: str, name: str, what: str, reference: str) -> Any:
+        group, locator = self._group(vhost, name), self.locator
+        if group is None or locator is None:
+            return None
+        return await locator.lookup(group[0], group[1], what, reference.encode())
 
     def is_stream(self, vhost: str, name: str) -> bool:
         q = self._queue(vhost, name)

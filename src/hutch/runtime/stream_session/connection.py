@@ -6,8 +6,8 @@ Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the no
 EXTERNAL with a client certificate TLS verified,
 tune, open with the vhost access check), the table of which command each phase accepts, the frame
 limit (`stream_initial_frame_max` until open, then the negotiated frame_max), heartbeats, closing in
-both directions, the commands about streams (create, delete, metadata, stream stats, resolve offset
-spec, exchange command versions), super streams (super_streams.py), and the output buffer (written once
+both directions, the commands about streams (create, delete, stream stats, resolve offset spec, exchange
+command versions; metadata in metadata.py), super streams (super_streams.py), and the output buffer (written once
 per batch of input, or on the next loop turn for output made by callbacks). Publishing and consuming
 are its two halves (publishing.py, consuming.py).
 
@@ -36,6 +36,7 @@ from hutch.core.vhost import VirtualHost
 from hutch.runtime.broker.logins import LoginOutcome
 from hutch.runtime.queue_types.stream.handle import StreamHandle
 from hutch.runtime.session.ports import LoopClock, TimerHandle
+from hutch.runtime.stream_session import metadata as where
 from hutch.runtime.stream_session import super_streams
 from hutch.runtime.stream_session.consuming import Consuming, core_spec
 from hutch.runtime.stream_session.hub import StreamHub
@@ -130,17 +131,17 @@ class StreamConnection:
         self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
             c.DeclarePublisher: self.publishing.declare,
             c.Publish: self.publishing.publish,
-            c.QueryPublisherSequence: self.publishing.query_sequence,
+            c.QueryPublisherSequence: lambda cmd: where.query_elsewhere(self, cmd, self.publishing.query_sequence),
             c.DeletePublisher: self.publishing.delete,
             c.Subscribe: self.consuming.subscribe,
             c.Credit: self.consuming.credit,
             c.StoreOffset: self.consuming.store_offset,
-            c.QueryOffset: self.consuming.query_offset,
+            c.QueryOffset: lambda cmd: where.query_elsewhere(self, cmd, self.consuming.query_offset),
             c.Unsubscribe: self.consuming.unsubscribe,
             c.ConsumerUpdateResponse: self.consuming.consumer_update_answered,
             c.Create: self._create,
             c.Delete: self._delete,
-            c.Metadata: self._metadata,
+            c.Metadata: lambda cmd: where.metadata(self, cmd),
             c.Route: self._route,
             c.Partitions: self._partitions,
             c.ExchangeCommandVersions: self._command_versions,
@@ -190,6 +191,8 @@ class StreamConnection:
                         continue  # the hot path: a publish of simple entries, batched per stream
                     publishing.write_batched()  # what was published before this command is written first
                     self._handle(c.decode(bytes(frame)))
+                    if "request" in self._holds:  # a request that awaits (_async, metadata.py): what came
+                        return  # after it is taken once it is answered (release_reading), in order
             finally:
                 publishing.write_batched()
         except FrameError as exc:
@@ -263,6 +266,8 @@ class StreamConnection:
     def release_reading(self, reason: str) -> None:
         if reason in self._holds:
             self._holds.discard(reason)
+            if reason == "request" and self.phase == Phase.OPENED:
+                self._drain()  # the commands read with the request, after it (its answer is already out)
             if not self._holds and self.transport is not None and self.phase != Phase.CLOSED:
                 self.transport.resume_reading()
 
@@ -457,9 +462,13 @@ class StreamConnection:
             self._timer = self.clock.call_later(self.heartbeat_s, self._heartbeat_tick)
 
     def advertised(self) -> tuple[str, int]:
+        """The host and port this node is known by: the configured ones, else the listener's. A connection
+        on a worker's own port (`workers.own_ports`) is told that port, so a client that follows the
+        metadata stays with the worker it chose."""
         cfg = self.broker.config
         host = cfg.stream_advertised_host or self.sock[0]
-        port = cfg.stream_advertised_port or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
+        own = self.hub.own_port if not self.tls and self.hub.own_port == self.sock[1] else 0
+        port = cfg.stream_advertised_port or own or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
         return host, port
 
     # -- timers and closing ------------------------------------------------------------------------
@@ -592,38 +601,6 @@ class StreamConnection:
         if not await self.catalog.delete(self.vhost.name, name):
             raise CommandError(f"stream {name} does not exist", Code.STREAM_DOES_NOT_EXIST)
         self.hub.stream_deleted(self.vhost.name, name)
-
-    def _metadata(self, cmd: c.Metadata) -> None:
-        host, port = self.advertised()
-        brokers: dict[tuple[str, int], int] = {(host, port): 0}  # this node is reference 0
-        entries: list[tuple[str, int, int, list[int]]] = []
-        for stream in dict.fromkeys(cmd.streams):
-            handle = self.catalog.lookup(self.vhost.name, stream)
-            if handle is None:
-                entries.append((stream, Code.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
-            elif not self.permitted("read", stream) and not self.permitted("write", stream):
-                entries.append((stream, Code.ACCESS_REFUSED, 0xFFFF, []))
-            else:
-                entries.append(self._placement(stream, brokers))
-        self.send(c.MetadataResponse(cmd.correlation_id, [(ref, h, p) for (h, p), ref in brokers.items()],
-                                     entries))
-
-    def _placement(self, stream: str, brokers: dict[tuple[str, int], int]) -> tuple[str, int, int, list[int]]:
-        """A stream's leader (its writer's node) and replicas (the other members whose listener is known),
-        as broker references; a stream of this node only: this node, no replicas."""
-        members = self.catalog.members(self.vhost.name, stream)
-        if members is None:
-            return stream, Code.OK, 0, []
-        here, writer, nodes = members
-        refs: dict[str, int] = {}
-        for node, endpoint in nodes:
-            if node == here:
-                refs[node] = 0
-            elif endpoint is not None:
-                refs[node] = brokers.setdefault(endpoint, len(brokers))
-        if writer is None or writer not in refs:
-            return stream, Code.STREAM_NOT_AVAILABLE, 0xFFFF, []
-        return stream, Code.OK, refs[writer], [r for n, r in refs.items() if n != writer]
 
     def _stream_stats(self, cmd: c.StreamStats) -> None:
         handle = self.stream_handle(cmd.stream)

@@ -43,6 +43,7 @@ class StreamHub:
         self._watched: dict[tuple[str, str], Any] = {}
         self.port = 0       # the plain listener's bound port (set when it listens)
         self.tls_port = 0   # the TLS listener's bound port
+        self.own_port = 0   # a worker's own plain listener (`workers.own_ports`), advertised on itself
 
     def watch(self, vhost: str, stream: str, handle: Any) -> None:
         """Tell the connections as soon as this stream is deleted by any path (AMQP 0-9-1, management),

@@ -14,7 +14,7 @@ response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hutch.core.auth import PermissionKind
@@ -64,6 +64,19 @@ class StreamForwarder(Protocol):
         ...
 
 
+class StreamLocator(Protocol):
+    """How a node that is not a member of a replicated stream reaches its members (the replication
+    service, runtime/queue_types/stream_replication/service.py)."""
+
+    def endpoint_of(self, node: str) -> tuple[str, int] | None:
+        """Where `node`'s stream listener is (None: not known yet)."""
+        ...
+
+    async def lookup(self, gid: int, members: Sequence[str], what: str, reference: bytes = b"") -> Any:
+        """"writer", "offset" or "sequence" of stream group `gid` as a member answers it (None: none did)."""
+        ...
+
+
 class ClusterLink(Protocol):
     """What the stream session needs of the node's cluster service (runtime/clustering/service.py): its
     name, records to a peer, handlers of records from peers, and whether a peer is connected."""
@@ -92,6 +105,20 @@ class StreamCatalog(Protocol):
 
     def forwarder(self, vhost: str, name: str) -> StreamForwarder | None:
         """A replicated stream's way to its writer (None: a stream of this node only)."""
+        ...
+
+    def elsewhere(self, vhost: str, name: str) -> bool:
+        """Is `name` a replicated stream this node is not a member of (answered by `locate` and `ask`)?"""
+        ...
+
+    async def locate(self, vhost: str, name: str) -> Members | None:
+        """Such a stream's members as `members` gives them, its writer as a member names it (None: not
+        such a stream)."""
+        ...
+
+    async def ask(self, vhost: str, name: str, what: str, reference: str) -> Any:
+        """Such a stream's stored offset ("offset") or publisher sequence ("sequence") of `reference`, as
+        a member answers it; None if none did."""
         ...
 
     async def create(self, vhost: str, name: str, arguments: dict[str, str]) -> None: ...
@@ -131,3 +158,7 @@ class StreamSession(Protocol):
     def check_permission(self, kind: PermissionKind, stream: str) -> None: ...
 
     def stream_handle(self, stream: str) -> StreamHandle: ...
+
+    def advertised(self) -> tuple[str, int]:
+        """The host and port this node is known by, to this connection's client."""
+        ...

@@ -164,6 +164,7 @@ class Publishing:
                                                                         and pub.forwards_now()):
             return False
         pub.published += len(ids)
+        self.conn.hub.counters.messages_received += len(ids)  # (the node's counter, as `publish` counts)
         if not self._writable(pub, ids):
             return True
         batch = self._batches.get(pub.handle)

@@ -9,6 +9,11 @@ message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
   listeners accept clients.
 - supervisor → worker: `{"peer": N}` with one descriptor: this worker's end of a new socket pair to
   worker N (N was restarted); the worker adopts it into its worker link.
+- connection locality (runtime/workers/handover.py): worker → supervisor `{"handover": N, "state": S}`
+  with a client socket's descriptor, its state S inline (base64, at most `INLINE_STATE_BYTES` before
+  encoding), or `{"handover": N}` with two descriptors (the client's, and a socket its larger state
+  follows on); relayed to worker N as `{"adopt": M, ...}` (M the sender, the rest as it came) when N is
+  ready; otherwise the supervisor closes them (the client's TCP connection ends: it reconnects).
 - A request/answer pair for the management fan-out can ride the same socket later
   (`{"ask": id, ...}` / `{"answer": id, ...}`): the kinds are open, an unknown one is ignored.
 """
@@ -21,11 +26,25 @@ from typing import Any
 HEARTBEAT_S = 0.5
 MAX_MESSAGE_BYTES = 65536
 MAX_FDS = 4
+# connection locality: the largest state of a handed-over connection (its unread bytes are at most one
+# read, 256 KiB under uvloop, plus a partial frame of frame_max), and the part of it the unread bytes may take
+MAX_UNREAD_BYTES = 1 << 20
+MAX_STATE_BYTES = MAX_UNREAD_BYTES + (256 << 10)
+INLINE_STATE_BYTES = 32 << 10  # a state up to this rides in the control message (base64 fits 64 KiB)
 ALARM_NAMES = frozenset({"memory", "disk"})  # the resource alarms a worker reports and is told (node-wide)
 
 
 def encode(kind: str, value: Any) -> bytes:  # Any: a JSON value
     data = json.dumps({kind: value}, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return data
+
+
+def encode_move(kind: str, index: int, state: str | None) -> bytes:
+    """A connection locality message: `{kind: index}`, with `"state"` (base64 text) when inline."""
+    doc: dict[str, object] = {kind: index} if state is None else {kind: index, "state": state}
+    data = json.dumps(doc, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE_BYTES:
         raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     return data

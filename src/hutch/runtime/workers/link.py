@@ -6,6 +6,9 @@ for restarted workers, and noticing that the supervisor is gone (the socket's en
 stops cleanly, so `kill -9` of the parent leaves no orphans), and the node-wide resource alarms: the
 worker reports its own memory and disk alarms (`{"alarms": [...]}`) and is told every worker's
 (`{"node_alarms": [...]}`, the supervisor's union), so one worker's alarm blocks publishers node-wide.
+And connection locality's transfer (runtime/workers/handover.py): `{"handover": N}` with a client
+socket's descriptor and the state socket's, for worker N (the supervisor relays them), and, the other
+way, `{"adopt": M}` with both, from worker M.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from hutch.runtime.workers.spec import WorkerSpec, worker_name
 log = logging.getLogger("hutch.workers")
 
 Adopt = Callable[[str, socket.socket], None]  # the paired transport's `adopt`
+# a connection handed over by worker M: (M, the client's socket, its state inline (base64) or the socket
+# its state arrives on)
+AdoptConnection = Callable[[int, socket.socket, "str | socket.socket"], None]
 
 
 class WorkerLink:
@@ -39,6 +45,7 @@ class WorkerLink:
         self._waiting: list[tuple[str, socket.socket]] = []
         self._on_node_alarms: Callable[[set[str]], None] | None = None
         self._node_alarms: set[str] = set()  # the last union the supervisor sent
+        self._adopt_connection: AdoptConnection | None = None
 
     def first_links(self) -> dict[str, socket.socket]:
         """The worker-link sockets inherited at start, by peer worker name."""
@@ -65,6 +72,21 @@ class WorkerLink:
         """Call `apply` with every worker's alarms (now, and whenever the supervisor's union changes)."""
         self._on_node_alarms = apply
         apply(set(self._node_alarms))
+
+    def on_adopt_connection(self, adopt: AdoptConnection) -> None:
+        """Call `adopt` with each connection another worker hands to this one (connection locality)."""
+        self._adopt_connection = adopt
+
+    def send_handover(self, to: int, fds: list[int], state: str | None = None) -> bool:
+        """Hand a client socket's descriptor to worker `to` through the supervisor, with its state
+        inline (base64) or, when `state` is None, a second descriptor it follows on. False when the
+        message could not be sent now (nothing was handed over)."""
+        assert len(fds) == (1 if state is not None else 2)
+        try:
+            socket.send_fds(self.sock, [control.encode_move("handover", to, state)], fds)
+        except (OSError, ValueError):
+            return False
+        return True
 
     def ready(self, ports: Mapping[str, int]) -> None:
         self._send(control.encode("ready", dict(ports)))
@@ -115,6 +137,14 @@ class WorkerLink:
             if self._on_node_alarms is not None:
                 self._on_node_alarms(set(self._node_alarms))
             return
+        sender, state = doc.get("adopt"), doc.get("state")
+        if isinstance(sender, int) and self._adopt_connection is not None:
+            if len(fds) == 1 and isinstance(state, str):
+                self._adopt_connection(sender, socket.socket(fileno=fds[0]), state)
+                return
+            if len(fds) == 2 and state is None:
+                self._adopt_connection(sender, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]))
+                return
         peer = doc.get("peer")
         if isinstance(peer, int) and len(fds) == 1 and peer != self.spec.index:
             name, sock = worker_name(self.node_name, peer), socket.socket(fileno=fds[0])

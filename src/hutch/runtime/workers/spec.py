@@ -10,8 +10,8 @@ Rules:
 - A worker's data lives in `<data dir>/w<N>`; worker 0 founds the node's internal cluster (or, with
   `--join`, joins the multi-node cluster of the seed), the others join it through worker 0 on their first
   start (their definitions come from its metadata group).
-- Only worker 0 runs the management API, the stream protocol's listeners and `load_definitions`; every
-  worker listens on the node's AMQP (and AMQP over TLS) port, shared with `SO_REUSEPORT`.
+- Only worker 0 runs the management API and `load_definitions`; every worker listens on the node's AMQP
+  (and AMQP over TLS) port and on its stream protocol ports (plain and TLS), shared with `SO_REUSEPORT`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from hutch.config import Config
 
@@ -79,18 +80,26 @@ class WorkerSpec:
     amqp_port: int
     amqps_port: int | None
     own_port: bool
+    stream_port: int | None = None  # the node's stream protocol ports, reserved by the supervisor
+    stream_tls_port: int | None = None
 
     def to_env(self) -> str:
         return json.dumps({"index": self.index, "count": self.count, "control_fd": self.control_fd,
                            "peer_fds": {str(k): v for k, v in self.peer_fds.items()},
-                           "amqp_port": self.amqp_port, "amqps_port": self.amqps_port, "own_port": self.own_port})
+                           "amqp_port": self.amqp_port, "amqps_port": self.amqps_port, "own_port": self.own_port,
+                           "stream_port": self.stream_port, "stream_tls_port": self.stream_tls_port})
 
     @classmethod
     def from_env(cls, text: str) -> WorkerSpec:
         doc = json.loads(text)
         return cls(int(doc["index"]), int(doc["count"]), int(doc["control_fd"]),
                    {int(k): int(v) for k, v in doc["peer_fds"].items()}, int(doc["amqp_port"]),
-                   None if doc["amqps_port"] is None else int(doc["amqps_port"]), bool(doc["own_port"]))
+                   _port(doc["amqps_port"]), bool(doc["own_port"]), _port(doc.get("stream_port")),
+                   _port(doc.get("stream_tls_port")))
+
+
+def _port(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def worker_config(config: Config, spec: WorkerSpec) -> Config:
@@ -108,8 +117,8 @@ def worker_config(config: Config, spec: WorkerSpec) -> Config:
         cluster_name=config.cluster_name,
         amqp_port=spec.amqp_port,
         amqps_port=spec.amqps_port,
-        stream_port=config.stream_port if first else None,
-        stream_tls_port=config.stream_tls_port if first else None,
+        stream_port=spec.stream_port,
+        stream_tls_port=spec.stream_tls_port,
         load_definitions=config.load_definitions if first else None,
         cluster_enabled=True,  # the workers are the node's internal cluster, whatever the node is
         cluster_port=config.cluster_port if multi and first else 0,

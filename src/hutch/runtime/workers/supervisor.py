@@ -20,6 +20,9 @@ Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
   exit code 1: its own one-line error is already on stderr. Later exits are restarted, after a delay
   that grows while a worker keeps dying young (`RESTART_DELAY_*`).
 - The heartbeat is judged only once a worker is ready (recovery may keep a starting worker busy).
+- Connection locality: a worker's `{"handover": N}` (a client's socket and its state socket) is relayed
+  to worker N if it is ready, else its descriptors are closed here (the client reconnects); the
+  supervisor never reads or writes them.
 - Killing the supervisor with `-9` closes every control socket: each worker sees the end of file and
   stops (runtime/workers/link.py), so no worker outlives its node.
 """
@@ -126,6 +129,8 @@ class Supervisor:
         self.workers = [_Worker(i) for i in range(count)]
         self.amqp_port = 0
         self.amqps_port: int | None = None
+        self.stream_port: int | None = None  # the stream protocol's ports, shared by the workers as AMQP's
+        self.stream_tls_port: int | None = None
         self._reserved: list[socket.socket] = []
         self._stop = asyncio.Event()
         self._exit_code = 0
@@ -140,20 +145,24 @@ class Supervisor:
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
-        try:
-            self.amqp_port, socks = reserve_port(cfg.amqp_host, cfg.amqp_port)
-            self._reserved += socks
-        except OSError as exc:
-            print(f"hutch-server: cannot listen for AMQP on port {cfg.amqp_port}: {_why(exc)}", file=sys.stderr)
-            return 1
-        if cfg.amqps_port is not None:
+        reserved: dict[str, int | None] = {}
+        for key, what, host, port in (("amqp", "AMQP", cfg.amqp_host, cfg.amqp_port),
+                                      ("amqps", "AMQP over TLS", cfg.amqps_host, cfg.amqps_port),
+                                      ("stream", "the stream protocol", cfg.stream_host, cfg.stream_port),
+                                      ("stream_tls", "the stream protocol over TLS", cfg.stream_tls_host,
+                                       cfg.stream_tls_port)):
+            if port is None:
+                reserved[key] = None
+                continue
             try:
-                self.amqps_port, socks = reserve_port(cfg.amqps_host, cfg.amqps_port)
+                reserved[key], socks = reserve_port(host, port)
                 self._reserved += socks
             except OSError as exc:
-                print(f"hutch-server: cannot listen for AMQP over TLS on port {cfg.amqps_port}: {_why(exc)}",
-                      file=sys.stderr)
+                print(f"hutch-server: cannot listen for {what} on port {port}: {_why(exc)}", file=sys.stderr)
                 return 1
+        self.amqp_port = reserved["amqp"] or 0
+        self.amqps_port, self.stream_port, self.stream_tls_port = (
+            reserved["amqps"], reserved["stream"], reserved["stream_tls"])
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._request_stop)
         self._loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
@@ -221,7 +230,7 @@ class Supervisor:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = WorkerSpec(w.index, len(self.workers), child_end.fileno(),
                           {j: s.fileno() for j, s in links.items()}, self.amqp_port, self.amqps_port,
-                          self.config.worker_own_ports)
+                          self.config.worker_own_ports, self.stream_port, self.stream_tls_port)
         env = dict(os.environ)
         env[SPEC_ENV] = spec.to_env()
         try:
@@ -296,11 +305,18 @@ class Supervisor:
         if sock is None:
             return
         try:
-            data = sock.recv(control.MAX_MESSAGE_BYTES)
+            data, fds, _flags, _addr = socket.recv_fds(sock, control.MAX_MESSAGE_BYTES, control.MAX_FDS)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, fds = b"", []
+        try:
+            self._handle(w, sock, data, fds)
+        finally:
+            for fd in fds:  # relayed (the receiver has its own copies) or refused: never kept here
+                os.close(fd)
+
+    def _handle(self, w: _Worker, sock: socket.socket, data: bytes, fds: list[int]) -> None:
         if not data:  # the worker is gone; `_watch` restarts it
             self._loop.remove_reader(sock.fileno())
             return
@@ -308,6 +324,10 @@ class Supervisor:
         try:
             doc = control.decode(data)
         except ValueError:
+            return
+        to, state = doc.get("handover"), doc.get("state")
+        if isinstance(to, int) and ((len(fds) == 1 and isinstance(state, str)) or (len(fds) == 2 and state is None)):
+            self._relay_handover(w, to, fds, state)
             return
         alarms = doc.get("alarms")
         if isinstance(alarms, list):
@@ -321,6 +341,18 @@ class Supervisor:
             self._send_alarms(w, self._node_alarms)
             log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
             self._announce()
+
+    def _relay_handover(self, sender: _Worker, to: int, fds: list[int], state: str | None) -> None:
+        """Pass a connection `sender` let go of to worker `to`, if it is ready to take it."""
+        target = self.workers[to] if 0 <= to < len(self.workers) and to != sender.index else None
+        if target is None or not target.ready or target.control is None:
+            log.warning("a connection handed from worker %d to worker %s was closed: that worker is not ready",
+                        sender.index, to)
+            return
+        try:
+            socket.send_fds(target.control, [control.encode_move("adopt", sender.index, state)], fds)
+        except (OSError, ValueError) as exc:
+            log.warning("a connection handed from worker %d to worker %d was closed: %s", sender.index, to, exc)
 
     def _share_alarms(self) -> None:
         """Memory and disk alarms are node-wide (as RabbitMQ's are cluster-wide): every worker is told the
@@ -367,7 +399,7 @@ class Supervisor:
         # listens for other nodes (docs/scaling.md, "A node of workers in a multi-node cluster")
         ports: dict[str, int] = dict(self.workers[0].ports)
         for w in self.workers[1:]:
-            ports.update({k: v for k, v in w.ports.items() if k.startswith("amqp_w")})
+            ports.update({k: v for k, v in w.ports.items() if k.startswith(("amqp_w", "stream_w"))})
         where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
         log.info("listening: %s (written to %s)", ", ".join(f"{k} {v}" for k, v in ports.items()), where)
 

@@ -109,13 +109,18 @@ class StreamQueueType(QueueTypeDefaults):
 
     def _choose_members(self, arguments: dict[str, Any], policy: dict[str, Any]) -> list[str]:
         """A new stream's members: `x-initial-cluster-size` of them (default: every node of the cluster,
-        as RabbitMQ's streams), the writer first, where the leader locator puts it."""
+        as RabbitMQ's streams; in a node of workers every worker), the writer first, where the leader
+        locator puts it."""
         cluster = self.cluster
         if cluster is None or self.replication is None:
             return [self.node.name]
         nodes = len(cluster.machine.members) or 1
         size = arguments.get("x-initial-cluster-size")
         size = min(size, nodes) if isinstance(size, int) and size > 0 else nodes
+        if self.node.config.worker_index is not None:
+            # a node of workers is one node outside: every worker replicates its streams, so a stream
+            # protocol connection on any worker publishes (through the writer) and reads its own copy
+            size = nodes
         locator = leader_locator(policy, arguments, self.node.config.queue_leader_locator)
         return cluster.choose_members(size, self._choose_writer(locator) if size > 1 else self.node.name)
 
@@ -163,7 +168,6 @@ class StreamQueueType(QueueTypeDefaults):
                                 filter_size_bytes=min(255, max(16, filter_bytes)) if isinstance(filter_bytes, int)
                                 else DEFAULT_FILTER_SIZE)
         handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock)
-        handle.placement.follow_loop(self.node.loop_load, count_busy=True)
         q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
         q.node_name = self.node.name
         q.members = [self.node.name]
@@ -262,6 +266,14 @@ class StreamQueueType(QueueTypeDefaults):
                           "stream", q.stream_id, members)
         self.node.apply_op(op)
         self.cluster.replicate(op)
+
+    def unreplicated(self, gid: int) -> StreamHandle | None:
+        """The handle of this node's stream of one member whose id is `gid`, if open (a node that is not a
+        member asks for its writer, offsets and sequences: `StreamLookup`)."""
+        for _v, q in queues_of(self.node.vhosts.values()):
+            if isinstance(q, StreamQueue) and q.stream_id == gid and q.replication is None and not q.deleted:
+                return q.handle
+        return None
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, StreamQueue)

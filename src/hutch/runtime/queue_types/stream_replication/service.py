@@ -25,7 +25,7 @@ import asyncio
 import logging
 import secrets
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from hutch.cluster import stream_replica as sr
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.clustering.raft_driver import RaftDriver
 from hutch.runtime.clustering.raft_group import Group, GroupClosed, NotLeader, ProposalTimeout
-from hutch.runtime.clustering.transport import RemoteError
+from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream_replication.member import NotWriter, ReplicatedStream
@@ -49,6 +49,8 @@ BARRIER_RETRY_S = 0.5
 APPEND_TIMEOUT_S = 30.0  # a publish waits this long for a writer and a majority, then is refused (nacked)
 APPEND_RETRY_S = 0.05    # while no writer takes it (an election), tried again this often
 DETECT_S = 0.5           # the failure detector's sweep
+LOOKUP_TIMEOUT_S = 2.0   # a member asked by a node that is not one (StreamLookup) answers within this
+LOOKUPS = ("writer", "offset", "sequence")
 ENDPOINT_RETRY_S, ENDPOINT_TRIES = 0.5, 120  # asking a booting peer for its stream listener
 
 
@@ -100,6 +102,8 @@ class StreamReplicationService:
         # this node's stream listener (host, port), when it has one (set by runtime/app.py)
         self.local_endpoint: Callable[[], tuple[str, int] | None] = lambda: None
         self.endpoints: dict[str, tuple[str, int]] = {}  # the other nodes' (asked when they come up)
+        # this node's open stream of one member with a group id (set by runtime/app.py; StreamLookup)
+        self.unreplicated: Callable[[int], StreamHandle | None] = lambda gid: None
         self._asking: set[str] = set()
         self._detector: asyncio.TimerHandle | None = None
         host.register(cm.StreamReplica, self._on_replica)
@@ -109,6 +113,7 @@ class StreamReplicationService:
         host.register(cm.StreamMember, self._on_member)
         host.register(cm.StreamPublish, self._on_publish)
         host.register(cm.StreamStoreOffset, self._on_store_offset)
+        host.register(cm.StreamLookup, self._on_lookup)
 
     # -- opening and closing ------------------------------------------------------------------------
 
@@ -427,6 +432,42 @@ class StreamReplicationService:
         if hosted is None or hosted.stream is None or not self.writes_here(gid):
             raise NotWriter(None if hosted is None else hosted.machine.state.writer)
         return hosted.stream
+
+    def _on_lookup(self, peer: str, m: cm.StreamLookup) -> Any:  # Any: the answer, by `what`
+        hosted = self.streams.get(m.gid)
+        if m.what not in LOOKUPS or len(m.reference) > 255:
+            raise cm.MalformedMessage(f"StreamLookup from {peer}: {m.what!r}")
+        if hosted is not None:
+            if m.what == "writer":
+                return hosted.machine.state.writer or ""
+            handle = None if hosted.stream is None else hosted.stream.handle
+        else:  # a stream of one member (not replicated) is its member's to write
+            handle = self.unreplicated(m.gid)
+            if handle is not None and m.what == "writer":
+                return self.host.name
+        if handle is None:
+            return None
+        if m.what == "offset":  # ([]: none stored, as None is "not answered")
+            offset = handle.query_offset(m.reference)
+            return [] if offset is None else [offset]
+        return handle.query_publisher_sequence(m.reference)
+
+    async def lookup(self, gid: int, members: Sequence[str], what: str, reference: bytes = b"") -> Any:
+        """For a stream this node is not a member of: `what` (see `StreamLookup`) as the first member that
+        is connected and has the stream open answers it (the record's first member, the writer it was
+        declared with, is asked first); None if none does."""
+        assert what in LOOKUPS
+        for member in members:
+            if member == self.host.name or not self.host.connected(member):
+                continue
+            try:
+                answer = await self.host.call(member, cm.StreamLookup(gid, what, reference), timeout=LOOKUP_TIMEOUT_S)
+            except (PeerUnavailable, RemoteError, TimeoutError, ConnectionError) as exc:
+                log.debug("stream group %d: %s not answered by %s: %r", gid, what, member, exc)
+                continue
+            if answer is not None and answer != "":
+                return answer
+        return None
 
     def _on_endpoint(self, peer: str, m: cm.StreamEndpoint) -> list[Any]:
         endpoint = self.local_endpoint()

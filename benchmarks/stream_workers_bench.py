@@ -1,0 +1,82 @@
+"""The stream protocol on a node of workers against one process (docs/scaling.md, "The stream protocol in
+every worker"): stream_rawload's confirmed and consumed msg/s and the node's CPU per message.
+
+Usage:
+    python benchmarks/stream_workers_bench.py [--workers 1,2] [--seconds 8] [--size 1000] [--publishers 1]
+
+For each worker count it starts `hutch-server --workers N --no-cluster --stream-port 0` (port 0, a fresh
+data directory, `workers.own_ports`) and runs `benchmarks/stream_rawload.py` (publishers with confirms and
+one consumer from `first`, each a process) on:
+- one process: its stream port;
+- N workers: "writer" (the stream created in worker 0 and every connection pinned to worker 0's own
+  port: publishes appended there, replicated to the others) and "other" (the stream created in worker 0,
+  every connection pinned to worker 1: publishes forwarded to worker 0, reads from worker 1's copy).
+The node's CPU is every process's (the supervisor and each worker) per confirmed message, as stream_rawload
+reads it with `--pid`. Prints one JSON line per run. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stream_rawload import open_connection, read_frame  # benchmarks/stream_rawload.py
+from workers_bench import start  # benchmarks/workers_bench.py
+
+from hutch.streamproto import commands as c
+from hutch.streamproto.codes import Code
+
+HERE = Path(__file__).resolve().parent
+
+
+def create(port: int, stream: str) -> None:
+    async def run() -> None:
+        reader, writer = await open_connection("127.0.0.1", port, "guest", "guest")
+        writer.write(c.encode(c.Create(1, stream, {})))
+        reply = await read_frame(reader)
+        writer.close()
+        assert reply.code in (Code.OK, Code.STREAM_ALREADY_EXISTS), reply
+    asyncio.run(run())
+
+
+def rawload(port: int, stream: str, pids: list[int], args: argparse.Namespace) -> dict[str, object]:
+    out = subprocess.run([sys.executable, str(HERE / "stream_rawload.py"), "--port", str(port), "--stream", stream,
+                          "-x", str(args.publishers), "-y", "1", "-s", str(args.size), "-b", "100", "-z",
+                          str(args.seconds), "--pid", ",".join(map(str, pids))],
+                         check=True, capture_output=True, text=True)
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--size", type=int, default=1000)
+    p.add_argument("--publishers", type=int, default=1)
+    args = p.parse_args()
+    for workers in [int(w) for w in args.workers.split(",")]:
+        with tempfile.TemporaryDirectory() as tmp:
+            conf = Path(tmp) / "hutch.conf"
+            conf.write_text("workers.own_ports = true\n")
+            proc, ports, pids = start(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)])
+            try:
+                runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [
+                    ("writer", ports["stream_w0"], ports["stream_w0"]), ("other", ports["stream_w0"], ports["stream_w1"])]
+                for i, (where, create_on, run_on) in enumerate(runs):
+                    stream = f"bench-{workers}-{i}"
+                    create(create_on, stream)
+                    print(json.dumps({"workers": workers, "connections_on": where, **rawload(run_on, stream, pids, args)}),
+                          flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Connection locality, the transfer: moving an open AMQP connection's socket and state to another worker
+of the node (docs/scaling.md, "Connection locality"; `workers.locality`).
+
+Owns: `Locality`, a worker's implementation of the session's `Handover` port (runtime/session/ports.py)
+and the receiving end. Moving a connection to worker N:
+1. the session judged it quiet and encoded its state (runtime/session/handover.py);
+2. here the client socket's descriptor is duplicated and sent to the supervisor over this worker's
+   control socket (`{"handover": N}`, `SCM_RIGHTS`), which relays it to worker N (`{"adopt": M}`). The
+   state rides in the same message (base64) when it is at most `INLINE_STATE_BYTES` (a connection that
+   moves at its first publish or consume usually has a few frames unread); a larger one follows on a
+   fresh `AF_UNIX` stream pair whose other end travels with the client's descriptor;
+3. the session drops its transport (the socket closes here only: the duplicate keeps the TCP
+   connection), and a large state is written on this end of the pair, then closed;
+4. worker N has the state (or reads it to the pair's end of file: at most `MAX_STATE_BYTES`, within
+   `STATE_TIMEOUT_S`) and adopts the socket as an open connection (the `adopt` callable the
+   composition root gives).
+
+Rules:
+- Nothing is lost silently: if worker N is not ready the supervisor closes the descriptors, if it dies
+  the kernel does (it held the last copy), and if its state does not arrive whole it closes the client's
+  connection itself with 320 CONNECTION_FORCED. In every case the client sees its connection end and
+  reconnects; a publish it had not been confirmed is its to resend, as on any connection loss.
+- Only a queue's stand-in (`remote`, its `home` a worker of this node that the link reaches) is a reason
+  to move; a connection is judged once (the session's rule), so it moves at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hutch.amqp import spec
+from hutch.amqp.errors import CONNECTION_FORCED
+from hutch.amqp.frames import method_frame
+from hutch.runtime.workers.control import INLINE_STATE_BYTES, MAX_STATE_BYTES
+from hutch.runtime.workers.link import WorkerLink
+from hutch.runtime.workers.spec import node_of_worker
+
+log = logging.getLogger("hutch.workers")
+
+STATE_TIMEOUT_S = 5.0
+
+Adopt = Callable[[socket.socket, bytes], Awaitable[None]]  # the composition root's: open the adopted socket
+
+
+def worker_index(name: str) -> int | None:
+    """N of a worker's name `<node>#w<N>`, else None."""
+    _node, sep, index = name.rpartition("#w")
+    return int(index) if sep and index.isdigit() else None
+
+
+class Locality:
+    """The `Handover` port of one worker, and its end for connections handed to it."""
+
+    def __init__(self, link: WorkerLink, node_name: str, index: int, peer_up: Callable[[str], bool],
+                 adopt: Adopt) -> None:
+        self.link = link
+        self.node_name = node_of_worker(node_name)  # the node's (a worker's own name works too)
+        self.index = index
+        self.peer_up = peer_up
+        self.adopt = adopt
+        self.moved_out = 0  # connections handed to another worker
+        self.adopted = 0  # connections taken from another worker
+        self.lost = 0  # connections handed to this worker and closed (their state did not arrive whole)
+        self._tasks: set[asyncio.Task[None]] = set()
+        link.on_adopt_connection(self.receive)
+
+    # -- the session's port ----------------------------------------------------------------------------
+    def home_of(self, queue: Any) -> int | None:  # Any: a queue of any type; only a stand-in has a home
+        home = getattr(queue, "home", None)
+        if not getattr(queue, "remote", False) or not isinstance(home, str) or node_of_worker(home) != self.node_name:
+            return None
+        index = worker_index(home)
+        if index is None or index == self.index or not self.peer_up(home):
+            return None
+        return index
+
+    def move(self, sock: Any, state: bytes, to: int) -> bool:  # Any: the transport's socket (uvloop's own kind)
+        try:
+            fd = os.dup(sock.fileno())
+        except OSError:
+            return False
+        if len(state) <= INLINE_STATE_BYTES:
+            try:
+                sent = self.link.send_handover(to, [fd], base64.b64encode(state).decode())
+            finally:
+                os.close(fd)
+            self.moved_out += sent
+            return sent
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sent = self.link.send_handover(to, [fd, theirs.fileno()])
+        finally:
+            os.close(fd)
+            theirs.close()
+        if not sent:
+            mine.close()
+            return False
+        self.moved_out += 1
+        self._spawn(self._send_state(mine, state, to))
+        return True
+
+    async def _send_state(self, sock: socket.socket, state: bytes, to: int) -> None:
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, state), STATE_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:  # worker `to` went away: the client's connection ended with it
+            log.warning("the state of a connection handed to worker %d was not sent: %s", to, exc)
+        finally:
+            sock.close()
+
+    # -- the receiving end -----------------------------------------------------------------------------
+    def receive(self, sender: int, client: socket.socket, state: str | socket.socket) -> None:
+        self._spawn(self._receive(sender, client, state))
+
+    async def _receive(self, sender: int, client: socket.socket, carried: str | socket.socket) -> None:
+        try:
+            if isinstance(carried, str):
+                state = base64.b64decode(carried, validate=True)
+            else:
+                try:
+                    state = await asyncio.wait_for(self._read_state(carried), STATE_TIMEOUT_S)
+                finally:
+                    carried.close()
+        except (OSError, TimeoutError, ValueError, binascii.Error) as exc:
+            log.warning("a connection handed over by worker %d is closed: its state did not arrive (%s)", sender, exc)
+            self.lost += 1
+            _refuse(client)
+            return
+        try:
+            await self.adopt(client, state)
+        except OSError as exc:  # the client's socket failed meanwhile
+            log.warning("a connection handed over by worker %d could not be adopted: %s", sender, exc)
+            self.lost += 1
+            client.close()
+            return
+        self.adopted += 1
+
+    async def _read_state(self, sock: socket.socket) -> bytes:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await loop.sock_recv(sock, 256 << 10)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_STATE_BYTES:
+                raise ValueError(f"state over {MAX_STATE_BYTES} bytes")
+            parts.append(chunk)
+        if not size:
+            raise ValueError("no state (its sender went away)")
+        return b"".join(parts)
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _refuse(client: socket.socket) -> None:
+    """Close a client's connection this worker cannot adopt: connection.close 320 first (best effort), so
+    the client learns why, then the socket."""
+    frame = method_frame(0, spec.Connection.Close(
+        reply_code=CONNECTION_FORCED, reply_text="CONNECTION_FORCED - the connection could not be moved "
+        "between the node's workers", class_id=0, method_id=0))
+    try:
+        client.setblocking(False)
+        client.send(frame)
+    except OSError:
+        pass
+    client.close()

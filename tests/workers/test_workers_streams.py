@@ -1,0 +1,326 @@
+"""The stream protocol on a node of 2 workers (docs/scaling.md, "The stream protocol in every worker"):
+every worker listens on the node's stream port, and rstream connections pinned to each worker (its own
+stream port, `workers.own_ports`) publish to a stream written in worker 0 through worker 1 with
+deduplication across a resend, read it from either worker, keep one single active consumer across the
+workers, store an offset on one worker and query it on the other, use a super stream created on the
+other worker, and get the same metadata (the node's one host and port) on every worker.
+
+A stream of a node of workers has every worker as a member (written by one, replicated by the others):
+these paths are the ones between nodes of a cluster (publishes forwarded to the writer, groups on the
+writer, stored offsets through the writer), over the worker link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import urllib.request
+from base64 import b64encode
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetSpecification,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
+from tests.conftest import ServerInfo, start_server
+from tests.workers.test_workers import CONFIG, connect, ports_file_names_worker, queue_json, until, worker_pid
+
+from hutch import portfile
+
+AUTH = {"username": "guest", "password": "guest"}
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("workers-streams"), "--workers", "2", "--stream-port", "0",
+                        config_text=CONFIG)
+    yield info
+    info.stop()
+
+
+def api(info: ServerInfo, path: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(f"{info.mgmt_url}{path}", method=method,
+                                 headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def own(info: ServerInfo, worker: int) -> int:
+    """Worker `worker`'s own stream port: a connection there lives in that worker."""
+    return info.ports[f"stream_w{worker}"]
+
+
+def numbered(i: int, prefix: str) -> AMQPMessage:
+    msg = AMQPMessage(body=f"{prefix}{i}".encode())
+    msg.publishing_id = i
+    return msg
+
+
+async def publish(port: int, stream: str, ids: range, prefix: str, name: str | None = None) -> None:
+    """Publish `ids` on `port` (reference `name`: deduplicated), every confirm awaited and positive."""
+    status: dict[int, bool] = {}
+    done = asyncio.Event()
+
+    async def on_confirm(s: Any) -> None:
+        status[s.message_id] = s.is_confirmed
+        if len(status) == len(ids):
+            done.set()
+
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        for i in ids:
+            await p.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
+        await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    assert all(status.values()) and sorted(status) == list(ids)
+
+
+async def read_first(port: int, stream: str, count: int) -> list[bytes]:
+    """The first `count` messages of `stream`, read by a subscription on `port` (one chunk per credit),
+    then whatever more arrives within a moment's reading (none is expected)."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+        got.append(bytes(msg.body))
+        if len(got) >= count:
+            done.set()
+
+    async with Consumer("127.0.0.1", port=port, **AUTH) as c:
+        await c.start()
+        await c.subscribe(stream, on, decoder=amqp_decoder,
+                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    return got
+
+
+async def create(port: int, stream: str) -> None:
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        await p.create_stream(stream)
+
+
+def test_every_worker_listens_and_a_stream_has_every_worker_as_a_member(node: ServerInfo) -> None:
+    assert {"stream", "stream_w0", "stream_w1"} <= set(node.ports)
+    asyncio.run(create(own(node, 0), "members"))
+    doc = queue_json(node, "members")
+    assert doc["type"] == "stream" and doc["node"] == "test@localhost"
+    assert len(doc["members"]) == 2 and doc["leader"] in doc["members"]
+
+
+def test_metadata_names_the_node_once_on_every_worker(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "where"))
+
+    async def metadata(port: int) -> tuple[Any, list[Any]]:
+        async with Producer("127.0.0.1", port=port, **AUTH) as p:
+            client = await p.default_client
+            leader, replicas = await client.query_leader_and_replicas("where")
+        return leader, replicas
+
+    for port in (own(node, 0), own(node, 1), node.ports["stream"]):
+        leader, replicas = asyncio.run(metadata(port))
+        assert (leader.host, leader.port) == ("127.0.0.1", port)  # (a worker's own port is told itself)
+        assert replicas == []  # one node: its workers are not other brokers
+
+
+def test_publish_through_worker_1_to_a_stream_written_in_worker_0_with_deduplication(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "dedup"))  # client-local: worker 0 writes it
+    assert queue_json(node, "dedup")["leader"].endswith("#w0")
+    asyncio.run(publish(own(node, 1), "dedup", range(1, 51), "d", name="app"))
+    asyncio.run(publish(own(node, 1), "dedup", range(26, 76), "d", name="app"))  # 26..50 resent: not stored
+    want = [b"d%d" % i for i in range(1, 76)]
+    for worker in (0, 1):  # each worker reads its own copy
+        assert asyncio.run(read_first(own(node, worker), "dedup", len(want))) == want, worker
+
+
+def test_single_active_consumer_across_the_workers(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "sac"))
+    bodies = [b"s%d" % i for i in range(10)]
+    asyncio.run(publish(own(node, 1), "sac", range(10), "s"))
+
+    async def run() -> None:
+        got: dict[str, list[bytes]] = {"on-w1": [], "on-w0": []}
+        updates: list[tuple[str, bool]] = []
+        consumers: dict[str, Consumer] = {}
+
+        async def join(who: str, port: int) -> None:
+            c = consumers[who] = Consumer("127.0.0.1", port=port, **AUTH)
+
+            async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+                got[who].append(bytes(msg.body))
+
+            async def on_update(is_active: bool, ctx: Any) -> Any:
+                updates.append((who, is_active))
+                return OffsetSpecification(OffsetType.FIRST, 0)
+
+            await c.start()
+            await c.subscribe("sac", on, decoder=amqp_decoder, consumer_update_listener=on_update,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+                              properties={"single-active-consumer": "true", "name": "billing"})
+
+        async def until(check: Any) -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while not check():
+                assert asyncio.get_running_loop().time() < deadline, (updates, got)
+                await asyncio.sleep(0.05)
+
+        try:
+            await join("on-w1", own(node, 1))  # first: active, though the group lives in worker 0
+            await until(lambda: got["on-w1"] == bodies)
+            await join("on-w0", own(node, 0))
+            assert updates == [("on-w1", True)]
+            # the group lives in worker 0 (the writer's), its first member's connection in worker 1
+            rows = await asyncio.to_thread(api, node, "/api/stream/consumer-groups/%2F/sac/billing")
+            assert [r["state"] for r in rows] == ["active (connected)", "waiting (connected)"]
+            await consumers.pop("on-w1").close()  # the next one, in the other worker, takes over
+            await until(lambda: got["on-w0"] == bodies)
+            assert updates == [("on-w1", True), ("on-w0", True)]
+        finally:
+            for c in consumers.values():
+                await c.close()
+    asyncio.run(run())
+
+
+def test_offset_stored_in_one_worker_is_queried_in_the_other(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "offsets"))
+    asyncio.run(publish(own(node, 0), "offsets", range(10), "o"))
+
+    async def query(port: int) -> int | None:
+        async with Consumer("127.0.0.1", port=port, **AUTH) as c:
+            try:
+                return await c.query_offset("offsets", "app")
+            except Exception:  # noqa: BLE001 - not stored (yet) there: rstream raises OffsetNotFound
+                return None
+
+    async def run() -> None:
+        async with Consumer("127.0.0.1", port=own(node, 1), **AUTH) as c:  # worker 1 does not write it
+            await c.store_offset("offsets", "app", 7)
+        deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+        for worker in (0, 1):
+            while await query(own(node, worker)) != 7:
+                assert asyncio.get_running_loop().time() < deadline, worker
+                await asyncio.sleep(0.1)
+    asyncio.run(run())
+
+
+def test_super_stream_created_in_one_worker_is_routed_in_the_other(node: ServerInfo) -> None:
+    async def run() -> None:
+        async with Producer("127.0.0.1", port=own(node, 1), **AUTH) as p:
+            client = await p.default_client
+            await client.create_super_stream("regions", ["regions-eu", "regions-us"], ["eu", "us"])
+        async with Producer("127.0.0.1", port=own(node, 0), **AUTH) as p:
+            client = await p.default_client
+            assert await client.partitions("regions") == ["regions-eu", "regions-us"]
+            assert await client.route("us", "regions") == ["regions-us"]
+        await publish(own(node, 0), "regions-us", range(3), "u")
+        assert await read_first(own(node, 1), "regions-us", 3) == [b"u0", b"u1", b"u2"]
+    asyncio.run(run())
+
+
+def test_stream_protocol_counters_are_the_nodes(node: ServerInfo) -> None:
+    """/metrics' rabbitmq_global_* of protocol "stream" count every worker's connections."""
+    def received() -> int:
+        with urllib.request.urlopen(f"{node.mgmt_url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        found = re.search(r'^rabbitmq_global_messages_received_total\{protocol="stream"\} (\d+)', text, re.M)
+        assert found is not None
+        return int(found.group(1))
+
+    asyncio.run(create(own(node, 0), "counted"))
+    before = received()
+    asyncio.run(publish(own(node, 1), "counted", range(5), "c"))  # received in worker 1
+    asyncio.run(publish(own(node, 0), "counted", range(5, 8), "c"))
+    assert received() - before == 8
+
+
+def test_management_lists_and_closes_the_stream_connections_of_every_worker(node: ServerInfo) -> None:
+    asyncio.run(create(own(node, 0), "listed"))
+
+    async def run() -> None:
+        p = Producer("127.0.0.1", port=own(node, 1), **AUTH, connection_name="in-w1")
+        await p.start()
+        try:
+            await p.send_wait("listed", AMQPMessage(body=b"x"))  # (a publisher declared in worker 1)
+            conns = await asyncio.to_thread(api, node, "/api/stream/connections")
+            mine = [c for c in conns if c["client_properties"].get("connection_name") == "in-w1"]
+            assert len(mine) == 1 and mine[0]["node"] == "test@localhost" and mine[0]["port"] == own(node, 1)
+            publishers = await asyncio.to_thread(api, node, "/api/stream/publishers/%2F/listed")
+            assert [r["connection_details"]["name"] for r in publishers] == [mine[0]["name"]]
+            everything = await asyncio.to_thread(api, node, "/api/connections")
+            assert any(c["name"] == mine[0]["name"] and c["protocol"] == "stream" for c in everything)
+            path = "/api/stream/connections/%2F/" + urllib.request.quote(mine[0]["name"], safe="")
+            await asyncio.to_thread(api, node, path, "DELETE")
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while any(c["name"] == mine[0]["name"] for c in await asyncio.to_thread(api, node, "/api/stream/connections")):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(Exception):  # (its socket was closed under it)
+                await p.close()
+    asyncio.run(run())
+
+
+def test_amqp_publishes_in_either_worker_and_reads_from_first_in_the_other(node: ServerInfo) -> None:
+    """Over AMQP 0-9-1 too: a stream declared in worker 0, published to through worker 1 with confirms and
+    through worker 0, read from `first` in worker 1 with its offsets (before, worker 1 held a stand-in that
+    read from `next` only)."""
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        c0.channel().queue_declare("amqp-s", durable=True, arguments={"x-queue-type": "stream"})
+        ch1 = c1.channel()
+        ch1.confirm_delivery()
+        for i in range(3):
+            ch1.basic_publish("", "amqp-s", b"w1-%d" % i)
+        ch0 = c0.channel()
+        ch0.confirm_delivery()
+        ch0.basic_publish("", "amqp-s", b"w0")
+        reader = c1.channel()
+        reader.basic_qos(prefetch_count=10)
+        got: list[tuple[int, bytes]] = []
+        reader.basic_consume("amqp-s", lambda ch, m, props, body: (got.append((props.headers["x-stream-offset"], body)),
+                                                                    ch.basic_ack(m.delivery_tag)),
+                             arguments={"x-stream-offset": "first"})
+        until(lambda: c1.process_data_events(0.05) or len(got) >= 4, what="4 messages")
+        assert [b for _, b in got] == [b"w1-0", b"w1-1", b"w1-2", b"w0"]
+        offsets = [o for o, _ in got]
+        assert offsets == sorted(set(offsets))
+
+
+@pytest.mark.slow
+def test_either_worker_killed_a_deduplicating_publisher_resends_and_every_message_is_there_once(
+        tmp_path: Path) -> None:
+    """`kill -9` of the worker that does not write, then of the writer: each restarts (its copy of the
+    stream from its files), a publisher with a reference resends overlapping ids through worker 1, and
+    both workers read every message once, in order."""
+    info = start_server(tmp_path, "--workers", "2", "--stream-port", "0", config_text=CONFIG)
+    try:
+        def port(worker: int) -> int:
+            doc = portfile.read(info.data_dir)
+            assert doc is not None
+            return int(doc["listeners"][f"stream_w{worker}"])
+
+        asyncio.run(create(port(0), "kept"))
+        asyncio.run(publish(port(1), "kept", range(1, 11), "k", name="app"))
+        for victim, ids in ((1, range(5, 21)), (0, range(15, 31))):
+            old = worker_pid(info, victim)
+            assert old is not None
+            os.kill(old, signal.SIGKILL)
+            until(lambda v=victim, o=old: worker_pid(info, v) not in (None, o) and ports_file_names_worker(info, v),
+                  timeout=TIMEOUT_S, what=f"worker {victim} back")
+            asyncio.run(publish(port(1), "kept", ids, "k", name="app"))  # (the ids before ids.stop stored once)
+            want = [b"k%d" % i for i in range(1, ids.stop)]
+            for worker in (0, 1):
+                assert asyncio.run(read_first(port(worker), "kept", len(want))) == want, (victim, worker)
+    finally:
+        info.stop()
