@@ -55,7 +55,7 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from .nodes import Cluster, Node, short
+from .nodes import Cluster, Node, node_of, short
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -86,6 +86,7 @@ class JepsenConfig:
     stall_timeout: float = 20.0  # ... and without any progress
     config_text: str | None = None  # the nodes' hutch.conf (default: the harness's FAST)
     kind: str = "quorum"  # or "stream": a replicated stream, read back on every member after healing
+    workers: str = "1"  # --workers of every node: "2" is a cluster of nodes of 2 worker processes each
 
 
 @dataclass
@@ -120,7 +121,8 @@ class JepsenResult:
     def summary(self) -> str:
         c = self.config
         head = (f"jepsen {'' if c.get('kind', 'quorum') == 'quorum' else c['kind'] + ' '}"
-                f"{c['nodes']} nodes seed {c['seed']} {c['seconds']:.0f}s: "
+                f"{c['nodes']} nodes{'' if c.get('workers', '1') == '1' else ' x ' + c['workers'] + ' workers'} "
+                f"seed {c['seed']} {c['seconds']:.0f}s: "
                 f"attempted {self.attempted}, "
                 f"confirmed {self.confirmed}, lost {len(self.lost)}, phantom {len(self.phantom)}, "
                 f"failed {self.failed}, unknown {self.unknown} "
@@ -401,7 +403,8 @@ class Nemesis(threading.Thread):
             if node.running() and node.name not in self.paused:
                 info = queue_info(node, self.cfg.queue, timeout=3)
                 if info and info.get("leader"):
-                    return next((n for n in self.nodes if n.full_name == info["leader"]), None)
+                    # (a node of workers: the leader is one of its workers, `<node>#w<N>`)
+                    return next((n for n in self.nodes if n.full_name == node_of(info["leader"])), None)
         return None
 
     def victims(self, count: int) -> list[Node]:
@@ -567,14 +570,15 @@ def stable_port() -> int:
     raise RuntimeError("no free port outside the ephemeral range")
 
 
-def start_cluster(tmp: Path, n: int, config_text: str | None = None) -> Cluster:
-    """Like `Cluster.start`, with ports outside the ephemeral range (see `stable_port`)."""
+def start_cluster(tmp: Path, n: int, config_text: str | None = None, workers: str = "1") -> Cluster:
+    """Like `Cluster.start`, with ports outside the ephemeral range (see `stable_port`); `workers`: each
+    node's --workers (a node of workers' other workers listen for other nodes on ports of their own)."""
     cluster = Cluster(tmp)
     try:
         for i in range(n):
             name = f"n{i + 1}"
             node = Node(name, tmp / name, stable_port(), stable_port(), stable_port(),
-                        cluster.nodes[0].seed if cluster.nodes else None,
+                        cluster.nodes[0].seed if cluster.nodes else None, workers=workers,
                         **({} if config_text is None else {"config_text": config_text}))
             cluster.nodes.append(node)
             node.start()
@@ -614,7 +618,8 @@ def _wait_healthy(cluster: Cluster, cfg: JepsenConfig, deadline: float) -> str |
                 ok = False
                 break
             info = queue_info(node, cfg.queue)
-            if not info or not info.get("leader") or set(info.get("online") or []) != names:
+            # (a node of workers: its members are workers, `<node>#w<N>`)
+            if not info or not info.get("leader") or {node_of(m) for m in info.get("online") or []} != names:
                 last = f"{node.name}: queue info {info and {k: info.get(k) for k in ('leader', 'online')}}"
                 ok = False
                 break
@@ -668,7 +673,7 @@ def run(tmp: Path, cfg: JepsenConfig, cluster: Cluster | None = None) -> JepsenR
     pika_log.setLevel(logging.CRITICAL)  # failed connections are expected here, by the thousand
     try:
         if cluster is None:
-            cluster = start_cluster(tmp, cfg.nodes, cfg.config_text)
+            cluster = start_cluster(tmp, cfg.nodes, cfg.config_text, cfg.workers)
         try:
             return _run(cluster, cfg, result)
         finally:
@@ -752,7 +757,7 @@ def _drain(cluster: Cluster, cfg: JepsenConfig, history: History, consumers: lis
         with history.lock:
             total = sum(history.consumed.values())
         lead = next((x for x in cluster.nodes
-                     if (i := queue_info(x, cfg.queue)) and i.get("leader") == x.full_name), None)
+                     if (i := queue_info(x, cfg.queue)) and node_of(i.get("leader") or "") == x.full_name), None)
         info = queue_info(lead, cfg.queue) if lead is not None else None
         counts = info and (info.get("messages_ready"), info.get("messages_unacknowledged"))
         now = time.monotonic()

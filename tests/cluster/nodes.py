@@ -9,6 +9,11 @@ from its ports file (hutch/portfile.py); n1 reports its inter-node port before n
 A restart asks for the same ports again: the other members know the node at its inter-node port. (The
 Jepsen and storage-fault harnesses, whose nodes are killed and restarted under load, pick ports outside
 the ephemeral range instead: jepsen.py's `stable_port`.)
+
+Nodes of workers (`workers="2"`, `Cluster.start(tmp, 3, workers="2")`; docs/scaling.md, "A node of workers
+in a multi-node cluster"): the node's process is its supervisor, and a node's `kill` (-9), `pause` and
+`resume` signal the supervisor and every worker at once, as a machine's crash or a stopped VM would; its
+inter-node port is its worker 0's, the seed the others join through.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ class Node:
         assert self.proc is not None
         ports = node_ports(self.directory / "data", self.proc, self.logs[-1], timeout)
         self.amqp_port, self.management_port = ports["amqp"], ports["management"]
-        self.cluster_port = ports.get("cluster", 0)  # a node of workers has no inter-node port (not joinable)
+        self.cluster_port = ports.get("cluster", 0)  # a node of workers: its worker 0's (the node's seed)
 
     def reported_ports(self) -> bool:
         """Whether this process has written its ports file (its listeners are open)."""
@@ -106,28 +111,50 @@ class Node:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def worker_pids(self) -> list[int]:
+        """The node's worker processes (a node of workers: the supervisor's children), none for one process."""
+        if self.proc is None or self.workers == "1":
+            return []
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def _signal_all(self, sig: int, pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        workers = self.worker_pids()
         if sig == signal.SIGTERM:
-            os.kill(self.proc.pid, signal.SIGCONT)
+            self._signal_all(signal.SIGCONT, [self.proc.pid, *workers])
+        elif sig == signal.SIGKILL:  # the node's crash: its workers die with it, not after it
+            self._signal_all(signal.SIGKILL, workers)
         self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self._signal_all(signal.SIGKILL, workers)
             self.proc.kill()
             self.proc.wait(timeout)
+        _wait_gone(workers, timeout)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
     def pause(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP, [self.proc.pid, *self.worker_pids()])
 
     def resume(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
+        self._signal_all(signal.SIGCONT, [self.proc.pid, *self.worker_pids()])
 
     # -- the HTTP API ----------------------------------------------------------------------------------
     def api(self, method: str, path: str, body: Any = None, user: str = "guest", password: str = "guest",
@@ -166,6 +193,7 @@ class Cluster:
         self.nodes: list[Node] = []
 
     def add(self, name: str | None = None, join: bool = True, start: bool = True, **kw: Any) -> Node:
+        """A node (`workers="2"` among `kw`: a node of 2 workers), joining the first one unless `join` is False."""
         name = name or f"n{len(self.nodes) + 1}"
         seed = self.nodes[0].seed if join and self.nodes else None
         node = Node(name, self.tmp / name, 0, 0, 0, seed, **kw)  # port 0: learnt from the ports file
@@ -175,10 +203,10 @@ class Cluster:
         return node
 
     @classmethod
-    def start(cls, tmp: Path, n: int) -> Cluster:
+    def start(cls, tmp: Path, n: int, workers: str = "1") -> Cluster:
         c = cls(tmp)
         for _ in range(n):
-            c.add()
+            c.add(workers=workers)
         return c
 
     def __getitem__(self, i: int) -> Node:
@@ -218,8 +246,28 @@ class Cluster:
 
 
 def short(name: str) -> str:
-    """'n1@localhost' -> 'n1'."""
+    """'n1@localhost' -> 'n1' (and a worker's 'n1@localhost#w0' -> 'n1')."""
     return name.split("@", 1)[0]
+
+
+def node_of(name: str) -> str:
+    """A member's node: 'n1@localhost#w1' -> 'n1@localhost' (a node's own name stays)."""
+    node, sep, index = name.rpartition("#w")
+    return node if sep and index.isdigit() else name
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Until none of `pids` runs (a killed node's workers, reaped by whoever adopted them)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.02)
 
 
 def member_names(doc: dict[str, Any]) -> list[str]:

@@ -9,7 +9,8 @@ test") says what is checked. `make test` runs one short seeded run on 3 nodes (s
 adds seed 5); `make jepsen` (and `make test-slow`) runs the long ones on 3 and 5 nodes, or on the node
 counts HUTCH_JEPSEN_NODES names ("5", "3,5,7"): HUTCH_JEPSEN_SEEDS ("1-8", "3,7,11"; default 1-4) and
 HUTCH_JEPSEN_SECONDS (per run, default 60). Every run prints one summary line, lost and phantom counts
-included.
+included. The same workload on 3 nodes of 2 worker processes each (`workers="2"`): seeds 2 and 5 short,
+and the long seeds, in the slow set.
 """
 
 from __future__ import annotations
@@ -76,6 +77,24 @@ def test_jepsen_3_nodes(tmp_path: Path, seed: int) -> None:
 @pytest.mark.parametrize("nodes", _numbers("HUTCH_JEPSEN_NODES", "3,5"))
 def test_jepsen_long(tmp_path: Path, nodes: int, seed: int) -> None:
     check(tmp_path, JepsenConfig(nodes=nodes, seconds=_seconds(), seed=seed))
+
+
+# nodes of worker processes (docs/scaling.md, "A node of workers in a multi-node cluster"): 3 nodes of 2
+# workers each, every worker a member; a node's kill -9 and pause take its supervisor and its workers
+WORKER_SEEDS = [pytest.param(2, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)]
+
+
+@pytest.mark.timeout(FAST_SECONDS + 200)
+@pytest.mark.parametrize("seed", WORKER_SEEDS)
+def test_jepsen_3_nodes_of_2_workers(tmp_path: Path, seed: int) -> None:
+    check(tmp_path, JepsenConfig(nodes=3, seconds=FAST_SECONDS, seed=seed, workers="2"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(_seconds() + 300)
+@pytest.mark.parametrize("seed", _numbers("HUTCH_JEPSEN_SEEDS", "1-4"))
+def test_jepsen_workers_long(tmp_path: Path, seed: int) -> None:
+    check(tmp_path, JepsenConfig(nodes=3, seconds=_seconds(), seed=seed, workers="2"))
 
 
 # the stream workload (docs/streams.md, "On the node"): `make test` runs seed 3; the slow set runs the seeds

@@ -643,3 +643,48 @@ async def test_silent_sockets_from_one_source_cannot_keep_a_peer_out(caplog):
             writer.close()
         await n2.stop()
         await n1.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_of_a_node_in_a_cluster_links_its_own_workers_by_pair_and_the_others_by_network(make: Make):
+    """A node of workers in a multi-node cluster (docs/scaling.md): `paired=True, network=True`. Its two
+    workers share a socket pair and never dial each other; another node's member dials both; one of them
+    dialling its sibling over the network (with the secret, under its own name) is refused; and a node
+    dialled under the node's name (a `--join` seed) may answer as its worker 0."""
+    import socket
+
+    from hutch.runtime.workers.membership import same_node, seed_answers
+
+    def worker(name: str) -> Node:
+        return Node(name, paired=True, network=True, answers_as=seed_answers,
+                    is_sibling=lambda peer, me=name: peer != me and same_node(peer, me))
+
+    w0, w1 = worker("a@h#w0"), worker("a@h#w1")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    w0.t.adopt(w1.name, ours)
+    w1.t.adopt(w0.name, theirs)
+    for w in (w0, w1):
+        await w.t.start()
+    other = await make("b@h", answers_as=seed_answers)
+    try:
+        await until(lambda: w0.t.connected(w1.name) and w1.t.connected(w0.name), what="the worker link")
+        w0.t.set_peer(w1.name, "127.0.0.1", w1.t.port)  # learnt from the member table: never dialled
+        await connect(other, w0)
+        await connect(other, w1)
+        assert await other.t.call(w1.name, "hi") == {"from": other.name, "echo": "hi"}
+        assert await w0.t.call(w1.name, "hi") == {"from": w0.name, "echo": "hi"}
+        assert w0.t._peers[w1.name].dialing is None and w0.t._peers[w1.name].retry is None
+        # a sibling's name over the network is refused by the acceptor
+        impostor = await make("a@h#w1-net", answers_as=seed_answers)
+        impostor.t.node_name = w1.name
+        impostor.t.set_peer(w0.name, "127.0.0.1", w0.t.port)
+        await until(lambda: any(key[0] == "sibling" for key in w0.t._warned), what="the refusal")
+        assert not impostor.t.connected(w0.name) and w0.ups(w1.name) == 1
+        # the node's name dialled (a join seed) reaches its worker 0
+        seed = await make("c@h", answers_as=seed_answers)
+        seed.t.set_peer("a@h", "127.0.0.1", w0.t.port)
+        await until(lambda: seed.t.connected("a@h"), what="the seed's worker 0")
+        assert (await seed.t.call("a@h", "x"))["from"] == seed.name
+    finally:
+        for w in (w0, w1):
+            await w.t.stop()

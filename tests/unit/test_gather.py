@@ -236,6 +236,16 @@ def test_the_statistics_samples_of_n_agents_are_those_of_one_holding_everything(
         assert merged["churn"].get(key, 0) == sum(a["churn"].get(key, 0) for a in answers)
 
 
+def test_an_agent_none_of_whose_channels_closed_yet_adds_nothing_to_the_closed_totals():
+    """Found on 3 nodes of 2 workers: one worker answers an empty row of closed-channel counters (none of
+    its channels closed yet), another a full one; the merge indexed past the empty row and the node's
+    statistics sampling failed every 5 s."""
+    empty = {"queues": [], "channels": [], "connections": [], "closed": [], "churn": {}}
+    full = {**empty, "closed": list(range(11))}
+    assert merge_samples([empty, full])["closed"] == list(range(11))
+    assert merge_samples([full, empty])["closed"] == list(range(11))
+
+
 metric_samples_of_one_agent = st.fixed_dictionaries({
     "connections": st.lists(st.integers(0, 99).map(lambda i: [f"c{i}", i, i, i % 3]), max_size=3),
     "channels": st.lists(st.integers(0, 99).map(lambda i: [f"c{i} (1)", "/", [i] * len(CHANNEL_METRIC_FIELDS)]),

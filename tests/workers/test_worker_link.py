@@ -95,3 +95,32 @@ async def test_adopt_is_only_for_a_paired_transport() -> None:
     with pytest.raises(ValueError, match="own name"):
         a.t.adopt("n#w0", socket.socket())
 
+
+
+@pytest.mark.asyncio
+async def test_a_pause_of_the_whole_node_keeps_the_link() -> None:
+    """Found by the Jepsen runs on nodes of workers: a node paused as a whole (SIGSTOP of the supervisor
+    and every worker) and continued; each worker saw the other silent for longer than the peer timeout and
+    closed the link, which nothing reopens (the supervisor pairs workers only when one restarts). A worker
+    whose own loop did not run for that long takes the silence as its own: the link stays."""
+    a, b = paired("n#w0"), paired("n#w1")
+    s0, s1 = socket.socketpair()
+    a.t.adopt("n#w1", s0)
+    b.t.adopt("n#w0", s1)
+    await a.t.start()
+    await b.t.start()
+    try:
+        await until(lambda: a.t.connected("n#w1") and b.t.connected("n#w0"), what="both ends up")
+        loop = asyncio.get_running_loop()
+        for node in (a, b):  # as after SIGCONT: no tick and nothing read for 10 peer timeouts
+            node.t._ticked_at = loop.time() - TIMEOUT * 10
+            for conn in node.open_conns():
+                conn.last_rx = loop.time() - TIMEOUT * 10
+        ticks = [a.t._ticked_at, b.t._ticked_at]
+        await until(lambda: [a.t._ticked_at, b.t._ticked_at] != ticks and a.t._ticked_at > ticks[0]
+                    and b.t._ticked_at > ticks[1], what="a tick on both")
+        assert a.t.connected("n#w1") and b.t.connected("n#w0") and a.downs("n#w1") == b.downs("n#w0") == 0
+        assert await a.t.call("n#w1", "still") == {"from": "n#w0", "echo": "still"}
+    finally:
+        await a.t.stop()
+        await b.t.stop()

@@ -260,10 +260,11 @@ def test_nodes_figures_are_the_nodes_summed_over_the_workers(node: ServerInfo) -
 
 def test_a_node_of_workers_refuses_to_join_a_cluster_in_one_line(node: ServerInfo) -> None:
     """`hutchctl join_cluster` (POST /api/cluster-join) on a node of workers: 400 saying why and what to
-    do, not worker 0 leaving its node's internal cluster (a node of workers cannot join one yet)."""
+    do, not worker 0 leaving its node's internal cluster (a node of workers joins one with --join at its
+    start: every worker joins)."""
     reply = Api(node.mgmt_url).call("POST", "/api/cluster-join", {"node": "n1@127.0.0.1:25999"})
     assert reply.status == 400
-    assert "cannot join a multi-node cluster yet" in reply.body["reason"] and "--workers 1" in reply.body["reason"]
+    assert "cannot join another cluster" in reply.body["reason"] and "--join" in reply.body["reason"]
 
 
 def test_an_import_is_in_every_worker_when_it_is_answered(node: ServerInfo) -> None:

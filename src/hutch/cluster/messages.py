@@ -606,6 +606,16 @@ class AgentQuery(NamedTuple):
     args: list[Any]
 
 
+@request_kind(131)
+class BlockPeers(NamedTuple):
+    """Fault injection (tests, `cluster.fault_injection`) in a node of workers: worker 0, which answers the
+    management API, tells its other workers to block (or unblock) these members too, so that a node is cut
+    off from a node as a whole. Reply: True."""
+
+    names: list[str]
+    blocked: bool
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -614,7 +624,7 @@ Record: TypeAlias = (
     | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
-    | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery
+    | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
@@ -622,7 +632,7 @@ Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
     | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
-    | LimitQuery
+    | LimitQuery | BlockPeers
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

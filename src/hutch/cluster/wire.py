@@ -28,6 +28,7 @@ import enum
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,12 +366,16 @@ class Handshake:
     """
 
     def __init__(self, role: Role, *, node: str, secret: bytes, nonce: bytes, host: str, port: int,
-                 max_frame_bytes: int, expected_node: str | None = None) -> None:
+                 max_frame_bytes: int, expected_node: str | None = None,
+                 answers_as: Callable[[str, str], bool] | None = None) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         self.role = role
         self.hello = Hello(node, host, port, nonce, max_frame_bytes)
         self.expected_node = expected_node
+        # (expected, found) -> whether the node dialled as `expected` may answer as `found` (a join seed
+        # `n1@host` answering as its worker 0 `n1@host#w0`); default: only as itself
+        self.answers_as = answers_as
         self.peer: Hello | None = None
         self.state = HandshakeState.START if role is Role.DIALLER else HandshakeState.AWAIT_HELLO
         self._secret = secret
@@ -435,7 +440,8 @@ class Handshake:
         if self.role is Role.ACCEPTOR:
             self.state = HandshakeState.AWAIT_PROOF
             return encode_frame(self.hello.to_wire())
-        if self.expected_node is not None and peer.node != self.expected_node:
+        if self.expected_node is not None and peer.node != self.expected_node and not (
+                self.answers_as is not None and self.answers_as(self.expected_node, peer.node)):
             raise HandshakeFailed(Reason.UNEXPECTED_NODE,
                                   f"expected node {self.expected_node!r} there, found {peer.node!r}",
                                   reply=encode_refused(Reason.UNEXPECTED_NODE, f"expected {self.expected_node}"))

@@ -50,9 +50,9 @@ async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
     cluster = _cluster(node)
     if not isinstance(body, dict) or not isinstance(body.get("node"), str):
         raise bad_request('expected {"node": "NODE@HOST:PORT"}')
-    if node.public_name != node.name:  # a worker: its cluster is its node's workers (docs/scaling.md)
-        raise bad_request(f"node {node.public_name} runs worker processes: a node of workers cannot join a "
-                          "multi-node cluster yet; start it with --workers 1 to cluster it")
+    if node.public_name != node.name:  # a worker: its workers joined at their start (docs/scaling.md)
+        raise bad_request(f"node {node.public_name} runs worker processes: a running node of workers cannot "
+                          "join another cluster; start it with --join (and its inter-node port) instead")
     from hutch.runtime.clustering.service import parse_seed
     from hutch.runtime.errors import ClusterUnavailable
     try:
@@ -79,15 +79,17 @@ async def forget(node: Node, p: Principal, name: str) -> None:
         raise _unavailable(exc) from None
 
 
-def faults(node: Node, p: Principal, body: Any) -> dict[str, Any]:
+async def faults(node: Node, p: Principal, body: Any) -> dict[str, Any]:
     require_admin(p)
     cluster = _cluster(node)
     if not node.config.cluster_fault_injection:
         raise not_found_because("fault injection is off (cluster.fault_injection = true enables it)")
     if not isinstance(body, dict):
         raise bad_request('expected {"block": [NODE, ...], "unblock": [NODE, ...]}')
-    for name in body.get("block", []):
-        cluster.transport.block(str(name))
-    for name in body.get("unblock", []):
-        cluster.transport.unblock(str(name))
+    for key, blocked in (("block", True), ("unblock", False)):
+        names = body.get(key, [])
+        if not isinstance(names, list):
+            raise bad_request(f'"{key}" must be a list of node names')
+        if names:  # a node of workers: every worker of those nodes, in every worker of this one
+            await cluster.set_blocked([str(n) for n in names], blocked)
     return {"connected": sorted(cluster.transport.connected_peers())}

@@ -115,8 +115,8 @@ async def _cluster_forget(c: Call) -> Any:
 @route("POST", "/api/cluster-faults", "Cut or restore inter-node links: {\"block\": [NODE], \"unblock\": "
        "[NODE]}; only with cluster.fault_injection = true (hutch, tests)", tag="cluster", body="Any",
        reply="Any", codes=(400, 404))
-def _cluster_faults(c: Call) -> Any:
-    return cluster.faults(c.node, c.principal, c.body)
+async def _cluster_faults(c: Call) -> Any:
+    return await cluster.faults(c.node, c.principal, c.body)
 
 
 # cluster operations must work without a majority: no read barrier before them

@@ -36,7 +36,8 @@ from hutch.core.counters import ZERO_CHANNEL, add, msg_stats, values_of
 from hutch.core.message import Message
 from hutch.core.routing import EXCHANGE_TYPES
 from hutch.runtime import listen, procinfo
-from hutch.runtime.workers.spec import node_of_worker
+from hutch.runtime.workers.membership import nodes_of
+from hutch.runtime.workers.spec import node_of_worker, worker_name
 
 from . import stats as _stats
 from .access import (
@@ -277,16 +278,29 @@ def serve_node_info(node: Node, agent: ManagementAgentPort) -> None:
         cluster.register(cm.NodeInfo, answer)
 
 
-async def _member_info(node: Node, name: str) -> dict[str, Any]:
+async def _member_info(node: Node, name: str, members: list[str] | None = None) -> dict[str, Any]:
+    """Node `name`'s `node_info`, asked of the member that answers for it: the node itself, or for a node
+    of workers its first worker (worker 0, whose management agent gathers the node's workers)."""
     cluster = cluster_service(node)
     assert cluster is not None
-    if cluster.transport.connected(name):
-        try:
-            info: dict[str, Any] = await cluster.call(name, cm.NodeInfo(), timeout=2.0)
-            return info
-        except Exception:  # noqa: BLE001 - a node that does not answer is shown as not running
-            pass
+    for member in members or [name]:
+        if cluster.transport.connected(member):
+            try:
+                info: dict[str, Any] = await cluster.call(member, cm.NodeInfo(), timeout=2.0)
+                return info
+            except Exception:  # noqa: BLE001 - a node that does not answer is shown as not running
+                pass
     return {"name": name, "type": "disc", "running": False}
+
+
+def _other_nodes(node: Node) -> dict[str, list[str]]:
+    """The cluster's other nodes, each with its members (a node of workers: its workers, worker 0 first;
+    they are one node outside, docs/scaling.md)."""
+    cluster = cluster_service(node)
+    if cluster is None:
+        return {}
+    grouped = nodes_of(m for m in sorted(cluster.machine.members) if not _own_member(node, m))
+    return {name: sorted(ms, key=lambda m: (m != worker_name(name, 0), m)) for name, ms in grouped.items()}
 
 
 def _own_member(node: Node, member: str) -> bool:
@@ -303,8 +317,7 @@ async def list_cluster_nodes(agent: ManagementAgentPort, node: Node, p: Principa
     cluster = cluster_service(node)
     if cluster is None:
         return [own]
-    others = [m for m in cluster.machine.members if not _own_member(node, m)]
-    return [own, *[await _member_info(node, m) for m in others]]
+    return [own, *[await _member_info(node, name, ms) for name, ms in _other_nodes(node).items()]]
 
 
 async def get_cluster_node(agent: ManagementAgentPort, node: Node, p: Principal, name: str, now_ms: float,
@@ -312,10 +325,10 @@ async def get_cluster_node(agent: ManagementAgentPort, node: Node, p: Principal,
     require_monitor(p)
     if name == node.public_name:
         return await own_node_info(agent, node, now_ms, stats)
-    cluster = cluster_service(node)
-    if cluster is None or name not in cluster.machine.members or _own_member(node, name):
-        raise not_found()  # a worker of this node is no node of its own
-    return await _member_info(node, name)
+    others = _other_nodes(node)
+    if name not in others:
+        raise not_found()  # a worker (of this node or another) is no node of its own
+    return await _member_info(node, name, others[name])
 
 
 # -- aliveness --------------------------------------------------------------------------------------

@@ -252,7 +252,10 @@ class WorkersAgent(GatheringAgent):
             for q in answer:
                 if q.get("node") in workers:
                     q["worker"] = workers[q["node"]]
-        return in_order([*homes, answers[0]], keys, frozenset(workers), self.name)
+        # a quorum queue is in every worker (each answers as its home): first the answer of one that knows
+        # its leader (a member; in a multi-node cluster a node's member may be any of its workers)
+        led = [[q for q in answer if q.get("type") == "quorum" and q.get("leader")] for answer in answers]
+        return in_order([*led, *homes, answers[0]], keys, frozenset(workers), self.name)
 
     async def samples(self) -> dict[str, Any]:
         answers = await asyncio.gather(*(a.samples() for a in self.agents))

@@ -418,7 +418,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             print(f"hutch-server: {exc}", file=sys.stderr)
             await cluster.stop()
             return 1
-        if worker is None:
+        if cluster.transport.network:  # (a node of workers alone: its workers' link only, no port)
             node.listener_ports["cluster"] = cluster.transport.port
         node.recover_messages()
     if prepare is not None:

@@ -71,7 +71,8 @@ def merge_samples(answers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The statistics samples of several agents as one node's: lists concatenated, the closed channels'
     counters summed position by position, churn summed by name."""
     width = max((len(a["closed"]) for a in answers), default=0)
-    closed = [sum(a["closed"][i] for a in answers) for i in range(width)]
+    # (an agent none of whose channels closed yet answers an empty row)
+    closed = [sum(a["closed"][i] for a in answers if i < len(a["closed"])) for i in range(width)]
     return {"queues": [row for a in answers for row in a["queues"]],
             "channels": [row for a in answers for row in a["channels"]],
             "connections": [row for a in answers for row in a["connections"]],

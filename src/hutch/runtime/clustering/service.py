@@ -22,7 +22,11 @@ Rules:
 - A worker of a node with worker processes (runtime/workers/) is a member of the node's internal
   cluster (`config.worker_index` is set): its transport is paired (the socket pairs the supervisor
   made, adopted by the worker's control link; no listener, no handshake) and its peers are the node's
-  other workers; everything above holds unchanged.
+  other workers; everything above holds unchanged. A node of workers set up for a multi-node cluster
+  (`--join`, or an inter-node port given: `cluster_port_set` in the worker's Config) is both: every
+  worker of every node is a member, its own node's workers over the worker link and the others over the
+  network (docs/scaling.md, "A node of workers in a multi-node cluster"; runtime/workers/membership.py).
+  Placement picks members on distinct nodes, and the status names nodes, never workers.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ from hutch.runtime.clustering.raft_group import Group
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
 from hutch.runtime.errors import ClusterUnavailable
 from hutch.runtime.ports import ClusterNodePort, ClusterSubsystem
+from hutch.runtime.workers import membership
+from hutch.runtime.workers.spec import node_of_worker
 from hutch.storage.raft_log import RaftLogOptions
 
 log = logging.getLogger("hutch.cluster")
 
 IDENTITY_FILE = "node.json"
+LISTEN_PORT_FILE = "listen_port"  # a worker's own inter-node port, listened on again after a restart
 SECRET_FILE = ".hutch.secret"
 RETRY_S = 0.05
 
@@ -121,7 +128,10 @@ class ClusterService:
         self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
                                    on_message=self._on_message, on_request=self._on_request,
                                    on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down,
-                                   paired=cfg.worker_index is not None)
+                                   paired=cfg.worker_index is not None,
+                                   # a worker of a node set up for a multi-node cluster: the network too
+                                   network=cfg.worker_index is None or cfg.cluster_port_set,
+                                   is_sibling=self.is_sibling, answers_as=membership.seed_answers)
         self.transport.load = node.loop_load  # inter-node input is loop work for the flow rule
         self.raft_id = 0
         self.driver: RaftDriver | None = None
@@ -142,6 +152,7 @@ class ClusterService:
         self.register(cm.Leave, self._handle_leave)
         self.register(cm.Status, self._handle_status)
         self.register(cm.Sync, self._handle_sync)
+        self.register(cm.BlockPeers, self._handle_block)
         # parts of the node that speak over the transport (the queue types' services: the link to classic
         # queues on other nodes, the quorum queue service), registered by runtime/app.py; this service only
         # tells them when the boot is done and stops them (the management API finds the quorum service
@@ -194,7 +205,7 @@ class ClusterService:
 
     # -- boot ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.transport.start()
+        await self._start_transport()
         raft_id = self._load_identity()
         seed = self.config.cluster_join
         joined: cm.JoinReply | None = None
@@ -232,6 +243,7 @@ class ClusterService:
         elif len(self.machine.voters) == 1 and self.machine.voters[0] == raft_id:
             self.group.campaign()
         await self._boot_barrier()
+        await self._refresh_address()
         for sub in self.subsystems:
             sub.booted()
         if self.node.stale_transient:  # this node's transient queues did not survive its restart
@@ -241,6 +253,34 @@ class ClusterService:
                      len(self.node.stale_transient))
             self.node.stale_transient.clear()
             await self.wait_replicated()
+
+    async def _start_transport(self) -> None:
+        """Start the transport. A worker that listens for other nodes on a port of its own (port 0: a
+        node of workers' workers but the first, or a node started on port 0) listens on the port it had
+        before when it can (`cluster/listen_port`): the other members know it there, and a worker that came
+        back elsewhere could only be found through the metadata leader (a re-registered address), which
+        itself may be a worker no one else can reach yet after every node restarted."""
+        remember = self.config.worker_index is not None and self.transport.network and not self.config.cluster_port
+        path = os.path.join(self.directory, LISTEN_PORT_FILE)
+        if remember:
+            try:
+                with open(path) as f:
+                    self.transport.port = int(f.read().strip())
+            except (OSError, ValueError):
+                pass
+        try:
+            await self.transport.start()
+        except OSError as exc:
+            if not remember or not self.transport.port:
+                raise
+            log.info("cannot listen on port %d again (%s): on a new one", self.transport.port, exc)
+            self.transport.port = 0
+            await self.transport.start()
+        if remember:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write(str(self.transport.port))
+            os.replace(path + ".tmp", path)
 
     async def _boot_barrier(self) -> None:
         waited = 0.0
@@ -273,6 +313,7 @@ class ClusterService:
         self.transport.set_peer(name, host, port)
         request = cm.Join(self.name, self.advertise_host, self.transport.port, promote)
         deadline = asyncio.get_running_loop().time() + max(30.0, self.timeout_s)
+        name = await self._seed_member(seed, name, host, port, deadline)
         while True:
             try:
                 reply = await self.call(name, request, timeout=self.timeout_s)
@@ -285,7 +326,49 @@ class ClusterService:
                         from None
                 await asyncio.sleep(0.5)
 
+    async def _seed_member(self, seed: str, name: str, host: str, port: int, deadline: float) -> str:
+        """The member name the seed answers as: its own, or (a node of workers) its worker 0's
+        (`n1@host#w0`, which listens on the node's inter-node port). The seed is then known by that name
+        only, so that the dialled connection is not kept twice under two names."""
+        while True:
+            try:
+                status = await self.call(name, cm.Status(), timeout=self.timeout_s)
+                break
+            except (TimeoutError, PeerUnavailable, RemoteError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ValueError(f"cannot join the cluster through {seed}: {exc or type(exc).__name__}") \
+                        from None
+                await asyncio.sleep(0.5)
+        if status.name == name or not membership.seed_answers(name, status.name):
+            return name
+        log.info("seed %s answers as %s", seed, status.name)
+        self.transport.remove_peer(name)
+        self.transport.set_peer(status.name, host, port)
+        return status.name
+
     # -- members and the transport --------------------------------------------------------------------------
+    def is_sibling(self, name: str) -> bool:
+        """Whether `name` is another worker of this node (reached over the worker link, never the network)."""
+        return self.config.worker_index is not None and name != self.name and membership.same_node(name, self.name)
+
+    def siblings(self) -> list[str]:
+        """The other workers of this node that are connected (none for a one-process node)."""
+        if self.config.worker_index is None:
+            return []
+        return membership.siblings(self.name, self.transport.connected_peers())
+
+    async def _refresh_address(self) -> None:
+        """A member whose inter-node address changed since it registered (a worker listens on a port of
+        its own, port 0, which a restart changes) records the new one, so that nodes which did not hear
+        from it yet dial it there (a `ClusterJoin` of a member keeps its raft id)."""
+        me = self.machine.members.get(self.name)
+        if me is None or not self.transport.network or (me.host, me.port) == (self.advertise_host, self.transport.port):
+            return
+        log.info("inter-node address of %s is now %s:%d (was %s:%d)", self.name, self.advertise_host,
+                 self.transport.port, me.host, me.port)
+        await self._propose_until_done([ops_.ClusterJoin(self.name, self.advertise_host, self.transport.port)],
+                                       timeout=None)
+
     def _learn(self, m: Member) -> None:
         if m.name == self.name:
             return
@@ -298,7 +381,8 @@ class ClusterService:
         """The member table or the voters changed (called by the node for the metadata machine)."""
         for m in self.machine.members.values():
             self._learn(m)
-        for name in [n for n in self.peers if n not in self.machine.members]:
+        for name in [n for n in self.peers if n not in self.machine.members and not self.is_sibling(n)]:
+            # (a worker of this node keeps its worker link: it comes from the supervisor, not the table)
             if self.machine.members:  # a snapshot not yet applied must not drop what the join told us
                 del self.peers[name]
                 self.transport.remove_peer(name)
@@ -482,7 +566,9 @@ class ClusterService:
 
     def choose_members(self, size: int, leader: str | None = None) -> list[str]:
         """`leader` (default: this node) first, then this node, then others up to `size`, running ones
-        first, at random. A quorum queue's first member is the node its leader locator chose."""
+        first, at random, one per node while there are nodes (a node of workers is one node: its workers
+        share its machine; runtime/workers/membership.py). A quorum queue's first member is the node its
+        leader locator chose."""
         import random
         first = [leader or self.name]
         if self.name not in first:
@@ -492,7 +578,7 @@ class ClusterService:
         random.shuffle(running)
         rest = [m for m in others if m not in running]
         random.shuffle(rest)
-        return [*first, *(running + rest)][:max(size, len(first))]
+        return membership.spread_over_nodes(first, running + rest, max(size, 1))
 
     def raft_id_of(self, name: str) -> int:
         if name == self.name:
@@ -620,7 +706,18 @@ class ClusterService:
 
     # -- operations (hutchctl, the HTTP API) -------------------------------------------------------------
     async def forget(self, name: str) -> str:
-        """Remove a stopped node from the cluster (run on any remaining node)."""
+        """Remove a stopped node from the cluster (run on any remaining node). A node of workers is named
+        by its node name: each of its workers (members) is removed."""
+        workers = [m for m in self.machine.members if m != name and node_of_worker(m) == name]
+        if name not in self.machine.members and workers:
+            if membership.same_node(workers[0], self.name):
+                raise ValueError("a node cannot forget itself; run forget_cluster_node on another member")
+            running = [m for m in workers if self.transport.connected(m)]
+            if running:
+                raise ValueError(f"node {name!r} is running; stop it before forgetting it")
+            for m in sorted(workers):
+                await self.forget(m)
+            return name
         if name == self.name:
             raise ValueError("a node cannot forget itself; run forget_cluster_node on another member")
         if name not in self.machine.members:
@@ -670,32 +767,69 @@ class ClusterService:
         await self._join_through(seed, promote=True)
         await self.barrier()
 
+    def _members_of(self, names: list[str]) -> list[str]:
+        """The members `names` mean: a node's name means every worker of it (and itself, as a name)."""
+        out = list(names)
+        for m in self.machine.members:
+            if m not in out and node_of_worker(m) in names and not membership.same_node(m, self.name):
+                out.append(m)
+        return out
+
+    def _handle_block(self, peer: str, req: cm.BlockPeers) -> bool:
+        if not membership.same_node(peer, self.name):
+            raise ValueError("only a worker of this node blocks its links")
+        for name in req.names:
+            (self.transport.block if req.blocked else self.transport.unblock)(name)
+        return True
+
+    async def set_blocked(self, names: list[str], blocked: bool) -> list[str]:
+        """Fault injection (`/api/cluster-faults`): cut (or restore) the links to those nodes as a network
+        partition would. On a node of workers every worker cuts its links to every worker of those nodes
+        (this one tells the others), so that the node is cut off as a whole. Returns the members cut."""
+        targets = self._members_of(names)
+        for name in targets:
+            (self.transport.block if blocked else self.transport.unblock)(name)
+        calls = [self.call(p, cm.BlockPeers(targets, blocked), timeout=5.0) for p in self.siblings()]
+        await asyncio.gather(*calls, return_exceptions=True)
+        return targets
+
     def local_status(self) -> cm.NodeStatus:
         return cm.NodeStatus(self.name, sorted(self.node.alarms), True, self.raft_id)
 
     async def status(self) -> dict[str, Any]:  # Any: the JSON document of `hutchctl cluster_status`
+        """The cluster as its nodes: a node of workers is one node (its workers are Raft members, listed
+        in `members` with their `node`, never as nodes of their own); a node runs while one of its
+        workers answers; `partitions` names the nodes none of whose workers this one reaches."""
         members = sorted(self.machine.members.values(), key=lambda m: m.raft_id)
+        me = node_of_worker(self.name)
         running = [self.name] + sorted(self.transport.connected_peers())
-        alarms: list[dict[str, Any]] = [{"node": self.name, "alarms": sorted(self.node.alarms)}]
         calls = {p: asyncio.ensure_future(self.call(p, cm.Status(), timeout=2.0)) for p in running[1:]}
+        answers: dict[str, list[str]] = {}
         for peer, fut in calls.items():
             try:
-                alarms.append({"node": peer, "alarms": list((await fut).alarms)})
+                answers[peer] = list((await fut).alarms)
             except Exception:  # noqa: BLE001 - a peer that stopped answering is reported as not running
                 running.remove(peer)
+        nodes = membership.nodes_of([me, *(m.name for m in members)])
+        running_nodes = list(membership.nodes_of(running))
+        alarms: list[dict[str, Any]] = [{"node": me, "alarms": sorted(self.node.alarms)}]
+        for node in running_nodes[1:]:
+            found = sorted({a for peer, names in answers.items() if node_of_worker(peer) == node for a in names})
+            alarms.append({"node": node, "alarms": found})
         group = self.group.status() if self.group is not None else {}
         leader = self._name_of(group.get("leader", 0)) if group.get("leader") != self.raft_id else self.name
-        unreachable = [m.name for m in members if m.name not in running]
+        unreachable = [n for n in nodes if n not in running_nodes]
         return {
             "cluster_name": self.config.cluster_name,
-            "disk_nodes": [m.name for m in members],
-            "running_nodes": running,
-            "members": [{"name": m.name, "raft_id": m.raft_id, "address": f"{m.host}:{m.port}",
-                         "voter": m.raft_id in self.machine.voters, "running": m.name in running}
+            "disk_nodes": list(nodes),
+            "running_nodes": running_nodes,
+            "members": [{"name": m.name, "node": node_of_worker(m.name), "raft_id": m.raft_id,
+                         "address": f"{m.host}:{m.port}", "voter": m.raft_id in self.machine.voters,
+                         "running": m.name in running}
                         for m in members],
-            "partitions": [{"node": self.name, "unreachable": unreachable}] if unreachable else [],
+            "partitions": [{"node": me, "unreachable": unreachable}] if unreachable else [],
             "alarms": alarms,
-            "metadata": {"leader": leader, "term": group.get("term"), "commit": group.get("commit"),
+            "metadata": {"leader": node_of_worker(leader) if leader else leader, "leader_member": leader,
+                         "term": group.get("term"), "commit": group.get("commit"),
                          "applied": self.machine.applied_index},
         }
-

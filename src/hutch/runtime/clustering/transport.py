@@ -35,6 +35,9 @@ Rules:
   with `socket.socketpair` and handed to both ends (`adopt`); only those peers exist, so nothing on the
   network can reach the link. Framing, batching, requests, heartbeats and liveness are as between nodes.
   A newer socket for the same peer (the peer worker was restarted) replaces the old connection.
+  Both at once (`paired=True, network=True`: a worker of a node of workers in a multi-node cluster): the
+  worker link to its own node's workers (`is_sibling`: never dialled, and refused from the network) and
+  the listener, dials and handshake to every other node's workers.
 - TLS (`ssl_server` / `ssl_client`, built from `cluster.ssl.*` by runtime/tls.py): both ends present
   and verify a certificate; the secret handshake runs inside TLS as without it. An accepted connection
   joins the handshake table at the accept, before its TLS handshake (runtime/tls_accept.py), so the
@@ -146,7 +149,7 @@ class _Conn(asyncio.Protocol):
         self.decoder = FrameDecoder(HANDSHAKE_MAX_FRAME_BYTES)
         self.hs = Handshake(role, node=owner.node_name, secret=owner._secret, nonce=os.urandom(NONCE_BYTES),
                             host=owner.host, port=owner.port, max_frame_bytes=owner.max_frame_bytes,
-                            expected_node=peer_name)
+                            expected_node=peer_name, answers_as=owner.answers_as)
         self.send_limit = MIN_FRAME_BYTES  # largest frame the peer accepts (min of both sides' limits)
         self.write_paused = False
         self.started = self.last_rx = self.last_tx = owner._loop.time()
@@ -310,7 +313,9 @@ class Transport:
                  write_buffer_high_bytes: int = WRITE_BUFFER_HIGH_BYTES,
                  max_buffered_bytes: int | None = None,
                  ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
-                 paired: bool = False) -> None:
+                 paired: bool = False, network: bool | None = None,
+                 is_sibling: Callable[[str], bool] | None = None,
+                 answers_as: Callable[[str, str], bool] | None = None) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         if not node_name:
@@ -339,7 +344,12 @@ class Transport:
             raise ValueError("TLS between nodes needs both an acceptor and a dialler context")
         self.ssl_server = ssl_server  # TLS on the listener and on every dial (runtime/tls.py)
         self.ssl_client = ssl_client
-        self.paired = paired  # the worker link: adopted socket pairs only (module docstring)
+        self.paired = paired  # the worker link: adopted socket pairs (module docstring)
+        # a node of workers in a multi-node cluster: the worker link to its own workers and the network
+        # (listener, dials, handshake) to every other node's; `is_sibling(name)` says which is which
+        self.network = not paired if network is None else network
+        self.is_sibling = is_sibling
+        self.answers_as = answers_as  # Handshake's: a node dialled for `--join` may answer as one of its workers
         self._to_adopt: list[tuple[str, socket.socket]] = []  # adopted before `start`
         self._started = False
         self._loop: asyncio.AbstractEventLoop  # set by start(); nothing touches it before
@@ -357,14 +367,16 @@ class Transport:
         self._next_request_id = 1
         self._request_tasks: set[asyncio.Future[Any]] = set()
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._ticked_at = 0.0  # the last `_tick` (a gap says this process did not run)
         self._warned: dict[tuple[str, ...], float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._started = True
-        if self.paired:  # no listener: every peer comes through `adopt`
+        if self.paired and not self.network:  # no listener: every peer comes through `adopt`
             self._running = True
+            self._ticked_at = self._loop.time()
             self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
             log.info("node %r on the worker link (socket pairs, no listener)", self.node_name)
             waiting, self._to_adopt = self._to_adopt, []
@@ -374,9 +386,13 @@ class Transport:
         self._server = await listen.create_server(self._loop, self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self._running = True
+        self._ticked_at = self._loop.time()
         self._tick_handle = self._loop.call_later(self._tick_s, self._tick)
         for peer in self._peers.values():
             self._maybe_dial(peer)
+        waiting, self._to_adopt = self._to_adopt, []
+        for name, sock in waiting:  # a worker's own node's workers (paired and network at once)
+            await self._attach(name, sock)
         log.info("node %r listening for inter-node connections on %s:%d%s", self.node_name, listen.display_host(self.host), self.port,
                  " (TLS)" if self.ssl_server else "")
 
@@ -747,6 +763,11 @@ class Transport:
             return
         if conn.role is Role.ACCEPTOR and conn.peer_name is None and hs.peer is not None:
             conn.peer_name = hs.peer.node
+            if self._link_only(conn.peer_name):
+                self._warn(("sibling", conn.label), "refused inter-node connection from %s: it claims %r, a "
+                           "worker of this node (reached over the worker link only)", conn.label, conn.peer_name)
+                self._conn_closed(conn, "a worker of this node over the network", abort=True)
+                return
             if conn.peer_name in self._blocked:
                 log.debug("dropping inter-node connection from %s (node %r): blocked", conn.label, conn.peer_name)
                 self._conn_closed(conn, "blocked (fault injection)", abort=True)
@@ -904,9 +925,16 @@ class Transport:
             log.exception("inter-node peer callback %r failed for node %r", callback, name)
 
     # -- dialling --------------------------------------------------------------------------------
+    def _link_only(self, name: str) -> bool:
+        """Whether `name` is reached over the worker link alone (never dialled, never accepted): every
+        peer of a paired transport without the network, and a worker of this node when both."""
+        if not self.paired:
+            return False
+        return not self.network or (self.is_sibling is not None and self.is_sibling(name))
+
     def _maybe_dial(self, peer: _Peer) -> None:
-        if (self.paired or not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
-                or peer.dialing is not None or peer.retry is not None):
+        if (self._link_only(peer.name) or not self._running or not peer.registered or peer.name in self._blocked
+                or peer.conn is not None or peer.dialing is not None or peer.retry is not None):
             return
         conn = _Conn(self, Role.DIALLER, peer.name, f"{peer.host}:{peer.port}")
         peer.dialing = conn
@@ -944,8 +972,9 @@ class Transport:
             task.cancel()
 
     def _schedule_retry(self, peer: _Peer) -> None:
-        if (self.paired or not self._running or not peer.registered or peer.name in self._blocked or peer.conn is not None
-                or peer.dialing is not None or peer.retry is not None or self._peers.get(peer.name) is not peer):
+        if (self._link_only(peer.name) or not self._running or not peer.registered or peer.name in self._blocked
+                or peer.conn is not None or peer.dialing is not None or peer.retry is not None
+                or self._peers.get(peer.name) is not peer):
             return
         delay = peer.backoff_s * random.uniform(0.5, 1.0)
         peer.backoff_s = min(peer.backoff_s * 2, BACKOFF_MAX_S)
@@ -968,8 +997,15 @@ class Transport:
 
     def _tick(self) -> None:
         now = self._loop.time()
+        # this process did not run for a while (the whole node stopped with SIGSTOP and continued, or
+        # starved): an adopted socket's silence is then ours, not its peer's, and the worker link, which
+        # only the supervisor can reopen, must outlive the pause (a peer that is hung alone is still seen)
+        stalled = now - self._ticked_at > self.peer_timeout_s / 2
+        self._ticked_at = now
         for conn in list(self._conns):
             if conn.state is ConnState.OPEN:
+                if stalled and conn.adopted:
+                    conn.last_rx = max(conn.last_rx, now)
                 # a restarted worker attaches its end of an adopted pair only once it has booted: its
                 # silence counts from its first frame (a worker that dies meanwhile closes the socket)
                 if now - conn.last_rx > self.peer_timeout_s and (conn.heard or not conn.adopted):

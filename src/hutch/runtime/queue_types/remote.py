@@ -97,8 +97,9 @@ def decode_message(v: list[Any]) -> Message:
 
 
 def home_down_error(q: Queue, home: str) -> ChannelError:
-    return ChannelError(NOT_FOUND, f"home node '{home}' of durable {rs('queue', q.name, q.vhost)} is down or "
-                                   "inaccessible")
+    # (a worker of a node of workers is named as its node: clients see one node per machine)
+    return ChannelError(NOT_FOUND, f"home node '{node_of_worker(home)}' of durable {rs('queue', q.name, q.vhost)} "
+                                   "is down or inaccessible")
 
 
 class RemoteQueue(Queue):
@@ -516,8 +517,8 @@ class QueueLink:
         try:
             return await self.cluster.call(peer, req, timeout=PREPARE_TIMEOUT_S)
         except (PeerUnavailable, TimeoutError) as exc:
-            raise ChannelError(NOT_FOUND, f"home node '{peer}' of {rs('queue', req.queue, req.vhost)} is down "
-                                          "or inaccessible") from exc
+            raise ChannelError(NOT_FOUND, f"home node '{node_of_worker(peer)}' of {rs('queue', req.queue, req.vhost)} "
+                                          "is down or inaccessible") from exc
         except RemoteError as exc:
             text = str(exc)
             code = NOT_FOUND

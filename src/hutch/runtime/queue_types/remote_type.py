@@ -102,7 +102,9 @@ class RemoteQueueType(QueueTypeDefaults):
         cluster = self.link.cluster
         homes = (q.home if isinstance(q, RemoteQueue) else here
                  for vh in self.node.vhosts.values() for q in vh.queues.values())
-        home = fewest_queues(here, cluster.transport.connected_peers(), homes)
+        # over this node's own workers: a queue lives on the node where it was declared, even when the node
+        # is a member of a multi-node cluster (docs/scaling.md)
+        home = fewest_queues(here, cluster.siblings(), homes)
         if home == here:
             return None
         q = RemoteQueue(self.link, home, vhost.name, name, durable, False, auto_delete, arguments)

@@ -9,9 +9,9 @@ Rules (docs/scaling.md, "auto"):
   workers' data by K workers (changing it is an explicit `--workers N`, never a change of machine).
 - A node that is, or is set up to be, a member of a multi-node cluster is one process: `--join`
   (`cluster.join`) or an inter-node port given explicitly (`--cluster-port`, `HUTCH_CLUSTER_PORT`,
-  `cluster.listener.port`). A node of workers cannot be a member of a multi-node cluster yet (its inter-node
-  port is its workers' internal one), so `auto` never turns a clustered node into one that others cannot
-  reach.
+  `cluster.listener.port`), so a cluster formed with the default keeps the shape it had before nodes of
+  workers could be members. A node of workers in a cluster is asked for with `--workers N`
+  (docs/scaling.md, "A node of workers in a multi-node cluster").
 - A node without a data directory is one process (workers keep their data under it).
 - Otherwise the usable cores (runtime/workers/cores.py): CPU affinity capped by the cgroup quota.
 """
@@ -52,10 +52,10 @@ def resolve_auto(cores: int, *, join: bool, cluster_port_set: bool, shape: int |
     if shape is not None:
         return shape, f"the data directory holds a node of {shape} workers"
     if join:
-        return 1, "--join: a node of workers cannot be a member of a multi-node cluster yet"
+        return 1, "--join: a member of a multi-node cluster is one process unless --workers says otherwise"
     if cluster_port_set:
-        return 1, ("an inter-node port is configured (a member of a multi-node cluster is one process: a node "
-                   "of workers cannot be joined yet)")
+        return 1, ("an inter-node port is configured (a member of a multi-node cluster is one process unless "
+                   "--workers says otherwise)")
     return cores, f"{cores} usable core{'s' if cores != 1 else ''}"
 
 

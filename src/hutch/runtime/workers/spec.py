@@ -7,8 +7,9 @@ worker names (`<node>#w<N>`), `public_name` (the one name a node of workers show
 `worker_config`, a worker's own Config derived from the node's.
 
 Rules:
-- A worker's data lives in `<data dir>/w<N>`; worker 0 founds the node's internal cluster, the others
-  join it through worker 0 on their first start (their definitions come from its metadata group).
+- A worker's data lives in `<data dir>/w<N>`; worker 0 founds the node's internal cluster (or, with
+  `--join`, joins the multi-node cluster of the seed), the others join it through worker 0 on their first
+  start (their definitions come from its metadata group).
 - Only worker 0 runs the management API and `load_definitions`; every worker listens on the node's AMQP
   (and AMQP over TLS) port and on its stream protocol ports (plain and TLS), shared with `SO_REUSEPORT`.
 """
@@ -102,8 +103,13 @@ def _port(value: Any) -> int | None:
 
 
 def worker_config(config: Config, spec: WorkerSpec) -> Config:
-    """The Config of worker `spec.index` of the node `config` describes."""
+    """The Config of worker `spec.index` of the node `config` describes. A node set up for a multi-node
+    cluster (`--join`, or an inter-node port given) has every worker listen for other nodes too
+    (`cluster_port_set` in the worker's Config): worker 0 on the node's inter-node port (a seed others
+    name), the others on a port of their own; worker 0 joins through the node's seed, the others through
+    worker 0 (docs/scaling.md, "A node of workers in a multi-node cluster")."""
     first = spec.index == 0
+    multi = bool(config.cluster_join) or config.cluster_port_set
     return dataclasses.replace(
         config,
         data_dir=worker_dir(config.data_dir, spec.index),
@@ -115,8 +121,9 @@ def worker_config(config: Config, spec: WorkerSpec) -> Config:
         stream_tls_port=spec.stream_tls_port,
         load_definitions=config.load_definitions if first else None,
         cluster_enabled=True,  # the workers are the node's internal cluster, whatever the node is
-        cluster_port=0,
-        cluster_join=None if first else f"{worker_name(config.node_name, 0)}@{SEED_ADDRESS}",
+        cluster_port=config.cluster_port if multi and first else 0,
+        cluster_port_set=multi,
+        cluster_join=config.cluster_join if first else f"{worker_name(config.node_name, 0)}@{SEED_ADDRESS}",
         workers=spec.count,
         worker_index=spec.index,
     )

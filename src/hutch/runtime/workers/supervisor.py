@@ -139,6 +139,7 @@ class Supervisor:
         self._watchers: set[asyncio.Task[None]] = set()
         self._check: asyncio.TimerHandle | None = None
         self._node_alarms: frozenset[str] = frozenset()  # the union last told to the workers
+        self._checked_at = 0.0  # when the heartbeats were last judged (a pause of this process shows here)
 
     # -- life ------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -179,6 +180,7 @@ class Supervisor:
                 a.close()
                 b.close()
         log.info("node %s: %d workers started (AMQP port %d)", cfg.node_name, len(self.workers), self.amqp_port)
+        self._checked_at = self._loop.time()
         self._check = self._loop.call_later(control.HEARTBEAT_S, self._check_heartbeats)
         await self._stop.wait()
         await self._stop_all()
@@ -374,6 +376,12 @@ class Supervisor:
     def _check_heartbeats(self) -> None:
         now = self._loop.time()
         timeout_s = self.config.worker_heartbeat_timeout_ms / 1000
+        if now - self._checked_at > 2 * control.HEARTBEAT_S + timeout_s / 2:
+            # this process did not run either (the whole node was stopped, SIGSTOP, and continued): the
+            # workers' silence is the node's, not a hang; their heartbeats count from now
+            for w in self.workers:
+                w.last_heartbeat = max(w.last_heartbeat, now)
+        self._checked_at = now
         for w in self.workers:
             if w.ready and w.running and w.proc is not None and now - w.last_heartbeat > timeout_s:
                 log.warning("worker %d (pid %d) sent no heartbeat for %.1f s (workers.heartbeat_timeout): "
@@ -387,7 +395,9 @@ class Supervisor:
         ports, each worker's own port when `workers.own_ports` is on), rewritten after each restart."""
         if not all(w.ready for w in self.workers) or not self.config.data_dir:
             return
-        ports: dict[str, int] = {k: v for k, v in self.workers[0].ports.items() if k != "cluster"}
+        # worker 0's `cluster` port is the node's inter-node port (a seed others join through), when it
+        # listens for other nodes (docs/scaling.md, "A node of workers in a multi-node cluster")
+        ports: dict[str, int] = dict(self.workers[0].ports)
         for w in self.workers[1:]:
             ports.update({k: v for k, v in w.ports.items() if k.startswith(("amqp_w", "stream_w"))})
         where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
@@ -399,10 +409,6 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
     if not config.data_dir:
         print("hutch-server: --workers needs a data directory (each worker keeps its own under it)",
               file=sys.stderr)
-        return 2
-    if config.cluster_join:
-        print("hutch-server: --join with --workers above 1 is not supported yet (a node of workers cannot "
-              "be a member of a multi-node cluster; docs/scaling.md)", file=sys.stderr)
         return 2
     problem = data_dir_mismatch(config.data_dir, count)
     if problem:

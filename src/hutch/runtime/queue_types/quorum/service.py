@@ -393,6 +393,14 @@ class QuorumService(QuorumMembership):
         q = self.queues.get(m.gid)
         if q is not None:
             self._deliver_here(q, m.consumer_id, m.messages)
+            return
+        # a queue this process does not know (yet: it is booting after a crash, and the leader re-delivers
+        # what a consumer of its previous process held): that consumer is gone, its messages go back
+        key = self.key(m.consumer_id)
+        self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_cancel(key), now_ms())))
+        ids = [int(msg[0]) for msg in m.messages if type(msg) is list and msg]
+        if ids:
+            self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_return(key, ids), now_ms())))
 
     def _on_confirm(self, peer: str, m: cm.QuorumConfirm) -> None:
         q = self.queues.get(m.gid)
@@ -625,6 +633,11 @@ class QuorumService(QuorumMembership):
         for m in q.members:
             if m != self.name and not self.transport.connected(m):
                 self.propose(q, qc.make_down(m, "noconnection"))
+        for node in sorted(consumer_nodes - set(q.members) - {self.name, ""}):
+            # a consumer's node that is not a member and went while no leader watched (it died with the
+            # last leader, or every node crashed): its consumers would hold their messages forever
+            if not self.transport.connected(node):
+                self.propose(q, qc.make_down(node, "noconnection"))
 
     def _peer_changed(self, peer: str, up: bool) -> None:
         for q in list(self.queues.values()):
@@ -638,6 +651,14 @@ class QuorumService(QuorumMembership):
                 if q.local and peer in q.members:
                     for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
                         self.checkout(q, cid, c)
+                if self.is_leader(q) and q.replica is not None:
+                    # a node that comes (back) after this leader was elected, which saw it go by no `down`
+                    # (every node crashed): what its consumers hold is delivered again, and a consumer gone
+                    # with its previous process gives it back there (`_deliver_here`)
+                    again: list[qe.Effect] = [e for e in q.replica.machine.leader_effects()
+                             if isinstance(e, qe.Deliver) and e.consumer_key[0] == peer]
+                    if again:
+                        self.run_effects(q, again)
 
     def _flush_pending(self, q: QuorumQueue) -> None:
         if q.pending and self._target(q) is not None:
