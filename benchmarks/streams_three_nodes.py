@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from streams_vs_rabbitmq import amqp_run, stream_run  # noqa: E402
+from streams_vs_rabbitmq import measure, pair_cells  # noqa: E402
 
 RABBIT_AMQP = (5681, 5682, 5683)  # benchmarks/rabbit_cluster.sh's ports
 RABBIT_STREAM = (5561, 5562, 5563)
@@ -38,8 +36,9 @@ RABBIT_STREAM = (5561, 5562, 5563)
 def brokers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     nodes = json.loads((Path(args.hutch_cluster_dir) / "cluster.json").read_text())["nodes"]
     rabbit_pids = [int((Path(args.rabbit_cluster_dir) / f"rmq{i}" / "pid").read_text()) for i in (1, 2, 3)]
-    return {"hutch-3n": {"stream": nodes[0]["stream"], "amqp": nodes[0]["amqp"], "pids": [n["pid"] for n in nodes]},
+    both = {"hutch-3n": {"stream": nodes[0]["stream"], "amqp": nodes[0]["amqp"], "pids": [n["pid"] for n in nodes]},
             "rabbitmq-3n": {"stream": RABBIT_STREAM[0], "amqp": RABBIT_AMQP[0], "pids": rabbit_pids}}
+    return {k: {**v, "pid": ",".join(map(str, v["pids"]))} for k, v in both.items()}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -53,18 +52,7 @@ def run(args: argparse.Namespace) -> None:
                 for size in sizes:
                     for tool in tools:
                         for broker in order:
-                            b = both[broker]
-                            load = os.getloadavg()[0]
-                            started = time.strftime("%H:%M:%S", time.gmtime())
-                            if protocol == "stream":
-                                r = stream_run(tool, b["stream"], ",".join(map(str, b["pids"])), size, args.seconds)
-                            else:
-                                r = amqp_run(tool, b["amqp"], b["pids"], size, args.seconds, f"3n-{rnd}-{size}-{broker}")
-                            line = {"protocol": protocol, "tool": tool, "size": size, "round": rnd, "broker": broker,
-                                    "utc": started, "loadavg_before": round(load, 2), "label": args.label, "r": r}
-                            out.write(json.dumps(line) + "\n")
-                            out.flush()
-                            print(json.dumps(line), flush=True)
+                            measure(out, protocol, tool, size, rnd, broker, both[broker], args.seconds, args.label)
 
 
 def summary(args: argparse.Namespace) -> None:
@@ -86,14 +74,7 @@ def summary(args: argparse.Namespace) -> None:
             print(f"| {protocol} | {size} B | {tool} | {rnd} | - | failed on {which}: "
                   f"{(h['r'].get('error') or q['r'].get('error'))[-120:]!r} | | | | | |")
             continue
-        hr, qr = h["r"], q["r"]
-        pub = "confirmed_per_s" if protocol == "stream" else "published_per_s"
-        p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
-        ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
-        print(f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
-              f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
-              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} "
-              f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} |")
+        print(pair_cells(protocol, size, tool, rnd, h, q))
 
 
 def main() -> None:

@@ -149,6 +149,36 @@ def amqp_run(tool: str, port: int, pids: list[int], size: int, seconds: float, t
                          "latency_ms_p99": round(lat.get("p99", 0) / 1000, 1)}, r.get("receive_rate"))
 
 
+def measure(out: Any, protocol: str, tool: str, size: int, rnd: int, broker: str, b: dict[str, Any],
+            seconds: float, label: str) -> None:
+    """One run of `tool` against broker `b` ({"stream", "amqp": ports, "pid": "P[,P...]", "pids": [...]}):
+    its JSON line appended to `out` and printed."""
+    load = os.getloadavg()[0]
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    if protocol == "stream":
+        r = stream_run(tool, b["stream"], b["pid"], size, seconds)
+    else:
+        r = amqp_run(tool, b["amqp"], b["pids"], size, seconds, f"{rnd}-{size}-{broker}")
+    line = {"protocol": protocol, "tool": tool, "size": size, "round": rnd, "broker": broker,
+            "utc": started, "loadavg_before": round(load, 2), "label": label, "r": r}
+    out.write(json.dumps(line) + "\n")
+    out.flush()
+    print(json.dumps(line), flush=True)
+
+
+def pair_cells(protocol: str, size: int, tool: str, rnd: int, h: dict[str, Any], q: dict[str, Any]) -> str:
+    """The summary row's cells for hutch's run `h` and RabbitMQ's `q` of one (protocol, size, tool, round):
+    load, both figures, the ratios, latencies and CPU per message."""
+    hr, qr = h["r"], q["r"]
+    pub = "confirmed_per_s" if protocol == "stream" else "published_per_s"
+    p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
+    ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
+    return (f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
+            f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
+            f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} "
+            f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} |")
+
+
 def run(args: argparse.Namespace) -> None:
     data = Path(args.hutch_data_dir)
     ports = json.loads((data / "ports.json").read_text())
@@ -176,18 +206,7 @@ def run(args: argparse.Namespace) -> None:
                         for broker in [b for b in order if b in only or b == "hutch-3n"]:
                             if broker == "hutch-3n" and protocol != "stream":
                                 continue
-                            b = brokers[broker]
-                            load = os.getloadavg()[0]
-                            started = time.strftime("%H:%M:%S", time.gmtime())
-                            if protocol == "stream":
-                                r = stream_run(tool, b["stream"], b["pid"], size, args.seconds)
-                            else:
-                                r = amqp_run(tool, b["amqp"], b["pids"], size, args.seconds, f"{rnd}-{size}-{broker}")
-                            line = {"protocol": protocol, "tool": tool, "size": size, "round": rnd, "broker": broker,
-                                    "utc": started, "loadavg_before": round(load, 2), "label": args.label, "r": r}
-                            out.write(json.dumps(line) + "\n")
-                            out.flush()
-                            print(json.dumps(line), flush=True)
+                            measure(out, protocol, tool, size, rnd, broker, brokers[broker], args.seconds, args.label)
 
 
 def summary(args: argparse.Namespace) -> None:
@@ -209,7 +228,6 @@ def summary(args: argparse.Namespace) -> None:
         hr, qr = h["r"], q["r"]
         pub = "confirmed_per_s" if protocol == "stream" else "published_per_s"
         p50, p99 = ("confirm_ms_p50", "confirm_ms_p99") if protocol == "stream" else ("latency_ms_p50", "latency_ms_p99")
-        ratios = [f"{hr[k] / qr[k]:.2f}" if qr.get(k) else "-" for k in (pub, "consumed_per_s")]
         share = " / ".join(f"{r.get('cpu_cores', '-')} ({r.get('runq_wait_cores', '-')})" for r in (hr, qr))
         three = pair.get("hutch-3n")
         cluster = "-"
@@ -217,10 +235,7 @@ def summary(args: argparse.Namespace) -> None:
             tr = three["r"]
             cluster = (f"{tr[pub]:,} / {tr['consumed_per_s']:,}, {tr[pub] / qr[pub]:.2f}, {tr[p50]} / {tr[p99]}"
                        if qr.get(pub) else "-")
-        print(f"| {protocol} | {size} B | {tool} | {rnd} | {h['loadavg_before']} / {q['loadavg_before']} "
-              f"| {hr[pub]:,} / {hr['consumed_per_s']:,} | {qr[pub]:,} / {qr['consumed_per_s']:,} "
-              f"| {ratios[0]} / {ratios[1]} | {hr[p50]} / {hr[p99]} | {qr[p50]} / {qr[p99]} "
-              f"| {hr.get('broker_cpu_us_per_msg', '-')} / {qr.get('broker_cpu_us_per_msg', '-')} | {share} | {cluster} |")
+        print(f"{pair_cells(protocol, size, tool, rnd, h, q)} {share} | {cluster} |")
 
 
 def main() -> None:
