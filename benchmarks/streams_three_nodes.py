@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from streams_vs_rabbitmq import measure, pair_cells  # noqa: E402
+from streams_vs_rabbitmq import load_rows, measure, pair_cells, plan  # noqa: E402
 
 RABBIT_AMQP = (5681, 5682, 5683)  # benchmarks/rabbit_cluster.sh's ports
 RABBIT_STREAM = (5561, 5562, 5563)
@@ -47,21 +47,13 @@ def run(args: argparse.Namespace) -> None:
     with open(args.out, "a") as out:
         for rnd in range(args.first_round, args.first_round + args.rounds):
             order = ["hutch-3n", "rabbitmq-3n"] if rnd % 2 else ["rabbitmq-3n", "hutch-3n"]
-            for protocol in args.protocols.split(","):
-                tools = ["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"]
-                for size in sizes:
-                    for tool in tools:
-                        for broker in order:
-                            measure(out, protocol, tool, size, rnd, broker, both[broker], args.seconds, args.label)
+            for protocol, size, tool in plan(args.protocols.split(","), sizes):
+                for broker in order:
+                    measure(out, protocol, tool, size, rnd, broker, both[broker], args.seconds, args.label)
 
 
 def summary(args: argparse.Namespace) -> None:
-    rows: dict[tuple[str, int, str, int, str], dict[str, Any]] = {}
-    with open(args.results) as f:
-        for raw in f:
-            d = json.loads(raw)
-            if d.get("broker") in ("hutch-3n", "rabbitmq-3n"):
-                rows.setdefault((d["protocol"], d["size"], d["tool"], d["round"], d.get("label", "")), {})[d["broker"]] = d
+    rows = load_rows(args.results, lambda d: d.get("broker") in ("hutch-3n", "rabbitmq-3n"))
     print("| protocol | size | generator | round | load | hutch pub / cons msg/s | RabbitMQ pub / cons msg/s "
           "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms | CPU µs/msg hutch / RabbitMQ |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

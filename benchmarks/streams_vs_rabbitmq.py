@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,23 @@ def measure(out: Any, protocol: str, tool: str, size: int, rnd: int, broker: str
     print(json.dumps(line), flush=True)
 
 
+def plan(protocols: list[str], sizes: list[int]) -> list[tuple[str, int, str]]:
+    """(protocol, size, generator) of a round, in the order they run: two generators per protocol."""
+    return [(protocol, size, tool) for protocol in protocols for size in sizes
+            for tool in (["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"])]
+
+
+def load_rows(path: str, keep: Callable[[dict[str, Any]], bool]) -> dict[tuple[str, int, str, int, str], dict[str, Any]]:
+    """The results file's runs that `keep` takes, by (protocol, size, generator, round, label), then broker."""
+    rows: dict[tuple[str, int, str, int, str], dict[str, Any]] = {}
+    with open(path) as f:
+        for raw in f:
+            d = json.loads(raw)
+            if keep(d):
+                rows.setdefault((d["protocol"], d["size"], d["tool"], d["round"], d.get("label", "")), {})[d["broker"]] = d
+    return rows
+
+
 def pair_cells(protocol: str, size: int, tool: str, rnd: int, h: dict[str, Any], q: dict[str, Any]) -> str:
     """The summary row's cells for hutch's run `h` and RabbitMQ's `q` of one (protocol, size, tool, round):
     load, both figures, the ratios, latencies and CPU per message."""
@@ -199,24 +217,15 @@ def run(args: argparse.Namespace) -> None:
         for rnd in range(args.first_round, args.first_round + args.rounds):
             order = [b for b in ("hutch-3n", "hutch", "rabbitmq") if b in brokers]
             order = order if rnd % 2 else order[::-1]
-            for protocol in protocols:
-                tools = ["stream_rawload", "rstream"] if protocol == "stream" else ["rawload", "hutch-perf"]
-                for size in sizes:
-                    for tool in tools:
-                        for broker in [b for b in order if b in only or b == "hutch-3n"]:
-                            if broker == "hutch-3n" and protocol != "stream":
-                                continue
-                            measure(out, protocol, tool, size, rnd, broker, brokers[broker], args.seconds, args.label)
+            for protocol, size, tool in plan(protocols, sizes):
+                for broker in [b for b in order if b in only or b == "hutch-3n"]:
+                    if broker == "hutch-3n" and protocol != "stream":
+                        continue
+                    measure(out, protocol, tool, size, rnd, broker, brokers[broker], args.seconds, args.label)
 
 
 def summary(args: argparse.Namespace) -> None:
-    rows: dict[tuple[str, int, str, int, str], dict[str, Any]] = {}
-    with open(args.results) as f:
-        for raw in f:
-            d = json.loads(raw)
-            if "protocol" in d:
-                key = (d["protocol"], d["size"], d["tool"], d["round"], d.get("label", ""))
-                rows.setdefault(key, {})[d["broker"]] = d
+    rows = load_rows(args.results, lambda d: "protocol" in d)
     print("| protocol | size | generator | round | load | hutch pub / cons msg/s | RabbitMQ pub / cons msg/s "
           "| ratio pub / cons | hutch p50 / p99 ms | RabbitMQ p50 / p99 ms | CPU µs/msg hutch / RabbitMQ "
           "| CPU cores (run-queue wait) hutch / RabbitMQ | hutch 3 nodes pub / cons msg/s, ratio pub, p50 / p99 ms |")
