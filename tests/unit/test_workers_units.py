@@ -194,3 +194,16 @@ def test_a_fixed_port_held_by_another_node_of_workers_is_refused() -> None:
     assert again == port
     for s in socks:
         s.close()
+
+
+def test_a_replicated_queues_members_are_named_as_nodes_with_the_workers_kept_aside() -> None:
+    from hutch.runtime.agent import node_named
+
+    one_node = {"leader": "n@h#w1", "members": ["n@h#w0", "n@h#w1"], "online": ["n@h#w1"]}
+    assert node_named(one_node) == {"leader": "n@h", "members": ["n@h"], "online": ["n@h"],
+                                    "leader_worker": "n@h#w1", "member_workers": ["n@h#w0", "n@h#w1"]}
+    three = {"leader": "b@h#w0", "members": ["a@h#w1", "b@h#w0", "c@h#w1"], "online": ["b@h#w0", "c@h#w1"]}
+    assert node_named(three)["members"] == ["a@h", "b@h", "c@h"] and three["online"] == ["b@h", "c@h"]
+    plain = {"leader": "a@h", "members": ["a@h", "b@h"], "online": ["a@h"]}
+    assert node_named(dict(plain)) == plain  # a one-process node's members are left as they are
+    assert node_named({"name": "classic"}) == {"name": "classic"}

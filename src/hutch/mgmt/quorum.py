@@ -35,6 +35,7 @@ from hutch.core.patterns import PatternError, UserPattern, compile_pattern
 from hutch.core.vhost import rs
 from hutch.runtime.queue_types.quorum.queue import QuorumQueue
 from hutch.runtime.queue_types.quorum.service import QuorumService
+from hutch.runtime.workers.spec import node_of_worker
 
 from .access import Principal, require_admin
 from .cluster import cluster_service
@@ -213,7 +214,9 @@ async def quorum_status(node: Node, p: Principal, vhost: str, name: str) -> list
     lead = _leader_view(views)
     rows = []
     for member, view in views.items():
-        row: dict[str, Any] = {"node": member, "online": _running(node, member)}
+        row: dict[str, Any] = {"node": node_of_worker(member), "online": _running(node, member)}
+        if row["node"] != member:
+            row["worker"] = member  # a member that is a worker of a node of workers (hutch's own column)
         if view is None:
             row["role"] = "unreachable"
         elif not view.get("member"):

@@ -42,6 +42,7 @@ from .queue_types.remote import RemoteQueue
 from .queue_types.stream.queue import StreamQueue
 from .session.channel import ServerChannel
 from .session.connection import AMQPConnection
+from .workers.spec import node_of_worker
 
 if TYPE_CHECKING:
     from hutch.core.queue_type import Consumer, Queue
@@ -189,7 +190,26 @@ def queue_json(q: Queue, node_name: str) -> dict[str, Any]:
         out["owner_pid_details"] = {"name": owner.name, "peer_host": owner.peer[0],
                                     "peer_port": owner.peer[1]}
     plain: dict[str, Any] = jsonable(out)  # plain data: info() of some queue types carries tuples
-    return plain
+    return node_named(plain)
+
+
+def node_named(out: dict[str, Any]) -> dict[str, Any]:
+    """A replicated queue's `leader`, `members` and `online` as nodes, as RabbitMQ names them: a member
+    that is a worker of a node of workers (`<node>#w<N>`) is its node, listed once (a node's workers each
+    hold a member of its streams; in a multi-node cluster a quorum member is one worker of its node).
+    Where that changed a name, the members by worker are kept in hutch's own `leader_worker` and
+    `member_workers`. In place; returns `out`."""
+    leader, members = out.get("leader"), out.get("members")
+    if not isinstance(members, list) or not any(isinstance(m, str) and node_of_worker(m) != m for m in members):
+        return out
+    out["leader_worker"], out["member_workers"] = leader, list(members)
+    if isinstance(leader, str):
+        out["leader"] = node_of_worker(leader)
+    for field in ("members", "online"):
+        names = out.get(field)
+        if isinstance(names, list):
+            out[field] = list(dict.fromkeys(node_of_worker(m) if isinstance(m, str) else m for m in names))
+    return out
 
 
 class LocalAgent:
@@ -402,5 +422,5 @@ class LocalAgent:
         return False
 
 
-__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "peer_cert_json", "queue_json",
+__all__ = ["LocalAgent", "channel_json", "connection_json", "consumer_json", "node_named", "peer_cert_json", "queue_json",
            "queue_light"]
