@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from streams_vs_rabbitmq import load_rows, measure, pair_cells, plan  # noqa: E402
+from streams_vs_rabbitmq import cli, load_rows, measure, pair_cells, plan  # noqa: E402
 
 RABBIT_AMQP = (5681, 5682, 5683)  # benchmarks/rabbit_cluster.sh's ports
 RABBIT_STREAM = (5561, 5562, 5563)
@@ -69,24 +69,10 @@ def summary(args: argparse.Namespace) -> None:
         print(pair_cells(protocol, size, tool, rnd, h, q))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
+def _brokers(r: argparse.ArgumentParser) -> None:
     r.add_argument("--hutch-cluster-dir", required=True, help="benchmarks/stream_cluster.py's --dir")
     r.add_argument("--rabbit-cluster-dir", required=True, help="benchmarks/rabbit_cluster.sh's DIR")
-    r.add_argument("--rounds", type=int, default=2)
-    r.add_argument("--first-round", type=int, default=1)
-    r.add_argument("--sizes", default="16,1000")
-    r.add_argument("--protocols", default="stream,amqp")
-    r.add_argument("--seconds", type=float, default=8.0)
-    r.add_argument("--out", required=True)
-    r.add_argument("--label", default="")
-    s = sub.add_parser("summary")
-    s.add_argument("--results", required=True)
-    args = ap.parse_args()
-    run(args) if args.cmd == "run" else summary(args)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, 2, _brokers, run, summary)

@@ -247,28 +247,35 @@ def summary(args: argparse.Namespace) -> None:
         print(f"{pair_cells(protocol, size, tool, rnd, h, q)} {share} | {cluster} |")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(doc: str, rounds: int, brokers: Callable[[argparse.ArgumentParser], None],
+        run_fn: Callable[[argparse.Namespace], None], summary_fn: Callable[[argparse.Namespace], None]) -> None:
+    """The `run` / `summary` command line of a streams comparison: `brokers` adds the options that say
+    which brokers a run measures, the rest (rounds, sizes, protocols, seconds, out, label) is common."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--hutch-data-dir", required=True)
-    r.add_argument("--rabbit-pid", type=int, required=True)
-    r.add_argument("--hutch-cluster-dir", help="also a hutch cluster started by benchmarks/stream_cluster.py "
-                                               "(stream protocol only; runs first in odd rounds)")
-    r.add_argument("--rounds", type=int, default=3)
+    brokers(r)
+    r.add_argument("--rounds", type=int, default=rounds)
     r.add_argument("--first-round", type=int, default=1, help="the number of the first round (the order "
                                                               "alternates on it: several short sittings)")
     r.add_argument("--sizes", default="16,1000")
     r.add_argument("--protocols", default="stream,amqp")
     r.add_argument("--seconds", type=float, default=8.0)
     r.add_argument("--out", required=True)
-    r.add_argument("--brokers", default="hutch,rabbitmq", help="which of the two to run (comma-separated)")
     r.add_argument("--label", default="", help="a free-text tag written into each line (the tree, the options)")
     s = sub.add_parser("summary")
     s.add_argument("--results", required=True)
     args = ap.parse_args()
-    run(args) if args.cmd == "run" else summary(args)
+    run_fn(args) if args.cmd == "run" else summary_fn(args)
+
+
+def _brokers(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--hutch-data-dir", required=True)
+    r.add_argument("--rabbit-pid", type=int, required=True)
+    r.add_argument("--hutch-cluster-dir", help="also a hutch cluster started by benchmarks/stream_cluster.py "
+                                               "(stream protocol only; runs first in odd rounds)")
+    r.add_argument("--brokers", default="hutch,rabbitmq", help="which of the two to run (comma-separated)")
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, 3, _brokers, run, summary)
