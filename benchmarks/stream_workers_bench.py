@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from stream_rawload import open_connection, read_frame  # benchmarks/stream_rawload.py
-from workers_bench import start  # benchmarks/workers_bench.py
+from workers_bench import running  # benchmarks/workers_bench.py
 
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code
@@ -64,8 +64,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             conf = Path(tmp) / "hutch.conf"
             conf.write_text("workers.own_ports = true\n")
-            proc, ports, pids = start(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)])
-            try:
+            with running(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)]) as (ports, pids):
                 runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [
                     ("writer", ports["stream_w0"], ports["stream_w0"]), ("other", ports["stream_w0"], ports["stream_w1"])]
                 for i, (where, create_on, run_on) in enumerate(runs):
@@ -73,9 +72,6 @@ def main() -> None:
                     create(create_on, stream)
                     print(json.dumps({"workers": workers, "connections_on": where, **rawload(run_on, stream, pids, args)}),
                           flush=True)
-            finally:
-                proc.terminate()
-                proc.wait(60)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,14 @@ line per run. Linux only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +45,31 @@ from hutch import portfile
 HERE = Path(__file__).resolve().parent
 
 
-def start(data: Path, workers: int, locality: bool = True,
-          extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], dict[str, int], list[int]]:
+@contextlib.contextmanager
+def running(data: Path, workers: int, locality: bool = True,
+            extra: Sequence[str] = ()) -> Iterator[tuple[dict[str, int], list[int]]]:
     """A node of `workers` (port 0, `--no-cluster`, `workers.locality` as given unless `extra`, more flags,
-    names a `--config` of its own): its process, its ports and the pids of its processes (the supervisor
-    and each worker)."""
+    names a `--config` of its own) for the `with` block: its ports and the pids of its processes (the
+    supervisor and each worker); stopped (SIGTERM) when the block ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
-    log = open(data.parent / f"server-{workers}.log", "wb")  # noqa: SIM115 - closed with the process
     conf = data.parent / "hutch.conf"
     conf.write_text(f"workers.locality = {'true' if locality else 'false'}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", "0",
-                             "--data-dir", str(data), "--no-cluster", "--workers", str(workers),
-                             *(() if "--config" in extra else ("--config", str(conf))), *extra],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
-    pids = [proc.pid]
-    for index in range(workers if workers > 1 else 0):
-        doc = portfile.read(data / f"w{index}")
-        assert doc is not None
-        pids.append(int(doc["pid"]))
-    return proc, ports, pids
+    with open(data.parent / f"server-{workers}.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
+                                 "0", "--data-dir", str(data), "--no-cluster", "--workers", str(workers),
+                                 *(() if "--config" in extra else ("--config", str(conf))), *extra],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
+            pids = [proc.pid]
+            for index in range(workers if workers > 1 else 0):
+                doc = portfile.read(data / f"w{index}")
+                assert doc is not None
+                pids.append(int(doc["pid"]))
+            yield ports, pids
+        finally:
+            proc.terminate()
+            proc.wait(60)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -170,8 +176,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
-            proc, ports, pids = start(data, workers, locality)
-            try:
+            with running(data, workers, locality) as (ports, pids):
                 runs: list[tuple[str, dict[str, Any]]] = []
                 if "rawload" in tools:
                     n = str(args.queues)
@@ -199,9 +204,6 @@ def main() -> None:
                     print(json.dumps({"workers": workers, "locality": locality and workers > 1, "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
-            finally:
-                proc.terminate()
-                proc.wait(60)
 
 
 if __name__ == "__main__":
