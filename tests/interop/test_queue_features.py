@@ -219,9 +219,11 @@ def test_an_unused_queue_is_deleted_after_x_expires(ch: Any) -> None:
 
 def test_a_consumed_queue_does_not_expire(ch: Any) -> None:
     q = name("expires2")
-    ch.queue_declare(q, arguments={"x-expires": 200})
+    # 1 s, not less: on a loaded machine the consume must reach the queue's home (another worker under
+    # HUTCH_TEST_WORKERS=2) before an unused queue's expiry fires; then 1.5 s consumed outlives it
+    ch.queue_declare(q, arguments={"x-expires": 1000})
     tag = ch.basic_consume(q, lambda *a: None, auto_ack=True)
-    ch.connection.process_data_events(time_limit=0.5)
+    ch.connection.process_data_events(time_limit=1.5)
     ch.queue_declare(q, passive=True)  # still there
     ch.basic_cancel(tag)
 
