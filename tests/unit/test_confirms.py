@@ -4,6 +4,7 @@ the classic queue hands to its sync sink."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -223,7 +224,12 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedgerMachine = LedgerMachine.TestCase
-TestLedgerMachine.settings = settings(max_examples=300, stateful_step_count=60, derandomize=True, deadline=None)
+TestLedgerMachine.settings = settings(max_examples=100, stateful_step_count=60, derandomize=True, deadline=None)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): random, not derandomized; `make test` runs 100 fixed examples
+class TestLedgerMachineLong(LedgerMachine.TestCase):
+    settings = settings(max_examples=600, stateful_step_count=60, deadline=None)
 
 
 # -- the classic queue's receipts ----------------------------------------------------------------------

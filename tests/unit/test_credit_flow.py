@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -325,4 +326,9 @@ class FlowMachine(RuleBasedStateMachine):
 
 
 TestFlowMachine = FlowMachine.TestCase
-TestFlowMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestFlowMachine.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`); `make test` runs 50 examples of the same machine
+class TestFlowMachineLong(FlowMachine.TestCase):
+    settings = settings(max_examples=300, stateful_step_count=40, deadline=None)

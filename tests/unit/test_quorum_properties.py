@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -459,8 +460,13 @@ class QuorumProperties(RuleBasedStateMachine):
             assert [other.live.holds(i) for i in range(self.index + 2)] == counts
 
 
-QuorumProperties.TestCase.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+QuorumProperties.TestCase.settings = settings(max_examples=70, stateful_step_count=50, deadline=None)
 TestQuorumProperties = QuorumProperties.TestCase
+
+
+@pytest.mark.slow  # the long run (`make test-slow`); `make test` runs 70 examples of the same machine
+class TestQuorumPropertiesLong(QuorumProperties.TestCase):
+    settings = settings(max_examples=400, stateful_step_count=50, deadline=None)
 
 
 @settings(max_examples=100, deadline=None)
