@@ -100,7 +100,7 @@ SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at 
 SNAPSHOT_MIN_ENTRIES = 64
 MSG_CACHE_MAX = 16_384  # the leader's own just-published messages kept for their first local delivery
 SETTLED_KEPT = 16_384  # msg ids settled here remembered against a new leader's deliveries (`settled_here`)
-SETTLES_KEPT = 2_048  # the leader's own last settle commands, sent again when it loses the leadership
+SETTLES_KEPT = 2_048  # the leader's own settle commands not known committed, at most (`led_settles`)
 
 
 now_ms = SYSTEM_CLOCK.wall_ms  # the leader's stamp on commands (meta's time); the runtime's one clock
@@ -257,9 +257,14 @@ class QuorumQueue(Queue):
         # led: a new leader hands out every message it sees checked out, and these are not delivered
         # again (bounded: the oldest go first)
         self.settled_here: dict[int, int] = {}
-        # the leader's own last settle/discard commands: proposed here and perhaps never committed when it
-        # loses the leadership, then sent to the new leader (`QuorumService._leader_changed`)
+        # the leader's own settle/discard commands not yet known to be applied: proposed here (no waiter,
+        # the hot path) and perhaps never committed when it loses the leadership, then sent to the new
+        # leader (`QuorumService._settles_after_leading`). Two generations, turned at the tick once the
+        # older one is applied (`led_mark`: the log's last index when the newer one began), so they hold
+        # about a tick's settles, bounded
         self.led_settles: deque[bytes] = deque(maxlen=SETTLES_KEPT)
+        self.led_settles_old: deque[bytes] = deque(maxlen=SETTLES_KEPT)
+        self.led_mark = 0
         self.next_seq = 0  # this node's publish seq for this queue (the machine deduplicates by it)
         self.unconfirmed: dict[int, PendingPublish] = {}  # seq -> publish not confirmed yet
         self.batch: list[PendingPublish] = []  # this loop turn's publishes, not proposed yet

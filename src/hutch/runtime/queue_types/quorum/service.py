@@ -708,7 +708,7 @@ class QuorumService(QuorumMembership):
         self._entry = (0, 0, [])
         if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
             self._cancel_on_failover(q)
-        if q.led_settles and not self.is_leader(q):
+        if (q.led_settles or q.led_settles_old) and not self.is_leader(q):
             self._settles_after_leading(q)
         if lead:
             self._flush_pending(q)
@@ -734,12 +734,23 @@ class QuorumService(QuorumMembership):
             if not self.transport.connected(node):
                 self.propose(q, qc.make_down(node, "noconnection"))
 
+    @staticmethod
+    def _turn_led_settles(q: QuorumQueue, group: Any) -> None:
+        """At the leader's tick: the older generation of its own settles is forgotten once every entry
+        proposed before the newer one began is applied; the newer one becomes the older."""
+        if group.applied < q.led_mark:
+            return  # not all applied yet: both kept (each bounded)
+        q.led_settles_old, q.led_settles = q.led_settles, q.led_settles_old
+        q.led_settles.clear()
+        q.led_mark = group.raw.raft.log.last_index()
+
     def _settles_after_leading(self, q: QuorumQueue) -> None:
         """This node lost the leadership: its consumers' last settles, proposed while it led, may not have
         committed. They go to the new leader as tracked commands (a settle applied twice is a no-op), and
         their messages are not delivered to those consumers again (`settled_here`)."""
-        settles = list(q.led_settles)
+        settles = [*q.led_settles_old, *q.led_settles]
         q.led_settles.clear()
+        q.led_settles_old.clear()
         for data in settles:
             _t, cmd = qc.decode(data)
             assert isinstance(cmd, _SETTLES)
@@ -796,6 +807,8 @@ class QuorumService(QuorumMembership):
                 self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             replica = q.replica
             if self.is_leader(q) and replica is not None:
+                if q.led_settles or q.led_settles_old:
+                    self._turn_led_settles(q, replica.group)
                 q.pace.retain(replica.machine.state.consumers.by_key)  # the pace of consumers gone goes
                 cfg = replica.machine.state.config
                 if cfg.message_ttl_ms is not None or cfg.expires_ms is not None \
