@@ -228,6 +228,10 @@ class Supervisor:
         their data directories, start them again with `--join seed` (read at a worker's first start)."""
         if self._stopping or self._resetting:
             return
+        if not self.config.cluster_enabled:
+            log.error("node %s was started with clustering off (--no-cluster): it cannot join the cluster of %s; "
+                      "start it without --no-cluster first", self.config.node_name, seed)
+            return
         self._resetting = True
         try:
             log.warning("node %s joins the cluster of %s: its workers stop, their data (definitions and "
