@@ -238,11 +238,21 @@ def test_settlements_in_flight_to_a_leader_that_dies_are_applied(tmp_path: Path)
         for i in range(40):
             ch.basic_publish("", "settle-qq", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
         conn.close()
-        info = queue_info(n1, "settle-qq") or {}
-        assert info.get("leader") == n1.full_name, info
+        info: dict[str, Any] = {}
+
+        def led() -> bool:
+            nonlocal info
+            info = queue_info(n1, "settle-qq") or {}
+            return bool(info.get("leader"))
+
+        deadline = time.monotonic() + 20
+        while not led() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert led(), info
         members = set(info["members"])
-        follower = next(n for n in cluster.nodes[1:] if n.full_name in members)
-        outsider = next(n for n in cluster.nodes[1:] if n.full_name not in members)
+        leader = next(n for n in cluster.nodes if n.full_name == info["leader"])  # n1, unless load made it another
+        follower = next(n for n in cluster.nodes if n.full_name in members and n is not leader)
+        outsider = next(n for n in cluster.nodes if n.full_name not in members)
         consumers = []
         for node in (follower, outsider):
             c = pika.BlockingConnection(params(node, heartbeat=0))
@@ -256,11 +266,11 @@ def test_settlements_in_flight_to_a_leader_that_dies_are_applied(tmp_path: Path)
             for c, _ch, _box in consumers:
                 c.process_data_events(0.05)
         assert [len(box) for _c, _ch, box in consumers] == [20, 20]
-        n1.pause()
+        leader.pause()
         for _c, cch, box in consumers:
             cch.basic_ack(box[-1][0].delivery_tag, multiple=True)
             cch.basic_qos(prefetch_count=20)  # a round trip: the consumer's node has handled the ack
-        n1.kill()
+        leader.kill()
         left: dict[str, Any] = {}
 
         def settled() -> bool:
@@ -269,7 +279,7 @@ def test_settlements_in_flight_to_a_leader_that_dies_are_applied(tmp_path: Path)
                 c.process_data_events(0)
             left = queue_info(follower, "settle-qq") or {}
             return left.get("messages_unacknowledged") == 0 and left.get("messages_ready") == 0 \
-                and left.get("leader") not in (None, n1.full_name)
+                and left.get("leader") not in (None, leader.full_name)
 
         deadline = time.monotonic() + 40
         while not settled() and time.monotonic() < deadline:
