@@ -9,6 +9,8 @@ directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over co
 - `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
 - `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`),
 - one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
+- `--shapes fanout`: the same one queue behind a fanout exchange (rawload `--fanout 1`): a publisher whose
+  first publish goes through a named exchange (connection locality judges it by the exchange's route),
 - `--tools churn`: rawload's connection churn (open, channel, confirm.select, one publish, close; 20 at a
   time): what a connection's move costs where it saves nothing,
 - `--tools idle`: the node's CPU over 20 s without clients (the background a worker adds: its internal
@@ -162,7 +164,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=20000)
     ap.add_argument("--tools", default="rawload,perf")
     ap.add_argument("--shapes", default="unlimited,rate,single",
-                    help="rawload's runs: 8 queues unlimited, 8 queues at --rate, one queue unlimited")
+                    help="rawload's runs: 8 queues unlimited, 8 queues at --rate, one queue unlimited, one queue behind a fanout (fanout)")
     ap.add_argument("--declares", type=int, default=200, help="sequential durable declares (0: none)")
     ap.add_argument("--queues", type=int, default=8,
                     help="queues, and publishers and consumers, of the many-queue runs (at least the workers)")
@@ -190,6 +192,10 @@ def main() -> None:
                     if "single" in shapes:
                         runs.append(("rawload 1q unlimited",
                                      rawload(ports["amqp"], pids, ["-x", "1", "-y", "1", *common], args.seconds)))
+                    if "fanout" in shapes:  # the first publish goes through a named exchange (locality)
+                        runs.append(("rawload 1q behind a fanout, unlimited",
+                                     rawload(ports["amqp"], pids, ["-x", "1", "-y", "1", "--fanout", "1", *common],
+                                             args.seconds)))
                 if args.declares:
                     runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
                 if "perf" in tools:

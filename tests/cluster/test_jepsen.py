@@ -215,3 +215,78 @@ def test_a_delivery_in_flight_when_its_consumer_goes_is_returned(tmp_path: Path)
         assert settled(), f"10 of 30 consumed; the queue: {_counts(info)}"
     finally:
         cluster.stop()
+
+
+def test_settlements_in_flight_to_a_leader_that_dies_are_applied(tmp_path: Path) -> None:
+    """The Jepsen runs on nodes of workers (docs/scaling.md, seed 2 at 16 s): settlements a consumer's
+    node had sent on towards the leader, which died before committing them, left their messages checked
+    out to a live consumer that had acked them, forever (no `down` for a node that is up). A command
+    that leaves its node is now kept until the leader reports it applied and resent when the route
+    changes (queues/quorum/client.py). 4 nodes, a queue of 3 members: consumers on a follower member
+    and on the non-member ack everything while the leader is paused (their settles reach its socket and
+    no further), then the leader is killed: the new leader applies the settles, nothing stays unacked,
+    and what a new leader hands out again (every message it sees checked out) does not reach a
+    consumer that acked it."""
+    cluster = start_cluster(tmp_path, 4)
+    try:
+        n1 = cluster.nodes[0]
+        conn = pika.BlockingConnection(params(n1, heartbeat=0))
+        ch = conn.channel()
+        ch.queue_declare("settle-qq", durable=True, arguments={"x-queue-type": "quorum",
+                                                               "x-quorum-initial-group-size": 3})
+        ch.confirm_delivery()
+        for i in range(40):
+            ch.basic_publish("", "settle-qq", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        info: dict[str, Any] = {}
+
+        def led() -> bool:
+            nonlocal info
+            info = queue_info(n1, "settle-qq") or {}
+            return bool(info.get("leader"))
+
+        deadline = time.monotonic() + 20
+        while not led() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert led(), info
+        members = set(info["members"])
+        leader = next(n for n in cluster.nodes if n.full_name == info["leader"])  # n1, unless load made it another
+        follower = next(n for n in cluster.nodes if n.full_name in members and n is not leader)
+        outsider = next(n for n in cluster.nodes if n.full_name not in members)
+        consumers = []
+        for node in (follower, outsider):
+            c = pika.BlockingConnection(params(node, heartbeat=0))
+            cch = c.channel()
+            cch.basic_qos(prefetch_count=20)
+            box: list[tuple[Any, bytes]] = []
+            cch.basic_consume("settle-qq", lambda _c, m, _p, body, box=box: box.append((m, body)))
+            consumers.append((c, cch, box))
+        deadline = time.monotonic() + 20
+        while sum(len(box) for _c, _ch, box in consumers) < 40 and time.monotonic() < deadline:
+            for c, _ch, _box in consumers:
+                c.process_data_events(0.05)
+        assert [len(box) for _c, _ch, box in consumers] == [20, 20]
+        leader.pause()
+        for _c, cch, box in consumers:
+            cch.basic_ack(box[-1][0].delivery_tag, multiple=True)
+            cch.basic_qos(prefetch_count=20)  # a round trip: the consumer's node has handled the ack
+        leader.kill()
+        left: dict[str, Any] = {}
+
+        def settled() -> bool:
+            nonlocal left
+            for c, _ch, _box in consumers:
+                c.process_data_events(0)
+            left = queue_info(follower, "settle-qq") or {}
+            return left.get("messages_unacknowledged") == 0 and left.get("messages_ready") == 0 \
+                and left.get("leader") not in (None, leader.full_name)
+
+        deadline = time.monotonic() + 40
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert settled(), f"the settles sent to the dead leader were not applied: {_counts(left)}"
+        assert [len(box) for _c, _ch, box in consumers] == [20, 20], "an acked message was delivered again"
+        for c, _ch, _box in consumers:
+            c.close()
+    finally:
+        cluster.stop()

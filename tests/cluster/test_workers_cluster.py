@@ -2,7 +2,8 @@
 multi-node cluster"): 3 nodes of 2 workers each, real `hutch-server --workers 2` processes joined with
 `--join`, used with pika. They show as 3 nodes (cluster_status, /api/nodes, hutchctl), a quorum queue's 3
 members land on 3 different nodes, a classic queue homed in a worker of one node is reached from the
-others, and confirmed messages survive a node's `kill -9` (its supervisor and its workers). In the slow
+others, and confirmed messages survive a node's `kill -9` (its supervisor and its workers); a running
+node of workers joins with `hutchctl join_cluster` and is forgotten (slow). In the slow
 set: the node restarts and rejoins, and `forget_cluster_node` of a stopped node of workers removes its
 workers.
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from .jepsen import stable_port
 from .nodes import Cluster, Node, eventually, node_of
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -127,3 +129,48 @@ def test_a_node_of_workers_restarts_rejoins_and_is_forgotten(cluster: Cluster) -
     assert code == 204
     doc = n2.api("GET", "/api/cluster-status")[1]
     assert doc["disk_nodes"] == [n2.full_name, n1.full_name] and len(doc["members"]) == 4
+
+
+@pytest.mark.slow
+def test_a_running_node_of_workers_joins_with_join_cluster_and_is_forgotten(tmp_path: Path) -> None:
+    """(Slow: two nodes of workers, one restarted: ~35 s on a loaded machine; the refusals, which restart
+    nothing, are in tests/workers/test_workers_mgmt.py.) docs/clustering.md's procedure on a node of workers, as on a one-process node: `hutchctl
+    join_cluster n1@host:port` on a running node of 2 workers that is a cluster of its own. As RabbitMQ's
+    `stop_app; reset; join_cluster; start_app`, its supervisor restarts its workers joining (their own
+    definitions and messages dropped), and hutchctl returns once the node's cluster status shows the
+    seed: the two nodes (4 workers, 4 Raft members) are one cluster, the joiner sees the seed's queue and
+    no longer its own, and, stopped, it is forgotten by its node name."""
+    cluster = Cluster.start(tmp_path, 1, workers="2")
+    try:
+        n1 = cluster.nodes[0]
+        conn = connect(n1)
+        conn.channel().queue_declare("seed.queue", durable=True)
+        conn.close()
+        lone = Node("n2", tmp_path / "n2", 0, stable_port(), stable_port(), None, workers="2")
+        cluster.nodes.append(lone)
+        lone.start()
+        conn = connect(lone)
+        conn.channel().queue_declare("lone.own", durable=True)
+        conn.close()
+        _publish(lone, "lone.own", [b"mine"])
+        out = lone.ctl("join_cluster", n1.seed, timeout=150)
+        assert out.returncode == 0, out.stdout + out.stderr
+        doc = cluster.wait_running({"n1", "n2"}, via=n1)
+        assert sorted(node_of(m["name"]) for m in doc["members"]) == [n1.full_name] * 2 + [lone.full_name] * 2
+        assert "joins the cluster of n1@localhost" in lone.log()
+        conn = connect(lone)
+        ch = conn.channel()
+        ch.queue_declare("seed.queue", durable=True, passive=True)  # the cluster's definitions
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+            ch.queue_declare("lone.own", durable=True, passive=True)  # its own were dropped (reset)
+        assert gone.value.reply_code == 404
+        conn.close()
+        lone.stop()
+        cluster.wait_running({"n1"}, via=n1)
+        out = n1.ctl("forget_cluster_node", lone.full_name)
+        assert out.returncode == 0, out.stdout + out.stderr
+        doc = n1.api("GET", "/api/cluster-status")[1]
+        assert doc["disk_nodes"] == [n1.full_name] and len(doc["members"]) == 2
+    finally:
+        cluster.stop()
+

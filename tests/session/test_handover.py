@@ -100,6 +100,36 @@ async def test_a_burst_moves_unhandled_and_the_other_side_handles_it_in_order(no
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("exchange", "kind", "keys", "moves"), [
+    ("x-direct", "direct", ["there-q"], True),  # every queue it reaches is in worker 1
+    ("x-topic", "topic", ["there-q"], True),
+    ("x-fan", "fanout", ["there-q", "here-q"], False),  # queues in both workers: no hop saved
+    ("x-headers", "headers", ["there-q"], False),  # its route needs the headers, not read yet
+    ("x-empty", "direct", [], False),  # routed nowhere
+])
+async def test_a_first_publish_through_an_exchange_moves_when_its_route_is_one_other_worker(
+        nodes: tuple[Node, Node], exchange: str, kind: str, keys: list[str], moves: bool) -> None:
+    here, there = nodes
+    for node in (here, there):
+        vhost = node.vhosts["/"]
+        x = node.declare_exchange(vhost, exchange, kind, False, False, False, {})
+        for queue in keys:
+            node.bind(vhost, x, ("queue", queue), "k", {"x-match": "any", "k": 1} if kind == "headers" else {})
+    handover = FakeHandover()
+    pair = await armed(here, handover)
+    message = pair.publish(1, "k", b"routed", exchange=exchange,
+                           properties=commands.Basic.Properties(headers={"k": 1}))
+    pair.feed(message)
+    assert [to for _state, to in handover.moved] == ([1] if moves else [])
+    assert not pair.conn.locality_armed  # judged once, either way
+    if moves:
+        adopt(there, handover.moved[0][0])
+        assert there.vhosts["/"].queues["there-q"].message_count == 1  # the triggering publish, handled there
+    else:
+        assert here.vhosts["/"].queues["there-q"].message_count == (1 if keys else 0)
+
+
+@pytest.mark.asyncio
 async def test_a_connection_moves_at_most_once_and_not_for_a_local_queue(nodes: tuple[Node, Node]) -> None:
     here, _there = nodes
     handover = FakeHandover()

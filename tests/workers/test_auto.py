@@ -1,7 +1,7 @@
 """`--workers auto`, the default (runtime/workers/auto.py): what a node of `auto` becomes, with real
 `hutch-server` processes. The start log names the choice and why; a data directory keeps its shape; a
 node set up for a multi-node cluster (an inter-node port given, `--join`) is one process, so a cluster
-formed with the default forms as before; a node of workers refuses `join_cluster` in one line.
+formed with the default forms as before; a node of workers joins one with `join_cluster` (tests/cluster/test_workers_cluster.py).
 
 The tests ask for `--workers auto` explicitly (the harness gives every other node `--workers 1`), and
 read the machine's usable cores where the answer depends on them.

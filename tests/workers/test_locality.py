@@ -176,16 +176,46 @@ def test_a_connection_that_is_not_quiet_stays_and_works_over_the_hop(node: Serve
         pch.queue_delete(remote)
 
 
-def test_a_first_publish_through_an_exchange_does_not_move(node: ServerInfo) -> None:
+def test_a_first_publish_through_an_exchange_to_one_other_workers_queue_moves(node: ServerInfo) -> None:
+    """A direct, topic or fanout exchange's route decides where the first publish goes: every queue it
+    reaches is in worker 1, so the connection moves there, as a default-exchange publish does."""
     remote = declare_in(node, 1, "routed")
     with connect(node, 0) as conn:
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_bind(remote, "amq.direct", routing_key=remote)
-        ch.basic_publish("amq.direct", remote, b"routed")  # the first publish goes through an exchange
-        ch.basic_publish("", remote, b"direct")  # judged once: the connection stays
+        ch.queue_bind(remote, "amq.topic", routing_key="routed.#")
         assert holders(node, client_port(conn)) == {0}
+        ch.basic_publish("amq.topic", "routed.x", b"routed")  # returns once confirmed (from worker 1)
+        assert holders(node, client_port(conn)) == {1}
+        ch.basic_publish("amq.topic", "routed.y", b"again")
         assert ch.queue_declare(remote, passive=True).method.message_count == 2
+        ch.queue_delete(remote)
+
+
+def test_a_first_publish_to_queues_in_both_workers_or_through_headers_stays(node: ServerInfo) -> None:
+    """A route that reaches queues in both workers (a fanout here) keeps the connection where it is (a
+    move would save no hop); so does a headers exchange (its route needs the message's headers, not read
+    when the publish is judged). Judged once: a later default-exchange publish does not move it."""
+    local, remote = declare_in(node, 0, "fan-here"), declare_in(node, 1, "fan-there")
+    with connect(node, 0) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare("fan-both", "fanout", auto_delete=True)
+        ch.queue_bind(local, "fan-both")
+        ch.queue_bind(remote, "fan-both")
+        ch.basic_publish("fan-both", "", b"both")
+        ch.basic_publish("", remote, b"direct")
+        assert holders(node, client_port(conn)) == {0}
+        assert ch.queue_declare(local, passive=True).method.message_count == 1
+        assert ch.queue_declare(remote, passive=True).method.message_count == 2
+    with connect(node, 0) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_bind(remote, "amq.headers", arguments={"x-match": "any", "to": "there"})
+        ch.basic_publish("amq.headers", "", b"by headers", pika.BasicProperties(headers={"to": "there"}))
+        assert holders(node, client_port(conn)) == {0}
+        assert ch.queue_declare(remote, passive=True).method.message_count == 3
+        ch.queue_delete(local)
         ch.queue_delete(remote)
 
 

@@ -258,13 +258,17 @@ def test_nodes_figures_are_the_nodes_summed_over_the_workers(node: ServerInfo) -
             conn.close()
 
 
-def test_a_node_of_workers_refuses_to_join_a_cluster_in_one_line(node: ServerInfo) -> None:
-    """`hutchctl join_cluster` (POST /api/cluster-join) on a node of workers: 400 saying why and what to
-    do, not worker 0 leaving its node's internal cluster (a node of workers joins one with --join at its
-    start: every worker joins)."""
-    reply = Api(node.mgmt_url).call("POST", "/api/cluster-join", {"node": "n1@127.0.0.1:25999"})
-    assert reply.status == 400
-    assert "cannot join another cluster" in reply.body["reason"] and "--join" in reply.body["reason"]
+def test_a_node_of_workers_refuses_a_join_it_cannot_make_before_restarting_anything(node: ServerInfo) -> None:
+    """`hutchctl join_cluster` (POST /api/cluster-join) on a node of workers restarts its workers joining
+    (tests/cluster/test_workers_cluster.py); what cannot work is refused first, in one line, and the
+    workers stay up: a malformed seed, and the node's own name."""
+    api = Api(node.mgmt_url)
+    reply = api.call("POST", "/api/cluster-join", {"node": "no-port"})
+    assert reply.status == 400 and "expected NODE@HOST:PORT" in reply.body["reason"]
+    own = api.call("GET", "/api/overview").body["node"]
+    reply = api.call("POST", "/api/cluster-join", {"node": f"{own}@127.0.0.1:1"})
+    assert reply.status == 400 and "this node's own name" in reply.body["reason"]
+    assert api.call("GET", "/api/overview").status == 200
 
 
 def test_an_import_is_in_every_worker_when_it_is_answered(node: ServerInfo) -> None:

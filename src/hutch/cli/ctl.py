@@ -26,6 +26,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -740,9 +741,29 @@ def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
     return Output(banner=f"Cluster status of node {node} ...", document=doc, lines=lines)
 
 
+JOIN_RESTART_TIMEOUT_S = 120.0  # a node of workers restarting them to join: until the status shows it
+
+
 def cmd_join_cluster(client: Client, args: argparse.Namespace) -> Output:
-    client.request("POST", "/api/cluster-join", {"node": args.node})
+    reply = client.request("POST", "/api/cluster-join", {"node": args.node})
+    if isinstance(reply, dict) and reply.get("restarting"):  # a node of workers: they restart, joining
+        _wait_joined(client, str(reply.get("node")), str(reply.get("joining")), JOIN_RESTART_TIMEOUT_S)
     return Output(banner=f"Clustering node with {args.node} ...")
+
+
+def _wait_joined(client: Client, node: str, seed_node: str, timeout_s: float) -> None:
+    """Until this node's cluster status lists `seed_node` running (its workers restarted and joined)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            doc = client.request("GET", "/api/cluster-status")
+        except (Unreachable, ApiFailure, BadReply):  # the workers are restarting
+            doc = None
+        if isinstance(doc, dict) and seed_node in doc.get("running_nodes", []):
+            return
+        time.sleep(0.5)
+    raise Refused(f"node {node} did not show {seed_node} in its cluster within {timeout_s:.0f} s of restarting "
+                  "its workers to join it; see hutchctl cluster_status and the node's log")
 
 
 def cmd_forget_cluster_node(client: Client, args: argparse.Namespace) -> Output:

@@ -349,10 +349,14 @@ class QueueInfo(NamedTuple):
 
 @message_kind(30)
 class QuorumCommand(NamedTuple):
-    """An encoded quorum-queue command (queues/quorum/commands.py) forwarded to the group's leader."""
+    """An encoded quorum-queue command (queues/quorum/commands.py) forwarded to the group's leader. A
+    tracked one (`seq` > 0) is answered by the leader with `QuorumApplied(gid, [seq])` to `origin` once
+    applied; a member that relays it passes `origin` and `seq` on (queues/quorum/client.py)."""
 
     gid: int
     command: bytes
+    origin: str  # the node that made the command ("" for an untracked one)
+    seq: int  # the origin's sequence number for it (0: untracked, nobody waits to hear it was applied)
 
 
 @message_kind(31)
@@ -379,6 +383,15 @@ class QuorumLeaderChanged(NamedTuple):
     """A new leader, told to a node with consumers that is not a member (it sees no leader change)."""
 
     gid: int
+
+
+@message_kind(40)
+class QuorumApplied(NamedTuple):
+    """The leader applied these tracked commands (`QuorumCommand.seq`) of the receiving node: it stops
+    resending them, and learns the sender as the queue's leader (`leader_hint`)."""
+
+    gid: int
+    seqs: list[int]
 
 
 @message_kind(34)
@@ -621,7 +634,7 @@ Record: TypeAlias = (
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
     | RemotePublishBatch | RemoteDeliverBatch | RemoteHold | LoopSaturated | RemoteConsumerPaused
     | LimitAcquire | LimitQuery | LimitReport | QueueStats | QueueGetReply | QueueGet | QueuePurge | QueueInfo
-    | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumGetReply | QuorumGet | QuorumPurge
+    | QuorumCommand | QuorumDeliver | QuorumConfirm | QuorumLeaderChanged | QuorumApplied | QuorumGetReply | QuorumGet | QuorumPurge
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers

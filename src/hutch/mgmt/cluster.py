@@ -1,7 +1,9 @@
 """Cluster operations over HTTP: what `hutchctl cluster_status`, `join_cluster` and
 `forget_cluster_node` call (hutch extensions; RabbitMQ does these through its CLI's Erlang distribution).
 
-Owns: `GET /api/cluster-status`, `POST /api/cluster-join` {"node": "n1@host:port"} and
+Owns: `GET /api/cluster-status`, `POST /api/cluster-join` {"node": "n1@host:port"} (on a node of workers
+it answers `{"node", "joining", "restarting": true}` once the supervisor took it: the workers then
+restart joining, and `hutchctl join_cluster` waits for the cluster status to show the join) and
 `DELETE /api/cluster-nodes/{node}`, and, only when the node runs with `cluster.fault_injection = true`
 (tests), `POST /api/cluster-faults` {"block": [node, ...], "unblock": [...]}, which cuts (or restores)
 the inter-node link to those nodes as a network partition would. Administrator only. A node that is not clustered answers 400 with
@@ -50,11 +52,16 @@ async def join(node: Node, p: Principal, body: Any) -> dict[str, Any]:
     cluster = _cluster(node)
     if not isinstance(body, dict) or not isinstance(body.get("node"), str):
         raise bad_request('expected {"node": "NODE@HOST:PORT"}')
-    if node.public_name != node.name:  # a worker: its workers joined at their start (docs/scaling.md)
-        raise bad_request(f"node {node.public_name} runs worker processes: a running node of workers cannot "
-                          "join another cluster; start it with --join (and its inter-node port) instead")
     from hutch.runtime.clustering.service import parse_seed
     from hutch.runtime.errors import ClusterUnavailable
+    if node.public_name != node.name:  # a worker (0): its supervisor restarts every worker joining (docs/scaling.md)
+        try:
+            seed_node = await cluster.join_as_node_of_workers(body["node"])
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        except ClusterUnavailable as exc:
+            raise _unavailable(exc) from None
+        return {"node": node.public_name, "joining": seed_node, "restarting": True}
     try:
         parse_seed(body["node"])
         await cluster.join(body["node"])

@@ -394,6 +394,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             for peer, sock in worker.first_links().items():
                 cluster.transport.adopt(peer, sock)
             worker.set_adopt(cluster.transport.adopt)
+            cluster.rejoin = worker.request_rejoin  # hutchctl join_cluster: the supervisor restarts the workers
         if worker is not None:  # memory and disk alarms are node-wide: reported to, and told by, the supervisor
             node.alarm_hooks.append(worker.report_alarms)
             worker.on_node_alarms(node.set_worker_alarms)

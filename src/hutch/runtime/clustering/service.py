@@ -161,6 +161,9 @@ class ClusterService:
         # awaited after this node's changes commit, before the client's reply (e.g. a new quorum
         # queue's first election): zero-argument callables returning awaitables (of anything: ignored)
         self.post_commit: list[Callable[[], Awaitable[Any]]] = []
+        # a worker of a node of workers: asks the supervisor to restart every worker joining a cluster
+        # (`join_as_node_of_workers`; runtime/workers/link.py `request_rejoin`, set by runtime/app.py)
+        self.rejoin: Callable[[str], bool] | None = None
 
     def add_subsystem(self, subsystem: ClusterSubsystem) -> None:
         """A part of the node that speaks over the transport (it registers its message handlers with
@@ -766,6 +769,36 @@ class ClusterService:
             self._learn(Member.from_list(v))
         await self._join_through(seed, promote=True)
         await self.barrier()
+
+    async def join_as_node_of_workers(self, seed: str) -> str:
+        """`hutchctl join_cluster` on a node of workers (here its worker 0): as RabbitMQ's `stop_app;
+        reset; join_cluster; start_app`, the supervisor stops every worker, drops their data and starts
+        them again with `--join seed` (runtime/workers/supervisor.py). Checked first: the node is alone
+        (its own workers are its only members) and the seed answers (when this node may dial other
+        nodes: it was given an inter-node port). Returns the seed's node name; ValueError saying why not."""
+        me = node_of_worker(self.name)
+        others = sorted({node_of_worker(m) for m in self.machine.members if not membership.same_node(m, self.name)})
+        if others:
+            raise ValueError(f"node {me} is already clustered with {', '.join(others)}; forget it there first")
+        if self.rejoin is None:
+            raise ValueError(f"node {me}: this worker cannot ask its supervisor to restart the workers")
+        name, host, port = parse_seed(seed, me)
+        if membership.same_node(name, self.name):
+            raise ValueError(f"cannot join through {seed}: that is this node's own name")
+        if self.transport.network:
+            self.transport.set_peer(name, host, port)
+            found = name
+            try:
+                deadline = asyncio.get_running_loop().time() + min(10.0, self.timeout_s)
+                found = await self._seed_member(seed, name, host, port, deadline)
+            finally:
+                self.transport.remove_peer(found)
+                self.transport.remove_peer(name)
+        if not self.rejoin(seed):
+            raise ClusterUnavailable(f"node {me}: its supervisor did not take the request")
+        log.warning("joining the cluster of %s: the supervisor restarts this node's workers, dropping their "
+                    "definitions and messages", name)
+        return node_of_worker(name)
 
     def _members_of(self, names: list[str]) -> list[str]:
         """The members `names` mean: a node's name means every worker of it (and itself, as a name)."""

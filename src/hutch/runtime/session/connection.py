@@ -22,8 +22,9 @@ Rules (uvicorn/asyncpg style hot path):
   and discards until close-ok (then closes), a simultaneous close, the client's EOF or CLOSE_OK_TIMEOUT_S.
   Every read hold but the per-iteration budget is dropped then: a held socket would never see close-ok.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
-- Connection locality (a node of workers, `Handover` port): the first basic.publish (default exchange)
-  or basic.consume of a connection is judged once; when its queue lives in another worker and the
+- Connection locality (a node of workers, `Handover` port): the first basic.publish (the default
+  exchange, or a direct, topic or fanout one) or basic.consume of a connection is judged once; when
+  every queue it reaches lives in one other worker and the
   connection is quiet (session/handover.py), the connection moves there with the frames it has not
   handled, the triggering one first, and this worker forgets it without closing the TCP connection
   (`_hand_over`). The worker that takes it `adopt`s it as an open connection. A connection moves at
@@ -70,7 +71,7 @@ from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 from hutch.runtime.session.confirms import ChannelConfirms
-from hutch.runtime.session.handover import HandoverState, channel_states, quiet_reason
+from hutch.runtime.session.handover import HandoverState, channel_states, first_publish_queues, quiet_reason
 from hutch.runtime.workers.control import MAX_UNREAD_BYTES
 
 if TYPE_CHECKING:
@@ -430,14 +431,13 @@ class AMQPConnection:
         handover, vhost, transport = self.handover, self.vhost_obj, self.transport
         assert handover is not None and vhost is not None and transport is not None
         if isinstance(method, spec.Basic.Publish):
-            if method.exchange:  # routed by an exchange: its queues may be anywhere
-                return False
-            name = method.routing_key
+            queues = first_publish_queues(vhost, method.exchange, method.routing_key)
         else:
             assert isinstance(method, spec.Basic.Consume)
-            name = method.queue or ch.last_queue_name or ""
-        queue = vhost.queues.get(name)
-        to = handover.home_of(queue) if queue is not None else None
+            queue = vhost.queues.get(method.queue or ch.last_queue_name or "")
+            queues = [queue] if queue is not None else []
+        homes = {handover.home_of(q) for q in queues}
+        to = homes.pop() if len(homes) == 1 else None  # every queue in one other worker (None: one is here)
         if to is None:
             return False
         reason = quiet_reason(self)

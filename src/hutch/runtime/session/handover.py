@@ -1,7 +1,8 @@
 """Connection locality, the session's half: when an open AMQP connection may move to another worker of its
 node, and what of it moves (docs/scaling.md, "Connection locality").
 
-Owns: `quiet_reason` (why a connection may not be handed over now, or None), `HandoverState` (what a
+Owns: `first_publish_queues` (the queues a connection's first publish is judged by), `quiet_reason`
+(why a connection may not be handed over now, or None), `HandoverState` (what a
 connection carries to the worker that adopts it: its negotiated state, its channels' numbering, and the
 bytes read from the socket and not handled yet) and its one codec (`encode`/`decode`, msgpack, a client's
 properties as the AMQP field table they came as), and `channel_states` (a connection's channels as
@@ -141,6 +142,25 @@ class HandoverState:
             raise ValueError("malformed handover state: a channel twice")
         return cls(user, vhost, frame_max, channel_max, heartbeat_s, properties, mechanism, (peer[0], peer[1]),
                    name, connected_at, recv_oct, send_oct, has_published, states, unread)
+
+
+# exchange types whose queues the exchange and the routing key decide (no headers, no per-message choice)
+ROUTED_BY_KEY = frozenset({"direct", "topic", "fanout"})
+
+
+def first_publish_queues(vhost: Any, exchange: str, routing_key: str) -> list[Any]:  # Any: core's VirtualHost, Queue
+    """The queues a connection's first basic.publish reaches by its exchange and routing key alone: the
+    default exchange's queue, or what a direct, topic or fanout exchange routes it to (through exchange
+    bindings and an alternate exchange too). A headers exchange (the headers are not read yet), one that
+    chooses per message (consistent-hash, random) or an unknown one: none, the connection is not moved.
+    Called once per connection (O(the exchange's route)), never on the publish path."""
+    if not exchange:
+        queue = vhost.queues.get(routing_key)
+        return [queue] if queue is not None else []
+    x = vhost.exchanges.get(exchange)
+    if x is None or x.type not in ROUTED_BY_KEY:
+        return []
+    return list(vhost.route(x, [routing_key], None))
 
 
 def quiet_reason(conn: MovableConnection) -> str | None:

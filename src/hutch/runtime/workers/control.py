@@ -14,6 +14,9 @@ message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
   encoding), or `{"handover": N}` with two descriptors (the client's, and a socket its larger state
   follows on); relayed to worker N as `{"adopt": M, ...}` (M the sender, the rest as it came) when N is
   ready; otherwise the supervisor closes them (the client's TCP connection ends: it reconnects).
+- `hutchctl join_cluster` on a node of workers: worker 0 → supervisor `{"rejoin": "NODE@HOST:PORT"}`; the
+  supervisor stops every worker, resets their data and starts them again with `--join` (supervisor.py,
+  `_rejoin`).
 - A request/answer pair for the management fan-out can ride the same socket later
   (`{"ask": id, ...}` / `{"answer": id, ...}`): the kinds are open, an unknown one is ignored.
 """

@@ -88,6 +88,16 @@ class WorkerLink:
             return False
         return True
 
+    def request_rejoin(self, seed: str) -> bool:
+        """Ask the supervisor to join the node to the cluster of `seed` (`hutchctl join_cluster`): it stops
+        every worker, resets their data and starts them again with `--join seed`. False when the message
+        could not be sent (nothing happens)."""
+        try:
+            self.sock.send(control.encode("rejoin", seed))
+        except OSError:
+            return False
+        return True
+
     def ready(self, ports: Mapping[str, int]) -> None:
         self._send(control.encode("ready", dict(ports)))
 

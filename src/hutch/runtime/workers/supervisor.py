@@ -23,6 +23,10 @@ Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
 - Connection locality: a worker's `{"handover": N}` (a client's socket and its state socket) is relayed
   to worker N if it is ready, else its descriptors are closed here (the client reconnects); the
   supervisor never reads or writes them.
+- `hutchctl join_cluster` on a running node of workers (worker 0's `{"rejoin": seed}`, after it checked
+  the seed answers): as RabbitMQ's `stop_app; reset; join_cluster; start_app`, every worker is stopped,
+  its data directory emptied (a dotfile such as the cluster secret file stays) and every worker started
+  again with `--join seed` (the node's AMQP ports stay reserved; clients reconnect).
 - Killing the supervisor with `-9` closes every control socket: each worker sees the end of file and
   stops (runtime/workers/link.py), so no worker outlives its node.
 """
@@ -33,6 +37,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -135,6 +140,7 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._exit_code = 0
         self._stopping = False
+        self._resetting = False  # `_rejoin` is stopping and restarting every worker: no one-by-one restart
         self._loop: asyncio.AbstractEventLoop
         self._watchers: set[asyncio.Task[None]] = set()
         self._check: asyncio.TimerHandle | None = None
@@ -166,19 +172,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._request_stop)
         self._loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
-        pairs: dict[tuple[int, int], tuple[socket.socket, socket.socket]] = {}
-        for i in range(len(self.workers)):
-            for j in range(i + 1, len(self.workers)):
-                pairs[(i, j)] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            for w in self.workers:
-                links = {j: pairs[(min(w.index, j), max(w.index, j))][0 if w.index < j else 1]
-                         for j in range(len(self.workers)) if j != w.index}
-                await self._spawn(w, links)
-        finally:
-            for a, b in pairs.values():
-                a.close()
-                b.close()
+        await self._spawn_all()
         log.info("node %s: %d workers started (AMQP port %d)", cfg.node_name, len(self.workers), self.amqp_port)
         self._checked_at = self._loop.time()
         self._check = self._loop.call_later(control.HEARTBEAT_S, self._check_heartbeats)
@@ -201,6 +195,19 @@ class Supervisor:
     async def _stop_all(self) -> None:
         if self._check is not None:
             self._check.cancel()
+        await self._stop_workers()
+        for task in list(self._watchers):
+            task.cancel()
+        for w in self.workers:
+            self._close_control(w)
+        for s in self._reserved:
+            s.close()
+        if self.config.data_dir:
+            portfile.remove(self.config.data_dir)
+        log.info("node %s stopped", self.config.node_name)
+
+    async def _stop_workers(self) -> None:
+        """SIGTERM to every running worker; those not gone within STOP_TIMEOUT_S are killed."""
         for w in self.workers:
             if w.running and w.proc is not None:
                 w.proc.send_signal(signal.SIGCONT)  # a stopped worker must be able to take its SIGTERM
@@ -215,17 +222,49 @@ class Supervisor:
                         log.warning("worker %d did not stop within %.0f s: killed", w.index, STOP_TIMEOUT_S)
                         w.proc.kill()
                 await asyncio.wait(pending)
-        for task in list(self._watchers):
-            task.cancel()
-        for w in self.workers:
-            self._close_control(w)
-        for s in self._reserved:
-            s.close()
-        if self.config.data_dir:
-            portfile.remove(self.config.data_dir)
-        log.info("node %s stopped", self.config.node_name)
+
+    async def _rejoin(self, seed: str) -> None:
+        """`hutchctl join_cluster seed` on this node (see the module docstring): stop every worker, empty
+        their data directories, start them again with `--join seed` (read at a worker's first start)."""
+        if self._stopping or self._resetting:
+            return
+        if not self.config.cluster_enabled:
+            log.error("node %s was started with clustering off (--no-cluster): it cannot join the cluster of %s; "
+                      "start it without --no-cluster first", self.config.node_name, seed)
+            return
+        self._resetting = True
+        try:
+            log.warning("node %s joins the cluster of %s: its workers stop, their data (definitions and "
+                        "messages) is dropped, and they start again joining it", self.config.node_name, seed)
+            await self._stop_workers()
+            for w in self.workers:
+                self._close_control(w)
+            if self._stopping:
+                return
+            for w in self.workers:
+                _empty_dir(worker_dir(self.config.data_dir, w.index))
+            self.argv += ["--join", seed]
+            await self._spawn_all()
+        finally:
+            self._resetting = False
 
     # -- workers ---------------------------------------------------------------------------------------
+    async def _spawn_all(self) -> None:
+        """Start every worker, with a socket pair between each two of them (the worker link)."""
+        pairs: dict[tuple[int, int], tuple[socket.socket, socket.socket]] = {}
+        for i in range(len(self.workers)):
+            for j in range(i + 1, len(self.workers)):
+                pairs[(i, j)] = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            for w in self.workers:
+                links = {j: pairs[(min(w.index, j), max(w.index, j))][0 if w.index < j else 1]
+                         for j in range(len(self.workers)) if j != w.index}
+                await self._spawn(w, links)
+        finally:
+            for a, b in pairs.values():
+                a.close()
+                b.close()
+
     async def _spawn(self, w: _Worker, links: dict[int, socket.socket]) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = WorkerSpec(w.index, len(self.workers), child_end.fileno(),
@@ -275,7 +314,7 @@ class Supervisor:
         if w.proc is not proc:
             return
         self._close_control(w)
-        if self._stopping:
+        if self._stopping or self._resetting:
             return
         if not w.ever_ready:
             log.error("worker %d exited with code %d before it was ready: stopping the node", w.index, code)
@@ -328,6 +367,12 @@ class Supervisor:
         to, state = doc.get("handover"), doc.get("state")
         if isinstance(to, int) and ((len(fds) == 1 and isinstance(state, str)) or (len(fds) == 2 and state is None)):
             self._relay_handover(w, to, fds, state)
+            return
+        seed = doc.get("rejoin")
+        if isinstance(seed, str) and w.index == 0:
+            task = asyncio.ensure_future(self._rejoin(seed))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
             return
         alarms = doc.get("alarms")
         if isinstance(alarms, list):
@@ -427,6 +472,17 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
         return asyncio.run(Supervisor(config, argv, count).run())
     finally:
         lock.release()
+
+
+def _empty_dir(path: str) -> None:
+    """Remove everything in `path` but its dotfiles (the cluster secret file, `.hutch.secret`)."""
+    for entry in os.scandir(path):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _why(exc: OSError) -> str:

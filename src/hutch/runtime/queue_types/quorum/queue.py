@@ -23,7 +23,11 @@ Rules:
   node down, or no confirm in RESEND_S): the machine applies each seq once whatever order they arrive
   in, so a resend is never enqueued twice. A queue deleted meanwhile settles what it held (RabbitMQ).
 - Consumers are keyed (node, consumer id); their node settles by msg id (the raft index of the
-  message's entry). When a node goes down, the leader proposes `down` for it: its consumers' unacked
+  message's entry). A command that leaves its node (a follower's or a non-member's settle, return,
+  cancel, ...) is tracked until the leader reports it applied (`QuorumApplied`) and resent, in order,
+  when the leader or the route to it changes or after RESEND_S (queues/quorum/client.py): a member that
+  relays it, or a leader that dies before committing it, loses nothing. A non-member sends to the
+  leader itself once it has heard from it (`leader_hint`), through a member before that. When a node goes down, the leader proposes `down` for it: its consumers' unacked
   messages return to the queue (counted as failed deliveries); when it comes back, its channels' live
   consumers check out again.
 """
@@ -31,6 +35,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -44,6 +49,7 @@ from hutch.core.message import Message
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Deliverer, Published, Queue, QueueEntry
 from hutch.queues.quorum import commands as qc
 from hutch.queues.quorum import effects as qe
+from hutch.queues.quorum.client import CommandTracker
 from hutch.queues.quorum.config import QuorumConfig
 from hutch.queues.quorum.machine import QuorumMachine
 from hutch.queues.quorum.messages import SHIFT
@@ -93,6 +99,8 @@ TICK_S = 1.0
 SNAPSHOT_FLOOR = 16_384  # commands (messages) between snapshots of a queue, at least (quorum_snapshot_interval)
 SNAPSHOT_MIN_ENTRIES = 64
 MSG_CACHE_MAX = 16_384  # the leader's own just-published messages kept for their first local delivery
+SETTLED_KEPT = 16_384  # msg ids settled here remembered against a new leader's deliveries (`settled_here`)
+SETTLES_KEPT = 2_048  # the leader's own settle commands not known committed, at most (`led_settles`)
 
 
 now_ms = SYSTEM_CLOCK.wall_ms  # the leader's stamp on commands (meta's time); the runtime's one clock
@@ -238,7 +246,25 @@ class QuorumQueue(Queue):
         self._prepared_get: QueueEntry | None = None
         self._prepared_purge = 0
         self._last_config: QuorumConfig | None = None
-        self.pending: list[bytes] = []  # commands waiting for a leader to be known (bounded)
+        # commands waiting for a leader to be known (bounded): (data, origin, seq), origin and seq those of
+        # a tracked command relayed for another node ("", 0: untracked)
+        self.pending: list[tuple[bytes, str, int]] = []
+        # this node's commands sent towards the leader and not yet reported applied, resent until they are;
+        # a non-member's leader hint (queues/quorum/client.py)
+        self.sent = CommandTracker(MAX_PENDING)
+        # msg id -> consumer id: what this node's consumers acked or dropped while it did not lead (their
+        # settles may still be on their way), and, after it lost the leadership, what they settled while it
+        # led: a new leader hands out every message it sees checked out, and these are not delivered
+        # again (bounded: the oldest go first)
+        self.settled_here: dict[int, int] = {}
+        # the leader's own settle/discard commands not yet known to be applied: proposed here (no waiter,
+        # the hot path) and perhaps never committed when it loses the leadership, then sent to the new
+        # leader (`QuorumService._settles_after_leading`). Two generations, turned at the tick once the
+        # older one is applied (`led_mark`: the log's last index when the newer one began), so they hold
+        # about a tick's settles, bounded
+        self.led_settles: deque[bytes] = deque(maxlen=SETTLES_KEPT)
+        self.led_settles_old: deque[bytes] = deque(maxlen=SETTLES_KEPT)
+        self.led_mark = 0
         self.next_seq = 0  # this node's publish seq for this queue (the machine deduplicates by it)
         self.unconfirmed: dict[int, PendingPublish] = {}  # seq -> publish not confirmed yet
         self.batch: list[PendingPublish] = []  # this loop turn's publishes, not proposed yet
@@ -365,7 +391,21 @@ class QuorumQueue(Queue):
 
     def ack(self, entries: Iterable[QueueEntry]) -> None:
         for cid, ids in self._by_owner(entries).items():
+            self._settling(cid, ids)
             self.svc.propose(self, qc.make_settle(self.svc.key(cid), ids))
+
+    def _settling(self, cid: int, ids: list[int]) -> None:
+        """This node's consumer `cid` acked or dropped `ids`: remembered while another node leads (the
+        settle may be lost with that leader and resent; a new leader's deliveries of them are skipped)."""
+        if cid and not self.svc.is_leader(self):
+            self.remember_settled(cid, ids)
+
+    def remember_settled(self, cid: int, ids: Iterable[int]) -> None:
+        held = self.settled_here
+        for msg_id in ids:
+            held[msg_id] = cid
+        while len(held) > SETTLED_KEPT:
+            del held[next(iter(held))]
 
     def requeue(self, entries: Iterable[QueueEntry]) -> None:
         for cid, ids in self._by_owner(entries).items():
@@ -373,6 +413,7 @@ class QuorumQueue(Queue):
 
     def discard(self, entries: Iterable[QueueEntry], reason: str = "rejected") -> None:
         for cid, ids in self._by_owner(entries).items():
+            self._settling(cid, ids)
             self.svc.propose(self, qc.make_discard(self.svc.key(cid), ids))
 
     def touch(self) -> None:

@@ -12,6 +12,7 @@ and the Raft state machine are in quorum_queue.py, whose docstring has the rules
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import secrets
 import time
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from hutch.runtime.clustering.service import ClusterService
 
 _POS_MASK = (1 << SHIFT) - 1
+_SETTLES = (qc.Settle, qc.Discard)
 
 
 class QuorumService(QuorumMembership):
@@ -73,6 +75,10 @@ class QuorumService(QuorumMembership):
         self.queues: dict[int, QuorumQueue] = {}
         self._leader_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self.publisher_id = (node.name, cluster.incarnation)
+        # the seqs of this node's tracked commands (queues/quorum/client.py): increasing, and unlike those of
+        # a previous incarnation, so a late QuorumApplied meant for it forgets nothing of this one's
+        self._cmd_seqs = itertools.count((secrets.randbits(31) << 20) + 1)
+        self._applied_out: dict[tuple[str, int], list[int]] = {}  # (origin, gid) -> seqs applied, this turn
         self._batching: list[QuorumQueue] = []  # queues with publishes to propose at the end of this turn
         self._entry: tuple[int, int, list[memoryview]] = (0, 0, [])  # (gid, raft index, payloads): last read
         self._tick: asyncio.TimerHandle | None = None
@@ -85,6 +91,7 @@ class QuorumService(QuorumMembership):
         cluster.register(cm.QuorumDeliver, self._on_deliver)
         cluster.register(cm.QuorumConfirm, self._on_confirm)
         cluster.register(cm.QuorumLeaderChanged, self._on_leader_changed)
+        cluster.register(cm.QuorumApplied, self._on_applied)
         node.cluster_peer_hooks.append(self._peer_changed)
 
     # -- groups ----------------------------------------------------------------------------------------
@@ -123,6 +130,7 @@ class QuorumService(QuorumMembership):
                 owners.setdefault(id(p.receipt.owner), p.receipt.owner)
         q.unconfirmed.clear()
         q.batch.clear()
+        q.sent.clear()
         for owner in owners.values():  # the queue is gone: what waited for it is settled (RabbitMQ)
             owner.queue_deleted(q)
         if q.replica is not None and self.cluster.driver is not None:
@@ -141,14 +149,19 @@ class QuorumService(QuorumMembership):
         return self.name if lead == self.cluster.raft_id else self.cluster.name_of(lead)
 
     def _target(self, q: QuorumQueue, forwarded: bool = False) -> str | None:
-        """Where a command for `q` goes from here: its leader when this node knows it and reaches it;
-        else (a non-member, or a member that has no reachable leader) any reachable member — except for
-        a command another node forwarded here, which only goes on to the leader (no forwarding loops)."""
+        """Where a command for `q` goes from here: its leader when this node knows it and reaches it (a
+        non-member knows it as the member that last answered as the leader: `leader_hint`); else (a
+        non-member that has no hint, or a member that has no reachable leader) any reachable member —
+        except for a command another node forwarded here, which only goes on to the leader (no
+        forwarding loops)."""
         lead = self.leader_name(q)
         if lead is not None and (lead == self.name or self.transport.connected(lead)):
             return lead
         if forwarded or q.replica is not None:
             return None  # a member buffers until it knows a leader (q.pending)
+        hint = q.sent.leader_hint
+        if hint is not None and hint in q.members and self.transport.connected(hint):
+            return hint  # a leader that lost its leadership since relays to the new one
         for m in q.members:
             if m != self.name and self.transport.connected(m):
                 return m
@@ -161,51 +174,113 @@ class QuorumService(QuorumMembership):
     def propose(self, q: QuorumQueue, cmd: qc.Command) -> None:
         if type(cmd) is qc.Return and self.is_leader(q):
             self._reappend(q, cmd)
-        else:
-            self.propose_raw(q, qc.encode(cmd, now_ms()))
+            return
+        data = qc.encode(cmd, now_ms())
+        if type(cmd) in _SETTLES and self.is_leader(q):
+            q.led_settles.append(data)  # sent again if this node loses the leadership before they commit
+        self.propose_raw(q, data, track=True)
 
-    def _reappend(self, q: QuorumQueue, cmd: qc.Return) -> None:
+    def _reappend(self, q: QuorumQueue, cmd: qc.Return, origin: str = "", seq: int = 0) -> None:
         """The leader turns a return (basic.reject/nack with requeue, a cancelled consumer's or closed
         channel's messages) into one `Requeue` per message carrying its body, as RabbitMQ 4.x's
         rabbit_fifo re-enqueues with #requeue{}: the message then lives at the new entry and the old one
         can be truncated, so a message requeued forever does not pin the log. A message the consumer no
-        longer holds is left to the plain return (a no-op in the machine)."""
+        longer holds is left to the plain return (a no-op in the machine). A tracked return (`origin`,
+        `seq`) is reported applied with the last of the entries it became (they apply in order)."""
         assert q.replica is not None
         consumer = q.replica.machine.state.consumers.get(cmd.consumer_key)
         rest = []
+        entries = []
         for msg_id in cmd.msg_ids:
             payload = self.read_payload(q, msg_id) if consumer is not None and msg_id in consumer.checked_out \
                 else None
             if payload is None:
                 rest.append(msg_id)
             else:
-                self.propose_raw(q, qc.encode(qc.make_requeue(cmd.consumer_key, msg_id, payload), now_ms()))
+                entries.append(qc.encode(qc.make_requeue(cmd.consumer_key, msg_id, payload), now_ms()))
         if rest:
-            self.propose_raw(q, qc.encode(qc.make_return(cmd.consumer_key, rest), now_ms()))
+            entries.append(qc.encode(qc.make_return(cmd.consumer_key, rest), now_ms()))
+        if not entries and seq:
+            self._report_applied(q.gid, origin, seq)  # nothing to do is done
+        for i, data in enumerate(entries, 1):
+            last = i == len(entries)
+            self.propose_raw(q, data, origin=origin if last else "", seq=seq if last else 0)
 
-    def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False) -> bool:
+    def propose_raw(self, q: QuorumQueue, data: bytes, forwarded: bool = False, origin: str = "", seq: int = 0,
+                    track: bool = False) -> bool:
+        """Propose `data` at the leader: here when this node leads, else sent to it (or to a member that
+        relays it). `track`: this node's own command, which, when it leaves this node, is kept under a new
+        seq until the leader reports it applied and resent until then (`q.sent`, queues/quorum/client.py,
+        as rabbit_fifo_client's pending commands). `origin`/`seq`: a tracked command (another node's,
+        relayed here, or this node's own resent): the leader that proposes it reports it applied to
+        `origin` (`_applied_done`)."""
         if q.batch:
             self.flush_batch(q)
-        if self.is_leader(q):
+        leads = self.is_leader(q)
+        if track and not leads:
+            origin, seq = self.name, next(self._cmd_seqs)
+            q.sent.track(seq, data, "", time.monotonic())
+        if leads:
             assert q.replica is not None
             try:
-                q.replica.group.propose_fire(data)
+                if seq:
+                    fut = q.replica.group.propose_nowait(data)
+                    fut.add_done_callback(functools.partial(self._applied_done, q.gid, origin, seq))
+                else:
+                    q.replica.group.propose_fire(data)
             except GroupClosed:  # the node is stopping (or the queue was deleted)
                 return False
             except NotLeader:  # a leadership transfer is under way: sent once the new leader is known
-                if len(q.pending) < MAX_PENDING:
-                    q.pending.append(data)
-                    return True
-                return False
+                return self._buffer(q, data, origin, seq)
             return True
         target = self._target(q, forwarded)
         if target is None or target == self.name:
-            if q.replica is not None and len(q.pending) < MAX_PENDING:
-                q.pending.append(data)  # no leader yet (an election is running): sent when there is one
-                return True
+            if origin == self.name:
+                return True  # tracked: sent when there is a route (a leader known, a member up, the tick)
+            if q.replica is not None:
+                return self._buffer(q, data, origin, seq)  # no leader yet (an election is running)
             log.warning("quorum queue '%s': no leader reachable; command dropped", q.name)
             return False
-        return self.cluster.send(target, cm.QuorumCommand(q.gid, data))
+        if origin == self.name:
+            q.sent.sent_to(seq, target)
+        return self.cluster.send(target, cm.QuorumCommand(q.gid, data, origin, seq))
+
+    @staticmethod
+    def _buffer(q: QuorumQueue, data: bytes, origin: str, seq: int) -> bool:
+        """Keep a command until a leader is known (`_flush_pending`), bounded."""
+        if len(q.pending) < MAX_PENDING:
+            q.pending.append((data, origin, seq))
+            return True
+        return False
+
+    def _applied_done(self, gid: int, origin: str, seq: int, fut: asyncio.Future[Any]) -> None:
+        """A tracked command proposed here was applied (or not: lost with the leadership, the group
+        closed; then its origin resends it)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        self._report_applied(gid, origin, seq)
+
+    def _report_applied(self, gid: int, origin: str, seq: int) -> None:
+        if origin == self.name:
+            q = self.queues.get(gid)
+            if q is not None:
+                q.sent.applied((seq,))
+            return
+        out = self._applied_out
+        if not out:
+            asyncio.get_running_loop().call_soon(self._flush_applied)
+        out.setdefault((origin, gid), []).append(seq)
+
+    def _flush_applied(self) -> None:
+        """One QuorumApplied per origin and queue for the tracked commands applied this turn."""
+        out, self._applied_out = self._applied_out, {}
+        for (origin, gid), seqs in out.items():
+            self.cluster.send(origin, cm.QuorumApplied(gid, seqs))
+
+    def _resend_commands(self, q: QuorumQueue, commands: list[tuple[int, bytes]]) -> None:
+        """Send again, in seq order, this node's tracked commands that the leader has not reported applied."""
+        for seq, data in commands:
+            self.propose_raw(q, data, origin=self.name, seq=seq)
 
     def publish(self, q: QuorumQueue, msg: Message, receipt: Receipt | None) -> None:
         """Enqueue `msg` with this node's next seq for the queue. The publishes of one loop turn go in
@@ -384,33 +459,46 @@ class QuorumService(QuorumMembership):
         q = self.queues.get(m.gid)
         if q is not None:
             _t, cmd = qc.decode(m.command)
+            origin, seq = (m.origin, m.seq) if m.seq > 0 and m.origin else ("", 0)
             if type(cmd) is qc.Return and self.is_leader(q):
-                self._reappend(q, cmd)
-            else:
-                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True)  # re-stamped: this clock
+                self._reappend(q, cmd, origin, seq)
+            else:  # re-stamped: this clock
+                self.propose_raw(q, qc.encode(cmd, now_ms()), forwarded=True, origin=origin, seq=seq)
+
+    def _on_applied(self, peer: str, m: cm.QuorumApplied) -> None:
+        q = self.queues.get(m.gid)
+        if q is not None:
+            q.sent.applied([int(s) for s in m.seqs], leader=peer if q.replica is None else None)
 
     def _on_deliver(self, peer: str, m: cm.QuorumDeliver) -> None:
         q = self.queues.get(m.gid)
         if q is not None:
+            if q.replica is None:
+                q.sent.leader_hint = peer  # only the leader delivers
             self._deliver_here(q, m.consumer_id, m.messages)
             return
         # a queue this process does not know (yet: it is booting after a crash, and the leader re-delivers
         # what a consumer of its previous process held): that consumer is gone, its messages go back
         key = self.key(m.consumer_id)
-        self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_cancel(key), now_ms())))
+        self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_cancel(key), now_ms()), "", 0))
         ids = [int(msg[0]) for msg in m.messages if type(msg) is list and msg]
         if ids:
-            self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_return(key, ids), now_ms())))
+            self.cluster.send(peer, cm.QuorumCommand(m.gid, qc.encode(qc.make_return(key, ids), now_ms()), "", 0))
 
     def _on_confirm(self, peer: str, m: cm.QuorumConfirm) -> None:
         q = self.queues.get(m.gid)
         if q is not None and m.incarnation == self.cluster.incarnation:
+            if q.replica is None:
+                q.sent.leader_hint = peer  # only the leader confirms
             self._confirmed(q, m.seqs, m.ok)
 
     def _on_leader_changed(self, peer: str, m: cm.QuorumLeaderChanged) -> None:
         q = self.queues.get(m.gid)  # a new leader, told to a node with consumers that is not a member
         if q is not None and q.replica is None:
+            q.sent.leader_hint = peer
             self._cancel_on_failover(q)
+            if q.sent.unapplied:  # the old leader (or the member relaying to it) may have lost them
+                self._resend_commands(q, q.sent.resend_all(time.monotonic()))
 
     def _deliver_here(self, q: QuorumQueue, cid: int, msgs: list[list[Any]]) -> None:
         consumer = q.local.get(cid)
@@ -449,8 +537,11 @@ class QuorumService(QuorumMembership):
         deliver = consumer.channel.deliver
         manual = not consumer.no_ack
         owner_of = q.owner_of
+        settled = q.settled_here
         n = 0
         for msg_id, msg, redelivered in msgs:
+            if manual and (owner_of.get(msg_id) == cid or (settled and settled.get(msg_id) == cid)):
+                continue  # a new leader hands out what it sees checked out: this consumer has it, or settled it
             entry = QueueEntry(msg_id, msg)
             if redelivered:
                 entry.redelivered = True
@@ -617,8 +708,12 @@ class QuorumService(QuorumMembership):
         self._entry = (0, 0, [])
         if not lead:  # the leader failed or handed over: this member's x-cancel-on-ha-failover consumers go
             self._cancel_on_failover(q)
+        if (q.led_settles or q.led_settles_old) and not self.is_leader(q):
+            self._settles_after_leading(q)
         if lead:
             self._flush_pending(q)
+            if q.sent.unapplied:  # what the old leader had not applied, to the new one (or proposed here)
+                self._resend_commands(q, q.sent.resend_all(time.monotonic()))
         if q.replica is None or not q.replica.group.is_leader:
             return
         log.info("quorum queue '%s' in vhost '%s': leader is now %s", q.name, q.vhost, self.name)
@@ -639,6 +734,31 @@ class QuorumService(QuorumMembership):
             if not self.transport.connected(node):
                 self.propose(q, qc.make_down(node, "noconnection"))
 
+    @staticmethod
+    def _turn_led_settles(q: QuorumQueue, group: Any) -> None:
+        """At the leader's tick: the older generation of its own settles is forgotten once every entry
+        proposed before the newer one began is applied; the newer one becomes the older."""
+        if group.applied < q.led_mark:
+            return  # not all applied yet: both kept (each bounded)
+        q.led_settles_old, q.led_settles = q.led_settles, q.led_settles_old
+        q.led_settles.clear()
+        q.led_mark = group.raw.raft.log.last_index()
+
+    def _settles_after_leading(self, q: QuorumQueue) -> None:
+        """This node lost the leadership: its consumers' last settles, proposed while it led, may not have
+        committed. They go to the new leader as tracked commands (a settle applied twice is a no-op), and
+        their messages are not delivered to those consumers again (`settled_here`)."""
+        settles = [*q.led_settles_old, *q.led_settles]
+        q.led_settles.clear()
+        q.led_settles_old.clear()
+        for data in settles:
+            _t, cmd = qc.decode(data)
+            assert isinstance(cmd, _SETTLES)
+            node, cid = cmd.consumer_key
+            if node == self.name:
+                q.remember_settled(cid, cmd.msg_ids)
+            self.propose_raw(q, data, track=True)
+
     def _peer_changed(self, peer: str, up: bool) -> None:
         for q in list(self.queues.values()):
             if not up:
@@ -646,8 +766,13 @@ class QuorumService(QuorumMembership):
                     self.propose(q, qc.make_down(peer, "noconnection"))
                 if q.unconfirmed:
                     self._resend(q, 0.0)  # their route may have gone with that node
+                q.sent.route_lost(peer)
+                if q.sent.unapplied:  # the leader or the member relaying them may have gone with it
+                    self._resend_commands(q, q.sent.resend_all(time.monotonic()))
             else:
                 self._flush_pending(q)
+                if q.sent.waiting_for_route():
+                    self._resend_commands(q, q.sent.resend_all(time.monotonic()))
                 if q.local and peer in q.members:
                     for cid, c in list(q.local.items()):  # check out again: a lost leader may have dropped them
                         self.checkout(q, cid, c)
@@ -663,8 +788,8 @@ class QuorumService(QuorumMembership):
     def _flush_pending(self, q: QuorumQueue) -> None:
         if q.pending and self._target(q) is not None:
             pending, q.pending = q.pending, []
-            for data in pending:
-                self.propose_raw(q, data)
+            for data, origin, seq in pending:
+                self.propose_raw(q, data, origin=origin, seq=seq)
 
     def _on_tick(self) -> None:
         self._tick = asyncio.get_running_loop().call_later(TICK_S, self._on_tick)
@@ -673,6 +798,8 @@ class QuorumService(QuorumMembership):
                 self._flush_pending(q)
             if q.unconfirmed:
                 self._resend(q, RESEND_S)
+            if q.sent.unapplied:
+                self._resend_commands(q, q.sent.due(time.monotonic(), RESEND_S))
         now = now_ms()
         for q in self.queues.values():
             if self.is_leader(q) and q.dlx_running and not q.dlx_busy and q.replica is not None \
@@ -680,6 +807,8 @@ class QuorumService(QuorumMembership):
                 self.propose(q, qc.make_dlx_checkout(self.node.config.dead_letter_worker_consumer_prefetch))
             replica = q.replica
             if self.is_leader(q) and replica is not None:
+                if q.led_settles or q.led_settles_old:
+                    self._turn_led_settles(q, replica.group)
                 q.pace.retain(replica.machine.state.consumers.by_key)  # the pace of consumers gone goes
                 cfg = replica.machine.state.config
                 if cfg.message_ttl_ms is not None or cfg.expires_ms is not None \
