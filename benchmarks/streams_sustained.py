@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
             for tool in args.tools.split(","):
                 live = [b for b in ("hutch", "rabbitmq") if b in args.brokers.split(",")]
                 for step, rate in enumerate(rates, 1):
-                    for broker in (live if step % 2 else live[::-1]):
+                    for broker in (list(live) if step % 2 else live[::-1]):  # (a copy: a failure leaves `live`)
                         port, pids = brokers[broker]
                         load = os.getloadavg()[0]
                         started = time.strftime("%H:%M:%S", time.gmtime())
