@@ -118,13 +118,14 @@ def stream_run(tool: str, port: int, pid: int | str, size: int, seconds: float) 
                      "-w", "20000", "-z", str(seconds), "--pid", str(pid)], seconds + 90)
 
 
-def amqp_run(tool: str, port: int, pids: list[int], size: int, seconds: float, tag: str) -> dict[str, Any]:
-    """One AMQP 0-9-1 run; `pids`: every process of the broker (a node of several workers: all of them)."""
+def amqp_run(tool: str, port: int, pids: list[int], size: int, seconds: float, tag: str, rate: int = 0) -> dict[str, Any]:
+    """One AMQP 0-9-1 run; `pids`: every process of the broker (a node of several workers: all of them);
+    `rate`: the publisher's fixed rate in msg/s (0: as fast as the confirm window allows)."""
     if tool == "rawload":
         share = ShareSampler(pids, 3.0, seconds - 2)  # (rawload's spawn and warm-up, then inside its window)
         r = run_json([PY, str(HERE / "rawload.py"), "--port", str(port), "--pids", ",".join(map(str, pids)),
                       "--stream", "next", "-x1", "-y1", "-s", str(size), "-c1000", "-q500", "-A250", "-z", str(seconds),
-                      "--warmup", "2"], seconds + 90)
+                      "--warmup", "2", "-r", str(rate)], seconds + 90)
         if "error" in r:
             return r
         lat = r.get("latency_us", {})
@@ -138,7 +139,7 @@ def amqp_run(tool: str, port: int, pids: list[int], size: int, seconds: float, t
     try:
         share = ShareSampler(pids, 2.0, seconds - 3)
         r = run_json([PERF, "--uri", f"amqp://guest:guest@127.0.0.1:{port}/%2F", "-u", queue, "-x", "1", "-y", "1",
-                      "-q", "500", "-A", "250", "-c", "1000", "-s", str(size), "-z", str(int(seconds)), "--json"],
+                      "-q", "500", "-A", "250", "-c", "1000", "-s", str(size), "-z", str(int(seconds)), "-r", str(rate), "--json"],
                      seconds + 90)
     finally:
         declare_stream(port, queue, delete=True)

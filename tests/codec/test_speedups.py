@@ -409,9 +409,70 @@ def test_a_compiled_part_built_from_an_older_source_is_not_used() -> None:
 
         def frames(self) -> None: ...
 
-    for name in ("parse_publish", "parse_content_header", "parse_ack", "append_delivery"):
+    for name in ("parse_publish", "parse_content_header", "parse_ack", "append_delivery",
+                 "stream_plain_run"):
         setattr(stale, name, getattr(pure, name))
     stale.FrameReader = OldReader  # type: ignore[attr-defined]
     assert speedups.missing_names(stale) == ["FrameReader.take_content"]
     assert speedups.missing_names(ModuleType("empty"))[:2] == ["FrameReader", "parse_publish"]
 
+
+
+# -- a stream consumer's run of plain records ---------------------------------------------------------
+
+def _data_section(body: bytes, wide: bool) -> bytes:
+    return (b"\x00\x53\x75\xb0" + struct.pack(">I", len(body)) if wide or len(body) > 255
+            else b"\x00\x53\x75\xa0" + bytes([len(body)])) + body
+
+
+def _record(prefix: bytes, kind: int, body: bytes, junk: bytes) -> Any:
+    """One record of a run: mostly `prefix` + a data section; else something the run must stop at (a
+    record of another prefix, a bad constructor, a short or long length, trailing bytes, not bytes)."""
+    if kind == 0:
+        return prefix + _data_section(body, False)
+    if kind == 1:
+        return prefix + _data_section(body, True)
+    if kind == 2:
+        return junk + _data_section(body, False)
+    if kind == 3:
+        return prefix + b"\x00\x53\x77" + _data_section(body, False)[3:]
+    if kind == 4:
+        return prefix + _data_section(body, False) + junk[:1]
+    if kind == 5:
+        return (prefix + _data_section(body, True))[:-1] if body else prefix + b"\x00\x53"
+    if kind == 6:
+        return bytearray(prefix + _data_section(body, False))
+    return prefix[:len(junk) % (len(prefix) + 1)]
+
+
+def _message(*args: Any) -> tuple[Any, ...]:
+    return args
+
+
+plain_records = st.lists(st.tuples(
+    st.integers(0, 7) | st.just(0), st.binary(max_size=300), st.binary(max_size=6),
+    st.integers(0, 2**63 - 1) | st.integers(-5, -1) | st.just(2**63)), max_size=12)
+
+
+@needs_compiled
+@ci_settings(400)
+@given(st.binary(min_size=1, max_size=40), plain_records, st.integers(0, 3), st.binary(max_size=30),
+       st.binary(max_size=2))
+def test_stream_plain_run_is_the_reference(prefix: bytes, spec_: list[tuple[int, bytes, bytes, int]], start: int,
+                                           head: bytes, tail: bytes) -> None:
+    """The compiled `stream_plain_run` takes exactly the records the reference takes, and makes exactly
+    the same messages (the same arguments, so the same bytes) from them."""
+    assert compiled is not None
+    records = [(offset, _record(prefix, kind, body, junk)) for kind, body, junk, offset in spec_]
+    results = []
+    for impl in (pure.stream_plain_run, compiled.stream_plain_run):
+        out: list[tuple[int, Any]] = [(-1, "kept")]
+        stop = impl(records, start, prefix, head, tail, "x", "rk", b"\x01x\x02rk", _message, out)
+        results.append((stop, out))
+    assert results[0] == results[1]
+    stop, out = results[0]
+    assert len(out) - 1 == max(0, stop - start)
+    for (offset, args), (rec_offset, entry) in zip(out[1:], records[start:stop], strict=True):
+        assert offset == rec_offset and entry.endswith(args[3])
+        assert args[4] == head + struct.pack(">q", offset) + tail
+        assert args[6] == struct.pack(">HHQ", 60, 0, len(args[3])) + args[4]

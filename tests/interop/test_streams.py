@@ -186,6 +186,28 @@ def test_manual_acks_are_credit(stream: tuple[Any, Any, str]) -> None:
     assert [b for _, b in got] == [b"0", b"1", b"2", b"3", b"4"]
 
 
+def test_a_global_prefetch_limits_a_stream_consumer_too(stream: tuple[Any, Any, str]) -> None:
+    """A channel-wide prefetch (global qos) below the consumer's own: the stream delivers up to the lower
+    one, and more as acks come (RabbitMQ 3.10.8 by hand: 3 of 10, then 6 after acking the 3). Published
+    without confirms, so that several may land in one chunk (delivered as a run: `deliver_run`)."""
+    conn, ch, q = stream
+    for i in range(10):
+        ch.basic_publish("", q, b"%d" % i)
+    cch = conn.channel()
+    cch.basic_qos(prefetch_count=5)
+    cch.basic_qos(prefetch_count=3, global_qos=True)
+    got: list[Any] = []
+    cch.basic_consume(q, lambda _c, m, _p, b: got.append((m.delivery_tag, b)),
+                      arguments={"x-stream-offset": "first"})
+    drain(conn, got, 3)
+    settle(conn, 0.3)
+    assert [b for _, b in got] == [b"0", b"1", b"2"]
+    cch.basic_ack(got[-1][0], multiple=True)
+    drain(conn, got, 6)
+    settle(conn, 0.3)
+    assert [b for _, b in got] == [b"%d" % i for i in range(6)]
+
+
 def test_filtering(stream: tuple[Any, Any, str]) -> None:
     conn, ch, q = stream
     ch.confirm_delivery()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 from .errors import FRAME_ERROR, FrameError
 from .spec import (
@@ -267,3 +268,46 @@ def append_delivery(out: list[bytes], channel: int, prefix: bytes, tag: int, red
     else:
         out.append(head)
         append_body(out, channel, body, frame_max)
+
+
+_OFFSET = struct.Struct(">q")
+
+
+def stream_plain_run(records: list[tuple[int, bytes]], i: int, prefix: bytes, head: bytes, tail: bytes,
+                     exchange: str, routing_key: str, route_tail: bytes, message: Any,
+                     out: list[tuple[int, Any]]) -> int:
+    """A stream consumer's messages for a run of records that share one plain prefix (the AMQP 0-9-1
+    consumer's hot path, queues/stream/amqp10.py `to_091_list`).
+
+    From `records[i]` on, each (offset, entry) whose entry is bytes, starts with `prefix` and continues
+    with exactly one AMQP 1.0 data section that fills it (constructor 0x00 0x53 0x75, then vbin8 or
+    vbin32) becomes (offset, message(exchange, routing_key, None, body, raw, route_tail, header)), appended
+    to `out`, where raw = `head` + the offset as a signed 64-bit integer + `tail` (the 0-9-1 property
+    list: flags, the x-stream-offset table, maybe the delivery mode) and header is the content header's
+    payload (class 60, weight 0, the body's size, raw). Returns the index of the first record not taken
+    (`len(records)` when every one was): the caller reads that one the general way.
+    """
+    n = len(records)
+    plen = len(prefix)
+    while i < n:
+        offset, entry = records[i]
+        if type(entry) is not bytes or not entry.startswith(prefix) or not 0 <= offset < 1 << 63:
+            break
+        size = len(entry)
+        if plen + 5 > size or entry[plen:plen + 3] != b"\x00\x53\x75":
+            break
+        ctor = entry[plen + 3]
+        if ctor == 0xa0:
+            length, pos = entry[plen + 4], plen + 5
+        elif ctor == 0xb0 and plen + 8 <= size:
+            length, pos = int.from_bytes(entry[plen + 4:plen + 8], "big"), plen + 8
+        else:
+            break
+        if pos + length != size:
+            break
+        body = entry[pos:]
+        raw = head + _OFFSET.pack(offset) + tail
+        out.append((offset, message(exchange, routing_key, None, body, raw, route_tail,
+                                    _HEADER_FIELDS.pack(60, 0, length) + raw)))
+        i += 1
+    return i

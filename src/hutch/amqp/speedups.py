@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from . import frames as _pure
 
 __all__ = ["COMPILED", "FrameReader", "append_delivery", "describe", "parse_ack", "parse_content_header",
-           "parse_publish"]
+           "parse_publish", "stream_plain_run"]
 
 
 def _select() -> tuple[ModuleType, str]:
@@ -36,7 +36,7 @@ def _select() -> tuple[ModuleType, str]:
 def missing_names(module: ModuleType) -> list[str]:
     """What the interface needs that `module` lacks (a compiled part built from an older source)."""
     missing = [name for name in ("FrameReader", "parse_publish", "parse_content_header", "parse_ack",
-                                 "append_delivery") if not hasattr(module, name)]
+                                 "append_delivery", "stream_plain_run") if not hasattr(module, name)]
     reader = getattr(module, "FrameReader", None)
     missing += [f"FrameReader.{name}" for name in ("feed", "frames", "take_content")
                 if reader is not None and not hasattr(reader, name)]
@@ -47,13 +47,21 @@ _impl, _REASON = _select()
 COMPILED = _impl is not _pure
 
 if TYPE_CHECKING:  # the type checker sees the reference's signatures; the compiled ones are the same
-    from .frames import FrameReader, append_delivery, parse_ack, parse_content_header, parse_publish
+    from .frames import (
+        FrameReader,
+        append_delivery,
+        parse_ack,
+        parse_content_header,
+        parse_publish,
+        stream_plain_run,
+    )
 else:
     FrameReader = _impl.FrameReader
     parse_publish = _impl.parse_publish
     parse_content_header = _impl.parse_content_header
     parse_ack = _impl.parse_ack
     append_delivery = _impl.append_delivery
+    stream_plain_run = _impl.stream_plain_run
 
 
 def describe() -> str:

@@ -35,6 +35,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from hutch.amqp.spec import BasicProperties
+from hutch.amqp.speedups import stream_plain_run
 from hutch.amqp.table import Timestamp, TypedInt
 from hutch.core.message import Message, encode_shortstr
 
@@ -534,31 +535,37 @@ def to_091_list(records: Iterable[tuple[int, bytes]], default_routing_key: str =
     AMQP 1.0 message is left out and, with `bad`, listed there as (offset, why)."""
     out: list[tuple[int, Message]] = []
     append = out.append
-    split, body_at, pack_q = _plain_parts, _data_body, _q.pack
+    split = _plain_parts
     with_mode, without_mode = _OFFSET_FLAGS_MODE + _OFFSET_TABLE_PREFIX, _OFFSET_FLAGS + _OFFSET_TABLE_PREFIX
     # the previous plain record's prefix: a chunk's records mostly share it (one publisher, one route), and
-    # a record that starts with those same bytes has the same head, so only its data section is read
-    last_prefix, last_end = b"", 0
+    # a record that starts with those same bytes has the same head, so only its data section is read, by
+    # `stream_plain_run` (compiled: amqp/_cframes.pyx) for the whole run of such records at once
+    records = records if isinstance(records, list) else list(records)
+    last_prefix = b""
     last_head: _PlainHead | None = None
-    for offset, entry in records:
-        body: bytes | None = None
-        if last_head is not None and isinstance(entry, bytes) and entry.startswith(last_prefix):
-            body = body_at(entry, last_end)
-            head = last_head
-        if body is None:
-            parts = split(entry)
-            if parts is None:
-                try:
-                    append((offset, to_091(entry, "", default_routing_key,
-                                           {"x-stream-offset": TypedInt(offset, "l")})))
-                except ValueError as exc:
-                    if bad is not None:
-                        bad.append((offset, str(exc)))
-                continue
-            head, last_end, body = parts
-            last_head, last_prefix = head, bytes(entry[:last_end])
+    last_raw = (b"", b"")
+    i, n = 0, len(records)
+    while i < n:
+        if last_head is not None:
+            i = stream_plain_run(records, i, last_prefix, last_raw[0], last_raw[1], last_head.exchange,
+                                 last_head.routing_key, last_head.route_tail, Message, out)
+            if i >= n:
+                break
+        offset, entry = records[i]
+        i += 1
+        parts = split(entry)
+        if parts is None:
+            try:
+                append((offset, to_091(entry, "", default_routing_key, {"x-stream-offset": TypedInt(offset, "l")})))
+            except ValueError as exc:
+                if bad is not None:
+                    bad.append((offset, str(exc)))
+            continue
+        head, end, body = parts
         mode = head.mode
-        raw = without_mode + pack_q(offset) if mode is None else with_mode + pack_q(offset) + _MODE_BYTE[mode]
+        last_raw = (without_mode, b"") if mode is None else (with_mode, _MODE_BYTE[mode])
+        last_head, last_prefix = head, bytes(entry[:end])
+        raw = last_raw[0] + _q.pack(offset) + last_raw[1]
         append((offset, Message(head.exchange, head.routing_key, None, body, properties_raw=raw,
                                 route_tail=head.route_tail)))
     return out

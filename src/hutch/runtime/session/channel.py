@@ -475,6 +475,39 @@ class ServerChannel(DeclarationsMixin):
                         msg.header_payload, msg.body, conn.frame_max)
         conn.want_write()
 
+    def deliver_run(self, consumer: Consumer, queue: Queue, items: list[tuple[int, Message]], i: int, stop: int,
+                    make: Callable[[int, Message, Any], QueueEntry], owner: Any) -> int:
+        """`deliver` of `make(offset, msg, owner)` for each (offset, msg) of `items[i:stop]` that the channel
+        takes (a stream consumer's run of a chunk: first deliveries, never redelivered), in one call: the
+        channel's state, output and prefetch are read once, not per message (nothing here changes them
+        but the unacked count, which the loop counts). Returns the index reached."""
+        conn = self.conn
+        if self.state != self.OPEN or conn.write_paused:
+            return i
+        unacked = self.unacked
+        if self.global_prefetch:
+            stop = min(stop, i + max(0, self.global_prefetch - len(unacked)))
+        if i >= stop:
+            return i
+        out, number, prefix, frame_max = conn.out, self.number, consumer.frame_prefix, conn.frame_max
+        no_ack = consumer.no_ack
+        first = tag = self.next_tag
+        while i < stop:
+            offset, msg = items[i]
+            i += 1
+            entry = make(offset, msg, owner)
+            if not no_ack:
+                unacked[tag] = _Unacked(queue, entry, consumer)
+            append_delivery(out, number, prefix, tag, False, msg.route_tail, msg.header_payload, msg.body,
+                            frame_max)
+            tag += 1
+        self.next_tag = tag
+        self.stat_deliver += tag - first
+        if no_ack:
+            self.stat_deliver_no_ack += tag - first
+        conn.want_write()
+        return i
+
     def _write_delivery(self, prefix: bytes, tag: int, redelivered: bool, msg: Message) -> None:
         conn = self.conn
         append_delivery(conn.out, self.number, prefix, tag, redelivered, msg.route_tail, msg.header_payload,

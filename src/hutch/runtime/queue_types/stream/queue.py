@@ -365,6 +365,8 @@ class StreamQueue(Queue):
         channel = consumer.channel
         conn = channel.conn
         filters = sc.filters
+        # a session channel's `deliver_run` (a run of a chunk in one call); other deliverers, one by one
+        run = getattr(channel, "deliver_run", None)
         sent = 0
         while not conn.write_paused and consumer.can_take():
             if sent >= DELIVER_BATCH:
@@ -378,13 +380,18 @@ class StreamQueue(Queue):
             room = consumer.prefetch - consumer.unacked if consumer.prefetch else DELIVER_BATCH
             stop = min(len(pending), i + min(room, DELIVER_BATCH - sent))
             before = consumer.unacked
-            while i < stop and channel.can_take():
-                offset, msg = pending[i]
-                i += 1
-                if filters is not None and not self._wanted(sc, msg):
-                    continue
-                consumer.unacked += 1
-                channel.deliver(consumer, self, StreamEntry(offset, msg, sc))
+            if filters is None and run is not None:  # the channel delivers the run in one call
+                reached = run(consumer, self, pending, i, stop, StreamEntry, sc)
+                consumer.unacked += reached - i
+                i = reached
+            else:
+                while i < stop and channel.can_take():
+                    offset, msg = pending[i]
+                    i += 1
+                    if filters is not None and not self._wanted(sc, msg):
+                        continue
+                    consumer.unacked += 1
+                    channel.deliver(consumer, self, StreamEntry(offset, msg, sc))
             sc.next = i
             n = consumer.unacked - before
             consumer.delivered += n
