@@ -208,6 +208,20 @@ def test_a_global_prefetch_limits_a_stream_consumer_too(stream: tuple[Any, Any, 
     assert [b for _, b in got] == [b"%d" % i for i in range(6)]
 
 
+def test_timestamps_past_what_ms_hold_are_stored_wrapped_as_rabbitmq_does(stream: tuple[Any, Any, str]) -> None:
+    """A 0-9-1 timestamp is any u64 of seconds; a stream keeps ms in a signed 64-bit value. RabbitMQ 3.10.8
+    stores the publish and wraps (compared by hand: 2^62 and 2^63 come back 0, 2^64-1 as 2^64-1); hutch used
+    to close the connection with 541."""
+    conn, ch, name = stream
+    stamps = [2**62, 2**63, 2**64 - 1, 0, 1_700_000_000]
+    ch.confirm_delivery()
+    for ts in stamps:
+        ch.basic_publish("", name, b"t", pika.BasicProperties(timestamp=ts))
+    got = consume(conn, name, len(stamps), **{"x-stream-offset": "first"})
+    assert [p.timestamp for _o, _b, p in got] == [0, 0, 2**64 - 1, 0, 1_700_000_000]
+    assert conn.is_open
+
+
 def test_filtering(stream: tuple[Any, Any, str]) -> None:
     conn, ch, q = stream
     ch.confirm_delivery()

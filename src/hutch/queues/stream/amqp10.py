@@ -72,6 +72,23 @@ class ULong(int):
     __slots__ = ()
 
 
+_U64 = (1 << 64) - 1
+
+
+def timestamp_ms(seconds: int) -> AmqpTimestamp:
+    """A 0-9-1 timestamp (any u64 of seconds) as an AMQP 1.0 one (a signed 64-bit count of ms), wrapped to 64
+    bits as RabbitMQ wraps it (Erlang's `<<T:64/signed>>`): 2^62 s and more do not fit, and a publish carrying
+    one is stored, not refused (RabbitMQ 3.10.8 delivers 2^62 and 2^63 back as 0, 2^64-1 as 2^64-1)."""
+    ms = (int(seconds) * 1000) & _U64
+    return AmqpTimestamp(ms - (1 << 64) if ms >> 63 else ms)
+
+
+def timestamp_s(ms: int) -> int:
+    """An AMQP 1.0 timestamp as 0-9-1 seconds: ms divided towards zero (Erlang's `div`), wrapped to a u64."""
+    seconds = ms // 1000 if ms >= 0 else -(-ms // 1000)
+    return seconds & _U64
+
+
 # section descriptors (ulong codes)
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
@@ -418,7 +435,7 @@ def _from_091(msg: Message) -> bytes:
     props = [p.message_id, None if p.user_id is None else p.user_id.encode(), None, None, p.reply_to,
              p.correlation_id, None if p.content_type is None else Symbol(p.content_type),
              None if p.content_encoding is None else Symbol(p.content_encoding), None,
-             None if p.timestamp is None else AmqpTimestamp(int(p.timestamp) * 1000), p.app_id]
+             None if p.timestamp is None else timestamp_ms(p.timestamp), p.app_id]
     if any(v is not None for v in props):
         out.append(section(PROPERTIES, _trim(props)))
     if headers and app:
@@ -483,7 +500,7 @@ def _trim(fields: list[Any]) -> list[Any]:
 def _header_value(value: Any) -> Any:
     """An AMQP 1.0 value as a 0-9-1 field-table value."""
     if isinstance(value, AmqpTimestamp):
-        return Timestamp(int(value) // 1000)
+        return Timestamp(timestamp_s(value))
     if isinstance(value, Symbol):
         return str(value)
     if isinstance(value, ULong):
@@ -731,7 +748,7 @@ def to_091(entry: bytes | memoryview, default_exchange: str = "", default_routin
             props.content_type = _str(f[6])
             props.content_encoding = _str(f[7])
             if f[9] is not None:
-                props.timestamp = int(f[9]) // 1000
+                props.timestamp = timestamp_s(int(f[9]))
             props.app_id = _str(f[10])
         elif code == APPLICATION_PROPERTIES and isinstance(value, dict):
             for k, v in value.items():
