@@ -66,7 +66,7 @@ def main() -> None:
     args = p.parse_args()
     for workers in [int(w) for w in args.workers.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            conf = Path(tmp) / "hutch.conf"
+            conf = Path(tmp) / "stream-bench.conf"  # (not hutch.conf: running() writes that one)
             conf.write_text("workers.own_ports = true\n")
             with running(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)]) as (ports, pids):
                 runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [

@@ -162,12 +162,16 @@ class Publishing:
             return False
         pub = self.publishers.get(scanned.publisher_id)
         ids = scanned.publishing_ids
-        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES or (pub.forwarder is not None
-                                                                        and pub.forwards_now()):
+        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES:
             return False
         pub.published += len(ids)
         self.conn.hub.counters.messages_received += len(ids)  # (the node's counter, as `publish` counts)
-        if not self._writable(pub, ids) or pub.handle is None:
+        if not self._writable(pub, ids):
+            return True
+        if pub.forwarder is not None and pub.forwards_now():  # (its data section travels as it came)
+            self._queue_forward(pub, bytes(scanned.data), list(ids), None)
+            return True
+        if pub.handle is None:
             return True
         batch = self._batches.get(pub.handle)
         if batch is not None and batch.entries + len(ids) > CHUNK_ENTRIES:
@@ -239,6 +243,9 @@ class Publishing:
         """Queue the entries for the writer's node; a request goes when none of this publisher's is in
         flight. Each queued publish counts as a pending append (the connection's bound)."""
         data, _ = ck.encode_entries(entries)
+        self._queue_forward(pub, data, ids, values)
+
+    def _queue_forward(self, pub: Publisher, data: bytes, ids: list[int], values: list[bytes | None] | None) -> None:
         pub.forwards.append((data, ids, values))
         self.pending_appends += 1
         if self.pending_appends == MAX_PENDING_APPENDS:
