@@ -322,6 +322,45 @@ def test_pika_and_rstream_in_the_other_worker_read_as_rabbitmq_does(node: Server
     assert got == expected
 
 
+def test_a_subscription_over_the_link_is_listed_and_told_when_the_stream_goes(node: ServerInfo) -> None:
+    """A subscription in worker 1 to a stream homed in worker 0: listed by the API with its offset, caught
+    up; the stream deleted through worker 0 (AMQP 0-9-1): the subscription's client is told at once (a
+    metadata update, rstream's close handler)."""
+    asyncio.run(create(own(node, 0), "goes"))
+    asyncio.run(publish(own(node, 0), "goes", range(5), "g"))
+
+    async def run() -> None:
+        closed: list[Any] = []
+        got: list[int] = []
+
+        async def on_close(info: Any) -> None:
+            closed.append(info)
+
+        async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+            got.append(ctx.offset)
+
+        async def until_true(check: Any, what: str) -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while not check():
+                assert asyncio.get_running_loop().time() < deadline, what
+                await asyncio.sleep(0.05)
+
+        async with Consumer("127.0.0.1", port=own(node, 1), on_close_handler=on_close, **AUTH) as c:
+            await c.start()
+            await c.subscribe("goes", on, decoder=amqp_decoder,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+            await until_true(lambda: got == [0, 1, 2, 3, 4], "5 messages from offset 0")
+
+            def caught_up() -> bool:
+                subs = [r for r in api(node, "/api/stream/consumers/%2F") if r["stream"] == "goes"]
+                return len(subs) == 1 and subs[0]["offset"] == 5 and subs[0]["offset_lag"] == 0
+            await until_true(lambda: caught_up(), "the subscription listed, caught up")
+            with connect(node, 0) as c0:
+                c0.channel().queue_delete("goes")
+            await until_true(lambda: bool(closed), "the client told")
+    asyncio.run(run())
+
+
 def test_a_stream_with_a_copy_per_worker_keeps_working(node: ServerInfo) -> None:
     """A stream as the design before this one made them (a replica in every worker, here made with
     add_member): both workers still serve it from their copies, a publisher in the worker that does not

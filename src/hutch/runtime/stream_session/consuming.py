@@ -27,7 +27,7 @@ from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.home_link import RemoteRead, core_spec
+from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -234,16 +234,16 @@ class Consuming:
             if sent >= max_chunks or skipped >= PUMP_SKIPS:
                 self._wake(sub)  # go on next turn: other connections get the loop meanwhile
                 return
-            chunk = sub.reader.next_chunk()
-            if chunk is None:
+            found, n = next_match(sub.reader, sub.filter_values, sub.match_unfiltered, PUMP_SKIPS - skipped)
+            skipped += n
+            if found is None:
+                if skipped >= PUMP_SKIPS:
+                    self._wake(sub)
                 return
-            header, bits, data, _ = ck.parts(chunk.raw)
-            if sub.filter_values and not ck.bloom_may_match(bytes(bits), sub.filter_values, sub.match_unfiltered):
-                skipped += 1
-                continue
+            header, head, data = found
             committed = sub.handle.committed_chunk_id if self.deliver_version == 2 else None
             conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
-            conn.out.append(chunk.raw[:ck.HEADER_SIZE])
+            conn.out.append(head)
             conn.out.append(data)  # a view of the chunk read: copied once, by the flush's join
             sub.credit -= 1
             sub.chunks_sent += 1

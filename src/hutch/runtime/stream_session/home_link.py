@@ -100,6 +100,24 @@ def core_spec(spec: OffsetSpec) -> CoreSpec:
     return CoreSpec.timestamp(spec.value)
 
 
+def next_match(reader: StreamReader, filters: list[bytes], match_unfiltered: bool,
+               max_skips: int) -> tuple[tuple[ck.Header, memoryview | bytes, memoryview] | None, int]:
+    """The next chunk `reader` has whose bloom filter may match `filters` (any chunk, without filters),
+    as (its header, its header's bytes, its data section), and how many chunks were skipped; None for the
+    chunk when there is none now or `max_skips` were skipped (the caller goes on next turn)."""
+    skipped = 0
+    while skipped < max_skips:
+        chunk = reader.next_chunk()
+        if chunk is None:
+            break
+        header, bits, data, _ = ck.parts(chunk.raw)
+        if filters and not ck.bloom_may_match(bytes(bits), filters, match_unfiltered):
+            skipped += 1
+            continue
+        return (header, chunk.raw[:ck.HEADER_SIZE], data), skipped
+    return None, skipped
+
+
 def reader_for(handle: StreamHandle, spec: CoreSpec, last: bool) -> StreamReader:
     """A reader positioned by `spec`; for "last" (`last`), the newest chunk written even if its commit
     is still running, as RabbitMQ makes a chunk visible once written (the reader waits for its commit)."""
@@ -145,6 +163,7 @@ class StreamReaderLink:
         self._ids = itertools.count(1)
         self.reading: dict[int, RemoteRead] = {}  # reader id -> this worker's subscription
         self.served: dict[tuple[str, int], _Served] = {}  # (peer, reader id) -> the reader here
+        self._watched: dict[int, StreamHandle] = {}  # id -> a stream handle whose deletion is watched
 
     def start(self, host: HomeLinkHost) -> None:
         self.host = host
@@ -242,7 +261,23 @@ class StreamReaderLink:
                          list(m.filters), m.match_unfiltered)
         self.served[(peer, m.reader_id)] = served
         served.unwatch = handle.on_commit(lambda: self._schedule(served))
+        if id(handle) not in self._watched:  # (one callback per handle, whatever its readers)
+            self._watched[id(handle)] = handle
+            handle.on_delete(lambda: self._deleted(handle))
         self._pump(served)
+
+    def _deleted(self, handle: StreamHandle) -> None:
+        """The stream was deleted here (by any path): its readers for other workers end at once."""
+        self._watched.pop(id(handle), None)
+        for served in [v for v in self.served.values() if v.handle is handle]:
+            self._end(served)
+
+    def _end(self, served: _Served) -> None:
+        """End a reader here and tell its worker (its subscription's client gets a metadata update)."""
+        assert self.host is not None
+        self.served.pop((served.peer, served.reader_id), None)
+        self._drop(served)
+        self.host.send(served.peer, cm.StreamReadEnd(served.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
 
     def _on_credit(self, peer: str, m: cm.StreamReadCredit) -> None:
         served = self.served.get((peer, m.reader_id))
@@ -264,9 +299,7 @@ class StreamReaderLink:
         assert self.host is not None
         handle = served.handle
         if handle.closed or self.catalog.lookup(served.vhost, served.stream) is not handle:
-            self.served.pop((served.peer, served.reader_id), None)
-            self._drop(served)
-            self.host.send(served.peer, cm.StreamReadEnd(served.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
+            self._end(served)
             return
         chunks: list[bytes] = []
         size = skipped = 0
@@ -274,14 +307,13 @@ class StreamReaderLink:
             if len(chunks) >= PUMP_CHUNKS or size >= PUMP_BYTES or skipped >= PUMP_SKIPS:
                 self._schedule(served)
                 break
-            chunk = served.reader.next_chunk()
-            if chunk is None:
+            found, n = next_match(served.reader, served.filters, served.match_unfiltered, PUMP_SKIPS - skipped)
+            skipped += n
+            if found is None:
+                if skipped >= PUMP_SKIPS:
+                    self._schedule(served)
                 break
-            _header, bits, data, _ = ck.parts(chunk.raw)
-            if served.filters and not ck.bloom_may_match(bytes(bits), served.filters, served.match_unfiltered):
-                skipped += 1
-                continue
-            raw = b"".join((chunk.raw[:ck.HEADER_SIZE], data))
+            raw = b"".join(found[1:])
             chunks.append(raw)
             size += len(raw)
             served.credit -= 1
