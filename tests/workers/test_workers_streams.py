@@ -225,6 +225,21 @@ def test_offset_stored_in_one_worker_is_queried_in_the_other(node: ServerInfo) -
     asyncio.run(run())
 
 
+def test_the_tracking_of_a_stream_homed_in_worker_1_is_listed_by_the_api(node: ServerInfo) -> None:
+    """The management API (worker 0) lists the tracking of a stream whose one copy is worker 1's, as
+    worker 1 answers it (hutch-streams list_stream_tracking)."""
+    asyncio.run(create(own(node, 1), "tracked"))
+    asyncio.run(publish(own(node, 1), "tracked", range(1, 4), "t", name="app"))
+
+    async def store() -> None:
+        async with Consumer("127.0.0.1", port=own(node, 0), **AUTH) as c:  # (through the link to worker 1)
+            await c.store_offset("tracked", "reader", 2)
+    asyncio.run(store())
+    want = [{"type": "writer", "name": "app", "tracking_value": 3},
+            {"type": "offset", "name": "reader", "tracking_value": 2}]
+    until(lambda: api(node, "/api/stream/tracking/%2F/tracked") == want, what="the tracking listed")
+
+
 def test_super_stream_created_in_one_worker_is_routed_in_the_other(node: ServerInfo) -> None:
     async def run() -> None:
         async with Producer("127.0.0.1", port=own(node, 1), **AUTH) as p:

@@ -145,3 +145,6 @@ class QueueCatalog:
     async def _replicated(self) -> None:
         if self.broker.cluster is not None:
             await self.broker.cluster.wait_replicated()
+            # every connected member (every worker of a node) has it too: a client that creates a stream
+            # here and publishes through another worker finds it there (its copy is this worker's alone)
+            await self.broker.cluster.sync_peers()

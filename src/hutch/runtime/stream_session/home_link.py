@@ -303,20 +303,16 @@ class StreamReaderLink:
             return
         chunks: list[bytes] = []
         size = skipped = 0
-        while served.credit > 0:
-            if len(chunks) >= PUMP_CHUNKS or size >= PUMP_BYTES or skipped >= PUMP_SKIPS:
-                self._schedule(served)
-                break
+        found: Any = True
+        while found is not None and served.credit > 0 and len(chunks) < PUMP_CHUNKS and size < PUMP_BYTES:
             found, n = next_match(served.reader, served.filters, served.match_unfiltered, PUMP_SKIPS - skipped)
             skipped += n
-            if found is None:
-                if skipped >= PUMP_SKIPS:
-                    self._schedule(served)
-                break
-            raw = b"".join(found[1:])
-            chunks.append(raw)
-            size += len(raw)
-            served.credit -= 1
+            if found is not None:
+                chunks.append(b"".join(found[1:]))
+                size += len(chunks[-1])
+                served.credit -= 1
+        if served.credit > 0 and (len(chunks) >= PUMP_CHUNKS or size >= PUMP_BYTES or skipped >= PUMP_SKIPS):
+            self._schedule(served)  # (the rest next turn: other work gets the loop meanwhile)
         if chunks:
             self.host.send(served.peer, cm.StreamReadChunks(served.reader_id, chunks, handle.committed_chunk_id))
 
