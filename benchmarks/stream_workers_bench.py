@@ -1,16 +1,18 @@
-"""The stream protocol on a node of workers against one process (docs/scaling.md, "The stream protocol in
-every worker"): stream_rawload's confirmed and consumed msg/s and the node's CPU per message.
+"""The stream protocol on a node of workers against one process (docs/scaling.md, "One copy of a stream
+per node"): stream_rawload's (or rstream's) confirmed and consumed msg/s and the node's CPU per message.
 
 Usage:
     python benchmarks/stream_workers_bench.py [--workers 1,2] [--seconds 8] [--size 1000] [--publishers 1]
+                                              [--tool rawload|rstream]
 
 For each worker count it starts `hutch-server --workers N --no-cluster --stream-port 0` (port 0, a fresh
 data directory, `workers.own_ports`) and runs `benchmarks/stream_rawload.py` (publishers with confirms and
 one consumer from `first`, each a process) on:
 - one process: its stream port;
-- N workers: "writer" (the stream created in worker 0 and every connection pinned to worker 0's own
-  port: publishes appended there, replicated to the others) and "other" (the stream created in worker 0,
-  every connection pinned to worker 1: publishes forwarded to worker 0, reads from worker 1's copy).
+- N workers: "writer" (the stream created in worker 0, its home and only copy, and every connection
+  pinned to worker 0's own port: publishes appended there, reads from its files) and "other" (the stream
+  created in worker 0, every connection pinned to worker 1: publishes forwarded to worker 0, chunks
+  read there and shipped over the worker link; runtime/stream_session/home_link.py).
 The node's CPU is every process's (the supervisor and each worker) per confirmed message, as stream_rawload
 reads it with `--pid`. Prints one JSON line per run. Linux only.
 """
@@ -45,7 +47,7 @@ def create(port: int, stream: str) -> None:
 
 
 def rawload(port: int, stream: str, pids: list[int], args: argparse.Namespace) -> dict[str, object]:
-    out = subprocess.run([sys.executable, str(HERE / "stream_rawload.py"), "--port", str(port), "--stream", stream,
+    out = subprocess.run([sys.executable, str(HERE / f"stream_{args.tool}.py"), "--port", str(port), "--stream", stream,
                           "-x", str(args.publishers), "-y", "1", "-s", str(args.size), "-b", "100", "-z",
                           str(args.seconds), "--pid", ",".join(map(str, pids))],
                          check=True, capture_output=True, text=True)
@@ -59,10 +61,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--size", type=int, default=1000)
     p.add_argument("--publishers", type=int, default=1)
+    p.add_argument("--tool", choices=("rawload", "rstream"), default="rawload",
+                   help="the load generator: stream_rawload.py, or stream_rstream.py (rstream, the second)")
     args = p.parse_args()
     for workers in [int(w) for w in args.workers.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            conf = Path(tmp) / "hutch.conf"
+            conf = Path(tmp) / "stream-bench.conf"  # (not hutch.conf: running() writes that one)
             conf.write_text("workers.own_ports = true\n")
             with running(Path(tmp) / "data", workers, extra=["--stream-port", "0", "--config", str(conf)]) as (ports, pids):
                 runs = [("one process", ports["stream"], ports["stream"])] if workers == 1 else [
@@ -70,7 +74,8 @@ def main() -> None:
                 for i, (where, create_on, run_on) in enumerate(runs):
                     stream = f"bench-{workers}-{i}"
                     create(create_on, stream)
-                    print(json.dumps({"workers": workers, "connections_on": where, **rawload(run_on, stream, pids, args)}),
+                    print(json.dumps({"workers": workers, "connections_on": where, "tool": args.tool,
+                                      **rawload(run_on, stream, pids, args)}),
                           flush=True)
 
 

@@ -164,7 +164,7 @@ def test_the_answerer_refuses_anything_but_an_agent_method_with_its_arguments(me
     assert set(METHODS) == {"counts", "connections", "channels", "channel", "consumers", "queues", "queue_details",
                             "samples", "metric_samples", "process_figures", "purge_queue", "delete_queue",
                             "close_connection", "close_user_connections", "delayed_counts", "stream_connections",
-                            "stream_groups", "close_stream_connection"}
+                            "stream_groups", "stream_tracking", "close_stream_connection"}
 
 
 def test_the_node_of_workers_names_every_object_as_the_node_and_lists_queues_once() -> None:

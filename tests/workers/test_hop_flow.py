@@ -216,7 +216,7 @@ def test_the_home_judges_the_pace_of_a_consumer_across_the_hop() -> None:
 
     async def run() -> None:
         link, _cluster, q = home_link()
-        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", False, False, 4, 0))
+        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", False, False, 4, 0, []))
         (consumer,) = q.consumers()
         deliverer = consumer.channel
         msg = Message("", "q", BasicProperties(), b"x")
@@ -266,7 +266,7 @@ def test_a_consumer_with_a_full_socket_across_the_hop_is_paused_at_the_home() ->
 
     async def run() -> None:
         link, _cluster, q = home_link()
-        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", True, False, 0, 0))
+        link._on_consume("n#w0", cm.RemoteConsume("/", "q", 7, "ctag", True, False, 0, 0, []))
         (consumer,) = q.consumers()
         deliverer = consumer.channel
         assert deliverer.can_take() and not deliverer.conn.write_paused

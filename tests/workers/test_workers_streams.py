@@ -36,6 +36,7 @@ from rstream import (
     amqp_decoder,
 )
 from tests.conftest import ServerInfo, start_server
+from tests.stream_protocol.equivalence import EXPECTED, READERS, run_steps
 from tests.workers.test_workers import CONFIG, connect, ports_file_names_worker, queue_json, until, worker_pid
 
 from hutch import portfile
@@ -52,9 +53,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
     info.stop()
 
 
-def api(info: ServerInfo, path: str, method: str = "GET") -> Any:
+def api(info: ServerInfo, path: str, method: str = "GET", body: Any = None) -> Any:
     req = urllib.request.Request(f"{info.mgmt_url}{path}", method=method,
-                                 headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode(),
+                                          "content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         body = resp.read()
     return json.loads(body) if body else None
@@ -112,14 +115,19 @@ async def create(port: int, stream: str) -> None:
         await p.create_stream(stream)
 
 
-def test_every_worker_listens_and_a_stream_has_every_worker_as_a_member(node: ServerInfo) -> None:
+def test_every_worker_listens_and_a_stream_has_one_copy_in_its_declaring_worker(node: ServerInfo) -> None:
     assert {"stream", "stream_w0", "stream_w1"} <= set(node.ports)
-    asyncio.run(create(own(node, 0), "members"))
+
+    def copies() -> list[int]:
+        return [len(list(node.data_dir.glob(f"w{w}/streams/*"))) for w in (0, 1)]
+
+    before = copies()
+    asyncio.run(create(own(node, 1), "members"))
     doc = queue_json(node, "members")
-    assert doc["type"] == "stream" and doc["node"] == "test@localhost"
-    # one node to everyone outside (RabbitMQ's names); its workers' copies in hutch's own fields
+    assert doc["type"] == "stream" and doc["node"] == "test@localhost" and doc["worker"] == 1
     assert doc["members"] == doc["online"] == [doc["leader"]] == ["test@localhost"]
-    assert len(doc["member_workers"]) == 2 and doc["leader_worker"] in doc["member_workers"]
+    # one copy, in the worker that declared it: its files there, none in the other worker
+    assert copies() == [before[0], before[1] + 1]
 
 
 def test_metadata_names_the_node_once_on_every_worker(node: ServerInfo) -> None:
@@ -217,6 +225,21 @@ def test_offset_stored_in_one_worker_is_queried_in_the_other(node: ServerInfo) -
     asyncio.run(run())
 
 
+def test_the_tracking_of_a_stream_homed_in_worker_1_is_listed_by_the_api(node: ServerInfo) -> None:
+    """The management API (worker 0) lists the tracking of a stream whose one copy is worker 1's, as
+    worker 1 answers it (hutch-streams list_stream_tracking)."""
+    asyncio.run(create(own(node, 1), "tracked"))
+    asyncio.run(publish(own(node, 1), "tracked", range(1, 4), "t", name="app"))
+
+    async def store() -> None:
+        async with Consumer("127.0.0.1", port=own(node, 0), **AUTH) as c:  # (through the link to worker 1)
+            await c.store_offset("tracked", "reader", 2)
+    asyncio.run(store())
+    want = [{"type": "writer", "name": "app", "tracking_value": 3},
+            {"type": "offset", "name": "reader", "tracking_value": 2}]
+    until(lambda: api(node, "/api/stream/tracking/%2F/tracked") == want, what="the tracking listed")
+
+
 def test_super_stream_created_in_one_worker_is_routed_in_the_other(node: ServerInfo) -> None:
     async def run() -> None:
         async with Producer("127.0.0.1", port=own(node, 1), **AUTH) as p:
@@ -299,6 +322,84 @@ def test_amqp_publishes_in_either_worker_and_reads_from_first_in_the_other(node:
         assert offsets == sorted(set(offsets))
 
 
+def test_pika_and_rstream_in_the_other_worker_read_as_rabbitmq_does(node: ServerInfo) -> None:
+    """The stream's one copy in worker 0; pika and rstream in worker 1 write it and read it from `first`,
+    offsets, a timestamp, an interval and with filters (tests/stream_protocol/equivalence.py's steps):
+    exactly what RabbitMQ gives, offsets from 0 (pika through the hop with its x-stream-offset and filter
+    arguments, rstream over the worker link)."""
+    with connect(node, 0) as c0:
+        c0.channel().queue_declare("eq-w", durable=True, arguments={"x-queue-type": "stream"})
+    assert queue_json(node, "eq-w")["worker"] == 0
+    url = f"amqp://guest:guest@127.0.0.1:{node.ports['amqp_w1']}/%2F"
+    got = asyncio.run(run_steps(url, "127.0.0.1", own(node, 1), "eq-w"))
+    expected = {(name, reader): rows for name, rows in EXPECTED.items() for reader in READERS
+                if not (name.startswith("interval") and reader == "rstream")}
+    assert got == expected
+
+
+def test_a_subscription_over_the_link_is_listed_and_told_when_the_stream_goes(node: ServerInfo) -> None:
+    """A subscription in worker 1 to a stream homed in worker 0: listed by the API with its offset, caught
+    up; the stream deleted through worker 0 (AMQP 0-9-1): the subscription's client is told at once (a
+    metadata update, rstream's close handler)."""
+    asyncio.run(create(own(node, 0), "goes"))
+    asyncio.run(publish(own(node, 0), "goes", range(5), "g"))
+
+    async def run() -> None:
+        closed: list[Any] = []
+        got: list[int] = []
+
+        async def on_close(info: Any) -> None:
+            closed.append(info)
+
+        async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
+            got.append(ctx.offset)
+
+        async def until_true(check: Any, what: str) -> None:
+            deadline = asyncio.get_running_loop().time() + TIMEOUT_S
+            while not check():
+                assert asyncio.get_running_loop().time() < deadline, what
+                await asyncio.sleep(0.05)
+
+        async with Consumer("127.0.0.1", port=own(node, 1), on_close_handler=on_close, **AUTH) as c:
+            await c.start()
+            await c.subscribe("goes", on, decoder=amqp_decoder,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+            await until_true(lambda: got == [0, 1, 2, 3, 4], "5 messages from offset 0")
+
+            def caught_up() -> bool:
+                subs = [r for r in api(node, "/api/stream/consumers/%2F") if r["stream"] == "goes"]
+                return len(subs) == 1 and subs[0]["offset"] == 5 and subs[0]["offset_lag"] == 0
+            await until_true(lambda: caught_up(), "the subscription listed, caught up")
+            with connect(node, 0) as c0:
+                c0.channel().queue_delete("goes")
+            await until_true(lambda: bool(closed), "the client told")
+    asyncio.run(run())
+
+
+def test_a_stream_with_a_copy_per_worker_keeps_working(node: ServerInfo) -> None:
+    """A stream as the design before this one made them (a replica in every worker, here made with
+    add_member): both workers still serve it from their copies, a publisher in the worker that does not
+    write it forwards with deduplication."""
+    def copies_in_w1() -> set[str]:
+        return {p.name for p in node.data_dir.glob("w1/streams/*")}
+
+    before = copies_in_w1()
+    asyncio.run(create(own(node, 0), "two-copies"))
+    asyncio.run(publish(own(node, 0), "two-copies", range(1, 4), "c", name="app"))
+    added = api(node, "/api/queues/%2F/two-copies/members", "POST", {"node": "test@localhost#w1"})
+    assert added["members"] == ["test@localhost#w0", "test@localhost#w1"]
+    until(lambda: len(copies_in_w1() - before) == 1, what="worker 1's copy")
+    asyncio.run(publish(own(node, 1), "two-copies", range(3, 6), "c", name="app"))  # (3 deduplicated)
+    want = [b"c%d" % i for i in range(1, 6)]
+    for worker in (0, 1):
+        assert asyncio.run(read_first(own(node, worker), "two-copies", len(want))) == want, worker
+    # (a replicated stream keeps two members at least: delete_member of worker 1 is refused, as between
+    # nodes; such a stream keeps its two copies)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        api(node, "/api/queues/%2F/two-copies/members/test@localhost%23w1", "DELETE")
+    assert refused.value.code == 400
+
+
 @pytest.mark.slow
 def test_either_worker_killed_a_deduplicating_publisher_resends_and_every_message_is_there_once(
         tmp_path: Path) -> None:
@@ -324,5 +425,29 @@ def test_either_worker_killed_a_deduplicating_publisher_resends_and_every_messag
             want = [b"k%d" % i for i in range(1, ids.stop)]
             for worker in (0, 1):
                 assert asyncio.run(read_first(port(worker), "kept", len(want))) == want, (victim, worker)
+    finally:
+        info.stop()
+
+
+@pytest.mark.slow
+def test_a_stream_with_a_copy_per_worker_opens_after_a_restart(tmp_path: Path) -> None:
+    """The upgrade: a stream with a replica in every worker (the design before this one; made here with
+    add_member) opens after the node's restart with both copies, and both workers serve it."""
+    info = start_server(tmp_path, "--workers", "2", "--stream-port", "0", config_text=CONFIG)
+    try:
+        asyncio.run(create(info.ports["stream_w0"], "kept"))
+        asyncio.run(publish(info.ports["stream_w0"], "kept", range(1, 4), "k", name="app"))
+        api(info, "/api/queues/%2F/kept/members", "POST", {"node": "test@localhost#w1"})
+        asyncio.run(publish(info.ports["stream_w1"], "kept", range(4, 6), "k", name="app"))
+    finally:
+        info.stop()
+    info = start_server(tmp_path, "--workers", "2", "--stream-port", "0", config_text=CONFIG)
+    try:
+        until(lambda: queue_json(info, "kept").get("member_workers") == ["test@localhost#w0", "test@localhost#w1"],
+              what="both copies")
+        asyncio.run(publish(info.ports["stream_w1"], "kept", range(5, 7), "k", name="app"))
+        want = [b"k%d" % i for i in range(1, 7)]
+        for worker in (0, 1):
+            assert asyncio.run(read_first(info.ports[f"stream_w{worker}"], "kept", len(want))) == want, worker
     finally:
         info.stop()

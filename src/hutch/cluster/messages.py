@@ -57,7 +57,8 @@ class MalformedMessage(MessageError):
 # -- the records ----------------------------------------------------------------------------------------
 # Tags: 1-9 Raft and the metadata group, 10-29 transparent routing (queue_types/remote.py), 30-49 quorum
 # queues (queue_types/quorum/), 50-59 operations (mgmt), 60-69 stream replication
-# (queue_types/stream_replication/). A reply record has a tag of its own. The kind's
+# (queue_types/stream_replication/), 140-149 a stream's one copy in a node of workers
+# (stream_session/home_link.py). A reply record has a tag of its own. The kind's
 # tag (and a request's reply) is given by its decorator, which also sets `TAG` (and `REPLY`) on the class.
 
 T = TypeVar("T")
@@ -291,6 +292,7 @@ class RemoteConsume(NamedTuple):
     exclusive: bool
     prefetch: int
     priority: int
+    arguments: list[Any]  # a stream's consume arguments: [key, value, value is a timestamp], ...
 
 
 @message_kind(15)
@@ -629,6 +631,82 @@ class BlockPeers(NamedTuple):
     blocked: bool
 
 
+# 140-149: a stream's one copy in a node of workers, read and written from the node's other workers
+# (runtime/stream_session/home_link.py: the copy's worker is the stream's "home")
+
+
+@message_kind(140)
+class StreamReadOpen(NamedTuple):
+    """A subscription on the sender, of a stream whose only copy on this node of workers is the receiver's:
+    read it from `offset_type`/`offset_value` (the stream protocol's offset specification: OffsetType's
+    numbers), with `credit` chunks to send, filtered by `filters` (none: every chunk) and
+    `match_unfiltered`. The receiver answers with `StreamReadChunks`, or `StreamReadEnd` if it cannot."""
+
+    reader_id: int
+    vhost: str
+    stream: str
+    offset_type: int
+    offset_value: int
+    credit: int
+    filters: list[bytes]
+    match_unfiltered: bool
+
+
+@message_kind(141)
+class StreamReadChunks(NamedTuple):
+    """Chunks for reader `reader_id`, each as the stream protocol delivers it (the chunk's header and its
+    data, without the bloom filter or the trailer), and the stream's committed chunk id as they were
+    sent. Each one took a credit."""
+
+    reader_id: int
+    chunks: list[bytes]
+    committed: int
+
+
+@message_kind(142)
+class StreamReadCredit(NamedTuple):
+    """More credit (chunks) for reader `reader_id`, as its client gave it."""
+
+    reader_id: int
+    credit: int
+
+
+@message_kind(143)
+class StreamReadEnd(NamedTuple):
+    """Reader `reader_id` is over: from its subscription's worker (unsubscribed, its connection closed;
+    `code` 0), or from the stream's home (`code` a stream protocol code: the stream is gone or cannot be
+    read; the subscription's client is told)."""
+
+    reader_id: int
+    code: int
+
+
+@request_kind(144)
+class StreamHomePublish(NamedTuple):
+    """A stream-protocol publisher's publishes to stream `stream` of vhost `vhost`, whose only copy on this
+    node of workers is the receiver's: the fields after `stream` as `StreamPublish`'s. Reply: True once
+    what was stored is committed (an error reply if the stream is not here or the data is malformed)."""
+
+    vhost: str
+    stream: str
+    data: bytes
+    ids: list[int]
+    reference: bytes
+    filters: list[bytes | None] | None
+
+
+@message_kind(145)
+class StreamHomeOffset(NamedTuple):
+    """A consumer's stored offset (`reference`, `offset`) for stream `stream` of vhost `vhost`, whose only
+    copy on this node of workers is the receiver's. No reply, as the stream protocol's store offset has
+    none."""
+
+    vhost: str
+    stream: str
+    reference: bytes
+    offset: int
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -638,6 +716,7 @@ Record: TypeAlias = (
     | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo | LimitCounts | LinkStatus
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
+    | StreamReadOpen | StreamReadChunks | StreamReadCredit | StreamReadEnd | StreamHomePublish | StreamHomeOffset
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
@@ -645,7 +724,7 @@ Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
     | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
-    | LimitQuery | BlockPeers
+    | LimitQuery | BlockPeers | StreamHomePublish
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

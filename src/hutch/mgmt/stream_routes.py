@@ -299,24 +299,20 @@ async def _list_group_consumers(c: Call) -> Any:
        "publishing id (type writer) and each consumer's stored offset (type offset), as rows of type, name, "
        "tracking_value; ?type=offset or writer keeps one kind (hutch-streams list_stream_tracking; needs read access to the stream; hutch)", tag=TAG,
        reply="Any[]", listing=True, codes=(404,))
-def _list_stream_tracking(c: Call) -> Any:
+async def _list_stream_tracking(c: Call) -> Any:
     vhost, stream = c.params["vhost"], c.params["stream"]
     vhost_for_read(c.node, c.principal, vhost)
-    handle = QueueCatalog(c.node).lookup(vhost, stream)
-    if handle is None:
+    if stream not in c.node.vhosts[vhost].queues:  # (a stand-in in a worker without the copy: its home answers)
         raise not_found()
     require_amqp(c.node, c.principal, vhost, "read", "queue", stream)
     kind = c.query.get("type", "all")
     if kind not in ("all", "offset", "writer"):
         raise bad_request("\"type\" must be all, offset or writer")
-    tracking = handle.tracking
-    rows = [{"type": "writer", "name": _text(ref), "tracking_value": seq}
-            for ref, (_chunk, seq) in sorted(tracking.sequences.items())]
-    rows += [{"type": "offset", "name": _text(ref), "tracking_value": offset}
-             for ref, offset in sorted(tracking.offsets.items())]
+    # (the copy's worker answers: in a node of workers a stream's one copy may be another worker's)
+    found = await c.agent.stream_tracking(vhost, stream)
+    if found is None:
+        raise not_found()
+    rows = [{"type": t, "name": name, "tracking_value": value} for t, name, value in found]
     rows = [row for row in rows if kind in ("all", row["type"])]
     return listing.list_reply(rows, c.query, ())  # writers, then offsets (as RabbitMQ lists them)
 
-
-def _text(ref: bytes) -> str:
-    return ref.decode("utf-8", "replace")

@@ -414,6 +414,17 @@ class LocalAgent:
         return [{**row, "members": hub.sac.member_rows((vhost, row["stream"], row["reference"])) or []}
                 for row in hub.sac.group_rows(vhost)]
 
+    async def stream_tracking(self, vhost: str, stream: str) -> list[list[Any]] | None:
+        v = self.node.vhosts.get(vhost)
+        handle = getattr(None if v is None else v.queues.get(stream), "handle", None)
+        tracking = getattr(handle, "tracking", None)
+        if tracking is None:
+            return None
+        rows: list[list[Any]] = [["writer", ref.decode("utf-8", "replace"), seq]
+                                 for ref, (_chunk, seq) in sorted(tracking.sequences.items())]
+        rows += [["offset", ref.decode("utf-8", "replace"), offset] for ref, offset in sorted(tracking.offsets.items())]
+        return rows
+
     async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
         for conn in self._stream_connections():
             if conn.name == name and conn.vhost.name == vhost:

@@ -92,6 +92,7 @@ METHODS: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "close_user_connections": (_text, _text),
     "stream_connections": (),
     "stream_groups": (_text,),
+    "stream_tracking": (_text, _text),
     "close_stream_connection": (_text, _text, _text),
 }
 """The agent methods a peer may call, with a check of each positional argument (plain msgpack values)."""
@@ -224,6 +225,10 @@ class RemoteAgent:
 
     async def stream_groups(self, vhost: str) -> list[dict[str, Any]]:
         answer: list[dict[str, Any]] = await self._ask("stream_groups", [vhost], [])
+        return answer
+
+    async def stream_tracking(self, vhost: str, stream: str) -> list[list[Any]] | None:
+        answer: list[list[Any]] | None = await self._ask("stream_tracking", [vhost, stream], None)
         return answer
 
     async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:

@@ -243,6 +243,8 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
     if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
         hub.sac_router.start(node.cluster)
         node.cluster_peer_hooks.append(hub.sac_router.peer_changed)
+        hub.reader_link.start(node.cluster)  # a stream's one copy in a node of workers, from the others
+        node.cluster_peer_hooks.append(hub.reader_link.peer_changed)
     loop = asyncio.get_running_loop()
     servers: list[asyncio.base_events.Server] = []
 

@@ -182,6 +182,12 @@ class GatheringAgent:
         answers = await asyncio.gather(*(a.stream_groups(vhost) for a in self.agents))
         return sorted((row for answer in answers for row in answer), key=lambda row: (row["stream"], row["reference"]))
 
+    async def stream_tracking(self, vhost: str, stream: str) -> list[list[Any]] | None:
+        # a stream's tracking is the same in every copy: the first that has one answers (its home, in a
+        # node of workers; with a replica per worker, the first worker)
+        answers = await asyncio.gather(*(a.stream_tracking(vhost, stream) for a in self.agents))
+        return next((answer for answer in answers if answer is not None), None)
+
     async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
         return any(await asyncio.gather(*(a.close_stream_connection(vhost, name, reason) for a in self.agents)))
 

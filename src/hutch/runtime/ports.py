@@ -409,6 +409,12 @@ class ManagementAgentPort(Protocol):
         stream, reference, partition_index, consumers, and `members` in arrival order."""
         ...
 
+    async def stream_tracking(self, vhost: str, stream: str) -> list[list[Any]] | None:
+        """A stream's tracking as this worker's copy holds it: [type ("writer" or "offset"), reference,
+        value] rows, writers then offsets, each sorted by reference; None when no copy of it is open here
+        (in a node of workers, the stream's home answers)."""
+        ...
+
     async def close_stream_connection(self, vhost: str, name: str, reason: str) -> bool:
         """Close the stream-protocol connection `name` of `vhost` (the socket, as RabbitMQ); False if
         there is none."""

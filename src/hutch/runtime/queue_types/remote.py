@@ -39,6 +39,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import logging
 from collections.abc import Hashable, Iterable
@@ -48,6 +49,7 @@ import msgpack
 
 from hutch.amqp import spec
 from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
+from hutch.amqp.table import Timestamp
 from hutch.cluster import messages as cm
 from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
@@ -100,6 +102,37 @@ def home_down_error(q: Queue, home: str) -> ChannelError:
     # (a worker of a node of workers is named as its node: clients see one node per machine)
     return ChannelError(NOT_FOUND, f"home node '{node_of_worker(home)}' of durable {rs('queue', q.name, q.vhost)} "
                                    "is down or inaccessible")
+
+
+STREAM_CONSUME_ARGUMENTS = ("x-stream-offset", "x-stream-filter", "x-stream-match-unfiltered")
+
+
+def portable_arguments(arguments: dict[str, Any]) -> list[Any]:
+    """The consume arguments a stream's home reads (where to start, the filter), as the link carries
+    them: [key, value, is a timestamp] (a field table's timestamp or a datetime: seconds)."""
+    out: list[Any] = []
+    for key in STREAM_CONSUME_ARGUMENTS:
+        if key not in arguments:
+            continue
+        value = arguments[key]
+        if isinstance(value, datetime.datetime):
+            when = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+            out.append([key, int(when.timestamp()), True])
+        elif isinstance(value, Timestamp):
+            out.append([key, int(value), True])
+        elif isinstance(value, str | bytes | int | list):  # (bool is an int)
+            out.append([key, value, False])
+    return out
+
+
+def arguments_of(portable: list[Any]) -> dict[str, Any]:
+    """`portable_arguments` read back (anything else in the list is ignored)."""
+    out: dict[str, Any] = {}
+    for item in portable:
+        if type(item) is list and len(item) == 3 and item[0] in STREAM_CONSUME_ARGUMENTS:
+            key, value, stamp = item
+            out[key] = Timestamp(value) if stamp is True and type(value) is int else value
+    return out
 
 
 class RemoteQueue(Queue):
@@ -643,7 +676,8 @@ class QueueLink:
         cid = next(self._ids)
         self.consumers[cid] = (q, consumer)
         self._send(q.home, cm.RemoteConsume(q.vhost, q.name, cid, consumer.tag, bool(consumer.no_ack),
-                                            bool(consumer.exclusive), int(consumer.prefetch), int(consumer.priority)))
+                                            bool(consumer.exclusive), int(consumer.prefetch), int(consumer.priority),
+                                            portable_arguments(consumer.arguments)))
         return cid
 
     def cancel_consumer(self, q: RemoteQueue, cid: int) -> None:
@@ -794,7 +828,15 @@ class QueueLink:
             self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
             return
         deliverer = _RemoteDeliverer(self, peer, c.consumer_id)
-        consumer = Consumer(c.tag, deliverer, q, c.no_ack, c.exclusive, c.prefetch, c.priority)
+        consumer = Consumer(c.tag, deliverer, q, c.no_ack, c.exclusive, c.prefetch, c.priority,
+                            arguments_of(c.arguments))
+        if q.queue_type == "stream":  # where it reads from (x-stream-offset) and its filter, as here
+            try:
+                self.node.queue_type_of(q).check_consume(q, consumer)
+            except ChannelError as exc:
+                log.info("consumer %s on %s refused at the home: %s", c.tag, rs("queue", q.name, q.vhost), exc.text)
+                self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
+                return
         self.remote_consumers[(peer, c.consumer_id)] = consumer
         q.add_consumer(consumer)
 

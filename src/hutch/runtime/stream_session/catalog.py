@@ -7,7 +7,9 @@ arguments mapped to their x-arguments, so AMQP 0-9-1 clients and management see 
 deleting one deletes the queue. On a clustered node both wait until the definition change is replicated.
 On a node that is not a member of a replicated stream (its queue a stand-in that carries the stream's
 group id and members), `locate` and `ask` answer from a member (`StreamLocator`, the replication
-service), so the stream protocol's metadata and queries answer on every node, as RabbitMQ's do.
+service), so the stream protocol's metadata and queries answer on every node, as RabbitMQ's do. In a
+node of workers a stream has one copy per node, in its home worker; `home` names it to the node's other
+workers, which read and write it over the worker link (home_link.py).
 
 Rules (rabbit_stream_manager): `max-length-bytes`, `max-age`, `stream-max-segment-size-bytes`,
 `initial-cluster-size`, `queue-leader-locator` and `stream-filter-size-bytes` are the arguments a create
@@ -29,6 +31,7 @@ from hutch.runtime.stream_session.ports import (
     StreamLocator,
     StreamRefused,
 )
+from hutch.runtime.workers.spec import node_of_worker
 from hutch.streamproto.codes import Code
 
 _INT_ARGUMENTS = {"max-length-bytes": "x-max-length-bytes",
@@ -87,6 +90,17 @@ class QueueCatalog:
     def elsewhere(self, vhost: str, name: str) -> bool:
         return self._group(vhost, name) is not None
 
+    def home(self, vhost: str, name: str) -> str | None:
+        """The worker of this node that holds stream `name`'s one copy on the node, when this worker holds
+        none (a stand-in): the stream's member that is a worker of this node (None: the stream is this
+        worker's, or no worker of this node holds it)."""
+        group = self._group(vhost, name)
+        if group is None:
+            return None
+        here = self.broker.name
+        node = node_of_worker(here)
+        return next((m for m in group[1] if m != here and node_of_worker(m) == node), None)
+
     async def locate(self, vhost: str, name: str) -> Members | None:
         group, locator = self._group(vhost, name), self.locator
         if group is None or locator is None:
@@ -131,3 +145,6 @@ class QueueCatalog:
     async def _replicated(self) -> None:
         if self.broker.cluster is not None:
             await self.broker.cluster.wait_replicated()
+            # every connected member (every worker of a node) has it too: a client that creates a stream
+            # here and publishes through another worker finds it there (its copy is this worker's alone)
+            await self.broker.cluster.sync_peers()

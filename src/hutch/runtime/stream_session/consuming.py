@@ -10,12 +10,16 @@ answered with where to start).
 
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
 the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
-`PUMP_SKIPS` per turn. A subscription holds a reader (a position), never the log.
+`PUMP_SKIPS` per turn. A subscription holds a reader (a position), never the log. A subscription to a
+stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
+(home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
+wait (`backlog`) while the client's socket is full.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +27,7 @@ from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
+from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -37,24 +42,11 @@ PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
 
 
-def core_spec(spec: OffsetSpec) -> CoreSpec:
-    kind = spec.type
-    if kind == OffsetType.FIRST:
-        return CoreSpec.first()
-    if kind == OffsetType.LAST:
-        return CoreSpec.last()
-    if kind == OffsetType.NEXT:
-        return CoreSpec.next()
-    if kind == OffsetType.OFFSET:
-        return CoreSpec.offset(spec.value)
-    return CoreSpec.timestamp(spec.value)
-
-
 @dataclass(eq=False)
 class Subscription:
     subscription_id: int
     stream: str
-    handle: StreamHandle
+    handle: StreamHandle | None  # None: read in the stream's home worker (`remote`)
     spec: OffsetSpec
     credit: int
     properties: dict[str, str]
@@ -67,6 +59,15 @@ class Subscription:
     wake_scheduled: bool = False
     chunks_sent: int = 0
     records_sent: int = 0
+    home: str | None = None  # the worker holding the stream's copy, when it is not this one
+    remote: RemoteRead | None = None  # its reader there, while active
+    backlog: deque[tuple[bytes, int]] = field(default_factory=deque)  # (chunk, committed) for a full socket
+    next_offset: int | None = None  # read remotely: the offset after the last chunk delivered
+    committed_offset: int = -1  # read remotely: the stream's committed chunk id as last told
+
+    @property
+    def active(self) -> bool:
+        return self.reader is not None or self.remote is not None
 
 
 class Consuming:
@@ -83,7 +84,8 @@ class Consuming:
         conn = self.conn
         if cmd.subscription_id in self.subscriptions:
             raise CommandError(f"subscription {cmd.subscription_id} exists", Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
-        handle = conn.stream_handle(cmd.stream)
+        home = conn.hub.reader_link.home(conn.vhost.name, cmd.stream)
+        handle = None if home is not None else conn.stream_handle(cmd.stream)
         conn.check_permission("read", cmd.stream)
         props = cmd.properties
         sac = props.get("single-active-consumer", "").lower() == "true"
@@ -92,9 +94,10 @@ class Consuming:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
         sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
                            [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
-                           props.get("match-unfiltered", "").lower() == "true")
+                           props.get("match-unfiltered", "").lower() == "true", home=home)
         self.subscriptions[sub.subscription_id] = sub
-        sub.unwatch = handle.on_commit(lambda: self._wake(sub))
+        if handle is not None:
+            sub.unwatch = handle.on_commit(lambda: self._wake(sub))
         conn.respond(cmd, Code.OK)
         if not sac:
             self._start(sub, cmd.offset)
@@ -117,11 +120,18 @@ class Consuming:
         self.subscriptions.pop(sub.subscription_id, None)
         if sub.unwatch is not None:
             sub.unwatch()
+        self._stop_reading(sub)
+        if sub.sac_key is not None and sub.sac_member is not None:
+            self.conn.hub.sac_router.leave(sub.sac_key, sub.sac_member)
+
+    def _stop_reading(self, sub: Subscription) -> None:
         if sub.reader is not None:
             sub.reader.close()
         sub.reader = None
-        if sub.sac_key is not None and sub.sac_member is not None:
-            self.conn.hub.sac_router.leave(sub.sac_key, sub.sac_member)
+        if sub.remote is not None:
+            self.conn.hub.reader_link.close(sub.remote)
+        sub.remote = None
+        sub.backlog.clear()
 
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
@@ -134,7 +144,9 @@ class Consuming:
         committed: dict[int, int] = {}
 
         def lag(sub: Subscription) -> int | None:
-            if sub.reader is None:
+            if sub.remote is not None and sub.next_offset is not None:
+                return max(0, sub.committed_offset + 1 - sub.next_offset)
+            if sub.reader is None or sub.handle is None:
                 return None
             end = committed.get(id(sub.handle))
             if end is None:
@@ -144,13 +156,13 @@ class Consuming:
         def activity(sub: Subscription) -> str:  # RabbitMQ's: up, or single_active / waiting in a group
             if sub.sac_member is None:
                 return "up"
-            return "single_active" if sub.reader is not None else "waiting"
+            return "single_active" if sub.active else "waiting"
 
         return [{"subscription_id": s.subscription_id, "stream": s.stream, "credits": s.credit,
-                 "offset": s.reader.next_offset if s.reader is not None else None,
+                 "offset": s.reader.next_offset if s.reader is not None else s.next_offset,
                  "offset_lag": lag(s),
                  "messages_consumed": s.records_sent, "chunks_delivered": s.chunks_sent,
-                 "active": s.reader is not None, "activity_status": activity(s),
+                 "active": s.active, "activity_status": activity(s),
                  "properties": dict(s.properties)}
                 for s in self.subscriptions.values()]
 
@@ -166,11 +178,18 @@ class Consuming:
         if sub is None:
             self.conn.send(c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, cmd.subscription_id))
             return
-        sub.credit = min(sub.credit + max(cmd.credit, 0), 1 << 20)
+        granted = min(sub.credit + max(cmd.credit, 0), 1 << 20) - sub.credit
+        sub.credit += granted
+        if sub.remote is not None:
+            self.conn.hub.reader_link.credit(sub.remote, granted)
         self.pump(sub)
 
     def _start(self, sub: Subscription, spec: OffsetSpec) -> None:
         handle = sub.handle
+        if handle is None:
+            assert sub.home is not None
+            self.conn.hub.reader_link.open(self, sub, sub.home, spec)
+            return
         if spec.type == OffsetType.LAST and handle.last_chunk_id > handle.committed_chunk_id:
             # chunks written and not yet committed (their fsync is running): "last" is the newest of them,
             # as it is on RabbitMQ, where a chunk is visible once written; the reader waits for its commit
@@ -203,6 +222,9 @@ class Consuming:
         """Send chunks while the subscription has credit and the transport takes them (at most
         `max_chunks` in this call; it goes on next loop turn)."""
         conn = self.conn
+        if sub.handle is None:
+            self._deliver_backlog(sub)
+            return
         if sub.handle.closed or conn.catalog.lookup(conn.vhost.name, sub.stream) is not sub.handle:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
             conn.hub.stream_deleted(conn.vhost.name, sub.stream)
@@ -212,22 +234,56 @@ class Consuming:
             if sent >= max_chunks or skipped >= PUMP_SKIPS:
                 self._wake(sub)  # go on next turn: other connections get the loop meanwhile
                 return
-            chunk = sub.reader.next_chunk()
-            if chunk is None:
+            found, n = next_match(sub.reader, sub.filter_values, sub.match_unfiltered, PUMP_SKIPS - skipped)
+            skipped += n
+            if found is None:
+                if skipped >= PUMP_SKIPS:
+                    self._wake(sub)
                 return
-            header, bits, data, _ = ck.parts(chunk.raw)
-            if sub.filter_values and not ck.bloom_may_match(bytes(bits), sub.filter_values, sub.match_unfiltered):
-                skipped += 1
-                continue
+            header, head, data = found
             committed = sub.handle.committed_chunk_id if self.deliver_version == 2 else None
             conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
-            conn.out.append(chunk.raw[:ck.HEADER_SIZE])
+            conn.out.append(head)
             conn.out.append(data)  # a view of the chunk read: copied once, by the flush's join
             sub.credit -= 1
             sub.chunks_sent += 1
             sub.records_sent += header.num_records
             conn.hub.counters.messages_delivered += header.num_records
             sent += 1
+
+    def deliver_remote(self, sub: Subscription, chunks: list[bytes], committed: int) -> None:
+        """Chunks read for `sub` in its stream's home (each took a credit there): to the client now, or
+        once its socket has room."""
+        if self.subscriptions.get(sub.subscription_id) is not sub or sub.remote is None:
+            return
+        sub.backlog.extend((raw, committed) for raw in chunks)
+        self._deliver_backlog(sub)
+        self.conn.want_flush()
+
+    def remote_lost(self, sub: Subscription) -> None:
+        """The home ended `sub`'s reader (its stream gone there, or the home worker gone): the
+        subscription ends and its client is told, as for a stream deleted."""
+        if self.subscriptions.get(sub.subscription_id) is not sub:
+            return
+        sub.remote = None  # (ended there: nothing to close)
+        self._remove(sub)
+        self.conn.send(c.MetadataUpdate(Code.STREAM_NOT_AVAILABLE, sub.stream))
+        self.conn.want_flush()
+
+    def _deliver_backlog(self, sub: Subscription) -> None:
+        conn = self.conn
+        while sub.backlog and conn.can_deliver():
+            raw, committed = sub.backlog.popleft()
+            header = ck.decode_header(raw)
+            conn.out.append(c.deliver_header(sub.subscription_id, len(raw),
+                                             committed if self.deliver_version == 2 else None))
+            conn.out.append(raw)
+            sub.credit = max(0, sub.credit - 1)
+            sub.chunks_sent += 1
+            sub.records_sent += header.num_records
+            sub.next_offset = header.chunk_id + header.num_records
+            sub.committed_offset = max(sub.committed_offset, committed)
+            conn.hub.counters.messages_delivered += header.num_records
 
     # -- offsets ------------------------------------------------------------------------------------
     def store_offset(self, cmd: c.StoreOffset) -> None:
@@ -239,9 +295,15 @@ class Consuming:
         if len(cmd.reference) > MAX_REFERENCE_CHARS or not cmd.reference:
             return
         handle = conn.catalog.lookup(conn.vhost.name, cmd.stream)
-        if handle is None or handle.closed or not conn.permitted("read", cmd.stream):
+        home = conn.hub.reader_link.home(conn.vhost.name, cmd.stream) if handle is None else None
+        if (handle is None and home is None) or (handle is not None and handle.closed) \
+                or not conn.permitted("read", cmd.stream):
             return
         reference = cmd.reference.encode()
+        if home is not None:
+            conn.hub.reader_link.forwarder(home, conn.vhost.name, cmd.stream).store_offset(reference, cmd.offset)
+            return
+        assert handle is not None
         forwarder = conn.catalog.forwarder(conn.vhost.name, cmd.stream)
         if forwarder is not None and not forwarder.writes_here():
             forwarder.store_offset(reference, cmd.offset)
@@ -264,9 +326,8 @@ class Consuming:
         sub = self.subscriptions.get(note.member.subscription_id)
         if sub is None or sub.sac_member is not note.member:
             return  # removed meanwhile: its unregister already chose the next active one
-        if not note.active and sub.reader is not None:
-            sub.reader.close()
-            sub.reader = None  # passive: stop reading at once, the client is told
+        if not note.active and sub.active:
+            self._stop_reading(sub)  # passive: stop reading at once, the client is told
         corr = self.conn.next_correlation_id()
         log.debug("single active consumer: subscription %d on %s %s", sub.subscription_id, sub.stream,
                   "activated" if note.active else "stepping down")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hutch.runtime.ports import BrokerPort
+from hutch.runtime.stream_session.home_link import StreamReaderLink
 from hutch.runtime.stream_session.ports import StreamCatalog
 from hutch.runtime.stream_session.sac import SacGroups
 from hutch.runtime.stream_session.sac_router import SacRouter
@@ -38,6 +39,8 @@ class StreamHub:
         self.counters = StreamCounters()
         self.sac = SacGroups()  # the groups that live on this node
         self.sac_router = SacRouter(self.sac, catalog)  # where each subscription's group lives
+        self.reader_link = StreamReaderLink(catalog)  # streams whose copy is another worker's (started
+        #                                               with the worker link, runtime/app.py)
         self.connections: set[Any] = set()
         # the streams whose deletion is watched (one callback per stream handle; see `watch`)
         self._watched: dict[tuple[str, str], Any] = {}

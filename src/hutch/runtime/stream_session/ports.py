@@ -111,6 +111,11 @@ class StreamCatalog(Protocol):
         """Is `name` a replicated stream this node is not a member of (answered by `locate` and `ask`)?"""
         ...
 
+    def home(self, vhost: str, name: str) -> str | None:
+        """The worker of this node holding the stream's one copy on the node, when this worker holds none
+        (None: this worker holds it, or no worker of this node does)."""
+        ...
+
     async def locate(self, vhost: str, name: str) -> Members | None:
         """Such a stream's members as `members` gives them, its writer as a member names it (None: not
         such a stream)."""

@@ -53,8 +53,8 @@ class Publisher:
     publisher_id: int
     stream: str
     reference: str  # "": no deduplication
-    handle: StreamHandle
-    forwarder: StreamForwarder | None = None  # a replicated stream's way to its writer
+    handle: StreamHandle | None  # None: the stream's copy is another worker's (`forwarder` goes there)
+    forwarder: StreamForwarder | None = None  # a replicated stream's way to its writer, or to its home
     published: int = 0
     confirmed: int = 0
     errored: int = 0
@@ -111,15 +111,17 @@ class Publishing:
         conn = self.conn
         if len(cmd.reference) > MAX_REFERENCE_CHARS:
             raise CommandError("publisher reference too long", Code.PRECONDITION_FAILED)
-        handle = conn.stream_handle(cmd.stream)
+        home = conn.hub.reader_link.home(conn.vhost.name, cmd.stream)
+        handle = None if home is not None else conn.stream_handle(cmd.stream)
         conn.check_permission("write", cmd.stream)
         if cmd.publisher_id in self.publishers:
             raise CommandError(f"publisher id {cmd.publisher_id} is in use", Code.PRECONDITION_FAILED)
         if cmd.reference and any(p.reference == cmd.reference and p.stream == cmd.stream
                                  for p in self.publishers.values()):
             raise CommandError(f"publisher reference {cmd.reference} is in use", Code.PRECONDITION_FAILED)
-        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, cmd.reference, handle,
-                                                      conn.catalog.forwarder(conn.vhost.name, cmd.stream))
+        forwarder = conn.catalog.forwarder(conn.vhost.name, cmd.stream) if home is None \
+            else conn.hub.reader_link.forwarder(home, conn.vhost.name, cmd.stream)
+        self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, cmd.stream, cmd.reference, handle, forwarder)
         conn.respond(cmd, Code.OK)
 
     def delete(self, cmd: c.DeletePublisher) -> None:
@@ -160,12 +162,16 @@ class Publishing:
             return False
         pub = self.publishers.get(scanned.publisher_id)
         ids = scanned.publishing_ids
-        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES or (pub.forwarder is not None
-                                                                        and pub.forwards_now()):
+        if pub is None or pub.reference or len(ids) > CHUNK_ENTRIES:
             return False
         pub.published += len(ids)
         self.conn.hub.counters.messages_received += len(ids)  # (the node's counter, as `publish` counts)
         if not self._writable(pub, ids):
+            return True
+        if pub.forwarder is not None and pub.forwards_now():  # (its data section travels as it came)
+            self._queue_forward(pub, bytes(scanned.data), list(ids), None)
+            return True
+        if pub.handle is None:
             return True
         batch = self._batches.get(pub.handle)
         if batch is not None and batch.entries + len(ids) > CHUNK_ENTRIES:
@@ -200,7 +206,11 @@ class Publishing:
     def _writable(self, pub: Publisher, ids: list[int]) -> bool:
         """The publisher's stream is still the catalog's; if not, its ids are refused (False)."""
         conn = self.conn
-        if pub.handle.closed or conn.catalog.lookup(conn.vhost.name, pub.stream) is not pub.handle:
+        if pub.handle is None:
+            gone = conn.hub.reader_link.home(conn.vhost.name, pub.stream) is None
+        else:
+            gone = pub.handle.closed or conn.catalog.lookup(conn.vhost.name, pub.stream) is not pub.handle
+        if gone:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
             self._error(pub.publisher_id, ids, Code.STREAM_NOT_AVAILABLE)
             conn.hub.stream_deleted(conn.vhost.name, pub.stream)
@@ -215,6 +225,7 @@ class Publishing:
         if pub.forwarder is not None and pub.forwards_now():
             self._forward(pub, entries, ids, values)
             return
+        assert pub.handle is not None  # (a publisher without one forwards)
         try:
             appended = pub.handle.append(entries, publisher=reference, publishing_ids=ids if reference else None,
                                          filter_values=values)
@@ -232,6 +243,9 @@ class Publishing:
         """Queue the entries for the writer's node; a request goes when none of this publisher's is in
         flight. Each queued publish counts as a pending append (the connection's bound)."""
         data, _ = ck.encode_entries(entries)
+        self._queue_forward(pub, data, ids, values)
+
+    def _queue_forward(self, pub: Publisher, data: bytes, ids: list[int], values: list[bytes | None] | None) -> None:
         pub.forwards.append((data, ids, values))
         self.pending_appends += 1
         if self.pending_appends == MAX_PENDING_APPENDS:

@@ -113,12 +113,13 @@ class SacRouter:
 
     def _home_of(self, key: GroupKey) -> str | None:
         """The node a group of `key`'s stream lives on: its writer's (None: a stream of this node only,
-        or a node without a cluster; while a writer is elected, this node)."""
+        or a node without a cluster; while a writer is elected, this node); in a node of workers, a
+        stream's home worker."""
         if self.link is None:
             return None
         members = self.catalog.members(key[0], key[1])
-        if members is None:
-            return None
+        if members is None:  # (a stream whose one copy on this node of workers is another worker's: there)
+            return self.catalog.home(key[0], key[1])
         _this, writer, _ = members
         return writer or self.link.name
 

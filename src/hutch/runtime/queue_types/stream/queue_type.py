@@ -34,6 +34,7 @@ from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.quorum.queue import leader_locator
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamOptions
 from hutch.runtime.queue_types.stream.queue import StreamQueue, retention_of
+from hutch.runtime.workers.membership import nodes_of
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem, RealFS
 from hutch.storage.stream_log import DEFAULT_MAX_SEGMENT_SIZE_BYTES
@@ -109,18 +110,18 @@ class StreamQueueType(QueueTypeDefaults):
 
     def _choose_members(self, arguments: dict[str, Any], policy: dict[str, Any]) -> list[str]:
         """A new stream's members: `x-initial-cluster-size` of them (default: every node of the cluster,
-        as RabbitMQ's streams; in a node of workers every worker), the writer first, where the leader
-        locator puts it."""
+        as RabbitMQ's streams), the writer first, where the leader locator puts it. Members are nodes: in
+        a node of workers one worker per node holds the stream (its home; the node's other workers read
+        and write it over the worker link, runtime/stream_session/home_link.py), so a lone node of
+        workers holds one copy, in the declaring worker."""
         cluster = self.cluster
         if cluster is None or self.replication is None:
             return [self.node.name]
-        nodes = len(cluster.machine.members) or 1
+        nodes = len(nodes_of(cluster.machine.members)) or 1
         size = arguments.get("x-initial-cluster-size")
         size = min(size, nodes) if isinstance(size, int) and size > 0 else nodes
-        if self.node.config.worker_index is not None:
-            # a node of workers is one node outside: every worker replicates its streams, so a stream
-            # protocol connection on any worker publishes (through the writer) and reads its own copy
-            size = nodes
+        if size == 1:
+            return [self.node.name]
         locator = leader_locator(policy, arguments, self.node.config.queue_leader_locator)
         return cluster.choose_members(size, self._choose_writer(locator) if size > 1 else self.node.name)
 
@@ -192,6 +193,13 @@ class StreamQueueType(QueueTypeDefaults):
             return False  # another node's stream: a stand-in for it (remote_type.py) takes the record
         if same:
             assert isinstance(existing, StreamQueue)
+            if replicated and existing.replication is None:
+                # a stream of one member grown with add_member, as the records replay after a restart: its
+                # first record opened it alone, this one names its members (its group is on disk)
+                assert self.cluster is not None and self.cluster.driver is not None
+                on_disk = op.gid in self.cluster.driver.groups_on_disk()
+                self._replicate(existing, members, founding=not on_disk, fresh=False)
+                return True
             existing.members = members  # (a member added or removed elsewhere)
             return True
         # a member from the start opens the stream's group as a founder, once (then from disk); a member
