@@ -94,11 +94,19 @@ def _sink(df: Any, sink: str, work: Path) -> Any:
     return w.format("parquet").option("path", str(work / f"out-{time.monotonic_ns()}"))
 
 
+def forget(spark: Any, q: Any) -> None:
+    """Drop a finished memory-sink query's table: a sitting runs dozens of queries of 200,000 rows each, and
+    the tables they keep filled the driver's heap (an OutOfMemoryError in the fourth pass's first run)."""
+    if q.name:
+        spark.catalog.dropTempView(q.name)
+
+
 def _available_now_rate(df: Any, sink: str, work: Path) -> tuple[float, int]:
     q = _sink(df, sink, work).trigger(availableNow=True).start()
     q.awaitTermination()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
+    forget(df.sparkSession, q)
     return pipeline_rate(q.recentProgress)
 
 
@@ -138,6 +146,7 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
     while time.monotonic() < deadline and q.status["isTriggerActive"]:
         time.sleep(0.05)
     q.stop()
+    forget(spark, q)
     return pipeline_rate(q.recentProgress)
 
 
