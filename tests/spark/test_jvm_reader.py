@@ -7,7 +7,8 @@ batch read by each, over messages with properties, headers of several types and 
 an AMQP 1.0 message); `startingOffsets` (an offset, latest) and `startingTimestamp`; a query begun by
 the Python source continues with the JVM reader from the same checkpoint, exactly once; offsets past
 retention fail the query (`failOnDataLoss=true`) or are skipped (`false`); options the JVM reader does
-not take are refused with a clear error. Without Spark: the jar builder's refusal without javac.
+not take are refused with a clear error. Without Spark: the jar builder's refusal without javac. The
+switch between sources and the retention case are slow (`make test-slow`).
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def test_starting_positions(spark: Any, jvm_reader: str, server: ServerInfo, bro
     assert sorted(r.offset for r in batch.select("offset").collect()) == list(range(10, 40))
 
 
+@pytest.mark.slow  # three queries, two of them by the Python source: ~40 s on a loaded machine
 def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
         spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str, tmp_path: Path) -> None:
     broker.publish(stream, 400)
@@ -180,6 +182,7 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]
     info.stop()
 
 
+@pytest.mark.slow  # 2,000 messages published in 100 rounds and four queries: ~40 s on a loaded machine
 def test_offsets_past_retention_fail_or_are_skipped(spark: Any, jvm_reader: str, own_server: ServerInfo,
                                                     tmp_path: Path) -> None:
     name = unique("jst")
