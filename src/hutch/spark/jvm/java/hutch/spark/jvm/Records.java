@@ -208,7 +208,11 @@ final class Records {
                 continue;
             }
             Cursor c = new Cursor(d, p, end);
-            c.value(0);
+            if (code == HEADER || code == MESSAGE_ANNOTATIONS || code == PROPERTIES || code == APPLICATION_PROPERTIES) {
+                c.skip(0);  // decoded in full when its bytes are not in a cache (base, properties): bad ones fail there
+            } else {
+                c.value(0);
+            }
             if (code == AMQP_VALUE || code == AMQP_SEQUENCE || code == DATA) {
                 if (valueSections == null) {
                     valueSections = new ArrayList<>(1);
@@ -338,17 +342,7 @@ final class Records {
                 int[] r = data.get(0);
                 return Arrays.copyOfRange(d, r[0], r[1]);
             }
-            int size = 0;
-            for (int[] r : data) {
-                size += r[1] - r[0];
-            }
-            byte[] out = new byte[size];
-            int at = 0;
-            for (int[] r : data) {
-                System.arraycopy(d, r[0], out, at, r[1] - r[0]);
-                at += r[1] - r[0];
-            }
-            return out;
+            return concat(d, data);
         }
         if (valueSections != null && valueSections.size() == 1 && data.isEmpty()) {
             int[] r = valueSections.get(0);
@@ -373,13 +367,18 @@ final class Records {
             }
         }
         all.sort((a, b) -> Integer.compare(a[0], b[0]));
+        return concat(d, all);
+    }
+
+    /** The bytes d[r[0], r[1]) of each range, one after the other. */
+    private static byte[] concat(byte[] d, List<int[]> ranges) {
         int size = 0;
-        for (int[] r : all) {
+        for (int[] r : ranges) {
             size += r[1] - r[0];
         }
         byte[] out = new byte[size];
         int at = 0;
-        for (int[] r : all) {
+        for (int[] r : ranges) {
             System.arraycopy(d, r[0], out, at, r[1] - r[0]);
             at += r[1] - r[0];
         }
@@ -785,6 +784,15 @@ final class Records {
 
         private String text(int n) throws Bad {
             need(n);
+            boolean ascii = true;
+            for (int i = pos; i < pos + n && ascii; i++) {
+                ascii = d[i] >= 0;
+            }
+            if (ascii) {
+                String s = new String(d, pos, n, StandardCharsets.ISO_8859_1);
+                pos += n;
+                return s;
+            }
             try {
                 String s = StandardCharsets.UTF_8.newDecoder().onMalformedInput(CodingErrorAction.REPORT)
                         .onUnmappableCharacter(CodingErrorAction.REPORT).decode(ByteBuffer.wrap(d, pos, n)).toString();
@@ -793,6 +801,61 @@ final class Records {
             } catch (CharacterCodingException e) {
                 throw new Bad("bad UTF-8");
             }
+        }
+
+        /** Move past one value by its constructor and size fields, decoding nothing; where the value ends is
+         * where {@link #value} would end when it decodes. */
+        void skip(int depth) throws Bad {
+            if (depth > MAX_DEPTH) {
+                throw new Bad("AMQP 1.0 value nested too deep");
+            }
+            need(1);
+            int code = d[pos++] & 0xff;
+            int width;
+            switch (code) {
+                case 0x00:
+                    skip(depth + 1);
+                    skip(depth + 1);
+                    return;
+                case 0x40: case 0x41: case 0x42: case 0x43: case 0x44: case 0x45:
+                    return;
+                case 0x50: case 0x51: case 0x52: case 0x53: case 0x54: case 0x55: case 0x56:
+                    width = 1;
+                    break;
+                case 0x60: case 0x61:
+                    width = 2;
+                    break;
+                case 0x70: case 0x71: case 0x72:
+                    width = 4;
+                    break;
+                case 0x80: case 0x81: case 0x82: case 0x83:
+                    width = 8;
+                    break;
+                case 0x98:
+                    width = 16;
+                    break;
+                case 0xa0: case 0xa1: case 0xa3: case 0xc0: case 0xc1: case 0xe0:
+                    width = 1 + (int) peek(1);
+                    break;
+                case 0xb0: case 0xb1: case 0xb3: case 0xd0: case 0xd1: case 0xf0: {
+                    long n = peek(4);
+                    if (n > Integer.MAX_VALUE - 4) {
+                        throw new Bad("AMQP 1.0 value runs past its buffer");
+                    }
+                    width = 4 + (int) n;
+                    break;
+                }
+                default:
+                    throw new Bad("unknown AMQP 1.0 type code 0x" + Integer.toHexString(code));
+            }
+            need(width);
+            pos += width;
+        }
+
+        private long peek(int n) throws Bad {
+            long v = fixed(n);
+            pos -= n;
+            return v;
         }
 
         Object value(int depth) throws Bad {
