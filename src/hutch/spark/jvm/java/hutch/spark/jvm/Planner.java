@@ -132,7 +132,12 @@ final class Planner implements AutoCloseable {
     /** The read tasks of [start, end), after the data-loss check. */
     RangePartition[] plan(long start, long end) {
         if (start < end) {
-            start = checkDataLoss(opts, first(), start, end);
+            // the stream's first offset from its stats (one round trip): nothing below start was removed when it
+            // is at or below start; else the first message's offset decides, as in the Python source
+            Long firstChunk = probe(c -> c.stats(opts.stream).get("first_chunk_id"));
+            if (firstChunk == null || firstChunk < 0 || firstChunk > start) {
+                start = checkDataLoss(opts, first(), start, end);
+            }
         }
         List<long[]> ranges = split(start, end, opts.minPartitions);
         RangePartition[] out = new RangePartition[ranges.size()];
