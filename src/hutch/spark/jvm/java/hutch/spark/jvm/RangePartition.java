@@ -53,6 +53,16 @@ final class RangePartition implements InputPartition {
         return o.connect("read");
     }
 
+    static void forgetIdle(ReadOptions o) {
+        ArrayDeque<StreamConnection> idle = POOL.computeIfAbsent(poolKey(o), k -> new ArrayDeque<>());
+        synchronized (idle) {
+            for (StreamConnection c : idle) {
+                c.close();
+            }
+            idle.clear();
+        }
+    }
+
     static void giveBack(ReadOptions o, StreamConnection c) {
         ArrayDeque<StreamConnection> idle = POOL.computeIfAbsent(poolKey(o), k -> new ArrayDeque<>());
         synchronized (idle) {
@@ -109,9 +119,11 @@ final class RangePartition implements InputPartition {
                     if (e.code == StreamConnection.CODE_STREAM_DOES_NOT_EXIST) {
                         throw Planner.missing(opts);
                     }
-                    if (e.code != 0 || attempt > 0) {  // a kept connection that died while idle: one retry
+                    if (e.code != 0 || attempt > 0) {
                         throw failed(e);
                     }
+                    forgetIdle(opts);  // a kept connection died while idle (a broker restart?): so did the others
+
                 }
             }
         }
@@ -163,7 +175,7 @@ final class RangePartition implements InputPartition {
                 seen = next - 1;
                 Chunks.records(chunk, from, part.end, (offset, d, pos, len) -> rows.add(records.row(offset, d, pos, len)));
                 if (done) {
-                    conn.unsubscribe();
+                    conn.unsubscribeLater();
                     giveBack(opts, conn);
                     conn = null;
                 }

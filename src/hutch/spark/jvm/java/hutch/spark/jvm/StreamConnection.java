@@ -50,6 +50,7 @@ final class StreamConnection implements AutoCloseable {
     private final String where;
     private int correlation = 0;
     private int subscription = -1;
+    private int lastSubscription = 0;  // ids rotate over 0..255: a chunk of a closed one is told apart
     private int credit = 0;
     private final ArrayDeque<byte[]> chunks = new ArrayDeque<>();
     private ByteBuffer reply;  // the response to the RPC in progress (after key, version, correlation id)
@@ -135,7 +136,7 @@ final class StreamConnection implements AutoCloseable {
         if (subscription >= 0) {
             throw new IllegalStateException("one subscription at a time");
         }
-        subscription = 1;
+        subscription = lastSubscription = (lastSubscription + 1) & 0xff;
         credit = initialCredit;
         chunks.clear();
         Frame f = request(SUBSCRIBE).u8(subscription).str(stream).u16(offsetType);
@@ -189,20 +190,41 @@ final class StreamConnection implements AutoCloseable {
         chunks.clear();
     }
 
+    /** Close the subscription without waiting for the broker's answer (one round trip less per read task
+     * and probe): the broker handles a connection's commands in order, so the next command's answer comes
+     * after this one's; until then the answer and any chunk still in flight for the closed subscription
+     * are read and dropped (a chunk by its subscription id, the answer by its correlation id). */
+    void unsubscribeLater() {
+        if (subscription < 0) {
+            return;
+        }
+        Frame f = request(UNSUBSCRIBE).u8(subscription);
+        waitingKey = 0;  // no answer awaited: an RPC that follows sets its own
+        send(f);
+        subscription = -1;
+        chunks.clear();
+    }
+
     /** The first user chunk a one-credit subscription at the spec gets within {@code waitMs} (null: none). */
     byte[] firstChunk(String stream, int offsetType, long value, long waitMs) {
         subscribe(stream, offsetType, value, 1);
+        boolean ok = false;
         try {
             long deadline = System.currentTimeMillis() + waitMs;
             while (true) {
                 byte[] c = nextChunk(Math.max(1, deadline - System.currentTimeMillis()), true);
                 if (c == null || Chunks.chunkType(c) == Chunks.USER) {
+                    ok = true;
                     return c;
                 }
                 credit(1);
             }
         } finally {
-            unsubscribe();
+            if (ok) {
+                unsubscribeLater();
+            } else {
+                unsubscribe();
+            }
         }
     }
 
