@@ -348,6 +348,12 @@ def main() -> None:
                           f"{floor:,.0f} msg/s; connector's share {connector_share(trigger_rate, base):.0%} (beyond "
                           f"the Python floor: {connector_share(trigger_rate, floor):.0%}) ({batches} batches; {parts})")
                     if args.jvm:
+                        def spark_only_same_rows(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
+                            return rate_source_rate(spark, n, size, tasks, sink, work, args.per_trigger, st)
+                        same, _ = _best(args.repeat, spark_only_same_rows)
+                        print(f"rate source with the stream's rows -> {sink}, {tasks} task(s): {same:,.0f} msg/s; "
+                              f"Python source's share against it {connector_share(trigger_rate, same):.0%}")
+
                         def by_jvm(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int, float]:
                             return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks, stream_port,
                                                "hutch-jvm")
@@ -355,7 +361,8 @@ def main() -> None:
                         parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
                         print(f"stream -> {sink} sink, {tasks} task(s) per batch, JVM reader: {rate:,.0f} msg/s, "
                               f"{jvm_rate:,.0f} msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; "
-                              f"connector's share {connector_share(jvm_rate, base):.0%} ({batches} batches; {parts})")
+                              f"connector's share {connector_share(jvm_rate, base):.0%}, against the rate source with "
+                              f"the stream's rows {connector_share(jvm_rate, same):.0%} ({batches} batches; {parts})")
         if not args.no_write:
             declare(uri, q)
             wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))
