@@ -48,6 +48,7 @@ final class StreamConnection implements AutoCloseable {
     private final DataInputStream in;
     private final OutputStream out;
     private final String where;
+    private final int timeoutMs;  // the longest wait for an answer or for the rest of a frame once it began
     private int correlation = 0;
     private int subscription = -1;
     private int lastSubscription = 0;  // ids rotate over 0..255: a chunk of a closed one is told apart
@@ -60,6 +61,7 @@ final class StreamConnection implements AutoCloseable {
     StreamConnection(String host, int port, String user, String password, String vhost, String name,
                      int timeoutMs) {
         where = "rabbitmq-stream://" + user + "@" + host + ":" + port;
+        this.timeoutMs = timeoutMs;
         Socket s = new Socket();
         try {
             s.connect(new InetSocketAddress(host, port), Math.min(timeoutMs, 30_000));
@@ -170,7 +172,16 @@ final class StreamConnection implements AutoCloseable {
                 throw new StreamError(where + ": no chunk for " + waitMs / 1000.0 + " s", 0);
             }
             try {
+                // wait at most until the deadline for a frame to begin (mark/reset: nothing is consumed when
+                // none does), then read it whole with the connection's timeout: a short wait never cuts a
+                // frame in the middle
                 socket.setSoTimeout((int) Math.max(1, left));
+                in.mark(1);
+                if (in.read() < 0) {
+                    throw new StreamError(where + " closed the connection", 0);
+                }
+                in.reset();
+                socket.setSoTimeout(timeoutMs);
                 readFrame();
             } catch (SocketTimeoutException e) {
                 // the deadline is checked at the top of the loop
@@ -267,10 +278,9 @@ final class StreamConnection implements AutoCloseable {
     public void close() {
         try {
             if (!socket.isClosed()) {
-                socket.setSoTimeout(5000);
-                rpc(request(CLOSE).u16(CODE_OK).str("OK"));
+                rpc(request(CLOSE).u16(CODE_OK).str("OK"), Math.min(timeoutMs, 5000));
             }
-        } catch (RuntimeException | IOException ignored) {
+        } catch (RuntimeException ignored) {
             // the socket is closed below in any case
         } finally {
             closeQuietly(socket);
@@ -353,10 +363,15 @@ final class StreamConnection implements AutoCloseable {
     }
 
     private ByteBuffer rpc(Frame f) {
+        return rpc(f, timeoutMs);
+    }
+
+    private ByteBuffer rpc(Frame f, int waitMs) {
         int key = waitingKey;
         reply = null;
         send(f);
         try {
+            socket.setSoTimeout(waitMs);
             while (reply == null) {
                 readFrame();
             }
