@@ -226,3 +226,32 @@ class Proxy:
         self._stopped = True
         self.cut()
         self.listener.close()
+
+
+def parquet_offsets(spark: Any, out: Any) -> list[int]:
+    """The `offset` column of the Parquet files at `out`, sorted ([] when there are none)."""
+    if not any(out.glob("*.parquet")):
+        return []
+    return sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
+
+
+def starting_position_offsets(spark: Any, broker: Broker, stream: str, work: Any,
+                              read: Callable[..., Any]) -> dict[str, list[int]]:
+    """Publish 100 messages to `stream`, then 50 more a second later, and read it to its end from
+    `startingOffsets` 120, from `startingTimestamp` between the two and from `latest`, each query into
+    Parquet under `work`; the offsets each read (`read(**options)` makes the streaming DataFrame)."""
+    broker.publish(stream, 100)
+    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
+    since = int(time.time() * 1000)
+    broker.publish(stream, 50, start=100)
+    cases: dict[str, dict[str, Any]] = {
+        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
+        "ts": {"startingTimestamp": since},
+        "latest": {"startingOffsets": "latest"},
+    }
+    got = {}
+    for name, opts in cases.items():
+        out = work / name / "out"
+        run_available_now(read(**opts), out, work / name / "ck")
+        got[name] = parquet_offsets(spark, out)
+    return got

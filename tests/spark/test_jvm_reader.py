@@ -14,7 +14,6 @@ switch between sources and the retention case are slow (`make test-slow`).
 from __future__ import annotations
 
 import datetime
-import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -42,7 +41,7 @@ from hutch.queues.stream.amqp10 import (
 from hutch.spark import jvm
 from hutch.spark.streamclient import StreamClient
 
-from .helpers import Broker, amqp_uri, run_available_now, unique
+from .helpers import Broker, amqp_uri, parquet_offsets, run_available_now, starting_position_offsets, unique
 
 
 @pytest.fixture
@@ -59,12 +58,6 @@ def _read(spark: Any, fmt: str, node: ServerInfo, name: str, streaming: bool = T
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
-
-
-def _offsets(spark: Any, out: Path) -> list[int]:
-    if not any(out.glob("*.parquet")):
-        return []
-    return sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
 
 
 def test_streaming_read_each_offset_once_then_restart_from_the_checkpoint(
@@ -85,7 +78,7 @@ def test_streaming_read_each_offset_once_then_restart_from_the_checkpoint(
     assert batches[-1].read_text().splitlines()[-1] == f'{{"stream": "{stream}", "offset": {n}}}'
     broker.publish(stream, 300, start=n)
     run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
-    assert _offsets(spark, out) == list(range(n + 300))
+    assert parquet_offsets(spark, out) == list(range(n + 300))
 
 
 def _by_offset(df: Any) -> dict[int, dict[str, Any]]:
@@ -142,20 +135,8 @@ def test_the_rows_are_the_python_sources(spark: Any, jvm_reader: str, server: Se
 
 def test_starting_positions(spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str,
                             tmp_path: Path) -> None:
-    broker.publish(stream, 100)
-    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
-    since = int(time.time() * 1000)
-    broker.publish(stream, 50, start=100)
-    cases: dict[str, dict[str, Any]] = {
-        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
-        "ts": {"startingTimestamp": since},
-        "latest": {"startingOffsets": "latest"},
-    }
-    got = {}
-    for name, opts in cases.items():
-        out = tmp_path / name / "out"
-        run_available_now(_read(spark, jvm_reader, server, stream, **opts), out, tmp_path / name / "ck")
-        got[name] = _offsets(spark, out)
+    got = starting_position_offsets(spark, broker, stream, tmp_path,
+                                    lambda **opts: _read(spark, jvm_reader, server, stream, **opts))
     assert got == {"offset": list(range(120, 150)), "ts": list(range(100, 150)), "latest": []}
     batch = _read(spark, jvm_reader, server, stream, streaming=False, startingOffsets='{"0": 10}',
                   endingOffsets='{"0": 40}', minPartitions=4)
@@ -172,7 +153,7 @@ def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
     run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
     broker.publish(stream, 50, start=650)
     run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
-    assert _offsets(spark, out) == list(range(700))
+    assert parquet_offsets(spark, out) == list(range(700))
 
 
 @pytest.fixture
@@ -193,7 +174,7 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, jvm_reader: str,
         b.publish(name, 20, body_size=100)
         out, ck = tmp_path / "out", tmp_path / "ck"
         run_available_now(_read(spark, jvm_reader, own_server, name, startingOffsets="earliest"), out, ck)
-        assert _offsets(spark, out) == list(range(20))
+        assert parquet_offsets(spark, out) == list(range(20))
         for i in range(20, 2000, 20):  # many chunks and segments: retention removes the oldest
             b.publish(name, 20, start=i, body_size=100)
     finally:
@@ -203,7 +184,7 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, jvm_reader: str,
     with pytest.raises(Exception, match="no longer in the stream"):
         run_available_now(_read(spark, jvm_reader, own_server, name), out, ck)
     run_available_now(_read(spark, jvm_reader, own_server, name, failOnDataLoss="false"), out, ck)
-    got = _offsets(spark, out)
+    got = parquet_offsets(spark, out)
     assert got[:20] == list(range(20)) and got[20] >= first  # retention may have moved on since
     assert got[20:] == list(range(got[20], 2000))
 

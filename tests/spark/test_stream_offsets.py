@@ -22,7 +22,7 @@ import pytest
 
 from conftest import ServerInfo, start_server
 
-from .helpers import Broker, amqp_uri, run_available_now, unique
+from .helpers import Broker, amqp_uri, run_available_now, starting_position_offsets, unique
 
 
 @pytest.fixture
@@ -113,20 +113,8 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
 
 def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stream: str,
                             tmp_path: Path) -> None:
-    broker.publish(stream, 100)
-    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
-    since = int(time.time() * 1000)
-    broker.publish(stream, 50, start=100)
-    cases: dict[str, dict[str, Any]] = {
-        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
-        "ts": {"startingTimestamp": since},
-        "latest": {"startingOffsets": "latest"},
-    }
-    got = {}
-    for name, opts in cases.items():
-        out = tmp_path / name / "out"
-        run_available_now(_read_stream(spark, server, stream, **opts), out, tmp_path / name / "ck")
-        got[name] = _offsets(spark, out)
+    got = starting_position_offsets(spark, broker, stream, tmp_path,
+                                    lambda **opts: _read_stream(spark, server, stream, **opts))
     assert got["offset"] == list(range(120, 150))
     assert got["ts"] == list(range(100, 150))
     assert got["latest"] == []
