@@ -8,12 +8,15 @@ an AMQP 1.0 message); `startingOffsets` (an offset, latest) and `startingTimesta
 the Python source continues with the JVM reader from the same checkpoint, exactly once; offsets past
 retention fail the query (`failOnDataLoss=true`) or are skipped (`false`); options the JVM reader does
 not take are refused with a clear error. Without Spark: the jar builder's refusal without javac. The
-switch between sources and the retention case are slow (`make test-slow`).
+switch between sources, the retention case and a node killed under a running query (which then resumes
+from its checkpoint on the restarted node, each offset once) are slow (`make test-slow`).
 """
 
 from __future__ import annotations
 
 import datetime
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -154,6 +157,41 @@ def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
     broker.publish(stream, 50, start=650)
     run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
     assert parquet_offsets(spark, out) == list(range(700))
+
+
+@pytest.mark.slow  # a node killed and restarted under a running query: ~30 s
+def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, jvm_reader: str, tmp_path: Path) -> None:
+    node_dir = tmp_path / "node"
+    node = start_server(node_dir, "--stream-port", "0")
+    try:
+        name = unique("jst")
+        b = Broker(node.amqp_port)
+        try:
+            b.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            b.publish(name, 800)
+        finally:
+            b.close()
+        out, ck = tmp_path / "out", tmp_path / "ck"
+        df = _read(spark, jvm_reader, node, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
+        query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
+                 .trigger(processingTime="300 milliseconds").start())
+        deadline = time.monotonic() + 120
+        while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
+            time.sleep(0.1)
+        node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
+        node = start_server(node_dir, "--stream-port", "0")  # back, on new ports
+        with pytest.raises(Exception, match=f"hutch-jvm source \\(stream '{name}'\\)"):
+            query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
+        query.stop()
+        b = Broker(node.amqp_port)
+        try:
+            b.publish(name, 200, start=800)
+        finally:
+            b.close()
+        run_available_now(_read(spark, jvm_reader, node, name, startingOffsets="earliest"), out, ck)
+        assert parquet_offsets(spark, out) == list(range(1000))
+    finally:
+        node.stop()
 
 
 @pytest.fixture
