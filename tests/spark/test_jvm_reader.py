@@ -8,8 +8,9 @@ an AMQP 1.0 message); `startingOffsets` (an offset, latest) and `startingTimesta
 the Python source continues with the JVM reader from the same checkpoint, exactly once; offsets past
 retention fail the query (`failOnDataLoss=true`) or are skipped (`false`); options the JVM reader does
 not take are refused with a clear error. Without Spark: the jar builder's refusal without javac. The
-switch between sources, the retention case and a node killed under a running query (which then resumes
-from its checkpoint on the restarted node, each offset once) are slow (`make test-slow`).
+starting positions, the switch between sources, the retention case and a node killed under a running
+query (which then resumes from its checkpoint on the restarted node, each offset once) are slow
+(`make test-slow`).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def test_the_rows_are_the_python_sources(spark: Any, jvm_reader: str, server: Se
     assert python[len(kinds) + 2]["headers"]["f"] == "1e+20"  # Python's float repr, in JSON
 
 
+@pytest.mark.slow  # four queries and a second's wait: ~12 s on a loaded machine (the Python source's is in make test)
 def test_starting_positions(spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str,
                             tmp_path: Path) -> None:
     got = starting_position_offsets(spark, broker, stream, tmp_path,
