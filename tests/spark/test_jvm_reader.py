@@ -16,8 +16,6 @@ query (which then resumes from its checkpoint on the restarted node, each offset
 from __future__ import annotations
 
 import datetime
-import signal
-import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -45,23 +43,25 @@ from hutch.queues.stream.amqp10 import (
 from hutch.spark import jvm
 from hutch.spark.streamclient import StreamClient
 
-from .helpers import Broker, amqp_uri, parquet_offsets, run_available_now, starting_position_offsets, unique
+from .helpers import (
+    Broker,
+    amqp_uri,
+    declare_stream,
+    offsets_after_a_node_kill,
+    parquet_offsets,
+    run_available_now,
+    starting_position_offsets,
+    stream_reader,
+    unique,
+)
 
 
 @pytest.fixture
 def stream(broker: Broker) -> str:
-    name = unique("jst")
-    broker.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
-    return name
+    return declare_stream(broker, "jst")
 
 
-def _read(spark: Any, fmt: str, node: ServerInfo, name: str, streaming: bool = True, **options: Any) -> Any:
-    reader = (spark.readStream if streaming else spark.read).format(fmt)
-    reader = reader.option("uri", amqp_uri(node.amqp_port)).option("stream", name) \
-        .option("streamPort", node.ports["stream"])
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
+_read = stream_reader
 
 
 def test_streaming_read_each_offset_once_then_restart_from_the_checkpoint(
@@ -163,37 +163,8 @@ def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
 
 @pytest.mark.slow  # a node killed and restarted under a running query: ~30 s
 def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, jvm_reader: str, tmp_path: Path) -> None:
-    node_dir = tmp_path / "node"
-    node = start_server(node_dir, "--stream-port", "0")
-    try:
-        name = unique("jst")
-        b = Broker(node.amqp_port)
-        try:
-            b.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
-            b.publish(name, 800)
-        finally:
-            b.close()
-        out, ck = tmp_path / "out", tmp_path / "ck"
-        df = _read(spark, jvm_reader, node, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
-        query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
-                 .trigger(processingTime="300 milliseconds").start())
-        deadline = time.monotonic() + 120
-        while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
-            time.sleep(0.1)
-        node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
-        node = start_server(node_dir, "--stream-port", "0")  # back, on new ports
-        with pytest.raises(Exception, match=f"hutch-jvm source \\(stream '{name}'\\)"):
-            query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
-        query.stop()
-        b = Broker(node.amqp_port)
-        try:
-            b.publish(name, 200, start=800)
-        finally:
-            b.close()
-        run_available_now(_read(spark, jvm_reader, node, name, startingOffsets="earliest"), out, ck)
-        assert parquet_offsets(spark, out) == list(range(1000))
-    finally:
-        node.stop()
+    read = lambda node, name, **opts: _read(spark, jvm_reader, node, name, **opts)  # noqa: E731
+    assert offsets_after_a_node_kill(spark, tmp_path, read, "hutch-jvm source") == list(range(1000))
 
 
 @pytest.fixture
