@@ -1,7 +1,9 @@
 """Fixtures of the Spark suite.
 
 `spark` is one local Spark session (`local[2]`) for the whole run, with the hutch data source
-registered; Spark starts in ~10 s, so every test shares it. `stream_server` is a session-wide hutch
+registered and, where it can be built (javac), the JVM reader's jar on its class path (`format("hutch-jvm")`;
+`jvm_reader` fails a test that needs it when it could not be built); Spark starts in ~10 s, so every test
+shares it. `stream_server` is a session-wide hutch
 process with the stream protocol listener on (port 0), for the stream sink and the stream source's end
 probe; `server` is that process too (tests use unique queue names). It *fails* (never skips) when Java or
 PySpark is missing, so CI cannot go green without running these tests. `server` is the session-wide
@@ -39,12 +41,18 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.fail("the Spark tests need PySpark 4.2+ and pyarrow: pip install -e '.[test,spark]'",
                     pytrace=False)
     from hutch.spark import HutchDataSource
+    from hutch.spark.jvm import JvmReaderUnavailable, jar_path
 
+    try:
+        jars = jar_path()
+    except JvmReaderUnavailable as exc:  # the Python source's tests run; jvm_reader's fail with the reason
+        _JVM_UNAVAILABLE.append(str(exc))
+        jars = ""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("hutch-spark-tests")
         .config("spark.ui.enabled", "false")
@@ -53,12 +61,23 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
     )
+    session = (builder.config("spark.jars", jars) if jars else builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(HutchDataSource)
     yield session
     session.stop()
+
+
+_JVM_UNAVAILABLE: list[str] = []
+
+
+@pytest.fixture
+def jvm_reader(spark: Any) -> str:
+    """The JVM reader's format name; fails (never skips) when its jar could not be built."""
+    if _JVM_UNAVAILABLE:
+        pytest.fail(f"the JVM reader's jar could not be built: {_JVM_UNAVAILABLE[0]}", pytrace=False)
+    return "hutch-jvm"
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import select
+import signal
 import socket
 import threading
 import time
@@ -17,6 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pika
+import pytest
+
+from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
 
 _counter = itertools.count(1)
 
@@ -226,3 +231,88 @@ class Proxy:
         self._stopped = True
         self.cut()
         self.listener.close()
+
+
+def parquet_offsets(spark: Any, out: Any) -> list[int]:
+    """The `offset` column of the Parquet files at `out`, sorted ([] when there are none)."""
+    if not any(out.glob("*.parquet")):
+        return []
+    return sorted(r.offset for r in spark.read.parquet(str(out)).select("offset").collect())
+
+
+def starting_position_offsets(spark: Any, broker: Broker, stream: str, work: Any,
+                              read: Callable[..., Any]) -> dict[str, list[int]]:
+    """Publish 100 messages to `stream`, then 50 more a second later, and read it to its end from
+    `startingOffsets` 120, from `startingTimestamp` between the two and from `latest`, each query into
+    Parquet under `work`; the offsets each read (`read(**options)` makes the streaming DataFrame)."""
+    broker.publish(stream, 100)
+    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
+    since = int(time.time() * 1000)
+    broker.publish(stream, 50, start=100)
+    cases: dict[str, dict[str, Any]] = {
+        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
+        "ts": {"startingTimestamp": since},
+        "latest": {"startingOffsets": "latest"},
+    }
+    got = {}
+    for name, opts in cases.items():
+        out = work / name / "out"
+        run_available_now(read(**opts), out, work / name / "ck")
+        got[name] = parquet_offsets(spark, out)
+    return got
+
+
+def offsets_after_a_node_kill(spark: Any, work: Any, read: Callable[..., Any], source: str) -> list[int]:
+    """A node with a stream of 800 messages; a query (`read(node, stream, **options)` makes its DataFrame)
+    into Parquet under `work` every 300 ms; the node killed (`kill -9`) once batch 0 is written and
+    restarted on new ports from its files; the query must fail naming the stream (`source`: the error's
+    prefix, "hutch source" or "hutch-jvm source"); 200 more messages; the query run again to the end from
+    its checkpoint. Returns the offsets in the Parquet output (each of 0..999 once, if exactly-once)."""
+    node_dir = work / "node"
+    node = start_server(node_dir, "--stream-port", "0")
+    try:
+        name = unique("st")
+        b = Broker(node.amqp_port)
+        try:
+            b.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            b.publish(name, 800)
+        finally:
+            b.close()
+        out, ck = work / "out", work / "ck"
+        df = read(node, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
+        query = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
+                 .trigger(processingTime="300 milliseconds").start())
+        deadline = time.monotonic() + 120
+        while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
+            time.sleep(0.1)
+        node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
+        node = start_server(node_dir, "--stream-port", "0")  # back, on new ports
+        with pytest.raises(Exception, match=re.escape(f"{source} (stream '{name}')")):
+            query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
+        query.stop()
+        b = Broker(node.amqp_port)
+        try:
+            b.publish(name, 200, start=800)
+        finally:
+            b.close()
+        run_available_now(read(node, name, startingOffsets="earliest"), out, ck)
+        return parquet_offsets(spark, out)
+    finally:
+        node.stop()
+
+
+def declare_stream(broker: Broker, prefix: str) -> str:
+    """A new stream (its name from `prefix`), declared over AMQP 0-9-1."""
+    name = unique(prefix)
+    broker.ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    return name
+
+
+def stream_reader(spark: Any, fmt: str, node: Any, name: str, streaming: bool = True, **options: Any) -> Any:
+    """A read of stream `name` on `node` (a conftest.ServerInfo) by `fmt` ("hutch" or "hutch-jvm"):
+    `spark.readStream` (or `spark.read`) with the node's URI and stream port and the `options`, loaded."""
+    reader = (spark.readStream if streaming else spark.read).format(fmt).option("uri", amqp_uri(node.amqp_port))
+    reader = reader.option("stream", name).option("streamPort", node.ports["stream"])
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()

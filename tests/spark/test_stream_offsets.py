@@ -11,7 +11,6 @@ offsets past retention fail the query (`failOnDataLoss=true`) or are skipped (`f
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +21,14 @@ import pytest
 
 from conftest import ServerInfo, start_server
 
-from .helpers import Broker, amqp_uri, run_available_now, unique
+from .helpers import (
+    Broker,
+    amqp_uri,
+    offsets_after_a_node_kill,
+    run_available_now,
+    starting_position_offsets,
+    unique,
+)
 
 
 @pytest.fixture
@@ -113,20 +119,8 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
 
 def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stream: str,
                             tmp_path: Path) -> None:
-    broker.publish(stream, 100)
-    time.sleep(1.1)  # AMQP timestamps are whole seconds: the next chunk is written at a later second
-    since = int(time.time() * 1000)
-    broker.publish(stream, 50, start=100)
-    cases: dict[str, dict[str, Any]] = {
-        "offset": {"startingOffsets": f'{{"{stream}": {{"0": 120}}}}'},
-        "ts": {"startingTimestamp": since},
-        "latest": {"startingOffsets": "latest"},
-    }
-    got = {}
-    for name, opts in cases.items():
-        out = tmp_path / name / "out"
-        run_available_now(_read_stream(spark, server, stream, **opts), out, tmp_path / name / "ck")
-        got[name] = _offsets(spark, out)
+    got = starting_position_offsets(spark, broker, stream, tmp_path,
+                                    lambda **opts: _read_stream(spark, server, stream, **opts))
     assert got["offset"] == list(range(120, 150))
     assert got["ts"] == list(range(100, 150))
     assert got["latest"] == []
@@ -170,30 +164,8 @@ def _publish(port: int, name: str, n: int, start: int = 0, body_size: int = 0,
 
 
 def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_path: Path) -> None:
-    node_dir = tmp_path / "node"
-    node = start_server(node_dir, "--stream-port", "0")
-    try:
-        name = unique("st")
-        _publish(node.amqp_port, name, 800, arguments={"x-queue-type": "stream"})
-        out = tmp_path / "out"
-        df = _read_stream(spark, node, name, startingOffsets="earliest", maxOffsetsPerTrigger=200)
-        query = (df.writeStream.format("parquet").option("path", str(out))
-                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="300 milliseconds")
-                 .start())
-        deadline = time.monotonic() + 120
-        while not (out / "_spark_metadata" / "0").exists() and time.monotonic() < deadline:  # batch 0 done
-            time.sleep(0.1)
-        node.stop(signal.SIGKILL)  # the node dies during the query (its files stay)
-        node = start_server(node_dir, "--stream-port", "0")  # back, on new ports
-        with pytest.raises(Exception, match=f"hutch source \\(stream '{name}'\\)"):
-            query.awaitTermination(60)  # its next trigger (or the batch running) fails: the node went away
-        query.stop()
-        _publish(node.amqp_port, name, 200, start=800)
-        run_available_now(_read_stream(spark, node, name, startingOffsets="earliest"), out,
-                           tmp_path / "ck")
-        assert _offsets(spark, out) == list(range(1000))
-    finally:
-        node.stop()
+    read = lambda node, name, **opts: _read_stream(spark, node, name, **opts)  # noqa: E731
+    assert offsets_after_a_node_kill(spark, tmp_path, read, "hutch source") == list(range(1000))
 
 
 def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: ServerInfo, tmp_path: Path) -> None:

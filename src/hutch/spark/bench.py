@@ -40,6 +40,7 @@ from hutch.amqp.spec import BasicProperties
 from hutch.portfile import NodeDidNotStart, wait_for_ports
 
 from . import records
+from .bench_streams import forget
 from .client import AmqpClient, Delivery
 from .options import parse_uri
 
@@ -178,12 +179,14 @@ def _durations(progress: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path, per_trigger: int,
-                stream_partitions: int = 0, stream_port: int = 5552) -> tuple[float, dict[str, float], int, float]:
+                stream_partitions: int = 0, stream_port: int = 5552,
+                fmt: str = "hutch") -> tuple[float, dict[str, float], int, float]:
     """A Trigger.AvailableNow query from the queue (or, with `stream_partitions`, from the stream of that
-    name read by offset in that many tasks per batch) into a sink; (rows/s from start to end, durations,
-    batches, rows/s of trigger time: what the rate source's figure is comparable with)."""
+    name read by offset in that many tasks per batch, by the Python source or, with fmt="hutch-jvm", the
+    JVM reader) into a sink; (rows/s from start to end, durations, batches, rows/s of trigger time: what
+    the rate source's figure is comparable with)."""
     ck = work / f"ck-{sink}-{time.monotonic_ns()}"
-    reader = spark.readStream.format("hutch").option("uri", uri)
+    reader = spark.readStream.format(fmt).option("uri", uri)
     if stream_partitions:
         reader = (reader.option("stream", queue).option("streamPort", str(stream_port))
                   .option("startingOffsets", "earliest")
@@ -203,6 +206,7 @@ def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path,
     took = time.perf_counter() - t
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
+    forget(spark, q)
     rows = sum(p["numInputRows"] for p in q.recentProgress)
     durations = _durations(q.recentProgress)
     trigger_s = durations.get("triggerExecution", 0.0)
@@ -249,6 +253,8 @@ def main() -> None:
                     "(Spark alone), and DataFrame -> stream / super stream (bench_streams.py)")
     ap.add_argument("--partitions", default="1,2,4", help="stream read tasks / super stream partitions to measure")
     ap.add_argument("--sinks", default="memory,parquet", help="sinks to measure: memory, parquet or both")
+    ap.add_argument("--jvm", action="store_true",
+                    help="with --streams: also the JVM reader (format 'hutch-jvm', its jar built if needed)")
     ap.add_argument("--no-write", action="store_true", help="leave out the DataFrame -> hutch measurements")
     ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own WARN and INFO lines")
     args = ap.parse_args()
@@ -269,6 +275,10 @@ def main() -> None:
         builder = (SparkSession.builder.master(args.master).appName("hutch-spark-bench")
                    .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                    .config("spark.ui.showConsoleProgress", "false"))
+        if args.jvm:
+            from .jvm import jar_path
+
+            builder = builder.config("spark.jars", jar_path())
         for setting in args.conf:
             key, _, value = setting.partition("=")
             builder = builder.config(key, value)
@@ -337,6 +347,22 @@ def main() -> None:
                           f"msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; Python source floor: "
                           f"{floor:,.0f} msg/s; connector's share {connector_share(trigger_rate, base):.0%} (beyond "
                           f"the Python floor: {connector_share(trigger_rate, floor):.0%}) ({batches} batches; {parts})")
+                    if args.jvm:
+                        def spark_only_same_rows(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
+                            return rate_source_rate(spark, n, size, tasks, sink, work, args.per_trigger, st)
+                        same, _ = _best(args.repeat, spark_only_same_rows)
+                        print(f"rate source with the stream's rows -> {sink}, {tasks} task(s): {same:,.0f} msg/s; "
+                              f"Python source's share against it {connector_share(trigger_rate, same):.0%}")
+
+                        def by_jvm(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int, float]:
+                            return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks, stream_port,
+                                               "hutch-jvm")
+                        rate, durations, batches, jvm_rate = _best(args.repeat, by_jvm)
+                        parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
+                        print(f"stream -> {sink} sink, {tasks} task(s) per batch, JVM reader: {rate:,.0f} msg/s, "
+                              f"{jvm_rate:,.0f} msg/s of trigger time; rate source -> {sink}: {base:,.0f} msg/s; "
+                              f"connector's share {connector_share(jvm_rate, base):.0%}, against the rate source with "
+                              f"the stream's rows {connector_share(jvm_rate, same):.0%} ({batches} batches; {parts})")
         if not args.no_write:
             declare(uri, q)
             wr = _best(args.repeat, lambda: write_rate(spark, uri, q, n, size))

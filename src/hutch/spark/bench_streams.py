@@ -94,11 +94,19 @@ def _sink(df: Any, sink: str, work: Path) -> Any:
     return w.format("parquet").option("path", str(work / f"out-{time.monotonic_ns()}"))
 
 
+def forget(spark: Any, q: Any) -> None:
+    """Drop a finished memory-sink query's table: a sitting runs dozens of queries of 200,000 rows each, and
+    the tables they keep filled the driver's heap (an OutOfMemoryError in the fourth pass's first run)."""
+    if q.name:
+        spark.catalog.dropTempView(q.name)
+
+
 def _available_now_rate(df: Any, sink: str, work: Path) -> tuple[float, int]:
     q = _sink(df, sink, work).trigger(availableNow=True).start()
     q.awaitTermination()
     if q.exception() is not None:
         raise RuntimeError(str(q.exception()))
+    forget(df.sparkSession, q)
     return pipeline_rate(q.recentProgress)
 
 
@@ -111,12 +119,16 @@ def super_stream_read_rate(spark: Any, uri: str, stream_port: int, name: str, pa
 
 
 def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, work: Path,
-                     per_trigger: int) -> tuple[float, int]:
+                     per_trigger: int, like_stream: str = "") -> tuple[float, int]:
     """Spark alone: `rate-micro-batch` rows shaped as a stream read (the same columns and body size), the
-    same rows per batch and partitions, into the same sink, until n rows went through."""
+    same rows per batch and partitions, into the same sink, until n rows went through. With `like_stream`
+    (the name of the stream `--streams` fills), the rows are also the same values as that stream's: `key`
+    and `stream` its name, `exchange` "", no timestamp, and a `properties` struct with delivery_mode 2
+    (the others null), where the plain shaping leaves `exchange` and `properties` null (a null struct is
+    cheaper for Spark to carry than one with 13 fields)."""
     from pyspark.sql import functions as F
 
-    from .schema import STREAM_SCHEMA
+    from .schema import PROPERTIES_TYPE, STREAM_SCHEMA
 
     raw = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", str(per_trigger))
            .option("numPartitions", str(partitions)).load())
@@ -128,6 +140,13 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
         "offset": F.col("value"),
         "timestamp": F.col("timestamp"),
     }
+    if like_stream:
+        exprs.update({
+            "key": F.lit(like_stream), "stream": F.lit(like_stream), "exchange": F.lit(""),
+            "timestamp": F.lit(None).cast("timestamp"),
+            "properties": F.struct(*[(F.lit(2) if f.name == "delivery_mode" else F.lit(None)).cast(f.dataType)
+                                     .alias(f.name) for f in PROPERTIES_TYPE.fields]),
+        })
     df = raw.select(*[exprs.get(f.name, F.lit(None).cast(f.dataType)).alias(f.name) for f in STREAM_SCHEMA.fields])
     # a trigger a second (the rate is per second of trigger time, so the idle time between does not
     # count), stopped between two triggers: stopping one mid-batch fills stderr with cancelled tasks
@@ -138,6 +157,7 @@ def rate_source_rate(spark: Any, n: int, size: int, partitions: int, sink: str, 
     while time.monotonic() < deadline and q.status["isTriggerActive"]:
         time.sleep(0.05)
     q.stop()
+    forget(spark, q)
     return pipeline_rate(q.recentProgress)
 
 
