@@ -76,6 +76,8 @@ class StreamStats:
     retentions: int = 0
     truncations: int = 0
     dropped: int = 0
+    unmarked: int = 0    # writer epochs begun without a marker (nothing to carry: no offset taken)
+    markers: int = 0     # writer epochs begun with one
 
 
 class StreamSim:
@@ -122,7 +124,18 @@ class StreamSim:
 
     def _observe(self, node: SimNode) -> None:
         if node.member is not None and not node.isolated:
-            self._run(node, node.member.observe(self.coord.view()))
+            m = node.member
+            before = (m.role, m.epoch)
+            effects = m.observe(self.coord.view())
+            if m.role is sr.Role.WRITER and (m.role, m.epoch) != before:
+                # what it appended in an earlier epoch may have been cut and its offsets reused: only
+                # this epoch's own appends are confirmed by this epoch's commit point
+                node.appended = []
+                if any(isinstance(e, sr.Append) for e in effects):
+                    self.stats.markers += 1
+                else:
+                    self.stats.unmarked += 1
+            self._run(node, effects)
 
     def _coord_apply(self, cmd: sc.Command) -> None:
         before = self.coord

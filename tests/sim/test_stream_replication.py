@@ -42,7 +42,7 @@ def test_seeds(chunk: int) -> None:
     totals = _totals(stats)
     # the faults must actually happen, or a green run proves nothing
     for key in ("crashes", "isolations", "elections", "member_changes", "resets", "retentions",
-                "truncations", "dropped", "confirmed"):
+                "truncations", "dropped", "confirmed", "markers", "unmarked"):
         assert totals[key] > 0, (key, totals)
 
 

@@ -31,6 +31,20 @@ The rules, and why they are safe:
   counting copies (Raft's Figure 8: a log with a later epoch could still win an election without them);
   a new writer first appends one chunk of its own (`Append` marker, a tracking chunk in the runtime)
   and the commit point moves once that chunk is on a majority, carrying everything before it.
+- **No marker when there is nothing to commit.** A new writer whose whole log is known committed (its
+  commit point, learned from an earlier writer or its own, is at its log's end, and that log holds a
+  chunk of epoch 1 or later), or whose log is empty at offset 0, writes no marker: it has no older chunk
+  to carry, and its own chunks are committed by counting, as Raft's current-term entries are. So a fresh
+  stream's first message is at offset 0 and a writer change on a caught-up log leaves no gap. Why it is
+  safe: the log's last chunk is committed, so it was committed by a writer of its own epoch `L` (the
+  writer that committed it through a later chunk of its own epoch would have that chunk on a majority,
+  and this writer, elected after, would hold it); every log whose last epoch is above `L` then holds the
+  whole log (Leader Completeness and Log Matching), and one whose last epoch is `L` and that is at least
+  as long holds it too. So the epoch is *stable* (`Stable`: the members may change) once a majority of
+  the epoch's members hold the log up to where the writer started (`epoch_start`), with no marker: a
+  later election's majority meets that one, and its winner's tail is at least theirs. An empty log at 0
+  elected means every log of a fenced majority is empty: nothing was ever committed, and the epoch is
+  stable at once.
 - A member's fenced epoch must survive a restart: the runtime restores it from the coordinator's
   state (it is in the Raft log) before the member takes part again (`StreamMember(fenced=...)`).
 - Sessions: a replica says `Hello` (its durable tail) to the epoch's writer, again every `hello_ticks`
@@ -244,7 +258,10 @@ class StreamMember:
         self.writer: str | None = None
         self.members: tuple[str, ...] = ()
         self.commit = 0
-        self.marker_next = 0     # the writer's first own chunk ends here; commit counts from it
+        # the writer: commit counts from here (the end of its marker, or where it started when it wrote
+        # none; -1 while the marker is not appended yet); `stable` once a majority holds the log up to it
+        self.marker_next = 0
+        self.stable = False
         self.progress: dict[str, Progress] = {}
         self.started = False     # replica: the writer's Start arrived for this epoch
         # replica: the number of its latest Hello; `session_base` keeps them growing across restarts
@@ -269,7 +286,7 @@ class StreamMember:
             self.restored = -1
             return [Report(self.name, view.epoch, self.durable_tail())]
         if view.epoch == self.epoch and self.role is Role.WRITER and not view.stable:
-            return [Stable(self.epoch)] if self.commit >= self.marker_next > 0 else []  # told again
+            return [Stable(self.epoch)] if self.stable else []  # told again
         if view.epoch < self.fenced or view.epoch <= self.epoch and self.role is not Role.IDLE:
             return []
         if self.name not in view.members or view.writer is None:
@@ -299,12 +316,21 @@ class StreamMember:
         # What was appended and not yet synced stays: the writer's log may only grow past what it
         # reported (cutting it would drop chunks that, shipped in an earlier epoch of this same writer,
         # may be committed already: the simulation's seed 163 after shipping unsynced chunks)
-        out: list[Effect] = []
         self.role = Role.WRITER
         self.progress = {m: Progress() for m in self.members if m != self.name}
-        self.marker_next = -1
-        out.append(Append(self.epoch, self.log.next))
-        return out
+        self.stable = False
+        if self._needs_marker():
+            self.marker_next = -1
+            return [Append(self.epoch, self.log.next)]
+        self.marker_next = self.log.next
+        return self._advance()  # an empty log at 0 is stable at once
+
+    def _needs_marker(self) -> bool:
+        """Whether the writer must append a marker before it may commit (module docstring: not when its
+        log is empty at 0, or all of it is known committed and it holds a chunk of epoch 1 or later)."""
+        if self.log == Tail(0, 0, ()):
+            return False
+        return not (self.commit >= self.log.next and self.log.last_epoch >= 1)
 
     # -- the writer -----------------------------------------------------------------------------------
 
@@ -316,6 +342,7 @@ class StreamMember:
         self.log = self.log.appended(self.epoch, chunk_id + records)
         if self.marker_next < 0:
             self.marker_next = chunk_id + records
+        assert self.marker_next <= self.log.next
         return self.epoch, chunk_id
 
     def written(self, next_offset: int) -> list[Effect]:
@@ -372,11 +399,16 @@ class StreamMember:
         held = sorted([self.synced, *(p.acked if p.started else 0 for p in self.progress.values())],
                       reverse=True)
         majority = held[len(self.members) // 2]
-        if self.marker_next < 0 or majority < self.marker_next or majority <= self.commit:
+        if self.marker_next < 0 or majority < self.marker_next:
             return []
-        stable = self.commit < self.marker_next <= majority
-        self.commit = majority
-        return [Committed(majority), Stable(self.epoch)] if stable else [Committed(majority)]
+        out: list[Effect] = []
+        if majority > self.commit:
+            self.commit = majority
+            out.append(Committed(majority))
+        if not self.stable:
+            self.stable = True
+            out.append(Stable(self.epoch))
+        return out
 
     def _on_writer_message(self, m: Message) -> list[Effect]:
         if isinstance(m, Hello):
@@ -395,8 +427,10 @@ class StreamMember:
             reset = must_reset(self.log, tail, agreed)
             start = self.log.first if reset else agreed
             self.progress[m.sender] = p = Progress(started=True, session=m.session, acked=start, sent=start)
+            # the agreed point is on the replica's disk (its Hello's tail is durable): it counts, so an
+            # epoch with nothing new to ship (no marker) becomes stable and commits without an Ack
             return [Send(m.sender, Start(self.epoch, m.session, start, reset, self.commit)),
-                    *self._ship(m.sender, p)]
+                    *self._ship(m.sender, p), *self._advance()]
         if not isinstance(m, Ack | Nack):
             return []
         p = self.progress.get(m.sender)
