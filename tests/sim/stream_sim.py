@@ -60,6 +60,8 @@ class SimNode:
     appended: list[sr.ChunkRef] = field(default_factory=list)  # this incarnation's own chunks (writer)
     commit_seen: int = 0
     incarnation: int = 0
+    # the runtime's commit file: the points recorded (the last few); a crash keeps an older one or none
+    commit_file: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -76,8 +78,8 @@ class StreamStats:
     retentions: int = 0
     truncations: int = 0
     dropped: int = 0
-    unmarked: int = 0    # writer epochs begun without a marker (nothing to carry: no offset taken)
-    markers: int = 0     # writer epochs begun with one
+    writer_epochs: int = 0
+    markers: int = 0     # of them, those that wrote a marker (the others took no offset for their start)
 
 
 class StreamSim:
@@ -107,7 +109,8 @@ class StreamSim:
 
     def _new_member(self, node: SimNode) -> sr.StreamMember:
         node.incarnation += 1
-        return sr.StreamMember(node.name, node.disk.tail(), fenced=self.coord.epoch,
+        known = node.commit_file[-1] if node.commit_file else 0
+        return sr.StreamMember(node.name, node.disk.tail(), fenced=self.coord.epoch, commit=known,
                                session_base=node.incarnation << 32,
                                ship_bytes=self.rng.choice([40, 200, 1 << 20]),
                                max_inflight=self.rng.choice([1, 2, 4]))
@@ -131,10 +134,7 @@ class StreamSim:
                 # what it appended in an earlier epoch may have been cut and its offsets reused: only
                 # this epoch's own appends are confirmed by this epoch's commit point
                 node.appended = []
-                if any(isinstance(e, sr.Append) for e in effects):
-                    self.stats.markers += 1
-                else:
-                    self.stats.unmarked += 1
+                self.stats.writer_epochs += 1
             self._run(node, effects)
 
     def _coord_apply(self, cmd: sc.Command) -> None:
@@ -168,10 +168,11 @@ class StreamSim:
                 self.stats.resets += 1
                 node.disk = Disk(first=e.first)
             elif isinstance(e, sr.Append):
+                self.stats.markers += 1
                 epoch, chunk_id = m.append(1)
                 chunk = sr.ChunkRef(epoch, chunk_id, chunk_id + 1, b"marker %d" % epoch)
                 node.disk.unsynced.append(chunk)
-                node.appended = [chunk]
+                node.appended.append(chunk)
             elif isinstance(e, sr.Committed):
                 self._committed(node, e.next_offset)
 
@@ -197,6 +198,7 @@ class StreamSim:
         if next_offset < node.commit_seen:
             raise StreamViolation(f"{node.name}'s commit point went back: {node.commit_seen} -> {next_offset}")
         node.commit_seen = next_offset
+        node.commit_file = [*node.commit_file[-7:], next_offset]
         for c in node.disk.chunks():
             if c.next_offset > next_offset:
                 break
@@ -307,6 +309,7 @@ class StreamSim:
 
     def crash(self, node: SimNode) -> None:
         node.member = None
+        node.commit_file = node.commit_file[:self.rng.randint(0, len(node.commit_file))]  # never synced
         node.disk.unsynced = []
         node.appended = []
         node.commit_seen = 0

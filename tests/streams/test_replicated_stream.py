@@ -175,6 +175,29 @@ async def test_a_writer_change_on_a_caught_up_stream_leaves_no_gap() -> None:
         await m.close()
 
 
+@pytest.mark.parametrize("commit_files", [True, False])
+async def test_a_restart_of_every_member_leaves_no_gap(commit_files: bool) -> None:
+    c = Cluster()
+    await started(c)
+    done = [c.writer().publish([b"a%d" % i]) for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)
+    await same_logs(c)
+    for n in NAMES:
+        await c.stop(n)
+        if not commit_files:  # what a member knew is gone: the next writer must write a marker
+            c.fs[n].delete(f"{D}/commit")
+    for n in NAMES:
+        await c.start(n)   # the writer of epoch 1 restarted: it asks for an election
+    await until(lambda: c.coord.epoch > 1 and c.coord.writer is not None and c.coord.stable
+                and c.writer().member.stable, "a new stable writer")
+    after = c.writer().publish([b"b0"])
+    await asyncio.wait_for(after.settled, 20)
+    # the commit file told the new writer its log was committed: no marker, no offset taken
+    assert after.first_offset == (10 if commit_files else 11)
+    for m in c.members.values():
+        await m.close()
+
+
 async def test_no_majority_no_settlement_then_a_member_catches_up() -> None:
     c = Cluster()
     await started(c)

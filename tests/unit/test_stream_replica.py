@@ -162,9 +162,11 @@ def test_fencing_stops_the_old_writer_and_reports_the_durable_tail() -> None:
     assert a.role is sr.Role.IDLE
     # a message of the old epoch is refused now
     assert a.step(sr.Ack("b", 1, 1, 1)) == []
-    # the member that is chosen keeps its log (the unsynced chunk too) and writes a marker of its epoch
+    # the member that is chosen keeps its log (the unsynced chunk too) and, if no publish comes within
+    # `marker_ticks`, writes a marker of its epoch
     out = a.observe(sr.View(2, "a", ("a", "b", "c"), electing=False))
-    assert out == [sr.Append(2, 3)]
+    assert out == []
+    assert [e for _ in range(a.marker_ticks) for e in a.tick() if isinstance(e, sr.Append)] == [sr.Append(2, 3)]
 
 
 def test_a_restarted_writer_asks_for_a_new_election() -> None:
@@ -232,18 +234,41 @@ def test_a_writer_that_is_stable_at_its_hellos_needs_no_new_chunk() -> None:
 
 def test_a_marker_is_still_written_over_unknown_or_epoch_0_chunks() -> None:
     view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    # not known committed (commit below the end)
-    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2)
+    # not known committed (commit below the end); marker_ticks=0: the marker at once
+    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2, marker_ticks=0)
     b.restored, b.commit = -1, 4
     assert b.observe(view) == [sr.Append(2, 5)]
     # a stream of one member grown: its epoch-0 chunks are carried by epoch 1's marker
-    g = sr.StreamMember("g", Tail(0, 3, ((0, 3),)), fresh=True)
+    g = sr.StreamMember("g", Tail(0, 3, ((0, 3),)), fresh=True, marker_ticks=0)
     g.commit = 3
     assert g.observe(sr.View(1, "g", ("g",), electing=False)) == [sr.Append(1, 3)]
     # an empty log that starts past 0 (reset to a writer's first offset)
-    e = sr.StreamMember("e", Tail(7, 7, ()), fenced=2)
+    e = sr.StreamMember("e", Tail(7, 7, ()), fenced=2, marker_ticks=0)
     e.restored, e.commit = -1, 7
     assert e.observe(sr.View(2, "e", ("a", "e", "c"), electing=False)) == [sr.Append(2, 7)]
+
+
+def test_a_publish_does_the_markers_work_under_load() -> None:
+    # b holds an epoch-1 chunk nobody is known to have committed; a publish comes before marker_ticks
+    b = sr.StreamMember("b", Tail(0, 2, ((1, 2),)), fenced=2)
+    b.restored = -1
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    assert b.observe(view) == []
+    assert not any(isinstance(e, sr.Append) for e in b.tick())
+    assert b.append(3) == (2, 2)                  # the epoch's first own chunk: no offset lost
+    assert b.marker_next == 5
+    assert not any(isinstance(e, sr.Append) for _ in range(2 * b.marker_ticks) for e in b.tick())
+    c = sr.StreamMember("c", Tail(0, 2, ((1, 2),)), fenced=2)
+    c.restored = -1
+    hello = _sends(c.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    out = b.step(hello)
+    assert not any(isinstance(e, sr.Committed) for e in out)    # the old chunk is not counted alone
+    c.step(_sends(out)[0])
+    b.written(5)
+    c.step(sr.Chunks(2, (sr.ChunkRef(2, 2, 5, b"p"),), b.commit))
+    out = b.step(_sends(c.written(5))[0])
+    assert sr.Committed(5) in out and sr.Stable(2) in out        # the publish carried the old chunk
 
 
 def test_retention_past_a_lagging_replica_resets_it() -> None:

@@ -31,6 +31,11 @@ The rules, and why they are safe:
   counting copies (Raft's Figure 8: a log with a later epoch could still win an election without them);
   a new writer first appends one chunk of its own (`Append` marker, a tracking chunk in the runtime)
   and the commit point moves once that chunk is on a majority, carrying everything before it.
+- **A user chunk can be the marker.** Where a marker is needed, the writer waits `marker_ticks` ticks
+  for a publish before asking for one (`Append`): any chunk of its own epoch carries the older ones once
+  it is on a majority (Raft's rule is about the entry's term, not its content), so under load the
+  epoch's first publish does the marker's work and takes no extra offset; only a writer left idle
+  writes a marker, which takes one.
 - **No marker when there is nothing to commit.** A new writer whose whole log is known committed (its
   commit point, learned from an earlier writer or its own, is at its log's end, and that log holds a
   chunk of epoch 1 or later), or whose log is empty at offset 0, writes no marker: it has no older chunk
@@ -238,11 +243,12 @@ class Progress:
 
 class StreamMember:
     """One member of one stream. `tail` is the durable log on start; `fenced` the epoch restored from
-    the coordinator (nothing of a lower epoch is accepted)."""
+    the coordinator (nothing of a lower epoch is accepted); `commit` a commit point it knew before."""
 
     def __init__(self, name: str, tail: Tail, fenced: int = 0, *, fresh: bool = False, session_base: int = 0,
+                 commit: int = 0,
                  ship_bytes: int = 256 << 10, max_inflight: int = 32, resend_ticks: int = 5,
-                 hello_ticks: int = 10) -> None:
+                 hello_ticks: int = 10, marker_ticks: int = 5) -> None:
         tail.check()
         self.name = name
         self.log = tail          # what is appended (synced or not)
@@ -257,7 +263,9 @@ class StreamMember:
         self.epoch = 0           # the epoch of the role played (0: none)
         self.writer: str | None = None
         self.members: tuple[str, ...] = ()
-        self.commit = 0
+        # a commit point this member knew before it restarted (the runtime's commit file; 0: none): true
+        # still, and kept within the log it reopened
+        self.commit = min(max(commit, 0), tail.next)
         # the writer: commit counts from here (the end of its marker, or where it started when it wrote
         # none; -1 while the marker is not appended yet); `stable` once a majority holds the log up to it
         self.marker_next = 0
@@ -272,6 +280,8 @@ class StreamMember:
         self.max_inflight = max_inflight
         self.resend_ticks = resend_ticks
         self.hello_ticks = hello_ticks
+        self.marker_ticks = marker_ticks
+        self.marker_wait = 0     # the writer: ticks left before it asks for a marker (no publish came)
 
     # -- the coordinator's decisions ------------------------------------------------------------------
 
@@ -320,8 +330,9 @@ class StreamMember:
         self.progress = {m: Progress() for m in self.members if m != self.name}
         self.stable = False
         if self._needs_marker():
-            self.marker_next = -1
-            return [Append(self.epoch, self.log.next)]
+            self.marker_next = -1   # the end of the epoch's first own chunk: a publish, or a marker
+            self.marker_wait = self.marker_ticks
+            return [] if self.marker_ticks > 0 else [Append(self.epoch, self.log.next)]
         self.marker_next = self.log.next
         return self._advance()  # an empty log at 0 is stable at once
 
@@ -519,6 +530,11 @@ class StreamMember:
         """One tick: the writer's heartbeat (commit point) and resends, a replica's repeated Hello."""
         out: list[Effect] = []
         if self.role is Role.WRITER:
+            if self.marker_next < 0:
+                self.marker_wait -= 1
+                if self.marker_wait <= 0:  # no publish came: a marker carries the older chunks
+                    out.append(Append(self.epoch, self.log.next))
+                    return out  # (the runtime appends it before anything else runs)
             for peer, p in self.progress.items():
                 out.append(Send(peer, Commit(self.epoch, self.commit)))
                 if p.rehello:
