@@ -125,6 +125,11 @@ class ReplicatedStream:
         rs._start_ticks(tick_s)
         return rs
 
+    @property
+    def reopening(self) -> bool:
+        """A cut or an emptying is under way: `handle` is the old, closed one until it ends."""
+        return self._reopening is not None
+
     def _attach(self, handle: StreamHandle) -> None:
         handle.auto_commit = False
         # what was on disk at open is not known to be committed any more: the machine says when it is
