@@ -165,13 +165,18 @@ def stream_port(node: Node) -> int:
 
 
 async def rstream_read(port: int, name: str, count: int) -> list[bytes]:
+    return [body for _, body in await rstream_read_offsets(port, name, count)]
+
+
+async def rstream_read_offsets(port: int, name: str, count: int) -> list[tuple[int, bytes]]:
+    """(offset, body) of the first `count` messages an rstream consumer from `first` gets."""
     from rstream import AMQPMessage, ConsumerOffsetSpecification, MessageContext, OffsetType, amqp_decoder
     from rstream import Consumer as RConsumer
-    got: list[bytes] = []
+    got: list[tuple[int, bytes]] = []
     done = asyncio.Event()
 
     async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
-        got.append(bytes(msg.body if isinstance(msg.body, bytes | bytearray) else b"".join(msg.body)))
+        got.append((ctx.offset, bytes(msg.body if isinstance(msg.body, bytes | bytearray) else b"".join(msg.body))))
         if len(got) >= count:
             done.set()
 
