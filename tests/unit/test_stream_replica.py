@@ -198,7 +198,7 @@ def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
     b.restored = -1
     b.commit = 5
     view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    assert b.observe(view) == []              # no Append: its next chunk starts at 5, no gap
+    assert b.observe(view) == [sr.Committed(5)]   # no Append: its next chunk starts at 5, no gap
     assert b.marker_next == 5 and not b.stable
     c = sr.StreamMember("c", Tail(0, 3, ((1, 3),)), fenced=2)
     c.restored = -1
@@ -208,6 +208,7 @@ def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
     assert sr.Stable(2) not in out
     out = c.step(_sends(out)[0])
     assert _sends(out) == [sr.Ack("c", 2, hello.session, 3)]
+    assert sr.Committed(3) in out             # the Start's commit point reaches c's readers at once
     c.step(sr.Chunks(2, (sr.ChunkRef(1, 3, 5, b"x"),), b.commit))
     out = b.step(_sends(c.written(5))[0])
     assert out == [sr.Stable(2)]              # a majority holds the log up to where b started
@@ -223,7 +224,7 @@ def test_a_writer_that_is_stable_at_its_hellos_needs_no_new_chunk() -> None:
     b = sr.StreamMember("b", Tail(0, 4, ((1, 4),)), fenced=2)
     b.restored, b.commit = -1, 4
     view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    assert b.observe(view) == []
+    assert b.observe(view) == [sr.Committed(4)]
     a = sr.StreamMember("a", Tail(0, 4, ((1, 4),)), fenced=2)
     a.restored = -1
     hello = _sends(a.observe(view))[0]

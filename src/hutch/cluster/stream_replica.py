@@ -334,7 +334,10 @@ class StreamMember:
             self.marker_wait = self.marker_ticks
             return [] if self.marker_ticks > 0 else [Append(self.epoch, self.log.next)]
         self.marker_next = self.log.next
-        return self._advance()  # an empty log at 0 is stable at once
+        # the runtime may not have been told the commit point yet (learned from a Start, or read back
+        # after a restart): its readers see the log up to it now, not at the next publish
+        told: list[Effect] = [Committed(self.commit)] if self.commit > 0 else []
+        return told + self._advance()  # an empty log at 0 is stable at once
 
     def _needs_marker(self) -> bool:
         """Whether the writer must append a marker before it may commit (module docstring: not when its
@@ -483,8 +486,11 @@ class StreamMember:
                 self.synced = m.from_offset
                 out.append(Truncate(m.from_offset))
             self.started = True
+            before = self.commit
             self.commit = min(max(self.commit, m.commit), self.synced)
             out.append(Send(self.writer, Ack(self.name, self.epoch, self.session, self.synced)))
+            if self.commit > before:  # tell the runtime (its readers), as a heartbeat's commit would
+                out.append(Committed(self.commit))
             return out
         if not self.started:
             return []

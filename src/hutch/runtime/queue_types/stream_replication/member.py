@@ -132,8 +132,9 @@ class ReplicatedStream:
 
     def _attach(self, handle: StreamHandle) -> None:
         handle.auto_commit = False
-        # what was on disk at open is not known to be committed any more: the machine says when it is
-        handle.committed_chunk_id = min(handle.committed_chunk_id, self._chunk_before(self.member.commit))
+        # what was on disk at open is committed only up to the member's commit point (0 unless its commit
+        # file said more): the machine says when more is
+        handle.committed_chunk_id = self._chunk_before(self.member.commit)
         handle.on_durable.append(self._on_durable)
         handle.gate = self._gate
         handle.on_written = self._on_written
