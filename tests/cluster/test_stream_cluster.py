@@ -134,7 +134,28 @@ def test_writer_killed_mid_run_every_confirmed_message_on_every_member(cluster: 
     for node in cluster.nodes:
         got = read_first(node, "events", len(confirmed))
         assert_all_confirmed_once_in_order(got, confirmed, node.name)
+        assert got[0] == (0, "m0"), node.name  # a fresh replicated stream starts at 0, as RabbitMQ's
     assert info(n1, "events")["replication"]["epoch"] >= 2
+
+
+@pytest.mark.slow
+def test_offsets_start_at_0_and_a_writer_change_leaves_no_gap(cluster: Cluster) -> None:
+    # as on RabbitMQ (one node or three): the first message is at offset 0, and a new writer over a log
+    # it knows committed takes no offset for its epoch (stream_replica.py, "No marker when...")
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "gapless")
+    first = publish(n2, "gapless", [f"a{i}" for i in range(5)])
+    assert len(first) == 5
+    for node in cluster.nodes:  # read on every member: each knows the whole log committed
+        assert read_first(node, "gapless", 5) == [(i, f"a{i}") for i in range(5)], node.name
+    out = hq(n2, "delete_member", "gapless", "n1")  # the writer leaves: a new epoch, another writer
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert eventually(lambda: writer_of(n2, "gapless") in ("n2", "n3"), timeout=20)
+    more = publish(n2, "gapless", [f"b{i}" for i in range(5)])
+    assert len(more) == 5
+    want = [(i, f"a{i}") for i in range(5)] + [(5 + i, f"b{i}") for i in range(5)]
+    for node in (n2, n3):
+        assert read_first(node, "gapless", 10) == want, node.name
 
 
 def stream_port(node: Node) -> int:
@@ -144,13 +165,18 @@ def stream_port(node: Node) -> int:
 
 
 async def rstream_read(port: int, name: str, count: int) -> list[bytes]:
+    return [body for _, body in await rstream_read_offsets(port, name, count)]
+
+
+async def rstream_read_offsets(port: int, name: str, count: int) -> list[tuple[int, bytes]]:
+    """(offset, body) of the first `count` messages an rstream consumer from `first` gets."""
     from rstream import AMQPMessage, ConsumerOffsetSpecification, MessageContext, OffsetType, amqp_decoder
     from rstream import Consumer as RConsumer
-    got: list[bytes] = []
+    got: list[tuple[int, bytes]] = []
     done = asyncio.Event()
 
     async def on(msg: AMQPMessage, ctx: MessageContext) -> None:
-        got.append(bytes(msg.body if isinstance(msg.body, bytes | bytearray) else b"".join(msg.body)))
+        got.append((ctx.offset, bytes(msg.body if isinstance(msg.body, bytes | bytearray) else b"".join(msg.body))))
         if len(got) >= count:
             done.set()
 

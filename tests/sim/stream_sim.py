@@ -60,6 +60,8 @@ class SimNode:
     appended: list[sr.ChunkRef] = field(default_factory=list)  # this incarnation's own chunks (writer)
     commit_seen: int = 0
     incarnation: int = 0
+    # the runtime's commit file: the points recorded (the last few); a crash keeps an older one or none
+    commit_file: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +78,8 @@ class StreamStats:
     retentions: int = 0
     truncations: int = 0
     dropped: int = 0
+    writer_epochs: int = 0
+    markers: int = 0     # of them, those that wrote a marker (the others took no offset for their start)
 
 
 class StreamSim:
@@ -105,7 +109,8 @@ class StreamSim:
 
     def _new_member(self, node: SimNode) -> sr.StreamMember:
         node.incarnation += 1
-        return sr.StreamMember(node.name, node.disk.tail(), fenced=self.coord.epoch,
+        known = node.commit_file[-1] if node.commit_file else 0
+        return sr.StreamMember(node.name, node.disk.tail(), fenced=self.coord.epoch, commit=known,
                                session_base=node.incarnation << 32,
                                ship_bytes=self.rng.choice([40, 200, 1 << 20]),
                                max_inflight=self.rng.choice([1, 2, 4]))
@@ -122,7 +127,15 @@ class StreamSim:
 
     def _observe(self, node: SimNode) -> None:
         if node.member is not None and not node.isolated:
-            self._run(node, node.member.observe(self.coord.view()))
+            m = node.member
+            before = (m.role, m.epoch)
+            effects = m.observe(self.coord.view())
+            if m.role is sr.Role.WRITER and (m.role, m.epoch) != before:
+                # what it appended in an earlier epoch may have been cut and its offsets reused: only
+                # this epoch's own appends are confirmed by this epoch's commit point
+                node.appended = []
+                self.stats.writer_epochs += 1
+            self._run(node, effects)
 
     def _coord_apply(self, cmd: sc.Command) -> None:
         before = self.coord
@@ -155,10 +168,11 @@ class StreamSim:
                 self.stats.resets += 1
                 node.disk = Disk(first=e.first)
             elif isinstance(e, sr.Append):
+                self.stats.markers += 1
                 epoch, chunk_id = m.append(1)
                 chunk = sr.ChunkRef(epoch, chunk_id, chunk_id + 1, b"marker %d" % epoch)
                 node.disk.unsynced.append(chunk)
-                node.appended = [chunk]
+                node.appended.append(chunk)
             elif isinstance(e, sr.Committed):
                 self._committed(node, e.next_offset)
 
@@ -184,6 +198,7 @@ class StreamSim:
         if next_offset < node.commit_seen:
             raise StreamViolation(f"{node.name}'s commit point went back: {node.commit_seen} -> {next_offset}")
         node.commit_seen = next_offset
+        node.commit_file = [*node.commit_file[-7:], next_offset]
         for c in node.disk.chunks():
             if c.next_offset > next_offset:
                 break
@@ -294,6 +309,7 @@ class StreamSim:
 
     def crash(self, node: SimNode) -> None:
         node.member = None
+        node.commit_file = node.commit_file[:self.rng.randint(0, len(node.commit_file))]  # never synced
         node.disk.unsynced = []
         node.appended = []
         node.commit_seen = 0

@@ -42,8 +42,9 @@ def test_seeds(chunk: int) -> None:
     totals = _totals(stats)
     # the faults must actually happen, or a green run proves nothing
     for key in ("crashes", "isolations", "elections", "member_changes", "resets", "retentions",
-                "truncations", "dropped", "confirmed"):
+                "truncations", "dropped", "confirmed", "markers"):
         assert totals[key] > 0, (key, totals)
+    assert totals["markers"] < totals["writer_epochs"]   # most epochs begin with a publish or need none
 
 
 def test_five_members() -> None:

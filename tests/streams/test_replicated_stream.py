@@ -119,14 +119,20 @@ def records(rs: ReplicatedStream) -> list[bytes]:
 async def started(cluster: Cluster) -> None:
     for n in NAMES:
         await cluster.start(n)
-    await until(lambda: cluster.coord.stable and cluster.writer().member.commit > 0, "a stable writer")
+    await until(lambda: cluster.coord.stable and cluster.coord.writer is not None
+                and cluster.writer().member.stable, "a stable writer")
 
 
 async def same_logs(cluster: Cluster) -> None:
     def same() -> bool:
-        ref = chunks(cluster.writer())
-        return all(chunks(m) == ref and m.member.commit == cluster.writer().member.commit
-                   for m in cluster.members.values())
+        members = list(cluster.members.values())
+        if any(m.reopening for m in members):
+            return False  # a cut under way: the old handle's index still names what the files lost
+        try:
+            ref = chunks(cluster.writer())
+            return all(chunks(m) == ref and m.member.commit == cluster.writer().member.commit for m in members)
+        except StorageError:  # a cut began while reading: look again
+            return False
     await until(same, "every member holding the writer's log")
 
 
@@ -139,12 +145,60 @@ async def test_publishes_settle_on_a_majority_and_members_hold_the_same_chunks()
     settled = [w.publish([b"m%d" % i, b"n%d" % i], publisher=b"p", publishing_ids=[2 * i + 1, 2 * i + 2])
                for i in range(50)]
     await asyncio.wait_for(asyncio.gather(*(a.settled for a in settled)), 20)
+    assert settled[0].first_offset == 0          # a fresh stream's first message is at 0, as RabbitMQ's
     await same_logs(c)
     want = [b"%s%d" % (p, i) for i in range(50) for p in (b"m", b"n")]
     for m in c.members.values():
         assert records(m) == want
         assert m.handle.query_publisher_sequence(b"p") == 100
     assert len(w.handle.log.segments) > 1   # the segments rolled, on every member alike
+    for m in c.members.values():
+        await m.close()
+
+
+async def test_a_writer_change_on_a_caught_up_stream_leaves_no_gap() -> None:
+    c = Cluster()
+    await started(c)
+    done = [c.writer().publish([b"a%d" % i]) for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)
+    await same_logs(c)                            # every member knows the whole log committed
+    epoch = c.coord.epoch
+    c.apply(sc.WriterDown(epoch))                 # an election: whoever wins writes no marker
+    await until(lambda: c.coord.epoch > epoch and c.coord.writer is not None and c.coord.stable
+                and c.writer().member.stable, "a new stable writer")
+    after = c.writer().publish([b"b0"])
+    await asyncio.wait_for(after.settled, 20)
+    assert after.first_offset == 10               # no offset taken by the epoch change
+    await same_logs(c)
+    for m in c.members.values():
+        r = m.handle.reader(OffsetSpec.first())
+        got = []
+        while (ch := r.next_chunk()) is not None:
+            got.extend(ch.records())
+        assert got == [*((i, b"a%d" % i) for i in range(10)), (10, b"b0")]
+    for m in c.members.values():
+        await m.close()
+
+
+@pytest.mark.parametrize("commit_files", [True, False])
+async def test_a_restart_of_every_member_leaves_no_gap(commit_files: bool) -> None:
+    c = Cluster()
+    await started(c)
+    done = [c.writer().publish([b"a%d" % i]) for i in range(10)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)
+    await same_logs(c)
+    for n in NAMES:
+        await c.stop(n)
+        if not commit_files:  # what a member knew is gone: the next writer must write a marker
+            c.fs[n].delete(f"{D}/commit")
+    for n in NAMES:
+        await c.start(n)   # the writer of epoch 1 restarted: it asks for an election
+    await until(lambda: c.coord.epoch > 1 and c.coord.writer is not None and c.coord.stable
+                and c.writer().member.stable, "a new stable writer")
+    after = c.writer().publish([b"b0"])
+    await asyncio.wait_for(after.settled, 20)
+    # the commit file told the new writer its log was committed: no marker, no offset taken
+    assert after.first_offset == (10 if commit_files else 11)
     for m in c.members.values():
         await m.close()
 

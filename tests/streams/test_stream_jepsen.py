@@ -27,6 +27,7 @@ from hutch.cluster import stream_replica as sr
 from hutch.runtime.clustering.raft_group import GroupClosed, NotLeader, ProposalTimeout
 from hutch.runtime.queue_types.stream.handle import Appended
 from hutch.runtime.queue_types.stream_replication.member import NotWriter
+from hutch.storage.errors import StorageError
 
 pytestmark = pytest.mark.asyncio
 
@@ -139,11 +140,19 @@ async def run(tmp: Path, seed: int, steps: int) -> dict[str, int]:
         for node in [n for n in w.nodes.values() if not n.up and n.hosted is not None]:
             assert await w.restart(node, timeout_s=20.0), f"{node.name} could not restart"
         final = await w.writing(30)
-        last = final.publish([b"final"])
-        try:
-            await asyncio.wait_for(last.settled, 30)
-        except TimeoutError as exc:
-            raise AssertionError(f"seed {seed}: the last publish not confirmed after healing\n{w.describe()}") from exc
+        for attempt in range(3):
+            try:
+                await asyncio.wait_for(final.publish([b"final"]).settled, 30)
+                break
+            except (StorageError, NotWriter) as exc:
+                # a view change still under way after healing (the member was fenced and cut, failing
+                # what it had not committed): not a violation, as long as a later writer confirms
+                print(f"seed {seed}: the final publish was refused ({exc}); again\n{w.describe()}")
+                if attempt == 2:
+                    raise AssertionError(f"seed {seed}: no final publish confirmed\n{w.describe()}") from exc
+                final = await w.writing(30)
+            except TimeoutError as exc:
+                raise AssertionError(f"seed {seed}: the last publish not confirmed after healing\n{w.describe()}") from exc
         history.confirmed.add(b"final")
 
         def settled() -> bool:

@@ -9,7 +9,14 @@ import pytest
 from hutch.cluster.stream_tail import Tail
 from hutch.queues.stream import chunk as ck
 from hutch.storage.memfs import MemoryFS
-from hutch.storage.stream_epochs import empty_files, extent, truncate_files
+from hutch.storage.stream_epochs import (
+    COMMIT_FILE_MAX_BYTES,
+    CommitFile,
+    empty_files,
+    extent,
+    read_commit,
+    truncate_files,
+)
 from hutch.storage.stream_log import StreamLog, StreamLogOptions
 
 D = "/s"
@@ -98,3 +105,28 @@ def test_empty_files_then_open_at_another_offset() -> None:
     assert extent(slog) == (25, 25, ())
     assert _append(slog, 4, 1) == 25
     slog.close()
+
+
+def test_the_commit_file_keeps_the_last_whole_point_and_stays_bounded() -> None:
+    fs = MemoryFS()
+    fs.make_dirs("/s")
+    assert read_commit(fs, "/s") == 0                       # none yet
+    cf = CommitFile(fs, "/s")
+    for v in (3, 7, 12):
+        cf.record(v)
+    assert read_commit(fs, "/s") == 12
+    cf.close()
+    fs.open_append("/s/commit").write(b"\x00\x00\x00\x00\x00")  # a torn record after the last
+    assert read_commit(fs, "/s") == 12                       # the last whole one
+    cf = CommitFile(fs, "/s")                                # reopened out of step: emptied
+    assert read_commit(fs, "/s") == 0
+    for v in range(1, 20_000):
+        cf.record(v)
+    assert read_commit(fs, "/s") == 19_999
+    assert fs.size("/s/commit") <= COMMIT_FILE_MAX_BYTES
+    cf.close()
+    data = bytearray(fs.read("/s/commit"))
+    data[-1] ^= 0xFF                                         # a damaged record reads as none
+    fs.delete("/s/commit")
+    fs.open_append("/s/commit").write(bytes(data))
+    assert read_commit(fs, "/s") == 0

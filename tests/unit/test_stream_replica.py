@@ -95,8 +95,9 @@ def _sends(effects: list[sr.Effect]) -> list[sr.Message]:
 def _writer_and_replica() -> tuple[sr.StreamMember, sr.StreamMember, sr.StreamMember]:
     view = sr.View(1, "a", ("a", "b", "c"), electing=False, stable=True)
     a, b, c = (sr.StreamMember(n, EMPTY) for n in "abc")
-    assert a.observe(view) == [sr.Append(1, 0)]
-    assert a.append(1) == (1, 0)
+    # a fresh stream: nothing to carry, so no marker, and the epoch is stable at once
+    assert a.observe(view) == [sr.Stable(1)]
+    assert a.append(1) == (1, 0)   # the first message is at offset 0
     return a, b, c
 
 
@@ -108,21 +109,21 @@ def test_commit_needs_a_majority_on_disk() -> None:
     out = a.step(hello)
     start = _sends(out)[0]
     assert start == sr.Start(1, hello.session, 0, False, 0)
-    assert sr.Ship("b", 0, 256 << 10) in out                   # the marker, written: shipped at once
+    assert sr.Ship("b", 0, 256 << 10) in out                   # the first chunk, written: shipped at once
     assert a.shipments() == []                               # one shipment at a time from one offset
     assert a.written(1) == []                                # one of three: no commit
     out = b.step(start)
     ack0 = _sends(out)[0]
     assert isinstance(ack0, sr.Ack) and ack0.next_offset == 0
     assert a.step(ack0) == []                                # nothing new acknowledged
-    marker = sr.ChunkRef(1, 0, 1, b"m")
+    first = sr.ChunkRef(1, 0, 1, b"m")
     assert a.shipped("b", 1) == []                          # nothing more to ship
-    out = b.step(sr.Chunks(1, (marker,), a.commit))
-    assert out == [sr.Write((marker,))]
+    out = b.step(sr.Chunks(1, (first,), a.commit))
+    assert out == [sr.Write((first,))]
     ack = _sends(b.written(1))[0]
     assert ack == sr.Ack("b", 1, hello.session, 1)
     out = a.step(ack)
-    assert sr.Committed(1) in out and sr.Stable(1) in out
+    assert out == [sr.Committed(1)]                         # (stable since the start: no Stable again)
     assert a.commit == 1
 
 
@@ -161,9 +162,11 @@ def test_fencing_stops_the_old_writer_and_reports_the_durable_tail() -> None:
     assert a.role is sr.Role.IDLE
     # a message of the old epoch is refused now
     assert a.step(sr.Ack("b", 1, 1, 1)) == []
-    # the member that is chosen keeps its log (the unsynced chunk too) and writes a marker of its epoch
+    # the member that is chosen keeps its log (the unsynced chunk too) and, if no publish comes within
+    # `marker_ticks`, writes a marker of its epoch
     out = a.observe(sr.View(2, "a", ("a", "b", "c"), electing=False))
-    assert out == [sr.Append(2, 3)]
+    assert out == []
+    assert [e for _ in range(a.marker_ticks) for e in a.tick() if isinstance(e, sr.Append)] == [sr.Append(2, 3)]
 
 
 def test_a_restarted_writer_asks_for_a_new_election() -> None:
@@ -187,6 +190,86 @@ def test_a_new_writer_does_not_commit_older_epochs_by_counting() -> None:
     b.append(1)
     b.written(3)
     assert sr.Committed(3) in b.step(sr.Ack("c", 2, hello.session, 3))
+
+
+def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
+    # b followed writer 1 and learned that its whole log (epoch-1 chunks up to 5) is committed
+    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2)
+    b.restored = -1
+    b.commit = 5
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    assert b.observe(view) == [sr.Committed(5)]   # no Append: its next chunk starts at 5, no gap
+    assert b.marker_next == 5 and not b.stable
+    c = sr.StreamMember("c", Tail(0, 3, ((1, 3),)), fenced=2)
+    c.restored = -1
+    hello = _sends(c.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    out = b.step(hello)                       # c holds 0..3: not yet a majority at 5
+    assert sr.Stable(2) not in out
+    out = c.step(_sends(out)[0])
+    assert _sends(out) == [sr.Ack("c", 2, hello.session, 3)]
+    assert sr.Committed(3) in out             # the Start's commit point reaches c's readers at once
+    c.step(sr.Chunks(2, (sr.ChunkRef(1, 3, 5, b"x"),), b.commit))
+    out = b.step(_sends(c.written(5))[0])
+    assert out == [sr.Stable(2)]              # a majority holds the log up to where b started
+    assert b.observe(view) == [sr.Stable(2)]  # said again while the coordinator has not taken it
+    assert b.append(2) == (2, 5)
+    b.written(7)
+    c.step(sr.Chunks(2, (sr.ChunkRef(2, 5, 7, b"y"),), b.commit))
+    assert b.step(_sends(c.written(7))[0]) == [sr.Committed(7)]   # its own chunks, by counting
+
+
+def test_a_writer_that_is_stable_at_its_hellos_needs_no_new_chunk() -> None:
+    # an idle stream: the replicas already hold everything; their Hellos make the epoch stable
+    b = sr.StreamMember("b", Tail(0, 4, ((1, 4),)), fenced=2)
+    b.restored, b.commit = -1, 4
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    assert b.observe(view) == [sr.Committed(4)]
+    a = sr.StreamMember("a", Tail(0, 4, ((1, 4),)), fenced=2)
+    a.restored = -1
+    hello = _sends(a.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    out = b.step(hello)
+    assert sr.Stable(2) in out and not any(isinstance(e, sr.Ship) for e in out)
+
+
+def test_a_marker_is_still_written_over_unknown_or_epoch_0_chunks() -> None:
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    # not known committed (commit below the end); marker_ticks=0: the marker at once
+    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2, marker_ticks=0)
+    b.restored, b.commit = -1, 4
+    assert b.observe(view) == [sr.Append(2, 5)]
+    # a stream of one member grown: its epoch-0 chunks are carried by epoch 1's marker
+    g = sr.StreamMember("g", Tail(0, 3, ((0, 3),)), fresh=True, marker_ticks=0)
+    g.commit = 3
+    assert g.observe(sr.View(1, "g", ("g",), electing=False)) == [sr.Append(1, 3)]
+    # an empty log that starts past 0 (reset to a writer's first offset)
+    e = sr.StreamMember("e", Tail(7, 7, ()), fenced=2, marker_ticks=0)
+    e.restored, e.commit = -1, 7
+    assert e.observe(sr.View(2, "e", ("a", "e", "c"), electing=False)) == [sr.Append(2, 7)]
+
+
+def test_a_publish_does_the_markers_work_under_load() -> None:
+    # b holds an epoch-1 chunk nobody is known to have committed; a publish comes before marker_ticks
+    b = sr.StreamMember("b", Tail(0, 2, ((1, 2),)), fenced=2)
+    b.restored = -1
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    assert b.observe(view) == []
+    assert not any(isinstance(e, sr.Append) for e in b.tick())
+    assert b.append(3) == (2, 2)                  # the epoch's first own chunk: no offset lost
+    assert b.marker_next == 5
+    assert not any(isinstance(e, sr.Append) for _ in range(2 * b.marker_ticks) for e in b.tick())
+    c = sr.StreamMember("c", Tail(0, 2, ((1, 2),)), fenced=2)
+    c.restored = -1
+    hello = _sends(c.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    out = b.step(hello)
+    assert not any(isinstance(e, sr.Committed) for e in out)    # the old chunk is not counted alone
+    c.step(_sends(out)[0])
+    b.written(5)
+    c.step(sr.Chunks(2, (sr.ChunkRef(2, 2, 5, b"p"),), b.commit))
+    out = b.step(_sends(c.written(5))[0])
+    assert sr.Committed(5) in out and sr.Stable(2) in out        # the publish carried the old chunk
 
 
 def test_retention_past_a_lagging_replica_resets_it() -> None:

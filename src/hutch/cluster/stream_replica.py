@@ -31,6 +31,25 @@ The rules, and why they are safe:
   counting copies (Raft's Figure 8: a log with a later epoch could still win an election without them);
   a new writer first appends one chunk of its own (`Append` marker, a tracking chunk in the runtime)
   and the commit point moves once that chunk is on a majority, carrying everything before it.
+- **A user chunk can be the marker.** Where a marker is needed, the writer waits `marker_ticks` ticks
+  for a publish before asking for one (`Append`): any chunk of its own epoch carries the older ones once
+  it is on a majority (Raft's rule is about the entry's term, not its content), so under load the
+  epoch's first publish does the marker's work and takes no extra offset; only a writer left idle
+  writes a marker, which takes one.
+- **No marker when there is nothing to commit.** A new writer whose whole log is known committed (its
+  commit point, learned from an earlier writer or its own, is at its log's end, and that log holds a
+  chunk of epoch 1 or later), or whose log is empty at offset 0, writes no marker: it has no older chunk
+  to carry, and its own chunks are committed by counting, as Raft's current-term entries are. So a fresh
+  stream's first message is at offset 0 and a writer change on a caught-up log leaves no gap. Why it is
+  safe: the log's last chunk is committed, so it was committed by a writer of its own epoch `L` (the
+  writer that committed it through a later chunk of its own epoch would have that chunk on a majority,
+  and this writer, elected after, would hold it); every log whose last epoch is above `L` then holds the
+  whole log (Leader Completeness and Log Matching), and one whose last epoch is `L` and that is at least
+  as long holds it too. So the epoch is *stable* (`Stable`: the members may change) once a majority of
+  the epoch's members hold the log up to where the writer started (`epoch_start`), with no marker: a
+  later election's majority meets that one, and its winner's tail is at least theirs. An empty log at 0
+  elected means every log of a fenced majority is empty: nothing was ever committed, and the epoch is
+  stable at once.
 - A member's fenced epoch must survive a restart: the runtime restores it from the coordinator's
   state (it is in the Raft log) before the member takes part again (`StreamMember(fenced=...)`).
 - Sessions: a replica says `Hello` (its durable tail) to the epoch's writer, again every `hello_ticks`
@@ -224,11 +243,12 @@ class Progress:
 
 class StreamMember:
     """One member of one stream. `tail` is the durable log on start; `fenced` the epoch restored from
-    the coordinator (nothing of a lower epoch is accepted)."""
+    the coordinator (nothing of a lower epoch is accepted); `commit` a commit point it knew before."""
 
     def __init__(self, name: str, tail: Tail, fenced: int = 0, *, fresh: bool = False, session_base: int = 0,
+                 commit: int = 0,
                  ship_bytes: int = 256 << 10, max_inflight: int = 32, resend_ticks: int = 5,
-                 hello_ticks: int = 10) -> None:
+                 hello_ticks: int = 10, marker_ticks: int = 5) -> None:
         tail.check()
         self.name = name
         self.log = tail          # what is appended (synced or not)
@@ -243,8 +263,13 @@ class StreamMember:
         self.epoch = 0           # the epoch of the role played (0: none)
         self.writer: str | None = None
         self.members: tuple[str, ...] = ()
-        self.commit = 0
-        self.marker_next = 0     # the writer's first own chunk ends here; commit counts from it
+        # a commit point this member knew before it restarted (the runtime's commit file; 0: none): true
+        # still, and kept within the log it reopened
+        self.commit = min(max(commit, 0), tail.next)
+        # the writer: commit counts from here (the end of its marker, or where it started when it wrote
+        # none; -1 while the marker is not appended yet); `stable` once a majority holds the log up to it
+        self.marker_next = 0
+        self.stable = False
         self.progress: dict[str, Progress] = {}
         self.started = False     # replica: the writer's Start arrived for this epoch
         # replica: the number of its latest Hello; `session_base` keeps them growing across restarts
@@ -255,6 +280,8 @@ class StreamMember:
         self.max_inflight = max_inflight
         self.resend_ticks = resend_ticks
         self.hello_ticks = hello_ticks
+        self.marker_ticks = marker_ticks
+        self.marker_wait = 0     # the writer: ticks left before it asks for a marker (no publish came)
 
     # -- the coordinator's decisions ------------------------------------------------------------------
 
@@ -269,7 +296,7 @@ class StreamMember:
             self.restored = -1
             return [Report(self.name, view.epoch, self.durable_tail())]
         if view.epoch == self.epoch and self.role is Role.WRITER and not view.stable:
-            return [Stable(self.epoch)] if self.commit >= self.marker_next > 0 else []  # told again
+            return [Stable(self.epoch)] if self.stable else []  # told again
         if view.epoch < self.fenced or view.epoch <= self.epoch and self.role is not Role.IDLE:
             return []
         if self.name not in view.members or view.writer is None:
@@ -299,12 +326,25 @@ class StreamMember:
         # What was appended and not yet synced stays: the writer's log may only grow past what it
         # reported (cutting it would drop chunks that, shipped in an earlier epoch of this same writer,
         # may be committed already: the simulation's seed 163 after shipping unsynced chunks)
-        out: list[Effect] = []
         self.role = Role.WRITER
         self.progress = {m: Progress() for m in self.members if m != self.name}
-        self.marker_next = -1
-        out.append(Append(self.epoch, self.log.next))
-        return out
+        self.stable = False
+        if self._needs_marker():
+            self.marker_next = -1   # the end of the epoch's first own chunk: a publish, or a marker
+            self.marker_wait = self.marker_ticks
+            return [] if self.marker_ticks > 0 else [Append(self.epoch, self.log.next)]
+        self.marker_next = self.log.next
+        # the runtime may not have been told the commit point yet (learned from a Start, or read back
+        # after a restart): its readers see the log up to it now, not at the next publish
+        told: list[Effect] = [Committed(self.commit)] if self.commit > 0 else []
+        return told + self._advance()  # an empty log at 0 is stable at once
+
+    def _needs_marker(self) -> bool:
+        """Whether the writer must append a marker before it may commit (module docstring: not when its
+        log is empty at 0, or all of it is known committed and it holds a chunk of epoch 1 or later)."""
+        if self.log == Tail(0, 0, ()):
+            return False
+        return not (self.commit >= self.log.next and self.log.last_epoch >= 1)
 
     # -- the writer -----------------------------------------------------------------------------------
 
@@ -316,6 +356,7 @@ class StreamMember:
         self.log = self.log.appended(self.epoch, chunk_id + records)
         if self.marker_next < 0:
             self.marker_next = chunk_id + records
+        assert self.marker_next <= self.log.next
         return self.epoch, chunk_id
 
     def written(self, next_offset: int) -> list[Effect]:
@@ -372,11 +413,16 @@ class StreamMember:
         held = sorted([self.synced, *(p.acked if p.started else 0 for p in self.progress.values())],
                       reverse=True)
         majority = held[len(self.members) // 2]
-        if self.marker_next < 0 or majority < self.marker_next or majority <= self.commit:
+        if self.marker_next < 0 or majority < self.marker_next:
             return []
-        stable = self.commit < self.marker_next <= majority
-        self.commit = majority
-        return [Committed(majority), Stable(self.epoch)] if stable else [Committed(majority)]
+        out: list[Effect] = []
+        if majority > self.commit:
+            self.commit = majority
+            out.append(Committed(majority))
+        if not self.stable:
+            self.stable = True
+            out.append(Stable(self.epoch))
+        return out
 
     def _on_writer_message(self, m: Message) -> list[Effect]:
         if isinstance(m, Hello):
@@ -395,8 +441,10 @@ class StreamMember:
             reset = must_reset(self.log, tail, agreed)
             start = self.log.first if reset else agreed
             self.progress[m.sender] = p = Progress(started=True, session=m.session, acked=start, sent=start)
+            # the agreed point is on the replica's disk (its Hello's tail is durable): it counts, so an
+            # epoch with nothing new to ship (no marker) becomes stable and commits without an Ack
             return [Send(m.sender, Start(self.epoch, m.session, start, reset, self.commit)),
-                    *self._ship(m.sender, p)]
+                    *self._ship(m.sender, p), *self._advance()]
         if not isinstance(m, Ack | Nack):
             return []
         p = self.progress.get(m.sender)
@@ -438,8 +486,11 @@ class StreamMember:
                 self.synced = m.from_offset
                 out.append(Truncate(m.from_offset))
             self.started = True
+            before = self.commit
             self.commit = min(max(self.commit, m.commit), self.synced)
             out.append(Send(self.writer, Ack(self.name, self.epoch, self.session, self.synced)))
+            if self.commit > before:  # tell the runtime (its readers), as a heartbeat's commit would
+                out.append(Committed(self.commit))
             return out
         if not self.started:
             return []
@@ -485,6 +536,11 @@ class StreamMember:
         """One tick: the writer's heartbeat (commit point) and resends, a replica's repeated Hello."""
         out: list[Effect] = []
         if self.role is Role.WRITER:
+            if self.marker_next < 0:
+                self.marker_wait -= 1
+                if self.marker_wait <= 0:  # no publish came: a marker carries the older chunks
+                    out.append(Append(self.epoch, self.log.next))
+                    return out  # (the runtime appends it before anything else runs)
             for peer, p in self.progress.items():
                 out.append(Send(peer, Commit(self.epoch, self.commit)))
                 if p.rehello:

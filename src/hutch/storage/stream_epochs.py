@@ -2,7 +2,8 @@
 offsets, cutting the log at a chunk boundary, and emptying it (osiris_log's `overview` and
 `init_acceptor` truncation).
 
-Owns `extent(log)` (read from the index files: 29 bytes per chunk, no chunk is read), and
+Owns `extent(log)` (read from the index files: 29 bytes per chunk, no chunk is read), the member's
+**commit file** (`CommitFile`, `read_commit`), and
 `truncate_files` / `empty_files`, which work on the files of a stream that is **closed**: the caller closes
 its `StreamHandle`, cuts, and opens it again, so the recovery of `StreamLog.open` rebuilds every in-memory
 figure (segments, tracking) from what is left, and nothing in memory can disagree with the files.
@@ -13,13 +14,22 @@ Rules:
   cut (segment and index, each synced by `fs.truncate`), later segments are deleted, and the directory
   is synced. A crash in between leaves a log recovery accepts (segments deleted from the newest first,
   so what is left is always a prefix).
-- A replica never truncates below its commit point (stream_replica.py asserts it); this module does not
-  know commit points.
+- A replica never truncates below its commit point (stream_replica.py asserts it); truncation does not
+  read commit points.
+- The commit file (`commit` in the stream's directory) records the member's commit points as they grow,
+  12 bytes each (u64 offset, u32 CRC-32 of it), appended and never synced: what a restart reads is a
+  commit point the member once knew, or an older one, or 0 (a missing, torn or emptied file), each still
+  true (committed chunks stay committed). It lets a restarted writer skip its epoch's marker
+  (stream_replica.py, "No marker when there is nothing to commit"). Bounded: emptied past
+  `COMMIT_FILE_MAX_BYTES` (a crash right then reads 0, which is safe).
 """
 
 from __future__ import annotations
 
-from hutch.storage.fs import FileSystem
+import struct
+import zlib
+
+from hutch.storage.fs import FileHandle, FileSystem
 from hutch.storage.stream_log import (
     FILE_HEADER_SIZE,
     INDEX_RECORD,
@@ -108,3 +118,56 @@ def empty_files(fs: FileSystem, directory: str) -> None:
         if name.endswith(".index"):
             fs.delete(f"{directory}/{name}")
     fs.fsync_dir(directory)
+
+
+COMMIT_NAME = "commit"
+_COMMIT_RECORD = struct.Struct(">QI")
+COMMIT_FILE_MAX_BYTES = 64 << 10
+
+
+def _commit_record(value: int) -> bytes:
+    raw = value.to_bytes(8, "big")
+    return _COMMIT_RECORD.pack(value, zlib.crc32(raw))
+
+
+def read_commit(fs: FileSystem, directory: str) -> int:
+    """The last commit point the directory's commit file holds whole and intact (0: none)."""
+    path = f"{directory}/{COMMIT_NAME}"
+    if not fs.exists(path):
+        return 0
+    whole = fs.size(path) // _COMMIT_RECORD.size
+    if whole == 0:
+        return 0
+    data = fs.read(path, (whole - 1) * _COMMIT_RECORD.size, _COMMIT_RECORD.size)
+    value, crc = _COMMIT_RECORD.unpack(data)
+    return value if zlib.crc32(data[:8]) == crc else 0
+
+
+class CommitFile:
+    """Appends a member's commit points to `directory/commit` (module docstring). Not synced: a restart
+    may read an older point, never a wrong one."""
+
+    def __init__(self, fs: FileSystem, directory: str) -> None:
+        self.fs = fs
+        self.path = f"{directory}/{COMMIT_NAME}"
+        if fs.exists(self.path) and fs.size(self.path) % _COMMIT_RECORD.size:
+            fs.truncate(self.path, 0)  # a torn record: what follows would be read out of step
+        self._size = fs.size(self.path) if fs.exists(self.path) else 0
+        self._fh: FileHandle | None = fs.open_append(self.path)
+
+    def record(self, commit: int) -> None:
+        fh = self._fh
+        if fh is None:
+            return
+        if self._size + _COMMIT_RECORD.size > COMMIT_FILE_MAX_BYTES:
+            fh.close()
+            self.fs.truncate(self.path, 0)
+            self._size = 0
+            self._fh = fh = self.fs.open_append(self.path)
+        fh.write(_commit_record(commit))
+        self._size += _COMMIT_RECORD.size
+
+    def close(self) -> None:
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
+            fh.close()

@@ -20,6 +20,9 @@ Rules:
   `REOBSERVE_TICKS` ticks (the machine's `observe` is idempotent), so an election never waits forever.
 - A storage failure (a write, a sync, a cut) stops the member, as a crash would (`_fail`); a writer asks
   the coordinator for a new election first, since its node is still up.
+- The member's commit point is appended to its commit file (storage/stream_epochs.py) before the handle
+  settles what it commits, and read back when the member opens: a restarted member that knew its whole
+  log committed needs no marker when it next writes (no offset lost across a restart).
 - `ship_bytes` bounds one shipment, `max_inflight` the shipments unacknowledged per replica: a replica far
   behind costs the writer at most their product in memory, read from the files as it goes.
 """
@@ -40,7 +43,7 @@ from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, StreamOptions
 from hutch.storage.errors import StorageError
 from hutch.storage.fs import FileSystem
-from hutch.storage.stream_epochs import empty_files, extent, truncate_files
+from hutch.storage.stream_epochs import CommitFile, empty_files, extent, read_commit, truncate_files
 
 log = logging.getLogger("hutch.stream.replication")
 
@@ -88,6 +91,11 @@ class ReplicatedStream:
         # told the new handle after a cut or an emptying reopened the files (the stream queue moves its
         # readers there, at the offsets they had reached: a replica is never cut below its commit point)
         self.readers_moved: list[Callable[[StreamHandle], None]] = []
+        self._commit_file: CommitFile | None = None
+        try:
+            self._commit_file = CommitFile(fs, directory)
+        except StorageError as exc:  # the member works without it (a restart then writes a marker)
+            log.warning("stream %s: no commit file: %s", directory, exc)
         self._attach(handle)
 
     @classmethod
@@ -110,15 +118,23 @@ class ReplicatedStream:
         restore: `held_back` kept it from committing or writing meanwhile); `fresh`: its directory did not
         exist before that open."""
         tail = Tail(*extent(handle.log)).check()
-        member = sr.StreamMember(name, tail, fenced, fresh=fresh, session_base=session_base, **member_options)
+        known = 0 if fresh else read_commit(fs, directory)
+        member = sr.StreamMember(name, tail, fenced, fresh=fresh, session_base=session_base, commit=known,
+                                 **member_options)
         rs = cls(name, fs, directory, handle, link, clock, handle.options, member)
         rs._start_ticks(tick_s)
         return rs
 
+    @property
+    def reopening(self) -> bool:
+        """A cut or an emptying is under way: `handle` is the old, closed one until it ends."""
+        return self._reopening is not None
+
     def _attach(self, handle: StreamHandle) -> None:
         handle.auto_commit = False
-        # what was on disk at open is not known to be committed any more: the machine says when it is
-        handle.committed_chunk_id = min(handle.committed_chunk_id, self._chunk_before(self.member.commit))
+        # what was on disk at open is committed only up to the member's commit point (0 unless its commit
+        # file said more): the machine says when more is
+        handle.committed_chunk_id = self._chunk_before(self.member.commit)
         handle.on_durable.append(self._on_durable)
         handle.gate = self._gate
         handle.on_written = self._on_written
@@ -286,6 +302,12 @@ class ReplicatedStream:
         self._run(self.member.shipped(e.peer, nxt))
 
     def _commit(self, next_offset: int) -> None:
+        if self._commit_file is not None:
+            try:
+                self._commit_file.record(next_offset)  # before anything is confirmed by it
+            except StorageError as exc:
+                log.warning("stream %s: commit file dropped: %s", self.directory, exc)
+                self._commit_file = None
         last = -1
         ends = self._ends
         while ends and ends[0][1] <= next_offset:
@@ -346,6 +368,9 @@ class ReplicatedStream:
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        if self._commit_file is not None:
+            self._commit_file.close()
+            self._commit_file = None
         if self._reopening is not None:
             await asyncio.gather(self._reopening, return_exceptions=True)
         await self.handle.close()
