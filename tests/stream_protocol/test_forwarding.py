@@ -121,9 +121,9 @@ async def test_a_forwarding_publisher_keeps_forwarding_until_its_queue_is_empty(
 
 
 async def test_the_writer_refuses_a_malformed_forwarded_publish() -> None:
-    from hutch.runtime.queue_types.stream_replication.service import _entries_of
+    from hutch.runtime.queue_types.stream_replication.service import entries_of
     data, _ = ck.encode_entries([b"a", ck.SubBatch(2, 1, 9, b"zz")])
-    assert _entries_of(data, [1, 2], None) == [b"a", ck.SubBatch(2, 1, 9, b"zz")]
+    assert entries_of(data, [1, 2], None) == [b"a", ck.SubBatch(2, 1, 9, b"zz")]
     for bad_data, ids, filters, why in [
         (data, [1], None, "2 entries for 1 publishing ids"),
         (data, [1, 2], [None], "filter values"),
@@ -133,7 +133,7 @@ async def test_the_writer_refuses_a_malformed_forwarded_publish() -> None:
         (data + b"\0\0", [1, 2, 3], None, "malformed stream publish"),
     ]:
         with pytest.raises(ValueError, match=why):
-            _entries_of(bad_data, ids, filters)
+            entries_of(bad_data, ids, filters)
 
 
 async def test_a_stored_offset_goes_to_the_writer(node: Node) -> None:

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hutch.queues.stream import chunk as ck
-from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match
+from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match, reader_for
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -190,12 +189,7 @@ class Consuming:
             assert sub.home is not None
             self.conn.hub.reader_link.open(self, sub, sub.home, spec)
             return
-        if spec.type == OffsetType.LAST and handle.last_chunk_id > handle.committed_chunk_id:
-            # chunks written and not yet committed (their fsync is running): "last" is the newest of them,
-            # as it is on RabbitMQ, where a chunk is visible once written; the reader waits for its commit
-            sub.reader = handle.reader(CoreSpec.offset(handle.last_chunk_id))
-        else:
-            sub.reader = handle.reader(core_spec(spec))
+        sub.reader = reader_for(handle, core_spec(spec), spec.type == OffsetType.LAST)
         # time to the first message: the subscribe's response leaves now, and the first chunk alone right
         # after it; the rest of the credit follows from the next loop turn (not up to PUMP_CHUNKS chunks
         # read, joined and written before the client sees anything)

@@ -35,7 +35,7 @@ from hutch.cluster import messages as cm
 from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
-from hutch.runtime.queue_types.stream_replication.service import _entries_of as entries_of
+from hutch.runtime.queue_types.stream_replication.service import entries_of
 from hutch.storage.errors import StorageError
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec

@@ -347,7 +347,7 @@ class StreamReplicationService:
         or on its node, as `append` does (the same waits and refusals); returns once a majority has
         what was stored."""
         await self._through_writer(
-            gid, lambda stream: stream.publish(_entries_of(data, ids, filters), publisher=reference or None,
+            gid, lambda stream: stream.publish(entries_of(data, ids, filters), publisher=reference or None,
                                                publishing_ids=ids if reference else None, filter_values=filters),
             cm.StreamPublish(gid, data, ids, reference, filters), timeout_s)
 
@@ -388,7 +388,7 @@ class StreamReplicationService:
         return True
 
     async def _on_publish(self, peer: str, m: cm.StreamPublish) -> bool:
-        entries = _entries_of(m.data, m.ids, m.filters)  # (ValueError: malformed, answered as an error)
+        entries = entries_of(m.data, m.ids, m.filters)  # (ValueError: malformed, answered as an error)
         stream = self._writer_here(m.gid)
         appended = stream.publish(entries, publisher=m.reference or None,
                                   publishing_ids=m.ids if m.reference else None, filter_values=m.filters)
@@ -604,7 +604,7 @@ class StreamRoute:
 MAX_PUBLISH_ENTRIES = 0xFFFF  # a chunk's entries (the stream-protocol session sends at most 4,096 at once)
 
 
-def _entries_of(data: bytes, ids: list[int], filters: list[bytes | None] | None) -> list[ck.Entry]:
+def entries_of(data: bytes, ids: list[int], filters: list[bytes | None] | None) -> list[ck.Entry]:
     """The entries of a `StreamPublish`'s data section, checked against its ids and filter values;
     ValueError if they do not match or the data is not a data section."""
     if not 0 < len(ids) <= MAX_PUBLISH_ENTRIES or not all(type(i) is int and 0 <= i < 1 << 64 for i in ids):
