@@ -70,7 +70,7 @@ def test_publisher_and_consumer_move_to_their_queues_worker_nothing_lost_or_reor
         assert holders(node, client_port(pub)) == {0}
         for i in range(300):  # each returns once confirmed: tags 1.. continue in worker 1
             pch.basic_publish("", queue, b"%d" % i, PERSISTENT)
-        assert holders(node, client_port(pub)) == {1}  # it moved at its first publish
+        until(lambda: holders(node, client_port(pub)) == {1}, what="the move")  # it moved at its first publish
         cch = con.channel()
         cch.basic_qos(prefetch_count=50)
         bodies = []
@@ -84,7 +84,7 @@ def test_publisher_and_consumer_move_to_their_queues_worker_nothing_lost_or_reor
                 break
         assert bodies == [b"%d" % i for i in range(300)]
         assert tags == list(range(1, 301))
-        assert holders(node, client_port(con)) == {1}
+        until(lambda: holders(node, client_port(con)) == {1}, what="the move")
         for i in range(300, 310):  # both connections keep working where they are now
             pch.basic_publish("", queue, b"%d" % i, PERSISTENT)
         more = [next(cch.consume(queue, inactivity_timeout=10)) for _ in range(10)]
@@ -142,7 +142,7 @@ def test_delivery_tags_continue_after_a_move(node: ServerInfo) -> None:
         ch.basic_ack(method.delivery_tag)
         ch.confirm_delivery()
         ch.basic_publish("", remote, b"remote")  # moves the connection: channel 1 confirms its tag 1 there
-        assert holders(node, client_port(conn)) == {1}
+        until(lambda: holders(node, client_port(conn)) == {1}, what="the move")
         method, _props, body = until(lambda: (lambda r: r if r[0] is not None else None)(ch.basic_get(remote)),
                                      what="a message")
         assert body == b"remote" and method.delivery_tag == 2  # the channel's tags went on from 1
@@ -186,7 +186,7 @@ def test_a_first_publish_through_an_exchange_to_one_other_workers_queue_moves(no
         ch.queue_bind(remote, "amq.topic", routing_key="routed.#")
         assert holders(node, client_port(conn)) == {0}
         ch.basic_publish("amq.topic", "routed.x", b"routed")  # returns once confirmed (from worker 1)
-        assert holders(node, client_port(conn)) == {1}
+        until(lambda: holders(node, client_port(conn)) == {1}, what="the move")
         ch.basic_publish("amq.topic", "routed.y", b"again")
         assert ch.queue_declare(remote, passive=True).method.message_count == 2
         ch.queue_delete(remote)
@@ -287,7 +287,7 @@ def test_a_moved_connection_counts_once_for_its_vhosts_limit(node: ServerInfo) -
                 break
         ch.confirm_delivery()
         ch.basic_publish("", name, b"x")
-        assert holders(node, client_port(first)) == {1}
+        until(lambda: holders(node, client_port(first)) == {1}, what="the move")
         with connect(node, 1, **params) as second:  # counted once: one place is left, and only one
             second.channel()
             for worker in (0, 1):
