@@ -6,7 +6,12 @@ partition.
 
 Checked after every step: no two members ever commit different chunks at one offset; a committed chunk
 is never truncated (the machine asserts it). After healing: every member holds the same log, every
-confirmed chunk is in it at its offset, each payload once, in publish order.
+confirmed chunk is in it at its offset, each payload once, in publish order, and its offsets are dense
+from first to last (every offset holds a published payload: no writer change took one).
+
+Writers go idle now and then (no publish for a while), so that new writers carry older chunks by their
+recorded start alone; `grown` starts from a stream of one member whose log holds chunks of epoch 0 (a
+single-node stream made replicated, then given members).
 
 `run_stream_seed(seed)` runs one schedule; the same seed always gives the same run.
 """
@@ -79,12 +84,14 @@ class StreamStats:
     truncations: int = 0
     dropped: int = 0
     writer_epochs: int = 0
-    markers: int = 0     # of them, those that wrote a marker (the others took no offset for their start)
+    carried: int = 0     # of them, those that began holding chunks not known committed
+    by_record: int = 0   # commits of older chunks made by a recorded start alone (no chunk of the epoch yet)
+    idle: int = 0        # periods without publishes
 
 
 class StreamSim:
     def __init__(self, seed: int, n: int = 3, *, drop: float = 0.05, max_delay: int = 4,
-                 faults: bool = True, spare: int = 1, retention: bool = True) -> None:
+                 faults: bool = True, spare: int = 1, retention: bool = True, grown: int = 0) -> None:
         self.retention = retention
         self.rng = random.Random(seed)
         self.stats = StreamStats(seed)
@@ -94,12 +101,24 @@ class StreamSim:
         self.now = 0
         self.net: list[tuple[int, int, str, str, object]] = []  # (due, seq, src, dst, message)
         self.seq = 0
-        self.coord = sc.apply(sc.NONE, sc.Declare(tuple(names[:n]), names[0]))
         self.down_since: int | None = None
         self.publishing = True
+        self.idle_until = 0
         self.truth: dict[int, bytes] = {}          # chunk id -> data, of every committed chunk seen
         self.confirmed: dict[int, bytes] = {}      # chunk id -> data, of chunks whose writer confirmed them
         self.next_payload = 0
+        if grown:
+            # one member's files of the single-node path: epoch-0 chunks, committed (confirmed) there
+            disk = self.nodes[names[0]].disk
+            for _ in range(grown):
+                k = self.rng.randint(1, 3)
+                first = disk.synced[-1].next_offset if disk.synced else 0
+                c = sr.ChunkRef(0, first, first + k,
+                                json.dumps(list(range(self.next_payload, self.next_payload + k))).encode())
+                self.next_payload += k
+                disk.synced.append(c)
+                self.confirmed[c.chunk_id] = self.truth[c.chunk_id] = c.data
+        self.coord = sc.apply(sc.NONE, sc.Declare(tuple(names[:1] if grown else names[:n]), names[0]))
         for node in self.nodes.values():
             node.member = self._new_member(node)
         for node in self.nodes.values():
@@ -135,6 +154,7 @@ class StreamSim:
                 # this epoch's own appends are confirmed by this epoch's commit point
                 node.appended = []
                 self.stats.writer_epochs += 1
+                self.stats.carried += m.carry
             self._run(node, effects)
 
     def _coord_apply(self, cmd: sc.Command) -> None:
@@ -155,6 +175,8 @@ class StreamSim:
                 self._send(node.name, "coord", sc.TailReport(e.sender, e.epoch, e.tail))
             elif isinstance(e, sr.Stable):
                 self._send(node.name, "coord", sc.EpochStable(e.epoch))
+            elif isinstance(e, sr.Begin):
+                self._send(node.name, "coord", sc.EpochStart(e.epoch, e.tail))
             elif isinstance(e, sr.Reelect):
                 self._send(node.name, "coord", sc.WriterDown(e.epoch))
             elif isinstance(e, sr.Ship):
@@ -167,13 +189,9 @@ class StreamSim:
             elif isinstance(e, sr.Reset):
                 self.stats.resets += 1
                 node.disk = Disk(first=e.first)
-            elif isinstance(e, sr.Append):
-                self.stats.markers += 1
-                epoch, chunk_id = m.append(1)
-                chunk = sr.ChunkRef(epoch, chunk_id, chunk_id + 1, b"marker %d" % epoch)
-                node.disk.unsynced.append(chunk)
-                node.appended.append(chunk)
             elif isinstance(e, sr.Committed):
+                if m.role is sr.Role.WRITER and m.carry and e.next_offset == m.start > node.commit_seen:
+                    self.stats.by_record += 1
                 self._committed(node, e.next_offset)
 
     def _ship(self, node: SimNode, e: sr.Ship) -> None:
@@ -224,7 +242,7 @@ class StreamSim:
             if self._cut(src, dst):
                 continue
             if dst == "coord":
-                assert isinstance(msg, sc.TailReport | sc.WriterDown | sc.EpochStable)
+                assert isinstance(msg, sc.TailReport | sc.WriterDown | sc.EpochStable | sc.EpochStart)
                 self._coord_apply(msg)
                 continue
             node = self.nodes[dst]
@@ -243,8 +261,12 @@ class StreamSim:
             if self.retention and self.rng.random() < 0.02:
                 self._retain(node)
             self._run(node, m.tick())
-            if self.publishing and m.role is sr.Role.WRITER and self.rng.random() < 0.6:
+            if self.publishing and self.now >= self.idle_until and m.role is sr.Role.WRITER \
+                    and self.rng.random() < 0.6:
                 self._publish(node)
+        if self.faults and self.now >= self.idle_until and self.rng.random() < 0.01:
+            self.idle_until = self.now + self.rng.randint(5, 40)  # nobody publishes for a while
+            self.stats.idle += 1
         self._detect_writer_down()
         if self.faults:
             self._fault()
@@ -379,14 +401,17 @@ class StreamSim:
                                           f"lost on {name} (it has {held.get(chunk_id)!r})")
         payloads: list[int] = []
         for _, c in sorted(union.items()):
-            if not c.data.startswith(b"marker"):
-                payloads.extend(json.loads(c.data))
+            records = json.loads(c.data)
+            if len(records) != c.next_offset - c.chunk_id:  # every offset holds a published payload
+                raise StreamViolation(f"seed {self.stats.seed}: offsets {c.chunk_id}..{c.next_offset - 1} "
+                                      f"hold {len(records)} payloads")
+            payloads.extend(records)
         if payloads != sorted(set(payloads)):
             raise StreamViolation(f"seed {self.stats.seed}: payloads out of order or twice: {payloads}")
 
 
-def run_stream_seed(seed: int, ticks: int = 400, n: int = 3) -> StreamStats:
-    sim = StreamSim(seed, n=n)
+def run_stream_seed(seed: int, ticks: int = 400, n: int = 3, grown: int = 0) -> StreamStats:
+    sim = StreamSim(seed, n=n, grown=grown)
     for _ in range(ticks):
         sim.step()
     sim.settle()

@@ -3,7 +3,10 @@ coordinator on 3 and 5 members with drops, delays, reorders, crashes that lose u
 isolated members (a writer that keeps writing alone), retention on each member, members added and
 removed, and a member that was down catching up (or being reset past the writer's retention).
 
-- `test_seeds`: the bounded selection `make test` runs.
+- `test_seeds`: the bounded selection `make test` runs (writers left idle among them, so that new
+  writers carry older chunks by their recorded start alone; `test_grown`: a stream of one member with
+  epoch-0 chunks given members). After healing every member's offsets are dense (no offset without a
+  published payload: no writer change takes one).
 - `test_regression_seeds`: seeds that found bugs while the protocol was written (docs/streams.md,
   "Replication"); each replays its schedule against the fixed code.
 - `test_broken_*`: the checks catch a protocol with one of its rules removed.
@@ -42,9 +45,14 @@ def test_seeds(chunk: int) -> None:
     totals = _totals(stats)
     # the faults must actually happen, or a green run proves nothing
     for key in ("crashes", "isolations", "elections", "member_changes", "resets", "retentions",
-                "truncations", "dropped", "confirmed", "markers"):
+                "truncations", "dropped", "confirmed", "carried", "by_record", "idle"):
         assert totals[key] > 0, (key, totals)
-    assert totals["markers"] < totals["writer_epochs"]   # most epochs begin with a publish or need none
+
+
+def test_grown() -> None:
+    stats = [run_stream_seed(seed, grown=4) for seed in range(500, 520)]
+    totals = _totals(stats)
+    assert totals["member_changes"] > 0 and totals["by_record"] > 0, totals
 
 
 def test_five_members() -> None:
@@ -100,6 +108,13 @@ def test_broken_agreement_is_caught(patched: pytest.MonkeyPatch) -> None:
 def test_seeds_long(chunk: int) -> None:
     for seed in range(chunk * 100, (chunk + 1) * 100):
         run_stream_seed(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", range(5))
+def test_grown_long(chunk: int) -> None:
+    for seed in range(20_000 + chunk * 100, 20_000 + (chunk + 1) * 100):
+        run_stream_seed(seed, grown=1 + seed % 6)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 
 from hutch.cluster import stream_coordinator as sc
 from hutch.cluster import stream_replica as sr
+from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec
 from hutch.queues.stream.retention import Retention
 from hutch.runtime.clock import ManualClock
@@ -85,7 +86,7 @@ class Link:
         target = c.members[peer]
         asyncio.get_running_loop().call_soon(target.receive, message)
 
-    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
+    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable | sr.Begin) -> None:
         if self.me in self.cluster.cut:
             return
         cmd = sc.command_for(effect)
@@ -189,17 +190,58 @@ async def test_a_restart_of_every_member_leaves_no_gap(commit_files: bool) -> No
     await same_logs(c)
     for n in NAMES:
         await c.stop(n)
-        if not commit_files:  # what a member knew is gone: the next writer must write a marker
+        if not commit_files:  # what a member knew is gone: the next writer carries the log
             c.fs[n].delete(f"{D}/commit")
     for n in NAMES:
         await c.start(n)   # the writer of epoch 1 restarted: it asks for an election
     await until(lambda: c.coord.epoch > 1 and c.coord.writer is not None and c.coord.stable
                 and c.writer().member.stable, "a new stable writer")
+    assert c.writer().member.carry is not commit_files
+    # idle: no publish, and no chunk written; the old chunks are committed (by the commit file, or by
+    # the writer's recorded start) and every member's readers see all ten
+    await until(lambda: all(len(records(m)) == 10 for m in c.members.values()), "the old chunks readable")
+    assert all(len(chunks(m)) == 10 for m in c.members.values())
     after = c.writer().publish([b"b0"])
     await asyncio.wait_for(after.settled, 20)
-    # the commit file told the new writer its log was committed: no marker, no offset taken
-    assert after.first_offset == (10 if commit_files else 11)
+    assert after.first_offset == 10   # no offset taken by the writer change
+    await same_logs(c)
     for m in c.members.values():
+        r = m.handle.reader(OffsetSpec.first())
+        offsets = [o for chunk in iter(r.next_chunk, None) for o, _ in chunk.records()]
+        assert offsets == list(range(11))
+    for m in c.members.values():
+        await m.close()
+
+
+async def test_files_with_a_marker_of_the_code_before_open_and_read() -> None:
+    # the code before recorded starts wrote a 1-record tracking snapshot of its epoch for an idle writer
+    # carrying older chunks; such files open, carry on and read as they did (the marker's offset stays)
+    c = Cluster()
+    await started(c)
+    done = [c.writer().publish([b"a%d" % i]) for i in range(5)]
+    await asyncio.wait_for(asyncio.gather(*(a.settled for a in done)), 20)
+    w = c.writer()
+    before = w.handle.next_offset
+    w.handle.accept_chunk(ck.encode([w.handle.tracking.snapshot()], chunk_type=ck.TRACKING_SNAPSHOT,
+                                    timestamp=c.clock.wall_ms(), epoch=w.handle.epoch, chunk_id=before))
+    w._wrote(before)
+    w._flush()
+    await same_logs(c)
+    for n in NAMES:
+        await c.stop(n)
+        c.fs[n].delete(f"{D}/commit")
+    for n in NAMES:
+        await c.start(n)
+    await until(lambda: c.coord.epoch > 1 and c.coord.writer is not None and c.writer().member.stable,
+                "a new stable writer")
+    after = c.writer().publish([b"b0"])
+    await asyncio.wait_for(after.settled, 20)
+    assert after.first_offset == 6
+    await same_logs(c)
+    for m in c.members.values():
+        r = m.handle.reader(OffsetSpec.first())
+        assert [(o, rec) for chunk in iter(r.next_chunk, None) for o, rec in chunk.records()] == [
+            *((i, b"a%d" % i) for i in range(5)), (6, b"b0")]
         await m.close()
 
 

@@ -95,8 +95,8 @@ def _sends(effects: list[sr.Effect]) -> list[sr.Message]:
 def _writer_and_replica() -> tuple[sr.StreamMember, sr.StreamMember, sr.StreamMember]:
     view = sr.View(1, "a", ("a", "b", "c"), electing=False, stable=True)
     a, b, c = (sr.StreamMember(n, EMPTY) for n in "abc")
-    # a fresh stream: nothing to carry, so no marker, and the epoch is stable at once
-    assert a.observe(view) == [sr.Stable(1)]
+    # a fresh stream: nothing to carry, nothing to record, and the epoch is stable from its declaration
+    assert a.observe(view) == [] and a.stable
     assert a.append(1) == (1, 0)   # the first message is at offset 0
     return a, b, c
 
@@ -162,11 +162,12 @@ def test_fencing_stops_the_old_writer_and_reports_the_durable_tail() -> None:
     assert a.role is sr.Role.IDLE
     # a message of the old epoch is refused now
     assert a.step(sr.Ack("b", 1, 1, 1)) == []
-    # the member that is chosen keeps its log (the unsynced chunk too) and, if no publish comes within
-    # `marker_ticks`, writes a marker of its epoch
+    # the member that is chosen keeps its log (the unsynced chunk too) and asks the coordinator to
+    # record the log it begins from: no marker chunk, no offset
     out = a.observe(sr.View(2, "a", ("a", "b", "c"), electing=False))
-    assert out == []
-    assert [e for _ in range(a.marker_ticks) for e in a.tick() if isinstance(e, sr.Append)] == [sr.Append(2, 3)]
+    assert out == [sr.Begin(2, Tail(0, 3, ((1, 3),)))]
+    assert not any(isinstance(e, sr.Ship | sr.Write) for _ in range(20) for e in a.tick())
+    assert a.append(1) == (2, 3)      # the next message follows at once
 
 
 def test_a_restarted_writer_asks_for_a_new_election() -> None:
@@ -176,20 +177,51 @@ def test_a_restarted_writer_asks_for_a_new_election() -> None:
     assert isinstance(_sends(b.observe(sr.View(3, "a", ("a", "b", "c"), electing=False)))[0], sr.Hello)
 
 
-def test_a_new_writer_does_not_commit_older_epochs_by_counting() -> None:
-    # b holds an epoch-1 chunk that nobody committed; as writer of epoch 2 it commits nothing until
-    # its own marker is on a majority, even though c acknowledges the old chunk
+def _carrying_writer() -> tuple[sr.StreamMember, sr.View]:
+    # b holds epoch-1 chunks up to 2 that nobody is known to have committed; it writes epoch 2
     b = sr.StreamMember("b", Tail(0, 2, ((1, 2),)), fenced=2)
     b.restored = -1
-    b.observe(sr.View(2, "b", ("a", "b", "c"), electing=False))
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    assert b.observe(view) == [sr.Begin(2, Tail(0, 2, ((1, 2),)))]
+    assert b.carry and b.awaiting_record
+    return b, view
+
+
+def test_a_new_writer_does_not_commit_older_epochs_by_counting() -> None:
+    # c acknowledges the old chunks: still nothing is committed while the start is not recorded
+    b, view = _carrying_writer()
     c = sr.StreamMember("c", EMPTY, fenced=2)
-    hello = _sends(c.observe(sr.View(2, "b", ("a", "b", "c"), electing=False)))[0]
+    hello = _sends(c.observe(view))[0]
     assert isinstance(hello, sr.Hello)
     b.step(hello)
     assert not any(isinstance(e, sr.Committed) for e in b.step(sr.Ack("c", 2, hello.session, 2)))
+    assert b.observe(view) == [sr.Begin(2, Tail(0, 2, ((1, 2),)))]    # asked again (a lost proposal)
     b.append(1)
     b.written(3)
-    assert sr.Committed(3) in b.step(sr.Ack("c", 2, hello.session, 3))
+    assert sr.Committed(3) in b.step(sr.Ack("c", 2, hello.session, 3))   # its own chunk carries them
+
+
+def test_a_recorded_start_commits_the_older_chunks_without_a_chunk() -> None:
+    # the idle case: no publish comes; once the coordinator recorded b's start and a majority holds
+    # exactly that log (acknowledged after the Start), the old chunks are committed at 2, no offset used
+    b, view = _carrying_writer()
+    c = sr.StreamMember("c", Tail(0, 3, ((1, 3),)), fenced=2)   # one more epoch-1 chunk than b
+    c.restored = -1
+    hello = _sends(c.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    out = b.step(hello)                                  # c holds 0..3: agreed at 2
+    start = _sends(out)[0]
+    assert isinstance(start, sr.Start) and start.from_offset == 2
+    assert not any(isinstance(e, sr.Committed) for e in out)
+    recorded = view._replace(recorded=True)
+    b.written(2)
+    assert b.observe(recorded) == []                     # recorded, but c has not cut its extra chunk
+    out = c.step(start)
+    assert sr.Truncate(2) in out
+    ack = _sends(out)[0]
+    assert ack == sr.Ack("c", 2, hello.session, 2)
+    assert b.step(ack) == [sr.Committed(2), sr.Stable(2)]
+    assert b.append(1) == (2, 2)                         # the epoch's first message at 2: no gap
 
 
 def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
@@ -198,8 +230,8 @@ def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
     b.restored = -1
     b.commit = 5
     view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    assert b.observe(view) == [sr.Committed(5)]   # no Append: its next chunk starts at 5, no gap
-    assert b.marker_next == 5 and not b.stable
+    assert b.observe(view) == [sr.Begin(2, Tail(0, 5, ((1, 5),))), sr.Committed(5)]
+    assert not b.carry and b.start == 5 and not b.stable
     c = sr.StreamMember("c", Tail(0, 3, ((1, 3),)), fenced=2)
     c.restored = -1
     hello = _sends(c.observe(view))[0]
@@ -210,9 +242,9 @@ def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
     assert _sends(out) == [sr.Ack("c", 2, hello.session, 3)]
     assert sr.Committed(3) in out             # the Start's commit point reaches c's readers at once
     c.step(sr.Chunks(2, (sr.ChunkRef(1, 3, 5, b"x"),), b.commit))
-    out = b.step(_sends(c.written(5))[0])
-    assert out == [sr.Stable(2)]              # a majority holds the log up to where b started
-    assert b.observe(view) == [sr.Stable(2)]  # said again while the coordinator has not taken it
+    assert b.step(_sends(c.written(5))[0]) == []   # a majority holds the log: stable once recorded
+    assert b.observe(view._replace(recorded=True)) == [sr.Stable(2)]
+    assert b.observe(view._replace(recorded=True)) == [sr.Stable(2)]  # said again while not taken
     assert b.append(2) == (2, 5)
     b.written(7)
     c.step(sr.Chunks(2, (sr.ChunkRef(2, 5, 7, b"y"),), b.commit))
@@ -220,45 +252,47 @@ def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
 
 
 def test_a_writer_that_is_stable_at_its_hellos_needs_no_new_chunk() -> None:
-    # an idle stream: the replicas already hold everything; their Hellos make the epoch stable
+    # an idle stream: the replicas already hold everything; their Acks after the Start and the record
+    # make the epoch stable
     b = sr.StreamMember("b", Tail(0, 4, ((1, 4),)), fenced=2)
     b.restored, b.commit = -1, 4
-    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
+    view = sr.View(2, "b", ("a", "b", "c"), electing=False, recorded=True)
     assert b.observe(view) == [sr.Committed(4)]
     a = sr.StreamMember("a", Tail(0, 4, ((1, 4),)), fenced=2)
     a.restored = -1
     hello = _sends(a.observe(view))[0]
     assert isinstance(hello, sr.Hello)
     out = b.step(hello)
-    assert sr.Stable(2) in out and not any(isinstance(e, sr.Ship) for e in out)
+    assert not any(isinstance(e, sr.Ship) for e in out)
+    ack = _sends(a.step(_sends(out)[0]))[0]
+    assert b.step(ack) == [sr.Stable(2)]
 
 
-def test_a_marker_is_still_written_over_unknown_or_epoch_0_chunks() -> None:
+def test_older_or_epoch_0_chunks_are_carried_by_the_record() -> None:
     view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    # not known committed (commit below the end); marker_ticks=0: the marker at once
-    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2, marker_ticks=0)
+    # not known committed (commit below the end)
+    b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2)
     b.restored, b.commit = -1, 4
-    assert b.observe(view) == [sr.Append(2, 5)]
-    # a stream of one member grown: its epoch-0 chunks are carried by epoch 1's marker
-    g = sr.StreamMember("g", Tail(0, 3, ((0, 3),)), fresh=True, marker_ticks=0)
-    g.commit = 3
-    assert g.observe(sr.View(1, "g", ("g",), electing=False)) == [sr.Append(1, 3)]
+    assert b.observe(view) == [sr.Begin(2, Tail(0, 5, ((1, 5),))), sr.Committed(4)]
+    # a stream of one member grown: its epoch-0 chunks are carried by epoch 1's recorded start, even
+    # though the declaration made the epoch stable (one member: a majority of one)
+    g = sr.StreamMember("g", Tail(0, 3, ((0, 3),)), fresh=True)
+    out = g.observe(sr.View(1, "g", ("g",), electing=False, stable=True))
+    assert out == [sr.Begin(1, Tail(0, 3, ((0, 3),)))]
+    recorded = sr.View(1, "g", ("g",), electing=False, stable=True, recorded=True)
+    assert g.observe(recorded) == [sr.Committed(3), sr.Stable(1)]
+    assert g.append(2) == (1, 3)
     # an empty log that starts past 0 (reset to a writer's first offset)
-    e = sr.StreamMember("e", Tail(7, 7, ()), fenced=2, marker_ticks=0)
+    e = sr.StreamMember("e", Tail(7, 7, ()), fenced=2)
     e.restored, e.commit = -1, 7
-    assert e.observe(sr.View(2, "e", ("a", "e", "c"), electing=False)) == [sr.Append(2, 7)]
+    assert e.observe(sr.View(2, "e", ("a", "e", "c"), electing=False)) == [sr.Begin(2, Tail(7, 7, ())),
+                                                                           sr.Committed(7)]
 
 
 def test_a_publish_does_the_markers_work_under_load() -> None:
-    # b holds an epoch-1 chunk nobody is known to have committed; a publish comes before marker_ticks
-    b = sr.StreamMember("b", Tail(0, 2, ((1, 2),)), fenced=2)
-    b.restored = -1
-    view = sr.View(2, "b", ("a", "b", "c"), electing=False)
-    assert b.observe(view) == []
-    assert not any(isinstance(e, sr.Append) for e in b.tick())
+    # a publish before the record: its chunk carries the old chunks once it is on a majority
+    b, view = _carrying_writer()
     assert b.append(3) == (2, 2)                  # the epoch's first own chunk: no offset lost
-    assert b.marker_next == 5
-    assert not any(isinstance(e, sr.Append) for _ in range(2 * b.marker_ticks) for e in b.tick())
     c = sr.StreamMember("c", Tail(0, 2, ((1, 2),)), fenced=2)
     c.restored = -1
     hello = _sends(c.observe(view))[0]
@@ -328,6 +362,46 @@ def test_coordinator_member_changes_one_at_a_time_once_stable() -> None:
         sc.apply(sc.NONE, sc.Declare(("a",), "b"))
 
 
+def test_epoch_starts_are_recorded_once_and_pruned_when_a_later_epoch_is_stable() -> None:
+    t1, t2 = Tail(0, 4, ((1, 4),)), Tail(0, 6, ((1, 4), (2, 6)))
+    s = sc.apply(sc.NONE, sc.Declare(("a", "b", "c"), "a"))
+    assert not s.view().recorded
+    s = sc.apply(sc.apply(s, sc.WriterDown(1)), sc.EpochStart(2, t1))
+    assert s.starts == ()                                   # electing: nothing recorded
+    s = sc.apply(sc.apply(s, sc.TailReport("a", 2, t1)), sc.TailReport("b", 2, t1))
+    s = sc.apply(s, sc.EpochStart(2, t1))
+    assert s.view().recorded and s.starts == ((2, t1),)
+    assert sc.apply(s, sc.EpochStart(2, t2)) is s           # once per epoch: the first wins
+    assert sc.apply(s, sc.EpochStart(1, t2)) is s           # another epoch's
+    s = sc.apply(sc.apply(s, sc.WriterDown(2)), sc.TailReport("a", 3, t2))
+    s = sc.apply(s, sc.TailReport("c", 3, t1))
+    assert s.writer == "a" and s.starts == ((2, t1),) and not s.view().recorded
+    s = sc.apply(s, sc.EpochStart(3, t2))
+    assert s.starts == ((2, t1), (3, t2))
+    s = sc.apply(s, sc.EpochStable(3))
+    assert s.stable and s.starts == ((3, t2),)             # older records decide no election any more
+
+
+def test_a_recorded_start_ranks_its_log_at_its_epoch_figure_8() -> None:
+    # Raft's Figure 8 on five members, with the marker replaced by a recorded start. Epoch 1 (writer a)
+    # committed 0..4 everywhere, then wrote 4..6 to a and b only and died. c won epoch 2 (c, d, e
+    # reported 0..4), wrote 4..5 to itself only and died. a won epoch 3 (a, b, d) and, idle, committed
+    # 4..6 through its recorded start once a, b and d held exactly that log. a dies; c comes back.
+    base, old = Tail(0, 4, ((1, 4),)), Tail(0, 6, ((1, 6),))
+    c_log = Tail(0, 5, ((1, 4), (2, 5)))
+    s = sc.CoordState(4, None, ("a", "b", "c", "d", "e"), (), starts=((3, old),))
+    for member, tail in (("c", c_log), ("d", old), ("e", base)):
+        s = sc.apply(s, sc.TailReport(member, 4, tail))
+    assert sc.election_key(old, s.starts) == (3, 6) and sc.election_key(c_log, s.starts) == (2, 5)
+    assert s.writer == "d"              # holds what was committed; c's epoch-2 chunk is cut
+    # without the record's rank the log of the higher epoch wins, and the committed 4..6 would be cut
+    assert max((c_log, old, base), key=sc.tail_key) == c_log
+    # only a log that is exactly the start ranks at its epoch: not a prefix, not a longer one
+    assert sc.election_key(Tail(0, 5, ((1, 5),)), s.starts) == (1, 5)
+    assert sc.election_key(Tail(0, 7, ((1, 7),)), s.starts) == (1, 7)
+    assert sc.election_key(Tail(2, 6, ((1, 6),)), s.starts) == (3, 6)   # retention: unknown, not different
+
+
 @given(_logs(), st.integers(0, 20))
 @settings(max_examples=300)
 def test_agreed_next_never_claims_past_the_common_prefix_after_retention(
@@ -367,7 +441,7 @@ def test_malformed_replica_messages_are_refused(bad: object) -> None:
 def test_coordinator_commands_and_snapshot_round_trip() -> None:
     tail = Tail(0, 9, ((1, 9),))
     for cmd in (sc.Declare(("a", "b", "c"), "a"), sc.WriterDown(3), sc.TailReport("b", 4, tail),
-                sc.ChangeMembers(("a", "b")), sc.EpochStable(2), sc.Barrier(1 << 61)):
+                sc.ChangeMembers(("a", "b")), sc.EpochStable(2), sc.Barrier(1 << 61), sc.EpochStart(5, tail)):
         assert sc.decode_command(sc.encode_command(cmd)) == cmd
     for bad in (b"", b"\x93\x02\x00\x01", b"\x92\x01\x09", b"\x93\x01\x01\xa1x"):
         with pytest.raises(sc.CoordinatorError):
@@ -395,3 +469,13 @@ def test_a_members_effects_become_coordinator_commands() -> None:
     assert sc.command_for(sr.Report("b", 3, tail)) == sc.TailReport("b", 3, tail)
     assert sc.command_for(sr.Reelect(3)) == sc.WriterDown(3)
     assert sc.command_for(sr.Stable(3)) == sc.EpochStable(3)
+    assert sc.command_for(sr.Begin(3, tail)) == sc.EpochStart(3, tail)
+
+
+def test_a_snapshot_from_before_epoch_starts_restores() -> None:
+    import msgpack
+    tail = Tail(0, 9, ((1, 9),))
+    old = msgpack.packb([sc.VERSION, 3, "b", ["a", "b", "c"], [], True])   # what main wrote
+    assert sc.restore_state(old) == sc.CoordState(3, "b", ("a", "b", "c"), (), True, ())
+    state = sc.CoordState(4, "a", ("a", "b"), (), False, ((4, tail),))
+    assert sc.restore_state(sc.snapshot_state(state)) == state

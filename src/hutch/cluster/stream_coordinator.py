@@ -19,8 +19,15 @@ Rules:
   majority of the newest set miss what a majority of the oldest holds: the simulation found this,
   seed 2 of tests/sim/test_stream_replication.py). A new epoch starts: the same writer if it stays a
   member (its log holds every committed chunk), an election among the new members otherwise.
+- `EpochStart(epoch, tail)`: the writer of the current epoch began it over the log `tail` (its whole
+  log when it was named). Recorded once per epoch, it stands for a marker chunk that would end that log
+  (stream_replica.py, "The epoch's start is recorded, not written"): in an election a report whose log
+  *is* a recorded start (stream_tail.same_log) ranks with that start's epoch (`election_key`), as if it
+  held the writer's marker. Records of epochs before the current one go once the current one is stable
+  (a majority then ranks at its epoch or above, so the older records decide no election any more); the
+  records kept are bounded by the elections since the last stable epoch.
 - Invariant: `epoch` only grows; `writer` is a member or None (electing); `members` is never empty and
-  has no duplicates.
+  has no duplicates; `starts` is ordered by epoch, one per epoch, none above `epoch`.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from hutch.cluster.stream_replica import Reelect, Report, Stable, View
-from hutch.cluster.stream_tail import Tail, tail_from_wire, tail_key, tail_to_wire
+from hutch.cluster.stream_replica import Begin, Reelect, Report, Stable, View
+from hutch.cluster.stream_tail import Tail, same_log, tail_from_wire, tail_key, tail_to_wire
 
 
 class Declare(NamedTuple):
@@ -58,13 +65,19 @@ class EpochStable(NamedTuple):
     epoch: int
 
 
+class EpochStart(NamedTuple):
+    """The writer of `epoch` began it over the log `tail` (stream_replica.Begin)."""
+    epoch: int
+    tail: Tail
+
+
 class Barrier(NamedTuple):
     """Changes nothing: a node that sees its own `token` applied knows its copy of the coordinator holds
     every decision committed before it (the read barrier a member waits for before it starts)."""
     token: int
 
 
-Command = Declare | WriterDown | TailReport | ChangeMembers | EpochStable | Barrier
+Command = Declare | WriterDown | TailReport | ChangeMembers | EpochStable | Barrier | EpochStart
 
 
 class CoordinatorError(ValueError):
@@ -77,26 +90,48 @@ class CoordState(NamedTuple):
     members: tuple[str, ...]
     reports: tuple[tuple[str, Tail], ...]  # the election's answers so far (electing only)
     stable: bool = False                 # the epoch's writer committed its own first chunk
+    starts: tuple[tuple[int, Tail], ...] = ()  # recorded epoch starts (EpochStart), by epoch
 
     @property
     def electing(self) -> bool:
         return self.writer is None
 
+    @property
+    def recorded(self) -> bool:
+        """The current epoch's start is recorded."""
+        return bool(self.starts) and self.starts[-1][0] == self.epoch and not self.electing
+
     def view(self) -> View:
         """What a member acts on (stream_replica.StreamMember.observe)."""
-        return View(self.epoch, self.writer, self.members, self.electing, self.stable)
+        return View(self.epoch, self.writer, self.members, self.electing, self.stable, self.recorded)
 
 
 NONE = CoordState(0, None, (), ())
 
 
-def command_for(effect: Report | Reelect | Stable) -> Command:
-    """The coordinator command a member's effect asks for (stream_replica's `Report`, `Reelect`, `Stable`)."""
+def command_for(effect: Report | Reelect | Stable | Begin) -> Command:
+    """The coordinator command a member's effect asks for (stream_replica's `Report`, `Reelect`, `Stable`,
+    `Begin`)."""
     if isinstance(effect, Report):
         return TailReport(effect.sender, effect.epoch, effect.tail)
     if isinstance(effect, Reelect):
         return WriterDown(effect.epoch)
+    if isinstance(effect, Begin):
+        return EpochStart(effect.epoch, effect.tail)
     return EpochStable(effect.epoch)
+
+
+def election_key(tail: Tail, starts: tuple[tuple[int, Tail], ...]) -> tuple[int, int]:
+    """A report's rank in an election: `tail_key`, with the log's epoch raised to that of the latest
+    recorded epoch start the log is exactly (it holds what that epoch's writer began from, as a member
+    holding the writer's marker would)."""
+    epoch, length = tail_key(tail)
+    for start_epoch, start in reversed(starts):
+        if start_epoch <= epoch:
+            break
+        if same_log(tail, start):
+            return start_epoch, length
+    return epoch, length
 
 
 def _check_members(members: tuple[str, ...]) -> None:
@@ -116,7 +151,7 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
     if isinstance(cmd, WriterDown):
         if cmd.epoch != state.epoch or state.electing:
             return state  # an old epoch's writer, or already electing
-        return CoordState(state.epoch + 1, None, state.members, ())
+        return state._replace(epoch=state.epoch + 1, writer=None, reports=(), stable=False)
     if isinstance(cmd, TailReport):
         if not state.electing or cmd.epoch != state.epoch or cmd.member not in state.members:
             return state
@@ -125,10 +160,16 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
         if len(reports) <= len(state.members) // 2:
             return state._replace(reports=tuple(reports.items()))
         order = {m: i for i, m in enumerate(state.members)}
-        best = max(reports, key=lambda m: (tail_key(reports[m]), -order[m]))
-        return CoordState(state.epoch, best, state.members, ())
+        best = max(reports, key=lambda m: (election_key(reports[m], state.starts), -order[m]))
+        return state._replace(writer=best, reports=())
     if isinstance(cmd, EpochStable):
-        return state._replace(stable=True) if cmd.epoch == state.epoch and not state.electing else state
+        if cmd.epoch != state.epoch or state.electing:
+            return state
+        return state._replace(stable=True, starts=tuple(s for s in state.starts if s[0] >= cmd.epoch))
+    if isinstance(cmd, EpochStart):
+        if cmd.epoch != state.epoch or state.electing or state.recorded:
+            return state  # another epoch's, or recorded already (the first wins: one writer per epoch)
+        return state._replace(starts=(*state.starts, (cmd.epoch, cmd.tail)))
     if isinstance(cmd, Barrier):
         return state
     assert isinstance(cmd, ChangeMembers)
@@ -139,13 +180,13 @@ def apply(state: CoordState, cmd: Command) -> CoordState:
     if len(set(cmd.members) ^ set(state.members)) != 1:
         raise CoordinatorError("members change one at a time: add or remove exactly one member")
     writer = state.writer if state.writer in cmd.members else None
-    return CoordState(state.epoch + 1, writer, cmd.members, ())
+    return state._replace(epoch=state.epoch + 1, writer=writer, members=cmd.members, reports=(), stable=False)
 
 
 # -- in the Raft log: commands as entries, the state as a snapshot ------------------------------------------
 
 VERSION = 1
-_KINDS: tuple[type, ...] = (Declare, WriterDown, TailReport, ChangeMembers, EpochStable, Barrier)
+_KINDS: tuple[type, ...] = (Declare, WriterDown, TailReport, ChangeMembers, EpochStable, Barrier, EpochStart)
 _TAG = {kind: i for i, kind in enumerate(_KINDS)}
 
 
@@ -159,6 +200,8 @@ def encode_command(cmd: Command) -> bytes:
         fields = [list(cmd.members)]
     elif isinstance(cmd, Barrier):
         fields = [cmd.token]
+    elif isinstance(cmd, EpochStart):
+        fields = [cmd.epoch, tail_to_wire(cmd.tail)]
     else:
         fields = [cmd.epoch]
     return msgpack.packb([VERSION, _TAG[type(cmd)], *fields])
@@ -181,6 +224,9 @@ def decode_command(data: bytes | memoryview) -> Command:
         if kind is ChangeMembers:
             (members,) = fields
             return ChangeMembers(tuple(str(m) for m in members))
+        if kind is EpochStart:
+            epoch, tail = fields
+            return EpochStart(int(epoch), tail_from_wire(tail))
         (number,) = fields
         if kind is Barrier:
             return Barrier(int(number))
@@ -193,15 +239,19 @@ def decode_command(data: bytes | memoryview) -> Command:
 
 def snapshot_state(state: CoordState) -> bytes:
     return msgpack.packb([VERSION, state.epoch, state.writer, list(state.members),
-                          [[m, tail_to_wire(t)] for m, t in state.reports], state.stable])
+                          [[m, tail_to_wire(t)] for m, t in state.reports], state.stable,
+                          [[e, tail_to_wire(t)] for e, t in state.starts]])
 
 
 def restore_state(data: bytes) -> CoordState:
-    version, epoch, writer, members, reports, stable = msgpack.unpackb(data)
+    """The inverse of `snapshot_state`; a snapshot written before epoch starts were recorded (six fields)
+    restores with none."""
+    version, epoch, writer, members, reports, stable, *rest = msgpack.unpackb(data)
     if version != VERSION:
         raise CoordinatorError(f"stream coordinator snapshot version {version} is not {VERSION}")
+    starts = tuple((int(e), tail_from_wire(t)) for e, t in rest[0]) if rest else ()
     return CoordState(int(epoch), writer, tuple(members),
-                      tuple((str(m), tail_from_wire(t)) for m, t in reports), bool(stable))
+                      tuple((str(m), tail_from_wire(t)) for m, t in reports), bool(stable), starts)
 
 
 class CoordinatorMachine:

@@ -5,8 +5,8 @@ Owns `StreamMember`: the role a member plays in an epoch (writer, replica, or fe
 shipping of chunks from the writer to each replica, the replicas' acknowledgements, and the commit
 point. It does no IO, reads no clock and never holds chunk bodies: the runtime passes every input in
 (`observe`, `step`, `append`, `written`, `shipped`, `tick`) and carries out the effects it returns, in
-order (`Send`, `Ship`, `Write`, `Truncate`, `Reset`, `Append`, `Committed`, `Report`, `Reelect`,
-`Stable`).
+order (`Send`, `Ship`, `Write`, `Truncate`, `Reset`, `Committed`, `Report`, `Reelect`, `Stable`,
+`Begin`).
 
 What goes through Raft and what does not (docs/streams.md, "Replication"): the stream's members, its
 epoch, its writer and elections are the coordinator's (stream_coordinator.py, a machine in a Raft group:
@@ -28,14 +28,25 @@ The rules, and why they are safe:
   majority meets the fenced one, and every log greater in that order holds the chunk too (a log whose
   last epoch is `e2` is a prefix of writer `e2`'s log, which held every chunk committed before `e2`).
 - **A new writer commits by its own epoch only.** Chunks left from earlier epochs are not committed by
-  counting copies (Raft's Figure 8: a log with a later epoch could still win an election without them);
-  a new writer first appends one chunk of its own (`Append` marker, a tracking chunk in the runtime)
-  and the commit point moves once that chunk is on a majority, carrying everything before it.
-- **A user chunk can be the marker.** Where a marker is needed, the writer waits `marker_ticks` ticks
-  for a publish before asking for one (`Append`): any chunk of its own epoch carries the older ones once
-  it is on a majority (Raft's rule is about the entry's term, not its content), so under load the
-  epoch's first publish does the marker's work and takes no extra offset; only a writer left idle
-  writes a marker, which takes one.
+  counting copies (Raft's Figure 8: a log with a later epoch could still win an election without them).
+  Raft's new leader appends an entry of its own term (a marker) and commits the older ones once it is
+  on a majority; here any chunk of the writer's own epoch does that work once it is on a majority (the
+  epoch's first publish), and so does the epoch's *recorded start* below. No marker chunk is written, so
+  the writer takes no offset for its epoch's start.
+- **The epoch's start is recorded, not written.** What a marker does for an election is to make every
+  log that holds it rank at the writer's epoch: it ends exactly the log the writer began from. So the
+  writer asks the coordinator (a Raft state machine) to record that log (`Begin(epoch, tail)`, its whole
+  log when it was named), and the coordinator ranks a report whose log *is* that log (same end, same
+  epochs: stream_tail.same_log) at the epoch (stream_coordinator.election_key), as if it held the
+  marker. The older chunks are committed once the record is applied (`View.recorded`) and a majority
+  of the members hold exactly that log or more of this writer's: the writer on disk (`synced`), a
+  replica once it acknowledged it *after* the writer's Start (`Progress.confirmed`: by then it has cut
+  whatever of another writer followed, durably, so its log is the start log and not a longer one that
+  ranks lower). Why it is safe: such a member's log is a prefix of the writer's, so ranking it at the
+  writer's epoch keeps the election order's argument (below) whole; a committed chunk is then on a
+  majority whose logs rank at the epoch or above, that majority meets every later election's, and
+  the winner ranks at least as high, so it holds the chunk. The simulation checks it
+  (tests/sim/test_stream_replication.py), with an idle writer, and the rule broken on purpose.
 - **No marker when there is nothing to commit.** A new writer whose whole log is known committed (its
   commit point, learned from an earlier writer or its own, is at its log's end, and that log holds a
   chunk of epoch 1 or later), or whose log is empty at offset 0, writes no marker: it has no older chunk
@@ -45,11 +56,10 @@ The rules, and why they are safe:
   writer that committed it through a later chunk of its own epoch would have that chunk on a majority,
   and this writer, elected after, would hold it); every log whose last epoch is above `L` then holds the
   whole log (Leader Completeness and Log Matching), and one whose last epoch is `L` and that is at least
-  as long holds it too. So the epoch is *stable* (`Stable`: the members may change) once a majority of
-  the epoch's members hold the log up to where the writer started (`epoch_start`), with no marker: a
-  later election's majority meets that one, and its winner's tail is at least theirs. An empty log at 0
-  elected means every log of a fenced majority is empty: nothing was ever committed, and the epoch is
-  stable at once.
+  as long holds it too. Its start is recorded all the same (an empty log at 0 and a writer named at
+  declaration aside, whose epoch is stable from the start): the epoch is *stable* (`Stable`: the
+  members may change, and the coordinator drops older records) once a majority ranks at the epoch,
+  through a chunk of it or the record.
 - A member's fenced epoch must survive a restart: the runtime restores it from the coordinator's
   state (it is in the Raft log) before the member takes part again (`StreamMember(fenced=...)`).
 - Sessions: a replica says `Hello` (its durable tail) to the epoch's writer, again every `hello_ticks`
@@ -156,6 +166,7 @@ class View(NamedTuple):
     members: tuple[str, ...]
     electing: bool
     stable: bool = False
+    recorded: bool = False  # the epoch's start is recorded (stream_coordinator.EpochStart)
 
 
 # -- effects --------------------------------------------------------------------------------------------
@@ -188,12 +199,6 @@ class Reset(NamedTuple):
     first: int
 
 
-class Append(NamedTuple):
-    """The writer asks the runtime to append its epoch's first chunk (a marker) at `chunk_id`."""
-    epoch: int
-    chunk_id: int
-
-
 class Committed(NamedTuple):
     """Everything before `next_offset` is committed: confirm its publishes, wake its readers."""
     next_offset: int
@@ -211,6 +216,13 @@ class Stable(NamedTuple):
     epoch: int
 
 
+class Begin(NamedTuple):
+    """To the coordinator: the writer of `epoch` began it over the log `tail` (record it: it stands for a
+    marker chunk ending that log, module docstring)."""
+    epoch: int
+    tail: Tail
+
+
 class Report(NamedTuple):
     """To the coordinator: fenced at `epoch`, durable log `tail` (an election's answer)."""
     sender: str
@@ -218,7 +230,7 @@ class Report(NamedTuple):
     tail: Tail
 
 
-Effect = Send | Ship | Write | Truncate | Reset | Append | Committed | Report | Reelect | Stable
+Effect = Send | Ship | Write | Truncate | Reset | Committed | Report | Reelect | Stable | Begin
 
 
 class Role(enum.Enum):
@@ -234,6 +246,7 @@ class Progress:
     started: bool = False
     session: int = 0                # the replica's Hello this progress answers
     acked: int = 0
+    confirmed: int = -1             # the highest end the replica acknowledged with an Ack in this session
     sent: int = 0
     shipping: bool = False          # a Ship is out and `shipped` has not been called yet
     inflight: deque[int] = field(default_factory=deque)
@@ -248,7 +261,7 @@ class StreamMember:
     def __init__(self, name: str, tail: Tail, fenced: int = 0, *, fresh: bool = False, session_base: int = 0,
                  commit: int = 0,
                  ship_bytes: int = 256 << 10, max_inflight: int = 32, resend_ticks: int = 5,
-                 hello_ticks: int = 10, marker_ticks: int = 5) -> None:
+                 hello_ticks: int = 10) -> None:
         tail.check()
         self.name = name
         self.log = tail          # what is appended (synced or not)
@@ -266,9 +279,14 @@ class StreamMember:
         # a commit point this member knew before it restarted (the runtime's commit file; 0: none): true
         # still, and kept within the log it reopened
         self.commit = min(max(commit, 0), tail.next)
-        # the writer: commit counts from here (the end of its marker, or where it started when it wrote
-        # none; -1 while the marker is not appended yet); `stable` once a majority holds the log up to it
-        self.marker_next = 0
+        # the writer: where its epoch began (`start`, over the log `start_tail`); whether older chunks it
+        # holds are not known committed there (`carry`); whether it asks for its start to be recorded
+        # and the coordinator has (`recorded`); `stable` once a majority ranks at its epoch
+        self.start = 0
+        self.start_tail = tail
+        self.carry = False
+        self.record = False
+        self.recorded = False
         self.stable = False
         self.progress: dict[str, Progress] = {}
         self.started = False     # replica: the writer's Start arrived for this epoch
@@ -280,8 +298,6 @@ class StreamMember:
         self.max_inflight = max_inflight
         self.resend_ticks = resend_ticks
         self.hello_ticks = hello_ticks
-        self.marker_ticks = marker_ticks
-        self.marker_wait = 0     # the writer: ticks left before it asks for a marker (no publish came)
 
     # -- the coordinator's decisions ------------------------------------------------------------------
 
@@ -295,8 +311,8 @@ class StreamMember:
                 return []  # a removed member (a removed writer too) stops and answers nothing
             self.restored = -1
             return [Report(self.name, view.epoch, self.durable_tail())]
-        if view.epoch == self.epoch and self.role is Role.WRITER and not view.stable:
-            return [Stable(self.epoch)] if self.stable else []  # told again
+        if view.epoch == self.epoch and self.role is Role.WRITER:
+            return self._writer_view(view)
         if view.epoch < self.fenced or view.epoch <= self.epoch and self.role is not Role.IDLE:
             return []
         if self.name not in view.members or view.writer is None:
@@ -307,7 +323,7 @@ class StreamMember:
         self.fenced = view.epoch
         self.epoch, self.writer, self.members = view.epoch, view.writer, view.members
         if view.writer == self.name:
-            return self._become_writer()
+            return self._become_writer(view)
         self.role, self.started, self.since_hello = Role.REPLICA, False, 0
         self.commit = min(self.commit, self.synced)
         return [self._hello()]
@@ -322,26 +338,48 @@ class StreamMember:
             self.fenced = max(self.fenced, epoch)
             self.role, self.writer, self.progress = Role.IDLE, None, {}
 
-    def _become_writer(self) -> list[Effect]:
+    def _become_writer(self, view: View) -> list[Effect]:
         # What was appended and not yet synced stays: the writer's log may only grow past what it
         # reported (cutting it would drop chunks that, shipped in an earlier epoch of this same writer,
         # may be committed already: the simulation's seed 163 after shipping unsynced chunks)
         self.role = Role.WRITER
         self.progress = {m: Progress() for m in self.members if m != self.name}
         self.stable = False
-        if self._needs_marker():
-            self.marker_next = -1   # the end of the epoch's first own chunk: a publish, or a marker
-            self.marker_wait = self.marker_ticks
-            return [] if self.marker_ticks > 0 else [Append(self.epoch, self.log.next)]
-        self.marker_next = self.log.next
+        self.start, self.start_tail = self.log.next, self.log
+        self.carry = self._carries()
+        # a writer named at declaration over empty logs is stable from the start: nothing to record
+        self.record = self.carry or not view.stable
+        self.recorded = view.recorded
+        self.stable = not self.record
+        out: list[Effect] = [Begin(self.epoch, self.start_tail)] if self.record and not self.recorded else []
         # the runtime may not have been told the commit point yet (learned from a Start, or read back
         # after a restart): its readers see the log up to it now, not at the next publish
-        told: list[Effect] = [Committed(self.commit)] if self.commit > 0 else []
-        return told + self._advance()  # an empty log at 0 is stable at once
+        if self.commit > 0:
+            out.append(Committed(self.commit))
+        return out + self._advance()
 
-    def _needs_marker(self) -> bool:
-        """Whether the writer must append a marker before it may commit (module docstring: not when its
-        log is empty at 0, or all of it is known committed and it holds a chunk of epoch 1 or later)."""
+    def _writer_view(self, view: View) -> list[Effect]:
+        """The writer sees its own epoch's view again: the record applied, or a proposal to repeat (one
+        of its proposals may have been lost with a Raft leader)."""
+        out: list[Effect] = []
+        if view.recorded and not self.recorded:
+            self.recorded = True
+            out += self._advance()
+        if self.record and not view.recorded:
+            out.append(Begin(self.epoch, self.start_tail))
+        elif self.stable and not view.stable and not any(isinstance(e, Stable) for e in out):
+            out.append(Stable(self.epoch))
+        return out
+
+    @property
+    def awaiting_record(self) -> bool:
+        """The writer asked for its epoch's start to be recorded and has not seen it applied."""
+        return self.role is Role.WRITER and self.record and not self.recorded
+
+    def _carries(self) -> bool:
+        """Whether the writer holds chunks not known committed, which only its epoch's first chunk or its
+        recorded start may commit (module docstring: not when its log is empty at 0, or all of it is
+        known committed and it holds a chunk of epoch 1 or later)."""
         if self.log == Tail(0, 0, ()):
             return False
         return not (self.commit >= self.log.next and self.log.last_epoch >= 1)
@@ -354,9 +392,7 @@ class StreamMember:
         assert self.role is Role.WRITER and records > 0
         chunk_id = self.log.next
         self.log = self.log.appended(self.epoch, chunk_id + records)
-        if self.marker_next < 0:
-            self.marker_next = chunk_id + records
-        assert self.marker_next <= self.log.next
+        assert self.start <= chunk_id
         return self.epoch, chunk_id
 
     def written(self, next_offset: int) -> list[Effect]:
@@ -409,11 +445,11 @@ class StreamMember:
         return [Ship(peer, p.sent, self.ship_bytes)]
 
     def _advance(self) -> list[Effect]:
-        """Move the commit point to what a majority holds, counting from the epoch's own first chunk."""
+        """Move the commit point to what a majority holds, once a majority ranks at the writer's epoch."""
         held = sorted([self.synced, *(p.acked if p.started else 0 for p in self.progress.values())],
                       reverse=True)
         majority = held[len(self.members) // 2]
-        if self.marker_next < 0 or majority < self.marker_next:
+        if not self._ranks(majority):
             return []
         out: list[Effect] = []
         if majority > self.commit:
@@ -423,6 +459,18 @@ class StreamMember:
             self.stable = True
             out.append(Stable(self.epoch))
         return out
+
+    def _ranks(self, majority: int) -> bool:
+        """Whether a majority of the members rank at this writer's epoch in an election: they hold a chunk
+        of it (`majority`, what a majority holds, is past the epoch's start), or the start is recorded
+        and a majority hold exactly the start log or more (module docstring)."""
+        if majority > self.start:
+            return True
+        if majority < self.start or not self.recorded:
+            return False
+        exact = (self.synced >= self.start) + sum(
+            1 for p in self.progress.values() if p.started and p.confirmed >= self.start)
+        return exact > len(self.members) // 2
 
     def _on_writer_message(self, m: Message) -> list[Effect]:
         if isinstance(m, Hello):
@@ -441,8 +489,9 @@ class StreamMember:
             reset = must_reset(self.log, tail, agreed)
             start = self.log.first if reset else agreed
             self.progress[m.sender] = p = Progress(started=True, session=m.session, acked=start, sent=start)
-            # the agreed point is on the replica's disk (its Hello's tail is durable): it counts, so an
-            # epoch with nothing new to ship (no marker) becomes stable and commits without an Ack
+            # the agreed point is on the replica's disk (its Hello's tail is durable): it counts for the
+            # chunks up to it (not for the recorded start: the replica may hold more of another writer's
+            # until its Ack says it cut them)
             return [Send(m.sender, Start(self.epoch, m.session, start, reset, self.commit)),
                     *self._ship(m.sender, p), *self._advance()]
         if not isinstance(m, Ack | Nack):
@@ -452,8 +501,13 @@ class StreamMember:
             return []  # not from the session the replica adopted
         p.silent_ticks = 0
         if isinstance(m, Ack):
-            if m.next_offset <= p.acked or m.next_offset > self.log.next:
+            if m.next_offset > self.log.next:
                 return []
+            confirming = m.next_offset > p.confirmed
+            p.confirmed = max(p.confirmed, m.next_offset)
+            if m.next_offset <= p.acked:
+                # the Ack after a Start says what the Hello said, but now after the replica's cut
+                return self._advance() if confirming else []
             p.acked = m.next_offset
             p.sent = max(p.sent, p.acked)
             while p.inflight and p.inflight[0] <= p.acked:
@@ -536,11 +590,6 @@ class StreamMember:
         """One tick: the writer's heartbeat (commit point) and resends, a replica's repeated Hello."""
         out: list[Effect] = []
         if self.role is Role.WRITER:
-            if self.marker_next < 0:
-                self.marker_wait -= 1
-                if self.marker_wait <= 0:  # no publish came: a marker carries the older chunks
-                    out.append(Append(self.epoch, self.log.next))
-                    return out  # (the runtime appends it before anything else runs)
             for peer, p in self.progress.items():
                 out.append(Send(peer, Commit(self.epoch, self.commit)))
                 if p.rehello:

@@ -80,8 +80,19 @@ def empty_at(offset: int) -> Tail:
 def tail_key(tail: Tail) -> tuple[int, int]:
     """The election order: the log whose last chunk has the higher epoch, then the longer one. The
     member with the greatest key among a fenced majority holds every committed chunk (see the module
-    docstring of stream_replica.py for the argument)."""
+    docstring of stream_replica.py for the argument; the coordinator raises a log's epoch to that of
+    a recorded epoch start it equals: stream_coordinator.election_key)."""
     return tail.last_epoch, tail.next
+
+
+def same_log(tail: Tail, start: Tail) -> bool:
+    """Whether a member's log `tail` is exactly the log `start` (a writer's log where its epoch began, as
+    the coordinator recorded it): same end, same last epoch, and agreeing all the way (retention may have
+    removed more of either's beginning: "unknown, not different", as in `agreed_next`). Two logs that
+    agree up to an offset hold the same chunks there, so such a member holds every chunk `start` holds."""
+    if tail.next != start.next or tail.last_epoch != start.last_epoch or bool(tail.epochs) != bool(start.epochs):
+        return False
+    return agreed_next(start, tail) == start.next
 
 
 def agreed_next(writer: Tail, replica: Tail) -> int:

@@ -19,7 +19,7 @@ Rules:
 - The commit file (`commit` in the stream's directory) records the member's commit points as they grow,
   12 bytes each (u64 offset, u32 CRC-32 of it), appended and never synced: what a restart reads is a
   commit point the member once knew, or an older one, or 0 (a missing, torn or emptied file), each still
-  true (committed chunks stay committed). It lets a restarted writer skip its epoch's marker
+  true (committed chunks stay committed). It lets a restarted writer commit at once, carrying nothing
   (stream_replica.py, "No marker when there is nothing to commit"). Bounded: emptied past
   `COMMIT_FILE_MAX_BYTES` (a crash right then reads 0, which is safe).
 """

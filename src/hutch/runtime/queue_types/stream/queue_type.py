@@ -259,8 +259,9 @@ class StreamQueueType(QueueTypeDefaults):
         """A stream of one member (this node's, declared on a cluster of one or with an initial cluster size
         of 1) becomes a replicated stream of one member before it grows: its coordinator group is founded
         here alone, epoch 1 names this node the writer over the files it has (older chunks are epoch 0),
-        and the writer's marker commits what is there. The record still says one member until the first
-        one is added, so a restart in between opens it as before (the group then unused)."""
+        and the writer's recorded epoch start commits what is there (no chunk, no offset). The record
+        still says one member until the first one is added, so a restart in between opens it as before
+        (the group then unused)."""
         assert self.replication is not None and self.cluster is not None
         self._replicate(q, [self.node.name], founding=True, fresh=False)
         await self.cluster.wait_replicated()  # (runs the founding's election: campaign, Declare, writer)

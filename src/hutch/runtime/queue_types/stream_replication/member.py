@@ -22,7 +22,9 @@ Rules:
   the coordinator for a new election first, since its node is still up.
 - The member's commit point is appended to its commit file (storage/stream_epochs.py) before the handle
   settles what it commits, and read back when the member opens: a restarted member that knew its whole
-  log committed needs no marker when it next writes (no offset lost across a restart).
+  log committed carries nothing when it next writes (its readers see the whole log at once); one that
+  did not carries its older chunks through its epoch's recorded start (stream_replica.py), which takes
+  no offset either.
 - `ship_bytes` bounds one shipment, `max_inflight` the shipments unacknowledged per replica: a replica far
   behind costs the writer at most their product in memory, read from the files as it goes.
 """
@@ -56,7 +58,7 @@ class ReplicaLink(Protocol):
 
     def send(self, peer: str, message: sr.Message) -> None: ...
 
-    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None: ...
+    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable | sr.Begin) -> None: ...
 
 
 class NotWriter(ValueError):
@@ -94,7 +96,7 @@ class ReplicatedStream:
         self._commit_file: CommitFile | None = None
         try:
             self._commit_file = CommitFile(fs, directory)
-        except StorageError as exc:  # the member works without it (a restart then writes a marker)
+        except StorageError as exc:  # the member works without it (a restart then carries its log)
             log.warning("stream %s: no commit file: %s", directory, exc)
         self._attach(handle)
 
@@ -170,7 +172,8 @@ class ReplicatedStream:
             self._input(lambda: self._run(self.member.tick()))
             self._ticks += 1
             view = self._view
-            if view is not None and self._ticks % REOBSERVE_TICKS == 0 and (view.electing or not view.stable):
+            if view is not None and self._ticks % REOBSERVE_TICKS == 0 and (
+                    view.electing or not view.stable or self.member.awaiting_record):
                 # an answer to the coordinator may have been lost with a proposal: say it again
                 self._input(lambda: self._observe(view))
             self._timer = loop.call_later(tick_s, fire)
@@ -274,9 +277,7 @@ class ReplicatedStream:
                     self._ends.append((c.chunk_id, c.next_offset))
             elif isinstance(e, sr.Committed):
                 self._commit(e.next_offset)
-            elif isinstance(e, sr.Append):
-                self._append_marker(e.epoch)
-            elif isinstance(e, sr.Report | sr.Reelect | sr.Stable):
+            elif isinstance(e, sr.Report | sr.Reelect | sr.Stable | sr.Begin):
                 self.link.to_coordinator(e)
             else:
                 assert isinstance(e, sr.Truncate | sr.Reset)
@@ -315,16 +316,6 @@ class ReplicatedStream:
         if last < 0:
             last = self._chunk_before(next_offset)
         self.handle.commit(last)
-
-    def _append_marker(self, epoch: int) -> None:
-        """The writer's first chunk of its epoch: a tracking snapshot (what osiris writes at a segment's
-        start), so the commit point can move past the older epochs' chunks (stream_replica.py)."""
-        h = self.handle
-        before = h.next_offset
-        raw = ck.encode([h.tracking.snapshot()], chunk_type=ck.TRACKING_SNAPSHOT,
-                        timestamp=self.clock.wall_ms(), epoch=epoch, chunk_id=before)
-        h.accept_chunk(raw)
-        self._wrote(before)
 
     async def _cut(self, e: sr.Truncate | sr.Reset, rest: list[sr.Effect]) -> None:
         """Close the handle, cut or empty the files, open it again, then carry on with what waited."""

@@ -633,5 +633,5 @@ class _Link:
     def send(self, peer: str, message: sr.Message) -> None:
         self.service.host.send(peer, cm.StreamReplica(self.gid, sr.message_to_wire(message)))
 
-    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable) -> None:
+    def to_coordinator(self, effect: sr.Report | sr.Reelect | sr.Stable | sr.Begin) -> None:
         self.service.propose(self.gid, sc.command_for(effect))
