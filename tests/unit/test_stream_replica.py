@@ -75,7 +75,7 @@ def _tail(chunks: list[tuple[int, int]]) -> Tail:
 
 
 @given(_logs())
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 def test_agreed_next_is_the_common_prefix(logs: tuple[list[tuple[int, int]], list[tuple[int, int]]]) -> None:
     a, b = logs
     common = 0
@@ -403,7 +403,7 @@ def test_a_recorded_start_ranks_its_log_at_its_epoch_figure_8() -> None:
 
 
 @given(_logs(), st.integers(0, 20))
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_agreed_next_never_claims_past_the_common_prefix_after_retention(
         logs: tuple[list[tuple[int, int]], list[tuple[int, int]]], cut: int) -> None:
     a, b = logs
