@@ -4,8 +4,10 @@ write, the writer's node killed (`kill -9`) or paused (SIGSTOP) mid-run, a membe
 and every confirmed message read back in order, once, from `first` on every member with pika, and with
 rstream, which connects by the stream protocol's metadata (the writer as leader, the others replicas).
 
-`make test` runs the first test (one kill -9 of the writer); the others are `slow`, among them a seeded
-Jepsen-style run (kills, pauses, isolations) with the same check.
+`make test` runs the first test (one kill -9 of the writer with publishes in flight, then no publish for
+over a second: the new writer carries what it does not know committed without taking an offset, so
+pika and rstream read dense offsets from `first`); the others are `slow`, among them a stream of one
+member grown to three (dense offsets too) and a seeded Jepsen-style run (kills, pauses, isolations).
 """
 
 from __future__ import annotations
@@ -117,6 +119,41 @@ def writer_of(node: Node, name: str) -> str:
     return short(info(node, name)["leader"])
 
 
+async def publish_window_and_kill(node: Node, name: str, bodies: list[str], kill_after: int) -> list[str]:
+    """Publish every body at once through `node` with confirms (aio-pika: all in flight together) and
+    `kill -9` the node once `kill_after` confirms have come: the rest are in flight (written on the node,
+    shipped to some replicas or not). Returns the confirmed bodies, in publish order."""
+    import aio_pika
+    conn = await aio_pika.connect(node.url + "?heartbeat=0")
+    ch = await conn.channel(publisher_confirms=True)
+    acked = asyncio.Event()
+    count = 0
+
+    async def one(body: str) -> bool:
+        nonlocal count
+        try:
+            await ch.default_exchange.publish(aio_pika.Message(body.encode()), routing_key=name, timeout=30)
+        except Exception:  # noqa: BLE001 - nacked, or lost with the node: not confirmed
+            return False
+        count += 1
+        if count >= kill_after:
+            acked.set()
+        return True
+
+    tasks = [asyncio.create_task(one(b)) for b in bodies]
+    await asyncio.wait_for(acked.wait(), 30)
+    await asyncio.get_running_loop().run_in_executor(None, node.kill)
+    results = await asyncio.gather(*tasks)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.close(), 2)
+    return [b for b, ok in zip(bodies, results, strict=True) if ok]
+
+
+def assert_dense(got: list[tuple[int, str]], where: str) -> None:
+    """Offsets from 0 with no gap: every offset holds a message, as on RabbitMQ."""
+    assert [o for o, _ in got] == list(range(len(got))), f"{where}: offsets not dense: {[o for o, _ in got]}"
+
+
 def test_writer_killed_mid_run_every_confirmed_message_on_every_member(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.nodes
     declare(n1, "events")
@@ -125,16 +162,26 @@ def test_writer_killed_mid_run_every_confirmed_message_on_every_member(cluster: 
     assert sorted(short(m) for m in doc["members"]) == ["n1", "n2", "n3"]  # every node, as RabbitMQ's default
     assert short(doc["leader"]) == "n1"  # client-local: the declaring node writes
     assert doc["replication"]["epoch"] == 1  # epochs start at 1, as osiris's
-    # publish through n2 (a replica: forwarded to the writer), kill -9 the writer's node a third in
-    confirmed = publish(n2, "events", [f"m{i}" for i in range(150)], during={50: n1.kill})
-    assert len(confirmed) >= 140  # a failover nacks at most the few in flight
+    # publish through n2 (a replica: forwarded to the writer), then a window of 200 at once on the
+    # writer's node, which is killed (-9) with most of them in flight
+    confirmed = publish(n2, "events", [f"m{i}" for i in range(50)])
+    assert len(confirmed) == 50
+    window = [f"w{i}" for i in range(200)]
+    confirmed += asyncio.run(publish_window_and_kill(n1, "events", window, kill_after=20))
     assert eventually(lambda: writer_of(n2, "events") in ("n2", "n3"), timeout=20)
+    time.sleep(1.0)  # nobody publishes for over 0.5 s: the new writer commits what it carries by itself
+    confirmed += publish(n2, "events", [f"m{i}" for i in range(50, 100)])
     n1.start()
     cluster.wait_running({"n1", "n2", "n3"})
+    sent = {f"m{i}" for i in range(100)} | set(window)
     for node in cluster.nodes:
         got = read_first(node, "events", len(confirmed))
         assert_all_confirmed_once_in_order(got, confirmed, node.name)
+        assert {b for _, b in got} <= sent, node.name  # nothing that was not published
         assert got[0] == (0, "m0"), node.name  # a fresh replicated stream starts at 0, as RabbitMQ's
+        assert_dense(got, node.name)  # the writer change took no offset
+    rs = asyncio.run(rstream_read_offsets(stream_port(n3), "events", len(got)))
+    assert [(o, b.decode()) for o, b in rs] == got  # rstream reads the same, offsets and all
     assert info(n1, "events")["replication"]["epoch"] >= 2
 
 
@@ -299,6 +346,27 @@ def test_membership_through_hutch_queues(tmp_path: Path) -> None:
         assert out.returncode == 1 and "keeps two at least" in out.stderr
     finally:
         c.stop()
+
+
+@pytest.mark.slow
+def test_a_stream_of_one_member_grown_to_three_keeps_dense_offsets(cluster: Cluster) -> None:
+    # its epoch-0 chunks (the single-node path) are carried into epoch 1 by the recorded start: no
+    # offset is taken when it becomes replicated, nor when members are added
+    n1, n2, n3 = cluster.nodes
+    declare(n1, "grown", **{"x-initial-cluster-size": 1})
+    assert "replication" not in info(n1, "grown")
+    alone = publish(n1, "grown", [f"s{i}" for i in range(30)])
+    for other in ("n2", "n3"):
+        out = hq(n1, "add_member", "grown", other)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert {short(m) for m in info(n1, "grown")["members"]} == {"n1", "n2", "n3"}
+    later = publish(n3, "grown", [f"t{i}" for i in range(10)])  # through n3: to the writer, n1
+    want = [(i, b) for i, b in enumerate(alone + later)]
+    for node in cluster.nodes:
+        assert read_first(node, "grown", 40) == want, node.name
+    for node in cluster.nodes:
+        rs = asyncio.run(rstream_read_offsets(stream_port(node), "grown", 40))
+        assert [(o, b.decode()) for o, b in rs] == want, node.name
 
 
 class Publisher(threading.Thread):

@@ -195,9 +195,14 @@ class ReplicatedStream:
 
     def _observe(self, view: sr.View) -> None:
         self._view = view
-        effects = self.member.observe(view)
-        if self.member.role is sr.Role.WRITER:
-            self.handle.epoch = self.member.epoch
+        m = self.member
+        was = (m.role, m.epoch)
+        effects = m.observe(view)
+        if m.role is sr.Role.WRITER:
+            self.handle.epoch = m.epoch
+            if was != (m.role, m.epoch) and m.carry:
+                log.info("stream %s: writer of epoch %d carries offsets %d-%d not known committed (by its "
+                         "recorded start or its first publish)", self.directory, m.epoch, m.commit, m.start - 1)
         self._run(effects)
 
     def receive(self, message: sr.Message) -> None:
