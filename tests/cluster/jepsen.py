@@ -27,8 +27,8 @@ The stream workload (`JepsenConfig(kind="stream")`, `run` declares a stream with
 the same publishers and nemesis, no consumers during the run; after healing, every node's log is read
 from `first` with pika (x-stream-offset) until every confirmed message has come and the stream is quiet,
 and the checker asserts: every confirmed message is on every member, once (no body twice), in each
-publisher's order, nothing that was never published is there, and every member holds the same
-(offset, body) sequence. Unknown and nacked publishes may be there or not (once at most).
+publisher's order, nothing that was never published is there, every member holds the same
+(offset, body) sequence, and its offsets are dense (no offset without a message, as on RabbitMQ). Unknown and nacked publishes may be there or not (once at most).
 
 Every client call is bounded: connection establishment by pika's socket/stack timeouts, every blocking
 call by a watchdog thread that shuts the connection's socket down once a deadline passes (pika then
@@ -873,6 +873,9 @@ def _read_every_member(cluster: Cluster, cfg: JepsenConfig, history: History, re
         offsets = [o for o, _ in got]
         if offsets != sorted(set(offsets)):
             problems.append(f"{name}: offsets not increasing")
+        elif offsets and offsets != list(range(offsets[0], offsets[0] + len(offsets))):
+            holes = sorted(set(range(offsets[0], offsets[-1])) - set(offsets))
+            problems.append(f"{name}: offsets not dense (as RabbitMQ's): none at {_sample([str(h) for h in holes])}")
         twice = sorted((b for b, k in Counter(bodies).items() if k > 1), key=_order)
         if twice:
             problems.append(f"{name}: {len(twice)} messages more than once: {_sample(twice)}")
