@@ -10,8 +10,8 @@ confirmed chunk is in it at its offset, each payload once, in publish order, and
 from first to last (every offset holds a published payload: no writer change took one).
 
 Writers go idle now and then (no publish for a while), so that new writers carry older chunks by their
-recorded start alone; `grown` starts from a stream of one member whose log holds chunks of epoch 0 (a
-single-node stream made replicated, then given members).
+recorded start alone; `grown` starts from a stream of one member whose log holds chunks of epoch 1 (or 0, as
+written before: odd seeds) (a single-node stream made replicated, then given members).
 
 `run_stream_seed(seed)` runs one schedule; the same seed always gives the same run.
 """
@@ -108,12 +108,14 @@ class StreamSim:
         self.confirmed: dict[int, bytes] = {}      # chunk id -> data, of chunks whose writer confirmed them
         self.next_payload = 0
         if grown:
-            # one member's files of the single-node path: epoch-0 chunks, committed (confirmed) there
+            # one member's files of the single-node path, committed (confirmed) there: epoch 1 (osiris's
+            # first, what a stream of one node writes), or epoch 0 (what it wrote before) on odd seeds
             disk = self.nodes[names[0]].disk
+            epoch = seed % 2 ^ 1
             for _ in range(grown):
                 k = self.rng.randint(1, 3)
                 first = disk.synced[-1].next_offset if disk.synced else 0
-                c = sr.ChunkRef(0, first, first + k,
+                c = sr.ChunkRef(epoch, first, first + k,
                                 json.dumps(list(range(self.next_payload, self.next_payload + k))).encode())
                 self.next_payload += k
                 disk.synced.append(c)

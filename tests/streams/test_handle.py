@@ -382,3 +382,29 @@ async def test_sync_together_raises_a_failure_only_once_every_sync_ended() -> No
     with pytest.raises(StorageError):
         sync_together([Broken(), Slow()])  # type: ignore[list-item]
     assert ended == ["slow"]
+
+
+async def test_files_of_the_earlier_format_open_and_carry_on() -> None:
+    # before: a stream of one node stamped epoch 0 and wrote the chunk id into its trailers (32 bytes
+    # for "test-reference"); now it stamps epoch 1 and writes osiris's 24 bytes. Old files read as they did.
+    import hutch.queues.stream.tracking as trk
+    fs = MemoryFS(seed=5)
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    for i in range(3):
+        old = ck.encode([b"old%d" % i], timestamp=1, epoch=0, chunk_id=i,
+                        trailer=trk.sequence_block(b"test-reference", i, i + 1))
+        h.accept_chunk(old)
+    await h.close()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    assert h.query_publisher_sequence(b"test-reference") == 3
+    dup = h.append([b"again", b"new"], publisher=b"test-reference", publishing_ids=[3, 4])
+    assert dup.duplicates == [3] and dup.stored == [4]
+    await dup.settled
+    r = h.reader(OffsetSpec.offset(3))
+    chunk = r.next_chunk()
+    assert chunk is not None and chunk.header.epoch == 1 and chunk.header.trailer_size == 24
+    await h.close()
+    h = await StreamHandle.open(fs, D, clock=ManualClock())
+    assert h.query_publisher_sequence(b"test-reference") == 4
+    assert records(h.reader(OffsetSpec.first())) == [(0, b"old0"), (1, b"old1"), (2, b"old2"), (3, b"new")]
+    await h.close()

@@ -200,3 +200,34 @@ def test_record_list_is_iter_records_without_empty_records_from_start(items: lis
     start = chunk_id + skip
     want = [(o, bytes(r)) for o, r in ck.iter_records(raw) if r and o >= start]
     assert [(o, bytes(r)) for o, r in ck.record_list(raw, start)] == want
+
+
+def test_a_trailer_is_osiris_s_and_the_earlier_one_still_reads() -> None:
+    # osiris's trailer: u8 type | u8 size | reference | u64 sequence (the chunk id is the chunk's own);
+    # for rstream's "test-reference" that is 24 bytes, as its test_deliver wants
+    block = trk.trailer_block(b"test-reference", 7)
+    assert len(block) == 24
+    assert list(trk.iter_trailer(block, 40)) == [(trk.SEQUENCE, b"test-reference", (40, 7))]
+    t = trk.Tracking()
+    t.apply_trailer(block, 40)
+    assert t.sequences == {b"test-reference": (40, 7)}
+    # hutch's earlier trailer carried the chunk id (one sequence block of 16 bytes of data)
+    old = trk.sequence_block(b"test-reference", 40, 7)
+    assert len(old) == 32 and list(trk.iter_trailer(old, 99)) == [(trk.SEQUENCE, b"test-reference", (40, 7))]
+    # several blocks in osiris's form, and broken ones
+    many = trk.trailer_block(b"a", 1) + trk.offset_block(b"c", 9) + trk.trailer_block(b"b", 2)
+    assert [(k, r, v) for k, r, v in trk.iter_trailer(many, 5)] == [
+        (trk.SEQUENCE, b"a", (5, 1)), (trk.OFFSET, b"c", (9,)), (trk.SEQUENCE, b"b", (5, 2))]
+    for bad in (b"\x00", block[:-1], b"\x07\x01p" + bytes(8)):
+        with pytest.raises(ValueError):
+            list(trk.iter_trailer(bad, 0))
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(refs, st.integers(0, 2**64 - 1)), min_size=1, max_size=8), st.integers(0, 2**63))
+def test_trailers_round_trip_in_either_form(blocks: list[tuple[bytes, int]], chunk_id: int) -> None:
+    new = b"".join(trk.trailer_block(ref, seq) for ref, seq in blocks)
+    assert [(r, v) for _, r, v in trk.iter_trailer(new, chunk_id)] == [(r, (chunk_id, s)) for r, s in blocks]
+    ref, seq = blocks[0]
+    old = trk.sequence_block(ref, chunk_id, seq)
+    assert [(r, v) for _, r, v in trk.iter_trailer(old, 0)] == [(ref, (chunk_id, seq))]

@@ -8,6 +8,11 @@ are encoded into a user chunk's trailer, a TRACKING_DELTA chunk and a TRACKING_S
       type 1, offset (a consumer name → its stored offset):              u64 offset
       type 2, timestamp (reserved by osiris; read and ignored here):      i64 timestamp
 
+    in a user chunk's trailer (osiris_tracking's `flush` / `parse_trailer`), every block's data is
+    8 bytes: a sequence block is u64 sequence alone, its chunk id the chunk's own (`trailer_block`,
+    `iter_trailer`). Trailers written before hutch followed that carry the chunk id too (one sequence
+    block of 16 bytes of data); they read as they did.
+
 Rules:
 - A user chunk written for publishes with a publisher reference carries one sequence block per
   reference in its trailer: replaying the log's chunks (trailers, deltas, snapshots) in order rebuilds
@@ -47,6 +52,12 @@ def sequence_block(ref: bytes, chunk_id: int, sequence: int) -> bytes:
     return bytes((SEQUENCE, len(ref))) + ref + _Q2.pack(chunk_id, sequence)
 
 
+def trailer_block(ref: bytes, sequence: int) -> bytes:
+    """A user chunk's trailer for a publisher reference (osiris's: the chunk id is the chunk's own)."""
+    _check_id(ref)
+    return bytes((SEQUENCE, len(ref))) + ref + _U64.pack(sequence)
+
+
 def offset_block(ref: bytes, offset: int) -> bytes:
     _check_id(ref)
     return bytes((OFFSET, len(ref))) + ref + _U64.pack(offset)
@@ -76,6 +87,32 @@ def iter_blocks(data: bytes | memoryview) -> Iterator[tuple[int, bytes, tuple[in
             raise ValueError(f"unknown tracking type {kind}")
 
 
+def iter_trailer(data: bytes | memoryview, chunk_id: int) -> Iterator[tuple[int, bytes, tuple[int, ...]]]:
+    """(type, id, values) of a user chunk's trailer blocks, a sequence's values as (chunk id, sequence);
+    ValueError on a malformed one. A trailer that is exactly one sequence block with 16 bytes of data is
+    the earlier format (its chunk id written out): it cannot be read the other way, since a block
+    after an 8-byte sequence would be at least 11 bytes, not 8."""
+    view = memoryview(data)
+    end = len(view)
+    if end >= 2 and view[0] == SEQUENCE and end == 2 + view[1] + 16:
+        yield from iter_blocks(view)
+        return
+    pos = 0
+    while pos < end:
+        if pos + 2 > end:
+            raise ValueError("a trailer block is cut short")
+        kind, size = view[pos], view[pos + 1]
+        ref = bytes(view[pos + 2:pos + 2 + size])
+        pos += 2 + size
+        if kind not in (SEQUENCE, OFFSET, TIMESTAMP):
+            raise ValueError(f"unknown tracking type {kind}")
+        if pos + 8 > end:
+            raise ValueError("a trailer block is cut short")
+        (value,) = _U64.unpack_from(view, pos)
+        pos += 8
+        yield kind, ref, ((chunk_id, value) if kind == SEQUENCE else (value,))
+
+
 @dataclass
 class Tracking:
     """Publisher sequences and consumer offsets, as the log's chunks so far say.
@@ -87,8 +124,15 @@ class Tracking:
     offsets: dict[bytes, int] = field(default_factory=dict)
 
     def apply(self, data: bytes | memoryview) -> None:
-        """Fold a trailer, delta or snapshot's blocks in."""
-        for kind, ref, values in iter_blocks(data):
+        """Fold a delta or snapshot's blocks in."""
+        self._fold(iter_blocks(data))
+
+    def apply_trailer(self, data: bytes | memoryview, chunk_id: int) -> None:
+        """Fold the trailer of the user chunk `chunk_id` in."""
+        self._fold(iter_trailer(data, chunk_id))
+
+    def _fold(self, blocks: Iterator[tuple[int, bytes, tuple[int, ...]]]) -> None:
+        for kind, ref, values in blocks:
             if kind == SEQUENCE:
                 chunk_id, seq = values
                 old = self.sequences.get(ref)

@@ -123,7 +123,7 @@ class StreamHandle:
         self.clock = clock
         self.tracking = tracking
         self._the_loop = loop
-        self.epoch = 0
+        self.epoch = 1  # a stream of one node writes as osiris's first epoch; a replicated one sets its own
         self.auto_commit = True
         self.on_durable: list[Callable[[int], None]] = []
         # replication's hooks (runtime/queue_types/stream_replication/member.py): `gate()` raises when this
@@ -259,14 +259,13 @@ class StreamHandle:
             return Appended([], dups, -1, -1, -1, done)
         kept = [entries[i] for i in keep]
         trailer = b""
-        chunk_id = self.log.next_offset
         if publisher is not None:
-            trailer = trk.sequence_block(publisher, chunk_id, ids[keep[-1]])
+            trailer = trk.trailer_block(publisher, ids[keep[-1]])
         bits = ck.bloom([values[i] for i in keep], self.options.filter_size_bytes) if values else b""
         raw = self._write(kept, ck.USER, trailer, bits)
-        if publisher is not None:
-            self.tracking.apply(trailer)
         header = ck.decode_header(raw)
+        if publisher is not None:
+            self.tracking.apply_trailer(trailer, header.chunk_id)
         fut = self._track_pending(header.chunk_id)
         return Appended([ids[i] for i in keep] if publisher is not None else [], dups, header.chunk_id,
                         header.chunk_id, header.next_offset - 1, fut)
@@ -656,7 +655,7 @@ def _fold_tracking(tracking: trk.Tracking, raw: bytes) -> None:
     header, _, data, trailer = ck.parts(raw)
     if header.chunk_type == ck.USER:
         if len(trailer):
-            tracking.apply(trailer)
+            tracking.apply_trailer(trailer, header.chunk_id)
         return
     if header.chunk_type == ck.TRACKING_SNAPSHOT:
         tracking.sequences.clear()
@@ -678,7 +677,8 @@ def _open_log(fs: FileSystem, directory: str, opts: StreamOptions,
         header = ck.decode_header(slog.read_at(tail, pos, ck.HEADER_SIZE))
         if header.chunk_type == ck.USER:
             if header.trailer_size:
-                tracking.apply(slog.read_at(tail, pos + header.size - header.trailer_size, header.trailer_size))
+                tracking.apply_trailer(slog.read_at(tail, pos + header.size - header.trailer_size,
+                                                    header.trailer_size), header.chunk_id)
         else:
             _fold_tracking(tracking, slog.read_at(tail, pos, header.size))
         pos += header.size
