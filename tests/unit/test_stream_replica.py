@@ -224,6 +224,23 @@ def test_a_recorded_start_commits_the_older_chunks_without_a_chunk() -> None:
     assert b.append(1) == (2, 2)                         # the epoch's first message at 2: no gap
 
 
+def test_a_lost_ack_of_an_idle_epoch_is_said_again_at_the_heartbeat() -> None:
+    b, view = _carrying_writer()
+    b.observe(view._replace(recorded=True))
+    b.written(2)
+    c = sr.StreamMember("c", Tail(0, 2, ((1, 2),)), fenced=2)
+    c.restored = -1
+    hello = _sends(c.observe(view))[0]
+    assert isinstance(hello, sr.Hello)
+    start = _sends(b.step(hello))[0]
+    c.step(start)                                       # its Ack is lost; nothing is shipped
+    beat = [m for m in _sends(b.tick()) if isinstance(m, sr.Commit)][0]
+    again = _sends(c.step(beat))
+    assert again == [sr.Ack("c", 2, hello.session, 2)]
+    assert b.step(again[0]) == [sr.Committed(2), sr.Stable(2)]
+    assert _sends(c.step(sr.Commit(2, 2))) == []        # caught up: no Ack at every heartbeat
+
+
 def test_a_writer_whose_log_is_known_committed_writes_no_marker() -> None:
     # b followed writer 1 and learned that its whole log (epoch-1 chunks up to 5) is committed
     b = sr.StreamMember("b", Tail(0, 5, ((1, 5),)), fenced=2)

@@ -69,7 +69,8 @@ The rules, and why they are safe:
   session and count only in it. So the writer never counts a chunk on a replica that truncated it.
 - Lost, duplicated and reordered messages: a replica drops chunks it holds already, answers a gap with
   `Nack` (the writer ships again from there); the writer ships again from the last acknowledgement when
-  a replica stays silent for `resend_ticks`.
+  a replica stays silent for `resend_ticks`; a replica answers a heartbeat whose commit point is below
+  its synced end with an Ack (so a lost Ack costs a tick even when nothing is shipped).
 - Bounds: at most `max_inflight` ships of at most `ship_bytes` each per replica are unacknowledged.
 """
 
@@ -549,7 +550,12 @@ class StreamMember:
         if not self.started:
             return []
         if isinstance(m, Commit):
-            return self._learn_commit(m.commit)
+            out = self._learn_commit(m.commit)
+            if m.commit < self.synced:
+                # the writer has not committed what this replica holds: say again where it is (an Ack
+                # lost while nothing is shipped, the Start's of an idle epoch, would leave it waiting)
+                out.append(Send(self.writer, Ack(self.name, self.epoch, self.session, self.synced)))
+            return out
         if isinstance(m, Rehello):
             if m.session != self.session:
                 return []
