@@ -65,26 +65,7 @@ def offset_block(ref: bytes, offset: int) -> bytes:
 
 def iter_blocks(data: bytes | memoryview) -> Iterator[tuple[int, bytes, tuple[int, ...]]]:
     """(type, id, values) of every block; ValueError on a malformed one."""
-    view = memoryview(data)
-    pos, end = 0, len(view)
-    while pos < end:
-        if pos + 2 > end:
-            raise ValueError("a tracking block is cut short")
-        kind, size = view[pos], view[pos + 1]
-        ref = bytes(view[pos + 2:pos + 2 + size])
-        pos += 2 + size
-        if kind == SEQUENCE:
-            if pos + 16 > end:
-                raise ValueError("a sequence block is cut short")
-            yield kind, ref, _Q2.unpack_from(view, pos)
-            pos += 16
-        elif kind in (OFFSET, TIMESTAMP):
-            if pos + 8 > end:
-                raise ValueError("an offset block is cut short")
-            yield kind, ref, _U64.unpack_from(view, pos)
-            pos += 8
-        else:
-            raise ValueError(f"unknown tracking type {kind}")
+    return _blocks(memoryview(data), None)
 
 
 def iter_trailer(data: bytes | memoryview, chunk_id: int) -> Iterator[tuple[int, bytes, tuple[int, ...]]]:
@@ -93,24 +74,35 @@ def iter_trailer(data: bytes | memoryview, chunk_id: int) -> Iterator[tuple[int,
     the earlier format (its chunk id written out): it cannot be read the other way, since a block
     after an 8-byte sequence would be at least 11 bytes, not 8."""
     view = memoryview(data)
-    end = len(view)
-    if end >= 2 and view[0] == SEQUENCE and end == 2 + view[1] + 16:
-        yield from iter_blocks(view)
-        return
-    pos = 0
+    if len(view) >= 2 and view[0] == SEQUENCE and len(view) == 2 + view[1] + 16:
+        return _blocks(view, None)
+    return _blocks(view, chunk_id)
+
+
+def _blocks(view: memoryview, trailer_of: int | None) -> Iterator[tuple[int, bytes, tuple[int, ...]]]:
+    """The blocks of `view`: a sequence's data is (chunk id, sequence), or, in the trailer of the
+    chunk `trailer_of`, the sequence alone."""
+    pos, end = 0, len(view)
     while pos < end:
         if pos + 2 > end:
-            raise ValueError("a trailer block is cut short")
+            raise ValueError("a tracking block is cut short")
         kind, size = view[pos], view[pos + 1]
         ref = bytes(view[pos + 2:pos + 2 + size])
         pos += 2 + size
         if kind not in (SEQUENCE, OFFSET, TIMESTAMP):
             raise ValueError(f"unknown tracking type {kind}")
-        if pos + 8 > end:
-            raise ValueError("a trailer block is cut short")
-        (value,) = _U64.unpack_from(view, pos)
-        pos += 8
-        yield kind, ref, ((chunk_id, value) if kind == SEQUENCE else (value,))
+        width = 16 if kind == SEQUENCE and trailer_of is None else 8
+        if pos + width > end:
+            raise ValueError("a tracking block is cut short")
+        if width == 16:
+            values: tuple[int, ...] = _Q2.unpack_from(view, pos)
+        elif kind == SEQUENCE:
+            assert trailer_of is not None
+            values = (trailer_of, _U64.unpack_from(view, pos)[0])
+        else:
+            values = _U64.unpack_from(view, pos)
+        pos += width
+        yield kind, ref, values
 
 
 @dataclass
