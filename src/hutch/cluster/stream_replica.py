@@ -45,9 +45,10 @@ The rules, and why they are safe:
   ranks lower). Why it is safe: such a member's log is a prefix of the writer's, so ranking it at the
   writer's epoch keeps the election order's argument (below) whole; a committed chunk is then on a
   majority whose logs rank at the epoch or above, that majority meets every later election's, and
-  the winner ranks at least as high, so it holds the chunk. Raft's figure 8 with a recorded start is a
-  test of its own (tests/unit/test_stream_replica.py: the plain order of `tail_key` would elect the log
-  that lacks the committed chunks); the simulation runs it with idle writers among its faults.
+  the winner ranks at least as high, so it holds the chunk. Raft's figure 8 with a recorded start is
+  tested on its own (tests/unit/test_stream_replica.py for the election, tests/sim/test_stream_replication.py
+  `test_figure_8_*` through the whole protocol: ranked by `tail_key` alone, a committed chunk is cut);
+  the simulation's random runs have idle writers among their faults.
 - **No marker when there is nothing to commit.** A new writer whose whole log is known committed (its
   commit point, learned from an earlier writer or its own, is at its log's end, and that log holds a
   chunk of epoch 1 or later), or whose log is empty at offset 0, writes no marker: it has no older chunk
