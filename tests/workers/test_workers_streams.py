@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import time
 import urllib.request
 from base64 import b64encode
 from collections.abc import Iterator
@@ -40,6 +41,11 @@ from tests.stream_protocol.equivalence import EXPECTED, READERS, run_steps
 from tests.workers.test_workers import CONFIG, connect, ports_file_names_worker, queue_json, until, worker_pid
 
 from hutch import portfile
+from hutch.streamproto import commands as sc
+from hutch.streamproto.codes import Code
+from hutch.streamproto.codes import OffsetType as SpecType
+from hutch.streamproto.framer import FrameReader
+from hutch.streamproto.wire import OffsetSpec as WireSpec
 
 AUTH = {"username": "guest", "password": "guest"}
 TIMEOUT_S = 60.0
@@ -451,3 +457,91 @@ def test_a_stream_with_a_copy_per_worker_opens_after_a_restart(tmp_path: Path) -
             assert asyncio.run(read_first(info.ports[f"stream_w{worker}"], "kept", len(want))) == want, worker
     finally:
         info.stop()
+
+
+class RawStreamClient:
+    """A stream-protocol client over a real socket for the commands rstream (1.1) and rbfly do not send
+    (stream stats, resolve offset spec): frames encoded and decoded by hutch.streamproto, whose codec is
+    checked against rstream's (tests/codec/test_streamproto.py)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = FrameReader(0)
+        self.corr = 0
+
+    @classmethod
+    async def open(cls, port: int) -> RawStreamClient:
+        client = cls(*await asyncio.open_connection("127.0.0.1", port))
+        await client.request(sc.PeerProperties(client.next_corr(), {"product": "raw"}))
+        await client.request(sc.SaslHandshake(client.next_corr()))
+        await client.request(sc.SaslAuthenticate(client.next_corr(), "PLAIN", b"\0guest\0guest"), 2)
+        await client.request(sc.TuneResponse(1 << 20, 0), 0)
+        (opened,) = await client.request(sc.Open(client.next_corr(), "/"))
+        assert isinstance(opened, sc.OpenResponse) and opened.code == Code.OK
+        return client
+
+    def next_corr(self) -> int:
+        self.corr += 1
+        return self.corr
+
+    async def request(self, cmd: sc.Command, answers: int = 1) -> list[sc.Command]:
+        """Send `cmd`; the next `answers` frames (heartbeats and metadata updates are not expected)."""
+        self.writer.write(sc.encode(cmd))
+        got: list[sc.Command] = []
+        while len(got) < answers:
+            data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT_S)
+            assert data, "the node closed the connection"
+            self.frames.feed(data)
+            got.extend(sc.decode(f) for f in self.frames.frames())
+        return got
+
+    async def stats(self, stream: str) -> tuple[int, dict[str, int]]:
+        (answer,) = await self.request(sc.StreamStats(self.next_corr(), stream))
+        assert isinstance(answer, sc.StreamStatsResponse) and answer.correlation_id == self.corr
+        return answer.code, answer.stats
+
+    async def resolve(self, stream: str, spec: WireSpec) -> tuple[int, int]:
+        (answer,) = await self.request(sc.ResolveOffsetSpec(self.next_corr(), stream, spec))
+        assert isinstance(answer, sc.ResolveOffsetSpecResponse) and answer.correlation_id == self.corr
+        return answer.code, answer.offset
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+def test_stream_stats_and_resolve_offset_spec_answer_the_same_on_every_worker(node: ServerInfo) -> None:
+    """Stream stats and resolve offset spec of a stream whose copy is worker 0's, asked on worker 1, are
+    the home's answers (asked over the worker link), as on one node; a stream that does not exist is
+    STREAM_DOES_NOT_EXIST on both."""
+    asyncio.run(create(own(node, 0), "stats"))
+
+    async def run() -> None:
+        clients = [await RawStreamClient.open(own(node, w)) for w in (0, 1)]
+        try:
+            empty = [await cl.stats("stats") for cl in clients]
+            assert empty == [(Code.OK, {"first_chunk_id": -1, "committed_chunk_id": -1})] * 2, empty
+            await publish(own(node, 1), "stats", range(10), "a")
+            after_a = int(time.time() * 1000)
+            await publish(own(node, 1), "stats", range(10, 20), "b")
+            answers = []
+            for cl in clients:
+                code, stats = await cl.stats("stats")
+                specs = [WireSpec(SpecType.FIRST), WireSpec(SpecType.LAST), WireSpec(SpecType.NEXT),
+                         WireSpec(SpecType.OFFSET, 5), WireSpec(SpecType.TIMESTAMP, after_a)]
+                answers.append((code, stats, [await cl.resolve("stats", s) for s in specs]))
+            assert answers[0] == answers[1], answers
+            code, stats, resolved = answers[1]
+            assert code == Code.OK and stats["first_chunk_id"] == 0 and 0 < stats["committed_chunk_id"] < 20
+            assert [r[0] for r in resolved] == [Code.OK] * 5
+            first, last, nxt, at_5, at_time = (r[1] for r in resolved)
+            assert (first, nxt, at_5) == (0, 20, 5) and last == stats["committed_chunk_id"]
+            assert 0 <= at_time <= 20
+            for cl in clients:
+                assert (await cl.stats("no-such-stream"))[0] == Code.STREAM_DOES_NOT_EXIST
+                assert (await cl.resolve("no-such-stream", WireSpec(SpecType.FIRST)))[0] == Code.STREAM_DOES_NOT_EXIST
+        finally:
+            for cl in clients:
+                await cl.close()
+    asyncio.run(run())

@@ -707,6 +707,29 @@ class StreamHomeOffset(NamedTuple):
     offset: int
 
 
+@request_kind(146)
+class StreamHomeStats(NamedTuple):
+    """The stream protocol's stream stats of stream `stream` of vhost `vhost`, whose only copy on this node
+    of workers is the receiver's. Reply: [first chunk id (-1 for an empty stream), committed chunk id], or
+    None if the stream is not open (or not available) there."""
+
+    vhost: str
+    stream: str
+
+
+@request_kind(147)
+class StreamHomeResolve(NamedTuple):
+    """The stream protocol's resolve offset spec of `offset_type`/`offset_value` (OffsetType's numbers) in
+    stream `stream` of vhost `vhost`, whose only copy on this node of workers is the receiver's. Reply: the
+    offset a reader attached there would read next, or None if the stream is not open (or not available)
+    there."""
+
+    vhost: str
+    stream: str
+    offset_type: int
+    offset_value: int
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -717,6 +740,7 @@ Record: TypeAlias = (
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
     | StreamReadOpen | StreamReadChunks | StreamReadCredit | StreamReadEnd | StreamHomePublish | StreamHomeOffset
+    | StreamHomeStats | StreamHomeResolve
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
@@ -724,7 +748,7 @@ Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
     | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
-    | LimitQuery | BlockPeers | StreamHomePublish
+    | LimitQuery | BlockPeers | StreamHomePublish | StreamHomeStats | StreamHomeResolve
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

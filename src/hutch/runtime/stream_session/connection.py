@@ -24,8 +24,8 @@ import asyncio
 import enum
 import logging
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
@@ -38,7 +38,8 @@ from hutch.runtime.queue_types.stream.handle import StreamHandle
 from hutch.runtime.session.ports import LoopClock, TimerHandle
 from hutch.runtime.stream_session import metadata as where
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.consuming import Consuming, core_spec
+from hutch.runtime.stream_session.consuming import Consuming
+from hutch.runtime.stream_session.home_link import resolve_in, stats_of
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, StreamTransport
 from hutch.runtime.stream_session.publishing import Publishing
@@ -48,6 +49,8 @@ from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolErr
 from hutch.streamproto.framer import FrameReader
 
 log = logging.getLogger("hutch.stream")
+
+T = TypeVar("T")
 
 CLOSE_GRACE_S = 1.0
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -603,17 +606,47 @@ class StreamConnection:
         self.hub.stream_deleted(self.vhost.name, name)
 
     def _stream_stats(self, cmd: c.StreamStats) -> None:
-        handle = self.stream_handle(cmd.stream)
+        home = self.hub.reader_link.home(self.vhost.name, cmd.stream)
+        if home is None:
+            handle = self.stream_handle(cmd.stream)
+            self.check_permission("read", cmd.stream)
+            self.send(c.StreamStatsResponse(cmd.correlation_id, Code.OK, stats_of(handle)))
+            return
         self.check_permission("read", cmd.stream)
-        stats = {"first_chunk_id": handle.first_offset if handle.last_chunk_id >= 0 else -1,
-                 "committed_chunk_id": handle.committed_chunk_id}
-        self.send(c.StreamStatsResponse(cmd.correlation_id, Code.OK, stats))
+
+        def answer(stats: dict[str, int] | None) -> None:
+            code = Code.OK if stats is not None else Code.STREAM_NOT_AVAILABLE
+            self.send(c.StreamStatsResponse(cmd.correlation_id, code, stats or {}))
+        self._ask_home(self.hub.reader_link.stats(home, self.vhost.name, cmd.stream), answer)
 
     def _resolve_offset_spec(self, cmd: c.ResolveOffsetSpec) -> None:
-        handle = self.stream_handle(cmd.stream)
+        home = self.hub.reader_link.home(self.vhost.name, cmd.stream)
+        if home is None:
+            handle = self.stream_handle(cmd.stream)
+            self.check_permission("read", cmd.stream)
+            offset = resolve_in(handle, cmd.offset)
+            self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, Code.OK, OffsetType.OFFSET, offset))
+            return
         self.check_permission("read", cmd.stream)
-        offset = handle.reader(core_spec(cmd.offset)).next_offset
-        self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, Code.OK, OffsetType.OFFSET, offset))
+
+        def answer(offset: int | None) -> None:
+            code = Code.OK if offset is not None else Code.STREAM_NOT_AVAILABLE
+            self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, code, OffsetType.OFFSET, offset or 0))
+        self._ask_home(self.hub.reader_link.resolve(home, self.vhost.name, cmd.stream, cmd.offset), answer)
+
+    def _ask_home(self, question: Coroutine[Any, Any, T], answer: Callable[[T], None]) -> None:
+        """A question about a stream whose copy is another worker's (home_link.py): the input is held until
+        its answer is sent, so the answers keep the order of the requests."""
+        self.hold_reading("request")
+
+        async def run() -> None:
+            try:
+                answer(await question)
+            finally:
+                self.release_reading("request")
+                self.flush()
+
+        asyncio.ensure_future(run())
 
     def _command_versions(self, cmd: c.ExchangeCommandVersions) -> None:
         for key, _low, high in cmd.versions:
