@@ -545,3 +545,34 @@ def test_stream_stats_and_resolve_offset_spec_answer_the_same_on_every_worker(no
             for cl in clients:
                 await cl.close()
     asyncio.run(run())
+
+
+def test_management_shows_an_amqp_consumer_of_a_stream_in_the_other_worker_with_its_offsets(node: ServerInfo) -> None:
+    """A pika consumer in worker 1 of a stream whose copy is worker 0's (it reads through the stand-in) is
+    listed once in the queue's consumer_details and in /api/consumers, with where it reads as the home
+    answers it (offset, offset_lag, credits); a stream homed in worker 1 is among /api/stream/streams."""
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        c0.channel().queue_declare("held-s", durable=True, arguments={"x-queue-type": "stream"})
+        ch0 = c0.channel()
+        ch0.confirm_delivery()
+        for i in range(10):
+            ch0.basic_publish("", "held-s", b"%d" % i)
+        reader = c1.channel()
+        reader.basic_qos(prefetch_count=2)
+        held: list[int] = []
+        reader.basic_consume("held-s", lambda ch, m, props, body: held.append(m.delivery_tag),
+                             consumer_tag="held", arguments={"x-stream-offset": "first"})
+        until(lambda: c1.process_data_events(0.05) or len(held) == 2, what="2 deliveries")
+
+        def fields(row: dict[str, Any]) -> tuple[Any, ...]:
+            return row["consumer_tag"], row.get("offset"), row.get("offset_lag"), row.get("credits")
+        details = api(node, "/api/queues/%2F/held-s")["consumer_details"]
+        assert [fields(r) for r in details] == [("held", 2, 8, 0)]
+        assert [fields(r) for r in api(node, "/api/consumers/%2F") if r["queue"]["name"] == "held-s"] == \
+            [("held", 2, 8, 0)]
+        reader.basic_ack(held[-1], multiple=True)
+        until(lambda: c1.process_data_events(0.05) or len(held) == 4, what="2 more deliveries")
+        until(lambda: [fields(r) for r in api(node, "/api/queues/%2F/held-s")["consumer_details"]]
+              == [("held", 4, 6, 0)], what="the consumer's new offset")
+    asyncio.run(create(own(node, 1), "listed-w1"))
+    assert "listed-w1" in {row["name"] for row in api(node, "/api/stream/streams/%2F")}
