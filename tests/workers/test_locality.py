@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, wait_mgmt
 from tests.workers.test_worker_limits import add_vhost, refused
 from tests.workers.test_workers import PERSISTENT, alive, client_port, holders, until, worker_of, worker_pid
+from tests.workers.test_workers_streams import send_confirmed
 
 from hutch import portfile
 
@@ -336,28 +337,6 @@ def stream_in(info: ServerInfo, worker: int, name: str) -> str:
     return name
 
 
-def numbered(i: int) -> AMQPMessage:
-    msg = AMQPMessage(body=b"%d" % i)
-    msg.publishing_id = i
-    return msg
-
-
-async def send_confirmed(producer: Producer, stream: str, ids: Iterable[int], reference: str) -> None:
-    """Send `ids` (publishing ids too) as publisher `reference`; every confirm awaited and positive."""
-    ids = list(ids)
-    status: dict[int, bool] = {}
-    done = asyncio.Event()
-
-    async def on_confirm(s: Any) -> None:
-        status[s.message_id] = s.is_confirmed
-        if len(status) == len(ids):
-            done.set()
-    for i in ids:
-        await producer.send(stream, numbered(i), publisher_name=reference, on_publish_confirm=on_confirm)
-    await asyncio.wait_for(done.wait(), WAIT_S)
-    assert sorted(status) == ids and all(status.values())
-
-
 def end_message(publishing_id: int) -> AMQPMessage:
     """The b"end" message of a publisher whose last publishing id was `publishing_id` - 1 (an id already
     seen would be deduplicated)."""
@@ -404,11 +383,11 @@ def test_stream_publisher_and_consumer_move_to_the_streams_home_nothing_lost_or_
             await consumer.subscribe(stream, on, decoder=amqp_decoder, subscriber_name="mover",
                                      offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
             reading = consumer._clients[stream]
-            await send_confirmed(producer, stream, range(200), "dedup-ref")
+            await send_confirmed(producer, stream, range(200), "", "dedup-ref")
             writing = producer._clients[stream]
             await until_async(lambda: holders(node, rstream_port(writing)) == {0}, "the publisher's move")
             await until_async(lambda: holders(node, rstream_port(reading)) == {0}, "the consumer's move")
-            await send_confirmed(producer, stream, range(150, 300), "dedup-ref")  # 150-199 again: deduplicated
+            await send_confirmed(producer, stream, range(150, 300), "", "dedup-ref")  # 150-199 again: deduplicated
             await asyncio.wait_for(enough.wait(), WAIT_S)
             await consumer.store_offset(stream, "mover", 299)
             await until_async(lambda: asyncio.run(query_offset(port, stream, "mover")) == 299, "the stored offset")
@@ -437,9 +416,9 @@ def test_a_stream_connection_using_streams_of_both_workers_stays_and_uses_the_li
 
     async def run() -> None:
         async with Producer("127.0.0.1", port=port, **STREAM_AUTH) as producer:
-            await send_confirmed(producer, local, range(20), "here")
+            await send_confirmed(producer, local, range(20), "", "here")
             client = producer._clients[local]
-            await send_confirmed(producer, far, range(20), "there")
+            await send_confirmed(producer, far, range(20), "", "there")
             assert producer._clients[far] is client  # (one connection for both: the same advertised port)
             assert holders(node, rstream_port(client)) == {1}
             for s in (local, far):

@@ -21,7 +21,7 @@ import signal
 import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,14 @@ def numbered(i: int, prefix: str) -> AMQPMessage:
 
 async def publish(port: int, stream: str, ids: range, prefix: str, name: str | None = None) -> None:
     """Publish `ids` on `port` (reference `name`: deduplicated), every confirm awaited and positive."""
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        await send_confirmed(p, stream, ids, prefix, name)
+
+
+async def send_confirmed(producer: Producer, stream: str, ids: Iterable[int], prefix: str, name: str | None) -> None:
+    """Send `ids` (as publishing ids and, after `prefix`, bodies) as publisher `name` of `producer`; every
+    confirm awaited and positive."""
+    ids = list(ids)
     status: dict[int, bool] = {}
     done = asyncio.Event()
 
@@ -89,12 +97,10 @@ async def publish(port: int, stream: str, ids: range, prefix: str, name: str | N
         status[s.message_id] = s.is_confirmed
         if len(status) == len(ids):
             done.set()
-
-    async with Producer("127.0.0.1", port=port, **AUTH) as p:
-        for i in ids:
-            await p.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
-        await asyncio.wait_for(done.wait(), TIMEOUT_S)
-    assert all(status.values()) and sorted(status) == list(ids)
+    for i in ids:
+        await producer.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
+    await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    assert all(status.values()) and sorted(status) == ids
 
 
 async def read_first(port: int, stream: str, count: int) -> list[bytes]:

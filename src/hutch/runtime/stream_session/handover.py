@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from hutch.runtime.workers.control import MAX_STATE_BYTES
+from hutch.runtime.session.handover import unpack_state
 
 MARK = "stream"  # the first field: an AMQP connection's state starts with its version number instead
 VERSION = 1
@@ -94,12 +94,7 @@ class StreamHandoverState:
     @classmethod
     def decode(cls, data: bytes) -> StreamHandoverState:
         """The state `encode` made; ValueError if it is not one (or too large)."""
-        if len(data) > MAX_STATE_BYTES:
-            raise ValueError(f"a handed over stream connection's state of {len(data)} bytes is over {MAX_STATE_BYTES}")
-        try:
-            v = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ValueError(f"malformed stream handover state: {exc}") from None
+        v = unpack_state(data, "stream connection")
         if not isinstance(v, list) or len(v) != 15 or v[0] != MARK or v[1] != VERSION:
             raise ValueError("not a stream handover state of this version")
         (_, _, user, vhost, frame_max, heartbeat_s, props, mechanism, peer, name, connected_at, deliver_version,
