@@ -582,3 +582,38 @@ def test_management_shows_an_amqp_consumer_of_a_stream_in_the_other_worker_with_
               == [("held", 4, 6, 0)], what="the consumer's new offset")
     asyncio.run(create(own(node, 1), "listed-w1"))
     assert "listed-w1" in {row["name"] for row in api(node, "/api/stream/streams/%2F")}
+
+
+def test_balanced_streams_go_to_the_worker_with_the_fewest_streams(node: ServerInfo) -> None:
+    """`x-queue-leader-locator: balanced` on a node of workers: a new stream's one copy goes to the worker
+    that holds the fewest streams (the lower index on a tie), whichever worker the declare came to; a
+    stream without it stays in its declaring worker (client-local). A balanced stream homed elsewhere is
+    written and read from the declaring worker."""
+    def counts() -> list[int]:
+        rows = [q for q in api(node, "/api/queues/%2F") if q.get("type") == "stream"]
+        return [sum(1 for q in rows if q["worker"] == w) for w in (0, 1)]
+
+    def files() -> list[int]:
+        return [len(list(node.data_dir.glob(f"w{w}/streams/*"))) for w in (0, 1)]
+
+    files_before = files()
+    with connect(node, 0) as c0:
+        ch = c0.channel()
+        for i in range(4):
+            before = counts()
+            expected = 0 if before[0] <= before[1] else 1
+            ch.queue_declare(f"bal-{i}", durable=True, arguments={"x-queue-type": "stream",
+                                                                  "x-queue-leader-locator": "balanced"})
+            assert queue_json(node, f"bal-{i}")["worker"] == expected, (i, before)
+        placed = [queue_json(node, f"bal-{i}")["worker"] for i in range(4)]
+        assert 1 in placed  # (the module's other streams are mostly worker 0's)
+        # one copy each, in its home worker's files
+        assert files() == [files_before[0] + placed.count(0), files_before[1] + placed.count(1)]
+        ch.queue_declare("local-s", durable=True, arguments={"x-queue-type": "stream"})
+        assert queue_json(node, "local-s")["worker"] == 0
+        far = f"bal-{placed.index(1)}"
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", far, b"b%d" % i)
+    got = asyncio.run(read_first(own(node, 0), far, 5))
+    assert got == [b"b%d" % i for i in range(5)]

@@ -121,6 +121,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
         for t in node.queue_types:
             if isinstance(t, ClassicQueueType):
                 t.elsewhere = remote.place_on_fewest
+        streams.elsewhere = remote.place_stream_on_fewest  # (`balanced` streams: the fewest streams' worker)
         _worker_agents(node, cluster)
         _worker_limits(node, cluster)
     return cluster
