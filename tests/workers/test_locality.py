@@ -388,6 +388,13 @@ def test_stream_publisher_and_consumer_move_to_the_streams_home_nothing_lost_or_
             await until_async(lambda: holders(node, rstream_port(writing)) == {0}, "the publisher's move")
             await until_async(lambda: holders(node, rstream_port(reading)) == {0}, "the consumer's move")
             await send_confirmed(producer, stream, range(150, 300), "", "dedup-ref")  # 150-199 again: deduplicated
+
+            def listed() -> list[dict[str, Any]]:  # the moved connections, once each, with their publisher
+                rows = Api(node.mgmt_url).get("/api/stream/connections").body
+                return [r for r in rows if r["peer_port"] in (rstream_port(writing), rstream_port(reading))]
+            rows = await asyncio.get_running_loop().run_in_executor(None, listed)
+            assert sorted((r["peer_port"], r["publishers"], r["subscriptions"]) for r in rows) == \
+                sorted([(rstream_port(writing), 1, 0), (rstream_port(reading), 0, 1)])
             await asyncio.wait_for(enough.wait(), WAIT_S)
             await consumer.store_offset(stream, "mover", 299)
             await until_async(lambda: asyncio.run(query_offset(port, stream, "mover")) == 299, "the stored offset")
