@@ -73,7 +73,7 @@ WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.p
 	tests/interop/test_queue_features_aiopika.py tests/interop/test_exchanges.py tests/interop/test_alarms.py \
 	tests/interop/test_consumer_timeout.py tests/interop/test_credit_flow.py \
 	tests/mgmt/test_mgmt_api.py tests/mgmt/test_mgmt_api2.py tests/mgmt/test_prometheus.py tests/mgmt/test_definitions.py tests/mgmt/test_limits.py \
-	tests/cluster/test_quorum_4x.py tests/stream_protocol/test_rstream.py
+	tests/cluster/test_quorum_4x.py tests/stream_protocol/test_rstream.py tests/stream_protocol/test_stream_management.py
 # in-process (no server): nothing of workers to test
 WORKER_DESELECT := --deselect tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue
 test-workers: $(STAMP)

@@ -283,8 +283,9 @@ def test_a_damaged_stream_does_not_keep_the_node_from_starting(tmp_path: Path) -
         publish(ch, "fine", [b"ok"])
         conn.close()
         info.stop()
-        streams = info.data_dir / "streams"
-        [damaged] = [d for d in streams.iterdir() if len(list(d.iterdir())) > 2]
+        # (a node of workers, HUTCH_TEST_WORKERS: each worker's streams are under its own w<N>/)
+        streams = [*info.data_dir.glob("streams"), *info.data_dir.glob("w*/streams")]
+        [damaged] = [d for s in streams for d in s.iterdir() if len(list(d.iterdir())) > 2]
         first_segment = sorted(damaged.glob("*.segment"))[0]
         with open(first_segment, "r+b") as f:
             f.write(b"JUNK")  # an old segment whose header is gone
@@ -419,8 +420,19 @@ def test_a_refused_consumer_never_sees_consume_ok(server: ServerInfo) -> None:
     conn.close()
 
 
+def _node_pids(pid: int) -> list[int]:
+    """The node's process and its children (a node of workers: its workers)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [pid, *(int(p) for p in children.read_text().split())] if children.exists() else [pid]
+
+
 def _segment_readers(pid: int, data_dir: Path) -> int:
-    """How many read-only descriptors of the node's stream segment files are open (Linux /proc)."""
+    """How many read-only descriptors of the node's stream segment files are open in the node's processes
+    (Linux /proc)."""
+    return sum(_segment_readers_of(p, data_dir) for p in _node_pids(pid))
+
+
+def _segment_readers_of(pid: int, data_dir: Path) -> int:
     n = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:

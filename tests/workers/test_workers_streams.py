@@ -18,9 +18,10 @@ import json
 import os
 import re
 import signal
+import time
 import urllib.request
 from base64 import b64encode
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ from tests.stream_protocol.equivalence import EXPECTED, READERS, run_steps
 from tests.workers.test_workers import CONFIG, connect, ports_file_names_worker, queue_json, until, worker_pid
 
 from hutch import portfile
+from hutch.streamproto import commands as sc
+from hutch.streamproto.codes import Code
+from hutch.streamproto.codes import OffsetType as SpecType
+from hutch.streamproto.framer import FrameReader
+from hutch.streamproto.wire import OffsetSpec as WireSpec
 
 AUTH = {"username": "guest", "password": "guest"}
 TIMEOUT_S = 60.0
@@ -76,6 +82,14 @@ def numbered(i: int, prefix: str) -> AMQPMessage:
 
 async def publish(port: int, stream: str, ids: range, prefix: str, name: str | None = None) -> None:
     """Publish `ids` on `port` (reference `name`: deduplicated), every confirm awaited and positive."""
+    async with Producer("127.0.0.1", port=port, **AUTH) as p:
+        await send_confirmed(p, stream, ids, prefix, name)
+
+
+async def send_confirmed(producer: Producer, stream: str, ids: Iterable[int], prefix: str, name: str | None) -> None:
+    """Send `ids` (as publishing ids and, after `prefix`, bodies) as publisher `name` of `producer`; every
+    confirm awaited and positive."""
+    ids = list(ids)
     status: dict[int, bool] = {}
     done = asyncio.Event()
 
@@ -83,12 +97,10 @@ async def publish(port: int, stream: str, ids: range, prefix: str, name: str | N
         status[s.message_id] = s.is_confirmed
         if len(status) == len(ids):
             done.set()
-
-    async with Producer("127.0.0.1", port=port, **AUTH) as p:
-        for i in ids:
-            await p.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
-        await asyncio.wait_for(done.wait(), TIMEOUT_S)
-    assert all(status.values()) and sorted(status) == list(ids)
+    for i in ids:
+        await producer.send(stream, numbered(i, prefix), publisher_name=name, on_publish_confirm=on_confirm)
+    await asyncio.wait_for(done.wait(), TIMEOUT_S)
+    assert all(status.values()) and sorted(status) == ids
 
 
 async def read_first(port: int, stream: str, count: int) -> list[bytes]:
@@ -451,3 +463,157 @@ def test_a_stream_with_a_copy_per_worker_opens_after_a_restart(tmp_path: Path) -
             assert asyncio.run(read_first(info.ports[f"stream_w{worker}"], "kept", len(want))) == want, worker
     finally:
         info.stop()
+
+
+class RawStreamClient:
+    """A stream-protocol client over a real socket for the commands rstream (1.1) and rbfly do not send
+    (stream stats, resolve offset spec): frames encoded and decoded by hutch.streamproto, whose codec is
+    checked against rstream's (tests/codec/test_streamproto.py)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = FrameReader(0)
+        self.corr = 0
+
+    @classmethod
+    async def open(cls, port: int) -> RawStreamClient:
+        client = cls(*await asyncio.open_connection("127.0.0.1", port))
+        await client.request(sc.PeerProperties(client.next_corr(), {"product": "raw"}))
+        await client.request(sc.SaslHandshake(client.next_corr()))
+        await client.request(sc.SaslAuthenticate(client.next_corr(), "PLAIN", b"\0guest\0guest"), 2)
+        await client.request(sc.TuneResponse(1 << 20, 0), 0)
+        (opened,) = await client.request(sc.Open(client.next_corr(), "/"))
+        assert isinstance(opened, sc.OpenResponse) and opened.code == Code.OK
+        return client
+
+    def next_corr(self) -> int:
+        self.corr += 1
+        return self.corr
+
+    async def request(self, cmd: sc.Command, answers: int = 1) -> list[sc.Command]:
+        """Send `cmd`; the next `answers` frames (heartbeats and metadata updates are not expected)."""
+        self.writer.write(sc.encode(cmd))
+        got: list[sc.Command] = []
+        while len(got) < answers:
+            data = await asyncio.wait_for(self.reader.read(65536), TIMEOUT_S)
+            assert data, "the node closed the connection"
+            self.frames.feed(data)
+            got.extend(sc.decode(f) for f in self.frames.frames())
+        return got
+
+    async def stats(self, stream: str) -> tuple[int, dict[str, int]]:
+        (answer,) = await self.request(sc.StreamStats(self.next_corr(), stream))
+        assert isinstance(answer, sc.StreamStatsResponse) and answer.correlation_id == self.corr
+        return answer.code, answer.stats
+
+    async def resolve(self, stream: str, spec: WireSpec) -> tuple[int, int]:
+        (answer,) = await self.request(sc.ResolveOffsetSpec(self.next_corr(), stream, spec))
+        assert isinstance(answer, sc.ResolveOffsetSpecResponse) and answer.correlation_id == self.corr
+        return answer.code, answer.offset
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+def test_stream_stats_and_resolve_offset_spec_answer_the_same_on_every_worker(node: ServerInfo) -> None:
+    """Stream stats and resolve offset spec of a stream whose copy is worker 0's, asked on worker 1, are
+    the home's answers (asked over the worker link), as on one node; a stream that does not exist is
+    STREAM_DOES_NOT_EXIST on both."""
+    asyncio.run(create(own(node, 0), "stats"))
+
+    async def run() -> None:
+        clients = [await RawStreamClient.open(own(node, w)) for w in (0, 1)]
+        try:
+            empty = [await cl.stats("stats") for cl in clients]
+            assert empty == [(Code.OK, {"first_chunk_id": -1, "committed_chunk_id": -1})] * 2, empty
+            await publish(own(node, 1), "stats", range(10), "a")
+            after_a = int(time.time() * 1000)
+            await publish(own(node, 1), "stats", range(10, 20), "b")
+            answers = []
+            for cl in clients:
+                code, stats = await cl.stats("stats")
+                specs = [WireSpec(SpecType.FIRST), WireSpec(SpecType.LAST), WireSpec(SpecType.NEXT),
+                         WireSpec(SpecType.OFFSET, 5), WireSpec(SpecType.TIMESTAMP, after_a)]
+                answers.append((code, stats, [await cl.resolve("stats", s) for s in specs]))
+            assert answers[0] == answers[1], answers
+            code, stats, resolved = answers[1]
+            assert code == Code.OK and stats["first_chunk_id"] == 0 and 0 < stats["committed_chunk_id"] < 20
+            assert [r[0] for r in resolved] == [Code.OK] * 5
+            first, last, nxt, at_5, at_time = (r[1] for r in resolved)
+            assert (first, nxt, at_5) == (0, 20, 5) and last == stats["committed_chunk_id"]
+            assert 0 <= at_time <= 20
+            for cl in clients:
+                assert (await cl.stats("no-such-stream"))[0] == Code.STREAM_DOES_NOT_EXIST
+                assert (await cl.resolve("no-such-stream", WireSpec(SpecType.FIRST)))[0] == Code.STREAM_DOES_NOT_EXIST
+        finally:
+            for cl in clients:
+                await cl.close()
+    asyncio.run(run())
+
+
+def test_management_shows_an_amqp_consumer_of_a_stream_in_the_other_worker_with_its_offsets(node: ServerInfo) -> None:
+    """A pika consumer in worker 1 of a stream whose copy is worker 0's (it reads through the stand-in) is
+    listed once in the queue's consumer_details and in /api/consumers, with where it reads as the home
+    answers it (offset, offset_lag, credits); a stream homed in worker 1 is among /api/stream/streams."""
+    with connect(node, 0) as c0, connect(node, 1) as c1:
+        c0.channel().queue_declare("held-s", durable=True, arguments={"x-queue-type": "stream"})
+        ch0 = c0.channel()
+        ch0.confirm_delivery()
+        for i in range(10):
+            ch0.basic_publish("", "held-s", b"%d" % i)
+        reader = c1.channel()
+        reader.basic_qos(prefetch_count=2)
+        held: list[int] = []
+        reader.basic_consume("held-s", lambda ch, m, props, body: held.append(m.delivery_tag),
+                             consumer_tag="held", arguments={"x-stream-offset": "first"})
+        until(lambda: c1.process_data_events(0.05) or len(held) == 2, what="2 deliveries")
+
+        def fields(row: dict[str, Any]) -> tuple[Any, ...]:
+            return row["consumer_tag"], row.get("offset"), row.get("offset_lag"), row.get("credits")
+        details = api(node, "/api/queues/%2F/held-s")["consumer_details"]
+        assert [fields(r) for r in details] == [("held", 2, 8, 0)]
+        assert [fields(r) for r in api(node, "/api/consumers/%2F") if r["queue"]["name"] == "held-s"] == \
+            [("held", 2, 8, 0)]
+        reader.basic_ack(held[-1], multiple=True)
+        until(lambda: c1.process_data_events(0.05) or len(held) == 4, what="2 more deliveries")
+        until(lambda: [fields(r) for r in api(node, "/api/queues/%2F/held-s")["consumer_details"]]
+              == [("held", 4, 6, 0)], what="the consumer's new offset")
+    asyncio.run(create(own(node, 1), "listed-w1"))
+    assert "listed-w1" in {row["name"] for row in api(node, "/api/stream/streams/%2F")}
+
+
+def test_balanced_streams_go_to_the_worker_with_the_fewest_streams(node: ServerInfo) -> None:
+    """`x-queue-leader-locator: balanced` on a node of workers: a new stream's one copy goes to the worker
+    that holds the fewest streams (the lower index on a tie), whichever worker the declare came to; a
+    stream without it stays in its declaring worker (client-local). A balanced stream homed elsewhere is
+    written and read from the declaring worker."""
+    def counts() -> list[int]:
+        rows = [q for q in api(node, "/api/queues/%2F") if q.get("type") == "stream"]
+        return [sum(1 for q in rows if q["worker"] == w) for w in (0, 1)]
+
+    def files() -> list[int]:
+        return [len(list(node.data_dir.glob(f"w{w}/streams/*"))) for w in (0, 1)]
+
+    files_before = files()
+    with connect(node, 0) as c0:
+        ch = c0.channel()
+        for i in range(4):
+            before = counts()
+            expected = 0 if before[0] <= before[1] else 1
+            ch.queue_declare(f"bal-{i}", durable=True, arguments={"x-queue-type": "stream",
+                                                                  "x-queue-leader-locator": "balanced"})
+            assert queue_json(node, f"bal-{i}")["worker"] == expected, (i, before)
+        placed = [queue_json(node, f"bal-{i}")["worker"] for i in range(4)]
+        assert 1 in placed  # (the module's other streams are mostly worker 0's)
+        # one copy each, in its home worker's files
+        assert files() == [files_before[0] + placed.count(0), files_before[1] + placed.count(1)]
+        ch.queue_declare("local-s", durable=True, arguments={"x-queue-type": "stream"})
+        assert queue_json(node, "local-s")["worker"] == 0
+        far = f"bal-{placed.index(1)}"
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", far, b"b%d" % i)
+    got = asyncio.run(read_first(own(node, 0), far, 5))
+    assert got == [b"b%d" % i for i in range(5)]

@@ -58,7 +58,7 @@ class MalformedMessage(MessageError):
 # Tags: 1-9 Raft and the metadata group, 10-29 transparent routing (queue_types/remote.py), 30-49 quorum
 # queues (queue_types/quorum/), 50-59 operations (mgmt), 60-69 stream replication
 # (queue_types/stream_replication/), 140-149 a stream's one copy in a node of workers
-# (stream_session/home_link.py). A reply record has a tag of its own. The kind's
+# (stream_session/home_link.py; 148 a stream consumer's position for management, queue_types/remote.py). A reply record has a tag of its own. The kind's
 # tag (and a request's reply) is given by its decorator, which also sets `TAG` (and `REPLY`) on the class.
 
 T = TypeVar("T")
@@ -707,6 +707,40 @@ class StreamHomeOffset(NamedTuple):
     offset: int
 
 
+@request_kind(146)
+class StreamHomeStats(NamedTuple):
+    """The stream protocol's stream stats of stream `stream` of vhost `vhost`, whose only copy on this node
+    of workers is the receiver's. Reply: [first chunk id (-1 for an empty stream), committed chunk id], or
+    None if the stream is not open (or not available) there."""
+
+    vhost: str
+    stream: str
+
+
+@request_kind(147)
+class StreamHomeResolve(NamedTuple):
+    """The stream protocol's resolve offset spec of `offset_type`/`offset_value` (OffsetType's numbers) in
+    stream `stream` of vhost `vhost`, whose only copy on this node of workers is the receiver's. Reply: the
+    offset a reader attached there would read next, or None if the stream is not open (or not available)
+    there."""
+
+    vhost: str
+    stream: str
+    offset_type: int
+    offset_value: int
+
+
+@request_kind(148)
+class StreamConsumerInfo(NamedTuple):
+    """From a node (or worker) with AMQP 0-9-1 consumers of stream `queue` of vhost `vhost` whose copy is
+    the receiver's (consumed through a stand-in, `RemoteConsume`): where consumers `consumer_ids` (the
+    sender's ids) read, for management. Reply: [[consumer id, {"offset", "offset_lag", "credits"}], ...]
+    for those the receiver holds."""
+
+    vhost: str
+    queue: str
+    consumer_ids: list[int]
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -717,6 +751,7 @@ Record: TypeAlias = (
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
     | StreamReadOpen | StreamReadChunks | StreamReadCredit | StreamReadEnd | StreamHomePublish | StreamHomeOffset
+    | StreamHomeStats | StreamHomeResolve | StreamConsumerInfo
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
@@ -724,7 +759,8 @@ Request: TypeAlias = (
     Join | Propose | Leave | Status | Sync | QueueGet | QueuePurge | QueueInfo
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
     | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
-    | LimitQuery | BlockPeers | StreamHomePublish
+    | LimitQuery | BlockPeers | StreamHomePublish | StreamHomeStats | StreamHomeResolve
+    | StreamConsumerInfo
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

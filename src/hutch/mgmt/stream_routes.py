@@ -219,6 +219,11 @@ async def _list_vhost_stream_consumers(c: Call) -> Any:
     return listing.list_reply(_consumers(await _stream_connections(c, c.params["vhost"])), c.query, CONSUMER_SORT)
 
 
+def is_stream(q: Any) -> bool:  # Any: a queue of any type
+    """A stream, or the stand-in of one whose copy is another worker's or node's (its type is its home's)."""
+    return q.queue_type == "stream" or getattr(q, "stream_group", None) is not None
+
+
 async def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
     """Each stream the caller may see, as the queue API shows it (asked of the node's agent), with the
     number of stream-protocol publishers and consumers on it (from the connections the caller may see)."""
@@ -236,7 +241,7 @@ async def _stream_rows(c: Call, vhost: str | None) -> list[dict[str, Any]]:
             key = (conn["vhost"], str(row["stream"]))
             consumers[key] = consumers.get(key, 0) + 1
     keys = [(name, q.name) for name in names if (v := c.node.vhosts.get(name)) is not None
-            for q in list(v.queues.values()) if q.queue_type == "stream"]
+            for q in list(v.queues.values()) if is_stream(q)]
     rows = []
     for row in await c.agent.queue_details(keys):
         row = formats.queue_rates(row, c.stats)

@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -253,23 +254,35 @@ class LocalAgent:
             for ch in self._channels(conn):
                 if channel_name(ch) == name:
                     out = channel_json(ch, self.name)
-                    timeout_ms = self.node.config.consumer_timeout_ms
-                    out["consumer_details"] = [consumer_json(c, ch, self.name, timeout_ms)
-                                               for c in list(ch.consumers.values())]
+                    out["consumer_details"] = await self._consumers_json([(c, ch) for c in list(ch.consumers.values())])
                     out["publishes"] = _publishes(ch)
                     return out
         return None
 
     async def consumers(self, queue: tuple[str, str] | None = None) -> list[dict[str, Any]]:
-        timeout_ms = self.node.config.consumer_timeout_ms
         if queue is not None:
             q = self._queue(*queue)
             if q is None:
                 return []
-            return [consumer_json(c, c.channel, self.name, timeout_ms) for c in q.consumers()
-                    if isinstance(c.channel, ServerChannel)]  # a consumer on another node: not here
-        return [consumer_json(c, ch, self.name, timeout_ms) for conn in self._connections()
-                for ch in self._channels(conn) for c in list(ch.consumers.values())]
+            return await self._consumers_json([(c, c.channel) for c in q.consumers()
+                                               if isinstance(c.channel, ServerChannel)])  # (another node's: not here)
+        return await self._consumers_json([(c, ch) for conn in self._connections()
+                                           for ch in self._channels(conn) for c in list(ch.consumers.values())])
+
+    async def _consumers_json(self, consumers: list[tuple[Consumer, ServerChannel]]) -> list[dict[str, Any]]:
+        """The consumers' fields; those of a stream whose copy is another worker's (or node's) with where
+        they read as its home answers (a stand-in knows no offsets)."""
+        timeout_ms = self.node.config.consumer_timeout_ms
+        rows = [consumer_json(c, ch, self.name, timeout_ms) for c, ch in consumers]
+        far = {id(c.queue): c.queue for c, _ in consumers
+               if isinstance(c.queue, RemoteQueue) and c.queue.stream_group is not None}
+        if far:
+            found: dict[Consumer, dict[str, int]] = {}
+            for answer in await asyncio.gather(*(q.link.stream_consumer_info(q) for q in far.values())):
+                found.update(answer)
+            for (c, _), row in zip(consumers, rows, strict=True):
+                row.update(found.get(c, {}))
+        return rows
 
     async def queues(self, vhosts: list[str] | None = None) -> list[dict[str, Any]]:
         wanted = self.node.vhosts.keys() if vhosts is None else vhosts

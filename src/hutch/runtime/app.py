@@ -56,6 +56,7 @@ from hutch.runtime.queue_types.stream_replication.service import StreamReplicati
 from hutch.runtime.session.protocol import AMQPProtocol
 from hutch.runtime.shovel.service import ShovelService, service_for
 from hutch.runtime.stream_session.catalog import QueueCatalog
+from hutch.runtime.stream_session.handover import is_stream_state
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
@@ -120,6 +121,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
         for t in node.queue_types:
             if isinstance(t, ClassicQueueType):
                 t.elsewhere = remote.place_on_fewest
+        streams.elsewhere = remote.place_stream_on_fewest  # (`balanced` streams: the fewest streams' worker)
         _worker_agents(node, cluster)
         _worker_limits(node, cluster)
     return cluster
@@ -230,7 +232,7 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     return server
 
 
-async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
+async def start_streams(node: Node, handover: Locality | None = None) -> Callable[[], Awaitable[None]] | None:
     """The stream protocol's listeners (`stream.listeners.tcp.default`, `stream.listeners.ssl.default`
     with `ssl_options.*`) and the streams they serve, when a port is configured; returns what stops them.
     Raises OSError (with `hutch_listener` naming the listener) or TlsConfigError."""
@@ -239,6 +241,7 @@ async def start_streams(node: Node) -> Callable[[], Awaitable[None]] | None:
         return None
     replication = next((t.replication for t in node.queue_types if isinstance(t, StreamQueueType)), None)
     hub = StreamHub(node, QueueCatalog(node, replication))  # (a clustered node: streams of other nodes too)
+    hub.handover = handover  # a worker's stream connections move to their stream's home (workers.locality)
     node.streams = hub  # what management lists (mgmt/stream_routes.py)
     if isinstance(node.cluster, ClusterService):  # single-active-consumer groups across the members
         hub.sac_router.start(node.cluster)
@@ -349,8 +352,8 @@ async def serve(config: Config, services: Sequence[Service] = (),
 
 def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | None) -> Locality | None:
     """A worker's connection locality (`workers.locality`, runtime/workers/handover.py): its AMQP
-    connections (not TLS) move to the worker of the queue they first use, and it adopts those others
-    hand to it."""
+    connections (not TLS) move to the worker of the queue they first use, its stream connections to the
+    home of the stream they first publish to or read, and it adopts those others hand to it."""
     cfg = node.config
     if worker is None or cluster is None or cfg.worker_index is None or not cfg.worker_locality:
         return None
@@ -358,6 +361,13 @@ def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | N
     transport = cluster.transport
 
     async def adopt(sock: socket.socket, state: bytes) -> None:
+        if is_stream_state(state):  # a stream-protocol connection (its stream's home is this worker)
+            hub = node.streams
+            if not isinstance(hub, StreamHub):  # (the stream listeners stopped meanwhile)
+                sock.close()
+                return
+            await loop.connect_accepted_socket(lambda: StreamProtocol(hub, adopted=state), sock=sock)
+            return
         await loop.connect_accepted_socket(lambda: AMQPProtocol(node, locality, adopted=state), sock=sock)
     locality = Locality(worker, node.name, cfg.worker_index, transport.connected, adopt)
     return locality
@@ -455,7 +465,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     if own_server is not None:
         stoppers.append(_closer(own_server))
     try:
-        streams = await start_streams(node)
+        streams = await start_streams(node, locality)
     except TlsConfigError as exc:
         print(f"hutch-server: cannot listen for the stream protocol over TLS on port {config.stream_tls_port}: "
               f"{exc}", file=sys.stderr)

@@ -42,6 +42,10 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
+    def unread(self) -> bytes:
+        """A copy of the bytes fed and not yet consumed as frames (a partial frame's included)."""
+        return bytes(memoryview(self._buf)[self._pos:])
+
     def frames(self) -> Iterator[bytes]:
         """Every complete frame's content (key, version, body) in order; stops at the first partial
         frame. Raises FrameTooLarge for a size past frame_max (the reader is then unusable)."""

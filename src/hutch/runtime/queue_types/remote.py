@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from hutch.amqp import spec
-from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, ChannelError
+from hutch.amqp.errors import ACCESS_REFUSED, NOT_FOUND, NOT_IMPLEMENTED, ChannelError, ConnectionError_
 from hutch.amqp.table import Timestamp
 from hutch.cluster import messages as cm
 from hutch.core import direct_reply
@@ -181,6 +181,9 @@ class RemoteQueue(Queue):
                 entry.redelivered = bool(e[2])
                 self._prepared_get = entry
         elif isinstance(method, spec.Queue.Purge):
+            if self.stream_group is not None:  # a stream: refused as its home refuses it (540, the connection)
+                raise ConnectionError_(NOT_IMPLEMENTED, "queue.purge not supported by stream queues "
+                                       f"{rs('queue', self.name, self.vhost)}", 50, 30)
             reply = await link.request(self.home, cm.QueuePurge(self.vhost, self.name))
             self._prepared_purge = int(reply)
         else:
@@ -540,6 +543,7 @@ class QueueLink:
         cluster.register(cm.RemoteHold, self._on_flow)
         cluster.register(cm.LoopSaturated, self._on_loop_saturated)
         cluster.register(cm.RemoteConsumerPaused, self._on_consumer_paused)
+        cluster.register(cm.StreamConsumerInfo, self._h_stream_consumer_info)
         self.transport.writable_hooks.append(self._link_writable)
         node.cluster_peer_hooks.append(self._peer_changed)
 
@@ -945,6 +949,33 @@ class QueueLink:
         if q is None:
             return None
         return [q.message_count, q.unacked_count, q.consumer_count, int(q.refuses_consumer(False))]
+
+    async def stream_consumer_info(self, q: RemoteQueue) -> dict[Consumer, dict[str, int]]:
+        """Where this node's consumers of `q` (a stream whose copy is its home's) read, as the home sees
+        them (management's `offset`, `offset_lag`, `credits`); {} if the home does not answer."""
+        mine = dict(q._consumers)
+        if not mine:
+            return {}
+        try:
+            reply = await self.cluster.call(q.home, cm.StreamConsumerInfo(q.vhost, q.name, list(mine)),
+                                            timeout=PREPARE_TIMEOUT_S)
+        except (PeerUnavailable, TimeoutError, RemoteError) as exc:
+            log.debug("consumer positions of %s not answered by %s: %r", rs("queue", q.name, q.vhost), q.home, exc)
+            return {}
+        out: dict[Consumer, dict[str, int]] = {}
+        for item in reply if isinstance(reply, list) else ():
+            if isinstance(item, list) and len(item) == 2 and item[0] in mine and isinstance(item[1], dict):
+                out[mine[item[0]]] = {k: v for k, v in item[1].items()
+                                      if k in ("offset", "offset_lag", "credits") and type(v) is int}
+        return out
+
+    def _h_stream_consumer_info(self, peer: str, req: cm.StreamConsumerInfo) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for cid in req.consumer_ids:
+            consumer = self.remote_consumers.get((peer, cid)) if type(cid) is int else None
+            if consumer is not None and (consumer.queue.vhost, consumer.queue.name) == (req.vhost, req.queue):
+                out.append([cid, consumer.queue.consumer_info(consumer)])
+        return out
 
     # -- queue counts for other nodes' listings -----------------------------------------------------------
     def booted(self) -> None:

@@ -30,6 +30,7 @@ from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.runtime.queue_types.base import QueueTypeDefaults
 from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
+from hutch.runtime.workers.spec import node_of_worker
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
@@ -48,6 +49,15 @@ def fewest_queues(here: str, candidates: Iterable[str], homes: Iterable[str]) ->
         if home in counts:
             counts[home] += 1
     return min(counts, key=lambda name: (counts[name], name))
+
+
+def stream_home(q: Queue, here: str, node: str) -> str | None:
+    """The worker of node `node` that holds stream `q`'s copy: `here` for a stream of this worker, the
+    stream's member of `node` for a stand-in of one; None for any other queue (or a stream of other nodes)."""
+    if isinstance(q, RemoteQueue):
+        group = q.stream_group
+        return None if group is None else next((m for m in group[1] if node_of_worker(m) == node), None)
+    return here if q.queue_type == "stream" else None
 
 
 class RemoteQueueType(QueueTypeDefaults):
@@ -108,6 +118,22 @@ class RemoteQueueType(QueueTypeDefaults):
         if home == here:
             return None
         q = RemoteQueue(self.link, home, vhost.name, name, durable, False, auto_delete, arguments)
+        self.node.add_queue(vhost, q)
+        return q
+
+    def place_stream_on_fewest(self, vhost: VirtualHost, name: str, arguments: dict[str, Any],
+                               stream_id: int) -> Queue | None:
+        """A new stream's stand-in here, its one copy homed on the running worker of this node that holds
+        the fewest streams (the leader locator `balanced` over a node's workers); None when that is this
+        worker (the stream type opens it here). The home opens it from the record (`restore`)."""
+        here = self.node.name
+        node = node_of_worker(here)
+        homes = (stream_home(q, here, node) for vh in self.node.vhosts.values() for q in vh.queues.values())
+        home = fewest_queues(here, self.link.cluster.siblings(), (h for h in homes if h is not None))
+        if home == here:
+            return None
+        q = RemoteQueue(self.link, home, vhost.name, name, True, False, False, arguments)
+        q.stream_group = (stream_id, (home,))
         self.node.add_queue(vhost, q)
         return q
 

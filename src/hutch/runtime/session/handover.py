@@ -110,12 +110,7 @@ class HandoverState:
     @classmethod
     def decode(cls, data: bytes) -> HandoverState:
         """The state `encode` made; ValueError if it is not one (or too large)."""
-        if len(data) > MAX_STATE_BYTES:
-            raise ValueError(f"a handed over connection's state of {len(data)} bytes is over {MAX_STATE_BYTES}")
-        try:
-            v = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise ValueError(f"malformed handover state: {exc}") from None
+        v = unpack_state(data, "connection")
         if not isinstance(v, list) or len(v) != 16 or v[0] != VERSION:
             raise ValueError("not a handover state of this version")
         (_, user, vhost, frame_max, channel_max, heartbeat_s, props, mechanism, peer, name, connected_at,
@@ -142,6 +137,16 @@ class HandoverState:
             raise ValueError("malformed handover state: a channel twice")
         return cls(user, vhost, frame_max, channel_max, heartbeat_s, properties, mechanism, (peer[0], peer[1]),
                    name, connected_at, recv_oct, send_oct, has_published, states, unread)
+
+
+def unpack_state(data: bytes, what: str) -> Any:  # Any: a msgpack value, checked by the caller
+    """A handed over `what`'s state as msgpack values; ValueError if it is too large or not msgpack."""
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"a handed over {what}'s state of {len(data)} bytes is over {MAX_STATE_BYTES}")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"malformed handover state: {exc}") from None
 
 
 # exchange types whose queues the exchange and the routing key decide (no headers, no per-message choice)

@@ -6,7 +6,8 @@ Owns: the handshake (peer properties, SASL with PLAIN or AMQPLAIN through the no
 EXTERNAL with a client certificate TLS verified,
 tune, open with the vhost access check), the table of which command each phase accepts, the frame
 limit (`stream_initial_frame_max` until open, then the negotiated frame_max), heartbeats, closing in
-both directions, the commands about streams (create, delete, stream stats, resolve offset spec, exchange
+both directions, moving to its stream's home worker (a node of workers: `_hand_over`, `adopt`; the
+rules in handover.py), the commands about streams (create, delete, stream stats, resolve offset spec, exchange
 command versions; metadata in metadata.py), super streams (super_streams.py), and the output buffer (written once
 per batch of input, or on the next loop turn for output made by callbacks). Publishing and consuming
 are its two halves (publishing.py, consuming.py).
@@ -24,8 +25,8 @@ import asyncio
 import enum
 import logging
 import ssl
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hutch import __version__
 from hutch.amqp.errors import AMQPError
@@ -38,7 +39,9 @@ from hutch.runtime.queue_types.stream.handle import StreamHandle
 from hutch.runtime.session.ports import LoopClock, TimerHandle
 from hutch.runtime.stream_session import metadata as where
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.consuming import Consuming, core_spec
+from hutch.runtime.stream_session.consuming import Consuming
+from hutch.runtime.stream_session.handover import MAX_UNREAD_BYTES, StreamHandoverState, quiet_reason
+from hutch.runtime.stream_session.home_link import resolve_in, stats_of
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, StreamTransport
 from hutch.runtime.stream_session.publishing import Publishing
@@ -48,6 +51,8 @@ from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolErr
 from hutch.streamproto.framer import FrameReader
 
 log = logging.getLogger("hutch.stream")
+
+T = TypeVar("T")
 
 CLOSE_GRACE_S = 1.0
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -127,6 +132,10 @@ class StreamConnection:
         self._last_sent = 0.0
         self.name = ""
         self.connected_at_ms = 0
+        self.handover = hub.handover
+        self.locality_armed = self.handover is not None and not tls  # judged once (handover.py)
+        self.handed_over = False  # moved to another worker: this one forgot it
+        self._advertised: tuple[str, int] | None = None  # as told before a move, by the worker that accepted it
         self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
         self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
             c.DeclarePublisher: self.publishing.declare,
@@ -190,7 +199,11 @@ class StreamConnection:
                     if self.phase == Phase.OPENED and publishing.publish_frame(frame):
                         continue  # the hot path: a publish of simple entries, batched per stream
                     publishing.write_batched()  # what was published before this command is written first
-                    self._handle(c.decode(bytes(frame)))
+                    cmd = c.decode(bytes(frame))
+                    if self.locality_armed and isinstance(cmd, c.DeclarePublisher | c.Subscribe) \
+                            and self._hand_over(cmd, frame):
+                        return  # another worker has it now, with this frame and what follows
+                    self._handle(cmd)
                     if "request" in self._holds:  # a request that awaits (_async, metadata.py): what came
                         return  # after it is taken once it is answered (release_reading), in order
             finally:
@@ -274,6 +287,96 @@ class StreamConnection:
     def next_correlation_id(self) -> int:
         self._correlation = (self._correlation + 1) & 0xFFFFFFFF
         return self._correlation
+
+    # -- connection locality (a node of workers: handover.py) ---------------------------------------
+    def is_open(self) -> bool:
+        return self.phase == Phase.OPENED
+
+    def held(self) -> bool:
+        return bool(self._holds)
+
+    def in_use(self) -> bool:
+        return bool(self.publishing.publishers or self.consuming.subscriptions)
+
+    def _hand_over(self, cmd: c.DeclarePublisher | c.Subscribe, frame: memoryview) -> bool:
+        """The first declare publisher or subscribe: move to its stream's home worker when that is another
+        and this connection is quiet. True when it moved (this worker has forgotten it)."""
+        self.locality_armed = False
+        handover, transport = self.handover, self.transport
+        assert handover is not None and transport is not None
+        home = self.hub.reader_link.home(self.vhost.name, cmd.stream)
+        to = None if home is None else handover.worker_of(home)
+        if to is None:
+            return False
+        self.flush()  # what the commands before this one produced goes out from here
+        reason = quiet_reason(self)
+        buffered = getattr(transport, "get_write_buffer_size", None)
+        if reason is None and (buffered is None or buffered()):
+            reason = "output not written yet"
+        sock = transport.get_extra_info("socket")
+        unread = len(frame).to_bytes(4, "big") + bytes(frame) + self.reader.unread()
+        if reason is None and (sock is None or len(unread) > MAX_UNREAD_BYTES):
+            reason = "no socket, or too much unread"
+        if reason is not None:
+            log.debug("stream connection %s stays in this worker (stream %s in worker %d): %s", self.name,
+                      cmd.stream, to, reason)
+            return False
+        state = StreamHandoverState(self.user_name, self.vhost.name, self.frame_max, self.heartbeat_s,
+                                    dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
+                                    self.connected_at_ms, self.consuming.deliver_version, self._correlation,
+                                    self.advertised(), unread)
+        if not handover.move(sock, state.encode(), to):
+            return False
+        log.debug("stream connection %s moved to worker %d (stream %s)", self.name, to, cmd.stream)
+        self._forget_moved()
+        return True
+
+    def _forget_moved(self) -> None:
+        """This worker lets go of a connection another worker now holds: no close frame, the socket closed
+        here only (the other worker holds its duplicate)."""
+        self.handed_over = True
+        self.phase = Phase.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.hub.connections.discard(self)
+        self.out.clear()
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.pause_reading()
+            transport.close()
+
+    def adopt(self, transport: StreamTransport, sock: tuple[str, int], data: bytes) -> None:
+        """Take over a stream connection another worker of this node handed over (`_hand_over` there):
+        open, then handle the bytes it had not (the triggering command first). A state that cannot be
+        adopted (malformed, its vhost or user gone meanwhile) closes the connection."""
+        self.transport = transport
+        self.sock = sock
+        self.locality_armed = False
+        self._last_recv = self._last_sent = self.clock.time()
+        self.hub.connections.add(self)
+        self.phase = Phase.OPENED
+        try:
+            st = StreamHandoverState.decode(data)
+        except ValueError as exc:
+            self._fatal(StreamProtocolError(f"the connection could not be moved between workers: {exc}",
+                                            Code.INTERNAL_ERROR))
+            return
+        self.peer, self.name, self.connected_at_ms = st.peer, st.name, st.connected_at_ms
+        vhost = self.broker.vhosts.get(st.vhost)
+        if vhost is None or self.broker.auth.get_user(st.user) is None:
+            self._fatal(StreamProtocolError("vhost or user deleted", Code.VIRTUAL_HOST_ACCESS_FAILURE))
+            return
+        self.user_name, self.vhost, self.auth_mechanism = st.user, vhost, st.auth_mechanism
+        self.client_properties = st.client_properties
+        self.frame_max = self.reader.frame_max = st.frame_max
+        self.heartbeat_s = st.heartbeat_s
+        self.consuming.deliver_version = st.deliver_version
+        self._correlation = st.correlation
+        self._advertised = st.advertised
+        if self.heartbeat_s:
+            self._timer = self.clock.call_later(self.heartbeat_s, self._heartbeat_tick)
+        self.receive_data(st.unread)
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _handle(self, cmd: c.Command) -> None:
@@ -465,6 +568,8 @@ class StreamConnection:
         """The host and port this node is known by: the configured ones, else the listener's. A connection
         on a worker's own port (`workers.own_ports`) is told that port, so a client that follows the
         metadata stays with the worker it chose."""
+        if self._advertised is not None:
+            return self._advertised
         cfg = self.broker.config
         host = cfg.stream_advertised_host or self.sock[0]
         own = self.hub.own_port if not self.tls and self.hub.own_port == self.sock[1] else 0
@@ -603,17 +708,47 @@ class StreamConnection:
         self.hub.stream_deleted(self.vhost.name, name)
 
     def _stream_stats(self, cmd: c.StreamStats) -> None:
-        handle = self.stream_handle(cmd.stream)
+        home = self.hub.reader_link.home(self.vhost.name, cmd.stream)
+        if home is None:
+            handle = self.stream_handle(cmd.stream)
+            self.check_permission("read", cmd.stream)
+            self.send(c.StreamStatsResponse(cmd.correlation_id, Code.OK, stats_of(handle)))
+            return
         self.check_permission("read", cmd.stream)
-        stats = {"first_chunk_id": handle.first_offset if handle.last_chunk_id >= 0 else -1,
-                 "committed_chunk_id": handle.committed_chunk_id}
-        self.send(c.StreamStatsResponse(cmd.correlation_id, Code.OK, stats))
+
+        def answer(stats: dict[str, int] | None) -> None:
+            code = Code.OK if stats is not None else Code.STREAM_NOT_AVAILABLE
+            self.send(c.StreamStatsResponse(cmd.correlation_id, code, stats or {}))
+        self._ask_home(self.hub.reader_link.stats(home, self.vhost.name, cmd.stream), answer)
 
     def _resolve_offset_spec(self, cmd: c.ResolveOffsetSpec) -> None:
-        handle = self.stream_handle(cmd.stream)
+        home = self.hub.reader_link.home(self.vhost.name, cmd.stream)
+        if home is None:
+            handle = self.stream_handle(cmd.stream)
+            self.check_permission("read", cmd.stream)
+            offset = resolve_in(handle, cmd.offset)
+            self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, Code.OK, OffsetType.OFFSET, offset))
+            return
         self.check_permission("read", cmd.stream)
-        offset = handle.reader(core_spec(cmd.offset)).next_offset
-        self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, Code.OK, OffsetType.OFFSET, offset))
+
+        def answer(offset: int | None) -> None:
+            code = Code.OK if offset is not None else Code.STREAM_NOT_AVAILABLE
+            self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, code, OffsetType.OFFSET, offset or 0))
+        self._ask_home(self.hub.reader_link.resolve(home, self.vhost.name, cmd.stream, cmd.offset), answer)
+
+    def _ask_home(self, question: Coroutine[Any, Any, T], answer: Callable[[T], None]) -> None:
+        """A question about a stream whose copy is another worker's (home_link.py): the input is held until
+        its answer is sent, so the answers keep the order of the requests."""
+        self.hold_reading("request")
+
+        async def run() -> None:
+            try:
+                answer(await question)
+            finally:
+                self.release_reading("request")
+                self.flush()
+
+        asyncio.ensure_future(run())
 
     def _command_versions(self, cmd: c.ExchangeCommandVersions) -> None:
         for key, _low, high in cmd.versions:

@@ -2,7 +2,7 @@
 
 Owns: both ends of the stream-protocol paths to a stream whose only copy on this node is another
 worker's (its "home", `StreamCatalog.home`), over the worker link (records `StreamReadOpen` ..
-`StreamHomeOffset`, tags 140-145 in hutch.cluster.messages):
+`StreamHomeResolve`, tags 140-147 in hutch.cluster.messages):
 - reading: a subscription in this worker opens a reader in the home (`open`); the home sends the chunks
   as stored (header and data, as the stream protocol delivers them: `StreamReadChunks`), one per credit;
   the subscription's client credit goes to the home as it comes (`StreamReadCredit`); an unsubscribe or
@@ -10,7 +10,10 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
   subscription (`StreamReadEnd` with the code; its client gets a metadata update);
 - writing: a publisher's publishes go to the home with their publishing ids and reference
   (`StreamHomePublish`, deduplicated there, answered once committed) through `HomeForwarder`, the
-  `StreamForwarder` of such a stream; a stored offset goes there too (`StreamHomeOffset`).
+  `StreamForwarder` of such a stream; a stored offset goes there too (`StreamHomeOffset`);
+- asking: the stream protocol's stream stats and resolve offset spec are answered by the home
+  (`StreamHomeStats`, `StreamHomeResolve`: `stats` and `resolve`), so every worker answers them as the
+  home does (`stats_of`, `resolve_in`: one rule for both).
 
 Rules:
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
@@ -20,6 +23,8 @@ Rules:
   worker; the subscriptions reading from a home that went away are ended and their clients told
   (STREAM_NOT_AVAILABLE, as for a stream gone), so they subscribe again.
 - Records naming a reader this worker does not hold are ignored (it ended meanwhile).
+- A question the home cannot answer (the stream not open there, the home gone or silent for
+  `ASK_TIMEOUT_S`) is answered None: the client gets STREAM_NOT_AVAILABLE, as for a stream being opened.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ PUMP_CHUNKS = 64
 PUMP_BYTES = 1 << 20
 PUMP_SKIPS = 4096
 PUBLISH_TIMEOUT_S = 30.0
+ASK_TIMEOUT_S = 5.0
 
 
 class HomeLinkHost(Protocol):
@@ -126,6 +132,22 @@ def reader_for(handle: StreamHandle, spec: CoreSpec, last: bool) -> StreamReader
     return handle.reader(spec)
 
 
+def stats_of(handle: StreamHandle) -> dict[str, int]:
+    """The stream protocol's stream stats of a stream held here (RabbitMQ's keys: an empty stream's first
+    chunk id is -1)."""
+    return {"first_chunk_id": handle.first_offset if handle.last_chunk_id >= 0 else -1,
+            "committed_chunk_id": handle.committed_chunk_id}
+
+
+def resolve_in(handle: StreamHandle, spec: OffsetSpec) -> int:
+    """The offset a reader attached at `spec` would read next (resolve offset spec)."""
+    reader = handle.reader(core_spec(spec))
+    try:
+        return reader.next_offset
+    finally:
+        reader.close()
+
+
 @dataclass(eq=False)
 class RemoteRead:
     """A subscription's reader in its stream's home (the subscription's `remote`)."""
@@ -173,6 +195,8 @@ class StreamReaderLink:
         host.register(cm.StreamReadEnd, self._on_end)
         host.register(cm.StreamHomePublish, self._on_publish)
         host.register(cm.StreamHomeOffset, self._on_offset)
+        host.register(cm.StreamHomeStats, self._on_stats)
+        host.register(cm.StreamHomeResolve, self._on_resolve)
 
     def home(self, vhost: str, stream: str) -> str | None:
         """The worker holding the stream's one copy, if it is not this one and the link is up."""
@@ -181,6 +205,50 @@ class StreamReaderLink:
     def forwarder(self, home: str, vhost: str, stream: str) -> HomeForwarder:
         """The way of a publisher (or a stored offset) on this worker to the stream's copy in `home`."""
         return HomeForwarder(self, home, vhost, stream)
+
+    # -- questions to the home ---------------------------------------------------------------------
+
+    async def stats(self, home: str, vhost: str, stream: str) -> dict[str, int] | None:
+        """`stats_of` the stream in `home`; None if it cannot answer."""
+        answer = await self._ask(home, cm.StreamHomeStats(vhost, stream))
+        if not (isinstance(answer, list) and len(answer) == 2 and all(type(v) is int for v in answer)):
+            return None
+        return {"first_chunk_id": answer[0], "committed_chunk_id": answer[1]}
+
+    async def resolve(self, home: str, vhost: str, stream: str, spec: OffsetSpec) -> int | None:
+        """`resolve_in` the stream in `home`; None if it cannot answer."""
+        answer = await self._ask(home, cm.StreamHomeResolve(vhost, stream, int(spec.type), int(spec.value or 0)))
+        return answer if type(answer) is int and 0 <= answer < 1 << 64 else None
+
+    async def _ask(self, home: str, request: cm.StreamHomeStats | cm.StreamHomeResolve) -> Any:
+        if self.host is None:
+            return None
+        try:
+            return await self.host.call(home, request, timeout=ASK_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - home gone, silent or refusing: no answer (the port's errors)
+            log.debug("stream %s: %s not answered by %s: %r", request.stream, type(request).__name__, home, exc)
+            return None
+
+    def _held(self, vhost: str, stream: str) -> StreamHandle | None:
+        handle = self.catalog.lookup(vhost, stream)
+        return None if handle is None or handle.closed or handle.failed is not None else handle
+
+    def _on_stats(self, peer: str, m: cm.StreamHomeStats) -> list[int] | None:
+        handle = self._held(m.vhost, m.stream)
+        if handle is None:
+            return None
+        stats = stats_of(handle)
+        return [stats["first_chunk_id"], stats["committed_chunk_id"]]
+
+    def _on_resolve(self, peer: str, m: cm.StreamHomeResolve) -> int | None:
+        handle = self._held(m.vhost, m.stream)
+        if handle is None:
+            return None
+        try:
+            return resolve_in(handle, OffsetSpec(OffsetType(m.offset_type), m.offset_value))
+        except (ValueError, StorageError) as exc:
+            log.warning("stream %s: a resolve from %s refused: %r", m.stream, peer, exc)
+            return None
 
     # -- the subscription's worker -----------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hutch.runtime.ports import BrokerPort
 from hutch.runtime.stream_session.home_link import StreamReaderLink
-from hutch.runtime.stream_session.ports import StreamCatalog
+from hutch.runtime.stream_session.ports import StreamCatalog, StreamHandover
 from hutch.runtime.stream_session.sac import SacGroups
 from hutch.runtime.stream_session.sac_router import SacRouter
 
@@ -47,6 +47,7 @@ class StreamHub:
         self.port = 0       # the plain listener's bound port (set when it listens)
         self.tls_port = 0   # the TLS listener's bound port
         self.own_port = 0   # a worker's own plain listener (`workers.own_ports`), advertised on itself
+        self.handover: StreamHandover | None = None  # a worker's connection locality (`workers.locality`)
 
     def watch(self, vhost: str, stream: str, handle: Any) -> None:
         """Tell the connections as soon as this stream is deleted by any path (AMQP 0-9-1, management),

@@ -1,6 +1,6 @@
 """The ports of the stream-protocol session: what a stream connection asks of the node's streams.
 
-Owns three `Protocol`s: `StreamTransport` (the session's `Transport` with `writelines`: a delivery's
+Owns the `Protocol`s `StreamHandover` (moving a connection to its stream's home worker), `StreamTransport` (the session's `Transport` with `writelines`: a delivery's
 chunk goes out as parts, not joined; an asyncio transport has it), `StreamCatalog`, to find the running `StreamHandle` of a stream by vhost and
 name, create one, delete one (catalog.QueueCatalog implements it over the stream queue type: a stream is
 a queue of type stream, seen by AMQP 0-9-1 and management too); and `StreamSession`, what a
@@ -29,6 +29,18 @@ class StreamTransport(Transport, Protocol):
     """Where a stream connection writes: `write`, and `writelines` for parts written without a join."""
 
     def writelines(self, parts: list[bytes | memoryview]) -> None: ...
+
+
+class StreamHandover(Protocol):
+    """Moving a stream connection to its stream's home worker (a node of workers, `workers.locality`;
+    runtime/workers/handover.py's `Locality`). `worker_of` is the index of worker `name` of this node when
+    it is another worker that can take a connection now (None: this worker, another node, or a worker that
+    is down); `move` hands the connection's socket (duplicated: the caller then drops its transport without
+    closing the TCP connection) and its encoded state to worker `to`; False when it could not be sent."""
+
+    def worker_of(self, name: str) -> int | None: ...
+
+    def move(self, sock: Any, state: bytes, to: int) -> bool: ...
 
 
 class StreamExists(Exception):

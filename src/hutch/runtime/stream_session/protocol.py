@@ -18,14 +18,19 @@ WRITE_BUFFER_LOW = 1024 * 1024
 
 
 class StreamProtocol(asyncio.Protocol):
-    def __init__(self, hub: StreamHub, tls: bool = False) -> None:
+    def __init__(self, hub: StreamHub, tls: bool = False, adopted: bytes | None = None) -> None:
         self.conn = StreamConnection(hub, asyncio.get_event_loop(), tls)
+        self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)
         stream.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
         peer = stream.get_extra_info("peername") or ("?", 0)
         sock = stream.get_extra_info("sockname") or ("?", 0)
+        if self._adopted is not None:
+            adopted, self._adopted = self._adopted, None
+            self.conn.adopt(stream, (sock[0], sock[1]), adopted)
+            return
         self.conn.connection_made(stream, (peer[0], peer[1]), (sock[0], sock[1]))
 
     def data_received(self, data: bytes) -> None:

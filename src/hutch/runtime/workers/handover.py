@@ -1,9 +1,11 @@
-"""Connection locality, the transfer: moving an open AMQP connection's socket and state to another worker
-of the node (docs/scaling.md, "Connection locality"; `workers.locality`).
+"""Connection locality, the transfer: moving an open AMQP or stream-protocol connection's socket and state
+to another worker of the node (docs/scaling.md, "Connection locality"; `workers.locality`).
 
 Owns: `Locality`, a worker's implementation of the session's `Handover` port (runtime/session/ports.py)
-and the receiving end. Moving a connection to worker N:
-1. the session judged it quiet and encoded its state (runtime/session/handover.py);
+and of the stream session's `StreamHandover` (runtime/stream_session/ports.py), and the receiving end
+(the composition root's `adopt` opens an AMQP or a stream connection by the state's kind). Moving a connection to worker N:
+1. the session judged it quiet and encoded its state (runtime/session/handover.py, or
+   runtime/stream_session/handover.py for a stream connection);
 2. here the client socket's descriptor is duplicated and sent to the supervisor over this worker's
    control socket (`{"handover": N}`, `SCM_RIGHTS`), which relays it to worker N (`{"adopt": M}`). The
    state rides in the same message (base64) when it is at most `INLINE_STATE_BYTES` (a connection that
@@ -74,10 +76,16 @@ class Locality:
     # -- the session's port ----------------------------------------------------------------------------
     def home_of(self, queue: Any) -> int | None:  # Any: a queue of any type; only a stand-in has a home
         home = getattr(queue, "home", None)
-        if not getattr(queue, "remote", False) or not isinstance(home, str) or node_of_worker(home) != self.node_name:
+        if not getattr(queue, "remote", False) or not isinstance(home, str):
             return None
-        index = worker_index(home)
-        if index is None or index == self.index or not self.peer_up(home):
+        return self.worker_of(home)
+
+    def worker_of(self, name: str) -> int | None:
+        """The index of worker `name` when it is another worker of this node and reachable now."""
+        if node_of_worker(name) != self.node_name:
+            return None
+        index = worker_index(name)
+        if index is None or index == self.index or not self.peer_up(name):
             return None
         return index
 

@@ -19,11 +19,13 @@ import asyncio
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.core.arguments import validate_queue_arguments
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
+from hutch.core.policy import merged_definition
 from hutch.core.queue_type import Consumer, Queue
 from hutch.core.vhost import rs
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
@@ -68,6 +70,9 @@ class StreamQueueType(QueueTypeDefaults):
         # on a clustered node (runtime/app.py): streams of more than one member are replicated
         self.cluster: ClusterService | None = None
         self.replication: StreamReplicationService | None = None
+        # a worker of a lone node (runtime/app.py): a new stream whose leader locator is `balanced` goes to
+        # the worker holding the fewest streams (remote_type.py's `place_stream_on_fewest`); None: here
+        self.elsewhere: Callable[[VirtualHost, str, dict[str, Any], int], Queue | None] | None = None
 
     @property
     def root(self) -> str | None:
@@ -101,7 +106,12 @@ class StreamQueueType(QueueTypeDefaults):
             raise ChannelError(PRECONDITION_FAILED,
                                f"invalid arg 'x-queue-type' for {what}: streams need a data directory "
                                "(this node was started without --data-dir; see docs/streams.md)", 50, 10)
-        q = self._open(vhost, name, dict(arguments), secrets.randbits(62) + 2)  # (0 and 1 are no Raft group ids)
+        stream_id = secrets.randbits(62) + 2  # (0 and 1 are no Raft group ids)
+        if self.elsewhere is not None and self._balanced_over_workers(vhost, name, arguments):
+            placed = self.elsewhere(vhost, name, dict(arguments), stream_id)
+            if placed is not None:  # another worker of this node holds its one copy
+                return placed
+        q = self._open(vhost, name, dict(arguments), stream_id)
         members = self._choose_members(q.arguments, q.settings.effective_policy_definition)
         self.node.add_queue(vhost, q)
         if len(members) > 1:
@@ -124,6 +134,16 @@ class StreamQueueType(QueueTypeDefaults):
             return [self.node.name]
         locator = leader_locator(policy, arguments, self.node.config.queue_leader_locator)
         return cluster.choose_members(size, self._choose_writer(locator) if size > 1 else self.node.name)
+
+    def _balanced_over_workers(self, vhost: VirtualHost, name: str, arguments: dict[str, Any]) -> bool:
+        """Whether a new stream of a lone node of workers is placed by `balanced` (its policy's, else its
+        argument's, else the node's leader locator): then its one copy goes to the worker with the fewest
+        streams. On a multi-node cluster the members are nodes, placed by `_choose_members`."""
+        cluster = self.cluster
+        if cluster is None or len(nodes_of(cluster.machine.members)) > 1:
+            return False
+        policy = merged_definition(*self.node.policies.match_queue(vhost.name, name, "stream"))
+        return leader_locator(policy, arguments, self.node.config.queue_leader_locator) == "balanced"
 
     def _choose_writer(self, locator: str) -> str:
         """client-local: this node; balanced: the running node that writes the fewest streams."""
