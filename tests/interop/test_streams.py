@@ -466,6 +466,9 @@ def test_a_consumer_keeps_one_segment_file_open_and_cancelling_it_closes_it(
     assert _segment_readers(pid, server.data_dir) == 2
     for c in channels:
         c.close()  # the consumers go (their deliveries are unacked: a stream keeps them anyway)
-    settle(readers, 0.3)
+    for _ in range(100):  # the readers' files close as the channels go: waited for, up to 10 s
+        if _segment_readers(pid, server.data_dir) == 0:
+            break
+        settle(readers, 0.1)
     assert _segment_readers(pid, server.data_dir) == 0
     readers.close()
