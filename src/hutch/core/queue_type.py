@@ -164,6 +164,20 @@ class Queue:
         """Enqueue `msg`; with a `receipt`, the publisher waits to learn when it is safe (module rules)."""
         raise NotImplementedError
 
+    # A queue type that takes `publish_raw` without building a `Message` first says so (the channel's
+    # publish lane, runtime/session/channel.py, is used only for such a queue).
+    accepts_raw = False
+
+    def publish_raw(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, route_tail: bytes,
+                    header: bytes, receipt: Receipt | None = None) -> Published:
+        """`publish` of a message given as it arrived: its property list (`props_raw`, made only of
+        fixed-size properties, valid by its length), its body, the exchange and routing-key short strings
+        (`route_tail`) and its content-header payload (class 60, weight 0, `len(body)`, `props_raw`).
+        This default builds the `Message`; a queue type with `accepts_raw` stores the parts directly."""
+        from .message import Message
+
+        return self.publish(Message(exchange, routing_key, None, body, props_raw, route_tail, header), receipt)
+
     def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         """The head message for basic.get on `channel` (None: the management API's get)."""
         raise NotImplementedError

@@ -193,6 +193,25 @@ class StreamQueue(Queue):
             asyncio.get_running_loop().call_soon(self._flush)
         return PENDING if receipt is not None else SETTLED
 
+    accepts_raw = True
+
+    def publish_raw(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, route_tail: bytes,
+                    header: bytes, receipt: Receipt | None = None) -> Published:
+        """The channel's publish lane: a plain message (no property but the delivery mode: no filter value
+        to read) becomes its entry without a `Message`; any other goes through `publish`."""
+        mode = amqp10.plain_mode(props_raw)
+        if mode is False or self.deleted:
+            return self.publish(Message(exchange, routing_key, None, body, props_raw, route_tail, header), receipt)
+        self.stat_published += 1
+        self._batch.append(amqp10.plain_entry(exchange, routing_key, mode, body))
+        self._batch_filters.append(None)
+        if receipt is not None:
+            self._batch_receipts.append(receipt)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return PENDING if receipt is not None else SETTLED
+
     def _flush(self) -> None:
         """Write what this loop turn published as chunks; their receipts settle on commit."""
         self._flush_scheduled = False
