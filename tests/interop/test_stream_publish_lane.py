@@ -4,10 +4,13 @@ reads back exactly as published; the lane follows the queue when it is deleted o
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiormq
 import pika
 import pytest
+from pamqp.commands import Basic
 
 from conftest import ServerInfo
 
@@ -67,6 +70,33 @@ def test_a_run_of_publishes_reads_back_as_published(server: ServerInfo) -> None:
     assert [b for b in red if b in want_red] == want_red
     ch.queue_delete(name)
     conn.close()
+
+
+@pytest.mark.asyncio
+async def test_runs_of_publishes_with_and_without_confirms(server: ServerInfo) -> None:
+    """Publishes sent faster than one per read (aiormq with confirms, all in flight at once; pika without
+    confirms) arrive in runs (`lane_run`): each confirmed, stored once, in order."""
+    conn = await aiormq.connect(server.url)
+    ch = await conn.channel(publisher_confirms=True)
+    name = unique("lane")
+    await ch.queue_declare(name, durable=True, arguments=STREAM)
+    persistent, prioritised = Basic.Properties(delivery_mode=2), Basic.Properties(priority=3)
+    confirms = await asyncio.gather(*(ch.basic_publish(b"c%d" % i, routing_key=name,
+                                                       properties=prioritised if i == 100 else persistent)
+                                      for i in range(600)))  # a fixed-size property list, not plain: in a run too
+    assert all(isinstance(c, Basic.Ack) for c in confirms)
+    await conn.close()
+    sync = connect(server.amqp_port)
+    loose = sync.channel()
+    for i in range(600):
+        loose.basic_publish("", name, b"n%d" % i)
+    got = _read_all(sync, name, 1200)
+    assert [g[0] for g in got] == list(range(1200))
+    assert [g[1] for g in got] == [b"c%d" % i for i in range(600)] + [b"n%d" % i for i in range(600)]
+    assert (got[100][2].priority, got[100][2].delivery_mode, got[101][2].delivery_mode) == (3, None, 2)
+    assert got[700][2].delivery_mode is None
+    sync.channel().queue_delete(name)
+    sync.close()
 
 
 def test_the_lane_follows_the_queue_deleted_or_replaced(server: ServerInfo) -> None:

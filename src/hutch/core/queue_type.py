@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .queue_settings import QueueSettings, settings_from_arguments
 
 if TYPE_CHECKING:
-    from .confirms import Receipt
+    from .confirms import Receipt, ReceiptRun
     from .message import Message
 
 
@@ -177,6 +177,16 @@ class Queue:
         from .message import Message
 
         return self.publish(Message(exchange, routing_key, None, body, props_raw, route_tail, header), receipt)
+
+    def publish_raw_run(self, exchange: str, routing_key: str, route_tail: bytes, contents: list[tuple[bytes, bytes]],
+                        receipts: ReceiptRun | None = None) -> list[Published]:
+        """`publish_raw` of each (content-header payload, body) of a run of publishes to one exchange and
+        routing key, the receipts of the run's publishes in `receipts`; what each answered, in order.
+        This default publishes them one by one; a queue type with `accepts_raw` may take the run whole
+        (and keep `receipts` as one, if it answers PENDING for every publish)."""
+        own = receipts.receipts() if receipts is not None else [None] * len(contents)
+        return [self.publish_raw(exchange, routing_key, header[12:], body, route_tail, header, receipt)
+                for (header, body), receipt in zip(contents, own, strict=True)]
 
     def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         """The head message for basic.get on `channel` (None: the management API's get)."""

@@ -39,7 +39,7 @@ from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
 from hutch.core import direct_reply
 from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
-from hutch.core.confirms import Receipt
+from hutch.core.confirms import Receipt, ReceiptRun
 from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
@@ -56,6 +56,7 @@ _GET_OK_TAIL = struct.Struct(">I")
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
 _HEADER_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # a content header of class 60 (basic), weight 0
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+_Lane = tuple[bytes, Any, Queue, tuple[Queue], str, str]
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
 
@@ -108,9 +109,9 @@ class ServerChannel(DeclarationsMixin):
         self._pub_props: spec.BasicProperties | None = None
         self._pub_props_raw: bytes | None = None
         self._pub_header: bytes | None = None  # the header payload as received, reused when it can be
-        # the publish lane (_lane_publish): (route tail, exchange, queue, (queue,)) of the last generic
-        # publish when the next ones like it may skip the generic path; None: none may
-        self._lane: tuple[bytes, Any, Queue, tuple[Queue]] | None = None
+        # the publish lane (_lane_publish): (route tail, exchange, queue, (queue,), exchange name, routing
+        # key) of the last generic publish when the next ones like it may skip the generic path; None: none may
+        self._lane: _Lane | None = None
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
@@ -273,16 +274,48 @@ class ServerChannel(DeclarationsMixin):
             self._body_held += len(payload)
             self.conn.hold_unfinished_body(len(payload))
 
-    def handle_content(self, header: bytes, body: bytes) -> None:
+    def handle_content(self, header: bytes, body: bytes) -> bool:
         """A publish's content header and its whole body in one frame, taken together by the reader
         (`FrameReader.take_content`): the same as `handle_header` then `handle_body`, or the publish lane
-        (`_lane_publish`) when the publish is one the lane may take."""
+        (`_lane_publish`) when the publish is one the lane may take. True when the lane took it: the
+        connection may then hand the publishes like it that follow to `lane_run`."""
         lane = self._lane
-        if lane is None or not self._lane_publish(lane, header, body):
-            self.handle_header(header)
-            self.handle_body(body)
+        if lane is not None and self._lane_publish(lane, header, body):
+            return True
+        self.handle_header(header)
+        self.handle_body(body)
+        return False
 
-    def _lane_publish(self, lane: tuple[bytes, Any, Queue, tuple[Queue]], header: bytes, body: bytes) -> bool:
+    def lane_run(self, contents: list[tuple[bytes, bytes]]) -> None:
+        """The publishes that followed one the lane took, in the same loop turn, exactly like it (the same
+        basic.publish payload; a class-60 header of fixed-size properties only, within the size limit, and
+        its body in one frame: `FrameReader.take_publishes` checked all that): what held for that one
+        holds for them (nothing ran in between), so they go to the queue as one run, numbered in order,
+        their confirms recorded as one run."""
+        lane = self._lane
+        assert lane is not None and contents, "a run follows a publish the lane took"
+        route_tail, _, q, refs, exchange, routing_key = lane
+        n = len(contents)
+        self.stat_publish += n
+        self.stat_routed += n
+        confirms = self.confirms
+        if self.confirm and confirms is not None:
+            first = self.publish_seq + 1
+            self.publish_seq = last = self.publish_seq + n
+            self.stat_publish_confirm += n
+            results = q.publish_raw_run(exchange, routing_key, route_tail, contents, ReceiptRun(confirms, first, last))
+            if results.count(PENDING) == n:
+                confirms.insert_run(first, last, q)
+            else:
+                for seq, result in enumerate(results, first):
+                    confirms.published(seq, refs if result is PENDING else None,
+                                       result is not SETTLED and result is not PENDING)
+        else:
+            q.publish_raw_run(exchange, routing_key, route_tail, contents)
+        if q.needs_flow_control():
+            self.conn.flow_block(q)
+
+    def _lane_publish(self, lane: _Lane, header: bytes, body: bytes) -> bool:
         """The publish lane: a publish like the one before it on this channel (the same exchange and
         routing key, the default exchange routing to one queue whose type takes `publish_raw`) and whose
         properties are fixed-size only (no header table: nothing to check, rewrite or route by) goes to
@@ -326,7 +359,7 @@ class ServerChannel(DeclarationsMixin):
         the write permission checked for this epoch; not transactional)."""
         q = self.vhost.queues.get(routing_key) if x.name == "" else None
         if q is not None and q.accepts_raw and not q.deleted and self._write_checked is x and not self.tx:
-            self._lane = (route_tail, x, q, (q,))
+            self._lane = (route_tail, x, q, (q,), x.name, routing_key)
         else:
             self._lane = None
 
