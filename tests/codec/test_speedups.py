@@ -266,6 +266,19 @@ contents = st.builds(content_pair, channels_small, channels_small, st.binary(max
 content_streams = st.lists(contents | one_frame, max_size=8)
 
 
+def readers_and_frames(data: bytes, frame_max: int, tolerance: int) -> list[tuple[tuple[str, Any], Any]]:
+    """For each reader class (pure, compiled if built): what `frames()` gives for `data` (its frames, or
+    the error), and a fresh reader fed `data`."""
+    out = []
+    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
+        plain = cls(frame_max, tolerance)
+        plain.feed(data)
+        reader = cls(frame_max, tolerance)
+        reader.feed(data)
+        out.append((outcome(list, plain.frames()), reader))
+    return out
+
+
 @needs_compiled
 @ci_settings(400)
 @given(content_streams, frame_maxes, tolerances, st.lists(st.integers(0, 200), max_size=6),
@@ -285,13 +298,7 @@ def test_take_content_only_regroups_frames(frames: list[bytes], frame_max: int, 
     """What take_content returns is exactly the header and body frames the reader would have yielded
     next (same payloads, then the same frames after them, or the same error); when it returns None nothing
     moved."""
-    data = b"".join(frames)
-    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
-        plain = cls(frame_max, tolerance)
-        plain.feed(data)
-        expected = outcome(list, plain.frames())
-        reader = cls(frame_max, tolerance)
-        reader.feed(data)
+    for expected, reader in readers_and_frames(b"".join(frames), frame_max, tolerance):
         got: list[tuple[int, int, bytes]] = []
         flags = iter(take_after)
         try:
@@ -500,7 +507,7 @@ publish_streams = st.lists(publishes | contents | one_frame, max_size=10)
 
 
 @needs_compiled
-@ci_settings(400)
+@ci_settings(200)
 @given(publish_streams, frame_maxes, tolerances, st.lists(st.integers(0, 300), max_size=6),
        st.lists(st.tuples(st.sampled_from(["pubs", "next"]), st.integers(0, 3), st.integers(0, 40)), max_size=10))
 def test_take_publishes_same_as_the_reference(frames: list[bytes], frame_max: int, tolerance: int,
@@ -520,13 +527,7 @@ def test_take_publishes_only_regroups_frames(frames: list[bytes], frame_max: int
     publish: the method frame, the header, the body), then the same frames after them or the same error;
     each taken publish is of `PUBLISH` on channel 1, has a fixed-size property list and a body of 1 to
     `max_body` bytes."""
-    data = b"".join(frames)
-    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
-        plain = cls(frame_max, tolerance)
-        plain.feed(data)
-        expected = outcome(list, plain.frames())
-        reader = cls(frame_max, tolerance)
-        reader.feed(data)
+    for expected, reader in readers_and_frames(b"".join(frames), frame_max, tolerance):
         run = reader.take_publishes(1, PUBLISH, max_body, max_count)
         assert len(run) <= max_count
         got: list[Any] = []

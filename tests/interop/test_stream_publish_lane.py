@@ -36,10 +36,7 @@ def _read_all(conn: Any, queue: str, count: int) -> list[tuple[int, bytes, Any]]
 
 
 def test_a_run_of_publishes_reads_back_as_published(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
-    ch = conn.channel()
-    name = unique("lane")
-    ch.queue_declare(name, durable=True, arguments=STREAM)
+    conn, ch, name = _new_stream(server.amqp_port)
     ch.confirm_delivery()
     # plain ones (the lane), then ones it leaves to the generic path, mixed in the same run
     kinds = [pika.BasicProperties(delivery_mode=2), pika.BasicProperties(delivery_mode=1), pika.BasicProperties(),
@@ -99,11 +96,17 @@ async def test_runs_of_publishes_with_and_without_confirms(server: ServerInfo) -
     sync.close()
 
 
-def test_the_lane_follows_the_queue_deleted_or_replaced(server: ServerInfo) -> None:
-    conn = connect(server.amqp_port)
+def _new_stream(port: int) -> tuple[Any, Any, str]:
+    """(connection, channel, name) of a new stream."""
+    conn = connect(port)
     ch = conn.channel()
     name = unique("lane")
     ch.queue_declare(name, durable=True, arguments=STREAM)
+    return conn, ch, name
+
+
+def test_the_lane_follows_the_queue_deleted_or_replaced(server: ServerInfo) -> None:
+    conn, ch, name = _new_stream(server.amqp_port)
     ch.confirm_delivery()
     for i in range(20):
         ch.basic_publish("", name, b"s%d" % i, pika.BasicProperties(delivery_mode=2))
@@ -127,10 +130,7 @@ def test_the_lane_follows_the_queue_deleted_or_replaced(server: ServerInfo) -> N
 
 
 def test_a_message_over_the_size_limit_is_refused_on_the_lane_too(limited_server: ServerInfo) -> None:
-    conn = connect(limited_server.amqp_port)
-    ch = conn.channel()
-    name = unique("lane")
-    ch.queue_declare(name, durable=True, arguments=STREAM)
+    conn, ch, name = _new_stream(limited_server.amqp_port)
     for _ in range(5):  # the lane is open after the first
         ch.basic_publish("", name, b"x" * 1024, pika.BasicProperties(delivery_mode=2))
     with refused(406, "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024"):

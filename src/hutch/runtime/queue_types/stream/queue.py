@@ -186,12 +186,7 @@ class StreamQueue(Queue):
         self._batch.append(amqp10.from_091(msg))
         self._batch_filters.append(value.encode() if isinstance(value, str) else
                                    value if isinstance(value, bytes) else None)
-        if receipt is not None:
-            self._batch_receipts.append(receipt)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return PENDING if receipt is not None else SETTLED
+        return self._queued(receipt)
 
     accepts_raw = True
 
@@ -205,12 +200,7 @@ class StreamQueue(Queue):
         self.stat_published += 1
         self._batch.append(amqp10.plain_entry(exchange, routing_key, mode, body))
         self._batch_filters.append(None)
-        if receipt is not None:
-            self._batch_receipts.append(receipt)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return PENDING if receipt is not None else SETTLED
+        return self._queued(receipt)
 
     def publish_raw_run(self, exchange: str, routing_key: str, route_tail: bytes, contents: list[tuple[bytes, bytes]],
                         receipts: ReceiptRun | None = None) -> list[Published]:
@@ -221,12 +211,16 @@ class StreamQueue(Queue):
         self.stat_published += n
         self._batch += amqp10.plain_entries(exchange, routing_key, route_tail, contents)
         self._batch_filters += [None] * n
-        if receipts is not None:
-            self._batch_receipts.append(receipts)
+        return [self._queued(receipts)] * n
+
+    def _queued(self, receipt: Receipt | ReceiptRun | None) -> Published:
+        """What was just added to the batch waits for this turn's flush; `receipt`, if any, settles on commit."""
+        if receipt is not None:
+            self._batch_receipts.append(receipt)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return [PENDING if receipts is not None else SETTLED] * n
+        return PENDING if receipt is not None else SETTLED
 
     def _flush(self) -> None:
         """Write what this loop turn published as chunks; their receipts settle on commit."""
