@@ -79,6 +79,8 @@ def run_reader(cls: type, frame_max: int, tolerance: int, ops: list[tuple[str, A
             it = reader.frames()
         elif op == "take":
             seen.append(("take", reader.take_content(arg)))
+        elif op == "pubs":
+            seen.append(("pubs", reader.take_publishes(*arg)))
         else:
             if it is None:
                 it = reader.frames()
@@ -264,6 +266,19 @@ contents = st.builds(content_pair, channels_small, channels_small, st.binary(max
 content_streams = st.lists(contents | one_frame, max_size=8)
 
 
+def readers_and_frames(data: bytes, frame_max: int, tolerance: int) -> list[tuple[tuple[str, Any], Any]]:
+    """For each reader class (pure, compiled if built): what `frames()` gives for `data` (its frames, or
+    the error), and a fresh reader fed `data`."""
+    out = []
+    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
+        plain = cls(frame_max, tolerance)
+        plain.feed(data)
+        reader = cls(frame_max, tolerance)
+        reader.feed(data)
+        out.append((outcome(list, plain.frames()), reader))
+    return out
+
+
 @needs_compiled
 @ci_settings(400)
 @given(content_streams, frame_maxes, tolerances, st.lists(st.integers(0, 200), max_size=6),
@@ -283,13 +298,7 @@ def test_take_content_only_regroups_frames(frames: list[bytes], frame_max: int, 
     """What take_content returns is exactly the header and body frames the reader would have yielded
     next (same payloads, then the same frames after them, or the same error); when it returns None nothing
     moved."""
-    data = b"".join(frames)
-    for cls in [pure.FrameReader] + ([compiled.FrameReader] if compiled is not None else []):
-        plain = cls(frame_max, tolerance)
-        plain.feed(data)
-        expected = outcome(list, plain.frames())
-        reader = cls(frame_max, tolerance)
-        reader.feed(data)
+    for expected, reader in readers_and_frames(b"".join(frames), frame_max, tolerance):
         got: list[tuple[int, int, bytes]] = []
         flags = iter(take_after)
         try:
@@ -413,7 +422,7 @@ def test_a_compiled_part_built_from_an_older_source_is_not_used() -> None:
                  "stream_plain_run"):
         setattr(stale, name, getattr(pure, name))
     stale.FrameReader = OldReader  # type: ignore[attr-defined]
-    assert speedups.missing_names(stale) == ["FrameReader.take_content"]
+    assert speedups.missing_names(stale) == ["FrameReader.take_content", "FrameReader.take_publishes"]
     assert speedups.missing_names(ModuleType("empty"))[:2] == ["FrameReader", "parse_publish"]
 
 
@@ -476,3 +485,59 @@ def test_stream_plain_run_is_the_reference(prefix: bytes, spec_: list[tuple[int,
         assert offset == rec_offset and entry.endswith(args[3])
         assert args[4] == head + struct.pack(">q", offset) + tail
         assert args[6] == struct.pack(">HHQ", 60, 0, len(args[3])) + args[4]
+
+
+# -- a run of publishes taken in one step (the session's publish lane) -------------------------------------
+
+PUBLISH = b"\x00\x3c\x00\x28\x00\x00\x00\x01q\x00"  # basic.publish, exchange "", routing key "q", no flags
+OTHER_PUBLISHES = [b"\x00\x3c\x00\x28\x00\x00\x00\x01q\x01",  # mandatory
+                   b"\x00\x3c\x00\x28\x00\x00\x00\x01r\x00"]  # another routing key
+PROPS = [b"\x00\x00", b"\x10\x00\x02", b"\x10\x00\x01", b"\x18\x00\x02\x05", b"\x10\x40" + bytes(9),
+         b"\x10\x00", b"\x20\x00\x00\x00\x00\x00", b"\x10\x00\x02\x00"]  # the last three: not fixed-only
+
+
+def publish_triple(channel: int, method: bytes, props: bytes, body: bytes, delta: int, body_type: int) -> bytes:
+    return raw_frame(1, channel, method) + content_pair(channel, channel, body, props, delta, 2, body_type)
+
+
+publishes = st.builds(publish_triple, st.sampled_from([1, 1, 1, 2]),
+                      st.sampled_from([PUBLISH] * 4 + OTHER_PUBLISHES), st.sampled_from(PROPS),
+                      st.binary(max_size=40), st.sampled_from([0, 0, 0, 0, 1, -1]), st.sampled_from([3, 3, 3, 3, 2]))
+publish_streams = st.lists(publishes | contents | one_frame, max_size=10)
+
+
+@needs_compiled
+@ci_settings(200)
+@given(publish_streams, frame_maxes, tolerances, st.lists(st.integers(0, 300), max_size=6),
+       st.lists(st.tuples(st.sampled_from(["pubs", "next"]), st.integers(0, 3), st.integers(0, 40)), max_size=10))
+def test_take_publishes_same_as_the_reference(frames: list[bytes], frame_max: int, tolerance: int,
+                                              cuts: list[int], steps: list[tuple[str, int, int]]) -> None:
+    """take_publishes and frame steps interleaved, on data fed in chunks: the same runs, frames, errors."""
+    ops: list[tuple[str, Any]] = [("feed", chunk) for chunk in chunked(b"".join(frames), cuts)]
+    ops += [("pubs", (1, PUBLISH, limit, count)) if op == "pubs" else ("next", count + 1)
+            for op, count, limit in steps]
+    assert_readers_agree(frame_max, tolerance, ops)
+
+
+@ci_settings(300)
+@given(publish_streams, frame_maxes, tolerances, st.integers(0, 40), st.integers(0, 5))
+def test_take_publishes_only_regroups_frames(frames: list[bytes], frame_max: int, tolerance: int, max_body: int,
+                                             max_count: int) -> None:
+    """What take_publishes returns is exactly the next frames the reader would have yielded (three per
+    publish: the method frame, the header, the body), then the same frames after them or the same error;
+    each taken publish is of `PUBLISH` on channel 1, has a fixed-size property list and a body of 1 to
+    `max_body` bytes."""
+    for expected, reader in readers_and_frames(b"".join(frames), frame_max, tolerance):
+        run = reader.take_publishes(1, PUBLISH, max_body, max_count)
+        assert len(run) <= max_count
+        got: list[Any] = []
+        for header, body in run:
+            props = header[12:]
+            assert header[:4] == b"\x00\x3c\x00\x00" and 0 < len(body) <= max_body
+            assert struct.unpack(">Q", header[4:12])[0] == len(body) and props not in PROPS[-3:]
+            got += [(1, 1, PUBLISH), (2, 1, header), (3, 1, body)]
+        rest = outcome(list, reader.frames())
+        if expected[0] == "value":
+            assert rest[0] == "value" and got + rest[1] == expected[1]
+        else:
+            assert rest[0] == "error" and rest[1] == expected[1]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hutch.amqp.spec import BasicProperties
-from hutch.core.confirms import ConfirmBatch, ConfirmLedger, Receipt
+from hutch.core.confirms import ConfirmBatch, ConfirmLedger, Receipt, ReceiptRun
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
 from hutch.core.queue_type import PENDING, REJECTED, SETTLED
@@ -146,6 +146,30 @@ def test_a_batch_reports_when_every_publish_is_decided() -> None:
     assert done == [True] and batch.acked == {1} and batch.errors == ["message storage failed: EIO"]
 
 
+def test_a_receipt_run_settles_and_rejects_each_publish_of_the_run_in_order() -> None:
+    owner = Owner()
+    run = ReceiptRun(owner, 4, 7)
+    run.settle("q")
+    run.reject("q", "EIO")
+    assert owner.settled == [4, 5, 6, 7] and owner.rejected == [4, 5, 6, 7]
+    assert [(r.owner, r.seq) for r in run.receipts()] == [(owner, 4), (owner, 5), (owner, 6), (owner, 7)]
+
+
+def test_a_run_inserted_at_once_is_the_same_as_its_publishes_one_by_one() -> None:
+    one, run = ConfirmLedger(), ConfirmLedger()
+    one.insert(1, ())
+    run.insert(1, ())
+    for seq in range(2, 6):
+        one.insert(seq, ("q",))
+    run.insert_run(2, 5, "q")
+    with pytest.raises(ValueError):
+        run.insert_run(5, 6, "q")
+    for led in (one, run):
+        for seq in (3, 2, 5, 4):
+            led.settle(seq, "q")
+    assert one.take_answers() == run.take_answers() == [(True, 5, True)]
+
+
 class LedgerMachine(RuleBasedStateMachine):
     """Random publishes to random sets of queues, settled, rejected or deleted in any order, answers
     taken at any time. Properties: every publish is answered exactly once, acks and nacks in publish
@@ -170,6 +194,14 @@ class LedgerMachine(RuleBasedStateMachine):
         self.waiting[self.seq] = set(queues)
         if refused:
             self.rejected.add(self.seq)
+
+    @rule(queue=st.sampled_from(QUEUES), n=st.integers(1, 5))
+    def publish_run(self, queue: str, n: int) -> None:
+        """A run of publishes to one queue, recorded at once (the session's publish lane)."""
+        self.led.insert_run(self.seq + 1, self.seq + n, queue)
+        for _ in range(n):
+            self.seq += 1
+            self.waiting[self.seq] = {queue}
 
     @precondition(lambda self: any(self.waiting.values()))
     @rule(data=st.data(), reject=st.booleans())

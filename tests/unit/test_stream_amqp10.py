@@ -106,6 +106,23 @@ def test_the_fast_path_writes_the_bytes_of_the_generic_one(mode: int | None, bod
     assert a.to_091(a.from_091(msg)).properties == msg.properties
 
 
+@settings(deadline=None, max_examples=100)
+@given(st.sampled_from([None, 1, 2]), st.binary(max_size=300), short, short)
+def test_the_publish_lanes_entry_is_the_generic_one(mode: int | None, body: bytes, x: str, rk: str) -> None:
+    """What the channel's publish lane stores (`plain_mode` + `plain_entry`, from the raw property list)
+    is what `from_091` of the message stores."""
+    props = BasicProperties(delivery_mode=mode)
+    raw = props.encode()
+    assert a.plain_mode(raw) == mode
+    assert a.plain_entry(x, rk, a.plain_mode(raw), body) == a._from_091(Message(x, rk, props, body))
+
+
+@pytest.mark.parametrize("props", [BasicProperties(priority=3), BasicProperties(delivery_mode=2, timestamp=7),
+                                   BasicProperties(delivery_mode=3), BasicProperties(headers={"k": 1})])
+def test_a_property_list_with_more_than_the_delivery_mode_is_not_plain(props: BasicProperties) -> None:
+    assert a.plain_mode(props.encode()) is False
+
+
 # What RabbitMQ 3.10.8 stored for a pika publish to a stream (read back raw over its stream protocol with
 # rstream, 2026-11-28): its 3.x layout, no header section, x-basic-* among annotations and application
 # properties (it dropped the table and array headers "nested" and "arr" the publish also carried).

@@ -14,6 +14,7 @@ reading basic.ack, and encoding basic.deliver + content header + body into one b
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy
@@ -68,6 +69,18 @@ cdef inline const unsigned char* _contents(object buf, Py_ssize_t* n) noexcept:
         return <const unsigned char*>PyBytes_AS_STRING(buf)
     n[0] = PyByteArray_GET_SIZE(buf)
     return <const unsigned char*>PyByteArray_AS_STRING(buf)
+
+
+cdef inline Py_ssize_t _fixed_len(unsigned int flags) noexcept:
+    """The encoded length of a property list of fixed-size properties only, by its flag word."""
+    cdef Py_ssize_t fixed_len = 2
+    if flags & FLAG_DELIVERY_MODE:
+        fixed_len += 1
+    if flags & FLAG_PRIORITY:
+        fixed_len += 1
+    if flags & FLAG_TIMESTAMP:
+        fixed_len += 8
+    return fixed_len
 
 
 cdef inline unsigned char* _put(unsigned char* w, bytes data) noexcept:
@@ -147,6 +160,45 @@ cdef class FrameReader:
         body = PyBytes_FromStringAndSize(<const char*>p + bpos + 7, bsize)
         self._pos = bend + 1
         return (header, body)
+
+    def take_publishes(self, long long channel, bytes method not None, long long max_body, Py_ssize_t max_count):
+        """See `frames.FrameReader.take_publishes`."""
+        cdef object buf = self._buf
+        cdef const unsigned char* p
+        cdef const unsigned char* m = <const unsigned char*>PyBytes_AS_STRING(method)
+        cdef Py_ssize_t mlen = PyBytes_GET_SIZE(method)
+        cdef Py_ssize_t n, pos, hpos, end, bpos, bend
+        cdef unsigned int size, bsize, flags
+        cdef long long limit = self._limit()
+        cdef list out = []
+        p = _contents(buf, &n)
+        pos = self._pos
+        while PyList_GET_SIZE(out) < max_count:
+            hpos = pos + 7 + mlen + 1
+            if n - hpos < 22 or p[pos] != 1 or <long long>_u16(p + pos + 1) != channel \
+                    or _u32(p + pos + 3) != <unsigned int>mlen or memcmp(p + pos + 7, m, mlen) != 0 \
+                    or p[hpos - 1] != FRAME_END:
+                break
+            size = _u32(p + hpos + 3)
+            end = hpos + 7 + size
+            if p[hpos] != 2 or <long long>_u16(p + hpos + 1) != channel or size < 14 or <long long>size > limit \
+                    or end + 8 >= n or p[end] != FRAME_END or _u32(p + hpos + 7) != 0x003C0000:
+                break
+            flags = _u16(p + hpos + 19)
+            if flags & VARIABLE_PROPS or size - 12 != _fixed_len(flags):
+                break
+            bpos = end + 1
+            bsize = _u32(p + bpos + 3)
+            bend = bpos + 7 + bsize
+            if p[bpos] != 3 or <long long>_u16(p + bpos + 1) != channel or <uint64_t>bsize != _u64(p + hpos + 11) \
+                    or bsize == 0 or <long long>bsize > limit or <long long>bsize > max_body or bend >= n \
+                    or p[bend] != FRAME_END:
+                break
+            out.append((PyBytes_FromStringAndSize(<const char*>p + hpos + 7, size),
+                        PyBytes_FromStringAndSize(<const char*>p + bpos + 7, bsize)))
+            pos = bend + 1
+        self._pos = pos
+        return out
 
 
 cdef class _FrameIter:
@@ -232,13 +284,7 @@ def parse_content_header(bytes payload not None):
     if n < 14:
         raise FrameError("content header frame too short")
     flags = _u16(p + 12)
-    fixed_len = 2
-    if flags & FLAG_DELIVERY_MODE:
-        fixed_len += 1
-    if flags & FLAG_PRIORITY:
-        fixed_len += 1
-    if flags & FLAG_TIMESTAMP:
-        fixed_len += 8
+    fixed_len = _fixed_len(flags)
     cdef bint fixed_only = not (flags & VARIABLE_PROPS) and n - 12 == fixed_len
     return (_u16(p), _u64(p + 4), PyBytes_FromStringAndSize(<const char*>p + 12, n - 12), fixed_only)
 

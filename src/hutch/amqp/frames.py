@@ -161,6 +161,48 @@ class FrameReader:
         self._pos = bend + 1
         return header, body
 
+    def take_publishes(self, channel: int, method: bytes, max_body: int, max_count: int) -> list[tuple[bytes, bytes]]:
+        """A run of publishes like the one just handled, taken in one step (the session's publish lane):
+        while the next three frames are complete and are, on `channel`, a method frame whose payload is
+        exactly `method` (the same basic.publish: exchange, routing key, flags), a content header of
+        class 60 and weight 0 whose property list holds only fixed-size properties and has exactly their
+        length, declaring a body of 1 to `max_body` bytes, and one body frame of exactly that size; at
+        most `max_count` of them. Returns their (header payload, body payload) and consumes them; stops,
+        consuming nothing more, at the first frame that differs or is incomplete (`frames()` and the
+        generic path judge it, and raise its errors)."""
+        buf = self._buf
+        n = len(buf)
+        pos = self._pos
+        limit = self._limit()
+        mlen = len(method)
+        view = memoryview(buf) if type(buf) is not bytes else None
+        out: list[tuple[bytes, bytes]] = []
+        while len(out) < max_count:
+            hpos = pos + 7 + mlen + 1
+            if n - hpos < 22 or _HDR.unpack_from(buf, pos) != (FRAME_METHOD, channel, mlen) \
+                    or buf[pos + 7:hpos - 1] != method or buf[hpos - 1] != FRAME_END:
+                break
+            ftype, ch, size = _HDR.unpack_from(buf, hpos)
+            end = hpos + 7 + size
+            if ftype != FRAME_HEADER or ch != channel or size < 14 or size > limit or end + 8 >= n \
+                    or buf[end] != FRAME_END or buf[hpos + 7:hpos + 11] != b"\x00\x3c\x00\x00" \
+                    or _FIXED_PROPS_LEN.get((buf[hpos + 19] << 8) | buf[hpos + 20]) != size - 12:
+                break
+            (body_size,) = _U64.unpack_from(buf, hpos + 11)
+            bpos = end + 1
+            ftype, ch, bsize = _HDR.unpack_from(buf, bpos)
+            bend = bpos + 7 + bsize
+            if ftype != FRAME_BODY or ch != channel or bsize != body_size or not bsize or bsize > limit \
+                    or bsize > max_body or bend >= n or buf[bend] != FRAME_END:
+                break
+            if view is None:
+                out.append((bytes(buf[hpos + 7:end]), bytes(buf[bpos + 7:bend])))
+            else:
+                out.append((bytes(view[hpos + 7:end]), bytes(view[bpos + 7:bend])))
+            pos = bend + 1
+        self._pos = pos
+        return out
+
     def _limit(self) -> int:
         """The largest payload size accepted."""
         return self.frame_max - FRAME_OVERHEAD + self.tolerance if self.frame_max else 0xFFFFFFFF

@@ -59,6 +59,37 @@ class Receipt:
         return f"<Receipt {self.seq} of {self.owner!r}>"
 
 
+class ReceiptRun:
+    """The receipts of a run of consecutive publishes `first`..`last` of one owner that went to one queue
+    together (the session's publish lane): the queue settles or rejects them all at once, as it would
+    each `Receipt(owner, seq)` of the run, in order."""
+
+    __slots__ = ("owner", "first", "last")
+
+    def __init__(self, owner: ConfirmOwner, first: int, last: int) -> None:
+        assert first <= last, "a run holds at least one publish"
+        self.owner = owner
+        self.first = first
+        self.last = last
+
+    def settle(self, queue: Hashable) -> None:
+        settle = self.owner.settle
+        for seq in range(self.first, self.last + 1):
+            settle(seq, queue)
+
+    def reject(self, queue: Hashable, error: str | None = None) -> None:
+        reject = self.owner.reject
+        for seq in range(self.first, self.last + 1):
+            reject(seq, queue, error)
+
+    def receipts(self) -> list[Receipt]:
+        """The run as one `Receipt` per publish."""
+        return [Receipt(self.owner, seq) for seq in range(self.first, self.last + 1)]
+
+    def __repr__(self) -> str:
+        return f"<ReceiptRun {self.first}..{self.last} of {self.owner!r}>"
+
+
 Answer = tuple[bool, int, bool]  # (ack?, delivery tag, multiple)
 
 
@@ -131,6 +162,18 @@ class ConfirmLedger:
         else:
             runs.append(-seq if rejected else seq)
         return False
+
+    def insert_run(self, first: int, last: int, queue_ref: Hashable) -> None:
+        """Publishes `first`..`last` all wait for `queue_ref` alone: the same as `insert(seq, (queue_ref,))`
+        for each, in order (which never makes answers ready)."""
+        if first <= self._last_seq or last < first:
+            raise ValueError(f"publishes {first}..{last} inserted after {self._last_seq}: sequence numbers must "
+                             "increase")
+        assert queue_ref is not None, "None is not a queue ref"
+        seqs = range(first, last + 1)
+        self._open.update(dict.fromkeys(seqs, queue_ref))
+        self._order.extend(seqs)
+        self._last_seq = last
 
     def settle(self, seq: int, queue_ref: Hashable) -> bool:
         """`queue_ref` settled `seq`; True when that made `seq` wholly confirmed. Unknown or already

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .queue_settings import QueueSettings, settings_from_arguments
 
 if TYPE_CHECKING:
-    from .confirms import Receipt
+    from .confirms import Receipt, ReceiptRun
     from .message import Message
 
 
@@ -163,6 +163,30 @@ class Queue:
     def publish(self, msg: Message, receipt: Receipt | None = None) -> Published:
         """Enqueue `msg`; with a `receipt`, the publisher waits to learn when it is safe (module rules)."""
         raise NotImplementedError
+
+    # A queue type that takes `publish_raw` without building a `Message` first says so (the channel's
+    # publish lane, runtime/session/channel.py, is used only for such a queue).
+    accepts_raw = False
+
+    def publish_raw(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, route_tail: bytes,
+                    header: bytes, receipt: Receipt | None = None) -> Published:
+        """`publish` of a message given as it arrived: its property list (`props_raw`, made only of
+        fixed-size properties, valid by its length), its body, the exchange and routing-key short strings
+        (`route_tail`) and its content-header payload (class 60, weight 0, `len(body)`, `props_raw`).
+        This default builds the `Message`; a queue type with `accepts_raw` stores the parts directly."""
+        from .message import Message
+
+        return self.publish(Message(exchange, routing_key, None, body, props_raw, route_tail, header), receipt)
+
+    def publish_raw_run(self, exchange: str, routing_key: str, route_tail: bytes, contents: list[tuple[bytes, bytes]],
+                        receipts: ReceiptRun | None = None) -> list[Published]:
+        """`publish_raw` of each (content-header payload, body) of a run of publishes to one exchange and
+        routing key, the receipts of the run's publishes in `receipts`; what each answered, in order.
+        This default publishes them one by one; a queue type with `accepts_raw` may take the run whole
+        (and keep `receipts` as one, if it answers PENDING for every publish)."""
+        own = receipts.receipts() if receipts is not None else [None] * len(contents)
+        return [self.publish_raw(exchange, routing_key, header[12:], body, route_tail, header, receipt)
+                for (header, body), receipt in zip(contents, own, strict=True)]
 
     def get(self, channel: Deliverer | None, no_ack: bool) -> QueueEntry | None:
         """The head message for basic.get on `channel` (None: the management API's get)."""

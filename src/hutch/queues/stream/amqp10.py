@@ -383,25 +383,65 @@ _prefixes = _PrefixMemo()  # (exchange, routing key, mode) -> prefix bytes
 _heads = _PrefixMemo()  # prefix bytes -> _PlainHead
 
 
+def plain_mode(raw: bytes) -> int | None | bool:
+    """The delivery mode of a plain property list (none, or only the delivery mode, 1 or 2), read from
+    the raw list without decoding it: None when there is no property, False when the list is not plain."""
+    flags = raw[0] << 8 | raw[1]
+    if flags == 0:
+        return None
+    if flags == 0x1000 and len(raw) == 3 and raw[2] in (1, 2):
+        return raw[2]
+    return False
+
+
+def _memo_prefix(exchange: str, routing_key: str, mode: int | None) -> bytes:
+    """The sections before a plain entry's data (`_plain_prefix`), memoized."""
+    key = (exchange, routing_key, mode)
+    prefix: bytes | None = _prefixes.get(key)
+    if prefix is None:
+        prefix = _prefixes.put(key, _plain_prefix(exchange, routing_key, mode))
+    return prefix
+
+
+def plain_entry(exchange: str, routing_key: str, mode: int | None, body: bytes) -> bytes:
+    """The AMQP 1.0 entry of a plain message (`plain_mode` not False): header, the two annotations (three
+    with delivery mode 1), data; the same bytes the generic encoder writes. The sections before the data
+    depend only on (exchange, routing key, mode): memoized (`_PrefixMemo`)."""
+    prefix = _memo_prefix(exchange, routing_key, mode)
+    blen = len(body)
+    return b"".join((
+        prefix, (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)),
+        body))
+
+
+def plain_entries(exchange: str, routing_key: str, route_tail: bytes, contents: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The entries of a run of publishes to one (exchange, routing key), each given as its content-header
+    payload (class 60, weight 0, body size, fixed-size properties only) and body: `plain_entry` of each
+    plain one, the generic encoding of any other (a priority, a timestamp); `from_091` of each message."""
+    prefixes: dict[bytes, bytes] = {}  # property list -> the sections before the data
+    out: list[bytes] = []
+    append = out.append
+    for header, body in contents:
+        raw = header[12:]
+        prefix = prefixes.get(raw)
+        if prefix is None:
+            mode = plain_mode(raw)
+            if mode is False:
+                append(_from_091(Message(exchange, routing_key, None, body, raw, route_tail, header)))
+                continue
+            prefix = prefixes[raw] = _memo_prefix(exchange, routing_key, mode)
+        blen = len(body)
+        append(prefix + (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen))
+               + body)
+    return out
+
+
 def from_091(msg: Message) -> bytes:
     """The AMQP 1.0 encoding of a 0-9-1 message, as RabbitMQ stores it in a stream."""
-    raw = msg.properties_raw
-    flags = raw[0] << 8 | raw[1]
-    # plain: no property but (maybe) the delivery mode, read from the raw property list (no decoding)
-    mode = (raw[2] if len(raw) > 2 else -1) if flags == 0x1000 else None if flags == 0 else -1
-    if mode in (None, 1, 2):
-        # the common case, encoded without the generic encoder: header, the two annotations (three with
-        # delivery mode 1), data; the same bytes the generic path writes. The sections before the data
-        # depend only on (exchange, routing key, mode): memoized (`_PrefixMemo`)
-        key = (msg.exchange, msg.routing_key, mode)
-        prefix = _prefixes.get(key)
-        if prefix is None:
-            prefix = _prefixes.put(key, _plain_prefix(msg.exchange, msg.routing_key, mode))
-        body = bytes(msg.body)
-        blen = len(body)
-        return b"".join((
-            prefix, (b"\x00\x53\x75\xa0" + _B.pack(blen) if blen < 256 else b"\x00\x53\x75\xb0" + _I.pack(blen)),
-            body))
+    # plain: no property but (maybe) the delivery mode (the common case), without the generic encoder
+    mode = plain_mode(msg.properties_raw)
+    if mode is not False:
+        return plain_entry(msg.exchange, msg.routing_key, mode, bytes(msg.body))
     return _from_091(msg)
 
 

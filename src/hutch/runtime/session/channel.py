@@ -39,7 +39,7 @@ from hutch.amqp.frames import append_body
 from hutch.amqp.speedups import append_delivery, parse_ack, parse_content_header, parse_publish
 from hutch.core import direct_reply
 from hutch.core.auth import PermissionKind, resource_access_refused_text, topic_permission_allows
-from hutch.core.confirms import Receipt
+from hutch.core.confirms import Receipt, ReceiptRun
 from hutch.core.credit_flow import consumer_settled
 from hutch.core.message import Message, encode_shortstr
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Queue, QueueEntry
@@ -56,6 +56,7 @@ _GET_OK_TAIL = struct.Struct(">I")
 _FLAG_HEADERS_HI = spec.FLAG_HEADERS >> 8
 _HEADER_CLASS_WEIGHT = b"\x00\x3c\x00\x00"  # a content header of class 60 (basic), weight 0
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+_Lane = tuple[bytes, Any, Queue, tuple[Queue], str, str]
 REPLY_TO_PREFIX = "amq.rabbitmq.reply-to."
 
 
@@ -108,6 +109,9 @@ class ServerChannel(DeclarationsMixin):
         self._pub_props: spec.BasicProperties | None = None
         self._pub_props_raw: bytes | None = None
         self._pub_header: bytes | None = None  # the header payload as received, reused when it can be
+        # the publish lane (_lane_publish): (route tail, exchange, queue, (queue,), exchange name, routing
+        # key) of the last generic publish when the next ones like it may skip the generic path; None: none may
+        self._lane: _Lane | None = None
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
@@ -270,11 +274,94 @@ class ServerChannel(DeclarationsMixin):
             self._body_held += len(payload)
             self.conn.hold_unfinished_body(len(payload))
 
-    def handle_content(self, header: bytes, body: bytes) -> None:
+    def handle_content(self, header: bytes, body: bytes) -> bool:
         """A publish's content header and its whole body in one frame, taken together by the reader
-        (`FrameReader.take_content`): the same as `handle_header` then `handle_body`."""
+        (`FrameReader.take_content`): the same as `handle_header` then `handle_body`, or the publish lane
+        (`_lane_publish`) when the publish is one the lane may take. True when the lane took it: the
+        connection may then hand the publishes like it that follow to `lane_run`."""
+        lane = self._lane
+        if lane is not None and self._lane_publish(lane, header, body):
+            return True
         self.handle_header(header)
         self.handle_body(body)
+        return False
+
+    def lane_run(self, contents: list[tuple[bytes, bytes]]) -> None:
+        """The publishes that followed one the lane took, in the same loop turn, exactly like it (the same
+        basic.publish payload; a class-60 header of fixed-size properties only, within the size limit, and
+        its body in one frame: `FrameReader.take_publishes` checked all that): what held for that one
+        holds for them (nothing ran in between), so they go to the queue as one run, numbered in order,
+        their confirms recorded as one run."""
+        lane = self._lane
+        assert lane is not None and contents, "a run follows a publish the lane took"
+        route_tail, _, q, refs, exchange, routing_key = lane
+        n = len(contents)
+        self.stat_publish += n
+        self.stat_routed += n
+        confirms = self.confirms
+        if self.confirm and confirms is not None:
+            first = self.publish_seq + 1
+            self.publish_seq = last = self.publish_seq + n
+            self.stat_publish_confirm += n
+            results = q.publish_raw_run(exchange, routing_key, route_tail, contents, ReceiptRun(confirms, first, last))
+            if results.count(PENDING) == n:
+                confirms.insert_run(first, last, q)
+            else:
+                for seq, result in enumerate(results, first):
+                    confirms.published(seq, refs if result is PENDING else None,
+                                       result is not SETTLED and result is not PENDING)
+        else:
+            q.publish_raw_run(exchange, routing_key, route_tail, contents)
+        if q.needs_flow_control():
+            self.conn.flow_block(q)
+
+    def _lane_publish(self, lane: _Lane, header: bytes, body: bytes) -> bool:
+        """The publish lane: a publish like the one before it on this channel (the same exchange and
+        routing key, the default exchange routing to one queue whose type takes `publish_raw`) and whose
+        properties are fixed-size only (no header table: nothing to check, rewrite or route by) goes to
+        that queue without a `Message` or the routing walk. True when it went; False (nothing done) when
+        anything differs from the publish the lane was made from (the generic path then judges it): the
+        routing key names another queue or none, the queue was deleted, permissions changed (the epoch),
+        a resource alarm is raised, the channel is transactional, the header is not the plain class-60
+        header, or the message is over the size limit (the generic path's error)."""
+        pub = self._pub
+        if pub is None or pub[3] != lane[0] or not header.startswith(_HEADER_CLASS_WEIGHT):
+            return False
+        _, body_size, props_raw, fixed_only = parse_content_header(header)
+        q = lane[2]
+        node = self.node
+        if not fixed_only or self._write_checked is not lane[1] or self._perm_epoch != node.perm_epoch \
+                or node.alarms or self.tx or q.deleted or self.vhost.queues.get(pub[1]) is not q \
+                or body_size > node.config.max_message_size:
+            return False
+        self._pub = None
+        conn = self.conn
+        conn.has_published = True
+        self.stat_publish += 1
+        self.stat_routed += 1
+        exchange, routing_key, _, route_tail = pub
+        confirms = self.confirms
+        if self.confirm and confirms is not None:
+            self.publish_seq = seq = self.publish_seq + 1
+            self.stat_publish_confirm += 1
+            result = q.publish_raw(exchange, routing_key, props_raw, body, route_tail, header, Receipt(confirms, seq))
+            confirms.published(seq, lane[3] if result is PENDING else None,
+                               result is not SETTLED and result is not PENDING)
+        else:
+            q.publish_raw(exchange, routing_key, props_raw, body, route_tail, header)
+        if q.needs_flow_control():
+            conn.flow_block(q)
+        return True
+
+    def _open_lane(self, x: Any, routing_key: str, route_tail: bytes) -> None:
+        """After a generic publish: the publish lane for the next ones like it, when it may take them
+        (the default exchange, whose routing is the queue of that name; a queue type with `accepts_raw`;
+        the write permission checked for this epoch; not transactional)."""
+        q = self.vhost.queues.get(routing_key) if x.name == "" else None
+        if q is not None and q.accepts_raw and not q.deleted and self._write_checked is x and not self.tx:
+            self._lane = (route_tail, x, q, (q,), x.name, routing_key)
+        else:
+            self._lane = None
 
     def _drop_body(self) -> None:
         self._body = []
@@ -347,6 +434,8 @@ class ServerChannel(DeclarationsMixin):
         else:
             assert self.confirms is not None, "confirm.select made the channel's ledger"
             self._route_and_enqueue(x, routing_keys, msg, mandatory, Receipt(self.confirms, self.publish_seq))
+        if props is None and len(routing_keys) == 1:
+            self._open_lane(x, routing_key, route_tail)
 
     def _route_and_enqueue(self, x: Any, routing_keys: list[str], msg: Message, mandatory: int,
                            receipt: Receipt | None) -> None:
@@ -803,6 +892,7 @@ class ServerChannel(DeclarationsMixin):
         self._pub_props = None
         self._pub_props_raw = None
         self._pub_header = None
+        self._lane = None
         self._drop_body()
         consumers = list(self.consumers.values())
         self.consumers.clear()

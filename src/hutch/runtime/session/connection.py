@@ -152,6 +152,7 @@ class State:
 _OPEN, _CLOSING, _DISCARDING = State.OPEN, State.CLOSING, State.DISCARDING  # the frame loop's constants
 _FRAME_METHOD, _FRAME_BODY = spec.FRAME_METHOD, spec.FRAME_BODY
 _CONTENT_FRAMES = (spec.FRAME_BODY, spec.FRAME_HEADER)
+LANE_RUN = 256  # publishes a channel's publish lane takes from the read buffer in one step (ServerChannel.lane_run)
 
 
 class AMQPConnection:
@@ -376,7 +377,11 @@ class AMQPConnection:
                                     content = None if self.node.alarms else self.reader.take_content(channel)
                                     if content is None:
                                         continue
-                                    ch.handle_content(content[0], content[1])
+                                    if ch.handle_content(content[0], content[1]):  # the publish lane took it
+                                        run = self.reader.take_publishes(channel, payload,
+                                                                         self.node.config.max_message_size, LANE_RUN)
+                                        if run:
+                                            ch.lane_run(run)
                                     if self._suspended or self.state >= _DISCARDING:
                                         return
                                     continue

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from hutch.amqp.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, ChannelError, ConnectionError_
 from hutch.core.arguments import validate_consumer_arguments
-from hutch.core.confirms import Receipt
+from hutch.core.confirms import Receipt, ReceiptRun
 from hutch.core.message import Message
 from hutch.core.queue_settings import QueueSettings
 from hutch.core.queue_type import PENDING, SETTLED, Consumer, Deliverer, Published, Queue, QueueEntry
@@ -157,7 +157,7 @@ class StreamQueue(Queue):
         self._consumers: dict[Consumer, StreamConsumer] = {}
         self._batch: list[bytes] = []
         self._batch_filters: list[bytes | None] = []
-        self._batch_receipts: list[Receipt] = []
+        self._batch_receipts: list[Receipt | ReceiptRun] = []
         self._flush_scheduled = False
         self._deliver_scheduled = False
         self._remove_listener: Callable[[], None] = handle.on_commit(self._committed)
@@ -186,6 +186,35 @@ class StreamQueue(Queue):
         self._batch.append(amqp10.from_091(msg))
         self._batch_filters.append(value.encode() if isinstance(value, str) else
                                    value if isinstance(value, bytes) else None)
+        return self._queued(receipt)
+
+    accepts_raw = True
+
+    def publish_raw(self, exchange: str, routing_key: str, props_raw: bytes, body: bytes, route_tail: bytes,
+                    header: bytes, receipt: Receipt | None = None) -> Published:
+        """The channel's publish lane: a plain message (no property but the delivery mode: no filter value
+        to read) becomes its entry without a `Message`; any other goes through `publish`."""
+        mode = amqp10.plain_mode(props_raw)
+        if mode is False or self.deleted:
+            return self.publish(Message(exchange, routing_key, None, body, props_raw, route_tail, header), receipt)
+        self.stat_published += 1
+        self._batch.append(amqp10.plain_entry(exchange, routing_key, mode, body))
+        self._batch_filters.append(None)
+        return self._queued(receipt)
+
+    def publish_raw_run(self, exchange: str, routing_key: str, route_tail: bytes, contents: list[tuple[bytes, bytes]],
+                        receipts: ReceiptRun | None = None) -> list[Published]:
+        """The lane's run: its entries made in one pass (`amqp10.plain_entries`), its receipts kept as one."""
+        if self.deleted:
+            return super().publish_raw_run(exchange, routing_key, route_tail, contents, receipts)
+        n = len(contents)
+        self.stat_published += n
+        self._batch += amqp10.plain_entries(exchange, routing_key, route_tail, contents)
+        self._batch_filters += [None] * n
+        return [self._queued(receipts)] * n
+
+    def _queued(self, receipt: Receipt | ReceiptRun | None) -> Published:
+        """What was just added to the batch waits for this turn's flush; `receipt`, if any, settles on commit."""
         if receipt is not None:
             self._batch_receipts.append(receipt)
         if not self._flush_scheduled:
@@ -218,7 +247,8 @@ class StreamQueue(Queue):
         if receipts and last is not None:
             last.settled.add_done_callback(lambda fut: self._settle(fut, receipts))
 
-    def _forward(self, batch: list[bytes], filters: list[bytes | None] | None, receipts: list[Receipt]) -> None:
+    def _forward(self, batch: list[bytes], filters: list[bytes | None] | None,
+                 receipts: list[Receipt | ReceiptRun]) -> None:
         """A replicated stream written on another node: the batch goes to its writer (replication's
         `append`); the receipts settle once a majority has it, or are rejected (nack)."""
         assert self.replication is not None
@@ -253,7 +283,7 @@ class StreamQueue(Queue):
             sc.reader = handle.reader(OffsetSpec.offset(sc.reader.next_offset))
         self._schedule_delivery()
 
-    def _settle(self, fut: asyncio.Future[None], receipts: list[Receipt]) -> None:
+    def _settle(self, fut: asyncio.Future[None], receipts: list[Receipt | ReceiptRun]) -> None:
         error = None if fut.cancelled() else fut.exception()
         for r in receipts:
             if error is None:
