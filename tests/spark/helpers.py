@@ -83,9 +83,10 @@ class Broker:
             self.conn.close()
 
 
-def hutch_load(reader: Any, port: int, **options: Any) -> Any:
-    """`reader.format("hutch")` on the broker at `port` with `options` (values as strings), loaded."""
-    r = reader.format("hutch").option("uri", amqp_uri(port))
+def hutch_load(reader: Any, port: int, fmt: str = "hutch", **options: Any) -> Any:
+    """`reader.format(fmt)` ("hutch", or the JVM reader's "hutch-jvm") on the broker at `port` with `options`
+    (values as strings), loaded."""
+    r = reader.format(fmt).option("uri", amqp_uri(port))
     for key, value in options.items():
         r = r.option(key, str(value))
     return r.load()

@@ -202,9 +202,9 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, jvm_reader: str,
 
 def test_what_the_jvm_reader_does_not_take_is_refused(spark: Any, jvm_reader: str, server: ServerInfo,
                                                       stream: str) -> None:
-    with pytest.raises(Exception, match="'superStream' is read by the Python source only"):
-        spark.read.format(jvm_reader).option("uri", amqp_uri(server.amqp_port)).option("superStream", "s").load() \
-            .collect()
+    with pytest.raises(Exception, match="options 'stream' and 'superStream' exclude each other"):
+        spark.read.format(jvm_reader).option("uri", amqp_uri(server.amqp_port)).option("superStream", "s") \
+            .option("stream", "s").load().collect()
     with pytest.raises(Exception, match="does not exist"):
         _read(spark, jvm_reader, server, unique("missing"), streaming=False).collect()
     with pytest.raises(Exception, match="option 'startingOffsets' must be"):
