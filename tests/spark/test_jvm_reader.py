@@ -1,8 +1,7 @@
 """The JVM reader of streams (`format("hutch-jvm")`, src/hutch/spark/jvm/) against a real hutch process.
 
-What is proven here: a streaming query reads N messages as exactly N rows with the offsets 0..N-1, in
-micro-batches bounded by `maxOffsetsPerTrigger` over `minPartitions` tasks, and a query restarted from
-its checkpoint reads only what came since; the rows are the Python source's rows, value for value (one
+What is proven here (the streaming reads, exactly-once and restarted from a checkpoint, in micro-batches
+bounded by `maxOffsetsPerTrigger`, run on both paths in tests/spark/test_stream_offsets.py): the rows are the Python source's rows, value for value (one
 batch read by each, over messages with properties, headers of several types and a record that is not
 an AMQP 1.0 message); `startingOffsets` (an offset, latest) and `startingTimestamp`; a query begun by
 the Python source continues with the JVM reader from the same checkpoint, exactly once; offsets past
@@ -62,27 +61,6 @@ def stream(broker: Broker) -> str:
 
 
 _read = stream_reader
-
-
-def test_streaming_read_each_offset_once_then_restart_from_the_checkpoint(
-        spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str, tmp_path: Path) -> None:
-    n = 1200
-    bodies = broker.publish(stream, n)
-    out, ck = tmp_path / "out", tmp_path / "ck"
-    run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest",
-                            maxOffsetsPerTrigger=500, minPartitions=2), out, ck)
-    rows = spark.read.parquet(str(out)).selectExpr("key", "cast(value as string) v", "stream", "partition",
-                                                   "offset", "properties.message_id mid").collect()
-    assert sorted(r.offset for r in rows) == list(range(n))
-    assert {r.v for r in rows} == set(bodies)
-    assert {(r.key, r.stream, r.partition) for r in rows} == {(stream, stream, 0)}
-    assert all(r.mid == str(r.offset) for r in rows)
-    batches = sorted((ck / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-    assert len(batches) == 3  # 500 + 500 + 200
-    assert batches[-1].read_text().splitlines()[-1] == f'{{"stream": "{stream}", "offset": {n}}}'
-    broker.publish(stream, 300, start=n)
-    run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
-    assert parquet_offsets(spark, out) == list(range(n + 300))
 
 
 def _by_offset(df: Any) -> dict[int, dict[str, Any]]:
