@@ -7,8 +7,8 @@ as `hutch-python`: `hutch.spark.register` sets that up)),
 compiled with the machine's `javac` against the jars of the installed PySpark and cached under
 `$HUTCH_SPARK_JVM_CACHE` (default `~/.cache/hutch/spark-jvm`) by a digest of the sources and the PySpark
 version, so a changed source or another Spark builds a new jar - and `JvmReaderUnavailable`, raised with
-the reason when it cannot be built (no `javac`, no PySpark). The Python source (`format("hutch")`) needs
-none of this and works wherever the jar cannot be built.
+the reason when it cannot be built (no `javac`, no PySpark). The Python source (`format("hutch-python")`,
+and `format("hutch")` without the jar) needs none of this and works wherever the jar cannot be built.
 
 Why on first use and not at `pip install`: an editable install (CI's `make setup`) runs no build step for
 Java, a wheel built without javac would silently lack it, and the jar must match the PySpark it runs in

@@ -5,7 +5,6 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 
-import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCapability;
@@ -87,32 +86,28 @@ public final class HutchProvider implements TableProvider, DataSourceRegister {
     }
 
     /** A stream: read by the JVM reader, written by the Python source's stream sink. */
-    static final class StreamTable implements Table, SupportsRead, SupportsWrite {
+    static final class StreamTable extends HutchStreamProvider.StreamTable implements SupportsWrite {
         private final StructType schema;
         private final Transform[] partitioning;
         private final Map<String, String> properties;
 
         StreamTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
+            super(properties.getOrDefault("stream", properties.getOrDefault("superStream", "")));
             this.schema = schema;
             this.partitioning = partitioning;
             this.properties = properties;
         }
 
         @Override
-        public String name() {
-            return "hutch stream";
-        }
-
-        @Override
         @SuppressWarnings("deprecation")  // Spark 4's Table still asks for schema() by default
         public StructType schema() {
-            return schema;
+            return schema;  // a read's (checked at the scan) or a write's DataFrame's
         }
 
         @Override
         public Set<TableCapability> capabilities() {
-            // the Python table's (its writes) and the reads'
-            EnumSet<TableCapability> out = EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
+            // the reads' and the Python table's (its writes)
+            Set<TableCapability> out = EnumSet.copyOf(super.capabilities());
             out.addAll(python().getTable(schema, partitioning, properties).capabilities());
             return out;
         }

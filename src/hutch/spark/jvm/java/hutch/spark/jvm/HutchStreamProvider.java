@@ -67,7 +67,7 @@ public final class HutchStreamProvider implements TableProvider, DataSourceRegis
         return new StreamTable(properties.getOrDefault("stream", ""));
     }
 
-    static final class StreamTable implements Table, SupportsRead {
+    static class StreamTable implements Table, SupportsRead {
         private final String stream;
 
         StreamTable(String stream) {

@@ -97,20 +97,29 @@ final class Lz4 {
         }
     }
 
+    /** A length of 15 (+4) extended by the bytes at src[p...] (each added; 255 means another follows), no
+     * further than {@code limit} + 255 (past it the block cannot fit anyway): (length << 32) | the new p. */
+    private static long extended(byte[] src, int p, int stop, int length, int limit) throws Chunks.BadSubBatch {
+        int b;
+        do {
+            if (p >= stop) {
+                throw bad("a damaged block");
+            }
+            b = src[p++] & 0xff;
+            length += b;
+        } while (b == 255 && length < limit + 255);
+        return ((long) length << 32) | p;
+    }
+
     /** One LZ4 block (sequences of literals and matches) from src[p, stop) written at out[o...]; the new o. */
     private static int block(byte[] src, int p, int stop, byte[] out, int o) throws Chunks.BadSubBatch {
         while (p < stop) {
             int token = src[p++] & 0xff;
             int lit = token >>> 4;
             if (lit == 15) {
-                int b;
-                do {
-                    if (p >= stop) {
-                        throw bad("a damaged block");
-                    }
-                    b = src[p++] & 0xff;
-                    lit += b;
-                } while (b == 255 && lit < out.length + 255);
+                long ext = extended(src, p, stop, lit, out.length);
+                lit = (int) (ext >>> 32);
+                p = (int) ext;
             }
             if (p + lit > stop || o + lit > out.length) {
                 throw bad(o + lit > out.length ? "decodes past its declared " + out.length + " bytes" : "a damaged block");
@@ -131,14 +140,9 @@ final class Lz4 {
             }
             int match = (token & 0x0f) + 4;
             if ((token & 0x0f) == 15) {
-                int b;
-                do {
-                    if (p >= stop) {
-                        throw bad("a damaged block");
-                    }
-                    b = src[p++] & 0xff;
-                    match += b;
-                } while (b == 255 && match < out.length + 255);
+                long ext = extended(src, p, stop, match, out.length);
+                match = (int) (ext >>> 32);
+                p = (int) ext;
             }
             if (o + match > out.length) {
                 throw bad("decodes past its declared " + out.length + " bytes");

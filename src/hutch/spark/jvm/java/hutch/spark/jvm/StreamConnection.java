@@ -453,10 +453,16 @@ final class StreamConnection implements AutoCloseable {
 
     /** An RPC whose response has no response code (metadata): the body after the correlation id. */
     private ByteBuffer rpcNoCode(Frame f) {
+        return exchange(f, timeoutMs);
+    }
+
+    /** Send {@code f} and read frames until its response comes (within waitMs); the body after the
+     * correlation id. */
+    private ByteBuffer exchange(Frame f, int waitMs) {
         reply = null;
         send(f);
         try {
-            socket.setSoTimeout(timeoutMs);
+            socket.setSoTimeout(waitMs);
             while (reply == null) {
                 readFrame();
             }
@@ -472,20 +478,7 @@ final class StreamConnection implements AutoCloseable {
 
     private ByteBuffer rpc(Frame f, int waitMs) {
         int key = waitingKey;
-        reply = null;
-        send(f);
-        try {
-            socket.setSoTimeout(waitMs);
-            while (reply == null) {
-                readFrame();
-            }
-        } catch (SocketTimeoutException e) {
-            throw new StreamError(where + ": no answer from the broker", 0);
-        } catch (IOException e) {
-            throw new StreamError(where + ": the connection failed: " + e.getMessage(), 0);
-        }
-        ByteBuffer r = reply;
-        reply = null;
+        ByteBuffer r = exchange(f, waitMs);
         int code = r.getShort() & 0xffff;
         if (code != CODE_OK) {
             throw new StreamError(where + ": command 0x" + Integer.toHexString(key) + " failed: " + codeName(code), code);
