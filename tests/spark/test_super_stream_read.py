@@ -1,7 +1,8 @@
 """Reads of a super stream (`option("superStream", ...)`) against a real hutch process: every partition
 read by offset in parallel, exactly-once through Spark's checkpoint, with the partition index in the
 `partition` column and the partition stream's name in `stream`, by the Python source and by the JVM
-reader alike (`fmt`: the same tests on both paths); (slow) the node killed during a super
+reader alike (`fmt`: the same tests as `format("hutch-python")` and as `format("hutch")`, the JVM
+reader); (slow) the node killed during a super
 stream -> stream query, which resumes from its checkpoint with every message once in the destination."""
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def sbroker(stream_server: ServerInfo) -> Any:
     b.close()
 
 
-@pytest.fixture(params=["hutch", "hutch-jvm"])
-def fmt(request: pytest.FixtureRequest) -> str:
-    """The format that reads: the Python source, or the JVM reader (its test fails when its jar cannot be built)."""
-    return str(request.param if request.param == "hutch" else request.getfixturevalue("jvm_reader"))
+@pytest.fixture
+def fmt(stream_format: str) -> str:
+    """The format that reads: "hutch" (the JVM reader, as `register` sets up a session with its jar) or
+    "hutch-python" (the Python source); conftest's `stream_format`."""
+    return stream_format
 
 
 def _reader(reader: Any, server: ServerInfo, name: str, fmt: str = "hutch", **options: Any) -> Any:
