@@ -44,7 +44,7 @@ def test_tls_with_a_client_certificate_and_a_refused_ca(spark: Any, jvm_reader: 
         port = node.info.ports["stream_tls"]
         got = _rows(spark, jvm_reader, uri, stream, streamPort=port)
         assert [b.decode() for _, b in got] == bodies
-        assert got == _rows(spark, "hutch", uri, stream, streamPort=port)
+        assert got == _rows(spark, "hutch-python", uri, stream, streamPort=port)
         # the broker's certificate is not of this CA: the handshake fails, and says so
         other = f"amqps://guest:guest@localhost:{node.amqps_port}/%2F?cacertfile={node.other.cacertfile}"
         with pytest.raises(Exception, match="handshake with rabbitmq-stream\\+tls://guest@localhost"):
@@ -103,4 +103,4 @@ def test_sub_batches_of_every_codec_and_one_that_cannot_be_read(spark: Any, jvm_
     got = _rows(spark, jvm_reader, uri, stream, streamPort=server.ports["stream"])
     assert [b for _, b in got] == [*want, b"after"]
     assert [o for o, _ in got] == [*range(len(want)), len(want) + 2]
-    assert got == _rows(spark, "hutch", uri, stream, streamPort=server.ports["stream"])
+    assert got == _rows(spark, "hutch-python", uri, stream, streamPort=server.ports["stream"])

@@ -106,7 +106,7 @@ def test_the_rows_are_the_python_sources(spark: Any, jvm_reader: str, server: Se
         raw.delete_publisher(1)
     finally:
         raw.close()
-    python = _by_offset(_read(spark, "hutch", server, stream, streaming=False))
+    python = _by_offset(_read(spark, "hutch-python", server, stream, streaming=False))
     java = _by_offset(_read(spark, jvm_reader, server, stream, streaming=False, minPartitions=3))
     assert sorted(python) == list(range(len(kinds) + 4))
     for offset, row in python.items():
@@ -131,11 +131,11 @@ def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
         spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str, tmp_path: Path) -> None:
     broker.publish(stream, 400)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
+    run_available_now(_read(spark, "hutch-python", server, stream, startingOffsets="earliest"), out, ck)
     broker.publish(stream, 250, start=400)
     run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
     broker.publish(stream, 50, start=650)
-    run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
+    run_available_now(_read(spark, "hutch-python", server, stream, startingOffsets="earliest"), out, ck)
     assert parquet_offsets(spark, out) == list(range(700))
 
 
