@@ -1,8 +1,10 @@
 """Fixtures of the Spark suite.
 
-`spark` is one local Spark session (`local[2]`) for the whole run, with the hutch data source
-registered and, where it can be built (javac), the JVM reader's jar on its class path (`format("hutch-jvm")`;
-`jvm_reader` fails a test that needs it when it could not be built); Spark starts in ~10 s, so every test
+`spark` is one local Spark session (`local[2]`) for the whole run, with, where it can be built (javac),
+the JVM reader's jar on its class path and the hutch data source registered by `hutch.spark.register`: so
+`format("hutch")` reads streams with the JVM reader as a user's session does, `format("hutch-python")` with
+the Python source, and `format("hutch-jvm")` names the JVM reader alone (`jvm_reader` fails a test that
+needs it when it could not be built; `stream_format` runs a test on both paths); Spark starts in ~10 s, so every test
 shares it. `stream_server` is a session-wide hutch
 process with the stream protocol listener on (port 0), for the stream sink and the stream source's end
 probe; `server` is that process too (tests use unique queue names). It *fails* (never skips) when Java or
@@ -40,7 +42,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     except ImportError:
         pytest.fail("the Spark tests need PySpark 4.2+ and pyarrow: pip install -e '.[test,spark]'",
                     pytrace=False)
-    from hutch.spark import HutchDataSource
+    from hutch.spark import register
     from hutch.spark.jvm import JvmReaderUnavailable, jar_path
 
     try:
@@ -64,12 +66,13 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     )
     session = (builder.config("spark.jars", jars) if jars else builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(HutchDataSource)
+    _PATH.append(register(session))  # "jvm": format("hutch") reads streams with the JVM reader
     yield session
     session.stop()
 
 
 _JVM_UNAVAILABLE: list[str] = []
+_PATH: list[str] = []
 
 
 @pytest.fixture
@@ -78,6 +81,16 @@ def jvm_reader(spark: Any) -> str:
     if _JVM_UNAVAILABLE:
         pytest.fail(f"the JVM reader's jar could not be built: {_JVM_UNAVAILABLE[0]}", pytrace=False)
     return "hutch-jvm"
+
+
+@pytest.fixture(params=["hutch", "hutch-python"])
+def stream_format(request: pytest.FixtureRequest, spark: Any) -> str:
+    """The format a stream read test reads with: "hutch" (the JVM reader, as a user's session with the jar
+    gets it: the test fails when the jar could not be built) and "hutch-python" (the Python source)."""
+    if request.param == "hutch" and _PATH != ["jvm"]:
+        pytest.fail(f"format('hutch') is not the JVM reader in this session ({_JVM_UNAVAILABLE or _PATH})",
+                    pytrace=False)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -83,9 +83,10 @@ class Broker:
             self.conn.close()
 
 
-def hutch_load(reader: Any, port: int, **options: Any) -> Any:
-    """`reader.format("hutch")` on the broker at `port` with `options` (values as strings), loaded."""
-    r = reader.format("hutch").option("uri", amqp_uri(port))
+def hutch_load(reader: Any, port: int, fmt: str = "hutch", **options: Any) -> Any:
+    """`reader.format(fmt)` ("hutch"; "hutch-python" or "hutch-jvm" for one path) on the broker at `port` with `options`
+    (values as strings), loaded."""
+    r = reader.format(fmt).option("uri", amqp_uri(port))
     for key, value in options.items():
         r = r.option(key, str(value))
     return r.load()
@@ -309,7 +310,7 @@ def declare_stream(broker: Broker, prefix: str) -> str:
 
 
 def stream_reader(spark: Any, fmt: str, node: Any, name: str, streaming: bool = True, **options: Any) -> Any:
-    """A read of stream `name` on `node` (a conftest.ServerInfo) by `fmt` ("hutch" or "hutch-jvm"):
+    """A read of stream `name` on `node` (a conftest.ServerInfo) by `fmt` ("hutch-python", "hutch-jvm" or "hutch"):
     `spark.readStream` (or `spark.read`) with the node's URI and stream port and the `options`, loaded."""
     reader = (spark.readStream if streaming else spark.read).format(fmt).option("uri", amqp_uri(node.amqp_port))
     reader = reader.option("stream", name).option("streamPort", node.ports["stream"])

@@ -1,8 +1,7 @@
 """The JVM reader of streams (`format("hutch-jvm")`, src/hutch/spark/jvm/) against a real hutch process.
 
-What is proven here: a streaming query reads N messages as exactly N rows with the offsets 0..N-1, in
-micro-batches bounded by `maxOffsetsPerTrigger` over `minPartitions` tasks, and a query restarted from
-its checkpoint reads only what came since; the rows are the Python source's rows, value for value (one
+What is proven here (the streaming reads, exactly-once and restarted from a checkpoint, in micro-batches
+bounded by `maxOffsetsPerTrigger`, run on both paths in tests/spark/test_stream_offsets.py): the rows are the Python source's rows, value for value (one
 batch read by each, over messages with properties, headers of several types and a record that is not
 an AMQP 1.0 message); `startingOffsets` (an offset, latest) and `startingTimestamp`; a query begun by
 the Python source continues with the JVM reader from the same checkpoint, exactly once; offsets past
@@ -64,27 +63,6 @@ def stream(broker: Broker) -> str:
 _read = stream_reader
 
 
-def test_streaming_read_each_offset_once_then_restart_from_the_checkpoint(
-        spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str, tmp_path: Path) -> None:
-    n = 1200
-    bodies = broker.publish(stream, n)
-    out, ck = tmp_path / "out", tmp_path / "ck"
-    run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest",
-                            maxOffsetsPerTrigger=500, minPartitions=2), out, ck)
-    rows = spark.read.parquet(str(out)).selectExpr("key", "cast(value as string) v", "stream", "partition",
-                                                   "offset", "properties.message_id mid").collect()
-    assert sorted(r.offset for r in rows) == list(range(n))
-    assert {r.v for r in rows} == set(bodies)
-    assert {(r.key, r.stream, r.partition) for r in rows} == {(stream, stream, 0)}
-    assert all(r.mid == str(r.offset) for r in rows)
-    batches = sorted((ck / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-    assert len(batches) == 3  # 500 + 500 + 200
-    assert batches[-1].read_text().splitlines()[-1] == f'{{"stream": "{stream}", "offset": {n}}}'
-    broker.publish(stream, 300, start=n)
-    run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
-    assert parquet_offsets(spark, out) == list(range(n + 300))
-
-
 def _by_offset(df: Any) -> dict[int, dict[str, Any]]:
     return {r.offset: r.asDict(recursive=True) for r in df.collect()}
 
@@ -128,7 +106,7 @@ def test_the_rows_are_the_python_sources(spark: Any, jvm_reader: str, server: Se
         raw.delete_publisher(1)
     finally:
         raw.close()
-    python = _by_offset(_read(spark, "hutch", server, stream, streaming=False))
+    python = _by_offset(_read(spark, "hutch-python", server, stream, streaming=False))
     java = _by_offset(_read(spark, jvm_reader, server, stream, streaming=False, minPartitions=3))
     assert sorted(python) == list(range(len(kinds) + 4))
     for offset, row in python.items():
@@ -153,11 +131,11 @@ def test_a_query_switches_from_the_python_source_to_the_jvm_reader(
         spark: Any, jvm_reader: str, server: ServerInfo, broker: Broker, stream: str, tmp_path: Path) -> None:
     broker.publish(stream, 400)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
+    run_available_now(_read(spark, "hutch-python", server, stream, startingOffsets="earliest"), out, ck)
     broker.publish(stream, 250, start=400)
     run_available_now(_read(spark, jvm_reader, server, stream, startingOffsets="earliest"), out, ck)
     broker.publish(stream, 50, start=650)
-    run_available_now(_read(spark, "hutch", server, stream, startingOffsets="earliest"), out, ck)
+    run_available_now(_read(spark, "hutch-python", server, stream, startingOffsets="earliest"), out, ck)
     assert parquet_offsets(spark, out) == list(range(700))
 
 
@@ -202,9 +180,9 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, jvm_reader: str,
 
 def test_what_the_jvm_reader_does_not_take_is_refused(spark: Any, jvm_reader: str, server: ServerInfo,
                                                       stream: str) -> None:
-    with pytest.raises(Exception, match="'superStream' is read by the Python source only"):
-        spark.read.format(jvm_reader).option("uri", amqp_uri(server.amqp_port)).option("superStream", "s").load() \
-            .collect()
+    with pytest.raises(Exception, match="options 'stream' and 'superStream' exclude each other"):
+        spark.read.format(jvm_reader).option("uri", amqp_uri(server.amqp_port)).option("superStream", "s") \
+            .option("stream", "s").load().collect()
     with pytest.raises(Exception, match="does not exist"):
         _read(spark, jvm_reader, server, unique("missing"), streaming=False).collect()
     with pytest.raises(Exception, match="option 'startingOffsets' must be"):

@@ -38,16 +38,16 @@ def stream(broker: Broker) -> str:
     return name
 
 
-def _read_stream(spark: Any, node: ServerInfo, name: str, **options: Any) -> Any:
-    reader = (spark.readStream.format("hutch").option("uri", amqp_uri(node.amqp_port)).option("stream", name)
+def _read_stream(spark: Any, node: ServerInfo, name: str, fmt: str = "hutch", **options: Any) -> Any:
+    reader = (spark.readStream.format(fmt).option("uri", amqp_uri(node.amqp_port)).option("stream", name)
               .option("streamPort", node.ports["stream"]))
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
 
 
-def _read_batch(spark: Any, node: ServerInfo, name: str, **options: Any) -> Any:
-    reader = (spark.read.format("hutch").option("uri", amqp_uri(node.amqp_port)).option("stream", name)
+def _read_batch(spark: Any, node: ServerInfo, name: str, fmt: str = "hutch", **options: Any) -> Any:
+    reader = (spark.read.format(fmt).option("uri", amqp_uri(node.amqp_port)).option("stream", name)
               .option("streamPort", node.ports["stream"]))
     for key, value in options.items():
         reader = reader.option(key, str(value))
@@ -65,11 +65,11 @@ def _offsets(spark: Any, out: Path) -> list[int]:
 
 def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, server: ServerInfo,
                                                                   broker: Broker, stream: str,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, stream_format: str) -> None:
     n = 1200
     bodies = broker.publish(stream, n)
     out = tmp_path / "out"
-    df = _read_stream(spark, server, stream, startingOffsets="earliest", maxOffsetsPerTrigger=500,
+    df = _read_stream(spark, server, stream, stream_format, startingOffsets="earliest", maxOffsetsPerTrigger=500,
                       minPartitions=2)
     run_available_now(df, out, tmp_path / "ck")
     rows = _rows(spark, out).selectExpr("key", "cast(value as string) v", "stream", "partition", "offset",
@@ -79,15 +79,19 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     assert {(r.key, r.stream, r.partition) for r in rows} == {(stream, stream, 0)}
     assert all(r.mid == str(r.offset) for r in rows)
     assert all("x-stream-offset" not in (r.headers or {}) for r in rows)
+    batches = sorted((tmp_path / "ck" / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert len(batches) == 3  # 500 + 500 + 200
+    # the checkpoint's offset as the Python source writes it (json.dumps), whichever path wrote it
+    assert batches[-1].read_text().splitlines()[-1] == f'{{"stream": "{stream}", "offset": {n}}}'
     # More data, same checkpoint: the restarted query reads only the new offsets.
     broker.publish(stream, 300, start=n)
-    run_available_now(_read_stream(spark, server, stream, startingOffsets="earliest"), out,
+    run_available_now(_read_stream(spark, server, stream, stream_format, startingOffsets="earliest"), out,
                        tmp_path / "ck")
     assert _offsets(spark, out) == list(range(n + 300))
 
 
 def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: ServerInfo, broker: Broker,
-                                                      stream: str, tmp_path: Path) -> None:
+                                                      stream: str, tmp_path: Path, stream_format: str) -> None:
     n = 1000
     broker.publish(stream, n)
     out = tmp_path / "out"
@@ -102,7 +106,7 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
         (out / f"batch-{batch_id}.txt").write_text("".join(f"{o}\n" for o in offsets))
 
     def run() -> Any:
-        df = _read_stream(spark, server, stream, startingOffsets="earliest", maxOffsetsPerTrigger=300)
+        df = _read_stream(spark, server, stream, stream_format, startingOffsets="earliest", maxOffsetsPerTrigger=300)
         q = (df.writeStream.foreachBatch(write).option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
         try:
@@ -118,31 +122,31 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
 
 
 def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stream: str,
-                            tmp_path: Path) -> None:
+                            tmp_path: Path, stream_format: str) -> None:
     got = starting_position_offsets(spark, broker, stream, tmp_path,
-                                    lambda **opts: _read_stream(spark, server, stream, **opts))
+                                    lambda **opts: _read_stream(spark, server, stream, stream_format, **opts))
     assert got["offset"] == list(range(120, 150))
     assert got["ts"] == list(range(100, 150))
     assert got["latest"] == []
 
 
 def test_batch_read_of_an_offset_range_in_parallel(spark: Any, server: ServerInfo, broker: Broker,
-                                                   stream: str) -> None:
+                                                   stream: str, stream_format: str) -> None:
     broker.publish(stream, 500)
-    df = _read_batch(spark, server, stream, startingOffsets='{"0": 100}',
+    df = _read_batch(spark, server, stream, stream_format, startingOffsets='{"0": 100}',
                      endingOffsets='{"0": 400}', minPartitions=3)
     assert df.rdd.getNumPartitions() == 3
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(100, 400))
-    everything = _read_batch(spark, server, stream)
+    everything = _read_batch(spark, server, stream, stream_format)
     assert everything.count() == 500 and everything.select("offset").distinct().count() == 500
 
 
-def test_a_queue_name_with_the_stream_option_is_refused(spark: Any, server: ServerInfo, broker: Broker) -> None:
+def test_a_queue_name_with_the_stream_option_is_refused(spark: Any, server: ServerInfo, broker: Broker, stream_format: str) -> None:
     q = broker.declare()
     with pytest.raises(Exception, match="is not a stream"):
-        _read_batch(spark, server, q).collect()
+        _read_batch(spark, server, q, stream_format).collect()
     with pytest.raises(Exception, match="does not exist"):
-        _read_batch(spark, server, unique("missing")).collect()
+        _read_batch(spark, server, unique("missing"), stream_format).collect()
 
 
 @pytest.fixture
@@ -164,7 +168,8 @@ def _publish(port: int, name: str, n: int, start: int = 0, body_size: int = 0,
 
 
 def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_path: Path) -> None:
-    read = lambda node, name, **opts: _read_stream(spark, node, name, **opts)  # noqa: E731
+    # the Python source (the JVM reader's: test_jvm_reader.py, slow)
+    read = lambda node, name, **opts: _read_stream(spark, node, name, "hutch-python", **opts)  # noqa: E731
     assert offsets_after_a_node_kill(spark, tmp_path, read, "hutch source") == list(range(1000))
 
 
@@ -188,10 +193,10 @@ def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: Serv
     assert got[20:] == list(range(got[20], 2000))
 
 
-def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, broker: Broker, stream: str) -> None:
+def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, broker: Broker, stream: str, stream_format: str) -> None:
     broker.ch.basic_publish("", stream, b"x", pika.BasicProperties(timestamp=1_700_000_000))
     broker.ch.basic_publish("", stream, b"y")
-    rows = _read_batch(spark, server, stream).orderBy("offset").collect()
+    rows = _read_batch(spark, server, stream, stream_format).orderBy("offset").collect()
     assert [r.value for r in rows] == [b"x", b"y"]
     assert rows[0].timestamp.timestamp() == 1_700_000_000 and rows[1].timestamp is None
 

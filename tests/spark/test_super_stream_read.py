@@ -1,6 +1,8 @@
 """Reads of a super stream (`option("superStream", ...)`) against a real hutch process: every partition
 read by offset in parallel, exactly-once through Spark's checkpoint, with the partition index in the
-`partition` column and the partition stream's name in `stream`; (slow) the node killed during a super
+`partition` column and the partition stream's name in `stream`, by the Python source and by the JVM
+reader alike (`fmt`: the same tests as `format("hutch-python")` and as `format("hutch")`, the JVM
+reader); (slow) the node killed during a super
 stream -> stream query, which resumes from its checkpoint with every message once in the destination."""
 
 from __future__ import annotations
@@ -36,19 +38,27 @@ def sbroker(stream_server: ServerInfo) -> Any:
     b.close()
 
 
-def _reader(reader: Any, server: ServerInfo, name: str, **options: Any) -> Any:
-    return hutch_load(reader, server.amqp_port, superStream=name, streamPort=server.ports["stream"], **options)
+@pytest.fixture
+def fmt(stream_format: str) -> str:
+    """The format that reads: "hutch" (the JVM reader, as `register` sets up a session with its jar) or
+    "hutch-python" (the Python source); conftest's `stream_format`."""
+    return stream_format
+
+
+def _reader(reader: Any, server: ServerInfo, name: str, fmt: str = "hutch", **options: Any) -> Any:
+    return hutch_load(reader, server.amqp_port, superStream=name, streamPort=server.ports["stream"], fmt=fmt,
+                      **options)
 
 
 @pytest.mark.timeout(300)  # with the Spark session's start when it runs first
 def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
-        spark: Any, stream_server: ServerInfo, sbroker: Broker, tmp_path: Path) -> None:
+        spark: Any, stream_server: ServerInfo, sbroker: Broker, tmp_path: Path, fmt: str) -> None:
     name = unique("ssr")
     streams = declare_super_stream(sbroker, name, 4)
     for stream, n in zip(streams, SIZES, strict=True):
         sbroker.publish(stream, n)
     out, ck = tmp_path / "out", tmp_path / "ck"
-    df = _reader(spark.readStream, stream_server, name, startingOffsets="earliest", maxOffsetsPerTrigger=400,
+    df = _reader(spark.readStream, stream_server, name, fmt, startingOffsets="earliest", maxOffsetsPerTrigger=400,
                  minPartitions=4)
     run_available_now(df, out, ck)
     rows = spark.read.parquet(str(out)).select("partition", "stream", "offset", "key").collect()
@@ -58,7 +68,7 @@ def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
     # More in two partitions, the same checkpoint: only the new offsets.
     sbroker.publish(streams[1], 100, start=0)
     sbroker.publish(streams[3], 50, start=150)
-    run_available_now(_reader(spark.readStream, stream_server, name, startingOffsets="earliest"), out, ck)
+    run_available_now(_reader(spark.readStream, stream_server, name, fmt, startingOffsets="earliest"), out, ck)
     rows = spark.read.parquet(str(out)).select("partition", "offset").collect()
     sizes = (300, 100, 450, 200)
     assert sorted((r.partition, r.offset) for r in rows) == \
@@ -66,14 +76,14 @@ def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
 
 
 def test_batch_read_of_a_super_stream_by_offsets_per_partition(
-        spark: Any, stream_server: ServerInfo, sbroker: Broker) -> None:
+        spark: Any, stream_server: ServerInfo, sbroker: Broker, fmt: str) -> None:
     name = unique("ssb")
     streams = declare_super_stream(sbroker, name, 4)
     for stream, n in zip(streams, SIZES, strict=True):
         sbroker.publish(stream, n)
-    everything = _reader(spark.read, stream_server, name).select("partition", "offset").collect()
+    everything = _reader(spark.read, stream_server, name, fmt).select("partition", "offset").collect()
     assert len(everything) == sum(SIZES)
-    df = _reader(spark.read, stream_server, name, minPartitions=6,
+    df = _reader(spark.read, stream_server, name, fmt, minPartitions=6,
                  startingOffsets=json.dumps({name: {"0": 100, "2": -2}}),
                  endingOffsets=json.dumps({name: {"0": 200, "2": 10, "3": -1}}))
     assert df.rdd.getNumPartitions() >= 2
@@ -83,9 +93,9 @@ def test_batch_read_of_a_super_stream_by_offsets_per_partition(
                          [(3, o) for o in range(150)])
 
 
-def test_a_missing_super_stream_fails_clearly(spark: Any, stream_server: ServerInfo) -> None:
+def test_a_missing_super_stream_fails_clearly(spark: Any, stream_server: ServerInfo, fmt: str) -> None:
     with pytest.raises(Exception, match="does not exist"):
-        _reader(spark.read, stream_server, unique("nope")).collect()
+        _reader(spark.read, stream_server, unique("nope"), fmt).collect()
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HutchDataSource", "register"]
+__all__ = ["HutchDataSource", "HutchPythonDataSource", "register"]
 
 
 def __getattr__(name: str) -> Any:

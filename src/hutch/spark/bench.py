@@ -182,8 +182,8 @@ def stream_rate(spark: Any, uri: str, queue: str, n: int, sink: str, work: Path,
                 stream_partitions: int = 0, stream_port: int = 5552,
                 fmt: str = "hutch") -> tuple[float, dict[str, float], int, float]:
     """A Trigger.AvailableNow query from the queue (or, with `stream_partitions`, from the stream of that
-    name read by offset in that many tasks per batch, by the Python source or, with fmt="hutch-jvm", the
-    JVM reader) into a sink; (rows/s from start to end, durations, batches, rows/s of trigger time: what
+    name read by offset in that many tasks per batch, by the Python source (fmt="hutch-python") or the JVM
+    reader (fmt="hutch" in a session whose `register` found its jar, or "hutch-jvm")) into a sink; (rows/s from start to end, durations, batches, rows/s of trigger time: what
     the rate source's figure is comparable with)."""
     ck = work / f"ck-{sink}-{time.monotonic_ns()}"
     reader = spark.readStream.format(fmt).option("uri", uri)
@@ -254,7 +254,8 @@ def main() -> None:
     ap.add_argument("--partitions", default="1,2,4", help="stream read tasks / super stream partitions to measure")
     ap.add_argument("--sinks", default="memory,parquet", help="sinks to measure: memory, parquet or both")
     ap.add_argument("--jvm", action="store_true",
-                    help="with --streams: also the JVM reader (format 'hutch-jvm', its jar built if needed)")
+                    help="with --streams: also the JVM reader (format 'hutch' with its jar on the class path, "
+                    "built if needed); the Python source's stream reads as format 'hutch-python'")
     ap.add_argument("--no-write", action="store_true", help="leave out the DataFrame -> hutch measurements")
     ap.add_argument("-v", "--verbose", action="store_true", help="Spark's own WARN and INFO lines")
     args = ap.parse_args()
@@ -269,7 +270,7 @@ def main() -> None:
             uri, stream_port = f"amqp://guest:guest@127.0.0.1:{ports['amqp']}/%2F", ports["stream"]
         from pyspark.sql import SparkSession
 
-        from . import HutchDataSource
+        from . import register
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = (SparkSession.builder.master(args.master).appName("hutch-spark-bench")
@@ -291,7 +292,7 @@ def main() -> None:
                 logging.getLogger(name).setLevel(logging.ERROR)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(HutchDataSource)
+        path = register(spark)  # with --jvm: format("hutch") reads streams with the JVM reader
         q = "bench"
         declare(uri, q)
         print(f"# hutch Spark connector benchmark: {n} messages of {size} bytes, {args.master}, "
@@ -333,7 +334,7 @@ def main() -> None:
                 for tasks in (int(t) for t in args.partitions.split(",")):
                     def by_offset(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int, float]:
                         return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks,
-                                           stream_port)
+                                           stream_port, "hutch-python")
 
                     def spark_only(sink: str = sink, tasks: int = tasks) -> tuple[float, int]:
                         return rate_source_rate(spark, n, size, tasks, sink, work, args.per_trigger)
@@ -356,7 +357,7 @@ def main() -> None:
 
                         def by_jvm(sink: str = sink, tasks: int = tasks) -> tuple[float, dict[str, float], int, float]:
                             return stream_rate(spark, uri, st, n, sink, work, args.per_trigger, tasks, stream_port,
-                                               "hutch-jvm")
+                                               "hutch" if path == "jvm" else "hutch-jvm")
                         rate, durations, batches, jvm_rate = _best(args.repeat, by_jvm)
                         parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(durations.items(), key=lambda kv: -kv[1]))
                         print(f"stream -> {sink} sink, {tasks} task(s) per batch, JVM reader: {rate:,.0f} msg/s, "

@@ -1,6 +1,10 @@
 """The `hutch` PySpark data source: the entry point Spark instantiates.
 
-Owns: `HutchDataSource` (`name()` is "hutch") and `register(spark)`.
+Owns: `HutchDataSource` (`name()` is "hutch"), `HutchPythonDataSource` (the same source as
+"hutch-python") and `register(spark)`, which decides who answers to `format("hutch")`: with the JVM
+reader's jar on the session's class path (`spark.jars`, `hutch.spark.jvm.jar_path()`), its `HutchProvider`
+(stream and super stream reads in the JVM, the rest handed to "hutch-python"); without it, this source
+(one log line says which, and why).
 
 Rules: the data source object is created by Spark in a Python process from the options the user gave;
 it resolves and checks them (`hutch.spark.options`) and hands the resolved, picklable options to the
@@ -9,6 +13,7 @@ reader or writer it creates. It opens no connection itself.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource
@@ -110,9 +115,47 @@ def _refuse_overwrite(overwrite: bool) -> None:
                                "(or outputMode('append') for a stream)")
 
 
-def register(spark: SparkSession) -> None:
-    """`spark.dataSource.register(HutchDataSource)`."""
+class HutchPythonDataSource(HutchDataSource):
+    """The Python source under the name "hutch-python": what the JVM reader's `format("hutch")` hands
+    reads of a queue and every write to (and a name to ask for the Python source's stream reads by)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "hutch-python"
+
+
+ROUTER_CLASS = "hutch.spark.jvm.HutchProvider"
+_log = logging.getLogger("hutch.spark")
+
+
+def jvm_reader_loaded(spark: SparkSession) -> bool:
+    """Whether the session's driver can load the JVM reader's `format("hutch")` provider (its jar in
+    `spark.jars`); False for a session without a JVM at hand (Spark Connect)."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return False
+    try:
+        return bool(jvm.org.apache.spark.util.Utils.classIsLoadable(ROUTER_CLASS))
+    except Exception:  # py4j: any failure to ask means no
+        return False
+
+
+def register(spark: SparkSession) -> str:
+    """Register hutch's data source with `spark` and say (one log line, and the return value) who reads
+    streams for `format("hutch")`: "jvm" when the JVM reader's jar is on the session's class path (its
+    `HutchProvider` takes the name "hutch"; this source is registered as "hutch-python" and does the
+    rest), else "python" (this source takes "hutch", and "hutch-python" too). Spark refuses a JVM provider
+    and a Python source of one name, so with the jar loaded `spark.dataSource.register(HutchDataSource)`
+    must not be called: use this."""
+    spark.dataSource.register(HutchPythonDataSource)
+    if jvm_reader_loaded(spark):
+        _log.info("hutch: format('hutch') reads streams with the JVM reader (its jar is on the session's "
+                  "class path); queues and writes go to the Python source ('hutch-python')")
+        return "jvm"
     spark.dataSource.register(HutchDataSource)
+    _log.warning("hutch: format('hutch') reads streams with the Python source: the JVM reader's jar is not on "
+              "the session's class path (SparkSession.builder.config('spark.jars', hutch.spark.jvm.jar_path()))")
+    return "python"
 
 
-__all__: list[Any] = ["HutchDataSource", "register"]
+__all__: list[Any] = ["HutchDataSource", "HutchPythonDataSource", "jvm_reader_loaded", "register"]

@@ -1,12 +1,14 @@
-"""The JVM reader of hutch streams (`format("hutch-jvm")`): its jar, built on first use into a cache.
+"""The JVM reader of hutch streams: its jar, built on first use into a cache.
 
-Owns: `jar_path()` - the jar of the Java sources beside this module (`java/hutch/spark/jvm/*.java`, a
-Spark DataSource V2 provider: `HutchStreamProvider`, registered under the short name `hutch-jvm`),
+Owns: `jar_path()` - the jar of the Java sources beside this module (`java/hutch/spark/jvm/*.java`: Spark
+DataSource V2 providers, `HutchStreamProvider` under the short name `hutch-jvm` (stream reads only) and
+`HutchProvider` under `hutch` (stream reads in the JVM, the rest handed to the Python source registered
+as `hutch-python`: `hutch.spark.register` sets that up)),
 compiled with the machine's `javac` against the jars of the installed PySpark and cached under
 `$HUTCH_SPARK_JVM_CACHE` (default `~/.cache/hutch/spark-jvm`) by a digest of the sources and the PySpark
 version, so a changed source or another Spark builds a new jar - and `JvmReaderUnavailable`, raised with
-the reason when it cannot be built (no `javac`, no PySpark). The Python source (`format("hutch")`) needs
-none of this and works wherever the jar cannot be built.
+the reason when it cannot be built (no `javac`, no PySpark). The Python source (`format("hutch-python")`,
+and `format("hutch")` without the jar) needs none of this and works wherever the jar cannot be built.
 
 Why on first use and not at `pip install`: an editable install (CI's `make setup`) runs no build step for
 Java, a wheel built without javac would silently lack it, and the jar must match the PySpark it runs in
@@ -32,6 +34,7 @@ SOURCES = Path(__file__).resolve().parent / "java"
 PACKAGE = "hutch/spark/jvm"
 SHORT_NAME = "hutch-jvm"
 PROVIDER = "hutch.spark.jvm.HutchStreamProvider"
+ROUTER = "hutch.spark.jvm.HutchProvider"  # format("hutch") when the jar is on the session's class path
 BUILD_TIMEOUT_S = 300
 _SERVICES = "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
 
@@ -99,11 +102,11 @@ def jar_path() -> str:
         partial = Path(tmp) / out.name
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: hutch\n\n")
-            z.writestr(_SERVICES, PROVIDER + "\n")
+            z.writestr(_SERVICES, PROVIDER + "\n" + ROUTER + "\n")
             for cls in sorted(classes.rglob("*.class")):
                 z.write(cls, cls.relative_to(classes).as_posix())
         os.replace(partial, out)
     return str(out)
 
 
-__all__ = ["PROVIDER", "SHORT_NAME", "JvmReaderUnavailable", "cache_dir", "jar_path", "sources"]
+__all__ = ["PROVIDER", "ROUTER", "SHORT_NAME", "JvmReaderUnavailable", "cache_dir", "jar_path", "sources"]

@@ -12,11 +12,13 @@ import java.util.zip.GZIPInputStream;
  * {@link #records} walks a user chunk's records with offsets in [start, end) without copying them.
  *
  * <p>Rules: every length is checked against the chunk (a short or garbled chunk raises
- * IllegalArgumentException); a gzip sub-batch is inflated up to its declared length and no further (at
- * most {@link #MAX_UNCOMPRESSED_BYTES} per chunk); sub-batches of the other codecs (snappy, lz4, zstd)
- * are refused with a clear error (the Python reader reads them).
+ * IllegalArgumentException); a compressed sub-batch (gzip, snappy, lz4, zstd: {@link #decode}) is decoded up
+ * to its declared length and no further (at most {@link #MAX_UNCOMPRESSED_BYTES} per chunk); a sub-batch
+ * that cannot be read (another codec, a damaged body, records that do not fill it) is left out with a
+ * warning, as the Python source leaves it out (queues/stream/chunk.py).
  */
 final class Chunks {
+    private static final java.util.logging.Logger LOG = java.util.logging.Logger.getLogger("hutch.spark.jvm");
     static final int HEADER_SIZE = 48;
     static final int MAGIC_VERSION = 0x50;
     static final int USER = 0;
@@ -95,30 +97,30 @@ final class Chunks {
                 byte[] data = c;
                 int from = body;
                 int to = (int) (body + length);
-                if (compression != 0) {
-                    if (compression != 1) {
-                        throw new IllegalArgumentException("a sub-batch compressed with codec " + compression
-                                + " (the JVM reader inflates gzip only; the Python source reads every codec)");
+                try {
+                    if (compression != 0) {
+                        if (usize > budget) {
+                            throw new BadSubBatch(CODECS[Math.min(compression, 5)] + " sub-batch declares " + usize
+                                    + " bytes uncompressed, over the limit of " + budget);
+                        }
+                        data = decode(compression, c, body, (int) length, (int) usize);
+                        from = 0;
+                        to = data.length;
                     }
-                    if (usize > budget) {
-                        throw new IllegalArgumentException("a sub-batch of " + usize + " bytes uncompressed is over"
-                                + " the chunk's budget");
-                    }
-                    budget -= usize;
-                    data = gunzip(c, body, (int) length, (int) usize);
-                    from = 0;
-                    to = data.length;
+                    fills(data, from, to, n);
+                } catch (BadSubBatch e) {
+                    // as the Python source (chunk.record_list): a sub-batch that cannot be read is left out
+                    LOG.warning("hutch-jvm source: skipped the " + n + " records of a sub-batch at offset " + offset
+                            + ": " + e.getMessage());
+                    offset += n;
+                    continue;
                 }
+                budget -= usize;  // as chunk._batch_records: every sub-batch read takes its declared size
                 int q = from;
                 for (int i = 0; i < n; i++) {
-                    if (q + 4 > to) {
-                        throw new IllegalArgumentException("a sub-batch's records run past it");
-                    }
-                    int len = ByteBuffer.wrap(data).getInt(q);
+                    int len = ((data[q] & 0xff) << 24) | ((data[q + 1] & 0xff) << 16) | ((data[q + 2] & 0xff) << 8)
+                            | (data[q + 3] & 0xff);
                     q += 4;
-                    if (len < 0 || q + len > to) {
-                        throw new IllegalArgumentException("a sub-batch's records run past it");
-                    }
                     if (offset >= start && offset < end && len > 0) {
                         sink.record(offset, data, q, len);
                     }
@@ -143,9 +145,53 @@ final class Chunks {
         }
     }
 
-    private static byte[] gunzip(byte[] c, int pos, int len, int usize) {
+    /** A sub-batch that cannot be read (the Python source's BadSubBatch): left out, with a warning. */
+    static final class BadSubBatch extends Exception {
+        private static final long serialVersionUID = 1L;
+
+        BadSubBatch(String text) {
+            super(text);
+        }
+    }
+
+    static final String[] CODECS = {"uncompressed", "gzip", "snappy", "lz4", "zstd", "unknown-codec"};
+
+    /** {@code n} records (each a u32 length and its bytes) that fill data[from, to) exactly. */
+    private static void fills(byte[] data, int from, int to, int n) throws BadSubBatch {
+        int q = from;
+        for (int i = 0; i < n; i++) {
+            if (q + 4 > to) {
+                throw new BadSubBatch("sub-batch holds fewer than its " + n + " records");
+            }
+            long len = ByteBuffer.wrap(data).getInt(q) & 0xffffffffL;
+            q += 4;
+            if (q + len > to) {
+                throw new BadSubBatch("a sub-batch record runs past its data");
+            }
+            q += (int) len;
+        }
+        if (q != to) {
+            throw new BadSubBatch((to - q) + " bytes follow the sub-batch's " + n + " records");
+        }
+    }
+
+    /** A compressed sub-batch's body decoded: exactly {@code usize} bytes, the decoder never asked for more
+     * than usize + 1 (a bomb costs that buffer and no more). gzip with the JDK; snappy (xerial's framing
+     * format) and zstd (frames) with the libraries Spark itself ships (snappy-java, zstd-jni); lz4 (the LZ4
+     * frame format, linked or independent blocks) by {@link Lz4}. */
+    static byte[] decode(int codec, byte[] c, int pos, int len, int usize) throws BadSubBatch {
+        String name = CODECS[Math.min(codec, 5)];
         byte[] out = new byte[usize];
-        try (InputStream z = new GZIPInputStream(new ByteArrayInputStream(c, pos, len))) {
+        if (codec == 3) {
+            try {
+                Lz4.decode(c, pos, len, out);
+            } catch (LinkageError e) {
+                throw new IllegalStateException("hutch-jvm source: an lz4 sub-batch needs lz4-java (its xxHash), which "
+                        + "this JVM cannot load (" + e + "); format(\"hutch\") (the Python source) reads it");
+            }
+            return out;
+        }
+        try (InputStream z = open(codec, new ByteArrayInputStream(c, pos, len))) {
             int got = 0;
             while (got < usize) {
                 int r = z.read(out, got, usize - got);
@@ -154,13 +200,30 @@ final class Chunks {
                 }
                 got += r;
             }
-            if (got != usize || z.read() >= 0) {
-                throw new IllegalArgumentException("a gzip sub-batch does not inflate to its declared " + usize
-                        + " bytes");
+            if (got != usize) {
+                throw new BadSubBatch(name + " sub-batch decodes to " + got + " bytes, not the declared " + usize);
             }
-        } catch (IOException e) {
-            throw new IllegalArgumentException("a gzip sub-batch does not inflate: " + e.getMessage());
+            if (z.read() >= 0) {
+                throw new BadSubBatch(name + " sub-batch decodes past its declared " + usize + " bytes");
+            }
+        } catch (IOException | RuntimeException e) {
+            throw new BadSubBatch(name + " sub-batch does not decode to its declared " + usize + " bytes: " + e);
+        } catch (LinkageError e) {
+            // the codec's library (Spark's own jars) is not on this JVM's class path: fail, never skip silently
+            throw new IllegalStateException("hutch-jvm source: a " + name + " sub-batch needs " + LIBRARIES[codec]
+                    + ", which this JVM cannot load (" + e + "); format(\"hutch\") (the Python source) reads it");
         }
         return out;
+    }
+
+    private static final String[] LIBRARIES = {"", "", "snappy-java", "", "zstd-jni"};
+
+    private static InputStream open(int codec, InputStream in) throws IOException, BadSubBatch {
+        switch (codec) {
+            case 1: return new GZIPInputStream(in);
+            case 2: return new org.xerial.snappy.SnappyFramedInputStream(in);
+            case 4: return new com.github.luben.zstd.ZstdInputStreamNoFinalizer(in);
+            default: throw new BadSubBatch("sub-batch compressed with codec " + codec + ", which hutch does not decode");
+        }
     }
 }

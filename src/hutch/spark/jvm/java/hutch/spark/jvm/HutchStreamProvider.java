@@ -26,7 +26,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * stream by offset, in the JVM (a DataSource V2 provider). The same options, offsets JSON, schema and
  * failOnDataLoss semantics as the Python source's stream reads ({@code format("hutch")},
  * {@code stream_source.py}), without a Python worker per task or Arrow between the JVM and Python.
- * Plain streams only (a super stream's partitions: the Python source).
+ * Streams and super streams ({@code superStream}: a partition per partition stream).
  */
 public final class HutchStreamProvider implements TableProvider, DataSourceRegister {
     static final StructType PROPERTIES = new StructType(new StructField[] {
@@ -67,7 +67,7 @@ public final class HutchStreamProvider implements TableProvider, DataSourceRegis
         return new StreamTable(properties.getOrDefault("stream", ""));
     }
 
-    static final class StreamTable implements Table, SupportsRead {
+    static class StreamTable implements Table, SupportsRead {
         private final String stream;
 
         StreamTable(String stream) {
@@ -136,13 +136,20 @@ public final class HutchStreamProvider implements TableProvider, DataSourceRegis
         @Override
         public InputPartition[] planInputPartitions() {
             try (Planner p = new Planner(opts)) {
-                long latest = Math.max(0, p.end());
-                // never past the last message (a range's reader waits for a message at or past end - 1)
-                long end = opts.ending.kind.equals(ReadOptions.LATEST) ? latest
-                        : Math.min(p.resolve(opts.ending, latest), latest);
-                long start = p.resolve(opts.starting, end);
-                RangePartition[] parts = p.plan(start, end);
-                return parts.length > 0 ? parts : new InputPartition[] {new RangePartition(0, 0, 0)};
+                java.util.List<String> streams = p.streams();
+                long[] starts = new long[streams.size()], ends = new long[streams.size()];
+                for (int i = 0; i < starts.length; i++) {
+                    String s = streams.get(i);
+                    long latest = Math.max(0, p.end(s));
+                    // never past the last message (a range's reader waits for a message at or past end - 1)
+                    ReadOptions.Position ending = opts.endingOf(i);
+                    ends[i] = ending.kind.equals(ReadOptions.LATEST) ? latest
+                            : Math.min(p.resolve(s, ending, latest), latest);
+                    starts[i] = p.resolve(s, opts.startingOf(i), ends[i]);
+                }
+                RangePartition[] parts = p.plan(streams, starts, ends);
+                return parts.length > 0 ? parts
+                        : new InputPartition[] {new RangePartition(0, streams.get(0), 0, 0, 0)};
             }
         }
 

@@ -51,6 +51,60 @@ final class Json {
                 + "'; use a new checkpointLocation");
     }
 
+    /** A super stream's offsets as the Python source writes them: {"superStream": "<name>", "offsets": {"0": n,
+     * ...}} (json.dumps of its dict). */
+    static String superOffset(String superStream, long[] offsets) {
+        StringBuilder sb = new StringBuilder("{\"superStream\": ").append(quote(superStream)).append(", \"offsets\": {");
+        for (int i = 0; i < offsets.length; i++) {
+            sb.append(i > 0 ? ", " : "").append('"').append(i).append("\": ").append(offsets[i]);
+        }
+        return sb.append("}}").toString();
+    }
+
+    private static final java.util.regex.Pattern PAIR = java.util.regex.Pattern.compile(
+            "\\s*\"(\\d{1,9})\"\\s*:\\s*(-?\\d{1,19})\\s*");
+
+    /** The offsets of {@code json} if it holds one per partition of {@code superStream} ({@code partitions} of
+     * them); else an error that says to use a new checkpoint. */
+    static long[] parseSuperOffset(String json, String superStream, int partitions) {
+        String t = json.trim();
+        int s = t.indexOf("\"superStream\"");
+        int o = t.indexOf("\"offsets\"");
+        String bad = "hutch-jvm source: the checkpoint's offset " + json + " is not an offset of super stream '"
+                + superStream + "'; use a new checkpointLocation";
+        if (!t.startsWith("{") || !t.endsWith("}") || s < 0 || o < 0 || !quote(superStream).equals(value(t, s + 13))) {
+            throw new IllegalStateException(bad);
+        }
+        int open = t.indexOf('{', o), close = t.indexOf('}', o);
+        if (open < 0 || close < open) {
+            throw new IllegalStateException(bad);
+        }
+        java.util.Map<Integer, Long> got = new java.util.HashMap<>();
+        String inner = t.substring(open + 1, close);
+        if (!inner.isBlank()) {
+            for (String pair : inner.split(",")) {
+                java.util.regex.Matcher m = PAIR.matcher(pair);
+                if (!m.matches()) {
+                    throw new IllegalStateException(bad);
+                }
+                got.put(Integer.parseInt(m.group(1)), Long.parseLong(m.group(2)));
+            }
+        }
+        long[] out = new long[partitions];
+        for (int i = 0; i < partitions; i++) {
+            if (!got.containsKey(i)) {
+                break;
+            }
+            out[i] = got.get(i);
+        }
+        if (got.size() != partitions || !got.keySet().stream().allMatch(k -> k < partitions)) {
+            throw new IllegalStateException("hutch-jvm source: the checkpoint has offsets for " + got.size()
+                    + " partitions of super stream '" + superStream + "', which now has " + partitions + "; a query "
+                    + "does not follow partitions added or removed: start it with a new checkpointLocation");
+        }
+        return out;
+    }
+
     /** The raw text of the value after a key ending at {@code at}: `: value` up to `,` or `}` (a string whole). */
     private static String value(String t, int at) {
         int i = at;

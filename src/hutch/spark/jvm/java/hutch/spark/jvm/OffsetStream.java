@@ -1,5 +1,7 @@
 package hutch.spark.jvm;
 
+import java.util.List;
+
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
@@ -10,58 +12,80 @@ import org.apache.spark.sql.connector.read.streaming.SupportsAdmissionControl;
 import org.apache.spark.sql.connector.read.streaming.SupportsTriggerAvailableNow;
 
 /**
- * {@code spark.readStream.format("hutch-jvm").option("stream", ...)}: exactly-once micro-batches of offset
- * ranges, read in parallel by the executors; the Java counterpart of {@code HutchStreamOffsetReader}
- * (stream_source.py), with the same offsets in the checkpoint ({@link Json}). Runs on the driver: it only
- * probes the stream and plans ranges.
+ * {@code spark.readStream.format("hutch-jvm")} with {@code stream} or {@code superStream}: exactly-once
+ * micro-batches of offset ranges (one per partition: a stream has one), read in parallel by the executors;
+ * the Java counterpart of {@code HutchStreamOffsetReader} (stream_source.py) and
+ * {@code HutchSuperStreamOffsetReader} (super_source.py), with the same offsets in the checkpoint
+ * ({@link Json}). Runs on the driver: it only probes the partitions and plans ranges. A super stream's
+ * partitions are asked once, when the query starts.
  */
 final class OffsetStream implements MicroBatchStream, SupportsAdmissionControl, SupportsTriggerAvailableNow {
     private final ReadOptions opts;
     private final Planner planner;
-    private long availableNowEnd = -1;  // -1: not an AvailableNow query
-    private long lastEnd = -1;  // the last probed end, for Spark's query status
+    private final List<String> streams;
+    private long[] availableNowEnds;  // null: not an AvailableNow query
+    private long[] lastEnds;  // the last probed ends, for Spark's query status
     private long lastBatchMs = System.currentTimeMillis();  // when the last batch was planned (maxTriggerDelay)
 
     OffsetStream(ReadOptions opts) {
         this.opts = opts;
         this.planner = new Planner(opts);
+        this.streams = planner.streams();
     }
 
-    /** An offset of the stream: the next offset to read (the exclusive end of the batch before). */
+    /** The offsets of the partitions: the next offset of each to read (the exclusive ends of the batch before). */
     static final class StreamOffset extends Offset {
-        final String stream;
-        final long offset;
+        final String json;
+        final long[] offsets;
 
-        StreamOffset(String stream, long offset) {
-            this.stream = stream;
-            this.offset = offset;
+        StreamOffset(ReadOptions opts, long[] offsets) {
+            this.offsets = offsets;
+            this.json = opts.superStream == null ? Json.offset(opts.stream, offsets[0])
+                    : Json.superOffset(opts.superStream, offsets);
         }
 
         @Override
         public String json() {
-            return Json.offset(stream, offset);
+            return json;
         }
     }
 
-    private long offset(Offset o) {
-        if (o instanceof StreamOffset && ((StreamOffset) o).stream.equals(opts.stream)) {
-            return ((StreamOffset) o).offset;
+    private long[] offsets(Offset o) {
+        if (o instanceof StreamOffset) {
+            return ((StreamOffset) o).offsets;
         }
-        return Json.parseOffset(o.json(), opts.stream);
+        return parse(o.json());
     }
 
-    private StreamOffset at(long n) {
-        return new StreamOffset(opts.stream, n);
+    private long[] parse(String json) {
+        return opts.superStream == null ? new long[] {Json.parseOffset(json, opts.stream)}
+                : Json.parseSuperOffset(json, opts.superStream, streams.size());
+    }
+
+    private StreamOffset at(long[] n) {
+        return new StreamOffset(opts, n);
+    }
+
+    private long[] ends() {
+        long[] out = new long[streams.size()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = Math.max(0, planner.end(streams.get(i)));
+        }
+        return out;
     }
 
     @Override
     public Offset initialOffset() {
-        return at(planner.resolve(opts.starting, 0));
+        long[] out = new long[streams.size()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = planner.resolve(streams.get(i), opts.startingOf(i), 0);
+        }
+        return at(out);
     }
 
     @Override
     public Offset deserializeOffset(String json) {
-        return at(Json.parseOffset(json, opts.stream));
+        return at(parse(json));
     }
 
     @Override
@@ -71,7 +95,7 @@ final class OffsetStream implements MicroBatchStream, SupportsAdmissionControl, 
 
     @Override
     public void prepareForTriggerAvailableNow() {
-        availableNowEnd = Math.max(0, planner.end());
+        availableNowEnds = ends();
     }
 
     @Override
@@ -81,33 +105,41 @@ final class OffsetStream implements MicroBatchStream, SupportsAdmissionControl, 
 
     @Override
     public Offset latestOffset(Offset startOffset, ReadLimit limit) {
-        long s = offset(startOffset);
-        long end = availableNowEnd;
-        if (end < 0) {
-            end = lastEnd = Math.max(0, planner.end());
+        long[] s = offsets(startOffset);
+        long[] end = availableNowEnds;
+        if (end == null) {
+            end = lastEnds = ends();
+        }
+        end = end.clone();
+        long available = 0;
+        for (int i = 0; i < end.length; i++) {
+            end[i] = Math.max(s[i], end[i]);
         }
         if (limit instanceof ReadMaxRows) {
-            end = Math.min(end, s + ((ReadMaxRows) limit).maxRows());
+            end = Planner.capEnds(s, end, ((ReadMaxRows) limit).maxRows());
+        }
+        for (int i = 0; i < end.length; i++) {
+            available += end[i] - s[i];
         }
         long now = System.currentTimeMillis();
-        if (availableNowEnd < 0 && opts.minOffsetsPerTrigger > 0
-                && !Planner.admit(end - s, opts.minOffsetsPerTrigger, opts.maxTriggerDelayMs, now - lastBatchMs)) {
+        if (availableNowEnds == null && opts.minOffsetsPerTrigger > 0
+                && !Planner.admit(available, opts.minOffsetsPerTrigger, opts.maxTriggerDelayMs, now - lastBatchMs)) {
             return at(s);  // wait for more (or for maxTriggerDelay)
         }
-        if (end > s) {
+        if (available > 0) {
             lastBatchMs = now;
         }
-        return at(Math.max(s, end));
+        return at(end);
     }
 
     @Override
     public Offset reportLatestOffset() {
-        return lastEnd < 0 ? null : at(lastEnd);
+        return lastEnds == null ? null : at(lastEnds);
     }
 
     @Override
     public InputPartition[] planInputPartitions(Offset start, Offset end) {
-        return planner.plan(offset(start), offset(end));
+        return planner.plan(streams, offsets(start), offsets(end));
     }
 
     @Override
@@ -117,7 +149,7 @@ final class OffsetStream implements MicroBatchStream, SupportsAdmissionControl, 
 
     @Override
     public void commit(Offset end) {
-        offset(end);  // nothing to tell the broker: the offset is in Spark's checkpoint
+        offsets(end);  // nothing to tell the broker: the offsets are in Spark's checkpoint
     }
 
     @Override

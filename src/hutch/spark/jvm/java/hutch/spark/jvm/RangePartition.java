@@ -1,9 +1,6 @@
 package hutch.spark.jvm;
 
-import java.util.ArrayDeque;
 import java.util.ArrayList;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.read.InputPartition;
@@ -17,61 +14,27 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
  * end - 1, then unsubscribe; each chunk's records decoded into rows ({@link Records}). Nothing is
  * acknowledged or stored on the broker: the offsets live in Spark's checkpoint alone.
  *
- * <p>Connections are kept per executor JVM between tasks ({@link #POOL}: at most {@link #POOL_IDLE} idle
- * per address), given back only between subscriptions.
+ * <p>Connections are kept per executor JVM between tasks ({@link Pool}); a task reads on a node that holds
+ * its stream ({@link Pool#onMember}).
  */
 final class RangePartition implements InputPartition {
     private static final long serialVersionUID = 1L;
     static final int CHUNK_RECORDS = 4096;
-    static final int POOL_IDLE = 8;
-    private static final Map<String, ArrayDeque<StreamConnection>> POOL = new ConcurrentHashMap<>();
     final int index;
+    final String stream;
+    final int partition;  // the partition's index in its super stream (0 for a stream)
     final long start, end;
 
-    RangePartition(int index, long start, long end) {
+    RangePartition(int index, String stream, int partition, long start, long end) {
         this.index = index;
+        this.stream = stream;
+        this.partition = partition;
         this.start = start;
         this.end = end;
     }
 
     static int creditChunks(int prefetch) {
         return Math.max(2, Math.min(StreamConnection.MAX_CREDIT, (prefetch + CHUNK_RECORDS - 1) / CHUNK_RECORDS));
-    }
-
-    private static String poolKey(ReadOptions o) {
-        return o.user + "@" + o.host + ":" + o.streamPort + "/" + o.vhost;
-    }
-
-    static StreamConnection take(ReadOptions o) {
-        ArrayDeque<StreamConnection> idle = POOL.computeIfAbsent(poolKey(o), k -> new ArrayDeque<>());
-        synchronized (idle) {
-            StreamConnection c = idle.poll();
-            if (c != null) {
-                return c;
-            }
-        }
-        return o.connect("read");
-    }
-
-    static void forgetIdle(ReadOptions o) {
-        ArrayDeque<StreamConnection> idle = POOL.computeIfAbsent(poolKey(o), k -> new ArrayDeque<>());
-        synchronized (idle) {
-            for (StreamConnection c : idle) {
-                c.close();
-            }
-            idle.clear();
-        }
-    }
-
-    static void giveBack(ReadOptions o, StreamConnection c) {
-        ArrayDeque<StreamConnection> idle = POOL.computeIfAbsent(poolKey(o), k -> new ArrayDeque<>());
-        synchronized (idle) {
-            if (idle.size() < POOL_IDLE) {
-                idle.add(c);
-                return;
-            }
-        }
-        c.close();
     }
 
     static final class Factory implements PartitionReaderFactory {
@@ -101,7 +64,7 @@ final class RangePartition implements InputPartition {
         Reader(ReadOptions opts, RangePartition part) {
             this.opts = opts;
             this.part = part;
-            this.records = new Records(opts.stream, 0, opts.includeHeaders);
+            this.records = new Records(part.stream, part.partition, opts.includeHeaders);
             this.done = part.start >= part.end;
             this.seen = part.start - 1;
         }
@@ -109,27 +72,30 @@ final class RangePartition implements InputPartition {
         private void open() {
             int credit = creditChunks(opts.prefetch);
             for (int attempt = 0; ; attempt++) {
-                conn = take(opts);
                 try {
-                    conn.subscribe(opts.stream, StreamConnection.OFFSET_OFFSET, part.start, credit);
+                    conn = Pool.take(opts, opts.addresses(), "read");
+                    conn = Pool.onMember(opts, conn, part.stream, "read");
+                    conn.subscribe(part.stream, StreamConnection.OFFSET_OFFSET, part.start, credit);
                     return;
                 } catch (StreamConnection.StreamError e) {
-                    conn.close();
-                    conn = null;
+                    if (conn != null) {
+                        conn.close();
+                        conn = null;
+                    }
                     if (e.code == StreamConnection.CODE_STREAM_DOES_NOT_EXIST) {
-                        throw Planner.missing(opts);
+                        throw Planner.missing(opts, part.stream);
                     }
                     if (e.code != 0 || attempt > 0) {
                         throw failed(e);
                     }
-                    forgetIdle(opts);  // a kept connection died while idle (a broker restart?): so did the others
+                    Pool.forgetIdle(opts);  // a kept connection died while idle (a broker restart?): so did the others
 
                 }
             }
         }
 
         private IllegalStateException failed(Exception e) {
-            return new IllegalStateException("hutch-jvm source (stream '" + opts.stream + "'): reading offsets ["
+            return new IllegalStateException("hutch-jvm source (stream '" + part.stream + "'): reading offsets ["
                     + part.start + ", " + part.end + ") (read up to " + seen + "): " + e.getMessage());
         }
 
@@ -163,7 +129,7 @@ final class RangePartition implements InputPartition {
                 if (first && id > part.start) {
                     // retention removed offsets since the driver planned the range (or they hold no message)
                     try (Planner p = new Planner(opts)) {
-                        from = Planner.checkDataLoss(opts, p.first(), part.start, part.end);
+                        from = Planner.checkDataLoss(opts, part.stream, p.first(part.stream), part.start, part.end);
                     }
                 }
                 first = false;
@@ -176,20 +142,20 @@ final class RangePartition implements InputPartition {
                 Chunks.records(chunk, from, part.end, (offset, d, pos, len) -> rows.add(records.row(offset, d, pos, len)));
                 if (done) {
                     conn.unsubscribeLater();
-                    giveBack(opts, conn);
+                    Pool.giveBack(opts, conn);
                     conn = null;
                 }
             } catch (StreamConnection.StreamError e) {
                 conn.close();
                 conn = null;
                 if (e.code == StreamConnection.CODE_STREAM_DOES_NOT_EXIST) {
-                    throw Planner.missing(opts);
+                    throw Planner.missing(opts, part.stream);
                 }
                 throw failed(e);
             } catch (IllegalArgumentException e) {
                 conn.close();
                 conn = null;
-                throw new IllegalStateException("hutch-jvm source (stream '" + opts.stream + "'): reading offsets ["
+                throw new IllegalStateException("hutch-jvm source (stream '" + part.stream + "'): reading offsets ["
                         + part.start + ", " + part.end + "): bad chunk: " + e.getMessage());
             }
         }

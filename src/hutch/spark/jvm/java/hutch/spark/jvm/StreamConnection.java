@@ -11,14 +11,20 @@ import java.net.SocketTimeoutException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
+import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
+
+import javax.net.ssl.SSLSocket;
 
 /**
  * One connection speaking RabbitMQ's stream protocol, blocking, for the JVM reader: the handshake (peer
  * properties, SASL PLAIN, tune, open), a stream's stats, one subscription at a time with credit, and the
  * driver's probes built on it (the stream's first chunk, its exact committed end, the chunk at a
  * timestamp). The Java counterpart of {@code hutch/spark/streamclient.py}, reading only.
+ *
+ * Over TLS when the read's uri is {@code amqps://} ({@link Tls}: the uri's PEM files and verify rules).
  *
  * <p>Rules: one thread, the caller's; every wait has a deadline (the socket's read timeout); a frame is
  * at most {@link #MAX_FRAME_BYTES} (a chunk comes whole in one frame); chunks queued for the subscription
@@ -31,7 +37,7 @@ final class StreamConnection implements AutoCloseable {
     static final int CODE_OK = 1, CODE_STREAM_DOES_NOT_EXIST = 2;
     private static final int PEER_PROPERTIES = 0x11, SASL_HANDSHAKE = 0x12, SASL_AUTHENTICATE = 0x13, TUNE = 0x14,
             OPEN = 0x15, CLOSE = 0x16, HEARTBEAT = 0x17, SUBSCRIBE = 0x07, DELIVER = 0x08, CREDIT = 0x09,
-            UNSUBSCRIBE = 0x0C, METADATA_UPDATE = 0x10, STREAM_STATS = 0x1C;
+            UNSUBSCRIBE = 0x0C, METADATA = 0x0F, METADATA_UPDATE = 0x10, PARTITIONS = 0x19, STREAM_STATS = 0x1C;
 
     /** The connection or a command failed; {@code code} is the protocol's response code (0: socket/timeout). */
     static final class StreamError extends RuntimeException {
@@ -57,21 +63,38 @@ final class StreamConnection implements AutoCloseable {
     private ByteBuffer reply;  // the response to the RPC in progress (after key, version, correlation id)
     private int waitingKey, waitingCorrelation;
     private Integer tuneFrameMax, tuneHeartbeat;
+    /** This node's advertised "host:port" (the open response's advertised_host/port; null: not said). */
+    String advertised;
+    /** The address dialled, "host:port" (the pool's key part). */
+    final String address;
+    /** Streams this connection's node was found to hold (or to have no placement for): no metadata again. */
+    final java.util.Set<String> placed = new java.util.HashSet<>();
 
-    StreamConnection(String host, int port, String user, String password, String vhost, String name,
-                     int timeoutMs) {
-        where = "rabbitmq-stream://" + user + "@" + host + ":" + port;
-        this.timeoutMs = timeoutMs;
-        Socket s = new Socket();
+    StreamConnection(ReadOptions o, String host, int port, String name) {
+        where = (o.tls ? "rabbitmq-stream+tls://" : "rabbitmq-stream://") + o.user + "@" + host + ":" + port;
+        address = ReadOptions.address(host, port);
+        this.timeoutMs = o.readTimeoutMs;
+        Socket raw = new Socket();
+        Socket s = raw;
         try {
-            s.connect(new InetSocketAddress(host, port), Math.min(timeoutMs, 30_000));
-            s.setTcpNoDelay(true);
+            raw.connect(new InetSocketAddress(host, port), o.connectTimeoutMs);
+            raw.setTcpNoDelay(true);
+            raw.setReceiveBufferSize(1 << 20);
+            if (o.tls) {
+                raw.setSoTimeout(o.connectTimeoutMs);
+                SSLSocket tls = Tls.wrap(o, raw, host, port);
+                s = tls;
+                tls.startHandshake();
+            }
             s.setSoTimeout(timeoutMs);
-            s.setReceiveBufferSize(1 << 20);
             socket = s;
             in = new DataInputStream(new BufferedInputStream(s.getInputStream(), 1 << 18));
             out = s.getOutputStream();
-            handshake(user, password, vhost, name);
+            handshake(o.user, o.password, o.vhost, name);
+        } catch (javax.net.ssl.SSLException e) {
+            closeQuietly(s);
+            // answered, and refused: the same on every node (not passed over for the next host)
+            throw new StreamError("handshake with " + where + " failed: " + e.getMessage(), -1);
         } catch (IOException e) {
             closeQuietly(s);
             throw new StreamError("cannot connect to " + where + ": " + e.getMessage()
@@ -117,7 +140,69 @@ final class StreamConnection implements AutoCloseable {
         }
         Frame tune = new Frame().u16(TUNE).u16(1).i32(tuneFrameMax).i32(tuneHeartbeat);
         send(tune);
-        rpc(request(OPEN).str(vhost));
+        ByteBuffer opened = rpc(request(OPEN).str(vhost));
+        if (opened.remaining() >= 4) {
+            int np = opened.getInt();
+            String host = null, port = null;
+            for (int i = 0; i < np && opened.remaining() >= 4; i++) {
+                String k = readStr(opened), v = readStr(opened);
+                if ("advertised_host".equals(k)) {
+                    host = v;
+                } else if ("advertised_port".equals(k)) {
+                    port = v;
+                }
+            }
+            if (host != null && port != null && port.matches("\\d{1,5}")) {
+                advertised = ReadOptions.address(host, Integer.parseInt(port));
+            }
+        }
+    }
+
+    /** The partition streams of a super stream, in partition order. */
+    List<String> partitions(String superStream) {
+        ByteBuffer b = rpc(request(PARTITIONS).str(superStream));
+        int n = b.getInt();
+        List<String> out = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            out.add(readStr(b));
+        }
+        return out;
+    }
+
+    /** The members of {@code stream} (its leader first, then its replicas) as advertised "host:port"; null when
+     * the broker places it nowhere (missing, or no answer for it). The {@code metadata} command. */
+    List<String> members(String stream) {
+        ByteBuffer b = rpcNoCode(request(METADATA).i32(1).str(stream));
+        Map<Integer, String> brokers = new HashMap<>();
+        int nb = b.getInt();
+        for (int i = 0; i < nb; i++) {
+            int ref = b.getShort() & 0xffff;
+            String host = readStr(b);
+            int port = b.getInt();
+            brokers.put(ref, ReadOptions.address(host, port));
+        }
+        int ns = b.getInt();
+        List<String> found = null;
+        for (int i = 0; i < ns; i++) {
+            String name = readStr(b);
+            int code = b.getShort() & 0xffff;
+            int leader = b.getShort() & 0xffff;
+            int nr = b.getInt();
+            List<String> members = new ArrayList<>();
+            if (brokers.containsKey(leader)) {
+                members.add(brokers.get(leader));
+            }
+            for (int r = 0; r < nr; r++) {
+                String replica = brokers.get(b.getShort() & 0xffff);
+                if (replica != null && !members.contains(replica)) {
+                    members.add(replica);
+                }
+            }
+            if (code == CODE_OK && stream.equals(name)) {
+                found = members;
+            }
+        }
+        return found;
     }
 
     // -- commands ----------------------------------------------------------------------------------
@@ -366,8 +451,14 @@ final class StreamConnection implements AutoCloseable {
         return rpc(f, timeoutMs);
     }
 
-    private ByteBuffer rpc(Frame f, int waitMs) {
-        int key = waitingKey;
+    /** An RPC whose response has no response code (metadata): the body after the correlation id. */
+    private ByteBuffer rpcNoCode(Frame f) {
+        return exchange(f, timeoutMs);
+    }
+
+    /** Send {@code f} and read frames until its response comes (within waitMs); the body after the
+     * correlation id. */
+    private ByteBuffer exchange(Frame f, int waitMs) {
         reply = null;
         send(f);
         try {
@@ -382,6 +473,12 @@ final class StreamConnection implements AutoCloseable {
         }
         ByteBuffer r = reply;
         reply = null;
+        return r;
+    }
+
+    private ByteBuffer rpc(Frame f, int waitMs) {
+        int key = waitingKey;
+        ByteBuffer r = exchange(f, waitMs);
         int code = r.getShort() & 0xffff;
         if (code != CODE_OK) {
             throw new StreamError(where + ": command 0x" + Integer.toHexString(key) + " failed: " + codeName(code), code);
