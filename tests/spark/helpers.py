@@ -25,6 +25,11 @@ from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
 
 _counter = itertools.count(1)
 
+# the costly stream tests read with the JVM reader (what `format("hutch")` is) in `make test`, and with the
+# Python source too in `make test-slow` (the cheap ones run both ways in `make test`; conftest's `stream_format`)
+JVM_NOW_PYTHON_SLOW = pytest.mark.parametrize(
+    "stream_format", ["hutch", pytest.param("hutch-python", marks=pytest.mark.slow)], indirect=True)
+
 
 def unique(prefix: str = "sq") -> str:
     return f"{prefix}-{os.getpid()}-{next(_counter)}-{time.monotonic_ns() % 1_000_000}"

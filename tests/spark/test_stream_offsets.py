@@ -22,6 +22,7 @@ import pytest
 from conftest import ServerInfo, start_server
 
 from .helpers import (
+    JVM_NOW_PYTHON_SLOW,
     Broker,
     amqp_uri,
     offsets_after_a_node_kill,
@@ -90,6 +91,7 @@ def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, se
     assert _offsets(spark, out) == list(range(n + 300))
 
 
+@JVM_NOW_PYTHON_SLOW
 def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: ServerInfo, broker: Broker,
                                                       stream: str, tmp_path: Path, stream_format: str) -> None:
     n = 1000
@@ -121,6 +123,7 @@ def test_sink_failure_then_restart_reads_exactly_once(spark: Any, server: Server
     assert sorted(seen) == list(range(n))  # each offset once, none lost
 
 
+@JVM_NOW_PYTHON_SLOW
 def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stream: str,
                             tmp_path: Path, stream_format: str) -> None:
     got = starting_position_offsets(spark, broker, stream, tmp_path,
@@ -130,6 +133,7 @@ def test_starting_positions(spark: Any, server: ServerInfo, broker: Broker, stre
     assert got["latest"] == []
 
 
+@JVM_NOW_PYTHON_SLOW
 def test_batch_read_of_an_offset_range_in_parallel(spark: Any, server: ServerInfo, broker: Broker,
                                                    stream: str, stream_format: str) -> None:
     broker.publish(stream, 500)

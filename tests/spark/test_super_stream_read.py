@@ -18,6 +18,7 @@ import pytest
 from conftest import ServerInfo, start_server
 
 from .helpers import (
+    JVM_NOW_PYTHON_SLOW,
     Broker,
     amqp_uri,
     declare_super_stream,
@@ -51,6 +52,7 @@ def _reader(reader: Any, server: ServerInfo, name: str, fmt: str = "hutch", **op
 
 
 @pytest.mark.timeout(300)  # with the Spark session's start when it runs first
+@JVM_NOW_PYTHON_SLOW
 def test_streaming_read_of_a_super_stream_is_exactly_once_per_partition(
         spark: Any, stream_server: ServerInfo, sbroker: Broker, tmp_path: Path, fmt: str) -> None:
     name = unique("ssr")
