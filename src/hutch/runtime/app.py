@@ -151,6 +151,7 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
             return None
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
+    replication.has_listener = lambda: cfg.stream_port is not None
     replication.unreplicated = streams.unreplicated
     streams.cluster, streams.replication = cluster, replication
 
