@@ -104,6 +104,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     gossip = limits.LimitGossip(node, cluster.send, cluster.transport.connected_peers)
     cluster.register(LimitCounts, gossip.received)
     node.cluster_peer_hooks.append(gossip.peer_changed)
+    node.limit_hooks.append(gossip.wake)
     cluster.add_subsystem(gossip)
     # Direct Reply-To across nodes and workers: a reply goes to the node its token names
     node.forward_direct_reply = lambda home, token, msg: cluster.send(home, DirectReply(token, msg))
