@@ -7,7 +7,8 @@ Usage:
 For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
 directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
 - `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
-- `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`),
+- `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`), and with the `rate`
+  shape at `--rate` msg/s in all (its `-r` per producer): the fixed-rate CPU per message by a second generator,
 - one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
 - `--shapes fanout`: the same one queue behind a fanout exchange (rawload `--fanout 1`): a publisher whose
   first publish goes through a named exchange (connection locality judges it by the exchange's route),
@@ -114,21 +115,37 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
     return out
 
 
-def perf(port: int, pids: list[int], seconds: int, queues: int = 8) -> dict[str, Any]:
+def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 0) -> dict[str, Any]:
+    """hutch-perf over `queues` queues, unlimited or at `rate` msg/s in all (`-r` is per producer). Broker
+    CPU is over the whole run (its connections' set-up and moves included), per message received, and
+    over the middle of the run only (`_steady`, with `wakeups_per_msg`, as rawload's are taken)."""
     uri = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
     before = cpu_seconds(pids)
     n = str(queues)
-    out = subprocess.run([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", n, "-y", n,
-                          "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
-                          "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", "2",
-                          "-z", str(seconds)], capture_output=True, text=True, check=False)
+    proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", n, "-y", n,
+                             "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
+                             "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", "2",
+                             *(("-r", str(rate / queues)) if rate else ()),
+                             "-z", str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    window = max(1.0, seconds - 4.0)  # as rawload's: the middle of the run (hutch-perf starts in ~1-2 s)
+    time.sleep(3.0)
+    first, cpu0, t0 = wakeups(pids), cpu_seconds(pids), time.monotonic()
+    time.sleep(window)
+    woke, cpu_mid, took = wakeups(pids) - first, cpu_seconds(pids) - cpu0, time.monotonic() - t0
+    stdout, stderr = proc.communicate()
     cpu = cpu_seconds(pids) - before
-    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     summary = lines[-1] if lines else {}
     received = int(summary.get("received", 0))
+    latency = summary.get("latency_us") or {}
+    rate_seen = summary.get("receive_rate") or 0
     return {"receive_rate": summary.get("receive_rate"),
             "broker_cpu_us_per_msg": round(1e6 * cpu / received, 2) if received else None,
-            "errors": out.stderr[-300:] if out.returncode else ""}
+            # over the middle of the run only (no connection set-up, declares or moves), as rawload's figure
+            "broker_cpu_us_per_msg_steady": round(1e6 * cpu_mid / (rate_seen * took), 2) if rate_seen else None,
+            "latency_us": {k: latency.get(k) for k in ("p50", "p99")},
+            "wakeups_per_msg": round(woke / (rate_seen * took), 4) if rate_seen else None,
+            "errors": stderr[-300:] if proc.returncode else ""}
 
 
 def declares(port: int, count: int) -> dict[str, Any]:
@@ -199,8 +216,12 @@ def main() -> None:
                 if args.declares:
                     runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
                 if "perf" in tools:
-                    runs.append((f"hutch-perf {args.queues}q unlimited", perf(ports["amqp"], pids, args.seconds,
-                                                                               args.queues)))
+                    if "unlimited" in args.shapes.split(","):
+                        runs.append((f"hutch-perf {args.queues}q unlimited", perf(ports["amqp"], pids, args.seconds,
+                                                                                   args.queues)))
+                    if "rate" in args.shapes.split(","):
+                        runs.append((f"hutch-perf {args.queues}q at {args.rate}/s",
+                                     perf(ports["amqp"], pids, args.seconds, args.queues, args.rate)))
                 if "churn" in tools:  # connections that publish one message each: a move costs, saves nothing
                     runs.append(("rawload churn", rawload(ports["amqp"], pids, ["--mode", "churn", "--concurrency", "20",
                                                                            "-z", str(args.seconds)], args.seconds)))

@@ -89,3 +89,22 @@ async def test_members_added_and_removed_through_the_service(tmp_path: Path) -> 
         await until(lambda n=node: n.stream is not None and records(n.stream)[-1:] == [b"after"],
                     f"{name} holding the new record")
     await w.stop()
+
+
+async def test_a_node_without_a_stream_listener_says_so_and_is_not_asked_again(tmp_path: Path) -> None:
+    """A node asks a peer that came up where its stream listener is; a peer still booting answers [] and is
+    asked again every ENDPOINT_RETRY_S (for a minute), but one that has no stream listener at all (a node
+    started without --stream-port) answers False, and the asking ends at once: an idle node of workers
+    does not keep waking each other twice a second (docs/scaling.md, "Where a second worker's CPU goes")."""
+    w = World(tmp_path)
+    await w.start()
+    n1, n2, n3 = (w.nodes[IDS[name]].service for name in ("n1", "n2", "n3"))
+    assert n1 is not None and n2 is not None and n3 is not None
+    n2.has_listener = lambda: False
+    n3.local_endpoint = lambda: ("127.0.0.1", 5552)
+    assert n2._on_endpoint("n1", cm.StreamEndpoint()) is False
+    await asyncio.wait_for(n1._ask_endpoint("n2"), 2)  # one answer, no retries
+    assert "n2" not in n1.endpoints and "n2" not in n1._asking
+    await asyncio.wait_for(n1._ask_endpoint("n3"), 2)
+    assert n1.endpoints["n3"] == ("127.0.0.1", 5552)
+    await w.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -163,6 +163,24 @@ def test_loop_load_is_saturated_after_a_busy_window_and_goes_stale_when_idle() -
     load.note_busy(0.1, 0.3)
     now[0] = 0.3 + credit_flow.STALE_WINDOWS * credit_flow.WINDOW_S + 0.01
     assert not load.saturated()  # nothing handled for several windows: idle
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 0.2), st.floats(0.0, 0.2)), max_size=60))
+def test_on_saturated_fires_exactly_when_a_window_closes_saturated_after_one_that_was_not(
+        inputs: list[tuple[float, float]]) -> None:
+    """The hook a worker tells the others by (runtime/queue_types/remote.py) is the only way a loop
+    becomes saturated: it fires once per rise of the saturated flag, never while it stays up."""
+    now = [0.0]
+    load = LoopLoad(lambda: now[0])
+    fired: list[float] = []
+    load.on_saturated = lambda: fired.append(now[0])
+    rises = 0
+    for busy, gap in inputs:
+        now[0] += gap + busy
+        was = load.saturated_flag
+        load.note_busy(busy, now[0])
+        rises += int(load.saturated_flag and not was)
+    assert len(fired) == rises
 
 
 def test_the_default_loop_load_is_never_saturated() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -125,3 +127,39 @@ def test_a_malformed_report_changes_nothing() -> None:
 def test_local_counts_name_only_limited_vhosts_and_users() -> None:
     node = build_node(Config(data_dir=""), monitor_resources=False)
     assert runtime_limits.local_counts(node) == []  # no connection or channel limit: nothing to report
+
+
+def test_limit_gossip_ticks_only_while_there_is_something_to_count_or_tell() -> None:
+    """With no connection or channel limit anywhere and the peers told so, the gossip's timer stops (an
+    idle worker's loop sleeps); a limit set, or a peer come up, starts it again; a limit cleared is told
+    ([]) and then it stops again."""
+
+    async def run() -> None:
+        node = _node()
+        sent: list[tuple[str, list[list[object]]]] = []
+        gossip = runtime_limits.LimitGossip(node, lambda peer, rec: sent.append((peer, rec.rows)) or True,
+                                            lambda: ["peer"])
+        node.limit_hooks.append(gossip.wake)
+        gossip.booted()
+        assert gossip._timer is not None
+        gossip._tick()
+        assert sent == [("peer", [])] and gossip._timer is None  # told "nothing", then quiet
+        runtime_limits.set_vhost_limits(node, "/", {"max-connections": 4})
+        assert gossip._timer is not None  # the hook woke it
+        gossip._timer.cancel()
+        gossip._tick()
+        assert gossip._timer is not None and sent == [("peer", [])]  # counting (no connection yet)
+        runtime_limits.set_vhost_limits(node, "/", {})
+        gossip._timer.cancel()
+        gossip._tick()
+        assert gossip._timer is None
+        gossip.peer_changed("other", True)  # a newcomer is told everything: ticking again
+        assert gossip._timer is not None
+        gossip._timer.cancel()
+        gossip._tick()
+        assert sent[-1] == ("peer", []) and gossip._timer is None
+        gossip.stop()
+        runtime_limits.set_vhost_limits(node, "/", {"max-connections": 1})
+        assert gossip._timer is None  # stopped stays stopped
+
+    asyncio.run(run())

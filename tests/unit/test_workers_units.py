@@ -82,6 +82,13 @@ def test_control_messages() -> None:
         control.encode("ready", "x" * control.MAX_MESSAGE_BYTES)
 
 
+@given(st.integers(100, 2**31 - 1))
+def test_a_worker_beats_at_least_five_times_per_heartbeat_timeout_and_at_most_once_a_second(timeout_ms: int) -> None:
+    beat_s = control.beat_interval_s(timeout_ms)
+    assert 0 < beat_s <= control.MAX_BEAT_S and 5 * beat_s <= timeout_ms / 1000 + 1e-9
+    assert control.beat_interval_s(5_000) == 1.0  # the default timeout: one beat a second
+
+
 def test_the_workers_setting() -> None:
     assert load_config({"workers": "auto"}).workers == 0
     assert load_config({"workers": "4"}).workers == 4

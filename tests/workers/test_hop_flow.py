@@ -21,7 +21,7 @@ from tests.workers.test_workers_mgmt import pinned
 
 from hutch.amqp.spec import BasicProperties
 from hutch.cluster import messages as cm
-from hutch.core.credit_flow import LoopLoad, consumer_filled
+from hutch.core.credit_flow import STALE_WINDOWS, WINDOW_S, LoopLoad, consumer_filled
 from hutch.core.message import Message
 from hutch.core.queue_type import SETTLED, Consumer, Published, Queue, QueueEntry
 from hutch.core.vhost import VirtualHost
@@ -250,12 +250,40 @@ def test_a_saturated_worker_counts_for_the_whole_node() -> None:
         link._on_loop_saturated("n#w0", cm.LoopSaturated(True))
         link._peer_changed("n#w0", False)
         assert not load.saturated()
-        load.saturated_flag, load.window_start = True, 10.0  # this loop's last window was saturated
-        link._tell_load()
-        link._tell_load()  # unchanged: told once
-        assert [(p, r) for p, r in cluster.sent if isinstance(r, cm.LoopSaturated)] == [
-            ("n#w0", cm.LoopSaturated(True))]
         link.stop()
+
+    asyncio.run(run())
+
+
+def test_a_worker_tells_its_saturation_as_it_changes_and_runs_no_timer_while_idle() -> None:
+    """The other workers are told as this loop's window of input closes saturated (once, however many
+    saturated windows follow), and told again when it no longer is; while the loop is not saturated no
+    timer runs (an idle worker's loop sleeps: docs/scaling.md, "Where a second worker's CPU goes")."""
+
+    async def run() -> None:
+        link, cluster, _q = home_link()
+        now = [10.0]
+        load = link.node.loop_load = LoopLoad(lambda: now[0])
+        link.node.config = SimpleNamespace(worker_index=1)
+        link.booted()
+        assert load.on_saturated == link._loop_saturated and link._load_handle is None  # no timer
+
+        def told() -> list[bool]:
+            return [r.saturated for p, r in cluster.sent if isinstance(r, cm.LoopSaturated) and p == "n#w0"]
+
+        load.note_busy(WINDOW_S / 10, now[0] + WINDOW_S)  # a window mostly idle: not saturated
+        assert told() == [] and link._load_handle is None
+        for window in range(2, 5):  # three windows busy throughout: saturated, told once
+            load.note_busy(WINDOW_S, 10.0 + window * WINDOW_S)
+        now[0] = 10.0 + 4 * WINDOW_S
+        assert load.own_saturated() and told() == [True] and link._load_handle is not None
+        link._tell_load()  # still saturated: keeps watching, tells nothing new
+        assert told() == [True] and link._load_handle is not None
+        now[0] += (STALE_WINDOWS + 1) * WINDOW_S  # no input since: the loop is idle again
+        link._tell_load()
+        assert told() == [True, False] and link._load_handle is None
+        link.stop()
+        assert load.on_saturated is None
 
     asyncio.run(run())
 

@@ -29,6 +29,7 @@ from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
 from hutch.core.logsafe import SafeArgsFilter
 from hutch.runtime.workers.auto import workers_for
+from hutch.runtime.workers.control import beat_interval_s
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_config
 from hutch.runtime.workers.supervisor import supervise
@@ -227,7 +228,7 @@ def _run_worker(config: Config, spec: WorkerSpec) -> int:
     """One worker of a node (its supervisor started it): worker 0 also runs the management API and the
     definitions import."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the process group: the supervisor decides
-    link = WorkerLink(spec, config.node_name)
+    link = WorkerLink(spec, config.node_name, beat_interval_s(config.worker_heartbeat_timeout_ms))
     config = worker_config(config, spec)
     configure_logging(config.log_level, f"w{spec.index}")
     logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,

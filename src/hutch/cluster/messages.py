@@ -513,7 +513,8 @@ class StreamAppend(NamedTuple):
 @request_kind(63)
 class StreamEndpoint(NamedTuple):
     """The host and port of a node's stream protocol listener (the stream protocol's metadata names each
-    member's). Reply: [host, port] ([] when it has none)."""
+    member's). Reply: [host, port]; [] while it has none yet (its listener is not up: ask again); False
+    when it has no stream listener at all (configured without one)."""
 
 
 @request_kind(64)

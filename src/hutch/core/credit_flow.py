@@ -107,9 +107,11 @@ class LoopLoad:
     `saturated_peers`: the other worker processes of this node whose loops say they are saturated
     (runtime/queue_types/remote.py tells them): a node of workers is one node, so a message's path
     through a saturated worker (its publisher's, its queue's or its consumer's) is held back as the one
-    loop of a one-process node would be. `own_saturated` is this loop's judgement alone."""
+    loop of a one-process node would be. `own_saturated` is this loop's judgement alone. `on_saturated`,
+    when set, is called as a window closes saturated after one that was not (the only way this loop
+    becomes saturated), so a worker tells the others at once and runs no timer while its loop is not."""
 
-    __slots__ = ("clock", "window_start", "busy_s", "saturated_flag", "saturated_peers")
+    __slots__ = ("clock", "window_start", "busy_s", "saturated_flag", "saturated_peers", "on_saturated")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -117,6 +119,7 @@ class LoopLoad:
         self.busy_s = 0.0
         self.saturated_flag = False
         self.saturated_peers: set[str] = set()
+        self.on_saturated: Callable[[], None] | None = None
 
     def timed(self, fn: Callable[..., None], *args: object) -> None:
         """Run `fn(*args)` and count its duration as loop work (the AMQP input, the Raft driver's cycles,
@@ -131,9 +134,12 @@ class LoopLoad:
         self.busy_s += seconds
         elapsed = now - self.window_start
         if elapsed >= WINDOW_S:
-            self.saturated_flag = self.busy_s >= SATURATED * elapsed
+            was = self.saturated_flag
+            self.saturated_flag = saturated = self.busy_s >= SATURATED * elapsed
             self.window_start = now
             self.busy_s = 0.0
+            if saturated and not was and self.on_saturated is not None:
+                self.on_saturated()
 
     def saturated(self) -> bool:
         """This loop is saturated (`own_saturated`), or another worker of the node says its loop is."""

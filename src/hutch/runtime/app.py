@@ -105,6 +105,7 @@ def cluster_node(node: Node, secret: bytes) -> ClusterService:
     gossip = limits.LimitGossip(node, cluster.send, cluster.transport.connected_peers)
     cluster.register(LimitCounts, gossip.received)
     node.cluster_peer_hooks.append(gossip.peer_changed)
+    node.limit_hooks.append(gossip.wake)
     cluster.add_subsystem(gossip)
     # Direct Reply-To across nodes and workers: a reply goes to the node its token names
     node.forward_direct_reply = lambda home, token, msg: cluster.send(home, DirectReply(token, msg))
@@ -153,6 +154,7 @@ def _replicate_streams(node: Node, cluster: ClusterService, streams: StreamQueue
             return None
         return cfg.stream_advertised_host or cfg.cluster_advertise_host or "127.0.0.1", port
     replication.local_endpoint = endpoint
+    replication.has_listener = lambda: cfg.stream_port is not None
     replication.unreplicated = streams.unreplicated
     streams.cluster, streams.replication = cluster, replication
 

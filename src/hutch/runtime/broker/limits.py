@@ -67,6 +67,7 @@ class LimitsHost(Protocol):
     auth: AuthStore
     connections: set[Any]
     worker_limits: WorkerLimits | None  # a worker of a node of several: exact counts (below)
+    limit_hooks: list[Callable[[], None]]  # called when a vhost's or user's limits change (LimitGossip.wake)
 
     def _record(self, op: DefinitionOp) -> None: ...
 
@@ -78,7 +79,13 @@ def set_vhost_limits(node: LimitsHost, vhost: str, limits: Mapping[str, int]) ->
     if not node.limits.set_vhost(vhost, limits):
         return False
     node._record(SetVhostLimits(vhost, dict(limits)))
+    _changed(node)
     return True
+
+
+def _changed(node: LimitsHost) -> None:
+    for hook in node.limit_hooks:
+        hook()
 
 
 def set_user_limits(node: LimitsHost, user: str, limits: Mapping[str, int]) -> bool:
@@ -87,6 +94,7 @@ def set_user_limits(node: LimitsHost, user: str, limits: Mapping[str, int]) -> b
     if not node.limits.set_user(user, limits):
         return False
     node._record(SetUserLimits(user, dict(limits)))
+    _changed(node)
     return True
 
 
@@ -153,12 +161,16 @@ COUNTS_INTERVAL_S = 0.25
 log = logging.getLogger("hutch.limits")
 
 
+def counted(store: core.LimitStore) -> tuple[set[str], set[str]]:
+    """The vhosts and the users that have a connection or channel limit (what `local_counts` counts)."""
+    return ({v for v, lim in store.vhosts.items() if "max-connections" in lim},
+            {u for u, lim in store.users.items() if "max-connections" in lim or "max-channels" in lim})
+
+
 def local_counts(node: LimitsHost) -> list[list[Any]]:
     """This node's open connections and channels of every vhost and user that has a connection or
     channel limit, as rows [kind, name, count] (core/limits.py); empty when no such limit is set."""
-    store = node.limits
-    vhosts = {v for v, lim in store.vhosts.items() if "max-connections" in lim}
-    users = {u for u, lim in store.users.items() if "max-connections" in lim or "max-channels" in lim}
+    vhosts, users = counted(node.limits)
     if not vhosts and not users:
         return []
     counts: dict[core.CountKey, int] = {}
@@ -180,7 +192,11 @@ def local_counts(node: LimitsHost) -> list[list[Any]]:
 class LimitGossip:
     """Tells the other nodes of a cluster this node's counts (`local_counts`) and keeps theirs in
     `node.peer_counts` (a `ClusterSubsystem`: started when the cluster boot is done, stopped with it).
-    The composition root registers `received` for `LimitCounts` and `peer_changed` as a peer hook."""
+    The composition root registers `received` for `LimitCounts`, `peer_changed` as a peer hook and
+    `wake` as a limit hook. It ticks every COUNTS_INTERVAL_S while there is something to count or to
+    tell; with no connection or channel limit anywhere and the peers told so, it stops (an idle node,
+    or a worker of one, is not woken four times a second for nothing) until a limit is set or a peer
+    comes up (`wake`)."""
 
     def __init__(self, node: LimitsHost, send: Callable[[str, Record], bool],
                  peers: Callable[[], Iterable[str]]) -> None:
@@ -189,23 +205,34 @@ class LimitGossip:
         self._peers = peers
         self._sent: list[list[Any]] | None = None  # what the peers have; None: send at the next tick
         self._timer: asyncio.TimerHandle | None = None
+        self._running = False
 
     def booted(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(COUNTS_INTERVAL_S, self._tick)
+        self._running = True
+        self.wake()
 
     def stop(self) -> None:
+        self._running = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
+    def wake(self) -> None:
+        """Tick again (a limit changed, a peer came up), if not ticking already."""
+        if self._running and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(COUNTS_INTERVAL_S, self._tick)
+
     def _tick(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(COUNTS_INTERVAL_S, self._tick)
+        self._timer = None
         rows = local_counts(self.node)
-        if rows == self._sent:
-            return
-        record = LimitCounts(rows)
-        delivered = all([self._send(peer, record) for peer in self._peers()])
-        self._sent = rows if delivered else None  # a dropped report is sent again at the next tick
+        if rows != self._sent:
+            record = LimitCounts(rows)
+            delivered = all([self._send(peer, record) for peer in self._peers()])
+            self._sent = rows if delivered else None  # a dropped report is sent again at the next tick
+        vhosts, users = counted(self.node.limits)
+        if self._sent == [] and not vhosts and not users:
+            return  # nothing to count until a limit is set, and the peers know it: `wake` restarts
+        self.wake()
 
     def received(self, peer: str, report: LimitCounts) -> None:
         try:
@@ -216,6 +243,7 @@ class LimitGossip:
     def peer_changed(self, peer: str, up: bool) -> None:
         if up:
             self._sent = None  # the newcomer gets everything at the next tick
+            self.wake()
         else:
             self.node.peer_counts.drop(peer)
 
@@ -475,5 +503,5 @@ def state_ops(node: LimitsHost) -> Iterator[SetVhostLimits | SetUserLimits]:
 
 
 __all__ = ["COUNTS_INTERVAL_S", "CountLedger", "LimitGossip", "WorkerLimits", "apply_op", "channels_over_workers",
-           "check_channel", "check_connection", "check_queue", "connections_over_workers", "local_counts", "prune",
+           "check_channel", "check_connection", "counted", "check_queue", "connections_over_workers", "local_counts", "prune",
            "refusal", "set_user_limits", "set_vhost_limits", "state_ops"]

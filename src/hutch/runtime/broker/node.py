@@ -153,6 +153,7 @@ class Node:
         self.cluster: MetadataPort | None = None
         self.logins = LoginGate(self)  # password checks: off the loop, bounded (runtime/broker/logins.py)
         self.cluster_peer_hooks: list[Callable[[str, bool], None]] = []  # (peer, up) from the transport
+        self.limit_hooks: list[Callable[[], None]] = []  # a vhost's or user's limits changed (broker/limits.py)
         self.stale_transient: list[tuple[str, str]] = []  # (vhost, queue) this node's, gone with a restart
         # stat_* counters of channels that have closed, so node-wide totals (the management overview)
         # do not drop when a channel goes. Invariant: only ever grows.

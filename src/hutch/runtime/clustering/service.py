@@ -49,7 +49,15 @@ from hutch.core import definition_ops as ops_
 from hutch.core.definition_ops import DefinitionOp
 from hutch.runtime.clustering.raft_driver import NotLeader, ProposalTimeout, RaftDriver
 from hutch.runtime.clustering.raft_group import Group
-from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError, Transport
+from hutch.runtime.clustering.transport import (
+    HEARTBEAT_S,
+    PEER_TIMEOUT_S,
+    WORKER_LINK_HEARTBEAT_S,
+    WORKER_LINK_TIMEOUT_S,
+    PeerUnavailable,
+    RemoteError,
+    Transport,
+)
 from hutch.runtime.errors import ClusterUnavailable
 from hutch.runtime.ports import ClusterNodePort, ClusterSubsystem
 from hutch.runtime.workers import membership
@@ -125,9 +133,14 @@ class ClusterService:
         self.timeout_s = cfg.cluster_metadata_timeout_ms / 1000
         self.advertise_host = cfg.cluster_advertise_host or "127.0.0.1"
         assert cfg.cluster_port is not None  # Invariant: app.py clusters a node only with a cluster port
+        # the worker link alone (a node of workers not set up for a multi-node cluster) beats slower
+        # than a network link: see WORKER_LINK_HEARTBEAT_S
+        link_only = cfg.worker_index is not None and not cfg.cluster_port_set
         self.transport = Transport(self.name, secret, cfg.cluster_host, cfg.cluster_port,
                                    on_message=self._on_message, on_request=self._on_request,
                                    on_peer_up=self._on_peer_up, on_peer_down=self._on_peer_down,
+                                   heartbeat_s=WORKER_LINK_HEARTBEAT_S if link_only else HEARTBEAT_S,
+                                   peer_timeout_s=WORKER_LINK_TIMEOUT_S if link_only else PEER_TIMEOUT_S,
                                    paired=cfg.worker_index is not None,
                                    # a worker of a node set up for a multi-node cluster: the network too
                                    network=cfg.worker_index is None or cfg.cluster_port_set,

@@ -106,6 +106,14 @@ MAX_HANDSHAKING_PER_SOURCE = 16
 WARN_REPEAT_S = 60.0
 """The same handshake warning (same peer, same reason) is logged at WARNING at most this often."""
 MAX_ERROR_CHARS = 2000
+# The worker link alone (paired, no network): a worker that dies closes its socket (the peers see the end
+# of file at once), and one that hangs is killed by the supervisor after workers.heartbeat_timeout (5 s by
+# default), which closes it too; the link's own silence rule is only a backstop there, so it beats every
+# 2 s (a tick a second, not four: an idle worker's loop sleeps) and gives up after 6 s, past the
+# supervisor's default.
+HEARTBEAT_S, PEER_TIMEOUT_S = 0.5, 3.0  # between nodes: a heartbeat on a quiet connection, silence dropped
+WORKER_LINK_HEARTBEAT_S = 2.0
+WORKER_LINK_TIMEOUT_S = 6.0
 """A RemoteError's message is cut to this length."""
 _WILDCARD_HOSTS = frozenset(("", "0.0.0.0", "::"))
 
@@ -308,7 +316,7 @@ class Transport:
                  on_request: Callable[[str, Any], Any | Awaitable[Any]] | None = None,
                  on_peer_up: Callable[[str], None] | None = None,
                  on_peer_down: Callable[[str], None] | None = None,
-                 heartbeat_s: float = 0.5, peer_timeout_s: float = 3.0,
+                 heartbeat_s: float = HEARTBEAT_S, peer_timeout_s: float = PEER_TIMEOUT_S,
                  max_frame_bytes: int = 64 << 20,
                  write_buffer_high_bytes: int = WRITE_BUFFER_HIGH_BYTES,
                  max_buffered_bytes: int | None = None,

@@ -981,13 +981,15 @@ class QueueLink:
     def booted(self) -> None:
         self.start_stats()
         if self.node.config.worker_index is not None:
-            self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
+            self.node.loop_load.on_saturated = self._loop_saturated
 
     def stop(self) -> None:
         self.stop_stats()
         for hold in self.flow_holds.values():
             hold.drop()
         self.flow_holds.clear()
+        if self.node.loop_load.on_saturated == self._loop_saturated:
+            self.node.loop_load.on_saturated = None
         if self._load_handle is not None:
             self._load_handle.cancel()
             self._load_handle = None
@@ -999,15 +1001,29 @@ class QueueLink:
         mine = node_of_worker(self.node.name)
         return [p for p in self.transport.connected_peers() if node_of_worker(p) == mine]
 
+    def _loop_saturated(self) -> None:
+        """This worker's loop just became saturated (`LoopLoad.on_saturated`, as a window of input closes):
+        tell the other workers (`LoopSaturated`), so their flow rules judge a backlog as the one loop of
+        a node would, and watch every WINDOW_S for the end of it (`_tell_load`). No timer runs while the
+        loop is not saturated: an idle worker's loop sleeps."""
+        if self._told_saturated:
+            return
+        self._told_saturated = True
+        for peer in self._siblings():
+            self._send(peer, cm.LoopSaturated(True))
+        if self._load_handle is None:
+            self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
+
     def _tell_load(self) -> None:
-        """Every WINDOW_S in a worker: tell the other workers when this loop's saturation changes
-        (`LoopSaturated`), so their flow rules judge a backlog as the one loop of a node would."""
-        self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
-        saturated = self.node.loop_load.own_saturated()
-        if saturated != self._told_saturated:
-            self._told_saturated = saturated
-            for peer in self._siblings():
-                self._send(peer, cm.LoopSaturated(saturated))
+        """Every WINDOW_S while the other workers were told this loop is saturated: tell them when it no
+        longer is (then the timer stops until `_loop_saturated`)."""
+        self._load_handle = None
+        if self.node.loop_load.own_saturated():
+            self._load_handle = asyncio.get_running_loop().call_later(WINDOW_S, self._tell_load)
+            return
+        self._told_saturated = False
+        for peer in self._siblings():
+            self._send(peer, cm.LoopSaturated(False))
 
     def _on_loop_saturated(self, peer: str, rec: cm.LoopSaturated) -> None:
         if node_of_worker(peer) != node_of_worker(self.node.name):

@@ -4,9 +4,9 @@ Owns: the message kinds and `encode`/`decode`. The socket is an `AF_UNIX` `SOCK_
 supervisor made (message boundaries kept, so a descriptor passed with `SCM_RIGHTS` arrives with its own
 message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
 
-- worker → supervisor: `{"hb": 1}` every `HEARTBEAT_S` (the worker's event loop is turning: a worker
-  silent for the heartbeat timeout is hung and is replaced), `{"ready": {listener: port}}` once its
-  listeners accept clients.
+- worker → supervisor: `{"hb": 1}` every `beat_interval_s(workers.heartbeat_timeout)` (the worker's event
+  loop is turning: a worker silent for the heartbeat timeout is hung and is replaced; the supervisor
+  judges every `HEARTBEAT_S`), `{"ready": {listener: port}}` once its listeners accept clients.
 - supervisor → worker: `{"peer": N}` with one descriptor: this worker's end of a new socket pair to
   worker N (N was restarted); the worker adopts it into its worker link.
 - connection locality (runtime/workers/handover.py): worker → supervisor `{"handover": N, "state": S}`
@@ -26,7 +26,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-HEARTBEAT_S = 0.5
+HEARTBEAT_S = 0.5  # how often the supervisor judges the workers' heartbeats
+MAX_BEAT_S = 1.0  # a worker beats at most this far apart (and at least 5 times per heartbeat timeout)
+
+
+def beat_interval_s(heartbeat_timeout_ms: int) -> float:
+    """How often a worker sends `{"hb": 1}`: five beats per heartbeat timeout, at most one a second (the
+    default 5 s timeout: one a second; every beat is a wake-up of an idle worker and of the supervisor)."""
+    return min(MAX_BEAT_S, heartbeat_timeout_ms / 5000)
 MAX_MESSAGE_BYTES = 65536
 MAX_FDS = 4
 # connection locality: the largest state of a handed-over connection (its unread bytes are at most one

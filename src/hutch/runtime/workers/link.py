@@ -33,8 +33,9 @@ class WorkerLink:
     """One worker's control socket. `start` begins heartbeats and reading; `set_adopt` hands it the
     worker link's transport (sockets that arrive before are kept until then)."""
 
-    def __init__(self, spec: WorkerSpec, node_name: str) -> None:
+    def __init__(self, spec: WorkerSpec, node_name: str, beat_s: float = control.MAX_BEAT_S) -> None:
         self.spec = spec
+        self.beat_s = beat_s  # `control.beat_interval_s` of the node's heartbeat timeout
         self.node_name = node_name  # the node's name (not the worker's)
         self.sock = socket.socket(fileno=spec.control_fd)
         self.sock.setblocking(False)
@@ -114,7 +115,7 @@ class WorkerLink:
     def _beat(self) -> None:
         assert self._loop is not None
         self._send(control.encode("hb", 1))
-        self._timer = self._loop.call_later(control.HEARTBEAT_S, self._beat)
+        self._timer = self._loop.call_later(self.beat_s, self._beat)
 
     def _send(self, data: bytes) -> None:
         try:

@@ -101,6 +101,9 @@ class StreamReplicationService:
         self.streams: dict[int, Hosted] = {}
         # this node's stream listener (host, port), when it has one (set by runtime/app.py)
         self.local_endpoint: Callable[[], tuple[str, int] | None] = lambda: None
+        # whether this node has a stream listener at all (configured), set by runtime/app.py: a node
+        # without one answers so, and is not asked again every ENDPOINT_RETRY_S for a minute
+        self.has_listener: Callable[[], bool] = lambda: True
         self.endpoints: dict[str, tuple[str, int]] = {}  # the other nodes' (asked when they come up)
         # this node's open stream of one member with a group id (set by runtime/app.py; StreamLookup)
         self.unreplicated: Callable[[int], StreamHandle | None] = lambda gid: None
@@ -469,19 +472,25 @@ class StreamReplicationService:
                 return answer
         return None
 
-    def _on_endpoint(self, peer: str, m: cm.StreamEndpoint) -> list[Any]:
+    def _on_endpoint(self, peer: str, m: cm.StreamEndpoint) -> list[Any] | bool:
+        """[host, port]; [] while the listener is not up yet (asked again); False: this node has none."""
         endpoint = self.local_endpoint()
-        return list(endpoint) if endpoint is not None else []
+        if endpoint is not None:
+            return list(endpoint)
+        return [] if self.has_listener() else False
 
     async def _ask_endpoint(self, peer: str) -> None:
         """Ask `peer` where its stream listener is; a node that is booting answers before its listener is
-        up (nothing): asked again every ENDPOINT_RETRY_S, ENDPOINT_TRIES times at most."""
+        up (nothing): asked again every ENDPOINT_RETRY_S, ENDPOINT_TRIES times at most; a node that has no
+        stream listener says so (False), and is asked again only when its endpoint is next wanted."""
         if peer in self._asking:
             return
         self._asking.add(peer)
         try:
             for _ in range(ENDPOINT_TRIES):
                 value = await self.host.call(peer, cm.StreamEndpoint(), timeout=5.0)
+                if value is False:
+                    return
                 if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
                         and isinstance(value[1], int):
                     self.endpoints[peer] = (value[0], value[1])
