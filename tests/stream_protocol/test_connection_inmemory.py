@@ -376,6 +376,38 @@ async def test_confirms_settled_together_go_out_as_one_frame_per_publisher(node:
     assert handle is not None and handle.chunks_written >= 3
 
 
+async def test_publishes_read_while_the_stream_syncs_become_one_chunk(node: Node,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit: while a sync of the stream is under way, the inputs read meanwhile gather into
+    one batch, written as one chunk once that sync is answered; a command of another kind writes it
+    first (its publishes stay in order), and so does the stream's close."""
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    await pair.request(c.DeclarePublisher(3, 2, "app", "s1"))  # a reference: the other path
+    handle = pair.hub.catalog.lookup("/", "s1")
+    assert handle is not None
+    syncing = [True]
+    monkeypatch.setattr(type(handle), "syncing", property(lambda self: syncing[0]))
+    written = handle.chunks_written
+    for n in range(3):  # three inputs while "a sync is under way": held, not written
+        pair.send(c.Publish(1, [c.PublishedEntry(n, b"a%d" % n)]))
+    assert handle.chunks_written == written
+    syncing[0] = False
+    handle._run_after_sync()  # the sync is answered: the three inputs go out as one chunk
+    assert handle.chunks_written == written + 1
+    assert await confirmed(pair, 3) == [(1, 0), (1, 1), (1, 2)]
+    syncing[0] = True
+    pair.send(c.Publish(1, [c.PublishedEntry(3, b"b")]))  # held ...
+    pair.send(c.Publish(2, [c.PublishedEntry(1, b"c")]))  # ... and written before this one
+    assert handle.chunks_written == written + 3
+    assert set(await confirmed(pair, 2)) == {(1, 3), (2, 1)}
+    pair.send(c.Publish(1, [c.PublishedEntry(4, b"d")]))  # held, then written by the close
+    await handle.close()
+    assert await confirmed(pair, 1) == [(1, 4)]
+    assert handle.chunks_written == written + 4
+
+
 async def test_coalesced_confirms_stay_within_the_frame_max(node: Node) -> None:
     pair = await opened(node)
     await pair.create("s1")

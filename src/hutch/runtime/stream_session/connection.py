@@ -209,7 +209,7 @@ class StreamConnection:
                     if "request" in self._holds:  # a request that awaits (_async, metadata.py): what came
                         return  # after it is taken once it is answered (release_reading), in order
             finally:
-                publishing.write_batched()
+                publishing.write_batched(hold=True)
         except FrameError as exc:
             self._fatal(exc)
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
