@@ -93,19 +93,21 @@ def consumer(args: argparse.Namespace, index: int, start_at: float, out: Any) ->
     asyncio.run(run())
 
 
+async def admin(args: argparse.Namespace, create: bool) -> None:
+    """Create (or delete) the stream the run uses."""
+    async with Producer(args.host, args.port, username=args.user, password=args.password) as producer:
+        if create:
+            await producer.create_stream(args.stream, exists_ok=True)
+        else:
+            await producer.delete_stream(args.stream, missing_ok=True)
+
+
 def main() -> None:
     args = parse_options(__doc__.splitlines()[0], f"stream-rstream-{os.getpid()}", "message body bytes",
                          "messages per send_batch")
-
-    async def admin(create: bool) -> None:
-        async with Producer(args.host, args.port, username=args.user, password=args.password) as producer:
-            if create:
-                await producer.create_stream(args.stream, exists_ok=True)
-            else:
-                await producer.delete_stream(args.stream, missing_ok=True)
-    asyncio.run(admin(True))
+    asyncio.run(admin(args, True))
     result = {"tool": "rstream", **measure(args, publisher, consumer, start_delay_s=1.5,
-                                             finish=lambda: asyncio.run(admin(False)))}
+                                             finish=lambda: asyncio.run(admin(args, False)))}
     print(json.dumps(result))
 
 

@@ -14,6 +14,7 @@ import pytest
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.broker.node import Node
 from hutch.runtime.stream_session.connection import COALESCE_MAX_BYTES, coalesce
+from hutch.runtime.stream_session.publishing import MAX_CONFIRM_IDS, confirm_ids_per_frame
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
 from hutch.streamproto.wire import OffsetSpec
@@ -50,6 +51,18 @@ def records(deliveries: list[c.Command]) -> list[tuple[int, bytes]]:
         assert isinstance(d, c.Deliver)
         out.extend(chunk_records(d.chunk))
     return out
+
+
+async def confirmed(pair: StreamPair, count: int) -> list[tuple[int, int]]:
+    """(publisher id, publishing id) of the next `count` ids confirmed, in the order they came: the
+    confirms settled together come as one frame per publisher, so how many frames is not fixed."""
+    got: list[tuple[int, int]] = []
+    while len(got) < count:
+        for conf in await pair.expect(1):
+            assert isinstance(conf, c.PublishConfirm)
+            got.extend((conf.publisher_id, i) for i in conf.publishing_ids)
+    assert len(got) == count
+    return got
 
 
 # -- handshake -------------------------------------------------------------------------------------
@@ -319,8 +332,7 @@ async def test_a_large_publish_is_cut_into_chunks(node: Node) -> None:
     await pair.create("s1")
     await pair.request(c.DeclarePublisher(2, 1, "app", "s1"))
     pair.send(c.Publish(1, [c.PublishedEntry(i, b"m") for i in range(1, 5001)]))
-    confirms = await pair.expect(2)
-    assert sorted(i for conf in confirms for i in conf.publishing_ids) == list(range(1, 5001))
+    assert sorted(i for _, i in await confirmed(pair, 5000)) == list(range(1, 5001))
     pair.send(c.Subscribe(3, 1, "s1", OffsetSpec(OffsetType.FIRST), 5))
     ok, *chunks = await pair.expect(3)
     assert [len(chunk_records(d.chunk)) for d in chunks] == [4096, 904]
@@ -337,8 +349,7 @@ async def test_the_publishes_of_one_input_become_one_chunk_per_stream_in_order(n
     pair.send(c.Publish(1, one_size), c.Publish(2, sizes), c.Publish(3, one_size),
               c.Publish(4, [c.PublishedEntry(1, b"deduplicated")]),  # another path: what came before is written first
               c.Publish(1, [c.PublishedEntry(9, b"after")]))
-    confirms = await pair.expect(5)  # one per publish frame (1 and 2 share a chunk)
-    got = {(conf.publisher_id, i) for conf in confirms for i in conf.publishing_ids}
+    got = set(await confirmed(pair, 11))
     assert got == {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3), (4, 1), (1, 9)}
     pair.send(c.Subscribe(20, 1, "s1", OffsetSpec(OffsetType.FIRST), 10))
     ok, *chunks = await pair.expect(4)
@@ -349,13 +360,79 @@ async def test_the_publishes_of_one_input_become_one_chunk_per_stream_in_order(n
     assert handle is not None and handle.next_offset == 3
 
 
+async def test_confirms_settled_together_go_out_as_one_frame_per_publisher(node: Node) -> None:
+    """Three inputs are three chunks; the one sync that covers them settles all three in one turn, and
+    each publisher's ids go out in one PublishConfirm (as osiris confirms a written batch), in order."""
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    await pair.request(c.DeclarePublisher(3, 2, "", "s1"))
+    for n in range(3):  # each its own input (no loop turn between them: one sync covers all three)
+        pair.send(c.Publish(1, [c.PublishedEntry(n * 10 + i, b"m") for i in range(3)]),
+                  c.Publish(2, [c.PublishedEntry(n, b"p")]))
+    assert sorted(await pair.expect(2), key=lambda conf: conf.publisher_id) == [  # type: ignore[attr-defined]
+        c.PublishConfirm(1, [0, 1, 2, 10, 11, 12, 20, 21, 22]), c.PublishConfirm(2, [0, 1, 2])]
+    handle = pair.hub.catalog.lookup("/", "s1")
+    assert handle is not None and handle.chunks_written >= 3
+
+
+async def test_publishes_read_while_the_stream_syncs_become_one_chunk(node: Node,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group commit: while a sync of the stream is under way, the inputs read meanwhile gather into
+    one batch, written as one chunk once that sync is answered; a command of another kind writes it
+    first (its publishes stay in order), and so does the stream's close."""
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    await pair.request(c.DeclarePublisher(3, 2, "app", "s1"))  # a reference: the other path
+    handle = pair.hub.catalog.lookup("/", "s1")
+    assert handle is not None
+    syncing = [True]
+    monkeypatch.setattr(type(handle), "syncing", property(lambda self: syncing[0]))
+    written = handle.chunks_written
+    for n in range(3):  # three inputs while "a sync is under way": held, not written
+        pair.send(c.Publish(1, [c.PublishedEntry(n, b"a%d" % n)]))
+    assert handle.chunks_written == written
+    syncing[0] = False
+    handle._run_after_sync()  # the sync is answered: the three inputs go out as one chunk
+    assert handle.chunks_written == written + 1
+    assert await confirmed(pair, 3) == [(1, 0), (1, 1), (1, 2)]
+    syncing[0] = True
+    pair.send(c.Publish(1, [c.PublishedEntry(3, b"b")]))  # held ...
+    pair.send(c.Publish(2, [c.PublishedEntry(1, b"c")]))  # ... and written before this one
+    assert handle.chunks_written == written + 3
+    assert set(await confirmed(pair, 2)) == {(1, 3), (2, 1)}
+    pair.send(c.Publish(1, [c.PublishedEntry(4, b"d")]))  # held, then written by the close
+    await handle.close()
+    assert await confirmed(pair, 1) == [(1, 4)]
+    assert handle.chunks_written == written + 4
+
+
+async def test_coalesced_confirms_stay_within_the_frame_max(node: Node) -> None:
+    pair = await opened(node)
+    await pair.create("s1")
+    await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
+    pair.conn.publishing.confirm_ids_per_frame = 4  # (what a frame_max of 45 bytes allows)
+    assert confirm_ids_per_frame(45) == 4
+    pair.send(c.Publish(1, [c.PublishedEntry(i, b"m") for i in range(10)]))
+    assert await pair.expect(3) == [c.PublishConfirm(1, [0, 1, 2, 3]), c.PublishConfirm(1, [4, 5, 6, 7]),
+                                    c.PublishConfirm(1, [8, 9])]
+
+
+async def test_confirm_ids_per_frame() -> None:
+    assert confirm_ids_per_frame(0) == MAX_CONFIRM_IDS  # no limit negotiated
+    assert confirm_ids_per_frame(1048576) == MAX_CONFIRM_IDS
+    assert confirm_ids_per_frame(13 + 8 * 100) == 100  # the frame's fields, then 8 bytes an id
+    assert confirm_ids_per_frame(13 + 8 * 100 - 1) == 99
+    assert confirm_ids_per_frame(8) == 1  # never none
+
+
 async def test_batched_publishes_stay_within_a_chunks_entries(node: Node) -> None:
     pair = await opened(node)
     await pair.create("s1")
     await pair.request(c.DeclarePublisher(2, 1, "", "s1"))
     pair.send(*[c.Publish(1, [c.PublishedEntry(n * 2000 + i, b"m") for i in range(2000)]) for n in range(3)])
-    confirms = await pair.expect(3)
-    assert sorted(i for conf in confirms for i in conf.publishing_ids) == list(range(6000))
+    assert sorted(i for _, i in await confirmed(pair, 6000)) == list(range(6000))
     pair.send(c.Subscribe(3, 1, "s1", OffsetSpec(OffsetType.FIRST), 5))
     ok, *chunks = await pair.expect(3)
     assert [len(chunk_records(d.chunk)) for d in chunks] == [4000, 2000]

@@ -44,7 +44,7 @@ from hutch.runtime.stream_session.handover import MAX_UNREAD_BYTES, StreamHandov
 from hutch.runtime.stream_session.home_link import resolve_in, stats_of
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, StreamTransport
-from hutch.runtime.stream_session.publishing import Publishing
+from hutch.runtime.stream_session.publishing import Publishing, confirm_ids_per_frame
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
 from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError
@@ -122,6 +122,7 @@ class StreamConnection:
         self.frame_max = cfg.stream_frame_max
         self.heartbeat_s = 0
         self.publishing = Publishing(self)
+        self.publishing.confirm_ids_per_frame = confirm_ids_per_frame(self.frame_max)
         self.consuming = Consuming(self)
         self._holds: set[str] = set()
         self._writing_paused = False
@@ -199,6 +200,7 @@ class StreamConnection:
                     if self.phase == Phase.OPENED and publishing.publish_frame(frame):
                         continue  # the hot path: a publish of simple entries, batched per stream
                     publishing.write_batched()  # what was published before this command is written first
+                    publishing.send_confirms()  # and what was confirmed goes out before its answer
                     cmd = c.decode(bytes(frame))
                     if self.locality_armed and isinstance(cmd, c.DeclarePublisher | c.Subscribe) \
                             and self._hand_over(cmd, frame):
@@ -207,7 +209,7 @@ class StreamConnection:
                     if "request" in self._holds:  # a request that awaits (_async, metadata.py): what came
                         return  # after it is taken once it is answered (release_reading), in order
             finally:
-                publishing.write_batched()
+                publishing.write_batched(hold=True)
         except FrameError as exc:
             self._fatal(exc)
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
@@ -246,7 +248,9 @@ class StreamConnection:
     def flush(self) -> None:
         """Write what `out` holds: the small frames joined, a delivery's chunk data (a view of the chunk
         read) handed to the transport as it is (`coalesce`; uvloop writes the parts with one writev), so
-        a delivered byte is not copied in user space between the file's read and the socket."""
+        a delivered byte is not copied in user space between the file's read and the socket. The
+        confirms waiting since the last write go first (publishing.py, `send_confirms`)."""
+        self.publishing.send_confirms()
         out = self.out
         if out and self.transport is not None and not self.transport.is_closing():
             if len(out) == 1 and type(out[0]) is bytes:
@@ -370,6 +374,7 @@ class StreamConnection:
         self.user_name, self.vhost, self.auth_mechanism = st.user, vhost, st.auth_mechanism
         self.client_properties = st.client_properties
         self.frame_max = self.reader.frame_max = st.frame_max
+        self.publishing.confirm_ids_per_frame = confirm_ids_per_frame(self.frame_max)
         self.heartbeat_s = st.heartbeat_s
         self.consuming.deliver_version = st.deliver_version
         self._correlation = st.correlation
@@ -536,6 +541,7 @@ class StreamConnection:
     def _tuned(self, frame_max: int, heartbeat_s: int) -> None:
         cfg = self.broker.config
         self.frame_max = min(frame_max or cfg.stream_frame_max, cfg.stream_frame_max)
+        self.publishing.confirm_ids_per_frame = confirm_ids_per_frame(self.frame_max)
         self.heartbeat_s = heartbeat_s
         self.phase = Phase.OPEN
 

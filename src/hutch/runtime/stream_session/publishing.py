@@ -6,13 +6,22 @@ its bytes: `publish_frame`) (publishing ids and, with a reference, deduplication
 below the reference's last stored id are confirmed without being stored again, as osiris does), the
 confirms and errors (a `PublishConfirm` once the append settles: after the fdatasync on one node), and
 the bound on what a connection may have in flight (`MAX_PENDING_APPENDS` unsettled appends, then its
-input stops until they settle), and publishing to a replicated stream this node does not write: the
+input stops until they settle), confirms coalesced (`send_confirms`: the ids confirmed for a publisher
+since the connection last wrote go out as one PublishConfirm, as osiris confirms a written batch at once), and publishing to a replicated stream this node does not write: the
 entries go to the writer's node (`StreamForwarder`, a `StreamPublish` record there), as RabbitMQ's stream
 reader writes to the leader's osiris process wherever it runs.
 
 Rules (rabbit_stream_reader): a reference is at most 256 characters; a publisher id is unique per
 connection, and so is a reference per stream; a publish for an unknown publisher id is answered with a
 PublishError PUBLISHER_DOES_NOT_EXIST for each publishing id.
+- Confirms wait in `_confirms` until the connection writes (`StreamConnection.flush` calls
+  `send_confirms` first), at most `confirm_ids_per_frame` ids a frame (the negotiated frame_max). One
+  sync settles every chunk it covered in one loop turn, so a client gets one frame per publisher per
+  sync, not one per publish frame: each frame costs a Python client a read, a decode and a pass over
+  its waiting ids (rstream's publisher paid ~3-4% more per message against 100 ids a frame than against
+  RabbitMQ's ~600, docs/BENCHMARKS.md "Stream protocol, session 14"). A publisher's pending confirms go
+  out before any PublishError for it and before its delete's response, so its client sees them in the
+  order the appends settled.
 - Forwarded publishes of one publisher go to the writer in order, one request at a time (what arrives
   meanwhile joins the next request, at most CHUNK_ENTRIES entries and FORWARD_BYTES bytes): a publish
   refused while a writer is elected is retried, and a later one overtaking it would make the writer's
@@ -24,6 +33,7 @@ PublishError PUBLISHER_DOES_NOT_EXIST for each publishing id.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Coroutine, Sequence
@@ -46,6 +56,16 @@ MAX_PENDING_APPENDS = 512
 # cuts a large publish into several chunks (rstream's test_offset_type_last counts on it)
 CHUNK_ENTRIES = 4096
 FORWARD_BYTES = 4 << 20  # at most this much data per forwarded request (and one publish's whatever its size)
+HOLD_BYTES = 1 << 20  # a batch held for the stream's sync under way is written once it has this much data
+CONFIRM_FRAME_OVERHEAD = 13  # a PublishConfirm's size field, key, version, publisher id and id count
+MAX_CONFIRM_IDS = 1 << 16  # ids in one PublishConfirm when frame_max is 0 (no limit)
+
+
+def confirm_ids_per_frame(frame_max: int) -> int:
+    """How many publishing ids one PublishConfirm may carry within `frame_max` (0: no limit)."""
+    if frame_max <= 0:
+        return MAX_CONFIRM_IDS
+    return max(1, min(MAX_CONFIRM_IDS, (frame_max - CONFIRM_FRAME_OVERHEAD) // 8))
 
 
 @dataclass(eq=False)
@@ -89,11 +109,14 @@ def _entries(cmd: c.Publish) -> tuple[list[ck.Entry], list[int], list[bytes | No
 
 @dataclass(eq=False)
 class _Batch:
-    """The simple publishes to one stream read from one input, written as one chunk."""
+    """The simple publishes to one stream read from one input (or from the inputs read while the
+    stream's sync was under way: `write_batched`), written as one chunk."""
 
     handle: StreamHandle
     data: list[bytes] = field(default_factory=list)  # each publish's entries, framed as in a chunk
     entries: int = 0  # Invariant: the sum of the publishes' ids, at most CHUNK_ENTRIES
+    size: int = 0  # the bytes of `data`
+    held: bool = False  # waiting for the stream's sync under way (`handle.after_sync` will write it)
     publishes: list[tuple[Publisher, list[int]]] = field(default_factory=list)
 
 
@@ -106,6 +129,8 @@ class Publishing:
         self.pending_appends = 0
         self._batches: dict[StreamHandle, _Batch] = {}  # per stream, until `write_batched`
         self._tasks: set[asyncio.Task[None]] = set()  # forwarding publishers' requests
+        self._confirms: dict[Publisher, list[int]] = {}  # ids confirmed, not yet written (`send_confirms`)
+        self.confirm_ids_per_frame = MAX_CONFIRM_IDS  # the connection sets it from the negotiated frame_max
 
     def declare(self, cmd: c.DeclarePublisher) -> None:
         conn = self.conn
@@ -125,8 +150,10 @@ class Publishing:
         conn.respond(cmd, Code.OK)
 
     def delete(self, cmd: c.DeletePublisher) -> None:
-        if self.publishers.pop(cmd.publisher_id, None) is None:
+        pub = self.publishers.pop(cmd.publisher_id, None)
+        if pub is None:
             raise CommandError(f"publisher {cmd.publisher_id} does not exist", Code.PUBLISHER_DOES_NOT_EXIST)
+        self._send_confirms_of(pub)
         self.conn.respond(cmd, Code.OK)
 
     def query_sequence(self, cmd: c.QueryPublisherSequence) -> None:
@@ -181,24 +208,42 @@ class Publishing:
             batch = self._batches[pub.handle] = _Batch(pub.handle)
         batch.data.append(scanned.data)
         batch.entries += len(ids)
+        batch.size += len(scanned.data)
         batch.publishes.append((pub, ids))
         return True
 
-    def write_batched(self) -> None:
-        """Write each stream's batch as one chunk (see `publish_frame`)."""
+    def write_batched(self, hold: bool = False) -> None:
+        """Write each stream's batch as one chunk (see `publish_frame`). With `hold` (the end of an
+        input), a batch whose stream is syncing (`StreamHandle.syncing`) waits for that sync's answer
+        and gathers what the next inputs bring meanwhile (group commit, as osiris's writer makes one
+        chunk of what arrived while it wrote): a chunk written during a sync is made durable by the
+        next one anyway, so this delays no confirm and no delivery, and a client reads fewer, larger
+        chunks (rstream's consumer pays a credit frame and a Deliver frame per chunk). A held batch is
+        written at once when it reaches CHUNK_ENTRIES entries or HOLD_BYTES bytes, before any other
+        command of the connection, and when its stream closes."""
         if self._batches:
             batches = list(self._batches.values())
-            self._batches.clear()
             for batch in batches:
+                if hold and batch.entries < CHUNK_ENTRIES and batch.size < HOLD_BYTES and batch.handle.syncing:
+                    if not batch.held:
+                        batch.held = True
+                        batch.handle.after_sync(functools.partial(self._release, batch))
+                    continue
                 self._write_batch(batch)
+
+    def _release(self, batch: _Batch) -> None:
+        """The sync a held batch waited for was answered: write it (unless it was written meanwhile)."""
+        if self._batches.get(batch.handle) is batch:
+            self._write_batch(batch)
 
     def _write_batch(self, batch: _Batch) -> None:
         self._batches.pop(batch.handle, None)
         try:
             appended = batch.handle.append_encoded(batch.data, batch.entries)
         except (StorageError, ValueError):
+            code = Code.STREAM_NOT_AVAILABLE if batch.handle.closed else Code.INTERNAL_ERROR
             for pub, ids in batch.publishes:
-                self._error(pub.publisher_id, ids, Code.INTERNAL_ERROR)
+                self._error(pub.publisher_id, ids, code)
             return
         for pub, ids in batch.publishes:
             self._track(pub, appended.settled, ids)
@@ -329,12 +374,39 @@ class Publishing:
     def _confirm(self, pub: Publisher, ids: Sequence[int]) -> None:
         pub.confirmed += len(ids)
         self.conn.hub.counters.messages_confirmed += len(ids)
-        self.conn.send(c.PublishConfirm(pub.publisher_id, list(ids)))
+        pending = self._confirms.get(pub)
+        if pending is None:
+            self._confirms[pub] = list(ids)
+        else:
+            pending.extend(ids)
+
+    def send_confirms(self) -> None:
+        """Put the confirms waiting since the last write in the output: one PublishConfirm per publisher
+        (more when its ids pass `confirm_ids_per_frame`)."""
+        if self._confirms:
+            confirms = list(self._confirms.items())
+            self._confirms.clear()
+            for pub, ids in confirms:
+                self._send_confirm_frames(pub, ids)
+
+    def _send_confirms_of(self, pub: Publisher) -> None:
+        ids = self._confirms.pop(pub, None)
+        if ids is not None:
+            self._send_confirm_frames(pub, ids)
+
+    def _send_confirm_frames(self, pub: Publisher, ids: list[int]) -> None:
+        step = self.confirm_ids_per_frame
+        if len(ids) <= step:
+            self.conn.send(c.PublishConfirm(pub.publisher_id, ids))
+            return
+        for start in range(0, len(ids), step):
+            self.conn.send(c.PublishConfirm(pub.publisher_id, ids[start:start + step]))
 
     def _error(self, publisher_id: int, ids: list[int], code: Code) -> None:
         pub = self.publishers.get(publisher_id)
         if pub is not None:
             pub.errored += len(ids)
+            self._send_confirms_of(pub)
         self.conn.hub.counters.messages_errored += len(ids)
         self.conn.send(c.PublishError(publisher_id, [(i, code) for i in ids]))
 
@@ -346,5 +418,5 @@ class Publishing:
     def stream_gone(self, stream: str) -> bool:
         gone = [pid for pid, p in self.publishers.items() if p.stream == stream]
         for pid in gone:
-            del self.publishers[pid]
+            self._send_confirms_of(self.publishers.pop(pid))
         return bool(gone)

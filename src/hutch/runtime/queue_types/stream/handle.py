@@ -141,6 +141,7 @@ class StreamHandle:
         self._pending: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._listeners: list[Callable[[], None]] = []
         self._delete_listeners: list[Callable[[], None]] = []
+        self._after_sync: list[Callable[[], None]] = []  # one-shot: told when the sync under way is answered
         self._sync_scheduled = False
         self._writer: WriterThread | None = None  # the stream's writer thread (writer.py), made at its first sync
         self._idle: asyncio.Future[None] | None = None  # resolved once the writer thread answered every request
@@ -420,6 +421,23 @@ class StreamHandle:
             if not self._idle.done():
                 self._idle.set_result(None)
             self._idle = None
+        self._run_after_sync()
+
+    @property
+    def syncing(self) -> bool:
+        """A sync of the log is under way on the writer thread: a chunk written now waits for the next
+        one (the stream protocol's publishers gather what arrives meanwhile into one chunk: `after_sync`)."""
+        return self._writer_pending() and not self.closed and self.failed is None
+
+    def after_sync(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once, when the writer thread answers its next sync (or the stream closes)."""
+        self._after_sync.append(callback)
+
+    def _run_after_sync(self) -> None:
+        if self._after_sync:
+            calls, self._after_sync = self._after_sync, []
+            for fn in calls:
+                fn()
 
     def _synced(self, chunk_id: int) -> None:
         self.syncs += 1
@@ -542,6 +560,7 @@ class StreamHandle:
         if self._closing is not None:
             await asyncio.shield(self._closing)
             return
+        self._run_after_sync()  # what was gathered for the next chunk is written first: the close's sync covers it
         self.closed = True
         self._closing = done = self._loop.create_future()
         try:
@@ -569,6 +588,7 @@ class StreamHandle:
     async def delete(self) -> None:
         """Close and delete the stream's files (after a close or a sync under way)."""
         self.closed = True
+        self._run_after_sync()  # (refused: the stream is gone)
         listeners, self._delete_listeners = self._delete_listeners, []
         for fn in listeners:
             fn()
