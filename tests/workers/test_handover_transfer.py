@@ -2,7 +2,8 @@
 links (`WorkerLink`) on real `SOCK_SEQPACKET` pairs, the test standing for the supervisor (it relays
 `handover` as `adopt`, as supervisor.py does), a socket pair standing for the client's TCP connection.
 Both ways a state travels are taken: inline (small) and on a socket pair of its own (large), and the
-failure of each (the client's connection is closed with 320, never kept half-adopted)."""
+failure of each (an AMQP client's connection is closed with 320, a stream client's without a frame,
+never kept half-adopted)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import pytest_asyncio
 from pamqp import frame
 
+from hutch.runtime.stream_session.handover import StreamHandoverState
 from hutch.runtime.workers import control
 from hutch.runtime.workers.handover import Locality
 from hutch.runtime.workers.link import WorkerLink
@@ -154,3 +156,23 @@ def test_a_queue_is_a_reason_to_move_only_as_a_stand_in_of_another_running_worke
     assert loc.home_of(Q(True, "other@host#w1")) is None  # another node's worker
     assert loc.home_of(Q(True, "other@host")) is None  # another node
     assert loc.home_of(Q(False, f"{NODE}#w1")) is None  # not a stand-in
+
+
+@pytest.mark.asyncio
+async def test_a_stream_connection_whose_state_never_arrives_is_closed_without_an_amqp_frame(
+        workers: tuple[Worker, Worker]) -> None:
+    """A stream-protocol client must not be sent AMQP's connection.close: its socket is closed, as
+    RabbitMQ ends a stream connection on an internal error (the kind travels before the state)."""
+    a, b = workers
+    server_side, client_side = socket.socketpair()
+    state = StreamHandoverState("guest", "/", 1 << 20, 60, {}, "PLAIN", ("127.0.0.1", 1), "c", 0, 2, 0,
+                                ("127.0.0.1", 5552), b"x" * (control.INLINE_STATE_BYTES + 1)).encode()
+    a.locality.stop()  # nothing will write the large state: its socket pair ends with the kind alone
+    assert a.locality.move(server_side, state, 1)
+    a.locality.stop()
+    server_side.close()
+    await relay(a, b)
+    await until(lambda: b.locality.lost == 1, "the refusal")
+    client_side.settimeout(10)
+    assert client_side.recv(4096) == b"" and not b.adopted  # closed, nothing written
+    client_side.close()

@@ -72,18 +72,14 @@ def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
     out = dict(conn.info())
     props = jsonable(out.get("client_properties") or {})
     out["client_properties"] = props
-    host, port = "", 0
-    transport = conn.transport
-    sock = transport.get_extra_info("sockname") if transport is not None else None
-    if sock:
-        host, port = str(sock[0]), int(sock[1])
+    tls = conn.tls  # its own TLS session's, or the relaying worker's (a TLS connection moved here)
     out.update({
         "node": node_name,
-        "host": host,
-        "port": port,
-        "ssl": conn.ssl_object is not None,
-        "ssl_protocol": conn.ssl_object.version() if conn.ssl_object is not None else None,
-        "ssl_cipher": (conn.ssl_object.cipher() or ("",))[0] if conn.ssl_object is not None else None,
+        "host": conn.sockname[0],
+        "port": conn.sockname[1],
+        "ssl": tls is not None,
+        "ssl_protocol": tls[0] if tls is not None else None,
+        "ssl_cipher": tls[1] if tls is not None else None,
         **peer_cert_json(conn.peer_cert),
         "type": "network",
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,

@@ -214,10 +214,11 @@ def tls_gated(node: Node, make_protocol: Callable[[], asyncio.Protocol], what: s
     return lambda: TlsAccept(SlotGate(make_protocol, slots, what), node.tls.current("ssl_options"), timeout_s)
 
 
-async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
+async def start_tls_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
     """The AMQP-over-TLS listener (`listeners.ssl.default`, `ssl_options.*`) when configured: the same
     protocol behind TLS, which starts after the accept (runtime/tls_accept.py): the handshake is bounded by
     `ssl_handshake_timeout` and the connections in it by `HandshakeSlots`. Sets `node.amqps_port`.
+    `handover`: a worker's connection locality (a TLS connection moves relayed: runtime/workers/relay.py).
     Raises TlsConfigError (a certificate that cannot be loaded) or OSError."""
     cfg = node.config
     if cfg.amqps_port is None:
@@ -226,11 +227,24 @@ async def start_tls_listener(node: Node) -> asyncio.base_events.Server | None:
     assert ctx is not None  # the config requires ssl_options.certfile with listeners.ssl.default;
     # each accept takes the live context (`current`): a certificate reload swaps it
     loop = asyncio.get_running_loop()
-    server = await listen.create_server(loop, tls_gated(node, lambda: AMQPProtocol(node), "AMQP over TLS"),
+    server = await listen.create_server(loop, tls_gated(node, lambda: AMQPProtocol(node, handover), "AMQP over TLS"),
                                         cfg.amqps_host, cfg.amqps_port, backlog=1024, reuse_address=True,
                                         **_shared_port(cfg))
     node.amqps_port = node.listener_ports["amqps"] = server.sockets[0].getsockname()[1]
     log.info("AMQP over TLS listener started on %s:%d", listen.display_host(cfg.amqps_host), node.amqps_port)
+    return server
+
+
+async def start_own_tls_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
+    """`workers.own_ports` with AMQP over TLS: a worker's TLS listener of its own (port 0; `amqps_w<N>` in
+    the worker's own `w<N>/ports.json`), as `start_own_listener` for plain AMQP."""
+    cfg = node.config
+    if cfg.worker_index is None or not cfg.worker_own_ports or cfg.amqps_port is None:
+        return None
+    server = await listen.create_server(asyncio.get_running_loop(),
+                                        tls_gated(node, lambda: AMQPProtocol(node, handover), "AMQP over TLS"),
+                                        cfg.amqps_host, 0, backlog=1024, reuse_address=True)
+    node.listener_ports[f"amqps_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
     return server
 
 
@@ -354,7 +368,7 @@ async def serve(config: Config, services: Sequence[Service] = (),
 
 def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | None) -> Locality | None:
     """A worker's connection locality (`workers.locality`, runtime/workers/handover.py): its AMQP
-    connections (not TLS) move to the worker of the queue they first use, its stream connections to the
+    connections (TLS ones relayed: runtime/workers/relay.py) move to the worker of the queue they first use, its stream connections to the
     home of the stream they first publish to or read, and it adopts those others hand to it."""
     cfg = node.config
     if worker is None or cluster is None or cfg.worker_index is None or not cfg.worker_locality:
@@ -448,7 +462,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
               file=sys.stderr)
         return 1
     try:
-        tls_server = await start_tls_listener(node)
+        tls_server = await start_tls_listener(node, locality)
     except (OSError, TlsConfigError) as exc:
         text = str(exc) if isinstance(exc, TlsConfigError) else _listen_error(exc)
         print(f"hutch-server: cannot listen for AMQP over TLS on port {config.amqps_port}: {text}", file=sys.stderr)
@@ -456,6 +470,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         return 1
     try:
         own_server = await start_own_listener(node, locality)
+        own_tls_server = await start_own_tls_listener(node, locality)
     except OSError as exc:
         print(f"hutch-server: cannot listen for AMQP on a worker's own port: {_listen_error(exc)}", file=sys.stderr)
         await stop_node(node, server)
@@ -464,8 +479,9 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     stoppers: list[Callable[[], Awaitable[None]]] = [await start_shovels(node, cluster)]
     if tls_server is not None:
         stoppers.append(_closer(tls_server))
-    if own_server is not None:
-        stoppers.append(_closer(own_server))
+    for own in (own_server, own_tls_server):
+        if own is not None:
+            stoppers.append(_closer(own))
     try:
         streams = await start_streams(node, locality)
     except TlsConfigError as exc:
@@ -504,6 +520,8 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     for stopper in reversed(stoppers):
         await stopper()
     await stop_node(node, server)
+    if locality is not None:
+        locality.stop()  # the relays of TLS connections served by other workers end with this worker
     if cluster is not None:
         await cluster.stop()
     if config.data_dir:

@@ -216,7 +216,10 @@ class AMQPConnection:
         self.unfinished_body_limit = max(
             cfg.max_unfinished_body_bytes or UNFINISHED_BODIES_MESSAGES * cfg.max_message_size,
             cfg.max_message_size)
-        self.ssl_object: ssl.SSLObject | None = None  # set on a TLS connection
+        self.ssl_object: ssl.SSLObject | None = None  # set on a TLS connection (in the worker that holds its session)
+        # a TLS connection's (version, cipher): its own, or one relayed from the worker that accepted it
+        self.tls: tuple[str, str] | None = None
+        self.sockname = ("", 0)  # the node's address the client reached
         self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
         # set only by code in this process, never from the wire: an in-process connection (a shovel's,
         # runtime/shovel/pipe.py) that logs in as this existing user without a password
@@ -226,9 +229,10 @@ class AMQPConnection:
     def connection_made(self, transport: Transport, peer: tuple[str, int], sockname: tuple[str, int]) -> None:
         self.transport = transport
         self.peer = (str(peer[0]), int(peer[1]))
+        self.sockname = (str(sockname[0]), int(sockname[1]))
         self.ssl_object = transport.get_extra_info("ssl_object")
         if self.ssl_object is not None:
-            self.locality_armed = False  # TLS connections stay where they are
+            self.tls = (str(self.ssl_object.version()), (self.ssl_object.cipher() or ("",))[0])
             if self.ssl_object.context.verify_mode != ssl.CERT_NONE:
                 self.peer_cert = self.ssl_object.getpeercert(binary_form=True)  # None: the client sent none
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {sockname[0]}:{sockname[1]}"
@@ -462,16 +466,18 @@ class AMQPConnection:
         state = HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
                               dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
                               self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
-                              channel_states(self.channels), unread)
-        if not handover.move(sock, state.encode(), to):
+                              channel_states(self.channels), unread, self.sockname, self.tls, self.peer_cert)
+        relayed = self.ssl_object is not None  # its TLS session stays here, relayed (runtime/workers/relay.py)
+        if not (handover.relay(transport, state.encode(), to) if relayed else handover.move(sock, state.encode(), to)):
             return False
-        log.debug("connection %s moved to worker %d", self.name, to)
-        self._forget_moved()
+        log.debug("connection %s moved to worker %d%s", self.name, to, " (TLS, relayed)" if relayed else "")
+        self._forget_moved(keep_transport=relayed)
         return True
 
-    def _forget_moved(self) -> None:
+    def _forget_moved(self, keep_transport: bool = False) -> None:
         """This worker lets go of a connection another worker now holds: no close frame, no close
-        counted, the socket closed here only (the other worker holds its duplicate)."""
+        counted, the socket closed here only (the other worker holds its duplicate), or, relayed
+        (`keep_transport`), the transport left to the relay that now owns it."""
         self.handed_over = True
         if self in self.node.connections:
             self.node.connections.discard(self)
@@ -483,7 +489,7 @@ class AMQPConnection:
         self._timer = self._close_timer = None
         self.out.clear()
         transport, self.transport = self.transport, None
-        if transport is not None:
+        if transport is not None and not keep_transport:
             transport.pause_reading()
             transport.close()
 
@@ -502,7 +508,8 @@ class AMQPConnection:
             self.state = State.OPEN_WAIT
             self.close_forced("the connection could not be moved between workers")
             return
-        self.peer, self.name = st.peer, st.name
+        self.peer, self.name, self.sockname = st.peer, st.name, st.sockname
+        self.tls, self.peer_cert = st.tls, st.peer_cert
         self.connected_at_ms = st.connected_at_ms
         self.node.connections.add(self)  # counted opened once, by the worker that accepted it
         vhost = self.node.vhosts.get(st.vhost)

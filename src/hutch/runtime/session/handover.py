@@ -14,10 +14,13 @@ Rules:
 - A connection moves only at a quiet point: nothing it holds may be in flight in this worker. No
   consumers, no unacked deliveries, no unconfirmed publishes, no transaction, no unfinished content, no
   read hold but the per-turn budget, no exclusive queue of its own, no channel closing, no flow or alarm
-  block, nothing left to write. TLS connections stay (their session state is the TLS library's).
+  block, nothing left to write. A TLS connection moves too, relayed: its TLS session stays in the
+  worker that accepted it (the TLS library's state cannot be exported), which pumps the plaintext to
+  the new worker over a socket pair (runtime/workers/relay.py).
 - What moves is what a client can observe: the user, vhost, frame_max, channel_max, heartbeat, client
-  properties, peer and name, the byte counters and `connected_at`; per channel its number, prefetch
-  (per consumer and global), confirm mode, publish sequence number (the next confirm's delivery tag
+  properties, peer and name, the address the client reached, the byte counters and `connected_at`, and
+  a TLS connection's identity (its TLS version and cipher, the client certificate); per channel its
+  number, prefetch (per consumer and global), confirm mode, publish sequence number (the next confirm's delivery tag
   continues) and next delivery tag.
 - A state is bounded (`MAX_STATE_BYTES`, runtime/workers/control.py; a connection with more unread
   bytes than `MAX_UNREAD_BYTES` stays) and checked field by field when decoded: a malformed one is a
@@ -39,7 +42,6 @@ from hutch.runtime.workers.control import MAX_STATE_BYTES
 class MovableConnection(Protocol):
     """What the judge reads of a connection (session/connection.py's AMQPConnection)."""
 
-    ssl_object: Any
     flow_blocked: bool
     alarm_blocked: bool
     node: Any
@@ -50,7 +52,7 @@ class MovableConnection(Protocol):
 
     def state_is_busy(self) -> bool: ...
 
-VERSION = 1
+VERSION = 2  # 2: a TLS connection's identity (relayed: runtime/workers/relay.py) and the address it reached
 
 
 @dataclass
@@ -98,12 +100,16 @@ class HandoverState:
     has_published: bool
     channels: list[ChannelState] = field(default_factory=list)
     unread: bytes = b""  # the frames read and not handled, the triggering one first
+    sockname: tuple[str, int] = ("", 0)  # the node's address the client reached (management's host, port)
+    tls: tuple[str, str] | None = None  # (TLS version, cipher) of a relayed TLS connection
+    peer_cert: bytes | None = None  # DER of the client certificate its TLS handshake verified
 
     def encode(self) -> bytes:
         data = msgpack.packb([VERSION, self.user, self.vhost, self.frame_max, self.channel_max, self.heartbeat_s,
                               encode_table(self.client_properties), self.auth_mechanism, list(self.peer), self.name,
                               self.connected_at_ms, self.recv_oct, self.send_oct, self.has_published,
-                              [c.to_wire() for c in self.channels], self.unread], use_bin_type=True)
+                              [c.to_wire() for c in self.channels], self.unread, list(self.sockname),
+                              None if self.tls is None else list(self.tls), self.peer_cert], use_bin_type=True)
         assert isinstance(data, bytes)
         return data
 
@@ -111,10 +117,10 @@ class HandoverState:
     def decode(cls, data: bytes) -> HandoverState:
         """The state `encode` made; ValueError if it is not one (or too large)."""
         v = unpack_state(data, "connection")
-        if not isinstance(v, list) or len(v) != 16 or v[0] != VERSION:
+        if not isinstance(v, list) or len(v) != 19 or v[0] != VERSION:
             raise ValueError("not a handover state of this version")
         (_, user, vhost, frame_max, channel_max, heartbeat_s, props, mechanism, peer, name, connected_at,
-         recv_oct, send_oct, has_published, channels, unread) = v
+         recv_oct, send_oct, has_published, channels, unread, sockname, tls, peer_cert) = v
         if not all(isinstance(s, str) for s in (user, vhost, mechanism, name)):
             raise ValueError("malformed handover state: names")
         if not all(type(n) is int and n >= 0 for n in (frame_max, channel_max, heartbeat_s, connected_at,
@@ -122,8 +128,13 @@ class HandoverState:
             raise ValueError("malformed handover state: numbers")
         if not isinstance(props, bytes) or not isinstance(unread, bytes) or type(has_published) is not bool:
             raise ValueError("malformed handover state: fields")
-        if not (isinstance(peer, list) and len(peer) == 2 and isinstance(peer[0], str) and type(peer[1]) is int):
-            raise ValueError("malformed handover state: peer")
+        for pair in (peer, sockname):
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
+                raise ValueError("malformed handover state: an address")
+        if tls is not None and not (isinstance(tls, list) and len(tls) == 2 and all(isinstance(t, str) for t in tls)):
+            raise ValueError("malformed handover state: TLS")
+        if peer_cert is not None and (tls is None or not isinstance(peer_cert, bytes)):
+            raise ValueError("malformed handover state: client certificate")
         if not isinstance(channels, list) or len(channels) > 65535:
             raise ValueError("malformed handover state: channels")
         try:
@@ -136,7 +147,8 @@ class HandoverState:
         if len({c.number for c in states}) != len(states):
             raise ValueError("malformed handover state: a channel twice")
         return cls(user, vhost, frame_max, channel_max, heartbeat_s, properties, mechanism, (peer[0], peer[1]),
-                   name, connected_at, recv_oct, send_oct, has_published, states, unread)
+                   name, connected_at, recv_oct, send_oct, has_published, states, unread, (sockname[0], sockname[1]),
+                   None if tls is None else (tls[0], tls[1]), peer_cert)
 
 
 def unpack_state(data: bytes, what: str) -> Any:  # Any: a msgpack value, checked by the caller
@@ -171,8 +183,6 @@ def first_publish_queues(vhost: Any, exchange: str, routing_key: str) -> list[An
 def quiet_reason(conn: MovableConnection) -> str | None:
     """Why `conn` may not move to another worker now, or None: it is quiet (the module's rules). Called
     once per connection, at its first publish or consume: O(its channels + its vhost's queues)."""
-    if conn.ssl_object is not None:
-        return "TLS"
     if conn.state_is_busy():
         return "busy"
     if conn.flow_blocked or conn.alarm_blocked or conn.node.alarms:

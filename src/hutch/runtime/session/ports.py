@@ -82,8 +82,12 @@ class Handover(Protocol):
     `home_of` names the other worker that is home to `queue` and can take a connection now (None: this
     worker, another node, or a worker that is down). `move` hands the connection's socket (duplicated:
     the caller then drops its transport without closing the TCP connection) and its encoded state to
-    worker `to`; False when it could not be sent (the connection stays, nothing was handed over)."""
+    worker `to`; False when it could not be sent (the connection stays, nothing was handed over). `relay`
+    hands over a TLS connection: its TLS session (`transport`) stays in this worker, which pumps the
+    plaintext to worker `to` (the relay owns `transport` once it returns True)."""
 
     def home_of(self, queue: Any) -> int | None: ...
 
     def move(self, sock: Any, state: bytes, to: int) -> bool: ...
+
+    def relay(self, transport: Any, state: bytes, to: int) -> bool: ...

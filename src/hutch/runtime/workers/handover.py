@@ -12,7 +12,10 @@ and of the stream session's `StreamHandover` (runtime/stream_session/ports.py), 
    moves at its first publish or consume usually has a few frames unread); a larger one follows on a
    fresh `AF_UNIX` stream pair whose other end travels with the client's descriptor;
 3. the session drops its transport (the socket closes here only: the duplicate keeps the TCP
-   connection), and a large state is written on this end of the pair, then closed;
+   connection), and a large state is written on this end of the pair, then closed. A TLS connection
+   (`relay`) cannot be handed over so (Python's `ssl` cannot export a TLS session): worker N gets one
+   end of a fresh socket pair as the connection's socket instead, and this worker keeps the TLS
+   transport and pumps the plaintext between the two (`TlsRelay`, runtime/workers/relay.py);
 4. worker N has the state (or reads it to the pair's end of file: at most `MAX_STATE_BYTES`, within
    `STATE_TIMEOUT_S`) and adopts the socket as an open connection (the `adopt` callable the
    composition root gives).
@@ -20,8 +23,13 @@ and of the stream session's `StreamHandover` (runtime/stream_session/ports.py), 
 Rules:
 - Nothing is lost silently: if worker N is not ready the supervisor closes the descriptors, if it dies
   the kernel does (it held the last copy), and if its state does not arrive whole it closes the client's
-  connection itself with 320 CONNECTION_FORCED. In every case the client sees its connection end and
-  reconnects; a publish it had not been confirmed is its to resend, as on any connection loss.
+  connection itself (below). A relayed connection ends with either worker: the relay's pair closes.
+  In every case the client sees its connection end and reconnects; a publish it had not been
+  confirmed is its to resend, as on any connection loss.
+- The kind of the connection (`KIND_AMQP`, `KIND_STREAM`) travels ahead of its state: the first
+  character of an inline state, the first byte on a state's socket pair (written before the pair is
+  handed over, so it is there even when the state never follows). A state that does not arrive whole
+  ends an AMQP client's connection with 320 and a stream client's by closing its socket.
 - Only a queue's stand-in (`remote`, its `home` a worker of this node that the link reaches) is a reason
   to move; a connection is judged once (the session's rule), so it moves at most once.
 """
@@ -40,13 +48,16 @@ from typing import Any
 from hutch.amqp import spec
 from hutch.amqp.errors import CONNECTION_FORCED
 from hutch.amqp.frames import method_frame
+from hutch.runtime.stream_session.handover import is_stream_state
 from hutch.runtime.workers.control import INLINE_STATE_BYTES, MAX_STATE_BYTES
 from hutch.runtime.workers.link import WorkerLink
+from hutch.runtime.workers.relay import TlsRelay
 from hutch.runtime.workers.spec import node_of_worker
 
 log = logging.getLogger("hutch.workers")
 
 STATE_TIMEOUT_S = 5.0
+KIND_AMQP, KIND_STREAM = b"a", b"s"  # what kind of connection a handed over state is, sent before it
 
 Adopt = Callable[[socket.socket, bytes], Awaitable[None]]  # the composition root's: open the adopted socket
 
@@ -70,6 +81,8 @@ class Locality:
         self.moved_out = 0  # connections handed to another worker
         self.adopted = 0  # connections taken from another worker
         self.lost = 0  # connections handed to this worker and closed (their state did not arrive whole)
+        self.relayed = 0  # TLS connections handed over through a relay (runtime/workers/relay.py)
+        self._relays: set[TlsRelay] = set()  # the relays of this worker's TLS connections served elsewhere
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_adopt_connection(self.receive)
 
@@ -94,18 +107,43 @@ class Locality:
             fd = os.dup(sock.fileno())
         except OSError:
             return False
+        try:
+            return self._send(fd, state, to)
+        finally:
+            os.close(fd)
+
+    def relay(self, transport: Any, state: bytes, to: int) -> bool:  # Any: the loop's TLS transport
+        """Hand over a TLS connection: worker `to` gets one end of a fresh socket pair as the connection's
+        socket, and this worker keeps the TLS session and pumps the plaintext between the two
+        (runtime/workers/relay.py). True when handed over: the relay owns `transport` from now on."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sent = self._send(theirs.fileno(), state, to)
+        finally:
+            theirs.close()
+        if not sent:
+            mine.close()
+            return False
+        relay = TlsRelay(transport, mine, self._relays.discard)
+        self._relays.add(relay)
+        relay.start()
+        self.relayed += 1
+        return True
+
+    def _send(self, fd: int, state: bytes, to: int) -> bool:
+        """Send client descriptor `fd` and its state to worker `to` (the caller closes `fd`). The state's
+        kind (`KIND_STREAM` or `KIND_AMQP`) goes first, so that a receiver whose state does not arrive
+        whole still ends the client's connection its protocol's way."""
+        kind = KIND_STREAM if is_stream_state(state) else KIND_AMQP
         if len(state) <= INLINE_STATE_BYTES:
-            try:
-                sent = self.link.send_handover(to, [fd], base64.b64encode(state).decode())
-            finally:
-                os.close(fd)
+            sent = self.link.send_handover(to, [fd], kind.decode() + base64.b64encode(state).decode())
             self.moved_out += sent
             return sent
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine.send(kind)  # (a fresh pair's buffer takes one byte at once)
         try:
             sent = self.link.send_handover(to, [fd, theirs.fileno()])
         finally:
-            os.close(fd)
             theirs.close()
         if not sent:
             mine.close()
@@ -128,18 +166,25 @@ class Locality:
         self._spawn(self._receive(sender, client, state))
 
     async def _receive(self, sender: int, client: socket.socket, carried: str | socket.socket) -> None:
+        kind = KIND_AMQP
         try:
             if isinstance(carried, str):
-                state = base64.b64decode(carried, validate=True)
+                kind = carried[:1].encode()
+                state = base64.b64decode(carried[1:], validate=True)
             else:
                 try:
+                    carried.setblocking(False)
+                    # the kind's byte was in the pair before it was handed over: it is there whatever follows
+                    kind = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(carried, 1), STATE_TIMEOUT_S)
                     state = await asyncio.wait_for(self._read_state(carried), STATE_TIMEOUT_S)
                 finally:
                     carried.close()
+            if kind not in (KIND_AMQP, KIND_STREAM):
+                raise ValueError(f"unknown kind of connection {kind!r}")
         except (OSError, TimeoutError, ValueError, binascii.Error) as exc:
             log.warning("a connection handed over by worker %d is closed: its state did not arrive (%s)", sender, exc)
             self.lost += 1
-            _refuse(client)
+            _refuse(client, stream=kind == KIND_STREAM)
             return
         try:
             await self.adopt(client, state)
@@ -151,7 +196,6 @@ class Locality:
         self.adopted += 1
 
     async def _read_state(self, sock: socket.socket) -> bytes:
-        sock.setblocking(False)
         loop = asyncio.get_running_loop()
         parts: list[bytes] = []
         size = 0
@@ -170,6 +214,8 @@ class Locality:
     def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        for relay in list(self._relays):
+            relay.abort()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -177,15 +223,19 @@ class Locality:
         task.add_done_callback(self._tasks.discard)
 
 
-def _refuse(client: socket.socket) -> None:
-    """Close a client's connection this worker cannot adopt: connection.close 320 first (best effort), so
-    the client learns why, then the socket."""
-    frame = method_frame(0, spec.Connection.Close(
-        reply_code=CONNECTION_FORCED, reply_text="CONNECTION_FORCED - the connection could not be moved "
-        "between the node's workers", class_id=0, method_id=0))
-    try:
-        client.setblocking(False)
-        client.send(frame)
-    except OSError:
-        pass
+def _refuse(client: socket.socket, stream: bool) -> None:
+    """Close a client's connection this worker cannot adopt. An AMQP client gets connection.close 320
+    first (best effort), so it learns why; a stream-protocol client's socket is closed without a frame,
+    as RabbitMQ ends a stream connection on an internal error (its Close command would need the
+    connection's correlation counter, which was in the state that did not arrive, and some clients
+    cannot read a close the server starts: stream_session/connection.py's `drop`)."""
+    if not stream:
+        frame = method_frame(0, spec.Connection.Close(
+            reply_code=CONNECTION_FORCED, reply_text="CONNECTION_FORCED - the connection could not be moved "
+            "between the node's workers", class_id=0, method_id=0))
+        try:
+            client.setblocking(False)
+            client.send(frame)
+        except OSError:
+            pass
     client.close()

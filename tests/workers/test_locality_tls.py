@@ -1,0 +1,237 @@
+"""Connection locality for TLS connections in a node of 2 workers (runtime/workers/relay.py): a TLS
+connection whose first publish or consume uses a queue of the other worker is served there, its TLS
+session staying in the worker that accepted it, which relays the plaintext over a socket pair.
+
+Connections are pinned to worker 0 by its own TLS port (`workers.own_ports`: `amqps_w0` in the worker's
+own ports file); every queue used is homed in worker 1. Where a connection is served is what a client can
+observe: an exclusive queue lives in its connection's worker (`worker` of the queue in the management
+API). The client's TCP socket stays in worker 0 (read from /proc). Waits poll with generous deadlines;
+nothing here asserts a duration.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import pytest
+from pika.exceptions import ConnectionClosedByBroker
+from tests.conftest import ServerInfo, start_server
+from tests.mgmt.helpers import Api, wait_mgmt
+from tests.tls.conftest import MECHANISMS
+from tests.tls.pki import Pki, make_pki
+from tests.workers.test_locality import CONFIG, declare_in
+from tests.workers.test_workers import client_port, holders, until, worker_of, worker_pid
+
+from hutch import portfile
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+              pytest.mark.timeout(120)]
+
+
+class Node:
+    def __init__(self, info: ServerInfo, pki: Pki) -> None:
+        self.info, self.pki = info, pki
+        self.api = Api(wait_mgmt(info, timeout=60).mgmt_url)
+
+    def tls_port(self, worker: int) -> int:
+        doc = portfile.read(self.info.data_dir / f"w{worker}")
+        assert doc is not None
+        return int(doc["listeners"][f"amqps_w{worker}"])
+
+    def connect(self, worker: int = 0, cert: tuple[Path, Path] | None = None, **kw: Any) -> pika.BlockingConnection:
+        ctx = self.pki.client_context(cert)
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.tls_port(worker), ssl_options=pika.SSLOptions(ctx, "localhost"),
+            connection_attempts=1, **kw))
+
+    def row(self, name: str) -> dict[str, Any] | None:
+        rows = [c for c in self.api.get("/api/connections").body if c.get("user_provided_name") == name]
+        assert len(rows) <= 1, rows  # listed once: the relaying worker does not list it
+        return rows[0] if rows else None
+
+    def served_in(self, conn: pika.BlockingConnection) -> int:
+        """The worker serving `conn`: where an exclusive queue it declares lives."""
+        ch = conn.channel()
+        queue = ch.queue_declare("", exclusive=True).method.queue
+        try:
+            return worker_of(self.info, queue)
+        finally:
+            ch.queue_delete(queue)
+            ch.close()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    tmp = tmp_path_factory.mktemp("locality-tls")
+    pki = make_pki(tmp / "pki")
+    config = CONFIG + pki.section("ssl_options.") + MECHANISMS
+    info = start_server(tmp, "--workers", "2", "--amqps-port", "0", config_text=config)
+    yield Node(info, pki)
+    info.stop()
+
+
+def consume(ch: Any, queue: str, count: int) -> list[tuple[int, bytes]]:
+    got = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=15):
+        assert method is not None, f"only {len(got)} of {count} arrived"
+        got.append((method.delivery_tag, body))
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == count:
+            break
+    ch.cancel()
+    return got
+
+
+def test_tls_publisher_and_consumer_are_served_by_their_queues_worker_through_the_relay(node: Node) -> None:
+    queue = declare_in(node.info, 1, "tls-move")
+    name = f"tls-pub-{uuid.uuid4().hex[:6]}"
+    with node.connect(client_properties={"connection_name": name}) as pub, node.connect() as con:
+        pch = pub.channel()
+        pch.confirm_delivery()
+        for i in range(300):  # each returns once confirmed: the confirms continue through the relay
+            pch.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        assert node.served_in(pub) == 1  # moved at its first publish
+        assert holders(node.info, client_port(pub)) == {0}  # the TLS session (and TCP socket) stayed
+        cch = con.channel()
+        cch.basic_qos(prefetch_count=50)
+        got = consume(cch, queue, 300)
+        assert [b for _t, b in got] == [b"%d" % i for i in range(300)]
+        assert [t for t, _b in got] == list(range(1, 301))
+        assert node.served_in(con) == 1
+        row = node.row(name)
+        assert row is not None and row["ssl"] is True and row["ssl_protocol"] in ("TLSv1.2", "TLSv1.3")
+        assert row["ssl_cipher"] and row["peer_port"] == client_port(pub) and row["peer_host"] == "127.0.0.1"
+        assert row["port"] == node.tls_port(0)  # the address the client reached, not the socket pair's
+        pch.queue_delete(queue)
+
+
+def test_a_relayed_connection_keeps_its_certificate_identity_and_external_login(node: Node) -> None:
+    cn = f"ext-{uuid.uuid4().hex[:8]}"
+    user = f"CN={cn},OU=tls,O=hutch tests"
+    assert node.api.put(f"/api/users/{quote(user, safe='')}", {"password_hash": "", "tags": ""}).status in (201, 204)
+    assert node.api.put(f"/api/permissions/%2F/{quote(user, safe='')}",
+                        {"configure": ".*", "write": ".*", "read": ".*"}).status in (201, 204)
+    queue = declare_in(node.info, 1, "tls-ext")
+    with node.connect(cert=node.pki.issue(cn), credentials=pika.credentials.ExternalCredentials(),
+                      client_properties={"connection_name": cn}) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", queue, b"x", pika.BasicProperties(user_id=user))  # user-id must be the login
+        assert node.served_in(conn) == 1
+        assert ch.basic_get(queue, auto_ack=True)[2] == b"x"
+        row = until(lambda: node.row(cn), what="the connection's row")
+        assert (row["user"], row["auth_mechanism"], row["ssl"]) == (user, "EXTERNAL", True)
+        assert row["peer_cert_subject"] == user and row["peer_cert_issuer"] and row["peer_cert_validity"]
+        ch.queue_delete(queue)
+
+
+def test_a_large_message_goes_through_the_relay_both_ways(node: Node) -> None:
+    queue = declare_in(node.info, 1, "tls-large")
+    body = bytes(range(256)) * (12 << 12)  # 12 MiB: more than every buffer on the way
+    with node.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", queue, body)
+        assert node.served_in(conn) == 1
+        got = consume(ch, queue, 1)
+        assert got[0][1] == body
+        ch.queue_delete(queue)
+
+
+def test_the_client_closing_ends_the_connection_in_its_home(node: Node) -> None:
+    queue = declare_in(node.info, 1, "tls-bye")
+    name = f"tls-bye-{uuid.uuid4().hex[:6]}"
+    conn = node.connect(client_properties={"connection_name": name})
+    ch = conn.channel()
+    ch.basic_consume(queue, lambda *_a: None)
+    assert node.served_in(conn) == 1
+    until(lambda: node.row(name), what="the connection listed")
+    port = client_port(conn)
+    conn._impl._transport._sock.close()  # the client vanishes without connection.close (nor close_notify)
+    until(lambda: node.row(name) is None, what="the home to forget the connection")
+    until(lambda: not holders(node.info, port), what="worker 0 to close the TLS socket")
+    with node.connect() as other:
+        doc = until(lambda: (lambda d: d if d.get("consumers") == 0 else None)(
+            node.api.get(f"/api/queues/%2F/{queue}").body), what="the consumer gone")
+        assert doc["consumers"] == 0
+        other.channel().queue_delete(queue)
+
+
+def test_the_home_closing_the_connection_closes_the_tls_session(node: Node) -> None:
+    queue = declare_in(node.info, 1, "tls-kick")
+    name = f"tls-kick-{uuid.uuid4().hex[:6]}"
+    conn = node.connect(client_properties={"connection_name": name})
+    ch = conn.channel()
+    cancelled: list[Any] = []
+    ch.add_on_cancel_callback(cancelled.append)
+    ch.basic_consume(queue, lambda *_a: None, exclusive=True)
+    assert node.served_in(conn) == 1
+    with node.connect(worker=1) as admin:  # the queue deleted under its exclusive consumer: basic.cancel
+        admin.channel().queue_delete(queue)
+    until(lambda: (conn.process_data_events(0.05), cancelled)[1], what="the consumer's cancel")
+    row = until(lambda: node.row(name), what="the connection's row")
+    port = client_port(conn)
+    assert node.api.delete(f"/api/connections/{quote(row['name'], safe='')}").status == 204
+    with pytest.raises(ConnectionClosedByBroker) as info:
+        until(lambda: conn.process_data_events(0.1), timeout=30, what="the close")
+    assert info.value.reply_code == 320
+    until(lambda: not holders(node.info, port), what="worker 0 to close the TLS socket")
+    until(lambda: node.row(name) is None, what="the connection gone")
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_slow_tls_consumer_pauses_its_home_and_the_relay_stays_bounded(node: Node) -> None:
+    """A consumer that does not read its socket: the relay stops reading the pair, the home's transport
+    fills and its paused-consumer path holds the rest in the queue; worker 0 (the relay) does not grow by
+    what is held back. Then the consumer reads, and gets every message in order."""
+    queue = declare_in(node.info, 1, "tls-slow")
+    body = b"s" * (64 << 10)
+    count = 640  # 40 MiB
+    relay_pid = worker_pid(node.info, 0)
+    assert relay_pid is not None
+    with node.connect() as con:
+        cch = con.channel()
+        got: list[bytes] = []
+        cch.basic_consume(queue, lambda ch, m, _p, b: (got.append(b), ch.basic_ack(m.delivery_tag)))
+        assert node.served_in(con) == 1
+        before = _rss_kib(relay_pid)
+        with node.connect(worker=1) as pub:  # worker 1's own TLS port: it is not relayed
+            pch = pub.channel()
+            pch.confirm_delivery()
+            for _ in range(count):
+                pch.basic_publish("", queue, body)
+        # the consumer has not read: what the home could not write stays in the queue
+        doc = until(lambda: (lambda d: d if d.get("messages_ready", 0) > 0 and d.get(
+            "messages_unacknowledged", 0) > 0 else None)(node.api.get(f"/api/queues/%2F/{queue}").body),
+            what="the home to pause delivering")
+        assert doc["messages_ready"] + doc["messages_unacknowledged"] == count
+        assert doc["messages_unacknowledged"] < count
+        assert _rss_kib(relay_pid) - before < 24 << 10  # the relay holds a bounded share of 40 MiB
+        until(lambda: (con.process_data_events(0.1), len(got) == count)[1], timeout=60, what="every message")
+        assert all(b == body for b in got)
+        cch.queue_delete(queue)
+
+
+def test_a_tls_connection_whose_first_queue_is_in_its_own_worker_stays_unrelayed(node: Node) -> None:
+    """A TLS connection that uses a queue of its own worker first stays, unrelayed (as a plain one)."""
+    queue = declare_in(node.info, 0, "tls-here")
+    with node.connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", queue, b"here")
+        assert node.served_in(conn) == 0
+        assert ch.basic_get(queue, auto_ack=True)[2] == b"here"
+        ch.queue_delete(queue)
+
