@@ -228,13 +228,29 @@ _states = st.builds(
     st.dictionaries(st.text(min_size=1, max_size=10), st.one_of(st.text(max_size=10), st.integers(-5, 5),
                                                                st.booleans()), max_size=4),
     _names, st.tuples(_names, st.integers(0, 65535)), _names, _ints, _ints, _ints, st.booleans(), _channels,
-    st.binary(max_size=300))
+    st.binary(max_size=300), st.tuples(_names, st.integers(0, 65535)),
+    # a relayed TLS connection's identity: (version, cipher) and a certificate only with TLS
+    st.one_of(st.none(), st.tuples(_names, _names)), st.none())
+_tls_states = st.builds(lambda s, tls, cert: HandoverState(**{**s.__dict__, "tls": tls, "peer_cert": cert}),
+                        _states, st.tuples(_names, _names), st.one_of(st.none(), st.binary(min_size=1, max_size=50)))
 
 
 @settings(max_examples=150, deadline=None)
 @given(_states)
 def test_a_state_round_trips(state: HandoverState) -> None:
     assert HandoverState.decode(state.encode()) == state
+
+
+@given(_tls_states)
+def test_a_tls_state_round_trips_with_its_identity(state: HandoverState) -> None:
+    assert HandoverState.decode(state.encode()) == state
+
+
+def test_a_client_certificate_without_tls_is_malformed() -> None:
+    state = HandoverState("guest", "/", 131072, 2047, 60, {}, "EXTERNAL", ("127.0.0.1", 1), "n", 0, 0, 0, False,
+                          peer_cert=b"der")
+    with pytest.raises(ValueError, match="client certificate"):
+        HandoverState.decode(state.encode())
 
 
 @settings(max_examples=300, deadline=None)

@@ -11,6 +11,8 @@ nothing here asserts a duration.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from urllib.parse import quote
 
 import pika
 import pytest
-from pika.exceptions import ConnectionClosedByBroker
+from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
 from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, wait_mgmt
 from tests.tls.conftest import MECHANISMS
@@ -37,6 +39,9 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="r
 class Node:
     def __init__(self, info: ServerInfo, pki: Pki) -> None:
         self.info, self.pki = info, pki
+        doc = portfile.read(info.data_dir / "w0")  # the management port is worker 0's: new if it restarted
+        assert doc is not None
+        info.management_port = int(doc["listeners"]["management"])
         self.api = Api(wait_mgmt(info, timeout=60).mgmt_url)
 
     def tls_port(self, worker: int) -> int:
@@ -235,3 +240,49 @@ def test_a_tls_connection_whose_first_queue_is_in_its_own_worker_stays_unrelayed
         assert ch.basic_get(queue, auto_ack=True)[2] == b"here"
         ch.queue_delete(queue)
 
+
+
+@pytest.mark.slow  # two kill -9 and restarts: ~10 s
+def test_a_worker_killed_ends_its_relayed_connections_on_both_sides(tmp_path: Path) -> None:
+    """kill -9 of the home ends the client's connection (the relay sees its pair close and closes the TLS
+    session); kill -9 of the relaying worker ends it in the home (the pair's end of file)."""
+    pki = make_pki(tmp_path / "pki")
+    info = start_server(tmp_path, "--workers", "2", "--amqps-port", "0",
+                        config_text=CONFIG + pki.section("ssl_options.") + MECHANISMS)
+    try:
+        for victim in (1, 0):
+            _kill_with_a_relayed_connection(info, pki, victim)
+    finally:
+        info.stop()
+
+
+def _kill_with_a_relayed_connection(info: ServerInfo, pki: Pki, victim: int) -> None:
+    node = Node(info, pki)
+    queue = declare_in(info, 1, f"tls-kill{victim}")
+    name = f"tls-kill-{victim}"
+    conn = node.connect(client_properties={"connection_name": name})
+    conn.channel().basic_consume(queue, lambda *_a: None)
+    assert node.served_in(conn) == 1
+    port = client_port(conn)
+    pid = worker_pid(info, victim)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    def ended() -> bool:
+        try:
+            conn.process_data_events(time_limit=0.1)
+        except AMQPConnectionError:
+            return True
+        return False
+    until(ended, what="the client to see its connection end")
+    until(lambda: not holders(info, port), what="the TLS socket closed")
+    until(lambda: worker_pid(info, victim) not in (None, pid), what="the worker restarted")
+    after = Node(info, pki)  # (worker 0 serves the management API)
+    until(lambda: _row_or_none(after, name) is None, what="the home to forget the connection")
+
+
+def _row_or_none(node: Node, name: str) -> dict[str, Any] | None:
+    try:
+        return node.row(name)
+    except OSError:  # the management listener restarting with worker 0
+        return {"restarting": True}
