@@ -140,11 +140,14 @@ async def test_connections_that_are_not_quiet_or_judged_already_stay(node: Node)
 @settings(max_examples=50, deadline=None)
 @given(user=st.text(max_size=20), props=st.dictionaries(st.text(max_size=10), st.text(max_size=10), max_size=5),
        numbers=st.lists(st.integers(0, 2**62), min_size=4, max_size=4), deliver=st.sampled_from([1, 2]),
-       unread=st.binary(max_size=200))
+       unread=st.binary(max_size=200),
+       tls=st.one_of(st.none(), st.tuples(st.text(max_size=8), st.text(max_size=30))),
+       cert=st.one_of(st.none(), st.binary(min_size=1, max_size=60)))
 def test_the_state_round_trips(user: str, props: dict[str, str], numbers: list[int], deliver: int,
-                               unread: bytes) -> None:
+                               unread: bytes, tls: tuple[str, str] | None, cert: bytes | None) -> None:
     state = StreamHandoverState(user, "/", numbers[0], numbers[1], props, "PLAIN", ("10.0.0.1", 5000), "n",
-                                numbers[2], deliver, numbers[3], ("localhost", 5552), unread)
+                                numbers[2], deliver, numbers[3], ("localhost", 5552), unread, ("10.0.0.2", 5551),
+                                tls, cert if tls is not None else None)
     data = state.encode()
     assert is_stream_state(data) and StreamHandoverState.decode(data) == state
 
@@ -154,7 +157,8 @@ def test_malformed_states_are_refused_and_an_amqp_state_is_told_apart() -> None:
     assert not is_stream_state(amqp)
     good = StreamHandoverState("u", "/", 1, 0, {}, "PLAIN", ("h", 1), "n", 1, 2, 0, ("h", 2), b"").encode()
     fields = msgpack.unpackb(good, raw=False)
-    for i, bad in ((1, 9), (4, -1), (6, {"k": 1}), (8, ["h"]), (11, 3), (13, "h:2"), (14, "text")):
+    for i, bad in ((1, 9), (4, -1), (6, {"k": 1}), (8, ["h"]), (11, 3), (13, "h:2"), (14, "text"), (15, None),
+                   (16, ["TLSv1.3"]), (17, b"a certificate without TLS")):
         broken = list(fields)
         broken[i] = bad
         with pytest.raises(ValueError):

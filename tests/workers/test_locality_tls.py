@@ -11,6 +11,7 @@ nothing here asserts a duration.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -23,12 +24,30 @@ from urllib.parse import quote
 import pika
 import pytest
 from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
+from rstream import (
+    AMQPMessage,
+    Consumer,
+    ConsumerOffsetSpecification,
+    MessageContext,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
 from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, wait_mgmt
 from tests.tls.conftest import MECHANISMS
 from tests.tls.pki import Pki, make_pki
-from tests.workers.test_locality import CONFIG, declare_in
+from tests.workers.test_locality import (
+    CONFIG,
+    STREAM_AUTH,
+    WAIT_S,
+    declare_in,
+    rstream_port,
+    stream_in,
+    until_async,
+)
 from tests.workers.test_workers import client_port, holders, until, worker_of, worker_pid
+from tests.workers.test_workers_streams import send_confirmed
 
 from hutch import portfile
 
@@ -75,8 +94,10 @@ class Node:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     tmp = tmp_path_factory.mktemp("locality-tls")
     pki = make_pki(tmp / "pki")
-    config = CONFIG + pki.section("ssl_options.") + MECHANISMS
-    info = start_server(tmp, "--workers", "2", "--amqps-port", "0", config_text=config)
+    # debug: a stream connection's move is told in the log (where it is served is not otherwise visible)
+    config = CONFIG + pki.section("ssl_options.") + MECHANISMS + "stream.listeners.ssl.default = 0\n" \
+        "log.console.level = debug\n"
+    info = start_server(tmp, "--workers", "2", "--amqps-port", "0", "--stream-port", "0", config_text=config)
     yield Node(info, pki)
     info.stop()
 
@@ -286,3 +307,48 @@ def _row_or_none(node: Node, name: str) -> dict[str, Any] | None:
         return node.row(name)
     except OSError:  # the management listener restarting with worker 0
         return {"restarting": True}
+
+
+# -- stream-protocol connections over TLS (rstream) ----------------------------------------------------------
+
+
+def test_tls_stream_publisher_and_consumer_are_relayed_to_the_streams_home(node: Node) -> None:
+    """rstream over TLS on worker 1's own TLS port, the stream's copy in worker 0: both connections are
+    served by worker 0 through worker 1's relay (the TCP sockets stay in worker 1); every message is read
+    once, in order, and the management API shows the connections' TLS and peer."""
+    stream = stream_in(node.info, 0, f"tls-s-{uuid.uuid4().hex[:6]}")
+    doc = portfile.read(node.info.data_dir / "w1")
+    assert doc is not None
+    port = int(doc["listeners"]["stream_tls_w1"])
+    ctx = node.pki.client_context()
+
+    async def run() -> None:
+        got: list[tuple[int, bytes]] = []
+        enough = asyncio.Event()
+
+        async def on(msg: AMQPMessage, mctx: MessageContext) -> None:
+            got.append((mctx.offset, bytes(msg.body)))
+            if len(got) >= 200:
+                enough.set()
+        async with Producer("127.0.0.1", port=port, ssl_context=ctx, **STREAM_AUTH) as producer, \
+                Consumer("127.0.0.1", port=port, ssl_context=ctx, **STREAM_AUTH) as consumer:
+            await consumer.start()
+            await consumer.subscribe(stream, on, decoder=amqp_decoder,
+                                     offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+            await send_confirmed(producer, stream, range(200), "", "tls-ref")
+            await asyncio.wait_for(enough.wait(), WAIT_S)
+            ports = [rstream_port(producer._clients[stream]), rstream_port(consumer._clients[stream])]
+            for peer in ports:
+                await until_async(lambda p=peer: f":{p} -> " in _moved_lines(node.info), "the relayed move")
+                assert holders(node.info, peer) == {1}  # the TLS session stayed in worker 1
+
+            def listed() -> list[dict[str, Any]]:
+                return [r for r in node.api.get("/api/stream/connections").body if r["peer_port"] in ports]
+            rows = await asyncio.get_running_loop().run_in_executor(None, listed)
+            assert len(rows) == 2 and all(r["ssl"] is True and r["port"] == port for r in rows), rows
+        assert got[:200] == [(i, b"%d" % i) for i in range(200)]
+    asyncio.run(run())
+
+
+def _moved_lines(info: ServerInfo) -> str:
+    return "\n".join(line for line in info.log().splitlines() if "moved to worker 0" in line and "relayed" in line)

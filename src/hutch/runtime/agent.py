@@ -410,9 +410,8 @@ class LocalAgent:
     async def stream_connections(self) -> list[dict[str, Any]]:
         out = []
         for conn in self._stream_connections():
-            transport = conn.transport
-            tls = transport.get_extra_info("ssl_object") if transport is not None else None
-            out.append({**conn.info(), "tls": [tls.version(), (tls.cipher() or ("",))[0]] if tls is not None else None,
+            tls = conn.tls_info  # its own TLS session's, or the relaying worker's (a TLS connection moved here)
+            out.append({**conn.info(), "tls": list(tls) if tls is not None else None,
                         "publisher_rows": conn.publishing.info(), "consumer_rows": conn.consuming.info()})
         return out
 

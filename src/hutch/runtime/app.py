@@ -298,6 +298,13 @@ async def start_streams(node: Node, handover: Locality | None = None) -> Callabl
             hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol over TLS listener started on %s:%d",
                      listen.display_host(cfg.stream_tls_host), hub.tls_port)
+            if cfg.worker_index is not None and cfg.worker_own_ports:  # as for the plain port (`stream_tls_w<N>`)
+                server = await listen.create_server(
+                    loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
+                    cfg.stream_tls_host, 0, backlog=1024, reuse_address=True)
+                servers.append(server)
+                hub.own_tls_port = node.listener_ports[f"stream_tls_w{cfg.worker_index}"] = \
+                    server.sockets[0].getsockname()[1]
     except OSError as exc:
         await stop()
         exc.hutch_listener = f"the stream protocol on port {cfg.stream_port if not servers else cfg.stream_tls_port}"  # type: ignore[attr-defined]  # read by serve's one-line error

@@ -134,10 +134,12 @@ class StreamConnection:
         self.name = ""
         self.connected_at_ms = 0
         self.handover = hub.handover
-        self.locality_armed = self.handover is not None and not tls  # judged once (handover.py)
+        self.locality_armed = self.handover is not None  # judged once (handover.py)
         self.handed_over = False  # moved to another worker: this one forgot it
         self._advertised: tuple[str, int] | None = None  # as told before a move, by the worker that accepted it
         self.peer_cert: bytes | None = None  # DER of a client certificate the TLS handshake verified
+        # a TLS connection's (version, cipher): its own session's, or the relaying worker's (moved here)
+        self.tls_info: tuple[str, str] | None = None
         self._dispatch: dict[type[c.Command], Callable[[Any], None]] = {
             c.DeclarePublisher: self.publishing.declare,
             c.Publish: self.publishing.publish,
@@ -174,6 +176,8 @@ class StreamConnection:
         self.name = f"{peer[0]}:{peer[1]} -> {sock[0]}:{sock[1]}"
         self.connected_at_ms = int(self.broker.wall_ms())
         ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            self.tls_info = (str(ssl_object.version()), (ssl_object.cipher() or ("",))[0])
         if ssl_object is not None and ssl_object.context.verify_mode != ssl.CERT_NONE:
             self.peer_cert = ssl_object.getpeercert(binary_form=True)  # None: the client sent none
         self._last_recv = self._last_sent = self.clock.time()
@@ -321,6 +325,7 @@ class StreamConnection:
         unread = len(frame).to_bytes(4, "big") + bytes(frame) + self.reader.unread()
         if reason is None and (sock is None or len(unread) > MAX_UNREAD_BYTES):
             reason = "no socket, or too much unread"
+        relayed = transport.get_extra_info("ssl_object") is not None  # TLS: relayed (runtime/workers/relay.py)
         if reason is not None:
             log.debug("stream connection %s stays in this worker (stream %s in worker %d): %s", self.name,
                       cmd.stream, to, reason)
@@ -328,16 +333,18 @@ class StreamConnection:
         state = StreamHandoverState(self.user_name, self.vhost.name, self.frame_max, self.heartbeat_s,
                                     dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
                                     self.connected_at_ms, self.consuming.deliver_version, self._correlation,
-                                    self.advertised(), unread)
-        if not handover.move(sock, state.encode(), to):
+                                    self.advertised(), unread, self.sock, self.tls_info, self.peer_cert)
+        if not (handover.relay(transport, state.encode(), to) if relayed else handover.move(sock, state.encode(), to)):
             return False
-        log.debug("stream connection %s moved to worker %d (stream %s)", self.name, to, cmd.stream)
-        self._forget_moved()
+        log.debug("stream connection %s moved to worker %d (stream %s)%s", self.name, to, cmd.stream,
+                  " (TLS, relayed)" if relayed else "")
+        self._forget_moved(keep_transport=relayed)
         return True
 
-    def _forget_moved(self) -> None:
+    def _forget_moved(self, keep_transport: bool = False) -> None:
         """This worker lets go of a connection another worker now holds: no close frame, the socket closed
-        here only (the other worker holds its duplicate)."""
+        here only (the other worker holds its duplicate), or, relayed (`keep_transport`), the transport
+        left to the relay that now owns it."""
         self.handed_over = True
         self.phase = Phase.CLOSED
         if self._timer is not None:
@@ -346,7 +353,7 @@ class StreamConnection:
         self.hub.connections.discard(self)
         self.out.clear()
         transport, self.transport = self.transport, None
-        if transport is not None:
+        if transport is not None and not keep_transport:
             transport.pause_reading()
             transport.close()
 
@@ -366,7 +373,8 @@ class StreamConnection:
             self._fatal(StreamProtocolError(f"the connection could not be moved between workers: {exc}",
                                             Code.INTERNAL_ERROR))
             return
-        self.peer, self.name, self.connected_at_ms = st.peer, st.name, st.connected_at_ms
+        self.peer, self.name, self.connected_at_ms, self.sock = st.peer, st.name, st.connected_at_ms, st.sockname
+        self.tls, self.tls_info, self.peer_cert = st.tls is not None, st.tls, st.peer_cert
         vhost = self.broker.vhosts.get(st.vhost)
         if vhost is None or self.broker.auth.get_user(st.user) is None:
             self._fatal(StreamProtocolError("vhost or user deleted", Code.VIRTUAL_HOST_ACCESS_FAILURE))
@@ -578,7 +586,8 @@ class StreamConnection:
             return self._advertised
         cfg = self.broker.config
         host = cfg.stream_advertised_host or self.sock[0]
-        own = self.hub.own_port if not self.tls and self.hub.own_port == self.sock[1] else 0
+        own_port = self.hub.own_tls_port if self.tls else self.hub.own_port
+        own = own_port if own_port == self.sock[1] else 0
         port = cfg.stream_advertised_port or own or (self.hub.tls_port if self.tls else self.hub.port) or self.sock[1]
         return host, port
 

@@ -47,6 +47,7 @@ class StreamHub:
         self.port = 0       # the plain listener's bound port (set when it listens)
         self.tls_port = 0   # the TLS listener's bound port
         self.own_port = 0   # a worker's own plain listener (`workers.own_ports`), advertised on itself
+        self.own_tls_port = 0  # a worker's own TLS listener (`workers.own_ports`), advertised on itself
         self.handover: StreamHandover | None = None  # a worker's connection locality (`workers.locality`)
 
     def watch(self, vhost: str, stream: str, handle: Any) -> None:

@@ -36,11 +36,15 @@ class StreamHandover(Protocol):
     runtime/workers/handover.py's `Locality`). `worker_of` is the index of worker `name` of this node when
     it is another worker that can take a connection now (None: this worker, another node, or a worker that
     is down); `move` hands the connection's socket (duplicated: the caller then drops its transport without
-    closing the TCP connection) and its encoded state to worker `to`; False when it could not be sent."""
+    closing the TCP connection) and its encoded state to worker `to`; False when it could not be sent.
+    `relay` hands over a TLS connection: its TLS session (`transport`) stays in this worker, which pumps
+    the plaintext to worker `to` (the relay owns `transport` once it returns True)."""
 
     def worker_of(self, name: str) -> int | None: ...
 
     def move(self, sock: Any, state: bytes, to: int) -> bool: ...
+
+    def relay(self, transport: Any, state: bytes, to: int) -> bool: ...
 
 
 class StreamExists(Exception):
