@@ -21,6 +21,7 @@ Modes:
     python benchmarks/rawload.py --port 5672 -x 1000 -y 1000 --queues 1000 -r 10000 -c 100 -q 100 -A 10
     python benchmarks/rawload.py --port 5672 --mode churn --concurrency 20 -z 10
     python benchmarks/rawload.py --port 5672 --mode idle --connections 10000 --pids 1234
+    python benchmarks/rawload.py --port 5671 --cacert ca.pem -x 1 -y 1 -s 16 -z 10   # over TLS
 
 Counting: only what happens inside the window [start + warmup, start + warmup + z) is counted (a read
 is in the window if the clock at the read is); rates are counts / z. `-r` is the TOTAL publish rate,
@@ -38,6 +39,7 @@ import json
 import multiprocessing
 import os
 import resource
+import ssl
 import struct
 import sys
 import time
@@ -264,7 +266,8 @@ async def connect(cfg: Config, factory: type[Client] = Client, *a: Any) -> Any:
     loop = asyncio.get_running_loop()
 
     async def attempt() -> Any:
-        _, client = await loop.create_connection(lambda: factory(*a), cfg.host, cfg.port)
+        ctx = ssl.create_default_context(cafile=cfg.cacert) if getattr(cfg, "cacert", "") else None
+        _, client = await loop.create_connection(lambda: factory(*a), cfg.host, cfg.port, ssl=ctx)
         try:
             await client.handshake(cfg.user, cfg.password, cfg.vhost)
         except BaseException:
@@ -328,6 +331,7 @@ class Config(BrokerTarget):
     persistent: bool = False
     quorum: bool = False
     stream: str = ""  # x-stream-offset of the consumers ("next", "first", ...): the queues are streams
+    cacert: str = ""  # AMQP over TLS, verifying the broker with this CA file (the port is the TLS one)
     processes: int = 1
     concurrency: int = 20
     connections: int = 1000
@@ -862,6 +866,7 @@ def parse(argv: list[str]) -> Config:
     a("--stream", default="", metavar="OFFSET",
       help="stream queues, consumed from this x-stream-offset (next, first, ...; consumers need -A > 0)")
     a("--processes", type=int, default=1, help="OS processes per role (default 1)")
+    a("--cacert", default="", metavar="FILE", help="AMQP over TLS (--port is the TLS port), this CA verifying the broker")
     a("--concurrency", type=int, default=20, help="churn: connections opened at the same time")
     a("--connections", type=int, default=1000, help="idle: connections held")
     ns = ap.parse_args(argv)
