@@ -57,6 +57,7 @@ from hutch.runtime.workers.spec import node_of_worker
 log = logging.getLogger("hutch.workers")
 
 STATE_TIMEOUT_S = 5.0
+RELAY_SOCKET_BUFFER_BYTES = 4 << 20  # each end of a relay's socket pair: as Linux's largest TCP send buffer (tcp_wmem); capped at wmem_max
 KIND_AMQP, KIND_STREAM = b"a", b"s"  # what kind of connection a handed over state is, sent before it
 
 Adopt = Callable[[socket.socket, bytes], Awaitable[None]]  # the composition root's: open the adopted socket
@@ -117,6 +118,8 @@ class Locality:
         socket, and this worker keeps the TLS session and pumps the plaintext between the two
         (runtime/workers/relay.py). True when handed over: the relay owns `transport` from now on."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (mine, theirs):  # as a loopback TCP socket's: a large message crosses in a few writes
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RELAY_SOCKET_BUFFER_BYTES)
         try:
             sent = self._send(theirs.fileno(), state, to)
         finally:

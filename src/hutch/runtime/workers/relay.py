@@ -34,8 +34,8 @@ from typing import Any, cast
 
 log = logging.getLogger("hutch.workers")
 
-WRITE_HIGH = 256 << 10  # each side's write buffer: stop reading the other side above this
-WRITE_LOW = 64 << 10  # ... and read again below this
+WRITE_HIGH = 1 << 20  # each side's write buffer: stop reading the other side above this
+WRITE_LOW = 256 << 10  # ... and read again below this
 MAX_EARLY_BYTES = 1 << 20  # decrypted bytes that arrive before the home side is open (one read, bounded)
 
 
