@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,15 @@ def declare_in(info: ServerInfo, worker: int, prefix: str) -> str:
             if worker_of(info, name) == worker:
                 return name
     raise AssertionError(f"no queue placed in worker {worker}")
+
+
+def connection_ended(conn: pika.BlockingConnection) -> bool:
+    """Whether pika has seen its connection end (it raises from its event loop)."""
+    try:
+        conn.process_data_events(time_limit=0.1)
+    except AMQPConnectionError:
+        return True
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -263,14 +273,7 @@ def test_target_worker_killed_mid_handover_closes_the_connection(tmp_path: Path)
             until(lambda: not holders(info, port), what="worker 0 to let the connection go")
         finally:
             os.kill(pid, signal.SIGKILL)  # a stopped process takes SIGKILL as it is
-
-        def closed() -> bool:
-            try:
-                conn.process_data_events(time_limit=0.1)
-            except AMQPConnectionError:
-                return True
-            return False
-        until(closed, what="the client to see its connection end")
+        until(lambda: connection_ended(conn), what="the client to see its connection end")
         until(lambda: not alive(pid), what="worker 1 gone")
         until(lambda: worker_pid(info, 1) not in (None, pid), what="worker 1 restarted")
         with connect(info, 0) as again:  # the node goes on: a new connection works
@@ -345,8 +348,12 @@ def end_message(publishing_id: int) -> AMQPMessage:
     return msg
 
 
-async def read_until_end(port: int, stream: str, offset: ConsumerOffsetSpecification) -> list[tuple[int, bytes]]:
-    """(offset, body) of every message from `offset` up to the b"end" message (not included)."""
+async def read_until_end(port: int, stream: str, offset: ConsumerOffsetSpecification,
+                         ssl_context: ssl.SSLContext | None = None,
+                         local_ports: list[int] | None = None) -> list[tuple[int, bytes]]:
+    """(offset, body) of every message from `offset` up to the b"end" message (not included); the
+    consumer's connection to the stream's reader is over TLS with `ssl_context`, and its local port is
+    appended to `local_ports`."""
     got: list[tuple[int, bytes]] = []
     done = asyncio.Event()
 
@@ -355,9 +362,11 @@ async def read_until_end(port: int, stream: str, offset: ConsumerOffsetSpecifica
             done.set()
         elif not done.is_set():
             got.append((ctx.offset, bytes(msg.body)))
-    async with Consumer("127.0.0.1", port=port, **STREAM_AUTH) as c:
+    async with Consumer("127.0.0.1", port=port, ssl_context=ssl_context, **STREAM_AUTH) as c:
         await c.start()
         await c.subscribe(stream, on, decoder=amqp_decoder, offset_specification=offset)
+        if local_ports is not None:
+            local_ports.append(rstream_port(c._clients[stream]))
         await asyncio.wait_for(done.wait(), WAIT_S)
     return got
 

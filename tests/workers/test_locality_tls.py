@@ -23,15 +23,12 @@ from urllib.parse import quote
 
 import pika
 import pytest
-from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
+from pika.exceptions import ConnectionClosedByBroker
 from rstream import (
     AMQPMessage,
-    Consumer,
     ConsumerOffsetSpecification,
-    MessageContext,
     OffsetType,
     Producer,
-    amqp_decoder,
 )
 from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, wait_mgmt
@@ -40,8 +37,10 @@ from tests.tls.pki import Pki, make_pki
 from tests.workers.test_locality import (
     CONFIG,
     STREAM_AUTH,
-    WAIT_S,
+    connection_ended,
     declare_in,
+    end_message,
+    read_until_end,
     rstream_port,
     stream_in,
     until_async,
@@ -288,14 +287,7 @@ def _kill_with_a_relayed_connection(info: ServerInfo, pki: Pki, victim: int) -> 
     pid = worker_pid(info, victim)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-
-    def ended() -> bool:
-        try:
-            conn.process_data_events(time_limit=0.1)
-        except AMQPConnectionError:
-            return True
-        return False
-    until(ended, what="the client to see its connection end")
+    until(lambda: connection_ended(conn), what="the client to see its connection end")
     until(lambda: not holders(info, port), what="the TLS socket closed")
     until(lambda: worker_pid(info, victim) not in (None, pid), what="the worker restarted")
     after = Node(info, pki)  # (worker 0 serves the management API)
@@ -315,7 +307,7 @@ def _row_or_none(node: Node, name: str) -> dict[str, Any] | None:
 def test_tls_stream_publisher_and_consumer_are_relayed_to_the_streams_home(node: Node) -> None:
     """rstream over TLS on worker 1's own TLS port, the stream's copy in worker 0: both connections are
     served by worker 0 through worker 1's relay (the TCP sockets stay in worker 1); every message is read
-    once, in order, and the management API shows the connections' TLS and peer."""
+    once, in order."""
     stream = stream_in(node.info, 0, f"tls-s-{uuid.uuid4().hex[:6]}")
     doc = portfile.read(node.info.data_dir / "w1")
     assert doc is not None
@@ -323,30 +315,36 @@ def test_tls_stream_publisher_and_consumer_are_relayed_to_the_streams_home(node:
     ctx = node.pki.client_context()
 
     async def run() -> None:
-        got: list[tuple[int, bytes]] = []
-        enough = asyncio.Event()
-
-        async def on(msg: AMQPMessage, mctx: MessageContext) -> None:
-            got.append((mctx.offset, bytes(msg.body)))
-            if len(got) >= 200:
-                enough.set()
-        async with Producer("127.0.0.1", port=port, ssl_context=ctx, **STREAM_AUTH) as producer, \
-                Consumer("127.0.0.1", port=port, ssl_context=ctx, **STREAM_AUTH) as consumer:
-            await consumer.start()
-            await consumer.subscribe(stream, on, decoder=amqp_decoder,
-                                     offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        async with Producer("127.0.0.1", port=port, ssl_context=ctx, **STREAM_AUTH) as producer:
             await send_confirmed(producer, stream, range(200), "", "tls-ref")
-            await asyncio.wait_for(enough.wait(), WAIT_S)
-            ports = [rstream_port(producer._clients[stream]), rstream_port(consumer._clients[stream])]
-            for peer in ports:
-                await until_async(lambda p=peer: f":{p} -> " in _moved_lines(node.info), "the relayed move")
-                assert holders(node.info, peer) == {1}  # the TLS session stayed in worker 1
+            await producer.send_wait(stream, end_message(200))
+            writer = rstream_port(producer._clients[stream])
+            assert holders(node.info, writer) == {1}  # the TLS session stayed in worker 1
+        reader: list[int] = []
+        got = await read_until_end(port, stream, ConsumerOffsetSpecification(OffsetType.FIRST), ctx, reader)
+        assert got == [(i, b"%d" % i) for i in range(200)]  # every message once, in order
+        for peer in (writer, *reader):  # both were served by worker 0 through worker 1's relay
+            await until_async(lambda p=peer: f":{p} -> " in _moved_lines(node.info), "the relayed move")
+        await until_async(lambda: not [r for r in node.api.get("/api/stream/connections").body
+                                       if r["peer_port"] in (writer, *reader)], "the home to forget them (closed)")
+    asyncio.run(run())
 
-            def listed() -> list[dict[str, Any]]:
-                return [r for r in node.api.get("/api/stream/connections").body if r["peer_port"] in ports]
-            rows = await asyncio.get_running_loop().run_in_executor(None, listed)
-            assert len(rows) == 2 and all(r["ssl"] is True and r["port"] == port for r in rows), rows
-        assert got[:200] == [(i, b"%d" % i) for i in range(200)]
+
+def test_a_relayed_stream_connection_shows_its_tls_and_peer(node: Node) -> None:
+    stream = stream_in(node.info, 0, f"tls-s-{uuid.uuid4().hex[:6]}")
+    doc = portfile.read(node.info.data_dir / "w1")
+    assert doc is not None
+    port = int(doc["listeners"]["stream_tls_w1"])
+
+    async def run() -> None:
+        async with Producer("127.0.0.1", port=port, ssl_context=node.pki.client_context(), **STREAM_AUTH) as p:
+            await p.send_wait(stream, AMQPMessage(body=b"x"))
+            peer = rstream_port(p._clients[stream])
+            await until_async(lambda: f":{peer} -> " in _moved_lines(node.info), "the relayed move")
+            rows = await asyncio.get_running_loop().run_in_executor(None, lambda: [
+                r for r in node.api.get("/api/stream/connections").body if r["peer_port"] == peer])
+            assert len(rows) == 1 and rows[0]["ssl"] is True and rows[0]["port"] == port, rows
+            assert rows[0]["publishers"] == 1
     asyncio.run(run())
 
 

@@ -128,13 +128,7 @@ class HandoverState:
             raise ValueError("malformed handover state: numbers")
         if not isinstance(props, bytes) or not isinstance(unread, bytes) or type(has_published) is not bool:
             raise ValueError("malformed handover state: fields")
-        for pair in (peer, sockname):
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
-                raise ValueError("malformed handover state: an address")
-        if tls is not None and not (isinstance(tls, list) and len(tls) == 2 and all(isinstance(t, str) for t in tls)):
-            raise ValueError("malformed handover state: TLS")
-        if peer_cert is not None and (tls is None or not isinstance(peer_cert, bytes)):
-            raise ValueError("malformed handover state: client certificate")
+        check_identity("handover state", [peer, sockname], tls, peer_cert)
         if not isinstance(channels, list) or len(channels) > 65535:
             raise ValueError("malformed handover state: channels")
         try:
@@ -159,6 +153,18 @@ def unpack_state(data: bytes, what: str) -> Any:  # Any: a msgpack value, checke
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed handover state: {exc}") from None
+
+
+def check_identity(what: str, addresses: list[Any], tls: Any, peer_cert: Any) -> None:  # Any: msgpack values
+    """ValueError unless every address is [host, port], `tls` is None or [version, cipher], and
+    `peer_cert` is None or the DER bytes of a TLS connection's client certificate."""
+    for pair in addresses:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
+            raise ValueError(f"malformed {what}: an address")
+    if tls is not None and not (isinstance(tls, list) and len(tls) == 2 and all(isinstance(t, str) for t in tls)):
+        raise ValueError(f"malformed {what}: TLS")
+    if peer_cert is not None and (tls is None or not isinstance(peer_cert, bytes)):
+        raise ValueError(f"malformed {what}: client certificate")
 
 
 # exchange types whose queues the exchange and the routing key decide (no headers, no per-message choice)

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from hutch.runtime.session.handover import unpack_state
+from hutch.runtime.session.handover import check_identity, unpack_state
 
 MARK = "stream"  # the first field: an AMQP connection's state starts with its version number instead
 VERSION = 2  # 2: a TLS connection's identity (relayed: runtime/workers/relay.py) and the address it reached
@@ -111,13 +111,7 @@ class StreamHandoverState:
             raise ValueError("malformed stream handover state: fields")
         if not (isinstance(props, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in props.items())):
             raise ValueError("malformed stream handover state: client properties")
-        for pair in (peer, advertised, sockname):
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and type(pair[1]) is int):
-                raise ValueError("malformed stream handover state: an address")
-        if tls is not None and not (isinstance(tls, list) and len(tls) == 2 and all(isinstance(t, str) for t in tls)):
-            raise ValueError("malformed stream handover state: TLS")
-        if peer_cert is not None and (tls is None or not isinstance(peer_cert, bytes)):
-            raise ValueError("malformed stream handover state: client certificate")
+        check_identity("stream handover state", [peer, advertised, sockname], tls, peer_cert)
         return cls(user, vhost, frame_max, heartbeat_s, props, mechanism, (peer[0], peer[1]), name, connected_at,
                    deliver_version, correlation, (advertised[0], advertised[1]), unread, (sockname[0], sockname[1]),
                    None if tls is None else (tls[0], tls[1]), peer_cert)
