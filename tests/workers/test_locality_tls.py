@@ -12,6 +12,7 @@ nothing here asserts a duration.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -31,7 +32,7 @@ from rstream import (
     Producer,
 )
 from tests.conftest import ServerInfo, start_server
-from tests.mgmt.helpers import Api, wait_mgmt
+from tests.mgmt.helpers import Api, run_ctl, wait_mgmt
 from tests.tls.conftest import MECHANISMS
 from tests.tls.pki import Pki, make_pki
 from tests.workers.test_locality import (
@@ -45,6 +46,7 @@ from tests.workers.test_locality import (
     stream_in,
     until_async,
 )
+from tests.workers.test_worker_limits import add_vhost, refused
 from tests.workers.test_workers import client_port, holders, until, worker_of, worker_pid
 from tests.workers.test_workers_streams import send_confirmed
 
@@ -208,6 +210,33 @@ def test_the_home_closing_the_connection_closes_the_tls_session(node: Node) -> N
     assert info.value.reply_code == 320
     until(lambda: not holders(node.info, port), what="worker 0 to close the TLS socket")
     until(lambda: node.row(name) is None, what="the connection gone")
+
+
+def test_a_relayed_connection_counts_once_for_its_vhosts_limit_and_hutchctl_lists_its_tls(node: Node) -> None:
+    add_vhost(node.api, "tls-lim")
+    assert node.api.put("/api/vhost-limits/tls-lim/max-connections", {"value": 2}).status == 204
+    with node.connect(virtual_host="tls-lim", client_properties={"connection_name": "tls-lim-1"}) as first:
+        ch = first.channel()
+        for i in range(8):  # a queue in worker 1 of this vhost
+            name = f"tls-lim-{i}"
+            ch.queue_declare(name)
+            if node.api.get(f"/api/queues/tls-lim/{name}").body["worker"] == 1:
+                break
+        ch.confirm_delivery()
+        ch.basic_publish("", name, b"x")  # relayed to worker 1 now
+        mine = ch.queue_declare("", exclusive=True).method.queue
+        assert node.api.get(f"/api/queues/tls-lim/{mine}").body["worker"] == 1
+        with node.connect(worker=1, virtual_host="tls-lim"):  # counted once: one place is left, and only one
+            for worker in (0, 1):
+                assert "connection limit (2) is reached" in refused(node.info, worker, vhost="tls-lim")
+        listed = run_ctl(node.info, "list_connections", "-p", "tls-lim", "--formatter", "json", "client_properties",
+                         "peer_port", "ssl", "port")
+        assert listed.returncode == 0, listed.stderr
+        rows = [r for r in json.loads(listed.stdout)
+                if (r.get("client_properties") or {}).get("connection_name") == "tls-lim-1"]
+        assert len(rows) == 1 and rows[0]["ssl"] is True and rows[0]["peer_port"] == client_port(first), rows
+        assert rows[0]["port"] == node.tls_port(0)  # the port the client reached, not the socket pair's
+        ch.queue_delete(name)
 
 
 def _rss_kib(pid: int) -> int:
