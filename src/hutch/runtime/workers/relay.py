@@ -53,6 +53,7 @@ class TlsRelay:
         self._early_bytes = 0
         self._client_eof = False
         self._ended = False
+        self._opening: asyncio.Future[None] | None = None
         self.bytes_in = 0  # from the client to the home
         self.bytes_out = 0  # from the home to the client
 
@@ -61,7 +62,8 @@ class TlsRelay:
         self.client.pause_reading()
         self.client.set_protocol(_ClientSide(self))
         self.client.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
-        return asyncio.ensure_future(self._open_home())
+        self._opening = asyncio.ensure_future(self._open_home())  # (held: a task nobody holds may vanish)
+        return self._opening
 
     async def _open_home(self) -> None:
         loop = asyncio.get_running_loop()
