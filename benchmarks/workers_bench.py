@@ -105,16 +105,28 @@ def cpu_seconds(pids: list[int]) -> float:
     return sum(sum(cpu_times(pid)) for pid in pids)
 
 
-def cpu_each(pids: list[int]) -> list[tuple[float, float]]:
-    """User and system CPU seconds of each of `pids` so far."""
-    return [cpu_times(pid) for pid in pids]
+def run_seconds(pid: int) -> float:
+    """The time process `pid`'s threads have run so far, to the nanosecond (the scheduler's own account,
+    /proc/PID/task/*/schedstat; /proc/PID/stat counts in 10 ms ticks, too coarse for an idle worker)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
-def window_cpu(each0: list[tuple[float, float]], each1: list[tuple[float, float]], took: float) -> dict[str, Any]:
-    """Over a window of `took` s: each process's CPU in % of a core, and the kernel's share of the node's CPU."""
-    pct = [round(100 * (u1 + s1 - u0 - s0) / took, 1) for (u0, s0), (u1, s1) in zip(each0, each1, strict=True)]
-    used = sum(u + s for u, s in each1) - sum(u + s for u, s in each0)
-    kernel = sum(s for _, s in each1) - sum(s for _, s in each0)
+def cpu_each(pids: list[int]) -> list[tuple[float, float, float]]:
+    """User and system CPU seconds of each of `pids` so far, and its run time (`run_seconds`)."""
+    return [(*cpu_times(pid), run_seconds(pid)) for pid in pids]
+
+
+def window_cpu(each0: list[tuple[float, float, float]], each1: list[tuple[float, float, float]],
+               took: float) -> dict[str, Any]:
+    """Over a window of `took` s: each process's CPU in % of a core (its run time), and the kernel's share
+    of the node's CPU (system over user and system)."""
+    pct = [round(100 * (b[2] - a[2]) / took, 3) for a, b in zip(each0, each1, strict=True)]
+    used = sum(u + s for u, s, _ in each1) - sum(u + s for u, s, _ in each0)
+    kernel = sum(s for _, s, _ in each1) - sum(s for _, s, _ in each0)
     return {"cpu_pct_by_process": pct, "kernel_share": round(kernel / used, 3) if used else None}
 
 
@@ -167,7 +179,7 @@ def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 
     first, each0, t0 = wakeups(pids), cpu_each(pids), time.monotonic()
     time.sleep(window)
     woke, each1, took = wakeups(pids) - first, cpu_each(pids), time.monotonic() - t0
-    cpu_mid = sum(map(sum, each1)) - sum(map(sum, each0))
+    cpu_mid = sum(u + s for u, s, _ in each1) - sum(u + s for u, s, _ in each0)
     stdout, stderr = proc.communicate()
     cpu = cpu_seconds(pids) - before
     lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
@@ -229,9 +241,12 @@ def fill_others(ports: dict[str, int], workers: int, queues: int) -> None:
 def idle(pids: list[int], seconds: float) -> dict[str, Any]:
     """The node's CPU with no client (after 5 s for its start-up work to settle), in % of a core."""
     time.sleep(5.0)
-    used, t0 = cpu_seconds(pids), time.monotonic()
+    each0, woke0, t0 = cpu_each(pids), wakeups(pids), time.monotonic()
     time.sleep(seconds)
-    return {"broker_cpu_pct": round(100 * (cpu_seconds(pids) - used) / (time.monotonic() - t0), 2)}
+    each1, woke, took = cpu_each(pids), wakeups(pids) - woke0, time.monotonic() - t0
+    used = sum(run for _, _, run in each1) - sum(run for _, _, run in each0)
+    return {"broker_cpu_pct": round(100 * used / took, 3), "wakeups_per_s": round(woke / took, 1),
+            **window_cpu(each0, each1, took)}
 
 
 def main() -> None:
@@ -257,10 +272,11 @@ def main() -> None:
     CPUS["clients"] = {int(c) for c in args.client_cpus.split(",") if c}
     tools = args.tools.split(",")
     common = ["-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "-z", str(args.seconds), "--warmup", "2"]
-    nodes = [(w, loc == "on", place) for _ in range(args.rounds) for w in (int(w) for w in args.workers.split(","))
+    nodes = [(r, w, loc == "on", place) for r in range(args.rounds) for w in (int(w) for w in args.workers.split(","))
              for loc in (args.locality.split(",") if w > 1 else ["on"])
              for place in (args.placement.split(",") if w > 1 else ["spread"])]
-    for workers, locality, placement in nodes:
+    seen: list[tuple[int, tuple[int, bool, str], str, dict[str, Any]]] = []
+    for rnd, workers, locality, placement in nodes:
         with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
@@ -299,11 +315,40 @@ def main() -> None:
                 if "idle" in tools:
                     runs.append(("idle 20 s", idle(pids, 20.0)))
                 for name, result in runs:
+                    seen.append((rnd, (workers, locality, placement), name, result))
                     pinned = {f"{role}_cpus": sorted(cpus) for role, cpus in CPUS.items() if cpus}
                     print(json.dumps({"workers": workers, "locality": locality and workers > 1, **pinned,
                                       **({"placement": placement} if workers > 1 else {}), "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
+
+    if args.rounds > 1:
+        for line in ratios(seen):
+            print(json.dumps(line), flush=True)
+
+
+def ratios(seen: list[tuple[int, tuple[int, bool, str], str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run and node shape, the broker CPU per message of each round over one process's in the same
+    round (`--rounds`): every ratio, their median, min and max, and how many are above 1.10 (issue 26's
+    goal (b))."""
+    base = {(rnd, name): r for rnd, (w, _, _), name, r in seen if w == 1}
+    out: dict[tuple[str, tuple[int, bool, str], str], list[float]] = {}
+    for rnd, shape, name, r in seen:
+        one = base.get((rnd, name))
+        if shape[0] == 1 or one is None:
+            continue
+        for key in ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg_steady"):
+            if r.get(key) and one.get(key):
+                out.setdefault((name, shape, key), []).append(round(r[key] / one[key], 3))
+    lines = []
+    for (name, (workers, locality, placement), key), values in out.items():
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        lines.append({"summary": name, "workers": workers, "locality": locality, "placement": placement,
+                      "figure": key, "ratios": values, "median": round(median, 3), "min": ordered[0],
+                      "max": ordered[-1], "above_1_10": sum(v > 1.10 for v in values)})
+    return lines
 
 
 if __name__ == "__main__":
