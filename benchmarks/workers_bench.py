@@ -318,6 +318,7 @@ def main() -> None:
                     seen.append((rnd, (workers, locality, placement), name, result))
                     pinned = {f"{role}_cpus": sorted(cpus) for role, cpus in CPUS.items() if cpus}
                     print(json.dumps({"workers": workers, "locality": locality and workers > 1, **pinned,
+                                      "seconds": args.seconds,
                                       **({"placement": placement} if workers > 1 else {}), "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
