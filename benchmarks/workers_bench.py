@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/workers_bench.py [--workers 1,2] [--seconds 8] [--rate 20000] [--tools rawload,perf]
                                        [--shapes unlimited,rate,single] [--declares 200] [--locality on,off] [--queues 8]
+                                       [--placement spread,one] [--rounds 1]
 
 For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
 directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
@@ -18,8 +19,18 @@ directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over co
   Raft group's ticks, stats, heartbeats),
 - `--declares N` sequential durable `queue.declare`s from one pika connection (the metadata cost: the
   declare-ok waits for the workers' Raft commit and for every worker to have applied it).
+- `--placement one`: a node of workers with every queue of the runs in worker 0 (before the runs the
+  bench gives every other worker `--queues` idle queues of its own, `fill-*`, so that the fewest-queues
+  placement puts the runs' queues in worker 0, and connection locality moves their connections there):
+  the other workers idle, to tell a cost of splitting the traffic from a per-message cost of worker mode
+  (`spread`, the default, is the placement as a user gets it),
+- `--rounds N`: the whole sequence N times (`--workers 1,2`: one process and two workers interleaved),
+- `--broker-cpus`, `--client-cpus`: the node's processes and the load generators' on these cores only
+  (CPU affinity; on a bigger machine, the generators apart from the node).
 Broker CPU is every process of the node (the supervisor and each worker, read from /proc), so the
-supervisor's own cost is in the figure. A rawload run also reports `wakeups_per_msg`: the node's
+supervisor's own cost is in the figure; `cpu_pct_by_process` is each process's share of a core (the
+supervisor first, then worker 0, 1, ...) and `kernel_share` the system time's share of the node's CPU,
+both over the same middle of the run as `wakeups_per_msg`. A rawload run also reports `wakeups_per_msg`: the node's
 voluntary context switches (an event loop going to sleep and being woken: one per loop turn that found
 nothing more to do) per message received, read from /proc over the middle of the run (from 4 s after its
 start to 1 s before its end, divided by the run's receive rate times that time): the per-turn cost a
@@ -46,6 +57,13 @@ from typing import Any
 from hutch import portfile
 
 HERE = Path(__file__).resolve().parent
+CPUS: dict[str, set[int]] = {"broker": set(), "clients": set()}  # `--broker-cpus`, `--client-cpus` (empty: any)
+
+
+def pin(role: str) -> Any:
+    """The `preexec_fn` that runs a child (and so its children) on `role`'s cores, or None."""
+    cpus = CPUS[role]
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
 @contextlib.contextmanager
@@ -61,7 +79,7 @@ def running(data: Path, workers: int, locality: bool = True,
         proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
                                  "0", "--data-dir", str(data), "--no-cluster", "--workers", str(workers),
                                  *(() if "--config" in extra else ("--config", str(conf))), *extra],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+                                stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=pin("broker"))
         try:
             ports = portfile.wait_for_ports(data, proc, 120, data.parent / f"server-{workers}.log")
             pids = [proc.pid]
@@ -75,13 +93,41 @@ def running(data: Path, workers: int, locality: bool = True,
             proc.wait(60)
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system (kernel) CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(sum(cpu_times(pid)) for pid in pids)
+
+
+def run_seconds(pid: int) -> float:
+    """The time process `pid`'s threads have run so far, to the nanosecond (the scheduler's own account,
+    /proc/PID/task/*/schedstat; /proc/PID/stat counts in 10 ms ticks, too coarse for an idle worker)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def cpu_each(pids: list[int]) -> list[tuple[float, float, float]]:
+    """User and system CPU seconds of each of `pids` so far, and its run time (`run_seconds`)."""
+    return [(*cpu_times(pid), run_seconds(pid)) for pid in pids]
+
+
+def window_cpu(each0: list[tuple[float, float, float]], each1: list[tuple[float, float, float]],
+               took: float) -> dict[str, Any]:
+    """Over a window of `took` s: each process's CPU in % of a core (its run time), and the kernel's share
+    of the node's CPU (system over user and system)."""
+    pct = [round(100 * (b[2] - a[2]) / took, 3) for a, b in zip(each0, each1, strict=True)]
+    used = sum(u + s for u, s, _ in each1) - sum(u + s for u, s, _ in each0)
+    kernel = sum(s for _, s, _ in each1) - sum(s for _, s, _ in each0)
+    return {"cpu_pct_by_process": pct, "kernel_share": round(kernel / used, 3) if used else None}
 
 
 def wakeups(pids: list[int]) -> int:
@@ -96,12 +142,12 @@ def wakeups(pids: list[int]) -> int:
 def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[str, Any]:
     proc = subprocess.Popen([sys.executable, str(HERE / "rawload.py"), "--port", str(port),
                              "--pids", ",".join(map(str, pids)), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=pin("clients"))
     window = max(1.0, seconds - 3.0)  # rawload sets up (~1-2 s) and warms up (2 s) before its window
     time.sleep(4.0)
-    first, t0 = wakeups(pids), time.monotonic()
+    first, each0, t0 = wakeups(pids), cpu_each(pids), time.monotonic()
     time.sleep(window)
-    woke, took = wakeups(pids) - first, time.monotonic() - t0
+    woke, each1, took = wakeups(pids) - first, cpu_each(pids), time.monotonic() - t0
     stdout, _stderr = proc.communicate()
     line = stdout.strip().splitlines()[-1] if stdout.strip() else "{}"
     doc: dict[str, Any] = json.loads(line)
@@ -112,7 +158,7 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
                                    "latency_us", "errors")}
     rate = doc.get("receive_rate") or 0
     out["wakeups_per_msg"] = round(woke / (rate * took), 4) if rate else None
-    return out
+    return {**out, **window_cpu(each0, each1, took)}
 
 
 def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 0) -> dict[str, Any]:
@@ -126,12 +172,14 @@ def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 
                              "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
                              "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", "2",
                              *(("-r", str(rate / queues)) if rate else ()),
-                             "-z", str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "-z", str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=pin("clients"))
     window = max(1.0, seconds - 4.0)  # as rawload's: the middle of the run (hutch-perf starts in ~1-2 s)
     time.sleep(3.0)
-    first, cpu0, t0 = wakeups(pids), cpu_seconds(pids), time.monotonic()
+    first, each0, t0 = wakeups(pids), cpu_each(pids), time.monotonic()
     time.sleep(window)
-    woke, cpu_mid, took = wakeups(pids) - first, cpu_seconds(pids) - cpu0, time.monotonic() - t0
+    woke, each1, took = wakeups(pids) - first, cpu_each(pids), time.monotonic() - t0
+    cpu_mid = sum(u + s for u, s, _ in each1) - sum(u + s for u, s, _ in each0)
     stdout, stderr = proc.communicate()
     cpu = cpu_seconds(pids) - before
     lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
@@ -145,6 +193,7 @@ def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 
             "broker_cpu_us_per_msg_steady": round(1e6 * cpu_mid / (rate_seen * took), 2) if rate_seen else None,
             "latency_us": {k: latency.get(k) for k in ("p50", "p99")},
             "wakeups_per_msg": round(woke / (rate_seen * took), 4) if rate_seen else None,
+            **window_cpu(each0, each1, took),
             "errors": stderr[-300:] if proc.returncode else ""}
 
 
@@ -166,12 +215,38 @@ def declares(port: int, count: int) -> dict[str, Any]:
             "p99_ms": round(1e3 * took[int(len(took) * 0.99)], 2)}
 
 
+def fill_others(ports: dict[str, int], workers: int, queues: int) -> None:
+    """Give every worker but worker 0 `queues` idle queues (`fill-*`), so that the fewest-queues placement
+    puts the next `queues` queues in worker 0 (`--placement one`): `workers` × `queues` declares give each
+    worker `queues`, then the ones in worker 0 (the management API's `worker` field) are deleted."""
+    import base64
+    import urllib.request
+
+    import pika  # a test dependency; only this run needs it
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", ports["amqp"]))
+    ch = conn.channel()
+    for i in range(workers * queues):
+        ch.queue_declare(f"fill-{i}")
+    req = urllib.request.Request(f"http://127.0.0.1:{ports['management']}/api/queues/%2F",
+                                 headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        listed = json.load(answer)
+    for q in listed:
+        if q["name"].startswith("fill-") and q.get("worker") == 0:
+            ch.queue_delete(q["name"])
+    conn.close()
+
+
 def idle(pids: list[int], seconds: float) -> dict[str, Any]:
     """The node's CPU with no client (after 5 s for its start-up work to settle), in % of a core."""
     time.sleep(5.0)
-    used, t0 = cpu_seconds(pids), time.monotonic()
+    each0, woke0, t0 = cpu_each(pids), wakeups(pids), time.monotonic()
     time.sleep(seconds)
-    return {"broker_cpu_pct": round(100 * (cpu_seconds(pids) - used) / (time.monotonic() - t0), 2)}
+    each1, woke, took = cpu_each(pids), wakeups(pids) - woke0, time.monotonic() - t0
+    used = sum(run for _, _, run in each1) - sum(run for _, _, run in each0)
+    return {"broker_cpu_pct": round(100 * used / took, 3), "wakeups_per_s": round(woke / took, 1),
+            **window_cpu(each0, each1, took)}
 
 
 def main() -> None:
@@ -186,16 +261,28 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=8,
                     help="queues, and publishers and consumers, of the many-queue runs (at least the workers)")
     ap.add_argument("--locality", default="on", help="a node of workers with connection locality on, off or on,off")
+    ap.add_argument("--placement", default="spread",
+                    help="a node of workers with the queues spread over the workers (spread), all in worker 0 "
+                         "(one), or both (spread,one)")
+    ap.add_argument("--rounds", type=int, default=1, help="run the whole sequence this many times")
+    ap.add_argument("--broker-cpus", default="", help="run the node on these cores (comma-separated; default any)")
+    ap.add_argument("--client-cpus", default="", help="run the load generators on these cores (default any)")
     args = ap.parse_args()
+    CPUS["broker"] = {int(c) for c in args.broker_cpus.split(",") if c}
+    CPUS["clients"] = {int(c) for c in args.client_cpus.split(",") if c}
     tools = args.tools.split(",")
     common = ["-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "-z", str(args.seconds), "--warmup", "2"]
-    nodes = [(w, loc == "on") for w in (int(w) for w in args.workers.split(","))
-             for loc in (args.locality.split(",") if w > 1 else ["on"])]
-    for workers, locality in nodes:
+    nodes = [(r, w, loc == "on", place) for r in range(args.rounds) for w in (int(w) for w in args.workers.split(","))
+             for loc in (args.locality.split(",") if w > 1 else ["on"])
+             for place in (args.placement.split(",") if w > 1 else ["spread"])]
+    seen: list[tuple[int, tuple[int, bool, str], str, dict[str, Any]]] = []
+    for rnd, workers, locality, placement in nodes:
         with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
             with running(data, workers, locality) as (ports, pids):
+                if placement == "one":
+                    fill_others(ports, workers, args.queues)
                 runs: list[tuple[str, dict[str, Any]]] = []
                 if "rawload" in tools:
                     n = str(args.queues)
@@ -228,9 +315,41 @@ def main() -> None:
                 if "idle" in tools:
                     runs.append(("idle 20 s", idle(pids, 20.0)))
                 for name, result in runs:
-                    print(json.dumps({"workers": workers, "locality": locality and workers > 1, "run": name,
+                    seen.append((rnd, (workers, locality, placement), name, result))
+                    pinned = {f"{role}_cpus": sorted(cpus) for role, cpus in CPUS.items() if cpus}
+                    print(json.dumps({"workers": workers, "locality": locality and workers > 1, **pinned,
+                                      "seconds": args.seconds,
+                                      **({"placement": placement} if workers > 1 else {}), "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
+
+    if args.rounds > 1:
+        for line in ratios(seen):
+            print(json.dumps(line), flush=True)
+
+
+def ratios(seen: list[tuple[int, tuple[int, bool, str], str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run and node shape, the broker CPU per message of each round over one process's in the same
+    round (`--rounds`): every ratio, their median, min and max, and how many are above 1.10 (issue 26's
+    goal (b))."""
+    base = {(rnd, name): r for rnd, (w, _, _), name, r in seen if w == 1}
+    out: dict[tuple[str, tuple[int, bool, str], str], list[float]] = {}
+    for rnd, shape, name, r in seen:
+        one = base.get((rnd, name))
+        if shape[0] == 1 or one is None:
+            continue
+        for key in ("broker_cpu_us_per_msg", "broker_cpu_us_per_msg_steady"):
+            if r.get(key) and one.get(key):
+                out.setdefault((name, shape, key), []).append(round(r[key] / one[key], 3))
+    lines = []
+    for (name, (workers, locality, placement), key), values in out.items():
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        lines.append({"summary": name, "workers": workers, "locality": locality, "placement": placement,
+                      "figure": key, "ratios": values, "median": round(median, 3), "min": ordered[0],
+                      "max": ordered[-1], "above_1_10": sum(v > 1.10 for v in values)})
+    return lines
 
 
 if __name__ == "__main__":
