@@ -177,6 +177,47 @@ def bloom_may_match(filter_bits: bytes, values: Sequence[bytes], match_unfiltere
     return any(all(is_set(b) for b in _hash_pair(v, bit_size)) for v in values if v)
 
 
+class BloomQuery:
+    """A reader's filter (its values, and whether it takes entries without one), matched against chunks'
+    bloom filters as `bloom_may_match` does, at a bounded cost whatever the values: each value is hashed
+    once per filter size (not once per chunk: a 32 KB value would cost a 32 KB CRC per chunk skipped),
+    duplicates and empty values are dropped, and a check is one AND per value on the filter read as an
+    integer. `cost` is what one chunk's check counts against a reader's work per loop turn (the caller's
+    budget), so thousands of values skip fewer chunks per turn, not the same number more slowly.
+
+    Invariant: `may_match(bits) == bloom_may_match(bits, values, match_unfiltered)` for every filter."""
+
+    __slots__ = ("values", "match_unfiltered", "cost", "_masks")
+
+    MAX_SIZES = 8  # filter sizes whose masks are kept (a stream has one; a reader meets a few at most)
+
+    def __init__(self, values: Sequence[bytes], match_unfiltered: bool) -> None:
+        self.values = tuple(dict.fromkeys(v for v in values if v))
+        self.match_unfiltered = match_unfiltered
+        self.cost = 1 + len(self.values)
+        self._masks: dict[int, tuple[int, ...]] = {}
+
+    def _masks_for(self, bit_size: int) -> tuple[int, ...]:
+        masks = self._masks.get(bit_size)
+        if masks is None:
+            if len(self._masks) >= self.MAX_SIZES:
+                self._masks.clear()
+            top = bit_size - 1  # bit b of the filter (first byte's high bit is 0) is the integer's bit top - b
+            masks = tuple(dict.fromkeys((1 << (top - h1)) | (1 << (top - h2))
+                                        for h1, h2 in (_hash_pair(v, bit_size) for v in self.values)))
+            self._masks[bit_size] = masks
+        return masks
+
+    def may_match(self, filter_bits: bytes | memoryview) -> bool:
+        if not filter_bits:
+            return self.match_unfiltered
+        bit_size = len(filter_bits) * 8
+        bits = int.from_bytes(filter_bits, "big")
+        if self.match_unfiltered and bits >> (bit_size - 1) & 1:
+            return True
+        return any(bits & mask == mask for mask in self._masks_for(bit_size))
+
+
 def bloom_all_valued(filter_bits: bytes) -> bool:
     """Did every entry of the chunk with this filter have a filter value? (Bit 0 marks an entry without
     one; no filter at all means none had one.) A stream-protocol publisher's filter values live only

@@ -8,9 +8,9 @@ offset tracking (store/query offset by reference), and single active consumer (g
 on this node or on the stream's writer's, through sac_router.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
 answered with where to start).
 
-Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
-the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
-`PUMP_SKIPS` per turn. A subscription holds a reader (a position), never the log. A subscription to a
+Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop), hands what it
+read to the transport every `FLUSH_BYTES`, and stops while the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
+`PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value: `BloomQuery.cost`). A subscription holds a reader (a position), never the log. A subscription to a
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match, reader_for
+from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, filter_query, next_match, reader_for
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -39,6 +39,9 @@ log = logging.getLogger("hutch.stream")
 
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
+FLUSH_BYTES = 1 << 20  # chunk data put in the output before it is handed to the transport (whose high
+#                        mark then pauses the pump): without it one turn of 256 subscriptions × PUMP_CHUNKS
+#                        chunks of a stream of large chunks would be read into memory before any write
 
 
 @dataclass(eq=False)
@@ -51,6 +54,7 @@ class Subscription:
     properties: dict[str, str]
     filter_values: list[bytes] = field(default_factory=list)
     match_unfiltered: bool = False
+    query: ck.BloomQuery | None = None  # the filter as matched against chunks (None: no filter)
     reader: StreamReader | None = None
     unwatch: Callable[[], None] | None = None
     sac_key: GroupKey | None = None
@@ -94,6 +98,7 @@ class Consuming:
         sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
                            [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
                            props.get("match-unfiltered", "").lower() == "true", home=home)
+        sub.query = filter_query(sub.filter_values, sub.match_unfiltered)
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
@@ -223,12 +228,16 @@ class Consuming:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
             conn.hub.stream_deleted(conn.vhost.name, sub.stream)
             return
-        sent = skipped = 0
+        sent = skipped = unwritten = 0
         while sub.credit > 0 and sub.reader is not None and conn.can_deliver():
+            if unwritten >= FLUSH_BYTES:  # to the transport now: past its high mark it pauses this pump
+                conn.flush()
+                unwritten = 0
+                continue
             if sent >= max_chunks or skipped >= PUMP_SKIPS:
                 self._wake(sub)  # go on next turn: other connections get the loop meanwhile
                 return
-            found, n = next_match(sub.reader, sub.filter_values, sub.match_unfiltered, PUMP_SKIPS - skipped)
+            found, n = next_match(sub.reader, sub.query, PUMP_SKIPS - skipped)
             skipped += n
             if found is None:
                 if skipped >= PUMP_SKIPS:
@@ -239,6 +248,7 @@ class Consuming:
             conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
             conn.out.append(head)
             conn.out.append(data)  # a view of the chunk read: copied once, by the flush's join
+            unwritten += len(data)
             sub.credit -= 1
             sub.chunks_sent += 1
             sub.records_sent += header.num_records
@@ -266,8 +276,14 @@ class Consuming:
 
     def _deliver_backlog(self, sub: Subscription) -> None:
         conn = self.conn
+        unwritten = 0
         while sub.backlog and conn.can_deliver():
+            if unwritten >= FLUSH_BYTES:
+                conn.flush()
+                unwritten = 0
+                continue
             raw, committed = sub.backlog.popleft()
+            unwritten += len(raw)
             header = ck.decode_header(raw)
             conn.out.append(c.deliver_header(sub.subscription_id, len(raw),
                                              committed if self.deliver_version == 2 else None))

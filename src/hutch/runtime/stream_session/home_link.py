@@ -33,7 +33,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.cluster import messages as cm
@@ -106,22 +106,27 @@ def core_spec(spec: OffsetSpec) -> CoreSpec:
     return CoreSpec.timestamp(spec.value)
 
 
-def next_match(reader: StreamReader, filters: list[bytes], match_unfiltered: bool,
-               max_skips: int) -> tuple[tuple[ck.Header, memoryview | bytes, memoryview] | None, int]:
-    """The next chunk `reader` has whose bloom filter may match `filters` (any chunk, without filters),
-    as (its header, its header's bytes, its data section), and how many chunks were skipped; None for the
-    chunk when there is none now or `max_skips` were skipped (the caller goes on next turn)."""
-    skipped = 0
-    while skipped < max_skips:
+def next_match(reader: StreamReader, query: ck.BloomQuery | None,
+               budget: int) -> tuple[tuple[ck.Header, memoryview | bytes, memoryview] | None, int]:
+    """The next chunk `reader` has whose bloom filter may match `query` (any chunk, without one), as (its
+    header, its header's bytes, its data section), and the work spent: each chunk looked at costs
+    `query.cost` (1 without a query). None for the chunk when there is none now or `budget` is spent (the
+    caller goes on next turn); one chunk is always looked at, whatever its cost."""
+    spent = 0
+    while spent < budget or not spent:
         chunk = reader.next_chunk()
         if chunk is None:
             break
+        spent += 1 if query is None else query.cost
         header, bits, data, _ = ck.parts(chunk.raw)
-        if filters and not ck.bloom_may_match(bytes(bits), filters, match_unfiltered):
-            skipped += 1
-            continue
-        return (header, chunk.raw[:ck.HEADER_SIZE], data), skipped
-    return None, skipped
+        if query is None or query.may_match(bits):
+            return (header, chunk.raw[:ck.HEADER_SIZE], data), spent
+    return None, spent
+
+
+def filter_query(values: list[bytes], match_unfiltered: bool) -> ck.BloomQuery | None:
+    """A subscription's filter as a `BloomQuery`; None without filter values (it takes every chunk)."""
+    return ck.BloomQuery(values, match_unfiltered) if values else None
 
 
 def reader_for(handle: StreamHandle, spec: CoreSpec, last: bool) -> StreamReader:
@@ -169,8 +174,7 @@ class _Served:
     handle: StreamHandle
     reader: StreamReader
     credit: int
-    filters: list[bytes] = field(default_factory=list)
-    match_unfiltered: bool = False
+    query: ck.BloomQuery | None = None
     unwatch: Callable[[], None] | None = None
     scheduled: bool = False
 
@@ -326,7 +330,7 @@ class StreamReaderLink:
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
             return
         served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20),
-                         list(m.filters), m.match_unfiltered)
+                         filter_query(list(m.filters), m.match_unfiltered))
         self.served[(peer, m.reader_id)] = served
         served.unwatch = handle.on_commit(lambda: self._schedule(served))
         if id(handle) not in self._watched:  # (one callback per handle, whatever its readers)
@@ -372,8 +376,9 @@ class StreamReaderLink:
         chunks: list[bytes] = []
         size = skipped = 0
         found: Any = True
-        while found is not None and served.credit > 0 and len(chunks) < PUMP_CHUNKS and size < PUMP_BYTES:
-            found, n = next_match(served.reader, served.filters, served.match_unfiltered, PUMP_SKIPS - skipped)
+        while found is not None and served.credit > 0 and len(chunks) < PUMP_CHUNKS and size < PUMP_BYTES \
+                and skipped < PUMP_SKIPS:
+            found, n = next_match(served.reader, served.query, PUMP_SKIPS - skipped)
             skipped += n
             if found is not None:
                 chunks.append(b"".join(found[1:]))
