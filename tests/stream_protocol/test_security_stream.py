@@ -7,8 +7,10 @@ docs/security.md; the bounds here are generous (2 s, the probe's `assert_kept_an
 from __future__ import annotations
 
 import select
+import socket
 import threading
 
+import pytest
 from tests.mgmt.helpers import wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
 
@@ -155,4 +157,29 @@ def test_a_publish_frame_of_the_most_messages_is_cut_without_decoding_it_twice(s
     finally:
         probe.stop()
     assert confirmed == set(range(4 * per_frame))
+    assert_kept_answering(probe)
+
+
+@pytest.mark.slow  # ~15 s: some 400,000 commands before the answers fill the write buffer
+def test_credit_for_unknown_subscriptions_from_a_client_that_never_reads(stream_server: StreamServer) -> None:
+    """Credit frames naming no subscription (each answered with a CreditResponse) written by a client that
+    reads nothing, until the node stops reading them. Before: one read of 256 KiB was ~23,000 commands
+    handled in one turn, the probe stalled 0.7-2.0 s; now a read's work per turn is bounded (TURN_WORK)
+    and the answers nobody reads hold the connection's input (the write buffer's high mark): the
+    sender is blocked, well before 50 MB."""
+    attacker = RawStream(stream_server.port)
+    attacker.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    blob = sc.encode(sc.Credit(7, 1000)) * 100_000
+    attacker.sock.settimeout(3)
+    sent = 0
+    probe = start_probe(stream_server.info.amqp_port)
+    try:
+        with pytest.raises(TimeoutError):
+            while sent < 50_000_000:
+                attacker.sock.sendall(blob)
+                sent += len(blob)
+        legit_client_works(stream_server, "beside-credit-flood")
+    finally:
+        probe.stop()
+        attacker.close()
     assert_kept_answering(probe)
