@@ -6,10 +6,15 @@ docs/security.md; the bounds here are generous (2 s, the probe's `assert_kept_an
 
 from __future__ import annotations
 
+import gzip
 import select
 import socket
 import threading
+import time
+from contextlib import closing
+from typing import Any
 
+import pika
 import pytest
 from tests.mgmt.helpers import wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
@@ -182,4 +187,68 @@ def test_credit_for_unknown_subscriptions_from_a_client_that_never_reads(stream_
     finally:
         probe.stop()
         attacker.close()
+    assert_kept_answering(probe)
+
+
+def test_a_sub_batch_bomb_is_read_by_an_amqp_consumer_a_slice_at_a_time(stream_server: StreamServer) -> None:
+    """One publish of 20 gzip sub-batches (30 KB on the wire) holding 65,535 empty AMQP 1.0 messages
+    each, 1.3 million records, then a pika consumer of the stream. Before: the AMQP reader listed and
+    converted a chunk's records at once (measured for 81 such sub-batches, a 128 KB publish: 7 s to list,
+    190 s and 5.8 GB to convert, on the loop); now a chunk is read 256 records at a time
+    (chunk.RecordCursor) and each sub-batch inflated only when reached."""
+    attacker = RawStream(stream_server.port)
+    attacker.create("bomb")
+    attacker.ok(sc.DeclarePublisher(attacker.next_corr(), 1, "", "bomb"))
+    record = b"\x00Su\xb0\x00\x00\x00\x00"  # an AMQP 1.0 data section of no bytes
+    plain = (len(record).to_bytes(4, "big") + record) * 65_535
+    packed = gzip.compress(plain, 9)
+    attacker.send(sc.Publish(1, [sc.SubBatchEntry(i, 1, 65_535, len(plain), packed) for i in range(20)]))
+    confirmed = 0
+    while confirmed < 20:
+        (answer,) = attacker.receive()
+        assert isinstance(answer, sc.PublishConfirm), answer
+        confirmed += len(answer.publishing_ids)
+    rss_before = rss_bytes(stream_server.info.proc.pid)
+    probe = start_probe(stream_server.info.amqp_port)
+    try:
+        with closing(pika.BlockingConnection(pika.URLParameters(stream_server.info.url))) as conn:
+            channel = conn.channel()
+            channel.basic_qos(prefetch_count=1000)
+            got = [0]
+
+            def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
+                got[0] += 1
+                assert body == b""
+                if got[0] % 500 == 0:
+                    ch.basic_ack(method.delivery_tag, multiple=True)
+            channel.basic_consume("bomb", on_message, arguments={"x-stream-offset": "first"})
+            deadline = time.monotonic() + 30
+            while got[0] < 20_000 and time.monotonic() < deadline:
+                conn.process_data_events(0.1)
+            assert got[0] >= 20_000
+    finally:
+        probe.stop()
+    assert_kept_answering(probe)
+    assert rss_bytes(stream_server.info.proc.pid) - rss_before < 300 << 20
+
+
+def test_an_amqp_consumer_filtering_on_thousands_of_values_skips_chunks_in_turns(stream_server: StreamServer) -> None:
+    """A pika consumer with an `x-stream-filter` of 12,000 values (what a 128 KB frame holds) over 3,000
+    chunks none of which it wants. Before: every chunk skipped cost 24,000 CRCs, all skipped in one call
+    (the probe stalled ~1 s over 20,000 chunks with 5,000 values); now each value is hashed once and
+    a call looks at `READ_WORK` units (a chunk costs one per value) before it yields the loop."""
+    attacker = RawStream(stream_server.port)
+    fill(attacker, "skipped", 3000)
+    probe = start_probe(stream_server.info.amqp_port)
+    try:
+        with closing(pika.BlockingConnection(pika.URLParameters(stream_server.info.url))) as conn:
+            channel = conn.channel()
+            channel.basic_qos(prefetch_count=10)
+            channel.basic_consume("skipped", lambda *_: None,
+                                  arguments={"x-stream-offset": "first",
+                                             "x-stream-filter": [f"v{i}" for i in range(12_000)]})
+            wait_for(lambda: probe.rounds > 50, timeout=30)  # (the consumer skips chunks meanwhile)
+            conn.process_data_events(0)
+    finally:
+        probe.stop()
     assert_kept_answering(probe)

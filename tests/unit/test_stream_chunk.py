@@ -237,6 +237,41 @@ def test_record_list_is_iter_records_without_empty_records_from_start(items: lis
     assert [(o, bytes(r)) for o, r in ck.record_list(raw, start)] == want
 
 
+@settings(deadline=None)
+@given(st.lists(sub_batch_or_entry, min_size=1, max_size=12), st.integers(0, 2**40), st.integers(0, 40),
+       st.integers(1, 7))
+def test_a_record_cursor_gives_record_list_in_slices(items: list[ck.Entry], chunk_id: int, skip: int,
+                                                     limit: int) -> None:
+    """Slices of at most `limit`, each after looking at a bounded number of records, add up to
+    `record_list` (the AMQP 0-9-1 reader's work per loop turn is bounded by them)."""
+    raw = ck.encode(items, timestamp=0, epoch=0, chunk_id=chunk_id)
+    start = chunk_id + skip
+    cursor = ck.RecordCursor(raw, start)
+    got: list[tuple[int, bytes]] = []
+    for _ in range(10_000):
+        if cursor.done:
+            break
+        piece = cursor.take(limit)
+        assert len(piece) <= limit
+        got += piece
+    assert cursor.done
+    assert [(o, bytes(r)) for o, r in got] == [(o, bytes(r)) for o, r in ck.record_list(raw, start)]
+
+
+def test_a_record_cursor_over_a_sub_batch_bomb_takes_small_slices() -> None:
+    """A gzip sub-batch of 65,535 empty records (1.5 KB compressed, 262 KB inflated): each `take` looks
+    at a bounded number of records; none is given."""
+    plain = b"\0\0\0\0" * 65_535
+    raw = ck.encode([ck.SubBatch(65_535, ck.GZIP, len(plain), gzip.compress(plain))] * 3, timestamp=0, epoch=0,
+                    chunk_id=0)
+    cursor = ck.RecordCursor(raw)
+    takes = 0
+    while not cursor.done:
+        assert cursor.take(256) == []
+        takes += 1
+    assert takes >= 3 * 65_535 // 256
+
+
 def test_a_trailer_is_osiris_s_and_the_earlier_one_still_reads() -> None:
     # osiris's trailer: u8 type | u8 size | reference | u64 sequence (the chunk id is the chunk's own);
     # for rstream's "test-reference" that is 24 bytes, as its test_deliver wants
