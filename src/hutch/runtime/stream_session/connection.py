@@ -303,6 +303,9 @@ class StreamConnection:
             if not self._holds and self.transport is not None and self.phase != Phase.CLOSED:
                 self.transport.resume_reading()
 
+    def bound_append(self, settled: asyncio.Future[None]) -> None:
+        self.publishing.bound(settled)
+
     def _next_turn(self) -> None:
         self.release_reading("turn")
 

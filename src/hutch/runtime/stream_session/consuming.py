@@ -319,7 +319,7 @@ class Consuming:
             forwarder.store_offset(reference, cmd.offset)
             return
         try:
-            handle.store_offset(reference, cmd.offset)
+            conn.bound_append(handle.store_offset(reference, cmd.offset).settled)
         except (ValueError, StorageError) as exc:  # (NotWriter: the member stopped writing this very turn)
             log.debug("stream %s: offset of %s not stored: %r", cmd.stream, cmd.reference, exc)
 

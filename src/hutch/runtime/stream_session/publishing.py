@@ -380,10 +380,22 @@ class Publishing:
             self.conn.hold_reading("confirms")
         settled.add_done_callback(lambda fut: self._settled(pub, stored, fut))
 
-    def _settled(self, pub: Publisher, ids: Sequence[int], fut: asyncio.Future[None]) -> None:
+    def bound(self, settled: asyncio.Future[None]) -> None:
+        """An append that sends no confirm (a stored offset: consuming.py) counted against
+        MAX_PENDING_APPENDS until it settles: a flood of them during a slow sync holds the input as
+        publishes do, instead of piling up chunks waiting for their commit."""
+        self.pending_appends += 1
+        if self.pending_appends == MAX_PENDING_APPENDS:
+            self.conn.hold_reading("confirms")
+        settled.add_done_callback(self._unbound)
+
+    def _unbound(self, _fut: asyncio.Future[None] | None = None) -> None:
         self.pending_appends -= 1
         if self.pending_appends == MAX_PENDING_APPENDS // 2:
             self.conn.release_reading("confirms")
+
+    def _settled(self, pub: Publisher, ids: Sequence[int], fut: asyncio.Future[None]) -> None:
+        self._unbound()
         if self.publishers.get(pub.publisher_id) is not pub:
             return  # deleted meanwhile: its client no longer waits for these
         if fut.cancelled() or fut.exception() is not None:
