@@ -7,7 +7,9 @@ from /proc. The event-loop stall is measured by the AMQP probe of the management
 
 from __future__ import annotations
 
+import select
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +93,34 @@ class RawStream:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class Drain:
+    """Read and count (not decode) what the node writes to `client`, in a thread, until `stop()` (select,
+    not a socket timeout: that would also cut the test's own `sendall` on the same socket)."""
+
+    def __init__(self, client: RawStream) -> None:
+        self.sock = client.sock
+        self.bytes = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if not select.select([self.sock], [], [], 0.2)[0]:
+                continue
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            self.bytes += len(data)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
 
 
 def rss_bytes(pid: int) -> int:

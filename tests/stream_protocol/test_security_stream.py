@@ -7,9 +7,7 @@ docs/security.md; the bounds here are generous (2 s, the probe's `assert_kept_an
 from __future__ import annotations
 
 import gzip
-import select
 import socket
-import threading
 import time
 from contextlib import closing
 from typing import Any
@@ -23,7 +21,7 @@ from hutch.streamproto import commands as sc
 from hutch.streamproto.codes import Code
 
 from .conftest import StreamServer
-from .hostile import RawStream, rss_bytes
+from .hostile import Drain, RawStream, rss_bytes
 
 MESSAGE = b"\x00Su\xa0\x01x"  # an AMQP 1.0 data section of one byte
 
@@ -88,36 +86,19 @@ def test_a_flood_of_small_commands_is_read_in_turns(stream_server: StreamServer)
     attacker.create("queried")
     frame = sc.encode(sc.QueryOffset(1, "r" * 200, "queried"))
     blob = frame * (1_000_000 // len(frame))
-    answers = [0]
-    stop = threading.Event()
-
-    def drain() -> None:
-        while not stop.is_set():  # (select, not a socket timeout: that would cut the sender's sendall)
-            if not select.select([attacker.sock], [], [], 0.2)[0]:
-                continue
-            try:
-                data = attacker.sock.recv(1 << 20)
-            except OSError:
-                return
-            if not data:
-                return
-            answers[0] += len(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
     probe = start_probe(stream_server.info.amqp_port)
-    reader.start()
+    drain = Drain(attacker)
+    answer_size = len(sc.encode(sc.QueryOffsetResponse(1, Code.NO_OFFSET, 0)))
     try:
         for _ in range(20):
             attacker.sock.sendall(blob)
         legit_client_works(stream_server, "during-flood")
-        answer_size = len(sc.encode(sc.QueryOffsetResponse(1, Code.NO_OFFSET, 0)))
-        wait_for(lambda: answers[0] >= 20 * (len(blob) // len(frame)) * answer_size, timeout=60)
+        wait_for(lambda: drain.bytes >= 20 * (len(blob) // len(frame)) * answer_size, timeout=60)
     finally:
         probe.stop()
-        stop.set()
-        reader.join(10)
+        drain.stop()
     assert_kept_answering(probe)
-    assert answers[0] >= 20 * (len(blob) // len(frame)) * answer_size  # every command answered
+    assert drain.bytes >= 20 * (len(blob) // len(frame)) * answer_size  # every command answered
 
 
 def test_offsets_stored_under_ever_new_long_references(stream_server: StreamServer) -> None:
@@ -251,4 +232,27 @@ def test_an_amqp_consumer_filtering_on_thousands_of_values_skips_chunks_in_turns
             conn.process_data_events(0)
     finally:
         probe.stop()
+    assert_kept_answering(probe)
+
+
+def test_partitions_of_the_largest_super_stream_asked_in_a_flood(stream_server: StreamServer) -> None:
+    """A super stream of 128 partitions (RabbitMQ's default maximum), then 8,000 partitions queries and
+    64 routes with 30,000-character keys in a flood, the answers read. Before: a read's commands were
+    bounded by count only (a partitions query costs about ten credits): the probe stalled 1.9 s; now
+    also by the loop's time (TURN_S)."""
+    attacker = RawStream(stream_server.port)
+    partitions = [f"wide-{i}" for i in range(128)]
+    attacker.ok(sc.CreateSuperStream(attacker.next_corr(), "wide", partitions, [str(i) for i in range(128)], {}))
+    flood = sc.encode(sc.Route(1, "k" * 30_000, "wide")) * 16 + sc.encode(sc.Partitions(1, "wide")) * 2000
+    probe = start_probe(stream_server.info.amqp_port)
+    drain = Drain(attacker)
+    try:
+        for _ in range(4):
+            attacker.sock.sendall(flood)
+        (answer,) = RawStream(stream_server.port).request(sc.Partitions(1, "wide"))
+        assert isinstance(answer, sc.PartitionsResponse) and answer.streams == partitions
+        wait_for(lambda: drain.bytes >= 4 * 2000 * 128 * 8, timeout=60)
+    finally:
+        probe.stop()
+        drain.stop()
     assert_kept_answering(probe)

@@ -55,11 +55,15 @@ log = logging.getLogger("hutch.stream")
 T = TypeVar("T")
 
 CLOSE_GRACE_S = 1.0
-# Work one read may do in a loop turn: a simple publish frame counts 1, any other command COMMAND_WORK.
-# One read (uvloop hands up to 256 KiB at once) of 11-byte credit frames is ~23,000 commands, each
-# answered: ~0.3 s on the loop. Past TURN_WORK the rest waits, read-held, for the next turn.
+# Work one read may do in a loop turn: a simple publish frame counts 1, any other command COMMAND_WORK;
+# past TURN_WORK, or past TURN_S of the loop's time (looked at every TIME_CHECK_WORK), the rest waits,
+# read-held, for the next turn. One read (uvloop hands up to 256 KiB at once) of 11-byte credit frames
+# is ~23,000 commands, each answered: ~0.3 s on the loop; and commands differ in cost (a partitions
+# query of a 128-partition super stream costs ten credits), hence the clock too.
 TURN_WORK = 8192
 COMMAND_WORK = 8
+TURN_S = 0.01
+TIME_CHECK_WORK = 64
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -197,12 +201,18 @@ class StreamConnection:
         try:
             publishing = self.publishing
             work = 0
+            check_at = TIME_CHECK_WORK
+            deadline = self.clock.time() + TURN_S
             try:
                 # views of the input buffer: the publish path copies what it keeps, once (into its
                 # batch's data); any other command is decoded from a copy of its own
                 for frame in self.reader.frame_views():
                     if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
                         return
+                    if work >= check_at:
+                        check_at = work + TIME_CHECK_WORK
+                        if self.clock.time() >= deadline:
+                            work = TURN_WORK
                     if work >= TURN_WORK:  # the rest of what was read waits for the next loop turn
                         self.reader.push_back(frame)
                         self.hold_reading("turn")
