@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, filter_query, next_match, reader_for
+from hutch.runtime.stream_session.home_link import (
+    CONNECTION_REMOTE_WINDOW,
+    REMOTE_WINDOW,
+    RemoteRead,
+    core_spec,
+    filter_query,
+    next_match,
+    reader_for,
+)
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -65,6 +73,7 @@ class Subscription:
     home: str | None = None  # the worker holding the stream's copy, when it is not this one
     remote: RemoteRead | None = None  # its reader there, while active
     backlog: deque[tuple[bytes, int]] = field(default_factory=deque)  # (chunk, committed) for a full socket
+    granted: int = 0  # read remotely: chunks the home may still send (home_link.REMOTE_WINDOW at most)
     next_offset: int | None = None  # read remotely: the offset after the last chunk delivered
     committed_offset: int = -1  # read remotely: the stream's committed chunk id as last told
 
@@ -81,6 +90,7 @@ class Consuming:
         self.subscriptions: dict[int, Subscription] = {}
         self.deliver_version = 1
         self.pending_updates: dict[int, tuple[Subscription, bool]] = {}  # correlation id → (sub, active)
+        self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
@@ -182,10 +192,7 @@ class Consuming:
         if sub is None:
             self.conn.send(c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, cmd.subscription_id))
             return
-        granted = min(sub.credit + max(cmd.credit, 0), 1 << 20) - sub.credit
-        sub.credit += granted
-        if sub.remote is not None:
-            self.conn.hub.reader_link.credit(sub.remote, granted)
+        sub.credit = min(sub.credit + max(cmd.credit, 0), 1 << 20)
         self.pump(sub)
 
     def _start(self, sub: Subscription, spec: OffsetSpec) -> None:
@@ -193,6 +200,7 @@ class Consuming:
         if handle is None:
             assert sub.home is not None
             self.conn.hub.reader_link.open(self, sub, sub.home, spec)
+            self._top_up()
             return
         sub.reader = reader_for(handle, core_spec(spec), spec.type == OffsetType.LAST)
         # time to the first message: the subscribe's response leaves now, and the first chunk alone right
@@ -260,6 +268,7 @@ class Consuming:
         once its socket has room."""
         if self.subscriptions.get(sub.subscription_id) is not sub or sub.remote is None:
             return
+        sub.granted = max(0, sub.granted - len(chunks))
         sub.backlog.extend((raw, committed) for raw in chunks)
         self._deliver_backlog(sub)
         self.conn.want_flush()
@@ -275,6 +284,33 @@ class Consuming:
         self.conn.want_flush()
 
     def _deliver_backlog(self, sub: Subscription) -> None:
+        try:
+            self._deliver_backlog_now(sub)
+        finally:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Give the homes credit for what the clients' credit allows: at most REMOTE_WINDOW chunks ahead
+        (in flight and waiting here) for a subscription and CONNECTION_REMOTE_WINDOW for the connection,
+        starting from the next subscription each time (round-robin), and none while the socket is full."""
+        if not self.conn.can_deliver():
+            return
+        remote = [s for s in self.subscriptions.values() if s.remote is not None]
+        if not remote:
+            return
+        room = CONNECTION_REMOTE_WINDOW - sum(s.granted + len(s.backlog) for s in remote)
+        self._next_remote = start = self._next_remote % len(remote)
+        self._next_remote += 1
+        for sub in remote[start:] + remote[:start]:
+            if room <= 0:
+                return
+            give = min(min(sub.credit, REMOTE_WINDOW) - sub.granted - len(sub.backlog), room)
+            if give > 0 and sub.remote is not None:
+                sub.granted += give
+                room -= give
+                self.conn.hub.reader_link.credit(sub.remote, give)
+
+    def _deliver_backlog_now(self, sub: Subscription) -> None:
         conn = self.conn
         unwritten = 0
         while sub.backlog and conn.can_deliver():

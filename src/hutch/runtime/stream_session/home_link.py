@@ -17,8 +17,11 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
 
 Rules:
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
-  goes on next turn), and never more chunks than the credit its reader was given: what waits in the
-  subscription's worker for a client whose socket is full is bounded by the credit that client gave.
+  goes on next turn), and never more chunks than the credit its reader was given. The subscription's
+  worker gives the home at most `REMOTE_WINDOW` chunks of credit ahead of what its client's socket took
+  (the client's own credit may be 65,535 chunks or more), `CONNECTION_REMOTE_WINDOW` for all of one
+  connection's subscriptions (round-robin among them), and more only while that socket has room: what
+  waits in either worker for a client that does not read is at most that many chunks a connection.
 - A worker that goes away ends what it served and what it read: the home closes the readers of that
   worker; the subscriptions reading from a home that went away are ended and their clients told
   (STREAM_NOT_AVAILABLE, as for a stream gone), so they subscribe again.
@@ -53,6 +56,8 @@ log = logging.getLogger("hutch.stream")
 PUMP_CHUNKS = 64
 PUMP_BYTES = 1 << 20
 PUMP_SKIPS = 4096
+REMOTE_WINDOW = 4  # chunks a subscription's worker lets the home send ahead of its client's socket
+CONNECTION_REMOTE_WINDOW = 16  # and all the remote subscriptions of one connection together
 PUBLISH_TIMEOUT_S = 30.0
 ASK_TIMEOUT_S = 5.0
 
@@ -81,6 +86,7 @@ class ReadSubscription(Protocol):
     filter_values: list[bytes]
     match_unfiltered: bool
     remote: RemoteRead | None
+    granted: int  # chunks the home may still send (Invariant: granted + backlog <= REMOTE_WINDOW)
 
 
 class ReadingSide(Protocol):
@@ -263,8 +269,9 @@ class StreamReaderLink:
         read = RemoteRead(home, next(self._ids), consuming, sub)
         self.reading[read.reader_id] = read
         sub.remote = read
+        sub.granted = 0  # (the subscription's worker gives credit once it is open: Consuming._top_up)
         if not self.host.send(home, cm.StreamReadOpen(read.reader_id, conn.vhost.name, sub.stream, int(spec.type),
-                                                      int(spec.value or 0), sub.credit, list(sub.filter_values),
+                                                      int(spec.value or 0), sub.granted, list(sub.filter_values),
                                                       sub.match_unfiltered)):
             self._lost(read, Code.STREAM_NOT_AVAILABLE)
 
