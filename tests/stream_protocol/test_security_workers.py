@@ -10,15 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.conftest import ServerInfo, start_server
+from tests.mgmt.helpers import StallProbe, wait_for
+from tests.mgmt.sockets import assert_kept_answering
+from tests.workers.test_workers import worker_pid
 
 from hutch.queues.stream import chunk as ck
 from hutch.streamproto import commands as sc
 from hutch.streamproto.codes import OffsetType
 from hutch.streamproto.wire import OffsetSpec
-from tests.conftest import ServerInfo, start_server
-from tests.mgmt.helpers import StallProbe, wait_for
-from tests.mgmt.sockets import assert_kept_answering
-from tests.workers.test_workers import worker_pid
 
 from .hostile import RawStream, rss_bytes
 
