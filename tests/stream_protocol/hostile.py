@@ -7,6 +7,7 @@ from /proc. The event-loop stall is measured by the AMQP probe of the management
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -124,11 +125,9 @@ class Drain:
 
 
 def rss_bytes(pid: int) -> int:
-    """The process's resident set size."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    """The process's resident set size (/proc/PID/statm's second field, in pages)."""
+    resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return resident * os.sysconf("SC_PAGE_SIZE")
 
 
 def open_fds(pid: int) -> int:
