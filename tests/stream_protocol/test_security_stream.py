@@ -235,6 +235,7 @@ def test_an_amqp_consumer_filtering_on_thousands_of_values_skips_chunks_in_turns
     assert_kept_answering(probe)
 
 
+@pytest.mark.slow  # ~7 s; test_a_flood_of_small_commands_is_read_in_turns keeps the turn bound in `make test`
 def test_partitions_of_the_largest_super_stream_asked_in_a_flood(stream_server: StreamServer) -> None:
     """A super stream of 128 partitions (RabbitMQ's default maximum), then 8,000 partitions queries and
     64 routes with 30,000-character keys in a flood, the answers read. Before: a read's commands were
