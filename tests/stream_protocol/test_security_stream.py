@@ -14,7 +14,7 @@ from typing import Any
 
 import pika
 import pytest
-from tests.mgmt.helpers import wait_for
+from tests.mgmt.helpers import StallProbe, wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
 
 from hutch.streamproto import commands as sc
@@ -38,6 +38,12 @@ def fill(client: RawStream, stream: str, frames: int) -> None:
             (answer,) = client.receive()
             assert isinstance(answer, sc.PublishConfirm), answer
             confirmed += len(answer.publishing_ids)
+
+
+def stop(probe: StallProbe) -> None:
+    """Stop the stall probe once it made enough rounds to measure (an attack may end sooner)."""
+    wait_for(lambda: probe.rounds > 20, timeout=30)
+    probe.stop()
 
 
 def legit_client_works(server: StreamServer, stream: str) -> None:
@@ -73,7 +79,7 @@ def test_a_filter_of_the_longest_values_is_hashed_once_not_per_chunk(stream_serv
         assert answers[-1].code == Code.OK
         wait_for(lambda: probe.rounds > 20, timeout=30)  # (the pumps go on skipping chunks meanwhile)
     finally:
-        probe.stop()
+        stop(probe)
     assert_kept_answering(probe)
     legit_client_works(stream_server, "after-filters")
 
@@ -95,7 +101,7 @@ def test_a_flood_of_small_commands_is_read_in_turns(stream_server: StreamServer)
         legit_client_works(stream_server, "during-flood")
         wait_for(lambda: drain.bytes >= 20 * (len(blob) // len(frame)) * answer_size, timeout=60)
     finally:
-        probe.stop()
+        stop(probe)
         drain.stop()
     assert_kept_answering(probe)
     assert drain.bytes >= 20 * (len(blob) // len(frame)) * answer_size  # every command answered
@@ -115,7 +121,7 @@ def test_offsets_stored_under_ever_new_long_references(stream_server: StreamServ
         attacker.send_raw(frames)
         (answer,) = attacker.request(sc.QueryOffset(attacker.next_corr(), f"{19_999:0255d}", "tracked"))
     finally:
-        probe.stop()
+        stop(probe)
     assert isinstance(answer, sc.QueryOffsetResponse) and (answer.code, answer.offset) == (Code.OK, 19_999)
     assert_kept_answering(probe)
     assert rss_bytes(stream_server.info.proc.pid) - rss_before < 200 << 20
@@ -141,7 +147,7 @@ def test_a_publish_frame_of_the_most_messages_is_cut_without_decoding_it_twice(s
             assert isinstance(answer, sc.PublishConfirm), answer
             confirmed.update(answer.publishing_ids)
     finally:
-        probe.stop()
+        stop(probe)
     assert confirmed == set(range(4 * per_frame))
     assert_kept_answering(probe)
 
@@ -166,7 +172,7 @@ def test_credit_for_unknown_subscriptions_from_a_client_that_never_reads(stream_
                 sent += len(blob)
         legit_client_works(stream_server, "beside-credit-flood")
     finally:
-        probe.stop()
+        stop(probe)
         attacker.close()
     assert_kept_answering(probe)
 
@@ -208,7 +214,7 @@ def test_a_sub_batch_bomb_is_read_by_an_amqp_consumer_a_slice_at_a_time(stream_s
                 conn.process_data_events(0.1)
             assert got[0] >= 20_000
     finally:
-        probe.stop()
+        stop(probe)
     assert_kept_answering(probe)
     assert rss_bytes(stream_server.info.proc.pid) - rss_before < 300 << 20
 
@@ -231,7 +237,7 @@ def test_an_amqp_consumer_filtering_on_thousands_of_values_skips_chunks_in_turns
             wait_for(lambda: probe.rounds > 50, timeout=30)  # (the consumer skips chunks meanwhile)
             conn.process_data_events(0)
     finally:
-        probe.stop()
+        stop(probe)
     assert_kept_answering(probe)
 
 
@@ -254,6 +260,6 @@ def test_partitions_of_the_largest_super_stream_asked_in_a_flood(stream_server: 
         assert isinstance(answer, sc.PartitionsResponse) and answer.streams == partitions
         wait_for(lambda: drain.bytes >= 4 * 2000 * 128 * 8, timeout=60)
     finally:
-        probe.stop()
+        stop(probe)
         drain.stop()
     assert_kept_answering(probe)
