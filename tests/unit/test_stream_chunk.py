@@ -102,6 +102,41 @@ def test_bloom_without_values_matches_only_unfiltered() -> None:
     assert not ck.bloom_all_valued(b"")
 
 
+@settings(deadline=None)
+@given(st.lists(st.binary(max_size=6), max_size=12), st.booleans(),
+       st.lists(st.binary(min_size=1, max_size=4, ), min_size=1, max_size=8) | st.just([]),
+       st.sampled_from([1, 2, 16, 255]), st.booleans())
+def test_bloom_query_answers_as_bloom_may_match(values: list[bytes], unfiltered: bool, wanted: list[bytes],
+                                               size: int, none_in_chunk: bool) -> None:
+    """`BloomQuery` (hashed once per filter size, one AND per value) answers what the reference function
+    answers, for every filter size a stream may use, and again from its memo."""
+    bits = ck.bloom([*values, None] if none_in_chunk else values, size)
+    query = ck.BloomQuery(wanted, unfiltered)
+    for _ in range(2):
+        assert query.may_match(bits) == ck.bloom_may_match(bits, wanted, unfiltered)
+    assert query.cost == 1 + len(set(v for v in wanted if v))
+
+
+def test_bloom_query_forgets_filter_sizes_past_its_memo() -> None:
+    query = ck.BloomQuery([b"eu", b"us"], False)
+    for size in range(1, 3 * ck.BloomQuery.MAX_SIZES):
+        assert query.may_match(ck.bloom([b"us"], size))
+    assert len(query._masks) <= ck.BloomQuery.MAX_SIZES
+
+
+def test_tracking_keeps_at_most_max_offsets_references_in_memory() -> None:
+    """A client storing offsets under ever new references: the oldest stored is dropped, one stored
+    again becomes the newest."""
+    t = trk.Tracking()
+    t.apply(trk.offset_block(b"first", 1))
+    for i in range(trk.MAX_OFFSETS - 1):
+        t.apply(trk.offset_block(b"r%d" % i, i))
+    t.apply(trk.offset_block(b"first", 2))  # stored again: now the newest
+    t.apply(trk.offset_block(b"new", 3))
+    assert len(t.offsets) == trk.MAX_OFFSETS
+    assert t.offsets[b"first"] == 2 and b"r0" not in t.offsets and t.offsets[b"new"] == 3
+
+
 refs = st.binary(min_size=1, max_size=12)
 
 
@@ -200,6 +235,41 @@ def test_record_list_is_iter_records_without_empty_records_from_start(items: lis
     start = chunk_id + skip
     want = [(o, bytes(r)) for o, r in ck.iter_records(raw) if r and o >= start]
     assert [(o, bytes(r)) for o, r in ck.record_list(raw, start)] == want
+
+
+@settings(deadline=None)
+@given(st.lists(sub_batch_or_entry, min_size=1, max_size=12), st.integers(0, 2**40), st.integers(0, 40),
+       st.integers(1, 7))
+def test_a_record_cursor_gives_record_list_in_slices(items: list[ck.Entry], chunk_id: int, skip: int,
+                                                     limit: int) -> None:
+    """Slices of at most `limit`, each after looking at a bounded number of records, add up to
+    `record_list` (the AMQP 0-9-1 reader's work per loop turn is bounded by them)."""
+    raw = ck.encode(items, timestamp=0, epoch=0, chunk_id=chunk_id)
+    start = chunk_id + skip
+    cursor = ck.RecordCursor(raw, start)
+    got: list[tuple[int, bytes]] = []
+    for _ in range(10_000):
+        if cursor.done:
+            break
+        piece = cursor.take(limit)
+        assert len(piece) <= limit
+        got += piece
+    assert cursor.done
+    assert [(o, bytes(r)) for o, r in got] == [(o, bytes(r)) for o, r in ck.record_list(raw, start)]
+
+
+def test_a_record_cursor_over_a_sub_batch_bomb_takes_small_slices() -> None:
+    """A gzip sub-batch of 65,535 empty records (1.5 KB compressed, 262 KB inflated): each `take` looks
+    at a bounded number of records; none is given."""
+    plain = b"\0\0\0\0" * 65_535
+    raw = ck.encode([ck.SubBatch(65_535, ck.GZIP, len(plain), gzip.compress(plain))] * 3, timestamp=0, epoch=0,
+                    chunk_id=0)
+    cursor = ck.RecordCursor(raw)
+    takes = 0
+    while not cursor.done:
+        assert cursor.take(256) == []
+        takes += 1
+    assert takes >= 3 * 65_535 // 256
 
 
 def test_a_trailer_is_osiris_s_and_the_earlier_one_still_reads() -> None:

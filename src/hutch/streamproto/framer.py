@@ -62,6 +62,13 @@ class FrameReader:
         for start, end in self._spans():
             yield view[start:end]
 
+    def push_back(self, frame: memoryview) -> None:
+        """Un-consume `frame`, the last one `frame_views` yielded: it is the next frame again (the caller
+        stopped before handling it)."""
+        start = self._pos - len(frame) - 4
+        assert start >= 0 and frame.obj is self._buf and _SIZE.unpack_from(self._buf, start)[0] == len(frame)
+        self._pos = start
+
     def _spans(self) -> Iterator[tuple[int, int]]:
         """(start, end) in the buffer of each complete frame's content, consuming it."""
         buf = self._buf

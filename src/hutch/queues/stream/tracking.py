@@ -21,7 +21,10 @@ Rules:
   old segments (retention) never loses tracking: recovery reads only the last segment.
 - Bounds: references are 1..255 bytes (the stream protocol's rule for a consumer name and a publisher
   reference is 256 characters; ids here are u8-sized); a snapshot keeps the `MAX_WRITERS` most recently
-  written publishers (osiris's `max_sequences` idea) and every stored offset up to `MAX_OFFSETS`.
+  written publishers (osiris's `max_sequences` idea) and every stored offset up to `MAX_OFFSETS`; in
+  memory, too, at most `MAX_OFFSETS` consumer references are kept, the one stored longest ago dropped
+  for a new one (a client storing offsets under ever new references must not grow the node without
+  bound between two snapshots).
 """
 
 from __future__ import annotations
@@ -131,7 +134,12 @@ class Tracking:
                 if old is None or seq >= old[1]:
                     self.sequences[ref] = (chunk_id, seq)
             elif kind == OFFSET:
-                self.offsets[ref] = values[0]
+                offsets = self.offsets
+                if ref in offsets:
+                    del offsets[ref]  # (stored again: it becomes the newest, the last one dropped)
+                elif len(offsets) >= MAX_OFFSETS:
+                    del offsets[next(iter(offsets))]  # the reference stored longest ago makes room
+                offsets[ref] = values[0]
 
     def sequence(self, ref: bytes) -> int | None:
         entry = self.sequences.get(ref)

@@ -55,6 +55,15 @@ log = logging.getLogger("hutch.stream")
 T = TypeVar("T")
 
 CLOSE_GRACE_S = 1.0
+# Work one read may do in a loop turn: a simple publish frame counts 1, any other command COMMAND_WORK;
+# past TURN_WORK, or past TURN_S of the loop's time (looked at every TIME_CHECK_WORK), the rest waits,
+# read-held, for the next turn. One read (uvloop hands up to 256 KiB at once) of 11-byte credit frames
+# is ~23,000 commands, each answered: ~0.3 s on the loop; and commands differ in cost (a partitions
+# query of a 128-partition super stream costs ten credits), hence the clock too.
+TURN_WORK = 8192
+COMMAND_WORK = 8
+TURN_S = 0.01
+TIME_CHECK_WORK = 64
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -195,14 +204,28 @@ class StreamConnection:
     def _drain(self) -> None:
         try:
             publishing = self.publishing
+            work = 0
+            check_at = TIME_CHECK_WORK
+            deadline = self.clock.time() + TURN_S
             try:
                 # views of the input buffer: the publish path copies what it keeps, once (into its
                 # batch's data); any other command is decoded from a copy of its own
                 for frame in self.reader.frame_views():
                     if self.phase >= Phase.CLOSED or self.phase == Phase.AUTHENTICATING:
                         return
+                    if work >= check_at:
+                        check_at = work + TIME_CHECK_WORK
+                        if self.clock.time() >= deadline:
+                            work = TURN_WORK
+                    if work >= TURN_WORK:  # the rest of what was read waits for the next loop turn
+                        self.reader.push_back(frame)
+                        self.hold_reading("turn")
+                        self.clock.call_soon(self._next_turn)
+                        return
                     if self.phase == Phase.OPENED and publishing.publish_frame(frame):
+                        work += 1
                         continue  # the hot path: a publish of simple entries, batched per stream
+                    work += COMMAND_WORK
                     publishing.write_batched()  # what was published before this command is written first
                     publishing.send_confirms()  # and what was confirmed goes out before its answer
                     cmd = c.decode(bytes(frame))
@@ -287,10 +310,18 @@ class StreamConnection:
     def release_reading(self, reason: str) -> None:
         if reason in self._holds:
             self._holds.discard(reason)
-            if reason == "request" and self.phase == Phase.OPENED:
-                self._drain()  # the commands read with the request, after it (its answer is already out)
+            if (reason == "request" and self.phase == Phase.OPENED) \
+                    or (reason == "turn" and self.phase < Phase.CLOSED and "request" not in self._holds):
+                self._drain()  # the commands read with the request, after it (its answer is already out),
+                self.flush()  # or those a turn's work left for the next turn
             if not self._holds and self.transport is not None and self.phase != Phase.CLOSED:
                 self.transport.resume_reading()
+
+    def bound_append(self, settled: asyncio.Future[None]) -> None:
+        self.publishing.bound(settled)
+
+    def _next_turn(self) -> None:
+        self.release_reading("turn")
 
     def next_correlation_id(self) -> int:
         self._correlation = (self._correlation + 1) & 0xFFFFFFFF

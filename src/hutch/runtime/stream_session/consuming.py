@@ -8,9 +8,9 @@ offset tracking (store/query offset by reference), and single active consumer (g
 on this node or on the stream's writer's, through sac_router.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
 answered with where to start).
 
-Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop) and stops while
-the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
-`PUMP_SKIPS` per turn. A subscription holds a reader (a position), never the log. A subscription to a
+Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop), hands what it
+read to the transport every `FLUSH_BYTES`, and stops while the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
+`PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value: `BloomQuery.cost`). A subscription holds a reader (a position), never the log. A subscription to a
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
-from hutch.runtime.stream_session.home_link import RemoteRead, core_spec, next_match, reader_for
+from hutch.runtime.stream_session.home_link import (
+    CONNECTION_REMOTE_WINDOW,
+    REMOTE_WINDOW,
+    RemoteRead,
+    core_spec,
+    filter_query,
+    next_match,
+    reader_for,
+)
 from hutch.runtime.stream_session.ports import StreamSession
 from hutch.runtime.stream_session.sac import GroupKey, Member, Notify
 from hutch.storage.errors import StorageError
@@ -39,6 +47,9 @@ log = logging.getLogger("hutch.stream")
 
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
+FLUSH_BYTES = 1 << 20  # chunk data put in the output before it is handed to the transport (whose high
+#                        mark then pauses the pump): without it one turn of 256 subscriptions × PUMP_CHUNKS
+#                        chunks of a stream of large chunks would be read into memory before any write
 
 
 @dataclass(eq=False)
@@ -51,6 +62,7 @@ class Subscription:
     properties: dict[str, str]
     filter_values: list[bytes] = field(default_factory=list)
     match_unfiltered: bool = False
+    query: ck.BloomQuery | None = None  # the filter as matched against chunks (None: no filter)
     reader: StreamReader | None = None
     unwatch: Callable[[], None] | None = None
     sac_key: GroupKey | None = None
@@ -61,6 +73,7 @@ class Subscription:
     home: str | None = None  # the worker holding the stream's copy, when it is not this one
     remote: RemoteRead | None = None  # its reader there, while active
     backlog: deque[tuple[bytes, int]] = field(default_factory=deque)  # (chunk, committed) for a full socket
+    granted: int = 0  # read remotely: chunks the home may still send (home_link.REMOTE_WINDOW at most)
     next_offset: int | None = None  # read remotely: the offset after the last chunk delivered
     committed_offset: int = -1  # read remotely: the stream's committed chunk id as last told
 
@@ -77,6 +90,7 @@ class Consuming:
         self.subscriptions: dict[int, Subscription] = {}
         self.deliver_version = 1
         self.pending_updates: dict[int, tuple[Subscription, bool]] = {}  # correlation id → (sub, active)
+        self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
@@ -94,6 +108,7 @@ class Consuming:
         sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
                            [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
                            props.get("match-unfiltered", "").lower() == "true", home=home)
+        sub.query = filter_query(sub.filter_values, sub.match_unfiltered)
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
@@ -177,10 +192,7 @@ class Consuming:
         if sub is None:
             self.conn.send(c.CreditResponse(Code.SUBSCRIPTION_ID_DOES_NOT_EXIST, cmd.subscription_id))
             return
-        granted = min(sub.credit + max(cmd.credit, 0), 1 << 20) - sub.credit
-        sub.credit += granted
-        if sub.remote is not None:
-            self.conn.hub.reader_link.credit(sub.remote, granted)
+        sub.credit = min(sub.credit + max(cmd.credit, 0), 1 << 20)
         self.pump(sub)
 
     def _start(self, sub: Subscription, spec: OffsetSpec) -> None:
@@ -188,6 +200,7 @@ class Consuming:
         if handle is None:
             assert sub.home is not None
             self.conn.hub.reader_link.open(self, sub, sub.home, spec)
+            self._top_up()
             return
         sub.reader = reader_for(handle, core_spec(spec), spec.type == OffsetType.LAST)
         # time to the first message: the subscribe's response leaves now, and the first chunk alone right
@@ -223,12 +236,16 @@ class Consuming:
             # deleted by another path (AMQP 0-9-1, management): tell every user of it
             conn.hub.stream_deleted(conn.vhost.name, sub.stream)
             return
-        sent = skipped = 0
+        sent = skipped = unwritten = 0
         while sub.credit > 0 and sub.reader is not None and conn.can_deliver():
+            if unwritten >= FLUSH_BYTES:  # to the transport now: past its high mark it pauses this pump
+                conn.flush()
+                unwritten = 0
+                continue
             if sent >= max_chunks or skipped >= PUMP_SKIPS:
                 self._wake(sub)  # go on next turn: other connections get the loop meanwhile
                 return
-            found, n = next_match(sub.reader, sub.filter_values, sub.match_unfiltered, PUMP_SKIPS - skipped)
+            found, n = next_match(sub.reader, sub.query, PUMP_SKIPS - skipped)
             skipped += n
             if found is None:
                 if skipped >= PUMP_SKIPS:
@@ -239,6 +256,7 @@ class Consuming:
             conn.out.append(c.deliver_header(sub.subscription_id, ck.HEADER_SIZE + len(data), committed))
             conn.out.append(head)
             conn.out.append(data)  # a view of the chunk read: copied once, by the flush's join
+            unwritten += len(data)
             sub.credit -= 1
             sub.chunks_sent += 1
             sub.records_sent += header.num_records
@@ -250,6 +268,7 @@ class Consuming:
         once its socket has room."""
         if self.subscriptions.get(sub.subscription_id) is not sub or sub.remote is None:
             return
+        sub.granted = max(0, sub.granted - len(chunks))
         sub.backlog.extend((raw, committed) for raw in chunks)
         self._deliver_backlog(sub)
         self.conn.want_flush()
@@ -265,9 +284,42 @@ class Consuming:
         self.conn.want_flush()
 
     def _deliver_backlog(self, sub: Subscription) -> None:
+        try:
+            self._deliver_backlog_now(sub)
+        finally:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Give the homes credit for what the clients' credit allows: at most REMOTE_WINDOW chunks ahead
+        (in flight and waiting here) for a subscription and CONNECTION_REMOTE_WINDOW for the connection,
+        starting from the next subscription each time (round-robin), and none while the socket is full."""
+        if not self.conn.can_deliver():
+            return
+        remote = [s for s in self.subscriptions.values() if s.remote is not None]
+        if not remote:
+            return
+        room = CONNECTION_REMOTE_WINDOW - sum(s.granted + len(s.backlog) for s in remote)
+        self._next_remote = start = self._next_remote % len(remote)
+        self._next_remote += 1
+        for sub in remote[start:] + remote[:start]:
+            if room <= 0:
+                return
+            give = min(min(sub.credit, REMOTE_WINDOW) - sub.granted - len(sub.backlog), room)
+            if give > 0 and sub.remote is not None:
+                sub.granted += give
+                room -= give
+                self.conn.hub.reader_link.credit(sub.remote, give)
+
+    def _deliver_backlog_now(self, sub: Subscription) -> None:
         conn = self.conn
+        unwritten = 0
         while sub.backlog and conn.can_deliver():
+            if unwritten >= FLUSH_BYTES:
+                conn.flush()
+                unwritten = 0
+                continue
             raw, committed = sub.backlog.popleft()
+            unwritten += len(raw)
             header = ck.decode_header(raw)
             conn.out.append(c.deliver_header(sub.subscription_id, len(raw),
                                              committed if self.deliver_version == 2 else None))
@@ -303,7 +355,7 @@ class Consuming:
             forwarder.store_offset(reference, cmd.offset)
             return
         try:
-            handle.store_offset(reference, cmd.offset)
+            conn.bound_append(handle.store_offset(reference, cmd.offset).settled)
         except (ValueError, StorageError) as exc:  # (NotWriter: the member stopped writing this very turn)
             log.debug("stream %s: offset of %s not stored: %r", cmd.stream, cmd.reference, exc)
 

@@ -17,8 +17,11 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
 
 Rules:
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
-  goes on next turn), and never more chunks than the credit its reader was given: what waits in the
-  subscription's worker for a client whose socket is full is bounded by the credit that client gave.
+  goes on next turn), and never more chunks than the credit its reader was given. The subscription's
+  worker gives the home at most `REMOTE_WINDOW` chunks of credit ahead of what its client's socket took
+  (the client's own credit may be 65,535 chunks or more), `CONNECTION_REMOTE_WINDOW` for all of one
+  connection's subscriptions (round-robin among them), and more only while that socket has room: what
+  waits in either worker for a client that does not read is at most that many chunks a connection.
 - A worker that goes away ends what it served and what it read: the home closes the readers of that
   worker; the subscriptions reading from a home that went away are ended and their clients told
   (STREAM_NOT_AVAILABLE, as for a stream gone), so they subscribe again.
@@ -33,7 +36,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.cluster import messages as cm
@@ -53,6 +56,8 @@ log = logging.getLogger("hutch.stream")
 PUMP_CHUNKS = 64
 PUMP_BYTES = 1 << 20
 PUMP_SKIPS = 4096
+REMOTE_WINDOW = 4  # chunks a subscription's worker lets the home send ahead of its client's socket
+CONNECTION_REMOTE_WINDOW = 16  # and all the remote subscriptions of one connection together
 PUBLISH_TIMEOUT_S = 30.0
 ASK_TIMEOUT_S = 5.0
 
@@ -81,6 +86,7 @@ class ReadSubscription(Protocol):
     filter_values: list[bytes]
     match_unfiltered: bool
     remote: RemoteRead | None
+    granted: int  # chunks the home may still send (Invariant: granted + backlog <= REMOTE_WINDOW)
 
 
 class ReadingSide(Protocol):
@@ -106,22 +112,27 @@ def core_spec(spec: OffsetSpec) -> CoreSpec:
     return CoreSpec.timestamp(spec.value)
 
 
-def next_match(reader: StreamReader, filters: list[bytes], match_unfiltered: bool,
-               max_skips: int) -> tuple[tuple[ck.Header, memoryview | bytes, memoryview] | None, int]:
-    """The next chunk `reader` has whose bloom filter may match `filters` (any chunk, without filters),
-    as (its header, its header's bytes, its data section), and how many chunks were skipped; None for the
-    chunk when there is none now or `max_skips` were skipped (the caller goes on next turn)."""
-    skipped = 0
-    while skipped < max_skips:
+def next_match(reader: StreamReader, query: ck.BloomQuery | None,
+               budget: int) -> tuple[tuple[ck.Header, memoryview | bytes, memoryview] | None, int]:
+    """The next chunk `reader` has whose bloom filter may match `query` (any chunk, without one), as (its
+    header, its header's bytes, its data section), and the work spent: each chunk looked at costs
+    `query.cost` (1 without a query). None for the chunk when there is none now or `budget` is spent (the
+    caller goes on next turn); one chunk is always looked at, whatever its cost."""
+    spent = 0
+    while spent < budget or not spent:
         chunk = reader.next_chunk()
         if chunk is None:
             break
+        spent += 1 if query is None else query.cost
         header, bits, data, _ = ck.parts(chunk.raw)
-        if filters and not ck.bloom_may_match(bytes(bits), filters, match_unfiltered):
-            skipped += 1
-            continue
-        return (header, chunk.raw[:ck.HEADER_SIZE], data), skipped
-    return None, skipped
+        if query is None or query.may_match(bits):
+            return (header, chunk.raw[:ck.HEADER_SIZE], data), spent
+    return None, spent
+
+
+def filter_query(values: list[bytes], match_unfiltered: bool) -> ck.BloomQuery | None:
+    """A subscription's filter as a `BloomQuery`; None without filter values (it takes every chunk)."""
+    return ck.BloomQuery(values, match_unfiltered) if values else None
 
 
 def reader_for(handle: StreamHandle, spec: CoreSpec, last: bool) -> StreamReader:
@@ -169,8 +180,7 @@ class _Served:
     handle: StreamHandle
     reader: StreamReader
     credit: int
-    filters: list[bytes] = field(default_factory=list)
-    match_unfiltered: bool = False
+    query: ck.BloomQuery | None = None
     unwatch: Callable[[], None] | None = None
     scheduled: bool = False
 
@@ -259,8 +269,9 @@ class StreamReaderLink:
         read = RemoteRead(home, next(self._ids), consuming, sub)
         self.reading[read.reader_id] = read
         sub.remote = read
+        sub.granted = 0  # (the subscription's worker gives credit once it is open: Consuming._top_up)
         if not self.host.send(home, cm.StreamReadOpen(read.reader_id, conn.vhost.name, sub.stream, int(spec.type),
-                                                      int(spec.value or 0), sub.credit, list(sub.filter_values),
+                                                      int(spec.value or 0), sub.granted, list(sub.filter_values),
                                                       sub.match_unfiltered)):
             self._lost(read, Code.STREAM_NOT_AVAILABLE)
 
@@ -326,7 +337,7 @@ class StreamReaderLink:
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
             return
         served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20),
-                         list(m.filters), m.match_unfiltered)
+                         filter_query(list(m.filters), m.match_unfiltered))
         self.served[(peer, m.reader_id)] = served
         served.unwatch = handle.on_commit(lambda: self._schedule(served))
         if id(handle) not in self._watched:  # (one callback per handle, whatever its readers)
@@ -372,8 +383,9 @@ class StreamReaderLink:
         chunks: list[bytes] = []
         size = skipped = 0
         found: Any = True
-        while found is not None and served.credit > 0 and len(chunks) < PUMP_CHUNKS and size < PUMP_BYTES:
-            found, n = next_match(served.reader, served.filters, served.match_unfiltered, PUMP_SKIPS - skipped)
+        while found is not None and served.credit > 0 and len(chunks) < PUMP_CHUNKS and size < PUMP_BYTES \
+                and skipped < PUMP_SKIPS:
+            found, n = next_match(served.reader, served.query, PUMP_SKIPS - skipped)
             skipped += n
             if found is not None:
                 chunks.append(b"".join(found[1:]))

@@ -14,6 +14,7 @@ response code and text (PRECONDITION_FAILED for bad arguments, ACCESS_REFUSED fo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -171,6 +172,11 @@ class StreamSession(Protocol):
     def release_reading(self, reason: str) -> None: ...
 
     def next_correlation_id(self) -> int: ...
+
+    def bound_append(self, settled: asyncio.Future[None]) -> None:
+        """Count an append that sends no confirm (a stored offset) against the connection's bound on
+        appends in flight until it settles (publishing.py, `Publishing.bound`)."""
+        ...
 
     def can_deliver(self) -> bool: ...
 

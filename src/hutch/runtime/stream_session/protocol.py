@@ -1,7 +1,10 @@
 """The asyncio adapter of a stream-protocol connection: socket callbacks in, `StreamConnection` calls out.
 
 Owns: what only a socket on an event loop has: the transport's write-buffer limits (deliveries pause
-while the buffer is above the high mark), and the wiring of one connection to its ports (the
+while the buffer is above the high mark), the read budget (after `READ_BUDGET` bytes in one loop
+iteration a connection reads no more until the next: libuv otherwise keeps reading a busy socket, and
+a flood of small commands, each answered or written on the loop, stalled every other client for
+seconds), and the wiring of one connection to its ports (the
 transport as the `Transport`, the event loop as the `LoopClock`). All the protocol is in connection.py.
 """
 
@@ -15,11 +18,15 @@ from hutch.runtime.stream_session.hub import StreamHub
 
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024  # a few chunks of a busy stream
 WRITE_BUFFER_LOW = 1024 * 1024
+READ_BUDGET = 64 * 1024  # bytes one connection may hand the protocol per event-loop iteration
 
 
 class StreamProtocol(asyncio.Protocol):
     def __init__(self, hub: StreamHub, tls: bool = False, adopted: bytes | None = None) -> None:
-        self.conn = StreamConnection(hub, asyncio.get_event_loop(), tls)
+        self.loop = asyncio.get_event_loop()
+        self.conn = StreamConnection(hub, self.loop, tls)
+        self._read_this_turn = 0
+        self._turn_scheduled = False
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -34,7 +41,18 @@ class StreamProtocol(asyncio.Protocol):
         self.conn.connection_made(stream, (peer[0], peer[1]), (sock[0], sock[1]))
 
     def data_received(self, data: bytes) -> None:
+        self._read_this_turn += len(data)
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._next_turn)
+        if self._read_this_turn >= READ_BUDGET:
+            self.conn.hold_reading("budget")
         self.conn.receive_data(data)
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        self._read_this_turn = 0
+        self.conn.release_reading("budget")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.connection_lost()

@@ -27,8 +27,11 @@ Rules (RabbitMQ 3.10's stream queues, compared by hand with a running RabbitMQ; 
 - A stream-protocol publisher's sub-batches are split into their records (gzip, snappy, lz4 and zstd
   ones decoded, within `chunk.MAX_UNCOMPRESSED_BYTES` per chunk, checked against the declared length
   first); a sub-batch of an unknown codec or that is not what it declares is skipped, logged.
-- Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, then
-  yields the loop.
+- Work per loop turn is bounded: a consumer delivers at most `DELIVER_BATCH` messages per call, reads a
+  chunk `READ_SLICE` records at a time (a compressed sub-batch inflated only when reached: one small
+  publish can hold millions of records), looks at most at `READ_WORK` records or chunks skipped by its
+  filter (a chunk costs one per filter value, `BloomQuery.cost`) and loads at most `MAX_LOADS` slices
+  per call, then yields the loop. Entries that are not AMQP 1.0 messages are logged one line per slice.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ from hutch.runtime.queue_types.stream.handle import Appended, StreamHandle, Stre
 log = logging.getLogger("hutch.stream")
 
 DELIVER_BATCH = 256
+READ_SLICE = 256  # records a consumer's chunk is read and converted by at once (ck.RecordCursor)
+READ_WORK = 4096  # records (and chunks skipped, per filter value) one `_next_records` call may look at
+MAX_LOADS = 4  # slices one consumer may load in a turn (a filter may take none of a slice's messages)
 MAX_FORWARDS = 256  # publish batches of one replicated stream waiting for its writer on another node
 MAX_CHUNK_ENTRIES = 4096  # publishes gathered in one loop turn go out as chunks of at most this many
 FILTER_HEADER = "x-stream-filter-value"
@@ -84,7 +90,8 @@ class StreamConsumer:
 
     Invariant: `pending[next:]` are the chunk's messages not yet delivered (converted once per chunk)."""
 
-    __slots__ = ("consumer", "reader", "pending", "next", "filters", "match_unfiltered", "chunk_all_valued")
+    __slots__ = ("consumer", "reader", "pending", "next", "filters", "match_unfiltered", "chunk_all_valued",
+                 "query", "cursor")
 
     def __init__(self, consumer: Consumer, reader: StreamReader, filters: list[bytes] | None,
                  match_unfiltered: bool) -> None:
@@ -92,8 +99,10 @@ class StreamConsumer:
         self.reader = reader
         self.pending: list[tuple[int, Message]] = []
         self.next = 0
-        self.filters = filters
+        self.filters = None if filters is None else frozenset(filters)  # (a message's test: one lookup)
         self.match_unfiltered = match_unfiltered
+        self.query = None if filters is None else ck.BloomQuery(filters, match_unfiltered)  # chunks' test
+        self.cursor: ck.RecordCursor | None = None  # the chunk being read, a slice at a time
         # Every entry of the pending chunk has a filter value (in the chunk's bloom filter, maybe not in
         # the message: a stream-protocol publish), and the chunk matched this consumer's filter.
         self.chunk_all_valued = False
@@ -397,14 +406,18 @@ class StreamQueue(Queue):
         filters = sc.filters
         # a session channel's `deliver_run` (a run of a chunk in one call); other deliverers, one by one
         run = getattr(channel, "deliver_run", None)
-        sent = 0
+        sent = loads = 0
         while not conn.write_paused and consumer.can_take():
             if sent >= DELIVER_BATCH:
                 return True
             pending, i = sc.pending, sc.next
             if i >= len(pending):
-                if not self._next_records(sc):
-                    return False
+                loaded = self._next_records(sc)
+                if not loaded:
+                    return loaded is None  # (None: this turn's reading is spent, more next turn)
+                loads += 1
+                if loads > MAX_LOADS:
+                    return True
                 continue
             # as many as the credit, the batch and this chunk allow, without asking again per message
             room = consumer.prefetch - consumer.unacked if consumer.prefetch else DELIVER_BATCH
@@ -440,35 +453,48 @@ class StreamQueue(Queue):
         assert sc.filters is not None
         return wanted in sc.filters if wanted else sc.match_unfiltered or sc.chunk_all_valued
 
-    def _next_records(self, sc: StreamConsumer) -> bool:
-        """Load the consumer's next chunk's messages (skipping chunks its filter rules out)."""
-        while True:
-            chunk = sc.reader.next_chunk()
-            if chunk is None:
-                return False
-            if not ck.verify(chunk.raw):  # damaged on disk since it was written: never delivered as is
-                log.error("stream %s: chunk %d fails its CRC; its %d records are skipped", self._what,
-                          chunk.header.chunk_id, chunk.header.num_records)
-                continue
-            if sc.filters is not None:
-                _, bits, _, _ = ck.parts(chunk.raw)
-                if not ck.bloom_may_match(bytes(bits), sc.filters, sc.match_unfiltered):
+    def _next_records(self, sc: StreamConsumer) -> bool | None:
+        """Load the consumer's next slice of messages (a chunk is read `READ_SLICE` records at a time,
+        skipping chunks its filter rules out): True when loaded, False when the log has no more now,
+        None when this turn's `READ_WORK` is spent first (the caller comes back next turn)."""
+        work = 0
+        while work < READ_WORK:
+            cursor = sc.cursor
+            if cursor is None:
+                chunk = sc.reader.next_chunk()
+                if chunk is None:
+                    return False
+                work += 1 if sc.query is None else sc.query.cost
+                if not ck.verify(chunk.raw):  # damaged on disk since it was written: never delivered as is
+                    log.error("stream %s: chunk %d fails its CRC; its %d records are skipped", self._what,
+                              chunk.header.chunk_id, chunk.header.num_records)
                     continue
-                sc.chunk_all_valued = ck.bloom_all_valued(bytes(bits))
-            if chunk.header.chunk_type != ck.USER:
-                continue
-            bad: list[tuple[int, str]] = []
+                if sc.query is not None:
+                    _, bits, _, _ = ck.parts(chunk.raw)
+                    if not sc.query.may_match(bits):
+                        continue
+                    sc.chunk_all_valued = ck.bloom_all_valued(bytes(bits))
+                if chunk.header.chunk_type != ck.USER:
+                    continue
+                cursor = sc.cursor = ck.RecordCursor(chunk.raw, chunk.start)
             skipped: list[tuple[int, int, str]] = []
-            sc.pending = amqp10.to_091_list(ck.record_list(chunk.raw, chunk.start, skipped), self.name, bad)
+            cursor.skipped = skipped
+            records = cursor.take(READ_SLICE)
+            work += READ_SLICE
+            if cursor.done:
+                sc.cursor = None
+            bad: list[tuple[int, str]] = []
+            sc.pending = amqp10.to_091_list(records, self.name, bad) if records else []
             sc.next = 0
             for offset, count, why in skipped:
                 log.warning("stream %s: the sub-batch of %d records at offset %d is skipped: %s",
                             self._what, count, offset, why)
-            for offset, why in bad:
-                log.warning("stream %s: entry at offset %d is not an AMQP 1.0 message (%s); skipped",
-                            self._what, offset, why)
+            if bad:  # (one line for a slice: a chunk may hold millions of such entries)
+                log.warning("stream %s: %d entries from offset %d are not AMQP 1.0 messages (%s); skipped",
+                            self._what, len(bad), bad[0][0], bad[0][1])
             if sc.pending:
                 return True
+        return None
 
     # -- counts and info ----------------------------------------------------------------------------
     @property
