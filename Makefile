@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
+# Python writes and reuses bytecode (__pycache__, git-ignored) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1, set on the shared machine): otherwise every node a test starts compiles
+# hutch's ~250 modules again (about 0.45 s of CPU of a node's 1.0 s start) and every pytest worker
+# rewrites and compiles every test module again (most of collection's time). docs/testing.md, "Where the time goes".
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup run test test-workers test-durations test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is

@@ -35,6 +35,13 @@ import pytest
 
 from hutch.portfile import NodeDidNotStart, wait_for_ports
 
+# Bytecode is written and reused (__pycache__, git-ignored) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1 on the shared machine): every process this run starts (nodes, cluster
+# nodes, hutchctl, xdist workers, Spark's Python workers) inherits it, so a node's start does not compile
+# hutch's ~250 modules again, nor a worker rewrite every test module (docs/testing.md, "Where the time goes").
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
 """Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
 against a node of worker processes (docs/scaling.md); unset, a node is one process (`--workers 1`, given
