@@ -7,7 +7,13 @@ STAMP := $(VENV)/.installed
 HUTCH_DATA_DIR ?= $(CURDIR)/var
 export HUTCH_DATA_DIR
 
-.PHONY: setup run test test-workers test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
+# Python writes and reuses bytecode (__pycache__, git-ignored) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1, set on the shared machine): otherwise every node a test starts compiles
+# hutch's ~250 modules again (about 0.45 s of CPU of a node's 1.0 s start) and every pytest worker
+# rewrites and compiles every test module again (most of collection's time). docs/testing.md, "Where the time goes".
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: setup run test test-workers test-durations test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
 # not used: the pure path runs and the start log says so)
@@ -29,8 +35,9 @@ run: $(STAMP)
 	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
 # The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 2, CI's cores; TEST_WORKERS=0
-# runs it in one process), each test module a unit of work (tests/conftest.py), the 25 slowest tests
-# listed at the end. The budget and the rule for new tests: docs/testing.md.
+# runs it in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py,
+# by tests/durations.json), the 25 slowest tests listed at the end. The budget and the rule for new tests:
+# docs/testing.md.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
@@ -78,6 +85,11 @@ WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.p
 WORKER_DESELECT := --deselect tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue
 test-workers: $(STAMP)
 	HUTCH_TEST_WORKERS=2 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(WORKER_DESELECT) $(WORKER_SUITES)
+
+# refreshes tests/durations.json (the seconds of each unit of work: the order `make test` hands them out
+# in) from a run of the default selection; commit it when modules were added or their cost moved
+test-durations: $(STAMP)
+	HUTCH_TEST_DURATIONS_OUT=$(CURDIR)/tests/durations.json $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m slow

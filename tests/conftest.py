@@ -11,14 +11,15 @@ come from: "address already in use" under a connection churn). `free_port()` sta
 that need a number before anything listens (a port nobody listens on, a refused connection).
 
 Parallel runs (docs/testing.md): `make test` runs pytest-xdist with `--dist loadgroup`, and
-`pytest_collection_modifyitems` below puts each test module in a group of its own (the Spark suite in one
-group), so a module's tests run in one worker, one after another, in file order: a module- or
-session-scoped server is started once per worker that needs it, and one Spark session (one JVM) serves the
-whole Spark suite.
+`pytest_xdist_make_scheduler` below makes each test module a unit of work (the Spark suite one unit),
+handed out costliest first (tests/xdist_schedule.py), so a module's tests run in one worker, one after
+another, in file order: a module- or session-scoped server is started once per worker that needs it, and
+one Spark session (one JVM) serves the whole Spark suite.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -34,25 +35,49 @@ import pytest
 
 from hutch.portfile import NodeDidNotStart, wait_for_ports
 
+# Bytecode is written and reused (__pycache__, git-ignored) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1 on the shared machine): every process this run starts (nodes, cluster
+# nodes, hutchctl, xdist workers, Spark's Python workers) inherits it, so a node's start does not compile
+# hutch's ~250 modules again, nor a worker rewrite every test module (docs/testing.md, "Where the time goes").
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
 """Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
 against a node of worker processes (docs/scaling.md); unset, a node is one process (`--workers 1`, given
 explicitly: the server's default, auto, would make the suite's behaviour depend on the machine's cores)."""
 
 
-def xdist_group(item: pytest.Item) -> str:
-    """The unit of work of a test under `--dist loadgroup`: its module, or "spark" for the Spark suite
-    (its session-scoped SparkSession is a JVM: one is enough)."""
-    module = item.nodeid.split("::", 1)[0]
-    return "spark" if module.startswith("tests/spark/") else module
+DURATIONS_OUT_ENV = "HUTCH_TEST_DURATIONS_OUT"
+"""Set to a path, the run writes there the seconds each unit of work took (setup, call and teardown of its
+tests): `make test-durations` refreshes tests/durations.json, the order `make test` hands units out in."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # the hook is xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` hands out hutch's units of work (a module; the Spark suite as one), costliest
+    first (tests/xdist_schedule.py says why xdist's own loadgroup does not do it under pytest 9.2)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist_schedule import ModuleScheduling
+    return ModuleScheduling(config, log)
+
+
+_unit_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(DURATIONS_OUT_ENV) and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller
+        from xdist_schedule import group_of
+        unit = group_of(report.nodeid)
+        _unit_seconds[unit] = _unit_seconds.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get(DURATIONS_OUT_ENV)
+    if out and _unit_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
+        ranked = sorted(_unit_seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n")
 
 
 def free_port() -> int:

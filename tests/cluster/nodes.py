@@ -274,7 +274,7 @@ def member_names(doc: dict[str, Any]) -> list[str]:
     return [short(m["name"]) for m in doc["members"]]
 
 
-def eventually(check: Any, timeout: float = 15.0, interval: float = 0.1) -> Any:
+def eventually(check: Any, timeout: float = 15.0, interval: float = 0.05) -> Any:
     """Call `check` until it returns a truthy value without raising; return that value."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None

@@ -451,7 +451,9 @@ async def test_heartbeats_are_coalesced(tmp_path: Path) -> None:
 
         await until(round_seen, what="a heartbeat round")
         hb = [p for s, d, _, p in c.net.sent if s == 1 and d == 2 and p[1]]
-        assert hb and sorted(hb[0][1][::3]) == list(gids)  # one tick: (gid, term, commit) of all 100 groups
+        # one message: (gid, term, commit) of all 100 groups (a late flush on a loaded machine carries two
+        # ticks' worth, every group twice: still one message)
+        assert hb and sorted(set(hb[0][1][::3])) == list(gids)
         first = next(i for i, (s, d, _, p) in enumerate(c.net.sent) if s == 1 and d == 2 and p[1])
         resp = [p for s, d, _, p in c.net.sent[first:] if s == 2 and d == 1 and p[2]]
         assert resp and set(resp[0][2][::2]) == set(gids)  # answered in one payload too
