@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import socket
 import threading
@@ -55,7 +54,7 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from .nodes import Cluster, Node, node_of, short
+from .nodes import Cluster, Node, node_of, short, stable_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -533,42 +532,6 @@ class Nemesis(threading.Thread):
 
 
 # -- the run -------------------------------------------------------------------------------------------
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-_taken: set[int] = set()
-
-
-def stable_port() -> int:
-    """A free port outside the kernel's ephemeral range. A node keeps its ports across restarts; a port
-    from the ephemeral range (what `free_port` gives) can be taken, while the node is down, by the local
-    end of some client's connection, and the node then cannot restart ("address already in use").
-    Under pytest-xdist each worker takes its own residue class of ports, so two workers never pick the
-    same one (a port is free between a node's kill and its restart)."""
-    lo, hi = _ephemeral_range()
-    low, high = (20000, lo - 1) if lo > 21000 else (hi + 1, 65000)
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    rng = random.Random()
-    for _ in range(1000):
-        port = rng.randint(low, high)
-        if port % workers != worker % workers or port in _taken or port in (5672, 15672, 25672):
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
-    raise RuntimeError("no free port outside the ephemeral range")
-
 
 def start_cluster(tmp: Path, n: int, config_text: str | None = None, workers: str = "1") -> Cluster:
     """Like `Cluster.start`, with ports outside the ephemeral range (see `stable_port`); `workers`: each

@@ -4,11 +4,12 @@
 node a `hutch-server` process with its own data directory and free ports. Nodes can be stopped,
 killed (-9), paused (SIGSTOP) and restarted on the same ports and data.
 
-Ports (issue 22): a node's first start asks for port 0 on every listener and reads the ports it bound
-from its ports file (hutch/portfile.py); n1 reports its inter-node port before n2 starts, so joins work.
-A restart asks for the same ports again: the other members know the node at its inter-node port. (The
-Jepsen and storage-fault harnesses, whose nodes are killed and restarted under load, pick ports outside
-the ephemeral range instead: jepsen.py's `stable_port`.)
+Ports: a node keeps its ports across restarts (the other members know it at its inter-node port), so
+`Cluster.add` gives each node ports outside the kernel's ephemeral range (`stable_port`): a port from
+that range (what port 0 gives) can be taken, while its node is down, by the local end of some client's
+connection, and the node then cannot restart ("address already in use": it failed a fresh-clone run of
+`make test` once, tests/cluster/test_shovel_cluster.py, session 15). A `Node` made by hand with port 0
+learns the ports its first start bound from its ports file (hutch/portfile.py).
 
 Nodes of workers (`workers="2"`, `Cluster.start(tmp, 3, workers="2")`; docs/scaling.md, "A node of workers
 in a multi-node cluster"): the node's process is its supervisor, and a node's `kill` (-9), `pause` and
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -187,6 +190,42 @@ class Node:
                               capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_taken: set[int] = set()
+
+
+def stable_port() -> int:
+    """A free port outside the kernel's ephemeral range. A node keeps its ports across restarts; a port
+    from the ephemeral range (what `free_port` gives) can be taken, while the node is down, by the local
+    end of some client's connection, and the node then cannot restart ("address already in use").
+    Under pytest-xdist each worker takes its own residue class of ports, so two workers never pick the
+    same one (a port is free between a node's kill and its restart)."""
+    lo, hi = _ephemeral_range()
+    low, high = (20000, lo - 1) if lo > 21000 else (hi + 1, 65000)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(low, high)
+        if port % workers != worker % workers or port in _taken or port in (5551, 5552, 5672, 15672, 25672):
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError("no free port outside the ephemeral range")
+
+
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -196,7 +235,8 @@ class Cluster:
         """A node (`workers="2"` among `kw`: a node of 2 workers), joining the first one unless `join` is False."""
         name = name or f"n{len(self.nodes) + 1}"
         seed = self.nodes[0].seed if join and self.nodes else None
-        node = Node(name, self.tmp / name, 0, 0, 0, seed, **kw)  # port 0: learnt from the ports file
+        # ports outside the ephemeral range (`stable_port`): a restart asks for the same ports again
+        node = Node(name, self.tmp / name, stable_port(), stable_port(), stable_port(), seed, **kw)
         self.nodes.append(node)
         if start:
             node.start()
