@@ -65,7 +65,7 @@ class Node:
         self.api = Api(wait_mgmt(info, timeout=60).mgmt_url)
 
     def tls_port(self, worker: int) -> int:
-        doc = portfile.read(self.info.data_dir / f"w{worker}")
+        doc = portfile.read(self.info.data_dir)  # the node's ports file lists every worker's own TLS port
         assert doc is not None
         return int(doc["listeners"][f"amqps_w{worker}"])
 
@@ -338,7 +338,7 @@ def test_tls_stream_publisher_and_consumer_are_relayed_to_the_streams_home(node:
     served by worker 0 through worker 1's relay (the TCP sockets stay in worker 1); every message is read
     once, in order."""
     stream = stream_in(node.info, 0, f"tls-s-{uuid.uuid4().hex[:6]}")
-    doc = portfile.read(node.info.data_dir / "w1")
+    doc = portfile.read(node.info.data_dir)  # the node's ports file (the supervisor's)
     assert doc is not None
     port = int(doc["listeners"]["stream_tls_w1"])
     ctx = node.pki.client_context()
@@ -361,7 +361,7 @@ def test_tls_stream_publisher_and_consumer_are_relayed_to_the_streams_home(node:
 
 def test_a_relayed_stream_connection_shows_its_tls_and_peer(node: Node) -> None:
     stream = stream_in(node.info, 0, f"tls-s-{uuid.uuid4().hex[:6]}")
-    doc = portfile.read(node.info.data_dir / "w1")
+    doc = portfile.read(node.info.data_dir)  # the node's ports file (the supervisor's)
     assert doc is not None
     port = int(doc["listeners"]["stream_tls_w1"])
 

@@ -444,7 +444,7 @@ class Supervisor:
         # listens for other nodes (docs/scaling.md, "A node of workers in a multi-node cluster")
         ports: dict[str, int] = dict(self.workers[0].ports)
         for w in self.workers[1:]:
-            ports.update({k: v for k, v in w.ports.items() if k.startswith(("amqp_w", "stream_w"))})
+            ports.update({k: v for k, v in w.ports.items() if k.startswith(("amqp_w", "amqps_w", "stream_w", "stream_tls_w"))})
         where = portfile.write(self.config.data_dir, self.config.node_name, os.getpid(), ports)
         log.info("listening: %s (written to %s)", ", ".join(f"{k} {v}" for k, v in ports.items()), where)
 
