@@ -190,17 +190,23 @@ def _shared_port(cfg: Config) -> dict[str, bool]:
     return {"reuse_port": True} if cfg.worker_index is not None else {}
 
 
-async def start_own_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
-    """`workers.own_ports`: a worker's AMQP listener of its own (port 0; `amqp_w<N>` in the ports file),
-    so that a client (a test, an operator) can pick the worker it talks to."""
+async def listen_own_port(node: Node, make_protocol: Callable[[], asyncio.Protocol], host: str,
+                          name: str) -> asyncio.base_events.Server | None:
+    """`workers.own_ports`: a worker's listener of its own beside a shared one (port 0; `<name>_w<N>` in
+    the ports file: `amqp`, `amqps`, `stream`, `stream_tls`), so that a client (a test, an operator) can
+    pick the worker it talks to. None when the worker has no own ports (or this is no worker)."""
     cfg = node.config
     if cfg.worker_index is None or not cfg.worker_own_ports:
         return None
-    server = await listen.create_server(asyncio.get_running_loop(), lambda: AMQPProtocol(node, handover),
-                                        cfg.amqp_host, 0,
+    server = await listen.create_server(asyncio.get_running_loop(), make_protocol, host, 0,
                                         backlog=1024, reuse_address=True)
-    node.listener_ports[f"amqp_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
+    node.listener_ports[f"{name}_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
     return server
+
+
+async def start_own_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
+    """`workers.own_ports`: a worker's AMQP listener of its own (`amqp_w<N>`, `listen_own_port`)."""
+    return await listen_own_port(node, lambda: AMQPProtocol(node, handover), node.config.amqp_host, "amqp")
 
 
 def tls_gated(node: Node, make_protocol: Callable[[], asyncio.Protocol], what: str) -> Callable[[], asyncio.Protocol]:
@@ -236,16 +242,13 @@ async def start_tls_listener(node: Node, handover: Locality | None = None) -> as
 
 
 async def start_own_tls_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
-    """`workers.own_ports` with AMQP over TLS: a worker's TLS listener of its own (port 0; `amqps_w<N>` in
-    the worker's own `w<N>/ports.json`), as `start_own_listener` for plain AMQP."""
+    """`workers.own_ports` with AMQP over TLS: a worker's TLS listener of its own (`amqps_w<N>`,
+    `listen_own_port`), when the node listens for AMQP over TLS."""
     cfg = node.config
-    if cfg.worker_index is None or not cfg.worker_own_ports or cfg.amqps_port is None:
+    if cfg.amqps_port is None:
         return None
-    server = await listen.create_server(asyncio.get_running_loop(),
-                                        tls_gated(node, lambda: AMQPProtocol(node, handover), "AMQP over TLS"),
-                                        cfg.amqps_host, 0, backlog=1024, reuse_address=True)
-    node.listener_ports[f"amqps_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
-    return server
+    return await listen_own_port(node, tls_gated(node, lambda: AMQPProtocol(node, handover), "AMQP over TLS"),
+                                 cfg.amqps_host, "amqps")
 
 
 async def start_streams(node: Node, handover: Locality | None = None) -> Callable[[], Awaitable[None]] | None:
@@ -283,28 +286,24 @@ async def start_streams(node: Node, handover: Locality | None = None) -> Callabl
             servers.append(server)
             hub.port = node.listener_ports["stream"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol listener started on %s:%d", listen.display_host(cfg.stream_host), hub.port)
-            if cfg.worker_index is not None and cfg.worker_own_ports:  # as start_own_listener for AMQP
-                server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host, 0,
-                                                    backlog=1024, reuse_address=True)
-                servers.append(server)
-                hub.own_port = node.listener_ports[f"stream_w{cfg.worker_index}"] = server.sockets[0].getsockname()[1]
+            own = await listen_own_port(node, lambda: StreamProtocol(hub), cfg.stream_host, "stream")
+            if own is not None:
+                servers.append(own)
+                hub.own_port = own.sockets[0].getsockname()[1]
         if cfg.stream_tls_port is not None:
             ctx = node.tls.server_context("ssl_options")
             assert ctx is not None  # the config requires ssl_options.certfile with stream.listeners.ssl.default
-            server = await listen.create_server(
-                loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
-                cfg.stream_tls_host, cfg.stream_tls_port, backlog=1024, reuse_address=True, **_shared_port(cfg))
+            tls_protocol = tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS")
+            server = await listen.create_server(loop, tls_protocol, cfg.stream_tls_host, cfg.stream_tls_port,
+                                                backlog=1024, reuse_address=True, **_shared_port(cfg))
             servers.append(server)
             hub.tls_port = node.listener_ports["stream_tls"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol over TLS listener started on %s:%d",
                      listen.display_host(cfg.stream_tls_host), hub.tls_port)
-            if cfg.worker_index is not None and cfg.worker_own_ports:  # as for the plain port (`stream_tls_w<N>`)
-                server = await listen.create_server(
-                    loop, tls_gated(node, lambda: StreamProtocol(hub, tls=True), "stream protocol over TLS"),
-                    cfg.stream_tls_host, 0, backlog=1024, reuse_address=True)
-                servers.append(server)
-                hub.own_tls_port = node.listener_ports[f"stream_tls_w{cfg.worker_index}"] = \
-                    server.sockets[0].getsockname()[1]
+            own = await listen_own_port(node, tls_protocol, cfg.stream_tls_host, "stream_tls")
+            if own is not None:
+                servers.append(own)
+                hub.own_tls_port = own.sockets[0].getsockname()[1]
     except OSError as exc:
         await stop()
         exc.hutch_listener = f"the stream protocol on port {cfg.stream_port if not servers else cfg.stream_tls_port}"  # type: ignore[attr-defined]  # read by serve's one-line error
