@@ -164,7 +164,9 @@ def bloom(values: Sequence[bytes | None], size_bytes: int = DEFAULT_FILTER_SIZE)
 
 def bloom_may_match(filter_bits: bytes, values: Sequence[bytes], match_unfiltered: bool) -> bool:
     """May a chunk with this filter hold an entry with one of `values` (or, with `match_unfiltered`, one
-    without a value)? No filter: the chunk has only unfiltered entries."""
+    without a value)? No filter: the chunk has only unfiltered entries. The rule stated plainly: readers
+    match chunks with `BloomQuery` (values hashed once), which tests/unit/test_stream_chunk.py checks
+    against this."""
     if not filter_bits:
         return match_unfiltered
     bit_size = len(filter_bits) * 8
