@@ -8,7 +8,7 @@ Usage:
 For each worker count it starts a `hutch-server --workers N --no-cluster` on port 0 with a fresh data
 directory, then runs, with 8 queues, 8 publishers and 8 consumers spread over connections:
 - `rawload` unlimited (throughput) and at `--rate` msg/s in all (broker CPU per message),
-- `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`), and with the `rate`
+- `hutch-perf` unlimited with `--queue-pattern` over the same 8 queues (`--processes 2`, or `--perf-processes N`), and with the `rate`
   shape at `--rate` msg/s in all (its `-r` per producer): the fixed-rate CPU per message by a second generator,
 - one queue, one publisher, one consumer (rawload, unlimited): a single queue must not lose,
 - `--shapes fanout`: the same one queue behind a fanout exchange (rawload `--fanout 1`): a publisher whose
@@ -161,8 +161,10 @@ def rawload(port: int, pids: list[int], args: list[str], seconds: int) -> dict[s
     return {**out, **window_cpu(each0, each1, took)}
 
 
-def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 0) -> dict[str, Any]:
-    """hutch-perf over `queues` queues, unlimited or at `rate` msg/s in all (`-r` is per producer). Broker
+def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 0,
+         processes: int = 2) -> dict[str, Any]:
+    """hutch-perf over `queues` queues, unlimited or at `rate` msg/s in all (`-r` is per producer), its
+    producers and consumers in `processes` client processes (`--perf-processes`). Broker
     CPU is over the whole run (its connections' set-up and moves included), per message received, and
     over the middle of the run only (`_steady`, with `wakeups_per_msg`, as rawload's are taken)."""
     uri = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
@@ -170,7 +172,7 @@ def perf(port: int, pids: list[int], seconds: int, queues: int = 8, rate: int = 
     n = str(queues)
     proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.perf", "--uri", uri, "--json", "-x", n, "-y", n,
                              "-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "--queue-pattern", "perf-%d",
-                             "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", "2",
+                             "--queue-pattern-from", "1", "--queue-pattern-to", n, "--processes", str(processes),
                              *(("-r", str(rate / queues)) if rate else ()),
                              "-z", str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=pin("clients"))
@@ -267,6 +269,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run the whole sequence this many times")
     ap.add_argument("--broker-cpus", default="", help="run the node on these cores (comma-separated; default any)")
     ap.add_argument("--client-cpus", default="", help="run the load generators on these cores (default any)")
+    ap.add_argument("--perf-processes", type=int, default=2,
+                    help="hutch-perf's client processes (its producers and consumers shared out over them)")
     args = ap.parse_args()
     CPUS["broker"] = {int(c) for c in args.broker_cpus.split(",") if c}
     CPUS["clients"] = {int(c) for c in args.client_cpus.split(",") if c}
@@ -304,11 +308,13 @@ def main() -> None:
                     runs.append((f"{args.declares} durable declares", declares(ports["amqp"], args.declares)))
                 if "perf" in tools:
                     if "unlimited" in args.shapes.split(","):
-                        runs.append((f"hutch-perf {args.queues}q unlimited", perf(ports["amqp"], pids, args.seconds,
-                                                                                   args.queues)))
+                        runs.append((f"hutch-perf {args.queues}q unlimited",
+                                     perf(ports["amqp"], pids, args.seconds, args.queues,
+                                          processes=args.perf_processes)))
                     if "rate" in args.shapes.split(","):
                         runs.append((f"hutch-perf {args.queues}q at {args.rate}/s",
-                                     perf(ports["amqp"], pids, args.seconds, args.queues, args.rate)))
+                                     perf(ports["amqp"], pids, args.seconds, args.queues, args.rate,
+                                          args.perf_processes)))
                 if "churn" in tools:  # connections that publish one message each: a move costs, saves nothing
                     runs.append(("rawload churn", rawload(ports["amqp"], pids, ["--mode", "churn", "--concurrency", "20",
                                                                            "-z", str(args.seconds)], args.seconds)))
