@@ -211,6 +211,7 @@ class AMQPConnection:
         self.recv_oct = 0
         self.send_oct = 0
         self.auth_mechanism = ""
+        self.on_login: Callable[[], None] | None = None  # told once the login succeeds (the listener's gate)
         # bytes of message bodies whose last frame has not arrived yet, over all channels, and the cap
         self.unfinished_body_bytes = 0
         self.unfinished_body_limit = max(
@@ -777,6 +778,8 @@ class AMQPConnection:
     def _logged_in(self, user: str) -> None:
         self.user_name = user
         self.state = State.TUNE
+        if self.on_login is not None:
+            self.on_login()
         cfg = self.node.config
         self.send_method(0, spec.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max,
                                                  heartbeat=cfg.heartbeat_s))

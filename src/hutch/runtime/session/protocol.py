@@ -6,7 +6,9 @@ connections (a per-iteration read budget), the measure of how busy the loop is w
 `LoopLoad`, which the flow rule reads: core/credit_flow.py), and the wiring of one connection to its ports: the
 transport itself as the `Transport`, the event loop as the `LoopClock`, the node's `ClusterGate` as the
 `MethodGate`, and, in a node of workers, the connection-locality port (`Handover`) and the adoption
-of a connection another worker handed over (`adopted`: its state). All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
+of a connection another worker handed over (`adopted`: its state), and, on the plain listener, the slot
+the connection holds in the listener's `HandshakeGate` from the accept until its login succeeds (or it
+closes): past the gate's caps the socket is closed at the accept (runtime/listen.py). All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hutch.runtime.session.cluster_gate import ClusterGate
 from hutch.runtime.session.connection import AMQPConnection
 
 if TYPE_CHECKING:
+    from hutch.runtime.listen import HandshakeGate
     from hutch.runtime.ports import BrokerPort
     from hutch.runtime.session.ports import Handover
 
@@ -29,10 +32,14 @@ READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iter
 class AMQPProtocol(asyncio.Protocol):
     """One accepted socket. `conn` is the connection state machine the node and management see."""
 
-    def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None) -> None:
+    def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None,
+                 gate: HandshakeGate | None = None) -> None:
         self.loop = asyncio.get_event_loop()
         self.conn = AMQPConnection(node, self.loop, ClusterGate(node), handover)
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
+        self._gate = gate
+        self._slot: str | None = None  # the source whose slot of `gate` this connection holds until its login
+        self._refused = False  # closed at the accept by the gate: the connection never started
         self._load = node.loop_load
         self._read_this_turn = 0
         self._turn_scheduled = False
@@ -46,15 +53,29 @@ class AMQPProtocol(asyncio.Protocol):
             adopted, self._adopted = self._adopted, None
             self._load.timed(self.conn.adopt, stream, adopted)
             return
+        if self._gate is not None:
+            self._slot = self._gate.admit(stream)
+            if self._slot is None:
+                self._refused = True
+                return
+            self.conn.on_login = self._release_slot
         peer = stream.get_extra_info("peername") or ("?", 0)
         sock = stream.get_extra_info("sockname") or ("?", 0)
         self.conn.connection_made(stream, peer, sock)
+
+    def _release_slot(self) -> None:
+        if self._slot is not None and self._gate is not None:
+            self._gate.release(self._slot)
+            self._slot = None
 
     def data_received(self, data: bytes) -> None:
         self._spend_read_budget(len(data))
         self._load.timed(self.conn.receive_data, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._release_slot()
         self.conn.connection_lost()
 
     def pause_writing(self) -> None:

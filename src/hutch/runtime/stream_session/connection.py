@@ -127,6 +127,7 @@ class StreamConnection:
         self.client_properties: dict[str, str] = {}
         self.user_name = ""
         self.auth_mechanism = ""
+        self.on_login: Callable[[], None] | None = None  # told once the login succeeds (the listener's gate)
         self.vhost: VirtualHost = VirtualHost("")
         self.frame_max = cfg.stream_frame_max
         self.heartbeat_s = 0
@@ -539,6 +540,8 @@ class StreamConnection:
     def _logged_in(self, correlation_id: int, user: str) -> None:
         self.user_name = user
         self.phase = Phase.TUNE
+        if self.on_login is not None:
+            self.on_login()
         cfg = self.broker.config
         self.send(c.SaslAuthenticateResponse(correlation_id, Code.OK))
         self.send(c.Tune(cfg.stream_frame_max, cfg.stream_heartbeat_s))

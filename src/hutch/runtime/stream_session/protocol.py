@@ -4,7 +4,8 @@ Owns: what only a socket on an event loop has: the transport's write-buffer limi
 while the buffer is above the high mark), the read budget (after `READ_BUDGET` bytes in one loop
 iteration a connection reads no more until the next: libuv otherwise keeps reading a busy socket, and
 a flood of small commands, each answered or written on the loop, stalled every other client for
-seconds), and the wiring of one connection to its ports (the
+seconds), the slot the connection holds in the plain listener's `HandshakeGate` from the accept until
+its login succeeds (past the gate's caps the socket is closed at the accept: runtime/listen.py), and the wiring of one connection to its ports (the
 transport as the `Transport`, the event loop as the `LoopClock`). All the protocol is in connection.py.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+from hutch.runtime.listen import HandshakeGate
 from hutch.runtime.stream_session.connection import StreamConnection
 from hutch.runtime.stream_session.hub import StreamHub
 
@@ -22,12 +24,16 @@ READ_BUDGET = 64 * 1024  # bytes one connection may hand the protocol per event-
 
 
 class StreamProtocol(asyncio.Protocol):
-    def __init__(self, hub: StreamHub, tls: bool = False, adopted: bytes | None = None) -> None:
+    def __init__(self, hub: StreamHub, tls: bool = False, adopted: bytes | None = None,
+                 gate: HandshakeGate | None = None) -> None:
         self.loop = asyncio.get_event_loop()
         self.conn = StreamConnection(hub, self.loop, tls)
         self._read_this_turn = 0
         self._turn_scheduled = False
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
+        self._gate = gate
+        self._slot: str | None = None  # the source whose slot of `gate` this connection holds until its login
+        self._refused = False  # closed at the accept by the gate: the connection never started
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)
@@ -38,7 +44,18 @@ class StreamProtocol(asyncio.Protocol):
             adopted, self._adopted = self._adopted, None
             self.conn.adopt(stream, (sock[0], sock[1]), adopted)
             return
+        if self._gate is not None:
+            self._slot = self._gate.admit(stream)
+            if self._slot is None:
+                self._refused = True
+                return
+            self.conn.on_login = self._release_slot
         self.conn.connection_made(stream, (peer[0], peer[1]), (sock[0], sock[1]))
+
+    def _release_slot(self) -> None:
+        if self._slot is not None and self._gate is not None:
+            self._gate.release(self._slot)
+            self._slot = None
 
     def data_received(self, data: bytes) -> None:
         self._read_this_turn += len(data)
@@ -55,6 +72,9 @@ class StreamProtocol(asyncio.Protocol):
         self.conn.release_reading("budget")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._release_slot()
         self.conn.connection_lost()
 
     def pause_writing(self) -> None:
