@@ -18,7 +18,8 @@ from tests.mgmt.helpers import StallProbe, wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
 
 from hutch.streamproto import commands as sc
-from hutch.streamproto.codes import Code
+from hutch.streamproto.codes import Code, Key, OffsetType
+from hutch.streamproto.wire import MAX_MAP_ENTRIES, OffsetSpec
 
 from .conftest import StreamServer
 from .hostile import Drain, RawStream, rss_bytes
@@ -70,10 +71,10 @@ def test_a_filter_of_the_longest_values_is_hashed_once_not_per_chunk(stream_serv
         filters = {f"filter.{i}": chr(65 + i) * 32_000 for i in range(30)}
         attacker.subscribe(1, "filtered", 100, filters)
         attacker.send(sc.Credit(1, 100))
-        many = {f"filter.{i}": f"v{i}" for i in range(40_000)}  # and the most values a frame holds
+        many = {f"filter.{i}": f"v{i}" for i in range(MAX_MAP_ENTRIES)}  # and the most values accepted
         attacker.subscribe(2, "filtered", 100, many)
         attacker.send(sc.StreamStats(attacker.next_corr(), "filtered"))  # answered once both pumps ran
-        answers = attacker.receive()  # (40,000 values on a 128-bit filter: some chunks may be delivered)
+        answers = attacker.receive()  # (1,024 values on a 128-bit filter: some chunks may be delivered)
         while not isinstance(answers[-1], sc.StreamStatsResponse):
             answers += attacker.receive()
         assert answers[-1].code == Code.OK
@@ -276,7 +277,7 @@ def create_super_streams(server: StreamServer, prefix: str, count: int) -> None:
                                              [str(i) for i in range(128)], {}))
         for k, client in enumerate(clients):
             (answer,) = client.receive()
-            assert answer == sc.Response(sc.Key.CREATE_SUPER_STREAM, client.corr, Code.OK), answer
+            assert answer == sc.Response(Key.CREATE_SUPER_STREAM, client.corr, Code.OK), answer
             (listed,) = client.request(sc.Partitions(client.next_corr(), f"{prefix}{k}"))
             assert isinstance(listed, sc.PartitionsResponse) and len(listed.streams) == 128
     finally:
@@ -297,3 +298,41 @@ def test_eight_super_streams_of_128_partitions_created_at_once(stream_server: St
     """Eight connections each creating a super stream of 128 partitions at the same time: before, each
     creation held the loop for all its partitions in turn (the measured stall is in docs/security.md)."""
     create_super_streams(stream_server, "eight", 8)
+
+
+def subscribe_of_tiny_fields(corr: int, stream: str) -> bytes:
+    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of one-character values (the issue's frame)."""
+    return sc.encode(sc.Subscribe(corr, 1, stream, OffsetSpec(OffsetType.FIRST), 10,
+                                  {f"filter.{i}": "v" for i in range(45_000)}))
+
+
+def refused_subscribes_of_tiny_fields(server: StreamServer, frames: int) -> None:
+    """`frames` such subscribes on one connection, with the stall probe: each refused, not decoded."""
+    attacker = RawStream(server.port)
+    stream = f"tiny-{frames}"
+    attacker.create(stream)
+    probe = start_probe(server.info.amqp_port)
+    try:
+        first = attacker.corr + 1
+        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, stream) for i in range(frames)))
+        answers = attacker.receive(frames, timeout=60)
+        assert answers == [sc.Response(Key.SUBSCRIBE, first + i, Code.PRECONDITION_FAILED) for i in range(frames)]
+        attacker.corr = first + frames - 1
+        attacker.subscribe(1, stream, 10, {"filter.0": "v"})  # the connection goes on
+    finally:
+        stop(probe)
+        attacker.close()
+    assert_kept_answering(probe)
+
+
+def test_a_frame_of_45000_tiny_properties_is_refused_before_it_is_decoded(stream_server: StreamServer) -> None:
+    """Before: a 1 MiB subscribe of 45,000 `filter.N` properties was decoded on the loop at once, 116 ms
+    [1.5]; now a map or array past `wire.MAX_MAP_ENTRIES` (1,024) is refused at its count, the request
+    answered PRECONDITION_FAILED."""
+    refused_subscribes_of_tiny_fields(stream_server, 4)
+
+
+@pytest.mark.slow  # ~4 s: 48 MB sent
+def test_a_flood_of_frames_of_tiny_properties(stream_server: StreamServer) -> None:
+    """64 such frames back to back (before: each decoded at once, one per loop turn)."""
+    refused_subscribes_of_tiny_fields(stream_server, 64)

@@ -32,7 +32,7 @@ from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.core.auth import PermissionKind, is_loopback_address, parse_amqplain, parse_plain
 from hutch.core.certs import CertLoginError, login_from_cert
-from hutch.core.logsafe import safe
+from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.broker.logins import LoginOutcome
 from hutch.runtime.queue_types.stream.handle import StreamHandle
@@ -47,10 +47,11 @@ from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, Stre
 from hutch.runtime.stream_session.publishing import Publishing, confirm_ids_per_frame
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
-from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError
+from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError, TooManyEntries
 from hutch.streamproto.framer import FrameReader
 
 log = logging.getLogger("hutch.stream")
+_ENTRIES_LOG = LogThrottle(1, 10.0)  # refusals of too many entries: one line per 10 s, then how many were left out
 
 T = TypeVar("T")
 
@@ -229,7 +230,11 @@ class StreamConnection:
                     work += COMMAND_WORK
                     publishing.write_batched()  # what was published before this command is written first
                     publishing.send_confirms()  # and what was confirmed goes out before its answer
-                    cmd = c.decode(bytes(frame))
+                    try:
+                        cmd = c.decode(bytes(frame))
+                    except TooManyEntries as exc:
+                        self._too_many_entries(exc)
+                        continue
                     if self.locality_armed and isinstance(cmd, c.DeclarePublisher | c.Subscribe) \
                             and self._hand_over(cmd, frame):
                         return  # another worker has it now, with this frame and what follows
@@ -467,6 +472,19 @@ class StreamConnection:
             self.send(c.ResolveOffsetSpecResponse(cmd.correlation_id, code, OffsetType.OFFSET, 0))
         else:
             self.respond(cmd, code)
+
+    def _too_many_entries(self, exc: TooManyEntries) -> None:
+        """A command whose map or array is past `wire.MAX_MAP_ENTRIES`, not decoded: a request answered
+        by a plain response on an open connection is refused (PRECONDITION_FAILED) and the connection
+        goes on; anything else closes it (UNKNOWN_FRAME), as a frame that does not parse."""
+        if self.phase != Phase.OPENED or exc.key is None or exc.correlation_id is None \
+                or not c.answered_plainly(exc.key):
+            raise exc
+        left_out = _ENTRIES_LOG.admit(self.clock.time())
+        if left_out is not None:
+            log.warning("stream connection %s: command 0x%04x refused: %s%s", self.name, exc.key, exc.text,
+                        suppressed_note(left_out))
+        self.out.append(c.encode(c.Response(exc.key, exc.correlation_id, Code.PRECONDITION_FAILED)))
 
     def _unexpected(self, cmd: c.Command) -> None:
         raise FrameError(f"unexpected {type(cmd).__name__} on an open connection")
