@@ -336,3 +336,48 @@ def test_a_frame_of_45000_tiny_properties_is_refused_before_it_is_decoded(stream
 def test_a_flood_of_frames_of_tiny_properties(stream_server: StreamServer) -> None:
     """64 such frames back to back (before: each decoded at once, one per loop turn)."""
     refused_subscribes_of_tiny_fields(stream_server, 64)
+
+
+def committed_chunk_id(client: RawStream, stream: str) -> int:
+    (stats,) = client.request(sc.StreamStats(client.next_corr(), stream))
+    assert isinstance(stats, sc.StreamStatsResponse) and stats.code == Code.OK, stats
+    return stats.stats["committed_chunk_id"]
+
+
+def flood_one_reference(server: StreamServer, count: int) -> None:
+    """`count` store-offset commands for one reference in one write, with the stall probe; a query on
+    the same connection right after answers the last one, and the log grew by far fewer chunks than
+    commands (before: a tracking chunk each, ids one apart: it grew by `count`)."""
+    client = RawStream(server.port)
+    stream = f"one-reference-{count}"
+    client.create(stream)
+    before = committed_chunk_id(client, stream)
+    probe = start_probe(server.info.amqp_port)
+    try:
+        client.send_raw(b"".join(sc.encode(sc.StoreOffset("app", stream, i)) for i in range(count)))
+        (answer,) = client.request(sc.QueryOffset(client.next_corr(), "app", stream))
+        assert answer == sc.QueryOffsetResponse(client.corr, Code.OK, count - 1)
+    finally:
+        stop(probe)
+    assert_kept_answering(probe)
+    grown = committed_chunk_id(client, stream) - before
+    assert 0 < grown <= count // 4, f"{grown} tracking chunks for {count} stored offsets"
+    client.close()
+
+
+def test_a_flood_of_stored_offsets_for_one_reference_is_coalesced(fresh_stream_server: StreamServer) -> None:
+    """20,000 store-offset commands for one reference: before, 20,000 tracking chunks (a flood filled
+    the log until retention); now one entry a turn with the last offset (`coalesce_offsets`). It is
+    written: after a restart the query answers it."""
+    flood_one_reference(fresh_stream_server, 20_000)
+    fresh_stream_server.stop()
+    fresh_stream_server.restart()
+    client = RawStream(fresh_stream_server.port)
+    (answer,) = client.request(sc.QueryOffset(client.next_corr(), "app", "one-reference-20000"))
+    assert answer == sc.QueryOffsetResponse(client.corr, Code.OK, 19_999)
+    client.close()
+
+
+@pytest.mark.slow  # ~10 s: 400,000 commands
+def test_a_flood_of_400000_stored_offsets_for_one_reference(stream_server: StreamServer) -> None:
+    flood_one_reference(stream_server, 400_000)

@@ -206,6 +206,7 @@ class StreamConnection:
     def _drain(self) -> None:
         try:
             publishing = self.publishing
+            consuming = self.consuming
             work = 0
             check_at = TIME_CHECK_WORK
             deadline = self.clock.time() + TURN_S
@@ -235,6 +236,8 @@ class StreamConnection:
                     except TooManyEntries as exc:
                         self._too_many_entries(exc)
                         continue
+                    if consuming.pending_offsets and not isinstance(cmd, c.StoreOffset):
+                        consuming.coalesce_offsets()  # what was stored before this command is written first
                     if self.locality_armed and isinstance(cmd, c.DeclarePublisher | c.Subscribe) \
                             and self._hand_over(cmd, frame):
                         return  # another worker has it now, with this frame and what follows
@@ -243,6 +246,7 @@ class StreamConnection:
                         return  # after it is taken once it is answered (release_reading), in order
             finally:
                 publishing.write_batched(hold=True)
+                consuming.coalesce_offsets()
         except FrameError as exc:
             self._fatal(exc)
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
