@@ -140,6 +140,29 @@ class HandshakeGate:
         self.slots.release(source)
 
 
+class HeldSlot:
+    """One connection's slot of a `HandshakeGate`, from `take` at the accept to `release` (its login,
+    its TLS handshake, or its end; releasing twice is harmless). `refused`: the gate closed it at the
+    accept, so the connection never started."""
+
+    __slots__ = ("_gate", "_source", "refused")
+
+    def __init__(self, gate: HandshakeGate) -> None:
+        self._gate = gate
+        self._source: str | None = None  # set while the slot is held
+        self.refused = False
+
+    def take(self, transport: asyncio.BaseTransport) -> bool:
+        self._source = self._gate.admit(transport)
+        self.refused = self._source is None
+        return not self.refused
+
+    def release(self) -> None:
+        if self._source is not None:
+            self._gate.release(self._source)
+            self._source = None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("0.0.0.0", 0))
@@ -167,5 +190,5 @@ async def create_server(loop: asyncio.AbstractEventLoop, factory: Callable[[], a
     raise OSError(errno.EADDRINUSE, "no free port for both address families")
 
 
-__all__ = ["ALL_INTERFACES", "MAX_PENDING_HANDSHAKES", "HandshakeGate", "SourceSlots", "create_server",
+__all__ = ["ALL_INTERFACES", "MAX_PENDING_HANDSHAKES", "HandshakeGate", "HeldSlot", "SourceSlots", "create_server",
            "descriptor_share", "display_host", "handshake_slots"]

@@ -33,7 +33,7 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from hutch.runtime.listen import HandshakeGate
+from hutch.runtime.listen import HandshakeGate, HeldSlot
 
 log = logging.getLogger("hutch.tls")
 
@@ -152,26 +152,20 @@ class SlotGate:
     slot of `gate` from the accept until the handshake ends, then makes the listener's protocol with the
     TLS transport and forwards to it."""
 
-    __slots__ = ("_app", "_gate", "_make_app", "_source")
+    __slots__ = ("_app", "_make_app", "_slot")
 
     def __init__(self, make_app: Callable[[], asyncio.Protocol], gate: HandshakeGate) -> None:
         self._make_app = make_app
-        self._gate = gate
-        self._source: str | None = None  # set while a slot is held
+        self._slot = HeldSlot(gate)
         self._app: asyncio.Protocol | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._source = self._gate.admit(transport)  # None: refused, the transport closed
+        self._slot.take(transport)  # refused: the transport is closed, connection_lost follows
 
     def tls_ready(self, transport: asyncio.Transport) -> None:
-        self._release()
+        self._slot.release()
         self._app = self._make_app()
         self._app.connection_made(transport)
-
-    def _release(self) -> None:
-        if self._source is not None:
-            self._gate.release(self._source)
-            self._source = None
 
     def data_received(self, data: bytes) -> None:
         if self._app is not None:
@@ -189,7 +183,7 @@ class SlotGate:
             self._app.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._release()
+        self._slot.release()
         if self._app is not None:
             app, self._app = self._app, None
             app.connection_lost(exc)

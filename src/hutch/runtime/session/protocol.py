@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, cast
 
+from hutch.runtime.listen import HeldSlot
 from hutch.runtime.session.cluster_gate import ClusterGate
 from hutch.runtime.session.connection import AMQPConnection
 
@@ -37,9 +38,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.loop = asyncio.get_event_loop()
         self.conn = AMQPConnection(node, self.loop, ClusterGate(node), handover)
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
-        self._gate = gate
-        self._slot: str | None = None  # the source whose slot of `gate` this connection holds until its login
-        self._refused = False  # closed at the accept by the gate: the connection never started
+        self._slot = HeldSlot(gate) if gate is not None else None  # held from the accept until the login
         self._load = node.loop_load
         self._read_this_turn = 0
         self._turn_scheduled = False
@@ -53,29 +52,23 @@ class AMQPProtocol(asyncio.Protocol):
             adopted, self._adopted = self._adopted, None
             self._load.timed(self.conn.adopt, stream, adopted)
             return
-        if self._gate is not None:
-            self._slot = self._gate.admit(stream)
-            if self._slot is None:
-                self._refused = True
-                return
-            self.conn.on_login = self._release_slot
+        if self._slot is not None:
+            if not self._slot.take(stream):
+                return  # closed at the accept (a cap of the gate): nothing started
+            self.conn.on_login = self._slot.release
         peer = stream.get_extra_info("peername") or ("?", 0)
         sock = stream.get_extra_info("sockname") or ("?", 0)
         self.conn.connection_made(stream, peer, sock)
-
-    def _release_slot(self) -> None:
-        if self._slot is not None and self._gate is not None:
-            self._gate.release(self._slot)
-            self._slot = None
 
     def data_received(self, data: bytes) -> None:
         self._spend_read_budget(len(data))
         self._load.timed(self.conn.receive_data, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
-            return
-        self._release_slot()
+        if self._slot is not None:
+            if self._slot.refused:
+                return
+            self._slot.release()
         self.conn.connection_lost()
 
     def pause_writing(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from hutch.runtime.listen import HandshakeGate
+from hutch.runtime.listen import HandshakeGate, HeldSlot
 from hutch.runtime.stream_session.connection import StreamConnection
 from hutch.runtime.stream_session.hub import StreamHub
 
@@ -31,9 +31,7 @@ class StreamProtocol(asyncio.Protocol):
         self._read_this_turn = 0
         self._turn_scheduled = False
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
-        self._gate = gate
-        self._slot: str | None = None  # the source whose slot of `gate` this connection holds until its login
-        self._refused = False  # closed at the accept by the gate: the connection never started
+        self._slot = HeldSlot(gate) if gate is not None else None  # held from the accept until the login
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)
@@ -44,18 +42,11 @@ class StreamProtocol(asyncio.Protocol):
             adopted, self._adopted = self._adopted, None
             self.conn.adopt(stream, (sock[0], sock[1]), adopted)
             return
-        if self._gate is not None:
-            self._slot = self._gate.admit(stream)
-            if self._slot is None:
-                self._refused = True
-                return
-            self.conn.on_login = self._release_slot
+        if self._slot is not None:
+            if not self._slot.take(stream):
+                return  # closed at the accept (a cap of the gate): nothing started
+            self.conn.on_login = self._slot.release
         self.conn.connection_made(stream, (peer[0], peer[1]), (sock[0], sock[1]))
-
-    def _release_slot(self) -> None:
-        if self._slot is not None and self._gate is not None:
-            self._gate.release(self._slot)
-            self._slot = None
 
     def data_received(self, data: bytes) -> None:
         self._read_this_turn += len(data)
@@ -72,9 +63,10 @@ class StreamProtocol(asyncio.Protocol):
         self.conn.release_reading("budget")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
-            return
-        self._release_slot()
+        if self._slot is not None:
+            if self._slot.refused:
+                return
+            self._slot.release()
         self.conn.connection_lost()
 
     def pause_writing(self) -> None:
