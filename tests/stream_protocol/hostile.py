@@ -25,8 +25,10 @@ TIMEOUT_S = 30.0
 class RawStream:
     """One logged-in stream-protocol connection (user guest, vhost /), blocking."""
 
-    def __init__(self, port: int, frame_max: int = 1 << 20, login: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+    def __init__(self, port: int, frame_max: int = 1 << 20, login: bool = True, source: str | None = None) -> None:
+        """`source`: a local address to connect from (127.0.0.x: another client host on loopback)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S,
+                                             source_address=(source, 0) if source else None)
         self.frames = FrameReader(0)
         self.corr = 0
         self.pending: list[sc.Command] = []

@@ -18,7 +18,8 @@ from tests.mgmt.helpers import StallProbe, wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
 
 from hutch.streamproto import commands as sc
-from hutch.streamproto.codes import Code
+from hutch.streamproto.codes import Code, Key, OffsetType
+from hutch.streamproto.wire import MAX_MAP_ENTRIES, OffsetSpec
 
 from .conftest import StreamServer
 from .hostile import Drain, RawStream, rss_bytes
@@ -70,10 +71,10 @@ def test_a_filter_of_the_longest_values_is_hashed_once_not_per_chunk(stream_serv
         filters = {f"filter.{i}": chr(65 + i) * 32_000 for i in range(30)}
         attacker.subscribe(1, "filtered", 100, filters)
         attacker.send(sc.Credit(1, 100))
-        many = {f"filter.{i}": f"v{i}" for i in range(40_000)}  # and the most values a frame holds
+        many = {f"filter.{i}": f"v{i}" for i in range(MAX_MAP_ENTRIES)}  # and the most values accepted
         attacker.subscribe(2, "filtered", 100, many)
         attacker.send(sc.StreamStats(attacker.next_corr(), "filtered"))  # answered once both pumps ran
-        answers = attacker.receive()  # (40,000 values on a 128-bit filter: some chunks may be delivered)
+        answers = attacker.receive()  # (1,024 values on a 128-bit filter: some chunks may be delivered)
         while not isinstance(answers[-1], sc.StreamStatsResponse):
             answers += attacker.receive()
         assert answers[-1].code == Code.OK
@@ -263,3 +264,120 @@ def test_partitions_of_the_largest_super_stream_asked_in_a_flood(stream_server: 
         stop(probe)
         drain.stop()
     assert_kept_answering(probe)
+
+
+def create_super_streams(server: StreamServer, prefix: str, count: int) -> None:
+    """`count` super streams of 128 partitions (RabbitMQ's default maximum) created at once, one per
+    connection, with the stall probe beside them; each answered OK after its partitions all exist."""
+    clients = [RawStream(server.port) for _ in range(count)]
+    probe = start_probe(server.info.amqp_port)
+    try:
+        for k, client in enumerate(clients):
+            client.send(sc.CreateSuperStream(client.next_corr(), f"{prefix}{k}", [f"{prefix}{k}-{i}" for i in range(128)],
+                                             [str(i) for i in range(128)], {}))
+        for k, client in enumerate(clients):
+            (answer,) = client.receive()
+            assert answer == sc.Response(Key.CREATE_SUPER_STREAM, client.corr, Code.OK), answer
+            (listed,) = client.request(sc.Partitions(client.next_corr(), f"{prefix}{k}"))
+            assert isinstance(listed, sc.PartitionsResponse) and len(listed.streams) == 128
+    finally:
+        stop(probe)
+        for client in clients:
+            client.close()
+    assert_kept_answering(probe)
+
+
+def test_a_super_stream_of_128_partitions_is_declared_in_slices(stream_server: StreamServer) -> None:
+    """Before: the 128 durable stream declares ran in one turn of the loop, 0.5-0.7 s of stall (2.9 s
+    at load 5); now one partition a turn (`super_streams.declare_in_slices`): 19 ms [3.0]."""
+    create_super_streams(stream_server, "sliced", 1)
+
+
+@pytest.mark.slow  # ~5 s: 1,024 stream declares
+def test_eight_super_streams_of_128_partitions_created_at_once(stream_server: StreamServer) -> None:
+    """Eight connections each creating a super stream of 128 partitions at the same time: before, each
+    creation held the loop for all its partitions in turn (the measured stall is in docs/security.md)."""
+    create_super_streams(stream_server, "eight", 8)
+
+
+def subscribe_of_tiny_fields(corr: int, stream: str) -> bytes:
+    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of one-character values (the issue's frame)."""
+    return sc.encode(sc.Subscribe(corr, 1, stream, OffsetSpec(OffsetType.FIRST), 10,
+                                  {f"filter.{i}": "v" for i in range(45_000)}))
+
+
+def refused_subscribes_of_tiny_fields(server: StreamServer, frames: int) -> None:
+    """`frames` such subscribes on one connection, with the stall probe: each refused, not decoded."""
+    attacker = RawStream(server.port)
+    stream = f"tiny-{frames}"
+    attacker.create(stream)
+    probe = start_probe(server.info.amqp_port)
+    try:
+        first = attacker.corr + 1
+        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, stream) for i in range(frames)))
+        answers = attacker.receive(frames, timeout=60)
+        assert answers == [sc.Response(Key.SUBSCRIBE, first + i, Code.PRECONDITION_FAILED) for i in range(frames)]
+        attacker.corr = first + frames - 1
+        attacker.subscribe(1, stream, 10, {"filter.0": "v"})  # the connection goes on
+    finally:
+        stop(probe)
+        attacker.close()
+    assert_kept_answering(probe)
+
+
+def test_a_frame_of_45000_tiny_properties_is_refused_before_it_is_decoded(stream_server: StreamServer) -> None:
+    """Before: a 1 MiB subscribe of 45,000 `filter.N` properties was decoded on the loop at once, 116 ms
+    [1.5]; now a map or array past `wire.MAX_MAP_ENTRIES` (1,024) is refused at its count, the request
+    answered PRECONDITION_FAILED."""
+    refused_subscribes_of_tiny_fields(stream_server, 4)
+
+
+@pytest.mark.slow  # ~4 s: 48 MB sent
+def test_a_flood_of_frames_of_tiny_properties(stream_server: StreamServer) -> None:
+    """64 such frames back to back (before: each decoded at once, one per loop turn)."""
+    refused_subscribes_of_tiny_fields(stream_server, 64)
+
+
+def committed_chunk_id(client: RawStream, stream: str) -> int:
+    (stats,) = client.request(sc.StreamStats(client.next_corr(), stream))
+    assert isinstance(stats, sc.StreamStatsResponse) and stats.code == Code.OK, stats
+    return stats.stats["committed_chunk_id"]
+
+
+def flood_one_reference(server: StreamServer, count: int) -> None:
+    """`count` store-offset commands for one reference in one write, with the stall probe; a query on
+    the same connection right after answers the last one, and the log grew by far fewer chunks than
+    commands (before: a tracking chunk each, ids one apart: it grew by `count`)."""
+    client = RawStream(server.port)
+    stream = f"one-reference-{count}"
+    client.create(stream)
+    before = committed_chunk_id(client, stream)
+    probe = start_probe(server.info.amqp_port)
+    try:
+        client.send_raw(b"".join(sc.encode(sc.StoreOffset("app", stream, i)) for i in range(count)))
+        (answer,) = client.request(sc.QueryOffset(client.next_corr(), "app", stream))
+        assert answer == sc.QueryOffsetResponse(client.corr, Code.OK, count - 1)
+    finally:
+        stop(probe)
+    assert_kept_answering(probe)
+    grown = committed_chunk_id(client, stream) - before
+    assert 0 < grown <= count // 4, f"{grown} tracking chunks for {count} stored offsets"
+    client.close()
+
+
+def test_a_flood_of_stored_offsets_for_one_reference_is_coalesced(fresh_stream_server: StreamServer) -> None:
+    """20,000 store-offset commands for one reference: before, 20,000 tracking chunks (a flood filled
+    the log until retention); now one entry a turn with the last offset (`coalesce_offsets`). It is
+    written: after a restart the query answers it."""
+    flood_one_reference(fresh_stream_server, 20_000)
+    fresh_stream_server.stop()
+    fresh_stream_server.restart()
+    client = RawStream(fresh_stream_server.port)
+    (answer,) = client.request(sc.QueryOffset(client.next_corr(), "app", "one-reference-20000"))
+    assert answer == sc.QueryOffsetResponse(client.corr, Code.OK, 19_999)
+    client.close()
+
+
+@pytest.mark.slow  # ~10 s: 400,000 commands
+def test_a_flood_of_400000_stored_offsets_for_one_reference(stream_server: StreamServer) -> None:
+    flood_one_reference(stream_server, 400_000)

@@ -60,7 +60,7 @@ from hutch.runtime.stream_session.handover import is_stream_state
 from hutch.runtime.stream_session.hub import StreamHub
 from hutch.runtime.stream_session.protocol import StreamProtocol
 from hutch.runtime.tls import TlsConfigError
-from hutch.runtime.tls_accept import MAX_PENDING_HANDSHAKES, SlotGate, TlsAccept
+from hutch.runtime.tls_accept import SlotGate, TlsAccept
 from hutch.runtime.workers.handover import Locality
 from hutch.runtime.workers.link import WorkerLink
 from hutch.runtime.workers.spec import node_of_worker, worker_name
@@ -176,7 +176,7 @@ async def start_listener(node: Node, handover: Locality | None = None) -> asynci
     a worker's connection locality (its connections may move to the worker of the queue they use)."""
     loop = asyncio.get_running_loop()
     cfg = node.config
-    server = await listen.create_server(loop, lambda: AMQPProtocol(node, handover), cfg.amqp_host, cfg.amqp_port,
+    server = await listen.create_server(loop, amqp_gated(node, handover), cfg.amqp_host, cfg.amqp_port,
                                         backlog=1024, reuse_address=True, **_shared_port(cfg))
     node.server = server
     node.amqp_port = node.listener_ports["amqp"] = server.sockets[0].getsockname()[1]
@@ -206,18 +206,31 @@ async def listen_own_port(node: Node, make_protocol: Callable[[], asyncio.Protoc
 
 async def start_own_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
     """`workers.own_ports`: a worker's AMQP listener of its own (`amqp_w<N>`, `listen_own_port`)."""
-    return await listen_own_port(node, lambda: AMQPProtocol(node, handover), node.config.amqp_host, "amqp")
+    return await listen_own_port(node, amqp_gated(node, handover), node.config.amqp_host, "amqp")
+
+
+def amqp_gated(node: Node, handover: Locality | None) -> Callable[[], asyncio.Protocol]:
+    """The protocol factory of a plain AMQP listener: a connection holds a slot of the listener's own
+    `HandshakeGate` (a share of the descriptors, a quarter of that per source) from the accept until its
+    login succeeds; past a cap it is closed at the accept."""
+    gate = listen.HandshakeGate(listen.handshake_slots(), "AMQP", "before login")
+    return lambda: AMQPProtocol(node, handover, gate=gate)
+
+
+def stream_gated(hub: StreamHub) -> Callable[[], asyncio.Protocol]:
+    """The protocol factory of a plain stream-protocol listener, gated until login as `amqp_gated`."""
+    gate = listen.HandshakeGate(listen.handshake_slots(), "stream protocol", "before login")
+    return lambda: StreamProtocol(hub, gate=gate)
 
 
 def tls_gated(node: Node, make_protocol: Callable[[], asyncio.Protocol], what: str) -> Callable[[], asyncio.Protocol]:
     """The protocol factory of a TLS listener (`ssl_options.*`) whose protocol knows nothing of TLS: TLS
     starts after the accept (runtime/tls_accept.py), so a connection counts from its first byte; its
     handshake is bounded by `ssl_handshake_timeout`, and the connections in it by the listener's own
-    slots (a share of the descriptors, a quarter of that per source). `what` names the listener in logs."""
-    pending = listen.descriptor_share(MAX_PENDING_HANDSHAKES)
-    slots = listen.SourceSlots(pending, max(1, pending // 4))
+    `HandshakeGate` (a share of the descriptors, a quarter of that per source). `what` names the listener in logs."""
+    gate = listen.HandshakeGate(listen.handshake_slots(), what, "in their TLS handshake")
     timeout_s = node.config.ssl_handshake_timeout_ms / 1000
-    return lambda: TlsAccept(SlotGate(make_protocol, slots, what), node.tls.current("ssl_options"), timeout_s)
+    return lambda: TlsAccept(SlotGate(make_protocol, gate), node.tls.current("ssl_options"), timeout_s)
 
 
 async def start_tls_listener(node: Node, handover: Locality | None = None) -> asyncio.base_events.Server | None:
@@ -280,13 +293,14 @@ async def start_streams(node: Node, handover: Locality | None = None) -> Callabl
 
     try:
         if cfg.stream_port is not None:
-            server = await listen.create_server(loop, lambda: StreamProtocol(hub), cfg.stream_host,
+            plain_protocol = stream_gated(hub)  # (one gate for the shared port and a worker's own)
+            server = await listen.create_server(loop, plain_protocol, cfg.stream_host,
                                                 cfg.stream_port, backlog=1024, reuse_address=True,
                                                 **_shared_port(cfg))
             servers.append(server)
             hub.port = node.listener_ports["stream"] = server.sockets[0].getsockname()[1]
             log.info("stream protocol listener started on %s:%d", listen.display_host(cfg.stream_host), hub.port)
-            own = await listen_own_port(node, lambda: StreamProtocol(hub), cfg.stream_host, "stream")
+            own = await listen_own_port(node, plain_protocol, cfg.stream_host, "stream")
             if own is not None:
                 servers.append(own)
                 hub.own_port = own.sockets[0].getsockname()[1]

@@ -2,9 +2,9 @@
 
 Owns: `TlsAccept`, the protocol a TLS listener (AMQP over TLS, management HTTPS, the cluster's TLS port)
 hands the event loop instead of `create_server(ssl=…)`; `TlsApp`, what it asks of the protocol behind
-it; `SlotGate`, the bound on connections in their handshake (a `listen.SourceSlots`) for a listener
-that has no cap of its own (AMQP over TLS: `MAX_PENDING_HANDSHAKES`, or a quarter of the descriptor limit when
-that is lower, and a quarter of that per source address; past it a new connection is closed at once).
+it; `SlotGate`, the bound on connections in their handshake (a `listen.HandshakeGate`) for a listener
+that has no cap of its own (AMQP and the stream protocol over TLS: `listen.handshake_slots`; past it a
+new connection is closed at once).
 
 With `ssl=` the loop runs the TLS handshake before the listener's protocol hears of the connection, so a
 listener cannot count, cap or time a connection that is still in its handshake: 400 sockets that never
@@ -33,13 +33,9 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from hutch.core.logsafe import LogThrottle, suppressed_note
-from hutch.runtime.listen import SourceSlots
+from hutch.runtime.listen import HandshakeGate, HeldSlot
 
 log = logging.getLogger("hutch.tls")
-
-MAX_PENDING_HANDSHAKES = 1024
-_REFUSALS_LOG = LogThrottle(1, 10.0)  # one line per 10 s, the next saying how many were left out
 
 
 class TlsApp(Protocol):
@@ -153,43 +149,23 @@ class TlsAccept(asyncio.Protocol):
 
 class SlotGate:
     """A `TlsApp` for a listener whose protocol knows nothing of TLS (AMQP over TLS): holds a handshake
-    slot from the accept until the handshake ends, then makes the listener's protocol with the TLS
-    transport and forwards to it."""
+    slot of `gate` from the accept until the handshake ends, then makes the listener's protocol with the
+    TLS transport and forwards to it."""
 
-    __slots__ = ("_app", "_make_app", "_slots", "_source", "_what")
+    __slots__ = ("_app", "_make_app", "_slot")
 
-    def __init__(self, make_app: Callable[[], asyncio.Protocol], slots: SourceSlots, what: str) -> None:
+    def __init__(self, make_app: Callable[[], asyncio.Protocol], gate: HandshakeGate) -> None:
         self._make_app = make_app
-        self._slots = slots
-        self._what = what  # the listener, for the refusal's log line: "AMQP over TLS"
-        self._source: str | None = None  # set while a slot is held
+        self._slot = HeldSlot(gate)
         self._app: asyncio.Protocol | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        source = str(peer[0]) if peer else ""
-        full = self._slots.admit(source)
-        if full is None:
-            self._source = source
-            return
-        transport.close()
-        left_out = _REFUSALS_LOG.admit(asyncio.get_running_loop().time())
-        if left_out is not None:
-            log.warning("%s listener: %d connections in their TLS handshake (%d from %s; at most %d, %d per "
-                        "source), new ones%s are closed%s", self._what, self._slots.held,
-                        self._slots.per_source.get(source, 0), source, self._slots.max_total,
-                        self._slots.max_per_source, " from it" if full == "per source" else "",
-                        suppressed_note(left_out))
+        self._slot.take(transport)  # refused: the transport is closed, connection_lost follows
 
     def tls_ready(self, transport: asyncio.Transport) -> None:
-        self._release()
+        self._slot.release()
         self._app = self._make_app()
         self._app.connection_made(transport)
-
-    def _release(self) -> None:
-        if self._source is not None:
-            self._slots.release(self._source)
-            self._source = None
 
     def data_received(self, data: bytes) -> None:
         if self._app is not None:
@@ -207,10 +183,10 @@ class SlotGate:
             self._app.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._release()
+        self._slot.release()
         if self._app is not None:
             app, self._app = self._app, None
             app.connection_lost(exc)
 
 
-__all__ = ["MAX_PENDING_HANDSHAKES", "SlotGate", "TlsAccept", "TlsApp"]
+__all__ = ["SlotGate", "TlsAccept", "TlsApp"]

@@ -19,16 +19,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 from hutch.streamproto import wire
 from hutch.streamproto.codes import RESPONSE_BIT, Code, Key
-from hutch.streamproto.errors import UnknownFrame
+from hutch.streamproto.errors import TooManyEntries, UnknownFrame
 from hutch.streamproto.wire import (
     BOOL,
     BYTES,
     I16,
     INT_MAP,
+    MAX_MAP_ENTRIES,
     OFFSET_SPEC,
     STRING,
     STRING_MAP,
@@ -178,7 +179,7 @@ class Heartbeat(Command):
     pass
 
 
-@_simple(Key.EXCHANGE_COMMAND_VERSIONS, U32, Array(U16, U16, U16))
+@_simple(Key.EXCHANGE_COMMAND_VERSIONS, U32, Array(U16, U16, U16, max_count=MAX_MAP_ENTRIES))
 @dataclass
 class ExchangeCommandVersions(Command):
     correlation_id: int
@@ -710,7 +711,13 @@ def decode(frame: bytes) -> Command:
     r = In(frame, 4)
     cls = DECODERS.get((key, version))
     if cls is not None:
-        cmd = cls.read(version, r)
+        try:
+            cmd = cls.read(version, r)
+        except TooManyEntries as exc:
+            exc.key = key
+            if fields(cast(Any, cls))[0].name == "correlation_id":  # (read already: it comes before any map)
+                exc.correlation_id = _U32.unpack_from(frame, 4)[0]
+            raise
     elif version == 1 and key & RESPONSE_BIT and (key & ~RESPONSE_BIT) in _PLAIN_RESPONSES:
         cmd = Response.read_keyed(key & ~RESPONSE_BIT, r)
     else:
@@ -734,6 +741,11 @@ def encode(cmd: Command) -> bytes:
     return bytes(out)
 
 
+def answered_plainly(key: int) -> bool:
+    """Whether a request of `key` is answered by a `Response` (a code and nothing else)."""
+    return key in _PLAIN_RESPONSES
+
+
 def request_key(cmd: Command) -> int:
     """The command's key without RESPONSE_BIT (a Response's request key)."""
     return cmd.key if isinstance(cmd, Response) else cmd.KEY & ~RESPONSE_BIT
@@ -749,4 +761,4 @@ __all__ = ["DECODERS", "Close", "Command", "ConsumerUpdate", "ConsumerUpdateResp
            "ResolveOffsetSpecResponse", "Response", "Route", "RouteResponse", "SaslAuthenticate",
            "SaslAuthenticateResponse", "SaslHandshake", "SaslHandshakeResponse", "StoreOffset",
            "StreamStats", "StreamStatsResponse", "SubBatchEntry", "Subscribe", "Tune", "TuneResponse",
-           "Unsubscribe", "decode", "deliver_header", "encode", "request_key"]
+           "Unsubscribe", "answered_plainly", "decode", "deliver_header", "encode", "request_key"]

@@ -6,7 +6,9 @@ connections (a per-iteration read budget), the measure of how busy the loop is w
 `LoopLoad`, which the flow rule reads: core/credit_flow.py), and the wiring of one connection to its ports: the
 transport itself as the `Transport`, the event loop as the `LoopClock`, the node's `ClusterGate` as the
 `MethodGate`, and, in a node of workers, the connection-locality port (`Handover`) and the adoption
-of a connection another worker handed over (`adopted`: its state). All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
+of a connection another worker handed over (`adopted`: its state), and, on the plain listener, the slot
+the connection holds in the listener's `HandshakeGate` from the accept until its login succeeds (or it
+closes): past the gate's caps the socket is closed at the accept (runtime/listen.py). All the protocol logic is in `connection.py`, which never sees asyncio's Protocol.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, cast
 
+from hutch.runtime.listen import HeldSlot
 from hutch.runtime.session.cluster_gate import ClusterGate
 from hutch.runtime.session.connection import AMQPConnection
 
 if TYPE_CHECKING:
+    from hutch.runtime.listen import HandshakeGate
     from hutch.runtime.ports import BrokerPort
     from hutch.runtime.session.ports import Handover
 
@@ -29,10 +33,12 @@ READ_BUDGET = 256 * 1024  # bytes one connection may process per event-loop iter
 class AMQPProtocol(asyncio.Protocol):
     """One accepted socket. `conn` is the connection state machine the node and management see."""
 
-    def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None) -> None:
+    def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None,
+                 gate: HandshakeGate | None = None) -> None:
         self.loop = asyncio.get_event_loop()
         self.conn = AMQPConnection(node, self.loop, ClusterGate(node), handover)
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
+        self._slot = HeldSlot(gate) if gate is not None else None  # held from the accept until the login
         self._load = node.loop_load
         self._read_this_turn = 0
         self._turn_scheduled = False
@@ -46,6 +52,10 @@ class AMQPProtocol(asyncio.Protocol):
             adopted, self._adopted = self._adopted, None
             self._load.timed(self.conn.adopt, stream, adopted)
             return
+        if self._slot is not None:
+            if not self._slot.take(stream):
+                return  # closed at the accept (a cap of the gate): nothing started
+            self.conn.on_login = self._slot.release
         peer = stream.get_extra_info("peername") or ("?", 0)
         sock = stream.get_extra_info("sockname") or ("?", 0)
         self.conn.connection_made(stream, peer, sock)
@@ -55,6 +65,10 @@ class AMQPProtocol(asyncio.Protocol):
         self._load.timed(self.conn.receive_data, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._slot is not None:
+            if self._slot.refused:
+                return
+            self._slot.release()
         self.conn.connection_lost()
 
     def pause_writing(self) -> None:

@@ -32,7 +32,7 @@ from hutch import __version__
 from hutch.amqp.errors import AMQPError
 from hutch.core.auth import PermissionKind, is_loopback_address, parse_amqplain, parse_plain
 from hutch.core.certs import CertLoginError, login_from_cert
-from hutch.core.logsafe import safe
+from hutch.core.logsafe import LogThrottle, safe, suppressed_note
 from hutch.core.vhost import VirtualHost
 from hutch.runtime.broker.logins import LoginOutcome
 from hutch.runtime.queue_types.stream.handle import StreamHandle
@@ -47,10 +47,11 @@ from hutch.runtime.stream_session.ports import StreamExists, StreamRefused, Stre
 from hutch.runtime.stream_session.publishing import Publishing, confirm_ids_per_frame
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import SERVER_VERSIONS, Code, Key, OffsetType
-from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError
+from hutch.streamproto.errors import CommandError, FrameError, StreamProtocolError, TooManyEntries
 from hutch.streamproto.framer import FrameReader
 
 log = logging.getLogger("hutch.stream")
+_ENTRIES_LOG = LogThrottle(1, 10.0)  # refusals of too many entries: one line per 10 s, then how many were left out
 
 T = TypeVar("T")
 
@@ -127,6 +128,7 @@ class StreamConnection:
         self.client_properties: dict[str, str] = {}
         self.user_name = ""
         self.auth_mechanism = ""
+        self.on_login: Callable[[], None] | None = None  # told once the login succeeds (the listener's gate)
         self.vhost: VirtualHost = VirtualHost("")
         self.frame_max = cfg.stream_frame_max
         self.heartbeat_s = 0
@@ -204,6 +206,7 @@ class StreamConnection:
     def _drain(self) -> None:
         try:
             publishing = self.publishing
+            consuming = self.consuming
             work = 0
             check_at = TIME_CHECK_WORK
             deadline = self.clock.time() + TURN_S
@@ -228,7 +231,13 @@ class StreamConnection:
                     work += COMMAND_WORK
                     publishing.write_batched()  # what was published before this command is written first
                     publishing.send_confirms()  # and what was confirmed goes out before its answer
-                    cmd = c.decode(bytes(frame))
+                    try:
+                        cmd = c.decode(bytes(frame))
+                    except TooManyEntries as exc:
+                        self._too_many_entries(exc)
+                        continue
+                    if consuming.pending_offsets and not isinstance(cmd, c.StoreOffset):
+                        consuming.coalesce_offsets()  # what was stored before this command is written first
                     if self.locality_armed and isinstance(cmd, c.DeclarePublisher | c.Subscribe) \
                             and self._hand_over(cmd, frame):
                         return  # another worker has it now, with this frame and what follows
@@ -237,6 +246,7 @@ class StreamConnection:
                         return  # after it is taken once it is answered (release_reading), in order
             finally:
                 publishing.write_batched(hold=True)
+                consuming.coalesce_offsets()
         except FrameError as exc:
             self._fatal(exc)
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
@@ -467,6 +477,19 @@ class StreamConnection:
         else:
             self.respond(cmd, code)
 
+    def _too_many_entries(self, exc: TooManyEntries) -> None:
+        """A command whose map or array is past `wire.MAX_MAP_ENTRIES`, not decoded: a request answered
+        by a plain response on an open connection is refused (PRECONDITION_FAILED) and the connection
+        goes on; anything else closes it (UNKNOWN_FRAME), as a frame that does not parse."""
+        if self.phase != Phase.OPENED or exc.key is None or exc.correlation_id is None \
+                or not c.answered_plainly(exc.key):
+            raise exc
+        left_out = _ENTRIES_LOG.admit(self.clock.time())
+        if left_out is not None:
+            log.warning("stream connection %s: command 0x%04x refused: %s%s", self.name, exc.key, exc.text,
+                        suppressed_note(left_out))
+        self.out.append(c.encode(c.Response(exc.key, exc.correlation_id, Code.PRECONDITION_FAILED)))
+
     def _unexpected(self, cmd: c.Command) -> None:
         raise FrameError(f"unexpected {type(cmd).__name__} on an open connection")
 
@@ -539,6 +562,8 @@ class StreamConnection:
     def _logged_in(self, correlation_id: int, user: str) -> None:
         self.user_name = user
         self.phase = Phase.TUNE
+        if self.on_login is not None:
+            self.on_login()
         cfg = self.broker.config
         self.send(c.SaslAuthenticateResponse(correlation_id, Code.OK))
         self.send(c.Tune(cfg.stream_frame_max, cfg.stream_heartbeat_s))

@@ -4,7 +4,7 @@ Owns: the connection's subscriptions (id → stream, reader, credit, filter), th
 per credit, read from the files by the handle's `StreamReader` and sent as osiris sends it: the chunk's
 48-byte header then its entry data, without the bloom filter or the trailer; `Deliver` version 2 with
 the committed chunk id when the client asked for it), waking on the handle's commits, server-side
-offset tracking (store/query offset by reference), and single active consumer (groups in sac.py,
+offset tracking (store/query offset by reference; stored offsets coalesced, `coalesce_offsets`), and single active consumer (groups in sac.py,
 on this node or on the stream's writer's, through sac_router.py: a passive subscription reads nothing until a ConsumerUpdate made it active and its client
 answered with where to start).
 
@@ -14,6 +14,16 @@ read to the transport every `FLUSH_BYTES`, and stops while the transport's write
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
+
+Stored offsets (`store_offset` has no answer, so nothing paces a client that floods it) are kept per
+(stream, reference), the last one winning, and written by `coalesce_offsets`: before the connection
+handles any other command (so a `query_offset`, or any later command, sees them; rstream and the js
+client query right after they store) and at the end of every turn of its input. Each stream gets one
+TRACKING_DELTA chunk a turn with one entry per reference, so a flood of `store_offset` for one reference
+writes one entry a turn, not one chunk a command (before: each was a chunk of its own, and a flood filled
+the log until retention). osiris writes tracking the same way: its writer batches what arrived while it
+wrote, and the tracking of a batch goes in one chunk. A stored offset is written in the turn it
+arrived, so it survives a restart once that chunk is synced, as before.
 """
 
 from __future__ import annotations
@@ -91,6 +101,8 @@ class Consuming:
         self.deliver_version = 1
         self.pending_updates: dict[int, tuple[Subscription, bool]] = {}  # correlation id → (sub, active)
         self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
+        # stream → reference → offset, stored since the last `coalesce_offsets` (at most a turn's commands)
+        self.pending_offsets: dict[str, dict[bytes, int]] = {}
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
@@ -333,31 +345,46 @@ class Consuming:
 
     # -- offsets ------------------------------------------------------------------------------------
     def store_offset(self, cmd: c.StoreOffset) -> None:
-        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored.
-        On a member that does not write a replicated stream the offset goes to the writer (as RabbitMQ
-        writes tracking through the leader); one that cannot be stored now (a writer being elected) is
-        dropped, as the client stores again."""
-        conn = self.conn
+        """No response, as RabbitMQ: an unknown stream, a refused read or a too long reference is ignored
+        (when it is written, `coalesce_offsets`). Kept until then; a later offset for the same
+        reference replaces it."""
         if len(cmd.reference) > MAX_REFERENCE_CHARS or not cmd.reference:
             return
-        handle = conn.catalog.lookup(conn.vhost.name, cmd.stream)
-        home = conn.hub.reader_link.home(conn.vhost.name, cmd.stream) if handle is None else None
-        if (handle is None and home is None) or (handle is not None and handle.closed) \
-                or not conn.permitted("read", cmd.stream):
+        self.pending_offsets.setdefault(cmd.stream, {})[cmd.reference.encode()] = cmd.offset
+
+    def coalesce_offsets(self) -> None:
+        """Write the offsets stored since the last call: one tracking chunk per stream. On a member
+        that does not write a replicated stream they go to the writer (as RabbitMQ writes tracking
+        through the leader); one that cannot be stored now (a writer being elected) is dropped, as the
+        client stores again."""
+        if not self.pending_offsets:
             return
-        reference = cmd.reference.encode()
+        pending, self.pending_offsets = self.pending_offsets, {}
+        for stream, offsets in pending.items():
+            self._write_offsets(stream, offsets)
+
+    def _write_offsets(self, stream: str, offsets: dict[bytes, int]) -> None:
+        conn = self.conn
+        handle = conn.catalog.lookup(conn.vhost.name, stream)
+        home = conn.hub.reader_link.home(conn.vhost.name, stream) if handle is None else None
+        if (handle is None and home is None) or (handle is not None and handle.closed) \
+                or not conn.permitted("read", stream):
+            return
         if home is not None:
-            conn.hub.reader_link.forwarder(home, conn.vhost.name, cmd.stream).store_offset(reference, cmd.offset)
+            forward = conn.hub.reader_link.forwarder(home, conn.vhost.name, stream)
+            for reference, offset in offsets.items():
+                forward.store_offset(reference, offset)
             return
         assert handle is not None
-        forwarder = conn.catalog.forwarder(conn.vhost.name, cmd.stream)
+        forwarder = conn.catalog.forwarder(conn.vhost.name, stream)
         if forwarder is not None and not forwarder.writes_here():
-            forwarder.store_offset(reference, cmd.offset)
+            for reference, offset in offsets.items():
+                forwarder.store_offset(reference, offset)
             return
         try:
-            conn.bound_append(handle.store_offset(reference, cmd.offset).settled)
+            conn.bound_append(handle.store_offsets(list(offsets.items())).settled)
         except (ValueError, StorageError) as exc:  # (NotWriter: the member stopped writing this very turn)
-            log.debug("stream %s: offset of %s not stored: %r", cmd.stream, cmd.reference, exc)
+            log.debug("stream %s: %d offsets not stored: %r", stream, len(offsets), exc)
 
     def query_offset(self, cmd: c.QueryOffset) -> None:
         handle = self.conn.stream_handle(cmd.stream)

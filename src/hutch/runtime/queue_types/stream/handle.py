@@ -15,6 +15,7 @@ The API (all on the event loop's thread):
         await appended.settled                  committed (single node: after the fdatasync;
                                                 with replication: once a majority has the chunk)
     handle.store_offset(b"consumer", 42)      -> Appended (a TRACKING_DELTA chunk; settles like a write)
+    handle.store_offsets([(b"c", 42), ...])   -> Appended (several in one TRACKING_DELTA chunk)
     handle.query_offset(b"consumer")          -> int | None
     handle.query_publisher_sequence(b"ref")   -> int (0: never seen, as the stream protocol answers)
     reader = handle.reader(OffsetSpec.first())
@@ -285,12 +286,19 @@ class StreamHandle:
 
     def store_offset(self, reference: bytes, offset: int) -> Appended:
         """Store a consumer's offset (a TRACKING_DELTA chunk, committed like any chunk)."""
+        return self.store_offsets([(reference, offset)])
+
+    def store_offsets(self, offsets: Sequence[tuple[bytes, int]]) -> Appended:
+        """Store consumers' offsets, (reference, offset) each, in one TRACKING_DELTA chunk (an entry
+        each, applied in order: the last of a reference wins)."""
+        assert offsets, "a tracking chunk of no offset"
         self._check_writable()
         if self.gate is not None:
             self.gate()
-        block = trk.offset_block(reference, offset)
-        raw = self._write([block], ck.TRACKING_DELTA, b"", b"")
-        self.tracking.apply(block)
+        blocks = [trk.offset_block(reference, offset) for reference, offset in offsets]
+        raw = self._write(blocks, ck.TRACKING_DELTA, b"", b"")
+        for block in blocks:
+            self.tracking.apply(block)
         header = ck.decode_header(raw)
         return Appended([], [], header.chunk_id, header.chunk_id, header.chunk_id,
                         self._track_pending(header.chunk_id))
