@@ -251,6 +251,10 @@ class ListSpec:
 
 
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+# rabbitmqctl list_connections' TLS columns, in its spelling (tlsv1.3, ecdhe_rsa, aes_256_gcm, aead), empty
+# for a connection without TLS or (peer_cert_*) without a client certificate
+TLS_COLUMNS = ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject", "peer_cert_issuer",
+               "peer_cert_validity")
 
 LISTS: dict[str, ListSpec] = {
     "list_users": ListSpec(
@@ -339,7 +343,7 @@ LISTS: dict[str, ListSpec] = {
         columns=_fields("name", "user", "vhost", "peer_host", "peer_port", "host", "port", "state",
                         "channels", "protocol", "auth_mechanism", "frame_max", "channel_max", "timeout",
                         "recv_oct", "send_oct", "connected_at", "client_properties", "ssl", "type",
-                        "user_provided_name", "node"),
+                        "user_provided_name", "node", *TLS_COLUMNS),
         default=("user", "peer_host", "peer_port", "state"),
         banner=lambda a: "Listing connections ...",
     ),
