@@ -159,9 +159,9 @@ def test_list_commands_table_and_json(mgmt):
         mine = [c for c in consumers if c["queue_name"] == q]
         assert len(mine) == 1
         assert (mine[0]["consumer_tag"], mine[0]["ack_required"], mine[0]["active"]) == (tag, True, True)
-        assert mine[0]["channel_name"].endswith(" (1)")
+        assert mine[0]["channel_pid"].endswith(" (1)")  # rabbitmqctl's column; the channel's name, not a pid
         assert rows(ok(s, "-q", "list_consumers"))[0] == [
-            "queue_name", "channel_name", "consumer_tag", "ack_required", "prefetch_count", "active", "arguments"]
+            "queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active", "arguments"]
     finally:
         conn.close()
         Api(s.mgmt_url).delete(f"/api/queues/%2F/{q}")

@@ -104,3 +104,37 @@ def test_await_startup(node: ServerInfo) -> None:
     assert "waited 1 s for the node to start" in proc.stderr
     bad = run_ctl(node, "await_startup", "--password", "wrong")
     assert bad.returncode == 1 and bad.stderr == "hutchctl: authentication failed for user 'guest'\n"
+
+
+def test_rabbitmqctls_pid_columns_and_transaction_counts(node: ServerInfo) -> None:
+    """A script written for rabbitmqctl asks for `pid` and `channel_pid` (hutchctl shows names there) and
+    reads the header rabbitmqctl prints; the uncommitted counts of a channel in tx mode."""
+    tag = f"ops-cols-{uuid.uuid4().hex[:6]}"
+    with pika.BlockingConnection(pika.ConnectionParameters(port=node.amqp_port,
+                                                           client_properties={"connection_name": tag})) as conn:
+        ch = conn.channel()
+        queue = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", queue, b"to ack")
+        ch.basic_consume(queue, lambda *_a: None)
+        conns = json.loads(ok(node, "--formatter", "json", "list_connections", "pid", "name", "user_provided_name"))
+        mine = [c for c in conns if c["user_provided_name"] == tag]
+        assert len(mine) == 1 and mine[0]["pid"] == mine[0]["name"]
+        channel = f"{mine[0]['name']} (1)"
+        assert ok(node, "-q", "list_channels").splitlines()[0].split() == [
+            "pid", "user", "consumer_count", "messages_unacknowledged"]
+        columns = ("pid", "messages_unacknowledged", "messages_uncommitted", "acks_uncommitted", "transactional")
+
+        def mine_with(**want: object) -> list[dict[str, Any]]:
+            conn.process_data_events(0.05)
+            rows = json.loads(ok(node, "--formatter", "json", "list_channels", *columns))
+            return [r for r in rows if r["pid"] == channel and all(r[k] == v for k, v in want.items())]
+
+        until(lambda: mine_with(messages_unacknowledged=1), what="the delivery unacknowledged")
+        ch.tx_select()
+        ch.basic_publish("", queue, b"uncommitted")
+        ch.basic_ack(1)
+        row = until(lambda: mine_with(messages_uncommitted=1, acks_uncommitted=1), what="the tx counted")[0]
+        assert row["transactional"] is True
+        consumers = json.loads(ok(node, "--formatter", "json", "list_consumers", "queue_name", "channel_pid"))
+        assert {"queue_name": queue, "channel_pid": channel} in consumers
+        ch.tx_rollback()

@@ -97,6 +97,7 @@ def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
         # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
         "messages_unconfirmed": ch.unconfirmed_count(),
         "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
+        "acks_uncommitted": sum(1 for op in ch.tx_ops if op[0] in ("ack", "reject")) if ch.tx else 0,
     })
     return out
 
