@@ -189,15 +189,15 @@ def _cell(value: Any) -> str:
 
 
 def render_table(table: Table, headers: bool = True) -> str:
-    rows = [[_cell(v) for v in row] for row in table.rows]
+    """rabbitmqctl's `table` output: one line per row, cells separated by a tab (an empty cell stays a
+    column: `cut -f` and `IFS=$'\\t' read` see every column, names with spaces included); a tab or a
+    newline inside a cell is written as `\\t` / `\\n`, so a row stays one line."""
+    rows = [[_cell(v).replace("\t", "\\t").replace("\n", "\\n") for v in row] for row in table.rows]
     if headers:
         rows.insert(0, list(table.columns))
     if not rows:
         return ""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(table.columns))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join("\t".join(row) for row in rows) + "\n"
 
 
 def emit(out: Output, args: argparse.Namespace) -> None:
