@@ -17,6 +17,8 @@ from pika.exceptions import ConnectionClosedByBroker
 from tests.conftest import ServerInfo, free_port, start_server
 from tests.workers.test_workers import CONFIG, until, worker_of
 
+from hutch.cli.ctl import LISTS
+
 from .helpers import Api, run_ctl, wait_mgmt
 from .test_hutchctl import fails, ok
 
@@ -138,3 +140,20 @@ def test_rabbitmqctls_pid_columns_and_transaction_counts(node: ServerInfo) -> No
         consumers = json.loads(ok(node, "--formatter", "json", "list_consumers", "queue_name", "channel_pid"))
         assert {"queue_name": queue, "channel_pid": channel} in consumers
         ch.tx_rollback()
+
+
+def test_every_listing_with_every_column_is_one_tab_separated_row_per_item(node: ServerInfo) -> None:
+    """An operator's `list_X col1 col2 ...` with every column hutchctl knows, on a node of 2 workers: exit
+    0, the header names the columns asked, and each row has as many tab-separated cells, empty ones too."""
+    with pika.BlockingConnection(pika.ConnectionParameters(port=node.amqp_port)) as conn:
+        ch = conn.channel()
+        queues = queues_in_both_workers(node, ch, f"ops-cols-{uuid.uuid4().hex[:6]}", 1)
+        ch.basic_consume(queues[0], lambda *_a: None)
+        for command in ("list_queues", "list_exchanges", "list_bindings", "list_connections", "list_channels",
+                        "list_consumers", "list_vhosts"):
+            columns = list(LISTS[command].columns)
+            lines = ok(node, "-q", command, *columns).splitlines()
+            assert lines[0].split("\t") == columns, command
+            assert len(lines) > 1 and all(len(line.split("\t")) == len(columns) for line in lines), (command, lines)
+        for queue in queues:
+            ch.queue_delete(queue)
