@@ -115,6 +115,9 @@ class Config:
     default_vhost: str = "/"
     loopback_users: tuple[str, ...] = ("guest",)
     log_level: str = "info"
+    # the window of the log throttle (core/logsafe.py): at most 20 lines of one kind (login refusals,
+    # update-secret lines) per window, the next one saying how many were left out; a hutch key
+    log_throttle_interval_ms: int = 10_000
     vm_memory_high_watermark: float = 0.4
     disk_free_limit_bytes: int = 50_000_000
     # RabbitMQ's alternatives: an absolute memory watermark (bytes) and a disk limit relative to RAM;
@@ -568,6 +571,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "default_pass": _nonempty_field("default_pass"),
     "default_vhost": _nonempty_field("default_vhost"),
     "log.console.level": _parse_log_level,
+    "log.throttle_interval": _int_field("log_throttle_interval_ms", 1, 2**31 - 1),
     "vm_memory_high_watermark.relative": _parse_watermark,
     "disk_free_limit.absolute": _parse_disk_free_limit,
     "vm_memory_high_watermark.absolute": _parse_watermark_absolute,

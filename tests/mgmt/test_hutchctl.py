@@ -29,7 +29,7 @@ def fails(info, code: int, *args: str, **kwargs) -> str:
 
 
 def rows(table: str) -> list[list[str]]:
-    return [line.split() for line in table.splitlines()]
+    return [line.split("\t") for line in table.splitlines()]  # an empty cell stays a column
 
 
 def test_user_vhost_and_permission_commands(fresh_mgmt):
@@ -38,9 +38,9 @@ def test_user_vhost_and_permission_commands(fresh_mgmt):
     assert fails(s, 1, "add_user", "bob", "x") == 'hutchctl: User "bob" already exists'
     ok(s, "set_user_tags", "bob", "management", "policymaker")
     assert ok(s, "list_users") == ("Listing users ...\n"
-                                   "user   tags\n"
-                                   "bob    [management, policymaker]\n"
-                                   "guest  [administrator]\n")
+                                   "user\ttags\n"
+                                   "bob\t[management, policymaker]\n"
+                                   "guest\t[administrator]\n")  # tab-separated, as rabbitmqctl
     assert json.loads(ok(s, "--formatter", "json", "list_users")) == [
         {"user": "bob", "tags": ["management", "policymaker"]}, {"user": "guest", "tags": ["administrator"]}]
     # set_user_tags keeps the password, change_password keeps the tags
@@ -53,15 +53,15 @@ def test_user_vhost_and_permission_commands(fresh_mgmt):
     assert ok(s, "-q", "add_vhost", "dev", "--description", "Development") == ""
     assert fails(s, 1, "add_vhost", "dev") == 'hutchctl: Virtual host "dev" already exists'
     assert ok(s, "list_vhosts", "name", "description") == ("Listing vhosts ...\n"
-                                                           "name  description\n"
-                                                           "/     Default virtual host\n"
-                                                           "dev   Development\n")
+                                                           "name\tdescription\n"
+                                                           "/\tDefault virtual host\n"
+                                                           "dev\tDevelopment\n")
     # like rabbitmqctl, add_vhost grants nobody anything
-    assert ok(s, "-q", "list_permissions", "-p", "dev") == "user  configure  write  read\n"
+    assert ok(s, "-q", "list_permissions", "-p", "dev") == "user\tconfigure\twrite\tread\n"
 
     assert ok(s, "set_permissions", "-p", "dev", "bob", "^bob-", ".*", "") == (
         'Setting permissions for user "bob" in vhost "dev" ...\n')
-    assert rows(ok(s, "-q", "--no-table-headers", "list_permissions", "--vhost", "dev")) == [["bob", "^bob-", ".*"]]
+    assert rows(ok(s, "-q", "--no-table-headers", "list_permissions", "--vhost", "dev")) == [["bob", "^bob-", ".*", ""]]
     assert json.loads(ok(s, "--formatter", "json", "list_user_permissions", "bob")) == [
         {"vhost": "dev", "configure": "^bob-", "write": ".*", "read": ""}]
     assert fails(s, 1, "set_permissions", "-p", "nope", "bob", ".*", ".*", ".*") == (
@@ -70,7 +70,7 @@ def test_user_vhost_and_permission_commands(fresh_mgmt):
     assert "invalid configure permission regex" in fails(s, 1, "set_permissions", "bob", "(", "", "")
     ok(s, "clear_permissions", "-p", "dev", "bob")
     ok(s, "clear_permissions", "-p", "dev", "bob")  # nothing left to clear: still fine
-    assert ok(s, "-q", "list_user_permissions", "bob") == "vhost  configure  write  read\n"
+    assert ok(s, "-q", "list_user_permissions", "bob") == "vhost\tconfigure\twrite\tread\n"
 
     assert ok(s, "delete_user", "bob") == 'Deleting user "bob" ...\n'
     assert fails(s, 1, "delete_user", "bob") == 'hutchctl: User "bob" does not exist'
@@ -135,7 +135,7 @@ def test_list_commands_table_and_json(mgmt):
         assert {"name": q, "messages_ram": 0, "messages_paged_out": 0} in paging
 
         exchanges = rows(ok(s, "-q", "list_exchanges"))
-        assert exchanges[0] == ["name", "type"] and [x, "fanout"] in exchanges and ["direct"] in exchanges
+        assert exchanges[0] == ["name", "type"] and [x, "fanout"] in exchanges and ["", "direct"] in exchanges
         assert {"name": x, "type": "fanout", "durable": False} in json.loads(
             ok(s, "--formatter", "json", "list_exchanges", "name", "type", "durable"))
 
@@ -159,9 +159,9 @@ def test_list_commands_table_and_json(mgmt):
         mine = [c for c in consumers if c["queue_name"] == q]
         assert len(mine) == 1
         assert (mine[0]["consumer_tag"], mine[0]["ack_required"], mine[0]["active"]) == (tag, True, True)
-        assert mine[0]["channel_name"].endswith(" (1)")
+        assert mine[0]["channel_pid"].endswith(" (1)")  # rabbitmqctl's column; the channel's name, not a pid
         assert rows(ok(s, "-q", "list_consumers"))[0] == [
-            "queue_name", "channel_name", "consumer_tag", "ack_required", "prefetch_count", "active", "arguments"]
+            "queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active", "arguments"]
     finally:
         conn.close()
         Api(s.mgmt_url).delete(f"/api/queues/%2F/{q}")

@@ -4,6 +4,7 @@ trust the node's CA, a client certificate from another CA, plain AMQP on the TLS
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import ssl
@@ -19,7 +20,10 @@ import pytest
 import requests
 from pamqp import commands, frame
 from tests.interop.helpers import raw_session, write_after_close
+from tests.mgmt.helpers import run_ctl
 from tests.tls.conftest import TlsNode, start_tls_node
+
+from hutch.core.tls_names import tls_fields
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,7 +87,7 @@ async def test_aio_pika_over_tls_with_an_amqps_url(tls_node: TlsNode) -> None:
         assert msg.body == b"aio over tls"
         await msg.ack()
         seen = [c for c in api(tls_node, "GET", "/api/connections").json() if c["port"] == tls_node.amqps_port]
-        assert seen and all(c["ssl"] is True and c["ssl_protocol"] in ("TLSv1.2", "TLSv1.3") for c in seen)
+        assert seen and all(c["ssl"] is True and c["ssl_protocol"] in ("tlsv1.2", "tlsv1.3") for c in seen)
 
 
 def test_a_client_that_does_not_trust_the_node_ca_is_refused(tls_node: TlsNode) -> None:
@@ -206,3 +210,57 @@ def test_writes_after_close_are_read_and_discarded_over_tls(tls_node: TlsNode) -
     close-ok until the client closes (tests/interop/test_close_handshake.py has the plain listener's)."""
     with raw_session(tls_node.amqps_port, ssl_context=tls_node.pki.client_context()) as raw:
         write_after_close(raw)
+
+
+TLS_COLUMNS = ("ssl", "ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject",
+               "peer_cert_issuer", "peer_cert_validity")
+
+
+def client_tls(conn: pika.BlockingConnection) -> dict[str, object]:
+    """What the client's own TLS session negotiated, in rabbitmqctl's spelling."""
+    sock = conn._impl._transport._sock  # pika's SSLSocket
+    return tls_fields((sock.version(), sock.cipher()[0]))
+
+
+def listed_by_hutchctl(node: TlsNode, *names: str) -> dict[str, dict[str, object]]:
+    """hutchctl list_connections' TLS columns (JSON) of the connections named `names`, and that its table
+    prints the same columns, empty where there is nothing."""
+    proc = run_ctl(node.info, "list_connections", "--formatter", "json", "user_provided_name", *TLS_COLUMNS)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    rows = {r["user_provided_name"]: r for r in json.loads(proc.stdout) if r["user_provided_name"] in names}
+    table = run_ctl(node.info, "list_connections", "-q", "user_provided_name", ",".join(TLS_COLUMNS))
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split() == ["user_provided_name", *TLS_COLUMNS]
+    return rows
+
+
+def test_hutchctl_lists_rabbitmqctls_tls_columns(tls_node: TlsNode) -> None:
+    """`hutchctl list_connections ssl ssl_protocol ssl_key_exchange ssl_cipher ssl_hash peer_cert_*`, as
+    rabbitmqctl names and spells them: the suite the client negotiated (TLS 1.3, and a client capped at
+    TLS 1.2), the client certificate's names and dates; `false` and empty for a plain connection."""
+    name = f"ctl-{uuid.uuid4().hex[:8]}"
+    tls12 = tls_node.pki.client_context()
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    conns = {
+        name + "-cert": pika.BlockingConnection(params(tls_node, tls_node.pki.client_context(tls_node.pki.issue(name)),
+                                                       client_properties={"connection_name": name + "-cert"})),
+        name + "-12": pika.BlockingConnection(params(tls_node, tls12, client_properties={"connection_name": name + "-12"})),
+        name + "-plain": pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", tls_node.info.amqp_port, client_properties={"connection_name": name + "-plain"})),
+    }
+    try:
+        rows = listed_by_hutchctl(tls_node, *conns)
+        cert, v12, plain = rows[name + "-cert"], rows[name + "-12"], rows[name + "-plain"]
+        assert {k: cert[k] for k in TLS_COLUMNS[:5]} == client_tls(conns[name + "-cert"])
+        assert cert["ssl_protocol"] == "tlsv1.3" and cert["ssl_key_exchange"] == "any" and cert["ssl_hash"] == "aead"
+        assert cert["peer_cert_subject"] == f"CN={name},OU=tls,O=hutch tests"
+        assert re.fullmatch(r"OU=Testing CA #\S+,O=hutch test ca", str(cert["peer_cert_issuer"]))
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ - \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
+                            str(cert["peer_cert_validity"]))
+        assert {k: v12[k] for k in TLS_COLUMNS[:5]} == client_tls(conns[name + "-12"])
+        assert v12["ssl_protocol"] == "tlsv1.2" and v12["ssl_key_exchange"] == "ecdhe_ecdsa"  # the node's EC key
+        assert re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", str(v12["ssl_cipher"])), v12
+        assert (v12["peer_cert_subject"], v12["peer_cert_issuer"], v12["peer_cert_validity"]) == (None, None, None)
+        assert plain == {"user_provided_name": name + "-plain", "ssl": False, **dict.fromkeys(TLS_COLUMNS[1:])}
+    finally:
+        for conn in conns.values():
+            conn.close()

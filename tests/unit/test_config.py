@@ -414,3 +414,13 @@ def test_port_zero_asks_for_any_free_port_on_every_listener():
     assert (c.amqp_port, c.management_port, c.cluster_port) == (0, 0, 0)
     env = {"HUTCH_AMQP_PORT": "0", "HUTCH_MANAGEMENT_PORT": "0", "HUTCH_CLUSTER_PORT": "0"}
     assert load_config({}, env).management_port == 0
+
+
+def test_log_throttle_interval_key() -> None:
+    assert load_config({}, {}).log_throttle_interval_ms == 10_000
+    settings, _raw = parse_config_text("log.throttle_interval = 500\n", "t.conf")
+    assert settings == {"log_throttle_interval_ms": 500}
+    for bad in ("0", "-1", "2s", "2147483648"):
+        with pytest.raises(ConfigError, match="expected an integer between 1 and 2147483647") as info:
+            parse_config_text(f"log.throttle_interval = {bad}\n", "t.conf")
+        assert "\n" not in str(info.value)

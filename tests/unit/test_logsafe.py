@@ -83,3 +83,16 @@ def test_log_throttle_never_loses_count_and_never_exceeds_the_bound(gaps: list[f
             per_window[throttle.window_start] += 1
     assert written + reported + throttle.suppressed == len(gaps)  # every line written, reported or pending
     assert all(n <= 5 for n in per_window.values())
+
+
+def test_a_throttle_without_an_interval_follows_the_process_setting() -> None:
+    """`log.throttle_interval` (hutch-server sets it at start-up); an explicit interval stays its own."""
+    follows, own = LogThrottle(max_lines=1), LogThrottle(max_lines=1, interval_s=10.0)
+    before = LogThrottle.default_interval_s
+    try:
+        LogThrottle.set_default_interval(0.5)
+        assert [follows.admit(t) for t in (0.0, 0.2, 0.6)] == [0, None, 1]
+        assert [own.admit(t) for t in (0.0, 0.2, 0.6)] == [0, None, None]
+    finally:
+        LogThrottle.set_default_interval(before)
+    assert follows.interval_s == 10.0

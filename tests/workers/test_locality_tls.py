@@ -35,6 +35,7 @@ from tests.conftest import ServerInfo, start_server
 from tests.mgmt.helpers import Api, run_ctl, wait_mgmt
 from tests.tls.conftest import MECHANISMS
 from tests.tls.pki import Pki, make_pki
+from tests.tls.test_amqps import TLS_COLUMNS
 from tests.workers.test_locality import (
     CONFIG,
     STREAM_AUTH,
@@ -51,6 +52,7 @@ from tests.workers.test_workers import client_port, holders, until, worker_of, w
 from tests.workers.test_workers_streams import send_confirmed
 
 from hutch import portfile
+from hutch.core.tls_names import tls_fields
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
               pytest.mark.timeout(120)]
@@ -132,7 +134,7 @@ def test_tls_publisher_and_consumer_are_served_by_their_queues_worker_through_th
         assert [t for t, _b in got] == list(range(1, 301))
         assert node.served_in(con) == 1
         row = node.row(name)
-        assert row is not None and row["ssl"] is True and row["ssl_protocol"] in ("TLSv1.2", "TLSv1.3")
+        assert row is not None and row["ssl"] is True and row["ssl_protocol"] in ("tlsv1.2", "tlsv1.3")
         assert row["ssl_cipher"] and row["peer_port"] == client_port(pub) and row["peer_host"] == "127.0.0.1"
         assert row["port"] == node.tls_port(0)  # the address the client reached, not the socket pair's
         pch.queue_delete(queue)
@@ -237,6 +239,40 @@ def test_a_relayed_connection_counts_once_for_its_vhosts_limit_and_hutchctl_list
         assert len(rows) == 1 and rows[0]["ssl"] is True and rows[0]["peer_port"] == client_port(first), rows
         assert rows[0]["port"] == node.tls_port(0)  # the port the client reached, not the socket pair's
         ch.queue_delete(name)
+
+
+def _ctl_tls_row(node: Node, name: str) -> dict[str, Any]:
+    listed = run_ctl(node.info, "list_connections", "--formatter", "json", "user_provided_name", *TLS_COLUMNS)
+    assert listed.returncode == 0, listed.stderr
+    rows = [r for r in json.loads(listed.stdout) if r["user_provided_name"] == name]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+@pytest.mark.parametrize("with_cert", [True, False], ids=["client-cert", "no-cert"])
+def test_hutchctl_shows_the_same_tls_columns_before_and_after_the_relay(node: Node, with_cert: bool) -> None:
+    """rabbitmqctl's TLS columns of a connection served in the worker holding its TLS session, then in the
+    worker it was relayed to: the same values, the suite the client negotiated."""
+    queue = declare_in(node.info, 1, "tls-cols")
+    name = f"tls-cols-{uuid.uuid4().hex[:6]}"
+    cert = node.pki.issue(name) if with_cert else None
+    with node.connect(cert=cert, client_properties={"connection_name": name}) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        here = until(lambda: node.row(name), what="the connection listed")
+        assert here["node"] and node.served_in(conn) == 0
+        before = _ctl_tls_row(node, name)
+        ch.basic_publish("", queue, b"x")  # the first publish moves it to worker 1
+        assert node.served_in(conn) == 1
+        after = _ctl_tls_row(node, name)
+        assert after == before
+        sock = conn._impl._transport._sock  # pika's SSLSocket: what the client negotiated
+        assert {k: after[k] for k in TLS_COLUMNS[:5]} == tls_fields((sock.version(), sock.cipher()[0]))
+        if with_cert:
+            assert after["peer_cert_subject"] == f"CN={name},OU=tls,O=hutch tests" and after["peer_cert_validity"]
+        else:
+            assert (after["peer_cert_subject"], after["peer_cert_issuer"], after["peer_cert_validity"]) == (None,) * 3
+        ch.queue_delete(queue)
 
 
 def _rss_kib(pid: int) -> int:

@@ -102,11 +102,11 @@ class Client:
         self.timeout_s = timeout_s
         self.username = username
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """Send one request; return the decoded JSON reply (None when empty). Raises ApiFailure
         for an HTTP error status, Unreachable when the node cannot be reached."""
         data = None if body is None else json.dumps(body).encode("utf-8")
-        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers or {})
         req.add_header("Authorization", self._auth)
         req.add_header("Accept", "application/json")
         if data is not None:
@@ -189,15 +189,15 @@ def _cell(value: Any) -> str:
 
 
 def render_table(table: Table, headers: bool = True) -> str:
-    rows = [[_cell(v) for v in row] for row in table.rows]
+    """rabbitmqctl's `table` output: one line per row, cells separated by a tab (an empty cell stays a
+    column: `cut -f` and `IFS=$'\\t' read` see every column, names with spaces included); a tab or a
+    newline inside a cell is written as `\\t` / `\\n`, so a row stays one line."""
+    rows = [[_cell(v).replace("\t", "\\t").replace("\n", "\\n") for v in row] for row in table.rows]
     if headers:
         rows.insert(0, list(table.columns))
     if not rows:
         return ""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(table.columns))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join("\t".join(row) for row in rows) + "\n"
 
 
 def emit(out: Output, args: argparse.Namespace) -> None:
@@ -216,6 +216,9 @@ def emit(out: Output, args: argparse.Namespace) -> None:
         else:
             for line in out.lines:
                 print(line)
+    elif out.lines and not as_json:  # what a changing command says it did (nothing in JSON mode)
+        for line in out.lines:
+            print(line)
     sys.stdout.flush()
 
 
@@ -251,6 +254,10 @@ class ListSpec:
 
 
 POLICY_COLUMNS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+# rabbitmqctl list_connections' TLS columns, in its spelling (tlsv1.3, ecdhe_rsa, aes_256_gcm, aead), empty
+# for a connection without TLS or (peer_cert_*) without a client certificate
+TLS_COLUMNS = ("ssl_protocol", "ssl_key_exchange", "ssl_cipher", "ssl_hash", "peer_cert_subject", "peer_cert_issuer",
+               "peer_cert_validity")
 
 LISTS: dict[str, ListSpec] = {
     "list_users": ListSpec(
@@ -289,7 +296,8 @@ LISTS: dict[str, ListSpec] = {
                         "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
                         "state", "consumer_utilisation", "messages_ram", "messages_paged_out", "policy",
                         "operator_policy", "effective_policy_definition", "node", "leader", "members",
-                        "online", "first_offset", "last_offset", "committed_offset", "segments", "consumer_offsets"),
+                        "online", "first_offset", "last_offset", "committed_offset", "segments", "consumer_offsets",
+                        "consumer_capacity", "exclusive_consumer_tag", "message_bytes_ready"),
         default=("name", "messages"),
         banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
@@ -339,22 +347,25 @@ LISTS: dict[str, ListSpec] = {
         columns=_fields("name", "user", "vhost", "peer_host", "peer_port", "host", "port", "state",
                         "channels", "protocol", "auth_mechanism", "frame_max", "channel_max", "timeout",
                         "recv_oct", "send_oct", "connected_at", "client_properties", "ssl", "type",
-                        "user_provided_name", "node"),
+                        "user_provided_name", "node", *TLS_COLUMNS) | {"pid": _field("name")},
         default=("user", "peer_host", "peer_port", "state"),
         banner=lambda a: "Listing connections ...",
     ),
     "list_channels": ListSpec(
         path=lambda a: "/api/channels",
         columns=_fields("name", "number", "user", "vhost", "consumer_count", "messages_unacknowledged",
-                        "prefetch_count", "global_prefetch_count", "confirm", "transactional", "state",
-                        "node") | {"connection": _nested("connection_details", "name")},
-        default=("name", "user", "consumer_count", "messages_unacknowledged"),
+                        "messages_unconfirmed", "messages_uncommitted", "acks_uncommitted", "prefetch_count",
+                        "global_prefetch_count",
+                        "confirm", "transactional", "state", "node")
+        | {"connection": _nested("connection_details", "name"), "pid": _field("name")},
+        default=("pid", "user", "consumer_count", "messages_unacknowledged"),
         banner=lambda a: "Listing channels ...",
     ),
     "list_consumers": ListSpec(
         path=lambda a: f"/api/consumers/{seg(a.vhost)}",
         columns={
             "queue_name": _nested("queue", "name"),
+            "channel_pid": _nested("channel_details", "name"),
             "channel_name": _nested("channel_details", "name"),
             "connection_name": _nested("channel_details", "connection_name"),
             "consumer_tag": _field("consumer_tag"),
@@ -367,7 +378,7 @@ LISTS: dict[str, ListSpec] = {
             "arguments": _field("arguments"),
             "user": _nested("channel_details", "user"),
         },
-        default=("queue_name", "channel_name", "consumer_tag", "ack_required", "prefetch_count", "active",
+        default=("queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active",
                  "arguments"),
         banner=lambda a: f"Listing consumers in vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
@@ -850,7 +861,78 @@ def cmd_federation_status(client: Client, args: argparse.Namespace) -> Output:
 
 
 Command = Callable[[Client, argparse.Namespace], Output]
+def _queue_refusal(client: Client, args: argparse.Namespace, exc: ApiFailure) -> Exception:
+    """A queue command's 404 in rabbitmqctl's words: the vhost, or else the queue, is missing."""
+    if exc.status != 404:
+        return exc
+    if not client.exists(f"/api/vhosts/{seg(args.vhost)}"):
+        return Refused(f'Virtual host "{args.vhost}" does not exist')
+    return Refused(f"no queue '{args.queue}' in vhost '{args.vhost}'")  # (AMQP's NOT_FOUND text)
+
+
+def cmd_purge_queue(client: Client, args: argparse.Namespace) -> Output:
+    try:
+        client.request("DELETE", f"/api/queues/{seg(args.vhost)}/{seg(args.queue)}/contents")
+    except ApiFailure as exc:
+        raise _queue_refusal(client, args, exc) from None
+    return Output(banner=f"Purging queue '{args.queue}' in vhost '{args.vhost}' ...")
+
+
+def cmd_delete_queue(client: Client, args: argparse.Namespace) -> Output:
+    """rabbitmqctl delete_queue [--if-empty] [--if-unused]: says how many messages went with the queue (its
+    count just before the delete)."""
+    path = f"/api/queues/{seg(args.vhost)}/{seg(args.queue)}"
+    query = "&".join(f"{flag}=true" for flag, on in (("if-empty", args.if_empty), ("if-unused", args.if_unused))
+                     if on)
+    try:
+        doc = client.get(path)
+        client.request("DELETE", path + (f"?{query}" if query else ""))
+    except ApiFailure as exc:
+        raise _queue_refusal(client, args, exc) from None
+    messages = doc.get("messages", 0) if isinstance(doc, dict) else 0
+    line = f"Queue was successfully deleted with {messages} message{'' if messages == 1 else 's'}"
+    return Output(banner=f"Deleting queue '{args.queue}' on vhost '{args.vhost}' ...", lines=[line])
+
+
+def cmd_close_connection(client: Client, args: argparse.Namespace) -> Output:
+    """rabbitmqctl close_connection CONNECTION EXPLANATION: the connection by its name (list_connections'
+    `name`, where rabbitmqctl takes an Erlang pid); the client gets 320 CONNECTION_FORCED with the text."""
+    try:
+        client.request("DELETE", f"/api/connections/{seg(args.connection)}", headers={"X-Reason": args.explanation})
+    except ApiFailure as exc:
+        if exc.status == 404:
+            raise Refused(f"no connection named '{args.connection}' (see hutchctl list_connections name)") from None
+        raise
+    return Output(banner=f"Closing connection {args.connection}, reason: {args.explanation}...")
+
+
+AWAIT_POLL_S = 0.5
+
+
+def cmd_await_startup(client: Client, args: argparse.Namespace) -> Output:
+    """rabbitmqctl await_startup: until the node answers its API (GET /api/overview), at most -t seconds;
+    then exit 69 as for an unreachable node. A refusal (bad credentials) ends the wait at once."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        try:
+            client.get("/api/overview")
+            return Output(banner="Waiting for the node to start ...")
+        except Unreachable as exc:
+            last: Exception = exc
+        except ApiFailure as exc:
+            if exc.status != 503:  # (a node of workers starting answers 503 until its workers are up)
+                raise
+            last = Unreachable(exc.reason)
+        if time.monotonic() + AWAIT_POLL_S > deadline:
+            raise Unreachable(f"{last} (waited {args.timeout:g} s for the node to start)")
+        time.sleep(AWAIT_POLL_S)
+
+
 COMMANDS: dict[str, Command] = {
+    "purge_queue": cmd_purge_queue,
+    "delete_queue": cmd_delete_queue,
+    "close_connection": cmd_close_connection,
+    "await_startup": cmd_await_startup,
     "add_user": cmd_add_user,
     "delete_user": cmd_delete_user,
     "change_password": cmd_change_password,
@@ -1006,6 +1088,11 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "join_cluster": ("make this (lone) node join the cluster of NODE@HOST:PORT; drops its own definitions",
                      [("node", {"metavar": "NODE@HOST:PORT"})]),
     "forget_cluster_node": ("remove a stopped node from the cluster", [("node", {"metavar": "NODE"})]),
+    "purge_queue": ("remove every message of a queue in a vhost (-p)", [("queue", {"metavar": "QUEUE"})]),
+    "delete_queue": ("delete a queue of a vhost (-p)", [("queue", {"metavar": "QUEUE"})]),
+    "close_connection": ("close a connection (by its list_connections name) with a reason",
+                         [("connection", {"metavar": "CONNECTION"}), ("explanation", {"metavar": "EXPLANATION"})]),
+    "await_startup": ("wait (at most -t seconds) until the node answers", []),
 }
 
 
@@ -1032,6 +1119,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--global", dest="glob", action="store_true", help="every vhost or user")
         if name == "list_user_limits":
             cmd.add_argument("--user", default=None, help="the user whose limits to list")
+        if name == "delete_queue":
+            cmd.add_argument("-e", "--if-empty", action="store_true", help="only if it has no ready messages")
+            cmd.add_argument("-u", "--if-unused", action="store_true", help="only if it has no consumers")
         if name == "list_stream_group_consumers":
             cmd.add_argument("--stream", required=True, help="the stream of the group")
             cmd.add_argument("--reference", required=True, help="the group's name (the consumer name)")

@@ -27,7 +27,7 @@ from typing import NoReturn
 from hutch import __version__
 from hutch.amqp import speedups
 from hutch.config import LOG_LEVELS, Config, ConfigError, load_config
-from hutch.core.logsafe import SafeArgsFilter
+from hutch.core.logsafe import LogThrottle, SafeArgsFilter
 from hutch.runtime.workers.auto import workers_for
 from hutch.runtime.workers.control import beat_interval_s
 from hutch.runtime.workers.link import WorkerLink
@@ -130,10 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(level_name: str, worker: str = "") -> None:
+def configure_logging(level_name: str, worker: str = "", throttle_interval_ms: int = 10_000) -> None:
     """Root logging to stderr with the house format, at the configured level; every argument of a
     record is escaped and capped (`SafeArgsFilter`: user names, queue names and client texts). A
-    worker's lines carry its name (`[w1]`) after the time."""
+    worker's lines carry its name (`[w1]`) after the time. `throttle_interval_ms`: the log throttle's
+    window (`log.throttle_interval`, core/logsafe.py)."""
+    LogThrottle.set_default_interval(throttle_interval_ms / 1000)
     level = _LOGGING_LEVELS[level_name]
     fmt = LOG_FORMAT.replace("%(asctime)s ", f"%(asctime)s [{worker}] ") if worker else LOG_FORMAT
     logging.basicConfig(format=fmt, stream=sys.stderr)
@@ -197,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if spec_text:
         return _run_worker(config, WorkerSpec.from_env(spec_text))
     count, why = workers_for(config)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, throttle_interval_ms=config.log_throttle_interval_ms)
     _warn_if_data_dir_open(config.data_dir)
     if not config.workers:
         logging.getLogger("hutch.server").info("workers auto: %d (%s)", count, why)
@@ -230,7 +232,7 @@ def _run_worker(config: Config, spec: WorkerSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the process group: the supervisor decides
     link = WorkerLink(spec, config.node_name, beat_interval_s(config.worker_heartbeat_timeout_ms))
     config = worker_config(config, spec)
-    configure_logging(config.log_level, f"w{spec.index}")
+    configure_logging(config.log_level, f"w{spec.index}", config.log_throttle_interval_ms)
     logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,
                                            link.node_name, config.data_dir)
     from hutch.mgmt import serve_management_peers, start_management

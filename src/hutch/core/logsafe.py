@@ -4,7 +4,7 @@ Owns: `safe` (one user string for a log line: control and line-separator charact
 capped at `MAX_LOGGED_CHARS` with a marker; call sites that log a name use it), `SafeArgsFilter` (a
 `logging.Filter` on `hutch-server`'s log handler that escapes every argument of every record it emits
 and caps it at `MAX_LOGGED_ARG_CHARS`: the net under call sites that pass a user string as it is), and
-`LogThrottle` (at most `THROTTLE_LINES` lines of one kind per `THROTTLE_INTERVAL_S`, the next line
+`LogThrottle` (at most `THROTTLE_LINES` lines of one kind per `log.throttle_interval`, 10 s by default, the next line
 saying how many were left out: login refusals and update-secret lines, which any client can repeat at
 will; before issue 21 they wrote 18,542 lines in 12 s).
 
@@ -108,17 +108,31 @@ class LogThrottle:
     """At most `max_lines` lines per window of `interval_s` (windows start at the first line after the
     previous one ended). `admit(now)` answers None for a line to leave out, else how many lines were
     left out since the last one written (the caller appends `suppressed_note` of it). Pure: the caller
-    gives the time. Invariant: 0 <= written <= max_lines."""
+    gives the time. Invariant: 0 <= written <= max_lines.
 
-    __slots__ = ("interval_s", "max_lines", "suppressed", "window_start", "written")
+    A throttle made without `interval_s` follows the process's setting, `LogThrottle.default_interval_s`
+    (the `log.throttle_interval` key; `hutch-server` sets it once at start-up, before any line is
+    logged, through `set_default_interval`)."""
 
-    def __init__(self, max_lines: int = THROTTLE_LINES, interval_s: float = THROTTLE_INTERVAL_S) -> None:
-        assert max_lines > 0 and interval_s > 0
+    __slots__ = ("_interval_s", "max_lines", "suppressed", "window_start", "written")
+    default_interval_s = THROTTLE_INTERVAL_S
+
+    def __init__(self, max_lines: int = THROTTLE_LINES, interval_s: float | None = None) -> None:
+        assert max_lines > 0 and (interval_s is None or interval_s > 0)
         self.max_lines = max_lines
-        self.interval_s = interval_s
+        self._interval_s = interval_s
         self.window_start: float | None = None
         self.written = 0
         self.suppressed = 0
+
+    @property
+    def interval_s(self) -> float:
+        return LogThrottle.default_interval_s if self._interval_s is None else self._interval_s
+
+    @staticmethod
+    def set_default_interval(interval_s: float) -> None:
+        assert interval_s > 0
+        LogThrottle.default_interval_s = interval_s
 
     def admit(self, now: float) -> int | None:
         if self.window_start is None or not 0 <= now - self.window_start < self.interval_s:  # (a clock reset too)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hutch.core.tls_names import tls_fields
+
 from .access import Principal, may_close_user_object, may_see_user_object
 from .errors import not_authorised, not_found
 from .formats import jsonable
@@ -72,10 +74,7 @@ def connection_json(conn: dict[str, Any]) -> dict[str, Any]:
         "connected_at": conn["connected_at"], "client_properties": props,
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
         "user_who_performed_action": conn["user"],
-        "ssl": tls is not None,
-        "ssl_protocol": tls[0] if tls is not None else None,
-        "ssl_cipher": tls[1] if tls is not None else None,
-        "ssl_hash": None, "ssl_key_exchange": None,
+        **tls_fields(None if tls is None else (tls[0], tls[1])),  # RabbitMQ's spelling (core/tls_names.py)
         # the certificate's details are in /api/stream/connections (mgmt reads no runtime helper for them)
         "peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None,
     }

@@ -37,6 +37,7 @@ from hutch.core.counters import (
 )
 from hutch.core.plain import jsonable
 from hutch.core.routing import DELAYED_MESSAGE
+from hutch.core.tls_names import tls_fields
 
 from . import procinfo
 from .queue_types.remote import RemoteQueue
@@ -77,9 +78,7 @@ def connection_json(conn: AMQPConnection, node_name: str) -> dict[str, Any]:
         "node": node_name,
         "host": conn.sockname[0],
         "port": conn.sockname[1],
-        "ssl": tls is not None,
-        "ssl_protocol": tls[0] if tls is not None else None,
-        "ssl_cipher": tls[1] if tls is not None else None,
+        **tls_fields(tls),  # RabbitMQ's spelling: tlsv1.3, aes_256_gcm (core/tls_names.py)
         **peer_cert_json(conn.peer_cert),
         "type": "network",
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
@@ -98,6 +97,7 @@ def channel_json(ch: ServerChannel, node_name: str) -> dict[str, Any]:
         # RabbitMQ's names: confirm-mode publishes not confirmed yet, transactional publishes not committed
         "messages_unconfirmed": ch.unconfirmed_count(),
         "messages_uncommitted": sum(1 for op in ch.tx_ops if op[0] == "publish") if ch.tx else 0,
+        "acks_uncommitted": sum(1 for op in ch.tx_ops if op[0] in ("ack", "reject")) if ch.tx else 0,
     })
     return out
 

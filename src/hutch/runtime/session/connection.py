@@ -78,6 +78,7 @@ from hutch.runtime.session.channel import ServerChannel
 from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.handover import HandoverState, channel_states, first_publish_queues, quiet_reason
 from hutch.runtime.workers.control import MAX_UNREAD_BYTES
+from hutch.runtime.workers.relay import peer_hung_up
 
 if TYPE_CHECKING:
     from hutch.config import Config
@@ -129,6 +130,7 @@ FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 UNFINISHED_BODIES_MESSAGES = 4
 # Linux TCP states (tcp_states.h) once the peer's FIN has arrived: CLOSE, CLOSE_WAIT, LAST_ACK
 _TCP_PEER_CLOSED = frozenset({7, 8, 9})
+
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
@@ -1071,8 +1073,12 @@ class AMQPConnection:
         """Has the client closed its end while reading is held (an alarm), a FIN not read yet? On Linux
         the socket's TCP state tells (CLOSE_WAIT and after); elsewhere False. AMQP has no half-close, so
         a FIN means the client is gone (issue 21: blocked connections holding unfinished bodies kept
-        them, and so the memory alarm, after their clients had closed)."""
+        them, and so the memory alarm, after their clients had closed). A relayed TLS connection's socket is
+        its end of a socket pair (runtime/workers/relay.py): the relay closing it is the client gone, which
+        poll's POLLRDHUP tells on Linux even with unread bytes before the end."""
         sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            return peer_hung_up(sock.fileno())
         if sock is None or not hasattr(socket, "TCP_INFO"):
             return False
         try:

@@ -19,6 +19,11 @@ Rules:
   the end of file and cleans up the connection); the home closing (its connection.close, a queue
   deleted under an exclusive consumer, its worker gone) closes the TLS transport (close_notify after
   what was written). A relay is ended once (`_ended`), and told to its owner (`on_end`).
+- The client gone while the home does not read (an alarm blocks the publisher there): the pair is not
+  held open by bytes the home will not take. If it took none of them for `DRAIN_CHECK_S` they are dropped
+  and the pair closed; the home, which does not read, sees its end by poll (`peer_hung_up`, through
+  the alarm's reaper of blocked connections whose clients have gone). While the client's reading is
+  paused, its socket is looked at every `DRAIN_CHECK_S` for an end of file or reset not read yet.
 - Before the home side is open (the pair is registered on the loop asynchronously), the client side's
   reading is paused; bytes the TLS layer had already decrypted are kept (at most what one read gives)
   and written first.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 from collections.abc import Callable
 from typing import Any, cast
@@ -37,6 +43,18 @@ log = logging.getLogger("hutch.workers")
 WRITE_HIGH = 1 << 20  # each side's write buffer: stop reading the other side above this
 WRITE_LOW = 256 << 10  # ... and read again below this
 MAX_EARLY_BYTES = 1 << 20  # decrypted bytes that arrive before the home side is open (one read, bounded)
+DRAIN_CHECK_S = 1.0  # the client gone, bytes left for the home: closed at once if it took none for this long
+
+
+def peer_hung_up(fd: int) -> bool:
+    """Has the peer of this stream socket closed or shut down its writing, or reset it (a FIN or an RST
+    that a paused reader has not read)? Linux only (poll's POLLRDHUP); elsewhere False."""
+    rdhup = getattr(select, "POLLRDHUP", 0)
+    if not rdhup:
+        return False
+    poller = select.poll()
+    poller.register(fd, rdhup)
+    return any(events & (rdhup | select.POLLHUP | select.POLLERR) for _fd, events in poller.poll(0))
 
 
 class TlsRelay:
@@ -52,6 +70,8 @@ class TlsRelay:
         self._early: list[bytes] = []
         self._early_bytes = 0
         self._client_eof = False
+        self._home_closed = False  # the pair's transport closed (its connection_lost or end of file)
+        self._watching_client = False  # a check of the paused client's socket is due (_watch_paused_client)
         self._ended = False
         self._opening: asyncio.Future[None] | None = None
         self.bytes_in = 0  # from the client to the home
@@ -109,9 +129,27 @@ class TlsRelay:
             self.home.write_eof()
 
     def client_lost(self) -> None:
-        if self.home is not None and not self.home.is_closing():
-            self.home.close()  # what the client sent last is written first; the home sees the end of file
+        home = self.home
+        if home is not None and not home.is_closing():
+            home.close()  # what the client sent last is written first; the home sees the end of file
+            left = home.get_write_buffer_size()
+            if left:  # unless the home does not read it (blocked by an alarm): then it must not wait on us
+                asyncio.get_running_loop().call_later(DRAIN_CHECK_S, self._drain_or_abort, home, left)
         self.end()
+
+    def _drain_or_abort(self, home: asyncio.Transport, left_before: int) -> None:
+        """The client is gone and the home was left bytes to read: while it takes some, let it; once it
+        took none for DRAIN_CHECK_S, drop them and close the pair now (what the client sent last is lost,
+        as it would be in a blocked node's socket buffer; its end reaches the home at once)."""
+        if self._home_closed:
+            return
+        left = home.get_write_buffer_size()
+        if left and left >= left_before:
+            log.info("a relayed TLS connection's client is gone and its home reads nothing (%d bytes left): "
+                     "closed", left)
+            home.abort()
+        else:
+            asyncio.get_running_loop().call_later(DRAIN_CHECK_S, self._drain_or_abort, home, left)
 
     # -- the home's side (plaintext to encrypt out) -------------------------------------------------------
     def from_home(self, data: bytes) -> None:
@@ -120,6 +158,7 @@ class TlsRelay:
             self.client.write(data)
 
     def home_lost(self) -> None:
+        self._home_closed = True
         if not self.client.is_closing():
             self.client.close()  # close_notify after what the home wrote
         self.end()
@@ -128,6 +167,23 @@ class TlsRelay:
     def pause_reading_client(self) -> None:
         if not self.client.is_closing():
             self.client.pause_reading()
+            if not self._watching_client:
+                self._watching_client = True
+                asyncio.get_running_loop().call_later(DRAIN_CHECK_S, self._watch_paused_client)
+
+    def _watch_paused_client(self) -> None:
+        """While the client's reading is paused (the home does not take its bytes), its end of file or reset
+        is not read: look for it every DRAIN_CHECK_S, and end the relay when the client has gone."""
+        self._watching_client = False
+        if self._ended or self.client.is_closing() or self.client.is_reading():
+            return
+        sock = self.client.get_extra_info("socket")
+        if sock is not None and peer_hung_up(sock.fileno()):
+            log.info("a relayed TLS connection's client is gone while its home reads nothing: closed")
+            self.abort()
+            return
+        self._watching_client = True
+        asyncio.get_running_loop().call_later(DRAIN_CHECK_S, self._watch_paused_client)
 
     def resume_reading_client(self) -> None:
         if self.home is not None and not self.client.is_closing():
@@ -205,4 +261,4 @@ class _HomeSide(asyncio.Protocol):
         self.relay.home_lost()
 
 
-__all__ = ["MAX_EARLY_BYTES", "WRITE_HIGH", "WRITE_LOW", "TlsRelay"]
+__all__ = ["DRAIN_CHECK_S", "MAX_EARLY_BYTES", "WRITE_HIGH", "WRITE_LOW", "TlsRelay", "peer_hung_up"]
