@@ -64,6 +64,12 @@ class CleanNode:
         if self._info is not None:
             self._info.stop()
 
+    def __enter__(self) -> CleanNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def _reset(self, api: Api) -> bool:
         for conn in api.ok("/api/connections"):
             api.delete(f"/api/connections/{seg(conn['name'])}")

@@ -42,9 +42,8 @@ def fresh_api(fresh_mgmt: ServerInfo) -> Api:
 
 @pytest.fixture(scope="module")
 def module_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CleanNode]:
-    node = CleanNode(tmp_path_factory.mktemp("clean"))
-    yield node
-    node.stop()
+    with CleanNode(tmp_path_factory.mktemp("clean")) as node:  # stopped when the module is done
+        yield node
 
 
 @pytest.fixture
