@@ -16,11 +16,13 @@ unexport PYTHONDONTWRITEBYTECODE
 .PHONY: setup run test test-workers test-durations test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
-# not used: the pure path runs and the start log says so)
+# not used: the pure path runs and the start log says so); the bytecode of src/ and tests/ is written once
+# here (both cores), not by the first nodes and both pytest workers at once on a fresh clone
 $(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx src/hutch/spark/_crecords.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PY) -m compileall -q -j 0 src tests >/dev/null
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -36,7 +38,8 @@ run: $(STAMP)
 
 # The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 2, CI's cores; TEST_WORKERS=0
 # runs it in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py,
-# by tests/durations.json), the 25 slowest tests listed at the end. The budget and the rule for new tests:
+# by tests/durations.json), the 25 slowest tests listed at the end; the workers copies of the client suites
+# (test-workers, below) run in the same session. The budget and the rule for new tests:
 # docs/testing.md.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
@@ -45,7 +48,6 @@ test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=25
-	$(MAKE) --no-print-directory test-workers
 
 # What the browser tests (tests/browser/test_ui.py) need: Debian's chromium, and certutil (libnss3-tools) to
 # make it trust the test CA for the HTTPS run (both installed when missing and we are root with apt-get),
@@ -69,22 +71,14 @@ browser-deps:
 	  else echo "browser-deps: no npm; the browser tests will be skipped"; fi; \
 	fi
 
-# the client suites against a node of 2 worker processes (docs/scaling.md), part of `make test`: connections land
-# on either worker, so publish, deliver, ack, reject, cancel, confirm, dead-lettering and Direct Reply-To cross
-# the worker hop; the management API (gathered over the workers), /metrics, the definitions import and the
-# quorum queues of one node (members in both workers) too; tests/workers/ pins connections to each worker.
-# Which suites, their time and what is left out (and why): docs/testing.md, "make test-workers".
-WORKER_SUITES := tests/interop/test_publishing.py tests/interop/test_consuming.py tests/interop/test_queues.py \
-	tests/interop/test_queue_features.py tests/interop/test_queue_arguments.py tests/interop/test_confirm_failures.py \
-	tests/interop/test_clients_aiopika.py tests/interop/test_clients_kombu.py tests/interop/test_clients_pika_asyncio.py \
-	tests/interop/test_queue_features_aiopika.py tests/interop/test_exchanges.py tests/interop/test_alarms.py \
-	tests/interop/test_consumer_timeout.py tests/interop/test_credit_flow.py \
-	tests/mgmt/test_mgmt_api.py tests/mgmt/test_mgmt_api2.py tests/mgmt/test_prometheus.py tests/mgmt/test_definitions.py tests/mgmt/test_limits.py \
-	tests/cluster/test_quorum_4x.py tests/stream_protocol/test_rstream.py tests/stream_protocol/test_stream_management.py
-# in-process (no server): nothing of workers to test
-WORKER_DESELECT := --deselect tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue
+# the client suites against a node of 2 worker processes (docs/scaling.md): connections land on either worker, so
+# publish, deliver, ack, reject, cancel, confirm, dead-lettering and Direct Reply-To cross the worker hop; the
+# management API (gathered over the workers), /metrics, the definitions import and the quorum queues of one node
+# (members in both workers) too; tests/workers/ pins connections to each worker. `make test` runs these copies
+# in the same session as the originals (`<module>[workers2]::test`, marked workers2); this target runs only
+# them. Which suites (tests/worker_suites.py), their time and what is left out (and why): docs/testing.md, "make test-workers".
 test-workers: $(STAMP)
-	HUTCH_TEST_WORKERS=2 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) $(WORKER_DESELECT) $(WORKER_SUITES)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "workers2 and not slow" $$($(PY) tests/worker_suites.py)
 
 # refreshes tests/durations.json (the seconds of each unit of work: the order `make test` hands them out
 # in) from a run of the default selection; commit it when modules were added or their cost moved

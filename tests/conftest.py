@@ -1,8 +1,14 @@
 """Shared fixtures: a real `hutch-server` process on free ports.
 
-`hutch_server` (session scope) starts one node for the whole run; `fresh_server` (function scope)
-starts a node for tests that need a clean or specially configured broker. Both give a `ServerInfo`
-with the ports and data directory. Tests never use 5672/15672.
+`hutch_server` is one node for the whole run (one per `HUTCH_TEST_WORKERS` value: the workers copies of
+the client suites get a node of 2 workers, below); `fresh_server` (function scope) starts a node for tests
+that need a clean or specially configured broker. Both give a `ServerInfo` with the ports and data
+directory. Tests never use 5672/15672.
+
+The workers copies (tests/worker_suites.py): the client suites of `WORKER_SUITES` are collected twice, the
+second time as `<module>[workers2]`, marked `workers2`; each test of a copy runs with `HUTCH_TEST_WORKERS=2`
+in the environment (`pytest_runtest_protocol` below), so every node its fixtures start is a node of 2
+workers. Both copies run in one session (`make test`); `make test-workers` runs only the copies.
 
 Ports (issue 22): a node is started with port 0 on every listener and the fixture reads the ports it
 bound from its ports file (hutch/portfile.py). Picking a number by binding port 0 and closing the
@@ -34,6 +40,14 @@ from typing import Any
 import pytest
 
 from hutch.portfile import NodeDidNotStart, wait_for_ports
+from worker_suites import (
+    DESELECTED,
+    WORKER_SUITES,
+    WORKERS_COPY,
+    WORKERS_COPY_COUNT,
+    copy_nodeid,
+    original_nodeid,
+)
 
 # Bytecode is written and reused (__pycache__, git-ignored) even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE=1 on the shared machine): every process this run starts (nodes, cluster
@@ -46,6 +60,49 @@ TEST_WORKERS_ENV = "HUTCH_TEST_WORKERS"
 """Set (e.g. to 2), every `start_server` node runs with `--workers` that many: the client-facing suites
 against a node of worker processes (docs/scaling.md); unset, a node is one process (`--workers 1`, given
 explicitly: the server's default, auto, would make the suite's behaviour depend on the machine's cores)."""
+
+
+_BASE_TEST_WORKERS = os.environ.get(TEST_WORKERS_ENV)
+"""`HUTCH_TEST_WORKERS` as the run was started with: what every test but a workers copy's runs with."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{WORKERS_COPY}: a test of a client suite's copy run against a node of "
+                            f"{WORKERS_COPY_COUNT} workers (tests/worker_suites.py; `make test-workers` runs only these)")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """A client suite of `WORKER_SUITES` once more, as its workers copy (beside the module pytest collects)."""
+    try:
+        module = file_path.relative_to(parent.config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if module not in WORKER_SUITES:
+        return None
+    copy: pytest.Module = pytest.Module.from_parent(parent, path=file_path, nodeid=copy_nodeid(module))
+    copy.add_marker(WORKERS_COPY)
+    return copy
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    left_out = [item for item in items
+                if item.nodeid != original_nodeid(item.nodeid) and original_nodeid(item.nodeid) in DESELECTED]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A workers copy's test (setup, call and teardown, its module's fixtures included) runs with
+    `HUTCH_TEST_WORKERS=2`; every other test with the value the run was started with."""
+    if item.get_closest_marker(WORKERS_COPY) is not None:
+        os.environ[TEST_WORKERS_ENV] = WORKERS_COPY_COUNT
+    elif _BASE_TEST_WORKERS is None:
+        os.environ.pop(TEST_WORKERS_ENV, None)
+    else:
+        os.environ[TEST_WORKERS_ENV] = _BASE_TEST_WORKERS
+    return (yield)
 
 
 DURATIONS_OUT_ENV = "HUTCH_TEST_DURATIONS_OUT"
@@ -166,11 +223,38 @@ def _flag(args: list[str], name: str) -> str:
     return args[len(args) - 1 - args[::-1].index(name) + 1]
 
 
+class SharedNodes:
+    """The session's shared nodes, one per name and `HUTCH_TEST_WORKERS` value (a workers copy's tests
+    get their own node of workers), each started when a test first asks for it, all stopped at the end."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+        self._nodes: dict[tuple[str, str], ServerInfo] = {}
+
+    def get(self, name: str, config_text: str | None = None) -> ServerInfo:
+        workers = os.environ.get(TEST_WORKERS_ENV) or "1"
+        info = self._nodes.get((name, workers))
+        if info is None:
+            info = start_server(self._factory.mktemp(f"{name}-w{workers}"), config_text=config_text)
+            self._nodes[(name, workers)] = info
+        return info
+
+    def stop_all(self) -> None:
+        for info in self._nodes.values():
+            info.stop()
+
+
 @pytest.fixture(scope="session")
-def hutch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    info = start_server(tmp_path_factory.mktemp("hutch"))
-    yield info
-    info.stop()
+def shared_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedNodes]:
+    nodes = SharedNodes(tmp_path_factory)
+    yield nodes
+    nodes.stop_all()
+
+
+@pytest.fixture
+def hutch_server(shared_nodes: SharedNodes) -> ServerInfo:
+    """The run's shared node (of 2 workers for a workers copy's test)."""
+    return shared_nodes.get("hutch")
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """How `make test` shares the suite between its pytest-xdist workers (`-n 2 --dist loadgroup`).
 
 Owns: the unit of work (`group_of`: a test module, or "spark" for the whole Spark suite, whose
-session-scoped SparkSession is one JVM), the order in which units are handed out (`order_units`: the
+session-scoped SparkSession is one JVM; a client suite's workers copy, `<module>[workers2]`, is a unit of its
+own: it starts nodes of its own), the order in which units are handed out (`order_units`: the
 costliest first, by the measured seconds in tests/durations.json), and `ModuleScheduling`, the xdist
 scheduler that `tests/conftest.py` installs for `--dist loadgroup` (hook `pytest_xdist_make_scheduler`).
 
@@ -56,15 +57,18 @@ def _directory(unit: str) -> str:
 
 
 def order_units(units: Iterable[str], costs: Mapping[str, float]) -> list[str]:
-    """The units' names, costliest first by `costs`; a unit it does not name costs the mean of the known
-    units of its directory (tests/unit's are cheap, tests/cluster's are not), `UNKNOWN_S` if none. Units
-    of equal cost keep their given (collection) order."""
+    """The units' names, costliest first by `costs`; a unit it does not name costs its original's if it is
+    a workers copy (`<module>[workers2]`, tests/worker_suites.py), else the mean of the known units of its
+    directory (tests/unit's are cheap, tests/cluster's are not), `UNKNOWN_S` if none. Units of equal cost
+    keep their given (collection) order."""
     per_directory: dict[str, list[float]] = {}
     for name, seconds in costs.items():
         per_directory.setdefault(_directory(name), []).append(seconds)
 
     def cost(name: str) -> float:
         known = costs.get(name)
+        if known is None and name.endswith("]") and "[" in name:  # a workers copy: its original's cost
+            known = costs.get(name.rsplit("[", 1)[0])
         if known is not None:
             return known
         peers = per_directory.get(_directory(name))

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, SharedNodes  # tests/conftest.py (tests/ is on sys.path)
 
 from .helpers import connect
 
@@ -28,11 +28,9 @@ def server(hutch_server: ServerInfo) -> ServerInfo:
     return hutch_server
 
 
-@pytest.fixture(scope="session")
-def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
-    info = start_server(tmp_path_factory.mktemp("hutch-limited"), config_text=LIMITED_CONFIG)
-    yield info
-    info.stop()
+@pytest.fixture
+def limited_server(shared_nodes: SharedNodes) -> ServerInfo:
+    return shared_nodes.get("hutch-limited", config_text=LIMITED_CONFIG)
 
 
 @pytest.fixture

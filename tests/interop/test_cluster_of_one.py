@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pika
 import pytest
 from tests.mgmt.helpers import Api, wait_mgmt
 
-from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .helpers import connect
 
@@ -70,56 +72,53 @@ def test_hutchctl_and_hutch_storage_name_the_node_and_the_queues(tmp_path: Path)
     assert "queue 'named-in-check' in vhost '/'" in check.stdout, check.stdout
 
 
-def test_no_cluster_refuses_quorum_queues_with_the_way_out(tmp_path: Path) -> None:
-    server = start_server(tmp_path)  # the test fixtures' --no-cluster
-    try:
-        conn = connect(server.amqp_port)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-            conn.channel().queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
-        assert info.value.reply_code == 406
-        assert "quorum queues need a clustered node (this node was started with --no-cluster" in info.value.reply_text
-        conn.close()
-    finally:
-        server.stop()
+def test_no_cluster_refuses_quorum_queues_with_the_way_out(hutch_server: ServerInfo) -> None:
+    conn = connect(hutch_server.amqp_port)  # the shared node: the test fixtures' --no-cluster
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        conn.channel().queue_declare("qq-" + uuid.uuid4().hex, durable=True, arguments={"x-queue-type": "quorum"})
+    assert info.value.reply_code == 406
+    assert "quorum queues need a clustered node (this node was started with --no-cluster" in info.value.reply_text
+    conn.close()
 
 
-def test_the_spark_connectors_client_reads_a_quorum_queue(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cluster_of_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    """A cluster of one on a free inter-node port, shared by the tests that only read what it is."""
+    server = wait_mgmt(start_server(tmp_path_factory.mktemp("one"), cluster=True))
+    yield server
+    server.stop()
+
+
+def test_the_spark_connectors_client_reads_a_quorum_queue(cluster_of_one: ServerInfo) -> None:
     """docs/spark.md: the connector reads quorum queues as classic ones, and a redelivery carries
     x-delivery-count (its `delivery_count` column)."""
     from hutch.amqp.spec import BasicProperties
     from hutch.spark.client import AmqpClient
     from hutch.spark.options import parse_uri
 
-    server = start_server(tmp_path, cluster=True)
-    try:
-        conn = connect(server.amqp_port)
-        ch = conn.channel()
-        ch.queue_declare("events", durable=True, arguments={"x-queue-type": "quorum"})
-        ch.confirm_delivery()
-        for i in range(3):
-            ch.basic_publish("", "events", f"e{i}".encode(), pika.BasicProperties(delivery_mode=2))
-        conn.close()
-        uri = parse_uri(f"amqp://guest:guest@127.0.0.1:{server.amqp_port}/%2F")
-        with AmqpClient(uri).connect() as client:
-            assert client.queue_message_count("events") == 3
-            client.consume("events", prefetch=10)
-            first = client.take(3, 5.0)
-            assert [d.body for d in first] == [b"e0", b"e1", b"e2"]
-            client.requeue(first[0].delivery_tag, multiple=False)
-            client.ack(first[2].delivery_tag)
-            again = client.take(1, 5.0)
-            assert [(d.body, d.redelivered) for d in again] == [(b"e0", True)]
-            headers = BasicProperties.decode(again[0].properties_raw, 0).headers or {}
-            assert headers.get("x-delivery-count") == 1
-            client.ack(again[0].delivery_tag)
-    finally:
-        server.stop()
+    server, queue = cluster_of_one, "events-" + uuid.uuid4().hex
+    conn = connect(server.amqp_port)
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", queue, f"e{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    uri = parse_uri(f"amqp://guest:guest@127.0.0.1:{server.amqp_port}/%2F")
+    with AmqpClient(uri).connect() as client:
+        assert client.queue_message_count(queue) == 3
+        client.consume(queue, prefetch=10)
+        first = client.take(3, 5.0)
+        assert [d.body for d in first] == [b"e0", b"e1", b"e2"]
+        client.requeue(first[0].delivery_tag, multiple=False)
+        client.ack(first[2].delivery_tag)
+        again = client.take(1, 5.0)
+        assert [(d.body, d.redelivered) for d in again] == [(b"e0", True)]
+        headers = BasicProperties.decode(again[0].properties_raw, 0).headers or {}
+        assert headers.get("x-delivery-count") == 1
+        client.ack(again[0].delivery_tag)
 
 
-def test_a_cluster_of_one_is_a_single_node_cluster_to_the_health_check(tmp_path: Path) -> None:
-    server = wait_mgmt(start_server(tmp_path, cluster=True))
-    try:
-        reply = Api(server.mgmt_url).get("/api/health/checks/node-is-quorum-critical")
-        assert (reply.status, reply.body) == (200, {"status": "ok", "reason": "single node cluster"})
-    finally:
-        server.stop()
+def test_a_cluster_of_one_is_a_single_node_cluster_to_the_health_check(cluster_of_one: ServerInfo) -> None:
+    reply = Api(cluster_of_one.mgmt_url).get("/api/health/checks/node-is-quorum-critical")
+    assert (reply.status, reply.body) == (200, {"status": "ok", "reason": "single node cluster"})

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pika
+import pytest
 
 from conftest import start_server
 from hutch.storage import records
@@ -60,6 +61,19 @@ def filled_data_dir(tmp_path: Path) -> Path:
     assert report.returncode == 0, report.stdout + report.stderr
     assert "DAMAGED" not in report.stdout
     return data
+
+
+@pytest.fixture(scope="module")
+def filled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One filled data directory per module (a node start, 40 confirmed publishes, kill -9, a check)."""
+    return filled_data_dir(tmp_path_factory.mktemp("filled"))
+
+
+@pytest.fixture
+def filled(filled_template: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the filled data directory, where `restart_and_drain(tmp_path)` starts a node."""
+    shutil.copytree(filled_template, tmp_path / "data")
+    return tmp_path / "data"
 
 
 def first_file(directory: Path, pattern: str) -> Path:
@@ -122,8 +136,8 @@ def restart_and_drain(tmp_path: Path) -> list[bytes]:
         again.stop()
 
 
-def test_salvage_lets_a_node_with_a_damaged_queue_index_start(tmp_path: Path) -> None:
-    data = filled_data_dir(tmp_path)
+def test_salvage_lets_a_node_with_a_damaged_queue_index_start(filled: Path, tmp_path: Path) -> None:
+    data = filled
     qix = first_file(data / "queues", "*.qix")
     flip_middle_record(qix)
 
@@ -144,8 +158,8 @@ def test_salvage_lets_a_node_with_a_damaged_queue_index_start(tmp_path: Path) ->
     assert set(got) <= PUBLISHED and len(set(got)) == len(got)
 
 
-def test_salvage_lets_a_node_with_a_damaged_store_file_start(tmp_path: Path) -> None:
-    data = filled_data_dir(tmp_path)
+def test_salvage_lets_a_node_with_a_damaged_store_file_start(filled: Path, tmp_path: Path) -> None:
+    data = filled
     rdq = first_file(data / "msg_stores", "*.rdq")
     flip_middle_record(rdq)
 
@@ -165,8 +179,8 @@ def test_salvage_lets_a_node_with_a_damaged_store_file_start(tmp_path: Path) -> 
     assert set(got) <= PUBLISHED
 
 
-def test_a_store_message_with_a_bad_checksum_is_never_served(tmp_path: Path) -> None:
-    data = filled_data_dir(tmp_path)
+def test_a_store_message_with_a_bad_checksum_is_never_served(filled: Path, tmp_path: Path) -> None:
+    data = filled
     rdq = first_file(data / "msg_stores", "*.rdq")
     rec = flip_middle_record(rdq, fix_crc=True)  # the record verifies; the message's own crc does not
     (bad,) = [body for body in PUBLISHED if body in rec.payload.tobytes()]  # one large message per record
@@ -190,10 +204,10 @@ def test_a_store_message_with_a_bad_checksum_is_never_served(tmp_path: Path) -> 
     assert set(got) == PUBLISHED - {bad} and len(got) == len(PUBLISHED) - 1
 
 
-def test_a_store_file_with_a_damaged_header_is_set_aside_and_its_messages_lost(tmp_path: Path) -> None:
+def test_a_store_file_with_a_damaged_header_is_set_aside_and_its_messages_lost(filled: Path, tmp_path: Path) -> None:
     """The header holds the seed of every record's checksum: damaged, nothing in the file can be verified.
     The node refuses to start; salvage keeps the file aside and replaces it with an empty one."""
-    data = filled_data_dir(tmp_path)
+    data = filled
     rdq = first_file(data / "msg_stores", "*.rdq")
     raw = bytearray(rdq.read_bytes())
     raw[FILE_HEADER_BYTES - 1] ^= 0x01  # a bit of the seed

@@ -169,10 +169,10 @@ def build_topology(info: ServerInfo, api: Api) -> None:
         ch.queue_bind("orders", "amq.topic", "legacy.#")
 
 
-def test_export_shape_matches_rabbitmq(fresh_mgmt: ServerInfo, fresh_api: Api):
-    api = fresh_api
-    build_topology(fresh_mgmt, api)
-    with connect(fresh_mgmt.amqp_port, vhost="dev") as conn:  # exclusive queues are never exported
+def test_export_shape_matches_rabbitmq(clean_mgmt: ServerInfo, clean_api: Api):
+    api = clean_api
+    build_topology(clean_mgmt, api)
+    with connect(clean_mgmt.amqp_port, vhost="dev") as conn:  # exclusive queues are never exported
         ch = conn.channel()
         ch.queue_declare("mine", exclusive=True)
         ch.queue_bind("mine", "events", "mine")
@@ -220,9 +220,9 @@ def test_export_shape_matches_rabbitmq(fresh_mgmt: ServerInfo, fresh_api: Api):
         ("events", "queue", "scratch", "scratch", {})]
 
 
-def test_vhost_export_shape(fresh_mgmt: ServerInfo, fresh_api: Api):
-    api = fresh_api
-    build_topology(fresh_mgmt, api)
+def test_vhost_export_shape(clean_mgmt: ServerInfo, clean_api: Api):
+    api = clean_api
+    build_topology(clean_mgmt, api)
     doc = export(api, "dev")
     assert list(doc) == VHOST_TOP_KEYS
     assert doc["rabbit_version"] == export(api)["rabbit_version"]
@@ -264,9 +264,9 @@ def without_transient(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def test_export_import_into_fresh_node_and_restart(fresh_mgmt: ServerInfo, fresh_api: Api, tmp_path: Path):
-    build_topology(fresh_mgmt, fresh_api)
-    original = export(fresh_api)
+def test_export_import_into_fresh_node_and_restart(clean_mgmt: ServerInfo, clean_api: Api, tmp_path: Path):
+    build_topology(clean_mgmt, clean_api)
+    original = export(clean_api)
     target = start_server(tmp_path / "b")
     try:
         api = Api(wait_mgmt(target).mgmt_url)
@@ -297,9 +297,9 @@ def test_export_import_into_fresh_node_and_restart(fresh_mgmt: ServerInfo, fresh
         target.stop()
 
 
-def test_vhost_import_into_another_vhost(fresh_mgmt: ServerInfo, fresh_api: Api):
-    api = fresh_api
-    build_topology(fresh_mgmt, api)
+def test_vhost_import_into_another_vhost(clean_mgmt: ServerInfo, clean_api: Api):
+    api = clean_api
+    build_topology(clean_mgmt, api)
     doc = export(api, "dev")
     doc["users"] = [{"name": "ignored", "password": "x", "tags": ""}]  # a per-vhost import ignores these
     assert api.put("/api/vhosts/staging", {}).status == 201
@@ -431,9 +431,9 @@ def test_rabbitmq_310_export_imported_and_users_log_in(fresh_server: ServerInfo,
         again.stop()
 
 
-def test_import_updates_users_permissions_policies_and_keeps_queues(fresh_mgmt: ServerInfo, fresh_api: Api):
-    api = fresh_api
-    build_topology(fresh_mgmt, api)
+def test_import_updates_users_permissions_policies_and_keeps_queues(clean_mgmt: ServerInfo, clean_api: Api):
+    api = clean_api
+    build_topology(clean_mgmt, api)
     doc = {
         "users": [{"name": "alice", "password": "new-pw", "tags": ["administrator"]},
                   {"name": "nopass", "password_hash": rabbit_hash("now-set"), "tags": "",
@@ -448,7 +448,7 @@ def test_import_updates_users_permissions_policies_and_keeps_queues(fresh_mgmt: 
     }
     reply = post_definitions(api, doc)
     assert (reply.status, reply.body) == (204, None)
-    port = fresh_mgmt.amqp_port
+    port = clean_mgmt.amqp_port
     assert not can_login(port, "alice", "alice-pw", "dev") and can_login(port, "alice", "new-pw", "dev")
     assert can_login(port, "nopass", "now-set")
     assert api.ok("/api/users/alice")["tags"] == ["administrator"]
@@ -464,8 +464,8 @@ def test_import_updates_users_permissions_policies_and_keeps_queues(fresh_mgmt: 
     assert not can_login(port, "alice", "new-pw", "dev")
 
 
-def test_new_vhost_gives_importer_full_permissions(fresh_api: Api):
-    api = fresh_api
+def test_new_vhost_gives_importer_full_permissions(clean_api: Api):
+    api = clean_api
     assert post_definitions(api, {"vhosts": [{"name": "v1"}, {"name": "v2"}],
                                   "permissions": [{"user": "guest", "vhost": "v2", "configure": "^x",
                                                    "write": "", "read": ""}]}).status == 204
@@ -792,13 +792,13 @@ RABBITMQADMIN = find_rabbitmqadmin()
 @pytest.mark.skipif(RABBITMQADMIN is None, reason="rabbitmqadmin is not installed (looked under "
                     "/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins/rabbitmq_management-*/priv/www/cli/ "
                     "and on PATH)")
-def test_rabbitmqadmin_export_and_import(fresh_mgmt: ServerInfo, fresh_api: Api, tmp_path: Path):
-    api = fresh_api
-    build_topology(fresh_mgmt, api)
+def test_rabbitmqadmin_export_and_import(clean_mgmt: ServerInfo, clean_api: Api, tmp_path: Path):
+    api = clean_api
+    build_topology(clean_mgmt, api)
 
     def admin(*args: str) -> subprocess.CompletedProcess[str]:
         python = shutil.which("python3") or sys.executable
-        return subprocess.run([python, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P", str(fresh_mgmt.management_port),
+        return subprocess.run([python, str(RABBITMQADMIN), "-H", "127.0.0.1", "-P", str(clean_mgmt.management_port),
                                "-u", "guest", "-p", "guest", *args], capture_output=True, text=True, timeout=60)
 
     everything, dev = tmp_path / "all.json", tmp_path / "dev.json"
@@ -828,8 +828,8 @@ def test_rabbitmqadmin_export_and_import(fresh_mgmt: ServerInfo, fresh_api: Api,
 
 
 
-def test_topic_permissions_round_trip(fresh_api: Api):
-    api = fresh_api
+def test_topic_permissions_round_trip(clean_api: Api):
+    api = clean_api
     body = {"exchange": "amq.topic", "write": "^a\\.", "read": ".*"}
     assert api.put("/api/topic-permissions/%2F/guest", body).status == 201
     doc = api.ok("/api/definitions")

@@ -1,6 +1,6 @@
 """The management HTTP API against a real node: status codes, JSON fields, auth and tags, %2F vhosts.
 
-Tests that change users, vhosts or permissions use `fresh_api` (their own node); the rest share the
+Tests that change users, vhosts or permissions use `clean_api` (their own node); the rest share the
 session node and use unique names.
 """
 
@@ -32,8 +32,8 @@ def add_user(api: Api, name: str, tags: str = "", vhost: str | None = None, perm
 # -- authentication and tags ------------------------------------------------------------------------
 
 
-def test_authentication_and_tags(fresh_api: Api):
-    api = fresh_api
+def test_authentication_and_tags(clean_api: Api):
+    api = clean_api
     anonymous = api.get("/api/overview", auth=False)
     assert anonymous.status == 401
     assert anonymous.headers["WWW-Authenticate"] == 'Basic realm="RabbitMQ Management"'
@@ -61,8 +61,8 @@ def test_authentication_and_tags(fresh_api: Api):
     assert api.call("POST", "/api/overview").status == 405
 
 
-def test_vhost_visibility_by_tag(fresh_api: Api):
-    api = fresh_api
+def test_vhost_visibility_by_tag(clean_api: Api):
+    api = clean_api
     assert api.put("/api/vhosts/team").status == 201
     assert api.put("/api/queues/team/tq").status == 201
     assert api.put("/api/queues/%2F/rootq").status == 201
@@ -88,8 +88,8 @@ def test_vhost_visibility_by_tag(fresh_api: Api):
 # -- users, vhosts, permissions ---------------------------------------------------------------------
 
 
-def test_users(fresh_mgmt, fresh_api: Api):
-    api = fresh_api
+def test_users(clean_mgmt, clean_api: Api):
+    api = clean_api
     assert api.put("/api/users/alice", {"password": "a", "tags": "administrator,monitoring"}).status == 201
     user = api.ok("/api/users/alice")
     assert user["name"] == "alice" and user["tags"] == ["administrator", "monitoring"]
@@ -118,7 +118,7 @@ def test_users(fresh_mgmt, fresh_api: Api):
 
     # deleting a user closes its connections
     api.put("/api/permissions/%2F/alice", {"configure": ".*", "write": ".*", "read": ".*"})
-    conn = connect(fresh_mgmt.amqp_port, "alice", "b")
+    conn = connect(clean_mgmt.amqp_port, "alice", "b")
     assert api.delete("/api/users/alice").status == 204
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.process_data_events(time_limit=5)
@@ -130,8 +130,8 @@ def test_users(fresh_mgmt, fresh_api: Api):
                                           "read": ".*"}]
 
 
-def test_vhosts_and_url_encoding(fresh_mgmt, fresh_api: Api):
-    api = fresh_api
+def test_vhosts_and_url_encoding(clean_mgmt, clean_api: Api):
+    api = clean_api
     root = api.ok("/api/vhosts/%2F")
     assert root["name"] == "/" and root["description"] == "Default virtual host"
     assert root["cluster_state"] == {"test@localhost": "running"} and root["messages"] == 0
@@ -158,7 +158,7 @@ def test_vhosts_and_url_encoding(fresh_mgmt, fresh_api: Api):
     assert api.put("/api/permissions/a%2Fb/guest", {"configure": ".*", "write": ".*", "read": ".*"}).status == 201
     assert api.put("/api/queues/a%2Fb/q1").status == 201
     assert api.ok("/api/queues/a%2Fb/q1")["vhost"] == "a/b"
-    conn = connect(fresh_mgmt.amqp_port, vhost="a/b")
+    conn = connect(clean_mgmt.amqp_port, vhost="a/b")
     assert api.delete("/api/vhosts/a%2Fb").status == 204
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.process_data_events(time_limit=5)
@@ -168,8 +168,8 @@ def test_vhosts_and_url_encoding(fresh_mgmt, fresh_api: Api):
     assert api.get("/api/queues/a%2Fb").status == 404
 
 
-def test_permissions(fresh_api: Api):
-    api = fresh_api
+def test_permissions(clean_api: Api):
+    api = clean_api
     api.put("/api/users/pat", {"password": "p", "tags": ""})
     body = {"configure": "^pat-", "write": ".*", "read": ""}
     assert api.put("/api/permissions/%2F/pat", body).status == 201
@@ -275,8 +275,8 @@ def test_exchanges_and_bindings(mgmt, api: Api):
     assert api.delete(f"/api/queues/%2F/{seg(q)}").status == 204
 
 
-def test_pagination_sorting_columns(fresh_api: Api):
-    api = fresh_api
+def test_pagination_sorting_columns(clean_api: Api):
+    api = clean_api
     api.put("/api/vhosts/pages")
     api.put("/api/permissions/pages/guest", {"configure": ".*", "write": ".*", "read": ".*"})
     for i in range(7):

@@ -4,7 +4,7 @@ per-connection client lists, one channel, users without permissions, bulk delete
 
 Each endpoint is checked for its JSON shape and status codes, 401 without credentials, 401 for tags
 lacking the right (RabbitMQ's code for both), 404 for unknown objects and 400 with a reason for invalid
-bodies. Tests that change users or permissions use `fresh_api` (their own node); the rest share the
+bodies. Tests that change users or permissions use `clean_api` (their own node); the rest share the
 session node and use unique names.
 """
 
@@ -56,8 +56,8 @@ def test_new_endpoints_need_credentials(api: Api, path: str):
     assert reply.headers["WWW-Authenticate"] == 'Basic realm="RabbitMQ Management"'
 
 
-def test_tags_and_rights(fresh_api: Api):
-    api = fresh_api
+def test_tags_and_rights(clean_api: Api):
+    api = clean_api
     manager = add_user(api, "mgr", "management", vhost="/")
     monitor = add_user(api, "mon", "monitoring")
     nobody = add_user(api, "nob", "")
@@ -73,13 +73,13 @@ def test_tags_and_rights(fresh_api: Api):
 # -- cluster name -----------------------------------------------------------------------------------
 
 
-def test_cluster_name(fresh_api: Api, fresh_mgmt):
-    api = fresh_api
+def test_cluster_name(clean_api: Api, clean_mgmt):
+    api = clean_api
     assert api.ok("/api/cluster-name") == {"name": "test@localhost"}
     assert api.call("PUT", "/api/cluster-name", {"name": "blue"}).status == 204
     assert api.ok("/api/cluster-name") == {"name": "blue"}
     assert api.ok("/api/overview")["cluster_name"] == "blue"
-    conn = connect(fresh_mgmt.amqp_port)
+    conn = connect(clean_mgmt.amqp_port)
     try:
         assert conn._impl.server_properties["cluster_name"] == "blue"
     finally:
@@ -179,8 +179,8 @@ def test_binding_create_get_delete_by_properties_key(api: Api):
     assert bad_headers.status == 400
 
 
-def test_binding_needs_amqp_permissions(fresh_api: Api):
-    api = fresh_api
+def test_binding_needs_amqp_permissions(clean_api: Api):
+    api = clean_api
     declare(api, queue="q", exchange="x")
     reader = add_user(api, "reader", "management")
     body = {"configure": "", "write": "", "read": ".*"}
@@ -288,8 +288,8 @@ def test_publish_reject_publish_overflow_and_dead_letter_on_reject(api: Api):
     assert wait_for(lambda: api.ok(f"/api/queues/%2F/{dlq}")["messages"] == 1)
 
 
-def test_publish_and_get_need_permissions(fresh_api: Api):
-    api = fresh_api
+def test_publish_and_get_need_permissions(clean_api: Api):
+    api = clean_api
     declare(api, queue="q")
     writer = add_user(api, "writer", "management")
     assert api.put("/api/permissions/%2F/writer", {"configure": "", "write": ".*", "read": ""}).status == 201
@@ -305,8 +305,8 @@ def test_publish_and_get_need_permissions(fresh_api: Api):
 # -- topic permissions ------------------------------------------------------------------------------
 
 
-def test_topic_permissions(fresh_api: Api, fresh_mgmt):
-    api = fresh_api
+def test_topic_permissions(clean_api: Api, clean_mgmt):
+    api = clean_api
     add_user(api, "tp", "management", vhost="/")
     path = "/api/topic-permissions/%2F/tp"
     assert api.get(path).status == 404
@@ -322,7 +322,7 @@ def test_topic_permissions(fresh_api: Api, fresh_mgmt):
 
     # enforced on publishes to topic exchanges
     conn = pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", fresh_mgmt.amqp_port, "/", pika.PlainCredentials("tp", "pw-tp")))
+        "127.0.0.1", clean_mgmt.amqp_port, "/", pika.PlainCredentials("tp", "pw-tp")))
     try:
         ch = conn.channel()
         ch.queue_declare("tq")
@@ -399,12 +399,12 @@ def test_alarm_health_check_fails_during_an_alarm(tmp_path):
 # -- connections and channels -----------------------------------------------------------------------
 
 
-def test_vhost_and_connection_client_lists(fresh_api: Api, fresh_mgmt):
-    api = fresh_api
+def test_vhost_and_connection_client_lists(clean_api: Api, clean_mgmt):
+    api = clean_api
     assert api.put("/api/vhosts/side").status == 201
     owner = add_user(api, "owner", "management", vhost="side")
-    root = connect(fresh_mgmt.amqp_port)
-    side = connect(fresh_mgmt.amqp_port, "owner", "pw-owner", vhost="side")
+    root = connect(clean_mgmt.amqp_port)
+    side = connect(clean_mgmt.amqp_port, "owner", "pw-owner", vhost="side")
     try:
         root.channel()
         side_ch = side.channel()
@@ -461,8 +461,8 @@ def test_vhost_and_connection_client_lists(fresh_api: Api, fresh_mgmt):
 # -- users ------------------------------------------------------------------------------------------
 
 
-def test_users_without_permissions_and_bulk_delete(fresh_api: Api):
-    api = fresh_api
+def test_users_without_permissions_and_bulk_delete(clean_api: Api):
+    api = clean_api
     add_user(api, "lonely", "")
     add_user(api, "lonely2", "")
     add_user(api, "granted", "", vhost="/")

@@ -40,8 +40,8 @@ def policy_fields(api: Api, name: str, vhost: str = "/") -> tuple:
 # -- the API -------------------------------------------------------------------------------------------
 
 
-def test_policy_crud_and_shapes(fresh_api: Api):
-    api = fresh_api
+def test_policy_crud_and_shapes(clean_api: Api):
+    api = clean_api
     body = {"pattern": "^orders\\.", "definition": {"max-length": 100, "message-ttl": 60000},
             "priority": 3, "apply-to": "queues"}
     assert api.put("/api/policies/%2F/limits", body).status == 201
@@ -95,8 +95,8 @@ def test_invalid_policies_are_400s(api: Api, body, reason):
     assert api.get("/api/policies/%2F/invalid").status == 404
 
 
-def test_operator_policy_keys_and_shapes(fresh_api: Api):
-    api = fresh_api
+def test_operator_policy_keys_and_shapes(clean_api: Api):
+    api = clean_api
     body = {"pattern": "^amq\\.", "definition": {"expires": 1800000, "max-length": 10,
                                                  "overflow": "reject-publish", "delivery-limit": 5,
                                                  "message-ttl": 1, "max-length-bytes": 2},
@@ -113,8 +113,8 @@ def test_operator_policy_keys_and_shapes(fresh_api: Api):
     assert api.get("/api/operator-policies/%2F/guard").body == NOT_FOUND
 
 
-def test_tags_and_vhost_access(fresh_api: Api):
-    api = fresh_api
+def test_tags_and_vhost_access(clean_api: Api):
+    api = clean_api
     assert api.put("/api/vhosts/other", {}).status == 201
     body = {"pattern": ".*", "definition": {"max-length": 5}}
     assert api.put("/api/policies/other/theirs", body).status == 201
@@ -149,8 +149,8 @@ def test_tags_and_vhost_access(fresh_api: Api):
 # -- effects -------------------------------------------------------------------------------------------
 
 
-def test_policies_apply_to_queues_at_once(fresh_mgmt: ServerInfo):
-    api = Api(fresh_mgmt.mgmt_url)
+def test_policies_apply_to_queues_at_once(clean_mgmt: ServerInfo):
+    api = Api(clean_mgmt.mgmt_url)
     for name in ("orders.eu", "orders.us", "other"):
         assert api.put(f"/api/queues/%2F/{name}", {"durable": True}).status == 201
     assert api.put("/api/queues/%2F/orders.capped", {"arguments": {"x-max-length": 500}}).status == 201
@@ -181,7 +181,7 @@ def test_policies_apply_to_queues_at_once(fresh_mgmt: ServerInfo):
     assert queue(api, "orders.capped")["arguments"] == {"x-max-length": 500}  # arguments stay as declared
 
     # a queue declared later gets its policies at declare time, exclusive ones included
-    conn = connect(fresh_mgmt.amqp_port)
+    conn = connect(clean_mgmt.amqp_port)
     ch = conn.channel()
     ch.queue_declare("orders.new.eu", exclusive=True)
     assert policy_fields(api, "orders.new.eu") == ("eu-high", "guard", {"max-length": 200, "message-ttl": 5000})
@@ -196,18 +196,18 @@ def test_policies_apply_to_queues_at_once(fresh_mgmt: ServerInfo):
 
     # hutchctl list_queues shows the policy column
     assert api.put("/api/policies/%2F/orders-low", low).status == 201
-    out = run_ctl(fresh_mgmt, "-q", "list_queues", "name", "policy")
+    out = run_ctl(clean_mgmt, "-q", "list_queues", "name", "policy")
     assert out.returncode == 0, out.stderr
     assert [line.split() for line in out.stdout.splitlines()] == [
         ["name", "policy"], ["orders.capped", "orders-low"], ["orders.eu", "orders-low"],
         ["orders.us", "orders-low"], ["other"]]
 
 
-def test_a_policy_limit_takes_effect_on_messages(fresh_mgmt: ServerInfo):
+def test_a_policy_limit_takes_effect_on_messages(clean_mgmt: ServerInfo):
     """max-length from a policy, enforced by the classic queue (drop-head) as soon as it is set, and
     capped further by an operator policy below the client's x-max-length."""
-    api = Api(fresh_mgmt.mgmt_url)
-    conn = connect(fresh_mgmt.amqp_port)
+    api = Api(clean_mgmt.mgmt_url)
+    conn = connect(clean_mgmt.amqp_port)
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("capped")
@@ -231,9 +231,9 @@ def _publish_and_get(ch, exchange: str, routing_key: str, queue_name: str) -> by
     return body if method is not None else None
 
 
-def test_alternate_exchange_from_a_policy(fresh_mgmt: ServerInfo):
-    api = Api(fresh_mgmt.mgmt_url)
-    conn = connect(fresh_mgmt.amqp_port)
+def test_alternate_exchange_from_a_policy(clean_mgmt: ServerInfo):
+    api = Api(clean_mgmt.mgmt_url)
+    conn = connect(clean_mgmt.amqp_port)
     ch = conn.channel()
     ch.confirm_delivery()
     ch.exchange_declare("ae", "fanout")
@@ -289,8 +289,8 @@ def fails(info, code: int, *args: str) -> str:
     return proc.stderr.rstrip("\n")
 
 
-def test_hutchctl_policy_commands(fresh_mgmt: ServerInfo):
-    s = fresh_mgmt
+def test_hutchctl_policy_commands(clean_mgmt: ServerInfo):
+    s = clean_mgmt
     assert ok(s, "set_policy", "--priority", "2", "--apply-to", "queues", "limits", "^orders\\.",
               '{"max-length": 100}') == (
         'Setting policy "limits" for pattern "^orders\\." to "{"max-length": 100}" with priority "2" '
@@ -361,8 +361,8 @@ def test_hutchctl_policy_commands(fresh_mgmt: ServerInfo):
 # -- vhosts and persistence ----------------------------------------------------------------------------
 
 
-def test_deleting_a_vhost_deletes_its_policies(fresh_api: Api):
-    api = fresh_api
+def test_deleting_a_vhost_deletes_its_policies(clean_api: Api):
+    api = clean_api
     assert api.put("/api/vhosts/tmp", {}).status == 201
     assert api.put("/api/policies/tmp/p", {"pattern": ".*", "definition": {"max-length": 1}}).status == 201
     assert api.put("/api/operator-policies/tmp/o", {"pattern": ".*", "definition": {"max-length": 1}}).status == 201

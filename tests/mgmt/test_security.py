@@ -334,8 +334,8 @@ def test_deeply_nested_json_is_a_400(api: Api):
 # -- 6. per-object metrics ----------------------------------------------------------------------------
 
 
-def test_per_object_metrics_need_a_monitoring_login(fresh_mgmt: ServerInfo):
-    base = fresh_mgmt.mgmt_url
+def test_per_object_metrics_need_a_monitoring_login(clean_mgmt: ServerInfo):
+    base = clean_mgmt.mgmt_url
     api = Api(base)
     secret_queue = unique("secret-queue")
     assert api.put(f"/api/queues/%2F/{secret_queue}", {"durable": False}).status == 201

@@ -208,9 +208,9 @@ def test_update_secret_with_any_secret_is_accepted_pika(fresh_mgmt: ServerInfo) 
     assert "user 'guest' updated secret, reason: token refresh" in fresh_mgmt.log()
 
 
-def test_update_secret_aio_pika(fresh_mgmt: ServerInfo) -> None:
+def test_update_secret_aio_pika(clean_mgmt: ServerInfo) -> None:
     async def scenario() -> None:
-        connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{fresh_mgmt.amqp_port}/")
+        connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{clean_mgmt.amqp_port}/")
         try:
             await connection.update_secret("other-secret", reason="rotate", timeout=5)
             channel = await connection.channel()
@@ -222,12 +222,12 @@ def test_update_secret_aio_pika(fresh_mgmt: ServerInfo) -> None:
     asyncio.run(scenario())
 
 
-def test_update_secret_after_vhost_access_revoked_is_530(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
-    assert fresh_api.put("/api/users/rotating", {"password": "pw", "tags": ""}).status == 201
-    assert fresh_api.put("/api/permissions/%2F/rotating", {"configure": ".*", "write": ".*", "read": ".*"}
+def test_update_secret_after_vhost_access_revoked_is_530(clean_api: Api, clean_mgmt: ServerInfo) -> None:
+    assert clean_api.put("/api/users/rotating", {"password": "pw", "tags": ""}).status == 201
+    assert clean_api.put("/api/permissions/%2F/rotating", {"configure": ".*", "write": ".*", "read": ".*"}
                          ).status in (201, 204)
-    conn = connect(fresh_mgmt.amqp_port, "rotating", "pw")
-    assert fresh_api.delete("/api/permissions/%2F/rotating").status == 204
+    conn = connect(clean_mgmt.amqp_port, "rotating", "pw")
+    assert clean_api.delete("/api/permissions/%2F/rotating").status == 204
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
         conn.update_secret("pw", "refresh")
     assert closed.value.reply_code == 530

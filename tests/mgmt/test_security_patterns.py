@@ -24,13 +24,13 @@ CATASTROPHIC = "(.*.*)*(.*.*)*#"  # Python's re: ~2 s on a 12-character name wit
 LOOKAHEAD = "^(?!amq\\.).*"  # valid PCRE (RabbitMQ's docs use it), refused by RE2
 
 
-def test_catastrophic_policy_pattern_does_not_stall_other_clients(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
-    reply = fresh_api.put("/api/policies/%2F/slow", {"pattern": CATASTROPHIC, "apply-to": "queues",
+def test_catastrophic_policy_pattern_does_not_stall_other_clients(clean_api: Api, clean_mgmt: ServerInfo) -> None:
+    reply = clean_api.put("/api/policies/%2F/slow", {"pattern": CATASTROPHIC, "apply-to": "queues",
                                                      "definition": {"max-length": 10}})
     assert reply.status in (201, 204), reply.body
-    with StallProbe(fresh_mgmt.amqp_port, interval_s=0.01) as prober:
+    with StallProbe(clean_mgmt.amqp_port, interval_s=0.01) as prober:
         time.sleep(0.2)
-        conn = connect(fresh_mgmt.amqp_port)
+        conn = connect(clean_mgmt.amqp_port)
         started = time.monotonic()
         conn.channel().queue_declare("a" * 12)  # no '#': the backtracking engine tries every split
         declare_s = time.monotonic() - started
@@ -40,11 +40,11 @@ def test_catastrophic_policy_pattern_does_not_stall_other_clients(fresh_api: Api
     assert declare_s < 1.0, declare_s
     assert prober.longest_s < 1.0, f"a second client waited {prober.longest_s:.2f} s for one round trip"
     # the policy still applies (RE2 matches the same language): a name with '#' gets it
-    conn = connect(fresh_mgmt.amqp_port)
+    conn = connect(clean_mgmt.amqp_port)
     conn.channel().queue_declare("with#hash")
     conn.close()
-    assert fresh_api.ok("/api/queues/%2F/with%23hash")["policy"] == "slow"
-    assert fresh_api.ok("/api/queues/%2F/" + "a" * 12).get("policy") is None
+    assert clean_api.ok("/api/queues/%2F/with%23hash")["policy"] == "slow"
+    assert clean_api.ok("/api/queues/%2F/" + "a" * 12).get("policy") is None
 
 
 @pytest.mark.parametrize("path", ["/api/policies/%2F/ahead", "/api/operator-policies/%2F/ahead"])
@@ -79,14 +79,14 @@ def test_definitions_import_with_lookahead_is_400(api: Api) -> None:
     assert "is not a valid regular expression" in reply.body["reason"]
 
 
-def test_topic_permission_is_matched_by_re2(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_topic_permission_is_matched_by_re2(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     user = "topic-user"
-    assert fresh_api.put(f"/api/users/{user}", {"password": "pw", "tags": ""}).status == 201
-    assert fresh_api.put(f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"}).status \
+    assert clean_api.put(f"/api/users/{user}", {"password": "pw", "tags": ""}).status == 201
+    assert clean_api.put(f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"}).status \
         in (201, 204)
-    assert fresh_api.put(f"/api/topic-permissions/%2F/{user}",
+    assert clean_api.put(f"/api/topic-permissions/%2F/{user}",
                          {"exchange": "amq.topic", "write": CATASTROPHIC, "read": ".*"}).status in (201, 204)
-    conn = connect(fresh_mgmt.amqp_port, user, "pw")
+    conn = connect(clean_mgmt.amqp_port, user, "pw")
     ch = conn.channel()
     ch.confirm_delivery()
     started = time.monotonic()

@@ -92,15 +92,15 @@ def _listing(info: ServerInfo, vhost: str, pattern: str, user: str) -> tuple[int
         conn.close()
 
 
-def test_listing_regex_at_scale_is_capped_and_matched_off_the_loop(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_listing_regex_at_scale_is_capped_and_matched_off_the_loop(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     """Issue 21 item 1: a management user's 4,091-character alternation over 100 queues of 254-character
     names answered 200 after 12.6 s with the loop stalled as long. Now it is a 400 at once; the costliest
     pattern under the caps (~2,000 RE2 instructions) is matched off the loop: stall 0.87 s here before, none
     measurable now (docs/security.md)."""
-    vhost, names = _vhost_with_queues(fresh_api, fresh_mgmt, "lister", "management")
-    with StallProbe(fresh_mgmt.amqp_port) as probe:
-        huge_status, huge = _listing(fresh_mgmt, vhost, HUGE, "lister")
-        capped_status, capped = _listing(fresh_mgmt, vhost, f"^007|^042|{CAPPED}", "lister")
+    vhost, names = _vhost_with_queues(clean_api, clean_mgmt, "lister", "management")
+    with StallProbe(clean_mgmt.amqp_port) as probe:
+        huge_status, huge = _listing(clean_mgmt, vhost, HUGE, "lister")
+        capped_status, capped = _listing(clean_mgmt, vhost, f"^007|^042|{CAPPED}", "lister")
     assert huge_status == 400, huge_status
     assert "longer than 1024 characters" in huge["reason"]
     assert capped_status == 200, capped
@@ -109,13 +109,13 @@ def test_listing_regex_at_scale_is_capped_and_matched_off_the_loop(fresh_api: Ap
     assert probe.longest_s < 1.0, f"AMQP round trips stalled {probe.longest_s:.2f} s"
 
 
-def test_policy_pattern_at_scale_is_capped_and_applied_in_slices(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_policy_pattern_at_scale_is_capped_and_applied_in_slices(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     """Issue 21 item 1: a policymaker confined to one vhost set a 4,091-character pattern over 100 queues
     of 254-character names: an 11.3 s stall of every vhost. Now 400 at once; the costliest pattern under
     the caps is applied in 20 ms slices (and each (pattern, name) result is cached)."""
-    vhost, names = _vhost_with_queues(fresh_api, fresh_mgmt, "maker", "policymaker")
-    maker = fresh_api.as_user("maker", "pw")
-    with StallProbe(fresh_mgmt.amqp_port) as probe:
+    vhost, names = _vhost_with_queues(clean_api, clean_mgmt, "maker", "policymaker")
+    maker = clean_api.as_user("maker", "pw")
+    with StallProbe(clean_mgmt.amqp_port) as probe:
         huge = maker.put(f"/api/policies/{seg(vhost)}/huge", {"pattern": HUGE, "apply-to": "queues",
                                                                "definition": {"max-length": 10}})
         capped = maker.put(f"/api/policies/{seg(vhost)}/capped", {
@@ -129,27 +129,27 @@ def test_policy_pattern_at_scale_is_capped_and_applied_in_slices(fresh_api: Api,
     assert probe.longest_s < 1.0, f"AMQP round trips stalled {probe.longest_s:.2f} s"
 
     def applied() -> dict[str, str | None]:  # the last slices may still be running, as on RabbitMQ
-        return {q["name"]: q.get("policy") for q in fresh_api.ok(f"/api/queues/{seg(vhost)}")}
+        return {q["name"]: q.get("policy") for q in clean_api.ok(f"/api/queues/{seg(vhost)}")}
 
     assert wait_for(lambda: applied()[names[42]] == "capped" and applied()[names[7]] is None, 30)
     assert sum(1 for p in applied().values() if p) == 1
 
 
-def test_topic_permission_result_is_cached_per_routing_key(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_topic_permission_result_is_cached_per_routing_key(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     """Issue 21 item 1: an administrator's large topic-permission pattern cost ~50 ms per publish (a
     4,091-character one; 2.5 s for 50 publishes sent at once). Now the pattern is refused over 1,024
     characters, and a capped one's result is cached per (pattern, routing key): one search, then lookups."""
-    assert fresh_api.put("/api/users/topics", {"password": "pw", "tags": ""}).status == 201
-    assert fresh_api.put("/api/permissions/%2F/topics", {"configure": ".*", "write": ".*", "read": ".*"}
+    assert clean_api.put("/api/users/topics", {"password": "pw", "tags": ""}).status == 201
+    assert clean_api.put("/api/permissions/%2F/topics", {"configure": ".*", "write": ".*", "read": ".*"}
                          ).status in (201, 204)
-    huge = fresh_api.put("/api/topic-permissions/%2F/topics", {"exchange": "amq.topic", "write": HUGE, "read": ".*"})
+    huge = clean_api.put("/api/topic-permissions/%2F/topics", {"exchange": "amq.topic", "write": HUGE, "read": ".*"})
     assert huge.status == 400 and "longer than 1024 characters" in huge.body["reason"]
-    assert fresh_api.put("/api/topic-permissions/%2F/topics", {
+    assert clean_api.put("/api/topic-permissions/%2F/topics", {
         "exchange": "amq.topic", "write": f"^ok\\.|{CAPPED}", "read": ".*"}).status in (201, 204)
-    conn = connect(fresh_mgmt.amqp_port, "topics", "pw")
+    conn = connect(clean_mgmt.amqp_port, "topics", "pw")
     ch = conn.channel()
     key = "ok." + "k" * 250
-    with StallProbe(fresh_mgmt.amqp_port) as probe:
+    with StallProbe(clean_mgmt.amqp_port) as probe:
         for _ in range(50):
             ch.basic_publish("amq.topic", key, b"x")
         ch.queue_declare(unique("sync"), exclusive=True)  # a round trip: every publish was handled
@@ -180,17 +180,17 @@ def _put(info: ServerInfo, path: str, body: bytes, user: str = "guest", password
         conn.close()
 
 
-def test_big_json_bodies_take_turns_and_do_not_stall_the_loop(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_big_json_bodies_take_turns_and_do_not_stall_the_loop(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     """Issue 21 item 6: one 19.9 MB PUT by a management user stalled the loop 1.4 s (RSS 96 -> 657 MB),
     four in parallel 2.4 s (1.72 GB). Now bodies are decoded with orjson with the cycle collector paused
     and large ones take turns: measured stalls in docs/security.md."""
     body = _big_body()
     assert len(body) < 20 * 1024 * 1024
-    with StallProbe(fresh_mgmt.amqp_port) as one:
-        assert _put(fresh_mgmt, "/api/queues/%2F/big-0", body) == 201
+    with StallProbe(clean_mgmt.amqp_port) as one:
+        assert _put(clean_mgmt, "/api/queues/%2F/big-0", body) == 201
     statuses: list[int] = []
-    with StallProbe(fresh_mgmt.amqp_port) as four:
-        threads = [threading.Thread(target=lambda n=n: statuses.append(_put(fresh_mgmt, f"/api/queues/%2F/big-{n}",
+    with StallProbe(clean_mgmt.amqp_port) as four:
+        threads = [threading.Thread(target=lambda n=n: statuses.append(_put(clean_mgmt, f"/api/queues/%2F/big-{n}",
                                                                             body)))
                    for n in range(1, 5)]
         for t in threads:
@@ -203,16 +203,16 @@ def test_big_json_bodies_take_turns_and_do_not_stall_the_loop(fresh_api: Api, fr
     assert four.longest_s < 1.5, f"four bodies: AMQP round trips stalled {four.longest_s:.2f} s"
 
 
-def test_a_non_administrators_body_is_capped(fresh_api: Api, fresh_mgmt: ServerInfo) -> None:
+def test_a_non_administrators_body_is_capped(clean_api: Api, clean_mgmt: ServerInfo) -> None:
     """Issue 21 item 6: a management user could send 20 MB bodies (the administrators' limit). Now a user
     without the administrator tag may send at most 1 MiB (`management.http.non_admin_max_body_size`): 413
     before the body is read; an administrator's body of the same size is accepted."""
-    assert fresh_api.put("/api/users/manager", {"password": "pw", "tags": "management"}).status == 201
-    assert fresh_api.put("/api/permissions/%2F/manager", {"configure": ".*", "write": ".*", "read": ".*"}
+    assert clean_api.put("/api/users/manager", {"password": "pw", "tags": "management"}).status == 201
+    assert clean_api.put("/api/permissions/%2F/manager", {"configure": ".*", "write": ".*", "read": ".*"}
                          ).status in (201, 204)
     body = _big_body(2_000_000)
-    assert _put(fresh_mgmt, "/api/queues/%2F/from-manager", body, "manager", "pw") in (413, -1)
-    conn = http.client.HTTPConnection("127.0.0.1", fresh_mgmt.management_port, timeout=30)
+    assert _put(clean_mgmt, "/api/queues/%2F/from-manager", body, "manager", "pw") in (413, -1)
+    conn = http.client.HTTPConnection("127.0.0.1", clean_mgmt.management_port, timeout=30)
     try:  # the reply names the limit (sent with its length announced, before the body)
         token = base64.b64encode(b"manager:pw").decode()
         conn.putrequest("PUT", "/api/queues/%2F/from-manager")
@@ -226,5 +226,5 @@ def test_a_non_administrators_body_is_capped(fresh_api: Api, fresh_mgmt: ServerI
     finally:
         conn.close()
     small = json.dumps({"durable": False}).encode()
-    assert _put(fresh_mgmt, "/api/queues/%2F/from-manager", small, "manager", "pw") == 201
-    assert _put(fresh_mgmt, "/api/queues/%2F/from-admin", body) == 201
+    assert _put(clean_mgmt, "/api/queues/%2F/from-manager", small, "manager", "pw") == 201
+    assert _put(clean_mgmt, "/api/queues/%2F/from-admin", body) == 201

@@ -70,15 +70,15 @@ def test_definitions_import_creates_a_stream(mgmt: ServerInfo, api: Api) -> None
     api.delete(f"/api/queues/%2F/{name}")
 
 
-def test_definitions_round_trip_a_stream_with_its_arguments_and_policy(fresh_mgmt: ServerInfo,
-                                                                        fresh_api: Api) -> None:
+def test_definitions_round_trip_a_stream_with_its_arguments_and_policy(clean_mgmt: ServerInfo,
+                                                                        clean_api: Api) -> None:
     """Export a stream (every stream argument) and a streams policy, delete both, import the export: the
     same stream comes back, with its arguments, its policy applied, and it takes messages again."""
-    api, name = fresh_api, unique("s")
+    api, name = clean_api, unique("s")
     arguments = {"x-queue-type": "stream", "x-max-age": "2D", "x-max-length-bytes": 5_000_000,
                  "x-stream-max-segment-size-bytes": 100_000, "x-stream-filter-size-bytes": 32,
                  "x-initial-cluster-size": 1, "x-queue-leader-locator": "client-local"}
-    conn = connect(fresh_mgmt.amqp_port)
+    conn = connect(clean_mgmt.amqp_port)
     conn.channel().queue_declare(name, durable=True, arguments=arguments)
     conn.close()
     policy = {"pattern": f"^{name}$", "apply-to": "streams", "definition": {"stream-max-segment-size-bytes": 50_000}}
@@ -93,7 +93,7 @@ def test_definitions_round_trip_a_stream_with_its_arguments_and_policy(fresh_mgm
     back = api.ok(f"/api/queues/%2F/{name}")
     assert (back["type"], back["arguments"], back["policy"]) == ("stream", arguments, f"p-{name}")
     assert back["effective_policy_definition"] == {"stream-max-segment-size-bytes": 50_000}
-    _publish(fresh_mgmt, name, 3, **{k: v for k, v in arguments.items() if k != "x-queue-type"})
+    _publish(clean_mgmt, name, 3, **{k: v for k, v in arguments.items() if k != "x-queue-type"})
     assert wait_for(lambda: api.ok(f"/api/queues/%2F/{name}")["messages"] == 3)
     again = api.ok("/api/definitions")
     assert [x for x in again["queues"] if x["name"] == name] == [q]

@@ -72,6 +72,15 @@ def test_units_go_costliest_first_unknown_ones_at_their_directorys_mean() -> Non
     assert order_units(units, {}) == units  # all equal: collection order
 
 
+def test_a_workers_copy_is_a_unit_of_its_own_at_its_originals_cost() -> None:
+    copy = "tests/interop/test_b.py[workers2]"
+    assert group_of(f"{copy}::test_1[p-1]") == copy != group_of("tests/interop/test_b.py::test_1[p-1]")
+    costs = {"tests/interop/test_b.py": 40.0, "tests/interop/x.py": 2.0, "tests/interop/y.py": 4.0}
+    # the copy unknown to the table: its original's 40 s, not tests/interop's mean (15.3 s)
+    assert order_units(["tests/interop/z.py", copy], costs) == [copy, "tests/interop/z.py"]
+    assert order_units([copy, "tests/interop/test_b.py"], {**costs, copy: 50.0})[0] == copy  # measured: its own
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_every_test_runs_once_and_a_unit_stays_on_one_worker_in_file_order(workers: int) -> None:
     nodes = _run({"tests/browser/test_c.py": 30.0, "spark": 20.0}, workers)
@@ -97,4 +106,5 @@ def test_the_committed_table_names_units_of_this_suite() -> None:
     costs = load_costs()
     assert costs, "tests/durations.json is missing or empty: `make test-durations` writes it"
     assert "spark" in costs and all(v >= 0 for v in costs.values())
-    assert all(name == "spark" or name.startswith("tests/") and name.endswith(".py") for name in costs)
+    assert all(name == "spark" or name.startswith("tests/") and name.removesuffix("[workers2]").endswith(".py")
+               for name in costs)
