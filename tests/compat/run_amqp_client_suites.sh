@@ -4,7 +4,7 @@
 # RabbitMQ's fixed ports.
 #
 #   tests/compat/run_amqp_client_suites.sh SUITE BROKER
-#     SUITE   pika | pika-tls | aiormq | aio-pika | kombu | py-amqp
+#     SUITE   pika | pika-tls | aiormq | aio-pika | kombu | py-amqp | celery
 #     BROKER  rabbitmq  the broker already listening on localhost 5672 (guest/guest), used read-only
 #             hutch     a fresh hutch node in a private network namespace (`unshare -n`, needs root) on
 #                       5672 (and 5671 with TLS where the suite's CI has it), throw-away data directory
@@ -16,6 +16,7 @@
 #   AIO_PIKA_GIT   [https://github.com/mosquito/aio-pika]      AIO_PIKA_REF [9.6.0]
 #   KOMBU_GIT      [https://github.com/celery/kombu]           KOMBU_REF    [v5.6.2]
 #   PY_AMQP_GIT    [https://github.com/celery/py-amqp]         PY_AMQP_REF  [v5.3.1]
+#   CELERY_GIT     [https://github.com/celery/celery]          CELERY_REF   [v5.6.3]
 #   HUTCH_SERVER   the hutch-server to run [the worktree's .venv/bin/hutch-server]
 #   HUTCH_WORKERS  the node's --workers [2]
 #   PYTEST_ARGS    extra arguments for the suite (e.g. -k NAME)
@@ -24,8 +25,8 @@
 # $WORK/SUITE-hutch-wN.log (the node's own log beside it). The helpers are tests/compat/lib.sh's.
 set -euo pipefail
 
-suite=${1:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp rabbitmq|hutch}
-broker=${2:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp rabbitmq|hutch}
+suite=${1:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery rabbitmq|hutch}
+broker=${2:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery rabbitmq|hutch}
 WORK=${WORK:-/tmp/hutch-amqp-client-suites}
 PIKA_GIT=${PIKA_GIT:-https://github.com/pika/pika}
 PIKA_REF=${PIKA_REF:-1.4.4}
@@ -37,9 +38,11 @@ KOMBU_GIT=${KOMBU_GIT:-https://github.com/celery/kombu}
 KOMBU_REF=${KOMBU_REF:-v5.6.2}
 PY_AMQP_GIT=${PY_AMQP_GIT:-https://github.com/celery/py-amqp}
 PY_AMQP_REF=${PY_AMQP_REF:-v5.3.1}
+CELERY_GIT=${CELERY_GIT:-https://github.com/celery/celery}
+CELERY_REF=${CELERY_REF:-v5.6.3}
 HUTCH_WORKERS=${HUTCH_WORKERS:-2}
 export WORK PIKA_GIT PIKA_REF AIORMQ_GIT AIORMQ_REF AIO_PIKA_GIT AIO_PIKA_REF KOMBU_GIT KOMBU_REF \
-    PY_AMQP_GIT PY_AMQP_REF HUTCH_WORKERS
+    PY_AMQP_GIT PY_AMQP_REF CELERY_GIT CELERY_REF HUTCH_WORKERS
 # shellcheck source=tests/compat/lib.sh
 . "$(dirname "$0")/lib.sh"
 compat_dir=$compat_here/tests/compat
@@ -70,6 +73,13 @@ prepare() {
         checkout "$WORK/py-amqp" "$PY_AMQP_GIT" "$PY_AMQP_REF"
         venv kombu -e "$WORK/py-amqp" -e "$WORK/kombu" -r "$WORK/kombu/requirements/test.txt" \
             -r "$WORK/kombu/requirements/test-integration.txt" ;;
+    celery)  # on kombu and py-amqp from their checkouts; its integration requirements but the backends'
+        checkout "$WORK/celery" "$CELERY_GIT" "$CELERY_REF"
+        checkout "$WORK/kombu" "$KOMBU_GIT" "$KOMBU_REF"
+        checkout "$WORK/py-amqp" "$PY_AMQP_GIT" "$PY_AMQP_REF"
+        venv celery -e "$WORK/py-amqp" -e "$WORK/kombu" -e "$WORK/celery" pytest==8.4.2 pytest-celery \
+            pytest-rerunfailures pytest-subtests pytest-timeout==2.4.0 pytest-click==1.1.0 pytest-order==1.3.0 \
+            redis requests pydantic cryptography ;;
     py-amqp)
         checkout "$WORK/py-amqp" "$PY_AMQP_GIT" "$PY_AMQP_REF"
         venv py-amqp -e "$WORK/py-amqp" -r "$WORK/py-amqp/requirements/test.txt" \
@@ -95,6 +105,10 @@ run_suite() {
     kombu)  # tox's integration-py-amqp without -x (to count), on 2 processes, its py-amqp module only
         cd "$WORK/kombu" && "$py" -m pytest -p no:cacheprovider -q -rfE -E py-amqp \
             t/integration/test_py_amqp.py -n 2 --reruns 2 --reruns-delay 1 ${PYTEST_ARGS:-} ;;
+    celery)  # tox's integration-rabbitmq (broker pyamqp://, backend rpc), without -x, 2 min a test; not
+        # test_backend.py: the Azure Block Blob result backend, no broker
+        cd "$WORK/celery" && TEST_BROKER=pyamqp:// TEST_BACKEND=rpc "$py" -m pytest -p no:cacheprovider -q -rfE \
+            --timeout 120 t/integration --ignore t/integration/test_backend.py ${PYTEST_ARGS:-} ;;
     py-amqp)  # tox's integration-rabbitmq, without -x
         cd "$WORK/py-amqp" && "$py" -m pytest -p no:cacheprovider -q -rfE -E rabbitmq t/integration -n 2 \
             ${PYTEST_ARGS:-} ;;
