@@ -37,7 +37,7 @@ in_namespace() {  # runs inside `unshare -n`: a hutch node on the suites' ports,
         --amqp-port 5672 --stream-port 5552 --management-port 15672 --no-cluster \
         --workers "$HUTCH_WORKERS" --log-level warning >"$data/server.log" 2>&1 &
     pid=$!
-    trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$data"' EXIT
+    trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$data"' EXIT  # errexit holds in traps
     for _ in $(seq 150); do [ -s "$data/ports.json" ] && break; sleep 0.2; done
     [ -s "$data/ports.json" ] || { cat "$data/server.log" >&2; exit 1; }
     if declare -F hutch_ready >/dev/null; then hutch_ready; fi
