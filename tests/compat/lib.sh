@@ -9,7 +9,9 @@
 # BROKER is `rabbitmq` (the broker already on the host's ports, read-only use) or `hutch` (a fresh hutch
 # node in a private network namespace, `unshare -n`, needs root, so that it takes the suites' ports
 # without touching the host's, on a throw-away data directory). HUTCH_WORKERS sets the node's
-# `--workers` (the runner gives the default); HUTCH_SERVER the hutch-server to run; HUTCH_CONF_EXTRA
+# `--workers` (the runner gives the default); HUTCH_NODE_ARGS more of its flags (the stream runner's
+# `--no-cluster`; without it the node is a cluster of one, as `hutch-server` starts by default, which quorum
+# queues need under one worker); HUTCH_SERVER the hutch-server to run; HUTCH_CONF_EXTRA
 # lines added to the node's config file (e.g. `max_message_size = 134217728`); LOG_TAG a suffix for the
 # log's name (for a run with PYTEST_ARGS or HUTCH_CONF_EXTRA).
 
@@ -34,7 +36,7 @@ in_namespace() {  # runs inside `unshare -n`: a hutch node on the suites' ports,
     if declare -F hutch_config >/dev/null; then hutch_config >"$data/hutch.conf"; else : >"$data/hutch.conf"; fi
     if [ -n "${HUTCH_CONF_EXTRA:-}" ]; then printf '%s\n' "$HUTCH_CONF_EXTRA" >>"$data/hutch.conf"; fi
     "$HUTCH_SERVER" --config "$data/hutch.conf" --data-dir "$data" --node-name hutch@localhost \
-        --amqp-port 5672 --stream-port 5552 --management-port 15672 --no-cluster \
+        --amqp-port 5672 --stream-port 5552 --management-port 15672 ${HUTCH_NODE_ARGS:-} \
         --workers "$HUTCH_WORKERS" --log-level warning >"$data/server.log" 2>&1 &
     pid=$!
     trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$data"' EXIT  # errexit holds in traps

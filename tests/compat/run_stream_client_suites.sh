@@ -32,7 +32,8 @@ RSTREAM_REF=${RSTREAM_REF:-v1.0.1}
 JS_GIT=${JS_GIT:-https://github.com/rabbitmq/rabbitmq-stream-js-client}
 JS_REF=${JS_REF:-v0.6.2}
 HUTCH_WORKERS=${HUTCH_WORKERS:-1}
-export WORK RSTREAM_GIT RSTREAM_REF JS_GIT JS_REF HUTCH_WORKERS
+HUTCH_NODE_ARGS=${HUTCH_NODE_ARGS---no-cluster}
+export WORK RSTREAM_GIT RSTREAM_REF JS_GIT JS_REF HUTCH_WORKERS HUTCH_NODE_ARGS
 # shellcheck source=tests/compat/lib.sh
 . "$(dirname "$0")/lib.sh"
 
