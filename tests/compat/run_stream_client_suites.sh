@@ -17,27 +17,25 @@
 #   JS_GIT       rabbitmq-stream-js-client's repository [https://github.com/rabbitmq/rabbitmq-stream-js-client]
 #   JS_REF       [v0.6.2]
 #   HUTCH_SERVER the hutch-server to run [the worktree's .venv/bin/hutch-server]
+#   HUTCH_WORKERS the node's --workers [1]
 #   PYTEST_ARGS / MOCHA_ARGS  extra arguments for the suite (e.g. -k NAME / --grep NAME)
 #
-# The summary line of the suite is printed last; the whole log is in $WORK/SUITE-BROKER.log.
+# The summary line of the suite is printed last; the whole log is in $WORK/SUITE-rabbitmq.log or
+# $WORK/SUITE-hutch-wN.log (the node's own log beside it). The helpers are tests/compat/lib.sh's.
 set -euo pipefail
 
 suite=${1:?usage: $0 rstream|js rabbitmq|hutch}
 broker=${2:?usage: $0 rstream|js rabbitmq|hutch}
-here=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/hutch-stream-client-suites}
 RSTREAM_GIT=${RSTREAM_GIT:-https://github.com/rabbitmq-community/rstream}
 RSTREAM_REF=${RSTREAM_REF:-v1.0.1}
 JS_GIT=${JS_GIT:-https://github.com/rabbitmq/rabbitmq-stream-js-client}
 JS_REF=${JS_REF:-v0.6.2}
-HUTCH_SERVER=${HUTCH_SERVER:-$here/.venv/bin/hutch-server}
-export WORK RSTREAM_GIT RSTREAM_REF JS_GIT JS_REF HUTCH_SERVER
-mkdir -p "$WORK"
-
-checkout() {  # checkout DIR GIT REF
-    if [ ! -d "$1/.git" ]; then git clone -q "$2" "$1"; fi
-    git -C "$1" checkout -q "$3"
-}
+HUTCH_WORKERS=${HUTCH_WORKERS:-1}
+HUTCH_NODE_ARGS=${HUTCH_NODE_ARGS---no-cluster}
+export WORK RSTREAM_GIT RSTREAM_REF JS_GIT JS_REF HUTCH_WORKERS HUTCH_NODE_ARGS
+# shellcheck source=tests/compat/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 prepare() {
     case $suite in
@@ -69,37 +67,16 @@ run_suite() {
     esac
 }
 
-in_namespace() {  # runs inside `unshare -n`: a hutch node on the suites' ports, then the suite
-    ip link set lo up
-    data=$(mktemp -d "$WORK/hutch-data.XXXXXX")
+hutch_config() {
     # As rabbitmq-stream-js-client's CI runs RabbitMQ: the node's host is the host its clients are told
     # to use (rstream's test_query_leader wants the address it connected to: hutch's default).
-    : >"$data/hutch.conf"
-    if [ "$suite" = js ]; then printf 'stream.advertised_host = localhost\n' >"$data/hutch.conf"; fi
-    "$HUTCH_SERVER" --config "$data/hutch.conf" --data-dir "$data" --node-name hutch@localhost \
-        --amqp-port 5672 --stream-port 5552 --management-port 15672 --no-cluster --workers 1 --log-level warning \
-        >"$data/server.log" 2>&1 &
-    pid=$!
-    trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$data"' EXIT
-    for _ in $(seq 100); do [ -s "$data/ports.json" ] && break; sleep 0.2; done
-    [ -s "$data/ports.json" ] || { cat "$data/server.log" >&2; exit 1; }
+    if [ "$suite" = js ]; then printf 'stream.advertised_host = localhost\n'; fi
+}
+
+hutch_ready() {
     if [ "$suite" = js ]; then  # their CI creates it before the run (rabbitmq-streams add_super_stream)
         "$(dirname "$HUTCH_SERVER")/hutch-streams" --port 5552 add_super_stream super-stream-test --partitions 2
     fi
-    rc=0; run_suite || rc=$?
-    cp "$data/server.log" "$WORK/$suite-hutch.server.log"
-    return $rc
 }
 
-if [ "${_IN_NAMESPACE:-}" = 1 ]; then in_namespace; exit $?; fi
-
-prepare
-log="$WORK/$suite-$broker.log"
-rc=0
-case $broker in
-rabbitmq) (run_suite) >"$log" 2>&1 || rc=$? ;;
-hutch) _IN_NAMESPACE=1 unshare -n "$0" "$suite" "$broker" >"$log" 2>&1 || rc=$? ;;
-*) echo "unknown broker $broker" >&2; exit 2 ;;
-esac
-grep -E "passed|failed|passing|failing|pending|error" "$log" | tail -4
-exit $rc
+compat_main "$0" "$suite" "$broker"
