@@ -115,6 +115,8 @@ class Config:
     default_vhost: str = "/"
     loopback_users: tuple[str, ...] = ("guest",)
     log_level: str = "info"
+    # RabbitMQ's `log.console`: false turns the console (stderr) log off; hutch has no other log output
+    log_console: bool = True
     # the window of the log throttle (core/logsafe.py): at most 20 lines of one kind (login refusals,
     # update-secret lines) per window, the next one saying how many were left out; a hutch key
     log_throttle_interval_ms: int = 10_000
@@ -235,6 +237,11 @@ class Config:
     def __post_init__(self) -> None:
         if not self.cluster_name:
             object.__setattr__(self, "cluster_name", self.node_name)
+
+    @property
+    def console_log_level(self) -> str:
+        """The level the console (stderr) log is written at: `log_level`, or `none` with `log.console = false`."""
+        return self.log_level if self.log_console else "none"
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,6 +445,33 @@ def _parse_bool(text: str) -> bool:
     raise _BadValue("true or false")
 
 
+def _no_effect(check: Callable[[str], object]) -> _Parser:
+    """A RabbitMQ key with no equivalent in hutch: its value is checked as RabbitMQ checks it (so a typo
+    is still an error) and the key changes nothing (docs/configuration.md, "RabbitMQ keys without an
+    effect")."""
+
+    def parse(text: str) -> dict[str, Any]:
+        check(text)
+        return {}
+
+    return parse
+
+
+def _parse_reverse_dns(text: str) -> dict[str, Any]:
+    if _parse_bool(text):
+        raise _BadValue("false (hutch shows a connection's peer address, never a looked-up host name)")
+    return {}
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text not in choices:
+            raise _BadValue("one of " + ", ".join(choices))
+        return text
+
+    return check
+
+
 def _parse_cluster_enabled(text: str) -> dict[str, Any]:
     return {"cluster_enabled": _parse_bool(text)}
 # TLS sections: `<prefix>.<option>` -> the TlsOptions field of the Config field named here.
@@ -571,6 +605,16 @@ _FILE_KEYS: dict[str, _Parser] = {
     "default_pass": _nonempty_field("default_pass"),
     "default_vhost": _nonempty_field("default_vhost"),
     "log.console.level": _parse_log_level,
+    "log.console": lambda text: {"log_console": _parse_bool(text)},
+    # RabbitMQ keys without an effect here (docs/configuration.md): Erlang's acceptor processes (each
+    # worker accepts on its own event loop), the metrics collector (hutch counts on demand), how the
+    # Erlang VM's memory is measured (hutch reads its processes' resident set), reverse DNS (off, as
+    # RabbitMQ's default; `true` is refused)
+    "num_acceptors.tcp": _no_effect(lambda text: _int_in(text, 1, 2**31 - 1)),
+    "num_acceptors.ssl": _no_effect(lambda text: _int_in(text, 1, 2**31 - 1)),
+    "management_agent.disable_metrics_collector": _no_effect(_parse_bool),
+    "vm_memory_calculation_strategy": _no_effect(_one_of("rss", "allocated", "legacy", "erlang")),
+    "reverse_dns_lookups": _parse_reverse_dns,
     "log.throttle_interval": _int_field("log_throttle_interval_ms", 1, 2**31 - 1),
     "vm_memory_high_watermark.relative": _parse_watermark,
     "disk_free_limit.absolute": _parse_disk_free_limit,

@@ -424,3 +424,40 @@ def test_log_throttle_interval_key() -> None:
         with pytest.raises(ConfigError, match="expected an integer between 1 and 2147483647") as info:
             parse_config_text(f"log.throttle_interval = {bad}\n", "t.conf")
         assert "\n" not in str(info.value)
+
+
+# -- RabbitMQ keys without an effect ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line", [
+    "num_acceptors.tcp = 10", "num_acceptors.ssl = 1", "management_agent.disable_metrics_collector = true",
+    "management_agent.disable_metrics_collector = false", "vm_memory_calculation_strategy = rss",
+    "vm_memory_calculation_strategy = allocated", "reverse_dns_lookups = false",
+])
+def test_rabbitmq_keys_without_an_effect_are_accepted_and_set_nothing(line):
+    settings, raw = parse_config_text(line)
+    assert settings == {}
+    assert raw == {line.split(" = ")[0]: line.split(" = ")[1]}
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("num_acceptors.tcp = 0", "an integer between 1 and 2147483647"),
+    ("num_acceptors.ssl = many", "an integer between 1 and 2147483647"),
+    ("management_agent.disable_metrics_collector = yes", "true or false"),
+    ("vm_memory_calculation_strategy = pss", "one of rss, allocated, legacy, erlang"),
+    ("reverse_dns_lookups = true", "false (hutch shows a connection's peer address, never a looked-up host name)"),
+])
+def test_rabbitmq_keys_without_an_effect_still_check_their_value(line, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_config_text(line, "r.conf")
+    key, value = line.split(" = ")
+    assert str(info.value) == f"r.conf:1: invalid value '{value}' for '{key}': expected {expected}"
+
+
+def test_log_console_false_turns_the_console_log_off_whatever_its_level():
+    for text in ("log.console = false\nlog.console.level = debug", "log.console.level = debug\nlog.console = false"):
+        settings, _raw = parse_config_text(text)
+        assert Config(**settings).console_log_level == "none"
+    settings, _raw = parse_config_text("log.console = true\nlog.console.level = warning")
+    assert Config(**settings).console_log_level == "warning"
+    assert Config().console_log_level == "info"

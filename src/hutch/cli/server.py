@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if spec_text:
         return _run_worker(config, WorkerSpec.from_env(spec_text))
     count, why = workers_for(config)
-    configure_logging(config.log_level, throttle_interval_ms=config.log_throttle_interval_ms)
+    configure_logging(config.console_log_level, throttle_interval_ms=config.log_throttle_interval_ms)
     _warn_if_data_dir_open(config.data_dir)
     if not config.workers:
         logging.getLogger("hutch.server").info("workers auto: %d (%s)", count, why)
@@ -232,7 +232,7 @@ def _run_worker(config: Config, spec: WorkerSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the process group: the supervisor decides
     link = WorkerLink(spec, config.node_name, beat_interval_s(config.worker_heartbeat_timeout_ms))
     config = worker_config(config, spec)
-    configure_logging(config.log_level, f"w{spec.index}", config.log_throttle_interval_ms)
+    configure_logging(config.console_log_level, f"w{spec.index}", config.log_throttle_interval_ms)
     logging.getLogger("hutch.server").info("worker %d of %d of node %s (data dir: %s)", spec.index, spec.count,
                                            link.node_name, config.data_dir)
     from hutch.mgmt import serve_management_peers, start_management
