@@ -463,15 +463,6 @@ def _parse_reverse_dns(text: str) -> dict[str, Any]:
     return {}
 
 
-def _one_of(*choices: str) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        if text not in choices:
-            raise _BadValue("one of " + ", ".join(choices))
-        return text
-
-    return check
-
-
 def _parse_cluster_enabled(text: str) -> dict[str, Any]:
     return {"cluster_enabled": _parse_bool(text)}
 # TLS sections: `<prefix>.<option>` -> the TlsOptions field of the Config field named here.
@@ -613,7 +604,8 @@ _FILE_KEYS: dict[str, _Parser] = {
     "num_acceptors.tcp": _no_effect(lambda text: _int_in(text, 1, 2**31 - 1)),
     "num_acceptors.ssl": _no_effect(lambda text: _int_in(text, 1, 2**31 - 1)),
     "management_agent.disable_metrics_collector": _no_effect(_parse_bool),
-    "vm_memory_calculation_strategy": _no_effect(_one_of("rss", "allocated", "legacy", "erlang")),
+    "vm_memory_calculation_strategy":
+        _no_effect(_choice_field("vm_memory_calculation_strategy", ("rss", "allocated", "legacy", "erlang"))),
     "reverse_dns_lookups": _parse_reverse_dns,
     "log.throttle_interval": _int_field("log_throttle_interval_ms", 1, 2**31 - 1),
     "vm_memory_high_watermark.relative": _parse_watermark,
