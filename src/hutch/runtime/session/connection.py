@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
-import socket
 import ssl
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -128,9 +127,6 @@ LOGIN_REFUSED = ("Login was refused using authentication mechanism {}. For detai
 FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 # unfinished bodies a connection may hold, in units of max_message_size, when not configured
 UNFINISHED_BODIES_MESSAGES = 4
-# Linux TCP states (tcp_states.h) once the peer's FIN has arrived: CLOSE, CLOSE_WAIT, LAST_ACK
-_TCP_PEER_CLOSED = frozenset({7, 8, 9})
-
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
@@ -1070,22 +1066,14 @@ class AMQPConnection:
             self.send_method(0, spec.Connection.Unblocked())
 
     def peer_closed(self) -> bool:
-        """Has the client closed its end while reading is held (an alarm), a FIN not read yet? On Linux
-        the socket's TCP state tells (CLOSE_WAIT and after); elsewhere False. AMQP has no half-close, so
-        a FIN means the client is gone (issue 21: blocked connections holding unfinished bodies kept
-        them, and so the memory alarm, after their clients had closed). A relayed TLS connection's socket is
-        its end of a socket pair (runtime/workers/relay.py): the relay closing it is the client gone, which
-        poll's POLLRDHUP tells on Linux even with unread bytes before the end."""
+        """Has the client closed its end while reading is held (an alarm), a FIN or reset not read yet?
+        On Linux poll's POLLRDHUP tells, even with unread bytes before the end (`peer_hung_up`); elsewhere
+        False. AMQP has no half-close, so a FIN means the client is gone (issue 21: blocked connections
+        holding unfinished bodies kept them, and so the memory alarm, after their clients had closed). The
+        same serves a TCP socket and a relayed TLS connection's end of its socket pair
+        (runtime/workers/relay.py), where the relay closing it is the client gone."""
         sock = self.transport.get_extra_info("socket") if self.transport is not None else None
-        if sock is not None and sock.family == socket.AF_UNIX:
-            return peer_hung_up(sock.fileno())
-        if sock is None or not hasattr(socket, "TCP_INFO"):
-            return False
-        try:
-            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-        except (OSError, IndexError, TypeError):
-            return False
-        return state in _TCP_PEER_CLOSED
+        return sock is not None and peer_hung_up(sock.fileno())
 
     def abort(self) -> None:
         """Close the socket now (the node's shutdown, after its grace period)."""
