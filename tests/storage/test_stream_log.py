@@ -226,3 +226,48 @@ def test_seeks_find_the_chunk_a_scan_would_find(chunks: list[tuple[int, int]], s
         assert ck.FORMAT.info(log.read_at(found[0], found[1], ck.HEADER_SIZE)).chunk_id == later[0]
     else:
         assert found is None
+
+
+def test_a_stream_created_lazily_syncs_nothing_until_its_first_data() -> None:
+    """`durable=False` (a declare): the new directory and first segment are written without a sync; the
+    first sync of data syncs them too (the directory and its parent), once."""
+    fs = MemoryFS()
+    fs.make_dirs("/data")
+    log = StreamLog.open(fs, D, ck.FORMAT, durable=False)
+    assert (fs.stats.syncs, fs.stats.dir_syncs) == (0, 0)
+    write(log, [b"one"], ts=1)
+    handles = log.sync_handles()
+    assert [h.path for h in handles[2:]] == [D, "/data"]
+    for h in handles:
+        h.sync()
+    assert fs.stats.dir_syncs == 2
+    write(log, [b"two"], ts=2)
+    assert [h.path for h in log.sync_handles()] == [log.segments[0].segment_path, log.segments[0].index_path]
+    again = StreamLog.open(fs, D, ck.FORMAT, durable=False)  # it exists: opened as any other
+    assert again._unsynced_dirs == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_lazily_created_stream_recovers_from_a_crash_at_any_point(seed: int) -> None:
+    """A crash before the first sync loses the unsynced files (the directory may be left empty, or
+    hold a segment without its header); reopening makes them again, and every synced chunk is kept."""
+    rng = random.Random(seed)
+    fs = MemoryFS(seed=seed)
+    opts = StreamLogOptions(max_segment_size_bytes=rng.choice([120, 10_000]))
+    log = StreamLog.open(fs, D, ck.FORMAT, opts, durable=False)
+    synced: list[tuple[int, bytes]] = []
+    written: list[tuple[int, bytes]] = []
+    for i in range(rng.randint(0, 12)):
+        body = rng.randbytes(rng.randint(0, 30))
+        written.append((log.next_offset, body))
+        write(log, [body], ts=i)
+        if rng.random() < 0.4:
+            log.sync()
+            synced = list(written)
+    fs.crash(torn=True)
+    again = StreamLog.open(fs, D, ck.FORMAT, opts)
+    got = read_all(again)
+    assert got == written[:len(got)] and len(got) >= len(synced)
+    write(again, [b"after"], ts=99)
+    again.sync()
+    assert read_all(again)[-1] == (again.next_offset - 1, b"after")

@@ -19,6 +19,7 @@ Rules (checked by tests/unit/test_layers.py):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -76,6 +77,8 @@ class Node:
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
         self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
+        # task -> the group its definition changes are recorded in (`grouped`; definitions.py, "Groups")
+        self._groups: dict[asyncio.Task[Any] | None, int] = {}
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
             ops_.SetAuth: self._apply_auth, ops_.PatchAuth: self._apply_auth_patch, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
             ops_.SetTopicPermissions: self._apply_topic_permissions,
@@ -208,7 +211,26 @@ class Node:
         if self.cluster is not None:  # the metadata Raft group is the durable record of a clustered node
             self.cluster.replicate(op)
         elif self.store is not None:
-            self.store.append(op)
+            self.store.append(op, self._groups.get(asyncio.current_task()) if self._groups else None)
+
+    @contextlib.contextmanager
+    def grouped(self, group: int) -> Iterator[None]:
+        """The definition changes the current task makes inside the block (across its awaits; other
+        tasks' changes are not in it) are recorded as `group`: durable all at once by `end_group`, or
+        never if it is not called (a crash, or the group given up). A clustered node records each change
+        in the metadata group as ever."""
+        task = asyncio.current_task()
+        assert task is not None and task not in self._groups, "one group at a time, in a task"
+        self._groups[task] = group
+        try:
+            yield
+        finally:
+            del self._groups[task]
+
+    def end_group(self, group: int) -> None:
+        """Make `group`'s changes durable (one sync of the definitions log)."""
+        if self.cluster is None and self.store is not None:
+            self.store.end_group(group)
 
     # -- the metadata machine's target (cluster/metadata.py) --------------------------------------------
     def apply_op(self, op: DefinitionOp) -> None:
