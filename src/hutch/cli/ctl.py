@@ -726,6 +726,17 @@ def cmd_status(client: Client, args: argparse.Namespace) -> Output:
                   document={"overview": overview, "node": node}, lines=lines)
 
 
+def cmd_environment(client: Client, args: argparse.Namespace) -> Output:
+    """rabbitmqctl environment: the node's effective settings (GET /api/environment; secrets left out by
+    the node), one `name<TAB>value` line each in table mode, the object in JSON mode."""
+    doc = client.get("/api/environment")
+    if not isinstance(doc, dict):
+        raise BadReply("unexpected reply to GET /api/environment")
+    rows = [[name, value] for name, value in doc.items()]
+    return Output(banner=f"Application environment of node {doc.get('node_name')} ...", document=doc,
+                  lines=render_table(Table(["name", "value"], rows), headers=False).splitlines())
+
+
 def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
     doc = client.get("/api/cluster-status")
     if not isinstance(doc, dict):
@@ -957,6 +968,7 @@ COMMANDS: dict[str, Command] = {
     "shovel_status": cmd_shovel_status,
     "federation_status": cmd_federation_status,
     "status": cmd_status,
+    "environment": cmd_environment,
     "cluster_status": cmd_cluster_status,
     "join_cluster": cmd_join_cluster,
     "forget_cluster_node": cmd_forget_cluster_node,
@@ -1084,6 +1096,7 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "shovel_status": ("show the dynamic shovels and their state", []),
     "federation_status": ("show the federation links and their status", []),
     "status": ("show the node's status", []),
+    "environment": ("show the node's effective configuration (secrets left out)", []),
     "cluster_status": ("show the cluster's members, running nodes, partitions and alarms", []),
     "join_cluster": ("make this (lone) node join the cluster of NODE@HOST:PORT; drops its own definitions",
                      [("node", {"metavar": "NODE@HOST:PORT"})]),
