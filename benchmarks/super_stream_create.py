@@ -1,13 +1,15 @@
 """Creating super streams of 128 partitions on a real hutch-server: time to answer, loop stall, syncs.
 
-    python benchmarks/super_stream_create.py [creations] [--src DIR] [--strace]
+    python benchmarks/super_stream_create.py [creations] [--src DIR] [--strace] [--cluster]
 
 Starts a hutch-server on free ports in a temporary directory (`--src`: the `src` directory of another
 tree, e.g. `git archive main src | tar -x -C /tmp/main`, to measure it the same way), opens `creations`
 (default 8) stream connections and sends each a `create_super_stream` of 128 partitions at once, with
 the AMQP stall probe beside them (tests/mgmt/helpers.StallProbe: a passive queue.declare every 20 ms;
 its longest round trip is the loop's stall). Prints when the first and the last answer came, the stall,
-and with `--strace` the fsync/fdatasync calls the node made (`strace -c -f` on it). docs/streams.md
+and with `--strace` the fsync/fdatasync calls the node made (`strace -c -f` on it). The node is started
+with --no-cluster (definitions in the definitions log), or with `--cluster` as a cluster of one (a
+node's default: definitions in the metadata Raft group). docs/streams.md
 ("Super streams") quotes it.
 """
 
@@ -37,10 +39,11 @@ def main() -> None:
     ap.add_argument("creations", type=int, nargs="?", default=8)
     ap.add_argument("--src", help="the src directory of the tree to run (default: this one)")
     ap.add_argument("--strace", action="store_true", help="count the node's syncs with strace -c")
+    ap.add_argument("--cluster", action="store_true", help="a cluster of one (else --no-cluster)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="super-stream-bench-") as tmp:
         env = {"PYTHONPATH": args.src} if args.src else None
-        info = start_server(Path(tmp), "--stream-port", "0", env=env)
+        info = start_server(Path(tmp), "--stream-port", "0", env=env, cluster=args.cluster)
         tracer = None
         try:
             if args.strace:
