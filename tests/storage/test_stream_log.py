@@ -153,12 +153,15 @@ def test_a_cursor_on_real_files_keeps_one_descriptor_per_segment_and_closes_it(
     log.close()
 
 
+@pytest.mark.parametrize("durable", [True, False])
 @pytest.mark.parametrize("seed", range(40))
-def test_crash_keeps_every_synced_chunk_and_drops_a_torn_tail(seed: int) -> None:
+def test_crash_keeps_every_synced_chunk_and_drops_a_torn_tail(seed: int, durable: bool) -> None:
+    """`durable=False` (a stream created lazily): a crash before the first sync loses its unsynced files
+    (the directory left empty, or a segment without its header); reopening makes them again."""
     rng = random.Random(seed)
     fs = MemoryFS(seed=seed)
     opts = StreamLogOptions(max_segment_size_bytes=rng.choice([120, 400, 10_000]))
-    log = StreamLog.open(fs, D, ck.FORMAT, opts)
+    log = StreamLog.open(fs, D, ck.FORMAT, opts, durable=durable)
     synced: list[tuple[int, bytes]] = []
     written: list[tuple[int, bytes]] = []
     for i in range(rng.randint(1, 40)):
@@ -226,3 +229,22 @@ def test_seeks_find_the_chunk_a_scan_would_find(chunks: list[tuple[int, int]], s
         assert ck.FORMAT.info(log.read_at(found[0], found[1], ck.HEADER_SIZE)).chunk_id == later[0]
     else:
         assert found is None
+
+
+def test_a_stream_created_lazily_syncs_nothing_until_its_first_data() -> None:
+    """`durable=False` (a declare): the new directory and first segment are written without a sync; the
+    first sync of data syncs them too (the directory and its parent), once."""
+    fs = MemoryFS()
+    fs.make_dirs("/data")
+    log = StreamLog.open(fs, D, ck.FORMAT, durable=False)
+    assert (fs.stats.syncs, fs.stats.dir_syncs) == (0, 0)
+    write(log, [b"one"], ts=1)
+    handles = log.sync_handles()
+    assert [h.path for h in handles[2:]] == [D, "/data"]
+    for h in handles:
+        h.sync()
+    assert fs.stats.dir_syncs == 2
+    write(log, [b"two"], ts=2)
+    assert [h.path for h in log.sync_handles()] == [log.segments[0].segment_path, log.segments[0].index_path]
+    again = StreamLog.open(fs, D, ck.FORMAT, durable=False)  # it exists: opened as any other
+    assert again._unsynced_dirs == []

@@ -176,7 +176,43 @@ class Output:
     lines: list[str] = field(default_factory=list)
 
 
+class FieldTable(dict[str, Any]):
+    """An AMQP field table column (`arguments`, `client_properties`): JSON in `--formatter json` (a dict),
+    rabbitmqctl's Erlang terms in table output (`erlang_term`)."""
+
+
+def erlang_term(value: Any) -> str:
+    """A field table's value as rabbitmqctl 3.10.8's table formatter prints it: a table
+    `[{"k",v},...]` (`[]` when empty), an array `[v,...]`, a string `"..."` (quotes and backslashes
+    escaped), `true`/`false`, a void `undefined`, numbers as they are. (The API's JSON has lost what
+    a byte array or a decimal was: they print as a string and a number.)"""
+    if isinstance(value, dict):
+        return "[" + ",".join(f"{{{erlang_term(str(k))},{erlang_term(v)}}}" for k, v in value.items()) + "]"
+    if isinstance(value, list):
+        return "[" + ",".join(erlang_term(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "undefined"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _table_field(name: str, sort: bool = False) -> Callable[[dict[str, Any]], Any]:
+    """A field table column; `sort`: by key, as RabbitMQ stores a binding's arguments."""
+    def get(item: dict[str, Any]) -> Any:
+        value = item.get(name)
+        if not isinstance(value, dict):
+            return value
+        return FieldTable(sorted(value.items()) if sort else value)
+
+    return get
+
+
 def _cell(value: Any) -> str:
+    if isinstance(value, FieldTable):
+        return erlang_term(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -293,11 +329,12 @@ LISTS: dict[str, ListSpec] = {
     "list_queues": ListSpec(
         path=lambda a: f"/api/queues/{seg(a.vhost)}",
         columns=_fields("name", "messages", "messages_ready", "messages_unacknowledged", "consumers",
-                        "durable", "auto_delete", "exclusive", "arguments", "type", "message_bytes", "vhost",
+                        "durable", "auto_delete", "exclusive", "type", "message_bytes", "vhost",
                         "state", "consumer_utilisation", "messages_ram", "messages_paged_out", "policy",
                         "operator_policy", "effective_policy_definition", "node", "leader", "members",
                         "online", "first_offset", "last_offset", "committed_offset", "segments", "consumer_offsets",
-                        "consumer_capacity", "exclusive_consumer_tag", "message_bytes_ready"),
+                        "consumer_capacity", "exclusive_consumer_tag", "message_bytes_ready")
+        | {"arguments": _table_field("arguments")},
         default=("name", "messages"),
         banner=lambda a: f"Listing queues for vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
@@ -320,7 +357,8 @@ LISTS: dict[str, ListSpec] = {
     ),
     "list_exchanges": ListSpec(
         path=lambda a: f"/api/exchanges/{seg(a.vhost)}",
-        columns=_fields("name", "type", "durable", "auto_delete", "internal", "arguments", "vhost", "policy"),
+        columns=_fields("name", "type", "durable", "auto_delete", "internal", "vhost", "policy")
+        | {"arguments": _table_field("arguments")},
         default=("name", "type"),
         banner=lambda a: f"Listing exchanges for vhost {a.vhost} ...",
         not_found=lambda a: f'Virtual host "{a.vhost}" does not exist',
@@ -333,7 +371,7 @@ LISTS: dict[str, ListSpec] = {
             "destination_name": _field("destination"),
             "destination_kind": _field("destination_type"),
             "routing_key": _field("routing_key"),
-            "arguments": _field("arguments"),
+            "arguments": _table_field("arguments", sort=True),
             "vhost": _field("vhost"),
             "properties_key": _field("properties_key"),
         },
@@ -346,8 +384,9 @@ LISTS: dict[str, ListSpec] = {
         path=lambda a: "/api/connections",
         columns=_fields("name", "user", "vhost", "peer_host", "peer_port", "host", "port", "state",
                         "channels", "protocol", "auth_mechanism", "frame_max", "channel_max", "timeout",
-                        "recv_oct", "send_oct", "connected_at", "client_properties", "ssl", "type",
-                        "user_provided_name", "node", *TLS_COLUMNS) | {"pid": _field("name")},
+                        "recv_oct", "send_oct", "connected_at", "ssl", "type",
+                        "user_provided_name", "node", *TLS_COLUMNS)
+        | {"pid": _field("name"), "client_properties": _table_field("client_properties")},
         default=("user", "peer_host", "peer_port", "state"),
         banner=lambda a: "Listing connections ...",
     ),
@@ -375,7 +414,7 @@ LISTS: dict[str, ListSpec] = {
             "activity_status": _field("activity_status"),
             "exclusive": _field("exclusive"),
             "priority": _field("priority"),
-            "arguments": _field("arguments"),
+            "arguments": _table_field("arguments"),
             "user": _nested("channel_details", "user"),
         },
         default=("queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active",
@@ -726,6 +765,17 @@ def cmd_status(client: Client, args: argparse.Namespace) -> Output:
                   document={"overview": overview, "node": node}, lines=lines)
 
 
+def cmd_environment(client: Client, args: argparse.Namespace) -> Output:
+    """rabbitmqctl environment: the node's effective settings (GET /api/environment; secrets left out by
+    the node), one `name<TAB>value` line each in table mode, the object in JSON mode."""
+    doc = client.get("/api/environment")
+    if not isinstance(doc, dict):
+        raise BadReply("unexpected reply to GET /api/environment")
+    rows = [[name, value] for name, value in doc.items()]
+    return Output(banner=f"Application environment of node {doc.get('node_name')} ...", document=doc,
+                  lines=render_table(Table(["name", "value"], rows), headers=False).splitlines())
+
+
 def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Output:
     doc = client.get("/api/cluster-status")
     if not isinstance(doc, dict):
@@ -957,6 +1007,7 @@ COMMANDS: dict[str, Command] = {
     "shovel_status": cmd_shovel_status,
     "federation_status": cmd_federation_status,
     "status": cmd_status,
+    "environment": cmd_environment,
     "cluster_status": cmd_cluster_status,
     "join_cluster": cmd_join_cluster,
     "forget_cluster_node": cmd_forget_cluster_node,
@@ -1084,6 +1135,7 @@ _COMMAND_ARGS: dict[str, tuple[str, list[tuple[str, dict[str, Any]]]]] = {
     "shovel_status": ("show the dynamic shovels and their state", []),
     "federation_status": ("show the federation links and their status", []),
     "status": ("show the node's status", []),
+    "environment": ("show the node's effective configuration (secrets left out)", []),
     "cluster_status": ("show the cluster's members, running nodes, partitions and alarms", []),
     "join_cluster": ("make this (lone) node join the cluster of NODE@HOST:PORT; drops its own definitions",
                      [("node", {"metavar": "NODE@HOST:PORT"})]),

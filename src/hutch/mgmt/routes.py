@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import clients, formats, health, listing, messages, policies, system, topology, users
+from . import clients, environment, formats, health, listing, messages, policies, system, topology, users
 from .calls import NO_CONTENT, Call, Reply, Status, created, route
 from .errors import bad_request
 
@@ -60,6 +60,12 @@ def _cluster_name(c: Call) -> Any:
 def _put_cluster_name(c: Call) -> Any:
     system.put_cluster_name(c.node, c.principal, c.body)
     return NO_CONTENT
+
+
+@route("GET", "/api/environment", "The node's effective configuration, secrets left out (administrators; hutch: "
+       "rabbitmqctl environment)", tag=SYSTEM, reply="Any")
+def _environment(c: Call) -> Any:
+    return environment.environment(c.node.config, c.principal)
 
 
 @route("GET", "/api/whoami", "The authenticated user and its tags", tag=SYSTEM, reply="Whoami")

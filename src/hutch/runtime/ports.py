@@ -24,6 +24,7 @@ or `session/` changes for it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -284,6 +285,15 @@ class BrokerPort(Protocol):
 
     def declare_exchange(self, vhost: VirtualHost, name: str, type_: str, durable: bool, auto_delete: bool,
                          internal: bool, arguments: dict[str, Any]) -> Exchange: ...
+
+    def grouped(self, group: int) -> AbstractContextManager[None]:
+        """The current task's definition changes inside the block are one group, durable all at once by
+        `end_group` or never (a super stream's creation: runtime/broker/definitions.py, "Groups")."""
+        ...
+
+    def in_group(self) -> bool: ...
+
+    async def end_group(self, group: int, commit: bool = True) -> None: ...
 
     def delete_exchange(self, vhost: VirtualHost, name: str, if_unused: bool) -> bool: ...
 

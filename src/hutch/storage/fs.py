@@ -92,8 +92,9 @@ class FileSystem(Protocol):
     def fsync_dir(self, path: str) -> None:
         """Make the creations, renames and deletions in directory ``path`` durable."""
 
-    def make_dirs(self, path: str) -> None:
-        """Create a directory and its parents if missing (durably)."""
+    def make_dirs(self, path: str, durable: bool = True) -> None:
+        """Create a directory and its parents if missing (durably; with `durable=False` the new entries
+        are made durable later by `fsync_dir` of their parents, the caller's duty)."""
 
     def free_space(self, path: str) -> int:
         """Bytes available to this process on the file system holding ``path``."""
@@ -150,8 +151,8 @@ class DelegatingFS:
     def fsync_dir(self, path: str) -> None:
         self.inner.fsync_dir(path)
 
-    def make_dirs(self, path: str) -> None:
-        self.inner.make_dirs(path)
+    def make_dirs(self, path: str, durable: bool = True) -> None:
+        self.inner.make_dirs(path, durable)
 
     def free_space(self, path: str) -> int:
         return self.inner.free_space(path)
@@ -320,7 +321,7 @@ class RealFS:
             finally:
                 os.close(fd)
 
-    def make_dirs(self, path: str) -> None:
+    def make_dirs(self, path: str, durable: bool = True) -> None:
         path = os.path.abspath(path)
         missing: list[str] = []
         probe = path
@@ -335,7 +336,7 @@ class RealFS:
             for created in missing:  # makedirs gives the mode to the leaf only, and umask applies
                 os.chmod(created, DIR_MODE)
         # A new directory entry is durable only once its parent directory is synced.
-        for created in reversed(missing):
+        for created in reversed(missing if durable else []):
             self.fsync_dir(os.path.dirname(created))
 
     def free_space(self, path: str) -> int:

@@ -204,8 +204,8 @@ class MemoryFS:
                 raise StorageError("rmdir", path, errno.ENOTEMPTY)
             self._dirs.discard(path)
 
-    def make_dirs(self, path: str) -> None:
-        path = _norm(path)
+    def make_dirs(self, path: str, durable: bool = True) -> None:
+        path = _norm(path)  # (directories are always durable here: `durable` changes nothing)
         with self._lock:
             while path not in self._dirs:
                 if path in self._live:

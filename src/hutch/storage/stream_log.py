@@ -26,6 +26,12 @@ Rules:
   after the last indexed one are verified by scanning forward and indexed; the first that does not verify
   (torn or corrupt) and everything after it is cut off, in both files. Earlier segments were synced
   whole before the next one was created, and are trusted (their index gives their extent).
+- A new, empty stream opened with `durable=False` (a declare: `open(..., durable=False)`) writes its
+  directory and first segment without a sync: they hold nothing a restart cannot rebuild (recovery makes
+  a missing directory, segment or header again), so a declare costs no sync of its own (a super stream's
+  128 partitions share their creation's one definitions sync). Their names are made durable by the first
+  sync of data: `sync_handles` adds the directory and its parent to the files it hands out (`DirSync`),
+  and `roll` syncs them first, so no chunk is ever answered durable in a file whose name is not.
 - Invariant: chunk ids are contiguous: each chunk's id is the previous id plus its record count.
 """
 
@@ -130,6 +136,26 @@ def segment_base(directory: str, first_id: int) -> str:
     return f"{directory}/{first_id:020d}"
 
 
+class DirSync:
+    """A directory as a `FileHandle` whose `sync` is `fsync_dir`: how a lazily created stream's names
+    join the file syncs of its first data sync (written nothing, closed nothing)."""
+
+    __slots__ = ("path", "_fs")
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self.path = path
+        self._fs = fs
+
+    def write(self, data: Bytes) -> None:
+        raise StorageError("write", self.path, detail="a directory is not written")
+
+    def sync(self) -> None:
+        self._fs.fsync_dir(self.path)
+
+    def close(self) -> None:
+        return None
+
+
 class StreamLog:
     """The files of one stream, opened for writing (one writer per stream on a node)."""
 
@@ -142,6 +168,9 @@ class StreamLog:
         self._seg_fd: FileHandle | None = None
         self._idx_fd: FileHandle | None = None
         self._unsynced = False
+        # directories whose new entries are not durable yet (a stream created with durable=False): the
+        # stream's own, then its parent's; synced with the first data
+        self._unsynced_dirs: list[str] = []
         # handles of segments rolled away while a sync may still run on them: the owner closes them
         # (`close_retired`) once no sync job is in flight
         self.retired: list[FileHandle] = []
@@ -151,11 +180,16 @@ class StreamLog:
     # -- opening and recovery ----------------------------------------------------------------------
     @classmethod
     def open(cls, fs: FileSystem, directory: str, fmt: ChunkFormat,
-             options: StreamLogOptions | None = None, first_offset: int = 0) -> StreamLog:
+             options: StreamLogOptions | None = None, first_offset: int = 0, *,
+             durable: bool = True) -> StreamLog:
         """Open (creating it if missing) and recover the stream in `directory`. `first_offset` is the
-        chunk id of the first chunk of a new, empty log (a replica that starts past 0)."""
+        chunk id of the first chunk of a new, empty log (a replica that starts past 0). `durable=False`
+        (a new stream at offset 0 only): what is created is synced with the first data (module docstring)."""
         log = cls(fs, directory, fmt, options or StreamLogOptions())
-        fs.make_dirs(directory)
+        lazy = not durable and first_offset == 0 and not fs.exists(directory)
+        fs.make_dirs(directory, durable=not lazy)
+        if lazy:
+            log._unsynced_dirs = [directory, directory.rsplit("/", 1)[0] or "/"]
         names = [n for n in fs.list_dir(directory) if n.endswith(".segment")]
         for index_name in [n for n in fs.list_dir(directory) if n.endswith(".index")]:
             if index_name[:-6] + ".segment" not in names:  # an index whose segment was never created
@@ -170,7 +204,7 @@ class StreamLog:
             log.segments.append(seg)
         log.recovery.segments = len(log.segments)
         if not log.segments:
-            log._create_segment(first_offset)
+            log._create_segment(first_offset, durable=not lazy)
         log._open_tail()
         return log
 
@@ -280,11 +314,19 @@ class StreamLog:
             return None
         return info
 
-    def _create_segment(self, first_id: int) -> None:
+    def _create_segment(self, first_id: int, durable: bool = True) -> None:
         seg = Segment(segment_base(self.directory, first_id), first_id, next_offset=first_id)
         for path, magic in ((seg.index_path, INDEX_MAGIC), (seg.segment_path, SEGMENT_MAGIC)):
-            self._append_synced(path, magic)
-        self.fs.fsync_dir(self.directory)
+            if durable:
+                self._append_synced(path, magic)
+            else:  # synced by the first data sync, with the directory (`sync_handles`)
+                fd = self.fs.open_append(path)
+                try:
+                    fd.write(magic)
+                finally:
+                    fd.close()
+        if durable:
+            self.fs.fsync_dir(self.directory)
         self.segments.append(seg)
 
     def _open_tail(self) -> None:
@@ -391,6 +433,7 @@ class StreamLog:
         assert self._seg_fd is not None and self._idx_fd is not None
         self._seg_fd.sync()
         self._idx_fd.sync()
+        self._sync_dirs()
         self.retired += (self._seg_fd, self._idx_fd)
         self._seg_fd = self._idx_fd = None
         self._create_segment(self.next_offset)
@@ -424,7 +467,15 @@ class StreamLog:
         if not self._unsynced or self._seg_fd is None or self._idx_fd is None:
             return []
         self._unsynced = False
-        return [self._seg_fd, self._idx_fd]
+        dirs: list[FileHandle] = [DirSync(self.fs, d) for d in self._unsynced_dirs]
+        self._unsynced_dirs = []
+        return [self._seg_fd, self._idx_fd, *dirs]
+
+    def _sync_dirs(self) -> None:
+        """Make the names of a lazily created stream durable now (on the calling thread)."""
+        for d in self._unsynced_dirs:
+            self.fs.fsync_dir(d)
+        self._unsynced_dirs = []
 
     def sync(self) -> None:
         """fdatasync whatever was written (on the calling thread)."""

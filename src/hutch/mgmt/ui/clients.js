@@ -114,14 +114,16 @@ export function channelsPage(ctx) {
 
 const DATA_SERIES = [{key: 'recv_oct', label: 'From client'}, {key: 'send_oct', label: 'To client', dash: [6, 3]}];
 
+/** RabbitMQ's connection page's TLS facts, in its order and names, the values in its spelling (the API's:
+ * tlsv1.3; any or ecdhe_rsa; aes_256_gcm; aead or sha384). */
 function tls(c) {
   if (!c.ssl) return facts([['TLS', 'no: plain TCP']]);
   return facts([
     ['TLS', 'yes'],
-    ['Protocol', c.ssl_protocol],
-    ['Cipher', c.ssl_cipher],
-    ['Key exchange', c.ssl_key_exchange],
-    ['Hash', c.ssl_hash],
+    ['Protocol version', c.ssl_protocol],
+    ['Key exchange algorithm', c.ssl_key_exchange],
+    ['Cipher algorithm', c.ssl_cipher],
+    ['Hash algorithm', c.ssl_hash],
     ['Peer certificate', c.peer_cert_subject ? [c.peer_cert_subject, h('div', {class: 'muted small'},
       `issued by ${c.peer_cert_issuer || '?'}, valid ${c.peer_cert_validity || '?'}`)] : undefined],
   ]);

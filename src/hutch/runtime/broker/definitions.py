@@ -16,6 +16,12 @@ Rules:
   (`to_stored`: msgpack maps with an "op" key, the same form every earlier version wrote, so old data
   directories load); x-arguments are kept as AMQP-encoded field tables (byte for byte, so every field
   type survives). A stored operation this version cannot read is logged and skipped, not fatal.
+- Groups (`append(op, group=g)`, `end_group(g)`): a change made of many operations (a super stream's
+  exchange, partitions and bindings) is appended without a sync, each entry tagged with its group, and
+  made durable by the one sync of its end marker. At load, a group's entries count only if its end
+  marker is in the log: a crash before it (or a group given up, never ended) leaves none of them,
+  wherever other changes' syncs put them on disk. An entry of another change that referred to an
+  object of a group that did not end is then skipped at replay, as any stale record is.
 - Messages are not stored here (the message store is a later issue).
 """
 
@@ -38,6 +44,8 @@ log = logging.getLogger("hutch.definitions")
 
 SNAPSHOT_KIND = 1
 FORMAT_VERSION = 1
+GROUP_KEY = "group"  # the group an entry belongs to (absent: none)
+GROUP_END = "group.end"  # the op of a group's end marker
 
 
 def pack_arguments(arguments: dict[str, Any] | None) -> bytes:
@@ -72,16 +80,26 @@ class DefinitionStore:
         for _seq, entry in self.log.read_from(self.covered_seq + 1):
             stored.append(msgpack.unpackb(entry, raw=False))
         ops: list[DefinitionOp] = []
-        for item in stored:
+        for item in ended_groups_only(stored):
             try:
                 ops.append(from_stored(item))
             except DefinitionOpError as exc:
                 log.warning("skipping saved definition: %s", exc)
         return ops
 
-    def append(self, op: DefinitionOp) -> None:
-        """Make one operation durable (appended and fdatasync'd) before returning."""
-        self.log.append([msgpack.packb(to_stored(op), use_bin_type=True)])
+    def append(self, op: DefinitionOp, group: int | None = None) -> None:
+        """Make one operation durable (appended and fdatasync'd) before returning; in a `group`, append
+        it only (durable with the group's end, `end_group`)."""
+        stored = to_stored(op)
+        if group is not None:
+            stored = {**stored, GROUP_KEY: group}
+        self.log.append([msgpack.packb(stored, use_bin_type=True)])
+        if group is None:
+            self.log.sync()
+
+    def end_group(self, group: int) -> None:
+        """Make every operation of `group` durable at once: its end marker appended, one fdatasync."""
+        self.log.append([msgpack.packb({"op": GROUP_END, GROUP_KEY: group}, use_bin_type=True)])
         self.log.sync()
 
     def compact(self, ops: Iterable[DefinitionOp]) -> None:
@@ -94,3 +112,16 @@ class DefinitionStore:
 
     def close(self) -> None:
         self.log.close()
+
+
+def ended_groups_only(stored: list[Any]) -> list[Any]:
+    """The stored operations to replay: those of no group, and those of groups whose end marker is
+    among them (each stripped of its group tag); the end markers themselves are left out."""
+    ended = {item.get(GROUP_KEY) for item in stored if isinstance(item, dict) and item.get("op") == GROUP_END}
+    out: list[Any] = []
+    for item in stored:
+        if not isinstance(item, dict) or GROUP_KEY not in item:
+            out.append(item)
+        elif item.get("op") != GROUP_END and item[GROUP_KEY] in ended:
+            out.append({k: v for k, v in item.items() if k != GROUP_KEY})
+    return out

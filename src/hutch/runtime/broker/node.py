@@ -19,6 +19,7 @@ Rules (checked by tests/unit/test_layers.py):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -76,6 +77,9 @@ class Node:
         self.persistence: Any = None  # the classic queue type's message store (set by runtime/app.py)
         self.delayed: DelayedPort | None = None  # what x-delayed-message exchanges hold (set by runtime/app.py)
         self.replaying = False  # applying saved or replicated definitions: nothing is recorded again
+        # task -> the group its definition changes are recorded in (`grouped`; definitions.py, "Groups")
+        self._groups: dict[asyncio.Task[Any] | None, int] = {}
+        self._held: dict[int, list[DefinitionOp]] = {}  # a clustered node's changes of a group, until its end
         self._apply = ops_.Dispatch({  # the one dispatch table of the definition operations
             ops_.SetAuth: self._apply_auth, ops_.PatchAuth: self._apply_auth_patch, ops_.RehashUser: self._apply_rehash, ops_.SetClusterName: lambda op: self.set_cluster_name(op.name),
             ops_.SetTopicPermissions: self._apply_topic_permissions,
@@ -205,10 +209,48 @@ class Node:
     def _record(self, op: DefinitionOp) -> None:
         if self.replaying:
             return
+        group = self._groups.get(asyncio.current_task()) if self._groups else None
         if self.cluster is not None:  # the metadata Raft group is the durable record of a clustered node
-            self.cluster.replicate(op)
+            if group is not None:
+                self._held.setdefault(group, []).append(op)
+            else:
+                self.cluster.replicate(op)
         elif self.store is not None:
-            self.store.append(op)
+            self.store.append(op, group)
+
+    @contextlib.contextmanager
+    def grouped(self, group: int) -> Iterator[None]:
+        """The definition changes the current task makes inside the block (across its awaits; other
+        tasks' changes are not in it) are one group: durable all at once by `end_group`, or never (a
+        crash, or `end_group(commit=False)`). The definitions log tags them (definitions.py, "Groups");
+        a clustered node holds them and proposes them as one metadata entry at the group's end."""
+        task = asyncio.current_task()
+        assert task is not None and task not in self._groups, "one group at a time, in a task"
+        self._groups[task] = group
+        try:
+            yield
+        finally:
+            del self._groups[task]
+
+    def in_group(self) -> bool:
+        """Whether the current task's changes are being grouped (their replication waits for the end)."""
+        return bool(self._groups) and asyncio.current_task() in self._groups
+
+    async def end_group(self, group: int, commit: bool = True) -> None:
+        """Make `group`'s changes durable: one sync of the definitions log, or on a clustered node one
+        metadata entry, committed and applied by the connected members before this returns (as each
+        change of a stream's declare waits: runtime/stream_session/catalog.py). `commit=False`: the
+        group is given up (its changes were undone in memory), nothing of it is ever durable."""
+        held = self._held.pop(group, [])
+        if not commit:
+            return
+        if self.cluster is not None:
+            for op in held:  # proposed together at the end of this turn: one entry
+                self.cluster.replicate(op)
+            await self.cluster.wait_replicated()
+            await self.cluster.sync_peers()
+        elif self.store is not None:
+            self.store.end_group(group)
 
     # -- the metadata machine's target (cluster/metadata.py) --------------------------------------------
     def apply_op(self, op: DefinitionOp) -> None:

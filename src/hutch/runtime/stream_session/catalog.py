@@ -143,7 +143,7 @@ class QueueCatalog:
         return True
 
     async def _replicated(self) -> None:
-        if self.broker.cluster is not None:
+        if self.broker.cluster is not None and not self.broker.in_group():  # (else: at the group's end)
             await self.broker.cluster.wait_replicated()
             # every connected member (every worker of a node) has it too: a client that creates a stream
             # here and publishes through another worker finds it there (its copy is this worker's alone)

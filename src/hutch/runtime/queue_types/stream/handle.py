@@ -174,11 +174,12 @@ class StreamHandle:
 
     @classmethod
     def open_now(cls, fs: FileSystem, directory: str, *, options: StreamOptions | None = None,
-                 clock: Clock) -> StreamHandle:
+                 clock: Clock, durable: bool = True) -> StreamHandle:
         """`open` on the calling thread (a declare, a restore at boot: recovery reads one segment's
-        chunk headers)."""
+        chunk headers). `durable=False` (a declare): a new stream's files are synced with its first data
+        (storage/stream_log.py), so the declare itself costs no sync."""
         opts = options or StreamOptions()
-        slog, tracking = _open_log(fs, directory, opts, 0)
+        slog, tracking = _open_log(fs, directory, opts, 0, durable)
         return cls(slog, opts, clock, tracking, None)
 
     # -- offsets ------------------------------------------------------------------------------------
@@ -694,10 +695,10 @@ def _fold_tracking(tracking: trk.Tracking, raw: bytes) -> None:
 
 
 def _open_log(fs: FileSystem, directory: str, opts: StreamOptions,
-              first_offset: int) -> tuple[StreamLog, trk.Tracking]:
+              first_offset: int, durable: bool = True) -> tuple[StreamLog, trk.Tracking]:
     slog = StreamLog.open(fs, directory, ck.FORMAT,
                           StreamLogOptions(opts.max_segment_size_bytes, opts.max_segment_size_chunks),
-                          first_offset)
+                          first_offset, durable=durable)
     tracking = trk.Tracking()
     tail = slog.segments[-1]
     pos = FILE_HEADER_SIZE

@@ -111,7 +111,7 @@ class StreamQueueType(QueueTypeDefaults):
             placed = self.elsewhere(vhost, name, dict(arguments), stream_id)
             if placed is not None:  # another worker of this node holds its one copy
                 return placed
-        q = self._open(vhost, name, dict(arguments), stream_id)
+        q = self._open(vhost, name, dict(arguments), stream_id, durable=False)
         members = self._choose_members(q.arguments, q.settings.effective_policy_definition)
         self.node.add_queue(vhost, q)
         if len(members) > 1:
@@ -178,9 +178,14 @@ class StreamQueueType(QueueTypeDefaults):
                 await svc.wait_writer(q.stream_id, DECLARE_WAIT_S)
             cluster.post_commit.append(elect)
 
-    def _open(self, vhost: VirtualHost, name: str, arguments: dict[str, Any], stream_id: int) -> StreamQueue:
+    def _open(self, vhost: VirtualHost, name: str, arguments: dict[str, Any], stream_id: int,
+              durable: bool = True) -> StreamQueue:
+        """The stream's queue over its files; `durable=False` (a declare, a new directory): the files are
+        synced with the stream's first data, not now (its record is what a restart needs)."""
         root = self.root
         assert root is not None
+        if not durable:
+            self.fs.make_dirs(root)  # the streams directory itself durably (a no-op once it exists)
         seg_bytes = arguments.get("x-stream-max-segment-size-bytes")
         filter_bytes = arguments.get("x-stream-filter-size-bytes")
         options = StreamOptions(max_segment_size_bytes=seg_bytes if isinstance(seg_bytes, int) and seg_bytes > 0
@@ -188,7 +193,8 @@ class StreamQueueType(QueueTypeDefaults):
                                 retention=retention_of(arguments, {}),
                                 filter_size_bytes=min(255, max(16, filter_bytes)) if isinstance(filter_bytes, int)
                                 else DEFAULT_FILTER_SIZE)
-        handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock)
+        handle = StreamHandle.open_now(self.fs, f"{root}/{stream_id:016x}", options=options, clock=self.clock,
+                                       durable=durable)
         q = StreamQueue(vhost.name, name, arguments, handle, stream_id, self.clock)
         q.node_name = self.node.name
         q.members = [self.node.name]
