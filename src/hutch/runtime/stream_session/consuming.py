@@ -118,7 +118,7 @@ class Consuming:
         if sac and not name:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
         sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
-                           [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
+                           [v.encode() for k, v in props.items() if k.startswith("filter.")],
                            props.get("match-unfiltered", "").lower() == "true", home=home)
         sub.query = filter_query(sub.filter_values, sub.match_unfiltered)
         self.subscriptions[sub.subscription_id] = sub
