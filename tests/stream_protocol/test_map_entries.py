@@ -1,7 +1,8 @@
 """A map or array in a client's command holds any count its frame holds, as RabbitMQ's `parse_map` reads
 it (session 16 refused past 1,024 entries: a drop-in difference), and a large one is decoded in steps
 (`commands.decode_steps`, `wire.STEP_ENTRIES` entries each) that the connection spreads over loop turns
-(`connection.STEP_BYTES`, `TURN_S`): the codec (pure, with a Hypothesis property: the stepped decoding is
+(`connection.STEP_BYTES`, `TURN_S`), with a subscribe's filter prepared in steps too
+(`Consuming.prepare`, `BloomQuery.prepare`): the codec (pure, with a Hypothesis property: the stepped decoding is
 the plain one) and the connection (in memory, on a clock that ticks with every look). The stall a
 flood of such frames makes on a real node is measured in test_security_stream.py."""
 
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.runtime.broker.node import Node
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
@@ -132,7 +134,9 @@ async def test_a_large_subscribe_is_decoded_across_turns_and_what_follows_waits_
     assert subscribed == c.Response(Key.SUBSCRIBE, big.correlation_id, Code.OK)
     assert isinstance(stats, c.StreamStatsResponse) and stats.correlation_id == after.correlation_id
     assert pair.transport.reading
-    assert pair.conn.consuming.subscriptions[1].properties == big.properties
+    sub = pair.conn.consuming.subscriptions[1]
+    assert sub.properties == big.properties and len(sub.filter_values) == 20 * STEP_ENTRIES
+    assert sub.query is not None and list(sub.query.prepare(DEFAULT_FILTER_SIZE * 8)) == []  # hashed ahead, in steps
 
 
 @pytest.mark.asyncio

@@ -246,7 +246,7 @@ class StreamConnection:
                     publishing.send_confirms()  # and what was confirmed goes out before its answer
                     if len(frame) > STEP_BYTES:
                         whole = bytes(frame)
-                        cmd = self._decode_stepped(c.decode_steps(whole), whole, deadline)
+                        cmd = self._decode_stepped(self._command_steps(whole), whole, deadline)
                         check_at = work  # the clock is looked at again before the next frame
                         if cmd is None:
                             return  # its decoding goes on next turn (`_decoding`)
@@ -262,6 +262,14 @@ class StreamConnection:
         except Exception as exc:  # a bug must cost this connection only, never the node (as AMQP's 541)
             log.exception("stream connection %s: internal error", self.name)
             self._fatal(StreamProtocolError(f"internal error: {type(exc).__name__}", Code.INTERNAL_ERROR))
+
+    def _command_steps(self, frame: bytes) -> wire.Steps:
+        """A large command's decoding and, for a subscribe, the work in proportion to its properties
+        (`Consuming.prepare`), in steps."""
+        cmd = yield from c.decode_steps(frame)
+        if isinstance(cmd, c.Subscribe) and self.phase == Phase.OPENED:
+            yield from self.consuming.prepare(cmd)
+        return cmd
 
     def _decode_stepped(self, steps: wire.Steps, frame: bytes, deadline: float) -> c.Command | None:
         """Decode a large command (`steps`, of `frame`) until it is done or the turn's time is spent;
