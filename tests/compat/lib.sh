@@ -21,7 +21,8 @@ export HUTCH_SERVER
 
 checkout() {  # checkout DIR GIT REF
     if [ ! -d "$1/.git" ]; then git clone -q "$2" "$1"; fi
-    git -C "$1" checkout -q "$3"
+    # not when it is there already: a checkout takes the index lock, and two runs may share a checkout
+    if [ "$(git -C "$1" rev-parse HEAD)" != "$(git -C "$1" rev-parse "$3^{commit}")" ]; then git -C "$1" checkout -q "$3"; fi
 }
 
 compat_log() {  # the log file of this suite on this broker (LOG_TAG tells a partial run's apart)

@@ -4,7 +4,7 @@
 # RabbitMQ's fixed ports.
 #
 #   tests/compat/run_amqp_client_suites.sh SUITE BROKER
-#     SUITE   pika | pika-tls | aiormq | aio-pika | kombu | py-amqp | celery
+#     SUITE   pika | pika-tls | aiormq | aio-pika | kombu | py-amqp | celery | celery-module
 #     BROKER  rabbitmq  the broker already listening on localhost 5672 (guest/guest), used read-only
 #             hutch     a fresh hutch node in a private network namespace (`unshare -n`, needs root) on
 #                       5672 (and 5671 with TLS where the suite's CI has it), throw-away data directory
@@ -20,13 +20,15 @@
 #   HUTCH_SERVER   the hutch-server to run [the worktree's .venv/bin/hutch-server]
 #   HUTCH_WORKERS  the node's --workers [2]
 #   PYTEST_ARGS    extra arguments for the suite (e.g. -k NAME)
+#   CELERY_MODULE  celery-module's integration module, as one job of celery's CI runs it (e.g. test_tasks.py);
+#                  run_celery_modules.sh runs each module of its CI's matrix so
 #
 # The summary line of the suite is printed last; the whole log is in $WORK/SUITE-rabbitmq.log or
 # $WORK/SUITE-hutch-wN.log (the node's own log beside it). The helpers are tests/compat/lib.sh's.
 set -euo pipefail
 
-suite=${1:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery rabbitmq|hutch}
-broker=${2:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery rabbitmq|hutch}
+suite=${1:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery|celery-module rabbitmq|hutch}
+broker=${2:?usage: $0 pika|pika-tls|aiormq|aio-pika|kombu|py-amqp|celery|celery-module rabbitmq|hutch}
 WORK=${WORK:-/tmp/hutch-amqp-client-suites}
 PIKA_GIT=${PIKA_GIT:-https://github.com/pika/pika}
 PIKA_REF=${PIKA_REF:-1.4.4}
@@ -73,7 +75,7 @@ prepare() {
         checkout "$WORK/py-amqp" "$PY_AMQP_GIT" "$PY_AMQP_REF"
         venv kombu -e "$WORK/py-amqp" -e "$WORK/kombu" -r "$WORK/kombu/requirements/test.txt" \
             -r "$WORK/kombu/requirements/test-integration.txt" ;;
-    celery)  # on kombu and py-amqp from their checkouts; its integration requirements but the backends'
+    celery | celery-module)  # on kombu and py-amqp from their checkouts; its integration requirements but the backends'
         checkout "$WORK/celery" "$CELERY_GIT" "$CELERY_REF"
         checkout "$WORK/kombu" "$KOMBU_GIT" "$KOMBU_REF"
         checkout "$WORK/py-amqp" "$PY_AMQP_GIT" "$PY_AMQP_REF"
@@ -90,6 +92,7 @@ prepare() {
 
 run_suite() {
     local py="$WORK/venv-${suite%-tls}/bin/python"
+    if [ "$suite" = celery-module ]; then py="$WORK/venv-celery/bin/python"; fi
     case $suite in
     pika)  # as its Linux CI (`hatch run test`: pytest, unit and acceptance, no TLS)
         cd "$WORK/pika" && "$py" -m pytest -p no:cacheprovider -q -rfE --timeout 300 ${PYTEST_ARGS:-} ;;
@@ -109,6 +112,12 @@ run_suite() {
         # test_backend.py: the Azure Block Blob result backend, no broker
         cd "$WORK/celery" && TEST_BROKER=pyamqp:// TEST_BACKEND=rpc "$py" -m pytest -p no:cacheprovider -q -rfE \
             --timeout 120 t/integration --ignore t/integration/test_backend.py ${PYTEST_ARGS:-} ;;
+    celery-module)  # one job of its CI's Integration-tests matrix: tox's integration-rabbitmq with `-k MODULE`
+        # (`pytest -xsvv t/integration -k MODULE`), without -x and -s, with its job's 15 minutes as the timeout;
+        # test_backend.py (the Azure Block Blob backend: the azure packages, an account) left out of the collection
+        cd "$WORK/celery" && TEST_BROKER=pyamqp:// TEST_BACKEND=rpc "$py" -m pytest -p no:cacheprovider -q -rfE \
+            --timeout 900 t/integration --ignore t/integration/test_backend.py \
+            -k "${CELERY_MODULE:?CELERY_MODULE names the module}" ${PYTEST_ARGS:-} ;;
     py-amqp)  # tox's integration-rabbitmq, without -x
         cd "$WORK/py-amqp" && "$py" -m pytest -p no:cacheprovider -q -rfE -E rabbitmq t/integration -n 2 \
             ${PYTEST_ARGS:-} ;;

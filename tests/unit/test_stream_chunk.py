@@ -114,7 +114,26 @@ def test_bloom_query_answers_as_bloom_may_match(values: list[bytes], unfiltered:
     query = ck.BloomQuery(wanted, unfiltered)
     for _ in range(2):
         assert query.may_match(bits) == ck.bloom_may_match(bits, wanted, unfiltered)
-    assert query.cost == 1 + len(set(v for v in wanted if v))
+    assert query.cost == 1 + min(len(set(v for v in wanted if v)), 2048)
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.binary(max_size=6), max_size=12), st.booleans(), st.integers(0, 2**32),
+       st.integers(ck.BloomQuery.TABLE_MIN, 3 * ck.BloomQuery.PREPARE_STEP), st.sampled_from([1, 2, 16, 255]),
+       st.booleans())
+def test_a_bloom_query_of_many_values_answers_as_bloom_may_match(values: list[bytes], unfiltered: bool, seed: int,
+                                                                count: int, size: int, prepared: bool) -> None:
+    """Past `TABLE_MIN` values (a table from first bits to second bits, walked over the chunk's set bits),
+    prepared ahead in steps or hashed at the first check: the same answers."""
+    wanted = [b"%d-%d" % (seed, i) for i in range(count)]
+    bits = ck.bloom(values, size)
+    query = ck.BloomQuery(wanted, unfiltered)
+    if prepared:
+        steps = sum(1 for _ in query.prepare(size * 8))
+        assert steps == (count - 1) // ck.BloomQuery.PREPARE_STEP
+    assert query.may_match(bits) == ck.bloom_may_match(bits, wanted, unfiltered)
+    assert query.may_match(bits[:0]) == unfiltered
+    assert query.cost == 1 + min(count, 2048)
 
 
 def test_bloom_query_forgets_filter_sizes_past_its_memo() -> None:

@@ -19,17 +19,16 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, NamedTuple, cast
+from typing import ClassVar, NamedTuple
 
 from hutch.streamproto import wire
 from hutch.streamproto.codes import RESPONSE_BIT, Code, Key
-from hutch.streamproto.errors import TooManyEntries, UnknownFrame
+from hutch.streamproto.errors import UnknownFrame
 from hutch.streamproto.wire import (
     BOOL,
     BYTES,
     I16,
     INT_MAP,
-    MAX_MAP_ENTRIES,
     OFFSET_SPEC,
     STRING,
     STRING_MAP,
@@ -45,6 +44,7 @@ from hutch.streamproto.wire import (
     OffsetSpec,
     OffsetSpecField,
     OptionalTail,
+    Steps,
 )
 
 _HEAD = struct.Struct(">IHH")          # size, key, version
@@ -75,6 +75,17 @@ class Command:
     @classmethod
     def read(cls, version: int, r: In) -> Command:
         return cls(*(spec.read(r) for spec in cls.FIELDS))
+
+    @classmethod
+    def steps(cls, version: int, r: In) -> Steps:
+        """`read` as a stepped read (wire.Field.steps); a record with a `read` of its own (publish,
+        deliver) is read in one step."""
+        if cls.read.__func__ is not Command.read.__func__:  # type: ignore[attr-defined]
+            return cls.read(version, r)
+        values = []
+        for spec in cls.FIELDS:
+            values.append((yield from spec.steps(r)))
+        return cls(*values)
 
 
 def _simple(key: Key, *specs: Field, response: bool = False) -> Callable[[type[Command]], type[Command]]:
@@ -179,7 +190,7 @@ class Heartbeat(Command):
     pass
 
 
-@_simple(Key.EXCHANGE_COMMAND_VERSIONS, U32, Array(U16, U16, U16, max_count=MAX_MAP_ENTRIES))
+@_simple(Key.EXCHANGE_COMMAND_VERSIONS, U32, Array(U16, U16, U16))
 @dataclass
 class ExchangeCommandVersions(Command):
     correlation_id: int
@@ -703,28 +714,37 @@ DECODERS[(Key.PUBLISH, 2)] = Publish
 DECODERS[(Key.DELIVER, 2)] = Deliver
 
 
-def decode(frame: bytes) -> Command:
-    """One frame's content (after the size field) as its record. Raises UnknownFrame."""
+def _decoder(frame: bytes) -> tuple[int, int, In, type[Command] | None]:
     if len(frame) < 4:
         raise UnknownFrame("frame shorter than its key and version")
     key, version = _KEY_VERSION.unpack_from(frame, 0)
-    r = In(frame, 4)
     cls = DECODERS.get((key, version))
-    if cls is not None:
-        try:
-            cmd = cls.read(version, r)
-        except TooManyEntries as exc:
-            exc.key = key
-            if fields(cast(Any, cls))[0].name == "correlation_id":  # (read already: it comes before any map)
-                exc.correlation_id = _U32.unpack_from(frame, 4)[0]
-            raise
-    elif version == 1 and key & RESPONSE_BIT and (key & ~RESPONSE_BIT) in _PLAIN_RESPONSES:
-        cmd = Response.read_keyed(key & ~RESPONSE_BIT, r)
-    else:
+    if cls is None and not (version == 1 and key & RESPONSE_BIT and (key & ~RESPONSE_BIT) in _PLAIN_RESPONSES):
         raise UnknownFrame(f"unknown command key 0x{key:04x} version {version}")
+    return key, version, In(frame, 4), cls
+
+
+def _decoded(key: int, r: In, cmd: Command) -> Command:
     if not r.at_end():
-        raise UnknownFrame(f"{len(frame) - r.pos} bytes left over after a command of key 0x{key:04x}")
+        raise UnknownFrame(f"{len(r.data) - r.pos} bytes left over after a command of key 0x{key:04x}")
     return cmd
+
+
+def decode(frame: bytes) -> Command:
+    """One frame's content (after the size field) as its record. Raises UnknownFrame."""
+    key, version, r, cls = _decoder(frame)
+    if cls is None:
+        return _decoded(key, r, Response.read_keyed(key & ~RESPONSE_BIT, r))
+    return _decoded(key, r, cls.read(version, r))
+
+
+def decode_steps(frame: bytes) -> Steps:
+    """`decode` as a stepped read: yields after every `wire.STEP_ENTRIES` entries of a map or array
+    and returns the same record (so a caller may spread a large command's decoding over loop turns)."""
+    key, version, r, cls = _decoder(frame)
+    if cls is None:
+        return _decoded(key, r, Response.read_keyed(key & ~RESPONSE_BIT, r))
+    return _decoded(key, r, (yield from cls.steps(version, r)))
 
 
 def encode(cmd: Command) -> bytes:
@@ -761,4 +781,4 @@ __all__ = ["DECODERS", "Close", "Command", "ConsumerUpdate", "ConsumerUpdateResp
            "ResolveOffsetSpecResponse", "Response", "Route", "RouteResponse", "SaslAuthenticate",
            "SaslAuthenticateResponse", "SaslHandshake", "SaslHandshakeResponse", "StoreOffset",
            "StreamStats", "StreamStatsResponse", "SubBatchEntry", "Subscribe", "Tune", "TuneResponse",
-           "Unsubscribe", "answered_plainly", "decode", "deliver_header", "encode", "request_key"]
+           "Unsubscribe", "answered_plainly", "decode", "decode_steps", "deliver_header", "encode", "request_key"]

@@ -45,16 +45,5 @@ class UnknownFrame(FrameError):
     code = Code.UNKNOWN_FRAME
 
 
-class TooManyEntries(UnknownFrame):
-    """A map or array of a client's command with more entries than the codec reads (wire.MAX_MAP_ENTRIES).
-    `decode` fills in the command's `key` and `correlation_id` (None when it has none), so that a
-    request answered by a plain response is refused with PRECONDITION_FAILED and the connection lives."""
-
-    def __init__(self, count: int, limit: int) -> None:
-        super().__init__(f"a map or array of {count} entries (at most {limit})")
-        self.key: int | None = None
-        self.correlation_id: int | None = None
-
-
 class CommandError(StreamProtocolError):
     """A request refused with `code`; the connection stays open."""

@@ -183,31 +183,58 @@ class BloomQuery:
     """A reader's filter (its values, and whether it takes entries without one), matched against chunks'
     bloom filters as `bloom_may_match` does, at a bounded cost whatever the values: each value is hashed
     once per filter size (not once per chunk: a 32 KB value would cost a 32 KB CRC per chunk skipped),
-    duplicates and empty values are dropped, and a check is one AND per value on the filter read as an
-    integer. `cost` is what one chunk's check counts against a reader's work per loop turn (the caller's
-    budget), so thousands of values skip fewer chunks per turn, not the same number more slowly.
+    duplicates and empty values are dropped. Up to `TABLE_MIN` values a check is one AND per value on the
+    filter read as an integer; past it (a subscribe may carry tens of thousands of `filter.N`: RabbitMQ
+    takes any count) the values are a table from a value's first bit to the OR of its second bits, and a
+    check looks at each bit set in the chunk's filter (at most its size, 2,040 bits). `cost` is what one
+    chunk's check counts against a reader's work per loop turn (the caller's budget), so thousands of
+    values skip fewer chunks per turn, not the same number more slowly. `prepare(bit_size)` hashes the
+    values for a filter size in steps of `PREPARE_STEP` (a caller spreads them over loop turns); a check
+    of a size not prepared hashes them all at once.
 
     Invariant: `may_match(bits) == bloom_may_match(bits, values, match_unfiltered)` for every filter."""
 
     __slots__ = ("values", "match_unfiltered", "cost", "_masks")
 
     MAX_SIZES = 8  # filter sizes whose masks are kept (a stream has one; a reader meets a few at most)
+    TABLE_MIN = 256  # values from which a check walks the chunk's set bits instead of one AND per value
+    PREPARE_STEP = 1024  # values hashed between two yields of `prepare` (~1 ms)
 
     def __init__(self, values: Sequence[bytes], match_unfiltered: bool) -> None:
         self.values = tuple(dict.fromkeys(v for v in values if v))
         self.match_unfiltered = match_unfiltered
-        self.cost = 1 + len(self.values)
-        self._masks: dict[int, tuple[int, ...]] = {}
+        self.cost = 1 + min(len(self.values), 2048)  # (a table's check: at most the filter's 2,040 bits)
+        self._masks: dict[int, tuple[int, ...] | dict[int, int]] = {}
 
-    def _masks_for(self, bit_size: int) -> tuple[int, ...]:
+    def prepare(self, bit_size: int) -> Iterator[None]:
+        """Hash the values for filters of `bit_size` bits, yielding after every PREPARE_STEP values."""
+        if bit_size in self._masks:
+            return
+        top = bit_size - 1  # bit b of the filter (first byte's high bit is 0) is the integer's bit top - b
+        values = self.values
+        built: tuple[int, ...] | dict[int, int]
+        if len(values) < self.TABLE_MIN:
+            built = tuple(dict.fromkeys((1 << (top - h1)) | (1 << (top - h2))
+                                        for h1, h2 in (_hash_pair(v, bit_size) for v in values)))
+        else:
+            table: dict[int, int] = {}
+            for start in range(0, len(values), self.PREPARE_STEP):
+                if start:
+                    yield
+                for v in values[start:start + self.PREPARE_STEP]:
+                    h1, h2 = _hash_pair(v, bit_size)
+                    table[top - h1] = table.get(top - h1, 0) | 1 << (top - h2)
+            built = table
+        if len(self._masks) >= self.MAX_SIZES:
+            self._masks.clear()
+        self._masks[bit_size] = built
+
+    def _masks_for(self, bit_size: int) -> tuple[int, ...] | dict[int, int]:
         masks = self._masks.get(bit_size)
         if masks is None:
-            if len(self._masks) >= self.MAX_SIZES:
-                self._masks.clear()
-            top = bit_size - 1  # bit b of the filter (first byte's high bit is 0) is the integer's bit top - b
-            masks = tuple(dict.fromkeys((1 << (top - h1)) | (1 << (top - h2))
-                                        for h1, h2 in (_hash_pair(v, bit_size) for v in self.values)))
-            self._masks[bit_size] = masks
+            for _ in self.prepare(bit_size):
+                pass
+            masks = self._masks[bit_size]
         return masks
 
     def may_match(self, filter_bits: bytes | memoryview) -> bool:
@@ -217,7 +244,17 @@ class BloomQuery:
         bits = int.from_bytes(filter_bits, "big")
         if self.match_unfiltered and bits >> (bit_size - 1) & 1:
             return True
-        return any(bits & mask == mask for mask in self._masks_for(bit_size))
+        masks = self._masks_for(bit_size)
+        if isinstance(masks, tuple):
+            return any(bits & mask == mask for mask in masks)
+        rest = bits  # a value matches when its first bit is set and one of the second bits it pairs with
+        while rest:
+            low = rest & -rest
+            seconds = masks.get(low.bit_length() - 1)
+            if seconds is not None and bits & seconds:
+                return True
+            rest ^= low
+        return False
 
 
 def bloom_all_valued(filter_bits: bytes) -> bool:

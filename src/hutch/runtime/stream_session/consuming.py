@@ -10,7 +10,8 @@ answered with where to start).
 
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop), hands what it
 read to the transport every `FLUSH_BYTES`, and stops while the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
-`PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value: `BloomQuery.cost`). A subscription holds a reader (a position), never the log. A subscription to a
+`PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value, at most 2,049:
+`BloomQuery.cost`); a subscribe of many filter values is prepared in steps before it is applied (`prepare`). A subscription holds a reader (a position), never the log. A subscription to a
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
@@ -51,12 +52,13 @@ from hutch.storage.errors import StorageError
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import MAX_REFERENCE_CHARS, Code, OffsetType
 from hutch.streamproto.errors import CommandError
-from hutch.streamproto.wire import OffsetSpec
+from hutch.streamproto.wire import OffsetSpec, Steps
 
 log = logging.getLogger("hutch.stream")
 
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
+PREPARE_ITEMS = 2048  # a subscribe's properties looked at in one step of `prepare`
 FLUSH_BYTES = 1 << 20  # chunk data put in the output before it is handed to the transport (whose high
 #                        mark then pauses the pump): without it one turn of 256 subscriptions × PUMP_CHUNKS
 #                        chunks of a stream of large chunks would be read into memory before any write
@@ -103,6 +105,27 @@ class Consuming:
         self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
         # stream → reference → offset, stored since the last `coalesce_offsets` (at most a turn's commands)
         self.pending_offsets: dict[str, dict[bytes, int]] = {}
+        # a subscribe's filter prepared ahead (`prepare`): (the command, its values, its query)
+        self._prepared: tuple[c.Subscribe, list[bytes], ck.BloomQuery | None] | None = None
+
+    def prepare(self, cmd: c.Subscribe) -> Steps:
+        """The work of a subscribe in proportion to its properties, done ahead in steps that the
+        connection spreads over loop turns as it decodes a large frame (connection.py, `STEP_BYTES`): its
+        filter values (`PREPARE_ITEMS` properties a step) and their `BloomQuery`, hashed for the stream's
+        filter size when the stream is read here (`BloomQuery.prepare`). `subscribe` takes what was
+        prepared for that command; anything it refuses is refused there, as for any subscribe."""
+        props = cmd.properties
+        keys = list(props)
+        values: list[bytes] = []
+        for start in range(0, len(keys), PREPARE_ITEMS):
+            if start:
+                yield
+            values += [props[k].encode() for k in keys[start:start + PREPARE_ITEMS] if k.startswith("filter.")]
+        query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
+        handle = self.conn.catalog.lookup(self.conn.vhost.name, cmd.stream)
+        if query is not None and handle is not None and not handle.closed:
+            yield from query.prepare(handle.options.filter_size_bytes * 8)
+        self._prepared = (cmd, values, query)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
@@ -117,10 +140,14 @@ class Consuming:
         name = props.get("name", "")
         if sac and not name:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
-        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props,
-                           [v.encode() for k, v in sorted(props.items()) if k.startswith("filter.")],
-                           props.get("match-unfiltered", "").lower() == "true", home=home)
-        sub.query = filter_query(sub.filter_values, sub.match_unfiltered)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[0] is cmd:
+            values, query = prepared[1], prepared[2]
+        else:
+            values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
+            query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
+        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, values,
+                           props.get("match-unfiltered", "").lower() == "true", query=query, home=home)
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
