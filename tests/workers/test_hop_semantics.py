@@ -139,6 +139,25 @@ def test_delete_of_a_queue_expired_at_its_home_is_delete_ok(node: ServerInfo) ->
             assert ch.queue_delete(q).method.message_count == 0
 
 
+def test_redeclare_of_a_queue_gone_at_its_home_declares_it_anew(node: ServerInfo) -> None:
+    """celery's result consumer re-declares its auto-delete reply queue as it reconnects, while the queue's
+    home has just deleted it (its last consumer gone): declare-ok (a new queue, as on one node), never 404
+    for the stand-in about to go. The home's consumer cancels; the other worker re-declares at once."""
+    ports = portfile.read(node.data_dir)
+    assert ports is not None
+    with connect(node, 0) as c0:
+        ch0 = c0.channel()
+        for i in range(10):
+            q = declare_in(node, ch0, f"gone-at-home-{i}", 1, auto_delete=True)
+            c1 = amqp.Connection(f"127.0.0.1:{ports['listeners']['amqp_w1']}")
+            c1.connect()
+            c1.channel().basic_consume(q, callback=lambda _m: None)
+            c1.sock.close()  # its consumer's connection is cut (no close handshake): auto-deleted at its home
+            ok = ch0.queue_declare(q, auto_delete=True)  # worker 0's stand-in may still be there
+            assert ok.method.queue == q and ok.method.consumer_count == 0
+            ch0.queue_delete(q)
+
+
 @pytest.mark.parametrize("home", [0, 1])
 @pytest.mark.parametrize("first_exclusive", [True, False])
 def test_exclusive_use_is_judged_across_the_hop(node: ServerInfo, home: int, first_exclusive: bool) -> None:

@@ -9,6 +9,10 @@ Rules:
 - A queue lives on the node where it was declared (its "home", in the metadata). Elsewhere it is a
   `RemoteQueue`; every message operation goes to the home node over the transport, batched per loop
   iteration, in order per node pair.
+- A queue its home has deleted (auto-delete, expiry) is re-declared anew, as on one node: a
+  `queue.declare` whose home answers that it has no such queue waits (at most `GONE_WAIT_S`) for the
+  deletion's record to delete the stand-in here, then declares the queue; only a passive declare, or a
+  stand-in still there after the wait, gets 404.
 - Operations a client waits for (basic.get, queue.purge, queue.declare/delete counts, basic.consume's
   existence check) are prepared asynchronously before the channel handles the method (the connection
   is suspended meanwhile: connection.py), so the channel code stays synchronous and type-blind.
@@ -76,6 +80,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.cluster.queues")
 
 PREPARE_TIMEOUT_S = 5.0
+GONE_WAIT_S = 5.0  # how long a re-declare waits for a stand-in its home deleted to be deleted here (`_forgotten`)
 BATCH_BYTES = 256 << 10  # a held batch is written once its bodies reach this
 BATCH_MESSAGE_BYTES = 64 << 10  # a larger message is sent in a record of its own
 FLOW_RECHECK_S = 0.1  # how often a home asks a queue that holds another node's publishers whether it still does
@@ -163,6 +168,7 @@ class RemoteQueue(Queue):
         self.flow_hold = False  # the home said its queue holds publishers (`RemoteHold`), until it lets go
         self.paused_consumers: set[int] = set()  # consumers here the home was told have a full socket
         self._home_exclusive = False  # the home said one of its consumers is exclusive (`_set_counts`)
+        self._gone: asyncio.Event | None = None  # set when this stand-in is deleted here (`_forgotten`)
         # a replicated stream's stand-in on a node that is not a member: (its group id, its members), from
         # its record (the stream protocol asks a member for its writer, offsets and sequences)
         self.stream_group: tuple[int, tuple[str, ...]] | None = None
@@ -190,7 +196,23 @@ class RemoteQueue(Queue):
             reply = await link.request(self.home, cm.QueueInfo(self.vhost, self.name))
             if reply is None and isinstance(method, spec.Queue.Delete):
                 reply = [0, 0, 0]  # gone at its home already (expired, auto-deleted): delete-ok, as on one node
+            elif reply is None and isinstance(method, spec.Queue.Declare) and not method.passive \
+                    and await self._forgotten():
+                return  # gone at its home and its deletion applied here: the declare makes the queue anew
             self._set_counts(reply)
+
+    async def _forgotten(self) -> bool:
+        """Whether this stand-in is deleted here within `GONE_WAIT_S`: its home deleted the queue (auto-delete,
+        expiry) and answered that it has none, but the deletion's record may not have reached this worker
+        yet. A client that re-declares the queue at once (celery's result consumer, reconnecting) then gets
+        a new queue, as on one node, not 404 for a stand-in about to go."""
+        if not self.deleted:
+            gone = self._gone = self._gone or asyncio.Event()
+            try:
+                await asyncio.wait_for(gone.wait(), GONE_WAIT_S)
+            except TimeoutError:
+                return False
+        return True
 
     async def refresh_counts(self) -> None:
         """The home's counts now (the pushed ones are up to a second old); a queue gone at its home keeps
@@ -389,6 +411,8 @@ class RemoteQueue(Queue):
 
     def delete(self) -> int:
         self.deleted = True
+        if self._gone is not None:
+            self._gone.set()
         consumers = list(self._consumers.values())
         self._consumers.clear()
         self._before_ok.clear()  # the queue is gone at its home, and its messages with it
