@@ -90,6 +90,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
+    from xdist_schedule import repeated_ids
+    repeated = repeated_ids(item.nodeid for item in items)
+    if repeated:  # under xdist only one test of each would run, and nothing would say so
+        raise pytest.UsageError(f"{len(repeated)} test ids are shared by several tests (each id must name one "
+                                f"test: docs/testing.md): {', '.join(repeated[:5])}")
 
 
 @pytest.hookimpl(wrapper=True)
