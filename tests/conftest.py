@@ -142,6 +142,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         Path(out).write_text(json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n")
 
 
+NODE_LOG_ENV = "HUTCH_TEST_NODE_LOG"
+"""Set to a path, every node start (`start_server`, and each node of tests/cluster/nodes.py) appends a line
+there: the test that started it and the phase (setup: a fixture's; call: the test's own), tab-separated. A
+count by module of where nodes are still started (docs/testing.md, "Where the time goes")."""
+
+
+def note_node_start() -> None:
+    path = os.environ.get(NODE_LOG_ENV)
+    if path:
+        test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (?)").rpartition(" ")
+        with open(path, "a") as out:  # one short write per line: the xdist workers' lines do not mix
+            out.write(f"{test}\t{phase.strip('()')}\n")
+
+
 def free_port() -> int:
     """A port number nothing listened on a moment ago: only for "nobody listens here" (a refused
     connection), never to hand to a server (start it with port 0 and read its ports file)."""
@@ -207,6 +221,7 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
     full_env.update(env or {})
+    note_node_start()
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     ports = node_ports(_flag(args, "--data-dir"), proc, log_path)
