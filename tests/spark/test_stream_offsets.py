@@ -11,6 +11,7 @@ offsets past retention fail the query (`failOnDataLoss=true`) or are skipped (`f
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,13 @@ def test_a_queue_name_with_the_stream_option_is_refused(spark: Any, server: Serv
         _read_batch(spark, server, unique("missing"), stream_format).collect()
 
 
+@pytest.fixture
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("hutch-st"), "--stream-port", "0")
+    yield info
+    info.stop()
+
+
 def _publish(port: int, name: str, n: int, start: int = 0, body_size: int = 0,
              arguments: dict[str, Any] | None = None) -> None:
     b = Broker(port)
@@ -169,21 +177,21 @@ def test_node_killed_during_the_query_then_resume_exactly_once(spark: Any, tmp_p
     assert offsets_after_a_node_kill(spark, tmp_path, read, "hutch source") == list(range(1000))
 
 
-def test_offsets_past_retention_fail_or_are_skipped(spark: Any, server: ServerInfo, tmp_path: Path) -> None:
+def test_offsets_past_retention_fail_or_are_skipped(spark: Any, own_server: ServerInfo, tmp_path: Path) -> None:
     name = unique("st")
     args = {"x-queue-type": "stream", "x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 5_000}
-    port = server.amqp_port
+    port = own_server.amqp_port
     _publish(port, name, 20, body_size=100, arguments=args)
     out = tmp_path / "out"
-    run_available_now(_read_stream(spark, server, name, startingOffsets="earliest"), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, own_server, name, startingOffsets="earliest"), out, tmp_path / "ck")
     assert _offsets(spark, out) == list(range(20))
     for i in range(20, 2000, 20):  # many chunks and segments: retention removes the oldest
         _publish(port, name, 20, start=i, body_size=100)
-    first = _read_batch(spark, server, name).agg({"offset": "min"}).collect()[0][0]
+    first = _read_batch(spark, own_server, name).agg({"offset": "min"}).collect()[0][0]
     assert first > 20
     with pytest.raises(Exception, match="no longer in the stream"):
-        run_available_now(_read_stream(spark, server, name), out, tmp_path / "ck")
-    run_available_now(_read_stream(spark, server, name, failOnDataLoss="false"), out, tmp_path / "ck")
+        run_available_now(_read_stream(spark, own_server, name), out, tmp_path / "ck")
+    run_available_now(_read_stream(spark, own_server, name, failOnDataLoss="false"), out, tmp_path / "ck")
     got = _offsets(spark, out)
     assert got[:20] == list(range(20)) and got[20] >= first  # retention may have moved on since
     assert got[20:] == list(range(got[20], 2000))
@@ -197,20 +205,20 @@ def test_the_row_timestamp_is_the_publishers(spark: Any, server: ServerInfo, bro
     assert rows[0].timestamp.timestamp() == 1_700_000_000 and rows[1].timestamp is None
 
 
-def test_a_read_task_whose_range_retention_removed_after_planning(server: ServerInfo) -> None:
+def test_a_read_task_whose_range_retention_removed_after_planning(own_server: ServerInfo) -> None:
     """No Spark session: a range planned from offset 0, then retention removes its start before the
     task reads it."""
     from hutch.spark.options import stream_read_options
     from hutch.spark.stream_source import HutchStreamReadError, StreamRange, read_range
 
     name = unique("st")
-    port = server.amqp_port
+    port = own_server.amqp_port
     _publish(port, name, 20, body_size=100, arguments={"x-queue-type": "stream", "x-max-length-bytes": 20_000,
                                                        "x-stream-max-segment-size-bytes": 5_000})
     for i in range(20, 2000, 20):
         _publish(port, name, 20, start=i, body_size=100)
     part = StreamRange(0, 0, 2000)
-    sport = str(server.ports["stream"])
+    sport = str(own_server.ports["stream"])
     with pytest.raises(HutchStreamReadError, match="offsets 0 to .* are no longer in the stream"):
         list(read_range(stream_read_options({"uri": amqp_uri(port), "stream": name, "streamPort": sport}, True),
                         part))
