@@ -90,6 +90,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
+    from xdist_schedule import repeated_ids
+    repeated = repeated_ids(item.nodeid for item in items)
+    if repeated:  # under xdist only one test of each would run, and nothing would say so
+        raise pytest.UsageError(f"{len(repeated)} test ids are shared by several tests (each id must name one "
+                                f"test: docs/testing.md): {', '.join(repeated[:5])}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -135,6 +140,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if out and _unit_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
         ranked = sorted(_unit_seconds.items(), key=lambda kv: (-kv[1], kv[0]))
         Path(out).write_text(json.dumps({k: round(v, 1) for k, v in ranked}, indent=1) + "\n")
+
+
+NODE_LOG_ENV = "HUTCH_TEST_NODE_LOG"
+"""Set to a path, every node start (`start_server`, and each node of tests/cluster/nodes.py) appends a line
+there: the test that started it and the phase (setup: a fixture's; call: the test's own), tab-separated. A
+count by module of where nodes are still started (docs/testing.md, "Where the time goes")."""
+
+
+def note_node_start() -> None:
+    path = os.environ.get(NODE_LOG_ENV)
+    if path:
+        test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (?)").rpartition(" ")
+        with open(path, "a") as out:  # one short write per line: the xdist workers' lines do not mix
+            out.write(f"{test}\t{phase.strip('()')}\n")
 
 
 def free_port() -> int:
@@ -202,6 +221,7 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
     full_env.update(env or {})
+    note_node_start()
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     ports = node_ports(_flag(args, "--data-dir"), proc, log_path)

@@ -19,7 +19,9 @@ by the shortest of the long units). A unit missing from the table (a new module)
 directory's; `HUTCH_TEST_DURATIONS_OUT=path` writes a new table from a run (`make test-durations`).
 
 Rule: a unit's tests run in one worker, in file order, so module- and session-scoped fixtures start
-once per worker that needs them.
+once per worker that needs them. And every test's node id is its own (`repeated_ids`): the units are dicts
+keyed by node id, as xdist's are, so of tests sharing an id only one would run (tests/conftest.py refuses
+such a collection).
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ def group_of(nodeid: str) -> str:
     """The unit of work of the test `nodeid`: its module, or "spark" for the Spark suite."""
     module = nodeid.split("::", 1)[0]
     return "spark" if module.startswith("tests/spark/") else module
+
+
+def repeated_ids(nodeids: Iterable[str]) -> list[str]:
+    """The node ids that `nodeids` holds more than once, in first-seen order. xdist hands tests out by id:
+    of the tests sharing one, one runs and the others are silently dropped (schemathesis' own
+    `@schema.parametrize()` gave all 149 operation tests of tests/mgmt/test_openapi.py one id, and `make
+    test` ran one of them until session 17)."""
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for nodeid in nodeids:
+        if nodeid in seen:
+            repeated[nodeid] = None
+        seen.add(nodeid)
+    return list(repeated)
 
 
 def load_costs(path: Path = DURATIONS_PATH) -> dict[str, float]:

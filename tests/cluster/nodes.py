@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ServerInfo, node_ports
+from tests.conftest import ServerInfo, node_ports, note_node_start
 
 from hutch import portfile
 
@@ -90,6 +90,7 @@ class Node:
                if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
         env["HUTCH_CLUSTER_SECRET"] = self.secret
         env.update(self.env)
+        note_node_start()
         with open(log_path, "wb") as f:
             self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
         if wait:

@@ -341,9 +341,10 @@ def test_join_and_forget_a_node(three: Cluster) -> None:
     three.nodes.remove(lone)
 
 
-def test_partition_minority_side_refuses_majority_side_goes_on_then_heals(tmp_path: Path) -> None:
-    c = Cluster.start(tmp_path, 3)
-    n1, n2, n3 = c.nodes
+def test_partition_minority_side_refuses_majority_side_goes_on_then_heals(three: Cluster) -> None:
+    c = three  # the module's cluster: healed and whole again at the end (its names are this test's own)
+    n1, n2, n3 = c.nodes[:3]
+    c.wait_running({"n1", "n2", "n3"}, via=n1)
     try:
         c.partition([n1], [n2, n3])
         c.wait_running({"n2", "n3"}, via=n2)
@@ -362,7 +363,7 @@ def test_partition_minority_side_refuses_majority_side_goes_on_then_heals(tmp_pa
         assert not queue_exists(n3, "minority-side")
         assert n3.api("GET", "/api/vhosts/minority-vhost")[0] == 404
     finally:
-        c.stop()
+        c.heal()
 
 
 def test_five_nodes_survive_two_failures_including_the_leader(tmp_path: Path) -> None:

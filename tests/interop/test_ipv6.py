@@ -13,7 +13,7 @@ import pika
 import pytest
 import requests
 
-from conftest import start_server  # tests/conftest.py (tests/ is on sys.path)
+from conftest import ServerInfo, start_server  # tests/conftest.py (tests/ is on sys.path)
 
 from .inproc import InProcNode
 
@@ -35,28 +35,27 @@ def _pika(host: str, port: int) -> pika.BlockingConnection:
         host, port, credentials=pika.PlainCredentials("guest", "guest"), connection_attempts=1, socket_timeout=5))
 
 
-def test_default_listeners_take_ipv4_and_ipv6_clients(tmp_path: Path) -> None:
-    info = start_server(tmp_path)
-    try:
-        for host in ("127.0.0.1", "::1"):  # guest over ::1 passes the loopback rule
-            conn = _pika(host, info.amqp_port)
-            ch = conn.channel()
-            q = ch.queue_declare("", exclusive=True).method.queue
-            ch.basic_publish("", q, b"over " + host.encode())
-            assert ch.basic_get(q, auto_ack=True)[2] == b"over " + host.encode()
-            conn.close()
-        for host in ("127.0.0.1", "[::1]"):
-            r = requests.get(f"http://{host}:{info.management_port}/api/overview", auth=("guest", "guest"),
-                             timeout=10)
-            assert r.status_code == 200
-        listeners = {(x["protocol"], x["ip_address"]) for x in r.json()["listeners"]}
-        assert ("amqp", "::") in listeners and ("http", "::") in listeners
-    finally:
-        info.stop()
+# the default listeners are the run's shared node's (hutch_server: a node of the default config); each
+# test's queue is its own (exclusive, server-named)
+def test_default_listeners_take_ipv4_and_ipv6_clients(hutch_server: ServerInfo) -> None:
+    info = hutch_server
+    for host in ("127.0.0.1", "::1"):  # guest over ::1 passes the loopback rule
+        conn = _pika(host, info.amqp_port)
+        ch = conn.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", q, b"over " + host.encode())
+        assert ch.basic_get(q, auto_ack=True)[2] == b"over " + host.encode()
+        conn.close()
+    for host in ("127.0.0.1", "[::1]"):
+        r = requests.get(f"http://{host}:{info.management_port}/api/overview", auth=("guest", "guest"),
+                         timeout=10)
+        assert r.status_code == 200
+    listeners = {(x["protocol"], x["ip_address"]) for x in r.json()["listeners"]}
+    assert ("amqp", "::") in listeners and ("http", "::") in listeners
 
 
-def test_aio_pika_over_ipv6(tmp_path: Path) -> None:
-    info = start_server(tmp_path)
+def test_aio_pika_over_ipv6(hutch_server: ServerInfo) -> None:
+    info = hutch_server
 
     async def run() -> bytes:
         conn = await aio_pika.connect(f"amqp://guest:guest@[::1]:{info.amqp_port}/", timeout=10)
@@ -68,10 +67,7 @@ def test_aio_pika_over_ipv6(tmp_path: Path) -> None:
             await msg.ack()
             return msg.body
 
-    try:
-        assert asyncio.run(run()) == b"v6"
-    finally:
-        info.stop()
+    assert asyncio.run(run()) == b"v6"
 
 
 def test_an_explicit_ipv4_address_binds_ipv4_only() -> None:

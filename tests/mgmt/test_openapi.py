@@ -2,21 +2,32 @@
 
 * every route the app serves under /api and /metrics is described (the document is generated from the
   route table, and this checks the raw handlers too);
-* schemathesis, through its Python API, generates requests for every operation (a few examples each)
-  against a node of its own and checks that none answers 5xx and that every reply's status code and
-  body conform to the document. The node is its own because generated requests delete and change
-  things (a vhost named "/" is a likely generated name).
+* schemathesis, through its Python API, generates requests for every operation (its coverage cases and a
+  few examples each) against a node of its own and checks that none answers 5xx and that every reply's
+  status code and body conform to the document. The node is its own because generated requests delete
+  and change things (a vhost named "/" is a likely generated name).
+
+The operations' tests are built when they run, not at collection: schemathesis' own `@schema.parametrize()`
+builds every operation's coverage cases (~10,000 in all, ~9 s of CPU) while collecting, in each pytest-xdist
+worker, though one worker runs this module (docs/testing.md, "Where the time goes"). Here each test is one
+operation (`[METHOD /path]`, the label schemathesis gives it) and builds its Hypothesis test in its own call,
+with the same settings, phases and checks.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Iterator
 
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
+from schemathesis.generation.feedback import FeedbackSources
+from schemathesis.pytest._test_builder import build_operation_test
+from schemathesis.python._constants.orchestrator import make_constants_value_source
 
 from conftest import ServerInfo, start_server  # tests/conftest.py
 from hutch.mgmt import http, openapi
@@ -24,7 +35,7 @@ from hutch.mgmt import http, openapi
 from .helpers import Api, wait_mgmt
 
 DOCUMENT = openapi.document(http.ROUTES)
-SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
+OPERATIONS = [f"{method.upper()} {path}" for path, ops in DOCUMENT["paths"].items() for method in ops]
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 
@@ -73,10 +84,27 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
     info.stop()
 
 
-@SCHEMA.parametrize()
+@functools.cache
+def _schema() -> schemathesis.BaseSchema:
+    return schemathesis.openapi.from_dict(DOCUMENT)
+
+
 @settings(max_examples=4, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
-def test_api_conforms_to_its_description(case: schemathesis.Case, node: ServerInfo) -> None:
+def _conforms(case: schemathesis.Case, node: ServerInfo, session: requests.Session) -> None:
     # a failed health check is a documented 503, not a server error
     checks = CHECKS[1:] if case.path.startswith(("/api/health", "/api/healthchecks")) else CHECKS
-    case.call_and_validate(base_url=node.mgmt_url, headers=AUTH, checks=checks, timeout=10)
+    case.call_and_validate(base_url=node.mgmt_url, headers=AUTH, checks=checks, timeout=10, session=session)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_api_conforms_to_its_description(operation: str, node: ServerInfo) -> None:
+    """What schemathesis' `@schema.parametrize()` runs for the operation `operation`, built here (lazily)."""
+    schema = _schema()
+    found = schema.find_operation_by_label(operation)
+    assert found is not None, operation
+    run = build_operation_test(config=schema.config, operation=found, test_func=_conforms, given_kwargs={},
+                               feedback=FeedbackSources(constants_value_source=make_constants_value_source(schema)))
+    with requests.Session() as session:  # one kept-alive connection for the operation's ~70 requests
+        session.trust_env = False  # no proxy lookup in the environment per request (a loopback URL)
+        run(node=node, session=session)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from xdist_schedule import ModuleScheduling, group_of, load_costs, order_units
+from xdist_schedule import ModuleScheduling, group_of, load_costs, order_units, repeated_ids
 
 COLLECTION = [
     "tests/unit/test_a.py::test_1", "tests/unit/test_a.py::test_2", "tests/unit/test_a.py::test_3",
@@ -94,6 +94,19 @@ def test_every_test_runs_once_and_a_unit_stays_on_one_worker_in_file_order(worke
             assert indices == sorted(indices), f"{unit} out of file order on {node.gateway.id}"
             everywhere = [i for n in nodes for i in n.sent if group_of(COLLECTION[i]) == unit]
             assert sorted(everywhere) == indices, f"{unit} split over workers"
+
+
+def test_tests_sharing_an_id_are_found_since_only_one_of_them_would_run() -> None:
+    shared = "tests/mgmt/test_openapi.py::test_api_conforms_to_its_description"
+    assert repeated_ids([*COLLECTION, shared, shared, COLLECTION[0], shared]) == [shared, COLLECTION[0]]
+    assert repeated_ids(COLLECTION) == []
+    # why: the scheduler keys a unit's tests by id, so a repeated id is sent once
+    sched = ModuleScheduling(_config(1), costs={})
+    node = FakeNode("gw0")
+    sched.add_node(node)
+    sched.add_node_collection(node, [shared, shared, shared])
+    sched.schedule()
+    assert len(node.sent) == 1
 
 
 def test_the_costliest_units_start_first_one_per_worker() -> None:
