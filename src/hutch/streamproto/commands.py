@@ -80,7 +80,7 @@ class Command:
     def steps(cls, version: int, r: In) -> Steps:
         """`read` as a stepped read (wire.Field.steps); a record with a `read` of its own (publish,
         deliver) is read in one step."""
-        if cls.read.__func__ is not Command.read.__func__:  # type: ignore[attr-defined]
+        if cls.read.__func__ is not Command.read.__func__:  # type: ignore[attr-defined]  # a bound classmethod has __func__; typeshed does not say so
             return cls.read(version, r)
         values = []
         for spec in cls.FIELDS:
