@@ -1,0 +1,183 @@
+"""Compaction of load, the session's half: which of a connection's state belongs to an island, and how it moves.
+
+Owns: `island_reason` (why an open connection cannot move now with the queue it uses, or None),
+`island_channels` (its channels' consumers and unacked deliveries, as they move), and
+`IslandConnection` (a connection's `HandoverState`, runtime/session/handover.py, plus per channel its
+consumers — tag, no_ack, exclusive, prefetch, priority, arguments, how many it was handed — and its
+unacked deliveries, delivery tag -> the queue entry's sequence number and the consumer's tag) with its
+one codec. An **island** is a queue and the connections of its home worker that use only that queue
+(docs/scaling.md, "Compaction of load"); the queue's side is queues/classic/transfer.py, the
+controller core/compaction.py.
+
+Rules:
+- A connection of an island uses one queue: every consumer and every unacked delivery of every channel
+  is that queue's (a `basic.get` delivery too). Direct Reply-To, a transaction, an exclusive queue of its
+  own, a channel closing, unfinished content and an alarm or flow block make it not movable.
+- What waits is not refused: unconfirmed publishes and a write buffer not yet flushed are the move's to
+  wait for (the connection's reading is held meanwhile), so `island_reason` names them apart
+  (`WAIT_REASONS`).
+- The delivery tags continue: each channel's `next_tag` travels in its `ChannelState`, and every
+  unacked delivery keeps its tag, so an ack of a tag delivered before the move settles it after.
+- A decoded state is checked whole before anything is built: tags unique, ascending and below the
+  channel's next tag; consumer tags unique per channel; a delivery's consumer one of its channel's (or
+  "" for a `basic.get`); every channel one of the connection's. A malformed state is a ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from hutch.amqp.errors import FrameError
+from hutch.amqp.table import decode_table, encode_table
+from hutch.runtime.session.handover import HandoverState, MovableConnection, unpack_state
+
+VERSION = 1
+WAIT_REASONS = frozenset({"unconfirmed publishes", "busy"})  # the move waits for these, then judges again
+
+
+@dataclass
+class ConsumerState:
+    tag: str
+    no_ack: bool
+    exclusive: bool
+    prefetch: int
+    priority: int = 0
+    arguments: dict[str, Any] = field(default_factory=dict)
+    delivered: int = 0
+
+    def wire(self) -> list[Any]:
+        return [self.tag, self.no_ack, self.exclusive, self.prefetch, self.priority, encode_table(self.arguments),
+                self.delivered]
+
+    @classmethod
+    def from_wire(cls, v: Any) -> ConsumerState:  # Any: a msgpack value, checked here
+        if not isinstance(v, list) or len(v) != 7:
+            raise ValueError("a consumer's state is a list of 7")
+        tag, no_ack, exclusive, prefetch, priority, arguments, delivered = v
+        if not isinstance(tag, str) or not tag or len(tag.encode()) > 255:
+            raise ValueError("malformed consumer state: tag")
+        if type(no_ack) is not bool or type(exclusive) is not bool or not isinstance(arguments, bytes):
+            raise ValueError("malformed consumer state: flags")
+        if type(prefetch) is not int or not 0 <= prefetch <= 65535 or type(priority) is not int \
+                or not -2**31 <= priority < 2**31 or type(delivered) is not int or not 0 <= delivered < 2**63:
+            raise ValueError("malformed consumer state: numbers")
+        try:
+            args, end = decode_table(arguments, 0)
+        except FrameError as exc:
+            raise ValueError(f"malformed consumer state: arguments: {exc}") from None
+        if end != len(arguments):
+            raise ValueError("malformed consumer state: arguments")
+        return cls(tag, no_ack, exclusive, prefetch, priority, args, delivered)
+
+
+@dataclass
+class ChannelIsland:
+    number: int
+    consumers: list[ConsumerState] = field(default_factory=list)
+    deliveries: list[tuple[int, int, str]] = field(default_factory=list)  # (delivery tag, seq, consumer tag)
+
+    def wire(self) -> list[Any]:
+        return [self.number, [c.wire() for c in self.consumers], [v for d in self.deliveries for v in d]]
+
+
+@dataclass
+class IslandConnection:
+    queue: str  # the island's queue (in the connection's vhost)
+    connection: HandoverState
+    channels: list[ChannelIsland] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        data = msgpack.packb([VERSION, self.queue, self.connection.encode(), [c.wire() for c in self.channels]],
+                             use_bin_type=True)
+        assert isinstance(data, bytes)
+        return data
+
+    @classmethod
+    def decode(cls, data: bytes) -> IslandConnection:
+        """The state `encode` made; ValueError if it is not one (or too large)."""
+        v = unpack_state(data, "island connection")
+        if not isinstance(v, list) or len(v) != 4 or v[0] != VERSION:
+            raise ValueError("not an island connection's state of this version")
+        _, queue, conn, channels = v
+        if not isinstance(queue, str) or not isinstance(conn, bytes) or not isinstance(channels, list):
+            raise ValueError("malformed island connection state")
+        connection = HandoverState.decode(conn)
+        next_tags = {c.number: c.next_tag for c in connection.channels}
+        out = [_channel_from_wire(c, next_tags) for c in channels]
+        if len({c.number for c in out}) != len(out):
+            raise ValueError("malformed island connection state: a channel twice")
+        return cls(queue, connection, out)
+
+
+def _channel_from_wire(v: Any, next_tags: dict[int, int]) -> ChannelIsland:  # Any: a msgpack value
+    if not isinstance(v, list) or len(v) != 3 or not isinstance(v[1], list) or not isinstance(v[2], list):
+        raise ValueError("malformed island channel state")
+    number, consumers, flat = v
+    if number not in next_tags:
+        raise ValueError(f"malformed island channel state: channel {number!r} is not the connection's")
+    states = [ConsumerState.from_wire(c) for c in consumers]
+    tags = {c.tag for c in states}
+    if len(tags) != len(states):
+        raise ValueError("malformed island channel state: a consumer tag twice")
+    if len(flat) % 3:
+        raise ValueError("malformed island channel state: deliveries")
+    deliveries = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    last = 0
+    for tag, seq, consumer in deliveries:
+        if type(tag) is not int or type(seq) is not int or not isinstance(consumer, str) \
+                or not last < tag < next_tags[number] or not 0 < seq < 2**63 or (consumer and consumer not in tags):
+            raise ValueError(f"malformed island channel state: delivery {tag!r}")
+        last = tag
+    if len({seq for _t, seq, _c in deliveries}) != len(deliveries):
+        raise ValueError("malformed island channel state: a message delivered twice")
+    return ChannelIsland(number, states, deliveries)
+
+
+def island_reason(conn: MovableConnection, queue: Any) -> str | None:  # Any: core's Queue
+    """Why `conn` cannot move now with `queue`, or None. The reasons in `WAIT_REASONS` pass with time
+    (the move waits for them); the others make the connection, and so the island, not movable."""
+    if conn.flow_blocked or conn.alarm_blocked or conn.node.alarms:
+        return "flow or alarm"
+    if conn.closing_channels:
+        return "a channel closing"
+    if conn.unfinished_body_bytes:
+        return "unfinished content"
+    for ch in conn.channels.values():
+        if ch.reply_consumer is not None or ch.reply_token is not None:
+            return "Direct Reply-To"
+        if ch.tx or ch.tx_ops:
+            return "a transaction"
+        if ch.content_in_progress():
+            return "unfinished content"
+        if any(c.queue is not queue for c in ch.consumers.values()):
+            return "consumers of another queue"
+        if any(u.queue is not queue for u in ch.unacked.values()):
+            return "deliveries of another queue"
+    vhost = conn.vhost_obj
+    if vhost is not None and any(q.exclusive_owner is conn for q in vhost.queues.values()):
+        return "exclusive queues"
+    for ch in conn.channels.values():
+        if ch.confirms is not None and ch.confirms.unanswered:
+            return "unconfirmed publishes"
+    if conn.state_is_busy():
+        return "busy"
+    return None
+
+
+def island_channels(channels: dict[int, Any]) -> list[ChannelIsland]:  # Any: ServerChannel
+    """What moves of an island connection's channels beyond their `ChannelState`s: consumers and unacked
+    deliveries (tag order), in channel order. Call after `island_reason` said None."""
+    out = []
+    for n, ch in sorted(channels.items()):
+        consumers = [ConsumerState(c.tag, c.no_ack, c.exclusive, c.prefetch, c.priority, dict(c.arguments or {}),
+                                   c.delivered) for c in ch.consumers.values()]
+        live = ch.consumers
+        # a delivery of a consumer cancelled since settles as a basic.get's does: by its tag alone
+        deliveries = [(tag, u.entry.seq, u.consumer.tag if u.consumer is not None and live.get(u.consumer.tag)
+                       is u.consumer else "") for tag, u in sorted(ch.unacked.items())]
+        if consumers or deliveries:
+            out.append(ChannelIsland(n, consumers, deliveries))
+    return out

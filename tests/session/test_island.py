@@ -1,0 +1,176 @@
+"""Compaction of load, the session's half (runtime/session/island.py): which connections belong to an
+island and what of them moves, judged on real connections of an in-memory broker (pamqp for the
+client), and the state's codec (round trips, hostile states refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import commands
+
+from hutch.runtime.broker.node import Node
+from hutch.runtime.session.handover import ChannelState, HandoverState, channel_states
+from hutch.runtime.session.island import (
+    WAIT_REASONS,
+    ChannelIsland,
+    ConsumerState,
+    IslandConnection,
+    island_channels,
+    island_reason,
+)
+
+from .memory import SessionPair, make_node
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    n = make_node(str(tmp_path / "a"))
+    for name in ("q", "other"):
+        n.declare_queue(n.vhosts["/"], name, False, False, False, {}, None)
+    return n
+
+
+async def consuming(node: Node, prefetch: int = 3) -> SessionPair:
+    """A connection consuming from `q` with a prefetch, 5 messages published: `prefetch` unacked."""
+    pair = SessionPair(node)
+    await pair.open()
+    pair.open_channel(1)
+    pair.send(1, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.Consume(queue="q", consumer_tag="c1"))
+    for i in range(5):
+        pair.feed(pair.publish(1, "q", b"%d" % i))
+    pair.received()
+    return pair
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_with_unacked_deliveries_belongs_to_its_queue_island(node: Node) -> None:
+    pair = await consuming(node)
+    q = node.vhosts["/"].queues["q"]
+    assert island_reason(pair.conn, q) is None
+    [ch] = island_channels(pair.conn.channels)
+    assert ch.number == 1 and [c.tag for c in ch.consumers] == ["c1"] and ch.consumers[0].prefetch == 3
+    assert [(tag, consumer) for tag, _seq, consumer in ch.deliveries] == [(1, "c1"), (2, "c1"), (3, "c1")]
+    assert [seq for _t, seq, _c in ch.deliveries] == [1, 2, 3] and q.message_count == 2
+    # the state as it would travel, with the connection's own
+    conn_state = HandoverState("guest", "/", 131072, 2047, 60, {}, "PLAIN", ("127.0.0.1", 1), "n", 0, 0, 0, True,
+                               channel_states(pair.conn.channels))
+    state = IslandConnection("q", conn_state, [ch])
+    assert IslandConnection.decode(state.encode()) == state
+    # against another queue, the same connection is not of that island
+    assert island_reason(pair.conn, node.vhosts["/"].queues["other"]) == "consumers of another queue"
+
+
+@pytest.mark.asyncio
+async def test_a_basic_get_delivery_and_a_cancelled_consumers_delivery_travel_by_tag(node: Node) -> None:
+    pair = await consuming(node, prefetch=1)
+    pair.send(1, commands.Basic.Cancel(consumer_tag="c1"))
+    pair.send(1, commands.Basic.Get(queue="q"))
+    pair.received()
+    [ch] = island_channels(pair.conn.channels)
+    assert ch.consumers == [] and [(t, c) for t, _s, c in ch.deliveries] == [(1, ""), (2, "")]
+
+
+@pytest.mark.parametrize(("setup", "reason"), [
+    ("tx", "a transaction"),
+    ("reply_to", "Direct Reply-To"),
+    ("exclusive", "exclusive queues"),
+    ("other_consumer", "consumers of another queue"),
+    ("alarm", "flow or alarm"),
+    ("unconfirmed", "unconfirmed publishes"),
+])
+@pytest.mark.asyncio
+async def test_what_keeps_a_connection_out_of_an_island(node: Node, setup: str, reason: str) -> None:
+    pair = await consuming(node)
+    pair.open_channel(2)
+    if setup == "tx":
+        pair.send(2, commands.Tx.Select())
+    elif setup == "reply_to":
+        pair.send(2, commands.Basic.Consume(queue="amq.rabbitmq.reply-to", no_ack=True))
+    elif setup == "exclusive":
+        pair.send(2, commands.Queue.Declare(queue="mine", exclusive=True))
+    elif setup == "other_consumer":
+        pair.send(2, commands.Basic.Consume(queue="other"))
+    elif setup == "alarm":
+        node.alarms.add("memory")
+    elif setup == "unconfirmed":
+        pair.send(2, commands.Confirm.Select())
+        pair.conn.channels[2].confirms.insert(1, ["a queue"])  # a publish its queue has not settled
+    pair.received()
+    assert island_reason(pair.conn, node.vhosts["/"].queues["q"]) == reason
+    assert (reason in WAIT_REASONS) == (setup == "unconfirmed")
+    node.alarms.clear()
+
+
+_tags = st.text(min_size=1, max_size=12)
+_consumers = st.lists(st.builds(ConsumerState, _tags, st.booleans(), st.booleans(), st.integers(0, 65535),
+                                st.integers(-5, 5), st.dictionaries(st.text(min_size=1, max_size=5),
+                                                                    st.integers(-3, 3), max_size=2),
+                                st.integers(0, 2**40)), max_size=3, unique_by=lambda c: c.tag)
+
+
+@st.composite
+def _islands(draw: st.DrawFn) -> IslandConnection:
+    numbers = draw(st.lists(st.integers(1, 65535), min_size=1, max_size=4, unique=True))
+    next_tags = {n: draw(st.integers(1, 200)) for n in numbers}
+    conn = HandoverState("guest", "/", 131072, 2047, 60, {}, "PLAIN", ("127.0.0.1", 1), "n", 0, 0, 0, False,
+                         [ChannelState(n, next_tag=t) for n, t in next_tags.items()])
+    channels = []
+    seqs = iter(draw(st.permutations(range(1, 1000))))
+    for n in draw(st.lists(st.sampled_from(numbers), unique=True)):
+        consumers = draw(_consumers)
+        tags = sorted(draw(st.sets(st.integers(1, max(1, next_tags[n] - 1)), max_size=10)) - {next_tags[n]})
+        who = [c.tag for c in consumers] + [""]
+        deliveries = [(t, next(seqs), draw(st.sampled_from(who))) for t in tags if t < next_tags[n]]
+        channels.append(ChannelIsland(n, consumers, deliveries))
+    return IslandConnection(draw(st.text(max_size=10)), conn, channels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_islands())
+def test_an_island_state_round_trips(state: IslandConnection) -> None:
+    assert IslandConnection.decode(state.encode()) == state
+
+
+def _valid() -> list[object]:
+    conn = HandoverState("guest", "/", 131072, 2047, 60, {}, "PLAIN", ("127.0.0.1", 1), "n", 0, 0, 0, False,
+                         [ChannelState(1, next_tag=10)])
+    state = IslandConnection("q", conn, [ChannelIsland(1, [ConsumerState("c1", False, False, 5)],
+                                                       [(1, 11, "c1"), (2, 12, "")])])
+    value = msgpack.unpackb(state.encode(), raw=False)
+    assert isinstance(value, list)
+    return value
+
+
+@pytest.mark.parametrize("change", [
+    lambda v: v.__setitem__(0, 2),  # version
+    lambda v: v.__setitem__(2, b"not a connection"),
+    lambda v: v[3][0].__setitem__(0, 2),  # a channel the connection does not have
+    lambda v: v[3].append(v[3][0]),  # a channel twice
+    lambda v: v[3][0][2].__setitem__(0, 10),  # a tag at the channel's next tag
+    lambda v: v[3][0][2].__setitem__(3, 1),  # tags not ascending
+    lambda v: v[3][0][2].__setitem__(4, 11),  # a message delivered twice
+    lambda v: v[3][0][2].__setitem__(2, "c9"),  # a consumer the channel does not have
+    lambda v: v[3][0][2].pop(),  # a delivery cut
+    lambda v: v[3][0][1].append(v[3][0][1][0]),  # a consumer tag twice
+    lambda v: v[3][0][1][0].__setitem__(0, ""),  # an empty consumer tag
+    lambda v: v[3][0][1][0].__setitem__(3, 70000),  # prefetch out of range
+    lambda v: v[3][0][1][0].__setitem__(5, b"\x00\x00\x00\x09abc"),  # arguments cut
+])
+def test_a_malformed_island_state_is_refused(change: object) -> None:
+    v = _valid()
+    change(v)  # type: ignore[operator]
+    with pytest.raises(ValueError):
+        IslandConnection.decode(msgpack.packb(v, use_bin_type=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_to_an_island_state_or_a_value_error(data: bytes) -> None:
+    try:
+        IslandConnection.decode(data)
+    except ValueError:
+        pass
