@@ -12,7 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
+from hutch.core.queue_type import Queue, QueueEntry
+from hutch.queues.classic.transfer import QueueTransfer, export_queue, import_queue
 from hutch.runtime.broker.node import Node
+from hutch.runtime.session.connection import AMQPConnection
 from hutch.runtime.session.handover import ChannelState, HandoverState, channel_states
 from hutch.runtime.session.island import (
     WAIT_REASONS,
@@ -21,9 +24,10 @@ from hutch.runtime.session.island import (
     IslandConnection,
     island_channels,
     island_reason,
+    restore_island,
 )
 
-from .memory import SessionPair, make_node
+from .memory import ManualLoopClock, MemoryTransport, SessionPair, make_node
 
 
 @pytest.fixture
@@ -174,3 +178,82 @@ def test_any_bytes_decode_to_an_island_state_or_a_value_error(data: bytes) -> No
         IslandConnection.decode(data)
     except ValueError:
         pass
+
+
+def deliveries(pair: SessionPair) -> list[tuple[int, bytes]]:
+    """(delivery tag, body) of each basic.deliver the server sent since the last look."""
+    frames = [f for _, f in pair.received()]
+    out = []
+    for i, f in enumerate(frames):
+        if isinstance(f, commands.Basic.Deliver):
+            out.append((f.delivery_tag, frames[i + 2].value))
+    return out
+
+
+def confirms(pair: SessionPair) -> list[int]:
+    return [f.delivery_tag for _, f in pair.received() if isinstance(f, commands.Basic.Ack)]
+
+
+@pytest.mark.asyncio
+async def test_an_island_moves_mid_flow_between_two_brokers(tmp_path: Path) -> None:
+    """The benchmark's shape in memory: a publisher with confirms and a consumer (prefetch 4, acking
+    one by one) of one queue, moved together to a fresh copy of the queue on another broker while
+    messages are unacked. Nothing lost or duplicated, order kept, delivery tags and confirms continue,
+    and a tag delivered before the move is acked after it."""
+    here, there = make_node(str(tmp_path / "a")), make_node(str(tmp_path / "b"))
+    for n in (here, there):
+        n.declare_queue(n.vhosts["/"], "q", False, False, False, {}, None)
+    pub, sub = SessionPair(here), SessionPair(here)
+    for pair in (pub, sub):
+        await pair.open()
+        pair.open_channel(1)
+    pub.send(1, commands.Confirm.Select())
+    sub.send(1, commands.Basic.Qos(prefetch_count=4), commands.Basic.Consume(queue="q", consumer_tag="c1"))
+    pub.received(), sub.received()
+    pub.feed(b"".join(pub.publish(1, "q", b"%d" % i) for i in range(10)))
+    assert confirms(pub)[-1] == 10
+    got = deliveries(sub)
+    sub.send(1, commands.Basic.Ack(delivery_tag=1))
+    got += deliveries(sub)
+    assert got == [(t, b"%d" % (t - 1)) for t in range(1, 6)]  # 1 acked, 2..5 unacked
+    # the move: what the old worker exports, then forgets
+    qa = here.vhosts["/"].queues["q"]
+    assert all(island_reason(p.conn, qa) is None for p in (pub, sub))
+    held = [u.entry for ch in sub.conn.channels.values() for u in ch.unacked.values()]
+    queue_state = export_queue(qa, held).encode()
+    states = [IslandConnection("q", p.conn.handover_state(b""), island_channels(p.conn.channels)).encode()
+              for p in (pub, sub)]
+    for p in (pub, sub):
+        p.conn._forget_moved()
+    # the new worker builds the queue, then adopts each connection with its consumers and deliveries
+    qb = there.vhosts["/"].queues["q"]
+    entries = import_queue(qb, QueueTransfer.decode(queue_state))
+    pub2, sub2 = (adopt_island(there, qb, s, entries) for s in states)
+    assert deliveries(sub2) == []  # its prefetch is still full: 4 unacked, moved with it
+    sub2.send(1, commands.Basic.Ack(delivery_tag=3, multiple=True))  # tags delivered before the move
+    got += deliveries(sub2)
+    pub2.feed(b"".join(pub2.publish(1, "q", b"%d" % i) for i in range(10, 20)))
+    acked = confirms(pub2)
+    assert acked[-1] == 20 and min(acked) > 10  # the publisher's numbering continues (acks may be multiple)
+    for _ in range(20):  # ack everything delivered so far, then take what that lets through
+        sub2.send(1, commands.Basic.Ack(delivery_tag=got[-1][0], multiple=True))
+        more = deliveries(sub2)
+        if not more:
+            break
+        got += more
+    assert [b for _t, b in got] == [b"%d" % i for i in range(20)]  # once each, in order
+    assert [t for t, _b in got] == list(range(1, 21))  # tags continue after the move
+    assert qb.message_count == 0 and qb.unacked_count == 0 and qb.consumer_count == 1
+
+
+def adopt_island(node: Node, queue: Queue, data: bytes, entries: dict[int, QueueEntry]) -> SessionPair:
+    """The adopting worker's side of one island connection, as a SessionPair (the client's end)."""
+    state = IslandConnection.decode(data)
+    unread, state.connection.unread = state.connection.unread, b""
+    pair = SessionPair.__new__(SessionPair)
+    pair.node, pair.clock, pair.transport, pair._read = node, ManualLoopClock(), MemoryTransport(), 0
+    pair.conn = AMQPConnection(node, pair.clock)
+    pair.conn.adopt(pair.transport, state.connection.encode())
+    restore_island(pair.conn, queue, state.channels, entries)
+    pair.conn.receive_data(unread)
+    return pair

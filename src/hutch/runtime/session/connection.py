@@ -491,16 +491,23 @@ class AMQPConnection:
         unread = method_frame_raw(channel, payload) + bytes(memoryview(reader._buf)[reader._pos:])
         if sock is None or len(unread) > MAX_UNREAD_BYTES:
             return False
-        state = HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
-                              dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
-                              self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
-                              channel_states(self.channels), unread, self.sockname, self.tls, self.peer_cert)
+        state = self.handover_state(unread)
         relayed = self.ssl_object is not None  # its TLS session stays here, relayed (runtime/workers/relay.py)
         if not (handover.relay(transport, state.encode(), to) if relayed else handover.move(sock, state.encode(), to)):
             return False
         log.debug("connection %s moved to worker %d%s", self.name, to, " (TLS, relayed)" if relayed else "")
         self._forget_moved(keep_transport=relayed)
         return True
+
+    def handover_state(self, unread: bytes) -> HandoverState:
+        """What moves of this open connection to another worker, with `unread` (the bytes it has read
+        and not handled, to be handled there; not counted as received here)."""
+        vhost = self.vhost_obj
+        assert vhost is not None and self.state == State.OPEN
+        return HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
+                             dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
+                             self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
+                             channel_states(self.channels), unread, self.sockname, self.tls, self.peer_cert)
 
     def _forget_moved(self, keep_transport: bool = False) -> None:
         """This worker lets go of a connection another worker now holds: no close frame, no close

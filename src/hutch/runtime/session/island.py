@@ -1,7 +1,8 @@
 """Compaction of load, the session's half: which of a connection's state belongs to an island, and how it moves.
 
 Owns: `island_reason` (why an open connection cannot move now with the queue it uses, or None),
-`island_channels` (its channels' consumers and unacked deliveries, as they move), and
+`island_channels` (its channels' consumers and unacked deliveries, as they move), `restore_island`
+(the adopting side: consumers attached and deliveries held again, before any unread frame), and
 `IslandConnection` (a connection's `HandoverState`, runtime/session/handover.py, plus per channel its
 consumers — tag, no_ack, exclusive, prefetch, priority, arguments, how many it was handed — and its
 unacked deliveries, delivery tag -> the queue entry's sequence number and the consumer's tag) with its
@@ -32,6 +33,8 @@ import msgpack
 
 from hutch.amqp.errors import FrameError
 from hutch.amqp.table import decode_table, encode_table
+from hutch.core.queue_type import Consumer, Queue, QueueEntry
+from hutch.runtime.session.channel import _Unacked
 from hutch.runtime.session.handover import HandoverState, MovableConnection, unpack_state
 
 VERSION = 1
@@ -181,3 +184,35 @@ def island_channels(channels: dict[int, Any]) -> list[ChannelIsland]:  # Any: Se
         if consumers or deliveries:
             out.append(ChannelIsland(n, consumers, deliveries))
     return out
+
+
+def restore_island(conn: Any, queue: Queue, channels: list[ChannelIsland],  # Any: the adopted AMQPConnection
+                   entries: dict[int, QueueEntry]) -> None:
+    """On the adopting worker, after the connection was adopted from its `HandoverState` (its channels
+    open, numbered as they were) and before it handles any unread frame: every channel's unacked
+    deliveries held again under their tags (`entries`: the moved queue's unacked entries by seq,
+    queues/classic/transfer.py's `import_queue`), then its consumers attached to `queue`, which starts
+    delivering to them. ValueError (nothing attached) when a channel or an entry is missing."""
+    for isle in channels:
+        if isle.number not in conn.channels:
+            raise ValueError(f"channel {isle.number} was not adopted")
+        for _tag, seq, _c in isle.deliveries:
+            if seq not in entries:
+                raise ValueError(f"delivery of message {seq} has no entry in queue '{queue.name}'")
+    attached: list[Consumer] = []
+    for isle in channels:
+        ch = conn.channels[isle.number]
+        by_tag: dict[str, Consumer] = {}
+        for cs in isle.consumers:
+            consumer = Consumer(cs.tag, ch, queue, cs.no_ack, cs.exclusive, cs.prefetch, cs.priority,
+                                cs.arguments)
+            consumer.delivered = cs.delivered
+            by_tag[cs.tag] = ch.consumers[cs.tag] = consumer
+            attached.append(consumer)
+        for tag, seq, ctag in isle.deliveries:
+            owner = by_tag.get(ctag) if ctag else None
+            ch.unacked[tag] = _Unacked(queue, entries[seq], owner)
+            if owner is not None:
+                owner.unacked += 1
+    for consumer in attached:
+        queue.add_consumer(consumer)
