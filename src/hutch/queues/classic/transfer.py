@@ -33,7 +33,6 @@ import msgpack
 from hutch.core.message import Message
 from hutch.core.queue_type import QueueEntry
 
-from .priority import PriorityReady
 from .queue import ClassicQueue
 
 if TYPE_CHECKING:
@@ -184,7 +183,6 @@ def import_queue(q: ClassicQueue, t: QueueTransfer) -> dict[int, QueueEntry]:
     that adopt the deliveries. Consumers attach after, and `deliver_pending` starts delivery."""
     if q._seq or q.message_count or q.unacked_count or q.consumer_count:
         raise ValueError(f"queue '{q.name}' is not fresh: it cannot take a moved queue's state")
-    assert not isinstance(q._ready, PriorityReady) or q.settings.max_priority, "priority levels from settings"
     index = q.index if q.persist else None
     for f, n in t.stats.items():
         setattr(q, f, n)

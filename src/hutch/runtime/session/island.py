@@ -29,13 +29,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
-from hutch.amqp.errors import FrameError
-from hutch.amqp.table import decode_table, encode_table
+from hutch.amqp.table import encode_table
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
 from hutch.runtime.session.channel import _Unacked
-from hutch.runtime.session.handover import HandoverState, MovableConnection, unpack_state
+from hutch.runtime.session.handover import (
+    HandoverState,
+    MovableConnection,
+    blocked_reason,
+    decode_state_table,
+    owns_exclusive,
+    pack_state,
+    unpack_record,
+)
 
 VERSION = 1
 WAIT_REASONS = frozenset({"unconfirmed publishes", "busy"})  # the move waits for these, then judges again
@@ -67,12 +72,7 @@ class ConsumerState:
         if type(prefetch) is not int or not 0 <= prefetch <= 65535 or type(priority) is not int \
                 or not -2**31 <= priority < 2**31 or type(delivered) is not int or not 0 <= delivered < 2**63:
             raise ValueError("malformed consumer state: numbers")
-        try:
-            args, end = decode_table(arguments, 0)
-        except FrameError as exc:
-            raise ValueError(f"malformed consumer state: arguments: {exc}") from None
-        if end != len(arguments):
-            raise ValueError("malformed consumer state: arguments")
+        args = decode_state_table(arguments, "consumer state: arguments")
         return cls(tag, no_ack, exclusive, prefetch, priority, args, delivered)
 
 
@@ -93,18 +93,12 @@ class IslandConnection:
     channels: list[ChannelIsland] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        data = msgpack.packb([VERSION, self.queue, self.connection.encode(), [c.wire() for c in self.channels]],
-                             use_bin_type=True)
-        assert isinstance(data, bytes)
-        return data
+        return pack_state([VERSION, self.queue, self.connection.encode(), [c.wire() for c in self.channels]])
 
     @classmethod
     def decode(cls, data: bytes) -> IslandConnection:
         """The state `encode` made; ValueError if it is not one (or too large)."""
-        v = unpack_state(data, "island connection")
-        if not isinstance(v, list) or len(v) != 4 or v[0] != VERSION:
-            raise ValueError("not an island connection's state of this version")
-        _, queue, conn, channels = v
+        _, queue, conn, channels = unpack_record(data, "island connection", 4, VERSION)
         if not isinstance(queue, str) or not isinstance(conn, bytes) or not isinstance(channels, list):
             raise ValueError("malformed island connection state")
         connection = HandoverState.decode(conn)
@@ -142,12 +136,9 @@ def _channel_from_wire(v: Any, next_tags: dict[int, int]) -> ChannelIsland:  # A
 def island_reason(conn: MovableConnection, queue: Any) -> str | None:  # Any: core's Queue
     """Why `conn` cannot move now with `queue`, or None. The reasons in `WAIT_REASONS` pass with time
     (the move waits for them); the others make the connection, and so the island, not movable."""
-    if conn.flow_blocked or conn.alarm_blocked or conn.node.alarms:
-        return "flow or alarm"
-    if conn.closing_channels:
-        return "a channel closing"
-    if conn.unfinished_body_bytes:
-        return "unfinished content"
+    reason = blocked_reason(conn)
+    if reason is not None:
+        return reason
     for ch in conn.channels.values():
         if ch.reply_consumer is not None or ch.reply_token is not None:
             return "Direct Reply-To"
@@ -159,8 +150,7 @@ def island_reason(conn: MovableConnection, queue: Any) -> str | None:  # Any: co
             return "consumers of another queue"
         if any(u.queue is not queue for u in ch.unacked.values()):
             return "deliveries of another queue"
-    vhost = conn.vhost_obj
-    if vhost is not None and any(q.exclusive_owner is conn for q in vhost.queues.values()):
+    if owns_exclusive(conn):
         return "exclusive queues"
     for ch in conn.channels.values():
         if ch.confirms is not None and ch.confirms.unanswered:
