@@ -123,12 +123,11 @@ def _islands(draw: st.DrawFn) -> IslandConnection:
     conn = HandoverState("guest", "/", 131072, 2047, 60, {}, "PLAIN", ("127.0.0.1", 1), "n", 0, 0, 0, False,
                          [ChannelState(n, next_tag=t) for n, t in next_tags.items()])
     channels = []
-    seqs = iter(draw(st.permutations(range(1, 1000))))
     for n in draw(st.lists(st.sampled_from(numbers), unique=True)):
         consumers = draw(_consumers)
         tags = sorted(draw(st.sets(st.integers(1, max(1, next_tags[n] - 1)), max_size=10)) - {next_tags[n]})
         who = [c.tag for c in consumers] + [""]
-        deliveries = [(t, next(seqs), draw(st.sampled_from(who))) for t in tags if t < next_tags[n]]
+        deliveries = [(t, n * 1000 + t, draw(st.sampled_from(who))) for t in tags if t < next_tags[n]]
         channels.append(ChannelIsland(n, consumers, deliveries))
     return IslandConnection(draw(st.text(max_size=10)), conn, channels)
 

@@ -130,7 +130,7 @@ def test_island_cost_is_its_share_of_its_worker() -> None:
 NAMES = [f"q{i}" for i in range(8)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(workers=st.integers(2, 4),
        spec=st.lists(st.tuples(st.integers(0, 3), st.floats(0.0, 0.45), st.booleans()), min_size=1, max_size=8),
        us_per_msg=st.floats(5.0, 20.0))
@@ -151,7 +151,7 @@ def test_a_stationary_load_never_moves_an_island_twice(workers: int, spec: list[
             assert sum(c for n, c in costs.items() if homes[n] == m.target) < SATURATED
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(workers=st.integers(2, 4),
        spec=st.lists(st.tuples(st.integers(0, 3), st.floats(0.0, 0.45), st.floats(0.0, 20000.0), st.booleans()),
                      min_size=1, max_size=8))
