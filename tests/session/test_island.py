@@ -27,7 +27,7 @@ from hutch.runtime.session.island import (
     restore_island,
 )
 
-from .memory import ManualLoopClock, MemoryTransport, SessionPair, make_node
+from .memory import ManualLoopClock, MemoryTransport, SessionPair, close_node, make_node
 
 
 @pytest.fixture
@@ -256,3 +256,57 @@ def adopt_island(node: Node, queue: Queue, data: bytes, entries: dict[int, Queue
     restore_island(pair.conn, queue, state.channels, entries)
     pair.conn.receive_data(unread)
     return pair
+
+
+@pytest.mark.asyncio
+async def test_a_durable_island_moved_is_in_its_new_brokers_storage(tmp_path: Path) -> None:
+    """A durable queue's persistent messages, confirmed where they were published, moved with a
+    consumer holding some unacked: once the new broker's group commit has synced the import, a
+    restart of that broker finds every message, the unacked ones redelivered."""
+    here = make_node(str(tmp_path / "a"), durable=True)
+    there = make_node(str(tmp_path / "b"), durable=True)
+    nodes = [here, there]
+    try:
+        pub, sub = SessionPair(here), SessionPair(here)
+        for pair in (pub, sub):
+            await pair.open()
+            pair.open_channel(1)
+        for n in (here, there):
+            declarer = SessionPair(n)
+            await declarer.open()
+            declarer.open_channel(1)
+            declarer.send(1, commands.Queue.Declare(queue="kept", durable=True))
+            declarer.received()
+        pub.send(1, commands.Confirm.Select())
+        persistent = commands.Basic.Properties(delivery_mode=2)
+        pub.feed(b"".join(pub.publish(1, "kept", b"%d" % i, properties=persistent) for i in range(10)))
+        await pub.until(lambda: bool(pub.conn.channels[1].confirms is not None
+                                     and not pub.conn.channels[1].confirms.unanswered))
+        sub.send(1, commands.Basic.Qos(prefetch_count=3), commands.Basic.Consume(queue="kept", consumer_tag="c"))
+        assert [t for t, _b in deliveries(sub)] == [1, 2, 3]
+        qa = here.vhosts["/"].queues["kept"]
+        held = [u.entry for u in sub.conn.channels[1].unacked.values()]
+        queue_state = export_queue(qa, held).encode()
+        states = [IslandConnection("kept", p.conn.handover_state(b""), island_channels(p.conn.channels)).encode()
+                  for p in (pub, sub)]
+        for p in (pub, sub):
+            p.conn._forget_moved()
+        qb = there.vhosts["/"].queues["kept"]
+        entries = import_queue(qb, QueueTransfer.decode(queue_state))
+        for s in states:
+            adopt_island(there, qb, s, entries)
+        persistence = there.persistence
+        assert persistence is not None
+        persistence.sink.sync_now()
+        await sub.until(lambda: persistence.synced_seq >= persistence.last_enqueued)
+        await close_node(there)
+        nodes.remove(there)
+        again = make_node(str(tmp_path / "b"), durable=True)
+        nodes.append(again)
+        q = again.vhosts["/"].queues["kept"]
+        got = [q.get(None, True) for _ in range(10)]
+        assert [e.msg.body for e in got if e is not None] == [b"%d" % i for i in range(10)]
+        assert [e.redelivered for e in got if e is not None] == [True] * 3 + [False] * 7
+    finally:
+        for n in nodes:
+            await close_node(n)
