@@ -22,6 +22,7 @@ from hutch.runtime.session.island import (
     ChannelIsland,
     ConsumerState,
     IslandConnection,
+    IslandScan,
     island_channels,
     island_reason,
     restore_island,
@@ -310,3 +311,29 @@ async def test_a_durable_island_moved_is_in_its_new_brokers_storage(tmp_path: Pa
     finally:
         for n in nodes:
             await close_node(n)
+
+
+@pytest.mark.asyncio
+async def test_a_scan_finds_each_queues_island_and_whether_it_can_move(node: Node) -> None:
+    """q's publisher and consumer use only q: an island of 2, movable, its rate the messages published
+    and delivered per second between two scans. A connection consuming from both queues belongs to
+    neither, and q is then not movable (one of its consumers would stay behind); a queue no connection
+    uses alone is not movable (nothing to gain)."""
+    q, other = node.vhosts["/"].queues["q"], node.vhosts["/"].queues["other"]
+    pub, sub = SessionPair(node), await consuming(node, prefetch=100)
+    await pub.open()
+    pub.open_channel(1)
+    pub.feed(pub.publish(1, "q", b"first"))  # it publishes to q
+    scan = IslandScan(worker=1)
+    islands, members = scan.scan(0.0, node.connections, [q, other])
+    assert [(i.name, i.worker, i.movable) for i in islands] == [("//q", 1, True), ("//other", 1, False)]
+    assert {id(c) for c in members["//q"]} == {id(pub.conn), id(sub.conn)} and members["//other"] == []
+    pub.feed(b"".join(pub.publish(1, "q", b"%d" % i) for i in range(10)))
+    islands, _members = scan.scan(2.0, node.connections, [q, other])
+    assert islands[0].msgs_per_s == pytest.approx(10.0)  # 10 published and 10 delivered in 2 s
+    mixed = SessionPair(node)
+    await mixed.open()
+    mixed.open_channel(1)
+    mixed.send(1, commands.Basic.Consume(queue="q"), commands.Basic.Consume(queue="other"))
+    islands, members = scan.scan(3.0, node.connections, [q, other])
+    assert not islands[0].movable and id(mixed.conn) not in {id(c) for c in members["//q"]}

@@ -1,6 +1,8 @@
 """Compaction of load, the session's half: which of a connection's state belongs to an island, and how it moves.
 
-Owns: `island_reason` (why an open connection cannot move now with the queue it uses, or None),
+Owns: `IslandScan` (a worker's islands, for the controller's reports: which connections use only one
+queue, how fast each queue moves messages, and whether it could move), `island_reason` (why an open
+connection cannot move now with the queue it uses, or None),
 `island_channels` (its channels' consumers and unacked deliveries, as they move), `restore_island`
 (the adopting side: consumers attached and deliveries held again, before any unread frame), and
 `IslandConnection` (a connection's `HandoverState`, runtime/session/handover.py, plus per channel its
@@ -30,7 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hutch.amqp.table import encode_table
+from hutch.core.compaction import Island
 from hutch.core.queue_type import Consumer, Queue, QueueEntry
+from hutch.queues.classic.queue import ClassicQueue
+from hutch.queues.classic.transfer import not_movable
 from hutch.runtime.session.channel import _Unacked
 from hutch.runtime.session.handover import (
     HandoverState,
@@ -43,6 +48,7 @@ from hutch.runtime.session.handover import (
 )
 
 VERSION = 1
+MAX_ISLAND_CONNECTIONS = 15  # runtime/workers/island.py's MAX_CONNECTIONS: what one control message carries
 WAIT_REASONS = frozenset({"unconfirmed publishes", "busy"})  # the move waits for these, then judges again
 
 
@@ -206,3 +212,59 @@ def restore_island(conn: Any, queue: Queue, channels: list[ChannelIsland],  # An
                 owner.unacked += 1
     for consumer in attached:
         queue.add_consumer(consumer)
+
+
+def queues_used(conn: Any) -> set[int]:  # Any: an AMQPConnection
+    """The ids of the queues `conn` uses now: its consumers', its unacked deliveries', and those each
+    channel's last routed publish reached (`last_routed`: a publisher that alternates between queues
+    may be seen using one of them; a wrong guess only costs hops after a move, never correctness:
+    consumers and deliveries are what a move must carry, and those are exact)."""
+    used: set[int] = set()
+    for ch in conn.channels.values():
+        used.update(id(c.queue) for c in ch.consumers.values())
+        used.update(id(u.queue) for u in ch.unacked.values() if u.queue is not None)
+        used.update(id(q) for q in ch.last_routed)
+    return used
+
+
+class IslandScan:
+    """A worker's islands as the controller sees them (core/compaction.py's `Island`), scanned once per
+    report (O(connections + channels + queues)), never on the message path. A queue's rate is its
+    messages published and delivered since the last scan, per second of `now` (monotonic seconds)."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self._last: dict[int, tuple[float, int]] = {}  # queue id -> (time, published + delivered) at the last scan
+
+    def scan(self, now: float, connections: Any, queues: list[Queue]) -> tuple[list[Island], dict[str, list[Any]]]:
+        """The islands of `queues` (this worker's own, by `vhost/name`) and, for each, the connections that
+        use only it. Movable: a classic queue that `not_movable` lets go, every consumer of it a local
+        connection's, 1 to `MAX_ISLAND_CONNECTIONS` connections, none of them kept (`island_reason`
+        None or a wait)."""
+        by_id = {id(q): q for q in queues}
+        members: dict[int, list[Any]] = {}
+        for conn in connections:
+            used = queues_used(conn)
+            if len(used) == 1:
+                (qid,) = used
+                if qid in by_id:
+                    members.setdefault(qid, []).append(conn)
+        islands: list[Island] = []
+        conns_of: dict[str, list[Any]] = {}
+        last: dict[int, tuple[float, int]] = {}
+        for q in queues:
+            count = q.stat_published + q.stat_delivered
+            then, before = self._last.get(id(q), (now, count))
+            last[id(q)] = (now, count)
+            rate = (count - before) / (now - then) if now > then else 0.0
+            name = f"{q.vhost}/{q.name}"
+            mine = members.get(id(q), [])
+            conns_of[name] = mine
+            local = {id(c) for c in mine}
+            movable = (isinstance(q, ClassicQueue) and not_movable(q) is None
+                       and 1 <= len(mine) <= MAX_ISLAND_CONNECTIONS
+                       and all(id(c.channel.conn) in local for c in q.consumers())
+                       and all(island_reason(c, q) in (None, *WAIT_REASONS) for c in mine))
+            islands.append(Island(name, self.worker, rate, movable))
+        self._last = last
+        return islands, conns_of
