@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hutch.core.compaction import Compactor, Island, Move, WorkerLoad, island_costs
-from hutch.core.credit_flow import SATURATED
+from hutch.core.compaction import Compactor, Island, LoadMeter, Move, WorkerLoad, island_costs
+from hutch.core.credit_flow import SATURATED, LoopLoad
 
 
 def loads_of(costs: dict[str, float], homes: dict[str, int], rates: dict[str, float], workers: int
@@ -179,3 +179,18 @@ def test_an_idle_node_never_moves(spec: list[tuple[int, float]]) -> None:
     moves = run(Compactor(), costs, homes, rates, {}, 2, 100)
     assert all(m.reason == "spread" for m in moves)
     assert saturating or moves == []
+
+
+def test_a_load_meter_gives_the_busy_share_between_samples() -> None:
+    """The loop's cumulative busy time, as `LoopLoad` counts it, sampled at each report."""
+    now = [0.0]
+    loop = LoopLoad(lambda: now[0])
+    meter = LoadMeter(3)
+    assert meter.sample(0.0, loop.busy_total_s, False, 0.0) == WorkerLoad(3, 0.0, False, 0.0)
+    for _ in range(20):  # 20 inputs of 25 ms over 2 s: a quarter of the loop's time
+        loop.note_busy(0.025, now[0] + 0.025)
+        now[0] += 0.1
+    assert loop.busy_total_s == pytest.approx(0.5)
+    assert meter.sample(2.0, loop.busy_total_s, False, 4000.0).busy == pytest.approx(0.25)
+    assert meter.sample(2.0, loop.busy_total_s, False, 0.0).busy == 0.0  # no time elapsed: nothing said
+    assert meter.sample(3.0, loop.busy_total_s + 5.0, True, 0.0).busy == 1.0  # at most the whole loop

@@ -2,7 +2,7 @@
 
 Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
 workers (docs/scaling.md, "Compaction of load"). Each worker reports its loop's busy share (`WorkerLoad`,
-from its `LoopLoad`, core/credit_flow.py) and its **islands** (`Island`: a queue and the connections of
+measured by `LoadMeter` from its `LoopLoad`'s cumulative busy time, core/credit_flow.py) and its **islands** (`Island`: a queue and the connections of
 its home worker that use only that queue, with their message rate and whether they can move now). The
 controller answers at most one `Move` at a time:
 
@@ -55,6 +55,23 @@ class WorkerLoad:
     busy: float
     saturated: bool
     msgs_per_s: float
+
+
+@dataclass
+class LoadMeter:
+    """A worker's `WorkerLoad` from its loop's cumulative busy time (`LoopLoad.busy_total_s`) sampled at
+    each report: the busy share is the busy time added since the last sample over the time elapsed
+    (0 at the first sample), at most 1."""
+
+    worker: int
+    last: tuple[float, float] | None = None  # (time, busy_total_s) at the last sample
+
+    def sample(self, now: float, busy_total_s: float, saturated: bool, msgs_per_s: float) -> WorkerLoad:
+        last, self.last = self.last, (now, busy_total_s)
+        busy = 0.0
+        if last is not None and now > last[0]:
+            busy = min(1.0, max(0.0, (busy_total_s - last[1]) / (now - last[0])))
+        return WorkerLoad(self.worker, busy, saturated, msgs_per_s)
 
 
 @dataclass(frozen=True)
