@@ -337,3 +337,19 @@ async def test_a_scan_finds_each_queues_island_and_whether_it_can_move(node: Nod
     mixed.send(1, commands.Basic.Consume(queue="q"), commands.Basic.Consume(queue="other"))
     islands, members = scan.scan(3.0, node.connections, [q, other])
     assert not islands[0].movable and id(mixed.conn) not in {id(c) for c in members["//q"]}
+
+
+@pytest.mark.asyncio
+async def test_a_restore_that_does_not_fit_the_adopted_connection_attaches_nothing(node: Node) -> None:
+    """A channel the connection was not adopted with, or a delivery whose message the moved queue does
+    not hold: ValueError before any consumer is attached or delivery held."""
+    q = node.vhosts["/"].queues["q"]
+    conn_state = HandoverState("guest", "/", 131072, 2047, 0, {}, "PLAIN", ("127.0.0.1", 1), "n", 0, 0, 0, False,
+                               [ChannelState(1, next_tag=5)])
+    pair = adopt_island(node, q, IslandConnection("q", conn_state, []).encode(), {})
+    c1 = ConsumerState("c1", False, False, 10)
+    with pytest.raises(ValueError, match="channel 2 was not adopted"):
+        restore_island(pair.conn, q, [ChannelIsland(2, [c1], [])], {})
+    with pytest.raises(ValueError, match="message 7 has no entry"):
+        restore_island(pair.conn, q, [ChannelIsland(1, [c1], [(1, 7, "c1")])], {})
+    assert pair.conn.channels[1].consumers == {} and pair.conn.channels[1].unacked == {} and q.consumer_count == 0
