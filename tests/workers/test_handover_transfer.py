@@ -42,6 +42,12 @@ def control_link(index: int) -> tuple[WorkerLink, socket.socket]:
     return link, theirs
 
 
+def close_link(link: WorkerLink, supervisor_end: socket.socket) -> None:
+    link.stop()
+    link.sock.close()
+    supervisor_end.close()
+
+
 def worker(index: int) -> Worker:
     link, theirs = control_link(index)
     w = Worker(link, theirs, None)  # type: ignore[arg-type]
@@ -94,9 +100,7 @@ async def workers() -> AsyncIterator[tuple[Worker, Worker]]:
     yield a, b
     for w in (a, b):
         w.locality.stop()
-        w.link.stop()
-        w.link.sock.close()
-        w.supervisor_end.close()
+        close_link(w.link, w.supervisor_end)
 
 
 @pytest.mark.asyncio

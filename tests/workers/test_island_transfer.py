@@ -20,7 +20,7 @@ from hutch.runtime.workers import control
 from hutch.runtime.workers.island import MAX_CONNECTIONS, IslandTransfer, pack_island, unpack_island
 from hutch.runtime.workers.link import WorkerLink
 
-from .test_handover_transfer import control_link, next_message, until
+from .test_handover_transfer import close_link, control_link, next_message, until
 
 
 @dataclass
@@ -57,9 +57,7 @@ async def workers() -> AsyncIterator[tuple[Worker, Worker]]:
     yield a, b
     for w in (a, b):
         w.transfer.stop()
-        w.link.stop()
-        w.link.sock.close()
-        w.supervisor_end.close()
+        close_link(w.link, w.supervisor_end)
 
 
 @pytest.mark.asyncio
