@@ -15,10 +15,10 @@ controller core/compaction.py.
 Rules:
 - A connection of an island uses one queue: every consumer and every unacked delivery of every channel
   is that queue's (a `basic.get` delivery too). Direct Reply-To, a transaction, an exclusive queue of its
-  own, a channel closing, unfinished content and an alarm or flow block make it not movable.
-- What waits is not refused: unconfirmed publishes and a write buffer not yet flushed are the move's to
-  wait for (the connection's reading is held meanwhile), so `island_reason` names them apart
-  (`WAIT_REASONS`).
+  own and an alarm or flow block make it not movable.
+- What waits is not refused: unconfirmed publishes, a write buffer not yet flushed, a publish whose
+  content is still arriving and a channel closing are the move's to wait for (reading goes on until a
+  message is whole, then is held), so `island_reason` names them apart (`WAIT_REASONS`).
 - The delivery tags continue: each channel's `next_tag` travels in its `ChannelState`, and every
   unacked delivery keeps its tag, so an ack of a tag delivered before the move settles it after.
 - A decoded state is checked whole before anything is built: tags unique, ascending and below the
@@ -49,7 +49,9 @@ from hutch.runtime.session.handover import (
 
 VERSION = 1
 MAX_ISLAND_CONNECTIONS = 15  # runtime/workers/island.py's MAX_CONNECTIONS: what one control message carries
-WAIT_REASONS = frozenset({"unconfirmed publishes", "busy"})  # the move waits for these, then judges again
+# the move waits for these (reading goes on until the content is whole and the close-ok has come), then
+# judges again
+WAIT_REASONS = frozenset({"unconfirmed publishes", "busy", "unfinished content", "a channel closing"})
 
 
 @dataclass
@@ -234,7 +236,7 @@ class IslandScan:
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
-        self._last: dict[int, tuple[float, int]] = {}  # queue id -> (time, published + delivered) at the last scan
+        self._last: dict[str, tuple[float, int]] = {}  # vhost/queue -> (time, published + delivered) at the last scan
 
     def scan(self, now: float, connections: Any, queues: list[Queue]) -> tuple[list[Island], dict[str, list[Any]]]:
         """The islands of `queues` (this worker's own, by `vhost/name`) and, for each, the connections that
@@ -251,13 +253,13 @@ class IslandScan:
                     members.setdefault(qid, []).append(conn)
         islands: list[Island] = []
         conns_of: dict[str, list[Any]] = {}
-        last: dict[int, tuple[float, int]] = {}
+        last: dict[str, tuple[float, int]] = {}
         for q in queues:
-            count = q.stat_published + q.stat_delivered
-            then, before = self._last.get(id(q), (now, count))
-            last[id(q)] = (now, count)
-            rate = (count - before) / (now - then) if now > then else 0.0
             name = f"{q.vhost}/{q.name}"
+            count = q.stat_published + q.stat_delivered
+            then, before = self._last.get(name, (now, count))
+            last[name] = (now, count)
+            rate = max(0.0, (count - before) / (now - then)) if now > then else 0.0
             mine = members.get(id(q), [])
             conns_of[name] = mine
             local = {id(c) for c in mine}
