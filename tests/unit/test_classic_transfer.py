@@ -20,6 +20,7 @@ from hutch.core.queue_type import Consumer, QueueEntry
 from hutch.queues.classic.queue import ClassicQueue
 from hutch.queues.classic.transfer import (
     MAX_STATE_BYTES,
+    MAX_TRANSFER_BYTES,
     STAT_FIELDS,
     QueueTransfer,
     export_queue,
@@ -149,6 +150,13 @@ def test_what_cannot_move_says_why() -> None:
     assert e is not None
     with pytest.raises(ValueError, match="1 counted"):
         export_queue(q, [])  # an unacked entry held elsewhere: not the whole island
+    big = ClassicQueue("/", "big", False, None, False, {})
+    for _ in range(3):
+        big.publish(Message("", "big", BasicProperties(), b"x" * (MAX_TRANSFER_BYTES // 2)))
+    held_big = big.get(FakeChannel(), no_ack=False)
+    assert held_big is not None and not_movable(big) is None  # the ready bytes alone are within the bound
+    with pytest.raises(ValueError, match="too many bytes"):
+        export_queue(big, [held_big])  # with the unacked ones they are not
     fresh = ClassicQueue("/", "q", False, None, False, {})
     fresh.publish(msg(2))
     with pytest.raises(ValueError, match="not fresh"):
@@ -178,6 +186,7 @@ def valid_state() -> list[object]:
     lambda v: v[9].__setitem__(0, 10**6),  # seq past the counter
     lambda v: v[9].__setitem__(0, 0),  # seq 0
     lambda v: v[9].__setitem__(3, b"x"),  # properties too short
+    lambda v: v[9].__setitem__(3, b"\x80\x00\x05ab"),  # a content-type cut short
     lambda v: v[9].__setitem__(4, "text"),  # body not bytes
     lambda v: v.__setitem__(10, v[9][:12]),  # the same seq ready and unacked
 ])

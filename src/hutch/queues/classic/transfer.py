@@ -19,7 +19,8 @@ Rules:
 - Order and identity are kept: sequence numbers travel, ready messages are delivered in the same order
   after the move, and a requeued unacked message goes back to its place by its sequence number.
 - A decoded state is checked before anything is built: sequence numbers positive, unique, at most the
-  queue's counter, ascending in each list; counters not negative. A malformed state is a ValueError.
+  queue's counter, ascending in each list; counters not negative; every message's property list
+  decodes. The bodies of ready and unacked messages together are at most `MAX_TRANSFER_BYTES`. A malformed state is a ValueError.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from hutch.amqp.errors import FrameError
+from hutch.amqp.spec import BasicProperties
 from hutch.core.message import Message
 from hutch.core.queue_type import QueueEntry
 
@@ -135,6 +138,10 @@ def _entries(v: Any, what: str) -> list[EntryState]:  # Any: a msgpack value, ch
         if not all(_count(n) for n in (seq, count, enqueued, expires, returns)) or seq == 0 \
                 or type(foreign) is not bool or type(redelivered) is not bool:
             raise ValueError(f"malformed queue state: the {what} entry at {i // ENTRY_STRIDE}")
+        try:
+            BasicProperties.decode(props, 0)  # as a publish's content header is checked
+        except FrameError as exc:
+            raise ValueError(f"malformed queue state: the {what} message at {i // ENTRY_STRIDE}: {exc}") from None
         msg = Message(exchange, routing_key, None, body, props, tail)
         msg.foreign_deaths = foreign
         out.append(EntryState(seq, msg, redelivered, count, enqueued, expires, returns))
@@ -170,6 +177,8 @@ def export_queue(q: ClassicQueue, unacked: Iterable[QueueEntry]) -> QueueTransfe
     if len(held) != q.unacked_count or len({e.seq for e in held}) != len(held):
         raise ValueError(f"queue '{q.name}' cannot move: {len(held)} unacked entries given, "
                          f"{q.unacked_count} counted")
+    if q.message_bytes + sum(e.msg.size for e in held) > MAX_TRANSFER_BYTES:
+        raise ValueError(f"queue '{q.name}' cannot move: too many bytes")
     ready = sorted(q._ready, key=lambda e: e.seq)
     return QueueTransfer(q.vhost, q.name, q._seq, q._max_delivered, q._has_ttl, q._last_used, q.had_consumers,
                          {f: getattr(q, f) for f in STAT_FIELDS}, [EntryState.of(e) for e in ready],
