@@ -129,6 +129,9 @@ FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 UNFINISHED_BODIES_MESSAGES = 4
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
+# reading held for these does not make a connection busy: the asyncio adapter's per-turn budget, and an
+# island's move (runtime/compaction.py), which holds reading while it waits for the connection to be quiet
+NOT_BUSY_HOLDS = frozenset({"budget", "island"})
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
 # CLOSING_TIMEOUT; shorter when the negotiated heartbeat timeout is)
 CLOSING_TIMEOUT_S = 30.0
@@ -457,9 +460,9 @@ class AMQPConnection:
     # -- connection locality (a node of workers) ------------------------------------------------------
     def state_is_busy(self) -> bool:
         """Not at rest: not open, a method or login waiting, or reading held for anything but the
-        per-turn budget."""
+        per-turn budget (or an island's move, which holds it to judge this)."""
         return self.state != State.OPEN or self._suspended or self._cluster_task is not None \
-            or bool(self._read_holds - {"budget"})
+            or bool(self._read_holds - NOT_BUSY_HOLDS)
 
     def _hand_over(self, ch: ServerChannel, channel: int, method: spec.Method, payload: bytes) -> bool:
         """The first publish or consume: move to its queue's worker when that is another and this
