@@ -49,6 +49,33 @@ def run(ctl: Compactor, costs: dict[str, float], homes: dict[str, int], rates: d
     return moves
 
 
+def test_a_pack_empties_its_source_one_island_after_another_without_pausing() -> None:
+    """Once the hold has passed, the source's islands follow each other (each as soon as the last is
+    done), so a compaction is over in as many reports as the source has islands; a failed move stops it."""
+    names = [f"q{i}" for i in range(8)]
+    homes = {n: i % 2 for i, n in enumerate(names)}
+    costs = {n: 0.025 for n in names}
+    rates = {n: 2500.0 for n in names}
+    ctl = Compactor()
+    moves = []
+    for step in range(12):
+        move = ctl.observe(float(step), loads_of(costs, homes, rates, 2), islands_of(homes, rates, {}))
+        if move is not None:
+            moves.append((step, move))
+            homes[move.island] = move.target
+            ctl.move_done(float(step), True)
+    steps = [step for step, _m in moves]
+    assert len(moves) == 4 and steps == list(range(steps[0], steps[0] + 4)), steps
+    assert steps[-1] < 11 and ctl.packing is None  # the source is empty: the next report ended the pack
+    assert set(homes.values()) == {1 - moves[0][1].source}
+    ctl2 = Compactor(pack_hold_s=0.0)
+    homes2 = {n: i % 2 for i, n in enumerate(names)}
+    first = ctl2.observe(0.0, loads_of(costs, homes2, rates, 2), islands_of(homes2, rates, {}))
+    assert first is not None and ctl2.packing == (first.source, first.target)
+    ctl2.move_done(0.0, False)  # the move did not happen: no pack goes on from it
+    assert ctl2.packing is None
+
+
 def test_the_benchmark_shape_packs_into_one_worker() -> None:
     """8 queues alternately over 2 workers at 20k msg/s in all, ~10 % of a core each: all end in one."""
     names = [f"q{i}" for i in range(8)]

@@ -11,7 +11,8 @@ controller answers at most one `Move` at a time:
   msg/s, so an idle node or a test node never moves anything): move an island of the least busy worker
   with islands to the busiest other worker that holds islands (never into an empty one), only when every island of that source can move and all of
   them together would leave the target below `target_max` (well below saturation), so the source ends
-  empty and sleeps. Fewer loops then take the same input: fewer sleeps per message, the cost the
+  empty and sleeps. A pack under way (`packing`) moves the source's next island as soon as the last one
+  is done, without the settling pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the same input: fewer sleeps per message, the cost the
   measurements put on splitting (docs/scaling.md, "What the rest is").
 - **Spread** when a worker's loop has been saturated (`LoopSaturated`) for `spread_hold_s` and another
   worker is not saturated and below `spread_below`: move the movable island of the saturated worker whose
@@ -96,7 +97,7 @@ class Move:
 @dataclass
 class Compactor:
     pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core)
-    pack_hold_s: float = 5.0  # ... held this long
+    pack_hold_s: float = 3.0  # ... held this long (three reports)
     min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
     target_max: float = 0.35  # a pack's target stays at or below this busy share, islands included
     spread_hold_s: float = 1.0  # a worker saturated this long spreads
@@ -110,6 +111,7 @@ class Compactor:
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
+    packing: tuple[int, int] | None = None  # (source, target) of a pack under way: its next island follows at once
 
     def __post_init__(self) -> None:
         assert 0 < self.target_max < SATURATED, "a pack's target must stay below saturation"
@@ -133,9 +135,17 @@ class Compactor:
                 self.saturated_since.pop(w.worker, None)
         if self.in_flight is not None or len(loads) < 2:
             return None
+        free = [i for i in islands if i.movable and now >= self.pinned_until.get(i.name, now)]
+        if self.packing is not None:  # a pack empties its source: its next island goes without a pause
+            source, target = self.packing
+            rest = [i for i in free if i.worker == source]
+            if rest and not any_saturated and any(w.worker == target for w in loads):
+                island = max(rest, key=lambda i: (i.msgs_per_s, i.name))
+                self.in_flight = Move(island.name, source, target, "pack")
+                return self.in_flight
+            self.packing = None
         if self.last_move_end is not None and now - self.last_move_end < self.settle_s:
             return None
-        free = [i for i in islands if i.movable and now >= self.pinned_until.get(i.name, now)]
         costs = island_costs(loads, islands)
         move = self._spread(now, loads, islands, free, costs)
         if move is None and self.low_since is not None and now - self.low_since >= self.pack_hold_s:
@@ -143,6 +153,8 @@ class Compactor:
         if move is not None:
             assert move.source != move.target, move
             self.in_flight = move
+            if move.reason == "pack":
+                self.packing = (move.source, move.target)
         return move
 
     def move_done(self, now: float, moved: bool) -> None:
@@ -153,6 +165,8 @@ class Compactor:
         self.last_move_end = now
         self.low_since = None  # the figures before the move no longer say anything
         self.saturated_since.clear()
+        if not moved:
+            self.packing = None
         if moved:
             n = self.moves_of[move.island] = self.moves_of.get(move.island, 0) + 1
             self.pinned_until[move.island] = now + min(self.pin_max_s, self.pin_s * 2 ** (n - 1))

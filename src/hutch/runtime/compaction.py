@@ -201,7 +201,10 @@ class Compaction:
         except Exception as exc:  # noqa: BLE001 - the move's worker gone or silent: judged again from reports
             log.info("compaction: the move of %s did not answer: %r", move.island, exc)
         finally:
-            compactor.move_done(asyncio.get_running_loop().time(), moved)
+            now = asyncio.get_running_loop().time()
+            compactor.move_done(now, moved)
+        if moved and move.reason == "pack":  # the pack goes on with the source's next island at once
+            self._judge(now)
 
     async def _on_move(self, peer: str, req: cm.CompactMove) -> bool:
         if node_of_worker(peer) != self.node_name:
