@@ -10,26 +10,37 @@ Waits poll with generous deadlines; nothing here asserts a duration.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import sys
 import time
+import urllib.request
+from base64 import b64encode
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
+from pika.exceptions import AMQPError
 from tests.conftest import ServerInfo, start_server
 from tests.workers.test_locality import connect, declare_in
 from tests.workers.test_workers import (
     PERSISTENT,
+    alive,
     client_port,
+    drain,
     holders,
+    ports_file_names_worker,
     queue_json,
     until,
     worker_of,
     worker_pid,
 )
+
+from hutch import portfile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -45,8 +56,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
 
 
 def force_move(info: ServerInfo, source: int, queue: str, target: int) -> None:
-    """SIGUSR1 to worker `source` (again each second: its island is judged from its last report) until
-    `queue`'s record names worker `target`."""
+    """SIGUSR1 to worker `source` (again each second, should the island not be quiet at that moment)
+    until `queue`'s record names worker `target`."""
     pid = worker_pid(info, source)
     assert pid is not None
     signalled = [0.0]
@@ -117,11 +128,137 @@ def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInf
 
 
 def _queues(info: ServerInfo) -> list[dict[str, Any]]:
-    import json
-    import urllib.request
-    from base64 import b64encode
     req = urllib.request.Request(f"{info.mgmt_url}/api/queues",
                                  headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
     with urllib.request.urlopen(req, timeout=10) as resp:
         out: list[dict[str, Any]] = json.loads(resp.read())
     return out
+
+
+# -- crash safety: a worker killed around a move ----------------------------------------------------------
+
+def declare_durable_in(info: ServerInfo, worker: int, prefix: str) -> str:
+    with connect(info, 0) as conn:
+        ch = conn.channel()
+        for i in range(8):
+            name = f"{prefix}-{i}"
+            ch.queue_declare(name, durable=True)
+            if worker_of(info, name) == worker:
+                return name
+    raise AssertionError(f"no queue placed in worker {worker}")
+
+
+def answers(fn: Any) -> Any:
+    """`fn()`, or None while the node cannot answer it (a worker restarting: the API or a port is down)."""
+    try:
+        return fn()
+    except (OSError, AMQPError, KeyError, AssertionError):
+        return None
+
+
+def kill_and_wait(info: ServerInfo, worker: int) -> None:
+    """kill -9 of worker `worker`, until the supervisor has restarted it (and the ports file names its new
+    ports: a restarted worker 0 serves the management API on a new port, which `info` then follows)."""
+    victim = worker_pid(info, worker)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    until(lambda: not alive(victim), what=f"worker {worker} gone")
+    until(lambda: worker_pid(info, worker) not in (None, victim) and ports_file_names_worker(info, worker),
+          timeout=60, what=f"worker {worker} restarted")
+    doc = portfile.read(info.data_dir)
+    assert doc is not None
+    info.management_port = int(doc["listeners"]["management"])
+
+
+def close_quietly(*conns: pika.BlockingConnection) -> None:
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a connection the kill (or a refused move) already ended
+            pass
+
+
+def everything_there_once(info: ServerInfo, queue: str, bodies: list[bytes]) -> None:
+    """Once the node answers again: `queue` is listed once, in one worker, holding `bodies` (each once,
+    every one ready: no connection holds any), and a consumer gets exactly those."""
+    until(lambda: answers(lambda: queue_json(info, queue)["messages_ready"] == len(bodies)
+                          and queue_json(info, queue)["consumers"] == 0), timeout=60,
+          what=f"{len(bodies)} messages ready in {queue}")
+    listed = [q for q in _queues(info) if q["name"] == queue]
+    assert len(listed) == 1 and listed[0]["worker"] in (0, 1)
+    with connect(info, listed[0]["worker"]) as conn:
+        got = drain(conn.channel(), queue, len(bodies))
+        assert sorted(got) == sorted(bodies) and len(set(got)) == len(got)
+        assert conn.channel().queue_declare(queue, passive=True).method.message_count == 0
+
+
+def kill_around_a_move(tmp: Path, seed: int) -> None:
+    """A durable queue in worker 1 with 60 confirmed persistent messages, 10 of them unacked by a
+    consumer, forced to move to worker 0 while worker 0 or 1 (by `seed`) is killed 0-30 ms after the
+    signal: whatever the moment, the queue ends in one worker with every message, once."""
+    rng = random.Random(seed)
+    victim, delay = rng.choice((0, 1)), rng.uniform(0.0, 0.03)
+    info = start_server(tmp, "--workers", "2", config_text=CONFIG)
+    try:
+        queue = declare_durable_in(info, 1, "kill")
+        bodies = [b"m%d" % i for i in range(60)]
+        pub, sub = connect(info, 1), connect(info, 1)
+        try:
+            pch = pub.channel()
+            pch.confirm_delivery()
+            for body in bodies:
+                pch.basic_publish("", queue, body, PERSISTENT)
+            consumer = Consumer(sub, queue, prefetch=10)
+            consumer.wait_for(10)
+            source = worker_pid(info, 1)
+            assert source is not None
+            os.kill(source, signal.SIGUSR1)
+            time.sleep(delay)  # the moment of the kill (the seed's), not a wait for anything
+            kill_and_wait(info, victim)
+        finally:
+            close_quietly(pub, sub)
+        everything_there_once(info, queue, bodies)
+    finally:
+        info.stop()
+
+
+def test_a_worker_killed_around_a_move_loses_nothing(tmp_path: Path) -> None:
+    kill_around_a_move(tmp_path, seed=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_a_worker_killed_around_a_move_loses_nothing_seeds(tmp_path: Path, seed: int) -> None:
+    kill_around_a_move(tmp_path, seed)
+
+
+def test_a_durable_queue_moved_with_a_worker_killed(tmp_path: Path) -> None:
+    """A durable queue moved mid-flow from worker 1 to worker 0; then worker 0 (its new home) is killed,
+    then worker 1 (its old home): the queue stays in worker 0, with every message not acked, once (the
+    old home's copy and index were dropped at the commit, so its restart brings no second copy)."""
+    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    try:
+        queue = declare_durable_in(info, 1, "durable")
+        pub, sub = connect(info, 1), connect(info, 1)
+        try:
+            pch = pub.channel()
+            pch.confirm_delivery()
+            for i in range(40):
+                pch.basic_publish("", queue, b"d%d" % i, PERSISTENT)
+            consumer = Consumer(sub, queue, prefetch=10)
+            consumer.wait_for(10)
+            force_move(info, 1, queue, 0)
+            for i in range(40, 60):  # confirmed by worker 0 now
+                pch.basic_publish("", queue, b"d%d" % i, PERSISTENT)
+            consumer.ch.basic_ack(consumer.got[4][0], multiple=True)  # 5 acked after the move
+            consumer.conn.process_data_events(time_limit=0.2)
+            acked = {b for _t, b, _r in consumer.got[:5]}
+            kill_and_wait(info, 0)  # with the clients connected to it
+        finally:
+            close_quietly(pub, sub)
+        until(lambda: answers(lambda: worker_of(info, queue)) == 0, timeout=60, what=f"{queue} in worker 0")
+        kill_and_wait(info, 1)
+        until(lambda: answers(lambda: worker_of(info, queue)) == 0, timeout=60, what=f"{queue} in worker 0")
+        everything_there_once(info, queue, [b"d%d" % i for i in range(60) if b"d%d" % i not in acked])
+    finally:
+        info.stop()

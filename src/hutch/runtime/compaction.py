@@ -8,19 +8,19 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
 - **The controller's host** (step 2): worker 0 runs `Compactor.observe` (core/compaction.py) on the reports
   younger than `STALE_S` at each of its own reports, and asks the source worker to make the move it
   answers (`CompactMove`); the answer ends the move (`move_done`). `force` is the test hook (`SIGUSR1` to
-  a worker, wired by the composition root): that worker moves its busiest movable island to the next
-  worker, outside the controller.
+  a worker, wired by the composition root): that worker moves its busiest island that can move now to
+  the next worker, outside the controller.
 - **The move** (step 3): worker A (`move_out`) holds the other workers' traffic for the queue
   (`QueueLink.hold_queue`) and reading on the island's connections, waits until each is quiet
   (`island_reason` None: confirms written, content whole, output flushed), exports the queue and the
-  connections in one loop turn, marks its copy `moving_to` B, hands the sockets and the state to B
-  (`IslandTransfer`) and forgets the connections (their unacked messages go back into its copy, which
-  has no consumer left). Worker B (`_adopt`) puts a local queue in its stand-in's place, imports, syncs
+  connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
+  connections (their unacked messages go back into its copy, which has no consumer left) and sets the
+  copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) puts a local queue in its stand-in's place, imports, syncs
   a durable queue's import, asks A whether it may commit (`CompactCommit`), proposes the queue's record
-  naming B (the commit point) and waits for it, then adopts the connections (consumers attached and
-  deliveries held under their tags before any unread byte is handled). A applies the record: its copy
-  gives way to a stand-in (remote_type.py's quiet `_rehome`), and what it held for the queue is
-  forwarded to B (`release_queue`).
+  naming B (the commit point) and waits for it, then puts its copy in its stand-in's place and adopts
+  the connections (consumers attached and deliveries held under their tags before any unread byte is
+  handled). A applies the record (`RemoteQueueType.on_record`): the copy set aside is dropped, and what
+  it held for the queue is forwarded to B (`release_queue`).
 
 Rules:
 - Nothing is lost, nothing refused silently. Before A answers `CompactCommit` it may give the move up
@@ -112,7 +112,6 @@ class Compaction:
         self.compactor = Compactor() if self.index == 0 else None
         self.reports: dict[int, tuple[float, WorkerLoad, list[Island]]] = {}
         self.where: dict[str, tuple[str, str]] = {}  # island name -> (vhost, queue), from the reports
-        self.last_islands: list[Island] = []
         self.outgoing: dict[tuple[str, str], _Outgoing] = {}
         self.moved_out = self.moved_in = self.given_up = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -144,7 +143,6 @@ class Compaction:
         islands = [Island(i.name, i.worker, i.msgs_per_s, i.movable and all(_plain_socket(c) for c in
                                                                            conns_of.get(i.name, ())))
                    for i in islands]
-        self.last_islands = islands
         self.where.update({f"{q.vhost}/{q.name}": (q.vhost, q.name) for q in queues})
         rate = sum(i.msgs_per_s for i in islands)
         lp = self.node.loop_load
@@ -212,14 +210,15 @@ class Compaction:
         return await self.move_out(req.vhost, req.queue, req.target)
 
     def force(self) -> None:
-        """The test hook (`SIGUSR1`): move this worker's busiest movable island to the next worker."""
-        movable = [i for i in self.last_islands if i.movable]
-        if not movable or self.workers < 2:
+        """The test hook (`SIGUSR1`): move this worker's busiest island that can move now (its queue's
+        messages published and delivered so far) to the next worker, outside the controller."""
+        queues = [q for v in self.node.vhosts.values() for q in v.queues.values()
+                  if isinstance(q, ClassicQueue) and island_of(self.node, q) is not None]
+        if not queues or self.workers < 2:
             log.info("compaction: no movable island in worker %d", self.index)
             return
-        island = max(movable, key=lambda i: (i.msgs_per_s, i.name))
-        vhost, name = self.where[island.name]
-        self._spawn(self.move_out(vhost, name, (self.index + 1) % self.workers))
+        q = max(queues, key=lambda q: (q.stat_published + q.stat_delivered, q.name))
+        self._spawn(self.move_out(q.vhost, q.name, (self.index + 1) % self.workers))
 
     # -- step 3: the move, A's side ---------------------------------------------------------------------------
     async def move_out(self, vhost: str, name: str, target: int) -> bool:
