@@ -10,6 +10,7 @@ Waits poll with generous deadlines; nothing here asserts a duration.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -22,11 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pika
 import pytest
 from pika.exceptions import AMQPError
 from tests.conftest import ServerInfo, start_server
-from tests.workers.test_locality import connect, declare_in
+from tests.workers.test_locality import connect, declare_in, own_port
 from tests.workers.test_workers import (
     PERSISTENT,
     alive,
@@ -125,6 +127,51 @@ def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInf
     assert doc["node"] == "test@localhost"
     listed = [q for q in _queues(node) if q["name"] == queue]
     assert len(listed) == 1 and listed[0]["worker"] == 0
+
+
+@pytest.mark.asyncio
+async def test_an_island_moves_while_messages_stream_through_it(node: ServerInfo) -> None:
+    """aio-pika: a publisher awaiting each confirm and a consumer acking each delivery run without
+    pause while the island is moved from worker 1 to worker 0: every message arrives once, in order,
+    delivery tags continue by one, and every publish was confirmed (none nacked)."""
+    queue = declare_in(node, 1, "stream")
+    total = 1500
+    pub = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{own_port(node, 1)}/")
+    sub = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{own_port(node, 1)}/")
+    try:
+        pch = await pub.channel(publisher_confirms=True)
+        sch = await sub.channel()
+        await sch.set_qos(prefetch_count=20)
+        got: list[tuple[int, bytes]] = []
+        done = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            got.append((message.delivery_tag or 0, message.body))
+            await message.ack()
+            if len(got) == total:
+                done.set()
+        await (await sch.get_queue(queue, ensure=False)).consume(on_message)
+
+        async def publish() -> None:
+            for i in range(total):
+                await pch.default_exchange.publish(aio_pika.Message(b"%d" % i), routing_key=queue)
+        publishing = asyncio.ensure_future(publish())
+        pid = worker_pid(node, 1)
+        assert pid is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while await loop.run_in_executor(None, answers, lambda: worker_of(node, queue)) != 0:
+            assert loop.time() < deadline, "the island did not move"
+            if len(got) >= 200:  # mid-flow: once messages stream, until it has moved
+                os.kill(pid, signal.SIGUSR1)
+            await asyncio.sleep(0.2)
+        await asyncio.wait_for(publishing, 60)  # every publish confirmed (a nack raises)
+        await asyncio.wait_for(done.wait(), 60)
+        assert [b for _t, b in got] == [b"%d" % i for i in range(total)]
+        assert [t for t, _b in got] == list(range(1, total + 1))
+    finally:
+        await pub.close()
+        await sub.close()
 
 
 def _queues(info: ServerInfo) -> list[dict[str, Any]]:

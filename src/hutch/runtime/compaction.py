@@ -242,6 +242,10 @@ class Compaction:
                 out = self._hand(q, conns, target, to)
                 if out is not None:
                     return await self._await_commit(key, out)
+        except Exception:  # a fault of this code: logged; the queue stays (and its traffic is let go below)
+            log.exception("compaction: the move of queue '%s' failed", name)
+            if key in self.outgoing:
+                raise  # handed over already: only the record (or B's death) decides now
         finally:
             for c in conns:
                 c.release_reading("island")  # (a handed-over connection has no transport left: a no-op)
