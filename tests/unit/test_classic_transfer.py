@@ -144,6 +144,8 @@ def test_what_cannot_move_says_why() -> None:
     gone = ClassicQueue("/", "g", False, None, False, {})
     gone.delete()
     assert not_movable(gone) == "deleted"
+    sac = ClassicQueue("/", "s", False, None, False, {"x-single-active-consumer": True})
+    assert not_movable(sac) == "single active consumer"
     q = ClassicQueue("/", "q", False, None, False, {})
     q.publish(msg(1))
     e = q.get(FakeChannel(), no_ack=False)

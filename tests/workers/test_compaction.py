@@ -34,6 +34,7 @@ from tests.workers.test_workers import (
     alive,
     client_port,
     drain,
+    get_one,
     holders,
     ports_file_names_worker,
     queue_json,
@@ -98,6 +99,8 @@ def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInf
     tags delivered before the move acked after it, both sockets now in worker 0, the management API
     listing the queue once, in worker 0."""
     queue = declare_in(node, 1, "isle")
+    with connect(node, 0) as admin:
+        admin.channel().queue_bind(queue, "amq.direct", routing_key=queue)
     with connect(node, 1) as pub, connect(node, 1) as sub:
         pch = pub.channel()
         pch.confirm_delivery()
@@ -127,6 +130,12 @@ def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInf
     assert doc["node"] == "test@localhost"
     listed = [q for q in _queues(node) if q["name"] == queue]
     assert len(listed) == 1 and listed[0]["worker"] == 0
+    for worker in (0, 1):  # its binding kept in both workers (the record moved the queue, not deleted it)
+        with connect(node, worker) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("amq.direct", queue, b"bound %d" % worker, mandatory=True)
+            assert get_one(ch, queue)[2] == b"bound %d" % worker
 
 
 @pytest.mark.asyncio

@@ -13,7 +13,7 @@ Rules:
   messages to its index, as a publish does: the caller waits for their sync before the queue's record
   names the new home, the commit point of a move).
 - Only a queue whose every message is in RAM moves (`not_movable`): a paged queue, a deleted,
-  exclusive or auto-delete one, or one over `MAX_TRANSFER_MESSAGES` messages or `MAX_TRANSFER_BYTES` of bodies stays.
+  exclusive, auto-delete or single-active-consumer one, or one over `MAX_TRANSFER_MESSAGES` messages or `MAX_TRANSFER_BYTES` of bodies stays.
 - Every unacked message travels: `export_queue` is given the entries its consumers' channels hold and
   refuses (ValueError) unless they are exactly as many as the queue counts unacked.
 - Order and identity are kept: sequence numbers travel, ready messages are delivered in the same order
@@ -158,6 +158,8 @@ def not_movable(q: ClassicQueue) -> str | None:
         return "exclusive"
     if q.auto_delete:
         return "auto-delete"  # its last consumer leaving the old worker would delete it
+    if q.settings.single_active_consumer:
+        return "single active consumer"  # which consumer is active would have to travel with its order
     if q.messages_paged_out:
         return "paged to disk"
     if q.message_count + q.unacked_count > MAX_TRANSFER_MESSAGES:
