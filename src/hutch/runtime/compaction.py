@@ -15,7 +15,7 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   (`island_reason` None: confirms written, content whole, output flushed), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
-  copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) puts a local queue in its stand-in's place, imports, syncs
+  copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) builds a copy aside, imports, syncs
   a durable queue's import, asks A whether it may commit (`CompactCommit`), proposes the queue's record
   naming B (the commit point) and waits for it, then puts its copy in its stand-in's place and adopts
   the connections (consumers attached and deliveries held under their tags before any unread byte is
@@ -110,8 +110,8 @@ class Compaction:
         self.scan = IslandScan(self.index)
         self.transfer = IslandTransfer(worker, self._adopt)
         self.compactor = Compactor() if self.index == 0 else None
-        self.reports: dict[int, tuple[float, WorkerLoad, list[Island]]] = {}
-        self.where: dict[str, tuple[str, str]] = {}  # island name -> (vhost, queue), from the reports
+        # worker -> (when, its load, its islands, island name -> (vhost, queue)): each worker's last report
+        self.reports: dict[int, tuple[float, WorkerLoad, list[Island], dict[str, tuple[str, str]]]] = {}
         self.outgoing: dict[tuple[str, str], _Outgoing] = {}
         self.moved_out = self.moved_in = self.given_up = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -143,7 +143,6 @@ class Compaction:
         islands = [Island(i.name, i.worker, i.msgs_per_s, i.movable and all(_plain_socket(c) for c in
                                                                            conns_of.get(i.name, ())))
                    for i in islands]
-        self.where.update({f"{q.vhost}/{q.name}": (q.vhost, q.name) for q in queues})
         rate = sum(i.msgs_per_s for i in islands)
         lp = self.node.loop_load
         load = self.meter.sample(now, lp.busy_total_s, lp.own_saturated(), rate)
@@ -164,31 +163,33 @@ class Compaction:
         if len(v) % 4:
             return
         islands = []
+        where: dict[str, tuple[str, str]] = {}
         for k in range(0, len(v), 4):
             vhost, name, rate, movable = v[k:k + 4]
             if type(vhost) is not str or type(name) is not str or type(rate) is not int or type(movable) is not bool:
                 return
             key = f"{vhost}/{name}"
-            self.where[key] = (vhost, name)
+            where[key] = (vhost, name)
             islands.append(Island(key, r.worker, float(max(0, rate)), movable))
         load = WorkerLoad(r.worker, min(1.0, max(0.0, r.busy_ppm / 1e6)), r.saturated, float(max(0, r.msgs_per_s)))
-        self.reports[r.worker] = (asyncio.get_running_loop().time(), load, islands)
+        self.reports[r.worker] = (asyncio.get_running_loop().time(), load, islands, where)
 
     # -- step 2: the controller's host (worker 0) ------------------------------------------------------------
     def _judge(self, now: float) -> None:
         compactor = self.compactor
         assert compactor is not None
-        fresh = [(load, islands) for t, load, islands in self.reports.values() if now - t <= STALE_S]
+        fresh = [(load, islands) for t, load, islands, _w in self.reports.values() if now - t <= STALE_S]
         move = compactor.observe(now, [load for load, _i in fresh], [i for _l, islands in fresh for i in islands])
         if move is not None:
             log.info("compaction: moving island %s from worker %d to worker %d (%s)", move.island, move.source,
                      move.target, move.reason)
-            self._spawn(self._make(move))
+            report = self.reports.get(move.source)
+            self._spawn(self._make(move, report[3].get(move.island, ("", "")) if report is not None else ("", "")))
 
-    async def _make(self, move: Move) -> None:
+    async def _make(self, move: Move, where: tuple[str, str]) -> None:
         compactor = self.compactor
         assert compactor is not None
-        vhost, name = self.where.get(move.island, ("", ""))
+        vhost, name = where
         moved = False
         try:
             if move.source == self.index:
