@@ -279,7 +279,8 @@ def kill_around_a_move(tmp: Path, seed: int) -> None:
 
 
 def test_a_worker_killed_around_a_move_loses_nothing(tmp_path: Path) -> None:
-    kill_around_a_move(tmp_path, seed=3)
+    """The seeded representative in make test (seed 0: the old home killed as the move commits)."""
+    kill_around_a_move(tmp_path, seed=0)
 
 
 @pytest.mark.slow
@@ -288,6 +289,7 @@ def test_a_worker_killed_around_a_move_loses_nothing_seeds(tmp_path: Path, seed:
     kill_around_a_move(tmp_path, seed)
 
 
+@pytest.mark.slow  # two kill -9s and restarts (~8 s): make test keeps the seeded kill above
 def test_a_durable_queue_moved_with_a_worker_killed(tmp_path: Path) -> None:
     """A durable queue moved mid-flow from worker 1 to worker 0; then worker 0 (its new home) is killed,
     then worker 1 (its old home): the queue stays in worker 0, with every message not acked, once (the
