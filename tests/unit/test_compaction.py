@@ -198,14 +198,12 @@ def test_a_misleading_estimate_moves_an_island_back_and_forth_rarely(
 @settings(max_examples=100, deadline=None)
 @given(spec=st.lists(st.tuples(st.integers(0, 1), st.floats(0.0, 0.5)), min_size=1, max_size=8))
 def test_an_idle_node_never_moves(spec: list[tuple[int, float]]) -> None:
-    """Below the message floor nothing moves, whatever the busy shares say."""
+    """Below the message floor nothing moves, whatever the busy shares say (a saturated loop that is not
+    moving messages is not spread either: a move would not unload it)."""
     homes = {NAMES[i]: w for i, (w, _c) in enumerate(spec)}
     costs = {NAMES[i]: c for i, (_w, c) in enumerate(spec)}
     rates = {n: 1999.0 / len(spec) for n in homes}
-    saturating = any(sum(c for n, c in costs.items() if homes[n] == w) >= SATURATED for w in (0, 1))
-    moves = run(Compactor(), costs, homes, rates, {}, 2, 100)
-    assert all(m.reason == "spread" for m in moves)
-    assert saturating or moves == []
+    assert run(Compactor(), costs, homes, rates, {}, 2, 100) == []
 
 
 def test_a_load_meter_gives_the_busy_share_between_samples() -> None:

@@ -14,7 +14,8 @@ controller answers at most one `Move` at a time:
   empty and sleeps. A pack under way (`packing`) moves the source's next island as soon as the last one
   is done, without the settling pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the same input: fewer sleeps per message, the cost the
   measurements put on splitting (docs/scaling.md, "What the rest is").
-- **Spread** when a worker's loop has been saturated (`LoopSaturated`) for `spread_hold_s` and another
+- **Spread** when a worker's loop has been saturated (`LoopSaturated`) for `spread_hold_s` while moving
+  at least `min_rate` msg/s (a loop busy with anything else gains nothing from a move) and another
   worker is not saturated and below `spread_below`: move the movable island of the saturated worker whose
   estimated cost is nearest half the difference of their busy shares, among those that leave the target
   below saturation and below what the source keeps (a worker with one island keeps it: moving it would
@@ -199,8 +200,8 @@ class Compactor:
                 costs: dict[str, float]) -> Move | None:
         for source in sorted(loads, key=lambda w: (-w.busy, w.worker)):
             since = self.saturated_since.get(source.worker)
-            if since is None or now - since < self.spread_hold_s:
-                continue
+            if since is None or now - since < self.spread_hold_s or source.msgs_per_s < self.min_rate:
+                continue  # (a loop saturated by anything but messages gains nothing from a move)
             if sum(1 for i in islands if i.worker == source.worker) < 2:
                 continue
             calm = [w for w in loads if not w.saturated and w.busy < self.spread_below]
