@@ -183,6 +183,55 @@ async def test_an_island_moves_while_messages_stream_through_it(node: ServerInfo
         await sub.close()
 
 
+@pytest.mark.slow  # a sustained load (over the controller's 2,000 msg/s floor) for several seconds
+@pytest.mark.asyncio
+async def test_the_controller_packs_two_islands_into_one_worker(tmp_path: Path) -> None:
+    """No hook: a node of 2 with one busy island in each worker, far below a core, packs them into one
+    worker by itself (the reports, worker 0's controller, the move), and every message still arrives."""
+    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    conns: list[Any] = []
+    try:
+        queues = [declare_in(info, w, f"pack{w}") for w in (0, 1)]
+        received = {q: 0 for q in queues}
+        sent = {q: 0 for q in queues}
+        stop = asyncio.Event()
+
+        async def island(worker: int, queue: str) -> None:
+            url = f"amqp://guest:guest@127.0.0.1:{own_port(info, worker)}/"
+            pub, sub = await aio_pika.connect(url), await aio_pika.connect(url)
+            conns.extend((pub, sub))
+            pch = await pub.channel(publisher_confirms=True)
+            sch = await sub.channel()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                received[queue] += 1
+            await (await sch.get_queue(queue, ensure=False)).consume(on_message, no_ack=True)
+            while not stop.is_set():  # batches of 100 confirmed publishes: ~1,500-3,000 msg/s each here
+                await asyncio.gather(*(pch.default_exchange.publish(aio_pika.Message(b"x"), routing_key=queue)
+                                       for _ in range(100)))
+                sent[queue] += 100
+        tasks = [asyncio.ensure_future(island(w, q)) for w, q in zip((0, 1), queues, strict=True)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        while True:
+            homes = await loop.run_in_executor(None, answers, lambda: {worker_of(info, q) for q in queues})
+            if homes is not None and len(homes) == 1:
+                break
+            assert loop.time() < deadline, f"not packed (rates {sent})"
+            await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        until_async = loop.time() + 30
+        while received != sent:
+            assert loop.time() < until_async, (received, sent)
+            await asyncio.sleep(0.1)
+    finally:
+        for conn in conns:
+            await conn.close()
+        info.stop()
+    assert "compaction: moving island" in info.log()
+
+
 def _queues(info: ServerInfo) -> list[dict[str, Any]]:
     req = urllib.request.Request(f"{info.mgmt_url}/api/queues",
                                  headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()})
