@@ -67,14 +67,15 @@ def pin(role: str) -> Any:
 
 
 @contextlib.contextmanager
-def running(data: Path, workers: int, locality: bool = True,
-            extra: Sequence[str] = ()) -> Iterator[tuple[dict[str, int], list[int]]]:
+def running(data: Path, workers: int, locality: bool = True, extra: Sequence[str] = (),
+            compaction: bool = False) -> Iterator[tuple[dict[str, int], list[int]]]:
     """A node of `workers` (port 0, `--no-cluster`, `workers.locality` as given unless `extra`, more flags,
     names a `--config` of its own) for the `with` block: its ports and the pids of its processes (the
     supervisor and each worker); stopped (SIGTERM) when the block ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
     conf = data.parent / "hutch.conf"
-    conf.write_text(f"workers.locality = {'true' if locality else 'false'}\n")
+    conf.write_text(f"workers.locality = {'true' if locality else 'false'}\n"
+                    f"workers.compaction = {'true' if compaction else 'false'}\n")
     with open(data.parent / f"server-{workers}.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port",
                                  "0", "--data-dir", str(data), "--no-cluster", "--workers", str(workers),
@@ -266,6 +267,8 @@ def main() -> None:
     ap.add_argument("--placement", default="spread",
                     help="a node of workers with the queues spread over the workers (spread), all in worker 0 "
                          "(one), or both (spread,one)")
+    ap.add_argument("--compaction", default="off",
+                    help="a node of workers with compaction of load (workers.compaction) off, on or off,on")
     ap.add_argument("--rounds", type=int, default=1, help="run the whole sequence this many times")
     ap.add_argument("--broker-cpus", default="", help="run the node on these cores (comma-separated; default any)")
     ap.add_argument("--client-cpus", default="", help="run the load generators on these cores (default any)")
@@ -276,15 +279,17 @@ def main() -> None:
     CPUS["clients"] = {int(c) for c in args.client_cpus.split(",") if c}
     tools = args.tools.split(",")
     common = ["-s", "16", "-c", "1000", "-q", "1000", "-A", "100", "-z", str(args.seconds), "--warmup", "2"]
-    nodes = [(r, w, loc == "on", place) for r in range(args.rounds) for w in (int(w) for w in args.workers.split(","))
+    nodes = [(r, w, loc == "on", place, comp == "on") for r in range(args.rounds)
+             for w in (int(w) for w in args.workers.split(","))
              for loc in (args.locality.split(",") if w > 1 else ["on"])
-             for place in (args.placement.split(",") if w > 1 else ["spread"])]
+             for place in (args.placement.split(",") if w > 1 else ["spread"])
+             for comp in (args.compaction.split(",") if w > 1 else ["off"])]
     seen: list[tuple[int, tuple[int, bool, str], str, dict[str, Any]]] = []
-    for rnd, workers, locality, placement in nodes:
+    for rnd, workers, locality, placement, compaction in nodes:
         with tempfile.TemporaryDirectory(prefix="hutch-workers-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
-            with running(data, workers, locality) as (ports, pids):
+            with running(data, workers, locality, compaction=compaction) as (ports, pids):
                 if placement == "one":
                     fill_others(ports, workers, args.queues)
                 runs: list[tuple[str, dict[str, Any]]] = []
@@ -321,11 +326,13 @@ def main() -> None:
                 if "idle" in tools:
                     runs.append(("idle 20 s", idle(pids, 20.0)))
                 for name, result in runs:
-                    seen.append((rnd, (workers, locality, placement), name, result))
+                    seen.append((rnd, (workers, locality, placement + ("+compaction" if compaction else "")), name,
+                                 result))
                     pinned = {f"{role}_cpus": sorted(cpus) for role, cpus in CPUS.items() if cpus}
                     print(json.dumps({"workers": workers, "locality": locality and workers > 1, **pinned,
                                       "seconds": args.seconds,
-                                      **({"placement": placement} if workers > 1 else {}), "run": name,
+                                      **({"placement": placement, "compaction": compaction} if workers > 1 else {}),
+                                      "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
 

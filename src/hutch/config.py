@@ -229,6 +229,11 @@ class Config:
     # `workers.locality`: a connection whose first publish or consume uses a queue of another worker moves
     # there while quiet (runtime/workers/handover.py, docs/scaling.md "Connection locality")
     worker_locality: bool = True
+    # `workers.compaction`: worker 0 moves islands (a queue and the connections that use only it) onto fewer
+    # workers while the node is far below a core, and spreads them when a loop saturates (runtime/compaction.py,
+    # docs/scaling.md "Compaction of load"; on by default, as measured there); off whenever `workers.locality`
+    # is off (`compaction_on`)
+    worker_compaction: bool = True
     worker_index: int | None = None
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
@@ -237,6 +242,12 @@ class Config:
     def __post_init__(self) -> None:
         if not self.cluster_name:
             object.__setattr__(self, "cluster_name", self.node_name)
+
+    @property
+    def compaction_on(self) -> bool:
+        """Compaction of load runs: a worker of a node of workers with `workers.compaction` and
+        `workers.locality` both on (an island is a queue with its connections, which only locality gathers)."""
+        return self.worker_index is not None and self.worker_compaction and self.worker_locality
 
     @property
     def console_log_level(self) -> str:
@@ -646,6 +657,7 @@ _FILE_KEYS: dict[str, _Parser] = {
     "workers": _parse_workers,
     "workers.own_ports": lambda text: {"worker_own_ports": _parse_bool(text)},
     "workers.locality": lambda text: {"worker_locality": _parse_bool(text)},
+    "workers.compaction": lambda text: {"worker_compaction": _parse_bool(text)},
     "workers.heartbeat_timeout": _int_field("worker_heartbeat_timeout_ms", 100, 2**31 - 1),
 }
 

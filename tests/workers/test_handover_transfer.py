@@ -33,11 +33,23 @@ class Worker:
     adopted: list[tuple[socket.socket, bytes]] = field(default_factory=list)
 
 
-def worker(index: int) -> Worker:
+def control_link(index: int) -> tuple[WorkerLink, socket.socket]:
+    """Worker `index`'s control link, started, and the supervisor's end of its socket."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     theirs.setblocking(False)
     link = WorkerLink(WorkerSpec(index, 2, mine.detach(), {}, 0, None, False), NODE)
     link.start(lambda: None)
+    return link, theirs
+
+
+def close_link(link: WorkerLink, supervisor_end: socket.socket) -> None:
+    link.stop()
+    link.sock.close()
+    supervisor_end.close()
+
+
+def worker(index: int) -> Worker:
+    link, theirs = control_link(index)
     w = Worker(link, theirs, None)  # type: ignore[arg-type]
 
     async def adopt(sock: socket.socket, state: bytes) -> None:
@@ -46,26 +58,32 @@ def worker(index: int) -> Worker:
     return w
 
 
-async def relay(src: Worker, dst: Worker) -> dict[str, object]:
-    """The supervisor's part: the next handover message from `src`, relayed to `dst` as adopt."""
+async def next_message(supervisor_end: socket.socket, kind: str) -> tuple[dict[str, object], list[int]]:
+    """The next control message of `kind` a worker sent its supervisor (heartbeats skipped), with its
+    descriptors (the caller closes them)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
     while True:
         try:
-            data, fds, _f, _a = socket.recv_fds(src.supervisor_end, control.MAX_MESSAGE_BYTES, control.MAX_FDS)
+            data, fds, _f, _a = socket.recv_fds(supervisor_end, control.MAX_MESSAGE_BYTES, control.MAX_FDS)
         except BlockingIOError:
-            assert loop.time() < deadline, "no handover message"
+            assert loop.time() < deadline, f"no {kind} message"
             await asyncio.sleep(0.01)
             continue
         doc = control.decode(data)
-        if "handover" not in doc:  # heartbeats
-            continue
-        state = doc.get("state")
-        assert isinstance(state, (str, type(None)))
-        socket.send_fds(dst.supervisor_end, [control.encode_move("adopt", src.link.spec.index, state)], fds)
-        for fd in fds:
-            socket.close(fd)
-        return doc
+        if kind in doc:
+            return doc, fds
+
+
+async def relay(src: Worker, dst: Worker) -> dict[str, object]:
+    """The supervisor's part: the next handover message from `src`, relayed to `dst` as adopt."""
+    doc, fds = await next_message(src.supervisor_end, "handover")
+    state = doc.get("state")
+    assert isinstance(state, (str, type(None)))
+    socket.send_fds(dst.supervisor_end, [control.encode_move("adopt", src.link.spec.index, state)], fds)
+    for fd in fds:
+        socket.close(fd)
+    return doc
 
 
 async def until(cond: object, what: str) -> None:
@@ -82,9 +100,7 @@ async def workers() -> AsyncIterator[tuple[Worker, Worker]]:
     yield a, b
     for w in (a, b):
         w.locality.stop()
-        w.link.stop()
-        w.link.sock.close()
-        w.supervisor_end.close()
+        close_link(w.link, w.supervisor_end)
 
 
 @pytest.mark.asyncio

@@ -742,6 +742,44 @@ class StreamConsumerInfo(NamedTuple):
     queue: str
     consumer_ids: list[int]
 
+# 150-151: compaction of load in a node of workers (runtime/compaction.py, docs/scaling.md)
+
+
+@message_kind(150)
+class CompactReport(NamedTuple):
+    """A worker's report to worker 0, which hosts the compaction controller (core/compaction.py), every
+    second: its loop's busy share in millionths of a core, whether its loop is saturated, the messages
+    its queues moved per second, and its islands, flat: [queue ("vhost/name"), msg/s, movable] each."""
+
+    worker: int
+    busy_ppm: int
+    saturated: bool
+    msgs_per_s: int
+    islands: list[Any]
+
+
+@request_kind(151)
+class CompactMove(NamedTuple):
+    """From worker 0 (the controller, or its test hook) to the worker that holds queue `queue` of vhost
+    `vhost`: move its island to worker `target` (an index of this node's workers). Reply: True when the
+    queue's record names the target now, False when it stayed (nothing was lost either way)."""
+
+    vhost: str
+    queue: str
+    target: int
+
+
+@request_kind(152)
+class CompactCommit(NamedTuple):
+    """From the worker a queue is moving to, to the worker it moves from, once it holds the queue and before
+    it proposes the record naming itself: may it? Reply: True (the sender then proposes, and the old home
+    no longer gives the move up unless the sender dies), or False (the move was given up: the sender
+    drops its copy and closes the island's connections with 320)."""
+
+    vhost: str
+    queue: str
+
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -752,7 +790,7 @@ Record: TypeAlias = (
     | StreamReplica | StreamPropose | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamSacUpdate
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
     | StreamReadOpen | StreamReadChunks | StreamReadCredit | StreamReadEnd | StreamHomePublish | StreamHomeOffset
-    | StreamHomeStats | StreamHomeResolve | StreamConsumerInfo
+    | StreamHomeStats | StreamHomeResolve | StreamConsumerInfo | CompactReport | CompactMove | CompactCommit
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 
@@ -761,7 +799,7 @@ Request: TypeAlias = (
     | QuorumGet | QuorumPurge | QuorumInfo | QuorumMember | QuorumCancel | QuorumLocalView | QuorumTransfer | NodeInfo
     | LinkStatus | StreamAppend | StreamEndpoint | StreamMember | StreamPublish | StreamLookup | AgentQuery | LimitAcquire
     | LimitQuery | BlockPeers | StreamHomePublish | StreamHomeStats | StreamHomeResolve
-    | StreamConsumerInfo
+    | StreamConsumerInfo | CompactMove | CompactCommit
 )
 """Every request kind (sent with the transport's `call`, answered by its `REPLY` record or a plain value)."""
 

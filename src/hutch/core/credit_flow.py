@@ -111,12 +111,14 @@ class LoopLoad:
     when set, is called as a window closes saturated after one that was not (the only way this loop
     becomes saturated), so a worker tells the others at once and runs no timer while its loop is not."""
 
-    __slots__ = ("clock", "window_start", "busy_s", "saturated_flag", "saturated_peers", "on_saturated")
+    __slots__ = ("clock", "window_start", "busy_s", "busy_total_s", "saturated_flag", "saturated_peers",
+                 "on_saturated")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.window_start = clock()
         self.busy_s = 0.0
+        self.busy_total_s = 0.0  # every input's duration since the start (compaction of load's busy share)
         self.saturated_flag = False
         self.saturated_peers: set[str] = set()
         self.on_saturated: Callable[[], None] | None = None
@@ -132,6 +134,7 @@ class LoopLoad:
     def note_busy(self, seconds: float, now: float) -> None:
         """`seconds` of input handling just ended at `now`."""
         self.busy_s += seconds
+        self.busy_total_s += seconds
         elapsed = now - self.window_start
         if elapsed >= WINDOW_S:
             was = self.saturated_flag

@@ -42,6 +42,7 @@ from hutch.runtime.broker.node import Node
 from hutch.runtime.clock import SYSTEM_CLOCK
 from hutch.runtime.clustering.service import ClusterService, load_secret
 from hutch.runtime.clustering.transport import PeerUnavailable, RemoteError
+from hutch.runtime.compaction import Compaction
 from hutch.runtime.federation.service import FederationService
 from hutch.runtime.ports import Clock
 from hutch.runtime.queue_types.classic.persistence import Persistence
@@ -409,6 +410,17 @@ def _locality(node: Node, cluster: ClusterService | None, worker: WorkerLink | N
     return locality
 
 
+def _compaction(node: Node, cluster: ClusterService | None, worker: WorkerLink | None,
+                locality: Locality | None) -> Compaction | None:
+    """A worker's compaction of load (`workers.compaction`, runtime/compaction.py): its reports, worker 0's
+    controller, and the moves of islands (queues with their connections) between workers."""
+    if worker is None or cluster is None or not node.config.compaction_on:
+        return None
+    remote = next(t for t in node.queue_types if isinstance(t, RemoteQueueType))
+    classic = next(t for t in node.queue_types if isinstance(t, ClassicQueueType))
+    return Compaction(node, cluster, remote.link, remote, classic, worker, locality)
+
+
 async def _serve_locked(config: Config, services: Sequence[Service],
                         prepare: Callable[[Node], str | None] | None, worker: WorkerLink | None) -> int:
     # a stray SIGHUP while the node starts must not kill it; NodeTls.start takes the signal over later
@@ -447,6 +459,7 @@ async def _serve_locked(config: Config, services: Sequence[Service],
             node.alarm_hooks.append(worker.report_alarms)
             worker.on_node_alarms(node.set_worker_alarms)
         locality = _locality(node, cluster, worker)
+        compaction = _compaction(node, cluster, worker, locality)
         if cluster is None:
             node.recover_messages()
     except (StorageError, ValueError, OSError) as exc:
@@ -530,6 +543,9 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     node.tls.start()  # certificate reloads (SIGHUP, file changes) for every TLS listener
+    if compaction is not None:
+        compaction.start()
+        loop.add_signal_handler(signal.SIGUSR1, compaction.force)  # the test hook: move an island now
     _announce_ports(node)
     if worker is not None:
         worker.ready(node.listener_ports)
@@ -539,6 +555,8 @@ async def _serve_locked(config: Config, services: Sequence[Service],
     log.info("node %s stopping", node.name)
     for stopper in reversed(stoppers):
         await stopper()
+    if compaction is not None:
+        compaction.stop()
     await stop_node(node, server)
     if locality is not None:
         locality.stop()  # the relays of TLS connections served by other workers end with this worker

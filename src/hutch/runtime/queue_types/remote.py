@@ -77,6 +77,9 @@ if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
     from hutch.runtime.clustering.service import ClusterService
 
+MAX_HELD_WHILE_MOVING = 10_000  # publishes and consumes held for a queue while it moves between workers
+UNCLAIMED_HOLD_S = 60.0  # traffic held for a queue moving here that never came is sent on to its home after this
+
 log = logging.getLogger("hutch.cluster.queues")
 
 PREPARE_TIMEOUT_S = 5.0
@@ -550,6 +553,10 @@ class QueueLink:
         self._told_saturated = False  # what the other workers were last told of this loop (`LoopSaturated`)
         # home side: (peer, id(queue)) -> the hold of that peer's publishers by that queue (`RemoteHold`)
         self.flow_holds: dict[tuple[str, int], _FlowHold] = {}
+        # home side: (vhost, queue) of a queue moving to another worker (compaction of load, runtime/compaction.py)
+        # -> the other workers' publishes (peer, publish id, message) and consumes held for it until the move
+        # commits (then forwarded to its new home) or does not (then taken here, in order)
+        self.moving: dict[tuple[str, str], list[tuple[str, Any]]] = {}
         # one call per kind, so the type checker matches each handler to its record
         cluster.register(cm.QueueGet, self._h_get)
         cluster.register(cm.QueuePurge, self._h_purge)
@@ -813,10 +820,27 @@ class QueueLink:
             self._publish_here(peer, vhost, queue, pid, msg)
 
     def _publish_here(self, peer: str, vhost: str, queue: str, pid: int, msg: Message) -> None:
+        if self.moving:
+            held = self.moving.get((vhost, queue))
+            if held is not None:
+                if len(held) < MAX_HELD_WHILE_MOVING:
+                    held.append((peer, (pid, msg)))
+                else:  # bounded: past it a publish is nacked (its publisher resends), never dropped silently
+                    self.confirm_out(peer, False, pid)
+                return
         q = self._lookup(vhost, queue)
         if q is None:
-            self.confirm_out(peer, False, pid)
+            held = self._incoming(peer, vhost, queue)
+            if held is not None:
+                held.append((peer, (pid, msg)))
+            else:
+                self.confirm_out(peer, False, pid)
             return
+        self._publish_to(peer, q, pid, msg)
+
+    def _publish_to(self, peer: str, q: Queue, pid: int, msg: Message) -> None:
+        """Publish `peer`'s publish `pid` to `q` (this worker's queue, or a stand-in a held publish is
+        forwarded through), its confirm answered to `peer` when `q` settles it."""
         owner = self._peer_confirms.get(peer)
         if owner is None:
             owner = self._peer_confirms[peer] = _PeerConfirms(self, peer)
@@ -847,9 +871,20 @@ class QueueLink:
             q.set_flow_hold(bool(f.hold))
 
     def _on_consume(self, peer: str, c: cm.RemoteConsume) -> None:
+        held = self.moving.get((c.vhost, c.queue))
+        if held is not None:
+            if len(held) < MAX_HELD_WHILE_MOVING:
+                held.append((peer, c))
+            else:
+                self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
+            return
         q = self._lookup(c.vhost, c.queue)
         if q is None:
-            self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
+            incoming = self._incoming(peer, c.vhost, c.queue)
+            if incoming is not None:
+                incoming.append((peer, c))
+            else:
+                self._send(peer, cm.RemoteConsumerEnded(c.consumer_id))
             return
         if q.refuses_consumer(bool(c.exclusive)):  # raced another consume past the origin's check
             log.info("consumer %s on %s refused at the home: in exclusive use", c.tag, rs("queue", q.name, q.vhost))
@@ -935,6 +970,63 @@ class QueueLink:
             if not q.deleted:
                 q.deliver_pending()
 
+    # -- compaction of load: a queue's hop traffic held while it moves (runtime/compaction.py) -------------
+    def hold_queue(self, vhost: str, name: str) -> None:
+        """From now on, the other workers' publishes and consumes for queue `name` are held, not taken."""
+        self.moving.setdefault((vhost, name), [])
+
+    def _standin_homed(self, peer: str, vhost: str, name: str) -> RemoteQueue | None:
+        """This worker's stand-in of queue `name` when its home is `peer`, which sends here as to the queue's
+        home: `peer` is moving the queue here (compaction of load) and this worker has not taken it yet."""
+        if node_of_worker(peer) != node_of_worker(self.node.name):
+            return None
+        v = self.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        return q if isinstance(q, RemoteQueue) and q.home == peer else None
+
+    def _incoming(self, peer: str, vhost: str, name: str) -> list[tuple[str, Any]] | None:
+        """Where traffic for a queue moving here is held until this worker has it (`release_queue` once it
+        has, or once the move is off); None when the queue is not moving here. A hold nobody claims is
+        given back to the queue's home after `UNCLAIMED_HOLD_S`."""
+        key = (vhost, name)
+        held = self.moving.get(key)
+        if held is not None:
+            return held if len(held) < MAX_HELD_WHILE_MOVING else None
+        if self._standin_homed(peer, vhost, name) is None:
+            return None
+        held = self.moving[key] = []
+        asyncio.get_running_loop().call_later(UNCLAIMED_HOLD_S, self._unclaimed, key, held)
+        return held
+
+    def _unclaimed(self, key: tuple[str, str], held: list[tuple[str, Any]]) -> None:
+        if self.moving.get(key) is held:
+            self.release_queue(key[0], key[1], True)
+
+    def release_queue(self, vhost: str, name: str, moved: bool) -> None:
+        """The move of queue `name` ended. `moved`: its record names its new home, and this worker has its
+        stand-in: each held publish is forwarded through it (its confirm answered when the new home's
+        comes) and each held consumer is ended (basic.cancel to its client, which consumes again from the
+        new home). Else everything held is taken here, in the order it came."""
+        held = self.moving.pop((vhost, name), None)
+        if not held:
+            return
+        v = self.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        for peer, item in held:
+            if isinstance(item, cm.RemoteConsume):
+                if moved or q is None:
+                    self._send(peer, cm.RemoteConsumerEnded(item.consumer_id))
+                else:
+                    self._on_consume(peer, item)
+                continue
+            pid, msg = item
+            if q is None or q.deleted:
+                self.confirm_out(peer, False, pid)
+            elif moved:
+                self._publish_to(peer, q, pid, msg)
+            else:
+                self._publish_here(peer, vhost, name, pid, msg)
+
     def _judge_pace(self, consumers: list[Consumer]) -> None:
         """Settlements from another node came back: judge whether its consumers that filled their prefetch
         keep pace (core/credit_flow.py), as the channel of a consumer here does once per settle call, so
@@ -948,8 +1040,12 @@ class QueueLink:
 
     def _h_get(self, peer: str, req: cm.QueueGet) -> cm.QueueGetReply:
         q = self._lookup(req.vhost, req.queue)
+        if q is None and self._standin_homed(peer, req.vhost, req.queue) is not None:
+            return cm.QueueGetReply([0, 0, 0], None)  # moving here: get-empty for the moment of the move
         if q is None:
             raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
+        if (req.vhost, req.queue) in self.moving:  # its messages are on their way (milliseconds): get-empty
+            return cm.QueueGetReply([0, q.unacked_count, q.consumer_count], None)
         no_ack = req.no_ack
         entry = q.get(_RemoteDeliverer(self, peer, 0), no_ack)
         wire_entry = None
@@ -964,6 +1060,8 @@ class QueueLink:
         q = self._lookup(req.vhost, req.queue)
         if q is None:
             raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
+        if (req.vhost, req.queue) in self.moving:
+            raise LookupError(f"404 {rs('queue', req.queue, req.vhost)} is moving between workers; try again")
         return q.purge()
 
     def _h_info(self, peer: str, req: cm.QueueInfo) -> list[int] | None:
@@ -971,7 +1069,9 @@ class QueueLink:
             return [0, 0, 1] if req.queue[len(REPLY_TO_PREFIX):] in self.node.reply_channels else None
         q = self._lookup(req.vhost, req.queue)
         if q is None:
-            return None
+            standin = self._standin_homed(peer, req.vhost, req.queue)
+            return None if standin is None else [standin.message_count, standin.unacked_count,
+                                                 standin.consumer_count, 0]
         return [q.message_count, q.unacked_count, q.consumer_count, int(q.refuses_consumer(False))]
 
     async def stream_consumer_info(self, q: RemoteQueue) -> dict[Consumer, dict[str, int]]:

@@ -12,7 +12,8 @@ there across restarts (a transient one is gone with its worker's restart, as wit
 
 Rules:
 - When two nodes declared the same name at once, the record that arrives last wins and the other
-  queue is deleted here (logged).
+  queue is dropped here (logged); its bindings stay (they name the queue). A record that moves a queue
+  to another worker (compaction of load) replaces the copy or stand-in here the same way, quietly.
 - Placement counts the queues each running worker is home to (in every vhost), ties going to the
   lower name; a worker that is down is never chosen. The management API's aliveness test queue
   (`ALIVENESS_QUEUE`) stays in the worker that declares it: the check publishes to it and reads the
@@ -22,7 +23,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
@@ -67,6 +68,9 @@ class RemoteQueueType(QueueTypeDefaults):
     def __init__(self, node: Node, link: QueueLink) -> None:
         self.node = node
         self.link = link
+        # compaction of load (runtime/compaction.py): told of every record naming another worker as a queue's
+        # home (vhost, queue, home), before it is applied: a move's commit
+        self.on_record: Callable[[str, str, str], None] | None = None
 
     def owns(self, q: Queue) -> bool:
         return isinstance(q, RemoteQueue)
@@ -81,19 +85,39 @@ class RemoteQueueType(QueueTypeDefaults):
         home = op.node or self.node.name
         if home == self.node.name:
             return False
+        if self.on_record is not None:
+            self.on_record(vhost.name, op.name, home)
         existing = vhost.queues.get(op.name)
-        if existing is not None:
-            if isinstance(existing, RemoteQueue) and existing.home == home:
-                existing.stream_group = _stream_group(op, home)  # (a member added or removed elsewhere)
-                return True
-            log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
-                        op.name, vhost.name, home, home)
-            self.node.delete_queue(vhost, existing)
+        if isinstance(existing, RemoteQueue) and existing.home == home:
+            existing.stream_group = _stream_group(op, home)  # (a member added or removed elsewhere)
+            return True
         q = RemoteQueue(self.link, home, vhost.name, op.name, op.durable, op.exclusive, op.auto_delete,
                         self.node.unpack_arguments(op.arguments))
         q.stream_group = _stream_group(op, home)
+        if existing is not None:
+            self._rehome(vhost, existing, q)
+            return True
         self.node.add_queue(vhost, q, count=False)
         return True
+
+    def _rehome(self, vhost: VirtualHost, existing: Queue, q: RemoteQueue) -> None:
+        """The record names another home for a queue this worker holds (a copy of its own, or a stand-in for
+        another home): `q`, the new stand-in, takes its place, its bindings kept (they name the queue, not
+        its copy). A stand-in's home moved (compaction of load, runtime/compaction.py): its consumers here
+        get basic.cancel and consume again from the new home, quietly. A copy of its own here: two declares
+        raced, or a move committed while this worker was down; the record's home wins (logged)."""
+        if existing.remote:
+            assert isinstance(existing, RemoteQueue)
+            existing.home_down()  # its consumers cancelled (basic.cancel), nothing requeued here
+        else:
+            log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
+                        q.name, vhost.name, q.home, q.home)
+            self.node.queue_type_of(existing).deleted(existing)
+            for consumer in existing.consumers():
+                existing.remove_consumer(consumer)
+                consumer.channel.consumer_cancelled_by_broker(consumer)
+        existing.delete()
+        self.node.add_queue(vhost, q, count=False)  # in the old one's place (not a delete: no churn counted)
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         assert isinstance(q, RemoteQueue)

@@ -112,6 +112,9 @@ class ServerChannel(DeclarationsMixin):
         # the publish lane (_lane_publish): (route tail, exchange, queue, (queue,), exchange name, routing
         # key) of the last generic publish when the next ones like it may skip the generic path; None: none may
         self._lane: _Lane | None = None
+        # the queues the last routed publish reached (compaction of load reads it once a second to tell
+        # which queues a publisher uses: runtime/session/island.py; one store per publish)
+        self.last_routed: list[Queue] | tuple[Queue, ...] = ()
         self._write_checked: Any = None  # exchange whose write permission was checked this epoch
         self._body: list[bytes] = []
         self._body_remaining = 0
@@ -488,6 +491,7 @@ class ServerChannel(DeclarationsMixin):
         rejected = False
         if queues:
             self.stat_routed += len(queues)
+            self.last_routed = queues
             for q in queues:
                 result = q.publish(msg, receipt)
                 if result is not SETTLED:

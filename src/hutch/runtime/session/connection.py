@@ -129,6 +129,9 @@ FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 UNFINISHED_BODIES_MESSAGES = 4
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
+# reading held for these does not make a connection busy: the asyncio adapter's per-turn budget, and an
+# island's move (runtime/compaction.py), which holds reading while it waits for the connection to be quiet
+NOT_BUSY_HOLDS = frozenset({"budget", "island"})
 # the longest a closed connection keeps its socket for the client to close it (rabbit_reader's
 # CLOSING_TIMEOUT; shorter when the negotiated heartbeat timeout is)
 CLOSING_TIMEOUT_S = 30.0
@@ -457,9 +460,9 @@ class AMQPConnection:
     # -- connection locality (a node of workers) ------------------------------------------------------
     def state_is_busy(self) -> bool:
         """Not at rest: not open, a method or login waiting, or reading held for anything but the
-        per-turn budget."""
+        per-turn budget (or an island's move, which holds it to judge this)."""
         return self.state != State.OPEN or self._suspended or self._cluster_task is not None \
-            or bool(self._read_holds - {"budget"})
+            or bool(self._read_holds - NOT_BUSY_HOLDS)
 
     def _hand_over(self, ch: ServerChannel, channel: int, method: spec.Method, payload: bytes) -> bool:
         """The first publish or consume: move to its queue's worker when that is another and this
@@ -491,16 +494,23 @@ class AMQPConnection:
         unread = method_frame_raw(channel, payload) + bytes(memoryview(reader._buf)[reader._pos:])
         if sock is None or len(unread) > MAX_UNREAD_BYTES:
             return False
-        state = HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
-                              dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
-                              self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
-                              channel_states(self.channels), unread, self.sockname, self.tls, self.peer_cert)
+        state = self.handover_state(unread)
         relayed = self.ssl_object is not None  # its TLS session stays here, relayed (runtime/workers/relay.py)
         if not (handover.relay(transport, state.encode(), to) if relayed else handover.move(sock, state.encode(), to)):
             return False
         log.debug("connection %s moved to worker %d%s", self.name, to, " (TLS, relayed)" if relayed else "")
         self._forget_moved(keep_transport=relayed)
         return True
+
+    def handover_state(self, unread: bytes) -> HandoverState:
+        """What moves of this open connection to another worker, with `unread` (the bytes it has read
+        and not handled, to be handled there; not counted as received here)."""
+        vhost = self.vhost_obj
+        assert vhost is not None and self.state == State.OPEN
+        return HandoverState(self.user_name, vhost.name, self.frame_max, self.channel_max, self.heartbeat_s,
+                             dict(self.client_properties), self.auth_mechanism, self.peer, self.name,
+                             self.connected_at_ms, self.recv_oct - len(unread), self.send_oct, self.has_published,
+                             channel_states(self.channels), unread, self.sockname, self.tls, self.peer_cert)
 
     def _forget_moved(self, keep_transport: bool = False) -> None:
         """This worker lets go of a connection another worker now holds: no close frame, no close

@@ -7,7 +7,8 @@ connection carries to the worker that adopts it: its negotiated state, its chann
 bytes read from the socket and not handled yet) and its one codec (`encode`/`decode`, msgpack, a client's
 properties as the AMQP field table they came as), and `channel_states` (a connection's channels as
 they move; the connection itself captures the rest, `AMQPConnection._hand_over`, and restores it,
-`adopt`). The transfer itself (the socket's descriptor, the supervisor) is runtime/workers/handover.py's;
+`adopt`), and the pieces compaction of load shares (runtime/session/island.py): `blocked_reason`,
+`owns_exclusive`, `pack_state` / `unpack_record` / `decode_state_table`. The transfer itself (the socket's descriptor, the supervisor) is runtime/workers/handover.py's;
 the trigger and the adoption are the connection's (connection.py).
 
 Rules:
@@ -105,20 +106,16 @@ class HandoverState:
     peer_cert: bytes | None = None  # DER of the client certificate its TLS handshake verified
 
     def encode(self) -> bytes:
-        data = msgpack.packb([VERSION, self.user, self.vhost, self.frame_max, self.channel_max, self.heartbeat_s,
-                              encode_table(self.client_properties), self.auth_mechanism, list(self.peer), self.name,
-                              self.connected_at_ms, self.recv_oct, self.send_oct, self.has_published,
-                              [c.to_wire() for c in self.channels], self.unread, list(self.sockname),
-                              None if self.tls is None else list(self.tls), self.peer_cert], use_bin_type=True)
-        assert isinstance(data, bytes)
-        return data
+        return pack_state([VERSION, self.user, self.vhost, self.frame_max, self.channel_max, self.heartbeat_s,
+                           encode_table(self.client_properties), self.auth_mechanism, list(self.peer), self.name,
+                           self.connected_at_ms, self.recv_oct, self.send_oct, self.has_published,
+                           [c.to_wire() for c in self.channels], self.unread, list(self.sockname),
+                           None if self.tls is None else list(self.tls), self.peer_cert])
 
     @classmethod
     def decode(cls, data: bytes) -> HandoverState:
         """The state `encode` made; ValueError if it is not one (or too large)."""
-        v = unpack_state(data, "connection")
-        if not isinstance(v, list) or len(v) != 19 or v[0] != VERSION:
-            raise ValueError("not a handover state of this version")
+        v = unpack_record(data, "handover", 19, VERSION)
         (_, user, vhost, frame_max, channel_max, heartbeat_s, props, mechanism, peer, name, connected_at,
          recv_oct, send_oct, has_published, channels, unread, sockname, tls, peer_cert) = v
         if not all(isinstance(s, str) for s in (user, vhost, mechanism, name)):
@@ -131,18 +128,39 @@ class HandoverState:
         check_identity("handover state", [peer, sockname], tls, peer_cert)
         if not isinstance(channels, list) or len(channels) > 65535:
             raise ValueError("malformed handover state: channels")
-        try:
-            properties, end = decode_table(props, 0)
-        except FrameError as exc:
-            raise ValueError(f"malformed handover state: client properties: {exc}") from None
-        if end != len(props):
-            raise ValueError("malformed handover state: client properties")
+        properties = decode_state_table(props, "handover state: client properties")
         states = [ChannelState.from_wire(c) for c in channels]
         if len({c.number for c in states}) != len(states):
             raise ValueError("malformed handover state: a channel twice")
         return cls(user, vhost, frame_max, channel_max, heartbeat_s, properties, mechanism, (peer[0], peer[1]),
                    name, connected_at, recv_oct, send_oct, has_published, states, unread, (sockname[0], sockname[1]),
                    None if tls is None else (tls[0], tls[1]), peer_cert)
+
+
+def pack_state(values: list[Any]) -> bytes:
+    """A handed over state's values as msgpack (bytes as bytes)."""
+    data = msgpack.packb(values, use_bin_type=True)
+    assert isinstance(data, bytes)
+    return data
+
+
+def unpack_record(data: bytes, what: str, fields: int, version: int) -> list[Any]:
+    """A `what` state of `fields` values whose first is `version` (`unpack_state`); ValueError if not."""
+    v = unpack_state(data, what)
+    if not isinstance(v, list) or len(v) != fields or v[0] != version:
+        raise ValueError(f"not a {what} state of this version")
+    return v
+
+
+def decode_state_table(raw: bytes, what: str) -> dict[str, Any]:
+    """An AMQP field table a state carries (`raw`, exactly one table); ValueError naming `what` if not."""
+    try:
+        table, end = decode_table(raw, 0)
+    except FrameError as exc:
+        raise ValueError(f"malformed {what}: {exc}") from None
+    if end != len(raw):
+        raise ValueError(f"malformed {what}")
+    return table
 
 
 def unpack_state(data: bytes, what: str) -> Any:  # Any: a msgpack value, checked by the caller
@@ -191,12 +209,9 @@ def quiet_reason(conn: MovableConnection) -> str | None:
     once per connection, at its first publish or consume: O(its channels + its vhost's queues)."""
     if conn.state_is_busy():
         return "busy"
-    if conn.flow_blocked or conn.alarm_blocked or conn.node.alarms:
-        return "flow or alarm"
-    if conn.closing_channels:
-        return "a channel closing"
-    if conn.unfinished_body_bytes:
-        return "unfinished content"
+    reason = blocked_reason(conn)
+    if reason is not None:
+        return reason
     for ch in conn.channels.values():
         if ch.consumers or ch.reply_consumer is not None or ch.reply_token is not None:
             return "consumers"
@@ -208,10 +223,25 @@ def quiet_reason(conn: MovableConnection) -> str | None:
             return "unconfirmed publishes"
         if ch.content_in_progress():
             return "unfinished content"
-    vhost = conn.vhost_obj
-    if vhost is not None and any(q.exclusive_owner is conn for q in vhost.queues.values()):
-        return "exclusive queues"
+    return "exclusive queues" if owns_exclusive(conn) else None
+
+
+def blocked_reason(conn: MovableConnection) -> str | None:
+    """What keeps `conn` from moving whatever it uses: a flow or alarm block (or any alarm on the node:
+    connection.blocked's state would have to travel), a channel closing, unfinished content."""
+    if conn.flow_blocked or conn.alarm_blocked or conn.node.alarms:
+        return "flow or alarm"
+    if conn.closing_channels:
+        return "a channel closing"
+    if conn.unfinished_body_bytes:
+        return "unfinished content"
     return None
+
+
+def owns_exclusive(conn: MovableConnection) -> bool:
+    """`conn` owns an exclusive queue (it lives in the connection's worker, so the connection stays)."""
+    vhost = conn.vhost_obj
+    return vhost is not None and any(q.exclusive_owner is conn for q in vhost.queues.values())
 
 
 

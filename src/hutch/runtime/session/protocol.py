@@ -14,6 +14,7 @@ closes): past the gate's caps the socket is closed at the accept (runtime/listen
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from hutch.runtime.listen import HeldSlot
@@ -34,10 +35,14 @@ class AMQPProtocol(asyncio.Protocol):
     """One accepted socket. `conn` is the connection state machine the node and management see."""
 
     def __init__(self, node: BrokerPort, handover: Handover | None = None, adopted: bytes | None = None,
-                 gate: HandshakeGate | None = None) -> None:
+                 gate: HandshakeGate | None = None,
+                 island: Callable[[AMQPConnection], None] | None = None) -> None:
         self.loop = asyncio.get_event_loop()
         self.conn = AMQPConnection(node, self.loop, ClusterGate(node), handover)
         self._adopted = adopted  # the state of a connection another worker handed over, adopted at connection_made
+        # an island's connection (compaction of load): its consumers and deliveries restored, then its unread
+        # bytes handled, right after the adoption (runtime/compaction.py)
+        self._island = island
         self._slot = HeldSlot(gate) if gate is not None else None  # held from the accept until the login
         self._load = node.loop_load
         self._read_this_turn = 0
@@ -51,6 +56,9 @@ class AMQPProtocol(asyncio.Protocol):
         if self._adopted is not None:
             adopted, self._adopted = self._adopted, None
             self._load.timed(self.conn.adopt, stream, adopted)
+            if self._island is not None:
+                island, self._island = self._island, None
+                self._load.timed(island, self.conn)
             return
         if self._slot is not None:
             if not self._slot.take(stream):

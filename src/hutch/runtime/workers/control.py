@@ -14,6 +14,9 @@ message). Every message is one JSON object of at most `MAX_MESSAGE_BYTES`:
   encoding), or `{"handover": N}` with two descriptors (the client's, and a socket its larger state
   follows on); relayed to worker N as `{"adopt": M, ...}` (M the sender, the rest as it came) when N is
   ready; otherwise the supervisor closes them (the client's TCP connection ends: it reconnects).
+- compaction of load (runtime/workers/island.py): worker → supervisor `{"island": N}` with the descriptor
+  of a socket the island's state follows on, then those of its connections' sockets (at most
+  `MAX_FDS` in all); relayed to worker N as `{"adopt_island": M}` with them, or closed.
 - `hutchctl join_cluster` on a node of workers: worker 0 → supervisor `{"rejoin": "NODE@HOST:PORT"}`; the
   supervisor stops every worker, resets their data and starts them again with `--join` (supervisor.py,
   `_rejoin`).
@@ -35,12 +38,15 @@ def beat_interval_s(heartbeat_timeout_ms: int) -> float:
     default 5 s timeout: one a second; every beat is a wake-up of an idle worker and of the supervisor)."""
     return min(MAX_BEAT_S, heartbeat_timeout_ms / 5000)
 MAX_MESSAGE_BYTES = 65536
-MAX_FDS = 4
+MAX_FDS = 16  # descriptors one control message may carry (an island's: its state's socket and its connections)
 # connection locality: the largest state of a handed-over connection (its unread bytes are at most one
 # read, 256 KiB under uvloop, plus a partial frame of frame_max), and the part of it the unread bytes may take
 MAX_UNREAD_BYTES = 1 << 20
 MAX_STATE_BYTES = MAX_UNREAD_BYTES + (256 << 10)
 INLINE_STATE_BYTES = 32 << 10  # a state up to this rides in the control message (base64 fits 64 KiB)
+# compaction of load: an island's state (its queue's messages and its connections') always follows on a socket
+# pair of its own, at most this long
+MAX_ISLAND_STATE_BYTES = 64 << 20
 ALARM_NAMES = frozenset({"memory", "disk"})  # the resource alarms a worker reports and is told (node-wide)
 
 

@@ -152,17 +152,8 @@ class Locality:
             mine.close()
             return False
         self.moved_out += 1
-        self._spawn(self._send_state(mine, state, to))
+        self._spawn(write_and_close(mine, state, f"a connection handed to worker {to}"))
         return True
-
-    async def _send_state(self, sock: socket.socket, state: bytes, to: int) -> None:
-        sock.setblocking(False)
-        try:
-            await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, state), STATE_TIMEOUT_S)
-        except (OSError, TimeoutError) as exc:  # worker `to` went away: the client's connection ended with it
-            log.warning("the state of a connection handed to worker %d was not sent: %s", to, exc)
-        finally:
-            sock.close()
 
     # -- the receiving end -----------------------------------------------------------------------------
     def receive(self, sender: int, client: socket.socket, state: str | socket.socket) -> None:
@@ -179,7 +170,9 @@ class Locality:
                     carried.setblocking(False)
                     # the kind's byte was in the pair before it was handed over: it is there whatever follows
                     kind = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(carried, 1), STATE_TIMEOUT_S)
-                    state = await asyncio.wait_for(self._read_state(carried), STATE_TIMEOUT_S)
+                    state = await asyncio.wait_for(read_to_end(carried, MAX_STATE_BYTES), STATE_TIMEOUT_S)
+                    if not state:
+                        raise ValueError("no state (its sender went away)")
                 finally:
                     carried.close()
             if kind not in (KIND_AMQP, KIND_STREAM):
@@ -187,7 +180,7 @@ class Locality:
         except (OSError, TimeoutError, ValueError, binascii.Error) as exc:
             log.warning("a connection handed over by worker %d is closed: its state did not arrive (%s)", sender, exc)
             self.lost += 1
-            _refuse(client, stream=kind == KIND_STREAM)
+            refuse_client(client, stream=kind == KIND_STREAM)
             return
         try:
             await self.adopt(client, state)
@@ -197,22 +190,6 @@ class Locality:
             client.close()
             return
         self.adopted += 1
-
-    async def _read_state(self, sock: socket.socket) -> bytes:
-        loop = asyncio.get_running_loop()
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await loop.sock_recv(sock, 256 << 10)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_STATE_BYTES:
-                raise ValueError(f"state over {MAX_STATE_BYTES} bytes")
-            parts.append(chunk)
-        if not size:
-            raise ValueError("no state (its sender went away)")
-        return b"".join(parts)
 
     def stop(self) -> None:
         for task in list(self._tasks):
@@ -226,7 +203,34 @@ class Locality:
         task.add_done_callback(self._tasks.discard)
 
 
-def _refuse(client: socket.socket, stream: bool) -> None:
+async def write_and_close(sock: socket.socket, data: bytes, what: str) -> None:
+    """Write `data` on a state's socket pair (within `STATE_TIMEOUT_S`), then close it: the receiver reads
+    to the end of file. A receiver gone meanwhile is logged (its clients' connections ended with it)."""
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, data), STATE_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        log.warning("the state of %s was not sent: %s", what, exc)
+    finally:
+        sock.close()
+
+
+async def read_to_end(sock: socket.socket, limit: int) -> bytes:
+    """What a state's socket pair carries, to its end of file; ValueError past `limit` bytes."""
+    loop = asyncio.get_running_loop()
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await loop.sock_recv(sock, 256 << 10)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"state over {limit} bytes")
+        parts.append(chunk)
+
+
+def refuse_client(client: socket.socket, stream: bool) -> None:
     """Close a client's connection this worker cannot adopt. An AMQP client gets connection.close 320
     first (best effort), so it learns why; a stream-protocol client's socket is closed without a frame,
     as RabbitMQ ends a stream connection on an internal error (its Close command would need the

@@ -8,7 +8,8 @@ worker reports its own memory and disk alarms (`{"alarms": [...]}`) and is told 
 (`{"node_alarms": [...]}`, the supervisor's union), so one worker's alarm blocks publishers node-wide.
 And connection locality's transfer (runtime/workers/handover.py): `{"handover": N}` with a client
 socket's descriptor and the state socket's, for worker N (the supervisor relays them), and, the other
-way, `{"adopt": M}` with both, from worker M.
+way, `{"adopt": M}` with both, from worker M; compaction of load's (runtime/workers/island.py):
+`{"island": N}` with an island's state socket and its connections' sockets, and `{"adopt_island": M}`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ Adopt = Callable[[str, socket.socket], None]  # the paired transport's `adopt`
 # a connection handed over by worker M: (M, the client's socket, its state inline (base64) or the socket
 # its state arrives on)
 AdoptConnection = Callable[[int, socket.socket, "str | socket.socket"], None]
+# an island handed over by worker M: (M, the socket its state arrives on, its connections' sockets)
+AdoptIsland = Callable[[int, socket.socket, list[socket.socket]], None]
 
 
 class WorkerLink:
@@ -47,6 +50,7 @@ class WorkerLink:
         self._on_node_alarms: Callable[[set[str]], None] | None = None
         self._node_alarms: set[str] = set()  # the last union the supervisor sent
         self._adopt_connection: AdoptConnection | None = None
+        self._adopt_island: AdoptIsland | None = None
 
     def first_links(self) -> dict[str, socket.socket]:
         """The worker-link sockets inherited at start, by peer worker name."""
@@ -85,6 +89,20 @@ class WorkerLink:
         assert len(fds) == (1 if state is not None else 2)
         try:
             socket.send_fds(self.sock, [control.encode_move("handover", to, state)], fds)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def on_adopt_island(self, adopt: AdoptIsland) -> None:
+        """Call `adopt` with each island another worker hands to this one (compaction of load)."""
+        self._adopt_island = adopt
+
+    def send_island(self, to: int, fds: list[int]) -> bool:
+        """Hand an island to worker `to` through the supervisor: `fds` is the socket its state follows on,
+        then its connections' sockets. False when the message could not be sent now (nothing handed)."""
+        assert 2 <= len(fds) <= control.MAX_FDS, len(fds)
+        try:
+            socket.send_fds(self.sock, [control.encode("island", to)], fds)
         except (OSError, ValueError):
             return False
         return True
@@ -156,6 +174,10 @@ class WorkerLink:
             if len(fds) == 2 and state is None:
                 self._adopt_connection(sender, socket.socket(fileno=fds[0]), socket.socket(fileno=fds[1]))
                 return
+        sender = doc.get("adopt_island")
+        if isinstance(sender, int) and len(fds) >= 2 and self._adopt_island is not None:
+            self._adopt_island(sender, socket.socket(fileno=fds[0]), [socket.socket(fileno=fd) for fd in fds[1:]])
+            return
         peer = doc.get("peer")
         if isinstance(peer, int) and len(fds) == 1 and peer != self.spec.index:
             name, sock = worker_name(self.node_name, peer), socket.socket(fileno=fds[0])

@@ -22,7 +22,8 @@ Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
 - The heartbeat is judged only once a worker is ready (recovery may keep a starting worker busy).
 - Connection locality: a worker's `{"handover": N}` (a client's socket and its state socket) is relayed
   to worker N if it is ready, else its descriptors are closed here (the client reconnects); the
-  supervisor never reads or writes them.
+  supervisor never reads or writes them. Compaction of load's `{"island": N}` (an island's state socket
+  and its connections' sockets) is relayed the same way as `{"adopt_island": M}`.
 - `hutchctl join_cluster` on a running node of workers (worker 0's `{"rejoin": seed}`, after it checked
   the seed answers): as RabbitMQ's `stop_app; reset; join_cluster; start_app`, every worker is stopped,
   its data directory emptied (a dotfile such as the cluster secret file stays) and every worker started
@@ -366,7 +367,11 @@ class Supervisor:
             return
         to, state = doc.get("handover"), doc.get("state")
         if isinstance(to, int) and ((len(fds) == 1 and isinstance(state, str)) or (len(fds) == 2 and state is None)):
-            self._relay_handover(w, to, fds, state)
+            self._relay_handover(w, to, fds, control.encode_move("adopt", w.index, state))
+            return
+        island = doc.get("island")
+        if isinstance(island, int) and len(fds) >= 2:
+            self._relay_handover(w, island, fds, control.encode("adopt_island", w.index))
             return
         seed = doc.get("rejoin")
         if isinstance(seed, str) and w.index == 0:
@@ -387,15 +392,16 @@ class Supervisor:
             log.info("worker %d ready: %s", w.index, ", ".join(f"{k} {v}" for k, v in w.ports.items()))
             self._announce()
 
-    def _relay_handover(self, sender: _Worker, to: int, fds: list[int], state: str | None) -> None:
-        """Pass a connection `sender` let go of to worker `to`, if it is ready to take it."""
+    def _relay_handover(self, sender: _Worker, to: int, fds: list[int], message: bytes) -> None:
+        """Pass a connection (or an island's) `sender` let go of to worker `to` with `message`, if it is
+        ready to take it."""
         target = self.workers[to] if 0 <= to < len(self.workers) and to != sender.index else None
         if target is None or not target.ready or target.control is None:
             log.warning("a connection handed from worker %d to worker %s was closed: that worker is not ready",
                         sender.index, to)
             return
         try:
-            socket.send_fds(target.control, [control.encode_move("adopt", sender.index, state)], fds)
+            socket.send_fds(target.control, [message], fds)
         except (OSError, ValueError) as exc:
             log.warning("a connection handed from worker %d to worker %d was closed: %s", sender.index, to, exc)
 

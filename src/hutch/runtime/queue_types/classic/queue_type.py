@@ -32,6 +32,7 @@ from hutch.queues.classic.queue import (
 )
 from hutch.runtime.ports import queues_of
 from hutch.runtime.queue_types.classic import features
+from hutch.runtime.queue_types.remote import RemoteQueue
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost
@@ -89,6 +90,9 @@ class ClassicQueueType:
         if not isinstance(op, DeclareQueue):
             return False
         if op.durable or self.started:  # while running: a queue another worker placed here
+            standin = vhost.queues.get(op.name)
+            if isinstance(standin, RemoteQueue):  # the queue moved here (compaction of load): it gives way
+                self._drop_standin(vhost, standin)
             existed = op.name in vhost.queues
             q = self.node.declare_queue(vhost, op.name, op.durable, False, op.auto_delete,
                                         self.node.unpack_arguments(op.arguments), None)
@@ -100,6 +104,29 @@ class ClassicQueueType:
 
     def record_fields(self, q: Queue) -> dict[str, Any]:
         return {}
+
+    def moved_copy(self, vhost: VirtualHost, standin: Queue) -> ClassicQueue:
+        """A queue moving here from another worker (compaction of load, runtime/compaction.py), built aside
+        with its storage, for the import: its stand-in stays in place until the move commits
+        (`install_moved`), so nothing here reaches the copy before."""
+        q = ClassicQueue(vhost.name, standin.name, standin.durable, None, standin.auto_delete, dict(standin.arguments))
+        self._attach_storage(vhost, q)
+        return q
+
+    def install_moved(self, vhost: VirtualHost, standin: Queue, q: ClassicQueue) -> None:
+        """The move committed: the copy takes its stand-in's place (bindings kept: they name the queue)."""
+        assert isinstance(standin, RemoteQueue)
+        self._drop_standin(vhost, standin)
+        self.node.add_queue(vhost, q, count=False)
+        features.attach(self.node, self.timers, q)
+
+    def _drop_standin(self, vhost: VirtualHost, standin: RemoteQueue) -> None:
+        """A stand-in leaves its place to the local queue: its consumers here (through the hop) get
+        basic.cancel and consume again; nothing is deleted at its old home."""
+        standin.home_down()
+        standin.delete()
+        if vhost.queues.get(standin.name) is standin:
+            del vhost.queues[standin.name]
 
     def redeclared(self, q: Queue) -> None:
         assert isinstance(q, ClassicQueue)

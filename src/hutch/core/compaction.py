@@ -1,0 +1,241 @@
+"""Compaction of load over a node's workers: when to move an island of work from one worker to another.
+
+Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
+workers (docs/scaling.md, "Compaction of load"). Each worker reports its loop's busy share (`WorkerLoad`,
+measured by `LoadMeter` from its `LoopLoad`'s cumulative busy time, core/credit_flow.py) and its **islands** (`Island`: a queue and the connections of
+its home worker that use only that queue, with their message rate and whether they can move now). The
+controller answers at most one `Move` at a time:
+
+- **Pack** while the whole node is far below its capacity (the workers' busy shares add up to less than
+  `pack_below` of a core for `pack_hold_s` in a row) and really moving messages (at least `min_rate`
+  msg/s, so an idle node or a test node never moves anything): move an island of the least busy worker
+  with islands to the busiest other worker that holds islands (never into an empty one), only when every island of that source can move and all of
+  them together would leave the target below `target_max` (well below saturation), so the source ends
+  empty and sleeps. A pack under way (`packing`) moves the source's next island as soon as the last one
+  is done, without the settling pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the same input: fewer sleeps per message, the cost the
+  measurements put on splitting (docs/scaling.md, "What the rest is").
+- **Spread** when a worker's loop has been saturated (`LoopSaturated`) for `spread_hold_s` while moving
+  at least `min_rate` msg/s (a loop busy with anything else gains nothing from a move) and another
+  worker is not saturated and below `spread_below`: move the movable island of the saturated worker whose
+  estimated cost is nearest half the difference of their busy shares, among those that leave the target
+  below saturation and below what the source keeps (a worker with one island keeps it: moving it would
+  only move the saturation).
+
+Hysteresis, so it never flaps: a pack leaves its target at most `target_max` (0.35 of a core) while a
+spread waits for saturation (the loop busy at least half of every window): a packed island never
+saturates its target under the load it was packed at, and a spread never saturates its target nor leaves
+it busier than its source; every move starts a pause of `settle_s` (the reports must show the move
+before the next is judged); an island that moved stays where it went for `pin_s`, doubled at each of
+its moves up to `pin_max_s` (an estimate that misleads the controller makes it move an island back and
+forth at most log2(t / pin_s) times in t seconds); and at most one move is in flight (`move_done` ends
+it, whether it succeeded or not).
+
+An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
+island's share of the worker's messages (per-message cost is about the same for every island of one
+shape; the estimate is refreshed by every report).
+
+Rules: pure (time is passed in, seconds, monotonic); O(workers + islands) per observation; no IO.
+Invariants: `in_flight` is None or the one move answered and not yet done; `pinned_until` only grows
+per island; a `Move`'s island was movable
+and in its `source` when answered, and `source != target`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hutch.core.credit_flow import SATURATED
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """One worker's report: `busy` is the share of a core its loop spent handling input over the last
+    report window (0..1), `saturated` what its `LoopLoad` says, `msgs_per_s` every message it handled."""
+
+    worker: int
+    busy: float
+    saturated: bool
+    msgs_per_s: float
+
+
+@dataclass
+class LoadMeter:
+    """A worker's `WorkerLoad` from its loop's cumulative busy time (`LoopLoad.busy_total_s`) sampled at
+    each report: the busy share is the busy time added since the last sample over the time elapsed
+    (0 at the first sample), at most 1."""
+
+    worker: int
+    last: tuple[float, float] | None = None  # (time, busy_total_s) at the last sample
+
+    def sample(self, now: float, busy_total_s: float, saturated: bool, msgs_per_s: float) -> WorkerLoad:
+        last, self.last = self.last, (now, busy_total_s)
+        busy = 0.0
+        if last is not None and now > last[0]:
+            busy = min(1.0, max(0.0, (busy_total_s - last[1]) / (now - last[0])))
+        return WorkerLoad(self.worker, busy, saturated, msgs_per_s)
+
+
+@dataclass(frozen=True)
+class Island:
+    """A queue and the connections of its home worker that use only it (`name` is the queue's
+    vhost-qualified name). `movable` is False for whatever the move does not carry (docs/scaling.md)."""
+
+    name: str
+    worker: int
+    msgs_per_s: float
+    movable: bool
+
+
+@dataclass(frozen=True)
+class Move:
+    island: str
+    source: int
+    target: int
+    reason: str  # "pack" or "spread"
+
+
+@dataclass
+class Compactor:
+    pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core)
+    pack_hold_s: float = 3.0  # ... held this long (three reports)
+    min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
+    target_max: float = 0.35  # a pack's target stays at or below this busy share, islands included
+    spread_hold_s: float = 1.0  # a worker saturated this long spreads
+    spread_below: float = 0.3  # ... to a worker busy less than this
+    settle_s: float = 3.0  # no move judged for this long after one ends
+    pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
+    pin_max_s: float = 3600.0  # ... up to this
+    in_flight: Move | None = None
+    low_since: float | None = None
+    saturated_since: dict[int, float] = field(default_factory=dict)
+    last_move_end: float | None = None
+    pinned_until: dict[str, float] = field(default_factory=dict)
+    moves_of: dict[str, int] = field(default_factory=dict)
+    packing: tuple[int, int] | None = None  # (source, target) of a pack under way: its next island follows at once
+
+    def __post_init__(self) -> None:
+        assert 0 < self.target_max < SATURATED, "a pack's target must stay below saturation"
+        assert self.spread_below <= self.target_max, "a spread's target must be one a pack could fill"
+
+    def observe(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island]) -> Move | None:
+        """The reports of every running worker at `now`: the move to make, or None. A move answered is in
+        flight until `move_done`; meanwhile nothing else is answered."""
+        node_busy = sum(w.busy for w in loads)
+        node_rate = sum(w.msgs_per_s for w in loads)
+        any_saturated = any(w.saturated for w in loads)
+        if node_busy < self.pack_below and node_rate >= self.min_rate and not any_saturated:
+            if self.low_since is None:
+                self.low_since = now
+        else:
+            self.low_since = None
+        for w in loads:
+            if w.saturated:
+                self.saturated_since.setdefault(w.worker, now)
+            else:
+                self.saturated_since.pop(w.worker, None)
+        if self.in_flight is not None or len(loads) < 2:
+            return None
+        free = [i for i in islands if i.movable and now >= self.pinned_until.get(i.name, now)]
+        if self.packing is not None:  # a pack empties its source: its next island goes without a pause
+            source, target = self.packing
+            rest = [i for i in free if i.worker == source]
+            if rest and not any_saturated and any(w.worker == target for w in loads):
+                island = max(rest, key=lambda i: (i.msgs_per_s, i.name))
+                self.in_flight = Move(island.name, source, target, "pack")
+                return self.in_flight
+            self.packing = None
+        if self.last_move_end is not None and now - self.last_move_end < self.settle_s:
+            return None
+        costs = island_costs(loads, islands)
+        move = self._spread(now, loads, islands, free, costs)
+        if move is None and self.low_since is not None and now - self.low_since >= self.pack_hold_s:
+            move = self._pack(loads, islands, free, costs)
+        if move is not None:
+            assert move.source != move.target, move
+            self.in_flight = move
+            if move.reason == "pack":
+                self.packing = (move.source, move.target)
+        return move
+
+    def move_done(self, now: float, moved: bool) -> None:
+        """The move in flight ended (`moved`: the island is in its target now; else it stayed)."""
+        move = self.in_flight
+        assert move is not None, "no move in flight"
+        self.in_flight = None
+        self.last_move_end = now
+        self.low_since = None  # the figures before the move no longer say anything
+        self.saturated_since.clear()
+        if not moved:
+            self.packing = None
+        if moved:
+            n = self.moves_of[move.island] = self.moves_of.get(move.island, 0) + 1
+            self.pinned_until[move.island] = now + min(self.pin_max_s, self.pin_s * 2 ** (n - 1))
+
+    def _pack(self, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
+              costs: dict[str, float]) -> Move | None:
+        held: dict[int, list[Island]] = {}
+        for i in islands:
+            held.setdefault(i.worker, []).append(i)
+        sources = sorted((w for w in loads if held.get(w.worker)), key=lambda w: (w.busy, -w.worker))
+        free_names = {i.name for i in free}
+        for source in sources:
+            mine = held[source.worker]
+            if not all(i.name in free_names for i in mine):
+                continue  # it could not be emptied: packing part of it saves no sleep
+            # the target holds islands (an empty worker is what packing makes) and is at least as busy
+            others = [w for w in loads if w.worker != source.worker and not w.saturated and held.get(w.worker)
+                      and (w.busy, -w.worker) >= (source.busy, -source.worker)]
+            if not others:
+                continue
+            target = max(others, key=lambda w: (w.busy, -w.worker))
+            cost = sum(costs[i.name] for i in mine)
+            if target.busy + cost > self.target_max:
+                continue
+            island = max(mine, key=lambda i: (i.msgs_per_s, i.name))
+            return Move(island.name, source.worker, target.worker, "pack")
+        return None
+
+    def _spread(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
+                costs: dict[str, float]) -> Move | None:
+        for source in sorted(loads, key=lambda w: (-w.busy, w.worker)):
+            since = self.saturated_since.get(source.worker)
+            if since is None or now - since < self.spread_hold_s or source.msgs_per_s < self.min_rate:
+                continue  # (a loop saturated by anything but messages gains nothing from a move)
+            if sum(1 for i in islands if i.worker == source.worker) < 2:
+                continue
+            calm = [w for w in loads if not w.saturated and w.busy < self.spread_below]
+            if not calm:
+                return None
+            target = min(calm, key=lambda w: (w.busy, w.worker))
+            mine = [i for i in free if i.worker == source.worker]
+            if not mine:
+                continue
+            half = (source.busy - target.busy) / 2
+            # only a move that leaves the target below saturation and below what the source keeps
+            fits = [i for i in mine if target.busy + costs[i.name] < min(SATURATED, source.busy - costs[i.name])]
+            if not fits:
+                continue
+            island = min(fits, key=lambda i: (abs(costs[i.name] - half), i.name))
+            return Move(island.name, source.worker, target.worker, "spread")
+        return None
+
+
+def island_costs(loads: Sequence[WorkerLoad], islands: Sequence[Island]) -> dict[str, float]:
+    """The busy share each island is estimated to cost: its worker's busy share times the island's share
+    of that worker's messages (split evenly over the worker's islands when it reported no messages; 0
+    for an island of a worker that did not report)."""
+    by_worker = {w.worker: w for w in loads}
+    counts: dict[int, int] = {}
+    for i in islands:
+        counts[i.worker] = counts.get(i.worker, 0) + 1
+    out: dict[str, float] = {}
+    for i in islands:
+        w = by_worker.get(i.worker)
+        if w is None:
+            out[i.name] = 0.0
+        elif w.msgs_per_s > 0:
+            out[i.name] = w.busy * min(1.0, i.msgs_per_s / w.msgs_per_s)
+        else:
+            out[i.name] = w.busy / counts[i.worker]
+    return out
