@@ -440,7 +440,7 @@ class Compaction:
                 c.receive_data(unread)
             try:
                 await loop.connect_accepted_socket(
-                    lambda conn=conn, island=island: AMQPProtocol(self.node, self.handover,  # type: ignore[misc]
+                    lambda conn=conn, island=island: AMQPProtocol(self.node, self.handover,  # type: ignore[misc]  # default arguments bind the loop variables
                                                                   adopted=conn.connection.encode(), island=island),
                     sock=sock)
             except (OSError, ValueError) as exc:  # that client went away meanwhile: its deliveries go back
