@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import urllib.request
 from base64 import b64encode
@@ -181,6 +182,61 @@ async def test_an_island_moves_while_messages_stream_through_it(node: ServerInfo
     finally:
         await pub.close()
         await sub.close()
+
+
+def test_a_hop_publisher_of_the_new_home_keeps_its_order_across_moves(node: ServerInfo) -> None:
+    """A pika publisher pinned to worker 0 (its first publish to a queue of worker 0, so connection
+    locality keeps it there) publishes a numbered sequence to a queue of worker 1 through the hop, without
+    waiting for confirms, while the queue's island (an idle consumer of worker 1, one unacked delivery)
+    is moved to worker 0 and back, again and again: its publishes held at the old home during a move
+    reach the queue before the ones it makes once worker 0 holds the queue. The queue then holds the
+    sequence in order, none lost, none twice."""
+    queue = declare_in(node, 1, "order")
+    anchor = declare_in(node, 0, "anchor")
+    with connect(node, 1) as keeper, connect(node, 0) as sub:
+        kch = keeper.channel()  # the island: a consumer (prefetch 1, never acking) that uses only the queue
+        kch.basic_publish("", queue, b"-1")
+        kch.basic_qos(prefetch_count=1)
+        kch.basic_consume(queue, lambda *_a: None)
+        stop = threading.Event()
+        sent = [0]
+
+        def publish() -> None:
+            with connect(node, 0) as pub:
+                pub.channel().basic_publish("", anchor, b"first")  # judged here: it stays in worker 0, and
+                ch = pub.channel()  # with a channel that last published to the anchor, it is never of the island
+                while not stop.is_set():
+                    ch.basic_publish("", queue, b"%d" % sent[0])
+                    sent[0] += 1
+                    pub.sleep(0.0005)
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+        try:
+            until(lambda: sent[0] >= 200, what="the publisher started")
+            for _round in range(3):
+                force_move(node, 1, queue, 0)  # to the publisher's worker: the window
+                until(lambda: holders(node, client_port(keeper)) == {0}, what="the island in worker 0")
+                force_move(node, 0, queue, 1)
+                until(lambda: holders(node, client_port(keeper)) == {1}, what="the island in worker 1")
+            force_move(node, 1, queue, 0)
+        finally:
+            stop.set()
+            publisher.join(30)
+        assert not publisher.is_alive()
+        keeper.close()  # its one unacked delivery, the first message, goes back to the head of the queue
+        ch = sub.channel()
+        bodies = []
+        for method, _props, body in ch.consume(queue, inactivity_timeout=5):
+            if method is None:
+                break
+            bodies.append(body)
+            ch.basic_ack(method.delivery_tag)
+        assert bodies[0] == b"-1"
+        numbers = [int(b) for b in bodies[1:]]
+        assert len(numbers) == len(set(numbers)), "duplicates"
+        assert set(numbers) == set(range(sent[0])), sorted(set(range(sent[0])) - set(numbers))  # none lost
+        assert numbers == sorted(numbers), next(
+            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
 
 
 @pytest.mark.slow  # a sustained load (over the controller's 2,000 msg/s floor) for several seconds

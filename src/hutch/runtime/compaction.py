@@ -46,6 +46,7 @@ import msgpack
 from hutch.cluster import messages as cm
 from hutch.core.compaction import Compactor, Island, LoadMeter, Move, WorkerLoad
 from hutch.core.definition_ops import DeclareQueue
+from hutch.core.vhost import VirtualHost
 from hutch.queues.classic.queue import ClassicQueue
 from hutch.queues.classic.transfer import QueueTransfer, export_queue, import_queue, not_movable
 from hutch.runtime.broker.definitions import pack_arguments
@@ -337,6 +338,7 @@ class Compaction:
         if out is None or out.target != peer or out.done.done():
             return False
         out.committing = True
+        self.link.send_back(req.vhost, req.queue, peer)  # B's own held publishes, ahead of this answer
         return True
 
     def _record_applies(self, vhost: str, name: str, home: str) -> None:
@@ -393,6 +395,15 @@ class Compaction:
                         name, source, source)
             _refuse(pairs)
             return
+        self.link.hold_outbound(vhost_name, name)  # this worker's own publishes wait for the queue from here
+        try:
+            await self._take_queue(vhost, standin, source, state, pairs, conns)
+        finally:
+            self.link.release_outbound(vhost_name, name, None)  # the move off (or a fault): sent to the home
+
+    async def _take_queue(self, vhost: VirtualHost, standin: RemoteQueue, source: str, state: QueueTransfer,
+                          pairs: list[tuple[socket.socket, bytes]], conns: list[IslandConnection]) -> None:
+        vhost_name, name = vhost.name, standin.name
         q = self.classic.moved_copy(vhost, standin)
         try:
             entries = import_queue(q, state)
@@ -424,6 +435,7 @@ class Compaction:
         self.classic.install_moved(vhost, standin, q)
         log.info("compaction: queue '%s' moved here from %s (%d connections)", name, source, len(pairs))
         self.link.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
+        self.link.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
         self.moved_in += 1
         loop = asyncio.get_running_loop()
         for (sock, _s), conn in zip(pairs, conns, strict=True):
