@@ -28,7 +28,11 @@ Rules:
   were requeued into it), the held traffic is taken there, and B, told False, drops its copy and closes
   the clients with 320 (they reconnect). Once A said True, only the record decides: if B dies, A waits
   for a read barrier of the workers' Raft group (every earlier proposal committed or gone) and then keeps
-  its copy unless the record named B (then the copy was dropped as it applied).
+  its copy unless the record named B (then the copy was dropped as it applied). A's True is durable first
+  (`_Promises`, synced): a restarted A does not serve a promised queue's recovered copy (`recover`) until
+  the record applies or B is no longer taking it and a read barrier shows no record naming B.
+- Order across a move: B holds its own publishes to the queue from its `CompactCommit` until it has the
+  queue, and A sends back what it held from B before it answers (`QueueLink.send_back`, `hold_outbound`).
 - One move at a time per worker; a worker that is not this node's, or is down, is never a target.
 - Reports and scans run once a second, off the message path (O(connections + channels + queues)).
 """
