@@ -483,6 +483,8 @@ async def _serve_locked(config: Config, services: Sequence[Service],
         if cluster.transport.network:  # (a node of workers alone: its workers' link only, no port)
             node.listener_ports["cluster"] = cluster.transport.port
         node.recover_messages()
+        if compaction is not None:
+            compaction.recover()  # a queue promised to another worker before a restart is not served here
     if prepare is not None:
         problem = prepare(node)
         if problem:

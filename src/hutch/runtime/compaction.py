@@ -28,7 +28,11 @@ Rules:
   were requeued into it), the held traffic is taken there, and B, told False, drops its copy and closes
   the clients with 320 (they reconnect). Once A said True, only the record decides: if B dies, A waits
   for a read barrier of the workers' Raft group (every earlier proposal committed or gone) and then keeps
-  its copy unless the record named B (then the copy was dropped as it applied).
+  its copy unless the record named B (then the copy was dropped as it applied). A's True is durable first
+  (`_Promises`, synced): a restarted A does not serve a promised queue's recovered copy (`recover`) until
+  the record applies or B is no longer taking it and a read barrier shows no record naming B.
+- Order across a move: B holds its own publishes to the queue from its `CompactCommit` until it has the
+  queue, and A sends back what it held from B before it answers (`QueueLink.send_back`, `hold_outbound`).
 - One move at a time per worker; a worker that is not this node's, or is down, is never a target.
 - Reports and scans run once a second, off the message path (O(connections + channels + queues)).
 """
@@ -36,7 +40,10 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import signal
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +53,8 @@ import msgpack
 from hutch.cluster import messages as cm
 from hutch.core.compaction import Compactor, Island, LoadMeter, Move, WorkerLoad
 from hutch.core.definition_ops import DeclareQueue
+from hutch.core.queue_type import QueueEntry
+from hutch.core.vhost import VirtualHost
 from hutch.queues.classic.queue import ClassicQueue
 from hutch.queues.classic.transfer import QueueTransfer, export_queue, import_queue, not_movable
 from hutch.runtime.broker.definitions import pack_arguments
@@ -82,6 +91,58 @@ QUIET_POLL_S = 0.005
 COMMIT_WAIT_S = 20.0  # A gives the move up when B has not asked to commit within this
 MOVE_CALL_S = 120.0  # worker 0's wait for a move's answer (a move waiting on a restart takes seconds)
 HEADER_VERSION = 1
+PROMISES_FILE = "compaction-promised.json"  # in the worker's data directory: A's promises (`_Promises`)
+SETTLE_RETRY_S = 0.5
+# test hooks (read only by tests/workers/test_compaction.py): a file whose presence makes A kill itself right
+# after it synced its promise and answered `CompactCommit` (the file removed first: once), and a file while
+# which B waits before it proposes the record (the window of a restarted A made as long as a test needs)
+KILL_AFTER_PROMISE_ENV = "HUTCH_TEST_COMPACT_KILL_AFTER_PROMISE"
+HOLD_RECORD_ENV = "HUTCH_TEST_COMPACT_HOLD_RECORD"
+
+
+class _Promises:
+    """A's durable promises: (vhost, queue) -> the worker it said True to (`CompactCommit`), written and
+    synced before the answer and kept until the move ends (its record applied here, or given up). A worker
+    that restarts with a promise does not serve its recovered copy of that queue (`Compaction.recover`)."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = os.path.join(data_dir, PROMISES_FILE)
+        self.items: dict[tuple[str, str], str] = {}
+
+    def load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                v = json.loads(f.read())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("compaction: %s unreadable (%r); no promise kept", self.path, exc)
+            return
+        if isinstance(v, list):
+            self.items = {(a, b): c for a, b, c in (x for x in v if isinstance(x, list) and len(x) == 3
+                                                    and all(isinstance(y, str) for y in x))}
+
+    def put(self, key: tuple[str, str], target: str) -> None:
+        self.items[key] = target
+        self._save()
+
+    def drop(self, key: tuple[str, str]) -> None:
+        if self.items.pop(key, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        """Written whole and synced (file and directory): a promise is durable before A answers."""
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(json.dumps([[k[0], k[1], t] for k, t in self.items.items()]).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclass
@@ -113,6 +174,9 @@ class Compaction:
         # worker -> (when, its load, its islands, island name -> (vhost, queue)): each worker's last report
         self.reports: dict[int, tuple[float, WorkerLoad, list[Island], dict[str, tuple[str, str]]]] = {}
         self.outgoing: dict[tuple[str, str], _Outgoing] = {}
+        self.promises = _Promises(cfg.data_dir)
+        self.promises.load()
+        self.incoming: set[tuple[str, str, str]] = set()  # B: (vhost, queue, A) agreed, waiting for the record
         self.moved_out = self.moved_in = self.given_up = 0
         self._handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -320,6 +384,7 @@ class Compaction:
         log.warning("compaction: the move of queue '%s' to %s did not commit; it stays here", key[1], out.target)
         self.given_up += 1
         self.outgoing.pop(key, None)
+        self.promises.drop(key)
         vhost = self.node.vhosts.get(key[0])
         q = out.copy
         if vhost is not None and vhost.queues.get(key[1]) is out.standin:
@@ -333,10 +398,19 @@ class Compaction:
         q.deliver_pending()
 
     def _on_commit(self, peer: str, req: cm.CompactCommit) -> bool:
-        out = self.outgoing.get((req.vhost, req.queue))
+        """A: may `peer` commit the move of the queue? True once, durably promised. B: asked by a restarted A
+        (`_settle_promise`), whether it is still taking the queue from A (agreed, the record not yet applied)."""
+        key = (req.vhost, req.queue)
+        if (req.vhost, req.queue, peer) in self.incoming:
+            return True
+        out = self.outgoing.get(key)
         if out is None or out.target != peer or out.done.done():
             return False
-        out.committing = True
+        if not out.committing:
+            self.promises.put(key, peer)  # synced before the answer: a restart of A keeps the promise
+            out.committing = True
+            self.link.send_back(req.vhost, req.queue, peer)  # B's own held publishes, ahead of this answer
+            _fault_after_promise()
         return True
 
     def _record_applies(self, vhost: str, name: str, home: str) -> None:
@@ -349,6 +423,7 @@ class Compaction:
         self.moved_out += 1
         self.outgoing.pop((vhost, name), None)
         out.copy.delete()
+        self.promises.drop((vhost, name))
         asyncio.get_running_loop().call_soon(self.link.release_queue, vhost, name, True)
         out.done.set_result(True)
 
@@ -370,6 +445,48 @@ class Compaction:
                 await asyncio.sleep(0.5)
         if not out.done.done():
             self._give_up(key, out)
+
+    def recover(self) -> None:
+        """At a restart, before any client is served: a queue this worker promised to B and recovered (the
+        record naming B not applied yet) is not served here. Its copy is set aside and a stand-in homed at B
+        takes its place (traffic for it is held at B until B has the queue) until the move settles
+        (`_settle_promise`): the record naming B applies (the copy dropped), or B is no longer taking it
+        and a read barrier shows no such record (the copy back, with everything)."""
+        for key, target in list(self.promises.items.items()):
+            v = self.node.vhosts.get(key[0])
+            q = v.queues.get(key[1]) if v is not None else None
+            if v is None or not isinstance(q, ClassicQueue):  # gone, or the record already names B: done
+                self.promises.drop(key)
+                continue
+            log.info("compaction: queue '%s' was promised to %s before a restart; held until the move settles",
+                     key[1], target)
+            self.classic.deleted(q)
+            standin = RemoteQueue(self.link, target, q.vhost, q.name, q.durable, False, q.auto_delete,
+                                  dict(q.arguments))
+            self.node.add_queue(v, standin, count=False)
+            out = _Outgoing(target, q, standin, asyncio.get_running_loop().create_future(), committing=True)
+            self.outgoing[key] = out
+            self._spawn(self._settle_promise(key, out))
+
+    async def _settle_promise(self, key: tuple[str, str], out: _Outgoing) -> None:
+        try:
+            while not out.done.done():
+                try:
+                    if self.cluster.connected(out.target):
+                        taking = bool(await self.cluster.call(out.target, cm.CompactCommit(*key), timeout=5.0))
+                        if taking:  # B waits for its record: it applies here (`_record_applies`)
+                            await asyncio.wait_for(asyncio.shield(out.done), SETTLE_RETRY_S * 10)
+                            continue
+                        await self.cluster.barrier()  # B gave it up: a record of it would be applied here now
+                        if not out.done.done():
+                            self._give_up(key, out)
+                        return
+                except Exception as exc:  # noqa: BLE001 - B or the majority not there yet: asked again
+                    log.debug("compaction: the promise of queue '%s' waits: %r", key[1], exc)
+                await asyncio.sleep(SETTLE_RETRY_S)
+        finally:
+            if self.outgoing.get(key) is out and out.done.done():
+                self.outgoing.pop(key, None)
 
     # -- step 3: the move, B's side ----------------------------------------------------------------------------
     async def _adopt(self, header: bytes, pairs: list[tuple[socket.socket, bytes]]) -> None:
@@ -393,6 +510,15 @@ class Compaction:
                         name, source, source)
             _refuse(pairs)
             return
+        self.link.hold_outbound(vhost_name, name)  # this worker's own publishes wait for the queue from here
+        try:
+            await self._take_queue(vhost, standin, source, state, pairs, conns)
+        finally:
+            self.link.release_outbound(vhost_name, name, None)  # the move off (or a fault): sent to the home
+
+    async def _take_queue(self, vhost: VirtualHost, standin: RemoteQueue, source: str, state: QueueTransfer,
+                          pairs: list[tuple[socket.socket, bytes]], conns: list[IslandConnection]) -> None:
+        vhost_name, name = vhost.name, standin.name
         q = self.classic.moved_copy(vhost, standin)
         try:
             entries = import_queue(q, state)
@@ -406,6 +532,19 @@ class Compaction:
             self.link.release_queue(vhost_name, name, True)  # what came here for it goes back to its home
             _refuse(pairs)
             return
+        self.incoming.add((vhost_name, name, source))
+        try:
+            await self._commit_and_install(vhost, standin, q, entries, pairs, conns)
+        finally:
+            self.incoming.discard((vhost_name, name, source))
+
+    async def _commit_and_install(self, vhost: VirtualHost, standin: RemoteQueue, q: ClassicQueue,
+                                  entries: dict[int, QueueEntry], pairs: list[tuple[socket.socket, bytes]],
+                                  conns: list[IslandConnection]) -> None:
+        vhost_name, name, source = vhost.name, standin.name, standin.home
+        hold = os.environ.get(HOLD_RECORD_ENV)
+        while hold and os.path.exists(hold):  # the test hook only
+            await asyncio.sleep(0.05)
         op = DeclareQueue(vhost_name, name, q.auto_delete, pack_arguments(q.arguments), self.node.name,
                           q.durable, False)
         self.cluster.replicate(op)  # the commit point: proposed until it commits, or this worker dies
@@ -424,6 +563,7 @@ class Compaction:
         self.classic.install_moved(vhost, standin, q)
         log.info("compaction: queue '%s' moved here from %s (%d connections)", name, source, len(pairs))
         self.link.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
+        self.link.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
         self.moved_in += 1
         loop = asyncio.get_running_loop()
         for (sock, _s), conn in zip(pairs, conns, strict=True):
@@ -505,6 +645,17 @@ def _decode(header: bytes, states: list[bytes]) -> tuple[str, str, str, QueueTra
         raise ValueError("an island's queue state names another queue")
     conns = [IslandConnection.decode(s) for s in states]
     return v[1], v[2], v[3], state, conns
+
+
+def _fault_after_promise() -> None:
+    """The test hook: with `KILL_AFTER_PROMISE_ENV` naming a file that exists, the file is removed and this
+    worker kills itself as soon as its answer is written (the next loop turns)."""
+    path = os.environ.get(KILL_AFTER_PROMISE_ENV)
+    if not path or not os.path.exists(path):
+        return
+    os.unlink(path)
+    log.warning("compaction: the test hook kills this worker after its promise")
+    asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGKILL)
 
 
 def _refuse(pairs: list[tuple[socket.socket, bytes]]) -> None:

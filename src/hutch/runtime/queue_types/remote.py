@@ -523,6 +523,26 @@ class _PeerConfirms:
             self.settle(pid, queue)
 
 
+class _Relayed:
+    """The owner of a publish held while its queue moved here (`QueueLink.release_outbound`), published to
+    the queue once here: its sender's receipt is answered as the stand-in it went to would have answered it."""
+
+    __slots__ = ("receipt", "standin")
+
+    def __init__(self, receipt: Receipt, standin: RemoteQueue) -> None:
+        self.receipt = receipt
+        self.standin = standin
+
+    def settle(self, seq: int, queue: Hashable) -> None:
+        self.receipt.settle(self.standin)
+
+    def reject(self, seq: int, queue: Hashable, error: str | None) -> None:
+        self.receipt.reject(self.standin, error)
+
+    def queue_deleted(self, queue: Hashable) -> None:
+        self.receipt.settle(self.standin)
+
+
 class QueueLink:
     """Both ends of the queue protocol between nodes (one per node)."""
 
@@ -557,6 +577,11 @@ class QueueLink:
         # -> the other workers' publishes (peer, publish id, message) and consumes held for it until the move
         # commits (then forwarded to its new home) or does not (then taken here, in order)
         self.moving: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        # origin side: (vhost, queue) of a queue moving here -> this worker's own publishes to it (through its
+        # stand-in, the stand-in, message and receipt), held from the moment it asks to commit the move until
+        # it has the queue (then published to it, after what its old home sent back) or the move is off
+        # (then sent to the home): its own connections' publishes never overtake their earlier ones
+        self.outbound: dict[tuple[str, str], list[tuple[RemoteQueue, Message, Receipt | None]]] = {}
         # one call per kind, so the type checker matches each handler to its record
         cluster.register(cm.QueueGet, self._h_get)
         cluster.register(cm.QueuePurge, self._h_purge)
@@ -614,6 +639,15 @@ class QueueLink:
     def publish(self, q: RemoteQueue, msg: Message, receipt: Receipt | None) -> Published:
         """Send `msg` to its queue's home node. Without a receipt nobody waits for the answer (a message
         lost with the home node is not reported, as before)."""
+        if self.outbound:
+            held = self.outbound.get((q.vhost, q.name))
+            if held is not None:  # the queue is moving here: kept in order until it is here (`release_outbound`)
+                if len(held) >= MAX_HELD_WHILE_MOVING:  # bounded: nacked (its publisher resends), or sent on
+                    if receipt is not None:
+                        return REJECTED
+                else:
+                    held.append((q, msg, receipt))
+                    return SETTLED if receipt is None else PENDING
         pid = next(self._ids)
         home = q.home
         if msg.size > BATCH_MESSAGE_BYTES:
@@ -1026,6 +1060,45 @@ class QueueLink:
                 self._publish_to(peer, q, pid, msg)
             else:
                 self._publish_here(peer, vhost, name, pid, msg)
+
+    def send_back(self, vhost: str, name: str, peer: str) -> None:
+        """Old home's side: the move of queue `name` to `peer` is agreed (`CompactCommit`). The publishes held
+        here from `peer` itself go back to it now, through this worker's stand-in (their confirms relayed),
+        written before the answer: `peer` holds them until it has the queue and holds its own later
+        publishes behind them (`hold_outbound`), so a channel of `peer` keeps its order across the move."""
+        held = self.moving.get((vhost, name))
+        q = self._standin_homed(peer, vhost, name)
+        if not held or q is None:
+            return
+        keep: list[tuple[str, Any]] = []
+        for origin, item in held:
+            if origin == peer and not isinstance(item, cm.RemoteConsume):
+                self._publish_to(peer, q, *item)
+            else:
+                keep.append((origin, item))
+        held[:] = keep
+        self.cluster.release(peer)
+
+    def hold_outbound(self, vhost: str, name: str) -> None:
+        """New home's side: from now on this worker's own publishes to queue `name` are held here, not sent
+        to its home (`release_outbound` ends it)."""
+        self.outbound.setdefault((vhost, name), [])
+
+    def release_outbound(self, vhost: str, name: str, here: Queue | None) -> None:
+        """The move of queue `name` here ended: `here`, the queue now this worker's, takes the publishes held
+        by `hold_outbound` in order (each receipt answered as the stand-in it went to would have answered
+        it); None (the move is off): they are sent to the queue's home, as they would have been."""
+        held = self.outbound.pop((vhost, name), None)
+        for standin, msg, receipt in held or ():
+            if here is None or here.deleted:
+                result = self.publish(standin, msg, receipt)
+            else:
+                result = here.publish(msg, None if receipt is None else Receipt(_Relayed(receipt, standin), 0))
+            if receipt is not None and result is not PENDING:
+                if result is SETTLED:
+                    receipt.settle(standin)
+                else:
+                    receipt.reject(standin)
 
     def _judge_pace(self, consumers: list[Consumer]) -> None:
         """Settlements from another node came back: judge whether its consumers that filled their prefetch
