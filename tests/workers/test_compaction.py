@@ -29,6 +29,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 from tests.conftest import ServerInfo, start_server
+from tests.workers.test_locality import CONFIG as LOCALITY_CONFIG
 from tests.workers.test_locality import connect, declare_in, own_port
 from tests.workers.test_workers import (
     PERSISTENT,
@@ -49,8 +50,7 @@ from hutch.runtime.compaction import HOLD_RECORD_ENV, KILL_AFTER_PROMISE_ENV
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-CONFIG = "workers.own_ports = true\nworkers.heartbeat_timeout = 30000\ncluster.tick_interval = 50\n" \
-         "cluster.metadata_timeout = 5000\nworkers.compaction = true\n"
+CONFIG = LOCALITY_CONFIG + "workers.compaction = true\n"  # the locality node's, with compaction on
 
 
 @pytest.fixture(scope="module")
