@@ -11,7 +11,12 @@ answered with where to start).
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop), hands what it
 read to the transport every `FLUSH_BYTES`, and stops while the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
 `PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value, at most 2,049:
-`BloomQuery.cost`); a subscribe of many filter values is prepared in steps before it is applied (`prepare`). A subscription holds a reader (a position), never the log. A subscription to a
+`BloomQuery.cost`); a subscribe of many filter values is prepared in steps before it is applied (`prepare`). A subscription holds a reader (a position), never the log.
+The bytes a subscription keeps for its properties and filter values (`properties_cost`, in proportion to
+what Python keeps for them) are counted against the connection's and the process's budget
+(hub.PropertiesBudget): a subscribe past it is refused with PRECONDITION_FAILED, as RabbitMQ answers a
+subscribe past its subscriptions per connection, and logged (throttled); `prepare` stops at once when a
+frame is over what the connection may still take. A subscription to a
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
@@ -31,9 +36,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from hutch.core.logsafe import suppressed_note
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
@@ -59,9 +65,26 @@ log = logging.getLogger("hutch.stream")
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
 PREPARE_ITEMS = 2048  # a subscribe's properties looked at in one step of `prepare`
+PROPERTY_BYTES = 160  # what a kept property costs beyond its characters: a dict slot and two str objects
+#                       (tracemalloc: 140-165 bytes an entry of a decoded subscribe's map)
+FILTER_VALUE_BYTES = 48  # and a filter value, beyond its length: its bytes object and its place in two lists
 FLUSH_BYTES = 1 << 20  # chunk data put in the output before it is handed to the transport (whose high
 #                        mark then pauses the pump): without it one turn of 256 subscriptions × PUMP_CHUNKS
 #                        chunks of a stream of large chunks would be read into memory before any write
+
+
+def properties_cost(properties: dict[str, str], keys: Iterable[str]) -> int:
+    """The bytes a subscription keeps for the properties `keys` of `properties` (and for their filter
+    values, `filter.N`): their characters and what Python keeps for each (`PROPERTY_BYTES`,
+    `FILTER_VALUE_BYTES`). A 1 MiB subscribe of 45,000 short `filter.N` costs ~10 MiB (tracemalloc
+    counted 9.6 MiB), a subscribe of a handful of properties ~1 KiB."""
+    cost = 0
+    for key in keys:
+        value = properties[key]
+        cost += len(key) + len(value) + PROPERTY_BYTES
+        if key.startswith("filter."):
+            cost += len(value) + FILTER_VALUE_BYTES
+    return cost
 
 
 @dataclass(eq=False)
@@ -88,6 +111,7 @@ class Subscription:
     granted: int = 0  # read remotely: chunks the home may still send (home_link.REMOTE_WINDOW at most)
     next_offset: int | None = None  # read remotely: the offset after the last chunk delivered
     committed_offset: int = -1  # read remotely: the stream's committed chunk id as last told
+    kept_bytes: int = 0  # its properties and filter values, as counted by `properties_cost`
 
     @property
     def active(self) -> bool:
@@ -105,27 +129,38 @@ class Consuming:
         self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
         # stream → reference → offset, stored since the last `coalesce_offsets` (at most a turn's commands)
         self.pending_offsets: dict[str, dict[bytes, int]] = {}
-        # a subscribe's filter prepared ahead (`prepare`): (the command, its values, its query)
-        self._prepared: tuple[c.Subscribe, list[bytes], ck.BloomQuery | None] | None = None
+        # a subscribe's filter prepared ahead (`prepare`): (the command, its values, its query, its cost;
+        # a cost over what the connection could take then: no values, no query)
+        self._prepared: tuple[c.Subscribe, list[bytes], ck.BloomQuery | None, int] | None = None
+        self.kept_bytes = 0  # the subscriptions' `kept_bytes` (Invariant: their sum)
 
     def prepare(self, cmd: c.Subscribe) -> Steps:
         """The work of a subscribe in proportion to its properties, done ahead in steps that the
         connection spreads over loop turns as it decodes a large frame (connection.py, `STEP_BYTES`): its
-        filter values (`PREPARE_ITEMS` properties a step) and their `BloomQuery`, hashed for the stream's
-        filter size when the stream is read here (`BloomQuery.prepare`). `subscribe` takes what was
-        prepared for that command; anything it refuses is refused there, as for any subscribe."""
+        cost (`properties_cost`) and filter values (`PREPARE_ITEMS` properties a step) and their
+        `BloomQuery`, hashed for the stream's filter size when the stream is read here
+        (`BloomQuery.prepare`). Past what the connection may take now (`PropertiesBudget.room`) it
+        stops: `subscribe` refuses it. `subscribe` takes what was prepared for that command; anything
+        it refuses is refused there, as for any subscribe."""
         props = cmd.properties
         keys = list(props)
         values: list[bytes] = []
+        room = self.conn.hub.properties.room(self.kept_bytes)
+        cost = 0
         for start in range(0, len(keys), PREPARE_ITEMS):
             if start:
                 yield
-            values += [props[k].encode() for k in keys[start:start + PREPARE_ITEMS] if k.startswith("filter.")]
+            part = keys[start:start + PREPARE_ITEMS]
+            cost += properties_cost(props, part)
+            if cost > room:
+                self._prepared = (cmd, [], None, cost)
+                return
+            values += [props[k].encode() for k in part if k.startswith("filter.")]
         query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
         handle = self.conn.catalog.lookup(self.conn.vhost.name, cmd.stream)
         if query is not None and handle is not None and not handle.closed:
             yield from query.prepare(handle.options.filter_size_bytes * 8)
-        self._prepared = (cmd, values, query)
+        self._prepared = (cmd, values, query, cost)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
@@ -141,13 +176,27 @@ class Consuming:
         if sac and not name:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
         prepared, self._prepared = self._prepared, None
+        values: list[bytes] | None = None
+        query: ck.BloomQuery | None = None
         if prepared is not None and prepared[0] is cmd:
-            values, query = prepared[1], prepared[2]
+            _, values, query, cost = prepared
         else:
+            cost = properties_cost(props, props)  # (a frame of at most STEP_BYTES: a few hundred properties)
+        budget = conn.hub.properties
+        refused = budget.admit(self.kept_bytes, cost)
+        if refused is not None:
+            left_out = budget.refusals_log.admit(conn.clock.time())
+            if left_out is not None:
+                log.warning("stream connection %s: subscribe %d to %s (%d properties) refused: %s%s", conn.name,
+                            cmd.subscription_id, cmd.stream, len(props), refused, suppressed_note(left_out))
+            raise CommandError(f"subscription {cmd.subscription_id}: {refused}", Code.PRECONDITION_FAILED)
+        if values is None:
             values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
             query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
         sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, values,
-                           props.get("match-unfiltered", "").lower() == "true", query=query, home=home)
+                           props.get("match-unfiltered", "").lower() == "true", query=query, home=home,
+                           kept_bytes=cost)
+        self.kept_bytes += cost
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
@@ -170,7 +219,9 @@ class Consuming:
         self.conn.respond(cmd, Code.OK)
 
     def _remove(self, sub: Subscription) -> None:
-        self.subscriptions.pop(sub.subscription_id, None)
+        if self.subscriptions.pop(sub.subscription_id, None) is sub:
+            self.conn.hub.properties.release(self.kept_bytes, sub.kept_bytes)
+            self.kept_bytes -= sub.kept_bytes
         if sub.unwatch is not None:
             sub.unwatch()
         self._stop_reading(sub)
