@@ -19,7 +19,7 @@ from hutch.runtime.stream_session.consuming import FILTER_VALUE_BYTES, PROPERTY_
 from hutch.runtime.stream_session.hub import PropertiesBudget
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
-from hutch.streamproto.wire import OffsetSpec
+from hutch.streamproto.wire import STEP_ENTRIES, OffsetSpec
 from session.memory import make_node
 
 from .memory import StreamPair, make_hub
@@ -122,18 +122,47 @@ async def test_a_subscribe_past_the_budget_is_refused_and_the_connection_goes_on
 
 
 @pytest.mark.asyncio
-async def test_a_frame_over_what_the_connection_may_take_is_not_prepared_further(node: Node) -> None:
-    """`prepare` stops at the step where the cost passes the connection's room: no filter values are
-    encoded, no query is built, for a frame that will be refused."""
+async def test_a_frame_over_what_the_connection_may_take_is_not_decoded_further(node: Node) -> None:
+    """`decode_subscribe` counts the properties as they are read and stops at the step where they pass
+    what the connection may take (its 4 MiB here): the rest of the frame is not decoded, nothing stays
+    counted, and the subscribe is refused with its correlation id; `prepare` does nothing more."""
     pair = StreamPair(make_hub(node))
     await pair.open()
     await pair.create("s")
-    cmd = c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, filters(45_000))  # ~10 MiB: over the 4 MiB
-    steps = pair.conn.consuming.prepare(cmd)
-    taken = sum(1 for _ in steps)
-    assert taken <= 10  # stopped past the first 4 MiB of cost (2,048 properties a step, ~0.44 MiB)
-    prepared = pair.conn.consuming._prepared
-    assert prepared is not None and prepared[1] == [] and prepared[2] is None and prepared[3] > 4 * MIB
+    consuming = pair.conn.consuming
+    frame = c.encode(c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, filters(45_000)))[4:]  # ~9.8 MiB
+    steps = consuming.decode_subscribe(frame)
+    yields = 0
+    try:
+        while True:
+            next(steps)
+            yields += 1
+    except StopIteration as done:
+        head = done.value
+    assert yields < 45_000 // STEP_ENTRIES // 2  # stopped past 4 MiB (512 properties a step, ~0.11 MiB)
+    assert head == c.Subscribe(pair.corr, 1, "s", FIRST, 10, {}) and consuming.reserved == consuming.kept_bytes == 0
+    assert consuming._prepared is not None and consuming._prepared.refused is not None
+    assert list(consuming.prepare(head)) == []
     answer = await pair.request(c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, filters(45_000)))
-    assert isinstance(answer, c.Response) and answer.code == Code.PRECONDITION_FAILED
-    assert pair.conn.consuming.subscriptions == {} and pair.conn.consuming.kept_bytes == 0
+    assert answer == c.Response(Key.SUBSCRIBE, pair.corr, Code.PRECONDITION_FAILED)
+    assert consuming.subscriptions == {} and consuming.kept_bytes == consuming.reserved == 0
+
+
+@pytest.mark.asyncio
+async def test_what_a_decoding_counted_is_given_back_when_its_connection_is_lost(node: Node) -> None:
+    """A large subscribe decoded across loop turns holds its count meanwhile (so many connections
+    decoding at once hold at most the budget); a connection lost midway gives it back."""
+    from .test_map_entries import TickingClock
+
+    hub = make_hub(node)
+    pair = StreamPair(hub)
+    await pair.open()
+    await pair.create("s")
+    clock = TickingClock(pair.clock.now, 0.004)
+    pair.conn.clock = clock
+    pair.conn.receive_data(c.encode(c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, filters(12_000))))
+    clock.run_turn()
+    assert 0 < pair.conn.consuming.reserved < properties_cost(filters(12_000), filters(12_000))
+    assert hub.properties.beyond_free == max(0, pair.conn.consuming.reserved - MIB)
+    pair.conn.connection_lost()
+    assert pair.conn.consuming.reserved == pair.conn.consuming.kept_bytes == hub.properties.beyond_free == 0

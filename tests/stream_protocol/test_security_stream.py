@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import socket
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -308,14 +309,15 @@ def subscribe_of_tiny_fields(corr: int, subscription_id: int, stream: str) -> by
                                   {f"filter.{i}": f"{i:x}" for i in range(45_000)}))  # (i = 10: "a", fill's value)
 
 
-def tiny_fields_on_one_connection(port: int, stream: str, frames: int, first_sub: int = 1) -> tuple[list[int], int]:
+def tiny_fields_on_one_connection(port: int, stream: str, frames: int,
+                                  together: threading.Barrier | None = None) -> tuple[list[int], int]:
     """`frames` such subscribes back to back on a connection of its own: the response codes, in order, and
-    the chunks delivered meanwhile; then a command answered (the connection goes on)."""
+    the chunks delivered meanwhile; then a command answered (the connection goes on). With `together`,
+    the connection (and what it subscribed) stays until every party of it got there."""
     attacker = RawStream(port)
     try:
         first = attacker.corr + 1
-        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, first_sub + i, stream)
-                                       for i in range(frames)))
+        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, 1 + i, stream) for i in range(frames)))
         codes: list[int] = []
         delivered = 0
         while len(codes) < frames:
@@ -332,6 +334,8 @@ def tiny_fields_on_one_connection(port: int, stream: str, frames: int, first_sub
             (got,) = attacker.receive(1, timeout=120)
             delivered += isinstance(got, sc.Deliver)
         assert got.code == Code.OK
+        if together is not None:
+            together.wait(300)
         return codes, delivered
     finally:
         attacker.close()
@@ -357,20 +361,30 @@ def subscribes_of_tiny_fields(server: StreamServer, frames: int, connections: in
     probe = start_probe(server.info.amqp_port)
     try:
         started = time.monotonic()
+        together = threading.Barrier(connections + 1)  # (+ this thread: the connections stay while RSS is read)
         with ThreadPoolExecutor(connections) as pool:
-            runs = [pool.submit(tiny_fields_on_one_connection, server.port, stream, frames) for _ in range(connections)]
+            runs = [pool.submit(tiny_fields_on_one_connection, server.port, stream, frames, together)
+                    for _ in range(connections)]
+            while together.n_waiting < connections and not any(run.done() for run in runs):
+                peak = max(peak, rss_bytes(server.info.proc.pid))
+                time.sleep(0.05)
+            answered_s = time.monotonic() - started
+            held = rss_bytes(server.info.proc.pid)
+            if any(run.done() for run in runs):
+                together.abort()  # one failed (its result raises below): the others stop waiting
+            else:
+                together.wait(300)
             while not all(run.done() for run in runs):
                 peak = max(peak, rss_bytes(server.info.proc.pid))
                 time.sleep(0.05)
             results = [run.result() for run in runs]
-        answered_s = time.monotonic() - started
     finally:
         stop(probe)
     codes = [r[0] for r in results]
     taken = sum(c.count(Code.OK) for c in codes)
     print(f"{frames} frames on each of {connections} connections answered in {answered_s:.2f} s, {taken} taken; "
-          f"stall {probe.longest_s * 1000:.0f} ms; RSS {rss_before >> 20} -> peak {peak >> 20} -> "
-          f"{rss_bytes(server.info.proc.pid) >> 20} MiB")
+          f"stall {probe.longest_s * 1000:.0f} ms; RSS {rss_before >> 20} -> peak {peak >> 20}, held {held >> 20} -> "
+          f"{rss_bytes(server.info.proc.pid) >> 20} MiB after")
     assert_kept_answering(probe)
     for connection_codes, delivered in results:
         assert connection_codes[1:] == [Code.PRECONDITION_FAILED] * (frames - 1)  # over the connection's 16 MiB

@@ -265,10 +265,11 @@ class StreamConnection:
 
     def _command_steps(self, frame: bytes) -> wire.Steps:
         """A large command's decoding and, for a subscribe, the work in proportion to its properties
-        (`Consuming.prepare`), in steps."""
-        cmd = yield from c.decode_steps(frame)
-        if isinstance(cmd, c.Subscribe) and self.phase == Phase.OPENED:
-            yield from self.consuming.prepare(cmd)
+        (`Consuming.decode_subscribe`, `Consuming.prepare`), in steps."""
+        if self.phase != Phase.OPENED or int.from_bytes(frame[:2], "big") != Key.SUBSCRIBE:
+            return (yield from c.decode_steps(frame))
+        cmd = yield from self.consuming.decode_subscribe(frame)  # (its properties counted as they are read)
+        yield from self.consuming.prepare(cmd)
         return cmd
 
     def _decode_stepped(self, steps: wire.Steps, frame: bytes, deadline: float) -> c.Command | None:
@@ -436,6 +437,7 @@ class StreamConnection:
             self._timer.cancel()
             self._timer = None
         self.hub.connections.discard(self)
+        self.consuming.close_all()  # (none yet but the subscribe it moves with: what it counted is given back)
         self.out.clear()
         transport, self.transport = self.transport, None
         if transport is not None and not keep_transport:

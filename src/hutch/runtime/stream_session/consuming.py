@@ -78,13 +78,29 @@ def properties_cost(properties: dict[str, str], keys: Iterable[str]) -> int:
     values, `filter.N`): their characters and what Python keeps for each (`PROPERTY_BYTES`,
     `FILTER_VALUE_BYTES`). A 1 MiB subscribe of 45,000 short `filter.N` costs ~10 MiB (tracemalloc
     counted 9.6 MiB), a subscribe of a handful of properties ~1 KiB."""
+    return pairs_cost((key, properties[key]) for key in keys)
+
+
+def pairs_cost(pairs: Iterable[tuple[str, str]]) -> int:
+    """`properties_cost` of (key, value) pairs (a map as its decoding reads it, repeated keys and all)."""
     cost = 0
-    for key in keys:
-        value = properties[key]
+    for key, value in pairs:
         cost += len(key) + len(value) + PROPERTY_BYTES
         if key.startswith("filter."):
             cost += len(value) + FILTER_VALUE_BYTES
     return cost
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A subscribe's work done ahead (`Consuming.decode_subscribe`, `prepare`): its filter values and
+    query and its cost, reserved in the budget; or why it is refused (nothing reserved)."""
+
+    cmd: c.Subscribe
+    values: list[bytes] = field(default_factory=list)
+    query: ck.BloomQuery | None = None
+    cost: int = 0
+    refused: str | None = None
 
 
 @dataclass(eq=False)
@@ -129,41 +145,101 @@ class Consuming:
         self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
         # stream → reference → offset, stored since the last `coalesce_offsets` (at most a turn's commands)
         self.pending_offsets: dict[str, dict[bytes, int]] = {}
-        # a subscribe's filter prepared ahead (`prepare`): (the command, its values, its query, its cost;
-        # a cost over what the connection could take then: no values, no query)
-        self._prepared: tuple[c.Subscribe, list[bytes], ck.BloomQuery | None, int] | None = None
-        self.kept_bytes = 0  # the subscriptions' `kept_bytes` (Invariant: their sum)
+        self._prepared: Prepared | None = None  # a subscribe's work done ahead
+        self.kept_bytes = 0  # Invariant: the subscriptions' `kept_bytes` + `reserved`, as the budget counts it
+        self.reserved = 0  # of them, a subscribe's being decoded or prepared (`decode_subscribe`, `prepare`)
+
+    # -- the bytes kept for properties (hub.PropertiesBudget) ------------------------------------------
+    def _reserve(self, cost: int) -> str | None:
+        """Count `cost` more bytes of a subscribe in hand; else why not (nothing counted)."""
+        refused = self.conn.hub.properties.admit(self.kept_bytes, cost)
+        if refused is None:
+            self.kept_bytes += cost
+            self.reserved += cost
+        return refused
+
+    def _unreserve(self, cost: int | None = None) -> None:
+        """Give back `cost` (all, by default) of what a subscribe in hand counted."""
+        cost = self.reserved if cost is None else cost
+        assert 0 <= cost <= self.reserved
+        if cost:
+            self.conn.hub.properties.release(self.kept_bytes, cost)
+            self.kept_bytes -= cost
+            self.reserved -= cost
+
+    def decode_subscribe(self, frame: bytes) -> Steps:
+        """A large subscribe's decoding in steps (`commands.decode_steps`), with what its properties hold
+        so far counted against the budget as they are read (`pairs_cost`): past it the decoding stops
+        (what it read is dropped) and the command is its fields before the properties
+        (`commands.subscribe_head`), which `subscribe` refuses after its other checks. So a flood of
+        such frames from many connections holds at most the budget in decoded properties, not a frame's
+        ~10 MiB each."""
+        self._unreserve()
+        steps = c.decode_steps(frame)
+        seen = 0
+        try:
+            while True:
+                read = next(steps)
+                if isinstance(read, list):
+                    refused = self._reserve(pairs_cost(read[seen:]))
+                    seen = len(read)
+                    if refused is not None:
+                        steps.close()
+                        self._unreserve()
+                        head = c.subscribe_head(frame)
+                        self._prepared = Prepared(head, refused=refused)
+                        return head
+                yield
+        except StopIteration as done:
+            return done.value
 
     def prepare(self, cmd: c.Subscribe) -> Steps:
         """The work of a subscribe in proportion to its properties, done ahead in steps that the
         connection spreads over loop turns as it decodes a large frame (connection.py, `STEP_BYTES`): its
-        cost (`properties_cost`) and filter values (`PREPARE_ITEMS` properties a step) and their
-        `BloomQuery`, hashed for the stream's filter size when the stream is read here
-        (`BloomQuery.prepare`). Past what the connection may take now (`PropertiesBudget.room`) it
-        stops: `subscribe` refuses it. `subscribe` takes what was prepared for that command; anything
-        it refuses is refused there, as for any subscribe."""
+        exact cost (`properties_cost`; what `decode_subscribe` reserved is settled to it) and filter
+        values (`PREPARE_ITEMS` properties a step) and their `BloomQuery`, hashed for the stream's
+        filter size when the stream is read here (`BloomQuery.prepare`). Past what the connection may
+        take it stops. `subscribe` takes what was prepared for that command; anything it refuses is
+        refused there, as for any subscribe."""
+        if self._prepared is not None and self._prepared.cmd is cmd:
+            return  # refused while it was decoded
         props = cmd.properties
         keys = list(props)
         values: list[bytes] = []
-        room = self.conn.hub.properties.room(self.kept_bytes)
+        limit = self.reserved + self.conn.hub.properties.room(self.kept_bytes)
         cost = 0
         for start in range(0, len(keys), PREPARE_ITEMS):
             if start:
                 yield
             part = keys[start:start + PREPARE_ITEMS]
             cost += properties_cost(props, part)
-            if cost > room:
-                self._prepared = (cmd, [], None, cost)
-                return
+            if cost > limit:
+                break
             values += [props[k].encode() for k in part if k.startswith("filter.")]
+        refused = self._reserve(cost - self.reserved) if cost > self.reserved else None
+        if refused is not None:
+            self._unreserve()
+            self._prepared = Prepared(cmd, refused=refused)
+            return
+        self._unreserve(self.reserved - cost)
         query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
         handle = self.conn.catalog.lookup(self.conn.vhost.name, cmd.stream)
         if query is not None and handle is not None and not handle.closed:
             yield from query.prepare(handle.options.filter_size_bytes * 8)
-        self._prepared = (cmd, values, query, cost)
+        self._prepared = Prepared(cmd, values, query, cost)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.cmd is not cmd:
+            prepared = None
+            self._unreserve()  # (a subscribe in hand is this one)
+        try:
+            self._subscribe(cmd, prepared)
+        finally:
+            self._unreserve()  # refused: nothing kept (taken: `reserved` is the subscription's now)
+
+    def _subscribe(self, cmd: c.Subscribe, prepared: Prepared | None) -> None:
         conn = self.conn
         if cmd.subscription_id in self.subscriptions:
             raise CommandError(f"subscription {cmd.subscription_id} exists", Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
@@ -175,28 +251,23 @@ class Consuming:
         name = props.get("name", "")
         if sac and not name:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
-        prepared, self._prepared = self._prepared, None
-        values: list[bytes] | None = None
-        query: ck.BloomQuery | None = None
-        if prepared is not None and prepared[0] is cmd:
-            _, values, query, cost = prepared
-        else:
-            cost = properties_cost(props, props)  # (a frame of at most STEP_BYTES: a few hundred properties)
-        budget = conn.hub.properties
-        refused = budget.admit(self.kept_bytes, cost)
-        if refused is not None:
-            left_out = budget.refusals_log.admit(conn.clock.time())
+        if prepared is None:  # (a frame of at most STEP_BYTES: a few hundred properties)
+            cost = properties_cost(props, props)
+            prepared = Prepared(cmd, cost=cost, refused=self._reserve(cost))
+            if prepared.refused is None:
+                prepared.values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
+                prepared.query = filter_query(prepared.values, props.get("match-unfiltered", "").lower() == "true")
+        if prepared.refused is not None:
+            left_out = conn.hub.properties.refusals_log.admit(conn.clock.time())
             if left_out is not None:
-                log.warning("stream connection %s: subscribe %d to %s (%d properties) refused: %s%s", conn.name,
-                            cmd.subscription_id, cmd.stream, len(props), refused, suppressed_note(left_out))
-            raise CommandError(f"subscription {cmd.subscription_id}: {refused}", Code.PRECONDITION_FAILED)
-        if values is None:
-            values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
-            query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
-        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, values,
-                           props.get("match-unfiltered", "").lower() == "true", query=query, home=home,
-                           kept_bytes=cost)
-        self.kept_bytes += cost
+                log.warning("stream connection %s: subscribe %d to %s refused: %s%s", conn.name,
+                            cmd.subscription_id, cmd.stream, prepared.refused, suppressed_note(left_out))
+            raise CommandError(f"subscription {cmd.subscription_id}: {prepared.refused}", Code.PRECONDITION_FAILED)
+        assert self.reserved == prepared.cost
+        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, prepared.values,
+                           props.get("match-unfiltered", "").lower() == "true", query=prepared.query, home=home,
+                           kept_bytes=prepared.cost)
+        self.reserved = 0  # (the subscription's now: still in `kept_bytes`)
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
@@ -240,6 +311,8 @@ class Consuming:
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
             self._remove(sub)
+        self._prepared = None
+        self._unreserve()
 
     def info(self) -> list[dict[str, object]]:
         """What management shows of each subscription (RabbitMQ's stream consumer fields); `offset_lag`:
