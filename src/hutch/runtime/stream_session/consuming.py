@@ -197,8 +197,8 @@ class Consuming:
         """The work of a subscribe in proportion to its properties, done ahead in steps that the
         connection spreads over loop turns as it decodes a large frame (connection.py, `STEP_BYTES`): its
         exact cost (`properties_cost`; what `decode_subscribe` reserved is settled to it) and filter
-        values (`PREPARE_ITEMS` properties a step) and their `BloomQuery`, hashed for the stream's
-        filter size when the stream is read here (`BloomQuery.prepare`). Past what the connection may
+        values (`PREPARE_ITEMS` properties a step) and their `BloomQuery` (`BloomQuery.build`), hashed
+        for the stream's filter size when the stream is read here (`BloomQuery.prepare`). Past what the connection may
         take it stops. `subscribe` takes what was prepared for that command; anything it refuses is
         refused there, as for any subscribe."""
         if self._prepared is not None and self._prepared.cmd is cmd:
@@ -222,7 +222,10 @@ class Consuming:
             self._prepared = Prepared(cmd, refused=refused)
             return
         self._unreserve(self.reserved - cost)
-        query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
+        query = None
+        if values:
+            yield
+            query = yield from ck.BloomQuery.build(values, props.get("match-unfiltered", "").lower() == "true")
         handle = self.conn.catalog.lookup(self.conn.vhost.name, cmd.stream)
         if query is not None and handle is not None and not handle.closed:
             yield from query.prepare(handle.options.filter_size_bytes * 8)

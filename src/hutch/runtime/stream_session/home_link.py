@@ -16,6 +16,10 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
   home does (`stats_of`, `resolve_in`: one rule for both).
 
 Rules:
+- A reader's filter is made and hashed for the stream's filter size at the home in steps, one
+  `BloomQuery.PREPARE_STEP` of values a loop turn (`_prepare_step`), before it reads anything, as a local
+  subscribe's is (consuming.py, `prepare`): 45,000 values are ~40 ms of checks, dedup and hashing, not
+  one turn's work.
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
   goes on next turn), and never more chunks than the credit its reader was given. The subscription's
   worker gives the home at most `REMOTE_WINDOW` chunks of credit ahead of what its client's socket took
@@ -35,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -183,6 +187,7 @@ class _Served:
     query: ck.BloomQuery | None = None
     unwatch: Callable[[], None] | None = None
     scheduled: bool = False
+    preparing: Iterator[None] | None = None  # the query's hashing, while it goes on (`_prepare_step`)
 
 
 class StreamReaderLink:
@@ -326,7 +331,7 @@ class StreamReaderLink:
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_DOES_NOT_EXIST if handle is None
                                                                    else Code.STREAM_NOT_AVAILABLE)))
             return
-        if (peer, m.reader_id) in self.served or not all(type(v) is bytes for v in m.filters):
+        if (peer, m.reader_id) in self.served or type(m.filters) is not list:
             log.warning("dropped a malformed stream read from %s", peer)
             return
         try:
@@ -336,14 +341,51 @@ class StreamReaderLink:
             log.warning("stream %s: a read from %s refused: %r", m.stream, peer, exc)
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
             return
-        served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20),
-                         filter_query(list(m.filters), m.match_unfiltered))
+        served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20))
         self.served[(peer, m.reader_id)] = served
         served.unwatch = handle.on_commit(lambda: self._schedule(served))
         if id(handle) not in self._watched:  # (one callback per handle, whatever its readers)
             self._watched[id(handle)] = handle
             handle.on_delete(lambda: self._deleted(handle))
-        self._pump(served)
+        if not m.filters:
+            self._pump(served)
+            return
+        served.preparing = self._filter_steps(served, m.filters, bool(m.match_unfiltered),
+                                              handle.options.filter_size_bytes * 8)
+        self._prepare_step(served)
+
+    @staticmethod
+    def _filter_steps(served: _Served, filters: list[Any], match_unfiltered: bool, bit_size: int) -> Iterator[None]:
+        """A reader's filter made (`BloomQuery.build`) and hashed for the stream's filter size
+        (`BloomQuery.prepare`) in steps of `BloomQuery.PREPARE_STEP` values, its values checked as it
+        goes; the reader's `query` once done (a malformed value: ValueError)."""
+        step = ck.BloomQuery.PREPARE_STEP
+        for start in range(0, len(filters), step):
+            if start:
+                yield
+            if not all(type(v) is bytes for v in filters[start:start + step]):
+                raise ValueError("a filter value that is not bytes")
+        query = yield from ck.BloomQuery.build(filters, match_unfiltered)
+        yield from query.prepare(bit_size)
+        served.query = query
+
+    def _prepare_step(self, served: _Served) -> None:
+        """One step of making a reader's filter (`_filter_steps`), the next one next loop turn; the reader
+        is served once it is done (a filter of fewer than `BloomQuery.PREPARE_STEP` values: at once)."""
+        if self.served.get((served.peer, served.reader_id)) is not served or served.preparing is None:
+            return  # (ended meanwhile)
+        try:
+            next(served.preparing)
+        except StopIteration:
+            served.preparing = None
+            self._pump(served)
+            return
+        except ValueError as exc:
+            log.warning("dropped a malformed stream read from %s: %s", served.peer, exc)
+            self.served.pop((served.peer, served.reader_id), None)
+            self._drop(served)
+            return
+        asyncio.get_running_loop().call_soon(self._prepare_step, served)
 
     def _deleted(self, handle: StreamHandle) -> None:
         """The stream was deleted here (by any path): its readers for other workers end at once."""
@@ -365,7 +407,7 @@ class StreamReaderLink:
             self._schedule(served)
 
     def _schedule(self, served: _Served) -> None:
-        if not served.scheduled and served.credit > 0:
+        if not served.scheduled and served.credit > 0 and served.preparing is None:
             served.scheduled = True
             asyncio.get_running_loop().call_soon(self._woken, served)
 
@@ -398,6 +440,7 @@ class StreamReaderLink:
 
     @staticmethod
     def _drop(served: _Served) -> None:
+        served.preparing = None
         if served.unwatch is not None:
             served.unwatch()
             served.unwatch = None
