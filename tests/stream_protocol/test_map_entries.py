@@ -21,7 +21,9 @@ from hutch.cluster import messages as cm
 from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.runtime.broker.node import Node
+from hutch.runtime.stream_session.connection import StreamConnection
 from hutch.runtime.stream_session.home_link import StreamReaderLink
+from hutch.runtime.turns import scheduler_of
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
 from hutch.streamproto.errors import UnknownFrame
@@ -115,6 +117,11 @@ class TickingClock(ManualLoopClock):
             callback()
         return bool(batch)
 
+    def drive(self, conn: StreamConnection) -> None:
+        """Make `conn` run on this clock, and take its steps from this clock's scheduler (runtime/turns.py)."""
+        conn.clock = self
+        conn.turns = scheduler_of(self)
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
@@ -127,7 +134,7 @@ async def test_a_large_subscribe_is_decoded_across_turns_and_what_follows_waits_
     await pair.open()
     await pair.create("s")
     clock = TickingClock(pair.clock.now, 0.004)
-    pair.conn.clock = clock
+    clock.drive(pair.conn)
     big = c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, properties(20 * STEP_ENTRIES))
     after = c.StreamStats(pair.next_corr(), "s")
     pair.conn.receive_data(c.encode(big) + c.encode(after))

@@ -159,7 +159,7 @@ async def test_what_a_decoding_counted_is_given_back_when_its_connection_is_lost
     await pair.open()
     await pair.create("s")
     clock = TickingClock(pair.clock.now, 0.004)
-    pair.conn.clock = clock
+    clock.drive(pair.conn)
     pair.conn.receive_data(c.encode(c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, filters(12_000))))
     clock.run_turn()
     assert 0 < pair.conn.consuming.reserved < properties_cost(filters(12_000), filters(12_000))
