@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from hutch.runtime.session.ports import LoopClock
 
@@ -74,6 +75,20 @@ class TurnScheduler:
         """Call `resume` in a later turn, after those waiting already (round-robin)."""
         self._waiting.append(resume)
         self._schedule()
+
+    def run_steps(self, steps: Iterator[Any], resumed: bool) -> tuple[bool, Any]:
+        """Take the steps of `steps` (a generator) as the budget allows: (True, its return value) when it
+        is done; else (False, None) and the caller, its input held, `wait`s. A new one (not `resumed`)
+        takes no step while `busy()`; a resumed one takes at least one, then goes on until `yield_now()`."""
+        try:
+            if not resumed and self.busy():
+                return False, None
+            while True:
+                next(steps)
+                if self.yield_now():
+                    return False, None
+        except StopIteration as done:
+            return True, done.value
 
     def _schedule(self) -> None:
         if not self._scheduled:

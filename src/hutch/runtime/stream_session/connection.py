@@ -281,23 +281,13 @@ class StreamConnection:
         (runtime/turns.py); then None: the rest waits, read-held, in the scheduler's queue, and what was
         read after it too. A new frame (not `resumed`) takes no step while another connection waits or
         the budget is spent; a resumed one takes one, and goes on only while nobody else waits."""
-        turns = self.turns
-        try:
-            if not resumed and turns.busy():
-                self._wait_turn(steps, frame)
-                return None
-            while True:
-                next(steps)
-                if turns.yield_now():
-                    self._wait_turn(steps, frame)
-                    return None
-        except StopIteration as done:
-            return cast(c.Command, done.value)
-
-    def _wait_turn(self, steps: wire.Steps, frame: bytes) -> None:
-        self._decoding = (steps, frame)
-        self.hold_reading("turn")
-        self.turns.wait(self._next_turn)
+        done, cmd = self.turns.run_steps(steps, resumed)
+        if not done:
+            self._decoding = (steps, frame)
+            self.hold_reading("turn")
+            self.turns.wait(self._next_turn)
+            return None
+        return cast(c.Command, cmd)
 
     def _handle_decoded(self, cmd: c.Command, frame: memoryview) -> bool:
         """Dispatch one decoded command of `_drain`; True when the rest of the input must wait (the

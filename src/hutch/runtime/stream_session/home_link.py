@@ -16,10 +16,11 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
   home does (`stats_of`, `resolve_in`: one rule for both).
 
 Rules:
-- A reader's filter is made and hashed for the stream's filter size at the home in steps, one
-  `BloomQuery.PREPARE_STEP` of values a loop turn (`_prepare_step`), before it reads anything, as a local
-  subscribe's is (consuming.py, `prepare`): 45,000 values are ~40 ms of checks, dedup and hashing, not
-  one turn's work.
+- A reader's filter is made and hashed for the stream's filter size at the home in steps of
+  `BloomQuery.PREPARE_STEP` values (`_prepare_step`), before it reads anything, as a local subscribe's
+  is (consuming.py, `prepare`): 45,000 values are ~40 ms of checks, dedup and hashing, not one turn's
+  work. The steps take turns with every connection's large frames within the loop's one budget a turn
+  (runtime/turns.py), so many readers opened at once do not add up either.
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
   goes on next turn), and never more chunks than the credit its reader was given. The subscription's
   worker gives the home at most `REMOTE_WINDOW` chunks of credit ahead of what its client's socket took
@@ -48,6 +49,7 @@ from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.queue_types.stream_replication.service import entries_of
+from hutch.runtime.turns import scheduler_of
 from hutch.storage.errors import StorageError
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec
@@ -352,7 +354,7 @@ class StreamReaderLink:
             return
         served.preparing = self._filter_steps(served, m.filters, bool(m.match_unfiltered),
                                               handle.options.filter_size_bytes * 8)
-        self._prepare_step(served)
+        self._prepare_step(served, resumed=False)
 
     @staticmethod
     def _filter_steps(served: _Served, filters: list[Any], match_unfiltered: bool, bit_size: int) -> Iterator[None]:
@@ -369,23 +371,26 @@ class StreamReaderLink:
         yield from query.prepare(bit_size)
         served.query = query
 
-    def _prepare_step(self, served: _Served) -> None:
-        """One step of making a reader's filter (`_filter_steps`), the next one next loop turn; the reader
-        is served once it is done (a filter of fewer than `BloomQuery.PREPARE_STEP` values: at once)."""
+    def _prepare_step(self, served: _Served, resumed: bool = True) -> None:
+        """Steps of making a reader's filter (`_filter_steps`) as the loop's step budget allows
+        (runtime/turns.py: shared with every connection's large frames, round-robin); the rest in later
+        turns. The reader is served once it is done (a filter of fewer than `BloomQuery.PREPARE_STEP`
+        values: at once, unless others wait for their steps)."""
         if self.served.get((served.peer, served.reader_id)) is not served or served.preparing is None:
             return  # (ended meanwhile)
+        turns = scheduler_of(asyncio.get_running_loop())
         try:
-            next(served.preparing)
-        except StopIteration:
-            served.preparing = None
-            self._pump(served)
-            return
+            done, _ = turns.run_steps(served.preparing, resumed)
         except ValueError as exc:
             log.warning("dropped a malformed stream read from %s: %s", served.peer, exc)
             self.served.pop((served.peer, served.reader_id), None)
             self._drop(served)
             return
-        asyncio.get_running_loop().call_soon(self._prepare_step, served)
+        if done:
+            served.preparing = None
+            self._pump(served)
+            return
+        turns.wait(lambda: self._prepare_step(served))
 
     def _deleted(self, handle: StreamHandle) -> None:
         """The stream was deleted here (by any path): its readers for other workers end at once."""
