@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hutch.cluster import messages as cm
-from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.runtime.broker.node import Node
 from hutch.runtime.stream_session.connection import StreamConnection
