@@ -1,6 +1,6 @@
 """Many stream-protocol connections decoding large frames at once, and how long the node's loop stalls.
 
-    PYTHONPATH=<tree>/src python benchmarks/stream_decode_flood.py [connections] [--py-spy FILE] [--amqp]
+    PYTHONPATH=<tree>/src python benchmarks/stream_decode_flood.py [connections] [--py-spy FILE]
 
 Starts a node (tests/conftest.start_server, the stream port on), fills a stream with 20 filtered chunks,
 logs in `connections` (default 64) stream connections, then each sends one ~1 MiB `subscribe` of 45,000
@@ -8,9 +8,7 @@ properties `filter.N` (the frame of tests/stream_protocol/test_security_stream.p
 reads its answer. Beside it a second client publishes one message on a stream connection of its own
 every 10 ms and waits for its confirm, then asks the stream's statistics: the longest statistics round
 trip is the loop's stall (p99 beside it; the confirm's waits for the stream's sync too).
-With `--amqp` the flood is AMQP's instead: each of `connections` AMQP connections sends 8 `basic.publish`
-whose content header is 128 KiB of a headers table of tiny fields (docs/security.md's AMQP row), and the
-probe is the same stream round trip. `--py-spy FILE` records the node with py-spy during the flood (raw
+`--py-spy FILE` records the node with py-spy during the flood (raw
 folded stacks) and prints the functions that held the most samples. Run it with PYTHONPATH at another
 tree's `src` (e.g. /work/main/src) to measure that tree the same way. docs/security.md quotes it.
 """
@@ -21,7 +19,6 @@ import argparse
 import collections
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -95,35 +92,6 @@ def stream_attacker(port: int, frame: bytes, ready: threading.Barrier, codes: li
         client.close()
 
 
-def amqp_header_frames(publishes: int) -> bytes:
-    """`publishes` basic.publish to the default exchange, each with a content header of a 128 KiB
-    headers table of tiny fields (an empty key and a void value: 2 bytes each) and an empty body."""
-    table = b"\x00V" * ((128 * 1024 - 64) // 2)
-    props = struct.pack(">H", 0x2000) + struct.pack(">I", len(table)) + table  # headers only
-    header = struct.pack(">HHQ", 60, 0, 0) + props
-    method = struct.pack(">HHH", 60, 40, 0) + b"\x00" + b"\x05flood" + b"\x00"
-    one = (b"\x01" + struct.pack(">HI", 1, len(method)) + method + b"\xce"
-           + b"\x02" + struct.pack(">HI", 1, len(header)) + header + b"\xce")
-    return one * publishes
-
-
-def amqp_attacker(port: int, frames: bytes, ready: threading.Barrier, codes: list[int]) -> None:
-    import pika
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, frame_max=256 * 1024,
-                                                             blocked_connection_timeout=300))
-    try:
-        channel = conn.channel()
-        channel.queue_declare("flood", auto_delete=False)
-        sock = conn._impl._transport._sock  # the raw socket: frames pika would not build
-        ready.wait(300)
-        sock.sendall(frames)
-        channel.queue_declare("flood", passive=True)  # answered after the publishes before it
-        codes.append(Code.OK)
-        ready.wait(300)
-    finally:
-        conn.close()
-
-
 def summarise(folded: Path) -> None:
     """The functions (self and in the stack) holding the most of py-spy's raw samples."""
     own: collections.Counter[str] = collections.Counter()
@@ -148,7 +116,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("connections", nargs="?", type=int, default=64)
     parser.add_argument("--py-spy", type=Path)
-    parser.add_argument("--amqp", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         info = start_server(Path(tmp), "--stream-port", "0")
@@ -160,14 +127,9 @@ def main() -> None:
             setup.close()
             ready = threading.Barrier(args.connections + 1)
             codes: list[int] = []
-            if args.amqp:
-                frames = amqp_header_frames(8)
-                threads = [threading.Thread(target=amqp_attacker, args=(info.amqp_port, frames, ready, codes))
-                           for _ in range(args.connections)]
-            else:
-                frame = subscribe_of_tiny_fields(99, 1, "flood")
-                threads = [threading.Thread(target=stream_attacker, args=(port, frame, ready, codes))
-                           for _ in range(args.connections)]
+            frame = subscribe_of_tiny_fields(99, 1, "flood")
+            threads = [threading.Thread(target=stream_attacker, args=(port, frame, ready, codes))
+                       for _ in range(args.connections)]
             for thread in threads:
                 thread.start()
                 time.sleep(0.01)  # logins one after the other (the login pool is fair per source)
@@ -190,16 +152,13 @@ def main() -> None:
             for thread in threads:
                 thread.join(60)
             taken = sum(code == Code.OK for code in codes)
-            kind = "AMQP connections x 8 publishes of 128 KiB headers" if args.amqp else \
-                "stream connections x 1 subscribe of 45,000 properties"
+            kind = "stream connections x 1 subscribe of 45,000 properties"
             print(f"{args.connections} {kind}: answered in {answered_s:.2f} s, {taken} OK; stream probe {trips}; "
                   f"load average {os.getloadavg()[0]:.1f}")
             if args.py_spy is not None:
                 summarise(args.py_spy)
         finally:
             info.stop()
-            if os.environ.get("FLOOD_LOG"):
-                print(info.log_path.read_text()[-20000:])
 
 
 if __name__ == "__main__":

@@ -303,21 +303,23 @@ def test_eight_super_streams_of_128_partitions_created_at_once(stream_server: St
     create_super_streams(stream_server, "eight", 8)
 
 
-def subscribe_of_tiny_fields(corr: int, subscription_id: int, stream: str) -> bytes:
-    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of distinct short values (the issue's frame)."""
+def subscribe_of_tiny_fields(corr: int, subscription_id: int, stream: str, count: int = 45_000) -> bytes:
+    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of distinct short values (the issue's frame),
+    or `count` of them."""
     return sc.encode(sc.Subscribe(corr, subscription_id, stream, OffsetSpec(OffsetType.FIRST), 10,
-                                  {f"filter.{i}": f"{i:x}" for i in range(45_000)}))  # (i = 10: "a", fill's value)
+                                  {f"filter.{i}": f"{i:x}" for i in range(count)}))  # (i = 10: "a", fill's value)
 
 
-def tiny_fields_on_one_connection(port: int, stream: str, frames: int,
-                                  together: threading.Barrier | None = None) -> tuple[list[int], int]:
+def tiny_fields_on_one_connection(port: int, stream: str, frames: int, together: threading.Barrier | None = None,
+                                  count: int = 45_000) -> tuple[list[int], int]:
     """`frames` such subscribes back to back on a connection of its own: the response codes, in order, and
     the chunks delivered meanwhile; then a command answered (the connection goes on). With `together`,
     the connection (and what it subscribed) stays until every party of it got there."""
     attacker = RawStream(port)
     try:
         first = attacker.corr + 1
-        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, 1 + i, stream) for i in range(frames)))
+        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, 1 + i, stream, count)
+                                       for i in range(frames)))
         codes: list[int] = []
         delivered = 0
         while len(codes) < frames:
@@ -419,17 +421,19 @@ def test_frames_of_tiny_properties_from_many_connections_meet_the_total(fresh_st
     assert 20 <= sum(c == [Code.OK] for c in codes) < 64
 
 
-TOTAL_20_MIB = "stream.max_subscription_properties_bytes_total = 20971520\n"
+TOTAL_6_MIB = "stream.max_subscription_properties_bytes_total = 6291456\n"
+HELD_VALUES = 15_000  # ~3.3 MiB kept a subscription: 2.3 MiB of it beyond its connection's first MiB
 
 
 @pytest.mark.asyncio
 async def test_ordinary_filters_subscribe_while_the_total_is_spent(tmp_path: Path) -> None:
-    """A node whose connections may keep 20 MiB of subscription properties beyond their first MiB each:
-    two connections' frames of 45,000 values take 17.5 MiB of it, a third's is refused for the total
-    (PRECONDITION_FAILED, one log line); an rstream consumer with 3,000 filter values (rstream's own
-    test; ~0.6 MiB, within its connection's first MiB) still subscribes and reads what it filtered for,
-    while an rstream subscribe of 20,000 values (4.4 MiB) gets rstream's PreconditionFailed. Once a
-    holder leaves, the third's frame is taken."""
+    """A node whose connections may keep 6 MiB of subscription properties beyond their first MiB each:
+    two connections' frames of 15,000 values (~330 KB each, decoded in steps) take 4.6 MiB of it, a
+    third's is refused for the total (PRECONDITION_FAILED, one log line); an rstream consumer with 3,000
+    filter values (rstream's own test; ~0.6 MiB, within its connection's first MiB) still subscribes and
+    reads what it filtered for, while an rstream subscribe of 20,000 values (4.4 MiB) gets rstream's
+    PreconditionFailed. Once a holder leaves, the third's frame is taken. (Session 18 ran it at 45,000
+    values a frame and a total of 20 MiB, ~9 s; the sizes are a third, the path the same.)"""
     import asyncio
 
     from rstream import (
@@ -442,7 +446,7 @@ async def test_ordinary_filters_subscribe_while_the_total_is_spent(tmp_path: Pat
     from rstream.exceptions import PreconditionFailed
 
 
-    info = start_server(tmp_path, "--stream-port", "0", config_text=TOTAL_20_MIB)
+    info = start_server(tmp_path, "--stream-port", "0", config_text=TOTAL_6_MIB)
     port = info.ports["stream"]
     try:
         setup = RawStream(port)
@@ -450,8 +454,8 @@ async def test_ordinary_filters_subscribe_while_the_total_is_spent(tmp_path: Pat
         holders = [RawStream(port) for _ in range(2)]
         for holder in holders:
             holder.ok(sc.Subscribe(holder.next_corr(), 1, "spent", OffsetSpec(OffsetType.FIRST), 0,
-                                   {f"filter.{i}": f"{i:x}" for i in range(45_000)}))
-        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1)
+                                   {f"filter.{i}": f"{i:x}" for i in range(HELD_VALUES)}))
+        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1, None, HELD_VALUES)
         assert codes == [Code.PRECONDITION_FAILED]  # its own 16 MiB allow it; the total does not
         got: list[bytes] = []
         done = asyncio.Event()
@@ -468,15 +472,15 @@ async def test_ordinary_filters_subscribe_while_the_total_is_spent(tmp_path: Pat
             await asyncio.wait_for(done.wait(), 30)
         async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as large:
             await large.start()
-            with pytest.raises(PreconditionFailed):  # 4.4 MiB: 3.4 past its first, 2.5 left in the total
+            with pytest.raises(PreconditionFailed):  # 4.4 MiB: 3.4 past its first, 1.4 left in the total
                 await large.subscribe("spent", on_message, filter_input=FilterConfiguration(
                     [f"w{i}" for i in range(20_000)], lambda m: True))
         assert got[0] == MESSAGE
         holders.pop().close()
-        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1)
+        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1, None, HELD_VALUES)
         assert codes == [Code.OK]
         log = info.log_path.read_text()
-        assert "refused: the subscriptions' properties of all connections would keep more than 20971520" in log
+        assert "refused: the subscriptions' properties of all connections would keep more than 6291456" in log
     finally:
         info.stop()
 
