@@ -203,6 +203,11 @@ class Config:
     stream_heartbeat_s: int = 60
     stream_advertised_host: str = ""
     stream_advertised_port: int | None = None
+    # Bytes a stream connection's subscriptions may keep for their properties and filter values
+    # (`stream.max_subscription_properties_bytes`, per connection), and what all the connections of
+    # one process may keep beyond the first MiB each (`..._bytes_total`): docs/security.md
+    stream_max_subscription_properties_bytes: int = 16 << 20
+    stream_max_subscription_properties_bytes_total: int = 256 << 20
     ssl_options: TlsOptions = field(default_factory=TlsOptions)
     management_ssl_host: str = ""
     management_ssl_port: int | None = None
@@ -588,6 +593,10 @@ _FILE_KEYS: dict[str, _Parser] = {
     "stream.heartbeat": _int_field("stream_heartbeat_s", 0, 65535),
     "stream.advertised_host": _nonempty_field("stream_advertised_host"),
     "stream.advertised_port": _int_field("stream_advertised_port", 1, 65535),
+    "stream.max_subscription_properties_bytes": _int_field("stream_max_subscription_properties_bytes",
+                                                           64 << 10, 2**40),
+    "stream.max_subscription_properties_bytes_total": _int_field("stream_max_subscription_properties_bytes_total",
+                                                                 0, 2**40),
     "management.ssl.port": _int_field("management_ssl_port", 0, 65535),
     "management.ssl.ip": _host_field("management_ssl_host"),
     "ssl_cert_login_from": _choice_field("ssl_cert_login_from", CERT_LOGIN_FROM),

@@ -283,3 +283,34 @@ def test_listing_commands_refuse_with_rabbitmq_texts(stream_server: StreamServer
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     unreachable = run(stream_server, "--management-port", str(free_port()), "list_stream_connections")
     assert unreachable.returncode == 69 and "cannot reach the management API" in unreachable.stderr
+
+
+def test_map_cells_print_as_rabbitmq_streams_prints_them(stream_server: StreamServer) -> None:
+    """`properties` and `client_properties` in table output, through hutch-streams and hutchctl against a
+    real node: as RabbitMQ 3.10's rabbitmq_stream commands print them (PrettyTable: `~p` of the term;
+    before, hutch printed JSON): an Erlang map of binaries and an AMQP table of binaries, keys in byte
+    order, a binary whose bytes are not all printable latin-1 as its bytes; `--formatter json` keeps
+    JSON objects."""
+    from .hostile import RawStream
+
+    client = RawStream(stream_server.port)  # (its peer properties: {"product": "hostile"})
+    client.create("cli-terms")
+    client.subscribe(7, "cli-terms", 1, {"name": "app", "filter.0": "eu", "quote": 'a"b\\c', "euro": "€", "tab": "a\tb"})
+    try:
+        expected = ('#{<<"euro">> => <<226,130,172>>,<<"filter.0">> => <<"eu">>,<<"name">> => <<"app">>,'
+                    '<<"quote">> => <<"a\\"b\\\\c">>,<<"tab">> => <<"a\\tb">>}')
+        ctl = [sys.executable, "-m", "hutch.cli.ctl", "--port", str(stream_server.info.management_port), "-q"]
+        for done in (listing(stream_server, "-q", "list_stream_consumers", "stream", "subscription_id", "properties"),
+                     subprocess.run([*ctl, "list_stream_consumers", "stream", "subscription_id", "properties"],
+                                    capture_output=True, text=True, timeout=60)):
+            assert done.returncode == 0, done.stderr
+            assert "cli-terms\t7\t" + expected in done.stdout.splitlines(), done.stdout
+        for done in (listing(stream_server, "-q", "--no-table-headers", "list_stream_connections", "client_properties"),
+                     subprocess.run([*ctl, "--no-table-headers", "list_stream_connections", "client_properties"],
+                                    capture_output=True, text=True, timeout=60)):
+            assert done.returncode == 0, done.stderr
+            assert '[{<<"product">>,longstr,<<"hostile">>}]' in done.stdout.splitlines(), done.stdout
+        (mine,) = [r for r in rows(stream_server, "list_stream_consumers") if r["stream"] == "cli-terms"]
+        assert mine["properties"] == {"name": "app", "filter.0": "eu", "quote": 'a"b\\c', "euro": "€", "tab": "a\tb"}
+    finally:
+        client.close()

@@ -2,20 +2,27 @@
 it (session 16 refused past 1,024 entries: a drop-in difference), and a large one is decoded in steps
 (`commands.decode_steps`, `wire.STEP_ENTRIES` entries each) that the connection spreads over loop turns
 (`connection.STEP_BYTES`, `TURN_S`), with a subscribe's filter prepared in steps too
-(`Consuming.prepare`, `BloomQuery.prepare`): the codec (pure, with a Hypothesis property: the stepped decoding is
-the plain one) and the connection (in memory, on a clock that ticks with every look). The stall a
+(`Consuming.prepare`, `BloomQuery.prepare`), and so is a remote reader's at the stream's home worker
+(home_link.py): the codec (pure, with a Hypothesis property: the stepped decoding is the plain one), the
+connection (in memory, on a clock that ticks with every look) and the home's end of the worker link. The stall a
 flood of such frames makes on a real node is measured in test_security_stream.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hutch.cluster import messages as cm
 from hutch.queues.stream.chunk import DEFAULT_FILTER_SIZE
 from hutch.runtime.broker.node import Node
+from hutch.runtime.stream_session.connection import StreamConnection
+from hutch.runtime.stream_session.home_link import StreamReaderLink
+from hutch.runtime.turns import scheduler_of
 from hutch.streamproto import commands as c
 from hutch.streamproto.codes import Code, Key, OffsetType
 from hutch.streamproto.errors import UnknownFrame
@@ -109,6 +116,11 @@ class TickingClock(ManualLoopClock):
             callback()
         return bool(batch)
 
+    def drive(self, conn: StreamConnection) -> None:
+        """Make `conn` run on this clock, and take its steps from this clock's scheduler (runtime/turns.py)."""
+        conn.clock = self
+        conn.turns = scheduler_of(self)
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
@@ -121,7 +133,7 @@ async def test_a_large_subscribe_is_decoded_across_turns_and_what_follows_waits_
     await pair.open()
     await pair.create("s")
     clock = TickingClock(pair.clock.now, 0.004)
-    pair.conn.clock = clock
+    clock.drive(pair.conn)
     big = c.Subscribe(pair.next_corr(), 1, "s", FIRST, 10, properties(20 * STEP_ENTRIES))
     after = c.StreamStats(pair.next_corr(), "s")
     pair.conn.receive_data(c.encode(big) + c.encode(after))
@@ -148,3 +160,53 @@ async def test_peer_properties_of_thousands_of_entries_are_taken_before_open(nod
     (answer,) = await pair.expect(1)
     assert isinstance(answer, c.PeerPropertiesResponse) and answer.code == Code.OK
     assert pair.conn.client_properties == props
+
+
+class LinkHost:
+    """The worker link as the home's `StreamReaderLink` sees it: records sent are kept."""
+
+    name = "w0"
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, peer: str, record: Any) -> bool:
+        self.sent.append(record)
+        return True
+
+    def register(self, kind: type[Any], handler: Any) -> None:
+        pass
+
+    def connected(self, peer: str) -> bool:
+        return True
+
+    async def call(self, peer: str, request: Any, timeout: float = 5.0) -> Any:
+        raise AssertionError("not asked here")
+
+
+@pytest.mark.asyncio
+async def test_a_remote_reader_of_45000_filter_values_is_prepared_at_the_home_in_steps(node: Node) -> None:
+    """The home of a stream (a node of workers) gets a reader of 45,000 filter values from another
+    worker: its filter is hashed for the stream's filter size in steps of `BloomQuery.PREPARE_STEP`
+    values across loop turns, within the loop's step budget (runtime/turns.py; before: in one call,
+    ~30 ms), nothing is read meanwhile, then the matching chunk is sent."""
+    pair = StreamPair(make_hub(node))
+    await pair.open()
+    await pair.create("s")
+    pair.send(c.DeclarePublisher(pair.next_corr(), 1, "", "s"), c.Publish(1, [c.PublishedEntry(1, b"m", "a")], 2))
+    await pair.expect(2)  # declared, confirmed
+    link = StreamReaderLink(pair.hub.catalog)
+    host = LinkHost()
+    link.start(host)
+    values = [f"{i:x}".encode() for i in range(45_000)]  # ("a" among them)
+    link._on_open("w1", cm.StreamReadOpen(1, "/", "s", int(OffsetType.FIRST), 0, 10, values, False))
+    served = link.served[("w1", 1)]
+    assert served.preparing is not None and host.sent == []
+    turns = 0
+    while not host.sent:
+        await asyncio.sleep(0)
+        turns += 1
+    assert turns > 1 and served.preparing is None  # (each turn's steps bounded: tests/unit/test_turns.py)
+    (chunks,) = host.sent
+    assert isinstance(chunks, cm.StreamReadChunks) and len(chunks.chunks) == 1
+    assert served.query is not None and list(served.query.prepare(DEFAULT_FILTER_SIZE * 8)) == []

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import gzip
 import socket
+import threading
 import time
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
+from tests.conftest import start_server
 from tests.mgmt.helpers import StallProbe, wait_for
 from tests.mgmt.sockets import assert_kept_answering, start_probe
 
@@ -300,61 +303,186 @@ def test_eight_super_streams_of_128_partitions_created_at_once(stream_server: St
     create_super_streams(stream_server, "eight", 8)
 
 
-def subscribe_of_tiny_fields(corr: int, subscription_id: int, stream: str) -> bytes:
-    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of distinct short values (the issue's frame)."""
+def subscribe_of_tiny_fields(corr: int, subscription_id: int, stream: str, count: int = 45_000) -> bytes:
+    """A subscribe of ~1 MiB: 45,000 properties `filter.N` of distinct short values (the issue's frame),
+    or `count` of them."""
     return sc.encode(sc.Subscribe(corr, subscription_id, stream, OffsetSpec(OffsetType.FIRST), 10,
-                                  {f"filter.{i}": f"{i:x}" for i in range(45_000)}))  # (i = 10: "a", fill's value)
+                                  {f"filter.{i}": f"{i:x}" for i in range(count)}))  # (i = 10: "a", fill's value)
 
 
-def subscribes_of_tiny_fields(server: StreamServer, frames: int) -> None:
-    """`frames` such subscribes on one connection, back to back, with the stall probe, to a stream of 20
-    filtered chunks: each decoded and its filter hashed in steps across loop turns, and subscribed, as
-    RabbitMQ does (45,000 values on a 16-byte filter match every chunk: each subscription is delivered
-    its 10 credits' worth); the connection goes on."""
-    attacker = RawStream(server.port)
-    stream = f"tiny-{frames}"
-    fill(attacker, stream, 20)
-    rss_before = rss_bytes(server.info.proc.pid)
-    probe = start_probe(server.info.amqp_port)
+def tiny_fields_on_one_connection(port: int, stream: str, frames: int, together: threading.Barrier | None = None,
+                                  count: int = 45_000) -> tuple[list[int], int]:
+    """`frames` such subscribes back to back on a connection of its own: the response codes, in order, and
+    the chunks delivered meanwhile; then a command answered (the connection goes on). With `together`,
+    the connection (and what it subscribed) stays until every party of it got there."""
+    attacker = RawStream(port)
     try:
         first = attacker.corr + 1
-        started = time.monotonic()
-        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, 1 + i, stream) for i in range(frames)))
-        answers: list[sc.Command] = []
+        attacker.sock.sendall(b"".join(subscribe_of_tiny_fields(first + i, 1 + i, stream, count)
+                                       for i in range(frames)))
+        codes: list[int] = []
         delivered = 0
-        while len(answers) < frames:
+        while len(codes) < frames:
             (got,) = attacker.receive(1, timeout=120)
             if isinstance(got, sc.Deliver):
                 delivered += 1
-            else:
-                answers.append(got)
-        answered_s = time.monotonic() - started
-        assert answers == [sc.Response(Key.SUBSCRIBE, first + i, Code.OK) for i in range(frames)]
+                continue
+            assert isinstance(got, sc.Response) and got.key == Key.SUBSCRIBE, got
+            assert got.correlation_id == first + len(codes), got
+            codes.append(got.code)
         attacker.corr = first + frames - 1
-        attacker.send(sc.StreamStats(attacker.next_corr(), stream))  # the connection goes on
+        attacker.send(sc.StreamStats(attacker.next_corr(), stream))
         while not isinstance(got, sc.StreamStatsResponse):
             (got,) = attacker.receive(1, timeout=120)
             delivered += isinstance(got, sc.Deliver)
-        assert got.code == Code.OK and delivered <= 10 * frames
+        assert got.code == Code.OK
+        if together is not None:
+            together.wait(300)
+        return codes, delivered
+    finally:
+        attacker.close()
+
+
+def subscribes_of_tiny_fields(server: StreamServer, frames: int, connections: int = 1) -> list[list[int]]:
+    """`frames` such subscribes on each of `connections` connections (each its own thread, all at once),
+    back to back, with the stall probe, to a stream of 20 filtered chunks: each decoded in steps across
+    loop turns. A connection keeps at most `stream.max_subscription_properties_bytes` (16 MiB) for its
+    subscriptions' properties, and all of them together at most `..._bytes_total` (256 MiB) beyond their
+    first MiB each: the first subscribe of a connection is taken (~10 MiB; 45,000 values on a 16-byte
+    filter match every chunk: it is delivered its 10 credits' worth) while the total allows, every other
+    one is refused with PRECONDITION_FAILED, its preparation stopped at the budget. The response codes
+    of each connection, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    setup = RawStream(server.port)
+    stream = f"tiny-{frames}-{connections}"
+    fill(setup, stream, 20)
+    setup.close()
+    rss_before = rss_bytes(server.info.proc.pid)
+    peak = rss_before
+    probe = start_probe(server.info.amqp_port)
+    try:
+        started = time.monotonic()
+        together = threading.Barrier(connections + 1)  # (+ this thread: the connections stay while RSS is read)
+        with ThreadPoolExecutor(connections) as pool:
+            runs = [pool.submit(tiny_fields_on_one_connection, server.port, stream, frames, together)
+                    for _ in range(connections)]
+            while together.n_waiting < connections and not any(run.done() for run in runs):
+                peak = max(peak, rss_bytes(server.info.proc.pid))
+                time.sleep(0.05)
+            answered_s = time.monotonic() - started
+            held = rss_bytes(server.info.proc.pid)
+            if any(run.done() for run in runs):
+                together.abort()  # one failed (its result raises below): the others stop waiting
+            else:
+                together.wait(300)
+            while not all(run.done() for run in runs):
+                peak = max(peak, rss_bytes(server.info.proc.pid))
+                time.sleep(0.05)
+            results = [run.result() for run in runs]
     finally:
         stop(probe)
-    print(f"{frames} frames answered in {answered_s:.2f} s; stall {probe.longest_s * 1000:.0f} ms; "
-          f"RSS {rss_before >> 20} -> {rss_bytes(server.info.proc.pid) >> 20} MiB")
-    attacker.close()
+    codes = [r[0] for r in results]
+    taken = sum(c.count(Code.OK) for c in codes)
+    print(f"{frames} frames on each of {connections} connections answered in {answered_s:.2f} s, {taken} taken; "
+          f"stall {probe.longest_s * 1000:.0f} ms; RSS {rss_before >> 20} -> peak {peak >> 20}, held {held >> 20} -> "
+          f"{rss_bytes(server.info.proc.pid) >> 20} MiB after")
     assert_kept_answering(probe)
+    for connection_codes, delivered in results:
+        assert connection_codes[1:] == [Code.PRECONDITION_FAILED] * (frames - 1)  # over the connection's 16 MiB
+        assert delivered <= 10 * connection_codes.count(Code.OK)
+    assert taken <= (256 << 20) // (9 << 20) + 1  # the total, beyond each connection's first MiB
+    return codes
 
 
 def test_a_frame_of_45000_tiny_properties_is_decoded_across_turns(stream_server: StreamServer) -> None:
     """Session 16: a 1 MiB subscribe of 45,000 `filter.N` properties was decoded on the loop at once,
     116 ms [1.5], and was then refused at its count (past 1,024 entries, where RabbitMQ accepts it);
-    now it is decoded in steps of `wire.STEP_ENTRIES` entries, at most `TURN_S` a turn, and subscribed."""
-    subscribes_of_tiny_fields(stream_server, 4)
+    now it is decoded in steps of `wire.STEP_ENTRIES` entries, at most `TURN_S` a turn, and subscribed;
+    the next three on the same connection are over its 16 MiB of properties and refused."""
+    (codes,) = subscribes_of_tiny_fields(stream_server, 4)
+    assert codes == [Code.OK] + [Code.PRECONDITION_FAILED] * 3
 
 
-@pytest.mark.slow  # ~35 s at load 8 (niced): 48 MB sent and decoded, 64 subscriptions
+@pytest.mark.slow  # ~10 s at load 3 (niced): 64 MB sent and decoded
 def test_a_flood_of_frames_of_tiny_properties(stream_server: StreamServer) -> None:
-    """64 such frames back to back: 64 subscriptions of 45,000 filter values each."""
-    subscribes_of_tiny_fields(stream_server, 64)
+    """64 such frames back to back on one connection. Session 17 took them all: 64 subscriptions of
+    45,000 filter values, RSS 135 -> 798 MiB [3.2-3.6]; now the first is taken and 63 refused."""
+    (codes,) = subscribes_of_tiny_fields(stream_server, 64)
+    assert codes[0] == Code.OK
+
+
+@pytest.mark.slow  # ~20 s at load 3 (niced): 64 MB sent and decoded, 29 subscriptions of ~10 MiB
+def test_frames_of_tiny_properties_from_many_connections_meet_the_total(fresh_stream_server: StreamServer) -> None:
+    """One such frame on each of 64 connections at once: each connection's first is within its own
+    budget, but what they keep together beyond their first MiB each stops at 256 MiB
+    (`stream.max_subscription_properties_bytes_total`): ~29 taken, the others refused."""
+    codes = subscribes_of_tiny_fields(fresh_stream_server, 1, connections=64)
+    assert 20 <= sum(c == [Code.OK] for c in codes) < 64
+
+
+TOTAL_6_MIB = "stream.max_subscription_properties_bytes_total = 6291456\n"
+HELD_VALUES = 15_000  # ~3.3 MiB kept a subscription: 2.3 MiB of it beyond its connection's first MiB
+
+
+@pytest.mark.asyncio
+async def test_ordinary_filters_subscribe_while_the_total_is_spent(tmp_path: Path) -> None:
+    """A node whose connections may keep 6 MiB of subscription properties beyond their first MiB each:
+    two connections' frames of 15,000 values (~330 KB each, decoded in steps) take 4.6 MiB of it, a
+    third's is refused for the total (PRECONDITION_FAILED, one log line); an rstream consumer with 3,000
+    filter values (rstream's own test; ~0.6 MiB, within its connection's first MiB) still subscribes and
+    reads what it filtered for, while an rstream subscribe of 20,000 values (4.4 MiB) gets rstream's
+    PreconditionFailed. Once a holder leaves, the third's frame is taken. (Session 18 ran it at 45,000
+    values a frame and a total of 20 MiB, ~9 s; the sizes are a third, the path the same.)"""
+    import asyncio
+
+    from rstream import (
+        Consumer,
+        ConsumerOffsetSpecification,
+        FilterConfiguration,
+        MessageContext,
+    )
+    from rstream import OffsetType as RsOffset
+    from rstream.exceptions import PreconditionFailed
+
+
+    info = start_server(tmp_path, "--stream-port", "0", config_text=TOTAL_6_MIB)
+    port = info.ports["stream"]
+    try:
+        setup = RawStream(port)
+        fill(setup, "spent", 20)
+        holders = [RawStream(port) for _ in range(2)]
+        for holder in holders:
+            holder.ok(sc.Subscribe(holder.next_corr(), 1, "spent", OffsetSpec(OffsetType.FIRST), 0,
+                                   {f"filter.{i}": f"{i:x}" for i in range(HELD_VALUES)}))
+        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1, None, HELD_VALUES)
+        assert codes == [Code.PRECONDITION_FAILED]  # its own 16 MiB allow it; the total does not
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        async def on_message(msg: bytes, ctx: MessageContext) -> None:  # (no decoder: the message as stored)
+            got.append(msg)
+            done.set()
+
+        wanted = ["a"] + [f"v{i}" for i in range(1, 3000)]  # "a": fill's filter value
+        async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as consumer:
+            await consumer.start()
+            await consumer.subscribe("spent", on_message, offset_specification=ConsumerOffsetSpecification(
+                RsOffset.FIRST, None), filter_input=FilterConfiguration(wanted, lambda m: True))
+            await asyncio.wait_for(done.wait(), 30)
+        async with Consumer("127.0.0.1", port=port, username="guest", password="guest") as large:
+            await large.start()
+            with pytest.raises(PreconditionFailed):  # 4.4 MiB: 3.4 past its first, 1.4 left in the total
+                await large.subscribe("spent", on_message, filter_input=FilterConfiguration(
+                    [f"w{i}" for i in range(20_000)], lambda m: True))
+        assert got[0] == MESSAGE
+        holders.pop().close()
+        (codes, _) = await asyncio.to_thread(tiny_fields_on_one_connection, port, "spent", 1, None, HELD_VALUES)
+        assert codes == [Code.OK]
+        log = info.log_path.read_text()
+        assert "refused: the subscriptions' properties of all connections would keep more than 6291456" in log
+    finally:
+        info.stop()
 
 
 def committed_chunk_id(client: RawStream, stream: str) -> int:

@@ -136,6 +136,28 @@ def test_a_bloom_query_of_many_values_answers_as_bloom_may_match(values: list[by
     assert query.cost == 1 + min(count, 2048)
 
 
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.binary(max_size=3), max_size=3 * ck.BloomQuery.PREPARE_STEP), st.booleans(),
+       st.lists(st.binary(max_size=6), max_size=12), st.sampled_from([1, 16, 255]))
+def test_a_bloom_query_built_in_steps_is_the_one_made_at_once(values: list[bytes], unfiltered: bool,
+                                                              chunk_values: list[bytes], size: int) -> None:
+    """`BloomQuery.build` (a remote reader's filter at the stream's home, a subscribe's: in steps of
+    `PREPARE_STEP` values) makes the query the constructor makes: the same values, cost and answers."""
+    steps = ck.BloomQuery.build(values, unfiltered)
+    yields = 0
+    try:
+        while True:
+            next(steps)
+            yields += 1
+    except StopIteration as done:
+        built = done.value
+    once = ck.BloomQuery(values, unfiltered)
+    assert yields == max(0, (len(values) - 1) // ck.BloomQuery.PREPARE_STEP)
+    assert (built.values, built.cost, built.match_unfiltered) == (once.values, once.cost, once.match_unfiltered)
+    bits = ck.bloom(chunk_values, size)
+    assert built.may_match(bits) == once.may_match(bits) == ck.bloom_may_match(bits, values, unfiltered)
+
+
 def test_bloom_query_forgets_filter_sizes_past_its_memo() -> None:
     query = ck.BloomQuery([b"eu", b"us"], False)
     for size in range(1, 3 * ck.BloomQuery.MAX_SIZES):

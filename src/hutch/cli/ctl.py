@@ -178,41 +178,113 @@ class Output:
 
 class FieldTable(dict[str, Any]):
     """An AMQP field table column (`arguments`, `client_properties`): JSON in `--formatter json` (a dict),
-    rabbitmqctl's Erlang terms in table output (`erlang_term`)."""
+    rabbitmqctl's Erlang terms in table output (`term`, `erlang_term`)."""
+
+    def term(self) -> str:
+        return erlang_term(self)
 
 
-def erlang_term(value: Any) -> str:
+class StreamMap(FieldTable):
+    """A stream-protocol map column (a stream consumer's `properties`): in table output the Erlang map
+    of binaries rabbitmq-streams prints (`#{<<"k">> => <<"v">>,...}`, keys in byte order)."""
+
+    def term(self) -> str:
+        return erlang_term(self, binaries=True)
+
+
+class StreamTable(FieldTable):
+    """A stream connection's `client_properties`: in table output the AMQP table of binaries
+    rabbitmq-streams prints (RabbitMQ converts the peer properties with `rabbit_misc:to_amqp_table`):
+    `[{<<"k">>,longstr,<<"v">>},...]`, keys in byte order."""
+
+    def term(self) -> str:
+        return erlang_term([(k, Atom(_amqp_type(v)), v) for k, v in sorted(self.items(), key=_key_bytes)],
+                           binaries=True)
+
+
+class Atom(str):
+    """An Erlang atom in `erlang_term` (printed as it is)."""
+
+
+def _key_bytes(item: tuple[str, Any]) -> bytes:
+    return item[0].encode()
+
+
+def _amqp_type(value: Any) -> str:
+    """The type RabbitMQ's `to_amqp_table` gives a value (rabbit_misc:type_val)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    return "longstr"
+
+
+# the bytes Erlang's `~p` prints inside <<"...">> (io_lib's printable latin-1 list), with their escapes
+_ERLANG_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f",
+                   13: "\\r", 27: "\\e"}
+_ERLANG_PRINTABLE = frozenset([*range(32, 127), *range(160, 256), *_ERLANG_ESCAPES])
+
+
+def erlang_binary(text: str) -> str:
+    """A string as Erlang's `~p` prints it as a binary (UTF-8): `<<"text">>` when every byte is printable
+    latin-1 (each byte one character, as `~p` without `t` shows it), else its bytes `<<226,130,172>>`."""
+    raw = text.encode()
+    if not raw:
+        return "<<>>"
+    if not all(b in _ERLANG_PRINTABLE for b in raw):
+        return "<<" + ",".join(map(str, raw)) + ">>"
+    return '<<"' + "".join(_ERLANG_ESCAPES.get(b, chr(b)) for b in raw) + '">>'
+
+
+def erlang_term(value: Any, binaries: bool = False) -> str:
     """A field table's value as rabbitmqctl 3.10.8's table formatter prints it: a table
     `[{"k",v},...]` (`[]` when empty), an array `[v,...]`, a string `"..."` (quotes and backslashes
     escaped), `true`/`false`, a void `undefined`, numbers as they are. (The API's JSON has lost what
-    a byte array or a decimal was: they print as a string and a number.)"""
+    a byte array or a decimal was: they print as a string and a number.) With `binaries`, a
+    stream-protocol value as rabbitmq-streams' pretty table prints the term (`~p`, on one line): strings
+    are binaries (`erlang_binary`), a dict an Erlang map `#{k => v,...}` (keys in byte order, as Erlang
+    orders a small map's), a tuple `{a,b}`, an `Atom` as it is."""
     if isinstance(value, dict):
+        if binaries:
+            return "#{" + ",".join(f"{erlang_term(str(k), True)} => {erlang_term(v, True)}"
+                                   for k, v in sorted(value.items(), key=_key_bytes)) + "}"
         return "[" + ",".join(f"{{{erlang_term(str(k))},{erlang_term(v)}}}" for k, v in value.items()) + "]"
     if isinstance(value, list):
-        return "[" + ",".join(erlang_term(v) for v in value) + "]"
+        return "[" + ",".join(erlang_term(v, binaries) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "{" + ",".join(erlang_term(v, binaries) for v in value) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "undefined"
+    if isinstance(value, Atom):
+        return str(value)
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return erlang_binary(value) if binaries else json.dumps(value, ensure_ascii=False)
     return str(value)
 
 
-def _table_field(name: str, sort: bool = False) -> Callable[[dict[str, Any]], Any]:
-    """A field table column; `sort`: by key, as RabbitMQ stores a binding's arguments."""
+def _table_field(name: str, sort: bool = False, kind: type[FieldTable] = FieldTable) -> Callable[[dict[str, Any]], Any]:
+    """A field table column; `sort`: by key, as RabbitMQ stores a binding's arguments; `kind`: how table
+    output prints it."""
     def get(item: dict[str, Any]) -> Any:
         value = item.get(name)
         if not isinstance(value, dict):
             return value
-        return FieldTable(sorted(value.items()) if sort else value)
+        return kind(sorted(value.items()) if sort else value)
 
     return get
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, FieldTable):
-        return erlang_term(value)
+        return value.term()
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -444,19 +516,24 @@ def _vhost_missing(a: argparse.Namespace) -> str:
 
 def _stream_clients(what: str, columns: tuple[str, ...]) -> ListSpec:
     """The stream consumers or publishers of a vhost: `connection_pid` first, all columns by default."""
-    return ListSpec(path=lambda a: f"/api/stream/{what}/{seg(a.vhost)}",
-                    columns=_fields(*columns[1:]) | {"connection_pid": _connection_name}, default=columns,
+    fields = _fields(*columns[1:]) | {"connection_pid": _connection_name}
+    if "properties" in fields:
+        fields["properties"] = _table_field("properties", kind=StreamMap)
+    return ListSpec(path=lambda a: f"/api/stream/{what}/{seg(a.vhost)}", columns=fields, default=columns,
                     banner=lambda a: f"Listing stream {what} ...", not_found=_vhost_missing)
 
 
 # rabbitmqctl's (and rabbitmq-streams') stream-protocol lists, with their column names and defaults; where
-# they show an Erlang pid (connection_pid) hutch shows the connection's name, as for list_consumers
+# they show an Erlang pid (connection_pid) hutch shows the connection's name, as for list_consumers. Their
+# map cells print as RabbitMQ 3.10's rabbitmq_stream commands print them (its PrettyTable formatter: `~p`
+# of the term): `properties` a map of binaries, `client_properties` an AMQP table of binaries
 STREAM_LISTS: dict[str, ListSpec] = {
     "list_stream_connections": ListSpec(
         path=lambda a: "/api/stream/connections",
         columns=_fields("port", "peer_port", "host", "peer_host", "user", "vhost", "subscriptions", "publishers",
-                        "auth_mechanism", "heartbeat", "frame_max", "client_properties", "connected_at", "ssl",
-                        "node") | {"conn_name": lambda i: i.get("name"), "connection_state": lambda i: i.get("state")},
+                        "auth_mechanism", "heartbeat", "frame_max", "connected_at", "ssl",
+                        "node") | {"conn_name": lambda i: i.get("name"), "connection_state": lambda i: i.get("state"),
+                                   "client_properties": _table_field("client_properties", kind=StreamTable)},
         default=("conn_name",),
         banner=lambda a: "Listing stream connections ...",
     ),

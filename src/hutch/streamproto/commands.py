@@ -747,6 +747,17 @@ def decode_steps(frame: bytes) -> Steps:
     return _decoded(key, r, (yield from cls.steps(version, r)))
 
 
+def subscribe_head(frame: bytes) -> Subscribe:
+    """A subscribe's fields before its properties (given as {}), read from `frame` (its content after the
+    size) without reading the properties: what a refusal of a subscribe whose properties were not all
+    read needs (its correlation id, subscription id and stream). Raises UnknownFrame."""
+    key, version, r, cls = _decoder(frame)
+    if cls is not Subscribe:
+        raise UnknownFrame(f"not a subscribe: key 0x{key:04x} version {version}")
+    correlation_id, subscription_id, stream, offset, credit = (spec.read(r) for spec in Subscribe.FIELDS[:-1])
+    return Subscribe(correlation_id, subscription_id, stream, offset, credit, {})
+
+
 def encode(cmd: Command) -> bytes:
     """The whole frame for `cmd`, size prefix included."""
     out = bytearray(8)
@@ -780,5 +791,5 @@ __all__ = ["DECODERS", "Close", "Command", "ConsumerUpdate", "ConsumerUpdateResp
            "QueryPublisherSequence", "QueryPublisherSequenceResponse", "ResolveOffsetSpec",
            "ResolveOffsetSpecResponse", "Response", "Route", "RouteResponse", "SaslAuthenticate",
            "SaslAuthenticateResponse", "SaslHandshake", "SaslHandshakeResponse", "StoreOffset",
-           "StreamStats", "StreamStatsResponse", "SubBatchEntry", "Subscribe", "Tune", "TuneResponse",
+           "StreamStats", "StreamStatsResponse", "SubBatchEntry", "Subscribe", "subscribe_head", "Tune", "TuneResponse",
            "Unsubscribe", "answered_plainly", "decode", "decode_steps", "deliver_header", "encode", "request_key"]

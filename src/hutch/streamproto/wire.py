@@ -11,7 +11,9 @@ the memory). A map or array holds any count its frame holds, as RabbitMQ's `pars
 frame holds ~45,000 small entries, ~100 ms of decoding. `Field.steps` is `read` as a generator that
 yields after every `STEP_ENTRIES` entries of a map or array, so that the connection decodes a large
 command across loop turns (runtime/stream_session/connection.py, `STEP_BYTES`) and never spends a
-frame's worth of decoding in one turn.
+frame's worth of decoding in one turn; each yield is the list of what that array has read so far (a map's
+(key, value) pairs), so the caller can count what the decoding holds as it grows (a subscribe's
+properties against the connection's budget: stream_session/consuming.py) and stop it.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ class In:
         return bytes(chunk)
 
 
-Steps = Generator[None, None, Any]
-"""A stepped read (`Field.steps`): yields between slices of work, returns the value."""
+Steps = Generator[Any, None, Any]
+"""A stepped read (`Field.steps`): yields between slices of work (an array: what it read so far, for the
+caller to read and never change; anything else: None), returns the value."""
 
 
 def one_step(value: Any) -> Steps:
@@ -242,7 +245,7 @@ class Array(Field):
         items: list[Any] = []
         for start in range(0, count, STEP_ENTRIES):
             if start:
-                yield
+                yield items
             items += self._elements(r, min(STEP_ENTRIES, count - start))
         return items
 

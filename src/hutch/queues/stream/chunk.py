@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -189,8 +189,8 @@ class BloomQuery:
     check looks at each bit set in the chunk's filter (at most its size, 2,040 bits). `cost` is what one
     chunk's check counts against a reader's work per loop turn (the caller's budget), so thousands of
     values skip fewer chunks per turn, not the same number more slowly. `prepare(bit_size)` hashes the
-    values for a filter size in steps of `PREPARE_STEP` (a caller spreads them over loop turns); a check
-    of a size not prepared hashes them all at once.
+    values for a filter size in steps of `PREPARE_STEP` (a caller spreads them over loop turns), and
+    `build` makes the query itself in such steps; a check of a size not prepared hashes them all at once.
 
     Invariant: `may_match(bits) == bloom_may_match(bits, values, match_unfiltered)` for every filter."""
 
@@ -205,6 +205,21 @@ class BloomQuery:
         self.match_unfiltered = match_unfiltered
         self.cost = 1 + min(len(self.values), 2048)  # (a table's check: at most the filter's 2,040 bits)
         self._masks: dict[int, tuple[int, ...] | dict[int, int]] = {}
+
+    @classmethod
+    def build(cls, values: Sequence[bytes], match_unfiltered: bool) -> Generator[None, None, BloomQuery]:
+        """The query `BloomQuery(values, match_unfiltered)`, with its values' duplicates and empty ones
+        dropped in steps of PREPARE_STEP values (45,000 values at once are ~10 ms: a caller spreads the
+        steps over loop turns)."""
+        unique: dict[bytes, None] = {}
+        for start in range(0, len(values), cls.PREPARE_STEP):
+            if start:
+                yield
+            unique.update(dict.fromkeys(v for v in values[start:start + cls.PREPARE_STEP] if v))
+        query = cls((), match_unfiltered)
+        query.values = tuple(unique)
+        query.cost = 1 + min(len(query.values), 2048)
+        return query
 
     def prepare(self, bit_size: int) -> Iterator[None]:
         """Hash the values for filters of `bit_size` bits, yielding after every PREPARE_STEP values."""

@@ -11,7 +11,12 @@ answered with where to start).
 Rules: the pump sends at most `PUMP_CHUNKS` chunks per turn (then yields to the loop), hands what it
 read to the transport every `FLUSH_BYTES`, and stops while the transport's write buffer is full; a filter skips chunks whose bloom filter cannot match, at most
 `PUMP_SKIPS` units of work per turn (a chunk looked at costs one per filter value, at most 2,049:
-`BloomQuery.cost`); a subscribe of many filter values is prepared in steps before it is applied (`prepare`). A subscription holds a reader (a position), never the log. A subscription to a
+`BloomQuery.cost`); a subscribe of many filter values is prepared in steps before it is applied (`prepare`). A subscription holds a reader (a position), never the log.
+The bytes a subscription keeps for its properties and filter values (`properties_cost`, in proportion to
+what Python keeps for them) are counted against the connection's and the process's budget
+(hub.PropertiesBudget): a subscribe past it is refused with PRECONDITION_FAILED, as RabbitMQ answers a
+subscribe past its subscriptions per connection, and logged (throttled); `prepare` stops at once when a
+frame is over what the connection may still take. A subscription to a
 stream whose one copy on a node of workers is another worker's (`StreamCatalog.home`) reads there
 (home_link.py, `StreamReaderLink`): its chunks arrive as stored, each for a credit the client gave, and
 wait (`backlog`) while the client's socket is full.
@@ -31,9 +36,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from hutch.core.logsafe import suppressed_note
 from hutch.queues.stream import chunk as ck
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.stream_session import super_streams
@@ -59,9 +65,42 @@ log = logging.getLogger("hutch.stream")
 PUMP_CHUNKS = 64
 PUMP_SKIPS = 4096
 PREPARE_ITEMS = 2048  # a subscribe's properties looked at in one step of `prepare`
+PROPERTY_BYTES = 160  # what a kept property costs beyond its characters: a dict slot and two str objects
+#                       (tracemalloc: 140-165 bytes an entry of a decoded subscribe's map)
+FILTER_VALUE_BYTES = 48  # and a filter value, beyond its length: its bytes object and its place in two lists
 FLUSH_BYTES = 1 << 20  # chunk data put in the output before it is handed to the transport (whose high
 #                        mark then pauses the pump): without it one turn of 256 subscriptions × PUMP_CHUNKS
 #                        chunks of a stream of large chunks would be read into memory before any write
+
+
+def properties_cost(properties: dict[str, str], keys: Iterable[str]) -> int:
+    """The bytes a subscription keeps for the properties `keys` of `properties` (and for their filter
+    values, `filter.N`): their characters and what Python keeps for each (`PROPERTY_BYTES`,
+    `FILTER_VALUE_BYTES`). A 1 MiB subscribe of 45,000 short `filter.N` costs ~10 MiB (tracemalloc
+    counted 9.6 MiB), a subscribe of a handful of properties ~1 KiB."""
+    return pairs_cost((key, properties[key]) for key in keys)
+
+
+def pairs_cost(pairs: Iterable[tuple[str, str]]) -> int:
+    """`properties_cost` of (key, value) pairs (a map as its decoding reads it, repeated keys and all)."""
+    cost = 0
+    for key, value in pairs:
+        cost += len(key) + len(value) + PROPERTY_BYTES
+        if key.startswith("filter."):
+            cost += len(value) + FILTER_VALUE_BYTES
+    return cost
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A subscribe's work done ahead (`Consuming.decode_subscribe`, `prepare`): its filter values and
+    query and its cost, reserved in the budget; or why it is refused (nothing reserved)."""
+
+    cmd: c.Subscribe
+    values: list[bytes] = field(default_factory=list)
+    query: ck.BloomQuery | None = None
+    cost: int = 0
+    refused: str | None = None
 
 
 @dataclass(eq=False)
@@ -88,6 +127,7 @@ class Subscription:
     granted: int = 0  # read remotely: chunks the home may still send (home_link.REMOTE_WINDOW at most)
     next_offset: int | None = None  # read remotely: the offset after the last chunk delivered
     committed_offset: int = -1  # read remotely: the stream's committed chunk id as last told
+    kept_bytes: int = 0  # its properties and filter values, as counted by `properties_cost`
 
     @property
     def active(self) -> bool:
@@ -105,30 +145,104 @@ class Consuming:
         self._next_remote = 0  # where `_top_up` starts next (round-robin over the remote subscriptions)
         # stream → reference → offset, stored since the last `coalesce_offsets` (at most a turn's commands)
         self.pending_offsets: dict[str, dict[bytes, int]] = {}
-        # a subscribe's filter prepared ahead (`prepare`): (the command, its values, its query)
-        self._prepared: tuple[c.Subscribe, list[bytes], ck.BloomQuery | None] | None = None
+        self._prepared: Prepared | None = None  # a subscribe's work done ahead
+        self.kept_bytes = 0  # Invariant: the subscriptions' `kept_bytes` + `reserved`, as the budget counts it
+        self.reserved = 0  # of them, a subscribe's being decoded or prepared (`decode_subscribe`, `prepare`)
+
+    # -- the bytes kept for properties (hub.PropertiesBudget) ------------------------------------------
+    def _reserve(self, cost: int) -> str | None:
+        """Count `cost` more bytes of a subscribe in hand; else why not (nothing counted)."""
+        refused = self.conn.hub.properties.admit(self.kept_bytes, cost)
+        if refused is None:
+            self.kept_bytes += cost
+            self.reserved += cost
+        return refused
+
+    def _unreserve(self, cost: int | None = None) -> None:
+        """Give back `cost` (all, by default) of what a subscribe in hand counted."""
+        cost = self.reserved if cost is None else cost
+        assert 0 <= cost <= self.reserved
+        if cost:
+            self.conn.hub.properties.release(self.kept_bytes, cost)
+            self.kept_bytes -= cost
+            self.reserved -= cost
+
+    def decode_subscribe(self, frame: bytes) -> Steps:
+        """A large subscribe's decoding in steps (`commands.decode_steps`), with what its properties hold
+        so far counted against the budget as they are read (`pairs_cost`): past it the decoding stops
+        (what it read is dropped) and the command is its fields before the properties
+        (`commands.subscribe_head`), which `subscribe` refuses after its other checks. So a flood of
+        such frames from many connections holds at most the budget in decoded properties, not a frame's
+        ~10 MiB each."""
+        self._unreserve()
+        steps = c.decode_steps(frame)
+        seen = 0
+        try:
+            while True:
+                read = next(steps)
+                if isinstance(read, list):
+                    refused = self._reserve(pairs_cost(read[seen:]))
+                    seen = len(read)
+                    if refused is not None:
+                        steps.close()
+                        self._unreserve()
+                        head = c.subscribe_head(frame)
+                        self._prepared = Prepared(head, refused=refused)
+                        return head
+                yield
+        except StopIteration as done:
+            return done.value
 
     def prepare(self, cmd: c.Subscribe) -> Steps:
         """The work of a subscribe in proportion to its properties, done ahead in steps that the
         connection spreads over loop turns as it decodes a large frame (connection.py, `STEP_BYTES`): its
-        filter values (`PREPARE_ITEMS` properties a step) and their `BloomQuery`, hashed for the stream's
-        filter size when the stream is read here (`BloomQuery.prepare`). `subscribe` takes what was
-        prepared for that command; anything it refuses is refused there, as for any subscribe."""
+        exact cost (`properties_cost`; what `decode_subscribe` reserved is settled to it) and filter
+        values (`PREPARE_ITEMS` properties a step) and their `BloomQuery` (`BloomQuery.build`), hashed
+        for the stream's filter size when the stream is read here (`BloomQuery.prepare`). Past what the connection may
+        take it stops. `subscribe` takes what was prepared for that command; anything it refuses is
+        refused there, as for any subscribe."""
+        if self._prepared is not None and self._prepared.cmd is cmd:
+            return  # refused while it was decoded
         props = cmd.properties
         keys = list(props)
         values: list[bytes] = []
+        limit = self.reserved + self.conn.hub.properties.room(self.kept_bytes)
+        cost = 0
         for start in range(0, len(keys), PREPARE_ITEMS):
             if start:
                 yield
-            values += [props[k].encode() for k in keys[start:start + PREPARE_ITEMS] if k.startswith("filter.")]
-        query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
+            part = keys[start:start + PREPARE_ITEMS]
+            cost += properties_cost(props, part)
+            if cost > limit:
+                break
+            values += [props[k].encode() for k in part if k.startswith("filter.")]
+        refused = self._reserve(cost - self.reserved) if cost > self.reserved else None
+        if refused is not None:
+            self._unreserve()
+            self._prepared = Prepared(cmd, refused=refused)
+            return
+        self._unreserve(self.reserved - cost)
+        query = None
+        if values:
+            yield
+            query = yield from ck.BloomQuery.build(values, props.get("match-unfiltered", "").lower() == "true")
         handle = self.conn.catalog.lookup(self.conn.vhost.name, cmd.stream)
         if query is not None and handle is not None and not handle.closed:
             yield from query.prepare(handle.options.filter_size_bytes * 8)
-        self._prepared = (cmd, values, query)
+        self._prepared = Prepared(cmd, values, query, cost)
 
     # -- subscribe / unsubscribe --------------------------------------------------------------------
     def subscribe(self, cmd: c.Subscribe) -> None:
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.cmd is not cmd:
+            prepared = None
+            self._unreserve()  # (a subscribe in hand is this one)
+        try:
+            self._subscribe(cmd, prepared)
+        finally:
+            self._unreserve()  # refused: nothing kept (taken: `reserved` is the subscription's now)
+
+    def _subscribe(self, cmd: c.Subscribe, prepared: Prepared | None) -> None:
         conn = self.conn
         if cmd.subscription_id in self.subscriptions:
             raise CommandError(f"subscription {cmd.subscription_id} exists", Code.SUBSCRIPTION_ID_ALREADY_EXISTS)
@@ -140,14 +254,23 @@ class Consuming:
         name = props.get("name", "")
         if sac and not name:
             raise CommandError("single active consumer needs a name", Code.PRECONDITION_FAILED)
-        prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] is cmd:
-            values, query = prepared[1], prepared[2]
-        else:
-            values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
-            query = filter_query(values, props.get("match-unfiltered", "").lower() == "true")
-        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, values,
-                           props.get("match-unfiltered", "").lower() == "true", query=query, home=home)
+        if prepared is None:  # (a frame of at most STEP_BYTES: a few hundred properties)
+            cost = properties_cost(props, props)
+            prepared = Prepared(cmd, cost=cost, refused=self._reserve(cost))
+            if prepared.refused is None:
+                prepared.values = [v.encode() for k, v in props.items() if k.startswith("filter.")]
+                prepared.query = filter_query(prepared.values, props.get("match-unfiltered", "").lower() == "true")
+        if prepared.refused is not None:
+            left_out = conn.hub.properties.refusals_log.admit(conn.clock.time())
+            if left_out is not None:
+                log.warning("stream connection %s: subscribe %d to %s refused: %s%s", conn.name,
+                            cmd.subscription_id, cmd.stream, prepared.refused, suppressed_note(left_out))
+            raise CommandError(f"subscription {cmd.subscription_id}: {prepared.refused}", Code.PRECONDITION_FAILED)
+        assert self.reserved == prepared.cost
+        sub = Subscription(cmd.subscription_id, cmd.stream, handle, cmd.offset, cmd.credit, props, prepared.values,
+                           props.get("match-unfiltered", "").lower() == "true", query=prepared.query, home=home,
+                           kept_bytes=prepared.cost)
+        self.reserved = 0  # (the subscription's now: still in `kept_bytes`)
         self.subscriptions[sub.subscription_id] = sub
         if handle is not None:
             sub.unwatch = handle.on_commit(lambda: self._wake(sub))
@@ -170,7 +293,9 @@ class Consuming:
         self.conn.respond(cmd, Code.OK)
 
     def _remove(self, sub: Subscription) -> None:
-        self.subscriptions.pop(sub.subscription_id, None)
+        if self.subscriptions.pop(sub.subscription_id, None) is sub:
+            self.conn.hub.properties.release(self.kept_bytes, sub.kept_bytes)
+            self.kept_bytes -= sub.kept_bytes
         if sub.unwatch is not None:
             sub.unwatch()
         self._stop_reading(sub)
@@ -189,6 +314,8 @@ class Consuming:
     def close_all(self) -> None:
         for sub in list(self.subscriptions.values()):
             self._remove(sub)
+        self._prepared = None
+        self._unreserve()
 
     def info(self) -> list[dict[str, object]]:
         """What management shows of each subscription (RabbitMQ's stream consumer fields); `offset_lag`:

@@ -16,6 +16,11 @@ worker's (its "home", `StreamCatalog.home`), over the worker link (records `Stre
   home does (`stats_of`, `resolve_in`: one rule for both).
 
 Rules:
+- A reader's filter is made and hashed for the stream's filter size at the home in steps of
+  `BloomQuery.PREPARE_STEP` values (`_prepare_step`), before it reads anything, as a local subscribe's
+  is (consuming.py, `prepare`): 45,000 values are ~40 ms of checks, dedup and hashing, not one turn's
+  work. The steps take turns with every connection's large frames within the loop's one budget a turn
+  (runtime/turns.py), so many readers opened at once do not add up either.
 - The home sends at most `PUMP_CHUNKS` chunks and `PUMP_BYTES` bytes per record and per loop turn (then
   goes on next turn), and never more chunks than the credit its reader was given. The subscription's
   worker gives the home at most `REMOTE_WINDOW` chunks of credit ahead of what its client's socket took
@@ -35,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +49,7 @@ from hutch.queues.stream import chunk as ck
 from hutch.queues.stream.offset_spec import OffsetSpec as CoreSpec
 from hutch.runtime.queue_types.stream.handle import StreamHandle, StreamReader
 from hutch.runtime.queue_types.stream_replication.service import entries_of
+from hutch.runtime.turns import scheduler_of
 from hutch.storage.errors import StorageError
 from hutch.streamproto.codes import Code, OffsetType
 from hutch.streamproto.wire import OffsetSpec
@@ -183,6 +189,7 @@ class _Served:
     query: ck.BloomQuery | None = None
     unwatch: Callable[[], None] | None = None
     scheduled: bool = False
+    preparing: Iterator[None] | None = None  # the query's hashing, while it goes on (`_prepare_step`)
 
 
 class StreamReaderLink:
@@ -326,7 +333,7 @@ class StreamReaderLink:
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_DOES_NOT_EXIST if handle is None
                                                                    else Code.STREAM_NOT_AVAILABLE)))
             return
-        if (peer, m.reader_id) in self.served or not all(type(v) is bytes for v in m.filters):
+        if (peer, m.reader_id) in self.served or type(m.filters) is not list:
             log.warning("dropped a malformed stream read from %s", peer)
             return
         try:
@@ -336,14 +343,54 @@ class StreamReaderLink:
             log.warning("stream %s: a read from %s refused: %r", m.stream, peer, exc)
             self.host.send(peer, cm.StreamReadEnd(m.reader_id, int(Code.STREAM_NOT_AVAILABLE)))
             return
-        served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20),
-                         filter_query(list(m.filters), m.match_unfiltered))
+        served = _Served(peer, m.reader_id, m.vhost, m.stream, handle, reader, min(max(m.credit, 0), 1 << 20))
         self.served[(peer, m.reader_id)] = served
         served.unwatch = handle.on_commit(lambda: self._schedule(served))
         if id(handle) not in self._watched:  # (one callback per handle, whatever its readers)
             self._watched[id(handle)] = handle
             handle.on_delete(lambda: self._deleted(handle))
-        self._pump(served)
+        if not m.filters:
+            self._pump(served)
+            return
+        served.preparing = self._filter_steps(served, m.filters, bool(m.match_unfiltered),
+                                              handle.options.filter_size_bytes * 8)
+        self._prepare_step(served, resumed=False)
+
+    @staticmethod
+    def _filter_steps(served: _Served, filters: list[Any], match_unfiltered: bool, bit_size: int) -> Iterator[None]:
+        """A reader's filter made (`BloomQuery.build`) and hashed for the stream's filter size
+        (`BloomQuery.prepare`) in steps of `BloomQuery.PREPARE_STEP` values, its values checked as it
+        goes; the reader's `query` once done (a malformed value: ValueError)."""
+        step = ck.BloomQuery.PREPARE_STEP
+        for start in range(0, len(filters), step):
+            if start:
+                yield
+            if not all(type(v) is bytes for v in filters[start:start + step]):
+                raise ValueError("a filter value that is not bytes")
+        query = yield from ck.BloomQuery.build(filters, match_unfiltered)
+        yield from query.prepare(bit_size)
+        served.query = query
+
+    def _prepare_step(self, served: _Served, resumed: bool = True) -> None:
+        """Steps of making a reader's filter (`_filter_steps`) as the loop's step budget allows
+        (runtime/turns.py: shared with every connection's large frames, round-robin); the rest in later
+        turns. The reader is served once it is done (a filter of fewer than `BloomQuery.PREPARE_STEP`
+        values: at once, unless others wait for their steps)."""
+        if self.served.get((served.peer, served.reader_id)) is not served or served.preparing is None:
+            return  # (ended meanwhile)
+        turns = scheduler_of(asyncio.get_running_loop())
+        try:
+            done, _ = turns.run_steps(served.preparing, resumed)
+        except ValueError as exc:
+            log.warning("dropped a malformed stream read from %s: %s", served.peer, exc)
+            self.served.pop((served.peer, served.reader_id), None)
+            self._drop(served)
+            return
+        if done:
+            served.preparing = None
+            self._pump(served)
+            return
+        turns.wait(lambda: self._prepare_step(served))
 
     def _deleted(self, handle: StreamHandle) -> None:
         """The stream was deleted here (by any path): its readers for other workers end at once."""
@@ -365,7 +412,7 @@ class StreamReaderLink:
             self._schedule(served)
 
     def _schedule(self, served: _Served) -> None:
-        if not served.scheduled and served.credit > 0:
+        if not served.scheduled and served.credit > 0 and served.preparing is None:
             served.scheduled = True
             asyncio.get_running_loop().call_soon(self._woken, served)
 
@@ -398,6 +445,7 @@ class StreamReaderLink:
 
     @staticmethod
     def _drop(served: _Served) -> None:
+        served.preparing = None
         if served.unwatch is not None:
             served.unwatch()
             served.unwatch = None

@@ -155,6 +155,7 @@ class StreamSession(Protocol):
 
     out: list[bytes | memoryview]
     clock: LoopClock
+    name: str  # as management lists it ("127.0.0.1:5xxxx -> 127.0.0.1:5552")
     hub: Any  # the node's StreamHub (hub.py)
     vhost: VirtualHost
     catalog: StreamCatalog
