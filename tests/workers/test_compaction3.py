@@ -1,0 +1,149 @@
+"""Compaction of load in a node of 3 workers: a third worker's hop publishers keep their order across a move.
+
+When an island moves from worker A to worker B, a worker C that is neither publishes to the queue
+through the hop: what it sent to A before it applied the move's record reaches B through A (held there
+during the move, or relayed once A applied the record), what it sends after goes straight to B. C's
+marker (`QueueMoved`, sent to A behind its last publish there and forwarded by A behind everything of
+C's) tells B when C's direct publishes may be taken (runtime/queue_types/remote.py). Here each worker
+has a pika publisher pinned to it (`workers.own_ports`) publishing a numbered sequence to one queue while
+its island (an idle consumer, one unacked delivery) is moved round the workers with the test hook
+(`SIGUSR1`: to the next worker), so every worker is A, B and C in turn. Every number arrives once, in
+order per publisher, and with confirms every one is confirmed positively.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aio_pika
+import pytest
+from tests.conftest import ServerInfo, start_server
+from tests.workers.test_compaction import CONFIG, force_move
+from tests.workers.test_locality import connect, declare_in, own_port
+from tests.workers.test_workers import until
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+WORKERS = 3
+
+
+@pytest.fixture(scope="module")
+def node3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
+    info = start_server(tmp_path_factory.mktemp("compaction3"), "--workers", str(WORKERS), config_text=CONFIG)
+    yield info
+    info.stop()
+
+
+class Publisher:
+    """A publisher pinned to one worker: its first publish goes to a queue of that worker (so connection
+    locality keeps it there, and with that channel's last publish elsewhere it is never of the island),
+    then it publishes `<worker>:<n>` to `queue` on another channel until told to stop. Without confirms a
+    pika publisher (nothing waited for); with them an aio-pika one keeping up to `WINDOW` publishes
+    unconfirmed, so several are in flight across a move (a nack raises: aio-pika's DeliveryError)."""
+
+    WINDOW = 50
+
+    def __init__(self, info: ServerInfo, worker: int, anchor: str, queue: str, confirms: bool) -> None:
+        self.info, self.worker, self.anchor, self.queue = info, worker, anchor, queue
+        self.sent = 0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        run = (lambda: asyncio.run(self._confirmed())) if confirms else self._unconfirmed
+        self.thread = threading.Thread(target=self._guarded, args=(run,), daemon=True)
+        self.thread.start()
+
+    def _guarded(self, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def _body(self) -> bytes:
+        body = b"%d:%d" % (self.worker, self.sent)
+        self.sent += 1
+        return body
+
+    def _unconfirmed(self) -> None:
+        with connect(self.info, self.worker) as conn:
+            conn.channel().basic_publish("", self.anchor, b"first")
+            ch = conn.channel()
+            while not self.stop.is_set():
+                ch.basic_publish("", self.queue, self._body())
+                conn.sleep(0.001)
+
+    async def _confirmed(self) -> None:
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{own_port(self.info, self.worker)}/")
+        try:
+            first = await conn.channel()
+            await first.default_exchange.publish(aio_pika.Message(b"first"), routing_key=self.anchor)
+            ch = await conn.channel(publisher_confirms=True)
+            window: deque[asyncio.Future[Any]] = deque()
+            while not self.stop.is_set():
+                window.append(asyncio.ensure_future(
+                    ch.default_exchange.publish(aio_pika.Message(self._body()), routing_key=self.queue)))
+                if len(window) >= self.WINDOW:
+                    await window.popleft()  # (a nack raises here)
+                else:
+                    await asyncio.sleep(0.001)
+            for fut in window:
+                await fut
+        finally:
+            await conn.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        assert self.error is None, repr(self.error)
+
+
+@pytest.mark.parametrize("confirms", [False, True], ids=["no-confirms", "confirms"])
+def test_third_worker_hop_publishers_keep_their_order_across_moves(node3: ServerInfo, confirms: bool) -> None:
+    queue = declare_in(node3, 1, f"order3-{int(confirms)}")
+    anchors = [declare_in(node3, w, f"anchor3-{int(confirms)}-{w}") for w in range(WORKERS)]
+    with connect(node3, 1) as keeper:
+        kch = keeper.channel()  # the island: a consumer (prefetch 1, never acking) that uses only the queue
+        kch.basic_publish("", queue, b"-1")
+        kch.basic_qos(prefetch_count=1)
+        kch.basic_consume(queue, lambda *_a: None)
+        publishers = [Publisher(node3, w, anchors[w], queue, confirms) for w in range(WORKERS)]
+        try:
+            until(lambda: all(p.sent >= 100 or p.error for p in publishers), what="the publishers started")
+            home = 1
+            for _move in range(2 * WORKERS):  # round the workers twice: each is A, B and C twice
+                target = (home + 1) % WORKERS  # the hook's "next worker"
+                force_move(node3, home, queue, target)
+                home = target
+        finally:
+            for p in publishers:
+                p.stop.set()
+        for p in publishers:
+            p.finish()
+        keeper.close()  # its one unacked delivery, the first message, goes back to the head of the queue
+    with connect(node3, home) as sub:
+        ch = sub.channel()
+        bodies = []
+        for method, _props, body in ch.consume(queue, inactivity_timeout=5):
+            if method is None:
+                break
+            bodies.append(body)
+            ch.basic_ack(method.delivery_tag)
+    assert bodies[0] == b"-1"
+    by_worker: dict[int, list[int]] = {w: [] for w in range(WORKERS)}
+    for body in bodies[1:]:
+        w, n = body.split(b":")
+        by_worker[int(w)].append(int(n))
+    for p in publishers:
+        numbers = by_worker[p.worker]
+        assert len(numbers) == len(set(numbers)), f"duplicates from worker {p.worker}"
+        missing = sorted(set(range(p.sent)) - set(numbers))
+        assert not missing, f"worker {p.worker}'s publisher: {len(missing)} lost, first {missing[:10]}"
+        assert numbers == sorted(numbers), (p.worker, next(
+            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1]))
+    assert "no marker from" not in node3.log()  # every wait ended by its marker, not by the bound
+
