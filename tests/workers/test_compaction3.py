@@ -14,18 +14,24 @@ order per publisher, and with confirms every one is confirmed positively.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aio_pika
+import pika
 import pytest
+from tests.cluster.nodes import FAST, Cluster
 from tests.conftest import ServerInfo, start_server
 from tests.workers.test_compaction import CONFIG, force_move
 from tests.workers.test_locality import connect, declare_in, own_port
-from tests.workers.test_workers import until
+from tests.workers.test_workers import until, worker_pid
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -147,3 +153,67 @@ def test_third_worker_hop_publishers_keep_their_order_across_moves(node3: Server
             (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1]))
     assert "no marker from" not in node3.log()  # every wait ended by its marker, not by the bound
 
+
+
+def test_another_nodes_hop_publisher_keeps_its_order_across_a_move(tmp_path: Path) -> None:
+    """A cluster of a node of 2 workers (n1, compaction on) and a one-process node (n2): a pika publisher on
+    n2 publishes a numbered sequence, without waiting for confirms, to a queue of n1's worker 1 (over the
+    inter-node link) while the queue's island is moved 1→0, 0→1 and 1→0 inside n1. n2 applies each record
+    and sends its marker to the old home, which forwards it: every number once, in order."""
+    cluster = Cluster(tmp_path)
+    try:
+        n1 = cluster.add(workers="2", config_text=FAST + CONFIG)
+        n2 = cluster.add()
+        cluster.wait_running({"n1", "n2"})
+        info = n1.info
+
+        def worker_in_n1(queue: str) -> int | None:
+            code, doc = n1.api("GET", f"/api/queues/%2F/{queue}")
+            return int(doc["worker"]) if code == 200 and doc.get("worker") is not None else None
+
+        with connect(info, 0) as conn:
+            ch = conn.channel()
+            queue = next(q for q in (f"nodes-{i}" for i in range(8))
+                         if ch.queue_declare(q) and worker_in_n1(q) == 1)
+        with connect(info, 1) as keeper, pika.BlockingConnection(pika.URLParameters(n2.url)) as pub:
+            kch = keeper.channel()  # the island: a consumer (prefetch 1, never acking) that uses only the queue
+            kch.basic_publish("", queue, b"-1")
+            kch.basic_qos(prefetch_count=1)
+            kch.basic_consume(queue, lambda *_a: None)
+            pch = pub.channel()
+            sent = 0
+            home = 1
+            for target in (0, 1, 0):
+                pid = worker_pid(info, home)
+                assert pid is not None
+                signalled = 0.0
+                while worker_in_n1(queue) != target:  # the hook each second until the record names the target
+                    if time.monotonic() - signalled >= 1.0:
+                        signalled = time.monotonic()
+                        os.kill(pid, signal.SIGUSR1)
+                    for _ in range(20):
+                        pch.basic_publish("", queue, b"%d" % sent)
+                        sent += 1
+                    pub.sleep(0.005)
+                    assert sent < 2_000_000, "the island did not move"
+                home = target
+            for _ in range(200):
+                pch.basic_publish("", queue, b"%d" % sent)
+                sent += 1
+            pub.sleep(0.2)
+        with connect(info, home) as sub:
+            ch = sub.channel()
+            bodies = []
+            for method, _props, body in ch.consume(queue, inactivity_timeout=5):
+                if method is None:
+                    break
+                bodies.append(body)
+                ch.basic_ack(method.delivery_tag)
+        assert bodies[0] == b"-1"
+        numbers = [int(b) for b in bodies[1:]]
+        assert len(numbers) == len(set(numbers)), "duplicates"
+        assert set(numbers) == set(range(sent)), sorted(set(range(sent)) - set(numbers))[:10]
+        assert numbers == sorted(numbers), next(
+            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
+    finally:
+        cluster.stop()
