@@ -1055,8 +1055,8 @@ class QueueLink:
         held = self.moving.get(key)
         if held is not None:
             return held if len(held) < MAX_HELD_WHILE_MOVING else None
-        if self._standin_homed(peer, vhost, name) is None:
-            return None
+        if self._standin_homed(peer, vhost, name) is None and key not in self.outbound:
+            return None  # (while this worker takes the queue, a worker it expects no marker from is held too)
         held = self.moving[key] = []
         asyncio.get_running_loop().call_later(UNCLAIMED_HOLD_S, self._unclaimed, key, held)
         return held
