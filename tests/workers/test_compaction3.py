@@ -217,3 +217,62 @@ def test_another_nodes_hop_publisher_keeps_its_order_across_a_move(tmp_path: Pat
             (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
     finally:
         cluster.stop()
+
+
+def test_a_third_workers_declares_gets_and_purges_are_answered_across_moves(node3: ServerInfo) -> None:
+    """A pika client pinned to worker 0 passively declares, gets (rejecting what it gets) and every tenth
+    round purges a queue whose island goes round the workers twice: a declare or get that reaches the old
+    home after it applied the move, before worker 0 did, is answered from its stand-in (the counts, or
+    get-empty) and a purge relayed to the new home, never 404 "no queue"; the one refusal left is a purge
+    during the move itself (404 "moving between workers; try again", as built), after which the client
+    opens a channel and goes on."""
+    queue = declare_in(node3, 1, "asks3")
+    anchor = declare_in(node3, 0, "asks3-anchor")
+    with connect(node3, 1) as keeper:
+        kch = keeper.channel()
+        for i in range(50):
+            kch.basic_publish("", queue, b"%d" % i)
+        kch.basic_qos(prefetch_count=1)
+        kch.basic_consume(queue, lambda *_a: None)
+        stop = threading.Event()
+        asked = [0]
+        purged = [0]
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                with connect(node3, 0) as conn:
+                    conn.channel().basic_publish("", anchor, b"first")  # judged here: it stays in worker 0
+                    ch = conn.channel()
+                    while not stop.is_set():
+                        ch.queue_declare(queue, passive=True)
+                        method, _props, body = ch.basic_get(queue, auto_ack=False)
+                        if method is not None:
+                            assert body.isdigit(), body
+                            ch.basic_reject(method.delivery_tag, requeue=True)
+                        if asked[0] % 10 == 9:
+                            try:
+                                ch.queue_purge(queue)
+                                purged[0] += 1
+                            except pika.exceptions.ChannelClosedByBroker as exc:
+                                if exc.reply_code != 404 or "moving between workers" not in exc.reply_text:
+                                    raise
+                                ch = conn.channel()
+                        asked[0] += 1
+            except BaseException as exc:  # noqa: BLE001 - reported by the test (a 404 is pika's ChannelClosedByBroker)
+                errors.append(exc)
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        try:
+            until(lambda: asked[0] >= 20 or errors, what="the asker started")
+            home = 1
+            for _move in range(2 * WORKERS):
+                target = (home + 1) % WORKERS
+                force_move(node3, home, queue, target)
+                home = target
+        finally:
+            stop.set()
+            asker.join(60)
+        assert not asker.is_alive()
+        assert not errors, repr(errors[0])
+        assert purged[0] > 0

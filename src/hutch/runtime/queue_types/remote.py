@@ -591,6 +591,8 @@ class QueueLink:
         self.moving: dict[tuple[str, ...], list[tuple[str, Any]]] = {}
         # new home's side: (vhost, queue) moved (or moving) here -> its wait for the other workers' markers
         self.marker_waits: dict[tuple[str, str], MarkerWait[tuple[str, Any]]] = {}
+        # ... and (vhost, queue, origin) -> what a purge of that origin's waits on until its publishes are let go
+        self._marker_waiters: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         # origin side: (vhost, queue) of a queue moving here -> this worker's own publishes to it (through its
         # stand-in, the stand-in, message and receipt), held from the moment it asks to commit the move until
         # it has the queue (then published to it, after what its old home sent back) or the move is off
@@ -1142,6 +1144,9 @@ class QueueLink:
             self.moving.pop((vhost, name, origin), None)
             for peer, (pid, msg) in items:
                 self._publish_here(peer, vhost, name, pid, msg)
+            waiter = self._marker_waiters.pop((vhost, name, origin), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         if wait.done and self.marker_waits.get(key) is wait:
             del self.marker_waits[key]
 
@@ -1249,13 +1254,28 @@ class QueueLink:
     def _h_purge(self, peer: str, req: cm.QueuePurge) -> int | Awaitable[int]:
         q = self._lookup(req.vhost, req.queue)
         if q is None:
-            standin = self._standin_elsewhere(peer, req.vhost, req.queue)
-            if standin is not None:  # moved from here before `peer` applied that: relayed, behind its publishes
+            standin = self._standin_of(req.vhost, req.queue)
+            if standin is None:
+                raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
+            if standin.home != peer:  # moved from here before `peer` applied that: relayed, behind its publishes
                 return self._relay_purge(standin)
-            raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
-        if (req.vhost, req.queue) in self.moving or (req.vhost, req.queue, peer) in self.moving:
+            # moving to `peer`, which has not taken it yet
+        if q is None or (req.vhost, req.queue) in self.moving:
             raise LookupError(f"404 {rs('queue', req.queue, req.vhost)} is moving between workers; try again")
+        if (req.vhost, req.queue, peer) in self.moving:  # moved here: after `peer`'s publishes still on the way
+            return self._purge_after_marker(peer, req)
         return q.purge()
+
+    async def _purge_after_marker(self, peer: str, req: cm.QueuePurge) -> int:
+        """A purge of `peer`'s that reached the queue's new home before `peer`'s marker: its earlier publishes,
+        coming through the old home, are purged too (it waits for the marker, or the end of the wait)."""
+        key = (req.vhost, req.queue, peer)
+        waiter = self._marker_waiters.get(key)
+        if waiter is None:
+            waiter = self._marker_waiters[key] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
+        result = self._h_purge(peer, req)
+        return result if isinstance(result, int) else await result
 
     async def _relay_purge(self, standin: RemoteQueue) -> int:
         return int(await self.cluster.call(standin.home, cm.QueuePurge(standin.vhost, standin.name),
