@@ -33,6 +33,11 @@ Rules:
   the record applies or B is no longer taking it and a read barrier shows no record naming B.
 - Order across a move: B holds its own publishes to the queue from its `CompactCommit` until it has the
   queue, and A sends back what it held from B before it answers (`QueueLink.send_back`, `hold_outbound`).
+  Every other worker (or node) C sends A a marker as it applies the record, behind its last publish there;
+  A relays C's late publishes and forwards the marker behind them, and B, from its `CompactCommit`, keeps
+  C's direct publishes behind until the marker came and B has the queue (`QueueLink.expect_markers`,
+  `markers_installed`, `drop_markers`; core/move_order.py). A queue still waiting for markers does not
+  move again.
 - One move at a time per worker; a worker that is not this node's, or is down, is never a target.
 - Reports and scans run once a second, off the message path (O(connections + channels + queues)).
 """
