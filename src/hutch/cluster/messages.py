@@ -742,7 +742,7 @@ class StreamConsumerInfo(NamedTuple):
     queue: str
     consumer_ids: list[int]
 
-# 150-151: compaction of load in a node of workers (runtime/compaction.py, docs/scaling.md)
+# 150-153: compaction of load in a node of workers (runtime/compaction.py, docs/scaling.md)
 
 
 @message_kind(150)
@@ -780,6 +780,20 @@ class CompactCommit(NamedTuple):
     queue: str
 
 
+
+@message_kind(153)
+class QueueMoved(NamedTuple):
+    """A queue's marker across its move (queue_types/remote.py, core/move_order.py): worker (or node)
+    `origin`, applying the record that names `home` as queue `queue`'s home, sends it to the queue's old
+    home behind its last publish there; the old home forwards it to `home` behind everything of `origin`'s
+    it held or relayed, and `home` then takes `origin`'s direct publishes, which it kept behind. Sent to
+    `home` directly when the old home is unreachable."""
+
+    vhost: str
+    queue: str
+    origin: str
+    home: str
+
 Record: TypeAlias = (
     RaftMessage | JoinReply | Join | Propose | Leave | NodeStatus | Status | Sync
     | RemotePublish | RemoteConfirm | RemoteDeliver | RemoteSettle | RemoteConsume | RemoteCancel | RemoteConsumerEnded
@@ -791,6 +805,7 @@ Record: TypeAlias = (
     | StreamSacNotify | StreamStoreOffset | StreamLookup | DirectReply | AgentQuery | BlockPeers
     | StreamReadOpen | StreamReadChunks | StreamReadCredit | StreamReadEnd | StreamHomePublish | StreamHomeOffset
     | StreamHomeStats | StreamHomeResolve | StreamConsumerInfo | CompactReport | CompactMove | CompactCommit
+    | QueueMoved
 )
 """Every record kind that travels between nodes, as one type (what `send` and the codec take)."""
 

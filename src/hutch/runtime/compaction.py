@@ -33,6 +33,11 @@ Rules:
   the record applies or B is no longer taking it and a read barrier shows no record naming B.
 - Order across a move: B holds its own publishes to the queue from its `CompactCommit` until it has the
   queue, and A sends back what it held from B before it answers (`QueueLink.send_back`, `hold_outbound`).
+  Every other worker (or node) C sends A a marker as it applies the record, behind its last publish there;
+  A relays C's late publishes and forwards the marker behind them, and B, from its `CompactCommit`, keeps
+  C's direct publishes behind until the marker came and B has the queue (`QueueLink.expect_markers`,
+  `markers_installed`, `drop_markers`; core/move_order.py). A queue still waiting for markers does not
+  move again.
 - One move at a time per worker; a worker that is not this node's, or is down, is never a target.
 - Reports and scans run once a second, off the message path (O(connections + channels + queues)).
 """
@@ -293,7 +298,8 @@ class Compaction:
         q = v.queues.get(name) if v is not None else None
         to = worker_name(self.node_name, target)
         if key in self.outgoing or not isinstance(q, ClassicQueue) or target == self.index \
-                or not 0 <= target < self.workers or not self.cluster.connected(to):
+                or not 0 <= target < self.workers or not self.cluster.connected(to) \
+                or self.link.awaiting_markers(vhost, name):  # (moved here, its order across that not settled)
             return False
         conns = island_of(self.node, q)
         if conns is None:
@@ -533,14 +539,20 @@ class Compaction:
             _refuse(pairs)
             return
         self.incoming.add((vhost_name, name, source))
+        self.link.expect_markers(vhost_name, name, source)  # the other workers' direct publishes wait for their markers
+        installed = False
         try:
-            await self._commit_and_install(vhost, standin, q, entries, pairs, conns)
+            installed = await self._commit_and_install(vhost, standin, q, entries, pairs, conns)
         finally:
             self.incoming.discard((vhost_name, name, source))
+            if not installed:
+                self.link.drop_markers(vhost_name, name)
 
     async def _commit_and_install(self, vhost: VirtualHost, standin: RemoteQueue, q: ClassicQueue,
                                   entries: dict[int, QueueEntry], pairs: list[tuple[socket.socket, bytes]],
-                                  conns: list[IslandConnection]) -> None:
+                                  conns: list[IslandConnection]) -> bool:
+        """Propose the record naming this worker, and once it is committed install the copy and adopt the
+        connections: True once installed."""
         vhost_name, name, source = vhost.name, standin.name, standin.home
         hold = os.environ.get(HOLD_RECORD_ENV)
         while hold and os.path.exists(hold):  # the test hook only
@@ -559,10 +571,11 @@ class Compaction:
             log.warning("compaction: queue '%s' changed while it moved here; its island is closed", name)
             q.delete()
             _refuse(pairs)
-            return
+            return False
         self.classic.install_moved(vhost, standin, q)
         log.info("compaction: queue '%s' moved here from %s (%d connections)", name, source, len(pairs))
         self.link.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
+        self.link.markers_installed(vhost_name, name)  # then the other workers' whose markers came through the source
         self.link.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
         self.moved_in += 1
         loop = asyncio.get_running_loop()
@@ -588,6 +601,7 @@ class Compaction:
                 sock.close()
                 q.requeue([entries[seq] for ch in conn.channels for _t, seq, _c in ch.deliveries if seq in entries])
         q.deliver_pending()
+        return True
 
     async def _synced(self) -> None:
         persistence = self.node.persistence

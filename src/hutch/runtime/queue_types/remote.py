@@ -46,7 +46,7 @@ import asyncio
 import datetime
 import itertools
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Awaitable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -59,6 +59,7 @@ from hutch.core import direct_reply
 from hutch.core.confirms import Receipt
 from hutch.core.credit_flow import WINDOW_S, consumer_settled
 from hutch.core.message import Message
+from hutch.core.move_order import MarkerWait
 from hutch.core.queue_type import (
     PENDING,
     REJECTED,
@@ -79,6 +80,14 @@ if TYPE_CHECKING:
 
 MAX_HELD_WHILE_MOVING = 10_000  # publishes and consumes held for a queue while it moves between workers
 UNCLAIMED_HOLD_S = 60.0  # traffic held for a queue moving here that never came is sent on to its home after this
+# the new home's longest wait for a worker's marker once it has the queue (`MarkerWait`): the marker comes
+# behind that worker's traffic through the old home as soon as the old home applies the record; an old home
+# that is down releases the wait at once, and one that is alive applies a committed record within its Raft
+# group's next round trip (milliseconds). 30 s is six times the heartbeat timeout after which the supervisor
+# kills a hung worker (`workers.heartbeat_timeout`, 5 s) and five times the link's 6 s of silence after which
+# a peer is dropped: a marker that late comes from nothing alive, and waiting longer would only keep
+# publishes from their queue (released then, in arrival order, logged)
+MARKER_WAIT_S = 30.0
 
 log = logging.getLogger("hutch.cluster.queues")
 
@@ -574,9 +583,16 @@ class QueueLink:
         # home side: (peer, id(queue)) -> the hold of that peer's publishers by that queue (`RemoteHold`)
         self.flow_holds: dict[tuple[str, int], _FlowHold] = {}
         # home side: (vhost, queue) of a queue moving to another worker (compaction of load, runtime/compaction.py)
-        # -> the other workers' publishes (peer, publish id, message) and consumes held for it until the move
-        # commits (then forwarded to its new home) or does not (then taken here, in order)
-        self.moving: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        # -> the other workers' publishes (peer, publish id, message), consumes and markers (`QueueMoved`) held
+        # for it until the move commits (then forwarded to its new home) or does not (then taken here, in
+        # order); and (vhost, queue, origin) of a queue moved here -> the publishes `origin` sent straight here,
+        # kept behind until its marker comes through the old home (`marker_waits`, core/move_order.py).
+        # Invariant: empty unless a move is in flight (the publish path's one truthiness check)
+        self.moving: dict[tuple[str, ...], list[tuple[str, Any]]] = {}
+        # new home's side: (vhost, queue) moved (or moving) here -> its wait for the other workers' markers
+        self.marker_waits: dict[tuple[str, str], MarkerWait[tuple[str, Any]]] = {}
+        # ... and (vhost, queue, origin) -> what a purge of that origin's waits on until its publishes are let go
+        self._marker_waiters: dict[tuple[str, str, str], asyncio.Future[None]] = {}
         # origin side: (vhost, queue) of a queue moving here -> this worker's own publishes to it (through its
         # stand-in, the stand-in, message and receipt), held from the moment it asks to commit the move until
         # it has the queue (then published to it, after what its old home sent back) or the move is off
@@ -600,6 +616,7 @@ class QueueLink:
         cluster.register(cm.LoopSaturated, self._on_loop_saturated)
         cluster.register(cm.RemoteConsumerPaused, self._on_consumer_paused)
         cluster.register(cm.StreamConsumerInfo, self._h_stream_consumer_info)
+        cluster.register(cm.QueueMoved, self._on_queue_moved)
         self.transport.writable_hooks.append(self._link_writable)
         node.cluster_peer_hooks.append(self._peer_changed)
 
@@ -855,7 +872,10 @@ class QueueLink:
 
     def _publish_here(self, peer: str, vhost: str, queue: str, pid: int, msg: Message) -> None:
         if self.moving:
-            held = self.moving.get((vhost, queue))
+            moving = self.moving
+            held = moving.get((vhost, queue, peer))  # `peer`'s, kept behind its marker
+            if held is None:
+                held = moving.get((vhost, queue))
             if held is not None:
                 if len(held) < MAX_HELD_WHILE_MOVING:
                     held.append((peer, (pid, msg)))
@@ -867,9 +887,12 @@ class QueueLink:
             held = self._incoming(peer, vhost, queue)
             if held is not None:
                 held.append((peer, (pid, msg)))
-            else:
+                return
+            standin = self._standin_elsewhere(peer, vhost, queue)
+            if standin is None:
                 self.confirm_out(peer, False, pid)
-            return
+                return
+            q = standin  # the queue moved from here and `peer` has not applied that yet: relayed to its home
         self._publish_to(peer, q, pid, msg)
 
     def _publish_to(self, peer: str, q: Queue, pid: int, msg: Message) -> None:
@@ -1009,6 +1032,14 @@ class QueueLink:
         """From now on, the other workers' publishes and consumes for queue `name` are held, not taken."""
         self.moving.setdefault((vhost, name), [])
 
+    def _standin_of(self, vhost: str, name: str) -> RemoteQueue | None:
+        """This worker's stand-in of queue `name` of a node of workers' own worker (compaction moves only
+        between those), whatever its home."""
+        v = self.node.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        return q if isinstance(q, RemoteQueue) and node_of_worker(q.home) == node_of_worker(self.node.name) \
+            and q.home != self.node.name else None
+
     def _standin_homed(self, peer: str, vhost: str, name: str) -> RemoteQueue | None:
         """This worker's stand-in of queue `name` when its home is `peer`, which sends here as to the queue's
         home: `peer` is moving the queue here (compaction of load) and this worker has not taken it yet."""
@@ -1026,11 +1057,98 @@ class QueueLink:
         held = self.moving.get(key)
         if held is not None:
             return held if len(held) < MAX_HELD_WHILE_MOVING else None
-        if self._standin_homed(peer, vhost, name) is None:
-            return None
+        if self._standin_homed(peer, vhost, name) is None and key not in self.outbound:
+            return None  # (while this worker takes the queue, a worker it expects no marker from is held too)
         held = self.moving[key] = []
         asyncio.get_running_loop().call_later(UNCLAIMED_HOLD_S, self._unclaimed, key, held)
         return held
+
+    def _standin_elsewhere(self, peer: str, vhost: str, name: str) -> RemoteQueue | None:
+        """This worker's stand-in of queue `name` when its home is neither here nor `peer`: `peer` sent here as
+        to the queue's home, and the queue moved from here (compaction of load) before `peer` applied that.
+        Its publishes are relayed to the home (their confirms answered when the home's come), behind what was
+        held here for the queue, and `peer`'s marker follows them (`_on_queue_moved`)."""
+        q = self._standin_of(vhost, name)
+        return q if q is not None and q.home != peer else None
+
+    # -- order across a move: the other workers' markers (core/move_order.py) ----------------------------------
+    def moved_away(self, vhost: str, name: str, old_home: str, home: str) -> None:
+        """This worker applied the record moving queue `name` from `old_home` to `home` (neither is this worker):
+        its marker goes to `old_home`, behind its last publish there (`send` writes the held batch first),
+        before any publish of its own reaches `home` directly; to `home` itself if `old_home` cannot take it
+        (then nothing it sent there is confirmed: its link is down or full, and its publishes were nacked)."""
+        marker = cm.QueueMoved(vhost, name, self.node.name, home)
+        if not self._send(old_home, marker):
+            self._send(home, marker)
+
+    def _on_queue_moved(self, peer: str, rec: cm.QueueMoved) -> None:
+        if rec.home != self.node.name:  # the old home: forwarded behind what it holds of the queue, or at once
+            held = self.moving.get((rec.vhost, rec.queue))
+            if held is not None:  # (one marker per worker and move: not counted against the bound)
+                held.append((peer, rec))
+            else:
+                self._send(rec.home, rec)
+            return
+        key = (rec.vhost, rec.queue)
+        wait = self.marker_waits.get(key)
+        if wait is not None:
+            self._let_go(key, wait, wait.marker(rec.origin))
+
+    def expect_markers(self, vhost: str, name: str, via: str) -> None:
+        """New home's side, as it asks to commit the move of queue `name` from `via`: from now on the direct
+        publishes of every other worker connected here wait for that worker's marker (`markers_installed`
+        takes them once the queue is here; `drop_markers` if the move does not end here). No worker applies
+        the record before this (it is proposed after), so none has sent here directly yet."""
+        key = (vhost, name)
+        old = self.marker_waits.pop(key, None)
+        if old is not None:
+            self._let_go(key, old, old.expire())
+        wait: MarkerWait[tuple[str, Any]] = MarkerWait(via, self.transport.connected_peers())
+        self.marker_waits[key] = wait
+        for origin, held in wait.held.items():
+            self.moving[(vhost, name, origin)] = held
+
+    def markers_installed(self, vhost: str, name: str) -> None:
+        """The queue is here: the publishes of the workers whose marker came are taken; the others' wait for
+        theirs, at most `MARKER_WAIT_S`."""
+        key = (vhost, name)
+        wait = self.marker_waits.get(key)
+        if wait is None:
+            return
+        self._let_go(key, wait, wait.install())
+        if not wait.done:
+            asyncio.get_running_loop().call_later(MARKER_WAIT_S, self._markers_late, key, wait)
+
+    def _markers_late(self, key: tuple[str, str], wait: MarkerWait[tuple[str, Any]]) -> None:
+        if self.marker_waits.get(key) is wait:
+            log.warning("compaction: no marker from %s for %s within %.0f s; their publishes are taken as they came",
+                        ", ".join(sorted(wait.held)), rs("queue", key[1], key[0]), MARKER_WAIT_S)
+            self._let_go(key, wait, wait.expire())
+
+    def drop_markers(self, vhost: str, name: str) -> None:
+        """The move did not end here: what waited for markers is handled as if it had just come."""
+        key = (vhost, name)
+        wait = self.marker_waits.get(key)
+        if wait is not None:
+            self._let_go(key, wait, wait.abandon())
+
+    def awaiting_markers(self, vhost: str, name: str) -> bool:
+        """Whether queue `name` moved here still waits for a marker (it does not move again meanwhile)."""
+        return (vhost, name) in self.marker_waits
+
+    def _let_go(self, key: tuple[str, str], wait: MarkerWait[tuple[str, Any]],
+                released: list[tuple[str, list[tuple[str, Any]]]]) -> None:
+        """Publishes a marker (or the end of a wait) let go: taken in the order they came."""
+        vhost, name = key
+        for origin, items in released:
+            self.moving.pop((vhost, name, origin), None)
+            for peer, (pid, msg) in items:
+                self._publish_here(peer, vhost, name, pid, msg)
+            waiter = self._marker_waiters.pop((vhost, name, origin), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        if wait.done and self.marker_waits.get(key) is wait:
+            del self.marker_waits[key]
 
     def _unclaimed(self, key: tuple[str, str], held: list[tuple[str, Any]]) -> None:
         if self.moving.get(key) is held:
@@ -1053,6 +1171,9 @@ class QueueLink:
                 else:
                     self._on_consume(peer, item)
                 continue
+            if isinstance(item, cm.QueueMoved):  # behind everything of its origin's held before it
+                self._send(item.home, item)
+                continue
             pid, msg = item
             if q is None or q.deleted:
                 self.confirm_out(peer, False, pid)
@@ -1072,7 +1193,7 @@ class QueueLink:
             return
         keep: list[tuple[str, Any]] = []
         for origin, item in held:
-            if origin == peer and not isinstance(item, cm.RemoteConsume):
+            if origin == peer and not isinstance(item, cm.RemoteConsume | cm.QueueMoved):
                 self._publish_to(peer, q, *item)
             else:
                 keep.append((origin, item))
@@ -1113,8 +1234,9 @@ class QueueLink:
 
     def _h_get(self, peer: str, req: cm.QueueGet) -> cm.QueueGetReply:
         q = self._lookup(req.vhost, req.queue)
-        if q is None and self._standin_homed(peer, req.vhost, req.queue) is not None:
-            return cm.QueueGetReply([0, 0, 0], None)  # moving here: get-empty for the moment of the move
+        if q is None and self._standin_of(req.vhost, req.queue) is not None:
+            # moving here, or moved from here before `peer` applied that: get-empty for the moment of the move
+            return cm.QueueGetReply([0, 0, 0], None)
         if q is None:
             raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
         if (req.vhost, req.queue) in self.moving:  # its messages are on their way (milliseconds): get-empty
@@ -1129,20 +1251,42 @@ class QueueLink:
             wire_entry = [did, cm.message_to_wire(entry.msg), bool(entry.redelivered)]
         return cm.QueueGetReply([q.message_count, q.unacked_count, q.consumer_count], wire_entry)
 
-    def _h_purge(self, peer: str, req: cm.QueuePurge) -> int:
+    def _h_purge(self, peer: str, req: cm.QueuePurge) -> int | Awaitable[int]:
         q = self._lookup(req.vhost, req.queue)
         if q is None:
-            raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
-        if (req.vhost, req.queue) in self.moving:
+            standin = self._standin_of(req.vhost, req.queue)
+            if standin is None:
+                raise LookupError(f"404 no {rs('queue', req.queue, req.vhost)}")
+            if standin.home != peer:  # moved from here before `peer` applied that: relayed, behind its publishes
+                return self._relay_purge(standin)
+            # moving to `peer`, which has not taken it yet
+        if q is None or (req.vhost, req.queue) in self.moving:
             raise LookupError(f"404 {rs('queue', req.queue, req.vhost)} is moving between workers; try again")
+        if (req.vhost, req.queue, peer) in self.moving:  # moved here: after `peer`'s publishes still on the way
+            return self._purge_after_marker(peer, req)
         return q.purge()
+
+    async def _purge_after_marker(self, peer: str, req: cm.QueuePurge) -> int:
+        """A purge of `peer`'s that reached the queue's new home before `peer`'s marker: its earlier publishes,
+        coming through the old home, are purged too (it waits for the marker, or the end of the wait)."""
+        key = (req.vhost, req.queue, peer)
+        waiter = self._marker_waiters.get(key)
+        if waiter is None:
+            waiter = self._marker_waiters[key] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
+        result = self._h_purge(peer, req)
+        return result if isinstance(result, int) else await result
+
+    async def _relay_purge(self, standin: RemoteQueue) -> int:
+        return int(await self.cluster.call(standin.home, cm.QueuePurge(standin.vhost, standin.name),
+                                           timeout=PREPARE_TIMEOUT_S))
 
     def _h_info(self, peer: str, req: cm.QueueInfo) -> list[int] | None:
         if req.queue.startswith(REPLY_TO_PREFIX):  # a Direct Reply-To address (no queue is named amq.*)
             return [0, 0, 1] if req.queue[len(REPLY_TO_PREFIX):] in self.node.reply_channels else None
         q = self._lookup(req.vhost, req.queue)
-        if q is None:
-            standin = self._standin_homed(peer, req.vhost, req.queue)
+        if q is None:  # moving here, or moved from here before `peer` applied that: the stand-in's counts
+            standin = self._standin_of(req.vhost, req.queue)
             return None if standin is None else [standin.message_count, standin.unacked_count,
                                                  standin.consumer_count, 0]
         return [q.message_count, q.unacked_count, q.consumer_count, int(q.refuses_consumer(False))]
@@ -1277,6 +1421,8 @@ class QueueLink:
                 self._send(peer, cm.LoopSaturated(True))
             return
         self.node.loop_load.saturated_peers.discard(peer)
+        for waited, wait in list(self.marker_waits.items()):  # a marker that cannot come any more
+            self._let_go(waited, wait, wait.peer_down(peer))
         self.cluster.held.pop(peer, None)
         self._held.pop(peer, None)  # its publishes' receipts are rejected below, its deliveries requeued
         # origin side: that node's queues are unavailable; what waited for its confirms is nacked

@@ -109,6 +109,9 @@ class RemoteQueueType(QueueTypeDefaults):
         if existing.remote:
             assert isinstance(existing, RemoteQueue)
             existing.home_down()  # its consumers cancelled (basic.cancel), nothing requeued here
+            # its marker to the old home, behind this worker's last publish there: the new home keeps this
+            # worker's direct publishes behind the ones the old home forwards (remote.py, `moved_away`)
+            self.link.moved_away(vhost.name, q.name, existing.home, q.home)
         else:
             log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
                         q.name, vhost.name, q.home, q.home)
