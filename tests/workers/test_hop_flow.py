@@ -1,4 +1,4 @@
-"""Credit flow across the worker (or node) hop (runtime/queue_types/remote.py, `needs_flow_control` /
+"""Credit flow across the worker (or node) hop (runtime/queue_types/remote_queue.py, `needs_flow_control` /
 `flow_still_needed`, `RemoteHold`): a `RemoteQueue` holds its publishers while the link to its home is
 over its write high-water mark, and while the home says its queue holds publishers; it lets them go once
 the link drains and the home lets go. Pure tests with a stand-in link, then pika against a node of 2

@@ -81,7 +81,7 @@ class MoveHost(Protocol):
 
 
 class _Relayed:
-    """The owner of a publish held while its queue moved here (`QueueLink.release_outbound`), published to
+    """The owner of a publish held while its queue moved here (`release_outbound`), published to
     the queue once here: its sender's receipt is answered as the stand-in it went to would have answered it."""
 
     __slots__ = ("receipt", "standin")
