@@ -168,7 +168,7 @@ def test_loop_load_is_saturated_after_a_busy_window_and_goes_stale_when_idle() -
 @given(st.lists(st.tuples(st.floats(0.0, 0.2), st.floats(0.0, 0.2)), max_size=60))
 def test_on_saturated_fires_exactly_when_a_window_closes_saturated_after_one_that_was_not(
         inputs: list[tuple[float, float]]) -> None:
-    """The hook a worker tells the others by (runtime/queue_types/remote.py) is the only way a loop
+    """The hook a worker tells the others by (runtime/queue_types/remote_stats.py) is the only way a loop
     becomes saturated: it fires once per rise of the saturated flag, never while it stays up."""
     now = [0.0]
     load = LoopLoad(lambda: now[0])

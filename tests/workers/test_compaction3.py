@@ -4,7 +4,7 @@ When an island moves from worker A to worker B, a worker C that is neither publi
 through the hop: what it sent to A before it applied the move's record reaches B through A (held there
 during the move, or relayed once A applied the record), what it sends after goes straight to B. C's
 marker (`QueueMoved`, sent to A behind its last publish there and forwarded by A behind everything of
-C's) tells B when C's direct publishes may be taken (runtime/queue_types/remote.py). Here each worker
+C's) tells B when C's direct publishes may be taken (runtime/queue_types/remote_moves.py). Here each worker
 has a pika publisher pinned to it (`workers.own_ports`) publishing a numbered sequence to one queue while
 its island (an idle consumer, one unacked delivery) is moved round the workers with the test hook
 (`SIGUSR1`: to the next worker), so every worker is A, B and C in turn. Every number arrives once, in

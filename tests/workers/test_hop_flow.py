@@ -1,4 +1,4 @@
-"""Credit flow across the worker (or node) hop (runtime/queue_types/remote.py, `needs_flow_control` /
+"""Credit flow across the worker (or node) hop (runtime/queue_types/remote_queue.py, `needs_flow_control` /
 `flow_still_needed`, `RemoteHold`): a `RemoteQueue` holds its publishers while the link to its home is
 over its write high-water mark, and while the home says its queue holds publishers; it lets them go once
 the link drains and the home lets go. Pure tests with a stand-in link, then pika against a node of 2
@@ -25,7 +25,8 @@ from hutch.core.credit_flow import STALE_WINDOWS, WINDOW_S, LoopLoad, consumer_f
 from hutch.core.message import Message
 from hutch.core.queue_type import SETTLED, Consumer, Published, Queue, QueueEntry
 from hutch.core.vhost import VirtualHost
-from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
+from hutch.runtime.queue_types.remote import QueueLink
+from hutch.runtime.queue_types.remote_queue import RemoteQueue
 
 
 class Transport:
@@ -241,13 +242,13 @@ def test_a_saturated_worker_counts_for_the_whole_node() -> None:
     async def run() -> None:
         link, cluster, _q = home_link()
         load = link.node.loop_load
-        link._on_loop_saturated("other#w0", cm.LoopSaturated(True))  # another node of a cluster: ignored
+        link.load._on_loop_saturated("other#w0", cm.LoopSaturated(True))  # another node of a cluster: ignored
         assert not load.saturated()
-        link._on_loop_saturated("n#w0", cm.LoopSaturated(True))
+        link.load._on_loop_saturated("n#w0", cm.LoopSaturated(True))
         assert load.saturated() and not load.own_saturated()
-        link._on_loop_saturated("n#w0", cm.LoopSaturated(False))
+        link.load._on_loop_saturated("n#w0", cm.LoopSaturated(False))
         assert not load.saturated()
-        link._on_loop_saturated("n#w0", cm.LoopSaturated(True))
+        link.load._on_loop_saturated("n#w0", cm.LoopSaturated(True))
         link._peer_changed("n#w0", False)
         assert not load.saturated()
         link.stop()
@@ -266,22 +267,22 @@ def test_a_worker_tells_its_saturation_as_it_changes_and_runs_no_timer_while_idl
         load = link.node.loop_load = LoopLoad(lambda: now[0])
         link.node.config = SimpleNamespace(worker_index=1)
         link.booted()
-        assert load.on_saturated == link._loop_saturated and link._load_handle is None  # no timer
+        assert load.on_saturated == link.load._loop_saturated and link.load._load_handle is None  # no timer
 
         def told() -> list[bool]:
             return [r.saturated for p, r in cluster.sent if isinstance(r, cm.LoopSaturated) and p == "n#w0"]
 
         load.note_busy(WINDOW_S / 10, now[0] + WINDOW_S)  # a window mostly idle: not saturated
-        assert told() == [] and link._load_handle is None
+        assert told() == [] and link.load._load_handle is None
         for window in range(2, 5):  # three windows busy throughout: saturated, told once
             load.note_busy(WINDOW_S, 10.0 + window * WINDOW_S)
         now[0] = 10.0 + 4 * WINDOW_S
-        assert load.own_saturated() and told() == [True] and link._load_handle is not None
-        link._tell_load()  # still saturated: keeps watching, tells nothing new
-        assert told() == [True] and link._load_handle is not None
+        assert load.own_saturated() and told() == [True] and link.load._load_handle is not None
+        link.load._tell_load()  # still saturated: keeps watching, tells nothing new
+        assert told() == [True] and link.load._load_handle is not None
         now[0] += (STALE_WINDOWS + 1) * WINDOW_S  # no input since: the loop is idle again
-        link._tell_load()
-        assert told() == [True, False] and link._load_handle is None
+        link.load._tell_load()
+        assert told() == [True, False] and link.load._load_handle is None
         link.stop()
         assert load.on_saturated is None
 

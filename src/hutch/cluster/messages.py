@@ -783,7 +783,7 @@ class CompactCommit(NamedTuple):
 
 @message_kind(153)
 class QueueMoved(NamedTuple):
-    """A queue's marker across its move (queue_types/remote.py, core/move_order.py): worker (or node)
+    """A queue's marker across its move (queue_types/remote_moves.py, core/move_order.py): worker (or node)
     `origin`, applying the record that names `home` as queue `queue`'s home, sends it to the queue's old
     home behind its last publish there; the old home forwards it to `home` behind everything of `origin`'s
     it held or relayed, and `home` then takes `origin`'s direct publishes, which it kept behind. Sent to

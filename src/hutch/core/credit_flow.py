@@ -105,7 +105,7 @@ class LoopLoad:
 
     `clock` is a monotonic clock in seconds (the node's `Clock.monotonic`, a test's fake).
     `saturated_peers`: the other worker processes of this node whose loops say they are saturated
-    (runtime/queue_types/remote.py tells them): a node of workers is one node, so a message's path
+    (runtime/queue_types/remote_stats.py tells them): a node of workers is one node, so a message's path
     through a saturated worker (its publisher's, its queue's or its consumer's) is held back as the one
     loop of a one-process node would be. `own_saturated` is this loop's judgement alone. `on_saturated`,
     when set, is called as a window closes saturated after one that was not (the only way this loop

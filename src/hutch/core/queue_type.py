@@ -128,7 +128,7 @@ class Queue:
     """Abstract base of queue types. Subclasses implement the message and consumer operations."""
 
     queue_type: str = "abstract"
-    remote: bool = False  # a stand-in for a queue whose home is another node (runtime/queue_types/remote.py)
+    remote: bool = False  # a stand-in for a queue whose home is another node (runtime/queue_types/remote_queue.py)
 
     def __init__(self, vhost: str, name: str, durable: bool, exclusive_owner: object | None,
                  auto_delete: bool, arguments: dict[str, Any]) -> None:

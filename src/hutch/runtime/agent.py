@@ -40,7 +40,7 @@ from hutch.core.routing import DELAYED_MESSAGE
 from hutch.core.tls_names import tls_fields
 
 from . import procinfo
-from .queue_types.remote import RemoteQueue
+from .queue_types.remote_queue import RemoteQueue
 from .queue_types.stream.queue import StreamQueue
 from .session.channel import ServerChannel
 from .session.connection import AMQPConnection

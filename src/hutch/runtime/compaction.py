@@ -11,7 +11,7 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   a worker, wired by the composition root): that worker moves its busiest island that can move now to
   the next worker, outside the controller.
 - **The move** (step 3): worker A (`move_out`) holds the other workers' traffic for the queue
-  (`QueueLink.hold_queue`) and reading on the island's connections, waits until each is quiet
+  (`MoveTraffic.hold_queue`, queue_types/remote_moves.py) and reading on the island's connections, waits until each is quiet
   (`island_reason` None: confirms written, content whole, output flushed), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
@@ -32,10 +32,10 @@ Rules:
   (`_Promises`, synced): a restarted A does not serve a promised queue's recovered copy (`recover`) until
   the record applies or B is no longer taking it and a read barrier shows no record naming B.
 - Order across a move: B holds its own publishes to the queue from its `CompactCommit` until it has the
-  queue, and A sends back what it held from B before it answers (`QueueLink.send_back`, `hold_outbound`).
+  queue, and A sends back what it held from B before it answers (`MoveTraffic.send_back`, `hold_outbound`).
   Every other worker (or node) C sends A a marker as it applies the record, behind its last publish there;
   A relays C's late publishes and forwards the marker behind them, and B, from its `CompactCommit`, keeps
-  C's direct publishes behind until the marker came and B has the queue (`QueueLink.expect_markers`,
+  C's direct publishes behind until the marker came and B has the queue (`MoveTraffic.expect_markers`,
   `markers_installed`, `drop_markers`; core/move_order.py). A queue still waiting for markers does not
   move again.
 - One move at a time per worker; a worker that is not this node's, or is down, is never a target.
@@ -67,7 +67,8 @@ from hutch.runtime.broker.node import Node
 from hutch.runtime.clustering.service import ClusterService
 from hutch.runtime.queue_types.classic import features
 from hutch.runtime.queue_types.classic.queue_type import ClassicQueueType
-from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
+from hutch.runtime.queue_types.remote import QueueLink
+from hutch.runtime.queue_types.remote_queue import RemoteQueue
 from hutch.runtime.queue_types.remote_type import RemoteQueueType
 from hutch.runtime.session.connection import AMQPConnection, State
 from hutch.runtime.session.island import (
@@ -299,12 +300,12 @@ class Compaction:
         to = worker_name(self.node_name, target)
         if key in self.outgoing or not isinstance(q, ClassicQueue) or target == self.index \
                 or not 0 <= target < self.workers or not self.cluster.connected(to) \
-                or self.link.awaiting_markers(vhost, name):  # (moved here, its order across that not settled)
+                or self.link.moves.awaiting_markers(vhost, name):  # (moved here, its order across that not settled)
             return False
         conns = island_of(self.node, q)
         if conns is None:
             return False
-        self.link.hold_queue(vhost, name)
+        self.link.moves.hold_queue(vhost, name)
         for c in conns:
             c.hold_reading("island")
         try:
@@ -320,7 +321,7 @@ class Compaction:
         finally:
             for c in conns:
                 c.release_reading("island")  # (a handed-over connection has no transport left: a no-op)
-        self.link.release_queue(vhost, name, False)
+        self.link.moves.release_queue(vhost, name, False)
         return False
 
     async def _quiet(self, q: ClassicQueue, conns: list[AMQPConnection]) -> bool:
@@ -398,7 +399,7 @@ class Compaction:
             out.standin.delete()
             self.node.add_queue(vhost, q, count=False)
             features.attach(self.node, self.classic.timers, q)
-        self.link.release_queue(key[0], key[1], False)
+        self.link.moves.release_queue(key[0], key[1], False)
         if not out.done.done():
             out.done.set_result(False)
         q.deliver_pending()
@@ -415,7 +416,7 @@ class Compaction:
         if not out.committing:
             self.promises.put(key, peer)  # synced before the answer: a restart of A keeps the promise
             out.committing = True
-            self.link.send_back(req.vhost, req.queue, peer)  # B's own held publishes, ahead of this answer
+            self.link.moves.send_back(req.vhost, req.queue, peer)  # B's own held publishes, ahead of this answer
             _fault_after_promise()
         return True
 
@@ -430,7 +431,7 @@ class Compaction:
         self.outgoing.pop((vhost, name), None)
         out.copy.delete()
         self.promises.drop((vhost, name))
-        asyncio.get_running_loop().call_soon(self.link.release_queue, vhost, name, True)
+        asyncio.get_running_loop().call_soon(self.link.moves.release_queue, vhost, name, True)
         out.done.set_result(True)
 
     def _peer_changed(self, peer: str, up: bool) -> None:
@@ -516,11 +517,11 @@ class Compaction:
                         name, source, source)
             _refuse(pairs)
             return
-        self.link.hold_outbound(vhost_name, name)  # this worker's own publishes wait for the queue from here
+        self.link.moves.hold_outbound(vhost_name, name)  # this worker's own publishes wait for the queue from here
         try:
             await self._take_queue(vhost, standin, source, state, pairs, conns)
         finally:
-            self.link.release_outbound(vhost_name, name, None)  # the move off (or a fault): sent to the home
+            self.link.moves.release_outbound(vhost_name, name, None)  # the move off (or a fault): sent to the home
 
     async def _take_queue(self, vhost: VirtualHost, standin: RemoteQueue, source: str, state: QueueTransfer,
                           pairs: list[tuple[socket.socket, bytes]], conns: list[IslandConnection]) -> None:
@@ -535,18 +536,18 @@ class Compaction:
             allowed = False
         if not allowed:
             q.delete()  # (its index with it)
-            self.link.release_queue(vhost_name, name, True)  # what came here for it goes back to its home
+            self.link.moves.release_queue(vhost_name, name, True)  # what came here for it goes back to its home
             _refuse(pairs)
             return
         self.incoming.add((vhost_name, name, source))
-        self.link.expect_markers(vhost_name, name, source)  # the other workers' direct publishes wait for their markers
+        self.link.moves.expect_markers(vhost_name, name, source)  # the other workers' direct publishes wait for their markers
         installed = False
         try:
             installed = await self._commit_and_install(vhost, standin, q, entries, pairs, conns)
         finally:
             self.incoming.discard((vhost_name, name, source))
             if not installed:
-                self.link.drop_markers(vhost_name, name)
+                self.link.moves.drop_markers(vhost_name, name)
 
     async def _commit_and_install(self, vhost: VirtualHost, standin: RemoteQueue, q: ClassicQueue,
                                   entries: dict[int, QueueEntry], pairs: list[tuple[socket.socket, bytes]],
@@ -574,9 +575,9 @@ class Compaction:
             return False
         self.classic.install_moved(vhost, standin, q)
         log.info("compaction: queue '%s' moved here from %s (%d connections)", name, source, len(pairs))
-        self.link.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
-        self.link.markers_installed(vhost_name, name)  # then the other workers' whose markers came through the source
-        self.link.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
+        self.link.moves.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
+        self.link.moves.markers_installed(vhost_name, name)  # then the other workers' whose markers came through the source
+        self.link.moves.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
         self.moved_in += 1
         loop = asyncio.get_running_loop()
         for (sock, _s), conn in zip(pairs, conns, strict=True):

@@ -30,7 +30,8 @@ from hutch.amqp.errors import PRECONDITION_FAILED, ChannelError
 from hutch.core.definition_ops import DeclareQueue, SetQueueMembers
 from hutch.core.queue_type import Queue
 from hutch.runtime.queue_types.base import QueueTypeDefaults
-from hutch.runtime.queue_types.remote import QueueLink, RemoteQueue
+from hutch.runtime.queue_types.remote import QueueLink
+from hutch.runtime.queue_types.remote_queue import RemoteQueue
 from hutch.runtime.workers.spec import node_of_worker
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ class RemoteQueueType(QueueTypeDefaults):
             assert isinstance(existing, RemoteQueue)
             existing.home_down()  # its consumers cancelled (basic.cancel), nothing requeued here
             # its marker to the old home, behind this worker's last publish there: the new home keeps this
-            # worker's direct publishes behind the ones the old home forwards (remote.py, `moved_away`)
-            self.link.moved_away(vhost.name, q.name, existing.home, q.home)
+            # worker's direct publishes behind the ones the old home forwards (remote_moves.py, `moved_away`)
+            self.link.moves.moved_away(vhost.name, q.name, existing.home, q.home)
         else:
             log.warning("queue '%s' in vhost '%s' was declared on %s and here at once; %s's wins",
                         q.name, vhost.name, q.home, q.home)

@@ -32,7 +32,7 @@ from hutch.queues.classic.queue import (
 )
 from hutch.runtime.ports import queues_of
 from hutch.runtime.queue_types.classic import features
-from hutch.runtime.queue_types.remote import RemoteQueue
+from hutch.runtime.queue_types.remote_queue import RemoteQueue
 
 if TYPE_CHECKING:
     from hutch.core.vhost import VirtualHost

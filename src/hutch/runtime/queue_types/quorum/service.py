@@ -51,7 +51,7 @@ from hutch.runtime.queue_types.quorum.queue import (
     log,
     now_ms,
 )
-from hutch.runtime.queue_types.remote import decode_message, pack_message
+from hutch.runtime.queue_types.remote_codec import decode_message, pack_message
 
 if TYPE_CHECKING:
     from hutch.runtime.broker.node import Node
