@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from hutch.portfile import NodeDidNotStart, wait_for_ports
+from node_forkserver import spawn_node
 from worker_suites import (
     DESELECTED,
     WORKER_SUITES,
@@ -222,8 +223,7 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
                 if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
     full_env.update(env or {})
     note_node_start()
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    proc = spawn_node(args, full_env, log_path)  # forked from a process that imported hutch already
     ports = node_ports(_flag(args, "--data-dir"), proc, log_path)
     return ServerInfo(ports["amqp"], ports.get("management", 0), data_dir, proc, log_path, env or {}, ports)
 
