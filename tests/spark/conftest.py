@@ -63,6 +63,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
     session = (builder.config("spark.jars", jars) if jars else builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
