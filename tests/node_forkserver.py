@@ -60,8 +60,8 @@ def _warm() -> None:
 
     from hutch.mgmt.calls import ROUTES
     router = web.UrlDispatcher()
-    for route in ROUTES:
-        router.add_resource(route.path)
+    for path in {r.path for r in ROUTES} | {r.path + "/" for r in ROUTES} | {"/api/definitions/{vhost}", "/ui/{file}"}:
+        router.add_resource(path)  # http.py's build_app adds each route with and without its trailing "/"
     gc.collect()
     gc.freeze()
 
