@@ -9,7 +9,7 @@ Why: a node's start was ~1.2-1.4 s of which ~0.8-1.0 s of CPU is Python importin
 cryptography (aiohttp alone loads the system's CA bundle at import, ~0.1 s), and `make test` starts
 several hundred nodes. The fork server imports the modules a node imports while it starts, once; each
 node is then a fork of it that runs `hutch.cli.server` as `__main__` with the node's argv, environment,
-working directory, umask and log file, exactly as `python -m hutch.cli.server` would, and exits through
+working directory, umask, resource limits (RLIMIT_*: what a Popen child inherits) and log file, exactly as `python -m hutch.cli.server` would, and exits through
 the interpreter's normal shutdown. Each node is still its own process with its own pid: tests signal it
 (`os.kill`: SIGTERM, SIGKILL, SIGSTOP) and read `/proc/<pid>` as before; only its exit status comes back
 through the fork server (its parent), over a socket of its own.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -144,7 +145,8 @@ class _ForkServer:
 
     def spawn(self, args: Sequence[str], env: Mapping[str, str], log_path: Path) -> ForkedNode:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        request = {"argv": list(args[3:]), "env": dict(env), "cwd": os.getcwd(), "umask": _umask()}
+        request = {"argv": list(args[3:]), "env": dict(env), "cwd": os.getcwd(), "umask": _umask(),
+                   "rlimits": _rlimits()}
         ours.sendall(json.dumps(request).encode() + b"\n")
         with open(log_path, "wb") as log_file, self._lock:
             socket.send_fds(self._control, [b"r"], [theirs.fileno(), log_file.fileno()])
@@ -173,6 +175,13 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _rlimits() -> dict[str, list[int]]:
+    """This process's resource limits (a test lowers RLIMIT_NOFILE before it starts a node: Popen's child
+    inherits them, so the forked node takes them over)."""
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in dir(resource)
+            if name.startswith("RLIMIT_")}
 
 
 def spawn_node(args: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -270,6 +279,9 @@ def _run_node(request: dict[str, Any], log_fd: int, base_path: list[str]) -> Non
     os.close(log_fd)
     os.chdir(request["cwd"])
     os.umask(request["umask"])
+    for name, (soft, hard) in request["rlimits"].items():
+        if resource.getrlimit(getattr(resource, name)) != (soft, hard):
+            resource.setrlimit(getattr(resource, name), (soft, hard))
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[:] = [os.getcwd(), *base_path]  # what `python -m` puts first: the working directory

@@ -1,10 +1,11 @@
 """The harness's fork server (tests/node_forkserver.py): a node forked from it is the node `python -m
 hutch.cli.server` starts, as tests see one: its own pid to signal, Popen's exit statuses, its log, its
-working directory, its environment, and no descriptor of the fork server's left open."""
+working directory, its environment, its resource limits, and no descriptor of the fork server's left open."""
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 from pathlib import Path
@@ -100,3 +101,20 @@ def test_what_is_read_while_importing_picks_the_fork_server() -> None:
     assert import_key(base) == import_key({**base, "HUTCH_CLUSTER_SECRET": "s", "OTHER": "x"})
     for name in ("HUTCH_PURE", "PYTHONHASHSEED", "LANG", "TZ", "SSL_CERT_FILE", "LC_ALL"):
         assert import_key(base) != import_key({**base, name: "1"}), name
+
+
+def test_the_nodes_resource_limits_are_the_test_processes(tmp_path: Path) -> None:
+    """A test lowers RLIMIT_NOFILE before it starts a node (tests/tls/test_half_open.py): a Popen child
+    inherits that, and so does a forked node, though the fork server was started with the old limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        info = start_server(tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        [line] = [x for x in Path(f"/proc/{info.proc.pid}/limits").read_text().splitlines()
+                  if x.startswith("Max open files")]
+        assert line.split()[3:5] == ["300", str(hard)]
+    finally:
+        info.stop()
