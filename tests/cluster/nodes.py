@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ServerInfo, node_ports, note_node_start
+from tests.conftest import ServerInfo, node_ports, note_node_start, spawn_node
 
 from hutch import portfile
 
@@ -91,8 +91,7 @@ class Node:
         env["HUTCH_CLUSTER_SECRET"] = self.secret
         env.update(self.env)
         note_node_start()
-        with open(log_path, "wb") as f:
-            self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
+        self.proc = spawn_node(args, env, log_path)  # forked from a process that imported hutch already
         if wait:
             self.wait_ready()
         return self

@@ -63,6 +63,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.stopTimeout", "30s")
+        # a test session's JVM does small jobs for a few minutes: C2's compilations and G1's threads cost
+        # more CPU than they give back (test_write.py's JVM: 49 s of CPU against 25 s; docs/testing.md)
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     )
     session = (builder.config("spark.jars", jars) if jars else builder).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
