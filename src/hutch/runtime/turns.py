@@ -68,12 +68,6 @@ class TurnScheduler:
 
     yield_now = busy  # after a step: give way to the next waiting connection (round-robin), or to the loop
 
-    def busy_if_begun(self) -> bool:
-        """`busy()` for a hot path that must not open the window nor look at the clock while no step work
-        was done in this turn (an AMQP connection's new input): another waits, or the window is open and
-        spent. The window then opens at the connection's first look, after one step of its own."""
-        return bool(self._waiting) or (self._deadline is not None and self.clock.time() >= self._deadline)
-
     def waiting(self) -> int:
         return len(self._waiting)
 

@@ -28,13 +28,13 @@ Rules (uvicorn/asyncpg style hot path):
   `TABLE_CHECK_BYTES` (its properties carry a table, decoded to validate it: ~0.5 µs a byte). When the
   turn's budget is spent, or another connection waits for its next step (`yield_now`), the rest of the
   input waits, reading held ("turn"), in the scheduler's queue, resumed round-robin in a later turn; a
-  connection whose input arrives while others wait or the turn's budget is spent queues behind them
-  before its first frame. Without
+  connection whose input arrives while others wait queues behind them before its first frame (not
+  while the window is merely spent: a client whose header arrives in two reads then went to the back of
+  the queue at each read, and 256 one-header senders took 29 s and stalled a probe 24 s, docs/security.md). Without
   it each connection had its own `TURN_S` (10 ms) a turn, looked at only after large headers: 64
   connections spent 64 x (10 ms + a header) in one turn, and 64 bursts of 5,000 small frames (each within
   the read budget) 7.3 s (docs/security.md). A connection alone with a small read pays a counter and
-  a look at the queue (no clock while no step work was done in the turn), as it paid one look at the
-  clock before.
+  a look at the queue's length, as it paid one look at the clock before.
 - Connection locality (a node of workers, `Handover` port): the first basic.publish (the default
   exchange, or a direct, topic or fanout one) or basic.consume of a connection is judged once; when
   every queue it reaches lives in one other worker and the
@@ -370,7 +370,7 @@ class AMQPConnection:
         # locals, and content frames, two of a publish's three, are tested for first. `left`: frames
         # until the next look at the loop's budget (a step); a new input waits behind those waiting
         channels = self.channels
-        if not resumed and self.turns.busy_if_begun():
+        if not resumed and self.turns.waiting():
             self._wait_turn()
             return
         left = STEP_FRAMES
