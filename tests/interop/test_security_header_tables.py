@@ -6,7 +6,7 @@ byte: an empty key and a void value are 2 bytes an entry, ~65,000 entries in a 1
 default `frame_max`), ~32 ms each on the loop. Before, the frame loop had only the read budget (256 KiB
 a turn) to stop it: 100 such publishes back to back stalled every client 240 ms [5.3, node at normal
 priority] (1.0 s with the node at nice 19). Now the loop looks at the clock after each large header
-and past `TURN_S` (10 ms) the rest of the input waits for the next turn: 64 ms [5.4] (69 ms niced).
+and past the loop's budget (runtime/turns.py, 10 ms a turn for all connections; `TURN_S` a connection when measured) the rest of the input waits: 64 ms [5.4] (69 ms niced).
 RabbitMQ accepts such headers too; hutch still does: every publish is queued."""
 
 from __future__ import annotations

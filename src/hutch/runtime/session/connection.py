@@ -22,11 +22,19 @@ Rules (uvicorn/asyncpg style hot path):
   and discards until close-ok (then closes), a simultaneous close, the client's EOF or CLOSE_OK_TIMEOUT_S.
   Every read hold but the per-iteration budget is dropped then: a held socket would never see close-ok.
 - Deliveries stop while the transport's write buffer is above its high-water mark (`write_paused`).
-- A turn's time: a content header larger than `TABLE_CHECK_BYTES` (its properties carry a table,
-  decoded to validate it, a cost per byte: ~0.5 µs a byte for a table of tiny fields) is followed by a
-  look at the clock; past `TURN_S` since the turn's frames began, the rest of the input waits for the
-  next loop turn, reading held ("turn"). Without it 256 KiB of such headers (the read budget) were
-  decoded in one turn: 100 publishes of 128 KiB headers stalled every client 251 ms (docs/security.md).
+- A turn's time is the loop's, shared with every other connection (runtime/turns.py, `TurnScheduler`,
+  one per loop): the frame loop looks at the loop's budget after every `STEP_FRAMES` frames (a publish
+  with its content counts one, a publish lane's run its length) and after a content header larger than
+  `TABLE_CHECK_BYTES` (its properties carry a table, decoded to validate it: ~0.5 µs a byte). When the
+  turn's budget is spent, or another connection waits for its next step (`yield_now`), the rest of the
+  input waits, reading held ("turn"), in the scheduler's queue, resumed round-robin in a later turn; a
+  connection whose input arrives while others wait queues behind them before its first frame (not
+  while the window is merely spent: a client whose header arrives in two reads then went to the back of
+  the queue at each read, and 256 one-header senders took 29 s and stalled a probe 24 s, docs/security.md). Without
+  it each connection had its own `TURN_S` (10 ms) a turn, looked at only after large headers: 64
+  connections spent 64 x (10 ms + a header) in one turn, and 64 bursts of 5,000 small frames (each within
+  the read budget) 7.3 s (docs/security.md). A connection alone with a small read pays a counter and
+  a look at the queue's length, as it paid one look at the clock before.
 - Connection locality (a node of workers, `Handover` port): the first basic.publish (the default
   exchange, or a direct, topic or fanout one) or basic.consume of a connection is judged once; when
   every queue it reaches lives in one other worker and the
@@ -76,6 +84,7 @@ from hutch.runtime.errors import ClusterUnavailable, cluster_timeout_text
 from hutch.runtime.session.channel import ServerChannel
 from hutch.runtime.session.confirms import ChannelConfirms
 from hutch.runtime.session.handover import HandoverState, channel_states, first_publish_queues, quiet_reason
+from hutch.runtime.turns import scheduler_of
 from hutch.runtime.workers.control import MAX_UNREAD_BYTES
 from hutch.runtime.workers.relay import peer_hung_up
 
@@ -155,8 +164,10 @@ class State:
     CLOSED = 8
 
 
-TURN_S = 0.01  # the loop's time one connection's frames may take in a turn, looked at after large headers
-TABLE_CHECK_BYTES = 1024  # a content header larger than this is followed by a look at the clock
+# frames handled between two looks at the loop's budget (runtime/turns.py): one step of a connection's input;
+# the costliest small method (a queue.declare that creates) takes ~0.1 ms, so a step stays ~1-3 ms
+STEP_FRAMES = 32
+TABLE_CHECK_BYTES = 1024  # a content header larger than this is followed by a look at the loop's budget
 
 _OPEN, _CLOSING, _DISCARDING = State.OPEN, State.CLOSING, State.DISCARDING  # the frame loop's constants
 _FRAME_METHOD, _FRAME_BODY = spec.FRAME_METHOD, spec.FRAME_BODY
@@ -175,6 +186,7 @@ class AMQPConnection:
                  handover: Handover | None = None) -> None:
         self.node = node
         self.clock = clock
+        self.turns = scheduler_of(clock)  # the loop's budget for input work, shared by all its connections
         self.gate = gate
         self.handover = handover
         # the first publish or consume is still to be judged for a move to its queue's worker
@@ -207,6 +219,7 @@ class AMQPConnection:
         self._flow_timer: TimerHandle | None = None
         self._read_holds: set[str] = set()
         self._suspended = False
+        self._waits_turn = False  # in the loop scheduler's queue, reading held ("turn")
         self._cluster_task: asyncio.Task[None] | None = None
         self._in_receive = False
         self._flush_scheduled = False
@@ -342,20 +355,25 @@ class AMQPConnection:
         self._drain_frames()
 
     # -- frame processing ------------------------------------------------------------------------
-    def _drain_frames(self) -> None:
-        """Handle every complete frame the reader holds, then write what they produced once."""
+    def _drain_frames(self, resumed: bool = False) -> None:
+        """Handle every complete frame the reader holds (as the loop's budget allows: `_turn_spent`), then
+        write what they produced once."""
         self._in_receive = True
         try:
-            self._process_frames()
+            self._process_frames(resumed)
         finally:
             self._in_receive = False
         self.flush()
 
-    def _process_frames(self) -> None:
+    def _process_frames(self, resumed: bool) -> None:
         # the hot loop of the node (three frames per message): constants and the channel map are
-        # locals, and content frames, two of a publish's three, are tested for first
+        # locals, and content frames, two of a publish's three, are tested for first. `left`: frames
+        # until the next look at the loop's budget (a step); a new input waits behind those waiting
         channels = self.channels
-        deadline = self.clock.time() + TURN_S
+        if not resumed and self.turns.waiting():
+            self._wait_turn()
+            return
+        left = STEP_FRAMES
         try:
             for ftype, channel, payload in self.reader.frames():
                 if self.state == _CLOSING:
@@ -372,7 +390,7 @@ class AMQPConnection:
                             ch.handle_body(payload)
                         else:
                             ch.handle_header(payload)
-                            if len(payload) > TABLE_CHECK_BYTES and self._turn_spent(deadline):
+                            if len(payload) > TABLE_CHECK_BYTES and self._turn_spent():
                                 return
                     except ChannelError as exc:
                         self._channel_error(channel, exc)
@@ -384,6 +402,11 @@ class AMQPConnection:
                             try:
                                 if prefix != _PUBLISH_ID:
                                     if ch.fast_ack(payload):
+                                        left -= 1
+                                        if not left:
+                                            if self._turn_spent():
+                                                return
+                                            left = STEP_FRAMES
                                         continue
                                 elif self.locality_armed:
                                     pass  # the first publish: `_method_frame` judges a move
@@ -399,10 +422,14 @@ class AMQPConnection:
                                                                          self.node.config.max_message_size, LANE_RUN)
                                         if run:
                                             ch.lane_run(run)
+                                            left -= len(run)
                                     if self._suspended or self.state >= _DISCARDING:
                                         return
-                                    if len(content[0]) > TABLE_CHECK_BYTES and self._turn_spent(deadline):
-                                        return
+                                    left -= 1
+                                    if left <= 0 or len(content[0]) > TABLE_CHECK_BYTES:
+                                        if self._turn_spent():
+                                            return
+                                        left = STEP_FRAMES
                                     continue
                             except ChannelError as exc:
                                 self._channel_error(channel, exc)
@@ -412,27 +439,42 @@ class AMQPConnection:
                     raise FrameError("heartbeat frame on a non-zero channel")
                 if self._suspended or self.state >= _DISCARDING:
                     return
+                left -= 1
+                if not left:
+                    if self._turn_spent():
+                        return
+                    left = STEP_FRAMES
         except ConnectionError_ as exc:
             self.close_with_error(exc)
         except Exception as exc:  # a bug must not take the node down
             log.exception("internal error on connection %s", self.name)
             self.close_with_error(ConnectionError_(INTERNAL_ERROR, f"internal error: {exc}"))
 
-    def _turn_spent(self, deadline: float) -> bool:
-        """Past the turn's `deadline`: the frames still buffered wait for the next loop turn (suspended,
-        reading held), and True."""
-        if self.clock.time() < deadline:
+    def _turn_spent(self) -> bool:
+        """After a step: when the loop's budget for this turn is spent or another connection waits for
+        its next step, the frames still buffered wait their turn (`_wait_turn`), and True."""
+        if not self.turns.yield_now() or not self.reader.buffered:  # (nothing left: nothing to wait for)
             return False
-        self._suspended = True
-        self.hold_reading("turn")
-        self.clock.call_soon(self._next_turn)
+        self._wait_turn()
         return True
 
+    def _wait_turn(self) -> None:
+        """Suspended, reading held, in the loop scheduler's queue until `_next_turn`."""
+        self._suspended = True
+        self._waits_turn = True
+        self.hold_reading("turn")
+        self.turns.wait(self._next_turn)
+
     def _next_turn(self) -> None:
+        """The scheduler's call in a later turn: one step at least, and on until the budget is spent or
+        another waits. Reading stays held while it waits again (no resume and pause of the socket a
+        turn); a connection closed meanwhile does nothing."""
         self._suspended = False
-        self.release_reading("turn")
+        self._waits_turn = False
         if self.state < _DISCARDING:  # (closing: the frames are read for close-ok)
-            self._drain_frames()
+            self._drain_frames(resumed=True)
+        if not self._waits_turn:
+            self.release_reading("turn")
 
     def _method_frame(self, channel: int, payload: bytes) -> None:
         method = spec.decode_method(payload)
