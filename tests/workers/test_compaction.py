@@ -95,6 +95,25 @@ class Consumer:
               what=f"{n} deliveries (have {len(self.got)})")
 
 
+def drain_quiet(ch: Any, queue: str) -> list[bytes]:
+    """Every body a consumer of `queue` on `ch` gets until it is quiet for 5 s, each acked."""
+    bodies = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        bodies.append(body)
+        ch.basic_ack(method.delivery_tag)
+    return bodies
+
+
+def assert_once_in_order(numbers: list[int], sent: int, who: str = "") -> None:
+    """`numbers` are 0..sent-1, each once (none lost, none duplicated), in the order they were sent."""
+    assert len(numbers) == len(set(numbers)), f"duplicates{who}"
+    assert set(numbers) == set(range(sent)), sorted(set(range(sent)) - set(numbers))[:10]
+    assert numbers == sorted(numbers), next(
+        (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
+
+
 def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInfo) -> None:
     """A publisher with confirms and a consumer (prefetch 10, 10 unacked) of one queue in worker 1,
     moved to worker 0: nothing lost or duplicated, order kept, delivery tags and confirms continue, the
@@ -226,18 +245,9 @@ def test_a_hop_publisher_of_the_new_home_keeps_its_order_across_moves(node: Serv
         assert not publisher.is_alive()
         keeper.close()  # its one unacked delivery, the first message, goes back to the head of the queue
         ch = sub.channel()
-        bodies = []
-        for method, _props, body in ch.consume(queue, inactivity_timeout=5):
-            if method is None:
-                break
-            bodies.append(body)
-            ch.basic_ack(method.delivery_tag)
+        bodies = drain_quiet(ch, queue)
         assert bodies[0] == b"-1"
-        numbers = [int(b) for b in bodies[1:]]
-        assert len(numbers) == len(set(numbers)), "duplicates"
-        assert set(numbers) == set(range(sent[0])), sorted(set(range(sent[0])) - set(numbers))  # none lost
-        assert numbers == sorted(numbers), next(
-            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
+        assert_once_in_order([int(b) for b in bodies[1:]], sent[0])
 
 
 @pytest.mark.slow  # a sustained load (over the controller's 2,000 msg/s floor) for several seconds

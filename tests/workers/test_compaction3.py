@@ -29,7 +29,7 @@ import pika
 import pytest
 from tests.cluster.nodes import FAST, Cluster
 from tests.conftest import ServerInfo, start_server
-from tests.workers.test_compaction import CONFIG, force_move
+from tests.workers.test_compaction import CONFIG, assert_once_in_order, drain_quiet, force_move
 from tests.workers.test_locality import connect, declare_in, own_port
 from tests.workers.test_workers import until, worker_pid
 
@@ -132,25 +132,14 @@ def test_third_worker_hop_publishers_keep_their_order_across_moves(node3: Server
             p.finish()
         keeper.close()  # its one unacked delivery, the first message, goes back to the head of the queue
     with connect(node3, home) as sub:
-        ch = sub.channel()
-        bodies = []
-        for method, _props, body in ch.consume(queue, inactivity_timeout=5):
-            if method is None:
-                break
-            bodies.append(body)
-            ch.basic_ack(method.delivery_tag)
+        bodies = drain_quiet(sub.channel(), queue)
     assert bodies[0] == b"-1"
     by_worker: dict[int, list[int]] = {w: [] for w in range(WORKERS)}
     for body in bodies[1:]:
         w, n = body.split(b":")
         by_worker[int(w)].append(int(n))
     for p in publishers:
-        numbers = by_worker[p.worker]
-        assert len(numbers) == len(set(numbers)), f"duplicates from worker {p.worker}"
-        missing = sorted(set(range(p.sent)) - set(numbers))
-        assert not missing, f"worker {p.worker}'s publisher: {len(missing)} lost, first {missing[:10]}"
-        assert numbers == sorted(numbers), (p.worker, next(
-            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1]))
+        assert_once_in_order(by_worker[p.worker], p.sent, f" from worker {p.worker}")
     assert "no marker from" not in node3.log()  # every wait ended by its marker, not by the bound
 
 
@@ -202,19 +191,9 @@ def test_another_nodes_hop_publisher_keeps_its_order_across_a_move(tmp_path: Pat
                 sent += 1
             pub.sleep(0.2)
         with connect(info, home) as sub:
-            ch = sub.channel()
-            bodies = []
-            for method, _props, body in ch.consume(queue, inactivity_timeout=5):
-                if method is None:
-                    break
-                bodies.append(body)
-                ch.basic_ack(method.delivery_tag)
+            bodies = drain_quiet(sub.channel(), queue)
         assert bodies[0] == b"-1"
-        numbers = [int(b) for b in bodies[1:]]
-        assert len(numbers) == len(set(numbers)), "duplicates"
-        assert set(numbers) == set(range(sent)), sorted(set(range(sent)) - set(numbers))[:10]
-        assert numbers == sorted(numbers), next(
-            (numbers[i - 1], numbers[i]) for i in range(1, len(numbers)) if numbers[i] < numbers[i - 1])
+        assert_once_in_order([int(b) for b in bodies[1:]], sent)
     finally:
         cluster.stop()
 
