@@ -11,8 +11,10 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   a worker, wired by the composition root): that worker moves its busiest island that can move now to
   the next worker, outside the controller.
 - **The move** (step 3): worker A (`move_out`) holds the other workers' traffic for the queue
-  (`MoveTraffic.hold_queue`, queue_types/remote_moves.py) and reading on the island's connections, waits until each is quiet
-  (`island_reason` None: confirms written, content whole, output flushed), exports the queue and the
+  (`MoveTraffic.hold_queue`, queue_types/remote_moves.py) and the island's connections between messages
+  (`hold_island`: deliveries and reading held, no publish begun whose content is not wholly buffered),
+  waits at most `QUIET_WAIT_S` until each is quiet (`island_reason` None: confirms written, content
+  whole, output flushed; else the move is given up and the controller backs the island off), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
   copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) builds a copy aside, imports, syncs
