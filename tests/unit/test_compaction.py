@@ -8,6 +8,8 @@ target stays below saturation."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -133,16 +135,24 @@ def test_a_worker_with_one_island_keeps_it() -> None:
     assert run(Compactor(), {"a": 0.9}, homes, {"a": 50000.0}, {}, 2, 30) == []
 
 
-def test_a_failed_move_ends_the_flight_and_the_island_may_be_tried_again() -> None:
-    ctl = Compactor(pack_hold_s=0.0, settle_s=1.0)
+def test_a_failed_move_ends_the_flight_and_backs_the_island_off() -> None:
+    """A failed move ends the flight; its island is not tried again for `retry_s`, doubled at each failure
+    in a row, and a move that succeeds clears the count."""
+    ctl = Compactor(pack_hold_s=0.0, settle_s=1.0, retry_s=10.0)
     loads = [WorkerLoad(0, 0.1, False, 5000.0), WorkerLoad(1, 0.1, False, 5000.0)]
-    islands = [Island("a", 0, 5000.0, True), Island("b", 1, 5000.0, True)]
+    islands = [Island("a", 0, 5000.0, False), Island("b", 1, 5000.0, True)]
     move = ctl.observe(0.0, loads, islands)
     assert move == Move("b", 1, 0, "pack")
     assert ctl.observe(0.5, loads, islands) is None
     ctl.move_done(0.5, False)
     assert ctl.observe(1.0, loads, islands) is None  # settling
-    assert ctl.observe(1.5, loads, islands) == move
+    assert ctl.observe(1.5, loads, islands) is None  # backed off (10 s)
+    assert ctl.observe(10.5, loads, islands) == move
+    ctl.move_done(10.5, False)
+    assert ctl.observe(30.0, loads, islands) is None  # backed off again, twice as long (20 s)
+    assert ctl.observe(30.5, loads, islands) == move
+    ctl.move_done(30.5, True)
+    assert ctl.failures_of == {} and ctl.moves_of == {"b": 1}
     with pytest.raises(AssertionError):
         Compactor().move_done(0.0, True)
 
@@ -219,3 +229,37 @@ def test_a_load_meter_gives_the_busy_share_between_samples() -> None:
     assert meter.sample(2.0, loop.busy_total_s, False, 4000.0).busy == pytest.approx(0.25)
     assert meter.sample(2.0, loop.busy_total_s, False, 0.0).busy == 0.0  # no time elapsed: nothing said
     assert meter.sample(3.0, loop.busy_total_s + 5.0, True, 0.0).busy == 1.0  # at most the whole loop
+
+
+@settings(max_examples=100, deadline=None)
+@given(workers=st.integers(2, 4),
+       spec=st.lists(st.tuples(st.integers(0, 3), st.floats(0.0, 0.45), st.booleans()), min_size=1, max_size=8),
+       retry_s=st.floats(1.0, 30.0))
+def test_an_island_that_cannot_move_is_tried_ever_more_rarely(workers: int, spec: list[tuple[int, float, bool]],
+                                                             retry_s: float) -> None:
+    """Islands whose every move fails (they never get quiet) under any load: the k-th try of one comes at
+    least `retry_s` * 2^(k-2) after the one before (capped at `pin_max_s`), so in t seconds it is tried at
+    most 2 + log2(t / retry_s) times, not at every report; the others still move."""
+    homes = {NAMES[i]: w % workers for i, (w, _c, _s) in enumerate(spec)}
+    costs = {NAMES[i]: c for i, (_w, c, _s) in enumerate(spec)}
+    rates = {n: c * 1e5 for n, c in costs.items()}
+    stuck = {NAMES[i] for i, (_w, _c, s) in enumerate(spec) if s}
+    ctl = Compactor(retry_s=retry_s)
+    tries: dict[str, list[float]] = {}
+    steps = 600
+    for step in range(steps):
+        now = float(step)
+        loads = loads_of(costs, homes, rates, workers)
+        move = ctl.observe(now, loads, islands_of(homes, rates, {}))
+        if move is None:
+            continue
+        assert homes[move.island] == move.source != move.target
+        tries.setdefault(move.island, []).append(now)
+        if move.island not in stuck:
+            homes[move.island] = move.target
+        ctl.move_done(now, move.island not in stuck)
+    for name in stuck:
+        times = tries.get(name, [])
+        for k in range(1, len(times)):
+            assert times[k] - times[k - 1] >= min(ctl.pin_max_s, retry_s * 2 ** (k - 1)), (name, times)
+        assert len(times) <= 2 + math.log2(steps / retry_s), (name, times)

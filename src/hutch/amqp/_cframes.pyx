@@ -201,6 +201,55 @@ cdef class FrameReader:
         return out
 
 
+    def cut_unfinished_publish(self):
+        """See `frames.FrameReader.cut_unfinished_publish`."""
+        cdef object buf = self._buf
+        cdef const unsigned char* p
+        cdef Py_ssize_t n, pos, end
+        p = _contents(buf, &n)
+        pos = self._pos
+        while n - pos >= 7:
+            end = pos + 8 + <Py_ssize_t>_u32(p + pos + 3)
+            if end > n:
+                break
+            if p[pos] == 1 and end - pos >= 12 and _u32(p + pos + 7) == 0x003C0028 \
+                    and not _content_whole(p, n, end, _u16(p + pos + 1)):
+                tail = PyBytes_FromStringAndSize(<const char*>p + pos, n - pos)
+                if type(buf) is bytearray:
+                    del buf[pos:]
+                else:
+                    self._buf = buf[:pos]
+                return tail
+            pos = end
+        return b""
+
+
+cdef bint _content_whole(const unsigned char* p, Py_ssize_t n, Py_ssize_t pos, unsigned int channel) noexcept:
+    """Whether p[pos:n] starts with a whole content on `channel` (`frames._content_whole`)."""
+    cdef Py_ssize_t end
+    cdef uint64_t left
+    cdef unsigned int size
+    if n - pos < 7:
+        return False
+    size = _u32(p + pos + 3)
+    end = pos + 8 + size
+    if p[pos] != 2 or _u16(p + pos + 1) != channel or size < 14 or end > n:
+        return False
+    left = _u64(p + pos + 11)
+    pos = end
+    while left > 0:
+        if n - pos < 7:
+            return False
+        size = _u32(p + pos + 3)
+        if p[pos] != 3 or _u16(p + pos + 1) != channel:
+            return False
+        pos += 8 + size
+        if pos > n:
+            return False
+        left -= size if size < left else left
+    return True
+
+
 cdef class _FrameIter:
     """What `FrameReader.frames()` returns: reads the reader's state afresh on every step, so feeding
     (and compacting) the reader between steps loses nothing; done after the first incomplete frame or

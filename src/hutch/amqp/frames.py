@@ -207,6 +207,57 @@ class FrameReader:
         """The largest payload size accepted."""
         return self.frame_max - FRAME_OVERHEAD + self.tolerance if self.frame_max else 0xFFFFFFFF
 
+    def cut_unfinished_publish(self) -> bytes:
+        """Cut the buffer before the first complete basic.publish method frame whose content does not
+        follow it whole: its content header frame on its channel (complete, at least 14 bytes) and then
+        body frames on its channel (complete) adding up to the body size the header declares (a frame of
+        anything else first, or the buffer's end, is not whole). Returns the bytes cut (b"" when every
+        complete publish buffered is whole); `feed` them back to go on. Frames are judged only by their
+        lengths here (`frames()` raises their errors); a frame not yet complete stays. An island's move
+        (runtime/session/connection.py) hands a connection over only between messages."""
+        buf = self._buf
+        n = len(buf)
+        pos = self._pos
+        unpack = _HDR.unpack_from
+        while n - pos >= 7:
+            ftype, channel, size = unpack(buf, pos)
+            end = pos + 8 + size
+            if end > n:
+                break
+            if ftype == FRAME_METHOD and buf[pos + 7:pos + 11] == _PUBLISH_ID and not _content_whole(buf, n, end, channel):
+                tail = bytes(buf[pos:])
+                if type(buf) is bytearray:
+                    del buf[pos:]
+                else:
+                    self._buf = buf[:pos]
+                return tail
+            pos = end
+        return b""
+
+
+_PUBLISH_ID = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
+
+
+def _content_whole(buf: bytes | bytearray, n: int, pos: int, channel: int) -> bool:
+    """Whether `buf[pos:n]` starts with a whole content on `channel` (`FrameReader.cut_unfinished_publish`)."""
+    if n - pos < 7:
+        return False
+    ftype, ch, size = _HDR.unpack_from(buf, pos)
+    end = pos + 8 + size
+    if ftype != FRAME_HEADER or ch != channel or size < 14 or end > n:
+        return False
+    (left,) = _U64.unpack_from(buf, pos + 11)
+    pos = end
+    while left > 0:
+        if n - pos < 7:
+            return False
+        ftype, ch, size = _HDR.unpack_from(buf, pos)
+        pos += 8 + size
+        if ftype != FRAME_BODY or ch != channel or pos > n:
+            return False
+        left -= size
+    return True
+
 
 def method_frame(channel: int, method: Method) -> bytes:
     payload = method.encode()

@@ -27,8 +27,10 @@ saturates its target under the load it was packed at, and a spread never saturat
 it busier than its source; every move starts a pause of `settle_s` (the reports must show the move
 before the next is judged); an island that moved stays where it went for `pin_s`, doubled at each of
 its moves up to `pin_max_s` (an estimate that misleads the controller makes it move an island back and
-forth at most log2(t / pin_s) times in t seconds); and at most one move is in flight (`move_done` ends
-it, whether it succeeded or not).
+forth at most log2(t / pin_s) times in t seconds); an island whose move failed (it could not get quiet,
+or its target did not commit) is not tried again for `retry_s`, doubled at each failure in a row up to
+`pin_max_s` (a busy island is not held again and again at every report); and at most one move is in
+flight (`move_done` ends it, whether it succeeded or not).
 
 An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
 island's share of the worker's messages (per-message cost is about the same for every island of one
@@ -106,12 +108,14 @@ class Compactor:
     settle_s: float = 3.0  # no move judged for this long after one ends
     pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
     pin_max_s: float = 3600.0  # ... up to this
+    retry_s: float = 10.0  # an island whose move failed is not tried again for this long, doubled per failure in a row
     in_flight: Move | None = None
     low_since: float | None = None
     saturated_since: dict[int, float] = field(default_factory=dict)
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
+    failures_of: dict[str, int] = field(default_factory=dict)  # an island's failed moves since its last move
     packing: tuple[int, int] | None = None  # (source, target) of a pack under way: its next island follows at once
 
     def __post_init__(self) -> None:
@@ -168,9 +172,13 @@ class Compactor:
         self.saturated_since.clear()
         if not moved:
             self.packing = None
-        if moved:
+            k = self.failures_of[move.island] = self.failures_of.get(move.island, 0) + 1
+            wait = min(self.pin_max_s, self.retry_s * 2 ** min(k - 1, 32))
+        else:
+            self.failures_of.pop(move.island, None)
             n = self.moves_of[move.island] = self.moves_of.get(move.island, 0) + 1
-            self.pinned_until[move.island] = now + min(self.pin_max_s, self.pin_s * 2 ** (n - 1))
+            wait = min(self.pin_max_s, self.pin_s * 2 ** min(n - 1, 32))
+        self.pinned_until[move.island] = max(self.pinned_until.get(move.island, now), now + wait)
 
     def _pack(self, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
               costs: dict[str, float]) -> Move | None:

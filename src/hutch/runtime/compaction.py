@@ -11,8 +11,10 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   a worker, wired by the composition root): that worker moves its busiest island that can move now to
   the next worker, outside the controller.
 - **The move** (step 3): worker A (`move_out`) holds the other workers' traffic for the queue
-  (`MoveTraffic.hold_queue`, queue_types/remote_moves.py) and reading on the island's connections, waits until each is quiet
-  (`island_reason` None: confirms written, content whole, output flushed), exports the queue and the
+  (`MoveTraffic.hold_queue`, queue_types/remote_moves.py) and the island's connections between messages
+  (`hold_island`: deliveries and reading held, no publish begun whose content is not wholly buffered),
+  waits at most `QUIET_WAIT_S` until each is quiet (`island_reason` None: confirms written, content
+  whole, output flushed; else the move is given up and the controller backs the island off), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
   copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) builds a copy aside, imports, syncs
@@ -92,7 +94,10 @@ log = logging.getLogger("hutch.workers")
 
 REPORT_S = 1.0  # each worker's report to worker 0 (and worker 0's judgement)
 STALE_S = 3.0  # a report older than this is left out (its worker is down or silent)
-QUIET_WAIT_S = 5.0  # A waits this long for the island's connections to be quiet, else gives the move up
+# A waits this long for the island's connections to be quiet, else gives the move up (and the controller
+# backs off the island, core/compaction.py): a held connection only finishes what it had begun, so quiet
+# comes in milliseconds or not soon
+QUIET_WAIT_S = 0.5
 QUIET_POLL_S = 0.005
 COMMIT_WAIT_S = 20.0  # A gives the move up when B has not asked to commit within this
 MOVE_CALL_S = 120.0  # worker 0's wait for a move's answer (a move waiting on a restart takes seconds)
@@ -307,7 +312,7 @@ class Compaction:
             return False
         self.link.moves.hold_queue(vhost, name)
         for c in conns:
-            c.hold_reading("island")
+            c.hold_island()
         try:
             quiet = await self._quiet(q, conns)
             if quiet:
@@ -320,7 +325,7 @@ class Compaction:
                 raise  # handed over already: only the record (or B's death) decides now
         finally:
             for c in conns:
-                c.release_reading("island")  # (a handed-over connection has no transport left: a no-op)
+                c.release_island()  # (a handed-over connection has no transport left: a no-op)
         self.link.moves.release_queue(vhost, name, False)
         return False
 
@@ -337,8 +342,12 @@ class Compaction:
                 for c in conns:
                     c.flush()
                 if all(_written(c) for c in conns) and island_of(self.node, q, conns) == conns:
+                    log.info("compaction: queue '%s' quiet after %.1f ms", q.name,
+                             1000 * (loop.time() - deadline + QUIET_WAIT_S))
                     return True
             if loop.time() > deadline:
+                log.info("compaction: queue '%s' not quiet in %.1f s: %s", q.name, QUIET_WAIT_S,
+                         "; ".join(_why_not_quiet(c, r) for c, r in zip(conns, reasons, strict=True)))
                 return False
             await asyncio.sleep(QUIET_POLL_S)
 
@@ -639,6 +648,15 @@ def _plain_socket(c: Any) -> bool:  # Any: a connection of the node (an AMQPConn
     process), not an in-process pipe (no socket)."""
     t = getattr(c, "transport", None)
     return t is not None and getattr(c, "ssl_object", None) is None and t.get_extra_info("socket") is not None
+
+
+def _why_not_quiet(c: AMQPConnection, reason: str | None) -> str:
+    """What kept connection `c` from quiet at the wait's last look (the log of a move given up)."""
+    t: Any = c.transport  # Any: asyncio's or uvloop's transport (the port's Protocol names neither method)
+    size = t.get_write_buffer_size() if t is not None else -1
+    reading = t.is_reading() if t is not None else None
+    return (f"{c.name}: {reason or 'quiet'}, write buffer {size}, read holds {sorted(c._read_holds)}, "
+            f"suspended {c._suspended}, buffered {c.reader.buffered}, out {len(c.out)}, reading {reading}")
 
 
 def _written(c: AMQPConnection) -> bool:

@@ -219,6 +219,10 @@ class AMQPConnection:
         self._flow_timer: TimerHandle | None = None
         self._read_holds: set[str] = set()
         self._suspended = False
+        # an island's move waits for this connection to be quiet (`hold_island`): no publish is begun whose
+        # content is not wholly buffered, reading is held between messages, and deliveries are held
+        self.island_held = False
+        self._transport_write_paused = False  # the transport's own pause_writing (write_paused also holds for an island)
         self._waits_turn = False  # in the loop scheduler's queue, reading held ("turn")
         self._cluster_task: asyncio.Task[None] | None = None
         self._in_receive = False
@@ -279,12 +283,61 @@ class AMQPConnection:
             self.node.churn["connections_closed"] += 1
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        self._transport_write_paused = self.write_paused = True
 
     def resume_writing(self) -> None:
+        self._transport_write_paused = False
+        if self.island_held:  # deliveries stay held until the island's move lets go
+            return
         self.write_paused = False
         for ch in list(self.channels.values()):
             ch._resume_consumers()
+
+    # -- an island's move (runtime/compaction.py) --------------------------------------------------
+    def hold_island(self) -> None:
+        """Hold this connection for an island's move, between messages: deliveries stop (what is on the
+        wire is unacked and moves), the frame loop never begins a publish whose content is not wholly
+        buffered (`_process_island`), and reading is held, except while a publish begun before is still
+        arriving: reading goes on until its content is whole, then is held (`_island_reading`)."""
+        self.island_held = True
+        self.write_paused = True
+        self._island_reading()
+
+    def release_island(self) -> None:
+        """The move is over without this connection (given up): deliveries and reading go on, and the
+        frames held back are handled in a later turn. A no-op on a connection handed over."""
+        if not self.island_held:
+            return
+        self.island_held = False
+        if self.transport is None:
+            return
+        if not self._transport_write_paused:
+            self.write_paused = False
+            for ch in list(self.channels.values()):
+                ch._resume_consumers()
+        self.release_reading("island")
+        if self.reader.buffered and not self._suspended and self.state < _DISCARDING:
+            self._wait_turn()
+
+    def _island_reading(self) -> None:
+        """Under an island hold: reading on while a publish's content is still arriving, else held (the
+        transport paused even if a pause asked inside `connection_made` was not honoured)."""
+        if not self.island_held:
+            return
+        if any(ch.content_in_progress() for ch in self.channels.values()):
+            self.release_reading("island")
+        else:
+            self.hold_reading("island")
+            self._sync_reading()
+
+    def _sync_reading(self) -> None:
+        """The transport paused while a hold is on. uvloop starts reading right after `connection_made`
+        returns whatever it was told, so a hold taken there (an adopted connection's unread frames that
+        wait their turn) would otherwise leave it reading for as long as holds overlap."""
+        t = self.transport
+        is_reading = getattr(t, "is_reading", None)
+        if t is not None and self._read_holds and is_reading is not None and not t.is_closing() and is_reading():
+            t.pause_reading()
 
     # -- flow control ----------------------------------------------------------------------------
     def hold_reading(self, reason: str) -> None:
@@ -360,10 +413,25 @@ class AMQPConnection:
         write what they produced once."""
         self._in_receive = True
         try:
-            self._process_frames(resumed)
+            if self.island_held:
+                self._process_island(resumed)
+            else:
+                self._process_frames(resumed)
         finally:
             self._in_receive = False
         self.flush()
+
+    def _process_island(self, resumed: bool) -> None:
+        """The frame loop under an island hold: the frames up to the first publish whose content is not
+        wholly buffered (`FrameReader.cut_unfinished_publish`); that publish and what follows stay buffered
+        (moved as the connection's unread bytes, or handled after the hold)."""
+        tail = self.reader.cut_unfinished_publish()
+        try:
+            self._process_frames(resumed)
+        finally:
+            if tail:
+                self.reader.feed(tail)
+        self._island_reading()
 
     def _process_frames(self, resumed: bool) -> None:
         # the hot loop of the node (three frames per message): constants and the channel map are
@@ -621,6 +689,7 @@ class AMQPConnection:
         if self.node.alarms:
             self.alarm_raised()  # blocked here as it would have been there
         self.receive_data(st.unread)
+        self.clock.call_soon(self._sync_reading)  # (called inside connection_made: see `_sync_reading`)
 
     # -- methods that wait for the cluster (the MethodGate port) -------------------------------------
     def _suspend_for_gate(self, ch: ServerChannel, channel: int, method: spec.Method) -> None:

@@ -17,8 +17,9 @@ Rules:
   is that queue's (a `basic.get` delivery too). Direct Reply-To, a transaction, an exclusive queue of its
   own and an alarm or flow block make it not movable.
 - What waits is not refused: unconfirmed publishes, a write buffer not yet flushed, a publish whose
-  content is still arriving and a channel closing are the move's to wait for (reading goes on until a
-  message is whole, then is held), so `island_reason` names them apart (`WAIT_REASONS`).
+  content is still arriving and a channel closing are the move's to wait for (`AMQPConnection.hold_island`:
+  reading goes on until a message is whole, then is held, and no publish is begun whose content is not
+  wholly buffered), so `island_reason` names them apart (`WAIT_REASONS`).
 - The delivery tags continue: each channel's `next_tag` travels in its `ChannelState`, and every
   unacked delivery keeps its tag, so an ack of a tag delivered before the move settles it after.
 - A decoded state is checked whole before anything is built: tags unique, ascending and below the
