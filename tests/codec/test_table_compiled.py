@@ -33,6 +33,7 @@ except ImportError as exc:  # not built (no compiler or headers): the pure path 
     NOT_BUILT = f"the compiled table decoder is not built ({exc}); `pip install -e .` builds it"
 else:
     NOT_BUILT = ""
+    _ctable.configure(table.Timestamp, MAX_NESTING_DEPTH)  # as table.py does (not when HUTCH_PURE is set)
 
 pytestmark = pytest.mark.skipif(_ctable is None, reason=NOT_BUILT or "built")
 
