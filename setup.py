@@ -1,5 +1,5 @@
 """Builds the optional compiled hot paths, with Cython: `hutch.amqp._cframes` (from `_cframes.pyx`: the AMQP
-frames) and `hutch.spark._crecords` (from `_crecords.pyx`: a Spark read task's stream chunks -> Arrow).
+frames), `hutch.amqp._ctable` (from `_ctable.pyx`: field tables) and `hutch.spark._crecords` (from `_crecords.pyx`: a Spark read task's stream chunks -> Arrow).
 
 Everything else about the package is in pyproject.toml. The extension is optional: if it cannot be
 compiled (no C compiler, no Python headers), the install still succeeds and hutch runs its pure-Python
@@ -16,6 +16,7 @@ except ImportError:  # no Cython: nothing to compile; the pure path runs
 else:
     ext_modules = cythonize(
         [Extension("hutch.amqp._cframes", ["src/hutch/amqp/_cframes.pyx"], optional=True),
+         Extension("hutch.amqp._ctable", ["src/hutch/amqp/_ctable.pyx"], optional=True),
          Extension("hutch.spark._crecords", ["src/hutch/spark/_crecords.pyx"], optional=True)],
         compiler_directives={"language_level": "3"},
         quiet=True,

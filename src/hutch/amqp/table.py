@@ -16,6 +16,13 @@ list/tuple→A, None→V.
 
 Rule: every decode error raises `FrameError` (501 FRAME_ERROR, as RabbitMQ reports undecodable frames) - never IndexError or struct.error -
 so that hostile input closes the connection with the protocol's code and nothing else.
+Decoding has two twins: `decode_table_pure` here (the reference) and `_ctable.decode_table`, compiled
+with Cython when the install could build it (setup.py), ~30-100 times faster on large tables (a 128 KiB
+content header's table is decoded on the event loop when it arrives: ~30-60 ms in Python, ~1 ms
+compiled; docs/security.md, session 19). `decode_table` is the compiled one unless it is missing or
+`HUTCH_PURE` is set (then the pure one); `COMPILED_TABLES` says which. They agree on every input,
+malformed ones included, down to the error text (tests/codec/test_table_compiled.py).
+
 Invariant: tables and arrays nest at most `MAX_NESTING_DEPTH` levels deep; deeper input is a 501, not a
 RecursionError (a 131072-byte frame could otherwise nest ~26,000 arrays and exhaust Python's stack).
 """
@@ -23,7 +30,9 @@ RecursionError (a 131072-byte frame could otherwise nest ~26,000 arrays and exha
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import struct
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -81,8 +90,9 @@ def _bad(text: str) -> FrameError:
     return FrameError(text)
 
 
-def decode_table(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any], int]:
-    """Decode a length-prefixed field table at `offset`; return (table, new offset)."""
+def decode_table_pure(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any], int]:
+    """Decode a length-prefixed field table at `offset`; return (table, new offset). The reference:
+    `decode_table` is this or its compiled twin (`_ctable.decode_table`), which gives the same result."""
     return _decode_table(buf, offset, 0)
 
 
@@ -297,3 +307,18 @@ def _encode_decimal(value: Decimal) -> bytes:
     if scale > 255 or not -(2**31) <= unscaled < 2**31:
         raise ValueError(f"decimal out of range for AMQP: {value}")
     return _DEC.pack(scale, unscaled)
+
+
+def _select_decoder() -> tuple[Callable[[bytes | memoryview, int], tuple[dict[str, Any], int]], bool]:
+    """The compiled decoder when it was built and `HUTCH_PURE` is not set (as `speedups` chooses)."""
+    if os.environ.get("HUTCH_PURE", "") not in ("", "0"):
+        return decode_table_pure, False
+    try:
+        from . import _ctable
+    except ImportError:
+        return decode_table_pure, False
+    _ctable.configure(Timestamp, MAX_NESTING_DEPTH)
+    return _ctable.decode_table, True
+
+
+decode_table, COMPILED_TABLES = _select_decoder()

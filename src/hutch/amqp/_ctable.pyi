@@ -1,0 +1,6 @@
+"""Type stub of the compiled field-table decoder (`_ctable.pyx`): the signature of `table.decode_table`."""
+
+from typing import Any
+
+def configure(timestamp_type: type, max_depth: int) -> None: ...
+def decode_table(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any], int]: ...
