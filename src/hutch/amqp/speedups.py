@@ -38,7 +38,8 @@ def missing_names(module: ModuleType) -> list[str]:
     missing = [name for name in ("FrameReader", "parse_publish", "parse_content_header", "parse_ack",
                                  "append_delivery", "stream_plain_run") if not hasattr(module, name)]
     reader = getattr(module, "FrameReader", None)
-    missing += [f"FrameReader.{name}" for name in ("feed", "frames", "take_content", "take_publishes")
+    missing += [f"FrameReader.{name}" for name in ("feed", "frames", "take_content", "take_publishes",
+                                                         "cut_unfinished_publish")
                 if reader is not None and not hasattr(reader, name)]
     return missing
 
