@@ -422,7 +422,8 @@ def test_a_compiled_part_built_from_an_older_source_is_not_used() -> None:
                  "stream_plain_run"):
         setattr(stale, name, getattr(pure, name))
     stale.FrameReader = OldReader  # type: ignore[attr-defined]
-    assert speedups.missing_names(stale) == ["FrameReader.take_content", "FrameReader.take_publishes"]
+    assert speedups.missing_names(stale) == ["FrameReader.take_content", "FrameReader.take_publishes",
+                                            "FrameReader.cut_unfinished_publish"]
     assert speedups.missing_names(ModuleType("empty"))[:2] == ["FrameReader", "parse_publish"]
 
 
