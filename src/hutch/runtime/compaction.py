@@ -17,11 +17,13 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   whole, output flushed; else the move is given up and the controller backs the island off), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
-  copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) builds a copy aside, imports, syncs
-  a durable queue's import, asks A whether it may commit (`CompactCommit`), proposes the queue's record
-  naming B (the commit point) and waits for it, then puts its copy in its stand-in's place and adopts
-  the connections (consumers attached and deliveries held under their tags before any unread byte is
-  handled). A applies the record (`RemoteQueueType.on_record`): the copy set aside is dropped, and what
+  copy aside, a stand-in homed at B in its place; then it makes its promise to B durable (`_Promises`),
+  while B takes the island. Worker B (`_adopt`) builds a copy aside, imports, syncs the import if it
+  wrote a persistent message (`wrote_durable`), asks A whether it may commit (`CompactCommit`), proposes
+  the queue's record naming B (the commit point) and waits for it, then puts its copy in its stand-in's
+  place and adopts the connections, together (consumers attached and deliveries held under their tags
+  before any unread byte is handled). Each side logs one INFO line per move with its phases' durations
+  (`_Phases`). A applies the record (`RemoteQueueType.on_record`): the copy set aside is dropped, and what
   it held for the queue is forwarded to B (`release_queue`).
 
 Rules:
