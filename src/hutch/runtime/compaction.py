@@ -648,10 +648,17 @@ class Compaction:
         self.link.moves.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
         phases.mark("install")
         self.moved_in += 1
-        # every connection adopted at once (each its own; nothing orders one client's against another's):
-        # one loop turn for the island, not one per connection
-        await asyncio.gather(*(self._adopt_connection(q, name, sock, conn, entries)
-                               for (sock, _s), conn in zip(pairs, conns, strict=True)))
+        # the connections adopted together (each its own; nothing orders one client's against another's): the
+        # first now, the others' tasks from the next turn, while the first waits for its `connection_made`,
+        # not one after the other's (two turns each)
+        adoptions = [self._adopt_connection(q, name, sock, conn, entries)
+                     for (sock, _s), conn in zip(pairs, conns, strict=True)]
+        later = [asyncio.ensure_future(a) for a in adoptions[1:]]
+        try:
+            if adoptions:
+                await adoptions[0]
+        finally:
+            await asyncio.gather(*later)
         q.deliver_pending()
         phases.mark("adopt")
         log.info("compaction: queue '%s' moved here from %s (%d connections): %s", name, source, len(pairs),
