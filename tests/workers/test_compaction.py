@@ -159,6 +159,57 @@ def test_a_publisher_and_consumer_move_with_their_queue_mid_flow(node: ServerInf
             assert get_one(ch, queue)[2] == b"bound %d" % worker
 
 
+TRANSIENT = pika.BasicProperties(delivery_mode=1)
+
+
+class ModeConsumer(Consumer):
+    """A `Consumer` that records each delivery's delivery mode too."""
+
+    def __init__(self, conn: pika.BlockingConnection, queue: str, prefetch: int, modes: list[int]) -> None:
+        self.modes = modes
+        super().__init__(conn, queue, prefetch)
+
+    def _on(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        self.modes.append(props.delivery_mode)
+        super()._on(ch, method, props, body)
+
+
+def test_a_durable_queue_of_transient_and_persistent_messages_moves_whole(node: ServerInfo) -> None:
+    """A durable queue holding transient messages (which the new home does not sync before the record)
+    and persistent ones (which it does), 10 of them unacked by a consumer, moved from worker 1 to worker 0
+    with its publisher and consumer: every message delivered once, in order, each with its delivery mode,
+    confirms and delivery tags continuing, the queue still durable in worker 0."""
+    queue = declare_durable_in(node, 1, "durable-isle")
+    mode = {b"%d" % i: 2 if i % 3 == 0 else 1 for i in range(60)}
+    mode.update({b"%d" % i: 1 for i in range(60, 90)})
+    with connect(node, 1) as pub, connect(node, 1) as sub:
+        pch = pub.channel()
+        pch.confirm_delivery()
+        for i in range(60):  # each returns once confirmed
+            pch.basic_publish("", queue, b"%d" % i, PERSISTENT if mode[b"%d" % i] == 2 else TRANSIENT)
+        modes: list[int] = []
+        consumer = ModeConsumer(sub, queue, prefetch=10, modes=modes)
+        consumer.wait_for(10)  # 10 unacked across the move
+        assert holders(node, client_port(pub)) == {1} and holders(node, client_port(sub)) == {1}
+        force_move(node, 1, queue, 0)
+        until(lambda: holders(node, client_port(pub)) == {0} and holders(node, client_port(sub)) == {0},
+              what="both sockets in worker 0")
+        for i in range(60, 90):  # confirms continue in worker 0
+            pch.basic_publish("", queue, b"%d" % i, TRANSIENT)
+        while len(consumer.got) < 90:
+            consumer.ch.basic_ack(consumer.got[-1][0], multiple=True)
+            consumer.wait_for(len(consumer.got) + 1)
+        consumer.ch.basic_ack(consumer.got[-1][0], multiple=True)
+        consumer.conn.process_data_events(time_limit=0.2)
+    bodies = [b for _t, b, _r in consumer.got]
+    assert bodies == [b"%d" % i for i in range(90)]  # once each, in order
+    assert [t for t, _b, _r in consumer.got] == list(range(1, 91))  # tags continue across the move
+    assert modes == [mode[b] for b in bodies]
+    doc = until(lambda: (lambda d: d if d["messages"] == 0 and d.get("worker") == 0 else None)(queue_json(node, queue)),
+                what="the queue empty in worker 0")
+    assert doc["durable"] is True
+
+
 @pytest.mark.asyncio
 async def test_an_island_moves_while_messages_stream_through_it(node: ServerInfo) -> None:
     """aio-pika: a publisher awaiting each confirm and a consumer acking each delivery run without

@@ -35,7 +35,7 @@ def worker(index: int) -> Worker:
     link, theirs = control_link(index)
     w = Worker(link, theirs, None)  # type: ignore[arg-type]
 
-    async def adopt(queue_state: bytes, connections: list[tuple[socket.socket, bytes]]) -> None:
+    async def adopt(queue_state: bytes, connections: list[tuple[socket.socket, bytes]], _arrived: float) -> None:
         w.adopted.append((queue_state, connections))
     w.transfer = IslandTransfer(link, adopt)
     return w
@@ -85,11 +85,32 @@ async def test_an_islands_sockets_and_states_arrive_together_in_order(workers: t
 
 
 @pytest.mark.asyncio
+async def test_a_state_larger_than_a_socket_pairs_buffer_arrives_whole(workers: tuple[Worker, Worker]) -> None:
+    """What the pair's buffer takes is written before the message, the rest by a writer after it; the
+    adopting worker reads what is there and then on to the end of file."""
+    a, b = workers
+    pairs = [socket.socketpair() for _ in range(2)]
+    queue_state = bytes(range(251)) * (24 << 10)  # ~6 MB, far over a pair's buffer (212,992 bytes here)
+    assert a.transfer.send(1, [s for s, _c in pairs], queue_state, [b"x", b"y"])
+    for server, _client in pairs:
+        server.close()
+    await relay(a, b)
+    await until(lambda: b.adopted, "the adoption")
+    got_queue, connections = b.adopted[0]
+    assert got_queue == queue_state and [s for _sock, s in connections] == [b"x", b"y"]
+    for (sock, _s), (_server, client) in zip(connections, pairs, strict=True):
+        sock.close()
+        client.close()
+
+
+@pytest.mark.asyncio
 async def test_a_state_that_never_arrives_closes_every_client_with_320(workers: tuple[Worker, Worker]) -> None:
     a, b = workers
     pairs = [socket.socketpair() for _ in range(2)]
-    assert a.transfer.send(1, [s for s, _c in pairs], b"q", [b"x", b"y"])
-    a.transfer.stop()  # the state's writer cancelled: its socket pair closes empty
+    # more than a socket pair's buffer takes at once: the rest is left to a writer, which is cancelled, so
+    # the pair closes with the state cut short (a state within the buffer is written before the message)
+    assert a.transfer.send(1, [s for s, _c in pairs], b"q" * (8 << 20), [b"x", b"y"])
+    a.transfer.stop()
     for server, _client in pairs:
         server.close()
     await relay(a, b)

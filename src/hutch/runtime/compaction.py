@@ -17,11 +17,13 @@ Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `co
   whole, output flushed; else the move is given up and the controller backs the island off), exports the queue and the
   connections in one loop turn, hands the sockets and the state to B (`IslandTransfer`), forgets the
   connections (their unacked messages go back into its copy, which has no consumer left) and sets the
-  copy aside, a stand-in homed at B in its place. Worker B (`_adopt`) builds a copy aside, imports, syncs
-  a durable queue's import, asks A whether it may commit (`CompactCommit`), proposes the queue's record
-  naming B (the commit point) and waits for it, then puts its copy in its stand-in's place and adopts
-  the connections (consumers attached and deliveries held under their tags before any unread byte is
-  handled). A applies the record (`RemoteQueueType.on_record`): the copy set aside is dropped, and what
+  copy aside, a stand-in homed at B in its place; then it makes its promise to B durable (`_Promises`),
+  while B takes the island. Worker B (`_adopt`) builds a copy aside, imports, syncs the import if it
+  wrote a persistent message (`wrote_durable`), asks A whether it may commit (`CompactCommit`), proposes
+  the queue's record naming B (the commit point) and waits for it, then puts its copy in its stand-in's
+  place and adopts the connections, together (consumers attached and deliveries held under their tags
+  before any unread byte is handled). Each side logs one INFO line per move with its phases' durations
+  (`_Phases`). A applies the record (`RemoteQueueType.on_record`): the copy set aside is dropped, and what
   it held for the queue is forwarded to B (`release_queue`).
 
 Rules:
@@ -52,6 +54,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +66,13 @@ from hutch.core.definition_ops import DeclareQueue
 from hutch.core.queue_type import QueueEntry
 from hutch.core.vhost import VirtualHost
 from hutch.queues.classic.queue import ClassicQueue
-from hutch.queues.classic.transfer import QueueTransfer, export_queue, import_queue, not_movable
+from hutch.queues.classic.transfer import (
+    QueueTransfer,
+    export_queue,
+    import_queue,
+    not_movable,
+    wrote_durable,
+)
 from hutch.runtime.broker.definitions import pack_arguments
 from hutch.runtime.broker.node import Node
 from hutch.runtime.clustering.service import ClusterService
@@ -112,8 +121,9 @@ HOLD_RECORD_ENV = "HUTCH_TEST_COMPACT_HOLD_RECORD"
 
 
 class _Promises:
-    """A's durable promises: (vhost, queue) -> the worker it said True to (`CompactCommit`), written and
-    synced before the answer and kept until the move ends (its record applied here, or given up). A worker
+    """A's durable promises: (vhost, queue) -> the worker it hands the queue to (and says True to, at its
+    `CompactCommit`), written and synced as the island is handed (at the latest before the answer) and kept
+    until the move ends (its record applied here, or given up). A worker
     that restarts with a promise does not serve its recovered copy of that queue (`Compaction.recover`)."""
 
     def __init__(self, data_dir: str) -> None:
@@ -156,6 +166,25 @@ class _Promises:
             os.close(fd)
 
 
+class _Phases:
+    """A move's phases on one side, timed by `time.monotonic` (uvloop's loop clock counts whole
+    milliseconds, cached per turn): one INFO line per move says where its time went (docs/BENCHMARKS.md
+    "The rest of a move, session 19")."""
+
+    def __init__(self, start: float) -> None:
+        self.start = self.last = start
+        self.items: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.items.append((name, now - self.last))
+        self.last = now
+
+    def text(self) -> str:
+        return ", ".join(f"{n} {1000 * d:.1f}" for n, d in self.items) + \
+            f" ms (total {1000 * (self.last - self.start):.1f} ms)"
+
+
 @dataclass
 class _Outgoing:
     """A's side of a move in flight: to whom, the copy set aside (its stand-in for the target in its
@@ -166,6 +195,8 @@ class _Outgoing:
     standin: RemoteQueue
     done: asyncio.Future[bool]
     committing: bool = False
+    promised: bool = False  # the promise to the target durable (`_Promises`): written as the island is handed
+    phases: _Phases | None = None  # (a move from here: timed; a promise recovered at a restart: not)
 
 
 class Compaction:
@@ -310,13 +341,15 @@ class Compaction:
         conns = island_of(self.node, q)
         if conns is None:
             return False
+        phases = _Phases(time.monotonic())
         self.link.moves.hold_queue(vhost, name)
         for c in conns:
             c.hold_island()
         try:
             quiet = await self._quiet(q, conns)
+            phases.mark("quiet")
             if quiet:
-                out = self._hand(q, conns, target, to)
+                out = self._hand(q, conns, target, to, phases)
                 if out is not None:
                     return await self._await_commit(key, out)
         except Exception:  # a fault of this code: logged; the queue stays (and its traffic is let go below)
@@ -351,7 +384,8 @@ class Compaction:
                 return False
             await asyncio.sleep(QUIET_POLL_S)
 
-    def _hand(self, q: ClassicQueue, conns: list[AMQPConnection], target: int, to: str) -> _Outgoing | None:
+    def _hand(self, q: ClassicQueue, conns: list[AMQPConnection], target: int, to: str,
+              phases: _Phases) -> _Outgoing | None:
         """Export and hand over, in one loop turn (nothing of the island runs between the two)."""
         held = [u.entry for c in conns for ch in c.channels.values() for u in ch.unacked.values()]
         try:
@@ -366,10 +400,12 @@ class Compaction:
             states.append(IslandConnection(q.name, c.handover_state(unread), island_channels(c.channels)).encode())
         header = msgpack.packb([HEADER_VERSION, q.vhost, q.name, self.node.name, queue_state], use_bin_type=True)
         socks = [c.transport.get_extra_info("socket") if c.transport is not None else None for c in conns]
+        phases.mark("export")
         if any(s is None for s in socks) or not self.transfer.send(target, socks, header, states):
             return None
-        log.info("compaction: island of queue '%s' (%d connections, %d messages, %d unacked) handed to worker %d",
-                 q.name, len(conns), q.message_count, len(held), target)
+        phases.mark("send")
+        log.info("compaction: island of queue '%s' (%d connections, %d messages, %d unacked, %d bytes) handed to "
+                 "worker %d: %s", q.name, len(conns), q.message_count, len(held), len(header), target, phases.text())
         for c in conns:
             c._forget_moved()  # its unacked messages go back into the copy, which has no consumer left
         # the copy is set aside (timers off: no expiry nor dead-lettering of what the target now holds), and
@@ -379,8 +415,16 @@ class Compaction:
         standin = RemoteQueue(self.link, to, q.vhost, q.name, q.durable, False, q.auto_delete, dict(q.arguments))
         vhost = self.node.vhosts[q.vhost]
         self.node.add_queue(vhost, standin, count=False)
-        out = _Outgoing(to, q, standin, asyncio.get_running_loop().create_future())
+        out = _Outgoing(to, q, standin, asyncio.get_running_loop().create_future(), phases=phases)
         self.outgoing[(q.vhost, q.name)] = out
+        # the promise made durable now, while B takes the island, not when B asks (its fsync off the move's
+        # path): a promise without an answer yet is a promise a restart keeps and settles (`recover`)
+        try:
+            self.promises.put((q.vhost, q.name), to)
+            out.promised = True
+        except OSError as exc:  # written again when B asks; its error then is B's answer
+            log.warning("compaction: the promise of queue '%s' not written yet: %r", q.name, exc)
+        phases.mark("promise")
         return out
 
     async def _await_commit(self, key: tuple[str, str], out: _Outgoing) -> bool:
@@ -423,7 +467,11 @@ class Compaction:
         if out is None or out.target != peer or out.done.done():
             return False
         if not out.committing:
-            self.promises.put(key, peer)  # synced before the answer: a restart of A keeps the promise
+            if out.phases is not None:
+                out.phases.mark("ask")  # handed over and promised -> B's CompactCommit here
+            if not out.promised:
+                self.promises.put(key, peer)  # synced before the answer: a restart of A keeps the promise
+                out.promised = True
             out.committing = True
             self.link.moves.send_back(req.vhost, req.queue, peer)  # B's own held publishes, ahead of this answer
             _fault_after_promise()
@@ -438,6 +486,9 @@ class Compaction:
             return
         self.moved_out += 1
         self.outgoing.pop((vhost, name), None)
+        if out.phases is not None:
+            out.phases.mark("record")  # the answer -> the record naming B applied here
+            log.info("compaction: queue '%s' moved out to %s: %s", name, home, out.phases.text())
         out.copy.delete()
         self.promises.drop((vhost, name))
         asyncio.get_running_loop().call_soon(self.link.moves.release_queue, vhost, name, True)
@@ -505,16 +556,19 @@ class Compaction:
                 self.outgoing.pop(key, None)
 
     # -- step 3: the move, B's side ----------------------------------------------------------------------------
-    async def _adopt(self, header: bytes, pairs: list[tuple[socket.socket, bytes]]) -> None:
+    async def _adopt(self, header: bytes, pairs: list[tuple[socket.socket, bytes]], arrived: float) -> None:
+        phases = _Phases(arrived)
+        phases.mark("receive")  # the supervisor's message -> the envelope read whole
         try:
-            await self._take(header, pairs)
+            await self._take(header, pairs, phases)
         except Exception:  # a fault of this code: logged, and the clients told (320), never left hanging
             log.exception("compaction: an island handed over could not be taken")
             _refuse([p for p in pairs if p[0].fileno() >= 0])
 
-    async def _take(self, header: bytes, pairs: list[tuple[socket.socket, bytes]]) -> None:
+    async def _take(self, header: bytes, pairs: list[tuple[socket.socket, bytes]], phases: _Phases) -> None:
         try:
             vhost_name, name, source, state, conns = _decode(header, [s for _sock, s in pairs])
+            phases.mark("decode")
         except ValueError as exc:
             log.warning("an island handed over is closed: %s", exc)
             _refuse(pairs)
@@ -528,18 +582,23 @@ class Compaction:
             return
         self.link.moves.hold_outbound(vhost_name, name)  # this worker's own publishes wait for the queue from here
         try:
-            await self._take_queue(vhost, standin, source, state, pairs, conns)
+            await self._take_queue(vhost, standin, source, state, pairs, conns, phases)
         finally:
             self.link.moves.release_outbound(vhost_name, name, None)  # the move off (or a fault): sent to the home
 
     async def _take_queue(self, vhost: VirtualHost, standin: RemoteQueue, source: str, state: QueueTransfer,
-                          pairs: list[tuple[socket.socket, bytes]], conns: list[IslandConnection]) -> None:
+                          pairs: list[tuple[socket.socket, bytes]], conns: list[IslandConnection],
+                          phases: _Phases) -> None:
         vhost_name, name = vhost.name, standin.name
         q = self.classic.moved_copy(vhost, standin)
         try:
             entries = import_queue(q, state)
-            await self._synced()
+            phases.mark("import")
+            if wrote_durable(q, state):  # (a transient queue, or no persistent message: nothing to sync)
+                self._synced()
+            phases.mark("sync")
             allowed = bool(await self.cluster.call(source, cm.CompactCommit(vhost_name, name), timeout=COMMIT_WAIT_S))
+            phases.mark("commit")
         except Exception as exc:  # noqa: BLE001 - A gone or silent, or the import refused: the move is off
             log.warning("compaction: queue '%s' from %s not taken: %r", name, source, exc)
             allowed = False
@@ -552,7 +611,7 @@ class Compaction:
         self.link.moves.expect_markers(vhost_name, name, source)  # the other workers' direct publishes wait for their markers
         installed = False
         try:
-            installed = await self._commit_and_install(vhost, standin, q, entries, pairs, conns)
+            installed = await self._commit_and_install(vhost, standin, q, entries, pairs, conns, phases)
         finally:
             self.incoming.discard((vhost_name, name, source))
             if not installed:
@@ -560,7 +619,7 @@ class Compaction:
 
     async def _commit_and_install(self, vhost: VirtualHost, standin: RemoteQueue, q: ClassicQueue,
                                   entries: dict[int, QueueEntry], pairs: list[tuple[socket.socket, bytes]],
-                                  conns: list[IslandConnection]) -> bool:
+                                  conns: list[IslandConnection], phases: _Phases) -> bool:
         """Propose the record naming this worker, and once it is committed install the copy and adopt the
         connections: True once installed."""
         vhost_name, name, source = vhost.name, standin.name, standin.home
@@ -577,49 +636,65 @@ class Compaction:
             except Exception as exc:  # noqa: BLE001 - no majority now (A restarting): it is proposed again
                 log.info("compaction: the record of queue '%s' waits: %r", name, exc)
                 await asyncio.sleep(0.5)
+        phases.mark("record")  # proposed -> committed and applied here
         if vhost.queues.get(name) is not standin:  # deleted (or declared again) meanwhile: that record came later
             log.warning("compaction: queue '%s' changed while it moved here; its island is closed", name)
             q.delete()
             _refuse(pairs)
             return False
         self.classic.install_moved(vhost, standin, q)
-        log.info("compaction: queue '%s' moved here from %s (%d connections)", name, source, len(pairs))
         self.link.moves.release_queue(vhost_name, name, False)  # what came here for it meanwhile, after its messages
         self.link.moves.markers_installed(vhost_name, name)  # then the other workers' whose markers came through the source
         self.link.moves.release_outbound(vhost_name, name, q)  # then this worker's own, held since it asked to commit
+        phases.mark("install")
         self.moved_in += 1
-        loop = asyncio.get_running_loop()
-        for (sock, _s), conn in zip(pairs, conns, strict=True):
-            unread, conn.connection.unread = conn.connection.unread, b""
-
-            def island(c: AMQPConnection, conn: IslandConnection = conn, unread: bytes = unread) -> None:
-                try:
-                    restore_island(c, q, conn.channels, entries)
-                except ValueError as exc:  # (a state that does not fit its connection: nothing attached)
-                    log.warning("compaction: a connection of queue '%s' could not be restored: %s", name, exc)
-                    q.requeue([entries[seq] for ch in conn.channels for _t, seq, _c in ch.deliveries if seq in entries])
-                    c.close_forced("the connection could not be moved between workers")
-                    return
-                c.receive_data(unread)
-            try:
-                await loop.connect_accepted_socket(
-                    lambda conn=conn, island=island: AMQPProtocol(self.node, self.handover,  # type: ignore[misc]  # default arguments bind the loop variables
-                                                                  adopted=conn.connection.encode(), island=island),
-                    sock=sock)
-            except (OSError, ValueError) as exc:  # that client went away meanwhile: its deliveries go back
-                log.info("compaction: a connection of queue '%s' was gone at its adoption: %r", name, exc)
-                sock.close()
-                q.requeue([entries[seq] for ch in conn.channels for _t, seq, _c in ch.deliveries if seq in entries])
+        # the connections adopted together (each its own; nothing orders one client's against another's): the
+        # first now, the others' tasks from the next turn, while the first waits for its `connection_made`,
+        # not one after the other's (two turns each)
+        adoptions = [self._adopt_connection(q, name, sock, conn, entries)
+                     for (sock, _s), conn in zip(pairs, conns, strict=True)]
+        later = [asyncio.ensure_future(a) for a in adoptions[1:]]
+        try:
+            if adoptions:
+                await adoptions[0]
+        finally:
+            await asyncio.gather(*later)
         q.deliver_pending()
+        phases.mark("adopt")
+        log.info("compaction: queue '%s' moved here from %s (%d connections): %s", name, source, len(pairs),
+                 phases.text())
         return True
 
-    async def _synced(self) -> None:
+    async def _adopt_connection(self, q: ClassicQueue, name: str, sock: socket.socket, conn: IslandConnection,
+                                entries: dict[int, QueueEntry]) -> None:
+        """Adopt one connection of the island: its consumers attached and deliveries held under their tags
+        (`restore_island`) before any unread byte is handled."""
+        unread, conn.connection.unread = conn.connection.unread, b""
+
+        def island(c: AMQPConnection) -> None:
+            try:
+                restore_island(c, q, conn.channels, entries)
+            except ValueError as exc:  # (a state that does not fit its connection: nothing attached)
+                log.warning("compaction: a connection of queue '%s' could not be restored: %s", name, exc)
+                q.requeue([entries[seq] for ch in conn.channels for _t, seq, _c in ch.deliveries if seq in entries])
+                c.close_forced("the connection could not be moved between workers")
+                return
+            c.receive_data(unread)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: AMQPProtocol(self.node, self.handover, adopted=conn.connection.encode(), island=island),
+                sock=sock)
+        except (OSError, ValueError) as exc:  # that client went away meanwhile: its deliveries go back
+            log.info("compaction: a connection of queue '%s' was gone at its adoption: %r", name, exc)
+            sock.close()
+            q.requeue([entries[seq] for ch in conn.channels for _t, seq, _c in ch.deliveries if seq in entries])
+
+    def _synced(self) -> None:
+        """The import's persistent messages durable before the record: one synchronous flush and fsync of
+        what is pending (a move is rare; `sync_now` covers everything written so far)."""
         persistence = self.node.persistence
-        if persistence is None:
-            return
-        persistence.sink.sync_now()  # one fsync of the import (a move is rare), before the record
-        while persistence.synced_seq < persistence.last_enqueued:
-            await asyncio.sleep(0.001)
+        if persistence is not None:
+            persistence.sink.sync_now()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

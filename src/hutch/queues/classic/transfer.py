@@ -11,7 +11,7 @@ side (consumers and delivery tags) is runtime/session/handover.py's.
 Rules:
 - Pure: no IO but the queue's own index calls (`import_queue` writes a durable queue's persistent
   messages to its index, as a publish does: the caller waits for their sync before the queue's record
-  names the new home, the commit point of a move).
+  names the new home, the commit point of a move; `wrote_durable` says whether there was any).
 - Only a queue whose every message is in RAM moves (`not_movable`): a paged queue, a deleted,
   exclusive, auto-delete or single-active-consumer one, or one over `MAX_TRANSFER_MESSAGES` messages or `MAX_TRANSFER_BYTES` of bodies stays.
 - Every unacked message travels: `export_queue` is given the entries its consumers' channels hold and
@@ -219,6 +219,12 @@ def import_queue(q: ClassicQueue, t: QueueTransfer) -> dict[int, QueueEntry]:
         if deadline:
             q.timer(q, deadline)
     return held
+
+
+def wrote_durable(q: ClassicQueue, t: QueueTransfer) -> bool:
+    """Whether `import_queue(q, t)` wrote anything a crash must find: a persistent message into a
+    persisting queue's index (only then does the caller wait for a sync before the commit point)."""
+    return q.persist and any(es.msg.persistent for es in (*t.ready, *t.unacked))
 
 
 def _entry(es: EntryState, index: QueueIndex | None) -> QueueEntry:

@@ -11,8 +11,9 @@ composition root's `adopt`). Moving an island to worker N:
    and the duplicates go to the supervisor over this worker's control socket (`{"island": N}`,
    `SCM_RIGHTS`, at most `control.MAX_FDS` descriptors: an island of more connections is not movable),
    which relays them to worker N (`{"adopt_island": M}`) and closes its copies; the envelope is written
-   on the other end of the pair, then closed (an island's state is large: it never rides inline);
-3. worker N reads the envelope to the pair's end of file (at most `control.MAX_ISLAND_STATE_BYTES`,
+   on the other end of the pair, then closed (an island's state is large: it never rides inline): what
+   the pair's buffer takes at once (all of a usual island's) before the message, the rest after;
+3. worker N reads the envelope to the pair's end of file (in the turn the message came, when it is whole) (at most `control.MAX_ISLAND_STATE_BYTES`,
    within `STATE_TIMEOUT_S`), checks it names one state per socket, and calls `adopt` with the sockets
    and the states.
 
@@ -31,6 +32,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,8 +47,10 @@ log = logging.getLogger("hutch.workers")
 VERSION = 1
 MAX_CONNECTIONS = control.MAX_FDS - 1  # an island's connections that fit one control message with its state
 
-# the composition root's: build the queue and adopt the connections (sockets in the order of their states)
-AdoptIsland = Callable[[bytes, list[tuple[socket.socket, bytes]]], Awaitable[None]]
+# the composition root's: build the queue and adopt the connections (sockets in the order of their states);
+# the last argument is the `time.monotonic()` at which the supervisor's `{"adopt_island"}` arrived (a move's phases
+# are timed from it, runtime/compaction.py's log line)
+AdoptIsland = Callable[[bytes, list[tuple[socket.socket, bytes]], float], Awaitable[None]]
 
 
 def pack_island(queue_state: bytes, connection_states: list[bytes]) -> bytes:
@@ -101,6 +105,16 @@ class IslandTransfer:
                 os.close(fd)
             return False
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # what the pair's buffer takes is written now, before the sockets leave: worker `to` finds the
+        # envelope whole (and its end of file) as it takes the sockets, without a turn of this loop between
+        try:
+            rest = _write_now(mine, envelope)
+        except OSError:
+            for fd in dups:
+                os.close(fd)
+            mine.close()
+            theirs.close()
+            return False
         try:
             sent = self.link.send_island(to, [theirs.fileno(), *dups])
         finally:
@@ -111,18 +125,24 @@ class IslandTransfer:
             mine.close()
             return False
         self.sent += 1
-        self._spawn(write_and_close(mine, envelope, f"an island handed to worker {to}"))
+        if rest:
+            self._spawn(write_and_close(mine, rest, f"an island handed to worker {to}"))
+        else:
+            mine.close()
         return True
 
     def receive(self, sender: int, state_sock: socket.socket, clients: list[socket.socket]) -> None:
-        self._spawn(self._receive(sender, state_sock, clients))
+        self._spawn(self._receive(sender, state_sock, clients, time.monotonic()))
 
-    async def _receive(self, sender: int, state_sock: socket.socket, clients: list[socket.socket]) -> None:
+    async def _receive(self, sender: int, state_sock: socket.socket, clients: list[socket.socket],
+                       arrived: float) -> None:
         try:
             try:
                 state_sock.setblocking(False)
-                data = await asyncio.wait_for(read_to_end(state_sock, control.MAX_ISLAND_STATE_BYTES),
-                                              STATE_TIMEOUT_S)
+                data, whole = _read_now(state_sock, control.MAX_ISLAND_STATE_BYTES)
+                if not whole:  # the rest is still being written: read on, in later turns
+                    data += await asyncio.wait_for(read_to_end(state_sock, control.MAX_ISLAND_STATE_BYTES - len(data)),
+                                                   STATE_TIMEOUT_S)
             finally:
                 state_sock.close()
             queue_state, connection_states = unpack_island(data, len(clients))
@@ -132,7 +152,7 @@ class IslandTransfer:
             for client in clients:
                 refuse_client(client, stream=False)
             return
-        await self.adopt(queue_state, list(zip(clients, connection_states, strict=True)))
+        await self.adopt(queue_state, list(zip(clients, connection_states, strict=True)), arrived)
         self.adopted += 1
 
     def stop(self) -> None:
@@ -143,3 +163,34 @@ class IslandTransfer:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _write_now(sock: socket.socket, data: bytes) -> bytes:
+    """Write what `sock` (non-blocking) takes of `data` now: the rest (empty when all was written)."""
+    sock.setblocking(False)
+    view = memoryview(data)
+    while view:
+        try:
+            n = sock.send(view)
+        except (BlockingIOError, InterruptedError):
+            break
+        view = view[n:]
+    return bytes(view)
+
+
+def _read_now(sock: socket.socket, limit: int) -> tuple[bytes, bool]:
+    """What `sock` (non-blocking) holds now, and True when that reached its end of file; ValueError past
+    `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            chunk = sock.recv(256 << 10)
+        except (BlockingIOError, InterruptedError):
+            return b"".join(parts), False
+        if not chunk:
+            return b"".join(parts), True
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"state over {limit} bytes")
+        parts.append(chunk)
