@@ -53,6 +53,9 @@ class MemoryTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def is_reading(self) -> bool:
+        return self.reading
+
     def close(self) -> None:
         self.closed = True
 

@@ -463,3 +463,54 @@ async def test_an_island_moved_back_and_forth_mid_flow_keeps_every_promise(tmp_p
     assert seen.last_confirm == sent  # every publish confirmed, numbered across the moves
     assert sorted(seen.acked, key=int) == [b"%d" % i for i in range(sent)]  # each acked once, none lost
     assert seen.first_seen == [b"%d" % i for i in range(sent)]  # first deliveries in publish order
+
+
+@pytest.mark.asyncio
+async def test_an_island_hold_stops_between_messages_and_pauses_a_transport_left_reading(node: Node) -> None:
+    """`hold_island` (runtime/session/connection.py), what a move's wait for quiet relies on: a publish
+    whose content is not wholly in is not begun (its bytes stay buffered, to travel as unread bytes), a
+    publish begun before the hold is read on to its end and then reading is held, the transport is paused
+    even when a hold taken before did not pause it (uvloop reads after `connection_made` whatever it was
+    told), and `release_island` handles what was held back."""
+    pair = SessionPair(node)
+    await pair.open()
+    pair.open_channel(1)
+    q = node.vhosts["/"].queues["q"]
+    whole = pair.publish(1, "q", b"first")
+    second = pair.publish(1, "q", b"second" * 100)
+    third = pair.publish(1, "q", b"third")
+    # the second publish begun: its method and header in, its body still arriving
+    pair.feed(whole + second[:-40])
+    assert q.message_count == 1
+    assert island_reason(pair.conn, q) == "unfinished content"
+    pair.transport.reading = True
+    pair.conn._read_holds.add("turn")  # a hold the transport did not honour (read on regardless)
+    pair.conn.hold_island()
+    assert pair.transport.reading, "reading goes on while a publish already begun is still arriving"
+    # the rest of the second and the whole third arrive in one read: the second completes, the third is
+    # not begun, and reading is held
+    pair.feed(second[-40:] + third[:-3])
+    pair.conn._read_holds.discard("turn")
+    assert q.message_count == 2
+    assert island_reason(pair.conn, q) is None, "quiet between messages"
+    assert pair.conn.reader.buffered == len(third) - 3, "the unfinished third publish stays as unread bytes"
+    assert not pair.transport.reading
+    # a transport reading despite the hold is paused at the next look
+    pair.transport.reading = True
+    pair.conn.hold_island()
+    assert not pair.transport.reading
+    # the rest of the third: whole now, so handled even under the hold
+    pair.feed(third[-3:])
+    assert q.message_count == 3 and not pair.conn.reader.buffered
+    # deliveries are held under the hold: a consumer attached now gets nothing yet
+    pair.send(1, commands.Basic.Consume(queue="q", consumer_tag="c", no_ack=True))
+    assert [type(f) for _c, f in pair.received()] == [commands.Basic.ConsumeOk]
+    pair.conn.release_island()
+    delivered: list[commands.Basic.Deliver] = []
+
+    def more() -> bool:
+        delivered.extend(f for _c, f in pair.received() if isinstance(f, commands.Basic.Deliver))
+        return len(delivered) == 3
+
+    await pair.until(more)
+    assert q.message_count == 0 and pair.transport.reading

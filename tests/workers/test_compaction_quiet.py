@@ -6,7 +6,12 @@ is larger than frame_max (several body frames), so a move that held reading mid-
 get quiet: it must hold each connection between messages (runtime/session/connection.py,
 `hold_island`). The move is forced (`SIGUSR1`) a few times at most, each given far longer than its wait
 for quiet; it must commit (the queue's record names the target), and every message arrives once, in
-order per publisher. Nothing here asserts a duration.
+order per publisher. Each publisher keeps at most a window of messages ahead of the consumer (the queue
+stays far below the 16 MiB a move carries, `not_movable`, however slow the consumer is on a loaded
+machine), and within it sends as fast as it can. Nothing here asserts a duration. Paced so, the island
+has quiet moments, so this test passes on the tree before the fix too (c3ad50a, checked once); what that
+fix changed is pinned by tests/session/test_island.py's island-hold test (a publish not begun unless
+whole, a transport left reading paused).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 BODY = 3000  # bytes: reads end mid-message
 BIG = 300_000  # bytes: larger than pika's frame_max (131,072), three body frames
+WINDOW = {BODY: 400, BIG: 12}  # messages a publisher may be ahead of the consumer: ~1.2 MB and ~3.6 MB
 
 
 @pytest.fixture(scope="module")
@@ -39,21 +45,25 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
 
 
 class Publisher(threading.Thread):
-    """Publishes `<name>:<n>:` padded to `size` bytes to `queue`, n = 0, 1, ..., as fast as pika can,
-    until stopped (no confirms: nothing paces it but the socket)."""
+    """Publishes `<name>:<n>:` padded to `size` bytes to `queue`, n = 0, 1, ..., as fast as pika can
+    while at most `WINDOW[size]` of them are not yet consumed by `sink`, until stopped (no confirms)."""
 
-    def __init__(self, info: ServerInfo, queue: str, name: str, size: int) -> None:
+    def __init__(self, info: ServerInfo, queue: str, name: str, size: int, sink: Sink) -> None:
         super().__init__(daemon=True)
         self.conn = connect(info, 1)
         self.ch = self.conn.channel()
         self.queue, self.name, self.size = queue, name, size
         self.sent = 0
+        self.sink, self.window = sink, WINDOW[size]
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while not self.stop.is_set():
+                if self.sent - self.sink.got.get(self.name, 0) >= self.window:
+                    self.conn.process_data_events(time_limit=0.01)  # (heartbeats) until the consumer catches up
+                    continue
                 head = b"%s:%d:" % (self.name.encode(), self.sent)
                 self.ch.basic_publish("", self.queue, head + b"x" * (self.size - len(head)))
                 self.sent += 1
@@ -72,11 +82,14 @@ class Sink(threading.Thread):
         self.ch.basic_qos(prefetch_count=200)
         self.ch.basic_consume(queue, self._on)
         self.heads: list[bytes] = []
+        self.got: dict[str, int] = {}  # publisher name -> messages of it consumed
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
     def _on(self, ch: Any, method: Any, _props: Any, body: bytes) -> None:
         self.heads.append(body[:32])
+        name = body.split(b":", 1)[0].decode()
+        self.got[name] = self.got.get(name, 0) + 1
         ch.basic_ack(method.delivery_tag)
 
     def run(self) -> None:
@@ -90,8 +103,9 @@ class Sink(threading.Thread):
 
 def test_an_island_streaming_at_full_speed_moves(node: ServerInfo) -> None:
     queue = declare_in(node, 1, "fullspeed")
-    pubs = [Publisher(node, queue, "a", BODY), Publisher(node, queue, "b", BODY), Publisher(node, queue, "c", BIG)]
     sink = Sink(node, queue)
+    pubs = [Publisher(node, queue, "a", BODY, sink), Publisher(node, queue, "b", BODY, sink),
+            Publisher(node, queue, "c", BIG, sink)]
     for t in (*pubs, sink):
         t.start()
     try:
