@@ -13,7 +13,7 @@ export HUTCH_DATA_DIR
 # rewrites and compiles every test module again (most of collection's time). docs/testing.md, "Where the time goes".
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup run test test-workers test-durations test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
+.PHONY: setup run test test-all test-workers test-durations test-slow test-crash test-sim jepsen lint typecheck clean bench-spark browser-deps
 
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
 # not used: the pure path runs and the start log says so); the bytecode of src/ and tests/ is written once
@@ -36,17 +36,22 @@ run: $(STAMP)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
 	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
-# The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 2, CI's cores; TEST_WORKERS=0
-# runs it in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py,
-# by tests/durations.json), the 25 slowest tests listed at the end; the workers copies of the client suites
+# The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 3 on CI's 2 cores: most tests
+# wait on sockets, timers and nodes, and two workers kept about 1.1 of the 2 cores busy; TEST_WORKERS=0 runs it
+# in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py, by
+# tests/durations.json), the 25 slowest tests listed at the end; the workers copies of the client suites
 # (test-workers, below) run in the same session. The budget and the rule for new tests:
 # docs/testing.md.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
+# while mypy runs (one core), a collection in one process writes the test modules' assertion-rewritten
+# bytecode (__pycache__/*-pytest-*.pyc; a fresh clone's first collection costs ~29 s of CPU against ~9 s
+# after), so that the TEST_WORKERS workers do not each rewrite every module at once
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check src tests examples benchmarks
-	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:cacheprovider --collect-only >/dev/null 2>&1 & collecting=$$!; \
+	  $(VENV)/bin/mypy; rc=$$?; wait $$collecting; exit $$rc
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=25
 
 # What the browser tests (tests/browser/test_ui.py) need: Debian's chromium, and certutil (libnss3-tools) to
@@ -87,6 +92,9 @@ test-durations: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m slow
+
+# everything: `make test` (ruff, mypy, the default selection), then every test marked slow (`make test-slow`)
+test-all: test test-slow
 
 # the kill -9 crash loop, long: HUTCH_CRASH_ROUNDS (default 40) and HUTCH_CRASH_SEED pick the run
 test-crash: $(STAMP)

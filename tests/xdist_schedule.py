@@ -1,4 +1,5 @@
-"""How `make test` shares the suite between its pytest-xdist workers (`-n 2 --dist loadgroup`).
+"""How `make test` shares the suite between its pytest-xdist workers (`-n 3 --dist loadgroup`: the
+Makefile's TEST_WORKERS).
 
 Owns: the unit of work (`group_of`: a test module, or "spark" for the whole Spark suite, whose
 session-scoped SparkSession is one JVM; a client suite's workers copy, `<module>[workers2]`, is a unit of its

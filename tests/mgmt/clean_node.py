@@ -106,6 +106,10 @@ class CleanNode:
         for perm in self._baseline["permissions"]:
             api.put(f"/api/permissions/{seg(perm['vhost'])}/{seg(perm['user'])}",
                     {k: perm[k] for k in ("configure", "write", "read")})
+        now = {v["name"]: v for v in api.ok("/api/definitions")["vhosts"]}
+        for vhost in self._baseline["vhosts"]:  # "/" as a fresh node has it (an import may redefine it)
+            if now.get(vhost["name"]) != vhost:
+                api.put(f"/api/vhosts/{seg(vhost['name'])}", dict(vhost["metadata"]))
         if api.ok("/api/cluster-name") != self._cluster_name:
             api.put("/api/cluster-name", self._cluster_name)
         deadline = time.monotonic() + _RESET_WAIT_S

@@ -7,6 +7,12 @@
   status code and body conform to the document. The node is its own because generated requests delete
   and change things (a vhost named "/" is a likely generated name).
 
+`make test` runs, for every operation, its explicit examples and its generated ones (`max_examples`), and
+schemathesis' coverage cases (its boundary and negative requests, most of the module's ~10,500 requests) for
+a fixed third of the operations (`COVERAGE_IN_MAKE_TEST`: by a CRC of the operation's label, the same third
+in every run and every worker); the coverage cases of the other two thirds are
+`test_api_coverage_cases_conform`, marked slow (`make test-slow`, `make test-all`), with the same checks.
+
 The operations' tests are built when they run, not at collection: schemathesis' own `@schema.parametrize()`
 builds every operation's coverage cases (~10,000 in all, ~9 s of CPU) while collecting, in each pytest-xdist
 worker, though one worker runs this module (docs/testing.md, "Where the time goes"). Here each test is one
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -25,8 +32,10 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
+from schemathesis.generation import derive_operation_seed, overrides
 from schemathesis.generation.feedback import FeedbackSources
-from schemathesis.pytest._test_builder import build_operation_test
+from schemathesis.generation.hypothesis.builder import HypothesisTestConfig, HypothesisTestMode, create_test
+from schemathesis.pytest._test_builder import enabled_modes
 from schemathesis.python._constants.orchestrator import make_constants_value_source
 
 from conftest import ServerInfo, start_server  # tests/conftest.py
@@ -38,6 +47,8 @@ DOCUMENT = openapi.document(http.ROUTES)
 OPERATIONS = [f"{method.upper()} {path}" for path, ops in DOCUMENT["paths"].items() for method in ops]
 AUTH = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
+COVERAGE_IN_MAKE_TEST = frozenset(op for op in OPERATIONS if zlib.crc32(op.encode()) % 3 == 0)
+"""The operations whose coverage cases `make test` runs (a fixed third); the others' are in the slow set."""
 
 
 def test_every_served_route_is_described():
@@ -97,14 +108,42 @@ def _conforms(case: schemathesis.Case, node: ServerInfo, session: requests.Sessi
     case.call_and_validate(base_url=node.mgmt_url, headers=AUTH, checks=checks, timeout=10, session=session)
 
 
-@pytest.mark.parametrize("operation", OPERATIONS)
-def test_api_conforms_to_its_description(operation: str, node: ServerInfo) -> None:
-    """What schemathesis' `@schema.parametrize()` runs for the operation `operation`, built here (lazily)."""
+def _run_operation(operation: str, node: ServerInfo, coverage: bool, others: bool) -> None:
+    """What schemathesis' `@schema.parametrize()` runs for the operation `operation` (as its
+    `build_operation_test` builds it), built here (lazily): its coverage cases if `coverage`, its explicit
+    and generated examples if `others`."""
     schema = _schema()
     found = schema.find_operation_by_label(operation)
     assert found is not None, operation
-    run = build_operation_test(config=schema.config, operation=found, test_func=_conforms, given_kwargs={},
-                               feedback=FeedbackSources(constants_value_source=make_constants_value_source(schema)))
-    with requests.Session() as session:  # one kept-alive connection for the operation's ~70 requests
+    config = schema.config
+    modes = [mode for mode in enabled_modes(config.phases_for(operation=found))
+             if (coverage if mode is HypothesisTestMode.COVERAGE else others)]
+    assert modes, operation
+    phase = "fuzzing" if HypothesisTestMode.FUZZING in modes else None  # only fuzzing uses max_examples
+    run = create_test(operation=found, test_func=_conforms, config=HypothesisTestConfig(
+        settings=config.get_hypothesis_settings(operation=found, phase=phase),
+        explicit_settings=None,
+        explicit_setting_names=config.explicit_hypothesis_settings(operation=found, phase=phase),
+        modes=modes,
+        seed=derive_operation_seed(config.seed, found.label),
+        project=config,
+        override=overrides.with_config_headers(config, operation=found),
+        given_kwargs={},
+        feedback=FeedbackSources(constants_value_source=make_constants_value_source(schema))))
+    with requests.Session() as session:  # one kept-alive connection for the operation's requests
         session.trust_env = False  # no proxy lookup in the environment per request (a loopback URL)
         run(node=node, session=session)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_api_conforms_to_its_description(operation: str, node: ServerInfo) -> None:
+    """The operation's explicit and generated examples, and its coverage cases if it is one of
+    `COVERAGE_IN_MAKE_TEST` (the others': `test_api_coverage_cases_conform`, slow)."""
+    _run_operation(operation, node, coverage=operation in COVERAGE_IN_MAKE_TEST, others=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("operation", [op for op in OPERATIONS if op not in COVERAGE_IN_MAKE_TEST])
+def test_api_coverage_cases_conform(operation: str, node: ServerInfo) -> None:
+    """The coverage cases of the operations `make test` runs without them."""
+    _run_operation(operation, node, coverage=True, others=False)

@@ -1,6 +1,7 @@
 """Seeded simulations of the Raft core: safety after every step, liveness after healing.
 
-- `test_seeds`: the bounded selection `make test` runs (SEEDS_PER_CHUNK x CHUNKS seeds).
+- `test_seeds`: SEEDS_PER_CHUNK x CHUNKS seeds; `make test` runs the first FAST_CHUNKS chunks (320 seeds), the
+  others are marked slow (`make test-sim`, `make test-slow`).
 - `test_regression_seeds`: seeds that once found a bug; they stay forever.
 - `test_replay`: `HUTCH_SIM_SEED=N [HUTCH_SIM_LONG=1] pytest tests/sim -k replay` replays one seed
   (the same as `python -m tests.sim.replay N`).
@@ -20,6 +21,7 @@ from .run import RunStats, run_seed
 
 CHUNKS = 10
 SEEDS_PER_CHUNK = 80  # 800 seeds, ~12 s on one core
+FAST_CHUNKS = 4  # `make test`: seeds 0-319 (each chunk asserts its crashes, membership changes, snapshots...)
 
 # Seeds that found bugs while the core and the simulator were written (see docs/raft.md, "Found by the
 # simulation"); each replays the failing schedule against the fixed code.
@@ -33,7 +35,8 @@ def _run_chunk(seeds: range, long: bool = False) -> list[RunStats]:
     return out
 
 
-@pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.parametrize("chunk", [c if c < FAST_CHUNKS else pytest.param(c, marks=pytest.mark.slow)
+                                   for c in range(CHUNKS)])
 def test_seeds(chunk: int) -> None:
     stats = _run_chunk(range(chunk * SEEDS_PER_CHUNK, (chunk + 1) * SEEDS_PER_CHUNK))
     # The faults and features must actually be exercised, or a green run proves nothing.

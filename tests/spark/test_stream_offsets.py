@@ -64,6 +64,7 @@ def _offsets(spark: Any, out: Path) -> list[int]:
     return [] if df is None else sorted(r.offset for r in df.select("offset").collect())
 
 
+@JVM_NOW_PYTHON_SLOW  # 13-14 s a reader; the Python source's streaming reads stay in test_jvm_reader and below
 def test_streaming_read_gives_each_offset_once_with_kafka_columns(spark: Any, server: ServerInfo,
                                                                   broker: Broker, stream: str,
                                                                   tmp_path: Path, stream_format: str) -> None:
