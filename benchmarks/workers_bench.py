@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -272,6 +273,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run the whole sequence this many times")
     ap.add_argument("--broker-cpus", default="", help="run the node on these cores (comma-separated; default any)")
     ap.add_argument("--client-cpus", default="", help="run the load generators on these cores (default any)")
+    ap.add_argument("--keep-logs", default="",
+                    help="copy each node's log into this directory (round-workers-placement-compaction.log)")
     ap.add_argument("--perf-processes", type=int, default=2,
                     help="hutch-perf's client processes (its producers and consumers shared out over them)")
     args = ap.parse_args()
@@ -335,6 +338,11 @@ def main() -> None:
                                       "run": name,
                                       "time": time.strftime("%H:%M:%S"), "loadavg": os.getloadavg()[0], **result}),
                           flush=True)
+            if args.keep_logs:  # (after the node stopped: its log is whole)
+                keep = Path(args.keep_logs)
+                keep.mkdir(parents=True, exist_ok=True)
+                name = f"{rnd}-{workers}-{placement}-{'on' if compaction else 'off'}.log"
+                shutil.copyfile(data.parent / f"server-{workers}.log", keep / name)
 
     if args.rounds > 1:
         for line in ratios(seen):

@@ -287,8 +287,9 @@ class Compaction:
         fresh = [(load, islands) for t, load, islands, _w in self.reports.values() if now - t <= STALE_S]
         move = compactor.observe(now, [load for load, _i in fresh], [i for _l, islands in fresh for i in islands])
         if move is not None:
-            log.info("compaction: moving island %s from worker %d to worker %d (%s)", move.island, move.source,
-                     move.target, move.reason)
+            log.info("compaction: moving island %s from worker %d to worker %d (%s; busy %s, msg/s %s)", move.island,
+                     move.source, move.target, move.reason, [round(load.busy, 3) for load, _i in fresh],
+                     [int(load.msgs_per_s) for load, _i in fresh])
             report = self.reports.get(move.source)
             self._spawn(self._make(move, report[3].get(move.island, ("", "")) if report is not None else ("", "")))
 

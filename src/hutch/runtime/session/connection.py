@@ -187,7 +187,9 @@ class AMQPConnection:
                  handover: Handover | None = None) -> None:
         self.node = node
         self.clock = clock
-        self.turns = scheduler_of(clock)  # the loop's budget for input work, shared by all its connections
+        # the loop's budget for input work, shared by all its connections (its served turns counted as the
+        # node's loop work: runtime/turns.py)
+        self.turns = scheduler_of(clock, node.loop_load.timed)
         self.gate = gate
         self.handover = handover
         # the first publish or consume is still to be judged for a move to its queue's worker
