@@ -189,3 +189,28 @@ def test_the_loop_wide_bound_fairness_and_completion(specs: list[tuple[int, int,
             assert a.queued_at is not None and b.queued_at is not None
             window = log[max(a.queued_at, b.queued_at):min(last[a.name], last[b.name]) + 1]
             assert abs(sum(n == a.name for _, n in window) - sum(n == b.name for _, n in window)) <= 1
+
+
+def test_a_served_turn_is_counted_as_the_nodes_loop_work() -> None:
+    """The steps a served turn takes are input work of the loop (the node's `LoopLoad`, which judges
+    saturation and compaction's busy share): `timed` wraps the turn, from the first `scheduler_of` that
+    gives one; a turn with nobody waiting counts nothing."""
+    from hutch.core.credit_flow import LoopLoad
+
+    clock = Clock()
+    load = LoopLoad(clock.time)
+    s = scheduler_of(clock, load.timed)
+    assert s.timed == load.timed and scheduler_of(clock, None).timed == load.timed
+    ran: list[int] = []
+
+    def resume() -> None:
+        clock.now += 0.004  # a step of 4 ms
+        ran.append(1)
+
+    s.wait(resume)
+    s.wait(resume)
+    assert clock.run_turn()
+    assert ran == [1, 1] and abs(load.busy_total_s - 0.008) < 1e-9
+    s.deadline()  # a window opened with nobody waiting: its turn serves and counts nothing
+    assert clock.run_turn()
+    assert abs(load.busy_total_s - 0.008) < 1e-9
