@@ -18,7 +18,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # the compiled hot path is rebuilt by the editable install when its source changes (a stale build is
 # not used: the pure path runs and the start log says so); the bytecode of src/ and tests/ is written once
 # here (both cores), not by the first nodes and both pytest workers at once on a fresh clone
-$(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx src/hutch/spark/_crecords.pyx
+$(STAMP): pyproject.toml setup.py src/hutch/amqp/_cframes.pyx src/hutch/amqp/_ctable.pyx src/hutch/spark/_crecords.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
