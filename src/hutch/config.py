@@ -236,10 +236,11 @@ class Config:
     worker_locality: bool = True
     # `workers.compaction`: worker 0 moves islands (a queue and the connections that use only it) onto fewer
     # workers while the node is far below a core, and spreads them when a loop saturates (runtime/compaction.py,
-    # docs/scaling.md "Compaction of load"; off by default: every worker's hop publishers keep their order
-    # across a move since session 18, but a move attempted at full speed holds its island's input for up to
-    # 5 s, listed there); off whenever `workers.locality` is off (`compaction_on`)
-    worker_compaction: bool = False
+    # docs/scaling.md "Compaction of load"; on by default since session 19: a move's wait for quiet ends
+    # between messages in milliseconds and a loaded node's busy share is measured whole, so at full speed
+    # nothing moves and a move that does holds its island ~0.3-0.5 s); off whenever `workers.locality` is
+    # off (`compaction_on`)
+    worker_compaction: bool = True
     worker_index: int | None = None
     config_file: str | None = None
     raw: dict[str, str] = field(default_factory=dict, repr=False, hash=False)
