@@ -393,7 +393,8 @@ class Releaser:
         self.active = False  # given entries at least once: the queue's single active consumer
         # catching up: made active with a backlog (a restart, a failover), whose entries arrive over
         # several loop turns in publish order; releasing the overdue ones as they come would break the
-        # release-time order, so the first release waits until the entries stop coming (bounded)
+        # release-time order, so the first release waits until the entries stop coming and the replica
+        # has none ready left for it (`_given_more`), at most `CATCH_UP_MAX_MS`
         self.catching_up = True
         self.settle_at = 0
         self.catch_up_until = 0
@@ -423,6 +424,18 @@ class Releaser:
     def consumer_cancelled_by_broker(self, consumer: Consumer) -> None:
         self.stop(cancel=False)
 
+    def _given_more(self) -> bool:
+        """Catching up: the replica still has ready entries (not yet given to this, its single active
+        consumer) and the bound is not reached: wait another quiet spell (True). On a loaded machine the
+        backlog's entries can arrive further apart than `CATCH_UP_QUIET_MS`; releasing the overdue ones
+        among the first would break the release-time order against those still to come."""
+        now = int(self.owner.node.clock.wall_ms())
+        if now >= self.catch_up_until or self.queue.message_count <= 0:
+            return False
+        self.settle_at = min(self.catch_up_until, now + CATCH_UP_QUIET_MS)
+        self._arm()
+        return True
+
     def stop(self, cancel: bool = True) -> None:
         """Not consuming any more; what it held goes back to the queue (unacked)."""
         self.stopped = True
@@ -442,6 +455,8 @@ class Releaser:
 
     def _release(self) -> None:
         self.timer = None
+        if self.catching_up and self._given_more():
+            return
         self.catching_up = False
         vhost = self.owner.node.vhosts.get(self.vhost)
         x = vhost.exchanges.get(self.exchange) if vhost is not None else None
