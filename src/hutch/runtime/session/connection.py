@@ -290,7 +290,12 @@ class AMQPConnection:
 
     def resume_writing(self) -> None:
         self._transport_write_paused = False
-        if self.island_held:  # deliveries stay held until the island's move lets go
+        self._resume_deliveries()
+
+    def _resume_deliveries(self) -> None:
+        """Deliveries go on once neither the transport nor an island's move holds them (`write_paused` is
+        kept as the two together, for the delivery path's one attribute look)."""
+        if self._transport_write_paused or self.island_held:
             return
         self.write_paused = False
         for ch in list(self.channels.values()):
@@ -314,10 +319,7 @@ class AMQPConnection:
         self.island_held = False
         if self.transport is None:
             return
-        if not self._transport_write_paused:
-            self.write_paused = False
-            for ch in list(self.channels.values()):
-                ch._resume_consumers()
+        self._resume_deliveries()
         self.release_reading("island")
         if self.reader.buffered and not self._suspended and self.state < _DISCARDING:
             self._wait_turn()
