@@ -149,16 +149,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 NODE_LOG_ENV = "HUTCH_TEST_NODE_LOG"
 """Set to a path, every node start (`start_server`, and each node of tests/cluster/nodes.py) appends a line
-there: the test that started it and the phase (setup: a fixture's; call: the test's own), tab-separated. A
-count by module of where nodes are still started (docs/testing.md, "Where the time goes")."""
+there: the test that started it, the phase (setup: a fixture's; call: the test's own) and its `--workers`
+(`start_server`'s), tab-separated. A count by module of where nodes are still started (docs/testing.md,
+"Where the time goes")."""
 
 
-def note_node_start() -> None:
+def note_node_start(workers: str = "") -> None:
     path = os.environ.get(NODE_LOG_ENV)
     if path:
         test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (?)").rpartition(" ")
         with open(path, "a") as out:  # one short write per line: the xdist workers' lines do not mix
-            out.write(f"{test}\t{phase.strip('()')}\n")
+            out.write(f"{test}\t{phase.strip('()')}\t{workers}\n")
+
+
+PASSED_ENV = ("HUTCH_PURE", "HUTCH_WORKER_EXEC")
+"""The HUTCH_* variables of the test process that `start_server`'s nodes take (the others are the tests')."""
 
 
 def free_port() -> int:
@@ -223,10 +228,10 @@ def start_server(tmp: Path, *extra_args: str, env: dict[str, str] | None = None,
     if "--workers" not in extra_args:  # auto (the server's default) would follow the machine's cores
         args += ["--workers", os.environ.get(TEST_WORKERS_ENV) or "1"]  # a suite against a node of workers
     args += list(extra_args)
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}  # HUTCH_PURE: the pure hot path
+    full_env = {k: v for k, v in os.environ.items()  # HUTCH_PURE: the pure hot path; HUTCH_WORKER_EXEC:
+                if not k.startswith("HUTCH_") or k in PASSED_ENV}  # workers exec'd, not forked
     full_env.update(env or {})
-    note_node_start()
+    note_node_start(_flag(args, "--workers"))
     proc = spawn_node(args, full_env, log_path)  # forked from a process that imported hutch already
     ports = node_ports(_flag(args, "--data-dir"), proc, log_path)
     return ServerInfo(ports["amqp"], ports.get("management", 0), data_dir, proc, log_path, env or {}, ports)

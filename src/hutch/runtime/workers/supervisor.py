@@ -10,10 +10,13 @@ exits is restarted, one whose heartbeat stops (hung, or `SIGSTOP`) is killed and
 Rules (gunicorn's arbiter and nginx's master, docs/scaling.md):
 - The supervisor does no message work and holds no client socket: it runs one small event loop for
   its control sockets, timers and child processes.
-- A worker is `python -m hutch.cli.server` with the node's own flags, started with `subprocess`
-  (a fresh interpreter: nothing of the parent's state is inherited but the descriptors passed by
-  number in `HUTCH_WORKER_SPEC`); not `multiprocessing`, whose spawn pickles state and whose fork would
-  copy an event loop.
+- A worker is `python -m hutch.cli.server` with the node's own flags: forked by the worker fork server
+  (runtime/workers/forkserver.py: a "zygote" forked by `supervise()` before any event loop or thread,
+  with the worker's modules imported; the worker is adopted as this process's child), or, when the
+  zygote is off (`HUTCH_WORKER_EXEC=1`) or gone, started with `subprocess` (a fresh interpreter). Either
+  way nothing of the parent's state is inherited but the descriptors passed by number in
+  `HUTCH_WORKER_SPEC`; not `multiprocessing`, whose spawn pickles state and whose fork would copy an
+  event loop. The zygote dying never stops the node.
 - When worker K is (re)started, each running worker J gets a new socket pair to K: one end is passed to
   K at its start, the other sent to J over J's control socket (`SCM_RIGHTS`).
 - A worker that fails before it was ever ready (a bad certificate, a port in use) stops the node with
@@ -48,6 +51,7 @@ from collections.abc import Sequence
 from hutch import portfile
 from hutch.config import Config
 from hutch.runtime.workers import control
+from hutch.runtime.workers.forkserver import ForkedWorker, ForkServerGone, WorkerForkServer
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
 from hutch.storage.dirlock import DataDirLock
 from hutch.storage.fs import DATA_UMASK
@@ -110,7 +114,7 @@ class _Worker:
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | ForkedWorker | None = None
         self.control: socket.socket | None = None
         self.started_at = 0.0
         self.last_heartbeat = 0.0
@@ -128,8 +132,10 @@ class _Worker:
 class Supervisor:
     """See the module docstring. `argv` are the node's flags, given to every worker as they are."""
 
-    def __init__(self, config: Config, argv: Sequence[str], count: int) -> None:
+    def __init__(self, config: Config, argv: Sequence[str], count: int,
+                 fork_server: WorkerForkServer | None = None) -> None:
         assert count >= 2
+        self._fork_server = fork_server  # None: every worker a fresh interpreter
         self.config = config
         self.argv = list(argv)
         self.workers = [_Worker(i) for i in range(count)]
@@ -173,6 +179,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._request_stop)
         self._loop.add_signal_handler(signal.SIGHUP, self._forward_hup)
+        if self._fork_server is not None:
+            self._watch_fork_server(self._fork_server)
         await self._spawn_all()
         log.info("node %s: %d workers started (AMQP port %d)", cfg.node_name, len(self.workers), self.amqp_port)
         self._checked_at = self._loop.time()
@@ -197,6 +205,8 @@ class Supervisor:
         if self._check is not None:
             self._check.cancel()
         await self._stop_workers()
+        if self._fork_server is not None:
+            await self._fork_server.stop(STOP_TIMEOUT_S)
         for task in list(self._watchers):
             task.cancel()
         for w in self.workers:
@@ -273,10 +283,20 @@ class Supervisor:
                           self.config.worker_own_ports, self.stream_port, self.stream_tls_port)
         env = dict(os.environ)
         env[SPEC_ENV] = spec.to_env()
+        fds = [child_end.fileno(), *(s.fileno() for s in links.values())]
+        proc: asyncio.subprocess.Process | ForkedWorker | None = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "hutch.cli.server", *self.argv, env=env, stdin=subprocess.DEVNULL,
-                pass_fds=[child_end.fileno(), *(s.fileno() for s in links.values())])
+            if self._fork_server is not None and self._fork_server.alive:
+                try:
+                    proc = await self._fork_server.spawn(self.argv, env, fds)
+                except ForkServerGone as exc:
+                    log.warning("the worker fork server could not start worker %d (%s): workers start as "
+                                "fresh interpreters from now on", w.index, exc)
+                    self._fork_server.close()
+            if proc is None:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "hutch.cli.server", *self.argv, env=env, stdin=subprocess.DEVNULL,
+                    pass_fds=fds)
         finally:
             child_end.close()
         parent_end.setblocking(False)
@@ -287,7 +307,8 @@ class Supervisor:
         task = asyncio.ensure_future(self._watch(w, proc))
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
-        log.info("worker %d started (pid %d)", w.index, proc.pid)
+        log.info("worker %d started (pid %d, %s)", w.index, proc.pid,
+                 "forked" if isinstance(proc, ForkedWorker) else "a fresh interpreter")
 
     async def _restart(self, w: _Worker) -> None:
         """Start worker `w` again, with a new socket pair to every running worker."""
@@ -310,7 +331,19 @@ class Supervisor:
             for sock in (*links.values(), *theirs.values()):
                 sock.close()
 
-    async def _watch(self, w: _Worker, proc: asyncio.subprocess.Process) -> None:
+    def _watch_fork_server(self, fork_server: WorkerForkServer) -> None:
+        async def watch() -> None:
+            code = await fork_server.watch(self._loop).wait()
+            fork_server.close()
+            if not self._stopping:
+                log.warning("the worker fork server (pid %d) exited with %s: workers start as fresh "
+                            "interpreters from now on", fork_server.pid,
+                            f"signal {-code}" if code < 0 else f"code {code}")
+        task = asyncio.ensure_future(watch())
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, w: _Worker, proc: asyncio.subprocess.Process | ForkedWorker) -> None:
         code = await proc.wait()
         if w.proc is not proc:
             return
@@ -475,7 +508,8 @@ def supervise(config: Config, argv: Sequence[str], count: int) -> int:
         portfile.remove(config.data_dir)
         for index in range(count):
             os.makedirs(worker_dir(config.data_dir, index), exist_ok=True)
-        return asyncio.run(Supervisor(config, argv, count).run())
+        fork_server = WorkerForkServer.start()  # before any event loop or thread (forkserver.py)
+        return asyncio.run(Supervisor(config, argv, count, fork_server).run())
     finally:
         lock.release()
 
