@@ -474,7 +474,10 @@ def queue_class_state() -> Any:
             delattr(ClassicQueue, key)
 
 
-def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
+# `make test` renders 2,000 queues (the same checks); the 10,000 of the issue are in the slow set (in-process
+# CPU: ~15 s of a worker's time on an idle 2-core machine)
+@pytest.mark.parametrize("queues", [2_000, pytest.param(10_000, marks=pytest.mark.slow)])
+def test_ten_thousand_queues_render_every_queue(queue_class_state: Any, queues: int):
     """The render of 10,000 queues is complete in both registries. How long it takes is measured by
     benchmarks/prometheus_render.py (docs/BENCHMARKS.md), not asserted here: a timing bound failed CI on a
     loaded machine (0.57 s against 0.5)."""
@@ -486,7 +489,7 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
 
     node = build_node(Config(node_name="bench@localhost"), monitor_resources=False)
     vhost = node.vhosts["/"]
-    for i in range(10_000):
+    for i in range(queues):
         q = node.declare_queue(vhost, f"q-{i}", False, False, False, {}, None)
         q.publish(Message("", q.name, BasicProperties(), b"x" * 10))
     assert node.agent is not None
@@ -495,12 +498,12 @@ def test_ten_thousand_queues_render_every_queue(queue_class_state: Any):
     for registry in ("default", "per-object"):
         text = prometheus.render(node, registry, info, clients)
         fams = parse(text)
-        assert value(fams, "rabbitmq_queues") == 10_000
+        assert value(fams, "rabbitmq_queues") == queues
         if registry == "per-object":
-            assert len(fams["rabbitmq_queue_messages_ready"].samples) == 10_000
-            assert value(fams, "rabbitmq_queue_messages_ready", queue="q-9999") == 1
+            assert len(fams["rabbitmq_queue_messages_ready"].samples) == queues
+            assert value(fams, "rabbitmq_queue_messages_ready", queue=f"q-{queues - 1}") == 1
         else:
-            assert value(fams, "rabbitmq_queue_messages_ready") == 10_000
+            assert value(fams, "rabbitmq_queue_messages_ready") == queues
 
 
 def test_churn_counters_count_connections_channels_and_queues(mgmt: ServerInfo):

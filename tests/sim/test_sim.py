@@ -1,6 +1,6 @@
 """Seeded simulations of the Raft core: safety after every step, liveness after healing.
 
-- `test_seeds`: SEEDS_PER_CHUNK x CHUNKS seeds; `make test` runs the first FAST_CHUNKS chunks (320 seeds), the
+- `test_seeds`: SEEDS_PER_CHUNK x CHUNKS seeds; `make test` runs the first FAST_CHUNKS chunks (160 seeds), the
   others are marked slow (`make test-sim`, `make test-slow`).
 - `test_regression_seeds`: seeds that once found a bug; they stay forever.
 - `test_replay`: `HUTCH_SIM_SEED=N [HUTCH_SIM_LONG=1] pytest tests/sim -k replay` replays one seed
@@ -21,7 +21,7 @@ from .run import RunStats, run_seed
 
 CHUNKS = 10
 SEEDS_PER_CHUNK = 80  # 800 seeds, ~12 s on one core
-FAST_CHUNKS = 4  # `make test`: seeds 0-319 (each chunk asserts its crashes, membership changes, snapshots...)
+FAST_CHUNKS = 2  # `make test`: seeds 0-159 (each chunk asserts its crashes, membership changes, snapshots...)
 
 # Seeds that found bugs while the core and the simulator were written (see docs/raft.md, "Found by the
 # simulation"); each replays the failing schedule against the fixed code.

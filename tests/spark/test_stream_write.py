@@ -62,6 +62,7 @@ def test_batch_write_is_idempotent_per_write_id(spark: Any, stream_server: Serve
     assert len(stream_messages(stream_server.amqp_port, stream, n + 10)) == n + 10
 
 
+@pytest.mark.slow  # ~40 s (its 4,000-row batch run twice); `make test` keeps the batch write replayed by write id
 def test_replayed_micro_batch_after_a_failure_mid_publish_is_stored_once(
         spark: Any, stream_server: ServerInfo, sbroker: Broker, tmp_path: Path) -> None:
     src, dst = _declare_stream(sbroker), _declare_stream(sbroker)

@@ -144,6 +144,7 @@ def test_third_worker_hop_publishers_keep_their_order_across_moves(node3: Server
 
 
 
+@pytest.mark.slow  # two nodes of its own, ~13 s; `make test` keeps the third worker's hop publishers across moves
 def test_another_nodes_hop_publisher_keeps_its_order_across_a_move(tmp_path: Path) -> None:
     """A cluster of a node of 2 workers (n1, compaction on) and a one-process node (n2): a pika publisher on
     n2 publishes a numbered sequence, without waiting for confirms, to a queue of n1's worker 1 (over the
