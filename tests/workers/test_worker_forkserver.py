@@ -21,7 +21,23 @@ import sys
 from pathlib import Path
 
 from tests.conftest import ServerInfo, start_server
-from tests.workers.test_workers import CONFIG, PERSISTENT, alive, connect, drain, until, worker_of, worker_pid
+from tests.workers.test_workers import (
+    CONFIG,
+    PERSISTENT,
+    alive,
+    connect,
+    drain,
+    ports_file_names_worker,
+    until,
+    worker_of,
+    worker_pid,
+)
+
+FORKED = {"HUTCH_WORKER_EXEC": "0"}  # whatever the run's environment says (tests/conftest.py's PASSED_ENV)
+
+
+def start_node(tmp: Path) -> ServerInfo:
+    return start_server(tmp, "--workers", "2", config_text=CONFIG, env=FORKED)
 
 
 def parent_of(pid: int) -> int:
@@ -66,7 +82,7 @@ def round_trip(info: ServerInfo, queue: str) -> None:
 
 
 def test_workers_are_forked_children_and_a_killed_worker_is_forked_again(tmp_path: Path) -> None:
-    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    info = start_node(tmp_path)
     try:
         zygote = fork_server_pid(info)
         assert parent_of(zygote) == info.proc.pid
@@ -100,8 +116,28 @@ def test_workers_are_forked_children_and_a_killed_worker_is_forked_again(tmp_pat
         assert info.stop() == 0
 
 
+def test_both_workers_killed_at_once_are_both_forked_again(tmp_path: Path) -> None:
+    """Two restarts at once ask the zygote one after the other (one socket, answers in order)."""
+    info = start_node(tmp_path)
+    try:
+        victims = [worker_pid(info, 0), worker_pid(info, 1)]
+        for pid in victims:
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+        for index, victim in enumerate(victims):
+            until(lambda index=index, victim=victim: worker_pid(info, index) not in (None, victim),
+                  what=f"worker {index} restarted")
+            pid = worker_pid(info, index)
+            assert pid is not None and started(info, index, pid) == "forked"
+            until(lambda index=index: ports_file_names_worker(info, index),
+                  what=f"the ports file naming the new worker {index}")
+        round_trip(info, "after-both")
+    finally:
+        assert info.stop() == 0
+
+
 def test_fork_server_killed_the_node_goes_on_and_starts_workers_as_fresh_interpreters(tmp_path: Path) -> None:
-    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    info = start_node(tmp_path)
     try:
         zygote = fork_server_pid(info)
         os.kill(zygote, signal.SIGKILL)
@@ -124,7 +160,7 @@ def test_fork_server_killed_the_node_goes_on_and_starts_workers_as_fresh_interpr
 
 
 def test_sigterm_stops_the_workers_and_the_fork_server_with_no_process_left(tmp_path: Path) -> None:
-    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    info = start_node(tmp_path)
     zygote = fork_server_pid(info)
     workers = [worker_pid(info, 0), worker_pid(info, 1)]
     round_trip(info, "before-stop")
@@ -135,7 +171,7 @@ def test_sigterm_stops_the_workers_and_the_fork_server_with_no_process_left(tmp_
 
 
 def test_supervisor_killed_takes_its_fork_server_and_workers_with_it(tmp_path: Path) -> None:
-    info = start_server(tmp_path, "--workers", "2", config_text=CONFIG)
+    info = start_node(tmp_path)
     zygote = fork_server_pid(info)
     workers = [worker_pid(info, 0), worker_pid(info, 1)]
     info.stop(signal.SIGKILL)
@@ -164,7 +200,7 @@ def test_a_forked_worker_failing_before_ready_stops_the_node_with_exit_1(tmp_pat
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_") or k == "HUTCH_PURE"} | FORKED
         done = subprocess.run(
             [sys.executable, "-m", "hutch.cli.server", "--amqp-port", "0", "--management-port", str(port),
              "--data-dir", str(tmp_path / "data"), "--no-cluster",

@@ -111,6 +111,7 @@ class WorkerForkServer:
         self.pid = pid
         self._sock = sock
         self._proc: ForkedWorker | None = None  # the zygote's own exit, once the loop runs
+        self._turn = asyncio.Lock()  # one request at a time: answers come in order, one reader on the socket
 
     @classmethod
     def start(cls) -> WorkerForkServer | None:
@@ -156,11 +157,14 @@ class WorkerForkServer:
         request = json.dumps({"argv": list(argv), "env": dict(env), "fds": list(fds)}).encode()
         if len(request) > REQUEST_MAX_BYTES or len(fds) > MAX_FDS:
             raise ForkServerGone("the request is too large to send")
-        try:
-            socket.send_fds(self._sock, [request], list(fds))
-            answer = await asyncio.wait_for(self._answer(loop), ANSWER_TIMEOUT_S)
-        except (TimeoutError, OSError) as exc:
-            raise ForkServerGone(str(exc) or type(exc).__name__) from None
+        async with self._turn:  # two workers restarting at once ask one after the other
+            if not self.alive:
+                raise ForkServerGone("it was closed")
+            try:
+                socket.send_fds(self._sock, [request], list(fds))
+                answer = await asyncio.wait_for(self._answer(loop), ANSWER_TIMEOUT_S)
+            except (TimeoutError, OSError) as exc:
+                raise ForkServerGone(str(exc) or type(exc).__name__) from None
         if not answer:
             raise ForkServerGone("it exited")
         reply = json.loads(answer)

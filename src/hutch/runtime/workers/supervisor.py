@@ -332,8 +332,10 @@ class Supervisor:
                 sock.close()
 
     def _watch_fork_server(self, fork_server: WorkerForkServer) -> None:
+        zygote = fork_server.watch(self._loop)
+
         async def watch() -> None:
-            code = await fork_server.watch(self._loop).wait()
+            code = await zygote.wait()
             fork_server.close()
             if not self._stopping:
                 log.warning("the worker fork server (pid %d) exited with %s: workers start as fresh "
