@@ -14,12 +14,14 @@ the interpreter's normal shutdown. Each node is still its own process with its o
 (`os.kill`: SIGTERM, SIGKILL, SIGSTOP) and read `/proc/<pid>` as before; only its exit status comes back
 through the fork server (its parent), over a socket of its own.
 
-What stays a fresh interpreter: a node of workers' worker processes (the supervisor starts them as
-before), every test that runs `hutch-server` itself (the command line's errors, the data directory lock,
+What stays a fresh interpreter: every test that runs `hutch-server` itself (the command line's errors, the data directory lock,
 ...), and a node whose environment differs from the fork server's in anything read while importing
 (`IMPORT_ENV`: HUTCH_PURE picks the hot path at import; PYTHON*, the locale, TZ and the CA bundle's
 variables): such a node gets a fork server of its own environment. `HUTCH_TEST_EXEC_NODES=1` turns the
-fork server off (every node a `python -m hutch.cli.server` as before).
+fork server off (every node a `python -m hutch.cli.server` as before). A node of workers' worker processes
+are forked too, by the product's own worker fork server (src/hutch/runtime/workers/forkserver.py; in
+a node forked from here it imports nothing); `HUTCH_WORKER_EXEC=1` in the test process's environment
+(passed to the nodes by tests/conftest.py) makes them fresh interpreters.
 
 Rules: the fork server is single-threaded and does no work but fork and reap; a node forked from it
 closes every descriptor of the fork server's and restores SIGCHLD and the wakeup fd before it runs hutch.

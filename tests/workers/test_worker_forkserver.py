@@ -117,7 +117,9 @@ def test_workers_are_forked_children_and_a_killed_worker_is_forked_again(tmp_pat
 
 
 def test_both_workers_killed_at_once_are_both_forked_again(tmp_path: Path) -> None:
-    """Two restarts at once ask the zygote one after the other (one socket, answers in order)."""
+    """Two restarts at once ask the zygote one after the other (one socket, answers in order), and the
+    second restarted worker gets its link to the first: before the supervisor's restarts took turns, each
+    saw the other dead, neither had a peer, and both waited for a majority of two forever (exec'd too)."""
     info = start_node(tmp_path)
     try:
         victims = [worker_pid(info, 0), worker_pid(info, 1)]

@@ -21,7 +21,8 @@ How (docs/scaling.md, "The worker fork server"):
   afterwards.
 - The worker puts its descriptors at their numbers, closes every other one (as `pass_fds` does), resets
   signal handlers, the signal mask and the wakeup fd to a fresh interpreter's, takes the request's
-  environment and argv, and runs `hutch.cli.server.main` as `python -m hutch.cli.server` would; at its
+  environment and argv, and runs `hutch.cli.server` as `__main__` as `python -m hutch.cli.server` does
+  (runpy, by name: the runtime imports nothing of the cli; the zygote's imports are by name too); at its
   end it shuts down as the interpreter would (threads joined, `atexit` run, streams flushed) and exits
   with main's code. It never returns into the supervisor's frames it was forked from.
 - The zygote dying (killed, or any failure to answer) never stops the node: the supervisor logs it once
@@ -54,8 +55,10 @@ log = logging.getLogger("hutch.workers")
 EXEC_ENV = "HUTCH_WORKER_EXEC"
 """Set to 1: no worker fork server; every worker is a fresh `python -m hutch.cli.server`."""
 
-PRELOAD = ("hutch.cli.server", "hutch.mgmt", "hutch.mgmt.definitions", "hutch.runtime.app", "uvloop")
-"""What a worker imports before it serves (cli/server.py's `_run_worker`): the zygote's imports."""
+WORKER_MODULE = "hutch.cli.server"
+"""What a worker runs as `__main__` (by name, as `python -m` does: the runtime does not import the cli)."""
+PRELOAD = (WORKER_MODULE, "hutch.mgmt", "hutch.mgmt.definitions", "hutch.runtime.app", "uvloop")
+"""What a worker imports before it serves (cli/server.py's `_run_worker`): the zygote's imports, by name."""
 
 REQUEST_MAX_BYTES = 1 << 20  # a request is the argv and the environment: far less
 MAX_FDS = 250  # SCM_RIGHTS carries at most 253 descriptors per message (SCM_MAX_FD)
@@ -212,6 +215,12 @@ def _zygote(sock: socket.socket) -> NoReturn:
             __import__(name)
         except ImportError:  # uvloop is optional (runtime/app.py): the worker imports what it can
             pass
+    # the worker runs WORKER_MODULE as __main__, afresh (runpy warns of a module imported already); its
+    # imports stay
+    sys.modules.pop(WORKER_MODULE, None)
+    package, _, leaf = WORKER_MODULE.rpartition(".")
+    if hasattr(sys.modules.get(package), leaf):
+        delattr(sys.modules[package], leaf)
     gc.collect()
     gc.freeze()  # the imported modules' objects: neither collected again nor copied by a collection
     while True:
@@ -283,11 +292,12 @@ def _become_worker(request: dict[str, Any], fds: list[int], sock: socket.socket)
         os.environ.update(env)
         for handler in logging.getLogger().handlers[:]:  # the worker configures its own (its `[wN]`)
             logging.getLogger().removeHandler(handler)
-        from hutch.cli import server
-        sys.argv = [server.__file__ or "hutch.cli.server", *argv]
+        sys.argv = ["-m", *argv]  # runpy puts the module's path first, as `python -m` does
+        import runpy
         try:
-            code = server.main(argv)
-        except SystemExit as exc:
+            runpy.run_module(WORKER_MODULE, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:  # `raise SystemExit(main())`, the module's last line
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - printed as the interpreter would, then the exit code 1
         import traceback

@@ -148,6 +148,9 @@ class Supervisor:
         self._exit_code = 0
         self._stopping = False
         self._resetting = False  # `_rejoin` is stopping and restarting every worker: no one-by-one restart
+        # restarts one at a time: a worker restarted while another is being restarted must see it running, to
+        # get a link to it (two workers killed at once each saw the other dead, and neither ever had a peer)
+        self._restarting = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop
         self._watchers: set[asyncio.Task[None]] = set()
         self._check: asyncio.TimerHandle | None = None
@@ -311,7 +314,12 @@ class Supervisor:
                  "forked" if isinstance(proc, ForkedWorker) else "a fresh interpreter")
 
     async def _restart(self, w: _Worker) -> None:
-        """Start worker `w` again, with a new socket pair to every running worker."""
+        """Start worker `w` again, with a new socket pair to every running worker (one restart at a time)."""
+        async with self._restarting:
+            if not self._stopping and not self._resetting:
+                await self._restart_now(w)
+
+    async def _restart_now(self, w: _Worker) -> None:
         links: dict[int, socket.socket] = {}
         theirs: dict[int, socket.socket] = {}
         for other in self.workers:
