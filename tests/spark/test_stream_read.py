@@ -89,7 +89,7 @@ def test_batches_are_acknowledged_without_waiting_for_more_data(spark: Any, serv
     assert broker.ready(q) == 0, "the last batch was not acknowledged before the query stopped"
 
 
-@pytest.mark.slow  # 13 s; `make test` keeps the query stopped mid-batch and restarted
+@pytest.mark.slow  # 13 s; `make test` keeps the broker going away mid-query and the restart (below)
 def test_sink_failing_mid_batch_then_restart_loses_nothing(spark: Any, server: ServerInfo, broker: Broker,
                                                            tmp_path: Path, record_property: Any) -> None:
     q = broker.declare()
@@ -123,6 +123,7 @@ def test_sink_failing_mid_batch_then_restart_loses_nothing(spark: Any, server: S
     assert broker.ready(q) == 0
 
 
+@pytest.mark.slow  # 16-26 s; `make test` keeps the broker going away mid-query and the restart (below)
 def test_query_stopped_mid_batch_then_restarted_loses_nothing(spark: Any, server: ServerInfo, broker: Broker,
                                                               tmp_path: Path, record_property: Any) -> None:
     from pyspark.sql.functions import udf
