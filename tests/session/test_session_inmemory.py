@@ -20,7 +20,7 @@ from pamqp.body import ContentBody
 from pamqp.heartbeat import Heartbeat
 
 from hutch.runtime.broker.node import Node
-from hutch.runtime.session.connection import CLOSE_OK_TIMEOUT_S
+from hutch.runtime.session.connection import CLOSE_OK_TIMEOUT_S, FLOW_STATE_S
 
 from .memory import SessionPair, close_node, make_node
 
@@ -330,6 +330,38 @@ async def test_an_alarm_blocks_a_publisher_mid_message(node: Node) -> None:
     assert types(pair.received()) == [(0, commands.Connection.Unblocked)]
     pair.feed(data[200:])
     assert node.vhosts["/"].queues["alarmed"].message_count == 1
+
+
+class _HoldingQueue:
+    """What `flow_block` needs of a queue: its waiters, and whether it still needs to hold them."""
+
+    def __init__(self) -> None:
+        self.flow_waiters: set[Any] = set()
+
+    def flow_still_needed(self) -> bool:
+        return True
+
+
+async def test_a_queue_hold_reads_flow_for_a_second_after_it_began(node: Node) -> None:
+    """As RabbitMQ's credit_flow:state/0: `flow` while held, and until FLOW_STATE_S after the hold began,
+    so a hold of a few ms at a time under a steady load shows in a state sampled now and then."""
+    pair = await opened(node)
+    assert pair.conn._state_name() == "running"
+    queue = _HoldingQueue()
+    pair.conn.flow_block(queue)
+    assert pair.conn._state_name() == "flow" and not pair.transport.reading
+    pair.clock.advance(0.3)
+    pair.conn.flow_unblock(queue)
+    assert pair.transport.reading  # the input runs again at once: only the state lingers
+    assert pair.conn._state_name() == "flow"
+    pair.clock.advance(FLOW_STATE_S - 0.3 - 0.01)
+    assert pair.conn._state_name() == "flow"
+    pair.clock.advance(0.02)
+    assert pair.conn._state_name() == "running"
+    pair.conn.flow_block(queue)  # a new hold starts the second again
+    pair.conn.flow_unblock(queue)
+    pair.clock.advance(FLOW_STATE_S / 2)
+    assert pair.conn._state_name() == "flow"
 
 
 async def test_channel_flow(node: Node) -> None:

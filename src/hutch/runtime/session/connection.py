@@ -139,6 +139,10 @@ FRAME_SIZE_TOLERANCE = spec.FRAME_OVERHEAD
 UNFINISHED_BODIES_MESSAGES = 4
 # while a connection is held by flow control, how often its queues are asked whether they still need to
 FLOW_RECHECK_S = 0.1
+# a connection reads "flow" (management, hutchctl) while a queue holds it and for this long after a hold
+# began, as RabbitMQ's credit_flow:state/0 (STATE_CHANGE_INTERVAL, 1 s): a hold that lasts a few ms at a
+# time under a steady load is still visible to an operator who samples the state every second
+FLOW_STATE_S = 1.0
 # reading held for these does not make a connection busy: the asyncio adapter's per-turn budget, and an
 # island's move (runtime/compaction.py), which holds reading while it waits for the connection to be quiet
 NOT_BUSY_HOLDS = frozenset({"budget", "island"})
@@ -216,6 +220,7 @@ class AMQPConnection:
         self.name = ""
         self.write_paused = False
         self.flow_blocked = False
+        self._flow_blocked_at: float | None = None  # when the last hold by a queue began (FLOW_STATE_S)
         self.has_published = False
         self.alarm_blocked = False
         self._flow_queues: set[Any] = set()
@@ -367,6 +372,8 @@ class AMQPConnection:
         drained, or until a recheck (every FLOW_RECHECK_S) finds it no longer needs to hold us."""
         queue.flow_waiters.add(self)
         self._flow_queues.add(queue)
+        if not self.flow_blocked:
+            self._flow_blocked_at = self.clock.time()
         self.flow_blocked = True
         self.hold_reading("flow")
         if self._flow_timer is None:
@@ -1231,7 +1238,10 @@ class AMQPConnection:
             return "blocked"
         if self.node.alarms:
             return "blocking"
-        return "flow" if self.flow_blocked else "running"
+        if self.flow_blocked:
+            return "flow"
+        since = self._flow_blocked_at
+        return "flow" if since is not None and self.clock.time() - since < FLOW_STATE_S else "running"
 
     def info(self) -> dict[str, Any]:
         props = self.client_properties
