@@ -47,6 +47,7 @@ from hutch.portfile import NodeDidNotStart, wait_for_ports
 from node_forkserver import spawn_node
 from worker_suites import (
     DESELECTED,
+    SLOW_COPIES,
     WORKER_SUITES,
     WORKERS_COPY,
     WORKERS_COPY_COUNT,
@@ -89,7 +90,11 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return copy
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: the slow copies are marked here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid != original_nodeid(item.nodeid) and original_nodeid(item.nodeid) in SLOW_COPIES:
+            item.add_marker(pytest.mark.slow)
     left_out = [item for item in items
                 if item.nodeid != original_nodeid(item.nodeid) and original_nodeid(item.nodeid) in DESELECTED]
     if left_out:

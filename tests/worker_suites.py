@@ -3,7 +3,7 @@
 Owns: which test modules are collected a second time as their "workers copy" (`WORKER_SUITES`), the copy's
 name (`WORKERS_COPY`: the marker every copied test carries and the suffix of the copy's module node id,
 `tests/interop/test_publishing.py[workers2]::test_x`), and which copied tests are left out
-(`DESELECTED`: in-process, nothing of workers to test). tests/conftest.py collects the copies and runs
+(`DESELECTED`: in-process, nothing of workers to test), and which copied tests are slow (`SLOW_COPIES`). tests/conftest.py collects the copies and runs
 each copied test with `HUTCH_TEST_WORKERS=2`, so every node the shared fixtures start for it is
 `hutch-server --workers 2`; `make test` runs both copies in one session (each copy is a unit of work of
 its own, tests/xdist_schedule.py), `make test-workers` only the copies (`-m workers2`), `-m "not workers2"`
@@ -34,6 +34,19 @@ DESELECTED = frozenset({
     "tests/mgmt/test_prometheus.py::test_ten_thousand_queues_render_every_queue[10000]",
 })
 """Tests of `WORKER_SUITES` whose workers copy is not collected (their original's node id)."""
+
+SLOW_COPIES = frozenset({
+    "tests/mgmt/test_mgmt_api2.py::test_topic_permissions_and_the_cluster_name_survive_a_restart",
+    "tests/mgmt/test_limits.py::test_limits_survive_a_restart",
+    "tests/mgmt/test_definitions.py::test_export_import_into_fresh_node_and_restart",
+    "tests/mgmt/test_definitions.py::test_load_definitions_at_boot",
+    "tests/mgmt/test_definitions.py::test_rabbitmq_310_export_imported_and_users_log_in",
+})
+"""Tests of `WORKER_SUITES` whose workers copy is marked slow (their original's node id): restarts of a node
+of 2 workers (and its boots with a definitions file, and the largest import), 11-16 s each idle in session
+19. Their originals run in `make test`, and a node of workers' restart with its definitions and messages
+is `make test`'s in tests/workers (test_workers.py, test_worker_forkserver.py); the copies run in `make
+test-slow` and `make test-all` (docs/testing.md, "What was done about it in session 20")."""
 
 
 def copy_nodeid(module: str) -> str:

@@ -152,7 +152,7 @@ entries = st.tuples(key_tokens, letters, st.lists(value_tokens, max_size=6)).map
 bodies = st.lists(entries, max_size=4).map(b"".join)
 
 
-@ci_settings(max_examples=1500)
+@ci_settings(max_examples=400)  # `make test`; the 1,500 of the long run below are in the slow set
 @given(bodies, st.integers(-3, 3), st.binary(max_size=4))
 @example(b"\x01kS\x00\x00\x00\x09abc", 0, b"")  # a string overrunning its table
 @example(b"\x01kA\x00\x00\x00\x02S\x00", 0, b"")  # a string's length cut by its array
@@ -164,6 +164,13 @@ def test_malformed_tables_fail_alike(body: bytes, length_error: int, trailing: b
     assert_agree(struct.pack(">I", length) + body + trailing)
 
 
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 1,500 examples
+@ci_settings(max_examples=1500)
+@given(bodies, st.integers(-3, 3), st.binary(max_size=4))
+def test_malformed_tables_fail_alike_long(body: bytes, length_error: int, trailing: bytes) -> None:
+    test_malformed_tables_fail_alike.hypothesis.inner_test(body, length_error, trailing)
+
+
 @ci_settings(max_examples=800)
 @given(st.binary(max_size=40), st.binary(max_size=40))
 def test_any_key_and_string_bytes_decode_alike(key: bytes, text: bytes) -> None:
@@ -173,7 +180,7 @@ def test_any_key_and_string_bytes_decode_alike(key: bytes, text: bytes) -> None:
     assert_agree(wrap(b"\x01kS" + wrap(text)))
 
 
-@ci_settings(max_examples=600)
+@ci_settings(max_examples=200)  # `make test`; the 600 of the long run below are in the slow set
 @given(canonical_tables, st.data())
 def test_mutated_encodings_fail_or_decode_alike(value: dict[str, Any], data: st.DataObject) -> None:
     raw = bytearray(encode_table(value))
@@ -189,6 +196,13 @@ def test_mutated_encodings_fail_or_decode_alike(value: dict[str, Any], data: st.
         else:
             raw[i:i] = data.draw(st.binary(min_size=1, max_size=3))
     assert_agree(bytes(raw))
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 600 examples
+@ci_settings(max_examples=600)
+@given(canonical_tables, st.data())
+def test_mutated_encodings_fail_or_decode_alike_long(value: dict[str, Any], data: st.DataObject) -> None:
+    test_mutated_encodings_fail_or_decode_alike.hypothesis.inner_test(value, data)
 
 
 @pytest.mark.parametrize("raw", [b"", b"\x00\x00\x00", b"\x00\x00\x00\x05\x01", b"\xff\xff\xff\xff"])

@@ -171,8 +171,13 @@ class LogMachine(RuleBasedStateMachine):
 
 
 LogMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, derandomize=True, deadline=None)
+    max_examples=50, stateful_step_count=40, derandomize=True, deadline=None)
 TestLogProperties = LogMachine.TestCase
+
+
+@pytest.mark.slow  # the long run (`make test-slow`); `make test` runs 50 examples of the same machine
+class TestLogPropertiesLong(LogMachine.TestCase):
+    settings = settings(max_examples=150, stateful_step_count=40, derandomize=True, deadline=None)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -649,4 +649,9 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`); `make test` runs 60 examples of the same machine
+class TestStoreMachineLong(StoreMachine.TestCase):
+    settings = settings(max_examples=200, stateful_step_count=50, deadline=None)

@@ -170,10 +170,17 @@ garbage = st.recursive(
 
 
 @given(garbage)
-@settings(max_examples=500)
+@settings(max_examples=150)  # `make test`; the 500 of the long run below are in the slow set
 def test_any_garbage_is_a_wire_error_or_decodes(payload: Any) -> None:
     for candidate in (payload, [1, [], [], payload, []], [1, [], [], [1, payload], []]):
         try:
             decode_batch(candidate, sender=2, to=1)
         except RaftWireError:
             pass
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 500 examples
+@given(garbage)
+@settings(max_examples=500)
+def test_any_garbage_is_a_wire_error_or_decodes_long(payload: Any) -> None:
+    test_any_garbage_is_a_wire_error_or_decodes.hypothesis.inner_test(payload)
