@@ -26,6 +26,7 @@ Every `import`/`from ... import` in `src/hutch` is read with `ast`, including th
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -80,6 +81,11 @@ def module_name(path: Path) -> str:
 
 def imports(path: Path) -> list[tuple[str, bool]]:
     """(imported module, whether the import is inside a function) for every import in the file."""
+    return list(_imports(path))
+
+
+@functools.cache  # each source file is parsed once per run, not once per rule that reads it
+def _imports(path: Path) -> tuple[tuple[str, bool], ...]:
     tree = ast.parse(path.read_text(), str(path))
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
@@ -103,7 +109,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
             visit(child, local)
 
     visit(tree, False)
-    return found
+    return tuple(found)
 
 
 def all_files() -> list[Path]:
