@@ -126,6 +126,7 @@ class WorkerForkServer:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+            os.close(os.pidfd_open(os.getpid()))  # the kernel has pidfds (Linux 5.3+), not only the call
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         except (OSError, AttributeError) as exc:
             log.info("no worker fork server (%s): workers start as fresh interpreters", exc)
@@ -173,7 +174,13 @@ class WorkerForkServer:
         reply = json.loads(answer)
         if "pid" not in reply:
             raise ForkServerGone(reply.get("error", "no pid"))
-        return ForkedWorker(int(reply["pid"]), loop)
+        pid = int(reply["pid"])
+        try:
+            return ForkedWorker(pid, loop)
+        except OSError as exc:  # no pidfd for it (descriptors exhausted): not a worker we could watch
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise ForkServerGone(f"cannot watch worker pid {pid}: {exc}") from None
 
     async def _answer(self, loop: asyncio.AbstractEventLoop) -> bytes:
         while True:
