@@ -1,12 +1,13 @@
 """Compaction of load over a node's workers: when to move an island of work from one worker to another.
 
 Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
-workers (docs/scaling.md, "Compaction of load"). Each worker reports its loop's busy share (`WorkerLoad`,
-measured by `LoadMeter` from its `LoopLoad`'s cumulative busy time, core/credit_flow.py) and its **islands** (`Island`: a queue and the connections of
-its home worker that use only that queue, with their message rate and whether they can move now). A
-worker is **hot** while its busy share over its report window (a second) is at least `SATURATED` (the
-loop's saturation mark, as a share of the whole window: not the 100 ms flag credit flow uses, which a
-worker at 0.3 of a core raises now and then). The controller answers at most one `Move` at a time:
+workers (docs/scaling.md, "Compaction of load"). Each worker reports its busy share (`WorkerLoad`:
+the share of a core its process used over the report window, measured by `LoadMeter` from its cumulative
+CPU time) and its **islands** (`Island`: a queue and the connections of its home worker that use only
+that queue, with their message rate and whether they can move now). A worker is **hot** while its busy
+share over its report window (a second) is at least `SATURATED` (half a core; not credit flow's
+saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`
+at a time:
 
 - **Pack** while the whole node is far below its capacity (the workers' busy shares add up to less than
   `pack_below` of a core for `pack_hold_s` in a row, so no worker is hot) and really moving messages (at
@@ -85,12 +86,12 @@ the controller judges by `busy`), `msgs_per_s` every message it handled."""
 
 @dataclass
 class LoadMeter:
-    """A worker's `WorkerLoad` from its loop's cumulative busy time (`LoopLoad.busy_total_s`) sampled at
-    each report: the busy share is the busy time added since the last sample over the time elapsed
-    (0 at the first sample), at most 1."""
+    """A worker's `WorkerLoad` from a cumulative busy time sampled at each report (the host gives its
+    process's CPU time; `LoopLoad.busy_total_s` counts the same way): the busy share is the busy time
+    added since the last sample over the time elapsed (0 at the first sample), at most 1."""
 
     worker: int
-    last: tuple[float, float] | None = None  # (time, busy_total_s) at the last sample
+    last: tuple[float, float] | None = None  # (time, cumulative busy seconds) at the last sample
 
     def sample(self, now: float, busy_total_s: float, saturated: bool, msgs_per_s: float) -> WorkerLoad:
         last, self.last = self.last, (now, busy_total_s)

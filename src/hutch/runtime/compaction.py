@@ -2,7 +2,9 @@
 
 Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `compaction_on`):
 - **Reports** (step 1, docs/scaling.md "Compaction of load"): every `REPORT_S` a worker samples its loop's
-  busy share (`LoadMeter` over `LoopLoad.busy_total_s`) and scans its islands (`IslandScan`: a queue and
+  busy share (`LoadMeter` over the process's CPU time, `time.process_time`: the share of a core it used,
+  which neither a contended machine inflates, as it does the loop's wall-clock busy time, nor a path
+  outside the timed input hides) and scans its islands (`IslandScan`: a queue and
   the connections that use only it, their rate, whether they can move), and sends them to worker 0 as
   one `CompactReport` (worker 0 keeps its own).
 - **The controller's host** (step 2): worker 0 runs `Compactor.observe` (core/compaction.py) on the reports
@@ -210,7 +212,8 @@ class Compaction:
         self.index = cfg.worker_index
         self.workers = cfg.workers
         self.node_name = node_of_worker(node.name)
-        self.meter = LoadMeter(self.index)
+        self.meter = LoadMeter(self.index)  # over the process's CPU time: the busy share the controller judges by
+        self.loop_meter = LoadMeter(self.index)  # over the loop's busy time (`LoopLoad`): logged beside it
         self.scan = IslandScan(self.index)
         self.transfer = IslandTransfer(worker, self._adopt)
         self.compactor = Compactor() if self.index == 0 else None
@@ -254,7 +257,8 @@ class Compaction:
                    for i in islands]
         rate = sum(i.msgs_per_s for i in islands)
         lp = self.node.loop_load
-        load = self.meter.sample(now, lp.busy_total_s, lp.own_saturated(), rate)
+        load = self.meter.sample(now, time.process_time(), lp.own_saturated(), rate)
+        loop_busy = self.loop_meter.sample(now, lp.busy_total_s, False, rate).busy
         flat: list[Any] = []
         for i, q in zip(islands, queues, strict=True):
             flat += [q.vhost, q.name, int(i.msgs_per_s), i.movable]
@@ -262,9 +266,9 @@ class Compaction:
         if now - self._local_logged >= STATE_LOG_S and load.busy >= 0.1:
             self._local_logged = now  # where the load is: connections of an island here, or using queues elsewhere
             held = sum(len(v) for v in conns_of.values())
-            log.info("compaction: worker %d busy %.3f, %d msg/s in %d queues; connections: %d in its islands, "
-                     "%d others", self.index, load.busy, int(rate), len(queues), held,
-                     len(self.node.connections) - held)
+            log.info("compaction: worker %d busy %.3f (CPU; its loop's input %.3f), %d msg/s in %d queues; "
+                     "connections: %d in its islands, %d others", self.index, load.busy, loop_busy, int(rate),
+                     len(queues), held, len(self.node.connections) - held)
         if self.index == 0:
             self._on_report(self.node.name, report)
             self._judge(now)
