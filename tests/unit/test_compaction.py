@@ -172,6 +172,20 @@ def test_the_rate_goal_b_sets_packs_and_its_spread_twin_does_not() -> None:
         assert (len(moves) == 4 and {m.reason for m in moves} == {"pack"}) if packs else moves == [], moves
 
 
+def test_a_load_that_ends_is_not_spread_as_it_goes() -> None:
+    """Session 20's logs: as a full-speed run ended, worker 0's first report of the quiet met worker 1's
+    last report of the load, and worker 1 was spread into worker 0 as the clients left. A target must
+    have been cool for the hold too: the next report shows both quiet, and nothing moves."""
+    ctl = Compactor()
+    islands = [Island(f"q{i}", i % 2, 8000.0, True) for i in range(8)]
+    hot = [WorkerLoad(0, 0.9, True, 32000.0), WorkerLoad(1, 0.9, True, 32000.0)]
+    for step in range(10):
+        assert ctl.observe(float(step), hot, islands) is None
+    assert ctl.observe(10.0, [WorkerLoad(0, 0.0, False, 0.0), hot[1]], islands) is None
+    quiet = [WorkerLoad(0, 0.0, False, 0.0), WorkerLoad(1, 0.0, False, 0.0)]
+    assert all(ctl.observe(float(step), quiet, islands) is None for step in range(11, 20))
+
+
 def test_a_worker_with_one_island_keeps_it() -> None:
     homes = {"a": 0}
     assert run(Compactor(), {"a": 0.9}, homes, {"a": 50000.0}, {}, 2, 30) == []

@@ -21,8 +21,9 @@ at a time:
   "What the rest is").
 - **Spread** when a worker has been hot for `spread_hold_s` while moving at least `min_rate` msg/s (a loop
   busy with anything else gains nothing from a move), holds two islands or more (a worker with one
-  keeps it: moving it would only move the load), and another worker is not hot: to the least busy of
-  those, move the movable island of the hot worker whose estimated cost `c` is nearest half the
+  keeps it: moving it would only move the load), and another worker has not been hot for as long (the
+  reports of two workers are up to a report apart: as a load starts or ends, one worker's report may
+  say so a second before the other's): to the least busy of those, move the movable island of the hot worker whose estimated cost `c` is nearest half the
   difference of their busy shares, among those that **strictly narrow it**: `c > 0` and
   `target + c <= source - c` (the target ends no busier than the source keeps; `<=`, so that two equal
   islands of a hot worker next to an idle one split). The target may end above `SATURATED` when the
@@ -126,7 +127,7 @@ class Compactor:
     pack_hold_s: float = 3.0  # ... held this long (three reports)
     min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
     target_max: float = 0.45  # a pack's target stays at or below this busy share, islands included (< SATURATED)
-    spread_hold_s: float = 1.0  # a worker hot (busy >= SATURATED) this long spreads, to a worker that is not
+    spread_hold_s: float = 2.0  # a worker hot (busy >= SATURATED) this long spreads, to one not hot this long
     settle_s: float = 3.0  # no move judged for this long after one ends
     pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
     pin_max_s: float = 3600.0  # ... up to this
@@ -134,6 +135,7 @@ class Compactor:
     in_flight: Move | None = None
     low_since: float | None = None
     hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy share is >= SATURATED
+    cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < SATURATED
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
@@ -158,7 +160,9 @@ class Compactor:
         for w in loads:
             if w.busy >= SATURATED:
                 self.hot_since.setdefault(w.worker, now)
+                self.cool_since.pop(w.worker, None)
             else:
+                self.cool_since.setdefault(w.worker, now)
                 self.hot_since.pop(w.worker, None)
         if self.in_flight is not None or len(loads) < 2:
             return None
@@ -192,6 +196,7 @@ class Compactor:
         self.last_move_end = now
         self.low_since = None  # the figures before the move no longer say anything
         self.hot_since.clear()
+        self.cool_since.clear()
         if not moved:
             self.packing = None
             k = self.failures_of[move.island] = self.failures_of.get(move.island, 0) + 1
@@ -228,7 +233,9 @@ class Compactor:
 
     def _spread(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
                 costs: dict[str, float]) -> Move | None:
-        cool = [w for w in loads if w.busy < SATURATED]
+        # (a target cool for the hold too: the reports of two workers are up to a report apart, so as a load
+        # ends, a source's last hot report may meet a target's first cool one)
+        cool = [w for w in loads if now - self.cool_since.get(w.worker, now) >= self.spread_hold_s]
         if not cool:
             return None
         target = min(cool, key=lambda w: (w.busy, w.worker))
