@@ -2,8 +2,8 @@
 
 Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
 workers (docs/scaling.md, "Compaction of load"). Each worker reports its busy share (`WorkerLoad`:
-the share of a core its process used over the report window, measured by `LoadMeter` from its cumulative
-CPU time) and its **islands** (`Island`: a queue and the connections of its home worker that use only
+the share of a core it took over the report window, measured by `LoadMeter`s: the larger of its process's
+CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands** (`Island`: a queue and the connections of its home worker that use only
 that queue, with their message rate and whether they can move now). A worker is **hot** while its busy
 share over its report window (a second) is at least `SATURATED` (half a core; not credit flow's
 saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`

@@ -1,12 +1,16 @@
 """Compaction of load in a node of workers, wired: reports, the controller's host, and an island's move.
 
 Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `compaction_on`):
-- **Reports** (step 1, docs/scaling.md "Compaction of load"): every `REPORT_S` a worker samples its loop's
-  busy share (`LoadMeter` over the process's CPU time, `time.process_time`: the share of a core it used,
-  which neither a contended machine inflates, as it does the loop's wall-clock busy time, nor a path
-  outside the timed input hides) and scans its islands (`IslandScan`: a queue and
+- **Reports** (step 1, docs/scaling.md "Compaction of load"): every `REPORT_S` a worker samples its busy
+  share and scans its islands (`IslandScan`: a queue and
   the connections that use only it, their rate, whether they can move), and sends them to worker 0 as
   one `CompactReport` (worker 0 keeps its own).
+  The busy share is the larger of two `LoadMeter`s: the process's CPU share (`time.process_time`: what
+  the worker costs, paths outside the loop's timed input included) and its loop's wall-clock input share
+  (`LoopLoad.busy_total_s`), which a contended machine inflates (time runnable but not running counts)
+  and which is right to: a worker that waits for a core is not one to pack into, and one starved after
+  a pack shows hot and is spread again. On a quiet machine the two agree within a few hundredths at a
+  moderate rate (docs/BENCHMARKS.md, "Compaction thresholds and the spread on imbalance, session 20").
 - **The controller's host** (step 2): worker 0 runs `Compactor.observe` (core/compaction.py) on the reports
   younger than `STALE_S` at each of its own reports, and asks the source worker to make the move it
   answers (`CompactMove`); the answer ends the move (`move_done`). `force` is the test hook (`SIGUSR1` to
@@ -212,8 +216,10 @@ class Compaction:
         self.index = cfg.worker_index
         self.workers = cfg.workers
         self.node_name = node_of_worker(node.name)
-        self.meter = LoadMeter(self.index)  # over the process's CPU time: the busy share the controller judges by
-        self.loop_meter = LoadMeter(self.index)  # over the loop's busy time (`LoopLoad`): logged beside it
+        # the busy share the controller judges by is the larger of two: the process's CPU share and its loop's
+        # (wall-clock) input share; see the module docstring
+        self.meter = LoadMeter(self.index)  # over the process's CPU time
+        self.loop_meter = LoadMeter(self.index)  # over the loop's busy time (`LoopLoad.busy_total_s`)
         self.scan = IslandScan(self.index)
         self.transfer = IslandTransfer(worker, self._adopt)
         self.compactor = Compactor() if self.index == 0 else None
@@ -257,8 +263,9 @@ class Compaction:
                    for i in islands]
         rate = sum(i.msgs_per_s for i in islands)
         lp = self.node.loop_load
-        load = self.meter.sample(now, time.process_time(), lp.own_saturated(), rate)
+        cpu = self.meter.sample(now, time.process_time(), lp.own_saturated(), rate)
         loop_busy = self.loop_meter.sample(now, lp.busy_total_s, False, rate).busy
+        load = WorkerLoad(self.index, max(cpu.busy, loop_busy), cpu.saturated, rate)
         flat: list[Any] = []
         for i, q in zip(islands, queues, strict=True):
             flat += [q.vhost, q.name, int(i.msgs_per_s), i.movable]
@@ -266,8 +273,8 @@ class Compaction:
         if now - self._local_logged >= STATE_LOG_S and load.busy >= 0.1:
             self._local_logged = now  # where the load is: connections of an island here, or using queues elsewhere
             held = sum(len(v) for v in conns_of.values())
-            log.info("compaction: worker %d busy %.3f (CPU; its loop's input %.3f), %d msg/s in %d queues; "
-                     "connections: %d in its islands, %d others", self.index, load.busy, loop_busy, int(rate),
+            log.info("compaction: worker %d busy %.3f (CPU %.3f, its loop's input %.3f), %d msg/s in %d queues; "
+                     "connections: %d in its islands, %d others", self.index, load.busy, cpu.busy, loop_busy, int(rate),
                      len(queues), held, len(self.node.connections) - held)
         if self.index == 0:
             self._on_report(self.node.name, report)
