@@ -2,9 +2,10 @@
 
 Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
 workers (docs/scaling.md, "Compaction of load"). Each worker reports its busy share (`WorkerLoad`:
-the share of a core it took over the report window, measured by `LoadMeter`s: the larger of its process's
-CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands** (`Island`: a queue and the connections of its home worker that use only
-that queue, with their message rate and whether they can move now). A worker is **hot** while its busy
+the share of a core it took over the report window, measured by `LoadMeter`s: the larger of its
+process's CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands**
+(`Island`: a queue and the connections of its home worker that use only that queue, with their message
+rate and whether they can move now). A worker is **hot** while its busy
 share over its report window (a second) is at least `SATURATED` (half a core; not credit flow's
 saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`
 at a time:
@@ -23,8 +24,9 @@ at a time:
   busy with anything else gains nothing from a move), holds two islands or more (a worker with one
   keeps it: moving it would only move the load), and another worker has not been hot for as long (the
   reports of two workers are up to a report apart: as a load starts or ends, one worker's report may
-  say so a second before the other's): to the least busy of those, move the movable island of the hot worker whose estimated cost `c` is nearest half the
-  difference of their busy shares, among those that **strictly narrow it**: `c > 0` and
+  say so a second before the other's): to the least busy of those, move the movable island of the hot
+  worker whose estimated cost `c` is nearest half the difference of their busy shares, among those that
+  **strictly narrow it**: `c > 0` and
   `target + c <= source - c` (the target ends no busier than the source keeps; `<=`, so that two equal
   islands of a hot worker next to an idle one split). The target may end above `SATURATED` when the
   source is at full speed (39 % and 97 % of a core share better as 63 % and 73 %); what the rule keeps
@@ -38,8 +40,8 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
   at each spread, so a node's spreads end;
 - a pack never leaves a hot worker: its target ends at most `target_max` < `SATURATED` (an estimate: the
   islands' costs as measured on two loops, which after the pack share one loop's sleeps, so the target
-  ends lower still), so no spread follows a pack until the load grows by `SATURATED / target_max` or
-  more;
+  ends lower still), so no spread follows a pack until the load grows by a factor of
+  `SATURATED / target_max` (1.11 by the estimate; 1.25 or more as measured, below) or more;
 - a spread is never undone by a pack: a spread needs a hot worker, so the node's summed busy share is at
   least `SATURATED`, at least `pack_below`, and a move does not change the sum;
 - every move starts a pause of `settle_s` (the reports must show the move before the next is judged);
@@ -52,8 +54,9 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
 
 The thresholds (`pack_below` 0.5, `target_max` 0.45) are measured (docs/BENCHMARKS.md, "Compaction
 thresholds and the spread on imbalance, session 20"): the estimate of a pack's target is the node's
-summed busy share, and a node of 2 whose loops add up to 0.45 of a core runs packed at about 0.35-0.4,
-a margin of 0.1 below the spread's trigger.
+summed busy share; at 8,000 msg/s on session 20's VM the two workers summed 0.34-0.44 and the packed
+worker ran at 0.31-0.40, 0.1-0.19 below the spread's trigger, where 20,000 msg/s takes one process
+above it (0.52-0.63 of a core: nothing packs, rightly).
 
 An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
 island's share of the worker's messages (per-message cost is about the same for every island of one
@@ -126,7 +129,7 @@ class Compactor:
     pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core; <= SATURATED)
     pack_hold_s: float = 3.0  # ... held this long (three reports)
     min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
-    target_max: float = 0.45  # a pack's target stays at or below this busy share, islands included (< SATURATED)
+    target_max: float = 0.45  # a pack's target stays at or below this busy share (< SATURATED)
     spread_hold_s: float = 2.0  # a worker hot (busy >= SATURATED) this long spreads, to one not hot this long
     settle_s: float = 3.0  # no move judged for this long after one ends
     pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
@@ -134,7 +137,7 @@ class Compactor:
     retry_s: float = 10.0  # an island whose move failed is not tried again for this long, doubled per failure in a row
     in_flight: Move | None = None
     low_since: float | None = None
-    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy share is >= SATURATED
+    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy is >= SATURATED
     cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < SATURATED
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)

@@ -271,11 +271,11 @@ class Compaction:
             flat += [q.vhost, q.name, int(i.msgs_per_s), i.movable]
         report = cm.CompactReport(self.index, int(load.busy * 1e6), load.saturated, int(rate), flat)
         if now - self._local_logged >= STATE_LOG_S and load.busy >= 0.1:
-            self._local_logged = now  # where the load is: connections of an island here, or using queues elsewhere
+            self._local_logged = now  # where the load is: connections in an island here, or others
             held = sum(len(v) for v in conns_of.values())
             log.info("compaction: worker %d busy %.3f (CPU %.3f, its loop's input %.3f), %d msg/s in %d queues; "
-                     "connections: %d in its islands, %d others", self.index, load.busy, cpu.busy, loop_busy, int(rate),
-                     len(queues), held, len(self.node.connections) - held)
+                     "connections: %d in its islands, %d others", self.index, load.busy, cpu.busy, loop_busy,
+                     int(rate), len(queues), held, len(self.node.connections) - held)
         if self.index == 0:
             self._on_report(self.node.name, report)
             self._judge(now)
