@@ -3,8 +3,10 @@
 Pure: time is passed in, loads and islands are made up. The properties simulate a node whose islands
 each cost a fixed share of a core per report, moves applied at once, and check what the docs promise:
 an idle node never moves, at most one move is in flight, only movable islands move and only between
-two running workers, a stationary load never moves an island twice (no flapping), and a packed
-target stays below saturation."""
+two running workers, a stationary load never moves an island twice (no flapping), a packed
+target stays below saturation, every spread narrows the difference it acts on (the target ends no
+busier than the source; the sum of squared busy shares falls), and one load never both packs and
+spreads."""
 
 from __future__ import annotations
 
