@@ -3,8 +3,10 @@
 Pure: time is passed in, loads and islands are made up. The properties simulate a node whose islands
 each cost a fixed share of a core per report, moves applied at once, and check what the docs promise:
 an idle node never moves, at most one move is in flight, only movable islands move and only between
-two running workers, a stationary load never moves an island twice (no flapping), and a packed
-target stays below saturation."""
+two running workers, a stationary load never moves an island twice (no flapping), a packed
+target stays below saturation, every spread narrows the difference it acts on (the target ends no
+busier than the source; the sum of squared busy shares falls), and one load never both packs and
+spreads."""
 
 from __future__ import annotations
 
@@ -128,6 +130,62 @@ def test_a_saturated_worker_spreads_to_an_idle_one_and_stays_spread() -> None:
     moves = run(Compactor(), costs, homes, rates, {}, 2, 120)
     assert [m.reason for m in moves] == ["spread", "spread"]
     assert sorted(homes.values()) == [0, 0, 1, 1]
+
+
+def test_a_hot_worker_spreads_to_a_worker_that_is_not_hot_even_above_the_calm_mark() -> None:
+    """Session 19's uneven round: worker 0 at 0.97 of a core with four islands, worker 1 at 0.39 (not idle,
+    not hot). One island moves (0.39 + 0.24 <= 0.97 - 0.24), the target ending above `SATURATED`; then
+    both are hot and nothing else moves, however long the load holds."""
+    homes = {**{f"a{i}": 0 for i in range(4)}, **{f"b{i}": 1 for i in range(4)}}
+    costs = {**{f"a{i}": 0.2425 for i in range(4)}, **{f"b{i}": 0.0975 for i in range(4)}}
+    rates = {n: c * 1e5 for n, c in costs.items()}
+    moves = run(Compactor(), costs, homes, rates, {}, 2, 300)
+    assert [(m.source, m.target, m.reason) for m in moves] == [(0, 1, "spread")]
+    busy = [sum(c for n, c in costs.items() if homes[n] == w) for w in (0, 1)]
+    assert busy == pytest.approx([0.7275, 0.6325]) and min(busy) >= SATURATED
+
+
+def test_a_spread_never_crosses_over() -> None:
+    """A hot worker whose every island would leave the target busier than itself keeps them: 0.6 in two
+    islands of 0.3 next to 0.45 (0.45 + 0.3 > 0.6 - 0.3)."""
+    homes = {"a": 0, "b": 0, "c": 1}
+    assert run(Compactor(), {"a": 0.3, "b": 0.3, "c": 0.45}, homes, {"a": 3e4, "b": 3e4, "c": 4.5e4}, {}, 2, 60) == []
+
+
+def test_the_100ms_flag_neither_spreads_nor_stops_a_pack() -> None:
+    """The controller judges by the busy share over the report window: a worker whose last 100 ms window
+    was saturated (credit flow's flag) but busy 0.2 over the second is not hot; the node packs."""
+    ctl = Compactor(pack_hold_s=2.0)
+    loads = [WorkerLoad(0, 0.2, True, 4000.0), WorkerLoad(1, 0.2, True, 4000.0)]
+    islands = [Island("a", 0, 4000.0, True), Island("b", 1, 4000.0, True)]
+    assert ctl.observe(0.0, loads, islands) is None
+    assert ctl.observe(1.0, loads, islands) is None
+    assert ctl.observe(2.0, loads, islands) == Move("b", 1, 0, "pack")
+
+
+def test_the_rate_goal_b_sets_packs_and_its_spread_twin_does_not() -> None:
+    """Goal (b)'s shape measured on session 20's VM: 8 queues at 8,000 msg/s, each worker ~0.21 busy
+    (0.42 summed, within `target_max`): packed. At 20,000 msg/s each worker is ~0.3 (0.6 summed, above
+    what one loop takes below `SATURATED`): nothing moves."""
+    names = [f"q{i}" for i in range(8)]
+    for per_queue_cost, rate, packs in ((0.0525, 1000.0, True), (0.075, 2500.0, False)):
+        homes = {n: i % 2 for i, n in enumerate(names)}
+        moves = run(Compactor(), dict.fromkeys(names, per_queue_cost), homes, dict.fromkeys(names, rate), {}, 2, 60)
+        assert (len(moves) == 4 and {m.reason for m in moves} == {"pack"}) if packs else moves == [], moves
+
+
+def test_a_load_that_ends_is_not_spread_as_it_goes() -> None:
+    """Session 20's logs: as a full-speed run ended, worker 0's first report of the quiet met worker 1's
+    last report of the load, and worker 1 was spread into worker 0 as the clients left. A target must
+    have been cool for the hold too: the next report shows both quiet, and nothing moves."""
+    ctl = Compactor()
+    islands = [Island(f"q{i}", i % 2, 8000.0, True) for i in range(8)]
+    hot = [WorkerLoad(0, 0.9, True, 32000.0), WorkerLoad(1, 0.9, True, 32000.0)]
+    for step in range(10):
+        assert ctl.observe(float(step), hot, islands) is None
+    assert ctl.observe(10.0, [WorkerLoad(0, 0.0, False, 0.0), hot[1]], islands) is None
+    quiet = [WorkerLoad(0, 0.0, False, 0.0), WorkerLoad(1, 0.0, False, 0.0)]
+    assert all(ctl.observe(float(step), quiet, islands) is None for step in range(11, 20))
 
 
 def test_a_worker_with_one_island_keeps_it() -> None:
@@ -263,3 +321,53 @@ def test_an_island_that_cannot_move_is_tried_ever_more_rarely(workers: int, spec
         for k in range(1, len(times)):
             assert times[k] - times[k - 1] >= min(ctl.pin_max_s, retry_s * 2 ** (k - 1)), (name, times)
         assert len(times) <= 2 + math.log2(steps / retry_s), (name, times)
+
+
+def _sum_sq(costs: dict[str, float], homes: dict[str, int], workers: int) -> float:
+    return sum(sum(c for n, c in costs.items() if homes[n] == w) ** 2 for w in range(workers))
+
+
+@settings(max_examples=200, deadline=None)
+@given(workers=st.integers(2, 4),
+       spec=st.lists(st.tuples(st.integers(0, 3), st.floats(0.001, 0.6), st.booleans()), min_size=1, max_size=8),
+       us_per_msg=st.floats(5.0, 20.0))
+def test_spreads_narrow_packs_stay_cool_and_neither_undoes_the_other(
+        workers: int, spec: list[tuple[int, float, bool]], us_per_msg: float) -> None:
+    """A stationary load whose workers each stay within a core (the estimate then exact): every spread
+    leaves its target no busier than its source and lowers the sum of the squared busy shares (the
+    difference shrinks at every move, so spreads end); every pack leaves its target at most `target_max`
+    (below `SATURATED`) under the load it was packed at, and stays so to the end; and one load never
+    both packs and spreads (no flapping between the two)."""
+    homes = {NAMES[i]: w % workers for i, (w, _c, _m) in enumerate(spec)}
+    costs = {NAMES[i]: c for i, (_w, c, _m) in enumerate(spec)}
+    for w in range(workers):  # scale each worker's islands down to at most a core (no cap on busy)
+        total = sum(c for n, c in costs.items() if homes[n] == w)
+        if total > 1.0:
+            costs.update({n: c / total for n, c in costs.items() if homes[n] == w})
+    rates = {n: c * 1e6 / us_per_msg for n, c in costs.items()}
+    movable = {NAMES[i]: m for i, (_w, _c, m) in enumerate(spec)}
+    ctl = Compactor()
+    reasons: list[str] = []
+    packed_into: set[int] = set()
+    for step in range(300):
+        now = float(step)
+        move = ctl.observe(now, loads_of(costs, homes, rates, workers), islands_of(homes, rates, movable))
+        if move is None:
+            continue
+        before = _sum_sq(costs, homes, workers)
+        source_busy = sum(c for n, c in costs.items() if homes[n] == move.source)
+        target_busy = sum(c for n, c in costs.items() if homes[n] == move.target)
+        homes[move.island] = move.target
+        ctl.move_done(now, True)
+        reasons.append(move.reason)
+        cost = costs[move.island]
+        if move.reason == "spread":
+            assert source_busy >= SATURATED and cost > 0
+            assert target_busy + cost <= source_busy - cost + 1e-9, (move, source_busy, target_busy)
+            assert _sum_sq(costs, homes, workers) < before
+        else:
+            assert target_busy + cost <= ctl.target_max + 1e-9
+            packed_into.add(move.target)
+    assert len(set(reasons)) <= 1, reasons
+    for w in packed_into:
+        assert sum(c for n, c in costs.items() if homes[n] == w) <= ctl.target_max + 1e-9 < SATURATED

@@ -1,36 +1,62 @@
 """Compaction of load over a node's workers: when to move an island of work from one worker to another.
 
 Owns: `Compactor`, the pure controller of Erlang's `+scl` ("scheduler compaction of load") for a node of
-workers (docs/scaling.md, "Compaction of load"). Each worker reports its loop's busy share (`WorkerLoad`,
-measured by `LoadMeter` from its `LoopLoad`'s cumulative busy time, core/credit_flow.py) and its **islands** (`Island`: a queue and the connections of
-its home worker that use only that queue, with their message rate and whether they can move now). The
-controller answers at most one `Move` at a time:
+workers (docs/scaling.md, "Compaction of load"). Each worker reports its busy share (`WorkerLoad`:
+the share of a core it took over the report window, measured by `LoadMeter`s: the larger of its
+process's CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands**
+(`Island`: a queue and the connections of its home worker that use only that queue, with their message
+rate and whether they can move now). A worker is **hot** while its busy
+share over its report window (a second) is at least `SATURATED` (half a core; not credit flow's
+saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`
+at a time:
 
 - **Pack** while the whole node is far below its capacity (the workers' busy shares add up to less than
-  `pack_below` of a core for `pack_hold_s` in a row) and really moving messages (at least `min_rate`
-  msg/s, so an idle node or a test node never moves anything): move an island of the least busy worker
-  with islands to the busiest other worker that holds islands (never into an empty one), only when every island of that source can move and all of
-  them together would leave the target below `target_max` (well below saturation), so the source ends
-  empty and sleeps. A pack under way (`packing`) moves the source's next island as soon as the last one
-  is done, without the settling pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the same input: fewer sleeps per message, the cost the
-  measurements put on splitting (docs/scaling.md, "What the rest is").
-- **Spread** when a worker's loop has been saturated (`LoopSaturated`) for `spread_hold_s` while moving
-  at least `min_rate` msg/s (a loop busy with anything else gains nothing from a move) and another
-  worker is not saturated and below `spread_below`: move the movable island of the saturated worker whose
-  estimated cost is nearest half the difference of their busy shares, among those that leave the target
-  below saturation and below what the source keeps (a worker with one island keeps it: moving it would
-  only move the saturation).
+  `pack_below` of a core for `pack_hold_s` in a row, so no worker is hot) and really moving messages (at
+  least `min_rate` msg/s, so an idle node or a test node never moves anything): move an island of the
+  least busy worker with islands to the busiest other worker that holds islands (never into an empty
+  one), only when every island of that source can move and all of them together would leave the target
+  at most `target_max` (below `SATURATED`), so the source ends empty and sleeps. A pack under way
+  (`packing`) moves the source's next island as soon as the last one is done, without the settling
+  pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the
+  same input: fewer sleeps per message, the cost the measurements put on splitting (docs/scaling.md,
+  "What the rest is").
+- **Spread** when a worker has been hot for `spread_hold_s` while moving at least `min_rate` msg/s (a loop
+  busy with anything else gains nothing from a move), holds two islands or more (a worker with one
+  keeps it: moving it would only move the load), and another worker has not been hot for as long (the
+  reports of two workers are up to a report apart: as a load starts or ends, one worker's report may
+  say so a second before the other's): to the least busy of those, move the movable island of the hot
+  worker whose estimated cost `c` is nearest half the difference of their busy shares, among those that
+  **strictly narrow it**: `c > 0` and
+  `target + c <= source - c` (the target ends no busier than the source keeps; `<=`, so that two equal
+  islands of a hot worker next to an idle one split). The target may end above `SATURATED` when the
+  source is at full speed (39 % and 97 % of a core share better as 63 % and 73 %); what the rule keeps
+  is that the busier of the two stays the source, so no spread undoes another.
 
-Hysteresis, so it never flaps: a pack leaves its target at most `target_max` (0.35 of a core) while a
-spread waits for saturation (the loop busy at least half of every window): a packed island never
-saturates its target under the load it was packed at, and a spread never saturates its target nor leaves
-it busier than its source; every move starts a pause of `settle_s` (the reports must show the move
-before the next is judged); an island that moved stays where it went for `pin_s`, doubled at each of
-its moves up to `pin_max_s` (an estimate that misleads the controller makes it move an island back and
-forth at most log2(t / pin_s) times in t seconds); an island whose move failed (it could not get quiet,
-or its target did not commit) is not tried again for `retry_s`, doubled at each failure in a row up to
-`pin_max_s` (a busy island is not held again and again at every report); and at most one move is in
-flight (`move_done` ends it, whether it succeeded or not).
+Hysteresis, so it never flaps, under a load that holds (the estimate right):
+- a spread never undoes a spread: a move from s to t (busy shares, c > 0, t + c <= s - c) leaves t no
+  busier than s, so a move back (t + c + c' <= s - c - c', c' > 0) cannot qualify; and every spread
+  strictly shrinks the difference between the two workers it touches (|(s - c) - (t + c)| = s - t - 2c
+  < s - t); over any number of workers the sum of the squared busy shares falls by 2c(s - t - c) >= 2c²
+  at each spread, so a node's spreads end;
+- a pack never leaves a hot worker: its target ends at most `target_max` < `SATURATED` (an estimate: the
+  islands' costs as measured on two loops, which after the pack share one loop's sleeps, so the target
+  ends lower still), so no spread follows a pack until the load grows by a factor of
+  `SATURATED / target_max` (1.11 by the estimate; 1.25 or more as measured, below) or more;
+- a spread is never undone by a pack: a spread needs a hot worker, so the node's summed busy share is at
+  least `SATURATED`, at least `pack_below`, and a move does not change the sum;
+- every move starts a pause of `settle_s` (the reports must show the move before the next is judged);
+  an island that moved stays where it went for `pin_s`, doubled at each of its moves up to `pin_max_s`
+  (an estimate that misleads the controller makes it move an island back and forth at most
+  log2(t / pin_s) times in t seconds); an island whose move failed (it could not get quiet, or its
+  target did not commit) is not tried again for `retry_s`, doubled at each failure in a row up to
+  `pin_max_s` (a busy island is not held again and again at every report); and at most one move is in
+  flight (`move_done` ends it, whether it succeeded or not).
+
+The thresholds (`pack_below` 0.5, `target_max` 0.45) are measured (docs/BENCHMARKS.md, "Compaction
+thresholds and the spread on imbalance, session 20"): the estimate of a pack's target is the node's
+summed busy share; at 8,000 msg/s on session 20's VM the two workers summed 0.34-0.44 and the packed
+worker ran at 0.31-0.40, 0.1-0.19 below the spread's trigger, where 20,000 msg/s takes one process
+above it (0.52-0.63 of a core: nothing packs, rightly).
 
 An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
 island's share of the worker's messages (per-message cost is about the same for every island of one
@@ -53,7 +79,8 @@ from hutch.core.credit_flow import SATURATED
 @dataclass(frozen=True)
 class WorkerLoad:
     """One worker's report: `busy` is the share of a core its loop spent handling input over the last
-    report window (0..1), `saturated` what its `LoopLoad` says, `msgs_per_s` every message it handled."""
+    report window (0..1), `saturated` what its `LoopLoad` says (the last 100 ms window: logged, not judged;
+the controller judges by `busy`), `msgs_per_s` every message it handled."""
 
     worker: int
     busy: float
@@ -63,12 +90,12 @@ class WorkerLoad:
 
 @dataclass
 class LoadMeter:
-    """A worker's `WorkerLoad` from its loop's cumulative busy time (`LoopLoad.busy_total_s`) sampled at
-    each report: the busy share is the busy time added since the last sample over the time elapsed
-    (0 at the first sample), at most 1."""
+    """A worker's `WorkerLoad` from a cumulative busy time sampled at each report (the host gives its
+    process's CPU time; `LoopLoad.busy_total_s` counts the same way): the busy share is the busy time
+    added since the last sample over the time elapsed (0 at the first sample), at most 1."""
 
     worker: int
-    last: tuple[float, float] | None = None  # (time, busy_total_s) at the last sample
+    last: tuple[float, float] | None = None  # (time, cumulative busy seconds) at the last sample
 
     def sample(self, now: float, busy_total_s: float, saturated: bool, msgs_per_s: float) -> WorkerLoad:
         last, self.last = self.last, (now, busy_total_s)
@@ -99,19 +126,19 @@ class Move:
 
 @dataclass
 class Compactor:
-    pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core)
+    pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core; <= SATURATED)
     pack_hold_s: float = 3.0  # ... held this long (three reports)
     min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
-    target_max: float = 0.35  # a pack's target stays at or below this busy share, islands included
-    spread_hold_s: float = 1.0  # a worker saturated this long spreads
-    spread_below: float = 0.3  # ... to a worker busy less than this
+    target_max: float = 0.45  # a pack's target stays at or below this busy share (< SATURATED)
+    spread_hold_s: float = 2.0  # a worker hot (busy >= SATURATED) this long spreads, to one not hot this long
     settle_s: float = 3.0  # no move judged for this long after one ends
     pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
     pin_max_s: float = 3600.0  # ... up to this
     retry_s: float = 10.0  # an island whose move failed is not tried again for this long, doubled per failure in a row
     in_flight: Move | None = None
     low_since: float | None = None
-    saturated_since: dict[int, float] = field(default_factory=dict)
+    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy is >= SATURATED
+    cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < SATURATED
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
@@ -120,31 +147,33 @@ class Compactor:
 
     def __post_init__(self) -> None:
         assert 0 < self.target_max < SATURATED, "a pack's target must stay below saturation"
-        assert self.spread_below <= self.target_max, "a spread's target must be one a pack could fill"
+        assert self.pack_below <= SATURATED, "a node with a hot worker must never pack"
 
     def observe(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island]) -> Move | None:
         """The reports of every running worker at `now`: the move to make, or None. A move answered is in
         flight until `move_done`; meanwhile nothing else is answered."""
         node_busy = sum(w.busy for w in loads)
         node_rate = sum(w.msgs_per_s for w in loads)
-        any_saturated = any(w.saturated for w in loads)
-        if node_busy < self.pack_below and node_rate >= self.min_rate and not any_saturated:
+        any_hot = any(w.busy >= SATURATED for w in loads)
+        if node_busy < self.pack_below and node_rate >= self.min_rate and not any_hot:
             if self.low_since is None:
                 self.low_since = now
         else:
             self.low_since = None
         for w in loads:
-            if w.saturated:
-                self.saturated_since.setdefault(w.worker, now)
+            if w.busy >= SATURATED:
+                self.hot_since.setdefault(w.worker, now)
+                self.cool_since.pop(w.worker, None)
             else:
-                self.saturated_since.pop(w.worker, None)
+                self.cool_since.setdefault(w.worker, now)
+                self.hot_since.pop(w.worker, None)
         if self.in_flight is not None or len(loads) < 2:
             return None
         free = [i for i in islands if i.movable and now >= self.pinned_until.get(i.name, now)]
         if self.packing is not None:  # a pack empties its source: its next island goes without a pause
             source, target = self.packing
             rest = [i for i in free if i.worker == source]
-            if rest and not any_saturated and any(w.worker == target for w in loads):
+            if rest and not any_hot and any(w.worker == target for w in loads):
                 island = max(rest, key=lambda i: (i.msgs_per_s, i.name))
                 self.in_flight = Move(island.name, source, target, "pack")
                 return self.in_flight
@@ -169,7 +198,8 @@ class Compactor:
         self.in_flight = None
         self.last_move_end = now
         self.low_since = None  # the figures before the move no longer say anything
-        self.saturated_since.clear()
+        self.hot_since.clear()
+        self.cool_since.clear()
         if not moved:
             self.packing = None
             k = self.failures_of[move.island] = self.failures_of.get(move.island, 0) + 1
@@ -192,7 +222,7 @@ class Compactor:
             if not all(i.name in free_names for i in mine):
                 continue  # it could not be emptied: packing part of it saves no sleep
             # the target holds islands (an empty worker is what packing makes) and is at least as busy
-            others = [w for w in loads if w.worker != source.worker and not w.saturated and held.get(w.worker)
+            others = [w for w in loads if w.worker != source.worker and w.busy < SATURATED and held.get(w.worker)
                       and (w.busy, -w.worker) >= (source.busy, -source.worker)]
             if not others:
                 continue
@@ -206,24 +236,24 @@ class Compactor:
 
     def _spread(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
                 costs: dict[str, float]) -> Move | None:
+        # (a target cool for the hold too: the reports of two workers are up to a report apart, so as a load
+        # ends, a source's last hot report may meet a target's first cool one)
+        cool = [w for w in loads if now - self.cool_since.get(w.worker, now) >= self.spread_hold_s]
+        if not cool:
+            return None
+        target = min(cool, key=lambda w: (w.busy, w.worker))
         for source in sorted(loads, key=lambda w: (-w.busy, w.worker)):
-            since = self.saturated_since.get(source.worker)
+            since = self.hot_since.get(source.worker)
             if since is None or now - since < self.spread_hold_s or source.msgs_per_s < self.min_rate:
-                continue  # (a loop saturated by anything but messages gains nothing from a move)
+                continue  # (a loop hot with anything but messages gains nothing from a move)
             if sum(1 for i in islands if i.worker == source.worker) < 2:
                 continue
-            calm = [w for w in loads if not w.saturated and w.busy < self.spread_below]
-            if not calm:
-                return None
-            target = min(calm, key=lambda w: (w.busy, w.worker))
-            mine = [i for i in free if i.worker == source.worker]
-            if not mine:
-                continue
-            half = (source.busy - target.busy) / 2
-            # only a move that leaves the target below saturation and below what the source keeps
-            fits = [i for i in mine if target.busy + costs[i.name] < min(SATURATED, source.busy - costs[i.name])]
+            # only a move that strictly narrows the difference: the target ends no busier than the source
+            fits = [i for i in free if i.worker == source.worker and costs[i.name] > 0
+                    and target.busy + costs[i.name] <= source.busy - costs[i.name]]
             if not fits:
                 continue
+            half = (source.busy - target.busy) / 2
             island = min(fits, key=lambda i: (abs(costs[i.name] - half), i.name))
             return Move(island.name, source.worker, target.worker, "spread")
         return None

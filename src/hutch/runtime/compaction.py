@@ -1,10 +1,16 @@
 """Compaction of load in a node of workers, wired: reports, the controller's host, and an island's move.
 
 Owns: `Compaction`, one per worker with `workers.compaction` on (config.py's `compaction_on`):
-- **Reports** (step 1, docs/scaling.md "Compaction of load"): every `REPORT_S` a worker samples its loop's
-  busy share (`LoadMeter` over `LoopLoad.busy_total_s`) and scans its islands (`IslandScan`: a queue and
+- **Reports** (step 1, docs/scaling.md "Compaction of load"): every `REPORT_S` a worker samples its busy
+  share and scans its islands (`IslandScan`: a queue and
   the connections that use only it, their rate, whether they can move), and sends them to worker 0 as
   one `CompactReport` (worker 0 keeps its own).
+  The busy share is the larger of two `LoadMeter`s: the process's CPU share (`time.process_time`: what
+  the worker costs, paths outside the loop's timed input included) and its loop's wall-clock input share
+  (`LoopLoad.busy_total_s`), which a contended machine inflates (time runnable but not running counts)
+  and which is right to: a worker that waits for a core is not one to pack into, and one starved after
+  a pack shows hot and is spread again. On a quiet machine the two agree within a few hundredths at a
+  moderate rate (docs/BENCHMARKS.md, "Compaction thresholds and the spread on imbalance, session 20").
 - **The controller's host** (step 2): worker 0 runs `Compactor.observe` (core/compaction.py) on the reports
   younger than `STALE_S` at each of its own reports, and asks the source worker to make the move it
   answers (`CompactMove`); the answer ends the move (`move_done`). `force` is the test hook (`SIGUSR1` to
@@ -113,6 +119,7 @@ MOVE_CALL_S = 120.0  # worker 0's wait for a move's answer (a move waiting on a 
 HEADER_VERSION = 1
 PROMISES_FILE = "compaction-promised.json"  # in the worker's data directory: A's promises (`_Promises`)
 SETTLE_RETRY_S = 0.5
+STATE_LOG_S = 5.0  # worker 0 logs the node's loads and islands this often while it moves messages (one line)
 # test hooks (read only by tests/workers/test_compaction.py): a file whose presence makes A kill itself right
 # after it synced its promise and answered `CompactCommit` (the file removed first: once), and a file while
 # which B waits before it proposes the record (the window of a restarted A made as long as a test needs)
@@ -209,7 +216,10 @@ class Compaction:
         self.index = cfg.worker_index
         self.workers = cfg.workers
         self.node_name = node_of_worker(node.name)
-        self.meter = LoadMeter(self.index)
+        # the busy share the controller judges by is the larger of two: the process's CPU share and its loop's
+        # (wall-clock) input share; see the module docstring
+        self.meter = LoadMeter(self.index)  # over the process's CPU time
+        self.loop_meter = LoadMeter(self.index)  # over the loop's busy time (`LoopLoad.busy_total_s`)
         self.scan = IslandScan(self.index)
         self.transfer = IslandTransfer(worker, self._adopt)
         self.compactor = Compactor() if self.index == 0 else None
@@ -220,6 +230,8 @@ class Compaction:
         self.promises.load()
         self.incoming: set[tuple[str, str, str]] = set()  # B: (vhost, queue, A) agreed, waiting for the record
         self.moved_out = self.moved_in = self.given_up = 0
+        self._state_logged = 0.0  # when worker 0 last logged the node's loads and islands (`_log_state`)
+        self._local_logged = 0.0  # when this worker last logged where its load is
         self._handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         remote.on_record = self._record_applies
@@ -251,11 +263,19 @@ class Compaction:
                    for i in islands]
         rate = sum(i.msgs_per_s for i in islands)
         lp = self.node.loop_load
-        load = self.meter.sample(now, lp.busy_total_s, lp.own_saturated(), rate)
+        cpu = self.meter.sample(now, time.process_time(), lp.own_saturated(), rate)
+        loop_busy = self.loop_meter.sample(now, lp.busy_total_s, False, rate).busy
+        load = WorkerLoad(self.index, max(cpu.busy, loop_busy), cpu.saturated, rate)
         flat: list[Any] = []
         for i, q in zip(islands, queues, strict=True):
             flat += [q.vhost, q.name, int(i.msgs_per_s), i.movable]
         report = cm.CompactReport(self.index, int(load.busy * 1e6), load.saturated, int(rate), flat)
+        if now - self._local_logged >= STATE_LOG_S and load.busy >= 0.1:
+            self._local_logged = now  # where the load is: connections in an island here, or others
+            held = sum(len(v) for v in conns_of.values())
+            log.info("compaction: worker %d busy %.3f (CPU %.3f, its loop's input %.3f), %d msg/s in %d queues; "
+                     "connections: %d in its islands, %d others", self.index, load.busy, cpu.busy, loop_busy,
+                     int(rate), len(queues), held, len(self.node.connections) - held)
         if self.index == 0:
             self._on_report(self.node.name, report)
             self._judge(now)
@@ -286,6 +306,9 @@ class Compaction:
         assert compactor is not None
         fresh = [(load, islands) for t, load, islands, _w in self.reports.values() if now - t <= STALE_S]
         move = compactor.observe(now, [load for load, _i in fresh], [i for _l, islands in fresh for i in islands])
+        if now - self._state_logged >= STATE_LOG_S and sum(load.msgs_per_s for load, _i in fresh) >= compactor.min_rate:
+            self._state_logged = now
+            _log_state(fresh)
         if move is not None:
             log.info("compaction: moving island %s from worker %d to worker %d (%s; busy %s, msg/s %s)", move.island,
                      move.source, move.target, move.reason, [round(load.busy, 3) for load, _i in fresh],
@@ -717,6 +740,15 @@ def island_of(node: Node, q: ClassicQueue, expected: list[AMQPConnection] | None
     if not all(_plain_socket(c) and island_reason(c, q) in (None, *WAIT_REASONS) for c in conns):
         return None
     return conns
+
+
+def _log_state(fresh: list[tuple[WorkerLoad, list[Island]]]) -> None:
+    """One INFO line: each worker's busy share, saturation, msg/s and islands (name:msg/s, * if it cannot
+    move now), what the controller judged by (`--keep-logs` in benchmarks/workers_bench.py keeps it)."""
+    log.info("compaction: loads %s", "; ".join(
+        f"w{load.worker} busy {load.busy:.3f}{' sat' if load.saturated else ''} {int(load.msgs_per_s)} msg/s ["
+        + " ".join(f"{i.name}:{int(i.msgs_per_s)}{'' if i.movable else '*'}" for i in islands) + "]"
+        for load, islands in sorted(fresh, key=lambda f: f[0].worker)))
 
 
 def _plain_socket(c: Any) -> bool:  # Any: a connection of the node (an AMQPConnection, or an in-process one)
