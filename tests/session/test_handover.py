@@ -140,6 +140,24 @@ async def test_a_connection_moves_at_most_once_and_not_for_a_local_queue(nodes: 
     assert here.vhosts["/"].queues["there-q"].message_count == 1
 
 
+@pytest.mark.asyncio
+async def test_a_first_publish_handled_in_a_later_turn_moves(nodes: tuple[Node, Node]) -> None:
+    """Under load a connection's frames wait their turn (the loop scheduler, reading held "turn") and
+    its first publish is handled in a later turn, the hold still on until the turn ends: it moves all
+    the same, with the frames it had not handled. A connection still waiting for its turn is busy."""
+    here, there = nodes
+    handover = FakeHandover()
+    pair = await armed(here, handover)
+    pair.conn._wait_turn()  # as a saturated loop does: this connection's next step waits its turn
+    assert pair.conn.state_is_busy()  # (an island's move would wait for it)
+    burst = b"".join(pair.publish(1, "there-q", b"%d" % i) for i in range(5))
+    pair.feed(burst)  # buffered while it waits; its turn comes (the manual clock's call_soon) and moves it
+    assert [to for _state, to in handover.moved] == [1] and pair.conn.handed_over
+    adopt(there, handover.moved[0][0])
+    assert there.vhosts["/"].queues["there-q"].message_count == 5
+    assert here.vhosts["/"].queues["there-q"].message_count == 0
+
+
 @pytest.mark.parametrize("busy", ["consumer", "unconfirmed", "tx", "exclusive", "content", "closing", "alarm"])
 @pytest.mark.asyncio
 async def test_a_connection_that_is_not_quiet_stays(nodes: tuple[Node, Node], busy: str) -> None:

@@ -582,9 +582,17 @@ class AMQPConnection:
     # -- connection locality (a node of workers) ------------------------------------------------------
     def state_is_busy(self) -> bool:
         """Not at rest: not open, a method or login waiting, or reading held for anything but the
-        per-turn budget (or an island's move, which holds it to judge this)."""
-        return self.state != State.OPEN or self._suspended or self._cluster_task is not None \
-            or bool(self._read_holds - NOT_BUSY_HOLDS)
+        per-turn budget (or an island's move, which holds it to judge this). The loop scheduler's "turn"
+        hold counts only while the connection waits for its turn: in the turn (`_next_turn` drains the
+        frames before it lets go of the hold) its unread frames are what a hand-over carries. Without
+        that, under load every connection whose first publish came in a later turn stayed in the worker
+        that accepted it, and each of its messages crossed the worker hop."""
+        if self.state != State.OPEN or self._suspended or self._cluster_task is not None:
+            return True
+        holds = self._read_holds - NOT_BUSY_HOLDS
+        if holds and not self._waits_turn:
+            holds = holds - {"turn"}
+        return bool(holds)
 
     def _hand_over(self, ch: ServerChannel, channel: int, method: spec.Method, payload: bytes) -> bool:
         """The first publish or consume: move to its queue's worker when that is another and this
