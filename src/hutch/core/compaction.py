@@ -6,7 +6,7 @@ the share of a core it took over the report window, measured by `LoadMeter`s: th
 process's CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands**
 (`Island`: a queue and the connections of its home worker that use only that queue, with their message
 rate and whether they can move now). A worker is **hot** while its busy
-share over its report window (a second) is at least `SATURATED` (half a core; not credit flow's
+share over its report window (a second) is at least `hot` (`HOT`, 0.75 of a core; not credit flow's
 saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`
 at a time:
 
@@ -15,7 +15,7 @@ at a time:
   least `min_rate` msg/s, so an idle node or a test node never moves anything): move an island of the
   least busy worker with islands to the busiest other worker that holds islands (never into an empty
   one), only when every island of that source can move and all of them together would leave the target
-  at most `target_max` (below `SATURATED`), so the source ends empty and sleeps. A pack under way
+  at most `target_max` (below `hot`), so the source ends empty and sleeps. A pack under way
   (`packing`) moves the source's next island as soon as the last one is done, without the settling
   pause, until the source is empty (or an island of it is no longer free). Fewer loops then take the
   same input: fewer sleeps per message, the cost the measurements put on splitting (docs/scaling.md,
@@ -28,7 +28,7 @@ at a time:
   worker whose estimated cost `c` is nearest half the difference of their busy shares, among those that
   **strictly narrow it**: `c > 0` and
   `target + c <= source - c` (the target ends no busier than the source keeps; `<=`, so that two equal
-  islands of a hot worker next to an idle one split). The target may end above `SATURATED` when the
+  islands of a hot worker next to an idle one split). The target may end above half a core when the
   source is at full speed (39 % and 97 % of a core share better as 63 % and 73 %); what the rule keeps
   is that the busier of the two stays the source, so no spread undoes another.
 
@@ -38,12 +38,12 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
   strictly shrinks the difference between the two workers it touches (|(s - c) - (t + c)| = s - t - 2c
   < s - t); over any number of workers the sum of the squared busy shares falls by 2c(s - t - c) >= 2c²
   at each spread, so a node's spreads end;
-- a pack never leaves a hot worker: its target ends at most `target_max` < `SATURATED` (an estimate: the
+- a pack never leaves a hot worker: its target ends at most `target_max` < `hot` (an estimate: the
   islands' costs as measured on two loops, which after the pack share one loop's sleeps, so the target
   ends lower still), so no spread follows a pack until the load grows by a factor of
-  `SATURATED / target_max` (1.11 by the estimate; 1.25 or more as measured, below) or more;
+  `hot / target_max` (1.15 by the estimate; 1.3 or more as measured, below) or more;
 - a spread is never undone by a pack: a spread needs a hot worker, so the node's summed busy share is at
-  least `SATURATED`, at least `pack_below`, and a move does not change the sum;
+  least `hot`, at least `pack_below`, and a move does not change the sum;
 - every move starts a pause of `settle_s` (the reports must show the move before the next is judged);
   an island that moved stays where it went for `pin_s`, doubled at each of its moves up to `pin_max_s`
   (an estimate that misleads the controller makes it move an island back and forth at most
@@ -52,11 +52,16 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
   `pin_max_s` (a busy island is not held again and again at every report); and at most one move is in
   flight (`move_done` ends it, whether it succeeded or not).
 
-The thresholds (`pack_below` 0.5, `target_max` 0.45) are measured (docs/BENCHMARKS.md, "Compaction
-thresholds and the spread on imbalance, session 20"): the estimate of a pack's target is the node's
-summed busy share; at 8,000 msg/s on session 20's VM the two workers summed 0.34-0.44 and the packed
-worker ran at 0.31-0.40, 0.1-0.19 below the spread's trigger, where 20,000 msg/s takes one process
-above it (0.52-0.63 of a core: nothing packs, rightly).
+The thresholds (`hot` 0.75, `pack_below` 0.7, `target_max` 0.65) are measured (docs/BENCHMARKS.md,
+"Compaction thresholds and the spread on imbalance, session 20" and "Goals (a) and (b) on session 20's
+merged tree"): the estimate of a pack's target is the node's summed busy share. On session 20's VM
+20,000 msg/s over 8 queues takes one process 0.54-0.60 of a core and a spread node's two workers
+0.59-0.65 summed (CPU; the controller's busy shares 0.61-0.65): it packs, and the packed worker runs at
+0.56-0.57, a third below the hot mark, with one process's latency (p99 5.5-8.8 ms against 6.8-7.9). A first cut (hot at half a core, as credit
+flow's saturation, `target_max` 0.45) packed 8,000 msg/s but not 20,000, whose spread node cost 1.13-1.19
+times one process's CPU per message (hutch-perf). A packed worker is not a saturated one: credit
+flow's own mark (`SATURATED`, 0.5 of each 100 ms window) still paces its publishers when a burst fills
+the loop, as in a node of one process.
 
 An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
 island's share of the worker's messages (per-message cost is about the same for every island of one
@@ -73,7 +78,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hutch.core.credit_flow import SATURATED
+HOT = 0.75  # a worker is hot at this busy share over its report window (a spread's trigger)
+PACK_BELOW = 0.7  # a node packs while its workers' busy shares sum to less than this (<= HOT)
+TARGET_MAX = 0.65  # a pack's target ends at most this busy, as estimated (< HOT)
 
 
 @dataclass(frozen=True)
@@ -126,19 +133,20 @@ class Move:
 
 @dataclass
 class Compactor:
-    pack_below: float = 0.5  # the node's summed busy share under which it packs (of one core; <= SATURATED)
+    hot: float = HOT  # a worker is hot while its busy share is at least this
+    pack_below: float = PACK_BELOW  # the node's summed busy share under which it packs (of one core; <= hot)
     pack_hold_s: float = 3.0  # ... held this long (three reports)
     min_rate: float = 2000.0  # msg/s the node must move for any pack (an idle or test node never packs)
-    target_max: float = 0.45  # a pack's target stays at or below this busy share (< SATURATED)
-    spread_hold_s: float = 2.0  # a worker hot (busy >= SATURATED) this long spreads, to one not hot this long
+    target_max: float = TARGET_MAX  # a pack's target stays at or below this busy share (< hot)
+    spread_hold_s: float = 2.0  # a worker hot (busy >= hot) this long spreads, to one not hot this long
     settle_s: float = 3.0  # no move judged for this long after one ends
     pin_s: float = 30.0  # an island that moved is not moved again for this long, doubled at each move
     pin_max_s: float = 3600.0  # ... up to this
     retry_s: float = 10.0  # an island whose move failed is not tried again for this long, doubled per failure in a row
     in_flight: Move | None = None
     low_since: float | None = None
-    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy is >= SATURATED
-    cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < SATURATED
+    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy is >= hot
+    cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < hot
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
@@ -146,22 +154,22 @@ class Compactor:
     packing: tuple[int, int] | None = None  # (source, target) of a pack under way: its next island follows at once
 
     def __post_init__(self) -> None:
-        assert 0 < self.target_max < SATURATED, "a pack's target must stay below saturation"
-        assert self.pack_below <= SATURATED, "a node with a hot worker must never pack"
+        assert 0 < self.target_max < self.hot, "a pack's target must stay below the hot mark"
+        assert self.pack_below <= self.hot, "a node with a hot worker must never pack"
 
     def observe(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island]) -> Move | None:
         """The reports of every running worker at `now`: the move to make, or None. A move answered is in
         flight until `move_done`; meanwhile nothing else is answered."""
         node_busy = sum(w.busy for w in loads)
         node_rate = sum(w.msgs_per_s for w in loads)
-        any_hot = any(w.busy >= SATURATED for w in loads)
+        any_hot = any(w.busy >= self.hot for w in loads)
         if node_busy < self.pack_below and node_rate >= self.min_rate and not any_hot:
             if self.low_since is None:
                 self.low_since = now
         else:
             self.low_since = None
         for w in loads:
-            if w.busy >= SATURATED:
+            if w.busy >= self.hot:
                 self.hot_since.setdefault(w.worker, now)
                 self.cool_since.pop(w.worker, None)
             else:
@@ -222,7 +230,7 @@ class Compactor:
             if not all(i.name in free_names for i in mine):
                 continue  # it could not be emptied: packing part of it saves no sleep
             # the target holds islands (an empty worker is what packing makes) and is at least as busy
-            others = [w for w in loads if w.worker != source.worker and w.busy < SATURATED and held.get(w.worker)
+            others = [w for w in loads if w.worker != source.worker and w.busy < self.hot and held.get(w.worker)
                       and (w.busy, -w.worker) >= (source.busy, -source.worker)]
             if not others:
                 continue
