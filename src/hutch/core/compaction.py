@@ -56,8 +56,9 @@ The thresholds (`hot` 0.75, `pack_below` 0.7, `target_max` 0.65) are measured (d
 "Compaction thresholds and the spread on imbalance, session 20" and "Goals (a) and (b) on session 20's
 merged tree"): the estimate of a pack's target is the node's summed busy share. On session 20's VM
 20,000 msg/s over 8 queues takes one process 0.54-0.60 of a core and a spread node's two workers
-0.59-0.65 summed (CPU; the controller's busy shares 0.61-0.65): it packs, and the packed worker runs at
-0.56-0.57, a third below the hot mark, with one process's latency (p99 5.5-8.8 ms against 6.8-7.9). A first cut (hot at half a core, as credit
+0.59-0.74 summed (CPU; the controller's busy shares 0.61-0.65 before its packs): it packs (5 runs of 6;
+the sixth summed above `pack_below` and stayed spread), and the packed worker runs at 0.56-0.59, a
+fifth or more below the hot mark, with one process's latency (p99 5.5-9.2 ms against 6.7-8.7). A first cut (hot at half a core, as credit
 flow's saturation, `target_max` 0.45) packed 8,000 msg/s but not 20,000, whose spread node cost 1.13-1.19
 times one process's CPU per message (hutch-perf). A packed worker is not a saturated one: credit
 flow's own mark (`SATURATED`, 0.5 of each 100 ms window) still paces its publishers when a burst fills
