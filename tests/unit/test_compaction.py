@@ -112,13 +112,18 @@ def test_a_worker_that_cannot_be_emptied_is_not_packed() -> None:
     assert [(m.island, m.source, m.target) for m in moves] == [("a", 0, 1)]
 
 
+def packs_two_equal_workers_at(ctl: Compactor, busy: float, saturated: bool, quiet: list[float], at: float) -> None:
+    """Two workers of one island each, `busy` and moving 20,000 * `busy` msg/s each: no move at the
+    times in `quiet`, then worker 1's island packed into worker 0 at `at`."""
+    rate = busy * 20000.0
+    loads = [WorkerLoad(0, busy, saturated, rate), WorkerLoad(1, busy, saturated, rate)]
+    islands = [Island("a", 0, rate, True), Island("b", 1, rate, True)]
+    assert all(ctl.observe(t, loads, islands) is None for t in quiet)
+    assert ctl.observe(at, loads, islands) == Move("b", 1, 0, "pack")
+
+
 def test_a_pack_waits_for_the_load_to_hold() -> None:
-    ctl = Compactor(pack_hold_s=5.0)
-    loads = [WorkerLoad(0, 0.1, False, 5000.0), WorkerLoad(1, 0.1, False, 5000.0)]
-    islands = [Island("a", 0, 5000.0, True), Island("b", 1, 5000.0, True)]
-    assert ctl.observe(0.0, loads, islands) is None
-    assert ctl.observe(4.9, loads, islands) is None
-    assert ctl.observe(5.0, loads, islands) == Move("b", 1, 0, "pack")
+    packs_two_equal_workers_at(Compactor(pack_hold_s=5.0), 0.1, False, [0.0, 4.9], 5.0)
 
 
 def test_a_saturated_worker_spreads_to_an_idle_one_and_stays_spread() -> None:
@@ -155,12 +160,7 @@ def test_a_spread_never_crosses_over() -> None:
 def test_the_100ms_flag_neither_spreads_nor_stops_a_pack() -> None:
     """The controller judges by the busy share over the report window: a worker whose last 100 ms window
     was saturated (credit flow's flag) but busy 0.2 over the second is not hot; the node packs."""
-    ctl = Compactor(pack_hold_s=2.0)
-    loads = [WorkerLoad(0, 0.2, True, 4000.0), WorkerLoad(1, 0.2, True, 4000.0)]
-    islands = [Island("a", 0, 4000.0, True), Island("b", 1, 4000.0, True)]
-    assert ctl.observe(0.0, loads, islands) is None
-    assert ctl.observe(1.0, loads, islands) is None
-    assert ctl.observe(2.0, loads, islands) == Move("b", 1, 0, "pack")
+    packs_two_equal_workers_at(Compactor(pack_hold_s=2.0), 0.2, True, [0.0, 1.0], 2.0)
 
 
 def test_the_rate_goal_b_sets_packs_and_its_spread_twin_does_not() -> None:
