@@ -208,11 +208,9 @@ def main(control_fd: int) -> None:
     base_path = [p for p in sys.path if p not in ("", str(Path(__file__).parent))]
     for name in PRELOAD:
         __import__(name)
-    # the node runs hutch.cli.server as __main__, afresh (runpy warns of a module imported already)
-    sys.modules.pop(SERVER_MODULE, None)
-    cli = sys.modules.get("hutch.cli")
-    if cli is not None and hasattr(cli, "server"):
-        delattr(cli, "server")
+    from hutch.runtime.workers.forkserver import forget_module
+
+    forget_module(SERVER_MODULE)  # the node runs it as __main__, afresh
     _warm()
     request, log_fd = _serve(socket.socket(fileno=control_fd))
     _run_node(request, log_fd, base_path)

@@ -146,8 +146,8 @@ class Compactor:
     retry_s: float = 10.0  # an island whose move failed is not tried again for this long, doubled per failure in a row
     in_flight: Move | None = None
     low_since: float | None = None
-    hot_since: dict[int, float] = field(default_factory=dict)  # worker -> since when its busy is >= hot
-    cool_since: dict[int, float] = field(default_factory=dict)  # worker -> since when it is < hot
+    # worker -> (hot: its busy share >= `hot`, since when it has been so)
+    level_since: dict[int, tuple[bool, float]] = field(default_factory=dict)
     last_move_end: float | None = None
     pinned_until: dict[str, float] = field(default_factory=dict)
     moves_of: dict[str, int] = field(default_factory=dict)
@@ -170,12 +170,10 @@ class Compactor:
         else:
             self.low_since = None
         for w in loads:
-            if w.busy >= self.hot:
-                self.hot_since.setdefault(w.worker, now)
-                self.cool_since.pop(w.worker, None)
-            else:
-                self.cool_since.setdefault(w.worker, now)
-                self.hot_since.pop(w.worker, None)
+            hot = w.busy >= self.hot
+            was = self.level_since.get(w.worker)
+            if was is None or was[0] != hot:
+                self.level_since[w.worker] = (hot, now)
         if self.in_flight is not None or len(loads) < 2:
             return None
         free = [i for i in islands if i.movable and now >= self.pinned_until.get(i.name, now)]
@@ -207,8 +205,7 @@ class Compactor:
         self.in_flight = None
         self.last_move_end = now
         self.low_since = None  # the figures before the move no longer say anything
-        self.hot_since.clear()
-        self.cool_since.clear()
+        self.level_since.clear()
         if not moved:
             self.packing = None
             k = self.failures_of[move.island] = self.failures_of.get(move.island, 0) + 1
@@ -243,17 +240,21 @@ class Compactor:
             return Move(island.name, source.worker, target.worker, "pack")
         return None
 
+    def _held(self, worker: int, hot: bool, now: float) -> bool:
+        """`worker` has been hot (or, `hot` False, not hot) for at least `spread_hold_s` at `now`."""
+        was = self.level_since.get(worker)
+        return was is not None and was[0] == hot and now - was[1] >= self.spread_hold_s
+
     def _spread(self, now: float, loads: Sequence[WorkerLoad], islands: Sequence[Island], free: list[Island],
                 costs: dict[str, float]) -> Move | None:
         # (a target cool for the hold too: the reports of two workers are up to a report apart, so as a load
         # ends, a source's last hot report may meet a target's first cool one)
-        cool = [w for w in loads if now - self.cool_since.get(w.worker, now) >= self.spread_hold_s]
+        cool = [w for w in loads if self._held(w.worker, False, now)]
         if not cool:
             return None
         target = min(cool, key=lambda w: (w.busy, w.worker))
         for source in sorted(loads, key=lambda w: (-w.busy, w.worker)):
-            since = self.hot_since.get(source.worker)
-            if since is None or now - since < self.spread_hold_s or source.msgs_per_s < self.min_rate:
+            if not self._held(source.worker, True, now) or source.msgs_per_s < self.min_rate:
                 continue  # (a loop hot with anything but messages gains nothing from a move)
             if sum(1 for i in islands if i.worker == source.worker) < 2:
                 continue

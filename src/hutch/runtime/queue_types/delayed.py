@@ -412,7 +412,7 @@ class Releaser:
             log.info("exchange '%s' in vhost '%s': this node releases its delayed messages", self.exchange,
                      self.vhost)
         if self.catching_up:
-            self.settle_at = min(self.catch_up_until, now + CATCH_UP_QUIET_MS)
+            self._settle_after(now)
             if self.timer is not None:
                 self.timer.cancel()
                 self.timer = None
@@ -432,9 +432,13 @@ class Releaser:
         now = int(self.owner.node.clock.wall_ms())
         if now >= self.catch_up_until or self.queue.message_count <= 0:
             return False
-        self.settle_at = min(self.catch_up_until, now + CATCH_UP_QUIET_MS)
+        self._settle_after(now)
         self._arm()
         return True
+
+    def _settle_after(self, now: int) -> None:
+        """Catching up: the first release waits another quiet spell from `now`, within the bound."""
+        self.settle_at = min(self.catch_up_until, now + CATCH_UP_QUIET_MS)
 
     def stop(self, cancel: bool = True) -> None:
         """Not consuming any more; what it held goes back to the queue (unacked)."""

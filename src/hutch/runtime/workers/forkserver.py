@@ -222,12 +222,7 @@ def _zygote(sock: socket.socket) -> NoReturn:
             __import__(name)
         except ImportError:  # uvloop is optional (runtime/app.py): the worker imports what it can
             pass
-    # the worker runs WORKER_MODULE as __main__, afresh (runpy warns of a module imported already); its
-    # imports stay
-    sys.modules.pop(WORKER_MODULE, None)
-    package, _, leaf = WORKER_MODULE.rpartition(".")
-    if hasattr(sys.modules.get(package), leaf):
-        delattr(sys.modules[package], leaf)
+    forget_module(WORKER_MODULE)  # the worker runs it as __main__, afresh
     gc.collect()
     gc.freeze()  # the imported modules' objects: neither collected again nor copied by a collection
     while True:
@@ -246,6 +241,16 @@ def _zygote(sock: socket.socket) -> NoReturn:
             for fd in fds:
                 os.close(fd)
         sock.send(json.dumps(answer).encode())
+
+
+def forget_module(name: str) -> None:
+    """Drop the imported module `name` (and its attribute on its package), so that `runpy` runs it afresh as
+    `__main__` (it warns of a module imported already); what it imported stays imported. Also the tests'
+    fork server's (tests/node_forkserver.py)."""
+    sys.modules.pop(name, None)
+    package, _, leaf = name.rpartition(".")
+    if hasattr(sys.modules.get(package), leaf):
+        delattr(sys.modules[package], leaf)
 
 
 def _fork_worker(request: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
@@ -352,4 +357,4 @@ def _fresh_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-__all__ = ["EXEC_ENV", "ForkServerGone", "ForkedWorker", "WorkerForkServer"]
+__all__ = ["EXEC_ENV", "WORKER_MODULE", "ForkServerGone", "ForkedWorker", "WorkerForkServer", "forget_module"]

@@ -46,12 +46,13 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from hutch import portfile
 from hutch.config import Config
 from hutch.runtime.workers import control
-from hutch.runtime.workers.forkserver import ForkedWorker, ForkServerGone, WorkerForkServer
+from hutch.runtime.workers.forkserver import WORKER_MODULE, ForkedWorker, ForkServerGone, WorkerForkServer
 from hutch.runtime.workers.spec import SPEC_ENV, WorkerSpec, data_dir_mismatch, worker_dir
 from hutch.storage.dirlock import DataDirLock
 from hutch.storage.fs import DATA_UMASK
@@ -298,7 +299,7 @@ class Supervisor:
                     self._fork_server.close()
             if proc is None:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "hutch.cli.server", *self.argv, env=env, stdin=subprocess.DEVNULL,
+                    sys.executable, "-m", WORKER_MODULE, *self.argv, env=env, stdin=subprocess.DEVNULL,
                     pass_fds=fds)
         finally:
             child_end.close()
@@ -307,9 +308,7 @@ class Supervisor:
         w.started_at = w.last_heartbeat = self._loop.time()
         w.ready = False
         self._loop.add_reader(parent_end.fileno(), self._readable, w)
-        task = asyncio.ensure_future(self._watch(w, proc))
-        self._watchers.add(task)
-        task.add_done_callback(self._watchers.discard)
+        self._keep(self._watch(w, proc))
         log.info("worker %d started (pid %d, %s)", w.index, proc.pid,
                  "forked" if isinstance(proc, ForkedWorker) else "a fresh interpreter")
 
@@ -349,7 +348,11 @@ class Supervisor:
                 log.warning("the worker fork server (pid %d) exited with %s: workers start as fresh "
                             "interpreters from now on", fork_server.pid,
                             f"signal {-code}" if code < 0 else f"code {code}")
-        task = asyncio.ensure_future(watch())
+        self._keep(watch())
+
+    def _keep(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` as a task the supervisor keeps (and cancels when it stops)."""
+        task = asyncio.ensure_future(coro)
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
 
@@ -418,9 +421,7 @@ class Supervisor:
             return
         seed = doc.get("rejoin")
         if isinstance(seed, str) and w.index == 0:
-            task = asyncio.ensure_future(self._rejoin(seed))
-            self._watchers.add(task)
-            task.add_done_callback(self._watchers.discard)
+            self._keep(self._rejoin(seed))
             return
         alarms = doc.get("alarms")
         if isinstance(alarms, list):
