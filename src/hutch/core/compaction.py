@@ -79,9 +79,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-HOT = 0.75  # a worker is hot at this busy share over its report window (a spread's trigger)
-PACK_BELOW = 0.7  # a node packs while its workers' busy shares sum to less than this (<= HOT)
-TARGET_MAX = 0.65  # a pack's target ends at most this busy, as estimated (< HOT)
+HOT = 0.85  # a worker is hot at this busy share over its report window (a spread's trigger)
+PACK_BELOW = 0.8  # a node packs while its workers' busy shares sum to less than this (<= HOT)
+TARGET_MAX = 0.75  # a pack's target ends at most this busy, as estimated (< HOT)
 
 
 @dataclass(frozen=True)
