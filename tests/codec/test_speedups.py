@@ -108,7 +108,7 @@ def assert_readers_agree(frame_max: int, tolerance: int, ops: list[tuple[str, An
 
 
 @needs_compiled
-@ci_settings(300)
+@ci_settings(150)  # `make test`; the 300 of the long run below are in the slow set
 @given(streams, frame_maxes, tolerances, st.binary(max_size=10))
 def test_reader_whole_and_byte_at_a_time(frames: list[bytes], frame_max: int, tolerance: int,
                                          garbage: bytes) -> None:
@@ -120,8 +120,17 @@ def test_reader_whole_and_byte_at_a_time(frames: list[bytes], frame_max: int, to
     assert_readers_agree(frame_max, tolerance, ops)
 
 
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
 @needs_compiled
 @ci_settings(300)
+@given(streams, frame_maxes, tolerances, st.binary(max_size=10))
+def test_reader_whole_and_byte_at_a_time_long(frames: list[bytes], frame_max: int, tolerance: int,
+                                              garbage: bytes) -> None:
+    test_reader_whole_and_byte_at_a_time.hypothesis.inner_test(frames, frame_max, tolerance, garbage)
+
+
+@needs_compiled
+@ci_settings(150)  # `make test`; the 300 of the long run below are in the slow set
 @given(streams, frame_maxes, tolerances, st.lists(st.integers(0, 2000), max_size=8),
        st.lists(st.integers(0, 3), min_size=1, max_size=8), st.booleans())
 def test_reader_chunks_fed_while_suspended(frames: list[bytes], frame_max: int, tolerance: int,
@@ -139,6 +148,16 @@ def test_reader_chunks_fed_while_suspended(frames: list[bytes], frame_max: int, 
             ops.append(("frame_max", frame_max // 2))
     ops.append(("next", 100))
     assert_readers_agree(frame_max, tolerance, ops)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@needs_compiled
+@ci_settings(300)
+@given(streams, frame_maxes, tolerances, st.lists(st.integers(0, 2000), max_size=8),
+       st.lists(st.integers(0, 3), min_size=1, max_size=8), st.booleans())
+def test_reader_chunks_fed_while_suspended_long(frames: list[bytes], frame_max: int, tolerance: int,
+                                                cuts: list[int], steps: list[int], as_bytearray: bool) -> None:
+    test_reader_chunks_fed_while_suspended.hypothesis.inner_test(frames, frame_max, tolerance, cuts, steps, as_bytearray)
 
 
 @needs_compiled
@@ -193,12 +212,20 @@ publishes = st.builds(publish_payload, names, names, st.integers(0, 255), length
 
 
 @needs_compiled
-@ci_settings(500)
+@ci_settings(250)  # `make test`; the 500 of the long run below are in the slow set
 @given(publishes, st.integers(0, 120))
 def test_parse_publish_same(payload: bytes, cut: int) -> None:
     for p in (payload, payload[:cut], payload[: len(payload) - 1]):
         expected = outcome(pure.parse_publish, p)
         assert same_outcome(outcome(compiled.parse_publish, p), expected), p
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 500 examples
+@needs_compiled
+@ci_settings(500)
+@given(publishes, st.integers(0, 120))
+def test_parse_publish_same_long(payload: bytes, cut: int) -> None:
+    test_parse_publish_same.hypothesis.inner_test(payload, cut)
 
 
 @needs_compiled
@@ -219,11 +246,19 @@ headers = st.builds(header_payload, st.sampled_from([60, 10, 0, 65535]) | st.int
 
 
 @needs_compiled
-@ci_settings(500)
+@ci_settings(250)  # `make test`; the 500 of the long run below are in the slow set
 @given(headers | st.binary(max_size=20))
 def test_parse_content_header_same(payload: bytes) -> None:
     expected = outcome(pure.parse_content_header, payload)
     assert same_outcome(outcome(compiled.parse_content_header, payload), expected)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 500 examples
+@needs_compiled
+@ci_settings(500)
+@given(headers | st.binary(max_size=20))
+def test_parse_content_header_same_long(payload: bytes) -> None:
+    test_parse_content_header_same.hypothesis.inner_test(payload)
 
 
 @needs_compiled
@@ -280,7 +315,7 @@ def readers_and_frames(data: bytes, frame_max: int, tolerance: int) -> list[tupl
 
 
 @needs_compiled
-@ci_settings(400)
+@ci_settings(200)  # `make test`; the 400 of the long run below are in the slow set
 @given(content_streams, frame_maxes, tolerances, st.lists(st.integers(0, 200), max_size=6),
        st.lists(st.tuples(st.sampled_from(["take", "next"]), st.integers(0, 3)), max_size=12))
 def test_take_content_same_as_the_reference(frames: list[bytes], frame_max: int, tolerance: int,
@@ -291,7 +326,17 @@ def test_take_content_same_as_the_reference(frames: list[bytes], frame_max: int,
     assert_readers_agree(frame_max, tolerance, ops)
 
 
-@ci_settings(300)
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 400 examples
+@needs_compiled
+@ci_settings(400)
+@given(content_streams, frame_maxes, tolerances, st.lists(st.integers(0, 200), max_size=6),
+       st.lists(st.tuples(st.sampled_from(["take", "next"]), st.integers(0, 3)), max_size=12))
+def test_take_content_same_as_the_reference_long(frames: list[bytes], frame_max: int, tolerance: int,
+                                                 cuts: list[int], steps: list[tuple[str, int]]) -> None:
+    test_take_content_same_as_the_reference.hypothesis.inner_test(frames, frame_max, tolerance, cuts, steps)
+
+
+@ci_settings(150)  # `make test`; the 300 of the long run below are in the slow set
 @given(content_streams, frame_maxes, tolerances, st.lists(st.booleans(), max_size=10))
 def test_take_content_only_regroups_frames(frames: list[bytes], frame_max: int, tolerance: int,
                                            take_after: list[bool]) -> None:
@@ -322,6 +367,14 @@ def test_take_content_only_regroups_frames(frames: list[bytes], frame_max: int, 
             assert result == expected
         else:  # the same frames before the same error
             assert result[0] == "error" and result[1] == expected[1]
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@ci_settings(300)
+@given(content_streams, frame_maxes, tolerances, st.lists(st.booleans(), max_size=10))
+def test_take_content_only_regroups_frames_long(frames: list[bytes], frame_max: int, tolerance: int,
+                                                take_after: list[bool]) -> None:
+    test_take_content_only_regroups_frames.hypothesis.inner_test(frames, frame_max, tolerance, take_after)
 
 
 def test_take_content_takes_a_well_formed_pair_only() -> None:
@@ -465,7 +518,7 @@ plain_records = st.lists(st.tuples(
 
 
 @needs_compiled
-@ci_settings(400)
+@ci_settings(200)  # `make test`; the 400 of the long run below are in the slow set
 @given(st.binary(min_size=1, max_size=40), plain_records, st.integers(0, 3), st.binary(max_size=30),
        st.binary(max_size=2))
 def test_stream_plain_run_is_the_reference(prefix: bytes, spec_: list[tuple[int, bytes, bytes, int]], start: int,
@@ -486,6 +539,16 @@ def test_stream_plain_run_is_the_reference(prefix: bytes, spec_: list[tuple[int,
         assert offset == rec_offset and entry.endswith(args[3])
         assert args[4] == head + struct.pack(">q", offset) + tail
         assert args[6] == struct.pack(">HHQ", 60, 0, len(args[3])) + args[4]
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 400 examples
+@needs_compiled
+@ci_settings(400)
+@given(st.binary(min_size=1, max_size=40), plain_records, st.integers(0, 3), st.binary(max_size=30),
+       st.binary(max_size=2))
+def test_stream_plain_run_is_the_reference_long(prefix: bytes, spec_: list[tuple[int, bytes, bytes, int]], start: int,
+                                                head: bytes, tail: bytes) -> None:
+    test_stream_plain_run_is_the_reference.hypothesis.inner_test(prefix, spec_, start, head, tail)
 
 
 # -- a run of publishes taken in one step (the session's publish lane) -------------------------------------
@@ -520,7 +583,7 @@ def test_take_publishes_same_as_the_reference(frames: list[bytes], frame_max: in
     assert_readers_agree(frame_max, tolerance, ops)
 
 
-@ci_settings(300)
+@ci_settings(150)  # `make test`; the 300 of the long run below are in the slow set
 @given(publish_streams, frame_maxes, tolerances, st.integers(0, 40), st.integers(0, 5))
 def test_take_publishes_only_regroups_frames(frames: list[bytes], frame_max: int, tolerance: int, max_body: int,
                                              max_count: int) -> None:
@@ -542,3 +605,11 @@ def test_take_publishes_only_regroups_frames(frames: list[bytes], frame_max: int
             assert rest[0] == "value" and got + rest[1] == expected[1]
         else:
             assert rest[0] == "error" and rest[1] == expected[1]
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@ci_settings(300)
+@given(publish_streams, frame_maxes, tolerances, st.integers(0, 40), st.integers(0, 5))
+def test_take_publishes_only_regroups_frames_long(frames: list[bytes], frame_max: int, tolerance: int, max_body: int,
+                                                  max_count: int) -> None:
+    test_take_publishes_only_regroups_frames.hypothesis.inner_test(frames, frame_max, tolerance, max_body, max_count)

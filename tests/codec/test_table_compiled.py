@@ -71,12 +71,19 @@ def wrap(body: bytes) -> bytes:
 
 # -- valid tables ------------------------------------------------------------------------------------
 
-@ci_settings(max_examples=400)
+@ci_settings(max_examples=200)  # `make test`; the 400 of the long run below are in the slow set
 @given(canonical_tables, st.binary(max_size=3), st.binary(max_size=3))
 def test_valid_tables_decode_alike(value: dict[str, Any], before: bytes, after: bytes) -> None:
     raw = encode_table(value)
     kind, (decoded, end) = assert_agree(before + raw + after, len(before))
     assert kind == "value" and end == len(before) + len(raw)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 400 examples
+@ci_settings(max_examples=400)
+@given(canonical_tables, st.binary(max_size=3), st.binary(max_size=3))
+def test_valid_tables_decode_alike_long(value: dict[str, Any], before: bytes, after: bytes) -> None:
+    test_valid_tables_decode_alike.hypothesis.inner_test(value, before, after)
 
 
 @ci_settings(max_examples=200)

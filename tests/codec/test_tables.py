@@ -365,7 +365,7 @@ def test_fixed_table_pamqp_to_hutch() -> None:
     assert_same(decode_all(pamqp_encode.field_table(FIXED_IN)), from_pamqp(FIXED_IN))
 
 
-@ci_settings(max_examples=300)
+@ci_settings(max_examples=150)  # `make test`; the 300 of the long run below are in the slow set
 @given(oracle_out_tables)
 def test_pamqp_reads_what_hutch_writes(value: dict[str, Any]) -> None:
     raw = encode_table(value)
@@ -374,10 +374,24 @@ def test_pamqp_reads_what_hutch_writes(value: dict[str, Any]) -> None:
     assert_same(from_pamqp(theirs), expected_after_roundtrip(value))
 
 
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
 @ci_settings(max_examples=300)
+@given(oracle_out_tables)
+def test_pamqp_reads_what_hutch_writes_long(value: dict[str, Any]) -> None:
+    test_pamqp_reads_what_hutch_writes.hypothesis.inner_test(value)
+
+
+@ci_settings(max_examples=150)  # `make test`; the 300 of the long run below are in the slow set
 @given(oracle_in_tables)
 def test_hutch_reads_what_pamqp_writes(value: dict[str, Any]) -> None:
     assert_same(decode_all(pamqp_encode.field_table(value)), from_pamqp(value))
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@ci_settings(max_examples=300)
+@given(oracle_in_tables)
+def test_hutch_reads_what_pamqp_writes_long(value: dict[str, Any]) -> None:
+    test_hutch_reads_what_pamqp_writes.hypothesis.inner_test(value)
 
 
 @ci_settings(max_examples=100)
@@ -403,7 +417,7 @@ def _leaves(value: Any) -> list[Any]:
 # Hypothesis round trips over recursive field values
 
 
-@ci_settings(max_examples=300)
+@ci_settings(max_examples=150)  # `make test`; the 300 of the long run below are in the slow set
 @given(canonical_tables)
 @example({"deep": [[[[{"x": [None]}]]]]})
 def test_canonical_values_roundtrip_exactly(value: dict[str, Any]) -> None:
@@ -412,7 +426,22 @@ def test_canonical_values_roundtrip_exactly(value: dict[str, Any]) -> None:
     assert encode_table(decode_all(raw)) == raw
 
 
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
 @ci_settings(max_examples=300)
+@given(canonical_tables)
+@example({"deep": [[[[{"x": [None]}]]]]})
+def test_canonical_values_roundtrip_exactly_long(value: dict[str, Any]) -> None:
+    test_canonical_values_roundtrip_exactly.hypothesis.inner_test(value)
+
+
+@ci_settings(max_examples=150)  # `make test`; the 300 of the long run below are in the slow set
 @given(encodable_tables)
 def test_every_encodable_value_roundtrips(value: dict[str, Any]) -> None:
     assert_same(decode_all(encode_table(value)), expected_after_roundtrip(value))
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@ci_settings(max_examples=300)
+@given(encodable_tables)
+def test_every_encodable_value_roundtrips_long(value: dict[str, Any]) -> None:
+    test_every_encodable_value_roundtrips.hypothesis.inner_test(value)

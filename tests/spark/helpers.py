@@ -193,7 +193,13 @@ class Proxy:
     def _relay(self, a: socket.socket, b: socket.socket) -> None:
         peers = {a: b, b: a}
         try:
-            while True:
+            while not self._stopped:
+                # silent: nothing is read, so select would return at once on the unread bytes: sleep
+                # instead (until session 21 a silenced relay spun, a core of CPU until the run's end,
+                # as its close() never ended it)
+                if self._silent:
+                    time.sleep(0.05)
+                    continue
                 readable, _, _ = select.select([a, b], [], [], 0.2)
                 if self._silent:
                     continue

@@ -55,7 +55,7 @@ def test_a_diff_applied_to_its_first_snapshot_gives_the_second(before: dict[str,
     assert from_stored(to_stored(PatchAuth(changes))) == PatchAuth(changes)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)  # `make test`; the 200 of the long run below are in the slow set
 @given(stores(), stores(), stores())
 def test_changes_made_on_two_members_from_one_store_both_survive_in_either_order(
         base: dict[str, Any], mine: dict[str, Any], theirs: dict[str, Any]) -> None:
@@ -75,6 +75,14 @@ def test_changes_made_on_two_members_from_one_store_both_survive_in_either_order
             elif section != "permissions" or (key[0] in {u["name"] for u in result["users"]}
                                               and key[1] in {v["name"] for v in result["vhosts"]}):
                 assert listed == [entry]  # (a permission stays only while its user and vhost do)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 200 examples
+@settings(max_examples=200, deadline=None)
+@given(stores(), stores(), stores())
+def test_changes_made_on_two_members_from_one_store_both_survive_in_either_order_long(
+        base: dict[str, Any], mine: dict[str, Any], theirs: dict[str, Any]) -> None:
+    test_changes_made_on_two_members_from_one_store_both_survive_in_either_order.hypothesis.inner_test(base, mine, theirs)
 
 
 def test_a_permission_of_a_user_deleted_meanwhile_is_left_out() -> None:

@@ -64,16 +64,26 @@ def same(a: Any, b: Any) -> bool:
 # -- round trips -------------------------------------------------------------------------------------------
 
 
+# `make test` runs every kind's round trips at 12 and 6 examples (70 kinds: ~1,300 records); the long runs
+# (`make test-slow`), 60 and 30 per kind, are the `_long` twins below (docs/testing.md, session 21)
 @pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_every_kind_round_trips_through_the_codec(cls: type, data: st.DataObject) -> None:
     record = data.draw(records(cls))
     assert same(cm.decode(cm.encode(record)), record)
 
 
+@pytest.mark.slow  # the long run: the same test, 60 examples per kind
 @pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_every_kind_round_trips_through_the_codec_long(cls: type, data: st.DataObject) -> None:
+    test_every_kind_round_trips_through_the_codec.hypothesis.inner_test(cls, data)
+
+
+@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
+@settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_every_kind_round_trips_through_a_transport_batch(cls: type, data: st.DataObject) -> None:
     """As the transport carries it: packed into a MESSAGE entry, a batch frame, decoded with the frame."""
@@ -83,6 +93,14 @@ def test_every_kind_round_trips_through_a_transport_batch(cls: type, data: st.Da
     kind, value = batch[0]
     assert kind == wire.MESSAGE
     assert same(cm.from_wire(value), record)
+
+
+@pytest.mark.slow  # the long run: the same test, 30 examples per kind
+@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_every_kind_round_trips_through_a_transport_batch_long(cls: type, data: st.DataObject) -> None:
+    test_every_kind_round_trips_through_a_transport_batch.hypothesis.inner_test(cls, data)
 
 
 def test_tags_are_distinct_and_every_kind_is_listed() -> None:
@@ -126,13 +144,20 @@ def test_unknown_and_malformed_values_raise_a_message_error(value: Any, error: t
         cm.from_wire(value)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)  # `make test`; the 300 of the long run below are in the slow set
 @given(value=_values)
 def test_from_wire_raises_only_message_errors(value: Any) -> None:
     try:
         cm.from_wire(value)
     except cm.MessageError:
         pass
+
+
+@pytest.mark.slow  # the long run: the same test, 300 examples
+@settings(max_examples=300, deadline=None)
+@given(value=_values)
+def test_from_wire_raises_only_message_errors_long(value: Any) -> None:
+    test_from_wire_raises_only_message_errors.hypothesis.inner_test(value)
 
 
 @settings(max_examples=200, deadline=None)
@@ -198,7 +223,7 @@ def test_a_malformed_publish_batch_is_refused_whole(entries: list[Any], text: st
         cm.publishes_of(cm.RemotePublishBatch(entries))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)  # `make test`; the 200 of the long run below are in the slow set
 @given(entries=st.lists(_values, max_size=30))
 def test_arbitrary_batch_entries_raise_only_message_errors(entries: list[Any]) -> None:
     for read, kind in ((cm.publishes_of, cm.RemotePublishBatch), (cm.deliveries_of, cm.RemoteDeliverBatch)):
@@ -206,6 +231,13 @@ def test_arbitrary_batch_entries_raise_only_message_errors(entries: list[Any]) -
             read(kind(entries))  # type: ignore[operator]
         except cm.MessageError:
             pass
+
+
+@pytest.mark.slow  # the long run: the same test, 200 examples
+@settings(max_examples=200, deadline=None)
+@given(entries=st.lists(_values, max_size=30))
+def test_arbitrary_batch_entries_raise_only_message_errors_long(entries: list[Any]) -> None:
+    test_arbitrary_batch_entries_raise_only_message_errors.hypothesis.inner_test(entries)
 
 
 # -- the registry ----------------------------------------------------------------------------------------

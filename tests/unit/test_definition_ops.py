@@ -147,7 +147,7 @@ def test_bad_maps_raise_definition_op_errors(stored: Any, error: type, text: str
         d.from_stored(stored)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)  # `make test`; the 300 of the long run below are in the slow set
 @given(stored=st.dictionaries(st.sampled_from(["op", "vhost", "name", "arguments", "members", "port", "auth"]),
                               st.one_of(st.sampled_from([c.KIND for c in d.ALL_OPS]), _json, st.binary(max_size=4)),
                               max_size=7))
@@ -156,6 +156,15 @@ def test_from_stored_raises_only_definition_op_errors(stored: dict[str, Any]) ->
         d.from_stored(stored)
     except d.DefinitionOpError:
         pass
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@settings(max_examples=300, deadline=None)
+@given(stored=st.dictionaries(st.sampled_from(["op", "vhost", "name", "arguments", "members", "port", "auth"]),
+                              st.one_of(st.sampled_from([c.KIND for c in d.ALL_OPS]), _json, st.binary(max_size=4)),
+                              max_size=7))
+def test_from_stored_raises_only_definition_op_errors_long(stored: dict[str, Any]) -> None:
+    test_from_stored_raises_only_definition_op_errors.hypothesis.inner_test(stored)
 
 
 def test_the_dispatch_table_must_cover_every_node_operation() -> None:

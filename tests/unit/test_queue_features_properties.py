@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -126,7 +127,12 @@ class FeatureMachine(RuleBasedStateMachine):
 
 
 TestFeatureMachine = FeatureMachine.TestCase
-TestFeatureMachine.settings = settings(max_examples=150, stateful_step_count=40, derandomize=True, deadline=None)
+TestFeatureMachine.settings = settings(max_examples=75, stateful_step_count=40, derandomize=True, deadline=None)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`); `make test` runs 75 examples of the same machine
+class TestFeatureMachineLong(FeatureMachine.TestCase):
+    settings = settings(max_examples=150, stateful_step_count=40, derandomize=True, deadline=None)
 
 
 def teardown_module() -> None:

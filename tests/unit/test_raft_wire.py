@@ -80,10 +80,17 @@ def wire(v: Any) -> Any:
 
 
 @given(messages)
-@settings(max_examples=400)
+@settings(max_examples=200)  # `make test`; the 400 of the long run below are in the slow set
 def test_message_round_trip(m: Message) -> None:
     assert decode_message(wire(encode_message(m))) == m
     assert decode_message(encode_message(m)) == m  # tuples or lists, before or after msgpack
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 400 examples
+@given(messages)
+@settings(max_examples=400)
+def test_message_round_trip_long(m: Message) -> None:
+    test_message_round_trip.hypothesis.inner_test(m)
 
 
 def test_encoding_is_compact() -> None:
@@ -102,7 +109,7 @@ def test_entries_must_be_consecutive() -> None:
 
 @given(st.lists(st.tuples(st.integers(1, 1 << 32), messages), max_size=12),
        st.lists(st.tuples(st.integers(1, 1 << 32), U64, U64), max_size=5))
-@settings(max_examples=200)
+@settings(max_examples=100)  # `make test`; the 200 of the long run below are in the slow set
 def test_batch_round_trip(items: list[tuple[int, Message]], notices: list[tuple[int, int, int]]) -> None:
     b = PeerBatch()
     want = []
@@ -117,6 +124,14 @@ def test_batch_round_trip(items: list[tuple[int, Message]], notices: list[tuple[
     got = decode_batch(wire(b.payload()), sender=3, to=7)
     key = lambda x: (x[0], x[2], repr(x[1]))  # noqa: E731  (sections reorder; within one, order is kept)
     assert sorted(got, key=key) == sorted(want, key=key)
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 200 examples
+@given(st.lists(st.tuples(st.integers(1, 1 << 32), messages), max_size=12),
+       st.lists(st.tuples(st.integers(1, 1 << 32), U64, U64), max_size=5))
+@settings(max_examples=200)
+def test_batch_round_trip_long(items: list[tuple[int, Message]], notices: list[tuple[int, int, int]]) -> None:
+    test_batch_round_trip.hypothesis.inner_test(items, notices)
 
 
 def test_heartbeats_are_coalesced_as_triples() -> None:

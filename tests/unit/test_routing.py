@@ -358,7 +358,7 @@ _keys = st.lists(_KEY_WORDS, max_size=6).map(".".join)
 _patterns = st.lists(_PATTERN_WORDS, max_size=6).map(".".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)  # `make test`; the 400 of the long run below are in the slow set
 @given(pattern=_patterns, key=_keys)
 def test_topic_property_single_binding_matches_references(pattern: str, key: str) -> None:
     expected = naive_topic_match(pattern, key)
@@ -368,6 +368,13 @@ def test_topic_property_single_binding_matches_references(pattern: str, key: str
     assert (queues(router, key) == {"q"}) == expected
 
 
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 400 examples
+@settings(max_examples=400, deadline=None)
+@given(pattern=_patterns, key=_keys)
+def test_topic_property_single_binding_matches_references_long(pattern: str, key: str) -> None:
+    test_topic_property_single_binding_matches_references.hypothesis.inner_test(pattern, key)
+
+
 _operations = st.lists(
     st.tuples(st.booleans(), st.sampled_from(["q1", "q2", "q3"]), _patterns),
     min_size=1,
@@ -375,7 +382,7 @@ _operations = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)  # `make test`; the 200 of the long run below are in the slow set
 @given(operations=_operations, keys=st.lists(_keys, min_size=1, max_size=8))
 def test_topic_property_add_remove_sequence_matches_model(
     operations: list[tuple[bool, str, str]], keys: list[str]
@@ -396,6 +403,15 @@ def test_topic_property_add_remove_sequence_matches_model(
     for queue, pattern in list(model):
         router.remove(queue_dest(queue), pattern, {})
     assert router.node_count() == 0
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 200 examples
+@settings(max_examples=200, deadline=None)
+@given(operations=_operations, keys=st.lists(_keys, min_size=1, max_size=8))
+def test_topic_property_add_remove_sequence_matches_model_long(
+    operations: list[tuple[bool, str, str]], keys: list[str]
+) -> None:
+    test_topic_property_add_remove_sequence_matches_model.hypothesis.inner_test(operations, keys)
 
 
 def _random_pattern(rng: random.Random, vocabulary: list[str]) -> str:
@@ -812,7 +828,7 @@ _binding_arguments = st.tuples(
 ).map(lambda pair: ({"x-match": pair[0]} if pair[0] else {}) | pair[1])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)  # `make test`; the 300 of the long run below are in the slow set
 @given(
     bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), _binding_arguments), max_size=8),
     removals=st.lists(st.integers(min_value=0, max_value=7), max_size=4),
@@ -839,6 +855,19 @@ def test_headers_property_indexed_router_matches_rabbitmq_algorithm(
     for queue, arguments in list(model.values()):
         router.remove(queue_dest(queue), "", arguments)
     assert not router._by_key and not router._by_item and not router._always and not router._key_uses
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
+@settings(max_examples=300, deadline=None)
+@given(
+    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), _binding_arguments), max_size=8),
+    removals=st.lists(st.integers(min_value=0, max_value=7), max_size=4),
+    messages=st.lists(st.one_of(st.none(), _header_tables), min_size=1, max_size=6),
+)
+def test_headers_property_indexed_router_matches_rabbitmq_algorithm_long(
+    bindings: list[tuple[str, dict[str, Any]]], removals: list[int], messages: list[dict[str, Any] | None]
+) -> None:
+    test_headers_property_indexed_router_matches_rabbitmq_algorithm.hypothesis.inner_test(bindings, removals, messages)
 
 
 def test_binding_tolerates_absent_arguments() -> None:

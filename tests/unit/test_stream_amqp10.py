@@ -29,12 +29,19 @@ props = st.builds(
     message_id=opt, timestamp=st.one_of(st.none(), st.integers(0, 2**40)), type=opt, user_id=opt, app_id=opt)
 
 
-@settings(deadline=None, max_examples=200)
+@settings(deadline=None, max_examples=100)  # `make test`; the 200 of the long run below are in the slow set
 @given(props, st.binary(max_size=300), short, short)
 def test_091_round_trip(p: BasicProperties, body: bytes, exchange: str, routing_key: str) -> None:
     back = a.to_091(a.from_091(Message(exchange, routing_key, p, body)))
     assert (back.exchange, back.routing_key, back.body) == (exchange, routing_key, body)
     assert back.properties == p
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 200 examples
+@settings(deadline=None, max_examples=200)
+@given(props, st.binary(max_size=300), short, short)
+def test_091_round_trip_long(p: BasicProperties, body: bytes, exchange: str, routing_key: str) -> None:
+    test_091_round_trip.hypothesis.inner_test(p, body, exchange, routing_key)
 
 
 def test_x_headers_go_to_annotations_and_the_rest_to_application_properties() -> None:

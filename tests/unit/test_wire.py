@@ -63,7 +63,7 @@ def test_whole_byte_at_a_time_and_many_frames_in_one_chunk():
     assert dec.buffered_bytes == 3
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=75, deadline=None)  # `make test`; the 150 of the long run below are in the slow set
 @given(st.lists(values, min_size=1, max_size=5), st.integers(min_value=1, max_value=64))
 def test_round_trip_in_any_chunking(objs, chunk):
     data = b"".join(wire.encode_frame(o) for o in objs)
@@ -72,12 +72,26 @@ def test_round_trip_in_any_chunking(objs, chunk):
     assert feed_all(FrameDecoder(1 << 20), data, 1) == objs
 
 
-@settings(max_examples=100, deadline=None)
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 150 examples
+@settings(max_examples=150, deadline=None)
+@given(st.lists(values, min_size=1, max_size=5), st.integers(min_value=1, max_value=64))
+def test_round_trip_in_any_chunking_long(objs, chunk):
+    test_round_trip_in_any_chunking.hypothesis.inner_test(objs, chunk)
+
+
+@settings(max_examples=50, deadline=None)  # `make test`; the 100 of the long run below are in the slow set
 @given(st.lists(values, max_size=40))
 def test_batches_of_pre_packed_entries_decode_as_arrays(objs):
     entries = [wire.pack_message(o) for o in objs]
     frame = wire.encode_batch(entries)
     assert FrameDecoder(1 << 20).feed(frame) == [[[wire.MESSAGE, o] for o in objs]]
+
+
+@pytest.mark.slow  # the long run (`make test-slow`): the same test, 100 examples
+@settings(max_examples=100, deadline=None)
+@given(st.lists(values, max_size=40))
+def test_batches_of_pre_packed_entries_decode_as_arrays_long(objs):
+    test_batches_of_pre_packed_entries_decode_as_arrays.hypothesis.inner_test(objs)
 
 
 def test_batch_header_array_sizes():
