@@ -6,7 +6,7 @@ the share of a core it took over the report window, measured by `LoadMeter`s: th
 process's CPU share and its loop's wall-clock input share, runtime/compaction.py) and its **islands**
 (`Island`: a queue and the connections of its home worker that use only that queue, with their message
 rate and whether they can move now). A worker is **hot** while its busy
-share over its report window (a second) is at least `hot` (`HOT`, 0.75 of a core; not credit flow's
+share over its report window (a second) is at least `hot` (`HOT`, 0.85 of a core; not credit flow's
 saturation flag, which judges the last 100 ms window alone). The controller answers at most one `Move`
 at a time:
 
@@ -41,7 +41,7 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
 - a pack never leaves a hot worker: its target ends at most `target_max` < `hot` (an estimate: the
   islands' costs as measured on two loops, which after the pack share one loop's sleeps, so the target
   ends lower still), so no spread follows a pack until the load grows by a factor of
-  `hot / target_max` (1.15 by the estimate; 1.3 or more as measured, below) or more;
+  `hot / target_max` (1.13 by the estimate; 1.4 or more as measured, below) or more;
 - a spread is never undone by a pack: a spread needs a hot worker, so the node's summed busy share is at
   least `hot`, at least `pack_below`, and a move does not change the sum;
 - every move starts a pause of `settle_s` (the reports must show the move before the next is judged);
@@ -52,17 +52,16 @@ Hysteresis, so it never flaps, under a load that holds (the estimate right):
   `pin_max_s` (a busy island is not held again and again at every report); and at most one move is in
   flight (`move_done` ends it, whether it succeeded or not).
 
-The thresholds (`hot` 0.75, `pack_below` 0.7, `target_max` 0.65) are measured (docs/BENCHMARKS.md,
-"Compaction thresholds and the spread on imbalance, session 20" and "Goals (a) and (b) on session 20's
-merged tree"): the estimate of a pack's target is the node's summed busy share. On session 20's VM
-20,000 msg/s over 8 queues takes one process 0.54-0.60 of a core and a spread node's two workers
-0.59-0.74 summed (CPU; the controller's busy shares 0.61-0.65 before its packs): it packs (5 runs of 6;
-the sixth summed above `pack_below` and stayed spread), and the packed worker runs at 0.56-0.59, a
-fifth or more below the hot mark, with one process's latency (p99 5.5-9.2 ms against 6.7-8.7). A first cut (hot at half a core, as credit
-flow's saturation, `target_max` 0.45) packed 8,000 msg/s but not 20,000, whose spread node cost 1.13-1.19
-times one process's CPU per message (hutch-perf). A packed worker is not a saturated one: credit
-flow's own mark (`SATURATED`, 0.5 of each 100 ms window) still paces its publishers when a burst fills
-the loop, as in a node of one process.
+The thresholds (`hot` 0.85, `pack_below` 0.8, `target_max` 0.75) are measured (docs/BENCHMARKS.md,
+"Goals (a) and (b) and the single queue on session 21's compaction marks"): the estimate of a pack's
+target is the node's summed busy share. On this VM 20,000 msg/s over 8 queues takes one process
+0.48-0.61 of a core and a spread node's two workers 0.59-0.74 summed: it packs (12 runs of 12, both load
+generators), and the packed worker runs at 0.53-0.59, a third below the hot mark, with one process's
+latency and 1.03 times its CPU per message. Session 20's marks (0.75, 0.7, 0.65) left the spread node
+summing 0.74 unpacked in 1 run of 6 (1.195 times the CPU); its first cut (hot at half a core, as credit
+flow's saturation, `target_max` 0.45) packed 8,000 msg/s but not 20,000. A packed worker is not a
+saturated one: credit flow's own mark (`SATURATED`, 0.5 of each 100 ms window) still paces its publishers
+when a burst fills the loop, as in a node of one process.
 
 An island's cost is estimated from its worker's (`island_costs`): the worker's busy share times the
 island's share of the worker's messages (per-message cost is about the same for every island of one
