@@ -36,13 +36,14 @@ run: $(STAMP)
 	if [ -n "$${HUTCH_CLUSTER_PORT-25672}" ]; then exec $(VENV)/bin/hutch-server; \
 	else exec $(VENV)/bin/hutch-server --no-cluster; fi
 
-# The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 3 on CI's 2 cores: most tests
-# wait on sockets, timers and nodes, and two workers kept about 1.1 of the 2 cores busy; TEST_WORKERS=0 runs it
-# in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py, by
+# The test suite in parallel (pytest-xdist): TEST_WORKERS processes (default 4 on CI's 2 cores: most tests
+# wait on sockets, timers and nodes; two workers kept about 1.1 of the 2 cores busy, and since session 21
+# three left a fifth of the machine idle (pytest 624 s at 3, 579 s at 4, the machine 83 % busy);
+# TEST_WORKERS=0 runs it in one process), each test module a unit of work, the costliest first (tests/xdist_schedule.py, by
 # tests/durations.json), the 25 slowest tests listed at the end; the workers copies of the client suites
 # (test-workers, below) run in the same session. The budget and the rule for new tests:
 # docs/testing.md.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
 # while mypy runs (one core), a collection in one process writes the test modules' assertion-rewritten
