@@ -74,12 +74,18 @@ def test_every_kind_round_trips_through_the_codec(cls: type, data: st.DataObject
     assert same(cm.decode(cm.encode(record)), record)
 
 
-@pytest.mark.slow  # the long run: the same test, 60 examples per kind
-@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_every_kind_round_trips_through_the_codec_long(cls: type, data: st.DataObject) -> None:
-    test_every_kind_round_trips_through_the_codec.hypothesis.inner_test(cls, data)
+def _long_run(test: Any, examples: int) -> Any:
+    """The slow twin of a per-kind property: the same test at `examples` per kind (`make test-slow`)."""
+    @pytest.mark.slow
+    @pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
+    @settings(max_examples=examples, deadline=None)
+    @given(data=st.data())
+    def long_run(cls: type, data: st.DataObject) -> None:
+        test.hypothesis.inner_test(cls, data)
+    return long_run
+
+
+test_every_kind_round_trips_through_the_codec_long = _long_run(test_every_kind_round_trips_through_the_codec, 60)
 
 
 @pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
@@ -95,12 +101,8 @@ def test_every_kind_round_trips_through_a_transport_batch(cls: type, data: st.Da
     assert same(cm.from_wire(value), record)
 
 
-@pytest.mark.slow  # the long run: the same test, 30 examples per kind
-@pytest.mark.parametrize("cls", cm.RECORDS, ids=lambda c: c.__name__)
-@settings(max_examples=30, deadline=None)
-@given(data=st.data())
-def test_every_kind_round_trips_through_a_transport_batch_long(cls: type, data: st.DataObject) -> None:
-    test_every_kind_round_trips_through_a_transport_batch.hypothesis.inner_test(cls, data)
+test_every_kind_round_trips_through_a_transport_batch_long = _long_run(
+    test_every_kind_round_trips_through_a_transport_batch, 30)
 
 
 def test_tags_are_distinct_and_every_kind_is_listed() -> None:

@@ -826,14 +826,15 @@ _header_tables = st.dictionaries(_HEADER_KEYS, _HEADER_VALUES, max_size=4)
 _binding_arguments = st.tuples(
     st.sampled_from([None, "all", "any", "all-with-x", "any-with-x", "bogus"]), _header_tables
 ).map(lambda pair: ({"x-match": pair[0]} if pair[0] else {}) | pair[1])
+_HEADERS_PROPERTY = {  # the property's inputs, for it and its long run
+    "bindings": st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), _binding_arguments), max_size=8),
+    "removals": st.lists(st.integers(min_value=0, max_value=7), max_size=4),
+    "messages": st.lists(st.one_of(st.none(), _header_tables), min_size=1, max_size=6),
+}
 
 
 @settings(max_examples=150, deadline=None)  # `make test`; the 300 of the long run below are in the slow set
-@given(
-    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), _binding_arguments), max_size=8),
-    removals=st.lists(st.integers(min_value=0, max_value=7), max_size=4),
-    messages=st.lists(st.one_of(st.none(), _header_tables), min_size=1, max_size=6),
-)
+@given(**_HEADERS_PROPERTY)
 def test_headers_property_indexed_router_matches_rabbitmq_algorithm(
     bindings: list[tuple[str, dict[str, Any]]], removals: list[int], messages: list[dict[str, Any] | None]
 ) -> None:
@@ -859,11 +860,7 @@ def test_headers_property_indexed_router_matches_rabbitmq_algorithm(
 
 @pytest.mark.slow  # the long run (`make test-slow`): the same test, 300 examples
 @settings(max_examples=300, deadline=None)
-@given(
-    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), _binding_arguments), max_size=8),
-    removals=st.lists(st.integers(min_value=0, max_value=7), max_size=4),
-    messages=st.lists(st.one_of(st.none(), _header_tables), min_size=1, max_size=6),
-)
+@given(**_HEADERS_PROPERTY)
 def test_headers_property_indexed_router_matches_rabbitmq_algorithm_long(
     bindings: list[tuple[str, dict[str, Any]]], removals: list[int], messages: list[dict[str, Any] | None]
 ) -> None:
