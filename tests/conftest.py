@@ -92,14 +92,15 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the slow copies are marked here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.nodeid != original_nodeid(item.nodeid) and original_nodeid(item.nodeid) in SLOW_COPIES:
+    copies = [(item, original) for item in items if (original := original_nodeid(item.nodeid)) != item.nodeid]
+    for item, original in copies:
+        if original in SLOW_COPIES:
             item.add_marker(pytest.mark.slow)
-    left_out = [item for item in items
-                if item.nodeid != original_nodeid(item.nodeid) and original_nodeid(item.nodeid) in DESELECTED]
+    left_out = [item for item, original in copies if original in DESELECTED]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in left_out]
+        dropped = set(map(id, left_out))
+        items[:] = [item for item in items if id(item) not in dropped]
     from xdist_schedule import repeated_ids
     repeated = repeated_ids(item.nodeid for item in items)
     if repeated:  # under xdist only one test of each would run, and nothing would say so
